@@ -1,0 +1,1 @@
+"""twinfer costmodels package."""

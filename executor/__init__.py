@@ -1,0 +1,1 @@
+"""twinfer executor package."""

@@ -1,0 +1,1 @@
+"""twinfer kernels package."""

@@ -1,0 +1,1 @@
+"""twinfer scheduler package."""
