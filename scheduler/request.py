@@ -1,0 +1,67 @@
+"""A request and its lifecycle inside one serving instance."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"        # queued, no KV held
+    RUNNING = "running"        # holds KV; prefilling (chunks) or decoding
+    PREEMPTED = "preempted"    # KV freed, will recompute prompt + generated tokens
+    FINISHED = "finished"      # produced output_len tokens (or stopped)
+    DROPPED = "dropped"        # refused, with drop_reason
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation request as the scheduler sees it.
+
+    Lengths are in tokens. ``block_hashes`` are chained content hashes of the prompt's
+    full KV blocks (one per ``block_size`` tokens, a hash depending on the whole prefix), used
+    by the prefix cache; empty means "no reuse possible".
+    """
+
+    request_id: str
+    arrival_time: float
+    prompt_len: int
+    output_len: int
+    block_hashes: tuple[int, ...] = ()
+    priority: int = 0          # lower is served first under the priority policy
+    session_id: str | None = None
+    # real token ids when an executor drives the scheduler (the simulator leaves them None)
+    prompt_token_ids: list[int] | None = None
+
+    # --- lifecycle state, owned by the scheduler ---
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0   # tokens whose KV is in cache (prefix hits included)
+    num_output_tokens: int = 0     # generated tokens so far
+    num_cached_tokens: int = 0     # prompt tokens served by the prefix cache on first schedule
+    num_preemptions: int = 0
+    drop_reason: str | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+
+    # --- timestamps, set by the loop that drives the scheduler ---
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens whose KV the request needs: prompt plus generated so far."""
+        return self.prompt_len + self.num_output_tokens
+
+    @property
+    def remaining_output(self) -> int:
+        """Output tokens still to generate."""
+        return self.output_len - self.num_output_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        """True while prompt (or recompute) tokens remain to be computed."""
+        return self.num_computed_tokens < self.num_tokens - (1 if self.num_output_tokens else 0)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (RequestStatus.FINISHED, RequestStatus.DROPPED)
