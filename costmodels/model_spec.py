@@ -18,6 +18,7 @@ class MLAConfig(BaseModel):
     qk_nope_head_dim: int = Field(128, ge=1)
     qk_rope_head_dim: int = Field(64, ge=0)
     v_head_dim: int = Field(128, ge=1)
+    kv_up_proj: bool = Field(True, description="False: the cached latent is itself the MQA key/value (DeepSeek-V4), no kv_b_proj")
 
 
 class IndexerConfig(BaseModel):
@@ -41,7 +42,8 @@ class MoEConfig(BaseModel):
     first_k_dense: int = Field(0, ge=0, description="leading layers with a dense FFN instead of MoE")
     n_group: int = Field(1, ge=1)
     topk_group: int = Field(1, ge=1)
-    scoring: Literal["softmax", "sigmoid"] = "softmax"
+    scoring: Literal["softmax", "sigmoid", "sqrtsoftplus"] = "softmax"
+    shared_intermediate_size: int | None = Field(None, ge=1, description="inner dim of the shared expert(s) together (default n_shared * moe_intermediate_size)")
 
     @model_validator(mode="after")
     def _check(self) -> "MoEConfig":
@@ -80,6 +82,15 @@ class ModelSpec(BaseModel):
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
+    # grouped low-rank output projection (DeepSeek-V4): o_groups groups, each heads/o_groups heads -> o_lora_rank
+    o_lora_rank: int | None = Field(None, ge=1)
+    o_groups: int = Field(1, ge=1)
+    hc_mult: int = Field(1, ge=1, description="hyper-connection residual streams (mHC); 1 = plain residual")
+    window_in_compressed_layers: bool = Field(False, description="csa/hca layers also attend the last sliding_window tokens uncompressed")
+    # dtypes the released checkpoint ships in (defaults for a layout)
+    checkpoint_dtype: Literal["bf16", "fp8", "fp4"] = "bf16"
+    checkpoint_expert_dtype: Literal["bf16", "fp8", "fp4"] | None = None
+    default_kv_dtype: Literal["bf16", "fp8", "fp4"] = "bf16"
     sources: list[str] = Field(default_factory=list)
     assumptions: list[str] = Field(default_factory=list)
 

@@ -1,0 +1,257 @@
+"""Model catalog: named ModelSpecs built from the models' own HF ``config.json``, plus import of any such file.
+
+Catalog entries live in ``costmodels/data/models``: ``<name>.json`` holds the released
+``config.json`` (the architecture keys, verbatim) with its sources, assumptions and aliases, and
+is turned into a ModelSpec by :func:`from_hf_config` — the same path a user's file takes.
+``<name>.yaml`` holds a ModelSpec directly (the toy ``tiny`` model).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from twinfer.config import load_model_file, read_mapping, validate
+from twinfer.errors import TwinferError, UnknownNameError
+
+from costmodels.model_spec import ModelSpec
+
+_KIND_BY_RATIO = {0: "sliding", 4: "csa", 128: "hca"}
+
+
+class _Cfg:
+    """A config.json mapping whose missing keys raise errors that name the key and the file."""
+
+    def __init__(self, data: dict, name: str, family: str):
+        self.data, self.name, self.family = data, name, family
+
+    def req(self, key: str):
+        if key not in self.data or self.data[key] is None:
+            raise TwinferError(f"{self.name}: config.json lacks required key {key!r} (needed for a {self.family} model)")
+        return self.data[key]
+
+    def get(self, key: str, default=None):
+        v = self.data.get(key)
+        return default if v is None else v
+
+
+def _family(cfg: dict) -> str:
+    model_type = str(cfg.get("model_type", "")).lower()
+    archs = [str(a) for a in cfg.get("architectures") or []]
+    by_type = {
+        "deepseek_v3": "deepseek_v3", "kimi_k2": "kimi_k2", "deepseek_v32": "deepseek_v32",
+        "deepseek_v4": "deepseek_v4", "qwen3_moe": "qwen3_moe", "qwen3": "qwen3",
+        "glm4_moe": "glm4_moe", "llama": "llama",
+    }
+    if model_type in by_type:
+        return by_type[model_type]
+    by_arch = {
+        "DeepseekV3ForCausalLM": "deepseek_v3", "DeepseekV32ForCausalLM": "deepseek_v32",
+        "DeepseekV4ForCausalLM": "deepseek_v4", "Qwen3MoeForCausalLM": "qwen3_moe",
+        "Qwen3ForCausalLM": "qwen3", "Glm4MoeForCausalLM": "glm4_moe", "LlamaForCausalLM": "llama",
+    }
+    for a in archs:
+        if a in by_arch:
+            return by_arch[a]
+    raise TwinferError(
+        f"unsupported config.json: model_type={model_type or None!r}, architectures={archs}; supported model_types: "
+        + ", ".join(sorted(by_type))
+    )
+
+
+def _quant_dtype(cfg: dict) -> str:
+    q = cfg.get("quantization_config") or {}
+    method = str(q.get("quant_method", "")).lower()
+    if method == "fp8" or str(q.get("fmt", "")).startswith("e4m3"):
+        return "fp8"
+    if "fp4" in method or method in ("mxfp4", "nvfp4"):
+        return "fp4"
+    return "bf16"
+
+
+def _mla_deepseek(c: _Cfg) -> dict:
+    return {
+        "q_lora_rank": c.get("q_lora_rank"),
+        "kv_lora_rank": c.req("kv_lora_rank"),
+        "qk_nope_head_dim": c.req("qk_nope_head_dim"),
+        "qk_rope_head_dim": c.req("qk_rope_head_dim"),
+        "v_head_dim": c.req("v_head_dim"),
+    }
+
+
+def _moe_deepseek(c: _Cfg, n_experts_key: str = "n_routed_experts") -> dict:
+    return {
+        "n_routed_experts": c.req(n_experts_key),
+        "n_shared_experts": c.get("n_shared_experts", 0),
+        "top_k": c.req("num_experts_per_tok"),
+        "moe_intermediate_size": c.req("moe_intermediate_size"),
+        "first_k_dense": c.get("first_k_dense_replace", 0),
+        "n_group": c.get("n_group", 1),
+        "topk_group": c.get("topk_group", 1),
+        "scoring": c.get("scoring_func", "softmax"),
+    }
+
+
+def from_hf_config(cfg: dict, name: str = "model") -> ModelSpec:
+    """Build a ModelSpec from a Hugging Face ``config.json`` mapping (DeepSeek-V3/V3.2/V4, Kimi-K2, Qwen3(-MoE), GLM-4.5, Llama)."""
+    if not isinstance(cfg, dict):
+        raise TwinferError(f"{name}: config.json must be a mapping")
+    if "text_config" in cfg and "num_hidden_layers" not in cfg:  # multimodal wrappers keep the LM inside
+        cfg = {**cfg["text_config"], "quantization_config": cfg.get("quantization_config")}
+    family = _family(cfg)
+    c = _Cfg(cfg, name, family)
+    hidden = c.req("hidden_size")
+    heads = c.req("num_attention_heads")
+    layers = c.req("num_hidden_layers")
+    spec: dict = {
+        "name": name,
+        "family": family,
+        "num_layers": layers,
+        "hidden_size": hidden,
+        "vocab_size": c.req("vocab_size"),
+        "num_attention_heads": heads,
+        "max_context": c.get("max_position_embeddings", 131072),
+        "rope_theta": c.get("rope_theta", 10000.0),
+        "rms_norm_eps": c.get("rms_norm_eps", 1e-6),
+        "tie_word_embeddings": bool(c.get("tie_word_embeddings", False)),
+        "mtp_layers": c.get("num_nextn_predict_layers", 0),
+        "checkpoint_dtype": _quant_dtype(cfg),
+    }
+    if family in ("deepseek_v3", "kimi_k2", "deepseek_v32"):
+        spec.update(
+            attention="mla",
+            num_kv_heads=1,  # MLA caches one latent per token (config.json's num_key_value_heads is per-head K/V after up-projection)
+            head_dim=c.req("qk_nope_head_dim") + c.req("qk_rope_head_dim"),
+            intermediate_size=c.req("intermediate_size"),
+            mla=_mla_deepseek(c),
+            moe=_moe_deepseek(c),
+        )
+        if family == "deepseek_v32":
+            spec["indexer"] = {"n_heads": c.req("index_n_heads"), "head_dim": c.req("index_head_dim"), "topk": c.req("index_topk")}
+    elif family == "deepseek_v4":
+        head_dim, rope = c.req("head_dim"), c.req("qk_rope_head_dim")
+        ratios = [int(r) for r in c.req("compress_ratios")][:layers]
+        if len(ratios) < layers:
+            raise TwinferError(f"{name}: compress_ratios has {len(ratios)} entries, num_hidden_layers is {layers}")
+        unknown = sorted({r for r in ratios if r not in _KIND_BY_RATIO})
+        if unknown:
+            raise TwinferError(f"{name}: compress_ratios values {unknown} not supported (allowed: 0 sliding, 4 csa, 128 hca)")
+        spec.update(
+            attention="mla",
+            num_kv_heads=c.get("num_key_value_heads", 1),
+            head_dim=head_dim,
+            intermediate_size=c.get("intermediate_size", c.req("moe_intermediate_size")),
+            mla={"q_lora_rank": c.req("q_lora_rank"), "kv_lora_rank": head_dim - rope, "qk_nope_head_dim": head_dim - rope,
+                 "qk_rope_head_dim": rope, "v_head_dim": head_dim, "kv_up_proj": False},
+            indexer={"n_heads": c.req("index_n_heads"), "head_dim": c.req("index_head_dim"), "topk": c.req("index_topk")},
+            moe=_moe_deepseek(c),
+            layer_kinds=[_KIND_BY_RATIO[r] for r in ratios],
+            sliding_window=c.req("sliding_window"),
+            compress_ratio={"csa": 4, "hca": 128},
+            window_in_compressed_layers=True,
+            o_lora_rank=c.get("o_lora_rank"),
+            o_groups=c.get("o_groups", 1),
+            hc_mult=c.get("hc_mult", 1),
+            checkpoint_expert_dtype=str(c.get("expert_dtype", spec["checkpoint_dtype"])),
+            default_kv_dtype="fp4",
+        )
+    elif family == "glm4_moe":
+        spec.update(
+            attention="gqa",
+            num_kv_heads=c.req("num_key_value_heads"),
+            head_dim=c.get("head_dim", hidden // heads),
+            intermediate_size=c.req("intermediate_size"),
+            moe=_moe_deepseek(c),
+        )
+    elif family == "qwen3_moe":
+        sparse_step = c.get("decoder_sparse_step", 1)
+        mlp_only = c.get("mlp_only_layers", [])
+        if sparse_step != 1 or mlp_only:
+            raise TwinferError(f"{name}: interleaved dense/MoE layers (decoder_sparse_step={sparse_step}, mlp_only_layers={mlp_only}) are not modelled")
+        spec.update(
+            attention="gqa",
+            num_kv_heads=c.req("num_key_value_heads"),
+            head_dim=c.get("head_dim", hidden // heads),
+            intermediate_size=c.req("intermediate_size"),
+            moe={"n_routed_experts": c.req("num_experts"), "n_shared_experts": 0, "top_k": c.req("num_experts_per_tok"),
+                 "moe_intermediate_size": c.req("moe_intermediate_size"), "scoring": "softmax"},
+        )
+    else:  # llama, qwen3 (dense GQA)
+        spec.update(
+            attention="gqa",
+            num_kv_heads=c.get("num_key_value_heads", heads),
+            head_dim=c.get("head_dim", hidden // heads),
+            intermediate_size=c.req("intermediate_size"),
+        )
+    if cfg.get("torch_dtype") == "float32":
+        spec["checkpoint_dtype"] = "bf16"
+    return validate(ModelSpec, spec, f"{name} (from config.json)")
+
+
+@functools.lru_cache(maxsize=1)
+def _entries() -> dict[str, dict]:
+    """name -> raw entry, read once from the package data."""
+    out: dict[str, dict] = {}
+    folder = resources.files("costmodels").joinpath("data/models")
+    for item in sorted(folder.iterdir(), key=lambda p: p.name):
+        if item.name.endswith(".json"):
+            out[item.name[:-5]] = json.loads(item.read_text(encoding="utf-8"))
+        elif item.name.endswith(".yaml"):
+            out[item.name[:-5]] = yaml.safe_load(item.read_text(encoding="utf-8"))
+    return out
+
+
+def _aliases() -> dict[str, str]:
+    out = {}
+    for name, e in _entries().items():
+        out[name] = name
+        for a in e.get("aliases", []):
+            out[a.lower()] = name
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _build(name: str) -> ModelSpec:
+    e = _entries()[name]
+    if "spec" in e:
+        return validate(ModelSpec, e["spec"], f"costmodels/data/models/{name}.yaml")
+    spec = from_hf_config(e["hf_config"], name)
+    return spec.model_copy(update={"sources": list(e.get("sources", [])), "assumptions": list(e.get("assumptions", []))})
+
+
+def list_models() -> list[str]:
+    """Catalog names (aliases not included)."""
+    return sorted(_entries())
+
+
+def model_aliases() -> dict[str, str]:
+    """alias -> catalog name (every name maps to itself)."""
+    return dict(_aliases())
+
+
+def get_model(name_or_path: str | ModelSpec) -> ModelSpec:
+    """A catalog model (case-insensitive name or alias), an HF ``config.json`` (or a folder holding one), or a ModelSpec YAML/JSON."""
+    if isinstance(name_or_path, ModelSpec):
+        return name_or_path
+    key = str(name_or_path).strip()
+    aliases = _aliases()
+    if key.lower() in aliases:
+        return _build(aliases[key.lower()]).model_copy(deep=True)
+    p = Path(key)
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise TwinferError(f"{p}: folder has no config.json")
+        p = p / "config.json"
+    if p.is_file():
+        data = read_mapping(p)
+        if "model_type" in data or "architectures" in data:
+            stem = p.parent.name if p.name == "config.json" else p.stem
+            return from_hf_config(data, stem or "model")
+        return load_model_file(ModelSpec, p)
+    if key.lower().endswith((".json", ".yaml", ".yml")) or "/" in key:
+        raise TwinferError(f"{key}: no such file")
+    raise UnknownNameError("model", key, list_models())
