@@ -1,0 +1,385 @@
+"""The FastAPI app: OpenAI's /v1/completions, /v1/chat/completions and /v1/models over an AsyncLLMEngine.
+
+One HTTP request is one engine request. The app owns what the engine does not: tokenizing
+(and the chat template), stop strings, OpenAI's response shapes, SSE streaming, request ids,
+the API key, admission (``max_queue``), latency metrics, and aborting the engine request when
+a stop string matches or the client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+
+from executor.serve import protocol as P
+from executor.serve.prom import ServeMetrics
+from executor.serve.textstream import TextStream
+from executor.serve.tokenizer import Tokenizer
+
+REQUEST_ID_HEADER = "x-request-id"
+
+
+@dataclass
+class _Delta:
+    """What one engine output turned into: text to send, tokens it carried, and the end, if it is one."""
+
+    text: str
+    num_tokens: int
+    finish_reason: str | None = None
+
+
+@dataclass
+class _Tally:
+    """Per-request token counts for ``usage``."""
+
+    prompt_tokens: int
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    def usage(self) -> P.UsageInfo:
+        return P.UsageInfo.of(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+
+
+@dataclass
+class _State:
+    engine: Any
+    tokenizer: Tokenizer
+    model_name: str
+    api_key: str | None
+    max_queue: int
+    params_cls: Any
+    metrics: ServeMetrics
+    inflight: int = 0
+    engine_ids: set = field(default_factory=set)
+    background: set = field(default_factory=set)
+
+    def spawn(self, coro) -> None:
+        """Run ``coro`` detached (an abort must not die with the cancelled request that asked for it)."""
+        task = asyncio.ensure_future(_quietly(coro))
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+
+async def _quietly(coro) -> None:
+    """Cleanup must not raise into nowhere ("Task exception was never retrieved")."""
+    try:
+        await coro
+    except Exception:  # noqa: BLE001 - best-effort cleanup of a request that is already gone
+        pass
+
+
+def _error(err: P.APIError, request_id: str | None = None) -> JSONResponse:
+    headers = {REQUEST_ID_HEADER: request_id} if request_id else None
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+class _RequestIdAndAuth:
+    """Pure ASGI middleware (streaming-safe, unlike BaseHTTPMiddleware): X-Request-Id in/out, API key on /v1."""
+
+    def __init__(self, app, api_key: str | None):
+        self.app, self.api_key = app, api_key
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        rid = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = rid
+
+        if self.api_key and scope["path"].startswith("/v1") and headers.get("authorization") != f"Bearer {self.api_key}":
+            err = P.APIError("invalid or missing API key (send 'Authorization: Bearer <key>')", status=401,
+                             type="authentication_error", code="invalid_api_key")
+            return await _error(err, rid)(scope, receive, send)
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                hdrs = [h for h in message.get("headers", []) if h[0].lower() != REQUEST_ID_HEADER.encode()]
+                message = {**message, "headers": hdrs + [(REQUEST_ID_HEADER.encode(), rid.encode("latin-1"))]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def create_app(engine: Any, tokenizer: Tokenizer, *, served_model_name: str, api_key: str | None = None,
+               max_queue: int = 4096, sampling_params_cls: Any = None, manage_engine: bool = True) -> FastAPI:
+    """Build the app. With ``manage_engine`` the app's lifespan starts and shuts down the engine."""
+    if sampling_params_cls is None:  # the real engine's; imported late so the app module needs no torch
+        from executor.engine import SamplingParams as sampling_params_cls
+    st = _State(engine=engine, tokenizer=tokenizer, model_name=served_model_name, api_key=api_key,
+                max_queue=max_queue, params_cls=sampling_params_cls,
+                metrics=ServeMetrics(engine.stats, served_model_name))
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        if manage_engine:
+            await engine.start()
+        try:
+            yield
+        finally:
+            if manage_engine:
+                await engine.shutdown()
+
+    app = FastAPI(title="twinfer serve", lifespan=lifespan)
+    app.state.serve = st
+
+    @app.exception_handler(P.APIError)
+    async def _api_error(request: Request, err: P.APIError):
+        return _error(err)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, err: Exception):
+        return _error(P.APIError(f"internal error: {type(err).__name__}: {err}", status=500, type="server_error"))
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(st.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{
+            "id": st.model_name, "object": "model", "created": P.now_s(), "owned_by": "twinfer",
+            "root": st.model_name, "max_model_len": engine.max_model_len}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req = P.parse_request(P.CompletionRequest, await _json_body(request))
+        _check_model(st, req.model)
+        if isinstance(req.prompt, str):
+            prompt_ids = tokenizer.encode(req.prompt)
+        else:
+            prompt_ids = list(req.prompt)
+            _check_ids(st, prompt_ids)
+        return await _serve(st, request, req, prompt_ids, prefix="cmpl", chat=False,
+                            max_tokens=req.max_tokens, prompt_param="prompt")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        req = P.parse_request(P.ChatCompletionRequest, await _json_body(request))
+        _check_model(st, req.model)
+        messages = [{"role": m.role, "content": m.text, **({"name": m.name} if m.name else {})} for m in req.messages]
+        try:
+            prompt_ids = tokenizer.encode_chat(messages)
+        except ValueError as err:  # the model's template refused the conversation
+            raise P.APIError(str(err), param="messages") from None
+        return await _serve(st, request, req, prompt_ids, prefix="chatcmpl", chat=True,
+                            max_tokens=req.requested_max_tokens, prompt_param="messages")
+
+    app.add_middleware(_RequestIdAndAuth, api_key=api_key)
+    return app
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise P.APIError(f"malformed JSON in request body: {err}", code="invalid_json") from None
+
+
+def _check_model(st: _State, model: str | None) -> None:
+    if model not in (None, "", st.model_name):
+        raise P.APIError(f"the model `{model}` does not exist; this server serves `{st.model_name}`",
+                         param="model", code="model_not_found", status=404)
+
+
+def _check_ids(st: _State, ids: list[int]) -> None:
+    vocab = getattr(st.engine, "vocab_size", None) or st.tokenizer.vocab_size
+    bad = next((t for t in ids if t >= vocab), None)
+    if bad is not None:
+        raise P.APIError(f"prompt token id {bad} is out of range: the vocabulary has {vocab} ids", param="prompt")
+
+
+def _budget(st: _State, prompt_len: int, max_tokens: int | None, prompt_param: str) -> int:
+    """The completion's token budget; prompts that leave no room get OpenAI's context-length error."""
+    limit = st.engine.max_model_len
+    if prompt_len >= limit:
+        raise P.APIError(f"This model's maximum context length is {limit} tokens. However, your prompt has "
+                         f"{prompt_len} tokens, leaving no room for the completion. Please shorten the prompt.",
+                         param=prompt_param, code="context_length_exceeded")
+    if max_tokens is None:
+        return limit - prompt_len
+    if prompt_len + max_tokens > limit:
+        raise P.APIError(f"This model's maximum context length is {limit} tokens. However, you requested "
+                         f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the "
+                         f"completion). Please reduce the length of the prompt or completion.",
+                         param="max_tokens", code="context_length_exceeded")
+    return max_tokens
+
+
+def _sampling_params(st: _State, req: P._SamplingRequest, max_tokens: int) -> Any:
+    try:
+        return st.params_cls(**req.sampling_kwargs(max_tokens))
+    except ValidationError as err:  # the engine's own bounds, should they be tighter than ours
+        e = err.errors()[0]
+        param = ".".join(str(p) for p in e.get("loc", ())) or None
+        raise P.APIError(f"{param}: {e.get('msg')}", param=param) from None
+
+
+async def _serve(st: _State, request: Request, req: P._SamplingRequest, prompt_ids: list[int], *, prefix: str,
+                 chat: bool, max_tokens: int | None, prompt_param: str):
+    """Admit, run and answer one request (streamed or whole)."""
+    budget = _budget(st, len(prompt_ids), max_tokens, prompt_param)
+    params = _sampling_params(st, req, budget)
+    if st.inflight >= st.max_queue:
+        raise P.APIError(f"server busy: {st.inflight} requests in flight (max_queue={st.max_queue}); retry later",
+                         status=429, type="rate_limit_exceeded", code="rate_limit_exceeded")
+    resp_id = P.new_id(prefix, request.scope.get("state", {}).get("request_id"))
+    engine_id = resp_id
+    while engine_id in st.engine_ids:  # two clients reusing one X-Request-Id must not collide in the engine
+        engine_id = f"{resp_id}-{uuid.uuid4().hex[:8]}"
+    st.engine_ids.add(engine_id)
+    st.inflight += 1
+    tally = _Tally(prompt_tokens=len(prompt_ids))
+    deltas = _run(st, engine_id, prompt_ids, params, req.stop or [], tally)
+    created = P.now_s()
+    if req.stream:
+        fmt = _chat_chunks if chat else _completion_chunks
+        return StreamingResponse(_sse(st, engine_id, fmt(st, resp_id, created, deltas, tally, req.include_usage)),
+                                 media_type="text/event-stream")
+    try:
+        text, reason = await _collect_unless_disconnected(request, deltas)
+    finally:
+        st.inflight -= 1
+        st.engine_ids.discard(engine_id)
+    if chat:
+        return P.ChatCompletionResponse(id=resp_id, created=created, model=st.model_name, usage=tally.usage(),
+                                        choices=[P.ChatChoice(message=P.ChatMessageOut(content=text),
+                                                              finish_reason=reason)])
+    return P.CompletionResponse(id=resp_id, created=created, model=st.model_name, usage=tally.usage(),
+                                choices=[P.CompletionChoice(text=text, finish_reason=reason)])
+
+
+async def _run(st: _State, engine_id: str, prompt_ids: list[int], params: Any, stop: list[str],
+               tally: _Tally) -> AsyncIterator[_Delta]:
+    """Drive one engine request; yields text deltas, ends on finish, stop string, or cancellation."""
+    text = TextStream(st.tokenizer.decoder(prompt_ids), stop)
+    t_start = time.perf_counter()
+    t_last: float | None = None
+    reason = "abort"  # what a request that never finished (cancelled, client gone) counts as
+    done = False
+    outputs = st.engine.generate(engine_id, prompt_ids, params)
+    try:
+        async for out in outputs:
+            now = time.perf_counter()
+            n = len(out.new_token_ids)
+            if n:
+                if t_last is None:
+                    st.metrics.observe_ttft(now - t_start)
+                    if n > 1:
+                        st.metrics.observe_token_gap(0.0, n - 1)
+                else:
+                    st.metrics.observe_token_gap(now - t_last, n)
+                t_last = now
+            tally.completion_tokens += n
+            tally.cached_tokens = out.num_cached_tokens or tally.cached_tokens
+            if out.num_prompt_tokens:
+                tally.prompt_tokens = out.num_prompt_tokens
+            delta = text.add(out.new_token_ids)
+            if text.stopped or out.finished:
+                delta += text.finish()
+                reason = "stop" if text.stopped else (out.finish_reason or "stop")
+                done = True
+                if not out.finished:  # a stop string: the engine would go on generating
+                    await st.engine.abort(engine_id)
+                yield _Delta(delta, n, reason)
+                return
+            yield _Delta(delta, n)
+    finally:
+        if not done:  # cancelled or errored mid-way: free the engine's slot and KV
+            st.spawn(st.engine.abort(engine_id))
+        st.spawn(outputs.aclose())
+        st.metrics.request_finished(time.perf_counter() - t_start, reason)
+
+
+async def _collect_unless_disconnected(request: Request, deltas: AsyncIterator[_Delta]) -> tuple[str, str | None]:
+    """Gather a whole response; if the client disconnects first, cancel it (which aborts the engine request)."""
+
+    async def collect():
+        parts, reason = [], None
+        async for d in deltas:
+            parts.append(d.text)
+            reason = d.finish_reason
+        return "".join(parts), reason
+
+    async def disconnected():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    work, watch = asyncio.ensure_future(collect()), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            work.cancel()
+    if work.cancelled():
+        await deltas.aclose()
+        raise P.APIError("client disconnected", status=499, type="client_closed_request")
+    return work.result()
+
+
+async def _sse(st: _State, engine_id: str, events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Frame events, end with [DONE]; errors become an error event; bookkeeping always runs."""
+    try:
+        async for ev in events:
+            yield ev
+        yield P.SSE_DONE
+    except P.APIError as err:
+        yield P.sse(err.body())
+        yield P.SSE_DONE
+    except Exception as err:  # noqa: BLE001 - the stream has started: an error event is all that can be sent
+        yield P.sse(P.APIError(f"internal error: {type(err).__name__}: {err}", status=500, type="server_error").body())
+        yield P.SSE_DONE
+    finally:
+        st.inflight -= 1
+        st.engine_ids.discard(engine_id)
+        st.spawn(events.aclose())  # on a client disconnect: unwinds to _run, which aborts the engine request
+
+
+async def _completion_chunks(st: _State, rid: str, created: int, deltas: AsyncIterator[_Delta], tally: _Tally,
+                             include_usage: bool) -> AsyncIterator[str]:
+    try:
+        async for d in deltas:
+            # one chunk per engine output, even with no printable text yet, so that token timing
+            # is visible to clients (vLLM does the same)
+            yield P.sse(P.CompletionChunk(id=rid, created=created, model=st.model_name,
+                                          choices=[P.CompletionChoice(text=d.text, finish_reason=d.finish_reason)]))
+    finally:
+        await deltas.aclose()
+    if include_usage:
+        yield P.sse(P.CompletionChunk(id=rid, created=created, model=st.model_name, choices=[], usage=tally.usage()))
+
+
+async def _chat_chunks(st: _State, rid: str, created: int, deltas: AsyncIterator[_Delta], tally: _Tally,
+                       include_usage: bool) -> AsyncIterator[str]:
+    def chunk(delta: P.DeltaMessage, reason: str | None = None) -> str:
+        return P.sse(P.ChatCompletionChunk(id=rid, created=created, model=st.model_name,
+                                           choices=[P.ChatStreamChoice(delta=delta, finish_reason=reason)]))
+
+    yield chunk(P.DeltaMessage(role="assistant", content=""))
+    try:
+        async for d in deltas:
+            if d.finish_reason is None:
+                yield chunk(P.DeltaMessage(content=d.text))
+            else:  # OpenAI ends with the last text, then an empty delta that carries finish_reason
+                if d.text:
+                    yield chunk(P.DeltaMessage(content=d.text))
+                yield chunk(P.DeltaMessage(), d.finish_reason)
+    finally:
+        await deltas.aclose()
+    if include_usage:
+        yield P.sse(P.ChatCompletionChunk(id=rid, created=created, model=st.model_name, choices=[], usage=tally.usage()))

@@ -1,0 +1,94 @@
+"""Prometheus metrics for /metrics, named as vLLM names them (and again under ``twinfer:``).
+
+Both prefixes carry the same numbers: ``vllm:`` so dashboards and benchmark tooling written
+for vLLM read twinfer unchanged, ``twinfer:`` as the project's own name. Latency histograms
+are observed by the app per request; engine state (running/waiting, KV usage, prefix cache,
+token totals) is read from ``engine.stats()`` at scrape time, so it can never drift.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+PREFIXES = ("vllm", "twinfer")
+
+# Bucket edges copied from vLLM v1 (vllm/v1/metrics/loggers.py) so histograms line up.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+               240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+class _EngineStatsCollector(Collector):
+    """Gauges and counters read from ``engine.stats()`` on every scrape."""
+
+    def __init__(self, stats: Callable[[], object], model_name: str):
+        self._stats, self._model = stats, model_name
+
+    def collect(self) -> Iterable:
+        s = self._stats()
+        kv = s.kv_used_blocks / s.kv_total_blocks if s.kv_total_blocks else 0.0
+        gauges = {
+            "num_requests_running": ("Requests in the running batch.", s.num_running),
+            "num_requests_waiting": ("Requests waiting to be scheduled.", s.num_waiting),
+            "kv_cache_usage_perc": ("KV-cache usage; 1 means 100 percent.", kv),
+        }
+        counters = {
+            "prefix_cache_queries": ("Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries),
+            "prefix_cache_hits": ("Prompt tokens found in the prefix cache.", s.prefix_cache_hits),
+            "prompt_tokens": ("Prefill tokens processed.", s.prompt_tokens_total),
+            "generation_tokens": ("Generation tokens produced.", s.generation_tokens_total),
+        }
+        for prefix in PREFIXES:
+            for name, (doc, value) in gauges.items():
+                g = GaugeMetricFamily(f"{prefix}:{name}", doc, labels=["model_name"])
+                g.add_metric([self._model], float(value))
+                yield g
+            for name, (doc, value) in counters.items():
+                c = CounterMetricFamily(f"{prefix}:{name}", doc, labels=["model_name"])
+                c.add_metric([self._model], float(value))
+                yield c
+
+
+class ServeMetrics:
+    """The app's per-request observations plus the engine collector, in one registry."""
+
+    def __init__(self, stats: Callable[[], object], model_name: str, registry: CollectorRegistry | None = None):
+        # a registry per app: tests run several apps in one process
+        self.registry = registry or CollectorRegistry()
+        self.model_name = model_name
+        self.registry.register(_EngineStatsCollector(stats, model_name))
+        lbl = ["model_name"]
+        self._ttft = [Histogram(f"{p}:time_to_first_token_seconds", "Time to first token.", lbl,
+                                buckets=TTFT_BUCKETS, registry=self.registry) for p in PREFIXES]
+        self._tpot = [Histogram(f"{p}:time_per_output_token_seconds", "Time between output tokens.", lbl,
+                                buckets=TPOT_BUCKETS, registry=self.registry) for p in PREFIXES]
+        self._e2e = [Histogram(f"{p}:e2e_request_latency_seconds", "End-to-end request latency.", lbl,
+                               buckets=E2E_BUCKETS, registry=self.registry) for p in PREFIXES]
+        self._success = [Counter(f"{p}:request_success", "Finished requests by finish reason.",
+                                 lbl + ["finished_reason"], registry=self.registry) for p in PREFIXES]
+
+    def observe_ttft(self, seconds: float) -> None:
+        """Arrival to first token of one request."""
+        for h in self._ttft:
+            h.labels(self.model_name).observe(seconds)
+
+    def observe_token_gap(self, seconds: float, num_tokens: int = 1) -> None:
+        """Gap between two outputs of one request, spread over the tokens the later one carried."""
+        per = seconds / max(num_tokens, 1)
+        for h in self._tpot:
+            for _ in range(max(num_tokens, 1)):
+                h.labels(self.model_name).observe(per)
+
+    def request_finished(self, e2e_seconds: float, finish_reason: str) -> None:
+        """A request left the server: its latency and why it ended."""
+        for h in self._e2e:
+            h.labels(self.model_name).observe(e2e_seconds)
+        for c in self._success:
+            c.labels(self.model_name, finish_reason).inc()

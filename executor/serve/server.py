@@ -1,0 +1,94 @@
+"""Running the app under uvicorn: in the foreground for the CLI, or in a thread for tests.
+
+The listening socket is bound before uvicorn starts, so port 0 (any free port) works and the
+caller learns the real URL without racing another process for a guessed port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from typing import Callable
+
+import uvicorn
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (port 0 picks a free one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    """http://host:port of a bound socket (IPv6 hosts bracketed)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _server(app, log_level: str) -> uvicorn.Server:
+    # one event loop in one process: the engine's asyncio task lives beside the HTTP handlers
+    config = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5,
+                            access_log=log_level == "debug")
+    return uvicorn.Server(config)
+
+
+def serve_forever(app, sock: socket.socket, *, log_level: str = "info",
+                  on_ready: Callable[[], None] | None = None) -> None:
+    """Run until Ctrl-C; ``on_ready`` is called once the app (and its engine) has started."""
+    server = _server(app, log_level)
+
+    async def main() -> None:
+        async def announce() -> None:
+            while not server.started:
+                if server.should_exit:
+                    return
+                await asyncio.sleep(0.05)
+            if on_ready:
+                on_ready()
+
+        watcher = asyncio.create_task(announce())
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            watcher.cancel()
+
+    asyncio.run(main())
+
+
+class BackgroundServer:
+    """The app served from a daemon thread (tests, notebooks); ``stop()`` shuts it down."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+        self._sock = bind_socket(host, port)
+        self.url = url_of(self._sock)
+        self._server = _server(app, log_level)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
+
+    def start(self, timeout_s: float = 60.0) -> "BackgroundServer":
+        """Start and wait until uvicorn reports the app started."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"server at {self.url} did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        """Ask uvicorn to exit and wait for the thread."""
+        self._server.should_exit = True
+        self._thread.join(timeout=15)
+        self._sock.close()
+
+    def __enter__(self) -> "BackgroundServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
