@@ -1,0 +1,58 @@
+"""Collective communication times: TP all-reduce, EP all-to-all (dispatch/combine), pipeline send.
+
+Bandwidths are per GPU per direction from the hardware catalog, derated by the profile's
+``comm_eff``; each collective pays a fixed latency. A group that fits inside one scale-up
+domain (NVLink/NVL72/Infinity Fabric) uses scale-up links only; a larger one sends the share
+of its traffic that leaves the domain over the scale-out NIC, and the slower path sets the time.
+"""
+
+from __future__ import annotations
+
+from costmodels.calibration import CalibrationProfile
+from costmodels.hardware import Hardware
+
+
+def allreduce_time(nbytes: float, n: int, hw: Hardware, cal: CalibrationProfile) -> float:
+    """Ring/tree all-reduce of ``nbytes`` per GPU over ``n`` GPUs: 2(n-1)/n of the data crosses each link."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    d = min(n, hw.scaleup_domain)
+    t = 2.0 * (d - 1) / d * nbytes / (hw.scaleup_bw * cal.comm_eff)
+    if n > hw.scaleup_domain:
+        # hierarchical: reduce-scatter inside the domain, all-reduce of 1/d of the data across domains
+        k = -(-n // hw.scaleup_domain)
+        t += 2.0 * (k - 1) / k * nbytes / d / (hw.scaleout_bw * cal.comm_eff)
+        return t + cal.allreduce_latency_s + cal.alltoall_scaleout_latency_s
+    return t + cal.allreduce_latency_s
+
+
+def alltoall_time(nbytes_out: float, n: int, hw: Hardware, cal: CalibrationProfile) -> float:
+    """All-to-all where each GPU sends ``nbytes_out`` spread evenly over the other ``n - 1`` GPUs.
+
+    Inside a scale-up domain every byte goes over scale-up links. Across domains, the share
+    bound for other domains ((n - d) / (n - 1)) goes over the NIC at scale-out bandwidth.
+    """
+    if n <= 1 or nbytes_out <= 0:
+        return 0.0
+    d = min(n, hw.scaleup_domain)
+    if n <= hw.scaleup_domain:
+        return nbytes_out / (hw.scaleup_bw * cal.comm_eff) + cal.alltoall_latency_s
+    remote = nbytes_out * (n - d) / (n - 1)
+    local = nbytes_out - remote
+    t = max(local / (hw.scaleup_bw * cal.comm_eff), remote / (hw.scaleout_bw * cal.comm_eff))
+    return t + cal.alltoall_scaleout_latency_s
+
+
+def allgather_time(nbytes_out: float, n: int, hw: Hardware, cal: CalibrationProfile) -> float:
+    """All-gather in which each GPU contributes ``nbytes_out`` and receives everyone else's."""
+    if n <= 1 or nbytes_out <= 0:
+        return 0.0
+    return alltoall_time(nbytes_out * (n - 1), n, hw, cal)
+
+
+def p2p_time(nbytes: float, cross_domain: bool, hw: Hardware, cal: CalibrationProfile) -> float:
+    """One point-to-point send (pipeline stage boundary)."""
+    if nbytes <= 0:
+        return 0.0
+    bw = hw.scaleout_bw if cross_domain else hw.scaleup_bw
+    return nbytes / (bw * cal.comm_eff) + cal.p2p_latency_s
