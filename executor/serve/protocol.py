@@ -45,7 +45,7 @@ class _SamplingRequest(BaseModel):
     temperature: float | None = Field(None, ge=0.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = None
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(None, validate_default=True)
     stop_token_ids: list[int] | None = None
     seed: int | None = None
     n: int = 1

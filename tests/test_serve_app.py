@@ -1,0 +1,225 @@
+"""The HTTP app over a fake engine (no torch): OpenAI client, streaming, stops, errors, aborts, metrics."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from executor.serve.app import create_app
+from executor.serve.fake_engine import _TEXT, FakeEngine, FakeSamplingParams
+from executor.serve.server import BackgroundServer
+from executor.serve.tokenizer import ByteTokenizer
+
+TEXT = _TEXT
+
+
+def _serve(engine: FakeEngine, **kw) -> BackgroundServer:
+    tok = ByteTokenizer(512, eos_token_id=engine.eos_token_id)
+    app = create_app(engine, tok, served_model_name="fake", sampling_params_cls=FakeSamplingParams, **kw)
+    return BackgroundServer(app).start()
+
+
+@pytest.fixture(scope="module")
+def server():
+    engine = FakeEngine(max_model_len=256, step_s=0.002)
+    srv = _serve(engine)
+    srv.engine = engine
+    yield srv
+    srv.stop()
+    assert engine.shut_down
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def _wait_idle(engine, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        s = engine.stats()
+        if s.num_running == 0 and s.num_waiting == 0:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"engine still busy: {engine.stats()}")
+
+
+def test_completion_text_and_usage(server, client):
+    r = client.completions.create(model="fake", prompt="hello", max_tokens=20)
+    assert r.id.startswith("cmpl-") and r.object == "text_completion" and r.model == "fake"
+    assert r.choices[0].text == TEXT[:20] and r.choices[0].finish_reason == "length"
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (6, 20, 26)  # BOS + 5 bytes
+
+
+def test_completion_stream_matches_whole_response(client):
+    chunks = list(client.completions.create(model="fake", prompt=[1, 2, 3], max_tokens=70, stream=True,
+                                            stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == TEXT.encode()[:70].decode("utf-8", errors="replace")
+    assert "\ufffd" not in text  # the 2-byte umlauts arrive whole
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 70 and chunks[-1].usage.prompt_tokens == 3
+
+
+def test_chat_whole_and_streamed(client):
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    r = client.chat.completions.create(model="fake", messages=msgs, max_completion_tokens=9)
+    assert r.id.startswith("chatcmpl-") and r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content == TEXT[:9]
+    assert r.usage.completion_tokens == 9
+    assert r.usage.prompt_tokens == len(ByteTokenizer().encode_chat(msgs))
+    chunks = list(client.chat.completions.create(model="fake", messages=msgs, max_tokens=9, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == TEXT[:9]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == r.usage.total_tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_string_cuts_text_and_aborts_the_engine(server, client, stream):
+    kw = dict(model="fake", prompt="x", max_tokens=100, stop=["fox", "zzz"])
+    if stream:
+        chunks = list(client.completions.create(stream=True, **kw))
+        text = "".join(c.choices[0].text for c in chunks)
+        reason = chunks[-1].choices[0].finish_reason
+    else:
+        r = client.completions.create(**kw)
+        text, reason = r.choices[0].text, r.choices[0].finish_reason
+    assert text == "The quick brown " and reason == "stop"
+    _wait_idle(server.engine)
+
+
+def test_stop_token_ids_go_to_the_engine(client):
+    r = client.completions.create(model="fake", prompt="x", max_tokens=50, extra_body={"stop_token_ids": [ord(" ")]})
+    # as in vLLM, a stop token's text stays in the output (special tokens print nothing anyway)
+    assert r.choices[0].text == "The " and r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == 4
+
+
+def test_models_and_health(server):
+    models = httpx.get(server.url + "/v1/models").json()
+    assert models["data"][0]["id"] == "fake" and models["data"][0]["max_model_len"] == 256
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_request_id_is_honoured_and_echoed(server):
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, headers={"X-Request-Id": "abc123"})
+    assert r.headers["x-request-id"] == "abc123" and r.json()["id"] == "cmpl-abc123"
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+    assert r.headers["x-request-id"] and r.json()["id"] == "cmpl-" + r.headers["x-request-id"]
+
+
+def _assert_openai_error(r: httpx.Response, status: int, param: str | None):
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["param"] == param and err["message"]
+    return err
+
+
+def test_malformed_json_is_400(server):
+    r = httpx.post(server.url + "/v1/completions", content=b'{"prompt": "x",', headers={"content-type": "application/json"})
+    err = _assert_openai_error(r, 400, None)
+    assert err["type"] == "invalid_request_error" and "JSON" in err["message"]
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", {"prompt": "x", "n": 2}, "n"),
+    ("/v1/completions", {"prompt": "x", "temperature": -1}, "temperature"),
+    ("/v1/completions", {"prompt": "x", "top_k": 0}, "top_k"),
+    ("/v1/completions", {"prompt": [1, 9999]}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 3}, "n"),
+    ("/v1/chat/completions", {"messages": "hi"}, "messages"),
+])
+def test_bad_params_are_400(server, path, body, param):
+    _assert_openai_error(httpx.post(server.url + path, json=body), 400, param)
+
+
+def test_openai_client_raises_bad_request(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="fake", prompt="x", n=2)
+    assert info.value.body["param"] == "n"
+
+
+def test_prompt_over_the_context_limit_is_400(server):
+    err = _assert_openai_error(httpx.post(server.url + "/v1/completions", json={"prompt": "x" * 300}), 400, "prompt")
+    assert "256" in err["message"] and err["code"] == "context_length_exceeded"
+    err = _assert_openai_error(httpx.post(server.url + "/v1/completions", json={"prompt": "x" * 200, "max_tokens": 100}),
+                               400, "max_tokens")
+    assert "256" in err["message"]
+
+
+def test_unknown_model_is_404(server):
+    _assert_openai_error(httpx.post(server.url + "/v1/completions", json={"prompt": "x", "model": "gpt-9"}), 404, "model")
+
+
+def test_client_disconnect_mid_stream_aborts(server):
+    engine = server.engine
+    body = {"prompt": "x", "max_tokens": 200, "stream": True}
+    with httpx.Client(timeout=10) as c:
+        with c.stream("POST", server.url + "/v1/completions", json=body, headers={"X-Request-Id": "gone"}) as r:
+            lines = r.iter_lines()
+            for _ in range(6):
+                next(lines)
+            assert engine.stats().num_running == 1
+    _wait_idle(engine)
+    assert "cmpl-gone" in engine.aborted
+
+
+def test_client_disconnect_before_a_whole_response_aborts(server):
+    engine = server.engine
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 200},
+                   headers={"X-Request-Id": "impatient"}, timeout=0.1)
+    _wait_idle(engine)
+    assert "cmpl-impatient" in engine.aborted
+
+
+def test_metrics_parse_with_vllm_and_twinfer_names(server, client):
+    client.completions.create(model="fake", prompt="hello", max_tokens=5)
+    text = httpx.get(server.url + "/metrics").text
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    for prefix in ("vllm", "twinfer"):
+        for name in ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds"):
+            assert fams[f"{prefix}:{name}"].type == "histogram"
+        for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
+            assert fams[f"{prefix}:{name}"].type == "gauge"
+        # the parser drops a counter's _total suffix from the family name
+        for name in ("prefix_cache_queries", "prefix_cache_hits", "prompt_tokens", "generation_tokens", "request_success"):
+            assert fams[f"{prefix}:{name}"].type == "counter"
+    ttft_count = next(s.value for s in fams["vllm:time_to_first_token_seconds"].samples if s.name.endswith("_count"))
+    assert ttft_count >= 1
+    gen = next(s.value for s in fams["vllm:generation_tokens"].samples)
+    assert gen >= 5
+    ok = {s.labels["finished_reason"]: s.value for s in fams["vllm:request_success"].samples if s.name.endswith("_total")}
+    assert ok.get("length", 0) >= 1
+
+
+def test_api_key_guards_v1_only():
+    engine = FakeEngine()
+    srv = _serve(engine, api_key="sekret")
+    try:
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        ok = openai.OpenAI(base_url=srv.url + "/v1", api_key="sekret", max_retries=0)
+        assert ok.completions.create(model="fake", prompt="x", max_tokens=1).usage.completion_tokens == 1
+        assert httpx.get(srv.url + "/health").status_code == 200
+    finally:
+        srv.stop()
+
+
+def test_max_queue_answers_429():
+    engine = FakeEngine(step_s=0.01)
+    srv = _serve(engine, max_queue=1)
+    try:
+        with httpx.Client(timeout=10) as c:
+            with c.stream("POST", srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 50, "stream": True}) as r:
+                lines = r.iter_lines()  # keep it: a dropped line iterator closes the stream
+                next(lines)
+                busy = c.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
+                assert busy.status_code == 429 and busy.json()["error"]["code"] == "rate_limit_exceeded"
+    finally:
+        srv.stop()

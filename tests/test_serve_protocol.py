@@ -1,0 +1,93 @@
+"""Request validation and response shapes of the OpenAI protocol models (no torch, no server)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from executor.serve import protocol as P
+
+
+def _err(model, body) -> P.APIError:
+    with pytest.raises(P.APIError) as info:
+        P.parse_request(model, body)
+    return info.value
+
+
+@pytest.mark.parametrize("prompt, expected", [
+    ("hi", "hi"), ([1, 2, 3], [1, 2, 3]), (["hi"], "hi"), ([[4, 5]], [4, 5]),
+])
+def test_prompt_forms_normalise_to_one_prompt(prompt, expected):
+    assert P.parse_request(P.CompletionRequest, {"prompt": prompt}).prompt == expected
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "x", "n": 2}, "n"),
+    ({"prompt": "x", "temperature": -0.1}, "temperature"),
+    ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "top_p": 1.5}, "top_p"),
+    ({"prompt": "x", "top_k": 0}, "top_k"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": 7}, "prompt"),
+    ({}, "prompt"),
+    ({"prompt": "x", "echo": True}, "echo"),
+    ({"prompt": "x", "logprobs": 3}, "logprobs"),
+    ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+])
+def test_completion_errors_name_the_param(body, param):
+    e = _err(P.CompletionRequest, body)
+    assert e.status == 400 and e.param == param
+    assert e.body()["error"]["type"] == "invalid_request_error"
+    assert param in e.body()["error"]["message"]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 4}, "n"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens"),
+])
+def test_chat_errors_name_the_param(body, param):
+    assert _err(P.ChatCompletionRequest, body).param == param
+
+
+def test_body_must_be_an_object():
+    assert _err(P.CompletionRequest, [1, 2]).status == 400
+
+
+def test_stop_normalises_and_drops_empty_strings():
+    assert P.parse_request(P.CompletionRequest, {"prompt": "x", "stop": "\n"}).stop == ["\n"]
+    assert P.parse_request(P.CompletionRequest, {"prompt": "x", "stop": ["a", ""]}).stop == ["a"]
+    assert P.parse_request(P.CompletionRequest, {"prompt": "x"}).stop == []
+
+
+def test_chat_max_completion_tokens_wins_and_text_parts_join():
+    req = P.parse_request(P.ChatCompletionRequest, {
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+        "max_tokens": 5, "max_completion_tokens": 7, "stream": True, "stream_options": {"include_usage": True}})
+    assert req.requested_max_tokens == 7 and req.messages[0].text == "ab" and req.include_usage
+
+
+def test_sampling_kwargs_fill_openai_defaults():
+    req = P.parse_request(P.CompletionRequest, {"prompt": "x", "seed": 3, "stop_token_ids": [9], "ignore_eos": True})
+    assert req.sampling_kwargs(12) == {"max_tokens": 12, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "seed": 3,
+                                       "stop_token_ids": [9], "ignore_eos": True}
+
+
+def test_unknown_fields_are_ignored():
+    assert P.parse_request(P.CompletionRequest, {"prompt": "x", "metadata": {"a": 1}}).prompt == "x"
+
+
+def test_ids_and_sse_framing():
+    assert P.new_id("cmpl").startswith("cmpl-") and P.new_id("chatcmpl", "abc") == "chatcmpl-abc"
+    chunk = P.CompletionChunk(id="cmpl-1", created=1, model="m", choices=[P.CompletionChoice(text="a")])
+    line = P.sse(chunk)
+    assert line.startswith("data: ") and line.endswith("\n\n")
+    assert json.loads(line[6:])["object"] == "text_completion"
+    assert P.SSE_DONE == "data: [DONE]\n\n"
+    u = P.UsageInfo.of(3, 4, cached=1)
+    assert (u.total_tokens, u.prompt_tokens_details.cached_tokens) == (7, 1)

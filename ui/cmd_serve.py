@@ -1,0 +1,88 @@
+"""``twinfer serve``: the OpenAI-compatible HTTP server over the real executor."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from twinfer.errors import TwinferError
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve`` to the CLI."""
+    app.command("serve", help="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions).")(serve)
+
+
+def build_engine(model: str, *, load_format: str, device: str, dtype: Optional[str], seed: int,
+                 max_model_len: Optional[int], num_kv_blocks: Optional[int], plan_path: Optional[str]):
+    """The executor's AsyncLLMEngine (imports torch: call only when serving)."""
+    from executor import engine as eng  # torch lives behind this import
+
+    kwargs = dict(load_format=load_format, device=device, seed=seed, max_model_len=max_model_len,
+                  num_kv_blocks=num_kv_blocks, plan_path=plan_path)
+    if dtype:
+        kwargs["dtype"] = dtype
+    if hasattr(eng.AsyncLLMEngine, "from_args"):
+        return eng.AsyncLLMEngine.from_args(model, **kwargs)
+    return eng.AsyncLLMEngine(eng.LLMEngine.from_args(model, **kwargs))
+
+
+def engine_vocab_size(engine) -> int:
+    """The model's vocabulary size, wherever this engine keeps it."""
+    for path in ("vocab_size", "model_config.vocab_size", "spec.vocab_size", "engine.vocab_size",
+                 "engine.model_config.vocab_size", "engine.spec.vocab_size"):
+        obj = engine
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+        if isinstance(obj, int):
+            return obj
+    raise TwinferError("cannot tell the model's vocabulary size from the engine")
+
+
+def serve(
+    model: str = typer.Option(..., "--model", help="HF checkpoint directory or catalog model name (e.g. tiny)"),
+    load_format: str = typer.Option("auto", "--load-format", help="auto (read weights) or dummy (random weights)"),
+    plan: Optional[str] = typer.Option(None, "--plan", help="deployment plan YAML from `twinfer plan`"),
+    device: str = typer.Option("cuda", "--device", help="cpu or cuda"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="activation/weight dtype (engine default if unset)"),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port", help="0 picks a free port (the URL is printed)"),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="TWINFER_API_KEY",
+                                          help="require 'Authorization: Bearer KEY' on /v1"),
+    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="model id clients send (default: --model)"),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=1),
+    num_kv_blocks: Optional[int] = typer.Option(None, "--num-kv-blocks", min=1),
+    seed: int = typer.Option(0, "--seed"),
+    max_queue: int = typer.Option(4096, "--max-queue", min=1, help="requests in flight before answering 429"),
+    log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level"),
+) -> None:
+    """Build the engine, then serve until Ctrl-C."""
+    if device not in ("cpu", "cuda"):
+        raise TwinferError(f"--device must be cpu or cuda, got {device!r}")
+    if load_format not in ("auto", "dummy"):
+        raise TwinferError(f"--load-format must be auto or dummy, got {load_format!r}")
+    # heavy imports only now: `twinfer --help` and the simulator never load torch or uvicorn
+    try:
+        from executor.serve.app import create_app
+        from executor.serve.server import bind_socket, serve_forever, url_of
+        from executor.serve.tokenizer import load_tokenizer
+    except ImportError as err:
+        raise TwinferError(f"twinfer serve needs the serve extra: pip install 'twinfer[serve]' ({err})") from None
+    try:
+        engine = build_engine(model, load_format=load_format, device=device, dtype=dtype, seed=seed,
+                              max_model_len=max_model_len, num_kv_blocks=num_kv_blocks, plan_path=plan)
+    except ImportError as err:
+        raise TwinferError(f"twinfer serve needs torch: pip install torch ({err})") from None
+    tokenizer = load_tokenizer(model, vocab_size=engine_vocab_size(engine), eos_token_id=engine.eos_token_id)
+    name = served_model_name or getattr(engine, "model_name", None) or model
+    app = create_app(engine, tokenizer, served_model_name=name, api_key=api_key, max_queue=max_queue)
+    sock = bind_socket(host, port)
+    url = url_of(sock)
+
+    def ready() -> None:
+        # flushed at once: scripts and tests wait for this line to learn the URL
+        print(f"twinfer serve: {name} ready at {url}/v1 (max_model_len {engine.max_model_len}; "
+              f"also {url}/health, {url}/metrics)", flush=True)
+
+    serve_forever(app, sock, log_level=log_level, on_ready=ready)
