@@ -1,0 +1,55 @@
+"""Grouped-query attention (Llama, Qwen3, Qwen3-MoE), HF parameter names, paged K/V."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from costmodels.model_spec import ModelSpec
+from executor.forward_batch import ForwardBatch
+from executor.kv_cache import KVCache
+from executor.layers import Linear, RMSNorm
+from kernels import ops
+from kernels import reference as ref
+
+
+class GQAAttention(nn.Module):
+    """q/k/v/o projections, optional per-head q/k RMSNorm (Qwen3), neox RoPE."""
+
+    def __init__(self, spec: ModelSpec, cache_layer: int, qk_norm: bool, bias: bool, fp8: bool = False):
+        super().__init__()
+        self.hq, self.hkv, self.d = spec.num_attention_heads, spec.num_kv_heads, spec.head_dim
+        self.cache_layer, self.scale = cache_layer, self.d ** -0.5
+        hid = spec.hidden_size
+        self.q_proj = Linear(hid, self.hq * self.d, bias=bias, fp8=fp8)
+        self.k_proj = Linear(hid, self.hkv * self.d, bias=bias, fp8=fp8)
+        self.v_proj = Linear(hid, self.hkv * self.d, bias=bias, fp8=fp8)
+        self.o_proj = Linear(self.hq * self.d, hid, fp8=fp8)
+        self.q_norm = RMSNorm(self.d, spec.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.d, spec.rms_norm_eps) if qk_norm else None
+        self.cos_sin: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.hq, self.d)
+        k = self.k_proj(x).view(t, self.hkv, self.d)
+        v = self.v_proj(x).view(t, self.hkv, self.d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = ref.rope(q, batch.positions, self.cos_sin, False)
+        k = ref.rope(k, batch.positions, self.cos_sin, False)
+        kc, vc = kv.k[self.cache_layer], kv.v[self.cache_layer]
+        ref.write_paged(kc, batch.slot_mapping, k)
+        ref.write_paged(vc, batch.slot_mapping, v)
+        out = torch.empty(t, self.hq, self.d, dtype=x.dtype, device=x.device)
+        nd = batch.num_decode_tokens
+        if nd:
+            qd = q[:nd].view(batch.num_decodes, batch.decode_sq, self.hq, self.d)
+            o = ops.gqa_decode(qd, kc, vc, batch.decode_block_table, batch.decode_seq_lens, self.scale)
+            out[:nd] = o.reshape(nd, self.hq, self.d)
+        for p in batch.prefills:
+            rows = slice(p.start, p.start + p.num)
+            kk = ref.gather_paged(kc, p.block_table, p.kv_len)
+            vv = ref.gather_paged(vc, p.block_table, p.kv_len)
+            out[rows] = ops.attention_prefill(q[rows], kk, vv, batch.positions[rows], self.scale)
+        return self.o_proj(out.view(t, self.hq * self.d))

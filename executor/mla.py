@@ -1,0 +1,88 @@
+"""Multi-head latent attention (DeepSeek-V2/V3), HF parameter names.
+
+Decodes use the absorbed form: q_nope is projected into latent space (W_UK folded into
+the query), attention runs over the cached latents themselves (one shared 576-dim KV
+head: FlashMLA's contract) and the output is projected back by W_UV. Prefill chunks use
+the expanded form (up-project the latents into per-head K/V), which is cheaper when many
+queries share the keys. Both compute the same function (tested).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from costmodels.model_spec import ModelSpec
+from executor.forward_batch import ForwardBatch
+from executor.indexer import Indexer
+from executor.kv_cache import KVCache
+from executor.layers import Linear, RMSNorm
+from kernels import ops
+from kernels import reference as ref
+
+
+class MLAAttention(nn.Module):
+    """One MLA layer writing latents (and indexer keys) to KV layer ``cache_layer``."""
+
+    def __init__(self, spec: ModelSpec, cache_layer: int, softmax_scale: float, fp8: bool = False,
+                 index_rope_interleaved: bool = False):
+        super().__init__()
+        m = spec.mla
+        self.h, self.dn, self.dr, self.dv, self.rank = spec.num_attention_heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
+        self.cache_layer, self.scale = cache_layer, softmax_scale
+        d, qk = spec.hidden_size, m.qk_nope_head_dim + m.qk_rope_head_dim
+        if m.q_lora_rank:
+            self.q_a_proj = Linear(d, m.q_lora_rank, fp8=fp8)
+            self.q_a_layernorm = RMSNorm(m.q_lora_rank, spec.rms_norm_eps)
+            self.q_b_proj = Linear(m.q_lora_rank, self.h * qk, fp8=fp8)
+        else:
+            self.q_proj = Linear(d, self.h * qk, fp8=fp8)
+        self.kv_a_proj_with_mqa = Linear(d, m.kv_lora_rank + m.qk_rope_head_dim, fp8=fp8)
+        self.kv_a_layernorm = RMSNorm(m.kv_lora_rank, spec.rms_norm_eps)
+        # kept in the activation dtype: absorbed decode reads it per head (DeepSeek dequantises it too)
+        self.kv_b_proj = Linear(m.kv_lora_rank, self.h * (self.dn + self.dv))
+        self.o_proj = Linear(self.h * self.dv, d, fp8=fp8)
+        self.indexer = None
+        if spec.indexer is not None and m.q_lora_rank:
+            self.indexer = Indexer(spec.indexer, d, m.q_lora_rank, m.qk_rope_head_dim, cache_layer,
+                                   index_rope_interleaved, fp8=fp8)
+        self.cos_sin: torch.Tensor | None = None   # set by the model (shared rope table)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        t = x.shape[0]
+        qr = None
+        if hasattr(self, "q_a_proj"):
+            qr = self.q_a_layernorm(self.q_a_proj(x))
+            q = self.q_b_proj(qr)
+        else:
+            q = self.q_proj(x)
+        q = q.view(t, self.h, self.dn + self.dr)
+        q_nope, q_pe = q[..., : self.dn], ref.rope(q[..., self.dn:], batch.positions, self.cos_sin, True)
+        kva = self.kv_a_proj_with_mqa(x)
+        c = self.kv_a_layernorm(kva[:, : self.rank])
+        k_pe = ref.rope(kva[:, None, self.rank:], batch.positions, self.cos_sin, True)[:, 0]
+        cache = kv.latent[self.cache_layer]
+        ref.write_paged(cache, batch.slot_mapping, torch.cat((c, k_pe), dim=-1))
+
+        dec_topk, masks = None, [None] * len(batch.prefills)
+        if self.indexer is not None:
+            dec_topk, masks = self.indexer(x, qr, batch, kv.index_k[self.cache_layer], self.cos_sin)
+
+        w_kv_b = self.kv_b_proj.weight
+        out = torch.empty(t, self.h, self.dv, dtype=x.dtype, device=x.device)
+        nd = batch.num_decode_tokens
+        if nd:
+            b, sq = batch.num_decodes, batch.decode_sq
+            q_lat = ref.mla_absorb_q(q_nope[:nd], w_kv_b, self.dn, self.dv)
+            qd = torch.cat((q_lat, q_pe[:nd]), dim=-1).view(b, sq, self.h, self.rank + self.dr)
+            o_lat = ops.mla_decode(qd, cache, batch.decode_block_table, batch.decode_seq_lens, self.scale,
+                                   self.rank, topk_indices=dec_topk)
+            out[:nd] = ref.mla_absorb_out(o_lat.reshape(nd, self.h, self.rank), w_kv_b, self.dn, self.dv)
+        for p, mask in zip(batch.prefills, masks):
+            rows = slice(p.start, p.start + p.num)
+            lat = ref.gather_paged(cache, p.block_table, p.kv_len)
+            k_nope, v, kpe = ref.mla_expand_kv(lat, w_kv_b, self.h, self.dn, self.dv, self.rank)
+            k = torch.cat((k_nope, kpe[:, None, :].expand(-1, self.h, -1)), dim=-1)
+            qq = torch.cat((q_nope[rows], q_pe[rows]), dim=-1)
+            out[rows] = ops.attention_prefill(qq, k, v, batch.positions[rows], self.scale, mask)
+        return self.o_proj(out.view(t, self.h * self.dv))

@@ -1,0 +1,161 @@
+"""What the executor needs to build a model: a ModelSpec plus the few checkpoint details it omits.
+
+ModelSpec (costmodels) carries the architecture numbers the cost model and the executor
+share. A real checkpoint also fixes details that change the math but not the cost
+(RoPE scaling, routed scaling factor, q/k norms, tied heads); they come from the HF
+``config.json`` when one is given, else from the family's defaults. No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from costmodels.model_spec import IndexerConfig, MLAConfig, ModelSpec, MoEConfig
+from twinfer.errors import TwinferError
+
+DEEPSEEK_FAMILIES = {"deepseek_v3", "deepseek_v32", "kimi_k2", "tiny"}
+LLAMA_FAMILIES = {"llama", "qwen3", "qwen3_moe", "glm4_moe"}
+
+
+def tiny_spec() -> ModelSpec:
+    """The ``tiny`` test model (a DeepSeek-V3.2-shaped toy: MLA + DSA indexer + MoE + MTP).
+
+    Kept identical to ``costmodels.catalog``'s ``tiny`` entry; used when the catalog is absent.
+    """
+    return ModelSpec(
+        name="tiny", family="tiny", num_layers=4, hidden_size=256, vocab_size=512,
+        num_attention_heads=4, num_kv_heads=1, head_dim=48, intermediate_size=512,
+        attention="mla",
+        mla=MLAConfig(q_lora_rank=128, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32),
+        indexer=IndexerConfig(n_heads=4, head_dim=32, topk=64),
+        moe=MoEConfig(n_routed_experts=16, n_shared_experts=1, top_k=4, moe_intermediate_size=128,
+                      first_k_dense=1, n_group=4, topk_group=2, scoring="sigmoid"),
+        mtp_layers=1, max_context=4096,
+        sources=["twinfer test model"],
+    )
+
+
+def resolve_spec(name_or_dir: str) -> ModelSpec:
+    """ModelSpec for a catalog name or an HF checkpoint folder (via costmodels.catalog when present)."""
+    try:
+        from costmodels.catalog import get_model  # another engineer's module; optional until it lands
+    except ImportError:
+        get_model = None
+    if get_model is not None:
+        return get_model(name_or_dir)
+    if name_or_dir == "tiny":
+        return tiny_spec()
+    raise TwinferError(f"unknown model {name_or_dir!r}: costmodels.catalog is not available; only 'tiny' is built in")
+
+
+@dataclass
+class RopeConfig:
+    """RoPE frequencies: plain, YaRN (DeepSeek-V3) or llama3 scaling."""
+
+    theta: float = 10000.0
+    kind: str = "default"          # "default" | "yarn" | "llama3"
+    factor: float = 1.0
+    original_max_position: int = 4096
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+
+    @staticmethod
+    def from_hf(theta: float, scaling: dict | None) -> "RopeConfig":
+        if not scaling:
+            return RopeConfig(theta=theta)
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        return RopeConfig(
+            theta=theta, kind=kind, factor=float(scaling.get("factor", 1.0)),
+            original_max_position=int(scaling.get("original_max_position_embeddings", 4096)),
+            beta_fast=float(scaling.get("beta_fast", 32)), beta_slow=float(scaling.get("beta_slow", 1)),
+            mscale=float(scaling.get("mscale", 1.0)), mscale_all_dim=float(scaling.get("mscale_all_dim", 0.0)),
+            low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
+        )
+
+    def attention_mscale(self) -> float:
+        """YaRN's softmax-scale correction (DeepSeek-V3 modeling code: yarn_get_mscale(factor, mscale_all_dim))."""
+        if self.kind != "yarn" or self.factor <= 1 or not self.mscale_all_dim:
+            return 1.0
+        return 0.1 * self.mscale_all_dim * math.log(self.factor) + 1.0
+
+
+@dataclass
+class ExecModelConfig:
+    """A ModelSpec plus checkpoint details; the executor's model classes read only this."""
+
+    spec: ModelSpec
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    routed_scaling_factor: float = 1.0
+    norm_topk_prob: bool = True
+    qk_norm: bool = False                   # Qwen3: per-head RMSNorm on q and k
+    attention_bias: bool = False            # Qwen2-style qkv bias
+    index_rope_interleaved: bool = False    # DSA indexer rotates halves (V3.2 reference code)
+    eos_token_id: int | None = None
+    hf_dir: Path | None = None
+
+    @property
+    def is_deepseek(self) -> bool:
+        return self.spec.attention == "mla"
+
+    @property
+    def num_cache_layers(self) -> int:
+        """Layers holding KV: the main stack plus the MTP layers."""
+        return self.spec.num_layers + self.spec.mtp_layers
+
+    @staticmethod
+    def build(spec: ModelSpec, hf_dir: str | Path | None = None) -> "ExecModelConfig":
+        """Combine ``spec`` with ``hf_dir/config.json`` when given."""
+        cfg = ExecModelConfig(spec=spec, rope=RopeConfig(theta=spec.rope_theta))
+        if spec.family in ("qwen3", "qwen3_moe"):
+            cfg.qk_norm = True
+        if spec.family in ("deepseek_v3", "deepseek_v32", "kimi_k2"):
+            cfg.routed_scaling_factor = 2.5  # DeepSeek-V3 config.json routed_scaling_factor
+        if hf_dir is not None:
+            cfg.hf_dir = Path(hf_dir)
+            path = cfg.hf_dir / "config.json"
+            if not path.is_file():
+                raise TwinferError(f"{hf_dir}: no config.json")
+            hf = json.loads(path.read_text())
+            cfg.rope = RopeConfig.from_hf(float(hf.get("rope_theta", spec.rope_theta)), hf.get("rope_scaling"))
+            cfg.routed_scaling_factor = float(hf.get("routed_scaling_factor", cfg.routed_scaling_factor))
+            cfg.norm_topk_prob = bool(hf.get("norm_topk_prob", cfg.norm_topk_prob))
+            cfg.attention_bias = bool(hf.get("attention_bias", False)) or "qwen2" in str(hf.get("model_type", ""))
+            eos = hf.get("eos_token_id")
+            cfg.eos_token_id = eos[0] if isinstance(eos, list) else eos
+        return cfg
+
+
+def spec_to_hf_config(cfg: ExecModelConfig) -> dict:
+    """An HF-style config.json for ``cfg`` (used to save dummy checkpoints in tests)."""
+    s = cfg.spec
+    out: dict = {
+        "model_type": "deepseek_v3" if cfg.is_deepseek else ("qwen3_moe" if s.is_moe else "llama"),
+        "num_hidden_layers": s.num_layers, "hidden_size": s.hidden_size, "vocab_size": s.vocab_size,
+        "num_attention_heads": s.num_attention_heads, "num_key_value_heads": s.num_kv_heads,
+        "head_dim": s.head_dim, "intermediate_size": s.intermediate_size, "rms_norm_eps": s.rms_norm_eps,
+        "rope_theta": cfg.rope.theta, "max_position_embeddings": s.max_context,
+        "routed_scaling_factor": cfg.routed_scaling_factor, "norm_topk_prob": cfg.norm_topk_prob,
+        "tie_word_embeddings": s.tie_word_embeddings, "num_nextn_predict_layers": s.mtp_layers,
+    }
+    if s.mla:
+        out.update(q_lora_rank=s.mla.q_lora_rank, kv_lora_rank=s.mla.kv_lora_rank,
+                   qk_nope_head_dim=s.mla.qk_nope_head_dim, qk_rope_head_dim=s.mla.qk_rope_head_dim,
+                   v_head_dim=s.mla.v_head_dim)
+    if s.indexer:
+        out.update(index_n_heads=s.indexer.n_heads, index_head_dim=s.indexer.head_dim, index_topk=s.indexer.topk)
+    if s.moe:
+        out.update(n_routed_experts=s.moe.n_routed_experts, num_experts=s.moe.n_routed_experts,
+                   n_shared_experts=s.moe.n_shared_experts, num_experts_per_tok=s.moe.top_k,
+                   moe_intermediate_size=s.moe.moe_intermediate_size, first_k_dense_replace=s.moe.first_k_dense,
+                   n_group=s.moe.n_group, topk_group=s.moe.topk_group, scoring_func=s.moe.scoring)
+    if cfg.eos_token_id is not None:
+        out["eos_token_id"] = cfg.eos_token_id
+    return out

@@ -1,0 +1,94 @@
+"""The op facade the model calls: picks an implementation per op and device, records which ran.
+
+``ops.mla_decode(...)`` etc. resolve through :mod:`kernels.registry` once per (op, device)
+and fall back down the preference list when an implementation raises ``Unsupported``.
+``used`` maps op -> implementation name for the ops that ran since the last
+:func:`reset_used` (the model runner logs it per step: "backend per op").
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels import registry
+
+used: dict[str, str] = {}
+_choices: dict[tuple[str, str], registry.Choice] = {}
+
+
+def reset_used() -> dict[str, str]:
+    """Return and clear the op -> implementation record."""
+    out = dict(used)
+    used.clear()
+    return out
+
+
+def clear_choices() -> None:
+    """Forget cached choices (after changing overrides)."""
+    _choices.clear()
+
+
+def choice(op: str, device: torch.device | str) -> registry.Choice:
+    """The cached registry choice for ``op`` on ``device``."""
+    dev = torch.device(device).type
+    key = (op, dev)
+    if key not in _choices:
+        _choices[key] = registry.choose(op, dev)
+    return _choices[key]
+
+
+def call(op: str, device: torch.device | str, *args, **kwargs):
+    """Run the best implementation of ``op`` that accepts these arguments."""
+    ch = choice(op, device)
+    last: Exception | None = None
+    for impl in ch.candidates:
+        try:
+            out = registry.load(impl)(*args, **kwargs)
+        except registry.Unsupported as e:
+            last = e
+            continue
+        used[op] = impl.name
+        return out
+    raise RuntimeError(f"no implementation of {op} accepted the call on {device}: {last}")
+
+
+# --- thin named wrappers: the model reads better with these ---------------------------
+
+def mla_decode(q, kv_cache, block_table, seq_lens, scale, kv_rank, topk_indices=None):
+    """Absorbed MLA over paged latents; see ``reference.mla_decode_paged``."""
+    return call("mla_decode", q.device, q, kv_cache, block_table, seq_lens, scale, kv_rank, topk_indices=topk_indices)
+
+
+def attention_prefill(q, k, v, q_positions, scale, key_mask=None):
+    """Causal attention of one sequence; see ``reference.attention``."""
+    return call("attention_prefill", q.device, q, k, v, q_positions, scale, key_mask)
+
+
+def gqa_decode(q, k_cache, v_cache, block_table, seq_lens, scale):
+    """GQA over paged K/V; see ``reference.paged_attention_decode``."""
+    return call("gqa_decode", q.device, q, k_cache, v_cache, block_table, seq_lens, scale)
+
+
+def indexer_topk(scores, k):
+    """Top-k key positions of indexer scores; see ``reference.topk_indices``."""
+    return call("indexer_topk", scores.device, scores, k)
+
+
+def fp8_gemm(xq, xs, wq, ws, out_dtype=torch.bfloat16):
+    """Block-scaled FP8 ``x @ w^T``; see ``reference.fp8_gemm_blockscaled``."""
+    return call("fp8_gemm", xq.device, xq, xs, wq, ws, out_dtype)
+
+
+def grouped_gemm(x, w, m_indices):
+    """Row-grouped GEMM; see ``reference.grouped_gemm``."""
+    return call("grouped_gemm", x.device, x, w, m_indices)
+
+
+def moe_experts(x, topk_weights, topk_ids, w13, w2, w13_scale=None, w2_scale=None):
+    """Routed expert FFN (BF16, or FP8 with scales); see ``reference.moe_experts``."""
+    return call("moe_experts", x.device, x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale)
+
+
+def sample(logits, temperature, top_k, top_p, generators):
+    """Greedy / seeded top-k top-p sampling; see ``reference.sample``."""
+    return call("sampling", logits.device, logits, temperature, top_k, top_p, generators)
