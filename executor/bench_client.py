@@ -104,6 +104,26 @@ def ramp_time(t: float, ramp_s: float) -> float:
     return math.sqrt(2.0 * ramp_s * t) if t < ramp_s / 2 else t + ramp_s / 2
 
 
+def items_from_requests(requests: Iterable) -> list[BenchItem]:
+    """BenchItems from workload requests (anything with arrival_time, prompt_len, output_len, block_hashes)."""
+    return [BenchItem(i, float(r.arrival_time), int(r.prompt_len), int(r.output_len), tuple(r.block_hashes or ()))
+            for i, r in enumerate(requests)]
+
+
+def fit_context(items: Sequence[BenchItem], max_model_len: int) -> tuple[list[BenchItem], int]:
+    """Clip prompts (then outputs) so prompt + output fits ``max_model_len``; returns the items and how many changed."""
+    out, changed = [], 0
+    for it in items:
+        if it.prompt_len + it.output_len <= max_model_len:
+            out.append(it)
+            continue
+        changed += 1
+        output = min(it.output_len, max_model_len - 1)
+        prompt = max(1, min(it.prompt_len, max_model_len - output))
+        out.append(BenchItem(it.index, it.arrival_time, prompt, output, it.block_hashes))
+    return out, changed
+
+
 # ----------------------------------------------------------------------------- prompts
 
 
@@ -132,7 +152,8 @@ class PromptMaker:
 
     def _units(self, key: tuple[int, ...], n: int) -> list[int]:
         """``n`` word (or id) indices drawn from a generator keyed on ``key``."""
-        rng = np.random.default_rng([self.seed & 0xFFFFFFFF, *[k & 0xFFFFFFFF for k in key]])
+        words32 = [w for k in (self.seed, *key) for w in (k & 0xFFFFFFFF, (k >> 32) & 0xFFFFFFFF)]
+        rng = np.random.default_rng(words32)  # block hashes are 63-bit: keep all their bits
         hi = len(WORDS) if self.mode == "text" else self.id_range[1] - self.id_range[0]
         return rng.integers(0, hi, size=n).tolist()
 
@@ -165,14 +186,25 @@ def make_client(timeout_s: float = 600.0) -> httpx.AsyncClient:
                              limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
 
 
-async def discover_model(client: httpx.AsyncClient, base_url: str, api_key: str | None = None) -> str:
-    """The first model id the server lists at /v1/models."""
+async def list_models(client: httpx.AsyncClient, base_url: str, api_key: str | None = None) -> list[dict]:
+    """The entries of /v1/models (vLLM and twinfer add ``max_model_len`` to each)."""
     r = await client.get(f"{base_url}/v1/models", headers=_headers(api_key))
     r.raise_for_status()
     data = r.json().get("data") or []
     if not data:
         raise RuntimeError(f"{base_url}/v1/models lists no model")
-    return data[0]["id"]
+    return data
+
+
+async def server_info(base_url: str, model: str | None = None, api_key: str | None = None,
+                      timeout_s: float = 30.0) -> tuple[str, int | None]:
+    """The model to send (``model`` or the first listed) and its ``max_model_len`` if the server says."""
+    async with make_client(timeout_s) as client:
+        data = await list_models(client, base_url.rstrip("/"), api_key)
+    entry = next((d for d in data if d.get("id") == model), None) if model else data[0]
+    if entry is None:
+        return model, None
+    return entry["id"], entry.get("max_model_len")
 
 
 async def _prompt_tokens(client: httpx.AsyncClient, base_url: str, model: str, prompt: str, api_key: str | None) -> int:
@@ -260,7 +292,7 @@ async def run_benchmark(base_url: str, items: Sequence[BenchItem], *, model: str
         raise ValueError("a closed loop needs a concurrency")
     base_url = base_url.rstrip("/")
     async with make_client(timeout_s) as client:
-        model = model or await discover_model(client, base_url, api_key)
+        model = model or (await list_models(client, base_url, api_key))[0]["id"]
         cal = await calibrate(client, base_url, model, api_key) if prompt_mode == "text" else None
         maker = PromptMaker(prompt_mode, seed=seed, block_size=block_size, calibration=cal)
 

@@ -1,0 +1,146 @@
+"""``twinfer bench``: replay a twinfer workload against a live OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from twinfer.errors import TwinferError
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``bench`` to the CLI."""
+    app.command("bench", help="Benchmark a live OpenAI-compatible server (twinfer, vLLM, SGLang) with a twinfer workload.")(bench)
+
+
+def load_workload(workload: str, *, requests: Optional[int], rate: Optional[float], trace: Optional[str],
+                  trace_format: str, input_len: Optional[int], output_len: Optional[int]):
+    """A WorkloadSpec from a preset name or a YAML/JSON file, or a trace, with the CLI's overrides."""
+    from sim import workload as wl
+    from twinfer.config import load_model_file
+
+    if trace:
+        over = {"kind": "trace", "trace_path": trace, "trace_format": trace_format}
+        if requests:
+            over["max_requests"] = requests
+        return wl.WorkloadSpec(**over)
+    over: dict = {}
+    if requests:
+        over["num_requests"] = requests
+    if rate:
+        over["rate"] = rate
+    if input_len:
+        over["input_len"] = input_len   # a bare number is a fixed length
+    if output_len:
+        over["output_len"] = output_len
+    if Path(workload).is_file():
+        base = load_model_file(wl.WorkloadSpec, workload)
+        from twinfer.config import validate
+
+        return validate(wl.WorkloadSpec, {**base.model_dump(exclude_unset=True), **over}, workload)
+    return wl.preset(workload, **over)
+
+
+def bench(
+    url: str = typer.Option("http://127.0.0.1:8000", "--url", help="server base URL (without /v1)"),
+    workload: str = typer.Option("chat", "--workload", help="workload preset name or a WorkloadSpec YAML/JSON file"),
+    requests: Optional[int] = typer.Option(None, "--requests", min=1, help="number of requests (default: the workload's)"),
+    rate: Optional[float] = typer.Option(None, "--rate", min=0.0, help="mean arrival rate, req/s (default: the workload's)"),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1,
+                                              help="requests in flight; alone: closed loop, with --rate: a cap"),
+    trace: Optional[str] = typer.Option(None, "--trace", help="replay a trace file instead of a preset"),
+    trace_format: str = typer.Option("jsonl", "--trace-format", help="jsonl (twinfer) or mooncake"),
+    input_len: Optional[int] = typer.Option(None, "--input-len", min=1, help="fix every prompt's length (tokens)"),
+    output_len: Optional[int] = typer.Option(None, "--output-len", min=1, help="fix every output's length (tokens)"),
+    warmup: int = typer.Option(0, "--warmup", min=0, help="unmeasured requests sent first"),
+    ramp_s: float = typer.Option(0.0, "--ramp-s", min=0.0, help="ramp the load up linearly over this many seconds"),
+    records: Optional[str] = typer.Option(None, "--records", help="write per-request records (JSONL) here"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+    model: Optional[str] = typer.Option(None, "--model", help="model id to send (default: the server's first)"),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="TWINFER_API_KEY"),
+    prompt_mode: str = typer.Option("text", "--prompt-mode", help="text (calibrated synthetic words) or ids (token ids)"),
+    block_size: int = typer.Option(16, "--block-size", min=1, help="KV block size for the workload's shared-prefix hashes"),
+    seed: int = typer.Option(0, "--seed"),
+    timeout_s: float = typer.Option(600.0, "--timeout-s", min=1.0, help="per-request timeout"),
+) -> None:
+    """Run the workload against the server and report TTFT/TPOT/ITL/E2E and throughput."""
+    import numpy as np
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from executor import bench_client as bc
+    from sim import workload as wl
+
+    if prompt_mode not in ("text", "ids"):
+        raise TwinferError(f"--prompt-mode must be text or ids, got {prompt_mode!r}")
+    if trace_format not in ("jsonl", "mooncake"):
+        raise TwinferError(f"--trace-format must be jsonl or mooncake, got {trace_format!r}")
+    err = Console(stderr=True)
+    spec = load_workload(workload, requests=requests, rate=rate, trace=trace, trace_format=trace_format,
+                         input_len=input_len, output_len=output_len)
+    items = bc.items_from_requests(wl.generate(spec, np.random.default_rng(seed), block_size))
+    if not items:
+        raise TwinferError("the workload produced no requests")
+    if trace and rate:  # a trace keeps its burstiness, stretched to the asked mean rate
+        items = bc.rescale_arrivals(items, rate)
+
+    try:
+        model, max_len = asyncio.run(bc.server_info(url, model, api_key))
+    except Exception as e:  # noqa: BLE001 - unreachable or not OpenAI-compatible: say so plainly
+        raise TwinferError(f"cannot reach an OpenAI-compatible server at {url} ({type(e).__name__}: {e})") from None
+    clipped = 0
+    if max_len:
+        items, clipped = bc.fit_context(items, int(max_len))
+        if clipped:
+            err.print(f"note: {clipped} of {len(items)} requests clipped to the server's max_model_len {max_len}")
+
+    closed = concurrency is not None and rate is None
+    with Progress(TextColumn("[bold]bench[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
+                  TimeElapsedColumn(), console=err, transient=as_json) as progress:
+        task = progress.add_task("bench", total=len(items), status="")
+        failed = 0
+
+        def on_record(rec: bc.RequestRecord) -> None:
+            nonlocal failed
+            failed += not rec.success
+            progress.update(task, advance=1, status=f"[red]{failed} failed[/]" if failed else "")
+
+        run = asyncio.run(bc.run_benchmark(url, items, model=model, concurrency=concurrency, closed_loop=closed,
+                                           warmup=warmup, ramp_s=ramp_s, api_key=api_key, prompt_mode=prompt_mode,
+                                           block_size=block_size, seed=seed, timeout_s=timeout_s, on_record=on_record))
+    if records:
+        bc.write_records(records, run)
+    summary = bc.summarize(run)
+    config = {"url": url, "model": run.model, "workload": trace or workload, "num_requests": len(items),
+              "rate": rate, "concurrency": concurrency, "closed_loop": closed, "warmup": warmup, "ramp_s": ramp_s,
+              "prompt_mode": prompt_mode, "tokens_per_word": run.tokens_per_word, "seed": seed,
+              "clipped_to_max_model_len": clipped}
+    if as_json:
+        print(json.dumps({"config": config, "summary": summary}, indent=2))
+    else:
+        print_summary(Console(), config, summary)
+    errors = [r.error for r in run.records if r.error]
+    if errors:
+        err.print(f"[red]{len(errors)} requests failed[/]; first error: {errors[0]}")
+
+
+def print_summary(console, config: dict, s: dict) -> None:
+    """A table in the shape of ``twinfer simulate``'s report."""
+    from rich.table import Table
+
+    t = Table(title=f"twinfer bench: {config['model']} at {config['url']}", show_header=True)
+    t.add_column("metric")
+    for col in ("mean", "p50", "p90", "p99"):
+        t.add_column(col, justify="right")
+    for name, label in (("ttft", "TTFT (ms)"), ("tpot", "TPOT (ms)"), ("itl", "ITL (ms)"), ("e2e", "E2E (ms)")):
+        vals = [s.get(f"{name}_{k}_s") for k in ("mean", "p50", "p90", "p99")]
+        t.add_row(label, *("-" if v is None else f"{v * 1e3:.1f}" for v in vals))
+    console.print(t)
+    console.print(f"requests: {s['completed']} completed, {s['failed']} failed in {s['duration_s']:.2f} s  |  "
+                  f"{s['request_throughput']:.2f} req/s  |  output {s['output_throughput']:.1f} tok/s  |  "
+                  f"total {s['total_token_throughput']:.1f} tok/s  |  input tokens {s['input_tokens']}, "
+                  f"output tokens {s['output_tokens']}", highlight=False)
