@@ -41,6 +41,9 @@ class Request:
     num_preemptions: int = 0
     drop_reason: str | None = None
     output_token_ids: list[int] = field(default_factory=list)
+    # paged-KV block ids holding this request's tokens, in order (the executor's block table);
+    # the leading ones may be shared prefix-cache blocks
+    block_ids: list[int] = field(default_factory=list, repr=False)
 
     # --- timestamps, set by the loop that drives the scheduler ---
     first_scheduled_time: float | None = None
@@ -65,3 +68,40 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status in (RequestStatus.FINISHED, RequestStatus.DROPPED)
+
+
+# While a request is in an instance's decode batch, its two token counters live in that batch's
+# numpy arrays (struct-of-arrays: one vectorised update per step instead of a Python loop over the
+# batch; see scheduler/decode_batch.py). These properties keep ``req.num_computed_tokens`` and
+# ``req.num_output_tokens`` exact for every reader and writer either way. The dataclass __init__
+# assigns the fields through the setters, so constructor arguments keep working.
+Request._batch = None   # the DecodeBatch holding the counters, or None (then they live in __dict__)
+Request._slot = -1      # row in that batch
+Request._seq = 0        # admission order inside a scheduler: the stable tie-break
+Request._cached_blocks = 0  # leading blocks that are prefix-cache nodes (scheduler bookkeeping)
+Request._cache_done = False  # stop inserting this request's blocks into the prefix cache
+
+
+def _batched_counter(name: str, column: str, doc: str) -> property:
+    key = "_" + name
+
+    def get(self: Request) -> int:
+        batch = self._batch
+        if batch is None:
+            return self.__dict__[key]
+        return int(getattr(batch, column)[self._slot])
+
+    def set_(self: Request, value: int) -> None:
+        batch = self._batch
+        if batch is None:
+            self.__dict__[key] = value
+        else:
+            getattr(batch, column)[self._slot] = value
+
+    return property(get, set_, doc=doc)
+
+
+Request.num_computed_tokens = _batched_counter(
+    "num_computed_tokens", "ctx", "Tokens whose KV is in cache (prefix hits included)."
+)
+Request.num_output_tokens = _batched_counter("num_output_tokens", "out", "Generated tokens so far.")

@@ -1,0 +1,75 @@
+"""Paged KV block manager: fixed-size blocks, a free list, reference counts, prefix-cache eviction."""
+
+from __future__ import annotations
+
+from scheduler.prefix_cache import PrefixCache
+
+
+class BlockManager:
+    """Owns the ``num_blocks`` KV blocks of one instance.
+
+    A block is free (on the free list), used (``ref > 0``: held by running requests; shared prefix
+    blocks have one reference per holder), or cached-unused (in the prefix cache with ``ref == 0``:
+    its KV is kept for future hits, and it is evicted only when an allocation needs the space).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks={num_blocks}: an instance needs at least one KV block")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.ref: list[int] = [0] * num_blocks
+        # a stack popped from the end: block 0 is handed out first, deterministically
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self.cache = PrefixCache(self.ref) if enable_prefix_caching else None
+
+    @property
+    def num_free(self) -> int:
+        """Blocks an allocation can get: free ones plus evictable cached ones."""
+        return len(self._free) + (self.cache.num_unused if self.cache is not None else 0)
+
+    @property
+    def num_used(self) -> int:
+        """Blocks not on the free list (held by requests or kept by the prefix cache)."""
+        return self.num_blocks - len(self._free)
+
+    @property
+    def num_held(self) -> int:
+        """Blocks held by running requests (excludes cached-unused ones)."""
+        return self.num_used - (self.cache.num_unused if self.cache is not None else 0)
+
+    def allocate(self, n: int) -> list[int]:
+        """``n`` fresh blocks with ``ref == 1``, evicting cached-unused blocks if the free list is short."""
+        free = self._free
+        if n > len(free):
+            if self.cache is not None:
+                free.extend(self.cache.evict(n - len(free)))
+            if n > len(free):
+                raise RuntimeError(f"KV blocks exhausted: asked {n}, {len(free)} free (the scheduler checks num_free first)")
+        out = free[-n:]
+        del free[-n:]
+        out.reverse()
+        ref = self.ref
+        for b in out:
+            ref[b] = 1
+        return out
+
+    def pin(self, block_ids: list[int]) -> None:
+        """Take one more reference on cached blocks (prefix hits)."""
+        ref, cache = self.ref, self.cache
+        for b in block_ids:
+            if ref[b] == 0:
+                cache.on_pinned(b)
+            ref[b] += 1
+
+    def release(self, block_ids: list[int]) -> None:
+        """Drop one reference on each block, deepest first; unreferenced blocks go to the cache or the free list."""
+        ref, cache, free = self.ref, self.cache, self._free
+        for b in reversed(block_ids):
+            r = ref[b] - 1
+            ref[b] = r
+            if r == 0:
+                if cache is not None and cache.owns(b):
+                    cache.on_released(b)
+                else:
+                    free.append(b)

@@ -1,0 +1,91 @@
+"""Scheduler policy knobs: one pydantic model shared by the simulator and the server."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# DeepSeek-V3 technical report (arXiv 2412.19437, section 5.4.3): "the acceptance rate of the
+# second token prediction ranges between 85% and 90%". We take the low end for draft position 1.
+# Deeper draft positions have no published number for V3's single MTP layer; we ASSUME each further
+# position is accepted with the same conditional probability, so position i is accepted with
+# probability 0.85**i (marginal). Override ``acceptance_rates`` when you have measurements.
+DEFAULT_FIRST_ACCEPTANCE = 0.85
+
+# Host (CPU) overhead of one engine step. Sources: the WukLab study of vLLM/SGLang scheduling
+# overhead (mlsys.wuklab.io/posts/scheduling_overhead) finds vLLM's per-step scheduling plus tensor
+# pre/post-processing can exceed half of the inference time at small batch, and SGLang v0.4's blog
+# (lmsys.org/blog/2024-12-04-sglang-v0-4) says an unoptimised engine "can spend as much as half of its
+# time on CPU overhead" (their overlap scheduler hides it: +10% throughput). Engine write-ups put
+# "scheduling + preparation" at 1-5 ms per step growing with batch size. Our defaults: 2 ms fixed
+# + 20 us per scheduled request + 0.5 us per batched token, i.e. ~2.3 ms at batch 16 and ~4.6 ms
+# for a 128-request decode step; calibrate against a real engine when one is available.
+DEFAULT_HOST_STEP_S = 2.0e-3
+DEFAULT_HOST_PER_REQUEST_S = 20e-6
+DEFAULT_HOST_PER_TOKEN_S = 0.5e-6
+
+
+class SchedulerConfig(BaseModel):
+    """Per-instance step scheduler: batching limits, chunked prefill, caching, speculation, host cost."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    block_size: int = Field(64, ge=1, le=4096, description="tokens per paged-KV block (FlashMLA uses 64)")
+    max_num_seqs: int = Field(256, ge=1, le=65536, description="most requests running at once")
+    max_num_batched_tokens: int = Field(8192, ge=1, le=1 << 22, description="token budget of one step (prefill chunks + decodes + drafts)")
+    enable_chunked_prefill: bool = Field(True, description="split long prompts across steps to fit the token budget")
+    long_prefill_threshold: int = Field(0, ge=0, le=1 << 22, description="cap on one request's prefill chunk per step (0: no cap beyond the budget)")
+    policy: Literal["fcfs", "priority"] = Field("fcfs", description="waiting-queue order: arrival time, or priority (lower first) then arrival")
+    enable_prefix_caching: bool = Field(True, description="reuse KV blocks of shared prompt prefixes (radix tree over block hashes)")
+    draft_len: int = Field(0, ge=0, le=16, description="speculative (MTP) draft tokens verified per decode step")
+    acceptance_rates: list[float] = Field(
+        default_factory=list,
+        description="marginal probability that draft position i (1-based) is accepted, non-increasing; "
+        "empty: 0.85**i (DeepSeek-V3 report: 85-90% for the first draft token)",
+    )
+    max_model_len: int = Field(131072, ge=1, le=1 << 24, description="most tokens (prompt + output) one request may hold")
+    async_overlap: bool = Field(True, description="prepare step N+1 on the CPU while the GPU runs step N")
+    host_step_s: float = Field(DEFAULT_HOST_STEP_S, ge=0.0, le=1.0, description="host overhead per step, fixed part (s)")
+    host_per_request_s: float = Field(DEFAULT_HOST_PER_REQUEST_S, ge=0.0, le=0.01, description="host overhead per scheduled request per step (s)")
+    host_per_token_s: float = Field(DEFAULT_HOST_PER_TOKEN_S, ge=0.0, le=0.001, description="host overhead per batched token per step (s)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "SchedulerConfig":
+        for i, a in enumerate(self.acceptance_rates):
+            if not 0.0 <= a <= 1.0:
+                raise ValueError(f"acceptance_rates[{i}]={a} must be in [0, 1]")
+            if i and a > self.acceptance_rates[i - 1]:
+                raise ValueError(
+                    f"acceptance_rates must be non-increasing (position {i + 1} cannot be accepted more often than position {i})"
+                )
+        if self.acceptance_rates and len(self.acceptance_rates) != self.draft_len:
+            raise ValueError(
+                f"acceptance_rates has {len(self.acceptance_rates)} entries but draft_len={self.draft_len} "
+                "(give one per draft position, or leave it empty for the default)"
+            )
+        per_seq = 1 + self.draft_len
+        if self.max_num_batched_tokens < per_seq:
+            raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} cannot hold one decode of {per_seq} tokens (1 + draft_len)")
+        if self.max_num_seqs * per_seq > self.max_num_batched_tokens:
+            # Every running decode must fit in one step's token budget, as in vLLM's defaults
+            # (max_num_seqs 256 <= max_num_batched_tokens 8192); otherwise decodes would starve.
+            raise ValueError(
+                f"max_num_seqs * (1 + draft_len) = {self.max_num_seqs * per_seq} exceeds max_num_batched_tokens="
+                f"{self.max_num_batched_tokens}: raise max_num_batched_tokens or lower max_num_seqs"
+            )
+        return self
+
+    def effective_acceptance_rates(self) -> list[float]:
+        """Per draft position acceptance probability (marginal), defaults filled in."""
+        if self.acceptance_rates:
+            return list(self.acceptance_rates)
+        return [DEFAULT_FIRST_ACCEPTANCE ** (i + 1) for i in range(self.draft_len)]
+
+    def expected_tokens_per_decode(self) -> float:
+        """1 + sum of acceptance rates: mean tokens a decode step produces per request."""
+        return 1.0 + sum(self.effective_acceptance_rates())
+
+    def host_overhead_s(self, num_requests: int, num_tokens: int) -> float:
+        """Host time of one step scheduling ``num_requests`` requests and ``num_tokens`` tokens."""
+        return self.host_step_s + self.host_per_request_s * num_requests + self.host_per_token_s * num_tokens

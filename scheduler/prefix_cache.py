@@ -1,0 +1,108 @@
+"""Radix tree over KV blocks keyed by chained block hashes (RadixAttention-style prefix cache)."""
+
+from __future__ import annotations
+
+import heapq
+
+_ROOT_HASH = -1
+
+
+class _Node:
+    """One cached KV block: its content hash, the block id holding it, and its place in the tree."""
+
+    __slots__ = ("block_hash", "block_id", "parent", "children", "stamp")
+
+    def __init__(self, block_hash: int, block_id: int, parent: "_Node | None"):
+        self.block_hash = block_hash
+        self.block_id = block_id
+        self.parent = parent
+        self.children: dict[int, _Node] = {}
+        self.stamp = 0  # logical time of the last release (LRU key); a counter, never the wall clock
+
+
+class PrefixCache:
+    """Which KV blocks hold which prompt prefixes, and which of them may be evicted.
+
+    Reference counts live in the BlockManager (``ref``): a node with ``ref == 0`` is cached but unused.
+    A request's cached blocks always form a chain from the root that it holds entirely (the scheduler
+    stops inserting a request's blocks at the first one another request cached first), so an unused
+    node's whole subtree is unused: every unused node is evictable, leaves first, least recently
+    released first.
+    """
+
+    def __init__(self, ref: list[int]):
+        self._ref = ref
+        self.root = _Node(_ROOT_HASH, -1, None)
+        self._by_block: dict[int, _Node] = {}
+        self._heap: list[tuple[int, int]] = []   # (stamp, block_id) of leaf candidates; stale entries skipped
+        self._clock = 0
+        self.num_unused = 0                      # cached blocks with ref 0 (all evictable)
+        self.query_blocks = 0                    # blocks looked up on first admission
+        self.hit_blocks = 0                      # of which found in the cache
+        self.evicted_blocks = 0
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks in the tree (used or not)."""
+        return len(self._by_block)
+
+    def owns(self, block_id: int) -> bool:
+        return block_id in self._by_block
+
+    def match(self, block_hashes: tuple[int, ...], max_blocks: int) -> list[int]:
+        """Block ids of the longest cached prefix of ``block_hashes`` (at most ``max_blocks``); no side effects."""
+        node = self.root
+        out: list[int] = []
+        for h in block_hashes[:max_blocks]:
+            node = node.children.get(h)
+            if node is None:
+                break
+            out.append(node.block_id)
+        return out
+
+    def count_unused(self, block_ids: list[int]) -> int:
+        """How many of ``block_ids`` (cached) are currently unused: pinning them takes them off the free pool."""
+        ref = self._ref
+        return sum(1 for b in block_ids if ref[b] == 0)
+
+    def on_pinned(self, block_id: int) -> None:
+        """A cached unused block got its first user: it is no longer evictable."""
+        self.num_unused -= 1  # its heap entry, if any, goes stale (ref > 0 is checked on pop)
+
+    def on_released(self, block_id: int) -> None:
+        """A cached block lost its last user: it becomes evictable (once it is a leaf)."""
+        node = self._by_block[block_id]
+        self._clock += 1
+        node.stamp = self._clock
+        self.num_unused += 1
+        if not node.children:
+            heapq.heappush(self._heap, (node.stamp, block_id))
+
+    def insert(self, parent_block: int, block_hash: int, block_id: int) -> bool:
+        """Cache ``block_id`` (holding ``block_hash``) under ``parent_block`` (-1: root); False if that hash is already cached."""
+        parent = self.root if parent_block < 0 else self._by_block[parent_block]
+        if block_hash in parent.children:
+            return False
+        node = _Node(block_hash, block_id, parent)
+        parent.children[block_hash] = node
+        self._by_block[block_id] = node
+        return True
+
+    def evict(self, num_blocks: int) -> list[int]:
+        """Drop up to ``num_blocks`` unused blocks, least recently released leaves first; returns their ids."""
+        out: list[int] = []
+        heap, ref = self._heap, self._ref
+        while heap and len(out) < num_blocks:
+            stamp, b = heapq.heappop(heap)
+            node = self._by_block.get(b)
+            if node is None or ref[b] != 0 or node.children or node.stamp != stamp:
+                continue  # stale entry: re-used, re-released later, or not a leaf any more
+            parent = node.parent
+            del parent.children[node.block_hash]
+            del self._by_block[b]
+            self.num_unused -= 1
+            out.append(b)
+            if parent is not self.root and not parent.children and ref[parent.block_id] == 0:
+                heapq.heappush(heap, (parent.stamp, parent.block_id))
+        self.evicted_blocks += len(out)
+        return out

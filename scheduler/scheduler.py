@@ -1,0 +1,510 @@
+"""The per-instance step scheduler: continuous batching, chunked prefill, preemption, multi-step decode.
+
+vLLM v1 style: each step first gives every running decode its 1 + draft_len tokens, then spends the
+rest of the token budget on running partial prefills and then on waiting requests (FCFS or
+priority). When KV blocks run out, the latest-arrived running request is preempted: its KV is
+freed and it later recomputes prompt + generated tokens. The same code drives the simulator and
+the GPU server; only the backend that runs the plan differs.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduler.block_manager import BlockManager
+from scheduler.config import SchedulerConfig
+from scheduler.decode_batch import DecodeBatch
+from scheduler.plan import ScheduledChunk, StepPlan, StepResult
+from scheduler.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """A snapshot of one scheduler's queues, KV usage and cache/preemption counters."""
+
+    num_running: int
+    num_waiting: int
+    num_decoding: int
+    num_prefilling: int
+    kv_used_blocks: int        # not free: held by requests or kept by the prefix cache
+    kv_held_blocks: int        # held by running requests
+    kv_total_blocks: int
+    prefix_query_tokens: int   # prompt tokens looked up on first admission
+    prefix_hit_tokens: int     # of which served from the cache
+    num_preemptions: int
+    num_dropped: int
+    num_finished: int
+    outstanding_tokens: int
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_used_blocks / self.kv_total_blocks if self.kv_total_blocks else 0.0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
+
+
+class Scheduler:
+    """Turns queued requests into StepPlans and applies StepResults (one serving instance)."""
+
+    def __init__(self, config: SchedulerConfig, num_kv_blocks: int, instance_id: int = 0):
+        self.config = config
+        self.instance_id = instance_id
+        self.block_size = config.block_size
+        self.blocks = BlockManager(num_kv_blocks, config.block_size, config.enable_prefix_caching)
+        self.batch = DecodeBatch(config.max_num_seqs)
+        self.prefilling: list[Request] = []          # running, prompt (or recompute) not done; admission order
+        self._fifo: deque[Request] = deque()         # waiting, policy fcfs
+        self._heap: list[tuple[int, float, int, Request]] = []  # waiting, policy priority
+        self._priority = config.policy == "priority"
+        self._live: dict[str, Request] = {}          # waiting + running, by id
+        self._next_seq = 0
+        self._in_flight: StepPlan | None = None
+        self._pending_aborts: list[Request] = []
+        self._tokens_per_decode = 1 + config.draft_len
+        self._last_now = float("-inf")
+        # tokens of work not yet done: whole prompt until its first token, then the remaining output
+        self.outstanding_tokens = 0
+        self.num_preemptions = 0
+        self.num_dropped = 0
+        self.num_finished = 0
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
+
+    # ----------------------------------------------------------------- queue in
+    @property
+    def capacity_tokens(self) -> int:
+        """KV tokens this instance can hold."""
+        return self.blocks.num_blocks * self.block_size
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._live) - self.num_running
+
+    @property
+    def num_running(self) -> int:
+        return self.batch.n + len(self.prefilling)
+
+    @property
+    def has_work(self) -> bool:
+        """True while any request is waiting or running."""
+        return bool(self._live)
+
+    def refusal_reason(self, req: Request) -> str | None:
+        """Why ``req`` can never be served by this instance, or None."""
+        cfg = self.config
+        if req.prompt_len < 1 or req.output_len < 1:
+            return f"prompt_len={req.prompt_len} and output_len={req.output_len} must both be >= 1"
+        total = req.prompt_len + req.output_len
+        if total > cfg.max_model_len:
+            return f"prompt_len + output_len = {total} exceeds max_model_len={cfg.max_model_len}"
+        need = -(-(total + cfg.draft_len) // self.block_size)
+        if need > self.blocks.num_blocks:
+            return (
+                f"needs {need} KV blocks for {total} tokens (+{cfg.draft_len} draft), "
+                f"the instance has {self.blocks.num_blocks} ({self.capacity_tokens} tokens)"
+            )
+        if not cfg.enable_chunked_prefill and req.prompt_len > cfg.max_num_batched_tokens:
+            return (
+                f"prompt_len={req.prompt_len} exceeds max_num_batched_tokens={cfg.max_num_batched_tokens} "
+                "and chunked prefill is off"
+            )
+        return None
+
+    def add_request(self, req: Request) -> bool:
+        """Queue ``req``; False (and status DROPPED with a reason) if it can never be served."""
+        reason = self.refusal_reason(req)
+        if reason is not None:
+            req.status = RequestStatus.DROPPED
+            req.drop_reason = reason
+            self.num_dropped += 1
+            return False
+        if req.request_id in self._live:
+            raise ValueError(f"request id {req.request_id!r} is already queued on instance {self.instance_id}")
+        req._seq = self._next_seq
+        self._next_seq += 1
+        req.status = RequestStatus.WAITING
+        self._live[req.request_id] = req
+        self._push_waiting(req, front=False)
+        self.outstanding_tokens += req.prompt_len + req.output_len - req.num_output_tokens
+        return True
+
+    def abort(self, request_id: str) -> Request | None:
+        """Drop a queued or running request (reason 'aborted'); returns it, or None if unknown."""
+        req = self._live.get(request_id)
+        if req is None:
+            return None
+        if req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            if self._priority:
+                self._heap = [e for e in self._heap if e[3] is not req]
+                heapq.heapify(self._heap)
+            else:
+                self._fifo.remove(req)
+            self._retire(req, RequestStatus.DROPPED, None)
+            req.drop_reason = "aborted"
+        elif self._in_flight is not None:
+            self._pending_aborts.append(req)  # its slot is in the plan being run; drop it in complete()
+        else:
+            self._retire(req, RequestStatus.DROPPED, None)
+            req.drop_reason = "aborted"
+        return req
+
+    # ----------------------------------------------------------------- plan out
+    def schedule(self, now: float, max_steps: int = 1) -> StepPlan:
+        """The next plan: decodes first, then prefill chunks; up to ``max_steps`` steps if decode-only."""
+        if self._in_flight is not None:
+            raise RuntimeError("schedule() called before complete() of the previous plan")
+        if max_steps < 1:
+            raise ValueError(f"max_steps={max_steps} must be >= 1")
+        cfg = self.config
+        bs = self.block_size
+        s = self._tokens_per_decode
+        blocks = self.blocks
+        batch = self.batch
+        budget = cfg.max_num_batched_tokens
+        preempted: list[Request] = []
+
+        # 1. every running decode gets its next step; preempt the latest arrivals until KV suffices
+        if batch.n:
+            need = batch.blocks_needed(s, bs)
+            while int(need.sum()) > blocks.num_free:
+                self._preempt(self._pick_victim(), preempted)
+                need = batch.blocks_needed(s, bs)
+            self._grow_decodes(need)
+            budget -= batch.n * s
+
+        # 2. running partial prefills (chunked prompts, recomputes), oldest admission first
+        chunks: list[ScheduledChunk] = []
+        threshold = cfg.long_prefill_threshold or budget
+        for req in list(self.prefilling):
+            if budget <= 0:
+                break
+            if req.status is not RequestStatus.RUNNING:
+                continue  # preempted a moment ago by an older request
+            done = req.num_computed_tokens
+            chunk = min(req.num_tokens - done, budget, threshold)
+            stop = False
+            while True:
+                need_n = -(-(done + chunk) // bs) - len(req.block_ids)
+                if need_n <= blocks.num_free:
+                    break
+                victim = self._pick_victim()
+                if victim._batch is not None:
+                    budget += s  # its decode slot is given back
+                else:
+                    for c in chunks:  # it may already hold a chunk of this plan: take it back
+                        if c.request is victim:
+                            budget += c.num_new_tokens
+                            chunks.remove(c)
+                            break
+                self._preempt(victim, preempted)
+                if victim is req:
+                    stop = True
+                    break
+            if stop:
+                break
+            if need_n > 0:
+                req.block_ids.extend(blocks.allocate(need_n))
+            chunks.append(ScheduledChunk(req, chunk, done, done + chunk == req.num_tokens))
+            budget -= chunk
+
+        # 3. waiting requests, in policy order, while budget, seats and KV last (never after a preemption)
+        if not preempted:
+            cache = blocks.cache
+            max_seqs = cfg.max_num_seqs
+            while budget > 0 and self.num_running < max_seqs:
+                req = self._peek_waiting()
+                if req is None:
+                    break
+                hits: list[int] = []
+                if cache is not None and req.block_hashes:
+                    # at least one token must be computed to produce logits, so never hit the whole prompt
+                    hits = cache.match(req.block_hashes, (req.num_tokens - 1) // bs)
+                hit_tokens = len(hits) * bs
+                todo = req.num_tokens - hit_tokens
+                if cfg.enable_chunked_prefill or req.num_output_tokens:  # recomputes may always chunk
+                    chunk = min(todo, budget, threshold)
+                elif todo > budget:
+                    break
+                else:
+                    chunk = todo
+                need_n = -(-(hit_tokens + chunk) // bs) - len(hits)
+                pinned_free = cache.count_unused(hits) if hits else 0
+                if need_n > blocks.num_free - pinned_free:
+                    break
+                self._pop_waiting()
+                if hits:
+                    blocks.pin(hits)
+                req.block_ids = hits + blocks.allocate(need_n) if need_n > 0 else hits
+                req._cached_blocks = len(hits)
+                req._cache_done = False
+                req.num_computed_tokens = hit_tokens
+                if req.num_preemptions == 0:
+                    req.num_cached_tokens = hit_tokens
+                    if cache is not None:
+                        self.prefix_query_tokens += req.prompt_len
+                        self.prefix_hit_tokens += hit_tokens
+                req.status = RequestStatus.RUNNING
+                if req.first_scheduled_time is None:
+                    req.first_scheduled_time = now
+                self.prefilling.append(req)
+                chunks.append(ScheduledChunk(req, chunk, hit_tokens, hit_tokens + chunk == req.num_tokens))
+                budget -= chunk
+
+        # 4. decode-only: run k identical-composition steps if nobody can finish and KV lasts
+        n = batch.n
+        steps = 1
+        if max_steps > 1 and n and not chunks:
+            steps = self._decode_horizon(max_steps)
+            if steps > 1:
+                self._grow_decodes(batch.blocks_needed(steps * s, bs))
+
+        num_tokens = n * s + sum(c.num_new_tokens for c in chunks)
+        plan = StepPlan(
+            instance_id=self.instance_id,
+            prefills=chunks,
+            decodes=batch.reqs[:],
+            decode_context_lens=batch.ctx[:n].copy(),
+            num_steps=steps,
+            draft_len=cfg.draft_len,
+            host_overhead_s=cfg.host_overhead_s(n + len(chunks), num_tokens),
+            preempted=preempted,
+        )
+        if not plan.is_empty:
+            self._in_flight = plan
+        return plan
+
+    def _decode_horizon(self, max_steps: int) -> int:
+        """Most steps (<= max_steps) in which no decode can finish before the last and KV suffices."""
+        batch, s, bs = self.batch, self._tokens_per_decode, self.block_size
+        n = batch.n
+        min_left = int((batch.olen[:n] - batch.out[:n]).min())
+        # after k-1 steps a request has made at most (k-1)*s tokens; it must still have some left
+        k = min(max_steps, (min_left - 1) // s + 1)
+        if k <= 1:
+            return 1
+        free = self.blocks.num_free
+        if int(batch.blocks_needed(k * s, bs).sum()) <= free:
+            return k
+        lo, hi = 1, k  # need(lo) fits (step 1 is already allocated), need(hi) does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if int(batch.blocks_needed(mid * s, bs).sum()) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def _grow_decodes(self, need: np.ndarray) -> None:
+        """Give decode rows the extra blocks in ``need`` (only rows crossing a block boundary loop)."""
+        rows = np.flatnonzero(need)
+        if rows.size == 0:
+            return
+        reqs, allocate = self.batch.reqs, self.blocks.allocate
+        for i, k in zip(rows.tolist(), need[rows].tolist()):
+            reqs[i].block_ids.extend(allocate(k))
+        self.batch.nblk[: len(need)] += need
+
+    def _trim_decode_blocks(self, nd: int, last_tokens: np.ndarray) -> None:
+        """After a multi-step plan, hand back blocks reserved for steps not run or drafts not accepted.
+
+        Each decode keeps what a single-step plan would hold after the same last step, so a k-step
+        plan (possibly cut short) leaves the KV state a run of single steps would leave.
+        """
+        batch, bs, s = self.batch, self.block_size, self._tokens_per_decode
+        keep = (batch.ctx[:nd] - last_tokens + s + bs - 1) // bs
+        extra = batch.nblk[:nd] - keep
+        rows = np.flatnonzero(extra > 0)
+        if rows.size == 0:
+            return
+        reqs, release = batch.reqs, self.blocks.release
+        for i, k in zip(rows.tolist(), extra[rows].tolist()):
+            ids = reqs[i].block_ids
+            release(ids[-k:])
+            del ids[-k:]
+        batch.nblk[rows] = keep[rows]
+
+    # ----------------------------------------------------------------- result in
+    def complete(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
+        """Apply the ``result.num_steps`` executed steps of ``plan`` at time ``now``; returns finished requests."""
+        if plan is not self._in_flight:
+            raise RuntimeError("complete() got a plan that is not the one in flight")
+        if now < self._last_now:
+            raise RuntimeError(f"time went backwards: {now} < {self._last_now}")
+        self._last_now = now
+        self._in_flight = None
+        steps = result.num_steps
+        if steps > plan.num_steps:
+            raise ValueError(f"result has {steps} steps, the plan only {plan.num_steps}")
+        finished: list[Request] = []
+        early = result.finished_early
+        sampled = result.sampled_token_ids
+        batch = self.batch
+
+        nd = len(plan.decodes)
+        if nd and steps:
+            tok = result.decode_tokens[0] if steps == 1 else result.decode_tokens[:steps].sum(axis=0)
+            out, olen = batch.out[:nd], batch.olen[:nd]
+            tok = np.minimum(tok, olen - out)  # drafts past the last wanted token are discarded
+            out += tok
+            batch.ctx[:nd] += tok
+            self.outstanding_tokens -= int(tok.sum())
+            if plan.num_steps > 1:
+                self._trim_decode_blocks(nd, result.decode_tokens[steps - 1])
+            if sampled is not None:
+                for i, r in enumerate(plan.decodes):
+                    ids = sampled.get(r.request_id)
+                    if ids:
+                        r.output_token_ids.extend(ids[: int(tok[i])])
+            done = np.flatnonzero(out >= olen).tolist()
+            if early:
+                done = sorted(set(done) | {r._slot for r in plan.decodes if r.request_id in early})
+            for slot in reversed(done):  # highest row first: swap-removal keeps lower rows in place
+                req = batch.reqs[slot]
+                self._retire(req, RequestStatus.FINISHED, now)
+                finished.append(req)
+
+        if steps:
+            for c in plan.prefills:
+                req = c.request
+                if req.status is not RequestStatus.RUNNING:
+                    continue
+                req.num_computed_tokens = c.context_len + c.num_new_tokens
+                if self.blocks.cache is not None and not req._cache_done:
+                    self._cache_computed_blocks(req)
+                if not c.is_last_chunk:
+                    continue
+                if req.num_output_tokens == 0:
+                    self.outstanding_tokens -= req.prompt_len
+                req.num_output_tokens += 1
+                self.outstanding_tokens -= 1
+                if sampled is not None:
+                    req.output_token_ids.extend(sampled.get(req.request_id, [])[:1])
+                if req.first_token_time is None:
+                    req.first_token_time = now
+                if req.num_output_tokens >= req.output_len or (early and req.request_id in early):
+                    self._retire(req, RequestStatus.FINISHED, now)
+                    finished.append(req)
+                else:
+                    self.prefilling.remove(req)
+                    batch.add(req)
+
+        if self._pending_aborts:
+            for req in self._pending_aborts:
+                if req.request_id in self._live:
+                    self._retire(req, RequestStatus.DROPPED, None)
+                    req.drop_reason = "aborted"
+            self._pending_aborts = []
+        return finished
+
+    def _cache_computed_blocks(self, req: Request) -> None:
+        """Insert the request's newly completed full prompt blocks into the prefix cache."""
+        cache = self.blocks.cache
+        full = min(len(req.block_hashes), req.num_computed_tokens // self.block_size)
+        i = req._cached_blocks
+        ids, hashes = req.block_ids, req.block_hashes
+        while i < full:
+            if not cache.insert(ids[i - 1] if i else -1, hashes[i], ids[i]):
+                # another request cached this content first: keep ours private and stop here, so a
+                # request's cached blocks are always one chain from the root that it holds
+                req._cache_done = True
+                break
+            i += 1
+        req._cached_blocks = i
+
+    # ----------------------------------------------------------------- lifecycle helpers
+    def _retire(self, req: Request, status: RequestStatus, now: float | None) -> None:
+        """Take ``req`` out of the running/waiting sets, free its KV, and mark it finished or dropped."""
+        if req._batch is not None:
+            self.batch.remove(req)
+        elif req.status is RequestStatus.RUNNING:
+            self.prefilling.remove(req)
+        if req.block_ids:
+            self.blocks.release(req.block_ids)
+            req.block_ids = []
+        self.outstanding_tokens -= req.remaining_output + (req.prompt_len if req.num_output_tokens == 0 else 0)
+        req.status = status
+        if now is not None:
+            req.finish_time = now
+        if status is RequestStatus.FINISHED:
+            self.num_finished += 1
+        else:
+            self.num_dropped += 1
+        del self._live[req.request_id]
+
+    def _preempt(self, req: Request, preempted: list[Request]) -> None:
+        """Free ``req``'s KV and put it back at the head of the queue to recompute later."""
+        if req._batch is not None:
+            self.batch.remove(req)
+        else:
+            self.prefilling.remove(req)
+        self.blocks.release(req.block_ids)
+        req.block_ids = []
+        req.num_computed_tokens = 0
+        req._cached_blocks = 0
+        req._cache_done = False
+        req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self._push_waiting(req, front=True)
+        preempted.append(req)
+
+    def _pick_victim(self) -> Request:
+        """The running request to preempt: the latest arrival (lowest priority first under 'priority')."""
+        if self._priority:
+            key = lambda r: (r.priority, r.arrival_time, r._seq)  # noqa: E731
+        else:
+            key = lambda r: (r.arrival_time, r._seq)  # noqa: E731
+        cands = [max(x, key=key) for x in (self.prefilling, self.batch.reqs) if x]
+        return max(cands, key=key)
+
+    def _push_waiting(self, req: Request, front: bool) -> None:
+        if self._priority:
+            heapq.heappush(self._heap, (req.priority, req.arrival_time, req._seq, req))
+        elif front:
+            self._fifo.appendleft(req)
+        else:
+            self._fifo.append(req)
+
+    def _peek_waiting(self) -> Request | None:
+        if self._priority:
+            return self._heap[0][3] if self._heap else None
+        return self._fifo[0] if self._fifo else None
+
+    def _pop_waiting(self) -> None:
+        if self._priority:
+            heapq.heappop(self._heap)
+        else:
+            self._fifo.popleft()
+
+    # ----------------------------------------------------------------- introspection
+    def stats(self) -> SchedulerStats:
+        """Current queue sizes, KV usage and counters."""
+        b = self.blocks
+        return SchedulerStats(
+            num_running=self.num_running,
+            num_waiting=self.num_waiting,
+            num_decoding=self.batch.n,
+            num_prefilling=len(self.prefilling),
+            kv_used_blocks=b.num_used,
+            kv_held_blocks=b.num_held,
+            kv_total_blocks=b.num_blocks,
+            prefix_query_tokens=self.prefix_query_tokens,
+            prefix_hit_tokens=self.prefix_hit_tokens,
+            num_preemptions=self.num_preemptions,
+            num_dropped=self.num_dropped,
+            num_finished=self.num_finished,
+            outstanding_tokens=self.outstanding_tokens,
+        )
+
+    def prefix_match_tokens(self, req: Request) -> int:
+        """Prompt tokens of ``req`` this instance's prefix cache holds now (for cache-aware routing)."""
+        cache = self.blocks.cache
+        if cache is None or not req.block_hashes:
+            return 0
+        return len(cache.match(req.block_hashes, len(req.block_hashes))) * self.block_size

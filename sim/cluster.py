@@ -1,0 +1,67 @@
+"""A cluster of identical instances behind a router, fed by a pre-generated arrival sequence."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import simpy
+
+from scheduler.request import Request
+from scheduler.scheduler import Scheduler
+from sim.backend import SimBackend
+from sim.instance import Instance
+from sim.router import Router
+
+
+class Cluster:
+    """N instances, one router, and the simpy process that delivers arrivals.
+
+    Arrivals are known in advance (sorted), so one process sleeps from one arrival time to the
+    next. Every instance also pulls arrivals due at its current time before it schedules
+    (``dispatch_due``), so an arrival at exactly a step boundary is seen at that boundary no matter
+    in which order simpy fires the two same-time events.
+    """
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        schedulers: Sequence[Scheduler],
+        make_backend: Callable[[int], SimBackend],
+        router: Router,
+        metrics,
+        requests: list[Request],
+        max_steps: int = 256,
+    ):
+        self.env = env
+        self.router = router
+        self.metrics = metrics
+        self.requests = requests
+        self._next = 0  # index of the next request to dispatch
+        self.schedulers = list(schedulers)
+        self.instances = [
+            Instance(env, i, s, make_backend(i), metrics, max_steps, before_schedule=self.dispatch_due)
+            for i, s in enumerate(self.schedulers)
+        ]
+        env.process(self._arrivals())
+
+    def dispatch_due(self, now: float) -> None:
+        """Route every not yet dispatched request that has arrived by ``now``."""
+        reqs = self.requests
+        while self._next < len(reqs) and reqs[self._next].arrival_time <= now:
+            self._dispatch(reqs[self._next])
+
+    def _dispatch(self, req: Request) -> None:
+        self._next += 1
+        i = self.router.choose(req, self.schedulers) if len(self.instances) > 1 else 0
+        self.instances[i].submit(req)
+
+    def _arrivals(self):
+        env, reqs = self.env, self.requests
+        while self._next < len(reqs):
+            req = reqs[self._next]
+            if req.arrival_time > env.now:
+                yield env.timeout(req.arrival_time - env.now)
+            # dispatch by index, not by comparing times: now + (t - now) may miss t by one ulp
+            if self._next < len(reqs) and reqs[self._next] is req:
+                self._dispatch(req)
+            self.dispatch_due(env.now)

@@ -1,0 +1,103 @@
+"""One serving instance in the simulator: a simpy process looping scheduler -> backend -> scheduler."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import simpy
+
+from scheduler.request import Request
+from scheduler.scheduler import Scheduler
+from sim.backend import SimBackend
+
+
+class Instance:
+    """A model replica: its Scheduler, its SimBackend and the simpy process that drives them.
+
+    The loop asks for plans of up to ``max_steps`` decode steps and sleeps until the plan ends. An
+    arrival routed here while a multi-step plan runs interrupts the sleep; the plan is cut at the
+    first step boundary at/after the arrival (the executor would also only see the request between
+    steps), so a long decode run never delays an arrival by more than one step.
+    """
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        instance_id: int,
+        scheduler: Scheduler,
+        backend: SimBackend,
+        metrics,
+        max_steps: int = 256,
+        before_schedule: Callable[[float], None] | None = None,
+    ):
+        self.env = env
+        self.instance_id = instance_id
+        self.scheduler = scheduler
+        self.backend = backend
+        self.metrics = metrics
+        self.max_steps = max_steps
+        # called with env.now before every schedule(): lets the cluster hand over arrivals due
+        # exactly now, whatever order simpy fires same-time events in
+        self._before_schedule = before_schedule
+        self._wake: simpy.Event | None = None     # set while idle
+        self._ends: np.ndarray | None = None      # step end times of the running multi-step plan
+        self._cut: int | None = None              # index of the step the running plan stops after
+        self.num_plans = 0
+        self.num_steps = 0
+        self.busy_s = 0.0
+        self.process = env.process(self._loop())
+
+    def submit(self, req: Request) -> None:
+        """Hand ``req`` to this instance now: queue it and make sure the loop sees it next step."""
+        if not self.scheduler.add_request(req):
+            self.metrics.on_drop(req)
+            return
+        if self._wake is not None:
+            wake, self._wake = self._wake, None
+            wake.succeed()
+        elif self._ends is not None and self._cut is None:
+            cut = int(np.searchsorted(self._ends, self.env.now, side="left"))
+            if cut < len(self._ends) - 1:
+                self._cut = cut
+                self.process.interrupt()
+
+    def _loop(self):
+        env, sched, backend, metrics = self.env, self.scheduler, self.backend, self.metrics
+        iid = self.instance_id
+        kv_total = sched.blocks.num_blocks
+        cold = True
+        while True:
+            if self._before_schedule is not None:
+                self._before_schedule(env.now)
+            if not sched.has_work:
+                self._wake = env.event()
+                yield self._wake
+                cold = True
+                continue
+            start = env.now
+            plan = sched.schedule(start, self.max_steps)
+            if plan.is_empty:
+                raise RuntimeError(f"instance {iid}: work queued but nothing schedulable at t={start}")
+            times = backend.step_times(plan, cold)
+            if len(times) > 1:
+                ends = start + np.cumsum(times)
+                self._ends, self._cut = ends, None
+                try:
+                    yield env.timeout(float(ends[-1]) - start)
+                except simpy.Interrupt:
+                    cut = self._cut
+                    yield env.timeout(float(ends[cut]) - env.now)
+                    times = times[: cut + 1]
+                self._ends = None
+            else:
+                yield env.timeout(float(times[0]))
+            result = backend.result(plan, times)
+            kv_used = sched.blocks.num_used
+            metrics.on_step(iid, start, plan, result, kv_used, kv_total)
+            self.num_plans += 1
+            self.num_steps += len(times)
+            self.busy_s += env.now - start
+            for req in sched.complete(plan, result, env.now):
+                metrics.on_finish(req)
+            cold = False
