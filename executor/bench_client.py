@@ -56,6 +56,7 @@ class RequestRecord:
     output_len: int = 0                 # the workload's target
     prompt_tokens: int | None = None    # the server's count (usage)
     output_tokens: int = 0              # the server's count (usage), else content chunks seen
+    cached_tokens: int | None = None    # prompt tokens the server's prefix cache served, if it says
     ttft_s: float | None = None
     tpot_s: float | None = None
     e2e_s: float | None = None
@@ -253,6 +254,8 @@ async def send_one(client: httpx.AsyncClient, base_url: str, model: str, prompt:
                 if msg.get("usage"):
                     rec.prompt_tokens = msg["usage"].get("prompt_tokens")
                     rec.output_tokens = msg["usage"].get("completion_tokens") or 0
+                    details = msg["usage"].get("prompt_tokens_details") or {}
+                    rec.cached_tokens = details.get("cached_tokens")
                 choices = msg.get("choices") or []
                 if not choices:
                     continue

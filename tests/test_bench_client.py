@@ -132,11 +132,12 @@ def test_twinfer_bench_cli(fake_server, tmp_path):
     out = tmp_path / "records.jsonl"
     res = CliRunner().invoke(app, ["bench", "--url", fake_server.url, "--workload", "chat", "--requests", "6",
                                    "--rate", "50", "--input-len", "64", "--output-len", "8", "--warmup", "1",
-                                   "--records", str(out), "--json"])
+                                   "--records", str(out), "--json", "--slo-ttft-s", "10", "--slo-tpot-s", "1"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout[res.stdout.index("{"):])
-    s = doc["summary"]
-    assert s["completed"] == 6 and s["failed"] == 0 and s["ttft_mean_s"] > 0 and s["output_throughput"] > 0
-    assert s["output_tokens"] == 48 and doc["config"]["model"] == "fake"
+    m = doc["metrics"]  # the SimMetrics schema of `twinfer simulate`
+    assert m["requests_finished"] == 6 and m["requests_dropped"] == 0 and m["ttft_s"]["mean"] > 0
+    assert m["output_throughput"] > 0 and m["output_tokens"] == 48 and doc["config"]["model"] == "fake"
+    assert m["itl_s"]["count"] == 6 * 7 and m["tpot_s"]["p99"] > 0 and m["goodput_fraction"] == 1.0
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(lines) == 6 and all(x["success"] and x["output_tokens"] == 8 for x in lines)

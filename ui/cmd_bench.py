@@ -45,6 +45,37 @@ def load_workload(workload: str, *, requests: Optional[int], rate: Optional[floa
     return wl.preset(workload, **over)
 
 
+def to_sim_metrics(run, *, num_gpus: int = 1, slo=None):
+    """The run as ``sim.metrics.SimMetrics``: the report ``twinfer simulate`` gives, from measured records.
+
+    Each request's arrival is when the client sent it (what the server saw), so TTFT, TPOT and
+    E2E are the server's; measured ITLs (gaps between streamed chunks) go straight into the
+    collector's ITL histogram; failed requests count as dropped with reason ``http_error``.
+    Step-level fields (plans, batch sizes, KV utilisation) stay empty: a client cannot see them.
+    """
+    import numpy as np
+
+    from scheduler.request import Request
+    from sim.metrics import MetricsCollector
+
+    col = MetricsCollector()
+    for rec in sorted(run.records, key=lambda r: r.start_s):
+        req = Request(f"b{rec.index}", rec.start_s, rec.prompt_tokens or rec.prompt_len, rec.output_len)
+        col.on_arrival(req)
+        if not rec.success:
+            req.drop_reason = "http_error"
+            col.on_drop(req)
+            continue
+        req.num_output_tokens = rec.output_tokens
+        req.num_cached_tokens = rec.cached_tokens or 0
+        req.first_token_time = rec.start_s + rec.ttft_s
+        req.finish_time = rec.start_s + rec.e2e_s
+        col.on_finish(req)
+        if rec.itl_s:
+            col.itl.add(np.asarray(rec.itl_s), np.ones(len(rec.itl_s)))
+    return col.summarize(num_gpus, slo, duration_s=run.duration_s)
+
+
 def bench(
     url: str = typer.Option("http://127.0.0.1:8000", "--url", help="server base URL (without /v1)"),
     workload: str = typer.Option("chat", "--workload", help="workload preset name or a WorkloadSpec YAML/JSON file"),
@@ -66,6 +97,10 @@ def bench(
     block_size: int = typer.Option(16, "--block-size", min=1, help="KV block size for the workload's shared-prefix hashes"),
     seed: int = typer.Option(0, "--seed"),
     timeout_s: float = typer.Option(600.0, "--timeout-s", min=1.0, help="per-request timeout"),
+    slo_ttft_s: Optional[float] = typer.Option(None, "--slo-ttft-s", min=0.0, help="TTFT target for goodput (needs --slo-tpot-s)"),
+    slo_tpot_s: Optional[float] = typer.Option(None, "--slo-tpot-s", min=0.0, help="TPOT target for goodput"),
+    slo_e2e_s: Optional[float] = typer.Option(None, "--slo-e2e-s", min=0.0, help="optional E2E target for goodput"),
+    num_gpus: int = typer.Option(1, "--num-gpus", min=1, help="GPUs behind the server, for per-GPU throughputs"),
 ) -> None:
     """Run the workload against the server and report TTFT/TPOT/ITL/E2E and throughput."""
     import numpy as np
@@ -74,12 +109,19 @@ def bench(
 
     from executor import bench_client as bc
     from sim import workload as wl
+    from sim.metrics import SLO
+    from twinfer.config import validate
 
     if prompt_mode not in ("text", "ids"):
         raise TwinferError(f"--prompt-mode must be text or ids, got {prompt_mode!r}")
     if trace_format not in ("jsonl", "mooncake"):
         raise TwinferError(f"--trace-format must be jsonl or mooncake, got {trace_format!r}")
     err = Console(stderr=True)
+    slo = None
+    if slo_ttft_s is not None or slo_tpot_s is not None:
+        if slo_ttft_s is None or slo_tpot_s is None:
+            raise TwinferError("an SLO needs both --slo-ttft-s and --slo-tpot-s")
+        slo = validate(SLO, {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s, "e2e_s": slo_e2e_s}, "SLO")
     spec = load_workload(workload, requests=requests, rate=rate, trace=trace, trace_format=trace_format,
                          input_len=input_len, output_len=output_len)
     items = bc.items_from_requests(wl.generate(spec, np.random.default_rng(seed), block_size))
@@ -114,33 +156,37 @@ def bench(
                                            block_size=block_size, seed=seed, timeout_s=timeout_s, on_record=on_record))
     if records:
         bc.write_records(records, run)
-    summary = bc.summarize(run)
+    metrics = to_sim_metrics(run, num_gpus=num_gpus, slo=slo)
     config = {"url": url, "model": run.model, "workload": trace or workload, "num_requests": len(items),
               "rate": rate, "concurrency": concurrency, "closed_loop": closed, "warmup": warmup, "ramp_s": ramp_s,
               "prompt_mode": prompt_mode, "tokens_per_word": run.tokens_per_word, "seed": seed,
               "clipped_to_max_model_len": clipped}
     if as_json:
-        print(json.dumps({"config": config, "summary": summary}, indent=2))
+        print(json.dumps({"config": config, "metrics": metrics.model_dump(mode="json")}, indent=2))
     else:
-        print_summary(Console(), config, summary)
+        print_summary(Console(), config, metrics)
     errors = [r.error for r in run.records if r.error]
     if errors:
         err.print(f"[red]{len(errors)} requests failed[/]; first error: {errors[0]}")
 
 
-def print_summary(console, config: dict, s: dict) -> None:
-    """A table in the shape of ``twinfer simulate``'s report."""
+def print_summary(console, config: dict, m) -> None:
+    """A table of the SimMetrics fields a client can measure."""
     from rich.table import Table
 
     t = Table(title=f"twinfer bench: {config['model']} at {config['url']}", show_header=True)
-    t.add_column("metric")
+    t.add_column("latency (ms)")
     for col in ("mean", "p50", "p90", "p99"):
         t.add_column(col, justify="right")
-    for name, label in (("ttft", "TTFT (ms)"), ("tpot", "TPOT (ms)"), ("itl", "ITL (ms)"), ("e2e", "E2E (ms)")):
-        vals = [s.get(f"{name}_{k}_s") for k in ("mean", "p50", "p90", "p99")]
+    for label, st in (("TTFT", m.ttft_s), ("TPOT", m.tpot_s), ("ITL", m.itl_s), ("E2E", m.e2e_s)):
+        vals = (st.mean, st.p50, st.p90, st.p99)
         t.add_row(label, *("-" if v is None else f"{v * 1e3:.1f}" for v in vals))
     console.print(t)
-    console.print(f"requests: {s['completed']} completed, {s['failed']} failed in {s['duration_s']:.2f} s  |  "
-                  f"{s['request_throughput']:.2f} req/s  |  output {s['output_throughput']:.1f} tok/s  |  "
-                  f"total {s['total_token_throughput']:.1f} tok/s  |  input tokens {s['input_tokens']}, "
-                  f"output tokens {s['output_tokens']}", highlight=False)
+    line = (f"requests: {m.requests_finished} finished, {m.requests_dropped} failed in {m.duration_s:.2f} s  |  "
+            f"{m.request_throughput:.2f} req/s  |  output {m.output_throughput:.1f} tok/s  |  "
+            f"total {m.total_throughput:.1f} tok/s  |  tokens in/out {m.input_tokens}/{m.output_tokens}")
+    if m.prefix_cache_hit_rate is not None:
+        line += f"  |  prefix cache hits {m.prefix_cache_hit_rate:.1%}"
+    if m.goodput is not None:
+        line += f"  |  goodput {m.goodput:.2f} req/s ({m.goodput_fraction:.1%} meet the SLO)"
+    console.print(line, highlight=False)
