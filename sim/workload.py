@@ -1,0 +1,391 @@
+"""Workloads: what requests arrive when, with which lengths and shared prefixes.
+
+``generate(spec, rng, block_size)`` turns a ``WorkloadSpec`` into sorted ``Request``s. Each
+random quantity (arrivals, input lengths, output lengths, ...) draws from its own child
+generator seeded from ``rng``, so changing e.g. the rate leaves the lengths of the first
+requests unchanged (common random numbers across a sweep).
+
+Prompt layout: ``shared_prefix_len`` tokens of a system prompt (one of
+``num_prefix_groups``, picked uniformly per request / session) followed by ``input_len``
+private tokens; the prompt is their sum. Only the shared-prefix blocks get hashes unless
+``hash_private_blocks`` is on: private blocks can never hit, and leaving them out keeps a
+million requests in memory (one Python int per block otherwise). Agentic sessions always
+hash every full block, since the next turn reuses the conversation.
+
+Agentic timing: arrivals are fixed before the simulation runs, so the next turn arrives at
+``previous arrival + est_ttft_s + est_tpot_s * previous output_len + think time``, an
+estimate of the previous turn's latency rather than its simulated finish.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+from contextlib import contextmanager
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from scheduler.request import Request
+from sim.lengths import FixedLength, LengthDist, LognormalLength, UniformLength, check_support
+from sim.traces import ROOT_HASH, hash_pair, hash_pair_np, positional_hashes, read_trace
+from twinfer.errors import TwinferError, UnknownNameError
+
+WorkloadKind = Literal["poisson", "gamma", "constant", "agentic", "trace"]
+
+# content tags: keep the hash streams of different kinds of content apart
+_TAG_PREFIX, _TAG_REQUEST, _TAG_SESSION = 0x505245, 0x524551, 0x534553
+
+_AGENTIC_FIELDS = ("turns", "think_time_s", "est_ttft_s", "est_tpot_s", "max_prompt_len")
+_TRACE_FIELDS = ("trace_path", "trace_format", "time_scale", "time_unit", "max_requests")
+_GENERATED_FIELDS = ("rate", "num_requests", "input_len", "output_len", "shared_prefix_len",
+                     "num_prefix_groups", "hash_private_blocks", "priority_mix")
+
+
+class WorkloadSpec(BaseModel):
+    """A workload: arrival process, lengths, shared prefixes, priorities (or a trace).
+
+    ``{"preset": "chat", "rate": 20}`` starts from a preset and overrides fields.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: WorkloadKind = "poisson"
+    rate: float | None = Field(None, gt=0, description="requests/s (agentic: sessions arrive at rate / mean turns)")
+    num_requests: int | None = Field(None, ge=1)
+    duration_s: float | None = Field(None, gt=0, description="arrivals only before this time")
+    cv: float | None = Field(None, gt=0, description="gamma: coefficient of variation of inter-arrivals")
+    input_len: LengthDist = FixedLength(value=1024)
+    output_len: LengthDist = FixedLength(value=256)
+    shared_prefix_len: int = Field(0, ge=0, description="tokens of system prompt shared within a group")
+    num_prefix_groups: int = Field(1, ge=1)
+    hash_private_blocks: bool = False
+    priority_mix: dict[int, float] | None = Field(None, description="priority -> weight (lower is served first)")
+    # agentic
+    turns: LengthDist = UniformLength(min=2, max=8)
+    think_time_s: LengthDist = FixedLength(value=5)
+    est_ttft_s: float = Field(1.0, ge=0)
+    est_tpot_s: float = Field(0.03, ge=0)
+    max_prompt_len: int | None = Field(None, ge=1, description="a session ends before a turn would exceed this")
+    # trace
+    trace_path: str | None = None
+    trace_format: Literal["jsonl", "mooncake"] = "jsonl"
+    time_scale: float = Field(1.0, gt=0, description="multiplies trace times (0.5: twice as fast)")
+    time_unit: Literal["s", "ms"] | None = None
+    max_requests: int | None = Field(None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_preset(cls, data):
+        if isinstance(data, dict) and "preset" in data:
+            data = dict(data)
+            name = data.pop("preset")
+            if name not in PRESETS:
+                raise ValueError(f"preset: unknown {name!r}; known presets: {', '.join(sorted(PRESETS))}")
+            full = PRESETS[name].model_dump()
+            data = {**{f: full[f] for f in PRESETS[name].model_fields_set}, **data}
+        return data
+
+    @field_validator("priority_mix")
+    @classmethod
+    def _mix(cls, v):
+        if v is not None:
+            if not v or any(w < 0 or not math.isfinite(w) for w in v.values()) or sum(v.values()) <= 0:
+                raise ValueError("weights must be finite, >= 0, not all zero")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        given = self.model_fields_set
+        k = self.kind
+
+        def only(fields, kinds):
+            for f in fields:
+                if f in given and k not in kinds and getattr(self, f) != type(self).model_fields[f].default:
+                    raise ValueError(f"{f}: only used when kind is {' or '.join(kinds)} (kind is {k!r})")
+
+        only(_AGENTIC_FIELDS, ("agentic",))
+        only(_TRACE_FIELDS, ("trace",))
+        only(("cv",), ("gamma",))
+        if k == "trace":
+            only(_GENERATED_FIELDS, ("poisson", "gamma", "constant", "agentic"))
+            if not self.trace_path:
+                raise ValueError("trace_path: required when kind is 'trace'")
+            return self
+        if self.rate is None:
+            raise ValueError(f"rate: required when kind is {k!r}")
+        if self.num_requests is None and self.duration_s is None:
+            raise ValueError("num_requests or duration_s: give at least one")
+        if k == "gamma" and self.cv is None:
+            raise ValueError("cv: required when kind is 'gamma'")
+        check_support(self.input_len, "input_len", 1 if self.shared_prefix_len == 0 else 0)
+        check_support(self.output_len, "output_len", 1)
+        if k == "agentic":
+            check_support(self.turns, "turns", 1)
+            check_support(self.think_time_s, "think_time_s", 0)
+        return self
+
+
+@contextmanager
+def _no_gc():
+    """Pause the cyclic GC while building many acyclic objects: otherwise it rescans the
+    growing list of young objects over and over (halves the time for 1M requests)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _spec(**kw) -> WorkloadSpec:
+    return WorkloadSpec(**kw)
+
+
+# Preset numbers are representative shapes, not measurements: chat ~ ShareGPT-like
+# (lognormal ~1.5k in / ~400 out); reasoning = short prompt, long chain of thought.
+PRESETS: dict[str, WorkloadSpec] = {
+    "chat": _spec(
+        kind="poisson", rate=10.0, num_requests=1000,
+        input_len=LognormalLength(mean=1500, sigma=0.8, min=16, max=32768),
+        output_len=LognormalLength(mean=400, sigma=0.7, min=8, max=4096),
+    ),
+    "long-context": _spec(
+        kind="poisson", rate=1.0, num_requests=500,
+        input_len=UniformLength(min=16384, max=32768),
+        output_len=LognormalLength(mean=500, sigma=0.6, min=16, max=4096),
+    ),
+    "summarize": _spec(
+        kind="poisson", rate=2.0, num_requests=500,
+        input_len=LognormalLength(mean=6000, sigma=0.5, min=1024, max=32768),
+        output_len=LognormalLength(mean=300, sigma=0.5, min=32, max=2048),
+        shared_prefix_len=256, num_prefix_groups=4,
+    ),
+    "agentic": _spec(
+        kind="agentic", rate=5.0, num_requests=1000,
+        input_len=LognormalLength(median=400, p90=2000, min=16, max=16384),
+        output_len=LognormalLength(median=250, p90=800, min=8, max=4096),
+        shared_prefix_len=4096, num_prefix_groups=8,
+        turns=UniformLength(min=4, max=16),
+        think_time_s=LognormalLength(median=2.0, p90=10.0, min=0.1, max=120),
+        max_prompt_len=131072,
+    ),
+    "reasoning": _spec(
+        kind="poisson", rate=2.0, num_requests=500,
+        input_len=LognormalLength(mean=500, sigma=0.8, min=16, max=8192),
+        output_len=LognormalLength(mean=4000, sigma=0.6, min=256, max=32768),
+    ),
+}
+
+
+def preset(name: str, **overrides) -> WorkloadSpec:
+    """A preset with fields overridden (validated); unknown names list the known ones."""
+    if name not in PRESETS:
+        raise UnknownNameError("workload preset", name, list(PRESETS))
+    from twinfer.config import validate
+
+    return validate(WorkloadSpec, {"preset": name, **overrides}, f"preset {name!r}")
+
+
+# ---------------------------------------------------------------- generation
+class _Streams:
+    """One child generator per random quantity, seeded from the caller's generator."""
+
+    NAMES = ("arrival", "input", "output", "group", "priority", "turns", "think")
+
+    def __init__(self, rng: np.random.Generator):
+        seeds = rng.integers(0, 2**63, size=len(self.NAMES))
+        for name, s in zip(self.NAMES, seeds.tolist()):
+            setattr(self, name, np.random.default_rng(s))
+
+
+def _interarrivals(spec: WorkloadSpec, rng: np.random.Generator, n: int, rate: float, kind: str) -> np.ndarray:
+    if kind == "constant":
+        return np.full(n, 1.0 / rate)
+    if kind == "gamma":
+        shape = 1.0 / spec.cv**2  # cv of a gamma is 1/sqrt(shape); mean shape*scale = 1/rate
+        return rng.gamma(shape, 1.0 / (rate * shape), n)
+    return rng.exponential(1.0 / rate, n)
+
+
+def _arrivals(spec: WorkloadSpec, rng: np.random.Generator, n: int | None, duration: float | None,
+              rate: float, kind: str) -> np.ndarray:
+    """Arrival times starting at 0: the first ``n`` and/or those before ``duration``."""
+    if duration is None:
+        ia = _interarrivals(spec, rng, n, rate, kind)
+        return np.concatenate(([0.0], np.cumsum(ia[:-1])))
+    expect = rate * duration
+    chunk = int(expect + 6 * math.sqrt(expect) + 16)
+    if n is not None:
+        chunk = min(chunk, n)
+    parts, total, last = [], 0, 0.0
+    while last < duration and (n is None or total < n):
+        ia = _interarrivals(spec, rng, chunk, rate, kind)
+        parts.append(ia)
+        total += chunk
+        last += float(ia.sum())
+    t = np.concatenate(([0.0], np.cumsum(np.concatenate(parts))[:-1]))
+    t = t[t < duration]
+    return t if n is None else t[:n]
+
+
+def _priorities(spec: WorkloadSpec, rng: np.random.Generator, n: int) -> np.ndarray:
+    if not spec.priority_mix:
+        return np.zeros(n, np.int64)
+    levels = np.array(sorted(spec.priority_mix), np.int64)
+    w = np.array([spec.priority_mix[int(k)] for k in levels], float)
+    cum = np.cumsum(w) / w.sum()
+    return levels[np.minimum(np.searchsorted(cum, rng.random(n), side="right"), len(levels) - 1)]
+
+
+def _group_prefixes(spec: WorkloadSpec, block_size: int) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """Hash tuple of each group's shared prefix blocks, and each group's last chain hash."""
+    n_blocks = spec.shared_prefix_len // block_size
+    groups = spec.num_prefix_groups if spec.shared_prefix_len else 1
+    anchors = hash_pair_np(hash_pair(ROOT_HASH, _TAG_PREFIX), np.arange(groups, dtype=np.uint64))
+    rows = positional_hashes(anchors, np.zeros(groups, np.int64), np.full(groups, n_blocks, np.int64))
+    tuples = [tuple(r) for r in rows]
+    tails = np.array([r[-1] if r else ROOT_HASH for r in rows], np.uint64)
+    return tuples, tails
+
+
+def generate(spec: WorkloadSpec, rng: np.random.Generator, block_size: int) -> list[Request]:
+    """The workload's requests, sorted by arrival, ids ``r0, r1, ...``; deterministic per seed."""
+    if block_size < 1:
+        raise TwinferError(f"block_size: must be >= 1 (got {block_size})")
+    if spec.kind == "trace":
+        reqs = read_trace(spec.trace_path, block_size, spec.trace_format, time_scale=spec.time_scale,
+                          time_unit=spec.time_unit, max_requests=spec.max_requests)
+        if spec.duration_s is not None:
+            reqs = [r for r in reqs if r.arrival_time < spec.duration_s]
+        return reqs
+    streams = _Streams(rng)
+    if spec.kind == "agentic":
+        return _generate_agentic(spec, streams, block_size)
+
+    t = _arrivals(spec, streams.arrival, spec.num_requests, spec.duration_s, spec.rate, spec.kind)
+    n = len(t)
+    prompt = spec.input_len.sample(streams.input, n) + spec.shared_prefix_len
+    out = spec.output_len.sample(streams.output, n)
+    prio = _priorities(spec, streams.priority, n)
+    prefixes, tails = _group_prefixes(spec, block_size)
+    group = (streams.group.integers(0, spec.num_prefix_groups, n) if spec.shared_prefix_len
+             else np.zeros(n, np.int64))
+    if spec.hash_private_blocks:
+        n_pb = spec.shared_prefix_len // block_size
+        anchors = hash_pair_np(hash_pair_np(tails[group], _TAG_REQUEST), np.arange(n, dtype=np.uint64))
+        private = positional_hashes(anchors, np.full(n, n_pb), prompt // block_size)
+        hashes = [prefixes[g] + tuple(p) for g, p in zip(group.tolist(), private)]
+    else:
+        hashes = [prefixes[g] for g in group.tolist()]  # shared tuples: no per-request memory
+    with _no_gc():
+        return [
+            Request(f"r{i}", a, p, o, h, q)
+            for i, (a, p, o, h, q) in enumerate(zip(t.tolist(), prompt.tolist(), out.tolist(), hashes, prio.tolist()))
+        ]
+
+
+def _segment_cumsum(x: np.ndarray, first: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Cumulative sum restarting at each segment (segments given by first index and length)."""
+    cs = np.cumsum(x)
+    before = cs[first] - x[first]
+    return cs - np.repeat(before, counts)
+
+
+def _agentic_turns(spec: WorkloadSpec, streams: _Streams, starts: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-turn arrays for sessions starting at ``starts`` (turns past max_prompt_len removed)."""
+    s = len(starts)
+    turns = spec.turns.sample(streams.turns, s)
+    first = np.concatenate(([0], np.cumsum(turns)[:-1])).astype(np.int64)
+    n = int(turns.sum())
+    sess = np.repeat(np.arange(s), turns)
+    k = np.arange(n) - np.repeat(first, turns)  # turn index within its session
+    user = spec.input_len.sample(streams.input, n)
+    out = spec.output_len.sample(streams.output, n)
+    think = spec.think_time_s.sample_float(streams.think, n)
+    prev_out = np.concatenate(([0], out[:-1]))
+    # each turn's prompt = previous prompt + previous output + new user tokens
+    grow = user + np.where(k == 0, spec.shared_prefix_len, prev_out)
+    prompt = _segment_cumsum(grow, first, turns)
+    gap = np.where(k == 0, 0.0, spec.est_ttft_s + spec.est_tpot_s * prev_out + think)
+    arrival = starts[sess] + _segment_cumsum(gap, first, turns)
+    keep = np.ones(n, bool) if spec.max_prompt_len is None else prompt <= spec.max_prompt_len
+    return {"sess": sess[keep], "turn": k[keep], "prompt": prompt[keep], "out": out[keep], "arrival": arrival[keep]}
+
+
+def _agentic_arrays(spec: WorkloadSpec, streams: _Streams, n_max: int | None, duration: float | None):
+    """Session starts and per-turn arrays, enough to hold the first n_max / pre-duration turns."""
+    mean_turns = max(spec.turns.mean(), 1.0)
+    session_rate = spec.rate / mean_turns
+    chunk = 64 if n_max is None else max(64, int(1.2 * n_max / mean_turns))
+    if duration is not None:
+        chunk = max(64, int(session_rate * duration * 1.1 + 16))
+    starts_all, parts = np.zeros(0), []
+    while True:
+        ia = streams.arrival.exponential(1.0 / session_rate, chunk)
+        if starts_all.size == 0:
+            starts = np.concatenate(([0.0], np.cumsum(ia[:-1])))  # first session at t = 0
+        else:
+            starts = starts_all[-1] + np.cumsum(ia)
+        part = _agentic_turns(spec, streams, starts)
+        part["sess"] = part["sess"] + starts_all.size
+        parts.append(part)
+        starts_all = np.concatenate((starts_all, starts))
+        horizon = starts_all[-1]  # no later session has a turn before its start
+        done_d = duration is not None and horizon >= duration
+        done_n = n_max is not None and sum(int(np.sum(p["arrival"] < horizon)) for p in parts) >= n_max
+        if done_d or done_n:
+            break
+    cols = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+    order = np.lexsort((cols["turn"], cols["sess"], cols["arrival"]))
+    cols = {key: v[order] for key, v in cols.items()}
+    keep = len(cols["arrival"]) if duration is None else int(np.searchsorted(cols["arrival"], duration, "left"))
+    if n_max is not None:
+        keep = min(keep, n_max)
+    return len(starts_all), {key: v[:keep] for key, v in cols.items()}
+
+
+def _generate_agentic(spec: WorkloadSpec, streams: _Streams, block_size: int) -> list[Request]:
+    n_sessions, c = _agentic_arrays(spec, streams, spec.num_requests, spec.duration_s)
+    group = (streams.group.integers(0, spec.num_prefix_groups, n_sessions) if spec.shared_prefix_len
+             else np.zeros(n_sessions, np.int64))
+    prio = _priorities(spec, streams.priority, n_sessions)  # one priority per session
+    prefixes, tails = _group_prefixes(spec, block_size)
+    # hash each session's conversation once, up to its longest kept turn; turns slice it
+    used = np.unique(c["sess"])
+    longest = np.zeros(n_sessions, np.int64)
+    np.maximum.at(longest, c["sess"], c["prompt"] // block_size)
+    n_pb = spec.shared_prefix_len // block_size
+    anchors = hash_pair_np(hash_pair_np(tails[group[used]], _TAG_SESSION), used.astype(np.uint64))
+    private = positional_hashes(anchors, np.full(len(used), n_pb), longest[used])
+    conv = {int(s): prefixes[group[s]] + tuple(p) for s, p in zip(used.tolist(), private)}
+    sess = c["sess"].tolist()
+    prio_l = prio.tolist()
+    with _no_gc():
+        return [
+            Request(f"r{i}", a, p, o, conv[s][: p // block_size], prio_l[s], f"s{s}")
+            for i, (a, p, o, s) in enumerate(zip(c["arrival"].tolist(), c["prompt"].tolist(), c["out"].tolist(), sess))
+        ]
+
+
+def expected_tokens(spec: WorkloadSpec) -> tuple[float, float]:
+    """Mean prompt (prefix included) and output tokens per request, for capacity estimates.
+
+    Closed form for generated kinds; agentic averages the turns of whole sessions drawn
+    with seed 0, ~20k turns (prompts grow with the turn, max_prompt_len truncates
+    sessions); traces average the file.
+    """
+    if spec.kind == "trace":
+        reqs = generate(spec, np.random.default_rng(0), 1 << 30)  # huge block: no hashing work
+        if not reqs:
+            return 0.0, 0.0
+        return (float(np.mean([r.prompt_len for r in reqs])), float(np.mean([r.output_len for r in reqs])))
+    if spec.kind == "agentic":
+        n_sessions = max(1, math.ceil(20_000 / max(spec.turns.mean(), 1.0)))
+        c = _agentic_turns(spec, _Streams(np.random.default_rng(0)), np.zeros(n_sessions))
+        if c["prompt"].size == 0:
+            return 0.0, 0.0
+        return float(c["prompt"].mean()), float(c["out"].mean())
+    return spec.shared_prefix_len + spec.input_len.mean(), spec.output_len.mean()
