@@ -31,9 +31,13 @@ class EffTable(BaseModel):
     y: list[float] = Field(..., min_length=1)
     x_is: str = ""
 
+    def model_post_init(self, _ctx) -> None:
+        order = np.argsort(self.x)
+        self._lx = np.log(np.maximum(np.asarray(self.x, dtype=float)[order], 1e-30))
+        self._y = np.asarray(self.y, dtype=float)[order]
+
     def __call__(self, x):
-        lx = np.log(np.maximum(np.asarray(x, dtype=float), 1e-30))
-        return np.interp(lx, np.log(self.x), self.y)
+        return np.interp(np.log(np.maximum(x, 1e-30)), self._lx, self._y)
 
 
 class CalibrationProfile(BaseModel):

@@ -125,23 +125,37 @@ class SortedSums:
     """Fast ``sum_i min(x_i + shift, cap)`` for many shifts at once (decode steps of the same requests)."""
 
     def __init__(self, x: np.ndarray):
-        self.x = np.sort(x.astype(float))
-        self.n = len(self.x)
-        self.total = float(self.x.sum())
-        self.suffix = np.concatenate([np.cumsum(self.x[::-1])[::-1], [0.0]])
+        self.raw = x
+        self.n = len(x)
+        self.total = float(x.sum())
+        self.x = None  # sorted values and suffix sums, built on first capped query
+        self.lo = float(x.min()) if len(x) else 0.0
+        self.memo: dict[float, np.ndarray | float] = {}
 
-    def sum_min(self, shifts: np.ndarray, cap: float) -> np.ndarray:
-        base = self.total + self.n * shifts
+    def sum_min(self, shifts: np.ndarray, cap: float):
         if cap >= INF or self.n == 0:
-            return base
+            return self.total + self.n * shifts
+        if cap <= self.lo:  # every request already past the cap (e.g. a sliding window): constant
+            return self.n * cap
+        hit = self.memo.get(cap)
+        if hit is not None:
+            return hit
+        base = self.total + self.n * shifts
+        if self.x is None:
+            self.x = np.sort(self.raw.astype(float))
+            self.suffix = np.concatenate([np.cumsum(self.x[::-1])[::-1], [0.0]])
         idx = np.searchsorted(self.x, cap - shifts, side="right")
         cnt = self.n - idx
         excess = self.suffix[idx] + cnt * (shifts - cap)
-        return base - excess
+        out = base - excess
+        self.memo[cap] = out
+        return out
 
     def entries(self, g: AttnGeometry, shifts: np.ndarray) -> np.ndarray:
         """sum_i entries_last(g, x_i + shift) for each shift."""
-        a = self.sum_min(shifts, g.cap) / g.ratio
+        a = self.sum_min(shifts, g.cap)
+        if g.ratio != 1.0:
+            a = a / g.ratio
         if g.window:
             a = a + self.sum_min(shifts, g.window)
         return a

@@ -1,0 +1,524 @@
+"""Device time of one forward step of a batch under a parallel layout: the StepCostModel.
+
+Assumptions (also in docs/costmodel.md):
+
+- The time is that of the busiest GPU. Attention, dense layers and the shared expert run on
+  one attention-DP rank's share of the requests: ``dp_imbalance / dp`` of the batch (requests
+  assumed spread evenly; ``dp_imbalance`` >= 1 is the hook for uneven spreading). Routed
+  experts see the whole instance's tokens spread over ``ep`` ranks, the busiest rank getting
+  ``expert_imbalance`` times the mean (default 1.2 without EPLB redundancy, falling to 1.05
+  with at least ``ep`` redundant experts: an assumption, not a measurement).
+- Expert weights read per EP rank: the experts actually touched, expected
+  ``E_local * (1 - (1 - 1/E)^(T * top_k))`` for ``T`` tokens routed uniformly.
+- Pipeline stages run one after another within a step (no intra-step pipelining), plus one
+  send per stage boundary.
+- Decode MLA uses the absorbed form (attention reads only the latent cache); prefill uses
+  the up-projected form unless the layer is sparse (indexer) or V4-style MQA.
+- A decode request with ``new_tokens = 1 + d`` verifies d draft tokens; the MTP head then
+  drafts ``d`` tokens for the next step: ``d`` passes of the MTP layer + lm_head.
+- Two micro-batches (``layout.two_micro_batch`` with ep > 1): each half's EP all-to-all
+  hides under the other half's compute: ``max(2 Tc, 2 Tm) + min(Tc, Tm) / layers`` with
+  Tc, Tm the compute and all-to-all time of one half (weights are read once per half).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from costmodels.batch import BatchShape
+from costmodels.calibration import CalibrationProfile
+from costmodels.comm import allgather_time, allreduce_time, alltoall_time, p2p_time
+from costmodels.hardware import Hardware
+from costmodels.layout import ParallelLayout
+from costmodels.memory import MemoryFit, kv_bytes_per_token_layer, kv_shard_divisor, memory_fit, mtp_kind, indexer_kv_bytes_per_token
+from costmodels.model_spec import ModelSpec
+from costmodels.ops import CATEGORIES, INF, AttnGeometry, OpCost, SortedSums, StepCost, entries_last, entries_sum, geometry
+from costmodels.params import WEIGHT_BYTES, attention_linears, ffn_linears, embedding_linears, mtp_linears, shard_divisor, weight_bytes_per_param
+
+ATT, IDX, DENSE, EXPERT, COMM, OTHER = range(6)
+A2A = 6  # extra slot: the overlappable (EP all-to-all) part of COMM
+_SRC = {"tokens": 0, "kv_up": 1, "sampled": 2}
+_MTP_SRC = 3
+
+
+def default_expert_imbalance(layout: ParallelLayout) -> float:
+    """Busiest EP rank's load over the mean: 1.2 without EPLB, 1.05 with >= ep redundant experts (assumption)."""
+    if layout.ep <= 1:
+        return 1.0
+    return 1.2 - 0.15 * min(1.0, layout.eplb_redundant_experts / layout.ep)
+
+
+class StepCostModel:
+    """Step times of ``model`` on ``hw`` under ``layout``; everything that depends only on those is built once here."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        hw: Hardware,
+        layout: ParallelLayout,
+        calibration: CalibrationProfile | None = None,
+        *,
+        dp_imbalance: float = 1.0,
+        expert_imbalance: float | None = None,
+    ):
+        self.model, self.hw, self.layout = model, hw, layout
+        self.cal = calibration or CalibrationProfile.default(hw)
+        self.dp_imbalance = max(1.0, dp_imbalance) if layout.dp > 1 else 1.0
+        self.expert_imbalance = default_expert_imbalance(layout) if expert_imbalance is None else max(1.0, expert_imbalance)
+        self.share = self.dp_imbalance / layout.dp
+        self.notes = list(self.cal.notes)
+        if hw.name.lower() != self.cal.measured_on.lower() and not any("scaled" in n for n in self.notes):
+            self.notes.append(f"efficiencies measured on {self.cal.measured_on}, applied to {hw.name} datasheet ceilings (scaled by datasheet ratios)")
+        if not hw.supports(layout.experts_dtype) or not hw.supports(layout.weight_dtype):
+            self.notes.append(f"{hw.name} has no FP4 tensor cores: FP4 weights are read as FP4 but multiplied at the FP8 rate")
+        self._cache: dict = {}
+        self._dcache: dict = {}
+        self._fit: MemoryFit | None = None
+        self._build_layers()
+        self._build_gemms()
+        self._build_attention()
+        self._build_comm_constants()
+
+    # ------------------------------------------------------------------ construction
+    def _build_layers(self) -> None:
+        m = self.model
+        groups: dict[tuple[str, bool], int] = {}
+        for i, kind in enumerate(m.kinds()):
+            key = (kind, m.is_moe_layer(i))
+            groups[key] = groups.get(key, 0) + 1
+        self.groups = groups
+        self.n_layers = m.num_layers
+        self.n_moe_layers = sum(c for (k, moe), c in groups.items() if moe)
+        self.n_dense_layers = self.n_layers - self.n_moe_layers
+        self.mtp_kind = mtp_kind(m)
+
+    def _build_gemms(self) -> None:
+        m, lay, cal, hw = self.model, self.layout, self.cal, self.hw
+        rows = []  # (name, kind, cat, count, src, kn_local, w_bytes, io, dtype, is_mtp)
+
+        def add(lins, kind, count, is_mtp):
+            for lin in lins:
+                if lin.shard == "expert":
+                    continue
+                div = shard_divisor(lin, m, lay)
+                kn = lin.params / div
+                bpp = weight_bytes_per_param(lin, lay)
+                dtype = "bf16" if lin.wclass == "bf16" else lay.weight_dtype
+                src = _MTP_SRC if is_mtp else _SRC[lin.m_source]
+                cat = {"dense_gemm": DENSE, "indexer": IDX, "other": OTHER, "expert_gemm": EXPERT}[lin.category]
+                rows.append((lin.name, kind, cat, count, src, kn, kn * bpp, (lin.k + lin.n) / div, dtype, is_mtp))
+
+        for (kind, moe), count in self.groups.items():
+            add(attention_linears(m, kind) + ffn_linears(m, moe), kind, count, False)
+        emb = embedding_linears(m)
+        head = [e for e in emb if e.name == "lm_head"] or [e for e in emb if e.name == "embedding"]
+        head_lin = head[0]
+        if head_lin.name == "embedding":  # tied: the head reuses the embedding matrix
+            from costmodels.params import Linear
+            head_lin = Linear("lm_head", m.hidden_size, m.vocab_size, "tp", "bf16", "dense_gemm", m_source="sampled")
+        add([head_lin], "-", 1, False)
+        if m.mtp_layers:
+            add(mtp_linears(m) + [head_lin], self.mtp_kind, m.mtp_layers, True)
+        self.g_names = [r[0] for r in rows]
+        self.g_kind = [r[1] for r in rows]
+        self.g_cat = np.array([r[2] for r in rows], dtype=np.int64)
+        self.g_count = np.array([r[3] for r in rows], dtype=float)
+        self.g_src = np.array([r[4] for r in rows], dtype=np.int64)
+        self.g_kn = np.array([r[5] for r in rows], dtype=float)
+        self.g_w = np.array([r[6] for r in rows], dtype=float)
+        self.g_io = np.array([r[7] for r in rows], dtype=float)
+        self.g_dtype = [r[8] for r in rows]
+        self.g_mtp = np.array([r[9] for r in rows], dtype=bool)
+        self.g_peak = np.array([hw.tflops(d) * 1e12 for d in self.g_dtype])
+        self.g_dtypes = sorted(set(self.g_dtype))
+        self.g_dmask = {d: np.array([x == d for x in self.g_dtype]) for d in self.g_dtypes}
+        self.g_meff_bw = cal.gemm_mem(self.g_w) * hw.hbm_bw  # bandwidth each GEMM achieves, bytes/s
+        self.g_cat_onehot = np.zeros((len(rows), 6))
+        self.g_cat_onehot[np.arange(len(rows)), self.g_cat] = 1.0
+        # routed experts
+        if m.moe:
+            e = m.moe.n_routed_experts
+            self.e_total = e
+            self.e_local = (e + lay.eplb_redundant_experts) / lay.ep
+            self.e_params_local = 3 * m.hidden_size * m.moe.moe_intermediate_size / lay.moe_tp
+            self.e_bpp = WEIGHT_BYTES[lay.experts_dtype]
+            self.e_peak = hw.tflops(lay.experts_dtype) * 1e12
+            self.e_io_per_token = (2 * m.hidden_size + 3 * m.moe.moe_intermediate_size / lay.moe_tp) * 2.0
+
+    def _build_attention(self) -> None:
+        m, lay = self.model, self.layout
+        shard = kv_shard_divisor(m, lay)
+        self.heads_local = m.num_attention_heads / lay.tp if m.attention == "mla" else m.num_attention_heads / lay.tp
+        entry = kv_bytes_per_token_layer(m, lay.kv_dtype) / shard
+        kinds: dict[str, int] = {}
+        for (kind, _), c in self.groups.items():
+            kinds[kind] = kinds.get(kind, 0) + c
+        self.att_kinds = [(geometry(m, k), c) for k, c in kinds.items()]
+        self.att_mtp = geometry(m, self.mtp_kind) if m.mtp_layers else None
+        self.att_entry_bytes = entry
+        self.att_peak = self.hw.bf16_tflops * 1e12
+        self.idx_peak = self.hw.tflops(m.indexer.dtype) * 1e12 if m.indexer else 0.0
+        self.idx_key_bytes = indexer_kv_bytes_per_token(m) if m.indexer else 0.0
+
+    def _build_comm_constants(self) -> None:
+        m, lay, hw, cal = self.model, self.layout, self.hw, self.cal
+        self.disp_bytes = (1.0 + 4.0 / 128) if lay.experts_dtype in ("fp8", "fp4") else 2.0  # DeepEP FP8 dispatch with 1x128 scales
+        self.pp_cross = lay.tp * lay.dp * lay.pp > hw.scaleup_domain
+        self.h = m.hidden_size
+
+    # ------------------------------------------------------------------ public API
+    def memory(self) -> MemoryFit:
+        """Memory fit of this model/hardware/layout with default reserves."""
+        if self._fit is None:
+            self._fit = memory_fit(self.model, self.hw, self.layout)
+        return self._fit
+
+    def step(self, batch: BatchShape) -> StepCost:
+        """Full cost of one step: time, breakdown by category, and the op list."""
+        new, ctx, dec = batch.new_tokens, batch.context_lens, batch.is_decode
+        if batch.num_requests == 0:
+            return StepCost(0.0, {c: 0.0 for c in CATEGORIES}, [], list(self.notes))
+        draft = self._draft(new, dec)
+        ops: list[OpCost] = []
+        tbo = self._tbo(batch.num_requests)
+        f = 0.5 if tbo else 1.0
+        v = self._nonattn(*self._summary(new, ctx, dec, draft), f, ops) + self._attn(new, ctx, dec, draft, f, ops)
+        t, breakdown = self._combine(v, tbo)
+        if tbo:
+            for o in ops:
+                o.count *= 2
+                o.flops *= 2
+                o.bytes *= 2
+                o.time_s *= 2
+        ops.sort(key=lambda o: -o.time_s)
+        notes = list(self.notes)
+        if tbo:
+            notes.append("two micro-batches: op times are two halves; all-to-all hidden under compute is subtracted from 'communication'")
+        return StepCost(t, breakdown, ops, notes)
+
+    def step_time(self, batch: BatchShape) -> float:
+        """Step time only (no op list)."""
+        return self.mixed_step_time(batch.new_tokens, batch.context_lens, batch.is_decode)
+
+    def mixed_step_time(self, new_tokens: np.ndarray, context_lens: np.ndarray, is_decode: np.ndarray) -> float:
+        """Step time of a batch given as arrays (same model as ``step``)."""
+        new = np.asarray(new_tokens, dtype=np.int64)
+        if new.size == 0:
+            return 0.0
+        ctx = np.asarray(context_lens, dtype=np.int64)
+        dec = np.asarray(is_decode, dtype=bool)
+        draft = self._draft(new, dec)
+        tbo = self._tbo(new.size)
+        f = 0.5 if tbo else 1.0
+        key = self._summary(new, ctx, dec, draft) + (f,)
+        v = self._cache.get(key)
+        if v is None:
+            v = self._nonattn(*key)
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            self._cache[key] = v
+        v = v + self._attn(new, ctx, dec, draft, f, None)
+        return self._combine(v, tbo)[0]
+
+    def decode_times(self, context_lens: np.ndarray, num_steps: int, draft_len: int = 0) -> np.ndarray:
+        """Times of ``num_steps`` consecutive decode steps of the same requests, context growing by 1 + draft_len a step.
+
+        Equal to calling ``step_time`` once per step; only attention and the indexer depend on
+        the context, so everything else is computed (and cached) once and the attention terms
+        are evaluated for all steps at once.
+        """
+        ctx = np.asarray(context_lens, dtype=float)
+        n = ctx.size
+        if n == 0 or num_steps <= 0:
+            return np.zeros(max(num_steps, 0))
+        g = 1 + draft_len
+        tbo = self.layout.two_micro_batch and self.layout.ep > 1 and n >= 2
+        f = 0.5 if tbo else 1.0
+        key = (n, draft_len, f)
+        base = self._dcache.get(key)
+        if base is None:
+            fn = float(n)
+            v0 = self._nonattn(fn * g, fn * g, fn * g, fn, float(draft_len), 0.0, f)
+            base = (float(v0[:6].sum() - v0[A2A]), float(v0[A2A]))
+            if len(self._dcache) > 4096:
+                self._dcache.clear()
+            self._dcache[key] = base
+        shifts = np.arange(0.0, num_steps * g, g)[:num_steps]
+        sums = SortedSums(ctx + g)
+        s = self.share * f
+        geos = self.att_kinds
+        if draft_len and self.att_mtp is not None:
+            geos = geos + [(self.att_mtp, draft_len * self.model.mtp_layers)]
+        compute = base[0] + self._attn_decode_stack(geos, sums, shifts, g, s)
+        tm = base[1]
+        if not tbo:
+            return compute + tm
+        return np.maximum(2 * compute, 2 * tm) + np.minimum(compute, tm) / self.n_layers
+
+    # ------------------------------------------------------------------ pieces
+    def _tbo(self, n_requests: int) -> bool:
+        return bool(self.layout.two_micro_batch and self.layout.ep > 1 and n_requests >= 2)
+
+    @staticmethod
+    def _draft(new: np.ndarray, dec: np.ndarray) -> int:
+        return int(new[dec].max()) - 1 if dec.any() else 0
+
+    def _summary(self, new, ctx, dec, draft) -> tuple:
+        """What the non-attention ops depend on: token counts (whole instance)."""
+        total = float(new.sum())
+        n_dec = int(dec.sum())
+        pre = ~dec
+        if self.model.attention == "mla" and self.model.mla.kv_up_proj and self.model.indexer is None:
+            kv_up = float(new[dec].sum() + (ctx[pre] + new[pre]).sum())
+        else:
+            kv_up = total
+        sampled = float(new[dec].sum() + pre.sum())
+        has_prefill = float(pre.any())
+        return (total, kv_up, sampled, float(n_dec), float(draft), has_prefill)
+
+    def _gemm_rows(self, tokens, kv_up, sampled, mtp_tokens, draft):
+        s = self.share
+        mvec = np.array([tokens * s, kv_up * s, sampled * s, mtp_tokens * s])
+        m_row = mvec[self.g_src]
+        ceff = np.empty_like(m_row)
+        for d in self.g_dtypes:
+            mask = self.g_dmask[d]
+            ceff[mask] = self.cal.gemm_compute(m_row[mask], d)
+        flops = 2.0 * m_row * self.g_kn
+        byts = self.g_w + m_row * self.g_io * 2.0
+        # the bandwidth ramp applies to all bytes the kernel moves (weights and activations)
+        meff_bw = self.cal.gemm_mem(byts) * self.hw.hbm_bw
+        t = np.maximum(flops / (self.g_peak * np.maximum(ceff, 1e-9)), byts / meff_bw) + self.cal.launch_overhead_s
+        count = np.where(self.g_mtp, self.g_count * draft, self.g_count)
+        count = np.where(m_row > 0, count, 0.0)
+        return count, flops, byts, t
+
+    def _experts(self, tokens_total: float):
+        """(flops, bytes, time) of one MoE layer's routed experts on the busiest EP rank."""
+        assign = tokens_total * self.model.moe.top_k
+        imb = self.expert_imbalance
+        tok_rank = assign / self.layout.ep * imb
+        touched = self.e_local * (1.0 - (1.0 - 1.0 / self.e_total) ** assign)
+        w = touched * self.e_params_local * self.e_bpp
+        flops = 2.0 * tok_rank * self.e_params_local
+        byts = w + tok_rank * self.e_io_per_token
+        m_per_expert = tok_rank / max(touched, 1e-9)
+        ceff = float(self.cal.gemm_compute(m_per_expert, self.layout.experts_dtype))
+        meff = float(self.cal.gemm_mem(byts))
+        t = max(flops / (self.e_peak * max(ceff, 1e-9)), byts / (self.hw.hbm_bw * max(meff, 1e-9))) + 2 * self.cal.launch_overhead_s
+        return flops, byts, t, touched
+
+    def _nonattn(self, total, kv_up, sampled, n_dec, draft, has_prefill, f, ops: list | None = None) -> np.ndarray:
+        """Category times (plus the all-to-all slot) of everything except the attention core and indexer scoring."""
+        m, lay, hw, cal = self.model, self.layout, self.hw, self.cal
+        total, kv_up, sampled, n_dec = total * f, kv_up * f, sampled * f, n_dec * f
+        draft = int(draft)
+        v = np.zeros(7)
+        count, flops, byts, t = self._gemm_rows(total, kv_up, sampled, n_dec, draft)
+        v[:6] += (count * t) @ self.g_cat_onehot
+        if ops is not None:
+            for i, name in enumerate(self.g_names):
+                if count[i] > 0:
+                    ops.append(OpCost(name, CATEGORIES[self.g_cat[i]], self.g_kind[i], int(count[i]), float(flops[i] * count[i]), float(byts[i] * count[i]), float(t[i] * count[i])))
+        h = self.h
+        m_rank = total * self.share
+        # routed experts: main MoE layers over all tokens, MTP passes over one token per decode request
+        if m.moe:
+            for label, tokens, layers in (("routed_experts", total, self.n_moe_layers), ("mtp_routed_experts", n_dec, draft * m.mtp_layers)):
+                if layers and tokens > 0:
+                    ef, eb, et, touched = self._experts(tokens)
+                    v[EXPERT] += layers * et
+                    if ops is not None:
+                        ops.append(OpCost(f"{label} ({touched:.0f} experts touched/rank)", "expert_gemm", "-", int(layers), ef * layers, eb * layers, et * layers))
+        # elementwise / small kernels (category 'other'), memory-bound at streaming efficiency
+        stream = hw.hbm_bw * cal.mem_eff
+        lo = cal.launch_overhead_s
+        passes = [(m_rank, self.n_layers, self.n_moe_layers)]
+        if draft and m.mtp_layers:
+            passes.append((n_dec * self.share, draft * m.mtp_layers, draft * m.mtp_layers if m.moe else 0))
+        for tok, layers, moe_layers in passes:
+            if tok <= 0:
+                continue
+            items = [
+                ("rmsnorm", 2 * layers, 2 * tok * h * 2.0 * m.hc_mult),
+                ("rope+act_quant+residual", 2 * layers, 2 * tok * h * 2.0 * m.hc_mult),
+                ("router_topk", moe_layers, tok * (m.moe.n_routed_experts if m.moe else 0) * 4.0 * 2),
+            ]
+            for name, k, b in items:
+                if k:
+                    tt = k * (b / stream + lo)
+                    v[OTHER] += tt
+                    if ops is not None:
+                        ops.append(OpCost(name, "other", "-", int(k), 0.0, k * b, tt))
+        s_rank = sampled * self.share + n_dec * self.share * draft
+        for name, k, b in (("embedding", 1, m_rank * h * 2.0), ("sampling", 2 if s_rank else 0, s_rank * m.vocab_size * 4.0 * 2)):
+            if k and b:
+                tt = k * lo + b / stream
+                v[OTHER] += tt
+                if ops is not None:
+                    ops.append(OpCost(name, "other", "-", k, 0.0, b, tt))
+        self._comm(total, m_rank, n_dec * self.share, sampled * self.share, draft, v, ops)
+        return v
+
+    def _comm(self, total, m_rank, mtp_rank, s_rank, draft, v, ops) -> None:
+        m, lay, hw, cal = self.model, self.layout, self.hw, self.cal
+        h = self.h
+        items = []  # (name, count, bytes per op, time per op, overlappable)
+        mtp_passes = draft * m.mtp_layers
+        for tok, layers, moe_layers, tag in ((m_rank, self.n_layers, self.n_moe_layers, ""),
+                                             (mtp_rank, mtp_passes, mtp_passes if m.moe else 0, "mtp_")):
+            if tok <= 0 or layers == 0:
+                continue
+            ar = tok * h * 2.0
+            if lay.tp > 1:
+                items.append((f"{tag}attn_allreduce(tp{lay.tp})", layers, ar, allreduce_time(ar, lay.tp, hw, cal), False))
+                dense = layers - moe_layers
+                if dense:
+                    items.append((f"{tag}ffn_allreduce(tp{lay.tp})", dense, ar, allreduce_time(ar, lay.tp, hw, cal), False))
+            if moe_layers:
+                if lay.ep > 1:
+                    tok_gpu = tok / lay.tp
+                    frac = (lay.ep - 1) / lay.ep * self.expert_imbalance
+                    d_b = tok_gpu * m.moe.top_k * h * self.disp_bytes * frac
+                    c_b = tok_gpu * m.moe.top_k * h * 2.0 * frac
+                    items.append((f"{tag}ep_dispatch(ep{lay.ep})", moe_layers, d_b, alltoall_time(d_b, lay.ep, hw, cal), True))
+                    items.append((f"{tag}ep_combine(ep{lay.ep})", moe_layers, c_b, alltoall_time(c_b, lay.ep, hw, cal), True))
+                    if lay.moe_tp > 1:
+                        b = tok_gpu * h * 2.0
+                        items.append((f"{tag}moe_tp_allreduce(tp{lay.moe_tp})", moe_layers, b, allreduce_time(b, lay.moe_tp, hw, cal), False))
+                    if lay.tp > 1 and m.moe.n_shared_experts:
+                        items.append((f"{tag}shared_allreduce(tp{lay.tp})", moe_layers, ar, allreduce_time(ar, lay.tp, hw, cal), False))
+                elif lay.moe_tp > 1:
+                    if lay.dp == 1:
+                        items.append((f"{tag}moe_allreduce(tp{lay.tp})", moe_layers, ar, allreduce_time(ar, lay.tp, hw, cal), False))
+                    else:
+                        b = tok / self.share * h * 2.0  # every DP rank's tokens gathered, reduced, scattered back
+                        items.append((f"{tag}moe_gather_scatter(tp{lay.moe_tp})", moe_layers, b, allreduce_time(b, lay.moe_tp, hw, cal), False))
+        if lay.tp > 1 and m_rank > 0:
+            b = m_rank * h * 2.0
+            items.append(("embedding_allreduce", 1, b, allreduce_time(b, lay.tp, hw, cal), False))
+            s_all = s_rank + mtp_rank * draft
+            if s_all > 0:
+                b = s_all * m.vocab_size / lay.tp * 4.0
+                items.append(("logits_allgather", 1 + draft, b, allgather_time(b, lay.tp, hw, cal), False))
+        if lay.pp > 1 and m_rank > 0:
+            b = m_rank * h * 2.0
+            items.append(("pp_send", lay.pp - 1, b, p2p_time(b, self.pp_cross, hw, cal), False))
+        for name, k, b, t, overlap in items:
+            v[COMM] += k * t
+            if overlap:
+                v[A2A] += k * t
+            if ops is not None:
+                ops.append(OpCost(name, "communication", "-", int(k), 0.0, k * b, k * t))
+
+    def _attn_time(self, flops, byts, peak):
+        if flops <= 0 and byts <= 0:
+            return 0.0
+        eff_m = float(self.cal.attn_mem(byts))
+        return max(flops / (peak * self.cal.attn_compute()), byts / (self.hw.hbm_bw * eff_m)) + self.cal.launch_overhead_s
+
+    def _attn_one(self, geo: AttnGeometry, new, ctx, dec, s):
+        """(attention flops, bytes, time, indexer flops, bytes, time) of one layer of ``geo`` on the busiest rank."""
+        h_loc = self.heads_local
+        out = np.zeros(6)
+        for is_dec in (True, False):
+            mask = dec if is_dec else ~dec
+            if not mask.any():
+                continue
+            c, n = ctx[mask], new[mask]
+            if is_dec:
+                last = entries_last(geo, c + n)
+                flops = 2.0 * h_loc * (geo.d_qk_decode + geo.d_v_decode) * float((n * last).sum())
+                byts = float(last.sum()) * self.att_entry_bytes
+            else:
+                flops = 2.0 * h_loc * (geo.d_qk_prefill + geo.d_v_prefill) * float(entries_sum(geo, c, n).sum())
+                if geo.prefill_upproj:
+                    byts = float((c + n).sum()) * h_loc * (geo.d_qk_prefill + geo.d_v_prefill) * 2.0
+                else:
+                    byts = float(entries_last(geo, c + n).sum()) * self.att_entry_bytes
+            flops, byts = flops * s, byts * s
+            out[0] += flops
+            out[1] += byts
+            out[2] += self._attn_time(flops, byts, self.att_peak)
+            if geo.index_ratio:
+                ix = self.model.indexer
+                if is_dec:
+                    keys = (c + n).astype(float) / geo.index_ratio
+                    scored = float((n * keys).sum())
+                else:
+                    scored = float(entries_sum(AttnGeometry("k", INF, 1.0, 0.0, 0.0, 0, 0, 0, 0, False), c, n).sum()) / geo.index_ratio
+                    keys = (c + n).astype(float) / geo.index_ratio
+                i_flops = 2.0 * ix.n_heads * ix.head_dim * scored * s
+                i_bytes = (float(keys.sum()) * self.idx_key_bytes + scored * 4.0 * 2) * s  # keys + logits written and read by top-k
+                out[3] += i_flops
+                out[4] += i_bytes
+                out[5] += self._attn_time(i_flops, i_bytes, self.idx_peak) + self.cal.launch_overhead_s
+        return out
+
+    def _attn(self, new, ctx, dec, draft, f, ops) -> np.ndarray:
+        v = np.zeros(7)
+        s = self.share * f
+        todo = [(geo, count, new, ctx, dec, "") for geo, count in self.att_kinds]
+        if draft and self.att_mtp is not None and dec.any():
+            # each MTP pass: one query per decode request at the end of its (verified) context
+            c = ctx[dec] + new[dec]
+            todo.append((self.att_mtp, draft * self.model.mtp_layers, np.ones_like(c), c, np.ones(c.size, bool), "mtp_"))
+        for geo, count, nn, cc, dd, tag in todo:
+            r = self._attn_one(geo, nn, cc, dd, s)
+            v[ATT] += count * r[2]
+            v[IDX] += count * r[5]
+            if ops is not None:
+                ops.append(OpCost(f"{tag}attention_{geo.kind}", "attention", geo.kind, int(count), count * r[0], count * r[1], count * r[2]))
+                if r[5]:
+                    ops.append(OpCost(f"{tag}indexer_score_topk", "indexer", geo.kind, int(count), count * r[3], count * r[4], count * r[5]))
+        return v
+
+    def _attn_decode_stack(self, geos, sums: SortedSums, shifts: np.ndarray, g: int, s: float) -> np.ndarray:
+        """Attention + indexer time of all layers for each decode step (vectorised over steps and layer kinds).
+
+        ``geos``: (geometry, layer count) pairs; MTP passes (the entry after the main kinds,
+        if any) process one new token per request, main layers ``g``.
+        """
+        k = len(geos)
+        ent = np.empty((k, shifts.size))
+        coef_b = np.empty(k)
+        coef_f = np.empty(k)
+        counts = np.empty(k)
+        inv_attn = 1.0 / (self.att_peak * self.cal.attn_compute())
+        idx_rows = []
+        for i, (geo, count) in enumerate(geos):
+            new = g if i < len(self.att_kinds) else 1
+            ent[i] = sums.entries(geo, shifts)
+            coef_b[i] = self.att_entry_bytes * s
+            coef_f[i] = 2.0 * self.heads_local * (geo.d_qk_decode + geo.d_v_decode) * new * s * inv_attn
+            counts[i] = count
+            if geo.index_ratio:
+                idx_rows.append((geo, count, new))
+        byts = ent * coef_b[:, None]
+        t = np.maximum(ent * coef_f[:, None], byts / (self.cal.attn_mem(byts) * self.hw.hbm_bw)) + self.cal.launch_overhead_s
+        total = counts @ t
+        if idx_rows:
+            ix = self.model.indexer
+            keys_all = sums.total + sums.n * shifts
+            inv_idx = 1.0 / (self.idx_peak * self.cal.attn_compute())
+            for geo, count, new in idx_rows:
+                keys = keys_all / geo.index_ratio
+                i_bytes = keys * ((self.idx_key_bytes + new * 8.0) * s)
+                i_flop_t = keys * (2.0 * ix.n_heads * ix.head_dim * new * s * inv_idx)
+                ti = np.maximum(i_flop_t, i_bytes / (self.cal.attn_mem(i_bytes) * self.hw.hbm_bw)) + 2 * self.cal.launch_overhead_s
+                total = total + count * ti
+        return total
+
+    def _combine(self, v: np.ndarray, tbo: bool) -> tuple[float, dict[str, float]]:
+        """Step time and breakdown from category times (of one half-batch when ``tbo``)."""
+        if not tbo:
+            return float(v[:6].sum()), {c: float(v[i]) for i, c in enumerate(CATEGORIES)}
+        tm = float(v[A2A])
+        tc = float(v[:6].sum()) - tm
+        t = max(2 * tc, 2 * tm) + min(tc, tm) / self.n_layers
+        bd = {c: 2.0 * float(v[i]) for i, c in enumerate(CATEGORIES)}
+        hidden = 2 * tc + 2 * tm - t
+        bd["communication"] = max(0.0, bd["communication"] - hidden)
+        return t, bd
