@@ -223,3 +223,20 @@ def test_max_queue_answers_429():
                 assert busy.status_code == 429 and busy.json()["error"]["code"] == "rate_limit_exceeded"
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_engine_refusal_is_400(server, monkeypatch, stream):
+    from twinfer.errors import TwinferError
+
+    async def refuse(request_id, prompt_token_ids, params):
+        raise TwinferError("request refused: no KV blocks could ever hold it")
+        yield  # an async generator, like the engine's
+
+    monkeypatch.setattr(server.engine, "generate", refuse)
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "stream": stream})
+    if stream:  # the status line is already out: the error arrives as an event
+        events = [ln for ln in r.text.splitlines() if ln.startswith("data: ")]
+        assert "refused" in events[0] and events[-1] == "data: [DONE]"
+    else:
+        assert _assert_openai_error(r, 400, None)["message"].startswith("request refused")

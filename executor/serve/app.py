@@ -25,6 +25,7 @@ from executor.serve import protocol as P
 from executor.serve.prom import ServeMetrics
 from executor.serve.textstream import TextStream
 from executor.serve.tokenizer import Tokenizer
+from twinfer.errors import TwinferError
 
 REQUEST_ID_HEADER = "x-request-id"
 
@@ -113,8 +114,8 @@ class _RequestIdAndAuth:
 def create_app(engine: Any, tokenizer: Tokenizer, *, served_model_name: str, api_key: str | None = None,
                max_queue: int = 4096, sampling_params_cls: Any = None, manage_engine: bool = True) -> FastAPI:
     """Build the app. With ``manage_engine`` the app's lifespan starts and shuts down the engine."""
-    if sampling_params_cls is None:  # the real engine's; imported late so the app module needs no torch
-        from executor.engine import SamplingParams as sampling_params_cls
+    if sampling_params_cls is None:  # the real engine's (a torch-free module)
+        from executor.sampling_params import SamplingParams as sampling_params_cls
     st = _State(engine=engine, tokenizer=tokenizer, model_name=served_model_name, api_key=api_key,
                 max_queue=max_queue, params_cls=sampling_params_cls,
                 metrics=ServeMetrics(engine.stats, served_model_name))
@@ -272,8 +273,9 @@ async def _run(st: _State, engine_id: str, prompt_ids: list[int], params: Any, s
     reason = "abort"  # what a request that never finished (cancelled, client gone) counts as
     done = False
     outputs = st.engine.generate(engine_id, prompt_ids, params)
+    checked = _refusals_as_400(outputs)
     try:
-        async for out in outputs:
+        async for out in checked:
             now = time.perf_counter()
             n = len(out.new_token_ids)
             if n:
@@ -301,8 +303,23 @@ async def _run(st: _State, engine_id: str, prompt_ids: list[int], params: Any, s
     finally:
         if not done:  # cancelled or errored mid-way: free the engine's slot and KV
             st.spawn(st.engine.abort(engine_id))
-        st.spawn(outputs.aclose())
+        st.spawn(_close(checked, outputs))
         st.metrics.request_finished(time.perf_counter() - t_start, reason)
+
+
+async def _close(*gens) -> None:
+    """Close async generators outermost first (closing one does not close what it iterates)."""
+    for g in gens:
+        await g.aclose()
+
+
+async def _refusals_as_400(outputs: AsyncIterator) -> AsyncIterator:
+    """The engine refuses requests it can never serve with TwinferError: that is the client's 400."""
+    try:
+        async for out in outputs:
+            yield out
+    except TwinferError as err:
+        raise P.APIError(str(err)) from None
 
 
 async def _collect_unless_disconnected(request: Request, deltas: AsyncIterator[_Delta]) -> tuple[str, str | None]:
