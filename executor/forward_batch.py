@@ -97,7 +97,9 @@ def build_forward_batch(seqs: list[SeqInput], page_size: int, null_page: int, de
         ids.extend(s.token_ids)
         pos.extend(r)
         slots.extend(_slots(s.block_table, r, page_size, null_page))
-    max_pages = max([len(s.block_table) for s in decodes] + [1])
+    # wide enough for every decode's KV length: MTP draft positions may run past the allocated
+    # blocks (their writes land in the null page, see kv_cache), and the kernels index by length
+    max_pages = max([len(s.block_table) for s in decodes] + [-(-(s.context_len + sq) // page_size) for s in decodes] + [1])
     table = [s.block_table + [null_page] * (max_pages - len(s.block_table)) for s in decodes]
     as_t = lambda v, dt: torch.tensor(v, dtype=dt, device=device)  # noqa: E731
     return ForwardBatch(

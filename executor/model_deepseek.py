@@ -61,10 +61,13 @@ class DeepseekV3ForCausalLM(CausalLM):
     def attention_modules(self) -> list[nn.Module]:
         return super().attention_modules() + [m.block.self_attn for m in self.mtp]
 
-    def mtp_forward(self, j: int, batch: ForwardBatch, prev_hidden: torch.Tensor, kv: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
-        """MTP layer ``j`` over ``batch`` (whose input_ids are the *next* tokens): (hidden, logits)."""
+    def mtp_forward(self, j: int, batch: ForwardBatch, prev_hidden: torch.Tensor, kv: KVCache) -> torch.Tensor:
+        """MTP layer ``j`` over ``batch`` (whose input_ids are the *next* tokens); returns its pre-norm hidden."""
         m = self.mtp[j]
         e = m.enorm(self.model.embed_tokens(batch.input_ids))
         x = m.eh_proj(torch.cat((e, m.hnorm(prev_hidden)), dim=-1))
-        x = m.block(x, batch, kv)
-        return x, self.compute_logits(m.shared_head.norm(x))
+        return m.block(x, batch, kv)
+
+    def mtp_logits(self, j: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft logits of MTP layer ``j``'s hidden states (its norm, the shared LM head)."""
+        return self.compute_logits(self.mtp[j].shared_head.norm(hidden))

@@ -24,7 +24,8 @@ from executor.model_config import ExecModelConfig, spec_to_hf_config
 from kernels import reference as ref
 from twinfer.errors import TwinferError
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
+# fp64 exists for exact CPU equivalence tests (chunked vs one-shot forward must pick identical tokens)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp64": torch.float64}
 _EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(w13|w2)(_scale_inv)?$")
 _MTP_OWN = ("enorm", "hnorm", "eh_proj", "shared_head")
 

@@ -1,0 +1,270 @@
+"""LLMEngine: requests in, token deltas out, the shared Scheduler deciding every batch.
+
+The engine owns the pieces and the loop body (vLLM v1's EngineCore, minus processes):
+``add_request`` turns token ids into a scheduler ``Request`` (with chained block hashes
+for the prefix cache), ``step`` asks the scheduler for a plan, runs it on the
+GpuBackend, hands the result back to the scheduler and reports what each request gained.
+Batching, chunking, preemption and prefix reuse are the scheduler's; the engine never
+second-guesses them. ``AsyncLLMEngine`` (executor.async_engine) wraps this for serving.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from executor.gpu_backend import GpuBackend
+from executor.kv_cache import KVCache
+from executor.model_config import ExecModelConfig, resolve_spec
+from executor.model_runner import ModelRunner
+from executor.sampling_params import SamplingParams
+from executor.weights import DTYPES, build_model
+from scheduler.config import SchedulerConfig
+from scheduler.request import Request
+from scheduler.scheduler import Scheduler
+from twinfer.config import read_mapping, validate
+from twinfer.errors import TwinferError
+
+__all__ = ["SamplingParams", "TokenOutput", "EngineStats", "LLMEngine", "AsyncLLMEngine", "block_hashes"]
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass
+class TokenOutput:
+    """What one request gained in one engine step."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class EngineStats:
+    """Queue, KV and token counters (prefix-cache figures are in prompt tokens)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_used_blocks: int = 0
+    kv_total_blocks: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+
+
+def block_hashes(token_ids: list[int], block_size: int) -> tuple[int, ...]:
+    """Chained content hashes of the full blocks of ``token_ids`` (hash i covers tokens [0, (i+1)*bs))."""
+    out, prev = [], b""
+    for i in range(len(token_ids) // block_size):
+        blk = token_ids[i * block_size:(i + 1) * block_size]
+        d = hashlib.blake2b(prev + b"|" + ",".join(map(str, blk)).encode(), digest_size=8).digest()
+        out.append(int.from_bytes(d, "little") & (2**63 - 1))
+        prev = d
+    return tuple(out)
+
+
+def _default_kv_blocks(cfg: ExecModelConfig, block_size: int, dtype: torch.dtype, device: torch.device,
+                       max_model_len: int, fraction: float) -> int:
+    per_block = KVCache.bytes_per_block(cfg, block_size, dtype)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        n = int(free * fraction // per_block)
+    else:
+        n = min((1 << 30) // per_block, 4096)   # CPU: at most 1 GiB of KV
+    return max(n, -(-max_model_len // block_size) + 1)
+
+
+class LLMEngine:
+    """Synchronous engine: ``add_request`` / ``abort`` / ``step`` / ``generate``."""
+
+    def __init__(self, cfg: ExecModelConfig, runner: ModelRunner, scheduler: Scheduler, max_model_len: int,
+                 eos_token_id: int | None, model_name: str, decode_steps: int = 1, step_log=None):
+        self.cfg, self.runner, self.scheduler = cfg, runner, scheduler
+        self.backend = GpuBackend(runner, step_log)
+        self.max_model_len, self.eos_token_id, self.model_name = max_model_len, eos_token_id, model_name
+        self.vocab_size = cfg.spec.vocab_size
+        self.block_size = scheduler.block_size
+        self.decode_steps = decode_steps
+        self._reqs: dict[str, Request] = {}
+        self._pending: list[TokenOutput] = []
+        self._t0 = time.perf_counter()
+        self._last_now = 0.0
+        self._prompt_tokens = 0
+        self._gen_tokens = 0
+        self._gen_counter = 0
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def from_args(cls, model: str, load_format: str = "dummy", device: str = "cpu", dtype: str = "bf16", seed: int = 0,
+                  max_model_len: int | None = None, num_kv_blocks: int | None = None,
+                  scheduler_config: SchedulerConfig | dict | None = None, plan_path: str | None = None,
+                  routing_skew: float = 0.0, decode_steps: int = 1, eos_token_id: int | None = None,
+                  kv_memory_fraction: float = 0.85, step_log=None, kernel_overrides: dict[str, str] | None = None) -> "LLMEngine":
+        """Build model, KV cache, scheduler and runner from names and options.
+
+        ``model``: a catalog name (``tiny``, ...) or an HF checkpoint folder (config.json +
+        safetensors). ``plan_path``: a deployment plan file whose ``scheduler`` section
+        configures the scheduler. ``routing_skew``: Zipf-like expert skew for dummy weights.
+        ``decode_steps``: most decode steps one plan may cover (multi-step decode).
+        """
+        if device not in ("cpu", "cuda"):
+            raise TwinferError(f"device {device!r}: expected 'cpu' or 'cuda'")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise TwinferError("device 'cuda' requested but torch sees no CUDA GPU (use --device cpu)")
+        if dtype not in DTYPES:
+            raise TwinferError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+        if kernel_overrides:
+            from kernels import ops, registry
+            registry.configure(kernel_overrides)
+            ops.clear_choices()
+        hf_dir = model if os.path.isdir(model) else None
+        spec = resolve_spec(model)
+        cfg = ExecModelConfig.build(spec, hf_dir)
+        if plan_path is not None and scheduler_config is None:
+            plan = read_mapping(plan_path)
+            if isinstance(plan.get("scheduler"), dict):
+                scheduler_config = plan["scheduler"]
+        if scheduler_config is None:
+            scheduler_config = SchedulerConfig()
+        elif isinstance(scheduler_config, dict):
+            scheduler_config = validate(SchedulerConfig, scheduler_config, "scheduler_config")
+        mml = min(max_model_len if max_model_len is not None else scheduler_config.max_model_len, spec.max_context)
+        sched_cfg = scheduler_config.model_copy(update={"max_model_len": mml})
+        dev = torch.device(device)
+        if device == "cuda":
+            torch.cuda.set_device(0)
+            dev = torch.device("cuda", 0)
+        torch_dtype = DTYPES[dtype]
+        net = build_model(cfg, dev, dtype, load_format, seed, routing_skew, max_pos=mml + sched_cfg.draft_len + 8)
+        if num_kv_blocks is None:
+            num_kv_blocks = _default_kv_blocks(cfg, sched_cfg.block_size, torch_dtype, dev, mml, kv_memory_fraction)
+        kv = KVCache(cfg, num_kv_blocks, sched_cfg.block_size, dev, torch_dtype)
+        if eos_token_id is None:
+            eos_token_id = cfg.eos_token_id
+        if eos_token_id is None and load_format == "dummy":
+            # dummy weights have no tokenizer: follow serve's byte tokenizer (EOS 257) when the vocab has room
+            eos_token_id = 257 if spec.vocab_size > 257 else spec.vocab_size - 1
+        runner = ModelRunner(net, kv, dev, eos_token_id, seed)
+        sched = Scheduler(sched_cfg, num_kv_blocks)
+        name = Path(model).name if hf_dir else model
+        return cls(cfg, runner, sched, mml, eos_token_id, name, decode_steps, step_log)
+
+    # ----------------------------------------------------------------- requests
+    def now(self) -> float:
+        """Seconds since the engine started (monotonic; the scheduler's clock)."""
+        self._last_now = max(self._last_now, time.perf_counter() - self._t0)
+        return self._last_now
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | None = None,
+                    arrival_time: float | None = None) -> None:
+        """Queue a request; raises TwinferError if it can never be served."""
+        params = params or SamplingParams()
+        if request_id in self._reqs:
+            raise TwinferError(f"request id {request_id!r} is already in use")
+        ids = list(prompt_token_ids)
+        n = len(ids)
+        if n == 0:
+            raise TwinferError("prompt_token_ids is empty")
+        if n >= self.max_model_len:
+            raise TwinferError(f"prompt has {n} tokens; max_model_len is {self.max_model_len} (prompt + at least one output token)")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise TwinferError(f"token id {bad[0]} outside the vocabulary [0, {self.vocab_size})")
+        out_len = min(params.max_tokens, self.max_model_len - n)
+        req = Request(request_id=request_id, arrival_time=self.now() if arrival_time is None else arrival_time,
+                      prompt_len=n, output_len=out_len,
+                      block_hashes=block_hashes(ids, self.block_size) if self.scheduler.config.enable_prefix_caching else (),
+                      prompt_token_ids=ids)
+        self.runner.add_request(request_id, params)
+        if not self.scheduler.add_request(req):
+            self.runner.remove_request(request_id)
+            raise TwinferError(f"request {request_id!r} refused: {req.drop_reason}")
+        self._reqs[request_id] = req
+        self._prompt_tokens += n
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request; its final output (finish_reason 'abort') comes with the next ``step``."""
+        req = self._reqs.pop(request_id, None)
+        if req is None:
+            return False
+        self.scheduler.abort(request_id)
+        self.runner.remove_request(request_id)
+        self._pending.append(TokenOutput(request_id, [], True, "abort", req.prompt_len, req.num_cached_tokens))
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self._reqs) or bool(self._pending)
+
+    # ----------------------------------------------------------------- the loop body
+    def step(self) -> list[TokenOutput]:
+        """Schedule, execute and complete one plan; the token deltas it produced."""
+        outs, self._pending = self._pending, []
+        if not self._reqs:
+            return outs
+        plan = self.scheduler.schedule(self.now(), max_steps=self.decode_steps)
+        if plan.is_empty:
+            return outs
+        reqs = list(plan.decodes) + [c.request for c in plan.prefills]
+        before = {r.request_id: len(r.output_token_ids) for r in reqs}
+        result = self.backend.execute(plan)
+        finished = {r.request_id for r in self.scheduler.complete(plan, result, self.now())}
+        for r in reqs:
+            rid = r.request_id
+            new = r.output_token_ids[before[rid]:]
+            done = rid in finished
+            if not new and not done:
+                continue
+            reason = None
+            if done:
+                reason = "stop" if rid in result.finished_early else "length"
+            self._gen_tokens += len(new)
+            outs.append(TokenOutput(rid, list(new), done, reason, r.prompt_len, r.num_cached_tokens))
+            if done:
+                self._reqs.pop(rid, None)
+                self.runner.remove_request(rid)
+        return outs
+
+    def stats(self) -> EngineStats:
+        """Current counters."""
+        s = self.scheduler.stats()
+        return EngineStats(num_running=s.num_running, num_waiting=s.num_waiting, kv_used_blocks=s.kv_used_blocks,
+                           kv_total_blocks=s.kv_total_blocks, prefix_cache_queries=s.prefix_query_tokens,
+                           prefix_cache_hits=s.prefix_hit_tokens, prompt_tokens_total=self._prompt_tokens,
+                           generation_tokens_total=self._gen_tokens)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None) -> list[list[int]]:
+        """Offline: run all prompts to completion; generated token ids per prompt, in order."""
+        plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        if len(plist) != len(prompts):
+            raise TwinferError(f"{len(prompts)} prompts but {len(plist)} sampling params")
+        self._gen_counter += 1
+        ids = [f"gen{self._gen_counter}-{i}" for i in range(len(prompts))]
+        for rid, p, sp in zip(ids, prompts, plist):
+            self.add_request(rid, p, sp)
+        got: dict[str, list[int]] = {rid: [] for rid in ids}
+        left = set(ids)
+        while left:
+            for o in self.step():
+                if o.request_id in got:
+                    got[o.request_id].extend(o.new_token_ids)
+                    if o.finished:
+                        left.discard(o.request_id)
+        return [got[rid] for rid in ids]
+
+
+def __getattr__(name: str):
+    # AsyncLLMEngine lives in its own module; re-exported here so callers import one place
+    if name == "AsyncLLMEngine":
+        from executor.async_engine import AsyncLLMEngine
+        return AsyncLLMEngine
+    raise AttributeError(name)

@@ -1,0 +1,240 @@
+"""Runs a StepPlan on the model: inputs, forward, sampling, MTP drafting and verification, timing.
+
+One step: decodes (last token + pending MTP drafts each) and, in the plan's first step,
+the prefill chunks are flattened into one batch; the forward writes their KV into the
+pages the scheduler assigned; the target samples every decode position and the last
+position of each completed prompt. A decode keeps ``1 + accepted`` tokens, where
+``accepted`` is the longest prefix of its drafts matching the target's own samples (so
+the output is exactly what the target alone would produce). The MTP head then proposes
+the next drafts from the target's hidden states. ``num_steps > 1`` plans run back to back,
+stopping early when a request hits a stop token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+import torch
+
+from executor.forward_batch import ForwardBatch, SeqInput, build_forward_batch
+from executor.kv_cache import KVCache
+from executor.model_base import CausalLM
+from executor.request_state import RequestState
+from executor.sampling_params import SamplingParams
+from kernels import ops
+from scheduler.plan import StepPlan, StepResult
+from scheduler.request import Request
+
+
+class StepTimer:
+    """Wall time of a step (synchronised) and, on CUDA, its device time from events."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.ev0 = torch.cuda.Event(enable_timing=True)
+            self.ev1 = torch.cuda.Event(enable_timing=True)
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+        if self.cuda:
+            self.ev0.record()
+
+    def stop(self) -> tuple[float, float]:
+        """(wall seconds, device seconds or nan)."""
+        if self.cuda:
+            self.ev1.record()
+            self.ev1.synchronize()
+            dev = self.ev0.elapsed_time(self.ev1) / 1e3
+        else:
+            dev = float("nan")
+        return time.perf_counter() - self.t0, dev
+
+
+def accepted_prefix(drafts: list[int], samples: list[int]) -> int:
+    """Number of leading drafts equal to the target's samples at the same positions."""
+    a = 0
+    while a < len(drafts) and drafts[a] == samples[a]:
+        a += 1
+    return a
+
+
+class ModelRunner:
+    """Owns the model, the paged KV cache and per-request sampling state."""
+
+    def __init__(self, model: CausalLM, kv: KVCache, device: torch.device, eos_token_id: int | None, seed: int = 0):
+        self.model, self.kv, self.device = model, kv, device
+        self.page_size = kv.page_size
+        self.eos_token_id, self.seed = eos_token_id, seed
+        self.states: dict[str, RequestState] = {}
+        self.timer = StepTimer(device)
+        self.step_records: list[dict] = []   # one per executed step of the last plan
+        self.num_steps_run = 0
+
+    # ----------------------------------------------------------------- requests
+    def add_request(self, request_id: str, params: SamplingParams) -> None:
+        self.states[request_id] = RequestState.create(request_id, params, self.eos_token_id, self.seed, self.device)
+
+    def remove_request(self, request_id: str) -> None:
+        self.states.pop(request_id, None)
+
+    def _state(self, request_id: str) -> RequestState:
+        st = self.states.get(request_id)
+        if st is None:  # a request added straight to the scheduler: greedy, EOS stops
+            st = self.states[request_id] = RequestState.create(
+                request_id, SamplingParams(temperature=0.0, max_tokens=1), self.eos_token_id, self.seed, self.device)
+        return st
+
+    @staticmethod
+    def _tokens(req: Request) -> list[int]:
+        if req.prompt_token_ids is None:
+            raise ValueError(f"request {req.request_id} has no prompt_token_ids: the executor needs real tokens")
+        return req.prompt_token_ids + req.output_token_ids
+
+    # ----------------------------------------------------------------- sampling
+    def _sample(self, hidden: torch.Tensor, rows: list[int], rids: list[str]) -> list[int]:
+        if not rows:
+            return []
+        logits = self.model.compute_logits(hidden[rows])
+        sts = [self._state(r) for r in rids]
+        if all(s.params.temperature == 0 for s in sts):
+            return logits.argmax(-1).tolist()
+        dev = logits.device
+        temp = torch.tensor([s.params.temperature for s in sts], device=dev)
+        top_k = torch.tensor([s.params.top_k for s in sts], device=dev)
+        top_p = torch.tensor([s.params.top_p for s in sts], device=dev)
+        return ops.sample(logits, temp, top_k, top_p, [s.generator for s in sts]).tolist()
+
+    # ----------------------------------------------------------------- the plan
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run ``plan`` (``num_steps`` steps back to back, fewer if a request stops early)."""
+        for r in plan.preempted:
+            if r.request_id in self.states:
+                self.states[r.request_id].drafts = []
+        decodes, nd, k = plan.decodes, len(plan.decodes), plan.draft_len
+        sq = 1 + k
+        ctx = [int(c) for c in plan.decode_context_lens]
+        produced: dict[str, list[int]] = {r.request_id: [] for r in decodes}
+        remaining = [r.output_len - r.num_output_tokens for r in decodes]
+        sampled: dict[str, list[int]] = {}
+        finished_early: set[str] = set()
+        durations, counts = [], []
+        self.step_records = []
+        for step in range(plan.num_steps):
+            self.timer.start()
+            ops.reset_used()
+            seqs: list[SeqInput] = []
+            for i, r in enumerate(decodes):
+                last = (self._tokens(r) + produced[r.request_id])[-1]
+                drafts = (self._state(r.request_id).drafts + [last] * k)[:k]
+                seqs.append(SeqInput([last] + drafts, ctx[i], r.block_ids, True))
+            prefills = plan.prefills if step == 0 else []
+            for c in prefills:
+                toks = self._tokens(c.request)[c.context_len: c.context_len + c.num_new_tokens]
+                seqs.append(SeqInput(toks, c.context_len, c.request.block_ids, False))
+            batch = build_forward_batch(seqs, self.page_size, self.kv.null_page, self.device)
+            hidden = self.model(batch, self.kv)
+
+            rows, rids = [], []
+            for i, r in enumerate(decodes):
+                rows.extend(range(i * sq, (i + 1) * sq))
+                rids.extend([r.request_id] * sq)
+            for c, span in zip(prefills, batch.prefills):
+                if c.is_last_chunk:
+                    rows.append(span.start + span.num - 1)
+                    rids.append(c.request.request_id)
+            toks = self._sample(hidden, rows, rids)
+
+            step_count = np.zeros(nd, np.int64)
+            accepted = [0] * nd
+            for i, r in enumerate(decodes):
+                y = toks[i * sq:(i + 1) * sq]
+                a = accepted_prefix(seqs[i].token_ids[1:], y)
+                new = y[: min(a + 1, max(remaining[i], 0))]
+                stops = self._state(r.request_id).stop_ids
+                for j, t in enumerate(new):
+                    if t in stops:
+                        new = new[: j + 1]
+                        finished_early.add(r.request_id)
+                        break
+                accepted[i] = a
+                produced[r.request_id].extend(new)
+                remaining[i] -= len(new)
+                ctx[i] += len(new)
+                step_count[i] = len(new)
+            pos = nd * sq
+            for c in prefills:
+                if c.is_last_chunk:
+                    t = toks[pos]
+                    pos += 1
+                    sampled[c.request.request_id] = [t]
+                    if t in self._state(c.request.request_id).stop_ids:
+                        finished_early.add(c.request.request_id)
+
+            if k > 0 and self.model.num_mtp > 0:
+                self._propose(batch, hidden, seqs, decodes, prefills, toks, accepted, k)
+
+            wall, dev = self.timer.stop()
+            durations.append(wall)
+            counts.append(step_count)
+            self.step_records.append(self._record(batch, prefills, nd, sq, wall, dev, accepted))
+            self.num_steps_run += 1
+            if finished_early or any(x <= 0 for x in remaining):
+                break
+        for r in decodes:
+            sampled[r.request_id] = produced[r.request_id]
+        dec = np.stack(counts) if nd else np.zeros((len(durations), 0), np.int64)
+        return StepResult(np.asarray(durations), dec, sampled, finished_early)
+
+    # ----------------------------------------------------------------- MTP
+    def _propose(self, batch: ForwardBatch, hidden: torch.Tensor, seqs: list[SeqInput], decodes: list[Request],
+                 prefills: list, toks: list[int], accepted: list[int], k: int) -> None:
+        """Run the MTP layer over the batch (filling its KV) and chain it ``k`` times to draft tokens."""
+        nd, sq = len(decodes), 1 + k
+        nxt: list[int] = []
+        anchors: list[tuple[str, int, list[int], int]] = []   # (request id, row, block table, position)
+        for i, r in enumerate(decodes):
+            nxt.extend(toks[i * sq:(i + 1) * sq])   # next token of each position = the target's sample there
+            row = i * sq + accepted[i]
+            anchors.append((r.request_id, row, r.block_ids, seqs[i].context_len + accepted[i]))
+        pos = nd * sq
+        for c, s, span in zip(prefills, seqs[nd:], batch.prefills):
+            all_toks = self._tokens(c.request)
+            end = c.context_len + c.num_new_tokens
+            follow = toks[pos] if c.is_last_chunk else all_toks[end]
+            if c.is_last_chunk:
+                pos += 1
+                anchors.append((c.request.request_id, span.start + span.num - 1, c.request.block_ids, end - 1))
+            nxt.extend(s.token_ids[1:] + [follow])
+        mtp_batch = dataclasses.replace(batch, input_ids=torch.tensor(nxt, dtype=torch.int64, device=self.device))
+        h = self.model.mtp_forward(0, mtp_batch, hidden, self.kv)
+        if not anchors:
+            return
+        rows = [a[1] for a in anchors]
+        h = h[rows]
+        draft = self.model.mtp_logits(0, h).argmax(-1)
+        drafts = [draft.tolist()]
+        for j in range(1, k):
+            layer = min(j, self.model.num_mtp - 1)
+            chain = [SeqInput([d], p + j, bt, True) for (_, _, bt, p), d in zip(anchors, drafts[-1])]
+            cb = build_forward_batch(chain, self.page_size, self.kv.null_page, self.device)
+            h = self.model.mtp_forward(layer, cb, h, self.kv)
+            drafts.append(self.model.mtp_logits(layer, h).argmax(-1).tolist())
+        for n, (rid, _, _, _) in enumerate(anchors):
+            if rid in self.states:
+                self.states[rid].drafts = [d[n] for d in drafts]
+
+    def _record(self, batch: ForwardBatch, prefills: list, nd: int, sq: int, wall: float, dev: float,
+                accepted: list[int]) -> dict:
+        return {
+            "num_decodes": nd, "decode_sq": sq if nd else 0,
+            "num_prefills": len(prefills), "prefill_tokens": int(sum(c.num_new_tokens for c in prefills)),
+            "num_tokens": batch.num_tokens,
+            "decode_context_tokens": int(batch.decode_seq_lens.sum()) if nd else 0,
+            "prefill_context_tokens": int(sum(c.context_len for c in prefills)),
+            "accepted_drafts": int(sum(accepted)),
+            "wall_s": wall, "device_s": dev, "backends": ops.reset_used(),
+        }
