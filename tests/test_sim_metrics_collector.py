@@ -1,0 +1,153 @@
+"""MetricsCollector: per-request latencies, ITL weighting, goodput, KV utilisation, step records."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scheduler.plan import ScheduledChunk, StepPlan, StepResult
+from scheduler.request import Request
+from sim.metrics import SLO, LogHistogram, MetricsCollector, Stat
+
+
+def _req(i, arrival, first, finish, out, prompt=100, cached=0, preempt=0):
+    r = Request(f"r{i}", arrival, prompt, out)
+    r.first_token_time, r.finish_time = first, finish
+    r.num_output_tokens, r.num_cached_tokens, r.num_preemptions = out, cached, preempt
+    return r
+
+
+def _decode_plan(n, steps=1, draft=0):
+    reqs = [Request(f"d{i}", 0.0, 10, 100) for i in range(n)]
+    return StepPlan(instance_id=0, decodes=reqs, num_steps=steps, draft_len=draft)
+
+
+def test_percentiles_hand_worked():
+    # numpy linear interpolation on [1, 2, 3, 4]: p50 = 2.5, p90 = 1 + 0.9*3 = 3.7, p99 = 3.97
+    s = Stat.of(np.array([4.0, 1.0, 3.0, 2.0]))
+    assert (s.count, s.mean, s.p50) == (4, 2.5, 2.5)
+    assert s.p90 == pytest.approx(3.7) and s.p99 == pytest.approx(3.97)
+    assert Stat.of(np.zeros(0)) == Stat()
+
+
+def test_request_latencies_and_throughput():
+    c = MetricsCollector()
+    # arrivals 0,1,2,3; TTFT 1,2,3,4; 11 outputs over 1 s after the first token -> TPOT 0.1
+    for i in range(4):
+        c.on_finish(_req(i, float(i), 2.0 * i + 1, 2.0 * i + 2, 11, prompt=100, cached=50 * (i % 2)))
+    m = c.summarize(num_gpus=2, slo=None, duration_s=10.0)
+    assert m.requests_finished == m.requests_arrived == 4 and m.requests_unfinished == 0
+    assert (m.ttft_s.mean, m.ttft_s.p50) == (2.5, 2.5)
+    assert m.tpot_s.mean == pytest.approx(0.1) and m.e2e_s.mean == pytest.approx(3.5)
+    assert (m.input_tokens, m.output_tokens) == (400, 44)
+    assert m.input_throughput == 40.0 and m.output_throughput == pytest.approx(4.4)
+    assert m.total_throughput_per_gpu == pytest.approx(22.2)
+    assert m.request_throughput == 0.4
+    assert m.per_user_output_tps_mean == pytest.approx(10.0) and m.per_user_output_tps_p50 == pytest.approx(10.0)
+    assert m.prefix_cache_hit_rate == pytest.approx(100 / 400)
+    # default duration: first arrival (0) to last finish (8)
+    assert c.summarize(1, None).duration_s == 8.0
+
+
+def test_single_token_requests_have_no_tpot_and_pass_tpot_slo():
+    c = MetricsCollector()
+    c.on_finish(_req(0, 0.0, 0.5, 0.5, 1))
+    m = c.summarize(1, SLO(ttft_s=1.0, tpot_s=0.01))
+    assert m.tpot_s.count == 0 and m.requests_meeting_slo == 1
+
+
+def test_goodput_counting():
+    c = MetricsCollector()
+    slo = SLO(ttft_s=1.0, tpot_s=0.05, e2e_s=10.0)
+    c.on_finish(_req(0, 0.0, 0.5, 0.5 + 0.04 * 10, 11))   # meets all
+    c.on_finish(_req(1, 0.0, 1.5, 1.5 + 0.04 * 10, 11))   # TTFT miss
+    c.on_finish(_req(2, 0.0, 0.5, 0.5 + 0.06 * 10, 11))   # TPOT miss
+    c.on_finish(_req(3, 0.0, 0.9, 0.9 + 0.049 * 200, 201))  # E2E 10.7 miss
+    c.on_finish(_req(4, 0.0, 1.0, 1.0 + 0.05 * 10, 11))   # exactly on the bounds: meets
+    dropped = Request("x", 0.0, 10, 10)
+    dropped.drop_reason = "too_long"
+    c.on_drop(dropped)
+    c.on_arrival(Request("y", 0.0, 10, 10))  # 7 arrivals announced: 5 finished, 1 dropped, 1 unfinished
+    for _ in range(6):
+        c.on_arrival(Request("z", 0.0, 10, 10))
+    m = c.summarize(1, slo, duration_s=20.0)
+    assert m.requests_meeting_slo == 2 and m.goodput == pytest.approx(0.1)
+    assert m.goodput_fraction == pytest.approx(2 / 7)
+    assert m.requests_arrived == 7 and m.requests_dropped == 1 and m.requests_unfinished == 1
+    assert m.dropped_by_reason == {"too_long": 1}
+
+
+def test_itl_weighting_multi_step():
+    c = MetricsCollector()
+    plan = _decode_plan(3, steps=2)
+    # step 0: 10 ms, 3 decodes; step 1: 30 ms, one request finished in step 0 (0 tokens)
+    res = StepResult(np.array([0.01, 0.03]), np.array([[1, 1, 1], [1, 1, 0]]))
+    c.on_step(0, 0.0, plan, res, 5, 10)
+    m = c.summarize(1, None)
+    assert m.itl_s.count == 5
+    assert m.itl_s.mean == pytest.approx((3 * 0.01 + 2 * 0.03) / 5)
+    assert m.itl_s.p50 == pytest.approx(0.01, rel=0.003) and m.itl_s.p90 == pytest.approx(0.03, rel=0.003)
+    assert (m.num_plans, m.num_steps, m.decode_tokens) == (1, 2, 5)
+    assert m.mean_batch_requests == 3.0 and m.busy_s == pytest.approx(0.04)
+
+
+def test_itl_with_mtp_counts_step_over_n():
+    c = MetricsCollector()
+    plan = _decode_plan(2, steps=1, draft=1)
+    res = StepResult(np.array([0.02]), np.array([[2, 1]]))  # request 0 accepted its draft
+    c.on_step(0, 0.0, plan, res, 1, 10)
+    m = c.summarize(1, None)
+    assert m.itl_s.count == 3  # two gaps of 10 ms, one of 20 ms
+    assert m.itl_s.mean == pytest.approx((2 * 0.01 + 0.02) / 3)
+    assert m.itl_s.p50 == pytest.approx(0.01, rel=0.003)
+    assert m.mean_batch_tokens == 4.0
+
+
+def test_log_histogram_weighted_quantiles():
+    h = LogHistogram()
+    h.add(np.array([0.001, 0.1]), np.array([3.0, 1.0]))
+    assert h.quantile(0.5) == pytest.approx(0.001, rel=0.003)
+    assert h.quantile(0.75) == pytest.approx(0.001, rel=0.003)
+    assert h.quantile(0.76) == pytest.approx(0.1, rel=0.003)
+    assert LogHistogram().quantile(0.5) is None
+
+
+def test_prefill_and_kv_accounting():
+    c = MetricsCollector(record_steps=True, max_step_records=2)
+    r = Request("p", 0.0, 1000, 10)
+    plan = StepPlan(instance_id=1, prefills=[ScheduledChunk(r, 512, 0, False)], decodes=[Request("d", 0, 5, 5)])
+    c.on_step(1, 0.0, plan, StepResult(np.array([0.1]), np.array([[1]])), 30, 100)
+    c.on_step(2, 0.05, _decode_plan(1), StepResult(np.array([0.3]), np.array([[1]])), 90, 100)
+    c.on_step(1, 0.1, _decode_plan(1), StepResult(np.array([0.1]), np.array([[1]])), 50, 100)
+    m = c.summarize(1, None)
+    assert m.computed_prefill_tokens == 512 and m.mean_batch_tokens == pytest.approx((513 + 1 + 1) / 3)
+    assert m.kv_util_max == 0.9
+    assert m.kv_util_mean == pytest.approx((0.3 * 0.1 + 0.9 * 0.3 + 0.5 * 0.1) / 0.5)
+    # cluster timeline: (30)/100, (30+90)/200, (50+90)/200
+    assert m.kv_timeline == [(0.0, 0.3), (0.05, 0.6), (0.1, 0.7)]
+    assert len(c.step_records) == 2 and m.step_records_dropped == 1
+    assert c.step_records[0].prefill_tokens == 512 and c.step_records[0].num_decodes == 1
+
+
+def test_kv_timeline_is_capped():
+    c = MetricsCollector(kv_timeline_points=100)
+    plan = _decode_plan(1)
+    for i in range(10_000):
+        c.on_step(0, float(i), plan, StepResult(np.array([1.0]), np.array([[1]])), i % 97, 100)
+    tl = c.summarize(1, None).kv_timeline
+    assert 50 <= len(tl) <= 100
+    assert [t for t, _ in tl] == sorted(t for t, _ in tl)
+    assert max(v for _, v in tl) == pytest.approx(0.96)  # peaks survive downsampling
+
+
+def test_summarize_is_deterministic():
+    def run():
+        c = MetricsCollector()
+        rng = np.random.default_rng(0)
+        for i in range(300):
+            a = float(rng.random() * 10)
+            c.on_finish(_req(i, a, a + rng.random(), a + 1 + rng.random(), int(rng.integers(1, 50))))
+            c.on_step(i % 3, a, _decode_plan(2), StepResult(rng.random(1) * 0.05, np.ones((1, 2), int)), 5, 9)
+        return c.summarize(8, SLO(ttft_s=0.5, tpot_s=0.05)).model_dump_json()
+
+    assert run() == run()
