@@ -25,7 +25,6 @@ from executor.serve import protocol as P
 from executor.serve.prom import ServeMetrics
 from executor.serve.textstream import TextStream
 from executor.serve.tokenizer import Tokenizer
-from twinfer.errors import TwinferError
 
 REQUEST_ID_HEADER = "x-request-id"
 
@@ -314,11 +313,11 @@ async def _close(*gens) -> None:
 
 
 async def _refusals_as_400(outputs: AsyncIterator) -> AsyncIterator:
-    """The engine refuses requests it can never serve with TwinferError: that is the client's 400."""
+    """The engine refuses requests it can never serve with ValueError (TwinferError is one): the client's 400."""
     try:
         async for out in outputs:
             yield out
-    except TwinferError as err:
+    except ValueError as err:
         raise P.APIError(str(err)) from None
 
 
