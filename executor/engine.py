@@ -99,6 +99,8 @@ class LLMEngine:
         self._pending: list[TokenOutput] = []
         self._t0 = time.perf_counter()
         self._last_now = 0.0
+        self._skipped = 0.0          # idle time jumped over by advance_clock (offline replay)
+        self.step_observer = None    # callable(start_s, plan, result) after every executed plan
         self._prompt_tokens = 0
         self._gen_tokens = 0
         self._gen_counter = 0
@@ -162,12 +164,19 @@ class LLMEngine:
     # ----------------------------------------------------------------- requests
     def now(self) -> float:
         """Seconds since the engine started (monotonic; the scheduler's clock)."""
-        self._last_now = max(self._last_now, time.perf_counter() - self._t0)
+        self._last_now = max(self._last_now, time.perf_counter() - self._t0 + self._skipped)
         return self._last_now
 
+    def advance_clock(self, t: float) -> None:
+        """Jump the clock forward to ``t`` when idle (offline replay skips gaps between arrivals)."""
+        now = self.now()
+        if t > now:
+            self._skipped += t - now
+            self._last_now = t
+
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | None = None,
-                    arrival_time: float | None = None) -> None:
-        """Queue a request; raises TwinferError if it can never be served."""
+                    arrival_time: float | None = None) -> Request:
+        """Queue a request (returned: the scheduler's object); raises TwinferError if it can never be served."""
         params = params or SamplingParams()
         if request_id in self._reqs:
             raise TwinferError(f"request id {request_id!r} is already in use")
@@ -191,6 +200,7 @@ class LLMEngine:
             raise TwinferError(f"request {request_id!r} refused: {req.drop_reason}")
         self._reqs[request_id] = req
         self._prompt_tokens += n
+        return req
 
     def abort(self, request_id: str) -> bool:
         """Drop a request; its final output (finish_reason 'abort') comes with the next ``step``."""
@@ -216,8 +226,11 @@ class LLMEngine:
             return outs
         reqs = list(plan.decodes) + [c.request for c in plan.prefills]
         before = {r.request_id: len(r.output_token_ids) for r in reqs}
+        start = self.now()
         result = self.backend.execute(plan)
         finished = {r.request_id for r in self.scheduler.complete(plan, result, self.now())}
+        if self.step_observer is not None:
+            self.step_observer(start, plan, result)
         for r in reqs:
             rid = r.request_id
             new = r.output_token_ids[before[rid]:]

@@ -230,13 +230,14 @@ def describe(device: str) -> list[dict]:
         chosen = choice.candidates[0].name if choice.candidates else None
         for impl in impls:
             ok, why = usable(impl, device)
-            rows.append({"op": op, "impl": impl.name, "tier": impl.tier, "usable": ok,
+            found = probe_library(impl.library)[0] if impl.library else True
+            rows.append({"op": op, "impl": impl.name, "tier": impl.tier, "found": found, "usable": ok,
                          "chosen": impl.name == chosen, "why": why if impl.name != chosen else choice.why,
                          "notes": impl.notes})
         for lib in EXTRA_PROBES.get(op, []):
             if any(i.library == lib for i in impls):
                 continue
             ok, _, why = probe_library(lib)
-            rows.append({"op": op, "impl": lib, "tier": 2, "usable": False, "chosen": False,
+            rows.append({"op": op, "impl": lib, "tier": 2, "found": ok, "usable": False, "chosen": False,
                          "why": ("found, not wired for this op: " + why) if ok else why, "notes": "probe only"})
     return rows

@@ -1,0 +1,198 @@
+"""``twinfer run``: replay a workload through the real executor and report serving metrics.
+
+The same workload generator and metrics collector as ``twinfer simulate``, but every step
+runs the model on real kernels and its time is measured. Requests are added when the
+engine clock reaches their arrival; idle gaps between arrivals are skipped (the clock
+jumps), so a sparse workload does not wait in real time. Prompts are synthetic token
+ids derived from the workload's block hashes: requests sharing a prefix group share the
+tokens, so the prefix cache hits as the simulator predicts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+
+from twinfer.errors import TwinferError
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``run`` to the CLI."""
+    app.command("run", help="Run a workload offline through the real executor (measured step times) and report serving metrics.")(run)
+
+
+def synth_prompt(hashes: tuple[int, ...], prompt_len: int, block_size: int, vocab: int, key: str, seed: int) -> list[int]:
+    """Token ids for a prompt: hashed blocks get tokens seeded by their hash (shared content), the rest by the request."""
+    out: list[int] = []
+    for h in hashes[: prompt_len // block_size]:
+        out.extend(np.random.default_rng([int(h) & (2**63 - 1), seed]).integers(0, vocab, block_size).tolist())
+    rest = prompt_len - len(out)
+    if rest > 0:
+        kseed = int.from_bytes(key.encode()[:16].ljust(16, b"\0"), "little")
+        out.extend(np.random.default_rng([kseed, seed, 1]).integers(0, vocab, rest).tolist())
+    return out[:prompt_len]
+
+
+def _load_workload(workload: str, requests: Optional[int], rate: Optional[float]):
+    from sim.workload import WorkloadSpec, preset
+    from twinfer.config import read_mapping, validate
+
+    over = {}
+    if requests is not None:
+        over["num_requests"] = requests
+    if rate is not None:
+        over["rate"] = rate
+    if Path(workload).is_file():
+        data = read_mapping(workload)
+        data.update(over)
+        return validate(WorkloadSpec, data, workload)
+    return preset(workload, **over)
+
+
+def run(
+    model: str = typer.Option("tiny", "--model", "-m", help="catalog name (tiny, ...) or HF checkpoint folder"),
+    load_format: str = typer.Option("dummy", "--load-format", help="dummy (random weights) or auto (read safetensors)"),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp32 | fp8 [fp32 on cpu, bf16 on cuda]"),
+    workload: str = typer.Option("chat", "--workload", "-w", help="workload preset name or YAML/JSON WorkloadSpec file"),
+    requests: Optional[int] = typer.Option(None, "--requests", "-n", min=1, help="number of requests (overrides the workload)"),
+    rate: Optional[float] = typer.Option(None, "--rate", help="arrival rate, requests/s (overrides the workload)"),
+    max_input_len: Optional[int] = typer.Option(None, "--max-input-len", min=1, help="clamp prompt lengths"),
+    max_output_len: Optional[int] = typer.Option(None, "--max-output-len", min=1, help="clamp output lengths"),
+    seed: int = typer.Option(0, "--seed"),
+    scheduler_config: Optional[Path] = typer.Option(None, "--scheduler-config", help="SchedulerConfig YAML/JSON"),
+    block_size: Optional[int] = typer.Option(None, "--block-size", min=1, help="KV block (page) size [64]"),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1),
+    max_batched_tokens: Optional[int] = typer.Option(None, "--max-batched-tokens", min=1),
+    draft_len: Optional[int] = typer.Option(None, "--draft-len", min=0, help="MTP draft tokens per decode step"),
+    decode_steps: int = typer.Option(1, "--decode-steps", min=1, help="decode steps one plan may cover"),
+    num_kv_blocks: Optional[int] = typer.Option(None, "--num-kv-blocks", min=1),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=2),
+    routing_skew: float = typer.Option(0.0, "--routing-skew", min=0.0, help="Zipf-like expert skew for dummy weights"),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0),
+    step_log: Optional[Path] = typer.Option(None, "--step-log", help="write one JSON line per executed step"),
+    as_json: Optional[Path] = typer.Option(None, "--json", help="write metrics and run info as JSON"),
+) -> None:
+    """Replay the workload; print the metrics."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from executor.engine import LLMEngine, SamplingParams  # torch behind this import
+    from scheduler.config import SchedulerConfig
+    from sim.metrics import MetricsCollector
+    from sim.workload import generate
+    from twinfer.config import read_mapping, validate
+
+    sc = read_mapping(scheduler_config) if scheduler_config else {}
+    for k, v in (("block_size", block_size), ("max_num_seqs", max_num_seqs),
+                 ("max_num_batched_tokens", max_batched_tokens), ("draft_len", draft_len)):
+        if v is not None:
+            sc[k] = v
+    if "max_num_seqs" in sc and "max_num_batched_tokens" not in sc:
+        sc["max_num_batched_tokens"] = max(8192, sc["max_num_seqs"] * (1 + sc.get("draft_len", 0)))
+    sched_cfg = validate(SchedulerConfig, sc, str(scheduler_config or "scheduler options"))
+    dtype = dtype or ("bf16" if device == "cuda" else "fp32")
+    t_build = time.perf_counter()
+    engine = LLMEngine.from_args(model, load_format=load_format, device=device, dtype=dtype, seed=seed,
+                                 max_model_len=max_model_len, num_kv_blocks=num_kv_blocks, scheduler_config=sched_cfg,
+                                 routing_skew=routing_skew, decode_steps=decode_steps)
+    build_s = time.perf_counter() - t_build
+
+    spec = _load_workload(workload, requests, rate)
+    reqs = generate(spec, np.random.default_rng(seed), engine.block_size)
+    if not reqs:
+        raise TwinferError("the workload produced no requests")
+    vocab = engine.vocab_size
+    items = []
+    for r in reqs:
+        plen = min(r.prompt_len, max_input_len or r.prompt_len)
+        olen = min(r.output_len, max_output_len or r.output_len)
+        items.append((r.arrival_time, r.request_id, synth_prompt(r.block_hashes, plen, engine.block_size, vocab, r.request_id, seed), olen))
+
+    metrics = MetricsCollector(record_steps=False)
+    log_f = open(step_log, "w") if step_log else None
+    plan_no = [0]
+
+    def observe(start_s, plan, result):
+        st = engine.scheduler.stats()
+        metrics.on_step(0, start_s, plan, result, st.kv_used_blocks, st.kv_total_blocks)
+        if log_f is not None:
+            t = start_s
+            for j, rec in enumerate(engine.runner.step_records):
+                log_f.write(json.dumps({"plan": plan_no[0], "step": j, "start_s": round(t, 6), **rec,
+                                        "kv_used_blocks": st.kv_used_blocks}) + "\n")
+                t += rec["wall_s"]
+        plan_no[0] += 1
+
+    engine.step_observer = observe
+    live: dict[str, object] = {}
+    i = 0
+    t_run = time.perf_counter()
+    try:
+        while i < len(items) or engine.has_unfinished():
+            if not engine.has_unfinished() and i < len(items):
+                engine.advance_clock(items[i][0])
+            now = engine.now()
+            while i < len(items) and items[i][0] <= now:
+                arrival, rid, prompt, olen = items[i]
+                i += 1
+                try:
+                    req = engine.add_request(rid, prompt, SamplingParams(max_tokens=olen, temperature=temperature,
+                                                                         ignore_eos=True, seed=seed), arrival_time=arrival)
+                except TwinferError as e:
+                    from scheduler.request import Request
+                    dropped = Request(rid, arrival, len(prompt), olen)
+                    dropped.drop_reason = str(e).split(": ", 1)[-1][:80]
+                    metrics.on_drop(dropped)
+                    continue
+                metrics.on_arrival(req)
+                live[rid] = req
+            for out in engine.step():
+                if out.finished and out.request_id in live:
+                    metrics.on_finish(live.pop(out.request_id))
+    finally:
+        if log_f is not None:
+            log_f.close()
+    wall_s = time.perf_counter() - t_run
+    summary = metrics.summarize(num_gpus=1, slo=None)
+
+    from kernels import ops
+    kernels_used = {op: [c.name for c in ch.candidates][:1] for (op, dev), ch in ops._choices.items()}
+    info = {"model": model, "device": device, "dtype": dtype, "load_format": load_format, "seed": seed,
+            "workload": workload, "requests": len(items), "scheduler": sched_cfg.model_dump(),
+            "num_kv_blocks": engine.scheduler.blocks.num_blocks, "build_s": build_s, "wall_s": wall_s,
+            "kernels": kernels_used}
+    if as_json:
+        Path(as_json).write_text(json.dumps({"run": info, "metrics": summary.model_dump()}, indent=1, default=str))
+
+    con = Console()
+    tab = Table(title=f"twinfer run: {model} on {device} ({dtype}), {len(items)} requests of '{workload}'")
+    tab.add_column("metric")
+    tab.add_column("value", justify="right")
+
+    def ms(stat) -> str:
+        return "-" if stat.mean is None else f"{stat.mean * 1e3:.1f} / {stat.p50 * 1e3:.1f} / {stat.p99 * 1e3:.1f}"
+
+    rows = [
+        ("requests finished / dropped", f"{summary.requests_finished} / {summary.requests_dropped}"),
+        ("TTFT mean / p50 / p99 (ms)", ms(summary.ttft_s)),
+        ("TPOT mean / p50 / p99 (ms)", ms(summary.tpot_s)),
+        ("ITL mean / p50 / p99 (ms)", ms(summary.itl_s)),
+        ("E2E mean / p50 / p99 (ms)", ms(summary.e2e_s)),
+        ("output tokens/s", f"{summary.output_throughput:.1f}"),
+        ("total tokens/s", f"{summary.total_throughput:.1f}"),
+        ("prefix cache hit rate", "-" if summary.prefix_cache_hit_rate is None else f"{summary.prefix_cache_hit_rate:.3f}"),
+        ("preemptions", str(summary.preemptions)),
+        ("steps / mean batch tokens", f"{summary.num_steps} / {summary.mean_batch_tokens or 0:.1f}"),
+        ("KV util mean / max", f"{summary.kv_util_mean or 0:.3f} / {summary.kv_util_max or 0:.3f}"),
+        ("engine time (clock) / wall (s)", f"{summary.duration_s:.2f} / {wall_s:.2f}"),
+    ]
+    for k, v in rows:
+        tab.add_row(k, v)
+    con.print(tab)
+    con.print("kernels: " + ", ".join(f"{op}={v[0] if v else '-'}" for op, v in sorted(kernels_used.items())), highlight=False)
