@@ -91,3 +91,12 @@ def test_ids_and_sse_framing():
     assert P.SSE_DONE == "data: [DONE]\n\n"
     u = P.UsageInfo.of(3, 4, cached=1)
     assert (u.total_tokens, u.prompt_tokens_details.cached_tokens) == (7, 1)
+
+
+def test_chat_deltas_carry_only_what_changed():
+    def delta(**kw):
+        chunk = P.ChatCompletionChunk(id="c", created=1, model="m", choices=[P.ChatStreamChoice(delta=P.DeltaMessage(**kw))])
+        return json.loads(P.sse(chunk)[6:])["choices"][0]["delta"]
+
+    assert delta(role="assistant", content="") == {"role": "assistant", "content": ""}
+    assert delta(content="x") == {"content": "x"} and delta() == {}
