@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from scheduler.request import Request
 from sim.lengths import FixedLength, LengthDist, LognormalLength, UniformLength, check_support
 from sim.traces import ROOT_HASH, hash_pair, hash_pair_np, positional_hashes, read_trace
+from twinfer.config import validate
 from twinfer.errors import TwinferError, UnknownNameError
 
 WorkloadKind = Literal["poisson", "gamma", "constant", "agentic", "trace"]
@@ -64,7 +65,7 @@ class WorkloadSpec(BaseModel):
     priority_mix: dict[int, float] | None = Field(None, description="priority -> weight (lower is served first)")
     # agentic
     turns: LengthDist = UniformLength(min=2, max=8)
-    think_time_s: LengthDist = FixedLength(value=5)
+    think_time_s: LengthDist = Field(FixedLength(value=5), description="seconds (lognormal/normal clip at min, default 1)")
     est_ttft_s: float = Field(1.0, ge=0)
     est_tpot_s: float = Field(0.03, ge=0)
     max_prompt_len: int | None = Field(None, ge=1, description="a session ends before a turn would exceed this")
@@ -109,6 +110,8 @@ class WorkloadSpec(BaseModel):
         only(_TRACE_FIELDS, ("trace",))
         only(("cv",), ("gamma",))
         if k == "trace":
+            if self.num_requests is not None:
+                raise ValueError("num_requests: a trace takes max_requests (its earliest requests)")
             only(_GENERATED_FIELDS, ("poisson", "gamma", "constant", "agentic"))
             if not self.trace_path:
                 raise ValueError("trace_path: required when kind is 'trace'")
@@ -124,6 +127,9 @@ class WorkloadSpec(BaseModel):
         if k == "agentic":
             check_support(self.turns, "turns", 1)
             check_support(self.think_time_s, "think_time_s", 0)
+            shortest = self.shared_prefix_len + self.input_len.support()[0]
+            if self.max_prompt_len is not None and self.max_prompt_len < shortest:
+                raise ValueError(f"max_prompt_len: {self.max_prompt_len} is below the shortest first turn ({shortest:g})")
         return self
 
 
@@ -140,30 +146,26 @@ def _no_gc():
             gc.enable()
 
 
-def _spec(**kw) -> WorkloadSpec:
-    return WorkloadSpec(**kw)
-
-
 # Preset numbers are representative shapes, not measurements: chat ~ ShareGPT-like
 # (lognormal ~1.5k in / ~400 out); reasoning = short prompt, long chain of thought.
 PRESETS: dict[str, WorkloadSpec] = {
-    "chat": _spec(
+    "chat": WorkloadSpec(
         kind="poisson", rate=10.0, num_requests=1000,
         input_len=LognormalLength(mean=1500, sigma=0.8, min=16, max=32768),
         output_len=LognormalLength(mean=400, sigma=0.7, min=8, max=4096),
     ),
-    "long-context": _spec(
+    "long-context": WorkloadSpec(
         kind="poisson", rate=1.0, num_requests=500,
         input_len=UniformLength(min=16384, max=32768),
         output_len=LognormalLength(mean=500, sigma=0.6, min=16, max=4096),
     ),
-    "summarize": _spec(
+    "summarize": WorkloadSpec(
         kind="poisson", rate=2.0, num_requests=500,
         input_len=LognormalLength(mean=6000, sigma=0.5, min=1024, max=32768),
         output_len=LognormalLength(mean=300, sigma=0.5, min=32, max=2048),
         shared_prefix_len=256, num_prefix_groups=4,
     ),
-    "agentic": _spec(
+    "agentic": WorkloadSpec(
         kind="agentic", rate=5.0, num_requests=1000,
         input_len=LognormalLength(median=400, p90=2000, min=16, max=16384),
         output_len=LognormalLength(median=250, p90=800, min=8, max=4096),
@@ -172,7 +174,7 @@ PRESETS: dict[str, WorkloadSpec] = {
         think_time_s=LognormalLength(median=2.0, p90=10.0, min=0.1, max=120),
         max_prompt_len=131072,
     ),
-    "reasoning": _spec(
+    "reasoning": WorkloadSpec(
         kind="poisson", rate=2.0, num_requests=500,
         input_len=LognormalLength(mean=500, sigma=0.8, min=16, max=8192),
         output_len=LognormalLength(mean=4000, sigma=0.6, min=256, max=32768),
@@ -184,8 +186,6 @@ def preset(name: str, **overrides) -> WorkloadSpec:
     """A preset with fields overridden (validated); unknown names list the known ones."""
     if name not in PRESETS:
         raise UnknownNameError("workload preset", name, list(PRESETS))
-    from twinfer.config import validate
-
     return validate(WorkloadSpec, {"preset": name, **overrides}, f"preset {name!r}")
 
 
@@ -330,6 +330,8 @@ def _agentic_arrays(spec: WorkloadSpec, streams: _Streams, n_max: int | None, du
         else:
             starts = starts_all[-1] + np.cumsum(ia)
         part = _agentic_turns(spec, streams, starts)
+        if part["arrival"].size == 0 and not parts:  # every session cut by max_prompt_len
+            raise TwinferError("max_prompt_len: every session's first turn is longer; no requests")
         part["sess"] = part["sess"] + starts_all.size
         parts.append(part)
         starts_all = np.concatenate((starts_all, starts))
