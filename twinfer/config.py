@@ -22,6 +22,11 @@ def format_validation_error(err: ValidationError, source: str = "") -> str:
         got = e.get("input")
         got_s = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
         msg = e.get("msg", "invalid")
+        if msg.startswith("Value error, "):  # our own validators already name the field
+            msg = msg[len("Value error, "):]
+            if not e.get("loc"):
+                lines.append(f"{source + ': ' if source else ''}{msg}")
+                continue
         lines.append(f"{source + ': ' if source else ''}{loc}: {msg}{got_s}")
     return "\n".join(lines)
 
