@@ -7,12 +7,18 @@ import time
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from executor.serve.app import create_app
-from executor.serve.fake_engine import _TEXT, FakeEngine, FakeSamplingParams
-from executor.serve.server import BackgroundServer
-from executor.serve.tokenizer import ByteTokenizer
+# the serve extra; skipped where it is not installed
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from executor.serve.app import create_app  # noqa: E402
+from executor.serve.fake_engine import _TEXT, FakeEngine, FakeSamplingParams  # noqa: E402
+from executor.serve.server import BackgroundServer  # noqa: E402
+from executor.serve.tokenizer import ByteTokenizer  # noqa: E402
 
 TEXT = _TEXT
 

@@ -17,6 +17,9 @@ import httpx
 import pytest
 
 torch = pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
 pytest.importorskip("executor.async_engine")
 
 import openai  # noqa: E402
