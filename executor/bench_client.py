@@ -166,7 +166,7 @@ class PromptMaker:
         for h in item.block_hashes:
             if len(units) + per_block > target:
                 break
-            units += self._units((1, h), per_block)
+            units += self._units((1, h, salt), per_block)  # a salt (warmup) keeps off the measured run's cache
         # the unique tail: keyed on the request index (and a salt for warmup copies)
         units += self._units((2, item.index, salt), max(0, target - len(units)))
         if self.mode == "ids":

@@ -36,7 +36,8 @@ def test_prompts_share_words_exactly_where_blocks_are_shared():
     assert len(wa) == 32 and len(ByteTokenizer().encode(a)) == 128  # 32 words: 31 spaces + 96 letters + BOS
     assert wa[:4] == wb[:4] and wa[4:8] != wb[4:8] and wa[:4] != wc[:4]
     assert maker.prompt(bc.BenchItem(0, 0, 129, 1, block_hashes=(11, 22))) == a  # deterministic
-    assert maker.prompt(bc.BenchItem(0, 0, 129, 1, block_hashes=(11, 22)), salt=1) != a
+    warm = maker.prompt(bc.BenchItem(0, 0, 129, 1, block_hashes=(11, 22)), salt=1)
+    assert warm.split()[:4] != wa[:4]  # warmup copies share nothing with the measured prompts
 
 
 def test_id_prompts_have_the_exact_length():
