@@ -111,3 +111,22 @@ def test_hf_tokenizer_from_a_tokenizer_json(tmp_path):
     assert (tok.bos_token_id, tok.eos_token_id) == (1, 2)
     assert tok.encode("hello world") == [3, 4]
     assert tok.encode_chat([{"role": "user", "content": "hello"}]) == [1, 3]
+
+
+def test_hf_byte_level_bpe_streams_multibyte_text_whole(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    t = tokenizers.Tokenizer(models.BPE())
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    t.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<s>", "</s>"])
+    t.train_from_iterator(["hello world, the quick brown fox"] * 20, trainer)
+    t.save(str(tmp_path / "tokenizer.json"))
+    tok = load_tokenizer(str(tmp_path), vocab_size=300)
+    text = "hello wörld 😀 – fox"
+    ids = tok.encode(text)
+    dec = tok.decoder(tok.encode("prompt: "))
+    pieces = [dec.step([i]) for i in ids] + [dec.flush()]
+    assert "".join(pieces) == text and all("\ufffd" not in p for p in pieces)
