@@ -77,6 +77,7 @@ class BenchRun:
     url: str
     prompt_mode: str
     tokens_per_word: float | None = None
+    clipped: int = 0                    # requests shortened to fit the server's max_model_len
 
 
 # ----------------------------------------------------------------------------- arrivals
@@ -289,8 +290,13 @@ async def run_benchmark(base_url: str, items: Sequence[BenchItem], *, model: str
                         concurrency: int | None = None, closed_loop: bool = False, warmup: int = 0,
                         ramp_s: float = 0.0, api_key: str | None = None, prompt_mode: str = "text",
                         block_size: int = 16, seed: int = 0, temperature: float = 0.0, timeout_s: float = 600.0,
+                        max_model_len: int | None = None,
                         on_record: Callable[[RequestRecord], None] | None = None) -> BenchRun:
-    """Replay ``items``; open loop at their arrival times, or ``closed_loop`` with ``concurrency`` in flight."""
+    """Replay ``items``; open loop at their arrival times, or ``closed_loop`` with ``concurrency`` in flight.
+
+    With ``max_model_len`` (the server's), requests that would not fit are clipped first; text
+    prompts keep a margin for the calibration's rounding (a word or two, and 1%).
+    """
     if closed_loop and not concurrency:
         raise ValueError("a closed loop needs a concurrency")
     base_url = base_url.rstrip("/")
@@ -298,6 +304,10 @@ async def run_benchmark(base_url: str, items: Sequence[BenchItem], *, model: str
         model = model or (await list_models(client, base_url, api_key))[0]["id"]
         cal = await calibrate(client, base_url, model, api_key) if prompt_mode == "text" else None
         maker = PromptMaker(prompt_mode, seed=seed, block_size=block_size, calibration=cal)
+        clipped = 0
+        if max_model_len:
+            slack = 0 if cal is None else math.ceil(2 * cal.per_word) + 2 + max_model_len // 100
+            items, clipped = fit_context(items, max_model_len - slack)
 
         async def fire(item: BenchItem, rec: RequestRecord, t0: float, salt: int = 0) -> RequestRecord:
             return await send_one(client, base_url, model, maker.prompt(item, salt), item.output_len, rec, t0,
@@ -327,7 +337,7 @@ async def run_benchmark(base_url: str, items: Sequence[BenchItem], *, model: str
             await _open_loop(items, records, concurrency, t0, lambda it, rec: done(fire(it, rec, t0)))
         duration = time.perf_counter() - t0
     return BenchRun(records=records, duration_s=duration, model=model, url=base_url, prompt_mode=prompt_mode,
-                    tokens_per_word=cal.per_word if cal else None)
+                    tokens_per_word=cal.per_word if cal else None, clipped=clipped)
 
 
 async def _open_loop(items, records, concurrency, t0, launch) -> None:

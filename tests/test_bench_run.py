@@ -78,3 +78,11 @@ def test_twinfer_bench_cli(fake_server, tmp_path):
     assert m["itl_s"]["count"] == 6 * 7 and m["tpot_s"]["p99"] > 0 and m["goodput_fraction"] == 1.0
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(lines) == 6 and all(x["success"] and x["output_tokens"] == 8 for x in lines)
+
+
+@pytest.mark.parametrize("mode", ["text", "ids"])
+def test_requests_over_the_context_are_clipped_to_fit(fake_server, mode):
+    items = [bc.BenchItem(0, 0.0, 5000, 30), bc.BenchItem(1, 0.0, 100, 4)]
+    run = asyncio.run(bc.run_benchmark(fake_server.url, items, prompt_mode=mode, max_model_len=1024))
+    assert run.clipped == 1 and all(r.success for r in run.records), [r.error for r in run.records]
+    assert run.records[0].prompt_tokens + run.records[0].output_tokens <= 1024

@@ -134,11 +134,6 @@ def bench(
         model, max_len = asyncio.run(bc.server_info(url, model, api_key))
     except Exception as e:  # noqa: BLE001 - unreachable or not OpenAI-compatible: say so plainly
         raise TwinferError(f"cannot reach an OpenAI-compatible server at {url} ({type(e).__name__}: {e})") from None
-    clipped = 0
-    if max_len:
-        items, clipped = bc.fit_context(items, int(max_len))
-        if clipped:
-            err.print(f"note: {clipped} of {len(items)} requests clipped to the server's max_model_len {max_len}")
 
     closed = concurrency is not None and rate is None
     with Progress(TextColumn("[bold]bench[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
@@ -153,14 +148,17 @@ def bench(
 
         run = asyncio.run(bc.run_benchmark(url, items, model=model, concurrency=concurrency, closed_loop=closed,
                                            warmup=warmup, ramp_s=ramp_s, api_key=api_key, prompt_mode=prompt_mode,
-                                           block_size=block_size, seed=seed, timeout_s=timeout_s, on_record=on_record))
+                                           block_size=block_size, seed=seed, timeout_s=timeout_s,
+                                           max_model_len=int(max_len) if max_len else None, on_record=on_record))
+    if run.clipped:
+        err.print(f"note: {run.clipped} of {len(items)} requests clipped to fit the server's max_model_len {max_len}")
     if records:
         bc.write_records(records, run)
     metrics = to_sim_metrics(run, num_gpus=num_gpus, slo=slo)
     config = {"url": url, "model": run.model, "workload": trace or workload, "num_requests": len(items),
               "rate": rate, "concurrency": concurrency, "closed_loop": closed, "warmup": warmup, "ramp_s": ramp_s,
               "prompt_mode": prompt_mode, "tokens_per_word": run.tokens_per_word, "seed": seed,
-              "clipped_to_max_model_len": clipped}
+              "clipped_to_max_model_len": run.clipped}
     if as_json:
         print(json.dumps({"config": config, "metrics": metrics.model_dump(mode="json")}, indent=2))
     else:

@@ -17,27 +17,13 @@ def register(app: typer.Typer) -> None:
 def build_engine(model: str, *, load_format: str, device: str, dtype: Optional[str], seed: int,
                  max_model_len: Optional[int], num_kv_blocks: Optional[int], plan_path: Optional[str]):
     """The executor's AsyncLLMEngine (imports torch: call only when serving)."""
-    from executor import engine as eng  # torch lives behind this import
+    from executor.engine import AsyncLLMEngine  # torch lives behind this import
 
     kwargs = dict(load_format=load_format, device=device, seed=seed, max_model_len=max_model_len,
                   num_kv_blocks=num_kv_blocks, plan_path=plan_path)
     if dtype:
         kwargs["dtype"] = dtype
-    if hasattr(eng.AsyncLLMEngine, "from_args"):
-        return eng.AsyncLLMEngine.from_args(model, **kwargs)
-    return eng.AsyncLLMEngine(eng.LLMEngine.from_args(model, **kwargs))
-
-
-def engine_vocab_size(engine) -> int:
-    """The model's vocabulary size, wherever this engine keeps it."""
-    for path in ("vocab_size", "model_config.vocab_size", "spec.vocab_size", "engine.vocab_size",
-                 "engine.model_config.vocab_size", "engine.spec.vocab_size"):
-        obj = engine
-        for part in path.split("."):
-            obj = getattr(obj, part, None)
-        if isinstance(obj, int):
-            return obj
-    raise TwinferError("cannot tell the model's vocabulary size from the engine")
+    return AsyncLLMEngine.from_args(model, **kwargs)
 
 
 def serve(
@@ -74,7 +60,7 @@ def serve(
                               max_model_len=max_model_len, num_kv_blocks=num_kv_blocks, plan_path=plan)
     except ImportError as err:
         raise TwinferError(f"twinfer serve needs torch: pip install torch ({err})") from None
-    tokenizer = load_tokenizer(model, vocab_size=engine_vocab_size(engine), eos_token_id=engine.eos_token_id)
+    tokenizer = load_tokenizer(model, vocab_size=engine.vocab_size, eos_token_id=engine.eos_token_id)
     name = served_model_name or getattr(engine, "model_name", None) or model
     app = create_app(engine, tokenizer, served_model_name=name, api_key=api_key, max_queue=max_queue)
     sock = bind_socket(host, port)
