@@ -48,7 +48,7 @@ class Indexer(nn.Module):
         if not (need_decode or need_prefill):
             return None, [None] * len(batch.prefills)
         q = self._rope(self.wq_b(qr).view(t, self.n_heads, self.head_dim), batch.positions, cos_sin)
-        w = self.weights_proj(x).float() * self.weight_scale
+        w = ref._up(self.weights_proj(x)) * self.weight_scale
         dec_topk = None
         if need_decode:
             dec_topk = self._decode_topk(q, w, batch, cache)
@@ -68,7 +68,7 @@ class Indexer(nn.Module):
         b, sq, page = batch.num_decodes, batch.decode_sq, batch.page_size
         n = batch.num_decode_tokens
         keys = cache[batch.decode_block_table.long()].view(b, -1, self.head_dim)           # [B, L, D]
-        logits = torch.relu(torch.einsum("bshd,bld->bshl", q[:n].view(b, sq, self.n_heads, -1).float(), keys.float()))
+        logits = torch.relu(torch.einsum("bshd,bld->bshl", ref._up(q[:n].view(b, sq, self.n_heads, -1)), ref._up(keys)))
         scores = torch.einsum("bshl,bsh->bsl", logits, w[:n].view(b, sq, -1))
         pos = batch.positions[:n].view(b, sq)
         lpos = torch.arange(keys.shape[1], device=q.device)

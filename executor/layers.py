@@ -105,8 +105,8 @@ def _llama3_inv_freq(dim: int, cfg: RopeConfig) -> torch.Tensor:
     return torch.where(mid, (1 - smooth) * inv / cfg.factor + smooth * inv, scaled)
 
 
-def rope_cache(dim: int, max_pos: int, cfg: RopeConfig, device=None) -> torch.Tensor:
-    """``[max_pos, dim]`` float32: cos in the first half, sin in the second."""
+def rope_cache(dim: int, max_pos: int, cfg: RopeConfig, device=None, dtype=torch.float32) -> torch.Tensor:
+    """``[max_pos, dim]`` (float32; float64 for fp64 models): cos in the first half, sin in the second."""
     if cfg.kind == "yarn":
         inv = _yarn_inv_freq(dim, cfg)
     elif cfg.kind == "llama3":
@@ -120,7 +120,7 @@ def rope_cache(dim: int, max_pos: int, cfg: RopeConfig, device=None) -> torch.Te
         def ms(m: float) -> float:
             return 0.1 * m * math.log(cfg.factor) + 1.0 if m else 1.0
         scale = ms(cfg.mscale) / ms(cfg.mscale_all_dim)
-    return torch.cat((freqs.cos() * scale, freqs.sin() * scale), dim=-1).float().to(device)
+    return torch.cat((freqs.cos() * scale, freqs.sin() * scale), dim=-1).to(dtype).to(device)
 
 
 class MLP(nn.Module):
@@ -135,7 +135,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g = self.gate_proj(x)
         u = self.up_proj(x)
-        return self.down_proj((nn.functional.silu(g.float()) * u.float()).to(x.dtype))
+        return self.down_proj((nn.functional.silu(ref._up(g)) * ref._up(u)).to(x.dtype))
 
 
 class DecoderLayer(nn.Module):

@@ -43,8 +43,9 @@ class CausalLM(nn.Module):
 
     def setup_rope(self, max_pos: int) -> None:
         """Build the RoPE table on the model's device and hand it to every attention module."""
-        dev = self.model.embed_tokens.weight.device
-        self.cos_sin = rope_cache(self.rope_dim, max_pos, self.cfg.rope, dev)
+        w = self.model.embed_tokens.weight
+        self.cos_sin = rope_cache(self.rope_dim, max_pos, self.cfg.rope, w.device,
+                                  torch.float64 if w.dtype == torch.float64 else torch.float32)
         for attn in self.attention_modules():
             attn.cos_sin = self.cos_sin
 
@@ -58,4 +59,5 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocabulary logits (float32) of normed hidden states."""
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return nn.functional.linear(hidden, w).float()
+        out = nn.functional.linear(hidden, w)
+        return out if out.dtype == torch.float64 else out.float()

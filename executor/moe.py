@@ -65,7 +65,7 @@ class MoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T,k] float32, expert ids [T,k])."""
-        logits = nn.functional.linear(x.float(), self.gate.weight.float()) + self.router_bias
+        logits = nn.functional.linear(ref._up(x), self.gate.weight.to(ref._up(x).dtype)) + self.router_bias
         m = self.cfg
         if m.scoring == "sigmoid":
             return ref.route_sigmoid_grouped(logits, self.gate.e_score_correction_bias, m.top_k, m.n_group,

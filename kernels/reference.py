@@ -18,13 +18,18 @@ FP8_E4M3_MAX = 448.0  # largest finite float8_e4m3fn value (OCP FP8 spec)
 FP8_BLOCK = 128       # DeepSeek-V3 FP8 recipe: 128x128 weight blocks, 1x128 activation groups
 
 
+def _up(x: torch.Tensor) -> torch.Tensor:
+    """Accumulation dtype: float32, or float64 when the inputs already are (exact CPU checks)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 # ----------------------------------------------------------------------------- norms, rope
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """RMSNorm over the last dim, accumulated in float32."""
-    xf = x.float()
+    xf = _up(x)
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (xf * weight.float()).to(x.dtype)
+    return (xf * weight.to(xf.dtype)).to(x.dtype)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float = 1e-6) -> torch.Tensor:
@@ -44,7 +49,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, interl
     cos, sin = cs[:, : d // 2], cs[:, d // 2:]
     shape = [x.shape[0]] + [1] * (x.dim() - 2) + [d // 2]
     cos, sin = cos.view(shape), sin.view(shape)
-    xf = x.float()
+    xf = _up(x)
     if interleaved:
         x1, x2 = xf[..., 0::2], xf[..., 1::2]
         o1, o2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
@@ -92,13 +97,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: to
         rep = hq // hkv
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
-    scores = torch.einsum("nhd,shd->hns", q.float(), k.float()) * scale
+    scores = torch.einsum("nhd,shd->hns", _up(q), _up(k).to(_up(q).dtype)) * scale
     visible = torch.arange(s, device=q.device)[None, :] <= q_positions[:, None]
     if key_mask is not None:
         visible = visible & key_mask
     scores = scores.masked_fill(~visible[None], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("hns,shd->nhd", probs, v.float()).to(q.dtype)
+    return torch.einsum("hns,shd->nhd", probs, _up(v).to(probs.dtype)).to(q.dtype)
 
 
 def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -191,8 +196,8 @@ def indexer_scores(q: torch.Tensor, weights: torch.Tensor, k: torch.Tensor, q_po
     (DeepSeek-V3.2 Hadamard-rotates q and k before FP8 quantisation; the rotation is
     orthogonal, so in exact arithmetic the scores are the same and the reference omits it.)
     """
-    logits = torch.relu(torch.einsum("nhd,sd->nhs", q.float(), k.float()))
-    scores = torch.einsum("nhs,nh->ns", logits, weights.float())
+    logits = torch.relu(torch.einsum("nhd,sd->nhs", _up(q), _up(k).to(_up(q).dtype)))
+    scores = torch.einsum("nhs,nh->ns", logits, weights.to(logits.dtype))
     future = torch.arange(k.shape[0], device=q.device)[None, :] > q_positions[:, None]
     return scores.masked_fill(future, float("-inf"))
 
@@ -259,7 +264,7 @@ def route_softmax_topk(logits: torch.Tensor, top_k: int, norm_topk_prob: bool = 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """SwiGLU activation of a fused gate/up projection ``[..., 2I] -> [..., I]``."""
     gate, up = x.chunk(2, dim=-1)
-    return (F.silu(gate.float()) * up.float()).to(x.dtype)
+    return (F.silu(_up(gate)) * _up(up)).to(x.dtype)
 
 
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, m_indices: torch.Tensor) -> torch.Tensor:
@@ -287,7 +292,7 @@ def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Ten
     each GEMM, as the FP8 grouped kernels do.
     """
     t, k = topk_ids.shape
-    out = torch.zeros(t, w2.shape[1], dtype=torch.float32, device=x.device)
+    out = torch.zeros(t, w2.shape[1], dtype=_up(x).dtype, device=x.device)
     flat_ids = topk_ids.reshape(-1)
     fp8 = w13_scale is not None
     cdt = torch.float32 if fp8 else x.dtype
@@ -301,8 +306,8 @@ def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Ten
         pos = (flat_ids == e).nonzero(as_tuple=True)[0]
         tok = pos // k
         h = silu_and_mul(gemm(x[tok].to(cdt), w13[e], w13_scale[e] if fp8 else None))
-        y = gemm(h, w2[e], w2_scale[e] if fp8 else None).float()
-        out.index_add_(0, tok, y * topk_weights.reshape(-1)[pos, None].float())
+        y = gemm(h, w2[e], w2_scale[e] if fp8 else None).to(out.dtype)
+        out.index_add_(0, tok, y * topk_weights.reshape(-1)[pos, None].to(out.dtype))
     return out.to(x.dtype)
 
 
