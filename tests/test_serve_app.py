@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import time
 
 import httpx
@@ -26,7 +28,9 @@ TEXT = _TEXT
 def _serve(engine: FakeEngine, **kw) -> BackgroundServer:
     tok = ByteTokenizer(512, eos_token_id=engine.eos_token_id)
     app = create_app(engine, tok, served_model_name="fake", sampling_params_cls=FakeSamplingParams, **kw)
-    return BackgroundServer(app).start()
+    srv = BackgroundServer(app).start()
+    srv.app = app
+    return srv
 
 
 @pytest.fixture(scope="module")
@@ -246,3 +250,25 @@ def test_engine_refusal_is_400(server, monkeypatch, stream):
         assert "refused" in events[0] and events[-1] == "data: [DONE]"
     else:
         assert _assert_openai_error(r, 400, None)["message"].startswith("request refused")
+
+
+def test_in_flight_slots_are_released_however_streams_end(server):
+    # streams that finish, stop early, or lose their client all give their slot back
+    st = server.app.state.serve
+    with httpx.Client(timeout=10) as c:
+        with c.stream("POST", server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 100, "stream": True}) as r:
+            lines = r.iter_lines()
+            next(lines)
+        c.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3, "stream": True})
+        c.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 30, "stop": ["q"], "stream": True})
+    # a client that sends its request and hangs up at once, before any chunk
+    host, port = server.url.removeprefix("http://").split(":")
+    body = json.dumps({"prompt": "x", "max_tokens": 100, "stream": True}).encode()
+    for _ in range(5):
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    deadline = time.monotonic() + 5
+    while st.inflight or st.engine_ids:
+        assert time.monotonic() < deadline, (st.inflight, st.engine_ids)
+        time.sleep(0.02)

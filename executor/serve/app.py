@@ -248,8 +248,14 @@ async def _serve(st: _State, request: Request, req: P._SamplingRequest, prompt_i
     created = P.now_s()
     if req.stream:
         fmt = _chat_chunks if chat else _completion_chunks
-        return StreamingResponse(_sse(st, engine_id, fmt(st, resp_id, created, deltas, tally, req.include_usage)),
-                                 media_type="text/event-stream")
+        events = fmt(st, resp_id, created, deltas, tally, req.include_usage)
+
+        def release() -> None:
+            st.inflight -= 1
+            st.engine_ids.discard(engine_id)
+            st.spawn(events.aclose())  # on a client disconnect: unwinds to _run, which aborts the engine request
+
+        return _TrackedStream(_sse(events), release, media_type="text/event-stream")
     try:
         text, reason = await _collect_unless_disconnected(request, deltas)
     finally:
@@ -348,8 +354,26 @@ async def _collect_unless_disconnected(request: Request, deltas: AsyncIterator[_
     return work.result()
 
 
-async def _sse(st: _State, engine_id: str, events: AsyncIterator[str]) -> AsyncIterator[str]:
-    """Frame events, end with [DONE]; errors become an error event; bookkeeping always runs."""
+class _TrackedStream(StreamingResponse):
+    """A streaming response that releases its request's slot however it ends.
+
+    A generator's ``finally`` is not enough: a client that disconnects before the first chunk
+    makes Starlette cancel the response before the body generator ever starts.
+    """
+
+    def __init__(self, content, release, **kw):
+        super().__init__(content, **kw)
+        self._release = release
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+async def _sse(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Frame events, end with [DONE]; errors after the stream started become an error event."""
     try:
         async for ev in events:
             yield ev
@@ -360,10 +384,6 @@ async def _sse(st: _State, engine_id: str, events: AsyncIterator[str]) -> AsyncI
     except Exception as err:  # noqa: BLE001 - the stream has started: an error event is all that can be sent
         yield P.sse(P.APIError(f"internal error: {type(err).__name__}: {err}", status=500, type="server_error").body())
         yield P.SSE_DONE
-    finally:
-        st.inflight -= 1
-        st.engine_ids.discard(engine_id)
-        st.spawn(events.aclose())  # on a client disconnect: unwinds to _run, which aborts the engine request
 
 
 async def _completion_chunks(st: _State, rid: str, created: int, deltas: AsyncIterator[_Delta], tally: _Tally,
