@@ -24,6 +24,7 @@ Assumptions (also in docs/costmodel.md):
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -62,11 +63,16 @@ class StepCostModel:
         *,
         dp_imbalance: float = 1.0,
         expert_imbalance: float | None = None,
+        expert_load: Callable[[float], float] | None = None,
     ):
         self.model, self.hw, self.layout = model, hw, layout
         self.cal = calibration or CalibrationProfile.default(hw)
         self.dp_imbalance = max(1.0, dp_imbalance) if layout.dp > 1 else 1.0
         self.expert_imbalance = default_expert_imbalance(layout) if expert_imbalance is None else max(1.0, expert_imbalance)
+        # expert_load(assignments) -> busiest EP rank's load over the mean for a step routing that
+        # many token-expert assignments (costmodels.moe_load.ExpertLoad.imbalance); overrides the
+        # constant expert_imbalance, so small batches pay their sampling noise and skew is explicit
+        self.expert_load = expert_load if layout.ep > 1 else None
         self.share = self.dp_imbalance / layout.dp
         self.notes = list(self.cal.notes)
         if hw.name.lower() != self.cal.measured_on.lower() and not any("scaled" in n for n in self.notes):
@@ -295,10 +301,16 @@ class StepCostModel:
         count = np.where(m_row > 0, count, 0.0)
         return count, flops, byts, t
 
+    def _imbalance(self, tokens_total: float) -> float:
+        """Busiest EP rank's routed load over the mean for a step of ``tokens_total`` tokens."""
+        if self.expert_load is None or not self.model.moe:
+            return self.expert_imbalance
+        return max(1.0, float(self.expert_load(tokens_total * self.model.moe.top_k)))
+
     def _experts(self, tokens_total: float):
         """(flops, bytes, time) of one MoE layer's routed experts on the busiest EP rank."""
         assign = tokens_total * self.model.moe.top_k
-        imb = self.expert_imbalance
+        imb = self._imbalance(tokens_total)
         tok_rank = assign / self.layout.ep * imb
         touched = self.e_local * (1.0 - (1.0 - 1.0 / self.e_total) ** assign)
         w = touched * self.e_params_local * self.e_bpp
@@ -380,7 +392,7 @@ class StepCostModel:
             if moe_layers:
                 if lay.ep > 1:
                     tok_gpu = tok / lay.tp
-                    frac = (lay.ep - 1) / lay.ep * self.expert_imbalance
+                    frac = (lay.ep - 1) / lay.ep * self._imbalance(tok / self.share)
                     d_b = tok_gpu * m.moe.top_k * h * self.disp_bytes * frac
                     c_b = tok_gpu * m.moe.top_k * h * 2.0 * frac
                     items.append((f"{tag}ep_dispatch(ep{lay.ep})", moe_layers, d_b, alltoall_time(d_b, lay.ep, hw, cal), True))

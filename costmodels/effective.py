@@ -1,0 +1,213 @@
+"""Step times with the serving effects the plain StepCostModel leaves as constants.
+
+``EffectiveStepCost`` has the StepCostModel interface the simulator and the planner use
+(``mixed_step_time``, ``decode_times``, ``step_time``, ``memory``, ``notes``) and adds:
+
+- **attention-DP imbalance per step**: a request lives on one attention-DP rank, and the
+  step waits for the slowest rank. Decodes are spread round-robin over ranks (plan order);
+  each prefill chunk goes to the least-loaded rank. A rank's work is
+  ``tokens * w_tok + kv_tokens_read * w_kv`` (marginal costs measured on the cost model
+  itself), and the busiest rank's work over the mean becomes the StepCostModel's
+  ``dp_imbalance`` for that step (quantised to 1%, one cached StepCostModel per level).
+- **expert load** from :mod:`costmodels.moe_load` (skew, placement, EPLB, sampling noise)
+  instead of the constant 1.2 / 1.05 default.
+- **host-memory tables** (Engram / n-gram / vocabulary tables, ``ModelSpec.host_table_*``):
+  looked up per token from host memory over the host link, or sharded over the instance's
+  HBM and read peer-to-peer over scale-up links (which costs HBM: see :func:`fit_with_policies`).
+  The lookups depend only on token ids, so with ``table_prefetch`` they are issued ahead and
+  hide under the step (DeepSeek's Engram design: deterministic addressing allows prefetch);
+  only the part longer than the step shows.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from costmodels.batch import BatchShape
+from costmodels.calibration import CalibrationProfile
+from costmodels.hardware import Hardware
+from costmodels.layout import ParallelLayout
+from costmodels.memory import MemoryFit, memory_fit
+from costmodels.model_spec import ModelSpec
+from costmodels.moe_load import ExpertLoad
+from costmodels.step import StepCostModel
+
+TablePlacement = Literal["host", "hbm"]
+
+
+class EffectiveStepCost:
+    """A StepCostModel family (one per DP-imbalance level) plus per-step effects; same interface."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        hw: Hardware,
+        layout: ParallelLayout,
+        calibration: CalibrationProfile | None = None,
+        *,
+        expert_load: ExpertLoad | None = None,
+        dp_balance: bool = True,
+        table_placement: TablePlacement = "host",
+        table_prefetch: bool = True,
+    ):
+        self.model, self.hw, self.layout = model, hw, layout
+        self.cal = calibration
+        self.expert_load = expert_load
+        self.dp_balance = dp_balance and layout.dp > 1
+        self.table_placement = table_placement
+        self.table_prefetch = table_prefetch
+        self._models: dict[float, StepCostModel] = {}
+        self.base = self._at(1.0)
+        self.notes = list(self.base.notes)
+        if expert_load is not None and layout.ep > 1:
+            self.notes.append(
+                f"expert load: busiest EP rank {expert_load.static_imbalance():.2f}x the mean before sampling noise "
+                f"({'EPLB' if expert_load.eplb else 'contiguous'} placement, {layout.eplb_redundant_experts} redundant experts)"
+            )
+        if self.dp_balance:
+            self.notes.append("attention-DP: each step waits for its busiest DP rank (decodes round-robin, prefill chunks to the least-loaded rank)")
+        self._w_tok, self._w_kv = self._marginal_costs() if self.dp_balance else (1.0, 0.0)
+        self._table_bw = self._table_bandwidth()
+        if self._table_bw:
+            self.notes.append(
+                f"{model.host_table_bytes / 1e9:.0f} GB lookup tables in {'host memory' if table_placement == 'host' else 'HBM (sharded, peer reads)'}: "
+                f"{model.host_table_bytes_per_token / 1024:.1f} KiB per token at {self._table_bw / 1e9:.0f} GB/s"
+                + (", prefetched under the step" if table_prefetch else "")
+            )
+
+    # ------------------------------------------------------------------ pieces
+    def _at(self, dp_imbalance: float) -> StepCostModel:
+        m = self._models.get(dp_imbalance)
+        if m is None:
+            load = self.expert_load.imbalance if self.expert_load is not None else None
+            m = StepCostModel(self.model, self.hw, self.layout, self.cal, dp_imbalance=dp_imbalance, expert_load=load)
+            self._models[dp_imbalance] = m
+        return m
+
+    def _marginal_costs(self) -> tuple[float, float]:
+        """Seconds per extra token computed and per extra KV token read, on one DP rank (uniform spread)."""
+        b = self.base
+        dp = self.layout.dp
+        n = 8 * dp
+        t0 = float(b.decode_times(np.full(n, 2048.0), 1)[0])
+        t1 = float(b.decode_times(np.full(n, 6144.0), 1)[0])
+        w_kv = max(t1 - t0, 0.0) / (n * 4096.0 / dp)
+        base_new = np.full(n, 1, np.int64)
+        ctx = np.full(n, 2048, np.int64)
+        dec = np.ones(n, bool)
+
+        def mixed(chunk: int) -> float:
+            new = np.concatenate([base_new, [chunk]])
+            return b.mixed_step_time(new, np.concatenate([ctx, [0]]), np.concatenate([dec, [False]]))
+
+        # one chunk spread evenly over ranks in this uniform model: per-rank tokens = chunk / dp
+        w_tok = max(mixed(4096) - mixed(2048), 1e-12) / (2048.0 / dp)
+        return w_tok, w_kv
+
+    def _table_bandwidth(self) -> float:
+        m, hw = self.model, self.hw
+        if m.host_table_bytes <= 0 or m.host_table_bytes_per_token <= 0:
+            return 0.0
+        if self.table_placement == "host":
+            return hw.host_bw * self.base.cal.comm_eff
+        return hw.scaleup_bw * self.base.cal.comm_eff
+
+    def _table_time(self, tokens_rank: float) -> float:
+        if not self._table_bw or tokens_rank <= 0:
+            return 0.0
+        return tokens_rank * self.model.host_table_bytes_per_token / self._table_bw + self.base.cal.p2p_latency_s
+
+    def dp_imbalance(self, new: np.ndarray, ctx: np.ndarray, dec: np.ndarray) -> float:
+        """Busiest attention-DP rank's work over the mean for this batch (1.0 when balanced or dp == 1)."""
+        dp = self.layout.dp
+        if not self.dp_balance or new.size == 0:
+            return 1.0
+        tok = np.zeros(dp)
+        kv = np.zeros(dp)
+        di = np.flatnonzero(dec)
+        if di.size:
+            r = np.arange(di.size) % dp
+            np.add.at(tok, r, new[di])
+            np.add.at(kv, r, ctx[di] + new[di])
+        pi = np.flatnonzero(~dec)
+        if pi.size:
+            order = pi[np.lexsort((pi, -new[pi]))]  # largest chunk first, ties by position
+            for i in order.tolist():
+                w = tok * self._w_tok + kv * self._w_kv
+                r = int(np.argmin(w))
+                tok[r] += new[i]
+                kv[r] += ctx[i] + new[i]
+        work = tok * self._w_tok + kv * self._w_kv
+        mean = work.mean()
+        if mean <= 0:
+            return 1.0
+        return min(float(dp), round(float(work.max() / mean), 2))
+
+    # ------------------------------------------------------------------ StepCostModel interface
+    def memory(self) -> MemoryFit:
+        return fit_with_policies(self.model, self.hw, self.layout, table_placement=self.table_placement)
+
+    def mixed_step_time(self, new_tokens: np.ndarray, context_lens: np.ndarray, is_decode: np.ndarray) -> float:
+        """Device time of one step: the busiest DP rank's, plus table lookups that do not hide."""
+        new = np.asarray(new_tokens, dtype=np.int64)
+        if new.size == 0:
+            return 0.0
+        ctx = np.asarray(context_lens, dtype=np.int64)
+        dec = np.asarray(is_decode, dtype=bool)
+        imb = self.dp_imbalance(new, ctx, dec)
+        t = self._at(imb).mixed_step_time(new, ctx, dec)
+        return self._with_tables(t, float(new.sum()) * imb / self.layout.dp)
+
+    def step_time(self, batch: BatchShape) -> float:
+        return self.mixed_step_time(batch.new_tokens, batch.context_lens, batch.is_decode)
+
+    def decode_times(self, context_lens: np.ndarray, num_steps: int, draft_len: int = 0) -> np.ndarray:
+        """Times of ``num_steps`` decode steps (the DP split of the first step holds for the run)."""
+        ctx = np.asarray(context_lens, dtype=float)
+        if ctx.size == 0 or num_steps <= 0:
+            return np.zeros(max(num_steps, 0))
+        g = 1 + draft_len
+        imb = self.dp_imbalance(np.full(ctx.size, g, np.int64), ctx.astype(np.int64), np.ones(ctx.size, bool)) if self.dp_balance else 1.0
+        t = np.asarray(self._at(imb).decode_times(ctx, num_steps, draft_len), float)
+        lookup = self._table_time(ctx.size * g * imb / self.layout.dp)
+        if not lookup:
+            return t
+        return np.maximum(t, lookup) if self.table_prefetch else t + lookup
+
+    def _with_tables(self, t: float, tokens_rank: float) -> float:
+        lookup = self._table_time(tokens_rank)
+        if not lookup:
+            return t
+        return max(t, lookup) if self.table_prefetch else t + lookup
+
+
+def fit_with_policies(
+    model: ModelSpec,
+    hw: Hardware,
+    layout: ParallelLayout,
+    *,
+    table_placement: TablePlacement = "host",
+    **fit_kw,
+) -> MemoryFit:
+    """``memory_fit`` with lookup tables sharded into HBM when ``table_placement == 'hbm'`` (less room for KV)."""
+    fit = memory_fit(model, hw, layout, **fit_kw)
+    if table_placement != "hbm" or model.host_table_bytes <= 0:
+        return fit
+    extra = model.host_table_bytes / layout.gpus
+    pool = fit.kv_pool_bytes - extra
+    per_tok = fit.kv_bytes_per_token
+    tokens = int(pool // per_tok) if pool > 0 and per_tok > 0 else 0
+    min_tokens = fit_kw.get("min_kv_tokens", 2048)
+    fits = pool > 0 and tokens >= min_tokens
+    note = f"; lookup tables sharded into HBM take {extra / 1e9:.1f} GB per GPU"
+    expl = fit.explanation + note
+    if fit.fits and not fits:
+        expl = "does not fit: " + fit.explanation.removeprefix("fits: ") + note + f", leaving {tokens:,} KV tokens per DP rank"
+    return fit.model_copy(update={
+        "kv_pool_bytes": pool, "max_kv_tokens_per_dp_rank": max(tokens, 0), "max_kv_tokens": max(tokens, 0) * layout.dp,
+        "weight_bytes": fit.weight_bytes + extra,
+        "weight_breakdown": {**fit.weight_breakdown, "lookup_tables": extra},
+        "host_fits": True, "fits": fits, "explanation": expl,
+    })
