@@ -11,6 +11,11 @@ class BlockManager:
     A block is free (on the free list), used (``ref > 0``: held by running requests; shared prefix
     blocks have one reference per holder), or cached-unused (in the prefix cache with ``ref == 0``:
     its KV is kept for future hits, and it is evicted only when an allocation needs the space).
+
+    Blocks can also be *reserved* by count (``reserve``/``unreserve``): the simulator has no device
+    memory to address, so blocks that can never enter the prefix cache (decode growth, unhashed
+    prompt tails) are counted rather than named; reserved blocks stay on the free list but are not
+    available. The executor names every block (its attention kernels need the ids).
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
@@ -22,16 +27,17 @@ class BlockManager:
         # a stack popped from the end: block 0 is handed out first, deterministically
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self.cache = PrefixCache(self.ref) if enable_prefix_caching else None
+        self.num_reserved = 0  # blocks held by count only (see the class docstring)
 
     @property
     def num_free(self) -> int:
         """Blocks an allocation can get: free ones plus evictable cached ones."""
-        return len(self._free) + (self.cache.num_unused if self.cache is not None else 0)
+        return len(self._free) - self.num_reserved + (self.cache.num_unused if self.cache is not None else 0)
 
     @property
     def num_used(self) -> int:
-        """Blocks not on the free list (held by requests or kept by the prefix cache)."""
-        return self.num_blocks - len(self._free)
+        """Blocks not free (held by requests, named or reserved, or kept by the prefix cache)."""
+        return self.num_blocks - len(self._free) + self.num_reserved
 
     @property
     def num_held(self) -> int:
@@ -41,11 +47,7 @@ class BlockManager:
     def allocate(self, n: int) -> list[int]:
         """``n`` fresh blocks with ``ref == 1``, evicting cached-unused blocks if the free list is short."""
         free = self._free
-        if n > len(free):
-            if self.cache is not None:
-                free.extend(self.cache.evict(n - len(free)))
-            if n > len(free):
-                raise RuntimeError(f"KV blocks exhausted: asked {n}, {len(free)} free (the scheduler checks num_free first)")
+        self._make_room(n)
         out = free[-n:]
         del free[-n:]
         out.reverse()
@@ -53,6 +55,26 @@ class BlockManager:
         for b in out:
             ref[b] = 1
         return out
+
+    def _make_room(self, n: int) -> None:
+        """Evict cached-unused blocks until ``n`` blocks are available on the free list."""
+        free = self._free
+        short = n - (len(free) - self.num_reserved)
+        if short > 0:
+            if self.cache is not None:
+                free.extend(self.cache.evict(short))
+            if n > len(free) - self.num_reserved:
+                raise RuntimeError(f"KV blocks exhausted: asked {n}, {len(free) - self.num_reserved} free (the scheduler checks num_free first)")
+
+    def reserve(self, n: int) -> None:
+        """Hold ``n`` unnamed blocks (evicting cached-unused ones if needed)."""
+        if n > 0:
+            self._make_room(n)
+            self.num_reserved += n
+
+    def unreserve(self, n: int) -> None:
+        """Give back ``n`` unnamed blocks."""
+        self.num_reserved -= n
 
     def pin(self, block_ids: list[int]) -> None:
         """Take one more reference on cached blocks (prefix hits)."""

@@ -6,58 +6,67 @@ import numpy as np
 
 from scheduler.request import Request
 
+# rows of DecodeBatch.state, and how one generated token moves each of them
+CTX, OUT, LEFT, ROOM = 0, 1, 2, 3
+TOKEN_SIGN = np.array([[1], [1], [-1], [-1]], np.int64)  # a column: broadcasts over slots
+
 
 class DecodeBatch:
-    """Requests in the decode phase, one row (slot) each, rows ``0 .. n-1`` in plan order.
+    """Requests in the decode phase, one column (slot) each, slots ``0 .. n-1`` in plan order.
 
-    ``ctx`` and ``out`` ARE the requests' ``num_computed_tokens`` / ``num_output_tokens`` while they
-    are here (the Request properties read through), ``olen`` is their output_len and ``nblk`` the
-    number of KV blocks each holds. Removal swaps the last row in, so rows stay dense.
+    ``state`` holds four int64 rows: ``ctx`` and ``out`` ARE the requests' ``num_computed_tokens``
+    and ``num_output_tokens`` while they are here (the Request properties read through), ``left``
+    is output tokens still to generate and ``room`` is free token slots in the KV blocks the
+    request already holds. Keeping them in one array lets a step update all four with one numpy
+    operation. Removal moves the last slot into the hole, so slots stay dense.
     """
 
     def __init__(self, capacity: int):
         self.reqs: list[Request] = []
-        self.ctx = np.zeros(capacity, np.int64)
-        self.out = np.zeros(capacity, np.int64)
-        self.olen = np.zeros(capacity, np.int64)
-        self.nblk = np.zeros(capacity, np.int64)
+        self.state = np.zeros((4, capacity), np.int64)
+        self.ctx, self.out, self.left, self.room = self.state  # views, one per row
 
     @property
     def n(self) -> int:
         return len(self.reqs)
 
-    def add(self, req: Request) -> None:
-        """Append ``req`` as the last row; its counters move into the arrays."""
+    def add(self, req: Request, block_size: int) -> None:
+        """Append ``req`` as the last slot; its counters move into the arrays."""
         slot = len(self.reqs)
         d = req.__dict__
-        self.ctx[slot] = d["_num_computed_tokens"]
-        self.out[slot] = d["_num_output_tokens"]
-        self.olen[slot] = req.output_len
-        self.nblk[slot] = len(req.block_ids)
+        ctx, out = d["_num_computed_tokens"], d["_num_output_tokens"]
+        blocks = len(req.block_ids) + req._anon_blocks
+        self.state[:, slot] = (ctx, out, req.output_len - out, blocks * block_size - ctx)
         self.reqs.append(req)
         req._batch, req._slot = self, slot
 
-    def remove(self, req: Request) -> None:
-        """Take ``req`` out (its counters move back to the request); the last row fills the hole."""
+    def remove(self, req: Request, block_size: int) -> None:
+        """Take ``req`` out (its counters move back to the request); the last slot fills the hole."""
         slot = req._slot
         d = req.__dict__
-        d["_num_computed_tokens"] = int(self.ctx[slot])
+        ctx = int(self.ctx[slot])
+        d["_num_computed_tokens"] = ctx
         d["_num_output_tokens"] = int(self.out[slot])
+        # ctx + room is a whole number of blocks: those not named in block_ids are reserved by count
+        req._anon_blocks = (ctx + int(self.room[slot])) // block_size - len(req.block_ids)
         req._batch, req._slot = None, -1
         last = len(self.reqs) - 1
         if slot != last:
             moved = self.reqs[last]
             self.reqs[slot] = moved
             moved._slot = slot
-            self.ctx[slot] = self.ctx[last]
-            self.out[slot] = self.out[last]
-            self.olen[slot] = self.olen[last]
-            self.nblk[slot] = self.nblk[last]
+            self.state[:, slot] = self.state[:, last]
         self.reqs.pop()
 
-    def blocks_needed(self, tokens_ahead: int, block_size: int) -> np.ndarray:
-        """Extra KV blocks each row needs to hold ``tokens_ahead`` more tokens."""
-        n = len(self.reqs)
-        need = (self.ctx[:n] + (tokens_ahead + block_size - 1)) // block_size - self.nblk[:n]
-        np.maximum(need, 0, out=need)
-        return need
+    def add_tokens(self, n: int, tokens: np.ndarray | int) -> None:
+        """Slots ``0..n-1`` produced ``tokens`` each (a scalar or one count per slot)."""
+        if isinstance(tokens, int):
+            self.state[:, :n] += TOKEN_SIGN if tokens == 1 else TOKEN_SIGN * tokens
+        else:
+            self.state[:, :n] += TOKEN_SIGN * tokens
+
+    def shortfall(self, tokens_ahead: int) -> tuple[np.ndarray, np.ndarray]:
+        """Slots whose held blocks lack room for ``tokens_ahead`` more tokens, and by how many tokens."""
+        room = self.room[: len(self.reqs)]
+        rows = (room < tokens_ahead).nonzero()[0]
+        return rows, tokens_ahead - room[rows]

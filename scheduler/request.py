@@ -80,6 +80,7 @@ Request._slot = -1      # row in that batch
 Request._seq = 0        # admission order inside a scheduler: the stable tie-break
 Request._cached_blocks = 0  # leading blocks that are prefix-cache nodes (scheduler bookkeeping)
 Request._cache_done = False  # stop inserting this request's blocks into the prefix cache
+Request._anon_blocks = 0     # KV blocks held by count after the named ``block_ids`` (simulator)
 
 
 def _batched_counter(name: str, column: str, doc: str) -> property:

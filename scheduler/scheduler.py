@@ -52,8 +52,11 @@ class SchedulerStats:
 class Scheduler:
     """Turns queued requests into StepPlans and applies StepResults (one serving instance)."""
 
-    def __init__(self, config: SchedulerConfig, num_kv_blocks: int, instance_id: int = 0):
+    def __init__(self, config: SchedulerConfig, num_kv_blocks: int, instance_id: int = 0, *, name_all_blocks: bool = True):
+        """``name_all_blocks=False`` (the simulator) names only blocks that can enter the prefix cache
+        and counts the rest; scheduling decisions are identical either way."""
         self.config = config
+        self.name_all_blocks = name_all_blocks
         self.instance_id = instance_id
         self.block_size = config.block_size
         self.blocks = BlockManager(num_kv_blocks, config.block_size, config.enable_prefix_caching)
@@ -67,6 +70,7 @@ class Scheduler:
         self._in_flight: StepPlan | None = None
         self._pending_aborts: list[Request] = []
         self._tokens_per_decode = 1 + config.draft_len
+        self._host_coeffs = (config.host_step_s, config.host_per_request_s, config.host_per_token_s)
         self._last_now = float("-inf")
         # tokens of work not yet done: whole prompt until its first token, then the remaining output
         self.outstanding_tokens = 0
@@ -161,6 +165,10 @@ class Scheduler:
             raise RuntimeError("schedule() called before complete() of the previous plan")
         if max_steps < 1:
             raise ValueError(f"max_steps={max_steps} must be >= 1")
+        if max_steps > 1 and self.batch.n and not self.prefilling and not self._has_waiting():
+            plan = self._schedule_decode_run(max_steps)
+            if plan is not None:
+                return plan
         cfg = self.config
         bs = self.block_size
         s = self._tokens_per_decode
@@ -171,11 +179,13 @@ class Scheduler:
 
         # 1. every running decode gets its next step; preempt the latest arrivals until KV suffices
         if batch.n:
-            need = batch.blocks_needed(s, bs)
-            while int(need.sum()) > blocks.num_free:
+            while True:
+                rows, short = batch.shortfall(s)
+                need = (short + (bs - 1)) // bs
+                if int(need.sum()) <= blocks.num_free:
+                    break
                 self._preempt(self._pick_victim(), preempted)
-                need = batch.blocks_needed(s, bs)
-            self._grow_decodes(need)
+            self._grow_decodes(rows, need)
             budget -= batch.n * s
 
         # 2. running partial prefills (chunked prompts, recomputes), oldest admission first
@@ -190,7 +200,7 @@ class Scheduler:
             chunk = min(req.num_tokens - done, budget, threshold)
             stop = False
             while True:
-                need_n = -(-(done + chunk) // bs) - len(req.block_ids)
+                need_n = -(-(done + chunk) // bs) - len(req.block_ids) - req._anon_blocks
                 if need_n <= blocks.num_free:
                     break
                 victim = self._pick_victim()
@@ -209,7 +219,7 @@ class Scheduler:
             if stop:
                 break
             if need_n > 0:
-                req.block_ids.extend(blocks.allocate(need_n))
+                self._grow_request(req, need_n)
             chunks.append(ScheduledChunk(req, chunk, done, done + chunk == req.num_tokens))
             budget -= chunk
 
@@ -240,8 +250,10 @@ class Scheduler:
                 self._pop_waiting()
                 if hits:
                     blocks.pin(hits)
-                req.block_ids = hits + blocks.allocate(need_n) if need_n > 0 else hits
                 req._cached_blocks = len(hits)
+                req.block_ids = hits
+                req._anon_blocks = 0
+                self._grow_request(req, need_n)
                 req._cache_done = False
                 req.num_computed_tokens = hit_tokens
                 if req.num_preemptions == 0:
@@ -257,77 +269,138 @@ class Scheduler:
                 budget -= chunk
 
         # 4. decode-only: run k identical-composition steps if nobody can finish and KV lasts
-        n = batch.n
         steps = 1
-        if max_steps > 1 and n and not chunks:
+        if max_steps > 1 and batch.n and not chunks:
             steps = self._decode_horizon(max_steps)
-            if steps > 1:
-                self._grow_decodes(batch.blocks_needed(steps * s, bs))
+        return self._make_plan(chunks, steps, preempted)
 
-        num_tokens = n * s + sum(c.num_new_tokens for c in chunks)
+    def _schedule_decode_run(self, max_steps: int) -> StepPlan | None:
+        """Fast path when only decodes run: k steps if their KV is free now, else None (general path)."""
+        batch, s, bs = self.batch, self._tokens_per_decode, self.block_size
+        left = batch.left[: batch.n]
+        k = min(max_steps, (int(left[left.argmin()]) - 1) // s + 1)
+        rows, short = batch.shortfall(k * s)
+        if rows.size:
+            need = (short + (bs - 1)) // bs
+            if int(need.sum()) > self.blocks.num_free:
+                return None
+            self._grow_decodes(rows, need)
+        return self._make_plan([], k, [])
+
+    def _make_plan(self, chunks: list[ScheduledChunk], steps: int, preempted: list[Request]) -> StepPlan:
+        """Freeze the current decode batch and ``chunks`` into the plan in flight."""
+        batch = self.batch
+        n = batch.n
+        num_tokens = n * self._tokens_per_decode
+        if chunks:
+            num_tokens += sum(c.num_new_tokens for c in chunks)
+        h0, h_req, h_tok = self._host_coeffs
         plan = StepPlan(
             instance_id=self.instance_id,
             prefills=chunks,
             decodes=batch.reqs[:],
             decode_context_lens=batch.ctx[:n].copy(),
             num_steps=steps,
-            draft_len=cfg.draft_len,
-            host_overhead_s=cfg.host_overhead_s(n + len(chunks), num_tokens),
+            draft_len=self.config.draft_len,
+            host_overhead_s=h0 + h_req * (n + len(chunks)) + h_tok * num_tokens,
             preempted=preempted,
         )
-        if not plan.is_empty:
+        if n or chunks:
             self._in_flight = plan
         return plan
 
     def _decode_horizon(self, max_steps: int) -> int:
-        """Most steps (<= max_steps) in which no decode can finish before the last and KV suffices."""
+        """Reserve KV for, and return, the most steps (<= max_steps) a decode-only plan may run.
+
+        No decode may finish before the last step (after k-1 steps a request has made at most
+        (k-1)*(1+draft_len) tokens; it must still have some left), and the blocks for all k steps
+        must be free now. Step 1's blocks are already reserved.
+        """
         batch, s, bs = self.batch, self._tokens_per_decode, self.block_size
-        n = batch.n
-        min_left = int((batch.olen[:n] - batch.out[:n]).min())
-        # after k-1 steps a request has made at most (k-1)*s tokens; it must still have some left
-        k = min(max_steps, (min_left - 1) // s + 1)
+        k = min(max_steps, (int(batch.left[: batch.n].min()) - 1) // s + 1)
         if k <= 1:
             return 1
         free = self.blocks.num_free
-        if int(batch.blocks_needed(k * s, bs).sum()) <= free:
-            return k
-        lo, hi = 1, k  # need(lo) fits (step 1 is already allocated), need(hi) does not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if int(batch.blocks_needed(mid * s, bs).sum()) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
 
-    def _grow_decodes(self, need: np.ndarray) -> None:
-        """Give decode rows the extra blocks in ``need`` (only rows crossing a block boundary loop)."""
-        rows = np.flatnonzero(need)
+        def need(steps: int) -> tuple[np.ndarray, np.ndarray, int]:
+            rows, short = batch.shortfall(steps * s)
+            blocks = (short + (bs - 1)) // bs
+            return rows, blocks, int(blocks.sum())
+
+        rows, blocks, total = need(k)
+        if total > free:
+            lo, hi = 1, k  # need(lo) fits (step 1 is reserved), need(hi) does not
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if need(mid)[2] <= free:
+                    lo = mid
+                else:
+                    hi = mid
+            k = lo
+            if k == 1:
+                return 1
+            rows, blocks, total = need(k)
+        self._grow_decodes(rows, blocks)
+        return k
+
+    def _grow_request(self, req: Request, n: int) -> None:
+        """Give a request that is not decoding ``n`` more blocks, named where the prefix cache may need them."""
+        if self.name_all_blocks:
+            req.block_ids.extend(self.blocks.allocate(n))
+            return
+        named = 0
+        if self.blocks.cache is not None and not req._anon_blocks:
+            named = max(0, min(n, len(req.block_hashes) - len(req.block_ids)))
+        if named:
+            req.block_ids.extend(self.blocks.allocate(named))
+        if n > named:
+            self.blocks.reserve(n - named)
+            req._anon_blocks += n - named
+
+    def _grow_decodes(self, rows: np.ndarray, need: np.ndarray) -> None:
+        """Give decode slots ``rows`` ``need`` more blocks each (one allocation, split)."""
         if rows.size == 0:
             return
-        reqs, allocate = self.batch.reqs, self.blocks.allocate
-        for i, k in zip(rows.tolist(), need[rows].tolist()):
-            reqs[i].block_ids.extend(allocate(k))
-        self.batch.nblk[: len(need)] += need
+        if self.name_all_blocks:
+            ids = self.blocks.allocate(int(need.sum()))
+            reqs = self.batch.reqs
+            pos = 0
+            for i, k in zip(rows.tolist(), need.tolist()):
+                reqs[i].block_ids.extend(ids[pos : pos + k])
+                pos += k
+        else:  # decode growth never enters the prefix cache: count it
+            self.blocks.reserve(int(need.sum()))
+        self.batch.room[rows] += need * self.block_size
 
-    def _trim_decode_blocks(self, nd: int, last_tokens: np.ndarray) -> None:
+    def _trim_decode_blocks(self, nd: int, last_tokens: np.ndarray | int) -> None:
         """After a multi-step plan, hand back blocks reserved for steps not run or drafts not accepted.
 
-        Each decode keeps what a single-step plan would hold after the same last step, so a k-step
-        plan (possibly cut short) leaves the KV state a run of single steps would leave.
+        Each decode keeps what a single-step plan would hold after the same last step (blocks for
+        its context before that step plus 1 + draft_len tokens), so a k-step plan, even one cut
+        short, leaves the KV state that k single steps would leave.
         """
         batch, bs, s = self.batch, self.block_size, self._tokens_per_decode
-        keep = (batch.ctx[:nd] - last_tokens + s + bs - 1) // bs
-        extra = batch.nblk[:nd] - keep
-        rows = np.flatnonzero(extra > 0)
+        room = batch.room[:nd]
+        if s == 1:
+            excess = room // bs  # room and the single-step room agree mod bs; the latter is < bs
+        else:
+            ctx = batch.ctx[:nd]
+            before = ctx - last_tokens
+            keep_room = (before + (s + bs - 1)) // bs * bs - ctx
+            excess = (room - keep_room) // bs
+        rows = np.flatnonzero(excess > 0)
         if rows.size == 0:
             return
-        reqs, release = batch.reqs, self.blocks.release
-        for i, k in zip(rows.tolist(), extra[rows].tolist()):
-            ids = reqs[i].block_ids
-            release(ids[-k:])
-            del ids[-k:]
-        batch.nblk[rows] = keep[rows]
+        k_rows = excess[rows]
+        if self.name_all_blocks:
+            reqs, release = batch.reqs, self.blocks.release
+            for i, k in zip(rows.tolist(), k_rows.tolist()):
+                ids = reqs[i].block_ids
+                release(ids[-k:])
+                del ids[-k:]
+        else:  # the tail blocks of a decode are the counted ones
+            self.blocks.unreserve(int(k_rows.sum()))
+        room[rows] -= k_rows * bs
 
     # ----------------------------------------------------------------- result in
     def complete(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
@@ -348,20 +421,27 @@ class Scheduler:
 
         nd = len(plan.decodes)
         if nd and steps:
-            tok = result.decode_tokens[0] if steps == 1 else result.decode_tokens[:steps].sum(axis=0)
-            out, olen = batch.out[:nd], batch.olen[:nd]
-            tok = np.minimum(tok, olen - out)  # drafts past the last wanted token are discarded
-            out += tok
-            batch.ctx[:nd] += tok
-            self.outstanding_tokens -= int(tok.sum())
-            if plan.num_steps > 1:
-                self._trim_decode_blocks(nd, result.decode_tokens[steps - 1])
+            if self._tokens_per_decode == 1:
+                # no drafts: every decode made exactly one token per step, and the plan's horizon
+                # guarantees nobody had fewer than ``steps`` left
+                tok: np.ndarray | int = steps
+                last: np.ndarray | int = 1
+                self.outstanding_tokens -= steps * nd
+            else:
+                dt = result.decode_tokens
+                last = dt[steps - 1]
+                tok = dt[0] if steps == 1 else dt[:steps].sum(axis=0)
+                tok = np.minimum(tok, batch.left[:nd])  # drafts past the last wanted token are discarded
+                self.outstanding_tokens -= int(tok.sum())
+            batch.add_tokens(nd, tok)
+            if plan.num_steps > 1 and (steps < plan.num_steps or self._tokens_per_decode > 1):
+                self._trim_decode_blocks(nd, last)
             if sampled is not None:
                 for i, r in enumerate(plan.decodes):
                     ids = sampled.get(r.request_id)
                     if ids:
-                        r.output_token_ids.extend(ids[: int(tok[i])])
-            done = np.flatnonzero(out >= olen).tolist()
+                        r.output_token_ids.extend(ids[: tok if isinstance(tok, int) else int(tok[i])])
+            done = (batch.left[:nd] <= 0).nonzero()[0].tolist()
             if early:
                 done = sorted(set(done) | {r._slot for r in plan.decodes if r.request_id in early})
             for slot in reversed(done):  # highest row first: swap-removal keeps lower rows in place
@@ -392,7 +472,7 @@ class Scheduler:
                     finished.append(req)
                 else:
                     self.prefilling.remove(req)
-                    batch.add(req)
+                    batch.add(req, self.block_size)
 
         if self._pending_aborts:
             for req in self._pending_aborts:
@@ -421,12 +501,10 @@ class Scheduler:
     def _retire(self, req: Request, status: RequestStatus, now: float | None) -> None:
         """Take ``req`` out of the running/waiting sets, free its KV, and mark it finished or dropped."""
         if req._batch is not None:
-            self.batch.remove(req)
+            self.batch.remove(req, self.block_size)
         elif req.status is RequestStatus.RUNNING:
             self.prefilling.remove(req)
-        if req.block_ids:
-            self.blocks.release(req.block_ids)
-            req.block_ids = []
+        self._free_blocks(req)
         self.outstanding_tokens -= req.remaining_output + (req.prompt_len if req.num_output_tokens == 0 else 0)
         req.status = status
         if now is not None:
@@ -437,14 +515,22 @@ class Scheduler:
             self.num_dropped += 1
         del self._live[req.request_id]
 
+    def _free_blocks(self, req: Request) -> None:
+        """Release all KV blocks of a request that left the running set."""
+        if req.block_ids:
+            self.blocks.release(req.block_ids)
+            req.block_ids = []
+        if req._anon_blocks:
+            self.blocks.unreserve(req._anon_blocks)
+            req._anon_blocks = 0
+
     def _preempt(self, req: Request, preempted: list[Request]) -> None:
         """Free ``req``'s KV and put it back at the head of the queue to recompute later."""
         if req._batch is not None:
-            self.batch.remove(req)
+            self.batch.remove(req, self.block_size)
         else:
             self.prefilling.remove(req)
-        self.blocks.release(req.block_ids)
-        req.block_ids = []
+        self._free_blocks(req)
         req.num_computed_tokens = 0
         req._cached_blocks = 0
         req._cache_done = False
@@ -470,6 +556,9 @@ class Scheduler:
             self._fifo.appendleft(req)
         else:
             self._fifo.append(req)
+
+    def _has_waiting(self) -> bool:
+        return bool(self._heap) if self._priority else bool(self._fifo)
 
     def _peek_waiting(self) -> Request | None:
         if self._priority:

@@ -52,6 +52,7 @@ class Cluster:
 
     def _dispatch(self, req: Request) -> None:
         self._next += 1
+        self.metrics.on_arrival(req)
         i = self.router.choose(req, self.schedulers) if len(self.instances) > 1 else 0
         self.instances[i].submit(req)
 

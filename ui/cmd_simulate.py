@@ -1,0 +1,203 @@
+"""``twinfer simulate``: serving metrics of a scenario in simulated time (the default one with no arguments)."""
+
+from __future__ import annotations
+
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Optional
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from twinfer.config import read_mapping, validate
+from twinfer.errors import TwinferError
+
+
+def _base_mapping(scenario: str | None) -> tuple[dict, str]:
+    """The scenario mapping to start from: a file, a built-in name, or the default."""
+    from sim.scenario import builtin_scenarios
+
+    if scenario is None:
+        scenario = "default"
+    if Path(scenario).is_file() or scenario.endswith((".yaml", ".yml", ".json")):
+        return read_mapping(scenario), scenario
+    if scenario in builtin_scenarios():
+        with resources.as_file(resources.files("sim").joinpath("data", f"{scenario}.yaml")) as p:
+            return read_mapping(p), f"built-in scenario {scenario!r}"
+    raise TwinferError(f"--scenario {scenario!r}: no such file, and not a built-in scenario (built-in: {', '.join(builtin_scenarios())})")
+
+
+def _set(data: dict, path: str, value) -> None:
+    """``data[a][b] = value`` for path 'a.b', creating mappings on the way."""
+    *heads, last = path.split(".")
+    node = data
+    for h in heads:
+        if not isinstance(node.get(h), dict):
+            node[h] = {} if node.get(h) is None else node[h]
+            if not isinstance(node[h], dict):
+                raise TwinferError(f"{'.'.join(heads)}: expected a mapping to set {last!r} in, got {node[h]!r}")
+        node = node[h]
+    node[last] = value
+
+
+def effective_scenario(scenario: str | None = None, **overrides):
+    """The Scenario after applying command-line overrides (None means 'not given')."""
+    from sim.scenario import Scenario
+
+    data, source = _base_mapping(scenario)
+    o = {k: v for k, v in overrides.items() if v is not None}
+    if "workload" in o:  # a preset replaces the workload; --rate/--requests/--duration still apply
+        data["workload"] = {"preset": o.pop("workload")}
+    if "trace" in o:
+        data["workload"] = {"kind": "trace", "trace_path": o.pop("trace"), "trace_format": o.pop("trace_format", "jsonl")}
+    o.pop("trace_format", None)
+    trace = isinstance(data.get("workload"), dict) and data["workload"].get("kind") == "trace"
+    paths = {
+        "model": "model", "hardware": "hardware", "instances": "instances",
+        "tp": "layout.tp", "dp": "layout.dp", "ep": "layout.ep", "dtype": "layout.weight_dtype",
+        "rate": "workload.rate", "requests": "workload.max_requests" if trace else "workload.num_requests",
+        "duration": "workload.duration_s",
+        "max_num_seqs": "scheduler.max_num_seqs", "max_batched_tokens": "scheduler.max_num_batched_tokens",
+        "async_overlap": "scheduler.async_overlap", "draft_len": "scheduler.draft_len",
+        "router": "router", "seed": "seed",
+    }
+    for key, value in o.items():
+        _set(data, paths[key], value)
+    if overrides.get("requests") is not None and overrides.get("duration") is None and not trace:
+        # --requests alone means "this many": drop a duration the base scenario may bound arrivals with
+        if isinstance(data.get("workload"), dict):
+            data["workload"].pop("duration_s", None)
+    return validate(Scenario, data, source)
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:,.1f}"
+
+
+def _print_result(con: Console, res, wall_s: float) -> None:
+    m = res.metrics
+    sc = res.scenario
+    lay = sc["layout"]
+    lay_label = f"TP{lay['tp']}" + (f" DP{lay['dp']}" if lay["dp"] > 1 else "") + (f" EP{lay['ep']}" if lay["ep"] > 1 else "")
+    con.print(f"[bold]{res.name}[/]: {res.description or '(no description)'}", highlight=False)
+    con.print(
+        f"{sc['model']} {lay['weight_dtype']} on {res.num_gpus}x{sc['hardware']} ({sc['instances']} x {lay_label}), "
+        f"{res.num_requests:,} requests, seed {res.seed}; KV {res.kv.capacity_tokens:,} tokens per instance",
+        style="dim", highlight=False,
+    )
+    lat = Table(title=f"latency (ms) over {m.requests_finished:,} finished requests", title_justify="left")
+    for c in ("", "mean", "p50", "p90", "p99"):
+        lat.add_column(c, justify="left" if not c else "right")
+    for name, st in (("TTFT", m.ttft_s), ("TPOT", m.tpot_s), ("ITL", m.itl_s), ("E2E", m.e2e_s)):
+        lat.add_row(name, _ms(st.mean), _ms(st.p50), _ms(st.p90), _ms(st.p99))
+    con.print(lat)
+    thr = Table(show_header=False, title="throughput and load", title_justify="left")
+    thr.add_column(justify="left")
+    thr.add_column(justify="right")
+    thr.add_row("output tokens/s (per GPU)", f"{m.output_throughput:,.0f} ({m.output_throughput_per_gpu:,.0f})")
+    thr.add_row("total tokens/s (per GPU)", f"{m.total_throughput:,.0f} ({m.total_throughput_per_gpu:,.0f})")
+    if m.per_user_output_tps_mean is not None:
+        thr.add_row("tokens/s per user (mean, p50)", f"{m.per_user_output_tps_mean:,.1f}, {m.per_user_output_tps_p50:,.1f}")
+    thr.add_row("requests/s", f"{m.request_throughput:,.2f}")
+    if m.goodput is not None and m.slo is not None:
+        thr.add_row(f"goodput (TTFT<={m.slo.ttft_s:g}s, TPOT<={m.slo.tpot_s * 1e3:g}ms)",
+                    f"{m.goodput:,.2f} req/s ({100 * (m.goodput_fraction or 0):.1f}% of requests)")
+    price = _price(sc["hardware"])
+    if price and m.output_throughput > 0:
+        usd = price * res.num_gpus / (m.output_throughput * 3600) * 1e6
+        thr.add_row("$ per million output tokens", f"{usd:,.3f} (at ${price:.2f}/GPU-hour)")
+    thr.add_row("requests finished / dropped / unfinished", f"{m.requests_finished:,} / {m.requests_dropped:,} / {m.requests_unfinished:,}")
+    if m.prefix_cache_hit_rate is not None:
+        thr.add_row("prefix-cache hit rate", f"{100 * m.prefix_cache_hit_rate:.1f}%")
+    if m.kv_util_mean is not None:
+        thr.add_row("KV use (mean while busy, max)", f"{100 * m.kv_util_mean:.1f}%, {100 * (m.kv_util_max or 0):.1f}%")
+    thr.add_row("preemptions", f"{m.preemptions:,}")
+    if m.mean_batch_requests is not None:
+        thr.add_row("mean batch (requests, tokens)", f"{m.mean_batch_requests:,.1f}, {m.mean_batch_tokens:,.0f}")
+    thr.add_row("simulated time (steps, plans)", f"{m.duration_s:,.1f} s ({m.num_steps:,}, {m.num_plans:,})")
+    con.print(thr)
+    for reason, n in m.dropped_by_reason.items():
+        con.print(f"[yellow]dropped {n}:[/] {reason}", highlight=False)
+    con.print(f"[dim]digest {res.digest[:16]}, simulated in {wall_s:.2f} s wall[/]", highlight=False)
+
+
+def _price(hardware: str) -> float:
+    from costmodels.hardware import get_hardware
+
+    return float(get_hardware(hardware).price_per_gpu_hour or 0.0)
+
+
+HINT = (
+    "change it: --scenario my.yaml (start from `twinfer simulate --print-scenario > my.yaml`), or flags such as "
+    "--rate 6 --requests 5000 --tp 8 --max-num-seqs 128 --draft-len 1 --no-async-overlap --workload reasoning "
+    "(twinfer simulate --help lists them)"
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``simulate`` to the CLI."""
+
+    @app.command("simulate")
+    def simulate(
+        scenario: Optional[str] = typer.Option(None, "--scenario", "-s", help="scenario YAML/JSON file or built-in name [default]"),
+        model: Optional[str] = typer.Option(None, "--model", "-m", help="model catalog name"),
+        hardware: Optional[str] = typer.Option(None, "--hardware", "--hw", help="GPU name"),
+        instances: Optional[int] = typer.Option(None, "--instances", "-n", help="identical instances behind the router"),
+        tp: Optional[int] = typer.Option(None, "--tp", help="tensor parallel per instance"),
+        dp: Optional[int] = typer.Option(None, "--dp", help="attention data parallel per instance"),
+        ep: Optional[int] = typer.Option(None, "--ep", help="expert parallel per instance"),
+        dtype: Optional[str] = typer.Option(None, "--dtype", help="weight dtype bf16|fp8|fp4"),
+        rate: Optional[float] = typer.Option(None, "--rate", "-r", help="arrivals per second"),
+        requests: Optional[int] = typer.Option(None, "--requests", help="number of requests (trace: first N)"),
+        duration: Optional[float] = typer.Option(None, "--duration", help="arrivals only before this many seconds"),
+        workload: Optional[str] = typer.Option(None, "--workload", "-w", help="workload preset: chat, long-context, summarize, agentic, reasoning"),
+        trace: Optional[str] = typer.Option(None, "--trace", help="replay a trace file instead of a generated workload"),
+        trace_format: Optional[str] = typer.Option(None, "--trace-format", help="mooncake | jsonl [jsonl]"),
+        max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="most running requests per instance"),
+        max_batched_tokens: Optional[int] = typer.Option(None, "--max-batched-tokens", help="token budget per step"),
+        async_overlap: Optional[bool] = typer.Option(None, "--async-overlap/--no-async-overlap", help="hide host overhead under GPU time"),
+        draft_len: Optional[int] = typer.Option(None, "--draft-len", help="MTP draft tokens per decode step"),
+        router: Optional[str] = typer.Option(None, "--router", help="round_robin | least_outstanding | prefix_aware"),
+        seed: Optional[int] = typer.Option(None, "--seed", help="random seed"),
+        as_json: bool = typer.Option(False, "--json", help="print the full result as JSON (nothing else on stdout)"),
+        csv: Optional[Path] = typer.Option(None, "--csv", help="write the metrics as metric,value CSV"),
+        perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="write a Perfetto/Chrome trace of every plan"),
+        print_scenario: bool = typer.Option(False, "--print-scenario", help="print the effective scenario as YAML and exit"),
+    ) -> None:
+        """Serving metrics of a scenario in simulated time; with no options, the built-in default."""
+        if trace_format is not None and trace is None:
+            raise TwinferError("--trace-format: only with --trace PATH")
+        sc = effective_scenario(
+            scenario, model=model, hardware=hardware, instances=instances, tp=tp, dp=dp, ep=ep, dtype=dtype,
+            rate=rate, requests=requests, duration=duration, workload=workload, trace=trace, trace_format=trace_format,
+            max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens, async_overlap=async_overlap,
+            draft_len=draft_len, router=router, seed=seed,
+        )
+        if print_scenario:
+            print(yaml.safe_dump(sc.model_dump(mode="json", exclude_none=True), sort_keys=False), end="")
+            return
+        from sim.export import to_json, write_csv, write_perfetto
+        from sim.runner import simulate as run
+
+        con = Console(stderr=as_json)
+        if not as_json:
+            con.print(f"[dim]simulating {sc.name!r} ...[/]", highlight=False)
+        t0 = time.perf_counter()  # wall time is only reported, never part of the result
+        out = run(sc, record_steps=perfetto is not None)
+        wall = time.perf_counter() - t0
+        res = out.result
+        if csv is not None:
+            write_csv(res.metrics, csv)
+        if perfetto is not None:
+            write_perfetto(out.collector.step_records, perfetto)
+        if as_json:
+            print(to_json(res, indent=1))
+            return
+        _print_result(con, res, wall)
+        for path, what in ((csv, "metrics CSV"), (perfetto, "Perfetto trace (open in ui.perfetto.dev)")):
+            if path is not None:
+                con.print(f"wrote {what}: {path}", highlight=False)
+        con.print(f"[dim]{HINT}[/]", highlight=False)
