@@ -10,8 +10,8 @@ from pydantic import BaseModel
 
 from costmodels.catalog import get_model
 from costmodels.hardware import get_hardware
-from costmodels.memory import MemoryFit, memory_fit
-from costmodels.step import StepCostModel
+from costmodels.effective import EffectiveStepCost, fit_with_policies
+from costmodels.memory import MemoryFit
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler
 from sim.backend import MemoStepCost, SimBackend
@@ -65,7 +65,7 @@ def _fit(scenario: Scenario) -> MemoryFit:
     """Memory fit of one instance; raises DoesNotFitError with the numbers if it does not fit."""
     model, hw = get_model(scenario.model), get_hardware(scenario.hardware)
     sc = scenario.scheduler
-    fit = memory_fit(
+    fit = fit_with_policies(
         model, hw, scenario.layout, mem_fraction=scenario.gpu_memory_fraction,
         max_batched_tokens=sc.max_num_batched_tokens, max_running_requests=sc.max_num_seqs,
         min_kv_tokens=sc.block_size,
@@ -75,9 +75,9 @@ def _fit(scenario: Scenario) -> MemoryFit:
     return fit
 
 
-def build_cost_model(scenario: Scenario) -> StepCostModel:
-    """The StepCostModel of one instance of ``scenario``."""
-    return StepCostModel(get_model(scenario.model), get_hardware(scenario.hardware), scenario.layout)
+def build_cost_model(scenario: Scenario) -> EffectiveStepCost:
+    """The step cost model of one instance of ``scenario`` (StepCostModel plus per-step DP imbalance, expert load, tables)."""
+    return EffectiveStepCost(get_model(scenario.model), get_hardware(scenario.hardware), scenario.layout)
 
 
 def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[Request] | None = None) -> SimRun:
