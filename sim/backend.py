@@ -11,7 +11,7 @@ from sim.host import wall_step_times
 
 
 class StepCost(Protocol):
-    """The part of ``costmodels.step.StepCostModel`` the simulator uses."""
+    """The part of ``costmodels`` StepCostModel / EffectiveStepCost the simulator uses."""
 
     def mixed_step_time(self, new_tokens: np.ndarray, context_lens: np.ndarray, is_decode: np.ndarray) -> float: ...
 
@@ -21,19 +21,20 @@ class StepCost(Protocol):
 class MemoStepCost:
     """A StepCost whose decode-step times are memoised, where that is exact.
 
-    For models whose attention reads every cached token (no top-k indexer, no sliding window:
-    DeepSeek-V3, Qwen3, Llama, ...) a decode step's time depends on the requests' contexts only
-    through their sum (checked numerically at construction, ``sum_only``). Its time is then a
-    function of (batch size, mean context), which we tabulate per batch size on the grid of mean
-    contexts ``0, g, 2g, ...`` (g = 1 + draft_len, the growth per step), 512 points per cost-model
-    call (``decode_times`` is vectorised over steps), and interpolate linearly: the grid is one
-    token of mean context apart, where the step time is linear to ~1e-9 relative. A k-step plan
-    then costs a slice of the table instead of a cost-model call. Other models, and mixed
-    prefill/decode steps, go to the cost model directly.
+    For models whose attention reads every cached token (no top-k indexer, no sliding window,
+    one attention-DP rank: DeepSeek-V3 TP8, Qwen3, Llama, ...) a decode step's time depends on
+    the requests' contexts only through their sum (checked numerically at construction:
+    ``sum_only``). It is then a function of (batch size, mean context), which we tabulate per batch
+    size on the grid of mean contexts ``0, g, 2g, ...`` (g = 1 + draft_len), 512 points per
+    cost-model call (``decode_times`` is vectorised over steps), and interpolate linearly between
+    grid points one token of mean context apart (relative error < 1e-5 against direct calls,
+    checked in tests). A k-step plan then costs a table lookup instead of a cost-model call, and
+    steps can be priced at any context sums (e.g. those speculative decoding actually reached).
+    Other models, and mixed prefill/decode steps, go to the cost model directly.
     """
 
     BLOCK = 512          # grid points per tabulation call
-    MAX_BLOCKS = 8192    # memo bound (values never depend on what is memoised, only speed does)
+    MAX_BLOCKS = 8192    # memo bound; values never depend on what is memoised, only speed does
 
     def __init__(self, cost_model: StepCost):
         self.cost_model = cost_model
@@ -51,8 +52,8 @@ class MemoStepCost:
         return True
 
     def mixed_step_time(self, new_tokens: np.ndarray, context_lens: np.ndarray, is_decode: np.ndarray) -> float:
-        """Device time of one step with prefill chunks (not memoised: chunks rarely repeat)."""
-        return self.cost_model.mixed_step_time(new_tokens, context_lens, is_decode)
+        """Device time of one step with prefill chunks (not memoised: chunk shapes rarely repeat)."""
+        return float(self.cost_model.mixed_step_time(new_tokens, context_lens, is_decode))
 
     def _block(self, n: int, d: int, b: int) -> np.ndarray:
         key = (n, d, b)
@@ -66,86 +67,116 @@ class MemoStepCost:
             self._blocks[key] = t
         return t
 
+    def _table(self, n: int, d: int, lo: int, hi: int) -> tuple[np.ndarray, int]:
+        """Table values covering grid indices ``lo .. hi`` (inclusive) and the index of its first entry."""
+        B = self.BLOCK
+        b0, b1 = lo // B, hi // B
+        if b0 == b1:
+            return self._block(n, d, b0), b0 * B
+        # consecutive blocks share their boundary point
+        parts = [self._block(n, d, b)[:-1] for b in range(b0, b1)] + [self._block(n, d, b1)]
+        return np.concatenate(parts), b0 * B
+
+    def decode_times_at(self, n: int, draft_len: int, context_sums: np.ndarray) -> np.ndarray:
+        """Decode step times of ``n`` requests whose contexts sum to each of ``context_sums`` (sum_only models)."""
+        g = 1 + draft_len
+        u = np.asarray(context_sums, float) / (n * g)   # mean context in grid units
+        i = u.astype(np.int64)
+        frac = u - i
+        t, first = self._table(n, draft_len, int(i.min()), int(i.max()) + 1)
+        j = i - first
+        return t[j] * (1.0 - frac) + t[j + 1] * frac
+
     def decode_times(self, context_lens: np.ndarray, num_steps: int, draft_len: int = 0) -> np.ndarray:
-        """Device times of ``num_steps`` decode steps of these requests."""
+        """Device times of ``num_steps`` decode steps, contexts growing by 1 + draft_len a step."""
         n = len(context_lens)
         if not self.sum_only or n == 0:
             return np.asarray(self.cost_model.decode_times(context_lens, num_steps, draft_len), float)
         g = 1 + draft_len
-        u = float(context_lens.sum()) / (n * g)   # mean context in grid units
-        i = int(u)
-        frac = u - i
-        B = self.BLOCK
-        b0, b1 = i // B, (i + num_steps) // B
-        if b0 == b1:
-            t = self._block(n, draft_len, b0)
-            lo = i - b0 * B
-            seg = t[lo : lo + num_steps + 1]
-        else:  # blocks share their boundary point
-            parts = [self._block(n, draft_len, b0)[i - b0 * B : -1]]
-            parts += [self._block(n, draft_len, b)[:-1] for b in range(b0 + 1, b1)]
-            parts.append(self._block(n, draft_len, b1)[: i + num_steps - b1 * B + 1])
-            seg = np.concatenate(parts)
-        return seg[:-1] * (1.0 - frac) + seg[1:] * frac
+        s0 = float(context_lens.sum())
+        return self.decode_times_at(n, draft_len, s0 + (n * g) * np.arange(num_steps, dtype=float))
 
 
 class SimBackend:
     """The simulator's side of the seam: ``execute(plan) -> StepResult`` without a GPU.
 
-    Device time comes from the cost model (one vectorised call for a k-step decode plan); the
-    loop's host overhead is added per the async-overlap policy (sim/host.py); each decode's accepted
-    draft tokens are drawn from the seeded generator, one uniform per request and executed step, so
-    a k-step plan consumes exactly the random numbers k single steps would.
+    Device time comes from the cost model (one vectorised call, or a memo lookup, for a k-step
+    decode plan); the loop's host overhead is added per the async-overlap policy (sim/host.py).
+    With speculative decoding, each decode's accepted drafts are drawn first (one uniform per
+    request and step from the seeded generator) so that every step is priced at the contexts it
+    really has; if the loop then runs fewer steps than planned, the generator is rewound so it
+    has consumed exactly the draws of the steps run. A k-step plan therefore gives the same
+    tokens and times as k single-step plans.
     """
 
     def __init__(
         self,
-        cost_model: StepCost,
+        cost_model: StepCost | MemoStepCost,
         rng: np.random.Generator,
         acceptance_rates: list[float] | tuple[float, ...] = (),
         async_overlap: bool = True,
     ):
-        self.cost_model = cost_model
+        self.cost = cost_model if isinstance(cost_model, MemoStepCost) else MemoStepCost(cost_model)
         self.rng = rng
         # ascending copy of the (non-increasing) marginal acceptance rates: the number of draft
         # positions accepted with uniform u is the number of rates above u
         self._rates_asc = np.sort(np.asarray(acceptance_rates, float))
         self.async_overlap = async_overlap
+        self._drawn: tuple[StepPlan, dict, np.ndarray] | None = None  # plan, rng state before, tokens
+
+    def _draw_tokens(self, plan: StepPlan, steps: int) -> np.ndarray:
+        """Tokens each decode makes in each step: 1 + accepted drafts (all ones without drafts)."""
+        nd, d = len(plan.decodes), plan.draft_len
+        if d == 0 or nd == 0:
+            return np.ones((steps, nd), np.int64)
+        state = self.rng.bit_generator.state
+        u = self.rng.random((steps, nd))
+        rates = self._rates_asc[-d:]
+        tokens = 1 + (len(rates) - np.searchsorted(rates, u, side="right")).astype(np.int64)
+        self._drawn = (plan, state, tokens)
+        return tokens
 
     def device_times(self, plan: StepPlan) -> np.ndarray:
-        """Device seconds of each of the plan's steps."""
-        cm = self.cost_model
+        """Device seconds of each of the plan's steps (draws the plan's draft acceptance)."""
+        cost = self.cost
         nd = len(plan.decodes)
+        tokens = self._draw_tokens(plan, plan.num_steps)
         if not plan.prefills:
-            return np.asarray(cm.decode_times(plan.decode_context_lens, plan.num_steps, plan.draft_len), float)
+            if plan.draft_len and cost.sum_only and nd:
+                grown = tokens.sum(axis=1)
+                sums = float(plan.decode_context_lens.sum()) + np.concatenate(([0], np.cumsum(grown[:-1])))
+                return cost.decode_times_at(nd, plan.draft_len, sums)
+            return cost.decode_times(plan.decode_context_lens, plan.num_steps, plan.draft_len)
         if plan.num_steps != 1:
             raise ValueError("a plan with prefill chunks runs exactly one step")
         chunks = plan.prefills
-        new = np.empty(nd + len(chunks), np.int64)
-        ctx = np.empty(nd + len(chunks), np.int64)
+        n = nd + len(chunks)
+        new = np.empty(n, np.int64)
+        ctx = np.empty(n, np.int64)
         new[:nd] = 1 + plan.draft_len
         ctx[:nd] = plan.decode_context_lens
         new[nd:] = [c.num_new_tokens for c in chunks]
         ctx[nd:] = [c.context_len for c in chunks]
-        is_decode = np.zeros(len(new), bool)
+        is_decode = np.zeros(n, bool)
         is_decode[:nd] = True
-        return np.array([cm.mixed_step_time(new, ctx, is_decode)], float)
+        return np.array([cost.mixed_step_time(new, ctx, is_decode)])
 
     def step_times(self, plan: StepPlan, cold_start: bool = False) -> np.ndarray:
         """Wall seconds of each step: device time plus host overhead under the async policy."""
         return wall_step_times(self.device_times(plan), plan.host_overhead_s, self.async_overlap, cold_start)
 
     def result(self, plan: StepPlan, step_times: np.ndarray) -> StepResult:
-        """The StepResult of running the first ``len(step_times)`` steps of ``plan``."""
-        steps, nd = len(step_times), len(plan.decodes)
-        d = plan.draft_len
-        if d == 0 or nd == 0:
-            tokens = np.ones((steps, nd), np.int64)
+        """The StepResult of running the first ``len(step_times)`` steps of ``plan`` (after ``step_times``)."""
+        steps = len(step_times)
+        drawn, self._drawn = self._drawn, None
+        if drawn is not None and drawn[0] is plan:
+            _, state, tokens = drawn
+            if steps < len(tokens):  # rewind: consume only the draws of the steps that ran
+                self.rng.bit_generator.state = state
+                self.rng.random((steps, tokens.shape[1]))
+                tokens = tokens[:steps]
         else:
-            u = self.rng.random((steps, nd))
-            rates = self._rates_asc[-d:] if len(self._rates_asc) >= d else self._rates_asc
-            accepted = len(rates) - np.searchsorted(rates, u, side="right")
-            tokens = 1 + accepted.astype(np.int64)
+            tokens = np.ones((steps, len(plan.decodes)), np.int64)
         return StepResult(step_durations=step_times, decode_tokens=tokens)
 
     def execute(self, plan: StepPlan, stop_at: float | None = None, start_s: float = 0.0, cold_start: bool = False) -> StepResult:

@@ -73,6 +73,23 @@ def effective_scenario(scenario: str | None = None, **overrides):
     return validate(Scenario, data, source)
 
 
+def _workload_yaml(wl) -> dict:
+    """The workload's fields that differ from their defaults (kind always), nested models in full."""
+    from pydantic import BaseModel
+
+    out = {}
+    full = wl.model_dump(mode="json", exclude_none=True)
+    for name, field in type(wl).model_fields.items():
+        if name not in full:
+            continue
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):
+            default = default.model_dump(mode="json", exclude_none=True)
+        if name == "kind" or full[name] != default:
+            out[name] = full[name]
+    return out
+
+
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:,.1f}"
 
@@ -177,7 +194,10 @@ def register(app: typer.Typer) -> None:
             draft_len=draft_len, router=router, seed=seed,
         )
         if print_scenario:
-            print(yaml.safe_dump(sc.model_dump(mode="json", exclude_none=True), sort_keys=False), end="")
+            data = sc.model_dump(mode="json", exclude_none=True)
+            # the workload's unused knobs (agentic/trace fields at their defaults) only add noise
+            data["workload"] = _workload_yaml(sc.workload)
+            print(yaml.safe_dump(data, sort_keys=False), end="")
             return
         from sim.export import to_json, write_csv, write_perfetto
         from sim.runner import simulate as run

@@ -1,0 +1,113 @@
+"""Multi-step decode gives the results of single steps; arrivals break decode runs at the next step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import simpy
+
+from scheduler.config import SchedulerConfig
+from scheduler.request import Request
+from scheduler.scheduler import Scheduler
+from sim.backend import SimBackend
+from sim.cluster import Cluster
+from sim.router import make_router, RouterConfig
+from sim.runner import simulate
+from sim.scenario import Scenario, builtin_scenario
+
+
+def scenario(n: int, **sched) -> Scenario:
+    data = builtin_scenario().model_dump(mode="json", exclude_none=True)
+    data["workload"]["num_requests"] = n
+    data["scheduler"].update(sched)
+    return Scenario.model_validate(data)
+
+
+def timings(sc: Scenario, max_steps: int) -> tuple[np.ndarray, object]:
+    run = simulate(sc.model_copy(update={"max_decode_steps": max_steps}))
+    t = np.array([(r.first_scheduled_time, r.first_token_time, r.finish_time, r.num_preemptions) for r in run.requests], float)
+    return t, run.result.metrics
+
+
+@pytest.mark.parametrize("sched, mem", [
+    ({}, 0.9),                                          # the default scenario
+    ({"draft_len": 1}, 0.9),                            # MTP: accepted drafts drawn per step, priced at real contexts
+    ({"enable_prefix_caching": False}, 0.6),            # KV pressure: ~10k tokens of KV, preemptions happen
+])
+def test_multi_step_equals_single_step(sched, mem):
+    sc = scenario(160, **sched).model_copy(update={"gpu_memory_fraction": mem})
+    one, m1 = timings(sc, 1)
+    many, mk = timings(sc, 256)
+    np.testing.assert_allclose(many, one, rtol=1e-9, atol=1e-9)
+    assert m1.num_steps == mk.num_steps and m1.preemptions == mk.preemptions
+    assert mk.num_plans < m1.num_plans
+    if mem < 0.9:
+        assert m1.preemptions > 0
+
+
+class LinearCost:
+    """A decode step of n requests costs 10 ms + 0.1 ms per request; prefills 1 us per token."""
+
+    def decode_times(self, ctx, k, d=0):
+        return np.full(k, 0.010 + 1e-4 * len(ctx))
+
+    def mixed_step_time(self, new, ctx, dec):
+        return 0.010 + 1e-4 * int(dec.sum()) + 1e-6 * int(new[~dec].sum())
+
+
+class NullMetrics:
+    def __init__(self):
+        self.plans = []
+
+    def on_arrival(self, r): pass
+    def on_finish(self, r): pass
+    def on_drop(self, r): pass
+
+    def on_step(self, iid, start, plan, result, used, total):
+        self.plans.append((iid, start, plan.num_steps, result.num_steps))
+
+
+def run_cluster(reqs, instances=1, router="least_outstanding", max_steps=1000):
+    cfg = SchedulerConfig(block_size=16, max_num_seqs=8, max_num_batched_tokens=256, host_step_s=0.0,
+                          host_per_request_s=0.0, host_per_token_s=0.0)
+    env = simpy.Environment()
+    metrics = NullMetrics()
+    scheds = [Scheduler(cfg, 1000, i, name_all_blocks=False) for i in range(instances)]
+    Cluster(env, scheds, lambda i: SimBackend(LinearCost(), np.random.default_rng(i)), make_router(RouterConfig(kind=router)),
+            metrics, reqs, max_steps=max_steps)
+    env.run()
+    return metrics, env.now
+
+
+def test_arrival_cuts_a_decode_run_at_the_next_step_boundary():
+    long = Request("long", 0.0, 16, 1000)
+    late = Request("late", 0.3555, 16, 5)
+    metrics, _ = run_cluster([long, late])
+    # the long request decodes alone in 10.1 ms steps; the late one is admitted at the first boundary after it arrives
+    assert late.arrival_time <= late.first_scheduled_time < late.arrival_time + 0.0102
+    cut = [p for p in metrics.plans if p[3] < p[2]]
+    assert len(cut) == 1                                 # exactly one run was interrupted
+    assert long.finish_time > late.finish_time
+    # identical to what single steps give
+    long2, late2 = Request("long", 0.0, 16, 1000), Request("late", 0.3555, 16, 5)
+    run_cluster([long2, late2], max_steps=1)
+    assert late2.first_scheduled_time == pytest.approx(late.first_scheduled_time, abs=1e-12)
+    assert long2.finish_time == pytest.approx(long.finish_time, abs=1e-9)
+
+
+def test_arrivals_at_exact_step_boundaries_and_idle_wakeups_are_not_lost():
+    reqs = [Request(f"r{i}", 0.0101 * (i // 2) + (5.0 if i > 20 else 0.0), 16, 3) for i in range(30)]
+    _, end = run_cluster(reqs, instances=2)
+    assert all(r.finish_time is not None for r in reqs)
+    assert all(r.first_scheduled_time >= r.arrival_time for r in reqs)
+    assert end > 5.0
+
+
+def test_time_never_goes_backwards_per_instance():
+    rng = np.random.default_rng(3)
+    t = np.cumsum(rng.exponential(0.02, 200))
+    reqs = [Request(f"r{i}", float(t[i]), int(rng.integers(1, 300)), int(rng.integers(1, 50))) for i in range(200)]
+    metrics, _ = run_cluster(reqs, instances=3, router="round_robin")
+    for iid in range(3):
+        starts = [p[1] for p in metrics.plans if p[0] == iid]
+        assert starts == sorted(starts)

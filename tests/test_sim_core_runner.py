@@ -1,0 +1,118 @@
+"""Scenario loading, run_scenario determinism and digests, the default scenario, capacity."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim.export import to_json
+from sim.runner import estimate_capacity, run_scenario, simulate
+from sim.scenario import Scenario, builtin_scenario, load_scenario, scenario_from_dict
+from twinfer.errors import DoesNotFitError, TwinferError
+
+
+def small(n: int = 150, **updates) -> Scenario:
+    """The default scenario shrunk to ``n`` requests (arriving at its rate)."""
+    data = builtin_scenario("default").model_dump(mode="json", exclude_none=True)
+    data["workload"]["num_requests"] = n
+    data.update(updates)
+    return Scenario.model_validate(data)
+
+
+def test_default_scenario_is_deepseek_on_8xh200_at_70pct_of_capacity():
+    s = builtin_scenario()
+    assert (s.model, s.hardware, s.layout.gpus, s.layout.weight_dtype) == ("deepseek-v3", "H200", 8, "fp8")
+    assert 1500 <= s.workload.num_requests <= 3000
+    cap = estimate_capacity(s)
+    assert 0.6 <= s.workload.rate / cap.requests_per_s <= 0.8, cap.explanation
+
+
+def test_run_finishes_everything_and_is_byte_identical_per_seed():
+    a, b = run_scenario(small()), run_scenario(small())
+    assert a.metrics.requests_finished == 150 and a.metrics.requests_dropped == 0
+    assert a.digest == b.digest and len(a.digest) == 64
+    assert to_json(a) == to_json(b)
+    assert a.seed == 0 and a.twinfer_version and a.scenario["model"] == "deepseek-v3"
+    c = run_scenario(small(seed=1))
+    assert c.digest != a.digest
+
+
+def test_digest_covers_config_not_only_metrics():
+    a = run_scenario(small(60))
+    b = run_scenario(small(60, name="renamed"))
+    assert a.metrics == b.metrics and a.digest != b.digest
+
+
+def test_time_and_latencies_are_sane():
+    run = simulate(small(100))
+    for r in run.requests:
+        assert r.arrival_time <= r.first_scheduled_time <= r.first_token_time <= r.finish_time
+        assert r.num_output_tokens == r.output_len
+    m = run.result.metrics
+    assert 0 < m.ttft_s.p50 < 5 and 0.01 < m.tpot_s.p50 < 0.5
+    assert m.output_tokens == sum(r.output_len for r in run.requests)
+
+
+def test_multi_instance_routers_all_finish():
+    for router in ("round_robin", "least_outstanding", "prefix_aware"):
+        res = run_scenario(small(120, instances=3, router={"kind": router}))
+        assert res.metrics.requests_finished == 120 and res.num_gpus == 24
+
+
+@pytest.mark.parametrize("data, needle", [
+    ({"scheduler": {"max_num_seqs": 0}}, "scheduler.max_num_seqs"),
+    ({"layout": {"tp": 3, "ep": 2}}, "layout"),
+    ({"model": "gpt-17"}, "model"),
+    ({"hardware": "Z9000"}, "hardware"),
+    ({"instances": 0}, "instances"),
+    ({"workload": {"kind": "poisson", "rate": -1, "num_requests": 5}}, "workload.rate"),
+    ({"router": "random"}, "router"),
+    ({"scheduler": {"draft_len": 1, "acceptance_rates": [1.2]}}, "scheduler"),
+    ({"typo_field": 1}, "typo_field"),
+    ({"slo": {"ttft_s": 0, "tpot_s": 0.1}}, "slo.ttft_s"),
+])
+def test_bad_scenarios_name_the_field(tmp_path, data, needle):
+    base = {"workload": {"preset": "chat", "rate": 1.0, "num_requests": 10}}
+    base.update(data)
+    f = tmp_path / "s.yaml"
+    import yaml
+
+    f.write_text(yaml.safe_dump(base))
+    with pytest.raises(TwinferError) as e:
+        load_scenario(f)
+    assert needle in str(e.value) and str(f) in str(e.value)
+
+
+def test_bad_files():
+    with pytest.raises(TwinferError, match="no such file"):
+        load_scenario("/nonexistent/s.yaml")
+    with pytest.raises(TwinferError, match="mtp"):
+        scenario_from_dict({"model": "llama-3.1-8b", "scheduler": {"draft_len": 1},
+                            "workload": {"preset": "chat", "rate": 1.0, "num_requests": 5}})
+
+
+def test_layout_that_does_not_fit_says_so():
+    s = small(10, layout={"tp": 1, "weight_dtype": "fp8"})
+    with pytest.raises(DoesNotFitError, match="does not fit"):
+        run_scenario(s)
+
+
+def test_requests_that_never_fit_are_dropped_with_reason():
+    s = small(50, scheduler={"max_num_seqs": 256, "max_num_batched_tokens": 8192, "max_model_len": 1024})
+    m = run_scenario(s).metrics
+    assert m.requests_dropped > 0 and m.requests_dropped + m.requests_finished == 50
+    assert all("max_model_len" in k for k in m.dropped_by_reason)
+
+
+def test_memoised_decode_times_match_the_cost_model():
+    from sim.backend import MemoStepCost
+    from sim.runner import build_cost_model
+
+    cm = build_cost_model(builtin_scenario())
+    memo = MemoStepCost(cm)
+    assert memo.sum_only
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        n, d, k = int(rng.integers(1, 257)), int(rng.integers(0, 3)), int(rng.integers(1, 600))
+        ctx = rng.integers(1, 30000, n)
+        np.testing.assert_allclose(memo.decode_times(ctx, k, d), cm.decode_times(ctx, k, d), rtol=1e-5)
