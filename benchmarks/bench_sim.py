@@ -1,0 +1,71 @@
+"""Simulator speed: simulated requests per wall-second and peak memory, at 10k / 100k (/ 1M) requests.
+
+    python benchmarks/bench_sim.py              # 10k and 100k requests of the default scenario
+    python benchmarks/bench_sim.py --million    # also 1M
+    python benchmarks/bench_sim.py --sizes 2000,20000 --scenario my.yaml
+
+Each size runs in its own process, so the peak RSS reported is that run's. The rate is the
+scenario's (default: ~70% of one 8xH200 node's capacity); more requests simply means a longer
+simulated time, so requests/s should stay flat if the simulator is linear in request count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+
+def one(n: int, scenario: str | None) -> dict:
+    """Run the scenario with ``n`` requests in this process; timings and counters as a dict."""
+    from sim.runner import simulate
+    from sim.scenario import Scenario, builtin_scenario, load_scenario
+
+    base = load_scenario(scenario) if scenario else builtin_scenario()
+    data = base.model_dump(mode="json", exclude_none=True)
+    data["workload"]["num_requests"] = n
+    data["workload"].pop("duration_s", None)
+    sc = Scenario.model_validate(data)
+    t0, c0 = time.perf_counter(), time.process_time()
+    run = simulate(sc)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    m = run.result.metrics
+    return {
+        "requests": n, "wall_s": wall, "cpu_s": cpu, "requests_per_s": n / wall,
+        "plans": m.num_plans, "steps": m.num_steps, "simulated_s": run.result.simulated_s,
+        "finished": m.requests_finished, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="10000,100000", help="comma-separated request counts")
+    ap.add_argument("--million", action="store_true", help="also run 1,000,000 requests")
+    ap.add_argument("--scenario", default=None, help="scenario file (default: the built-in default)")
+    ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--json", action="store_true", help="print one JSON line per size")
+    args = ap.parse_args()
+    if args.one is not None:
+        print(json.dumps(one(args.one, args.scenario)))
+        return
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    if args.million:
+        sizes.append(1_000_000)
+    if not args.json:
+        print(f"{'requests':>10} {'wall s':>8} {'req/s':>9} {'plans/req':>9} {'steps/req':>9} {'sim s':>10} {'peak RSS MB':>11}")
+    for n in sizes:
+        cmd = [sys.executable, __file__, "--one", str(n)] + (["--scenario", args.scenario] if args.scenario else [])
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        if args.json:
+            print(json.dumps(r))
+        else:
+            print(f"{n:>10,} {r['wall_s']:>8.2f} {r['requests_per_s']:>9,.0f} {r['plans'] / n:>9.2f} "
+                  f"{r['steps'] / n:>9.2f} {r['simulated_s']:>10,.0f} {r['peak_rss_mb']:>11,.0f}")
+
+
+if __name__ == "__main__":
+    main()
