@@ -1,0 +1,112 @@
+"""The sidebar: what the planner asks (model, hardware, budget or traffic, workload, SLO, prices).
+
+``render()`` returns a ``ui.service.PlanRequest`` mapping, or None when an input is invalid
+(the error is already shown next to the input that caused it).
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from twinfer.errors import TwinferError
+from ui import app_cache, app_uploads, service
+
+UPLOAD = "upload…"
+CUSTOM_FORM = "custom (form)"
+_MB = app_uploads.MAX_UPLOAD_BYTES // 2**20
+
+
+def _upload(label: str, key: str, types: list[str], save) -> str | None:
+    """A file uploader whose file is validated by ``save(name, bytes)``; errors shown in place."""
+    f = st.file_uploader(f"{label} (≤ {_MB} MB)", type=types, key=key)
+    if f is None:
+        st.info(f"upload a {label} to continue")
+        return None
+    try:
+        return save(f.name, f.getvalue())
+    except TwinferError as e:
+        st.error(f"{f.name}: {e}" if f.name not in str(e) else str(e))
+        return None
+
+
+def _model() -> str | None:
+    names = service.model_names()
+    choice = st.selectbox("Model", names + [UPLOAD], index=names.index("deepseek-v3") if "deepseek-v3" in names else 0,
+                          key="model", help="a catalog model, or a Hugging Face config.json")
+    if choice != UPLOAD:
+        return choice
+    return _upload("config.json", "model_upload", ["json"], app_uploads.save_model_config)
+
+
+def _hardware_form() -> str | None:
+    """A GPU described field by field, starting from a catalog GPU's numbers."""
+    base = app_cache.hardware_info(st.selectbox("start from", service.hardware_names(), key="hw_base"))
+    with st.expander("custom GPU", expanded=True):
+        fields = {"name": st.text_input("name", "custom-gpu", key="hw_name")}
+        for k, label in (("bf16_tflops", "BF16 TFLOP/s"), ("fp8_tflops", "FP8 TFLOP/s"), ("hbm_gb", "HBM GB"),
+                         ("hbm_tbps", "HBM TB/s"), ("scaleup_gbps", "scale-up GB/s per direction"),
+                         ("scaleout_gbps", "scale-out Gbit/s"), ("price_per_gpu_hour", "$ per GPU-hour")):
+            fields[k] = st.number_input(label, value=float(base[k]), min_value=0.0, key=f"hw_{k}")
+        fields["fp4_tflops"] = st.number_input("FP4 TFLOP/s (0: none)", value=float(base["fp4_tflops"] or 0), min_value=0.0, key="hw_fp4")
+        fields["fp4_tflops"] = fields["fp4_tflops"] or None
+        fields["scaleup_domain"] = int(st.number_input("GPUs per scale-up domain", value=int(base["scaleup_domain"]), min_value=1, key="hw_domain"))
+    try:
+        return app_uploads.save_hardware_mapping(fields, "custom GPU")
+    except TwinferError as e:
+        st.error(str(e))
+        return None
+
+
+def _hardware() -> str | None:
+    names = service.hardware_names()
+    choice = st.selectbox("Hardware", names + [UPLOAD, CUSTOM_FORM], index=names.index("H200") if "H200" in names else 0,
+                          key="hardware", help="a catalog GPU, a hardware YAML (the catalog's fields), or the form")
+    if choice == UPLOAD:
+        return _upload("hardware YAML", "hw_upload", ["yaml", "yml", "json"], app_uploads.save_hardware_yaml)
+    if choice == CUSTOM_FORM:
+        return _hardware_form()
+    return choice
+
+
+def _workload() -> dict | None:
+    presets = service.workload_presets()
+    choice = st.selectbox("Workload", presets + [UPLOAD], key="workload", help="a preset, or a trace (twinfer JSONL or Mooncake)")
+    if choice != UPLOAD:
+        return {"preset": choice}
+    fmt = st.radio("trace format", ["jsonl", "mooncake"], horizontal=True, key="trace_format")
+    path = _upload("trace", "trace_upload", ["jsonl", "json", "txt"], lambda n, b: app_uploads.save_trace(n, b, fmt))
+    return {"kind": "trace", "trace_path": path, "trace_format": fmt} if path else None
+
+
+def render() -> dict | None:
+    """Draw the sidebar; the PlanRequest mapping, or None if something is invalid."""
+    with st.sidebar:
+        st.header("What to plan")
+        model = _model()
+        hardware = _hardware()
+        mode = st.radio("Size by", ["GPU budget", "target traffic"], horizontal=True, key="mode")
+        gpus, rate = 8, 5.0
+        if mode == "GPU budget":
+            gpus = int(st.number_input("GPU budget", min_value=1, max_value=4096, value=8, step=8, key="gpus"))
+        else:
+            rate = float(st.number_input("target requests/s", min_value=0.1, max_value=1e5, value=5.0, key="rate"))
+        workload = _workload()
+        st.header("SLO")
+        ttft = st.number_input("TTFT p90 ≤ (s)", min_value=0.05, max_value=600.0, value=2.0, key="ttft")
+        tpot = st.number_input("TPOT p50 ≤ (ms)", min_value=1.0, max_value=10000.0, value=50.0, step=5.0, key="tpot")
+        st.header("Prices")
+        catalog_price = app_cache.hardware_info(hardware)["price_per_gpu_hour"] if hardware else 0.0
+        price = st.number_input("$ per GPU-hour", min_value=0.0, value=float(catalog_price), key=f"price_{hardware}",
+                                help="defaults to the hardware catalog's all-in TCO estimate")
+        p_in = st.number_input("revenue $ / M input tokens", min_value=0.0, value=0.0, key="p_in")
+        p_out = st.number_input("revenue $ / M output tokens", min_value=0.0, value=0.0, key="p_out")
+        with st.expander("search settings"):
+            sim_requests = st.slider("requests per simulated candidate", 50, 2000, 300, 50, key="sim_requests",
+                                     help="more: steadier figures, slower search")
+            max_sim = st.slider("candidates simulated", 1, 16, 4, key="max_sim")
+    if not (model and hardware and workload):
+        return None
+    return {"model": model, "hardware": hardware, "mode": "budget" if mode == "GPU budget" else "traffic",
+            "gpus": gpus, "target_rate": rate, "workload": workload, "ttft_s": float(ttft), "tpot_s": float(tpot) / 1e3,
+            "price_per_gpu_hour": float(price), "price_per_m_input": float(p_in), "price_per_m_output": float(p_out),
+            "sim_requests": int(sim_requests), "max_simulated": int(max_sim)}
