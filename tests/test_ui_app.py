@@ -1,0 +1,121 @@
+"""The Streamlit app's logic through streamlit.testing.v1.AppTest (no browser): it loads, controls
+change the recommendation, bad uploads show an error, what-if / compare / export work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+pytest.importorskip("plotly")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+APP = str(Path(__file__).resolve().parents[1] / "ui" / "app.py")
+TIMEOUT = 60  # seconds per rerun; a cold default search takes a few
+
+
+@pytest.fixture(autouse=True)
+def _uploads(tmp_path, monkeypatch):
+    monkeypatch.setenv("TWINFER_UI_UPLOADS", str(tmp_path / "uploads"))
+
+
+def _app() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _recommendation(at: AppTest) -> str:
+    heads = [s.value for s in at.subheader if s.value.startswith("Recommended:")]
+    assert heads, [e.value for e in at.error] + [w.value for w in at.warning]
+    return heads[0]
+
+
+def _errors(at: AppTest) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def test_loads_with_a_recommendation_chart_and_no_errors():
+    at = _app()
+    assert "8 GPUs" in _recommendation(at)
+    assert not _errors(at)
+    assert len(at.get("plotly_chart")) >= 3  # Pareto, step time, memory
+    assert [t.label for t in at.tabs] == ["Pareto", "Where the time goes", "What-if", "Compare", "Export"]
+    assert any("no calibration: ±?" in m.value for m in at.markdown)  # honest about the error band
+
+
+def test_changing_the_budget_updates_the_recommendation():
+    at = _app()
+    before = _recommendation(at)
+    at.sidebar.number_input(key="gpus").set_value(16).run()
+    assert not at.exception
+    after = _recommendation(at)
+    assert after != before and "16 GPUs" in after
+
+
+def test_target_traffic_mode_sizes_the_cluster():
+    at = _app()
+    at.sidebar.radio(key="mode").set_value("target traffic").run()
+    at.sidebar.number_input(key="rate").set_value(8.0).run()
+    assert not at.exception
+    assert "fewest GPUs" in " ".join(c.value for c in at.caption)
+
+
+@pytest.mark.parametrize("data, match", [
+    (b"{definitely not json", "not valid JSON"),
+    (b'{"model_type": "deepseek_v3"}', "config.json"),
+])
+def test_bad_model_upload_shows_an_error(data, match):
+    at = _app()
+    at.sidebar.selectbox(key="model").set_value("upload…").run()
+    at.sidebar.file_uploader(key="model_upload").set_value(("config.json", data, "application/json")).run()
+    assert not at.exception
+    assert any(match in e for e in _errors(at)), _errors(at)
+    assert not [s for s in at.subheader if s.value.startswith("Recommended:")]
+
+
+def test_bad_hardware_and_trace_uploads_show_errors():
+    at = _app()
+    at.sidebar.selectbox(key="hardware").set_value("upload…").run()
+    at.sidebar.file_uploader(key="hw_upload").set_value(("gpu.yaml", b"name: x\nhbm_gb: 80\n", "application/x-yaml")).run()
+    assert any("bf16_tflops" in e for e in _errors(at)), _errors(at)
+    at.sidebar.selectbox(key="hardware").set_value("H200")
+    at.sidebar.selectbox(key="workload").set_value("upload…").run()
+    at.sidebar.file_uploader(key="trace_upload").set_value(("t.jsonl", b'{"timestamp": "soon"}\n', "application/json")).run()
+    assert not at.exception
+    assert any("invalid trace" in e for e in _errors(at)), _errors(at)
+
+
+def test_custom_hardware_form_plans_on_it():
+    at = _app()
+    at.sidebar.selectbox(key="hardware").set_value("custom (form)").run()
+    at.sidebar.number_input(key="hw_hbm_gb").set_value(288.0).run()
+    assert not at.exception and not _errors(at)
+    _recommendation(at)
+
+
+def test_what_if_runs_beside_the_baseline():
+    at = _app()
+    at.slider(key="wi_mtp").set_value(1)
+    at.toggle(key="wi_async").set_value(False)
+    next(b for b in at.button if b.label == "Run what-if").click().run()
+    assert not at.exception and not _errors(at)
+    assert any("draft_len = 1" in m.value and "async_overlap = False" in m.value for m in at.markdown)
+
+
+def test_compare_pins_two_plans_side_by_side():
+    at = _app()
+    at.button(key="pin").click().run()
+    at.sidebar.number_input(key="gpus").set_value(16).run()
+    at.button(key="pin").click().run()
+    assert not at.exception
+    table = at.dataframe[-1].value  # the comparison: one column per plan
+    assert sum("(pinned)" in c for c in table.columns) == 2
+
+
+def test_export_offers_plan_yaml_and_csv():
+    at = _app()
+    names = [b.proto.label for b in at.get("download_button")]
+    assert any("plan YAML" in n for n in names) and any("results CSV" in n for n in names)
+    assert any("scenario:" in c.value for c in at.code)
