@@ -6,6 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from ui import service
+from ui.app_recommend import tokens
 
 
 def column(c: service.Candidate, request: dict) -> dict:
@@ -20,7 +21,7 @@ def column(c: service.Candidate, request: dict) -> dict:
         "TPOT p50 (ms)": "–" if c.tpot_p50_s is None else f"{c.tpot_p50_s * 1e3:.0f}",
         "$ per hour": f"{c.costs.usd_per_hour:,.2f}",
         "$ per M output tokens": "–" if c.costs.usd_per_m_output_tokens is None else f"{c.costs.usd_per_m_output_tokens:,.3f}",
-        "tokens per day": f"{c.costs.tokens_per_day:,.3g}", "meets SLO": "yes" if c.meets_slo else "no",
+        "tokens per day": tokens(c.costs.tokens_per_day), "meets SLO": "yes" if c.meets_slo else "no",
         "simulated": "yes" if c.simulated else "screen only",
     }
 

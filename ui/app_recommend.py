@@ -16,6 +16,14 @@ def _fmt(x: float | None, spec: str, scale: float = 1.0, unit: str = "") -> str:
     return "–" if x is None else f"{x * scale:{spec}}{unit}"
 
 
+def tokens(x: float) -> str:
+    """A token count as people say it: 920 M, 1.4 B."""
+    for div, suffix in ((1e12, " T"), (1e9, " B"), (1e6, " M"), (1e3, " k")):
+        if x >= div:
+            return f"{x / div:,.3g}{suffix}"
+    return f"{x:,.0f}"
+
+
 def render(result: service.SearchResult, band: float | None) -> None:
     """Headline metrics of the recommended candidate (or the closest ones when none meets the SLO)."""
     if result.recommended is None:
@@ -33,7 +41,7 @@ def render(result: service.SearchResult, band: float | None) -> None:
     cols = st.columns(4)
     cols[0].metric("$ per GPU-hour", f"${c.costs.usd_per_gpu_hour:,.2f}", help=f"cluster ${c.costs.usd_per_hour:,.2f}/hour")
     cols[1].metric("$ per M output tokens", _fmt(c.costs.usd_per_m_output_tokens, ",.3f", unit=""), help=band_text(band))
-    cols[2].metric("tokens per day", _fmt(c.costs.tokens_per_day, ",.3g"), help="output tokens, whole cluster")
+    cols[2].metric("tokens per day", tokens(c.costs.tokens_per_day), help="output tokens, whole cluster")
     cols[3].metric("TTFT p90 / TPOT p50", f"{_fmt(c.ttft_p90_s, '.2f', unit=' s')} / {_fmt(c.tpot_p50_s, '.0f', 1e3, ' ms')}")
     if c.costs.revenue_per_gpu_hour is not None:
         st.caption(f"revenue ${c.costs.revenue_per_gpu_hour:,.2f} per GPU-hour at the given token prices "

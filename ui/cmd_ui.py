@@ -34,6 +34,7 @@ def streamlit_command(port: int, host: str = "127.0.0.1", open_browser: bool = F
         "--browser.gatherUsageStats", "false",
         "--server.maxUploadSize", str(max(1, MAX_UPLOAD_BYTES // 2**20)),
         "--server.fileWatcherType", "none",  # a served planner does not hot-reload its own code
+        "--client.toolbarMode", "viewer",  # no "Deploy" button: this is a local tool
     ]
 
 
