@@ -182,7 +182,7 @@ class Scheduler:
             while True:
                 rows, short = batch.shortfall(s)
                 need = (short + (bs - 1)) // bs
-                if int(need.sum()) <= blocks.num_free:
+                if sum(need.tolist()) <= blocks.num_free:
                     break
                 self._preempt(self._pick_victim(), preempted)
             self._grow_decodes(rows, need)
@@ -268,9 +268,10 @@ class Scheduler:
                 chunks.append(ScheduledChunk(req, chunk, hit_tokens, hit_tokens + chunk == req.num_tokens))
                 budget -= chunk
 
-        # 4. decode-only: run k identical-composition steps if nobody can finish and KV lasts
+        # 4. decode-only: run k identical-composition steps if nobody can finish and KV lasts (not
+        # right after a preemption: the next step may re-admit the preempted request)
         steps = 1
-        if max_steps > 1 and batch.n and not chunks:
+        if max_steps > 1 and batch.n and not chunks and not preempted:
             steps = self._decode_horizon(max_steps)
         return self._make_plan(chunks, steps, preempted)
 
@@ -282,7 +283,7 @@ class Scheduler:
         rows, short = batch.shortfall(k * s)
         if rows.size:
             need = (short + (bs - 1)) // bs
-            if int(need.sum()) > self.blocks.num_free:
+            if sum(need.tolist()) > self.blocks.num_free:
                 return None
             self._grow_decodes(rows, need)
         return self._make_plan([], k, [])
@@ -369,7 +370,7 @@ class Scheduler:
                 reqs[i].block_ids.extend(ids[pos : pos + k])
                 pos += k
         else:  # decode growth never enters the prefix cache: count it
-            self.blocks.reserve(int(need.sum()))
+            self.blocks.reserve(sum(need.tolist()))
         self.batch.room[rows] += need * self.block_size
 
     def _trim_decode_blocks(self, nd: int, last_tokens: np.ndarray | int) -> None:
@@ -399,7 +400,7 @@ class Scheduler:
                 release(ids[-k:])
                 del ids[-k:]
         else:  # the tail blocks of a decode are the counted ones
-            self.blocks.unreserve(int(k_rows.sum()))
+            self.blocks.unreserve(sum(k_rows.tolist()))
         room[rows] -= k_rows * bs
 
     # ----------------------------------------------------------------- result in
@@ -441,7 +442,8 @@ class Scheduler:
                     ids = sampled.get(r.request_id)
                     if ids:
                         r.output_token_ids.extend(ids[: tok if isinstance(tok, int) else int(tok[i])])
-            done = (batch.left[:nd] <= 0).nonzero()[0].tolist()
+            left = batch.left[:nd]
+            done = (left <= 0).nonzero()[0].tolist() if left[left.argmin()] <= 0 else []
             if early:
                 done = sorted(set(done) | {r._slot for r in plan.decodes if r.request_id in early})
             for slot in reversed(done):  # highest row first: swap-removal keeps lower rows in place

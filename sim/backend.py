@@ -123,12 +123,13 @@ class SimBackend:
         self._rates_asc = np.sort(np.asarray(acceptance_rates, float))
         self.async_overlap = async_overlap
         self._drawn: tuple[StepPlan, dict, np.ndarray] | None = None  # plan, rng state before, tokens
+        self._ones = np.ones((0, 0), np.int64)
 
-    def _draw_tokens(self, plan: StepPlan, steps: int) -> np.ndarray:
-        """Tokens each decode makes in each step: 1 + accepted drafts (all ones without drafts)."""
+    def _draw_tokens(self, plan: StepPlan, steps: int) -> np.ndarray | None:
+        """Tokens each decode makes in each step: 1 + accepted drafts (None without drafts: all ones)."""
         nd, d = len(plan.decodes), plan.draft_len
         if d == 0 or nd == 0:
-            return np.ones((steps, nd), np.int64)
+            return None
         state = self.rng.bit_generator.state
         u = self.rng.random((steps, nd))
         rates = self._rates_asc[-d:]
@@ -142,7 +143,7 @@ class SimBackend:
         nd = len(plan.decodes)
         tokens = self._draw_tokens(plan, plan.num_steps)
         if not plan.prefills:
-            if plan.draft_len and cost.sum_only and nd:
+            if tokens is not None and cost.sum_only:
                 grown = tokens.sum(axis=1)
                 sums = float(plan.decode_context_lens.sum()) + np.concatenate(([0], np.cumsum(grown[:-1])))
                 return cost.decode_times_at(nd, plan.draft_len, sums)
@@ -176,7 +177,11 @@ class SimBackend:
                 self.rng.random((steps, tokens.shape[1]))
                 tokens = tokens[:steps]
         else:
-            tokens = np.ones((steps, len(plan.decodes)), np.int64)
+            nd = len(plan.decodes)
+            if steps > self._ones.shape[0] or nd > self._ones.shape[1]:
+                self._ones = np.ones((max(steps, self._ones.shape[0]), max(nd, self._ones.shape[1])), np.int64)
+                self._ones.flags.writeable = False
+            tokens = self._ones[:steps, :nd]  # a read-only view: one token per decode per step
         return StepResult(step_durations=step_times, decode_tokens=tokens)
 
     def execute(self, plan: StepPlan, stop_at: float | None = None, start_s: float = 0.0, cold_start: bool = False) -> StepResult:

@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from twinfer.config import read_mapping, validate
@@ -49,6 +50,7 @@ def effective_scenario(scenario: str | None = None, **overrides):
 
     data, source = _base_mapping(scenario)
     o = {k: v for k, v in overrides.items() if v is not None}
+    given = dict(o)
     if "workload" in o:  # a preset replaces the workload; --rate/--requests/--duration still apply
         data["workload"] = {"preset": o.pop("workload")}
     if "trace" in o:
@@ -66,6 +68,9 @@ def effective_scenario(scenario: str | None = None, **overrides):
     }
     for key, value in o.items():
         _set(data, paths[key], value)
+    if given:  # say what changed, so the printed name/description do not describe another scenario
+        flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in given.items())
+        data["description"] = f"{data.get('description', '')} (modified: {flags})".strip()
     if overrides.get("requests") is not None and overrides.get("duration") is None and not trace:
         # --requests alone means "this many": drop a duration the base scenario may bound arrivals with
         if isinstance(data.get("workload"), dict):
@@ -99,7 +104,7 @@ def _print_result(con: Console, res, wall_s: float) -> None:
     sc = res.scenario
     lay = sc["layout"]
     lay_label = f"TP{lay['tp']}" + (f" DP{lay['dp']}" if lay["dp"] > 1 else "") + (f" EP{lay['ep']}" if lay["ep"] > 1 else "")
-    con.print(f"[bold]{res.name}[/]: {res.description or '(no description)'}", highlight=False)
+    con.print(f"[bold]{escape(res.name)}[/]: {escape(res.description or '(no description)')}", highlight=False)
     con.print(
         f"{sc['model']} {lay['weight_dtype']} on {res.num_gpus}x{sc['hardware']} ({sc['instances']} x {lay_label}), "
         f"{res.num_requests:,} requests, seed {res.seed}; KV {res.kv.capacity_tokens:,} tokens per instance",
@@ -137,7 +142,7 @@ def _print_result(con: Console, res, wall_s: float) -> None:
     thr.add_row("simulated time (steps, plans)", f"{m.duration_s:,.1f} s ({m.num_steps:,}, {m.num_plans:,})")
     con.print(thr)
     for reason, n in m.dropped_by_reason.items():
-        con.print(f"[yellow]dropped {n}:[/] {reason}", highlight=False)
+        con.print(f"[yellow]dropped {n}:[/] {escape(reason)}", highlight=False)
     con.print(f"[dim]digest {res.digest[:16]}, simulated in {wall_s:.2f} s wall[/]", highlight=False)
 
 
