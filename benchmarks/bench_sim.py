@@ -19,10 +19,38 @@ import sys
 import time
 
 
-def one(n: int, scenario: str | None) -> dict:
+def _time_calls(split: dict) -> None:
+    """Wrap the cost-model and metrics entry points so their share of the run is measured."""
+    import sim.backend as sb
+    import sim.metrics as sm
+
+    def wrap(cls, name, label):
+        f = getattr(cls, name)
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                split[label] = split.get(label, 0.0) + time.perf_counter() - t
+
+        setattr(cls, name, timed)
+
+    wrap(sb.MemoStepCost, "mixed_step_time", "cost model: mixed prefill/decode steps")
+    wrap(sb.MemoStepCost, "_block", "cost model: decode tables")
+    wrap(sm.MetricsCollector, "on_step", "metrics: on_step")
+    wrap(sm.MetricsCollector, "on_finish", "metrics: on_finish")
+    wrap(sm.MetricsCollector, "summarize", "metrics: summarize")
+
+
+def one(n: int, scenario: str | None, split: bool = False) -> dict:
     """Run the scenario with ``n`` requests in this process; timings and counters as a dict."""
     from sim.runner import simulate
     from sim.scenario import Scenario, builtin_scenario, load_scenario
+
+    shares: dict[str, float] = {}
+    if split:
+        _time_calls(shares)
 
     base = load_scenario(scenario) if scenario else builtin_scenario()
     data = base.model_dump(mode="json", exclude_none=True)
@@ -37,6 +65,7 @@ def one(n: int, scenario: str | None) -> dict:
         "requests": n, "wall_s": wall, "cpu_s": cpu, "requests_per_s": n / wall,
         "plans": m.num_plans, "steps": m.num_steps, "simulated_s": run.result.simulated_s,
         "finished": m.requests_finished, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "split_s": shares,
     }
 
 
@@ -47,9 +76,10 @@ def main() -> None:
     ap.add_argument("--scenario", default=None, help="scenario file (default: the built-in default)")
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true", help="print one JSON line per size")
+    ap.add_argument("--split", action="store_true", help="also time the cost-model and metrics calls (small overhead)")
     args = ap.parse_args()
     if args.one is not None:
-        print(json.dumps(one(args.one, args.scenario)))
+        print(json.dumps(one(args.one, args.scenario, args.split)))
         return
     sizes = [int(s) for s in args.sizes.split(",") if s]
     if args.million:
@@ -58,6 +88,7 @@ def main() -> None:
         print(f"{'requests':>10} {'wall s':>8} {'req/s':>9} {'plans/req':>9} {'steps/req':>9} {'sim s':>10} {'peak RSS MB':>11}")
     for n in sizes:
         cmd = [sys.executable, __file__, "--one", str(n)] + (["--scenario", args.scenario] if args.scenario else [])
+        cmd += ["--split"] if args.split else []
         out = subprocess.run(cmd, capture_output=True, text=True, check=True)
         r = json.loads(out.stdout.strip().splitlines()[-1])
         if args.json:
@@ -65,6 +96,9 @@ def main() -> None:
         else:
             print(f"{n:>10,} {r['wall_s']:>8.2f} {r['requests_per_s']:>9,.0f} {r['plans'] / n:>9.2f} "
                   f"{r['steps'] / n:>9.2f} {r['simulated_s']:>10,.0f} {r['peak_rss_mb']:>11,.0f}")
+            rest = r["wall_s"] - sum(r["split_s"].values())
+            for label, sec in list(r["split_s"].items()) + [("scheduler + simulator core + workload", rest)] * bool(r["split_s"]):
+                print(f"{'':>10} {sec:>8.2f}  {100 * sec / r['wall_s']:5.1f}%  {label}  ({sec / n * 1e6:,.0f} us/request)")
 
 
 if __name__ == "__main__":

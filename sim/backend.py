@@ -92,9 +92,13 @@ class MemoStepCost:
         n = len(context_lens)
         if not self.sum_only or n == 0:
             return np.asarray(self.cost_model.decode_times(context_lens, num_steps, draft_len), float)
-        g = 1 + draft_len
-        s0 = float(context_lens.sum())
-        return self.decode_times_at(n, draft_len, s0 + (n * g) * np.arange(num_steps, dtype=float))
+        # consecutive steps sit one grid point apart, so they share one interpolation weight
+        u = float(context_lens.sum()) / (n * (1 + draft_len))
+        i = int(u)
+        frac = u - i
+        t, first = self._table(n, draft_len, i, i + num_steps)
+        seg = t[i - first : i - first + num_steps + 1]
+        return seg[:-1] * (1.0 - frac) + seg[1:] * frac
 
 
 class SimBackend:
