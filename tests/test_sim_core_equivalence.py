@@ -111,3 +111,22 @@ def test_time_never_goes_backwards_per_instance():
     for iid in range(3):
         starts = [p[1] for p in metrics.plans if p[0] == iid]
         assert starts == sorted(starts)
+
+
+def test_backend_stop_at_and_host_overlap():
+    from scheduler.plan import StepPlan
+    from sim.host import wall_step_times
+
+    dev = np.array([0.010, 0.010, 0.010])
+    assert list(wall_step_times(dev, 0.004, False, False)) == pytest.approx([0.014] * 3)
+    assert list(wall_step_times(dev, 0.004, True, False)) == pytest.approx([0.010] * 3)
+    assert list(wall_step_times(dev, 0.004, True, True)) == pytest.approx([0.014, 0.010, 0.010])
+    assert list(wall_step_times(dev, 0.020, True, False)) == pytest.approx([0.020] * 3)  # host-bound
+
+    reqs = [Request("a", 0.0, 16, 100)]
+    plan = StepPlan(instance_id=0, decodes=reqs, decode_context_lens=np.array([16]), num_steps=5, host_overhead_s=0.0)
+    be = SimBackend(LinearCost(), np.random.default_rng(0))
+    assert be.execute(plan).num_steps == 5                                   # 10.1 ms steps
+    assert be.execute(plan, stop_at=1.0 + 0.0150, start_s=1.0).num_steps == 2  # first boundary at/after 15 ms: 20.2 ms
+    assert be.execute(plan, stop_at=0.5, start_s=1.0).num_steps == 1           # already past: one step
+    assert be.execute(plan, stop_at=9.0, start_s=1.0).num_steps == 5
