@@ -28,6 +28,19 @@ def test_simulate_json_smoke():
     assert res["scenario"]["model"] == "deepseek-v3" and res["num_gpus"] == 8
 
 
+def test_same_seed_same_bytes_across_processes():
+    import os
+
+    outs = []
+    for hash_seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed)
+        p = subprocess.run([sys.executable, "-c", "from ui.cli import main; main()", "simulate", "--requests", "60", "--json"],
+                           capture_output=True, text=True, timeout=120, env=env)
+        assert p.returncode == 0, p.stderr
+        outs.append(p.stdout)
+    assert outs[0] == outs[1]
+
+
 def test_simulate_table_flags_and_exports(tmp_path):
     csv, trace = tmp_path / "m.csv", tmp_path / "t.json"
     p = twinfer("--requests", "80", "--rate", "3", "--max-num-seqs", "64", "--no-async-overlap", "--draft-len", "1",
