@@ -38,17 +38,30 @@ class Cluster:
         self.requests = requests
         self._next = 0  # index of the next request to dispatch
         self.schedulers = list(schedulers)
+        # one instance gets every arrival, so its decode runs can stop at the next arrival up front;
+        # with several, the router decides at arrival time and interrupts the chosen instance's run
+        next_arrival = self.next_arrival_time if len(self.schedulers) == 1 else None
         self.instances = [
-            Instance(env, i, s, make_backend(i), metrics, max_steps, before_schedule=self.dispatch_due)
+            Instance(env, i, s, make_backend(i), metrics, max_steps, before_schedule=self.dispatch_due,
+                     next_arrival=next_arrival)
             for i, s in enumerate(self.schedulers)
         ]
         env.process(self._arrivals())
 
+    # A step boundary computed as start + duration can land a rounding error short of the
+    # arrival it was cut for; arrivals this close to ``now`` count as arrived.
+    TIME_EPS_S = 1e-9
+
     def dispatch_due(self, now: float) -> None:
         """Route every not yet dispatched request that has arrived by ``now``."""
         reqs = self.requests
-        while self._next < len(reqs) and reqs[self._next].arrival_time <= now:
+        due = now + self.TIME_EPS_S
+        while self._next < len(reqs) and reqs[self._next].arrival_time <= due:
             self._dispatch(reqs[self._next])
+
+    def next_arrival_time(self) -> float | None:
+        """Arrival time of the next request not yet dispatched."""
+        return self.requests[self._next].arrival_time if self._next < len(self.requests) else None
 
     def _dispatch(self, req: Request) -> None:
         self._next += 1

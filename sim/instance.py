@@ -15,10 +15,11 @@ from sim.backend import SimBackend
 class Instance:
     """A model replica: its Scheduler, its SimBackend and the simpy process that drives them.
 
-    The loop asks for plans of up to ``max_steps`` decode steps and sleeps until the plan ends. An
-    arrival routed here while a multi-step plan runs interrupts the sleep; the plan is cut at the
-    first step boundary at/after the arrival (the executor would also only see the request between
-    steps), so a long decode run never delays an arrival by more than one step.
+    The loop asks for plans of up to ``max_steps`` decode steps and sleeps until the plan ends.
+    A multi-step plan stops at the first step boundary at/after the next arrival (the executor too
+    only sees a new request between steps), so a long decode run never delays an arrival by more
+    than one step: a lone instance knows the next arrival up front (``next_arrival``); in a
+    cluster, the arrival routed here interrupts the sleep and the plan is cut at that boundary.
     """
 
     def __init__(
@@ -30,6 +31,7 @@ class Instance:
         metrics,
         max_steps: int = 256,
         before_schedule: Callable[[float], None] | None = None,
+        next_arrival: Callable[[], float | None] | None = None,
     ):
         self.env = env
         self.instance_id = instance_id
@@ -40,6 +42,9 @@ class Instance:
         # called with env.now before every schedule(): lets the cluster hand over arrivals due
         # exactly now, whatever order simpy fires same-time events in
         self._before_schedule = before_schedule
+        # when given (all arrivals come here), plans stop at the first step boundary at/after the
+        # next arrival up front, instead of being interrupted when it comes
+        self._next_arrival = next_arrival
         self._wake: simpy.Event | None = None     # set while idle
         self._ends: np.ndarray | None = None      # step end times of the running multi-step plan
         self._cut: int | None = None              # index of the step the running plan stops after
@@ -82,6 +87,12 @@ class Instance:
             times = backend.step_times(plan, cold)
             if len(times) > 1:
                 ends = start + np.cumsum(times)
+                if self._next_arrival is not None:
+                    t = self._next_arrival()
+                    if t is not None and t < ends[-2]:
+                        cut = int(np.searchsorted(ends, t, side="left"))
+                        times, ends = times[: cut + 1], ends[: cut + 1]
+            if len(times) > 1:
                 self._ends, self._cut = ends, None
                 try:
                     yield env.timeout(float(ends[-1]) - start)
