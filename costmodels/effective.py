@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import heapq
 from typing import Literal
 
 import numpy as np
@@ -124,22 +125,34 @@ class EffectiveStepCost:
         dp = self.layout.dp
         if not self.dp_balance or new.size == 0:
             return 1.0
-        tok = np.zeros(dp)
-        kv = np.zeros(dp)
         di = np.flatnonzero(dec)
         if di.size:
             r = np.arange(di.size) % dp
-            np.add.at(tok, r, new[di])
-            np.add.at(kv, r, ctx[di] + new[di])
+            tok = np.bincount(r, weights=new[di], minlength=dp)
+            kv = np.bincount(r, weights=ctx[di] + new[di], minlength=dp)
+        else:
+            tok = np.zeros(dp)
+            kv = np.zeros(dp)
         pi = np.flatnonzero(~dec)
-        if pi.size:
-            order = pi[np.lexsort((pi, -new[pi]))]  # largest chunk first, ties by position
-            for i in order.tolist():
-                w = tok * self._w_tok + kv * self._w_kv
-                r = int(np.argmin(w))
-                tok[r] += new[i]
-                kv[r] += ctx[i] + new[i]
         work = tok * self._w_tok + kv * self._w_kv
+        if pi.size:
+            # longest-processing-time first: largest chunk to the least-loaded rank (ties: lowest rank)
+            order = pi[np.lexsort((pi, -new[pi]))]
+            add = new[order] * self._w_tok + (ctx[order] + new[order]) * self._w_kv
+            if add.size > dp and add[0] == add[-1] and work.max() - work.min() <= add[0]:
+                # equal chunks onto ranks within one chunk of each other: LPT deals them round-robin
+                # in order of load, so the result has a closed form (same as the loop below)
+                m, a = add.size, float(add[0])
+                rank_order = np.lexsort((np.arange(dp), work))
+                work = work + a * (m // dp)
+                work[rank_order[: m % dp]] += a
+            else:
+                heap = [(w, r) for r, w in enumerate(work.tolist())]
+                heapq.heapify(heap)
+                for a in add.tolist():
+                    w, r = heapq.heappop(heap)
+                    heapq.heappush(heap, (w + a, r))
+                work = np.array([w for w, _ in sorted(heap, key=lambda x: x[1])])
         mean = work.mean()
         if mean <= 0:
             return 1.0

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 SkewKind = Literal["uniform", "zipf", "histogram"]
 
 # Layers sampled to average the per-layer straggler (each layer gets its own hot experts).
-SAMPLED_LAYERS = 16
+SAMPLED_LAYERS = 12
 
 
 class ExpertLoadSpec(BaseModel):
@@ -128,30 +128,32 @@ def rank_shares(popularity: np.ndarray, placement: list[np.ndarray]) -> np.ndarr
     return np.array([per_replica[ids].sum() for ids in placement])
 
 
-def expected_max_share(shares: np.ndarray, assignments: float) -> float:
+def expected_max_share(shares: np.ndarray, assignments: float) -> np.ndarray | float:
     """E[max over ranks of assignments received] / assignments, with binomial sampling noise.
 
-    Each rank's count is ~ Normal(N q, N q (1 - q)) (independent ranks: a slight overestimate
-    of the noise, since counts are negatively correlated); E[max] is integrated numerically.
+    ``shares`` is one rank-share vector ``[ep]`` or a stack ``[layers, ep]`` (one result per
+    layer). Each rank's count is ~ Normal(N q, N q (1 - q)) (independent ranks: a slight
+    overestimate of the noise, since counts are negatively correlated); E[max] is integrated
+    numerically from the largest mean up: ``E[max] ~= lo + int_lo^hi (1 - F(x)) dx``.
     """
-    q = np.asarray(shares, float)
-    n = float(assignments)
-    if n <= 0:
-        return float(q.max())
-    mu = n * q
-    sd = np.sqrt(np.maximum(n * q * (1.0 - q), 1e-12))
-    lo = float(mu.max())
-    hi = float((mu + 8.0 * sd).max())
-    if hi <= lo:
-        return lo / n
-    x = np.linspace(lo, hi, 257)
     from scipy.special import ndtr
 
-    cdf = np.prod(ndtr((x[:, None] - mu[None, :]) / sd[None, :]), axis=1)
-    # E[max] = lo + integral_lo^hi (1 - F(x)) dx (max >= lo is nearly certain once n q is large;
-    # below lo we take the max as lo: the busiest expected rank is at least that busy on average)
-    tail = np.trapezoid(1.0 - cdf, x)
-    return (lo + tail) / n
+    q = np.atleast_2d(np.asarray(shares, float))
+    n = float(assignments)
+    if n <= 0:
+        out = q.max(axis=1)
+    else:
+        mu = n * q
+        sd = np.sqrt(np.maximum(n * q * (1.0 - q), 1e-12))
+        lo = mu.max(axis=1)
+        hi = (mu + 8.0 * sd).max(axis=1)
+        t = np.linspace(0.0, 1.0, 65)
+        x = lo[:, None] + (hi - lo)[:, None] * t[None, :]                   # [layers, grid]
+        z = (x[:, :, None] - mu[:, None, :]) / sd[:, None, :]                # [layers, grid, ep]
+        cdf = np.exp(np.log(np.maximum(ndtr(z), 1e-300)).sum(axis=2))
+        tail = np.trapezoid(1.0 - cdf, x, axis=1)
+        out = (lo + tail) / n
+    return out if np.ndim(shares) == 2 else float(out[0])
 
 
 # ----------------------------------------------------------------------------- the load model
@@ -210,12 +212,12 @@ class ExpertLoad:
         """Busiest rank's assignments over the mean (>= 1), mean over sampled layers, for a step routing ``assignments``."""
         if self.ep <= 1:
             return 1.0
-        # memo on a 2% geometric grid of the assignment count: the value varies smoothly with it
-        key = int(round(math.log(max(assignments, 1.0)) / math.log(1.02)))
+        # memo on a 5% geometric grid of the assignment count: the value varies smoothly with it
+        key = int(round(math.log(max(assignments, 1.0)) / math.log(1.05)))
         v = self._memo.get(key)
         if v is None:
-            n = 1.02 ** key
-            v = float(np.mean([expected_max_share(s, n) for s in self.shares])) * self.ep
+            n = 1.05 ** key
+            v = float(np.mean(expected_max_share(self.shares, n))) * self.ep
             v = max(v, 1.0)
             if len(self._memo) > 4096:
                 self._memo.clear()

@@ -1,0 +1,191 @@
+"""From per-layout operating points to whole-cluster candidates (aggregated and disaggregated), as columns.
+
+The table is columnar (numpy arrays): a 72-GPU search has ~10^5 disaggregated combinations
+(prefill point x decode point x pool ratio), far too many for Python objects; only the rows
+the planner reports become :class:`Candidate` objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodels.hardware import Hardware
+from planner.screen import PREFILL_MAX_UTIL, LayoutPoints, kv_transfer_bytes
+from planner.space import LayoutOption
+from planner.workload_stats import WorkloadStats
+from sim.metrics import SLO
+
+COLUMNS = ("mode", "opt", "inst", "B", "d", "async", "chunk", "popt", "pinst", "pchunk", "pasync",
+           "rate", "thr_gpu", "tps_user", "ttft", "tpot", "gpus", "kv_ok", "transfer")
+AGG, DISAGG = 0, 1
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One deployment: pools, their policies, and the screen's (or simulator's) numbers."""
+
+    mode: str                  # aggregated | disaggregated
+    option: int                # LayoutOption index of the mixed (aggregated) or decode pool
+    instances: int
+    batch_per_rank: int
+    draft_len: int
+    async_overlap: bool
+    chunk_tokens: int
+    prefill_option: int
+    prefill_instances: int
+    prefill_chunk: int
+    prefill_async: bool
+    rate: float                # requests/s of the whole deployment
+    thr_gpu: float             # output tokens/s per GPU used
+    tps_user: float            # output tokens/s each user sees (1 / TPOT)
+    ttft_s: float
+    tpot_s: float
+    gpus: int                  # GPUs used
+    kv_ok: bool
+    transfer_s: float          # KV transfer per request (disaggregated)
+    row: int = -1
+    source: str = "screen"     # screen | simulation
+
+    def meets(self, slo: SLO) -> bool:
+        return self.kv_ok and self.ttft_s <= slo.ttft_s and self.tpot_s <= slo.tpot_s
+
+
+class Table:
+    """Candidate columns plus helpers to select and materialise rows.
+
+    ``enumerated`` counts every combination considered, including disaggregated ones dropped
+    unevaluated because one of their pool operating points is dominated (see ``combine``).
+    """
+
+    def __init__(self, cols: dict[str, np.ndarray], enumerated: int | None = None):
+        self.cols = cols
+        self.n = int(cols["rate"].size)
+        self.enumerated = self.n if enumerated is None else enumerated
+
+    def __len__(self) -> int:
+        return self.n
+
+    def meets(self, slo: SLO) -> np.ndarray:
+        c = self.cols
+        return c["kv_ok"] & (c["ttft"] <= slo.ttft_s) & (c["tpot"] <= slo.tpot_s) & (c["rate"] > 0)
+
+    def candidate(self, i: int) -> Candidate:
+        c = self.cols
+        return Candidate(
+            mode="aggregated" if c["mode"][i] == AGG else "disaggregated", option=int(c["opt"][i]), instances=int(c["inst"][i]),
+            batch_per_rank=int(c["B"][i]), draft_len=int(c["d"][i]), async_overlap=bool(c["async"][i]), chunk_tokens=int(c["chunk"][i]),
+            prefill_option=int(c["popt"][i]), prefill_instances=int(c["pinst"][i]), prefill_chunk=int(c["pchunk"][i]),
+            prefill_async=bool(c["pasync"][i]), rate=float(c["rate"][i]), thr_gpu=float(c["thr_gpu"][i]),
+            tps_user=float(c["tps_user"][i]), ttft_s=float(c["ttft"][i]), tpot_s=float(c["tpot"][i]), gpus=int(c["gpus"][i]),
+            kv_ok=bool(c["kv_ok"][i]), transfer_s=float(c["transfer"][i]), row=i,
+        )
+
+
+def _empty() -> dict[str, list]:
+    return {k: [] for k in COLUMNS}
+
+
+def _append(acc: dict[str, list], **cols) -> None:
+    n = None
+    for k in COLUMNS:
+        v = np.asarray(cols[k])
+        n = v.size if n is None else max(n, v.size)
+    for k in COLUMNS:
+        v = np.asarray(cols[k])
+        acc[k].append(np.broadcast_to(v, (n,)).copy() if v.size != n else v.ravel())
+
+
+def combine(options: list[LayoutOption], points: list[LayoutPoints], budget: int, stats: WorkloadStats,
+            hw: Hardware, model_name: str, modes: tuple[str, ...], prefill_max_gpus: int) -> Table:
+    """Every aggregated and disaggregated deployment of ``budget`` GPUs built from the operating points."""
+    acc = _empty()
+    O = max(stats.mean_output, 1e-9)
+    if "aggregated" in modes:
+        for p in points:
+            opt = options[p.option_index]
+            inst = budget // opt.gpus
+            if inst < 1 or p.mix_rate.size == 0:
+                continue
+            gpus = inst * opt.gpus
+            rate = p.mix_rate * inst
+            _append(acc, mode=AGG, opt=p.option_index, inst=inst, B=p.mix_B, d=p.mix_d, **{"async": p.mix_async}, chunk=p.mix_chunk,
+                    popt=-1, pinst=0, pchunk=0, pasync=False, rate=rate, thr_gpu=rate * O / gpus,
+                    tps_user=1.0 / p.mix_tpot, ttft=p.mix_ttft, tpot=p.mix_tpot, gpus=gpus, kv_ok=p.mix_kv_ok, transfer=0.0)
+    enumerated = sum(a.size for a in acc["rate"])
+    if "disaggregated" in modes:
+        prefill = [p for p in points if options[p.option_index].gpus <= prefill_max_gpus and p.pre_rate.size]
+        p90 = max(stats.p90_new, 1.0)
+        # a pool operating point dominated by another of the same layout cannot make a better
+        # deployment (the deployment's numbers are monotone in them): combine only the others
+        dec_keep = {p.option_index: _front2(p.dec_B * options[p.option_index].dp * p.dec_spt / p.dec_t / options[p.option_index].gpus,
+                                             p.dec_spt / p.dec_t, p.dec_kv_ok) for p in points if p.dec_t.size}
+        pre_keep = {p.option_index: _front2(p.pre_rate, -p.pre_step * np.ceil(p90 / np.maximum(p.pre_chunk, 1)), np.ones(p.pre_rate.size, bool))
+                    for p in prefill}
+        for pp in prefill:
+            popt = options[pp.option_index]
+            xfer_bytes = kv_transfer_bytes(model_name, popt.layout.kv_dtype, stats.mean_prompt)
+            for dp_ in points:
+                dopt = options[dp_.option_index]
+                if dp_.dec_t.size == 0:
+                    continue
+                # KV goes over scale-up links if the whole deployment fits in one scale-up domain
+                link = hw.scaleup_bw if budget <= hw.scaleup_domain else hw.scaleout_bw
+                lanes = popt.layout.tp * popt.layout.pp  # GPUs holding one DP rank's KV send in parallel
+                bw = link * 0.8 * lanes
+                transfer = xfer_bytes / bw + 20e-6
+                n_d = np.arange(1, (budget - popt.gpus) // dopt.gpus + 1)
+                if n_d.size == 0:
+                    continue
+                n_p = (budget - n_d * dopt.gpus) // popt.gpus
+                okr = n_p >= 1
+                n_d, n_p = n_d[okr], n_p[okr]
+                if n_d.size == 0:
+                    continue
+                enumerated += n_d.size * dp_.dec_t.size * pp.pre_rate.size
+                keep = dec_keep[dp_.option_index]
+                if not keep.any():
+                    continue
+                dp_ = _subset(dp_, keep)
+                gpus = n_d * dopt.gpus + n_p * popt.gpus
+                # decode-point columns x ratio rows
+                n_seats = dp_.dec_B * dopt.dp
+                dec_rate = n_seats * dp_.dec_spt / dp_.dec_t / O                       # requests/s per decode instance
+                link_rate = popt.layout.dp / max(transfer, 1e-12)                      # transfers/s per prefill instance
+                for j in np.flatnonzero(pre_keep[pp.option_index]).tolist():
+                    mu = min(pp.pre_rate[j], link_rate)
+                    lam = np.minimum(PREFILL_MAX_UTIL * n_p[:, None] * mu, n_d[:, None] * dec_rate[None, :])
+                    rho = np.minimum(lam / (n_p[:, None] * pp.pre_rate[j]), 0.95)
+                    p90_steps = max(1, int(np.ceil(stats.p90_new / max(pp.pre_chunk[j], 1))))
+                    ttft = (p90_steps * pp.pre_step[j] * (1.0 + rho / (2.0 * (1.0 - rho))) + transfer + dp_.dec_t[None, :])
+                    tpot = np.broadcast_to(dp_.dec_t / dp_.dec_spt, lam.shape)
+                    _append(acc, mode=DISAGG, opt=dp_.option_index, inst=np.repeat(n_d, dp_.dec_t.size),
+                            B=np.tile(dp_.dec_B, n_d.size), d=np.tile(dp_.dec_d, n_d.size), **{"async": np.tile(dp_.dec_async, n_d.size)},
+                            chunk=int(pp.pre_chunk[j]), popt=pp.option_index, pinst=np.repeat(n_p, dp_.dec_t.size), pchunk=int(pp.pre_chunk[j]),
+                            pasync=bool(pp.pre_async[j]), rate=lam.ravel(), thr_gpu=(lam * O / gpus[:, None]).ravel(),
+                            tps_user=(1.0 / tpot).ravel(), ttft=ttft.ravel(), tpot=tpot.ravel(), gpus=np.repeat(gpus, dp_.dec_t.size),
+                            kv_ok=np.tile(dp_.dec_kv_ok, n_d.size), transfer=transfer)
+    cols = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in acc.items()}
+    for k in ("mode", "opt", "inst", "B", "d", "chunk", "popt", "pinst", "pchunk", "gpus"):
+        cols[k] = cols[k].astype(np.int64)
+    for k in ("async", "pasync", "kv_ok"):
+        cols[k] = cols[k].astype(bool)
+    return Table(cols, enumerated)
+
+
+def _front2(x: np.ndarray, y: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """Mask of the points of ``ok`` not dominated in (x, y), both maximised."""
+    from planner.pareto import pareto_front
+
+    mask = np.zeros(x.size, bool)
+    mask[pareto_front(x, y, ok)] = True
+    return mask
+
+
+def _subset(p: LayoutPoints, keep: np.ndarray) -> LayoutPoints:
+    """``p`` with only the decode points in ``keep``."""
+    from dataclasses import replace
+
+    return replace(p, dec_B=p.dec_B[keep], dec_d=p.dec_d[keep], dec_async=p.dec_async[keep], dec_t=p.dec_t[keep],
+                   dec_spt=p.dec_spt[keep], dec_kv_ok=p.dec_kv_ok[keep])

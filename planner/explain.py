@@ -1,0 +1,143 @@
+"""Words for the planner's answers: why a plan won, and why nothing works (with the closest options)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodels.hardware import Hardware
+from costmodels.layout import ParallelLayout
+from costmodels.model_spec import ModelSpec
+from planner.combine import AGG, Table
+from planner.request import SearchSpace
+from planner.space import LayoutOption, Rejected, enumerate_layouts
+from sim.metrics import SLO
+
+
+def describe_row(table: Table, options: list[LayoutOption], i: int) -> str:
+    """One line naming a candidate's deployment and policies."""
+    c = table.cols
+    opt = options[int(c["opt"][i])]
+    pol = f"batch {int(c['B'][i])}/rank, MTP {int(c['d'][i])}, chunk {int(c['chunk'][i])}, async {'on' if c['async'][i] else 'off'}"
+    if c["mode"][i] == AGG:
+        return f"{int(c['inst'][i])} x {opt.describe()} ({pol})"
+    popt = options[int(c["popt"][i])]
+    return (f"{int(c['pinst'][i])} x {popt.describe()} prefill + {int(c['inst'][i])} x {opt.describe()} decode "
+            f"({pol}, prefill chunk {int(c['pchunk'][i])})")
+
+
+def _same_except(table: Table, i: int, **changes) -> int | None:
+    """Row equal to ``i`` in every candidate field except ``changes`` (None if the table has none)."""
+    c = table.cols
+    keys = ("mode", "opt", "inst", "B", "d", "async", "chunk", "popt", "pinst", "pchunk", "pasync")
+    mask = np.ones(table.n, bool)
+    for k in keys:
+        want = changes.get(k, c[k][i])
+        mask &= c[k] == want
+    hits = np.flatnonzero(mask)
+    return int(hits[0]) if hits.size else None
+
+
+def why_it_won(table: Table, options: list[LayoutOption], i: int, ok: np.ndarray, slo: SLO, thr_gpu: float,
+               source: str) -> list[str]:
+    """Reasons, each with a number: margins over the alternatives and what each policy adds."""
+    c = table.cols
+    out: list[str] = []
+    thr = c["thr_gpu"]
+    other_mode = DISAGG_OR_AGG = 1 - int(c["mode"][i])
+    mask_other = ok & (c["mode"] == other_mode)
+    if mask_other.any():
+        j = int(np.flatnonzero(mask_other)[np.argmax(thr[mask_other])])
+        gain = c["thr_gpu"][i] / thr[j] - 1.0
+        name = "aggregated" if DISAGG_OR_AGG == AGG else "disaggregated"
+        out.append(f"{gain:+.0%} output tokens/s per GPU over the best {name} deployment meeting the SLO in the screen "
+                   f"({describe_row(table, options, j)}: {thr[j]:,.0f})")
+    elif "mode" in c:
+        out.append("the only deployment mode with a candidate meeting the SLO")
+    ttft, tpot = float(c["ttft"][i]), float(c["tpot"][i])
+    out.append(f"meets the SLO with margin: TTFT {ttft:.2f} s of {slo.ttft_s:g} s, TPOT {tpot * 1e3:.1f} ms of {slo.tpot_s * 1e3:g} ms "
+               f"({source} numbers)")
+    for field, alt, label in (("async", not bool(c["async"][i]), "async CPU/GPU overlap"),
+                              ("d", 0, "MTP drafts"), ):
+        if field == "d" and int(c["d"][i]) == 0:
+            continue
+        j = _same_except(table, i, **{field: alt})
+        if j is not None and thr[j] > 0:
+            out.append(f"{label} {'on' if field == 'async' else str(int(c['d'][i])) + ' tokens'}: {thr[i] / thr[j] - 1:+.0%} throughput, "
+                       f"{c['tps_user'][i] / c['tps_user'][j] - 1:+.0%} tokens/s per user vs without")
+    opt = options[int(c["opt"][i])]
+    if opt.layout.ep > 1:
+        # the same deployment with the other EPLB choice, if enumerated
+        for k, o in enumerate(options):
+            if o is not opt and o.layout.tp == opt.layout.tp and o.layout.dp == opt.layout.dp and o.layout.ep == opt.layout.ep \
+                    and o.layout.two_micro_batch == opt.layout.two_micro_batch and o.eplb != opt.eplb and o.table_placement == opt.table_placement \
+                    and o.layout.kv_dtype == opt.layout.kv_dtype:
+                j = _same_except(table, i, opt=k)
+                if j is not None and thr[j] > 0:
+                    out.append(f"EPLB '{opt.eplb}' vs '{o.eplb}': {thr[i] / thr[j] - 1:+.0%} throughput (expert-load straggler)")
+                    break
+    return out
+
+
+def closest_to_slo(table: Table, slo: SLO, k: int = 5) -> np.ndarray:
+    """Rows that miss the SLO by the least (largest of TTFT and TPOT over their targets), best first."""
+    c = table.cols
+    viol = np.maximum(c["ttft"] / slo.ttft_s, c["tpot"] / slo.tpot_s)
+    viol = np.where(c["kv_ok"] & (c["rate"] > 0), viol, np.inf)
+    order = np.lexsort((np.arange(table.n), -c["thr_gpu"], viol))
+    return order[:k][np.isfinite(viol[order[:k]])]
+
+
+def slo_unreachable(table: Table, options: list[LayoutOption], slo: SLO) -> tuple[str, list[str]]:
+    """Why no candidate meets the SLO, and the closest ones with their numbers."""
+    c = table.cols
+    okkv = c["kv_ok"] & (c["rate"] > 0)
+    best_ttft = float(c["ttft"][okkv].min()) if okkv.any() else float("inf")
+    best_tpot = float(c["tpot"][okkv].min()) if okkv.any() else float("inf")
+    parts = []
+    if best_ttft > slo.ttft_s:
+        parts.append(f"the fastest first token any candidate reaches is {best_ttft:.2f} s (SLO {slo.ttft_s:g} s)")
+    if best_tpot > slo.tpot_s:
+        parts.append(f"the fastest decode step per token is {best_tpot * 1e3:.1f} ms (SLO {slo.tpot_s * 1e3:g} ms)")
+    if not parts:
+        parts.append("no candidate meets both bounds at once (the fast-TTFT and the fast-TPOT deployments differ)")
+    msg = "no deployment meets the SLO: " + "; ".join(parts)
+    rows = closest_to_slo(table, slo)
+    close = [f"{describe_row(table, options, int(r))}: TTFT {c['ttft'][r]:.2f} s, TPOT {c['tpot'][r] * 1e3:.1f} ms, "
+             f"{c['thr_gpu'][r]:,.0f} tokens/s/GPU" for r in rows]
+    return msg, close
+
+
+def does_not_fit(model: ModelSpec, hw: Hardware, budget: int, space: SearchSpace, rejected: list[Rejected],
+                 mem_fraction: float) -> tuple[str, list[str]]:
+    """Why no layout fits in the budget, and what would (more GPUs, smaller dtypes)."""
+    smallest = min(rejected, key=lambda r: (r.short_by_bytes, r.gpus)) if rejected else None
+    msg = f"{model.name} does not fit on {budget} x {hw.name}"
+    if smallest is not None:
+        msg += f": the closest layout, {smallest.label}, {smallest.reason.removeprefix('does not fit: ')}"
+    options: list[str] = []
+    for factor in (2, 4, 8, 16, 32, 64):
+        bigger = budget * factor
+        ok, _ = enumerate_layouts(model, hw, bigger, space, mem_fraction=mem_fraction)
+        if ok:
+            least = min(ok, key=lambda o: (o.gpus, o.describe()))
+            options.append(f"with {least.gpus} GPUs: {least.describe()} fits ({least.max_kv_tokens_per_rank:,} KV tokens per DP rank)")
+            break
+    for label, upd in (("FP8 KV cache", {"kv_dtypes": ("fp8",)}),
+                       ("FP8 weights", {"weight_dtype": "fp8", "expert_dtype": "fp8"}),
+                       ("FP4 experts", {"expert_dtype": "fp4"})):
+        if label == "FP4 experts" and not hw.supports("fp4"):
+            continue
+        alt = space.model_copy(update=upd)
+        if alt == space:
+            continue
+        ok, _ = enumerate_layouts(model, hw, budget, alt, mem_fraction=mem_fraction)
+        if ok:
+            least = min(ok, key=lambda o: (o.gpus, o.describe()))
+            options.append(f"with {label} on {budget} GPUs: {least.describe()} fits (changes accuracy: check before use)")
+    if not options:
+        options.append("no layout in the search space fits even with 64x the GPUs: check the model and hardware files")
+    return msg, options
+
+
+def fmt_layout(layout: ParallelLayout) -> str:
+    return layout.describe()

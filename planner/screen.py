@@ -1,0 +1,199 @@
+"""The analytic screen: steady-state throughput and latency of every candidate from a few step times.
+
+Per layout (one job, run in a worker process) the cost model gives three kinds of operating points:
+
+- **decode point** (layout, batch per rank ``B``, draft ``d``, async): a decode step of
+  ``n = B * dp`` requests at the workload's mean decode context; ``t_dec`` includes host
+  overhead (``max`` with async overlap, ``+`` without); ``spt = 1 + sum(acceptance)`` tokens
+  per request per step.
+- **mixed point** (aggregated: + chunk size ``c``): in steady state every seat is busy and
+  each step finishes ``r = n * spt / O`` requests' output, so it also admits ``r`` new prompts:
+  the step carries the decodes plus ``r * new`` prefill tokens in chunks of at most ``c``
+  (each on one DP rank: few chunks on many ranks is the attention-DP straggler).
+  ``lambda = n * spt / (O * t_step)`` requests/s, TPOT = ``t_step / spt``, TTFT =
+  ``(ceil(p90 new / c) + 0.5) * t_step``.
+- **prefill point** (disaggregated prefill pool): prefill-only steps of ``dp * c`` tokens;
+  ``mu = R / t_pre`` requests/s per instance.
+
+Disaggregated candidates combine a prefill point, a decode point and a pool ratio
+``n_p : n_d``: ``lambda = min(0.85 * n_p * mu, n_d * n * spt / (t_dec * O), link capacity)``,
+TPOT = ``t_dec / spt`` (no prefill interference), TTFT = prefill latency with M/D/1 queueing
+at the prefill pool's utilisation + the KV transfer. Aggregated TTFT is the prefill chunks'
+steps inflated by the share of time spent prefilling. These are screens, not predictions:
+the simulator checks the best of them (``planner/simulate.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodels.catalog import get_model
+from costmodels.effective import EffectiveStepCost
+from costmodels.hardware import get_hardware
+from costmodels.memory import kv_rates
+from costmodels.moe_load import ExpertLoadSpec, cached_initial
+from planner.space import LayoutOption
+from planner.workload_stats import WorkloadStats
+from scheduler.config import SchedulerConfig
+
+# A prefill pool is run at no more than this utilisation (queueing blows TTFT up beyond it).
+PREFILL_MAX_UTIL = 0.85
+# Requests must leave room in KV for the prefix cache: a seat counts mean prompt + output tokens
+# and the batch may use this share of the KV pool.
+KV_SHARE_FOR_BATCH = 0.9
+
+
+@dataclass(frozen=True)
+class ScreenContext:
+    """What every screening job needs (picklable: strings and frozen models)."""
+
+    model: str
+    hardware: str
+    stats: WorkloadStats
+    expert_load: ExpertLoadSpec
+    batch_per_rank: tuple[int, ...]
+    draft_len: tuple[int, ...]
+    async_overlap: tuple[bool, ...]
+    chunk_tokens: tuple[int, ...]
+    acceptance: tuple[float, ...]   # marginal acceptance of draft position 1.. (the scheduler's default)
+
+
+@dataclass
+class LayoutPoints:
+    """Operating points of one layout (rows of small arrays; -1 / nan where infeasible)."""
+
+    option_index: int
+    # decode points: one row per (B, d, async)
+    dec_B: np.ndarray
+    dec_d: np.ndarray
+    dec_async: np.ndarray
+    dec_t: np.ndarray          # wall seconds per decode step
+    dec_spt: np.ndarray
+    dec_kv_ok: np.ndarray
+    # mixed points: one row per (B, d, async, chunk)
+    mix_B: np.ndarray
+    mix_d: np.ndarray
+    mix_async: np.ndarray
+    mix_chunk: np.ndarray
+    mix_rate: np.ndarray       # requests/s per instance
+    mix_ttft: np.ndarray
+    mix_tpot: np.ndarray
+    mix_kv_ok: np.ndarray
+    # prefill points: one row per (chunk, async)
+    pre_chunk: np.ndarray
+    pre_async: np.ndarray
+    pre_rate: np.ndarray       # requests/s per instance at full load
+    pre_step: np.ndarray       # seconds per prefill step
+    pre_steps_per_req: np.ndarray
+    seconds: float = 0.0
+
+
+@functools.lru_cache(maxsize=512)
+def _cost(model: str, hardware: str, key: tuple, layout_json: str, eplb: str, tables: str, load: ExpertLoadSpec) -> EffectiveStepCost:
+    from costmodels.layout import ParallelLayout
+
+    m, hw = get_model(model), get_hardware(hardware)
+    lay = ParallelLayout.model_validate_json(layout_json)
+    el = None
+    if m.moe is not None and lay.ep > 1:
+        el = cached_initial(load, m.moe.n_routed_experts, lay.ep, lay.eplb_redundant_experts, eplb != "off")
+    return EffectiveStepCost(m, hw, lay, expert_load=el, dp_balance=True, table_placement=tables)
+
+
+def _host(sc: SchedulerConfig, n_req: float, n_tok: float) -> float:
+    return sc.host_step_s + sc.host_per_request_s * n_req + sc.host_per_token_s * n_tok
+
+
+def _wall(dev: float, host: float, overlap: bool) -> float:
+    return max(dev, host) if overlap else dev + host
+
+
+def _prefill_shape(stats: WorkloadStats, chunk: int) -> tuple[float, int, int]:
+    """(tokens per prompt chunk, prompts per rank per step, steps per prompt) for mean new tokens."""
+    new = max(stats.mean_new, 1.0)
+    if new <= chunk:
+        return new, max(1, int(chunk // new)), 1
+    return float(chunk), 1, int(math.ceil(new / chunk))
+
+
+def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPoints:
+    """All operating points of one layout option (a worker job; deterministic)."""
+    import time
+
+    t0 = time.perf_counter()
+    lay = opt.layout
+    cost = _cost(ctx.model, ctx.hardware, opt.key, lay.model_dump_json(), opt.eplb, opt.table_placement, ctx.expert_load)
+    st = ctx.stats
+    sc = SchedulerConfig()
+    dp = lay.dp
+    ctx_len = max(st.mean_context, 1.0)
+    per_seat = st.mean_prompt + st.mean_output
+    hit_ctx = int(round(st.mean_prompt - st.mean_new))
+    rows_d, rows_m = [], []
+    dev_cache: dict[tuple[int, int], float] = {}
+    for B in ctx.batch_per_rank:
+        n = B * dp
+        kv_ok = B * per_seat <= KV_SHARE_FOR_BATCH * opt.max_kv_tokens_per_rank
+        for d in ctx.draft_len:
+            spt = 1.0 + sum(ctx.acceptance[:d])
+            dev = float(cost.decode_times(np.full(n, ctx_len), 1, d)[0])
+            dev_cache[(B, d)] = dev
+            host = _host(sc, n, n * (1 + d))
+            # steady state at full seats: each step finishes n * spt / O requests' output, so it also
+            # admits that many new prompts (mean new tokens each), split into chunks of at most c
+            r = n * spt / max(st.mean_output, 1e-9)
+            pre_tokens = r * max(st.mean_new, 1.0)
+            mixes = {}
+            for c in ctx.chunk_tokens:
+                m_chunks = max(1, int(math.ceil(r)), int(math.ceil(pre_tokens / c)))
+                tok = max(1, int(round(pre_tokens / m_chunks)))
+                new = np.concatenate([np.full(n, 1 + d), np.full(m_chunks, tok)]).astype(np.int64)
+                cl = np.concatenate([np.full(n, int(ctx_len)), np.full(m_chunks, hit_ctx)]).astype(np.int64)
+                dec = np.concatenate([np.ones(n, bool), np.zeros(m_chunks, bool)])
+                mixes[c] = (cost.mixed_step_time(new, cl, dec), m_chunks, float(new.sum()))
+            for ov in ctx.async_overlap:
+                t_dec = _wall(dev, host, ov)
+                rows_d.append((B, d, ov, t_dec, spt, kv_ok))
+                for c in ctx.chunk_tokens:
+                    dev_mix, m_chunks, n_tok = mixes[c]
+                    t_step = _wall(dev_mix, _host(sc, n + m_chunks, n_tok), ov)
+                    lam = n * spt / (max(st.mean_output, 1e-9) * t_step)
+                    tpot = t_step / spt
+                    # a p90 prompt needs ceil(p90 / c) steps (one chunk per step); arrivals wait half a step
+                    p90_steps = max(1, int(math.ceil(st.p90_new / c)))
+                    ttft = (p90_steps + 0.5) * t_step
+                    rows_m.append((B, d, ov, c, lam, ttft, tpot, kv_ok))
+    rows_p = []
+    for c in ctx.chunk_tokens:
+        tok, k, steps = _prefill_shape(st, c)
+        m_chunks = dp * k
+        new = np.full(m_chunks, int(round(tok)), np.int64)
+        dev = cost.mixed_step_time(new, np.full(m_chunks, hit_ctx, np.int64), np.zeros(m_chunks, bool))
+        for ov in ctx.async_overlap:
+            t_pre = _wall(dev, _host(sc, m_chunks, float(new.sum())), ov)
+            rows_p.append((c, ov, (m_chunks / steps) / t_pre, t_pre, steps))
+
+    def col(rows, i, dtype=float):
+        return np.array([r[i] for r in rows], dtype=dtype)
+
+    return LayoutPoints(
+        option_index=index,
+        dec_B=col(rows_d, 0, np.int64), dec_d=col(rows_d, 1, np.int64), dec_async=col(rows_d, 2, bool),
+        dec_t=col(rows_d, 3), dec_spt=col(rows_d, 4), dec_kv_ok=col(rows_d, 5, bool),
+        mix_B=col(rows_m, 0, np.int64), mix_d=col(rows_m, 1, np.int64), mix_async=col(rows_m, 2, bool),
+        mix_chunk=col(rows_m, 3, np.int64), mix_rate=col(rows_m, 4), mix_ttft=col(rows_m, 5), mix_tpot=col(rows_m, 6),
+        mix_kv_ok=col(rows_m, 7, bool),
+        pre_chunk=col(rows_p, 0, np.int64), pre_async=col(rows_p, 1, bool), pre_rate=col(rows_p, 2), pre_step=col(rows_p, 3),
+        pre_steps_per_req=col(rows_p, 4, np.int64),
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def kv_transfer_bytes(model_name: str, kv_dtype: str, prompt_tokens: float) -> float:
+    """Bytes of one request's KV shipped from prefill to decode (one copy: MLA latents are replicated over TP)."""
+    per_tok, fixed = kv_rates(get_model(model_name), kv_dtype)
+    return prompt_tokens * per_tok + fixed

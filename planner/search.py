@@ -1,0 +1,360 @@
+"""``plan_deployment``: memory fit -> analytic screen -> simulation of the best -> Pareto frontier -> plan.
+
+Steps (each deterministic; jobs run through ``planner.parallel.Runner`` with results in order):
+
+1. enumerate layouts that fit the GPU budget (``planner.space``);
+2. screen every layout's operating points in parallel (``planner.screen``) and combine them
+   into aggregated and disaggregated deployments (``planner.combine``);
+3. keep the candidates meeting the SLO and their Pareto frontier of output tokens/s per GPU
+   against tokens/s per user; shortlist the best, the best of each mode and frontier points;
+4. simulate the shortlist on slices (``planner.simulate``), at 0.9 then 0.7 of the screened load;
+5. recommend the simulated candidate with the most output tokens/s per GPU meeting the SLO,
+   build its plan (pools, policies, routers, effects, workload at the planned rate), its
+   economics, why it won and the assumptions behind the numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from costmodels.catalog import get_model
+from costmodels.hardware import get_hardware
+from costmodels.step import StepCostModel
+from planner.combine import AGG, Candidate, Table, combine
+from planner.economics import Economics, economics
+from planner.explain import describe_row, does_not_fit, slo_unreachable, why_it_won
+from planner.parallel import Runner
+from planner.pareto import pareto_front
+from planner.plan import Plan, PoolPlan, Predicted
+from planner.request import PlanRequest
+from planner.screen import ScreenContext, screen_layout
+from planner.simulate import SimOutcome, build_job, meets, run_job, scheduler_for
+from planner.space import LayoutOption, enumerate_layouts
+from planner.workload_stats import WorkloadStats, workload_stats
+from scheduler.config import SchedulerConfig
+from sim.effects import EffectsSpec
+from sim.router import RouterConfig
+
+LOADS = (0.9, 0.7)
+FRONTIER_POINTS = 12
+
+
+class FrontierPoint(BaseModel):
+    """One deployment on (or near) the frontier."""
+
+    label: str
+    mode: str
+    gpus: int
+    output_tokens_per_s_per_gpu: float
+    tokens_per_s_per_user: float
+    ttft_s: float
+    tpot_s: float
+    request_rate: float
+    meets_slo: bool
+    source: Literal["screen", "simulation"]
+    row: int
+
+
+class Timings(BaseModel):
+    fit_s: float
+    screen_s: float
+    simulate_s: float
+    total_s: float
+    runner: str
+    screened_per_s: float
+    simulated_per_s: float
+
+
+class PlanReport(BaseModel):
+    """Everything ``twinfer plan`` prints or writes."""
+
+    status: Literal["ok", "does_not_fit", "slo_unreachable"]
+    message: str
+    model: str
+    hardware: str
+    gpus: int
+    workload: str
+    slo: str
+    layouts_considered: int
+    layouts_fitting: int
+    candidates_screened: int          # every combination considered (dominated pool points pruned unevaluated)
+    candidates_evaluated: int = 0     # rows actually computed
+    candidates_meeting_slo: int
+    candidates_simulated: int
+    simulations_run: int
+    frontier: list[FrontierPoint] = Field(default_factory=list)
+    best_by_mode: list[FrontierPoint] = Field(default_factory=list)
+    closest_options: list[str] = Field(default_factory=list)
+    recommended: Plan | None = None
+    assumptions: list[str] = Field(default_factory=list)
+    timings: Timings
+
+
+def _acceptance(max_draft: int) -> tuple[float, ...]:
+    return tuple(SchedulerConfig(draft_len=max_draft).effective_acceptance_rates()) if max_draft else ()
+
+
+def _point(table: Table, options, i: int, ok: bool, source: str, outcome: SimOutcome | None = None, scale_rate: float = 1.0) -> FrontierPoint:
+    c = table.cols
+    if outcome is not None:
+        return FrontierPoint(label=describe_row(table, options, i), mode="aggregated" if c["mode"][i] == AGG else "disaggregated",
+                             gpus=int(c["gpus"][i]), output_tokens_per_s_per_gpu=outcome.thr_gpu,
+                             tokens_per_s_per_user=outcome.tps_user, ttft_s=outcome.ttft_s, tpot_s=outcome.tpot_s,
+                             request_rate=outcome.rate * scale_rate, meets_slo=ok, source="simulation", row=i)
+    return FrontierPoint(label=describe_row(table, options, i), mode="aggregated" if c["mode"][i] == AGG else "disaggregated",
+                         gpus=int(c["gpus"][i]), output_tokens_per_s_per_gpu=float(c["thr_gpu"][i]),
+                         tokens_per_s_per_user=float(c["tps_user"][i]), ttft_s=float(c["ttft"][i]), tpot_s=float(c["tpot"][i]),
+                         request_rate=float(c["rate"][i]), meets_slo=ok, source="screen", row=i)
+
+
+def _shortlist(table: Table, ok: np.ndarray, front: np.ndarray, k: int) -> list[int]:
+    """Rows to simulate: the best overall, the best of each mode, then frontier points spread over tokens/s per user."""
+    c = table.cols
+    thr = c["thr_gpu"]
+    picks: list[int] = []
+
+    def add(i: int) -> None:
+        if i not in picks and len(picks) < k:
+            picks.append(int(i))
+
+    if ok.any():
+        best = np.flatnonzero(ok)
+        add(int(best[np.lexsort((best, -c["tps_user"][best], -thr[best]))[0]]))
+        for mode in (AGG, 1 - AGG):
+            m = ok & (c["mode"] == mode)
+            if m.any():
+                rows = np.flatnonzero(m)
+                add(int(rows[np.lexsort((rows, -c["tps_user"][rows], -thr[rows]))[0]]))
+    if front.size:
+        for j in np.linspace(0, front.size - 1, num=min(front.size, k)).round().astype(int).tolist():
+            add(int(front[j]))
+    return picks
+
+
+def _assumptions(model, hw, req: PlanRequest, stats: WorkloadStats) -> list[str]:
+    notes = StepCostModel(model, hw, _dummy_layout(model)).notes
+    out = []
+    if hw.measured is not None:
+        out.append(f"hardware: {hw.name} ceilings are measured ({hw.measured.source or 'see costmodels/data/hardware.yaml'})")
+    else:
+        out.append(f"hardware: {hw.name} numbers are datasheet ceilings; kernel efficiencies are measured on H200 and scaled "
+                   f"by datasheet ratios (sources: {'; '.join(hw.sources[:2]) or 'user file'})")
+    out += [f"cost model: {n}" for n in notes]
+    out += [f"model: {a}" for a in model.assumptions]
+    el = req.expert_load
+    if el.skew == "zipf":
+        out.append(f"expert load: Zipf({el.zipf_s:g}) popularity per layer (0.63 reproduces TensorRT-LLM's DeepSeek-R1 EP32 "
+                   "measurement: busiest rank 2.56x the mean without EPLB); EPLB packs replicas of hot experts")
+    else:
+        out.append(f"expert load: {el.skew} skew as given")
+    out.append(f"workload: {stats.describe()}; prefix reuse assumes a cache-aware router keeps sessions together")
+    out.append("screen: steady state at the max batch, mean lengths, p90 new prompt tokens for TTFT; "
+               "simulation: a slice of the deployment (one instance, or a small prefill:decode ratio; wide attention-DP "
+               "instances cut to a share of their ranks) at 0.9x (then 0.7x) the screened rate")
+    out.append(f"SLO: p{req.slo_percentile} TTFT and TPOT per request; a simulated plan must also finish >= 99% of requests")
+    out.append("host overhead per step and MTP acceptance (0.85^i) are the scheduler defaults (scheduler/config.py)")
+    out.append("KV transfer (disaggregated): 80% of link bandwidth x the sending rank's GPUs, 20 us per transfer (assumption)")
+    return out
+
+
+def _dummy_layout(model):
+    from costmodels.layout import ParallelLayout
+
+    return ParallelLayout(tp=1)
+
+
+def _scale(cand_rate: float, outcome: SimOutcome) -> float:
+    return 1.0
+
+
+def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | None = None) -> PlanReport:
+    """Search deployments for ``req`` and recommend one (see the module docstring)."""
+    t0 = time.perf_counter()
+    model, hw = get_model(req.model), get_hardware(req.hardware)
+    space = req.space
+    slo_txt = f"TTFT <= {req.slo.ttft_s:g} s, TPOT <= {req.slo.tpot_s * 1e3:g} ms (p{req.slo_percentile})"
+    stats = workload_stats(req.workload, req.seed)
+    wl_txt = f"{req.workload.kind}: {stats.describe()}"
+    options, rejected = enumerate_layouts(model, hw, req.gpus, space, mem_fraction=req.mem_fraction)
+    t_fit = time.perf_counter() - t0
+    considered = len(options) + len(rejected)
+    base = dict(model=model.name, hardware=hw.name, gpus=req.gpus, workload=wl_txt, slo=slo_txt,
+                layouts_considered=considered, layouts_fitting=len(options))
+    assumptions = _assumptions(model, hw, req, stats)
+    if not options:
+        msg, closest = does_not_fit(model, hw, req.gpus, space, rejected, req.mem_fraction)
+        return PlanReport(status="does_not_fit", message=msg, closest_options=closest, candidates_screened=0, candidates_evaluated=0,
+                          candidates_meeting_slo=0, candidates_simulated=0, simulations_run=0, assumptions=assumptions,
+                          timings=Timings(fit_s=t_fit, screen_s=0, simulate_s=0, total_s=time.perf_counter() - t0,
+                                          runner="-", screened_per_s=0, simulated_per_s=0), **base)
+    drafts = space.draft_len if space.draft_len is not None else ((0, 1, 2, 3) if model.mtp_layers else (0,))
+    if not model.mtp_layers:
+        drafts = (0,)
+    ctx = ScreenContext(req.model, req.hardware, stats, req.expert_load, space.batch_per_rank, drafts, space.async_overlap,
+                        space.chunk_tokens, _acceptance(max(drafts)))
+    with Runner(workers, ray_address) as runner:
+        t1 = time.perf_counter()
+        points = runner.map(_screen_job, list(enumerate(options)), ctx)
+        table = combine(options, points, req.gpus, stats, hw, req.model, space.modes, space.prefill_max_gpus)
+        t_screen = time.perf_counter() - t1
+        ok = table.meets(req.slo)
+        front = pareto_front(table.cols["thr_gpu"], table.cols["tps_user"], ok)
+        best_modes = []
+        for mode in (AGG, 1 - AGG):
+            m = ok & (table.cols["mode"] == mode)
+            if m.any():
+                rows = np.flatnonzero(m)
+                best_modes.append(int(rows[np.lexsort((rows, -table.cols["thr_gpu"][rows]))[0]]))
+        n_ok = int(ok.sum())
+        timings = dict(fit_s=t_fit, screen_s=t_screen, runner=runner.describe(),
+                       screened_per_s=table.enumerated / max(t_screen, 1e-9))
+        if n_ok == 0:
+            msg, closest = slo_unreachable(table, options, req.slo)
+            return PlanReport(status="slo_unreachable", message=msg, closest_options=closest, candidates_screened=table.enumerated,
+                              candidates_evaluated=len(table),
+                              candidates_meeting_slo=0, candidates_simulated=0, simulations_run=0, assumptions=assumptions,
+                              timings=Timings(simulate_s=0, total_s=time.perf_counter() - t0, simulated_per_s=0, **timings), **base)
+        shortlist = _shortlist(table, ok, front, req.simulate_top)
+        router = RouterConfig(kind="prefix_aware" if stats.hit_fraction > 0.2 else "least_outstanding")
+        effects = EffectsSpec(expert_load=req.expert_load)
+        acceptance = _acceptance(max(drafts))
+        outcomes: dict[int, SimOutcome] = {}
+        t2 = time.perf_counter()
+        sims_run = 0
+        pending = list(shortlist)
+        for load in LOADS if req.simulate_top else ():
+            if not pending:
+                break
+            jobs = [build_job(table.candidate(i), options, model=req.model, hardware=req.hardware, workload=req.workload,
+                              slo=req.slo, seed=req.seed, effects=effects, router=router, mean_output=stats.mean_output,
+                              load=load, max_requests=req.sim_requests, acceptance=acceptance, label=f"cand{i}")
+                    for i in pending]
+            results = runner.map(run_job, jobs, req.slo_percentile)
+            sims_run += len(jobs)
+            nxt = []
+            for i, o in zip(pending, results):
+                prev = outcomes.get(i)
+                if prev is None or (meets(o, req.slo) and not meets(prev, req.slo)):
+                    outcomes[i] = o
+                if not meets(o, req.slo):
+                    nxt.append(i)
+            # retry at the lower load only the best-screened half of the misses (bounded time)
+            pending = nxt[: max(2, req.simulate_top // 2)]
+        t_sim = time.perf_counter() - t2
+    timings.update(simulate_s=t_sim, simulated_per_s=sims_run / max(t_sim, 1e-9))
+
+    # frontier: simulated numbers where we have them, screen numbers elsewhere
+    pts: list[FrontierPoint] = []
+    for i in front.tolist():
+        o = outcomes.get(i)
+        pts.append(_point(table, options, i, meets(o, req.slo) if o else True, "simulation" if o else "screen", o,
+                          scale_rate=1.0 / _share(table, i, o)) if o else _point(table, options, i, True, "screen"))
+    for i, o in outcomes.items():
+        if i not in front:
+            pts.append(_point(table, options, i, meets(o, req.slo), "simulation", o, scale_rate=1.0 / _share(table, i, o)))
+    # keep the frontier of what is known to meet the SLO (screen-only points count as predicted)
+    good = [p for p in pts if p.meets_slo]
+    if good:
+        fx = np.array([p.output_tokens_per_s_per_gpu for p in good])
+        fy = np.array([p.tokens_per_s_per_user for p in good])
+        keep = pareto_front(fx, fy)
+        frontier = [good[k] for k in keep.tolist()]
+    else:
+        frontier = []
+    frontier.sort(key=lambda p: -p.output_tokens_per_s_per_gpu)
+    if len(frontier) > FRONTIER_POINTS:
+        sel = np.linspace(0, len(frontier) - 1, FRONTIER_POINTS).round().astype(int)
+        frontier = [frontier[k] for k in sorted(set(sel.tolist()))]
+    best_by_mode = [(_point(table, options, i, meets(outcomes[i], req.slo), "simulation", outcomes[i], 1.0 / _share(table, i, outcomes[i]))
+                     if i in outcomes else _point(table, options, i, True, "screen")) for i in best_modes]
+
+    confirmed = [(o.thr_gpu, o.tps_user, -i, i) for i, o in outcomes.items() if meets(o, req.slo)]
+    total = time.perf_counter() - t0
+    common = dict(candidates_screened=table.enumerated, candidates_evaluated=len(table), candidates_meeting_slo=n_ok, candidates_simulated=len(outcomes),
+                  simulations_run=sims_run, frontier=frontier, best_by_mode=best_by_mode, assumptions=assumptions,
+                  timings=Timings(total_s=total, **timings), **base)
+    if req.simulate_top and not confirmed:
+        closest = []
+        for i, o in sorted(outcomes.items(), key=lambda kv: max(kv[1].ttft_s / req.slo.ttft_s, kv[1].tpot_s / req.slo.tpot_s)):
+            closest.append(f"{describe_row(table, options, i)}: simulated TTFT p{req.slo_percentile} {o.ttft_s:.2f} s, "
+                           f"TPOT {o.tpot_s * 1e3:.1f} ms, {o.thr_gpu:,.0f} tokens/s/GPU at {o.load:.0%} of the screened load")
+        return PlanReport(status="slo_unreachable",
+                          message=(f"{n_ok:,} candidates meet the SLO in the analytic screen, but none of the {len(outcomes)} "
+                                   "simulated ones does (queueing and prefill interference the screen averages away); "
+                                   "relax the SLO or simulate more candidates (--simulate N)"),
+                          closest_options=closest[:5], **common)
+    if confirmed:
+        confirmed.sort(reverse=True)
+        win = confirmed[0][3]
+        o = outcomes[win]
+    else:  # simulation disabled: the screen decides
+        rows = np.flatnonzero(ok)
+        win = int(rows[np.lexsort((rows, -table.cols["tps_user"][rows], -table.cols["thr_gpu"][rows]))[0]])
+        o = None
+    cand = table.candidate(win)
+    plan = _make_plan(req, cand, options, stats, model, hw, router, effects, o, table, ok, acceptance)
+    plan.assumptions = assumptions
+    return PlanReport(status="ok", message=f"recommended: {describe_row(table, options, win)}", recommended=plan, **common)
+
+
+def _screen_job(item, ctx):
+    index, opt = item
+    return screen_layout(ctx, index, opt)
+
+
+def _share(table: Table, i: int, o: SimOutcome | None) -> float:
+    """Share of the deployment's request rate the slice simulated (rate_slice / rate_full at the same load)."""
+    if o is None or o.rate <= 0:
+        return 1.0
+    return o.rate / (float(table.cols["rate"][i]) * o.load)
+
+
+def _make_plan(req: PlanRequest, cand: Candidate, options: list[LayoutOption], stats: WorkloadStats, model, hw,
+               router: RouterConfig, effects: EffectsSpec, o: SimOutcome | None, table: Table, ok: np.ndarray,
+               acceptance: tuple[float, ...]) -> Plan:
+    dopt = options[cand.option]
+    acc = acceptance[: cand.draft_len]
+    main_sc = scheduler_for(cand.batch_per_rank, dopt.layout.dp, cand.draft_len, cand.async_overlap, cand.chunk_tokens, acc)
+    if cand.mode == "aggregated":
+        pools = [PoolPlan(role="mixed", instances=cand.instances, layout=dopt.layout, scheduler=main_sc, label=dopt.describe())]
+    else:
+        popt = options[cand.prefill_option]
+        psc = scheduler_for(1, popt.layout.dp, 0, cand.prefill_async, cand.prefill_chunk)
+        psc = psc.model_copy(update={"max_num_seqs": max(64, 16 * popt.layout.dp),
+                                     "max_num_batched_tokens": max(cand.prefill_chunk * popt.layout.dp, 16 * popt.layout.dp)})
+        pools = [PoolPlan(role="prefill", instances=cand.prefill_instances, layout=popt.layout, scheduler=psc, label=popt.describe()),
+                 PoolPlan(role="decode", instances=cand.instances, layout=dopt.layout, scheduler=main_sc, label=dopt.describe())]
+    if o is not None:
+        rate = o.rate / _share(table, cand.row, o)
+        thr_gpu, tps_user, ttft, tpot, source = o.thr_gpu, o.tps_user, o.ttft_s, o.tpot_s, "simulation"
+    else:
+        rate, thr_gpu, tps_user, ttft, tpot, source = cand.rate, cand.thr_gpu, cand.tps_user, cand.ttft_s, cand.tpot_s, "screen"
+    seats = sum(p.instances * p.scheduler.max_num_seqs for p in pools if p.role != "prefill")
+    n_plan = int(min(20_000, max(2_000, 3 * seats)))
+    wl = req.workload.model_copy(update={"rate": rate, "num_requests": n_plan, "duration_s": None}) if req.workload.kind != "trace" else req.workload
+    eff = effects.model_copy(update={"eplb": dopt.eplb != "off", "table_placement": dopt.table_placement})
+    gpus_used = cand.gpus
+    out_tps = thr_gpu * gpus_used
+    econ: Economics = economics(hw, req.prices, gpus_used, req.gpus, out_tps, stats.mean_prompt, stats.mean_output, stats.hit_fraction)
+    why = why_it_won(table, options, cand.row, ok, req.slo, thr_gpu, source)
+    if o is not None:
+        why.insert(0, f"highest simulated output throughput per GPU ({thr_gpu:,.0f} tokens/s) among the "
+                      f"candidates meeting the SLO in simulation (screen predicted {cand.thr_gpu:,.0f})")
+    if gpus_used < req.gpus:
+        why.append(f"uses {gpus_used} of {req.gpus} GPUs: the remaining {req.gpus - gpus_used} cannot form another instance of this shape")
+    name = f"{model.name}-{hw.name}-{req.gpus}gpu-{cand.mode}".lower()
+    predicted = Predicted(source=source, request_rate=rate, output_tokens_per_s_per_gpu=thr_gpu, tokens_per_s_per_user=tps_user,
+                          ttft_s=ttft, tpot_s=tpot, screen_output_tokens_per_s_per_gpu=cand.thr_gpu,
+                          simulated_requests=o.requests if o else None, simulated_gpus=o.slice_gpus if o else None,
+                          goodput_fraction=o.goodput_fraction if o else None, sim_digest=o.digest if o else None)
+    return Plan(name=name, model=req.model, hardware=req.hardware, gpus_budget=req.gpus, mode=cand.mode, pools=pools,
+                router=router, effects=eff, workload=wl, slo=req.slo, slo_percentile=req.slo_percentile, seed=req.seed,
+                predicted=predicted, economics=econ, why=why)
+
+
+_ = (math, _scale)

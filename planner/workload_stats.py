@@ -1,0 +1,63 @@
+"""What the analytic screen needs to know about a workload: lengths, reuse, and their tails.
+
+Measured on a sample of the workload itself (``sim.workload.generate`` with a fixed seed), so
+agentic sessions (prompts that grow turn by turn and reuse the conversation) and traces are
+handled like the simulator sees them. ``hit_fraction`` assumes an unbounded prefix cache and a
+router that keeps a session on one instance: the best case, which the simulation then checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.workload import WorkloadSpec, generate
+
+SAMPLE_REQUESTS = 4000
+BLOCK = 64
+
+
+@dataclass(frozen=True)
+class WorkloadStats:
+    """Means and tails of one workload's requests."""
+
+    mean_prompt: float          # tokens, shared prefix included
+    mean_output: float
+    mean_new: float             # prompt tokens not served by an ideal prefix cache
+    p90_new: float
+    hit_fraction: float         # cached prompt tokens / prompt tokens (ideal cache)
+    rate: float | None          # requests/s of the spec (None for traces)
+    mean_context: float         # mean KV tokens of a request while it decodes (prompt + output / 2)
+
+    def describe(self) -> str:
+        return (f"mean prompt {self.mean_prompt:,.0f} tokens ({self.hit_fraction:.0%} reusable from the prefix cache, "
+                f"{self.mean_new:,.0f} new, p90 {self.p90_new:,.0f}), mean output {self.mean_output:,.0f}")
+
+
+def workload_stats(spec: WorkloadSpec, seed: int = 0) -> WorkloadStats:
+    """Sample the workload and measure it (deterministic for a given seed)."""
+    if spec.kind != "trace":
+        spec = spec.model_copy(update={"num_requests": SAMPLE_REQUESTS, "duration_s": None})
+    reqs = generate(spec, np.random.default_rng(seed), BLOCK)
+    if not reqs:
+        return WorkloadStats(0.0, 0.0, 0.0, 0.0, 0.0, spec.rate, 0.0)
+    reqs = reqs[:SAMPLE_REQUESTS]
+    prompt = np.array([r.prompt_len for r in reqs], float)
+    out = np.array([r.output_len for r in reqs], float)
+    seen: set[int] = set()
+    new = np.empty(len(reqs))
+    for i, r in enumerate(reqs):  # arrival order: a block is reusable once an earlier request computed it
+        k = 0
+        for h in r.block_hashes:
+            if h not in seen:
+                break
+            k += 1
+        hit = min(k * BLOCK, r.prompt_len - 1)
+        new[i] = r.prompt_len - hit
+        seen.update(r.block_hashes)
+    return WorkloadStats(
+        mean_prompt=float(prompt.mean()), mean_output=float(out.mean()), mean_new=float(new.mean()),
+        p90_new=float(np.percentile(new, 90)), hit_fraction=float(1.0 - new.sum() / prompt.sum()),
+        rate=spec.rate, mean_context=float(prompt.mean() + out.mean() / 2.0),
+    )

@@ -1,0 +1,223 @@
+"""Simulate a deployment with serving effects and/or prefill/decode disaggregation.
+
+``simulate_deployment(scenario, effects, disagg)`` runs like ``sim.runner.simulate`` (same
+workload seeding, metrics collector, result with digest) but builds each pool's step cost
+with :func:`sim.effects.build_step_cost` and, with a ``DisaggSpec``, wires a prefill pool and
+a decode pool with KV transfers between them (:mod:`sim.disagg`). With ``mirror > 1`` an
+instance is simulated as a share of its DP ranks: its KV blocks shrink by the same factor
+(the scheduler's seats and token budget are the scenario's, set for the share) and the GPU
+count behind the per-GPU metrics is the simulated share's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from costmodels.catalog import get_model
+from costmodels.effective import fit_with_policies
+from costmodels.hardware import get_hardware
+from costmodels.layout import ParallelLayout
+from costmodels.memory import MemoryFit, kv_rates
+from scheduler.config import SchedulerConfig
+from scheduler.request import Request
+from scheduler.scheduler import Scheduler
+from sim.backend import SimBackend
+from sim.cluster import Cluster
+from sim.disagg import DisaggSpec, KVLinks, PrefilledScheduler, _PrefillMetrics, link_bandwidth, prompt_copy, transfer_bytes
+from sim.effects import EffectsSpec, build_step_cost
+from sim.export import digest
+from sim.instance import Instance
+from sim.metrics import MetricsCollector
+from sim.router import make_router
+from sim.runner import KVInfo, SimResult, SimRun
+from sim.scenario import Scenario
+from sim.workload import generate
+from twinfer import __version__
+from twinfer.errors import DoesNotFitError
+
+
+@dataclass
+class PoolStats:
+    """What a pool did, for reports."""
+
+    role: str
+    instances: int
+    gpus_simulated: float
+    busy_s: float
+    steps: int
+
+
+def _fit(scenario: Scenario, layout: ParallelLayout, sc: SchedulerConfig, effects: EffectsSpec, what: str) -> MemoryFit:
+    fit = fit_with_policies(
+        get_model(scenario.model), get_hardware(scenario.hardware), layout, table_placement=effects.table_placement,
+        mem_fraction=scenario.gpu_memory_fraction, max_batched_tokens=sc.max_num_batched_tokens,
+        max_running_requests=sc.max_num_seqs, min_kv_tokens=sc.block_size,
+    )
+    if not fit.fits:
+        raise DoesNotFitError(f"{what}: {fit.explanation}")
+    return fit
+
+
+def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, disagg: DisaggSpec | None = None, *,
+                        record_steps: bool = False, requests: list[Request] | None = None) -> SimRun:
+    """Run ``scenario`` with ``effects`` (and a prefill pool when ``disagg`` is given) to completion."""
+    eff = effects or EffectsSpec()
+    model, hw = get_model(scenario.model), get_hardware(scenario.hardware)
+    sc = scenario.scheduler
+    fit = _fit(scenario, scenario.layout, sc, eff, "layout")
+    num_blocks = max(1, fit.max_kv_tokens // eff.mirror // sc.block_size)
+
+    rng = np.random.default_rng(scenario.seed)
+    workload_seed, backend_seed = (int(x) for x in rng.integers(0, 2**63 - 1, size=2))
+    if requests is None:
+        requests = generate(scenario.workload, np.random.default_rng(workload_seed), sc.block_size)
+
+    env = simpy.Environment()
+    clock = lambda: env.now  # noqa: E731
+    collector = MetricsCollector(record_steps=record_steps)
+    cost = build_step_cost(model, hw, scenario.layout, eff, clock)
+    rates = sc.effective_acceptance_rates()
+    decode_gpus = scenario.instances * scenario.layout.gpus / eff.mirror
+    notes = list(getattr(cost, "notes", []))
+
+    if disagg is None:
+        def make_backend(i: int) -> SimBackend:
+            return SimBackend(cost, np.random.default_rng([backend_seed, i]), rates, sc.async_overlap)
+
+        schedulers = [Scheduler(sc, num_blocks, i, name_all_blocks=False) for i in range(scenario.instances)]
+        cluster = Cluster(env, schedulers, make_backend, make_router(scenario.router), collector, requests,
+                          max_steps=scenario.max_decode_steps)
+        env.run()
+        all_scheds = schedulers
+        gpus = decode_gpus
+        del cluster
+    else:
+        all_scheds, gpus, extra = _run_disagg(env, scenario, eff, disagg, collector, requests, cost, num_blocks,
+                                              backend_seed, decode_gpus)
+        notes += extra
+    stuck = [s for s in all_scheds if s.has_work]
+    if stuck:
+        raise RuntimeError(f"simulation ended with work queued on instances {[s.instance_id for s in stuck]}")
+
+    metrics = collector.summarize(max(1, int(round(gpus))), scenario.slo)
+    scen = scenario.model_dump(mode="json")
+    if eff.active:
+        scen["effects"] = eff.model_dump(mode="json")
+    if disagg is not None:
+        scen["disagg"] = disagg.model_dump(mode="json")
+    result = SimResult(
+        name=scenario.name, description=scenario.description, scenario=scen, seed=scenario.seed,
+        twinfer_version=__version__, num_gpus=max(1, int(round(gpus))),
+        kv=KVInfo(block_size=sc.block_size, num_blocks=num_blocks, capacity_tokens=num_blocks * sc.block_size,
+                  kv_bytes_per_token_per_gpu=fit.kv_bytes_per_token, memory=fit.explanation),
+        cost_model_notes=notes, num_requests=len(requests), simulated_s=float(env.now), metrics=metrics,
+    )
+    result.digest = digest(result)
+    return SimRun(result, collector, requests)
+
+
+def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, collector, requests, decode_cost,
+                num_blocks: int, backend_seed: int, decode_gpus: float):
+    model, hw = get_model(scenario.model), get_hardware(scenario.hardware)
+    dsc = scenario.scheduler
+    psc = spec.prefill_config(dsc)
+    peff = eff.model_copy(update={"mirror": spec.prefill_mirror})
+    pfit = _fit(scenario, spec.prefill_layout, psc, peff, "disagg.prefill_layout")
+    p_blocks = max(1, pfit.max_kv_tokens // spec.prefill_mirror // psc.block_size)
+    clock = lambda: env.now  # noqa: E731
+    pcost = build_step_cost(model, hw, spec.prefill_layout, peff, clock)
+    n_p, n_d = spec.prefill_instances, scenario.instances
+    total_gpus = n_p * spec.prefill_layout.gpus + n_d * scenario.layout.gpus
+    bw, link = link_bandwidth(spec, hw, total_gpus)
+    per_tok, fixed = kv_rates(model, scenario.layout.kv_dtype)
+    p_slots = [max(1, spec.prefill_layout.dp // spec.prefill_mirror)] * n_p
+    d_slots = [max(1, scenario.layout.dp // eff.mirror)] * n_d
+    links = KVLinks(env, p_slots, d_slots, bw, spec.transfer_latency_s)
+
+    originals = {r.request_id: r for r in requests}
+    copies = [prompt_copy(r) for r in requests]
+    d_rates = dsc.effective_acceptance_rates()
+    d_scheds = [PrefilledScheduler(dsc, num_blocks, n_p + j, name_all_blocks=False) for j in range(n_d)]
+    d_instances = [
+        Instance(env, n_p + j, s, SimBackend(decode_cost, np.random.default_rng([backend_seed, n_p + j]), d_rates, dsc.async_overlap),
+                 collector, scenario.max_decode_steps)
+        for j, s in enumerate(d_scheds)
+    ]
+    d_router = make_router(spec.decode_router)
+    p_index: dict[str, int] = {}
+
+    def on_prefilled(copy: Request) -> None:
+        orig = originals[copy.request_id]
+        orig.first_scheduled_time = copy.first_scheduled_time
+        orig.first_token_time = copy.first_token_time
+        orig.num_cached_tokens = copy.num_cached_tokens
+        orig.num_preemptions = copy.num_preemptions
+        if orig.output_len <= 1:
+            orig.num_output_tokens = 1
+            orig.status = copy.status
+            orig.finish_time = copy.finish_time
+            collector.on_finish(orig)
+            return
+        orig.num_computed_tokens = orig.prompt_len
+        orig.num_output_tokens = 1
+        orig._kv_ready = True
+        j = d_router.choose(orig, d_scheds) if n_d > 1 else 0
+        nbytes = transfer_bytes(per_tok, fixed, orig)
+        env.process(links.transfer(p_index[copy.request_id], j, nbytes, lambda: _admit(orig, j)))
+
+    def _admit(orig: Request, j: int) -> None:
+        sched, inst = d_scheds[j], d_instances[j]
+        if not sched.add_prefilled(orig):
+            collector.on_drop(orig)
+            return
+        inst.submit_ready()
+
+    # the decode instances need a way to be woken without add_request: a tiny shim
+    for inst in d_instances:
+        inst.submit_ready = _waker(inst)
+
+    p_scheds = [Scheduler(psc, p_blocks, i, name_all_blocks=False) for i in range(n_p)]
+    p_rates = psc.effective_acceptance_rates()
+
+    def make_pbackend(i: int) -> SimBackend:
+        return SimBackend(pcost, np.random.default_rng([backend_seed, 0x5046, i]), p_rates, psc.async_overlap)
+
+    router = make_router(spec.prefill_router)
+
+    class _TrackingRouter:
+        def choose(self, req, schedulers):
+            i = router.choose(req, schedulers)
+            p_index[req.request_id] = i
+            return i
+
+    pmetrics = _PrefillMetrics(collector, originals, on_prefilled)
+    if n_p == 1:
+        for c in copies:
+            p_index[c.request_id] = 0
+    cluster = Cluster(env, p_scheds, make_pbackend, _TrackingRouter(), pmetrics, copies, max_steps=scenario.max_decode_steps)
+    env.run()
+    del cluster
+    gpus = decode_gpus + n_p * spec.prefill_layout.gpus / spec.prefill_mirror
+    notes = [
+        f"disaggregated: {n_p} x {spec.prefill_layout.describe()} prefill + {n_d} x {scenario.layout.describe()} decode; "
+        f"KV over {link} at {bw / 1e9:.0f} GB/s per transfer lane: {links.transfers} transfers, "
+        f"{links.bytes / 1e9:.1f} GB, mean queueing {links.wait_s / max(links.transfers, 1) * 1e3:.2f} ms"
+    ]
+    return p_scheds + d_scheds, gpus, notes
+
+
+def _waker(inst: Instance):
+    """A function that makes ``inst`` look at its scheduler now (what Instance.submit does after queueing)."""
+    def wake() -> None:
+        if inst._wake is not None:
+            w, inst._wake = inst._wake, None
+            w.succeed()
+        elif inst._ends is not None and inst._cut is None:
+            cut = int(np.searchsorted(inst._ends, inst.env.now, side="left"))
+            if cut < len(inst._ends) - 1:
+                inst._cut = cut
+                inst.process.interrupt()
+    return wake

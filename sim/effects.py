@@ -1,0 +1,173 @@
+"""Serving effects in simulated time: expert load that drifts, EPLB rebalancing, attention-DP stragglers.
+
+``EffectsSpec`` is the YAML-facing switchboard; :func:`build_step_cost` turns it into the
+object the SimBackend asks for step times. With the defaults that is what ``sim.runner``
+uses: ``EffectiveStepCost`` (per-step attention-DP imbalance, the cost model's constant
+expert imbalance), memoised.
+
+Time-varying load (``DriftingStepCost``): the simulator's clock is cut into epochs of
+``epoch_s``; in each epoch the expert popularity has drifted (``ExpertLoadSpec.drift_*``)
+and, every ``eplb_period_s``, EPLB re-places experts from the popularity it sees then. A
+rebalance stalls the instance while expert weights move (bulk mode, as TensorRT-LLM's first
+implementation): the busiest rank's moved expert bytes over the scale-up (or, for EP groups
+wider than a scale-up domain, scale-out) link, plus ``eplb_move_overhead_s``. The stall is
+added to the first step that starts after the rebalance. A plan spanning an epoch boundary is
+costed with the epoch it started in (plans last at most ``max_decode_steps`` steps).
+
+``mirror`` is a simulation shortcut for wide attention-DP instances: the instance is
+simulated as ``dp / mirror`` of its DP ranks (with that share of the traffic, seats and KV)
+and the cost model sees the batch repeated ``mirror`` times, i.e. the other ranks carry
+statistically identical batches. It keeps a DP72 instance's simulation at the size of a DP8.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from costmodels.calibration import CalibrationProfile
+from costmodels.effective import EffectiveStepCost, TablePlacement
+from costmodels.hardware import Hardware
+from costmodels.layout import ParallelLayout
+from costmodels.model_spec import ModelSpec
+from costmodels.moe_load import ExpertLoad, ExpertLoadSpec, cached_initial
+from costmodels.params import WEIGHT_BYTES
+from sim.backend import MemoStepCost
+
+
+class EffectsSpec(BaseModel):
+    """Which serving effects the simulation models beyond the plain step cost model (all off by default)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    expert_load: ExpertLoadSpec | None = Field(None, description="per-expert load skew/drift (None: the cost model's constant imbalance)")
+    eplb: bool = Field(False, description="place experts with EPLB (balanced packing + the layout's redundant experts) instead of contiguously")
+    eplb_period_s: float | None = Field(None, gt=0, le=1e6, description="re-run EPLB every this many seconds (None: place once, from the initial load)")
+    eplb_move_overhead_s: float = Field(0.05, ge=0, le=60, description="fixed stall per rebalance (synchronisation, weight-pointer swap) on top of the copy time")
+    epoch_s: float = Field(30.0, gt=0, le=1e6, description="how often drifting expert load is re-evaluated (simulated seconds)")
+    dp_balance: bool = Field(True, description="each step waits for its busiest attention-DP rank (False: requests spread evenly, the StepCostModel's assumption)")
+    table_placement: TablePlacement = Field("host", description="lookup tables (Engram / n-gram) in host memory or sharded in HBM")
+    table_prefetch: bool = Field(True, description="issue table lookups ahead of the step (they depend only on token ids)")
+    mirror: int = Field(1, ge=1, le=4096, description="simulate 1/mirror of the DP ranks; the cost model sees the batch mirror times")
+
+    @model_validator(mode="after")
+    def _check(self) -> "EffectsSpec":
+        if self.eplb_period_s is not None and not self.eplb:
+            raise ValueError("eplb_period_s: periodic rebalancing needs eplb: true")
+        return self
+
+    @property
+    def active(self) -> bool:
+        """True if anything differs from the plain cost model."""
+        return self != EffectsSpec()
+
+
+class MirroredStepCost:
+    """The cost of a batch that ``factor`` DP-rank groups each run a copy of (see ``EffectsSpec.mirror``)."""
+
+    def __init__(self, inner, factor: int):
+        self.inner, self.factor = inner, factor
+        self.notes = list(getattr(inner, "notes", [])) + [f"simulated {1}/{factor} of the DP ranks; the others assumed to carry the same load"]
+
+    def mixed_step_time(self, new_tokens, context_lens, is_decode) -> float:
+        k = self.factor
+        return self.inner.mixed_step_time(np.tile(new_tokens, k), np.tile(context_lens, k), np.tile(is_decode, k))
+
+    def decode_times(self, context_lens, num_steps: int, draft_len: int = 0) -> np.ndarray:
+        return self.inner.decode_times(np.tile(np.asarray(context_lens), self.factor), num_steps, draft_len)
+
+
+class DriftingStepCost:
+    """Step times whose expert load changes with simulated time (drift, periodic EPLB), plus rebalance stalls."""
+
+    def __init__(self, make: Callable[[ExpertLoad], object], spec: ExpertLoadSpec, load: ExpertLoad, effects: EffectsSpec,
+                 move_bytes_per_slot: float, link_bw: float, clock: Callable[[], float]):
+        self.make, self.spec, self.effects, self.clock = make, spec, effects, clock
+        self.move_bytes_per_slot, self.link_bw = move_bytes_per_slot, link_bw
+        self.load = load
+        self.epoch = 0
+        self.current = make(load)
+        self.notes = list(getattr(self.current, "notes", []))
+        self._stall = 0.0
+        self.rebalances = 0
+        self.stall_s = 0.0
+        self._last_rebalance = 0
+
+    def _advance(self) -> None:
+        e = int(self.clock() // self.effects.epoch_s)
+        if e <= self.epoch:
+            return
+        eff = self.effects
+        load = self.load
+        changed = False
+        for k in range(self.epoch + 1, e + 1):
+            drifted = load.drifted(self.spec, eff.epoch_s / 60.0, k)
+            changed |= drifted is not load
+            load = drifted
+            if eff.eplb_period_s is not None:
+                due = int(k * eff.epoch_s // eff.eplb_period_s)
+                if due > self._last_rebalance:
+                    self._last_rebalance = due
+                    new = load.rebalanced()
+                    moved = new.moved_slots(load)
+                    self._stall += moved * self.move_bytes_per_slot / self.link_bw + eff.eplb_move_overhead_s
+                    self.rebalances += 1
+                    load, changed = new, True
+        self.epoch = e
+        if changed:
+            self.load = load
+            self.current = self.make(load)
+
+    def _take_stall(self) -> float:
+        s, self._stall = self._stall, 0.0
+        self.stall_s += s
+        return s
+
+    def mixed_step_time(self, new_tokens, context_lens, is_decode) -> float:
+        self._advance()
+        return self.current.mixed_step_time(new_tokens, context_lens, is_decode) + self._take_stall()
+
+    def decode_times(self, context_lens, num_steps: int, draft_len: int = 0) -> np.ndarray:
+        self._advance()
+        t = np.array(self.current.decode_times(context_lens, num_steps, draft_len), float)
+        if t.size and self._stall:
+            t[0] += self._take_stall()
+        return t
+
+
+def build_step_cost(model: ModelSpec, hw: Hardware, layout: ParallelLayout, effects: EffectsSpec | None,
+                    clock: Callable[[], float] | None = None):
+    """The step-cost object for one pool's instances (a StepCost, as ``sim.backend.SimBackend`` takes)."""
+    eff = effects or EffectsSpec()
+    n_experts = model.moe.n_routed_experts if model.moe else 0
+    use_load = eff.expert_load is not None and model.moe is not None and layout.ep > 1
+    if eff.eplb and layout.ep > 1 and eff.expert_load is None and model.moe is not None:
+        use_load = True  # EPLB without a stated skew: balance the default (measured) skew
+    spec = eff.expert_load or ExpertLoadSpec()
+
+    def make(load: ExpertLoad | None):
+        inner = EffectiveStepCost(model, hw, layout, expert_load=load, dp_balance=eff.dp_balance,
+                                  table_placement=eff.table_placement, table_prefetch=eff.table_prefetch)
+        if eff.mirror > 1:
+            inner = MirroredStepCost(inner, eff.mirror)
+        memo = MemoStepCost(inner)
+        memo.notes = list(getattr(inner, "notes", []))
+        return memo
+
+    if not use_load:
+        return make(None)
+    load = cached_initial(spec, n_experts, layout.ep, layout.eplb_redundant_experts, eff.eplb)
+    timed = spec.drift_fraction_per_min > 0 or eff.eplb_period_s is not None
+    if not timed:
+        return make(load)
+    if clock is None:
+        raise ValueError("drifting expert load / periodic EPLB need the simulation clock")
+    per_slot = model.num_layers and (
+        3 * model.hidden_size * model.moe.moe_intermediate_size / layout.moe_tp * WEIGHT_BYTES[layout.experts_dtype]
+        * sum(1 for i in range(model.num_layers) if model.is_moe_layer(i))
+    )
+    link = hw.scaleup_bw if layout.ep <= hw.scaleup_domain else hw.scaleout_bw
+    eff_bw = link * CalibrationProfile.default(hw).comm_eff
+    return DriftingStepCost(make, spec, load, eff, float(per_slot), eff_bw, clock)
