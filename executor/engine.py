@@ -74,14 +74,16 @@ def block_hashes(token_ids: list[int], block_size: int) -> tuple[int, ...]:
 
 
 def _default_kv_blocks(cfg: ExecModelConfig, block_size: int, dtype: torch.dtype, device: torch.device,
-                       max_model_len: int, fraction: float) -> int:
+                       max_model_len: int, max_num_seqs: int, fraction: float) -> int:
+    """Blocks for every running request at full length, capped by memory (GPU: a fraction of free)."""
     per_block = KVCache.bytes_per_block(cfg, block_size, dtype)
+    per_seq = -(-max_model_len // block_size)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         n = int(free * fraction // per_block)
     else:
-        n = min((1 << 30) // per_block, 4096)   # CPU: at most 1 GiB of KV
-    return max(n, -(-max_model_len // block_size) + 1)
+        n = (1 << 30) // per_block   # CPU: at most 1 GiB of KV
+    return max(min(n, per_seq * max_num_seqs), per_seq + 1)
 
 
 class LLMEngine:
@@ -111,13 +113,15 @@ class LLMEngine:
                   max_model_len: int | None = None, num_kv_blocks: int | None = None,
                   scheduler_config: SchedulerConfig | dict | None = None, plan_path: str | None = None,
                   routing_skew: float = 0.0, decode_steps: int = 1, eos_token_id: int | None = None,
-                  kv_memory_fraction: float = 0.85, step_log=None, kernel_overrides: dict[str, str] | None = None) -> "LLMEngine":
+                  kv_memory_fraction: float = 0.7, step_log=None, kernel_overrides: dict[str, str] | None = None,
+                  num_layers: int | None = None) -> "LLMEngine":
         """Build model, KV cache, scheduler and runner from names and options.
 
         ``model``: a catalog name (``tiny``, ...) or an HF checkpoint folder (config.json +
         safetensors). ``plan_path``: a deployment plan file whose ``scheduler`` section
         configures the scheduler. ``routing_skew``: Zipf-like expert skew for dummy weights.
         ``decode_steps``: most decode steps one plan may cover (multi-step decode).
+        ``num_layers``: keep only the first n layers (a full-width model that fits one GPU, for benchmarks).
         """
         if device not in ("cpu", "cuda"):
             raise TwinferError(f"device {device!r}: expected 'cpu' or 'cuda'")
@@ -131,6 +135,11 @@ class LLMEngine:
             ops.clear_choices()
         hf_dir = model if os.path.isdir(model) else None
         spec = resolve_spec(model)
+        if num_layers is not None:
+            if not 1 <= num_layers <= spec.num_layers:
+                raise TwinferError(f"num_layers={num_layers}: the model has 1..{spec.num_layers}")
+            kinds = spec.layer_kinds[:num_layers] if spec.layer_kinds else []
+            spec = spec.model_copy(update={"num_layers": num_layers, "layer_kinds": kinds})
         cfg = ExecModelConfig.build(spec, hf_dir)
         if plan_path is not None and scheduler_config is None:
             plan = read_mapping(plan_path)
@@ -149,7 +158,8 @@ class LLMEngine:
         torch_dtype = DTYPES[dtype]
         net = build_model(cfg, dev, dtype, load_format, seed, routing_skew, max_pos=mml + sched_cfg.draft_len + 8)
         if num_kv_blocks is None:
-            num_kv_blocks = _default_kv_blocks(cfg, sched_cfg.block_size, torch_dtype, dev, mml, kv_memory_fraction)
+            num_kv_blocks = _default_kv_blocks(cfg, sched_cfg.block_size, torch_dtype, dev, mml,
+                                               sched_cfg.max_num_seqs, kv_memory_fraction)
         kv = KVCache(cfg, num_kv_blocks, sched_cfg.block_size, dev, torch_dtype)
         if eos_token_id is None:
             eos_token_id = cfg.eos_token_id

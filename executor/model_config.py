@@ -113,6 +113,12 @@ class ExecModelConfig:
     @staticmethod
     def build(spec: ModelSpec, hf_dir: str | Path | None = None) -> "ExecModelConfig":
         """Combine ``spec`` with ``hf_dir/config.json`` when given."""
+        unsupported = [f for f, bad in (("o_lora_rank", getattr(spec, "o_lora_rank", None)),
+                                        ("hc_mult", getattr(spec, "hc_mult", 1) != 1),
+                                        ("layer_kinds", any(k != "full" for k in spec.kinds()))) if bad]
+        if unsupported:
+            raise TwinferError(f"model {spec.name!r}: the executor does not implement {', '.join(unsupported)} "
+                               "(V4-class attention); the simulator does")
         cfg = ExecModelConfig(spec=spec, rope=RopeConfig(theta=spec.rope_theta))
         if spec.family in ("qwen3", "qwen3_moe"):
             cfg.qk_norm = True

@@ -59,7 +59,8 @@ class MoE(nn.Module):
         self.cfg, self.scaling, self.norm_topk_prob = m, routed_scaling_factor, norm_topk_prob
         self.gate = Router(m.n_routed_experts, hidden, with_bias=m.scoring == "sigmoid")
         self.experts = Experts(m.n_routed_experts, hidden, m.moe_intermediate_size, fp8)
-        self.shared_experts = MLP(hidden, m.moe_intermediate_size * m.n_shared_experts, fp8) if m.n_shared_experts else None
+        shared = getattr(m, "shared_intermediate_size", None) or m.moe_intermediate_size * m.n_shared_experts
+        self.shared_experts = MLP(hidden, shared, fp8) if m.n_shared_experts else None
         self.register_buffer("router_bias", torch.zeros(m.n_routed_experts), persistent=False)
         self.expert_counts: torch.Tensor | None = None   # tokens per expert, last forward (for load stats)
 

@@ -196,18 +196,21 @@ def init_dummy(model: CausalLM, seed: int = 0, routing_skew: float = 0.0) -> Non
             p.data.fill_(1.0)
             continue
         g = torch.Generator(device=p.device).manual_seed(_seed_for(seed, name))
-        fan_in = p.shape[-1]
-        std = 1.0 if "embed_tokens" in name else 1.0 / math.sqrt(fan_in)
-        w = torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32) * std
+        std = 1.0 if "embed_tokens" in name else 1.0 / math.sqrt(p.shape[-1])
+        # one 2-D slice at a time (an expert's matrix): float32 temporaries stay small on big models
+        views = [p.data] if p.dim() == 2 else list(p.data.view(-1, p.shape[-2], p.shape[-1]))
+        scales = None
         if p.dtype == torch.float8_e4m3fn:
-            sname = _scale_name(name)
-            s = params[sname]
-            flat = w.view(-1, w.shape[-2], w.shape[-1])
-            qs = [ref.quant_fp8_weight(m) for m in flat]
-            p.data.copy_(torch.stack([q for q, _ in qs]).view(p.shape))
-            s.data.copy_(torch.stack([sc for _, sc in qs]).view(s.shape))
-        else:
-            p.data.copy_(w.to(p.dtype))
+            s = params[_scale_name(name)].data
+            scales = [s] if s.dim() == 2 else list(s.view(-1, s.shape[-2], s.shape[-1]))
+        for i, dst in enumerate(views):
+            w = torch.randn(dst.shape, generator=g, device=p.device, dtype=torch.float32) * std
+            if scales is not None:
+                q, sc = ref.quant_fp8_weight(w)
+                dst.copy_(q)
+                scales[i].copy_(sc)
+            else:
+                dst.copy_(w.to(p.dtype))
     set_routing_skew(model, seed, routing_skew)
 
 

@@ -13,6 +13,7 @@ import torch
 from kernels import registry
 
 used: dict[str, str] = {}
+fallbacks: dict[str, str] = {}   # op -> why a preferred implementation declined (last seen)
 _choices: dict[tuple[str, str], registry.Choice] = {}
 
 
@@ -46,6 +47,7 @@ def call(op: str, device: torch.device | str, *args, **kwargs):
             out = registry.load(impl)(*args, **kwargs)
         except registry.Unsupported as e:
             last = e
+            fallbacks[op] = f"{impl.name}: {e}"[:300]
             continue
         used[op] = impl.name
         return out

@@ -74,6 +74,7 @@ def run(
     num_kv_blocks: Optional[int] = typer.Option(None, "--num-kv-blocks", min=1),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=2),
     routing_skew: float = typer.Option(0.0, "--routing-skew", min=0.0, help="Zipf-like expert skew for dummy weights"),
+    num_layers: Optional[int] = typer.Option(None, "--num-layers", min=1, help="keep the first n layers (full-width model on one GPU)"),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0),
     step_log: Optional[Path] = typer.Option(None, "--step-log", help="write one JSON line per executed step"),
     as_json: Optional[Path] = typer.Option(None, "--json", help="write metrics and run info as JSON"),
@@ -100,7 +101,7 @@ def run(
     t_build = time.perf_counter()
     engine = LLMEngine.from_args(model, load_format=load_format, device=device, dtype=dtype, seed=seed,
                                  max_model_len=max_model_len, num_kv_blocks=num_kv_blocks, scheduler_config=sched_cfg,
-                                 routing_skew=routing_skew, decode_steps=decode_steps)
+                                 routing_skew=routing_skew, decode_steps=decode_steps, num_layers=num_layers)
     build_s = time.perf_counter() - t_build
 
     spec = _load_workload(workload, requests, rate)
@@ -117,10 +118,15 @@ def run(
     metrics = MetricsCollector(record_steps=False)
     log_f = open(step_log, "w") if step_log else None
     plan_no = [0]
+    backend_steps: dict[str, dict[str, int]] = {}   # op -> implementation -> steps it ran in
 
     def observe(start_s, plan, result):
         st = engine.scheduler.stats()
         metrics.on_step(0, start_s, plan, result, st.kv_used_blocks, st.kv_total_blocks)
+        for rec in engine.runner.step_records:
+            for op, impl in rec["backends"].items():
+                backend_steps.setdefault(op, {}).setdefault(impl, 0)
+                backend_steps[op][impl] += 1
         if log_f is not None:
             t = start_s
             for j, rec in enumerate(engine.runner.step_records):
@@ -162,11 +168,11 @@ def run(
     summary = metrics.summarize(num_gpus=1, slo=None)
 
     from kernels import ops
-    kernels_used = {op: [c.name for c in ch.candidates][:1] for (op, dev), ch in ops._choices.items()}
-    info = {"model": model, "device": device, "dtype": dtype, "load_format": load_format, "seed": seed,
+    kernels_used = {op: sorted(v, key=v.get, reverse=True) for op, v in backend_steps.items()}
+    info = {"model": model, "num_layers": engine.cfg.spec.num_layers, "device": device, "dtype": dtype, "load_format": load_format, "seed": seed,
             "workload": workload, "requests": len(items), "scheduler": sched_cfg.model_dump(),
             "num_kv_blocks": engine.scheduler.blocks.num_blocks, "build_s": build_s, "wall_s": wall_s,
-            "kernels": kernels_used}
+            "kernels": kernels_used, "kernel_steps": backend_steps, "kernel_fallbacks": dict(ops.fallbacks)}
     if as_json:
         Path(as_json).write_text(json.dumps({"run": info, "metrics": summary.model_dump()}, indent=1, default=str))
 

@@ -1,0 +1,70 @@
+"""Tier 1: block-scaled FP8 GEMM in Triton (DeepSeek-V3 recipe: 1x128 activation, 128x128 weight scales).
+
+``C[M,N] = sum_kb (A[:, kb] @ B[:, kb]^T) * a_scale[:, kb] * b_scale[n_blk, kb]``: each
+128-wide K slice is one tensor-core dot in FP8 with FP32 accumulation, rescaled before it
+is added (the scales differ per slice, so they cannot be pulled out of the sum).
+BLOCK_N = BLOCK_K = 128 so one weight scale covers a whole tile slice.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.registry import Unsupported
+
+
+@triton.jit
+def _fp8_gemm_kernel(a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, M, N, num_kb,
+                     stride_am, stride_bn, stride_cm, stride_asm, stride_bsn,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    # grouped launch order: neighbouring programs share B tiles in L2
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    gsz = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % gsz
+    pid_n = (pid % per_group) // gsz
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :]
+    b_ptrs = b_ptr + offs_n[None, :] * stride_bn + offs_k[:, None]
+    as_ptrs = as_ptr + offs_m * stride_asm
+    bs_row = bs_ptr + (pid_n * BLOCK_N // 128) * stride_bsn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, num_kb):
+        a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
+        b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
+        a_s = tl.load(as_ptrs + kb, mask=mask_m, other=0.0)
+        b_s = tl.load(bs_row + kb)
+        acc += tl.dot(a, b) * a_s[:, None] * b_s
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+def fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor,
+             out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Same contract as ``reference.fp8_gemm_blockscaled``."""
+    m, k = xq.shape
+    n = wq.shape[0]
+    if k % 128 or xq.dtype != torch.float8_e4m3fn or wq.dtype != torch.float8_e4m3fn:
+        raise Unsupported("triton fp8_gemm: needs e4m3 operands and K % 128 == 0")
+    xq, wq = xq.contiguous(), wq.contiguous()
+    xs, ws = xs.float().contiguous(), ws.float().contiguous()
+    out = torch.empty(m, n, dtype=out_dtype, device=xq.device)
+    # small M (decode) wastes a 128-row tile: 64 rows is the smallest efficient wgmma tile
+    bm = 64 if m <= 64 else 128
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, 128),)
+    _fp8_gemm_kernel[grid](xq, wq, out, xs, ws, m, n, k // 128, xq.stride(0), wq.stride(0), out.stride(0),
+                           xs.stride(0), ws.stride(0), BLOCK_M=bm, BLOCK_N=128, BLOCK_K=128, GROUP_M=8,
+                           num_warps=8 if bm == 128 else 4, num_stages=3)
+    return out

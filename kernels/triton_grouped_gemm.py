@@ -1,0 +1,144 @@
+"""Tier 1: grouped (per-expert) GEMMs for MoE in Triton, BF16 or block-scaled FP8.
+
+Token-expert pairs are sorted by expert and each expert's run is padded to BLOCK_M rows
+(the "align" step, done with torch ops on the device, no host sync), so every row block
+of the launch belongs to one expert and reads one weight matrix. Rows hold pair indices
+(token * top_k + slot); the first GEMM gathers token rows of x, the second reads the
+activation of each pair and scales by its routing weight; the k pairs of a token are
+summed at the end. Decode batches touch each expert with a few rows, so the launch is
+bound by reading expert weights: a row block of 16-64 keeps that read single.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import reference as ref
+from kernels.registry import Unsupported
+
+
+@triton.jit
+def _grouped_kernel(a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, rows_ptr, block_expert_ptr, w_ptr,
+                    N, K, num_kb, a_row_div,
+                    stride_am, stride_be, stride_bn, stride_cm, stride_asm, stride_bse, stride_bsn,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    FP8: tl.constexpr, MUL_W: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(block_expert_ptr + pid_m)
+    if e >= 0:
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows = tl.load(rows_ptr + offs_m)
+        valid = rows >= 0
+        a_rows = tl.where(valid, rows // a_row_div, 0)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        offs_k = tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
+        b_ptrs = b_ptr + e * stride_be + offs_n[None, :] * stride_bn + offs_k[:, None]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kb in range(0, num_kb):
+            kmask = offs_k + kb * BLOCK_K < K
+            a = tl.load(a_ptrs, mask=valid[:, None] & kmask[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=mask_n[None, :] & kmask[:, None], other=0.0)
+            if FP8:
+                a_s = tl.load(as_ptr + a_rows * stride_asm + kb, mask=valid, other=0.0)
+                b_s = tl.load(bs_ptr + e * stride_bse + (pid_n * BLOCK_N // 128) * stride_bsn + kb)
+                acc += tl.dot(a, b) * a_s[:, None] * b_s
+            else:
+                acc += tl.dot(a, b)
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K
+        if MUL_W:
+            acc = acc * tl.load(w_ptr + rows, mask=valid, other=0.0)[:, None]
+        c_ptrs = c_ptr + rows[:, None] * stride_cm + offs_n[None, :]
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
+
+
+def align_by_expert(topk_ids: torch.Tensor, n_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows [R] pair index or -1, block_expert [R/block_m] expert or -1), each expert's run padded to block_m.
+
+    R is the no-sync upper bound ``pairs + E*(block_m-1)`` rounded up; blocks past the last
+    expert's run get expert -1 and exit at once.
+    """
+    flat = topk_ids.reshape(-1)
+    n = flat.numel()
+    counts = torch.bincount(flat, minlength=n_experts)
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = padded.cumsum(0)
+    starts = ends - padded
+    max_rows = triton.cdiv(n + n_experts * (block_m - 1), block_m) * block_m
+    order = torch.argsort(flat, stable=True)
+    sorted_e = flat[order]
+    first = counts.cumsum(0) - counts
+    dest = starts[sorted_e] + torch.arange(n, device=flat.device) - first[sorted_e]
+    rows = torch.full((max_rows,), -1, dtype=torch.int32, device=flat.device)
+    rows[dest] = order.to(torch.int32)
+    block_start = torch.arange(0, max_rows, block_m, device=flat.device)
+    be = torch.searchsorted(ends, block_start, right=True)
+    block_expert = torch.where(be < n_experts, be, torch.full_like(be, -1)).to(torch.int32)
+    return rows, block_expert
+
+
+def _launch(a, a_scale, b, b_scale, c, rows, block_expert, weights, a_row_div: int, block_m: int) -> None:
+    n, k = b.shape[1], b.shape[2]
+    fp8 = a.dtype == torch.float8_e4m3fn
+    bk = 128 if fp8 else 64
+    bn = 128 if fp8 else 64
+    dummy = c
+    grid = (block_expert.numel(), triton.cdiv(n, bn))
+    _grouped_kernel[grid](
+        a, b, c, a_scale if fp8 else dummy, b_scale if fp8 else dummy, rows, block_expert,
+        weights if weights is not None else dummy,
+        n, k, triton.cdiv(k, bk), a_row_div,
+        a.stride(0), b.stride(0), b.stride(1), c.stride(0),
+        a_scale.stride(0) if fp8 else 0, b_scale.stride(0) if fp8 else 0, b_scale.stride(1) if fp8 else 0,
+        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, FP8=fp8, MUL_W=weights is not None,
+        num_warps=4, num_stages=3)
+
+
+def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
+                w2: torch.Tensor, w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Same contract as ``reference.moe_experts``."""
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32) or x.dim() != 2:
+        raise Unsupported("triton moe_experts: 2-D bf16/fp16/fp32 activations only")
+    t, top_k = topk_ids.shape
+    e, two_i, d = w13.shape
+    fp8 = w13_scale is not None
+    if fp8 and (d % 128 or (two_i // 2) % 128):
+        raise Unsupported("triton moe_experts fp8: hidden and expert dims must be multiples of 128")
+    # rows per block: few tokens per expert in decode, more in prefill
+    block_m = 16 if t * top_k <= 4 * e else 64
+    rows, block_expert = align_by_expert(topk_ids, e, block_m)
+    act_dtype = x.dtype if x.dtype != torch.float32 else torch.float32
+    h = torch.empty(t * top_k, two_i, dtype=act_dtype, device=x.device)
+    if fp8:
+        xq, xs = ref.quant_fp8_act(x)
+        _launch(xq, xs, w13, w13_scale.float(), h, rows, block_expert, None, top_k, block_m)
+    else:
+        _launch(x.contiguous(), None, w13.to(x.dtype), None, h, rows, block_expert, None, top_k, block_m)
+    act = ref.silu_and_mul(h)
+    y = torch.empty(t * top_k, d, dtype=torch.float32, device=x.device)
+    wts = topk_weights.reshape(-1).float().contiguous()
+    if fp8:
+        aq, as_ = ref.quant_fp8_act(act)
+        _launch(aq, as_, w2, w2_scale.float(), y, rows, block_expert, wts, 1, block_m)
+    else:
+        _launch(act.contiguous(), None, w2.to(x.dtype), None, y, rows, block_expert, wts, 1, block_m)
+    return y.view(t, top_k, d).sum(1).to(x.dtype)
+
+
+def grouped_gemm(x: torch.Tensor, w: torch.Tensor, m_indices: torch.Tensor) -> torch.Tensor:
+    """Contiguous grouped layout (DeepGEMM's): runs must start at multiples of 64 rows, padding is -1."""
+    m = x.shape[0]
+    block_m = 64
+    if m % block_m:
+        raise Unsupported("triton grouped_gemm: rows must be a multiple of 64 (DeepGEMM pads runs to 128)")
+    starts = m_indices.view(-1, block_m)
+    block_expert = starts[:, 0].to(torch.int32).contiguous()
+    rows = torch.where(m_indices >= 0, torch.arange(m, device=x.device), torch.full_like(m_indices, -1)).to(torch.int32)
+    out = torch.zeros(m, w.shape[1], dtype=x.dtype, device=x.device)
+    _launch(x.contiguous(), None, w, None, out, rows, block_expert, None, 1, block_m)
+    return out

@@ -1,0 +1,98 @@
+"""Tier 2: adapters from our op contracts to vendor kernels (FlashMLA, DeepGEMM), imported lazily.
+
+Each adapter checks what the library accepts and raises ``Unsupported`` otherwise (the
+registry then runs the next tier). A library call that fails at run time (a JIT without a
+compiler, an ABI mismatch) is also turned into ``Unsupported`` and remembered in
+``failures`` so the op stops trying it; ``kernels.ops`` records what ran instead.
+Usage per KERNELS.md: FlashMLA q ``[B,s_q,H,576]``, cache ``[pages,64,1,576]``, ``dv=512``;
+DeepGEMM on Hopper with FP32 scales and ``disable_ue8m0_cast=True``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.registry import Unsupported, library_module
+
+failures: dict[str, str] = {}
+
+
+def _guard(name: str):
+    if name in failures:
+        raise Unsupported(f"{name} failed earlier: {failures[name]}")
+
+
+def _flashmla_api():
+    mod = library_module("flashmla")
+    if not hasattr(mod, "flash_mla_with_kvcache"):  # the package root re-exports the interface
+        mod = getattr(mod, "flash_mla_interface", mod)
+    return mod.get_mla_metadata, mod.flash_mla_with_kvcache
+
+
+def flashmla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                    scale: float, kv_rank: int, topk_indices: torch.Tensor | None = None) -> torch.Tensor:
+    """``reference.mla_decode_paged`` through FlashMLA's dense decode (bf16, page 64, 512+64)."""
+    _guard("flashmla")
+    if topk_indices is not None:
+        raise Unsupported("flashmla: the sparse (DSA) kernel needs an FP8 cache layout; dense only here")
+    b, s_q, h, d = q.shape
+    if q.dtype != torch.bfloat16 or kv_cache.shape[1] != 64 or d != 576 or kv_rank != 512 or not q.is_cuda:
+        raise Unsupported("flashmla: needs bf16 on CUDA, page size 64, head dim 576 (512 latent + 64 rope)")
+    get_meta, fwd = _flashmla_api()
+    lens = seq_lens.to(torch.int32)
+    try:
+        meta, splits = get_meta(lens, s_q * h, 1)   # old API uses the args; the new one ignores them
+        out, _ = fwd(q.contiguous(), kv_cache.unsqueeze(2), block_table.to(torch.int32), lens, 512, meta, splits,
+                     softmax_scale=scale, causal=True)
+    except Exception as e:  # noqa: BLE001 - a vendor failure must not take the engine down
+        failures["flashmla"] = f"{type(e).__name__}: {e}"[:300]
+        raise Unsupported(failures["flashmla"]) from e
+    return out
+
+
+def _dg():
+    return library_module("deepgemm")
+
+
+def deepgemm_fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor,
+                      out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """``reference.fp8_gemm_blockscaled`` through DeepGEMM ``fp8_gemm_nt`` (bf16 out)."""
+    _guard("deepgemm")
+    m, k = xq.shape
+    n = wq.shape[0]
+    if not xq.is_cuda or out_dtype != torch.bfloat16 or k % 128 or n % 64:
+        raise Unsupported("deepgemm fp8_gemm: CUDA, bf16 output, K % 128 == 0, N % 64 == 0")
+    dg = _dg()
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=xq.device)
+    try:
+        try:
+            dg.fp8_gemm_nt((xq, xs.float()), (wq, ws.float()), out, disable_ue8m0_cast=True)
+        except TypeError:  # older releases have no ue8m0 switch (and no ue8m0 path on Hopper)
+            dg.fp8_gemm_nt((xq, xs.float()), (wq, ws.float()), out)
+    except Exception as e:  # noqa: BLE001
+        failures["deepgemm"] = f"{type(e).__name__}: {e}"[:300]
+        raise Unsupported(failures["deepgemm"]) from e
+    return out
+
+
+def deepgemm_grouped_fp8_contiguous(aq: torch.Tensor, as_: torch.Tensor, bq: torch.Tensor, bs: torch.Tensor,
+                                    m_indices: torch.Tensor) -> torch.Tensor:
+    """DeepGEMM ``m_grouped_fp8_gemm_nt_contiguous``: rows sorted by expert, runs padded to 128, padding -1."""
+    _guard("deepgemm")
+    dg = _dg()
+    out = torch.empty(aq.shape[0], bq.shape[1], dtype=torch.bfloat16, device=aq.device)
+    try:
+        try:
+            dg.m_grouped_fp8_gemm_nt_contiguous((aq, as_.float()), (bq, bs.float()), out, m_indices.to(torch.int32),
+                                                disable_ue8m0_cast=True)
+        except TypeError:
+            dg.m_grouped_fp8_gemm_nt_contiguous((aq, as_.float()), (bq, bs.float()), out, m_indices.to(torch.int32))
+    except Exception as e:  # noqa: BLE001
+        failures["deepgemm"] = f"{type(e).__name__}: {e}"[:300]
+        raise Unsupported(failures["deepgemm"]) from e
+    return out
+
+
+def deepep_unavailable(*args, **kwargs):
+    """DeepEP is probed and listed only: single-GPU runs need no all-to-all."""
+    raise Unsupported("deepep: expert-parallel all-to-all is not wired in this build")

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One device call (nvidia-h200): carried wheels + vendor kernels, GPU correctness tests,
+# kernel micro-benchmarks, then workloads through `twinfer run` on CUDA. Everything lands
+# in $OUT (8 files at most: the device tool's limit). Each stage has its own timeout so one
+# hang cannot eat the call. Run from the repo root:  bash scripts/device_bench.sh
+set -u
+OUT=${OUT:-/tmp/twinfer_out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+T0=$(date +%s)
+stage() { echo; echo "=== $1 (t=$(( $(date +%s) - T0 ))s)"; }
+
+stage install
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || echo "wheel install failed"
+fi
+if [ -f .whl/vllm_vendor_extract.tar.gz ]; then   # FlashMLA + DeepGEMM bundled in vllm==0.26.0 (KERNELS.md)
+  mkdir -p /tmp/vendor && tar xzf .whl/vllm_vendor_extract.tar.gz -C /tmp/vendor
+fi
+export PYTHONPATH="$PWD:/tmp/site:/tmp/vendor"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
+python3 -c "import torch, triton, pydantic; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'pydantic', pydantic.__version__, torch.cuda.get_device_name())"
+
+stage "gpu tests"
+timeout ${T_TESTS:-170} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py 2>&1 | tee "$OUT/pytest.txt" | tail -25
+
+stage "kernel benchmarks"
+timeout ${T_BENCH:-220} python3 -m benchmarks.gpu.bench_kernels --out "$OUT/bench.json" ${BENCH_ARGS:-}
+
+stage "twinfer kernels"
+timeout 60 python3 -m benchmarks.gpu.cli kernels --device cuda --json > "$OUT/kernels.json" || echo "kernels listing failed"
+
+export TWINFER_KERNEL_FP8_GEMM=${TWINFER_KERNEL_FP8_GEMM:-triton}   # DeepGEMM JITs per shape (3-8 s each): benchmarked above, not in runs
+stage "twinfer run tiny"
+timeout ${T_TINY:-60} python3 -m benchmarks.gpu.cli run --model tiny --device cuda --dtype bf16 --requests 64 \
+  --max-input-len 1024 --max-output-len 64 --rate 50 --draft-len 2 --num-kv-blocks 4096 \
+  --step-log "$OUT/steps_tiny.jsonl" --json "$OUT/run_tiny.json"
+
+stage "twinfer run deepseek-v3 (first 5 layers: 3 dense + 2 MoE, + MTP layer), fp8"
+timeout ${T_DSV3:-170} python3 -m benchmarks.gpu.cli run --model deepseek-v3 --num-layers 5 --device cuda --dtype fp8 \
+  --requests 32 --max-input-len 2048 --max-output-len 64 --rate 8 --max-num-seqs 64 --max-model-len 4096 \
+  --step-log "$OUT/steps_dsv3.jsonl" --json "$OUT/run_dsv3.json"
+stage done
