@@ -110,7 +110,7 @@ def test_browser_change_budget_updates_plan_and_chart(app_url):
     with sync_api.sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
         # a persistent context is Playwright's way to give chromium a fresh --user-data-dir
         ctx = p.chromium.launch_persistent_context(profile, executable_path=exe, args=CHROMIUM_ARGS, headless=True,
-                                                   viewport={"width": 1400, "height": 1000})
+                                                   viewport={"width": 1400, "height": 1700})
         try:
             page = ctx.new_page()
             page.goto(app_url, timeout=APP_TIMEOUT_MS)

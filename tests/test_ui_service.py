@@ -27,61 +27,79 @@ def result():
 
 
 def test_default_search_recommends_a_plan_within_budget_and_slo(result):
-    assert result.candidates and result.recommended is not None
-    c = result.candidates[result.recommended]
-    assert c.meets_slo and c.simulated and c.gpus <= 8
-    assert c.ttft_p90_s <= 2.0 and c.tpot_p50_s <= 0.05
-    assert any(x.on_frontier for x in result.candidates)
-    # costs follow from price and throughput
-    assert c.costs.usd_per_hour == pytest.approx(c.costs.usd_per_gpu_hour * c.gpus)
-    assert c.costs.tokens_per_day == pytest.approx(c.output_tps_per_gpu * c.gpus * 86400, rel=1e-6)
+    assert result.status == "ok" and result.plan is not None
+    plan = result.plan
+    assert 1 <= plan.gpus <= 8 and plan.pools
+    pred = plan.predicted
+    assert pred["ttft_s"] <= 2.0 and pred["tpot_s"] <= 0.05
+    rec = [p for p in result.points if p.recommended]
+    assert len(rec) == 1 and rec[0].output_tps_per_gpu == pytest.approx(pred["output_tokens_per_s_per_gpu"])
+    assert any(p.on_frontier for p in result.points)
+    c = plan.costs  # planner.economics, reshaped
+    assert c.usd_per_hour == pytest.approx(c.usd_per_gpu_hour * plan.gpus)
+    assert c.tokens_per_day == pytest.approx(pred["output_tokens_per_s_per_gpu"] * plan.gpus * 86400, rel=1e-6)
 
 
 def test_search_reports_progress_to_the_end(result):
     assert _PROGRESS and _PROGRESS[-1] == 1.0 and _PROGRESS == sorted(_PROGRESS)
 
 
-def test_plan_yaml_holds_a_runnable_scenario(result):
-    from sim.scenario import Scenario
+def test_plan_yaml_is_a_planner_plan(result, tmp_path):
+    from planner.plan import load_plan
 
-    doc = yaml.safe_load(service.plan_yaml(result))
-    assert doc["plan"]["gpus"] == result.candidates[result.recommended].gpus
-    Scenario.model_validate(doc["scenario"])  # what `twinfer simulate --scenario` would load
-    assert doc["provenance"]["search"] == result.backend
+    path = tmp_path / "plan.yaml"
+    path.write_text(result.plan.yaml)
+    plan = load_plan(path)  # what `twinfer simulate --plan` loads
+    assert plan.gpus_used == result.plan.gpus
 
 
-def test_results_csv_has_one_row_per_candidate(result):
+def test_results_csv_has_one_row_per_point(result):
     rows = list(csv.DictReader(io.StringIO(service.results_csv(result))))
-    assert len(rows) == len(result.candidates)
+    assert len(rows) == len(result.points)
     assert sum(r["recommended"] == "True" for r in rows) == 1
 
 
 def test_breakdown_sums_to_the_step_and_memory_to_hbm(result):
-    bd = service.step_breakdown(result.candidates[result.recommended].scenario, 32, 4096)
+    pool = result.plan.pools[-1]
+    bd = service.step_breakdown(result.plan.model, result.plan.hardware, pool.layout, pool.scheduler, 32, 4096)
     assert sum(bd["breakdown_s"].values()) == pytest.approx(bd["step_s"], rel=1e-6)
     assert bd["breakdown_s"]["experts"] > 0 and bd["breakdown_s"]["attention"] > 0
     assert sum(bd["memory_bytes"].values()) == pytest.approx(bd["hbm_bytes"], rel=1e-6)
 
 
-def test_what_if_applies_changes_and_rejects_unsupported(result):
-    base = result.candidates[result.recommended].scenario
-    s = service.apply_what_if(base, {"draft_len": 2, "async_overlap": False, "prefix_hit_rate": 0.5})
-    assert s["scheduler"]["draft_len"] == 2 and s["scheduler"]["async_overlap"] is False
-    assert s["workload"]["shared_prefix_len"] > 0
+def test_what_if_applies_changes_and_explains_refusals(result):
+    plan = result.plan.plan
+    p = service.apply_what_if(plan, {"draft_len": 0, "async_overlap": False, "prefix_hit_rate": 0.5})
+    main = next(x for x in p["pools"] if x["role"] in ("mixed", "decode"))
+    assert main["scheduler"]["draft_len"] == 0 and main["scheduler"]["async_overlap"] is False
+    assert p["workload"]["shared_prefix_len"] > 0
     with pytest.raises(TwinferError, match="ep=3"):
-        service.apply_what_if(base, {"ep": 3})
+        service.apply_what_if(plan, {"ep": 3})
     with pytest.raises(TwinferError, match="not available yet"):
-        service.apply_what_if(base, {"replay_window": 64})
+        service.apply_what_if(plan, {"replay_window": 64})
+    if result.plan.mode == "aggregated":
+        with pytest.raises(TwinferError, match="aggregated"):
+            service.apply_what_if(plan, {"pd_ratio": 2.0})
 
 
-def test_what_if_mtp_speeds_up_users(result):
-    out = service.what_if(result.candidates[result.recommended].scenario, {"draft_len": 2})
-    assert out["rows"]["what-if"]["tok/s per user"] > out["rows"]["baseline"]["tok/s per user"]
+def test_what_if_mtp_changes_per_user_speed(result):
+    plan = result.plan.plan
+    d = next(x for x in plan["pools"] if x["role"] in ("mixed", "decode"))["scheduler"]["draft_len"]
+    out = service.what_if(plan, {"draft_len": 0 if d else 2}, 300)
+    base, new = out["rows"]["baseline"]["tok/s per user"], out["rows"]["what-if"]["tok/s per user"]
+    assert (new < base) if d else (new > base)
 
 
-def test_no_fit_is_a_clear_error():
-    with pytest.raises(TwinferError, match="no layout"):
-        service.search({"model": "deepseek-v3", "hardware": "H100", "gpus": 2})
+def test_no_fit_explains_and_offers_the_closest_options():
+    res = service.search({"model": "deepseek-v3", "hardware": "H100", "gpus": 1})
+    assert res.status == "does_not_fit" and res.plan is None
+    assert res.message and res.closest
+
+
+def test_target_traffic_sizes_the_cluster():
+    res = service.search({"mode": "traffic", "target_rate": 2.0, "simulate_top": 1, "sim_requests": 200})
+    assert res.status == "ok" and "fewest GPUs" in res.reason
+    assert res.plan.predicted["request_rate"] >= 2.0
 
 
 def test_error_band_is_unknown_without_a_calibration():
@@ -104,7 +122,7 @@ def test_model_upload_round_trips_a_hf_config():
     (b'{"model_type": "deepseek_v3"}', "hidden_size|required|missing"),
     (b"", "empty"),
     (b" " + b"x" * app_uploads.MAX_UPLOAD_BYTES, "upload limit"),
-])
+], ids=["bad-json", "not-hf", "missing-fields", "empty", "too-big"])
 def test_bad_model_uploads_say_why(data, match):
     with pytest.raises(TwinferError, match=match):
         app_uploads.save_model_config("config.json", data)

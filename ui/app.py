@@ -19,22 +19,21 @@ st.caption("How many GPUs of which kind, in which layout, for this traffic and t
            "deployments searched in the twinfer simulator (cost model of the hardware, the serving scheduler).")
 
 
-def _inspected(result: service.SearchResult) -> int:
-    """The candidate the tabs show: the last point clicked on the chart, else the picker, else the pick."""
-    labels = [c.label for c in result.candidates]
-    default = result.recommended if result.recommended is not None else 0
-    clicked = ((st.session_state.get("pareto") or {}).get("selection") or {}).get("points") or []
-    token = repr(clicked)
-    if clicked and token != st.session_state.get("_last_click"):  # a new click, not the same selection replayed
-        st.session_state["_last_click"] = token
-        cd = clicked[-1].get("customdata")
-        cd = cd[0] if isinstance(cd, list) and cd else cd
-        if isinstance(cd, (int, float)) and 0 <= int(cd) < len(labels):
-            st.session_state["inspect"] = labels[int(cd)]
-    if st.session_state.get("inspect") not in labels:  # a new search: start from its recommendation
-        st.session_state["inspect"] = labels[default]
-    return labels.index(st.selectbox("inspect candidate", labels, key="inspect",
-                                     help="the recommended one, or click a point on the Pareto chart"))
+THIS_SEARCH = "this search's recommendation"
+
+
+def _inspected(result: service.SearchResult) -> service.PlanView | None:
+    """The plan the breakdown, what-if and export tabs show: this search's, or a pinned one."""
+    pinned = app_compare.pinned_plans()
+    options = ([THIS_SEARCH] if result.plan is not None else []) + list(pinned)
+    if not options:
+        return None
+    if len(options) == 1:
+        return result.plan if options[0] == THIS_SEARCH else pinned[options[0]]
+    if st.session_state.get("inspect") not in options:
+        st.session_state["inspect"] = options[0]
+    name = st.selectbox("inspect plan", options, key="inspect", help="this search's plan, or one pinned in the Compare tab")
+    return result.plan if name == THIS_SEARCH else pinned[name]
 
 
 def main() -> None:
@@ -51,24 +50,31 @@ def main() -> None:
         return
     band = service.error_band(request["hardware"])
     app_recommend.render(result, band)
-    if not result.candidates:
-        return
-    selected = _inspected(result)
+    picker = st.container()  # the plan picker sits above the tabs but is filled after Compare (which may pin)
     tabs = st.tabs(["Pareto", "Where the time goes", "What-if", "Compare", "Export"])
     with tabs[0]:
-        app_pareto.render(result, band, selected)
-    with tabs[1]:
-        app_breakdown.render(result, selected)
-    with tabs[2]:
-        app_whatif.render(result, selected, model, app_recommend.band_text(band))
-    with tabs[3]:
-        app_compare.render(result, selected)
+        app_pareto.render(result, band)
+    with tabs[3]:  # before the others: pinning here changes what they can inspect on the next rerun
+        app_compare.render(result)
+    with picker:
+        plan = _inspected(result)
+    for tab, draw in ((tabs[1], lambda: app_breakdown.render(plan)),
+                      (tabs[2], lambda: app_whatif.render(plan, app_cache.model_info(plan.model), request["sim_requests"],
+                                                          app_recommend.band_text(band)))):
+        with tab:
+            if plan is None:
+                st.info("No plan to inspect: nothing meets the SLO (see above).")
+            else:
+                draw()
     with tabs[4]:
-        app_export.render(result, selected)
+        app_export.render(result, plan)
     with st.expander("assumptions and notes"):
         for n in result.notes:
             st.markdown(f"- {n}")
-        st.markdown(f"- search backend: `{result.backend}`")
+        t = result.timings
+        if t:
+            st.caption(f"search: {t.get('total_s', 0):.1f} s ({t.get('runner', '')}); screen {t.get('screen_s', 0):.1f} s, "
+                       f"simulation {t.get('simulate_s', 0):.1f} s")
 
 
 main()

@@ -60,15 +60,21 @@ def search(request: dict) -> service.SearchResult:
 
 
 @st.cache_data(show_spinner="estimating the step...", max_entries=_MAX_ENTRIES)
-def step_breakdown(scenario: dict, batch: int, context: int) -> dict:
+def step_breakdown(model: str, hardware: str, layout: dict, scheduler: dict, batch: int, context: int) -> dict:
     """Cached ui.service.step_breakdown."""
-    return service.step_breakdown(scenario, batch, context)
+    return service.step_breakdown(model, hardware, layout, scheduler, batch, context)
 
 
-@st.cache_data(show_spinner="simulating the baseline and the what-if...", max_entries=_MAX_ENTRIES)
-def what_if(scenario: dict, changes: dict) -> dict:
+@st.cache_data(show_spinner="simulating the plan and the what-if at full scale...", max_entries=_MAX_ENTRIES)
+def what_if(plan: dict, changes: dict, num_requests: int) -> dict:
     """Cached ui.service.what_if."""
-    return service.what_if(scenario, changes)
+    return service.what_if(plan, changes, num_requests)
+
+
+@st.cache_data(show_spinner=False)
+def default_token_prices() -> dict:
+    """Cached ui.service.default_token_prices."""
+    return service.default_token_prices()
 
 
 @st.cache_data(show_spinner=False, max_entries=_MAX_ENTRIES)

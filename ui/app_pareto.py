@@ -1,5 +1,5 @@
 """The headline chart: output throughput per GPU against tokens/s per user (InferenceMAX-style),
-with the SLO region shaded, the frontier drawn, the pick starred; clicking a point selects it."""
+with the SLO region shaded, the frontier drawn, the pick starred; clicking a point shows it."""
 
 from __future__ import annotations
 
@@ -9,57 +9,82 @@ import streamlit as st
 from ui import service
 
 
-def figure(result: service.SearchResult, band: float | None, selected: int | None = None) -> go.Figure:
+def figure(result: service.SearchResult, band: float | None) -> go.Figure:
     """The Pareto figure of a search result (pure: tests build it without a browser)."""
     req = result.request
+    pts = result.points
     fig = go.Figure()
-    xs = [c.tps_per_user or 0.0 for c in result.candidates]
-    x_max = max(xs + [1.0 / req["tpot_s"]]) * 1.15
+    slo_x = 1.0 / req["tpot_s"]
+    x_max = max([p.tps_per_user for p in pts] + [slo_x]) * 1.15
     # SLO region: a user needs at least 1 / TPOT tokens per second
-    fig.add_vrect(x0=1.0 / req["tpot_s"], x1=x_max, fillcolor="green", opacity=0.08, line_width=0,
-                  annotation_text=f"meets TPOT ≤ {req['tpot_s'] * 1e3:g} ms", annotation_position="top left")
-    groups: dict[tuple[str, bool], list[int]] = {}
-    for i, c in enumerate(result.candidates):
-        groups.setdefault((c.layout_label, c.simulated), []).append(i)
-    for (label, simulated), idx in sorted(groups.items()):
-        cs = [result.candidates[i] for i in idx]
+    fig.add_vrect(x0=slo_x, x1=x_max, fillcolor="green", opacity=0.08, line_width=0,
+                  annotation_text=f"TPOT ≤ {req['tpot_s'] * 1e3:g} ms", annotation_position="top left")
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, p in enumerate(pts):
+        groups.setdefault((p.mode, p.source), []).append(i)
+    for (mode, source), idx in sorted(groups.items()):
+        ps = [pts[i] for i in idx]
+        sim = source == "simulation"
         err = None
-        if band is not None and simulated:  # an error band only where a calibration measured one
-            err = {"type": "data", "array": [band * c.output_tps_per_gpu for c in cs], "visible": True}
+        if band is not None and sim:  # an error band only where a validation measured one
+            err = {"type": "data", "array": [band * p.output_tps_per_gpu for p in ps], "visible": True}
         fig.add_trace(go.Scatter(
-            x=[c.tps_per_user or 0.0 for c in cs], y=[c.output_tps_per_gpu for c in cs], mode="markers",
-            name=f"{label} ({'simulated' if simulated else 'screened'})", customdata=idx, error_y=err,
-            marker={"size": 12 if simulated else 8, "symbol": "circle" if simulated else "circle-open",
-                    "line": {"width": [3 if i == selected else 0 for i in idx]}},
-            text=[c.label + ("" if c.meets_slo else " (misses SLO)") for c in cs],
+            x=[p.tps_per_user for p in ps], y=[p.output_tps_per_gpu for p in ps], mode="markers",
+            name=f"{mode}, {source}", customdata=idx, error_y=err,
+            marker={"size": 13 if sim else 10, "symbol": ("circle" if mode == "aggregated" else "diamond") + ("" if sim else "-open"),
+                    "line": {"width": 2}},
+            text=[p.label + ("" if p.meets_slo else " — misses the SLO") for p in ps],
             hovertemplate="%{text}<br>%{x:.1f} tok/s per user<br>%{y:,.0f} tok/s per GPU<extra></extra>",
         ))
-    front = sorted((c for c in result.candidates if c.on_frontier), key=lambda c: c.tps_per_user or 0.0)
+    front = sorted((p for p in pts if p.on_frontier), key=lambda p: p.tps_per_user)
     if front:
-        fig.add_trace(go.Scatter(x=[c.tps_per_user or 0.0 for c in front], y=[c.output_tps_per_gpu for c in front],
-                                 mode="lines", name="Pareto frontier", line={"dash": "dot", "color": "gray"}, hoverinfo="skip"))
-    if result.recommended is not None:
-        c = result.candidates[result.recommended]
-        fig.add_trace(go.Scatter(x=[c.tps_per_user or 0.0], y=[c.output_tps_per_gpu], mode="markers", name="recommended",
-                                 marker={"symbol": "star", "size": 20, "color": "gold", "line": {"width": 1, "color": "black"}},
-                                 hovertemplate=c.label + "<extra>recommended</extra>"))
+        fig.add_trace(go.Scatter(x=[p.tps_per_user for p in front], y=[p.output_tps_per_gpu for p in front], mode="lines",
+                                 name="Pareto frontier (meets the SLO)", line={"dash": "dot", "color": "gray"}, hoverinfo="skip"))
+    for p in pts:
+        if p.recommended:
+            fig.add_trace(go.Scatter(x=[p.tps_per_user], y=[p.output_tps_per_gpu], mode="markers", name="recommended",
+                                     marker={"symbol": "star", "size": 22, "color": "gold", "line": {"width": 1, "color": "black"}},
+                                     hovertemplate=p.label + "<extra>recommended</extra>"))
+    band_s = f"±{100 * band:.0f}%" if band is not None else "no calibration: ±?"
     fig.update_layout(
         xaxis_title="tokens/s per user (interactivity)", yaxis_title="output tokens/s per GPU",
-        height=480, margin={"l": 10, "r": 10, "t": 30, "b": 10}, legend={"orientation": "h", "y": -0.2},
-        title=f"{len(result.candidates)} candidates · simulated figures {'±%.0f%%' % (100 * band) if band is not None else 'no calibration: ±?'}",
+        height=480, margin={"l": 10, "r": 10, "t": 40, "b": 10}, legend={"orientation": "h", "y": -0.2},
+        title=f"{result.request['model'].rsplit('/', 2)[-2] if '/' in result.request['model'] else result.request['model']} · "
+              f"{len(pts)} deployments · {max((p.gpus for p in pts), default=0)} GPUs max · simulated figures {band_s}",
     )
     fig.update_xaxes(range=[0, x_max])
     return fig
 
 
-def render(result: service.SearchResult, band: float | None, selected: int) -> None:
-    """Draw the chart (clicks select a candidate: ui.app reads the event) and the candidate table."""
-    st.plotly_chart(figure(result, band, selected), key="pareto", on_select="rerun", selection_mode="points")
-    st.caption("Click a point to inspect it in the other tabs. Open circles: analytic screen only; "
-               "filled: simulated. Shaded: the TPOT SLO region.")
-    rows = [{"": "★" if i == result.recommended else "", "candidate": c.label, "GPUs": c.gpus,
-             "tok/s per GPU": round(c.output_tps_per_gpu, 1), "tok/s per user": None if c.tps_per_user is None else round(c.tps_per_user, 1),
-             "TTFT p90 (s)": c.ttft_p90_s, "TPOT p50 (ms)": None if c.tpot_p50_s is None else c.tpot_p50_s * 1e3,
-             "$/M out": c.costs.usd_per_m_output_tokens, "meets SLO": c.meets_slo, "simulated": c.simulated,
-             "frontier": c.on_frontier} for i, c in enumerate(result.candidates)]
+def clicked(result: service.SearchResult) -> service.Point | None:
+    """The point the user last clicked on the chart (its event is in st.session_state['pareto'])."""
+    points = ((st.session_state.get("pareto") or {}).get("selection") or {}).get("points") or []
+    for p in reversed(points):
+        cd = p.get("customdata")
+        cd = cd[0] if isinstance(cd, list) and cd else cd
+        if isinstance(cd, (int, float)) and 0 <= int(cd) < len(result.points):
+            return result.points[int(cd)]
+    return None
+
+
+def render(result: service.SearchResult, band: float | None) -> None:
+    """Draw the chart, the clicked point's details, and the table of every charted deployment."""
+    if not result.points:
+        st.info("Nothing to chart: no layout fits (see above).")
+        return
+    st.plotly_chart(figure(result, band), key="pareto", on_select="rerun", selection_mode="points")
+    p = clicked(result)
+    if p is not None:
+        c = p.costs
+        st.info(f"**{p.label}** ({p.mode}, {p.source}): {p.gpus} GPUs, {p.output_tps_per_gpu:,.0f} tok/s per GPU, "
+                f"{p.tps_per_user:,.1f} tok/s per user, TTFT {p.ttft_s:.2f} s, TPOT {p.tpot_s * 1e3:.1f} ms, "
+                f"{p.request_rate:,.2f} req/s" + (f", ${c.usd_per_m_output_tokens:,.3f} per M output tokens" if c and c.usd_per_m_output_tokens else "")
+                + ("" if p.meets_slo else " — misses the SLO"))
+    st.caption("Click a point for its figures. Filled: simulated; open: analytic screen. Circles: aggregated; "
+               "diamonds: prefill/decode disaggregated. Shaded: the TPOT SLO region.")
+    rows = [{"": "★" if p.recommended else "", "deployment": p.label, "mode": p.mode, "GPUs": p.gpus,
+             "tok/s per GPU": round(p.output_tps_per_gpu, 1), "tok/s per user": round(p.tps_per_user, 1),
+             "TTFT (s)": round(p.ttft_s, 3), "TPOT (ms)": round(p.tpot_s * 1e3, 2), "req/s": round(p.request_rate, 2),
+             "$/M out": None if not p.costs or p.costs.usd_per_m_output_tokens is None else round(p.costs.usd_per_m_output_tokens, 4),
+             "meets SLO": p.meets_slo, "from": p.source, "frontier": p.on_frontier} for p in result.points]
     st.dataframe(rows, hide_index=True)

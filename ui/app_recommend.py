@@ -1,4 +1,5 @@
-"""The recommended deployment: GPUs, layout, PD split, policies, costs, and why it won."""
+"""The recommended deployment: GPUs, layout, PD split, policies, costs, and why it won
+(or, when nothing works, the planner's explanation and the closest options)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,6 @@ def band_text(band: float | None) -> str:
     return f"±{100 * band:.0f}% (validated)" if band is not None else "no calibration: ±?"
 
 
-def _fmt(x: float | None, spec: str, scale: float = 1.0, unit: str = "") -> str:
-    return "–" if x is None else f"{x * scale:{spec}}{unit}"
-
-
 def tokens(x: float) -> str:
     """A token count as people say it: 920 M, 1.4 B."""
     for div, suffix in ((1e12, " T"), (1e9, " B"), (1e6, " M"), (1e3, " k")):
@@ -24,28 +21,49 @@ def tokens(x: float) -> str:
     return f"{x:,.0f}"
 
 
+def pd_split(plan: service.PlanView) -> str:
+    """'prefill 2 x DEP8 : decode 3 x DEP16' or 'aggregated'."""
+    if plan.mode != "disaggregated":
+        return "aggregated (prefill and decode share instances)"
+    pre = next(p for p in plan.pools if p.role == "prefill")
+    dec = next(p for p in plan.pools if p.role == "decode")
+    return f"prefill {pre.instances} x {pre.layout_label} : decode {dec.instances} x {dec.layout_label}"
+
+
 def render(result: service.SearchResult, band: float | None) -> None:
-    """Headline metrics of the recommended candidate (or the closest ones when none meets the SLO)."""
-    if result.recommended is None:
-        st.warning(result.reason)
+    """Headline metrics of the recommended plan, or why there is none."""
+    plan = result.plan
+    if plan is None:
+        st.warning(f"**No deployment recommended** ({result.status.replace('_', ' ')}): {result.message}")
+        if result.closest:
+            st.markdown("**Closest options:**\n" + "\n".join(f"- {c}" for c in result.closest))
         return
-    c = result.candidates[result.recommended]
+    pred = plan.predicted
     # one stable line the browser test (and a reader) can find: what is recommended, on how many GPUs
-    st.subheader(f"Recommended: {c.gpus} GPUs as {c.label}")
+    st.subheader(f"Recommended: {plan.gpus} GPUs as {plan.label}")
     st.caption(result.reason)
+    pct = result.request["slo_percentile"]
     cols = st.columns(4)
-    cols[0].metric("GPUs", f"{c.gpus}", help=f"{c.instances} instance(s) of {c.gpus_per_instance} GPUs")
-    cols[1].metric("layout", c.layout_label, help="tensor / data / expert parallel of one instance")
-    cols[2].metric("output tok/s per GPU", _fmt(c.output_tps_per_gpu, ",.0f"), help=band_text(band))
-    cols[3].metric("tok/s per user", _fmt(c.tps_per_user, ",.1f"), help=band_text(band))
+    cols[0].metric("GPUs", f"{plan.gpus}", help=f"of a budget of {plan.gpus_budget}")
+    shape = " + ".join(f"{p.instances} {p.role}" if plan.mode == "disaggregated" else f"{p.instances} x {p.gpus // p.instances} GPUs"
+                       for p in plan.pools)
+    cols[1].metric("instances", shape, help=" + ".join(f"{p.instances} x {p.layout_label} ({p.role})" for p in plan.pools))
+    cols[2].metric("output tok/s per GPU", f"{pred.get('output_tokens_per_s_per_gpu', 0):,.0f}", help=band_text(band))
+    cols[3].metric("tok/s per user", f"{pred.get('tokens_per_s_per_user', 0):,.1f}", help=band_text(band))
+    c = plan.costs
     cols = st.columns(4)
-    cols[0].metric("$ per GPU-hour", f"${c.costs.usd_per_gpu_hour:,.2f}", help=f"cluster ${c.costs.usd_per_hour:,.2f}/hour")
-    cols[1].metric("$ per M output tokens", _fmt(c.costs.usd_per_m_output_tokens, ",.3f", unit=""), help=band_text(band))
-    cols[2].metric("tokens per day", tokens(c.costs.tokens_per_day), help="output tokens, whole cluster")
-    cols[3].metric("TTFT p90 / TPOT p50", f"{_fmt(c.ttft_p90_s, '.2f', unit=' s')} / {_fmt(c.tpot_p50_s, '.0f', 1e3, ' ms')}")
-    if c.costs.revenue_per_gpu_hour is not None:
-        st.caption(f"revenue ${c.costs.revenue_per_gpu_hour:,.2f} per GPU-hour at the given token prices "
-                   f"(margin ${c.costs.revenue_per_gpu_hour - c.costs.usd_per_gpu_hour:,.2f})")
-    pd = f"prefill {c.pd['prefill']} : decode {c.pd['decode']}" if c.pd else "aggregated (prefill and decode share instances)"
-    pol = ", ".join(f"{k}={v}" for k, v in c.policies.items())
-    st.markdown(f"**PD split:** {pd}  \n**policies:** {pol}  \n**simulated figures:** {band_text(band)}")
+    cols[0].metric("$ per GPU-hour", f"${c.usd_per_gpu_hour:,.2f}", help=f"cluster ${c.usd_per_hour:,.2f}/hour; {c.price_source}")
+    cols[1].metric("$ per M output tokens", "–" if c.usd_per_m_output_tokens is None else f"${c.usd_per_m_output_tokens:,.3f}",
+                   help=band_text(band))
+    cols[2].metric("tokens per day", tokens(c.tokens_per_day), help="output tokens, whole cluster, at the planned rate")
+    cols[3].metric(f"TTFT / TPOT p{pct}", f"{pred.get('ttft_s', 0):.2f} s / {pred.get('tpot_s', 0) * 1e3:.0f} ms",
+                   help=f"{pred.get('source', '?')} figures; planned for {pred.get('request_rate', 0):,.2f} requests/s")
+    if c.revenue_per_gpu_hour is not None:
+        st.caption(f"revenue ${c.revenue_per_gpu_hour:,.2f} per GPU-hour at the token prices, margin ${c.margin_per_gpu_hour:,.2f}")
+    pol = ", ".join(f"{k} {v}" for k, v in plan.policies.items())
+    st.markdown(f"**layout:** {' + '.join(f'{p.instances} x {p.layout_label} ({p.role})' for p in plan.pools)}  \n"
+                f"**PD split:** {pd_split(plan)}  \n**policies:** {pol}  \n"
+                f"**figures from:** {pred.get('source', '?')}, {band_text(band)}")
+    with st.expander("why it won"):
+        for w in plan.why:
+            st.markdown(f"- {w}")

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import os
+
 import streamlit as st
 
 from twinfer.errors import TwinferError
@@ -92,21 +94,30 @@ def render() -> dict | None:
             rate = float(st.number_input("target requests/s", min_value=0.1, max_value=1e5, value=5.0, key="rate"))
         workload = _workload()
         st.header("SLO")
-        ttft = st.number_input("TTFT p90 ≤ (s)", min_value=0.05, max_value=600.0, value=2.0, key="ttft")
-        tpot = st.number_input("TPOT p50 ≤ (ms)", min_value=1.0, max_value=10000.0, value=50.0, step=5.0, key="tpot")
+        pct = st.selectbox("percentile", [50, 90, 99], index=1, key="slo_pct", help="the latency percentile the SLO bounds")
+        ttft = st.number_input(f"TTFT p{pct} ≤ (s)", min_value=0.05, max_value=600.0, value=2.0, key="ttft")
+        tpot = st.number_input(f"TPOT p{pct} ≤ (ms)", min_value=1.0, max_value=10000.0, value=50.0, step=5.0, key="tpot")
         st.header("Prices")
         catalog_price = app_cache.hardware_info(hardware)["price_per_gpu_hour"] if hardware else 0.0
         price = st.number_input("$ per GPU-hour", min_value=0.0, value=float(catalog_price), key=f"price_{hardware}",
                                 help="defaults to the hardware catalog's all-in TCO estimate")
-        p_in = st.number_input("revenue $ / M input tokens", min_value=0.0, value=0.0, key="p_in")
-        p_out = st.number_input("revenue $ / M output tokens", min_value=0.0, value=0.0, key="p_out")
+        tp = app_cache.default_token_prices()
+        with st.expander("revenue: token prices ($ per million)"):
+            p_in = st.number_input("input", min_value=0.0, value=float(tp["input"]), key="p_in", help="prompt tokens not cached")
+            p_cached = st.number_input("cached input", min_value=0.0, value=float(tp["cached_input"]), key="p_cached")
+            p_out = st.number_input("output", min_value=0.0, value=float(tp["output"]), key="p_out")
+            st.caption("defaults: DeepSeek API list prices for DeepSeek-V3 (planner/request.py)")
         with st.expander("search settings"):
-            sim_requests = st.slider("requests per simulated candidate", 50, 2000, 300, 50, key="sim_requests",
+            sim_top = st.slider("candidates simulated", 0, 16, 2, key="sim_top",
+                                help="after the analytic screen; 0: the screen decides (fastest)")
+            sim_requests = st.slider("most requests per simulation", 100, 5000, 400, 100, key="sim_requests",
                                      help="more: steadier figures, slower search")
-            max_sim = st.slider("candidates simulated", 1, 16, 4, key="max_sim")
+            workers = st.number_input("worker processes", 1, max(1, os.cpu_count() or 1), 1, key="workers",
+                                      help="parallel planner jobs (forked); results do not depend on it")
     if not (model and hardware and workload):
         return None
     return {"model": model, "hardware": hardware, "mode": "budget" if mode == "GPU budget" else "traffic",
             "gpus": gpus, "target_rate": rate, "workload": workload, "ttft_s": float(ttft), "tpot_s": float(tpot) / 1e3,
-            "price_per_gpu_hour": float(price), "price_per_m_input": float(p_in), "price_per_m_output": float(p_out),
-            "sim_requests": int(sim_requests), "max_simulated": int(max_sim)}
+            "slo_percentile": int(pct), "price_per_gpu_hour": float(price), "price_per_m_input": float(p_in),
+            "price_per_m_cached_input": float(p_cached), "price_per_m_output": float(p_out),
+            "simulate_top": int(sim_top), "sim_requests": int(sim_requests), "workers": int(workers)}

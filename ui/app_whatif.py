@@ -1,5 +1,5 @@
-"""What-if: change one candidate's policies (EP width, PD ratio, async overlap, replay window, MTP
-length, prefix hit rate), simulate it, and show the result beside the unchanged baseline."""
+"""What-if: change a plan's policies (EP width, PD ratio, async overlap, replay window, MTP length,
+prefix hit rate), simulate the plan and the changed plan the same way, and show them side by side."""
 
 from __future__ import annotations
 
@@ -17,31 +17,49 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def controls(c: service.Candidate, model: dict, trace: bool) -> dict:
-    """The what-if form; returns only the changes that differ from the baseline."""
-    lay, pol = c.layout, c.policies
+def plan_key(plan: service.PlanView) -> str:
+    """A short id of a plan: widget keys carry it, so a new plan starts from its own values
+    instead of inheriting the last plan's (an EP width the new layout may not even allow)."""
+    import hashlib
+
+    return hashlib.sha256(plan.yaml.encode()).hexdigest()[:10]
+
+
+def controls(plan: service.PlanView, model: dict) -> dict:
+    """The what-if form; returns only the changes that differ from the plan (as last submitted)."""
+    k = plan_key(plan)
+    main = next(p for p in plan.pools if p.role in ("mixed", "decode"))
+    lay, sch = main.layout, main.scheduler
     width = lay["tp"] * lay["dp"]
-    with st.form("whatif"):
+    disagg = plan.mode == "disaggregated"
+    ratio0 = 1.0
+    if disagg:
+        ratio0 = next(p for p in plan.pools if p.role == "prefill").instances / main.instances
+    trace = plan.plan["workload"].get("kind") == "trace"
+    with st.form(f"whatif_{k}"):
         a, b, d = st.columns(3)
-        ep = a.selectbox("EP width", _divisors(width), index=_divisors(width).index(lay["ep"]), key="wi_ep",
-                         disabled=not model["experts"], help="expert-parallel width; must divide TP x DP of the instance")
-        b.slider("PD ratio (prefill : decode)", 0.25, 4.0, 1.0, 0.25, key="wi_pd", disabled=True,
-                 help=service.UNSUPPORTED_WHATIF["pd_ratio"])
-        overlap = d.toggle("async CPU/GPU overlap", value=bool(pol.get("async_overlap", True)), key="wi_async")
+        ep = a.selectbox("EP width", _divisors(width), index=_divisors(width).index(lay["ep"]), key=f"wi_ep_{k}",
+                         disabled=not model["experts"], help=f"expert-parallel width of the {main.role} pool; divides TP x DP = {width}")
+        ratio = b.number_input("PD ratio (prefill per decode instance)", 0.1, 16.0, round(ratio0, 2), 0.25, key=f"wi_pd_{k}",
+                               disabled=not disagg, help="prefill instances per decode instance" if disagg
+                               else "this plan is aggregated: no prefill/decode pools to balance")
+        overlap = d.toggle("async CPU/GPU overlap", value=bool(sch.get("async_overlap", True)), key=f"wi_async_{k}")
         a, b, d = st.columns(3)
-        a.slider("replay window (tokens)", 0, max(model["sliding_window"], 128), 0, key="wi_replay", disabled=True,
+        a.slider("replay window (tokens)", 0, max(model["sliding_window"], 128), 0, key=f"wi_replay_{k}", disabled=True,
                  help=service.UNSUPPORTED_WHATIF["replay_window"])
-        mtp = b.slider("MTP draft length", 0, 4, int(pol.get("draft_len", 0)), key="wi_mtp", disabled=not model["mtp_layers"],
+        mtp = b.slider("MTP draft length", 0, max(4, int(sch.get("draft_len", 0))), int(sch.get("draft_len", 0)), key=f"wi_mtp_{k}", disabled=not model["mtp_layers"],
                        help="needs a multi-token-prediction head" if not model["mtp_layers"] else "draft tokens verified per decode step")
-        hit = d.slider("prefix hit rate", 0.0, 0.9, 0.0, 0.05, key="wi_hit", disabled=trace,
-                       help="share of each prompt that is a shared system prompt (generated workloads only)")
+        hit = d.slider("prefix hit rate", 0.0, 0.9, 0.0, 0.05, key=f"wi_hit_{k}", disabled=trace,
+                       help="share of each prompt that is one shared system prompt (generated workloads)")
         st.form_submit_button("Run what-if")
     changes: dict = {}
     if ep != lay["ep"]:
         changes["ep"] = int(ep)
-    if overlap != bool(pol.get("async_overlap", True)):
+    if disagg and abs(ratio - ratio0) > 1e-9:
+        changes["pd_ratio"] = float(ratio)
+    if overlap != bool(sch.get("async_overlap", True)):
         changes["async_overlap"] = bool(overlap)
-    if mtp != int(pol.get("draft_len", 0)):
+    if mtp != int(sch.get("draft_len", 0)):
         changes["draft_len"] = int(mtp)
     if hit > 0:
         changes["prefix_hit_rate"] = float(hit)
@@ -49,7 +67,7 @@ def controls(c: service.Candidate, model: dict, trace: bool) -> dict:
 
 
 def figure(rows: dict) -> go.Figure:
-    """What-if over baseline, per figure, in percent."""
+    """What-if over baseline, per figure, in percent (green: better)."""
     base, new = rows["baseline"], rows["what-if"]
     names = [k for k in base if isinstance(base[k], (int, float)) and base[k] and new.get(k) is not None and k != "GPUs"]
     fig = go.Figure(go.Bar(x=names, y=[100 * (new[k] / base[k] - 1) for k in names],
@@ -58,24 +76,25 @@ def figure(rows: dict) -> go.Figure:
     return fig
 
 
-def render(result: service.SearchResult, index: int, model: dict, band_label: str) -> None:
+def render(plan: service.PlanView, model: dict, num_requests: int, band_label: str) -> None:
     """Form, then baseline and what-if side by side."""
-    c = result.candidates[index]
-    st.caption(f"baseline: **{c.label}** · simulated figures {band_label}")
-    changes = controls(c, model, c.scenario["workload"].get("kind") == "trace")
+    st.caption(f"baseline: **{plan.label}** · both simulated at full scale on {num_requests:,} requests · {band_label}")
+    changes = controls(plan, model)
     if not changes:
         st.info("Change a control and press **Run what-if** to simulate it beside the baseline.")
         return
     try:
-        out = app_cache.what_if(c.scenario, changes)
+        out = app_cache.what_if(plan.plan, changes, num_requests)
     except TwinferError as e:
         st.error(str(e))
         return
     rows = out["rows"]
-    table = [{"figure": k, "baseline": rows["baseline"][k], "what-if": rows["what-if"][k],
-              "change": (f"{100 * (rows['what-if'][k] / rows['baseline'][k] - 1):+.1f}%"
-                         if isinstance(rows["baseline"][k], (int, float)) and rows["baseline"][k] and rows["what-if"][k] is not None else "")}
-             for k in rows["baseline"]]
+
+    def change(k):
+        b, n = rows["baseline"][k], rows["what-if"][k]
+        return f"{100 * (n / b - 1):+.1f}%" if isinstance(b, (int, float)) and b and n is not None else ""
+
     st.markdown("**changes:** " + ", ".join(f"{k} = {v}" for k, v in changes.items()))
-    st.dataframe(table, hide_index=True)
+    st.dataframe([{"figure": k, "baseline": rows["baseline"][k], "what-if": rows["what-if"][k], "change": change(k)}
+                  for k in rows["baseline"]], hide_index=True)
     st.plotly_chart(figure(rows), key="wi_chart")

@@ -1,4 +1,4 @@
-"""Adapters from the Streamlit app to costmodels/, sim/ and planner/: plain data in, plain data out.
+"""Adapters from the Streamlit app to planner/, sim/ and costmodels/: plain data in, plain data out.
 
 The app wraps these in st.cache_data, so arguments are plain values (str, numbers, dicts)
 and results are picklable pydantic models. No modelling lives here: each function composes
@@ -12,7 +12,6 @@ import io
 import math
 from typing import Callable, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from twinfer.config import validate
@@ -20,11 +19,13 @@ from twinfer.errors import TwinferError
 
 Progress = Callable[[float, str], None]  # (fraction done, what is running)
 
-# What a step's time is shown as (the cost model's categories, grouped the way a planner asks).
+# How a step's time is shown: the cost model's categories, grouped the way a planner asks.
 BREAKDOWN_GROUPS = {
     "attention": ("attention",), "indexer": ("indexer",), "experts": ("expert_gemm",),
     "dense GEMMs": ("dense_gemm",), "communication": ("communication",), "other": ("other",),
 }
+# Target-traffic sizing: plans tried after the first guess before giving up (each adds one instance).
+SIZING_TRIES = 3
 
 
 # ---------------------------------------------------------------- catalogs
@@ -50,7 +51,7 @@ def hardware_info(hardware: str) -> dict:
 
 
 def model_info(model: str) -> dict:
-    """Headline numbers of a model for the sidebar (name, family, layers, experts, MTP)."""
+    """Headline numbers of a model for the app (name, family, layers, experts, MTP, window)."""
     from costmodels.catalog import get_model
 
     m = get_model(model)
@@ -67,309 +68,351 @@ def workload_presets() -> list[str]:
     return list(PRESETS)
 
 
+def default_token_prices() -> dict:
+    """The planner's default revenue prices ($ per million tokens) and where they come from."""
+    from planner.request import Prices
+
+    p = Prices()
+    return {"input": p.input_per_mtok, "cached_input": p.cached_input_per_mtok, "output": p.output_per_mtok}
+
+
 # ---------------------------------------------------------------- the question a planner asks
 class PlanRequest(BaseModel):
-    """Everything the sidebar sets: model, hardware, budget or traffic, workload, SLO, prices, search size."""
+    """Everything the sidebar sets: model, hardware, budget or traffic, workload, SLO, prices, search size.
+
+    Search defaults (2 candidates simulated, at most 400 requests each, one process) keep a
+    default search to a few seconds on 2 cores; the planner's own defaults (6, 2500) are for the CLI.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     model: str = "deepseek-v3"
     hardware: str = "H200"
     mode: Literal["budget", "traffic"] = "budget"
-    gpus: int = Field(8, ge=1, le=4096, description="GPU budget (mode 'budget')")
-    target_rate: float = Field(5.0, gt=0, le=1e5, description="requests/s to serve (mode 'traffic')")
+    gpus: int = Field(8, ge=1, le=100_000, description="GPU budget (mode 'budget')")
+    target_rate: float = Field(5.0, gt=0, le=1e6, description="requests/s to serve (mode 'traffic')")
     workload: dict = Field(default_factory=lambda: {"preset": "chat"}, description="a sim.workload.WorkloadSpec mapping")
     ttft_s: float = Field(2.0, gt=0, le=600)
     tpot_s: float = Field(0.05, gt=0, le=10)
+    slo_percentile: Literal[50, 90, 99] = 90
     price_per_gpu_hour: float | None = Field(None, ge=0, description="None: the hardware catalog's")
-    price_per_m_input: float = Field(0.0, ge=0, description="revenue $ per million input tokens")
-    price_per_m_output: float = Field(0.0, ge=0, description="revenue $ per million output tokens")
-    sim_requests: int = Field(300, ge=20, le=100_000, description="requests per simulated candidate")
-    max_simulated: int = Field(4, ge=1, le=64, description="candidates that get a full simulation")
+    price_per_m_input: float | None = Field(None, ge=0, description="revenue $ per million input tokens (None: planner default)")
+    price_per_m_cached_input: float | None = Field(None, ge=0)
+    price_per_m_output: float | None = Field(None, ge=0)
+    simulate_top: int = Field(2, ge=0, le=64, description="candidates the simulator checks after the screen")
+    sim_requests: int = Field(400, ge=100, le=100_000, description="most requests per simulation")
+    workers: int = Field(1, ge=1, le=256, description="planner worker processes")
     seed: int = Field(0, ge=0)
 
 
 class Costs(BaseModel):
-    """What a deployment costs and makes, from its price and its simulated throughput."""
+    """What a deployment costs and makes (planner.economics, reshaped)."""
 
     usd_per_gpu_hour: float
     usd_per_hour: float
     usd_per_m_output_tokens: float | None
     tokens_per_day: float
     revenue_per_gpu_hour: float | None
+    margin_per_gpu_hour: float | None
+    price_source: str = ""
 
 
-class Candidate(BaseModel):
-    """One deployment the search looked at, reduced to what the app shows."""
+class Point(BaseModel):
+    """One deployment on the Pareto chart (frontier, best of a mode, or the pick)."""
 
     label: str
-    layout: dict
-    layout_label: str
-    gpus_per_instance: int
+    mode: str
+    gpus: int
+    output_tps_per_gpu: float
+    tps_per_user: float
+    ttft_s: float
+    tpot_s: float
+    request_rate: float
+    meets_slo: bool
+    source: str  # 'screen' | 'simulation'
+    on_frontier: bool
+    recommended: bool = False
+    costs: Costs | None = None
+
+
+class PoolView(BaseModel):
+    """One pool of a plan."""
+
+    role: str
     instances: int
     gpus: int
-    pd: dict | None = None  # {"prefill": n, "decode": m} instances when disaggregated
+    layout: dict
+    layout_label: str
+    scheduler: dict
+
+
+class PlanView(BaseModel):
+    """The recommended deployment, with the plan itself (for what-if, pinning and export)."""
+
+    label: str
+    model: str
+    hardware: str
+    mode: str
+    gpus: int
+    gpus_budget: int
+    pools: list[PoolView]
     policies: dict
-    output_tps_per_gpu: float
-    tps_per_user: float | None
-    ttft_p90_s: float | None = None
-    tpot_p50_s: float | None = None
-    meets_slo: bool
-    simulated: bool
-    on_frontier: bool = False
+    predicted: dict
     costs: Costs
-    scenario: dict  # sim.scenario.Scenario mapping: what-if and export start from it
-    why: str = ""
+    why: list[str]
+    plan: dict  # planner.plan.Plan, as JSON-able data
+    yaml: str
 
 
 class SearchResult(BaseModel):
-    """The candidates, the frontier among them, the pick and why, and what was assumed."""
+    """The answer: status, the points to chart, the plan (if any), the closest options, assumptions."""
 
     request: dict
-    candidates: list[Candidate]
-    recommended: int | None
+    status: str  # ok | does_not_fit | slo_unreachable
+    message: str
     reason: str
+    points: list[Point]
+    plan: PlanView | None
+    closest: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
-    backend: str  # which search produced it ('planner' or 'ui-interim')
+    timings: dict = Field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- search
+def _planner_request(req: PlanRequest, gpus: int, simulate_top: int | None = None):
+    from planner.request import PlanRequest as PReq
+
+    prices = {k: v for k, v in {"input_per_mtok": req.price_per_m_input, "cached_input_per_mtok": req.price_per_m_cached_input,
+                                "output_per_mtok": req.price_per_m_output, "gpu_hour": req.price_per_gpu_hour}.items() if v is not None}
+    return validate(PReq, {
+        "model": req.model, "hardware": req.hardware, "gpus": gpus, "workload": req.workload,
+        "slo": {"ttft_s": req.ttft_s, "tpot_s": req.tpot_s}, "slo_percentile": req.slo_percentile, "prices": prices,
+        "simulate_top": req.simulate_top if simulate_top is None else simulate_top, "sim_requests": req.sim_requests,
+        "seed": req.seed,
+    }, "plan request")
+
+
 def search(request: dict, progress: Progress | None = None) -> SearchResult:
     """Search deployments for ``request`` (a PlanRequest mapping); ``progress`` gets (fraction, label)."""
+    from planner.search import plan_deployment
+
     req = validate(PlanRequest, request, "plan request")
     progress = progress or (lambda f, s: None)
-    return _interim_search(req, progress)
-
-
-def _costs(req: PlanRequest, gpus: int, out_tps: float, in_tps: float) -> Costs:
-    from costmodels.hardware import get_hardware
-
-    price = req.price_per_gpu_hour if req.price_per_gpu_hour is not None else get_hardware(req.hardware).price_per_gpu_hour
-    per_hour = price * gpus
-    revenue = None
-    if req.price_per_m_input or req.price_per_m_output:
-        revenue = (in_tps * req.price_per_m_input + out_tps * req.price_per_m_output) * 3600 / 1e6 / gpus
-    return Costs(usd_per_gpu_hour=price, usd_per_hour=per_hour,
-                 usd_per_m_output_tokens=per_hour / (out_tps * 3600) * 1e6 if out_tps > 0 else None,
-                 tokens_per_day=out_tps * 86400, revenue_per_gpu_hour=revenue)
-
-
-def _interim_search(req: PlanRequest, progress: Progress) -> SearchResult:
-    """A small stand-in for planner/ until it lands: TP and DEP layouts x batch caps, screened with
-    sim.runner.estimate_capacity, the best few simulated with sim.runner.run_scenario."""
-    from costmodels.catalog import get_model
-    from costmodels.hardware import get_hardware
-    from costmodels.layout import ParallelLayout
-    from costmodels.memory import memory_fit
-    from sim.runner import estimate_capacity, run_scenario
-    from sim.scenario import Scenario
-
-    model, hw = get_model(req.model), get_hardware(req.hardware)
-    wl = validate(_workload_type(), req.workload, "workload")
-    trace = wl.kind == "trace"
-    layouts = []
-    for g in (1, 2, 4, 8, 16, 32, 64):
-        if req.mode == "budget" and g > req.gpus:
-            break
-        shapes = [{"tp": g}] + ([{"dp": g, "ep": g}] if model.moe and g > 1 else [])
-        for s in shapes:
-            lay = ParallelLayout(**s, weight_dtype=model.checkpoint_dtype, expert_dtype=model.checkpoint_expert_dtype,
-                                 kv_dtype=model.default_kv_dtype)
-            if memory_fit(model, hw, lay).fits:
-                layouts.append(lay)
-    if not layouts:
-        fit = memory_fit(model, hw, ParallelLayout(tp=min(req.gpus, 64), weight_dtype=model.checkpoint_dtype))
-        raise TwinferError(f"no layout of {model.name} fits within {req.gpus} x {hw.name}: {fit.explanation}")
-
-    def scenario(lay, instances, seqs, rate=None) -> Scenario:
-        w = dict(req.workload)
-        if not trace:
-            w.update({"rate": rate or w.get("rate", 1.0), "num_requests": req.sim_requests})
-            w.pop("duration_s", None)
-        else:
-            w["max_requests"] = req.sim_requests
-        return validate(Scenario, {
-            "name": f"{lay.describe()} x{instances} seqs{seqs}", "model": req.model, "hardware": req.hardware,
-            "layout": lay.model_dump(), "instances": instances, "workload": w, "seed": req.seed,
-            "scheduler": {"max_num_seqs": seqs, "max_num_batched_tokens": max(8192, seqs)},
-            "slo": {"ttft_s": req.ttft_s, "tpot_s": req.tpot_s},
-        }, "candidate")
-
-    # screen: saturation throughput and per-user speed of every (layout, batch cap)
-    screened = []
-    for lay in layouts:
-        for seqs in (16, 64, 256):
-            one = scenario(lay, 1, seqs, rate=1.0)
-            if trace:
-                screened.append((lay, seqs, None, None))
-                continue
-            cap = estimate_capacity(one)
-            screened.append((lay, seqs, cap.requests_per_s, one.scheduler.expected_tokens_per_decode() / cap.decode_step_s))
-    progress(0.1, f"screened {len(screened)} candidates")
-
-    cands: list[Candidate] = []
-    for lay, seqs, cap, tpu in screened:
-        if req.mode == "budget":
-            inst = max(1, req.gpus // lay.gpus)
-        else:
-            inst = max(1, math.ceil(req.target_rate / (0.8 * cap))) if cap else 1
-        tput = (cap * inst * _mean_output(wl) / (inst * lay.gpus)) if cap else 0.0
-        sc = scenario(lay, inst, seqs, rate=(0.8 * cap * inst if req.mode == "budget" else req.target_rate) if cap else None)
-        cands.append(Candidate(
-            label=f"{inst} x {lay.describe()} (batch <= {seqs})", layout=lay.model_dump(), layout_label=lay.describe(),
-            gpus_per_instance=lay.gpus, instances=inst, gpus=inst * lay.gpus,
-            policies={"max_num_seqs": seqs, "async_overlap": True, "draft_len": 0, "router": "least_outstanding"},
-            output_tps_per_gpu=tput, tps_per_user=tpu, meets_slo=bool(tpu and tpu >= 1.0 / req.tpot_s),
-            simulated=False, costs=_costs(req, inst * lay.gpus, tput * inst * lay.gpus, 0.0),
-            scenario=sc.model_dump(mode="json"), why="analytic screen (cost model at saturation)",
-        ))
-
-    # simulate the best few the screen let through (all of them for a trace: nothing to screen with)
-    order = sorted(range(len(cands)), key=lambda i: (not cands[i].meets_slo, cands[i].gpus if req.mode == "traffic" else 0,
-                                                     -cands[i].output_tps_per_gpu))
-    chosen = order[: req.max_simulated] if not trace else order[: max(req.max_simulated, 1)]
-    for n, i in enumerate(chosen):
-        c = cands[i]
-        progress(0.1 + 0.9 * n / len(chosen), f"simulating {c.label}")
-        res = run_scenario(validate(Scenario, c.scenario, "candidate"))
-        m = res.metrics
-        ok = m.ttft_s.p90 is not None and m.ttft_s.p90 <= req.ttft_s and (m.tpot_s.p50 or 0) <= req.tpot_s
-        cands[i] = c.model_copy(update={
-            "output_tps_per_gpu": m.output_throughput_per_gpu, "tps_per_user": m.per_user_output_tps_mean,
-            "ttft_p90_s": m.ttft_s.p90, "tpot_p50_s": m.tpot_s.p50, "meets_slo": ok, "simulated": True,
-            "costs": _costs(req, c.gpus, m.output_throughput, m.input_throughput),
-            "why": f"simulated {res.num_requests} requests ({m.requests_finished} finished)",
-        })
+    notes: list[str] = []
+    if req.mode == "budget":
+        progress(0.05, f"screening and simulating deployments of {req.gpus} GPUs")
+        preq = _planner_request(req, req.gpus)
+        report = plan_deployment(preq, workers=req.workers)
+        reason = report.recommended.why[0] if report.recommended and report.recommended.why else report.message
+    else:
+        preq, report, reason = _size_for_traffic(req, progress, notes)
+    progress(0.95, "costing the candidates")
+    result = _view(req, preq, report, reason, notes)
     progress(1.0, "done")
-    cands = _mark_frontier(cands)
-    rec, reason = _pick(cands, req)
-    notes = ["interim search in ui/service.py (planner/ not landed): TP and DEP layouts x batch caps 16/64/256; "
-             "screen = sim.runner.estimate_capacity, best few simulated at 80% of capacity (budget) or the target rate"]
-    return SearchResult(request=req.model_dump(), candidates=cands, recommended=rec, reason=reason, notes=notes, backend="ui-interim")
+    return result
 
 
-def _workload_type():
-    from sim.workload import WorkloadSpec
+def _size_for_traffic(req: PlanRequest, progress: Progress, notes: list[str]):
+    """Fewest GPUs whose plan serves ``target_rate``: the per-GPU rate of a screen-only plan on one
+    scale-up domain gives the first guess; full plans then add one instance at a time until it serves."""
+    from costmodels.hardware import get_hardware
+    from planner.search import plan_deployment
 
-    return WorkloadSpec
+    probe = get_hardware(req.hardware).scaleup_domain
+    for _ in range(4):  # a model too big for one domain: try 2, 4, 8 domains
+        progress(0.1, f"screening {probe} GPUs for the rate one GPU sustains")
+        rep = plan_deployment(_planner_request(req, probe, simulate_top=0), workers=req.workers)
+        if rep.status != "does_not_fit":
+            break
+        probe *= 2
+    if rep.recommended is None:
+        return _planner_request(req, probe), rep, rep.message
+    per_gpu = rep.recommended.predicted.request_rate / rep.recommended.gpus_used
+    step = max(p.layout.gpus for p in rep.recommended.pools)
+    gpus = max(step, math.ceil(req.target_rate / per_gpu / step) * step)
+    for k in range(SIZING_TRIES + 1):
+        progress(0.2 + 0.7 * k / (SIZING_TRIES + 1), f"planning {gpus} GPUs for {req.target_rate:g} requests/s")
+        preq = _planner_request(req, gpus)
+        report = plan_deployment(preq, workers=req.workers)
+        served = report.recommended.predicted.request_rate if report.recommended else 0.0
+        if served >= req.target_rate:
+            reason = (f"fewest GPUs found that serve {req.target_rate:g} requests/s within the SLO: {report.recommended.gpus_used} "
+                      f"GPUs sustain {served:,.2f} requests/s")
+            notes.append(f"target traffic: sized from {per_gpu:.3f} requests/s per GPU (screen of {probe} GPUs), then planned "
+                         f"at {gpus} GPUs ({k + 1} plan(s) run)")
+            return preq, report, reason
+        gpus += step
+    notes.append(f"target traffic: {gpus - step} GPUs still served only {served:,.2f} requests/s after {SIZING_TRIES + 1} plans")
+    return preq, report, (f"no plan up to {gpus - step} GPUs serves {req.target_rate:g} requests/s within the SLO "
+                          f"(best: {served:,.2f}); raise the target GPUs or relax the SLO")
 
 
-def _mean_output(wl) -> float:
-    return float(wl.output_len.mean()) if wl.kind != "trace" else 0.0
+def _view(req: PlanRequest, preq, report, reason: str, notes: list[str]) -> SearchResult:
+    """Reshape a planner PlanReport for the app: points with costs, the plan's pools and policies."""
+    from costmodels.hardware import get_hardware
+    from planner.economics import economics
+    from planner.workload_stats import workload_stats
+
+    hw = get_hardware(req.hardware)
+    stats = workload_stats(preq.workload, preq.seed)
+    plan = report.recommended
+    rec_label = report.message.removeprefix("recommended: ") if plan else None
+
+    def costs_of(gpus: int, thr_gpu: float) -> Costs:
+        e = economics(hw, preq.prices, gpus, preq.gpus, thr_gpu * gpus, stats.mean_prompt, stats.mean_output, stats.hit_fraction)
+        return _costs(e)
+
+    seen: dict[str, Point] = {}
+    frontier = {p.label for p in report.frontier}
+    for p in list(report.frontier) + list(report.best_by_mode):
+        if p.label in seen:
+            continue
+        seen[p.label] = Point(label=p.label, mode=p.mode, gpus=p.gpus, output_tps_per_gpu=p.output_tokens_per_s_per_gpu,
+                              tps_per_user=p.tokens_per_s_per_user, ttft_s=p.ttft_s, tpot_s=p.tpot_s, request_rate=p.request_rate,
+                              meets_slo=p.meets_slo, source=p.source, on_frontier=p.label in frontier,
+                              costs=costs_of(p.gpus, p.output_tokens_per_s_per_gpu))
+    view = None
+    if plan is not None:
+        pr = plan.predicted
+        rec = Point(label=rec_label, mode=plan.mode, gpus=plan.gpus_used, output_tps_per_gpu=pr.output_tokens_per_s_per_gpu,
+                    tps_per_user=pr.tokens_per_s_per_user, ttft_s=pr.ttft_s, tpot_s=pr.tpot_s, request_rate=pr.request_rate,
+                    meets_slo=True, source=pr.source, on_frontier=rec_label in frontier, recommended=True, costs=_costs(plan.economics))
+        seen[rec_label] = rec
+        view = plan_view(plan.model_dump(mode="json"), rec_label)
+    return SearchResult(request=req.model_dump(), status=report.status, message=report.message, reason=reason,
+                        points=list(seen.values()), plan=view, closest=list(report.closest_options),
+                        notes=notes + list(report.assumptions), timings=report.timings.model_dump())
 
 
-def _mark_frontier(cands: list[Candidate]) -> list[Candidate]:
-    """Flag candidates no other beats on both throughput per GPU and tokens/s per user."""
-    pts = [(c.output_tps_per_gpu, c.tps_per_user or 0.0) for c in cands]
-    out = []
-    for i, c in enumerate(cands):
-        dominated = any((a >= pts[i][0] and b >= pts[i][1]) and (a, b) != pts[i] for a, b in pts)
-        out.append(c.model_copy(update={"on_frontier": not dominated}))
-    return out
+def _costs(e) -> Costs:
+    finite = lambda x: x if x is not None and math.isfinite(x) else None  # noqa: E731
+    return Costs(usd_per_gpu_hour=e.price_per_gpu_hour, usd_per_hour=e.cluster_cost_per_hour,
+                 usd_per_m_output_tokens=finite(e.cost_per_million_output_tokens), tokens_per_day=e.output_tokens_per_day,
+                 revenue_per_gpu_hour=e.revenue_per_gpu_hour, margin_per_gpu_hour=e.margin_per_gpu_hour, price_source=e.price_source)
 
 
-def _pick(cands: list[Candidate], req: PlanRequest) -> tuple[int | None, str]:
-    sims = [i for i, c in enumerate(cands) if c.simulated and c.meets_slo]
-    if not sims:
-        return None, (f"no simulated candidate meets TTFT p90 <= {req.ttft_s:g} s and TPOT p50 <= {req.tpot_s * 1e3:g} ms; "
-                      "the table lists the closest ones")
-    if req.mode == "traffic":
-        i = min(sims, key=lambda k: (cands[k].gpus, -cands[k].output_tps_per_gpu))
-        return i, f"fewest GPUs ({cands[i].gpus}) that serve {req.target_rate:g} req/s within the SLO"
-    i = max(sims, key=lambda k: cands[k].output_tps_per_gpu)
-    return i, f"highest output tokens/s per GPU ({cands[i].output_tps_per_gpu:,.0f}) within the SLO on {req.gpus} GPUs"
+def plan_view(plan: dict, label: str | None = None) -> PlanView:
+    """A planner Plan (as data) reshaped for display."""
+    from planner.plan import Plan
+
+    p = validate(Plan, plan, "plan")
+    pools = [PoolView(role=x.role, instances=x.instances, gpus=x.gpus, layout=x.layout.model_dump(mode="json"),
+                      layout_label=x.label or x.layout.describe(), scheduler=x.scheduler.model_dump(mode="json")) for x in p.pools]
+    main = p.pool("mixed" if p.mode == "aggregated" else "decode").scheduler
+    policies = {"max batch": main.max_num_seqs, "token budget": main.max_num_batched_tokens, "MTP draft": main.draft_len,
+                "async overlap": main.async_overlap, "router": p.router.kind, "EPLB": p.effects.eplb,
+                "tables": p.effects.table_placement}
+    label = label or " + ".join(f"{x.instances} x {x.layout_label} {x.role}" for x in pools)
+    costs = _costs(p.economics) if p.economics else Costs(usd_per_gpu_hour=0, usd_per_hour=0, usd_per_m_output_tokens=None,
+                                                         tokens_per_day=0, revenue_per_gpu_hour=None, margin_per_gpu_hour=None)
+    return PlanView(label=label, model=p.model, hardware=p.hardware, mode=p.mode, gpus=p.gpus_used, gpus_budget=p.gpus_budget,
+                    pools=pools, policies=policies, predicted=p.predicted.model_dump() if p.predicted else {}, costs=costs,
+                    why=list(p.why), plan=p.model_dump(mode="json"), yaml=p.to_yaml())
 
 
 # ---------------------------------------------------------------- where the time and memory go
-def step_breakdown(scenario: dict, batch: int, context: int) -> dict:
-    """One decode step of ``batch`` requests at ``context`` tokens: time by category and memory per GPU."""
-    import numpy as np
-
+def step_breakdown(model: str, hardware: str, layout: dict, scheduler: dict, batch: int, context: int) -> dict:
+    """One decode step of ``batch`` requests at ``context`` tokens: time by category (host included) and memory per GPU."""
     from costmodels.batch import BatchShape
     from costmodels.catalog import get_model
     from costmodels.hardware import get_hardware
     from costmodels.layout import ParallelLayout
     from costmodels.memory import memory_fit
     from costmodels.step import StepCostModel
-
-    model, hw = get_model(scenario["model"]), get_hardware(scenario["hardware"])
-    lay = validate(ParallelLayout, scenario["layout"], "layout")
-    sched = scenario.get("scheduler", {})
-    draft = int(sched.get("draft_len", 0))
-    cm = StepCostModel(model, hw, lay)
-    sc = cm.step(BatchShape.from_lists([1 + draft] * batch, [context] * batch, [True] * batch))
-    by = {g: sum(sc.breakdown.get(c, 0.0) for c in cats) for g, cats in BREAKDOWN_GROUPS.items()}
-    # host work per step (scheduling, input prep): hidden under the device step when async overlap is on
     from scheduler.config import SchedulerConfig
 
-    scfg = validate(SchedulerConfig, sched, "scheduler")
+    m, hw = get_model(model), get_hardware(hardware)
+    lay = validate(ParallelLayout, layout, "layout")
+    scfg = validate(SchedulerConfig, scheduler, "scheduler")
+    draft = scfg.draft_len
+    sc = StepCostModel(m, hw, lay).step(BatchShape.from_lists([1 + draft] * batch, [context] * batch, [True] * batch))
+    by = {g: sum(sc.breakdown.get(c, 0.0) for c in cats) for g, cats in BREAKDOWN_GROUPS.items()}
+    # host work per step (scheduling, input prep) hides under the device step when async overlap is on
     host = scfg.host_overhead_s(batch, batch * (1 + draft))
     by["host (exposed)"] = max(0.0, host - sc.time_s) if scfg.async_overlap else host
-    fit = memory_fit(model, hw, lay, mem_fraction=scenario.get("gpu_memory_fraction", 0.9),
-                     max_batched_tokens=scfg.max_num_batched_tokens, max_running_requests=scfg.max_num_seqs)
+    fit = memory_fit(m, hw, lay, max_batched_tokens=scfg.max_num_batched_tokens, max_running_requests=scfg.max_num_seqs)
     memory = {"weights": fit.weight_bytes, "KV pool": max(fit.kv_pool_bytes, 0.0), "workspace": fit.workspace_bytes,
               "reserved (1 - mem fraction)": fit.free_bytes}
-    return {"step_s": sc.time_s + by["host (exposed)"], "device_s": sc.time_s, "breakdown_s": by,
-            "memory_bytes": memory, "hbm_bytes": fit.hbm_bytes, "weights_by_kind": fit.weight_breakdown,
-            "fit": fit.explanation, "notes": list(sc.notes), "batch": batch, "context": context, "draft_len": draft,
-            "tokens_per_s_per_user": (1 + draft) / (sc.time_s + by["host (exposed)"]) if sc.time_s else None}
+    step = sc.time_s + by["host (exposed)"]
+    return {"step_s": step, "device_s": sc.time_s, "host_s": host, "breakdown_s": by, "memory_bytes": memory,
+            "hbm_bytes": fit.hbm_bytes, "weights_by_kind": fit.weight_breakdown, "fit": fit.explanation, "notes": list(sc.notes),
+            "batch": batch, "context": context, "draft_len": draft, "tokens_per_s_per_user": (1 + draft) / step if step else None}
 
 
 # ---------------------------------------------------------------- what-if
 class WhatIf(BaseModel):
-    """Policy changes applied to a candidate's scenario (None: keep the baseline's)."""
+    """Policy changes applied to a plan (None: keep the plan's)."""
 
     model_config = ConfigDict(extra="forbid")
-    ep: int | None = Field(None, ge=1, le=1024)
+    ep: int | None = Field(None, ge=1, le=4096, description="EP width of the decode (or mixed) pool")
     async_overlap: bool | None = None
     draft_len: int | None = Field(None, ge=0, le=16)
     prefix_hit_rate: float | None = Field(None, ge=0, le=0.99)
-    pd_ratio: float | None = Field(None, gt=0, le=64, description="prefill:decode instances (needs the planner's PD support)")
-    replay_window: int | None = Field(None, ge=0, le=1 << 20, description="SWA bounded replay tokens (needs sim support)")
+    pd_ratio: float | None = Field(None, gt=0, le=64, description="prefill instances per decode instance (disaggregated plans)")
+    replay_window: int | None = Field(None, ge=0, le=1 << 20, description="SWA bounded replay tokens")
 
 
 # what-if knobs the simulator cannot take yet; the app shows them disabled with this reason
 UNSUPPORTED_WHATIF = {
-    "pd_ratio": "prefill/decode disaggregation lands with planner/ (issue 4)",
-    "replay_window": "bounded replay is in costmodels.replay; the simulator does not take it yet",
+    "replay_window": "bounded replay is costed in costmodels.replay, but the simulator does not take a replay length yet",
 }
 
 
-def apply_what_if(scenario: dict, what_if: dict) -> dict:
-    """The scenario mapping with the what-if changes applied (validated)."""
-    from sim.scenario import Scenario
+def apply_what_if(plan: dict, what_if: dict) -> dict:
+    """The plan (as data) with the what-if changes applied, validated as a planner Plan."""
+    import copy
+
+    from planner.plan import Plan
 
     w = validate(WhatIf, what_if, "what-if")
-    s = yaml.safe_load(yaml.safe_dump(scenario))  # deep copy of plain data
-    if w.ep is not None:
-        s["layout"]["ep"] = w.ep
-    if w.async_overlap is not None:
-        s.setdefault("scheduler", {})["async_overlap"] = w.async_overlap
-    if w.draft_len is not None:
-        s.setdefault("scheduler", {})["draft_len"] = w.draft_len
-        seqs = s["scheduler"].get("max_num_seqs", 256)
-        s["scheduler"]["max_num_batched_tokens"] = max(s["scheduler"].get("max_num_batched_tokens", 8192), seqs * (1 + w.draft_len))
-    if w.prefix_hit_rate is not None:
-        s["workload"] = _with_prefix_share(s["workload"], w.prefix_hit_rate)
-    for k in UNSUPPORTED_WHATIF:
+    for k, why in UNSUPPORTED_WHATIF.items():
         if getattr(w, k) is not None:
-            raise TwinferError(f"what-if {k}: not available yet ({UNSUPPORTED_WHATIF[k]})")
-    return validate(Scenario, s, "what-if scenario").model_dump(mode="json")
+            raise TwinferError(f"what-if {k}: not available yet ({why})")
+    p = copy.deepcopy(plan)
+    main = next(x for x in p["pools"] if x["role"] in ("mixed", "decode"))
+    if w.ep is not None:
+        main["layout"]["ep"] = w.ep
+    if w.async_overlap is not None:
+        for pool in p["pools"]:
+            pool["scheduler"]["async_overlap"] = w.async_overlap
+    if w.draft_len is not None:
+        s = main["scheduler"]
+        # the plan lists one acceptance rate per draft; a new length takes the scheduler's defaults
+        s.update(draft_len=w.draft_len, acceptance_rates=[])
+        s["max_num_batched_tokens"] = max(s["max_num_batched_tokens"], s["max_num_seqs"] * (1 + w.draft_len))
+    if w.pd_ratio is not None:
+        if p["mode"] != "disaggregated":
+            raise TwinferError("what-if pd_ratio: this plan is aggregated (prefill and decode share instances); "
+                               "a disaggregated plan has a prefill:decode ratio to change")
+        pre = next(x for x in p["pools"] if x["role"] == "prefill")
+        pre["instances"] = max(1, round(w.pd_ratio * main["instances"]))
+    if w.prefix_hit_rate is not None:
+        p["workload"] = _with_prefix_share(p["workload"], w.prefix_hit_rate)
+    used = sum(x["instances"] * _gpus(x["layout"]) for x in p["pools"])
+    p["gpus_budget"] = max(p["gpus_budget"], used)  # a what-if may use more GPUs than the plan had
+    p["predicted"], p["economics"] = None, None  # they described the unchanged plan
+    return validate(Plan, p, "what-if plan").model_dump(mode="json")
+
+
+def _gpus(layout: dict) -> int:
+    return layout.get("tp", 1) * layout.get("dp", 1) * layout.get("pp", 1)
 
 
 def _with_prefix_share(workload: dict, hit: float) -> dict:
     """A workload whose prompts share ``hit`` of their tokens as one system prompt (one prefix group),
-    so the prefix cache can hit about that share; prompt lengths keep their mean."""
-    wl = validate(_workload_type(), workload, "workload")
+    so the prefix cache can serve about that share; prompt lengths keep their mean."""
+    from sim.workload import WorkloadSpec
+
+    wl = validate(WorkloadSpec, workload, "workload")
     if wl.kind == "trace":
         raise TwinferError("what-if prefix_hit_rate: a trace's prefixes come from its hash_ids; pick a generated workload")
     total = wl.shared_prefix_len + float(wl.input_len.mean())
     shared = int(round(hit * total))
     scale = max(total - shared, 1.0) / max(float(wl.input_len.mean()), 1.0)
-    data = wl.model_dump(mode="json", exclude_unset=False)
+    data = wl.model_dump(mode="json")
     data["input_len"] = _scaled_length(data["input_len"], scale)
     data.update({"shared_prefix_len": shared, "num_prefix_groups": 1})
-    return data
+    return validate(WorkloadSpec, data, "what-if workload").model_dump(mode="json")
 
 
 def _scaled_length(dist: dict, scale: float) -> dict:
@@ -381,26 +424,32 @@ def _scaled_length(dist: dict, scale: float) -> dict:
     return out
 
 
-def what_if(scenario: dict, changes: dict) -> dict:
-    """Simulate the baseline and the changed scenario; returns both metric rows and the scenario used."""
-    from sim.runner import run_scenario
-    from sim.scenario import Scenario
+def simulate_plan(plan: dict, num_requests: int) -> dict:
+    """Simulate a plan at full scale on ``num_requests`` requests; the figures the app compares."""
+    from planner.plan import Plan
+    from sim.deployment import simulate_deployment
 
-    changed = apply_what_if(scenario, changes)
-    rows = {}
-    for name, s in (("baseline", scenario), ("what-if", changed)):
-        rows[name] = metric_row(run_scenario(validate(Scenario, s, name)))
-    return {"rows": rows, "scenario": changed}
+    p = validate(Plan, plan, "plan")
+    scenario, effects, disagg = p.to_simulation(num_requests=num_requests if p.workload.kind != "trace" else None)
+    return metric_row(simulate_deployment(scenario, effects, disagg).result, p.slo_percentile)
 
 
-def metric_row(res) -> dict:
+def what_if(plan: dict, changes: dict, num_requests: int) -> dict:
+    """Simulate the plan and the changed plan the same way; both metric rows and the changed plan."""
+    changed = apply_what_if(plan, changes)
+    return {"rows": {"baseline": simulate_plan(plan, num_requests), "what-if": simulate_plan(changed, num_requests)},
+            "plan": changed}
+
+
+def metric_row(res, percentile: int = 90) -> dict:
     """The figures the app compares, from a sim.runner.SimResult."""
     m = res.metrics
+    q = f"p{percentile}"
+    ms = lambda x: None if x is None else x * 1e3  # noqa: E731
     return {
         "GPUs": res.num_gpus, "output tok/s per GPU": m.output_throughput_per_gpu,
-        "tok/s per user": m.per_user_output_tps_mean, "TTFT p50 (s)": m.ttft_s.p50, "TTFT p90 (s)": m.ttft_s.p90,
-        "TPOT p50 (ms)": None if m.tpot_s.p50 is None else m.tpot_s.p50 * 1e3,
-        "TPOT p90 (ms)": None if m.tpot_s.p90 is None else m.tpot_s.p90 * 1e3,
+        "tok/s per user": m.per_user_output_tps_mean, f"TTFT {q} (s)": getattr(m.ttft_s, q),
+        "TPOT p50 (ms)": ms(m.tpot_s.p50), f"TPOT {q} (ms)": ms(getattr(m.tpot_s, q)),
         "goodput (% of requests)": None if m.goodput_fraction is None else 100 * m.goodput_fraction,
         "prefix hit rate (%)": None if m.prefix_cache_hit_rate is None else 100 * m.prefix_cache_hit_rate,
         "finished": m.requests_finished,
@@ -418,35 +467,15 @@ def error_band(hardware: str) -> float | None:
 
 
 # ---------------------------------------------------------------- export
-def plan_yaml(result: SearchResult, index: int | None = None) -> str:
-    """A candidate's deployment as YAML: the scenario `twinfer simulate --scenario` runs, plus costs and provenance."""
-    from twinfer import __version__
-
-    i = result.recommended if index is None else index
-    if i is None:
-        raise TwinferError("no plan to export: no candidate meets the SLO")
-    c = result.candidates[i]
-    doc = {
-        "plan": {"label": c.label, "gpus": c.gpus, "instances": c.instances, "layout": c.layout_label, "pd": c.pd,
-                 "policies": c.policies, "meets_slo": c.meets_slo, "why": result.reason if i == result.recommended else c.why},
-        "expected": {"output_tokens_per_s_per_gpu": c.output_tps_per_gpu, "tokens_per_s_per_user": c.tps_per_user,
-                     "ttft_p90_s": c.ttft_p90_s, "tpot_p50_s": c.tpot_p50_s, "simulated": c.simulated},
-        "costs": c.costs.model_dump(),
-        "scenario": c.scenario,
-        "provenance": {"twinfer_version": __version__, "search": result.backend, "request": result.request, "notes": result.notes},
-    }
-    return yaml.safe_dump(doc, sort_keys=False)
-
-
 def results_csv(result: SearchResult) -> str:
-    """Every candidate as one CSV row."""
+    """Every charted candidate as one CSV row (costs included)."""
     buf = io.StringIO()
-    cols = ["label", "gpus", "instances", "layout_label", "output_tps_per_gpu", "tps_per_user", "ttft_p90_s",
-            "tpot_p50_s", "meets_slo", "simulated", "on_frontier"]
-    cost_cols = list(Costs.model_fields)
+    cols = ["label", "mode", "gpus", "output_tps_per_gpu", "tps_per_user", "ttft_s", "tpot_s", "request_rate",
+            "meets_slo", "source", "on_frontier", "recommended"]
+    cost_cols = [c for c in Costs.model_fields if c != "price_source"]
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(cols + cost_cols + ["recommended"])
-    for i, c in enumerate(result.candidates):
-        d = c.model_dump()
-        w.writerow([d[k] for k in cols] + [d["costs"][k] for k in cost_cols] + [i == result.recommended])
+    w.writerow(cols + cost_cols)
+    for p in result.points:
+        d = p.model_dump()
+        w.writerow([d[k] for k in cols] + [(d["costs"] or {}).get(k) for k in cost_cols])
     return buf.getvalue()
