@@ -25,6 +25,22 @@ def describe_row(table: Table, options: list[LayoutOption], i: int) -> str:
             f"({pol}, prefill chunk {int(c['pchunk'][i])})")
 
 
+def short_row(table: Table, options: list[LayoutOption], i: int) -> tuple[str, str]:
+    """(deployment, policies) in a few characters each, for tables: '2xDEP16 tbo eplb+16 > 1xDEP32 eplb+32', 'B128 MTP3 c8k'."""
+    c = table.cols
+
+    def lay(k: int) -> str:
+        return options[k].describe().replace(" fp8", "").replace(" bf16", "").replace(" fp4", "")
+
+    if c["mode"][i] == AGG:
+        dep = f"{int(c['inst'][i])}x{lay(int(c['opt'][i]))}"
+    else:
+        dep = f"{int(c['pinst'][i])}x{lay(int(c['popt'][i]))} > {int(c['inst'][i])}x{lay(int(c['opt'][i]))}"
+    chunk = int(c["chunk"][i])
+    pol = f"B{int(c['B'][i])} MTP{int(c['d'][i])} c{chunk // 1024}k" + ("" if c["async"][i] else " sync")
+    return dep, pol
+
+
 def _same_except(table: Table, i: int, **changes) -> int | None:
     """Row equal to ``i`` in every candidate field except ``changes`` (None if the table has none)."""
     c = table.cols
@@ -37,43 +53,59 @@ def _same_except(table: Table, i: int, **changes) -> int | None:
     return int(hits[0]) if hits.size else None
 
 
-def why_it_won(table: Table, options: list[LayoutOption], i: int, ok: np.ndarray, slo: SLO, thr_gpu: float,
-               source: str) -> list[str]:
-    """Reasons, each with a number: margins over the alternatives and what each policy adds."""
+def why_it_won(table: Table, options: list[LayoutOption], i: int, ok: np.ndarray, slo: SLO, sim: dict, meets_sim) -> list[str]:
+    """Reasons, each with a number: margin over the best of the other mode, SLO headroom, what each policy adds.
+
+    ``sim`` maps rows to simulation outcomes; comparisons use simulated numbers when both sides
+    were simulated, else the screen's for both (never a simulated number against a screened one).
+    """
     c = table.cols
     out: list[str] = []
     thr = c["thr_gpu"]
-    other_mode = DISAGG_OR_AGG = 1 - int(c["mode"][i])
-    mask_other = ok & (c["mode"] == other_mode)
-    if mask_other.any():
-        j = int(np.flatnonzero(mask_other)[np.argmax(thr[mask_other])])
-        gain = c["thr_gpu"][i] / thr[j] - 1.0
-        name = "aggregated" if DISAGG_OR_AGG == AGG else "disaggregated"
-        out.append(f"{gain:+.0%} output tokens/s per GPU over the best {name} deployment meeting the SLO in the screen "
-                   f"({describe_row(table, options, j)}: {thr[j]:,.0f})")
-    elif "mode" in c:
-        out.append("the only deployment mode with a candidate meeting the SLO")
-    ttft, tpot = float(c["ttft"][i]), float(c["tpot"][i])
-    out.append(f"meets the SLO with margin: TTFT {ttft:.2f} s of {slo.ttft_s:g} s, TPOT {tpot * 1e3:.1f} ms of {slo.tpot_s * 1e3:g} ms "
-               f"({source} numbers)")
-    for field, alt, label in (("async", not bool(c["async"][i]), "async CPU/GPU overlap"),
-                              ("d", 0, "MTP drafts"), ):
+    other = 1 - int(c["mode"][i])
+    name = "aggregated" if other == AGG else "disaggregated"
+    sim_other = [(o.thr_gpu, j) for j, o in sim.items() if int(c["mode"][j]) == other and meets_sim(o)]
+    o_i = sim.get(i)
+    if o_i is not None and sim_other:
+        v, j = max(sim_other)
+        out.append(f"{o_i.thr_gpu / v - 1:+.0%} output tokens/s per GPU over the best simulated {name} deployment meeting the SLO "
+                   f"({describe_row(table, options, j)}: {v:,.0f})")
+    else:
+        mask_other = ok & (c["mode"] == other)
+        if mask_other.any():
+            j = int(np.flatnonzero(mask_other)[np.argmax(thr[mask_other])])
+            out.append(f"{thr[i] / thr[j] - 1:+.0%} output tokens/s per GPU over the best {name} deployment meeting the SLO "
+                       f"in the analytic screen ({describe_row(table, options, j)}: {thr[j]:,.0f} vs {thr[i]:,.0f})")
+        else:
+            out.append(f"no {name} deployment meets the SLO")
+    if o_i is not None:
+        ttft, tpot, src = o_i.ttft_s, o_i.tpot_s, "simulated"
+    else:
+        ttft, tpot, src = float(c["ttft"][i]), float(c["tpot"][i]), "screen"
+    out.append(f"meets the SLO ({src}): TTFT {ttft:.2f} s of {slo.ttft_s:g} s, TPOT {tpot * 1e3:.1f} ms of {slo.tpot_s * 1e3:g} ms")
+    for field, alt, label in (("async", not bool(c["async"][i]), "async CPU/GPU overlap"), ("d", 0, "MTP drafts")):
         if field == "d" and int(c["d"][i]) == 0:
             continue
         j = _same_except(table, i, **{field: alt})
         if j is not None and thr[j] > 0:
-            out.append(f"{label} {'on' if field == 'async' else str(int(c['d'][i])) + ' tokens'}: {thr[i] / thr[j] - 1:+.0%} throughput, "
-                       f"{c['tps_user'][i] / c['tps_user'][j] - 1:+.0%} tokens/s per user vs without")
-    opt = options[int(c["opt"][i])]
-    if opt.layout.ep > 1:
-        # the same deployment with the other EPLB choice, if enumerated
+            what = ("on" if c["async"][i] else "off") if field == "async" else f"{int(c['d'][i])} tokens"
+            out.append(f"{label} {what}: {thr[i] / thr[j] - 1:+.0%} throughput, {c['tps_user'][i] / c['tps_user'][j] - 1:+.0%} "
+                       f"tokens/s per user than without (screen)")
+    for role, col in (("decode" if c["mode"][i] != AGG else "instance", "opt"), ("prefill", "popt")):
+        k_opt = int(c[col][i])
+        if k_opt < 0:
+            continue
+        opt = options[k_opt]
+        if opt.layout.ep <= 1:
+            continue
         for k, o in enumerate(options):
-            if o is not opt and o.layout.tp == opt.layout.tp and o.layout.dp == opt.layout.dp and o.layout.ep == opt.layout.ep \
-                    and o.layout.two_micro_batch == opt.layout.two_micro_batch and o.eplb != opt.eplb and o.table_placement == opt.table_placement \
-                    and o.layout.kv_dtype == opt.layout.kv_dtype:
-                j = _same_except(table, i, opt=k)
+            if o is not opt and (o.layout.tp, o.layout.dp, o.layout.ep, o.layout.two_micro_batch, o.layout.kv_dtype, o.table_placement) == \
+                    (opt.layout.tp, opt.layout.dp, opt.layout.ep, opt.layout.two_micro_batch, opt.layout.kv_dtype, opt.table_placement) \
+                    and o.eplb != opt.eplb:
+                j = _same_except(table, i, **{col: k})
                 if j is not None and thr[j] > 0:
-                    out.append(f"EPLB '{opt.eplb}' vs '{o.eplb}': {thr[i] / thr[j] - 1:+.0%} throughput (expert-load straggler)")
+                    out.append(f"{role} EPLB '{opt.eplb}' rather than '{o.eplb}': {thr[i] / thr[j] - 1:+.0%} throughput "
+                               "(busiest EP rank's expert load; screen)")
                     break
     return out
 

@@ -15,7 +15,6 @@ Steps (each deterministic; jobs run through ``planner.parallel.Runner`` with res
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Literal
 
@@ -27,7 +26,7 @@ from costmodels.hardware import get_hardware
 from costmodels.step import StepCostModel
 from planner.combine import AGG, Candidate, Table, combine
 from planner.economics import Economics, economics
-from planner.explain import describe_row, does_not_fit, slo_unreachable, why_it_won
+from planner.explain import describe_row, does_not_fit, short_row, slo_unreachable, why_it_won
 from planner.parallel import Runner
 from planner.pareto import pareto_front
 from planner.plan import Plan, PoolPlan, Predicted
@@ -58,6 +57,9 @@ class FrontierPoint(BaseModel):
     meets_slo: bool
     source: Literal["screen", "simulation"]
     row: int
+    deployment: str = ""          # short form: pools and layouts
+    policies: str = ""            # short form: batch, MTP, chunk, async
+    screen_output_tokens_per_s_per_gpu: float | None = None
 
 
 class Timings(BaseModel):
@@ -101,15 +103,17 @@ def _acceptance(max_draft: int) -> tuple[float, ...]:
 
 def _point(table: Table, options, i: int, ok: bool, source: str, outcome: SimOutcome | None = None, scale_rate: float = 1.0) -> FrontierPoint:
     c = table.cols
+    dep, pol = short_row(table, options, i)
+    common = dict(label=describe_row(table, options, i), deployment=dep, policies=pol, row=i,
+                  mode="aggregated" if c["mode"][i] == AGG else "disaggregated", gpus=int(c["gpus"][i]), meets_slo=ok,
+                  screen_output_tokens_per_s_per_gpu=float(c["thr_gpu"][i]))
     if outcome is not None:
-        return FrontierPoint(label=describe_row(table, options, i), mode="aggregated" if c["mode"][i] == AGG else "disaggregated",
-                             gpus=int(c["gpus"][i]), output_tokens_per_s_per_gpu=outcome.thr_gpu,
-                             tokens_per_s_per_user=outcome.tps_user, ttft_s=outcome.ttft_s, tpot_s=outcome.tpot_s,
-                             request_rate=outcome.rate * scale_rate, meets_slo=ok, source="simulation", row=i)
-    return FrontierPoint(label=describe_row(table, options, i), mode="aggregated" if c["mode"][i] == AGG else "disaggregated",
-                         gpus=int(c["gpus"][i]), output_tokens_per_s_per_gpu=float(c["thr_gpu"][i]),
-                         tokens_per_s_per_user=float(c["tps_user"][i]), ttft_s=float(c["ttft"][i]), tpot_s=float(c["tpot"][i]),
-                         request_rate=float(c["rate"][i]), meets_slo=ok, source="screen", row=i)
+        return FrontierPoint(output_tokens_per_s_per_gpu=outcome.thr_gpu, tokens_per_s_per_user=outcome.tps_user,
+                             ttft_s=outcome.ttft_s, tpot_s=outcome.tpot_s, request_rate=outcome.rate * scale_rate,
+                             source="simulation", **common)
+    return FrontierPoint(output_tokens_per_s_per_gpu=float(c["thr_gpu"][i]), tokens_per_s_per_user=float(c["tps_user"][i]),
+                         ttft_s=float(c["ttft"][i]), tpot_s=float(c["tpot"][i]), request_rate=float(c["rate"][i]),
+                         source="screen", **common)
 
 
 def _shortlist(table: Table, ok: np.ndarray, front: np.ndarray, k: int) -> list[int]:
@@ -137,7 +141,9 @@ def _shortlist(table: Table, ok: np.ndarray, front: np.ndarray, k: int) -> list[
 
 
 def _assumptions(model, hw, req: PlanRequest, stats: WorkloadStats) -> list[str]:
-    notes = StepCostModel(model, hw, _dummy_layout(model)).notes
+    from costmodels.layout import ParallelLayout
+
+    notes = StepCostModel(model, hw, ParallelLayout(tp=1)).notes
     out = []
     if hw.measured is not None:
         out.append(f"hardware: {hw.name} ceilings are measured ({hw.measured.source or 'see costmodels/data/hardware.yaml'})")
@@ -160,16 +166,6 @@ def _assumptions(model, hw, req: PlanRequest, stats: WorkloadStats) -> list[str]
     out.append("host overhead per step and MTP acceptance (0.85^i) are the scheduler defaults (scheduler/config.py)")
     out.append("KV transfer (disaggregated): 80% of link bandwidth x the sending rank's GPUs, 20 us per transfer (assumption)")
     return out
-
-
-def _dummy_layout(model):
-    from costmodels.layout import ParallelLayout
-
-    return ParallelLayout(tp=1)
-
-
-def _scale(cand_rate: float, outcome: SimOutcome) -> float:
-    return 1.0
 
 
 def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | None = None) -> PlanReport:
@@ -250,13 +246,10 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
 
     # frontier: simulated numbers where we have them, screen numbers elsewhere
     pts: list[FrontierPoint] = []
-    for i in front.tolist():
+    for i in sorted(set(front.tolist()) | set(outcomes)):
         o = outcomes.get(i)
-        pts.append(_point(table, options, i, meets(o, req.slo) if o else True, "simulation" if o else "screen", o,
-                          scale_rate=1.0 / _share(table, i, o)) if o else _point(table, options, i, True, "screen"))
-    for i, o in outcomes.items():
-        if i not in front:
-            pts.append(_point(table, options, i, meets(o, req.slo), "simulation", o, scale_rate=1.0 / _share(table, i, o)))
+        pts.append(_point(table, options, i, meets(o, req.slo), "simulation", o, 1.0 / _share(table, i, o)) if o
+                   else _point(table, options, i, True, "screen"))
     # keep the frontier of what is known to meet the SLO (screen-only points count as predicted)
     good = [p for p in pts if p.meets_slo]
     if good:
@@ -297,7 +290,7 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
         win = int(rows[np.lexsort((rows, -table.cols["tps_user"][rows], -table.cols["thr_gpu"][rows]))[0]])
         o = None
     cand = table.candidate(win)
-    plan = _make_plan(req, cand, options, stats, model, hw, router, effects, o, table, ok, acceptance)
+    plan = _make_plan(req, cand, options, stats, model, hw, router, effects, o, table, ok, acceptance, outcomes)
     plan.assumptions = assumptions
     return PlanReport(status="ok", message=f"recommended: {describe_row(table, options, win)}", recommended=plan, **common)
 
@@ -316,7 +309,7 @@ def _share(table: Table, i: int, o: SimOutcome | None) -> float:
 
 def _make_plan(req: PlanRequest, cand: Candidate, options: list[LayoutOption], stats: WorkloadStats, model, hw,
                router: RouterConfig, effects: EffectsSpec, o: SimOutcome | None, table: Table, ok: np.ndarray,
-               acceptance: tuple[float, ...]) -> Plan:
+               acceptance: tuple[float, ...], outcomes: dict[int, SimOutcome]) -> Plan:
     dopt = options[cand.option]
     acc = acceptance[: cand.draft_len]
     main_sc = scheduler_for(cand.batch_per_rank, dopt.layout.dp, cand.draft_len, cand.async_overlap, cand.chunk_tokens, acc)
@@ -341,7 +334,7 @@ def _make_plan(req: PlanRequest, cand: Candidate, options: list[LayoutOption], s
     gpus_used = cand.gpus
     out_tps = thr_gpu * gpus_used
     econ: Economics = economics(hw, req.prices, gpus_used, req.gpus, out_tps, stats.mean_prompt, stats.mean_output, stats.hit_fraction)
-    why = why_it_won(table, options, cand.row, ok, req.slo, thr_gpu, source)
+    why = why_it_won(table, options, cand.row, ok, req.slo, outcomes, lambda x: meets(x, req.slo))
     if o is not None:
         why.insert(0, f"highest simulated output throughput per GPU ({thr_gpu:,.0f} tokens/s) among the "
                       f"candidates meeting the SLO in simulation (screen predicted {cand.thr_gpu:,.0f})")
@@ -356,5 +349,3 @@ def _make_plan(req: PlanRequest, cand: Candidate, options: list[LayoutOption], s
                 router=router, effects=eff, workload=wl, slo=req.slo, slo_percentile=req.slo_percentile, seed=req.seed,
                 predicted=predicted, economics=econ, why=why)
 
-
-_ = (math, _scale)

@@ -45,7 +45,11 @@ class EffectsSpec(BaseModel):
     expert_load: ExpertLoadSpec | None = Field(None, description="per-expert load skew/drift (None: the cost model's constant imbalance)")
     eplb: bool = Field(False, description="place experts with EPLB (balanced packing + the layout's redundant experts) instead of contiguously")
     eplb_period_s: float | None = Field(None, gt=0, le=1e6, description="re-run EPLB every this many seconds (None: place once, from the initial load)")
-    eplb_move_overhead_s: float = Field(0.05, ge=0, le=60, description="fixed stall per rebalance (synchronisation, weight-pointer swap) on top of the copy time")
+    eplb_move_overhead_s: float = Field(
+        0.5, ge=0, le=60,
+        description="fixed stall per rebalance on top of the copy time: TensorRT-LLM's large-EP blog estimates a bulk "
+        "rebalance stalls serving for 0.5-1 s (synchronisation, reloading weights from host memory); 0.5 s is the low end",
+    )
     epoch_s: float = Field(30.0, gt=0, le=1e6, description="how often drifting expert load is re-evaluated (simulated seconds)")
     dp_balance: bool = Field(True, description="each step waits for its busiest attention-DP rank (False: requests spread evenly, the StepCostModel's assumption)")
     table_placement: TablePlacement = Field("host", description="lookup tables (Engram / n-gram) in host memory or sharded in HBM")

@@ -1,0 +1,49 @@
+"""Sliding-window bounded replay: a longer replay window costs prefill compute and saves KV bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from costmodels.catalog import get_model
+from costmodels.hardware import get_hardware
+from costmodels.layout import ParallelLayout
+from costmodels.memory import kv_rates
+from costmodels.replay import replay_tradeoff
+from costmodels.step import StepCostModel
+
+V4 = get_model("deepseek-v4-flash")
+
+
+def test_longer_replay_keeps_fewer_window_bytes():
+    kv = V4.default_kv_dtype
+    full = kv_rates(V4, kv)[1]
+    assert full > 1e6  # ~2 MB of window KV per paused sequence (43 layers x 128 entries)
+    kept = [replay_tradeoff(V4, kv, w).kept_window_bytes for w in (0, 32, 64, 128)]
+    assert kept[0] == pytest.approx(full) and kept[-1] == 0.0
+    assert np.all(np.diff(kept) < 0)
+    assert kept[1] == pytest.approx(full * (1 - 32 / 128))
+    assert replay_tradeoff(V4, kv, 10_000).replay_tokens == V4.sliding_window  # clipped to the window
+
+
+def test_longer_replay_costs_more_prefill_compute_on_resume():
+    hw = get_hardware("b200")
+    cost = StepCostModel(V4, hw, ParallelLayout(tp=1, dp=8, ep=8, weight_dtype="fp8", expert_dtype="fp4", kv_dtype="fp4"))
+    context = 32_768
+
+    def resume(w: int) -> float:
+        # 64 sequences resuming at once, each recomputing its last w tokens on top of the cached context
+        n = 64
+        return cost.mixed_step_time(np.full(n, max(w, 1)), np.full(n, context - w), np.zeros(n, bool))
+
+    times = [resume(w) for w in (1, 32, 128)]
+    assert times[0] < times[1] < times[2]
+    # bytes kept per paused sequence drop by the KV of the window; compute rises by w prompt tokens each
+    saved = replay_tradeoff(V4, V4.default_kv_dtype, 128).saved_bytes
+    assert saved > 0
+
+
+def test_models_without_sliding_windows_have_nothing_to_trade():
+    v3 = get_model("deepseek-v3")
+    t = replay_tradeoff(v3, "bf16", 128)
+    assert (t.window_tokens, t.kept_window_bytes, t.saved_bytes, t.replay_tokens) == (0, 0.0, 0.0, 0)

@@ -1,0 +1,235 @@
+"""``twinfer plan``: search deployments for a GPU budget, print the Pareto frontier and the recommended plan."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from twinfer.config import read_mapping, validate
+from twinfer.errors import TwinferError
+
+_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "": 1.0}
+
+
+def parse_slo(text: str) -> dict:
+    """'ttft=2s,tpot=50ms[,e2e=60s]' -> {'ttft_s': 2.0, 'tpot_s': 0.05, ...} (bare numbers are seconds)."""
+    out: dict[str, float] = {}
+    for part in [p.strip() for p in text.split(",") if p.strip()]:
+        m = re.fullmatch(r"(ttft|tpot|e2e)\s*[=:]\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(s|ms|us)?", part.lower())
+        if not m:
+            raise TwinferError(f"--slo {text!r}: cannot read {part!r}; expected e.g. ttft=2s,tpot=50ms (units s, ms, us; keys ttft, tpot, e2e)")
+        key, num, unit = m.group(1), float(m.group(2)), m.group(3) or ""
+        out[f"{key}_s"] = num * _UNITS[unit]
+    for need in ("ttft_s", "tpot_s"):
+        if need not in out:
+            raise TwinferError(f"--slo {text!r}: {need[:-2]} is required (e.g. ttft=2s,tpot=50ms)")
+    return out
+
+
+def _workload(name: str) -> dict:
+    if Path(name).is_file() or name.endswith((".yaml", ".yml", ".json")):
+        return read_mapping(name)
+    return {"preset": name}
+
+
+def _skew(text: str | None) -> dict | None:
+    """'zipf:0.8' | 'uniform' | 'histogram:file.json' (a list of tokens per expert)."""
+    if text is None:
+        return None
+    kind, _, arg = text.partition(":")
+    kind = kind.strip().lower()
+    if kind == "uniform":
+        return {"skew": "uniform"}
+    if kind == "zipf":
+        try:
+            return {"skew": "zipf", "zipf_s": float(arg) if arg else 0.63}
+        except ValueError:
+            raise TwinferError(f"--expert-skew {text!r}: the Zipf exponent must be a number, e.g. zipf:0.8") from None
+    if kind == "histogram":
+        p = Path(arg)
+        if not p.is_file():
+            raise TwinferError(f"--expert-skew {text!r}: {arg!r} is not a file (a JSON list of tokens per expert)")
+        data = json.loads(p.read_text())
+        return {"skew": "histogram", "histogram": data}
+    raise TwinferError(f"--expert-skew {text!r}: expected uniform, zipf[:S] or histogram:FILE.json")
+
+
+def build_request(config: Optional[str], **flags):
+    """The PlanRequest from an optional config file and command-line flags (flags win)."""
+    from planner.request import PlanRequest
+
+    data: dict = read_mapping(config) if config else {}
+    f = {k: v for k, v in flags.items() if v is not None}
+    for key in ("model", "hardware", "gpus", "seed", "slo_percentile"):
+        if key in f:
+            data[key] = f[key]
+    if "workload" in f:
+        data["workload"] = _workload(f["workload"])
+    data.setdefault("workload", {"preset": "chat"})
+    if "slo" in f:
+        data["slo"] = parse_slo(f["slo"])
+    if "slo" not in data:
+        raise TwinferError("--slo is required, e.g. --slo ttft=2s,tpot=50ms")
+    if "simulate" in f:
+        data["simulate_top"] = f["simulate"]
+    if "sim_requests" in f:
+        data["sim_requests"] = f["sim_requests"]
+    prices = dict(data.get("prices") or {})
+    for flag, key in (("price_input", "input_per_mtok"), ("price_cached", "cached_input_per_mtok"),
+                      ("price_output", "output_per_mtok"), ("gpu_hour", "gpu_hour")):
+        if flag in f:
+            prices[key] = f[flag]
+    if prices:
+        data["prices"] = prices
+    if "modes" in f:
+        names = {"agg": "aggregated", "aggregated": "aggregated", "disagg": "disaggregated", "disaggregated": "disaggregated", "pd": "disaggregated"}
+        modes = []
+        for m in f["modes"].split(","):
+            m = m.strip().lower()
+            if m not in names:
+                raise TwinferError(f"--modes {f['modes']!r}: {m!r} is not one of agg, disagg")
+            modes.append(names[m])
+        data.setdefault("space", {})
+        data["space"] = {**data["space"], "modes": sorted(set(modes))}
+    skew = _skew(f.get("expert_skew"))
+    if skew is not None:
+        data["expert_load"] = skew
+    return validate(PlanRequest, data, config or "twinfer plan")
+
+
+def _fmt_ms(x: float) -> str:
+    return "-" if not math.isfinite(x) else f"{x * 1e3:,.1f}"
+
+
+def _fmt_s(x: float) -> str:
+    return "-" if not math.isfinite(x) else f"{x:,.2f}"
+
+
+def print_report(con: Console, rep, out: Optional[Path]) -> None:
+    """The human-readable report."""
+    con.print(f"[bold]twinfer plan[/]: {rep.model} on {rep.gpus} x {rep.hardware}; SLO {escape(rep.slo)}", highlight=False)
+    con.print(f"[dim]workload {escape(rep.workload)}[/]", highlight=False)
+    t = rep.timings
+    con.print(
+        f"[dim]{rep.layouts_fitting} of {rep.layouts_considered} layouts fit in memory; {rep.candidates_screened:,} deployments screened "
+        f"({rep.candidates_evaluated:,} evaluated, the rest dominated) in {t.screen_s:.1f} s; {rep.candidates_meeting_slo:,} meet the SLO; "
+        f"{rep.candidates_simulated} simulated ({rep.simulations_run} runs) in {t.simulate_s:.1f} s on {t.runner}[/]",
+        highlight=False,
+    )
+    if rep.status != "ok":
+        con.print(f"[bold red]{escape(rep.message)}[/]", highlight=False)
+        if rep.closest_options:
+            con.print("closest options:", highlight=False)
+            for line in rep.closest_options:
+                con.print(f"  - {escape(line)}", highlight=False)
+        return
+    plan = rep.recommended
+    price = plan.economics.price_per_gpu_hour if plan.economics else 0.0
+    rec_label = rep.message.removeprefix("recommended: ")
+
+    def table(title: str, points) -> Table:
+        tab = Table(title=title, title_justify="left")
+        for c, j in (("", "left"), ("mode", "left"), ("deployment (prefill > decode)", "left"), ("policies", "left"), ("GPUs", "right"),
+                     ("tok/s/GPU", "right"), ("tok/s/user", "right"), (f"TTFT p{plan.slo_percentile} s", "right"),
+                     (f"TPOT p{plan.slo_percentile} ms", "right"), ("$/M out", "right"), ("from", "left")):
+            tab.add_column(c, justify=j, no_wrap=c in ("deployment (prefill > decode)", "policies"))
+        for p in points:
+            usd = price / (p.output_tokens_per_s_per_gpu * 3600) * 1e6 if p.output_tokens_per_s_per_gpu > 0 and price else float("nan")
+            tab.add_row("[bold green]*[/]" if p.label == rec_label else "", "agg" if p.mode == "aggregated" else "disagg",
+                        escape(p.deployment or p.label), escape(p.policies), str(p.gpus), f"{p.output_tokens_per_s_per_gpu:,.0f}",
+                        f"{p.tokens_per_s_per_user:,.1f}", _fmt_s(p.ttft_s), _fmt_ms(p.tpot_s),
+                        "-" if not math.isfinite(usd) else f"{usd:,.3f}", "sim" if p.source == "simulation" else "screen")
+        return tab
+
+    con.print(table("Pareto frontier meeting the SLO: output tokens/s per GPU vs tokens/s per user (sim: simulated; screen: analytic)",
+                    rep.frontier))
+    if rep.best_by_mode:
+        con.print(table("aggregated vs disaggregated: the best of each meeting the SLO", rep.best_by_mode))
+    pr, ec = plan.predicted, plan.economics
+    con.print(f"\n[bold green]recommended[/]: {escape(rec_label)}", highlight=False)
+    for pool in plan.pools:
+        sc = pool.scheduler
+        con.print(f"  {pool.role:7s} {pool.instances} x {escape(pool.label or pool.layout.describe())} ({pool.layout.gpus} GPUs each): "
+                  f"max batch {sc.max_num_seqs}, token budget {sc.max_num_batched_tokens:,}, chunk {sc.long_prefill_threshold:,}, "
+                  f"MTP {sc.draft_len}, async overlap {'on' if sc.async_overlap else 'off'}", highlight=False)
+    con.print(f"  router {plan.router.kind}; EPLB {'on' if plan.effects.eplb else 'off'}; KV link {plan.kv_link}", highlight=False)
+    con.print(f"  predicted ({pr.source}): {pr.output_tokens_per_s_per_gpu:,.0f} output tok/s/GPU, {pr.tokens_per_s_per_user:,.1f} tok/s/user, "
+              f"TTFT p{plan.slo_percentile} {pr.ttft_s:.2f} s, TPOT p{plan.slo_percentile} {pr.tpot_s * 1e3:.1f} ms at {pr.request_rate:,.1f} req/s",
+              highlight=False)
+    if ec is not None:
+        con.print(f"  cost: ${ec.price_per_gpu_hour:.2f}/GPU-hour x {ec.gpus_used} GPUs = ${ec.cluster_cost_per_hour:,.2f}/hour; "
+                  f"${ec.cost_per_million_output_tokens:,.3f} per million output tokens (${ec.cost_per_million_total_tokens:,.3f} per million total)",
+                  highlight=False)
+        con.print(f"  revenue at list prices: ${ec.revenue_per_gpu_hour:,.2f}/GPU-hour (margin ${ec.margin_per_gpu_hour:,.2f}); "
+                  f"{ec.output_tokens_per_day / 1e9:,.2f} B output tokens/day ({ec.total_tokens_per_day / 1e9:,.1f} B total)", highlight=False)
+    con.print("[bold]why it won[/]:", highlight=False)
+    for w in plan.why:
+        con.print(f"  - {escape(w)}", highlight=False)
+    con.print("[dim]assumptions (full list in the plan file / --json):[/]", highlight=False)
+    for a in plan.assumptions[:3]:
+        con.print(f"[dim]  - {escape(a)}[/]", highlight=False)
+    if out is not None:
+        con.print(f"wrote plan: {out}  (run it: twinfer simulate --plan {out})", highlight=False)
+    con.print(f"[dim]total {t.total_s:.1f} s[/]", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``plan`` to the CLI."""
+
+    @app.command("plan")
+    def plan(
+        model: Optional[str] = typer.Option(None, "--model", "-m", help="model catalog name [deepseek-v3]"),
+        hardware: Optional[str] = typer.Option(None, "--hardware", "--hw", help="GPU name or YAML file [gb300]"),
+        gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="GPU budget"),
+        workload: Optional[str] = typer.Option(None, "--workload", "-w", help="preset (chat, agentic, reasoning, summarize, long-context) or file"),
+        slo: Optional[str] = typer.Option(None, "--slo", help="latency targets, e.g. ttft=2s,tpot=50ms"),
+        slo_percentile: Optional[int] = typer.Option(None, "--slo-percentile", help="50 | 90 | 99 [90]"),
+        modes: Optional[str] = typer.Option(None, "--modes", help="agg,disagg [both]"),
+        simulate: Optional[int] = typer.Option(None, "--simulate", help="candidates to check in the simulator [6]; 0: screen only"),
+        sim_requests: Optional[int] = typer.Option(None, "--sim-requests", help="most requests per simulation [2500]"),
+        expert_skew: Optional[str] = typer.Option(None, "--expert-skew", help="uniform | zipf[:S] | histogram:FILE.json [zipf:0.63]"),
+        price_input: Optional[float] = typer.Option(None, "--price-input", help="$ per million uncached input tokens"),
+        price_cached: Optional[float] = typer.Option(None, "--price-cached", help="$ per million cached input tokens"),
+        price_output: Optional[float] = typer.Option(None, "--price-output", help="$ per million output tokens"),
+        gpu_hour: Optional[float] = typer.Option(None, "--gpu-hour", help="$ per GPU-hour (default: hardware catalog)"),
+        workers: int = typer.Option(0, "--workers", help="worker processes [all CPUs]"),
+        ray: Optional[str] = typer.Option(None, "--ray", help="run the sweep on a Ray cluster at ADDRESS (e.g. auto, ray://host:10001)"),
+        seed: Optional[int] = typer.Option(None, "--seed"),
+        config: Optional[str] = typer.Option(None, "--config", help="PlanRequest YAML/JSON (flags override it)"),
+        out: Optional[Path] = typer.Option(None, "--out", "-o", help="write the recommended plan (YAML; .json for JSON)"),
+        as_json: bool = typer.Option(False, "--json", help="print the whole report as JSON"),
+    ) -> None:
+        """Search deployments for a GPU budget: Pareto frontier, recommended plan, cost, and why it won."""
+        from planner.parallel import default_workers
+        from planner.search import plan_deployment
+
+        req = build_request(config, model=model, hardware=hardware, gpus=gpus, workload=workload, slo=slo,
+                            slo_percentile=slo_percentile, modes=modes, simulate=simulate, sim_requests=sim_requests,
+                            expert_skew=expert_skew, price_input=price_input, price_cached=price_cached,
+                            price_output=price_output, gpu_hour=gpu_hour, seed=seed)
+        if workers < 0:
+            raise TwinferError(f"--workers {workers}: must be >= 0 (0: all CPUs)")
+        con = Console(stderr=as_json, width=max(shutil.get_terminal_size((150, 40)).columns, 150))
+        if not as_json:
+            con.print(f"[dim]planning {req.model} on {req.gpus} x {req.hardware} ...[/]", highlight=False)
+        rep = plan_deployment(req, workers=workers or default_workers(), ray_address=ray)
+        if out is not None and rep.recommended is not None:
+            if out.suffix == ".json":
+                out.write_text(rep.recommended.model_dump_json(indent=1, exclude_none=True), encoding="utf-8")
+            else:
+                rep.recommended.save(out)
+        if as_json:
+            print(rep.model_dump_json(indent=1))
+        else:
+            print_report(con, rep, out if rep.recommended is not None else None)
+        if rep.status != "ok":
+            raise typer.Exit(1)
