@@ -1,0 +1,108 @@
+"""The planner end to end on a small case: determinism, worker counts, plan export, infeasible requests."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.parallel import Runner, chunks
+from planner.plan import Plan, load_plan
+from planner.request import PlanRequest
+from planner.search import plan_deployment
+from sim.deployment import simulate_deployment
+from sim.workload import preset
+from twinfer.errors import TwinferError
+
+
+def request(**kw) -> PlanRequest:
+    base = dict(model="qwen3-30b-a3b", hardware="h200", gpus=8, workload=preset("chat"), slo={"ttft_s": 2.0, "tpot_s": 0.05},
+                simulate_top=2, sim_requests=300)
+    base.update(kw)
+    return PlanRequest.model_validate(base)
+
+
+def stable(report) -> str:
+    """The report without wall-clock timings (the only part allowed to differ)."""
+    d = report.model_dump(mode="json")
+    d.pop("timings")
+    return json.dumps(d, sort_keys=True)
+
+
+@pytest.fixture(scope="module")
+def report():
+    return plan_deployment(request(), workers=1)
+
+
+def test_finds_a_plan_with_frontier_costs_and_reasons(report):
+    assert report.status == "ok" and report.message.startswith("recommended: ")
+    plan = report.recommended
+    assert plan.gpus_used <= 8 and plan.predicted.source == "simulation"
+    assert plan.predicted.ttft_s <= 2.0 and plan.predicted.tpot_s <= 0.05
+    assert report.frontier and all(p.meets_slo for p in report.frontier)
+    thr = [p.output_tokens_per_s_per_gpu for p in report.frontier]
+    assert thr == sorted(thr, reverse=True)
+    e = plan.economics
+    assert e.cost_per_million_output_tokens == pytest.approx(e.cluster_cost_per_hour / (e.output_tokens_per_s * 3600) * 1e6)
+    assert e.output_tokens_per_day == pytest.approx(e.output_tokens_per_s * 86400)
+    assert plan.why and any("SLO" in w for w in plan.why)
+    assert any("measured" in a or "scaled" in a for a in plan.assumptions)  # measured vs scaled hardware numbers
+    assert report.candidates_screened >= report.candidates_evaluated > 0
+
+
+def test_same_request_same_report_and_worker_count_does_not_matter(report):
+    again = plan_deployment(request(), workers=1)
+    two = plan_deployment(request(), workers=2)
+    assert stable(report) == stable(again) == stable(two)
+
+
+def test_runner_keeps_order():
+    with Runner(2) as r:
+        assert r.map(pow, list(range(20)), 2) == [i * i for i in range(20)]
+    assert chunks(range(7), 3) == [[0, 1, 2], [3, 4], [5, 6]]
+
+
+def test_ray_without_ray_is_a_clear_error():
+    try:
+        import ray  # noqa: F401
+        pytest.skip("ray is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(TwinferError, match="ray"):
+        Runner(1, ray_address="auto")
+
+
+def test_plan_round_trips_through_yaml_and_simulates(report, tmp_path):
+    plan = report.recommended
+    path = tmp_path / "plan.yaml"
+    plan.save(path)
+    back = load_plan(path)
+    assert back == plan
+    scen, eff, disagg = back.to_simulation(num_requests=200)
+    res = simulate_deployment(scen, eff, disagg).result
+    assert res.metrics.requests_finished == 200
+    assert res.num_gpus == plan.gpus_used
+
+
+def test_bad_plan_files_name_the_field(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("kind: twinfer-plan\nmodel: deepseek-v3\nhardware: h200\ngpus_budget: 8\nmode: aggregated\npools: []\n"
+                    "workload: {preset: chat}\nslo: {ttft_s: 1, tpot_s: 0.05}\n")
+    with pytest.raises(TwinferError, match="pools"):
+        load_plan(path)
+    data = Plan.model_json_schema()
+    assert "pools" in data["properties"]
+
+
+def test_model_that_does_not_fit_explains_and_offers_options():
+    rep = plan_deployment(request(model="deepseek-v3", hardware="h100", gpus=4, simulate_top=0))
+    assert rep.status == "does_not_fit" and rep.recommended is None
+    assert "does not fit on 4 x H100" in rep.message and "GB" in rep.message
+    assert rep.closest_options and any("GPUs" in o for o in rep.closest_options)
+
+
+def test_unreachable_slo_explains_and_lists_the_closest():
+    rep = plan_deployment(request(slo={"ttft_s": 0.001, "tpot_s": 0.001}, simulate_top=0))
+    assert rep.status == "slo_unreachable" and rep.recommended is None
+    assert "no deployment meets the SLO" in rep.message and "ms" in rep.message
+    assert 1 <= len(rep.closest_options) <= 5 and all("TTFT" in o for o in rep.closest_options)
