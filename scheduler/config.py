@@ -38,6 +38,11 @@ class SchedulerConfig(BaseModel):
     long_prefill_threshold: int = Field(0, ge=0, le=1 << 22, description="cap on one request's prefill chunk per step (0: no cap beyond the budget)")
     policy: Literal["fcfs", "priority"] = Field("fcfs", description="waiting-queue order: arrival time, or priority (lower first) then arrival")
     enable_prefix_caching: bool = Field(True, description="reuse KV blocks of shared prompt prefixes (radix tree over block hashes)")
+    swa_replay_tokens: int = Field(
+        0, ge=0, le=1 << 20,
+        description="sliding-window bounded replay: on a prefix-cache hit, recompute the last this many cached tokens "
+        "(rounded up to whole blocks) instead of keeping their sliding-window KV with the cached prefix",
+    )
     draft_len: int = Field(0, ge=0, le=16, description="speculative (MTP) draft tokens verified per decode step")
     acceptance_rates: list[float] = Field(
         default_factory=list,

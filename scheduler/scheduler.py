@@ -63,6 +63,7 @@ class Scheduler:
         self.batch = DecodeBatch(config.max_num_seqs)
         self.prefilling: list[Request] = []          # running, prompt (or recompute) not done; admission order
         self._fifo: deque[Request] = deque()         # waiting, policy fcfs
+        self._prefilled: deque[Request] = deque()    # waiting, prompt KV computed elsewhere (add_prefilled)
         self._heap: list[tuple[int, float, int, Request]] = []  # waiting, policy priority
         self._priority = config.policy == "priority"
         self._live: dict[str, Request] = {}          # waiting + running, by id
@@ -138,13 +139,58 @@ class Scheduler:
         self.outstanding_tokens += req.prompt_len + req.output_len - req.num_output_tokens
         return True
 
+    def add_prefilled(self, req: Request) -> bool:
+        """Queue a request whose prompt KV was computed elsewhere (a prefill instance) and has arrived here.
+
+        ``req`` carries ``num_computed_tokens`` (the prompt) and ``num_output_tokens`` (the first
+        token, sampled by the prefill instance). It joins the decode batch, holding blocks for its
+        KV, as soon as a seat and the blocks are free (before any waiting prompt: its KV is
+        already paid for). False (and DROPPED with a reason) if it can never be served.
+        """
+        reason = self.refusal_reason(req)
+        if reason is not None:
+            req.status = RequestStatus.DROPPED
+            req.drop_reason = reason
+            self.num_dropped += 1
+            return False
+        if req.request_id in self._live:
+            raise ValueError(f"request id {req.request_id!r} is already queued on instance {self.instance_id}")
+        req._seq = self._next_seq
+        self._next_seq += 1
+        req.status = RequestStatus.WAITING
+        self._live[req.request_id] = req
+        self._prefilled.append(req)
+        self.outstanding_tokens += req.output_len - req.num_output_tokens
+        return True
+
+    def _admit_prefilled(self, now: float) -> None:
+        """Move queued prefilled requests into the decode batch while seats and KV blocks last (arrival order)."""
+        bs = self.block_size
+        while self._prefilled and self.num_running < self.config.max_num_seqs:
+            req = self._prefilled[0]
+            need = -(-req.num_computed_tokens // bs)
+            if need > self.blocks.num_free:
+                break
+            self._prefilled.popleft()
+            req.block_ids = []
+            req._anon_blocks = 0
+            req._cached_blocks = 0
+            req._cache_done = True  # the transferred KV is not offered to this instance's prefix cache
+            self._grow_request(req, need)
+            req.status = RequestStatus.RUNNING
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+            self.batch.add(req, bs)
+
     def abort(self, request_id: str) -> Request | None:
         """Drop a queued or running request (reason 'aborted'); returns it, or None if unknown."""
         req = self._live.get(request_id)
         if req is None:
             return None
         if req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
-            if self._priority:
+            if req in self._prefilled:
+                self._prefilled.remove(req)
+            elif self._priority:
                 self._heap = [e for e in self._heap if e[3] is not req]
                 heapq.heapify(self._heap)
             else:
@@ -165,6 +211,8 @@ class Scheduler:
             raise RuntimeError("schedule() called before complete() of the previous plan")
         if max_steps < 1:
             raise ValueError(f"max_steps={max_steps} must be >= 1")
+        if self._prefilled:
+            self._admit_prefilled(now)
         if max_steps > 1 and self.batch.n and not self.prefilling and not self._has_waiting():
             plan = self._schedule_decode_run(max_steps)
             if plan is not None:
@@ -235,7 +283,9 @@ class Scheduler:
                 if cache is not None and req.block_hashes:
                     # at least one token must be computed to produce logits, so never hit the whole prompt
                     hits = cache.match(req.block_hashes, (req.num_tokens - 1) // bs)
-                hit_tokens = len(hits) * bs
+                # sliding-window bounded replay: the cached prefix's last tokens are recomputed (into the
+                # blocks it already holds) because their window KV was not kept with the prefix
+                hit_tokens = len(hits) * bs - (min(cfg.swa_replay_tokens, len(hits) * bs) if hits else 0)
                 todo = req.num_tokens - hit_tokens
                 if cfg.enable_chunked_prefill or req.num_output_tokens:  # recomputes may always chunk
                     chunk = min(todo, budget, threshold)
@@ -243,7 +293,7 @@ class Scheduler:
                     break
                 else:
                     chunk = todo
-                need_n = -(-(hit_tokens + chunk) // bs) - len(hits)
+                need_n = max(0, -(-(hit_tokens + chunk) // bs) - len(hits))
                 pinned_free = cache.count_unused(hits) if hits else 0
                 if need_n > blocks.num_free - pinned_free:
                     break
@@ -253,7 +303,8 @@ class Scheduler:
                 req._cached_blocks = len(hits)
                 req.block_ids = hits
                 req._anon_blocks = 0
-                self._grow_request(req, need_n)
+                if need_n:
+                    self._grow_request(req, need_n)
                 req._cache_done = False
                 req.num_computed_tokens = hit_tokens
                 if req.num_preemptions == 0:

@@ -26,7 +26,7 @@ from scheduler.request import Request
 from scheduler.scheduler import Scheduler
 from sim.backend import SimBackend
 from sim.cluster import Cluster
-from sim.disagg import DisaggSpec, KVLinks, PrefilledScheduler, _PrefillMetrics, link_bandwidth, prompt_copy, transfer_bytes
+from sim.disagg import DisaggSpec, KVLinks, _PrefillMetrics, link_bandwidth, prompt_copy, transfer_bytes
 from sim.effects import EffectsSpec, build_step_cost
 from sim.export import digest
 from sim.instance import Instance
@@ -140,7 +140,7 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
     originals = {r.request_id: r for r in requests}
     copies = [prompt_copy(r) for r in requests]
     d_rates = dsc.effective_acceptance_rates()
-    d_scheds = [PrefilledScheduler(dsc, num_blocks, n_p + j, name_all_blocks=False) for j in range(n_d)]
+    d_scheds = [Scheduler(dsc, num_blocks, n_p + j, name_all_blocks=False) for j in range(n_d)]
     d_instances = [
         Instance(env, n_p + j, s, SimBackend(decode_cost, np.random.default_rng([backend_seed, n_p + j]), d_rates, dsc.async_overlap),
                  collector, scenario.max_decode_steps)
@@ -163,7 +163,6 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
             return
         orig.num_computed_tokens = orig.prompt_len
         orig.num_output_tokens = 1
-        orig._kv_ready = True
         j = d_router.choose(orig, d_scheds) if n_d > 1 else 0
         nbytes = transfer_bytes(per_tok, fixed, orig)
         env.process(links.transfer(p_index[copy.request_id], j, nbytes, lambda: _admit(orig, j)))
@@ -173,11 +172,7 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
         if not sched.add_prefilled(orig):
             collector.on_drop(orig)
             return
-        inst.submit_ready()
-
-    # the decode instances need a way to be woken without add_request: a tiny shim
-    for inst in d_instances:
-        inst.submit_ready = _waker(inst)
+        inst.wake()
 
     p_scheds = [Scheduler(psc, p_blocks, i, name_all_blocks=False) for i in range(n_p)]
     p_rates = psc.effective_acceptance_rates()
@@ -207,17 +202,3 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
         f"{links.bytes / 1e9:.1f} GB, mean queueing {links.wait_s / max(links.transfers, 1) * 1e3:.2f} ms"
     ]
     return p_scheds + d_scheds, gpus, notes
-
-
-def _waker(inst: Instance):
-    """A function that makes ``inst`` look at its scheduler now (what Instance.submit does after queueing)."""
-    def wake() -> None:
-        if inst._wake is not None:
-            w, inst._wake = inst._wake, None
-            w.succeed()
-        elif inst._ends is not None and inst._cut is None:
-            cut = int(np.searchsorted(inst._ends, inst.env.now, side="left"))
-            if cut < len(inst._ends) - 1:
-                inst._cut = cut
-                inst.process.interrupt()
-    return wake

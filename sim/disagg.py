@@ -19,17 +19,14 @@ for the prompt (``Scheduler.add_prefilled``); it never recomputes the prompt unl
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Literal
 
-import numpy as np
 import simpy
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodels.layout import ParallelLayout
 from scheduler.config import SchedulerConfig
 from scheduler.request import Request, RequestStatus
-from scheduler.scheduler import Scheduler
 from sim.router import RouterConfig
 
 LinkKind = Literal["auto", "scaleup", "scaleout"]
@@ -55,57 +52,6 @@ class DisaggSpec(BaseModel):
         if self.prefill_scheduler is not None:
             return self.prefill_scheduler
         return decode.model_copy(update={"draft_len": 0, "acceptance_rates": []})
-
-
-class PrefilledScheduler(Scheduler):
-    """A Scheduler that also admits requests whose prompt KV arrived from elsewhere (a prefill instance).
-
-    ``add_prefilled`` queues such a request; before each plan, queued ones enter the decode
-    batch in arrival order while seats and KV blocks last, holding blocks for the prompt.
-    """
-
-    def __init__(self, *args, **kw):
-        super().__init__(*args, **kw)
-        self._ready: deque[Request] = deque()
-
-    def add_prefilled(self, req: Request) -> bool:
-        """Queue a request whose first ``num_computed_tokens`` KV tokens exist already (and one output token)."""
-        reason = self.refusal_reason(req)
-        if reason is not None:
-            req.status = RequestStatus.DROPPED
-            req.drop_reason = reason
-            self.num_dropped += 1
-            return False
-        req._seq = self._next_seq
-        self._next_seq += 1
-        req.status = RequestStatus.WAITING
-        self._live[req.request_id] = req
-        self._ready.append(req)
-        self.outstanding_tokens += req.output_len - req.num_output_tokens
-        return True
-
-    def _admit_ready(self, now: float) -> None:
-        bs = self.block_size
-        while self._ready and self.num_running < self.config.max_num_seqs:
-            req = self._ready[0]
-            need = -(-req.num_computed_tokens // bs)
-            if need > self.blocks.num_free:
-                break
-            self._ready.popleft()
-            req.block_ids = []
-            req._anon_blocks = 0
-            req._cached_blocks = 0
-            req._cache_done = True  # the transferred KV is not offered to this instance's prefix cache
-            self._grow_request(req, need)
-            req.status = RequestStatus.RUNNING
-            if req.first_scheduled_time is None:
-                req.first_scheduled_time = now
-            self.batch.add(req, bs)
-
-    def schedule(self, now: float, max_steps: int = 1):
-        if self._ready and self._in_flight is None:
-            self._admit_ready(now)
-        return super().schedule(now, max_steps)
 
 
 class _PrefillMetrics:
@@ -177,7 +123,3 @@ def link_bandwidth(spec: DisaggSpec, hw, total_gpus: int) -> tuple[float, str]:
 def transfer_bytes(per_token: float, fixed: float, req: Request) -> float:
     """KV bytes of ``req``'s prompt."""
     return req.prompt_len * per_token + fixed
-
-
-def np_seed(*parts: int) -> np.random.Generator:
-    return np.random.default_rng(list(parts))

@@ -58,6 +58,11 @@ class Instance:
         if not self.scheduler.add_request(req):
             self.metrics.on_drop(req)
             return
+        self.wake()
+
+    def wake(self) -> None:
+        """Make the loop look at its scheduler now (after something was queued there): wake it if idle,
+        else cut a running multi-step plan at the current step boundary."""
         if self._wake is not None:
             wake, self._wake = self._wake, None
             wake.succeed()

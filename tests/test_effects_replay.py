@@ -47,3 +47,25 @@ def test_models_without_sliding_windows_have_nothing_to_trade():
     v3 = get_model("deepseek-v3")
     t = replay_tradeoff(v3, "bf16", 128)
     assert (t.window_tokens, t.kept_window_bytes, t.saved_bytes, t.replay_tokens) == (0, 0.0, 0.0, 0)
+
+
+def test_replay_in_the_simulator_recomputes_the_window_on_every_hit():
+    from scheduler.config import SchedulerConfig
+    from sim.deployment import simulate_deployment
+    from sim.scenario import Scenario
+    from sim.workload import preset
+
+    lay = ParallelLayout(tp=1, dp=8, ep=8, weight_dtype="fp8", expert_dtype="fp4", kv_dtype="fp4")
+    wl = preset("agentic", rate=4.0, num_requests=150)
+    out = {}
+    for w in (0, 64, 128):
+        sc = SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=16384, swa_replay_tokens=w)
+        m = simulate_deployment(Scenario(model="deepseek-v4-flash", hardware="b300", layout=lay, scheduler=sc, workload=wl)).result.metrics
+        assert m.requests_finished == 150
+        out[w] = m
+    hits = [out[w].prefix_cache_hit_rate for w in (0, 64, 128)]
+    prefill = [out[w].computed_prefill_tokens for w in (0, 64, 128)]
+    assert hits[0] > hits[1] > hits[2] > 0.5          # each hit gives back one block per 64 replayed tokens
+    assert prefill[0] < prefill[1] < prefill[2]
+    n_hits = 150 * 0.8                                # most agentic turns hit the cache
+    assert prefill[2] - prefill[0] == pytest.approx(128 * n_hits, rel=0.35)
