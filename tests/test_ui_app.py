@@ -92,8 +92,10 @@ def test_bad_hardware_and_trace_uploads_show_errors():
 def test_custom_hardware_form_validates_fields():
     at = _app()
     at.sidebar.selectbox(key="hardware").set_value("custom (form)").run()
+    assert not at.exception and not _errors(at)  # nothing searched until the form is submitted
+    at.sidebar.number_input(key="hw_hbm_gb").set_value(0.0)  # the catalog requires HBM > 0
+    next(b for b in at.sidebar.button if b.label == "Use this GPU").click().run()
     assert not at.exception
-    at.sidebar.number_input(key="hw_hbm_gb").set_value(0.0).run()  # the catalog requires HBM > 0
     assert any("hbm_gb" in e for e in _errors(at)), _errors(at)
 
 

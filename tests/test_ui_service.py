@@ -146,3 +146,29 @@ def test_trace_upload_validates_lines():
     assert app_uploads.save_trace("t.jsonl", good, "jsonl").endswith("trace.jsonl")
     with pytest.raises(TwinferError, match="invalid trace"):
         app_uploads.save_trace("t.jsonl", b'{"timestamp": 0, "input_length": -3}\n', "jsonl")
+
+
+# ---------------------------------------------------------------- figures (pure plotly, no streamlit runtime)
+def test_pareto_figure_has_slo_region_frontier_pick_and_band(result):
+    pytest.importorskip("streamlit")
+    from ui.app_pareto import figure
+
+    fig = figure(result, None)
+    names = [t.name for t in fig.data]
+    assert "recommended" in names and any("frontier" in (n or "") for n in names)
+    assert fig.layout.shapes and fig.layout.shapes[0].x0 == pytest.approx(1 / result.request["tpot_s"])
+    assert "no calibration: ±?" in fig.layout.title.text
+    assert all(t.error_y.array is None for t in fig.data)
+    banded = figure(result, 0.1)  # a calibration band draws error bars on simulated points only
+    sim = [t for t in banded.data if (t.name or "").endswith("simulation")]
+    assert sim and all(t.error_y.array is not None for t in sim)
+
+
+def test_breakdown_figures_stack_every_category(result):
+    pytest.importorskip("streamlit")
+    from ui.app_breakdown import figures
+
+    pool = result.plan.pools[-1]
+    bd = service.step_breakdown(result.plan.model, result.plan.hardware, pool.layout, pool.scheduler, 16, 2048)
+    t, m = figures(bd)
+    assert [x.name for x in t.data] == list(bd["breakdown_s"]) and [x.name for x in m.data] == list(bd["memory_bytes"])

@@ -13,7 +13,7 @@ import streamlit as st
 from twinfer.errors import TwinferError
 from ui import app_breakdown, app_cache, app_compare, app_export, app_pareto, app_recommend, app_sidebar, app_whatif, service
 
-st.set_page_config(page_title="twinfer capacity planner", page_icon="🧮", layout="wide")
+st.set_page_config(page_title="twinfer capacity planner", layout="wide")
 st.title("twinfer capacity planner")
 st.caption("How many GPUs of which kind, in which layout, for this traffic and this SLO, at what cost: "
            "deployments searched in the twinfer simulator (cost model of the hardware, the serving scheduler).")

@@ -62,7 +62,7 @@ def pinned_plans() -> dict[str, service.PlanView]:
 def render(result: service.SearchResult) -> None:
     """Pin buttons, a picker for charted deployments, and the table with one column per plan."""
     a, b = st.columns(2)
-    if a.button("📌 Pin this search's plan", key="pin", disabled=result.plan is None):
+    if a.button("Pin this search's plan", key="pin", disabled=result.plan is None):
         pin(result.plan)
     if b.button("Clear pinned plans", key="unpin", disabled=not st.session_state.get("pinned")):
         st.session_state["pinned"] = []
@@ -78,4 +78,5 @@ def render(result: service.SearchResult) -> None:
                 "or pick deployments from the chart.")
     if cols:
         rows = list(next(iter(cols.values())))
-        st.dataframe([{"": r, **{k: v[r] for k, v in cols.items()}} for r in rows], hide_index=True)
+        # tall enough for every row: a comparison is read across, not scrolled
+        st.dataframe([{"": r, **{k: v[r] for k, v in cols.items()}} for r in rows], hide_index=True, height=36 * (len(rows) + 1) + 3)

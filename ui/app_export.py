@@ -10,12 +10,12 @@ from ui import service
 def render(result: service.SearchResult, plan: service.PlanView | None) -> None:
     """Two download buttons and the YAML itself."""
     a, b = st.columns(2)
-    b.download_button("⬇ results CSV", service.results_csv(result), file_name="twinfer-candidates.csv", mime="text/csv",
+    b.download_button("results CSV", service.results_csv(result), file_name="twinfer-candidates.csv", mime="text/csv",
                       key="dl_csv", disabled=not result.points)
     if plan is None:
-        a.download_button("⬇ plan YAML", "", disabled=True, key="dl_plan", help="no plan: nothing meets the SLO")
+        a.download_button("plan YAML", "", disabled=True, key="dl_plan", help="no plan: nothing meets the SLO")
         return
     slug = "".join(ch if ch.isalnum() else "-" for ch in plan.label).strip("-").lower()[:60]
-    a.download_button("⬇ plan YAML", plan.yaml, file_name=f"plan-{slug}.yaml", mime="application/x-yaml", key="dl_plan")
+    a.download_button("plan YAML", plan.yaml, file_name=f"plan-{slug}.yaml", mime="application/x-yaml", key="dl_plan")
     st.caption(f"plan of **{plan.label}** · run it with `twinfer simulate --plan plan.yaml`")
     st.code(plan.yaml, language="yaml")

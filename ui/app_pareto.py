@@ -9,6 +9,9 @@ import streamlit as st
 from ui import service
 
 
+_COLORS = {"aggregated": "#1f77b4", "disaggregated": "#ff7f0e"}
+
+
 def figure(result: service.SearchResult, band: float | None) -> go.Figure:
     """The Pareto figure of a search result (pure: tests build it without a browser)."""
     req = result.request
@@ -32,7 +35,9 @@ def figure(result: service.SearchResult, band: float | None) -> go.Figure:
             x=[p.tps_per_user for p in ps], y=[p.output_tps_per_gpu for p in ps], mode="markers",
             name=f"{mode}, {source}", customdata=idx, error_y=err,
             marker={"size": 13 if sim else 10, "symbol": ("circle" if mode == "aggregated" else "diamond") + ("" if sim else "-open"),
-                    "line": {"width": 2}},
+                    # red: the deployment misses the SLO (e.g. the simulator disagreed with the screen)
+                    "color": [_COLORS[mode] if p.meets_slo else "crimson" for p in ps],
+                    "line": {"width": 2, "color": "black" if sim else None}},
             text=[p.label + ("" if p.meets_slo else " — misses the SLO") for p in ps],
             hovertemplate="%{text}<br>%{x:.1f} tok/s per user<br>%{y:,.0f} tok/s per GPU<extra></extra>",
         ))
@@ -80,8 +85,8 @@ def render(result: service.SearchResult, band: float | None) -> None:
                 f"{p.tps_per_user:,.1f} tok/s per user, TTFT {p.ttft_s:.2f} s, TPOT {p.tpot_s * 1e3:.1f} ms, "
                 f"{p.request_rate:,.2f} req/s" + (f", ${c.usd_per_m_output_tokens:,.3f} per M output tokens" if c and c.usd_per_m_output_tokens else "")
                 + ("" if p.meets_slo else " — misses the SLO"))
-    st.caption("Click a point for its figures. Filled: simulated; open: analytic screen. Circles: aggregated; "
-               "diamonds: prefill/decode disaggregated. Shaded: the TPOT SLO region.")
+    st.caption("Click a point for its figures. Filled: simulated; open: analytic screen. Circles (blue): aggregated; "
+               "diamonds (orange): prefill/decode disaggregated; red: misses the SLO. Shaded: the TPOT SLO region.")
     rows = [{"": "★" if p.recommended else "", "deployment": p.label, "mode": p.mode, "GPUs": p.gpus,
              "tok/s per GPU": round(p.output_tps_per_gpu, 1), "tok/s per user": round(p.tps_per_user, 1),
              "TTFT (s)": round(p.ttft_s, 3), "TPOT (ms)": round(p.tpot_s * 1e3, 2), "req/s": round(p.request_rate, 2),

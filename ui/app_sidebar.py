@@ -41,17 +41,26 @@ def _model() -> str | None:
 
 
 def _hardware_form() -> str | None:
-    """A GPU described field by field, starting from a catalog GPU's numbers."""
+    """A GPU described field by field, starting from a catalog GPU's numbers.
+
+    A form: the search runs once on "Use this GPU", not after every field edited.
+    """
     base = app_cache.hardware_info(st.selectbox("start from", service.hardware_names(), key="hw_base"))
-    with st.expander("custom GPU", expanded=True):
+    with st.form("hw_form"):
         fields = {"name": st.text_input("name", "custom-gpu", key="hw_name")}
         for k, label in (("bf16_tflops", "BF16 TFLOP/s"), ("fp8_tflops", "FP8 TFLOP/s"), ("hbm_gb", "HBM GB"),
                          ("hbm_tbps", "HBM TB/s"), ("scaleup_gbps", "scale-up GB/s per direction"),
                          ("scaleout_gbps", "scale-out Gbit/s"), ("price_per_gpu_hour", "$ per GPU-hour")):
             fields[k] = st.number_input(label, value=float(base[k]), min_value=0.0, key=f"hw_{k}")
-        fields["fp4_tflops"] = st.number_input("FP4 TFLOP/s (0: none)", value=float(base["fp4_tflops"] or 0), min_value=0.0, key="hw_fp4")
-        fields["fp4_tflops"] = fields["fp4_tflops"] or None
+        fp4 = st.number_input("FP4 TFLOP/s (0: none)", value=float(base["fp4_tflops"] or 0), min_value=0.0, key="hw_fp4")
+        fields["fp4_tflops"] = fp4 or None
         fields["scaleup_domain"] = int(st.number_input("GPUs per scale-up domain", value=int(base["scaleup_domain"]), min_value=1, key="hw_domain"))
+        used = st.form_submit_button("Use this GPU")
+    if used:
+        st.session_state["hw_form_used"] = True
+    if not st.session_state.get("hw_form_used"):
+        st.info("fill in the GPU and press **Use this GPU**")
+        return None
     try:
         return app_uploads.save_hardware_mapping(fields, "custom GPU")
     except TwinferError as e:
@@ -108,9 +117,9 @@ def render() -> dict | None:
             p_out = st.number_input("output", min_value=0.0, value=float(tp["output"]), key="p_out")
             st.caption("defaults: DeepSeek API list prices for DeepSeek-V3 (planner/request.py)")
         with st.expander("search settings"):
-            sim_top = st.slider("candidates simulated", 0, 16, 2, key="sim_top",
+            sim_top = st.slider("candidates simulated", 0, 16, 4, key="sim_top",
                                 help="after the analytic screen; 0: the screen decides (fastest)")
-            sim_requests = st.slider("most requests per simulation", 100, 5000, 400, 100, key="sim_requests",
+            sim_requests = st.slider("most requests per simulation", 100, 5000, 1000, 100, key="sim_requests",
                                      help="more: steadier figures, slower search")
             workers = st.number_input("worker processes", 1, max(1, os.cpu_count() or 1), 1, key="workers",
                                       help="parallel planner jobs (forked); results do not depend on it")

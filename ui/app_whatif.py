@@ -78,7 +78,8 @@ def figure(rows: dict) -> go.Figure:
 
 def render(plan: service.PlanView, model: dict, num_requests: int, band_label: str) -> None:
     """Form, then baseline and what-if side by side."""
-    st.caption(f"baseline: **{plan.label}** · both simulated at full scale on {num_requests:,} requests · {band_label}")
+    n = service.what_if_requests(plan.plan, num_requests)
+    st.caption(f"baseline: **{plan.label}** · both simulated at full scale on {n:,} requests · {band_label}")
     changes = controls(plan, model)
     if not changes:
         st.info("Change a control and press **Run what-if** to simulate it beside the baseline.")

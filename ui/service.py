@@ -80,8 +80,9 @@ def default_token_prices() -> dict:
 class PlanRequest(BaseModel):
     """Everything the sidebar sets: model, hardware, budget or traffic, workload, SLO, prices, search size.
 
-    Search defaults (2 candidates simulated, at most 400 requests each, one process) keep a
+    Search defaults (4 candidates simulated, at most 1000 requests each, one process) keep a
     default search to a few seconds on 2 cores; the planner's own defaults (6, 2500) are for the CLI.
+    Fewer than 4 simulated candidates often leaves only a low-batch one confirming the SLO.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -99,8 +100,8 @@ class PlanRequest(BaseModel):
     price_per_m_input: float | None = Field(None, ge=0, description="revenue $ per million input tokens (None: planner default)")
     price_per_m_cached_input: float | None = Field(None, ge=0)
     price_per_m_output: float | None = Field(None, ge=0)
-    simulate_top: int = Field(2, ge=0, le=64, description="candidates the simulator checks after the screen")
-    sim_requests: int = Field(400, ge=100, le=100_000, description="most requests per simulation")
+    simulate_top: int = Field(4, ge=0, le=64, description="candidates the simulator checks after the screen")
+    sim_requests: int = Field(1000, ge=100, le=100_000, description="most requests per simulation")
     workers: int = Field(1, ge=1, le=256, description="planner worker processes")
     seed: int = Field(0, ge=0)
 
@@ -424,6 +425,14 @@ def _scaled_length(dist: dict, scale: float) -> dict:
     return out
 
 
+def what_if_requests(plan: dict, num_requests: int) -> int:
+    """Requests a what-if simulates: ``num_requests``, raised to three turnovers of the plan's seats
+    (fewer would measure the ramp-up, not the deployment), at most the plan's own count."""
+    seats = sum(p["instances"] * p["scheduler"]["max_num_seqs"] for p in plan["pools"] if p["role"] != "prefill")
+    own = plan["workload"].get("num_requests") or num_requests
+    return int(min(own, max(num_requests, 3 * seats)))
+
+
 def simulate_plan(plan: dict, num_requests: int) -> dict:
     """Simulate a plan at full scale on ``num_requests`` requests; the figures the app compares."""
     from planner.plan import Plan
@@ -437,8 +446,8 @@ def simulate_plan(plan: dict, num_requests: int) -> dict:
 def what_if(plan: dict, changes: dict, num_requests: int) -> dict:
     """Simulate the plan and the changed plan the same way; both metric rows and the changed plan."""
     changed = apply_what_if(plan, changes)
-    return {"rows": {"baseline": simulate_plan(plan, num_requests), "what-if": simulate_plan(changed, num_requests)},
-            "plan": changed}
+    n = what_if_requests(plan, num_requests)
+    return {"rows": {"baseline": simulate_plan(plan, n), "what-if": simulate_plan(changed, n)}, "plan": changed, "requests": n}
 
 
 def metric_row(res, percentile: int = 90) -> dict:
