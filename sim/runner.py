@@ -16,6 +16,7 @@ from scheduler.request import Request
 from scheduler.scheduler import Scheduler
 from sim.backend import MemoStepCost, SimBackend
 from sim.cluster import Cluster
+from sim import invariants
 from sim.export import digest
 from sim.metrics import MetricsCollector, SimMetrics
 from sim.router import make_router
@@ -80,8 +81,12 @@ def build_cost_model(scenario: Scenario) -> EffectiveStepCost:
     return EffectiveStepCost(get_model(scenario.model), get_hardware(scenario.hardware), scenario.layout)
 
 
-def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[Request] | None = None) -> SimRun:
-    """Run ``scenario`` to completion (every request finished or dropped)."""
+def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[Request] | None = None,
+             debug: bool | None = None) -> SimRun:
+    """Run ``scenario`` to completion (every request finished or dropped).
+
+    ``debug`` (default: env TWINFER_DEBUG_INVARIANTS) checks the run's invariants (sim.invariants).
+    """
     fit = _fit(scenario)
     sc = scenario.scheduler
     num_blocks = fit.max_kv_tokens // sc.block_size
@@ -99,7 +104,8 @@ def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[R
         return SimBackend(cost, np.random.default_rng([backend_seed, i]), rates, sc.async_overlap)
 
     env = simpy.Environment()
-    collector = MetricsCollector(record_steps=record_steps)
+    debug = invariants.enabled(debug)
+    collector = (invariants.CheckingCollector if debug else MetricsCollector)(record_steps=record_steps)
     schedulers = [Scheduler(sc, num_blocks, i, name_all_blocks=False) for i in range(scenario.instances)]
     cluster = Cluster(env, schedulers, make_backend, make_router(scenario.router), collector, requests,
                       max_steps=scenario.max_decode_steps)
@@ -107,6 +113,8 @@ def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[R
     stuck = [s for s in schedulers if s.has_work]
     if stuck:  # cannot happen unless a scheduler bug leaves work behind; say so rather than under-count
         raise RuntimeError(f"simulation ended with work queued on instances {[s.instance_id for s in stuck]}")
+    if debug:
+        invariants.check_end(collector, schedulers, len(requests), float(env.now))
 
     metrics = collector.summarize(scenario.num_gpus, scenario.slo)
     result = SimResult(
