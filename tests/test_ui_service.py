@@ -49,7 +49,7 @@ def test_plan_yaml_is_a_planner_plan(result, tmp_path):
 
     path = tmp_path / "plan.yaml"
     path.write_text(result.plan.yaml)
-    plan = load_plan(path)  # what `twinfer simulate --plan` loads
+    plan = load_plan(path)  # the format `twinfer plan --out` writes
     assert plan.gpus_used == result.plan.gpus
 
 

@@ -1,4 +1,4 @@
-"""Export: the inspected plan as YAML (what `twinfer simulate --plan` takes as it is) and every charted deployment as CSV."""
+"""Export: the inspected plan as YAML (planner.plan.Plan, as `twinfer plan --out` writes it) and every charted deployment as CSV."""
 
 from __future__ import annotations
 
@@ -17,5 +17,5 @@ def render(result: service.SearchResult, plan: service.PlanView | None) -> None:
         return
     slug = "".join(ch if ch.isalnum() else "-" for ch in plan.label).strip("-").lower()[:60]
     a.download_button("plan YAML", plan.yaml, file_name=f"plan-{slug}.yaml", mime="application/x-yaml", key="dl_plan")
-    st.caption(f"plan of **{plan.label}** · run it with `twinfer simulate --plan plan.yaml`")
+    st.caption(f"plan of **{plan.label}** · the same format as `twinfer plan --out plan.yaml` (planner/plan.py)")
     st.code(plan.yaml, language="yaml")
