@@ -44,7 +44,6 @@ def main() -> None:
         return
     try:
         result = app_cache.search(request)
-        model = app_cache.model_info(request["model"])
     except TwinferError as e:
         st.error(str(e))
         return

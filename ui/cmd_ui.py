@@ -7,7 +7,6 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
