@@ -54,6 +54,8 @@ IMPLS: dict[str, list[Impl]] = {
     "mla_decode": [
         Impl("mla_decode", "flashmla", 2, ("cuda",), f"{_V}:flashmla_decode", "flashmla", (9, 0), "bf16, page 64, head dims 512+64"),
         Impl("mla_decode", "triton", 1, ("cuda",), "kernels.triton_mla_decode:mla_decode", "triton", (8, 0), "split-K flash-decoding"),
+        Impl("mla_decode", "torch_batched", 0, ("cpu", "cuda"), "kernels.torch_fast:mla_decode_batched",
+             notes="one gather + batched matmuls; dense or DSA top-k"),
         Impl("mla_decode", "torch", 0, ("cpu", "cuda"), f"{_R}:mla_decode_paged", notes="gathers pages, loops over sequences"),
     ],
     "attention_prefill": [

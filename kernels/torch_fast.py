@@ -21,3 +21,32 @@ def attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_position
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
         attn_mask=visible[None, None], scale=scale, enable_gqa=k.shape[1] != q.shape[1])
     return out[0].transpose(0, 1).contiguous()
+
+
+def mla_decode_batched(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                       scale: float, kv_rank: int, topk_indices: torch.Tensor | None = None) -> torch.Tensor:
+    """``reference.mla_decode_paged`` without the per-sequence loop: one gather, two batched matmuls.
+
+    Keys are gathered per query row: the DSA top-k positions when given (sparse, what V3.2
+    reads), else every position up to the longest sequence (dense, padded and masked). Costs
+    B x s_q x keys x 576 of gathered latents: fine for top-k 2048 or short contexts, wasteful
+    for long dense ones (FlashMLA / Triton are preferred there).
+    """
+    b, s_q, h, d = q.shape
+    page = kv_cache.shape[1]
+    dev = q.device
+    if topk_indices is None:
+        n = int(seq_lens.max())
+        idx = torch.arange(n, device=dev).expand(b, s_q, n)
+    else:
+        idx = topk_indices.long()
+    qpos = seq_lens.long()[:, None] - s_q + torch.arange(s_q, device=dev)[None, :]      # [B, s_q]
+    valid = (idx >= 0) & (idx <= qpos[:, :, None])
+    safe = torch.where(valid, idx, torch.zeros_like(idx))
+    pages = torch.gather(block_table.long(), 1, (safe // page).view(b, -1)).view_as(safe)
+    kv = kv_cache.reshape(-1, d)[(pages * page + safe % page).view(-1)].view(b, s_q, -1, d)   # [B, s_q, K, D]
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    scores = torch.einsum("bshd,bskd->bshk", q.to(work), kv.to(work)) * scale
+    scores = scores.masked_fill(~valid[:, :, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("bshk,bskd->bshd", probs, kv[..., :kv_rank].to(work)).to(q.dtype)

@@ -37,23 +37,27 @@ def _fp8_gemm_kernel(a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, M, N, num_kb,
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :]
     b_ptrs = b_ptr + offs_n[None, :] * stride_bn + offs_k[:, None]
     as_ptrs = as_ptr + offs_m * stride_asm
-    bs_row = bs_ptr + (pid_n * BLOCK_N // 128) * stride_bsn
+    bs_ptrs = bs_ptr + (offs_n // 128) * stride_bsn     # one weight scale per 128 output columns
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, num_kb):
         a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
         b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
         a_s = tl.load(as_ptrs + kb, mask=mask_m, other=0.0)
-        b_s = tl.load(bs_row + kb)
-        acc += tl.dot(a, b) * a_s[:, None] * b_s
+        b_s = tl.load(bs_ptrs + kb, mask=mask_n, other=0.0)
+        acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) for large M; small M (decode) uses a 64-row tile
+LARGE_M_CONFIG = (128, 128, 8, 3)
+
+
 def fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor,
-             out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """Same contract as ``reference.fp8_gemm_blockscaled``."""
+             out_dtype: torch.dtype = torch.bfloat16, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """Same contract as ``reference.fp8_gemm_blockscaled``; ``config`` overrides the tile choice (benchmarks)."""
     m, k = xq.shape
     n = wq.shape[0]
     if k % 128 or xq.dtype != torch.float8_e4m3fn or wq.dtype != torch.float8_e4m3fn:
@@ -62,9 +66,9 @@ def fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Ten
     xs, ws = xs.float().contiguous(), ws.float().contiguous()
     out = torch.empty(m, n, dtype=out_dtype, device=xq.device)
     # small M (decode) wastes a 128-row tile: 64 rows is the smallest efficient wgmma tile
-    bm = 64 if m <= 64 else 128
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, 128),)
+    bm, bn, warps, stages = config or (LARGE_M_CONFIG if m > 64 else (64, 128, 4, 3))
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     _fp8_gemm_kernel[grid](xq, wq, out, xs, ws, m, n, k // 128, xq.stride(0), wq.stride(0), out.stride(0),
-                           xs.stride(0), ws.stride(0), BLOCK_M=bm, BLOCK_N=128, BLOCK_K=128, GROUP_M=8,
-                           num_warps=8 if bm == 128 else 4, num_stages=3)
+                           xs.stride(0), ws.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, GROUP_M=8,
+                           num_warps=warps, num_stages=stages)
     return out

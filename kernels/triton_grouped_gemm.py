@@ -27,10 +27,10 @@ def _grouped_kernel(a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, rows_ptr, block_expert_
                     FP8: tl.constexpr, MUL_W: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    e = tl.load(block_expert_ptr + pid_m)
+    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)   # e * stride_be passes 2^31 for 256 experts
     if e >= 0:
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rows = tl.load(rows_ptr + offs_m)
+        rows = tl.load(rows_ptr + offs_m).to(tl.int64)
         valid = rows >= 0
         a_rows = tl.where(valid, rows // a_row_div, 0)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -31,4 +31,4 @@ def test_kernels_lists_ops():
     res = CliRunner().invoke(app, ["kernels", "--device", "cpu", "--json"])
     assert res.exit_code == 0, res.output
     rows = json.loads(res.output)["rows"]
-    assert any(r["op"] == "mla_decode" and r["chosen"] and r["impl"] == "torch" for r in rows)
+    assert any(r["op"] == "mla_decode" and r["chosen"] and r["impl"].startswith("torch") for r in rows)

@@ -104,22 +104,28 @@ def test_flashmla_decode(g):
     assert rel(flashmla_decode(q, cache, table, lens, 0.04, 512), want) < BF16_TOL
 
 
-def test_tiny_engine_on_cuda_matches_one_shot_forward():
-    """The tiny model through the shared Scheduler on the GPU kernels (bf16): chunked + paged
-    forward agrees with a one-shot forward on the same device to bf16 accuracy."""
+@pytest.mark.parametrize("dtype,tol", [("fp32", 1e-3), ("bf16", 0.15)])
+def test_tiny_engine_on_cuda_matches_one_shot_forward(dtype, tol):
+    """The tiny model through the shared Scheduler on the GPU kernels: a chunked + paged forward
+    agrees with a one-shot forward on the same device. fp32 checks the plumbing tightly; in bf16
+    the DSA top-k and expert routing make discrete choices that bf16 noise can flip, so the
+    bound only catches gross errors."""
     from executor.engine import LLMEngine, SamplingParams
     from executor.forward_batch import SeqInput, build_forward_batch
     from executor.kv_cache import KVCache
-    e = LLMEngine.from_args("tiny", device="cuda", dtype="bf16",
-                            scheduler_config={"block_size": 64, "max_num_batched_tokens": 96, "max_num_seqs": 4})
+    e = LLMEngine.from_args("tiny", device="cuda", dtype=dtype, num_kv_blocks=64,
+                            scheduler_config={"block_size": 64, "max_num_batched_tokens": 96, "max_num_seqs": 4, "draft_len": 1})
     outs = e.generate([list(range(1, 200)), list(range(5, 40))], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     assert [len(o) for o in outs] == [8, 8]
     model, dev = e.runner.model, torch.device("cuda", 0)
+    tdt = torch.float32 if dtype == "fp32" else torch.bfloat16
     seq = list(range(1, 200)) + outs[0][:-1]
-    kv = KVCache(e.cfg, 4, 64, dev, torch.bfloat16)
     with torch.inference_mode():
+        kv = KVCache(e.cfg, 4, 64, dev, tdt)
         full = model.compute_logits(model(build_forward_batch([SeqInput(seq, 0, [0, 1, 2, 3], False)], 64, kv.null_page, dev), kv))
-        kv2 = KVCache(e.cfg, 4, 64, dev, torch.bfloat16)
+        kv2 = KVCache(e.cfg, 4, 64, dev, tdt)
         model(build_forward_batch([SeqInput(seq[:150], 0, [3, 1, 0, 2], False)], 64, kv2.null_page, dev), kv2)
         part = model.compute_logits(model(build_forward_batch([SeqInput(seq[150:], 150, [3, 1, 0, 2], True)], 64, kv2.null_page, dev), kv2))
-    assert rel(part, full[150:]) < 3e-2
+    assert rel(part, full[150:]) < tol
+    if dtype == "fp32":   # greedy tokens equal teacher-forced argmax of the one-shot forward
+        assert full[198:].argmax(-1).tolist() == outs[0]

@@ -210,3 +210,23 @@ def test_yarn_mscale_matches_deepseek_v3():
     from executor.model_config import RopeConfig
     cfg = RopeConfig(kind="yarn", factor=40, mscale=1.0, mscale_all_dim=1.0)
     assert abs(cfg.attention_mscale() - (0.1 * math.log(40) + 1)) < 1e-12
+
+
+@pytest.mark.parametrize("sq,sparse", [(1, False), (3, False), (1, True), (2, True)])
+def test_batched_mla_decode_equals_reference(g, sq, sparse):
+    from kernels.torch_fast import mla_decode_batched
+    b, h, rank, dr, page = 3, 4, 16, 8, 4
+    lens = torch.tensor([9, 14, 5])
+    cache = torch.randn(20, page, rank + dr, generator=g, dtype=torch.float64)
+    table = torch.stack([torch.randperm(20, generator=g)[:4] for _ in range(b)]).to(torch.int32)
+    q = torch.randn(b, sq, h, rank + dr, generator=g, dtype=torch.float64)
+    idx = None
+    if sparse:
+        idx = torch.full((b, sq, 6), -1)
+        for i in range(b):
+            for j in range(sq):
+                vis = int(lens[i]) - sq + j + 1
+                pick = torch.randperm(vis, generator=g)[: min(6, vis)]
+                idx[i, j, : len(pick)] = pick
+    want = R.mla_decode_paged(q, cache, table, lens, 0.3, rank, idx)
+    assert rel(mla_decode_batched(q, cache, table, lens, 0.3, rank, idx), want) < 1e-12

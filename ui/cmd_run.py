@@ -76,6 +76,7 @@ def run(
     routing_skew: float = typer.Option(0.0, "--routing-skew", min=0.0, help="Zipf-like expert skew for dummy weights"),
     num_layers: Optional[int] = typer.Option(None, "--num-layers", min=1, help="keep the first n layers (full-width model on one GPU)"),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0),
+    warmup: Optional[bool] = typer.Option(None, "--warmup/--no-warmup", help="compile kernels on throwaway requests first [on for cuda]"),
     step_log: Optional[Path] = typer.Option(None, "--step-log", help="write one JSON line per executed step"),
     as_json: Optional[Path] = typer.Option(None, "--json", help="write metrics and run info as JSON"),
 ) -> None:
@@ -103,6 +104,7 @@ def run(
                                  max_model_len=max_model_len, num_kv_blocks=num_kv_blocks, scheduler_config=sched_cfg,
                                  routing_skew=routing_skew, decode_steps=decode_steps, num_layers=num_layers)
     build_s = time.perf_counter() - t_build
+    warmup_s = engine.warmup() if (warmup if warmup is not None else device == "cuda") else 0.0
 
     spec = _load_workload(workload, requests, rate)
     reqs = generate(spec, np.random.default_rng(seed), engine.block_size)
@@ -171,7 +173,7 @@ def run(
     kernels_used = {op: sorted(v, key=v.get, reverse=True) for op, v in backend_steps.items()}
     info = {"model": model, "num_layers": engine.cfg.spec.num_layers, "device": device, "dtype": dtype, "load_format": load_format, "seed": seed,
             "workload": workload, "requests": len(items), "scheduler": sched_cfg.model_dump(),
-            "num_kv_blocks": engine.scheduler.blocks.num_blocks, "build_s": build_s, "wall_s": wall_s,
+            "num_kv_blocks": engine.scheduler.blocks.num_blocks, "build_s": build_s, "warmup_s": warmup_s, "wall_s": wall_s,
             "kernels": kernels_used, "kernel_steps": backend_steps, "kernel_fallbacks": dict(ops.fallbacks)}
     if as_json:
         Path(as_json).write_text(json.dumps({"run": info, "metrics": summary.model_dump()}, indent=1, default=str))

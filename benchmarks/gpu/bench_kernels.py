@@ -87,7 +87,11 @@ def bench_fp8_gemm(quick: bool) -> list[dict]:
         xq, xs = R.quant_fp8_act(x)
         wq, ws = R.quant_fp8_weight(w)
         want = R.fp8_gemm_blockscaled(xq, xs, wq, ws, torch.float32)
-        for name, fn in (("triton", fp8_gemm), ("deepgemm", deepgemm_fp8_gemm)):
+        impls = [("triton", fp8_gemm), ("deepgemm", deepgemm_fp8_gemm)]
+        if m > 64:   # tile sweep of the Triton kernel (BLOCK_M, BLOCK_N, warps, stages)
+            for cfg in ((128, 128, 8, 4), (128, 256, 8, 3), (128, 256, 8, 4), (64, 256, 4, 4), (128, 128, 4, 4)):
+                impls.append((f"triton{list(cfg)}", lambda a, b, c, d, cfg=cfg: fp8_gemm(a, b, c, d, config=cfg)))
+        for name, fn in impls:
             row = {"op": "fp8_gemm", "impl": name, "m": m, "n": n, "k": k}
             try:
                 t0 = time.perf_counter()
@@ -182,6 +186,46 @@ def bench_moe(quick: bool) -> list[dict]:
             traceback.print_exc()
         rows.append(row)
         print(row, flush=True)
+    # the first grouped GEMM alone, DeepGEMM's contiguous layout (runs padded to 128): Triton vs DeepGEMM
+    try:
+        from kernels import triton_grouped_gemm as G
+        from kernels.vendor import deepgemm_grouped_fp8_contiguous
+        t = 4096
+        _, ids = R.route_sigmoid_grouped(torch.randn(t, e, device="cuda"), None, k, 8, 4, 2.5)
+        counts = torch.bincount(ids.flatten(), minlength=e)
+        padded = (counts + 127) // 128 * 128
+        m_idx = torch.repeat_interleave(torch.arange(e, device="cuda"), padded)
+        pos = torch.arange(m_idx.numel(), device="cuda") - (padded.cumsum(0) - padded)[m_idx]
+        m_idx = torch.where(pos < counts[m_idx], m_idx, torch.full_like(m_idx, -1)).to(torch.int32)
+        a = torch.randn(m_idx.numel(), d, device="cuda")
+        aq, as_ = R.quant_fp8_act(a)
+        rows_v = torch.where(m_idx >= 0, torch.arange(m_idx.numel(), device="cuda"), torch.full_like(m_idx, -1)).to(torch.int32)
+        be = m_idx.view(-1, 64)[:, 0].contiguous()
+        valid = int(counts.sum())
+        flops = 2 * valid * 2 * i * d
+        sub_rows = (m_idx >= 0).nonzero().flatten()[:512]
+        want = torch.stack([(R.dequant_fp8_act(aq[r:r + 1], as_[r:r + 1]) @ R.dequant_fp8_weight(w13q[m_idx[r]], s13[m_idx[r]]).t())[0]
+                            for r in sub_rows.tolist()])
+
+        def tri():
+            out = torch.zeros(m_idx.numel(), 2 * i, device="cuda", dtype=torch.bfloat16)
+            G._launch(aq, as_, w13q, s13, out, rows_v, be, None, 1, 64)
+            return out
+
+        for name, fn in (("triton_grouped", tri), ("deepgemm_grouped", lambda: deepgemm_grouped_fp8_contiguous(aq, as_, w13q, s13, m_idx))):
+            row = {"op": "grouped_gemm_fp8", "impl": name, "rows": valid, "padded_rows": int(m_idx.numel()), "n": 2 * i, "k": d, "experts": e}
+            try:
+                out = fn()
+                torch.cuda.synchronize()
+                row["rel_err"] = rel(out[sub_rows], want)
+                tt = timed(fn, 3, 15)
+                row.update(time_us=tt * 1e6, tflops=flops / tt / 1e12, frac_fp8_peak=flops / tt / 1e12 / CEIL["fp8_tflops"])
+            except Exception as ex:  # noqa: BLE001
+                row["error"] = f"{type(ex).__name__}: {ex}"[:400]
+            rows.append(row)
+            print(row, flush=True)
+    except Exception as ex:  # noqa: BLE001
+        rows.append({"op": "grouped_gemm_fp8", "error": f"{type(ex).__name__}: {ex}"[:400]})
     del w13q, w2q
     torch.cuda.empty_cache()
     return rows
@@ -191,10 +235,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sections", default="ceilings,fp8_gemm,mla_decode,moe", help="comma-separated subset")
     args = ap.parse_args()
+    wanted = set(args.sections.split(",")) | {"env"}
     res: dict = {"command": " ".join(sys.argv), "reference_ceilings": CEIL}
     for name, fn in (("env", env), ("ceilings", ceilings), ("fp8_gemm", lambda: bench_fp8_gemm(args.quick)),
                      ("mla_decode", lambda: bench_mla_decode(args.quick)), ("moe", lambda: bench_moe(args.quick))):
+        if name not in wanted:
+            continue
         t0 = time.perf_counter()
         try:
             res[name] = fn()
@@ -207,7 +255,10 @@ def main() -> None:
     print("\n== summary")
     for sec in ("fp8_gemm", "mla_decode", "moe"):
         for r in res.get(sec, []) if isinstance(res.get(sec), list) else []:
-            shape = {k: r[k] for k in r if k in ("m", "n", "k", "batch", "s_q", "max_len", "tokens")}
+            if "impl" not in r:
+                print(sec, r)
+                continue
+            shape = {k: r[k] for k in r if k in ("m", "n", "k", "batch", "s_q", "max_len", "tokens", "rows")}
             if "error" in r:
                 print(f"{sec:11s} {r['impl']:22s} {shape} ERROR {r['error'][:100]}")
             else:
