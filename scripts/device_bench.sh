@@ -28,8 +28,10 @@ timeout ${T_TESTS:-110} python3 -m pytest -q -p no:cacheprovider -m gpu tests/te
 stage "kernel benchmarks"
 timeout ${T_BENCH:-190} python3 -m benchmarks.gpu.bench_kernels --out "$OUT/bench.json" ${BENCH_ARGS:-}
 
-stage "twinfer kernels"
-timeout 30 python3 -m benchmarks.gpu.cli kernels --device cuda --json > "$OUT/kernels.json" || echo "kernels listing failed"
+if [ -z "${SKIP_KERNELS:-}" ]; then
+  stage "twinfer kernels"
+  timeout 30 python3 -m benchmarks.gpu.cli kernels --device cuda --json > "$OUT/kernels.json" || echo "kernels listing failed"
+fi
 
 export TWINFER_KERNEL_FP8_GEMM=${TWINFER_KERNEL_FP8_GEMM:-triton}   # DeepGEMM JITs per shape (3-8 s each): benchmarked above, not in runs
 stage "twinfer run tiny"
@@ -41,4 +43,10 @@ stage "twinfer run deepseek-v3 (first 5 layers: 3 dense + 2 MoE, + MTP layer), f
 timeout ${T_DSV3:-150} python3 -m benchmarks.gpu.cli run --model deepseek-v3 --num-layers 5 --device cuda --dtype fp8 \
   --requests 32 --max-input-len 2048 --max-output-len 64 --rate 8 --max-num-seqs 64 --max-model-len 4096 \
   --step-log "$OUT/steps_dsv3.jsonl" --json "$OUT/run_dsv3.json"
+if [ -n "${EXTRA_MTP:-}" ]; then   # the same model drafting 1 token per step with its MTP layer
+  stage "twinfer run deepseek-v3 5 layers fp8, MTP draft 1"
+  timeout ${T_MTP:-100} python3 -m benchmarks.gpu.cli run --model deepseek-v3 --num-layers 5 --device cuda --dtype fp8 \
+    --requests 32 --max-input-len 2048 --max-output-len 64 --rate 8 --max-num-seqs 64 --max-model-len 4096 --draft-len 1 \
+    --json "$OUT/run_dsv3_mtp.json"
+fi
 stage done
