@@ -45,7 +45,8 @@ def render(result: service.SearchResult, band: float | None) -> None:
     pct = result.request["slo_percentile"]
     cols = st.columns(4)
     cols[0].metric("GPUs", f"{plan.gpus}", help=f"of a budget of {plan.gpus_budget}")
-    shape = " + ".join(f"{p.instances} {p.role}" if plan.mode == "disaggregated" else f"{p.instances} x {p.gpus // p.instances} GPUs"
+    # short enough for a metric tile: "2P + 3D" (prefill + decode instances) or "1 x 8 GPUs"
+    shape = " + ".join(f"{p.instances}{p.role[0].upper()}" if plan.mode == "disaggregated" else f"{p.instances} x {p.gpus // p.instances} GPUs"
                        for p in plan.pools)
     cols[1].metric("instances", shape, help=" + ".join(f"{p.instances} x {p.layout_label} ({p.role})" for p in plan.pools))
     cols[2].metric("output tok/s per GPU", f"{pred.get('output_tokens_per_s_per_gpu', 0):,.0f}", help=band_text(band))
