@@ -108,6 +108,11 @@ class Plan(BaseModel):
                 return p
         raise KeyError(role)
 
+    def to_scenario(self, *, num_requests: int | None = None) -> Scenario:
+        """The full-scale Scenario of this plan (effects and prefill pool included): ``twinfer simulate --plan``."""
+        scenario, effects, disagg = self.to_simulation(num_requests=num_requests)
+        return scenario.model_copy(update={"effects": effects, "disagg": disagg})
+
     def to_simulation(self, *, num_requests: int | None = None) -> tuple[Scenario, EffectsSpec, DisaggSpec | None]:
         """The scenario (mixed or decode pool), effects and prefill pool that simulate this plan at full scale."""
         main = self.pool("mixed" if self.mode == "aggregated" else "decode")

@@ -32,7 +32,7 @@ from planner.pareto import pareto_front
 from planner.plan import Plan, PoolPlan, Predicted
 from planner.request import PlanRequest
 from planner.screen import ScreenContext, screen_layout
-from planner.simulate import SimOutcome, build_job, meets, run_job, scheduler_for
+from planner.simulate import SimOutcome, build_job, meets, run_job, scheduler_for, steady_workload
 from planner.space import LayoutOption, enumerate_layouts
 from planner.workload_stats import WorkloadStats, workload_stats
 from scheduler.config import SchedulerConfig
@@ -328,7 +328,11 @@ def _make_plan(req: PlanRequest, cand: Candidate, options: list[LayoutOption], s
     else:
         rate, thr_gpu, tps_user, ttft, tpot, source = cand.rate, cand.thr_gpu, cand.tps_user, cand.ttft_s, cand.tpot_s, "screen"
     seats = sum(p.instances * p.scheduler.max_num_seqs for p in pools if p.role != "prefill")
-    n_plan = int(min(20_000, max(2_000, 3 * seats)))
+    # enough requests for the full-scale run to pass the workload's ramp-up (agentic sessions) and
+    # turn its seats over ~3 times (at least 30 s) at the planned rate
+    _, warmup = steady_workload(req.workload, max(rate, 1e-6), 1)
+    window = max(30.0, 3 * seats / max(rate, 1e-6))
+    n_plan = int(min(100_000, max(2_000, rate * (warmup + window))))
     wl = req.workload.model_copy(update={"rate": rate, "num_requests": n_plan, "duration_s": None}) if req.workload.kind != "trace" else req.workload
     eff = effects.model_copy(update={"eplb": dopt.eplb != "off", "table_placement": dopt.table_placement})
     gpus_used = cand.gpus

@@ -63,8 +63,15 @@ def _fit(scenario: Scenario, layout: ParallelLayout, sc: SchedulerConfig, effect
 
 def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, disagg: DisaggSpec | None = None, *,
                         record_steps: bool = False, requests: list[Request] | None = None) -> SimRun:
-    """Run ``scenario`` with ``effects`` (and a prefill pool when ``disagg`` is given) to completion."""
-    eff = effects or EffectsSpec()
+    """Run ``scenario`` with ``effects`` (and a prefill pool when ``disagg`` is given) to completion.
+
+    ``effects`` / ``disagg`` default to the scenario's own ``effects`` / ``disagg`` fields; given
+    here, they replace them (and the result's scenario records what ran).
+    """
+    eff = effects if effects is not None else scenario.effects
+    if disagg is None:
+        disagg = scenario.disagg
+    scenario = scenario.model_copy(update={"effects": eff, "disagg": disagg})
     model, hw = get_model(scenario.model), get_hardware(scenario.hardware)
     sc = scenario.scheduler
     fit = _fit(scenario, scenario.layout, sc, eff, "layout")
@@ -104,10 +111,6 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
 
     metrics = collector.summarize(max(1, int(round(gpus))), scenario.slo)
     scen = scenario.model_dump(mode="json")
-    if eff.active:
-        scen["effects"] = eff.model_dump(mode="json")
-    if disagg is not None:
-        scen["disagg"] = disagg.model_dump(mode="json")
     result = SimResult(
         name=scenario.name, description=scenario.description, scenario=scen, seed=scenario.seed,
         twinfer_version=__version__, num_gpus=max(1, int(round(gpus))),

@@ -86,7 +86,12 @@ def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[R
     """Run ``scenario`` to completion (every request finished or dropped).
 
     ``debug`` (default: env TWINFER_DEBUG_INVARIANTS) checks the run's invariants (sim.invariants).
+    A scenario with serving effects or a prefill pool runs in ``sim.deployment`` instead.
     """
+    if scenario.needs_deployment_runner:
+        from sim.deployment import simulate_deployment
+
+        return simulate_deployment(scenario, record_steps=record_steps, requests=requests)
     fit = _fit(scenario)
     sc = scenario.scheduler
     num_blocks = fit.max_kv_tokens // sc.block_size

@@ -1,4 +1,5 @@
-"""A simulation scenario: model, hardware, layout, instances, scheduler, workload, router, SLO, seed."""
+"""A simulation scenario: model, hardware, layout, instances, scheduler, workload, router, SLO, seed,
+and optionally serving effects (``effects``) and a prefill pool (``disagg``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from costmodels.layout import ParallelLayout
 from scheduler.config import SchedulerConfig
+from sim.disagg import DisaggSpec
+from sim.effects import EffectsSpec
 from sim.metrics import SLO
 from sim.router import RouterConfig
 from sim.workload import WorkloadSpec
@@ -33,6 +36,13 @@ class Scenario(BaseModel):
     slo: SLO | None = Field(None, description="latency targets for goodput")
     seed: int = Field(0, ge=0, le=2**63 - 1)
     gpu_memory_fraction: float = Field(0.9, gt=0.0, le=1.0, description="share of HBM for weights + workspace + KV (vLLM's gpu_memory_utilization)")
+    effects: EffectsSpec = Field(
+        default_factory=EffectsSpec,
+        description="serving effects beyond the step cost model: expert-load skew/drift, EPLB, attention-DP stragglers, lookup tables",
+    )
+    disagg: DisaggSpec | None = Field(
+        None, description="prefill pool of a prefill/decode-disaggregated deployment (layout/instances/scheduler are then the decode pool)",
+    )
     max_decode_steps: int = Field(
         256, ge=1, le=65536,
         description="most decode steps one plan may cover (1: single-step; results agree up to float rounding)",
@@ -74,8 +84,14 @@ class Scenario(BaseModel):
 
     @property
     def num_gpus(self) -> int:
-        """GPUs of the whole cluster."""
-        return self.instances * self.layout.gpus
+        """GPUs of the whole cluster (both pools when disaggregated)."""
+        pre = self.disagg.prefill_instances * self.disagg.prefill_layout.gpus if self.disagg is not None else 0
+        return self.instances * self.layout.gpus + pre
+
+    @property
+    def needs_deployment_runner(self) -> bool:
+        """True when effects or disaggregation ask for ``sim.deployment`` rather than the plain runner."""
+        return self.disagg is not None or self.effects != EffectsSpec()
 
 
 def load_scenario(path: str | Path) -> Scenario:

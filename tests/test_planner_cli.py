@@ -72,3 +72,31 @@ def test_ray_flag_without_ray_is_a_clear_error():
         pass
     r = _cli(*SMALL, "--ray", "auto")
     assert r.returncode == 2 and "'ray' package is not installed" in r.stderr
+
+
+def test_simulate_takes_the_plan_file_as_it_is(tmp_path):
+    out = tmp_path / "plan.yaml"
+    r = runner.invoke(app, SMALL + ["--out", str(out)])
+    assert r.exit_code == 0, r.output
+    plan = load_plan(out)
+    r = runner.invoke(app, ["simulate", "--plan", str(out), "--requests", "200", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["num_gpus"] == plan.gpus_used and res["metrics"]["requests_finished"] == 200
+    assert res["scenario"]["model"] == plan.model and res["scenario"]["effects"]["expert_load"]["skew"] == "zipf"
+    r = _cli("simulate", "--plan", str(out), "--tp", "4")
+    assert r.returncode == 2 and "the plan fixes the deployment" in r.stderr
+
+
+def test_disaggregated_plan_simulates_with_both_pools(tmp_path):
+    out = tmp_path / "pd.yaml"
+    r = runner.invoke(app, SMALL[:-6] + ["--modes", "disagg", "--simulate", "1", "--sim-requests", "300", "--workers", "1",
+                                          "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    plan = load_plan(out)
+    assert plan.mode == "disaggregated" and {p.role for p in plan.pools} == {"prefill", "decode"}
+    r = runner.invoke(app, ["simulate", "--plan", str(out), "--requests", "200", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["num_gpus"] == plan.gpus_used and res["scenario"]["disagg"]["prefill_instances"] >= 1
+    assert res["metrics"]["requests_finished"] == 200

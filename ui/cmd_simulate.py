@@ -78,6 +78,26 @@ def effective_scenario(scenario: str | None = None, **overrides):
     return validate(Scenario, data, source)
 
 
+def scenario_from_plan(path: str, *, scenario: str | None, requests: int | None, rate: float | None, seed: int | None, others: dict):
+    """The full-scale Scenario of a plan file; only --requests, --rate and --seed may adjust it."""
+    from planner.plan import load_plan
+
+    if scenario is not None:
+        raise TwinferError("--plan and --scenario: give one of them (a plan already holds its scenario)")
+    given = sorted(k for k, v in others.items() if v is not None)
+    if given:
+        raise TwinferError(f"--plan: the plan fixes the deployment; drop {', '.join('--' + k.replace('_', '-') for k in given)} "
+                           "(only --requests, --rate and --seed apply to a plan)")
+    p = load_plan(path)
+    sc = p.to_scenario(num_requests=requests)
+    upd: dict = {}
+    if rate is not None:
+        upd["workload"] = sc.workload.model_copy(update={"rate": rate})
+    if seed is not None:
+        upd["seed"] = seed
+    return sc.model_copy(update=upd) if upd else sc
+
+
 def _workload_yaml(wl) -> dict:
     """The workload's fields that differ from their defaults (kind always), nested models in full."""
     from pydantic import BaseModel
@@ -188,16 +208,23 @@ def register(app: typer.Typer) -> None:
         csv: Optional[Path] = typer.Option(None, "--csv", help="write the metrics as metric,value CSV"),
         perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="write a Perfetto/Chrome trace of every plan"),
         print_scenario: bool = typer.Option(False, "--print-scenario", help="print the effective scenario as YAML and exit"),
+        plan: Optional[str] = typer.Option(None, "--plan", help="simulate a `twinfer plan --out` plan file at full scale (--requests, --rate, --seed still apply)"),
     ) -> None:
         """Serving metrics of a scenario in simulated time; with no options, the built-in default."""
         if trace_format is not None and trace is None:
             raise TwinferError("--trace-format: only with --trace PATH")
-        sc = effective_scenario(
-            scenario, model=model, hardware=hardware, instances=instances, tp=tp, dp=dp, ep=ep, dtype=dtype,
-            rate=rate, requests=requests, duration=duration, workload=workload, trace=trace, trace_format=trace_format,
-            max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens, async_overlap=async_overlap,
-            draft_len=draft_len, router=router, seed=seed,
-        )
+        if plan is not None:
+            sc = scenario_from_plan(plan, scenario=scenario, requests=requests, rate=rate, seed=seed, others=dict(
+                model=model, hardware=hardware, instances=instances, tp=tp, dp=dp, ep=ep, dtype=dtype, duration=duration,
+                workload=workload, trace=trace, max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens,
+                async_overlap=async_overlap, draft_len=draft_len, router=router))
+        else:
+            sc = effective_scenario(
+                scenario, model=model, hardware=hardware, instances=instances, tp=tp, dp=dp, ep=ep, dtype=dtype,
+                rate=rate, requests=requests, duration=duration, workload=workload, trace=trace, trace_format=trace_format,
+                max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens, async_overlap=async_overlap,
+                draft_len=draft_len, router=router, seed=seed,
+            )
         if print_scenario:
             data = sc.model_dump(mode="json", exclude_none=True)
             # the workload's unused knobs (agentic/trace fields at their defaults) only add noise
@@ -211,7 +238,12 @@ def register(app: typer.Typer) -> None:
         if not as_json:
             con.print(f"[dim]simulating {sc.name!r} ...[/]", highlight=False)
         t0 = time.perf_counter()  # wall time is only reported, never part of the result
-        out = run(sc, record_steps=perfetto is not None)
+        if sc.needs_deployment_runner:  # serving effects or a prefill pool: the deployment runner
+            from sim.deployment import simulate_deployment
+
+            out = simulate_deployment(sc, record_steps=perfetto is not None)
+        else:
+            out = run(sc, record_steps=perfetto is not None)
         wall = time.perf_counter() - t0
         res = out.result
         if csv is not None:
