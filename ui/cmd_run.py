@@ -66,6 +66,7 @@ def run(
     max_output_len: Optional[int] = typer.Option(None, "--max-output-len", min=1, help="clamp output lengths"),
     seed: int = typer.Option(0, "--seed"),
     scheduler_config: Optional[Path] = typer.Option(None, "--scheduler-config", help="SchedulerConfig YAML/JSON"),
+    plan: Optional[Path] = typer.Option(None, "--plan", help="deployment plan file; its 'scheduler' section is the base config"),
     block_size: Optional[int] = typer.Option(None, "--block-size", min=1, help="KV block (page) size [64]"),
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1),
     max_batched_tokens: Optional[int] = typer.Option(None, "--max-batched-tokens", min=1),
@@ -90,7 +91,12 @@ def run(
     from sim.workload import generate
     from twinfer.config import read_mapping, validate
 
-    sc = read_mapping(scheduler_config) if scheduler_config else {}
+    sc = {}
+    if plan is not None:
+        section = read_mapping(plan).get("scheduler")
+        sc = dict(section) if isinstance(section, dict) else {}
+    if scheduler_config:
+        sc.update(read_mapping(scheduler_config))
     for k, v in (("block_size", block_size), ("max_num_seqs", max_num_seqs),
                  ("max_num_batched_tokens", max_batched_tokens), ("draft_len", draft_len)):
         if v is not None:
