@@ -38,6 +38,8 @@ class SchedulerConfig(BaseModel):
     long_prefill_threshold: int = Field(0, ge=0, le=1 << 22, description="cap on one request's prefill chunk per step (0: no cap beyond the budget)")
     policy: Literal["fcfs", "priority"] = Field("fcfs", description="waiting-queue order: arrival time, or priority (lower first) then arrival")
     enable_prefix_caching: bool = Field(True, description="reuse KV blocks of shared prompt prefixes (radix tree over block hashes)")
+    host_cache_blocks: int = Field(0, ge=0, le=1 << 40, description="prefix-cache tier in host memory (HiCache L2): KV blocks kept after HBM eviction")
+    storage_cache_blocks: int = Field(0, ge=0, le=1 << 44, description="prefix-cache tier in storage (L3): blocks kept after host eviction")
     swa_replay_tokens: int = Field(
         0, ge=0, le=1 << 20,
         description="sliding-window bounded replay: on a prefix-cache hit, recompute the last this many cached tokens "

@@ -37,6 +37,8 @@ class StepPlan:
     draft_len: int = 0           # MTP/speculative draft tokens verified per decode per step
     host_overhead_s: float = 0.0 # scheduling + input preparation cost of this plan, per step
     preempted: list[Request] = field(default_factory=list)
+    # prefix blocks this plan loads back into HBM from the host-memory and storage tiers (kv_tiers.py)
+    loaded_blocks: tuple[int, int] = (0, 0)
 
     @property
     def is_empty(self) -> bool:

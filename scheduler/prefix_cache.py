@@ -40,6 +40,8 @@ class PrefixCache:
         self.query_blocks = 0                    # blocks looked up on first admission
         self.hit_blocks = 0                      # of which found in the cache
         self.evicted_blocks = 0
+        # called with each evicted block's content hash (lower cache tiers keep it: scheduler/kv_tiers.py)
+        self.on_evict = None
 
     @property
     def num_cached(self) -> int:
@@ -102,6 +104,8 @@ class PrefixCache:
             del self._by_block[b]
             self.num_unused -= 1
             out.append(b)
+            if self.on_evict is not None:
+                self.on_evict(node.block_hash)
             if parent is not self.root and not parent.children and ref[parent.block_id] == 0:
                 heapq.heappush(heap, (parent.stamp, parent.block_id))
         self.evicted_blocks += len(out)

@@ -18,6 +18,7 @@ import numpy as np
 from scheduler.block_manager import BlockManager
 from scheduler.config import SchedulerConfig
 from scheduler.decode_batch import DecodeBatch
+from scheduler.kv_tiers import KVTiers
 from scheduler.plan import ScheduledChunk, StepPlan, StepResult
 from scheduler.request import Request, RequestStatus
 
@@ -60,6 +61,11 @@ class Scheduler:
         self.instance_id = instance_id
         self.block_size = config.block_size
         self.blocks = BlockManager(num_kv_blocks, config.block_size, config.enable_prefix_caching)
+        self.tiers = KVTiers(config.host_cache_blocks, config.storage_cache_blocks) if config.enable_prefix_caching else None
+        if self.tiers is not None and self.tiers.enabled:
+            self.blocks.cache.on_evict = self.tiers.on_evicted
+        else:
+            self.tiers = None
         self.batch = DecodeBatch(config.max_num_seqs)
         self.prefilling: list[Request] = []          # running, prompt (or recompute) not done; admission order
         self._fifo: deque[Request] = deque()         # waiting, policy fcfs
@@ -272,6 +278,7 @@ class Scheduler:
             budget -= chunk
 
         # 3. waiting requests, in policy order, while budget, seats and KV last (never after a preemption)
+        loaded = [0, 0]
         if not preempted:
             cache = blocks.cache
             max_seqs = cfg.max_num_seqs
@@ -283,9 +290,14 @@ class Scheduler:
                 if cache is not None and req.block_hashes:
                     # at least one token must be computed to produce logits, so never hit the whole prompt
                     hits = cache.match(req.block_hashes, (req.num_tokens - 1) // bs)
+                # blocks past the HBM hits that lower tiers hold: loaded back instead of recomputed
+                lh = ls = 0
+                if self.tiers is not None and req.block_hashes:
+                    lh, ls = self.tiers.match(req.block_hashes, len(hits), (req.num_tokens - 1) // bs)
+                held = (len(hits) + lh + ls) * bs
                 # sliding-window bounded replay: the cached prefix's last tokens are recomputed (into the
                 # blocks it already holds) because their window KV was not kept with the prefix
-                hit_tokens = len(hits) * bs - (min(cfg.swa_replay_tokens, len(hits) * bs) if hits else 0)
+                hit_tokens = held - (min(cfg.swa_replay_tokens, held) if held else 0)
                 todo = req.num_tokens - hit_tokens
                 if cfg.enable_chunked_prefill or req.num_output_tokens:  # recomputes may always chunk
                     chunk = min(todo, budget, threshold)
@@ -298,6 +310,10 @@ class Scheduler:
                 if need_n > blocks.num_free - pinned_free:
                     break
                 self._pop_waiting()
+                if lh or ls:
+                    self.tiers.take(req.block_hashes[len(hits): len(hits) + lh + ls])
+                    loaded[0] += lh
+                    loaded[1] += ls
                 if hits:
                     blocks.pin(hits)
                 req._cached_blocks = len(hits)
@@ -324,7 +340,10 @@ class Scheduler:
         steps = 1
         if max_steps > 1 and batch.n and not chunks and not preempted:
             steps = self._decode_horizon(max_steps)
-        return self._make_plan(chunks, steps, preempted)
+        plan = self._make_plan(chunks, steps, preempted)
+        if loaded[0] or loaded[1]:
+            plan.loaded_blocks = (loaded[0], loaded[1])
+        return plan
 
     def _schedule_decode_run(self, max_steps: int) -> StepPlan | None:
         """Fast path when only decodes run: k steps if their KV is free now, else None (general path)."""

@@ -119,8 +119,11 @@ class SimBackend:
         rng: np.random.Generator,
         acceptance_rates: list[float] | tuple[float, ...] = (),
         async_overlap: bool = True,
+        kv_load_s_per_block: tuple[float, float] = (0.0, 0.0),
     ):
         self.cost = cost_model if isinstance(cost_model, MemoStepCost) else MemoStepCost(cost_model)
+        # seconds to load one KV block back from the host-memory / storage prefix-cache tier
+        self.kv_load_s_per_block = kv_load_s_per_block
         self.rng = rng
         # ascending copy of the (non-increasing) marginal acceptance rates: the number of draft
         # positions accepted with uniform u is the number of rates above u
@@ -164,7 +167,13 @@ class SimBackend:
         ctx[nd:] = [c.context_len for c in chunks]
         is_decode = np.zeros(n, bool)
         is_decode[:nd] = True
-        return np.array([cost.mixed_step_time(new, ctx, is_decode)])
+        t = cost.mixed_step_time(new, ctx, is_decode)
+        if plan.loaded_blocks[0] or plan.loaded_blocks[1]:
+            # prefix blocks loaded back from host memory / storage, layer by layer under the step's
+            # compute (SGLang HiCache's layer-wise overlap): the step takes the longer of the two
+            host_s, storage_s = self.kv_load_s_per_block
+            t = max(t, plan.loaded_blocks[0] * host_s + plan.loaded_blocks[1] * storage_s)
+        return np.array([t])
 
     def step_times(self, plan: StepPlan, cold_start: bool = False) -> np.ndarray:
         """Wall seconds of each step: device time plus host overhead under the async policy."""

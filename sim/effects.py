@@ -14,6 +14,11 @@ wider than a scale-up domain, scale-out) link, plus ``eplb_move_overhead_s``. Th
 added to the first step that starts after the rebalance. A plan spanning an epoch boundary is
 costed with the epoch it started in (plans last at most ``max_decode_steps`` steps).
 
+``host_cache_gb`` / ``storage_cache_gb`` give the prefix cache lower tiers
+(``scheduler/kv_tiers.py``): capacities in blocks per instance follow from the KV bytes of a
+block on one GPU; loading a block back costs those bytes over the host link or at
+``storage_gbps``, overlapped layer by layer with the step's compute.
+
 ``mirror`` is a simulation shortcut for wide attention-DP instances: the instance is
 simulated as ``dp / mirror`` of its DP ranks (with that share of the traffic, seats and KV)
 and the cost model sees the batch repeated ``mirror`` times, i.e. the other ranks carry
@@ -55,6 +60,13 @@ class EffectsSpec(BaseModel):
     table_placement: TablePlacement = Field("host", description="lookup tables (Engram / n-gram) in host memory or sharded in HBM")
     table_prefetch: bool = Field(True, description="issue table lookups ahead of the step (they depend only on token ids)")
     mirror: int = Field(1, ge=1, le=4096, description="simulate 1/mirror of the DP ranks; the cost model sees the batch mirror times")
+    host_cache_gb: float = Field(0.0, ge=0, le=1e5, description="host memory per GPU for the prefix cache's second tier (HiCache L2); 0: none")
+    storage_cache_gb: float = Field(0.0, ge=0, le=1e8, description="storage per GPU for the third tier (3FS / Mooncake store L3); 0: none")
+    storage_gbps: float = Field(
+        5.0, gt=0, le=1e4,
+        description="GB/s per GPU reading KV back from storage (deepseek-ai/3FS README: KVCache reads peak ~40 GiB/s per "
+        "8-GPU client node, ~5 per GPU)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "EffectsSpec":
@@ -83,21 +95,30 @@ class MirroredStepCost:
         return self.inner.decode_times(np.tile(np.asarray(context_lens), self.factor), num_steps, draft_len)
 
 
-class DriftingStepCost:
-    """Step times whose expert load changes with simulated time (drift, periodic EPLB), plus rebalance stalls."""
+class DriftingStepCost(MemoStepCost):
+    """Step times whose expert load changes with simulated time (drift, periodic EPLB), plus rebalance stalls.
 
-    def __init__(self, make: Callable[[ExpertLoad], object], spec: ExpertLoadSpec, load: ExpertLoad, effects: EffectsSpec,
+    A MemoStepCost (so the backend uses it as is) whose memo is the current epoch's: each epoch's
+    load gets its own memoised cost model, and every call first moves to the clock's epoch.
+    """
+
+    def __init__(self, make: Callable[[ExpertLoad], MemoStepCost], spec: ExpertLoadSpec, load: ExpertLoad, effects: EffectsSpec,
                  move_bytes_per_slot: float, link_bw: float, clock: Callable[[], float]):
         self.make, self.spec, self.effects, self.clock = make, spec, effects, clock
         self.move_bytes_per_slot, self.link_bw = move_bytes_per_slot, link_bw
         self.load = load
         self.epoch = 0
         self.current = make(load)
+        self.cost_model = self.current.cost_model
         self.notes = list(getattr(self.current, "notes", []))
         self._stall = 0.0
         self.rebalances = 0
         self.stall_s = 0.0
         self._last_rebalance = 0
+
+    @property
+    def sum_only(self) -> bool:
+        return self.current.sum_only
 
     def _advance(self) -> None:
         e = int(self.clock() // self.effects.epoch_s)
@@ -139,6 +160,28 @@ class DriftingStepCost:
         if t.size and self._stall:
             t[0] += self._take_stall()
         return t
+
+    def decode_times_at(self, n: int, draft_len: int, context_sums: np.ndarray) -> np.ndarray:
+        self._advance()
+        t = np.array(self.current.decode_times_at(n, draft_len, context_sums), float)
+        if t.size and self._stall:
+            t[0] += self._take_stall()
+        return t
+
+
+def kv_tiers(effects: EffectsSpec, sc, hw: Hardware, layout: ParallelLayout, kv_bytes_per_token_per_gpu: float):
+    """(scheduler config with tier capacities, seconds to load one block from host, from storage) for one pool."""
+    if not (effects.host_cache_gb or effects.storage_cache_gb):
+        return sc, (0.0, 0.0)
+    eff = CalibrationProfile.default(hw).comm_eff
+    block_bytes = sc.block_size * kv_bytes_per_token_per_gpu      # one block, on each GPU of the DP rank holding it
+    ranks = max(1, layout.dp // effects.mirror)                   # DP ranks hold disjoint blocks
+    per_rank = lambda gb: int(gb * 1e9 // block_bytes) if block_bytes > 0 else 0  # noqa: E731
+    sc = sc.model_copy(update={
+        "host_cache_blocks": max(sc.host_cache_blocks, ranks * per_rank(effects.host_cache_gb)),
+        "storage_cache_blocks": max(sc.storage_cache_blocks, ranks * per_rank(effects.storage_cache_gb)),
+    })
+    return sc, (block_bytes / (hw.host_bw * eff), block_bytes / (effects.storage_gbps * 1e9 * eff))
 
 
 def build_step_cost(model: ModelSpec, hw: Hardware, layout: ParallelLayout, effects: EffectsSpec | None,
