@@ -55,6 +55,11 @@ class AsyncLLMEngine:
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
+    @property
+    def errored(self) -> BaseException | None:
+        """The error that ended the loop task, if it died (the server then reports 503)."""
+        return self._error
+
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         """Start the loop task on the running event loop."""

@@ -56,6 +56,7 @@ class EngineStats:
     num_waiting: int = 0
     kv_used_blocks: int = 0
     kv_total_blocks: int = 0
+    kv_held_blocks: int = 0      # held by queued/running requests; used - held = evictable prefix-cache blocks
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     prompt_tokens_total: int = 0
@@ -293,7 +294,8 @@ class LLMEngine:
         """Current counters."""
         s = self.scheduler.stats()
         return EngineStats(num_running=s.num_running, num_waiting=s.num_waiting, kv_used_blocks=s.kv_used_blocks,
-                           kv_total_blocks=s.kv_total_blocks, prefix_cache_queries=s.prefix_query_tokens,
+                           kv_total_blocks=s.kv_total_blocks, kv_held_blocks=s.kv_held_blocks,
+                           prefix_cache_queries=s.prefix_query_tokens,
                            prefix_cache_hits=s.prefix_hit_tokens, prompt_tokens_total=self._prompt_tokens,
                            generation_tokens_total=self._gen_tokens)
 

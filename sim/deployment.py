@@ -27,9 +27,10 @@ from scheduler.scheduler import Scheduler
 from sim.backend import SimBackend
 from sim.cluster import Cluster
 from sim.disagg import DisaggSpec, KVLinks, _PrefillMetrics, link_bandwidth, prompt_copy, transfer_bytes
-from sim.effects import EffectsSpec, build_step_cost
+from sim.effects import EffectsSpec, build_step_cost, kv_tiers
 from sim.export import digest
 from sim.instance import Instance
+from sim import invariants
 from sim.metrics import MetricsCollector
 from sim.router import make_router
 from sim.runner import KVInfo, SimResult, SimRun
@@ -62,11 +63,14 @@ def _fit(scenario: Scenario, layout: ParallelLayout, sc: SchedulerConfig, effect
 
 
 def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, disagg: DisaggSpec | None = None, *,
-                        record_steps: bool = False, requests: list[Request] | None = None) -> SimRun:
+                        record_steps: bool = False, requests: list[Request] | None = None,
+                        debug: bool | None = None) -> SimRun:
     """Run ``scenario`` with ``effects`` (and a prefill pool when ``disagg`` is given) to completion.
 
     ``effects`` / ``disagg`` default to the scenario's own ``effects`` / ``disagg`` fields; given
-    here, they replace them (and the result's scenario records what ran).
+    here, they replace them (and the result's scenario records what ran). ``debug`` (default: env
+    TWINFER_DEBUG_INVARIANTS) checks the run's invariants (sim.invariants; with a prefill pool,
+    the end-of-run KV and accounting checks only).
     """
     eff = effects if effects is not None else scenario.effects
     if disagg is None:
@@ -84,15 +88,19 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
 
     env = simpy.Environment()
     clock = lambda: env.now  # noqa: E731
-    collector = MetricsCollector(record_steps=record_steps)
+    debug = invariants.enabled(debug)
+    checked = debug and disagg is None  # a prefill pool hands requests over: per-event checks do not apply
+    collector = (invariants.CheckingCollector if checked else MetricsCollector)(record_steps=record_steps)
     cost = build_step_cost(model, hw, scenario.layout, eff, clock)
+    sc, load_s = kv_tiers(eff, sc, hw, scenario.layout, fit.kv_bytes_per_token)
+    scenario = scenario.model_copy(update={"scheduler": sc})
     rates = sc.effective_acceptance_rates()
     decode_gpus = scenario.instances * scenario.layout.gpus / eff.mirror
     notes = list(getattr(cost, "notes", []))
 
     if disagg is None:
         def make_backend(i: int) -> SimBackend:
-            return SimBackend(cost, np.random.default_rng([backend_seed, i]), rates, sc.async_overlap)
+            return SimBackend(cost, np.random.default_rng([backend_seed, i]), rates, sc.async_overlap, load_s)
 
         schedulers = [Scheduler(sc, num_blocks, i, name_all_blocks=False) for i in range(scenario.instances)]
         cluster = Cluster(env, schedulers, make_backend, make_router(scenario.router), collector, requests,
@@ -103,13 +111,17 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
         del cluster
     else:
         all_scheds, gpus, extra = _run_disagg(env, scenario, eff, disagg, collector, requests, cost, num_blocks,
-                                              backend_seed, decode_gpus)
+                                              backend_seed, decode_gpus, load_s)
         notes += extra
     stuck = [s for s in all_scheds if s.has_work]
     if stuck:
         raise RuntimeError(f"simulation ended with work queued on instances {[s.instance_id for s in stuck]}")
+    if checked:
+        invariants.check_end(collector, all_scheds, len(requests), float(env.now))
 
     metrics = collector.summarize(max(1, int(round(gpus))), scenario.slo)
+    if debug and not checked:
+        invariants.check_pools(all_scheds, len(requests), metrics)
     scen = scenario.model_dump(mode="json")
     result = SimResult(
         name=scenario.name, description=scenario.description, scenario=scen, seed=scenario.seed,
@@ -123,7 +135,7 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
 
 
 def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, collector, requests, decode_cost,
-                num_blocks: int, backend_seed: int, decode_gpus: float):
+                num_blocks: int, backend_seed: int, decode_gpus: float, load_s: tuple[float, float]):
     model, hw = get_model(scenario.model), get_hardware(scenario.hardware)
     dsc = scenario.scheduler
     psc = spec.prefill_config(dsc)
@@ -132,6 +144,7 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
     p_blocks = max(1, pfit.max_kv_tokens // spec.prefill_mirror // psc.block_size)
     clock = lambda: env.now  # noqa: E731
     pcost = build_step_cost(model, hw, spec.prefill_layout, peff, clock)
+    psc, p_load_s = kv_tiers(peff, psc, hw, spec.prefill_layout, pfit.kv_bytes_per_token)
     n_p, n_d = spec.prefill_instances, scenario.instances
     total_gpus = n_p * spec.prefill_layout.gpus + n_d * scenario.layout.gpus
     bw, link = link_bandwidth(spec, hw, total_gpus)
@@ -145,7 +158,7 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
     d_rates = dsc.effective_acceptance_rates()
     d_scheds = [Scheduler(dsc, num_blocks, n_p + j, name_all_blocks=False) for j in range(n_d)]
     d_instances = [
-        Instance(env, n_p + j, s, SimBackend(decode_cost, np.random.default_rng([backend_seed, n_p + j]), d_rates, dsc.async_overlap),
+        Instance(env, n_p + j, s, SimBackend(decode_cost, np.random.default_rng([backend_seed, n_p + j]), d_rates, dsc.async_overlap, load_s),
                  collector, scenario.max_decode_steps)
         for j, s in enumerate(d_scheds)
     ]
@@ -181,7 +194,7 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
     p_rates = psc.effective_acceptance_rates()
 
     def make_pbackend(i: int) -> SimBackend:
-        return SimBackend(pcost, np.random.default_rng([backend_seed, 0x5046, i]), p_rates, psc.async_overlap)
+        return SimBackend(pcost, np.random.default_rng([backend_seed, 0x5046, i]), p_rates, psc.async_overlap, p_load_s)
 
     router = make_router(spec.prefill_router)
 

@@ -217,3 +217,18 @@ def check_end(collector: CheckingCollector, schedulers: Iterable, num_requests: 
     if c.num_violations:
         more = f" (first {len(c.violations)} shown)" if c.num_violations > len(c.violations) else ""
         raise InvariantViolation(f"{c.num_violations} simulation invariant(s) violated{more}:\n" + "\n".join(c.violations))
+
+
+def check_pools(schedulers: Iterable, num_requests: int, metrics) -> None:
+    """End-of-run checks for runs whose requests move between pools (prefill -> decode): KV and accounting."""
+    out: list[str] = []
+    for s in schedulers:
+        if s.has_work:
+            out.append(f"instance {s.instance_id}: work left after the run")
+        out.extend(check_blocks(s))
+    n = metrics.requests_finished + metrics.requests_dropped
+    if n != num_requests or metrics.requests_unfinished:
+        out.append(f"requests not accounted for: {num_requests} in the workload, {metrics.requests_finished} finished + "
+                   f"{metrics.requests_dropped} dropped, {metrics.requests_unfinished} unfinished")
+    if out:
+        raise InvariantViolation(f"{len(out)} simulation invariant(s) violated:\n" + "\n".join(out[:_MAX_REPORTED]))

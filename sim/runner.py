@@ -91,7 +91,7 @@ def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[R
     if scenario.needs_deployment_runner:
         from sim.deployment import simulate_deployment
 
-        return simulate_deployment(scenario, record_steps=record_steps, requests=requests)
+        return simulate_deployment(scenario, record_steps=record_steps, requests=requests, debug=debug)
     fit = _fit(scenario)
     sc = scenario.scheduler
     num_blocks = fit.max_kv_tokens // sc.block_size

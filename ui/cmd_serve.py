@@ -35,12 +35,14 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8000, "--port", help="0 picks a free port (the URL is printed)"),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="TWINFER_API_KEY",
-                                          help="require 'Authorization: Bearer KEY' on /v1"),
+                                          help="require 'Authorization: Bearer KEY' on /v1 and /metrics"),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="model id clients send (default: --model)"),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=1),
     num_kv_blocks: Optional[int] = typer.Option(None, "--num-kv-blocks", min=1),
     seed: int = typer.Option(0, "--seed"),
     max_queue: int = typer.Option(4096, "--max-queue", min=1, help="requests in flight before answering 429"),
+    drain_timeout: float = typer.Option(5.0, "--drain-timeout", min=0.0,
+                                        help="on SIGTERM/Ctrl-C: seconds in-flight requests may finish before they are aborted"),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level"),
 ) -> None:
     """Build the engine, then serve until Ctrl-C."""
@@ -62,7 +64,8 @@ def serve(
         raise TwinferError(f"twinfer serve needs torch: pip install torch ({err})") from None
     tokenizer = load_tokenizer(model, vocab_size=engine.vocab_size, eos_token_id=engine.eos_token_id)
     name = served_model_name or getattr(engine, "model_name", None) or model
-    app = create_app(engine, tokenizer, served_model_name=name, api_key=api_key, max_queue=max_queue)
+    app = create_app(engine, tokenizer, served_model_name=name, api_key=api_key, max_queue=max_queue,
+                     drain_timeout_s=drain_timeout)
     sock = bind_socket(host, port)
     url = url_of(sock)
 

@@ -2,13 +2,17 @@
 
 One HTTP request is one engine request. The app owns what the engine does not: tokenizing
 (and the chat template), stop strings, OpenAI's response shapes, SSE streaming, request ids,
-the API key, admission (``max_queue``), latency metrics, and aborting the engine request when
-a stop string matches or the client goes away.
+the API key, admission (``max_queue``, request body size), latency metrics, aborting the engine
+request when a stop string matches or the client goes away, and draining on shutdown
+(``app.state.drain``: refuse new requests, let in-flight ones finish for a grace period, then
+abort the rest so that every stream still ends with a finish_reason and ``[DONE]``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import hmac
 import json
 import time
 import uuid
@@ -20,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from executor.serve import protocol as P
 from executor.serve.prom import ServeMetrics
@@ -27,6 +32,10 @@ from executor.serve.textstream import TextStream
 from executor.serve.tokenizer import Tokenizer
 
 REQUEST_ID_HEADER = "x-request-id"
+DEFAULT_MAX_BODY_BYTES = 32 * 2**20   # a 128k-token prompt is ~1 MB of JSON; 32 MiB leaves room, bounds memory
+DEFAULT_DRAIN_TIMEOUT_S = 5.0         # on shutdown: how long in-flight requests may still run before abort
+ABORT_FLUSH_S = 2.0                   # after the abort: how long streams get to send their last chunk
+AUTH_PATHS = ("/v1", "/metrics")      # what the API key guards (/health stays open for load balancers)
 
 
 @dataclass
@@ -59,7 +68,10 @@ class _State:
     max_queue: int
     params_cls: Any
     metrics: ServeMetrics
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    retry_after_s: int = 1
     inflight: int = 0
+    draining: bool = False
     engine_ids: set = field(default_factory=set)
     background: set = field(default_factory=set)
 
@@ -79,15 +91,25 @@ async def _quietly(coro) -> None:
 
 
 def _error(err: P.APIError, request_id: str | None = None) -> JSONResponse:
-    headers = {REQUEST_ID_HEADER: request_id} if request_id else None
-    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+    headers = dict(err.headers)
+    if request_id:
+        headers[REQUEST_ID_HEADER] = request_id
+    return JSONResponse(err.body(), status_code=err.status, headers=headers or None)
+
+
+def _key_ok(header: str | None, api_key: str) -> bool:
+    """Constant-time check of an ``Authorization: Bearer <key>`` header."""
+    expected = f"Bearer {api_key}".encode()
+    return hmac.compare_digest((header or "").encode("latin-1", errors="replace"), expected)
 
 
 class _RequestIdAndAuth:
-    """Pure ASGI middleware (streaming-safe, unlike BaseHTTPMiddleware): X-Request-Id in/out, API key on /v1."""
+    """Pure ASGI middleware (streaming-safe, unlike BaseHTTPMiddleware): X-Request-Id in/out, API key on
+    /v1 and /metrics, and a 413 for a declared body over the limit before any of it is read."""
 
-    def __init__(self, app, api_key: str | None):
-        self.app, self.api_key = app, api_key
+    def __init__(self, app, api_key: str | None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, on_reject=None):
+        self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
+        self.on_reject = on_reject or (lambda reason: None)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -96,9 +118,16 @@ class _RequestIdAndAuth:
         rid = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = rid
 
-        if self.api_key and scope["path"].startswith("/v1") and headers.get("authorization") != f"Bearer {self.api_key}":
+        if self.api_key and scope["path"].startswith(AUTH_PATHS) and not _key_ok(headers.get("authorization"), self.api_key):
             err = P.APIError("invalid or missing API key (send 'Authorization: Bearer <key>')", status=401,
-                             type="authentication_error", code="invalid_api_key")
+                             type="authentication_error", code="invalid_api_key",
+                             headers={"www-authenticate": "Bearer"})
+            self.on_reject(err.code)
+            return await _error(err, rid)(scope, receive, send)
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            err = _too_large(self.max_body_bytes)
+            self.on_reject(err.code)
             return await _error(err, rid)(scope, receive, send)
 
         async def send_with_id(message):
@@ -110,14 +139,26 @@ class _RequestIdAndAuth:
         await self.app(scope, receive, send_with_id)
 
 
+def _too_large(limit: int) -> P.APIError:
+    return P.APIError(f"request body is larger than {limit} bytes", status=413, code="request_too_large")
+
+
 def create_app(engine: Any, tokenizer: Tokenizer, *, served_model_name: str, api_key: str | None = None,
-               max_queue: int = 4096, sampling_params_cls: Any = None, manage_engine: bool = True) -> FastAPI:
-    """Build the app. With ``manage_engine`` the app's lifespan starts and shuts down the engine."""
+               max_queue: int = 4096, sampling_params_cls: Any = None, manage_engine: bool = True,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+               retry_after_s: int = 1) -> FastAPI:
+    """Build the app. With ``manage_engine`` the app's lifespan starts and shuts down the engine.
+
+    ``max_queue``: requests in flight before new ones get 429 (with ``Retry-After: retry_after_s``).
+    ``max_body_bytes``: larger request bodies get 413. ``drain_timeout_s``: on shutdown
+    (``app.state.drain``), how long in-flight requests may still finish before they are aborted.
+    """
     if sampling_params_cls is None:  # the real engine's (a torch-free module)
         from executor.sampling_params import SamplingParams as sampling_params_cls
     st = _State(engine=engine, tokenizer=tokenizer, model_name=served_model_name, api_key=api_key,
                 max_queue=max_queue, params_cls=sampling_params_cls,
-                metrics=ServeMetrics(engine.stats, served_model_name))
+                metrics=ServeMetrics(engine.stats, served_model_name, inflight=lambda: st.inflight),
+                max_body_bytes=max_body_bytes, retry_after_s=retry_after_s)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -131,17 +172,35 @@ def create_app(engine: Any, tokenizer: Tokenizer, *, served_model_name: str, api
 
     app = FastAPI(title="twinfer serve", lifespan=lifespan)
     app.state.serve = st
+    app.state.drain = functools.partial(drain, st, drain_timeout_s)
 
     @app.exception_handler(P.APIError)
     async def _api_error(request: Request, err: P.APIError):
+        if err.status != 499:  # a client that left was counted as an abort, not a rejection
+            st.metrics.request_rejected(err.code or err.type)
         return _error(err)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException):
+        # unknown paths and wrong methods answer in OpenAI's error shape too
+        typ = "not_found_error" if err.status_code == 404 else "invalid_request_error"
+        st.metrics.request_rejected(f"http_{err.status_code}")
+        return _error(P.APIError(f"{request.method} {request.url.path}: {err.detail}", status=err.status_code, type=typ,
+                                 headers=dict(err.headers or {})))
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, err: Exception):
+        st.metrics.request_rejected("internal_error")
         return _error(P.APIError(f"internal error: {type(err).__name__}: {err}", status=500, type="server_error"))
 
     @app.get("/health")
     async def health() -> Response:
+        # 503 tells a load balancer to stop sending: draining for shutdown, or the engine loop died
+        if st.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        dead = getattr(engine, "errored", None)
+        if dead:
+            return JSONResponse({"status": "engine failed", "error": repr(dead)}, status_code=503)
         return Response(status_code=200)
 
     @app.get("/metrics")
@@ -178,15 +237,53 @@ def create_app(engine: Any, tokenizer: Tokenizer, *, served_model_name: str, api
         return await _serve(st, request, req, prompt_ids, prefix="chatcmpl", chat=True,
                             max_tokens=req.requested_max_tokens, prompt_param="messages")
 
-    app.add_middleware(_RequestIdAndAuth, api_key=api_key)
+    app.add_middleware(_RequestIdAndAuth, api_key=api_key, max_body_bytes=max_body_bytes,
+                       on_reject=st.metrics.request_rejected)
     return app
 
 
+async def drain(st: _State, timeout_s: float, should_stop=lambda: False) -> int:
+    """Shut the door: new requests get 503; in-flight ones get ``timeout_s`` to finish, then are aborted.
+
+    An aborted stream still ends cleanly (a last chunk with finish_reason 'abort', then ``[DONE]``);
+    returns how many requests had to be aborted. ``should_stop`` cuts the waits short (a second Ctrl-C).
+    """
+    st.draining = True
+    loop = asyncio.get_running_loop()
+
+    async def wait(seconds: float) -> None:
+        end = loop.time() + seconds
+        while st.inflight and loop.time() < end and not should_stop():
+            await asyncio.sleep(0.05)
+
+    await wait(timeout_s)
+    ids = sorted(st.engine_ids)
+    for eid in ids:
+        try:
+            await st.engine.abort(eid)
+        except Exception:  # noqa: BLE001 - one failed abort must not keep the others running
+            pass
+    await wait(ABORT_FLUSH_S)
+    return len(ids)
+
+
+def _no_constants(name: str) -> float:
+    raise ValueError(f"{name} is not valid JSON (numbers must be finite)")
+
+
 async def _json_body(request: Request) -> Any:
-    raw = await request.body()
+    st: _State = request.app.state.serve
+    chunks, size = [], 0
+    async for chunk in request.stream():  # counted as it arrives: a chunked body has no Content-Length
+        size += len(chunk)
+        if size > st.max_body_bytes:
+            raise _too_large(st.max_body_bytes)
+        chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        # Python's json accepts NaN and Infinity; JSON (and every sampling parameter) does not
+        return json.loads(raw, parse_constant=_no_constants)
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
         raise P.APIError(f"malformed JSON in request body: {err}", code="invalid_json") from None
 
 
@@ -226,7 +323,8 @@ def _sampling_params(st: _State, req: P._SamplingRequest, max_tokens: int) -> An
     except ValidationError as err:  # the engine's own bounds, should they be tighter than ours
         e = err.errors()[0]
         param = ".".join(str(p) for p in e.get("loc", ())) or None
-        raise P.APIError(f"{param}: {e.get('msg')}", param=param) from None
+        msg = str(e.get("msg", "invalid value")).removeprefix("Value error, ")
+        raise P.APIError(f"{param}: {msg}", param=param) from None
 
 
 async def _serve(st: _State, request: Request, req: P._SamplingRequest, prompt_ids: list[int], *, prefix: str,
@@ -234,9 +332,17 @@ async def _serve(st: _State, request: Request, req: P._SamplingRequest, prompt_i
     """Admit, run and answer one request (streamed or whole)."""
     budget = _budget(st, len(prompt_ids), max_tokens, prompt_param)
     params = _sampling_params(st, req, budget)
+    retry = {"retry-after": str(st.retry_after_s)}
+    if st.draining:
+        raise P.APIError("server is shutting down; retry on another replica", status=503,
+                         type="service_unavailable", code="shutting_down", headers=retry)
+    dead = getattr(st.engine, "errored", None)
+    if dead:
+        raise P.APIError(f"the engine failed and cannot take requests: {dead!r}", status=503,
+                         type="service_unavailable", code="engine_failed")
     if st.inflight >= st.max_queue:
         raise P.APIError(f"server busy: {st.inflight} requests in flight (max_queue={st.max_queue}); retry later",
-                         status=429, type="rate_limit_exceeded", code="rate_limit_exceeded")
+                         status=429, type="rate_limit_exceeded", code="rate_limit_exceeded", headers=retry)
     resp_id = P.new_id(prefix, request.scope.get("state", {}).get("request_id"))
     engine_id = resp_id
     while engine_id in st.engine_ids:  # two clients reusing one X-Request-Id must not collide in the engine
@@ -255,7 +361,7 @@ async def _serve(st: _State, request: Request, req: P._SamplingRequest, prompt_i
             st.engine_ids.discard(engine_id)
             st.spawn(events.aclose())  # on a client disconnect: unwinds to _run, which aborts the engine request
 
-        return _TrackedStream(_sse(events), release, media_type="text/event-stream")
+        return _TrackedStream(_sse(events, st.metrics.request_rejected), release, media_type="text/event-stream")
     try:
         text, reason = await _collect_unless_disconnected(request, deltas)
     finally:
@@ -277,6 +383,7 @@ async def _run(st: _State, engine_id: str, prompt_ids: list[int], params: Any, s
     t_last: float | None = None
     reason = "abort"  # what a request that never finished (cancelled, client gone) counts as
     done = False
+    refused = False   # the engine refused it: counted as a rejection (400), not as a finished request
     outputs = st.engine.generate(engine_id, prompt_ids, params)
     checked = _refusals_as_400(outputs)
     try:
@@ -305,11 +412,15 @@ async def _run(st: _State, engine_id: str, prompt_ids: list[int], params: Any, s
                 yield _Delta(delta, n, reason)
                 return
             yield _Delta(delta, n)
+    except P.APIError:
+        refused = True
+        raise
     finally:
         if not done:  # cancelled or errored mid-way: free the engine's slot and KV
             st.spawn(st.engine.abort(engine_id))
         st.spawn(_close(checked, outputs))
-        st.metrics.request_finished(time.perf_counter() - t_start, reason)
+        if not refused:
+            st.metrics.request_finished(time.perf_counter() - t_start, reason)
 
 
 async def _close(*gens) -> None:
@@ -372,16 +483,18 @@ class _TrackedStream(StreamingResponse):
             self._release()
 
 
-async def _sse(events: AsyncIterator[str]) -> AsyncIterator[str]:
+async def _sse(events: AsyncIterator[str], on_reject=lambda reason: None) -> AsyncIterator[str]:
     """Frame events, end with [DONE]; errors after the stream started become an error event."""
     try:
         async for ev in events:
             yield ev
         yield P.SSE_DONE
     except P.APIError as err:
+        on_reject(err.code or err.type)
         yield P.sse(err.body())
         yield P.SSE_DONE
     except Exception as err:  # noqa: BLE001 - the stream has started: an error event is all that can be sent
+        on_reject("internal_error")
         yield P.sse(P.APIError(f"internal error: {type(err).__name__}: {err}", status=500, type="server_error").body())
         yield P.SSE_DONE
 

@@ -50,6 +50,7 @@ class FakeEngineStats:
     num_waiting: int = 0
     kv_used_blocks: int = 0
     kv_total_blocks: int = 64
+    kv_held_blocks: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     prompt_tokens_total: int = 0
@@ -96,7 +97,7 @@ class FakeEngine:
         """Current counts (a copy)."""
         s = self._stats
         s.num_running, s.num_waiting = len(self._running), len(self._waiting)
-        s.kv_used_blocks = sum(-(-(len(r.prompt) + r.produced) // self.block_size) for r in self._running)
+        s.kv_used_blocks = s.kv_held_blocks = sum(-(-(len(r.prompt) + r.produced) // self.block_size) for r in self._running)
         return FakeEngineStats(**vars(s))
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: FakeSamplingParams):

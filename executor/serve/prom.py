@@ -28,8 +28,8 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 class _EngineStatsCollector(Collector):
     """Gauges and counters read from ``engine.stats()`` on every scrape."""
 
-    def __init__(self, stats: Callable[[], object], model_name: str):
-        self._stats, self._model = stats, model_name
+    def __init__(self, stats: Callable[[], object], model_name: str, inflight: Callable[[], int] | None = None):
+        self._stats, self._model, self._inflight = stats, model_name, inflight
 
     def collect(self) -> Iterable:
         s = self._stats()
@@ -54,16 +54,31 @@ class _EngineStatsCollector(Collector):
                 c = CounterMetricFamily(f"{prefix}:{name}", doc, labels=["model_name"])
                 c.add_metric([self._model], float(value))
                 yield c
+        # twinfer only: block counts that tell a leak from the prefix cache (cached blocks with no
+        # user count as used in kv_cache_usage_perc, but an allocation may evict them)
+        held = getattr(s, "kv_held_blocks", None)
+        own = {"kv_blocks_total": ("KV blocks of the instance.", s.kv_total_blocks),
+               "kv_blocks_used": ("KV blocks not free: held by requests or kept by the prefix cache.", s.kv_used_blocks)}
+        if held is not None:
+            own["kv_blocks_held"] = ("KV blocks held by queued or running requests (0 when idle: no leak).", held)
+            own["kv_blocks_cached_unused"] = ("Prefix-cache KV blocks no request holds (evictable).", s.kv_used_blocks - held)
+        if self._inflight is not None:
+            own["http_requests_in_flight"] = ("Admitted HTTP requests not yet answered (max_queue bounds it).", self._inflight())
+        for name, (doc, value) in own.items():
+            g = GaugeMetricFamily(f"twinfer:{name}", doc, labels=["model_name"])
+            g.add_metric([self._model], float(value))
+            yield g
 
 
 class ServeMetrics:
     """The app's per-request observations plus the engine collector, in one registry."""
 
-    def __init__(self, stats: Callable[[], object], model_name: str, registry: CollectorRegistry | None = None):
+    def __init__(self, stats: Callable[[], object], model_name: str, registry: CollectorRegistry | None = None,
+                 inflight: Callable[[], int] | None = None):
         # a registry per app: tests run several apps in one process
         self.registry = registry or CollectorRegistry()
         self.model_name = model_name
-        self.registry.register(_EngineStatsCollector(stats, model_name))
+        self.registry.register(_EngineStatsCollector(stats, model_name, inflight))
         lbl = ["model_name"]
         self._ttft = [Histogram(f"{p}:time_to_first_token_seconds", "Time to first token.", lbl,
                                 buckets=TTFT_BUCKETS, registry=self.registry) for p in PREFIXES]
@@ -73,6 +88,9 @@ class ServeMetrics:
                                buckets=E2E_BUCKETS, registry=self.registry) for p in PREFIXES]
         self._success = [Counter(f"{p}:request_success", "Finished requests by finish reason.",
                                  lbl + ["finished_reason"], registry=self.registry) for p in PREFIXES]
+        self._rejected = Counter("twinfer:request_rejected", "Requests answered with an error and never run, by reason "
+                                 "(the error code: invalid_json, context_length_exceeded, rate_limit_exceeded, ...).",
+                                 lbl + ["reason"], registry=self.registry)
 
     def observe_ttft(self, seconds: float) -> None:
         """Arrival to first token of one request."""
@@ -92,3 +110,7 @@ class ServeMetrics:
             h.labels(self.model_name).observe(e2e_seconds)
         for c in self._success:
             c.labels(self.model_name, finish_reason).inc()
+
+    def request_rejected(self, reason: str | None) -> None:
+        """A request was refused (4xx/5xx) before it ran, or the engine refused it."""
+        self._rejected.labels(self.model_name, reason or "invalid_request_error").inc()

@@ -16,12 +16,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 
 class APIError(Exception):
-    """An error the client caused (or a server state it must know about), with OpenAI's fields."""
+    """An error the client caused (or a server state it must know about), with OpenAI's fields.
+
+    ``headers`` go out with the response (e.g. ``Retry-After`` on 429 and 503).
+    """
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
-                 status: int = 400, type: str = "invalid_request_error"):
+                 status: int = 400, type: str = "invalid_request_error", headers: dict[str, str] | None = None):
         super().__init__(message)
         self.message, self.param, self.code, self.status, self.type = message, param, code, status, type
+        self.headers = headers or {}
 
     def body(self) -> dict:
         """The JSON body OpenAI's clients parse: ``{"error": {message, type, param, code}}``."""
@@ -44,10 +48,12 @@ class _SamplingRequest(BaseModel):
     model: str | None = None
     temperature: float | None = Field(None, ge=0.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = None
+    # bounded so that no value can reach a tensor constructor it overflows (a step that raises
+    # there would end the engine loop for every request)
+    top_k: int | None = Field(None, le=2**31 - 1)
     stop: str | list[str] | None = Field(None, validate_default=True)
     stop_token_ids: list[int] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1, description="torch.Generator takes a 64-bit seed")
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -104,8 +110,8 @@ class _SamplingRequest(BaseModel):
     @field_validator("stop_token_ids")
     @classmethod
     def _stop_ids(cls, v: list[int] | None) -> list[int] | None:
-        if v and any(t < 0 for t in v):
-            raise ValueError("stop_token_ids must be non-negative token ids")
+        if v and any(not 0 <= t < 2**63 for t in v):
+            raise ValueError("stop_token_ids must be token ids in [0, 2**63)")
         return v
 
     @property

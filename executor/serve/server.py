@@ -2,6 +2,13 @@
 
 The listening socket is bound before uvicorn starts, so port 0 (any free port) works and the
 caller learns the real URL without racing another process for a guessed port.
+
+Shutdown (SIGTERM, SIGINT / Ctrl-C, or ``stop()``): the listening socket closes first, then the
+app drains (``app.state.drain``: new requests on open connections get 503, in-flight requests get
+the drain timeout to finish, the rest are aborted and their streams end with finish_reason
+'abort' and ``[DONE]``), then uvicorn closes the connections and the lifespan stops the engine.
+The process then exits 0: a graceful stop is not a crash (uvicorn would otherwise re-raise the
+signal after it finished). A second Ctrl-C skips the waits.
 """
 
 from __future__ import annotations
@@ -32,11 +39,38 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+class _DrainingServer(uvicorn.Server):
+    """uvicorn.Server that stops accepting, then drains the app, before its own shutdown."""
+
+    def __init__(self, config: uvicorn.Config, drain: Callable | None):
+        super().__init__(config)
+        self._drain = drain
+
+    def handle_exit(self, sig, frame) -> None:
+        super().handle_exit(sig, frame)
+        # a drained stop is a clean exit (status 0), not a death by the signal uvicorn would re-raise
+        captured = getattr(self, "_captured_signals", None)
+        if isinstance(captured, list):
+            captured.clear()
+
+    async def shutdown(self, sockets=None) -> None:
+        for server in getattr(self, "servers", []):  # no new connections while draining
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        if self._drain is not None:
+            try:
+                await self._drain(should_stop=lambda: self.force_exit)
+            except Exception:  # noqa: BLE001 - shutting down regardless
+                pass
+        await super().shutdown(sockets)
+
+
 def _server(app, log_level: str) -> uvicorn.Server:
     # one event loop in one process: the engine's asyncio task lives beside the HTTP handlers
     config = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5,
                             access_log=log_level == "debug")
-    return uvicorn.Server(config)
+    return _DrainingServer(config, getattr(getattr(app, "state", None), "drain", None))
 
 
 def serve_forever(app, sock: socket.socket, *, log_level: str = "info",
