@@ -173,6 +173,20 @@ class EffectiveStepCost:
         t = self._at(imb).mixed_step_time(new, ctx, dec)
         return self._with_tables(t, float(new.sum()) * imb / self.layout.dp)
 
+    def chunked_step_time(self, decode_context_lens: np.ndarray, draft_len: int, prefill_new: list[int], prefill_ctx: list[int]) -> float:
+        """``mixed_step_time`` of decodes (1 + draft_len tokens each) followed by prefill chunks (StepCostModel.chunked_step_time)."""
+        nd = len(decode_context_lens)
+        if self.dp_balance:  # the DP split needs the per-request arrays
+            new = np.concatenate([np.full(nd, 1 + draft_len, np.int64), np.asarray(prefill_new, np.int64)])
+            ctx = np.concatenate([np.asarray(decode_context_lens, np.int64), np.asarray(prefill_ctx, np.int64)])
+            dec = np.zeros(new.size, bool)
+            dec[:nd] = True
+            return self.mixed_step_time(new, ctx, dec)
+        t = self.base.chunked_step_time(decode_context_lens, draft_len, prefill_new, prefill_ctx)
+        if not self._table_bw:
+            return t
+        return self._with_tables(t, float(nd * (1 + draft_len) + sum(prefill_new)) * 1.0 / self.layout.dp)
+
     def step_time(self, batch: BatchShape) -> float:
         return self.mixed_step_time(batch.new_tokens, batch.context_lens, batch.is_decode)
 

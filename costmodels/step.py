@@ -24,6 +24,7 @@ Assumptions (also in docs/costmodel.md):
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from typing import Callable
 
 import numpy as np
@@ -42,6 +43,9 @@ ATT, IDX, DENSE, EXPERT, COMM, OTHER = range(6)
 A2A = 6  # extra slot: the overlappable (EP all-to-all) part of COMM
 _SRC = {"tokens": 0, "kv_up": 1, "sampled": 2}
 _MTP_SRC = 3
+# tables of the fast path (see StepCostModel._fill): what each one is a function of
+_T_MAIN, _T_KV, _T_SAMPLED, _T_MTP = range(4)
+_TBL = 512  # points per lazily built table block
 
 
 def default_expert_imbalance(layout: ParallelLayout) -> float:
@@ -86,6 +90,7 @@ class StepCostModel:
         self._build_gemms()
         self._build_attention()
         self._build_comm_constants()
+        self._build_fast()
 
     # ------------------------------------------------------------------ construction
     def _build_layers(self) -> None:
@@ -209,12 +214,48 @@ class StepCostModel:
         return self.mixed_step_time(batch.new_tokens, batch.context_lens, batch.is_decode)
 
     def mixed_step_time(self, new_tokens: np.ndarray, context_lens: np.ndarray, is_decode: np.ndarray) -> float:
-        """Step time of a batch given as arrays (same model as ``step``)."""
+        """Step time of a batch given as arrays (same model as ``step``).
+
+        Computed from batch summaries (token totals, context sums, the prefill chunks) with
+        tabulated non-attention times (``_fast_time``); equal to the op-by-op evaluation
+        (``_mixed_step_time_reference``) up to float rounding.
+        """
         new = np.asarray(new_tokens, dtype=np.int64)
-        if new.size == 0:
+        n = new.size
+        if n == 0:
             return 0.0
         ctx = np.asarray(context_lens, dtype=np.int64)
         dec = np.asarray(is_decode, dtype=bool)
+        nd = int(np.count_nonzero(dec))
+        if nd == n:
+            dnew, dctx, pn, pc = new, ctx, [], []
+        elif nd == 0:
+            return self._fast_time(0, 0, None, 0, new.tolist(), ctx.tolist()) if new.min() >= 0 and new.any() else self._mixed_step_time_reference(new, ctx, dec)
+        else:
+            pre = ~dec
+            dnew, dctx, pn, pc = new[dec], ctx[dec], new[pre].tolist(), ctx[pre].tolist()
+        g = int(dnew.max())
+        if g < 1 or int(dnew.sum()) != nd * g or (pn and min(pn) < 0):
+            # decodes verifying different draft lengths (or odd inputs): the op-by-op evaluation
+            return self._mixed_step_time_reference(new, ctx, dec)
+        return self._fast_time(nd, g - 1, dctx, int(dctx.sum()), pn, pc)
+
+    def chunked_step_time(self, decode_context_lens: np.ndarray, draft_len: int, prefill_new: list[int], prefill_ctx: list[int]) -> float:
+        """``mixed_step_time`` of decodes (1 + draft_len new tokens each, contexts ``decode_context_lens``)
+        followed by prefill chunks (``prefill_new`` tokens on ``prefill_ctx`` cached ones): no arrays to build."""
+        nd = len(decode_context_lens)
+        if nd == 0:
+            if not prefill_new:
+                return 0.0
+            if sum(prefill_new) <= 0:
+                return self.mixed_step_time(prefill_new, prefill_ctx, np.zeros(len(prefill_new), bool))
+            return self._fast_time(0, 0, None, 0, prefill_new, prefill_ctx)
+        return self._fast_time(nd, draft_len, decode_context_lens, int(decode_context_lens.sum()), prefill_new, prefill_ctx)
+
+    def _mixed_step_time_reference(self, new: np.ndarray, ctx: np.ndarray, dec: np.ndarray) -> float:
+        """``mixed_step_time`` op by op (the ``step`` arithmetic without the op list): the fast path's reference."""
+        if new.size == 0:
+            return 0.0
         draft = self._draft(new, dec)
         tbo = self._tbo(new.size)
         f = 0.5 if tbo else 1.0
@@ -534,3 +575,294 @@ class StepCostModel:
         hidden = 2 * tc + 2 * tm - t
         bd["communication"] = max(0.0, bd["communication"] - hidden)
         return t, bd
+
+    # ------------------------------------------------------------------ fast path of mixed_step_time
+    # A step's non-attention time is a sum of terms each depending on one token count: the
+    # instance's tokens (GEMMs on every token, routed experts, norms, TP/EP communication), the
+    # K/V up-projected tokens, the sampled tokens, and the MTP passes' tokens. Each is tabulated
+    # at every integer count (exact: the counts are integers), in blocks of _TBL built on first
+    # use with the same arithmetic as _nonattn evaluated elementwise. Attention reads only sums
+    # of contexts (closed forms per chunk). A step then costs a few table lookups and scalar math.
+    def _build_fast(self) -> None:
+        m, lay, cal = self.model, self.layout, self.cal
+        self._tables: dict[tuple, tuple[list[float], list[float]]] = {}
+        self._tbo_on = bool(lay.two_micro_batch and lay.ep > 1)
+        self._kv_up_ctx = bool(m.attention == "mla" and m.mla.kv_up_proj and m.indexer is None)
+        self._src_rows = [np.flatnonzero(self.g_src == k) for k in range(4)]
+        self._mtp_on = bool(m.mtp_layers)
+        self._attn_mem_s = _scalar_eff(cal)
+        self._att_den = self.att_peak * cal.attn_compute()
+        self._idx_den = self.idx_peak * cal.attn_compute() if m.indexer else 1.0
+        self._idx_coef = 2.0 * m.indexer.n_heads * m.indexer.head_dim if m.indexer else 0.0
+        self._lo = cal.launch_overhead_s
+        self._stream = self.hw.hbm_bw * cal.mem_eff
+        h_loc = self.heads_local
+
+        def consts(geo: AttnGeometry, count: float) -> tuple:
+            return (count, geo.cap, geo.ratio, geo.window, geo.index_ratio,
+                    2.0 * h_loc * (geo.d_qk_decode + geo.d_v_decode),
+                    2.0 * h_loc * (geo.d_qk_prefill + geo.d_v_prefill),
+                    geo.d_qk_prefill + geo.d_v_prefill, geo.prefill_upproj)
+
+        self._geo_fast = [consts(geo, c) for geo, c in self.att_kinds]
+        self._geo_mtp = consts(self.att_mtp, 0) if self.att_mtp is not None else None
+
+    def _fast_time(self, nd: int, draft: int, dctx, dctx_sum: int, pn: list, pc: list) -> float:
+        """Step time of ``nd`` decodes of 1 + draft tokens (contexts ``dctx``, summing to ``dctx_sum``) and prefill chunks (pn, pc)."""
+        npre = len(pn)
+        f = 0.5 if self._tbo_on and nd + npre >= 2 else 1.0
+        g = draft + 1
+        dnew = nd * g
+        pre_new = sum(pn) if npre else 0
+        total = dnew + pre_new
+        t, a2a = self._look(_T_MAIN, f, 0, total)
+        if self._src_rows[1].size:
+            t += self._look(_T_KV, f, 0, dnew + pre_new + sum(pc) if self._kv_up_ctx else total)[0]
+        sampled = dnew + npre
+        if self._src_rows[2].size:
+            t += self._look(_T_SAMPLED, f, 0, sampled)[0]
+        if draft and nd and self._mtp_on:
+            tm, am = self._look(_T_MTP, f, draft, nd)
+            t += tm
+            a2a += am
+        # sampling and the logits all-gather: closed form (as in _nonattn/_comm)
+        s = self.share
+        s_rank = sampled * f * s
+        mtp_rank = nd * f * s
+        s_all = s_rank + mtp_rank * draft
+        if s_all:
+            b = s_all * self.model.vocab_size * 4.0 * 2
+            if b:
+                t += 2 * self._lo + b / self._stream
+        lay = self.layout
+        if lay.tp > 1 and total * f * s > 0 and s_all > 0:
+            t += (1 + draft) * allgather_time(s_all * self.model.vocab_size / lay.tp * 4.0, lay.tp, self.hw, self.cal)
+        t += self._attn_fast(nd, g, dctx, dctx_sum + dnew, pn, pc, s * f, draft)
+        if f == 1.0:
+            return t
+        tc = t - a2a
+        return max(2 * tc, 2 * a2a) + min(tc, a2a) / self.n_layers
+
+    def _attn_t(self, flops: float, byts: float, den: float) -> float:
+        if flops <= 0 and byts <= 0:
+            return 0.0
+        return max(flops / den, byts / (self.hw.hbm_bw * self._attn_mem_s(byts))) + self._lo
+
+    def _attn_fast(self, nd: int, g: int, dctx, dpos_sum: int, pn: list, pc: list, s: float, draft: int) -> float:
+        """Attention + indexer time of all layers (``_attn`` from sums): decodes at positions ctx + g, then the chunks."""
+        lo, eb, ikb = self._lo, self.att_entry_bytes, self.idx_key_bytes
+        capped: dict[tuple[float, int], float] = {}
+
+        def dsum(cap: float, shift: int) -> float:  # sum over decodes of min(ctx + g + shift, cap)
+            if cap >= INF:
+                return dpos_sum + shift * nd
+            v = capped.get((cap, shift))
+            if v is None:
+                v = capped[(cap, shift)] = float(np.minimum(dctx + (g + shift), cap).sum())
+            return v
+
+        todo = [(geo, 0, g) for geo in self._geo_fast]
+        if draft and nd and self._geo_mtp is not None:
+            # each MTP pass: one query per decode at the end of its verified context
+            todo.append(((draft * self.model.mtp_layers,) + self._geo_mtp[1:], 1, 1))
+        out = 0.0
+        for (count, cap, ratio, window, ir, cf_dec, cf_pre, dpre, upproj), shift, n_q in todo:
+            ta = ti = 0.0
+            if nd:
+                last = dsum(cap, shift) / ratio
+                if window:
+                    last += dsum(window, shift)
+                ta += self._attn_t(cf_dec * (n_q * last) * s, last * eb * s, self._att_den)
+                if ir:
+                    keys = (dpos_sum + shift * nd) / ir
+                    scored = n_q * keys
+                    ti += self._attn_t(self._idx_coef * scored * s, (keys * ikb + scored * 4.0 * 2) * s, self._idx_den) + lo
+            if pn and not shift:
+                es = ends = 0.0
+                for c, n in zip(pc, pn):
+                    es += _sum_min_s(c, n, cap) / ratio + (_sum_min_s(c, n, window) if window else 0.0)
+                    if not upproj:
+                        p = c + n
+                        ends += min(p, cap) / ratio + (min(p, window) if window else 0.0)
+                if upproj:
+                    byts = float(sum(pc) + sum(pn)) * self.heads_local * dpre * 2.0
+                else:
+                    byts = ends * eb
+                ta += self._attn_t(cf_pre * es * s, byts * s, self._att_den)
+                if ir:
+                    scored = sum(n * c + n * (n + 1) / 2 for c, n in zip(pc, pn)) / ir
+                    keys = (sum(pc) + sum(pn)) / ir
+                    ti += self._attn_t(self._idx_coef * scored * s, (keys * ikb + scored * 4.0 * 2) * s, self._idx_den) + lo
+            out += count * ta + count * ti
+        return out
+
+    def _look(self, kind: int, f: float, draft: int, x: int) -> tuple[float, float]:
+        """(time, all-to-all part) of table ``kind`` at integer token count ``x``."""
+        b, j = divmod(x, _TBL)
+        blk = self._tables.get((kind, f, draft, b))
+        if blk is None:
+            blk = self._fill(kind, f, draft, b)
+        return blk[0][j], blk[1][j]
+
+    def _fill(self, kind: int, f: float, draft: int, b: int) -> tuple[list[float], list[float]]:
+        x = np.arange(b * _TBL, (b + 1) * _TBL, dtype=float) * f  # token counts as _nonattn scales them
+        a = np.zeros_like(x)
+        if kind == _T_MAIN:
+            t, a = self._main_vec(x)
+        elif kind == _T_MTP:
+            t, a = self._mtp_vec(x, draft)
+        else:
+            t = self._gemm_vec(1 if kind == _T_KV else 2, x, 0)
+        blk = (t.tolist(), a.tolist())
+        if len(self._tables) >= 4096:  # a bound on memory; values never depend on what is kept
+            self._tables.clear()
+        self._tables[(kind, f, draft, b)] = blk
+        return blk
+
+    def _gemm_vec(self, src: int, x: np.ndarray, draft: int) -> np.ndarray:
+        """Sum over the GEMM rows fed by ``src`` of count * time, at each token count of ``x`` (_gemm_rows elementwise)."""
+        rows = self._src_rows[src]
+        if rows.size == 0:
+            return np.zeros_like(x)
+        mr = np.repeat((x * self.share)[None, :], rows.size, axis=0)
+        ceff = np.empty_like(mr)
+        for d in self.g_dtypes:
+            mask = self.g_dmask[d][rows]
+            if mask.any():
+                ceff[mask] = self.cal.gemm_compute(mr[mask], d)
+        col = lambda a: a[rows][:, None]  # noqa: E731
+        flops = 2.0 * mr * col(self.g_kn)
+        byts = col(self.g_w) + mr * col(self.g_io) * 2.0
+        meff_bw = self.cal.gemm_mem(byts) * self.hw.hbm_bw
+        t = np.maximum(flops / (col(self.g_peak) * np.maximum(ceff, 1e-9)), byts / meff_bw) + self.cal.launch_overhead_s
+        count = col(self.g_count) * draft if src == _MTP_SRC else col(self.g_count)
+        return (np.where(mr > 0, count, 0.0) * t).sum(axis=0)
+
+    def _imbalance_vec(self, tokens: np.ndarray):
+        if self.expert_load is None or not self.model.moe:
+            return self.expert_imbalance
+        return np.array([self._imbalance(x) for x in tokens.tolist()])
+
+    def _experts_vec(self, tok: np.ndarray) -> np.ndarray:
+        """Time of one MoE layer's routed experts at each token count (_experts elementwise)."""
+        assign = tok * self.model.moe.top_k
+        tok_rank = assign / self.layout.ep * self._imbalance_vec(tok)
+        touched = self.e_local * (1.0 - (1.0 - 1.0 / self.e_total) ** assign)
+        w = touched * self.e_params_local * self.e_bpp
+        flops = 2.0 * tok_rank * self.e_params_local
+        byts = w + tok_rank * self.e_io_per_token
+        ceff = self.cal.gemm_compute(tok_rank / np.maximum(touched, 1e-9), self.layout.experts_dtype)
+        meff = self.cal.gemm_mem(byts)
+        return np.maximum(flops / (self.e_peak * np.maximum(ceff, 1e-9)), byts / (self.hw.hbm_bw * np.maximum(meff, 1e-9))) + 2 * self.cal.launch_overhead_s
+
+    def _other_vec(self, tok: np.ndarray, layers: int, moe_layers: int) -> np.ndarray:
+        """Norms, rope/quant/residual and router top-k of one pass (the 'other' items of _nonattn), at tok > 0."""
+        m, lo, stream, h = self.model, self._lo, self._stream, self.h
+        t = np.zeros_like(tok)
+        for k, b in ((2 * layers, 2 * tok * h * 2.0 * m.hc_mult), (2 * layers, 2 * tok * h * 2.0 * m.hc_mult),
+                     (moe_layers, tok * (m.moe.n_routed_experts if m.moe else 0) * 4.0 * 2)):
+            if k:
+                t = t + k * (b / stream + lo)
+        return np.where(tok > 0, t, 0.0)
+
+    def _comm_vec(self, tok: np.ndarray, layers: int, moe_layers: int) -> tuple[np.ndarray, np.ndarray]:
+        """(time, all-to-all part) of one pass's collectives (the per-pass items of _comm) at each per-rank token count."""
+        m, lay, hw, cal, h = self.model, self.layout, self.hw, self.cal, self.h
+        t = np.zeros_like(tok)
+        a = np.zeros_like(tok)
+        if layers == 0:
+            return t, a
+
+        def each(fn, b, *args):  # the scalar collective model, point by point
+            return np.array([fn(x, *args, hw, cal) for x in b.tolist()])
+
+        ar = tok * h * 2.0
+        ar_t = each(allreduce_time, ar, lay.tp) if lay.tp > 1 else None
+        if lay.tp > 1:
+            t = t + layers * ar_t
+            dense = layers - moe_layers
+            if dense:
+                t = t + dense * ar_t
+        if moe_layers:
+            if lay.ep > 1:
+                tok_gpu = tok / lay.tp
+                frac = (lay.ep - 1) / lay.ep * self._imbalance_vec(tok / self.share)
+                d_t = each(alltoall_time, tok_gpu * m.moe.top_k * h * self.disp_bytes * frac, lay.ep)
+                c_t = each(alltoall_time, tok_gpu * m.moe.top_k * h * 2.0 * frac, lay.ep)
+                t = t + moe_layers * d_t + moe_layers * c_t
+                a = a + moe_layers * d_t + moe_layers * c_t
+                if lay.moe_tp > 1:
+                    t = t + moe_layers * each(allreduce_time, tok_gpu * h * 2.0, lay.moe_tp)
+                if lay.tp > 1 and m.moe.n_shared_experts:
+                    t = t + moe_layers * ar_t
+            elif lay.moe_tp > 1:
+                if lay.dp == 1:
+                    t = t + moe_layers * each(allreduce_time, ar, lay.tp)
+                else:
+                    t = t + moe_layers * each(allreduce_time, tok / self.share * h * 2.0, lay.moe_tp)
+        pos = tok > 0
+        return np.where(pos, t, 0.0), np.where(pos, a, 0.0)
+
+    def _main_vec(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Everything of _nonattn that depends on the instance's token count (f-scaled ``x``), at each count."""
+        m, lay, hw, cal = self.model, self.layout, self.hw, self.cal
+        pos = x > 0
+        t = self._gemm_vec(0, x, 0)
+        if m.moe and self.n_moe_layers:
+            t = t + np.where(pos, self.n_moe_layers * self._experts_vec(x), 0.0)
+        tok = x * self.share
+        t = t + self._other_vec(tok, self.n_layers, self.n_moe_layers)
+        b = tok * self.h * 2.0
+        t = t + np.where(b != 0, 1 * self._lo + b / self._stream, 0.0)  # embedding
+        c, a = self._comm_vec(tok, self.n_layers, self.n_moe_layers)
+        t = t + c
+        if lay.tp > 1:
+            t = t + np.array([allreduce_time(v, lay.tp, hw, cal) if v > 0 else 0.0 for v in b.tolist()])  # embedding all-reduce
+        if lay.pp > 1:
+            t = t + np.array([(lay.pp - 1) * p2p_time(v, self.pp_cross, hw, cal) if v > 0 else 0.0 for v in b.tolist()])
+        return t, a
+
+    def _mtp_vec(self, x: np.ndarray, draft: int) -> tuple[np.ndarray, np.ndarray]:
+        """Everything of _nonattn that depends on the MTP passes' token count (f-scaled decodes ``x``), at each count."""
+        m = self.model
+        passes = draft * m.mtp_layers
+        t = self._gemm_vec(_MTP_SRC, x, draft)
+        if m.moe and passes:
+            t = t + np.where(x > 0, passes * self._experts_vec(x), 0.0)
+        tok = x * self.share
+        if passes:
+            t = t + self._other_vec(tok, passes, passes if m.moe else 0)
+        c, a = self._comm_vec(tok, passes, passes if m.moe else 0)
+        return t + c, a
+
+
+def _sum_min_s(c: int, n: int, cap: float) -> float:
+    """sum_{j=1..n} min(c + j, cap) for scalars (ops.sum_min)."""
+    if cap >= INF:
+        return n * c + n * (n + 1) / 2
+    k = min(max(cap - c, 0.0), n)
+    return k * c + k * (k + 1) / 2 + (n - k) * cap
+
+
+def _scalar_eff(cal: CalibrationProfile) -> Callable[[float], float]:
+    """``cal.attn_mem`` for one float, in plain Python (numpy.interp's arithmetic for tables)."""
+    table = cal.tables.get("attn_decode_mem")
+    if table is None:
+        table = cal.tables.get("gemm_mem")
+    if table is None:
+        eff, half = cal.mem_eff, cal.gemm_mem_half_bytes
+        return lambda w: eff * w / (w + half + 1e-30)
+    lx, y = [float(v) for v in table._lx], [float(v) for v in table._y]
+    slope = [(y[j + 1] - y[j]) / (lx[j + 1] - lx[j]) for j in range(len(lx) - 1)]
+    lo_x, hi_x, last = lx[0], lx[-1], len(lx) - 1
+
+    def interp(w: float) -> float:
+        x = math.log(max(w, 1e-30))
+        if x <= lo_x:
+            return y[0]
+        if x >= hi_x:
+            return y[last]
+        j = bisect_right(lx, x) - 1
+        return y[j] if lx[j] == x else slope[j] * (x - lx[j]) + y[j]
+
+    return interp

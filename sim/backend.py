@@ -38,6 +38,8 @@ class MemoStepCost:
 
     def __init__(self, cost_model: StepCost):
         self.cost_model = cost_model
+        if type(self).mixed_step_time is MemoStepCost.mixed_step_time:
+            self._chunked = getattr(cost_model, "chunked_step_time", None)
         self._blocks: dict[tuple[int, int, int], np.ndarray] = {}
         self.sum_only = self._probe()
 
@@ -54,6 +56,24 @@ class MemoStepCost:
     def mixed_step_time(self, new_tokens: np.ndarray, context_lens: np.ndarray, is_decode: np.ndarray) -> float:
         """Device time of one step with prefill chunks (not memoised: chunk shapes rarely repeat)."""
         return float(self.cost_model.mixed_step_time(new_tokens, context_lens, is_decode))
+
+    _chunked = None  # the cost model's chunked_step_time, where it has one and mixed_step_time is not overridden
+
+    def chunked_step_time(self, decode_context_lens: np.ndarray, draft_len: int, prefill_new: list[int], prefill_ctx: list[int]) -> float:
+        """``mixed_step_time`` of decodes (1 + draft_len tokens each) followed by prefill chunks, without building arrays."""
+        fast = self._chunked
+        if fast is not None:
+            return float(fast(decode_context_lens, draft_len, prefill_new, prefill_ctx))
+        nd = len(decode_context_lens)
+        new = np.empty(nd + len(prefill_new), np.int64)
+        ctx = np.empty(new.size, np.int64)
+        new[:nd] = 1 + draft_len
+        ctx[:nd] = decode_context_lens
+        new[nd:] = prefill_new
+        ctx[nd:] = prefill_ctx
+        is_decode = np.zeros(new.size, bool)
+        is_decode[:nd] = True
+        return self.mixed_step_time(new, ctx, is_decode)
 
     def _block(self, n: int, d: int, b: int) -> np.ndarray:
         key = (n, d, b)
@@ -158,16 +178,8 @@ class SimBackend:
         if plan.num_steps != 1:
             raise ValueError("a plan with prefill chunks runs exactly one step")
         chunks = plan.prefills
-        n = nd + len(chunks)
-        new = np.empty(n, np.int64)
-        ctx = np.empty(n, np.int64)
-        new[:nd] = 1 + plan.draft_len
-        ctx[:nd] = plan.decode_context_lens
-        new[nd:] = [c.num_new_tokens for c in chunks]
-        ctx[nd:] = [c.context_len for c in chunks]
-        is_decode = np.zeros(n, bool)
-        is_decode[:nd] = True
-        t = cost.mixed_step_time(new, ctx, is_decode)
+        t = cost.chunked_step_time(plan.decode_context_lens, plan.draft_len,
+                                   [c.num_new_tokens for c in chunks], [c.context_len for c in chunks])
         if plan.loaded_blocks[0] or plan.loaded_blocks[1]:
             # prefix blocks loaded back from host memory / storage, layer by layer under the step's
             # compute (SGLang HiCache's layer-wise overlap): the step takes the longer of the two

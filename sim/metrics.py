@@ -191,6 +191,8 @@ class SimMetrics(BaseModel):
 class MetricsCollector:
     """Accumulates a run's metrics; the instance loops call ``on_step``/``on_finish``/``on_drop``."""
 
+    ITL_BUFFER = 1 << 16  # ITL samples kept before they are added to the histogram in one go
+
     def __init__(self, *, record_steps: bool = False, max_step_records: int = 200_000,
                  kv_timeline_points: int = 2000) -> None:
         self.record_steps = record_steps
@@ -213,7 +215,11 @@ class MetricsCollector:
         self._decode_tokens = 0
         self._preemptions = 0
         self._busy_s = 0.0
-        self.itl = LogHistogram()
+        self._itl = LogHistogram()
+        # ITL samples (step duration, weight) buffered here and histogrammed in bulk (see itl)
+        self._itl_v = np.empty(self.ITL_BUFFER)
+        self._itl_w = np.empty(self.ITL_BUFFER)
+        self._itl_n = 0
         # KV
         self._kv_last: dict[int, tuple[int, int]] = {}
         self._kv_used = 0
@@ -229,6 +235,18 @@ class MetricsCollector:
         self._arrived += 1
         self._first_arrival = min(self._first_arrival, req.arrival_time)
 
+    @property
+    def itl(self) -> LogHistogram:
+        """The inter-token latency histogram (buffered samples added first)."""
+        self._flush_itl()
+        return self._itl
+
+    def _flush_itl(self) -> None:
+        n = self._itl_n
+        if n:
+            self._itl_n = 0
+            self._itl.add(self._itl_v[:n], self._itl_w[:n])
+
     def on_step(self, instance_id: int, start_s: float, plan: StepPlan, result: StepResult,
                 kv_used_blocks: int, kv_total_blocks: int) -> None:
         """Account one executed plan (``result.num_steps`` steps starting at ``start_s``)."""
@@ -236,29 +254,51 @@ class MetricsCollector:
         k = d.size
         if k == 0:
             return
-        dur = float(d.sum())
-        n_dec, n_pre = len(plan.decodes), len(plan.prefills)
-        pre_tokens = sum(c.num_new_tokens for c in plan.prefills)  # prefills run in the first step only
+        dur = float(d[0]) if k == 1 else float(d.sum())
+        decodes, prefills = plan.decodes, plan.prefills
+        n_dec, n_pre = len(decodes), len(prefills)
+        # prefills run in the first step only
+        pre_tokens = (prefills[0].num_new_tokens if n_pre == 1 else sum(c.num_new_tokens for c in prefills)) if n_pre else 0
         self.num_plans += 1
         self.num_steps += k
         self._busy_s += dur
         self._batch_requests += n_pre + n_dec * k
         self._batch_tokens += pre_tokens + n_dec * (1 + plan.draft_len) * k
         self._prefill_tokens += pre_tokens
-        self._preemptions += len(plan.preempted)
-        self._last_time = max(self._last_time, start_s + dur)
+        if plan.preempted:
+            self._preemptions += len(plan.preempted)
+        end = start_s + dur
+        if end > self._last_time:
+            self._last_time = end
 
         dec_tokens = 0
         if n_dec:
-            tok = np.asarray(result.decode_tokens)
+            tok = result.decode_tokens
+            if not isinstance(tok, np.ndarray):
+                tok = np.asarray(tok)
             if tok.shape != (k, n_dec):  # a backend that reports nothing: one token each
-                tok = np.ones((k, n_dec), np.int64)
-            dec_tokens = int(tok.sum())
-            if tok.max() <= 1:
-                self.itl.add(d, (tok > 0).sum(axis=1))
+                tok = None
+                dec_tokens = k * n_dec
+            else:
+                dec_tokens = int(tok.sum())
+            if tok is None or (plan.draft_len == 0 and dec_tokens == k * n_dec):
+                # one token per decode per step (without drafts a decode makes at most one): each
+                # step is one gap for each decode
+                p = self._itl_n
+                if p + k > self.ITL_BUFFER:
+                    self._flush_itl()
+                    p = 0
+                if k > self.ITL_BUFFER:
+                    self._itl.add(d, np.full(k, float(n_dec)))
+                else:
+                    self._itl_v[p : p + k] = d
+                    self._itl_w[p : p + k] = n_dec
+                    self._itl_n = p + k
+            elif tok.max() <= 1:
+                self._itl.add(d, (tok > 0).sum(axis=1))
             else:
                 mask = tok > 0
-                self.itl.add((d[:, None] / np.where(mask, tok, 1))[mask], tok[mask])
+                self._itl.add((d[:, None] / np.where(mask, tok, 1))[mask], tok[mask])
         self._decode_tokens += dec_tokens
 
         prev = self._kv_last.get(instance_id, (0, 0))
@@ -357,7 +397,7 @@ class MetricsCollector:
             requests_preempted=int((preempt > 0).sum()),
             ttft_s=Stat.of(ttft[ok_ttft]),
             tpot_s=Stat.of(tpot[ok_tpot]),
-            itl_s=self.itl.stat(),
+            itl_s=self.itl.stat(),  # (flushes the buffered samples)
             e2e_s=Stat.of(e2e[ok_e2e]),
             input_tokens=in_tok,
             output_tokens=out_tok,
