@@ -81,7 +81,6 @@ def _slots(table: list[int], positions: range, page_size: int, null_page: int) -
 def build_forward_batch(seqs: list[SeqInput], page_size: int, null_page: int, device: torch.device) -> ForwardBatch:
     """Flatten ``seqs`` (decodes must come first and share one query count)."""
     decodes = [s for s in seqs if s.is_decode]
-    prefills = [s for s in seqs if not s.is_decode]
     assert seqs[: len(decodes)] == decodes, "decode sequences must come first"
     sq = len(decodes[0].token_ids) if decodes else 1
     assert all(len(s.token_ids) == sq for s in decodes), "decode sequences must share s_q"

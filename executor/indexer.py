@@ -65,7 +65,7 @@ class Indexer(nn.Module):
 
     def _decode_topk(self, q: torch.Tensor, w: torch.Tensor, batch: ForwardBatch, cache: torch.Tensor) -> torch.Tensor:
         """Batched over the decode group: pages gathered into a padded ``[B, L, D]`` key tensor."""
-        b, sq, page = batch.num_decodes, batch.decode_sq, batch.page_size
+        b, sq = batch.num_decodes, batch.decode_sq
         n = batch.num_decode_tokens
         keys = cache[batch.decode_block_table.long()].view(b, -1, self.head_dim)           # [B, L, D]
         logits = torch.relu(torch.einsum("bshd,bld->bshl", ref._up(q[:n].view(b, sq, self.n_heads, -1)), ref._up(keys)))
@@ -73,5 +73,4 @@ class Indexer(nn.Module):
         pos = batch.positions[:n].view(b, sq)
         lpos = torch.arange(keys.shape[1], device=q.device)
         scores = scores.masked_fill(lpos[None, None, :] > pos[:, :, None], float("-inf"))
-        del page
         return ops.indexer_topk(scores.view(b * sq, -1), self.topk).view(b, sq, self.topk)

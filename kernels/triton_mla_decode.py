@@ -10,8 +10,6 @@ their log-sum-exp. Row ``i*H + h`` (query position i of s_q) sees keys
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -118,5 +116,3 @@ def kv_bytes(seq_lens: torch.Tensor, dim: int, elem: int = 2) -> int:
     """Bytes of latent cache one decode step must read (each token once)."""
     return int(seq_lens.sum()) * dim * elem
 
-
-__all__ = ["mla_decode", "kv_bytes", "math"]

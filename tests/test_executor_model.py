@@ -10,16 +10,16 @@ from costmodels.model_spec import ModelSpec, MoEConfig  # noqa: E402
 from executor.forward_batch import SeqInput, build_forward_batch  # noqa: E402
 from executor.kv_cache import KVCache  # noqa: E402
 from executor.model_config import ExecModelConfig, tiny_spec  # noqa: E402
-from executor.weights import build_model, load_hf, save_hf  # noqa: E402
+from executor.weights import build_model, save_hf  # noqa: E402
 
 CPU = torch.device("cpu")
 
 
 def qwen_moe_spec() -> ModelSpec:
-    """A toy Qwen3-MoE: GQA 4:1 with q/k norms, softmax top-2 of 8 experts after one dense layer."""
+    """A toy Qwen3-MoE: GQA 2:1 with q/k norms, softmax top-2 of 8 experts in every layer."""
     return ModelSpec(name="toy-qwen3-moe", family="qwen3_moe", num_layers=3, hidden_size=128, vocab_size=300,
                      num_attention_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=256, attention="gqa",
-                     moe=MoEConfig(n_routed_experts=8, top_k=2, moe_intermediate_size=64, first_k_dense=1),
+                     moe=MoEConfig(n_routed_experts=8, top_k=2, moe_intermediate_size=64, first_k_dense=0),
                      max_context=1024)
 
 
@@ -124,3 +124,20 @@ def test_fp8_model_tracks_bf16_model(tmp_path):
     want = full_logits(ref_model, cfg, toks, torch.float32)
     got = full_logits(fp8, cfg, toks, torch.bfloat16)
     assert torch.isfinite(got).all() and float((got - want).norm() / want.norm()) < 0.3
+
+
+@pytest.mark.parametrize("spec_fn", [tiny_spec, qwen_moe_spec])
+def test_engine_serves_an_hf_checkpoint_folder(tmp_path, spec_fn):
+    """config.json + safetensors -> costmodels.catalog spec -> executor model: same greedy tokens as in memory."""
+    from executor.engine import LLMEngine, SamplingParams
+    pytest.importorskip("costmodels.catalog")
+    cfg = ExecModelConfig.build(spec_fn())
+    model = build_model(cfg, CPU, "fp64", "dummy", seed=1)
+    save_hf(model, tmp_path)
+    e = LLMEngine.from_args(str(tmp_path), load_format="auto", dtype="fp64",
+                            scheduler_config={"block_size": 16, "max_num_batched_tokens": 64, "max_num_seqs": 4})
+    assert e.cfg.spec.num_layers == cfg.spec.num_layers and e.cfg.spec.attention == cfg.spec.attention
+    prompt = list(range(3, 40))
+    out = e.generate([prompt], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
+    want = full_logits(model, cfg, prompt + out[:-1], torch.float64)[len(prompt) - 1:].argmax(-1).tolist()
+    assert out == want
