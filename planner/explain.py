@@ -53,7 +53,8 @@ def _same_except(table: Table, i: int, **changes) -> int | None:
     return int(hits[0]) if hits.size else None
 
 
-def why_it_won(table: Table, options: list[LayoutOption], i: int, ok: np.ndarray, slo: SLO, sim: dict, meets_sim) -> list[str]:
+def why_it_won(table: Table, options: list[LayoutOption], i: int, ok: np.ndarray, slo: SLO, sim: dict, meets_sim,
+               points: dict | None = None) -> list[str]:
     """Reasons, each with a number: margin over the best of the other mode, SLO headroom, what each policy adds.
 
     ``sim`` maps rows to simulation outcomes; comparisons use simulated numbers when both sides
@@ -83,14 +84,7 @@ def why_it_won(table: Table, options: list[LayoutOption], i: int, ok: np.ndarray
     else:
         ttft, tpot, src = float(c["ttft"][i]), float(c["tpot"][i]), "screen"
     out.append(f"meets the SLO ({src}): TTFT {ttft:.2f} s of {slo.ttft_s:g} s, TPOT {tpot * 1e3:.1f} ms of {slo.tpot_s * 1e3:g} ms")
-    for field, alt, label in (("async", not bool(c["async"][i]), "async CPU/GPU overlap"), ("d", 0, "MTP drafts")):
-        if field == "d" and int(c["d"][i]) == 0:
-            continue
-        j = _same_except(table, i, **{field: alt})
-        if j is not None and thr[j] > 0:
-            what = ("on" if c["async"][i] else "off") if field == "async" else f"{int(c['d'][i])} tokens"
-            out.append(f"{label} {what}: {thr[i] / thr[j] - 1:+.0%} throughput, {c['tps_user'][i] / c['tps_user'][j] - 1:+.0%} "
-                       f"tokens/s per user than without (screen)")
+    out += _policy_effects(table, i, points or {})
     for role, col in (("decode" if c["mode"][i] != AGG else "instance", "opt"), ("prefill", "popt")):
         k_opt = int(c[col][i])
         if k_opt < 0:
@@ -107,6 +101,31 @@ def why_it_won(table: Table, options: list[LayoutOption], i: int, ok: np.ndarray
                     out.append(f"{role} EPLB '{opt.eplb}' rather than '{o.eplb}': {thr[i] / thr[j] - 1:+.0%} throughput "
                                "(busiest EP rank's expert load; screen)")
                     break
+    return out
+
+
+def _policy_effects(table: Table, i: int, points: dict) -> list[str]:
+    """What async overlap and MTP drafts do for the winner's decode (or mixed) steps, from its operating points."""
+    c = table.cols
+    p = points.get(int(c["opt"][i]))
+    if p is None:
+        return []
+    B, d, ov = int(c["B"][i]), int(c["d"][i]), bool(c["async"][i])
+
+    def point(dd: int, oo: bool):
+        m = (p.dec_B == B) & (p.dec_d == dd) & (p.dec_async == oo)
+        k = np.flatnonzero(m)
+        return (float(p.dec_t[k[0]]), float(p.dec_spt[k[0]])) if k.size else None
+
+    out = []
+    me, flip = point(d, ov), point(d, not ov)
+    if me and flip and ov:
+        out.append(f"async CPU/GPU overlap on: decode step {me[0] * 1e3:.1f} ms instead of {flip[0] * 1e3:.1f} ms "
+                   f"(host work hidden), {flip[0] / me[0] - 1:+.0%} tokens/s")
+    base = point(0, ov)
+    if d and me and base:
+        out.append(f"MTP {d} drafts: {me[1]:.2f} tokens per step for a {me[0] / base[0]:.2f}x longer step, "
+                   f"{(me[1] / me[0]) / (base[1] / base[0]) - 1:+.0%} tokens/s per user")
     return out
 
 

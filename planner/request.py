@@ -83,6 +83,10 @@ class PlanRequest(BaseModel):
     prices: Prices = Field(default_factory=Prices)
     space: SearchSpace = Field(default_factory=SearchSpace)
     expert_load: ExpertLoadSpec = Field(default_factory=ExpertLoadSpec, description="per-expert load skew the plan must survive")
+    host_cache_fraction: float = Field(
+        0.5, ge=0, le=1,
+        description="share of each GPU's host memory given to the prefix cache's host tier (HiCache L2) when the workload reuses prefixes",
+    )
     simulate_top: int = Field(6, ge=0, le=256, description="candidates the simulator checks after the analytic screen")
     sim_requests: int = Field(2500, ge=100, le=1_000_000, description="most requests per simulation")
     seed: int = Field(0, ge=0, le=2**63 - 1)

@@ -105,7 +105,7 @@ def _cost(model: str, hardware: str, key: tuple, layout_json: str, eplb: str, ta
 
 
 def _host(sc: SchedulerConfig, n_req: float, n_tok: float) -> float:
-    return sc.host_step_s + sc.host_per_request_s * n_req + sc.host_per_token_s * n_tok
+    return sc.host_overhead_s(n_req, n_tok)
 
 
 def _wall(dev: float, host: float, overlap: bool) -> float:
@@ -128,8 +128,8 @@ def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPo
     lay = opt.layout
     cost = _cost(ctx.model, ctx.hardware, opt.key, lay.model_dump_json(), opt.eplb, opt.table_placement, ctx.expert_load)
     st = ctx.stats
-    sc = SchedulerConfig()
     dp = lay.dp
+    sc = SchedulerConfig(host_workers=dp)  # one scheduler per attention-DP rank: host work in parallel
     ctx_len = max(st.mean_context, 1.0)
     per_seat = st.mean_prompt + st.mean_output
     hit_ctx = int(round(st.mean_prompt - st.mean_new))

@@ -165,6 +165,9 @@ def _assumptions(model, hw, req: PlanRequest, stats: WorkloadStats) -> list[str]
     out.append(f"SLO: p{req.slo_percentile} TTFT and TPOT per request; a simulated plan must also finish >= 99% of requests")
     out.append("host overhead per step and MTP acceptance (0.85^i) are the scheduler defaults (scheduler/config.py)")
     out.append("KV transfer (disaggregated): 80% of link bandwidth x the sending rank's GPUs, 20 us per transfer (assumption)")
+    if stats.hit_fraction > 0.2:
+        out.append(f"prefix cache: HBM plus a host-memory tier of {req.host_cache_fraction:.0%} of each GPU's "
+                   f"{hw.host_mem_gb:g} GB host memory ({hw.host_link_gbps:g} GB/s host link)")
     return out
 
 
@@ -217,7 +220,9 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
                               timings=Timings(simulate_s=0, total_s=time.perf_counter() - t0, simulated_per_s=0, **timings), **base)
         shortlist = _shortlist(table, ok, front, req.simulate_top)
         router = RouterConfig(kind="prefix_aware" if stats.hit_fraction > 0.2 else "least_outstanding")
-        effects = EffectsSpec(expert_load=req.expert_load)
+        # prefix reuse (agentic turns, shared system prompts) keeps evicted KV in host memory (HiCache L2)
+        host_gb = req.host_cache_fraction * hw.host_mem_gb if stats.hit_fraction > 0.2 else 0.0
+        effects = EffectsSpec(expert_load=req.expert_load, host_cache_gb=host_gb)
         acceptance = _acceptance(max(drafts))
         outcomes: dict[int, SimOutcome] = {}
         t2 = time.perf_counter()
@@ -244,25 +249,11 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
         t_sim = time.perf_counter() - t2
     timings.update(simulate_s=t_sim, simulated_per_s=sims_run / max(t_sim, 1e-9))
 
-    # frontier: simulated numbers where we have them, screen numbers elsewhere
-    pts: list[FrontierPoint] = []
-    for i in sorted(set(front.tolist()) | set(outcomes)):
-        o = outcomes.get(i)
-        pts.append(_point(table, options, i, meets(o, req.slo), "simulation", o, 1.0 / _share(table, i, o)) if o
-                   else _point(table, options, i, True, "screen"))
-    # keep the frontier of what is known to meet the SLO (screen-only points count as predicted)
-    good = [p for p in pts if p.meets_slo]
-    if good:
-        fx = np.array([p.output_tokens_per_s_per_gpu for p in good])
-        fy = np.array([p.tokens_per_s_per_user for p in good])
-        keep = pareto_front(fx, fy)
-        frontier = [good[k] for k in keep.tolist()]
-    else:
-        frontier = []
-    frontier.sort(key=lambda p: -p.output_tokens_per_s_per_gpu)
-    if len(frontier) > FRONTIER_POINTS:
-        sel = np.linspace(0, len(frontier) - 1, FRONTIER_POINTS).round().astype(int)
-        frontier = [frontier[k] for k in sorted(set(sel.tolist()))]
+    # two frontiers, never mixed: the simulated candidates' (what the simulator confirmed) and the
+    # analytic screen's (optimistic: full batches at 100% load, mean lengths)
+    frontier = _frontier([_point(table, options, i, meets(o, req.slo), "simulation", o, 1.0 / _share(table, i, o))
+                          for i, o in sorted(outcomes.items())])
+    frontier += _frontier([_point(table, options, i, True, "screen") for i in front.tolist()])
     best_by_mode = [(_point(table, options, i, meets(outcomes[i], req.slo), "simulation", outcomes[i], 1.0 / _share(table, i, outcomes[i]))
                      if i in outcomes else _point(table, options, i, True, "screen")) for i in best_modes]
 
@@ -290,9 +281,22 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
         win = int(rows[np.lexsort((rows, -table.cols["tps_user"][rows], -table.cols["thr_gpu"][rows]))[0]])
         o = None
     cand = table.candidate(win)
-    plan = _make_plan(req, cand, options, stats, model, hw, router, effects, o, table, ok, acceptance, outcomes)
+    plan = _make_plan(req, cand, options, stats, model, hw, router, effects, o, table, ok, acceptance, outcomes, points)
     plan.assumptions = assumptions
     return PlanReport(status="ok", message=f"recommended: {describe_row(table, options, win)}", recommended=plan, **common)
+
+
+def _frontier(points: list[FrontierPoint]) -> list[FrontierPoint]:
+    """The points meeting the SLO that no other dominates, by descending throughput (at most FRONTIER_POINTS, spread)."""
+    good = [p for p in points if p.meets_slo]
+    if not good:
+        return []
+    keep = pareto_front(np.array([p.output_tokens_per_s_per_gpu for p in good]), np.array([p.tokens_per_s_per_user for p in good]))
+    out = [good[k] for k in keep.tolist()]
+    if len(out) > FRONTIER_POINTS:
+        sel = np.linspace(0, len(out) - 1, FRONTIER_POINTS).round().astype(int)
+        out = [out[k] for k in sorted(set(sel.tolist()))]
+    return out
 
 
 def _screen_job(item, ctx):
@@ -309,7 +313,7 @@ def _share(table: Table, i: int, o: SimOutcome | None) -> float:
 
 def _make_plan(req: PlanRequest, cand: Candidate, options: list[LayoutOption], stats: WorkloadStats, model, hw,
                router: RouterConfig, effects: EffectsSpec, o: SimOutcome | None, table: Table, ok: np.ndarray,
-               acceptance: tuple[float, ...], outcomes: dict[int, SimOutcome]) -> Plan:
+               acceptance: tuple[float, ...], outcomes: dict[int, SimOutcome], points: list) -> Plan:
     dopt = options[cand.option]
     acc = acceptance[: cand.draft_len]
     main_sc = scheduler_for(cand.batch_per_rank, dopt.layout.dp, cand.draft_len, cand.async_overlap, cand.chunk_tokens, acc)
@@ -338,7 +342,8 @@ def _make_plan(req: PlanRequest, cand: Candidate, options: list[LayoutOption], s
     gpus_used = cand.gpus
     out_tps = thr_gpu * gpus_used
     econ: Economics = economics(hw, req.prices, gpus_used, req.gpus, out_tps, stats.mean_prompt, stats.mean_output, stats.hit_fraction)
-    why = why_it_won(table, options, cand.row, ok, req.slo, outcomes, lambda x: meets(x, req.slo))
+    why = why_it_won(table, options, cand.row, ok, req.slo, outcomes, lambda x: meets(x, req.slo),
+                     {p.option_index: p for p in points})
     if o is not None:
         why.insert(0, f"highest simulated output throughput per GPU ({thr_gpu:,.0f} tokens/s) among the "
                       f"candidates meeting the SLO in simulation (screen predicted {cand.thr_gpu:,.0f})")

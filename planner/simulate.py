@@ -82,7 +82,7 @@ def scheduler_for(B: int, ranks: int, draft: int, overlap: bool, chunk: int, acc
     seats = B * ranks
     budget = (chunk + B * (1 + draft)) * ranks
     return SchedulerConfig(max_num_seqs=seats, max_num_batched_tokens=budget, long_prefill_threshold=chunk,
-                           draft_len=draft, acceptance_rates=list(acceptance), async_overlap=overlap)
+                           draft_len=draft, acceptance_rates=list(acceptance), async_overlap=overlap, host_workers=ranks)
 
 
 def _divisors(n: int) -> list[int]:

@@ -55,6 +55,11 @@ class SchedulerConfig(BaseModel):
     async_overlap: bool = Field(True, description="prepare step N+1 on the CPU while the GPU runs step N")
     host_step_s: float = Field(DEFAULT_HOST_STEP_S, ge=0.0, le=1.0, description="host overhead per step, fixed part (s)")
     host_per_request_s: float = Field(DEFAULT_HOST_PER_REQUEST_S, ge=0.0, le=0.01, description="host overhead per scheduled request per step (s)")
+    host_workers: int = Field(
+        1, ge=1, le=4096,
+        description="scheduler processes sharing the per-request and per-token host work in parallel "
+        "(SGLang's attention-DP runs one scheduler per DP rank)",
+    )
     host_per_token_s: float = Field(DEFAULT_HOST_PER_TOKEN_S, ge=0.0, le=0.001, description="host overhead per batched token per step (s)")
 
     @model_validator(mode="after")
@@ -95,4 +100,4 @@ class SchedulerConfig(BaseModel):
 
     def host_overhead_s(self, num_requests: int, num_tokens: int) -> float:
         """Host time of one step scheduling ``num_requests`` requests and ``num_tokens`` tokens."""
-        return self.host_step_s + self.host_per_request_s * num_requests + self.host_per_token_s * num_tokens
+        return self.host_step_s + (self.host_per_request_s * num_requests + self.host_per_token_s * num_tokens) / self.host_workers

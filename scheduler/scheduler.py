@@ -77,7 +77,8 @@ class Scheduler:
         self._in_flight: StepPlan | None = None
         self._pending_aborts: list[Request] = []
         self._tokens_per_decode = 1 + config.draft_len
-        self._host_coeffs = (config.host_step_s, config.host_per_request_s, config.host_per_token_s)
+        w = config.host_workers  # per-rank schedulers work on their shares in parallel
+        self._host_coeffs = (config.host_step_s, config.host_per_request_s / w, config.host_per_token_s / w)
         self._last_now = float("-inf")
         # tokens of work not yet done: whole prompt until its first token, then the remaining output
         self.outstanding_tokens = 0

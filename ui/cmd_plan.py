@@ -150,8 +150,12 @@ def print_report(con: Console, rep, out: Optional[Path]) -> None:
                         "-" if not math.isfinite(usd) else f"{usd:,.3f}", "sim" if p.source == "simulation" else "screen")
         return tab
 
-    con.print(table("Pareto frontier meeting the SLO: output tokens/s per GPU vs tokens/s per user (sim: simulated; screen: analytic)",
-                    rep.frontier))
+    sim = [p for p in rep.frontier if p.source == "simulation"]
+    screen = [p for p in rep.frontier if p.source == "screen"]
+    if sim:
+        con.print(table(f"Pareto frontier (simulated, meeting the SLO): output tokens/s per GPU vs tokens/s per user", sim))
+    if screen:
+        con.print(table("analytic screen frontier (not simulated: full batches, mean lengths; optimistic)", screen))
     if rep.best_by_mode:
         con.print(table("aggregated vs disaggregated: the best of each meeting the SLO", rep.best_by_mode))
     pr, ec = plan.predicted, plan.economics
