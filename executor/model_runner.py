@@ -88,6 +88,15 @@ class ModelRunner:
         return st
 
     @staticmethod
+    def _last_token(req: Request, produced: list[int]) -> int:
+        """The newest known token (no list concatenation: this runs per decode per step)."""
+        if produced:
+            return produced[-1]
+        if req.output_token_ids:
+            return req.output_token_ids[-1]
+        return req.prompt_token_ids[-1]
+
+    @staticmethod
     def _tokens(req: Request) -> list[int]:
         if req.prompt_token_ids is None:
             raise ValueError(f"request {req.request_id} has no prompt_token_ids: the executor needs real tokens")
@@ -128,7 +137,7 @@ class ModelRunner:
             ops.reset_used()
             seqs: list[SeqInput] = []
             for i, r in enumerate(decodes):
-                last = (self._tokens(r) + produced[r.request_id])[-1]
+                last = self._last_token(r, produced[r.request_id])
                 drafts = (self._state(r.request_id).drafts + [last] * k)[:k]
                 seqs.append(SeqInput([last] + drafts, ctx[i], r.block_ids, True))
             prefills = plan.prefills if step == 0 else []
@@ -202,9 +211,8 @@ class ModelRunner:
             anchors.append((r.request_id, row, r.block_ids, seqs[i].context_len + accepted[i]))
         pos = nd * sq
         for c, s, span in zip(prefills, seqs[nd:], batch.prefills):
-            all_toks = self._tokens(c.request)
             end = c.context_len + c.num_new_tokens
-            follow = toks[pos] if c.is_last_chunk else all_toks[end]
+            follow = toks[pos] if c.is_last_chunk else self._tokens(c.request)[end]
             if c.is_last_chunk:
                 pos += 1
                 anchors.append((c.request.request_id, span.start + span.num - 1, c.request.block_ids, end - 1))
