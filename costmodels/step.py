@@ -44,8 +44,10 @@ A2A = 6  # extra slot: the overlappable (EP all-to-all) part of COMM
 _SRC = {"tokens": 0, "kv_up": 1, "sampled": 2}
 _MTP_SRC = 3
 # tables of the fast path (see StepCostModel._fill): what each one is a function of
-_T_MAIN, _T_KV, _T_SAMPLED, _T_MTP = range(4)
-_TBL = 512  # points per lazily built table block
+_T_MAIN, _T_KV, _T_SAMPLED, _T_MTP, _T_LOGITS = range(5)
+_TBL_BITS = 9
+_TBL = 1 << _TBL_BITS  # points per lazily built table block
+_TBL_MASK = _TBL - 1
 
 
 def default_expert_imbalance(layout: ParallelLayout) -> float:
@@ -589,8 +591,9 @@ class StepCostModel:
         self._tbo_on = bool(lay.two_micro_batch and lay.ep > 1)
         self._kv_up_ctx = bool(m.attention == "mla" and m.mla.kv_up_proj and m.indexer is None)
         self._src_rows = [np.flatnonzero(self.g_src == k) for k in range(4)]
+        self._kv_rows = bool(self._src_rows[1].size)
         self._mtp_on = bool(m.mtp_layers)
-        self._attn_mem_s = _scalar_eff(cal)
+        self._attn_t = _attn_timer(cal, self.hw.hbm_bw)
         self._att_den = self.att_peak * cal.attn_compute()
         self._idx_den = self.idx_peak * cal.attn_compute() if m.indexer else 1.0
         self._idx_coef = 2.0 * m.indexer.n_heads * m.indexer.head_dim if m.indexer else 0.0
@@ -606,6 +609,8 @@ class StepCostModel:
 
         self._geo_fast = [consts(geo, c) for geo, c in self.att_kinds]
         self._geo_mtp = consts(self.att_mtp, 0) if self.att_mtp is not None else None
+        # every layer kind reads every cached entry: attention depends on sums only (_attn_simple_time)
+        self._attn_simple = all(g[1] >= INF and not g[3] and not g[4] for g in self._geo_fast + [self._geo_mtp] if g is not None)
 
     def _fast_time(self, nd: int, draft: int, dctx, dctx_sum: int, pn: list, pc: list) -> float:
         """Step time of ``nd`` decodes of 1 + draft tokens (contexts ``dctx``, summing to ``dctx_sum``) and prefill chunks (pn, pc)."""
@@ -613,40 +618,68 @@ class StepCostModel:
         f = 0.5 if self._tbo_on and nd + npre >= 2 else 1.0
         g = draft + 1
         dnew = nd * g
-        pre_new = sum(pn) if npre else 0
+        if npre == 1:
+            pre_new, pre_ctx = pn[0], pc[0]
+        elif npre:
+            pre_new, pre_ctx = sum(pn), sum(pc)
+        else:
+            pre_new = pre_ctx = 0
         total = dnew + pre_new
-        t, a2a = self._look(_T_MAIN, f, 0, total)
-        if self._src_rows[1].size:
-            t += self._look(_T_KV, f, 0, dnew + pre_new + sum(pc) if self._kv_up_ctx else total)[0]
-        sampled = dnew + npre
-        if self._src_rows[2].size:
-            t += self._look(_T_SAMPLED, f, 0, sampled)[0]
-        if draft and nd and self._mtp_on:
-            tm, am = self._look(_T_MTP, f, draft, nd)
-            t += tm
-            a2a += am
-        # sampling and the logits all-gather: closed form (as in _nonattn/_comm)
-        s = self.share
-        s_rank = sampled * f * s
-        mtp_rank = nd * f * s
-        s_all = s_rank + mtp_rank * draft
-        if s_all:
-            b = s_all * self.model.vocab_size * 4.0 * 2
-            if b:
-                t += 2 * self._lo + b / self._stream
-        lay = self.layout
-        if lay.tp > 1 and total * f * s > 0 and s_all > 0:
-            t += (1 + draft) * allgather_time(s_all * self.model.vocab_size / lay.tp * 4.0, lay.tp, self.hw, self.cal)
-        t += self._attn_fast(nd, g, dctx, dctx_sum + dnew, pn, pc, s * f, draft)
+        tabs = self._tables
+        # non-attention terms: table lookups at integer token counts (_look, inlined)
+        blk = tabs.get((_T_MAIN, f, 0, total >> _TBL_BITS)) or self._fill(_T_MAIN, f, 0, total >> _TBL_BITS)
+        j = total & _TBL_MASK
+        t, a2a = blk[0][j], blk[1][j]
+        if self._kv_rows:
+            x = dnew + pre_new + pre_ctx if self._kv_up_ctx else total
+            blk = tabs.get((_T_KV, f, 0, x >> _TBL_BITS)) or self._fill(_T_KV, f, 0, x >> _TBL_BITS)
+            t += blk[0][x & _TBL_MASK]
+        x = dnew + npre  # sampled tokens
+        if draft and nd:
+            t += self._look(_T_SAMPLED, f, -1, x)[0]
+            # sampling and the logits gather cover the sampled tokens and each decode's drafts
+            t += self._look(_T_LOGITS, f, draft, x + nd * draft)[0]
+            if self._mtp_on:
+                tm, am = self._look(_T_MTP, f, draft, nd)
+                t += tm
+                a2a += am
+        else:
+            blk = tabs.get((_T_SAMPLED, f, 0, x >> _TBL_BITS)) or self._fill(_T_SAMPLED, f, 0, x >> _TBL_BITS)
+            t += blk[0][x & _TBL_MASK]
+        if self._attn_simple:
+            t += self._attn_simple_time(nd, g, dctx_sum + dnew, pn, pc, pre_new, pre_ctx, self.share * f, draft)
+        else:
+            t += self._attn_fast(nd, g, dctx, dctx_sum + dnew, pn, pc, self.share * f, draft)
         if f == 1.0:
             return t
         tc = t - a2a
         return max(2 * tc, 2 * a2a) + min(tc, a2a) / self.n_layers
 
-    def _attn_t(self, flops: float, byts: float, den: float) -> float:
-        if flops <= 0 and byts <= 0:
-            return 0.0
-        return max(flops / den, byts / (self.hw.hbm_bw * self._attn_mem_s(byts))) + self._lo
+
+    def _attn_simple_time(self, nd: int, g: int, dpos_sum: int, pn: list, pc: list, pre_new: int, pre_ctx: int, s: float, draft: int) -> float:
+        """_attn_fast for layer kinds that read every cached entry (no cap, window or indexer): closed forms of sums."""
+        attn_t, den, eb = self._attn_t, self._att_den, self.att_entry_bytes
+        out = 0.0
+        if pn:
+            es = 0
+            for c, n in zip(pc, pn):
+                es += n * c + n * (n + 1) / 2
+            ends = pre_ctx + pre_new
+        for count, _, ratio, _, _, cf_dec, cf_pre, dpre, upproj in self._geo_fast:
+            ta = 0.0
+            if nd:
+                last = dpos_sum / ratio
+                ta = attn_t(cf_dec * (g * last) * s, last * eb * s, den)
+            if pn:
+                byts = float(ends) * self.heads_local * dpre * 2.0 if upproj else ends / ratio * eb
+                ta += attn_t(cf_pre * (es / ratio) * s, byts * s, den)
+            out += count * ta
+        if draft and nd and self._geo_mtp is not None:
+            # each MTP pass: one query per decode at the end of its verified context
+            _, _, ratio, _, _, cf_dec, _, _, _ = self._geo_mtp
+            last = (dpos_sum + nd) / ratio
+            out += draft * self.model.mtp_layers * attn_t(cf_dec * last * s, last * eb * s, den)
+        return out
 
     def _attn_fast(self, nd: int, g: int, dctx, dpos_sum: int, pn: list, pc: list, s: float, draft: int) -> float:
         """Attention + indexer time of all layers (``_attn`` from sums): decodes at positions ctx + g, then the chunks."""
@@ -711,8 +744,14 @@ class StepCostModel:
             t, a = self._main_vec(x)
         elif kind == _T_MTP:
             t, a = self._mtp_vec(x, draft)
+        elif kind == _T_KV:
+            t = self._gemm_vec(1, x, 0)
+        elif kind == _T_SAMPLED:  # draft -1: the lm_head only; 0: with sampling and the logits gather of draft 0
+            t = self._gemm_vec(2, x, 0)
+            if draft == 0:
+                t = t + self._logits_vec(x, 0)
         else:
-            t = self._gemm_vec(1 if kind == _T_KV else 2, x, 0)
+            t = self._logits_vec(x, draft)
         blk = (t.tolist(), a.tolist())
         if len(self._tables) >= 4096:  # a bound on memory; values never depend on what is kept
             self._tables.clear()
@@ -737,6 +776,17 @@ class StepCostModel:
         t = np.maximum(flops / (col(self.g_peak) * np.maximum(ceff, 1e-9)), byts / meff_bw) + self.cal.launch_overhead_s
         count = col(self.g_count) * draft if src == _MTP_SRC else col(self.g_count)
         return (np.where(mr > 0, count, 0.0) * t).sum(axis=0)
+
+    def _logits_vec(self, x: np.ndarray, draft: int) -> np.ndarray:
+        """Sampling and the logits all-gather (closed forms of _nonattn/_comm) for ``x`` (f-scaled) sampled + draft tokens."""
+        s_all = x * self.share
+        b = s_all * self.model.vocab_size * 4.0 * 2
+        t = np.where(b != 0, 2 * self._lo + b / self._stream, 0.0)
+        lay = self.layout
+        if lay.tp > 1:
+            b = s_all * self.model.vocab_size / lay.tp * 4.0
+            t = t + np.array([(1 + draft) * allgather_time(v, lay.tp, self.hw, self.cal) if v > 0 else 0.0 for v in b.tolist()])
+        return t
 
     def _imbalance_vec(self, tokens: np.ndarray):
         if self.expert_load is None or not self.model.moe:
@@ -844,25 +894,40 @@ def _sum_min_s(c: int, n: int, cap: float) -> float:
     return k * c + k * (k + 1) / 2 + (n - k) * cap
 
 
-def _scalar_eff(cal: CalibrationProfile) -> Callable[[float], float]:
-    """``cal.attn_mem`` for one float, in plain Python (numpy.interp's arithmetic for tables)."""
+def _attn_timer(cal: CalibrationProfile, hbm_bw: float) -> Callable[[float, float, float], float]:
+    """``StepCostModel._attn_time`` for floats in plain Python, ``peak * attn_compute()`` given as ``den``
+    (``cal.attn_mem`` evaluated with numpy.interp's arithmetic when it is a table)."""
     table = cal.tables.get("attn_decode_mem")
     if table is None:
         table = cal.tables.get("gemm_mem")
+    lo = cal.launch_overhead_s
     if table is None:
         eff, half = cal.mem_eff, cal.gemm_mem_half_bytes
-        return lambda w: eff * w / (w + half + 1e-30)
+
+        def attn_t(flops: float, byts: float, den: float) -> float:
+            if flops <= 0 and byts <= 0:
+                return 0.0
+            a, b = flops / den, byts / (hbm_bw * (eff * byts / (byts + half + 1e-30)))
+            return (a if a >= b else b) + lo
+
+        return attn_t
     lx, y = [float(v) for v in table._lx], [float(v) for v in table._y]
     slope = [(y[j + 1] - y[j]) / (lx[j + 1] - lx[j]) for j in range(len(lx) - 1)]
-    lo_x, hi_x, last = lx[0], lx[-1], len(lx) - 1
+    lo_x, hi_x, y0, y1 = lx[0], lx[-1], y[0], y[-1]
+    log = math.log
 
-    def interp(w: float) -> float:
-        x = math.log(max(w, 1e-30))
+    def attn_t(flops: float, byts: float, den: float) -> float:
+        if flops <= 0 and byts <= 0:
+            return 0.0
+        x = log(byts if byts > 1e-30 else 1e-30)
         if x <= lo_x:
-            return y[0]
-        if x >= hi_x:
-            return y[last]
-        j = bisect_right(lx, x) - 1
-        return y[j] if lx[j] == x else slope[j] * (x - lx[j]) + y[j]
+            e = y0
+        elif x >= hi_x:
+            e = y1
+        else:
+            j = bisect_right(lx, x) - 1
+            e = y[j] if lx[j] == x else slope[j] * (x - lx[j]) + y[j]
+        a, b = flops / den, byts / (hbm_bw * e)
+        return (a if a >= b else b) + lo
 
-    return interp
+    return attn_t
