@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -69,13 +70,13 @@ class ForwardBatch:
         return rows + [p.start + p.num - 1 for p in self.prefills]
 
 
-def _slots(table: list[int], positions: range, page_size: int, null_page: int) -> list[int]:
-    out = []
-    for p in positions:
-        blk = p // page_size
-        page = table[blk] if blk < len(table) else null_page
-        out.append(page * page_size + p % page_size)
-    return out
+def _slots(table: list[int], positions: range, page_size: int, null_page: int) -> np.ndarray:
+    """Flat KV slot per position (vectorised: prefill chunks are thousands of tokens)."""
+    pos = np.arange(positions.start, positions.stop, dtype=np.int64)
+    blk = pos // page_size
+    t = np.asarray(table, dtype=np.int64)
+    pages = np.where(blk < len(t), t[np.minimum(blk, max(len(t) - 1, 0))] if len(t) else null_page, null_page)
+    return pages * page_size + pos % page_size
 
 
 def build_forward_batch(seqs: list[SeqInput], page_size: int, null_page: int, device: torch.device) -> ForwardBatch:
@@ -86,7 +87,7 @@ def build_forward_batch(seqs: list[SeqInput], page_size: int, null_page: int, de
     assert all(len(s.token_ids) == sq for s in decodes), "decode sequences must share s_q"
     ids: list[int] = []
     pos: list[int] = []
-    slots: list[int] = []
+    slots: list[np.ndarray] = []
     spans: list[PrefillSpan] = []
     for s in seqs:
         r = range(s.context_len, s.context_len + len(s.token_ids))
@@ -95,14 +96,15 @@ def build_forward_batch(seqs: list[SeqInput], page_size: int, null_page: int, de
                                      torch.tensor(s.block_table or [null_page], dtype=torch.int32, device=device)))
         ids.extend(s.token_ids)
         pos.extend(r)
-        slots.extend(_slots(s.block_table, r, page_size, null_page))
+        slots.append(_slots(s.block_table, r, page_size, null_page))
     # wide enough for every decode's KV length: MTP draft positions may run past the allocated
     # blocks (their writes land in the null page, see kv_cache), and the kernels index by length
     max_pages = max([len(s.block_table) for s in decodes] + [-(-(s.context_len + sq) // page_size) for s in decodes] + [1])
     table = [s.block_table + [null_page] * (max_pages - len(s.block_table)) for s in decodes]
     as_t = lambda v, dt: torch.tensor(v, dtype=dt, device=device)  # noqa: E731
     return ForwardBatch(
-        input_ids=as_t(ids, torch.int64), positions=as_t(pos, torch.int64), slot_mapping=as_t(slots, torch.int64),
+        input_ids=as_t(ids, torch.int64), positions=as_t(pos, torch.int64),
+        slot_mapping=torch.from_numpy(np.concatenate(slots) if slots else np.zeros(0, np.int64)).to(device),
         page_size=page_size, num_decodes=len(decodes), decode_sq=sq,
         decode_block_table=as_t(table, torch.int32).view(len(decodes), max_pages),
         decode_seq_lens=as_t([s.context_len + sq for s in decodes], torch.int32),
