@@ -65,6 +65,13 @@ class DecodeBatch:
         else:
             self.state[:, :n] += TOKEN_SIGN * tokens
 
+    def blocks_needed(self, tokens_ahead: int, block_size: int) -> np.ndarray:
+        """Blocks each slot must add so that its held blocks have room for ``tokens_ahead`` more tokens (0 if they do)."""
+        need = (tokens_ahead + block_size - 1) - self.room[: len(self.reqs)]
+        need //= block_size
+        np.maximum(need, 0, out=need)
+        return need
+
     def shortfall(self, tokens_ahead: int) -> tuple[np.ndarray, np.ndarray]:
         """Slots whose held blocks lack room for ``tokens_ahead`` more tokens, and by how many tokens."""
         room = self.room[: len(self.reqs)]

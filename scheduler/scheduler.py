@@ -235,12 +235,12 @@ class Scheduler:
         # 1. every running decode gets its next step; preempt the latest arrivals until KV suffices
         if batch.n:
             while True:
-                rows, short = batch.shortfall(s)
-                need = (short + (bs - 1)) // bs
-                if sum(need.tolist()) <= blocks.num_free:
+                need = batch.blocks_needed(s, bs)
+                total = int(need.sum())
+                if total <= blocks.num_free:
                     break
                 self._preempt(self._pick_victim(), preempted)
-            self._grow_decodes(rows, need)
+            self._grow_decodes(need, total)
             budget -= batch.n * s
 
         # 2. running partial prefills (chunked prompts, recomputes), oldest admission first
@@ -348,15 +348,14 @@ class Scheduler:
 
     def _schedule_decode_run(self, max_steps: int) -> StepPlan | None:
         """Fast path when only decodes run: k steps if their KV is free now, else None (general path)."""
-        batch, s, bs = self.batch, self._tokens_per_decode, self.block_size
-        left = batch.left[: batch.n]
-        k = min(max_steps, (int(left[left.argmin()]) - 1) // s + 1)
-        rows, short = batch.shortfall(k * s)
-        if rows.size:
-            need = (short + (bs - 1)) // bs
-            if sum(need.tolist()) > self.blocks.num_free:
+        batch, s = self.batch, self._tokens_per_decode
+        k = min(max_steps, (int(batch.left[: len(batch.reqs)].min()) - 1) // s + 1)
+        need = batch.blocks_needed(k * s, self.block_size)
+        total = int(need.sum())
+        if total:
+            if total > self.blocks.num_free:
                 return None
-            self._grow_decodes(rows, need)
+            self._grow_decodes(need, total)
         return self._make_plan([], k, [])
 
     def _make_plan(self, chunks: list[ScheduledChunk], steps: int, preempted: list[Request]) -> StepPlan:
@@ -394,25 +393,24 @@ class Scheduler:
             return 1
         free = self.blocks.num_free
 
-        def need(steps: int) -> tuple[np.ndarray, np.ndarray, int]:
-            rows, short = batch.shortfall(steps * s)
-            blocks = (short + (bs - 1)) // bs
-            return rows, blocks, int(blocks.sum())
+        def need(steps: int) -> tuple[np.ndarray, int]:
+            blocks = batch.blocks_needed(steps * s, bs)
+            return blocks, int(blocks.sum())
 
-        rows, blocks, total = need(k)
+        blocks, total = need(k)
         if total > free:
             lo, hi = 1, k  # need(lo) fits (step 1 is reserved), need(hi) does not
             while hi - lo > 1:
                 mid = (lo + hi) // 2
-                if need(mid)[2] <= free:
+                if need(mid)[1] <= free:
                     lo = mid
                 else:
                     hi = mid
             k = lo
             if k == 1:
                 return 1
-            rows, blocks, total = need(k)
-        self._grow_decodes(rows, blocks)
+            blocks, total = need(k)
+        self._grow_decodes(blocks, total)
         return k
 
     def _grow_request(self, req: Request, n: int) -> None:
@@ -429,20 +427,22 @@ class Scheduler:
             self.blocks.reserve(n - named)
             req._anon_blocks += n - named
 
-    def _grow_decodes(self, rows: np.ndarray, need: np.ndarray) -> None:
-        """Give decode slots ``rows`` ``need`` more blocks each (one allocation, split)."""
-        if rows.size == 0:
+    def _grow_decodes(self, need: np.ndarray, total: int) -> None:
+        """Give each decode slot ``need[slot]`` more blocks, ``total`` in all (one allocation, split in slot order)."""
+        if total == 0:
             return
         if self.name_all_blocks:
-            ids = self.blocks.allocate(int(need.sum()))
+            ids = self.blocks.allocate(total)
             reqs = self.batch.reqs
             pos = 0
-            for i, k in zip(rows.tolist(), need.tolist()):
+            rows = need.nonzero()[0]
+            for i, k in zip(rows.tolist(), need[rows].tolist()):
                 reqs[i].block_ids.extend(ids[pos : pos + k])
                 pos += k
         else:  # decode growth never enters the prefix cache: count it
-            self.blocks.reserve(sum(need.tolist()))
-        self.batch.room[rows] += need * self.block_size
+            self.blocks.reserve(total)
+        need *= self.block_size
+        self.batch.room[: need.size] += need
 
     def _trim_decode_blocks(self, nd: int, last_tokens: np.ndarray | int) -> None:
         """After a multi-step plan, hand back blocks reserved for steps not run or drafts not accepted.
@@ -460,19 +460,21 @@ class Scheduler:
             before = ctx - last_tokens
             keep_room = (before + (s + bs - 1)) // bs * bs - ctx
             excess = (room - keep_room) // bs
-        rows = np.flatnonzero(excess > 0)
-        if rows.size == 0:
+        np.maximum(excess, 0, out=excess)
+        total = int(excess.sum())
+        if total == 0:
             return
-        k_rows = excess[rows]
         if self.name_all_blocks:
             reqs, release = batch.reqs, self.blocks.release
-            for i, k in zip(rows.tolist(), k_rows.tolist()):
+            rows = excess.nonzero()[0]
+            for i, k in zip(rows.tolist(), excess[rows].tolist()):
                 ids = reqs[i].block_ids
                 release(ids[-k:])
                 del ids[-k:]
         else:  # the tail blocks of a decode are the counted ones
-            self.blocks.unreserve(sum(k_rows.tolist()))
-        room[rows] -= k_rows * bs
+            self.blocks.unreserve(total)
+        excess *= bs
+        room -= excess
 
     # ----------------------------------------------------------------- result in
     def complete(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
