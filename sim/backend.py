@@ -7,7 +7,7 @@ from typing import Protocol
 import numpy as np
 
 from scheduler.plan import StepPlan, StepResult
-from sim.host import wall_step_times
+from sim.host import wall_step_time, wall_step_times
 
 
 class StepCost(Protocol):
@@ -107,6 +107,17 @@ class MemoStepCost:
         j = i - first
         return t[j] * (1.0 - frac) + t[j + 1] * frac
 
+    def decode_time(self, n: int, draft_len: int, context_sum: int) -> float:
+        """``decode_times(context_lens, 1, draft_len)[0]`` of ``n`` requests whose contexts sum to ``context_sum`` (sum_only models)."""
+        u = context_sum / (n * (1 + draft_len))
+        i = int(u)
+        frac = u - i
+        b, j = divmod(i, self.BLOCK)
+        t = self._block(n, draft_len, b)
+        # the grid point after a block's last one is the next block's first (as _table joins them)
+        nxt = t[j + 1] if j + 1 < self.BLOCK else self._block(n, draft_len, b + 1)[0]
+        return float(t[j]) * (1.0 - frac) + float(nxt) * frac
+
     def decode_times(self, context_lens: np.ndarray, num_steps: int, draft_len: int = 0) -> np.ndarray:
         """Device times of ``num_steps`` decode steps, contexts growing by 1 + draft_len a step."""
         n = len(context_lens)
@@ -150,7 +161,10 @@ class SimBackend:
         self._rates_asc = np.sort(np.asarray(acceptance_rates, float))
         self.async_overlap = async_overlap
         self._drawn: tuple[StepPlan, dict, np.ndarray] | None = None  # plan, rng state before, tokens
-        self._ones = np.ones((0, 0), np.int64)
+        # one token per decode per step: slices of one broadcast 1 (read-only, no memory)
+        self._ones = np.broadcast_to(np.ones(1, np.int64).reshape(1, 1), (1 << 20, 1 << 20))
+        # single-step decode plans read the memo directly where its decode_times is the plain one
+        self._decode1 = type(self.cost).decode_times is MemoStepCost.decode_times
 
     def _draw_tokens(self, plan: StepPlan, steps: int) -> np.ndarray | None:
         """Tokens each decode makes in each step: 1 + accepted drafts (None without drafts: all ones)."""
@@ -177,18 +191,31 @@ class SimBackend:
             return cost.decode_times(plan.decode_context_lens, plan.num_steps, plan.draft_len)
         if plan.num_steps != 1:
             raise ValueError("a plan with prefill chunks runs exactly one step")
+        return np.array([self._mixed_time(plan)])
+
+    def _mixed_time(self, plan: StepPlan) -> float:
+        """Device seconds of a (single-step) plan with prefill chunks."""
         chunks = plan.prefills
-        t = cost.chunked_step_time(plan.decode_context_lens, plan.draft_len,
+        t = self.cost.chunked_step_time(plan.decode_context_lens, plan.draft_len,
                                    [c.num_new_tokens for c in chunks], [c.context_len for c in chunks])
         if plan.loaded_blocks[0] or plan.loaded_blocks[1]:
             # prefix blocks loaded back from host memory / storage, layer by layer under the step's
             # compute (SGLang HiCache's layer-wise overlap): the step takes the longer of the two
             host_s, storage_s = self.kv_load_s_per_block
             t = max(t, plan.loaded_blocks[0] * host_s + plan.loaded_blocks[1] * storage_s)
-        return np.array([t])
+        return t
 
     def step_times(self, plan: StepPlan, cold_start: bool = False) -> np.ndarray:
         """Wall seconds of each step: device time plus host overhead under the async policy."""
+        if plan.num_steps == 1 and not (plan.draft_len and plan.decodes):
+            # one step, nothing to draw: the same numbers with floats instead of small arrays
+            if plan.prefills:
+                dev = self._mixed_time(plan)
+            elif self._decode1 and self.cost.sum_only:
+                dev = self.cost.decode_time(len(plan.decodes), plan.draft_len, int(plan.decode_context_lens.sum()))
+            else:
+                dev = float(self.device_times(plan)[0])
+            return np.array([wall_step_time(dev, plan.host_overhead_s, self.async_overlap, cold_start)])
         return wall_step_times(self.device_times(plan), plan.host_overhead_s, self.async_overlap, cold_start)
 
     def result(self, plan: StepPlan, step_times: np.ndarray) -> StepResult:
@@ -202,11 +229,7 @@ class SimBackend:
                 self.rng.random((steps, tokens.shape[1]))
                 tokens = tokens[:steps]
         else:
-            nd = len(plan.decodes)
-            if steps > self._ones.shape[0] or nd > self._ones.shape[1]:
-                self._ones = np.ones((max(steps, self._ones.shape[0]), max(nd, self._ones.shape[1])), np.int64)
-                self._ones.flags.writeable = False
-            tokens = self._ones[:steps, :nd]  # a read-only view: one token per decode per step
+            tokens = self._ones[:steps, : len(plan.decodes)]  # a read-only view: one token per decode per step
         return StepResult(step_durations=step_times, decode_tokens=tokens)
 
     def execute(self, plan: StepPlan, stop_at: float | None = None, start_s: float = 0.0, cold_start: bool = False) -> StepResult:

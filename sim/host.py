@@ -19,3 +19,10 @@ def wall_step_times(device_s: np.ndarray, host_s: float, async_overlap: bool, co
     if cold_start and len(wall):
         wall[0] = device_s[0] + host_s
     return wall
+
+
+def wall_step_time(device_s: float, host_s: float, async_overlap: bool, cold_start: bool) -> float:
+    """``wall_step_times`` of a single step, for floats."""
+    if not async_overlap or cold_start:
+        return device_s + host_s
+    return device_s if device_s >= host_s else host_s

@@ -279,6 +279,8 @@ class MetricsCollector:
             if tok.shape != (k, n_dec):  # a backend that reports nothing: one token each
                 tok = None
                 dec_tokens = k * n_dec
+            elif not any(tok.strides):  # one count broadcast to every decode and step (the simulator's ones)
+                dec_tokens = int(tok[0, 0]) * k * n_dec
             else:
                 dec_tokens = int(tok.sum())
             if tok is None or (plan.draft_len == 0 and dec_tokens == k * n_dec):
@@ -288,7 +290,11 @@ class MetricsCollector:
                 if p + k > self.ITL_BUFFER:
                     self._flush_itl()
                     p = 0
-                if k > self.ITL_BUFFER:
+                if k == 1:
+                    self._itl_v[p] = dur
+                    self._itl_w[p] = n_dec
+                    self._itl_n = p + 1
+                elif k > self.ITL_BUFFER:
                     self._itl.add(d, np.full(k, float(n_dec)))
                 else:
                     self._itl_v[p : p + k] = d
@@ -309,7 +315,8 @@ class MetricsCollector:
             util = kv_used_blocks / kv_total_blocks
             self._kv_wsum += util * dur
             self._kv_wdur += dur
-            self._kv_max = util if self._kv_max is None else max(self._kv_max, util)
+            if self._kv_max is None or util > self._kv_max:
+                self._kv_max = util
         if self._kv_total > 0:
             self._timeline.add(start_s, self._kv_used / self._kv_total)
 
