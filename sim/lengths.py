@@ -147,7 +147,8 @@ class LognormalLength(_Dist):
         za = (math.log(a) - mu) / s if a > 0 else -math.inf
         zb = (math.log(b) - mu) / s
         mid = math.exp(mu + s * s / 2.0) * (_phi(zb - s) - _phi(za - s))
-        return a * _phi(za) + b * (1.0 - _phi(zb)) + mid
+        # the closed form loses a few ulps when nearly all mass is clipped: keep it in [a, b]
+        return min(max(a * _phi(za) + b * (1.0 - _phi(zb)) + mid, a), b)
 
     def support(self):
         return (float(self.min), float(self.max))
@@ -180,7 +181,7 @@ class NormalLength(_Dist):
         if s == 0:
             return min(max(m, a), b)
         al, be = (a - m) / s, (b - m) / s
-        return a * _phi(al) + b * (1 - _phi(be)) + m * (_phi(be) - _phi(al)) + s * (_pdf(al) - _pdf(be))
+        return min(max(a * _phi(al) + b * (1 - _phi(be)) + m * (_phi(be) - _phi(al)) + s * (_pdf(al) - _pdf(be)), a), b)
 
     def support(self):
         return (float(self.min), float(self.max))

@@ -19,3 +19,14 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if item.get_closest_marker("gpu"):
                 item.add_marker(skip)
+
+
+# Tests are deterministic: hypothesis explores the same examples on every run (its
+# failures are reproduced from the seed, and new examples come from changing the code).
+try:
+    from hypothesis import settings
+
+    settings.register_profile("twinfer", derandomize=True, deadline=None, print_blob=True)
+    settings.load_profile("twinfer")
+except ImportError:  # hypothesis is a test extra
+    pass
