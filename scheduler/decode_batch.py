@@ -6,25 +6,29 @@ import numpy as np
 
 from scheduler.request import Request
 
-# rows of DecodeBatch.state, and how one generated token moves each of them
+# columns of DecodeBatch.state, and how one generated token moves each of them
 CTX, OUT, LEFT, ROOM = 0, 1, 2, 3
-TOKEN_SIGN = np.array([[1], [1], [-1], [-1]], np.int64)  # a column: broadcasts over slots
+TOKEN_SIGN = np.array([1, 1, -1, -1], np.int64)  # a row: broadcasts over slots
 
 
 class DecodeBatch:
-    """Requests in the decode phase, one column (slot) each, slots ``0 .. n-1`` in plan order.
+    """Requests in the decode phase, one row (slot) each, slots ``0 .. n-1`` in plan order.
 
-    ``state`` holds four int64 rows: ``ctx`` and ``out`` ARE the requests' ``num_computed_tokens``
+    ``state`` holds four int64 columns: ``ctx`` and ``out`` ARE the requests' ``num_computed_tokens``
     and ``num_output_tokens`` while they are here (the Request properties read through), ``left``
     is output tokens still to generate and ``room`` is free token slots in the KV blocks the
     request already holds. Keeping them in one array lets a step update all four with one numpy
-    operation. Removal moves the last slot into the hole, so slots stay dense.
+    operation: slots are rows, so the first n slots are one contiguous run of 4n numbers and a
+    step adds a precomputed +1 +1 -1 -1 pattern to it. Removal moves the last slot into the hole,
+    so slots stay dense.
     """
 
     def __init__(self, capacity: int):
         self.reqs: list[Request] = []
-        self.state = np.zeros((4, capacity), np.int64)
-        self.ctx, self.out, self.left, self.room = self.state  # views, one per row
+        self.state = np.zeros((capacity, 4), np.int64)
+        self.ctx, self.out, self.left, self.room = self.state.T  # views, one per column
+        self._flat = self.state.reshape(-1)
+        self._sign = np.tile(TOKEN_SIGN, capacity)
 
     @property
     def n(self) -> int:
@@ -36,7 +40,7 @@ class DecodeBatch:
         d = req.__dict__
         ctx, out = d["_num_computed_tokens"], d["_num_output_tokens"]
         blocks = len(req.block_ids) + req._anon_blocks
-        self.state[:, slot] = (ctx, out, req.output_len - out, blocks * block_size - ctx)
+        self.state[slot] = (ctx, out, req.output_len - out, blocks * block_size - ctx)
         self.reqs.append(req)
         req._batch, req._slot = self, slot
 
@@ -55,15 +59,16 @@ class DecodeBatch:
             moved = self.reqs[last]
             self.reqs[slot] = moved
             moved._slot = slot
-            self.state[:, slot] = self.state[:, last]
+            self.state[slot] = self.state[last]
         self.reqs.pop()
 
     def add_tokens(self, n: int, tokens: np.ndarray | int) -> None:
         """Slots ``0..n-1`` produced ``tokens`` each (a scalar or one count per slot)."""
         if isinstance(tokens, int):
-            self.state[:, :n] += TOKEN_SIGN if tokens == 1 else TOKEN_SIGN * tokens
+            m = 4 * n
+            self._flat[:m] += self._sign[:m] if tokens == 1 else self._sign[:m] * tokens
         else:
-            self.state[:, :n] += TOKEN_SIGN * tokens
+            self.state[:n] += tokens[:, None] * TOKEN_SIGN
 
     def blocks_needed(self, tokens_ahead: int, block_size: int) -> np.ndarray:
         """Blocks each slot must add so that its held blocks have room for ``tokens_ahead`` more tokens (0 if they do)."""
