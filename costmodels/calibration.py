@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from twinfer.config import load_model_file
 
 from costmodels.hardware import Hardware, get_hardware
+from costmodels.step_profile import StepProfile
 
 TABLE_NAMES = ("gemm_mem", "gemm_compute", "attn_decode_mem", "attn_compute")
 
@@ -69,6 +70,11 @@ class CalibrationProfile(BaseModel):
     p2p_latency_s: float = Field(10e-6, ge=0)
     launch_overhead_s: float = Field(3e-6, ge=0)
     tables: dict[str, EffTable] = Field(default_factory=dict)
+    # measured profiles (twinfer calibrate): where the numbers come from, the op micro-benchmarks
+    # behind ``tables``, and the measured step model of one engine (costmodels.step_profile)
+    provenance: dict = Field(default_factory=dict, description="GPU, driver, torch, kernel backends, date, command")
+    op_points: list[dict] = Field(default_factory=list, description="op micro-benchmark measurements behind the tables")
+    step: StepProfile | None = Field(None, description="measured step-time model of one engine on this device")
 
     # --- lookups (vectorised over numpy arrays) ---
     def gemm_mem(self, weight_bytes):

@@ -1,0 +1,463 @@
+"""Measure this executor on the current device: op micro-benchmarks, a grid of step shapes, the engine loop.
+
+``calibrate(...)`` builds the engine (``LLMEngine.from_args``, any ``--num-layers``), then
+
+1. **ops**: the executor's own ``Linear`` (BF16 or block-scaled FP8, whatever kernel the
+   registry picks) over a grid of row counts; turned into the profile's ``gemm_mem`` (over
+   bytes moved) and ``gemm_compute`` (over rows) efficiency tables against the hardware
+   catalog's ceilings;
+2. **steps**: synthetic plans run straight on the ``ModelRunner`` (decode batches over batch
+   size x context length, prefill chunks over length and cached context, mixed steps), each
+   once to warm up (JIT) and then ``repeats`` times, median wall time (host + device, what a
+   step really costs this engine);
+3. **loop**: a few closed batches replayed through the real engine loop (``replay``), which
+   measures the loop's own time around each runner step (schedule, complete, bookkeeping);
+
+and fits the step model (``costmodels.step_profile.fit_step_profile``). The result is a
+``CalibrationProfile`` with provenance (GPU, driver, torch, kernel backends, date, command).
+
+``replay(engine, items)`` is the offline replay loop shared with ``twinfer validate`` and
+``twinfer tune``: requests join when the engine clock reaches their arrival, idle gaps are
+skipped, and every loop iteration is timed with its batch composition.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from costmodels.calibration import CalibrationProfile, EffTable
+from costmodels.hardware import get_hardware
+from costmodels.step_profile import StepPoint, fit_step_profile
+from executor.engine import LLMEngine, SamplingParams
+from kernels import ops
+from scheduler.config import SchedulerConfig
+from scheduler.plan import ScheduledChunk, StepPlan
+from scheduler.request import Request
+
+
+# ----------------------------------------------------------------------------- provenance
+def device_provenance(device: str) -> dict:
+    """GPU name, driver, torch/triton versions, host CPU."""
+    info = {"device": device, "torch": torch.__version__, "python": platform.python_version(),
+            "host": platform.node(), "cpu": platform.processor() or platform.machine(),
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    if device == "cuda":
+        p = torch.cuda.get_device_properties(0)
+        info.update(gpu=p.name, sms=p.multi_processor_count, memory_gib=round(p.total_memory / 2**30, 1),
+                    cuda=torch.version.cuda, capability=list(torch.cuda.get_device_capability()))
+        try:
+            info["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm", "--format=csv,noheader"],
+                                                capture_output=True, text=True, timeout=20).stdout.strip()
+        except Exception as e:  # noqa: BLE001
+            info["nvidia_smi"] = f"unavailable: {e}"
+        try:
+            import triton
+            info["triton"] = triton.__version__
+        except Exception:  # noqa: BLE001
+            pass
+    else:
+        info["gpu"] = "cpu"
+    return info
+
+
+def hardware_name(device: str) -> str:
+    """Hardware catalog entry for the device (the GPU's own when the catalog has it, else H200 as a basis)."""
+    if device == "cuda":
+        name = torch.cuda.get_device_name(0).upper()
+        for cand in ("H200", "H100", "H800", "B200", "B300", "GB200", "GB300", "MI355X"):
+            if cand in name:
+                try:
+                    get_hardware(cand)
+                    return cand
+                except Exception:  # noqa: BLE001
+                    break
+    return "H200"
+
+
+# ----------------------------------------------------------------------------- timing
+class _Clock:
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+def _median_time(fn, clock: _Clock, repeats: int, warmup: int = 1) -> tuple[float, float]:
+    for _ in range(warmup):
+        fn()
+    clock.sync()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        clock.sync()
+        ts.append(time.perf_counter() - t0)
+    med = statistics.median(ts)
+    return med, (max(ts) - min(ts)) / med if med > 0 else 0.0
+
+
+# ----------------------------------------------------------------------------- ops
+def bench_linear(engine: LLMEngine, rows: list[int], repeats: int) -> list[dict]:
+    """The executor's Linear (K = hidden, N = 2 x hidden) over row counts: seconds, FLOPs, bytes."""
+    from executor.layers import Linear
+    from kernels import reference as ref
+
+    spec = engine.cfg.spec
+    dev = engine.runner.device
+    fp8 = _is_fp8(engine)
+    k = spec.hidden_size
+    n = 2 * spec.hidden_size
+    act = engine.runner.kv.dtype if dev.type == "cuda" else torch.float32
+    lin = Linear(k, n, fp8=fp8).to(dev)
+    g = torch.Generator(device=dev).manual_seed(0)
+    w = torch.randn(n, k, generator=g, device=dev, dtype=torch.float32) / k ** 0.5
+    if lin.fp8:
+        q, sc = ref.quant_fp8_weight(w)
+        lin.weight.data.copy_(q)
+        lin.weight_scale_inv.data.copy_(sc)
+    else:
+        lin.weight.data = w.to(act)
+    wbytes = n * k * (1.0 if lin.fp8 else lin.weight.element_size())
+    clock = _Clock(dev)
+    out = []
+    for m in rows:
+        x = torch.randn(m, k, generator=g, device=dev, dtype=torch.float32).to(act)
+        ops.reset_used()
+        with torch.inference_mode():
+            t, spread = _median_time(lambda: lin(x), clock, repeats)
+        out.append({"op": "linear", "m": m, "k": k, "n": n, "dtype": "fp8" if lin.fp8 else str(act).replace("torch.", ""),
+                    "time_s": t, "spread": spread, "flops": 2.0 * m * n * k,
+                    "bytes": wbytes + 2.0 * m * (k + n) * x.element_size() / 2, "backend": ops.reset_used().get("fp8_gemm", "torch")})
+    return out
+
+
+def _is_fp8(engine: LLMEngine) -> bool:
+    for mod in engine.runner.model.modules():
+        if getattr(mod, "fp8", False):
+            return True
+    return False
+
+
+def op_tables(points: list[dict], hw_name: str) -> dict[str, EffTable]:
+    """Efficiency tables from linear-layer timings: ``gemm_mem`` over bytes, ``gemm_compute`` over rows."""
+    hw = get_hardware(hw_name)
+    base = CalibrationProfile.default(hw)
+    lin = [p for p in points if p["op"] == "linear" and p["time_s"] > 0]
+    if len(lin) < 2:
+        return {}
+    dtype = lin[0]["dtype"] if lin[0]["dtype"] in ("fp8", "bf16") else "bf16"
+    peak = hw.tflops(dtype) * 1e12
+    top = base.gemm_compute_eff.get(dtype, 0.6)
+    scale = max(base.gemm_compute_eff.values()) / top  # StepCostModel multiplies the table by top / max
+    mem = sorted((p["bytes"], min(1.0, p["bytes"] / p["time_s"] / hw.hbm_bw)) for p in lin)
+    comp = sorted((p["m"], min(1.0, p["flops"] / p["time_s"] / peak) * scale) for p in lin)
+    return {"gemm_mem": EffTable(x=[a for a, _ in mem], y=[b for _, b in mem], x_is="bytes a GEMM moves (measured: executor Linear)"),
+            "gemm_compute": EffTable(x=[a for a, _ in comp], y=[b for _, b in comp], x_is="GEMM rows M (measured: executor Linear)")}
+
+
+# ----------------------------------------------------------------------------- synthetic steps
+class _Pages:
+    """Hands out KV page ids; wraps around (pages shared) when a shape needs more than the cache has."""
+
+    def __init__(self, num_blocks: int):
+        self.n, self.next = num_blocks, 0
+
+    def take(self, count: int) -> list[int]:
+        ids = [(self.next + i) % self.n for i in range(count)]
+        self.next = (self.next + count) % self.n
+        return ids
+
+
+def synthetic_plan(engine: LLMEngine, decode_ctx: list[int], prefill: list[tuple[int, int]], tag: str, draft_len: int = 0) -> StepPlan:
+    """A StepPlan of decodes at the given contexts and prefill chunks (new, cached) on fresh pages."""
+    bs = engine.block_size
+    vocab = engine.vocab_size
+    pages = _Pages(engine.scheduler.blocks.num_blocks)
+    rng = np.random.default_rng(len(decode_ctx) * 7919 + len(prefill))
+    decodes = []
+    for i, c in enumerate(decode_ctx):
+        r = Request(f"{tag}d{i}", 0.0, c, 1 << 20, prompt_token_ids=rng.integers(0, vocab, max(c, 1)).tolist())
+        r.block_ids = pages.take(-(-(c + 1 + draft_len) // bs))
+        decodes.append(r)
+    chunks = []
+    for i, (new, ctx) in enumerate(prefill):
+        r = Request(f"{tag}p{i}", 0.0, ctx + new, 1 << 20, prompt_token_ids=rng.integers(0, vocab, ctx + new).tolist())
+        r.block_ids = pages.take(-(-(ctx + new) // bs))
+        chunks.append(ScheduledChunk(r, new, ctx, True))
+    return StepPlan(0, prefills=chunks, decodes=decodes, decode_context_lens=np.asarray(decode_ctx, np.int64), draft_len=draft_len)
+
+
+def step_grid(device: str, quick: bool, max_ctx: int, max_batch: int, max_tokens: int) -> list[tuple[list[int], list[tuple[int, int]]]]:
+    """Shapes to measure: (decode contexts, prefill chunks). Covers batch size x context, prefill length x context, mixed."""
+    if device == "cuda" and not quick:
+        batches = [1, 2, 4, 8, 16, 32, 64, 128]
+        ctxs = [128, 1024, 4096]
+        prefills = [64, 256, 1024, 2048, 4096, 8192]
+    elif device == "cuda":
+        batches = [1, 4, 16, 64]
+        ctxs = [128, 1024]
+        prefills = [64, 512, 2048]
+    else:  # CPU (CI): the reference kernels are slow; a handful of small shapes
+        batches = [1, 4, 8]
+        ctxs = [32, 96]
+        prefills = [16, 48]
+    batches = [b for b in batches if b <= max_batch]
+    ctxs = [c for c in ctxs if c < max_ctx] or [max(1, max_ctx // 2)]
+    prefills = [p for p in prefills if p <= min(max_tokens, max_ctx - 1)]
+    shapes: list[tuple[list[int], list[tuple[int, int]]]] = []
+    rng = np.random.default_rng(0)
+    for b in batches:
+        for c in ctxs:
+            # contexts spread +-50% around c: the batch of a real server is never uniform
+            dc = np.clip(np.round(c * rng.uniform(0.5, 1.5, b)), 1, max_ctx - 2).astype(int).tolist()
+            shapes.append((dc, []))
+    for p in prefills:
+        shapes.append(([], [(p, 0)]))
+    if prefills:
+        p = prefills[len(prefills) // 2]
+        shapes.append(([], [(p, min(p, max_ctx - p - 1))]))                 # a later chunk of a long prompt
+        n = max(2, min(8, max_tokens // max(p, 1)))
+        shapes.append(([], [(p // 2, 0)] * n))                              # several short prompts
+        if device == "cuda" and not quick:                                   # full token budgets of packed prompts
+            for q, k in ((2048, 4), (1024, 8), (512, 16), (256, 8)):
+                if q * k <= max_tokens and q < max_ctx:
+                    shapes.append(([], [(q, 0)] * k))
+            c = ctxs[len(ctxs) // 2]
+            shapes.append(([c] * 32, [(1024, 0)] * 7))
+            shapes.append(([c] * 8, [(512, 0)] * 4))
+        for b in [x for x in batches if x in (4, 32, 16, 8)][:2]:
+            c = ctxs[len(ctxs) // 2]
+            shapes.append(([c] * b, [(min(prefills[-1], max_tokens - b), 0)]))  # decodes + a prefill chunk
+            shapes.append(([c] * b, [(prefills[0], 0)]))
+    return shapes
+
+
+def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print) -> list[StepPoint]:
+    """Median runner wall time of each shape (one warm-up run first)."""
+    runner = engine.runner
+    clock = _Clock(runner.device)
+    L = engine.cfg.spec.num_layers
+    points = []
+    for j, (dc, pf) in enumerate(shapes):
+        plan = synthetic_plan(engine, dc, pf, f"cal{j}_")
+
+        def run():
+            return runner.execute(plan)
+
+        walls = []
+        try:
+            run()  # warm-up: kernel specialisations for this shape
+            clock.sync()
+            for _ in range(repeats):
+                res = run()
+                walls.append(float(res.step_durations[0]))
+        finally:
+            for r in plan.decodes + [c.request for c in plan.prefills]:
+                runner.remove_request(r.request_id)
+        med = statistics.median(walls)
+        points.append(StepPoint(num_layers=L, decode_ctx=dc, prefill=pf, wall_s=med, repeats=repeats,
+                                spread=(max(walls) - min(walls)) / med))
+        log(f"  step {j + 1:3d}/{len(shapes)}: {len(dc):4d} decodes (ctx ~{int(np.mean(dc)) if dc else 0:5d}), "
+            f"prefill {sum(a for a, _ in pf):6d} tok in {len(pf)}: {med * 1e3:8.2f} ms")
+    return points
+
+
+# ----------------------------------------------------------------------------- the replay loop
+@dataclass
+class ReplayStep:
+    """One engine-loop iteration that executed a plan."""
+
+    start_s: float                 # engine clock at the plan's start
+    iter_s: float                  # real seconds of the whole iteration (arrivals, schedule, run, complete, bookkeeping)
+    runner_s: float                # the runner's measured wall seconds (sum over the plan's steps)
+    num_steps: int
+    decode_ctx: list[int]
+    prefill: list[tuple[int, int]]
+    draft_len: int = 0
+
+
+@dataclass
+class ReplayResult:
+    metrics: object                # sim.metrics.SimMetrics
+    steps: list[ReplayStep] = field(default_factory=list)
+    wall_s: float = 0.0
+    kernels: dict = field(default_factory=dict)
+
+
+def replay(engine: LLMEngine, items: list[tuple[float, str, list[int], int]], temperature: float = 0.0, seed: int = 0) -> ReplayResult:
+    """Replay ``(arrival_s, request_id, prompt_ids, output_len)`` (sorted by arrival) through the engine loop."""
+    from sim.metrics import MetricsCollector
+    from twinfer.errors import TwinferError
+
+    metrics = MetricsCollector(record_steps=False)
+    steps: list[ReplayStep] = []
+    kern: dict[str, dict[str, int]] = {}
+    current: dict = {}
+
+    def observe(start_s, plan, result):
+        st = engine.scheduler.stats()
+        metrics.on_step(0, start_s, plan, result, st.kv_used_blocks, st.kv_total_blocks)
+        recs = engine.runner.step_records
+        for rec in recs:
+            for op, impl in rec["backends"].items():
+                kern.setdefault(op, {}).setdefault(impl, 0)
+                kern[op][impl] += 1
+        current["step"] = ReplayStep(start_s, 0.0, float(sum(r["wall_s"] for r in recs)), len(recs),
+                                     [int(c) for c in plan.decode_context_lens],
+                                     [(c.num_new_tokens, c.context_len) for c in plan.prefills], plan.draft_len)
+
+    engine.step_observer = observe
+    live: dict[str, Request] = {}
+    i = 0
+    t_run = time.perf_counter()
+    while i < len(items) or engine.has_unfinished():
+        t0 = time.perf_counter()
+        if not engine.has_unfinished() and i < len(items):
+            engine.advance_clock(items[i][0])
+        now = engine.now()
+        while i < len(items) and items[i][0] <= now:
+            arrival, rid, prompt, olen = items[i]
+            i += 1
+            try:
+                req = engine.add_request(rid, prompt, SamplingParams(max_tokens=olen, temperature=temperature, ignore_eos=True, seed=seed),
+                                         arrival_time=arrival)
+            except TwinferError as e:
+                dropped = Request(rid, arrival, len(prompt), olen)
+                dropped.drop_reason = str(e).split(": ", 1)[-1][:80]
+                metrics.on_drop(dropped)
+                continue
+            metrics.on_arrival(req)
+            live[rid] = req
+        current.clear()
+        for out in engine.step():
+            if out.finished and out.request_id in live:
+                metrics.on_finish(live.pop(out.request_id))
+        s = current.get("step")
+        if s is not None:
+            s.iter_s = time.perf_counter() - t0
+            steps.append(s)
+    engine.step_observer = None
+    wall = time.perf_counter() - t_run
+    return ReplayResult(metrics.summarize(num_gpus=1, slo=None), steps, wall,
+                        {op: sorted(v, key=v.get, reverse=True) for op, v in kern.items()})
+
+
+def fresh_engine(engine: LLMEngine, scheduler_config: SchedulerConfig) -> LLMEngine:
+    """A new engine (new scheduler, empty prefix cache, clock at zero) on the same model and KV cache."""
+    from scheduler.scheduler import Scheduler
+
+    cfg = scheduler_config.model_copy(update={"max_model_len": engine.max_model_len})
+    sched = Scheduler(cfg, engine.scheduler.blocks.num_blocks)
+    runner = engine.runner
+    runner.states.clear()
+    return LLMEngine(engine.cfg, runner, sched, engine.max_model_len, engine.eos_token_id, engine.model_name, 1, None)
+
+
+def measure_loop(engine: LLMEngine, batches: list[int], prompt_len: int, out_len: int) -> list[StepPoint]:
+    """Closed batches through the real loop: each iteration's time minus the runner's = the loop's own time."""
+    L = engine.cfg.spec.num_layers
+    vocab = engine.vocab_size
+    points = []
+    for b in batches:
+        eng = fresh_engine(engine, engine.scheduler.config)
+        rng = np.random.default_rng(b)
+        items = [(0.0, f"loop{b}_{i}", rng.integers(0, vocab, prompt_len).tolist(), out_len) for i in range(b)]
+        res = replay(eng, items)
+        for s in res.steps[1:]:  # the first iteration also adds the requests
+            if s.num_steps != 1 or s.runner_s <= 0:
+                continue
+            points.append(StepPoint(num_layers=L, decode_ctx=s.decode_ctx, prefill=s.prefill, wall_s=s.runner_s,
+                                    loop_s=max(s.iter_s - s.runner_s, 0.0)))
+    return points
+
+
+# ----------------------------------------------------------------------------- calibrate
+def build_engine(model: str, num_layers: int | None, device: str, dtype: str, max_num_seqs: int, max_model_len: int,
+                 num_kv_blocks: int | None = None, seed: int = 0, max_batched_tokens: int | None = None) -> LLMEngine:
+    """The engine calibrate/validate/tune measure (dummy weights)."""
+    sc = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched_tokens or max(8192, max_num_seqs),
+                         max_model_len=max_model_len)
+    return LLMEngine.from_args(model, load_format="dummy", device=device, dtype=dtype, seed=seed, max_model_len=max_model_len,
+                               num_kv_blocks=num_kv_blocks, scheduler_config=sc, num_layers=num_layers)
+
+
+def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None = None, *, quick: bool = False,
+              repeats: int | None = None, max_model_len: int = 4096, max_num_seqs: int | None = None,
+              command: str = "", log=print, engine: LLMEngine | None = None) -> CalibrationProfile:
+    """Measure and fit: a CalibrationProfile with op tables, a fitted step model and provenance."""
+    dtype = dtype or ("bf16" if device == "cuda" else "fp32")
+    cuda = device == "cuda"
+    max_num_seqs = max_num_seqs or (128 if cuda and not quick else 32)
+    repeats = repeats or (5 if cuda else 3)
+    t0 = time.perf_counter()
+    if engine is None:
+        bs = 64
+        blocks = max_num_seqs * (-(-max_model_len // bs)) + 64
+        engine = build_engine(model, num_layers, device, dtype, max_num_seqs, max_model_len, num_kv_blocks=blocks)
+    build_s = time.perf_counter() - t0
+    warm_s = engine.warmup() if cuda else 0.0
+    hw = hardware_name(device)
+    L = engine.cfg.spec.num_layers
+    log(f"calibrate: {model} ({L} layers, {dtype}) on {device}, hardware basis {hw}; build {build_s:.1f} s, warm-up {warm_s:.1f} s")
+
+    rows = [1, 8, 32, 128, 512, 2048, 8192] if cuda and not quick else [1, 8, 64, 256]
+    t1 = time.perf_counter()
+    try:
+        op_pts = bench_linear(engine, rows, repeats=max(repeats, 10) if cuda else repeats)
+    except Exception as e:  # noqa: BLE001  (an op benchmark failing must not lose the step calibration)
+        log(f"  op benchmark failed: {type(e).__name__}: {e}")
+        op_pts = []
+    log(f"  ops: {len(op_pts)} linear shapes in {time.perf_counter() - t1:.1f} s")
+
+    shapes = step_grid(device, quick, max_model_len, max_num_seqs, engine.scheduler.config.max_num_batched_tokens)
+    t2 = time.perf_counter()
+    pts = measure_steps(engine, shapes, repeats, log)
+    log(f"  steps: {len(pts)} shapes x {repeats} in {time.perf_counter() - t2:.1f} s")
+    t3 = time.perf_counter()
+    loop_batches = [1, 8, 32, min(96, max_num_seqs)] if cuda and not quick else [1, 8]
+    loop_pts = measure_loop(engine, [b for b in loop_batches if b <= max_num_seqs], prompt_len=32, out_len=8 if cuda else 4)
+    log(f"  loop: {len(loop_pts)} iterations in {time.perf_counter() - t3:.1f} s")
+
+    base = CalibrationProfile.default(get_hardware(hw))
+    tables = op_tables(op_pts, hw)
+    prof = base.model_copy(update={"tables": {**base.tables, **tables}})
+    step = fit_step_profile(prof, pts + loop_pts, model=model, dtype=dtype, device=device, hardware_basis=hw)
+    kern = {}
+    for p in op_pts:
+        kern.setdefault("linear", p["backend"])
+    kern.update({op: choice for op, choice in ops.reset_used().items()})
+    prov = device_provenance(device)
+    prov.update(command=command, model=model, num_layers=L, dtype=dtype, kernels=_kernel_choices(engine, device), seconds=round(time.perf_counter() - t0, 1))
+    notes = list(base.notes) + [f"measured: {len(pts)} step shapes, {len(loop_pts)} loop iterations, {len(op_pts)} linear shapes on {prov.get('gpu')}"]
+    gpu = prov.get("gpu", device)
+    return prof.model_copy(update={
+        "measured_on": hw if cuda else "cpu", "source": f"twinfer calibrate on {gpu}", "created": prov["date"],
+        "notes": notes, "provenance": prov, "op_points": op_pts, "step": step,
+    })
+
+
+def _kernel_choices(engine: LLMEngine, device: str) -> dict:
+    """The backend the registry picks per op on this device (what the measured steps ran)."""
+    out = {}
+    try:
+        from kernels import registry
+        for op in ("fp8_gemm", "mla_decode", "attention_prefill", "moe_experts", "indexer_topk", "sample", "gqa_decode"):
+            try:
+                ch = ops.choice(op, engine.runner.device)
+                out[op] = [getattr(c, "name", str(c)) for c in ch.candidates][:3]
+            except Exception:  # noqa: BLE001
+                continue
+        out["overrides"] = dict(getattr(registry, "_overrides", {}) or {})
+    except Exception:  # noqa: BLE001
+        pass
+    return out

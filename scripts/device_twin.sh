@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# One device call (nvidia-h200) closing the twin loop (issue 7): calibrate the executor on the GPU,
+# validate the simulator on that profile against the executor at three load levels, tune policies
+# in simulation and run the baseline and the winner. DeepSeek-V3 cut to its first 5 layers
+# (3 dense + 2 MoE), FP8, dummy weights. Everything lands in $OUT (8 files at most).
+# Run from the repo root, with `.whl` carried:  bash scripts/device_twin.sh
+set -u
+OUT=${OUT:-/tmp/twinfer_out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+T0=$(date +%s)
+stage() { echo; echo "=== $1 (t=$(( $(date +%s) - T0 ))s)"; }
+
+stage install
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || echo "wheel install failed"
+fi
+if [ -f .whl/vllm_vendor_extract.tar.gz ]; then   # FlashMLA + DeepGEMM bundled in vllm==0.26.0 (KERNELS.md)
+  mkdir -p /tmp/vendor && tar xzf .whl/vllm_vendor_extract.tar.gz -C /tmp/vendor
+fi
+export PYTHONPATH="$PWD:/tmp/site:/tmp/vendor"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
+python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name())"
+export TWINFER_KERNEL_FP8_GEMM=${TWINFER_KERNEL_FP8_GEMM:-triton}   # DeepGEMM JITs per shape (3-8 s each); the runs use Triton
+# only the three twin commands: ui.cli would import every command's optional dependencies
+cat > /tmp/tw.py <<'PY'
+import typer
+from ui import cmd_calibrate, cmd_tune, cmd_validate
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+for m in (cmd_calibrate, cmd_validate, cmd_tune):
+    m.register(app)
+app()
+PY
+TW="python3 /tmp/tw.py"
+M="--model deepseek-v3 --num-layers 5 --dtype fp8 --device cuda"
+N=${REQS:-64}
+WL="--max-input-len ${MAXIN:-1024} --max-output-len ${MAXOUT:-128} --max-model-len 4096"
+PROFILE=${PROFILE_IN:-$OUT/calibration_deepseek-v3-5layers_fp8.json}
+
+stage "trace: $N chat requests"
+python3 - "$OUT/trace_chat.jsonl" "$N" <<'PY'
+import sys, numpy as np
+from sim.workload import preset, generate
+from sim.traces import write_trace
+reqs = generate(preset("chat", num_requests=int(sys.argv[2])), np.random.default_rng(0), 64)
+write_trace(reqs, sys.argv[1], 64)
+print(len(reqs), "requests ->", sys.argv[1])
+PY
+
+if [ -z "${PROFILE_IN:-}" ]; then
+  stage "calibrate"
+  timeout ${T_CAL:-200} bash -c "$TW calibrate $M --max-model-len 4096 --out $PROFILE"
+fi
+
+stage "validate (low, knee, past saturation)"
+timeout ${T_VAL:-220} bash -c "$TW validate $M --profile $PROFILE --trace $OUT/trace_chat.jsonl $WL --max-num-seqs 64 \
+  --out $OUT/validation_deepseek-v3-5layers_fp8.json --plot $OUT/validation_deepseek-v3-5layers_fp8.png"
+
+if [ -z "${SKIP_TUNE:-}" ]; then
+  stage "tune (+ measure baseline and winner)"
+  timeout ${T_TUNE:-150} bash -c "$TW tune $M --profile $PROFILE --trace $OUT/trace_chat.jsonl $WL --max-num-seqs 16 \
+    --max-batched-tokens 2048 --max-seqs-limit 64 --load 2.0 --measure --out $OUT/tune_deepseek-v3-5layers_fp8.json"
+fi
+stage done
+ls -la "$OUT"

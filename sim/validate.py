@@ -1,0 +1,217 @@
+"""Twin validation arithmetic: the simulator on a measured profile vs the real engine on the same requests.
+
+No torch here: the measured side arrives as plain numbers (per-step iteration times with their
+batch composition, and the run's SimMetrics from the same MetricsCollector the simulator uses).
+
+- ``simulate_requests``: the plain single-instance simulator with a given step cost (e.g.
+  ``costmodels.step_profile.ProfiledStepCost``), scheduler config and KV block count — the
+  same scheduler, the same requests, the same KV capacity as the engine.
+- ``step_comparison``: per-step predicted vs measured time on the *measured* batch
+  compositions (so step-model error is not confused with scheduling divergence): MAPE, p90
+  absolute error, bias, and the same broken down by batch size, context length and step kind.
+- ``compare_metrics``: end-to-end output throughput, TPOT, TTFT and ITL percentiles, predicted
+  vs measured, relative errors, against the targets (issue 7: step MAPE <= 5%, throughput and
+  TPOT p50 within 5%, TTFT p50/p90 within 10%).
+- ``error_bands``: the largest relative error per metric over the load levels of a report:
+  what ``twinfer simulate --error-band`` prints next to simulated figures.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import simpy
+from pydantic import BaseModel, Field
+
+from costmodels.step_profile import errors
+from scheduler.config import SchedulerConfig
+from scheduler.request import Request
+from scheduler.scheduler import Scheduler
+from sim.backend import MemoStepCost, SimBackend
+from sim.cluster import Cluster
+from sim.metrics import MetricsCollector, SimMetrics
+from sim.router import RouterConfig, make_router
+
+TARGETS = {"step_mape": 0.05, "output_throughput": 0.05, "tpot_p50": 0.05, "ttft_p50": 0.10, "ttft_p90": 0.10}
+METRICS = ("output_throughput", "tpot_p50", "tpot_p90", "ttft_p50", "ttft_p90", "itl_p50", "e2e_p50")
+
+
+class StepSample(BaseModel):
+    """One measured engine-loop iteration (one step) and its batch."""
+
+    decode_ctx: list[int]
+    prefill: list[tuple[int, int]]
+    draft_len: int = 0
+    measured_s: float
+    predicted_s: float | None = None
+
+
+class LevelReport(BaseModel):
+    """One load level: predicted vs measured."""
+
+    name: str
+    rate_rps: float
+    fraction_of_capacity: float
+    requests: int
+    measured: dict[str, float | None]
+    predicted: dict[str, float | None]
+    rel_error: dict[str, float | None]
+    step: dict
+    step_bins: list[dict] = Field(default_factory=list)
+    measured_wall_s: float = 0.0
+
+
+class ValidationReport(BaseModel):
+    """A twin validation: profile, setup, levels, error bands and target checks."""
+
+    model: str
+    num_layers: int
+    dtype: str
+    device: str
+    profile: str
+    provenance: dict = Field(default_factory=dict)
+    scheduler: dict = Field(default_factory=dict)
+    num_kv_blocks: int = 0
+    workload: str = ""
+    predicted_capacity_rps: float | None = None
+    levels: list[LevelReport] = Field(default_factory=list)
+    step_overall: dict = Field(default_factory=dict)
+    bands: dict[str, float] = Field(default_factory=dict)
+    targets: dict[str, dict] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+    command: str = ""
+    created: str = ""
+
+
+# ----------------------------------------------------------------------------- simulation
+def copy_requests(reqs: Sequence[Request], time_scale: float = 1.0) -> list[Request]:
+    """Fresh scheduler requests with the same lengths and hashes (arrivals scaled)."""
+    return [Request(r.request_id, r.arrival_time * time_scale, r.prompt_len, r.output_len, r.block_hashes, r.priority, r.session_id)
+            for r in reqs]
+
+
+def simulate_requests(step_cost, sched_cfg: SchedulerConfig, num_blocks: int, requests: list[Request], seed: int = 0,
+                      max_steps: int = 256) -> SimMetrics:
+    """Run ``requests`` (fresh Request objects) through one simulated instance; its metrics."""
+    cost = step_cost if isinstance(step_cost, MemoStepCost) else MemoStepCost(step_cost)
+    rates = sched_cfg.effective_acceptance_rates()
+    rng = np.random.default_rng(seed)
+
+    def make_backend(i: int) -> SimBackend:
+        return SimBackend(cost, np.random.default_rng([int(rng.integers(0, 2**62)), i]), rates, sched_cfg.async_overlap)
+
+    env = simpy.Environment()
+    collector = MetricsCollector(record_steps=False)
+    scheds = [Scheduler(sched_cfg, num_blocks, 0, name_all_blocks=False)]
+    Cluster(env, scheds, make_backend, make_router(RouterConfig()), collector, sorted(requests, key=lambda r: r.arrival_time),
+            max_steps=max_steps)
+    env.run()
+    return collector.summarize(1, None)
+
+
+def saturation_rps(step_cost, sched_cfg: SchedulerConfig, num_blocks: int, requests: list[Request]) -> float:
+    """Requests/s when every request arrives at once (the engine never idles): the predicted capacity."""
+    m = simulate_requests(step_cost, sched_cfg, num_blocks, copy_requests(requests, 0.0))
+    return m.requests_finished / m.duration_s if m.duration_s > 0 else float("nan")
+
+
+def natural_rate(requests: Sequence[Request]) -> float:
+    """Arrival rate of the requests as given (requests/s over their arrival span)."""
+    t = sorted(r.arrival_time for r in requests)
+    span = t[-1] - t[0] if len(t) > 1 else 0.0
+    return (len(t) - 1) / span if span > 0 else float("inf")
+
+
+# ----------------------------------------------------------------------------- comparisons
+def metric_values(m: SimMetrics) -> dict[str, float | None]:
+    """The compared figures of one run."""
+    return {"output_throughput": m.output_throughput, "tpot_p50": m.tpot_s.p50, "tpot_p90": m.tpot_s.p90,
+            "ttft_p50": m.ttft_s.p50, "ttft_p90": m.ttft_s.p90, "itl_p50": m.itl_s.p50, "e2e_p50": m.e2e_s.p50,
+            "requests_finished": float(m.requests_finished), "duration_s": m.duration_s}
+
+
+def rel_errors(pred: dict, meas: dict) -> dict[str, float | None]:
+    """(predicted - measured) / measured per metric (None where either is missing)."""
+    out = {}
+    for k in METRICS:
+        p, m = pred.get(k), meas.get(k)
+        out[k] = None if p is None or m is None or m == 0 else (p - m) / m
+    return out
+
+
+def step_comparison(samples: Sequence[StepSample]) -> tuple[dict, list[dict]]:
+    """Overall per-step errors and a breakdown by step kind, batch size and context length."""
+    s = [x for x in samples if x.predicted_s is not None and x.measured_s > 0]
+    pred = np.array([x.predicted_s for x in s])
+    meas = np.array([x.measured_s for x in s])
+    overall = errors(pred, meas)
+    bins: list[dict] = []
+
+    def add(group: str, label: str, mask: np.ndarray) -> None:
+        if mask.any():
+            e = errors(pred[mask], meas[mask])
+            bins.append({"group": group, "bin": label, **e, "measured_mean_s": float(meas[mask].mean()),
+                         "predicted_mean_s": float(pred[mask].mean())})
+
+    kind = np.array(["decode" if not x.prefill else ("prefill" if not x.decode_ctx else "mixed") for x in s])
+    for k in ("decode", "prefill", "mixed"):
+        add("kind", k, kind == k)
+    nd = np.array([len(x.decode_ctx) for x in s])
+    dec = kind == "decode"
+    for lo, hi in ((1, 1), (2, 8), (9, 32), (33, 128), (129, 1 << 30)):
+        add("decode batch", f"{lo}-{hi}" if hi < 1 << 30 else f">{lo - 1}", dec & (nd >= lo) & (nd <= hi))
+    ctx = np.array([np.mean(x.decode_ctx) if x.decode_ctx else 0.0 for x in s])
+    for lo, hi in ((0, 512), (512, 1024), (1024, 2048), (2048, 1 << 30)):
+        add("decode mean context", f"{lo}-{hi}" if hi < 1 << 30 else f">={lo}", dec & (ctx >= lo) & (ctx < hi))
+    return overall, bins
+
+
+def check_targets(levels: Sequence[LevelReport], step_overall: dict) -> dict[str, dict]:
+    """Each target: the worst value over levels and whether it is met."""
+    out = {"step_mape": {"target": TARGETS["step_mape"], "value": step_overall.get("mape")}}
+    for k in ("output_throughput", "tpot_p50", "ttft_p50", "ttft_p90"):
+        vals = [abs(lv.rel_error[k]) for lv in levels if lv.rel_error.get(k) is not None]
+        out[k] = {"target": TARGETS[k], "value": max(vals) if vals else None,
+                  "per_level": {lv.name: lv.rel_error.get(k) for lv in levels}}
+    for v in out.values():
+        v["met"] = v["value"] is not None and v["value"] <= v["target"]
+    return out
+
+
+def error_bands(levels: Sequence[LevelReport], step_overall: dict | None = None) -> dict[str, float]:
+    """Largest |relative error| per metric over the levels (and the step MAPE / p90 relative error)."""
+    bands: dict[str, float] = {}
+    for k in METRICS:
+        vals = [abs(lv.rel_error[k]) for lv in levels if lv.rel_error.get(k) is not None]
+        if vals:
+            bands[k] = float(max(vals))
+    if step_overall and step_overall.get("mape") is not None:
+        bands["step_time"] = float(step_overall["mape"])
+    return bands
+
+
+# ----------------------------------------------------------------------------- bands for twinfer simulate
+def load_bands(path: str | Path) -> tuple[dict[str, float], str]:
+    """Error bands of a validation report file and a one-line description of where they come from."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    rep = ValidationReport.model_validate(data)
+    bands = rep.bands or error_bands(rep.levels, rep.step_overall)
+    gpu = rep.provenance.get("gpu", rep.device)
+    src = f"{Path(path).name}: {rep.model} ({rep.num_layers} layers, {rep.dtype}) on {gpu}, {len(rep.levels)} load levels"
+    return bands, src
+
+
+def find_report(hardware: str, root: str | Path = "profiles") -> Path | None:
+    """The newest committed validation report for ``hardware`` (profiles/<hw>/validation_*.json), if any."""
+    d = Path(root) / hardware.lower()
+    found = sorted(d.glob("validation_*.json")) if d.is_dir() else []
+    return found[-1] if found else None
+
+
+def band_text(bands: dict[str, float], key: str) -> str:
+    """'±x%' for a metric's band ('' when unknown)."""
+    v = bands.get(key)
+    return "" if v is None else f"±{v * 100:.0f}%" if v >= 0.095 else f"±{v * 100:.1f}%"

@@ -1,0 +1,49 @@
+"""``twinfer calibrate``: measure this executor's ops and steps on the current device and write a calibration profile."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``calibrate`` to the CLI."""
+    app.command("calibrate", help="Measure op efficiencies and step times (host overhead included) of the executor on this "
+                                  "device; fit the step model; write a calibration profile JSON.")(calibrate)
+
+
+def calibrate(
+    model: str = typer.Option("tiny", "--model", "-m", help="catalog name or HF folder"),
+    num_layers: Optional[int] = typer.Option(None, "--num-layers", min=1, help="keep the first n layers"),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp32 | fp8 [fp32 on cpu, bf16 on cuda]"),
+    out: Path = typer.Option(..., "--out", "-o", help="profile JSON to write"),
+    quick: bool = typer.Option(False, "--quick", help="a small grid (CI, smoke tests)"),
+    repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="timed runs per step shape [5 on cuda, 3 on cpu]"),
+    max_model_len: int = typer.Option(4096, "--max-model-len", min=16),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1, help="largest decode batch measured [128 on cuda]"),
+) -> None:
+    """Calibrate; print the fitted step model."""
+    from rich.console import Console
+
+    from executor.calibrate import calibrate as run
+
+    con = Console()
+    prof = run(model, num_layers, device, dtype, quick=quick, repeats=repeats, max_model_len=max_model_len,
+               max_num_seqs=max_num_seqs, command="twinfer " + " ".join(sys.argv[1:]), log=lambda s: con.print(s, highlight=False))
+    prof.save(out)
+    st = prof.step
+    h, lp = st.host, st.loop
+    con.print(f"step model: runner = max(host, device) + {st.overlap:.2f} x min(host, device)", highlight=False)
+    con.print(f"  host: {h.fixed_s * 1e3:.3f} ms + {h.per_layer_s * 1e6:.1f} us/layer + {h.per_request_s * 1e6:.1f} us/request "
+              f"+ {h.per_token_s * 1e6:.2f} us/token + {h.per_prefill_s * 1e6:.1f} us/prefill chunk", highlight=False)
+    con.print("  device scale vs cost model: " + ", ".join(f"{k} {v:.2f}" for k, v in st.category_scale.items())
+              + (" (with measured op tables)" if st.use_op_tables else " (analytic op efficiencies)"), highlight=False)
+    con.print(f"  engine loop: {lp.fixed_s * 1e3:.3f} ms + {lp.per_request_s * 1e6:.1f} us/request + {lp.per_token_s * 1e6:.2f} us/token",
+              highlight=False)
+    con.print(f"  fit on {st.fit.points} steps: MAPE {st.fit.mape * 100:.1f}%, p90 abs err {st.fit.p90_abs_err_s * 1e3:.2f} ms",
+              highlight=False)
+    con.print(f"profile: {out}")

@@ -1,0 +1,119 @@
+"""``twinfer tune``: search scheduler policies in simulation on a measured profile; optionally run the
+baseline and the winner on the real executor and set the measured gain next to the predicted one."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+
+from twinfer.errors import TwinferError
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``tune`` to the CLI."""
+    app.command("tune", help="Search policies (max batch, token budget, chunk size; async overlap and MTP predicted only) in "
+                             "simulation on a calibration profile; --measure runs baseline and winner on the executor.")(tune)
+
+
+def tune(
+    model: str = typer.Option("tiny", "--model", "-m"),
+    num_layers: Optional[int] = typer.Option(None, "--num-layers", min=1),
+    profile: Path = typer.Option(..., "--profile", "-p", help="calibration profile JSON (twinfer calibrate)"),
+    trace: Optional[str] = typer.Option(None, "--trace", "-t", help="twinfer JSONL trace (default: the --workload preset)"),
+    workload: str = typer.Option("chat", "--workload", "-w"),
+    requests: Optional[int] = typer.Option(None, "--requests", "-n", min=1),
+    load: float = typer.Option(2.0, "--load", help="arrival rate as a multiple of the baseline's predicted capacity (2: past saturation)"),
+    objective: str = typer.Option("output_throughput", "--objective", help="output_throughput | ttft_p50 | ttft_p90 | tpot_p50 | e2e_p50"),
+    slo_tpot_ms: Optional[float] = typer.Option(None, "--slo-tpot-ms", help="candidates must keep TPOT p50 under this"),
+    max_num_seqs: int = typer.Option(16, "--max-num-seqs", min=1, help="baseline max batch"),
+    max_batched_tokens: int = typer.Option(2048, "--max-batched-tokens", min=1, help="baseline token budget"),
+    max_seqs_limit: int = typer.Option(128, "--max-seqs-limit", min=1, help="largest max batch searched"),
+    max_model_len: int = typer.Option(4096, "--max-model-len", min=16),
+    max_input_len: Optional[int] = typer.Option(None, "--max-input-len", min=1),
+    max_output_len: Optional[int] = typer.Option(None, "--max-output-len", min=1),
+    num_kv_blocks: Optional[int] = typer.Option(None, "--num-kv-blocks", min=2),
+    measure: bool = typer.Option(False, "--measure", help="run the baseline and the winner on the executor"),
+    device: str = typer.Option("cpu", "--device"),
+    dtype: Optional[str] = typer.Option(None, "--dtype"),
+    seed: int = typer.Option(0, "--seed"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="write the result as JSON"),
+) -> None:
+    """Tune policies for this profile."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from costmodels.calibration import CalibrationProfile
+    from costmodels.step_profile import ProfiledStepCost
+    from planner.tune import default_grid, gain, tune as search
+    from scheduler.config import SchedulerConfig
+    from sim.validate import copy_requests, metric_values, natural_rate, saturation_rps
+    from ui.cmd_validate import load_requests, sim_config
+
+    con = Console()
+    prof = CalibrationProfile.load(profile)
+    if prof.step is None:
+        raise TwinferError(f"{profile}: no measured step model in this profile (make one with twinfer calibrate)")
+    cost = ProfiledStepCost(prof, num_layers=num_layers or prof.step.num_layers)
+    bs = 64
+    base = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(max_batched_tokens, max_num_seqs),
+                           max_model_len=max_model_len, block_size=bs)
+    reqs = load_requests(trace, workload, requests, bs, seed, max_input_len, max_output_len, max_model_len)
+    blocks = num_kv_blocks or max_seqs_limit * (-(-max_model_len // bs)) + 64
+    sbase = sim_config(base, prof)
+    cap = saturation_rps(cost, sbase, blocks, reqs)
+    r0 = natural_rate(reqs)
+    scale = r0 / (load * cap) if np.isfinite(r0) else 1.0
+    reqs = copy_requests(reqs, scale)
+    grid = default_grid(base, max_seqs_limit, bool(cost.model.mtp_layers))
+    res = search(cost, sbase, blocks, reqs, objective=objective, slo_tpot_s=slo_tpot_ms / 1e3 if slo_tpot_ms else None, grid=grid, seed=seed)
+    con.print(f"{len(res.candidates)} policies simulated on {len(reqs)} requests at {load:g} x the baseline's predicted capacity "
+              f"({load * cap:.2f} req/s); objective {objective}")
+    tab = Table(title="best policies (simulated)")
+    for c in ("max_num_seqs", "max_batched_tokens", "chunk cap", "async", "draft", objective, "feasible"):
+        tab.add_column(c, justify="right")
+    ranked = sorted([c for c in res.candidates if c.objective is not None], key=lambda c: c.objective,
+                    reverse=objective == "output_throughput")
+    for c in [res.baseline] + ranked[:8]:
+        k = c.knobs
+        tab.add_row(str(k["max_num_seqs"]), str(k["max_num_batched_tokens"]), str(k["long_prefill_threshold"] or "-"),
+                    "on" if k["async_overlap"] else "off", str(k["draft_len"]), f"{c.objective:.4g}", "yes" if c.feasible else c.why)
+    con.print(tab)
+    con.print(f"baseline {res.baseline.knobs} -> winner {res.best.knobs}: predicted gain {res.predicted_gain * 100:+.1f}%", highlight=False)
+    if res.best_predicted_only is not None:
+        con.print(f"predicted only: {res.best_predicted_only.knobs} {res.predicted_only_gain * 100:+.1f}%", highlight=False)
+
+    measured = None
+    if measure:
+        from executor.calibrate import build_engine, fresh_engine, replay
+        from ui.cmd_run import synth_prompt
+        dtype = dtype or prof.step.dtype
+        engine = build_engine(model, num_layers, device, dtype, max_seqs_limit, max_model_len, num_kv_blocks=blocks, seed=seed)
+        if device == "cuda":
+            engine.warmup()
+        vocab = engine.vocab_size
+        items = [(r.arrival_time, r.request_id, synth_prompt(r.block_hashes, r.prompt_len, bs, vocab, r.request_id, seed), r.output_len)
+                 for r in reqs]
+        runs = {}
+        for name, knobs in (("baseline", res.baseline.knobs), ("winner", res.best.knobs)):
+            cfg = base.model_copy(update={k: knobs[k] for k in ("max_num_seqs", "max_num_batched_tokens", "long_prefill_threshold")})
+            r = replay(fresh_engine(engine, cfg), items, seed=seed)
+            runs[name] = metric_values(r.metrics)
+            con.print(f"measured {name}: {objective} {runs[name][objective]:.4g}", highlight=False)
+        mg = gain(objective, runs["baseline"][objective], runs["winner"][objective])
+        measured = {"baseline": runs["baseline"], "winner": runs["winner"], "gain": mg,
+                    "gain_error_points": (res.predicted_gain - mg) * 100}
+        con.print(f"gain: predicted {res.predicted_gain * 100:+.1f}%, measured {mg * 100:+.1f}% "
+                  f"({(res.predicted_gain - mg) * 100:+.1f} points)", highlight=False)
+    if out is not None:
+        doc = {"result": res.model_dump(), "measured": measured, "profile": str(profile), "provenance": prof.provenance,
+               "load_x_capacity": load, "rate_rps": load * cap, "requests": len(reqs),
+               "command": "twinfer " + " ".join(sys.argv[1:]), "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+        doc["result"]["candidates"] = doc["result"]["candidates"][:400]
+        Path(out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        con.print(f"result: {out}")

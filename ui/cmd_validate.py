@@ -1,0 +1,266 @@
+"""``twinfer validate``: replay the same requests through the real executor and through the simulator
+configured with a calibration profile, at several load levels, and report how far the twin is off."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+
+from twinfer.errors import TwinferError
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``validate`` to the CLI."""
+    app.command("validate", help="Replay a trace on the executor and in the simulator (with a calibration profile); "
+                                 "print per-step and end-to-end errors at several load levels; write a JSON report and a plot.")(validate)
+
+
+def load_requests(trace: Optional[str], workload: str, requests: Optional[int], block_size: int, seed: int,
+                  max_input_len: Optional[int], max_output_len: Optional[int], max_model_len: int):
+    """Requests from a trace (JSONL) or a workload preset/file, lengths clamped to what the engine holds."""
+    if trace:
+        from sim.traces import read_trace
+        reqs = read_trace(trace, block_size, "jsonl")
+        if requests:
+            reqs = reqs[:requests]
+    else:
+        from sim.workload import generate
+        from ui.cmd_run import _load_workload
+        reqs = generate(_load_workload(workload, requests, None), np.random.default_rng(seed), block_size)
+    if not reqs:
+        raise TwinferError("no requests to replay")
+    t0 = min(r.arrival_time for r in reqs)
+    out = []
+    for r in sorted(reqs, key=lambda r: r.arrival_time):
+        p = min(r.prompt_len, max_input_len or r.prompt_len, max_model_len - 2)
+        o = max(1, min(r.output_len, max_output_len or r.output_len, max_model_len - p - 1))
+        r.arrival_time -= t0
+        r.prompt_len, r.output_len = p, o
+        r.block_hashes = r.block_hashes[: p // block_size]
+        out.append(r)
+    return out
+
+
+def sim_config(base, profile):
+    """The simulator's scheduler config: the engine's, with the measured loop as host overhead (synchronous loop)."""
+    from costmodels.step_profile import loop_scheduler_terms
+    return base.model_copy(update={**loop_scheduler_terms(profile.step), "async_overlap": False})
+
+
+def predict_step(cost, profile, decode_ctx, prefill, draft_len=0) -> float:
+    """Predicted engine-loop iteration: runner step + loop overhead (as the simulator charges it)."""
+    n = len(decode_ctx) + len(prefill)
+    tok = len(decode_ctx) * (1 + draft_len) + sum(a for a, _ in prefill)
+    runner = cost.chunked_step_time(np.asarray(decode_ctx, np.int64), draft_len, [a for a, _ in prefill], [c for _, c in prefill])
+    return float(runner + profile.step.loop(n, tok))
+
+
+def write_plot(report, samples_by_level: dict, path: Path) -> str:
+    """PNG with matplotlib when available, else an HTML plotly file; returns what was written (or why not)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:  # noqa: BLE001
+        plt = None
+    names = [lv.name for lv in report.levels]
+    metrics = ["output_throughput", "tpot_p50", "ttft_p50", "ttft_p90"]
+    if plt is not None:
+        fig, ax = plt.subplots(1, 2, figsize=(12, 4.8))
+        for name, s in samples_by_level.items():
+            m = np.array([x.measured_s for x in s]) * 1e3
+            p = np.array([x.predicted_s for x in s]) * 1e3
+            ax[0].scatter(m, p, s=8, label=name, alpha=0.6)
+        lim = [1, max(1.0, max((x.measured_s for s in samples_by_level.values() for x in s), default=1) * 1e3 * 1.1)]
+        ax[0].plot(lim, lim, "k--", lw=0.8)
+        ax[0].set_xscale("log"), ax[0].set_yscale("log")
+        ax[0].set_xlabel("measured step (ms)"), ax[0].set_ylabel("predicted step (ms)")
+        ax[0].set_title(f"per-step: MAPE {report.step_overall.get('mape', 0) * 100:.1f}%")
+        ax[0].legend()
+        w = 0.8 / max(1, len(names))
+        x = np.arange(len(metrics))
+        for i, lv in enumerate(report.levels):
+            ax[1].bar(x + i * w, [100 * (lv.rel_error.get(k) or 0) for k in metrics], w, label=lv.name)
+        ax[1].axhline(0, color="k", lw=0.8)
+        ax[1].set_xticks(x + w * (len(names) - 1) / 2, metrics)
+        ax[1].set_ylabel("predicted vs measured (%)")
+        ax[1].legend()
+        fig.suptitle(f"twinfer validate: {report.model} ({report.num_layers} layers, {report.dtype}) on {report.provenance.get('gpu', report.device)}")
+        fig.tight_layout()
+        path = path.with_suffix(".png")
+        fig.savefig(path, dpi=110)
+        return str(path)
+    try:
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+    except Exception:  # noqa: BLE001
+        return "skipped: neither matplotlib nor plotly is installed"
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("per-step predicted vs measured (ms)", "end-to-end error (%)"))
+    for name, s in samples_by_level.items():
+        fig.add_trace(go.Scatter(x=[x.measured_s * 1e3 for x in s], y=[x.predicted_s * 1e3 for x in s], mode="markers", name=name), 1, 1)
+    for lv in report.levels:
+        fig.add_trace(go.Bar(x=metrics, y=[100 * (lv.rel_error.get(k) or 0) for k in metrics], name=lv.name), 1, 2)
+    path = path.with_suffix(".html")
+    fig.write_html(str(path), include_plotlyjs="cdn")
+    return str(path)
+
+
+def validate(
+    trace: Optional[str] = typer.Option(None, "--trace", "-t", help="twinfer JSONL trace (default: the --workload preset)"),
+    workload: str = typer.Option("chat", "--workload", "-w", help="workload preset or file when no --trace"),
+    requests: Optional[int] = typer.Option(None, "--requests", "-n", min=1, help="requests per load level"),
+    model: str = typer.Option("tiny", "--model", "-m"),
+    num_layers: Optional[int] = typer.Option(None, "--num-layers", min=1),
+    profile: Path = typer.Option(..., "--profile", "-p", help="calibration profile JSON (twinfer calibrate)"),
+    device: str = typer.Option("cpu", "--device"),
+    dtype: Optional[str] = typer.Option(None, "--dtype"),
+    levels: str = typer.Option("0.3,0.8,2.0", "--levels", help="load levels as fractions of the predicted capacity (low, knee, past saturation)"),
+    max_num_seqs: int = typer.Option(64, "--max-num-seqs", min=1),
+    max_batched_tokens: int = typer.Option(8192, "--max-batched-tokens", min=1),
+    max_model_len: int = typer.Option(4096, "--max-model-len", min=16),
+    max_input_len: Optional[int] = typer.Option(None, "--max-input-len", min=1),
+    max_output_len: Optional[int] = typer.Option(None, "--max-output-len", min=1),
+    num_kv_blocks: Optional[int] = typer.Option(None, "--num-kv-blocks", min=2),
+    seed: int = typer.Option(0, "--seed"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="write the JSON report here"),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="plot file (PNG with matplotlib, else HTML)"),
+    sim_only: bool = typer.Option(False, "--sim-only", help="only print the simulator's predictions (no executor)"),
+) -> None:
+    """Validate the twin on this device."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from costmodels.calibration import CalibrationProfile
+    from costmodels.step_profile import ProfiledStepCost
+    from scheduler.config import SchedulerConfig
+    from sim.validate import (LevelReport, StepSample, ValidationReport, check_targets, copy_requests, error_bands,
+                              metric_values, natural_rate, rel_errors, saturation_rps, simulate_requests, step_comparison)
+
+    con = Console()
+    prof = CalibrationProfile.load(profile)
+    if prof.step is None:
+        raise TwinferError(f"{profile}: no measured step model in this profile (make one with twinfer calibrate)")
+    if prof.step.model != model:
+        con.print(f"[yellow]note:[/] profile measured {prof.step.model}, validating {model}")
+    dtype = dtype or prof.step.dtype
+    cost = ProfiledStepCost(prof, num_layers=num_layers or prof.step.num_layers)
+    L = cost.num_layers
+    fracs = [float(x) for x in levels.split(",") if x.strip()]
+    names = {0: "low", 1: "knee", 2: "past saturation"} if len(fracs) == 3 else {}
+    block_size = 64
+    base_cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(max_batched_tokens, max_num_seqs),
+                               max_model_len=max_model_len, block_size=block_size)
+    reqs = load_requests(trace, workload, requests, block_size, seed, max_input_len, max_output_len, max_model_len)
+    blocks = num_kv_blocks or max_num_seqs * (-(-max_model_len // block_size)) + 64
+    scfg = sim_config(base_cfg, prof)
+    cap = saturation_rps(cost, scfg, blocks, reqs)
+    r0 = natural_rate(reqs)
+    con.print(f"predicted capacity {cap:.2f} requests/s ({len(reqs)} requests, {L} layers, {blocks} KV blocks of {block_size})")
+
+    engine = None
+    if not sim_only:
+        from executor.calibrate import build_engine, fresh_engine, replay
+        from ui.cmd_run import synth_prompt
+        t0 = time.perf_counter()
+        engine = build_engine(model, num_layers, device, dtype, max_num_seqs, max_model_len, num_kv_blocks=blocks, seed=seed,
+                              max_batched_tokens=max_batched_tokens)
+        if device == "cuda":
+            engine.warmup()
+        con.print(f"engine built and warmed in {time.perf_counter() - t0:.1f} s")
+        vocab = engine.vocab_size
+        prompts = {r.request_id: synth_prompt(r.block_hashes, r.prompt_len, block_size, vocab, r.request_id, seed) for r in reqs}
+
+    reports: list[LevelReport] = []
+    samples_by_level: dict[str, list[StepSample]] = {}
+    all_samples: list[StepSample] = []
+    for i, f in enumerate(fracs):
+        name = names.get(i, f"{f:g}x")
+        rate = f * cap
+        scale = (r0 / rate) if np.isfinite(r0) and rate > 0 else 1.0
+        pred_m = simulate_requests(cost, scfg, blocks, copy_requests(reqs, scale), seed=seed)
+        pred = metric_values(pred_m)
+        meas: dict = {k: None for k in pred}
+        step: dict = {}
+        bins: list = []
+        wall = 0.0
+        if engine is not None:
+            eng = fresh_engine(engine, base_cfg)
+            items = [(r.arrival_time * scale, r.request_id, prompts[r.request_id], r.output_len) for r in reqs]
+            res = replay(eng, items, seed=seed)
+            wall = res.wall_s
+            meas = metric_values(res.metrics)
+            samples = [StepSample(decode_ctx=s.decode_ctx, prefill=s.prefill, draft_len=s.draft_len, measured_s=s.iter_s,
+                                  predicted_s=predict_step(cost, prof, s.decode_ctx, s.prefill, s.draft_len))
+                       for s in res.steps if s.num_steps == 1]
+            step, bins = step_comparison(samples)
+            samples_by_level[name] = samples
+            all_samples += samples
+        reports.append(LevelReport(name=name, rate_rps=rate, fraction_of_capacity=f, requests=len(reqs), measured=meas, predicted=pred,
+                                   rel_error=rel_errors(pred, meas), step=step, step_bins=bins, measured_wall_s=wall))
+        _print_level(con, reports[-1])
+
+    overall, overall_bins = step_comparison(all_samples) if all_samples else ({}, [])
+    rep = ValidationReport(
+        model=model, num_layers=L, dtype=dtype, device=device, profile=str(profile), provenance=dict(prof.provenance),
+        scheduler=base_cfg.model_dump(), num_kv_blocks=blocks, workload=trace or workload, predicted_capacity_rps=cap,
+        levels=reports, step_overall={**overall, "bins": overall_bins}, command="twinfer " + " ".join(sys.argv[1:]),
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        notes=[f"dummy weights; {L}-layer {model}; the simulator charges the profile's runner step plus its measured engine loop "
+               "(synchronous loop: async_overlap off)", "per-step errors are on the measured batch compositions"],
+    )
+    if engine is not None:
+        rep.bands = error_bands(reports, overall)
+        rep.targets = check_targets(reports, overall)
+        if device == "cuda":
+            from executor.calibrate import device_provenance
+            rep.provenance = {**rep.provenance, "validated_on": device_provenance(device)}
+        _print_summary(con, rep)
+    if plot is not None and samples_by_level:
+        con.print(f"plot: {write_plot(rep, samples_by_level, plot)}")
+    if out is not None:
+        Path(out).write_text(json.dumps(rep.model_dump(), indent=1) + "\n", encoding="utf-8")
+        con.print(f"report: {out}")
+
+
+def _fmt(k: str, v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.1f}" if k == "output_throughput" else f"{v * 1e3:.1f}"
+
+
+def _print_level(con, lv) -> None:
+    from rich.table import Table
+
+    tab = Table(title=f"{lv.name}: {lv.rate_rps:.2f} req/s ({lv.fraction_of_capacity:g} x predicted capacity), {lv.requests} requests")
+    for c in ("metric", "measured", "predicted", "error"):
+        tab.add_column(c, justify="right" if c != "metric" else "left")
+    for k in ("output_throughput", "tpot_p50", "tpot_p90", "ttft_p50", "ttft_p90", "itl_p50", "e2e_p50"):
+        e = lv.rel_error.get(k)
+        unit = " tok/s" if k == "output_throughput" else " ms"
+        tab.add_row(k + unit, _fmt(k, lv.measured.get(k)), _fmt(k, lv.predicted.get(k)), "-" if e is None else f"{e * 100:+.1f}%")
+    if lv.step:
+        tab.add_row("per-step MAPE / p90 abs err", "", "", f"{lv.step['mape'] * 100:.1f}% / {lv.step['p90_abs_err_s'] * 1e3:.2f} ms")
+    con.print(tab)
+
+
+def _print_summary(con, rep) -> None:
+    from rich.table import Table
+
+    tab = Table(title="per-step predicted vs measured (all levels)")
+    for c in ("group", "bin", "steps", "measured ms", "predicted ms", "MAPE", "p90 abs err ms"):
+        tab.add_column(c, justify="right" if c not in ("group", "bin") else "left")
+    for b in rep.step_overall.get("bins", []):
+        tab.add_row(b["group"], b["bin"], str(b["n"]), f"{b['measured_mean_s'] * 1e3:.2f}", f"{b['predicted_mean_s'] * 1e3:.2f}",
+                    f"{b['mape'] * 100:.1f}%", f"{b['p90_abs_err_s'] * 1e3:.2f}")
+    con.print(tab)
+    for k, t in rep.targets.items():
+        v = t["value"]
+        con.print(f"target {k}: {'-' if v is None else f'{v * 100:.1f}%'} (<= {t['target'] * 100:.0f}%) "
+                  + ("[green]met[/]" if t["met"] else "[red]missed[/]"))
