@@ -8,6 +8,8 @@ of its traffic that leaves the domain over the scale-out NIC, and the slower pat
 
 from __future__ import annotations
 
+import numpy as np
+
 from costmodels.calibration import CalibrationProfile
 from costmodels.hardware import Hardware
 
@@ -56,3 +58,33 @@ def p2p_time(nbytes: float, cross_domain: bool, hw: Hardware, cal: CalibrationPr
         return 0.0
     bw = hw.scaleout_bw if cross_domain else hw.scaleup_bw
     return nbytes / (bw * cal.comm_eff) + cal.p2p_latency_s
+
+
+def allreduce_time_vec(nbytes: np.ndarray, n: int, hw: Hardware, cal: CalibrationProfile) -> np.ndarray:
+    """``allreduce_time`` at each element of ``nbytes`` (the same arithmetic, vectorised)."""
+    b = np.asarray(nbytes, float)
+    if n <= 1:
+        return np.zeros_like(b)
+    d = min(n, hw.scaleup_domain)
+    t = 2.0 * (d - 1) / d * b / (hw.scaleup_bw * cal.comm_eff)
+    if n > hw.scaleup_domain:
+        k = -(-n // hw.scaleup_domain)
+        t = t + 2.0 * (k - 1) / k * b / d / (hw.scaleout_bw * cal.comm_eff) + cal.allreduce_latency_s + cal.alltoall_scaleout_latency_s
+    else:
+        t = t + cal.allreduce_latency_s
+    return np.where(b > 0, t, 0.0)
+
+
+def alltoall_time_vec(nbytes_out: np.ndarray, n: int, hw: Hardware, cal: CalibrationProfile) -> np.ndarray:
+    """``alltoall_time`` at each element of ``nbytes_out`` (the same arithmetic, vectorised)."""
+    b = np.asarray(nbytes_out, float)
+    if n <= 1:
+        return np.zeros_like(b)
+    d = min(n, hw.scaleup_domain)
+    if n <= hw.scaleup_domain:
+        t = b / (hw.scaleup_bw * cal.comm_eff) + cal.alltoall_latency_s
+    else:
+        remote = b * (n - d) / (n - 1)
+        local = b - remote
+        t = np.maximum(local / (hw.scaleup_bw * cal.comm_eff), remote / (hw.scaleout_bw * cal.comm_eff)) + cal.alltoall_scaleout_latency_s
+    return np.where(b > 0, t, 0.0)

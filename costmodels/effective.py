@@ -82,7 +82,7 @@ class EffectiveStepCost:
     def _at(self, dp_imbalance: float) -> StepCostModel:
         m = self._models.get(dp_imbalance)
         if m is None:
-            load = self.expert_load.imbalance if self.expert_load is not None else None
+            load = self.expert_load  # an ExpertLoad: callable, with a vectorised ``many``
             m = StepCostModel(self.model, self.hw, self.layout, self.cal, dp_imbalance=dp_imbalance, expert_load=load)
             self._models[dp_imbalance] = m
         return m

@@ -224,6 +224,18 @@ class ExpertLoad:
             self._memo[key] = v
         return v
 
+    def __call__(self, assignments: float) -> float:
+        """``imbalance(assignments)``: an ExpertLoad is the ``expert_load`` callable StepCostModel takes."""
+        return self.imbalance(assignments)
+
+    def many(self, assignments: np.ndarray) -> np.ndarray:
+        """``imbalance`` at each element (the same 5% grid memo, one computation per distinct grid point)."""
+        a = np.maximum(np.asarray(assignments, float), 1.0)
+        keys = np.rint(np.log(a) / math.log(1.05)).astype(np.int64)
+        uniq, inv = np.unique(keys, return_inverse=True)
+        vals = np.array([self.imbalance(1.05 ** int(k)) for k in uniq.tolist()])
+        return vals[inv] if self.ep > 1 else np.ones_like(a)
+
     def static_imbalance(self) -> float:
         """The imbalance from popularity and placement alone (infinitely many assignments)."""
         return max(1.0, float(self.shares.max(axis=1).mean()) * self.ep)

@@ -31,13 +31,15 @@ import numpy as np
 
 from costmodels.batch import BatchShape
 from costmodels.calibration import CalibrationProfile
-from costmodels.comm import allgather_time, allreduce_time, alltoall_time, p2p_time
+from costmodels.comm import allgather_time, allreduce_time, allreduce_time_vec, alltoall_time, alltoall_time_vec, p2p_time
 from costmodels.hardware import Hardware
 from costmodels.layout import ParallelLayout
 from costmodels.memory import MemoryFit, kv_bytes_per_token_layer, kv_shard_divisor, memory_fit, mtp_kind, indexer_kv_bytes_per_token
 from costmodels.model_spec import ModelSpec
 from costmodels.ops import CATEGORIES, INF, AttnGeometry, OpCost, SortedSums, StepCost, entries_last, entries_sum, geometry
 from costmodels.params import WEIGHT_BYTES, attention_linears, ffn_linears, embedding_linears, mtp_linears, shard_divisor, weight_bytes_per_param
+
+_COMM_VEC = {allreduce_time: allreduce_time_vec, alltoall_time: alltoall_time_vec}
 
 ATT, IDX, DENSE, EXPERT, COMM, OTHER = range(6)
 A2A = 6  # extra slot: the overlappable (EP all-to-all) part of COMM
@@ -791,6 +793,9 @@ class StepCostModel:
     def _imbalance_vec(self, tokens: np.ndarray):
         if self.expert_load is None or not self.model.moe:
             return self.expert_imbalance
+        many = getattr(self.expert_load, "many", None)  # costmodels.moe_load.ExpertLoad: one memo lookup per distinct grid point
+        if many is not None:
+            return np.maximum(1.0, many(np.asarray(tokens, float) * self.model.moe.top_k))
         return np.array([self._imbalance(x) for x in tokens.tolist()])
 
     def _experts_vec(self, tok: np.ndarray) -> np.ndarray:
@@ -823,7 +828,10 @@ class StepCostModel:
         if layers == 0:
             return t, a
 
-        def each(fn, b, *args):  # the scalar collective model, point by point
+        def each(fn, b, *args):  # the collective model at each point (vectorised twins of the scalar functions)
+            vec = _COMM_VEC.get(fn)
+            if vec is not None:
+                return vec(b, *args, hw, cal)
             return np.array([fn(x, *args, hw, cal) for x in b.tolist()])
 
         ar = tok * h * 2.0
