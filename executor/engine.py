@@ -115,7 +115,7 @@ class LLMEngine:
                   scheduler_config: SchedulerConfig | dict | None = None, plan_path: str | None = None,
                   routing_skew: float = 0.0, decode_steps: int = 1, eos_token_id: int | None = None,
                   kv_memory_fraction: float = 0.7, step_log=None, kernel_overrides: dict[str, str] | None = None,
-                  num_layers: int | None = None) -> "LLMEngine":
+                  num_layers: int | None = None, model_transform=None) -> "LLMEngine":
         """Build model, KV cache, scheduler and runner from names and options.
 
         ``model``: a catalog name (``tiny``, ...) or an HF checkpoint folder (config.json +
@@ -123,10 +123,11 @@ class LLMEngine:
         configures the scheduler. ``routing_skew``: Zipf-like expert skew for dummy weights.
         ``decode_steps``: most decode steps one plan may cover (multi-step decode).
         ``num_layers``: keep only the first n layers (a full-width model that fits one GPU, for benchmarks).
+        ``model_transform``: callable(model) -> model applied before the KV cache is sized (EP sharding).
         """
-        if device not in ("cpu", "cuda"):
+        if device not in ("cpu", "cuda") and not device.startswith("cuda:"):   # cuda:N: one EP rank's GPU
             raise TwinferError(f"device {device!r}: expected 'cpu' or 'cuda'")
-        if device == "cuda" and not torch.cuda.is_available():
+        if device.startswith("cuda") and not torch.cuda.is_available():
             raise TwinferError("device 'cuda' requested but torch sees no CUDA GPU (use --device cpu)")
         if dtype not in DTYPES:
             raise TwinferError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
@@ -153,11 +154,13 @@ class LLMEngine:
         mml = min(max_model_len if max_model_len is not None else scheduler_config.max_model_len, spec.max_context)
         sched_cfg = scheduler_config.model_copy(update={"max_model_len": mml})
         dev = torch.device(device)
-        if device == "cuda":
-            torch.cuda.set_device(0)
-            dev = torch.device("cuda", 0)
+        if device.startswith("cuda"):
+            dev = torch.device("cuda", dev.index or 0)
+            torch.cuda.set_device(dev)
         torch_dtype = DTYPES[dtype]
         net = build_model(cfg, dev, dtype, load_format, seed, routing_skew, max_pos=mml + sched_cfg.draft_len + 8)
+        if model_transform is not None:
+            net = model_transform(net)
         if num_kv_blocks is None:
             num_kv_blocks = _default_kv_blocks(cfg, sched_cfg.block_size, torch_dtype, dev, mml,
                                                sched_cfg.max_num_seqs, kv_memory_fraction)
