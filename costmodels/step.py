@@ -254,7 +254,7 @@ class StepCostModel:
             if sum(prefill_new) <= 0:
                 return self.mixed_step_time(prefill_new, prefill_ctx, np.zeros(len(prefill_new), bool))
             return self._fast_time(0, 0, None, 0, prefill_new, prefill_ctx)
-        return self._fast_time(nd, draft_len, decode_context_lens, int(decode_context_lens.sum()), prefill_new, prefill_ctx)
+        return self._fast_time(nd, draft_len, decode_context_lens, int(np.add.reduce(decode_context_lens)), prefill_new, prefill_ctx)
 
     def _mixed_step_time_reference(self, new: np.ndarray, ctx: np.ndarray, dec: np.ndarray) -> float:
         """``mixed_step_time`` op by op (the ``step`` arithmetic without the op list): the fast path's reference."""

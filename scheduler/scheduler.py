@@ -22,6 +22,9 @@ from scheduler.kv_tiers import KVTiers
 from scheduler.plan import ScheduledChunk, StepPlan, StepResult
 from scheduler.request import Request, RequestStatus
 
+# reductions without ndarray.sum/min's Python wrappers (same results; these run every step)
+_sum, _min = np.add.reduce, np.minimum.reduce
+
 
 @dataclass(frozen=True)
 class SchedulerStats:
@@ -236,7 +239,7 @@ class Scheduler:
         if batch.n:
             while True:
                 need = batch.blocks_needed(s, bs)
-                total = int(need.sum())
+                total = int(_sum(need))
                 if total <= blocks.num_free:
                     break
                 self._preempt(self._pick_victim(), preempted)
@@ -349,9 +352,9 @@ class Scheduler:
     def _schedule_decode_run(self, max_steps: int) -> StepPlan | None:
         """Fast path when only decodes run: k steps if their KV is free now, else None (general path)."""
         batch, s = self.batch, self._tokens_per_decode
-        k = min(max_steps, (int(batch.left[: len(batch.reqs)].min()) - 1) // s + 1)
+        k = min(max_steps, (int(_min(batch.left[: len(batch.reqs)])) - 1) // s + 1)
         need = batch.blocks_needed(k * s, self.block_size)
-        total = int(need.sum())
+        total = int(_sum(need))
         if total:
             if total > self.blocks.num_free:
                 return None
@@ -388,14 +391,14 @@ class Scheduler:
         must be free now. Step 1's blocks are already reserved.
         """
         batch, s, bs = self.batch, self._tokens_per_decode, self.block_size
-        k = min(max_steps, (int(batch.left[: batch.n].min()) - 1) // s + 1)
+        k = min(max_steps, (int(_min(batch.left[: batch.n])) - 1) // s + 1)
         if k <= 1:
             return 1
         free = self.blocks.num_free
 
         def need(steps: int) -> tuple[np.ndarray, int]:
             blocks = batch.blocks_needed(steps * s, bs)
-            return blocks, int(blocks.sum())
+            return blocks, int(_sum(blocks))
 
         blocks, total = need(k)
         if total > free:
@@ -461,7 +464,7 @@ class Scheduler:
             keep_room = (before + (s + bs - 1)) // bs * bs - ctx
             excess = (room - keep_room) // bs
         np.maximum(excess, 0, out=excess)
-        total = int(excess.sum())
+        total = int(_sum(excess))
         if total == 0:
             return
         if self.name_all_blocks:

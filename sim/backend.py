@@ -124,7 +124,7 @@ class MemoStepCost:
         if not self.sum_only or n == 0:
             return np.asarray(self.cost_model.decode_times(context_lens, num_steps, draft_len), float)
         # consecutive steps sit one grid point apart, so they share one interpolation weight
-        u = float(context_lens.sum()) / (n * (1 + draft_len))
+        u = float(np.add.reduce(context_lens)) / (n * (1 + draft_len))
         i = int(u)
         frac = u - i
         t, first = self._table(n, draft_len, i, i + num_steps)
@@ -212,7 +212,7 @@ class SimBackend:
             if plan.prefills:
                 dev = self._mixed_time(plan)
             elif self._decode1 and self.cost.sum_only:
-                dev = self.cost.decode_time(len(plan.decodes), plan.draft_len, int(plan.decode_context_lens.sum()))
+                dev = self.cost.decode_time(len(plan.decodes), plan.draft_len, int(np.add.reduce(plan.decode_context_lens)))
             else:
                 dev = float(self.device_times(plan)[0])
             return np.array([wall_step_time(dev, plan.host_overhead_s, self.async_overlap, cold_start)])

@@ -75,45 +75,53 @@ class Instance:
     def _loop(self):
         env, sched, backend, metrics = self.env, self.scheduler, self.backend, self.metrics
         iid = self.instance_id
-        kv_total = sched.blocks.num_blocks
+        blocks = sched.blocks
+        kv_total = blocks.num_blocks
+        # bound once: this loop runs once per plan
+        before, next_arrival, max_steps = self._before_schedule, self._next_arrival, self.max_steps
+        schedule, complete, step_times, result_of = sched.schedule, sched.complete, backend.step_times, backend.result
+        on_step, on_finish, timeout = metrics.on_step, metrics.on_finish, env.timeout
         cold = True
         while True:
-            if self._before_schedule is not None:
-                self._before_schedule(env.now)
+            if before is not None:
+                before(env.now)
             if not sched.has_work:
                 self._wake = env.event()
                 yield self._wake
                 cold = True
                 continue
             start = env.now
-            plan = sched.schedule(start, self.max_steps)
-            if plan.is_empty:
+            plan = schedule(start, max_steps)
+            if not plan.decodes and not plan.prefills:
                 raise RuntimeError(f"instance {iid}: work queued but nothing schedulable at t={start}")
-            times = backend.step_times(plan, cold)
-            if len(times) > 1:
-                ends = start + np.cumsum(times)
-                if self._next_arrival is not None:
-                    t = self._next_arrival()
-                    if t is not None and t < ends[-2]:
-                        cut = int(np.searchsorted(ends, t, side="left"))
-                        times, ends = times[: cut + 1], ends[: cut + 1]
-            if len(times) > 1:
+            times = step_times(plan, cold)
+            n = len(times)
+            if n > 1:
+                ends = start + times.cumsum()
+                if next_arrival is not None:
+                    t = next_arrival()
+                    if t is not None and t < ends[n - 2]:
+                        n = int(ends.searchsorted(t, side="left")) + 1
+                        times, ends = times[:n], ends[:n]
+            if n > 1:
                 self._ends, self._cut = ends, None
                 try:
-                    yield env.timeout(float(ends[-1]) - start)
+                    yield timeout(float(ends[n - 1]) - start)
                 except simpy.Interrupt:
                     cut = self._cut
-                    yield env.timeout(float(ends[cut]) - env.now)
+                    yield timeout(float(ends[cut]) - env.now)
                     times = times[: cut + 1]
+                    n = cut + 1
                 self._ends = None
             else:
-                yield env.timeout(float(times[0]))
-            result = backend.result(plan, times)
-            kv_used = sched.blocks.num_used
-            metrics.on_step(iid, start, plan, result, kv_used, kv_total)
+                yield timeout(float(times[0]))
+            result = result_of(plan, times)
+            on_step(iid, start, plan, result, blocks.num_used, kv_total)
             self.num_plans += 1
-            self.num_steps += len(times)
+            self.num_steps += n
             self.busy_s += env.now - start
-            for req in sched.complete(plan, result, env.now):
-                metrics.on_finish(req)
+            finished = complete(plan, result, env.now)
+            if finished:
+                for req in finished:
+                    on_finish(req)
             cold = False

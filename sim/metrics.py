@@ -254,7 +254,7 @@ class MetricsCollector:
         k = d.size
         if k == 0:
             return
-        dur = float(d[0]) if k == 1 else float(d.sum())
+        dur = float(d[0]) if k == 1 else float(np.add.reduce(d))
         decodes, prefills = plan.decodes, plan.prefills
         n_dec, n_pre = len(decodes), len(prefills)
         # prefills run in the first step only
