@@ -341,7 +341,6 @@ class ProfiledStepCost:
 
     def point_time(self, p: StepPoint) -> float:
         """Predicted runner time of a measured point."""
-        nd = len(p.decode_ctx)
         return self.chunked_step_time(np.asarray(p.decode_ctx, np.int64), p.draft_len, [a for a, _ in p.prefill], [c for _, c in p.prefill])
 
     def memory(self):

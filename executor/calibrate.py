@@ -284,6 +284,7 @@ class ReplayStep:
     decode_ctx: list[int]
     prefill: list[tuple[int, int]]
     draft_len: int = 0
+    sm_clock_mhz: float | None = None   # GPU SM clock read after the step (NVML), a diagnostic
 
 
 @dataclass
@@ -317,6 +318,13 @@ def replay(engine: LLMEngine, items: list[tuple[float, str, list[int], int]], te
                                      [(c.num_new_tokens, c.context_len) for c in plan.prefills], plan.draft_len)
 
     engine.step_observer = observe
+    clock = None
+    if engine.runner.device.type == "cuda":
+        try:
+            torch.cuda.clock_rate(engine.runner.device)
+            clock = torch.cuda.clock_rate
+        except Exception:  # noqa: BLE001  (no NVML bindings: no clock diagnostic)
+            clock = None
     live: dict[str, Request] = {}
     i = 0
     t_run = time.perf_counter()
@@ -344,6 +352,8 @@ def replay(engine: LLMEngine, items: list[tuple[float, str, list[int], int]], te
                 metrics.on_finish(live.pop(out.request_id))
         s = current.get("step")
         if s is not None:
+            if clock is not None and len(steps) % 25 == 0:  # sparse: an NVML read costs real time (counted in this step)
+                s.sm_clock_mhz = float(clock(engine.runner.device))
             s.iter_s = time.perf_counter() - t0
             steps.append(s)
     engine.step_observer = None
@@ -363,15 +373,17 @@ def fresh_engine(engine: LLMEngine, scheduler_config: SchedulerConfig) -> LLMEng
     return LLMEngine(engine.cfg, runner, sched, engine.max_model_len, engine.eos_token_id, engine.model_name, 1, None)
 
 
-def measure_loop(engine: LLMEngine, batches: list[int], prompt_len: int, out_len: int) -> list[StepPoint]:
-    """Closed batches through the real loop: each iteration's time minus the runner's = the loop's own time."""
+def measure_loop(engine: LLMEngine, batches: list[tuple[int, int, int]]) -> list[StepPoint]:
+    """Closed batches ``(requests, prompt_len, output_len)`` through the real loop: runner steps as the server
+    runs them (prefills packed by the scheduler, decodes at growing contexts), and each iteration's time
+    minus the runner's = the loop's own time."""
     L = engine.cfg.spec.num_layers
     vocab = engine.vocab_size
     points = []
-    for b in batches:
+    for b, prompt_len, out_len in batches:
         eng = fresh_engine(engine, engine.scheduler.config)
-        rng = np.random.default_rng(b)
-        items = [(0.0, f"loop{b}_{i}", rng.integers(0, vocab, prompt_len).tolist(), out_len) for i in range(b)]
+        rng = np.random.default_rng(b * 131 + prompt_len)
+        items = [(0.0, f"loop{b}_{prompt_len}_{i}", rng.integers(0, vocab, prompt_len).tolist(), out_len) for i in range(b)]
         res = replay(eng, items)
         for s in res.steps[1:]:  # the first iteration also adds the requests
             if s.num_steps != 1 or s.runner_s <= 0:
@@ -424,8 +436,12 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     pts = measure_steps(engine, shapes, repeats, log)
     log(f"  steps: {len(pts)} shapes x {repeats} in {time.perf_counter() - t2:.1f} s")
     t3 = time.perf_counter()
-    loop_batches = [1, 8, 32, min(96, max_num_seqs)] if cuda and not quick else [1, 8]
-    loop_pts = measure_loop(engine, [b for b in loop_batches if b <= max_num_seqs], prompt_len=32, out_len=8 if cuda else 4)
+    if cuda and not quick:
+        loop_batches = [(b, p, 10) for p in (128, 1024) for b in (1, 4, 16, 64, 128)] + [(8, 32, 8), (32, 32, 8), (96, 32, 8)]
+    else:
+        loop_batches = [(1, 16, 4), (8, 16, 4)]
+    loop_batches = [x for x in loop_batches if x[0] <= max_num_seqs and x[1] < max_model_len - x[2]]
+    loop_pts = measure_loop(engine, loop_batches)
     log(f"  loop: {len(loop_pts)} iterations in {time.perf_counter() - t3:.1f} s")
 
     base = CalibrationProfile.default(get_hardware(hw))

@@ -107,7 +107,7 @@ def tune(cost, base: SchedulerConfig, num_blocks: int, requests: Sequence[Reques
     grid = grid or default_grid(base, base.max_num_seqs, False)
     baseline = evaluate(cost, base, num_blocks, requests, objective, slo_tpot_s, seed)
     cands: list[Candidate] = []
-    best: Candidate | None = None
+    best: Candidate | None = baseline if baseline.feasible else None  # ties keep the baseline
     for cfg in _configs(base, grid, MEASURABLE, {}):
         c = evaluate(cost, cfg, num_blocks, requests, objective, slo_tpot_s, seed)
         cands.append(c)

@@ -23,20 +23,7 @@ export PYTHONPATH="$PWD:/tmp/site:/tmp/vendor"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name())"
 export TWINFER_KERNEL_FP8_GEMM=${TWINFER_KERNEL_FP8_GEMM:-triton}   # DeepGEMM JITs per shape (3-8 s each); the runs use Triton
-# only the three twin commands: ui.cli would import every command's optional dependencies
-cat > /tmp/tw.py <<'PY'
-import typer
-from ui import cmd_calibrate, cmd_tune, cmd_validate
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-for m in (cmd_calibrate, cmd_validate, cmd_tune):
-    m.register(app)
-app()
-PY
-TW="python3 /tmp/tw.py"
-M="--model deepseek-v3 --num-layers 5 --dtype fp8 --device cuda"
-N=${REQS:-64}
-WL="--max-input-len ${MAXIN:-1024} --max-output-len ${MAXOUT:-128} --max-model-len 4096"
-PROFILE=${PROFILE_IN:-$OUT/calibration_deepseek-v3-5layers_fp8.json}
+N=${REQS:-96}
 
 stage "trace: $N chat requests"
 python3 - "$OUT/trace_chat.jsonl" "$N" <<'PY'
@@ -48,19 +35,14 @@ write_trace(reqs, sys.argv[1], 64)
 print(len(reqs), "requests ->", sys.argv[1])
 PY
 
-if [ -z "${PROFILE_IN:-}" ]; then
-  stage "calibrate"
-  timeout ${T_CAL:-200} bash -c "$TW calibrate $M --max-model-len 4096 --out $PROFILE"
-fi
+stage "calibrate, validate, tune: one process, one engine (scripts/device_twin.py)"
+timeout ${T_TWIN:-400} python3 scripts/device_twin.py --out "$OUT" --trace "$OUT/trace_chat.jsonl" \
+  --model deepseek-v3 --num-layers 5 --dtype fp8 --device cuda --max-input-len ${MAXIN:-1024} --max-output-len ${MAXOUT:-128}
 
-stage "validate (low, knee, past saturation)"
-timeout ${T_VAL:-220} bash -c "$TW validate $M --profile $PROFILE --trace $OUT/trace_chat.jsonl $WL --max-num-seqs 64 \
-  --out $OUT/validation_deepseek-v3-5layers_fp8.json --plot $OUT/validation_deepseek-v3-5layers_fp8.png"
-
-if [ -z "${SKIP_TUNE:-}" ]; then
-  stage "tune (+ measure baseline and winner)"
-  timeout ${T_TUNE:-150} bash -c "$TW tune $M --profile $PROFILE --trace $OUT/trace_chat.jsonl $WL --max-num-seqs 16 \
-    --max-batched-tokens 2048 --max-seqs-limit 64 --load 2.0 --measure --out $OUT/tune_deepseek-v3-5layers_fp8.json"
-fi
+# the same commands one by one (each builds its own engine):
+#   twinfer calibrate --model deepseek-v3 --num-layers 5 --dtype fp8 --device cuda --out p.json
+#   twinfer validate  --model deepseek-v3 --num-layers 5 --dtype fp8 --device cuda --profile p.json --trace t.jsonl \
+#                     --max-input-len 1024 --max-output-len 128 --out v.json --plot v.png      (add --calibrate to measure p.json first)
+#   twinfer tune      --model deepseek-v3 --num-layers 5 --dtype fp8 --device cuda --profile p.json --trace t.jsonl --measure
 stage done
 ls -la "$OUT"

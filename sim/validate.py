@@ -62,6 +62,7 @@ class LevelReport(BaseModel):
     step: dict
     step_bins: list[dict] = Field(default_factory=list)
     measured_wall_s: float = 0.0
+    diagnostics: dict = Field(default_factory=dict, description="GPU SM clock samples, outlier steps")
 
 
 class ValidationReport(BaseModel):

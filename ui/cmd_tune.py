@@ -50,9 +50,9 @@ def tune(
 
     from costmodels.calibration import CalibrationProfile
     from costmodels.step_profile import ProfiledStepCost
-    from planner.tune import default_grid, gain, tune as search
+    from planner.tune import default_grid, tune as search
     from scheduler.config import SchedulerConfig
-    from sim.validate import copy_requests, metric_values, natural_rate, saturation_rps
+    from sim.validate import copy_requests, natural_rate, saturation_rps
     from ui.cmd_validate import load_requests, sim_config
 
     con = Console()
@@ -90,26 +90,12 @@ def tune(
 
     measured = None
     if measure:
-        from executor.calibrate import build_engine, fresh_engine, replay
-        from ui.cmd_run import synth_prompt
+        from executor.calibrate import build_engine
         dtype = dtype or prof.step.dtype
         engine = build_engine(model, num_layers, device, dtype, max_seqs_limit, max_model_len, num_kv_blocks=blocks, seed=seed)
         if device == "cuda":
             engine.warmup()
-        vocab = engine.vocab_size
-        items = [(r.arrival_time, r.request_id, synth_prompt(r.block_hashes, r.prompt_len, bs, vocab, r.request_id, seed), r.output_len)
-                 for r in reqs]
-        runs = {}
-        for name, knobs in (("baseline", res.baseline.knobs), ("winner", res.best.knobs)):
-            cfg = base.model_copy(update={k: knobs[k] for k in ("max_num_seqs", "max_num_batched_tokens", "long_prefill_threshold")})
-            r = replay(fresh_engine(engine, cfg), items, seed=seed)
-            runs[name] = metric_values(r.metrics)
-            con.print(f"measured {name}: {objective} {runs[name][objective]:.4g}", highlight=False)
-        mg = gain(objective, runs["baseline"][objective], runs["winner"][objective])
-        measured = {"baseline": runs["baseline"], "winner": runs["winner"], "gain": mg,
-                    "gain_error_points": (res.predicted_gain - mg) * 100}
-        con.print(f"gain: predicted {res.predicted_gain * 100:+.1f}%, measured {mg * 100:+.1f}% "
-                  f"({(res.predicted_gain - mg) * 100:+.1f} points)", highlight=False)
+        measured = measure_gain(engine, reqs, base, res, objective, seed=seed, log=con)
     if out is not None:
         doc = {"result": res.model_dump(), "measured": measured, "profile": str(profile), "provenance": prof.provenance,
                "load_x_capacity": load, "rate_rps": load * cap, "requests": len(reqs),
@@ -117,3 +103,35 @@ def tune(
         doc["result"]["candidates"] = doc["result"]["candidates"][:400]
         Path(out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
         con.print(f"result: {out}")
+
+
+def measure_gain(engine, reqs, base, res, objective: str, *, seed: int = 0, warm: bool = True, log=None) -> dict:
+    """Replay the requests with the baseline and the winning policy on the engine; measured gain next to predicted."""
+    from rich.console import Console
+
+    from executor.calibrate import fresh_engine, replay
+    from planner.tune import MEASURABLE, gain
+    from sim.validate import metric_values
+    from ui.cmd_run import synth_prompt
+
+    con = log or Console()
+    bs = base.block_size
+    vocab = engine.vocab_size
+    items = [(r.arrival_time, r.request_id, synth_prompt(r.block_hashes, r.prompt_len, bs, vocab, r.request_id, seed), r.output_len)
+             for r in reqs]
+    cfgs = {name: base.model_copy(update={k: knobs[k] for k in MEASURABLE})
+            for name, knobs in (("baseline", res.baseline.knobs), ("winner", res.best.knobs))}
+    if warm:  # unmeasured passes: kernel specialisations of both policies' shapes
+        for cfg in cfgs.values():
+            replay(fresh_engine(engine, cfg), [(0.0,) + it[1:] for it in items], seed=seed)
+    runs = {}
+    for name, cfg in cfgs.items():
+        r = replay(fresh_engine(engine, cfg), items, seed=seed)
+        runs[name] = metric_values(r.metrics)
+        con.print(f"measured {name}: {objective} {runs[name][objective]:.4g} (predicted "
+                  f"{(res.baseline if name == 'baseline' else res.best).objective:.4g})", highlight=False)
+    mg = gain(objective, runs["baseline"][objective], runs["winner"][objective])
+    con.print(f"gain: predicted {res.predicted_gain * 100:+.1f}%, measured {mg * 100:+.1f}% "
+              f"({(res.predicted_gain - mg) * 100:+.1f} points)", highlight=False)
+    return {"baseline": runs["baseline"], "winner": runs["winner"], "gain": mg, "predicted_gain": res.predicted_gain,
+            "gain_error_points": (res.predicted_gain - mg) * 100, "warm_up_replays": warm}

@@ -132,19 +132,42 @@ def validate(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="write the JSON report here"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="plot file (PNG with matplotlib, else HTML)"),
     sim_only: bool = typer.Option(False, "--sim-only", help="only print the simulator's predictions (no executor)"),
+    calibrate_first: bool = typer.Option(False, "--calibrate", help="first calibrate the same engine in this process and write "
+                                         "the profile to --profile (no drift between calibration and validation runs)"),
+    warm: bool = typer.Option(True, "--warm/--no-warm", help="an unmeasured replay of the trace first (JIT, clocks)"),
 ) -> None:
     """Validate the twin on this device."""
     from rich.console import Console
-    from rich.table import Table
 
     from costmodels.calibration import CalibrationProfile
     from costmodels.step_profile import ProfiledStepCost
     from scheduler.config import SchedulerConfig
-    from sim.validate import (LevelReport, StepSample, ValidationReport, check_targets, copy_requests, error_bands,
-                              metric_values, natural_rate, rel_errors, saturation_rps, simulate_requests, step_comparison)
+    from sim.validate import saturation_rps
 
     con = Console()
-    prof = CalibrationProfile.load(profile)
+    block_size = 64
+    base_cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(max_batched_tokens, max_num_seqs),
+                               max_model_len=max_model_len, block_size=block_size)
+    blocks = num_kv_blocks or max_num_seqs * (-(-max_model_len // block_size)) + 64
+    engine = None
+    if not sim_only:
+        from executor.calibrate import build_engine
+        t0 = time.perf_counter()
+        engine = build_engine(model, num_layers, device, dtype or ("bf16" if device == "cuda" else "fp32"), max_num_seqs,
+                              max_model_len, num_kv_blocks=blocks, seed=seed, max_batched_tokens=max_batched_tokens)
+        if device == "cuda":
+            engine.warmup()
+        con.print(f"engine built and warmed in {time.perf_counter() - t0:.1f} s")
+    if calibrate_first:
+        if engine is None:
+            raise TwinferError("--calibrate needs the executor (drop --sim-only)")
+        from executor.calibrate import calibrate as measure
+        prof = measure(model, num_layers, device, dtype, engine=engine, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                       command="twinfer " + " ".join(sys.argv[1:]), log=lambda x: con.print(x, highlight=False))
+        prof.save(profile)
+        con.print(f"profile (measured in this process, same engine): {profile}")
+    else:
+        prof = CalibrationProfile.load(profile)
     if prof.step is None:
         raise TwinferError(f"{profile}: no measured step model in this profile (make one with twinfer calibrate)")
     if prof.step.model != model:
@@ -153,30 +176,46 @@ def validate(
     cost = ProfiledStepCost(prof, num_layers=num_layers or prof.step.num_layers)
     L = cost.num_layers
     fracs = [float(x) for x in levels.split(",") if x.strip()]
-    names = {0: "low", 1: "knee", 2: "past saturation"} if len(fracs) == 3 else {}
-    block_size = 64
-    base_cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(max_batched_tokens, max_num_seqs),
-                               max_model_len=max_model_len, block_size=block_size)
     reqs = load_requests(trace, workload, requests, block_size, seed, max_input_len, max_output_len, max_model_len)
-    blocks = num_kv_blocks or max_num_seqs * (-(-max_model_len // block_size)) + 64
-    scfg = sim_config(base_cfg, prof)
-    cap = saturation_rps(cost, scfg, blocks, reqs)
-    r0 = natural_rate(reqs)
+    cap = saturation_rps(cost, sim_config(base_cfg, prof), blocks, reqs)
     con.print(f"predicted capacity {cap:.2f} requests/s ({len(reqs)} requests, {L} layers, {blocks} KV blocks of {block_size})")
 
-    engine = None
-    if not sim_only:
-        from executor.calibrate import build_engine, fresh_engine, replay
-        from ui.cmd_run import synth_prompt
-        t0 = time.perf_counter()
-        engine = build_engine(model, num_layers, device, dtype, max_num_seqs, max_model_len, num_kv_blocks=blocks, seed=seed,
-                              max_batched_tokens=max_batched_tokens)
-        if device == "cuda":
-            engine.warmup()
-        con.print(f"engine built and warmed in {time.perf_counter() - t0:.1f} s")
-        vocab = engine.vocab_size
-        prompts = {r.request_id: synth_prompt(r.block_hashes, r.prompt_len, block_size, vocab, r.request_id, seed) for r in reqs}
+    rep, samples_by_level = run_levels(cost, prof, reqs, base_cfg, blocks, fracs, engine, seed=seed, device=device,
+                                       model=model, dtype=dtype, workload=trace or workload, profile_path=str(profile),
+                                       capacity=cap, warm=warm, log=con)
+    if plot is not None and samples_by_level:
+        con.print(f"plot: {write_plot(rep, samples_by_level, plot)}")
+    if out is not None:
+        Path(out).write_text(json.dumps(rep.model_dump(), indent=1) + "\n", encoding="utf-8")
+        con.print(f"report: {out}")
 
+
+def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engine=None, *, seed: int = 0, device: str = "cpu",
+               model: str = "", dtype: str = "", workload: str = "", profile_path: str = "", capacity: float | None = None,
+               warm: bool = True, log=None):
+    """Simulate (and, with an engine, replay) the requests at each load level; the report and the step samples per level."""
+    from rich.console import Console
+
+    from sim.validate import (LevelReport, StepSample, ValidationReport, check_targets, copy_requests, error_bands,
+                              metric_values, natural_rate, rel_errors, saturation_rps, simulate_requests, step_comparison)
+
+    con = log or Console()
+    scfg = sim_config(base_cfg, prof)
+    cap = capacity or saturation_rps(cost, scfg, blocks, reqs)
+    r0 = natural_rate(reqs)
+    names = {0: "low", 1: "knee", 2: "past saturation"} if len(fracs) == 3 else {}
+    L = cost.num_layers
+    prompts = {}
+    if engine is not None:
+        from executor.calibrate import fresh_engine, replay
+        from ui.cmd_run import synth_prompt
+        vocab = engine.vocab_size
+        bs = base_cfg.block_size
+        prompts = {r.request_id: synth_prompt(r.block_hashes, r.prompt_len, bs, vocab, r.request_id, seed) for r in reqs}
+        if warm:  # one unmeasured pass at saturation: kernel specialisations of this trace's shapes, clocks up
+            t0 = time.perf_counter()
+            replay(fresh_engine(engine, base_cfg), [(0.0, r.request_id, prompts[r.request_id], r.output_len) for r in reqs], seed=seed)
+            con.print(f"warm-up replay (unmeasured) {time.perf_counter() - t0:.1f} s")
     reports: list[LevelReport] = []
     samples_by_level: dict[str, list[StepSample]] = {}
     all_samples: list[StepSample] = []
@@ -202,18 +241,28 @@ def validate(
             step, bins = step_comparison(samples)
             samples_by_level[name] = samples
             all_samples += samples
+            clocks = [s.sm_clock_mhz for s in res.steps if s.sm_clock_mhz is not None]
+            diag = {"steps": len(samples), "outliers_2x": sum(x.measured_s > 2 * x.predicted_s for x in samples),
+                    "kernels": res.kernels}
+            if clocks:
+                diag.update(sm_clock_mhz_mean=float(np.mean(clocks)), sm_clock_mhz_min=float(np.min(clocks)),
+                            sm_clock_mhz_max=float(np.max(clocks)), sm_clock_samples=len(clocks))
+        else:
+            diag = {}
         reports.append(LevelReport(name=name, rate_rps=rate, fraction_of_capacity=f, requests=len(reqs), measured=meas, predicted=pred,
-                                   rel_error=rel_errors(pred, meas), step=step, step_bins=bins, measured_wall_s=wall))
+                                   rel_error=rel_errors(pred, meas), step=step, step_bins=bins, measured_wall_s=wall,
+                                   diagnostics=diag))
         _print_level(con, reports[-1])
 
     overall, overall_bins = step_comparison(all_samples) if all_samples else ({}, [])
     rep = ValidationReport(
-        model=model, num_layers=L, dtype=dtype, device=device, profile=str(profile), provenance=dict(prof.provenance),
-        scheduler=base_cfg.model_dump(), num_kv_blocks=blocks, workload=trace or workload, predicted_capacity_rps=cap,
+        model=model, num_layers=L, dtype=dtype, device=device, profile=profile_path, provenance=dict(prof.provenance),
+        scheduler=base_cfg.model_dump(), num_kv_blocks=blocks, workload=workload, predicted_capacity_rps=cap,
         levels=reports, step_overall={**overall, "bins": overall_bins}, command="twinfer " + " ".join(sys.argv[1:]),
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         notes=[f"dummy weights; {L}-layer {model}; the simulator charges the profile's runner step plus its measured engine loop "
-               "(synchronous loop: async_overlap off)", "per-step errors are on the measured batch compositions"],
+               "(synchronous loop: async_overlap off)", "per-step errors are on the measured batch compositions",
+               "an unmeasured warm-up replay of the trace runs first" if (engine is not None and warm) else "no warm-up replay"],
     )
     if engine is not None:
         rep.bands = error_bands(reports, overall)
@@ -222,11 +271,7 @@ def validate(
             from executor.calibrate import device_provenance
             rep.provenance = {**rep.provenance, "validated_on": device_provenance(device)}
         _print_summary(con, rep)
-    if plot is not None and samples_by_level:
-        con.print(f"plot: {write_plot(rep, samples_by_level, plot)}")
-    if out is not None:
-        Path(out).write_text(json.dumps(rep.model_dump(), indent=1) + "\n", encoding="utf-8")
-        con.print(f"report: {out}")
+    return rep, samples_by_level
 
 
 def _fmt(k: str, v) -> str:
