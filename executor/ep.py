@@ -57,7 +57,7 @@ class EPGroup:
     mode: Mode = "dynamic"
     capacity: int | None = None         # fixed mode: static rows per (src, dst) pair; None = all-reduced max
     dispatcher: str = "torch"           # torch | deepep (what ran; see make_dispatcher)
-    stats: dict = field(default_factory=lambda: {"dispatch_rows": 0, "dispatch_bytes": 0, "calls": 0})
+    stats: dict = field(default_factory=lambda: {"dispatch_rows": 0, "dispatch_bytes": 0, "combine_bytes": 0, "calls": 0})
 
     @property
     def distributed(self) -> bool:
@@ -298,13 +298,16 @@ class TorchDispatcher:
     def combine(self, y: torch.Tensor, h: Handle, async_op: bool = False):
         """Send expert outputs ``y`` (rows as received) home and sum them per token: ``[T, D]`` in float32/64."""
         g = self.g
+        row_bytes = y.shape[1] * y.element_size() if y.dim() == 2 else 0
         if h.send_counts is None:      # fixed: equal splits back, then pick each sent row's block slot
+            g.stats["combine_bytes"] = g.stats.get("combine_bytes", 0) + y.shape[0] * row_bytes * (g.world - 1) // g.world
             back, work = all_to_all_rows(y, None, None, g, async_op)
 
             def finish():
                 rows = back.view(g.world, h.capacity, -1)[h.dest_rank, h.dest_pos]
                 return _sum_rows(rows, h)
         else:
+            g.stats["combine_bytes"] = g.stats.get("combine_bytes", 0) + (sum(h.recv_counts) - h.recv_counts[g.rank]) * row_bytes
             back, work = all_to_all_rows(y, h.recv_counts, h.send_counts, g, async_op)
 
             def finish():

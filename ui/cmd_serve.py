@@ -23,6 +23,12 @@ def build_engine(model: str, *, load_format: str, device: str, dtype: Optional[s
                   num_kv_blocks=num_kv_blocks, plan_path=plan_path)
     if dtype:
         kwargs["dtype"] = dtype
+    if plan_path is not None:   # a plan with EP width > 1: one process per device (executor.ep_launch)
+        from executor.ep_launch import plan_build_kwargs, start_ep_front
+        world, ep_kwargs = plan_build_kwargs(plan_path, device)
+        if world > 1:
+            kwargs.pop("plan_path")
+            return AsyncLLMEngine(start_ep_front(model, world, **kwargs, **ep_kwargs))
     return AsyncLLMEngine.from_args(model, **kwargs)
 
 
