@@ -161,7 +161,23 @@ def bench_model(g, opts: dict) -> dict:
                     bytes_sent = g.stats["dispatch_bytes"] - s0["dispatch_bytes"]
                     comb_sent = g.stats["combine_bytes"] - s0["combine_bytes"]
         med = _median(_slowest(g, per_iter))
+        # the layer as the model calls it, without and with the two-micro-batch overlap
+        whole = {}
+        with torch.inference_mode():
+            for tmb in (False, True):
+                layer.two_micro_batch = tmb
+                times = []
+                for i in range(opts["warmup"] + opts["iters"]):
+                    _barrier(g)
+                    t0 = time.perf_counter()
+                    layer(x)
+                    _sync(g)
+                    if i >= opts["warmup"]:
+                        times.append([time.perf_counter() - t0])
+                whole[tmb] = _median(_slowest(g, times))[0]
+            layer.two_micro_batch = False
         moe_rows.append({"ep": g.world, "tokens_per_rank": T, **{f"{p}_s": v for p, v in zip(PHASES, med)},
+                         "forward_s": whole[False], "forward_tmb_s": whole[True],
                          "layer_s": sum(med), "rank0_dispatch_rows": rows_sent, "rank0_dispatch_bytes": bytes_sent,
                          "rank0_combine_bytes": comb_sent,
                          "rank0_received_rows": int(rec.x.shape[0])})
@@ -395,6 +411,11 @@ def _print(rep: dict, backend: str, hw) -> None:
                  f" {r['pred_comm_fit_s'] * 1e3:>10.3f} {r['err_comm_fit']:>+6.0%}" if "err_comm_fit" in r else ""))
     print("(dispatch+combine measured vs alltoall_time under the fitted profile: 'pred_sent' on the bytes really sent,"
           " 'pred_model' on the cost model's own bytes formula; sent_KB is rank 0's dispatch payload to other ranks)")
+    print("\n## MoE layer forward, ms: one batch vs two overlapped micro-batches (executor/two_micro_batch.py)")
+    print(f"{'ep':>3} {'T/rank':>6} {'one':>9} {'two_mb':>9} {'gain':>7}")
+    for r in rep["moe"]:
+        print(f"{r['ep']:>3} {r['tokens_per_rank']:>6} {r['forward_s'] * 1e3:>9.3f} {r['forward_tmb_s'] * 1e3:>9.3f} "
+              f"{1 - r['forward_tmb_s'] / r['forward_s']:>+7.0%}")
     print("\n## model forward per rank (all layers), ms (slowest rank, median)")
     print(f"{'ep':>3} {'kind':>8} {'T/rank':>6} {'forward_ms':>10}")
     for r in rep["forward"]:

@@ -1,4 +1,5 @@
-"""Expert parallelism end to end on CPU processes (gloo): the tiny model with EP=2 over 2 processes.
+"""Expert parallelism end to end on CPU processes (gloo): the tiny model with EP=2 over 2 processes
+(the ``gpu``-marked variants run the same over NCCL, one process per GPU, where there are enough GPUs).
 
 - forward: each rank runs its own (attention-DP) batches; its logits equal the single-process
   model's on the same batches (fp64, max abs 1e-9), including steps where one rank is idle;
@@ -41,8 +42,8 @@ SCHEDULE = [
 ]
 
 
-def _run_schedule(model, cfg, rank: int, ep: bool) -> list:
-    kv = KVCache(cfg, 8, 16, CPU, torch.float64)
+def _run_schedule(model, cfg, rank: int, ep: bool, device=CPU) -> list:
+    kv = KVCache(cfg, 8, 16, device, torch.float64)
     out = []
     with torch.inference_mode():
         for step in SCHEDULE:
@@ -52,24 +53,29 @@ def _run_schedule(model, cfg, rank: int, ep: bool) -> list:
                     idle_pass(model)
                 out.append(None)
                 continue
-            b = build_forward_batch(seqs, 16, kv.null_page, CPU)
-            out.append(model.compute_logits(model(b, kv)))
+            b = build_forward_batch(seqs, 16, kv.null_page, device)
+            out.append(model.compute_logits(model(b, kv)).cpu())
     return out
 
 
 def _forward_rank(g, model, cfg, redundant: int, mode: str, tmb: bool) -> list:
     g.mode = mode
-    m = copy.deepcopy(model)
+    m = copy.deepcopy(model).to(g.device)
+    if g.device.type == "cuda":
+        m.setup_rope(256)
     shard_moe_layers(m, g, redundant=redundant, two_micro_batch=tmb)
-    return _run_schedule(m, cfg, g.rank, ep=True)
+    return _run_schedule(m, cfg, g.rank, ep=True, device=g.device)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("redundant,mode,tmb", [(0, "dynamic", False), (2, "fixed", True)])
-def test_tiny_forward_ep2_equals_single_process(redundant, mode, tmb):
+def test_tiny_forward_ep2_equals_single_process(redundant, mode, tmb, device):
+    if device == "cuda" and torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
     cfg = ExecModelConfig.build(tiny_spec())
     model = build_model(cfg, CPU, "fp64", "dummy", seed=4, routing_skew=0.7, max_pos=256)
     want = [_run_schedule(model, cfg, r, ep=False) for r in range(2)]
-    got = run_ranks(_forward_rank, 2, (model, cfg, redundant, mode, tmb), threads=1)
+    got = run_ranks(_forward_rank, 2, (model, cfg, redundant, mode, tmb), device=device, threads=1)
     for r in range(2):
         for s, (a, b) in enumerate(zip(got[r], want[r])):
             assert (a is None) == (b is None)
@@ -85,7 +91,7 @@ PROMPTS = [_toks(10 + i, n) for i, n in enumerate((9, 40, 3, 17, 25))]
 
 def _engine_rank(g):
     from executor.engine import SamplingParams
-    engine = build_rank_engine(g, "tiny", redundant=2, **ENGINE_KW)
+    engine = build_rank_engine(g, "tiny", redundant=2, **{**ENGINE_KW, "device": g.device.type})
     if g.rank != 0:
         worker_loop(g, engine)
         return None
@@ -97,12 +103,16 @@ def _engine_rank(g):
     return toks, stats.generation_tokens_total
 
 
-def test_ep2_engine_generates_like_single_process():
+@pytest.mark.parametrize("world,device", [(2, "cpu"), pytest.param(2, "cuda", marks=pytest.mark.gpu),
+                                          pytest.param(4, "cuda", marks=pytest.mark.gpu), pytest.param(8, "cuda", marks=pytest.mark.gpu)])
+def test_ep_engine_generates_like_single_process(world, device):
     from executor.engine import LLMEngine, SamplingParams
-    single = LLMEngine.from_args("tiny", **ENGINE_KW)
+    if device == "cuda" and torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs")
+    single = LLMEngine.from_args("tiny", **{**ENGINE_KW, "device": device})
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (6, 3, 9, 1, 5)]
     want = single.generate(PROMPTS, params)
-    res = run_ranks(_engine_rank, 2, threads=1)
+    res = run_ranks(_engine_rank, world, device=device, threads=1)
     toks, gen_total = res[0]
     assert toks == want
     assert [len(t) for t in toks] == [6, 3, 9, 1, 5] and gen_total == 24
