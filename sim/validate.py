@@ -205,14 +205,35 @@ def load_bands(path: str | Path) -> tuple[dict[str, float], str]:
     return bands, src
 
 
-def find_report(hardware: str, root: str | Path = "profiles") -> Path | None:
+PROFILES = Path(__file__).resolve().parents[1] / "profiles"
+
+
+def find_report(hardware: str, root: str | Path | None = None) -> Path | None:
     """The newest committed validation report for ``hardware`` (profiles/<hw>/validation_*.json), if any."""
-    d = Path(root) / hardware.lower()
-    found = sorted(d.glob("validation_*.json")) if d.is_dir() else []
-    return found[-1] if found else None
+    d = Path(root or PROFILES) / hardware.lower()
+    for path in sorted(d.glob("validation_*.json"), reverse=True) if d.is_dir() else []:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and "levels" in data and "model" in data:  # skip tune results and other files
+            return path
+    return None
 
 
 def band_text(bands: dict[str, float], key: str) -> str:
     """'±x%' for a metric's band ('' when unknown)."""
     v = bands.get(key)
     return "" if v is None else f"±{v * 100:.0f}%" if v >= 0.095 else f"±{v * 100:.1f}%"
+
+
+def band_line(source: str, hardware: str) -> str:
+    """The line ``twinfer simulate --error-band`` prints: each figure's band from a validation report."""
+    path = find_report(hardware) if source == "auto" else Path(source)
+    if path is None or not Path(path).is_file():
+        return f"error band: no validation report for {hardware} (run twinfer validate on that GPU)"
+    bands, src = load_bands(path)
+    parts = [f"{label} {band_text(bands, key)}" for label, key in
+             (("throughput", "output_throughput"), ("TPOT p50", "tpot_p50"), ("TTFT p50", "ttft_p50"), ("TTFT p90", "ttft_p90"),
+              ("step time (MAPE)", "step_time")) if key in bands]
+    return "error band (largest error of the twin vs the executor, " + src + "): " + ", ".join(parts)

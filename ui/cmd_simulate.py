@@ -209,6 +209,7 @@ def register(app: typer.Typer) -> None:
         perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="write a Perfetto/Chrome trace of every plan"),
         print_scenario: bool = typer.Option(False, "--print-scenario", help="print the effective scenario as YAML and exit"),
         plan: Optional[str] = typer.Option(None, "--plan", help="simulate a `twinfer plan --out` plan file at full scale (--requests, --rate, --seed still apply)"),
+        error_band: Optional[str] = typer.Option(None, "--error-band", help="print the twin's error band next to the figures: a `twinfer validate` report JSON, or 'auto' (profiles/<hardware>/validation_*.json)"),
     ) -> None:
         """Serving metrics of a scenario in simulated time; with no options, the built-in default."""
         if trace_format is not None and trace is None:
@@ -254,6 +255,9 @@ def register(app: typer.Typer) -> None:
             print(to_json(res, indent=1))
             return
         _print_result(con, res, wall)
+        if error_band is not None:
+            from sim.validate import band_line
+            con.print(band_line(error_band, sc.hardware), highlight=False)
         for path, what in ((csv, "metrics CSV"), (perfetto, "Perfetto trace (open in ui.perfetto.dev)")):
             if path is not None:
                 con.print(f"wrote {what}: {path}", highlight=False)

@@ -1,0 +1,69 @@
+"""The twin loop on the CPU with the reference kernels: calibrate the tiny model, validate it, errors reported.
+
+CPU timings are noisy (and this machine may be shared), so this asserts the pipeline and its
+arithmetic, not the accuracy. Kept small: a handful of step shapes, one timed run each, six requests.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("torch")
+
+from costmodels.calibration import CalibrationProfile  # noqa: E402
+from costmodels.step_profile import ProfiledStepCost  # noqa: E402
+from ui.cli import app  # noqa: E402
+
+
+def test_tiny_calibrate_then_validate_on_cpu(tmp_path):
+    from executor.calibrate import build_engine, calibrate
+    from scheduler.config import SchedulerConfig
+    from scheduler.request import Request
+    from ui.cmd_validate import run_levels
+
+    engine = build_engine("tiny", None, "cpu", "fp32", 8, 128, num_kv_blocks=40)
+    prof = calibrate("tiny", None, "cpu", "fp32", quick=True, repeats=1, max_model_len=128, max_num_seqs=8, engine=engine,
+                     command="pytest", log=lambda s: None)
+    path = tmp_path / "tiny.json"
+    prof.save(path)
+    back = CalibrationProfile.load(path)
+    st = back.step
+    assert st is not None and st.model == "tiny" and st.device == "cpu" and st.fit.points >= 10
+    assert back.provenance["command"] == "pytest" and back.provenance["gpu"] == "cpu" and back.op_points
+    assert st.fit.mape is not None and st.loop.fixed_s >= 0
+    cost = ProfiledStepCost(back)
+    assert cost.chunked_step_time(np.array([20, 30]), 0, [16], [0]) > 0
+
+    reqs = [Request(f"q{i}", 0.02 * i, 12 + 3 * i, 3) for i in range(6)]
+    base = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=128)
+    rep, samples = run_levels(cost, back, reqs, base, 40, [2.0], engine, model="tiny", dtype="fp32", warm=False)
+    lv = rep.levels[0]
+    assert lv.measured["requests_finished"] == 6 and lv.predicted["requests_finished"] == 6
+    assert lv.rel_error["output_throughput"] is not None and lv.step["n"] > 0
+    assert rep.step_overall["mape"] is not None and set(rep.targets) >= {"step_mape", "ttft_p90"}
+    assert all(s.predicted_s > 0 and s.measured_s > 0 for s in samples[lv.name])
+    json.loads(rep.model_dump_json())
+
+
+def test_twin_commands_are_registered_and_simulate_prints_a_band():
+    r = CliRunner()
+    for cmd in ("calibrate", "validate", "tune"):
+        res = r.invoke(app, [cmd, "--help"])
+        assert res.exit_code == 0, res.output
+    from pathlib import Path
+    prof = str(Path(__file__).resolve().parents[1] / "profiles" / "h200" / "calibration_deepseek-v3-5layers_fp8.json")
+    common = ["--model", "deepseek-v3", "--num-layers", "5", "--profile", prof, "--requests", "12", "--max-input-len", "256",
+              "--max-output-len", "8"]
+    res = r.invoke(app, ["validate", *common, "--sim-only", "--levels", "0.5,2"])
+    assert res.exit_code == 0, res.output
+    assert "predicted capacity" in res.output
+    res = r.invoke(app, ["tune", *common])
+    assert res.exit_code == 0, res.output
+    assert "predicted gain" in res.output
+    res = r.invoke(app, ["simulate", "--requests", "50", "--error-band", "auto"])
+    assert res.exit_code == 0, res.output
+    assert "error band" in res.output

@@ -1,0 +1,132 @@
+"""Calibration profiles: step-model fitting, interpolation, the profiled step cost, the committed H200 profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from costmodels.calibration import CalibrationProfile, EffTable
+from costmodels.hardware import get_hardware
+from costmodels.step_profile import (FIT_CATEGORIES, HostTerms, LoopTerms, ProfiledStepCost, StepPoint, StepProfile, errors,
+                                     fit_runner_model, fit_step_profile, loop_scheduler_terms, nnls, point_categories)
+from sim.backend import MemoStepCost
+
+H200_PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "h200" / "calibration_deepseek-v3-5layers_fp8.json"
+
+
+def test_nnls_matches_unconstrained_when_positive_and_clips_otherwise():
+    rng = np.random.default_rng(0)
+    a = rng.uniform(0.1, 1.0, (40, 3))
+    x_true = np.array([0.5, 2.0, 1.0])
+    assert np.allclose(nnls(a, a @ x_true), x_true, atol=1e-9)
+    b = a @ np.array([1.0, -3.0, 0.5])
+    x = nnls(a, b)
+    assert (x >= 0).all()
+    # optimality (KKT): the gradient is zero on the free variables and points outward on the clamped ones
+    g = a.T @ (a @ x - b)
+    assert np.all(np.abs(g[x > 0]) < 1e-8) and np.all(g[x == 0] >= -1e-8)
+
+
+def test_runner_fit_recovers_a_max_plus_overlap_model():
+    rng = np.random.default_rng(1)
+    n = 60
+    hf = np.stack([np.ones(n), rng.integers(1, 128, n), rng.integers(1, 8192, n), rng.integers(0, 8, n)], 1).astype(float)
+    df = rng.uniform(0, 0.2, (n, 4))
+    h_true = np.array([0.02, 5e-5, 1e-6, 1e-3])
+    k_true = np.array([1.5, 2.0, 0.7, 3.0])
+    h, d = hf @ h_true, df @ k_true
+    y = np.maximum(h, d) + 0.3 * np.minimum(h, d)
+    hh, kk, alpha, sse = fit_runner_model(hf, df, y)
+    pred = np.maximum(hf @ hh, df @ kk) + alpha * np.minimum(hf @ hh, df @ kk)
+    assert errors(pred, y)["mape"] < 0.01
+    assert alpha == pytest.approx(0.3, abs=0.051)
+
+
+def _tiny_profile() -> CalibrationProfile:
+    return CalibrationProfile.default(get_hardware("H200"))
+
+
+def _synthetic_points(cost: ProfiledStepCost, truth: StepProfile) -> list[StepPoint]:
+    pts = []
+    for b in (1, 2, 4, 8, 16, 32):
+        for c in (16, 64, 200):
+            pts.append(StepPoint(num_layers=truth.num_layers, decode_ctx=[c] * b, wall_s=1.0))
+    for p in (8, 32, 128, 256):
+        pts.append(StepPoint(num_layers=truth.num_layers, prefill=[(p, 0)], wall_s=1.0))
+        pts.append(StepPoint(num_layers=truth.num_layers, decode_ctx=[50] * 4, prefill=[(p, 0), (p // 2, 0)], wall_s=1.0))
+    out = []
+    for p in pts:
+        t = float(truth.combine(truth.host(truth.num_layers, p.num_requests, p.num_tokens, len(p.prefill)),
+                                point_categories(cost, p) @ truth.scales()))
+        out.append(p.model_copy(update={"wall_s": t, "loop_s": 3e-4 + 2e-6 * p.num_requests}))
+    return out
+
+
+def test_fit_step_profile_recovers_synthetic_engine_and_round_trips(tmp_path):
+    prof = _tiny_profile()
+    truth = StepProfile(model="tiny", num_layers=4, dtype="fp32", device="cpu",
+                        category_scale=dict(zip(FIT_CATEGORIES, (3.0, 2.0, 4.0, 1.5))),
+                        host=HostTerms(fixed_s=2e-3, per_request_s=3e-5, per_prefill_s=2e-4), overlap=0.2)
+    cost = ProfiledStepCost(prof, truth)
+    pts = _synthetic_points(cost, truth)
+    st = fit_step_profile(prof, pts, model="tiny", dtype="fp32", device="cpu")
+    assert st.fit.mape < 0.02 and st.fit.points == len(pts)
+    assert st.loop.fixed_s == pytest.approx(3e-4, rel=0.05) and st.loop.per_request_s == pytest.approx(2e-6, rel=0.1)
+    assert any("folded" in n for n in st.notes)  # one layer count: no per-layer term
+    full = prof.model_copy(update={"step": st, "provenance": {"gpu": "cpu", "command": "test"}})
+    path = tmp_path / "p.json"
+    full.save(path)
+    back = CalibrationProfile.load(path)
+    assert back.step is not None and back.step.category_scale == st.category_scale
+    assert back.provenance["command"] == "test" and len(back.step.points) == len(pts)
+    c2 = ProfiledStepCost(back)
+    for p in pts[:5]:
+        assert c2.point_time(p) == pytest.approx(ProfiledStepCost(full).point_time(p))
+
+
+def test_profiled_decode_times_equal_single_steps_and_memo_is_exact():
+    prof = _tiny_profile()
+    st = StepProfile(model="tiny", num_layers=4, dtype="fp32", category_scale=dict(zip(FIT_CATEGORIES, (2.0, 1.0, 1.0, 1.0))),
+                     host=HostTerms(fixed_s=1e-4, per_request_s=1e-6), overlap=0.5)
+    cost = ProfiledStepCost(prof, st)
+    ctx = np.array([10.0, 50.0, 300.0])
+    k = cost.decode_times(ctx, 4)
+    loop = [cost.chunked_step_time((ctx + i).astype(np.int64), 0, [], []) for i in range(4)]
+    assert np.allclose(k, loop, rtol=1e-9)
+    memo = MemoStepCost(cost)
+    assert np.allclose(memo.decode_times(ctx, 4), k, rtol=1e-5)
+
+
+def test_loop_terms_become_scheduler_host_overhead():
+    st = StepProfile(model="tiny", num_layers=4, loop=LoopTerms(fixed_s=4e-4, per_request_s=5e-6, per_token_s=1e-8))
+    t = loop_scheduler_terms(st)
+    assert t == {"host_step_s": 4e-4, "host_per_request_s": 5e-6, "host_per_token_s": 1e-8}
+
+
+def test_eff_table_interpolates_in_log_space_and_clamps():
+    t = EffTable(x=[1e6, 1e8], y=[0.1, 0.5])
+    assert float(t(1e7)) == pytest.approx(0.3)
+    assert float(t(1.0)) == pytest.approx(0.1) and float(t(1e12)) == pytest.approx(0.5)
+
+
+def test_committed_h200_profile_parses_and_predicts_the_measured_steps():
+    prof = CalibrationProfile.load(H200_PROFILE)
+    assert prof.measured_on == "H200" and "H200" in prof.provenance["gpu"]
+    for key in ("torch", "date", "command", "kernels", "nvidia_smi"):
+        assert key in prof.provenance
+    st = prof.step
+    assert st.model == "deepseek-v3" and st.num_layers == 5 and st.dtype == "fp8"
+    assert {"gemm_mem", "gemm_compute"} <= set(prof.tables)
+    cost = ProfiledStepCost(prof)
+    pts = [p for p in st.points if p.wall_s > 0]
+    pred = np.array([cost.point_time(p) for p in pts])
+    meas = np.array([p.wall_s for p in pts])
+    e = errors(pred, meas)
+    assert e["mape"] == pytest.approx(st.fit.mape, rel=1e-6)  # the stored fit statistics are reproducible
+    assert e["mape"] < 0.15
+    # decode steps are launch-bound (~20 ms at 1-32 requests), an 8k-token prefill is not (~170 ms)
+    one = cost.chunked_step_time(np.array([512]), 0, [], [])
+    big = cost.chunked_step_time(np.zeros(0, np.int64), 0, [2048] * 4, [0] * 4)
+    assert 0.012 < one < 0.03 and 0.12 < big < 0.25

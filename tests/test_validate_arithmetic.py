@@ -1,0 +1,86 @@
+"""Twin validation arithmetic: per-step errors and bins, metric comparison, targets, error bands, the simulate band line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from costmodels.calibration import CalibrationProfile
+from costmodels.step_profile import ProfiledStepCost, errors
+from scheduler.config import SchedulerConfig
+from scheduler.request import Request
+from sim.validate import (LevelReport, StepSample, ValidationReport, band_line, check_targets, copy_requests, error_bands,
+                          find_report, load_bands, metric_values, natural_rate, rel_errors, saturation_rps, simulate_requests,
+                          step_comparison)
+
+H200 = Path(__file__).resolve().parents[1] / "profiles" / "h200"
+
+
+def test_errors_mape_p90_bias():
+    e = errors(np.array([1.1, 0.9, 2.0, 4.0]), np.array([1.0, 1.0, 2.0, 5.0]))
+    assert e["mape"] == pytest.approx((0.1 + 0.1 + 0 + 0.2) / 4)
+    assert e["max_rel_err"] == pytest.approx(0.2)
+    assert e["bias"] == pytest.approx((0.1 - 0.1 + 0 - 0.2) / 4)
+    assert e["p90_abs_err_s"] == pytest.approx(np.percentile([0.1, 0.1, 0.0, 1.0], 90))
+    assert errors(np.zeros(0), np.zeros(0))["mape"] is None
+
+
+def test_step_comparison_bins_by_kind_batch_and_context():
+    s = [StepSample(decode_ctx=[100] * 4, prefill=[], measured_s=0.02, predicted_s=0.021),
+         StepSample(decode_ctx=[1500] * 40, prefill=[], measured_s=0.03, predicted_s=0.027),
+         StepSample(decode_ctx=[], prefill=[(512, 0)], measured_s=0.1, predicted_s=0.1),
+         StepSample(decode_ctx=[10], prefill=[(64, 0)], measured_s=0.05, predicted_s=0.06)]
+    overall, bins = step_comparison(s)
+    assert overall["n"] == 4 and overall["mape"] == pytest.approx((0.05 + 0.1 + 0 + 0.2) / 4)
+    by = {(b["group"], b["bin"]): b for b in bins}
+    assert by[("kind", "decode")]["n"] == 2 and by[("kind", "prefill")]["mape"] == 0
+    assert by[("decode batch", "2-8")]["n"] == 1 and by[("decode batch", "33-128")]["n"] == 1
+    assert by[("decode mean context", "0-512")]["mape"] == pytest.approx(0.05)
+    assert by[("decode mean context", "1024-2048")]["mape"] == pytest.approx(0.1)
+
+
+def _level(name, meas, pred):
+    return LevelReport(name=name, rate_rps=1.0, fraction_of_capacity=1.0, requests=10, measured=meas, predicted=pred,
+                       rel_error=rel_errors(pred, meas), step={"mape": 0.03})
+
+
+def test_targets_and_bands_take_the_worst_level():
+    m = {"output_throughput": 100.0, "tpot_p50": 0.02, "ttft_p50": 0.1, "ttft_p90": 0.2}
+    lv = [_level("low", m, {**m, "output_throughput": 103.0, "ttft_p90": 0.23}),
+          _level("high", m, {**m, "output_throughput": 92.0, "tpot_p50": 0.0205})]
+    assert lv[0].rel_error["ttft_p90"] == pytest.approx(0.15) and lv[0].rel_error["tpot_p90"] is None
+    t = check_targets(lv, {"mape": 0.04})
+    assert t["step_mape"]["met"] and t["tpot_p50"]["met"]
+    assert t["output_throughput"]["value"] == pytest.approx(0.08) and not t["output_throughput"]["met"]
+    assert not t["ttft_p90"]["met"] and t["ttft_p50"]["met"]
+    b = error_bands(lv, {"mape": 0.04})
+    assert b["output_throughput"] == pytest.approx(0.08) and b["step_time"] == 0.04 and b["ttft_p90"] == pytest.approx(0.15)
+
+
+def test_simulate_requests_is_deterministic_and_capacity_is_positive():
+    prof = CalibrationProfile.load(H200 / "calibration_deepseek-v3-5layers_fp8.json")
+    cost = ProfiledStepCost(prof)
+    reqs = [Request(f"r{i}", 0.05 * i, 200 + 13 * i, 8 + i % 5) for i in range(24)]
+    cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=2048, async_overlap=False)
+    a = metric_values(simulate_requests(cost, cfg, 2000, copy_requests(reqs)))
+    b = metric_values(simulate_requests(cost, cfg, 2000, copy_requests(reqs)))
+    assert a == b and a["requests_finished"] == 24
+    cap = saturation_rps(cost, cfg, 2000, reqs)
+    assert cap > 0 and natural_rate(reqs) == pytest.approx(20.0)
+    slow = metric_values(simulate_requests(cost, cfg, 2000, copy_requests(reqs, 10.0)))
+    assert slow["ttft_p50"] <= a["ttft_p50"]  # a tenth of the load queues less
+
+
+def test_committed_h200_report_and_band_line():
+    path = find_report("H200")
+    assert path is not None and path.name.startswith("validation_")
+    rep = ValidationReport.model_validate_json(path.read_text())
+    assert len(rep.levels) == 3 and rep.step_overall["n"] > 100
+    assert set(rep.targets) == {"step_mape", "output_throughput", "tpot_p50", "ttft_p50", "ttft_p90"}
+    bands, src = load_bands(path)
+    assert "H200" in src and bands["output_throughput"] >= 0
+    line = band_line("auto", "H200")
+    assert line.startswith("error band") and "throughput ±" in line
+    assert "no validation report" in band_line("auto", "MI355X")
