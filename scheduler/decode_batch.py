@@ -70,12 +70,26 @@ class DecodeBatch:
         else:
             self.state[:n] += tokens[:, None] * TOKEN_SIGN
 
-    def blocks_needed(self, tokens_ahead: int, block_size: int) -> np.ndarray:
-        """Blocks each slot must add so that its held blocks have room for ``tokens_ahead`` more tokens (0 if they do)."""
-        need = (tokens_ahead + block_size - 1) - self.room[: len(self.reqs)]
+    def blocks_needed(self, tokens_ahead: int, block_size: int) -> tuple[np.ndarray, int]:
+        """Blocks each slot must add so that its held blocks have room for ``tokens_ahead`` more tokens
+        (0 if they do), and their total. Up to one block ahead (``tokens_ahead <= block_size``: every
+        step of a plan up to that long) a slot needs 0 or 1 and ``need`` is a bool mask (room >= 0)."""
+        room = self.room[: len(self.reqs)]
+        if tokens_ahead <= block_size:
+            need = room < tokens_ahead
+            return need, int(np.count_nonzero(need))
+        need = (tokens_ahead + block_size - 1) - room
         need //= block_size
         np.maximum(need, 0, out=need)
-        return need
+        return need, int(np.add.reduce(need))
+
+    def grow(self, need: np.ndarray, block_size: int) -> None:
+        """Add the room of ``need[slot]`` blocks to each slot (``need`` as blocks_needed gives it)."""
+        room = self.room[: need.size]
+        if need.dtype == bool:
+            room[need] += block_size
+        else:
+            room += need * block_size
 
     def shortfall(self, tokens_ahead: int) -> tuple[np.ndarray, np.ndarray]:
         """Slots whose held blocks lack room for ``tokens_ahead`` more tokens, and by how many tokens."""

@@ -78,6 +78,8 @@ class Scheduler:
         self._live: dict[str, Request] = {}          # waiting + running, by id
         self._next_seq = 0
         self._in_flight: StepPlan | None = None
+        # fewest output tokens any decode of the plan in flight had left (decode runs), else None
+        self._in_flight_min_left: int | None = None
         self._pending_aborts: list[Request] = []
         self._tokens_per_decode = 1 + config.draft_len
         w = config.host_workers  # per-rank schedulers work on their shares in parallel
@@ -238,8 +240,7 @@ class Scheduler:
         # 1. every running decode gets its next step; preempt the latest arrivals until KV suffices
         if batch.n:
             while True:
-                need = batch.blocks_needed(s, bs)
-                total = int(_sum(need))
+                need, total = batch.blocks_needed(s, bs)
                 if total <= blocks.num_free:
                     break
                 self._preempt(self._pick_victim(), preempted)
@@ -352,14 +353,16 @@ class Scheduler:
     def _schedule_decode_run(self, max_steps: int) -> StepPlan | None:
         """Fast path when only decodes run: k steps if their KV is free now, else None (general path)."""
         batch, s = self.batch, self._tokens_per_decode
-        k = min(max_steps, (int(_min(batch.left[: len(batch.reqs)])) - 1) // s + 1)
-        need = batch.blocks_needed(k * s, self.block_size)
-        total = int(_sum(need))
+        min_left = int(_min(batch.left[: len(batch.reqs)]))
+        k = min(max_steps, (min_left - 1) // s + 1)
+        need, total = batch.blocks_needed(k * s, self.block_size)
         if total:
             if total > self.blocks.num_free:
                 return None
             self._grow_decodes(need, total)
-        return self._make_plan([], k, [])
+        plan = self._make_plan([], k, [])
+        self._in_flight_min_left = min_left
+        return plan
 
     def _make_plan(self, chunks: list[ScheduledChunk], steps: int, preempted: list[Request]) -> StepPlan:
         """Freeze the current decode batch and ``chunks`` into the plan in flight."""
@@ -381,6 +384,7 @@ class Scheduler:
         )
         if n or chunks:
             self._in_flight = plan
+        self._in_flight_min_left = None
         return plan
 
     def _decode_horizon(self, max_steps: int) -> int:
@@ -397,8 +401,7 @@ class Scheduler:
         free = self.blocks.num_free
 
         def need(steps: int) -> tuple[np.ndarray, int]:
-            blocks = batch.blocks_needed(steps * s, bs)
-            return blocks, int(_sum(blocks))
+            return batch.blocks_needed(steps * s, bs)
 
         blocks, total = need(k)
         if total > free:
@@ -439,13 +442,12 @@ class Scheduler:
             reqs = self.batch.reqs
             pos = 0
             rows = need.nonzero()[0]
-            for i, k in zip(rows.tolist(), need[rows].tolist()):
+            for i, k in zip(rows.tolist(), need[rows].astype(np.int64).tolist()):
                 reqs[i].block_ids.extend(ids[pos : pos + k])
                 pos += k
         else:  # decode growth never enters the prefix cache: count it
             self.blocks.reserve(total)
-        need *= self.block_size
-        self.batch.room[: need.size] += need
+        self.batch.grow(need, self.block_size)
 
     def _trim_decode_blocks(self, nd: int, last_tokens: np.ndarray | int) -> None:
         """After a multi-step plan, hand back blocks reserved for steps not run or drafts not accepted.
@@ -456,8 +458,16 @@ class Scheduler:
         """
         batch, bs, s = self.batch, self.block_size, self._tokens_per_decode
         room = batch.room[:nd]
+        if s == 1 and not self.name_all_blocks:
+            # room and the single-step room agree mod bs; the latter is < bs: keep room mod bs
+            before = int(_sum(room))
+            room %= bs
+            total = (before - int(_sum(room))) // bs
+            if total:
+                self.blocks.unreserve(total)  # the tail blocks of a decode are the counted ones
+            return
         if s == 1:
-            excess = room // bs  # room and the single-step room agree mod bs; the latter is < bs
+            excess = room // bs
         else:
             ctx = batch.ctx[:nd]
             before = ctx - last_tokens
@@ -518,8 +528,12 @@ class Scheduler:
                     ids = sampled.get(r.request_id)
                     if ids:
                         r.output_token_ids.extend(ids[: tok if isinstance(tok, int) else int(tok[i])])
-            left = batch.left[:nd]
-            done = (left <= 0).nonzero()[0].tolist() if left[left.argmin()] <= 0 else []
+            min_left = self._in_flight_min_left
+            if min_left is not None and isinstance(tok, int) and steps < min_left:
+                done = []  # one token a step each: nobody reached the end
+            else:
+                left = batch.left[:nd]
+                done = (left <= 0).nonzero()[0].tolist() if _min(left) <= 0 else []
             if early:
                 done = sorted(set(done) | {r._slot for r in plan.decodes if r.request_id in early})
             for slot in reversed(done):  # highest row first: swap-removal keeps lower rows in place
@@ -533,7 +547,7 @@ class Scheduler:
                 if req.status is not RequestStatus.RUNNING:
                     continue
                 req.num_computed_tokens = c.context_len + c.num_new_tokens
-                if self.blocks.cache is not None and not req._cache_done:
+                if req.block_hashes and not req._cache_done and self.blocks.cache is not None:
                     self._cache_computed_blocks(req)
                 if not c.is_last_chunk:
                     continue
