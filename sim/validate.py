@@ -63,6 +63,8 @@ class LevelReport(BaseModel):
     step_bins: list[dict] = Field(default_factory=list)
     measured_wall_s: float = 0.0
     diagnostics: dict = Field(default_factory=dict, description="GPU SM clock samples, outlier steps")
+    samples: dict[str, list] = Field(default_factory=dict, description="per step: decodes, mean decode context, prefill "
+                                     "tokens, prefill chunks, prefill context tokens, measured s, predicted s (for re-analysis)")
 
 
 class ValidationReport(BaseModel):
@@ -141,6 +143,16 @@ def rel_errors(pred: dict, meas: dict) -> dict[str, float | None]:
         p, m = pred.get(k), meas.get(k)
         out[k] = None if p is None or m is None or m == 0 else (p - m) / m
     return out
+
+
+def compact_samples(samples: Sequence[StepSample]) -> dict[str, list]:
+    """Column arrays of step samples, small enough to keep in a report."""
+    return {"decodes": [len(x.decode_ctx) for x in samples],
+            "decode_ctx_mean": [round(float(np.mean(x.decode_ctx)), 1) if x.decode_ctx else 0.0 for x in samples],
+            "prefill_tokens": [sum(a for a, _ in x.prefill) for x in samples], "prefill_chunks": [len(x.prefill) for x in samples],
+            "prefill_ctx": [sum(c for _, c in x.prefill) for x in samples],
+            "measured_s": [round(x.measured_s, 6) for x in samples],
+            "predicted_s": [None if x.predicted_s is None else round(x.predicted_s, 6) for x in samples]}
 
 
 def step_comparison(samples: Sequence[StepSample]) -> tuple[dict, list[dict]]:

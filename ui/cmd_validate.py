@@ -196,8 +196,9 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
     """Simulate (and, with an engine, replay) the requests at each load level; the report and the step samples per level."""
     from rich.console import Console
 
-    from sim.validate import (LevelReport, StepSample, ValidationReport, check_targets, copy_requests, error_bands,
-                              metric_values, natural_rate, rel_errors, saturation_rps, simulate_requests, step_comparison)
+    from sim.validate import (LevelReport, StepSample, ValidationReport, check_targets, compact_samples, copy_requests,
+                              error_bands, metric_values, natural_rate, rel_errors, saturation_rps, simulate_requests,
+                              step_comparison)
 
     con = log or Console()
     scfg = sim_config(base_cfg, prof)
@@ -251,7 +252,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
             diag = {}
         reports.append(LevelReport(name=name, rate_rps=rate, fraction_of_capacity=f, requests=len(reqs), measured=meas, predicted=pred,
                                    rel_error=rel_errors(pred, meas), step=step, step_bins=bins, measured_wall_s=wall,
-                                   diagnostics=diag))
+                                   diagnostics=diag, samples=compact_samples(samples_by_level.get(name, []))))
         _print_level(con, reports[-1])
 
     overall, overall_bins = step_comparison(all_samples) if all_samples else ({}, [])
