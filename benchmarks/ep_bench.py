@@ -281,6 +281,7 @@ def provenance(backend: str, device: str, opts: dict, argv: list[str]) -> dict:
         p["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else ""
     else:
         p["threads_per_rank"] = opts["threads"]
+        p["load_average_1m"] = os.getloadavg()[0]   # a shared CPU's other work inflates the timings
     return p
 
 
