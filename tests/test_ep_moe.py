@@ -112,6 +112,11 @@ def test_world_one_and_empty_batches_need_no_process_group():
         assert isinstance(layer, EPMoE)
         assert float((layer(x) - want).abs().max()) < 1e-12
         assert layer(x[:0]).shape == (0, 256)
+    layer.g.capacity = 8          # a static (CUDA-graph) capacity: smaller batches pad, a bigger one is refused
+    layer.g.mode = "fixed"
+    assert float((layer(x[:8]) - want[:8]).abs().max()) < 1e-12
+    with pytest.raises(RuntimeError, match="capacity"):
+        layer(x)
 
 
 def test_pack_rows_roundtrip_mixed_dtypes():
