@@ -48,19 +48,19 @@ class DecodeBatch:
         """Take ``req`` out (its counters move back to the request); the last slot fills the hole."""
         slot = req._slot
         d = req.__dict__
-        ctx = int(self.ctx[slot])
+        state = self.state
+        ctx, out, _, room = state[slot].tolist()
         d["_num_computed_tokens"] = ctx
-        d["_num_output_tokens"] = int(self.out[slot])
+        d["_num_output_tokens"] = out
         # ctx + room is a whole number of blocks: those not named in block_ids are reserved by count
-        req._anon_blocks = (ctx + int(self.room[slot])) // block_size - len(req.block_ids)
+        req._anon_blocks = (ctx + room) // block_size - len(req.block_ids)
         req._batch, req._slot = None, -1
-        last = len(self.reqs) - 1
-        if slot != last:
-            moved = self.reqs[last]
-            self.reqs[slot] = moved
+        reqs = self.reqs
+        moved = reqs.pop()
+        if moved is not req:
+            reqs[slot] = moved
             moved._slot = slot
-            self.state[slot] = self.state[last]
-        self.reqs.pop()
+            state[slot] = state[len(reqs)]
 
     def add_tokens(self, n: int, tokens: np.ndarray | int) -> None:
         """Slots ``0..n-1`` produced ``tokens`` each (a scalar or one count per slot)."""

@@ -378,7 +378,7 @@ class Scheduler:
             decodes=batch.reqs[:],
             decode_context_lens=batch.ctx[:n].copy(),
             num_steps=steps,
-            draft_len=self.config.draft_len,
+            draft_len=self._tokens_per_decode - 1,
             host_overhead_s=h0 + h_req * (n + len(chunks)) + h_tok * num_tokens,
             preempted=preempted,
         )
@@ -541,25 +541,29 @@ class Scheduler:
                 self._retire(req, RequestStatus.FINISHED, now)
                 finished.append(req)
 
-        if steps:
+        if steps and plan.prefills:
             for c in plan.prefills:
                 req = c.request
                 if req.status is not RequestStatus.RUNNING:
                     continue
-                req.num_computed_tokens = c.context_len + c.num_new_tokens
+                # a prefilling request holds its own counters (it joins the decode batch below)
+                d = req.__dict__
+                d["_num_computed_tokens"] = c.context_len + c.num_new_tokens
                 if req.block_hashes and not req._cache_done and self.blocks.cache is not None:
                     self._cache_computed_blocks(req)
                 if not c.is_last_chunk:
                     continue
-                if req.num_output_tokens == 0:
-                    self.outstanding_tokens -= req.prompt_len
-                req.num_output_tokens += 1
-                self.outstanding_tokens -= 1
+                out = d["_num_output_tokens"]
+                if out == 0:
+                    self.outstanding_tokens -= req.prompt_len + 1
+                else:
+                    self.outstanding_tokens -= 1
+                d["_num_output_tokens"] = out = out + 1
                 if sampled is not None:
                     req.output_token_ids.extend(sampled.get(req.request_id, [])[:1])
                 if req.first_token_time is None:
                     req.first_token_time = now
-                if req.num_output_tokens >= req.output_len or (early and req.request_id in early):
+                if out >= req.output_len or (early and req.request_id in early):
                     self._retire(req, RequestStatus.FINISHED, now)
                     finished.append(req)
                 else:

@@ -126,12 +126,13 @@ class _Timeline:
         self._v = 0.0
 
     def add(self, t: float, v: float) -> None:
-        if self._n == 0:
+        n = self._n
+        if n == 0:
             self._t0, self._v = t, v
         elif v > self._v:
             self._v = v
-        self._n += 1
-        if self._n == self.stride:
+        self._n = n = n + 1
+        if n == self.stride:
             self.points.append((self._t0, self._v))
             self._n = 0
             if len(self.points) >= self.cap:
@@ -255,16 +256,19 @@ class MetricsCollector:
         if k == 0:
             return
         dur = float(d[0]) if k == 1 else float(np.add.reduce(d))
-        decodes, prefills = plan.decodes, plan.prefills
-        n_dec, n_pre = len(decodes), len(prefills)
-        # prefills run in the first step only
-        pre_tokens = (prefills[0].num_new_tokens if n_pre == 1 else sum(c.num_new_tokens for c in prefills)) if n_pre else 0
+        n_dec = len(plan.decodes)
+        prefills = plan.prefills
+        if prefills:  # prefills run in the first step only
+            n_pre = len(prefills)
+            pre_tokens = prefills[0].num_new_tokens if n_pre == 1 else sum(c.num_new_tokens for c in prefills)
+            self._prefill_tokens += pre_tokens
+        else:
+            n_pre = pre_tokens = 0
         self.num_plans += 1
         self.num_steps += k
         self._busy_s += dur
         self._batch_requests += n_pre + n_dec * k
         self._batch_tokens += pre_tokens + n_dec * (1 + plan.draft_len) * k
-        self._prefill_tokens += pre_tokens
         if plan.preempted:
             self._preemptions += len(plan.preempted)
         end = start_s + dur
@@ -307,10 +311,10 @@ class MetricsCollector:
                 self._itl.add((d[:, None] / np.where(mask, tok, 1))[mask], tok[mask])
         self._decode_tokens += dec_tokens
 
-        prev = self._kv_last.get(instance_id, (0, 0))
+        prev_used, prev_total = self._kv_last.get(instance_id, (0, 0))
         self._kv_last[instance_id] = (kv_used_blocks, kv_total_blocks)
-        self._kv_used += kv_used_blocks - prev[0]
-        self._kv_total += kv_total_blocks - prev[1]
+        self._kv_used += kv_used_blocks - prev_used
+        self._kv_total += kv_total_blocks - prev_total
         if kv_total_blocks > 0:
             util = kv_used_blocks / kv_total_blocks
             self._kv_wsum += util * dur
