@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from twinfer.config import load_model_file, read_mapping, validate
+from twinfer.config import is_dir, is_file, load_model_file, read_mapping, validate
 from twinfer.errors import TwinferError, UnknownNameError
 
 from costmodels.model_spec import ModelSpec
@@ -37,6 +37,47 @@ class _Cfg:
     def get(self, key: str, default=None):
         v = self.data.get(key)
         return default if v is None else v
+
+
+# config.json keys read as integers (some feed arithmetic before ModelSpec validates the result)
+_INT_KEYS = (
+    "hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "num_key_value_heads", "head_dim",
+    "intermediate_size", "moe_intermediate_size", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
+    "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "n_shared_experts", "num_experts_per_tok",
+    "first_k_dense_replace", "n_group", "topk_group", "num_experts", "decoder_sparse_step", "index_n_heads",
+    "index_head_dim", "index_topk", "sliding_window", "max_position_embeddings", "num_nextn_predict_layers",
+    "o_lora_rank", "o_groups", "hc_mult",
+)
+_DIVISOR_KEYS = ("num_attention_heads",)  # default head_dim = hidden_size // num_attention_heads
+
+
+def _check_types(cfg: dict, name: str) -> None:
+    """Refuse config.json values of the wrong type up front, naming the key, the value and what is allowed."""
+
+    def bad(key: str, want: str) -> TwinferError:
+        return TwinferError(f"{name}: config.json key {key!r} must be {want} (got {cfg[key]!r})")
+
+    def is_int(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    for key in _INT_KEYS:
+        v = cfg.get(key)
+        if v is None:
+            continue
+        if not is_int(v) or v < 0:
+            raise bad(key, "a non-negative integer")
+        if key in _DIVISOR_KEYS and v < 1:
+            raise bad(key, "an integer >= 1")
+    for key in ("compress_ratios", "mlp_only_layers"):
+        v = cfg.get(key)
+        if v is not None and (not isinstance(v, list) or not all(is_int(x) for x in v)):
+            raise bad(key, "a list of integers")
+    archs = cfg.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise bad("architectures", "a list of class names")
+    q = cfg.get("quantization_config")
+    if q is not None and not isinstance(q, dict):
+        raise bad("quantization_config", "a mapping")
 
 
 def _family(cfg: dict) -> str:
@@ -101,7 +142,10 @@ def from_hf_config(cfg: dict, name: str = "model") -> ModelSpec:
     if not isinstance(cfg, dict):
         raise TwinferError(f"{name}: config.json must be a mapping")
     if "text_config" in cfg and "num_hidden_layers" not in cfg:  # multimodal wrappers keep the LM inside
+        if not isinstance(cfg["text_config"], dict):
+            raise TwinferError(f"{name}: config.json key 'text_config' must be a mapping (got {cfg['text_config']!r})")
         cfg = {**cfg["text_config"], "quantization_config": cfg.get("quantization_config")}
+    _check_types(cfg, name)
     family = _family(cfg)
     c = _Cfg(cfg, name, family)
     hidden = c.req("hidden_size")
@@ -242,11 +286,11 @@ def get_model(name_or_path: str | ModelSpec) -> ModelSpec:
     if key.lower() in aliases:
         return _build(aliases[key.lower()]).model_copy(deep=True)
     p = Path(key)
-    if p.is_dir():
-        if not (p / "config.json").is_file():
+    if is_dir(p):
+        if not is_file(p / "config.json"):
             raise TwinferError(f"{p}: folder has no config.json")
         p = p / "config.json"
-    if p.is_file():
+    if is_file(p):
         data = read_mapping(p)
         if "model_type" in data or "architectures" in data:
             stem = p.parent.name if p.name == "config.json" else p.stem

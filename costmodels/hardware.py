@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from twinfer.config import load_model_file, validate
+from twinfer.config import is_file, load_model_file, validate
 from twinfer.errors import TwinferError, UnknownNameError
 
 from costmodels.layout import DType
@@ -127,6 +127,6 @@ def get_hardware(name_or_path: str | Hardware) -> Hardware:
     cat = _catalog()
     if key.lower() in cat:
         return cat[key.lower()]
-    if key.lower().endswith((".yaml", ".yml", ".json")) or Path(key).is_file():
+    if key.lower().endswith((".yaml", ".yml", ".json")) or is_file(key):
         return load_model_file(Hardware, key)
     raise UnknownNameError("hardware", key, [h.name for h in cat.values()])

@@ -40,6 +40,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from scheduler.request import Request
+from twinfer.config import is_file
 from twinfer.errors import TwinferError
 
 MOONCAKE_BLOCK = 512  # tokens per Mooncake hash id (Mooncake FAST'25 trace README)
@@ -138,11 +139,17 @@ def expand_hash_ids(hash_ids: Sequence[int], src_block: int, block_size: int, pr
 
 
 # ---------------------------------------------------------------- line schemas
+# bounds: a line's numbers must not blow up what is built from it (a 10**12-token prompt with
+# one 10**12-token hash id would expand into ~10**10 block hashes)
+MAX_LINE_TOKENS = 1 << 24   # scheduler.max_model_len's upper bound: no request can be longer
+MAX_TIMESTAMP = 1e13        # seconds or ms: ~300 years in ms
+
+
 class _Line(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    timestamp: float = Field(ge=0)
-    input_length: int = Field(ge=1)
-    output_length: int = Field(ge=1)
+    timestamp: float = Field(ge=0, le=MAX_TIMESTAMP, allow_inf_nan=False)
+    input_length: int = Field(ge=1, le=MAX_LINE_TOKENS)
+    output_length: int = Field(ge=1, le=MAX_LINE_TOKENS)
     hash_ids: list[int] = Field(default_factory=list)
 
     def _check_ids(self, block: int) -> None:
@@ -159,9 +166,9 @@ class _Line(BaseModel):
 class TraceLine(_Line):
     """One line of twinfer's JSONL trace."""
 
-    hash_block_size: int | None = Field(None, ge=1)
-    session_id: str | None = None
-    priority: int = 0
+    hash_block_size: int | None = Field(None, ge=1, le=MAX_LINE_TOKENS)
+    session_id: str | None = Field(None, max_length=1024)
+    priority: int = Field(0, ge=-(2**31), le=2**31)
 
     @model_validator(mode="after")
     def _ids(self):
@@ -241,7 +248,7 @@ def read_trace(
     ``max_requests`` keeps the earliest ones.
     """
     p = Path(path)
-    if not p.is_file():
+    if not is_file(p):
         raise TwinferError(f"{p}: no such trace file")
     if fmt not in ("jsonl", "mooncake"):
         raise TwinferError(f"trace_format: unknown {fmt!r}; known: jsonl, mooncake")

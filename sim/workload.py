@@ -38,6 +38,16 @@ WorkloadKind = Literal["poisson", "gamma", "constant", "agentic", "trace"]
 # content tags: keep the hash streams of different kinds of content apart
 _TAG_PREFIX, _TAG_REQUEST, _TAG_SESSION = 0x505245, 0x524551, 0x534553
 
+# Bounds on workload numbers: far past any real deployment, but small enough that arrival times,
+# counts and lengths never overflow floats or int64 while requests are drawn.
+MAX_RATE = 1e9            # requests/s
+MIN_RATE = 1e-9
+MAX_REQUESTS = 10**9      # requests in one workload
+MAX_SECONDS = 1e10        # ~300 years of simulated time
+MAX_TOKENS = 1e12         # a token length's largest value (lognormal lengths clip at 1e9 by default)
+MAX_TURNS = 100_000       # turns of one agentic session
+MAX_ROWS = 50_000_000     # requests (or agentic turns) drawn at once, and block hashes built (memory)
+
 _AGENTIC_FIELDS = ("turns", "think_time_s", "est_ttft_s", "est_tpot_s", "max_prompt_len")
 _TRACE_FIELDS = ("trace_path", "trace_format", "time_scale", "time_unit", "max_requests")
 _GENERATED_FIELDS = ("rate", "num_requests", "input_len", "output_len", "shared_prefix_len",
@@ -53,26 +63,26 @@ class WorkloadSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: WorkloadKind = "poisson"
-    rate: float | None = Field(None, gt=0, description="requests/s (agentic: sessions arrive at rate / mean turns)")
-    num_requests: int | None = Field(None, ge=1)
-    duration_s: float | None = Field(None, gt=0, description="arrivals only before this time")
-    cv: float | None = Field(None, gt=0, description="gamma: coefficient of variation of inter-arrivals")
+    rate: float | None = Field(None, gt=0, le=MAX_RATE, description="requests/s (agentic: sessions arrive at rate / mean turns)")
+    num_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS)
+    duration_s: float | None = Field(None, gt=0, le=MAX_SECONDS, description="arrivals only before this time")
+    cv: float | None = Field(None, ge=1e-4, le=1e4, description="gamma: coefficient of variation of inter-arrivals")
     input_len: LengthDist = FixedLength(value=1024)
     output_len: LengthDist = FixedLength(value=256)
-    shared_prefix_len: int = Field(0, ge=0, description="tokens of system prompt shared within a group")
-    num_prefix_groups: int = Field(1, ge=1)
+    shared_prefix_len: int = Field(0, ge=0, le=1 << 24, description="tokens of system prompt shared within a group")
+    num_prefix_groups: int = Field(1, ge=1, le=1_000_000)
     hash_private_blocks: bool = False
     priority_mix: dict[int, float] | None = Field(None, description="priority -> weight (lower is served first)")
     # agentic
     turns: LengthDist = UniformLength(min=2, max=8)
     think_time_s: LengthDist = Field(FixedLength(value=5), description="seconds (lognormal/normal clip at min, default 1)")
-    est_ttft_s: float = Field(1.0, ge=0)
-    est_tpot_s: float = Field(0.03, ge=0)
+    est_ttft_s: float = Field(1.0, ge=0, le=MAX_SECONDS)
+    est_tpot_s: float = Field(0.03, ge=0, le=MAX_SECONDS)
     max_prompt_len: int | None = Field(None, ge=1, description="a session ends before a turn would exceed this")
     # trace
     trace_path: str | None = None
     trace_format: Literal["jsonl", "mooncake"] = "jsonl"
-    time_scale: float = Field(1.0, gt=0, description="multiplies trace times (0.5: twice as fast)")
+    time_scale: float = Field(1.0, gt=0, le=1e6, description="multiplies trace times (0.5: twice as fast)")
     time_unit: Literal["s", "ms"] | None = None
     max_requests: int | None = Field(None, ge=1)
 
@@ -82,7 +92,7 @@ class WorkloadSpec(BaseModel):
         if isinstance(data, dict) and "preset" in data:
             data = dict(data)
             name = data.pop("preset")
-            if name not in PRESETS:
+            if not isinstance(name, str) or name not in PRESETS:
                 raise ValueError(f"preset: unknown {name!r}; known presets: {', '.join(sorted(PRESETS))}")
             full = PRESETS[name].model_dump()
             data = {**{f: full[f] for f in PRESETS[name].model_fields_set}, **data}
@@ -94,6 +104,8 @@ class WorkloadSpec(BaseModel):
         if v is not None:
             if not v or any(w < 0 or not math.isfinite(w) for w in v.values()) or sum(v.values()) <= 0:
                 raise ValueError("weights must be finite, >= 0, not all zero")
+            if any(abs(k) > 2**31 for k in v):
+                raise ValueError("priorities must be integers in [-2**31, 2**31]")
         return v
 
     @model_validator(mode="after")
@@ -118,19 +130,40 @@ class WorkloadSpec(BaseModel):
             return self
         if self.rate is None:
             raise ValueError(f"rate: required when kind is {k!r}")
+        if self.rate < MIN_RATE:
+            raise ValueError(f"rate: {self.rate:g} requests/s is below {MIN_RATE:g} (one request in ~30 years)")
         if self.num_requests is None and self.duration_s is None:
             raise ValueError("num_requests or duration_s: give at least one")
+        if self.num_requests is None and self.rate * self.duration_s > MAX_REQUESTS:
+            raise ValueError(f"rate x duration_s = {self.rate * self.duration_s:.3g} requests expected; at most "
+                             f"{MAX_REQUESTS:.0e} (set num_requests to cap the run)")
         if k == "gamma" and self.cv is None:
             raise ValueError("cv: required when kind is 'gamma'")
         check_support(self.input_len, "input_len", 1 if self.shared_prefix_len == 0 else 0)
         check_support(self.output_len, "output_len", 1)
+        _check_range(self.input_len, "input_len", MAX_TOKENS)
+        _check_range(self.output_len, "output_len", MAX_TOKENS)
         if k == "agentic":
             check_support(self.turns, "turns", 1)
             check_support(self.think_time_s, "think_time_s", 0)
+            _check_range(self.turns, "turns", MAX_TURNS)
+            _check_range(self.think_time_s, "think_time_s", MAX_SECONDS)
             shortest = self.shared_prefix_len + self.input_len.support()[0]
             if self.max_prompt_len is not None and self.max_prompt_len < shortest:
                 raise ValueError(f"max_prompt_len: {self.max_prompt_len} is below the shortest first turn ({shortest:g})")
         return self
+
+
+def _check_range(dist, field: str, most: float) -> None:
+    """A length model whose numbers overflow (a mean of 1e300, a uniform max past int64) is refused here,
+    naming the field, rather than failing later while requests are drawn."""
+    try:
+        lo, hi = dist.support()
+        m = dist.mean()
+    except (OverflowError, ValueError, ZeroDivisionError) as err:
+        raise ValueError(f"{field}: parameters out of range ({err})") from None
+    if not (math.isfinite(m) and hi <= most):
+        raise ValueError(f"{field}: values must stay <= {most:.3g} (this distribution reaches {hi:.3g}; set its max)")
 
 
 @contextmanager
@@ -240,10 +273,23 @@ def _priorities(spec: WorkloadSpec, rng: np.random.Generator, n: int) -> np.ndar
     return levels[np.minimum(np.searchsorted(cum, rng.random(n), side="right"), len(levels) - 1)]
 
 
+MAX_PREFIX_BLOCKS = 20_000_000  # block hashes of all shared prefixes together (~1 GB of Python ints)
+
+
+def _check_hash_count(n: int, block_size: int) -> None:
+    """Private block hashes are Python ints kept per request: refuse a workload that needs too many."""
+    if n > MAX_ROWS:
+        raise TwinferError(f"hash_private_blocks: the prompts need {n:,} private {block_size}-token block hashes; "
+                           f"at most {MAX_ROWS:,} (shorter prompts, fewer requests, or hash_private_blocks: false)")
+
+
 def _group_prefixes(spec: WorkloadSpec, block_size: int) -> tuple[list[tuple[int, ...]], np.ndarray]:
     """Hash tuple of each group's shared prefix blocks, and each group's last chain hash."""
     n_blocks = spec.shared_prefix_len // block_size
     groups = spec.num_prefix_groups if spec.shared_prefix_len else 1
+    if groups * n_blocks > MAX_PREFIX_BLOCKS:
+        raise TwinferError(f"num_prefix_groups x shared_prefix_len: {groups} groups of {n_blocks} {block_size}-token blocks "
+                           f"= {groups * n_blocks:,} prefix blocks; at most {MAX_PREFIX_BLOCKS:,}")
     anchors = hash_pair_np(hash_pair(ROOT_HASH, _TAG_PREFIX), np.arange(groups, dtype=np.uint64))
     rows = positional_hashes(anchors, np.zeros(groups, np.int64), np.full(groups, n_blocks, np.int64))
     tuples = [tuple(r) for r in rows]
@@ -275,6 +321,7 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator, block_size: int) -> l
              else np.zeros(n, np.int64))
     if spec.hash_private_blocks:
         n_pb = spec.shared_prefix_len // block_size
+        _check_hash_count(int((prompt // block_size).sum()) - n_pb * n, block_size)
         anchors = hash_pair_np(hash_pair_np(tails[group], _TAG_REQUEST), np.arange(n, dtype=np.uint64))
         private = positional_hashes(anchors, np.full(n, n_pb), prompt // block_size)
         hashes = [prefixes[g] + tuple(p) for g, p in zip(group.tolist(), private)]
@@ -322,6 +369,9 @@ def _agentic_arrays(spec: WorkloadSpec, streams: _Streams, n_max: int | None, du
     chunk = 64 if n_max is None else max(64, int(1.2 * n_max / mean_turns))
     if duration is not None:
         chunk = max(64, int(session_rate * duration * 1.1 + 16))
+    if chunk * mean_turns > MAX_ROWS:
+        raise TwinferError(f"agentic workload: {chunk:,} sessions of {mean_turns:.3g} turns on average would be drawn at "
+                           f"once (rate, duration_s, turns); at most {MAX_ROWS:,} turns")
     starts_all, parts = np.zeros(0), []
     while True:
         ia = streams.arrival.exponential(1.0 / session_rate, chunk)
@@ -360,6 +410,7 @@ def _generate_agentic(spec: WorkloadSpec, streams: _Streams, block_size: int) ->
     longest = np.zeros(n_sessions, np.int64)
     np.maximum.at(longest, c["sess"], c["prompt"] // block_size)
     n_pb = spec.shared_prefix_len // block_size
+    _check_hash_count(int(longest[used].sum()) - n_pb * len(used), block_size)
     anchors = hash_pair_np(hash_pair_np(tails[group[used]], _TAG_SESSION), used.astype(np.uint64))
     private = positional_hashes(anchors, np.full(len(used), n_pb), longest[used])
     conv = {int(s): prefixes[group[s]] + tuple(p) for s, p in zip(used.tolist(), private)}

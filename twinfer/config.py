@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TypeVar
 
@@ -31,6 +32,35 @@ def format_validation_error(err: ValidationError, source: str = "") -> str:
     return "\n".join(lines)
 
 
+# Bounds on what a user file may hold once parsed: YAML aliases can make a few lines stand for an
+# exponentially large document ("billion laughs"), which validation would then walk.
+MAX_DEPTH = 64
+MAX_VALUES = 1_000_000
+
+
+def check_data(data: object, source: str = "") -> None:
+    """Refuse NaN/inf numbers (YAML's .nan/.inf, Python JSON's NaN/Infinity: no field wants them),
+    nesting deeper than MAX_DEPTH and documents of more than MAX_VALUES values (counting every
+    use of a YAML alias), naming where."""
+    where = f"{source}: " if source else ""
+    count = 0
+    stack: list[tuple[object, tuple, int]] = [(data, (), 0)]
+    while stack:
+        node, path, depth = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise TwinferError(f"{where}the document holds more than {MAX_VALUES:,} values (YAML aliases expanding?)")
+        if isinstance(node, float) and not math.isfinite(node):
+            loc = ".".join(str(p) for p in path) or "(top level)"
+            raise TwinferError(f"{where}{loc}: {node} is not allowed; numbers must be finite")
+        if isinstance(node, (dict, list, tuple)):
+            if depth >= MAX_DEPTH:
+                loc = ".".join(str(p) for p in path) or "(top level)"
+                raise TwinferError(f"{where}{loc}: nested more than {MAX_DEPTH} levels deep")
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            stack.extend((v, path + (k,), depth + 1) for k, v in items)
+
+
 def validate(model: type[M], data: object, source: str = "") -> M:
     """``model.model_validate(data)`` raising TwinferError with field-naming messages."""
     try:
@@ -39,20 +69,43 @@ def validate(model: type[M], data: object, source: str = "") -> M:
         raise TwinferError(format_validation_error(err, source)) from None
 
 
+def is_file(path: str | Path) -> bool:
+    """``Path.is_file`` that says False, not OSError, for names the OS refuses (too long, ...)."""
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def is_dir(path: str | Path) -> bool:
+    """``Path.is_dir`` that says False, not OSError, for names the OS refuses."""
+    try:
+        return Path(path).is_dir()
+    except (OSError, ValueError):
+        return False
+
+
 def read_mapping(path: str | Path) -> dict:
     """Read a YAML or JSON file that must hold a mapping."""
     p = Path(path)
-    if not p.is_file():
+    if not is_file(p):
         raise TwinferError(f"{p}: no such file")
-    text = p.read_text(encoding="utf-8", errors="replace")
+    try:
+        text = p.read_text(encoding="utf-8", errors="replace")
+    except OSError as err:
+        raise TwinferError(f"{p}: cannot read: {err.strerror or err}") from None
+    kind = "JSON" if p.suffix == ".json" else "YAML"
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as err:
-        raise TwinferError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {err}") from None
+        raise TwinferError(f"{p}: not valid {kind}: {err}") from None
+    except RecursionError:
+        raise TwinferError(f"{p}: not valid {kind}: nested too deeply") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise TwinferError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
+    check_data(data, str(p))
     return data
 
 
