@@ -154,7 +154,12 @@ def _is_openai_error(body: object) -> str | None:
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         e = body["error"]
         if {"message", "type", "param", "code"} <= set(e) and e["message"]:
-            return e["code"] or e["type"]
+            # the label the server counts it under (executor.serve.app.rejection_reason)
+            if e["code"]:
+                return e["code"]
+            if e["param"]:
+                return "invalid_" + e["param"].split("[")[0].split(".")[0]
+            return e["type"]
     return None
 
 
@@ -308,7 +313,8 @@ async def run_load(url: str, *, requests: int, concurrency: int, waves: int = 1,
     srv_completed = delta("twinfer:request_success_total", "stop") + delta("twinfer:request_success_total", "length")
     srv_aborted = delta("twinfer:request_success_total", "abort")
     srv_rejected = delta_sum("twinfer:request_rejected_total")
-    warm = [r["rss_mib"] for r in wave_rows[1:]] if pid else []
+    warm = [r["rss_mib"] for r in wave_rows[1:]] if pid else []                 # after the first wave
+    half = [r["rss_mib"] for r in wave_rows[len(wave_rows) // 2:]] if pid else []  # the second half of the run
     return {
         "requests": requests, "concurrency": concurrency, "waves": waves, "wall_s": round(time.monotonic() - t0, 1),
         "sent": tally.sent, "completed": tally.completed, "rejected": tally.n_rejected,
@@ -322,6 +328,7 @@ async def run_load(url: str, *, requests: int, concurrency: int, waves: int = 1,
         "peak_rss_mib": round(max(rss), 1) if rss else None,
         "rss_after_wave_mib": [round(r["rss_mib"], 1) for r in wave_rows] if pid else None,
         "rss_growth_after_warmup_mib": round(max(warm) - min(warm), 1) if len(warm) >= 2 else None,
+        "rss_growth_last_half_mib": (round(max(half) - min(half), 1) if len(half) >= 2 else None),
     }
 
 
@@ -337,6 +344,7 @@ def print_table(r: dict) -> None:
         ("KV blocks leaked", f"{r['blocks_leaked']:.0f}"),
         ("peak server RSS", f"{r['peak_rss_mib']:.0f} MiB" if r["peak_rss_mib"] else "-"),
         ("server RSS after each wave", ", ".join(f"{x:.0f}" for x in r["rss_after_wave_mib"]) + " MiB" if r["rss_after_wave_mib"] else "-"),
+        ("RSS growth over the second half", f"{r['rss_growth_last_half_mib']} MiB" if r["rss_growth_last_half_mib"] is not None else "-"),
         ("wall time", f"{r['wall_s']} s"),
     ]
     for k, v in rows:
@@ -349,9 +357,9 @@ def print_table(r: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url", default=None, help="a running server on this machine (default: start tiny/dummy/cpu)")
-    ap.add_argument("--requests", type=int, default=600)
+    ap.add_argument("--requests", type=int, default=1200)
     ap.add_argument("--concurrency", type=int, default=48)
-    ap.add_argument("--waves", type=int, default=3, help="rounds of requests; the server must be idle and whole after each")
+    ap.add_argument("--waves", type=int, default=6, help="rounds of requests; the server must be idle and whole after each")
     ap.add_argument("--max-tokens", type=int, default=48, help="most tokens a request asks for")
     ap.add_argument("--max-queue", type=int, default=40, help="the started server's --max-queue (below --concurrency: some 429s)")
     ap.add_argument("--max-model-len", type=int, default=1024)

@@ -90,6 +90,15 @@ async def _quietly(coro) -> None:
         pass
 
 
+def rejection_reason(err: P.APIError) -> str:
+    """The metrics label of a refused request: its error code, else the parameter at fault, else the type."""
+    if err.code:
+        return err.code
+    if err.param:
+        return "invalid_" + err.param.split("[")[0].split(".")[0]
+    return err.type
+
+
 def _error(err: P.APIError, request_id: str | None = None) -> JSONResponse:
     headers = dict(err.headers)
     if request_id:
@@ -177,7 +186,7 @@ def create_app(engine: Any, tokenizer: Tokenizer, *, served_model_name: str, api
     @app.exception_handler(P.APIError)
     async def _api_error(request: Request, err: P.APIError):
         if err.status != 499:  # a client that left was counted as an abort, not a rejection
-            st.metrics.request_rejected(err.code or err.type)
+            st.metrics.request_rejected(rejection_reason(err))
         return _error(err)
 
     @app.exception_handler(StarletteHTTPException)
@@ -490,7 +499,7 @@ async def _sse(events: AsyncIterator[str], on_reject=lambda reason: None) -> Asy
             yield ev
         yield P.SSE_DONE
     except P.APIError as err:
-        on_reject(err.code or err.type)
+        on_reject(rejection_reason(err))
         yield P.sse(err.body())
         yield P.SSE_DONE
     except Exception as err:  # noqa: BLE001 - the stream has started: an error event is all that can be sent
