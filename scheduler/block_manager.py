@@ -69,7 +69,8 @@ class BlockManager:
     def reserve(self, n: int) -> None:
         """Hold ``n`` unnamed blocks (evicting cached-unused ones if needed)."""
         if n > 0:
-            self._make_room(n)
+            if n > len(self._free) - self.num_reserved:
+                self._make_room(n)
             self.num_reserved += n
 
     def unreserve(self, n: int) -> None:

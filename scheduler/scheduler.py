@@ -105,7 +105,7 @@ class Scheduler:
 
     @property
     def num_running(self) -> int:
-        return self.batch.n + len(self.prefilling)
+        return len(self.batch.reqs) + len(self.prefilling)
 
     @property
     def has_work(self) -> bool:
@@ -225,7 +225,7 @@ class Scheduler:
             raise ValueError(f"max_steps={max_steps} must be >= 1")
         if self._prefilled:
             self._admit_prefilled(now)
-        if max_steps > 1 and self.batch.n and not self.prefilling and not self._has_waiting():
+        if max_steps > 1 and self.batch.reqs and not self.prefilling and not self._has_waiting():
             plan = self._schedule_decode_run(max_steps)
             if plan is not None:
                 return plan
@@ -238,14 +238,14 @@ class Scheduler:
         preempted: list[Request] = []
 
         # 1. every running decode gets its next step; preempt the latest arrivals until KV suffices
-        if batch.n:
+        if batch.reqs:
             while True:
                 need, total = batch.blocks_needed(s, bs)
                 if total <= blocks.num_free:
                     break
                 self._preempt(self._pick_victim(), preempted)
             self._grow_decodes(need, total)
-            budget -= batch.n * s
+            budget -= len(batch.reqs) * s
 
         # 2. running partial prefills (chunked prompts, recomputes), oldest admission first
         chunks: list[ScheduledChunk] = []
@@ -367,7 +367,7 @@ class Scheduler:
     def _make_plan(self, chunks: list[ScheduledChunk], steps: int, preempted: list[Request]) -> StepPlan:
         """Freeze the current decode batch and ``chunks`` into the plan in flight."""
         batch = self.batch
-        n = batch.n
+        n = len(batch.reqs)
         num_tokens = n * self._tokens_per_decode
         if chunks:
             num_tokens += sum(c.num_new_tokens for c in chunks)
@@ -498,7 +498,7 @@ class Scheduler:
             raise RuntimeError(f"time went backwards: {now} < {self._last_now}")
         self._last_now = now
         self._in_flight = None
-        steps = result.num_steps
+        steps = len(result.step_durations)
         if steps > plan.num_steps:
             raise ValueError(f"result has {steps} steps, the plan only {plan.num_steps}")
         finished: list[Request] = []

@@ -119,8 +119,9 @@ class Instance:
             on_step(iid, start, plan, result, blocks.num_used, kv_total)
             self.num_plans += 1
             self.num_steps += n
-            self.busy_s += env.now - start
-            finished = complete(plan, result, env.now)
+            now = env.now
+            self.busy_s += now - start
+            finished = complete(plan, result, now)
             if finished:
                 for req in finished:
                     on_finish(req)
