@@ -115,7 +115,8 @@ class LLMEngine:
                   scheduler_config: SchedulerConfig | dict | None = None, plan_path: str | None = None,
                   routing_skew: float = 0.0, decode_steps: int = 1, eos_token_id: int | None = None,
                   kv_memory_fraction: float = 0.7, step_log=None, kernel_overrides: dict[str, str] | None = None,
-                  num_layers: int | None = None, model_transform=None) -> "LLMEngine":
+                  num_layers: int | None = None, model_transform=None, cuda_graphs: bool | None = None,
+                  enforce_eager: bool = False) -> "LLMEngine":
         """Build model, KV cache, scheduler and runner from names and options.
 
         ``model``: a catalog name (``tiny``, ...) or an HF checkpoint folder (config.json +
@@ -124,6 +125,8 @@ class LLMEngine:
         ``decode_steps``: most decode steps one plan may cover (multi-step decode).
         ``num_layers``: keep only the first n layers (a full-width model that fits one GPU, for benchmarks).
         ``model_transform``: callable(model) -> model applied before the KV cache is sized (EP sharding).
+        ``cuda_graphs``: capture decode-only forwards as CUDA graphs per padded batch size (default: on for
+        cuda, off elsewhere; executor/cuda_graphs.py); ``enforce_eager=True`` disables them (vLLM's name).
         """
         if device not in ("cpu", "cuda") and not device.startswith("cuda:"):   # cuda:N: one EP rank's GPU
             raise TwinferError(f"device {device!r}: expected 'cpu' or 'cuda'")
@@ -171,6 +174,10 @@ class LLMEngine:
             # dummy weights have no tokenizer: follow serve's byte tokenizer (EOS 257) when the vocab has room
             eos_token_id = 257 if spec.vocab_size > 257 else spec.vocab_size - 1
         runner = ModelRunner(net, kv, dev, eos_token_id, seed)
+        if cuda_graphs is None:
+            cuda_graphs = dev.type == "cuda"
+        if cuda_graphs and not enforce_eager and dev.type == "cuda":
+            runner.enable_cuda_graphs(sched_cfg.max_num_seqs, mml + sched_cfg.draft_len + 1)
         sched = Scheduler(sched_cfg, num_kv_blocks)
         name = Path(model).name if hf_dir else model
         return cls(cfg, runner, sched, mml, eos_token_id, name, decode_steps, step_log)

@@ -72,6 +72,21 @@ class ModelRunner:
         self.timer = StepTimer(device)
         self.step_records: list[dict] = []   # one per executed step of the last plan
         self.num_steps_run = 0
+        self.graphs = None   # executor.cuda_graphs.DecodeGraphs once enable_cuda_graphs ran
+
+    # ----------------------------------------------------------------- CUDA graphs
+    def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int, sizes: tuple[int, ...] | None = None) -> bool:
+        """Capture decode forwards for padded batch sizes up to ``max_num_seqs`` (CUDA only; False otherwise)."""
+        from executor import cuda_graphs as cg
+        if not cg.graphs_supported(self.device):
+            return False
+        bs = cg.capture_sizes(max_num_seqs, sizes or cg.DEFAULT_CAPTURE_SIZES)
+        if not bs:
+            return False
+        max_pages = -(-(max_model_len + 1) // self.page_size)
+        self.graphs = cg.DecodeGraphs(self.model, self.kv, self.device, bs, max_pages)
+        self.graphs.capture()
+        return bool(self.graphs.captured)
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request_id: str, params: SamplingParams) -> None:
@@ -145,7 +160,11 @@ class ModelRunner:
                 toks = self._tokens(c.request)[c.context_len: c.context_len + c.num_new_tokens]
                 seqs.append(SeqInput(toks, c.context_len, c.request.block_ids, False))
             batch = build_forward_batch(seqs, self.page_size, self.kv.null_page, self.device)
-            hidden = self.model(batch, self.kv)
+            replayed = self.graphs.run(batch) if self.graphs is not None else None
+            if replayed is not None:
+                hidden, graph_bs = replayed
+            else:
+                hidden, graph_bs = self.model(batch, self.kv), 0
 
             rows, rids = [], []
             for i, r in enumerate(decodes):
@@ -189,7 +208,9 @@ class ModelRunner:
             wall, dev = self.timer.stop()
             durations.append(wall)
             counts.append(step_count)
-            self.step_records.append(self._record(batch, prefills, nd, sq, wall, dev, accepted))
+            rec = self._record(batch, prefills, nd, sq, wall, dev, accepted)
+            rec["cuda_graph"], rec["graph_bs"] = graph_bs > 0, graph_bs
+            self.step_records.append(rec)
             self.num_steps_run += 1
             if finished_early or any(x <= 0 for x in remaining):
                 break

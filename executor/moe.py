@@ -17,6 +17,36 @@ from executor.layers import MLP
 from kernels import ops
 from kernels import reference as ref
 
+# set while CUDA graphs are captured (executor.cuda_graphs): the torch reference MoE (unique/nonzero
+# per expert, data-dependent shapes) is swapped for the dense masked variant below
+GRAPH_SAFE = False
+
+
+def expert_counts(ids: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """Tokens per expert without a host sync (``torch.bincount`` on CUDA reads the max back): graph-safe."""
+    flat = ids.reshape(-1)
+    return torch.zeros(n_experts, dtype=torch.int64, device=ids.device).scatter_add_(0, flat.long(), torch.ones_like(flat, dtype=torch.int64))
+
+
+def moe_experts_dense(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
+                      w2: torch.Tensor) -> torch.Tensor:
+    """Static-shape MoE: every token through every expert, combined with a dense ``[T, E]`` weight mask.
+
+    The function of ``reference.moe_experts`` (exact in BF16/FP32; FP8 weights are dequantised and
+    activations not re-quantised) and graph-capturable; costs all experts'
+    FLOPs, so it is only the fallback when no grouped kernel serves the device.
+    """
+    t, e = x.shape[0], w13.shape[0]
+    inter = w13.shape[1] // 2
+    mask = torch.zeros(t, e, dtype=torch.float32, device=x.device).scatter_add_(1, topk_ids.long(), topk_weights.float())
+    xf = ref._up(x)
+    y = torch.zeros(t, x.shape[1], dtype=xf.dtype, device=x.device)
+    for i in range(e):
+        h = xf @ w13[i].to(xf.dtype).t()
+        a = nn.functional.silu(h[:, :inter]) * h[:, inter:]
+        y += (a @ w2[i].to(xf.dtype).t()) * mask[:, i:i + 1].to(xf.dtype)
+    return y.to(x.dtype)
+
 
 class Router(nn.Module):
     """HF names: ``gate.weight`` and (sigmoid routing) ``gate.e_score_correction_bias``."""
@@ -76,8 +106,10 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w, ids = self.route(x)
-        self.expert_counts = torch.bincount(ids.reshape(-1), minlength=self.cfg.n_routed_experts)
-        if self.experts.fp8:
+        self.expert_counts = expert_counts(ids, self.cfg.n_routed_experts)
+        if GRAPH_SAFE and ops.choice("moe_experts", x.device).candidates[0].name == "torch":
+            y = moe_experts_dense(x, w, ids, *self.experts.dense())
+        elif self.experts.fp8:
             y = ops.moe_experts(x, w, ids, self.experts.w13, self.experts.w2,
                                 self.experts.w13_scale_inv, self.experts.w2_scale_inv)
         else:

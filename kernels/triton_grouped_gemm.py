@@ -65,7 +65,8 @@ def align_by_expert(topk_ids: torch.Tensor, n_experts: int, block_m: int) -> tup
     """
     flat = topk_ids.reshape(-1)
     n = flat.numel()
-    counts = torch.bincount(flat, minlength=n_experts)
+    # scatter_add, not bincount: bincount on CUDA syncs to read the max (breaks CUDA graph capture)
+    counts = torch.zeros(n_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat.long(), torch.ones_like(flat, dtype=torch.int64))
     padded = (counts + block_m - 1) // block_m * block_m
     ends = padded.cumsum(0)
     starts = ends - padded

@@ -54,6 +54,13 @@ def _load_workload(workload: str, requests: Optional[int], rate: Optional[float]
     return preset(workload, **over)
 
 
+def _graphs_info(g) -> dict:
+    """Captured decode graph sizes, failures and capture time (empty dict when eager)."""
+    if g is None:
+        return {}
+    return {"captured": g.captured, "failed": g.failed, "capture_s": g.capture_s, "max_pages": g.max_pages}
+
+
 def run(
     model: str = typer.Option("tiny", "--model", "-m", help="catalog name (tiny, ...) or HF checkpoint folder"),
     load_format: str = typer.Option("dummy", "--load-format", help="dummy (random weights) or auto (read safetensors)"),
@@ -78,6 +85,7 @@ def run(
     num_layers: Optional[int] = typer.Option(None, "--num-layers", min=1, help="keep the first n layers (full-width model on one GPU)"),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0),
     warmup: Optional[bool] = typer.Option(None, "--warmup/--no-warmup", help="compile kernels on throwaway requests first [on for cuda]"),
+    enforce_eager: bool = typer.Option(False, "--enforce-eager", help="no CUDA graphs for decode steps (eager only)"),
     step_log: Optional[Path] = typer.Option(None, "--step-log", help="write one JSON line per executed step"),
     as_json: Optional[Path] = typer.Option(None, "--json", help="write metrics and run info as JSON"),
 ) -> None:
@@ -108,7 +116,8 @@ def run(
     t_build = time.perf_counter()
     engine = LLMEngine.from_args(model, load_format=load_format, device=device, dtype=dtype, seed=seed,
                                  max_model_len=max_model_len, num_kv_blocks=num_kv_blocks, scheduler_config=sched_cfg,
-                                 routing_skew=routing_skew, decode_steps=decode_steps, num_layers=num_layers)
+                                 routing_skew=routing_skew, decode_steps=decode_steps, num_layers=num_layers,
+                                 enforce_eager=enforce_eager)
     build_s = time.perf_counter() - t_build
     warmup_s = engine.warmup() if (warmup if warmup is not None else device == "cuda") else 0.0
 
@@ -180,7 +189,8 @@ def run(
     info = {"model": model, "num_layers": engine.cfg.spec.num_layers, "device": device, "dtype": dtype, "load_format": load_format, "seed": seed,
             "workload": workload, "requests": len(items), "scheduler": sched_cfg.model_dump(),
             "num_kv_blocks": engine.scheduler.blocks.num_blocks, "build_s": build_s, "warmup_s": warmup_s, "wall_s": wall_s,
-            "kernels": kernels_used, "kernel_steps": backend_steps, "kernel_fallbacks": dict(ops.fallbacks)}
+            "kernels": kernels_used, "kernel_steps": backend_steps, "kernel_fallbacks": dict(ops.fallbacks),
+            "cuda_graphs": _graphs_info(engine.runner.graphs)}
     if as_json:
         Path(as_json).write_text(json.dumps({"run": info, "metrics": summary.model_dump()}, indent=1, default=str))
 
