@@ -218,6 +218,64 @@ class SimBackend:
             return np.array([wall_step_time(dev, plan.host_overhead_s, self.async_overlap, cold_start)])
         return wall_step_times(self.device_times(plan), plan.host_overhead_s, self.async_overlap, cold_start)
 
+    def step_times_until(self, plan: StepPlan, cold_start: bool, start_s: float, stop_at: float | None) -> tuple[np.ndarray, object]:
+        """``step_times`` cut after the first step that ends at/after ``stop_at`` (all steps if None), and,
+        for more than one step, their end times ``start_s + cumsum(times)`` (a list or an array).
+
+        A decode run of a memoised model without drafts is priced step by step up to the cut, so a
+        long horizon cut at the next arrival costs only the steps that run (same numbers as pricing
+        all of them and cutting).
+        """
+        if (plan.num_steps > 1 and stop_at is not None and not plan.draft_len and not plan.prefills
+                and self._decode1 and self.cost.sum_only):
+            return self._decode_run_until(plan, cold_start, start_s, stop_at)
+        times = self.step_times(plan, cold_start)
+        n = len(times)
+        if n == 1:
+            return times, None
+        ends = start_s + times.cumsum()
+        if stop_at is not None and stop_at < ends[n - 2]:
+            n = int(ends.searchsorted(stop_at, side="left")) + 1
+            times, ends = times[:n], ends[:n]
+        return times, ends
+
+    def _decode_run_until(self, plan: StepPlan, cold_start: bool, start_s: float, stop_at: float) -> tuple[np.ndarray, list[float]]:
+        """step_times_until for a draft-free decode run of a sum_only memo: MemoStepCost.decode_times and
+        wall_step_times for one step at a time, with floats."""
+        cost, nd = self.cost, len(plan.decodes)
+        u = float(np.add.reduce(plan.decode_context_lens)) / nd   # mean context in grid units (g = 1)
+        i = int(u)
+        frac = u - i
+        keep = 1.0 - frac
+        B = cost.BLOCK
+        b = i // B
+        j = i - b * B
+        blk = cost._block(nd, 0, b)
+        host, overlap = plan.host_overhead_s, self.async_overlap
+        times: list[float] = []
+        ends: list[float] = []
+        total = 0.0
+        for m in range(plan.num_steps):
+            a = blk.item(j)
+            if j + 1 < B:
+                j += 1
+            else:  # the next grid point is the next block's first (as MemoStepCost._table joins them)
+                b += 1
+                blk = cost._block(nd, 0, b)
+                j = 0
+            dev = a * keep + blk.item(j) * frac
+            if not overlap or (cold_start and m == 0):
+                wall = dev + host
+            else:
+                wall = dev if dev >= host else host
+            times.append(wall)
+            total += wall
+            end = start_s + total
+            ends.append(end)
+            if end >= stop_at:
+                break
+        return np.array(times), ends
+
     def result(self, plan: StepPlan, step_times: np.ndarray) -> StepResult:
         """The StepResult of running the first ``len(step_times)`` steps of ``plan`` (after ``step_times``)."""
         steps = len(step_times)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Callable
 
 import numpy as np
@@ -46,7 +47,7 @@ class Instance:
         # next arrival up front, instead of being interrupted when it comes
         self._next_arrival = next_arrival
         self._wake: simpy.Event | None = None     # set while idle
-        self._ends: np.ndarray | None = None      # step end times of the running multi-step plan
+        self._ends: list[float] | np.ndarray | None = None  # step end times of the running multi-step plan
         self._cut: int | None = None              # index of the step the running plan stops after
         self.num_plans = 0
         self.num_steps = 0
@@ -67,9 +68,9 @@ class Instance:
             wake, self._wake = self._wake, None
             wake.succeed()
         elif self._ends is not None and self._cut is None:
-            cut = int(np.searchsorted(self._ends, self.env.now, side="left"))
-            if cut < len(self._ends) - 1:
-                self._cut = cut
+            ends, now = self._ends, self.env.now
+            if now <= ends[-2]:  # some step after the current one is left: stop at the current one
+                self._cut = bisect_left(ends, now)
                 self.process.interrupt()
 
     def _loop(self):
@@ -79,7 +80,7 @@ class Instance:
         kv_total = blocks.num_blocks
         # bound once: this loop runs once per plan
         before, next_arrival, max_steps = self._before_schedule, self._next_arrival, self.max_steps
-        schedule, complete, step_times, result_of = sched.schedule, sched.complete, backend.step_times, backend.result
+        schedule, complete, times_until, result_of = sched.schedule, sched.complete, backend.step_times_until, backend.result
         on_step, on_finish, timeout = metrics.on_step, metrics.on_finish, env.timeout
         cold = True
         while True:
@@ -94,15 +95,8 @@ class Instance:
             plan = schedule(start, max_steps)
             if not plan.decodes and not plan.prefills:
                 raise RuntimeError(f"instance {iid}: work queued but nothing schedulable at t={start}")
-            times = step_times(plan, cold)
+            times, ends = times_until(plan, cold, start, next_arrival() if next_arrival is not None else None)
             n = len(times)
-            if n > 1:
-                ends = start + times.cumsum()
-                if next_arrival is not None:
-                    t = next_arrival()
-                    if t is not None and t < ends[n - 2]:
-                        n = int(ends.searchsorted(t, side="left")) + 1
-                        times, ends = times[:n], ends[:n]
             if n > 1:
                 self._ends, self._cut = ends, None
                 try:

@@ -139,3 +139,52 @@ def test_itl_buffer_gives_the_histogram_of_direct_adds():
     assert got.total_w == ref.total_w
     assert got.sum_wx == pytest.approx(ref.sum_wx, rel=1e-12)
     assert col.summarize(8, None).itl_s == got.stat()
+
+
+def _decode_plan(rng, nd, k, ctx_scale):
+    reqs = [Request(f"r{i}", 0.0, 10, 10) for i in range(nd)]
+    ctx = rng.integers(1, ctx_scale, nd).astype(np.int64)
+    return StepPlan(0, decodes=reqs, decode_context_lens=ctx, num_steps=k, host_overhead_s=float(rng.choice([0.0, 0.03, 0.2])))
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_step_times_until_equals_pricing_all_steps_then_cutting(overlap):
+    """The step-by-step decode run (memo block boundaries included) gives the times and ends of the vectorised path."""
+    from sim.backend import SimBackend
+
+    cm = EffectiveStepCost(get_model("deepseek-v3"), H200, ParallelLayout(tp=8, weight_dtype="fp8"))
+    backend = SimBackend(cm, np.random.default_rng(0), (), overlap)
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        nd, k = int(rng.integers(1, 40)), int(rng.integers(2, 300))
+        plan = _decode_plan(rng, nd, k, 4000)
+        cold = bool(rng.integers(0, 2))
+        start = float(rng.uniform(0, 100))
+        full = backend.step_times(plan, cold)
+        ends_full = start + np.cumsum(full)
+        stop = float(rng.uniform(start, ends_full[-1] + 1.0)) if trial % 5 else float(ends_full[int(rng.integers(0, k))])
+        times, ends = backend.step_times_until(plan, cold, start, stop)
+        n = min(int(np.searchsorted(ends_full, stop, side="left")) + 1, k)
+        np.testing.assert_array_equal(times, full[:n])
+        np.testing.assert_array_equal(np.asarray(ends), ends_full[:n])
+        assert backend.step_times_until(plan, cold, start, None)[0].tolist() == full.tolist()
+
+
+def test_single_step_float_paths_equal_array_paths():
+    from sim.backend import SimBackend
+    from sim.host import wall_step_times
+
+    cm = EffectiveStepCost(get_model("deepseek-v3"), H200, ParallelLayout(tp=8, weight_dtype="fp8"))
+    backend = SimBackend(cm, np.random.default_rng(0), (), True)
+    rng = np.random.default_rng(9)
+    for _ in range(200):  # contexts up to 3000: the decode runs cross memo blocks of 512 grid points
+        plan = _decode_plan(rng, int(rng.integers(1, 60)), 1, 3000)
+        cold = bool(rng.integers(0, 2))
+        ref = wall_step_times(backend.device_times(plan), plan.host_overhead_s, True, cold)
+        assert backend.step_times(plan, cold).tolist() == ref.tolist()
+    memo = backend.cost
+    for n in (1, 7, 64):
+        for s in (0, 511 * n, 512 * n - 1, 1023 * n + 3, 5000):  # grid points either side of block boundaries
+            ctx = np.full(n, s // n, np.int64)
+            ctx[: s % n] += 1
+            assert memo.decode_time(n, 0, int(ctx.sum())) == memo.decode_times(ctx, 1, 0)[0]
