@@ -12,7 +12,7 @@ A batch of ``n`` decodes replays the graph of the smallest captured size ``>= n`
 read one token of the null page and write their KV into the null page (which absorbs junk
 writes by design, see kv_cache), so real rows are unaffected. Logits and sampling stay eager.
 
-Eager fallback: CPU, prefill/mixed steps, MTP steps (``decode_sq > 1``), batches larger than the
+Eager fallback: CPU, DSA models (indexer: see ``unsupported_reason``), prefill/mixed steps, MTP steps (``decode_sq > 1``), batches larger than the
 largest graph, and any size whose capture raised (the reason is kept in ``failed``).
 
 Graph safety of the decode path (checked on the H200 run): no ``.item()``/``nonzero``/Python
@@ -58,6 +58,18 @@ def bucket_for(n: int, sizes: list[int]) -> int | None:
 def graphs_supported(device: torch.device) -> bool:
     """CUDA graphs need a CUDA device and a CUDA build of torch."""
     return device.type == "cuda" and torch.cuda.is_available()
+
+
+def unsupported_reason(model) -> str | None:
+    """Why ``model``'s decode forward cannot be captured, or None.
+
+    DSA models (DeepSeek-V3.2, ``tiny``): the indexer branches on ``batch.max_decode_len`` (a host
+    read of the KV lengths) and its sparse decode runs on the reference per-sequence loop
+    (``int(seq_lens[i])``): neither is capturable, so they stay eager.
+    """
+    if any(getattr(m, "indexer", None) is not None for m in model.modules()):
+        return "DSA indexer: host-side branch on max KV length and per-sequence sparse decode (not capturable)"
+    return None
 
 
 def is_graphable(batch: ForwardBatch) -> bool:

@@ -73,12 +73,17 @@ class ModelRunner:
         self.step_records: list[dict] = []   # one per executed step of the last plan
         self.num_steps_run = 0
         self.graphs = None   # executor.cuda_graphs.DecodeGraphs once enable_cuda_graphs ran
+        self.graphs_off_reason: str | None = None
 
     # ----------------------------------------------------------------- CUDA graphs
     def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int, sizes: tuple[int, ...] | None = None) -> bool:
         """Capture decode forwards for padded batch sizes up to ``max_num_seqs`` (CUDA only; False otherwise)."""
         from executor import cuda_graphs as cg
         if not cg.graphs_supported(self.device):
+            self.graphs_off_reason = "not a CUDA device"
+            return False
+        self.graphs_off_reason = cg.unsupported_reason(self.model)
+        if self.graphs_off_reason is not None:
             return False
         bs = cg.capture_sizes(max_num_seqs, sizes or cg.DEFAULT_CAPTURE_SIZES)
         if not bs:

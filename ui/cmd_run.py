@@ -190,7 +190,7 @@ def run(
             "workload": workload, "requests": len(items), "scheduler": sched_cfg.model_dump(),
             "num_kv_blocks": engine.scheduler.blocks.num_blocks, "build_s": build_s, "warmup_s": warmup_s, "wall_s": wall_s,
             "kernels": kernels_used, "kernel_steps": backend_steps, "kernel_fallbacks": dict(ops.fallbacks),
-            "cuda_graphs": _graphs_info(engine.runner.graphs)}
+            "cuda_graphs": _graphs_info(engine.runner.graphs) or {"off": engine.runner.graphs_off_reason}}
     if as_json:
         Path(as_json).write_text(json.dumps({"run": info, "metrics": summary.model_dump()}, indent=1, default=str))
 
