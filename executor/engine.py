@@ -126,7 +126,7 @@ class LLMEngine:
         ``num_layers``: keep only the first n layers (a full-width model that fits one GPU, for benchmarks).
         ``model_transform``: callable(model) -> model applied before the KV cache is sized (EP sharding).
         ``cuda_graphs``: capture decode-only forwards as CUDA graphs per padded batch size (default: on for
-        cuda, off elsewhere; executor/cuda_graphs.py); ``enforce_eager=True`` disables them (vLLM's name).
+        cuda without ``model_transform``, off elsewhere; executor/cuda_graphs.py); ``enforce_eager=True`` disables them (vLLM's name).
         """
         if device not in ("cpu", "cuda") and not device.startswith("cuda:"):   # cuda:N: one EP rank's GPU
             raise TwinferError(f"device {device!r}: expected 'cpu' or 'cuda'")
@@ -174,8 +174,8 @@ class LLMEngine:
             # dummy weights have no tokenizer: follow serve's byte tokenizer (EOS 257) when the vocab has room
             eos_token_id = 257 if spec.vocab_size > 257 else spec.vocab_size - 1
         runner = ModelRunner(net, kv, dev, eos_token_id, seed)
-        if cuda_graphs is None:
-            cuda_graphs = dev.type == "cuda"
+        if cuda_graphs is None:   # EP ranks (model_transform) run collectives in the forward: eager unless asked
+            cuda_graphs = dev.type == "cuda" and model_transform is None
         if cuda_graphs and not enforce_eager and dev.type == "cuda":
             runner.enable_cuda_graphs(sched_cfg.max_num_seqs, mml + sched_cfg.draft_len + 1)
         sched = Scheduler(sched_cfg, num_kv_blocks)

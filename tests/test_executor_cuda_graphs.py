@@ -141,7 +141,7 @@ def test_gpu_graph_greedy_tokens_equal_eager(n):
     (except exact near-ties: padding and the static block-table width change split-K rounding)."""
     sc = {"block_size": 64, "max_num_seqs": 8, "max_num_batched_tokens": 2048}
     e = LLMEngine.from_args("tiny", device="cuda", dtype="bf16", seed=0, scheduler_config=sc, max_model_len=512,
-                            model_transform=_no_indexer)
+                            model_transform=_no_indexer, cuda_graphs=True)
     g = e.runner.graphs
     assert g is not None and not g.failed, g.failed
     assert g.captured == [1, 2, 4, 8]
@@ -151,7 +151,7 @@ def test_gpu_graph_greedy_tokens_equal_eager(n):
         if t is not None:
             t.copy_(torch.randn(t.shape, generator=gen, device="cuda", dtype=torch.float32).to(t.dtype))
     ctx = [7 + 37 * i for i in range(n)]
-    seqs = [SeqInput([11 * i + 3], c, list(range(4 * i, 4 * i + -(-(c + 1) // 64))), True) for i, c in enumerate(ctx)]
+    seqs = [SeqInput([11 * i + 3], c, list(range(5 * i, 5 * i + -(-(c + 1) // 64))), True) for i, c in enumerate(ctx)]
     b = build_forward_batch(seqs, 64, kv.null_page, torch.device("cuda"))
     with torch.inference_mode():
         want = model(b, kv).float()
@@ -173,7 +173,7 @@ def test_gpu_engine_decodes_through_graphs():
     recs = {}
     for eager in (True, False):
         e = LLMEngine.from_args("tiny", device="cuda", dtype="bf16", seed=0, scheduler_config=sc, max_model_len=512,
-                                enforce_eager=eager, model_transform=_no_indexer)
+                                enforce_eager=eager, model_transform=_no_indexer, cuda_graphs=True)
         recs[eager] = []
         e.backend.step_log = recs[eager].append
         outs = e.generate(ps, params)
