@@ -197,7 +197,7 @@ class SimBackend:
         """Device seconds of a (single-step) plan with prefill chunks."""
         chunks = plan.prefills
         t = self.cost.chunked_step_time(plan.decode_context_lens, plan.draft_len,
-                                   [c.num_new_tokens for c in chunks], [c.context_len for c in chunks])
+                                        [c.num_new_tokens for c in chunks], [c.context_len for c in chunks])
         if plan.loaded_blocks[0] or plan.loaded_blocks[1]:
             # prefix blocks loaded back from host memory / storage, layer by layer under the step's
             # compute (SGLang HiCache's layer-wise overlap): the step takes the longer of the two
