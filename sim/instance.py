@@ -70,7 +70,7 @@ class Instance:
         elif self._ends is not None and self._cut is None:
             ends, now = self._ends, self.env.now
             if now <= ends[-2]:  # some step after the current one is left: stop at the current one
-                self._cut = bisect_left(ends, now)
+                self._cut = bisect_left(ends, now) if isinstance(ends, list) else int(ends.searchsorted(now, side="left"))
                 self.process.interrupt()
 
     def _loop(self):
