@@ -875,7 +875,7 @@ class StepCostModel:
         c, a = self._comm_vec(tok, self.n_layers, self.n_moe_layers)
         t = t + c
         if lay.tp > 1:
-            t = t + np.array([allreduce_time(v, lay.tp, hw, cal) if v > 0 else 0.0 for v in b.tolist()])  # embedding all-reduce
+            t = t + allreduce_time_vec(b, lay.tp, hw, cal)  # embedding all-reduce
         if lay.pp > 1:
             t = t + np.array([(lay.pp - 1) * p2p_time(v, self.pp_cross, hw, cal) if v > 0 else 0.0 for v in b.tolist()])
         return t, a
