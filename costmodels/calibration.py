@@ -11,10 +11,11 @@ GPU's datasheet ceilings — an assumption the cost model states in its output.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from twinfer.config import load_model_file
 
@@ -31,6 +32,17 @@ class EffTable(BaseModel):
     x: list[float] = Field(..., min_length=1)
     y: list[float] = Field(..., min_length=1)
     x_is: str = ""
+
+    @field_validator("y")
+    @classmethod
+    def _same_length(cls, y: list[float], info: ValidationInfo) -> list[float]:
+        # a field validator, not a model one: model_post_init (which indexes y by x's order) runs first
+        x = info.data.get("x")
+        if x is not None and len(x) != len(y):
+            raise ValueError(f"x has {len(x)} points but y has {len(y)}: give one efficiency per shape")
+        if not all(math.isfinite(v) for v in list(x or []) + y):
+            raise ValueError("x and y must be finite numbers")
+        return y
 
     def model_post_init(self, _ctx) -> None:
         order = np.argsort(self.x)

@@ -124,6 +124,33 @@ def load_trace(fmt: str) -> Callable[[Path], None]:
     return load
 
 
+def _calibration_seed() -> dict:
+    from costmodels.calibration import CalibrationProfile
+
+    prof = CalibrationProfile.default()
+    data = json.loads(json.dumps(prof.model_dump()))
+    data["tables"] = {"gemm_mem": {"x": [1e6, 1e8, 1e9], "y": [0.2, 0.7, 0.85], "x_is": "bytes"}}
+    return data
+
+
+def _plan_request_seed() -> dict:
+    return {"model": "deepseek-v3", "hardware": "H200", "gpus": 16, "slo": {"ttft_s": 2.0, "tpot_s": 0.05},
+            "workload": {"preset": "chat", "rate": 5.0}, "space": {"modes": ["aggregated"]}}
+
+
+def load_calibration(path: Path) -> None:
+    from costmodels.calibration import CalibrationProfile
+
+    CalibrationProfile.load(path)
+
+
+def load_plan_request(path: Path) -> None:
+    """``twinfer plan --config FILE`` reads it this way (search not run)."""
+    from ui.cmd_plan import build_request
+
+    build_request(str(path))
+
+
 # kind -> (seed factory, file name, loader); file names matter: get_model reads config.json as HF
 KINDS: dict[str, tuple[Callable[[], Any], str, Callable[[Path], None]]] = {
     "scenario": (_scenario_seed, "scenario.yaml", load_scenario_and_workload),
@@ -136,6 +163,8 @@ KINDS: dict[str, tuple[Callable[[], Any], str, Callable[[Path], None]]] = {
     "model_spec": (_spec_seed, "model.yaml", load_model_config),
     "trace_jsonl": (lambda: _trace_seed("sample_chat"), "trace.jsonl", load_trace("jsonl")),
     "trace_mooncake": (lambda: _trace_seed("sample_mooncake"), "trace.jsonl", load_trace("mooncake")),
+    "calibration": (_calibration_seed, "profile.json", load_calibration),
+    "plan_request": (_plan_request_seed, "request.yaml", load_plan_request),
 }
 
 
