@@ -50,6 +50,7 @@ _T_MAIN, _T_KV, _T_SAMPLED, _T_MTP, _T_LOGITS = range(5)
 _TBL_BITS = 9
 _TBL = 1 << _TBL_BITS  # points per lazily built table block
 _TBL_MASK = _TBL - 1
+_ZEROS = [0.0] * _TBL
 
 
 def default_expert_imbalance(layout: ParallelLayout) -> float:
@@ -657,7 +658,6 @@ class StepCostModel:
         tc = t - a2a
         return max(2 * tc, 2 * a2a) + min(tc, a2a) / self.n_layers
 
-
     def _attn_simple_time(self, nd: int, g: int, dpos_sum: int, pn: list, pc: list, pre_new: int, pre_ctx: int, s: float, draft: int) -> float:
         """_attn_fast for layer kinds that read every cached entry (no cap, window or indexer): closed forms of sums."""
         attn_t, den, eb = self._attn_t, self._att_den, self.att_entry_bytes
@@ -741,7 +741,7 @@ class StepCostModel:
 
     def _fill(self, kind: int, f: float, draft: int, b: int) -> tuple[list[float], list[float]]:
         x = np.arange(b * _TBL, (b + 1) * _TBL, dtype=float) * f  # token counts as _nonattn scales them
-        a = np.zeros_like(x)
+        a = None  # no all-to-all part
         if kind == _T_MAIN:
             t, a = self._main_vec(x)
         elif kind == _T_MTP:
@@ -754,8 +754,8 @@ class StepCostModel:
                 t = t + self._logits_vec(x, 0)
         else:
             t = self._logits_vec(x, draft)
-        blk = (t.tolist(), a.tolist())
-        if len(self._tables) >= 4096:  # a bound on memory; values never depend on what is kept
+        blk = (t.tolist(), _ZEROS if a is None else a.tolist())
+        if len(self._tables) >= 1024:  # a bound on memory (~30 MB); values never depend on what is kept
             self._tables.clear()
         self._tables[(kind, f, draft, b)] = blk
         return blk
