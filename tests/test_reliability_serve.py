@@ -234,7 +234,7 @@ def _read_stream(resp: httpx.Response) -> tuple[list[dict], bool]:
 
 
 def test_shutdown_finishes_short_streams_and_aborts_long_ones_cleanly():
-    srv = _serve(FakeEngine(max_model_len=100_000, step_s=0.01, max_running=16), drain_timeout_s=2.0)
+    srv = _serve(FakeEngine(max_model_len=100_000, step_s=0.01, max_running=16), drain_timeout_s=1.0)
     st = srv.app.state.serve
     results: dict[str, tuple] = {}
 
@@ -244,7 +244,7 @@ def test_shutdown_finishes_short_streams_and_aborts_long_ones_cleanly():
                           json={"prompt": "x", "max_tokens": max_tokens, "stream": True}) as r:
                 results[name] = _read_stream(r)
 
-    threads = [threading.Thread(target=stream, args=(f"short{i}", 80)) for i in range(3)]
+    threads = [threading.Thread(target=stream, args=(f"short{i}", 40)) for i in range(3)]
     threads += [threading.Thread(target=stream, args=(f"long{i}", 5000)) for i in range(3)]
     with httpx.Client(timeout=10) as idle:
         assert idle.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}).status_code == 200
