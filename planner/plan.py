@@ -23,7 +23,7 @@ from sim.metrics import SLO
 from sim.router import RouterConfig
 from sim.scenario import Scenario
 from sim.workload import WorkloadSpec
-from twinfer.config import load_model_file
+from twinfer.config import load_model_file, validate
 from twinfer.errors import TwinferError
 
 PLAN_VERSION = 1
@@ -119,11 +119,12 @@ class Plan(BaseModel):
         wl = self.workload
         if num_requests is not None:
             wl = wl.model_copy(update={"num_requests": num_requests, "duration_s": None})
-        scenario = Scenario(
+        # through validate(): a plan naming an unknown model or GPU is a user error, not a crash
+        scenario = validate(Scenario, dict(
             name=self.name, description=f"twinfer plan: {self.mode} {self.model} on {self.gpus_used}x{self.hardware}",
             model=self.model, hardware=self.hardware, layout=main.layout, instances=main.instances,
             scheduler=main.scheduler, workload=wl, router=self.router, slo=self.slo, seed=self.seed,
-        )
+        ), "plan")
         disagg = None
         if self.mode == "disaggregated":
             pre = self.pool("prefill")

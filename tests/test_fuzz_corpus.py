@@ -30,10 +30,8 @@ def test_corpus_input_is_refused_with_a_message(case):
 
 
 def test_plan_naming_an_unknown_gpu_fails_cleanly_when_simulated():
-    """A plan file is loaded without checking its model and hardware names; turning it into a
-    Scenario then raises pydantic's ValidationError (an 'internal error' at the CLI) instead of a
-    TwinferError. Known gap in planner/plan.py (owned by the planner work): xfails while it is
-    open, passes once the plan validates its names."""
+    """Turning a plan naming an unknown GPU into a Scenario raises TwinferError (a clean CLI
+    error), not pydantic's ValidationError (an 'internal error')."""
     from planner.plan import load_plan
     from twinfer.errors import TwinferError
     import yaml
@@ -47,6 +45,4 @@ def test_plan_naming_an_unknown_gpu_fails_cleanly_when_simulated():
             load_plan(p).to_scenario(num_requests=10)
         except TwinferError:
             return
-        except Exception as err:  # noqa: BLE001
-            pytest.xfail(f"known gap: {type(err).__name__} instead of TwinferError")
         pytest.fail("a plan naming an unknown GPU was accepted")

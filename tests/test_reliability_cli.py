@@ -88,10 +88,9 @@ def test_bad_input_is_one_clear_error_and_exit_2(results, name):
 
 
 def test_plan_naming_an_unknown_gpu_is_refused_at_the_cli(tmp_path):
-    """Known gap (planner/plan.py, see test_fuzz_corpus): today an 'internal error', exit 1."""
+    """A plan naming an unknown GPU is one clear error at the CLI (exit 2), not an internal error."""
     f = _files(tmp_path)
     p = subprocess.run(CLI + ["simulate", "--plan", str(f["unknown_gpu_plan"]), "--requests", "10"],
                        capture_output=True, text=True, timeout=120, env={**os.environ, "TWINFER_DEBUG": ""})
-    if p.returncode != 2:
-        pytest.xfail(f"known gap: exit {p.returncode}: {p.stderr.strip()[:200]}")
+    assert p.returncode == 2, p.stderr[-1000:]
     assert "H2OO" in p.stderr
