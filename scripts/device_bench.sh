@@ -3,22 +3,7 @@
 # kernel micro-benchmarks, then workloads through `twinfer run` on CUDA. Everything lands
 # in $OUT (8 files at most: the device tool's limit). Each stage has its own timeout so one
 # hang cannot eat the call. Run from the repo root:  bash scripts/device_bench.sh
-set -u
-OUT=${OUT:-/tmp/twinfer_out}
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/log.txt") 2>&1
-export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-T0=$(date +%s)
-stage() { echo; echo "=== $1 (t=$(( $(date +%s) - T0 ))s)"; }
-
-stage install
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || echo "wheel install failed"
-fi
-if [ -f .whl/vllm_vendor_extract.tar.gz ]; then   # FlashMLA + DeepGEMM bundled in vllm==0.26.0 (KERNELS.md)
-  mkdir -p /tmp/vendor && tar xzf .whl/vllm_vendor_extract.tar.gz -C /tmp/vendor
-fi
-export PYTHONPATH="$PWD:/tmp/site:/tmp/vendor"
+source scripts/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
 python3 -c "import torch, triton, pydantic; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'pydantic', pydantic.__version__, torch.cuda.get_device_name())"
 

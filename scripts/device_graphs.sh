@@ -3,22 +3,7 @@
 # GPU tests (graph greedy tokens == eager), then DeepSeek-V3 first 5 layers FP8 dummy weights:
 # median decode step time by batch size, eager vs graphs (scripts/device_graphs.py), then a short
 # `twinfer run` with graphs on and its step log. Run from the repo root with `.whl` carried.
-set -u
-OUT=${OUT:-/tmp/twinfer_out}
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/log.txt") 2>&1
-export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-T0=$(date +%s)
-stage() { echo; echo "=== $1 (t=$(( $(date +%s) - T0 ))s)"; }
-
-stage install
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || echo "wheel install failed"
-fi
-if [ -f .whl/vllm_vendor_extract.tar.gz ]; then
-  mkdir -p /tmp/vendor && tar xzf .whl/vllm_vendor_extract.tar.gz -C /tmp/vendor
-fi
-export PYTHONPATH="$PWD:/tmp/site:/tmp/vendor"
+source scripts/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$OUT/env.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/env.txt"
 date -u +%Y-%m-%dT%H:%M:%SZ >> "$OUT/env.txt"

@@ -4,22 +4,7 @@
 # in simulation and run the baseline and the winner. DeepSeek-V3 cut to its first 5 layers
 # (3 dense + 2 MoE), FP8, dummy weights. Everything lands in $OUT (8 files at most).
 # Run from the repo root, with `.whl` carried:  bash scripts/device_twin.sh
-set -u
-OUT=${OUT:-/tmp/twinfer_out}
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/log.txt") 2>&1
-export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-T0=$(date +%s)
-stage() { echo; echo "=== $1 (t=$(( $(date +%s) - T0 ))s)"; }
-
-stage install
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || echo "wheel install failed"
-fi
-if [ -f .whl/vllm_vendor_extract.tar.gz ]; then   # FlashMLA + DeepGEMM bundled in vllm==0.26.0 (KERNELS.md)
-  mkdir -p /tmp/vendor && tar xzf .whl/vllm_vendor_extract.tar.gz -C /tmp/vendor
-fi
-export PYTHONPATH="$PWD:/tmp/site:/tmp/vendor"
+source scripts/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name())"
 export TWINFER_KERNEL_FP8_GEMM=${TWINFER_KERNEL_FP8_GEMM:-triton}   # DeepGEMM JITs per shape (3-8 s each); the runs use Triton
