@@ -95,11 +95,10 @@ def load_scenario_and_workload(path: Path) -> None:
 
 
 def load_plan(path: Path) -> None:
-    # load only: Plan.to_simulation on a loaded plan is checked in test_fuzz_corpus (a known gap: a plan
-    # naming an unknown model or GPU loads, and only fails, untidily, when it is turned into a Scenario)
+    """Load a plan, then turn it into the Scenario `twinfer simulate --plan` runs."""
     from planner.plan import load_plan as _load
 
-    _load(path)
+    _load(path).to_scenario(num_requests=10)
 
 
 def load_hardware(path: Path) -> None:
