@@ -58,7 +58,12 @@ def _skew(text: str | None) -> dict | None:
         p = Path(arg)
         if not p.is_file():
             raise TwinferError(f"--expert-skew {text!r}: {arg!r} is not a file (a JSON list of tokens per expert)")
-        data = json.loads(p.read_text())
+        try:
+            data = json.loads(p.read_text(encoding="utf-8", errors="replace"))
+        except json.JSONDecodeError as err:
+            raise TwinferError(f"--expert-skew {text!r}: {arg} is not JSON ({err}); expected a list of tokens per expert") from None
+        if not isinstance(data, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in data):
+            raise TwinferError(f"--expert-skew {text!r}: {arg} must hold a JSON list of numbers (tokens per expert)")
         return {"skew": "histogram", "histogram": data}
     raise TwinferError(f"--expert-skew {text!r}: expected uniform, zipf[:S] or histogram:FILE.json")
 
