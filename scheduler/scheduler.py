@@ -133,8 +133,8 @@ class Scheduler:
             )
         return None
 
-    def add_request(self, req: Request) -> bool:
-        """Queue ``req``; False (and status DROPPED with a reason) if it can never be served."""
+    def _register(self, req: Request) -> bool:
+        """Admission shared by both entry points: drop what can never be served, else mark it live."""
         reason = self.refusal_reason(req)
         if reason is not None:
             req.status = RequestStatus.DROPPED
@@ -147,6 +147,12 @@ class Scheduler:
         self._next_seq += 1
         req.status = RequestStatus.WAITING
         self._live[req.request_id] = req
+        return True
+
+    def add_request(self, req: Request) -> bool:
+        """Queue ``req``; False (and status DROPPED with a reason) if it can never be served."""
+        if not self._register(req):
+            return False
         self._push_waiting(req, front=False)
         self.outstanding_tokens += req.prompt_len + req.output_len - req.num_output_tokens
         return True
@@ -159,18 +165,8 @@ class Scheduler:
         KV, as soon as a seat and the blocks are free (before any waiting prompt: its KV is
         already paid for). False (and DROPPED with a reason) if it can never be served.
         """
-        reason = self.refusal_reason(req)
-        if reason is not None:
-            req.status = RequestStatus.DROPPED
-            req.drop_reason = reason
-            self.num_dropped += 1
+        if not self._register(req):
             return False
-        if req.request_id in self._live:
-            raise ValueError(f"request id {req.request_id!r} is already queued on instance {self.instance_id}")
-        req._seq = self._next_seq
-        self._next_seq += 1
-        req.status = RequestStatus.WAITING
-        self._live[req.request_id] = req
         self._prefilled.append(req)
         self.outstanding_tokens += req.output_len - req.num_output_tokens
         return True
