@@ -9,10 +9,15 @@ by one, syncing for sampled tokens, scheduling), which dominates at small batch.
   fitted on measured steps, by which this engine's kernels are slower than the cost model's
   op times (which already use the profile's per-op efficiency tables when it has them);
   ``D = sum_c scale_c * t_c(batch)``.
-- ``host``: launch/host time of the runner's step, ``H = fixed + per_layer * L + per_request * n
-  + per_token * tokens + per_prefill * prefill_sequences``.
-- ``overlap``: the runner launches asynchronously, so host and device work overlap:
-  ``runner step = max(H, D) + overlap * min(H, D)`` (0: perfect overlap, 1: they add).
+- ``host``: launch/host time of the runner's step. An eager step launches every kernel from
+  Python: ``H = fixed + per_layer * L + per_request * n + per_token * tokens + per_prefill *
+  prefill_sequences``, and host and device work overlap: ``runner step = max(H, D) + overlap *
+  min(H, D)`` (0: perfect overlap, 1: they add).
+- ``graph_sizes``: decode-only steps (no drafts) whose batch fits a captured CUDA graph replay
+  the graph of the smallest captured size ``>= n`` (executor/cuda_graphs.py): the GEMMs and
+  experts run on the padded batch, attention on the real rows, and the host only builds the
+  inputs before the replay and samples after it: ``runner step = graph_fixed + graph_per_request
+  * n + D(padded)`` (the input build does not overlap the replay).
 - ``loop``: the engine loop around the runner (schedule, complete, bookkeeping),
   ``fixed + per_request * n + per_token * tokens``; the simulator charges it as the scheduler's
   host overhead (``SchedulerConfig.host_*``), hidden under the device with async overlap.
@@ -46,6 +51,7 @@ class StepPoint(BaseModel):
     loop_s: float | None = Field(None, description="engine-loop time around the runner step (schedule + complete), when measured")
     repeats: int = 1
     spread: float = Field(0.0, description="(max - min) / median of the repeats")
+    graph_bs: int = Field(0, ge=0, description="captured CUDA-graph batch size the step replayed (0: eager)")
 
     @property
     def num_requests(self) -> int:
@@ -65,10 +71,17 @@ class HostTerms(BaseModel):
     per_request_s: float = 0.0
     per_token_s: float = 0.0
     per_prefill_s: float = 0.0
+    graph_fixed_s: float = Field(0.0, description="CUDA-graph decode step: fixed host time (input build, replay launch, sampling)")
+    graph_per_request_s: float = Field(0.0, description="CUDA-graph decode step: host time per sequence")
 
     def __call__(self, num_layers: float, n_req, n_tok, n_prefill):
+        """Eager step host time."""
         return (self.fixed_s + self.per_layer_s * num_layers + self.per_request_s * np.asarray(n_req, float)
                 + self.per_token_s * np.asarray(n_tok, float) + self.per_prefill_s * np.asarray(n_prefill, float))
+
+    def graph(self, n_req):
+        """CUDA-graph decode step host time."""
+        return self.graph_fixed_s + self.graph_per_request_s * np.asarray(n_req, float)
 
 
 class LoopTerms(BaseModel):
@@ -106,6 +119,8 @@ class StepProfile(BaseModel):
     category_scale: dict[str, float] = Field(default_factory=lambda: {c: 1.0 for c in FIT_CATEGORIES})
     host: HostTerms = Field(default_factory=HostTerms)
     overlap: float = Field(0.0, ge=0.0, le=1.0)
+    graph_sizes: list[int] = Field(default_factory=list, description="decode batch sizes the engine replays as CUDA graphs "
+                                   "(a batch pads up to the smallest >= n); empty: every step eager")
     loop: LoopTerms = Field(default_factory=LoopTerms)
     fit: FitStats = Field(default_factory=FitStats)
     notes: list[str] = Field(default_factory=list)
@@ -115,9 +130,18 @@ class StepProfile(BaseModel):
         return np.array([self.category_scale.get(c, 1.0) for c in FIT_CATEGORIES])
 
     def combine(self, host, device):
-        """Runner step time from host and device terms (vectorised)."""
+        """Eager runner step time from host and device terms (vectorised)."""
         h, d = np.asarray(host, float), np.asarray(device, float)
         return np.maximum(h, d) + self.overlap * np.minimum(h, d)
+
+    def graph_bucket(self, num_decodes: int, draft_len: int = 0, num_prefills: int = 0) -> int:
+        """Captured batch size a step replays (0: the step runs eager)."""
+        if num_prefills or draft_len or num_decodes <= 0:
+            return 0
+        for s in self.graph_sizes:
+            if s >= num_decodes:
+                return int(s)
+        return 0
 
 
 # ---------------------------------------------------------------------------------- fitting
@@ -151,22 +175,30 @@ def nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
 
 
 def host_features(points: Sequence[StepPoint], with_layers: bool) -> tuple[np.ndarray, list[str]]:
-    """Columns of the host term: 1, (L), requests, tokens, prefill sequences."""
-    cols = [np.ones(len(points))]
+    """Columns of the host term. Eager steps: 1, (L), requests, tokens, prefill sequences;
+    CUDA-graph steps (``graph_bs > 0``): their own 1 and requests (zero in the other step kind's columns)."""
+    g = np.array([p.graph_bs > 0 for p in points], float)
+    e = 1.0 - g
+    cols = [e]
     names = ["fixed_s"]
     if with_layers:
-        cols.append(np.array([p.num_layers for p in points], float))
+        cols.append(e * np.array([p.num_layers for p in points], float))
         names.append("per_layer_s")
-    cols += [np.array([p.num_requests for p in points], float), np.array([p.num_tokens for p in points], float),
-             np.array([len(p.prefill) for p in points], float)]
-    names += ["per_request_s", "per_token_s", "per_prefill_s"]
+    n = np.array([p.num_requests for p in points], float)
+    cols += [e * n, e * np.array([p.num_tokens for p in points], float), e * np.array([len(p.prefill) for p in points], float), g, g * n]
+    names += ["per_request_s", "per_token_s", "per_prefill_s", "graph_fixed_s", "graph_per_request_s"]
     return np.stack(cols, 1), names
 
 
-def _solve(hf: np.ndarray, df: np.ndarray, y: np.ndarray, hb: np.ndarray, alpha: float) -> np.ndarray:
-    """NNLS on relative error for a fixed host-bound assignment ``hb`` and overlap ``alpha``."""
-    wh = np.where(hb, 1.0, alpha)[:, None]
-    wd = np.where(hb, alpha, 1.0)[:, None]
+def _predict(h: np.ndarray, d: np.ndarray, alpha: float, graph: np.ndarray) -> np.ndarray:
+    """Eager steps ``max(H, D) + alpha min(H, D)``; graph steps ``H + D``."""
+    return np.where(graph, h + d, np.maximum(h, d) + alpha * np.minimum(h, d))
+
+
+def _solve(hf: np.ndarray, df: np.ndarray, y: np.ndarray, hb: np.ndarray, alpha: float, graph: np.ndarray) -> np.ndarray:
+    """NNLS on relative error for a fixed host-bound assignment ``hb`` and overlap ``alpha`` (graph steps add)."""
+    wh = np.where(graph | hb, 1.0, alpha)[:, None]
+    wd = np.where(graph | ~hb, 1.0, alpha)[:, None]
     a = np.concatenate([hf * wh, df * wd], 1) / y[:, None]
     norm = np.linalg.norm(a, axis=0)
     norm[norm == 0] = 1.0
@@ -174,26 +206,29 @@ def _solve(hf: np.ndarray, df: np.ndarray, y: np.ndarray, hb: np.ndarray, alpha:
 
 
 def fit_runner_model(hf: np.ndarray, df: np.ndarray, y: np.ndarray,
-                     alphas: Sequence[float] = tuple(np.linspace(0.0, 1.0, 11))) -> tuple[np.ndarray, np.ndarray, float, float]:
-    """Fit ``y = max(H, D) + alpha min(H, D)`` with ``H = hf @ h``, ``D = df @ k`` (h, k >= 0).
+                     alphas: Sequence[float] = tuple(np.linspace(0.0, 1.0, 11)),
+                     graph: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """Fit ``y = max(H, D) + alpha min(H, D)`` (eager steps) and ``y = H + D`` (``graph`` steps) with
+    ``H = hf @ h``, ``D = df @ k`` (h, k >= 0).
 
-    For each alpha: alternate between a linear NNLS fit for a fixed assignment of points to
+    For each alpha: alternate between a linear NNLS fit for a fixed assignment of eager points to
     'host-bound' (H >= D) or 'device-bound' and re-assigning from the fitted terms, from three
     starting assignments; keep the lowest sum of squared relative errors.
     Returns (h, k, alpha, sse).
     """
+    graph = np.zeros(len(y), bool) if graph is None else np.asarray(graph, bool)
     nh = hf.shape[1]
     best = (np.zeros(nh), np.ones(df.shape[1]), 1.0, np.inf)
     d0 = df.sum(1)
     starts = [d0 < np.median(d0), np.ones(len(y), bool), np.zeros(len(y), bool)]
-    for alpha in alphas:
+    for alpha in (alphas if (~graph).any() else (1.0,)):
         for hb in starts:
             hb = hb.copy()
             seen = set()
             for _ in range(40):
-                x = _solve(hf, df, y, hb, alpha)
+                x = _solve(hf, df, y, hb, alpha, graph)
                 h, d = hf @ x[:nh], df @ x[nh:]
-                pred = np.maximum(h, d) + alpha * np.minimum(h, d)
+                pred = _predict(h, d, alpha, graph)
                 sse = float(np.sum(((pred - y) / y) ** 2))
                 if sse < best[3]:
                     best = (x[:nh], x[nh:], float(alpha), sse)
@@ -276,7 +311,7 @@ class ProfiledStepCost:
         ]
         if self.num_layers != st.num_layers:
             self.notes.append(f"profile measured at {st.num_layers} layers, applied to {self.num_layers}: host terms scale only through per_layer_s")
-        self._dec: dict[tuple[int, int], tuple[np.ndarray, float]] = {}
+        self._dec: dict[tuple[int, int, int], tuple[np.ndarray, float]] = {}
 
     # --- category times from the cost model
     def category_times(self, new: np.ndarray, ctx: np.ndarray, dec: np.ndarray) -> np.ndarray:
@@ -294,12 +329,15 @@ class ProfiledStepCost:
             out[_FOLD[i]] += v[i]
         return out
 
-    def _decode_base(self, n: int, draft_len: int) -> tuple[np.ndarray, float]:
-        key = (n, draft_len)
+    def _decode_base(self, n: int, draft_len: int, pad: int = 0) -> tuple[np.ndarray, float]:
+        """Non-attention category times of a decode batch of ``n`` (run as ``pad`` rows when a graph pads it;
+        logits only for the real rows) and their sum."""
+        pad = max(pad, n)
+        key = (n, draft_len, pad)
         got = self._dec.get(key)
         if got is None:
             g = 1 + draft_len
-            v = self.base._nonattn(float(n * g), float(n * g), float(n * g), float(n), float(draft_len), 0.0, 1.0)
+            v = self.base._nonattn(float(pad * g), float(pad * g), float(n * g), float(pad), float(draft_len), 0.0, 1.0)
             cats = np.zeros(len(FIT_CATEGORIES))
             for i in range(6):
                 cats[_FOLD[i]] += v[i]
@@ -310,12 +348,28 @@ class ProfiledStepCost:
     def host_time(self, n_req: int, n_tok: int, n_prefill: int) -> float:
         return float(self.step.host(self.num_layers, n_req, n_tok, n_prefill))
 
+    def graph_categories(self, ctx: np.ndarray, pad: int) -> np.ndarray:
+        """Category times of a decode-only batch replayed as the CUDA graph of ``pad`` rows: the GEMMs and
+        experts on ``pad`` rows, attention on the real rows (padding rows read one null-page token)."""
+        ctx = np.asarray(ctx, np.int64)
+        n = ctx.size
+        cats, total = self._decode_base(n, 0, pad)
+        att = float(self.base.decode_times(ctx.astype(float), 1, 0)[0]) - self._decode_base(n, 0)[1]
+        out = cats.copy()
+        out[0] += att
+        return out
+
     # --- StepCost interface
     def mixed_step_time(self, new_tokens, context_lens, is_decode) -> float:
         new = np.asarray(new_tokens, np.int64)
         if new.size == 0:
             return 0.0
         dec = np.asarray(is_decode, bool)
+        if dec.all() and (new == 1).all():
+            pad = self.step.graph_bucket(new.size)
+            if pad:
+                d = float(self.graph_categories(context_lens, pad) @ self.k)
+                return float(self.step.host.graph(new.size)) + d
         d = float(self.category_times(new, context_lens, dec) @ self.k)
         h = self.host_time(new.size, int(new.sum()), int((~dec).sum()))
         return float(self.step.combine(h, d))
@@ -333,9 +387,13 @@ class ProfiledStepCost:
         n = ctx.size
         if n == 0 or num_steps <= 0:
             return np.zeros(max(num_steps, 0))
-        cats, total = self._decode_base(n, draft_len)
+        pad = self.step.graph_bucket(n, draft_len)
+        total = self._decode_base(n, draft_len)[1]
+        cats = self._decode_base(n, draft_len, pad)[0]
         att = np.asarray(self.base.decode_times(ctx, num_steps, draft_len), float) - total  # attention (+ indexer) per step
         d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0]
+        if pad:
+            return float(self.step.host.graph(n)) + d
         h = self.host_time(n, n * (1 + draft_len), 0)
         return self.step.combine(h, d)
 
@@ -348,7 +406,10 @@ class ProfiledStepCost:
 
 
 def point_categories(cost: ProfiledStepCost, p: StepPoint) -> np.ndarray:
+    """Cost-model category times of a measured point (as the step ran: padded to its graph size if it replayed one)."""
     nd = len(p.decode_ctx)
+    if p.graph_bs > 0 and nd and not p.prefill and not p.draft_len:
+        return cost.graph_categories(np.asarray(p.decode_ctx, np.int64), p.graph_bs)
     new = np.concatenate([np.full(nd, 1 + p.draft_len, np.int64), np.array([a for a, _ in p.prefill], np.int64)])
     ctx = np.concatenate([np.asarray(p.decode_ctx, np.int64), np.array([c for _, c in p.prefill], np.int64)])
     dec = np.zeros(new.size, bool)
@@ -357,13 +418,15 @@ def point_categories(cost: ProfiledStepCost, p: StepPoint) -> np.ndarray:
 
 
 def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype: str, device: str,
-                     hardware_basis: str = "H200", try_op_tables: bool = True) -> StepProfile:
+                     hardware_basis: str = "H200", try_op_tables: bool = True, graph_sizes: Sequence[int] = ()) -> StepProfile:
     """Fit a StepProfile to measured points (runner steps, and loop gaps where measured).
 
     The device terms come from the cost model with the profile's op tables and, separately,
     with the analytic defaults; the variant with the lower relative error wins (recorded in
     ``use_op_tables``). The per-layer host term is fitted only when the points span two or more
-    layer counts; otherwise it is folded into the fixed term (and said so).
+    layer counts; otherwise it is folded into the fixed term (and said so). Points that replayed a
+    CUDA graph (``graph_bs > 0``) get their own host terms and add host to device time;
+    ``graph_sizes`` (the engine's captured sizes) is what predictions pad to.
     """
     pts = [p for p in points if p.wall_s > 0]
     if len(pts) < 4:
@@ -372,6 +435,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
     with_layers = len(layers) > 1
     hf, hnames = host_features(pts, with_layers)
     y = np.array([p.wall_s for p in pts])
+    graph = np.array([p.graph_bs > 0 for p in pts], bool)
     variants = [False, True] if (try_op_tables and profile.tables) else [False]
     best = None
     for use_tables in variants:
@@ -382,7 +446,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
             for i, p in enumerate(pts):
                 if p.num_layers == L:
                     df[i] = point_categories(cost, p)
-        h, k, alpha, sse = fit_runner_model(hf, df, y)
+        h, k, alpha, sse = fit_runner_model(hf, df, y, graph=graph)
         if best is None or sse < best[4] - 1e-12:
             best = (use_tables, h, k, alpha, sse, df)
     use_tables, h, k, alpha, _, df = best
@@ -393,8 +457,9 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
         notes.append(f"one layer count ({main_l}) measured: the per-layer host term is folded into the fixed term")
     prof = StepProfile(model=model, num_layers=main_l, dtype=dtype, device=device, hardware_basis=hardware_basis,
                        use_op_tables=use_tables, category_scale={c: float(v) for c, v in zip(FIT_CATEGORIES, k)},
-                       host=host, overlap=alpha, loop=fit_loop(pts), notes=notes, points=list(points))
-    pred = prof.combine(hf @ h, df @ k)
+                       host=host, overlap=alpha, graph_sizes=sorted({int(x) for x in graph_sizes if x > 0}),
+                       loop=fit_loop(pts), notes=notes, points=list(points))
+    pred = _predict(hf @ h, df @ k, alpha, graph)
     e = errors(pred, y)
     prof.fit = FitStats(points=len(pts), mape=e["mape"], p90_abs_err_s=e["p90_abs_err_s"], max_rel_err=e["max_rel_err"],
                         loop_points=sum(p.loop_s is not None for p in pts))

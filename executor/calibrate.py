@@ -200,7 +200,8 @@ def synthetic_plan(engine: LLMEngine, decode_ctx: list[int], prefill: list[tuple
 def step_grid(device: str, quick: bool, max_ctx: int, max_batch: int, max_tokens: int) -> list[tuple[list[int], list[tuple[int, int]]]]:
     """Shapes to measure: (decode contexts, prefill chunks). Covers batch size x context, prefill length x context, mixed."""
     if device == "cuda" and not quick:
-        batches = [1, 2, 4, 8, 16, 32, 64, 128]
+        # sizes between the captured CUDA-graph sizes too: a batch of 12 replays the 16-row graph (padding)
+        batches = [1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 44, 48, 64, 80, 96, 128]
         ctxs = [128, 1024, 4096]
         prefills = [64, 256, 1024, 2048, 4096, 8192]
     elif device == "cuda":
@@ -255,20 +256,22 @@ def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print) -> list[St
             return runner.execute(plan)
 
         walls = []
+        graph_bs = 0
         try:
             run()  # warm-up: kernel specialisations for this shape
             clock.sync()
             for _ in range(repeats):
                 res = run()
                 walls.append(float(res.step_durations[0]))
+                graph_bs = int(runner.step_records[0].get("graph_bs", 0)) if runner.step_records else 0
         finally:
             for r in plan.decodes + [c.request for c in plan.prefills]:
                 runner.remove_request(r.request_id)
         med = statistics.median(walls)
         points.append(StepPoint(num_layers=L, decode_ctx=dc, prefill=pf, wall_s=med, repeats=repeats,
-                                spread=(max(walls) - min(walls)) / med))
+                                spread=(max(walls) - min(walls)) / med, graph_bs=graph_bs))
         log(f"  step {j + 1:3d}/{len(shapes)}: {len(dc):4d} decodes (ctx ~{int(np.mean(dc)) if dc else 0:5d}), "
-            f"prefill {sum(a for a, _ in pf):6d} tok in {len(pf)}: {med * 1e3:8.2f} ms")
+            f"prefill {sum(a for a, _ in pf):6d} tok in {len(pf)}: {med * 1e3:8.2f} ms" + (f" (graph {graph_bs})" if graph_bs else ""))
     return points
 
 
@@ -285,6 +288,7 @@ class ReplayStep:
     prefill: list[tuple[int, int]]
     draft_len: int = 0
     sm_clock_mhz: float | None = None   # GPU SM clock read after the step (NVML), a diagnostic
+    graph_bs: int = 0                   # captured CUDA-graph size the step replayed (0: eager)
 
 
 @dataclass
@@ -315,7 +319,8 @@ def replay(engine: LLMEngine, items: list[tuple[float, str, list[int], int]], te
                 kern[op][impl] += 1
         current["step"] = ReplayStep(start_s, 0.0, float(sum(r["wall_s"] for r in recs)), len(recs),
                                      [int(c) for c in plan.decode_context_lens],
-                                     [(c.num_new_tokens, c.context_len) for c in plan.prefills], plan.draft_len)
+                                     [(c.num_new_tokens, c.context_len) for c in plan.prefills], plan.draft_len,
+                                     graph_bs=int(recs[0].get("graph_bs", 0)) if len(recs) == 1 else 0)
 
     engine.step_observer = observe
     clock = None
@@ -389,7 +394,7 @@ def measure_loop(engine: LLMEngine, batches: list[tuple[int, int, int]]) -> list
             if s.num_steps != 1 or s.runner_s <= 0:
                 continue
             points.append(StepPoint(num_layers=L, decode_ctx=s.decode_ctx, prefill=s.prefill, wall_s=s.runner_s,
-                                    loop_s=max(s.iter_s - s.runner_s, 0.0)))
+                                    loop_s=max(s.iter_s - s.runner_s, 0.0), graph_bs=s.graph_bs))
     return points
 
 
@@ -447,7 +452,9 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     base = CalibrationProfile.default(get_hardware(hw))
     tables = op_tables(op_pts, hw)
     prof = base.model_copy(update={"tables": {**base.tables, **tables}})
-    step = fit_step_profile(prof, pts + loop_pts, model=model, dtype=dtype, device=device, hardware_basis=hw)
+    graphs = getattr(engine.runner, "graphs", None)
+    graph_sizes = list(graphs.captured) if graphs is not None else []
+    step = fit_step_profile(prof, pts + loop_pts, model=model, dtype=dtype, device=device, hardware_basis=hw, graph_sizes=graph_sizes)
     kern = {}
     for p in op_pts:
         kern.setdefault("linear", p["backend"])

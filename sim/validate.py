@@ -47,6 +47,7 @@ class StepSample(BaseModel):
     draft_len: int = 0
     measured_s: float
     predicted_s: float | None = None
+    graph_bs: int = 0
 
 
 class LevelReport(BaseModel):
@@ -151,7 +152,7 @@ def compact_samples(samples: Sequence[StepSample]) -> dict[str, list]:
             "decode_ctx_mean": [round(float(np.mean(x.decode_ctx)), 1) if x.decode_ctx else 0.0 for x in samples],
             "prefill_tokens": [sum(a for a, _ in x.prefill) for x in samples], "prefill_chunks": [len(x.prefill) for x in samples],
             "prefill_ctx": [sum(c for _, c in x.prefill) for x in samples],
-            "measured_s": [round(x.measured_s, 6) for x in samples],
+            "graph_bs": [x.graph_bs for x in samples], "measured_s": [round(x.measured_s, 6) for x in samples],
             "predicted_s": [None if x.predicted_s is None else round(x.predicted_s, 6) for x in samples]}
 
 
@@ -172,6 +173,10 @@ def step_comparison(samples: Sequence[StepSample]) -> tuple[dict, list[dict]]:
     kind = np.array(["decode" if not x.prefill else ("prefill" if not x.decode_ctx else "mixed") for x in s])
     for k in ("decode", "prefill", "mixed"):
         add("kind", k, kind == k)
+    graph = np.array([x.graph_bs > 0 for x in s], bool)
+    if graph.any():
+        add("decode runs as", "CUDA graph", (kind == "decode") & graph)
+        add("decode runs as", "eager", (kind == "decode") & ~graph)
     nd = np.array([len(x.decode_ctx) for x in s])
     dec = kind == "decode"
     for lo, hi in ((1, 1), (2, 8), (9, 32), (33, 128), (129, 1 << 30)):

@@ -22,9 +22,10 @@ CPU = torch.device("cpu")
 
 
 def test_capture_sizes_capped_by_max_num_seqs():
-    assert cg.capture_sizes(256) == [1, 2, 4, 8, 16, 32, 64, 128]
-    assert cg.capture_sizes(128) == [1, 2, 4, 8, 16, 32, 64, 128]
-    assert cg.capture_sizes(48) == [1, 2, 4, 8, 16, 32, 48]
+    assert cg.capture_sizes(128) == [1, 2, 4] + list(range(8, 129, 8))
+    assert cg.capture_sizes(44) == [1, 2, 4, 8, 16, 24, 32, 40, 44]
+    assert cg.capture_sizes(1024)[-3:] == [480, 496, 512] and len(cg.capture_sizes(1024)) == 3 + 32 + 16
+    assert cg.capture_sizes(128, (1, 2, 4, 8, 16, 32, 64, 128)) == [1, 2, 4, 8, 16, 32, 64, 128]
     assert cg.capture_sizes(1) == [1]
     assert cg.capture_sizes(6, (4, 1, 2, 2)) == [1, 2, 4]
 

@@ -237,7 +237,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
             wall = res.wall_s
             meas = metric_values(res.metrics)
             samples = [StepSample(decode_ctx=s.decode_ctx, prefill=s.prefill, draft_len=s.draft_len, measured_s=s.iter_s,
-                                  predicted_s=predict_step(cost, prof, s.decode_ctx, s.prefill, s.draft_len))
+                                  predicted_s=predict_step(cost, prof, s.decode_ctx, s.prefill, s.draft_len), graph_bs=s.graph_bs)
                        for s in res.steps if s.num_steps == 1]
             step, bins = step_comparison(samples)
             samples_by_level[name] = samples
