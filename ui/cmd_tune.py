@@ -105,8 +105,11 @@ def tune(
         con.print(f"result: {out}")
 
 
-def measure_gain(engine, reqs, base, res, objective: str, *, seed: int = 0, warm: bool = True, log=None) -> dict:
-    """Replay the requests with the baseline and the winning policy on the engine; measured gain next to predicted."""
+def measure_gain(engine, reqs, base, res, objective: str, *, seed: int = 0, warm: bool = True, log=None, rounds: int = 2) -> dict:
+    """Replay the requests with the baseline and the winning policy on the engine; measured gain next to predicted.
+
+    ``rounds`` > 1 alternates the policies (A B B A ...) so a slow drift of the device or host does not favour
+    the one measured second; each policy's figures are the mean over its rounds (every round is kept)."""
     from rich.console import Console
 
     from executor.calibrate import fresh_engine, replay
@@ -124,14 +127,20 @@ def measure_gain(engine, reqs, base, res, objective: str, *, seed: int = 0, warm
     if warm:  # unmeasured passes: kernel specialisations of both policies' shapes
         for cfg in cfgs.values():
             replay(fresh_engine(engine, cfg), [(0.0,) + it[1:] for it in items], seed=seed)
-    runs = {}
-    for name, cfg in cfgs.items():
-        r = replay(fresh_engine(engine, cfg), items, seed=seed)
-        runs[name] = metric_values(r.metrics)
-        con.print(f"measured {name}: {objective} {runs[name][objective]:.4g} (predicted "
+    order = []
+    for i in range(max(1, rounds)):
+        order += ["baseline", "winner"] if i % 2 == 0 else ["winner", "baseline"]
+    each: dict[str, list[dict]] = {"baseline": [], "winner": []}
+    for name in order:
+        r = replay(fresh_engine(engine, cfgs[name]), items, seed=seed)
+        each[name].append(metric_values(r.metrics))
+        con.print(f"measured {name} (round {len(each[name])}): {objective} {each[name][-1][objective]:.4g} (predicted "
                   f"{(res.baseline if name == 'baseline' else res.best).objective:.4g})", highlight=False)
+    runs = {name: {k: (float(np.mean([v[k] for v in vals])) if all(v[k] is not None for v in vals) else None) for k in vals[0]}
+            for name, vals in each.items()}
     mg = gain(objective, runs["baseline"][objective], runs["winner"][objective])
     con.print(f"gain: predicted {res.predicted_gain * 100:+.1f}%, measured {mg * 100:+.1f}% "
-              f"({(res.predicted_gain - mg) * 100:+.1f} points)", highlight=False)
+              f"({(res.predicted_gain - mg) * 100:+.1f} points; mean of {max(1, rounds)} alternating rounds)", highlight=False)
     return {"baseline": runs["baseline"], "winner": runs["winner"], "gain": mg, "predicted_gain": res.predicted_gain,
+            "rounds": each, "order": order,
             "gain_error_points": (res.predicted_gain - mg) * 100, "warm_up_replays": warm}
