@@ -73,6 +73,10 @@ def main() -> None:
     rep.command = cmd
     (out / f"validation_{tag}.json").write_text(json.dumps(rep.model_dump(), indent=1) + "\n", encoding="utf-8")
     con.print(f"plot: {write_plot(rep, samples, out / f'validation_{tag}.png')}")
+    with open(out / f"validation_steps_{tag}.jsonl", "w", encoding="utf-8") as f:  # every measured step, for offline refits
+        for level, ss in samples.items():
+            for x in ss:
+                f.write(json.dumps({"level": level, **x.model_dump()}) + "\n")
 
     if a.skip_tune:
         return

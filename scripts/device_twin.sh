@@ -8,7 +8,7 @@ source scripts/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name())"
 export TWINFER_KERNEL_FP8_GEMM=${TWINFER_KERNEL_FP8_GEMM:-triton}   # DeepGEMM JITs per shape (3-8 s each); the runs use Triton
-N=${REQS:-96}
+N=${REQS:-160}
 
 stage "trace: $N chat requests"
 python3 - "$OUT/trace_chat.jsonl" "$N" <<'PY'
@@ -21,7 +21,7 @@ print(len(reqs), "requests ->", sys.argv[1])
 PY
 
 stage "calibrate, validate, tune: one process, one engine (scripts/device_twin.py)"
-timeout ${T_TWIN:-400} python3 scripts/device_twin.py --out "$OUT" --trace "$OUT/trace_chat.jsonl" \
+timeout ${T_TWIN:-480} python3 scripts/device_twin.py --out "$OUT" --trace "$OUT/trace_chat.jsonl" \
   --model deepseek-v3 --num-layers 5 --dtype fp8 --device cuda --max-input-len ${MAXIN:-1024} --max-output-len ${MAXOUT:-128}
 
 # the same commands one by one (each builds its own engine):
@@ -29,5 +29,7 @@ timeout ${T_TWIN:-400} python3 scripts/device_twin.py --out "$OUT" --trace "$OUT
 #   twinfer validate  --model deepseek-v3 --num-layers 5 --dtype fp8 --device cuda --profile p.json --trace t.jsonl \
 #                     --max-input-len 1024 --max-output-len 128 --out v.json --plot v.png      (add --calibrate to measure p.json first)
 #   twinfer tune      --model deepseek-v3 --num-layers 5 --dtype fp8 --device cuda --profile p.json --trace t.jsonl --measure
+stage "gpu tests: CUDA graphs (capture sizes, graph == eager)"
+timeout ${T_TESTS:-90} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_executor_cuda_graphs.py 2>&1 | tail -8
 stage done
 ls -la "$OUT"
