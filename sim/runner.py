@@ -21,6 +21,7 @@ from sim.export import digest
 from sim.metrics import MetricsCollector, SimMetrics
 from sim.router import make_router
 from sim.scenario import Scenario
+from sim.solo import run_solo
 from sim.workload import generate
 from twinfer import __version__
 from twinfer.errors import DoesNotFitError, TwinferError
@@ -82,12 +83,16 @@ def build_cost_model(scenario: Scenario) -> EffectiveStepCost:
 
 
 def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[Request] | None = None,
-             debug: bool | None = None) -> SimRun:
+             debug: bool | None = None, engine: str = "auto") -> SimRun:
     """Run ``scenario`` to completion (every request finished or dropped).
 
     ``debug`` (default: env TWINFER_DEBUG_INVARIANTS) checks the run's invariants (sim.invariants).
     A scenario with serving effects or a prefill pool runs in ``sim.deployment`` instead.
+    ``engine``: ``"simpy"`` runs the simpy cluster; ``"auto"`` runs one instance in ``sim.solo``
+    (the same events without simpy: identical results, faster) and several in simpy.
     """
+    if engine not in ("auto", "simpy"):
+        raise ValueError(f"engine={engine!r}: expected 'auto' or 'simpy'")
     if scenario.needs_deployment_runner:
         from sim.deployment import simulate_deployment
 
@@ -108,18 +113,22 @@ def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[R
     def make_backend(i: int) -> SimBackend:
         return SimBackend(cost, np.random.default_rng([backend_seed, i]), rates, sc.async_overlap)
 
-    env = simpy.Environment()
     debug = invariants.enabled(debug)
     collector = (invariants.CheckingCollector if debug else MetricsCollector)(record_steps=record_steps)
     schedulers = [Scheduler(sc, num_blocks, i, name_all_blocks=False) for i in range(scenario.instances)]
-    cluster = Cluster(env, schedulers, make_backend, make_router(scenario.router), collector, requests,
-                      max_steps=scenario.max_decode_steps)
-    env.run()
+    if scenario.instances == 1 and engine == "auto":
+        end_s = run_solo(schedulers[0], make_backend(0), collector, requests, scenario.max_decode_steps)
+    else:
+        env = simpy.Environment()
+        Cluster(env, schedulers, make_backend, make_router(scenario.router), collector, requests,
+                max_steps=scenario.max_decode_steps)
+        env.run()
+        end_s = float(env.now)
     stuck = [s for s in schedulers if s.has_work]
     if stuck:  # cannot happen unless a scheduler bug leaves work behind; say so rather than under-count
         raise RuntimeError(f"simulation ended with work queued on instances {[s.instance_id for s in stuck]}")
     if debug:
-        invariants.check_end(collector, schedulers, len(requests), float(env.now))
+        invariants.check_end(collector, schedulers, len(requests), end_s)
 
     metrics = collector.summarize(scenario.num_gpus, scenario.slo)
     result = SimResult(
@@ -133,11 +142,10 @@ def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[R
                   kv_bytes_per_token_per_gpu=fit.kv_bytes_per_token, memory=fit.explanation),
         cost_model_notes=list(cost.cost_model.notes),
         num_requests=len(requests),
-        simulated_s=float(env.now),
+        simulated_s=end_s,
         metrics=metrics,
     )
     result.digest = digest(result)
-    del cluster
     return SimRun(result, collector, requests)
 
 
