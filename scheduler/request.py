@@ -83,26 +83,27 @@ Request._cache_done = False  # stop inserting this request's blocks into the pre
 Request._anon_blocks = 0     # KV blocks held by count after the named ``block_ids`` (simulator)
 
 
-def _batched_counter(name: str, column: str, doc: str) -> property:
+def _batched_counter(name: str, column: int, doc: str) -> property:
     key = "_" + name
 
     def get(self: Request) -> int:
         batch = self._batch
         if batch is None:
             return self.__dict__[key]
-        return int(getattr(batch, column)[self._slot])
+        return batch.value(self._slot, column)
 
     def set_(self: Request, value: int) -> None:
         batch = self._batch
         if batch is None:
             self.__dict__[key] = value
         else:
-            getattr(batch, column)[self._slot] = value
+            batch.set_value(self._slot, column, value)
 
     return property(get, set_, doc=doc)
 
 
+# columns of scheduler.decode_batch.DecodeBatch (CTX, OUT)
 Request.num_computed_tokens = _batched_counter(
-    "num_computed_tokens", "ctx", "Tokens whose KV is in cache (prefix hits included)."
+    "num_computed_tokens", 0, "Tokens whose KV is in cache (prefix hits included)."
 )
-Request.num_output_tokens = _batched_counter("num_output_tokens", "out", "Generated tokens so far.")
+Request.num_output_tokens = _batched_counter("num_output_tokens", 1, "Generated tokens so far.")

@@ -349,7 +349,7 @@ class Scheduler:
     def _schedule_decode_run(self, max_steps: int) -> StepPlan | None:
         """Fast path when only decodes run: k steps if their KV is free now, else None (general path)."""
         batch, s = self.batch, self._tokens_per_decode
-        min_left = int(_min(batch.left[: len(batch.reqs)]))
+        min_left = batch.min_left()
         k = min(max_steps, (min_left - 1) // s + 1)
         need, total = batch.blocks_needed(k * s, self.block_size)
         if total:
@@ -372,7 +372,7 @@ class Scheduler:
             instance_id=self.instance_id,
             prefills=chunks,
             decodes=batch.reqs[:],
-            decode_context_lens=batch.ctx[:n].copy(),
+            decode_context_lens=batch.context_lens(),
             num_steps=steps,
             draft_len=self._tokens_per_decode - 1,
             host_overhead_s=h0 + h_req * (n + len(chunks)) + h_tok * num_tokens,
@@ -391,7 +391,7 @@ class Scheduler:
         must be free now. Step 1's blocks are already reserved.
         """
         batch, s, bs = self.batch, self._tokens_per_decode, self.block_size
-        k = min(max_steps, (int(_min(batch.left[: batch.n])) - 1) // s + 1)
+        k = min(max_steps, (batch.min_left() - 1) // s + 1)
         if k <= 1:
             return 1
         free = self.blocks.num_free
@@ -527,9 +527,10 @@ class Scheduler:
             min_left = self._in_flight_min_left
             if min_left is not None and isinstance(tok, int) and steps < min_left:
                 done = []  # one token a step each: nobody reached the end
+            elif batch.min_left() > 0:
+                done = []
             else:
-                left = batch.left[:nd]
-                done = (left <= 0).nonzero()[0].tolist() if _min(left) <= 0 else []
+                done = (batch.left[:nd] <= 0).nonzero()[0].tolist()
             if early:
                 done = sorted(set(done) | {r._slot for r in plan.decodes if r.request_id in early})
             for slot in reversed(done):  # highest row first: swap-removal keeps lower rows in place
