@@ -30,9 +30,20 @@ class DecodeBatch:
     ``sync()`` folds the shift into the arrays; the ``ctx``/``out``/``left``/``room`` views sync
     first, so readers of those always see true values. The smallest stored ``left`` is kept
     (``_min_left``) so "how many steps until the first decode finishes" costs no array pass.
+
+    With ``block_size`` given (the simulator without drafts: blocks counted, not named, one token
+    per decode per step), the ``room`` column is not kept either. Every decode then holds exactly
+    the blocks for its context plus ``ahead`` tokens, ``ceil((ctx + ahead) / block_size)``, where
+    ``ahead`` is one number for the whole batch: plans reserve the same tokens ahead for every
+    decode, and steps consume them. The blocks k more tokens need then depend only on how many
+    decodes have each ``ctx mod block_size``: a histogram of block_size counts (``_hist``, indexed
+    by ``-stored ctx mod block_size``), so reserving and trimming cost no array pass. Anything
+    that breaks the rule (a request entering with other blocks, a per-slot token count, a write
+    to its counters, a read of ``room``) first turns the batch back into an explicit room column
+    (``_materialize``), for good.
     """
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, block_size: int | None = None):
         self.reqs: list[Request] = []
         self.state = np.zeros((capacity, 4), np.int64)
         self._ctx, self._out, self._left, self._room = self.state.T  # stored columns (views)
@@ -40,6 +51,11 @@ class DecodeBatch:
         self._sign = np.tile(TOKEN_SIGN, capacity)
         self.shift = 0                        # tokens every slot made that the arrays do not hold yet
         self._min_left: int | None = None     # min of the stored left column over the slots (None: unknown)
+        # implicit room (see the class docstring): block size, tokens reserved ahead, ctx residue counts
+        self._bs = block_size
+        self.implicit = block_size is not None
+        self.ahead = 0
+        self._hist = [0] * block_size if block_size is not None else []
 
     @property
     def n(self) -> int:
@@ -63,13 +79,50 @@ class DecodeBatch:
 
     @property
     def room(self) -> np.ndarray:
+        if self.implicit:
+            self._materialize()
         self.sync()
         return self._room
+
+    def _materialize(self) -> None:
+        """Leave implicit-room mode: write every slot's room into the column."""
+        if not self.implicit:
+            return
+        n, bs, a, t = len(self.reqs), self._bs, self.ahead, self.shift
+        ctx = self._ctx[:n] + t
+        self._room[:n] = (ctx + (a + bs - 1)) // bs * bs - ctx + t
+        self.implicit = False
+        self.ahead = 0
+
+    def _between(self, lo: int, hi: int) -> int:
+        """Implicit mode: blocks all slots need to go from ``lo`` to ``hi >= lo`` tokens ahead of their contexts."""
+        bs = self._bs
+        full, rem = divmod(hi - lo, bs)
+        total = full * len(self.reqs)
+        if rem:
+            h = self._hist
+            start = (lo + self.shift) % bs
+            stop = start + rem
+            total += sum(h[start:stop]) if stop <= bs else sum(h[start:]) + sum(h[: stop - bs])
+        return total
+
+    def trim_ahead(self) -> int:
+        """Implicit mode: drop every slot's blocks reserved ahead of its context; returns how many."""
+        a = self.ahead
+        self.ahead = 0
+        if a >= 0:
+            return self._between(0, a) if a else 0
+        return -self._between(a, 0)  # (never in practice: plans reserve before they run)
 
     def sync(self) -> None:
         """Apply the pending shift to the arrays."""
         t = self.shift
         if t:
+            if self.implicit:  # residues of -stored ctx move by -t
+                r = t % self._bs
+                if r:
+                    h = self._hist
+                    self._hist = h[r:] + h[:r]
             m = 4 * len(self.reqs)
             self._flat[:m] += self._sign[:m] * t if t != 1 else self._sign[:m]
             self.shift = 0
@@ -81,6 +134,8 @@ class DecodeBatch:
         return int(self.state[slot, column]) + _SIGNS[column] * self.shift
 
     def set_value(self, slot: int, column: int, value: int) -> None:
+        if self.implicit and column == CTX:
+            self._materialize()
         self.state[slot, column] = value - _SIGNS[column] * self.shift
         if column == LEFT:
             self._min_left = None
@@ -98,6 +153,10 @@ class DecodeBatch:
         t = self.shift
         return self._ctx[:n] + t if t else self._ctx[:n].copy()
 
+    def finished_slots(self, n: int) -> list[int]:
+        """Slots among the first ``n`` with no output tokens left."""
+        return (self._left[:n] <= self.shift).nonzero()[0].tolist()
+
     def add(self, req: Request, block_size: int) -> None:
         """Append ``req`` as the last slot; its counters move into the arrays."""
         slot = len(self.reqs)
@@ -106,6 +165,12 @@ class DecodeBatch:
         blocks = len(req.block_ids) + req._anon_blocks
         t = self.shift
         left = req.output_len - out + t
+        if self.implicit:
+            bs = self._bs
+            if block_size != bs or blocks != -(-(ctx + self.ahead) // bs):
+                self._materialize()
+            else:
+                self._hist[(t - ctx) % bs] += 1
         self.state[slot] = (ctx - t, out - t, left, blocks * block_size - ctx + t)
         if not self.reqs:
             self._min_left = left
@@ -124,7 +189,12 @@ class DecodeBatch:
         if left == self._min_left:
             self._min_left = None
         ctx += t
-        room -= t
+        if self.implicit:
+            bs = self._bs
+            self._hist[(t - ctx) % bs] -= 1
+            room = -(-(ctx + self.ahead) // bs) * bs - ctx
+        else:
+            room -= t
         d["_num_computed_tokens"] = ctx
         d["_num_output_tokens"] = out + t
         # ctx + room is a whole number of blocks: those not named in block_ids are reserved by count
@@ -139,12 +209,15 @@ class DecodeBatch:
         if not reqs:
             self.shift = 0
             self._min_left = None
+            self.ahead = 0
 
     def add_tokens(self, n: int, tokens: np.ndarray | int) -> None:
         """Slots ``0..n-1`` produced ``tokens`` each (a scalar or one count per slot)."""
         if isinstance(tokens, int) and n == len(self.reqs):
             self.shift += tokens
+            self.ahead -= tokens
             return
+        self._materialize()
         self.sync()
         if isinstance(tokens, int):
             m = 4 * n
@@ -156,7 +229,14 @@ class DecodeBatch:
     def blocks_needed(self, tokens_ahead: int, block_size: int) -> tuple[np.ndarray, int]:
         """Blocks each slot must add so that its held blocks have room for ``tokens_ahead`` more tokens
         (0 if they do), and their total. Up to one block ahead (``tokens_ahead <= block_size``: every
-        step of a plan up to that long) a slot needs 0 or 1 and ``need`` is a bool mask (room >= 0)."""
+        step of a plan up to that long) a slot needs 0 or 1 and ``need`` is a bool mask (room >= 0).
+        In implicit mode ``need`` is just ``tokens_ahead`` (grow reserves that much for every slot)."""
+        if self.implicit:
+            if block_size != self._bs:
+                self._materialize()
+            else:
+                a = self.ahead
+                return tokens_ahead, (self._between(a, tokens_ahead) if tokens_ahead > a else 0)
         room = self._room[: len(self.reqs)]   # true room = stored - shift
         ahead = tokens_ahead + self.shift
         if tokens_ahead <= block_size:
@@ -169,6 +249,10 @@ class DecodeBatch:
 
     def grow(self, need: np.ndarray, block_size: int) -> None:
         """Add the room of ``need[slot]`` blocks to each slot (``need`` as blocks_needed gives it)."""
+        if self.implicit:
+            if need > self.ahead:
+                self.ahead = need
+            return
         room = self._room[: need.size]
         if need.dtype == bool:
             room[need] += block_size

@@ -69,7 +69,9 @@ class Scheduler:
             self.blocks.cache.on_evict = self.tiers.on_evicted
         else:
             self.tiers = None
-        self.batch = DecodeBatch(config.max_num_seqs)
+        # the simulator without drafts keeps decode KV implicit (DecodeBatch's block_size argument)
+        implicit = not name_all_blocks and config.draft_len == 0
+        self.batch = DecodeBatch(config.max_num_seqs, config.block_size if implicit else None)
         self.prefilling: list[Request] = []          # running, prompt (or recompute) not done; admission order
         self._fifo: deque[Request] = deque()         # waiting, policy fcfs
         self._prefilled: deque[Request] = deque()    # waiting, prompt KV computed elsewhere (add_prefilled)
@@ -432,6 +434,8 @@ class Scheduler:
     def _grow_decodes(self, need: np.ndarray, total: int) -> None:
         """Give each decode slot ``need[slot]`` more blocks, ``total`` in all (one allocation, split in slot order)."""
         if total == 0:
+            if self.batch.implicit:
+                self.batch.grow(need, self.block_size)  # records the tokens reserved ahead
             return
         if self.name_all_blocks:
             ids = self.blocks.allocate(total)
@@ -453,6 +457,11 @@ class Scheduler:
         short, leaves the KV state that k single steps would leave.
         """
         batch, bs, s = self.batch, self.block_size, self._tokens_per_decode
+        if batch.implicit:  # every decode keeps the blocks of its context: drop what is reserved ahead
+            total = batch.trim_ahead()
+            if total:
+                self.blocks.unreserve(total)
+            return
         room = batch.room[:nd]
         if s == 1 and not self.name_all_blocks:
             # room and the single-step room agree mod bs; the latter is < bs: keep room mod bs
@@ -530,7 +539,7 @@ class Scheduler:
             elif batch.min_left() > 0:
                 done = []
             else:
-                done = (batch.left[:nd] <= 0).nonzero()[0].tolist()
+                done = batch.finished_slots(nd)
             if early:
                 done = sorted(set(done) | {r._slot for r in plan.decodes if r.request_id in early})
             for slot in reversed(done):  # highest row first: swap-removal keeps lower rows in place

@@ -160,3 +160,43 @@ def test_preemption_under_kv_pressure_conserves_tokens(seed, draft, named):
     assert produced == sum(r.output_len for r in finished) == sum(r.output_len for r in reqs)
     assert max_used <= 16
     assert sum(r.num_preemptions for r in reqs) == sched.num_preemptions
+
+
+@SETTINGS
+@given(scenarios())
+def test_named_and_counted_blocks_schedule_alike(sc):
+    """The simulator's counted KV (implicit decode room without drafts) makes the executor's decisions."""
+    cfg = sc["cfg"]
+    rng = np.random.default_rng(sc["seed"])
+    runs = [make_requests(np.random.default_rng(sc["seed"]), sc["n"], cfg.block_size, sc["shared"]) for _ in range(2)]
+    scheds = [Scheduler(cfg, sc["blocks"], name_all_blocks=named) for named in (True, False)]
+    now, i, n = 0.0, 0, sc["n"]
+    while i < n or scheds[0].has_work:
+        while i < n and runs[0][i].arrival_time <= now:
+            assert scheds[0].add_request(runs[0][i]) == scheds[1].add_request(runs[1][i])
+            i += 1
+        if not scheds[0].has_work:
+            assert not scheds[1].has_work
+            if i == n:
+                break
+            now = runs[0][i].arrival_time
+            continue
+        plans = [s.schedule(now, sc["max_steps"]) for s in scheds]
+        shape = [([r.request_id for r in p.decodes], [(c.request.request_id, c.num_new_tokens, c.context_len) for c in p.prefills],
+                  p.num_steps, [r.request_id for r in p.preempted], s.blocks.num_used, s.blocks.num_free)
+                 for p, s in zip(plans, scheds)]
+        assert shape[0] == shape[1]
+        steps = plans[0].num_steps
+        if sc["early"] and steps > 1:
+            steps = int(rng.integers(1, steps + 1))
+        nd = len(plans[0].decodes)
+        if plans[0].draft_len:
+            tokens = 1 + (rng.random((steps, nd)) < 0.5).astype(np.int64)
+        else:
+            tokens = np.ones((steps, nd), np.int64)
+        now += steps * 0.01
+        done = [s.complete(p, StepResult(step_durations=np.full(steps, 0.01), decode_tokens=tokens), now)
+                for p, s in zip(plans, scheds)]
+        assert [r.request_id for r in done[0]] == [r.request_id for r in done[1]]
+        assert scheds[0].blocks.num_used == scheds[1].blocks.num_used
+    assert [r.finish_time for r in runs[0]] == [r.finish_time for r in runs[1]]
