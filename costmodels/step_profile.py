@@ -34,9 +34,10 @@ from typing import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-FIT_CATEGORIES = ("attention", "dense_gemm", "expert_gemm", "other")
-# cost-model categories (costmodels.ops.CATEGORIES order) folded into the fitted ones
-_FOLD = {0: 0, 1: 0, 2: 1, 3: 2, 4: 3, 5: 3}
+FIT_CATEGORIES = ("attention", "prefill_attention", "dense_gemm", "expert_gemm", "other")
+# cost-model categories (costmodels.ops.CATEGORIES order) folded into the fitted ones; the attention core (and
+# indexer) of decode rows and of prefill chunks are separate: different kernels (paged MLA decode vs SDPA prefill)
+_FOLD = {0: 0, 1: 0, 2: 2, 3: 3, 4: 4, 5: 4}
 
 
 class StepPoint(BaseModel):
@@ -174,9 +175,18 @@ def nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
     return x
 
 
-def host_features(points: Sequence[StepPoint], with_layers: bool) -> tuple[np.ndarray, list[str]]:
-    """Columns of the host term. Eager steps: 1, (L), requests, tokens, prefill sequences;
-    CUDA-graph steps (``graph_bs > 0``): their own 1 and requests (zero in the other step kind's columns)."""
+def host_features(points: Sequence[StepPoint], with_layers: bool, launch_bound: bool = True) -> tuple[np.ndarray, list[str]]:
+    """Columns of the host term. Eager steps: 1, (L), (requests, tokens), prefill sequences; CUDA-graph steps
+    (``graph_bs > 0``): their own 1 and requests (zero in the other step kind's columns).
+
+    On a GPU (``launch_bound``) an eager step's host time is launch-bound: a fixed number of kernels per
+    layer, plus per prefill chunk (its attention runs per sequence); decode rows and tokens are batched on
+    the device, so per-request and per-token eager terms are not fitted (they stay 0): on the H200
+    (DeepSeek-V3 5 layers, FP8) they soaked up device time of the packed calibration prefills and
+    over-predicted serving's mixed steps (one prefill chunk plus tens of decodes) by ~30%. On a CPU the
+    "host" does the arithmetic too, and per-request and per-token terms are fitted. A graph step's host
+    time is the input build per sequence before the replay and the sampling after it.
+    """
     g = np.array([p.graph_bs > 0 for p in points], float)
     e = 1.0 - g
     cols = [e]
@@ -185,8 +195,11 @@ def host_features(points: Sequence[StepPoint], with_layers: bool) -> tuple[np.nd
         cols.append(e * np.array([p.num_layers for p in points], float))
         names.append("per_layer_s")
     n = np.array([p.num_requests for p in points], float)
-    cols += [e * n, e * np.array([p.num_tokens for p in points], float), e * np.array([len(p.prefill) for p in points], float), g, g * n]
-    names += ["per_request_s", "per_token_s", "per_prefill_s", "graph_fixed_s", "graph_per_request_s"]
+    if not launch_bound:
+        cols += [e * n, e * np.array([p.num_tokens for p in points], float)]
+        names += ["per_request_s", "per_token_s"]
+    cols += [e * np.array([len(p.prefill) for p in points], float), g, g * n]
+    names += ["per_prefill_s", "graph_fixed_s", "graph_per_request_s"]
     return np.stack(cols, 1), names
 
 
@@ -324,9 +337,15 @@ class ProfiledStepCost:
         if new.size == 0:
             return out
         draft = b._draft(new, dec)
-        v = b._nonattn(*b._summary(new, ctx, dec, draft), 1.0) + b._attn(new, ctx, dec, draft, 1.0, None)
+        v = b._nonattn(*b._summary(new, ctx, dec, draft), 1.0)
         for i in range(6):
             out[_FOLD[i]] += v[i]
+        if dec.any():
+            a = b._attn(new[dec], ctx[dec], dec[dec], draft, 1.0, None)
+            out[0] += a[0] + a[1]
+        if not dec.all():
+            a = b._attn(new[~dec], ctx[~dec], dec[~dec], 0, 1.0, None)
+            out[1] += a[0] + a[1]
         return out
 
     def _decode_base(self, n: int, draft_len: int, pad: int = 0) -> tuple[np.ndarray, float]:
@@ -433,7 +452,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
         raise ValueError(f"need at least 4 measured steps to fit a step profile, got {len(pts)}")
     layers = sorted({p.num_layers for p in pts})
     with_layers = len(layers) > 1
-    hf, hnames = host_features(pts, with_layers)
+    hf, hnames = host_features(pts, with_layers, launch_bound=device == "cuda")
     y = np.array([p.wall_s for p in pts])
     graph = np.array([p.graph_bs > 0 for p in pts], bool)
     variants = [False, True] if (try_op_tables and profile.tables) else [False]

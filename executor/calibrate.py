@@ -203,7 +203,7 @@ def step_grid(device: str, quick: bool, max_ctx: int, max_batch: int, max_tokens
         # sizes between the captured CUDA-graph sizes too: a batch of 12 replays the 16-row graph (padding)
         batches = [1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 44, 48, 64, 80, 96, 128]
         ctxs = [128, 1024, 4096]
-        prefills = [64, 256, 1024, 2048, 4096, 8192]
+        prefills = [64, 128, 256, 512, 768, 1024, 1536, 2048, 4096, 8192]
     elif device == "cuda":
         batches = [1, 4, 16, 64]
         ctxs = [128, 1024]
@@ -236,6 +236,12 @@ def step_grid(device: str, quick: bool, max_ctx: int, max_batch: int, max_tokens
             c = ctxs[len(ctxs) // 2]
             shapes.append(([c] * 32, [(1024, 0)] * 7))
             shapes.append(([c] * 8, [(512, 0)] * 4))
+            # what serving runs most between decode-only steps: one prompt chunk next to tens of decodes (eager)
+            for nd in (2, 8, 24, 48):
+                for q in (128, 512, 1024, 2048):
+                    if nd <= max_batch and q + nd <= max_tokens and q < max_ctx:
+                        dc = np.clip(np.round(c * rng.uniform(0.5, 1.5, nd)), 1, max_ctx - 2).astype(int).tolist()
+                        shapes.append((dc, [(q, 0)]))
         for b in [x for x in batches if x in (4, 32, 16)][:2]:
             c = ctxs[len(ctxs) // 2]
             shapes.append(([c] * b, [(min(prefills[-1], max_tokens - b), 0)]))  # decodes + a prefill chunk

@@ -67,7 +67,7 @@ def _synthetic_points(cost: ProfiledStepCost, truth: StepProfile) -> list[StepPo
 def test_fit_step_profile_recovers_synthetic_engine_and_round_trips(tmp_path):
     prof = _tiny_profile()
     truth = StepProfile(model="tiny", num_layers=4, dtype="fp32", device="cpu",
-                        category_scale=dict(zip(FIT_CATEGORIES, (3.0, 2.0, 4.0, 1.5))),
+                        category_scale=dict(zip(FIT_CATEGORIES, (3.0, 6.0, 2.0, 4.0, 1.5))),
                         host=HostTerms(fixed_s=2e-3, per_request_s=3e-5, per_prefill_s=2e-4), overlap=0.2)
     cost = ProfiledStepCost(prof, truth)
     pts = _synthetic_points(cost, truth)
@@ -92,8 +92,8 @@ def test_fit_separates_cuda_graph_decode_steps_from_eager_steps():
     prof = _tiny_profile()
     sizes = [1, 2, 4, 8, 16, 32]
     truth = StepProfile(model="deepseek-v3", num_layers=4, dtype="fp8", device="cuda",
-                        category_scale=dict(zip(FIT_CATEGORIES, (3.0, 2.0, 4.0, 1.5))),
-                        host=HostTerms(fixed_s=2e-3, per_request_s=3e-5, per_prefill_s=2e-4, graph_fixed_s=3e-4,
+                        category_scale=dict(zip(FIT_CATEGORIES, (3.0, 6.0, 2.0, 4.0, 1.5))),
+                        host=HostTerms(fixed_s=2e-3, per_prefill_s=2e-4, graph_fixed_s=3e-4,
                                        graph_per_request_s=1e-5),
                         overlap=0.2, graph_sizes=sizes)
     cost = ProfiledStepCost(prof, truth)
@@ -129,7 +129,7 @@ def test_fit_separates_cuda_graph_decode_steps_from_eager_steps():
 
 def test_profiled_decode_times_equal_single_steps_and_memo_is_exact():
     prof = _tiny_profile()
-    st = StepProfile(model="tiny", num_layers=4, dtype="fp32", category_scale=dict(zip(FIT_CATEGORIES, (2.0, 1.0, 1.0, 1.0))),
+    st = StepProfile(model="tiny", num_layers=4, dtype="fp32", category_scale=dict(zip(FIT_CATEGORIES, (2.0, 3.0, 1.0, 1.0, 1.0))),
                      host=HostTerms(fixed_s=1e-4, per_request_s=1e-6), overlap=0.5)
     cost = ProfiledStepCost(prof, st)
     ctx = np.array([10.0, 50.0, 300.0])

@@ -216,6 +216,9 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
         if warm:  # one unmeasured pass at saturation: kernel specialisations of this trace's shapes, clocks up
             t0 = time.perf_counter()
             replay(fresh_engine(engine, base_cfg), [(0.0, r.request_id, prompts[r.request_id], r.output_len) for r in reqs], seed=seed)
+            # and each prompt alone (one output token; idle gaps are skipped): the single-chunk prefill shapes of low load
+            replay(fresh_engine(engine, base_cfg), [(1e3 * i, r.request_id, prompts[r.request_id], 1) for i, r in enumerate(reqs)],
+                   seed=seed)
             con.print(f"warm-up replay (unmeasured) {time.perf_counter() - t0:.1f} s")
     reports: list[LevelReport] = []
     samples_by_level: dict[str, list[StepSample]] = {}
