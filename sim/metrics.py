@@ -32,6 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from scheduler.plan import StepPlan, StepResult
 from scheduler.request import Request
 
+_F64 = np.dtype(np.float64)
+
 
 class SLO(BaseModel):
     """Latency targets a request must meet to count toward goodput (seconds)."""
@@ -133,12 +135,16 @@ class _Timeline:
             self._v = v
         self._n = n = n + 1
         if n == self.stride:
-            self.points.append((self._t0, self._v))
-            self._n = 0
-            if len(self.points) >= self.cap:
-                p = self.points
-                self.points = [(p[i][0], max(p[i][1], p[i + 1][1])) for i in range(0, len(p), 2)]
-                self.stride *= 2
+            self._emit()
+
+    def _emit(self) -> None:
+        """Close the current bucket (``stride`` samples): append its point, halve the points when full."""
+        self.points.append((self._t0, self._v))
+        self._n = 0
+        if len(self.points) >= self.cap:
+            p = self.points
+            self.points = [(p[i][0], max(p[i][1], p[i + 1][1])) for i in range(0, len(p), 2)]
+            self.stride *= 2
 
     def get(self) -> list[tuple[float, float]]:
         return self.points + ([(self._t0, self._v)] if self._n else [])
@@ -251,11 +257,13 @@ class MetricsCollector:
     def on_step(self, instance_id: int, start_s: float, plan: StepPlan, result: StepResult,
                 kv_used_blocks: int, kv_total_blocks: int) -> None:
         """Account one executed plan (``result.num_steps`` steps starting at ``start_s``)."""
-        d = np.asarray(result.step_durations, float)
+        d = result.step_durations
+        if d.__class__ is not np.ndarray or d.dtype != _F64:
+            d = np.asarray(d, float)
         k = d.size
         if k == 0:
             return
-        dur = float(d[0]) if k == 1 else float(np.add.reduce(d))
+        dur = d.item(0) if k == 1 else float(np.add.reduce(d))
         n_dec = len(plan.decodes)
         prefills = plan.prefills
         if prefills:  # prefills run in the first step only
@@ -268,7 +276,8 @@ class MetricsCollector:
         self.num_steps += k
         self._busy_s += dur
         self._batch_requests += n_pre + n_dec * k
-        self._batch_tokens += pre_tokens + n_dec * (1 + plan.draft_len) * k
+        draft_len = plan.draft_len
+        self._batch_tokens += pre_tokens + n_dec * (1 + draft_len) * k
         if plan.preempted:
             self._preemptions += len(plan.preempted)
         end = start_s + dur
@@ -278,16 +287,16 @@ class MetricsCollector:
         dec_tokens = 0
         if n_dec:
             tok = result.decode_tokens
-            if not isinstance(tok, np.ndarray):
+            if tok.__class__ is not np.ndarray:
                 tok = np.asarray(tok)
             if tok.shape != (k, n_dec):  # a backend that reports nothing: one token each
                 tok = None
                 dec_tokens = k * n_dec
             elif not any(tok.strides):  # one count broadcast to every decode and step (the simulator's ones)
-                dec_tokens = int(tok[0, 0]) * k * n_dec
+                dec_tokens = int(tok.item(0)) * k * n_dec
             else:
                 dec_tokens = int(tok.sum())
-            if tok is None or (plan.draft_len == 0 and dec_tokens == k * n_dec):
+            if tok is None or (draft_len == 0 and dec_tokens == k * n_dec):
                 # one token per decode per step (without drafts a decode makes at most one): each
                 # step is one gap for each decode
                 p = self._itl_n
@@ -309,12 +318,17 @@ class MetricsCollector:
             else:
                 mask = tok > 0
                 self._itl.add((d[:, None] / np.where(mask, tok, 1))[mask], tok[mask])
-        self._decode_tokens += dec_tokens
+            self._decode_tokens += dec_tokens
 
-        prev_used, prev_total = self._kv_last.get(instance_id, (0, 0))
-        self._kv_last[instance_id] = (kv_used_blocks, kv_total_blocks)
-        self._kv_used += kv_used_blocks - prev_used
-        self._kv_total += kv_total_blocks - prev_total
+        kv_last = self._kv_last
+        prev = kv_last.get(instance_id)
+        if prev is None:
+            self._kv_used += kv_used_blocks
+            self._kv_total += kv_total_blocks
+        else:
+            self._kv_used += kv_used_blocks - prev[0]
+            self._kv_total += kv_total_blocks - prev[1]
+        kv_last[instance_id] = (kv_used_blocks, kv_total_blocks)
         if kv_total_blocks > 0:
             util = kv_used_blocks / kv_total_blocks
             self._kv_wsum += util * dur
@@ -322,7 +336,19 @@ class MetricsCollector:
             if self._kv_max is None or util > self._kv_max:
                 self._kv_max = util
         if self._kv_total > 0:
-            self._timeline.add(start_s, self._kv_used / self._kv_total)
+            # _Timeline.add, inlined (one call per plan)
+            tl = self._timeline
+            v = self._kv_used / self._kv_total
+            n = tl._n
+            if n == 0:
+                tl._t0, tl._v = start_s, v
+            elif v > tl._v:
+                tl._v = v
+            n += 1
+            if n == tl.stride:
+                tl._emit()
+            else:
+                tl._n = n
 
         if self.record_steps:
             if len(self.step_records) < self.max_step_records:

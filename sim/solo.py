@@ -32,11 +32,11 @@ from sim.cluster import Cluster
 
 def run_solo(scheduler: Scheduler, backend: SimBackend, metrics, requests: list[Request], max_steps: int = 256) -> float:
     """Run ``requests`` (sorted by arrival) through one instance; returns the simulated end time
-    (simpy's ``env.now`` after ``env.run()``)."""
+    (simpy's ``env.now`` after ``env.run()``). Like the Cluster, it reads ``requests`` forward only,
+    one index past the last dispatched request at most (streamed workloads rely on it)."""
     sched = scheduler
     reqs = requests
     num = len(reqs)
-    arrival = [r.arrival_time for r in reqs]
     eps = Cluster.TIME_EPS_S
     iid = sched.instance_id
     blocks = sched.blocks
@@ -89,7 +89,7 @@ def run_solo(scheduler: Scheduler, backend: SimBackend, metrics, requests: list[
                 if nxt == a_target:
                     dispatch(a_target, now)
                 due = now + eps
-                while nxt < num and arrival[nxt] <= due:
+                while nxt < num and reqs[nxt].arrival_time <= due:
                     dispatch(nxt, now)
             a_started = True
             # the loop head: sleep towards the next undispatched request (or hand it over now)
@@ -97,14 +97,14 @@ def run_solo(scheduler: Scheduler, backend: SimBackend, metrics, requests: list[
                 if nxt >= num:
                     a_fire = None
                     return
-                t = arrival[nxt]
+                t = reqs[nxt].arrival_time
                 if t > now:
                     a_target = nxt
                     a_fire = now + (t - now)
                     break
                 dispatch(nxt, now)
                 due = now + eps
-                while nxt < num and arrival[nxt] <= due:
+                while nxt < num and reqs[nxt].arrival_time <= due:
                     dispatch(nxt, now)
 
     now = 0.0
@@ -112,7 +112,7 @@ def run_solo(scheduler: Scheduler, backend: SimBackend, metrics, requests: list[
     while True:
         # Instance._loop at a boundary: before(now) = Cluster.dispatch_due(now)
         due = now + eps
-        while nxt < num and arrival[nxt] <= due:
+        while nxt < num and reqs[nxt].arrival_time <= due:
             dispatch(nxt, now)
         if not sched.has_work:
             idle, woke_at = True, None
@@ -127,7 +127,7 @@ def run_solo(scheduler: Scheduler, backend: SimBackend, metrics, requests: list[
         plan = schedule(start, max_steps)
         if not plan.decodes and not plan.prefills:
             raise RuntimeError(f"instance {iid}: work queued but nothing schedulable at t={start}")
-        times, plan_ends = times_until(plan, cold, start, arrival[nxt] if nxt < num else None)
+        times, plan_ends = times_until(plan, cold, start, reqs[nxt].arrival_time if nxt < num else None)
         n = len(times)
         if n > 1:
             fire = start + (float(plan_ends[n - 1]) - start)
