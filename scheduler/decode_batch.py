@@ -51,6 +51,7 @@ class DecodeBatch:
         self._sign = np.tile(TOKEN_SIGN, capacity)
         self.shift = 0                        # tokens every slot made that the arrays do not hold yet
         self._min_left: int | None = None     # min of the stored left column over the slots (None: unknown)
+        self._ctx_sum = 0                     # sum of the stored ctx column over the slots
         # implicit room (see the class docstring): block size, tokens reserved ahead, ctx residue counts
         self._bs = block_size
         self.implicit = block_size is not None
@@ -123,8 +124,10 @@ class DecodeBatch:
                 if r:
                     h = self._hist
                     self._hist = h[r:] + h[:r]
-            m = 4 * len(self.reqs)
+            n = len(self.reqs)
+            m = 4 * n
             self._flat[:m] += self._sign[:m] * t if t != 1 else self._sign[:m]
+            self._ctx_sum += n * t
             self.shift = 0
             if self._min_left is not None:
                 self._min_left -= t
@@ -134,8 +137,10 @@ class DecodeBatch:
         return int(self.state[slot, column]) + _SIGNS[column] * self.shift
 
     def set_value(self, slot: int, column: int, value: int) -> None:
-        if self.implicit and column == CTX:
-            self._materialize()
+        if column == CTX:
+            if self.implicit:
+                self._materialize()
+            self._ctx_sum += value - self.shift - int(self.state[slot, CTX])
         self.state[slot, column] = value - _SIGNS[column] * self.shift
         if column == LEFT:
             self._min_left = None
@@ -152,6 +157,10 @@ class DecodeBatch:
         n = len(self.reqs)
         t = self.shift
         return self._ctx[:n] + t if t else self._ctx[:n].copy()
+
+    def context_sum(self) -> int:
+        """Sum of the slots' context lengths."""
+        return self._ctx_sum + len(self.reqs) * self.shift
 
     def finished_slots(self, n: int) -> list[int]:
         """Slots among the first ``n`` with no output tokens left."""
@@ -172,6 +181,7 @@ class DecodeBatch:
             else:
                 self._hist[(t - ctx) % bs] += 1
         self.state[slot] = (ctx - t, out - t, left, blocks * block_size - ctx + t)
+        self._ctx_sum += ctx - t
         if not self.reqs:
             self._min_left = left
         elif self._min_left is not None and left < self._min_left:
@@ -186,6 +196,7 @@ class DecodeBatch:
         state = self.state
         ctx, out, left, room = state[slot].tolist()
         t = self.shift
+        self._ctx_sum -= ctx
         if left == self._min_left:
             self._min_left = None
         ctx += t
@@ -222,8 +233,10 @@ class DecodeBatch:
         if isinstance(tokens, int):
             m = 4 * n
             self._flat[:m] += self._sign[:m] if tokens == 1 else self._sign[:m] * tokens
+            self._ctx_sum += n * tokens
         else:
             self.state[:n] += tokens[:, None] * TOKEN_SIGN
+            self._ctx_sum += int(np.add.reduce(tokens))
         self._min_left = None
 
     def blocks_needed(self, tokens_ahead: int, block_size: int) -> tuple[np.ndarray, int]:

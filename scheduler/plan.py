@@ -39,6 +39,8 @@ class StepPlan:
     preempted: list[Request] = field(default_factory=list)
     # prefix blocks this plan loads back into HBM from the host-memory and storage tiers (kv_tiers.py)
     loaded_blocks: tuple[int, int] = (0, 0)
+    # sum of decode_context_lens where the scheduler knows it (backends then skip a pass); None: sum it
+    decode_context_sum: int | None = None
 
     @property
     def is_empty(self) -> bool:

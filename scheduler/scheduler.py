@@ -368,18 +368,15 @@ class Scheduler:
         n = len(batch.reqs)
         num_tokens = n * self._tokens_per_decode
         if chunks:
-            num_tokens += sum(c.num_new_tokens for c in chunks)
+            if len(chunks) == 1:
+                num_tokens += chunks[0].num_new_tokens
+            else:
+                num_tokens += sum(c.num_new_tokens for c in chunks)
         h0, h_req, h_tok = self._host_coeffs
-        plan = StepPlan(
-            instance_id=self.instance_id,
-            prefills=chunks,
-            decodes=batch.reqs[:],
-            decode_context_lens=batch.context_lens(),
-            num_steps=steps,
-            draft_len=self._tokens_per_decode - 1,
-            host_overhead_s=h0 + h_req * (n + len(chunks)) + h_tok * num_tokens,
-            preempted=preempted,
-        )
+        # positional: instance_id, prefills, decodes, decode_context_lens, num_steps, draft_len,
+        # host_overhead_s, preempted, loaded_blocks, decode_context_sum
+        plan = StepPlan(self.instance_id, chunks, batch.reqs[:], batch.context_lens(), steps, self._tokens_per_decode - 1,
+                        h0 + h_req * (n + len(chunks)) + h_tok * num_tokens, preempted, (0, 0), batch.context_sum())
         if n or chunks:
             self._in_flight = plan
         self._in_flight_min_left = None

@@ -196,8 +196,12 @@ class SimBackend:
     def _mixed_time(self, plan: StepPlan) -> float:
         """Device seconds of a (single-step) plan with prefill chunks."""
         chunks = plan.prefills
-        t = self.cost.chunked_step_time(plan.decode_context_lens, plan.draft_len,
-                                        [c.num_new_tokens for c in chunks], [c.context_len for c in chunks])
+        if len(chunks) == 1:
+            c = chunks[0]
+            t = self.cost.chunked_step_time(plan.decode_context_lens, plan.draft_len, [c.num_new_tokens], [c.context_len])
+        else:
+            t = self.cost.chunked_step_time(plan.decode_context_lens, plan.draft_len,
+                                            [c.num_new_tokens for c in chunks], [c.context_len for c in chunks])
         if plan.loaded_blocks[0] or plan.loaded_blocks[1]:
             # prefix blocks loaded back from host memory / storage, layer by layer under the step's
             # compute (SGLang HiCache's layer-wise overlap): the step takes the longer of the two
@@ -212,7 +216,9 @@ class SimBackend:
             if plan.prefills:
                 dev = self._mixed_time(plan)
             elif self._decode1 and self.cost.sum_only:
-                dev = self.cost.decode_time(len(plan.decodes), plan.draft_len, int(np.add.reduce(plan.decode_context_lens)))
+                cs = plan.decode_context_sum
+                dev = self.cost.decode_time(len(plan.decodes), plan.draft_len,
+                                            int(np.add.reduce(plan.decode_context_lens)) if cs is None else cs)
             else:
                 dev = float(self.device_times(plan)[0])
             return np.array([wall_step_time(dev, plan.host_overhead_s, self.async_overlap, cold_start)])
@@ -243,7 +249,8 @@ class SimBackend:
         """step_times_until for a draft-free decode run of a sum_only memo: MemoStepCost.decode_times and
         wall_step_times for one step at a time, with floats."""
         cost, nd = self.cost, len(plan.decodes)
-        u = float(np.add.reduce(plan.decode_context_lens)) / nd   # mean context in grid units (g = 1)
+        cs = plan.decode_context_sum
+        u = float(np.add.reduce(plan.decode_context_lens) if cs is None else cs) / nd   # mean context in grid units (g = 1)
         i = int(u)
         frac = u - i
         keep = 1.0 - frac
@@ -288,7 +295,7 @@ class SimBackend:
                 tokens = tokens[:steps]
         else:
             tokens = self._ones[:steps, : len(plan.decodes)]  # a read-only view: one token per decode per step
-        return StepResult(step_durations=step_times, decode_tokens=tokens)
+        return StepResult(step_times, tokens)
 
     def execute(self, plan: StepPlan, stop_at: float | None = None, start_s: float = 0.0, cold_start: bool = False) -> StepResult:
         """Run ``plan`` from ``start_s``; with ``stop_at``, stop at the first step boundary at/after it."""

@@ -99,6 +99,9 @@ class CheckingCollector(MetricsCollector):
         if k > plan.num_steps:
             self.fail(f"instance {instance_id} at t={start_s}: {k} steps run of a {plan.num_steps}-step plan")
 
+        cs = plan.decode_context_sum
+        if cs is not None and cs != int(np.asarray(plan.decode_context_lens).sum()):
+            self.fail(f"instance {instance_id} at t={start_s}: plan's decode_context_sum {cs} is not the sum of its contexts")
         # tokens as Scheduler.complete will keep them (called right after this, on the same plan)
         n_dec = len(plan.decodes)
         if n_dec:

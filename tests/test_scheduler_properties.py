@@ -186,6 +186,8 @@ def test_named_and_counted_blocks_schedule_alike(sc):
                   p.num_steps, [r.request_id for r in p.preempted], s.blocks.num_used, s.blocks.num_free)
                  for p, s in zip(plans, scheds)]
         assert shape[0] == shape[1]
+        for p in plans:  # the batch's running context sum matches its contexts
+            assert p.decode_context_sum == int(p.decode_context_lens.sum())
         steps = plans[0].num_steps
         if sc["early"] and steps > 1:
             steps = int(rng.integers(1, steps + 1))
