@@ -281,6 +281,25 @@ def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print) -> list[St
     return points
 
 
+def _settle(engine: LLMEngine, shapes, seconds: float) -> float:
+    """Run a decode-only and a prefill shape of the grid alternately for ``seconds`` (untimed), so the first
+    measured steps see the same warm host and device as a serving engine's."""
+    runner = engine.runner
+    picks = [sh for sh in shapes if sh[0] and not sh[1]][len(shapes) // 8: len(shapes) // 8 + 1] + [sh for sh in shapes if sh[1]][:1]
+    plans = [synthetic_plan(engine, dc, pf, f"settle{j}_") for j, (dc, pf) in enumerate(picks)]
+    t0 = time.perf_counter()
+    try:
+        while plans and time.perf_counter() - t0 < seconds:
+            for plan in plans:
+                runner.execute(plan)
+        _Clock(runner.device).sync()
+    finally:
+        for plan in plans:
+            for r in plan.decodes + [c.request for c in plan.prefills]:
+                runner.remove_request(r.request_id)
+    return time.perf_counter() - t0
+
+
 # ----------------------------------------------------------------------------- the replay loop
 @dataclass
 class ReplayStep:
@@ -447,6 +466,9 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     log(f"  ops: {len(op_pts)} linear shapes in {time.perf_counter() - t1:.1f} s")
 
     shapes = step_grid(device, quick, max_model_len, max_num_seqs, engine.scheduler.config.max_num_batched_tokens)
+    if cuda and not quick:  # settle: steady back-to-back steps for a few seconds before anything is timed
+        settle_s = _settle(engine, shapes, seconds=8.0)
+        log(f"  settled {settle_s:.1f} s (decode and prefill steps back to back, untimed)")
     t2 = time.perf_counter()
     pts = measure_steps(engine, shapes, repeats, log)
     log(f"  steps: {len(pts)} shapes x {repeats} in {time.perf_counter() - t2:.1f} s")
