@@ -194,6 +194,7 @@ def check_blocks(sched) -> list[str]:
 def check_end(collector: CheckingCollector, schedulers: Iterable, num_requests: int, end_time: float) -> None:
     """End-of-run checks; raises InvariantViolation listing every violation seen during and at the end of the run."""
     c = collector
+    c._flush_rows()  # the collector's per-plan totals are added up in bulk
     c.blocks_leaked = 0
     for s in schedulers:
         c.blocks_leaked += max(0, s.blocks.num_held)

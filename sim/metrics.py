@@ -35,6 +35,11 @@ from scheduler.request import Request
 _F64 = np.dtype(np.float64)
 
 
+def _fold(x0: float, xs: np.ndarray) -> float:
+    """``x0 + xs[0] + xs[1] + ...`` left to right (what ``x0 += x`` in a loop gives)."""
+    return float(np.add.accumulate(np.concatenate(([x0], xs)))[-1])
+
+
 class SLO(BaseModel):
     """Latency targets a request must meet to count toward goodput (seconds)."""
 
@@ -199,6 +204,7 @@ class MetricsCollector:
     """Accumulates a run's metrics; the instance loops call ``on_step``/``on_finish``/``on_drop``."""
 
     ITL_BUFFER = 1 << 16  # ITL samples kept before they are added to the histogram in one go
+    ROW_BUFFER = 1 << 14  # plans queued before their figures are added up (_flush_rows)
 
     def __init__(self, *, record_steps: bool = False, max_step_records: int = 200_000,
                  kv_timeline_points: int = 2000) -> None:
@@ -214,8 +220,12 @@ class MetricsCollector:
         self._first_arrival = math.inf
         self._last_time = 0.0
         # per plan running sums
-        self.num_plans = 0
-        self.num_steps = 0
+        self._num_plans = 0
+        self._num_steps = 0
+        # per-plan figures (start, duration, steps, prefills, prefill tokens, decodes, draft_len,
+        # preemptions, decode tokens, KV used, KV total, instance) queued here and added up in bulk
+        # (_flush_rows) in the same order, so every sum is the one a plan-by-plan update gives
+        self._rows: list[tuple] = []
         self._batch_requests = 0
         self._batch_tokens = 0
         self._prefill_tokens = 0
@@ -269,21 +279,9 @@ class MetricsCollector:
         if prefills:  # prefills run in the first step only
             n_pre = len(prefills)
             pre_tokens = prefills[0].num_new_tokens if n_pre == 1 else sum(c.num_new_tokens for c in prefills)
-            self._prefill_tokens += pre_tokens
         else:
             n_pre = pre_tokens = 0
-        self.num_plans += 1
-        self.num_steps += k
-        self._busy_s += dur
-        self._batch_requests += n_pre + n_dec * k
         draft_len = plan.draft_len
-        self._batch_tokens += pre_tokens + n_dec * (1 + draft_len) * k
-        if plan.preempted:
-            self._preemptions += len(plan.preempted)
-        end = start_s + dur
-        if end > self._last_time:
-            self._last_time = end
-
         dec_tokens = 0
         if n_dec:
             tok = result.decode_tokens
@@ -318,37 +316,12 @@ class MetricsCollector:
             else:
                 mask = tok > 0
                 self._itl.add((d[:, None] / np.where(mask, tok, 1))[mask], tok[mask])
-            self._decode_tokens += dec_tokens
 
-        kv_last = self._kv_last
-        prev = kv_last.get(instance_id)
-        if prev is None:
-            self._kv_used += kv_used_blocks
-            self._kv_total += kv_total_blocks
-        else:
-            self._kv_used += kv_used_blocks - prev[0]
-            self._kv_total += kv_total_blocks - prev[1]
-        kv_last[instance_id] = (kv_used_blocks, kv_total_blocks)
-        if kv_total_blocks > 0:
-            util = kv_used_blocks / kv_total_blocks
-            self._kv_wsum += util * dur
-            self._kv_wdur += dur
-            if self._kv_max is None or util > self._kv_max:
-                self._kv_max = util
-        if self._kv_total > 0:
-            # _Timeline.add, inlined (one call per plan)
-            tl = self._timeline
-            v = self._kv_used / self._kv_total
-            n = tl._n
-            if n == 0:
-                tl._t0, tl._v = start_s, v
-            elif v > tl._v:
-                tl._v = v
-            n += 1
-            if n == tl.stride:
-                tl._emit()
-            else:
-                tl._n = n
+        rows = self._rows
+        rows.append((start_s, dur, k, n_pre, pre_tokens, n_dec, draft_len, len(plan.preempted), dec_tokens,
+                     kv_used_blocks, kv_total_blocks, instance_id))
+        if len(rows) >= self.ROW_BUFFER:
+            self._flush_rows()
 
         if self.record_steps:
             if len(self.step_records) < self.max_step_records:
@@ -357,6 +330,73 @@ class MetricsCollector:
                     plan.draft_len, float(plan.host_overhead_s), kv_used_blocks, kv_total_blocks))
             else:
                 self.step_records_dropped += 1
+
+    @property
+    def num_plans(self) -> int:
+        """Plans accounted so far."""
+        self._flush_rows()
+        return self._num_plans
+
+    @property
+    def num_steps(self) -> int:
+        """Steps accounted so far."""
+        self._flush_rows()
+        return self._num_steps
+
+    def _flush_rows(self) -> None:
+        """Add the queued plans' figures to the running totals, in plan order.
+
+        Integer sums are order-free; float sums are sequential folds (np.add.accumulate, never
+        pairwise), so each total is bit for bit what adding plan by plan gives."""
+        rows = self._rows
+        if not rows:
+            return
+        self._rows = []
+        a = np.array(rows, dtype=np.float64)  # every integer here is far below 2**53: exact
+        start, dur = a[:, 0], a[:, 1]
+        k, n_pre, pre_tok, n_dec, draft, n_preempt, dec_tok, used, total, iid = a[:, 2:].astype(np.int64).T
+        self._num_plans += len(rows)
+        self._num_steps += int(k.sum())
+        self._busy_s = _fold(self._busy_s, dur)
+        self._batch_requests += int((n_pre + n_dec * k).sum())
+        self._batch_tokens += int((pre_tok + n_dec * (1 + draft) * k).sum())
+        self._preemptions += int(n_preempt.sum())
+        self._prefill_tokens += int(pre_tok.sum())
+        self._decode_tokens += int(dec_tok.sum())
+        last = float((start + dur).max())
+        if last > self._last_time:
+            self._last_time = last
+
+        # KV: the cluster's used/total blocks after each plan (each instance's latest figures summed)
+        d_used, d_total = used.copy(), total.copy()
+        for i in np.unique(iid).tolist():
+            idx = (iid == i).nonzero()[0]
+            pu, pt = self._kv_last.get(i, (0, 0))
+            u, t = used[idx], total[idx]
+            d_used[idx[0]] -= pu
+            d_total[idx[0]] -= pt
+            d_used[idx[1:]] -= u[:-1]
+            d_total[idx[1:]] -= t[:-1]
+            self._kv_last[i] = (int(u[-1]), int(t[-1]))
+        run_used = np.cumsum(d_used) + self._kv_used
+        run_total = np.cumsum(d_total) + self._kv_total
+        self._kv_used, self._kv_total = int(run_used[-1]), int(run_total[-1])
+        has = total > 0
+        if has.all():
+            util, dh = used / total, dur
+        else:
+            util, dh = used[has] / total[has], dur[has]
+        if util.size:
+            self._kv_wsum = _fold(self._kv_wsum, util * dh)
+            self._kv_wdur = _fold(self._kv_wdur, dh)
+            mx = float(util.max())
+            if self._kv_max is None or mx > self._kv_max:
+                self._kv_max = mx
+        ok = run_total > 0
+        if ok.any():
+            add = self._timeline.add
+            for t, v in zip(start[ok].tolist(), (run_used[ok] / run_total[ok]).tolist()):
+                add(t, v)
 
     def on_finish(self, req: Request) -> None:
         """Record a finished request's timestamps and counts."""
@@ -382,6 +422,7 @@ class MetricsCollector:
     # ------------------------------------------------------------ summary
     def summarize(self, num_gpus: int, slo: SLO | None, duration_s: float | None = None) -> SimMetrics:
         """All metrics of the run so far; deterministic for the same sequence of events."""
+        self._flush_rows()
         arrival = np.frombuffer(self._arrival, float) if len(self._arrival) else np.zeros(0)
         first = np.frombuffer(self._first, float) if len(self._first) else np.zeros(0)
         finish = np.frombuffer(self._finish, float) if len(self._finish) else np.zeros(0)
