@@ -285,24 +285,32 @@ class Scheduler:
         if not preempted:
             cache = blocks.cache
             max_seqs = cfg.max_num_seqs
+            chunked = cfg.enable_chunked_prefill
+            fifo = not self._priority
             while budget > 0 and self.num_running < max_seqs:
-                req = self._peek_waiting()
+                req = self._fifo[0] if fifo and self._fifo else self._peek_waiting()
                 if req is None:
                     break
-                hits: list[int] = []
-                if cache is not None and req.block_hashes:
-                    # at least one token must be computed to produce logits, so never hit the whole prompt
-                    hits = cache.match(req.block_hashes, (req.num_tokens - 1) // bs)
-                # blocks past the HBM hits that lower tiers hold: loaded back instead of recomputed
+                out_tokens = req.num_output_tokens
+                num_tokens = req.prompt_len + out_tokens
                 lh = ls = 0
-                if self.tiers is not None and req.block_hashes:
-                    lh, ls = self.tiers.match(req.block_hashes, len(hits), (req.num_tokens - 1) // bs)
-                held = (len(hits) + lh + ls) * bs
-                # sliding-window bounded replay: the cached prefix's last tokens are recomputed (into the
-                # blocks it already holds) because their window KV was not kept with the prefix
-                hit_tokens = held - (min(cfg.swa_replay_tokens, held) if held else 0)
-                todo = req.num_tokens - hit_tokens
-                if cfg.enable_chunked_prefill or req.num_output_tokens:  # recomputes may always chunk
+                if req.block_hashes and (cache is not None or self.tiers is not None):
+                    hits = []
+                    if cache is not None:
+                        # at least one token must be computed to produce logits, so never hit the whole prompt
+                        hits = cache.match(req.block_hashes, (num_tokens - 1) // bs)
+                    # blocks past the HBM hits that lower tiers hold: loaded back instead of recomputed
+                    if self.tiers is not None:
+                        lh, ls = self.tiers.match(req.block_hashes, len(hits), (num_tokens - 1) // bs)
+                    held = (len(hits) + lh + ls) * bs
+                    # sliding-window bounded replay: the cached prefix's last tokens are recomputed (into the
+                    # blocks it already holds) because their window KV was not kept with the prefix
+                    hit_tokens = held - (min(cfg.swa_replay_tokens, held) if held else 0)
+                else:
+                    hits = []
+                    hit_tokens = 0
+                todo = num_tokens - hit_tokens
+                if chunked or out_tokens:  # recomputes may always chunk
                     chunk = min(todo, budget, threshold)
                 elif todo > budget:
                     break
@@ -325,7 +333,7 @@ class Scheduler:
                 if need_n:
                     self._grow_request(req, need_n)
                 req._cache_done = False
-                req.num_computed_tokens = hit_tokens
+                req.__dict__["_num_computed_tokens"] = hit_tokens  # (waiting: not in the decode batch)
                 if req.num_preemptions == 0:
                     req.num_cached_tokens = hit_tokens
                     if cache is not None:
@@ -335,7 +343,7 @@ class Scheduler:
                 if req.first_scheduled_time is None:
                     req.first_scheduled_time = now
                 self.prefilling.append(req)
-                chunks.append(ScheduledChunk(req, chunk, hit_tokens, hit_tokens + chunk == req.num_tokens))
+                chunks.append(ScheduledChunk(req, chunk, hit_tokens, hit_tokens + chunk == num_tokens))
                 budget -= chunk
 
         # 4. decode-only: run k identical-composition steps if nobody can finish and KV lasts (not
