@@ -612,7 +612,8 @@ class Scheduler:
         elif req.status is RequestStatus.RUNNING:
             self.prefilling.remove(req)
         self._free_blocks(req)
-        self.outstanding_tokens -= req.remaining_output + (req.prompt_len if req.num_output_tokens == 0 else 0)
+        out = req.num_output_tokens
+        self.outstanding_tokens -= req.output_len - out + (req.prompt_len if out == 0 else 0)
         req.status = status
         if now is not None:
             req.finish_time = now

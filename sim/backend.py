@@ -163,6 +163,7 @@ class SimBackend:
         self._drawn: tuple[StepPlan, dict, np.ndarray] | None = None  # plan, rng state before, tokens
         # one token per decode per step: slices of one broadcast 1 (read-only, no memory)
         self._ones = np.broadcast_to(np.ones(1, np.int64).reshape(1, 1), (1 << 20, 1 << 20))
+        self._ones_views: dict[tuple[int, int], np.ndarray] = {}
         # single-step decode plans read the memo directly where its decode_times is the plain one
         self._decode1 = type(self.cost).decode_times is MemoStepCost.decode_times
 
@@ -293,8 +294,13 @@ class SimBackend:
                 self.rng.bit_generator.state = state
                 self.rng.random((steps, tokens.shape[1]))
                 tokens = tokens[:steps]
-        else:
-            tokens = self._ones[:steps, : len(plan.decodes)]  # a read-only view: one token per decode per step
+        else:  # a read-only view: one token per decode per step (views kept by shape: plans repeat shapes)
+            key = (steps, len(plan.decodes))
+            tokens = self._ones_views.get(key)
+            if tokens is None:
+                if len(self._ones_views) >= 4096:
+                    self._ones_views.clear()
+                tokens = self._ones_views[key] = self._ones[:steps, : key[1]]
         return StepResult(step_times, tokens)
 
     def execute(self, plan: StepPlan, stop_at: float | None = None, start_s: float = 0.0, cold_start: bool = False) -> StepResult:
