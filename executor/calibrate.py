@@ -141,6 +141,116 @@ def bench_linear(engine: LLMEngine, rows: list[int], repeats: int) -> list[dict]
     return out
 
 
+def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict]:
+    """Per-op micro-benchmarks of the engine's own kernels (whatever the registry picks), beyond ``Linear``:
+
+    - ``mla_decode``: paged MLA decode over batch x context (KV bytes read -> achieved bandwidth);
+    - ``attention_prefill``: causal prefill attention of one sequence over length (FLOPs -> TFLOP/s);
+    - ``moe_experts``: one layer's routed experts over token counts, uniform routing (touched expert
+      weights -> achieved bandwidth);
+    - ``sample``: top-k/top-p sampling over the vocabulary by batch size;
+    - ``decode_step``: one whole decode step replayed as a CUDA graph vs run eager, by batch size (the
+      launch cost graphs remove).
+
+    Each: one warm-up call, then the median of ``repeats`` synchronised timings. An op the model lacks
+    is skipped. Points are plain dicts (``op``, shape fields, ``time_s``, ``backend``).
+    """
+    from executor.mla import MLAAttention
+    from executor.moe import MoE
+
+    runner = engine.runner
+    dev = runner.device
+    clock = _Clock(dev)
+    model = runner.model
+    act = runner.kv.dtype if dev.type == "cuda" else torch.float32
+    g = torch.Generator(device=dev).manual_seed(1)
+    out: list[dict] = []
+
+    def timed(fn) -> tuple[float, float]:
+        with torch.inference_mode():
+            return _median_time(fn, clock, repeats)
+
+    mla = next((m for m in model.modules() if isinstance(m, MLAAttention)), None)
+    if mla is not None and runner.kv.latent is not None:
+        cache = runner.kv.latent[mla.cache_layer]
+        pages, page = cache.shape[0], cache.shape[1]
+        width = mla.rank + mla.dr
+        for b in ([1, 8, 32, 128] if not quick else [1, 8]):
+            for ctx in ([256, 1024, 4096] if not quick else [64, 256]):
+                need = -(-ctx // page)
+                if b * need > pages - 1 or ctx >= engine.max_model_len:
+                    continue
+                table = (torch.arange(b * need, device=dev, dtype=torch.int32) % (pages - 1)).view(b, need)
+                lens = torch.full((b,), ctx, dtype=torch.int32, device=dev)
+                q = torch.randn(b, 1, mla.h, width, generator=g, device=dev, dtype=torch.float32).to(act)
+                ops.reset_used()
+                t, spread = timed(lambda: ops.mla_decode(q, cache, table, lens, mla.scale, mla.rank))
+                kv_bytes = float(b * ctx * width * cache.element_size())
+                out.append({"op": "mla_decode", "batch": b, "context": ctx, "time_s": t, "spread": spread, "bytes": kv_bytes,
+                            "tbps": kv_bytes / t / 1e12, "backend": ops.reset_used().get("mla_decode", "?")})
+        dqk, dv = mla.dn + mla.dr, mla.dv
+        for n in ([128, 512, 1024, 2048, 4096] if not quick else [32, 128]):
+            q = torch.randn(n, mla.h, dqk, generator=g, device=dev, dtype=torch.float32).to(act)
+            k = torch.randn(n, mla.h, dqk, generator=g, device=dev, dtype=torch.float32).to(act)
+            v = torch.randn(n, mla.h, dv, generator=g, device=dev, dtype=torch.float32).to(act)
+            pos = torch.arange(n, device=dev)
+            ops.reset_used()
+            t, spread = timed(lambda: ops.attention_prefill(q, k, v, pos, mla.scale))
+            flops = 2.0 * mla.h * (dqk + dv) * n * (n + 1) / 2
+            out.append({"op": "attention_prefill", "tokens": n, "time_s": t, "spread": spread, "flops": flops,
+                        "tflops": flops / t / 1e12, "backend": ops.reset_used().get("attention_prefill", "?")})
+
+    moe = next((m for m in model.modules() if isinstance(m, MoE)), None)
+    if moe is not None:
+        ex = moe.experts
+        e, hidden = ex.w13.shape[0], ex.w13.shape[2]
+        k = moe.cfg.top_k
+        per_expert = float(ex.w13.numel() + ex.w2.numel()) / e * ex.w13.element_size()
+        for n in ([1, 8, 64, 256, 1024, 4096] if not quick else [1, 8, 64]):
+            x = torch.randn(n, hidden, generator=g, device=dev, dtype=torch.float32).to(act)
+            ids = torch.rand(n, e, generator=g, device=dev).topk(k, dim=-1).indices.to(torch.int32)
+            w = torch.full((n, k), 1.0 / k, device=dev, dtype=torch.float32)
+            touched = int(torch.unique(ids).numel())
+            scales = (ex.w13_scale_inv, ex.w2_scale_inv) if getattr(ex, "fp8", False) else (None, None)
+            ops.reset_used()
+            t, spread = timed(lambda: ops.moe_experts(x, w, ids, ex.w13, ex.w2, *scales))
+            byts = touched * per_expert
+            out.append({"op": "moe_experts", "tokens": n, "top_k": k, "experts": e, "touched": touched, "time_s": t,
+                        "spread": spread, "bytes": byts, "tbps": byts / t / 1e12,
+                        "backend": ops.reset_used().get("moe_experts", "?")})
+
+    vocab = engine.vocab_size
+    for b in ([1, 32, 128] if not quick else [1, 8]):
+        logits = torch.randn(b, vocab, generator=g, device=dev, dtype=torch.float32)
+        temp = torch.full((b,), 0.8, device=dev)
+        top_k = torch.full((b,), 50, device=dev, dtype=torch.int64)
+        top_p = torch.full((b,), 0.9, device=dev)
+        gens = [torch.Generator(device=dev).manual_seed(i) for i in range(b)]
+        ops.reset_used()
+        t, spread = timed(lambda: ops.sample(logits, temp, top_k, top_p, gens))
+        out.append({"op": "sample", "batch": b, "vocab": vocab, "time_s": t, "spread": spread,
+                    "backend": ops.reset_used().get("sample", "?")})
+
+    graphs = getattr(runner, "graphs", None)
+    if graphs is not None and graphs.captured:
+        for b in [x for x in (1, 8, 32, 64) if x <= max(graphs.captured)]:
+            plan = synthetic_plan(engine, [min(1024, engine.max_model_len // 2)] * b, [], f"op_step{b}_")
+            try:
+                for mode in ("graph", "eager"):
+                    saved = runner.graphs
+                    runner.graphs = saved if mode == "graph" else None
+                    try:
+                        t, spread = timed(lambda: runner.execute(plan))
+                    finally:
+                        runner.graphs = saved
+                    out.append({"op": "decode_step", "mode": mode, "batch": b, "context": min(1024, engine.max_model_len // 2),
+                                "time_s": t, "spread": spread})
+            finally:
+                for r in plan.decodes:
+                    runner.remove_request(r.request_id)
+    return out
+
+
 def _is_fp8(engine: LLMEngine) -> bool:
     for mod in engine.runner.model.modules():
         if getattr(mod, "fp8", False):
@@ -161,8 +271,16 @@ def op_tables(points: list[dict], hw_name: str) -> dict[str, EffTable]:
     scale = max(base.gemm_compute_eff.values()) / top  # StepCostModel multiplies the table by top / max
     mem = sorted((p["bytes"], min(1.0, p["bytes"] / p["time_s"] / hw.hbm_bw)) for p in lin)
     comp = sorted((p["m"], min(1.0, p["flops"] / p["time_s"] / peak) * scale) for p in lin)
-    return {"gemm_mem": EffTable(x=[a for a, _ in mem], y=[b for _, b in mem], x_is="bytes a GEMM moves (measured: executor Linear)"),
-            "gemm_compute": EffTable(x=[a for a, _ in comp], y=[b for _, b in comp], x_is="GEMM rows M (measured: executor Linear)")}
+    out = {"gemm_mem": EffTable(x=[a for a, _ in mem], y=[b for _, b in mem], x_is="bytes a GEMM moves (measured: executor Linear)"),
+           "gemm_compute": EffTable(x=[a for a, _ in comp], y=[b for _, b in comp], x_is="GEMM rows M (measured: executor Linear)")}
+    att = {}
+    for p in points:  # one point per distinct byte count (the fastest: different batch x context can read the same bytes)
+        if p["op"] == "mla_decode" and p["time_s"] > 0:
+            att[p["bytes"]] = max(att.get(p["bytes"], 0.0), min(1.0, p["bytes"] / p["time_s"] / hw.hbm_bw))
+    if len(att) >= 2:
+        xs = sorted(att)
+        out["attn_decode_mem"] = EffTable(x=xs, y=[att[x] for x in xs], x_is="KV bytes read by one decode attention kernel (measured: executor MLA decode)")
+    return out
 
 
 # ----------------------------------------------------------------------------- synthetic steps
@@ -463,7 +581,16 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     except Exception as e:  # noqa: BLE001  (an op benchmark failing must not lose the step calibration)
         log(f"  op benchmark failed: {type(e).__name__}: {e}")
         op_pts = []
-    log(f"  ops: {len(op_pts)} linear shapes in {time.perf_counter() - t1:.1f} s")
+    try:
+        more = bench_ops(engine, repeats=max(repeats, 10) if cuda else repeats, quick=quick or not cuda)
+    except Exception as e:  # noqa: BLE001
+        log(f"  op benchmarks failed: {type(e).__name__}: {e}")
+        more = []
+    op_pts += more
+    log(f"  ops: {len(op_pts)} shapes ({', '.join(sorted({p['op'] for p in op_pts}))}) in {time.perf_counter() - t1:.1f} s")
+    for p in more:
+        if p["op"] == "decode_step":
+            log(f"    decode step b={p['batch']}: {p['mode']} {p['time_s'] * 1e3:.2f} ms")
 
     shapes = step_grid(device, quick, max_model_len, max_num_seqs, engine.scheduler.config.max_num_batched_tokens)
     if cuda and not quick:  # settle: steady back-to-back steps for a few seconds before anything is timed
