@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
 from scheduler.request import Request
@@ -57,6 +59,10 @@ class DecodeBatch:
         self.implicit = block_size is not None
         self.ahead = 0
         self._hist = [0] * block_size if block_size is not None else []
+        # implicit mode also indexes the slots by stored ``left`` (requests per value, and a heap of the
+        # values, stale ones skipped), so the first to finish and who finishes cost no array pass
+        self._by_left: dict[int, list[Request]] | None = {} if block_size is not None else None
+        self._left_heap: list[int] = []
 
     @property
     def n(self) -> int:
@@ -94,6 +100,7 @@ class DecodeBatch:
         self._room[:n] = (ctx + (a + bs - 1)) // bs * bs - ctx + t
         self.implicit = False
         self.ahead = 0
+        self._by_left, self._left_heap, self._min_left = None, [], None
 
     def _between(self, lo: int, hi: int) -> int:
         """Implicit mode: blocks all slots need to go from ``lo`` to ``hi >= lo`` tokens ahead of their contexts."""
@@ -119,11 +126,13 @@ class DecodeBatch:
         """Apply the pending shift to the arrays."""
         t = self.shift
         if t:
-            if self.implicit:  # residues of -stored ctx move by -t
+            if self.implicit:  # residues of -stored ctx move by -t, stored lefts by -t
                 r = t % self._bs
                 if r:
                     h = self._hist
                     self._hist = h[r:] + h[:r]
+                self._by_left = {v - t: rs for v, rs in self._by_left.items()}
+                self._left_heap = [v - t for v in self._left_heap]  # a uniform shift keeps the heap order
             n = len(self.reqs)
             m = 4 * n
             self._flat[:m] += self._sign[:m] * t if t != 1 else self._sign[:m]
@@ -137,6 +146,8 @@ class DecodeBatch:
         return int(self.state[slot, column]) + _SIGNS[column] * self.shift
 
     def set_value(self, slot: int, column: int, value: int) -> None:
+        if column == LEFT and self.implicit:
+            self._materialize()
         if column == CTX:
             if self.implicit:
                 self._materialize()
@@ -147,6 +158,12 @@ class DecodeBatch:
 
     def min_left(self) -> int:
         """Fewest output tokens any slot has left (the batch must not be empty)."""
+        by_left = self._by_left
+        if by_left is not None:
+            heap = self._left_heap
+            while heap[0] not in by_left:
+                heapq.heappop(heap)
+            return heap[0] - self.shift
         m = self._min_left
         if m is None:
             m = self._min_left = int(_min(self._left[: len(self.reqs)]))
@@ -164,6 +181,10 @@ class DecodeBatch:
 
     def finished_slots(self, n: int) -> list[int]:
         """Slots among the first ``n`` with no output tokens left."""
+        by_left = self._by_left
+        if by_left is not None and self.min_left() >= 0:
+            rs = by_left.get(self.shift)
+            return sorted(r._slot for r in rs if r._slot < n) if rs else []
         return (self._left[:n] <= self.shift).nonzero()[0].tolist()
 
     def add(self, req: Request, block_size: int) -> None:
@@ -182,7 +203,15 @@ class DecodeBatch:
                 self._hist[(t - ctx) % bs] += 1
         self.state[slot] = (ctx - t, out - t, left, blocks * block_size - ctx + t)
         self._ctx_sum += ctx - t
-        if not self.reqs:
+        by_left = self._by_left
+        if by_left is not None:
+            rs = by_left.get(left)
+            if rs is None:
+                by_left[left] = [req]
+                heapq.heappush(self._left_heap, left)
+            else:
+                rs.append(req)
+        elif not self.reqs:
             self._min_left = left
         elif self._min_left is not None and left < self._min_left:
             self._min_left = left
@@ -197,7 +226,14 @@ class DecodeBatch:
         ctx, out, left, room = state[slot].tolist()
         t = self.shift
         self._ctx_sum -= ctx
-        if left == self._min_left:
+        by_left = self._by_left
+        if by_left is not None:
+            rs = by_left[left]
+            if len(rs) == 1:
+                del by_left[left]
+            else:
+                rs.remove(req)
+        elif left == self._min_left:
             self._min_left = None
         ctx += t
         if self.implicit:
@@ -218,6 +254,8 @@ class DecodeBatch:
             moved._slot = slot
             state[slot] = state[len(reqs)]
         if not reqs:
+            if by_left is not None:
+                self._left_heap = []
             self.shift = 0
             self._min_left = None
             self.ahead = 0
