@@ -244,7 +244,7 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
                     finally:
                         runner.graphs = saved
                     out.append({"op": "decode_step", "mode": mode, "batch": b, "context": min(1024, engine.max_model_len // 2),
-                                "time_s": t, "spread": spread})
+                                "time_s": t, "spread": spread, "backend": "cuda_graph" if mode == "graph" else "eager"})
             finally:
                 for r in plan.decodes:
                     runner.remove_request(r.request_id)
@@ -616,7 +616,8 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     step = fit_step_profile(prof, pts + loop_pts, model=model, dtype=dtype, device=device, hardware_basis=hw, graph_sizes=graph_sizes)
     kern = {}
     for p in op_pts:
-        kern.setdefault("linear", p["backend"])
+        if p["op"] == "linear":
+            kern.setdefault("linear", p.get("backend", "?"))
     kern.update({op: choice for op, choice in ops.reset_used().items()})
     prov = device_provenance(device)
     prov.update(command=command, model=model, num_layers=L, dtype=dtype, kernels=_kernel_choices(engine, device), seconds=round(time.perf_counter() - t0, 1))
