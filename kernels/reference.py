@@ -382,20 +382,27 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
            generators: list[torch.Generator | None]) -> torch.Tensor:
     """One token per row of ``logits [B,V]``: greedy where temperature == 0, else seeded sampling.
 
-    Each row draws from its own generator (per-request seed) so a request's tokens do not
-    depend on what else is in the batch.
+    Each row draws one uniform number from its own generator (per-request seed), so a request's
+    tokens do not depend on what else is in the batch; the draw is then inverted through the row's
+    cumulative distribution for all rows at once (``searchsorted``). One host read of the
+    temperatures and one tiny RNG call per sampled row: the per-row ``multinomial`` this replaced
+    read each temperature back from the device and cost ~0.17 ms a row on the H200 (21.8 ms at 128).
     """
     logits = logits.float()
     greedy = logits.argmax(-1)
-    if bool((temperature == 0).all()):
+    temps = temperature.tolist()
+    rows = [i for i, x in enumerate(temps) if x > 0]
+    if not rows:
         return greedy
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-    filtered = apply_top_k_top_p(logits / t[:, None], top_k, top_p)
-    probs = torch.softmax(filtered, dim=-1)
+    idx = torch.tensor(rows, device=logits.device)
+    filtered = apply_top_k_top_p(logits[idx] / t[idx, None], top_k[idx], top_p[idx])
+    cdf = torch.softmax(filtered, dim=-1).cumsum(-1)
+    u = torch.stack([torch.rand((), generator=generators[i], device=logits.device) for i in rows])
+    # first token whose cumulative probability exceeds u (right=True never lands on a zero-probability token)
+    pick = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1).contiguous(), right=True).squeeze(-1)
     out = greedy.clone()
-    for i in range(logits.shape[0]):
-        if float(temperature[i]) > 0:
-            out[i] = torch.multinomial(probs[i], 1, generator=generators[i])[0]
+    out[idx] = pick.clamp_(max=logits.shape[-1] - 1)
     return out
 
 

@@ -206,6 +206,25 @@ def test_sampling_greedy_seeded_topk_topp(g):
         assert all(got[i] in top3[i] for i in range(4))
 
 
+def test_sampling_follows_the_distribution_and_rows_are_batch_independent():
+    base = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+    n = 4000
+    logits = base.repeat(n, 1)
+    t = torch.full((n,), 0.7)
+    off_k, off_p = torch.full((n,), -1), torch.ones(n)
+    got = R.sample(logits, t, off_k, off_p, [torch.Generator().manual_seed(i) for i in range(n)])
+    freq = torch.bincount(got, minlength=5).float() / n
+    assert torch.allclose(freq, torch.softmax(base / 0.7, -1), atol=0.03)
+    # a row's token depends only on its own generator, not on the rest of the batch (mixed greedy rows too)
+    mixed_t = t.clone()
+    mixed_t[::2] = 0.0
+    batch = R.sample(logits[:9], mixed_t[:9], off_k[:9], off_p[:9], [torch.Generator().manual_seed(i) for i in range(9)])
+    for i in range(9):
+        alone = R.sample(logits[i:i + 1], mixed_t[i:i + 1], off_k[:1], off_p[:1], [torch.Generator().manual_seed(i)])
+        assert int(alone[0]) == int(batch[i])
+    assert all(int(batch[i]) == 0 for i in range(0, 9, 2))  # temperature 0: greedy
+
+
 def test_yarn_mscale_matches_deepseek_v3():
     from executor.model_config import RopeConfig
     cfg = RopeConfig(kind="yarn", factor=40, mscale=1.0, mscale_all_dim=1.0)
