@@ -184,7 +184,12 @@ class DecodeBatch:
         by_left = self._by_left
         if by_left is not None and self.min_left() >= 0:
             rs = by_left.get(self.shift)
-            return sorted(r._slot for r in rs if r._slot < n) if rs else []
+            if not rs:
+                return []
+            if len(rs) == 1:
+                slot = rs[0]._slot
+                return [slot] if slot < n else []
+            return sorted(r._slot for r in rs if r._slot < n)
         return (self._left[:n] <= self.shift).nonzero()[0].tolist()
 
     def add(self, req: Request, block_size: int) -> None:
