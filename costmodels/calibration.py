@@ -110,6 +110,20 @@ class CalibrationProfile(BaseModel):
             return self.tables["attn_decode_mem"](kv_bytes)
         return self.gemm_mem(kv_bytes)
 
+    def expert_mem(self, byts):
+        """Fraction of peak HBM bandwidth one MoE layer's routed experts achieve moving ``byts`` (touched expert
+        weights): the measured grouped-GEMM table when the profile has one, else the GEMM ramp."""
+        if "expert_mem" in self.tables:
+            return self.tables["expert_mem"](byts)
+        return self.gemm_mem(byts)
+
+    def attn_prefill_compute(self, tokens):
+        """Fraction of the BF16 peak a causal prefill attention kernel of ``tokens`` keys achieves (measured table,
+        else the flat ``attn_compute_eff``)."""
+        if "attn_prefill_compute" in self.tables:
+            return self.tables["attn_prefill_compute"](tokens)
+        return np.full(np.shape(tokens), self.attn_compute_eff, dtype=float)
+
     def attn_compute(self, tokens=None):
         if "attn_compute" in self.tables and tokens is not None:
             return self.tables["attn_compute"](tokens)

@@ -364,7 +364,7 @@ class StepCostModel:
         byts = w + tok_rank * self.e_io_per_token
         m_per_expert = tok_rank / max(touched, 1e-9)
         ceff = float(self.cal.gemm_compute(m_per_expert, self.layout.experts_dtype))
-        meff = float(self.cal.gemm_mem(byts))
+        meff = float(self.cal.expert_mem(byts))
         t = max(flops / (self.e_peak * max(ceff, 1e-9)), byts / (self.hw.hbm_bw * max(meff, 1e-9))) + 2 * self.cal.launch_overhead_s
         return flops, byts, t, touched
 
@@ -491,7 +491,8 @@ class StepCostModel:
                 flops = 2.0 * h_loc * (geo.d_qk_decode + geo.d_v_decode) * float((n * last).sum())
                 byts = float(last.sum()) * self.att_entry_bytes
             else:
-                flops = 2.0 * h_loc * (geo.d_qk_prefill + geo.d_v_prefill) * float(entries_sum(geo, c, n).sum())
+                ent = entries_sum(geo, c, n)
+                flops = 2.0 * h_loc * (geo.d_qk_prefill + geo.d_v_prefill) * float(ent.sum())
                 if geo.prefill_upproj:
                     byts = float((c + n).sum()) * h_loc * (geo.d_qk_prefill + geo.d_v_prefill) * 2.0
                 else:
@@ -499,7 +500,14 @@ class StepCostModel:
             flops, byts = flops * s, byts * s
             out[0] += flops
             out[1] += byts
-            out[2] += self._attn_time(flops, byts, self.att_peak)
+            if not is_dec and "attn_prefill_compute" in self.cal.tables and flops > 0:
+                # measured per-length efficiency: each chunk is its own kernel (short ones are far below peak)
+                eff = np.maximum(self.cal.attn_prefill_compute((c + n).astype(float)), 1e-9)
+                t_c = float(np.sum(2.0 * h_loc * (geo.d_qk_prefill + geo.d_v_prefill) * ent * s / (self.att_peak * eff)))
+                t_m = byts / (self.hw.hbm_bw * float(self.cal.attn_mem(byts))) if byts > 0 else 0.0
+                out[2] += max(t_c, t_m) + self.cal.launch_overhead_s
+            else:
+                out[2] += self._attn_time(flops, byts, self.att_peak)
             if geo.index_ratio:
                 ix = self.model.indexer
                 if is_dec:
@@ -807,7 +815,7 @@ class StepCostModel:
         flops = 2.0 * tok_rank * self.e_params_local
         byts = w + tok_rank * self.e_io_per_token
         ceff = self.cal.gemm_compute(tok_rank / np.maximum(touched, 1e-9), self.layout.experts_dtype)
-        meff = self.cal.gemm_mem(byts)
+        meff = self.cal.expert_mem(byts)
         return np.maximum(flops / (self.e_peak * np.maximum(ceff, 1e-9)), byts / (self.hw.hbm_bw * np.maximum(meff, 1e-9))) + 2 * self.cal.launch_overhead_s
 
     def _other_vec(self, tok: np.ndarray, layers: int, moe_layers: int) -> np.ndarray:

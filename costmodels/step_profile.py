@@ -117,6 +117,7 @@ class StepProfile(BaseModel):
     device: str = "cuda"
     hardware_basis: str = Field("H200", description="hardware catalog entry whose ceilings the cost-model op times use")
     use_op_tables: bool = Field(False, description="device terms from the profile's measured op tables (else analytic defaults)")
+    op_tables: list[str] = Field(default_factory=list, description="which of the profile's tables (with use_op_tables; empty: all)")
     category_scale: dict[str, float] = Field(default_factory=lambda: {c: 1.0 for c in FIT_CATEGORIES})
     host: HostTerms = Field(default_factory=HostTerms)
     overlap: float = Field(0.0, ge=0.0, le=1.0)
@@ -314,7 +315,10 @@ class ProfiledStepCost:
         self.model = reduced_model(st.model, self.num_layers)
         dtype = st.dtype if st.dtype in ("bf16", "fp8", "fp4") else "bf16"
         self.layout = ParallelLayout(tp=1, weight_dtype=dtype, kv_dtype="bf16")
-        cal = profile if st.use_op_tables else CalibrationProfile.default(get_hardware(st.hardware_basis))
+        cal = CalibrationProfile.default(get_hardware(st.hardware_basis))
+        if st.use_op_tables:
+            cal = profile if not st.op_tables else profile.model_copy(
+                update={"tables": {**cal.tables, **{n: t for n, t in profile.tables.items() if n in st.op_tables}}})
         self.base = StepCostModel(self.model, get_hardware(st.hardware_basis), self.layout, cal)
         self.k = st.scales()
         self.notes = [
@@ -455,27 +459,39 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
     hf, hnames = host_features(pts, with_layers, launch_bound=device == "cuda")
     y = np.array([p.wall_s for p in pts])
     graph = np.array([p.graph_bs > 0 for p in pts], bool)
-    variants = [False, True] if (try_op_tables and profile.tables) else [False]
+    variants: list[tuple[bool, list[str]]] = [(False, [])]
+    if try_op_tables and profile.tables:
+        # the measured tables, all and in subsets (GEMMs alone, GEMMs plus each attention/expert table): a table can
+        # describe its kernel well and still fit the whole step worse than the analytic term it replaces
+        names = sorted(profile.tables)
+        gemm = [n for n in names if n.startswith("gemm_")]
+        subsets = [names] + ([gemm] if gemm else []) + [gemm + [n] for n in names if n not in gemm]
+        seen: set[tuple[str, ...]] = set()
+        for sub in subsets:
+            if sub and tuple(sub) not in seen:
+                seen.add(tuple(sub))
+                variants.append((True, sorted(sub)))
     best = None
-    for use_tables in variants:
+    for use_tables, sub in variants:
         df = np.zeros((len(pts), len(FIT_CATEGORIES)))
         for L in layers:
-            st = StepProfile(model=model, num_layers=L, dtype=dtype, device=device, hardware_basis=hardware_basis, use_op_tables=use_tables)
+            st = StepProfile(model=model, num_layers=L, dtype=dtype, device=device, hardware_basis=hardware_basis, use_op_tables=use_tables,
+                             op_tables=sub)
             cost = ProfiledStepCost(profile, st)
             for i, p in enumerate(pts):
                 if p.num_layers == L:
                     df[i] = point_categories(cost, p)
         h, k, alpha, sse = fit_runner_model(hf, df, y, graph=graph)
         if best is None or sse < best[4] - 1e-12:
-            best = (use_tables, h, k, alpha, sse, df)
-    use_tables, h, k, alpha, _, df = best
+            best = (use_tables, h, k, alpha, sse, df, sub)
+    use_tables, h, k, alpha, _, df, sub = best
     host = HostTerms(**{n: float(v) for n, v in zip(hnames, h)})
     main_l = max(layers, key=lambda L: sum(p.num_layers == L for p in pts))
     notes = []
     if not with_layers:
         notes.append(f"one layer count ({main_l}) measured: the per-layer host term is folded into the fixed term")
     prof = StepProfile(model=model, num_layers=main_l, dtype=dtype, device=device, hardware_basis=hardware_basis,
-                       use_op_tables=use_tables, category_scale={c: float(v) for c, v in zip(FIT_CATEGORIES, k)},
+                       use_op_tables=use_tables, op_tables=sub, category_scale={c: float(v) for c, v in zip(FIT_CATEGORIES, k)},
                        host=host, overlap=alpha, graph_sizes=sorted({int(x) for x in graph_sizes if x > 0}),
                        loop=fit_loop(pts), notes=notes, points=list(points))
     pred = _predict(hf @ h, df @ k, alpha, graph)

@@ -280,6 +280,19 @@ def op_tables(points: list[dict], hw_name: str) -> dict[str, EffTable]:
     if len(att) >= 2:
         xs = sorted(att)
         out["attn_decode_mem"] = EffTable(x=xs, y=[att[x] for x in xs], x_is="KV bytes read by one decode attention kernel (measured: executor MLA decode)")
+    pre = sorted((p["tokens"], min(1.0, p["flops"] / p["time_s"] / (hw.bf16_tflops * 1e12)))
+                 for p in points if p["op"] == "attention_prefill" and p["time_s"] > 0)
+    if len(pre) >= 2:
+        out["attn_prefill_compute"] = EffTable(x=[a for a, _ in pre], y=[b for _, b in pre],
+                                               x_is="tokens of one causal prefill attention kernel (measured: executor SDPA prefill)")
+    exp = {}
+    for p in points:  # memory regime: the fewest tokens per distinct byte count (more tokens at the same bytes turn compute-bound)
+        if p["op"] == "moe_experts" and p["time_s"] > 0 and (p["bytes"] not in exp or p["tokens"] < exp[p["bytes"]][0]):
+            exp[p["bytes"]] = (p["tokens"], min(1.0, p["bytes"] / p["time_s"] / hw.hbm_bw))
+    if len(exp) >= 2:
+        xs = sorted(exp)
+        out["expert_mem"] = EffTable(x=xs, y=[exp[x][1] for x in xs],
+                                     x_is="expert weight bytes one MoE layer's routed experts read (measured: executor grouped GEMM, uniform routing)")
     return out
 
 
