@@ -178,3 +178,25 @@ def test_committed_h200_profile_parses_and_predicts_the_measured_steps():
     big = cost.chunked_step_time(np.zeros(0, np.int64), 0, [2048] * 4, [0] * 4)
     assert 0.003 < one < 0.007 and 0.008 < b64 < 0.016 and 0.015 < small < 0.035 and 0.12 < big < 0.25
     assert b57 > 0.97 * b64  # 57 decodes replay the 64-row graph
+
+
+def test_measured_prefill_attention_and_expert_tables_drive_the_cost_model():
+    from costmodels.catalog import get_model
+    from costmodels.layout import ParallelLayout
+    from costmodels.step import StepCostModel
+
+    hw = get_hardware("H200")
+    base = CalibrationProfile.default(hw)
+    slow = base.model_copy(update={"tables": {**base.tables,
+                                              "attn_prefill_compute": EffTable(x=[128, 4096], y=[0.01, 0.1]),
+                                              "expert_mem": EffTable(x=[1e8, 1e10], y=[0.05, 0.3])}})
+    model, lay = get_model("deepseek-v3"), ParallelLayout(tp=8, weight_dtype="fp8")
+    a, b = StepCostModel(model, hw, lay, base), StepCostModel(model, hw, lay, slow)
+    # a 4096-token prompt: attention at 0.1 of peak instead of 0.586 costs more; short chunks even more per FLOP
+    new, ctx, dec = np.array([4096]), np.array([0]), np.array([False])
+    assert b._attn(new, ctx, dec, 0, 1.0, None)[0] > 4 * a._attn(new, ctx, dec, 0, 1.0, None)[0]
+    # routed experts read at 5-30% of HBM bandwidth instead of the GEMM ramp
+    assert b._experts(64.0)[2] > 2 * a._experts(64.0)[2]
+    assert np.allclose(b._experts_vec(np.array([64.0]))[0], b._experts(64.0)[2])
+    # no table: exactly the analytic default
+    assert float(base.attn_prefill_compute(512.0)) == base.attn_compute_eff and base.expert_mem(1e9) == base.gemm_mem(1e9)
