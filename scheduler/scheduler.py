@@ -362,10 +362,9 @@ class Scheduler:
         min_left = batch.min_left()
         k = min(max_steps, (min_left - 1) // s + 1)
         need, total = batch.blocks_needed(k * s, self.block_size)
-        if total:
-            if total > self.blocks.num_free:
-                return None
-            self._grow_decodes(need, total)
+        if total > self.blocks.num_free:
+            return None
+        self._grow_decodes(need, total)  # (with nothing to add, an implicit batch still notes the k steps reserved)
         plan = self._make_plan([], k, [])
         self._in_flight_min_left = min_left
         return plan
