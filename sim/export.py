@@ -35,6 +35,17 @@ def _float(x: float, where: str) -> float:
 
 def normalize(obj: Any, where: str = "") -> Any:
     """A plain JSON tree of ``obj`` (pydantic models, dataclasses, numpy, enums, paths)."""
+    t = type(obj)  # exact builtin types first (the bulk of a result), as the general checks below treat them
+    if t is float:
+        return _float(obj, where)
+    if t is int or t is str or obj is None:
+        return obj
+    if t is bool:
+        return obj
+    if t is list or t is tuple:
+        return [normalize(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if t is dict:
+        return {str(k): normalize(v, f"{where}.{k}" if where else str(k)) for k, v in obj.items()}
     if isinstance(obj, BaseModel):
         return normalize(obj.model_dump(mode="python"), where)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
