@@ -102,6 +102,24 @@ def _batched_counter(name: str, column: int, doc: str) -> property:
     return property(get, set_, doc=doc)
 
 
+def new_requests(rows) -> list[Request]:
+    """Requests from ``(request_id, arrival_time, prompt_len, output_len, block_hashes, priority)`` rows:
+    the same objects ``Request(*row)`` builds, without the per-field __init__ (workload generation
+    makes millions)."""
+    new, waiting = object.__new__, RequestStatus.WAITING
+    out = []
+    append = out.append
+    for rid, arrival, prompt, output, hashes, prio in rows:
+        r = new(Request)
+        r.__dict__.update(
+            request_id=rid, arrival_time=arrival, prompt_len=prompt, output_len=output, block_hashes=hashes,
+            priority=prio, session_id=None, prompt_token_ids=None, status=waiting, _num_computed_tokens=0,
+            _num_output_tokens=0, num_cached_tokens=0, num_preemptions=0, drop_reason=None, output_token_ids=[],
+            block_ids=[], first_scheduled_time=None, first_token_time=None, finish_time=None)
+        append(r)
+    return out
+
+
 # columns of scheduler.decode_batch.DecodeBatch (CTX, OUT)
 Request.num_computed_tokens = _batched_counter(
     "num_computed_tokens", 0, "Tokens whose KV is in cache (prefix hits included)."

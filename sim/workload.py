@@ -27,7 +27,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from scheduler.request import Request
+from scheduler.request import Request, new_requests
 from sim.lengths import FixedLength, LengthDist, LognormalLength, UniformLength, check_support
 from sim.traces import ROOT_HASH, hash_pair, hash_pair_np, positional_hashes, read_trace
 from twinfer.config import validate
@@ -328,10 +328,7 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator, block_size: int) -> l
     else:
         hashes = [prefixes[g] for g in group.tolist()]  # shared tuples: no per-request memory
     with _no_gc():
-        return [
-            Request(f"r{i}", a, p, o, h, q)
-            for i, (a, p, o, h, q) in enumerate(zip(t.tolist(), prompt.tolist(), out.tolist(), hashes, prio.tolist()))
-        ]
+        return new_requests(zip([f"r{i}" for i in range(n)], t.tolist(), prompt.tolist(), out.tolist(), hashes, prio.tolist()))
 
 
 def _segment_cumsum(x: np.ndarray, first: np.ndarray, counts: np.ndarray) -> np.ndarray:
