@@ -121,6 +121,7 @@ class StepProfile(BaseModel):
     category_scale: dict[str, float] = Field(default_factory=lambda: {c: 1.0 for c in FIT_CATEGORIES})
     host: HostTerms = Field(default_factory=HostTerms)
     overlap: float = Field(0.0, ge=0.0, le=1.0)
+    prefill_token_s: float = Field(0.0, ge=0.0, description="device seconds per prefill token beyond the category terms (eager steps)")
     graph_sizes: list[int] = Field(default_factory=list, description="decode batch sizes the engine replays as CUDA graphs "
                                    "(a batch pads up to the smallest >= n); empty: every step eager")
     loop: LoopTerms = Field(default_factory=LoopTerms)
@@ -393,7 +394,7 @@ class ProfiledStepCost:
             if pad:
                 d = float(self.graph_categories(context_lens, pad) @ self.k)
                 return float(self.step.host.graph(new.size)) + d
-        d = float(self.category_times(new, context_lens, dec) @ self.k)
+        d = float(self.category_times(new, context_lens, dec) @ self.k) + self.step.prefill_token_s * float(new[~dec].sum())
         h = self.host_time(new.size, int(new.sum()), int((~dec).sum()))
         return float(self.step.combine(h, d))
 
@@ -459,6 +460,11 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
     hf, hnames = host_features(pts, with_layers, launch_bound=device == "cuda")
     y = np.array([p.wall_s for p in pts])
     graph = np.array([p.graph_bs > 0 for p in pts], bool)
+    # one device column beyond the categories: seconds per prefill token (in microseconds, for conditioning). The
+    # categories' shapes come from the roofline cost model; on the H200 their linear-in-tokens part could not follow
+    # the measured prefill (~20 us/token for 5 layers, linear from 1k to 8k tokens) and big packed prefills came out
+    # 8-12% fast, most of the end-to-end error at saturation (Nov 29 runs 5-6).
+    ptok = np.array([0.0 if p.graph_bs > 0 else sum(a for a, _ in p.prefill) * 1e-6 for p in pts])
     variants: list[tuple[bool, list[str]]] = [(False, [])]
     if try_op_tables and profile.tables:
         # the measured tables, all and in subsets (GEMMs alone, GEMMs plus each attention/expert table): a table can
@@ -481,6 +487,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
             for i, p in enumerate(pts):
                 if p.num_layers == L:
                     df[i] = point_categories(cost, p)
+        df = np.concatenate([df, ptok[:, None]], 1)
         h, k, alpha, sse = fit_runner_model(hf, df, y, graph=graph)
         if best is None or sse < best[4] - 1e-12:
             best = (use_tables, h, k, alpha, sse, df, sub)
@@ -492,7 +499,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
         notes.append(f"one layer count ({main_l}) measured: the per-layer host term is folded into the fixed term")
     prof = StepProfile(model=model, num_layers=main_l, dtype=dtype, device=device, hardware_basis=hardware_basis,
                        use_op_tables=use_tables, op_tables=sub, category_scale={c: float(v) for c, v in zip(FIT_CATEGORIES, k)},
-                       host=host, overlap=alpha, graph_sizes=sorted({int(x) for x in graph_sizes if x > 0}),
+                       prefill_token_s=float(k[len(FIT_CATEGORIES)]) * 1e-6, host=host, overlap=alpha, graph_sizes=sorted({int(x) for x in graph_sizes if x > 0}),
                        loop=fit_loop(pts), notes=notes, points=list(points))
     pred = _predict(hf @ h, df @ k, alpha, graph)
     e = errors(pred, y)
