@@ -200,3 +200,22 @@ def test_measured_prefill_attention_and_expert_tables_drive_the_cost_model():
     assert np.allclose(b._experts_vec(np.array([64.0]))[0], b._experts(64.0)[2])
     # no table: exactly the analytic default
     assert float(base.attn_prefill_compute(512.0)) == base.attn_compute_eff and base.expert_mem(1e9) == base.gemm_mem(1e9)
+
+
+def test_prefill_token_term_adds_device_time_to_eager_steps_only_and_is_recovered():
+    prof = _tiny_profile()
+    sizes = [1, 2, 4, 8]
+    kw = dict(model="deepseek-v3", num_layers=4, dtype="fp8", device="cuda", graph_sizes=sizes, overlap=0.0,
+              category_scale=dict(zip(FIT_CATEGORIES, (2.0, 3.0, 1.5, 1.0, 1.0))), host=HostTerms(fixed_s=1e-3, graph_fixed_s=2e-4))
+    plain, extra = StepProfile(**kw), StepProfile(**kw, prefill_token_s=2e-5)
+    a, b = ProfiledStepCost(prof, plain), ProfiledStepCost(prof, extra)
+    big = (np.zeros(0, np.int64), 0, [4096], [0])
+    assert b.chunked_step_time(*big) == pytest.approx(a.chunked_step_time(*big) + 2e-5 * 4096, rel=1e-9)  # device-bound: adds
+    dec = (np.array([512, 512]), 0, [], [])
+    assert b.chunked_step_time(*dec) == a.chunked_step_time(*dec)  # graph decode: untouched
+    pts = [StepPoint(num_layers=4, decode_ctx=[256] * n, wall_s=1.0, graph_bs=extra.graph_bucket(n)) for n in (1, 2, 3, 4, 6, 8)]
+    pts += [StepPoint(num_layers=4, decode_ctx=[256] * d, prefill=[(q, 0)] * c, wall_s=1.0)
+            for q in (256, 1024, 2048, 4096) for c in (1, 2) for d in (0, 16)]
+    pts = [p.model_copy(update={"wall_s": b.point_time(p)}) for p in pts]
+    st = fit_step_profile(prof, pts, model="deepseek-v3", dtype="fp8", device="cuda", graph_sizes=sizes, try_op_tables=False)
+    assert st.fit.mape < 0.02 and st.prefill_token_s == pytest.approx(2e-5, rel=0.25)
