@@ -16,9 +16,8 @@
 and fits the step model (``costmodels.step_profile.fit_step_profile``). The result is a
 ``CalibrationProfile`` with provenance (GPU, driver, torch, kernel backends, date, command).
 
-``replay(engine, items)`` is the offline replay loop shared with ``twinfer validate`` and
-``twinfer tune``: requests join when the engine clock reaches their arrival, idle gaps are
-skipped, and every loop iteration is timed with its batch composition.
+``replay(engine, items)`` (``executor/replay.py``, re-exported here) is the offline replay loop
+shared with ``twinfer run``, ``twinfer validate`` and ``twinfer tune``.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ import platform
 import statistics
 import subprocess
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -36,7 +34,8 @@ import torch
 from costmodels.calibration import CalibrationProfile, EffTable
 from costmodels.hardware import get_hardware
 from costmodels.step_profile import StepPoint, fit_step_profile
-from executor.engine import LLMEngine, SamplingParams
+from executor.engine import LLMEngine
+from executor.replay import ReplayResult, ReplayStep, fresh_engine, replay  # noqa: F401  (re-exported)
 from kernels import ops
 from scheduler.config import SchedulerConfig
 from scheduler.plan import ScheduledChunk, StepPlan
@@ -429,109 +428,6 @@ def _settle(engine: LLMEngine, shapes, seconds: float) -> float:
             for r in plan.decodes + [c.request for c in plan.prefills]:
                 runner.remove_request(r.request_id)
     return time.perf_counter() - t0
-
-
-# ----------------------------------------------------------------------------- the replay loop
-@dataclass
-class ReplayStep:
-    """One engine-loop iteration that executed a plan."""
-
-    start_s: float                 # engine clock at the plan's start
-    iter_s: float                  # real seconds of the whole iteration (arrivals, schedule, run, complete, bookkeeping)
-    runner_s: float                # the runner's measured wall seconds (sum over the plan's steps)
-    num_steps: int
-    decode_ctx: list[int]
-    prefill: list[tuple[int, int]]
-    draft_len: int = 0
-    sm_clock_mhz: float | None = None   # GPU SM clock read after the step (NVML), a diagnostic
-    graph_bs: int = 0                   # captured CUDA-graph size the step replayed (0: eager)
-
-
-@dataclass
-class ReplayResult:
-    metrics: object                # sim.metrics.SimMetrics
-    steps: list[ReplayStep] = field(default_factory=list)
-    wall_s: float = 0.0
-    kernels: dict = field(default_factory=dict)
-
-
-def replay(engine: LLMEngine, items: list[tuple[float, str, list[int], int]], temperature: float = 0.0, seed: int = 0) -> ReplayResult:
-    """Replay ``(arrival_s, request_id, prompt_ids, output_len)`` (sorted by arrival) through the engine loop."""
-    from sim.metrics import MetricsCollector
-    from twinfer.errors import TwinferError
-
-    metrics = MetricsCollector(record_steps=False)
-    steps: list[ReplayStep] = []
-    kern: dict[str, dict[str, int]] = {}
-    current: dict = {}
-
-    def observe(start_s, plan, result):
-        st = engine.scheduler.stats()
-        metrics.on_step(0, start_s, plan, result, st.kv_used_blocks, st.kv_total_blocks)
-        recs = engine.runner.step_records
-        for rec in recs:
-            for op, impl in rec["backends"].items():
-                kern.setdefault(op, {}).setdefault(impl, 0)
-                kern[op][impl] += 1
-        current["step"] = ReplayStep(start_s, 0.0, float(sum(r["wall_s"] for r in recs)), len(recs),
-                                     [int(c) for c in plan.decode_context_lens],
-                                     [(c.num_new_tokens, c.context_len) for c in plan.prefills], plan.draft_len,
-                                     graph_bs=int(recs[0].get("graph_bs", 0)) if len(recs) == 1 else 0)
-
-    engine.step_observer = observe
-    clock = None
-    if engine.runner.device.type == "cuda":
-        try:
-            torch.cuda.clock_rate(engine.runner.device)
-            clock = torch.cuda.clock_rate
-        except Exception:  # noqa: BLE001  (no NVML bindings: no clock diagnostic)
-            clock = None
-    live: dict[str, Request] = {}
-    i = 0
-    t_run = time.perf_counter()
-    while i < len(items) or engine.has_unfinished():
-        t0 = time.perf_counter()
-        if not engine.has_unfinished() and i < len(items):
-            engine.advance_clock(items[i][0])
-        now = engine.now()
-        while i < len(items) and items[i][0] <= now:
-            arrival, rid, prompt, olen = items[i]
-            i += 1
-            try:
-                req = engine.add_request(rid, prompt, SamplingParams(max_tokens=olen, temperature=temperature, ignore_eos=True, seed=seed),
-                                         arrival_time=arrival)
-            except TwinferError as e:
-                dropped = Request(rid, arrival, len(prompt), olen)
-                dropped.drop_reason = str(e).split(": ", 1)[-1][:80]
-                metrics.on_drop(dropped)
-                continue
-            metrics.on_arrival(req)
-            live[rid] = req
-        current.clear()
-        for out in engine.step():
-            if out.finished and out.request_id in live:
-                metrics.on_finish(live.pop(out.request_id))
-        s = current.get("step")
-        if s is not None:
-            if clock is not None and len(steps) % 25 == 0:  # sparse: an NVML read costs real time (counted in this step)
-                s.sm_clock_mhz = float(clock(engine.runner.device))
-            s.iter_s = time.perf_counter() - t0
-            steps.append(s)
-    engine.step_observer = None
-    wall = time.perf_counter() - t_run
-    return ReplayResult(metrics.summarize(num_gpus=1, slo=None), steps, wall,
-                        {op: sorted(v, key=v.get, reverse=True) for op, v in kern.items()})
-
-
-def fresh_engine(engine: LLMEngine, scheduler_config: SchedulerConfig) -> LLMEngine:
-    """A new engine (new scheduler, empty prefix cache, clock at zero) on the same model and KV cache."""
-    from scheduler.scheduler import Scheduler
-
-    cfg = scheduler_config.model_copy(update={"max_model_len": engine.max_model_len})
-    sched = Scheduler(cfg, engine.scheduler.blocks.num_blocks)
-    runner = engine.runner
-    runner.states.clear()
-    return LLMEngine(engine.cfg, runner, sched, engine.max_model_len, engine.eos_token_id, engine.model_name, 1, None)
 
 
 def measure_loop(engine: LLMEngine, batches: list[tuple[int, int, int]]) -> list[StepPoint]:

@@ -93,9 +93,8 @@ def run(
     from rich.console import Console
     from rich.table import Table
 
-    from executor.engine import LLMEngine, SamplingParams  # torch behind this import
+    from executor.engine import LLMEngine  # torch behind this import
     from scheduler.config import SchedulerConfig
-    from sim.metrics import MetricsCollector
     from sim.workload import generate
     from twinfer.config import read_mapping, validate
 
@@ -132,57 +131,23 @@ def run(
         olen = min(r.output_len, max_output_len or r.output_len)
         items.append((r.arrival_time, r.request_id, synth_prompt(r.block_hashes, plen, engine.block_size, vocab, r.request_id, seed), olen))
 
-    metrics = MetricsCollector(record_steps=False)
+    from executor.replay import replay
+
     log_f = open(step_log, "w") if step_log else None
-    plan_no = [0]
-    backend_steps: dict[str, dict[str, int]] = {}   # op -> implementation -> steps it ran in
 
-    def observe(start_s, plan, result):
-        st = engine.scheduler.stats()
-        metrics.on_step(0, start_s, plan, result, st.kv_used_blocks, st.kv_total_blocks)
-        for rec in engine.runner.step_records:
-            for op, impl in rec["backends"].items():
-                backend_steps.setdefault(op, {}).setdefault(impl, 0)
-                backend_steps[op][impl] += 1
-        if log_f is not None:
-            t = start_s
-            for j, rec in enumerate(engine.runner.step_records):
-                log_f.write(json.dumps({"plan": plan_no[0], "step": j, "start_s": round(t, 6), **rec,
-                                        "kv_used_blocks": st.kv_used_blocks}) + "\n")
-                t += rec["wall_s"]
-        plan_no[0] += 1
+    def write_log(plan_no: int, start_s: float, records: list[dict], stats) -> None:
+        t = start_s
+        for j, rec in enumerate(records):
+            log_f.write(json.dumps({"plan": plan_no, "step": j, "start_s": round(t, 6), **rec,
+                                    "kv_used_blocks": stats.kv_used_blocks}) + "\n")
+            t += rec["wall_s"]
 
-    engine.step_observer = observe
-    live: dict[str, object] = {}
-    i = 0
-    t_run = time.perf_counter()
     try:
-        while i < len(items) or engine.has_unfinished():
-            if not engine.has_unfinished() and i < len(items):
-                engine.advance_clock(items[i][0])
-            now = engine.now()
-            while i < len(items) and items[i][0] <= now:
-                arrival, rid, prompt, olen = items[i]
-                i += 1
-                try:
-                    req = engine.add_request(rid, prompt, SamplingParams(max_tokens=olen, temperature=temperature,
-                                                                         ignore_eos=True, seed=seed), arrival_time=arrival)
-                except TwinferError as e:
-                    from scheduler.request import Request
-                    dropped = Request(rid, arrival, len(prompt), olen)
-                    dropped.drop_reason = str(e).split(": ", 1)[-1][:80]
-                    metrics.on_drop(dropped)
-                    continue
-                metrics.on_arrival(req)
-                live[rid] = req
-            for out in engine.step():
-                if out.finished and out.request_id in live:
-                    metrics.on_finish(live.pop(out.request_id))
+        res = replay(engine, items, temperature=temperature, seed=seed, on_plan=write_log if log_f is not None else None)
     finally:
         if log_f is not None:
             log_f.close()
-    wall_s = time.perf_counter() - t_run
-    summary = metrics.summarize(num_gpus=1, slo=None)
+    wall_s, summary, backend_steps = res.wall_s, res.metrics, res.kernel_steps
 
     from kernels import ops
     kernels_used = {op: sorted(v, key=v.get, reverse=True) for op, v in backend_steps.items()}

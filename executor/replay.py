@@ -1,0 +1,127 @@
+"""The offline replay loop: requests join when the engine clock reaches their arrival, idle gaps are skipped,
+and every loop iteration is timed with its batch composition. ``twinfer run`` (with a step log),
+``twinfer calibrate`` (engine-loop points), ``twinfer validate`` and ``twinfer tune --measure`` all drive the
+engine through ``replay``; ``fresh_engine`` gives a new scheduler on the same model and KV cache."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from executor.engine import LLMEngine, SamplingParams
+from scheduler.config import SchedulerConfig
+from scheduler.request import Request
+
+
+@dataclass
+class ReplayStep:
+    """One engine-loop iteration that executed a plan."""
+
+    start_s: float                 # engine clock at the plan's start
+    iter_s: float                  # real seconds of the whole iteration (arrivals, schedule, run, complete, bookkeeping)
+    runner_s: float                # the runner's measured wall seconds (sum over the plan's steps)
+    num_steps: int
+    decode_ctx: list[int]
+    prefill: list[tuple[int, int]]
+    draft_len: int = 0
+    sm_clock_mhz: float | None = None   # GPU SM clock read after the step (NVML), a diagnostic
+    graph_bs: int = 0                   # captured CUDA-graph size the step replayed (0: eager)
+
+
+@dataclass
+class ReplayResult:
+    metrics: object                # sim.metrics.SimMetrics
+    steps: list[ReplayStep] = field(default_factory=list)
+    wall_s: float = 0.0
+    kernels: dict = field(default_factory=dict)        # op -> implementations, most used first
+    kernel_steps: dict = field(default_factory=dict)   # op -> implementation -> steps it ran in
+
+
+def replay(engine: LLMEngine, items: list[tuple[float, str, list[int], int]], temperature: float = 0.0, seed: int = 0,
+           on_plan: Callable[[int, float, list[dict], object], None] | None = None) -> ReplayResult:
+    """Replay ``(arrival_s, request_id, prompt_ids, output_len)`` (sorted by arrival) through the engine loop.
+
+    ``on_plan(plan_index, start_s, step_records, scheduler_stats)`` is called after every executed plan (the
+    runner's per-step records: batch, times, kernels), e.g. to write a step log."""
+    from sim.metrics import MetricsCollector
+    from twinfer.errors import TwinferError
+
+    metrics = MetricsCollector(record_steps=False)
+    steps: list[ReplayStep] = []
+    kern: dict[str, dict[str, int]] = {}
+    current: dict = {}
+    plans = [0]
+
+    def observe(start_s, plan, result):
+        st = engine.scheduler.stats()
+        metrics.on_step(0, start_s, plan, result, st.kv_used_blocks, st.kv_total_blocks)
+        recs = engine.runner.step_records
+        if on_plan is not None:
+            on_plan(plans[0], start_s, recs, st)
+        plans[0] += 1
+        for rec in recs:
+            for op, impl in rec["backends"].items():
+                kern.setdefault(op, {}).setdefault(impl, 0)
+                kern[op][impl] += 1
+        current["step"] = ReplayStep(start_s, 0.0, float(sum(r["wall_s"] for r in recs)), len(recs),
+                                     [int(c) for c in plan.decode_context_lens],
+                                     [(c.num_new_tokens, c.context_len) for c in plan.prefills], plan.draft_len,
+                                     graph_bs=int(recs[0].get("graph_bs", 0)) if len(recs) == 1 else 0)
+
+    engine.step_observer = observe
+    clock = None
+    if engine.runner.device.type == "cuda":
+        try:
+            torch.cuda.clock_rate(engine.runner.device)
+            clock = torch.cuda.clock_rate
+        except Exception:  # noqa: BLE001  (no NVML bindings: no clock diagnostic)
+            clock = None
+    live: dict[str, Request] = {}
+    i = 0
+    t_run = time.perf_counter()
+    while i < len(items) or engine.has_unfinished():
+        t0 = time.perf_counter()
+        if not engine.has_unfinished() and i < len(items):
+            engine.advance_clock(items[i][0])
+        now = engine.now()
+        while i < len(items) and items[i][0] <= now:
+            arrival, rid, prompt, olen = items[i]
+            i += 1
+            try:
+                req = engine.add_request(rid, prompt, SamplingParams(max_tokens=olen, temperature=temperature, ignore_eos=True, seed=seed),
+                                         arrival_time=arrival)
+            except TwinferError as e:
+                dropped = Request(rid, arrival, len(prompt), olen)
+                dropped.drop_reason = str(e).split(": ", 1)[-1][:80]
+                metrics.on_drop(dropped)
+                continue
+            metrics.on_arrival(req)
+            live[rid] = req
+        current.clear()
+        for out in engine.step():
+            if out.finished and out.request_id in live:
+                metrics.on_finish(live.pop(out.request_id))
+        s = current.get("step")
+        if s is not None:
+            if clock is not None and len(steps) % 25 == 0:  # sparse: an NVML read costs real time (counted in this step)
+                s.sm_clock_mhz = float(clock(engine.runner.device))
+            s.iter_s = time.perf_counter() - t0
+            steps.append(s)
+    engine.step_observer = None
+    wall = time.perf_counter() - t_run
+    return ReplayResult(metrics.summarize(num_gpus=1, slo=None), steps, wall,
+                        {op: sorted(v, key=v.get, reverse=True) for op, v in kern.items()}, kern)
+
+
+def fresh_engine(engine: LLMEngine, scheduler_config: SchedulerConfig) -> LLMEngine:
+    """A new engine (new scheduler, empty prefix cache, clock at zero) on the same model and KV cache."""
+    from scheduler.scheduler import Scheduler
+
+    cfg = scheduler_config.model_copy(update={"max_model_len": engine.max_model_len})
+    sched = Scheduler(cfg, engine.scheduler.blocks.num_blocks)
+    runner = engine.runner
+    runner.states.clear()
+    return LLMEngine(engine.cfg, runner, sched, engine.max_model_len, engine.eos_token_id, engine.model_name, 1, None)
