@@ -27,6 +27,7 @@ from array import array
 from typing import NamedTuple
 
 import numpy as np
+import numpy.ma  # noqa: F401  (np.percentile/np.unique load it lazily: at import time here, not inside the first summarize())
 from pydantic import BaseModel, ConfigDict, Field
 
 from scheduler.plan import StepPlan, StepResult
@@ -369,7 +370,7 @@ class MetricsCollector:
 
         # KV: the cluster's used/total blocks after each plan (each instance's latest figures summed)
         d_used, d_total = used.copy(), total.copy()
-        for i in np.unique(iid).tolist():
+        for i in sorted(set(iid.tolist())):  # (np.unique would import numpy.ma on first use)
             idx = (iid == i).nonzero()[0]
             pu, pt = self._kv_last.get(i, (0, 0))
             u, t = used[idx], total[idx]

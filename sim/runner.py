@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.random  # noqa: F401  (numpy loads it lazily: at import time here, not inside the first simulate())
 import simpy
 from pydantic import BaseModel
 
