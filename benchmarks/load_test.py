@@ -30,7 +30,6 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -86,23 +85,16 @@ def check_loopback(url: str) -> None:
 
 def start_server(args) -> tuple[subprocess.Popen, str]:
     """Start `twinfer serve` (tiny, dummy weights) on a free loopback port; (process, base URL)."""
-    cmd = [sys.executable, "-m", "ui.cli", "serve", "--model", args.model, "--load-format", "dummy", "--device", args.device,
-           "--host", "127.0.0.1", "--port", "0", "--max-queue", str(args.max_queue), "--max-model-len", str(args.max_model_len),
-           "--dtype", "fp32", "--drain-timeout", "2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen: list[str] = []
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if "ready at" in line:
-            threading.Thread(target=lambda: [seen.append(x) for x in proc.stdout], daemon=True).start()
-            proc.output = seen
-            return proc, line.split("ready at ")[1].split()[0].removesuffix("/v1")
-    proc.kill()
-    raise SystemExit("load_test: server did not start:\n" + "".join(seen))
+    from executor.serve.launch import start_serve
+
+    try:
+        sp = start_serve(["--model", args.model, "--load-format", "dummy", "--device", args.device, "--host", "127.0.0.1",
+                          "--port", "0", "--max-queue", str(args.max_queue), "--max-model-len", str(args.max_model_len),
+                          "--dtype", "fp32", "--drain-timeout", "2"], timeout_s=300, env={"TWINFER_DEBUG": ""})
+    except RuntimeError as e:
+        raise SystemExit(f"load_test: {e}") from None
+    sp.proc.output = sp.output
+    return sp.proc, sp.url
 
 
 async def server_counts(c: httpx.AsyncClient, url: str) -> dict:

@@ -3,11 +3,6 @@ behind one OpenAI server; concurrent requests land on both ranks and answer what
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
@@ -45,36 +40,22 @@ def test_serve_plan_ep2_matches_one_process(tmp_path):
     _plan(plan)
     world, kw = plan_build_kwargs(str(plan), "cpu")
     assert world == 2 and kw["scheduler_config"].draft_len == 0 and kw["placements"][0].redundant == 2
-    cmd = [sys.executable, "-m", "ui.cli", "serve", "--model", "tiny", "--load-format", "dummy", "--device", "cpu",
-           "--dtype", "fp64", "--port", "0", "--max-model-len", "256", "--plan", str(plan)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "TWINFER_DEBUG": "1"})
+    from executor.serve.launch import start_serve
+
+    sp = start_serve(["--model", "tiny", "--load-format", "dummy", "--device", "cpu", "--dtype", "fp64", "--port", "0",
+                      "--max-model-len", "256", "--plan", str(plan)], timeout_s=120)
     try:
-        url, seen = None, []
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            seen.append(line)
-            if "ready at" in line:
-                url = line.split("ready at ")[1].split()[0].removesuffix("/v1")
-                break
-        assert url, "server did not start:\n" + "".join(seen)
-        assert any("without MTP drafting" in s for s in seen)
+        assert any("without MTP drafting" in s for s in sp.output)
 
         def ask(i):
             body = {"model": "tiny", "prompt": PROMPTS[i], "max_tokens": MAX_TOKENS[i], "ignore_eos": True, "temperature": 0}
-            return httpx.post(url + "/v1/completions", json=body, timeout=60).json()
+            return httpx.post(sp.url + "/v1/completions", json=body, timeout=60).json()
 
         with ThreadPoolExecutor(3) as pool:
             got = list(pool.map(ask, range(3)))
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        sp.stop()
+    proc = sp.proc
     assert proc.returncode is not None
     # the same prompts through one single-process engine with the same weights and scheduler
     engine = LLMEngine.from_args("tiny", load_format="dummy", device="cpu", dtype="fp64", seed=0, max_model_len=256,

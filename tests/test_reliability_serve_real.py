@@ -7,10 +7,8 @@ SIGTERM while streams are in flight. Needs torch (CPU is enough).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -24,28 +22,15 @@ pytest.importorskip("prometheus_client")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from executor.serve.launch import start_serve  # noqa: E402
+
 
 def start_server(*extra: str, timeout_s: float = 240.0) -> tuple[subprocess.Popen, str]:
     """``twinfer serve --model tiny --load-format dummy --device cpu`` on a free port; (process, base URL)."""
-    cmd = [sys.executable, "-m", "ui.cli", "serve", "--model", "tiny", "--load-format", "dummy", "--device", "cpu",
-           "--port", "0", "--dtype", "fp32", *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "TWINFER_DEBUG": "1"})
-    seen: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if "ready at" in line:
-            url = line.split("ready at ")[1].split()[0].removesuffix("/v1")
-            # keep draining its output so a chatty server never blocks on a full pipe
-            threading.Thread(target=lambda: [seen.append(x) for x in proc.stdout], daemon=True).start()
-            proc.output = seen
-            return proc, url
-    proc.kill()
-    raise RuntimeError("server did not start:\n" + "".join(seen))
+    sp = start_serve(["--model", "tiny", "--load-format", "dummy", "--device", "cpu", "--port", "0", "--dtype", "fp32", *extra],
+                     timeout_s=timeout_s)
+    sp.proc.output = sp.output
+    return sp.proc, sp.url
 
 
 def stop_server(proc: subprocess.Popen, sig: int = signal.SIGINT, timeout_s: float = 60.0) -> int:

@@ -7,8 +7,6 @@ prints its URL once the engine is up. Needs torch (CPU is enough).
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,34 +23,20 @@ pytest.importorskip("executor.async_engine")
 import openai  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from executor.serve.launch import start_serve  # noqa: E402
+
 MAX_LEN = 512
 
 
 @pytest.fixture(scope="module")
 def server():
-    cmd = [sys.executable, "-m", "ui.cli", "serve", "--model", "tiny", "--load-format", "dummy", "--device", "cpu",
-           "--port", "0", "--max-model-len", str(MAX_LEN), "--dtype", "fp32"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "TWINFER_DEBUG": "1"})
-    url, seen = None, []
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if "ready at" in line:
-            url = line.split("ready at ")[1].split()[0].removesuffix("/v1")
-            break
-    if url is None:
-        proc.kill()
-        pytest.fail("server did not start:\n" + "".join(seen))
-    yield url
-    proc.send_signal(signal.SIGINT)  # graceful: uvicorn drains, the lifespan shuts the engine down
     try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        sp = start_serve(["--model", "tiny", "--load-format", "dummy", "--device", "cpu", "--port", "0",
+                          "--max-model-len", str(MAX_LEN), "--dtype", "fp32"], timeout_s=180)
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    yield sp.url
+    sp.stop()  # graceful: uvicorn drains, the lifespan shuts the engine down
 
 
 @pytest.fixture(scope="module")
