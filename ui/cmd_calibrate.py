@@ -37,11 +37,18 @@ def calibrate(
     prof.save(out)
     st = prof.step
     h, lp = st.host, st.loop
-    con.print(f"step model: runner = max(host, device) + {st.overlap:.2f} x min(host, device)", highlight=False)
-    con.print(f"  host: {h.fixed_s * 1e3:.3f} ms + {h.per_layer_s * 1e6:.1f} us/layer + {h.per_request_s * 1e6:.1f} us/request "
+    con.print(f"step model: eager step = max(host, device) + {st.overlap:.2f} x min(host, device); "
+              f"CUDA-graph decode step = graph host + device (graphs at {st.graph_sizes or 'none'})", highlight=False)
+    con.print(f"  eager host: {h.fixed_s * 1e3:.3f} ms + {h.per_layer_s * 1e6:.1f} us/layer + {h.per_request_s * 1e6:.1f} us/request "
               f"+ {h.per_token_s * 1e6:.2f} us/token + {h.per_prefill_s * 1e6:.1f} us/prefill chunk", highlight=False)
+    con.print(f"  graph host: {h.graph_fixed_s * 1e3:.3f} ms + {h.graph_per_request_s * 1e6:.1f} us/request", highlight=False)
+    tables = (", ".join(st.op_tables or sorted(prof.tables))) if st.use_op_tables else ""
     con.print("  device scale vs cost model: " + ", ".join(f"{k} {v:.2f}" for k, v in st.category_scale.items())
-              + (" (with measured op tables)" if st.use_op_tables else " (analytic op efficiencies)"), highlight=False)
+              + f"; + {st.prefill_token_s * 1e6:.2f} us per prefill token"
+              + (f" (measured op tables: {tables})" if st.use_op_tables else " (analytic op efficiencies)"), highlight=False)
+    ops_seen = sorted({p.get("op", "?") for p in prof.op_points})
+    if ops_seen:
+        con.print(f"  op benchmarks: {len(prof.op_points)} shapes ({', '.join(ops_seen)}) kept in the profile", highlight=False)
     con.print(f"  engine loop: {lp.fixed_s * 1e3:.3f} ms + {lp.per_request_s * 1e6:.1f} us/request + {lp.per_token_s * 1e6:.2f} us/token",
               highlight=False)
     con.print(f"  fit on {st.fit.points} steps: MAPE {st.fit.mape * 100:.1f}%, p90 abs err {st.fit.p90_abs_err_s * 1e3:.2f} ms",
