@@ -610,6 +610,8 @@ class StepCostModel:
         self._idx_coef = 2.0 * m.indexer.n_heads * m.indexer.head_dim if m.indexer else 0.0
         self._lo = cal.launch_overhead_s
         self._stream = self.hw.hbm_bw * cal.mem_eff
+        # a measured per-length prefill-attention table prices each chunk on its own: the op-by-op path does that
+        self._pre_table = "attn_prefill_compute" in cal.tables
         h_loc = self.heads_local
 
         def consts(geo: AttnGeometry, count: float) -> tuple:
@@ -626,6 +628,10 @@ class StepCostModel:
     def _fast_time(self, nd: int, draft: int, dctx, dctx_sum: int, pn: list, pc: list) -> float:
         """Step time of ``nd`` decodes of 1 + draft tokens (contexts ``dctx``, summing to ``dctx_sum``) and prefill chunks (pn, pc)."""
         npre = len(pn)
+        if npre and self._pre_table:
+            new = np.array([draft + 1] * nd + list(pn), np.int64)
+            ctx = np.concatenate([np.asarray(dctx if nd else [], np.int64), np.asarray(pc, np.int64)])
+            return self._mixed_step_time_reference(new, ctx, np.arange(new.size) < nd)
         f = 0.5 if self._tbo_on and nd + npre >= 2 else 1.0
         g = draft + 1
         dnew = nd * g

@@ -219,3 +219,19 @@ def test_prefill_token_term_adds_device_time_to_eager_steps_only_and_is_recovere
     pts = [p.model_copy(update={"wall_s": b.point_time(p)}) for p in pts]
     st = fit_step_profile(prof, pts, model="deepseek-v3", dtype="fp8", device="cuda", graph_sizes=sizes, try_op_tables=False)
     assert st.fit.mape < 0.02 and st.prefill_token_s == pytest.approx(2e-5, rel=0.25)
+
+
+def test_fast_path_agrees_with_op_by_op_under_a_prefill_attention_table():
+    from costmodels.catalog import get_model
+    from costmodels.layout import ParallelLayout
+    from costmodels.step import StepCostModel
+
+    hw = get_hardware("H200")
+    base = CalibrationProfile.default(hw)
+    cal = base.model_copy(update={"tables": {**base.tables, "attn_prefill_compute": EffTable(x=[128, 4096], y=[0.02, 0.2])}})
+    cm = StepCostModel(get_model("deepseek-v3"), hw, ParallelLayout(tp=8, weight_dtype="fp8"), cal)
+    new, ctx, dec = np.array([1, 1, 1, 700, 64]), np.array([900, 2000, 40, 0, 512]), np.array([True, True, True, False, False])
+    ref = cm._mixed_step_time_reference(new, ctx, dec)
+    assert cm.mixed_step_time(new, ctx, dec) == pytest.approx(ref, rel=1e-9)
+    assert cm.chunked_step_time(np.array([900, 2000, 40]), 0, [700, 64], [0, 512]) == pytest.approx(ref, rel=1e-9)
+    assert ref > StepCostModel(get_model("deepseek-v3"), hw, ParallelLayout(tp=8, weight_dtype="fp8"), base).mixed_step_time(new, ctx, dec)
