@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--skip-tune", action="store_true")
+    ap.add_argument("--runs", type=int, default=1, help="replays per load level (median and spread reported)")
     a = ap.parse_args()
 
     from costmodels.step_profile import ProfiledStepCost
@@ -69,7 +70,7 @@ def main() -> None:
     base_v = SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=8192, max_model_len=a.max_model_len, block_size=bs)
     fracs = [float(x) for x in a.levels.split(",")]
     rep, samples = run_levels(cost, prof, reqs, base_v, blocks, fracs, engine, device=a.device, model=a.model, dtype=a.dtype,
-                              workload=a.trace, profile_path=str(ppath), log=con)
+                              workload=a.trace, profile_path=str(ppath), log=con, runs=a.runs)
     rep.command = cmd
     (out / f"validation_{tag}.json").write_text(json.dumps(rep.model_dump(), indent=1) + "\n", encoding="utf-8")
     con.print(f"plot: {write_plot(rep, samples, out / f'validation_{tag}.png')}")

@@ -63,6 +63,9 @@ class LevelReport(BaseModel):
     step: dict
     step_bins: list[dict] = Field(default_factory=list)
     measured_wall_s: float = 0.0
+    runs: list[dict] = Field(default_factory=list, description="each replay's measured figures when the level ran more than once "
+                             "(measured = their median)")
+    spread: dict[str, float | None] = Field(default_factory=dict, description="(max - min) / median of each figure over the runs")
     diagnostics: dict = Field(default_factory=dict, description="GPU SM clock samples, outlier steps")
     samples: dict[str, list] = Field(default_factory=dict, description="per step: decodes, mean decode context, prefill "
                                      "tokens, prefill chunks, prefill context tokens, measured s, predicted s (for re-analysis)")
@@ -135,6 +138,21 @@ def metric_values(m: SimMetrics) -> dict[str, float | None]:
     return {"output_throughput": m.output_throughput, "tpot_p50": m.tpot_s.p50, "tpot_p90": m.tpot_s.p90,
             "ttft_p50": m.ttft_s.p50, "ttft_p90": m.ttft_s.p90, "itl_p50": m.itl_s.p50, "e2e_p50": m.e2e_s.p50,
             "requests_finished": float(m.requests_finished), "duration_s": m.duration_s}
+
+
+def median_runs(runs: Sequence[dict]) -> tuple[dict, dict]:
+    """Median of each figure over repeated measured runs, and its spread ((max - min) / median)."""
+    med: dict = {}
+    spread: dict = {}
+    for k in runs[0]:
+        vals = [r[k] for r in runs if r.get(k) is not None]
+        if len(vals) < len(runs):
+            med[k], spread[k] = None, None
+            continue
+        m = float(np.median(vals))
+        med[k] = m
+        spread[k] = (max(vals) - min(vals)) / m if m else None
+    return med, spread
 
 
 def rel_errors(pred: dict, meas: dict) -> dict[str, float | None]:

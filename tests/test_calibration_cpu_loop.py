@@ -47,6 +47,14 @@ def test_tiny_calibrate_then_validate_on_cpu(tmp_path):
     assert rep.step_overall["mape"] is not None and set(rep.targets) >= {"step_mape", "ttft_p90"}
     assert all(s.predicted_s > 0 and s.measured_s > 0 for s in samples[lv.name])
     json.loads(rep.model_dump_json())
+    # two replays per level: measured figures are the median of the runs, with their spread
+    rep2, samples2 = run_levels(cost, back, reqs, base, 40, [2.0], engine, model="tiny", dtype="fp32", warm=False, runs=2)
+    lv2 = rep2.levels[0]
+    assert len(lv2.runs) == 2 and lv2.measured["requests_finished"] == 6
+    vals = sorted(r["output_throughput"] for r in lv2.runs)
+    assert lv2.measured["output_throughput"] == pytest.approx(sum(vals) / 2)
+    assert lv2.spread["output_throughput"] == pytest.approx((vals[1] - vals[0]) / lv2.measured["output_throughput"])
+    assert len(samples2[lv2.name]) > len(samples[lv.name])  # the steps of both runs
 
 
 def test_twin_commands_are_registered_and_simulate_prints_a_band():

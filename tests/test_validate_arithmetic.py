@@ -84,3 +84,11 @@ def test_committed_h200_report_and_band_line():
     line = band_line("auto", "H200")
     assert line.startswith("error band") and "throughput ±" in line
     assert "no validation report" in band_line("auto", "MI355X")
+
+
+def test_median_runs_and_spread():
+    from sim.validate import median_runs
+
+    med, spread = median_runs([{"a": 1.0, "b": None}, {"a": 3.0, "b": 2.0}, {"a": 2.0, "b": 1.0}])
+    assert med["a"] == 2.0 and spread["a"] == pytest.approx(1.0)
+    assert med["b"] is None and spread["b"] is None  # a figure missing in any run is not summarised

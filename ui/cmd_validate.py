@@ -135,6 +135,8 @@ def validate(
     calibrate_first: bool = typer.Option(False, "--calibrate", help="first calibrate the same engine in this process and write "
                                          "the profile to --profile (no drift between calibration and validation runs)"),
     warm: bool = typer.Option(True, "--warm/--no-warm", help="an unmeasured replay of the trace first (JIT, clocks)"),
+    runs: int = typer.Option(1, "--runs", min=1, max=50, help="replays of each load level on the executor: the errors use the "
+                             "median of each figure, and its spread over the runs is reported"),
 ) -> None:
     """Validate the twin on this device."""
     from rich.console import Console
@@ -182,7 +184,7 @@ def validate(
 
     rep, samples_by_level = run_levels(cost, prof, reqs, base_cfg, blocks, fracs, engine, seed=seed, device=device,
                                        model=model, dtype=dtype, workload=trace or workload, profile_path=str(profile),
-                                       capacity=cap, warm=warm, log=con)
+                                       capacity=cap, warm=warm, log=con, runs=runs)
     if plot is not None and samples_by_level:
         con.print(f"plot: {write_plot(rep, samples_by_level, plot)}")
     if out is not None:
@@ -192,13 +194,13 @@ def validate(
 
 def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engine=None, *, seed: int = 0, device: str = "cpu",
                model: str = "", dtype: str = "", workload: str = "", profile_path: str = "", capacity: float | None = None,
-               warm: bool = True, log=None):
+               warm: bool = True, log=None, runs: int = 1):
     """Simulate (and, with an engine, replay) the requests at each load level; the report and the step samples per level."""
     from rich.console import Console
 
     from sim.validate import (LevelReport, StepSample, ValidationReport, check_targets, compact_samples, copy_requests,
-                              error_bands, metric_values, natural_rate, rel_errors, saturation_rps, simulate_requests,
-                              step_comparison)
+                              error_bands, median_runs, metric_values, natural_rate, rel_errors, saturation_rps,
+                              simulate_requests, step_comparison)
 
     con = log or Console()
     scfg = sim_config(base_cfg, prof)
@@ -233,19 +235,28 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
         step: dict = {}
         bins: list = []
         wall = 0.0
+        run_figs: list[dict] = []
+        spread: dict = {}
         if engine is not None:
-            eng = fresh_engine(engine, base_cfg)
             items = [(r.arrival_time * scale, r.request_id, prompts[r.request_id], r.output_len) for r in reqs]
-            res = replay(eng, items, seed=seed)
-            wall = res.wall_s
-            meas = metric_values(res.metrics)
-            samples = [StepSample(decode_ctx=s.decode_ctx, prefill=s.prefill, draft_len=s.draft_len, measured_s=s.iter_s,
-                                  predicted_s=predict_step(cost, prof, s.decode_ctx, s.prefill, s.draft_len), graph_bs=s.graph_bs)
-                       for s in res.steps if s.num_steps == 1]
+            samples = []
+            steps_all = []
+            for _ in range(max(1, runs)):
+                res = replay(fresh_engine(engine, base_cfg), items, seed=seed)
+                wall += res.wall_s
+                run_figs.append(metric_values(res.metrics))
+                steps_all += res.steps
+                samples += [StepSample(decode_ctx=s.decode_ctx, prefill=s.prefill, draft_len=s.draft_len, measured_s=s.iter_s,
+                                       predicted_s=predict_step(cost, prof, s.decode_ctx, s.prefill, s.draft_len), graph_bs=s.graph_bs)
+                            for s in res.steps if s.num_steps == 1]
+            if len(run_figs) > 1:
+                meas, spread = median_runs(run_figs)
+            else:
+                meas, run_figs = run_figs[0], []
             step, bins = step_comparison(samples)
             samples_by_level[name] = samples
             all_samples += samples
-            clocks = [s.sm_clock_mhz for s in res.steps if s.sm_clock_mhz is not None]
+            clocks = [s.sm_clock_mhz for s in steps_all if s.sm_clock_mhz is not None]
             diag = {"steps": len(samples), "outliers_2x": sum(x.measured_s > 2 * x.predicted_s for x in samples),
                     "kernels": res.kernels}
             if clocks:
@@ -255,6 +266,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
             diag = {}
         reports.append(LevelReport(name=name, rate_rps=rate, fraction_of_capacity=f, requests=len(reqs), measured=meas, predicted=pred,
                                    rel_error=rel_errors(pred, meas), step=step, step_bins=bins, measured_wall_s=wall,
+                                   runs=run_figs, spread=spread,
                                    diagnostics=diag, samples=compact_samples(samples_by_level.get(name, []))))
         _print_level(con, reports[-1])
 
@@ -287,13 +299,19 @@ def _fmt(k: str, v) -> str:
 def _print_level(con, lv) -> None:
     from rich.table import Table
 
-    tab = Table(title=f"{lv.name}: {lv.rate_rps:.2f} req/s ({lv.fraction_of_capacity:g} x predicted capacity), {lv.requests} requests")
-    for c in ("metric", "measured", "predicted", "error"):
+    runs = f", median of {len(lv.runs)} runs" if lv.runs else ""
+    tab = Table(title=f"{lv.name}: {lv.rate_rps:.2f} req/s ({lv.fraction_of_capacity:g} x predicted capacity), {lv.requests} requests{runs}")
+    cols = ("metric", "measured", "predicted", "error") + (("run spread",) if lv.runs else ())
+    for c in cols:
         tab.add_column(c, justify="right" if c != "metric" else "left")
     for k in ("output_throughput", "tpot_p50", "tpot_p90", "ttft_p50", "ttft_p90", "itl_p50", "e2e_p50"):
         e = lv.rel_error.get(k)
         unit = " tok/s" if k == "output_throughput" else " ms"
-        tab.add_row(k + unit, _fmt(k, lv.measured.get(k)), _fmt(k, lv.predicted.get(k)), "-" if e is None else f"{e * 100:+.1f}%")
+        row = [k + unit, _fmt(k, lv.measured.get(k)), _fmt(k, lv.predicted.get(k)), "-" if e is None else f"{e * 100:+.1f}%"]
+        if lv.runs:
+            sp = lv.spread.get(k)
+            row.append("-" if sp is None else f"{sp * 100:.1f}%")
+        tab.add_row(*row)
     if lv.step:
         tab.add_row("per-step MAPE / p90 abs err", "", "", f"{lv.step['mape'] * 100:.1f}% / {lv.step['p90_abs_err_s'] * 1e3:.2f} ms")
     con.print(tab)
