@@ -31,7 +31,7 @@ import numpy as np
 
 from costmodels.batch import BatchShape
 from costmodels.calibration import CalibrationProfile
-from costmodels.comm import allgather_time, allreduce_time, allreduce_time_vec, alltoall_time, alltoall_time_vec, p2p_time
+from costmodels.comm import dispatch_rows_per_token, allgather_time, allreduce_time, allreduce_time_vec, alltoall_time, alltoall_time_vec, p2p_time
 from costmodels.hardware import Hardware
 from costmodels.layout import ParallelLayout
 from costmodels.memory import MemoryFit, kv_bytes_per_token_layer, kv_shard_divisor, memory_fit, mtp_kind, indexer_kv_bytes_per_token
@@ -46,7 +46,7 @@ A2A = 6  # extra slot: the overlappable (EP all-to-all) part of COMM
 _SRC = {"tokens": 0, "kv_up": 1, "sampled": 2}
 _MTP_SRC = 3
 # tables of the fast path (see StepCostModel._fill): what each one is a function of
-_T_MAIN, _T_KV, _T_SAMPLED, _T_MTP, _T_LOGITS = range(5)
+_T_MAIN, _T_KV, _T_SAMPLED, _T_MTP, _T_LOGITS, _T_MAIN_PF = range(6)  # _T_MAIN_PF: main terms of a step with prefill (EP normal dispatch)
 _TBL_BITS = 9
 _TBL = 1 << _TBL_BITS  # points per lazily built table block
 _TBL_MASK = _TBL - 1
@@ -183,6 +183,14 @@ class StepCostModel:
         self.disp_bytes = (1.0 + 4.0 / 128) if lay.experts_dtype in ("fp8", "fp4") else 2.0  # DeepEP FP8 dispatch with 1x128 scales
         self.pp_cross = lay.tp * lay.dp * lay.pp > hw.scaleup_domain
         self.h = m.hidden_size
+        # remote copies per token of an EP dispatch: decode steps use DeepEP's low-latency kernels (a copy per
+        # expert), steps with prefill its normal kernels (a copy per destination rank); see comm.dispatch_rows_per_token
+        if m.moe and lay.ep > 1:
+            args = (m.moe.n_routed_experts, m.moe.top_k, lay.ep, m.moe.n_group, m.moe.topk_group)
+            self.disp_rows_ll = dispatch_rows_per_token(*args, normal=False)
+            self.disp_rows_normal = dispatch_rows_per_token(*args, normal=True)
+        else:
+            self.disp_rows_ll = self.disp_rows_normal = 0.0
 
     # ------------------------------------------------------------------ public API
     def memory(self) -> MemoryFit:
@@ -417,10 +425,10 @@ class StepCostModel:
                 v[OTHER] += tt
                 if ops is not None:
                     ops.append(OpCost(name, "other", "-", k, 0.0, b, tt))
-        self._comm(total, m_rank, n_dec * self.share, sampled * self.share, draft, v, ops)
+        self._comm(total, m_rank, n_dec * self.share, sampled * self.share, draft, v, ops, bool(has_prefill))
         return v
 
-    def _comm(self, total, m_rank, mtp_rank, s_rank, draft, v, ops) -> None:
+    def _comm(self, total, m_rank, mtp_rank, s_rank, draft, v, ops, prefill: bool = False) -> None:
         m, lay, hw, cal = self.model, self.layout, self.hw, self.cal
         h = self.h
         items = []  # (name, count, bytes per op, time per op, overlappable)
@@ -438,11 +446,13 @@ class StepCostModel:
             if moe_layers:
                 if lay.ep > 1:
                     tok_gpu = tok / lay.tp
-                    frac = (lay.ep - 1) / lay.ep * self._imbalance(tok / self.share)
-                    d_b = tok_gpu * m.moe.top_k * h * self.disp_bytes * frac
-                    c_b = tok_gpu * m.moe.top_k * h * 2.0 * frac
-                    items.append((f"{tag}ep_dispatch(ep{lay.ep})", moe_layers, d_b, alltoall_time(d_b, lay.ep, hw, cal), True))
-                    items.append((f"{tag}ep_combine(ep{lay.ep})", moe_layers, c_b, alltoall_time(c_b, lay.ep, hw, cal), True))
+                    normal = prefill and not tag  # MTP passes are decode-only
+                    rows = (self.disp_rows_normal if normal else self.disp_rows_ll) * self._imbalance(tok / self.share)
+                    d_b = tok_gpu * rows * h * self.disp_bytes
+                    c_b = tok_gpu * rows * h * 2.0
+                    mode = "normal" if normal else "low-latency"
+                    items.append((f"{tag}ep_dispatch(ep{lay.ep}, {mode})", moe_layers, d_b, alltoall_time(d_b, lay.ep, hw, cal), True))
+                    items.append((f"{tag}ep_combine(ep{lay.ep}, {mode})", moe_layers, c_b, alltoall_time(c_b, lay.ep, hw, cal), True))
                     if lay.moe_tp > 1:
                         b = tok_gpu * h * 2.0
                         items.append((f"{tag}moe_tp_allreduce(tp{lay.moe_tp})", moe_layers, b, allreduce_time(b, lay.moe_tp, hw, cal), False))
@@ -612,6 +622,7 @@ class StepCostModel:
         self._stream = self.hw.hbm_bw * cal.mem_eff
         # a measured per-length prefill-attention table prices each chunk on its own: the op-by-op path does that
         self._pre_table = "attn_prefill_compute" in cal.tables
+        self._ep_split = bool(m.moe and lay.ep > 1 and self.disp_rows_normal != self.disp_rows_ll)
         h_loc = self.heads_local
 
         def consts(geo: AttnGeometry, count: float) -> tuple:
@@ -644,7 +655,8 @@ class StepCostModel:
         total = dnew + pre_new
         tabs = self._tables
         # non-attention terms: table lookups at integer token counts (_look, inlined)
-        blk = tabs.get((_T_MAIN, f, 0, total >> _TBL_BITS)) or self._fill(_T_MAIN, f, 0, total >> _TBL_BITS)
+        km = _T_MAIN_PF if (npre and self._ep_split) else _T_MAIN
+        blk = tabs.get((km, f, 0, total >> _TBL_BITS)) or self._fill(km, f, 0, total >> _TBL_BITS)
         j = total & _TBL_MASK
         t, a2a = blk[0][j], blk[1][j]
         if self._kv_rows:
@@ -758,6 +770,8 @@ class StepCostModel:
         a = None  # no all-to-all part
         if kind == _T_MAIN:
             t, a = self._main_vec(x)
+        elif kind == _T_MAIN_PF:
+            t, a = self._main_vec(x, prefill=True)
         elif kind == _T_MTP:
             t, a = self._mtp_vec(x, draft)
         elif kind == _T_KV:
@@ -834,7 +848,7 @@ class StepCostModel:
                 t = t + k * (b / stream + lo)
         return np.where(tok > 0, t, 0.0)
 
-    def _comm_vec(self, tok: np.ndarray, layers: int, moe_layers: int) -> tuple[np.ndarray, np.ndarray]:
+    def _comm_vec(self, tok: np.ndarray, layers: int, moe_layers: int, prefill: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(time, all-to-all part) of one pass's collectives (the per-pass items of _comm) at each per-rank token count."""
         m, lay, hw, cal, h = self.model, self.layout, self.hw, self.cal, self.h
         t = np.zeros_like(tok)
@@ -858,9 +872,9 @@ class StepCostModel:
         if moe_layers:
             if lay.ep > 1:
                 tok_gpu = tok / lay.tp
-                frac = (lay.ep - 1) / lay.ep * self._imbalance_vec(tok / self.share)
-                d_t = each(alltoall_time, tok_gpu * m.moe.top_k * h * self.disp_bytes * frac, lay.ep)
-                c_t = each(alltoall_time, tok_gpu * m.moe.top_k * h * 2.0 * frac, lay.ep)
+                rows = (self.disp_rows_normal if prefill else self.disp_rows_ll) * self._imbalance_vec(tok / self.share)
+                d_t = each(alltoall_time, tok_gpu * rows * h * self.disp_bytes, lay.ep)
+                c_t = each(alltoall_time, tok_gpu * rows * h * 2.0, lay.ep)
                 t = t + moe_layers * d_t + moe_layers * c_t
                 a = a + moe_layers * d_t + moe_layers * c_t
                 if lay.moe_tp > 1:
@@ -875,7 +889,7 @@ class StepCostModel:
         pos = tok > 0
         return np.where(pos, t, 0.0), np.where(pos, a, 0.0)
 
-    def _main_vec(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _main_vec(self, x: np.ndarray, prefill: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Everything of _nonattn that depends on the instance's token count (f-scaled ``x``), at each count."""
         m, lay, hw, cal = self.model, self.layout, self.hw, self.cal
         pos = x > 0
@@ -886,7 +900,7 @@ class StepCostModel:
         t = t + self._other_vec(tok, self.n_layers, self.n_moe_layers)
         b = tok * self.h * 2.0
         t = t + np.where(b != 0, 1 * self._lo + b / self._stream, 0.0)  # embedding
-        c, a = self._comm_vec(tok, self.n_layers, self.n_moe_layers)
+        c, a = self._comm_vec(tok, self.n_layers, self.n_moe_layers, prefill)
         t = t + c
         if lay.tp > 1:
             t = t + allreduce_time_vec(b, lay.tp, hw, cal)  # embedding all-reduce
