@@ -57,7 +57,7 @@ def test_tiny_calibrate_then_validate_on_cpu(tmp_path):
     assert len(samples2[lv2.name]) > len(samples[lv.name])  # the steps of both runs
 
 
-def test_twin_commands_are_registered_and_simulate_prints_a_band():
+def test_twin_commands_are_registered_and_simulate_prints_a_band(tmp_path):
     r = CliRunner()
     for cmd in ("calibrate", "validate", "tune"):
         res = r.invoke(app, [cmd, "--help"])
@@ -69,9 +69,22 @@ def test_twin_commands_are_registered_and_simulate_prints_a_band():
     res = r.invoke(app, ["validate", *common, "--sim-only", "--levels", "0.5,2"])
     assert res.exit_code == 0, res.output
     assert "predicted capacity" in res.output
-    res = r.invoke(app, ["tune", *common])
+    plan = tmp_path / "winner.yaml"
+    res = r.invoke(app, ["tune", *common, "--plan-out", str(plan)])
     assert res.exit_code == 0, res.output
     assert "predicted gain" in res.output
+    # the winner is a plan twinfer serve --plan runs: its scheduler section configures the engine
+    import yaml
+
+    from executor.engine import LLMEngine
+    from scheduler.config import SchedulerConfig
+    doc = yaml.safe_load(plan.read_text())
+    win = doc["tune"]["winner"]
+    sc = SchedulerConfig.model_validate(doc["scheduler"])
+    assert (sc.max_num_seqs, sc.max_num_batched_tokens) == (win["max_num_seqs"], win["max_num_batched_tokens"])
+    eng = LLMEngine.from_args("tiny", device="cpu", dtype="fp32", plan_path=str(plan), max_model_len=256)
+    assert eng.scheduler.config.max_num_seqs == win["max_num_seqs"]
+    assert eng.scheduler.config.max_num_batched_tokens == win["max_num_batched_tokens"]
     res = r.invoke(app, ["simulate", "--requests", "50", "--error-band", "auto"])
     assert res.exit_code == 0, res.output
     assert "error band" in res.output

@@ -35,7 +35,7 @@ def build_engine(model: str, *, load_format: str, device: str, dtype: Optional[s
 def serve(
     model: str = typer.Option(..., "--model", help="HF checkpoint directory or catalog model name (e.g. tiny)"),
     load_format: str = typer.Option("auto", "--load-format", help="auto (read weights) or dummy (random weights)"),
-    plan: Optional[str] = typer.Option(None, "--plan", help="deployment plan YAML from `twinfer plan`"),
+    plan: Optional[str] = typer.Option(None, "--plan", help="deployment plan YAML from `twinfer plan`, or a tuned policy from `twinfer tune --plan-out`"),
     device: str = typer.Option("cuda", "--device", help="cpu or cuda"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="activation/weight dtype (engine default if unset)"),
     host: str = typer.Option("127.0.0.1", "--host"),

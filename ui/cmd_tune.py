@@ -43,6 +43,8 @@ def tune(
     dtype: Optional[str] = typer.Option(None, "--dtype"),
     seed: int = typer.Option(0, "--seed"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="write the result as JSON"),
+    plan_out: Optional[Path] = typer.Option(None, "--plan-out", help="write the winning policy as a plan file that "
+                                            "`twinfer serve --plan FILE` runs (its `scheduler` section)"),
 ) -> None:
     """Tune policies for this profile."""
     from rich.console import Console
@@ -96,6 +98,8 @@ def tune(
         if device == "cuda":
             engine.warmup()
         measured = measure_gain(engine, reqs, base, res, objective, seed=seed, log=con)
+    if plan_out is not None:
+        con.print(f"plan for twinfer serve --plan: {write_policy_plan(plan_out, model, base, res, measured, str(profile))}")
     if out is not None:
         doc = {"result": res.model_dump(), "measured": measured, "profile": str(profile), "provenance": prof.provenance,
                "load_x_capacity": load, "rate_rps": load * cap, "requests": len(reqs),
@@ -144,3 +148,28 @@ def measure_gain(engine, reqs, base, res, objective: str, *, seed: int = 0, warm
     return {"baseline": runs["baseline"], "winner": runs["winner"], "gain": mg, "predicted_gain": res.predicted_gain,
             "rounds": each, "order": order,
             "gain_error_points": (res.predicted_gain - mg) * 100, "warm_up_replays": warm}
+
+
+def write_policy_plan(path: Path, model: str, base, res, measured: dict | None, profile: str) -> Path:
+    """The winner's scheduler config (the policies the executor runs: max batch, token budget, chunk cap) as a
+    YAML plan whose ``scheduler`` section ``twinfer serve --plan`` (LLMEngine ``plan_path``) loads."""
+    import yaml
+
+    from planner.tune import MEASURABLE
+
+    knobs = {k: res.best.knobs[k] for k in MEASURABLE}
+    sched = base.model_copy(update=knobs)
+    doc = {
+        "kind": "tuned-policy",
+        "model": model,
+        "scheduler": sched.model_dump(mode="json"),
+        "tune": {"profile": profile, "objective": res.objective,
+                 "baseline": res.baseline.knobs, "winner": res.best.knobs, "predicted_gain": res.predicted_gain,
+                 "measured_gain": (measured or {}).get("gain"),
+                 "predicted_only": res.best_predicted_only.knobs if res.best_predicted_only is not None else None,
+                 "note": "async overlap and MTP draft length are predicted-only knobs: the plan keeps the baseline's"},
+    }
+    path = Path(path)
+    path.write_text("# twinfer tune: the winning scheduler policy; run it with  twinfer serve --plan " + path.name + "\n"
+                    + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path
