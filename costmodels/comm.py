@@ -104,14 +104,11 @@ def dispatch_rows_per_token(n_experts: int, top_k: int, ep: int, n_group: int = 
         return 0.0
     if not normal:
         return top_k * (ep - 1) / ep
-    from math import comb
-
     per_rank = n_experts / ep
-    if n_group > 1 and topk_group < n_group and n_group % ep == 0:
-        g = n_group // ep  # whole groups per rank: a rank is touched when one of its groups is kept
-        p = 1.0 - comb(n_group - g, topk_group) / comb(n_group, topk_group)
-    elif n_group > 1 and topk_group < n_group and ep < n_group:
-        g = n_group / ep  # a fractional number of groups per rank: the same product, continued
+    if n_group > 1 and topk_group < n_group and ep <= n_group:
+        # g groups per rank: a rank is missed when none of its groups is kept, prod (G - g - i) / (G - i) over the
+        # kept groups (= C(G - g, kept) / C(G, kept) for whole groups; continued for a fractional g)
+        g = n_group / ep
         miss = 1.0
         for i in range(topk_group):
             miss *= max(n_group - g - i, 0.0) / (n_group - i)

@@ -16,8 +16,8 @@
 and fits the step model (``costmodels.step_profile.fit_step_profile``). The result is a
 ``CalibrationProfile`` with provenance (GPU, driver, torch, kernel backends, date, command).
 
-``replay(engine, items)`` (``executor/replay.py``, re-exported here) is the offline replay loop
-shared with ``twinfer run``, ``twinfer validate`` and ``twinfer tune``.
+The offline replay loop it drives (``executor/replay.py``) is the one ``twinfer run``, ``twinfer validate``
+and ``twinfer tune`` use.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from costmodels.calibration import CalibrationProfile, EffTable
 from costmodels.hardware import get_hardware
 from costmodels.step_profile import StepPoint, fit_step_profile
 from executor.engine import LLMEngine
-from executor.replay import ReplayResult, ReplayStep, fresh_engine, replay  # noqa: F401  (re-exported)
+from executor.replay import fresh_engine, replay
 from kernels import ops
 from scheduler.config import SchedulerConfig
 from scheduler.plan import ScheduledChunk, StepPlan
@@ -257,42 +257,45 @@ def _is_fp8(engine: LLMEngine) -> bool:
     return False
 
 
+def _eff_table(pairs, x_is: str, cap: float | None = 1.0) -> EffTable | None:
+    """An efficiency table from (x, efficiency) measurements: the best efficiency at each distinct x (different shapes can
+    share an x, e.g. batch x context reading the same KV bytes; the fastest is the kernel's capability), capped at ``cap``."""
+    best: dict[float, float] = {}
+    for x, y in pairs:
+        best[x] = max(best.get(x, 0.0), y if cap is None else min(cap, y))
+    if len(best) < 2:
+        return None
+    xs = sorted(best)
+    return EffTable(x=xs, y=[best[x] for x in xs], x_is=x_is)
+
+
 def op_tables(points: list[dict], hw_name: str) -> dict[str, EffTable]:
-    """Efficiency tables from linear-layer timings: ``gemm_mem`` over bytes, ``gemm_compute`` over rows."""
+    """Efficiency tables from the op micro-benchmarks: ``gemm_mem`` over bytes and ``gemm_compute`` over rows (executor
+    Linear), ``attn_decode_mem`` over KV bytes (MLA decode), ``attn_prefill_compute`` over tokens (prefill attention),
+    ``expert_mem`` over expert weight bytes (routed experts); a table needs two or more distinct x."""
     hw = get_hardware(hw_name)
     base = CalibrationProfile.default(hw)
-    lin = [p for p in points if p["op"] == "linear" and p["time_s"] > 0]
-    if len(lin) < 2:
-        return {}
-    dtype = lin[0]["dtype"] if lin[0]["dtype"] in ("fp8", "bf16") else "bf16"
-    peak = hw.tflops(dtype) * 1e12
-    top = base.gemm_compute_eff.get(dtype, 0.6)
-    scale = max(base.gemm_compute_eff.values()) / top  # StepCostModel multiplies the table by top / max
-    mem = sorted((p["bytes"], min(1.0, p["bytes"] / p["time_s"] / hw.hbm_bw)) for p in lin)
-    comp = sorted((p["m"], min(1.0, p["flops"] / p["time_s"] / peak) * scale) for p in lin)
-    out = {"gemm_mem": EffTable(x=[a for a, _ in mem], y=[b for _, b in mem], x_is="bytes a GEMM moves (measured: executor Linear)"),
-           "gemm_compute": EffTable(x=[a for a, _ in comp], y=[b for _, b in comp], x_is="GEMM rows M (measured: executor Linear)")}
-    att = {}
-    for p in points:  # one point per distinct byte count (the fastest: different batch x context can read the same bytes)
-        if p["op"] == "mla_decode" and p["time_s"] > 0:
-            att[p["bytes"]] = max(att.get(p["bytes"], 0.0), min(1.0, p["bytes"] / p["time_s"] / hw.hbm_bw))
-    if len(att) >= 2:
-        xs = sorted(att)
-        out["attn_decode_mem"] = EffTable(x=xs, y=[att[x] for x in xs], x_is="KV bytes read by one decode attention kernel (measured: executor MLA decode)")
-    pre = sorted((p["tokens"], min(1.0, p["flops"] / p["time_s"] / (hw.bf16_tflops * 1e12)))
-                 for p in points if p["op"] == "attention_prefill" and p["time_s"] > 0)
-    if len(pre) >= 2:
-        out["attn_prefill_compute"] = EffTable(x=[a for a, _ in pre], y=[b for _, b in pre],
-                                               x_is="tokens of one causal prefill attention kernel (measured: executor SDPA prefill)")
-    exp = {}
-    for p in points:  # memory regime: the fewest tokens per distinct byte count (more tokens at the same bytes turn compute-bound)
-        if p["op"] == "moe_experts" and p["time_s"] > 0 and (p["bytes"] not in exp or p["tokens"] < exp[p["bytes"]][0]):
-            exp[p["bytes"]] = (p["tokens"], min(1.0, p["bytes"] / p["time_s"] / hw.hbm_bw))
-    if len(exp) >= 2:
-        xs = sorted(exp)
-        out["expert_mem"] = EffTable(x=xs, y=[exp[x][1] for x in xs],
-                                     x_is="expert weight bytes one MoE layer's routed experts read (measured: executor grouped GEMM, uniform routing)")
-    return out
+    ok = [p for p in points if p["time_s"] > 0]
+    by = lambda op: [p for p in ok if p["op"] == op]  # noqa: E731
+    lin = by("linear")
+    tables = {}
+    if lin:
+        dtype = lin[0]["dtype"] if lin[0]["dtype"] in ("fp8", "bf16") else "bf16"
+        peak = hw.tflops(dtype) * 1e12
+        scale = max(base.gemm_compute_eff.values()) / base.gemm_compute_eff.get(dtype, 0.6)  # StepCostModel multiplies by top / max
+        tables["gemm_mem"] = _eff_table([(p["bytes"], p["bytes"] / p["time_s"] / hw.hbm_bw) for p in lin],
+                                        "bytes a GEMM moves (measured: executor Linear)")
+        tables["gemm_compute"] = _eff_table([(p["m"], min(1.0, p["flops"] / p["time_s"] / peak) * scale) for p in lin],
+                                            "GEMM rows M (measured: executor Linear)", cap=None)
+    tables["attn_decode_mem"] = _eff_table([(p["bytes"], p["bytes"] / p["time_s"] / hw.hbm_bw) for p in by("mla_decode")],
+                                           "KV bytes read by one decode attention kernel (measured: executor MLA decode)")
+    tables["attn_prefill_compute"] = _eff_table(
+        [(p["tokens"], p["flops"] / p["time_s"] / (hw.bf16_tflops * 1e12)) for p in by("attention_prefill")],
+        "tokens of one causal prefill attention kernel (measured: executor SDPA prefill)")
+    # at the same bytes (every expert touched) more tokens turn compute-bound: the best efficiency is the memory regime
+    tables["expert_mem"] = _eff_table([(p["bytes"], p["bytes"] / p["time_s"] / hw.hbm_bw) for p in by("moe_experts")],
+                                      "expert weight bytes one MoE layer's routed experts read (measured: executor grouped GEMM, uniform routing)")
+    return {k: t for k, t in tables.items() if t is not None}
 
 
 # ----------------------------------------------------------------------------- synthetic steps

@@ -116,7 +116,7 @@ def measure_gain(engine, reqs, base, res, objective: str, *, seed: int = 0, warm
     the one measured second; each policy's figures are the mean over its rounds (every round is kept)."""
     from rich.console import Console
 
-    from executor.calibrate import fresh_engine, replay
+    from executor.replay import fresh_engine, replay
     from planner.tune import MEASURABLE, gain
     from sim.validate import metric_values
     from ui.cmd_run import synth_prompt

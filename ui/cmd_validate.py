@@ -210,7 +210,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
     L = cost.num_layers
     prompts = {}
     if engine is not None:
-        from executor.calibrate import fresh_engine, replay
+        from executor.replay import fresh_engine, replay
         from ui.cmd_run import synth_prompt
         vocab = engine.vocab_size
         bs = base_cfg.block_size
