@@ -13,6 +13,11 @@ from scheduler.scheduler import Scheduler
 from sim.backend import SimBackend
 
 
+def cut_index(ends, now: float) -> int:
+    """Index of the first step of a running multi-step plan ending at/after ``now`` (where an arrival cuts it)."""
+    return bisect_left(ends, now) if isinstance(ends, list) else int(ends.searchsorted(now, side="left"))
+
+
 class Instance:
     """A model replica: its Scheduler, its SimBackend and the simpy process that drives them.
 
@@ -49,9 +54,6 @@ class Instance:
         self._wake: simpy.Event | None = None     # set while idle
         self._ends: list[float] | np.ndarray | None = None  # step end times of the running multi-step plan
         self._cut: int | None = None              # index of the step the running plan stops after
-        self.num_plans = 0
-        self.num_steps = 0
-        self.busy_s = 0.0
         self.process = env.process(self._loop())
 
     def submit(self, req: Request) -> None:
@@ -70,7 +72,7 @@ class Instance:
         elif self._ends is not None and self._cut is None:
             ends, now = self._ends, self.env.now
             if now <= ends[-2]:  # some step after the current one is left: stop at the current one
-                self._cut = bisect_left(ends, now) if isinstance(ends, list) else int(ends.searchsorted(now, side="left"))
+                self._cut = cut_index(ends, now)
                 self.process.interrupt()
 
     def _loop(self):
@@ -105,17 +107,12 @@ class Instance:
                     cut = self._cut
                     yield timeout(float(ends[cut]) - env.now)
                     times = times[: cut + 1]
-                    n = cut + 1
                 self._ends = None
             else:
                 yield timeout(float(times[0]))
             result = result_of(plan, times)
             on_step(iid, start, plan, result, blocks.num_used, kv_total)
-            self.num_plans += 1
-            self.num_steps += n
-            now = env.now
-            self.busy_s += now - start
-            finished = complete(plan, result, now)
+            finished = complete(plan, result, env.now)
             if finished:
                 for req in finished:
                     on_finish(req)

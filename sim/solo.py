@@ -22,12 +22,11 @@ with arrivals, drafts, preemption, prefix hits and drops.
 
 from __future__ import annotations
 
-from bisect import bisect_left
-
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler
 from sim.backend import SimBackend
 from sim.cluster import Cluster
+from sim.instance import cut_index
 
 
 def run_solo(scheduler: Scheduler, backend: SimBackend, metrics, requests: list[Request], max_steps: int = 256) -> float:
@@ -73,7 +72,7 @@ def run_solo(scheduler: Scheduler, backend: SimBackend, metrics, requests: list[
             idle = False
             woke_at = now
         elif ends is not None and cut is None and now <= ends[-2]:
-            cut = bisect_left(ends, now) if isinstance(ends, list) else int(ends.searchsorted(now, side="left"))
+            cut = cut_index(ends, now)
             cut_fire = now + (float(ends[cut]) - now)
 
     def arrivals_until(limit: float) -> None:
