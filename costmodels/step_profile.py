@@ -377,7 +377,7 @@ class ProfiledStepCost:
         experts on ``pad`` rows, attention on the real rows (padding rows read one null-page token)."""
         ctx = np.asarray(ctx, np.int64)
         n = ctx.size
-        cats, total = self._decode_base(n, 0, pad)
+        cats = self._decode_base(n, 0, pad)[0]
         att = float(self.base.decode_times(ctx.astype(float), 1, 0)[0]) - self._decode_base(n, 0)[1]
         out = cats.copy()
         out[0] += att
