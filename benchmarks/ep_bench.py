@@ -25,7 +25,7 @@ ranks aligned by a barrier before each, the slowest rank's time per repetition, 
 
 Then it fits the cost model's all-to-all form ``t = latency + bytes / bandwidth`` to every
 (n > 1, size) point, reports each point's error under the fit and under the shipped default
-H200 profile, and writes a ``CalibrationProfile`` (``comm_eff`` = fitted bandwidth over the
+H200 profile, and writes a ``CalibrationProfile`` (``alltoall_eff`` = fitted bandwidth over the
 ``--hardware`` entry's scale-up bandwidth, ``alltoall_latency_s`` = fitted latency; provenance;
 raw points in ``op_points``). On CPU/gloo the numbers describe the CPU, not a GPU: they check
 the code and the model's form, and must not be used to price GPUs (the profile says so).
@@ -233,14 +233,15 @@ def _profile(base, lat: float, bw: float, hw, backend: str, prov: dict, points: 
     eff = min(1.0, bw / hw.scaleup_bw)
     notes = list(base.notes) + [
         f"all-to-all fitted by benchmarks/ep_bench.py over {backend}: latency {lat * 1e6:.1f} us, "
-        f"{bw / 1e9:.3f} GB/s per rank = comm_eff {eff:.4g} of {hw.name} scale-up {hw.scaleup_bw / 1e9:.0f} GB/s",
+        f"{bw / 1e9:.3f} GB/s per rank = alltoall_eff {eff:.4g} of {hw.name} scale-up {hw.scaleup_bw / 1e9:.0f} GB/s"
+        " (the latency includes the host's launch and synchronisation: timed with the host clock around a device sync)",
         "per-EP-width fits (latency us, GB/s): " + ", ".join(f"ep{n}: {v[0] * 1e6:.1f}, {v[1] / 1e9:.3f}" for n, v in per_ep.items()),
     ]
     if backend == "gloo":
         notes.append("CPU/gloo measurement: checks code and model form only; NOT a GPU calibration, do not price GPUs with it")
     return base.model_copy(update={
         "measured_on": hw.name if backend == "nccl" else "cpu", "source": f"benchmarks/ep_bench.py ({backend})",
-        "created": prov["date"], "notes": notes, "comm_eff": max(eff, 1e-9), "alltoall_latency_s": lat,
+        "created": prov["date"], "notes": notes, "alltoall_eff": max(eff, 1e-9), "alltoall_latency_s": lat,
         "provenance": {**base.provenance, "ep_bench": prov} if base.provenance else {"ep_bench": prov},
         "op_points": list(base.op_points) + points,
     })
@@ -258,6 +259,17 @@ def _step_prediction(spec, hw, cal, ep: int, tokens: int, redundant: int) -> dic
     (d_t, d_b), (c_t, c_b) = pick("ep_dispatch"), pick("ep_combine")
     return {"dispatch_s": d_t, "combine_s": c_t, "dispatch_bytes": d_b, "combine_bytes": c_b,
             "step_s": cost.time_s, "moe_layers": n_moe}
+
+
+def _forward_prediction(spec, hw, cal, ep: int, kind: str, tokens: int, redundant: int) -> float:
+    """The cost model's time for the bench's forward at EP width ``ep`` (attention data-parallel, ``dp = ep``):
+    ``tokens`` decode sequences of context 128 per rank, or one prefill of ``tokens`` per rank."""
+    from costmodels.batch import BatchShape
+    from costmodels.layout import ParallelLayout
+    from costmodels.step import StepCostModel
+    lay = ParallelLayout(dp=ep, ep=ep, eplb_redundant_experts=redundant)
+    batch = BatchShape.decode(ep * tokens, 128) if kind == "decode" else BatchShape.prefill(ep, tokens)
+    return StepCostModel(spec, hw, lay, cal).step(batch).time_s
 
 
 def _git() -> str:
@@ -279,6 +291,11 @@ def provenance(backend: str, device: str, opts: dict, argv: list[str]) -> dict:
         p["gpus"] = torch.cuda.device_count()
         p["cuda"] = torch.version.cuda
         p["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else ""
+        try:
+            p["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                                         text=True, timeout=20).stdout.split("\n")[0].strip()
+        except Exception:  # noqa: BLE001
+            p["driver"] = ""
     else:
         p["threads_per_rank"] = opts["threads"]
         p["load_average_1m"] = os.getloadavg()[0]   # a shared CPU's other work inflates the timings
@@ -301,7 +318,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--iters", type=int, default=None)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank on CPU")
-    ap.add_argument("--hardware", default="H200", help="catalog entry the profile's comm_eff is relative to")
+    ap.add_argument("--hardware", default="H200", help="catalog entry the profile's alltoall_eff is relative to")
     ap.add_argument("--base", default=None, help="calibration profile to add the fitted comm terms to (default: analytic)")
     ap.add_argument("--out", default=None, help="write the calibration profile JSON here (and a .report.json beside it)")
     args = ap.parse_args(argv)
@@ -378,6 +395,18 @@ def main(argv: list[str] | None = None) -> dict:
             r["pred_comm_default_s"] = target["dispatch_s"] + target["combine_s"]
             r["pred_step_default_s"] = target["step_s"]
 
+        # step time by EP width: the simulator's cost model for the same forward (global batch = ep x the rank's)
+        for r in report["forward"]:
+            for tag, cal in (("fit", profile), ("default", default_cal)):
+                r[f"pred_{tag}_s"] = _forward_prediction(spec, hw, cal, r["ep"], r["kind"], r["tokens_per_rank"], args.redundant)
+                r[f"err_{tag}"] = r[f"pred_{tag}_s"] / r["forward_s"] - 1
+        base1 = {(r["kind"], r["tokens_per_rank"]): r for r in report["forward"] if r["ep"] == 1}
+        for r in report["forward"]:
+            b = base1.get((r["kind"], r["tokens_per_rank"]))
+            if b is not None and r["ep"] > 1:   # what EP width changes: measured vs predicted growth over EP 1
+                r["delta_meas_s"] = r["forward_s"] - b["forward_s"]
+                r["delta_pred_s"] = r["pred_fit_s"] - b["pred_fit_s"]
+
     _print(report, args.backend, hw)
     if args.out:
         out = Path(args.out)
@@ -418,9 +447,14 @@ def _print(rep: dict, backend: str, hw) -> None:
         print(f"{r['ep']:>3} {r['tokens_per_rank']:>6} {r['forward_s'] * 1e3:>9.3f} {r['forward_tmb_s'] * 1e3:>9.3f} "
               f"{1 - r['forward_tmb_s'] / r['forward_s']:>+7.0%}")
     print("\n## model forward per rank (all layers), ms (slowest rank, median)")
-    print(f"{'ep':>3} {'kind':>8} {'T/rank':>6} {'forward_ms':>10}")
+    print(f"{'ep':>3} {'kind':>8} {'T/rank':>6} {'forward_ms':>10} {'pred_ms':>8} {'err':>7} {'d_meas':>7} {'d_pred':>7}")
     for r in rep["forward"]:
-        print(f"{r['ep']:>3} {r['kind']:>8} {r['tokens_per_rank']:>6} {r['forward_s'] * 1e3:>10.2f}")
+        print(f"{r['ep']:>3} {r['kind']:>8} {r['tokens_per_rank']:>6} {r['forward_s'] * 1e3:>10.2f}"
+              + (f" {r['pred_fit_s'] * 1e3:>8.2f} {r['err_fit']:>+7.0%}" if "pred_fit_s" in r else "")
+              + (f" {r['delta_meas_s'] * 1e3:>+7.2f} {r['delta_pred_s'] * 1e3:>+7.2f}" if "delta_meas_s" in r else ""))
+    if any("pred_fit_s" in r for r in rep["forward"]):
+        print("(pred: StepCostModel with the fitted all-to-all, global batch = ep x per-rank batch; d_meas / d_pred: growth over"
+              " EP 1 of the same batch. The eager executor's forward is launch-bound, the cost model prices device time)")
 
 
 if __name__ == "__main__":

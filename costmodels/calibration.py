@@ -60,7 +60,8 @@ class CalibrationProfile(BaseModel):
       bandwidth (W: bytes the GEMM reads) — small GEMMs cannot keep HBM busy.
     - GEMM math: ``gemm_compute_eff[dtype] * M / (M + gemm_compute_half_m)`` of the dtype's peak.
     - attention: decode KV streaming from the ``attn_decode_mem`` table; math at ``attn_compute_eff``.
-    - communication: ``comm_eff`` of link bandwidth plus a fixed latency per collective.
+    - communication: ``comm_eff`` of link bandwidth plus a fixed latency per collective (all-to-all:
+      ``alltoall_eff`` when a measurement set it).
     - every kernel: ``launch_overhead_s``.
     """
 
@@ -76,6 +77,8 @@ class CalibrationProfile(BaseModel):
     gemm_compute_half_m: float = Field(64.0, ge=0)
     attn_compute_eff: float = Field(..., gt=0, le=1)
     comm_eff: float = Field(0.8, gt=0, le=1)
+    alltoall_eff: float | None = Field(None, gt=0, le=1, description="all-to-all's own fraction of scale-up bandwidth "
+                                       "(measured by benchmarks/ep_bench.py); None: comm_eff")
     allreduce_latency_s: float = Field(10e-6, ge=0)
     alltoall_latency_s: float = Field(20e-6, ge=0)
     alltoall_scaleout_latency_s: float = Field(40e-6, ge=0)
@@ -89,6 +92,11 @@ class CalibrationProfile(BaseModel):
     step: StepProfile | None = Field(None, description="measured step-time model of one engine on this device")
 
     # --- lookups (vectorised over numpy arrays) ---
+    @property
+    def a2a_eff(self) -> float:
+        """Fraction of scale-up bandwidth an all-to-all achieves."""
+        return self.alltoall_eff if self.alltoall_eff is not None else self.comm_eff
+
     def gemm_mem(self, weight_bytes):
         """Fraction of peak HBM bandwidth a GEMM reading ``weight_bytes`` achieves."""
         if "gemm_mem" in self.tables:

@@ -38,10 +38,10 @@ def alltoall_time(nbytes_out: float, n: int, hw: Hardware, cal: CalibrationProfi
         return 0.0
     d = min(n, hw.scaleup_domain)
     if n <= hw.scaleup_domain:
-        return nbytes_out / (hw.scaleup_bw * cal.comm_eff) + cal.alltoall_latency_s
+        return nbytes_out / (hw.scaleup_bw * cal.a2a_eff) + cal.alltoall_latency_s
     remote = nbytes_out * (n - d) / (n - 1)
     local = nbytes_out - remote
-    t = max(local / (hw.scaleup_bw * cal.comm_eff), remote / (hw.scaleout_bw * cal.comm_eff))
+    t = max(local / (hw.scaleup_bw * cal.a2a_eff), remote / (hw.scaleout_bw * cal.a2a_eff))
     return t + cal.alltoall_scaleout_latency_s
 
 
@@ -82,11 +82,11 @@ def alltoall_time_vec(nbytes_out: np.ndarray, n: int, hw: Hardware, cal: Calibra
         return np.zeros_like(b)
     d = min(n, hw.scaleup_domain)
     if n <= hw.scaleup_domain:
-        t = b / (hw.scaleup_bw * cal.comm_eff) + cal.alltoall_latency_s
+        t = b / (hw.scaleup_bw * cal.a2a_eff) + cal.alltoall_latency_s
     else:
         remote = b * (n - d) / (n - 1)
         local = b - remote
-        t = np.maximum(local / (hw.scaleup_bw * cal.comm_eff), remote / (hw.scaleout_bw * cal.comm_eff)) + cal.alltoall_scaleout_latency_s
+        t = np.maximum(local / (hw.scaleup_bw * cal.a2a_eff), remote / (hw.scaleout_bw * cal.a2a_eff)) + cal.alltoall_scaleout_latency_s
     return np.where(b > 0, t, 0.0)
 
 

@@ -235,3 +235,36 @@ def test_fast_path_agrees_with_op_by_op_under_a_prefill_attention_table():
     assert cm.mixed_step_time(new, ctx, dec) == pytest.approx(ref, rel=1e-9)
     assert cm.chunked_step_time(np.array([900, 2000, 40]), 0, [700, 64], [0, 512]) == pytest.approx(ref, rel=1e-9)
     assert ref > StepCostModel(get_model("deepseek-v3"), hw, ParallelLayout(tp=8, weight_dtype="fp8"), base).mixed_step_time(new, ctx, dec)
+
+
+def test_measured_alltoall_fraction_prices_only_all_to_all():
+    """The EP benchmark's fitted all-to-all bandwidth (alltoall_eff) moves all-to-all and EP dispatch times and
+    leaves all-reduce alone; the committed 2xH200 NCCL profiles reproduce their own measured large messages."""
+    import json
+    from costmodels.batch import BatchShape
+    from costmodels.comm import allreduce_time, alltoall_time
+    from costmodels.layout import ParallelLayout
+    from costmodels.catalog import get_model
+    from costmodels.step import StepCostModel
+    hw = get_hardware("H200")
+    base = CalibrationProfile.default(hw)
+    slow = base.model_copy(update={"alltoall_eff": base.comm_eff / 2})
+    assert base.a2a_eff == base.comm_eff and slow.a2a_eff == base.comm_eff / 2
+    b = 64e6
+    lat = base.alltoall_latency_s
+    assert alltoall_time(b, 8, hw, slow) - lat == pytest.approx(2 * (alltoall_time(b, 8, hw, base) - lat))
+    assert allreduce_time(b, 8, hw, slow) == allreduce_time(b, 8, hw, base)
+    spec = get_model("deepseek-v3")
+    lay = ParallelLayout(dp=8, ep=8)
+    batch = BatchShape.prefill(8, 2048)
+    op = lambda cal: next(o.time_s for o in StepCostModel(spec, hw, lay, cal).step(batch).ops if o.name.startswith("ep_dispatch"))  # noqa: E731
+    assert op(slow) > 1.5 * op(base)
+    root = Path(__file__).resolve().parents[1] / "profiles" / "h200"
+    for name in ("ep_profile_tiny_bf16_x2", "ep_profile_dsv3-4layers_fp8_x2"):
+        cal = CalibrationProfile.load(root / f"{name}.json")
+        assert cal.comm_eff == 0.8 and 0.3 < cal.a2a_eff < 1.0
+        assert cal.provenance["ep_bench"]["gpus"] == 2 and cal.provenance["ep_bench"]["driver"]
+        rep = json.loads((root / f"{name}.report.json").read_text())
+        big = [r for r in rep["a2a"] if r["bytes_out"] >= 16e6]
+        for r in big:   # the fit is within 15% of its own large-message points
+            assert alltoall_time(r["bytes_out"], r["ep"], hw, cal) == pytest.approx(r["time_s"], rel=0.15)
