@@ -195,8 +195,7 @@ class DecodeBatch:
     def add(self, req: Request, block_size: int) -> None:
         """Append ``req`` as the last slot; its counters move into the arrays."""
         slot = len(self.reqs)
-        d = req.__dict__
-        ctx, out = d["_num_computed_tokens"], d["_num_output_tokens"]
+        ctx, out = req._num_computed_tokens, req._num_output_tokens
         blocks = len(req.block_ids) + req._anon_blocks
         t = self.shift
         left = req.output_len - out + t
@@ -226,7 +225,6 @@ class DecodeBatch:
     def remove(self, req: Request, block_size: int) -> None:
         """Take ``req`` out (its counters move back to the request); the last slot fills the hole."""
         slot = req._slot
-        d = req.__dict__
         state = self.state
         ctx, out, left, room = state[slot].tolist()
         t = self.shift
@@ -247,8 +245,8 @@ class DecodeBatch:
             room = -(-(ctx + self.ahead) // bs) * bs - ctx
         else:
             room -= t
-        d["_num_computed_tokens"] = ctx
-        d["_num_output_tokens"] = out + t
+        req._num_computed_tokens = ctx
+        req._num_output_tokens = out + t
         # ctx + room is a whole number of blocks: those not named in block_ids are reserved by count
         req._anon_blocks = (ctx + room) // block_size - len(req.block_ids)
         req._batch, req._slot = None, -1

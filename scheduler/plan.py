@@ -9,7 +9,7 @@ import numpy as np
 from scheduler.request import Request
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledChunk:
     """A prefill (or recompute) chunk of one request in this step."""
 
@@ -19,7 +19,7 @@ class ScheduledChunk:
     is_last_chunk: bool      # the chunk completes the prompt: the step samples a token
 
 
-@dataclass
+@dataclass(slots=True)
 class StepPlan:
     """What one instance runs next: prefill chunks and decodes, for ``num_steps`` steps.
 
@@ -52,7 +52,7 @@ class StepPlan:
         return sum(c.num_new_tokens for c in self.prefills) + len(self.decodes) * (1 + self.draft_len)
 
 
-@dataclass
+@dataclass(slots=True)
 class StepResult:
     """What a backend reports after running a plan.
 

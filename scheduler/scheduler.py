@@ -333,7 +333,7 @@ class Scheduler:
                 if need_n:
                     self._grow_request(req, need_n)
                 req._cache_done = False
-                req.__dict__["_num_computed_tokens"] = hit_tokens  # (waiting: not in the decode batch)
+                req._num_computed_tokens = hit_tokens  # (waiting: not in the decode batch)
                 if req.num_preemptions == 0:
                     req.num_cached_tokens = hit_tokens
                     if cache is not None:
@@ -557,18 +557,17 @@ class Scheduler:
                 if req.status is not RequestStatus.RUNNING:
                     continue
                 # a prefilling request holds its own counters (it joins the decode batch below)
-                d = req.__dict__
-                d["_num_computed_tokens"] = c.context_len + c.num_new_tokens
+                req._num_computed_tokens = c.context_len + c.num_new_tokens
                 if req.block_hashes and not req._cache_done and self.blocks.cache is not None:
                     self._cache_computed_blocks(req)
                 if not c.is_last_chunk:
                     continue
-                out = d["_num_output_tokens"]
+                out = req._num_output_tokens
                 if out == 0:
                     self.outstanding_tokens -= req.prompt_len + 1
                 else:
                     self.outstanding_tokens -= 1
-                d["_num_output_tokens"] = out = out + 1
+                req._num_output_tokens = out = out + 1
                 if sampled is not None:
                     req.output_token_ids.extend(sampled.get(req.request_id, [])[:1])
                 if req.first_token_time is None:

@@ -189,15 +189,14 @@ def test_a_million_requests_in_seconds():
 
 
 def test_generated_requests_are_the_ones_the_constructor_builds():
-    """generate() builds requests without Request.__init__ (scheduler.request.new_requests): same objects."""
-    import dataclasses
-
+    """new_requests (workload generation's bulk constructor) builds what Request(*row) builds, slot for slot."""
     from scheduler.request import Request, new_requests
 
     rows = [("r0", 0.5, 10, 20, (1, 2), 0), ("r1", 1.5, 1, 1, (), 3)]
     for row, fast in zip(rows, new_requests(rows)):
         ref = Request(*row)
-        assert fast.__dict__ == ref.__dict__ and list(fast.__dict__) == list(ref.__dict__)
-        assert dataclasses.asdict(fast) == dataclasses.asdict(ref) and repr(fast) == repr(ref)
+        assert not hasattr(fast, "__dict__")   # slots only: no per-request dict
+        assert [getattr(fast, k) for k in Request.__slots__] == [getattr(ref, k) for k in Request.__slots__]
+        assert repr(fast) == repr(ref) and fast != ref and fast == fast
         assert fast.num_computed_tokens == 0 and fast.num_output_tokens == 0 and fast._batch is None
         assert fast.output_token_ids is not ref.output_token_ids and fast.block_ids == []
