@@ -187,6 +187,18 @@ class EffectiveStepCost:
             return t
         return self._with_tables(t, float(nd * (1 + draft_len) + sum(prefill_new)) * 1.0 / self.layout.dp)
 
+    @property
+    def mixed_sum_only(self) -> bool:
+        """``chunked_step_time_sum`` is exact (StepCostModel.mixed_sum_only, and no DP split needing the contexts)."""
+        return not self.dp_balance and getattr(self.base, "mixed_sum_only", False)
+
+    def chunked_step_time_sum(self, nd: int, dctx_sum: int, draft_len: int, prefill_new: list[int], prefill_ctx: list[int]) -> float:
+        """``chunked_step_time`` from the decodes' count and context sum (only where ``mixed_sum_only``)."""
+        t = self.base.chunked_step_time_sum(nd, dctx_sum, draft_len, prefill_new, prefill_ctx)
+        if not self._table_bw:
+            return t
+        return self._with_tables(t, float(nd * (1 + draft_len) + sum(prefill_new)) * 1.0 / self.layout.dp)
+
     def step_time(self, batch: BatchShape) -> float:
         return self.mixed_step_time(batch.new_tokens, batch.context_lens, batch.is_decode)
 

@@ -265,6 +265,18 @@ class StepCostModel:
             return self._fast_time(0, 0, None, 0, prefill_new, prefill_ctx)
         return self._fast_time(nd, draft_len, decode_context_lens, int(np.add.reduce(decode_context_lens)), prefill_new, prefill_ctx)
 
+    @property
+    def mixed_sum_only(self) -> bool:
+        """True when a step with prefill chunks depends on the decodes' contexts only through their sum
+        (every layer kind reads every cached entry, no measured prefill table): ``chunked_step_time_sum``."""
+        return self._attn_simple and not self._pre_table
+
+    def chunked_step_time_sum(self, nd: int, dctx_sum: int, draft_len: int, prefill_new: list[int], prefill_ctx: list[int]) -> float:
+        """``chunked_step_time`` from the number of decodes and their context sum (only where ``mixed_sum_only``)."""
+        if nd == 0:
+            return self.chunked_step_time(np.zeros(0, np.int64), draft_len, prefill_new, prefill_ctx)
+        return self._fast_time(nd, draft_len, None, dctx_sum, prefill_new, prefill_ctx)   # (contexts unused: simple attention)
+
     def _mixed_step_time_reference(self, new: np.ndarray, ctx: np.ndarray, dec: np.ndarray) -> float:
         """``mixed_step_time`` op by op (the ``step`` arithmetic without the op list): the fast path's reference."""
         if new.size == 0:

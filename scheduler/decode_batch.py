@@ -63,6 +63,8 @@ class DecodeBatch:
         # values, stale ones skipped), so the first to finish and who finishes cost no array pass
         self._by_left: dict[int, list[Request]] | None = {} if block_size is not None else None
         self._left_heap: list[int] = []
+        # bumped whenever a slot's true values or the slot set change (plans read contexts lazily against it)
+        self.version = 0
 
     @property
     def n(self) -> int:
@@ -146,6 +148,7 @@ class DecodeBatch:
         return int(self.state[slot, column]) + _SIGNS[column] * self.shift
 
     def set_value(self, slot: int, column: int, value: int) -> None:
+        self.version += 1
         if column == LEFT and self.implicit:
             self._materialize()
         if column == CTX:
@@ -195,6 +198,7 @@ class DecodeBatch:
     def add(self, req: Request, block_size: int) -> None:
         """Append ``req`` as the last slot; its counters move into the arrays."""
         slot = len(self.reqs)
+        self.version += 1
         ctx, out = req._num_computed_tokens, req._num_output_tokens
         blocks = len(req.block_ids) + req._anon_blocks
         t = self.shift
@@ -225,6 +229,7 @@ class DecodeBatch:
     def remove(self, req: Request, block_size: int) -> None:
         """Take ``req`` out (its counters move back to the request); the last slot fills the hole."""
         slot = req._slot
+        self.version += 1
         state = self.state
         ctx, out, left, room = state[slot].tolist()
         t = self.shift
@@ -265,6 +270,7 @@ class DecodeBatch:
 
     def add_tokens(self, n: int, tokens: np.ndarray | int) -> None:
         """Slots ``0..n-1`` produced ``tokens`` each (a scalar or one count per slot)."""
+        self.version += 1
         if isinstance(tokens, int) and n == len(self.reqs):
             self.shift += tokens
             self.ahead -= tokens

@@ -19,7 +19,6 @@ class ScheduledChunk:
     is_last_chunk: bool      # the chunk completes the prompt: the step samples a token
 
 
-@dataclass(slots=True)
 class StepPlan:
     """What one instance runs next: prefill chunks and decodes, for ``num_steps`` steps.
 
@@ -27,20 +26,67 @@ class StepPlan:
     each decode request's context grows by the tokens it produced in the previous step.
     A backend may stop early (after ``StepResult.num_steps`` steps), e.g. when the
     simulator sees an arrival that the scheduler must consider.
+
+    Fields: ``instance_id``; ``prefills`` (ScheduledChunk list); ``decodes`` (requests);
+    ``decode_context_lens`` (their context lengths, int64); ``num_steps``; ``draft_len`` (MTP/
+    speculative draft tokens verified per decode per step); ``host_overhead_s`` (scheduling +
+    input preparation cost of this plan, per step); ``preempted``; ``loaded_blocks`` (prefix blocks
+    this plan loads back into HBM from the host-memory and storage tiers, kv_tiers.py);
+    ``decode_context_sum`` (sum of decode_context_lens where the scheduler knows it, so backends
+    skip a pass; None: sum it).
+
+    The simulator's scheduler may hand out ``decode_context_lens`` lazily (``contexts_from``): the
+    array is read from the decode batch on first access, which must come before the scheduler's
+    ``complete()`` of this plan (backends and metrics read it in between; a later first read raises).
     """
 
-    instance_id: int
-    prefills: list[ScheduledChunk] = field(default_factory=list)
-    decodes: list[Request] = field(default_factory=list)
-    decode_context_lens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    num_steps: int = 1
-    draft_len: int = 0           # MTP/speculative draft tokens verified per decode per step
-    host_overhead_s: float = 0.0 # scheduling + input preparation cost of this plan, per step
-    preempted: list[Request] = field(default_factory=list)
-    # prefix blocks this plan loads back into HBM from the host-memory and storage tiers (kv_tiers.py)
-    loaded_blocks: tuple[int, int] = (0, 0)
-    # sum of decode_context_lens where the scheduler knows it (backends then skip a pass); None: sum it
-    decode_context_sum: int | None = None
+    __slots__ = ("instance_id", "prefills", "decodes", "_ctx_lens", "num_steps", "draft_len", "host_overhead_s",
+                 "preempted", "loaded_blocks", "decode_context_sum", "_ctx_src")
+
+    def __init__(self, instance_id: int, prefills: list[ScheduledChunk] | None = None, decodes: list[Request] | None = None,
+                 decode_context_lens: np.ndarray | None = None, num_steps: int = 1, draft_len: int = 0,
+                 host_overhead_s: float = 0.0, preempted: list[Request] | None = None,
+                 loaded_blocks: tuple[int, int] = (0, 0), decode_context_sum: int | None = None):
+        self.instance_id = instance_id
+        self.prefills = [] if prefills is None else prefills
+        self.decodes = [] if decodes is None else decodes
+        self._ctx_lens = decode_context_lens   # None: none given (an empty array) or read lazily (_ctx_src)
+        self.num_steps = num_steps
+        self.draft_len = draft_len
+        self.host_overhead_s = host_overhead_s
+        self.preempted = [] if preempted is None else preempted
+        self.loaded_blocks = loaded_blocks
+        self.decode_context_sum = decode_context_sum
+        self._ctx_src = None
+
+    def contexts_from(self, batch, version: int) -> "StepPlan":
+        """Take ``decode_context_lens`` from ``batch`` (a DecodeBatch at ``version``) when first read."""
+        self._ctx_src = (batch, version)
+        return self
+
+    @property
+    def decode_context_lens(self) -> np.ndarray:
+        a = self._ctx_lens
+        if a is None:
+            if self._ctx_src is None:
+                a = self._ctx_lens = np.zeros(0, np.int64)
+                return a
+            batch, version = self._ctx_src
+            if batch.version != version:
+                raise RuntimeError("StepPlan.decode_context_lens first read after the scheduler applied the plan "
+                                   "(read it between schedule() and complete())")
+            a = self._ctx_lens = batch.context_lens()
+            self._ctx_src = None
+        return a
+
+    @decode_context_lens.setter
+    def decode_context_lens(self, value: np.ndarray) -> None:
+        self._ctx_lens = value
+        self._ctx_src = None
+
+    def __repr__(self) -> str:
+        return (f"StepPlan(instance_id={self.instance_id}, prefills={self.prefills!r}, decodes={len(self.decodes)} requests, "
+                f"num_steps={self.num_steps}, draft_len={self.draft_len}, host_overhead_s={self.host_overhead_s})")
 
     @property
     def is_empty(self) -> bool:

@@ -72,6 +72,7 @@ class Scheduler:
         # the simulator without drafts keeps decode KV implicit (DecodeBatch's block_size argument)
         implicit = not name_all_blocks and config.draft_len == 0
         self.batch = DecodeBatch(config.max_num_seqs, config.block_size if implicit else None)
+        self._lazy_contexts = not name_all_blocks   # plans of the simulator read decode contexts on demand
         self.prefilling: list[Request] = []          # running, prompt (or recompute) not done; admission order
         self._fifo: deque[Request] = deque()         # waiting, policy fcfs
         self._prefilled: deque[Request] = deque()    # waiting, prompt KV computed elsewhere (add_prefilled)
@@ -382,8 +383,11 @@ class Scheduler:
         h0, h_req, h_tok = self._host_coeffs
         # positional: instance_id, prefills, decodes, decode_context_lens, num_steps, draft_len,
         # host_overhead_s, preempted, loaded_blocks, decode_context_sum
-        plan = StepPlan(self.instance_id, chunks, batch.reqs[:], batch.context_lens(), steps, self._tokens_per_decode - 1,
-                        h0 + h_req * (n + len(chunks)) + h_tok * num_tokens, preempted, (0, 0), batch.context_sum())
+        plan = StepPlan(self.instance_id, chunks, batch.reqs[:], None if self._lazy_contexts else batch.context_lens(), steps,
+                        self._tokens_per_decode - 1, h0 + h_req * (n + len(chunks)) + h_tok * num_tokens, preempted, (0, 0),
+                        batch.context_sum())
+        if self._lazy_contexts:   # the simulator's backends mostly need only the sum: copy the contexts when read
+            plan.contexts_from(batch, batch.version)
         if n or chunks:
             self._in_flight = plan
         self._in_flight_min_left = None

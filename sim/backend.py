@@ -40,6 +40,8 @@ class MemoStepCost:
         self.cost_model = cost_model
         if type(self).mixed_step_time is MemoStepCost.mixed_step_time:
             self._chunked = getattr(cost_model, "chunked_step_time", None)
+            if getattr(cost_model, "mixed_sum_only", False) and type(self).chunked_step_time is MemoStepCost.chunked_step_time:
+                self.chunked_sum = cost_model.chunked_step_time_sum
         self._blocks: dict[tuple[int, int, int], np.ndarray] = {}
         self.sum_only = self._probe()
 
@@ -58,6 +60,9 @@ class MemoStepCost:
         return float(self.cost_model.mixed_step_time(new_tokens, context_lens, is_decode))
 
     _chunked = None  # the cost model's chunked_step_time, where it has one and mixed_step_time is not overridden
+    # (nd, context sum, draft_len, prefill_new, prefill_ctx) -> the same time, where the contexts matter only
+    # through their sum; else None
+    chunked_sum = None
 
     def chunked_step_time(self, decode_context_lens: np.ndarray, draft_len: int, prefill_new: list[int], prefill_ctx: list[int]) -> float:
         """``mixed_step_time`` of decodes (1 + draft_len tokens each) followed by prefill chunks, without building arrays."""
@@ -197,7 +202,14 @@ class SimBackend:
     def _mixed_time(self, plan: StepPlan) -> float:
         """Device seconds of a (single-step) plan with prefill chunks."""
         chunks = plan.prefills
-        if len(chunks) == 1:
+        by_sum, cs = self.cost.chunked_sum, plan.decode_context_sum
+        if by_sum is not None and cs is not None:
+            if len(chunks) == 1:
+                c = chunks[0]
+                t = float(by_sum(len(plan.decodes), cs, plan.draft_len, [c.num_new_tokens], [c.context_len]))
+            else:
+                t = float(by_sum(len(plan.decodes), cs, plan.draft_len, [c.num_new_tokens for c in chunks], [c.context_len for c in chunks]))
+        elif len(chunks) == 1:
             c = chunks[0]
             t = self.cost.chunked_step_time(plan.decode_context_lens, plan.draft_len, [c.num_new_tokens], [c.context_len])
         else:

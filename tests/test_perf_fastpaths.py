@@ -84,6 +84,29 @@ def test_mixed_step_time_with_expert_load_and_effective_wrapper():
             assert eff.chunked_step_time(ctx[:nd], draft, new[nd:].tolist(), ctx[nd:].tolist()) == pytest.approx(ref, rel=1e-12)
 
 
+@pytest.mark.parametrize("name,layout", CASES, ids=lambda x: x if isinstance(x, str) else x.describe().replace(" ", "-"))
+def test_chunked_step_time_from_the_context_sum_is_exact_where_offered(name, layout):
+    """Where a cost model says a prefill step depends on the decodes' contexts only through their sum
+    (mixed_sum_only), pricing from the sum gives exactly the per-context price; the memo offers it then."""
+    cm = StepCostModel(get_model(name), H200, layout)
+    spec = get_model(name)
+    eff = EffectiveStepCost(spec, H200, layout, dp_balance=False)
+    memo = MemoStepCost(eff)
+    assert (memo.chunked_sum is not None) == cm.mixed_sum_only == eff.mixed_sum_only
+    if not cm.mixed_sum_only:   # windowed / indexed attention: per-request contexts matter
+        assert name in ("deepseek-v3.2", "deepseek-v4-flash") or cm._pre_table
+        return
+    rng = np.random.default_rng(11)
+    for _ in range(120):
+        nd, draft, new, ctx, dec = _batch(rng, bool(cm.model.mtp_layers))
+        pn, pc = new[nd:].tolist(), ctx[nd:].tolist()
+        s = int(ctx[:nd].sum())
+        assert cm.chunked_step_time_sum(nd, s, draft, pn, pc) == cm.chunked_step_time(ctx[:nd], draft, pn, pc)
+        assert memo.chunked_sum(nd, s, draft, pn, pc) == memo.chunked_step_time(ctx[:nd], draft, pn, pc)
+    # the attention-DP split prices each rank's own requests: it needs the contexts
+    assert EffectiveStepCost(spec, H200, layout, dp_balance=True).mixed_sum_only is (layout.dp == 1)
+
+
 def test_memo_chunked_entry_falls_back_without_fast_path():
     """A cost model without chunked_step_time (or a memo overriding mixed_step_time) is asked with arrays."""
     calls = []

@@ -228,3 +228,33 @@ def test_request_counters_read_through_the_decode_batch():
     run_plan(s, s.schedule(1.0, 3), 1.0)
     assert r.num_output_tokens == 4 and r.num_computed_tokens == 7 and r.remaining_output == 6
     assert "num_output_tokens=4" in repr(r)
+
+
+def test_simulator_plans_read_decode_contexts_lazily_and_only_while_in_flight():
+    """The simulator's scheduler hands out decode contexts on demand: read between schedule() and
+    complete() they equal the executor-mode (eager) plan's; a first read after complete() raises."""
+    cfg = SchedulerConfig(block_size=16, max_num_batched_tokens=256, max_num_seqs=8)
+    plans = {}
+    for name_all in (True, False):
+        s = Scheduler(cfg, 64, name_all_blocks=name_all)
+        for i, (p, o) in enumerate([(40, 5), (7, 9), (100, 3)]):
+            s.add_request(Request(f"r{i}", 0.0, p, o))
+        seen = []
+        t = 0.0
+        while s.has_work:
+            plan = s.schedule(t, max_steps=4)
+            seen.append((plan.decode_context_lens.tolist(), plan.decode_context_sum, plan.num_steps))
+            t += 0.01 * plan.num_steps
+            s.complete(plan, StepResult(np.full(plan.num_steps, 0.01), np.ones((plan.num_steps, len(plan.decodes)), np.int64)), t)
+        plans[name_all] = seen
+        assert plan.decode_context_lens is not None   # read before complete(): kept
+    assert plans[True] == plans[False] and any(len(c) > 1 for c, _, _ in plans[False])
+    for ctx, total, _ in plans[False]:
+        assert sum(ctx) == total
+    s = Scheduler(cfg, 64, name_all_blocks=False)
+    s.add_request(Request("a", 0.0, 10, 6))
+    s.complete(p := s.schedule(0.0), StepResult(np.array([0.01]), np.zeros((1, 0), np.int64)), 0.01)
+    late = s.schedule(0.01, max_steps=3)
+    s.complete(late, StepResult(np.full(late.num_steps, 0.01), np.ones((late.num_steps, 1), np.int64)), 0.05)
+    with pytest.raises(RuntimeError, match="between schedule"):
+        late.decode_context_lens
