@@ -382,35 +382,51 @@ def step_grid(device: str, quick: bool, max_ctx: int, max_batch: int, max_tokens
     return shapes
 
 
-def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print) -> list[StepPoint]:
-    """Median runner wall time of each shape (one warm-up run first)."""
+def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print, interleave: bool = False) -> list[StepPoint]:
+    """Median runner wall time of each shape (one warm-up run first).
+
+    ``interleave``: before each timed run of an eager step (one with a prompt chunk), replay a CUDA-graph
+    decode step, as serving does between prompt arrivals. Back-to-back repeats of one eager shape keep its
+    host code paths hot; in serving they are not (H200 run 8: eager prompt-chunk steps 10% slower in
+    serving than in a back-to-back grid)."""
     runner = engine.runner
     clock = _Clock(runner.device)
     L = engine.cfg.spec.num_layers
     points = []
-    for j, (dc, pf) in enumerate(shapes):
-        plan = synthetic_plan(engine, dc, pf, f"cal{j}_")
+    filler = None
+    if interleave and getattr(runner, "graphs", None) is not None:
+        filler = synthetic_plan(engine, [1000] * 8, [], "calfill_")
+    try:
+        for j, (dc, pf) in enumerate(shapes):
+            plan = synthetic_plan(engine, dc, pf, f"cal{j}_")
 
-        def run():
-            return runner.execute(plan)
+            def run():
+                return runner.execute(plan)
 
-        walls = []
-        graph_bs = 0
-        try:
-            run()  # warm-up: kernel specialisations for this shape
-            clock.sync()
-            for _ in range(repeats):
-                res = run()
-                walls.append(float(res.step_durations[0]))
-                graph_bs = int(runner.step_records[0].get("graph_bs", 0)) if runner.step_records else 0
-        finally:
-            for r in plan.decodes + [c.request for c in plan.prefills]:
+            walls = []
+            graph_bs = 0
+            try:
+                run()  # warm-up: kernel specialisations for this shape
+                clock.sync()
+                for _ in range(repeats):
+                    if filler is not None and pf:
+                        runner.execute(filler)
+                        clock.sync()
+                    res = run()
+                    walls.append(float(res.step_durations[0]))
+                    graph_bs = int(runner.step_records[0].get("graph_bs", 0)) if runner.step_records else 0
+            finally:
+                for r in plan.decodes + [c.request for c in plan.prefills]:
+                    runner.remove_request(r.request_id)
+            med = statistics.median(walls)
+            points.append(StepPoint(num_layers=L, decode_ctx=dc, prefill=pf, wall_s=med, repeats=repeats,
+                                    spread=(max(walls) - min(walls)) / med, graph_bs=graph_bs))
+            log(f"  step {j + 1:3d}/{len(shapes)}: {len(dc):4d} decodes (ctx ~{int(np.mean(dc)) if dc else 0:5d}), "
+                f"prefill {sum(a for a, _ in pf):6d} tok in {len(pf)}: {med * 1e3:8.2f} ms" + (f" (graph {graph_bs})" if graph_bs else ""))
+    finally:
+        if filler is not None:
+            for r in filler.decodes:
                 runner.remove_request(r.request_id)
-        med = statistics.median(walls)
-        points.append(StepPoint(num_layers=L, decode_ctx=dc, prefill=pf, wall_s=med, repeats=repeats,
-                                spread=(max(walls) - min(walls)) / med, graph_bs=graph_bs))
-        log(f"  step {j + 1:3d}/{len(shapes)}: {len(dc):4d} decodes (ctx ~{int(np.mean(dc)) if dc else 0:5d}), "
-            f"prefill {sum(a for a, _ in pf):6d} tok in {len(pf)}: {med * 1e3:8.2f} ms" + (f" (graph {graph_bs})" if graph_bs else ""))
     return points
 
 
@@ -509,7 +525,7 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
         settle_s = _settle(engine, shapes, seconds=8.0)
         log(f"  settled {settle_s:.1f} s (decode and prefill steps back to back, untimed)")
     t2 = time.perf_counter()
-    pts = measure_steps(engine, shapes, repeats, log)
+    pts = measure_steps(engine, shapes, repeats, log, interleave=cuda and not quick)
     log(f"  steps: {len(pts)} shapes x {repeats} in {time.perf_counter() - t2:.1f} s")
     t3 = time.perf_counter()
     if cuda and not quick:

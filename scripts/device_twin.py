@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--skip-tune", action="store_true")
     ap.add_argument("--runs", type=int, default=1, help="replays per load level (median and spread reported)")
+    ap.add_argument("--ab-interleave", action="store_true", help="first time eager steps back to back vs after a graph step")
     a = ap.parse_args()
 
     from costmodels.step_profile import ProfiledStepCost
@@ -56,6 +57,16 @@ def main() -> None:
     t0 = time.perf_counter()
     engine = build_engine(a.model, a.num_layers, a.device, a.dtype, max_seqs, a.max_model_len, num_kv_blocks=blocks)
     con.print(f"engine built in {time.perf_counter() - t0:.1f} s")
+
+    if a.ab_interleave:  # eager prompt-chunk steps back to back vs after a CUDA-graph decode step (serving's order)
+        from executor.calibrate import measure_steps
+        ab = [([], [(256, 0)]), ([], [(1024, 0)]), ([1000] * 8, [(512, 0)]), ([1000] * 48, [(128, 0)]), ([1000] * 64, [(1024, 0)])]
+        quiet = lambda x: None  # noqa: E731
+        for rnd in range(2):
+            for inter in (False, True):
+                pts = measure_steps(engine, ab, 7, quiet, interleave=inter)
+                con.print(f"A/B round {rnd + 1} {'after a graph step' if inter else 'back to back':>18}: "
+                          + "  ".join(f"{len(p.decode_ctx)}d+{p.prefill[0][0]}t {p.wall_s * 1e3:.2f} ms" for p in pts), highlight=False)
 
     prof = calibrate(a.model, a.num_layers, a.device, a.dtype, engine=engine, quick=a.quick, repeats=a.repeats, max_model_len=a.max_model_len,
                      max_num_seqs=max_seqs, command=cmd, log=lambda x: con.print(x, highlight=False))

@@ -22,7 +22,7 @@ PY
 
 stage "calibrate, validate, tune: one process, one engine (scripts/device_twin.py)"
 timeout ${T_TWIN:-480} python3 scripts/device_twin.py --out "$OUT" --trace "$OUT/trace_chat.jsonl" \
-  --model deepseek-v3 --num-layers 5 --dtype fp8 --device cuda --max-input-len ${MAXIN:-1024} --max-output-len ${MAXOUT:-128} --runs ${RUNS:-1}
+  --model deepseek-v3 --num-layers 5 --dtype fp8 --device cuda --max-input-len ${MAXIN:-1024} --max-output-len ${MAXOUT:-128} --runs ${RUNS:-1} ${TWIN_ARGS:-}
 
 # the same commands one by one (each builds its own engine):
 #   twinfer calibrate --model deepseek-v3 --num-layers 5 --dtype fp8 --device cuda --out p.json
