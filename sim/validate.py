@@ -243,17 +243,24 @@ def load_bands(path: str | Path) -> tuple[dict[str, float], str]:
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 
 
-def find_report(hardware: str, root: str | Path | None = None) -> Path | None:
-    """The newest committed validation report for ``hardware`` (profiles/<hw>/validation_*.json), if any."""
+def find_reports(hardware: str, root: str | Path | None = None) -> list[Path]:
+    """Committed validation reports for ``hardware`` (profiles/<hw>/validation_*.json), newest name first."""
     d = Path(root or PROFILES) / hardware.lower()
+    out = []
     for path in sorted(d.glob("validation_*.json"), reverse=True) if d.is_dir() else []:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
         if isinstance(data, dict) and "levels" in data and "model" in data:  # skip tune results and other files
-            return path
-    return None
+            out.append(path)
+    return out
+
+
+def find_report(hardware: str, root: str | Path | None = None) -> Path | None:
+    """The newest committed validation report for ``hardware``, if any."""
+    reports = find_reports(hardware, root)
+    return reports[0] if reports else None
 
 
 def band_text(bands: dict[str, float], key: str) -> str:
@@ -264,10 +271,15 @@ def band_text(bands: dict[str, float], key: str) -> str:
 
 def band_line(source: str, hardware: str) -> str:
     """The line ``twinfer simulate --error-band`` prints: each figure's band from a validation report."""
-    path = find_report(hardware) if source == "auto" else Path(source)
-    if path is None or not Path(path).is_file():
+    paths = find_reports(hardware) if source == "auto" else [Path(source)]
+    if not paths or not paths[0].is_file():
         return f"error band: no validation report for {hardware} (run twinfer validate on that GPU)"
-    bands, src = load_bands(path)
+    bands, src = load_bands(paths[0])
+    if len(paths) > 1:   # every committed run counts: the band is the largest error any of them saw
+        for p in paths[1:]:
+            for k, v in load_bands(p)[0].items():
+                bands[k] = max(v, bands.get(k, v))
+        src = f"largest over {len(paths)} reports, newest {src}"
     parts = [f"{label} {band_text(bands, key)}" for label, key in
              (("throughput", "output_throughput"), ("TPOT p50", "tpot_p50"), ("TTFT p50", "ttft_p50"), ("TTFT p90", "ttft_p90"),
               ("step time (MAPE)", "step_time")) if key in bands]

@@ -103,7 +103,8 @@ def test_target_traffic_sizes_the_cluster():
 
 
 def test_error_band_is_unknown_without_a_calibration():
-    assert service.error_band("H200") is None
+    # H200 has validation reports, but of a 5-layer stack on its calibrated step model, not of the planner's figures
+    assert service.error_band("H200") is None and service.error_band("MI355X") is None
 
 
 # ---------------------------------------------------------------- uploads

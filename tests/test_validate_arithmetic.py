@@ -92,3 +92,15 @@ def test_median_runs_and_spread():
     med, spread = median_runs([{"a": 1.0, "b": None}, {"a": 3.0, "b": 2.0}, {"a": 2.0, "b": 1.0}])
     assert med["a"] == 2.0 and spread["a"] == pytest.approx(1.0)
     assert med["b"] is None and spread["b"] is None  # a figure missing in any run is not summarised
+
+
+def test_auto_band_is_the_largest_error_over_every_committed_report():
+    from sim.validate import band_text, find_reports
+
+    paths = find_reports("H200")
+    assert len(paths) >= 3 and paths[0] == find_report("H200")
+    line = band_line("auto", "H200")
+    assert f"largest over {len(paths)} reports" in line
+    for key, label in (("tpot_p50", "TPOT p50"), ("ttft_p90", "TTFT p90"), ("output_throughput", "throughput")):
+        worst = max(load_bands(p)[0][key] for p in paths)
+        assert f"{label} {band_text({key: worst}, key)}" in line

@@ -467,10 +467,12 @@ def metric_row(res, percentile: int = 90) -> dict:
 
 # ---------------------------------------------------------------- calibration error band
 def error_band(hardware: str) -> float | None:
-    """Relative error of simulated figures on ``hardware`` from a validation run, or None if none exists.
+    """Relative error of the planner's simulated figures on ``hardware`` from a validation run, or None.
 
-    Validation reports (``twinfer validate``, issue 7) have not landed; until they do there is no
-    measured band and the app says "no calibration: ±?".
+    None for every GPU today, and the app says "no calibration: ±?": the committed validation reports
+    (profiles/<hw>/validation_*.json, ``twinfer simulate --error-band auto``) measure the twin of a
+    5-layer DeepSeek-V3 stack priced by its own calibrated step model, while the planner prices full
+    models with the analytic cost model; those reports are no band for these figures (docs/twin.md).
     """
     return None
 
