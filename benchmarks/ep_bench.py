@@ -247,13 +247,17 @@ def _profile(base, lat: float, bw: float, hw, backend: str, prov: dict, points: 
     })
 
 
+def _ep_step(spec, hw, cal, ep: int, redundant: int, batch):
+    """The cost model's step (StepCost) for ``batch`` at EP width ``ep``, attention data-parallel (``dp = ep``)."""
+    from costmodels.layout import ParallelLayout
+    from costmodels.step import StepCostModel
+    return StepCostModel(spec, hw, ParallelLayout(dp=ep, ep=ep, eplb_redundant_experts=redundant), cal).step(batch)
+
+
 def _step_prediction(spec, hw, cal, ep: int, tokens: int, redundant: int) -> dict:
     """The cost model's EP communication (dispatch + combine, per MoE layer) for a prefill of ``tokens`` per rank."""
     from costmodels.batch import BatchShape
-    from costmodels.layout import ParallelLayout
-    from costmodels.step import StepCostModel
-    lay = ParallelLayout(dp=ep, ep=ep, eplb_redundant_experts=redundant)
-    cost = StepCostModel(spec, hw, lay, cal).step(BatchShape.prefill(ep, tokens))
+    cost = _ep_step(spec, hw, cal, ep, redundant, BatchShape.prefill(ep, tokens))
     n_moe = sum(1 for i in range(spec.num_layers) if spec.is_moe_layer(i)) or 1
     pick = lambda key: next(((o.time_s / o.count, o.bytes / o.count) for o in cost.ops if o.name.startswith(key)), (0.0, 0.0))  # noqa: E731
     (d_t, d_b), (c_t, c_b) = pick("ep_dispatch"), pick("ep_combine")
@@ -262,14 +266,11 @@ def _step_prediction(spec, hw, cal, ep: int, tokens: int, redundant: int) -> dic
 
 
 def _forward_prediction(spec, hw, cal, ep: int, kind: str, tokens: int, redundant: int) -> float:
-    """The cost model's time for the bench's forward at EP width ``ep`` (attention data-parallel, ``dp = ep``):
-    ``tokens`` decode sequences of context 128 per rank, or one prefill of ``tokens`` per rank."""
+    """The cost model's time for the bench's forward at EP width ``ep``: ``tokens`` decode sequences of
+    context 128 per rank, or one prefill of ``tokens`` per rank."""
     from costmodels.batch import BatchShape
-    from costmodels.layout import ParallelLayout
-    from costmodels.step import StepCostModel
-    lay = ParallelLayout(dp=ep, ep=ep, eplb_redundant_experts=redundant)
     batch = BatchShape.decode(ep * tokens, 128) if kind == "decode" else BatchShape.prefill(ep, tokens)
-    return StepCostModel(spec, hw, lay, cal).step(batch).time_s
+    return _ep_step(spec, hw, cal, ep, redundant, batch).time_s
 
 
 def _git() -> str:

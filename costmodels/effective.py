@@ -182,7 +182,11 @@ class EffectiveStepCost:
             dec = np.zeros(new.size, bool)
             dec[:nd] = True
             return self.mixed_step_time(new, ctx, dec)
-        t = self.base.chunked_step_time(decode_context_lens, draft_len, prefill_new, prefill_ctx)
+        return self._chunked_tables(self.base.chunked_step_time(decode_context_lens, draft_len, prefill_new, prefill_ctx),
+                                    nd, draft_len, prefill_new)
+
+    def _chunked_tables(self, t: float, nd: int, draft_len: int, prefill_new: list[int]) -> float:
+        """A chunked step's time with the host/peer embedding-table reads of its tokens (if any)."""
         if not self._table_bw:
             return t
         return self._with_tables(t, float(nd * (1 + draft_len) + sum(prefill_new)) * 1.0 / self.layout.dp)
@@ -194,10 +198,8 @@ class EffectiveStepCost:
 
     def chunked_step_time_sum(self, nd: int, dctx_sum: int, draft_len: int, prefill_new: list[int], prefill_ctx: list[int]) -> float:
         """``chunked_step_time`` from the decodes' count and context sum (only where ``mixed_sum_only``)."""
-        t = self.base.chunked_step_time_sum(nd, dctx_sum, draft_len, prefill_new, prefill_ctx)
-        if not self._table_bw:
-            return t
-        return self._with_tables(t, float(nd * (1 + draft_len) + sum(prefill_new)) * 1.0 / self.layout.dp)
+        return self._chunked_tables(self.base.chunked_step_time_sum(nd, dctx_sum, draft_len, prefill_new, prefill_ctx),
+                                    nd, draft_len, prefill_new)
 
     def step_time(self, batch: BatchShape) -> float:
         return self.mixed_step_time(batch.new_tokens, batch.context_lens, batch.is_decode)

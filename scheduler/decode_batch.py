@@ -71,20 +71,13 @@ class DecodeBatch:
         return len(self.reqs)
 
     # true-value views of the columns (the pending shift applied first)
-    @property
-    def ctx(self) -> np.ndarray:
-        self.sync()
-        return self._ctx
+    ctx = property(lambda self: self._synced()._ctx)
+    out = property(lambda self: self._synced()._out)
+    left = property(lambda self: self._synced()._left)
 
-    @property
-    def out(self) -> np.ndarray:
+    def _synced(self) -> "DecodeBatch":
         self.sync()
-        return self._out
-
-    @property
-    def left(self) -> np.ndarray:
-        self.sync()
-        return self._left
+        return self
 
     @property
     def room(self) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from operator import attrgetter
 
 
 class RequestStatus(enum.Enum):
@@ -86,39 +87,6 @@ class Request:
     def __repr__(self) -> str:
         return "Request(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in _FIELDS) + ")"
 
-    # While a request is in an instance's decode batch, its two token counters live in that batch's
-    # numpy arrays (struct-of-arrays: one vectorised update per step instead of a Python loop over the
-    # batch; see scheduler/decode_batch.py). These properties keep ``req.num_computed_tokens`` and
-    # ``req.num_output_tokens`` exact for every reader and writer either way (outside a batch they
-    # live in the ``_num_computed_tokens`` / ``_num_output_tokens`` slots).
-    @property
-    def num_computed_tokens(self) -> int:
-        """Tokens whose KV is in cache (prefix hits included)."""
-        batch = self._batch
-        return self._num_computed_tokens if batch is None else batch.value(self._slot, 0)
-
-    @num_computed_tokens.setter
-    def num_computed_tokens(self, value: int) -> None:
-        batch = self._batch
-        if batch is None:
-            self._num_computed_tokens = value
-        else:
-            batch.set_value(self._slot, 0, value)
-
-    @property
-    def num_output_tokens(self) -> int:
-        """Generated tokens so far."""
-        batch = self._batch
-        return self._num_output_tokens if batch is None else batch.value(self._slot, 1)
-
-    @num_output_tokens.setter
-    def num_output_tokens(self, value: int) -> None:
-        batch = self._batch
-        if batch is None:
-            self._num_output_tokens = value
-        else:
-            batch.set_value(self._slot, 1, value)
-
     @property
     def num_tokens(self) -> int:
         """Tokens whose KV the request needs: prompt plus generated so far."""
@@ -137,6 +105,33 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status in (RequestStatus.FINISHED, RequestStatus.DROPPED)
+
+
+# While a request is in an instance's decode batch, its two token counters live in that batch's numpy
+# arrays (struct-of-arrays: one vectorised update per step instead of a Python loop over the batch; see
+# scheduler/decode_batch.py). These properties keep ``req.num_computed_tokens`` and ``req.num_output_tokens``
+# exact for every reader and writer either way (outside a batch they live in the ``_<name>`` slots).
+def _batched_counter(name: str, column: int, doc: str) -> property:
+    stored = attrgetter("_" + name)
+    key = "_" + name
+
+    def get(self: Request) -> int:
+        batch = self._batch
+        return stored(self) if batch is None else batch.value(self._slot, column)
+
+    def set_(self: Request, value: int) -> None:
+        batch = self._batch
+        if batch is None:
+            setattr(self, key, value)
+        else:
+            batch.set_value(self._slot, column, value)
+
+    return property(get, set_, doc=doc)
+
+
+# columns of scheduler.decode_batch.DecodeBatch (CTX, OUT)
+Request.num_computed_tokens = _batched_counter("num_computed_tokens", 0, "Tokens whose KV is in cache (prefix hits included).")
+Request.num_output_tokens = _batched_counter("num_output_tokens", 1, "Generated tokens so far.")
 
 
 def new_requests(rows) -> list[Request]:

@@ -202,19 +202,16 @@ class SimBackend:
     def _mixed_time(self, plan: StepPlan) -> float:
         """Device seconds of a (single-step) plan with prefill chunks."""
         chunks = plan.prefills
-        by_sum, cs = self.cost.chunked_sum, plan.decode_context_sum
-        if by_sum is not None and cs is not None:
-            if len(chunks) == 1:
-                c = chunks[0]
-                t = float(by_sum(len(plan.decodes), cs, plan.draft_len, [c.num_new_tokens], [c.context_len]))
-            else:
-                t = float(by_sum(len(plan.decodes), cs, plan.draft_len, [c.num_new_tokens for c in chunks], [c.context_len for c in chunks]))
-        elif len(chunks) == 1:
+        if len(chunks) == 1:
             c = chunks[0]
-            t = self.cost.chunked_step_time(plan.decode_context_lens, plan.draft_len, [c.num_new_tokens], [c.context_len])
+            pn, pc = [c.num_new_tokens], [c.context_len]
         else:
-            t = self.cost.chunked_step_time(plan.decode_context_lens, plan.draft_len,
-                                            [c.num_new_tokens for c in chunks], [c.context_len for c in chunks])
+            pn, pc = [c.num_new_tokens for c in chunks], [c.context_len for c in chunks]
+        by_sum, cs = self.cost.chunked_sum, plan.decode_context_sum
+        if by_sum is not None and cs is not None:   # the contexts matter only through their sum: no copy of them
+            t = float(by_sum(len(plan.decodes), cs, plan.draft_len, pn, pc))
+        else:
+            t = self.cost.chunked_step_time(plan.decode_context_lens, plan.draft_len, pn, pc)
         if plan.loaded_blocks[0] or plan.loaded_blocks[1]:
             # prefix blocks loaded back from host memory / storage, layer by layer under the step's
             # compute (SGLang HiCache's layer-wise overlap): the step takes the longer of the two
