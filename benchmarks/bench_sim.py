@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def _time_calls(split: dict) -> None:
     """Wrap the cost-model and metrics entry points so their share of the run's CPU time is measured."""
     import sim.backend as sb
-    import sim.metrics as sm
+    import scheduler.metrics as sm
 
     def wrap(cls, name, label):
         f = getattr(cls, name)

@@ -33,7 +33,7 @@ class ReplayStep:
 
 @dataclass
 class ReplayResult:
-    metrics: object                # sim.metrics.SimMetrics
+    metrics: object                # scheduler.metrics.SimMetrics
     steps: list[ReplayStep] = field(default_factory=list)
     wall_s: float = 0.0
     kernels: dict = field(default_factory=dict)        # op -> implementations, most used first
@@ -46,7 +46,7 @@ def replay(engine: LLMEngine, items: list[tuple[float, str, list[int], int]], te
 
     ``on_plan(plan_index, start_s, step_records, scheduler_stats)`` is called after every executed plan (the
     runner's per-step records: batch, times, kernels), e.g. to write a step log."""
-    from sim.metrics import MetricsCollector
+    from scheduler.metrics import MetricsCollector
     from twinfer.errors import TwinferError
 
     metrics = MetricsCollector(record_steps=False)

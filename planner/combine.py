@@ -15,7 +15,7 @@ from costmodels.hardware import Hardware
 from planner.screen import PREFILL_MAX_UTIL, LayoutPoints, kv_transfer_bytes
 from planner.space import LayoutOption
 from planner.workload_stats import WorkloadStats
-from sim.metrics import SLO
+from scheduler.metrics import SLO
 
 COLUMNS = ("mode", "opt", "inst", "B", "d", "async", "chunk", "popt", "pinst", "pchunk", "pasync",
            "rate", "thr_gpu", "tps_user", "ttft", "tpot", "gpus", "kv_ok", "transfer")

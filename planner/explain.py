@@ -10,7 +10,7 @@ from costmodels.model_spec import ModelSpec
 from planner.combine import AGG, Table
 from planner.request import SearchSpace
 from planner.space import LayoutOption, Rejected, enumerate_layouts
-from sim.metrics import SLO
+from scheduler.metrics import SLO
 
 
 def describe_row(table: Table, options: list[LayoutOption], i: int) -> str:

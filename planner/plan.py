@@ -19,7 +19,7 @@ from planner.economics import Economics
 from scheduler.config import SchedulerConfig
 from sim.disagg import DisaggSpec, LinkKind
 from sim.effects import EffectsSpec
-from sim.metrics import SLO
+from scheduler.metrics import SLO
 from sim.router import RouterConfig
 from sim.scenario import Scenario
 from sim.workload import WorkloadSpec

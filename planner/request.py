@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from costmodels.layout import DType
 from costmodels.moe_load import ExpertLoadSpec
-from sim.metrics import SLO
+from scheduler.metrics import SLO
 from sim.workload import WorkloadSpec
 
 Mode = Literal["aggregated", "disaggregated"]

@@ -28,7 +28,7 @@ from planner.space import LayoutOption
 from scheduler.config import SchedulerConfig
 from sim.disagg import DisaggSpec
 from sim.effects import EffectsSpec
-from sim.metrics import SLO
+from scheduler.metrics import SLO
 from sim.router import RouterConfig
 from sim.scenario import Scenario
 from sim.workload import WorkloadSpec

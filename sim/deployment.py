@@ -31,7 +31,7 @@ from sim.effects import EffectsSpec, build_step_cost, kv_tiers
 from sim.export import digest
 from sim.instance import Instance
 from sim import invariants
-from sim.metrics import MetricsCollector
+from scheduler.metrics import MetricsCollector
 from sim.router import make_router
 from sim.runner import KVInfo, SimResult, SimRun
 from sim.scenario import Scenario

@@ -20,7 +20,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from scheduler.request import Request
-from sim.metrics import StepRecord
+from scheduler.metrics import StepRecord
 
 FLOAT_DIGITS = 12
 

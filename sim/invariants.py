@@ -32,7 +32,7 @@ import numpy as np
 
 from scheduler.plan import StepPlan, StepResult
 from scheduler.request import Request, RequestStatus
-from sim.metrics import MetricsCollector
+from scheduler.metrics import MetricsCollector
 
 ENV_VAR = "TWINFER_DEBUG_INVARIANTS"
 TIME_EPS_S = 1e-9  # float rounding of start + duration sums (the cluster's arrival tolerance)

@@ -19,7 +19,7 @@ from sim.backend import MemoStepCost, SimBackend
 from sim.cluster import Cluster
 from sim import invariants
 from sim.export import digest
-from sim.metrics import MetricsCollector, SimMetrics
+from scheduler.metrics import MetricsCollector, SimMetrics
 from sim.router import make_router
 from sim.scenario import Scenario
 from sim.solo import run_solo

@@ -12,7 +12,7 @@ from costmodels.layout import ParallelLayout
 from scheduler.config import SchedulerConfig
 from sim.disagg import DisaggSpec
 from sim.effects import EffectsSpec
-from sim.metrics import SLO
+from scheduler.metrics import SLO
 from sim.router import RouterConfig
 from sim.workload import WorkloadSpec
 from twinfer.config import load_model_file, validate

@@ -32,7 +32,7 @@ from scheduler.request import Request
 from scheduler.scheduler import Scheduler
 from sim.backend import MemoStepCost, SimBackend
 from sim.cluster import Cluster
-from sim.metrics import MetricsCollector, SimMetrics
+from scheduler.metrics import MetricsCollector, SimMetrics
 from sim.router import RouterConfig, make_router
 
 TARGETS = {"step_mape": 0.05, "output_throughput": 0.05, "tpot_p50": 0.05, "ttft_p50": 0.10, "ttft_p90": 0.10}

@@ -20,7 +20,7 @@ def _plan(path) -> None:
     from planner.plan import Plan, PoolPlan
     from scheduler.config import SchedulerConfig
     from sim.effects import EffectsSpec
-    from sim.metrics import SLO
+    from scheduler.metrics import SLO
     from sim.workload import WorkloadSpec
     Plan(model="tiny", hardware="H200", gpus_budget=2, mode="aggregated",
          pools=[PoolPlan(role="mixed", instances=1, layout=ParallelLayout(dp=2, ep=2, eplb_redundant_experts=2),

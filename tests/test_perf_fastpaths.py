@@ -18,7 +18,7 @@ from costmodels.step import StepCostModel
 from scheduler.plan import ScheduledChunk, StepPlan, StepResult
 from scheduler.request import Request
 from sim.backend import MemoStepCost
-from sim.metrics import LogHistogram, MetricsCollector
+from scheduler.metrics import LogHistogram, MetricsCollector
 
 H200 = get_hardware("H200")
 CASES = [

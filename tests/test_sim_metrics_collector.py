@@ -7,7 +7,7 @@ import pytest
 
 from scheduler.plan import ScheduledChunk, StepPlan, StepResult
 from scheduler.request import Request
-from sim.metrics import SLO, LogHistogram, MetricsCollector, Stat
+from scheduler.metrics import SLO, LogHistogram, MetricsCollector, Stat
 
 
 def _req(i, arrival, first, finish, out, prompt=100, cached=0, preempt=0):

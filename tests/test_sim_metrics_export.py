@@ -20,7 +20,7 @@ from sim.export import (
     write_perfetto,
     write_requests_csv,
 )
-from sim.metrics import SLO, MetricsCollector
+from scheduler.metrics import SLO, MetricsCollector
 
 
 def _metrics(record_steps=False):

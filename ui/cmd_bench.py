@@ -46,7 +46,7 @@ def load_workload(workload: str, *, requests: Optional[int], rate: Optional[floa
 
 
 def to_sim_metrics(run, *, num_gpus: int = 1, slo=None):
-    """The run as ``sim.metrics.SimMetrics``: the report ``twinfer simulate`` gives, from measured records.
+    """The run as ``scheduler.metrics.SimMetrics``: the report ``twinfer simulate`` gives, from measured records.
 
     Each request's arrival is when the client sent it (what the server saw), so TTFT, TPOT and
     E2E are the server's; measured ITLs (gaps between streamed chunks) go straight into the
@@ -56,7 +56,7 @@ def to_sim_metrics(run, *, num_gpus: int = 1, slo=None):
     import numpy as np
 
     from scheduler.request import Request
-    from sim.metrics import MetricsCollector
+    from scheduler.metrics import MetricsCollector
 
     col = MetricsCollector()
     for rec in sorted(run.records, key=lambda r: r.start_s):
@@ -109,7 +109,7 @@ def bench(
 
     from executor import bench_client as bc
     from sim import workload as wl
-    from sim.metrics import SLO
+    from scheduler.metrics import SLO
     from twinfer.config import validate
 
     if prompt_mode not in ("text", "ids"):
