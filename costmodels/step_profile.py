@@ -34,6 +34,8 @@ from typing import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from costmodels.host import partial_overlap
+
 FIT_CATEGORIES = ("attention", "prefill_attention", "dense_gemm", "expert_gemm", "other")
 # cost-model categories (costmodels.ops.CATEGORIES order) folded into the fitted ones; the attention core (and
 # indexer) of decode rows and of prefill chunks are separate: different kernels (paged MLA decode vs SDPA prefill)
@@ -134,8 +136,7 @@ class StepProfile(BaseModel):
 
     def combine(self, host, device):
         """Eager runner step time from host and device terms (vectorised)."""
-        h, d = np.asarray(host, float), np.asarray(device, float)
-        return np.maximum(h, d) + self.overlap * np.minimum(h, d)
+        return partial_overlap(host, device, self.overlap)
 
     def graph_bucket(self, num_decodes: int, draft_len: int = 0, num_prefills: int = 0) -> int:
         """Captured batch size a step replays (0: the step runs eager)."""
@@ -207,7 +208,7 @@ def host_features(points: Sequence[StepPoint], with_layers: bool, launch_bound: 
 
 def _predict(h: np.ndarray, d: np.ndarray, alpha: float, graph: np.ndarray) -> np.ndarray:
     """Eager steps ``max(H, D) + alpha min(H, D)``; graph steps ``H + D``."""
-    return np.where(graph, h + d, np.maximum(h, d) + alpha * np.minimum(h, d))
+    return np.where(graph, h + d, partial_overlap(h, d, alpha))
 
 
 def _solve(hf: np.ndarray, df: np.ndarray, y: np.ndarray, hb: np.ndarray, alpha: float, graph: np.ndarray) -> np.ndarray:

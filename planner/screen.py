@@ -34,6 +34,7 @@ import numpy as np
 from costmodels.catalog import get_model
 from costmodels.effective import EffectiveStepCost
 from costmodels.hardware import get_hardware
+from costmodels.host import wall_time
 from costmodels.memory import kv_rates
 from costmodels.moe_load import ExpertLoadSpec, cached_initial
 from planner.space import LayoutOption
@@ -108,10 +109,6 @@ def _host(sc: SchedulerConfig, n_req: float, n_tok: float) -> float:
     return sc.host_overhead_s(n_req, n_tok)
 
 
-def _wall(dev: float, host: float, overlap: bool) -> float:
-    return max(dev, host) if overlap else dev + host
-
-
 def _prefill_shape(stats: WorkloadStats, chunk: int) -> tuple[float, int, int]:
     """(tokens per prompt chunk, prompts per rank per step, steps per prompt) for mean new tokens."""
     new = max(stats.mean_new, 1.0)
@@ -156,11 +153,11 @@ def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPo
                 dec = np.concatenate([np.ones(n, bool), np.zeros(m_chunks, bool)])
                 mixes[c] = (cost.mixed_step_time(new, cl, dec), m_chunks, float(new.sum()))
             for ov in ctx.async_overlap:
-                t_dec = _wall(dev, host, ov)
+                t_dec = wall_time(dev, host, ov)
                 rows_d.append((B, d, ov, t_dec, spt, kv_ok))
                 for c in ctx.chunk_tokens:
                     dev_mix, m_chunks, n_tok = mixes[c]
-                    t_step = _wall(dev_mix, _host(sc, n + m_chunks, n_tok), ov)
+                    t_step = wall_time(dev_mix, _host(sc, n + m_chunks, n_tok), ov)
                     lam = n * spt / (max(st.mean_output, 1e-9) * t_step)
                     tpot = t_step / spt
                     # a p90 prompt needs ceil(p90 / c) steps (one chunk per step); arrivals wait half a step
@@ -174,7 +171,7 @@ def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPo
         new = np.full(m_chunks, int(round(tok)), np.int64)
         dev = cost.mixed_step_time(new, np.full(m_chunks, hit_ctx, np.int64), np.zeros(m_chunks, bool))
         for ov in ctx.async_overlap:
-            t_pre = _wall(dev, _host(sc, m_chunks, float(new.sum())), ov)
+            t_pre = wall_time(dev, _host(sc, m_chunks, float(new.sum())), ov)
             rows_p.append((c, ov, (m_chunks / steps) / t_pre, t_pre, steps))
 
     def col(rows, i, dtype=float):

@@ -6,8 +6,8 @@ from typing import Protocol
 
 import numpy as np
 
+from costmodels.host import wall_time
 from scheduler.plan import StepPlan, StepResult
-from sim.host import wall_step_time, wall_step_times
 
 
 class StepCost(Protocol):
@@ -141,7 +141,7 @@ class SimBackend:
     """The simulator's side of the seam: ``execute(plan) -> StepResult`` without a GPU.
 
     Device time comes from the cost model (one vectorised call, or a memo lookup, for a k-step
-    decode plan); the loop's host overhead is added per the async-overlap policy (sim/host.py).
+    decode plan); the loop's host overhead is added per the async-overlap rule (costmodels/host.py).
     With speculative decoding, each decode's accepted drafts are drawn first (one uniform per
     request and step from the seeded generator) so that every step is priced at the contexts it
     really has; if the loop then runs fewer steps than planned, the generator is rewound so it
@@ -231,8 +231,8 @@ class SimBackend:
                                             int(np.add.reduce(plan.decode_context_lens)) if cs is None else cs)
             else:
                 dev = float(self.device_times(plan)[0])
-            return np.array([wall_step_time(dev, plan.host_overhead_s, self.async_overlap, cold_start)])
-        return wall_step_times(self.device_times(plan), plan.host_overhead_s, self.async_overlap, cold_start)
+            return np.array([wall_time(dev, plan.host_overhead_s, self.async_overlap, cold_start)])
+        return wall_time(self.device_times(plan), plan.host_overhead_s, self.async_overlap, cold_start)
 
     def step_times_until(self, plan: StepPlan, cold_start: bool, start_s: float, stop_at: float | None) -> tuple[np.ndarray, object]:
         """``step_times`` cut after the first step that ends at/after ``stop_at`` (all steps if None), and,
@@ -257,7 +257,7 @@ class SimBackend:
 
     def _decode_run_until(self, plan: StepPlan, cold_start: bool, start_s: float, stop_at: float) -> tuple[np.ndarray, list[float]]:
         """step_times_until for a draft-free decode run of a sum_only memo: MemoStepCost.decode_times and
-        wall_step_times for one step at a time, with floats."""
+        wall_time for one step at a time, with floats."""
         cost, nd = self.cost, len(plan.decodes)
         cs = plan.decode_context_sum
         u = float(np.add.reduce(plan.decode_context_lens) if cs is None else cs) / nd   # mean context in grid units (g = 1)
@@ -280,11 +280,7 @@ class SimBackend:
                 b += 1
                 blk = cost._block(nd, 0, b)
                 j = 0
-            dev = a * keep + blk.item(j) * frac
-            if not overlap or (cold_start and m == 0):
-                wall = dev + host
-            else:
-                wall = dev if dev >= host else host
+            wall = wall_time(a * keep + blk.item(j) * frac, host, overlap, cold_start and m == 0)
             times.append(wall)
             total += wall
             end = start_s + total

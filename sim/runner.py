@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from costmodels.catalog import get_model
 from costmodels.hardware import get_hardware
 from costmodels.effective import EffectiveStepCost, fit_with_policies
+from costmodels.host import wall_time
 from costmodels.memory import MemoryFit
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler
@@ -193,7 +194,7 @@ def estimate_capacity(scenario: Scenario) -> CapacityEstimate:
 
     def wall(device: float, n_req: int, n_tok: int) -> float:
         host = sc.host_overhead_s(n_req, n_tok)
-        return max(device, host) if sc.async_overlap else device + host
+        return wall_time(device, host, sc.async_overlap)
 
     t_dec = wall(float(cm.decode_times(ctx, 1, sc.draft_len)[0]), batch, batch * s)
     p = int(round(prompt))

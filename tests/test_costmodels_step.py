@@ -166,3 +166,19 @@ def test_prefill_steps_dispatch_once_per_rank_and_fast_path_agrees():
     new, ctx, isd = np.array([1] * 16 + [900, 300]), np.array([1500] * 16 + [0, 64]), np.array([True] * 16 + [False, False])
     assert cm.mixed_step_time(new, ctx, isd) == pytest.approx(cm._mixed_step_time_reference(new, ctx, isd), rel=1e-9)
     assert cm.decode_times(np.full(16, 1500.0), 1)[0] == pytest.approx(cm._mixed_step_time_reference(new[:16], ctx[:16], isd[:16]), rel=1e-9)
+
+
+def test_async_overlap_rule_one_function_for_floats_and_runs():
+    from costmodels.host import exposed_host, partial_overlap, wall_time
+
+    dev = np.array([0.010, 0.002, 0.010])
+    for host in (0.004, 0.020):
+        for overlap in (False, True):
+            for cold in (False, True):
+                run = wall_time(dev, host, overlap, cold)
+                one = [wall_time(float(d), host, overlap, cold and i == 0) for i, d in enumerate(dev)]
+                assert run.tolist() == one
+                # warm steps: the exposed host time is what the rule adds to the device time
+                assert one[1] == pytest.approx(dev[1] + exposed_host(float(dev[1]), host, overlap))
+                assert float(partial_overlap(host, dev[1], 0.0 if overlap else 1.0)) == pytest.approx(one[1])
+    assert wall_time(0.010, 0.004, True) == 0.010 and wall_time(0.010, 0.004, False) == pytest.approx(0.014)

@@ -195,7 +195,7 @@ def test_step_times_until_equals_pricing_all_steps_then_cutting(overlap):
 
 def test_single_step_float_paths_equal_array_paths():
     from sim.backend import SimBackend
-    from sim.host import wall_step_times
+    from costmodels.host import wall_time
 
     cm = EffectiveStepCost(get_model("deepseek-v3"), H200, ParallelLayout(tp=8, weight_dtype="fp8"))
     backend = SimBackend(cm, np.random.default_rng(0), (), True)
@@ -203,7 +203,7 @@ def test_single_step_float_paths_equal_array_paths():
     for _ in range(200):  # contexts up to 3000: the decode runs cross memo blocks of 512 grid points
         plan = _decode_plan(rng, int(rng.integers(1, 60)), 1, 3000)
         cold = bool(rng.integers(0, 2))
-        ref = wall_step_times(backend.device_times(plan), plan.host_overhead_s, True, cold)
+        ref = wall_time(backend.device_times(plan), plan.host_overhead_s, True, cold)
         assert backend.step_times(plan, cold).tolist() == ref.tolist()
     memo = backend.cost
     for n in (1, 7, 64):

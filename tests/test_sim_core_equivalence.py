@@ -115,7 +115,7 @@ def test_time_never_goes_backwards_per_instance():
 
 def test_backend_stop_at_and_host_overlap():
     from scheduler.plan import StepPlan
-    from sim.host import wall_step_times
+    from costmodels.host import wall_time as wall_step_times
 
     dev = np.array([0.010, 0.010, 0.010])
     assert list(wall_step_times(dev, 0.004, False, False)) == pytest.approx([0.014] * 3)

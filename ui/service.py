@@ -317,6 +317,7 @@ def step_breakdown(model: str, hardware: str, layout: dict, scheduler: dict, bat
     from costmodels.batch import BatchShape
     from costmodels.catalog import get_model
     from costmodels.hardware import get_hardware
+    from costmodels.host import exposed_host
     from costmodels.layout import ParallelLayout
     from costmodels.memory import memory_fit
     from costmodels.step import StepCostModel
@@ -330,7 +331,7 @@ def step_breakdown(model: str, hardware: str, layout: dict, scheduler: dict, bat
     by = {g: sum(sc.breakdown.get(c, 0.0) for c in cats) for g, cats in BREAKDOWN_GROUPS.items()}
     # host work per step (scheduling, input prep) hides under the device step when async overlap is on
     host = scfg.host_overhead_s(batch, batch * (1 + draft))
-    by["host (exposed)"] = max(0.0, host - sc.time_s) if scfg.async_overlap else host
+    by["host (exposed)"] = exposed_host(sc.time_s, host, scfg.async_overlap)
     fit = memory_fit(m, hw, lay, max_batched_tokens=scfg.max_num_batched_tokens, max_running_requests=scfg.max_num_seqs)
     memory = {"weights": fit.weight_bytes, "KV pool": max(fit.kv_pool_bytes, 0.0), "workspace": fit.workspace_bytes,
               "reserved (1 - mem fraction)": fit.free_bytes}
