@@ -13,7 +13,7 @@
 3. **loop**: a few closed batches replayed through the real engine loop (``replay``), which
    measures the loop's own time around each runner step (schedule, complete, bookkeeping);
 
-and fits the step model (``costmodels.step_profile.fit_step_profile``). The result is a
+and fits the step model (``costmodels.step_fit.fit_step_profile``). The result is a
 ``CalibrationProfile`` with provenance (GPU, driver, torch, kernel backends, date, command).
 
 The offline replay loop it drives (``executor/replay.py``) is the one ``twinfer run``, ``twinfer validate``
@@ -33,7 +33,8 @@ import torch
 
 from costmodels.calibration import CalibrationProfile, EffTable
 from costmodels.hardware import get_hardware
-from costmodels.step_profile import StepPoint, fit_step_profile
+from costmodels.step_fit import fit_step_profile
+from costmodels.step_profile import StepPoint
 from executor.engine import LLMEngine
 from executor.replay import fresh_engine, replay
 from kernels import ops

@@ -38,7 +38,7 @@ def main() -> None:
     ap.add_argument("--ab-interleave", action="store_true", help="first time eager steps back to back vs after a graph step")
     a = ap.parse_args()
 
-    from costmodels.step_profile import ProfiledStepCost
+    from costmodels.profiled import ProfiledStepCost
     from executor.calibrate import build_engine, calibrate
     from planner.tune import default_grid, tune
     from scheduler.config import SchedulerConfig

@@ -4,7 +4,7 @@ No torch here: the measured side arrives as plain numbers (per-step iteration ti
 batch composition, and the run's SimMetrics from the same MetricsCollector the simulator uses).
 
 - ``simulate_requests``: the plain single-instance simulator with a given step cost (e.g.
-  ``costmodels.step_profile.ProfiledStepCost``), scheduler config and KV block count — the
+  ``costmodels.profiled.ProfiledStepCost``), scheduler config and KV block count — the
   same scheduler, the same requests, the same KV capacity as the engine.
 - ``step_comparison``: per-step predicted vs measured time on the *measured* batch
   compositions (so step-model error is not confused with scheduling divergence): MAPE, p90
@@ -26,7 +26,7 @@ import numpy as np
 import simpy
 from pydantic import BaseModel, Field
 
-from costmodels.step_profile import errors
+from costmodels.step_fit import errors
 from scheduler.config import SchedulerConfig
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 pytest.importorskip("torch")
 
 from costmodels.calibration import CalibrationProfile  # noqa: E402
-from costmodels.step_profile import ProfiledStepCost  # noqa: E402
+from costmodels.profiled import ProfiledStepCost  # noqa: E402
 from ui.cli import app  # noqa: E402
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from costmodels.calibration import CalibrationProfile
-from costmodels.step_profile import ProfiledStepCost
+from costmodels.profiled import ProfiledStepCost
 from planner.tune import default_grid, gain, tune
 from scheduler.config import SchedulerConfig
 from scheduler.request import Request

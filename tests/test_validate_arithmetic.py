@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from costmodels.calibration import CalibrationProfile
-from costmodels.step_profile import ProfiledStepCost, errors
+from costmodels.profiled import ProfiledStepCost
+from costmodels.step_fit import errors
 from scheduler.config import SchedulerConfig
 from scheduler.request import Request
 from sim.validate import (LevelReport, StepSample, ValidationReport, band_line, check_targets, copy_requests, error_bands,

@@ -51,7 +51,7 @@ def tune(
     from rich.table import Table
 
     from costmodels.calibration import CalibrationProfile
-    from costmodels.step_profile import ProfiledStepCost
+    from costmodels.profiled import ProfiledStepCost
     from planner.tune import default_grid, tune as search
     from scheduler.config import SchedulerConfig
     from sim.validate import copy_requests, natural_rate, saturation_rps

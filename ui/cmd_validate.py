@@ -50,7 +50,7 @@ def load_requests(trace: Optional[str], workload: str, requests: Optional[int], 
 
 def sim_config(base, profile):
     """The simulator's scheduler config: the engine's, with the measured loop as host overhead (synchronous loop)."""
-    from costmodels.step_profile import loop_scheduler_terms
+    from costmodels.step_fit import loop_scheduler_terms
     return base.model_copy(update={**loop_scheduler_terms(profile.step), "async_overlap": False})
 
 
@@ -142,7 +142,7 @@ def validate(
     from rich.console import Console
 
     from costmodels.calibration import CalibrationProfile
-    from costmodels.step_profile import ProfiledStepCost
+    from costmodels.profiled import ProfiledStepCost
     from scheduler.config import SchedulerConfig
     from sim.validate import saturation_rps
 

@@ -1,0 +1,164 @@
+"""The twin's step cost of a measured engine: the cost model's category times through a StepProfile."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodels.calibration import CalibrationProfile
+from costmodels.catalog import get_model
+from costmodels.hardware import get_hardware
+from costmodels.layout import ParallelLayout
+from costmodels.step import StepCostModel
+from costmodels.step_profile import CATEGORY_FOLD, FIT_CATEGORIES, StepPoint, StepProfile
+
+
+def reduced_model(name: str, num_layers: int | None = None):
+    """The catalog model ``name`` cut to its first ``num_layers`` layers (what ``--num-layers`` runs)."""
+    spec = get_model(name)
+    if num_layers is None or num_layers == spec.num_layers:
+        return spec
+    kinds = spec.layer_kinds[:num_layers] if spec.layer_kinds else []
+    return spec.model_copy(update={"num_layers": num_layers, "layer_kinds": kinds})
+
+
+class ProfiledStepCost:
+    """Runner step time of a measured engine: the StepCost interface the simulator uses.
+
+    ``mixed_step_time`` / ``chunked_step_time`` / ``decode_times`` return the *runner* step
+    (``max(H, D) + overlap * min(H, D)``); the engine loop's own time (``profile.loop``) is left to
+    the scheduler's host-overhead terms, as for any simulated engine (``loop_scheduler_terms``).
+    Single GPU, no parallelism: the layout is TP1 in the profile's dtype.
+    """
+
+    def __init__(self, profile, step: StepProfile | None = None, num_layers: int | None = None):
+        self.step = step or profile.step
+        if self.step is None:
+            raise ValueError("the calibration profile has no measured step model (run twinfer calibrate)")
+        st = self.step
+        self.num_layers = num_layers or st.num_layers
+        self.model = reduced_model(st.model, self.num_layers)
+        dtype = st.dtype if st.dtype in ("bf16", "fp8", "fp4") else "bf16"
+        self.layout = ParallelLayout(tp=1, weight_dtype=dtype, kv_dtype="bf16")
+        cal = CalibrationProfile.default(get_hardware(st.hardware_basis))
+        if st.use_op_tables:
+            cal = profile if not st.op_tables else profile.model_copy(
+                update={"tables": {**cal.tables, **{n: t for n, t in profile.tables.items() if n in st.op_tables}}})
+        self.base = StepCostModel(self.model, get_hardware(st.hardware_basis), self.layout, cal)
+        self.k = st.scales()
+        self.notes = [
+            f"step times from the measured profile of {st.model} ({st.num_layers} layers, {st.dtype}) on {profile.measured_on}: "
+            f"runner = max(host, device) + {st.overlap:.2f} min(host, device); fit MAPE "
+            + (f"{st.fit.mape * 100:.1f}%" if st.fit.mape is not None else "n/a")
+        ]
+        if self.num_layers != st.num_layers:
+            self.notes.append(f"profile measured at {st.num_layers} layers, applied to {self.num_layers}: host terms scale only through per_layer_s")
+        self._dec: dict[tuple[int, int, int], tuple[np.ndarray, float]] = {}
+
+    # --- category times from the cost model
+    def category_times(self, new: np.ndarray, ctx: np.ndarray, dec: np.ndarray) -> np.ndarray:
+        """Cost-model op time per fitted category (attention, dense, experts, other) for one batch."""
+        b = self.base
+        new = np.asarray(new, np.int64)
+        ctx = np.asarray(ctx, np.int64)
+        dec = np.asarray(dec, bool)
+        out = np.zeros(len(FIT_CATEGORIES))
+        if new.size == 0:
+            return out
+        draft = b._draft(new, dec)
+        v = b._nonattn(*b._summary(new, ctx, dec, draft), 1.0)
+        for i in range(6):
+            out[CATEGORY_FOLD[i]] += v[i]
+        if dec.any():
+            a = b._attn(new[dec], ctx[dec], dec[dec], draft, 1.0, None)
+            out[0] += a[0] + a[1]
+        if not dec.all():
+            a = b._attn(new[~dec], ctx[~dec], dec[~dec], 0, 1.0, None)
+            out[1] += a[0] + a[1]
+        return out
+
+    def _decode_base(self, n: int, draft_len: int, pad: int = 0) -> tuple[np.ndarray, float]:
+        """Non-attention category times of a decode batch of ``n`` (run as ``pad`` rows when a graph pads it;
+        logits only for the real rows) and their sum."""
+        pad = max(pad, n)
+        key = (n, draft_len, pad)
+        got = self._dec.get(key)
+        if got is None:
+            g = 1 + draft_len
+            v = self.base._nonattn(float(pad * g), float(pad * g), float(n * g), float(pad), float(draft_len), 0.0, 1.0)
+            cats = np.zeros(len(FIT_CATEGORIES))
+            for i in range(6):
+                cats[CATEGORY_FOLD[i]] += v[i]
+            got = (cats, float(v[:6].sum()))
+            self._dec[key] = got
+        return got
+
+    def host_time(self, n_req: int, n_tok: int, n_prefill: int) -> float:
+        return float(self.step.host(self.num_layers, n_req, n_tok, n_prefill))
+
+    def graph_categories(self, ctx: np.ndarray, pad: int) -> np.ndarray:
+        """Category times of a decode-only batch replayed as the CUDA graph of ``pad`` rows: the GEMMs and
+        experts on ``pad`` rows, attention on the real rows (padding rows read one null-page token)."""
+        ctx = np.asarray(ctx, np.int64)
+        n = ctx.size
+        cats = self._decode_base(n, 0, pad)[0]
+        att = float(self.base.decode_times(ctx.astype(float), 1, 0)[0]) - self._decode_base(n, 0)[1]
+        out = cats.copy()
+        out[0] += att
+        return out
+
+    # --- StepCost interface
+    def mixed_step_time(self, new_tokens, context_lens, is_decode) -> float:
+        new = np.asarray(new_tokens, np.int64)
+        if new.size == 0:
+            return 0.0
+        dec = np.asarray(is_decode, bool)
+        if dec.all() and (new == 1).all():
+            pad = self.step.graph_bucket(new.size)
+            if pad:
+                d = float(self.graph_categories(context_lens, pad) @ self.k)
+                return float(self.step.host.graph(new.size)) + d
+        d = float(self.category_times(new, context_lens, dec) @ self.k) + self.step.prefill_token_s * float(new[~dec].sum())
+        h = self.host_time(new.size, int(new.sum()), int((~dec).sum()))
+        return float(self.step.combine(h, d))
+
+    def chunked_step_time(self, decode_context_lens, draft_len: int, prefill_new: list[int], prefill_ctx: list[int]) -> float:
+        nd = len(decode_context_lens)
+        new = np.concatenate([np.full(nd, 1 + draft_len, np.int64), np.asarray(prefill_new, np.int64)])
+        ctx = np.concatenate([np.asarray(decode_context_lens, np.int64), np.asarray(prefill_ctx, np.int64)])
+        dec = np.zeros(new.size, bool)
+        dec[:nd] = True
+        return self.mixed_step_time(new, ctx, dec)
+
+    def decode_times(self, context_lens, num_steps: int, draft_len: int = 0) -> np.ndarray:
+        ctx = np.asarray(context_lens, float)
+        n = ctx.size
+        if n == 0 or num_steps <= 0:
+            return np.zeros(max(num_steps, 0))
+        pad = self.step.graph_bucket(n, draft_len)
+        total = self._decode_base(n, draft_len)[1]
+        cats = self._decode_base(n, draft_len, pad)[0]
+        att = np.asarray(self.base.decode_times(ctx, num_steps, draft_len), float) - total  # attention (+ indexer) per step
+        d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0]
+        if pad:
+            return float(self.step.host.graph(n)) + d
+        h = self.host_time(n, n * (1 + draft_len), 0)
+        return self.step.combine(h, d)
+
+    def point_time(self, p: StepPoint) -> float:
+        """Predicted runner time of a measured point."""
+        return self.chunked_step_time(np.asarray(p.decode_ctx, np.int64), p.draft_len, [a for a, _ in p.prefill], [c for _, c in p.prefill])
+
+    def memory(self):
+        return self.base.memory()
+
+
+def point_categories(cost: ProfiledStepCost, p: StepPoint) -> np.ndarray:
+    """Cost-model category times of a measured point (as the step ran: padded to its graph size if it replayed one)."""
+    nd = len(p.decode_ctx)
+    if p.graph_bs > 0 and nd and not p.prefill and not p.draft_len:
+        return cost.graph_categories(np.asarray(p.decode_ctx, np.int64), p.graph_bs)
+    new = np.concatenate([np.full(nd, 1 + p.draft_len, np.int64), np.array([a for a, _ in p.prefill], np.int64)])
+    ctx = np.concatenate([np.asarray(p.decode_ctx, np.int64), np.array([c for _, c in p.prefill], np.int64)])
+    dec = np.zeros(new.size, bool)
+    dec[:nd] = True
+    return cost.category_times(new, ctx, dec)

@@ -1,0 +1,222 @@
+"""Fitting a StepProfile to measured runner steps: non-negative least squares on relative error.
+
+The host terms (``host_features``) and the cost model's category times (``ProfiledStepCost``)
+are the columns; the runner's partial host/device overlap (``costmodels.host.partial_overlap``)
+is fitted by trying each overlap fraction and alternating host-/device-bound assignments.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from costmodels.host import partial_overlap
+from costmodels.profiled import ProfiledStepCost, point_categories
+from costmodels.step_profile import FIT_CATEGORIES, FitStats, HostTerms, LoopTerms, StepPoint, StepProfile
+
+
+def nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
+    """Non-negative least squares ``min |a x - b|, x >= 0`` (Lawson-Hanson active set)."""
+    m, n = a.shape
+    x = np.zeros(n)
+    passive = np.zeros(n, bool)
+    w = a.T @ (b - a @ x)
+    tol = 1e-12 * max(1.0, float(np.abs(a).max(initial=0.0))) * max(m, n)
+    for _ in range(iters):
+        if passive.all() or w[~passive].max(initial=-1.0) <= tol:
+            break
+        j = int(np.argmax(np.where(passive, -np.inf, w)))
+        passive[j] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = np.min(x[neg] / np.maximum(x[neg] - z[neg], 1e-300))
+            x = x + alpha * (z - x)
+            passive &= x > 1e-15
+            x[~passive] = 0.0
+            if not passive.any():
+                break
+        w = a.T @ (b - a @ x)
+    return x
+
+
+def host_features(points: Sequence[StepPoint], with_layers: bool, launch_bound: bool = True) -> tuple[np.ndarray, list[str]]:
+    """Columns of the host term. Eager steps: 1, (L), (requests, tokens), prefill sequences; CUDA-graph steps
+    (``graph_bs > 0``): their own 1 and requests (zero in the other step kind's columns).
+
+    On a GPU (``launch_bound``) an eager step's host time is launch-bound: a fixed number of kernels per
+    layer, plus per prefill chunk (its attention runs per sequence); decode rows and tokens are batched on
+    the device, so per-request and per-token eager terms are not fitted (they stay 0): on the H200
+    (DeepSeek-V3 5 layers, FP8) they soaked up device time of the packed calibration prefills and
+    over-predicted serving's mixed steps (one prefill chunk plus tens of decodes) by ~30%. On a CPU the
+    "host" does the arithmetic too, and per-request and per-token terms are fitted. A graph step's host
+    time is the input build per sequence before the replay and the sampling after it.
+    """
+    g = np.array([p.graph_bs > 0 for p in points], float)
+    e = 1.0 - g
+    cols = [e]
+    names = ["fixed_s"]
+    if with_layers:
+        cols.append(e * np.array([p.num_layers for p in points], float))
+        names.append("per_layer_s")
+    n = np.array([p.num_requests for p in points], float)
+    if not launch_bound:
+        cols += [e * n, e * np.array([p.num_tokens for p in points], float)]
+        names += ["per_request_s", "per_token_s"]
+    cols += [e * np.array([len(p.prefill) for p in points], float), g, g * n]
+    names += ["per_prefill_s", "graph_fixed_s", "graph_per_request_s"]
+    return np.stack(cols, 1), names
+
+
+def _predict(h: np.ndarray, d: np.ndarray, alpha: float, graph: np.ndarray) -> np.ndarray:
+    """Eager steps ``max(H, D) + alpha min(H, D)``; graph steps ``H + D``."""
+    return np.where(graph, h + d, partial_overlap(h, d, alpha))
+
+
+def _solve(hf: np.ndarray, df: np.ndarray, y: np.ndarray, hb: np.ndarray, alpha: float, graph: np.ndarray) -> np.ndarray:
+    """NNLS on relative error for a fixed host-bound assignment ``hb`` and overlap ``alpha`` (graph steps add)."""
+    wh = np.where(graph | hb, 1.0, alpha)[:, None]
+    wd = np.where(graph | ~hb, 1.0, alpha)[:, None]
+    a = np.concatenate([hf * wh, df * wd], 1) / y[:, None]
+    norm = np.linalg.norm(a, axis=0)
+    norm[norm == 0] = 1.0
+    return nnls(a / norm, np.ones_like(y)) / norm
+
+
+def fit_runner_model(hf: np.ndarray, df: np.ndarray, y: np.ndarray,
+                     alphas: Sequence[float] = tuple(np.linspace(0.0, 1.0, 11)),
+                     graph: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """Fit ``y = max(H, D) + alpha min(H, D)`` (eager steps) and ``y = H + D`` (``graph`` steps) with
+    ``H = hf @ h``, ``D = df @ k`` (h, k >= 0).
+
+    For each alpha: alternate between a linear NNLS fit for a fixed assignment of eager points to
+    'host-bound' (H >= D) or 'device-bound' and re-assigning from the fitted terms, from three
+    starting assignments; keep the lowest sum of squared relative errors.
+    Returns (h, k, alpha, sse).
+    """
+    graph = np.zeros(len(y), bool) if graph is None else np.asarray(graph, bool)
+    nh = hf.shape[1]
+    best = (np.zeros(nh), np.ones(df.shape[1]), 1.0, np.inf)
+    d0 = df.sum(1)
+    starts = [d0 < np.median(d0), np.ones(len(y), bool), np.zeros(len(y), bool)]
+    for alpha in (alphas if (~graph).any() else (1.0,)):
+        for hb in starts:
+            hb = hb.copy()
+            seen = set()
+            for _ in range(40):
+                x = _solve(hf, df, y, hb, alpha, graph)
+                h, d = hf @ x[:nh], df @ x[nh:]
+                pred = _predict(h, d, alpha, graph)
+                sse = float(np.sum(((pred - y) / y) ** 2))
+                if sse < best[3]:
+                    best = (x[:nh], x[nh:], float(alpha), sse)
+                new = h >= d
+                key = new.tobytes()
+                if key in seen:
+                    break
+                seen.add(key)
+                hb = new
+    return best
+
+
+def fit_loop(points: Sequence[StepPoint]) -> LoopTerms:
+    """Engine-loop terms by NNLS on the points that measured them."""
+    pts = [p for p in points if p.loop_s is not None]
+    if not pts:
+        return LoopTerms()
+    y = np.array([max(p.loop_s, 1e-7) for p in pts])
+    a = np.stack([np.ones(len(pts)), [p.num_requests for p in pts], [p.num_tokens for p in pts]], 1).astype(float)
+    if len(pts) < 3:
+        return LoopTerms(fixed_s=float(np.median(y)))
+    # absolute least squares: loop gaps are small and noisy; relative weights would chase the tiniest
+    norm = np.linalg.norm(a, axis=0)
+    x = nnls(a / norm, y) / norm
+    return LoopTerms(fixed_s=float(x[0]), per_request_s=float(x[1]), per_token_s=float(x[2]))
+
+
+def errors(pred: np.ndarray, meas: np.ndarray) -> dict:
+    """MAPE, p90 absolute error and max relative error of predictions (seconds)."""
+    pred, meas = np.asarray(pred, float), np.asarray(meas, float)
+    if meas.size == 0:
+        return {"n": 0, "mape": None, "p90_abs_err_s": None, "max_rel_err": None, "bias": None}
+    rel = (pred - meas) / meas
+    return {"n": int(meas.size), "mape": float(np.mean(np.abs(rel))), "p90_abs_err_s": float(np.percentile(np.abs(pred - meas), 90)),
+            "max_rel_err": float(np.max(np.abs(rel))), "bias": float(np.mean(rel))}
+
+
+def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype: str, device: str,
+                     hardware_basis: str = "H200", try_op_tables: bool = True, graph_sizes: Sequence[int] = ()) -> StepProfile:
+    """Fit a StepProfile to measured points (runner steps, and loop gaps where measured).
+
+    The device terms come from the cost model with the profile's op tables and, separately,
+    with the analytic defaults; the variant with the lower relative error wins (recorded in
+    ``use_op_tables``). The per-layer host term is fitted only when the points span two or more
+    layer counts; otherwise it is folded into the fixed term (and said so). Points that replayed a
+    CUDA graph (``graph_bs > 0``) get their own host terms and add host to device time;
+    ``graph_sizes`` (the engine's captured sizes) is what predictions pad to.
+    """
+    pts = [p for p in points if p.wall_s > 0]
+    if len(pts) < 4:
+        raise ValueError(f"need at least 4 measured steps to fit a step profile, got {len(pts)}")
+    layers = sorted({p.num_layers for p in pts})
+    with_layers = len(layers) > 1
+    hf, hnames = host_features(pts, with_layers, launch_bound=device == "cuda")
+    y = np.array([p.wall_s for p in pts])
+    graph = np.array([p.graph_bs > 0 for p in pts], bool)
+    # one device column beyond the categories: seconds per prefill token (in microseconds, for conditioning). The
+    # categories' shapes come from the roofline cost model; on the H200 their linear-in-tokens part could not follow
+    # the measured prefill (~20 us/token for 5 layers, linear from 1k to 8k tokens) and big packed prefills came out
+    # 8-12% fast, most of the end-to-end error at saturation (Nov 29 runs 5-6).
+    ptok = np.array([0.0 if p.graph_bs > 0 else sum(a for a, _ in p.prefill) * 1e-6 for p in pts])
+    variants: list[tuple[bool, list[str]]] = [(False, [])]
+    if try_op_tables and profile.tables:
+        # the measured tables, all and in subsets (GEMMs alone, GEMMs plus each attention/expert table): a table can
+        # describe its kernel well and still fit the whole step worse than the analytic term it replaces
+        names = sorted(profile.tables)
+        gemm = [n for n in names if n.startswith("gemm_")]
+        subsets = [names] + ([gemm] if gemm else []) + [gemm + [n] for n in names if n not in gemm]
+        seen: set[tuple[str, ...]] = set()
+        for sub in subsets:
+            if sub and tuple(sub) not in seen:
+                seen.add(tuple(sub))
+                variants.append((True, sorted(sub)))
+    best = None
+    for use_tables, sub in variants:
+        df = np.zeros((len(pts), len(FIT_CATEGORIES)))
+        for L in layers:
+            st = StepProfile(model=model, num_layers=L, dtype=dtype, device=device, hardware_basis=hardware_basis, use_op_tables=use_tables,
+                             op_tables=sub)
+            cost = ProfiledStepCost(profile, st)
+            for i, p in enumerate(pts):
+                if p.num_layers == L:
+                    df[i] = point_categories(cost, p)
+        df = np.concatenate([df, ptok[:, None]], 1)
+        h, k, alpha, sse = fit_runner_model(hf, df, y, graph=graph)
+        if best is None or sse < best[4] - 1e-12:
+            best = (use_tables, h, k, alpha, sse, df, sub)
+    use_tables, h, k, alpha, _, df, sub = best
+    host = HostTerms(**{n: float(v) for n, v in zip(hnames, h)})
+    main_l = max(layers, key=lambda L: sum(p.num_layers == L for p in pts))
+    notes = []
+    if not with_layers:
+        notes.append(f"one layer count ({main_l}) measured: the per-layer host term is folded into the fixed term")
+    prof = StepProfile(model=model, num_layers=main_l, dtype=dtype, device=device, hardware_basis=hardware_basis,
+                       use_op_tables=use_tables, op_tables=sub, category_scale={c: float(v) for c, v in zip(FIT_CATEGORIES, k)},
+                       prefill_token_s=float(k[len(FIT_CATEGORIES)]) * 1e-6, host=host, overlap=alpha, graph_sizes=sorted({int(x) for x in graph_sizes if x > 0}),
+                       loop=fit_loop(pts), notes=notes, points=list(points))
+    pred = _predict(hf @ h, df @ k, alpha, graph)
+    e = errors(pred, y)
+    prof.fit = FitStats(points=len(pts), mape=e["mape"], p90_abs_err_s=e["p90_abs_err_s"], max_rel_err=e["max_rel_err"],
+                        loop_points=sum(p.loop_s is not None for p in pts))
+    return prof
+
+
+def loop_scheduler_terms(step: StepProfile) -> dict:
+    """SchedulerConfig host-overhead fields that make the simulator charge the measured engine loop."""
+    return {"host_step_s": float(step.loop.fixed_s), "host_per_request_s": min(float(step.loop.per_request_s), 0.01),
+            "host_per_token_s": min(float(step.loop.per_token_s), 0.001)}
