@@ -1,8 +1,11 @@
 """Hardware catalog: per-GPU datasheet ceilings (dense rates) and, where we have them, measured ones.
 
 The catalog lives in ``costmodels/data/hardware.yaml``; every entry names its sources. A user
-describes their own GPU in a YAML file with the same fields and passes its path wherever a
-hardware name is accepted.
+describes their own GPU in a YAML file with the same fields (schema version ``SCHEMA_VERSION``,
+documented in docs/byo.md; ``twinfer hardware --template`` prints a commented file to start from)
+and passes its path wherever a hardware name is accepted. Features a GPU lacks are left out: no
+FP8 tensor cores (``fp8_tflops`` omitted or 0), no FP4, no NVLink (``scaleup_gbps`` omitted or 0:
+peers talk over the host link).
 """
 
 from __future__ import annotations
@@ -11,27 +14,31 @@ import functools
 from importlib import resources
 from pathlib import Path
 
+from typing import Literal
+
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from twinfer.config import is_file, load_model_file, validate
 from twinfer.errors import TwinferError, UnknownNameError
 
 from costmodels.layout import DType
 
+SCHEMA_VERSION = 1  # bump when a field changes meaning; files name the version they were written for
+
 
 class MeasuredCeilings(BaseModel):
     """What a real GPU of this kind achieved (used as achievable ceilings by the calibration defaults)."""
 
     model_config = ConfigDict(extra="forbid")
-    copy_tbps: float | None = Field(None, gt=0, description="device-to-device copy, read+write, TB/s")
-    bf16_matmul_tflops: float | None = Field(None, gt=0, description="large square BF16 matmul")
-    fp8_matmul_tflops: float | None = Field(None, gt=0, description="large square FP8 matmul (row-wise scales)")
-    small_gemm: dict | None = Field(None, description="one small-M GEMM: m, k, n, dtype, time_us")
-    flashmla_decode: list[dict] = Field(default_factory=list, description="MLA decode points: kv_bytes, tbps")
-    deepgemm_fp8_tflops: float | None = Field(None, gt=0)
-    deepgemm_masked_grouped: dict | None = None
-    source: str = ""
+    copy_tbps: float | None = Field(None, gt=0, le=1e3, description="device-to-device copy, read+write bytes, TB/s (sets HBM streaming efficiency)")
+    bf16_matmul_tflops: float | None = Field(None, gt=0, le=1e6, description="large square BF16 matmul (e.g. 8192^3), TFLOP/s (sets BF16 GEMM efficiency)")
+    fp8_matmul_tflops: float | None = Field(None, gt=0, le=1e6, description="large square FP8 matmul with row-wise scales, TFLOP/s (sets FP8 GEMM efficiency)")
+    small_gemm: dict | None = Field(None, description="one small-M GEMM: m, k, n, dtype, time_us (H200 defaults only)")
+    flashmla_decode: list[dict] = Field(default_factory=list, description="MLA decode points: kv_bytes, tbps (H200 defaults only)")
+    deepgemm_fp8_tflops: float | None = Field(None, gt=0, le=1e6, description="DeepGEMM FP8 GEMM, TFLOP/s (H200 defaults only)")
+    deepgemm_masked_grouped: dict | None = Field(None, description="DeepGEMM masked grouped GEMM: experts, n, k, time_us (H200 defaults only)")
+    source: str = Field("", description="where and how these were measured (printed as the source of each efficiency)")
 
 
 class Hardware(BaseModel):
@@ -39,40 +46,76 @@ class Hardware(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str
-    vendor: str = "unknown"
-    bf16_tflops: float = Field(..., gt=0, le=1e6)
-    fp8_tflops: float = Field(..., gt=0, le=1e6)
-    fp4_tflops: float | None = Field(None, gt=0, le=1e6, description="None if the tensor cores lack FP4")
-    hbm_gb: float = Field(..., gt=0, le=1e5, description="HBM capacity as advertised (GB, see hbm_bytes)")
-    hbm_tbps: float = Field(..., gt=0, le=1e3)
-    scaleup_gbps: float = Field(..., gt=0, description="scale-up (NVLink/IF) GB/s per GPU per direction")
-    scaleup_domain: int = Field(..., ge=1, le=100000, description="GPUs in one scale-up domain")
-    scaleout_gbps: float = Field(..., gt=0, description="scale-out NIC Gbit/s per GPU")
+    schema_version: Literal[1] = Field(SCHEMA_VERSION, description="hardware file schema version (docs/byo.md)")
+    name: str = Field(..., min_length=1, max_length=200, description="GPU name shown in output")
+    vendor: str = Field("unknown", description="nvidia, amd, ...")
+    bf16_tflops: float = Field(..., gt=0, le=1e6, description="dense BF16 tensor-core peak, TFLOP/s")
+    fp8_tflops: float | None = Field(None, ge=0, le=1e6, description="dense FP8 peak, TFLOP/s; omit or 0: no FP8 tensor cores (A100, V100)")
+    fp4_tflops: float | None = Field(None, ge=0, le=1e6, description="dense FP4 peak, TFLOP/s; omit or 0: no FP4 tensor cores (FP4 weights then run at the FP8 rate)")
+    hbm_gb: float = Field(..., gt=0, le=1e5, description="HBM capacity as advertised, GB (taken as GiB, see hbm_bytes)")
+    hbm_tbps: float = Field(..., gt=0, le=1e3, description="peak HBM bandwidth, TB/s")
+    scaleup_gbps: float | None = Field(
+        None, ge=0, le=1e5,
+        description="scale-up link (NVLink/Infinity Fabric) GB/s per GPU per direction; omit or 0: no NVLink, peers talk over host_link_gbps (PCIe)",
+    )
+    scaleup_domain: int = Field(..., ge=1, le=100000, description="GPUs in one scale-up domain (NVLink island or PCIe node)")
+    scaleout_gbps: float = Field(..., gt=0, le=1e5, description="scale-out NIC Gbit/s per GPU (InfiniBand/RoCE)")
     host_mem_gb: float = Field(0.0, ge=0, description="host memory per GPU, GB")
-    host_link_gbps: float = Field(64.0, gt=0, description="host<->GPU GB/s per direction (PCIe/NVLink-C2C)")
-    price_per_gpu_hour: float = Field(0.0, ge=0)
-    sources: list[str] = Field(default_factory=list)
-    notes: str = ""
-    measured: MeasuredCeilings | None = None
+    host_link_gbps: float = Field(64.0, gt=0, description="host<->GPU GB/s per direction (PCIe 4.0 x16 32, PCIe 5.0 x16 64, NVLink-C2C 225)")
+    price_per_gpu_hour: float = Field(0.0, ge=0, description="all-in $ per GPU-hour (0: unknown, no $ figures)")
+    sources: list[str] = Field(default_factory=list, description="where each number comes from")
+    notes: str = Field("", description="caveats")
+    measured: MeasuredCeilings | None = Field(None, description="what this GPU measured; used as achievable ceilings instead of the H200's")
+
+    @field_validator("fp8_tflops", "fp4_tflops", "scaleup_gbps")
+    @classmethod
+    def _zero_is_absent(cls, v: float | None) -> float | None:
+        """0 and null both say 'this GPU lacks the feature'."""
+        return None if not v else v
+
+    @property
+    def has_fp8(self) -> bool:
+        return self.fp8_tflops is not None
+
+    @property
+    def has_scaleup(self) -> bool:
+        """Whether GPUs of a domain talk over NVLink/IF (False: over the host link)."""
+        return self.scaleup_gbps is not None
 
     def tflops(self, dtype: DType | str) -> float:
         """Dense peak TFLOP/s for GEMMs in ``dtype``.
 
         FP4 on hardware without FP4 tensor cores (Hopper) falls back to the FP8 rate: the
-        weights are dequantised in the kernel and the math runs at the FP8 rate at best.
+        weights are dequantised in the kernel and the math runs at the FP8 rate at best. FP8
+        on hardware without FP8 is refused (``check_dtype``), never silently run at BF16.
         """
         if dtype == "bf16":
             return self.bf16_tflops
-        if dtype == "fp8":
-            return self.fp8_tflops
-        if dtype == "fp4":
-            return self.fp4_tflops if self.fp4_tflops is not None else self.fp8_tflops
-        raise TwinferError(f"unknown dtype {dtype!r}; allowed: bf16, fp8, fp4")
+        if dtype not in ("fp8", "fp4"):
+            raise TwinferError(f"unknown dtype {dtype!r}; allowed: bf16, fp8, fp4")
+        self.check_dtype(dtype, "dtype")
+        if dtype == "fp4" and self.fp4_tflops is not None:
+            return self.fp4_tflops
+        return self.fp8_tflops
 
     def supports(self, dtype: str) -> bool:
         """Whether the tensor cores run ``dtype`` natively."""
+        if dtype == "fp8":
+            return self.has_fp8
         return dtype != "fp4" or self.fp4_tflops is not None
+
+    def runs(self, dtype: str) -> bool:
+        """Whether weights in ``dtype`` can be multiplied here: natively, or FP4 at the FP8 rate."""
+        return self.supports(dtype) or (dtype == "fp4" and self.has_fp8)
+
+    def check_dtype(self, dtype: str, field: str) -> None:
+        """Refuse a GEMM dtype this GPU cannot run, naming ``field`` and what is allowed."""
+        if not self.runs(dtype):
+            allowed = [d for d in ("bf16", "fp8", "fp4") if self.runs(d)]
+            raise TwinferError(
+                f"{field}: {dtype} needs {dtype.upper()} tensor cores and {self.name} has none "
+                f"({dtype}_tflops is not set); allowed on {self.name}: {', '.join(allowed)}"
+            )
 
     @property
     def hbm_bytes(self) -> float:
@@ -90,8 +133,8 @@ class Hardware(BaseModel):
 
     @property
     def scaleup_bw(self) -> float:
-        """Scale-up bytes/s per GPU per direction."""
-        return self.scaleup_gbps * 1e9
+        """Scale-up bytes/s per GPU per direction; without NVLink/IF, the host link (PCIe peer-to-peer)."""
+        return (self.scaleup_gbps if self.scaleup_gbps is not None else self.host_link_gbps) * 1e9
 
     @property
     def scaleout_bw(self) -> float:

@@ -31,6 +31,7 @@ import numpy as np
 
 from costmodels.batch import BatchShape
 from costmodels.calibration import CalibrationProfile
+from costmodels.calibration_source import profile_for
 from costmodels.comm import dispatch_rows_per_token, allgather_time, allreduce_time, allreduce_time_vec, alltoall_time, alltoall_time_vec, p2p_time
 from costmodels.hardware import Hardware
 from costmodels.layout import ParallelLayout
@@ -75,7 +76,7 @@ class StepCostModel:
         expert_load: Callable[[float], float] | None = None,
     ):
         self.model, self.hw, self.layout = model, hw, layout
-        self.cal = calibration or CalibrationProfile.default(hw)
+        self.cal = calibration or profile_for(hw)  # the hardware's measured block, else the H200-derived defaults
         self.dp_imbalance = max(1.0, dp_imbalance) if layout.dp > 1 else 1.0
         self.expert_imbalance = default_expert_imbalance(layout) if expert_imbalance is None else max(1.0, expert_imbalance)
         # expert_load(assignments) -> busiest EP rank's load over the mean for a step routing that
@@ -86,6 +87,8 @@ class StepCostModel:
         self.notes = list(self.cal.notes)
         if hw.name.lower() != self.cal.measured_on.lower() and not any("scaled" in n for n in self.notes):
             self.notes.append(f"efficiencies measured on {self.cal.measured_on}, applied to {hw.name} datasheet ceilings (scaled by datasheet ratios)")
+        for dtype, field in ((layout.weight_dtype, "layout.weight_dtype"), (layout.experts_dtype, "layout.expert_dtype")):
+            hw.check_dtype(dtype, field)  # FP8 on a GPU without FP8 is an error, never a silent fallback
         if not hw.supports(layout.experts_dtype) or not hw.supports(layout.weight_dtype):
             self.notes.append(f"{hw.name} has no FP4 tensor cores: FP4 weights are read as FP4 but multiplied at the FP8 rate")
         self._cache: dict = {}
