@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hmac
+import itertools
 import json
 import time
 import uuid
@@ -25,8 +26,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from executor.serve import protocol as P
+from executor.serve.inputs import check_json_size, find_surrogate
 from executor.serve.prom import ServeMetrics
 from executor.serve.textstream import TextStream
 from executor.serve.tokenizer import Tokenizer
@@ -35,7 +38,9 @@ REQUEST_ID_HEADER = "x-request-id"
 DEFAULT_MAX_BODY_BYTES = 32 * 2**20   # a 128k-token prompt is ~1 MB of JSON; 32 MiB leaves room, bounds memory
 DEFAULT_DRAIN_TIMEOUT_S = 5.0         # on shutdown: how long in-flight requests may still run before abort
 ABORT_FLUSH_S = 2.0                   # after the abort: how long streams get to send their last chunk
-AUTH_PATHS = ("/v1", "/metrics")      # what the API key guards (/health stays open for load balancers)
+DEFAULT_MAX_BODIES_BYTES = 256 * 2**20  # request bodies being read at once, all clients together (memory bound)
+# what the API key guards (/health stays open for load balancers); the API docs too, they map the API
+AUTH_PATHS = ("/v1", "/metrics", "/docs", "/redoc", "/openapi.json")
 
 
 @dataclass
@@ -69,11 +74,30 @@ class _State:
     params_cls: Any
     metrics: ServeMetrics
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_bodies_bytes: int = DEFAULT_MAX_BODIES_BYTES
     retry_after_s: int = 1
     inflight: int = 0
     draining: bool = False
+    body_bytes: int = 0   # bytes of request bodies being read right now (all connections)
     engine_ids: set = field(default_factory=set)
     background: set = field(default_factory=set)
+    serial: Any = field(default_factory=itertools.count)
+
+    def engine_id(self, resp_id: str) -> str:
+        """A fresh engine request id. Never the client's X-Request-Id alone: a client that retries with
+        the same id right after a disconnect must not meet its old request, whose abort the engine may
+        not have applied yet."""
+        return f"{resp_id}-{next(self.serial)}"
+
+    def busy(self, what: str) -> P.APIError:
+        """503 with Retry-After: a transient server-side limit, not the client's fault."""
+        return P.APIError(what, status=503, type="service_unavailable", code="server_busy",
+                          headers={"retry-after": str(self.retry_after_s)})
+
+    def shutting_down(self) -> P.APIError:
+        return P.APIError("server is shutting down; retry on another replica", status=503,
+                          type="service_unavailable", code="shutting_down",
+                          headers={"retry-after": str(self.retry_after_s)})
 
     def spawn(self, coro) -> None:
         """Run ``coro`` detached (an abort must not die with the cancelled request that asked for it)."""
@@ -116,9 +140,11 @@ class _RequestIdAndAuth:
     """Pure ASGI middleware (streaming-safe, unlike BaseHTTPMiddleware): X-Request-Id in/out, API key on
     /v1 and /metrics, and a 413 for a declared body over the limit before any of it is read."""
 
-    def __init__(self, app, api_key: str | None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, on_reject=None):
+    def __init__(self, app, api_key: str | None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, on_reject=None,
+                 state: "_State | None" = None):
         self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
         self.on_reject = on_reject or (lambda reason: None)
+        self.state = state
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -134,8 +160,12 @@ class _RequestIdAndAuth:
             self.on_reject(err.code)
             return await _error(err, rid)(scope, receive, send)
         declared = headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_body_bytes:
+        err = None
+        if declared.isdigit() and len(declared) < 20 and int(declared) > self.max_body_bytes:
             err = _too_large(self.max_body_bytes)
+        elif self.state is not None and self.state.draining and scope["path"].startswith("/v1/"):
+            err = self.state.shutting_down()  # answered before the body is read
+        if err is not None:
             self.on_reject(err.code)
             return await _error(err, rid)(scope, receive, send)
 
@@ -155,11 +185,12 @@ def _too_large(limit: int) -> P.APIError:
 def create_app(engine: Any, tokenizer: Tokenizer, *, served_model_name: str, api_key: str | None = None,
                max_queue: int = 4096, sampling_params_cls: Any = None, manage_engine: bool = True,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
-               retry_after_s: int = 1) -> FastAPI:
+               retry_after_s: int = 1, max_bodies_bytes: int = DEFAULT_MAX_BODIES_BYTES) -> FastAPI:
     """Build the app. With ``manage_engine`` the app's lifespan starts and shuts down the engine.
 
     ``max_queue``: requests in flight before new ones get 429 (with ``Retry-After: retry_after_s``).
-    ``max_body_bytes``: larger request bodies get 413. ``drain_timeout_s``: on shutdown
+    ``max_body_bytes``: larger request bodies get 413; ``max_bodies_bytes``: bodies being read at once, all
+    clients together, past which a new body gets 503 (memory). ``drain_timeout_s``: on shutdown
     (``app.state.drain``), how long in-flight requests may still finish before they are aborted.
     """
     if sampling_params_cls is None:  # the real engine's (a torch-free module)
@@ -167,7 +198,8 @@ def create_app(engine: Any, tokenizer: Tokenizer, *, served_model_name: str, api
     st = _State(engine=engine, tokenizer=tokenizer, model_name=served_model_name, api_key=api_key,
                 max_queue=max_queue, params_cls=sampling_params_cls,
                 metrics=ServeMetrics(engine.stats, served_model_name, inflight=lambda: st.inflight),
-                max_body_bytes=max_body_bytes, retry_after_s=retry_after_s)
+                max_body_bytes=max_body_bytes, max_bodies_bytes=max(max_bodies_bytes, max_body_bytes),
+                retry_after_s=retry_after_s)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -180,12 +212,13 @@ def create_app(engine: Any, tokenizer: Tokenizer, *, served_model_name: str, api
                 await engine.shutdown()
 
     app = FastAPI(title="twinfer serve", lifespan=lifespan)
+    app.state.draining = lambda: st.draining
     app.state.serve = st
     app.state.drain = functools.partial(drain, st, drain_timeout_s)
 
     @app.exception_handler(P.APIError)
     async def _api_error(request: Request, err: P.APIError):
-        if err.status != 499:  # a client that left was counted as an abort, not a rejection
+        if not (err.status == 499 and err.code is None):  # a client that left mid-run was counted as an abort
             st.metrics.request_rejected(rejection_reason(err))
         return _error(err)
 
@@ -224,10 +257,10 @@ def create_app(engine: Any, tokenizer: Tokenizer, *, served_model_name: str, api
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        req = P.parse_request(P.CompletionRequest, await _json_body(request))
+        req = P.parse_request(P.CompletionRequest, await _json_body(request, engine.max_model_len))
         _check_model(st, req.model)
         if isinstance(req.prompt, str):
-            prompt_ids = tokenizer.encode(req.prompt)
+            prompt_ids = _encode(tokenizer, req.prompt)
         else:
             prompt_ids = list(req.prompt)
             _check_ids(st, prompt_ids)
@@ -236,7 +269,7 @@ def create_app(engine: Any, tokenizer: Tokenizer, *, served_model_name: str, api
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req = P.parse_request(P.ChatCompletionRequest, await _json_body(request))
+        req = P.parse_request(P.ChatCompletionRequest, await _json_body(request, engine.max_model_len))
         _check_model(st, req.model)
         messages = [{"role": m.role, "content": m.text, **({"name": m.name} if m.name else {})} for m in req.messages]
         try:
@@ -247,7 +280,7 @@ def create_app(engine: Any, tokenizer: Tokenizer, *, served_model_name: str, api
                             max_tokens=req.requested_max_tokens, prompt_param="messages")
 
     app.add_middleware(_RequestIdAndAuth, api_key=api_key, max_body_bytes=max_body_bytes,
-                       on_reject=st.metrics.request_rejected)
+                       on_reject=st.metrics.request_rejected, state=st)
     return app
 
 
@@ -280,20 +313,51 @@ def _no_constants(name: str) -> float:
     raise ValueError(f"{name} is not valid JSON (numbers must be finite)")
 
 
-async def _json_body(request: Request) -> Any:
+async def _json_body(request: Request, max_model_len: int) -> Any:
+    """The request's JSON, with its memory bounded: the body by ``max_body_bytes`` (and all bodies being read
+    by ``max_bodies_bytes``), the parsed values by ``check_json_size``; lone surrogates refused."""
     st: _State = request.app.state.serve
-    chunks, size = [], 0
-    async for chunk in request.stream():  # counted as it arrives: a chunked body has no Content-Length
-        size += len(chunk)
-        if size > st.max_body_bytes:
-            raise _too_large(st.max_body_bytes)
-        chunks.append(chunk)
-    raw = b"".join(chunks)
+    raw = await _read_body(st, request)
+    check_json_size(raw, max_model_len)
     try:
         # Python's json accepts NaN and Infinity; JSON (and every sampling parameter) does not
-        return json.loads(raw, parse_constant=_no_constants)
+        body = json.loads(raw, parse_constant=_no_constants)
     except (ValueError, UnicodeDecodeError, RecursionError) as err:
-        raise P.APIError(f"malformed JSON in request body: {err}", code="invalid_json") from None
+        raise P.APIError(f"malformed JSON in request body: {err}"[:500], code="invalid_json") from None
+    where = find_surrogate(body)
+    if where is not None:  # JSON's "\ud800" escapes decode to text no encoder (or tokenizer) accepts
+        raise P.APIError(f"{where or 'body'}: a lone UTF-16 surrogate is not valid text", param=where or None,
+                         code="invalid_encoding")
+    return body
+
+
+async def _read_body(st: _State, request: Request) -> bytes:
+    """The body, counted as it arrives (a chunked body has no Content-Length); a client that leaves mid-upload
+    is a disconnect (499, never run), not a server error."""
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            st.body_bytes += len(chunk)
+            if size > st.max_body_bytes:
+                raise _too_large(st.max_body_bytes)
+            if st.body_bytes > st.max_bodies_bytes:
+                raise st.busy(f"server busy: {st.body_bytes} bytes of request bodies being read; retry later")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise P.APIError("client disconnected while sending the request", status=499,
+                         type="client_closed_request", code="client_disconnected") from None
+    finally:
+        st.body_bytes -= size
+    return b"".join(chunks)
+
+
+def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
+    try:
+        return tokenizer.encode(text)
+    except UnicodeError as err:  # surrogates are refused earlier; any other text the tokenizer cannot take
+        raise P.APIError(f"prompt: text the tokenizer cannot encode ({err})"[:300], param="prompt",
+                         code="invalid_encoding") from None
 
 
 def _check_model(st: _State, model: str | None) -> None:
@@ -343,8 +407,7 @@ async def _serve(st: _State, request: Request, req: P._SamplingRequest, prompt_i
     params = _sampling_params(st, req, budget)
     retry = {"retry-after": str(st.retry_after_s)}
     if st.draining:
-        raise P.APIError("server is shutting down; retry on another replica", status=503,
-                         type="service_unavailable", code="shutting_down", headers=retry)
+        raise st.shutting_down()
     dead = getattr(st.engine, "errored", None)
     if dead:
         raise P.APIError(f"the engine failed and cannot take requests: {dead!r}", status=503,
@@ -353,9 +416,7 @@ async def _serve(st: _State, request: Request, req: P._SamplingRequest, prompt_i
         raise P.APIError(f"server busy: {st.inflight} requests in flight (max_queue={st.max_queue}); retry later",
                          status=429, type="rate_limit_exceeded", code="rate_limit_exceeded", headers=retry)
     resp_id = P.new_id(prefix, request.scope.get("state", {}).get("request_id"))
-    engine_id = resp_id
-    while engine_id in st.engine_ids:  # two clients reusing one X-Request-Id must not collide in the engine
-        engine_id = f"{resp_id}-{uuid.uuid4().hex[:8]}"
+    engine_id = st.engine_id(resp_id)
     st.engine_ids.add(engine_id)
     st.inflight += 1
     tally = _Tally(prompt_tokens=len(prompt_ids))

@@ -12,7 +12,15 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError,
+                      field_validator, model_serializer, model_validator)
+
+# JSON's true/false are not numbers: strict types refuse `"max_tokens": true` (pydantic's lax mode
+# would take it as 1), and a number is not a string. Floats still take integers (1 means 1.0).
+
+MAX_STOP_STRINGS = 64          # stop strings per request (OpenAI allows 4; vLLM has no bound)
+MAX_STOP_CHARS = 16_384        # their total length: each generated token is checked against all of them
+MAX_STOP_TOKEN_IDS = 1024      # stop_token_ids per request
 
 
 class APIError(Exception):
@@ -37,7 +45,17 @@ class APIError(Exception):
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
+    include_usage: StrictBool = False
+
+
+# the values of unimplemented fields that change nothing (what a client library sends by default)
+_NEUTRAL: dict[str, tuple] = {
+    "repetition_penalty": (None, 1, 1.0), "min_tokens": (None, 0), "logit_bias": (None, {}),
+    "response_format": (None, {"type": "text"}), "tools": (None, []), "tool_choice": (None, "none"),
+    "functions": (None, []), "function_call": (None, "none"), "guided_json": (None,), "guided_regex": (None,),
+    "guided_choice": (None,), "guided_grammar": (None,),
+}
+_NEUTRAL_TEXT = {k: " or ".join("null" if v is None else repr(v) for v in vals) for k, vals in _NEUTRAL.items()}
 
 
 class _SamplingRequest(BaseModel):
@@ -45,25 +63,39 @@ class _SamplingRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: str | None = None
-    temperature: float | None = Field(None, ge=0.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    model: StrictStr | None = None
+    temperature: StrictFloat | None = Field(None, ge=0.0)
+    top_p: StrictFloat | None = Field(None, gt=0.0, le=1.0)
     # bounded so that no value can reach a tensor constructor it overflows (a step that raises
     # there would end the engine loop for every request)
-    top_k: int | None = Field(None, le=2**31 - 1)
-    stop: str | list[str] | None = Field(None, validate_default=True)
-    stop_token_ids: list[int] | None = None
-    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1, description="torch.Generator takes a 64-bit seed")
-    n: int = 1
-    stream: bool = False
+    top_k: StrictInt | None = Field(None, le=2**31 - 1)
+    stop: StrictStr | list[StrictStr] | None = Field(None, validate_default=True)
+    stop_token_ids: list[StrictInt] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
+    seed: StrictInt | None = Field(None, ge=-(2**63), le=2**64 - 1, description="torch.Generator takes a 64-bit seed")
+    n: StrictInt = 1
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    ignore_eos: bool = False
-    user: str | None = None
+    ignore_eos: StrictBool = False
+    user: StrictStr | None = None
     # accepted for compatibility only at their neutral values
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    best_of: int | None = None
+    presence_penalty: StrictFloat | None = None
+    frequency_penalty: StrictFloat | None = None
+    best_of: StrictInt | None = None
     logprobs: Any = None
+    # answer-changing fields this server does not implement: refused unless neutral, never ignored
+    repetition_penalty: StrictFloat | None = None
+    min_tokens: StrictInt | None = None
+    logit_bias: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+
 
     @field_validator("top_k")
     @classmethod
@@ -105,6 +137,11 @@ class _SamplingRequest(BaseModel):
     def _stop(cls, v: str | list[str] | None) -> list[str]:
         # one list form downstream; empty strings would match everywhere, so they are dropped
         items = [v] if isinstance(v, str) else list(v or [])
+        if len(items) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings (got {len(items)})")
+        total = sum(len(s) for s in items)
+        if total > MAX_STOP_CHARS:
+            raise ValueError(f"stop strings may total at most {MAX_STOP_CHARS} characters (got {total})")
         return [s for s in items if s]
 
     @field_validator("stop_token_ids")
@@ -135,10 +172,10 @@ class _SamplingRequest(BaseModel):
 class CompletionRequest(_SamplingRequest):
     """POST /v1/completions."""
 
-    prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's documented default for completions
-    echo: bool = False
-    suffix: str | None = None
+    prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
+    max_tokens: StrictInt | None = Field(16, ge=1)  # OpenAI's documented default for completions
+    echo: StrictBool = False
+    suffix: StrictStr | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -173,8 +210,8 @@ class CompletionRequest(_SamplingRequest):
 
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    type: str
-    text: str | None = None
+    type: StrictStr
+    text: StrictStr | None = None
 
     @model_validator(mode="after")
     def _text_only(self) -> "ContentPart":
@@ -186,8 +223,8 @@ class ContentPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
+    content: StrictStr | list[ContentPart] | None = None
+    name: StrictStr | None = None
 
     @property
     def text(self) -> str:
@@ -201,13 +238,21 @@ class ChatCompletionRequest(_SamplingRequest):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)
 
     @property
     def requested_max_tokens(self) -> int | None:
         """``max_completion_tokens`` (the new name) wins over the deprecated ``max_tokens``."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+_UNION_TAGS = {"str", "int", "float", "bool", "none"}
+
+
+def _is_union_tag(part: str) -> bool:
+    """pydantic's names for union members in an error location: 'str', 'list[int]', 'function-after[...]'."""
+    return part in _UNION_TAGS or "[" in part or part.startswith("function-")
 
 
 def _param_name(loc: tuple) -> str | None:
@@ -216,17 +261,28 @@ def _param_name(loc: tuple) -> str | None:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif isinstance(part, str) and (part.startswith(("str", "list[", "int", "function-")) or "[" in part):
+        elif isinstance(part, str) and _is_union_tag(part):
             continue  # a union member's name, not a field
         else:
             out += ("." if out else "") + part
     return out or None
 
 
+def _refuse_unimplemented(body: dict) -> None:
+    """400 for a field that would change the answer and that this server does not implement."""
+    for name, neutral in _NEUTRAL.items():
+        value = body.get(name)
+        # `in` compares with ==, and True == 1: a bool is never one of the neutral values
+        if name in body and (isinstance(value, bool) or value not in neutral):
+            raise APIError(f"{name}: not supported by this server (only {_NEUTRAL_TEXT[name]}; got {value!r:.80})",
+                           param=name, code="unsupported_parameter")
+
+
 def parse_request(model: type[BaseModel], body: Any) -> Any:
     """Validate a decoded JSON body, raising ``APIError`` that names the first bad parameter."""
     if not isinstance(body, dict):
         raise APIError("request body must be a JSON object", param=None)
+    _refuse_unimplemented(body)
     try:
         return model.model_validate(body)
     except ValidationError as err:
