@@ -133,7 +133,9 @@ def _moe_deepseek(c: _Cfg, n_experts_key: str = "n_routed_experts") -> dict:
         "first_k_dense": c.get("first_k_dense_replace", 0),
         "n_group": c.get("n_group", 1),
         "topk_group": c.get("topk_group", 1),
-        "scoring": c.get("scoring_func", "softmax"),
+        # sigmoid + e_score_correction_bias is these families' router (HF modeling_deepseek_v3 / glm4_moe hard-code
+        # it; transformers 5 no longer writes scoring_func into config.json)
+        "scoring": c.get("scoring_func", "sigmoid"),
     }
 
 
@@ -298,4 +300,6 @@ def get_model(name_or_path: str | ModelSpec) -> ModelSpec:
         return load_model_file(ModelSpec, p)
     if key.lower().endswith((".json", ".yaml", ".yml")) or "/" in key:
         raise TwinferError(f"{key}: no such file")
-    raise UnknownNameError("model", key, list_models())
+    err = UnknownNameError("model", key, list_models())
+    err.args = (f"{err.args[0]}; or an HF config.json (or its folder) or a ModelSpec YAML (twinfer model --show NAME prints one)",)
+    raise err

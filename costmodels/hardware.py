@@ -172,4 +172,6 @@ def get_hardware(name_or_path: str | Hardware) -> Hardware:
         return cat[key.lower()]
     if key.lower().endswith((".yaml", ".yml", ".json")) or is_file(key):
         return load_model_file(Hardware, key)
-    raise UnknownNameError("hardware", key, [h.name for h in cat.values()])
+    err = UnknownNameError("hardware", key, [h.name for h in cat.values()])
+    err.args = (f"{err.args[0]}; or a hardware YAML file (twinfer hardware --template prints one to start from)",)
+    raise err

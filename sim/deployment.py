@@ -17,6 +17,7 @@ import numpy as np
 import simpy
 
 from costmodels.catalog import get_model
+from costmodels.calibration_source import profile_for
 from costmodels.effective import fit_with_policies
 from costmodels.hardware import get_hardware
 from costmodels.layout import ParallelLayout
@@ -91,7 +92,7 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
     debug = invariants.enabled(debug)
     checked = debug and disagg is None  # a prefill pool hands requests over: per-event checks do not apply
     collector = (invariants.CheckingCollector if checked else MetricsCollector)(record_steps=record_steps)
-    cost = build_step_cost(model, hw, scenario.layout, eff, clock)
+    cost = build_step_cost(model, hw, scenario.layout, eff, clock, profile_for(hw, scenario.calibration))
     sc, load_s = kv_tiers(eff, sc, hw, scenario.layout, fit.kv_bytes_per_token)
     scenario = scenario.model_copy(update={"scheduler": sc})
     rates = sc.effective_acceptance_rates()
@@ -143,7 +144,7 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
     pfit = _fit(scenario, spec.prefill_layout, psc, peff, "disagg.prefill_layout")
     p_blocks = max(1, pfit.max_kv_tokens // spec.prefill_mirror // psc.block_size)
     clock = lambda: env.now  # noqa: E731
-    pcost = build_step_cost(model, hw, spec.prefill_layout, peff, clock)
+    pcost = build_step_cost(model, hw, spec.prefill_layout, peff, clock, profile_for(hw, scenario.calibration))
     psc, p_load_s = kv_tiers(peff, psc, hw, spec.prefill_layout, pfit.kv_bytes_per_token)
     n_p, n_d = spec.prefill_instances, scenario.instances
     total_gpus = n_p * spec.prefill_layout.gpus + n_d * scenario.layout.gpus

@@ -185,7 +185,7 @@ def kv_tiers(effects: EffectsSpec, sc, hw: Hardware, layout: ParallelLayout, kv_
 
 
 def build_step_cost(model: ModelSpec, hw: Hardware, layout: ParallelLayout, effects: EffectsSpec | None,
-                    clock: Callable[[], float] | None = None):
+                    clock: Callable[[], float] | None = None, calibration: CalibrationProfile | None = None):
     """The step-cost object for one pool's instances (a StepCost, as ``sim.backend.SimBackend`` takes)."""
     eff = effects or EffectsSpec()
     n_experts = model.moe.n_routed_experts if model.moe else 0
@@ -195,7 +195,7 @@ def build_step_cost(model: ModelSpec, hw: Hardware, layout: ParallelLayout, effe
     spec = eff.expert_load or ExpertLoadSpec()
 
     def make(load: ExpertLoad | None):
-        inner = EffectiveStepCost(model, hw, layout, expert_load=load, dp_balance=eff.dp_balance,
+        inner = EffectiveStepCost(model, hw, layout, calibration, expert_load=load, dp_balance=eff.dp_balance,
                                   table_placement=eff.table_placement, table_prefetch=eff.table_prefetch)
         if eff.mirror > 1:
             inner = MirroredStepCost(inner, eff.mirror)

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from costmodels.catalog import get_model
 from costmodels.hardware import get_hardware
+from costmodels.calibration_source import profile_for
 from costmodels.effective import EffectiveStepCost, fit_with_policies
 from costmodels.host import wall_time
 from costmodels.memory import MemoryFit
@@ -81,7 +82,8 @@ def _fit(scenario: Scenario) -> MemoryFit:
 
 def build_cost_model(scenario: Scenario) -> EffectiveStepCost:
     """The step cost model of one instance of ``scenario`` (StepCostModel plus per-step DP imbalance, expert load, tables)."""
-    return EffectiveStepCost(get_model(scenario.model), get_hardware(scenario.hardware), scenario.layout)
+    hw = get_hardware(scenario.hardware)
+    return EffectiveStepCost(get_model(scenario.model), hw, scenario.layout, profile_for(hw, scenario.calibration))
 
 
 def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[Request] | None = None,

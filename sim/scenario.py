@@ -15,7 +15,7 @@ from sim.effects import EffectsSpec
 from scheduler.metrics import SLO
 from sim.router import RouterConfig
 from sim.workload import WorkloadSpec
-from twinfer.config import load_model_file, validate
+from twinfer.config import read_mapping, validate
 from twinfer.errors import TwinferError
 
 
@@ -26,9 +26,10 @@ class Scenario(BaseModel):
 
     name: str = Field("custom", min_length=1, max_length=200)
     description: str = Field("", max_length=2000)
-    model: str = Field("deepseek-v3", description="model catalog name (twinfer cost lists them) or a config.json path")
-    hardware: str = Field("H200", description="GPU name from the hardware catalog")
-    layout: ParallelLayout = Field(default_factory=ParallelLayout, description="parallel layout of one instance")
+    model: str = Field("deepseek-v3", description="model catalog name (twinfer model lists them), an HF config.json (or its folder) or a ModelSpec YAML; paths relative to the scenario file")
+    hardware: str = Field("H200", description="GPU name from the hardware catalog or a hardware YAML (twinfer hardware --template); paths relative to the scenario file")
+    calibration: str | None = Field(None, description="calibration profile JSON (twinfer calibrate) whose efficiencies replace the defaults; relative to the scenario file")
+    layout: ParallelLayout = Field(default_factory=ParallelLayout, description="parallel layout of one instance; dtypes left out follow the model's checkpoint (quantization_config)")
     instances: int = Field(1, ge=1, le=4096, description="identical instances (model replicas) behind the router")
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     workload: WorkloadSpec
@@ -47,6 +48,12 @@ class Scenario(BaseModel):
         256, ge=1, le=65536,
         description="most decode steps one plan may cover (1: single-step; results agree up to float rounding)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dtypes_follow_model(cls, data):
+        """Layout dtypes a file leaves out follow the model's checkpoint (weights, experts, KV)."""
+        return fill_layout_dtypes(data) if isinstance(data, dict) else data
 
     @field_validator("model")
     @classmethod
@@ -69,6 +76,17 @@ class Scenario(BaseModel):
         except TwinferError as e:
             raise ValueError(str(e)) from None
         return v
+
+    @model_validator(mode="after")
+    def _hardware_runs_dtypes(self) -> "Scenario":
+        from costmodels.hardware import get_hardware
+
+        hw = get_hardware(self.hardware)
+        lays = [("layout", self.layout)] + ([("disagg.prefill_layout", self.disagg.prefill_layout)] if self.disagg else [])
+        for where, lay in lays:
+            hw.check_dtype(lay.weight_dtype, f"{where}.weight_dtype")
+            hw.check_dtype(lay.experts_dtype, f"{where}.expert_dtype")
+        return self
 
     @model_validator(mode="after")
     def _drafts_need_mtp(self) -> "Scenario":
@@ -94,9 +112,85 @@ class Scenario(BaseModel):
         return self.disagg is not None or self.effects != EffectsSpec()
 
 
+_LAYOUT_DTYPES = ("weight_dtype", "expert_dtype", "kv_dtype")
+
+
+def fill_layout_dtypes(data: dict) -> dict:
+    """``data`` with the layout dtypes it leaves out taken from its model's checkpoint.
+
+    ``weight_dtype`` <- the checkpoint's (``quantization_config``); ``expert_dtype`` <- the
+    checkpoint's expert dtype unless ``weight_dtype`` was set; ``kv_dtype`` <- the model's default.
+    An unknown model is left for the ``model`` field's own error.
+    """
+    from costmodels.catalog import get_model
+
+    try:
+        m = get_model(str(data.get("model", Scenario.model_fields["model"].default)))
+    except (TwinferError, OSError):
+        return data
+    out = dict(data)
+    for key in ("layout",) + (("disagg",) if isinstance(data.get("disagg"), dict) else ()):
+        node = out.get(key) if key == "layout" else out["disagg"].get("prefill_layout")
+        if node is None:
+            node = {}
+        if not isinstance(node, dict):  # a ParallelLayout object (Python callers): its dtypes are already set
+            continue
+        node = dict(node)
+        if "weight_dtype" not in node:
+            node["weight_dtype"] = m.checkpoint_dtype
+            if "expert_dtype" not in node and m.checkpoint_expert_dtype is not None:
+                node["expert_dtype"] = m.checkpoint_expert_dtype
+        node.setdefault("kv_dtype", m.default_kv_dtype)
+        if key == "layout":
+            out["layout"] = node
+        else:
+            out["disagg"] = {**out["disagg"], "prefill_layout": node}
+    return out
+
+
+def drop_layout_dtypes(data: dict) -> dict:
+    """``data`` without layout dtypes, so they follow a model given on top of it (``--model`` without ``--dtype``)."""
+    out = dict(data)
+    for key in ("layout", "disagg"):
+        node = out.get(key)
+        if not isinstance(node, dict):
+            continue
+        if key == "layout":
+            out[key] = {k: v for k, v in node.items() if k not in _LAYOUT_DTYPES}
+        elif isinstance(node.get("prefill_layout"), dict):
+            out[key] = {**node, "prefill_layout": {k: v for k, v in node["prefill_layout"].items() if k not in _LAYOUT_DTYPES}}
+    return out
+
+
+def resolve_relative_paths(data: dict, folder: str | Path) -> dict:
+    """``data`` with its file paths (model, hardware, calibration, workload.trace_path) taken relative to ``folder``.
+
+    Catalog names and absolute paths stay as they are.
+    """
+    from costmodels.catalog import model_aliases
+    from costmodels.hardware import list_hardware
+
+    base = Path(folder)
+    names = {"model": set(model_aliases()), "hardware": {h.name.lower() for h in list_hardware()}, "calibration": set()}
+
+    def rel(value):
+        return isinstance(value, str) and value.strip() and not Path(value).is_absolute()
+
+    out = dict(data)
+    for key, known in names.items():
+        v = out.get(key)
+        if rel(v) and v.strip().lower() not in known:
+            out[key] = str(base / v)
+    wl = out.get("workload")
+    if isinstance(wl, dict) and rel(wl.get("trace_path")):
+        out["workload"] = {**wl, "trace_path": str(base / wl["trace_path"])}
+    return out
+
+
 def load_scenario(path: str | Path) -> Scenario:
-    """Read a scenario file; errors name the offending field."""
-    return load_model_file(Scenario, path)
+    """Read a scenario file; its relative paths are taken from the file's folder; errors name the offending field."""
+    data = resolve_relative_paths(read_mapping(path), Path(path).parent)
+    return validate(Scenario, data, str(path))
 
 
 def scenario_from_dict(data: dict, source: str = "scenario") -> Scenario:

@@ -24,7 +24,8 @@ def _base_mapping(scenario: str | None) -> tuple[dict, str]:
     if scenario is None:
         scenario = "default"
     if Path(scenario).is_file() or scenario.endswith((".yaml", ".yml", ".json")):
-        return read_mapping(scenario), scenario
+        from sim.scenario import resolve_relative_paths
+        return resolve_relative_paths(read_mapping(scenario), Path(scenario).parent), scenario
     if scenario in builtin_scenarios():
         with resources.as_file(resources.files("sim").joinpath("data", f"{scenario}.yaml")) as p:
             return read_mapping(p), f"built-in scenario {scenario!r}"
@@ -56,6 +57,9 @@ def effective_scenario(scenario: str | None = None, **overrides):
     if "trace" in o:
         data["workload"] = {"kind": "trace", "trace_path": o.pop("trace"), "trace_format": o.pop("trace_format", "jsonl")}
     o.pop("trace_format", None)
+    if "model" in o and "dtype" not in o:  # the base's dtypes described its model: the new one's checkpoint sets them
+        from sim.scenario import drop_layout_dtypes
+        data = drop_layout_dtypes(data)
     trace = isinstance(data.get("workload"), dict) and data["workload"].get("kind") == "trace"
     paths = {
         "model": "model", "hardware": "hardware", "instances": "instances",
@@ -64,7 +68,7 @@ def effective_scenario(scenario: str | None = None, **overrides):
         "duration": "workload.duration_s",
         "max_num_seqs": "scheduler.max_num_seqs", "max_batched_tokens": "scheduler.max_num_batched_tokens",
         "async_overlap": "scheduler.async_overlap", "draft_len": "scheduler.draft_len",
-        "router": "router", "seed": "seed",
+        "router": "router", "seed": "seed", "calibration": "calibration",
     }
     for key, value in o.items():
         _set(data, paths[key], value)
@@ -166,6 +170,14 @@ def _print_result(con: Console, res, wall_s: float) -> None:
     con.print(f"[dim]digest {res.digest[:16]}, simulated in {wall_s:.2f} s wall[/]", highlight=False)
 
 
+def get_hardware_measured(hardware: str) -> bool:
+    """Whether a (non-H200) hardware file brings its own measured block, so the output says where efficiencies come from."""
+    from costmodels.hardware import get_hardware
+
+    hw = get_hardware(hardware)
+    return hw.measured is not None and hw.name.lower() != "h200"
+
+
 def _price(hardware: str) -> float:
     from costmodels.hardware import get_hardware
 
@@ -185,8 +197,9 @@ def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate(
         scenario: Optional[str] = typer.Option(None, "--scenario", "-s", help="scenario YAML/JSON file or built-in name [default]"),
-        model: Optional[str] = typer.Option(None, "--model", "-m", help="model catalog name"),
-        hardware: Optional[str] = typer.Option(None, "--hardware", "--hw", help="GPU name"),
+        model: Optional[str] = typer.Option(None, "--model", "-m", help="model catalog name, HF config.json (or its folder) or ModelSpec YAML; layout dtypes then follow its checkpoint unless --dtype"),
+        hardware: Optional[str] = typer.Option(None, "--hardware", "--hw", help="GPU catalog name or hardware YAML (twinfer hardware --template)"),
+        calibration: Optional[str] = typer.Option(None, "--calibration", help="calibration profile JSON whose efficiencies replace the defaults (twinfer calibrate)"),
         instances: Optional[int] = typer.Option(None, "--instances", "-n", help="identical instances behind the router"),
         tp: Optional[int] = typer.Option(None, "--tp", help="tensor parallel per instance"),
         dp: Optional[int] = typer.Option(None, "--dp", help="attention data parallel per instance"),
@@ -208,6 +221,7 @@ def register(app: typer.Typer) -> None:
         csv: Optional[Path] = typer.Option(None, "--csv", help="write the metrics as metric,value CSV"),
         perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="write a Perfetto/Chrome trace of every plan"),
         print_scenario: bool = typer.Option(False, "--print-scenario", help="print the effective scenario as YAML and exit"),
+        all_values: bool = typer.Option(False, "--all", help="with --print-scenario: every effective value, defaults included"),
         plan: Optional[str] = typer.Option(None, "--plan", help="simulate a `twinfer plan --out` plan file at full scale (--requests, --rate, --seed still apply)"),
         error_band: Optional[str] = typer.Option(None, "--error-band", help="print the twin's error band next to the figures: a `twinfer validate` report JSON, or 'auto' (profiles/<hardware>/validation_*.json)"),
     ) -> None:
@@ -218,14 +232,19 @@ def register(app: typer.Typer) -> None:
             sc = scenario_from_plan(plan, scenario=scenario, requests=requests, rate=rate, seed=seed, others=dict(
                 model=model, hardware=hardware, instances=instances, tp=tp, dp=dp, ep=ep, dtype=dtype, duration=duration,
                 workload=workload, trace=trace, max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens,
-                async_overlap=async_overlap, draft_len=draft_len, router=router))
+                async_overlap=async_overlap, draft_len=draft_len, router=router, calibration=calibration))
         else:
             sc = effective_scenario(
                 scenario, model=model, hardware=hardware, instances=instances, tp=tp, dp=dp, ep=ep, dtype=dtype,
                 rate=rate, requests=requests, duration=duration, workload=workload, trace=trace, trace_format=trace_format,
                 max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens, async_overlap=async_overlap,
-                draft_len=draft_len, router=router, seed=seed,
+                draft_len=draft_len, router=router, seed=seed, calibration=calibration,
             )
+        if all_values and not print_scenario:
+            raise TwinferError("--all: only with --print-scenario")
+        if print_scenario and all_values:
+            print(yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False), end="")
+            return
         if print_scenario:
             data = sc.model_dump(mode="json", exclude_none=True)
             # the workload's unused knobs (agentic/trace fields at their defaults) only add noise
@@ -255,6 +274,8 @@ def register(app: typer.Typer) -> None:
             print(to_json(res, indent=1))
             return
         _print_result(con, res, wall)
+        if sc.calibration is not None or get_hardware_measured(sc.hardware):
+            con.print("[dim]efficiencies: " + escape("; ".join(res.cost_model_notes[:4])) + "[/]", highlight=False)
         if error_band is not None:
             from sim.validate import band_line
             con.print(band_line(error_band, sc.hardware), highlight=False)
