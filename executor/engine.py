@@ -3,7 +3,7 @@
 The engine owns the pieces and the loop body (vLLM v1's EngineCore, minus processes):
 ``add_request`` turns token ids into a scheduler ``Request`` (with chained block hashes
 for the prefix cache), ``step`` asks the scheduler for a plan, runs it on the
-GpuBackend, hands the result back to the scheduler and reports what each request gained.
+model runner (the ``Backend`` of scheduler/backend.py), hands the result back to the scheduler and reports what each request gained.
 Batching, chunking, preemption and prefix reuse are the scheduler's; the engine never
 second-guesses them. ``AsyncLLMEngine`` (executor.async_engine) wraps this for serving.
 """
@@ -19,12 +19,12 @@ from typing import Literal
 
 import torch
 
-from executor.gpu_backend import GpuBackend
 from executor.kv_cache import KVCache
 from executor.model_config import ExecModelConfig, resolve_spec
 from executor.model_runner import ModelRunner
 from executor.sampling_params import SamplingParams
 from executor.weights import DTYPES, build_model
+from scheduler.backend import Backend
 from scheduler.config import SchedulerConfig
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler
@@ -93,7 +93,8 @@ class LLMEngine:
     def __init__(self, cfg: ExecModelConfig, runner: ModelRunner, scheduler: Scheduler, max_model_len: int,
                  eos_token_id: int | None, model_name: str, decode_steps: int = 1, step_log=None):
         self.cfg, self.runner, self.scheduler = cfg, runner, scheduler
-        self.backend = GpuBackend(runner, step_log)
+        self.backend: Backend = runner   # the seam (scheduler/backend.py): the runner executes plans
+        self.step_log = step_log         # callable(dict) per executed step, or None
         self.max_model_len, self.eos_token_id, self.model_name = max_model_len, eos_token_id, model_name
         self.vocab_size = cfg.spec.vocab_size
         self.block_size = scheduler.block_size
@@ -249,6 +250,9 @@ class LLMEngine:
         before = {r.request_id: len(r.output_token_ids) for r in reqs}
         start = self.now()
         result = self.backend.execute(plan)
+        if self.step_log is not None:
+            for rec in self.runner.step_records:
+                self.step_log(rec)
         finished = {r.request_id for r in self.scheduler.complete(plan, result, self.now())}
         if self.step_observer is not None:
             self.step_observer(start, plan, result)
@@ -293,7 +297,7 @@ class LLMEngine:
                 plan = sched.schedule(0.0)
                 if plan.is_empty:
                     break
-                sched.complete(plan, self.runner.execute(plan), 0.0)
+                sched.complete(plan, self.backend.execute(plan), 0.0)
             for rid in rids:
                 self.runner.remove_request(rid)
         if self.runner.device.type == "cuda":

@@ -138,8 +138,10 @@ class ModelRunner:
 
     # ----------------------------------------------------------------- the plan
     @torch.inference_mode()
-    def execute(self, plan: StepPlan) -> StepResult:
-        """Run ``plan`` (``num_steps`` steps back to back, fewer if a request stops early)."""
+    def execute(self, plan: StepPlan, stop_at: float | None = None) -> StepResult:
+        """Run ``plan`` (``num_steps`` steps back to back, fewer if a request stops early); the
+        ``Backend`` of scheduler/backend.py. ``stop_at`` (``time.perf_counter()`` seconds): stop
+        after the first step that ends at/after it."""
         for r in plan.preempted:
             if r.request_id in self.states:
                 self.states[r.request_id].drafts = []
@@ -218,6 +220,8 @@ class ModelRunner:
             self.step_records.append(rec)
             self.num_steps_run += 1
             if finished_early or any(x <= 0 for x in remaining):
+                break
+            if stop_at is not None and time.perf_counter() >= stop_at:
                 break
         for r in decodes:
             sampled[r.request_id] = produced[r.request_id]

@@ -286,14 +286,11 @@ class MetricsCollector:
         dec_tokens = 0
         if n_dec:
             tok = result.decode_tokens
-            if tok.__class__ is not np.ndarray:
-                tok = np.asarray(tok)
-            if tok.shape != (k, n_dec):  # a backend that reports nothing: one token each
-                tok = None
+            if tok is None:  # one token per decode per step
                 dec_tokens = k * n_dec
-            elif not any(tok.strides):  # one count broadcast to every decode and step (the simulator's ones)
-                dec_tokens = int(tok.item(0)) * k * n_dec
             else:
+                if tok.__class__ is not np.ndarray:
+                    tok = np.asarray(tok)
                 dec_tokens = int(tok.sum())
             if tok is None or (draft_len == 0 and dec_tokens == k * n_dec):
                 # one token per decode per step (without drafts a decode makes at most one): each

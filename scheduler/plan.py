@@ -104,14 +104,14 @@ class StepResult:
 
     ``step_durations`` has one entry per executed step (wall or simulated seconds, host
     overhead included as the loop's async policy dictates). ``decode_tokens[s, i]`` is the
-    number of tokens decode request ``i`` produced in step ``s`` (1 + accepted drafts).
-    Prefill chunks that complete a prompt produce exactly one token each in their step.
-    ``sampled_token_ids`` are real token ids when an executor ran the plan (None in the sim):
-    per request id, the list of ids produced in this plan.
+    number of tokens decode request ``i`` produced in step ``s`` (1 + accepted drafts); None
+    means one token per decode per step. Prefill chunks that complete a prompt produce exactly
+    one token each in their step. ``sampled_token_ids`` are real token ids when an executor ran
+    the plan (None in the sim): per request id, the list of ids produced in this plan.
     """
 
     step_durations: np.ndarray
-    decode_tokens: np.ndarray
+    decode_tokens: np.ndarray | None = None
     sampled_token_ids: dict[str, list[int]] | None = None
     finished_early: set[str] = field(default_factory=set)  # e.g. EOS or stop string hit
 
@@ -122,3 +122,14 @@ class StepResult:
     @property
     def duration(self) -> float:
         return float(np.sum(self.step_durations))
+
+    def first(self, n: int) -> "StepResult":
+        """The result of the first ``n`` steps only (an arrival cut a multi-step plan there).
+
+        Only simulated results are cut this way (a real run stops itself): they carry no token ids."""
+        if n >= len(self.step_durations):
+            return self
+        if self.sampled_token_ids is not None:
+            raise ValueError("StepResult.first: a result with sampled token ids cannot be cut after the fact")
+        tok = self.decode_tokens
+        return StepResult(self.step_durations[:n], None if tok is None else tok[:n], None, self.finished_early)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+import math
+from typing import Callable, Protocol
 
 import numpy as np
 
 from costmodels.host import wall_time
 from scheduler.plan import StepPlan, StepResult
+
+
+def _zero() -> float:
+    return 0.0
 
 
 class StepCost(Protocol):
@@ -138,7 +143,7 @@ class MemoStepCost:
 
 
 class SimBackend:
-    """The simulator's side of the seam: ``execute(plan) -> StepResult`` without a GPU.
+    """The simulator's side of the seam: ``execute(plan, stop_at) -> StepResult`` without a GPU.
 
     Device time comes from the cost model (one vectorised call, or a memo lookup, for a k-step
     decode plan); the loop's host overhead is added per the async-overlap rule (costmodels/host.py).
@@ -166,9 +171,13 @@ class SimBackend:
         self._rates_asc = np.sort(np.asarray(acceptance_rates, float))
         self.async_overlap = async_overlap
         self._drawn: tuple[StepPlan, dict, np.ndarray] | None = None  # plan, rng state before, tokens
-        # one token per decode per step: slices of one broadcast 1 (read-only, no memory)
-        self._ones = np.broadcast_to(np.ones(1, np.int64).reshape(1, 1), (1 << 20, 1 << 20))
-        self._ones_views: dict[tuple[int, int], np.ndarray] = {}
+        # the simulated clock (the loop that drives this backend sets it): plans start at clock()
+        self.clock: Callable[[], float] = _zero
+        # when the device finishes the last executed plan: a plan starting later follows an idle
+        # period, so its first step cannot hide its host work (costmodels/host.py, cold_start)
+        self._busy_until = -math.inf
+        # end times of the steps of the last executed plan (a list or an array; None for one step)
+        self.ends: list[float] | np.ndarray | None = None
         # single-step decode plans read the memo directly where its decode_times is the plain one
         self._decode1 = type(self.cost).decode_times is MemoStepCost.decode_times
 
@@ -234,7 +243,47 @@ class SimBackend:
             return np.array([wall_time(dev, plan.host_overhead_s, self.async_overlap, cold_start)])
         return wall_time(self.device_times(plan), plan.host_overhead_s, self.async_overlap, cold_start)
 
-    def step_times_until(self, plan: StepPlan, cold_start: bool, start_s: float, stop_at: float | None) -> tuple[np.ndarray, object]:
+    def execute(self, plan: StepPlan, stop_at: float | None = None) -> StepResult:
+        """Run ``plan`` from ``clock()`` in simulated time (the seam's ``Backend``, scheduler/backend.py);
+        with ``stop_at``, stop after the first step that ends at/after it.
+
+        Steps: price the steps up to the cut (cold if the device idled since its last plan), note
+        their end times (``self.ends``, for a loop that cuts the plan later) and when the device is
+        free again, and report the tokens: the drawn ones with drafts, else None (one each)."""
+        self._drawn = None
+        start = self.clock()
+        times, ends = self._times_until(plan, start > self._busy_until, start, stop_at)
+        n = len(times)
+        self.ends = ends
+        # the same float expression the loop's clock advances by (simpy: now + delay)
+        self._busy_until = start + (float(ends[n - 1]) - start) if n > 1 else start + float(times[0])
+        return StepResult(times, self._tokens_run(plan, n))
+
+    def cut(self, result: StepResult, steps: int) -> StepResult:
+        """``result.first(steps)`` of the last executed plan (an arrival cut it after it was priced), giving
+        the random draws of the later steps back to the generator so that the run continues as if the
+        plan had stopped there. Only the simulator's cluster loop needs this; the numbers of a cut plan
+        are then the same as those of a plan that stopped by ``stop_at``."""
+        drawn = self._drawn
+        if drawn is not None:
+            self._tokens_run(drawn[0], steps)
+        return result.first(steps)
+
+    def _tokens_run(self, plan: StepPlan, steps: int) -> np.ndarray | None:
+        """Tokens of the first ``steps`` steps of ``plan`` (None: one each); with drafts, the generator is
+        rewound so it has consumed exactly the draws of those steps."""
+        drawn = self._drawn
+        if drawn is None or drawn[0] is not plan:
+            return None
+        _, state, tokens = drawn
+        if steps < len(tokens):
+            self.rng.bit_generator.state = state
+            self.rng.random((steps, tokens.shape[1]))
+            tokens = tokens[:steps]
+            self._drawn = (plan, state, tokens)
+        return tokens
+
+    def _times_until(self, plan: StepPlan, cold_start: bool, start_s: float, stop_at: float | None) -> tuple[np.ndarray, object]:
         """``step_times`` cut after the first step that ends at/after ``stop_at`` (all steps if None), and,
         for more than one step, their end times ``start_s + cumsum(times)`` (a list or an array).
 
@@ -256,7 +305,7 @@ class SimBackend:
         return times, ends
 
     def _decode_run_until(self, plan: StepPlan, cold_start: bool, start_s: float, stop_at: float) -> tuple[np.ndarray, list[float]]:
-        """step_times_until for a draft-free decode run of a sum_only memo: MemoStepCost.decode_times and
+        """_times_until for a draft-free decode run of a sum_only memo: MemoStepCost.decode_times and
         wall_time for one step at a time, with floats."""
         cost, nd = self.cost, len(plan.decodes)
         cs = plan.decode_context_sum
@@ -288,31 +337,3 @@ class SimBackend:
             if end >= stop_at:
                 break
         return np.array(times), ends
-
-    def result(self, plan: StepPlan, step_times: np.ndarray) -> StepResult:
-        """The StepResult of running the first ``len(step_times)`` steps of ``plan`` (after ``step_times``)."""
-        steps = len(step_times)
-        drawn, self._drawn = self._drawn, None
-        if drawn is not None and drawn[0] is plan:
-            _, state, tokens = drawn
-            if steps < len(tokens):  # rewind: consume only the draws of the steps that ran
-                self.rng.bit_generator.state = state
-                self.rng.random((steps, tokens.shape[1]))
-                tokens = tokens[:steps]
-        else:  # a read-only view: one token per decode per step (views kept by shape: plans repeat shapes)
-            key = (steps, len(plan.decodes))
-            tokens = self._ones_views.get(key)
-            if tokens is None:
-                if len(self._ones_views) >= 4096:
-                    self._ones_views.clear()
-                tokens = self._ones_views[key] = self._ones[:steps, : key[1]]
-        return StepResult(step_times, tokens)
-
-    def execute(self, plan: StepPlan, stop_at: float | None = None, start_s: float = 0.0, cold_start: bool = False) -> StepResult:
-        """Run ``plan`` from ``start_s``; with ``stop_at``, stop at the first step boundary at/after it."""
-        times = self.step_times(plan, cold_start)
-        if stop_at is not None and len(times) > 1:
-            ends = start_s + np.cumsum(times)
-            last = min(int(np.searchsorted(ends, stop_at, side="left")), len(times) - 1)
-            times = times[: last + 1]
-        return self.result(plan, times)

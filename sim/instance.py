@@ -76,44 +76,44 @@ class Instance:
                 self.process.interrupt()
 
     def _loop(self):
+        """schedule -> execute -> complete, sleeping in simulated time while the plan runs."""
         env, sched, backend, metrics = self.env, self.scheduler, self.backend, self.metrics
         iid = self.instance_id
         blocks = sched.blocks
         kv_total = blocks.num_blocks
+        backend.clock = lambda: env.now
         # bound once: this loop runs once per plan
         before, next_arrival, max_steps = self._before_schedule, self._next_arrival, self.max_steps
-        schedule, complete, times_until, result_of = sched.schedule, sched.complete, backend.step_times_until, backend.result
+        schedule, complete, execute = sched.schedule, sched.complete, backend.execute
         on_step, on_finish, timeout = metrics.on_step, metrics.on_finish, env.timeout
-        cold = True
         while True:
             if before is not None:
                 before(env.now)
             if not sched.has_work:
                 self._wake = env.event()
                 yield self._wake
-                cold = True
                 continue
             start = env.now
             plan = schedule(start, max_steps)
             if not plan.decodes and not plan.prefills:
                 raise RuntimeError(f"instance {iid}: work queued but nothing schedulable at t={start}")
-            times, ends = times_until(plan, cold, start, next_arrival() if next_arrival is not None else None)
+            result = execute(plan, next_arrival() if next_arrival is not None else None)
+            times = result.step_durations
             n = len(times)
             if n > 1:
+                ends = backend.ends
                 self._ends, self._cut = ends, None
                 try:
                     yield timeout(float(ends[n - 1]) - start)
                 except simpy.Interrupt:
                     cut = self._cut
                     yield timeout(float(ends[cut]) - env.now)
-                    times = times[: cut + 1]
+                    result = backend.cut(result, cut + 1)
                 self._ends = None
             else:
                 yield timeout(float(times[0]))
-            result = result_of(plan, times)
             on_step(iid, start, plan, result, blocks.num_used, kv_total)
             finished = complete(plan, result, env.now)
             if finished:
                 for req in finished:
                     on_finish(req)
-            cold = False

@@ -41,7 +41,8 @@ def run_solo(scheduler: Scheduler, backend: SimBackend, metrics, requests: list[
     blocks = sched.blocks
     kv_total = blocks.num_blocks
     schedule, complete, add_request = sched.schedule, sched.complete, sched.add_request
-    times_until, result_of = backend.step_times_until, backend.result
+    execute, cut_result = backend.execute, backend.cut
+    backend.clock = lambda: start
     on_step, on_finish, on_arrival, on_drop = metrics.on_step, metrics.on_finish, metrics.on_arrival, metrics.on_drop
 
     nxt = 0              # index of the next request to dispatch (Cluster._next)
@@ -106,8 +107,7 @@ def run_solo(scheduler: Scheduler, backend: SimBackend, metrics, requests: list[
                 while nxt < num and reqs[nxt].arrival_time <= due:
                     dispatch(nxt, now)
 
-    now = 0.0
-    cold = True
+    now = start = 0.0
     while True:
         # Instance._loop at a boundary: before(now) = Cluster.dispatch_due(now)
         due = now + eps
@@ -120,15 +120,16 @@ def run_solo(scheduler: Scheduler, backend: SimBackend, metrics, requests: list[
             if woke_at is None:
                 break  # nothing left to arrive: the run is over
             now = woke_at
-            cold = True
             continue
         start = now
         plan = schedule(start, max_steps)
         if not plan.decodes and not plan.prefills:
             raise RuntimeError(f"instance {iid}: work queued but nothing schedulable at t={start}")
-        times, plan_ends = times_until(plan, cold, start, reqs[nxt].arrival_time if nxt < num else None)
+        result = execute(plan, reqs[nxt].arrival_time if nxt < num else None)
+        times = result.step_durations
         n = len(times)
         if n > 1:
+            plan_ends = backend.ends
             fire = start + (float(plan_ends[n - 1]) - start)
             if a_fire is not None and a_fire <= fire:
                 ends, cut = plan_ends, None
@@ -136,8 +137,7 @@ def run_solo(scheduler: Scheduler, backend: SimBackend, metrics, requests: list[
                 if cut is not None:
                     # an arrival interrupted the plan before its last step boundary: it stops after step ``cut``
                     fire = cut_fire
-                    n = cut + 1
-                    times = times[:n]
+                    result = cut_result(result, cut + 1)
                 ends, cut = None, None
         else:
             fire = start + float(times[0])
@@ -146,11 +146,9 @@ def run_solo(scheduler: Scheduler, backend: SimBackend, metrics, requests: list[
         now = fire
         if now > last_event:
             last_event = now
-        result = result_of(plan, times)
         on_step(iid, start, plan, result, blocks.num_used, kv_total)
         finished = complete(plan, result, now)
         if finished:
             for req in finished:
                 on_finish(req)
-        cold = False
     return last_event

@@ -110,7 +110,7 @@ def test_cpu_engine_runs_eager_and_logs_it():
     e = LLMEngine.from_args("tiny", device="cpu", dtype="fp64", seed=0, cuda_graphs=True)
     assert e.runner.graphs is None and not e.runner.enable_cuda_graphs(8, 64)
     recs = []
-    e.backend.step_log = recs.append
+    e.step_log = recs.append
     e.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
     assert recs and all(r["cuda_graph"] is False and r["graph_bs"] == 0 for r in recs)
 
@@ -176,7 +176,7 @@ def test_gpu_engine_decodes_through_graphs():
         e = LLMEngine.from_args("tiny", device="cuda", dtype="bf16", seed=0, scheduler_config=sc, max_model_len=512,
                                 enforce_eager=eager, model_transform=_no_indexer, cuda_graphs=True)
         recs[eager] = []
-        e.backend.step_log = recs[eager].append
+        e.step_log = recs[eager].append
         outs = e.generate(ps, params)
         assert [len(o) for o in outs] == [8, 8, 8]
     assert not any(r["cuda_graph"] for r in recs[True])

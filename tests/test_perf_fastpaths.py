@@ -171,8 +171,9 @@ def _decode_plan(rng, nd, k, ctx_scale):
 
 
 @pytest.mark.parametrize("overlap", [True, False])
-def test_step_times_until_equals_pricing_all_steps_then_cutting(overlap):
-    """The step-by-step decode run (memo block boundaries included) gives the times and ends of the vectorised path."""
+def test_execute_until_equals_pricing_all_steps_then_cutting(overlap):
+    """The step-by-step decode run of ``execute(plan, stop_at)`` (memo block boundaries included) gives the
+    times and ends of the vectorised path."""
     from sim.backend import SimBackend
 
     cm = EffectiveStepCost(get_model("deepseek-v3"), H200, ParallelLayout(tp=8, weight_dtype="fp8"))
@@ -183,14 +184,17 @@ def test_step_times_until_equals_pricing_all_steps_then_cutting(overlap):
         plan = _decode_plan(rng, nd, k, 4000)
         cold = bool(rng.integers(0, 2))
         start = float(rng.uniform(0, 100))
+        backend.clock = lambda: start
         full = backend.step_times(plan, cold)
         ends_full = start + np.cumsum(full)
         stop = float(rng.uniform(start, ends_full[-1] + 1.0)) if trial % 5 else float(ends_full[int(rng.integers(0, k))])
-        times, ends = backend.step_times_until(plan, cold, start, stop)
+        backend._busy_until = -np.inf if cold else start   # the device idled before this plan, or not
+        times = backend.execute(plan, stop).step_durations
         n = min(int(np.searchsorted(ends_full, stop, side="left")) + 1, k)
         np.testing.assert_array_equal(times, full[:n])
-        np.testing.assert_array_equal(np.asarray(ends), ends_full[:n])
-        assert backend.step_times_until(plan, cold, start, None)[0].tolist() == full.tolist()
+        np.testing.assert_array_equal(np.asarray(backend.ends), ends_full[:n])
+        backend._busy_until = -np.inf if cold else start
+        assert backend.execute(plan).step_durations.tolist() == full.tolist()
 
 
 def test_single_step_float_paths_equal_array_paths():

@@ -127,6 +127,43 @@ def test_backend_stop_at_and_host_overlap():
     plan = StepPlan(instance_id=0, decodes=reqs, decode_context_lens=np.array([16]), num_steps=5, host_overhead_s=0.0)
     be = SimBackend(LinearCost(), np.random.default_rng(0))
     assert be.execute(plan).num_steps == 5                                   # 10.1 ms steps
-    assert be.execute(plan, stop_at=1.0 + 0.0150, start_s=1.0).num_steps == 2  # first boundary at/after 15 ms: 20.2 ms
-    assert be.execute(plan, stop_at=0.5, start_s=1.0).num_steps == 1           # already past: one step
-    assert be.execute(plan, stop_at=9.0, start_s=1.0).num_steps == 5
+    be.clock = lambda: 1.0
+    assert be.execute(plan, stop_at=1.0 + 0.0150).num_steps == 2  # first boundary at/after 15 ms: 20.2 ms
+    assert be.execute(plan, stop_at=0.5).num_steps == 1           # already past: one step
+    assert be.execute(plan, stop_at=9.0).num_steps == 5
+
+
+def test_backend_first_step_after_idle_cannot_hide_host_work():
+    """With async overlap, a plan that starts when the device is busy until then hides its host work;
+    one that starts after an idle gap pays it on its first step (costmodels/host.py, cold_start)."""
+    from scheduler.plan import StepPlan
+
+    plan = StepPlan(instance_id=0, decodes=[Request("a", 0.0, 16, 100)], decode_context_lens=np.array([16]),
+                    num_steps=1, host_overhead_s=0.004)
+    be = SimBackend(LinearCost(), np.random.default_rng(0), async_overlap=True)
+    t = [0.0]
+    be.clock = lambda: t[0]
+    cold = be.execute(plan).step_durations[0]          # first plan: cold
+    t[0] = cold                                        # the next plan starts when this one ends: warm
+    warm = be.execute(plan).step_durations[0]
+    t[0] += warm + 1.0                                 # an idle second later: cold again
+    again = be.execute(plan).step_durations[0]
+    assert cold == pytest.approx(warm + 0.004) and again == cold
+
+
+def test_backend_cut_rewinds_draft_draws():
+    """A plan with drafts cut after it was priced (``cut``) leaves the generator as if it had stopped there."""
+    from scheduler.plan import StepPlan
+
+    def plan():
+        reqs = [Request(f"r{i}", 0.0, 16, 100) for i in range(3)]
+        return StepPlan(instance_id=0, decodes=reqs, decode_context_lens=np.full(3, 16), num_steps=6, draft_len=2)
+
+    a = SimBackend(LinearCost(), np.random.default_rng(7), (0.8, 0.6))
+    full = a.execute(plan())
+    got = a.cut(full, 2)
+    assert got.num_steps == 2 and got.decode_tokens.shape == (2, 3)
+    np.testing.assert_array_equal(got.decode_tokens, full.decode_tokens[:2])
+    ref = np.random.default_rng(7)
+    ref.random((2, 3))                       # the draws of the two steps that ran, no more
+    assert a.rng.random() == ref.random()
