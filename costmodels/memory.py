@@ -3,6 +3,14 @@
 Per GPU: weights (sharded as ``params.py`` says), a workspace reserve (formula in
 :func:`workspace_bytes`), and the KV pool = ``hbm * mem_fraction - weights - workspace``.
 
+Token budget and running requests: one definition for the memory fit, the scheduler and the
+planner. ``max_batched_tokens`` / ``max_running_requests`` are the *instance's* limits, as
+``SchedulerConfig.max_num_batched_tokens`` / ``max_num_seqs`` hold them (summed over its
+attention-DP ranks); each GPU reserves workspace for its rank's share,
+:func:`per_rank_share` = ``ceil(limit / ranks)``, as SGLang does with DP attention
+(``server_args.py``: ``chunked_prefill_size //= dp_size``). Reserving the instance's whole
+budget on every GPU would undercount a DEP32 instance's KV about 30x.
+
 KV sharding: the MLA latent is one vector per token shared by all heads, so every TP rank of
 an attention group holds the whole latent of its requests (replicated across TP); GQA KV
 heads split by ``min(tp, num_kv_heads)``. Attention-DP ranks hold disjoint requests, so the
@@ -118,8 +126,13 @@ def kv_bytes_per_token(model: ModelSpec, kv_dtype: DType = "bf16") -> float:
     return kv_rates(model, kv_dtype)[0]
 
 
+def per_rank_share(instance_limit: int, ranks: int) -> int:
+    """One attention-DP rank's share of an instance-wide limit (token budget, running requests): ``ceil(limit / ranks)``."""
+    return -(-int(instance_limit) // max(int(ranks), 1))
+
+
 def workspace_bytes(model: ModelSpec, layout: ParallelLayout, max_batched_tokens: int, max_running_requests: int) -> float:
-    """Activation/workspace reserve per GPU.
+    """Activation/workspace reserve per GPU, for one attention-DP rank's limits (:func:`per_rank_share` of the instance's).
 
     ``CONTEXT_RESERVE_BYTES``
     + ``max_batched_tokens * 2 B * (4 * hidden * hc_mult + q_width/tp + 2 * ffn_width/tp)``: the live
@@ -180,6 +193,18 @@ class MemoryFit(BaseModel):
         return int(self.kv_pool_bytes // per_req) * self.dp_ranks
 
 
+    def kv_tokens_per_dp_rank_at(self, model: ModelSpec, layout: ParallelLayout, max_batched_tokens: int,
+                                 max_running_requests: int, sched_ranks: int | None = None) -> int:
+        """KV tokens per DP rank if the workspace were sized for these scheduler limits instead (same rules as
+        :func:`memory_fit`: instance limits over ``sched_ranks`` ranks, default ``layout.dp``)."""
+        ranks = layout.dp if sched_ranks is None else sched_ranks
+        ws = workspace_bytes(model, layout, per_rank_share(max_batched_tokens, ranks), per_rank_share(max_running_requests, ranks))
+        pool = self.kv_pool_bytes + self.workspace_bytes - ws
+        if pool <= 0 or self.kv_bytes_per_token <= 0:
+            return 0
+        return int(pool // self.kv_bytes_per_token)
+
+
 def _stage_layers(model: ModelSpec, pp: int) -> list[list[int]]:
     return [list(a) for a in np.array_split(np.arange(model.num_layers), pp)]
 
@@ -228,13 +253,20 @@ def memory_fit(
     max_batched_tokens: int = 8192,
     max_running_requests: int = 256,
     min_kv_tokens: int = 2048,
+    sched_ranks: int | None = None,
 ) -> MemoryFit:
-    """Weights, workspace and KV capacity per GPU; ``fits`` needs room for ``min_kv_tokens`` per DP rank."""
+    """Weights, workspace and KV capacity per GPU; ``fits`` needs room for ``min_kv_tokens`` per DP rank.
+
+    ``max_batched_tokens`` / ``max_running_requests`` are the limits of the scheduler driving
+    ``sched_ranks`` attention-DP ranks (default: the instance's ``dp``; a simulated slice of an
+    instance drives fewer); each GPU's workspace is sized for one rank's share.
+    """
     if not 0 < mem_fraction <= 1:
         from twinfer.errors import TwinferError
         raise TwinferError(f"mem_fraction must be in (0, 1], got {mem_fraction}")
     usable = hw.hbm_bytes * mem_fraction
-    ws = workspace_bytes(model, layout, max_batched_tokens, max_running_requests)
+    ranks = layout.dp if sched_ranks is None else sched_ranks
+    ws = workspace_bytes(model, layout, per_rank_share(max_batched_tokens, ranks), per_rank_share(max_running_requests, ranks))
     shard = kv_shard_divisor(model, layout)
     stages = stage_weight_bytes(model, layout)
     best = None  # (tokens, stage index, weights, per_tok, fixed)

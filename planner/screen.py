@@ -132,10 +132,17 @@ def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPo
     hit_ctx = int(round(st.mean_prompt - st.mean_new))
     rows_d, rows_m = [], []
     dev_cache: dict[tuple[int, int], float] = {}
+    model = get_model(ctx.model)
+
+    def kv_ok_at(B: int, d: int, c: int) -> bool:
+        # the KV a rank has with the workspace of its scheduler (planner.simulate.scheduler_for: c + B(1+d) tokens, B seats)
+        return B * per_seat <= KV_SHARE_FOR_BATCH * opt.kv_tokens_per_rank(model, c + B * (1 + d), B)
+
     for B in ctx.batch_per_rank:
         n = B * dp
-        kv_ok = B * per_seat <= KV_SHARE_FOR_BATCH * opt.max_kv_tokens_per_rank
         for d in ctx.draft_len:
+            # a decode pool's chunk is its prefill pool's, chosen later: its KV is checked at the largest
+            kv_ok = kv_ok_at(B, d, max(ctx.chunk_tokens))
             spt = 1.0 + sum(ctx.acceptance[:d])
             dev = float(cost.decode_times(np.full(n, ctx_len), 1, d)[0])
             dev_cache[(B, d)] = dev
@@ -163,7 +170,7 @@ def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPo
                     # a p90 prompt needs ceil(p90 / c) steps (one chunk per step); arrivals wait half a step
                     p90_steps = max(1, int(math.ceil(st.p90_new / c)))
                     ttft = (p90_steps + 0.5) * t_step
-                    rows_m.append((B, d, ov, c, lam, ttft, tpot, kv_ok))
+                    rows_m.append((B, d, ov, c, lam, ttft, tpot, kv_ok_at(B, d, c)))
     rows_p = []
     for c in ctx.chunk_tokens:
         tok, k, steps = _prefill_shape(st, c)

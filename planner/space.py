@@ -31,8 +31,16 @@ class LayoutOption:
     key: tuple = field(repr=False)
     eplb: EplbMode
     table_placement: Literal["host", "hbm"]
-    max_kv_tokens_per_rank: int
+    max_kv_tokens_per_rank: int        # at the smallest per-rank limits the search tries (see enumerate_layouts)
     fit_explanation: str
+    fit: MemoryFit | None = field(default=None, compare=False, hash=False, repr=False)
+
+    def kv_tokens_per_rank(self, model: ModelSpec, batched_tokens_per_rank: int, running_per_rank: int) -> int:
+        """KV tokens per DP rank with the workspace of a rank running these limits: the simulator's figure for
+        the scheduler ``planner.simulate.scheduler_for`` builds (one definition: ``MemoryFit.kv_tokens_per_dp_rank_at``)."""
+        if self.fit is None:
+            return self.max_kv_tokens_per_rank
+        return self.fit.kv_tokens_per_dp_rank_at(model, self.layout, batched_tokens_per_rank, running_per_rank, sched_ranks=1)
 
     @property
     def gpus(self) -> int:
@@ -103,9 +111,12 @@ def _shapes(model: ModelSpec, hw: Hardware, budget: int, space: SearchSpace, pp:
 
 
 def enumerate_layouts(model: ModelSpec, hw: Hardware, budget: int, space: SearchSpace, *,
-                      mem_fraction: float = 0.9, max_batched_tokens: int = 16384,
-                      max_running_requests: int = 256) -> tuple[list[LayoutOption], list[Rejected]]:
+                      mem_fraction: float = 0.9) -> tuple[list[LayoutOption], list[Rejected]]:
     """Every layout option that fits in memory within ``budget`` GPUs, and the ones that do not (with reasons).
+
+    The fit reserves workspace for the smallest per-rank limits the search tries (smallest chunk
+    plus smallest batch, smallest batch): a layout fits if any candidate of it can run; the
+    screen then checks each candidate's KV at its own limits (``LayoutOption.kv_tokens_per_rank``).
 
     PP > 1 is tried only if no layout fits without pipeline stages ("where it matters": PP
     adds a bubble-free but serial stage chain in our cost model, so it only wins on memory).
@@ -118,6 +129,8 @@ def enumerate_layouts(model: ModelSpec, hw: Hardware, budget: int, space: Search
     ok: list[LayoutOption] = []
     rejected: list[Rejected] = []
     fit_cache: dict[tuple, MemoryFit] = {}
+    rank_running = min(space.batch_per_rank)
+    rank_tokens = min(space.chunk_tokens) + rank_running
     for pp in space.pp:
         if pp > 1 and ok:
             break  # pipeline stages only where nothing fits without them
@@ -137,11 +150,11 @@ def enumerate_layouts(model: ModelSpec, hw: Hardware, budget: int, space: Search
                             fit = fit_cache.get(fkey)
                             if fit is None:
                                 fit = fit_with_policies(model, hw, lay, table_placement=tables, mem_fraction=mem_fraction,
-                                                        max_batched_tokens=max_batched_tokens,
-                                                        max_running_requests=max_running_requests)
+                                                        max_batched_tokens=rank_tokens, max_running_requests=rank_running,
+                                                        sched_ranks=1)
                                 fit_cache[fkey] = fit
                             opt = LayoutOption(lay, _option_key(lay, eplb, tables), eplb, tables,
-                                               fit.max_kv_tokens_per_dp_rank, fit.explanation)
+                                               fit.max_kv_tokens_per_dp_rank, fit.explanation, fit)
                             if fit.fits and (tables == "hbm" or fit.host_fits):
                                 ok.append(opt)
                             else:

@@ -86,3 +86,42 @@ def test_v4_sliding_and_compressed_kv():
     f = memory_fit(m, get_hardware("b200"), ParallelLayout(tp=1, weight_dtype="fp8", expert_dtype="fp4", kv_dtype="fp4"))
     assert f.kv_fixed_bytes_per_request > 0           # sliding windows cost per request, not per token
     assert f.kv_bytes_per_token < kv_bytes_per_token(get_model("deepseek-v3"), "fp4") / 5
+
+
+# ---- one definition of the token budget: the instance's limits, each GPU reserving its DP rank's share
+
+
+def test_workspace_is_sized_per_attention_dp_rank():
+    """A DEP32 instance's scheduler budget (548,864 tokens = 32 ranks x 17,152) reserves one rank's share
+    per GPU: the same fit as one rank's budget on its own, and ~30x the KV of reserving the whole budget."""
+    from costmodels.memory import per_rank_share, workspace_bytes
+
+    m, h = get_model("deepseek-v3"), get_hardware("gb300")
+    lay = ParallelLayout(dp=32, ep=32, weight_dtype="fp8", kv_dtype="fp8")
+    inst = memory_fit(m, h, lay, max_batched_tokens=548_864, max_running_requests=8192)
+    rank = memory_fit(m, h, lay, max_batched_tokens=17_152, max_running_requests=256, sched_ranks=1)
+    assert per_rank_share(548_864, 32) == 17_152 and per_rank_share(10, 4) == 3
+    assert inst.workspace_bytes == rank.workspace_bytes == workspace_bytes(m, lay, 17_152, 256)
+    assert inst.max_kv_tokens_per_dp_rank == rank.max_kv_tokens_per_dp_rank
+    whole = inst.usable_bytes - inst.weight_bytes - workspace_bytes(m, lay, 548_864, 8192)
+    assert whole <= 0 or inst.kv_pool_bytes / whole > 20  # the old per-GPU reservation of the whole budget
+
+
+def test_slice_of_ranks_has_the_full_instances_kv_per_rank():
+    """A simulated slice (scheduler over dp / mirror ranks) sees the same KV per rank as the full instance."""
+    m, h = get_model("deepseek-v3"), get_hardware("gb300")
+    lay = ParallelLayout(dp=32, ep=32, weight_dtype="fp8", kv_dtype="fp8")
+    full = memory_fit(m, h, lay, max_batched_tokens=32 * 5000, max_running_requests=32 * 64)
+    part = memory_fit(m, h, lay, max_batched_tokens=2 * 5000, max_running_requests=2 * 64, sched_ranks=2)
+    assert part.max_kv_tokens_per_dp_rank == full.max_kv_tokens_per_dp_rank
+    # the fit's KV at other limits is the fit recomputed at those limits
+    other = memory_fit(m, h, lay, max_batched_tokens=32 * 9000, max_running_requests=32 * 128)
+    assert full.kv_tokens_per_dp_rank_at(m, lay, 32 * 9000, 32 * 128) == other.max_kv_tokens_per_dp_rank
+
+
+def test_dp1_fit_unchanged_by_the_rank_rule():
+    m, h = get_model("deepseek-v3"), get_hardware("h200")
+    lay = ParallelLayout(tp=8, weight_dtype="fp8")
+    a = memory_fit(m, h, lay, max_batched_tokens=8192, max_running_requests=256)
+    b = memory_fit(m, h, lay, max_batched_tokens=8192, max_running_requests=256, sched_ranks=1)
+    assert a.workspace_bytes == b.workspace_bytes
