@@ -84,8 +84,10 @@ def _yarn_inv_freq(dim: int, cfg: RopeConfig) -> torch.Tensor:
     def corr_dim(rot: float) -> float:
         return (dim * math.log(cfg.original_max_position / (rot * 2 * math.pi))) / (2 * math.log(base))
 
-    low = max(math.floor(corr_dim(cfg.beta_fast)), 0)
-    high = min(math.ceil(corr_dim(cfg.beta_slow)), dim - 1)
+    low, high = corr_dim(cfg.beta_fast), corr_dim(cfg.beta_slow)
+    if cfg.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001
     ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
@@ -114,12 +116,7 @@ def rope_cache(dim: int, max_pos: int, cfg: RopeConfig, device=None, dtype=torch
     else:
         inv = 1.0 / (cfg.theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     freqs = torch.outer(torch.arange(max_pos, dtype=torch.float64), inv)
-    # YaRN also scales cos/sin by mscale(factor, mscale)/mscale(factor, mscale_all_dim)
-    scale = 1.0
-    if cfg.kind == "yarn" and cfg.factor > 1:
-        def ms(m: float) -> float:
-            return 0.1 * m * math.log(cfg.factor) + 1.0 if m else 1.0
-        scale = ms(cfg.mscale) / ms(cfg.mscale_all_dim)
+    scale = cfg.cos_sin_scale()   # YaRN's attention factor on cos/sin
     return torch.cat((freqs.cos() * scale, freqs.sin() * scale), dim=-1).to(dtype).to(device)
 
 

@@ -25,20 +25,23 @@ class MLAAttention(nn.Module):
     """One MLA layer writing latents (and indexer keys) to KV layer ``cache_layer``."""
 
     def __init__(self, spec: ModelSpec, cache_layer: int, softmax_scale: float, fp8: bool = False,
-                 index_rope_interleaved: bool = False):
+                 index_rope_interleaved: bool = False, rope_interleave: bool = True):
         super().__init__()
         m = spec.mla
         self.h, self.dn, self.dr, self.dv, self.rank = spec.num_attention_heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
-        self.cache_layer, self.scale = cache_layer, softmax_scale
+        self.cache_layer, self.scale, self.interleave = cache_layer, softmax_scale, rope_interleave
+        # the latent norms use RMSNorm's default eps, not config.rms_norm_eps (DeepSeek-V3 inference/model.py
+        # and HF modeling_deepseek_v3 both build them as RMSNorm(rank))
+        eps = 1e-6
         d, qk = spec.hidden_size, m.qk_nope_head_dim + m.qk_rope_head_dim
         if m.q_lora_rank:
             self.q_a_proj = Linear(d, m.q_lora_rank, fp8=fp8)
-            self.q_a_layernorm = RMSNorm(m.q_lora_rank, spec.rms_norm_eps)
+            self.q_a_layernorm = RMSNorm(m.q_lora_rank, eps)
             self.q_b_proj = Linear(m.q_lora_rank, self.h * qk, fp8=fp8)
         else:
             self.q_proj = Linear(d, self.h * qk, fp8=fp8)
         self.kv_a_proj_with_mqa = Linear(d, m.kv_lora_rank + m.qk_rope_head_dim, fp8=fp8)
-        self.kv_a_layernorm = RMSNorm(m.kv_lora_rank, spec.rms_norm_eps)
+        self.kv_a_layernorm = RMSNorm(m.kv_lora_rank, eps)
         # kept in the activation dtype: absorbed decode reads it per head (DeepSeek dequantises it too)
         self.kv_b_proj = Linear(m.kv_lora_rank, self.h * (self.dn + self.dv))
         self.o_proj = Linear(self.h * self.dv, d, fp8=fp8)
@@ -57,10 +60,10 @@ class MLAAttention(nn.Module):
         else:
             q = self.q_proj(x)
         q = q.view(t, self.h, self.dn + self.dr)
-        q_nope, q_pe = q[..., : self.dn], ref.rope(q[..., self.dn:], batch.positions, self.cos_sin, True)
+        q_nope, q_pe = q[..., : self.dn], ref.rope(q[..., self.dn:], batch.positions, self.cos_sin, self.interleave)
         kva = self.kv_a_proj_with_mqa(x)
         c = self.kv_a_layernorm(kva[:, : self.rank])
-        k_pe = ref.rope(kva[:, None, self.rank:], batch.positions, self.cos_sin, True)[:, 0]
+        k_pe = ref.rope(kva[:, None, self.rank:], batch.positions, self.cos_sin, self.interleave)[:, 0]
         cache = kv.latent[self.cache_layer]
         ref.write_paged(cache, batch.slot_mapping, torch.cat((c, k_pe), dim=-1))
 

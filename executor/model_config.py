@@ -53,7 +53,7 @@ def resolve_spec(name_or_dir: str) -> ModelSpec:
 
 @dataclass
 class RopeConfig:
-    """RoPE frequencies: plain, YaRN (DeepSeek-V3) or llama3 scaling."""
+    """RoPE frequencies: plain, YaRN (DeepSeek-V3) or llama3 scaling (HF ``modeling_rope_utils`` semantics)."""
 
     theta: float = 10000.0
     kind: str = "default"          # "default" | "yarn" | "llama3"
@@ -65,19 +65,34 @@ class RopeConfig:
     mscale_all_dim: float = 0.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
+    attention_factor: float | None = None   # YaRN cos/sin scale; None: derived from factor and the mscales
+    truncate: bool = True                   # YaRN: round the correction range to whole dims
+    partial_rotary_factor: float = 1.0      # GLM-4.5: RoPE on the first fraction of each head
 
     @staticmethod
-    def from_hf(theta: float, scaling: dict | None) -> "RopeConfig":
-        if not scaling:
-            return RopeConfig(theta=theta)
-        kind = scaling.get("rope_type", scaling.get("type", "default"))
+    def from_hf(hf: dict, default_theta: float = 10000.0) -> "RopeConfig":
+        """From an HF config mapping: transformers 5's ``rope_parameters`` or 4.x's ``rope_theta`` + ``rope_scaling``."""
+        params = hf.get("rope_parameters")
+        if isinstance(params, dict) and "rope_theta" not in params and "full_attention" in params:
+            params = params["full_attention"]   # per-layer-type rope (one type here)
+        scaling = dict(hf.get("rope_scaling") or {})
+        if isinstance(params, dict):
+            scaling = {**scaling, **params}
+        theta = float(scaling.get("rope_theta", hf.get("rope_theta", default_theta)))
+        prf = float(scaling.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
+        kind = scaling.get("rope_type", scaling.get("type", "default")) or "default"
+        if kind not in ("default", "yarn", "llama3"):
+            raise TwinferError(f"config.json rope type {kind!r}: the executor implements 'default', 'yarn' and 'llama3'")
+        af = scaling.get("attention_factor")
         return RopeConfig(
-            theta=theta, kind=kind, factor=float(scaling.get("factor", 1.0)),
-            original_max_position=int(scaling.get("original_max_position_embeddings", 4096)),
-            beta_fast=float(scaling.get("beta_fast", 32)), beta_slow=float(scaling.get("beta_slow", 1)),
-            mscale=float(scaling.get("mscale", 1.0)), mscale_all_dim=float(scaling.get("mscale_all_dim", 0.0)),
+            theta=theta, kind=kind, factor=float(scaling.get("factor") or 1.0),
+            original_max_position=int(scaling.get("original_max_position_embeddings") or 4096),
+            beta_fast=float(scaling.get("beta_fast") or 32), beta_slow=float(scaling.get("beta_slow") or 1),
+            mscale=float(scaling.get("mscale") or 0.0), mscale_all_dim=float(scaling.get("mscale_all_dim") or 0.0),
             low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
             high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
+            attention_factor=None if af is None else float(af), truncate=bool(scaling.get("truncate", True)),
+            partial_rotary_factor=prf,
         )
 
     def attention_mscale(self) -> float:
@@ -85,6 +100,23 @@ class RopeConfig:
         if self.kind != "yarn" or self.factor <= 1 or not self.mscale_all_dim:
             return 1.0
         return 0.1 * self.mscale_all_dim * math.log(self.factor) + 1.0
+
+    def cos_sin_scale(self) -> float:
+        """YaRN's scale of cos/sin (HF ``_compute_yarn_parameters``' attention_factor); 1 otherwise.
+
+        Explicit ``attention_factor`` wins; with both mscales it is mscale(f, mscale) / mscale(f,
+        mscale_all_dim) (1 for DeepSeek-V3, whose two are equal), else the paper's 0.1 ln f + 1.
+        """
+        if self.kind != "yarn":
+            return 1.0
+        if self.attention_factor is not None:
+            return self.attention_factor
+
+        def ms(m: float) -> float:
+            return 0.1 * m * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
+        if self.mscale and self.mscale_all_dim:
+            return ms(self.mscale) / ms(self.mscale_all_dim)
+        return ms(1.0)
 
 
 @dataclass
@@ -98,6 +130,7 @@ class ExecModelConfig:
     qk_norm: bool = False                   # Qwen3: per-head RMSNorm on q and k
     attention_bias: bool = False            # Qwen2-style qkv bias
     index_rope_interleaved: bool = False    # DSA indexer rotates halves (V3.2 reference code)
+    rope_interleave: bool = True            # MLA rotates (x0,x1),(x2,x3).. pairs (DeepSeek checkpoints; HF rope_interleave)
     eos_token_id: int | None = None
     hf_dir: Path | None = None
 
@@ -130,7 +163,8 @@ class ExecModelConfig:
             if not path.is_file():
                 raise TwinferError(f"{hf_dir}: no config.json")
             hf = json.loads(path.read_text())
-            cfg.rope = RopeConfig.from_hf(float(hf.get("rope_theta", spec.rope_theta)), hf.get("rope_scaling"))
+            cfg.rope = RopeConfig.from_hf(hf, spec.rope_theta)
+            cfg.rope_interleave = bool(hf.get("rope_interleave", True))
             cfg.routed_scaling_factor = float(hf.get("routed_scaling_factor", cfg.routed_scaling_factor))
             cfg.norm_topk_prob = bool(hf.get("norm_topk_prob", cfg.norm_topk_prob))
             cfg.attention_bias = bool(hf.get("attention_bias", False)) or "qwen2" in str(hf.get("model_type", ""))

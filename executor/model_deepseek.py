@@ -18,7 +18,7 @@ from kernels import reference as ref
 def _layer(cfg: ExecModelConfig, i: int, cache_layer: int, fp8: bool, moe: bool) -> DecoderLayer:
     s = cfg.spec
     scale = ref.softmax_scale(s.mla.qk_nope_head_dim + s.mla.qk_rope_head_dim, cfg.rope.attention_mscale())
-    attn = MLAAttention(s, cache_layer, scale, fp8, cfg.index_rope_interleaved)
+    attn = MLAAttention(s, cache_layer, scale, fp8, cfg.index_rope_interleaved, cfg.rope_interleave)
     mlp = MoE(s.moe, s.hidden_size, cfg.routed_scaling_factor, cfg.norm_topk_prob, fp8) if moe else MLP(s.hidden_size, s.intermediate_size, fp8)
     return DecoderLayer(s.hidden_size, s.rms_norm_eps, attn, mlp)
 

@@ -247,7 +247,7 @@ def route_sigmoid_grouped(logits: torch.Tensor, bias: torch.Tensor | None, top_k
         choice = choice.masked_fill(emask == 0, float("-inf"))
     ids = choice.topk(top_k, dim=-1).indices
     w = scores.gather(1, ids)
-    if norm_topk_prob and top_k > 1:
+    if norm_topk_prob:   # also at top_k = 1 (weight 1), as HF modeling_deepseek_v3 does
         w = w / (w.sum(-1, keepdim=True) + 1e-20)
     return w * routed_scaling_factor, ids
 
