@@ -5,7 +5,7 @@
     python benchmarks/bench_plan.py --quick    # only the acceptance search
 
 The acceptance search is ``twinfer plan --model deepseek-v3 --hardware gb300 --gpus 72
---workload agentic --slo ttft=2s,tpot=50ms``: aggregated and disaggregated deployments, memory
+--workload agentic --slo ttft_p90=2s,tpot_p90=50ms``: aggregated and disaggregated deployments, memory
 fit, analytic screen, simulation of the shortlist, frontier and plan. It must finish in under
 30 s (NVIDIA AIConfigurator's full search takes about that without simulating anything).
 

@@ -49,7 +49,7 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
                                "input_length"),
         "simulate-bad-plan": (["simulate", "--plan", str(f["bad_plan"])], "gpus_budget"),
         "cost-bad-hf-config": (["cost", "--model", str(corpus / "hf_config" / "head_dim_is_a_string.json")], "qk_rope_head_dim"),
-        "plan-bad-config": (["plan", "--config", str(f["bad_plan_request"]), "--slo", "ttft=2s,tpot=50ms", "--simulate", "0"],
+        "plan-bad-config": (["plan", "--config", str(f["bad_plan_request"]), "--slo", "ttft_p90=2s,tpot_p90=50ms", "--simulate", "0"],
                             "H2OO"),
     }
 

@@ -9,6 +9,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 import ui
 from twinfer import __version__
@@ -20,6 +21,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # help texts are plain text: "[default]" brackets and "pip install 'twinfer[ui]'" must print as written
+    rich_markup_mode=None,
 )
 
 
@@ -43,13 +46,29 @@ def _register_commands() -> None:
 _register_commands()
 
 
+# the extra that installs each optional import a command needs (pyproject's optional-dependencies)
+EXTRAS = {"torch": "executor", "triton": "executor", "fastapi": "serve", "uvicorn": "serve", "httpx": "serve",
+          "prometheus_client": "serve", "jinja2": "serve", "openai": "serve", "streamlit": "ui", "plotly": "ui"}
+
+
+def install_hint(e: ModuleNotFoundError) -> str | None:
+    """'pip install ...' for a missing optional dependency, None for anything else (a bug)."""
+    top = (e.name or "").split(".")[0]
+    if top in EXTRAS:
+        return f"this command needs {top}, which is not installed: pip install 'twinfer[{EXTRAS[top]}]'"
+    if top == "ray":
+        return "this command needs ray, which is not installed: pip install 'ray[default]'"
+    return None
+
+
 def main() -> None:
     """Console-script entry point: user errors print one clear message and exit 2."""
     err = Console(stderr=True)
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)  # without standalone mode click returns typer.Exit's code instead of exiting
     except TwinferError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        # escape: messages hold brackets ('twinfer[ui]', 'zipf[:S]') that rich would take for markup
+        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except typer.Exit as e:
         sys.exit(e.exit_code)
@@ -62,10 +81,15 @@ def main() -> None:
         if hasattr(e, "show") and hasattr(e, "exit_code"):  # click/typer usage errors
             e.show()
             sys.exit(e.exit_code)
+        hint = install_hint(e) if isinstance(e, ModuleNotFoundError) else None
+        if hint is not None:  # an optional dependency, not a bug
+            err.print(f"[bold red]error:[/] {escape(hint)}", highlight=False, soft_wrap=True)
+            sys.exit(2)
         if os.environ.get("TWINFER_DEBUG"):
             raise
-        err.print(f"[bold red]internal error:[/] {type(e).__name__}: {e}\n(set TWINFER_DEBUG=1 for the traceback; please report it)", highlight=False)
+        err.print(f"[bold red]internal error:[/] {type(e).__name__}: {escape(str(e))}\n(set TWINFER_DEBUG=1 for the traceback; please report it)", highlight=False)
         sys.exit(1)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 if __name__ == "__main__":

@@ -4,36 +4,19 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import shutil
 from pathlib import Path
 from typing import Optional
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from planner.slo import EXAMPLE, parse_slo, slo_in_mapping
 from twinfer.config import read_mapping, validate
 from twinfer.errors import TwinferError
-
-_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "": 1.0}
-
-
-def parse_slo(text: str) -> dict:
-    """'ttft=2s,tpot=50ms[,e2e=60s]' -> {'ttft_s': 2.0, 'tpot_s': 0.05, ...} (bare numbers are seconds)."""
-    out: dict[str, float] = {}
-    for part in [p.strip() for p in text.split(",") if p.strip()]:
-        m = re.fullmatch(r"(ttft|tpot|e2e)\s*[=:]\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(s|ms|us)?", part.lower())
-        if not m:
-            raise TwinferError(f"--slo {text!r}: cannot read {part!r}; expected e.g. ttft=2s,tpot=50ms (units s, ms, us; keys ttft, tpot, e2e)")
-        key, num, unit = m.group(1), float(m.group(2)), m.group(3) or ""
-        out[f"{key}_s"] = num * _UNITS[unit]
-    for need in ("ttft_s", "tpot_s"):
-        if need not in out:
-            raise TwinferError(f"--slo {text!r}: {need[:-2]} is required (e.g. ttft=2s,tpot=50ms)")
-    return out
-
 
 def _workload(name: str) -> dict:
     if Path(name).is_file() or name.endswith((".yaml", ".yml", ".json")):
@@ -74,16 +57,18 @@ def build_request(config: Optional[str], **flags):
 
     data: dict = read_mapping(config) if config else {}
     f = {k: v for k, v in flags.items() if v is not None}
-    for key in ("model", "hardware", "gpus", "seed", "slo_percentile"):
+    for key in ("model", "hardware", "gpus", "seed"):
         if key in f:
             data[key] = f[key]
     if "workload" in f:
         data["workload"] = _workload(f["workload"])
     data.setdefault("workload", {"preset": "chat"})
+    slo_in_mapping(data, config or "twinfer plan")
     if "slo" in f:
-        data["slo"] = parse_slo(f["slo"])
+        spec = parse_slo(f["slo"], "--slo")
+        data["slo"], data["slo_percentile"] = spec.targets(), spec.percentile
     if "slo" not in data:
-        raise TwinferError("--slo is required, e.g. --slo ttft=2s,tpot=50ms")
+        raise TwinferError(f"--slo is required, e.g. --slo {EXAMPLE}")
     if "simulate" in f:
         data["simulate_top"] = f["simulate"]
     if "sim_requests" in f:
@@ -119,6 +104,24 @@ def _fmt_s(x: float) -> str:
     return "-" if not math.isfinite(x) else f"{x:,.2f}"
 
 
+def points_table(title: str, points, rec_label: str, price: float, pct: int) -> Table:
+    """Deployments as rows that fit ~100 columns: two-line headers, mode folded into the deployment, a 'meets SLO' column."""
+    tab = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+    for c, j in (("", "left"), ("deployment\nprefill > decode", "left"), ("policies", "left"), ("GPUs", "right"),
+                 ("tok/s\nper GPU", "right"), ("tok/s\nper user", "right"), (f"TTFT\np{pct} s", "right"),
+                 (f"TPOT\np{pct} ms", "right"), ("$/M\nout", "right"), ("meets\nSLO", "left"), ("from", "left")):
+        wraps = c.startswith(("deployment", "policies"))  # the numbers never wrap; the labels fold at spaces
+        tab.add_column(c, justify=j, no_wrap=not wraps, min_width=16 if c.startswith("deployment") else None)
+    for p in points:
+        usd = price / (p.output_tokens_per_s_per_gpu * 3600) * 1e6 if p.output_tokens_per_s_per_gpu > 0 and price else float("nan")
+        mode = "agg" if p.mode == "aggregated" else "disagg"
+        tab.add_row("[bold green]*[/]" if p.label == rec_label else "", f"{mode} {escape(p.deployment or p.label)}",
+                    escape(p.policies), str(p.gpus), f"{p.output_tokens_per_s_per_gpu:,.0f}", f"{p.tokens_per_s_per_user:,.1f}",
+                    _fmt_s(p.ttft_s), _fmt_ms(p.tpot_s), "-" if not math.isfinite(usd) else f"{usd:,.3f}",
+                    "yes" if p.meets_slo else "[red]no[/]", "sim" if p.source == "simulation" else "screen")
+    return tab
+
+
 def print_report(con: Console, rep, out: Optional[Path]) -> None:
     """The human-readable report."""
     con.print(f"[bold]twinfer plan[/]: {rep.model} on {rep.gpus} x {rep.hardware}; SLO {escape(rep.slo)}", highlight=False)
@@ -142,18 +145,7 @@ def print_report(con: Console, rep, out: Optional[Path]) -> None:
     rec_label = rep.message.removeprefix("recommended: ")
 
     def table(title: str, points) -> Table:
-        tab = Table(title=title, title_justify="left")
-        for c, j in (("", "left"), ("mode", "left"), ("deployment (prefill > decode)", "left"), ("policies", "left"), ("GPUs", "right"),
-                     ("tok/s/GPU", "right"), ("tok/s/user", "right"), (f"TTFT p{plan.slo_percentile} s", "right"),
-                     (f"TPOT p{plan.slo_percentile} ms", "right"), ("$/M out", "right"), ("from", "left")):
-            tab.add_column(c, justify=j, no_wrap=c in ("deployment (prefill > decode)", "policies"))
-        for p in points:
-            usd = price / (p.output_tokens_per_s_per_gpu * 3600) * 1e6 if p.output_tokens_per_s_per_gpu > 0 and price else float("nan")
-            tab.add_row("[bold green]*[/]" if p.label == rec_label else "", "agg" if p.mode == "aggregated" else "disagg",
-                        escape(p.deployment or p.label), escape(p.policies), str(p.gpus), f"{p.output_tokens_per_s_per_gpu:,.0f}",
-                        f"{p.tokens_per_s_per_user:,.1f}", _fmt_s(p.ttft_s), _fmt_ms(p.tpot_s),
-                        "-" if not math.isfinite(usd) else f"{usd:,.3f}", "sim" if p.source == "simulation" else "screen")
-        return tab
+        return points_table(title, points, rec_label, price, plan.slo_percentile)
 
     sim = [p for p in rep.frontier if p.source == "simulation"]
     screen = [p for p in rep.frontier if p.source == "screen"]
@@ -161,8 +153,14 @@ def print_report(con: Console, rep, out: Optional[Path]) -> None:
         con.print(table(f"Pareto frontier (simulated, meeting the SLO): output tokens/s per GPU vs tokens/s per user", sim))
     if screen:
         con.print(table("analytic screen frontier (not simulated: full batches, mean lengths; optimistic)", screen))
-    if rep.best_by_mode:
-        con.print(table("aggregated vs disaggregated: the best of each meeting the SLO", rep.best_by_mode))
+    best = [p for p in rep.best_by_mode if p.meets_slo]  # the title promises it: a miss is named below, not listed
+    if best:
+        con.print(table("aggregated vs disaggregated: the best of each meeting the SLO", best))
+    for p in rep.best_by_mode:
+        if not p.meets_slo:
+            con.print(f"[yellow]{'aggregated' if p.mode == 'aggregated' else 'disaggregated'}: the best screened deployment "
+                      f"({escape(p.deployment or p.label)}) misses the SLO in simulation (TTFT p{plan.slo_percentile} {_fmt_s(p.ttft_s)} s, "
+                      f"TPOT p{plan.slo_percentile} {_fmt_ms(p.tpot_s)} ms); none of this mode is listed[/]", highlight=False)
     pr, ec = plan.predicted, plan.economics
     con.print(f"\n[bold green]recommended[/]: {escape(rec_label)}", highlight=False)
     for pool in plan.pools:
@@ -200,8 +198,7 @@ def register(app: typer.Typer) -> None:
         hardware: Optional[str] = typer.Option(None, "--hardware", "--hw", help="GPU name or YAML file [gb300]"),
         gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="GPU budget"),
         workload: Optional[str] = typer.Option(None, "--workload", "-w", help="preset (chat, agentic, reasoning, summarize, long-context) or file"),
-        slo: Optional[str] = typer.Option(None, "--slo", help="latency targets, e.g. ttft=2s,tpot=50ms"),
-        slo_percentile: Optional[int] = typer.Option(None, "--slo-percentile", help="50 | 90 | 99 [90]"),
+        slo: Optional[str] = typer.Option(None, "--slo", help=f"latency targets with percentile and unit, e.g. {EXAMPLE} (p50/p90/p99; s/ms/us)"),
         modes: Optional[str] = typer.Option(None, "--modes", help="agg,disagg [both]"),
         simulate: Optional[int] = typer.Option(None, "--simulate", help="candidates to check in the simulator [6]; 0: screen only"),
         sim_requests: Optional[int] = typer.Option(None, "--sim-requests", help="most requests per simulation [2500]"),
@@ -222,12 +219,12 @@ def register(app: typer.Typer) -> None:
         from planner.search import plan_deployment
 
         req = build_request(config, model=model, hardware=hardware, gpus=gpus, workload=workload, slo=slo,
-                            slo_percentile=slo_percentile, modes=modes, simulate=simulate, sim_requests=sim_requests,
+                            modes=modes, simulate=simulate, sim_requests=sim_requests,
                             expert_skew=expert_skew, price_input=price_input, price_cached=price_cached,
                             price_output=price_output, gpu_hour=gpu_hour, seed=seed)
         if workers < 0:
             raise TwinferError(f"--workers {workers}: must be >= 0 (0: all CPUs)")
-        con = Console(stderr=as_json, width=max(shutil.get_terminal_size((150, 40)).columns, 150))
+        con = Console(stderr=as_json, width=min(shutil.get_terminal_size((100, 40)).columns, 120))
         if not as_json:
             con.print(f"[dim]planning {req.model} on {req.gpus} x {req.hardware} ...[/]", highlight=False)
         rep = plan_deployment(req, workers=workers or default_workers(), ray_address=ray)
