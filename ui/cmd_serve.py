@@ -49,6 +49,10 @@ def serve(
     max_queue: int = typer.Option(4096, "--max-queue", min=1, help="requests in flight before answering 429"),
     drain_timeout: float = typer.Option(5.0, "--drain-timeout", min=0.0,
                                         help="on SIGTERM/Ctrl-C: seconds in-flight requests may finish before they are aborted"),
+    read_timeout: float = typer.Option(30.0, "--read-timeout", min=0.1, max=3600.0,
+                                       help="seconds a request's headers and body may take to arrive (slow clients are cut off)"),
+    max_connections: int = typer.Option(8192, "--max-connections", min=1, max=1_000_000,
+                                        help="open connections before new ones get 503 (also capped by the file-descriptor limit)"),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level"),
 ) -> None:
     """Build the engine, then serve until Ctrl-C."""
@@ -80,4 +84,5 @@ def serve(
         print(f"twinfer serve: {name} ready at {url}/v1 (max_model_len {engine.max_model_len}; "
               f"also {url}/health, {url}/metrics)", flush=True)
 
-    serve_forever(app, sock, log_level=log_level, on_ready=ready)
+    serve_forever(app, sock, log_level=log_level, on_ready=ready, read_timeout_s=read_timeout,
+                  max_connections=max_connections)

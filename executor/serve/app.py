@@ -197,7 +197,8 @@ def create_app(engine: Any, tokenizer: Tokenizer, *, served_model_name: str, api
         from executor.sampling_params import SamplingParams as sampling_params_cls
     st = _State(engine=engine, tokenizer=tokenizer, model_name=served_model_name, api_key=api_key,
                 max_queue=max_queue, params_cls=sampling_params_cls,
-                metrics=ServeMetrics(engine.stats, served_model_name, inflight=lambda: st.inflight),
+                metrics=ServeMetrics(engine.stats, served_model_name, inflight=lambda: st.inflight,
+                                     max_model_len=engine.max_model_len),
                 max_body_bytes=max_body_bytes, max_bodies_bytes=max(max_bodies_bytes, max_body_bytes),
                 retry_after_s=retry_after_s)
 
@@ -211,8 +212,8 @@ def create_app(engine: Any, tokenizer: Tokenizer, *, served_model_name: str, api
             if manage_engine:
                 await engine.shutdown()
 
+    _observe_steps(engine, st.metrics)
     app = FastAPI(title="twinfer serve", lifespan=lifespan)
-    app.state.draining = lambda: st.draining
     app.state.serve = st
     app.state.drain = functools.partial(drain, st, drain_timeout_s)
 
@@ -284,18 +285,35 @@ def create_app(engine: Any, tokenizer: Tokenizer, *, served_model_name: str, api
     return app
 
 
+def _observe_steps(engine: Any, metrics: ServeMetrics) -> None:
+    """Hook the executor's per-step observer (LLMEngine.step_observer, behind AsyncLLMEngine.engine) for the
+    iteration, preemption and request-phase metrics; engines without one (the fake) simply lack them."""
+    inner = getattr(engine, "engine", engine)
+    if not hasattr(inner, "step_observer"):
+        return
+    prev = inner.step_observer
+
+    def observe(start_s, plan, result) -> None:
+        if prev is not None:
+            prev(start_s, plan, result)
+        metrics.observe_step(start_s, plan, result)
+
+    inner.step_observer = observe
+
+
 async def drain(st: _State, timeout_s: float, should_stop=lambda: False) -> int:
     """Shut the door: new requests get 503; in-flight ones get ``timeout_s`` to finish, then are aborted.
 
     An aborted stream still ends cleanly (a last chunk with finish_reason 'abort', then ``[DONE]``);
-    returns how many requests had to be aborted. ``should_stop`` cuts the waits short (a second Ctrl-C).
+    returns how many requests had to be aborted. ``should_stop`` cuts the grace period short (a second
+    Ctrl-C); the short wait after the aborts, for streams to send their last chunk, always runs.
     """
     st.draining = True
     loop = asyncio.get_running_loop()
 
-    async def wait(seconds: float) -> None:
+    async def wait(seconds: float, stoppable: bool = True) -> None:
         end = loop.time() + seconds
-        while st.inflight and loop.time() < end and not should_stop():
+        while st.inflight and loop.time() < end and not (stoppable and should_stop()):
             await asyncio.sleep(0.05)
 
     await wait(timeout_s)
@@ -305,7 +323,8 @@ async def drain(st: _State, timeout_s: float, should_stop=lambda: False) -> int:
             await st.engine.abort(eid)
         except Exception:  # noqa: BLE001 - one failed abort must not keep the others running
             pass
-    await wait(ABORT_FLUSH_S)
+    # not cut short by a second signal: this is what lets each stream send its last chunk and [DONE]
+    await wait(ABORT_FLUSH_S, stoppable=False)
     return len(ids)
 
 
@@ -490,7 +509,9 @@ async def _run(st: _State, engine_id: str, prompt_ids: list[int], params: Any, s
             st.spawn(st.engine.abort(engine_id))
         st.spawn(_close(checked, outputs))
         if not refused:
-            st.metrics.request_finished(time.perf_counter() - t_start, reason)
+            ran = done and reason != "abort"
+            st.metrics.request_finished(time.perf_counter() - t_start, reason,
+                                        tally.prompt_tokens if ran else None, tally.completion_tokens if ran else None)
 
 
 async def _close(*gens) -> None:
@@ -529,10 +550,13 @@ async def _collect_unless_disconnected(request: Request, deltas: AsyncIterator[_
         watch.cancel()
         if not work.done():
             work.cancel()
-    if work.cancelled():
-        await deltas.aclose()
-        raise P.APIError("client disconnected", status=499, type="client_closed_request")
-    return work.result()
+    if work.done() and not work.cancelled():
+        return work.result()   # finished (even if the client left in the same instant): an answer
+    # the client left: let the cancellation unwind (it aborts the engine request) before answering;
+    # cancel() only asks, so the task is not done yet and has no result to read
+    await asyncio.gather(work, return_exceptions=True)
+    await deltas.aclose()
+    raise P.APIError("client disconnected", status=499, type="client_closed_request")
 
 
 class _TrackedStream(StreamingResponse):

@@ -23,6 +23,21 @@ TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 20.0, 40.0, 80.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                240.0, 480.0, 960.0, 1920.0, 7680.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+               20.0, 40.0, 80.0)
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to ``max_value`` (vLLM's token-count buckets)."""
+    out, mag = [], 1
+    while True:
+        for m in (1, 2, 5):
+            v = m * mag
+            if v > max_value:
+                return tuple(out)
+            out.append(v)
+        mag *= 10
 
 
 class _EngineStatsCollector(Collector):
@@ -74,7 +89,7 @@ class ServeMetrics:
     """The app's per-request observations plus the engine collector, in one registry."""
 
     def __init__(self, stats: Callable[[], object], model_name: str, registry: CollectorRegistry | None = None,
-                 inflight: Callable[[], int] | None = None):
+                 inflight: Callable[[], int] | None = None, max_model_len: int = 1 << 20):
         # a registry per app: tests run several apps in one process
         self.registry = registry or CollectorRegistry()
         self.model_name = model_name
@@ -88,6 +103,22 @@ class ServeMetrics:
                                buckets=E2E_BUCKETS, registry=self.registry) for p in PREFIXES]
         self._success = [Counter(f"{p}:request_success", "Finished requests by finish reason.",
                                  lbl + ["finished_reason"], registry=self.registry) for p in PREFIXES]
+        # vLLM v1's request and iteration metrics (vllm/v1/metrics/loggers.py)
+        self._itl = [Histogram(f"{p}:inter_token_latency_seconds", "Time between consecutive output tokens.", lbl,
+                               buckets=ITL_BUCKETS, registry=self.registry) for p in PREFIXES]
+        token_buckets = build_1_2_5_buckets(max_model_len)
+        self._prompt_tokens = [Histogram(f"{p}:request_prompt_tokens", "Prompt tokens of finished requests.", lbl,
+                                         buckets=token_buckets, registry=self.registry) for p in PREFIXES]
+        self._gen_tokens = [Histogram(f"{p}:request_generation_tokens", "Generated tokens of finished requests.", lbl,
+                                      buckets=token_buckets, registry=self.registry) for p in PREFIXES]
+        phases = {"queue": "Arrival in the engine to first scheduled.", "prefill": "First scheduled to first token.",
+                  "decode": "First token to the last.", "inference": "First scheduled to the last token."}
+        self._phase = {ph: [Histogram(f"{p}:request_{ph}_time_seconds", doc, lbl, buckets=E2E_BUCKETS,
+                                      registry=self.registry) for p in PREFIXES] for ph, doc in phases.items()}
+        self._iter_tokens = [Histogram(f"{p}:iteration_tokens_total", "Tokens processed per engine step.", lbl,
+                                       buckets=ITERATION_TOKEN_BUCKETS, registry=self.registry) for p in PREFIXES]
+        self._preempt = [Counter(f"{p}:num_preemptions", "Requests preempted (KV exhausted) and later resumed.", lbl,
+                                 registry=self.registry) for p in PREFIXES]
         self._rejected = Counter("twinfer:request_rejected", "Requests answered with an error and never run, by reason "
                                  "(the error code: invalid_json, context_length_exceeded, rate_limit_exceeded, ...).",
                                  lbl + ["reason"], registry=self.registry)
@@ -100,16 +131,43 @@ class ServeMetrics:
     def observe_token_gap(self, seconds: float, num_tokens: int = 1) -> None:
         """Gap between two outputs of one request, spread over the tokens the later one carried."""
         per = seconds / max(num_tokens, 1)
-        for h in self._tpot:
+        for h in self._tpot + self._itl:
             for _ in range(max(num_tokens, 1)):
                 h.labels(self.model_name).observe(per)
 
-    def request_finished(self, e2e_seconds: float, finish_reason: str) -> None:
-        """A request left the server: its latency and why it ended."""
+    def request_finished(self, e2e_seconds: float, finish_reason: str, prompt_tokens: int | None = None,
+                         generation_tokens: int | None = None) -> None:
+        """A request left the server: its latency, why it ended, and (if it ran) its token counts."""
         for h in self._e2e:
             h.labels(self.model_name).observe(e2e_seconds)
         for c in self._success:
             c.labels(self.model_name, finish_reason).inc()
+        if prompt_tokens is not None:
+            for h in self._prompt_tokens:
+                h.labels(self.model_name).observe(prompt_tokens)
+        if generation_tokens is not None:
+            for h in self._gen_tokens:
+                h.labels(self.model_name).observe(generation_tokens)
+
+    def observe_step(self, start_s: float, plan, result) -> None:
+        """An engine step (the executor's ``step_observer``; runs in the engine's thread): its tokens, the
+        requests it preempted, and the queue/prefill/decode times of those it finished (engine clock)."""
+        m = self.model_name
+        for h in self._iter_tokens:
+            h.labels(m).observe(plan.num_batched_tokens)
+        if plan.preempted:
+            for c in self._preempt:
+                c.labels(m).inc(len(plan.preempted))
+        for r in list(plan.decodes) + [c.request for c in plan.prefills]:
+            if r.finish_time is None or r.first_scheduled_time is None or r.first_token_time is None:
+                continue
+            times = {"queue": r.first_scheduled_time - r.arrival_time,
+                     "prefill": r.first_token_time - r.first_scheduled_time,
+                     "decode": r.finish_time - r.first_token_time,
+                     "inference": r.finish_time - r.first_scheduled_time}
+            for ph, v in times.items():
+                for h in self._phase[ph]:
+                    h.labels(m).observe(max(0.0, v))
 
     def request_rejected(self, reason: str | None) -> None:
         """A request was refused (4xx/5xx) before it ran, or the engine refused it."""
