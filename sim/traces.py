@@ -143,6 +143,11 @@ def expand_hash_ids(hash_ids: Sequence[int], src_block: int, block_size: int, pr
 # one 10**12-token hash id would expand into ~10**10 block hashes)
 MAX_LINE_TOKENS = 1 << 24   # scheduler.max_model_len's upper bound: no request can be longer
 MAX_TIMESTAMP = 1e13        # seconds or ms: ~300 years in ms
+# global budgets: each line may be fine and the file still too big for memory. A block hash is a
+# Python int in a tuple (~40 bytes), a request ~1 KB while read and simulated; the Mooncake arxiv
+# trace (23,608 requests, ~7,600 tokens each) needs ~11 million 16-token hashes.
+MAX_BLOCK_HASHES = 20_000_000   # ~0.8 GB of hashes, across all requests built at once
+MAX_TRACE_REQUESTS = 5_000_000  # ~5 GB while a trace is read; longer runs stream (benchmarks/soak_sim.py)
 
 
 class _Line(BaseModel):
@@ -206,29 +211,48 @@ def _parse_lines(path: Path, fmt: TraceFormat) -> list[_Line]:
     model = MooncakeLine if fmt == "mooncake" else TraceLine
     lines: list[_Line] = []
     errors: list[str] = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, text in enumerate(f, start=1):
-            if not text.strip():
-                continue  # blank lines (e.g. a trailing newline) hold no request
-            where = f"{path}:{lineno}"
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as err:
-                errors.append(f"{where}: not valid JSON: {err.msg}")
-                continue
-            if not isinstance(data, dict):
-                errors.append(f"{where}: expected a JSON object, got {type(data).__name__}")
-                continue
-            try:
-                lines.append(model.model_validate(data))
-            except ValidationError as err:
-                errors.extend(_line_errors(err, where))
-            if len(errors) > _MAX_ERRORS:
-                break
+    lineno = 0
+    try:
+        with path.open(encoding="utf-8") as f:
+            for lineno, text in enumerate(f, start=1):
+                if not text.strip():
+                    continue  # blank lines (e.g. a trailing newline) hold no request
+                if len(lines) >= MAX_TRACE_REQUESTS:
+                    raise TwinferError(f"{path}: more than {MAX_TRACE_REQUESTS:,} requests; at most that many are read "
+                                       f"at once (split the trace, or stream it)")
+                _parse_line(text, f"{path}:{lineno}", model, lines, errors)
+                if len(errors) > _MAX_ERRORS:
+                    break
+    except UnicodeDecodeError as err:
+        raise TwinferError(f"{path}:{lineno + 1}: not UTF-8 text ({err.reason} at byte {err.start} of the read buffer)") from None
+    except OSError as err:
+        raise TwinferError(f"{path}: cannot read: {err.strerror or err}") from None
     if errors:
         more = " (stopped after the first errors)" if len(errors) > _MAX_ERRORS else ""
         raise TwinferError(f"{path}: invalid trace{more}:\n" + "\n".join(errors[:_MAX_ERRORS]))
     return lines
+
+
+def _parse_line(text: str, where: str, model: type[_Line], lines: list[_Line], errors: list[str]) -> None:
+    """Append the line's record to ``lines`` or its problems to ``errors``."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        errors.append(f"{where}: not valid JSON: {err.msg}")
+        return
+    except ValueError as err:  # e.g. an integer of more than 4,300 digits
+        errors.append(f"{where}: not valid JSON: {str(err).split(';')[0]}")
+        return
+    except RecursionError:
+        errors.append(f"{where}: not valid JSON: nested too deeply")
+        return
+    if not isinstance(data, dict):
+        errors.append(f"{where}: expected a JSON object, got {type(data).__name__}")
+        return
+    try:
+        lines.append(model.model_validate(data))
+    except ValidationError as err:
+        errors.extend(_line_errors(err, where))
 
 
 def read_trace(
@@ -264,6 +288,7 @@ def read_trace(
     lines = [lines[k] for k in order]
     t0 = lines[0].timestamp if (rebase and lines) else 0.0
 
+    _check_hash_budget(p, lines, block_size)
     hashes: list[tuple[int, ...]] = [()] * len(lines)
     expand = []  # lines whose ids must be mapped onto block_size
     for k, ln in enumerate(lines):
@@ -289,6 +314,15 @@ def read_trace(
         t = (ln.timestamp - t0) * unit * time_scale
         reqs.append(Request(f"r{k}", t, ln.input_length, ln.output_length, hashes[k], prio, sess))
     return reqs
+
+
+def _check_hash_budget(path: Path, lines: list[_Line], block_size: int) -> None:
+    """Refuse, before building any, a trace whose block hashes together exceed ``MAX_BLOCK_HASHES``
+    (each line is bounded, but a few hundred long lines with one coarse hash id each are not)."""
+    total = sum(ln.input_length // block_size for ln in lines if ln.hash_ids)
+    if total > MAX_BLOCK_HASHES:
+        raise TwinferError(f"{path}: hash_ids: the trace's prompts need {total:,} {block_size}-token block hashes "
+                           f"in all; at most {MAX_BLOCK_HASHES:,} (fewer or shorter requests, max_requests, or no hash_ids)")
 
 
 # ---------------------------------------------------------------- writing

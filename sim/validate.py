@@ -34,6 +34,7 @@ from sim.backend import MemoStepCost, SimBackend
 from sim.cluster import Cluster
 from scheduler.metrics import MetricsCollector, SimMetrics
 from sim.router import RouterConfig, make_router
+from twinfer.errors import TwinferError
 
 TARGETS = {"step_mape": 0.05, "output_throughput": 0.05, "tpot_p50": 0.05, "ttft_p50": 0.10, "ttft_p90": 0.10}
 METRICS = ("output_throughput", "tpot_p50", "tpot_p90", "ttft_p50", "ttft_p90", "itl_p50", "e2e_p50")
@@ -232,8 +233,11 @@ def error_bands(levels: Sequence[LevelReport], step_overall: dict | None = None)
 # ----------------------------------------------------------------------------- bands for twinfer simulate
 def load_bands(path: str | Path) -> tuple[dict[str, float], str]:
     """Error bands of a validation report file and a one-line description of where they come from."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    rep = ValidationReport.model_validate(data)
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        rep = ValidationReport.model_validate(data)
+    except (OSError, ValueError, RecursionError) as err:  # ValueError: bad JSON, bad UTF-8, a failed validation
+        raise TwinferError(f"--error-band: {path}: not a twinfer validate report ({str(err).splitlines()[0][:200]})") from None
     bands = rep.bands or error_bands(rep.levels, rep.step_overall)
     gpu = rep.provenance.get("gpu", rep.device)
     src = f"{Path(path).name}: {rep.model} ({rep.num_layers} layers, {rep.dtype}) on {gpu}, {len(rep.levels)} load levels"
@@ -272,6 +276,8 @@ def band_text(bands: dict[str, float], key: str) -> str:
 def band_line(source: str, hardware: str) -> str:
     """The line ``twinfer simulate --error-band`` prints: each figure's band from a validation report."""
     paths = find_reports(hardware) if source == "auto" else [Path(source)]
+    if source != "auto" and not paths[0].is_file():  # a file the user named: missing is an error, not "no band"
+        raise TwinferError(f"--error-band: {source}: no such file (give a `twinfer validate` report JSON, or 'auto')")
     if not paths or not paths[0].is_file():
         return f"error band: no validation report for {hardware} (run twinfer validate on that GPU)"
     bands, src = load_bands(paths[0])

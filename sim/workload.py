@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from scheduler.request import Request, new_requests
 from sim.lengths import FixedLength, LengthDist, LognormalLength, UniformLength, check_support
-from sim.traces import ROOT_HASH, hash_pair, hash_pair_np, positional_hashes, read_trace
+from sim.traces import MAX_BLOCK_HASHES, MAX_TRACE_REQUESTS, ROOT_HASH, hash_pair, hash_pair_np, positional_hashes, read_trace
 from twinfer.config import validate
 from twinfer.errors import TwinferError, UnknownNameError
 
@@ -278,9 +278,9 @@ MAX_PREFIX_BLOCKS = 20_000_000  # block hashes of all shared prefixes together (
 
 def _check_hash_count(n: int, block_size: int) -> None:
     """Private block hashes are Python ints kept per request: refuse a workload that needs too many."""
-    if n > MAX_ROWS:
+    if n > MAX_BLOCK_HASHES:
         raise TwinferError(f"hash_private_blocks: the prompts need {n:,} private {block_size}-token block hashes; "
-                           f"at most {MAX_ROWS:,} (shorter prompts, fewer requests, or hash_private_blocks: false)")
+                           f"at most {MAX_BLOCK_HASHES:,} (shorter prompts, fewer requests, or hash_private_blocks: false)")
 
 
 def _group_prefixes(spec: WorkloadSpec, block_size: int) -> tuple[list[tuple[int, ...]], np.ndarray]:
@@ -297,6 +297,21 @@ def _group_prefixes(spec: WorkloadSpec, block_size: int) -> tuple[list[tuple[int
     return tuples, tails
 
 
+MAX_BUILT_REQUESTS = MAX_TRACE_REQUESTS  # requests built at once (~1 KB each while simulated)
+
+
+def _check_request_budget(spec: WorkloadSpec) -> None:
+    """Refuse, before drawing anything, a workload that would build more requests than memory allows
+    (the spec's own bound, MAX_REQUESTS, is for streamed runs: benchmarks/soak_sim.py builds in chunks)."""
+    want = spec.num_requests
+    if want is None and spec.rate is not None and spec.duration_s is not None:
+        want = spec.rate * spec.duration_s
+    if want is not None and want > MAX_BUILT_REQUESTS:
+        field = "num_requests" if spec.num_requests is not None else "rate x duration_s"
+        raise TwinferError(f"{field}: {want:,.0f} requests; at most {MAX_BUILT_REQUESTS:,} are built at once "
+                           f"(~1 KB each); stream longer runs (benchmarks/soak_sim.py)")
+
+
 def generate(spec: WorkloadSpec, rng: np.random.Generator, block_size: int) -> list[Request]:
     """The workload's requests, sorted by arrival, ids ``r0, r1, ...``; deterministic per seed."""
     if block_size < 1:
@@ -307,6 +322,7 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator, block_size: int) -> l
         if spec.duration_s is not None:
             reqs = [r for r in reqs if r.arrival_time < spec.duration_s]
         return reqs
+    _check_request_budget(spec)
     streams = _Streams(rng)
     if spec.kind == "agentic":
         return _generate_agentic(spec, streams, block_size)

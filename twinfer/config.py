@@ -97,8 +97,8 @@ def read_mapping(path: str | Path) -> dict:
     kind = "JSON" if p.suffix == ".json" else "YAML"
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as err:
-        raise TwinferError(f"{p}: not valid {kind}: {err}") from None
+    except (yaml.YAMLError, ValueError) as err:  # ValueError: JSON errors, and YAML/JSON ints past 4,300 digits
+        raise TwinferError(f"{p}: not valid {kind}: {str(err).split('; use sys.')[0]}") from None
     except RecursionError:
         raise TwinferError(f"{p}: not valid {kind}: nested too deeply") from None
     if data is None:

@@ -14,6 +14,7 @@ from rich.markup import escape
 import ui
 from twinfer import __version__
 from twinfer.errors import TwinferError
+from ui.user_errors import user_error_message
 
 app = typer.Typer(
     name="twinfer",
@@ -87,6 +88,10 @@ def main() -> None:
             sys.exit(2)
         if os.environ.get("TWINFER_DEBUG"):
             raise
+        msg = user_error_message(e)
+        if msg is not None:  # a file the user named cannot be read or written, or holds what no parser takes
+            err.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
+            sys.exit(2)
         err.print(f"[bold red]internal error:[/] {type(e).__name__}: {escape(str(e))}\n(set TWINFER_DEBUG=1 for the traceback; please report it)", highlight=False)
         sys.exit(1)
     sys.exit(rc if isinstance(rc, int) else 0)

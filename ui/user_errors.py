@@ -1,0 +1,24 @@
+"""Exceptions a user's input causes, turned into the one-line message the CLI prints (exit 2).
+
+Loaders raise ``TwinferError`` naming the file and field; this is the net under them for what
+the operating system or Python's parsers raise from any file a command reads or writes: an
+unwritable ``--csv``/``--perfetto``/``--out`` path, an unreadable or non-UTF-8 file, a number of
+more than 4,300 digits (Python's int-parsing limit), input nested past the recursion limit.
+Anything else stays an internal error (a bug to report).
+"""
+
+from __future__ import annotations
+
+
+def user_error_message(err: BaseException) -> str | None:
+    """The message for an input-caused exception (naming the file where Python says which), else None."""
+    if isinstance(err, OSError) and getattr(err, "filename", None):
+        what = err.strerror or type(err).__name__
+        return f"{err.filename}: {what}"
+    if isinstance(err, UnicodeDecodeError):
+        return f"an input file is not UTF-8 text ({err.reason} at byte {err.start})"
+    if isinstance(err, RecursionError):
+        return "an input is nested too deeply (past Python's recursion limit)"
+    if isinstance(err, ValueError) and "integer string conversion" in str(err):
+        return "an input holds an integer of more than 4,300 digits (Python's limit); no field accepts one"
+    return None
