@@ -25,12 +25,43 @@ DEFAULT_HOST_STEP_S = 2.0e-3
 DEFAULT_HOST_PER_REQUEST_S = 20e-6
 DEFAULT_HOST_PER_TOKEN_S = 0.5e-6
 
+# Scheduler policies of other engines, as the knobs that define them (docs/byo.md has the table).
+# A preset fills only the fields a file leaves out; "attention_dp_host" asks the scenario to split
+# host work over the layout's attention-DP ranks (one scheduler per rank).
+# - vLLM v0: "By default, vLLM scheduler prioritizes prefills ... Once chunked prefill is enabled, the
+#   policy is changed to prioritize decode requests" (vLLM docs, quoted in vllm-project/vllm PR #7874);
+#   chunked prefill off by default below 32K context; no CPU/GPU overlap.
+# - vLLM v1: one token budget shared by decodes and prompt chunks (mixed batches, chunked prefill on);
+#   async scheduling is opt-in (--async-scheduling), so no overlap by default.
+# - SGLang: a new prefill batch runs before decoding resumes (prefill-first), mixing only with
+#   --enable-mixed-chunk (off by default); chunked prefill on; overlap scheduler on by default
+#   (--disable-overlap-schedule turns it off; lmsys.org/blog/2024-12-04-sglang-v0-4).
+# - TensorRT-LLM (PyTorch backend) with attention-DP: in-flight batching schedules context and
+#   generation requests in one step (TensorRT-LLM performance tuning guide), enable_chunked_prefill
+#   false by default, overlap scheduler on by default (disable_overlap_scheduler: false), one
+#   executor loop per attention-DP rank.
+SCHEDULER_PRESETS: dict[str, dict] = {
+    "vllm-v0": {"mixed_batches": False, "enable_chunked_prefill": False, "async_overlap": False},
+    "vllm-v1": {"mixed_batches": True, "enable_chunked_prefill": True, "async_overlap": False},
+    "sglang": {"mixed_batches": False, "enable_chunked_prefill": True, "async_overlap": True},
+    "trtllm-attention-dp": {"mixed_batches": True, "enable_chunked_prefill": False, "async_overlap": True},
+}
+PresetName = Literal["vllm-v0", "vllm-v1", "sglang", "trtllm-attention-dp"]
+
 
 class SchedulerConfig(BaseModel):
     """Per-instance step scheduler: batching limits, chunked prefill, caching, speculation, host cost."""
 
     model_config = ConfigDict(extra="forbid")
 
+    preset: PresetName | None = Field(
+        None, description="another engine's scheduling policy (vllm-v0, vllm-v1, sglang, trtllm-attention-dp): sets the knobs "
+        "that define it (SCHEDULER_PRESETS) unless given here too; none: twinfer's defaults",
+    )
+    mixed_batches: bool = Field(
+        True, description="decodes and prompt chunks share a step (vLLM v1, chunked prefill); False: a step with prompt "
+        "work runs no decodes (vLLM v0 / SGLang prefill-first), decodes run when no prompt can be scheduled",
+    )
     block_size: int = Field(64, ge=1, le=4096, description="tokens per paged-KV block (FlashMLA uses 64)")
     max_num_seqs: int = Field(256, ge=1, le=65536, description="most requests running at once")
     max_num_batched_tokens: int = Field(8192, ge=1, le=1 << 22, description="token budget of one step (prefill chunks + decodes + drafts)")
@@ -61,6 +92,14 @@ class SchedulerConfig(BaseModel):
         "(SGLang's attention-DP runs one scheduler per DP rank)",
     )
     host_per_token_s: float = Field(DEFAULT_HOST_PER_TOKEN_S, ge=0.0, le=0.001, description="host overhead per batched token per step (s)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data):
+        """Fill the preset's knobs under the fields given explicitly (an unknown preset is left to the field's error)."""
+        if isinstance(data, dict) and data.get("preset") in SCHEDULER_PRESETS:
+            return {**SCHEDULER_PRESETS[data["preset"]], **data}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "SchedulerConfig":

@@ -89,6 +89,16 @@ class Scenario(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _attention_dp_preset(self) -> "Scenario":
+        """trtllm-attention-dp: one executor loop per attention-DP rank shares the host work (unless host_workers is set)."""
+        if self.scheduler.preset == "trtllm-attention-dp":
+            if self.layout.dp < 2:
+                raise ValueError("scheduler.preset: trtllm-attention-dp needs an attention-DP layout (layout.dp >= 2, got 1)")
+            if "host_workers" not in self.scheduler.model_fields_set:
+                self.scheduler = self.scheduler.model_copy(update={"host_workers": self.layout.dp})
+        return self
+
+    @model_validator(mode="after")
     def _drafts_need_mtp(self) -> "Scenario":
         if self.scheduler.draft_len:
             from costmodels.catalog import get_model

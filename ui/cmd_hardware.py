@@ -1,0 +1,76 @@
+"""``twinfer hardware``: the GPU catalog, a commented file to describe your own GPU, and a check of one."""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Optional
+
+import typer
+
+from twinfer.config import validate
+from twinfer.errors import TwinferError
+
+
+def template_text() -> str:
+    """The commented hardware file ``--template`` prints: the A100-SXM4-80GB example with every field described."""
+    import yaml
+
+    from costmodels.hardware import SCHEMA_VERSION, Hardware
+    from ui.commented_yaml import commented_yaml
+
+    path = "data/hardware_template.yaml"
+    hw = validate(Hardware, yaml.safe_load(resources.files("costmodels").joinpath(path).read_text(encoding="utf-8")), f"costmodels/{path}")
+    return commented_yaml(hw, [
+        f"twinfer hardware file, schema version {SCHEMA_VERSION} (docs/byo.md). Rates are dense (no 2:4 sparsity), per GPU.",
+        "Example: NVIDIA A100-SXM4-80GB. Edit the numbers, keep the field names; pass the file's path as --hardware.",
+        "A feature the GPU lacks is null (or 0): fp8_tflops/fp4_tflops (no FP8/FP4 tensor cores), scaleup_gbps (no NVLink).",
+        "",
+    ])
+
+
+def show_text(name: str) -> str:
+    """A catalog GPU (or a hardware file) as a complete commented file."""
+    from costmodels.hardware import get_hardware
+    from ui.commented_yaml import commented_yaml
+
+    hw = get_hardware(name)
+    return commented_yaml(hw, [f"twinfer hardware file for {hw.name} (schema version {hw.schema_version}, docs/byo.md)", ""])
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``hardware`` to the CLI."""
+
+    @app.command("hardware")
+    def hardware(
+        template: bool = typer.Option(False, "--template", help="print a complete, commented hardware YAML to start your own GPU from"),
+        show: Optional[str] = typer.Option(None, "--show", help="print a catalog GPU (or check a hardware file) as a complete commented YAML"),
+    ) -> None:
+        """List the GPU catalog; --template / --show print a hardware file to edit (pass its path as --hardware)."""
+        if template and show:
+            raise TwinferError("--template and --show: give one of them")
+        if template:
+            print(template_text(), end="")
+            return
+        if show is not None:
+            print(show_text(show), end="")
+            return
+        _print_catalog()
+
+
+def _print_catalog() -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from costmodels.hardware import list_hardware
+
+    def num(x) -> str:
+        return "-" if x is None else f"{x:g}"
+
+    tab = Table(title="hardware catalog (dense rates per GPU; your own: twinfer hardware --template > my_gpu.yaml)", title_justify="left")
+    for c in ("name", "BF16 TF", "FP8 TF", "FP4 TF", "HBM GB", "HBM TB/s", "scale-up GB/s/dir", "domain", "scale-out Gb/s", "$/GPU-h", "measured"):
+        tab.add_column(c, justify="left" if c == "name" else "right")
+    for h in list_hardware():
+        tab.add_row(h.name, num(h.bf16_tflops), num(h.fp8_tflops), num(h.fp4_tflops), num(h.hbm_gb), num(h.hbm_tbps),
+                    num(h.scaleup_gbps), str(h.scaleup_domain), num(h.scaleout_gbps), num(h.price_per_gpu_hour or None),
+                    "yes" if h.measured else "")
+    Console().print(tab)
