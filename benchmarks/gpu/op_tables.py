@@ -1,0 +1,282 @@
+"""Op tables of device time: the kernels serving runs, at the model's shapes, timed inside CUDA graphs.
+
+Why graphs: an eager call pays a host launch (tens of microseconds with a JIT library's Python
+wrapper) that a decode step under CUDA graphs does not, so eager timings put a launch floor under
+every small shape. Each case here captures R back-to-back launches in one graph and replays it;
+device time per launch = median replay time / R. The eager time of one call is timed too (CUDA
+events around a single call, median) so the launch floor is a measured figure, not a guess.
+
+Why weight copies: back-to-back launches of one GEMM re-read the same weights from L2 (50 MB on an
+H200), which a real step never does (every layer has its own weights). Each case cycles through
+enough copies of its weights (and KV caches) that one pass reads more than ``L2_SPILL_BYTES``.
+
+Correctness first: every kernel is checked against the torch reference on the same inputs
+(relative error in the table). Writes CSV rows plus a provenance JSON.
+
+    python -m benchmarks.gpu.op_tables --out-dir DIR [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from benchmarks.gpu.bench_kernels import env, rel
+from kernels import reference as R
+
+L2_SPILL_BYTES = 256 << 20     # several times the H200's 50 MB L2 (DOMAIN.md)
+M_GRID = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# DeepSeek-V3 FP8 GEMMs (N, K): fused q_a+kv_a, q_b, kv_b, o_proj, dense gate_up, dense down,
+# shared-expert gate_up, shared-expert down (config.json: hidden 7168, q_lora 1536, kv_lora 512,
+# 128 heads x (128 nope + 64 rope), v 128, dense inter 18432, expert inter 2048). The first six
+# (N, K) pairs are also the rows of DeepGEMM's published normal-GEMM table.
+V3_GEMMS = {"qkv_a": (2112, 7168), "q_b": (24576, 1536), "kv_b": (32768, 512), "o_proj": (7168, 16384),
+            "dense_gate_up": (36864, 7168), "dense_down": (7168, 18432), "shared_gate_up": (4096, 7168),
+            "shared_down": (7168, 2048)}
+FIELDS = ["op", "lib", "dtype", "name", "m", "n", "k", "groups", "batch", "context", "device_us", "eager_us",
+          "tflops", "tbs", "rel_err", "copies", "error"]
+
+
+def graph_time_us(fns, reps: int, replays: int = 15) -> float:
+    """Device microseconds per call: ``reps`` calls cycling through ``fns`` captured in one CUDA graph."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in fns:       # warm-up outside capture (JIT, autotune, allocator)
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(reps):
+            fns[i % len(fns)]()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / reps)
+    del g
+    return statistics.median(times)
+
+
+def eager_time_us(fn, iters: int = 20) -> float:
+    """Microseconds of one eager call (host launch included), CUDA events, median."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(times)
+
+
+def reps_for(us_guess: float) -> int:
+    """Enough launches per graph that a replay lasts ~2 ms, between 4 and 200."""
+    return int(min(200, max(4, 2000 / max(us_guess, 1.0))))
+
+
+def copies_for(nbytes: int) -> int:
+    return int(min(64, max(1, math.ceil(L2_SPILL_BYTES / max(nbytes, 1)))))
+
+
+def dense_gemm_rows(emit, libs, m_grid, gemms) -> None:
+    """FP8 block-scaled GEMM (1x128 activation, 128x128 weight scales), bf16 out, per library."""
+    from kernels.triton_fp8_gemm import fp8_gemm
+    from kernels.vendor import deepgemm_fp8_gemm
+    impls = {"deepgemm": deepgemm_fp8_gemm, "triton": fp8_gemm}
+    for name, (n, k) in gemms.items():
+        w = torch.randn(n, k, device="cuda") * 0.02
+        wq, ws = R.quant_fp8_weight(w)
+        del w
+        ncop = copies_for(n * k)
+        ws_list = [(wq.clone(), ws.clone()) for _ in range(ncop - 1)] + [(wq, ws)]
+        for m in m_grid:
+            x = torch.randn(m, k, device="cuda")
+            xq, xs = R.quant_fp8_act(x)
+            want = R.fp8_gemm_blockscaled(xq[:256], xs[:256], wq, ws, torch.float32)
+            for lib in libs:
+                row = {"op": "dense_gemm", "lib": lib, "dtype": "fp8", "name": name, "m": m, "n": n, "k": k,
+                       "copies": ncop}
+                fn = impls[lib]
+                try:
+                    row["rel_err"] = rel(fn(xq[:256], xs[:256], wq, ws), want)
+                    row["eager_us"] = eager_time_us(lambda: fn(xq, xs, wq, ws))
+                    fns = [lambda a=a, b=b: fn(xq, xs, a, b) for a, b in ws_list]
+                    t = graph_time_us(fns, reps_for(row["eager_us"]))
+                    row.update(device_us=t, tflops=2 * m * n * k / t / 1e6,
+                               tbs=(m * k + n * k + 2 * m * n) / t / 1e6)
+                except Exception as e:  # noqa: BLE001 - one failed case must not stop the table
+                    row["error"] = f"{type(e).__name__}: {e}"[:300]
+                emit(row)
+            del x, xq, xs
+        del ws_list, wq, ws
+        torch.cuda.empty_cache()
+
+
+def masked_grouped_rows(emit, groups_grid, m_grid, shapes) -> None:
+    """DeepGEMM ``m_grouped_fp8_gemm_nt_masked`` (decode MoE: E experts x up to M tokens each)."""
+    from kernels.registry import library_module
+    dg = library_module("deepgemm")
+    for name, (n, k) in shapes.items():
+        for e in groups_grid:
+            b = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+            bq = torch.empty(e, n, k, device="cuda", dtype=torch.float8_e4m3fn)
+            bs = torch.empty(e, n // 128, k // 128, device="cuda")
+            for j in range(e):
+                bq[j], bs[j] = R.quant_fp8_weight(b[j].float())
+            del b
+            ncop = copies_for(e * n * k)
+            wl = [(bq.clone(), bs.clone()) for _ in range(ncop - 1)] + [(bq, bs)]
+            for m in m_grid:
+                mmax = max(128, (m + 127) // 128 * 128)   # masked layout pads M to the block size
+                a = torch.randn(e, mmax, k, device="cuda")
+                aq = torch.empty(e, mmax, k, device="cuda", dtype=torch.float8_e4m3fn)
+                as_ = torch.empty(e, mmax, k // 128, device="cuda")
+                for j in range(e):
+                    aq[j], as_[j] = R.quant_fp8_act(a[j])
+                out = torch.empty(e, mmax, n, device="cuda", dtype=torch.bfloat16)
+                masked = torch.full((e,), m, device="cuda", dtype=torch.int32)
+                row = {"op": "grouped_gemm_masked", "lib": "deepgemm", "dtype": "fp8", "name": name, "m": m, "n": n,
+                       "k": k, "groups": e, "copies": ncop}
+
+                def call(w=bq, s=bs):
+                    try:
+                        dg.m_grouped_fp8_gemm_nt_masked((aq, as_), (w, s), out, masked, m, disable_ue8m0_cast=True)
+                    except TypeError:
+                        dg.m_grouped_fp8_gemm_nt_masked((aq, as_), (w, s), out, masked, m)
+                try:
+                    call()
+                    torch.cuda.synchronize()
+                    want = R.fp8_gemm_blockscaled(aq[0, :m], as_[0, :m], bq[0], bs[0], torch.float32)
+                    row["rel_err"] = rel(out[0, :m], want)
+                    row["eager_us"] = eager_time_us(call)
+                    t = graph_time_us([lambda w=w, s=s: call(w, s) for w, s in wl], reps_for(row["eager_us"]))
+                    row.update(device_us=t, tflops=2 * e * m * n * k / t / 1e6,
+                               tbs=(e * n * k + e * m * k + 2 * e * m * n) / t / 1e6)
+                except Exception as ex:  # noqa: BLE001
+                    row["error"] = f"{type(ex).__name__}: {ex}"[:300]
+                emit(row)
+                del a, aq, as_, out
+            del wl, bq, bs
+            torch.cuda.empty_cache()
+
+
+def mla_decode_rows(emit, batches, contexts) -> None:
+    """FlashMLA dense decode (bf16 KV, 128 heads, 512+64, page 64), all sequences at ``context``."""
+    from kernels.vendor import _flashmla_api
+    get_meta, fwd = _flashmla_api()
+    h, page, rank, dr = 128, 64, 512, 64
+    scale = 192 ** -0.5
+    for ctx in contexts:
+        for bsz in batches:
+            pages = (ctx + page - 1) // page
+            kv_bytes = bsz * ctx * (rank + dr) * 2
+            if kv_bytes > (40 << 30):
+                continue
+            ncop = copies_for(kv_bytes)
+            row = {"op": "mla_decode", "lib": "flashmla", "dtype": "bf16", "name": "mla_h128", "batch": bsz,
+                   "context": ctx, "copies": ncop}
+            try:
+                caches = [torch.randn(bsz * pages, page, 1, rank + dr, device="cuda", dtype=torch.bfloat16)
+                          for _ in range(ncop)]
+                table = torch.arange(bsz * pages, device="cuda", dtype=torch.int32).view(bsz, pages)
+                lens = torch.full((bsz,), ctx, device="cuda", dtype=torch.int32)
+                q = torch.randn(bsz, 1, h, rank + dr, device="cuda", dtype=torch.bfloat16)
+                meta, splits = get_meta(lens, h, 1)
+
+                def call(c):
+                    return fwd(q, c, table, lens, rank, meta, splits, softmax_scale=scale, causal=True)[0]
+                out = call(caches[0])
+                n_chk = min(bsz, 4)
+                want = R.mla_decode_paged(q[:n_chk].float(), caches[0][:, :, 0].float(), table[:n_chk], lens[:n_chk],
+                                          scale, rank)
+                row["rel_err"] = rel(out[:n_chk], want)
+                row["eager_us"] = eager_time_us(lambda: call(caches[0]))
+                t = graph_time_us([lambda c=c: call(c) for c in caches], reps_for(row["eager_us"]))
+                row.update(device_us=t, tbs=kv_bytes / t / 1e6,
+                           tflops=2 * bsz * h * ctx * (rank + dr + rank) / t / 1e6)
+                del caches
+            except Exception as ex:  # noqa: BLE001
+                row["error"] = f"{type(ex).__name__}: {ex}"[:300]
+                traceback.print_exc()
+            emit(row)
+            torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--quick", action="store_true", help="a few shapes per table (a smoke run)")
+    ap.add_argument("--tables", default="dense,masked,mla", help="comma list of dense, masked, mla")
+    args = ap.parse_args()
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tables = set(args.tables.split(","))
+    t0 = time.time()
+    prov = {"env": env(), "command": "python -m benchmarks.gpu.op_tables " + " ".join(
+        f"--{k.replace('_', '-')} {v}" if not isinstance(v, bool) else (f"--{k}" if v else "") for k, v in vars(args).items()),
+        "method": "device time = CUDA-graph replay of R back-to-back launches / R (median of 15 replays), weights/KV "
+                  f"cycled over copies so one pass reads > {L2_SPILL_BYTES >> 20} MiB; eager = one call, CUDA events, "
+                  "median of 20; rel_err vs kernels.reference on the same inputs", "stages": {}}
+    m_grid = (1, 64, 128, 4096) if args.quick else M_GRID
+    gemms = dict(list(V3_GEMMS.items())[:2]) if args.quick else V3_GEMMS
+    writer = TableWriter(out, prov, t0)
+    stages = [("dense", lambda: dense_gemm_rows(writer.emit, ("deepgemm", "triton"), m_grid, gemms)),
+              ("masked", lambda: masked_grouped_rows(writer.emit, (32,) if args.quick else (8, 32, 256),
+                                                     (1, 8, 64) if args.quick else (1, 4, 8, 16, 32, 64, 128, 256),
+                                                     {"expert_gate_up": (4096, 7168), "expert_down": (7168, 2048)})),
+              ("mla", lambda: mla_decode_rows(writer.emit, (1, 64) if args.quick else (1, 8, 32, 64, 128, 256),
+                                              (4096,) if args.quick else (512, 2048, 8192, 32768)))]
+    for name, fn in stages:
+        if name not in tables:
+            continue
+        s0 = time.time()
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            prov["stages"][name] = f"failed: {type(e).__name__}: {e}"[:300]
+        prov["stages"].setdefault(name, f"{time.time() - s0:.0f} s")
+        writer.flush()
+
+
+class TableWriter:
+    """Collects rows and rewrites the CSV and provenance after each one: a timeout keeps what ran."""
+
+    def __init__(self, out: Path, prov: dict, t0: float):
+        self.out, self.prov, self.t0, self.rows = out, prov, t0, []
+
+    def emit(self, row: dict) -> None:
+        print(row, flush=True)
+        self.rows.append(row)
+        self.flush()
+
+    def flush(self) -> None:
+        with open(self.out / "op_tables.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, FIELDS)
+            w.writeheader()
+            for r in self.rows:
+                w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items() if k in FIELDS})
+        self.prov["seconds"] = round(time.time() - self.t0)
+        (self.out / "op_tables.provenance.json").write_text(json.dumps(self.prov, indent=1))
+
+if __name__ == "__main__":
+    main()
