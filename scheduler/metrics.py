@@ -14,6 +14,16 @@ all per-request arithmetic with numpy in ``summarize``. Definitions:
 * Throughput counts tokens of finished requests over ``duration_s`` (default: first
   arrival to last finish or step end). Goodput counts finished requests meeting every SLO
   bound; its fraction is over all arrived requests (drops and unfinished ones miss).
+* Two windows, both in ``SimMetrics`` under their names (``whole_run`` and ``steady``, same
+  schema, :class:`WindowMetrics`): the whole run is first arrival to last finish (the
+  top-level throughput fields are this window); the steady window is the middle 80% of the
+  requests, leaving out the fill of an empty system and the drain after the last arrivals: its
+  latencies are those of the requests arriving between the 10th and 90th percentile arrival
+  times (from ``steady_after_s`` instead when the caller knows the ramp-up), its throughput
+  the tokens delivered between the 10th and 90th percentile finish times (each request's
+  tokens after the first spread evenly up to its finish). Timed by finishes, it is the served
+  rate both below saturation (the offered rate) and past it (the capacity, with the queue
+  full): it cannot fall as the offered rate rises because of the drain.
 * KV utilisation: mean is weighted by plan duration over all instances' plans (the
   utilisation while busy); max is the largest any instance reported; the timeline is the
   cluster's used / total blocks after each plan, downsampled to at most ~2000 points
@@ -24,7 +34,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
 import numpy.ma  # noqa: F401  (np.percentile/np.unique load it lazily: at import time here, not inside the first summarize())
@@ -156,8 +166,117 @@ class _Timeline:
         return self.points + ([(self._t0, self._v)] if self._n else [])
 
 
+# arrival- and finish-time percentiles bounding the steady window (fill before, drain after)
+STEADY_ARRIVAL_PERCENTILES = (10.0, 90.0)
+
+
+class WindowMetrics(BaseModel):
+    """One time window of a run: latencies of the requests arriving in it, throughput delivered in it."""
+
+    window: Literal["whole_run", "steady"]
+    definition: str
+    start_s: float                    # throughput: tokens delivered in [start_s, end_s)
+    end_s: float
+    duration_s: float
+    arrivals_from_s: float            # latencies: requests arriving in [arrivals_from_s, arrivals_to_s)
+    arrivals_to_s: float
+    requests_arrived: int             # arriving in the window (finished or dropped)
+    requests_finished: int
+    finished_fraction: float | None
+    ttft_s: Stat
+    tpot_s: Stat
+    e2e_s: Stat
+    output_tokens: float              # delivered inside the window
+    output_throughput: float
+    output_throughput_per_gpu: float
+    input_throughput: float           # prompt tokens of requests whose first token is inside the window
+    total_throughput_per_gpu: float
+    request_throughput: float         # requests finishing inside the window, per second
+    per_user_output_tps_mean: float | None
+    requests_meeting_slo: int | None
+    goodput: float | None             # requests arriving in the window and meeting the SLO, per second
+    goodput_fraction: float | None    # of the requests arriving in the window
+
+
+def _delivered_tokens(first: np.ndarray, finish: np.ndarray, out: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Output tokens each request delivered inside [lo, hi): the first at ``first``, the rest spread evenly over (first, finish]."""
+    first_in = ((first >= lo) & (first < hi)).astype(float)
+    span = finish - first
+    overlap = np.clip(np.minimum(finish, hi) - np.maximum(first, lo), 0.0, None)
+    rest = np.where(span > 0, overlap / np.where(span > 0, span, 1.0), first_in)
+    return first_in * (out >= 1) + np.maximum(out - 1, 0) * rest
+
+
+def window_metrics(name: str, arrivals: tuple[float, float], lo: float, hi: float, num_gpus: int, slo: SLO | None,
+                   arrival: np.ndarray, first: np.ndarray, finish: np.ndarray, prompt: np.ndarray, out: np.ndarray,
+                   dropped_arrival: np.ndarray, definition: str) -> WindowMetrics:
+    """The figures of a window from the finished requests' arrays and the dropped ones' arrival times: latencies
+    of the requests arriving in ``arrivals`` = [from, to), throughput delivered in [lo, hi)."""
+    dur = max(hi - lo, 0.0)
+    per_s = (lambda x: x / dur) if dur > 0 else (lambda x: 0.0)
+    a_lo, a_hi = arrivals
+    sel = (arrival >= a_lo) & (arrival < a_hi)
+    if name == "whole_run":  # the whole run holds every request, the last arrival included
+        sel = np.ones(arrival.size, bool)
+    n_drop = int(((dropped_arrival >= a_lo) & (dropped_arrival < a_hi)).sum()) if name != "whole_run" else int(dropped_arrival.size)
+    a, f, e, o = arrival[sel], first[sel], finish[sel], out[sel]
+    ttft, e2e = f - a, e - a
+    multi = o > 1
+    tpot = (e[multi] - f[multi]) / (o[multi] - 1)
+    ok_tpot = np.isfinite(tpot)
+    user = 1.0 / tpot[ok_tpot & (tpot > 0)]
+    arrived = int(sel.sum()) + n_drop
+    meeting = goodput = fraction = None
+    if slo is not None:
+        ok = np.isfinite(ttft) & (ttft <= slo.ttft_s)
+        tpot_all = np.zeros(a.size)
+        tpot_all[multi] = tpot
+        ok &= tpot_all <= slo.tpot_s
+        if slo.e2e_s is not None:
+            ok &= np.isfinite(e2e) & (e2e <= slo.e2e_s)
+        meeting = int(ok.sum())
+        goodput = per_s(meeting)
+        fraction = meeting / arrived if arrived else None
+    fin_ok = np.isfinite(first) & np.isfinite(finish)
+    tokens = float(_delivered_tokens(first[fin_ok], finish[fin_ok], out[fin_ok], lo, hi).sum())
+    if name == "whole_run":
+        tokens = float(out.sum())
+    first_in = fin_ok & (first >= lo) & (first < hi) if name != "whole_run" else np.ones(arrival.size, bool)
+    in_tok = float(prompt[first_in].sum())
+    fin_in = (finish >= lo) & (finish < hi) if name != "whole_run" else np.isfinite(finish)
+    g = 1.0 / max(num_gpus, 1)
+    return WindowMetrics(
+        window=name, definition=definition, start_s=float(lo), end_s=float(hi), duration_s=float(dur),
+        arrivals_from_s=float(a_lo), arrivals_to_s=float(a_hi),
+        requests_arrived=arrived, requests_finished=int(sel.sum()), finished_fraction=(int(sel.sum()) / arrived) if arrived else None,
+        ttft_s=Stat.of(ttft[np.isfinite(ttft)]), tpot_s=Stat.of(tpot[ok_tpot]), e2e_s=Stat.of(e2e[np.isfinite(e2e)]),
+        output_tokens=tokens, output_throughput=per_s(tokens), output_throughput_per_gpu=per_s(tokens) * g,
+        input_throughput=per_s(in_tok), total_throughput_per_gpu=per_s(tokens + in_tok) * g,
+        request_throughput=per_s(int(fin_in.sum())),
+        per_user_output_tps_mean=float(user.mean()) if user.size else None,
+        requests_meeting_slo=meeting, goodput=goodput, goodput_fraction=fraction,
+    )
+
+
+def steady_bounds(arrival: np.ndarray, finish: np.ndarray, steady_after_s: float | None = None):
+    """((arrivals from, to), (throughput from, to)) of the steady window, or None if either is empty: the 10th to
+    90th percentile arrival and finish times; ``steady_after_s`` replaces both starts where it is later."""
+    finish = finish[np.isfinite(finish)]
+    if arrival.size < 2 or finish.size < 2:
+        return None
+    a_lo, a_hi = np.percentile(arrival, STEADY_ARRIVAL_PERCENTILES).tolist()
+    lo, hi = np.percentile(finish, STEADY_ARRIVAL_PERCENTILES).tolist()
+    if steady_after_s is not None:
+        a_lo, lo = float(steady_after_s), max(lo, float(steady_after_s))
+    return ((a_lo, a_hi), (lo, hi)) if a_hi > a_lo and hi > lo else None
+
+
 class SimMetrics(BaseModel):
-    """Summary of a run (times in seconds, throughputs in tokens/s or requests/s)."""
+    """Summary of a run (times in seconds, throughputs in tokens/s or requests/s).
+
+    The top-level throughputs and latencies are the whole run's (``whole_run`` repeats them
+    under its name); ``steady`` is the steady window (see the module docstring).
+    """
 
     duration_s: float
     num_gpus: int
@@ -199,6 +318,8 @@ class SimMetrics(BaseModel):
     mean_batch_tokens: float | None
     busy_s: float
     step_records_dropped: int
+    whole_run: WindowMetrics | None = None
+    steady: WindowMetrics | None = None
 
 
 class MetricsCollector:
@@ -217,6 +338,7 @@ class MetricsCollector:
         self._arrival, self._first, self._finish = array("d"), array("d"), array("d")
         self._prompt, self._out, self._cached, self._preempt = array("q"), array("q"), array("q"), array("q")
         self._dropped: dict[str, int] = {}
+        self._drop_arrival = array("d")
         self._arrived = 0
         self._first_arrival = math.inf
         self._last_time = 0.0
@@ -415,11 +537,16 @@ class MetricsCollector:
         """Count a dropped request under its ``drop_reason``."""
         reason = req.drop_reason or "unknown"
         self._dropped[reason] = self._dropped.get(reason, 0) + 1
+        self._drop_arrival.append(req.arrival_time)
         self._first_arrival = min(self._first_arrival, req.arrival_time)
 
     # ------------------------------------------------------------ summary
-    def summarize(self, num_gpus: int, slo: SLO | None, duration_s: float | None = None) -> SimMetrics:
-        """All metrics of the run so far; deterministic for the same sequence of events."""
+    def summarize(self, num_gpus: int, slo: SLO | None, duration_s: float | None = None,
+                  steady_after_s: float | None = None) -> SimMetrics:
+        """All metrics of the run so far; deterministic for the same sequence of events.
+
+        ``steady_after_s``: where the steady window starts (default: the 10th percentile arrival).
+        """
         self._flush_rows()
         arrival = np.frombuffer(self._arrival, float) if len(self._arrival) else np.zeros(0)
         first = np.frombuffer(self._first, float) if len(self._first) else np.zeros(0)
@@ -461,6 +588,7 @@ class MetricsCollector:
 
         per_gpu = 1.0 / max(num_gpus, 1)
         steps = self.num_steps
+        windows = self._windows(num_gpus, slo, duration_s, steady_after_s, arrival, first, finish, prompt, out)
         return SimMetrics(
             duration_s=duration_s,
             num_gpus=num_gpus,
@@ -502,4 +630,25 @@ class MetricsCollector:
             mean_batch_tokens=self._batch_tokens / steps if steps else None,
             busy_s=self._busy_s,
             step_records_dropped=self.step_records_dropped,
+            **windows,
         )
+
+    def _windows(self, num_gpus, slo, duration_s, steady_after_s, arrival, first, finish, prompt, out) -> dict:
+        """The whole-run and steady windows (module docstring), from the finished and dropped requests."""
+        dropped = np.frombuffer(self._drop_arrival, float) if len(self._drop_arrival) else np.zeros(0)
+        if arrival.size + dropped.size == 0:
+            return {}
+        start = self._first_arrival if math.isfinite(self._first_arrival) else 0.0
+        args = (num_gpus, slo, arrival, first, finish, prompt, out, dropped)
+        last = float(max(arrival.max(initial=start), dropped.max(initial=start)))
+        whole = window_metrics("whole_run", (start, last), start, start + duration_s, *args,
+                               definition="whole run: first arrival to last finish (fill and drain included)")
+        bounds = steady_bounds(np.concatenate([arrival, dropped]), finish, steady_after_s)
+        if bounds is None:
+            return {"whole_run": whole}
+        arrivals, (lo, hi) = bounds
+        lo_txt = f"after the {steady_after_s:g} s ramp-up" if steady_after_s is not None else "the 10th"
+        steady = window_metrics("steady", arrivals, lo, hi, *args,
+                                definition=f"steady: latencies of the requests arriving between {lo_txt} and the 90th "
+                                           "percentile arrival, output delivered between the 10th and 90th percentile finish")
+        return {"whole_run": whole, "steady": steady}
