@@ -264,12 +264,14 @@ def read_trace(
     time_unit: Literal["s", "ms"] | None = None,
     max_requests: int | None = None,
     rebase: bool = True,
+    max_block_hashes: int = MAX_BLOCK_HASHES,
 ) -> list[Request]:
     """Requests of a trace file, sorted by arrival, ids ``r0, r1, ...``.
 
     Arrival = (timestamp - first timestamp if ``rebase``) * unit * ``time_scale`` (0.5 replays
     twice as fast). ``time_unit`` defaults to seconds for jsonl and ms for mooncake.
-    ``max_requests`` keeps the earliest ones.
+    ``max_requests`` keeps the earliest ones. ``max_block_hashes``: the budget of block hashes over
+    the whole trace (a smaller one bounds an upload's memory).
     """
     p = Path(path)
     if not is_file(p):
@@ -288,7 +290,7 @@ def read_trace(
     lines = [lines[k] for k in order]
     t0 = lines[0].timestamp if (rebase and lines) else 0.0
 
-    _check_hash_budget(p, lines, block_size)
+    _check_hash_budget(p, lines, block_size, max_block_hashes)
     hashes: list[tuple[int, ...]] = [()] * len(lines)
     expand = []  # lines whose ids must be mapped onto block_size
     for k, ln in enumerate(lines):
@@ -316,13 +318,13 @@ def read_trace(
     return reqs
 
 
-def _check_hash_budget(path: Path, lines: list[_Line], block_size: int) -> None:
+def _check_hash_budget(path: Path, lines: list[_Line], block_size: int, budget: int = MAX_BLOCK_HASHES) -> None:
     """Refuse, before building any, a trace whose block hashes together exceed ``MAX_BLOCK_HASHES``
     (each line is bounded, but a few hundred long lines with one coarse hash id each are not)."""
     total = sum(ln.input_length // block_size for ln in lines if ln.hash_ids)
-    if total > MAX_BLOCK_HASHES:
+    if total > budget:
         raise TwinferError(f"{path}: hash_ids: the trace's prompts need {total:,} {block_size}-token block hashes "
-                           f"in all; at most {MAX_BLOCK_HASHES:,} (fewer or shorter requests, max_requests, or no hash_ids)")
+                           f"in all; at most {budget:,} (fewer or shorter requests, max_requests, or no hash_ids)")
 
 
 # ---------------------------------------------------------------- writing

@@ -21,6 +21,11 @@ from twinfer.errors import TwinferError
 # Uploads are small text files; 5 MB holds a 20k-line trace. The Streamlit server is also
 # started with server.maxUploadSize so the browser refuses bigger files before sending them.
 MAX_UPLOAD_BYTES = 5 * 1024 * 1024
+# ...and what they expand to: a trace's hash ids become block hashes (~40 bytes each); a few coarse
+# ids on long prompts would turn kilobytes into gigabytes. 4M hashes of 16 tokens (~160 MB) hold a
+# 20k-line trace of 3k-token prompts; measured at 16 tokens, the smallest block size the app offers.
+MAX_UPLOAD_BLOCK_HASHES = 4_000_000
+UPLOAD_HASH_BLOCK = 16
 
 
 def upload_dir() -> Path:
@@ -62,8 +67,10 @@ def save_model_config(name: str, data: bytes) -> str:
     _check_size(name, data)
     try:
         cfg = json.loads(_text(name, data))
-    except json.JSONDecodeError as e:
-        raise TwinferError(f"{name}: not valid JSON ({e})") from None
+    except ValueError as e:  # JSONDecodeError, or an integer of more than 4,300 digits
+        raise TwinferError(f"{name}: not valid JSON ({str(e).split('; use sys.')[0]})") from None
+    except RecursionError:
+        raise TwinferError(f"{name}: not valid JSON (nested too deeply)") from None
     if not isinstance(cfg, dict) or not ("model_type" in cfg or "architectures" in cfg):
         raise TwinferError(f"{name}: not a Hugging Face config.json (needs 'model_type' or 'architectures')")
     from costmodels.catalog import get_model
@@ -84,10 +91,14 @@ def save_hardware_yaml(name: str, data: bytes) -> str:
     _check_size(name, data)
     try:
         parsed = yaml.safe_load(_text(name, data))
-    except yaml.YAMLError as e:
-        raise TwinferError(f"{name}: not valid YAML ({e})") from None
+    except (yaml.YAMLError, ValueError) as e:  # ValueError: an integer of more than 4,300 digits
+        raise TwinferError(f"{name}: not valid YAML ({str(e).split('; use sys.')[0]})") from None
+    except RecursionError:
+        raise TwinferError(f"{name}: not valid YAML (nested too deeply)") from None
     if not isinstance(parsed, dict):
         raise TwinferError(f"{name}: expected a mapping of hardware fields (name, bf16_tflops, hbm_gb, ...)")
+    from twinfer.config import check_data
+    check_data(parsed, name)  # YAML alias bombs, deep nesting, NaN: refused before validation walks them
     return save_hardware_mapping(parsed, source=name)
 
 
@@ -110,7 +121,11 @@ def save_trace(name: str, data: bytes, fmt: str) -> str:
     from sim.traces import read_trace
 
     path = _store(data, "trace.jsonl")
-    reqs = read_trace(path, 64, fmt)  # raises TwinferError listing the bad lines
+    # raises TwinferError listing the bad lines, or naming the budget the hashes would exceed
+    try:
+        reqs = read_trace(path, UPLOAD_HASH_BLOCK, fmt, max_block_hashes=MAX_UPLOAD_BLOCK_HASHES)
+    except TwinferError as e:  # name the upload, not the content-addressed copy
+        raise TwinferError(str(e).replace(str(path), name)) from None
     if not reqs:
         raise TwinferError(f"{name}: the trace holds no requests")
     return str(path)
