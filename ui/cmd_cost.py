@@ -84,7 +84,6 @@ class CostConfig(BaseModel):
 def run_cost(cfg: CostConfig) -> dict:
     """Evaluate a CostConfig into a JSON-able result (the CLI's table is a view of it)."""
     from costmodels.batch import BatchShape
-    from costmodels.calibration import CalibrationProfile
     from costmodels.catalog import get_model
     from costmodels.hardware import get_hardware
     from costmodels.layout import ParallelLayout
@@ -99,7 +98,9 @@ def run_cost(cfg: CostConfig) -> dict:
         "kv_dtype": cfg.kv_dtype or model.default_kv_dtype, "two_micro_batch": cfg.two_micro_batch,
         "eplb_redundant_experts": cfg.eplb_redundant_experts,
     }, "layout")
-    cal = CalibrationProfile.load(cfg.calibration) if cfg.calibration else None
+    from costmodels.calibration_source import profile_for
+
+    cal = profile_for(hw, cfg.calibration) if cfg.calibration else None  # its notes name the file as the efficiencies' source
     cm = StepCostModel(model, hw, layout, cal)
     specs = [BatchSpec.parse(b) for b in cfg.batch]
     new, ctx, dec = [], [], []
