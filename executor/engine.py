@@ -28,7 +28,7 @@ from scheduler.backend import Backend
 from scheduler.config import SchedulerConfig
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler
-from twinfer.config import read_mapping, validate
+from twinfer.config import validate
 from twinfer.errors import TwinferError
 
 __all__ = ["SamplingParams", "TokenOutput", "EngineStats", "LLMEngine", "AsyncLLMEngine", "block_hashes"]
@@ -113,7 +113,7 @@ class LLMEngine:
     @classmethod
     def from_args(cls, model: str, load_format: str = "dummy", device: str = "cpu", dtype: str = "bf16", seed: int = 0,
                   max_model_len: int | None = None, num_kv_blocks: int | None = None,
-                  scheduler_config: SchedulerConfig | dict | None = None, plan_path: str | None = None,
+                  scheduler_config: SchedulerConfig | dict | None = None,
                   routing_skew: float = 0.0, decode_steps: int = 1, eos_token_id: int | None = None,
                   kv_memory_fraction: float = 0.7, step_log=None, kernel_overrides: dict[str, str] | None = None,
                   num_layers: int | None = None, model_transform=None, cuda_graphs: bool | None = None,
@@ -121,8 +121,8 @@ class LLMEngine:
         """Build model, KV cache, scheduler and runner from names and options.
 
         ``model``: a catalog name (``tiny``, ...) or an HF checkpoint folder (config.json +
-        safetensors). ``plan_path``: a deployment plan file whose ``scheduler`` section
-        configures the scheduler. ``routing_skew``: Zipf-like expert skew for dummy weights.
+        safetensors). ``scheduler_config``: a SchedulerConfig or its dict (a plan file's ``scheduler``
+        section: plan files are read in ``ui/serve_plan.py``). ``routing_skew``: Zipf-like expert skew for dummy weights.
         ``decode_steps``: most decode steps one plan may cover (multi-step decode).
         ``num_layers``: keep only the first n layers (a full-width model that fits one GPU, for benchmarks).
         ``model_transform``: callable(model) -> model applied before the KV cache is sized (EP sharding).
@@ -147,10 +147,6 @@ class LLMEngine:
             kinds = spec.layer_kinds[:num_layers] if spec.layer_kinds else []
             spec = spec.model_copy(update={"num_layers": num_layers, "layer_kinds": kinds})
         cfg = ExecModelConfig.build(spec, hf_dir)
-        if plan_path is not None and scheduler_config is None:
-            plan = read_mapping(plan_path)
-            if isinstance(plan.get("scheduler"), dict):
-                scheduler_config = plan["scheduler"]
         if scheduler_config is None:
             scheduler_config = SchedulerConfig()
         elif isinstance(scheduler_config, dict):
@@ -331,11 +327,3 @@ class LLMEngine:
                     if o.finished:
                         left.discard(o.request_id)
         return [got[rid] for rid in ids]
-
-
-def __getattr__(name: str):
-    # AsyncLLMEngine lives in its own module; re-exported here so callers import one place
-    if name == "AsyncLLMEngine":
-        from executor.async_engine import AsyncLLMEngine
-        return AsyncLLMEngine
-    raise AttributeError(name)

@@ -293,34 +293,3 @@ def start_ep_front(model: str, world: int, device: str = "cpu", **build_kw) -> E
     front = EPFrontEngine(g, engine)
     front.procs = procs   # type: ignore[attr-defined]
     return front
-
-
-def plan_build_kwargs(plan_path: str, device: str) -> tuple[int, dict]:
-    """(EP width, rank-engine options) from a ``twinfer plan`` file's serving pool; (1, {}) for other files.
-
-    Aggregated plans only. The pool's scheduler config applies to every rank, with MTP
-    drafting off (draft_len 0: not yet run across ranks, said on stderr when the plan had it).
-    """
-    from executor.ep_moe import placements_from_plan
-    from executor.model_config import resolve_spec
-    from planner.plan import load_plan
-    from twinfer.config import read_mapping
-    if "pools" not in read_mapping(plan_path):
-        return 1, {}
-    plan = load_plan(plan_path)
-    if plan.mode != "aggregated":
-        raise TwinferError("twinfer serve runs aggregated plans; this plan is disaggregated")
-    pool = plan.pool("mixed")
-    if pool.layout.ep <= 1:
-        return 1, {}
-    world = check_ep_layout(pool.layout, device)
-    spec = resolve_spec(plan.model)
-    sched = pool.scheduler
-    if sched.draft_len:
-        print(f"twinfer serve: EP={world} runs without MTP drafting (the plan has draft_len={sched.draft_len})", file=sys.stderr)
-        sched = sched.model_copy(update={"draft_len": 0, "acceptance_rates": []})
-    kw: dict = {"two_micro_batch": pool.layout.two_micro_batch, "scheduler_config": sched}
-    if spec.moe is not None:
-        n_moe = sum(1 for i in range(spec.num_layers) if spec.is_moe_layer(i)) + spec.mtp_layers
-        kw["placements"] = placements_from_plan(pool.layout, plan.effects, spec.moe.n_routed_experts, n_moe)
-    return world, kw

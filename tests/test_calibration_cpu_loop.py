@@ -82,7 +82,10 @@ def test_twin_commands_are_registered_and_simulate_prints_a_band(tmp_path):
     win = doc["tune"]["winner"]
     sc = SchedulerConfig.model_validate(doc["scheduler"])
     assert (sc.max_num_seqs, sc.max_num_batched_tokens) == (win["max_num_seqs"], win["max_num_batched_tokens"])
-    eng = LLMEngine.from_args("tiny", device="cpu", dtype="fp32", plan_path=str(plan), max_model_len=256)
+    from ui.serve_plan import serving_options
+    world, opts = serving_options(str(plan), "cpu")
+    assert world == 1
+    eng = LLMEngine.from_args("tiny", device="cpu", dtype="fp32", max_model_len=256, **opts)
     assert eng.scheduler.config.max_num_seqs == win["max_num_seqs"]
     assert eng.scheduler.config.max_num_batched_tokens == win["max_num_batched_tokens"]
     res = r.invoke(app, ["simulate", "--requests", "50", "--error-band", "auto"])

@@ -33,12 +33,12 @@ def test_serve_plan_ep2_matches_one_process(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
     from executor.engine import LLMEngine, SamplingParams
-    from executor.ep_launch import plan_build_kwargs
+    from ui.serve_plan import serving_options
     from executor.serve.tokenizer import load_tokenizer
 
     plan = tmp_path / "plan.yaml"
     _plan(plan)
-    world, kw = plan_build_kwargs(str(plan), "cpu")
+    world, kw = serving_options(str(plan), "cpu")
     assert world == 2 and kw["scheduler_config"].draft_len == 0 and kw["placements"][0].redundant == 2
     from executor.serve.launch import start_serve
 

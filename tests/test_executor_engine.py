@@ -13,7 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from executor.engine import AsyncLLMEngine, LLMEngine, SamplingParams, block_hashes  # noqa: E402
+from executor.async_engine import AsyncLLMEngine  # noqa: E402
+from executor.engine import LLMEngine, SamplingParams, block_hashes  # noqa: E402
 from executor.forward_batch import SeqInput, build_forward_batch  # noqa: E402
 from executor.kv_cache import KVCache  # noqa: E402
 from executor.model_runner import accepted_prefix  # noqa: E402

@@ -17,18 +17,18 @@ def register(app: typer.Typer) -> None:
 def build_engine(model: str, *, load_format: str, device: str, dtype: Optional[str], seed: int,
                  max_model_len: Optional[int], num_kv_blocks: Optional[int], plan_path: Optional[str]):
     """The executor's AsyncLLMEngine (imports torch: call only when serving)."""
-    from executor.engine import AsyncLLMEngine  # torch lives behind this import
+    from executor.async_engine import AsyncLLMEngine  # torch lives behind this import
+    from ui.serve_plan import serving_options
 
     kwargs = dict(load_format=load_format, device=device, seed=seed, max_model_len=max_model_len,
-                  num_kv_blocks=num_kv_blocks, plan_path=plan_path)
+                  num_kv_blocks=num_kv_blocks)
     if dtype:
         kwargs["dtype"] = dtype
-    if plan_path is not None:   # a plan with EP width > 1: one process per device (executor.ep_launch)
-        from executor.ep_launch import plan_build_kwargs, start_ep_front
-        world, ep_kwargs = plan_build_kwargs(plan_path, device)
-        if world > 1:
-            kwargs.pop("plan_path")
-            return AsyncLLMEngine(start_ep_front(model, world, **kwargs, **ep_kwargs))
+    world, plan_kwargs = serving_options(plan_path, device) if plan_path is not None else (1, {})
+    kwargs.update(plan_kwargs)
+    if world > 1:   # a plan with EP width > 1: one process per device (executor.ep_launch)
+        from executor.ep_launch import start_ep_front
+        return AsyncLLMEngine(start_ep_front(model, world, **kwargs))
     return AsyncLLMEngine.from_args(model, **kwargs)
 
 
