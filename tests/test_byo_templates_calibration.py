@@ -134,3 +134,21 @@ def test_measured_block_beating_the_peak_is_refused():
     hw = Hardware.model_validate(hw.model_dump())
     with pytest.raises(TwinferError, match="measured.copy_tbps=9 exceeds hbm_tbps=3.35"):
         profile_for(hw)
+
+
+def test_docs_name_every_user_field():
+    """docs/byo.md documents every field a user sets in these files (a new field without a line there fails)."""
+    from pathlib import Path
+
+    from costmodels.hardware import MeasuredCeilings
+    from costmodels.layout import ParallelLayout
+    from costmodels.model_spec import IndexerConfig, MLAConfig, MoEConfig
+    from scheduler.config import SCHEDULER_PRESETS, SchedulerConfig
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "byo.md").read_text(encoding="utf-8")
+    for cls, prefix in ((Hardware, ""), (MeasuredCeilings, "measured."), (ModelSpec, ""), (MLAConfig, "mla."), (MoEConfig, "moe."),
+                        (IndexerConfig, "indexer."), (ParallelLayout, "layout."), (SchedulerConfig, "scheduler.")):
+        for name in cls.model_fields:
+            assert f"`{prefix}{name}`" in doc, f"{prefix}{name}"
+    for preset in SCHEDULER_PRESETS:
+        assert f"`{preset}`" in doc
