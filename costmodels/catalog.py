@@ -223,7 +223,8 @@ def from_hf_config(cfg: dict, name: str = "model") -> ModelSpec:
             num_kv_heads=c.req("num_key_value_heads"),
             head_dim=c.get("head_dim", hidden // heads),
             intermediate_size=c.req("intermediate_size"),
-            moe={"n_routed_experts": c.req("num_experts"), "n_shared_experts": 0, "top_k": c.req("num_experts_per_tok"),
+            moe={"n_routed_experts": c.req("num_experts" if "num_experts" in cfg else "num_local_experts"),  # transformers 5 name
+                 "n_shared_experts": 0, "top_k": c.req("num_experts_per_tok"),
                  "moe_intermediate_size": c.req("moe_intermediate_size"), "scoring": "softmax"},
         )
     else:  # llama, qwen3 (dense GQA)

@@ -14,17 +14,22 @@ from kernels import reference as ref
 
 
 class GQAAttention(nn.Module):
-    """q/k/v/o projections, optional per-head q/k RMSNorm (Qwen3), neox RoPE."""
+    """q/k/v/o projections, optional per-head q/k RMSNorm (Qwen3, GLM), neox RoPE on the first ``rope_dim`` dims.
 
-    def __init__(self, spec: ModelSpec, cache_layer: int, qk_norm: bool, bias: bool, fp8: bool = False):
+    ``rope_dim < head_dim`` is GLM-4.5's partial rotary (HF ``partial_rotary_factor``): the rest passes unrotated.
+    """
+
+    def __init__(self, spec: ModelSpec, cache_layer: int, qk_norm: bool, bias: bool, fp8: bool = False,
+                 o_bias: bool = False, rope_dim: int | None = None):
         super().__init__()
         self.hq, self.hkv, self.d = spec.num_attention_heads, spec.num_kv_heads, spec.head_dim
         self.cache_layer, self.scale = cache_layer, self.d ** -0.5
+        self.rope_dim = rope_dim or self.d
         hid = spec.hidden_size
         self.q_proj = Linear(hid, self.hq * self.d, bias=bias, fp8=fp8)
         self.k_proj = Linear(hid, self.hkv * self.d, bias=bias, fp8=fp8)
         self.v_proj = Linear(hid, self.hkv * self.d, bias=bias, fp8=fp8)
-        self.o_proj = Linear(self.hq * self.d, hid, fp8=fp8)
+        self.o_proj = Linear(self.hq * self.d, hid, bias=o_bias, fp8=fp8)
         self.q_norm = RMSNorm(self.d, spec.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.d, spec.rms_norm_eps) if qk_norm else None
         self.cos_sin: torch.Tensor | None = None
@@ -36,8 +41,7 @@ class GQAAttention(nn.Module):
         v = self.v_proj(x).view(t, self.hkv, self.d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = ref.rope(q, batch.positions, self.cos_sin, False)
-        k = ref.rope(k, batch.positions, self.cos_sin, False)
+        q, k = self._rope(q, batch.positions), self._rope(k, batch.positions)
         kc, vc = kv.k[self.cache_layer], kv.v[self.cache_layer]
         ref.write_paged(kc, batch.slot_mapping, k)
         ref.write_paged(vc, batch.slot_mapping, v)
@@ -53,3 +57,9 @@ class GQAAttention(nn.Module):
             vv = ref.gather_paged(vc, p.block_table, p.kv_len)
             out[rows] = ops.attention_prefill(q[rows], kk, vv, batch.positions[rows], self.scale)
         return self.o_proj(out.view(t, self.hq * self.d))
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.rope_dim == self.d:
+            return ref.rope(x, positions, self.cos_sin, False)
+        r = self.rope_dim
+        return torch.cat((ref.rope(x[..., :r], positions, self.cos_sin, False), x[..., r:]), dim=-1)

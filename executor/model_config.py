@@ -128,7 +128,8 @@ class ExecModelConfig:
     routed_scaling_factor: float = 1.0
     norm_topk_prob: bool = True
     qk_norm: bool = False                   # Qwen3: per-head RMSNorm on q and k
-    attention_bias: bool = False            # Qwen2-style qkv bias
+    attention_bias: bool = False            # q/k/v projection biases (Qwen2, GLM-4.5; MLA: q_a, kv_a and o)
+    o_bias: bool = False                    # o_proj bias (Llama/Qwen3 tie it to attention_bias; GLM and Qwen2 do not)
     index_rope_interleaved: bool = False    # DSA indexer rotates halves (V3.2 reference code)
     rope_interleave: bool = True            # MLA rotates (x0,x1),(x2,x3).. pairs (DeepSeek checkpoints; HF rope_interleave)
     eos_token_id: int | None = None
@@ -155,8 +156,8 @@ class ExecModelConfig:
         cfg = ExecModelConfig(spec=spec, rope=RopeConfig(theta=spec.rope_theta))
         if spec.family in ("qwen3", "qwen3_moe"):
             cfg.qk_norm = True
-        if spec.family in ("deepseek_v3", "deepseek_v32", "kimi_k2"):
-            cfg.routed_scaling_factor = 2.5  # DeepSeek-V3 config.json routed_scaling_factor
+        if spec.family in ("deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe"):
+            cfg.routed_scaling_factor = 2.5  # DeepSeek-V3 and GLM-4.5 config.json routed_scaling_factor
         if hf_dir is not None:
             cfg.hf_dir = Path(hf_dir)
             path = cfg.hf_dir / "config.json"
@@ -167,10 +168,31 @@ class ExecModelConfig:
             cfg.rope_interleave = bool(hf.get("rope_interleave", True))
             cfg.routed_scaling_factor = float(hf.get("routed_scaling_factor", cfg.routed_scaling_factor))
             cfg.norm_topk_prob = bool(hf.get("norm_topk_prob", cfg.norm_topk_prob))
-            cfg.attention_bias = bool(hf.get("attention_bias", False)) or "qwen2" in str(hf.get("model_type", ""))
+            model_type = str(hf.get("model_type", ""))
+            cfg.attention_bias = bool(hf.get("attention_bias", False)) or "qwen2" in model_type
+            cfg.o_bias = bool(hf.get("attention_bias", False)) and model_type in ("llama", "qwen3", "qwen3_moe")
+            cfg.qk_norm = cfg.qk_norm or bool(hf.get("use_qk_norm", False))
+            _check_supported(hf, spec)
             eos = hf.get("eos_token_id")
             cfg.eos_token_id = eos[0] if isinstance(eos, list) else eos
         return cfg
+
+
+def _check_supported(hf: dict, spec: ModelSpec) -> None:
+    """Refuse config.json settings the executor would silently compute differently (issue 22: say so at load)."""
+    bad = []
+    if hf.get("hidden_act", "silu") != "silu":
+        bad.append(f"hidden_act={hf['hidden_act']!r} (silu only)")
+    if hf.get("mlp_bias"):
+        bad.append("mlp_bias=true")
+    if hf.get("use_sliding_window") or any(t != "full_attention" for t in hf.get("layer_types") or []):
+        bad.append("sliding-window layers (use_sliding_window / layer_types)")
+    if spec.attention == "mla" and hf.get("attention_bias"):
+        bad.append("attention_bias=true on MLA")
+    if spec.attention == "gqa" and spec.num_kv_heads and spec.num_attention_heads % spec.num_kv_heads:
+        bad.append("num_attention_heads not a multiple of num_key_value_heads")
+    if bad:
+        raise TwinferError(f"config.json of {spec.name!r}: the executor does not implement {'; '.join(bad)}")
 
 
 def spec_to_hf_config(cfg: ExecModelConfig) -> dict:

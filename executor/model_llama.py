@@ -1,4 +1,4 @@
-"""Llama / Qwen3 (dense) and Qwen3-MoE: GQA attention with a dense or MoE FFN."""
+"""Llama / Qwen3 (dense), Qwen3-MoE and GLM-4.5 (MoE): GQA attention with a dense or MoE FFN."""
 
 from __future__ import annotations
 
@@ -10,16 +10,18 @@ from executor.moe import MoE
 
 
 class LlamaForCausalLM(CausalLM):
-    """GQA decoder stack; MoE layers where ``spec.is_moe_layer(i)`` (Qwen3-MoE)."""
+    """GQA decoder stack; MoE layers where ``spec.is_moe_layer(i)`` (Qwen3-MoE, GLM-4.5)."""
 
     def __init__(self, cfg: ExecModelConfig, fp8: bool = False):
         s = cfg.spec
+        rope_dim = int(s.head_dim * cfg.rope.partial_rotary_factor)
         layers = []
         for i in range(s.num_layers):
-            attn = GQAAttention(s, i, cfg.qk_norm, cfg.attention_bias, fp8)
+            attn = GQAAttention(s, i, cfg.qk_norm, cfg.attention_bias, fp8, cfg.o_bias, rope_dim)
             if s.is_moe_layer(i):
-                mlp = MoE(s.moe, s.hidden_size, 1.0, cfg.norm_topk_prob, fp8)
+                # GLM-4.5 scales routed experts (routed_scaling_factor); Qwen3-MoE has no such key (1.0)
+                mlp = MoE(s.moe, s.hidden_size, cfg.routed_scaling_factor, cfg.norm_topk_prob, fp8)
             else:
                 mlp = MLP(s.hidden_size, s.intermediate_size, fp8)
             layers.append(DecoderLayer(s.hidden_size, s.rms_norm_eps, attn, mlp))
-        super().__init__(cfg, layers, s.head_dim)
+        super().__init__(cfg, layers, rope_dim)
