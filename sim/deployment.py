@@ -33,8 +33,8 @@ from sim.export import digest
 from sim.instance import Instance
 from sim import invariants
 from scheduler.metrics import MetricsCollector
+from sim.result import KVInfo, SimResult, SimRun
 from sim.router import make_router
-from sim.runner import KVInfo, SimResult, SimRun
 from sim.scenario import Scenario
 from sim.workload import generate
 from twinfer import __version__

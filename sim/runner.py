@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import numpy.random  # noqa: F401  (numpy loads it lazily: at import time here, not inside the first simulate())
 import simpy
@@ -21,49 +19,15 @@ from sim.backend import MemoStepCost, SimBackend
 from sim.cluster import Cluster
 from sim import invariants
 from sim.export import digest
-from scheduler.metrics import MetricsCollector, SimMetrics
+from scheduler.metrics import MetricsCollector
+from sim.deployment import simulate_deployment
+from sim.result import KVInfo, SimResult, SimRun
 from sim.router import make_router
 from sim.scenario import Scenario
 from sim.solo import run_solo
 from sim.workload import generate
 from twinfer import __version__
 from twinfer.errors import DoesNotFitError, TwinferError
-
-
-class KVInfo(BaseModel):
-    """KV cache of one instance, from costmodels.memory_fit."""
-
-    block_size: int
-    num_blocks: int
-    capacity_tokens: int
-    kv_bytes_per_token_per_gpu: float
-    memory: str  # memory_fit's explanation
-
-
-class SimResult(BaseModel):
-    """A run's metrics with everything needed to reproduce it; ``digest`` is sha256 of the rest."""
-
-    name: str
-    description: str
-    scenario: dict
-    seed: int
-    twinfer_version: str
-    num_gpus: int
-    kv: KVInfo
-    cost_model_notes: list[str]
-    num_requests: int
-    simulated_s: float
-    metrics: SimMetrics
-    digest: str = ""
-
-
-@dataclass
-class SimRun:
-    """A finished run: its result plus what exports need (the collector's step records, the requests)."""
-
-    result: SimResult
-    collector: MetricsCollector
-    requests: list[Request]
 
 
 def _fit(scenario: Scenario) -> MemoryFit:
@@ -98,8 +62,6 @@ def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[R
     if engine not in ("auto", "simpy"):
         raise ValueError(f"engine={engine!r}: expected 'auto' or 'simpy'")
     if scenario.needs_deployment_runner:
-        from sim.deployment import simulate_deployment
-
         return simulate_deployment(scenario, record_steps=record_steps, requests=requests, debug=debug)
     fit = _fit(scenario)
     sc = scenario.scheduler
