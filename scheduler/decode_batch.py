@@ -33,8 +33,8 @@ class DecodeBatch:
     first, so readers of those always see true values. The smallest stored ``left`` is kept
     (``_min_left``) so "how many steps until the first decode finishes" costs no array pass.
 
-    With ``block_size`` given (the simulator without drafts: blocks counted, not named, one token
-    per decode per step), the ``room`` column is not kept either. Every decode then holds exactly
+    With ``implicit`` (CountedKV without drafts: blocks counted, not named, one token per decode
+    per step), the ``room`` column is not kept either. Every decode then holds exactly
     the blocks for its context plus ``ahead`` tokens, ``ceil((ctx + ahead) / block_size)``, where
     ``ahead`` is one number for the whole batch: plans reserve the same tokens ahead for every
     decode, and steps consume them. The blocks k more tokens need then depend only on how many
@@ -45,7 +45,7 @@ class DecodeBatch:
     (``_materialize``), for good.
     """
 
-    def __init__(self, capacity: int, block_size: int | None = None):
+    def __init__(self, capacity: int, block_size: int, implicit: bool = False):
         self.reqs: list[Request] = []
         self.state = np.zeros((capacity, 4), np.int64)
         self._ctx, self._out, self._left, self._room = self.state.T  # stored columns (views)
@@ -56,12 +56,12 @@ class DecodeBatch:
         self._ctx_sum = 0                     # sum of the stored ctx column over the slots
         # implicit room (see the class docstring): block size, tokens reserved ahead, ctx residue counts
         self._bs = block_size
-        self.implicit = block_size is not None
+        self.implicit = implicit
         self.ahead = 0
-        self._hist = [0] * block_size if block_size is not None else []
+        self._hist = [0] * block_size if implicit else []
         # implicit mode also indexes the slots by stored ``left`` (requests per value, and a heap of the
         # values, stale ones skipped), so the first to finish and who finishes cost no array pass
-        self._by_left: dict[int, list[Request]] | None = {} if block_size is not None else None
+        self._by_left: dict[int, list[Request]] | None = {} if implicit else None
         self._left_heap: list[int] = []
         # bumped whenever a slot's true values or the slot set change (plans read contexts lazily against it)
         self.version = 0
@@ -188,7 +188,7 @@ class DecodeBatch:
             return sorted(r._slot for r in rs if r._slot < n)
         return (self._left[:n] <= self.shift).nonzero()[0].tolist()
 
-    def add(self, req: Request, block_size: int) -> None:
+    def add(self, req: Request) -> None:
         """Append ``req`` as the last slot; its counters move into the arrays."""
         slot = len(self.reqs)
         self.version += 1
@@ -196,13 +196,13 @@ class DecodeBatch:
         blocks = len(req.block_ids) + req._anon_blocks
         t = self.shift
         left = req.output_len - out + t
+        bs = self._bs
         if self.implicit:
-            bs = self._bs
-            if block_size != bs or blocks != -(-(ctx + self.ahead) // bs):
+            if blocks != -(-(ctx + self.ahead) // bs):
                 self._materialize()
             else:
                 self._hist[(t - ctx) % bs] += 1
-        self.state[slot] = (ctx - t, out - t, left, blocks * block_size - ctx + t)
+        self.state[slot] = (ctx - t, out - t, left, blocks * bs - ctx + t)
         self._ctx_sum += ctx - t
         by_left = self._by_left
         if by_left is not None:
@@ -219,7 +219,7 @@ class DecodeBatch:
         self.reqs.append(req)
         req._batch, req._slot = self, slot
 
-    def remove(self, req: Request, block_size: int) -> None:
+    def remove(self, req: Request) -> None:
         """Take ``req`` out (its counters move back to the request); the last slot fills the hole."""
         slot = req._slot
         self.version += 1
@@ -237,8 +237,8 @@ class DecodeBatch:
         elif left == self._min_left:
             self._min_left = None
         ctx += t
+        bs = self._bs
         if self.implicit:
-            bs = self._bs
             self._hist[(t - ctx) % bs] -= 1
             room = -(-(ctx + self.ahead) // bs) * bs - ctx
         else:
@@ -246,7 +246,7 @@ class DecodeBatch:
         req._num_computed_tokens = ctx
         req._num_output_tokens = out + t
         # ctx + room is a whole number of blocks: those not named in block_ids are reserved by count
-        req._anon_blocks = (ctx + room) // block_size - len(req.block_ids)
+        req._anon_blocks = (ctx + room) // bs - len(req.block_ids)
         req._batch, req._slot = None, -1
         reqs = self.reqs
         moved = reqs.pop()
@@ -279,28 +279,26 @@ class DecodeBatch:
             self._ctx_sum += int(np.add.reduce(tokens))
         self._min_left = None
 
-    def blocks_needed(self, tokens_ahead: int, block_size: int) -> tuple[np.ndarray, int]:
+    def blocks_needed(self, tokens_ahead: int) -> tuple[np.ndarray, int]:
         """Blocks each slot must add so that its held blocks have room for ``tokens_ahead`` more tokens
         (0 if they do), and their total. Up to one block ahead (``tokens_ahead <= block_size``: every
         step of a plan up to that long) a slot needs 0 or 1 and ``need`` is a bool mask (room >= 0).
         In implicit mode ``need`` is just ``tokens_ahead`` (grow reserves that much for every slot)."""
         if self.implicit:
-            if block_size != self._bs:
-                self._materialize()
-            else:
-                a = self.ahead
-                return tokens_ahead, (self._between(a, tokens_ahead) if tokens_ahead > a else 0)
+            a = self.ahead
+            return tokens_ahead, (self._between(a, tokens_ahead) if tokens_ahead > a else 0)
+        bs = self._bs
         room = self._room[: len(self.reqs)]   # true room = stored - shift
         ahead = tokens_ahead + self.shift
-        if tokens_ahead <= block_size:
+        if tokens_ahead <= bs:
             need = room < ahead
             return need, int(np.count_nonzero(need))
-        need = (ahead + block_size - 1) - room
-        need //= block_size
+        need = (ahead + bs - 1) - room
+        need //= bs
         np.maximum(need, 0, out=need)
         return need, int(np.add.reduce(need))
 
-    def grow(self, need: np.ndarray, block_size: int) -> None:
+    def grow(self, need: np.ndarray) -> None:
         """Add the room of ``need[slot]`` blocks to each slot (``need`` as blocks_needed gives it)."""
         if self.implicit:
             if need > self.ahead:
@@ -308,12 +306,6 @@ class DecodeBatch:
             return
         room = self._room[: need.size]
         if need.dtype == bool:
-            room[need] += block_size
+            room[need] += self._bs
         else:
-            room += need * block_size
-
-    def shortfall(self, tokens_ahead: int) -> tuple[np.ndarray, np.ndarray]:
-        """Slots whose held blocks lack room for ``tokens_ahead`` more tokens, and by how many tokens."""
-        room = self.room[: len(self.reqs)]
-        rows = (room < tokens_ahead).nonzero()[0]
-        return rows, tokens_ahead - room[rows]
+            room += need * self._bs

@@ -37,9 +37,6 @@ class PrefixCache:
         self._heap: list[tuple[int, int]] = []   # (stamp, block_id) of leaf candidates; stale entries skipped
         self._clock = 0
         self.num_unused = 0                      # cached blocks with ref 0 (all evictable)
-        self.query_blocks = 0                    # blocks looked up on first admission
-        self.hit_blocks = 0                      # of which found in the cache
-        self.evicted_blocks = 0
         # called with each evicted block's content hash (lower cache tiers keep it: scheduler/kv_tiers.py)
         self.on_evict = None
 
@@ -108,5 +105,4 @@ class PrefixCache:
                 self.on_evict(node.block_hash)
             if parent is not self.root and not parent.children and ref[parent.block_id] == 0:
                 heapq.heappush(heap, (parent.stamp, parent.block_id))
-        self.evicted_blocks += len(out)
         return out

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from costmodels.layout import ParallelLayout
-from scheduler.scheduler import Scheduler
+from scheduler.kv_manager import CountedKV
 from sim import invariants
 from sim.deployment import simulate_deployment
 from sim.disagg import DisaggSpec
@@ -115,7 +115,7 @@ def test_a_tight_run_preempts_and_still_keeps_every_invariant():
 
 
 def test_a_leaked_block_is_caught(monkeypatch):
-    real = Scheduler._free_blocks
+    real = CountedKV.free
     leaked = []
 
     def leaky(self, req):
@@ -124,7 +124,7 @@ def test_a_leaked_block_is_caught(monkeypatch):
             req._anon_blocks -= 1  # one counted block never goes back
         real(self, req)
 
-    monkeypatch.setattr(Scheduler, "_free_blocks", leaky)
+    monkeypatch.setattr(CountedKV, "free", leaky)
     with pytest.raises(invariants.InvariantViolation, match="leak"):
         simulate(_tight(), debug=True)
 
