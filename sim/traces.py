@@ -211,10 +211,14 @@ def _parse_lines(path: Path, fmt: TraceFormat) -> list[_Line]:
     model = MooncakeLine if fmt == "mooncake" else TraceLine
     lines: list[_Line] = []
     errors: list[str] = []
-    lineno = 0
     try:
-        with path.open(encoding="utf-8") as f:
-            for lineno, text in enumerate(f, start=1):
+        with path.open("rb") as f:   # bytes: a bad encoding is reported at its own line
+            for lineno, raw in enumerate(f, start=1):
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    errors.append(f"{path}:{lineno}: not UTF-8 text ({err.reason} at byte {err.start + 1} of the line)")
+                    continue
                 if not text.strip():
                     continue  # blank lines (e.g. a trailing newline) hold no request
                 if len(lines) >= MAX_TRACE_REQUESTS:
@@ -223,8 +227,6 @@ def _parse_lines(path: Path, fmt: TraceFormat) -> list[_Line]:
                 _parse_line(text, f"{path}:{lineno}", model, lines, errors)
                 if len(errors) > _MAX_ERRORS:
                     break
-    except UnicodeDecodeError as err:
-        raise TwinferError(f"{path}:{lineno + 1}: not UTF-8 text ({err.reason} at byte {err.start} of the read buffer)") from None
     except OSError as err:
         raise TwinferError(f"{path}: cannot read: {err.strerror or err}") from None
     if errors:
