@@ -14,80 +14,66 @@ from costmodels.calibration import CalibrationProfile
 from costmodels.hardware import Hardware
 
 
-def allreduce_time(nbytes: float, n: int, hw: Hardware, cal: CalibrationProfile) -> float:
-    """Ring/tree all-reduce of ``nbytes`` per GPU over ``n`` GPUs: 2(n-1)/n of the data crosses each link."""
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    d = min(n, hw.scaleup_domain)
-    t = 2.0 * (d - 1) / d * nbytes / (hw.scaleup_bw * cal.comm_eff)
-    if n > hw.scaleup_domain:
-        # hierarchical: reduce-scatter inside the domain, all-reduce of 1/d of the data across domains
-        k = -(-n // hw.scaleup_domain)
-        t += 2.0 * (k - 1) / k * nbytes / d / (hw.scaleout_bw * cal.comm_eff)
-        return t + cal.allreduce_latency_s + cal.alltoall_scaleout_latency_s
-    return t + cal.allreduce_latency_s
+def _positive(nbytes, t):
+    """``t`` where ``nbytes > 0``, else 0 (a float for a float, elementwise for an array)."""
+    if isinstance(nbytes, np.ndarray):
+        return np.where(nbytes > 0, t, 0.0)
+    return t if nbytes > 0 else 0.0
 
 
-def alltoall_time(nbytes_out: float, n: int, hw: Hardware, cal: CalibrationProfile) -> float:
-    """All-to-all where each GPU sends ``nbytes_out`` spread evenly over the other ``n - 1`` GPUs.
-
-    Inside a scale-up domain every byte goes over scale-up links. Across domains, the share
-    bound for other domains ((n - d) / (n - 1)) goes over the NIC at scale-out bandwidth.
-    """
-    if n <= 1 or nbytes_out <= 0:
-        return 0.0
-    d = min(n, hw.scaleup_domain)
-    if n <= hw.scaleup_domain:
-        return nbytes_out / (hw.scaleup_bw * cal.a2a_eff) + cal.alltoall_latency_s
-    remote = nbytes_out * (n - d) / (n - 1)
-    local = nbytes_out - remote
-    t = max(local / (hw.scaleup_bw * cal.a2a_eff), remote / (hw.scaleout_bw * cal.a2a_eff))
-    return t + cal.alltoall_scaleout_latency_s
+def _bytes(nbytes):
+    return np.asarray(nbytes, float) if isinstance(nbytes, (np.ndarray, list)) else nbytes
 
 
-def allgather_time(nbytes_out: float, n: int, hw: Hardware, cal: CalibrationProfile) -> float:
-    """All-gather in which each GPU contributes ``nbytes_out`` and receives everyone else's."""
-    if n <= 1 or nbytes_out <= 0:
-        return 0.0
-    return alltoall_time(nbytes_out * (n - 1), n, hw, cal)
-
-
-def p2p_time(nbytes: float, cross_domain: bool, hw: Hardware, cal: CalibrationProfile) -> float:
-    """One point-to-point send (pipeline stage boundary)."""
-    if nbytes <= 0:
-        return 0.0
-    bw = hw.scaleout_bw if cross_domain else hw.scaleup_bw
-    return nbytes / (bw * cal.comm_eff) + cal.p2p_latency_s
-
-
-def allreduce_time_vec(nbytes: np.ndarray, n: int, hw: Hardware, cal: CalibrationProfile) -> np.ndarray:
-    """``allreduce_time`` at each element of ``nbytes`` (the same arithmetic, vectorised)."""
-    b = np.asarray(nbytes, float)
+def allreduce_time(nbytes, n: int, hw: Hardware, cal: CalibrationProfile):
+    """Ring/tree all-reduce of ``nbytes`` per GPU over ``n`` GPUs: 2(n-1)/n of the data crosses each link
+    (a float, or elementwise over an array of sizes)."""
+    b = _bytes(nbytes)
     if n <= 1:
-        return np.zeros_like(b)
+        return _positive(b, 0.0)
     d = min(n, hw.scaleup_domain)
     t = 2.0 * (d - 1) / d * b / (hw.scaleup_bw * cal.comm_eff)
     if n > hw.scaleup_domain:
+        # hierarchical: reduce-scatter inside the domain, all-reduce of 1/d of the data across domains
         k = -(-n // hw.scaleup_domain)
         t = t + 2.0 * (k - 1) / k * b / d / (hw.scaleout_bw * cal.comm_eff) + cal.allreduce_latency_s + cal.alltoall_scaleout_latency_s
     else:
         t = t + cal.allreduce_latency_s
-    return np.where(b > 0, t, 0.0)
+    return _positive(b, t)
 
 
-def alltoall_time_vec(nbytes_out: np.ndarray, n: int, hw: Hardware, cal: CalibrationProfile) -> np.ndarray:
-    """``alltoall_time`` at each element of ``nbytes_out`` (the same arithmetic, vectorised)."""
-    b = np.asarray(nbytes_out, float)
+def alltoall_time(nbytes_out, n: int, hw: Hardware, cal: CalibrationProfile):
+    """All-to-all where each GPU sends ``nbytes_out`` spread evenly over the other ``n - 1`` GPUs (a float, or
+    elementwise over an array of sizes).
+
+    Inside a scale-up domain every byte goes over scale-up links. Across domains, the share
+    bound for other domains ((n - d) / (n - 1)) goes over the NIC at scale-out bandwidth.
+    """
+    b = _bytes(nbytes_out)
     if n <= 1:
-        return np.zeros_like(b)
+        return _positive(b, 0.0)
     d = min(n, hw.scaleup_domain)
     if n <= hw.scaleup_domain:
-        t = b / (hw.scaleup_bw * cal.a2a_eff) + cal.alltoall_latency_s
-    else:
-        remote = b * (n - d) / (n - 1)
-        local = b - remote
-        t = np.maximum(local / (hw.scaleup_bw * cal.a2a_eff), remote / (hw.scaleout_bw * cal.a2a_eff)) + cal.alltoall_scaleout_latency_s
-    return np.where(b > 0, t, 0.0)
+        return _positive(b, b / (hw.scaleup_bw * cal.a2a_eff) + cal.alltoall_latency_s)
+    remote = b * (n - d) / (n - 1)
+    local = b - remote
+    t = np.maximum(local / (hw.scaleup_bw * cal.a2a_eff), remote / (hw.scaleout_bw * cal.a2a_eff))
+    return _positive(b, (t if isinstance(b, np.ndarray) else float(t)) + cal.alltoall_scaleout_latency_s)
+
+
+def allgather_time(nbytes_out, n: int, hw: Hardware, cal: CalibrationProfile):
+    """All-gather in which each GPU contributes ``nbytes_out`` and receives everyone else's (float or array)."""
+    b = _bytes(nbytes_out)
+    if n <= 1:
+        return _positive(b, 0.0)
+    return alltoall_time(b * (n - 1), n, hw, cal)
+
+
+def p2p_time(nbytes, cross_domain: bool, hw: Hardware, cal: CalibrationProfile):
+    """One point-to-point send (pipeline stage boundary; float or array)."""
+    b = _bytes(nbytes)
+    bw = hw.scaleout_bw if cross_domain else hw.scaleup_bw
+    return _positive(b, b / (bw * cal.comm_eff) + cal.p2p_latency_s)
 
 
 def dispatch_rows_per_token(n_experts: int, top_k: int, ep: int, n_group: int = 1, topk_group: int = 1, normal: bool = False) -> float:

@@ -64,15 +64,15 @@ class ProfiledStepCost:
         out = np.zeros(len(FIT_CATEGORIES))
         if new.size == 0:
             return out
-        draft = b._draft(new, dec)
-        v = b._nonattn(*b._summary(new, ctx, dec, draft), 1.0)
+        draft = b.draft_of(new, dec)
+        v = b.nonattn(*b.counts(new, ctx, dec, draft), 1.0)
         for i in range(6):
             out[CATEGORY_FOLD[i]] += v[i]
         if dec.any():
-            a = b._attn(new[dec], ctx[dec], dec[dec], draft, 1.0, None)
+            a = b.attention(new[dec], ctx[dec], dec[dec], draft, 1.0, None)
             out[0] += a[0] + a[1]
         if not dec.all():
-            a = b._attn(new[~dec], ctx[~dec], dec[~dec], 0, 1.0, None)
+            a = b.attention(new[~dec], ctx[~dec], dec[~dec], 0, 1.0, None)
             out[1] += a[0] + a[1]
         return out
 
@@ -84,7 +84,7 @@ class ProfiledStepCost:
         got = self._dec.get(key)
         if got is None:
             g = 1 + draft_len
-            v = self.base._nonattn(float(pad * g), float(pad * g), float(n * g), float(pad), float(draft_len), 0.0, 1.0)
+            v = self.base.nonattn(float(pad * g), float(pad * g), float(n * g), float(pad), float(draft_len), 0.0, 1.0)
             cats = np.zeros(len(FIT_CATEGORIES))
             for i in range(6):
                 cats[CATEGORY_FOLD[i]] += v[i]

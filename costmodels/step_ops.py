@@ -1,0 +1,470 @@
+"""The ops of one forward step for a batch shape and layout, each op family written once.
+
+Every family is a function of one count (the instance's tokens, the K/V up-projected tokens,
+the sampled tokens, the MTP passes' tokens, the tokens whose logits are sampled) evaluated
+at an array of points, and returns :class:`Terms`: per op its kernels and their FLOPs, bytes
+and seconds at each point. ``StepCostModel`` builds its lookup tables by evaluating the
+families over a grid of counts (the table is the model), and ``StepCostModel.step`` (the
+breakdown) evaluates the same families at the one point of a batch. Attention reads per-request
+contexts and is evaluated over the batch's requests (``attention``) or over consecutive decode
+steps (``attention_decode_steps``), both through one roofline (``attn_roofline``).
+
+Assumptions (also in docs/costmodel.md):
+
+- The time is that of the busiest GPU. Attention, dense layers and the shared expert run on
+  one attention-DP rank's share of the requests: ``dp_imbalance / dp`` of the batch (requests
+  assumed spread evenly; ``dp_imbalance`` >= 1 is the hook for uneven spreading). Routed
+  experts see the whole instance's tokens spread over ``ep`` ranks, the busiest rank getting
+  ``expert_imbalance`` times the mean (default 1.2 without EPLB redundancy, falling to 1.05
+  with at least ``ep`` redundant experts: an assumption, not a measurement).
+- Expert weights read per EP rank: the experts actually touched, expected
+  ``E_local * (1 - (1 - 1/E)^(T * top_k))`` for ``T`` tokens routed uniformly.
+- Pipeline stages run one after another within a step (no intra-step pipelining), plus one
+  send per stage boundary.
+- Decode MLA uses the absorbed form (attention reads only the latent cache); prefill uses
+  the up-projected form unless the layer is sparse (indexer) or V4-style MQA.
+- A decode request with ``new_tokens = 1 + d`` verifies d draft tokens; the MTP head then
+  drafts ``d`` tokens for the next step: ``d`` passes of the MTP layer + lm_head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from costmodels.calibration import CalibrationProfile
+from costmodels.comm import allgather_time, allreduce_time, alltoall_time, dispatch_rows_per_token, p2p_time
+from costmodels.hardware import Hardware
+from costmodels.layout import ParallelLayout
+from costmodels.memory import indexer_kv_bytes_per_token, kv_bytes_per_token_layer, kv_shard_divisor, mtp_kind
+from costmodels.model_spec import ModelSpec
+from costmodels.ops import CATEGORIES, INF, AttnGeometry, OpCost, SortedSums, entries_last, entries_sum, geometry
+from costmodels.params import WEIGHT_BYTES, Linear, attention_linears, embedding_linears, ffn_linears, mtp_linears, shard_divisor, weight_bytes_per_param
+
+ATT, IDX, DENSE, EXPERT, COMM, OTHER = range(6)
+A2A = 6  # extra slot of a category vector: the overlappable (EP all-to-all) part of COMM
+_CAT = {"dense_gemm": DENSE, "indexer": IDX, "other": OTHER, "expert_gemm": EXPERT}
+# what a GEMM's rows are: the instance's tokens, K/V up-projected tokens, sampled tokens, MTP passes' tokens
+TOKENS, KV_UP, SAMPLED, MTP = range(4)
+_SRC = {"tokens": TOKENS, "kv_up": KV_UP, "sampled": SAMPLED}
+
+
+def default_expert_imbalance(layout: ParallelLayout) -> float:
+    """Busiest EP rank's load over the mean: 1.2 without EPLB, 1.05 with >= ep redundant experts (assumption)."""
+    if layout.ep <= 1:
+        return 1.0
+    return 1.2 - 0.15 * min(1.0, layout.eplb_redundant_experts / layout.ep)
+
+
+@dataclass
+class Terms:
+    """Ops of one family at an array of points: per op (rows) its kernel count, and totals over its
+    kernels of FLOPs, bytes and seconds (columns: the points)."""
+
+    names: list[str]
+    cats: list[int]
+    kind: list[str]
+    count: np.ndarray
+    flops: np.ndarray
+    byts: np.ndarray
+    time: np.ndarray
+    a2a: list[bool]
+
+    def total(self) -> np.ndarray:
+        """Seconds at each point (ops summed in order)."""
+        return self.time.sum(axis=0)
+
+    def a2a_total(self) -> np.ndarray | None:
+        """Seconds of the EP all-to-all ops at each point (None: the family has none)."""
+        rows = [i for i, a in enumerate(self.a2a) if a]
+        return self.time[rows].sum(axis=0) if rows else None
+
+    def add_to(self, v: np.ndarray, ops: list | None, j: int = 0) -> None:
+        """Add point ``j`` to the category vector ``v`` (and its ops with kernels to ``ops``)."""
+        for i, name in enumerate(self.names):
+            t = float(self.time[i, j])
+            v[self.cats[i]] += t
+            if self.a2a[i]:
+                v[A2A] += t
+            if ops is not None and self.count[i, j] > 0:
+                ops.append(OpCost(name, CATEGORIES[self.cats[i]], self.kind[i], int(self.count[i, j]),
+                                  float(self.flops[i, j]), float(self.byts[i, j]), t))
+
+
+def _terms(rows: list[tuple], n: int) -> Terms:
+    """Terms from (name, category, count, flops, bytes, seconds, all-to-all) rows of arrays over ``n`` points."""
+    def stack(k):
+        return np.array([np.broadcast_to(r[k], (n,)) for r in rows], float).reshape(len(rows), n)
+
+    return Terms([r[0] for r in rows], [r[1] for r in rows], ["-"] * len(rows), stack(2), stack(3), stack(4), stack(5),
+                 [r[6] for r in rows])
+
+
+class StepOps:
+    """Everything of a step's ops that depends only on model, hardware, layout and calibration."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        hw: Hardware,
+        layout: ParallelLayout,
+        calibration: CalibrationProfile | None = None,
+        *,
+        dp_imbalance: float = 1.0,
+        expert_imbalance: float | None = None,
+        expert_load: Callable[[float], float] | None = None,
+    ):
+        self.model, self.hw, self.layout = model, hw, layout
+        self.cal = calibration or CalibrationProfile.default(hw)
+        self.dp_imbalance = max(1.0, dp_imbalance) if layout.dp > 1 else 1.0
+        self.expert_imbalance = default_expert_imbalance(layout) if expert_imbalance is None else max(1.0, expert_imbalance)
+        # expert_load(assignments) -> busiest EP rank's load over the mean for a step routing that
+        # many token-expert assignments (costmodels.moe_load.ExpertLoad.imbalance); overrides the
+        # constant expert_imbalance, so small batches pay their sampling noise and skew is explicit
+        self.expert_load = expert_load if layout.ep > 1 else None
+        self.share = self.dp_imbalance / layout.dp
+        self._lo = self.cal.launch_overhead_s
+        self._stream = hw.hbm_bw * self.cal.mem_eff  # elementwise kernels stream at the copy efficiency
+        self._build_layers()
+        self._build_gemms()
+        self._build_attention()
+        self._build_comm_constants()
+
+    # ------------------------------------------------------------------ construction
+    def _build_layers(self) -> None:
+        m = self.model
+        groups: dict[tuple[str, bool], int] = {}
+        for i, kind in enumerate(m.kinds()):
+            key = (kind, m.is_moe_layer(i))
+            groups[key] = groups.get(key, 0) + 1
+        self.groups = groups
+        self.n_layers = m.num_layers
+        self.n_moe_layers = sum(c for (k, moe), c in groups.items() if moe)
+        self.n_dense_layers = self.n_layers - self.n_moe_layers
+        self.mtp_kind = mtp_kind(m)
+
+    def _build_gemms(self) -> None:
+        m, lay, cal, hw = self.model, self.layout, self.cal, self.hw
+        rows = []  # (name, kind, cat, count, src, kn_local, w_bytes, io, dtype, is_mtp)
+
+        def add(lins, kind, count, is_mtp):
+            for lin in lins:
+                if lin.shard == "expert":
+                    continue
+                div = shard_divisor(lin, m, lay)
+                kn = lin.params / div
+                bpp = weight_bytes_per_param(lin, lay)
+                dtype = "bf16" if lin.wclass == "bf16" else lay.weight_dtype
+                src = MTP if is_mtp else _SRC[lin.m_source]
+                rows.append((lin.name, kind, _CAT[lin.category], count, src, kn, kn * bpp, (lin.k + lin.n) / div, dtype, is_mtp))
+
+        for (kind, moe), count in self.groups.items():
+            add(attention_linears(m, kind) + ffn_linears(m, moe), kind, count, False)
+        emb = embedding_linears(m)
+        head = [e for e in emb if e.name == "lm_head"] or [e for e in emb if e.name == "embedding"]
+        head_lin = head[0]
+        if head_lin.name == "embedding":  # tied: the head reuses the embedding matrix
+            head_lin = Linear("lm_head", m.hidden_size, m.vocab_size, "tp", "bf16", "dense_gemm", m_source="sampled")
+        add([head_lin], "-", 1, False)
+        if m.mtp_layers:
+            add(mtp_linears(m) + [head_lin], self.mtp_kind, m.mtp_layers, True)
+        self.g_names = [r[0] for r in rows]
+        self.g_kind = [r[1] for r in rows]
+        self.g_cat = np.array([r[2] for r in rows], dtype=np.int64)
+        self.g_count = np.array([r[3] for r in rows], dtype=float)
+        self.g_src = np.array([r[4] for r in rows], dtype=np.int64)
+        self.g_kn = np.array([r[5] for r in rows], dtype=float)
+        self.g_w = np.array([r[6] for r in rows], dtype=float)
+        self.g_io = np.array([r[7] for r in rows], dtype=float)
+        self.g_dtype = [r[8] for r in rows]
+        self.g_peak = np.array([hw.tflops(d) * 1e12 for d in self.g_dtype])
+        self.g_dtypes = sorted(set(self.g_dtype))
+        self.g_dmask = {d: np.array([x == d for x in self.g_dtype]) for d in self.g_dtypes}
+        self._src_rows = [np.flatnonzero(self.g_src == k) for k in range(4)]
+        if m.moe:  # routed experts
+            e = m.moe.n_routed_experts
+            self.e_total = e
+            self.e_local = (e + lay.eplb_redundant_experts) / lay.ep
+            self.e_params_local = 3 * m.hidden_size * m.moe.moe_intermediate_size / lay.moe_tp
+            self.e_bpp = WEIGHT_BYTES[lay.experts_dtype]
+            self.e_peak = hw.tflops(lay.experts_dtype) * 1e12
+            self.e_io_per_token = (2 * m.hidden_size + 3 * m.moe.moe_intermediate_size / lay.moe_tp) * 2.0
+
+    def _build_attention(self) -> None:
+        m, lay, cal = self.model, self.layout, self.cal
+        self.heads_local = m.num_attention_heads / lay.tp
+        kinds: dict[str, int] = {}
+        for (kind, _), c in self.groups.items():
+            kinds[kind] = kinds.get(kind, 0) + c
+        self.att_kinds = [(geometry(m, k), c) for k, c in kinds.items()]
+        self.att_mtp = geometry(m, self.mtp_kind) if m.mtp_layers else None
+        self.att_entry_bytes = kv_bytes_per_token_layer(m, lay.kv_dtype) / kv_shard_divisor(m, lay)
+        self.att_peak = self.hw.bf16_tflops * 1e12
+        self.idx_peak = self.hw.tflops(m.indexer.dtype) * 1e12 if m.indexer else 0.0
+        self.idx_key_bytes = indexer_kv_bytes_per_token(m) if m.indexer else 0.0
+        self._att_den = self.att_peak * cal.attn_compute()
+        self._idx_den = self.idx_peak * cal.attn_compute() if m.indexer else 1.0
+        self._idx_coef = 2.0 * m.indexer.n_heads * m.indexer.head_dim if m.indexer else 0.0
+
+    def _build_comm_constants(self) -> None:
+        m, lay, hw = self.model, self.layout, self.hw
+        self.disp_bytes = (1.0 + 4.0 / 128) if lay.experts_dtype in ("fp8", "fp4") else 2.0  # DeepEP FP8 dispatch with 1x128 scales
+        self.pp_cross = lay.tp * lay.dp * lay.pp > hw.scaleup_domain
+        self.h = m.hidden_size
+        # remote copies per token of an EP dispatch: decode steps use DeepEP's low-latency kernels (a copy per
+        # expert), steps with prefill its normal kernels (a copy per destination rank); see comm.dispatch_rows_per_token
+        if m.moe and lay.ep > 1:
+            args = (m.moe.n_routed_experts, m.moe.top_k, lay.ep, m.moe.n_group, m.moe.topk_group)
+            self.disp_rows_ll = dispatch_rows_per_token(*args, normal=False)
+            self.disp_rows_normal = dispatch_rows_per_token(*args, normal=True)
+        else:
+            self.disp_rows_ll = self.disp_rows_normal = 0.0
+
+    # ------------------------------------------------------------------ op families (x: arrays of f-scaled counts)
+    def gemms(self, src: int, x: np.ndarray, draft: int = 0) -> Terms:
+        """Dense GEMMs whose rows are ``src`` tokens (``x`` on the instance; this rank's share of them)."""
+        rows = self._src_rows[src]
+        mr = np.repeat((x * self.share)[None, :], rows.size, axis=0)
+        ceff = np.empty_like(mr)
+        for d in self.g_dtypes:
+            mask = self.g_dmask[d][rows]
+            if mask.any():
+                ceff[mask] = self.cal.gemm_compute(mr[mask], d)
+        col = lambda a: a[rows][:, None]  # noqa: E731
+        flops = 2.0 * mr * col(self.g_kn)
+        # the bandwidth ramp applies to all bytes the kernel moves (weights and activations)
+        byts = col(self.g_w) + mr * col(self.g_io) * 2.0
+        meff_bw = self.cal.gemm_mem(byts) * self.hw.hbm_bw
+        t = np.maximum(flops / (col(self.g_peak) * np.maximum(ceff, 1e-9)), byts / meff_bw) + self._lo
+        count = np.where(mr > 0, col(self.g_count) * draft if src == MTP else col(self.g_count), 0.0)
+        return Terms([self.g_names[r] for r in rows], self.g_cat[rows].tolist(), [self.g_kind[r] for r in rows],
+                     count, count * flops, count * byts, count * t, [False] * rows.size)
+
+    def expert_imbalance_at(self, tokens: np.ndarray):
+        """Busiest EP rank's routed load over the mean for steps of ``tokens`` instance tokens."""
+        if self.expert_load is None or not self.model.moe:
+            return self.expert_imbalance
+        many = getattr(self.expert_load, "many", None)  # costmodels.moe_load.ExpertLoad: one memo lookup per distinct grid point
+        if many is not None:
+            return np.maximum(1.0, many(np.asarray(tokens, float) * self.model.moe.top_k))
+        return np.array([max(1.0, float(self.expert_load(v * self.model.moe.top_k))) for v in np.asarray(tokens, float).tolist()])
+
+    def experts(self, tok: np.ndarray, layers: int, label: str) -> Terms:
+        """Routed experts of ``layers`` MoE layers over ``tok`` instance tokens, on the busiest EP rank."""
+        if not self.model.moe or not layers:
+            return _terms([], tok.size)
+        assign = tok * self.model.moe.top_k
+        tok_rank = assign / self.layout.ep * self.expert_imbalance_at(tok)
+        touched = self.e_local * (1.0 - (1.0 - 1.0 / self.e_total) ** assign)
+        w = touched * self.e_params_local * self.e_bpp
+        flops = 2.0 * tok_rank * self.e_params_local
+        byts = w + tok_rank * self.e_io_per_token
+        ceff = self.cal.gemm_compute(tok_rank / np.maximum(touched, 1e-9), self.layout.experts_dtype)
+        meff = self.cal.expert_mem(byts)
+        t = np.maximum(flops / (self.e_peak * np.maximum(ceff, 1e-9)), byts / (self.hw.hbm_bw * np.maximum(meff, 1e-9))) + 2 * self._lo
+        k = np.where(tok > 0, float(layers), 0.0)
+        name = f"{label} ({float(touched.flat[0]):.0f} experts touched/rank)"
+        return _terms([(name, EXPERT, k, k * flops, k * byts, np.where(tok > 0, layers * t, 0.0), False)], tok.size)
+
+    def elementwise(self, tok: np.ndarray, layers: int, moe_layers: int) -> Terms:
+        """Norms, rope/quant/residual and router top-k of one pass over ``tok`` tokens of this rank (memory-bound)."""
+        m, h = self.model, self.h
+        items = (("rmsnorm", 2 * layers, 2 * tok * h * 2.0 * m.hc_mult),
+                 ("rope+act_quant+residual", 2 * layers, 2 * tok * h * 2.0 * m.hc_mult),
+                 ("router_topk", moe_layers, tok * (m.moe.n_routed_experts if m.moe else 0) * 4.0 * 2))
+        pos = tok > 0
+        return _terms([(name, OTHER, np.where(pos, k, 0), np.zeros_like(b), np.where(pos, k * b, 0.0),
+                        np.where(pos, k * (b / self._stream + self._lo), 0.0), False) for name, k, b in items if k], tok.size)
+
+    def embedding(self, tok: np.ndarray) -> Terms:
+        """The embedding lookup of ``tok`` tokens of this rank."""
+        b = tok * self.h * 2.0
+        on = b != 0
+        return _terms([("embedding", OTHER, np.where(on, 1, 0), 0.0, b, np.where(on, self._lo + b / self._stream, 0.0), False)], tok.size)
+
+    def sampling(self, s: np.ndarray, draft: int) -> Terms:
+        """Sampling over the vocabulary for ``s`` tokens of this rank, and the logits all-gather over TP
+        (once for the sampled tokens and once per MTP draft)."""
+        m, lay = self.model, self.layout
+        b = s * m.vocab_size * 4.0 * 2
+        on = b != 0
+        rows = [("sampling", OTHER, np.where(on, 2, 0), 0.0, b, np.where(on, 2 * self._lo + b / self._stream, 0.0), False)]
+        if lay.tp > 1:
+            b = s * m.vocab_size / lay.tp * 4.0
+            on = b > 0
+            rows.append(("logits_allgather", COMM, np.where(on, 1 + draft, 0), 0.0, np.where(on, (1 + draft) * b, 0.0),
+                         np.where(on, (1 + draft) * allgather_time(b, lay.tp, self.hw, self.cal), 0.0), False))
+        return _terms(rows, s.size)
+
+    def collectives(self, tok: np.ndarray, layers: int, moe_layers: int, prefill: bool, tag: str = "") -> Terms:
+        """TP all-reduces and EP dispatch/combine of one pass over ``tok`` tokens of this rank."""
+        m, lay, hw, cal, h = self.model, self.layout, self.hw, self.cal, self.h
+        rows = []  # (name, count, bytes per op, seconds per op, all-to-all)
+        if layers:
+            ar = tok * h * 2.0
+            ar_t = allreduce_time(ar, lay.tp, hw, cal) if lay.tp > 1 else None
+            if lay.tp > 1:
+                rows.append((f"{tag}attn_allreduce(tp{lay.tp})", layers, ar, ar_t, False))
+                if layers - moe_layers:
+                    rows.append((f"{tag}ffn_allreduce(tp{lay.tp})", layers - moe_layers, ar, ar_t, False))
+            if moe_layers and lay.ep > 1:
+                tok_gpu = tok / lay.tp
+                rows_tok = (self.disp_rows_normal if prefill else self.disp_rows_ll) * self.expert_imbalance_at(tok / self.share)
+                mode = "normal" if prefill else "low-latency"
+                d_b, c_b = tok_gpu * rows_tok * h * self.disp_bytes, tok_gpu * rows_tok * h * 2.0
+                rows.append((f"{tag}ep_dispatch(ep{lay.ep}, {mode})", moe_layers, d_b, alltoall_time(d_b, lay.ep, hw, cal), True))
+                rows.append((f"{tag}ep_combine(ep{lay.ep}, {mode})", moe_layers, c_b, alltoall_time(c_b, lay.ep, hw, cal), True))
+                if lay.moe_tp > 1:
+                    b = tok_gpu * h * 2.0
+                    rows.append((f"{tag}moe_tp_allreduce(tp{lay.moe_tp})", moe_layers, b, allreduce_time(b, lay.moe_tp, hw, cal), False))
+                if lay.tp > 1 and m.moe.n_shared_experts:
+                    rows.append((f"{tag}shared_allreduce(tp{lay.tp})", moe_layers, ar, ar_t, False))
+            elif moe_layers and lay.moe_tp > 1:
+                if lay.dp == 1:
+                    rows.append((f"{tag}moe_allreduce(tp{lay.tp})", moe_layers, ar, allreduce_time(ar, lay.tp, hw, cal), False))
+                else:
+                    b = tok / self.share * h * 2.0  # every DP rank's tokens gathered, reduced, scattered back
+                    rows.append((f"{tag}moe_gather_scatter(tp{lay.moe_tp})", moe_layers, b, allreduce_time(b, lay.moe_tp, hw, cal), False))
+        pos = tok > 0
+        return _terms([(name, COMM, np.where(pos, k, 0), 0.0, np.where(pos, k * b, 0.0), np.where(pos, k * t, 0.0), a)
+                       for name, k, b, t, a in rows], tok.size)
+
+    def embedding_allreduce(self, tok: np.ndarray) -> Terms:
+        """The TP all-reduce after the (vocabulary-sharded) embedding."""
+        if self.layout.tp <= 1:
+            return _terms([], tok.size)
+        b = tok * self.h * 2.0
+        return _terms([("embedding_allreduce", COMM, np.where(b > 0, 1, 0), 0.0, b,
+                        allreduce_time(b, self.layout.tp, self.hw, self.cal), False)], tok.size)
+
+    def pp_sends(self, tok: np.ndarray) -> Terms:
+        """One activation send per pipeline stage boundary."""
+        lay = self.layout
+        if lay.pp <= 1:
+            return _terms([], tok.size)
+        b = tok * self.h * 2.0
+        on = b > 0
+        return _terms([("pp_send", COMM, np.where(on, lay.pp - 1, 0), 0.0, np.where(on, (lay.pp - 1) * b, 0.0),
+                        np.where(on, (lay.pp - 1) * p2p_time(b, self.pp_cross, self.hw, self.cal), 0.0), False)], tok.size)
+
+    # ------------------------------------------------------------------ the families of each count
+    def main_terms(self, x: np.ndarray, prefill: bool) -> list[Terms]:
+        """Ops over the instance's ``x`` tokens (all layers; EP in normal mode when the step has prefill)."""
+        tok = x * self.share
+        return [self.gemms(TOKENS, x), self.experts(x, self.n_moe_layers, "routed_experts"),
+                self.elementwise(tok, self.n_layers, self.n_moe_layers), self.embedding(tok),
+                self.collectives(tok, self.n_layers, self.n_moe_layers, prefill), self.embedding_allreduce(tok), self.pp_sends(tok)]
+
+    def mtp_terms(self, x: np.ndarray, draft: int) -> list[Terms]:
+        """Ops of ``draft`` MTP passes over ``x`` decodes (one token each; decode-only, so low-latency EP)."""
+        passes = draft * self.model.mtp_layers
+        moe_passes = passes if self.model.moe else 0
+        tok = x * self.share
+        return [self.gemms(MTP, x, draft), self.experts(x, passes, "mtp_routed_experts"),
+                self.elementwise(tok, passes, moe_passes) if passes else _terms([], x.size),
+                self.collectives(tok, passes, moe_passes, False, "mtp_")]
+
+    def nonattn(self, total, kv_up, sampled, n_dec, draft, has_prefill, f, ops: list | None = None) -> np.ndarray:
+        """Category times (plus the all-to-all slot) of everything but attention and the indexer, at one point
+        (the families ``StepCostModel``'s tables hold, evaluated once)."""
+        draft = int(draft)
+        one = lambda v: np.array([v * f], float)  # noqa: E731
+        fams = self.main_terms(one(total), bool(has_prefill)) + [self.gemms(KV_UP, one(kv_up)), self.gemms(SAMPLED, one(sampled))]
+        if draft and self.model.mtp_layers:
+            fams += self.mtp_terms(one(n_dec), draft)
+        fams.append(self.sampling(one(sampled + n_dec * draft) * self.share, draft))
+        v = np.zeros(7)
+        for fam in fams:
+            fam.add_to(v, ops)
+        return v
+
+    # ------------------------------------------------------------------ attention
+    def attn_roofline(self, flops, byts, den: float):
+        """Seconds of attention-like kernels (elementwise): math at ``den`` FLOP/s, KV streaming at the
+        ``attn_mem`` efficiency of the bytes each kernel reads, plus a launch; nothing to do costs nothing."""
+        with np.errstate(divide="ignore", invalid="ignore"):  # (an empty kernel's 0 / 0 is masked below)
+            t = np.maximum(flops / den, byts / (self.hw.hbm_bw * self.cal.attn_mem(byts))) + self._lo
+        return np.where((np.asarray(flops) <= 0) & (np.asarray(byts) <= 0), 0.0, t)
+
+    def _attn_one(self, geo: AttnGeometry, new, ctx, dec, s) -> np.ndarray:
+        """(attention flops, bytes, time, indexer flops, bytes, time) of one layer of ``geo`` on the busiest rank."""
+        h_loc = self.heads_local
+        out = np.zeros(6)
+        for is_dec in (True, False):
+            mask = dec if is_dec else ~dec
+            if not mask.any():
+                continue
+            c, n = ctx[mask], new[mask]
+            if is_dec:
+                last = entries_last(geo, c + n)
+                flops = 2.0 * h_loc * (geo.d_qk_decode + geo.d_v_decode) * float((n * last).sum())
+                byts = float(last.sum()) * self.att_entry_bytes
+            else:
+                ent = entries_sum(geo, c, n)
+                flops = 2.0 * h_loc * (geo.d_qk_prefill + geo.d_v_prefill) * float(ent.sum())
+                if geo.prefill_upproj:
+                    byts = float((c + n).sum()) * h_loc * (geo.d_qk_prefill + geo.d_v_prefill) * 2.0
+                else:
+                    byts = float(entries_last(geo, c + n).sum()) * self.att_entry_bytes
+            flops, byts = flops * s, byts * s
+            out[0] += flops
+            out[1] += byts
+            if not is_dec and "attn_prefill_compute" in self.cal.tables and flops > 0:
+                # measured per-length efficiency: each chunk is its own kernel (short ones are far below peak)
+                eff = np.maximum(self.cal.attn_prefill_compute((c + n).astype(float)), 1e-9)
+                t_c = float(np.sum(2.0 * h_loc * (geo.d_qk_prefill + geo.d_v_prefill) * ent * s / (self.att_peak * eff)))
+                t_m = byts / (self.hw.hbm_bw * float(self.cal.attn_mem(byts))) if byts > 0 else 0.0
+                out[2] += max(t_c, t_m) + self._lo
+            else:
+                out[2] += float(self.attn_roofline(flops, byts, self._att_den))
+            if geo.index_ratio:
+                keys = (c + n).astype(float) / geo.index_ratio
+                if is_dec:
+                    scored = float((n * keys).sum())
+                else:
+                    scored = float(entries_sum(AttnGeometry("k", INF, 1.0, 0.0, 0.0, 0, 0, 0, 0, False), c, n).sum()) / geo.index_ratio
+                i_flops = self._idx_coef * scored * s
+                i_bytes = (float(keys.sum()) * self.idx_key_bytes + scored * 4.0 * 2) * s  # keys + logits written and read by top-k
+                out[3] += i_flops
+                out[4] += i_bytes
+                out[5] += float(self.attn_roofline(i_flops, i_bytes, self._idx_den)) + self._lo  # + the top-k kernel
+        return out
+
+    def attention(self, new, ctx, dec, draft, f, ops: list | None = None) -> np.ndarray:
+        """Category times of attention and the indexer over a batch's requests (all layers, MTP passes too)."""
+        v = np.zeros(7)
+        s = self.share * f
+        todo = [(geo, count, new, ctx, dec, "") for geo, count in self.att_kinds]
+        if draft and self.att_mtp is not None and dec.any():
+            # each MTP pass: one query per decode request at the end of its (verified) context
+            c = ctx[dec] + new[dec]
+            todo.append((self.att_mtp, draft * self.model.mtp_layers, np.ones_like(c), c, np.ones(c.size, bool), "mtp_"))
+        for geo, count, nn, cc, dd, tag in todo:
+            r = self._attn_one(geo, nn, cc, dd, s)
+            v[ATT] += count * r[2]
+            v[IDX] += count * r[5]
+            if ops is not None:
+                ops.append(OpCost(f"{tag}attention_{geo.kind}", "attention", geo.kind, int(count), count * r[0], count * r[1], count * r[2]))
+                if r[5]:
+                    ops.append(OpCost(f"{tag}indexer_score_topk", "indexer", geo.kind, int(count), count * r[3], count * r[4], count * r[5]))
+        return v
+
+    def attention_decode_steps(self, geos, sums: SortedSums, shifts: np.ndarray, g: int, s: float) -> np.ndarray:
+        """Attention + indexer seconds of all layers for each of consecutive decode steps (contexts ``sums``
+        shifted by ``shifts``). ``geos``: (geometry, layer count) pairs; MTP passes (the entry after the main
+        kinds, if any) process one new token per request, main layers ``g``."""
+        total = np.zeros(shifts.size)
+        keys_all = sums.total + sums.n * shifts
+        for i, (geo, count) in enumerate(geos):
+            new = g if i < len(self.att_kinds) else 1
+            ent = sums.entries(geo, shifts)
+            flops = ent * (2.0 * self.heads_local * (geo.d_qk_decode + geo.d_v_decode) * new * s)
+            total = total + count * self.attn_roofline(flops, ent * (self.att_entry_bytes * s), self._att_den)
+            if geo.index_ratio:
+                keys = keys_all / geo.index_ratio
+                i_bytes = keys * ((self.idx_key_bytes + new * 8.0) * s)
+                i_flops = keys * (self._idx_coef * new * s)
+                total = total + count * (self.attn_roofline(i_flops, i_bytes, self._idx_den) + self._lo)
+        return total
