@@ -193,3 +193,29 @@ def test_async_engine_streams_and_aborts():
 
     res = asyncio.run(main())
     assert res[0] == (8, "length") and res[1] == (8, "length") and res[2][1] == "abort"
+
+
+def test_runner_is_the_backend_and_stops_at_stop_at():
+    """The engine drives the runner through the seam; ``stop_at`` (perf_counter seconds) cuts a multi-step
+    plan after its first step that ends at/after it, and the scheduler completes the cut plan."""
+    import time
+
+    from scheduler.backend import Backend
+
+    e = engine(decode_steps=4)
+    assert e.backend is e.runner
+    backend: Backend = e.backend
+    req = e.add_request("a", prompts(lens=(20,))[0], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
+    e.step()                                   # the prompt: one step, one token
+    assert len(req.output_token_ids) == 1
+    plan = e.scheduler.schedule(e.now(), max_steps=4)
+    assert plan.num_steps == 4 and plan.decodes == [req]
+    result = backend.execute(plan, stop_at=time.perf_counter())   # already past: one step only
+    assert result.num_steps == 1 and result.decode_tokens.shape == (1, 1)
+    e.scheduler.complete(plan, result, e.now())
+    assert len(req.output_token_ids) == 2
+    plan = e.scheduler.schedule(e.now(), max_steps=3)
+    result = backend.execute(plan)
+    assert result.num_steps == 3
+    e.scheduler.complete(plan, result, e.now())
+    assert len(req.output_token_ids) == 5
