@@ -185,8 +185,12 @@ def _check_supported(hf: dict, spec: ModelSpec) -> None:
         bad.append(f"hidden_act={hf['hidden_act']!r} (silu only)")
     if hf.get("mlp_bias"):
         bad.append("mlp_bias=true")
-    if hf.get("use_sliding_window") or any(t != "full_attention" for t in hf.get("layer_types") or []):
-        bad.append("sliding-window layers (use_sliding_window / layer_types)")
+    known = {"full_attention"} | ({"indexed_attention"} if spec.indexer else set())
+    if hf.get("use_sliding_window") or any(t not in known for t in hf.get("layer_types") or []):
+        bad.append(f"layer_types other than {sorted(known)} (use_sliding_window / layer_types)")
+    mlp_types = hf.get("mlp_layer_types")
+    if mlp_types and [t == "sparse" for t in mlp_types] != [spec.is_moe_layer(i) for i in range(len(mlp_types))]:
+        bad.append(f"mlp_layer_types {mlp_types} (dense layers first, then MoE: first_k_dense_replace)")
     if spec.attention == "mla" and hf.get("attention_bias"):
         bad.append("attention_bias=true on MLA")
     if spec.attention == "gqa" and spec.num_kv_heads and spec.num_attention_heads % spec.num_kv_heads:

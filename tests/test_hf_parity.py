@@ -36,6 +36,18 @@ def deepseek_v3_config(**kw):
     return transformers.DeepseekV3Config(**args)
 
 
+def deepseek_v32_config():
+    """V3 plus the DSA indexer in every layer; top-8 of up to 44 keys so the selection matters.
+
+    16 indexer heads: with few heads, exact-zero scores (ReLU) tie and torch.topk breaks ties in no
+    stated order, while the executor keeps the lowest position; ties are a measure-zero event here.
+    """
+    args = dict(deepseek_v3_config().to_dict(), index_topk=8, index_head_dim=32, index_n_heads=16)
+    for k in ("model_type", "transformers_version", "architectures", "qk_head_dim", "head_dim"):
+        args.pop(k, None)
+    return transformers.DeepseekV32Config(**args)
+
+
 def llama_config():
     """GQA 2:1, llama3 RoPE scaling, q/k/v/o biases."""
     return transformers.LlamaConfig(**TINY, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
@@ -63,7 +75,7 @@ def glm4_moe_config():
                                                        "partial_rotary_factor": 0.5})
 
 
-CONFIGS = {"deepseek_v3": deepseek_v3_config, "llama": llama_config, "qwen3_moe": qwen3_moe_config,
+CONFIGS = {"deepseek_v3": deepseek_v3_config, "deepseek_v32": deepseek_v32_config, "llama": llama_config, "qwen3_moe": qwen3_moe_config,
            "glm4_moe": glm4_moe_config}
 
 
