@@ -243,8 +243,9 @@ def _json(raw: bytes) -> object:
 
 async def run_load(url: str, *, requests: int, concurrency: int, waves: int = 1, seed: int = 0, pid: int | None = None,
                    time_limit_s: float = 600.0, mix: dict[str, float] | None = None, max_tokens: int = 64,
-                   quiet: bool = False) -> dict:
-    """Drive ``requests`` requests (split into ``waves``) at ``concurrency``; the figures as a dict."""
+                   quiet: bool = False, headers: dict | None = None) -> dict:
+    """Drive ``requests`` requests (split into ``waves``) at ``concurrency``; the figures as a dict.
+    ``headers`` go with every request (an API key)."""
     check_loopback(url)
     mix = mix or DEFAULT_MIX
     kinds, weights = list(mix), list(mix.values())
@@ -262,7 +263,7 @@ async def run_load(url: str, *, requests: int, concurrency: int, waves: int = 1,
 
     t0 = time.monotonic()
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as c:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits, headers=headers) as c:
         sampler = asyncio.create_task(sample_rss())
         before = await wait_idle(c, url, 30)
         wave_rows = []
