@@ -12,7 +12,7 @@ from costmodels.hardware import get_hardware
 from costmodels.profiled import ProfiledStepCost, point_categories
 from costmodels.step_fit import errors, fit_runner_model, fit_step_profile, loop_scheduler_terms, nnls
 from costmodels.step_profile import FIT_CATEGORIES, HostTerms, LoopTerms, StepPoint, StepProfile
-from sim.backend import MemoStepCost
+from costmodels.step_memo import MemoStepCost
 
 H200_PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "h200" / "calibration_deepseek-v3-5layers_fp8.json"
 

@@ -17,7 +17,7 @@ from costmodels.moe_load import ExpertLoadSpec, cached_initial
 from costmodels.step import StepCostModel
 from scheduler.plan import ScheduledChunk, StepPlan, StepResult
 from scheduler.request import Request
-from sim.backend import MemoStepCost
+from costmodels.step_memo import MemoStepCost
 from scheduler.metrics import LogHistogram, MetricsCollector
 
 H200 = get_hardware("H200")
