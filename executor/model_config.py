@@ -44,11 +44,45 @@ def resolve_spec(name_or_dir: str) -> ModelSpec:
         from costmodels.catalog import get_model  # another engineer's module; optional until it lands
     except ImportError:
         get_model = None
+    _refuse_unimplemented_hf(name_or_dir)
     if get_model is not None:
         return get_model(name_or_dir)
     if name_or_dir == "tiny":
         return tiny_spec()
     raise TwinferError(f"unknown model {name_or_dir!r}: costmodels.catalog is not available; only 'tiny' is built in")
+
+
+# config.json keys of mechanisms the executor does not compute (DeepSeek-V4's, in transformers' deepseek_v4 names)
+_V4_MECHANISMS = {
+    "hc_mult": "mHC hyper-connections",
+    "o_lora_rank": "grouped low-rank output projection",
+    "compress_rates": "compressed (CSA/HCA) attention layers",
+    "compress_ratios": "compressed (CSA/HCA) attention layers",
+    "sliding_window": "sliding-window attention",
+}
+
+
+def _refuse_unimplemented_hf(name_or_dir: str) -> None:
+    """An HF folder whose architecture the executor does not implement fails here, naming what is missing.
+
+    Serving it with the parts the executor does have (MLA, MoE) would compute a different model.
+    """
+    path = Path(name_or_dir) / "config.json"
+    if not path.is_file():
+        return
+    try:
+        hf = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return   # the catalog reports unreadable files
+    if not isinstance(hf, dict) or str(hf.get("model_type", "")) != "deepseek_v4":
+        return
+    parts = sorted({what for key, what in _V4_MECHANISMS.items() if hf.get(key) not in (None, 0, 1)})
+    if str(hf.get("scoring_func", "")) not in ("", "sigmoid", "softmax"):
+        parts.append(f"{hf['scoring_func']} routing")
+    if any(str(t).startswith("hash") for t in hf.get("mlp_layer_types") or []):
+        parts.append("hash-routed MoE layers")
+    raise TwinferError(f"{name_or_dir}: model_type 'deepseek_v4' is not implemented by the executor "
+                       f"({', '.join(parts) or 'V4 attention'}); the simulator models it (twinfer simulate --model ...)")
 
 
 @dataclass
@@ -149,7 +183,9 @@ class ExecModelConfig:
         """Combine ``spec`` with ``hf_dir/config.json`` when given."""
         unsupported = [f for f, bad in (("o_lora_rank", getattr(spec, "o_lora_rank", None)),
                                         ("hc_mult", getattr(spec, "hc_mult", 1) != 1),
-                                        ("layer_kinds", any(k != "full" for k in spec.kinds()))) if bad]
+                                        ("layer_kinds", any(k != "full" for k in spec.kinds())),
+                                        (f"{spec.moe.scoring if spec.moe else ''} routing",
+                                         spec.moe is not None and spec.moe.scoring not in ("softmax", "sigmoid"))) if bad]
         if unsupported:
             raise TwinferError(f"model {spec.name!r}: the executor does not implement {', '.join(unsupported)} "
                                "(V4-class attention); the simulator does")

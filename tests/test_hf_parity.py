@@ -85,3 +85,22 @@ def test_executor_matches_hf(tmp_path, model_type):
     hf.save_pretrained(tmp_path)
     res = check_parity(hf, tmp_path, seed=2)
     assert_parity(res)
+
+
+def test_deepseek_v4_folder_is_refused_at_load_naming_what_is_missing(tmp_path):
+    """The executor has MLA and MoE but not V4's attention: `twinfer run` must say so, not serve a V3-like model."""
+    import subprocess
+    import sys
+
+    cfg = transformers.DeepseekV4Config(vocab_size=256, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=4,
+                                        num_attention_heads=4, head_dim=32, q_lora_rank=32, n_routed_experts=8,
+                                        num_experts_per_tok=2, o_groups=2, o_lora_rank=32, index_n_heads=4,
+                                        index_head_dim=32, index_topk=8, qk_rope_head_dim=16, sliding_window=16)
+    cfg.save_pretrained(tmp_path)
+    res = subprocess.run([sys.executable, "-m", "ui.cli", "run", "--model", str(tmp_path), "--load-format", "auto",
+                          "--device", "cpu"], capture_output=True, text=True, timeout=120)
+    out = res.stdout + res.stderr
+    assert res.returncode == 2, out
+    for part in ("deepseek_v4", "mHC", "compressed", "low-rank output", "sqrtsoftplus"):
+        assert part in out, out
+    assert "Traceback" not in out
