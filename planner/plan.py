@@ -59,6 +59,7 @@ class Predicted(BaseModel):
     simulated_gpus: float | None = None
     goodput_fraction: float | None = None
     sim_digest: str | None = None
+    window: str | None = Field(None, description="which run and window the figures cover (a simulation's steady window, or the screen)")
 
 
 class Plan(BaseModel):
@@ -82,6 +83,7 @@ class Plan(BaseModel):
     slo: SLO
     slo_percentile: Literal[50, 90, 99] = 90
     seed: int = Field(0, ge=0)
+    steady_after_s: float | None = Field(None, ge=0, description="end of the workload's ramp-up: where the steady window starts")
     predicted: Predicted | None = None
     economics: Economics | None = None
     why: list[str] = Field(default_factory=list)
@@ -124,6 +126,7 @@ class Plan(BaseModel):
             name=self.name, description=f"twinfer plan: {self.mode} {self.model} on {self.gpus_used}x{self.hardware}",
             model=self.model, hardware=self.hardware, layout=main.layout, instances=main.instances,
             scheduler=main.scheduler, workload=wl, router=self.router, slo=self.slo, seed=self.seed,
+            steady_after_s=self.steady_after_s,
         ), "plan")
         disagg = None
         if self.mode == "disaggregated":

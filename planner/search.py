@@ -25,6 +25,7 @@ from costmodels.catalog import get_model
 from costmodels.hardware import get_hardware
 from costmodels.step import StepCostModel
 from planner.combine import AGG, Candidate, Table, combine
+from planner.confirm import CONFIRM_CANDIDATES, CONFIRM_RATE_STEPS, confirm_plan
 from planner.economics import Economics, economics
 from planner.explain import describe_row, does_not_fit, short_row, slo_unreachable, why_it_won
 from planner.parallel import Runner
@@ -249,6 +250,17 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
         t_sim = time.perf_counter() - t2
     timings.update(simulate_s=t_sim, simulated_per_s=sims_run / max(t_sim, 1e-9))
 
+    # the recommendation: the best slice-confirmed candidate whose plan, simulated at full scale
+    # exactly as `twinfer simulate --plan` runs it, meets the SLO (its figures are the plan's)
+    confirmed = sorted(((o.thr_gpu, o.tps_user, -i, i) for i, o in outcomes.items() if meets(o, req.slo)), reverse=True)
+    win, plan, full_runs = None, None, []
+    if confirmed:
+        t3 = time.perf_counter()
+        win, plan, full_runs = _confirm(req, table, options, stats, model, hw, router, effects, ok, acceptance, outcomes,
+                                        points, [c[3] for c in confirmed[:CONFIRM_CANDIDATES]])
+        sims_run += len(full_runs)
+        timings.update(simulate_s=t_sim + time.perf_counter() - t3, simulated_per_s=sims_run / max(t_sim + time.perf_counter() - t3, 1e-9))
+
     # two frontiers, never mixed: the simulated candidates' (what the simulator confirmed) and the
     # analytic screen's (optimistic: full batches at 100% load, mean lengths)
     frontier = _frontier([_point(table, options, i, meets(o, req.slo), "simulation", o, 1.0 / _share(table, i, o))
@@ -257,33 +269,69 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
     best_by_mode = [(_point(table, options, i, meets(outcomes[i], req.slo), "simulation", outcomes[i], 1.0 / _share(table, i, outcomes[i]))
                      if i in outcomes else _point(table, options, i, True, "screen")) for i in best_modes]
 
-    confirmed = [(o.thr_gpu, o.tps_user, -i, i) for i, o in outcomes.items() if meets(o, req.slo)]
     total = time.perf_counter() - t0
     common = dict(candidates_screened=table.enumerated, candidates_evaluated=len(table), candidates_meeting_slo=n_ok, candidates_simulated=len(outcomes),
                   simulations_run=sims_run, frontier=frontier, best_by_mode=best_by_mode, assumptions=assumptions,
                   timings=Timings(total_s=total, **timings), **base)
-    if req.simulate_top and not confirmed:
+    if req.simulate_top and plan is None:
         closest = []
-        for i, o in sorted(outcomes.items(), key=lambda kv: max(kv[1].ttft_s / req.slo.ttft_s, kv[1].tpot_s / req.slo.tpot_s)):
-            closest.append(f"{describe_row(table, options, i)}: simulated TTFT p{req.slo_percentile} {o.ttft_s:.2f} s, "
+        tried = [(f"{describe_row(table, options, i)} (full scale, {fo.requests:,} requests)", fo) for i, fo in full_runs]
+        tried += [(describe_row(table, options, i), o) for i, o in outcomes.items()]
+        for label, o in sorted(tried, key=lambda kv: max(kv[1].ttft_s / req.slo.ttft_s, kv[1].tpot_s / req.slo.tpot_s)):
+            closest.append(f"{label}: simulated TTFT p{req.slo_percentile} {o.ttft_s:.2f} s, "
                            f"TPOT {o.tpot_s * 1e3:.1f} ms, {o.thr_gpu:,.0f} tokens/s/GPU at {o.load:.0%} of the screened load")
+        where = (f"none of the {len(outcomes)} simulated on slices does" if not full_runs else
+                 f"{len(confirmed)} do on slices but none of the {len(full_runs)} full-scale runs of their plans does")
         return PlanReport(status="slo_unreachable",
-                          message=(f"{n_ok:,} candidates meet the SLO in the analytic screen, but none of the {len(outcomes)} "
-                                   "simulated ones does (queueing and prefill interference the screen averages away); "
+                          message=(f"{n_ok:,} candidates meet the SLO in the analytic screen, but {where} "
+                                   "(queueing and prefill interference the screen averages away); "
                                    "relax the SLO or simulate more candidates (--simulate N)"),
                           closest_options=closest[:5], **common)
-    if confirmed:
-        confirmed.sort(reverse=True)
-        win = confirmed[0][3]
-        o = outcomes[win]
-    else:  # simulation disabled: the screen decides
+    if plan is None:  # simulation disabled: the screen decides
         rows = np.flatnonzero(ok)
         win = int(rows[np.lexsort((rows, -table.cols["tps_user"][rows], -table.cols["thr_gpu"][rows]))[0]])
-        o = None
-    cand = table.candidate(win)
-    plan = _make_plan(req, cand, options, stats, model, hw, router, effects, o, table, ok, acceptance, outcomes, points)
+        plan = _make_plan(req, table.candidate(win), options, stats, model, hw, router, effects, None, table, ok, acceptance,
+                          outcomes, points)
     plan.assumptions = assumptions
     return PlanReport(status="ok", message=f"recommended: {describe_row(table, options, win)}", recommended=plan, **common)
+
+
+def _confirm(req, table, options, stats, model, hw, router, effects, ok, acceptance, outcomes, points, rows):
+    """(row, plan, full-scale runs) of the first of ``rows`` whose plan meets the SLO simulated at full scale
+    (at the slice's rate, then lower: ``CONFIRM_RATE_STEPS``); (None, None, runs) if none does.
+
+    The winner's outcome in ``outcomes`` becomes its full-scale one, so every table shows the plan's figure."""
+    runs = []
+    for i in rows:
+        o = outcomes[i]
+        for step in CONFIRM_RATE_STEPS:
+            plan = _make_plan(req, table.candidate(i), options, stats, model, hw, router, effects, o, table, ok, acceptance,
+                              outcomes, points, rate_scale=step)
+            full, _ = confirm_plan(plan, i, float(table.cols["rate"][i]), req.slo_percentile)
+            runs.append((i, full))
+            if meets(full, req.slo):
+                outcomes[i] = full
+                plan.predicted = _predicted(full, table.candidate(i), plan.gpus_used, "full-scale run of this plan")
+                plan.economics = economics(hw, req.prices, plan.gpus_used, req.gpus, full.thr_gpu * plan.gpus_used,
+                                           stats.mean_prompt, stats.mean_output, stats.hit_fraction)
+                plan.why[0] = (f"highest simulated output throughput per GPU ({full.thr_gpu:,.0f} tokens/s, this plan at full "
+                               f"scale: {full.requests:,} requests, the run `twinfer simulate --plan` repeats) among the "
+                               f"candidates meeting the SLO in simulation (screen predicted {table.cols['thr_gpu'][i]:,.0f})")
+                return i, plan, runs
+    return None, None, runs
+
+
+def _predicted(o: SimOutcome | None, cand: Candidate, gpus: int, what: str = "slice") -> Predicted:
+    """The plan's figures: a simulation's steady window (``what`` it simulated), or the screen's."""
+    if o is None:
+        return Predicted(source="screen", request_rate=cand.rate, output_tokens_per_s_per_gpu=cand.thr_gpu,
+                         tokens_per_s_per_user=cand.tps_user, ttft_s=cand.ttft_s, tpot_s=cand.tpot_s,
+                         screen_output_tokens_per_s_per_gpu=cand.thr_gpu, window="screen: steady state at the max batch")
+    return Predicted(source="simulation", request_rate=o.rate,
+                     output_tokens_per_s_per_gpu=o.thr_gpu, tokens_per_s_per_user=o.tps_user, ttft_s=o.ttft_s, tpot_s=o.tpot_s,
+                     screen_output_tokens_per_s_per_gpu=cand.thr_gpu, simulated_requests=o.requests, simulated_gpus=o.slice_gpus,
+                     goodput_fraction=o.goodput_fraction, sim_digest=o.digest,
+                     window=f"steady window of the {what} (twinfer simulate --json: metrics.steady)")
 
 
 def _frontier(points: list[FrontierPoint]) -> list[FrontierPoint]:
@@ -313,7 +361,7 @@ def _share(table: Table, i: int, o: SimOutcome | None) -> float:
 
 def _make_plan(req: PlanRequest, cand: Candidate, options: list[LayoutOption], stats: WorkloadStats, model, hw,
                router: RouterConfig, effects: EffectsSpec, o: SimOutcome | None, table: Table, ok: np.ndarray,
-               acceptance: tuple[float, ...], outcomes: dict[int, SimOutcome], points: list) -> Plan:
+               acceptance: tuple[float, ...], outcomes: dict[int, SimOutcome], points: list, rate_scale: float = 1.0) -> Plan:
     dopt = options[cand.option]
     acc = acceptance[: cand.draft_len]
     main_sc = scheduler_for(cand.batch_per_rank, dopt.layout.dp, cand.draft_len, cand.async_overlap, cand.chunk_tokens, acc)
@@ -327,10 +375,10 @@ def _make_plan(req: PlanRequest, cand: Candidate, options: list[LayoutOption], s
         pools = [PoolPlan(role="prefill", instances=cand.prefill_instances, layout=popt.layout, scheduler=psc, label=popt.describe()),
                  PoolPlan(role="decode", instances=cand.instances, layout=dopt.layout, scheduler=main_sc, label=dopt.describe())]
     if o is not None:
-        rate = o.rate / _share(table, cand.row, o)
-        thr_gpu, tps_user, ttft, tpot, source = o.thr_gpu, o.tps_user, o.ttft_s, o.tpot_s, "simulation"
+        rate = o.rate / _share(table, cand.row, o) * rate_scale
+        thr_gpu = o.thr_gpu
     else:
-        rate, thr_gpu, tps_user, ttft, tpot, source = cand.rate, cand.thr_gpu, cand.tps_user, cand.ttft_s, cand.tpot_s, "screen"
+        rate, thr_gpu = cand.rate, cand.thr_gpu
     seats = sum(p.instances * p.scheduler.max_num_seqs for p in pools if p.role != "prefill")
     # enough requests for the full-scale run to pass the workload's ramp-up (agentic sessions) and
     # turn its seats over ~3 times (at least 30 s) at the planned rate
@@ -350,11 +398,10 @@ def _make_plan(req: PlanRequest, cand: Candidate, options: list[LayoutOption], s
     if gpus_used < req.gpus:
         why.append(f"uses {gpus_used} of {req.gpus} GPUs: the remaining {req.gpus - gpus_used} cannot form another instance of this shape")
     name = f"{model.name}-{hw.name}-{req.gpus}gpu-{cand.mode}".lower()
-    predicted = Predicted(source=source, request_rate=rate, output_tokens_per_s_per_gpu=thr_gpu, tokens_per_s_per_user=tps_user,
-                          ttft_s=ttft, tpot_s=tpot, screen_output_tokens_per_s_per_gpu=cand.thr_gpu,
-                          simulated_requests=o.requests if o else None, simulated_gpus=o.slice_gpus if o else None,
-                          goodput_fraction=o.goodput_fraction if o else None, sim_digest=o.digest if o else None)
+    predicted = _predicted(o, cand, gpus_used)
+    predicted.request_rate = rate
     return Plan(name=name, model=req.model, hardware=req.hardware, gpus_budget=req.gpus, mode=cand.mode, pools=pools,
                 router=router, effects=eff, workload=wl, slo=req.slo, slo_percentile=req.slo_percentile, seed=req.seed,
+                steady_after_s=warmup or None,
                 predicted=predicted, economics=econ, why=why)
 

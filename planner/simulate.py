@@ -137,7 +137,7 @@ def build_job(cand: Candidate, options: list[LayoutOption], *, model: str, hardw
     n_req = int(min(max_requests, max(MIN_REQUESTS, 3 * seats)))
     wl, warmup = steady_workload(workload, max(rate, 1e-3), n_req)
     scen = Scenario(name=label, model=model, hardware=hardware, layout=dlay, instances=scen_inst, scheduler=sc,
-                    workload=wl, router=router, slo=slo, seed=seed)
+                    workload=wl, router=router, slo=slo, seed=seed, steady_after_s=warmup or None)
     eff = effects.model_copy(update={"mirror": mirror, "eplb": dopt.eplb != "off", "table_placement": dopt.table_placement})
     return SimJob(label, cand.row, load, scen, eff, disagg, slice_gpus, rate, warmup, n_req, share, cand.gpus)
 
@@ -185,13 +185,12 @@ def steady_workload(spec: WorkloadSpec, rate: float, n: int) -> tuple[WorkloadSp
 def run_job(job: SimJob, percentile: int = 90) -> SimOutcome:
     """Simulate one slice (a worker job; deterministic) and keep the planner's numbers.
 
-    Latencies and throughput are measured on the steady part: requests arriving after the first
-    20% of the simulated arrivals (the fill of an empty system is not what the plan runs in).
+    The numbers are the run's steady window (``SimMetrics.steady``, the figure ``twinfer
+    simulate`` reports under that name): latencies of the requests arriving after the ramp-up
+    (the agentic warm-up, else the 10th percentile arrival), the output rate delivered while
+    the middle 80% of the requests finish, scaled from the slice's share to the deployment.
     """
-    import numpy as np
-
     from sim.deployment import simulate_deployment
-    from sim.workload import generate
     from twinfer.errors import TwinferError
 
     t0 = time.perf_counter()
@@ -201,46 +200,27 @@ def run_job(job: SimJob, percentile: int = 90) -> SimOutcome:
     except (TwinferError, ValueError) as e:
         return dataclasses.replace(fail, error=str(e), wall_s=time.perf_counter() - t0)
     r = run.result
-    m = r.metrics
-    arr = np.array([q.arrival_time for q in run.requests])
-    # steady part: after the warm-up (agentic ramp) or, without one, after the first 20% of arrivals
-    cut = job.warmup_s if job.warmup_s > 0 else (np.percentile(arr, 20) if arr.size else 0.0)
-    steady = [q for q in run.requests if q.arrival_time >= cut]
-    done = [q for q in steady if q.finish_time is not None and q.first_token_time is not None]
-    ttft = np.array([q.first_token_time - q.arrival_time for q in done])
-    multi = [q for q in done if q.num_output_tokens > 1]
-    tpot = np.array([(q.finish_time - q.first_token_time) / (q.num_output_tokens - 1) for q in multi])
-    fin = len(done) / max(len(steady), 1)
-    tpot_pos = tpot[tpot > 0]
+    w = r.metrics.steady or r.metrics.whole_run
+    if w is None:
+        return dataclasses.replace(fail, error="no request finished", wall_s=time.perf_counter() - t0)
+    return outcome_of(w, job.row, job.load, percentile, job.share, job.full_gpus, r.num_requests, job.slice_gpus,
+                      job.slice_rate, r.digest, time.perf_counter() - t0)
+
+
+def outcome_of(w, row: int, load: float, percentile: int, share: float, full_gpus: int, requests: int, slice_gpus: float,
+               rate: float, digest: str, wall_s: float) -> SimOutcome:
+    """The planner's numbers from a run's window (``scheduler.metrics.WindowMetrics``) of a ``share`` of the deployment."""
+    def pct(stat) -> float:
+        v = getattr(stat, f"p{percentile}")
+        return math.inf if v is None else float(v)
+
     return SimOutcome(
-        row=job.row, load=job.load, ok=True, error="",
-        thr_gpu=sustained_output_rate(steady) / job.share / job.full_gpus if job.full_gpus else 0.0,
-        tps_user=float(np.mean(1.0 / tpot_pos)) if tpot_pos.size else 0.0,
-        ttft_s=float(np.percentile(ttft, percentile)) if ttft.size else math.inf,
-        tpot_s=float(np.percentile(tpot, percentile)) if tpot.size else math.inf,
-        goodput_fraction=m.goodput_fraction or 0.0, finished_fraction=fin, requests=r.num_requests,
-        slice_gpus=job.slice_gpus, rate=job.slice_rate, digest=r.digest, wall_s=time.perf_counter() - t0,
+        row=row, load=load, ok=True, error="",
+        thr_gpu=w.output_throughput / share / full_gpus if full_gpus else 0.0,
+        tps_user=w.per_user_output_tps_mean or 0.0, ttft_s=pct(w.ttft_s), tpot_s=pct(w.tpot_s),
+        goodput_fraction=w.goodput_fraction or 0.0, finished_fraction=w.finished_fraction or 0.0, requests=requests,
+        slice_gpus=slice_gpus, rate=rate, digest=digest, wall_s=wall_s,
     )
-
-
-def sustained_output_rate(requests) -> float:
-    """Output tokens/s of the requests arriving between the 10th and 90th percentile of ``requests``' arrival
-    times, over that span: the offered load the slice carried (unfinished requests count nothing).
-
-    A whole-run average would include the fill and the drain; the SLO check says whether the
-    slice kept up with the offered load.
-    """
-    import numpy as np
-
-    if not requests:
-        return 0.0
-    arr = np.array([q.arrival_time for q in requests])
-    out = np.array([q.num_output_tokens if q.finish_time is not None else 0 for q in requests], float)
-    lo, hi = np.percentile(arr, [10, 90])
-    if hi <= lo:
-        return float(out.sum() / max(arr.max() - arr.min(), 1e-9))
-    sel = (arr >= lo) & (arr < hi)
-    return float(out[sel].sum() / (hi - lo))
 
 
 def meets(o: SimOutcome, slo: SLO) -> bool:

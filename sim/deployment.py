@@ -121,7 +121,7 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
     if checked:
         invariants.check_end(collector, all_scheds, len(requests), float(env.now))
 
-    metrics = collector.summarize(max(1, int(round(gpus))), scenario.slo)
+    metrics = collector.summarize(max(1, int(round(gpus))), scenario.slo, steady_after_s=scenario.steady_after_s)
     if debug and not checked:
         invariants.check_pools(all_scheds, len(requests), metrics)
     scen = scenario.model_dump(mode="json")

@@ -96,7 +96,7 @@ def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[R
     if debug:
         invariants.check_end(collector, schedulers, len(requests), end_s)
 
-    metrics = collector.summarize(scenario.num_gpus, scenario.slo)
+    metrics = collector.summarize(scenario.num_gpus, scenario.slo, steady_after_s=scenario.steady_after_s)
     result = SimResult(
         name=scenario.name,
         description=scenario.description,

@@ -44,6 +44,11 @@ class Scenario(BaseModel):
     disagg: DisaggSpec | None = Field(
         None, description="prefill pool of a prefill/decode-disaggregated deployment (layout/instances/scheduler are then the decode pool)",
     )
+    steady_after_s: float | None = Field(
+        None, ge=0.0, le=1e9,
+        description="where the steady window of the metrics starts (s; default: the 10th percentile arrival): the end of a "
+                    "workload's ramp-up, e.g. agentic sessions filling up (twinfer plan sets it)",
+    )
     max_decode_steps: int = Field(
         256, ge=1, le=65536,
         description="most decode steps one plan may cover (1: single-step; results agree up to float rounding)",

@@ -264,20 +264,22 @@ def _view(req: PlanRequest, preq, report, reason: str, notes: list[str]) -> Sear
         return _costs(e)
 
     seen: dict[str, Point] = {}
-    frontier = {p.label for p in report.frontier}
+    # the frontier over simulated points only (the screen's is optimistic and drawn as open markers, off it)
+    frontier = {p.label for p in report.frontier if p.source == "simulation"}
     for p in list(report.frontier) + list(report.best_by_mode):
         if p.label in seen:
             continue
         seen[p.label] = Point(label=p.label, mode=p.mode, gpus=p.gpus, output_tps_per_gpu=p.output_tokens_per_s_per_gpu,
                               tps_per_user=p.tokens_per_s_per_user, ttft_s=p.ttft_s, tpot_s=p.tpot_s, request_rate=p.request_rate,
-                              meets_slo=p.meets_slo, source=p.source, on_frontier=p.label in frontier,
+                              meets_slo=p.meets_slo, source=p.source, on_frontier=p.source == "simulation" and p.label in frontier,
                               costs=costs_of(p.gpus, p.output_tokens_per_s_per_gpu))
     view = None
     if plan is not None:
         pr = plan.predicted
         rec = Point(label=rec_label, mode=plan.mode, gpus=plan.gpus_used, output_tps_per_gpu=pr.output_tokens_per_s_per_gpu,
                     tps_per_user=pr.tokens_per_s_per_user, ttft_s=pr.ttft_s, tpot_s=pr.tpot_s, request_rate=pr.request_rate,
-                    meets_slo=True, source=pr.source, on_frontier=rec_label in frontier, recommended=True, costs=_costs(plan.economics))
+                    meets_slo=True, source=pr.source, on_frontier=pr.source == "simulation" and rec_label in frontier, recommended=True,
+                    costs=_costs(plan.economics))
         seen[rec_label] = rec
         view = plan_view(plan.model_dump(mode="json"), rec_label)
     return SearchResult(request=req.model_dump(), status=report.status, message=report.message, reason=reason,
@@ -427,21 +429,25 @@ def _scaled_length(dist: dict, scale: float) -> dict:
 
 
 def what_if_requests(plan: dict, num_requests: int) -> int:
-    """Requests a what-if simulates: ``num_requests``, raised to three turnovers of the plan's seats
-    (fewer would measure the ramp-up, not the deployment), at most the plan's own count."""
+    """Requests a what-if simulates: the plan's own count (what ``twinfer simulate --plan`` runs, so the
+    baseline is the plan's figure); a plan without one: ``num_requests``, raised to three turnovers
+    of its seats (fewer would measure the ramp-up, not the deployment)."""
+    own = plan["workload"].get("num_requests")
+    if own:
+        return int(own)
     seats = sum(p["instances"] * p["scheduler"]["max_num_seqs"] for p in plan["pools"] if p["role"] != "prefill")
-    own = plan["workload"].get("num_requests") or num_requests
-    return int(min(own, max(num_requests, 3 * seats)))
+    return int(max(num_requests, 3 * seats))
 
 
 def simulate_plan(plan: dict, num_requests: int) -> dict:
-    """Simulate a plan at full scale on ``num_requests`` requests; the figures the app compares."""
+    """Simulate a plan at full scale on ``num_requests`` requests (the run ``twinfer simulate --plan`` makes);
+    the figures the app compares, from its steady window."""
     from planner.plan import Plan
-    from sim.deployment import simulate_deployment
+    from sim.runner import simulate
 
     p = validate(Plan, plan, "plan")
-    scenario, effects, disagg = p.to_simulation(num_requests=num_requests if p.workload.kind != "trace" else None)
-    return metric_row(simulate_deployment(scenario, effects, disagg).result, p.slo_percentile)
+    scenario = p.to_scenario(num_requests=num_requests if p.workload.kind != "trace" else None)
+    return metric_row(simulate(scenario).result, p.slo_percentile)
 
 
 def what_if(plan: dict, changes: dict, num_requests: int) -> dict:
@@ -452,17 +458,20 @@ def what_if(plan: dict, changes: dict, num_requests: int) -> dict:
 
 
 def metric_row(res, percentile: int = 90) -> dict:
-    """The figures the app compares, from a sim.runner.SimResult."""
+    """The figures the app compares, from a sim.runner.SimResult: its steady window (``SimMetrics.steady``,
+    the plan's figures), the whole run's where a run is too short to have one."""
     m = res.metrics
+    w = m.steady or m.whole_run or m
     q = f"p{percentile}"
     ms = lambda x: None if x is None else x * 1e3  # noqa: E731
     return {
-        "GPUs": res.num_gpus, "output tok/s per GPU": m.output_throughput_per_gpu,
-        "tok/s per user": m.per_user_output_tps_mean, f"TTFT {q} (s)": getattr(m.ttft_s, q),
-        "TPOT p50 (ms)": ms(m.tpot_s.p50), f"TPOT {q} (ms)": ms(getattr(m.tpot_s, q)),
-        "goodput (% of requests)": None if m.goodput_fraction is None else 100 * m.goodput_fraction,
+        "window": getattr(w, "window", "whole_run"),
+        "GPUs": res.num_gpus, "output tok/s per GPU": w.output_throughput_per_gpu,
+        "tok/s per user": w.per_user_output_tps_mean, f"TTFT {q} (s)": getattr(w.ttft_s, q),
+        "TPOT p50 (ms)": ms(w.tpot_s.p50), f"TPOT {q} (ms)": ms(getattr(w.tpot_s, q)),
+        "goodput (% of requests)": None if w.goodput_fraction is None else 100 * w.goodput_fraction,
         "prefix hit rate (%)": None if m.prefix_cache_hit_rate is None else 100 * m.prefix_cache_hit_rate,
-        "finished": m.requests_finished,
+        "finished": w.requests_finished,
     }
 
 

@@ -1,0 +1,62 @@
+"""Which validation's error band applies to a simulation: a band only where a validation measured the
+same thing, otherwise "no band" with the reason.
+
+A ``twinfer validate`` report measures the twin of one model stack (name, layer count, dtype) priced
+by one calibrated step profile against the executor on one GPU. Its band says nothing about another
+model, a full-depth model when a 5-layer stack was validated, or the analytic cost model: printing
+it there would lend those figures an accuracy nobody measured (issue 19).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sim.scenario import Scenario
+from sim.validate import band_line, find_reports
+from twinfer.errors import TwinferError
+
+
+def load_report_header(path: Path) -> dict:
+    """The top-level fields of a validation report (what it validated)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as err:
+        raise TwinferError(f"--error-band: {path}: not a twinfer validate report ({str(err).splitlines()[0][:200]})") from None
+    if not isinstance(data, dict):
+        raise TwinferError(f"--error-band: {path}: not a twinfer validate report")
+    return data
+
+
+def mismatch(report: dict, scenario: Scenario) -> str:
+    """Why ``report`` (a validation report's header) does not cover ``scenario`` ('' when it does)."""
+    from costmodels.catalog import get_model
+
+    model = get_model(scenario.model)
+    wanted = (report.get("model"), report.get("num_layers"), report.get("dtype"))
+    have = (model.name, model.num_layers, scenario.layout.weight_dtype)
+    if wanted != have:
+        return (f"it validated {wanted[0]} ({wanted[1]} layers, {wanted[2]}), this run is {have[0]} "
+                f"({have[1]} layers, {have[2]})")
+    profile = Path(str(report.get("profile") or "")).name
+    if not scenario.calibration or Path(scenario.calibration).name != profile:
+        return (f"it validated the step model calibrated in {profile or '?'}, this run prices steps with "
+                f"{'the analytic cost model' if not scenario.calibration else Path(scenario.calibration).name}")
+    return ""
+
+
+def applicable_band_line(source: str, scenario: Scenario) -> str:
+    """The error-band line for ``scenario``: the reports' bands if one applies, else 'no band' and why."""
+    paths = find_reports(scenario.hardware) if source == "auto" else [Path(source)]
+    if source != "auto" or not paths:
+        if source != "auto" and paths[0].is_file():
+            why = mismatch(load_report_header(paths[0]), scenario)
+            if why:
+                return f"error band: no band ({paths[0].name} does not apply: {why})"
+        return band_line(source, scenario.hardware)
+    applies = [p for p in paths if not mismatch(load_report_header(p), scenario)]
+    if not applies:
+        why = mismatch(load_report_header(paths[0]), scenario)
+        return (f"error band: no band (none of the {len(paths)} validation reports for {scenario.hardware} applies; "
+                f"the newest, {paths[0].name}: {why})")
+    return band_line(str(applies[0]), scenario.hardware)

@@ -1,0 +1,58 @@
+"""Numbers that agree (issue 19): one KV definition for the screen, the slices and the full-scale run;
+the plan's figures are `twinfer simulate --plan`'s."""
+
+from __future__ import annotations
+
+import pytest
+
+from costmodels.catalog import get_model
+from costmodels.hardware import get_hardware
+from costmodels.layout import ParallelLayout
+from costmodels.memory import memory_fit
+from planner.request import PlanRequest, SearchSpace
+from planner.search import plan_deployment
+from planner.simulate import scheduler_for
+from planner.space import enumerate_layouts
+from sim.runner import simulate
+from sim.workload import preset
+
+
+def test_screen_slice_and_full_scale_see_the_same_kv_per_rank():
+    """DEP32 decode at batch 256/rank, MTP 2, chunk 16k (the GB300 72-GPU plan's decode pool)."""
+    m, hw = get_model("deepseek-v3"), get_hardware("gb300")
+    B, d, chunk = 256, 2, 16384
+    full_sc = scheduler_for(B, 32, d, True, chunk)
+    slice_sc = scheduler_for(B, 2, d, True, chunk)  # a slice of 2 of the 32 ranks (mirror 16)
+    lay = ParallelLayout(dp=32, ep=32, weight_dtype="fp8", kv_dtype="fp8")
+    full = memory_fit(m, hw, lay, max_batched_tokens=full_sc.max_num_batched_tokens, max_running_requests=full_sc.max_num_seqs)
+    part = memory_fit(m, hw, lay, max_batched_tokens=slice_sc.max_num_batched_tokens, max_running_requests=slice_sc.max_num_seqs,
+                      sched_ranks=2)
+    opts, _ = enumerate_layouts(m, hw, 32, SearchSpace(tp=(1,), dep=(32,), two_micro_batch=(False,), eplb=("off",),
+                                                       kv_dtypes=("fp8",)))
+    opt = next(o for o in opts if o.layout.dp == 32)
+    screen = opt.kv_tokens_per_rank(m, chunk + B * (1 + d), B)
+    assert full.max_kv_tokens_per_dp_rank == part.max_kv_tokens_per_dp_rank == screen
+    # 256 seats of 5,000 tokens fit a rank with room to spare (the old whole-budget reservation left ~1/30 of it)
+    assert screen > 256 * 5000
+
+
+@pytest.fixture(scope="module")
+def report():
+    req = PlanRequest.model_validate(dict(
+        model="qwen3-30b-a3b", hardware="h200", gpus=8, workload=preset("chat"), slo={"ttft_s": 2.0, "tpot_s": 0.05},
+        simulate_top=2, sim_requests=300))
+    return plan_deployment(req, workers=1)
+
+
+def test_plan_figures_are_the_full_scale_runs_steady_window(report):
+    plan = report.recommended
+    p = plan.predicted
+    assert p.source == "simulation" and "full-scale" in p.window and p.simulated_gpus == plan.gpus_used
+    run = simulate(plan.to_scenario()).result  # what `twinfer simulate --plan` runs
+    s = run.metrics.steady
+    assert run.digest == p.sim_digest and run.num_requests == p.simulated_requests == plan.workload.num_requests
+    assert s.output_throughput_per_gpu == pytest.approx(p.output_tokens_per_s_per_gpu, rel=1e-12)
+    assert (s.ttft_s.p90, s.tpot_s.p90) == pytest.approx((p.ttft_s, p.tpot_s), rel=1e-12)
+    assert p.ttft_s <= 2.0 and p.tpot_s <= 0.05 and s.finished_fraction >= 0.99
+    # the economics are the plan's figure's
+    assert plan.economics.output_tokens_per_s == pytest.approx(p.output_tokens_per_s_per_gpu * plan.gpus_used)
