@@ -182,3 +182,23 @@ def test_async_overlap_rule_one_function_for_floats_and_runs():
                 assert one[1] == pytest.approx(dev[1] + exposed_host(float(dev[1]), host, overlap))
                 assert float(partial_overlap(host, dev[1], 0.0 if overlap else 1.0)) == pytest.approx(one[1])
     assert wall_time(0.010, 0.004, True) == 0.010 and wall_time(0.010, 0.004, False) == pytest.approx(0.014)
+
+
+@pytest.mark.parametrize("name,layout", [("deepseek-v3", ParallelLayout(tp=8, weight_dtype="fp8")),
+                                         ("deepseek-v3", ParallelLayout(tp=1, dp=8, ep=8, weight_dtype="fp8", two_micro_batch=True)),
+                                         ("llama-3.1-70b", ParallelLayout(tp=4, pp=2))])
+def test_tables_are_the_op_families_evaluated_over_counts(name, layout):
+    """A table entry is the step_ops families at that count: the same functions the breakdown evaluates at one point."""
+    from costmodels import step as st
+
+    cm = StepCostModel(get_model(name), get_hardware("h200"), layout)
+    for x in (1, 37, 511, 512, 4097):
+        for f in (1.0, 0.5):
+            fams = cm.main_terms(np.array([x * f]), prefill=False)
+            t, a = cm._look(st._T_MAIN, f, 0, x)
+            assert t == pytest.approx(sum(float(fam.total()[0]) for fam in fams), rel=1e-15)  # same arithmetic (SIMD aside)
+            assert a == pytest.approx(sum(float(p[0]) for p in (fam.a2a_total() for fam in fams) if p is not None), rel=1e-15, abs=0)
+    # and the breakdown's op list adds up to its step time (no second formula behind either)
+    sc = cm.step(BatchShape.from_lists([1] * 48 + [700], [2000] * 48 + [300], [True] * 48 + [False]))
+    if not cm._tbo(49):
+        assert sum(o.time_s for o in sc.ops) == pytest.approx(sc.time_s, rel=1e-12)
