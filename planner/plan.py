@@ -87,6 +87,7 @@ class Plan(BaseModel):
     predicted: Predicted | None = None
     economics: Economics | None = None
     why: list[str] = Field(default_factory=list)
+    defaults: list[str] = Field(default_factory=list, description="defaults the planner applied that change the answer (MTP, acceptance, expert skew)")
     assumptions: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")

@@ -334,6 +334,28 @@ def _predicted(o: SimOutcome | None, cand: Candidate, gpus: int, what: str = "sl
                      window=f"steady window of the {what} (twinfer simulate --json: metrics.steady)")
 
 
+def answer_changing_defaults(req: PlanRequest, model, draft_len: int, acceptance: tuple[float, ...]) -> list[str]:
+    """The defaults behind the plan that change its answer, said in words (printed with the plan, kept in its file)."""
+    out = []
+    if model.mtp_layers:
+        searched = req.space.draft_len if req.space.draft_len is not None else (0, 1, 2, 3)
+        how = "as asked" if req.space.draft_len is not None else "by default (the model has an MTP head)"
+        out.append(f"MTP drafts {', '.join(map(str, searched))} searched {how}; this plan drafts {draft_len} per step"
+                   + ("" if draft_len else " (MTP off)"))
+        if draft_len:
+            acc = acceptance[:draft_len]
+            out.append(f"MTP acceptance per draft position {', '.join(f'{a:.3g}' for a in acc)} (0.85^i, the scheduler's "
+                       f"default, not measured on this workload): {1 + sum(acc):.2f} tokens per decode step; lower acceptance "
+                       "means fewer tokens/s per user and per GPU")
+    if model.moe is None:
+        return out
+    el = req.expert_load
+    skew = f"Zipf({el.zipf_s:g})" if el.skew == "zipf" else el.skew
+    out.append(f"expert load skew {skew}" + (" (the default: TensorRT-LLM's DeepSeek-R1 EP32 measurement)" if el == type(el)() else " (as asked)")
+               + "; uniform load would raise wide-EP throughput, heavier skew lower it")
+    return out
+
+
 def _frontier(points: list[FrontierPoint]) -> list[FrontierPoint]:
     """The points meeting the SLO that no other dominates, by descending throughput (at most FRONTIER_POINTS, spread)."""
     good = [p for p in points if p.meets_slo]
@@ -397,11 +419,12 @@ def _make_plan(req: PlanRequest, cand: Candidate, options: list[LayoutOption], s
                       f"candidates meeting the SLO in simulation (screen predicted {cand.thr_gpu:,.0f})")
     if gpus_used < req.gpus:
         why.append(f"uses {gpus_used} of {req.gpus} GPUs: the remaining {req.gpus - gpus_used} cannot form another instance of this shape")
+    defaults = answer_changing_defaults(req, model, cand.draft_len, acceptance)
     name = f"{model.name}-{hw.name}-{req.gpus}gpu-{cand.mode}".lower()
     predicted = _predicted(o, cand, gpus_used)
     predicted.request_rate = rate
     return Plan(name=name, model=req.model, hardware=req.hardware, gpus_budget=req.gpus, mode=cand.mode, pools=pools,
                 router=router, effects=eff, workload=wl, slo=req.slo, slo_percentile=req.slo_percentile, seed=req.seed,
                 steady_after_s=warmup or None,
-                predicted=predicted, economics=econ, why=why)
+                predicted=predicted, economics=econ, why=why, defaults=defaults)
 

@@ -56,3 +56,18 @@ def test_plan_figures_are_the_full_scale_runs_steady_window(report):
     assert p.ttft_s <= 2.0 and p.tpot_s <= 0.05 and s.finished_fraction >= 0.99
     # the economics are the plan's figure's
     assert plan.economics.output_tokens_per_s == pytest.approx(p.output_tokens_per_s_per_gpu * plan.gpus_used)
+
+
+def test_defaults_that_change_the_answer_are_in_the_plan(report):
+    from costmodels.catalog import get_model
+    from planner.search import answer_changing_defaults
+
+    plan = report.recommended
+    assert plan.defaults and any("expert load skew Zipf(0.63)" in d and "default" in d for d in plan.defaults)
+    assert "defaults" in plan.to_yaml()
+    # a model with an MTP head: the searched drafts and the 0.85^i acceptance are said
+    req = PlanRequest.model_validate(dict(model="deepseek-v3", hardware="h200", gpus=8, workload=preset("chat"),
+                                          slo={"ttft_s": 2.0, "tpot_s": 0.05}))
+    lines = answer_changing_defaults(req, get_model("deepseek-v3"), 2, (0.85, 0.7225, 0.614))
+    assert "searched by default" in lines[0] and "drafts 2" in lines[0]
+    assert "0.85, 0.723" in lines[1] and "2.57 tokens per decode step" in lines[1]

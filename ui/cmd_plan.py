@@ -172,6 +172,10 @@ def print_report(con: Console, rep, out: Optional[Path]) -> None:
     con.print(f"  predicted ({pr.source}): {pr.output_tokens_per_s_per_gpu:,.0f} output tok/s/GPU, {pr.tokens_per_s_per_user:,.1f} tok/s/user, "
               f"TTFT p{plan.slo_percentile} {pr.ttft_s:.2f} s, TPOT p{plan.slo_percentile} {pr.tpot_s * 1e3:.1f} ms at {pr.request_rate:,.1f} req/s",
               highlight=False)
+    if pr.window:
+        con.print(f"  [dim]figures: {escape(pr.window)}[/]", highlight=False)
+    for d in plan.defaults:
+        con.print(f"  default: {escape(d)}", highlight=False)
     if ec is not None:
         con.print(f"  cost: ${ec.price_per_gpu_hour:.2f}/GPU-hour x {ec.gpus_used} GPUs = ${ec.cluster_cost_per_hour:,.2f}/hour; "
                   f"${ec.cost_per_million_output_tokens:,.3f} per million output tokens (${ec.cost_per_million_total_tokens:,.3f} per million total)",
