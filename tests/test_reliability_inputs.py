@@ -47,6 +47,8 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "error-band-not-a-report": (["simulate", *few, "--error-band", str(tmp / "not_a_report.json")], "not_a_report.json"),
         "error-band-missing": (["simulate", *few, "--error-band", str(tmp / "missing.json")], "missing.json: no such file"),
         "scenario-huge-int": (["simulate", "--scenario", str(tmp / "huge_int.yaml")], "huge_int.yaml"),
+        "plan-out-unwritable": (["plan", "--gpus", "8", "--hw", "h200", "--slo", "ttft_p90=2s,tpot_p90=50ms",
+                                 "--simulate", "0", "--out", str(tmp / "no" / "dir" / "p.yaml")], "p.yaml"),
     }
 
 
@@ -67,7 +69,7 @@ def results(tmp_path_factory):
 CASE_NAMES = [
     "trace-hash-budget", "trace-huge-int", "trace-deep-nesting", "trace-not-utf8", "trace-is-a-directory",
     "requests-1e9", "rate-times-duration", "csv-unwritable", "perfetto-unwritable", "error-band-not-json",
-    "error-band-not-a-report", "error-band-missing", "scenario-huge-int"]
+    "error-band-not-a-report", "error-band-missing", "scenario-huge-int", "plan-out-unwritable"]
 
 
 @pytest.mark.parametrize("name", CASE_NAMES)
