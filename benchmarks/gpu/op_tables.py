@@ -41,6 +41,22 @@ M_GRID = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 V3_GEMMS = {"qkv_a": (2112, 7168), "q_b": (24576, 1536), "kv_b": (32768, 512), "o_proj": (7168, 16384),
             "dense_gate_up": (36864, 7168), "dense_down": (7168, 18432), "shared_gate_up": (4096, 7168),
             "shared_down": (7168, 2048)}
+# which dimension tensor parallelism splits: column-parallel GEMMs split N, row-parallel ones split K;
+# qkv_a stays replicated (DeepSeek-V3 under TP, as vLLM/SGLang shard it)
+TP_SPLIT = {"q_b": "n", "kv_b": "n", "o_proj": "k", "dense_gate_up": "n", "dense_down": "k", "shared_gate_up": "n",
+            "shared_down": "k"}
+
+
+def tp_shards(tps) -> dict[str, tuple[int, int]]:
+    """V3's GEMMs as one rank of TP ``tp`` sees them, named ``<gemm>/tp<tp>``."""
+    out = {}
+    for tp in tps:
+        for name, dim in TP_SPLIT.items():
+            n, k = V3_GEMMS[name]
+            out[f"{name}/tp{tp}"] = (n // tp, k) if dim == "n" else (n, k // tp)
+    return out
+
+
 FIELDS = ["op", "lib", "dtype", "name", "m", "n", "k", "groups", "batch", "context", "device_us", "eager_us",
           "tflops", "tbs", "rel_err", "copies", "error"]
 
@@ -179,53 +195,53 @@ def masked_grouped_rows(emit, groups_grid, m_grid, shapes) -> None:
             torch.cuda.empty_cache()
 
 
-def mla_decode_rows(emit, batches, contexts) -> None:
-    """FlashMLA dense decode (bf16 KV, 128 heads, 512+64, page 64), all sequences at ``context``."""
+def mla_decode_rows(emit, batches, contexts, heads=(128,)) -> None:
+    """FlashMLA dense decode (bf16 KV, ``heads`` query heads (128 / TP), 512+64, page 64), all sequences at ``context``."""
     from kernels.vendor import _flashmla_api
     get_meta, fwd = _flashmla_api()
-    h, page, rank, dr = 128, 64, 512, 64
+    page, rank, dr = 64, 512, 64
     scale = 192 ** -0.5
-    for ctx in contexts:
-        for bsz in batches:
-            pages = (ctx + page - 1) // page
-            kv_bytes = bsz * ctx * (rank + dr) * 2
-            if kv_bytes > (40 << 30):
-                continue
-            ncop = copies_for(kv_bytes)
-            row = {"op": "mla_decode", "lib": "flashmla", "dtype": "bf16", "name": "mla_h128", "batch": bsz,
-                   "context": ctx, "copies": ncop}
-            try:
-                caches = [torch.randn(bsz * pages, page, 1, rank + dr, device="cuda", dtype=torch.bfloat16)
-                          for _ in range(ncop)]
-                table = torch.arange(bsz * pages, device="cuda", dtype=torch.int32).view(bsz, pages)
-                lens = torch.full((bsz,), ctx, device="cuda", dtype=torch.int32)
-                q = torch.randn(bsz, 1, h, rank + dr, device="cuda", dtype=torch.bfloat16)
-                meta, splits = get_meta(lens, h, 1)
+    for h, ctx, bsz in ((h, c, b) for h in heads for c in contexts for b in batches):
+        pages = (ctx + page - 1) // page
+        kv_bytes = bsz * ctx * (rank + dr) * 2
+        if kv_bytes > (40 << 30):
+            continue
+        ncop = copies_for(kv_bytes)
+        row = {"op": "mla_decode", "lib": "flashmla", "dtype": "bf16", "name": f"mla_h{h}", "batch": bsz,
+               "context": ctx, "copies": ncop}
+        try:
+            caches = [torch.randn(bsz * pages, page, 1, rank + dr, device="cuda", dtype=torch.bfloat16)
+                      for _ in range(ncop)]
+            table = torch.arange(bsz * pages, device="cuda", dtype=torch.int32).view(bsz, pages)
+            lens = torch.full((bsz,), ctx, device="cuda", dtype=torch.int32)
+            q = torch.randn(bsz, 1, h, rank + dr, device="cuda", dtype=torch.bfloat16)
+            meta, splits = get_meta(lens, h, 1)
 
-                def call(c):
-                    return fwd(q, c, table, lens, rank, meta, splits, softmax_scale=scale, causal=True)[0]
-                out = call(caches[0])
-                n_chk = min(bsz, 4)
-                want = R.mla_decode_paged(q[:n_chk].float(), caches[0][:, :, 0].float(), table[:n_chk], lens[:n_chk],
-                                          scale, rank)
-                row["rel_err"] = rel(out[:n_chk], want)
-                row["eager_us"] = eager_time_us(lambda: call(caches[0]))
-                t = graph_time_us([lambda c=c: call(c) for c in caches], reps_for(row["eager_us"]))
-                row.update(device_us=t, tbs=kv_bytes / t / 1e6,
-                           tflops=2 * bsz * h * ctx * (rank + dr + rank) / t / 1e6)
-                del caches
-            except Exception as ex:  # noqa: BLE001
-                row["error"] = f"{type(ex).__name__}: {ex}"[:300]
-                traceback.print_exc()
-            emit(row)
-            torch.cuda.empty_cache()
+            def call(c):
+                return fwd(q, c, table, lens, rank, meta, splits, softmax_scale=scale, causal=True)[0]
+            out = call(caches[0])
+            n_chk = min(bsz, 4)
+            want = R.mla_decode_paged(q[:n_chk].float(), caches[0][:, :, 0].float(), table[:n_chk], lens[:n_chk],
+                                      scale, rank)
+            row["rel_err"] = rel(out[:n_chk], want)
+            row["eager_us"] = eager_time_us(lambda: call(caches[0]))
+            t = graph_time_us([lambda c=c: call(c) for c in caches], reps_for(row["eager_us"]))
+            row.update(device_us=t, tbs=kv_bytes / t / 1e6,
+                       tflops=2 * bsz * h * ctx * (rank + dr + rank) / t / 1e6)
+            del caches
+        except Exception as ex:  # noqa: BLE001
+            row["error"] = f"{type(ex).__name__}: {ex}"[:300]
+            traceback.print_exc()
+        emit(row)
+        torch.cuda.empty_cache()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--quick", action="store_true", help="a few shapes per table (a smoke run)")
-    ap.add_argument("--tables", default="dense,masked,mla", help="comma list of dense, masked, mla")
+    ap.add_argument("--tables", default="dense,masked,mla", help="comma list of dense, dense_tp, masked, mla, mla_tp")
+    ap.add_argument("--tp", default="2,4,8", help="TP widths of the dense_tp (DeepGEMM) and mla_tp (heads = 128 / TP) tables")
     args = ap.parse_args()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -239,12 +255,16 @@ def main() -> None:
     m_grid = (1, 64, 128, 4096) if args.quick else M_GRID
     gemms = dict(list(V3_GEMMS.items())[:2]) if args.quick else V3_GEMMS
     writer = TableWriter(out, prov, t0)
+    tps = [int(t) for t in args.tp.split(",")]
     stages = [("dense", lambda: dense_gemm_rows(writer.emit, ("deepgemm", "triton"), m_grid, gemms)),
+              ("dense_tp", lambda: dense_gemm_rows(writer.emit, ("deepgemm",), m_grid, tp_shards(tps))),
               ("masked", lambda: masked_grouped_rows(writer.emit, (32,) if args.quick else (8, 32, 256),
                                                      (1, 8, 64) if args.quick else (1, 4, 8, 16, 32, 64, 128, 256),
                                                      {"expert_gate_up": (4096, 7168), "expert_down": (7168, 2048)})),
               ("mla", lambda: mla_decode_rows(writer.emit, (1, 64) if args.quick else (1, 8, 32, 64, 128, 256),
-                                              (4096,) if args.quick else (512, 2048, 8192, 32768)))]
+                                              (4096,) if args.quick else (512, 2048, 8192, 32768))),
+              ("mla_tp", lambda: mla_decode_rows(writer.emit, (1, 8, 32, 64, 128, 256), (512, 2048, 8192, 32768),
+                                                 tuple(128 // t for t in tps)))]
     for name, fn in stages:
         if name not in tables:
             continue

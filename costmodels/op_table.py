@@ -1,0 +1,235 @@
+"""Measured op tables: device time of one kernel library at a shape, looked up, never clamped silently.
+
+The tables (``costmodels/data/op_tables/<gpu>/*.csv``, written by ``benchmarks/gpu/op_tables.py`` on the
+GPU, provenance beside them) hold device microseconds per call measured inside CUDA graphs. A lookup
+answers a time and says where it came from:
+
+- ``measured``: the shape is on the grid, or between two grid points of the same shape family;
+  times are interpolated piecewise-linearly in log(size)-log(time) space (a kernel's time is a power
+  law locally: flat where it is launch/latency-bound, linear in M where it is compute-bound);
+- ``extrapolated``: beyond the grid's largest size the time follows the roofline at the efficiency of
+  the last measured point (the achieved TFLOP/s or TB/s stays, the work grows); below the smallest
+  size the smallest point's time is kept (a kernel cannot get faster than its fixed cost);
+- ``scaled``: a shape family that was not measured takes the nearest measured family's time at the
+  same size, scaled by the ratio of the two shapes' rooflines on this GPU.
+
+Every answer carries its ``source`` so output can name it. Arrays in, arrays out (numpy).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from costmodels.hardware import get_hardware
+
+DATA = Path(__file__).parent / "data" / "op_tables"
+MEASURED, EXTRAPOLATED, SCALED = "measured", "extrapolated", "scaled"
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Seconds per call for each queried size, and how each was obtained."""
+
+    seconds: np.ndarray
+    source: np.ndarray          # MEASURED / EXTRAPOLATED / SCALED per element
+    detail: str                 # which table and family answered (printed in notes)
+
+    @property
+    def worst_source(self) -> str:
+        """The least direct source among the answers (scaled > extrapolated > measured)."""
+        for s in (SCALED, EXTRAPOLATED, MEASURED):
+            if (self.source == s).any():
+                return s
+        return MEASURED
+
+
+def loglog_interp(x: np.ndarray, xs: np.ndarray, ys: np.ndarray, work: np.ndarray, work_at: np.ndarray):
+    """Times at sizes ``x`` from a grid ``xs -> ys`` (both ascending, positive).
+
+    Inside the grid: piecewise linear in log-log. Above it: the last point's time scaled by the work
+    ratio (``work`` at x over ``work_at`` at the last grid point: the roofline at fixed efficiency).
+    Below it: the first point's time. Returns (times, extrapolated mask).
+    """
+    x = np.asarray(x, dtype=float)
+    lx, lxs, lys = np.log(np.maximum(x, 1e-12)), np.log(xs), np.log(ys)
+    t = np.exp(np.interp(lx, lxs, lys))
+    above = x > xs[-1]
+    if above.any():
+        t = np.where(above, ys[-1] * work / work_at, t)
+    return t, above | (x < xs[0])
+
+
+@dataclass
+class Series:
+    """A time over one size (tokens per expert, rows), with the work that grows with it beyond the grid."""
+
+    xs: np.ndarray
+    ts: np.ndarray
+    work: callable
+    detail: str
+
+    def time(self, x) -> Lookup:
+        x = np.atleast_1d(np.asarray(x, dtype=float))
+        t, extra = loglog_interp(x, self.xs, self.ts, self.work(x), self.work(self.xs[-1]))
+        return Lookup(t, np.where(extra, EXTRAPOLATED, MEASURED).astype(object), self.detail)
+
+
+@dataclass
+class GemmTable:
+    """Dense GEMM ``[M,K] x [K,N]`` device time per library and dtype, by (N, K) family over M."""
+
+    lib: str
+    dtype: str
+    families: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # (n,k) -> (m, s)
+    peak_flops: float = 0.0       # the measured GPU's dense peak for this dtype, flop/s (roofline of scaling)
+    hbm_bw: float = 0.0           # its peak HBM bandwidth, bytes/s
+    weight_bytes_per_elem: float = 1.0
+
+    def _roofline(self, m, n, k):
+        m = np.asarray(m, dtype=float)
+        byts = n * k * self.weight_bytes_per_elem + m * (k + 2 * n)
+        return np.maximum(2.0 * m * n * k / self.peak_flops, byts / self.hbm_bw)
+
+    def nearest(self, n: int, k: int) -> tuple[int, int]:
+        """The measured (N, K) family closest in log weight size and log K (K sets the inner loop)."""
+        def dist(f):
+            return abs(np.log(f[0] * f[1] / (n * k))) + abs(np.log(f[1] / k))
+        return min(sorted(self.families), key=dist)
+
+    def time(self, m, n: int, k: int) -> Lookup:
+        """Seconds of one ``M x N x K`` GEMM for each M in ``m``."""
+        m = np.atleast_1d(np.asarray(m, dtype=float))
+        fam = (n, k) if (n, k) in self.families else self.nearest(n, k)
+        ms, ts = self.families[fam]
+        work = self._roofline(m, *fam)
+        t, extra = loglog_interp(m, ms, ts, work, self._roofline(ms[-1], *fam))
+        src = np.where(extra, EXTRAPOLATED, MEASURED).astype(object)
+        detail = f"{self.lib} {self.dtype} GEMM table, N x K {fam[0]}x{fam[1]}"
+        if fam != (n, k):
+            t = t * self._roofline(m, n, k) / work
+            src[:] = SCALED
+            detail += f" scaled by roofline to {n}x{k}"
+        return Lookup(t, src, detail)
+
+
+@dataclass
+class GridTable:
+    """A time over two sizes (e.g. MLA decode by batch x context), interpolated log-log in both."""
+
+    lib: str
+    name: str
+    xs: np.ndarray               # first axis grid (ascending)
+    ys: np.ndarray               # second axis grid (ascending)
+    seconds: np.ndarray          # [len(xs), len(ys)]
+    work: callable = None        # work(x, y) -> roofline-proportional work, for extrapolation
+
+    def time(self, x, y) -> Lookup:
+        x, y = np.broadcast_arrays(np.atleast_1d(np.asarray(x, float)), np.atleast_1d(np.asarray(y, float)))
+        # along y for each measured x, then along x
+        col = np.empty((len(self.xs), x.size))
+        extra_y = np.zeros(x.size, bool)
+        for i, xi in enumerate(self.xs):
+            w = self.work(np.full(x.size, xi), y.ravel())
+            wl = self.work(np.full(x.size, xi), np.full(x.size, self.ys[-1]))
+            col[i], e = loglog_interp(y.ravel(), self.ys, self.seconds[i], w, wl)
+            extra_y |= e
+        t = np.empty(x.size)
+        extra_x = np.zeros(x.size, bool)
+        for j in range(x.size):
+            w = self.work(x.ravel()[j], y.ravel()[j])
+            wl = self.work(self.xs[-1], y.ravel()[j])
+            tj, e = loglog_interp(np.array([x.ravel()[j]]), self.xs, col[:, j], np.array([w]), np.array([wl]))
+            t[j], extra_x[j] = tj[0], e[0]
+        src = np.where(extra_x | extra_y, EXTRAPOLATED, MEASURED).astype(object)
+        return Lookup(t.reshape(x.shape), src.reshape(x.shape), f"{self.lib} {self.name} table")
+
+
+@dataclass
+class OpTables:
+    """Every measured table of one GPU, with the provenance of the run that measured them."""
+
+    gpu: str
+    provenance: dict
+    gemm: dict[tuple[str, str], GemmTable]            # (lib, dtype) -> table
+    masked_grouped: dict[tuple[int, int, int], Series]  # (N, K, experts) -> time over tokens per expert
+    mla_decode: dict[int, GridTable]                  # query heads per GPU (128 / TP) -> table over batch x context
+
+    def gemm_table(self, dtype: str, prefer: tuple[str, ...] = ("deepgemm", "triton")) -> GemmTable | None:
+        """The table of the first preferred library measured for ``dtype`` (the kernel serving would run)."""
+        for lib in prefer:
+            if (lib, dtype) in self.gemm:
+                return self.gemm[(lib, dtype)]
+        return None
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return [r for r in csv.DictReader(f) if r.get("device_us") not in (None, "")]
+
+
+def _gemm_tables(path: Path, peak_fp8: float, hbm_bw: float) -> dict[tuple[str, str], GemmTable]:
+    out: dict[tuple[str, str], GemmTable] = {}
+    fams: dict[tuple[str, int, int], list[tuple[float, float]]] = {}
+    for r in _rows(path):
+        fams.setdefault((r["lib"], int(r["n"]), int(r["k"])), []).append((float(r["m"]), float(r["device_us"]) * 1e-6))
+    for (lib, n, k), pts in sorted(fams.items()):
+        tab = out.setdefault((lib, "fp8"), GemmTable(lib, "fp8", peak_flops=peak_fp8, hbm_bw=hbm_bw))
+        by_m: dict[float, list[float]] = {}
+        for m, t in pts:     # one shape measured under two names (V3's shared_down is o_proj's TP8 shard): the mean
+            by_m.setdefault(m, []).append(t)
+        ms = sorted(by_m)
+        tab.families[(n, k)] = (np.array(ms), np.array([float(np.mean(by_m[m])) for m in ms]))
+    return out
+
+
+def _mla_tables(path: Path, kv_entry_bytes: float = 576 * 2) -> dict[int, GridTable]:
+    """Query heads -> FlashMLA decode time over batch x context (bf16 latent cache, 512 + 64 per token)."""
+    by_heads: dict[int, dict[tuple[int, int], float]] = {}
+    for r in _rows(path):
+        heads = int(r["name"].removeprefix("mla_h"))
+        by_heads.setdefault(heads, {})[(int(r["batch"]), int(r["context"]))] = float(r["device_us"]) * 1e-6
+    out = {}
+    for heads, pts in sorted(by_heads.items()):
+        xs = np.array(sorted({p[0] for p in pts}), float)
+        ys = np.array(sorted({p[1] for p in pts}), float)
+        sec = np.array([[pts[(int(x), int(y))] for y in ys] for x in xs])
+        out[heads] = GridTable("flashmla", f"MLA decode ({heads} heads, bf16 latent 512+64)", xs, ys, sec,
+                               work=lambda b, c: np.asarray(b, float) * np.asarray(c, float) * kv_entry_bytes)
+    return out
+
+
+def _masked_tables(path: Path) -> dict[tuple[int, int, int], Series]:
+    """(N, K, experts) -> device time over tokens per expert."""
+    fams: dict[tuple[int, int, int], list[tuple[float, float]]] = {}
+    for r in _rows(path):
+        fams.setdefault((int(r["n"]), int(r["k"]), int(r["groups"])), []).append(
+            (float(r["m"]), float(r["device_us"]) * 1e-6))
+    out = {}
+    for (n, k, g), pts in sorted(fams.items()):
+        pts.sort()
+        out[(n, k, g)] = Series(np.array([p[0] for p in pts]), np.array([p[1] for p in pts]),
+                                lambda m, g=g, n=n, k=k: g * (n * k + np.asarray(m, float) * (k + 2 * n)),
+                                f"deepgemm masked grouped FP8 GEMM {g} experts x {n}x{k}")
+    return out
+
+
+@lru_cache(maxsize=None)
+def load(gpu: str) -> OpTables | None:
+    """The measured tables of ``gpu`` (case-insensitive folder name), or None when none were measured."""
+    folder = DATA / gpu.lower()
+    if not (folder / "provenance.json").is_file():
+        return None
+    hw = get_hardware(gpu)
+    prov = json.loads((folder / "provenance.json").read_text(encoding="utf-8"))
+    gemm = _gemm_tables(folder / "dense_gemm_fp8.csv", hw.tflops("fp8") * 1e12, hw.hbm_bw) \
+        if (folder / "dense_gemm_fp8.csv").is_file() else {}
+    masked = _masked_tables(folder / "grouped_gemm_masked_fp8.csv") \
+        if (folder / "grouped_gemm_masked_fp8.csv").is_file() else {}
+    mla = _mla_tables(folder / "mla_decode_bf16.csv") if (folder / "mla_decode_bf16.csv").is_file() else {}
+    return OpTables(gpu=hw.name, provenance=prov, gemm=gemm, masked_grouped=masked, mla_decode=mla)

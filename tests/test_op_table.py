@@ -1,0 +1,124 @@
+"""Measured op tables (costmodels/op_table.py): lookups hit the measured rows, interpolate between them,
+and say so whenever an answer is extrapolated or scaled from another shape."""
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from costmodels import op_table
+from costmodels.op_table import EXTRAPOLATED, MEASURED, SCALED, loglog_interp
+
+H200 = op_table.DATA / "h200"
+
+
+def _csv(name):
+    with open(H200 / name, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def tables():
+    t = op_table.load("H200")
+    assert t is not None
+    return t
+
+
+def test_provenance_names_gpu_driver_torch_date_and_command(tables):
+    env = tables.provenance["env"]
+    assert env["gpu"] == "NVIDIA H200" and "580." in env["nvidia_smi"] and env["torch"].startswith("2.")
+    assert env["date"].startswith("2026-") and all("command" in r for r in tables.provenance["runs"])
+
+
+def test_every_measured_gemm_row_is_returned_exactly(tables):
+    same_shape: dict[tuple, list[float]] = {}     # a shape measured under two names counts as their mean
+    for r in _csv("dense_gemm_fp8.csv"):
+        same_shape.setdefault((r["lib"], int(r["m"]), int(r["n"]), int(r["k"])), []).append(float(r["device_us"]) * 1e-6)
+    assert any(len(v) > 1 for v in same_shape.values())
+    for (lib, m, n, k), ts in same_shape.items():
+        look = tables.gemm[(lib, "fp8")].time(m, n, k)
+        assert look.source.tolist() == [MEASURED]
+        assert look.seconds[0] == pytest.approx(sum(ts) / len(ts), rel=1e-12)
+
+
+def test_between_grid_points_lies_between_neighbours(tables):
+    g = tables.gemm_table("fp8")
+    ms, ts = g.families[(7168, 16384)]
+    for i in range(len(ms) - 1):
+        mid = np.sqrt(ms[i] * ms[i + 1])
+        look = g.time(mid, 7168, 16384)
+        lo, hi = sorted((ts[i], ts[i + 1]))
+        assert lo <= look.seconds[0] <= hi and look.source[0] == MEASURED
+
+
+def test_beyond_the_grid_follows_the_roofline_and_says_so(tables):
+    g = tables.gemm_table("fp8")
+    big = g.families[(36864, 7168)][0][-1]
+    look = g.time([big, 2 * big, 4 * big], 36864, 7168)
+    assert look.source.tolist() == [MEASURED, EXTRAPOLATED, EXTRAPOLATED]
+    # compute-bound there: twice the rows, twice the time at the last point's achieved TFLOP/s
+    assert look.seconds[1] / look.seconds[0] == pytest.approx(2.0, rel=0.02)
+    assert look.seconds[2] / look.seconds[0] == pytest.approx(4.0, rel=0.02)
+    assert look.worst_source == EXTRAPOLATED
+
+
+def test_below_the_grid_keeps_the_fixed_cost_and_says_so():
+    t, extra = loglog_interp(np.array([0.5, 1.0, 3.0]), np.array([1.0, 4.0]), np.array([10.0, 20.0]),
+                             np.ones(3), np.ones(1))
+    assert t[0] == pytest.approx(10.0) and t[1] == pytest.approx(10.0) and 10.0 < t[2] < 20.0
+    assert extra.tolist() == [True, False, False]
+
+
+def test_an_unmeasured_shape_is_scaled_from_the_nearest_family_and_flagged(tables):
+    g = tables.gemm_table("fp8")
+    look = g.time([64, 4096], 1536, 7168)      # q_a alone (the engine fuses it with kv_a: 2112 x 7168)
+    n, k = g.nearest(1536, 7168)
+    assert look.source.tolist() == [SCALED, SCALED] and f"{n}x{k}" in look.detail and "1536x7168" in look.detail
+    ref = g.time([64, 4096], n, k).seconds
+    assert ((look.seconds < ref) == (n * k > 1536 * 7168)).all()   # less work than the reference family: less time
+
+
+def test_mla_decode_grid_lookup(tables):
+    assert sorted(tables.mla_decode) == [16, 32, 64, 128]       # 128 heads / TP 8, 4, 2, 1
+    mla = tables.mla_decode[128]
+    rows = {(int(r["batch"]), int(r["context"])): float(r["device_us"]) * 1e-6 for r in _csv("mla_decode_bf16.csv")
+            if r["name"] == "mla_h128"}
+    look = mla.time([64, 128], [8192, 2048])
+    assert look.seconds.tolist() == pytest.approx([rows[(64, 8192)], rows[(128, 2048)]], rel=1e-9)
+    assert look.source.tolist() == [MEASURED, MEASURED]
+    mid = mla.time([64], [4096])
+    assert rows[(64, 2048)] < mid.seconds[0] < rows[(64, 8192)]
+    far = mla.time([64], [131072])
+    assert far.source[0] == EXTRAPOLATED and far.seconds[0] == pytest.approx(rows[(64, 32768)] * 4, rel=1e-6)
+
+
+def test_tp_shards_are_measured_families(tables):
+    g = tables.gemm_table("fp8")
+    for n, k in ((3072, 1536), (4096, 512), (7168, 2048), (4608, 7168), (7168, 2304), (512, 7168), (7168, 256)):
+        assert g.time([64], n, k).source[0] == MEASURED      # TP8 shards of V3's GEMMs
+
+
+def test_masked_grouped_lookup(tables):
+    s = tables.masked_grouped[(7168, 2048, 32)]
+    rows = {int(r["m"]): float(r["device_us"]) * 1e-6 for r in _csv("grouped_gemm_masked_fp8.csv")
+            if r["name"] == "expert_down" and r["groups"] == "32"}
+    assert s.time([64]).seconds[0] == pytest.approx(rows[64])
+    assert s.time([1024]).source[0] == EXTRAPOLATED
+
+
+def test_no_tables_for_an_unmeasured_gpu():
+    assert op_table.load("B200") is None
+
+
+def test_measured_small_gemms_have_no_launch_floor_and_match_deepgemm_published_within_a_third(tables):
+    """Device time inside a CUDA graph at M <= 128 is close to DeepGEMM's own H800 figures (same FP8 peak,
+    less HBM bandwidth than the H200), not the ~50 us eager floor of one Python call."""
+    g = tables.gemm["deepgemm", "fp8"]
+    pub = [r for r in csv.DictReader(l for l in open(Path(__file__).parent / "data" / "deepgemm_readme_h800.csv")
+                                     if not l.startswith("#"))]
+    for r in pub:
+        m, n, k = int(r["m"]), int(r["n"]), int(r["k"])
+        t_pub = 2 * m * n * k / (float(r["tflops"]) * 1e12)
+        t_h200 = g.time(m, n, k).seconds[0]
+        assert 0.5 < t_h200 / t_pub < 1.4, (m, n, k, t_h200, t_pub)
