@@ -198,11 +198,17 @@ async def list_models(client: httpx.AsyncClient, base_url: str, api_key: str | N
     return data
 
 
+def server_root(url: str) -> str:
+    """The server's base URL: ``http://h:p``, also when given as ``http://h:p/v1`` (what `twinfer serve`
+    and vLLM print) or with a trailing slash."""
+    return url.rstrip("/").removesuffix("/v1").rstrip("/")
+
+
 async def server_info(base_url: str, model: str | None = None, api_key: str | None = None,
                       timeout_s: float = 30.0) -> tuple[str, int | None]:
     """The model to send (``model`` or the first listed) and its ``max_model_len`` if the server says."""
     async with make_client(timeout_s) as client:
-        data = await list_models(client, base_url.rstrip("/"), api_key)
+        data = await list_models(client, server_root(base_url), api_key)
     entry = next((d for d in data if d.get("id") == model), None) if model else data[0]
     if entry is None:
         return model, None
@@ -299,7 +305,7 @@ async def run_benchmark(base_url: str, items: Sequence[BenchItem], *, model: str
     """
     if closed_loop and not concurrency:
         raise ValueError("a closed loop needs a concurrency")
-    base_url = base_url.rstrip("/")
+    base_url = server_root(base_url)
     async with make_client(timeout_s) as client:
         model = model or (await list_models(client, base_url, api_key))[0]["id"]
         cal = await calibrate(client, base_url, model, api_key) if prompt_mode == "text" else None

@@ -272,3 +272,15 @@ def test_in_flight_slots_are_released_however_streams_end(server):
     while st.inflight or st.engine_ids:
         assert time.monotonic() < deadline, (st.inflight, st.engine_ids)
         time.sleep(0.02)
+
+
+def test_bench_client_takes_the_v1_url_serve_prints(server):
+    """`twinfer serve` prints http://host:port/v1; `twinfer bench --url` must accept it as given."""
+    import asyncio
+
+    from executor.bench_client import server_info, server_root
+
+    assert server_root("http://h:1/v1/") == server_root("http://h:1/") == "http://h:1"
+    for url in (server.url, server.url + "/", server.url + "/v1", server.url + "/v1/"):
+        model, max_len = asyncio.run(server_info(url))
+        assert max_len is not None and model, url
