@@ -62,3 +62,26 @@ def test_what_validation_accepts_the_sampler_can_run(body):
     else:
         out = ops.sample(logits, temp, top_k, top_p, [s.generator for s in states])
     assert out.shape == (2,) and bool(((out >= 0) & (out < 512)).all())
+
+
+_PARAMS = ("temperature", "top_p", "top_k", "seed", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "n", "stream",
+           "presence_penalty", "logprobs", "best_of", "echo", "prompt", "tools", "min_tokens", "repetition_penalty",
+           "logit_bias", "response_format", "stream_options", "user", "model")
+
+
+@FUZZ
+@given(body=st.dictionaries(st.sampled_from(_PARAMS), _any | st.dictionaries(st.text(max_size=3), _any, max_size=2),
+                            max_size=6).map(lambda d: {"prompt": "x", **d}))
+def test_every_refused_field_is_named(body):
+    """Issue 20 item 10: a refused field is always named (`param` set to it, never null), and a JSON
+    boolean is never taken as an integer."""
+    try:
+        req = P.parse_request(P.CompletionRequest, body)
+    except P.APIError as err:
+        assert err.param is not None, (body, err.message)
+        root = err.param.split("[")[0].split(".")[0]
+        assert root in body, (err.param, body)
+        return
+    for name in ("max_tokens", "top_k", "seed", "n", "best_of"):
+        assert not isinstance(body.get(name), bool) or body[name] is None, (name, body)
+    assert not isinstance(req.max_tokens, bool)
