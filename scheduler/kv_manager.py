@@ -92,7 +92,7 @@ class KVManager:
         ``match``'s (cached blocks shared, tier blocks loaded back); False, nothing changed, if not free.
         ``cache=False``: its blocks are never offered to the prefix cache (KV computed elsewhere)."""
         hits = match.hits
-        need = max(0, -(-num_tokens // self.block_size) - len(hits))
+        need = -(-num_tokens // self.block_size) - len(hits)
         if need > self.blocks.num_free - (self.cache.count_unused(hits) if hits else 0):
             return False
         if match.host or match.storage:
@@ -103,7 +103,7 @@ class KVManager:
         req._anon_blocks = 0
         req._cached_blocks = len(hits)
         req._cache_done = not cache
-        if need:
+        if need > 0:
             self._add_blocks(req, need)
         return True
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scheduler.config import SchedulerConfig
-from scheduler.kv_manager import CountedKV, PagedKV
+from scheduler.kv_manager import NO_MATCH, CountedKV, PagedKV
 from scheduler.plan import ScheduledChunk, StepPlan, StepResult
 from scheduler.request import Request, RequestStatus
 
@@ -214,17 +214,22 @@ class Scheduler:
             raise ValueError(f"max_steps={max_steps} must be >= 1")
         if self._prefilled:
             self._admit_prefilled(now)
-        if max_steps > 1 and self.batch.reqs and not self.prefilling and not self._has_waiting():
+        if max_steps > 1 and self.batch.reqs and not self.prefilling and not (self._fifo or self._heap):
             plan = self._schedule_decode_run(max_steps)
             if plan is not None:
                 return plan
         preempted: list[Request] = []
-        budget = self.config.max_num_batched_tokens - self._schedule_decodes(preempted)
+        budget = self.config.max_num_batched_tokens
+        if self.batch.reqs:
+            budget -= self._schedule_decodes(preempted)
         cap = self.config.long_prefill_threshold or budget  # most prompt tokens of one request per step
         chunks: list[ScheduledChunk] = []
-        budget = self._schedule_prefills(chunks, budget, cap, preempted)
+        if self.prefilling:
+            budget = self._schedule_prefills(chunks, budget, cap, preempted)
+        loaded = (0, 0)
         # never start a waiting request right after a preemption (the next step may re-admit the victim)
-        loaded = (0, 0) if preempted else self._schedule_waiting(now, chunks, budget, cap)
+        if not preempted and (self._fifo or self._heap):
+            loaded = self._schedule_waiting(now, chunks, budget, cap)
         steps = 1
         if max_steps > 1 and self.batch.n and not chunks and not preempted:
             steps = self._decode_horizon(max_steps)
@@ -246,8 +251,6 @@ class Scheduler:
         """Reserve every running decode's next step, preempting the latest arrivals until the KV fits;
         returns the tokens the decodes take."""
         batch, s = self.batch, self._tokens_per_decode
-        if not batch.reqs:
-            return 0
         while not self.kv.reserve_decodes(batch, s):
             self._preempt(self._pick_victim(), preempted)
         return len(batch.reqs) * s
@@ -285,23 +288,27 @@ class Scheduler:
         return 0
 
     def _schedule_waiting(self, now: float, chunks: list[ScheduledChunk], budget: int, cap: int) -> tuple[int, int]:
-        """Start waiting requests in policy order while budget, seats and KV last, each past its cached
-        prefix; returns the prefix blocks loaded back from the (host, storage) tiers."""
+        """Start waiting requests in policy order while budget, seats and KV last: each past its cached
+        prefix, a chunk that fits, its KV admitted, it prefills. Returns the prefix blocks loaded back
+        from the (host, storage) tiers."""
         cfg, kv = self.config, self.kv
-        bs, swa, chunked = self.block_size, cfg.swa_replay_tokens, cfg.enable_chunked_prefill
+        bs, swa, chunked, caching = self.block_size, cfg.swa_replay_tokens, cfg.enable_chunked_prefill, cfg.enable_prefix_caching
         fifo = self._fifo if not self._priority else None
         host = storage = 0
-        while budget > 0 and self.num_running < cfg.max_num_seqs:
+        seats = cfg.max_num_seqs - self.num_running
+        while budget > 0 and seats > 0:
             req = fifo[0] if fifo else self._peek_waiting()
             if req is None:
                 break
             out_tokens = req.num_output_tokens
             num_tokens = req.prompt_len + out_tokens
-            match = kv.match_prefix(req, num_tokens)
-            held = match.num_blocks * bs
-            # sliding-window bounded replay: the cached prefix's last tokens are recomputed (into the
-            # blocks it already holds) because their window KV was not kept with the prefix
-            hit_tokens = held - min(swa, held)
+            match, hit_tokens = NO_MATCH, 0
+            if req.block_hashes:  # (a request without hashes has nothing to look up)
+                match = kv.match_prefix(req, num_tokens)
+                held = match.num_blocks * bs
+                # sliding-window bounded replay: the cached prefix's last tokens are recomputed (into the
+                # blocks it already holds) because their window KV was not kept with the prefix
+                hit_tokens = held - min(swa, held)
             todo = num_tokens - hit_tokens
             if chunked or out_tokens:  # recomputes may always chunk
                 chunk = min(todo, budget, cap)
@@ -311,26 +318,26 @@ class Scheduler:
                 chunk = todo
             if not kv.admit(req, hit_tokens + chunk, match):
                 break
-            self._pop_waiting()
+            if fifo:
+                fifo.popleft()
+            else:
+                self._pop_waiting()
+            seats -= 1
             host += match.host
             storage += match.storage
-            self._start_prefill(req, now, hit_tokens)
+            req._num_computed_tokens = hit_tokens  # (waiting: not in the decode batch)
+            if req.num_preemptions == 0:
+                req.num_cached_tokens = hit_tokens
+                if caching:
+                    self.prefix_query_tokens += req.prompt_len
+                    self.prefix_hit_tokens += hit_tokens
+            req.status = RequestStatus.RUNNING
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+            self.prefilling.append(req)
             chunks.append(ScheduledChunk(req, chunk, hit_tokens, hit_tokens + chunk == num_tokens))
             budget -= chunk
         return host, storage
-
-    def _start_prefill(self, req: Request, now: float, hit_tokens: int) -> None:
-        """``req`` (its KV admitted, ``hit_tokens`` of it cached) becomes a running prefill."""
-        req._num_computed_tokens = hit_tokens  # (waiting: not in the decode batch)
-        if req.num_preemptions == 0:
-            req.num_cached_tokens = hit_tokens
-            if self.config.enable_prefix_caching:
-                self.prefix_query_tokens += req.prompt_len
-                self.prefix_hit_tokens += hit_tokens
-        req.status = RequestStatus.RUNNING
-        if req.first_scheduled_time is None:
-            req.first_scheduled_time = now
-        self.prefilling.append(req)
 
     def _decode_horizon(self, max_steps: int) -> int:
         """Reserve KV for, and return, the most steps (<= max_steps) a decode-only plan may run.
@@ -449,7 +456,8 @@ class Scheduler:
                 continue
             # a prefilling request holds its own counters (it joins the decode batch below)
             req._num_computed_tokens = c.context_len + c.num_new_tokens
-            self.kv.cache_computed(req)
+            if req.block_hashes:
+                self.kv.cache_computed(req)
             if not c.is_last_chunk:
                 continue
             out = req._num_output_tokens
@@ -515,9 +523,6 @@ class Scheduler:
             self._fifo.appendleft(req)
         else:
             self._fifo.append(req)
-
-    def _has_waiting(self) -> bool:
-        return bool(self._heap) if self._priority else bool(self._fifo)
 
     def _peek_waiting(self) -> Request | None:
         if self._priority:
