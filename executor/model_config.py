@@ -239,7 +239,8 @@ def spec_to_hf_config(cfg: ExecModelConfig) -> dict:
     """An HF-style config.json for ``cfg`` (used to save dummy checkpoints in tests)."""
     s = cfg.spec
     out: dict = {
-        "model_type": "deepseek_v3" if cfg.is_deepseek else ("qwen3_moe" if s.is_moe else "llama"),
+        # an indexer makes it V3.2: written as deepseek_v3 it reloaded without its indexer (a different model)
+        "model_type": ("deepseek_v32" if s.indexer else "deepseek_v3") if cfg.is_deepseek else ("qwen3_moe" if s.is_moe else "llama"),
         "num_hidden_layers": s.num_layers, "hidden_size": s.hidden_size, "vocab_size": s.vocab_size,
         "num_attention_heads": s.num_attention_heads, "num_key_value_heads": s.num_kv_heads,
         "head_dim": s.head_dim, "intermediate_size": s.intermediate_size, "rms_norm_eps": s.rms_norm_eps,

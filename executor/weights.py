@@ -103,12 +103,34 @@ def _scale_name(name: str) -> str:
 
 # ----------------------------------------------------------------------------- loading
 
+def checkpoint_files(hf_dir: str | Path) -> list[Path]:
+    """The shards named by ``model.safetensors.index.json`` (HF's sharded layout), else every ``*.safetensors``.
+
+    With an index, a listed shard that is missing is an error naming it (a partial download would
+    otherwise surface as a long list of parameters without tensors), and stray files are ignored.
+    """
+    d = Path(hf_dir)
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise TwinferError(f"{index}: expected a JSON object with a 'weight_map' of tensor name -> shard file") from None
+        missing = [n for n in names if not (d / n).is_file()]
+        if missing:
+            raise TwinferError(f"{index} lists {len(missing)} shard(s) not in the folder, e.g. {missing[0]}")
+        return [d / n for n in names]
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        raise TwinferError(f"{hf_dir}: no *.safetensors files")
+    return files
+
+
 @torch.no_grad()
 def load_hf(model: CausalLM, hf_dir: str | Path) -> None:
     """Fill ``model`` from ``hf_dir/*.safetensors``; raises if a parameter gets no tensor."""
-    files = sorted(Path(hf_dir).glob("*.safetensors"))
-    if not files:
-        raise TwinferError(f"{hf_dir}: no *.safetensors files")
+    files = checkpoint_files(hf_dir)
     params = dict(model.named_parameters())
     target: dict[str, tuple[str, tuple | None]] = {}
     for iname, entries in hf_names(model).items():
@@ -117,6 +139,7 @@ def load_hf(model: CausalLM, hf_dir: str | Path) -> None:
     filled: set[tuple[str, tuple | None]] = set()
     pending_w: dict[str, torch.Tensor] = {}   # fp8 checkpoint weights waiting for their scale
     pending_s: dict[str, torch.Tensor] = {}
+    unused: list[str] = []                    # tensors of modelled layers the executor has no parameter for
 
     def put(hf: str, t: torch.Tensor) -> None:
         iname, sl = target[hf]
@@ -146,6 +169,8 @@ def load_hf(model: CausalLM, hf_dir: str | Path) -> None:
                 pending_w[hf] = t
             elif hf in target:
                 put(hf, t)
+            elif _in_model(hf, model.cfg.spec.num_layers):
+                unused.append(hf)
             for w in [w for w in pending_w if w in pending_s]:
                 if w in target:
                     put(w, ref.dequant_fp8_weight(pending_w[w], pending_s[w].float()))
@@ -154,6 +179,19 @@ def load_hf(model: CausalLM, hf_dir: str | Path) -> None:
     missing = sorted({n for n, _ in expected - filled})
     if missing:
         raise TwinferError(f"{hf_dir}: no checkpoint tensor for {len(missing)} parameters, e.g. {', '.join(missing[:5])}")
+    unused += [w for w in pending_w if _in_model(w, model.cfg.spec.num_layers)]   # fp8 weights whose scale never came
+    if unused:
+        raise TwinferError(f"{hf_dir}: {len(unused)} checkpoint tensors have no place in the executor's model (a mechanism "
+                           f"it does not compute, or a config.json that disagrees with the weights), e.g. {', '.join(sorted(unused)[:5])}")
+
+
+def _in_model(hf_name: str, num_layers: int) -> bool:
+    """Whether a checkpoint tensor belongs to what the model computes: layers past ``num_layers`` (MTP, or a stack
+    cut short with ``num_layers``) are loaded by name or skipped; rotary caches are recomputed."""
+    if hf_name.endswith("rotary_emb.inv_freq"):
+        return False
+    m = re.match(r"^model\.layers\.(\d+)\.", hf_name)
+    return m is None or int(m.group(1)) < num_layers
 
 
 @torch.no_grad()

@@ -182,6 +182,8 @@ class HFTokenizer:
         self.bos_token_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         tmpl = cfg.get("chat_template")
+        if tmpl is None and (d / "chat_template.jinja").is_file():   # where transformers >= 4.43 saves it
+            tmpl = (d / "chat_template.jinja").read_text(encoding="utf-8")
         if isinstance(tmpl, list):  # named templates: the "default" one serves chat
             tmpl = next((t.get("template") for t in tmpl if t.get("name") == "default"), None)
         self.chat_template: str | None = tmpl
