@@ -6,7 +6,7 @@ memoises, and how it interpolates, is in :class:`MemoStepCost`.
 
 from __future__ import annotations
 
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -35,7 +35,8 @@ class MemoStepCost:
     ``T[i] * (1 - w) + T[i + 1] * w``, linear between grid points one token of mean context apart
     (relative error < 1e-5 against direct calls, checked in tests); the point after a block's last
     is the next block's first. Consecutive steps of one run sit one grid point apart and share
-    ``w``. ``decode_times``, ``decode_times_at``, ``decode_time`` and ``decode_run`` all apply it.
+    ``w``. ``decode_times``, ``decode_times_at`` and ``decode_time`` apply it, and so does
+    ``sim.backend.SimBackend._decode_run_until``, which walks the blocks inline for speed.
     A k-step plan then costs a table lookup instead of a cost-model call, and steps can be priced
     at any context sums (e.g. those speculative decoding actually reached).
     """
@@ -142,24 +143,3 @@ class MemoStepCost:
         t, first = self._table(n, draft_len, i, i + num_steps)
         seg = t[i - first : i - first + num_steps + 1]
         return seg[:-1] * (1.0 - frac) + seg[1:] * frac
-
-    def decode_run(self, n: int, context_sum: float) -> Iterator[float]:
-        """Device times of consecutive draft-free decode steps of ``n`` requests whose contexts sum to
-        ``context_sum`` (sum_only models; the numbers of ``decode_times``), one step at a time: a run
-        cut at an arrival prices only the steps it runs."""
-        u = float(context_sum) / n   # mean context in grid units (g = 1)
-        i = int(u)
-        frac = u - i
-        keep = 1.0 - frac
-        B = self.BLOCK
-        b, j = divmod(i, B)
-        blk = self._block(n, 0, b)
-        while True:
-            a = blk.item(j)
-            if j + 1 < B:
-                j += 1
-            else:  # the next grid point is the next block's first (as _table joins them)
-                b += 1
-                blk = self._block(n, 0, b)
-                j = 0
-            yield a * keep + blk.item(j) * frac
