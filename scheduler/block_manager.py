@@ -12,10 +12,10 @@ class BlockManager:
     blocks have one reference per holder), or cached-unused (in the prefix cache with ``ref == 0``:
     its KV is kept for future hits, and it is evicted only when an allocation needs the space).
 
-    Blocks can also be *reserved* by count (``reserve``/``unreserve``): the simulator has no device
-    memory to address, so blocks that can never enter the prefix cache (decode growth, unhashed
-    prompt tails) are counted rather than named; reserved blocks stay on the free list but are not
-    available. The executor names every block (its attention kernels need the ids).
+    Blocks can also be *reserved* by count (``reserve``/``unreserve``): CountedKV (the simulator, no
+    device memory to address) counts the blocks that can never enter the prefix cache (decode
+    growth, unhashed prompt tails) rather than naming them; reserved blocks stay on the free list but
+    are not available. PagedKV (the executor) names every block: its attention kernels need the ids.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):

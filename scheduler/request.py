@@ -48,7 +48,7 @@ class Request:
                  # scheduler bookkeeping: the DecodeBatch holding the token counters (or None) and the row
                  # there; admission order (the stable tie-break); leading blocks that are prefix-cache
                  # nodes; stop inserting this request's blocks into the prefix cache; KV blocks held by
-                 # count after the named ``block_ids`` (simulator)
+                 # count after the named ``block_ids`` (CountedKV)
                  "_batch", "_slot", "_seq", "_cached_blocks", "_cache_done", "_anon_blocks")
 
     def __init__(self, request_id: str, arrival_time: float, prompt_len: int, output_len: int,
