@@ -22,16 +22,16 @@ export TWINFER_KERNEL_FP8_GEMM=${TWINFER_KERNEL_FP8_GEMM:-triton}   # DeepGEMM J
 stage "twinfer run tiny"
 timeout ${T_TINY:-50} python3 -m benchmarks.gpu.cli run --model tiny --device cuda --dtype bf16 --requests 64 \
   --max-input-len 1024 --max-output-len 64 --rate 50 --draft-len 2 --num-kv-blocks 4096 \
-  --step-log "$OUT/steps_tiny.jsonl" --json "$OUT/run_tiny.json"
+  --step-log "$OUT/steps_tiny.jsonl" --out "$OUT/run_tiny.json"
 
 stage "twinfer run deepseek-v3 (first 5 layers: 3 dense + 2 MoE, + MTP layer), fp8"
 timeout ${T_DSV3:-150} python3 -m benchmarks.gpu.cli run --model deepseek-v3 --num-layers 5 --device cuda --dtype fp8 \
   --requests 32 --max-input-len 2048 --max-output-len 64 --rate 8 --max-num-seqs 64 --max-model-len 4096 \
-  --step-log "$OUT/steps_dsv3.jsonl" --json "$OUT/run_dsv3.json"
+  --step-log "$OUT/steps_dsv3.jsonl" --out "$OUT/run_dsv3.json"
 if [ -n "${EXTRA_MTP:-}" ]; then   # the same model drafting 1 token per step with its MTP layer
   stage "twinfer run deepseek-v3 5 layers fp8, MTP draft 1"
   timeout ${T_MTP:-100} python3 -m benchmarks.gpu.cli run --model deepseek-v3 --num-layers 5 --device cuda --dtype fp8 \
     --requests 32 --max-input-len 2048 --max-output-len 64 --rate 8 --max-num-seqs 64 --max-model-len 4096 --draft-len 1 \
-    --json "$OUT/run_dsv3_mtp.json"
+    --out "$OUT/run_dsv3_mtp.json"
 fi
 stage done

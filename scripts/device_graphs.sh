@@ -18,6 +18,6 @@ timeout ${T_TESTS:-100} python3 -m pytest -q -p no:cacheprovider -m gpu tests/te
 stage "twinfer run deepseek-v3 5 layers fp8, graphs on"
 timeout ${T_RUN:-90} python3 -m benchmarks.gpu.cli run --model deepseek-v3 --num-layers 5 --device cuda --dtype fp8 \
   --requests 32 --max-input-len 512 --max-output-len 32 --rate 50 --max-num-seqs 64 --max-model-len 2048 --no-warmup \
-  --step-log "$OUT/steps_graphs.jsonl" --json "$OUT/run_graphs.json" | tail -20
+  --step-log "$OUT/steps_graphs.jsonl" --out "$OUT/run_graphs.json" | tail -20
 stage done
 ls -la "$OUT"

@@ -17,7 +17,7 @@ def test_run_tiny_workload(tmp_path):
     steps, out = tmp_path / "steps.jsonl", tmp_path / "run.json"
     res = CliRunner().invoke(app, ["run", "--model", "tiny", "--requests", "4", "--max-input-len", "80",
                                    "--max-output-len", "5", "--rate", "50", "--block-size", "16",
-                                   "--step-log", str(steps), "--json", str(out)])
+                                   "--step-log", str(steps), "--out", str(out)])
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     assert data["metrics"]["requests_finished"] == 4

@@ -19,6 +19,13 @@ import numpy as np
 import typer
 
 from twinfer.errors import TwinferError
+from ui.progress import watch
+
+
+# A preset as it is (chat: 1,000 requests, ~1,500-token prompts, ~400-token outputs) runs for hours
+# through the CPU executor (the tiny model: ~1 CPU-second per step on this project's 2-core box);
+# this much takes well under a minute and still shows prefill, batched decode and the metrics.
+CPU_REQUESTS, CPU_MAX_INPUT, CPU_MAX_OUTPUT = 8, 256, 16
 
 
 def register(app: typer.Typer) -> None:
@@ -54,6 +61,22 @@ def _load_workload(workload: str, requests: Optional[int], rate: Optional[float]
     return preset(workload, **over)
 
 
+def count_finished(engine) -> list[int]:
+    """[requests finished, output tokens] as the engine's steps return them (for the progress bar and Ctrl-C)."""
+    counts = [0, 0]
+    step = engine.step
+
+    def counted_step():
+        outs = step()
+        for o in outs:
+            counts[0] += bool(o.finished)
+            counts[1] += len(o.new_token_ids)
+        return outs
+
+    engine.step = counted_step  # this engine only; replay calls engine.step()
+    return counts
+
+
 def _graphs_info(g) -> dict:
     """Captured decode graph sizes, failures and capture time (empty dict when eager)."""
     if g is None:
@@ -67,10 +90,11 @@ def run(
     device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp32 | fp8 [fp32 on cpu, bf16 on cuda]"),
     workload: str = typer.Option("chat", "--workload", "-w", help="workload preset name or YAML/JSON WorkloadSpec file"),
-    requests: Optional[int] = typer.Option(None, "--requests", "-n", min=1, help="number of requests (overrides the workload)"),
+    requests: Optional[int] = typer.Option(None, "--requests", "-n", min=1,
+                                           help=f"number of requests [the workload's; {CPU_REQUESTS} on cpu]"),
     rate: Optional[float] = typer.Option(None, "--rate", help="arrival rate, requests/s (overrides the workload)"),
-    max_input_len: Optional[int] = typer.Option(None, "--max-input-len", min=1, help="clamp prompt lengths"),
-    max_output_len: Optional[int] = typer.Option(None, "--max-output-len", min=1, help="clamp output lengths"),
+    max_input_len: Optional[int] = typer.Option(None, "--max-input-len", min=1, help=f"clamp prompt lengths [none; {CPU_MAX_INPUT} on cpu]"),
+    max_output_len: Optional[int] = typer.Option(None, "--max-output-len", min=1, help=f"clamp output lengths [none; {CPU_MAX_OUTPUT} on cpu]"),
     seed: int = typer.Option(0, "--seed"),
     scheduler_config: Optional[Path] = typer.Option(None, "--scheduler-config", help="SchedulerConfig YAML/JSON"),
     plan: Optional[Path] = typer.Option(None, "--plan", help="deployment plan file; its 'scheduler' section is the base config"),
@@ -87,10 +111,12 @@ def run(
     warmup: Optional[bool] = typer.Option(None, "--warmup/--no-warmup", help="compile kernels on throwaway requests first [on for cuda]"),
     enforce_eager: bool = typer.Option(False, "--enforce-eager", help="no CUDA graphs for decode steps (eager only)"),
     step_log: Optional[Path] = typer.Option(None, "--step-log", help="write one JSON line per executed step"),
-    as_json: Optional[Path] = typer.Option(None, "--json", help="write metrics and run info as JSON"),
+    as_json: bool = typer.Option(False, "--json", help="print metrics and run info as JSON (nothing else on stdout)"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="write metrics and run info as JSON to this file"),
 ) -> None:
     """Replay the workload; print the metrics."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from executor.engine import LLMEngine  # torch behind this import
@@ -111,6 +137,7 @@ def run(
     if "max_num_seqs" in sc and "max_num_batched_tokens" not in sc:
         sc["max_num_batched_tokens"] = max(8192, sc["max_num_seqs"] * (1 + sc.get("draft_len", 0)))
     sched_cfg = validate(SchedulerConfig, sc, str(scheduler_config or "scheduler options"))
+    err = Console(stderr=True)
     dtype = dtype or ("bf16" if device == "cuda" else "fp32")
     t_build = time.perf_counter()
     engine = LLMEngine.from_args(model, load_format=load_format, device=device, dtype=dtype, seed=seed,
@@ -120,6 +147,10 @@ def run(
     build_s = time.perf_counter() - t_build
     warmup_s = engine.warmup() if (warmup if warmup is not None else device == "cuda") else 0.0
 
+    if device == "cpu" and None in (requests, max_input_len, max_output_len):
+        requests, max_input_len, max_output_len = requests or CPU_REQUESTS, max_input_len or CPU_MAX_INPUT, max_output_len or CPU_MAX_OUTPUT
+        err.print(f"[dim]cpu-sized run: {requests} requests of {escape(workload)!r}, prompts <= {max_input_len} and outputs <= "
+                  f"{max_output_len} tokens (--requests/--max-input-len/--max-output-len to change)[/]", highlight=False)
     spec = _load_workload(workload, requests, rate)
     reqs = generate(spec, np.random.default_rng(seed), engine.block_size)
     if not reqs:
@@ -142,8 +173,16 @@ def run(
                                     "kv_used_blocks": stats.kv_used_blocks}) + "\n")
             t += rec["wall_s"]
 
+    finished = count_finished(engine)
+    t_run = time.perf_counter()
     try:
-        res = replay(engine, items, temperature=temperature, seed=seed, on_plan=write_log if log_f is not None else None)
+        with watch(lambda: finished[0], len(items), "run", err, transient=as_json):
+            res = replay(engine, items, temperature=temperature, seed=seed, on_plan=write_log if log_f is not None else None)
+    except KeyboardInterrupt:
+        err.print(f"[yellow]interrupted after {time.perf_counter() - t_run:.1f} s wall: {finished[0]} of {len(items)} requests "
+                  f"finished, {finished[1]:,} output tokens ({finished[1] / max(time.perf_counter() - t_run, 1e-9):,.1f} tokens/s wall); "
+                  "no metrics for a cut run[/]", highlight=False)
+        raise typer.Exit(130) from None
     finally:
         if log_f is not None:
             log_f.close()
@@ -156,8 +195,12 @@ def run(
             "num_kv_blocks": engine.scheduler.blocks.num_blocks, "build_s": build_s, "warmup_s": warmup_s, "wall_s": wall_s,
             "kernels": kernels_used, "kernel_steps": backend_steps, "kernel_fallbacks": dict(ops.fallbacks),
             "cuda_graphs": _graphs_info(engine.runner.graphs) or {"off": engine.runner.graphs_off_reason}}
+    doc = json.dumps({"run": info, "metrics": summary.model_dump()}, indent=1, default=str)
+    if out is not None:
+        Path(out).write_text(doc)
     if as_json:
-        Path(as_json).write_text(json.dumps({"run": info, "metrics": summary.model_dump()}, indent=1, default=str))
+        print(doc)
+        return
 
     con = Console()
     tab = Table(title=f"twinfer run: {model} on {device} ({dtype}), {len(items)} requests of '{workload}'")

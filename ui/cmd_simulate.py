@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from importlib import resources
 from pathlib import Path
@@ -13,8 +14,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from planner.slo import SLOSpec, parse_slo, slo_in_mapping
 from twinfer.config import read_mapping, validate
 from twinfer.errors import TwinferError
+from ui.progress import done_requests, partial_metrics, watch
 
 
 def _base_mapping(scenario: str | None) -> tuple[dict, str]:
@@ -50,6 +53,7 @@ def effective_scenario(scenario: str | None = None, **overrides):
     from sim.scenario import Scenario
 
     data, source = _base_mapping(scenario)
+    slo_in_mapping(data, source, percentile_key=None)  # 'slo: ttft_p90=2s,tpot_p90=50ms' in a scenario file
     o = {k: v for k, v in overrides.items() if v is not None}
     given = dict(o)
     if "workload" in o:  # a preset replaces the workload; --rate/--requests/--duration still apply
@@ -123,7 +127,54 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:,.1f}"
 
 
-def _print_result(con: Console, res, wall_s: float) -> None:
+def scenario_requests(sc) -> list:
+    """The requests ``sim.runner.simulate`` would generate for ``sc`` (its first seed draw seeds the workload).
+
+    Generated here so a progress bar can count them as they finish; a test checks the digest is
+    the one the runner gets generating them itself.
+    """
+    import numpy as np
+
+    from sim.workload import generate
+
+    workload_seed = int(np.random.default_rng(sc.seed).integers(0, 2**63 - 1, size=2)[0])
+    return generate(sc.workload, np.random.default_rng(workload_seed), sc.scheduler.block_size)
+
+
+def slo_spec(flag: str | None, plan: str | None, scenario: str | None, sc) -> SLOSpec | None:
+    """The SLO the verdict uses: --slo, else the scenario's (its percentile where the file names one, else p90)."""
+    if flag is not None:
+        return parse_slo(flag, "--slo")
+    if sc.slo is None:
+        return None
+    pct = 90
+    if plan is not None:
+        from planner.plan import load_plan
+
+        pct = load_plan(plan).slo_percentile
+    else:
+        raw, source = _base_mapping(scenario)
+        if isinstance(raw.get("slo"), str):
+            return parse_slo(raw["slo"], f"{source}: slo")
+    return SLOSpec(ttft_s=sc.slo.ttft_s, tpot_s=sc.slo.tpot_s, percentile=pct, e2e_s=sc.slo.e2e_s)
+
+
+def print_partial(con: Console, requests: list, sc, spec: SLOSpec | None, wall_s: float) -> None:
+    """What a run cut by Ctrl-C got through: counts and latencies of the requests finished so far."""
+    done = [r for r in requests if r.finish_time is not None]
+    con.print(f"[yellow]interrupted after {wall_s:.1f} s: {len(done):,} of {len(requests):,} requests finished; "
+              "partial figures (no drain, not comparable to a full run):[/]", highlight=False)
+    if not done:
+        return
+    m = partial_metrics(requests, sc.num_gpus, sc.slo)
+    for name, st in (("TTFT", m.ttft_s), ("TPOT", m.tpot_s), ("E2E", m.e2e_s)):
+        con.print(f"  {name} ms mean/p50/p90/p99: {_ms(st.mean)} / {_ms(st.p50)} / {_ms(st.p90)} / {_ms(st.p99)}", highlight=False)
+    con.print(f"  output tokens/s per GPU {m.output_throughput_per_gpu:,.0f} over {m.duration_s:,.1f} simulated s", highlight=False)
+    if spec is not None:
+        con.print("  " + escape(spec.verdict(m)[1]), highlight=False)
+
+
+def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None) -> None:
     m = res.metrics
     sc = res.scenario
     lay = sc["layout"]
@@ -151,6 +202,9 @@ def _print_result(con: Console, res, wall_s: float) -> None:
     if m.goodput is not None and m.slo is not None:
         thr.add_row(f"goodput (TTFT<={m.slo.ttft_s:g}s, TPOT<={m.slo.tpot_s * 1e3:g}ms)",
                     f"{m.goodput:,.2f} req/s ({100 * (m.goodput_fraction or 0):.1f}% of requests)")
+    if spec is not None:
+        ok, _ = spec.verdict(m)
+        thr.add_row(f"meets the SLO ({escape(spec.text())})", "yes" if ok else "[red]no[/]")
     price = _price(sc["hardware"])
     if price and m.output_throughput > 0:
         usd = price * res.num_gpus / (m.output_throughput * 3600) * 1e6
@@ -200,13 +254,13 @@ def register(app: typer.Typer) -> None:
         model: Optional[str] = typer.Option(None, "--model", "-m", help="model catalog name, HF config.json (or its folder) or ModelSpec YAML; layout dtypes then follow its checkpoint unless --dtype"),
         hardware: Optional[str] = typer.Option(None, "--hardware", "--hw", help="GPU catalog name or hardware YAML (twinfer hardware --template)"),
         calibration: Optional[str] = typer.Option(None, "--calibration", help="calibration profile JSON whose efficiencies replace the defaults (twinfer calibrate)"),
-        instances: Optional[int] = typer.Option(None, "--instances", "-n", help="identical instances behind the router"),
+        instances: Optional[int] = typer.Option(None, "--instances", help="identical instances behind the router"),
         tp: Optional[int] = typer.Option(None, "--tp", help="tensor parallel per instance"),
         dp: Optional[int] = typer.Option(None, "--dp", help="attention data parallel per instance"),
         ep: Optional[int] = typer.Option(None, "--ep", help="expert parallel per instance"),
         dtype: Optional[str] = typer.Option(None, "--dtype", help="weight dtype bf16|fp8|fp4"),
         rate: Optional[float] = typer.Option(None, "--rate", "-r", help="arrivals per second"),
-        requests: Optional[int] = typer.Option(None, "--requests", help="number of requests (trace: first N)"),
+        requests: Optional[int] = typer.Option(None, "--requests", "-n", help="number of requests (trace: first N)"),
         duration: Optional[float] = typer.Option(None, "--duration", help="arrivals only before this many seconds"),
         workload: Optional[str] = typer.Option(None, "--workload", "-w", help="workload preset: chat, long-context, summarize, agentic, reasoning"),
         trace: Optional[str] = typer.Option(None, "--trace", help="replay a trace file instead of a generated workload"),
@@ -217,6 +271,7 @@ def register(app: typer.Typer) -> None:
         draft_len: Optional[int] = typer.Option(None, "--draft-len", help="MTP draft tokens per decode step"),
         router: Optional[str] = typer.Option(None, "--router", help="round_robin | least_outstanding | prefix_aware"),
         seed: Optional[int] = typer.Option(None, "--seed", help="random seed"),
+        slo: Optional[str] = typer.Option(None, "--slo", help="latency targets for goodput and the 'meets the SLO' verdict, e.g. ttft_p90=2s,tpot_p90=50ms [the scenario's, at p90]"),
         as_json: bool = typer.Option(False, "--json", help="print the full result as JSON (nothing else on stdout)"),
         csv: Optional[Path] = typer.Option(None, "--csv", help="write the metrics as metric,value CSV"),
         perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="write a Perfetto/Chrome trace of every plan"),
@@ -254,16 +309,27 @@ def register(app: typer.Typer) -> None:
         from sim.export import to_json, write_csv, write_perfetto
         from sim.runner import simulate as run
 
-        con = Console(stderr=as_json)
-        if not as_json:
-            con.print(f"[dim]simulating {sc.name!r} ...[/]", highlight=False)
-        t0 = time.perf_counter()  # wall time is only reported, never part of the result
-        if sc.needs_deployment_runner:  # serving effects or a prefill pool: the deployment runner
-            from sim.deployment import simulate_deployment
+        spec = slo_spec(slo, plan, scenario, sc)
+        if slo is not None:
+            from scheduler.metrics import SLO
 
-            out = simulate_deployment(sc, record_steps=perfetto is not None)
-        else:
-            out = run(sc, record_steps=perfetto is not None)
+            sc = sc.model_copy(update={"slo": SLO(**spec.targets())})
+        con = Console(stderr=as_json)
+        requests = scenario_requests(sc)
+        t0 = time.perf_counter()  # wall time is only reported, never part of the result
+        try:
+            if not as_json:
+                con.print(f"[dim]simulating {sc.name!r} ...[/]", highlight=False)
+            with watch(lambda: done_requests(requests), len(requests), "simulate", Console(stderr=True), transient=as_json):
+                if sc.needs_deployment_runner:  # serving effects or a prefill pool: the deployment runner
+                    from sim.deployment import simulate_deployment
+
+                    out = simulate_deployment(sc, record_steps=perfetto is not None, requests=requests)
+                else:
+                    out = run(sc, record_steps=perfetto is not None, requests=requests)
+        except KeyboardInterrupt:
+            print_partial(Console(stderr=True), requests, sc, spec, time.perf_counter() - t0)
+            raise typer.Exit(130) from None
         wall = time.perf_counter() - t0
         res = out.result
         if csv is not None:
@@ -271,9 +337,15 @@ def register(app: typer.Typer) -> None:
         if perfetto is not None:
             write_perfetto(out.collector.step_records, perfetto)
         if as_json:
-            print(to_json(res, indent=1))
+            text = to_json(res, indent=1)
+            if spec is not None:  # the verdict sits next to the result; the digest covers the result only
+                data = json.loads(text)
+                ok, line = spec.verdict(res.metrics)
+                data["slo_check"] = {"slo": spec.text(), "percentile": spec.percentile, "meets": ok, "line": line}
+                text = json.dumps(data, indent=1)
+            print(text)
             return
-        _print_result(con, res, wall)
+        _print_result(con, res, wall, spec)
         if sc.calibration is not None or get_hardware_measured(sc.hardware):
             con.print("[dim]efficiencies: " + escape("; ".join(res.cost_model_notes[:4])) + "[/]", highlight=False)
         if error_band is not None:

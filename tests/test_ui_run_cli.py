@@ -1,0 +1,39 @@
+"""``twinfer run`` on CPU: a CPU-sized default, --json on stdout (--out for a file), a progress bar."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from ui.cli import app  # noqa: E402
+from ui.cmd_run import CPU_MAX_INPUT, CPU_MAX_OUTPUT, CPU_REQUESTS  # noqa: E402
+
+
+def test_cpu_sized_default_progress_and_out_file(tmp_path):
+    out = tmp_path / "run.json"
+    r = CliRunner().invoke(app, ["run", "--model", "tiny", "--device", "cpu", "-n", "2", "--max-output-len", "2", "--block-size", "16",
+                                 "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    data = json.loads(out.read_text())
+    assert data["run"]["requests"] == 2 and data["metrics"]["output_tokens"] == 4
+    assert data["metrics"]["input_tokens"] <= 2 * CPU_MAX_INPUT  # the prompt clamp applies though only -n was given
+    assert f"prompts <= {CPU_MAX_INPUT}" in r.stderr and "2/2" in r.stderr and "ETA" in r.stderr  # the note and the final bar
+    assert "requests finished" in r.stdout
+    assert CPU_REQUESTS <= 16 and CPU_MAX_OUTPUT <= 32
+
+
+def test_json_prints_only_json_on_stdout():
+    r = CliRunner().invoke(app, ["run", "--model", "tiny", "--device", "cpu", "-n", "1", "--max-output-len", "1", "--block-size", "16",
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["metrics"]["requests_finished"] == 1
+
+
+def test_json_is_a_flag_not_a_path(tmp_path):
+    r = CliRunner().invoke(app, ["run", "--json", str(tmp_path / "x.json")])
+    assert r.exit_code == 2 and not (tmp_path / "x.json").exists()

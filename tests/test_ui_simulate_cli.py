@@ -1,0 +1,70 @@
+"""``twinfer simulate``: the one SLO syntax (flag and scenario file), the verdict, -n, progress and Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from sim.runner import simulate as run_sim
+from ui.cli import app
+from ui.cmd_simulate import effective_scenario, scenario_requests
+
+runner = CliRunner()
+SHORT = ["simulate", "-n", "200"]
+
+
+def test_progress_requests_are_the_runners_own():
+    # the CLI generates the requests (so a bar can count them); the runner must get the same digest
+    for over in ({"requests": 300}, {"requests": 200, "instances": 2, "workload": "agentic"}):
+        sc = effective_scenario(**over)
+        assert run_sim(sc, requests=scenario_requests(sc)).result.digest == run_sim(sc).result.digest
+
+
+def test_slo_flag_verdict_row_json_and_bar():
+    r = runner.invoke(app, SHORT + ["--slo", "ttft_p99=10s,tpot_p99=1s"], env={"COLUMNS": "120"})
+    assert r.exit_code == 0, r.output
+    assert "meets the SLO (ttft_p99=10s,tpot_p99=1s)" in r.stdout and "goodput (TTFT<=10s, TPOT<=1000ms)" in r.stdout
+    assert "simulate" in r.stderr and "200/200" in r.stderr and "ETA" in r.stderr
+    r = runner.invoke(app, SHORT + ["--slo", "ttft_p90=1ms,tpot_p90=1ms", "--json"])
+    check = json.loads(r.stdout)["slo_check"]
+    assert check["meets"] is False and check["percentile"] == 90 and check["slo"] == "ttft_p90=1ms,tpot_p90=1ms"
+    assert json.loads(r.stdout)["num_requests"] == 200  # -n: requests (not instances)
+
+
+def test_slo_without_units_is_refused():
+    r = subprocess.run([sys.executable, "-m", "ui.cli", "simulate", "--slo", "ttft_p90=2,tpot_p90=50"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "--slo" in r.stderr and "needs a unit" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_scenario_file_takes_the_slo_string(tmp_path):
+    f = tmp_path / "s.yaml"
+    base = yaml.safe_load(runner.invoke(app, ["simulate", "--print-scenario", "-n", "100"]).stdout)
+    f.write_text(yaml.safe_dump({**base, "slo": "ttft_p50=3s,tpot_p50=80ms"}))
+    sc = effective_scenario(str(f))
+    assert (sc.slo.ttft_s, sc.slo.tpot_s) == (3.0, pytest.approx(0.08))
+    r = runner.invoke(app, ["simulate", "--scenario", str(f), "--json"])
+    assert json.loads(r.stdout)["slo_check"]["slo"] == "ttft_p50=3s,tpot_p50=80ms"
+    f.write_text(yaml.safe_dump({**base, "slo": "ttft_p50=3,tpot_p50=80"}))
+    r = subprocess.run([sys.executable, "-m", "ui.cli", "simulate", "--scenario", str(f)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "s.yaml: slo" in r.stderr and "needs a unit" in r.stderr
+
+
+def test_ctrl_c_prints_partial_results():
+    # a run far too long to finish; SIGINT once it has started simulating
+    p = subprocess.Popen([sys.executable, "-m", "ui.cli", "simulate", "-n", "2000000", "--rate", "50"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "120"})
+    assert "simulating" in p.stdout.readline()
+    time.sleep(1)  # into the event loop (the run cannot finish: 2M requests)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 130, err
+    assert "interrupted after" in err and "of 2,000,000 requests finished" in err and "Traceback" not in err
