@@ -28,7 +28,7 @@ GREEDY_STEPS = 32    # issue 22's target: greedy tokens identical for 32 steps
 
 
 @torch.no_grad()
-def randomize(model: torch.nn.Module, seed: int) -> None:
+def randomize(model: torch.nn.Module, seed: int, skip: tuple[str, ...] = ()) -> None:
     """Seeded weights at O(1) activation scale (HF's 0.02-std init makes routing and norms near-degenerate).
 
     Matrices ~ N(0, 1/fan_in), embeddings ~ N(0, 1), norm scales 1 + N(0, 0.1^2), biases (incl.
@@ -40,7 +40,7 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
     tensors.update({n: b for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")})
     for name in sorted(tensors):
         p = tensors[name]
-        if not p.dtype.is_floating_point:
+        if not p.dtype.is_floating_point or name.startswith(skip):
             continue
         if "embed_tokens" in name:
             p.copy_(torch.randn(p.shape, generator=g))
@@ -113,13 +113,13 @@ def hf_greedy(model, prompt: list[int], steps: int) -> list[int]:
     return toks[len(prompt):]
 
 
-def engine_greedy(folder: str | Path, prompt: list[int], steps: int, dtype: str = "fp32") -> list[int]:
-    """Greedy continuation by the serving engine (scheduler, paged KV, chunked prefill, sampler)."""
+def engine_greedy(folder: str | Path, prompt: list[int], steps: int, dtype: str = "fp32", **sched) -> list[int]:
+    """Greedy continuation by the serving engine (scheduler, paged KV, chunked prefill, sampler; ``sched`` overrides)."""
     from executor.engine import LLMEngine, SamplingParams
 
     e = LLMEngine.from_args(str(folder), load_format="auto", dtype=dtype,
                             scheduler_config={"block_size": PAGE, "max_num_batched_tokens": 32, "max_num_seqs": 2,
-                                              "max_model_len": 256})
+                                              "max_model_len": 256, **sched})
     return e.generate([prompt], SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))[0]
 
 
