@@ -69,7 +69,7 @@ def test_twinfer_bench_cli(fake_server, tmp_path):
     out = tmp_path / "records.jsonl"
     res = CliRunner().invoke(app, ["bench", "--url", fake_server.url, "--workload", "chat", "--requests", "6",
                                    "--rate", "50", "--input-len", "64", "--output-len", "8", "--warmup", "1",
-                                   "--records", str(out), "--json", "--slo-ttft-s", "10", "--slo-tpot-s", "1"])
+                                   "--records", str(out), "--json", "--slo", "ttft_p99=10s,tpot_p99=1s"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout[res.stdout.index("{"):])
     m = doc["metrics"]  # the SimMetrics schema of `twinfer simulate`

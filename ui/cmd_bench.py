@@ -45,6 +45,13 @@ def load_workload(workload: str, *, requests: Optional[int], rate: Optional[floa
     return wl.preset(workload, **over)
 
 
+def check_url(url: str) -> str:
+    """``url`` if it is http(s); the client strips a '/v1' (what ``twinfer serve`` prints) itself."""
+    if not url.strip().startswith(("http://", "https://")):
+        raise TwinferError(f"--url {url!r}: expected http://HOST:PORT or http://HOST:PORT/v1")
+    return url.strip()
+
+
 def to_sim_metrics(run, *, num_gpus: int = 1, slo=None):
     """The run as ``scheduler.metrics.SimMetrics``: the report ``twinfer simulate`` gives, from measured records.
 
@@ -77,9 +84,9 @@ def to_sim_metrics(run, *, num_gpus: int = 1, slo=None):
 
 
 def bench(
-    url: str = typer.Option("http://127.0.0.1:8000", "--url", help="server base URL (without /v1)"),
+    url: str = typer.Option("http://127.0.0.1:8000", "--url", help="server URL, with or without the /v1 that twinfer serve prints"),
     workload: str = typer.Option("chat", "--workload", help="workload preset name or a WorkloadSpec YAML/JSON file"),
-    requests: Optional[int] = typer.Option(None, "--requests", min=1, help="number of requests (default: the workload's)"),
+    requests: Optional[int] = typer.Option(None, "--requests", "-n", min=1, help="number of requests (default: the workload's)"),
     rate: Optional[float] = typer.Option(None, "--rate", min=0.0, help="mean arrival rate, req/s (default: the workload's)"),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1,
                                               help="requests in flight; alone: closed loop, with --rate: a cap"),
@@ -97,9 +104,7 @@ def bench(
     block_size: int = typer.Option(16, "--block-size", min=1, help="KV block size for the workload's shared-prefix hashes"),
     seed: int = typer.Option(0, "--seed"),
     timeout_s: float = typer.Option(600.0, "--timeout-s", min=1.0, help="per-request timeout"),
-    slo_ttft_s: Optional[float] = typer.Option(None, "--slo-ttft-s", min=0.0, help="TTFT target for goodput (needs --slo-tpot-s)"),
-    slo_tpot_s: Optional[float] = typer.Option(None, "--slo-tpot-s", min=0.0, help="TPOT target for goodput"),
-    slo_e2e_s: Optional[float] = typer.Option(None, "--slo-e2e-s", min=0.0, help="optional E2E target for goodput"),
+    slo: Optional[str] = typer.Option(None, "--slo", help="targets for goodput and the 'meets the SLO' verdict, e.g. ttft_p90=2s,tpot_p90=50ms"),
     num_gpus: int = typer.Option(1, "--num-gpus", min=1, help="GPUs behind the server, for per-GPU throughputs"),
 ) -> None:
     """Run the workload against the server and report TTFT/TPOT/ITL/E2E and throughput."""
@@ -109,19 +114,16 @@ def bench(
 
     from executor import bench_client as bc
     from sim import workload as wl
+    from planner.slo import parse_slo
     from scheduler.metrics import SLO
-    from twinfer.config import validate
 
     if prompt_mode not in ("text", "ids"):
         raise TwinferError(f"--prompt-mode must be text or ids, got {prompt_mode!r}")
     if trace_format not in ("jsonl", "mooncake"):
         raise TwinferError(f"--trace-format must be jsonl or mooncake, got {trace_format!r}")
     err = Console(stderr=True)
-    slo = None
-    if slo_ttft_s is not None or slo_tpot_s is not None:
-        if slo_ttft_s is None or slo_tpot_s is None:
-            raise TwinferError("an SLO needs both --slo-ttft-s and --slo-tpot-s")
-        slo = validate(SLO, {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s, "e2e_s": slo_e2e_s}, "SLO")
+    target = parse_slo(slo, "--slo") if slo is not None else None
+    url = check_url(url)
     spec = load_workload(workload, requests=requests, rate=rate, trace=trace, trace_format=trace_format,
                          input_len=input_len, output_len=output_len)
     items = bc.items_from_requests(wl.generate(spec, np.random.default_rng(seed), block_size))
@@ -154,15 +156,21 @@ def bench(
         err.print(f"note: {run.clipped} of {len(items)} requests clipped to fit the server's max_model_len {max_len}")
     if records:
         bc.write_records(records, run)
-    metrics = to_sim_metrics(run, num_gpus=num_gpus, slo=slo)
+    metrics = to_sim_metrics(run, num_gpus=num_gpus, slo=SLO(**target.targets()) if target else None)
     config = {"url": url, "model": run.model, "workload": trace or workload, "num_requests": len(items),
               "rate": rate, "concurrency": concurrency, "closed_loop": closed, "warmup": warmup, "ramp_s": ramp_s,
               "prompt_mode": prompt_mode, "tokens_per_word": run.tokens_per_word, "seed": seed,
               "clipped_to_max_model_len": run.clipped}
+    verdict = target.verdict(metrics) if target else None
     if as_json:
-        print(json.dumps({"config": config, "metrics": metrics.model_dump(mode="json")}, indent=2))
+        doc = {"config": config, "metrics": metrics.model_dump(mode="json")}
+        if verdict:
+            doc["slo_check"] = {"slo": target.text(), "percentile": target.percentile, "meets": verdict[0], "line": verdict[1]}
+        print(json.dumps(doc, indent=2))
     else:
         print_summary(Console(), config, metrics)
+        if verdict:
+            Console().print(verdict[1], highlight=False, style=None if verdict[0] else "red")
     errors = [r.error for r in run.records if r.error]
     if errors:
         err.print(f"[red]{len(errors)} requests failed[/]; first error: {errors[0]}")
