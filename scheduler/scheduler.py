@@ -61,6 +61,8 @@ class Scheduler:
         self.kv = (PagedKV if name_all_blocks else CountedKV)(num_kv_blocks, config)
         self.blocks = self.kv.blocks  # the block pool, for introspection (usage, invariant checks)
         self.batch = self.kv.new_decode_batch(config.max_num_seqs)
+        self._no_decodes = self.kv.new_decode_batch(1)  # the (empty) decode batch of a prompts-only plan (mixed_batches off)
+        self._prompts_only = False
         self._lazy_contexts = not name_all_blocks   # plans of the simulator read decode contexts on demand
         self.prefilling: list[Request] = []          # running, prompt (or recompute) not done; admission order
         self._fifo: deque[Request] = deque()         # waiting, policy fcfs
@@ -219,21 +221,45 @@ class Scheduler:
             if plan is not None:
                 return plan
         preempted: list[Request] = []
+        mixed = self.config.mixed_batches or not self.batch.reqs
+        if not mixed and (self.prefilling or self._fifo or self._heap):
+            plan = self._schedule_prompts_only(now, preempted)
+            if plan is not None:
+                return plan
         budget = self.config.max_num_batched_tokens
         if self.batch.reqs:
             budget -= self._schedule_decodes(preempted)
         cap = self.config.long_prefill_threshold or budget  # most prompt tokens of one request per step
         chunks: list[ScheduledChunk] = []
-        if self.prefilling:
+        if self.prefilling and mixed:
             budget = self._schedule_prefills(chunks, budget, cap, preempted)
         loaded = (0, 0)
         # never start a waiting request right after a preemption (the next step may re-admit the victim)
-        if not preempted and (self._fifo or self._heap):
+        if not preempted and (self._fifo or self._heap) and mixed:
             loaded = self._schedule_waiting(now, chunks, budget, cap)
         steps = 1
         if max_steps > 1 and self.batch.n and not chunks and not preempted:
             steps = self._decode_horizon(max_steps)
         return self._make_plan(chunks, steps, preempted, loaded)
+
+    def _schedule_prompts_only(self, now: float, preempted: list[Request]) -> StepPlan | None:
+        """Prefill-first (``mixed_batches`` off: vLLM v0, SGLang): a plan of prompt work alone while the
+        decodes wait; None when no prompt can be scheduled (the decodes then run)."""
+        budget = self.config.max_num_batched_tokens
+        cap = self.config.long_prefill_threshold or budget
+        chunks: list[ScheduledChunk] = []
+        if self.prefilling:
+            self._prompts_only = True  # a preempted decode gives back no budget: it held none in this plan
+            try:
+                budget = self._schedule_prefills(chunks, budget, cap, preempted)
+            finally:
+                self._prompts_only = False
+        loaded = (0, 0)
+        if not preempted and (self._fifo or self._heap):
+            loaded = self._schedule_waiting(now, chunks, budget, cap)
+        if not chunks:
+            return None
+        return self._make_plan(chunks, 1, preempted, loaded, with_decodes=False)
 
     def _schedule_decode_run(self, max_steps: int) -> StepPlan | None:
         """Only decodes can run: k steps, the first decode finishing in the last, if their KV is free now
@@ -280,7 +306,7 @@ class Scheduler:
     def _unschedule(self, victim: Request, chunks: list[ScheduledChunk]) -> int:
         """Take ``victim``'s work out of the plan being built; returns the tokens given back."""
         if victim._batch is not None:
-            return self._tokens_per_decode  # its decode slot
+            return 0 if self._prompts_only else self._tokens_per_decode  # its decode slot (if this plan has decodes)
         for c in chunks:
             if c.request is victim:  # it already holds a chunk of this plan
                 chunks.remove(c)
@@ -360,9 +386,10 @@ class Scheduler:
                 hi = mid
         return lo
 
-    def _make_plan(self, chunks: list[ScheduledChunk], steps: int, preempted: list[Request], loaded: tuple[int, int]) -> StepPlan:
-        """Freeze the current decode batch and ``chunks`` into the plan in flight."""
-        batch = self.batch
+    def _make_plan(self, chunks: list[ScheduledChunk], steps: int, preempted: list[Request], loaded: tuple[int, int],
+                   with_decodes: bool = True) -> StepPlan:
+        """Freeze the current decode batch (none when ``with_decodes`` is off) and ``chunks`` into the plan in flight."""
+        batch = self.batch if with_decodes else self._no_decodes
         n = len(batch.reqs)
         num_tokens = n * self._tokens_per_decode
         if chunks:
