@@ -62,54 +62,64 @@ def predict_step(cost, profile, decode_ctx, prefill, draft_len=0) -> float:
     return float(runner + profile.step.loop(n, tok))
 
 
-def write_plot(report, samples_by_level: dict, path: Path) -> str:
-    """PNG with matplotlib when available, else an HTML plotly file; returns what was written (or why not)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:  # noqa: BLE001
-        plt = None
-    names = [lv.name for lv in report.levels]
+PLOT_FORMATS = {".html": "plotly, self-contained (works offline)", ".png": "kaleido", ".svg": "kaleido", ".pdf": "kaleido"}
+
+
+def check_plot_path(path: Path) -> None:
+    """Refuse, before any run, a --plot this machine cannot write: an unknown suffix, no plotly, an image without kaleido."""
+    import importlib.util
+
+    allowed = ", ".join(f"{k} ({v})" for k, v in PLOT_FORMATS.items())
+    suffix = path.suffix.lower()
+    if suffix not in PLOT_FORMATS:
+        raise TwinferError(f"--plot {path}: unknown format {suffix or '(no suffix)'!r}; allowed: {allowed}")
+    if importlib.util.find_spec("plotly") is None:
+        raise TwinferError(f"--plot {path}: plotting needs plotly: pip install 'twinfer[ui]'")
+    if suffix != ".html" and importlib.util.find_spec("kaleido") is None:
+        raise TwinferError(f"--plot {path}: a {suffix} image needs kaleido (pip install 'kaleido>=1', which drives a local "
+                           f"Chrome/Chromium); without it give a .html path; allowed: {allowed}")
+
+
+def plot_figure(report, samples_by_level: dict):
+    """The plotly figure: per-step predicted vs measured (log-log, with the diagonal) and end-to-end errors per level."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
     metrics = ["output_throughput", "tpot_p50", "ttft_p50", "ttft_p90"]
-    if plt is not None:
-        fig, ax = plt.subplots(1, 2, figsize=(12, 4.8))
-        for name, s in samples_by_level.items():
-            m = np.array([x.measured_s for x in s]) * 1e3
-            p = np.array([x.predicted_s for x in s]) * 1e3
-            ax[0].scatter(m, p, s=8, label=name, alpha=0.6)
-        lim = [1, max(1.0, max((x.measured_s for s in samples_by_level.values() for x in s), default=1) * 1e3 * 1.1)]
-        ax[0].plot(lim, lim, "k--", lw=0.8)
-        ax[0].set_xscale("log"), ax[0].set_yscale("log")
-        ax[0].set_xlabel("measured step (ms)"), ax[0].set_ylabel("predicted step (ms)")
-        ax[0].set_title(f"per-step: MAPE {report.step_overall.get('mape', 0) * 100:.1f}%")
-        ax[0].legend()
-        w = 0.8 / max(1, len(names))
-        x = np.arange(len(metrics))
-        for i, lv in enumerate(report.levels):
-            ax[1].bar(x + i * w, [100 * (lv.rel_error.get(k) or 0) for k in metrics], w, label=lv.name)
-        ax[1].axhline(0, color="k", lw=0.8)
-        ax[1].set_xticks(x + w * (len(names) - 1) / 2, metrics)
-        ax[1].set_ylabel("predicted vs measured (%)")
-        ax[1].legend()
-        fig.suptitle(f"twinfer validate: {report.model} ({report.num_layers} layers, {report.dtype}) on {report.provenance.get('gpu', report.device)}")
-        fig.tight_layout()
-        path = path.with_suffix(".png")
-        fig.savefig(path, dpi=110)
-        return str(path)
-    try:
-        import plotly.graph_objects as go
-        from plotly.subplots import make_subplots
-    except Exception:  # noqa: BLE001
-        return "skipped: neither matplotlib nor plotly is installed"
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("per-step predicted vs measured (ms)", "end-to-end error (%)"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(
+        f"per-step predicted vs measured (ms): MAPE {report.step_overall.get('mape', 0) * 100:.1f}%", "end-to-end error (%)"))
+    top = max((x.measured_s for s in samples_by_level.values() for x in s), default=1e-3) * 1e3 * 1.1
     for name, s in samples_by_level.items():
         fig.add_trace(go.Scatter(x=[x.measured_s * 1e3 for x in s], y=[x.predicted_s * 1e3 for x in s], mode="markers", name=name), 1, 1)
+    fig.add_trace(go.Scatter(x=[1, max(1.0, top)], y=[1, max(1.0, top)], mode="lines", line={"dash": "dash", "color": "black"},
+                             name="predicted = measured"), 1, 1)
     for lv in report.levels:
         fig.add_trace(go.Bar(x=metrics, y=[100 * (lv.rel_error.get(k) or 0) for k in metrics], name=lv.name), 1, 2)
-    path = path.with_suffix(".html")
-    fig.write_html(str(path), include_plotlyjs="cdn")
-    return str(path)
+    fig.update_xaxes(type="log", title_text="measured step (ms)", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="predicted step (ms)", row=1, col=1)
+    fig.update_yaxes(title_text="predicted vs measured (%)", row=1, col=2)
+    fig.update_layout(title=f"twinfer validate: {report.model} ({report.num_layers} layers, {report.dtype}) on "
+                            f"{report.provenance.get('gpu', report.device)}", width=1300, height=520)
+    return fig
+
+
+def write_plot(report, samples_by_level: dict, path: Path) -> str:
+    """Write the plot in the format ``path``'s suffix names; returns what was written.
+
+    HTML embeds plotly.js (no CDN: the file opens offline). An image goes through kaleido; if
+    that fails here (no Chrome), the HTML is written next to it and the message says why.
+    """
+    fig = plot_figure(report, samples_by_level)
+    if path.suffix.lower() == ".html":
+        fig.write_html(str(path), include_plotlyjs=True)
+        return str(path)
+    try:
+        fig.write_image(str(path))
+        return str(path)
+    except Exception as e:  # noqa: BLE001 - kaleido's failures (no browser, timeouts) have many types
+        html = path.with_suffix(".html")
+        fig.write_html(str(html), include_plotlyjs=True)
+        return f"could not write {path} ({type(e).__name__}: {e}); wrote {html} instead"
 
 
 def validate(
@@ -130,7 +140,7 @@ def validate(
     num_kv_blocks: Optional[int] = typer.Option(None, "--num-kv-blocks", min=2),
     seed: int = typer.Option(0, "--seed"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="write the JSON report here"),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="plot file (PNG with matplotlib, else HTML)"),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="plot file: .html (self-contained, offline) or .png/.svg/.pdf (needs kaleido)"),
     sim_only: bool = typer.Option(False, "--sim-only", help="only print the simulator's predictions (no executor)"),
     calibrate_first: bool = typer.Option(False, "--calibrate", help="first calibrate the same engine in this process and write "
                                          "the profile to --profile (no drift between calibration and validation runs)"),
@@ -146,6 +156,8 @@ def validate(
     from scheduler.config import SchedulerConfig
     from sim.validate import saturation_rps
 
+    if plot is not None:
+        check_plot_path(plot)
     con = Console()
     block_size = 64
     base_cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(max_batched_tokens, max_num_seqs),
