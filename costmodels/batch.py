@@ -52,3 +52,19 @@ class BatchShape:
     @property
     def num_tokens(self) -> int:
         return int(self.new_tokens.sum())
+
+
+def decodes_then_chunks(decode_ctx, draft_len: int, prefill_new, prefill_ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(new_tokens, context_lens, is_decode) of decodes verifying ``draft_len`` drafts each (contexts
+    ``decode_ctx``), then prefill chunks of ``prefill_new`` tokens on ``prefill_ctx`` cached ones."""
+    nd = len(decode_ctx) if decode_ctx is not None else 0
+    new = np.empty(nd + len(prefill_new), np.int64)
+    ctx = np.empty(new.size, np.int64)
+    new[:nd] = 1 + draft_len
+    if nd:
+        ctx[:nd] = decode_ctx
+    new[nd:] = prefill_new
+    ctx[nd:] = prefill_ctx
+    dec = np.zeros(new.size, bool)
+    dec[:nd] = True
+    return new, ctx, dec

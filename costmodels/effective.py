@@ -26,7 +26,7 @@ from typing import Literal
 
 import numpy as np
 
-from costmodels.batch import BatchShape
+from costmodels.batch import BatchShape, decodes_then_chunks
 from costmodels.calibration import CalibrationProfile
 from costmodels.hardware import Hardware
 from costmodels.layout import ParallelLayout
@@ -177,11 +177,7 @@ class EffectiveStepCost:
         """``mixed_step_time`` of decodes (1 + draft_len tokens each) followed by prefill chunks (StepCostModel.chunked_step_time)."""
         nd = len(decode_context_lens)
         if self.dp_balance:  # the DP split needs the per-request arrays
-            new = np.concatenate([np.full(nd, 1 + draft_len, np.int64), np.asarray(prefill_new, np.int64)])
-            ctx = np.concatenate([np.asarray(decode_context_lens, np.int64), np.asarray(prefill_ctx, np.int64)])
-            dec = np.zeros(new.size, bool)
-            dec[:nd] = True
-            return self.mixed_step_time(new, ctx, dec)
+            return self.mixed_step_time(*decodes_then_chunks(decode_context_lens, draft_len, prefill_new, prefill_ctx))
         return self._chunked_tables(self.base.chunked_step_time(decode_context_lens, draft_len, prefill_new, prefill_ctx),
                                     nd, draft_len, prefill_new)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from costmodels.batch import decodes_then_chunks
 from costmodels.calibration import CalibrationProfile
 from costmodels.catalog import get_model
 from costmodels.hardware import get_hardware
@@ -122,12 +123,7 @@ class ProfiledStepCost:
         return float(self.step.combine(h, d))
 
     def chunked_step_time(self, decode_context_lens, draft_len: int, prefill_new: list[int], prefill_ctx: list[int]) -> float:
-        nd = len(decode_context_lens)
-        new = np.concatenate([np.full(nd, 1 + draft_len, np.int64), np.asarray(prefill_new, np.int64)])
-        ctx = np.concatenate([np.asarray(decode_context_lens, np.int64), np.asarray(prefill_ctx, np.int64)])
-        dec = np.zeros(new.size, bool)
-        dec[:nd] = True
-        return self.mixed_step_time(new, ctx, dec)
+        return self.mixed_step_time(*decodes_then_chunks(decode_context_lens, draft_len, prefill_new, prefill_ctx))
 
     def decode_times(self, context_lens, num_steps: int, draft_len: int = 0) -> np.ndarray:
         ctx = np.asarray(context_lens, float)
@@ -157,8 +153,4 @@ def point_categories(cost: ProfiledStepCost, p: StepPoint) -> np.ndarray:
     nd = len(p.decode_ctx)
     if p.graph_bs > 0 and nd and not p.prefill and not p.draft_len:
         return cost.graph_categories(np.asarray(p.decode_ctx, np.int64), p.graph_bs)
-    new = np.concatenate([np.full(nd, 1 + p.draft_len, np.int64), np.array([a for a, _ in p.prefill], np.int64)])
-    ctx = np.concatenate([np.asarray(p.decode_ctx, np.int64), np.array([c for _, c in p.prefill], np.int64)])
-    dec = np.zeros(new.size, bool)
-    dec[:nd] = True
-    return cost.category_times(new, ctx, dec)
+    return cost.category_times(*decodes_then_chunks(p.decode_ctx, p.draft_len, [a for a, _ in p.prefill], [c for _, c in p.prefill]))

@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from costmodels.batch import BatchShape
+from costmodels.batch import BatchShape, decodes_then_chunks
 from costmodels.calibration import CalibrationProfile
 from costmodels.hardware import Hardware
 from costmodels.layout import ParallelLayout
@@ -260,9 +260,7 @@ class StepCostModel(StepOps):
         """Step time of ``nd`` decodes of 1 + draft tokens (contexts ``dctx``, summing to ``dctx_sum``) and prefill chunks (pn, pc)."""
         npre = len(pn)
         if npre and self._pre_table:
-            new = np.array([draft + 1] * nd + list(pn), np.int64)
-            ctx = np.concatenate([np.asarray(dctx if nd else [], np.int64), np.asarray(pc, np.int64)])
-            return self._mixed_step_time_reference(new, ctx, np.arange(new.size) < nd)
+            return self._mixed_step_time_reference(*decodes_then_chunks(dctx if nd else None, draft, pn, pc))
         f = 0.5 if self._tbo_on and nd + npre >= 2 else 1.0
         g = draft + 1
         dnew = nd * g

@@ -10,6 +10,8 @@ from typing import Protocol
 
 import numpy as np
 
+from costmodels.batch import decodes_then_chunks
+
 
 class StepCost(Protocol):
     """The part of ``costmodels`` StepCostModel / EffectiveStepCost the simulator uses."""
@@ -77,16 +79,7 @@ class MemoStepCost:
         fast = self._chunked
         if fast is not None:
             return float(fast(decode_context_lens, draft_len, prefill_new, prefill_ctx))
-        nd = len(decode_context_lens)
-        new = np.empty(nd + len(prefill_new), np.int64)
-        ctx = np.empty(new.size, np.int64)
-        new[:nd] = 1 + draft_len
-        ctx[:nd] = decode_context_lens
-        new[nd:] = prefill_new
-        ctx[nd:] = prefill_ctx
-        is_decode = np.zeros(new.size, bool)
-        is_decode[:nd] = True
-        return self.mixed_step_time(new, ctx, is_decode)
+        return self.mixed_step_time(*decodes_then_chunks(decode_context_lens, draft_len, prefill_new, prefill_ctx))
 
     def _block(self, n: int, d: int, b: int) -> np.ndarray:
         key = (n, d, b)
