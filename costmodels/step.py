@@ -27,7 +27,7 @@ from costmodels.layout import ParallelLayout
 from costmodels.memory import MemoryFit, memory_fit
 from costmodels.model_spec import ModelSpec
 from costmodels.ops import CATEGORIES, INF, AttnGeometry, OpCost, SortedSums, StepCost
-from costmodels.step_ops import A2A, KV_UP, SAMPLED, TOKENS, StepOps, default_expert_imbalance  # noqa: F401 (re-exported)
+from costmodels.step_ops import A2A, KV_UP, SAMPLED, StepOps
 
 # tables of the fast path (see StepCostModel._fill): which op families each one sums
 _T_MAIN, _T_KV, _T_SAMPLED, _T_MTP, _T_LOGITS, _T_MAIN_PF = range(6)  # _T_MAIN_PF: main terms of a step with prefill (EP normal dispatch)
