@@ -35,6 +35,7 @@ from typing import Callable
 import numpy as np
 
 from costmodels.calibration import CalibrationProfile
+from costmodels.calibration_source import profile_for
 from costmodels.comm import allgather_time, allreduce_time, alltoall_time, dispatch_rows_per_token, p2p_time
 from costmodels.hardware import Hardware
 from costmodels.layout import ParallelLayout
@@ -117,7 +118,9 @@ class StepOps:
         expert_load: Callable[[float], float] | None = None,
     ):
         self.model, self.hw, self.layout = model, hw, layout
-        self.cal = calibration or CalibrationProfile.default(hw)
+        self.cal = calibration or profile_for(hw)  # the hardware's measured block, else the H200-derived defaults
+        for dtype, field in ((layout.weight_dtype, "layout.weight_dtype"), (layout.experts_dtype, "layout.expert_dtype")):
+            hw.check_dtype(dtype, field)  # FP8 on a GPU without FP8 is an error, never a silent fallback
         self.dp_imbalance = max(1.0, dp_imbalance) if layout.dp > 1 else 1.0
         self.expert_imbalance = default_expert_imbalance(layout) if expert_imbalance is None else max(1.0, expert_imbalance)
         # expert_load(assignments) -> busiest EP rank's load over the mean for a step routing that

@@ -72,6 +72,7 @@ class Plan(BaseModel):
     name: str = Field("plan", min_length=1, max_length=200)
     model: str
     hardware: str
+    calibration: str | None = Field(None, description="calibration profile JSON the plan was made with")
     gpus_budget: int = Field(..., ge=1)
     mode: Literal["aggregated", "disaggregated"]
     pools: list[PoolPlan] = Field(..., min_length=1, max_length=2)
@@ -125,7 +126,7 @@ class Plan(BaseModel):
         # through validate(): a plan naming an unknown model or GPU is a user error, not a crash
         scenario = validate(Scenario, dict(
             name=self.name, description=f"twinfer plan: {self.mode} {self.model} on {self.gpus_used}x{self.hardware}",
-            model=self.model, hardware=self.hardware, layout=main.layout, instances=main.instances,
+            model=self.model, hardware=self.hardware, calibration=self.calibration, layout=main.layout, instances=main.instances,
             scheduler=main.scheduler, workload=wl, router=self.router, slo=self.slo, seed=self.seed,
             steady_after_s=self.steady_after_s,
         ), "plan")

@@ -76,6 +76,7 @@ class PlanRequest(BaseModel):
 
     model: str = Field("deepseek-v3", description="model catalog name or config.json path")
     hardware: str = Field("gb300", description="GPU name from the hardware catalog or a YAML file")
+    calibration: str | None = Field(None, description="calibration profile JSON whose efficiencies replace the defaults (twinfer calibrate)")
     gpus: int = Field(..., ge=1, le=100_000, description="GPU budget")
     workload: WorkloadSpec
     slo: SLO

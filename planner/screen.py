@@ -33,6 +33,7 @@ import numpy as np
 
 from costmodels.catalog import get_model
 from costmodels.effective import EffectiveStepCost
+from costmodels.calibration_source import profile_for
 from costmodels.hardware import get_hardware
 from costmodels.host import wall_time
 from costmodels.memory import kv_rates
@@ -61,6 +62,7 @@ class ScreenContext:
     async_overlap: tuple[bool, ...]
     chunk_tokens: tuple[int, ...]
     acceptance: tuple[float, ...]   # marginal acceptance of draft position 1.. (the scheduler's default)
+    calibration: str | None = None  # calibration profile JSON (None: the hardware's measured block, else the defaults)
 
 
 @dataclass
@@ -94,7 +96,8 @@ class LayoutPoints:
 
 
 @functools.lru_cache(maxsize=512)
-def _cost(model: str, hardware: str, key: tuple, layout_json: str, eplb: str, tables: str, load: ExpertLoadSpec) -> EffectiveStepCost:
+def _cost(model: str, hardware: str, key: tuple, layout_json: str, eplb: str, tables: str, load: ExpertLoadSpec,
+          calibration: str | None = None) -> EffectiveStepCost:
     from costmodels.layout import ParallelLayout
 
     m, hw = get_model(model), get_hardware(hardware)
@@ -102,7 +105,7 @@ def _cost(model: str, hardware: str, key: tuple, layout_json: str, eplb: str, ta
     el = None
     if m.moe is not None and lay.ep > 1:
         el = cached_initial(load, m.moe.n_routed_experts, lay.ep, lay.eplb_redundant_experts, eplb != "off")
-    return EffectiveStepCost(m, hw, lay, expert_load=el, dp_balance=True, table_placement=tables)
+    return EffectiveStepCost(m, hw, lay, profile_for(hw, calibration), expert_load=el, dp_balance=True, table_placement=tables)
 
 
 def _host(sc: SchedulerConfig, n_req: float, n_tok: float) -> float:
@@ -123,7 +126,7 @@ def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPo
 
     t0 = time.perf_counter()
     lay = opt.layout
-    cost = _cost(ctx.model, ctx.hardware, opt.key, lay.model_dump_json(), opt.eplb, opt.table_placement, ctx.expert_load)
+    cost = _cost(ctx.model, ctx.hardware, opt.key, lay.model_dump_json(), opt.eplb, opt.table_placement, ctx.expert_load, ctx.calibration)
     st = ctx.stats
     dp = lay.dp
     sc = SchedulerConfig(host_workers=dp)  # one scheduler per attention-DP rank: host work in parallel

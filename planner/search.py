@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from costmodels.catalog import get_model
+from costmodels.calibration_source import profile_for
 from costmodels.hardware import get_hardware
 from costmodels.step import StepCostModel
 from planner.combine import AGG, Candidate, Table, combine
@@ -144,7 +145,7 @@ def _shortlist(table: Table, ok: np.ndarray, front: np.ndarray, k: int) -> list[
 def _assumptions(model, hw, req: PlanRequest, stats: WorkloadStats) -> list[str]:
     from costmodels.layout import ParallelLayout
 
-    notes = StepCostModel(model, hw, ParallelLayout(tp=1)).notes
+    notes = StepCostModel(model, hw, ParallelLayout(tp=1), profile_for(hw, req.calibration) if req.calibration else None).notes
     out = []
     if hw.measured is not None:
         out.append(f"hardware: {hw.name} ceilings are measured ({hw.measured.source or 'see costmodels/data/hardware.yaml'})")
@@ -196,7 +197,7 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
     if not model.mtp_layers:
         drafts = (0,)
     ctx = ScreenContext(req.model, req.hardware, stats, req.expert_load, space.batch_per_rank, drafts, space.async_overlap,
-                        space.chunk_tokens, _acceptance(max(drafts)))
+                        space.chunk_tokens, _acceptance(max(drafts)), req.calibration)
     with Runner(workers, ray_address) as runner:
         t1 = time.perf_counter()
         points = runner.map(_screen_job, list(enumerate(options)), ctx)
@@ -232,7 +233,7 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
         for load in LOADS if req.simulate_top else ():
             if not pending:
                 break
-            jobs = [build_job(table.candidate(i), options, model=req.model, hardware=req.hardware, workload=req.workload,
+            jobs = [build_job(table.candidate(i), options, model=req.model, hardware=req.hardware, calibration=req.calibration, workload=req.workload,
                               slo=req.slo, seed=req.seed, effects=effects, router=router, mean_output=stats.mean_output,
                               load=load, max_requests=req.sim_requests, acceptance=acceptance, label=f"cand{i}")
                     for i in pending]
@@ -423,7 +424,7 @@ def _make_plan(req: PlanRequest, cand: Candidate, options: list[LayoutOption], s
     name = f"{model.name}-{hw.name}-{req.gpus}gpu-{cand.mode}".lower()
     predicted = _predicted(o, cand, gpus_used)
     predicted.request_rate = rate
-    return Plan(name=name, model=req.model, hardware=req.hardware, gpus_budget=req.gpus, mode=cand.mode, pools=pools,
+    return Plan(name=name, model=req.model, hardware=req.hardware, calibration=req.calibration, gpus_budget=req.gpus, mode=cand.mode, pools=pools,
                 router=router, effects=eff, workload=wl, slo=req.slo, slo_percentile=req.slo_percentile, seed=req.seed,
                 steady_after_s=warmup or None,
                 predicted=predicted, economics=econ, why=why, defaults=defaults)

@@ -104,7 +104,7 @@ def _nearest_divisor(n: int, target: float) -> int:
 
 def build_job(cand: Candidate, options: list[LayoutOption], *, model: str, hardware: str, workload: WorkloadSpec,
               slo: SLO, seed: int, effects: EffectsSpec, router: RouterConfig, mean_output: float, load: float,
-              max_requests: int, acceptance: tuple[float, ...], label: str) -> SimJob:
+              max_requests: int, acceptance: tuple[float, ...], label: str, calibration: str | None = None) -> SimJob:
     """The slice simulation of ``cand`` at ``load`` x its screened request rate."""
     dopt = options[cand.option]
     dlay = dopt.layout
@@ -136,7 +136,7 @@ def build_job(cand: Candidate, options: list[LayoutOption], *, model: str, hardw
     rate = cand.rate * share * load
     n_req = int(min(max_requests, max(MIN_REQUESTS, 3 * seats)))
     wl, warmup = steady_workload(workload, max(rate, 1e-3), n_req)
-    scen = Scenario(name=label, model=model, hardware=hardware, layout=dlay, instances=scen_inst, scheduler=sc,
+    scen = Scenario(name=label, model=model, hardware=hardware, calibration=calibration, layout=dlay, instances=scen_inst, scheduler=sc,
                     workload=wl, router=router, slo=slo, seed=seed, steady_after_s=warmup or None)
     eff = effects.model_copy(update={"mirror": mirror, "eplb": dopt.eplb != "off", "table_placement": dopt.table_placement})
     return SimJob(label, cand.row, load, scen, eff, disagg, slice_gpus, rate, warmup, n_req, share, cand.gpus)

@@ -130,8 +130,7 @@ def test_measured_block_is_honoured_per_efficiency_and_named(tmp_path):
 def test_measured_block_beating_the_peak_is_refused():
     from costmodels.calibration_source import profile_for
 
-    hw = get_hardware("H100").model_copy(update={"name": "X", "measured": {"copy_tbps": 9.0}})
-    hw = Hardware.model_validate(hw.model_dump())
+    hw = Hardware.model_validate({**get_hardware("H100").model_dump(), "name": "X", "measured": {"copy_tbps": 9.0}})
     with pytest.raises(TwinferError, match="measured.copy_tbps=9 exceeds hbm_tbps=3.35"):
         profile_for(hw)
 
@@ -152,3 +151,20 @@ def test_docs_name_every_user_field():
             assert f"`{prefix}{name}`" in doc, f"{prefix}{name}"
     for preset in SCHEDULER_PRESETS:
         assert f"`{preset}`" in doc
+
+
+def test_plan_takes_calibration(tmp_path):
+    from planner.plan import load_plan
+
+    path = _profile(tmp_path, 0.4)
+    base = ["plan", "--model", "llama-3.1-8b", "--hardware", "h200", "--gpus", "2", "--workload", "chat",
+            "--slo", "ttft_p90=5s,tpot_p90=200ms", "--simulate", "1", "--sim-requests", "200", "--workers", "1", "--json"]
+    a = json.loads(runner.invoke(app, base).stdout)
+    r = runner.invoke(app, base + ["--calibration", path, "--out", str(tmp_path / "plan.yaml")])
+    assert r.exit_code == 0, r.output
+    b = json.loads(r.stdout.split("\nwrote")[0]) if "\nwrote" in r.stdout else json.loads(r.stdout)
+    # HBM streaming at 0.4 instead of 0.86: every screened deployment serves fewer tokens per GPU
+    assert b["frontier"][0]["screen_output_tokens_per_s_per_gpu"] < a["frontier"][0]["screen_output_tokens_per_s_per_gpu"]
+    assert any(path in line for line in b["assumptions"])  # the profile is named as the efficiencies' source
+    plan = load_plan(tmp_path / "plan.yaml")
+    assert plan.calibration == path and plan.to_scenario().calibration == path

@@ -57,7 +57,7 @@ def build_request(config: Optional[str], **flags):
 
     data: dict = read_mapping(config) if config else {}
     f = {k: v for k, v in flags.items() if v is not None}
-    for key in ("model", "hardware", "gpus", "seed"):
+    for key in ("model", "hardware", "gpus", "seed", "calibration"):
         if key in f:
             data[key] = f[key]
     if "workload" in f:
@@ -200,6 +200,7 @@ def register(app: typer.Typer) -> None:
     def plan(
         model: Optional[str] = typer.Option(None, "--model", "-m", help="model catalog name [deepseek-v3]"),
         hardware: Optional[str] = typer.Option(None, "--hardware", "--hw", help="GPU name or YAML file [gb300]"),
+        calibration: Optional[str] = typer.Option(None, "--calibration", help="calibration profile JSON whose efficiencies replace the defaults"),
         gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="GPU budget"),
         workload: Optional[str] = typer.Option(None, "--workload", "-w", help="preset (chat, agentic, reasoning, summarize, long-context) or file"),
         slo: Optional[str] = typer.Option(None, "--slo", help=f"latency targets with percentile and unit, e.g. {EXAMPLE} (p50/p90/p99; s/ms/us)"),
@@ -222,7 +223,7 @@ def register(app: typer.Typer) -> None:
         from planner.parallel import default_workers
         from planner.search import plan_deployment
 
-        req = build_request(config, model=model, hardware=hardware, gpus=gpus, workload=workload, slo=slo,
+        req = build_request(config, model=model, hardware=hardware, calibration=calibration, gpus=gpus, workload=workload, slo=slo,
                             modes=modes, simulate=simulate, sim_requests=sim_requests,
                             expert_skew=expert_skew, price_input=price_input, price_cached=price_cached,
                             price_output=price_output, gpu_hour=gpu_hour, seed=seed)
