@@ -198,8 +198,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("plan")
     def plan(
-        model: Optional[str] = typer.Option(None, "--model", "-m", help="model catalog name [deepseek-v3]"),
-        hardware: Optional[str] = typer.Option(None, "--hardware", "--hw", help="GPU name or YAML file [gb300]"),
+        model: Optional[str] = typer.Option(None, "--model", "-m", help="model catalog name, HF config.json (or its folder) or ModelSpec YAML [deepseek-v3]"),
+        hardware: Optional[str] = typer.Option(None, "--hardware", "--hw", help="GPU catalog name or hardware YAML (twinfer hardware --template) [gb300]"),
         calibration: Optional[str] = typer.Option(None, "--calibration", help="calibration profile JSON whose efficiencies replace the defaults"),
         gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="GPU budget"),
         workload: Optional[str] = typer.Option(None, "--workload", "-w", help="preset (chat, agentic, reasoning, summarize, long-context) or file"),
