@@ -71,7 +71,8 @@ def _from_measured(hw: Hardware, m: MeasuredCeilings) -> CalibrationProfile:
     ceff = dict(base.gemm_compute_eff)
     for dtype, value in (("bf16", m.bf16_matmul_tflops), ("fp8", max(m.fp8_matmul_tflops or 0, m.deepgemm_fp8_tflops or 0) or None)):
         if value is None:
-            notes.append(f"GEMM compute {dtype} {ceff[dtype]:.3f} of peak: H200-derived default")
+            if dtype == "bf16" or hw.has_fp8:  # no line about a dtype this GPU cannot run
+                notes.append(f"GEMM compute {dtype} {ceff[dtype]:.3f} of peak: H200-derived default")
             continue
         if dtype == "fp8" and not hw.has_fp8:
             raise TwinferError(f"{hw.name}: measured.fp8_matmul_tflops is set but fp8_tflops is not: give the FP8 peak or drop the measurement")
