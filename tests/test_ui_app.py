@@ -135,3 +135,23 @@ def test_no_fit_shows_the_explanation():
     at.sidebar.number_input(key="gpus").set_value(1).run()
     assert not at.exception
     assert any("No deployment recommended" in w.value for w in at.warning)
+
+
+def test_slo_is_the_cli_syntax_with_units_and_percentile():
+    at = _app()
+    at.sidebar.text_input(key="slo").set_value("ttft=2,tpot=50").run()  # once a 50-second TPOT
+    assert not at.exception
+    assert any("needs its percentile" in e for e in _errors(at))
+    assert not [s for s in at.subheader if s.value.startswith("Recommended:")]
+    at.sidebar.text_input(key="slo").set_value("ttft_p99=3s,tpot_p99=60ms").run()
+    assert not at.exception and not _errors(at)
+    _recommendation(at)
+    assert any("p99" in m.label for m in at.metric)
+
+
+def test_compare_table_has_a_meets_slo_row():
+    at = _app()
+    at.button(key="pin").click().run()
+    table = next(df.value for df in at.dataframe if "" in df.value.columns and "this search (recommended)" in df.value.columns)
+    row = table[table[""] == "meets SLO"]
+    assert len(row) == 1 and row.iloc[0]["this search (recommended)"].startswith("yes (ttft_p90=2s,tpot_p90=50ms)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from planner.slo import SLOSpec
 from ui import service
 from ui.app_recommend import pd_split, tokens
 
@@ -29,8 +30,18 @@ def plan_column(p: service.PlanView) -> dict:
         "TTFT (s)": f"{pr.get('ttft_s', 0):.2f}", "TPOT (ms)": f"{pr.get('tpot_s', 0) * 1e3:.1f}",
         "requests/s": f"{pr.get('request_rate', 0):,.2f}", "$ per hour": f"{c.usd_per_hour:,.2f}",
         "$ per M output tokens": "–" if c.usd_per_m_output_tokens is None else f"{c.usd_per_m_output_tokens:,.3f}",
-        "tokens per day": tokens(c.tokens_per_day), "figures from": pr.get("source", "?"),
+        "tokens per day": tokens(c.tokens_per_day), "meets SLO": plan_meets(p), "figures from": pr.get("source", "?"),
     }
+
+
+def plan_meets(p: service.PlanView) -> str:
+    """Whether a plan's predicted latencies meet the SLO it was planned for (pinned plans may carry different SLOs)."""
+    slo = p.plan.get("slo") or {}
+    if "ttft_s" not in slo or "tpot_s" not in slo:
+        return "–"
+    spec = SLOSpec(ttft_s=slo["ttft_s"], tpot_s=slo["tpot_s"], percentile=int(p.plan.get("slo_percentile", 90)))
+    ok = spec.meets(p.predicted.get("ttft_s"), p.predicted.get("tpot_s"))
+    return f"{'yes' if ok else 'no'} ({spec.text()})"
 
 
 def point_column(p: service.Point, request: dict) -> dict:
@@ -43,7 +54,8 @@ def point_column(p: service.Point, request: dict) -> dict:
         "TTFT (s)": f"{p.ttft_s:.2f}", "TPOT (ms)": f"{p.tpot_s * 1e3:.1f}", "requests/s": f"{p.request_rate:,.2f}",
         "$ per hour": "–" if c is None else f"{c.usd_per_hour:,.2f}",
         "$ per M output tokens": "–" if c is None or c.usd_per_m_output_tokens is None else f"{c.usd_per_m_output_tokens:,.3f}",
-        "tokens per day": "–" if c is None else tokens(c.tokens_per_day), "figures from": p.source,
+        "tokens per day": "–" if c is None else tokens(c.tokens_per_day),
+        "meets SLO": f"{'yes' if p.meets_slo else 'no'} (p{request.get('slo_percentile', 90)})", "figures from": p.source,
     }
 
 

@@ -10,6 +10,7 @@ import os
 
 import streamlit as st
 
+from planner.slo import EXAMPLE, parse_slo
 from twinfer.errors import TwinferError
 from ui import app_cache, app_uploads, service
 
@@ -103,9 +104,14 @@ def render() -> dict | None:
             rate = float(st.number_input("target requests/s", min_value=0.1, max_value=1e5, value=5.0, key="rate"))
         workload = _workload()
         st.header("SLO")
-        pct = st.selectbox("percentile", [50, 90, 99], index=1, key="slo_pct", help="the latency percentile the SLO bounds")
-        ttft = st.number_input(f"TTFT p{pct} ≤ (s)", min_value=0.05, max_value=600.0, value=2.0, key="ttft")
-        tpot = st.number_input(f"TPOT p{pct} ≤ (ms)", min_value=1.0, max_value=10000.0, value=50.0, step=5.0, key="tpot")
+        slo_text = st.text_input("latency targets", value=EXAMPLE, key="slo",
+                                 help="the syntax of twinfer plan --slo: each target with its percentile (p50, p90, p99) "
+                                      "and a unit (s, ms, us), e.g. ttft_p99=3s,tpot_p99=40ms")
+        try:
+            slo = parse_slo(slo_text, "SLO")
+        except TwinferError as e:
+            st.error(str(e))
+            slo = None
         st.header("Prices")
         catalog_price = app_cache.hardware_info(hardware)["price_per_gpu_hour"] if hardware else 0.0
         price = st.number_input("$ per GPU-hour", min_value=0.0, value=float(catalog_price), key=f"price_{hardware}",
@@ -123,10 +129,10 @@ def render() -> dict | None:
                                      help="more: steadier figures, slower search")
             workers = st.number_input("worker processes", 1, max(1, os.cpu_count() or 1), 1, key="workers",
                                       help="parallel planner jobs (forked); results do not depend on it")
-    if not (model and hardware and workload):
+    if not (model and hardware and workload and slo):
         return None
     return {"model": model, "hardware": hardware, "mode": "budget" if mode == "GPU budget" else "traffic",
-            "gpus": gpus, "target_rate": rate, "workload": workload, "ttft_s": float(ttft), "tpot_s": float(tpot) / 1e3,
-            "slo_percentile": int(pct), "price_per_gpu_hour": float(price), "price_per_m_input": float(p_in),
+            "gpus": gpus, "target_rate": rate, "workload": workload, "ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s,
+            "slo_percentile": slo.percentile, "price_per_gpu_hour": float(price), "price_per_m_input": float(p_in),
             "price_per_m_cached_input": float(p_cached), "price_per_m_output": float(p_out),
             "simulate_top": int(sim_top), "sim_requests": int(sim_requests), "workers": int(workers)}
