@@ -181,7 +181,7 @@ def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None)
     lay_label = f"TP{lay['tp']}" + (f" DP{lay['dp']}" if lay["dp"] > 1 else "") + (f" EP{lay['ep']}" if lay["ep"] > 1 else "")
     con.print(f"[bold]{escape(res.name)}[/]: {escape(res.description or '(no description)')}", highlight=False)
     con.print(
-        f"{sc['model']} {lay['weight_dtype']} on {res.num_gpus}x{sc['hardware']} ({sc['instances']} x {lay_label}), "
+        f"{_label(sc['model'])} {lay['weight_dtype']} on {res.num_gpus}x{_hw_name(sc['hardware'])} ({sc['instances']} x {lay_label}), "
         f"{res.num_requests:,} requests, seed {res.seed}; KV {res.kv.capacity_tokens:,} tokens per instance",
         style="dim", highlight=False,
     )
@@ -222,6 +222,20 @@ def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None)
     for reason, n in m.dropped_by_reason.items():
         con.print(f"[yellow]dropped {n}:[/] {escape(reason)}", highlight=False)
     con.print(f"[dim]digest {res.digest[:16]}, simulated in {wall_s:.2f} s wall[/]", highlight=False)
+
+
+def _hw_name(hardware: str) -> str:
+    """The GPU's name (a hardware file's ``name``, not its path)."""
+    from costmodels.hardware import get_hardware
+
+    return get_hardware(hardware).name
+
+
+def _label(model: str) -> str:
+    """A model file's folder or file stem (the name its ModelSpec carries), a catalog name as it is."""
+    from costmodels.catalog import get_model
+
+    return get_model(model).name
 
 
 def get_hardware_measured(hardware: str) -> bool:
