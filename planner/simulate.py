@@ -89,7 +89,7 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _ranks_in_slice(dp: int, seats_per_rank: int, budget_seats: int) -> int:
+def ranks_in_slice(dp: int, seats_per_rank: int, budget_seats: int) -> int:
     """Largest divisor of ``dp`` whose ranks hold at most ``budget_seats`` requests (at least 1)."""
     best = 1
     for d in _divisors(dp):
@@ -111,7 +111,7 @@ def build_job(cand: Candidate, options: list[LayoutOption], *, model: str, hardw
     acc = tuple(acceptance[: cand.draft_len])
     seats_cap = AGENTIC_SLICE_SEATS if workload.kind == "agentic" else SLICE_SEATS
     if cand.mode == "aggregated":
-        ranks = _ranks_in_slice(dlay.dp, cand.batch_per_rank, seats_cap)
+        ranks = ranks_in_slice(dlay.dp, cand.batch_per_rank, seats_cap)
         mirror = dlay.dp // ranks
         share = 1.0 / (cand.instances * mirror)
         sc = scheduler_for(cand.batch_per_rank, ranks, cand.draft_len, cand.async_overlap, cand.chunk_tokens, acc)

@@ -71,3 +71,30 @@ def test_defaults_that_change_the_answer_are_in_the_plan(report):
     lines = answer_changing_defaults(req, get_model("deepseek-v3"), 2, (0.85, 0.7225, 0.614))
     assert "searched by default" in lines[0] and "drafts 2" in lines[0]
     assert "0.85, 0.723" in lines[1] and "2.57 tokens per decode step" in lines[1]
+
+
+def test_the_screen_filters_every_layout_near_the_slo_reaches_the_simulator():
+    """The screen ranks rows of one layout first; rows of every other layout near the SLO still get simulated."""
+    import numpy as np
+
+    from planner.combine import Table
+    from planner.search import NEAR_SLO, _near_slo, _per_layout
+    from scheduler.metrics import SLO
+
+    n = 7
+    cols = {"mode": np.zeros(n, np.int64), "opt": np.array([0, 0, 0, 1, 1, 2, 3]), "B": np.array([8, 16, 32, 8, 16, 8, 8]),
+            "d": np.zeros(n, np.int64), "thr_gpu": np.array([900.0, 800, 700, 300, 400, 100, 50]),
+            "rate": np.ones(n), "kv_ok": np.array([True] * 6 + [False]),
+            "ttft": np.array([0.5, 0.5, 0.5, 0.5, 2.9, 0.5, 0.5]), "tpot": np.array([0.01] * 5 + [0.05 * NEAR_SLO * 1.1, 0.01])}
+    slo = SLO(ttft_s=2.0, tpot_s=0.05)
+    near = _near_slo(Table(cols), slo)
+    assert near.tolist() == [True, True, True, True, True, False, False]  # 2.9 s <= 1.5 x 2 s; layout 2 too slow; 3 no KV
+    got = _per_layout(Table(cols), near, [0, 1], 10)
+    assert got[:2] == [0, 1] and 4 in got  # layout 1's best near row (400 > 300) joins the screen's picks
+    assert 5 not in got and 6 not in got
+
+
+def test_report_lists_every_simulated_candidate(report):
+    assert len(report.simulated) == report.candidates_simulated >= 2
+    assert {p.source for p in report.simulated} == {"simulation"}
+    assert any(p.meets_slo for p in report.simulated)
