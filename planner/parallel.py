@@ -9,12 +9,33 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ProcessPoolExecutor
-from typing import Callable, Iterable, Sequence, TypeVar
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 from twinfer.errors import TwinferError
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+# who hears of finished jobs: (job function name, done, total); set by a CLI for its progress bar
+_progress: Callable[[str, int, int], None] | None = None
+
+
+@contextmanager
+def reporting(hook: Callable[[str, int, int], None]) -> Iterator[None]:
+    """Call ``hook(job_name, done, total)`` as every ``Runner.map`` in this block finishes jobs (results unchanged)."""
+    global _progress
+    prev, _progress = _progress, hook
+    try:
+        yield
+    finally:
+        _progress = prev
+
+
+def _tell(fn: Callable, done: int, total: int) -> None:
+    if _progress is not None:
+        _progress(getattr(fn, "__name__", "jobs"), done, total)
 
 
 def default_workers() -> int:
@@ -68,14 +89,27 @@ class Runner:
         items = list(items)
         if not items:
             return []
+        _tell(fn, 0, len(items))
         if self._ray is not None:
             remote = self._ray.remote(_call)
             refs = [remote.remote(fn, x, args) for x in items]
+            waiting = list(refs)
+            while waiting:  # only to report progress: results are read in submission order below
+                ready, waiting = self._ray.wait(waiting, num_returns=len(waiting), timeout=0.5)
+                _tell(fn, len(refs) - len(waiting), len(refs))
             return list(self._ray.get(refs))
         if self._pool is None or len(items) == 1:
-            return [fn(x, *args) for x in items]
+            out = []
+            for x in items:
+                out.append(fn(x, *args))
+                _tell(fn, len(out), len(items))
+            return out
         chunk = max(1, len(items) // (4 * self.workers))
-        return list(self._pool.map(_call, [fn] * len(items), items, [args] * len(items), chunksize=chunk))
+        out = []
+        for r in self._pool.map(_call, [fn] * len(items), items, [args] * len(items), chunksize=chunk):
+            out.append(r)
+            _tell(fn, len(out), len(items))
+        return out
 
 
 def _call(fn, x, args):

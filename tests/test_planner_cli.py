@@ -167,3 +167,26 @@ def test_nothing_fits_exits_1_from_the_console_script():
     r = _cli("plan", "--model", "deepseek-v3", "--hardware", "h100", "--gpus", "4", "--slo", "ttft_p90=2s,tpot_p90=50ms", "--simulate", "0",
              "--workers", "1", "--json")
     assert r.returncode == 1 and json.loads(r.stdout)["status"] == "does_not_fit"
+
+
+def test_progress_bars_on_stderr():
+    r = runner.invoke(app, SMALL, env={"COLUMNS": "120"})
+    assert r.exit_code == 0, r.output
+    assert "screen layouts" in r.stderr and "simulate candidates" in r.stderr and "ETA" in r.stderr
+    assert "screen layouts" not in r.stdout
+
+
+def test_ctrl_c_says_how_far_it_got():
+    import os
+    import signal
+    import time
+
+    args = SMALL[:-6] + ["--simulate", "8", "--sim-requests", "100000", "--workers", "1"]
+    p = subprocess.Popen([sys.executable, "-m", "ui.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "COLUMNS": "120"})
+    assert "planning" in p.stdout.readline()
+    time.sleep(2)  # into the search (8 simulations of up to 100k requests cannot be done by then)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 130, err
+    assert "interrupted after" in err and "jobs); no plan" in err and "Traceback" not in err

@@ -193,6 +193,38 @@ def print_report(con: Console, rep, out: Optional[Path]) -> None:
     con.print(f"[dim]total {t.total_s:.1f} s[/]", highlight=False)
 
 
+JOB_LABELS = {"_screen_job": "screen layouts", "run_job": "simulate candidates"}
+
+
+def plan_with_progress(plan_deployment, req, workers: int, ray: Optional[str], quiet: bool):
+    """``plan_deployment`` with a bar per batch of planner jobs on stderr; Ctrl-C says how far it got."""
+    import time
+
+    from planner.parallel import reporting
+    from ui.progress import progress_bar
+
+    err = Console(stderr=True)
+    where: dict = {"task": None, "label": "fit", "done": 0, "total": 0}
+    t0 = time.perf_counter()
+    with progress_bar(err, transient=quiet) as bar:
+        def hook(name: str, done: int, total: int) -> None:
+            if done == 0:
+                where["label"] = JOB_LABELS.get(name, name)
+                where["task"] = bar.add_task(where["label"], total=total)
+            bar.update(where["task"], completed=done)
+            where["done"], where["total"] = done, total
+
+        try:
+            with reporting(hook):
+                return plan_deployment(req, workers=workers, ray_address=ray)
+        except KeyboardInterrupt:
+            bar.stop()
+            err.print(f"[yellow]interrupted after {time.perf_counter() - t0:.1f} s while the planner was at '{where['label']}' "
+                      f"({where['done']} of {where['total']} jobs); no plan: the recommendation needs the simulations[/]",
+                      highlight=False)
+            raise typer.Exit(130) from None
+
+
 def register(app: typer.Typer) -> None:
     """Add ``plan`` to the CLI."""
 
@@ -232,7 +264,7 @@ def register(app: typer.Typer) -> None:
         con = Console(stderr=as_json, width=min(shutil.get_terminal_size((100, 40)).columns, 120))
         if not as_json:
             con.print(f"[dim]planning {req.model} on {req.gpus} x {req.hardware} ...[/]", highlight=False)
-        rep = plan_deployment(req, workers=workers or default_workers(), ray_address=ray)
+        rep = plan_with_progress(plan_deployment, req, workers or default_workers(), ray, as_json)
         if out is not None and rep.recommended is not None:
             if out.suffix == ".json":
                 out.write_text(rep.recommended.model_dump_json(indent=1, exclude_none=True), encoding="utf-8")
