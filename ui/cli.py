@@ -24,6 +24,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     # help texts are plain text: "[default]" brackets and "pip install 'twinfer[ui]'" must print as written
     rich_markup_mode=None,
+    context_settings={"max_content_width": 120},  # click wraps help at 80 columns otherwise
 )
 
 

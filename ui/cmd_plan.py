@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from planner.request import DEFAULT_PRICE_CACHED_INPUT, DEFAULT_PRICE_INPUT, DEFAULT_PRICE_OUTPUT
 from planner.slo import EXAMPLE, parse_slo, slo_in_mapping
 from twinfer.config import read_mapping, validate
 from twinfer.errors import TwinferError
@@ -234,19 +235,19 @@ def register(app: typer.Typer) -> None:
         hardware: Optional[str] = typer.Option(None, "--hardware", "--hw", help="GPU catalog name or hardware YAML (twinfer hardware --template) [gb300]"),
         calibration: Optional[str] = typer.Option(None, "--calibration", help="calibration profile JSON whose efficiencies replace the defaults"),
         gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="GPU budget"),
-        workload: Optional[str] = typer.Option(None, "--workload", "-w", help="preset (chat, agentic, reasoning, summarize, long-context) or file"),
+        workload: Optional[str] = typer.Option(None, "--workload", "-w", help="preset (chat, agentic, reasoning, summarize, long-context) or file [chat]"),
         slo: Optional[str] = typer.Option(None, "--slo", help=f"latency targets with percentile and unit, e.g. {EXAMPLE} (p50/p90/p99; s/ms/us)"),
         modes: Optional[str] = typer.Option(None, "--modes", help="agg,disagg [both]"),
         simulate: Optional[int] = typer.Option(None, "--simulate", help="candidates to check in the simulator [6]; 0: screen only"),
         sim_requests: Optional[int] = typer.Option(None, "--sim-requests", help="most requests per simulation [2500]"),
         expert_skew: Optional[str] = typer.Option(None, "--expert-skew", help="uniform | zipf[:S] | histogram:FILE.json [zipf:0.63]"),
-        price_input: Optional[float] = typer.Option(None, "--price-input", help="$ per million uncached input tokens"),
-        price_cached: Optional[float] = typer.Option(None, "--price-cached", help="$ per million cached input tokens"),
-        price_output: Optional[float] = typer.Option(None, "--price-output", help="$ per million output tokens"),
-        gpu_hour: Optional[float] = typer.Option(None, "--gpu-hour", help="$ per GPU-hour (default: hardware catalog)"),
+        price_input: Optional[float] = typer.Option(None, "--price-input", help=f"$ per million uncached input tokens [{DEFAULT_PRICE_INPUT:g}: DeepSeek list price]"),
+        price_cached: Optional[float] = typer.Option(None, "--price-cached", help=f"$ per million cached input tokens [{DEFAULT_PRICE_CACHED_INPUT:g}]"),
+        price_output: Optional[float] = typer.Option(None, "--price-output", help=f"$ per million output tokens [{DEFAULT_PRICE_OUTPUT:g}]"),
+        gpu_hour: Optional[float] = typer.Option(None, "--gpu-hour", help="$ per GPU-hour [the hardware catalog's TCO estimate]"),
         workers: int = typer.Option(0, "--workers", help="worker processes [all CPUs]"),
-        ray: Optional[str] = typer.Option(None, "--ray", help="run the sweep on a Ray cluster at ADDRESS (e.g. auto, ray://host:10001)"),
-        seed: Optional[int] = typer.Option(None, "--seed"),
+        ray: Optional[str] = typer.Option(None, "--ray", help="run the sweep on a Ray cluster at ADDRESS (e.g. auto, ray://host:10001) [off: --workers]"),
+        seed: Optional[int] = typer.Option(None, "--seed", help="random seed [0]"),
         config: Optional[str] = typer.Option(None, "--config", help="PlanRequest YAML/JSON (flags override it)"),
         out: Optional[Path] = typer.Option(None, "--out", "-o", help="write the recommended plan (YAML; .json for JSON)"),
         as_json: bool = typer.Option(False, "--json", help="print the whole report as JSON"),

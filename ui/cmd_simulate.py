@@ -185,13 +185,13 @@ def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None)
         f"{res.num_requests:,} requests, seed {res.seed}; KV {res.kv.capacity_tokens:,} tokens per instance",
         style="dim", highlight=False,
     )
-    lat = Table(title=f"latency (ms) over {m.requests_finished:,} finished requests", title_justify="left")
+    lat = Table(title=f"latency (ms) over {m.requests_finished:,} finished requests (whole run)", title_justify="left")
     for c in ("", "mean", "p50", "p90", "p99"):
         lat.add_column(c, justify="left" if not c else "right")
     for name, st in (("TTFT", m.ttft_s), ("TPOT", m.tpot_s), ("ITL", m.itl_s), ("E2E", m.e2e_s)):
         lat.add_row(name, _ms(st.mean), _ms(st.p50), _ms(st.p90), _ms(st.p99))
     con.print(lat)
-    thr = Table(show_header=False, title="throughput and load", title_justify="left")
+    thr = Table(show_header=False, title="throughput and load (whole run: first arrival to last finish)", title_justify="left")
     thr.add_column(justify="left")
     thr.add_column(justify="right")
     thr.add_row("output tokens/s (per GPU)", f"{m.output_throughput:,.0f} ({m.output_throughput_per_gpu:,.0f})")
@@ -219,9 +219,31 @@ def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None)
         thr.add_row("mean batch (requests, tokens)", f"{m.mean_batch_requests:,.1f}, {m.mean_batch_tokens:,.0f}")
     thr.add_row("simulated time (steps, plans)", f"{m.duration_s:,.1f} s ({m.num_steps:,}, {m.num_plans:,})")
     con.print(thr)
+    if m.steady is not None:
+        con.print(steady_table(m.steady, price, res.num_gpus))
     for reason, n in m.dropped_by_reason.items():
         con.print(f"[yellow]dropped {n}:[/] {escape(reason)}", highlight=False)
     con.print(f"[dim]digest {res.digest[:16]}, simulated in {wall_s:.2f} s wall[/]", highlight=False)
+
+
+def steady_table(w, price: float | None, gpus: int) -> Table:
+    """The steady window's figures (the ones ``twinfer plan`` predicts), its definition in the title."""
+    t = Table(show_header=False, title_justify="left",
+              title=f"steady window: {w.definition.removeprefix('steady: ')} ({w.requests_arrived:,} requests)")
+    t.add_column(justify="left")
+    t.add_column(justify="right")
+    t.add_row("output tokens/s (per GPU)", f"{w.output_throughput:,.0f} ({w.output_throughput_per_gpu:,.0f})")
+    t.add_row("TTFT p50 / p90 (ms)", f"{_ms(w.ttft_s.p50)} / {_ms(w.ttft_s.p90)}")
+    t.add_row("TPOT p50 / p90 (ms)", f"{_ms(w.tpot_s.p50)} / {_ms(w.tpot_s.p90)}")
+    if w.per_user_output_tps_mean is not None:
+        t.add_row("tokens/s per user (mean)", f"{w.per_user_output_tps_mean:,.1f}")
+    t.add_row("requests/s finishing", f"{w.request_throughput:,.2f}")
+    if w.goodput_fraction is not None:
+        t.add_row("goodput (% of the window's requests)", f"{100 * w.goodput_fraction:.1f}%")
+    if price and w.output_throughput > 0:
+        t.add_row("$ per million output tokens", f"{price * gpus / (w.output_throughput * 3600) * 1e6:,.3f}")
+    t.add_row("window (s)", f"arrivals {w.arrivals_from_s:,.1f}-{w.arrivals_to_s:,.1f}, output {w.start_s:,.1f}-{w.end_s:,.1f}")
+    return t
 
 
 def _hw_name(hardware: str) -> str:
@@ -265,26 +287,26 @@ def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate(
         scenario: Optional[str] = typer.Option(None, "--scenario", "-s", help="scenario YAML/JSON file or built-in name [default]"),
-        model: Optional[str] = typer.Option(None, "--model", "-m", help="model catalog name, HF config.json (or its folder) or ModelSpec YAML; layout dtypes then follow its checkpoint unless --dtype"),
-        hardware: Optional[str] = typer.Option(None, "--hardware", "--hw", help="GPU catalog name or hardware YAML (twinfer hardware --template)"),
+        model: Optional[str] = typer.Option(None, "--model", "-m", help="model catalog name, HF config.json (or its folder) or ModelSpec YAML; layout dtypes then follow its checkpoint unless --dtype [the scenario's]"),
+        hardware: Optional[str] = typer.Option(None, "--hardware", "--hw", help="GPU catalog name or hardware YAML (twinfer hardware --template) [the scenario's]"),
         calibration: Optional[str] = typer.Option(None, "--calibration", help="calibration profile JSON whose efficiencies replace the defaults (twinfer calibrate)"),
-        instances: Optional[int] = typer.Option(None, "--instances", help="identical instances behind the router"),
-        tp: Optional[int] = typer.Option(None, "--tp", help="tensor parallel per instance"),
-        dp: Optional[int] = typer.Option(None, "--dp", help="attention data parallel per instance"),
-        ep: Optional[int] = typer.Option(None, "--ep", help="expert parallel per instance"),
-        dtype: Optional[str] = typer.Option(None, "--dtype", help="weight dtype bf16|fp8|fp4"),
-        rate: Optional[float] = typer.Option(None, "--rate", "-r", help="arrivals per second"),
-        requests: Optional[int] = typer.Option(None, "--requests", "-n", help="number of requests (trace: first N)"),
-        duration: Optional[float] = typer.Option(None, "--duration", help="arrivals only before this many seconds"),
-        workload: Optional[str] = typer.Option(None, "--workload", "-w", help="workload preset: chat, long-context, summarize, agentic, reasoning"),
+        instances: Optional[int] = typer.Option(None, "--instances", help="identical instances behind the router [the scenario's]"),
+        tp: Optional[int] = typer.Option(None, "--tp", help="tensor parallel per instance [the scenario's]"),
+        dp: Optional[int] = typer.Option(None, "--dp", help="attention data parallel per instance [the scenario's]"),
+        ep: Optional[int] = typer.Option(None, "--ep", help="expert parallel per instance [the scenario's]"),
+        dtype: Optional[str] = typer.Option(None, "--dtype", help="weight dtype bf16|fp8|fp4 [the scenario's]"),
+        rate: Optional[float] = typer.Option(None, "--rate", "-r", help="arrivals per second [the scenario's]"),
+        requests: Optional[int] = typer.Option(None, "--requests", "-n", help="number of requests (trace: first N) [the scenario's]"),
+        duration: Optional[float] = typer.Option(None, "--duration", help="arrivals only before this many seconds [the scenario's]"),
+        workload: Optional[str] = typer.Option(None, "--workload", "-w", help="workload preset: chat, long-context, summarize, agentic, reasoning [the scenario's]"),
         trace: Optional[str] = typer.Option(None, "--trace", help="replay a trace file instead of a generated workload"),
         trace_format: Optional[str] = typer.Option(None, "--trace-format", help="mooncake | jsonl [jsonl]"),
-        max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="most running requests per instance"),
-        max_batched_tokens: Optional[int] = typer.Option(None, "--max-batched-tokens", help="token budget per step"),
+        max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="most running requests per instance [the scenario's]"),
+        max_batched_tokens: Optional[int] = typer.Option(None, "--max-batched-tokens", help="token budget per step [the scenario's]"),
         async_overlap: Optional[bool] = typer.Option(None, "--async-overlap/--no-async-overlap", help="hide host overhead under GPU time"),
-        draft_len: Optional[int] = typer.Option(None, "--draft-len", help="MTP draft tokens per decode step"),
-        router: Optional[str] = typer.Option(None, "--router", help="round_robin | least_outstanding | prefix_aware"),
-        seed: Optional[int] = typer.Option(None, "--seed", help="random seed"),
+        draft_len: Optional[int] = typer.Option(None, "--draft-len", help="MTP draft tokens per decode step [the scenario's]"),
+        router: Optional[str] = typer.Option(None, "--router", help="round_robin | least_outstanding | prefix_aware [the scenario's]"),
+        seed: Optional[int] = typer.Option(None, "--seed", help="random seed [the scenario's]"),
         slo: Optional[str] = typer.Option(None, "--slo", help="latency targets for goodput and the 'meets the SLO' verdict, e.g. ttft_p90=2s,tpot_p90=50ms [the scenario's, at p90]"),
         as_json: bool = typer.Option(False, "--json", help="print the full result as JSON (nothing else on stdout)"),
         csv: Optional[Path] = typer.Option(None, "--csv", help="write the metrics as metric,value CSV"),
@@ -294,7 +316,10 @@ def register(app: typer.Typer) -> None:
         plan: Optional[str] = typer.Option(None, "--plan", help="simulate a `twinfer plan --out` plan file at full scale (--requests, --rate, --seed still apply)"),
         error_band: Optional[str] = typer.Option(None, "--error-band", help="print the twin's error band next to the figures: a `twinfer validate` report JSON, or 'auto' (profiles/<hardware>/validation_*.json)"),
     ) -> None:
-        """Serving metrics of a scenario in simulated time; with no options, the built-in default."""
+        """Serving metrics of a scenario in simulated time; with no options, the built-in default.
+
+        Options marked [the scenario's] keep the scenario's value when left out (see them all: --print-scenario).
+        """
         if trace_format is not None and trace is None:
             raise TwinferError("--trace-format: only with --trace PATH")
         if plan is not None:
@@ -363,8 +388,8 @@ def register(app: typer.Typer) -> None:
         if sc.calibration is not None or get_hardware_measured(sc.hardware):
             con.print("[dim]efficiencies: " + escape("; ".join(res.cost_model_notes[:4])) + "[/]", highlight=False)
         if error_band is not None:
-            from sim.validate import band_line
-            con.print(band_line(error_band, sc.hardware), highlight=False)
+            from sim.bands import applicable_band_line
+            con.print(applicable_band_line(error_band, sc), highlight=False)
         for path, what in ((csv, "metrics CSV"), (perfetto, "Perfetto trace (open in ui.perfetto.dev)")):
             if path is not None:
                 con.print(f"wrote {what}: {path}", highlight=False)
