@@ -87,6 +87,45 @@ def test_executor_matches_hf(tmp_path, model_type):
     assert_parity(res)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("model_type", sorted(CONFIGS))
+def test_executor_matches_hf_on_cuda(tmp_path, model_type):
+    """The same comparison with the executor on the GPU (the registry's CUDA kernels that take fp32:
+    Triton MLA decode and MoE, SDPA prefill), HF on the CPU as the reference."""
+    hf = build_hf(CONFIGS[model_type](), seed=1)
+    hf.save_pretrained(tmp_path)
+    assert_parity(check_parity(hf, tmp_path, seed=2, device="cuda"))
+
+
+@pytest.mark.gpu
+def test_deepseek_v3_vendor_kernels_bf16_track_hf(tmp_path):
+    """FlashMLA's shapes (latent 512 + rope 64, 64-token pages, bf16) so the vendor decode kernel serves the
+    paged decodes. The reference holds the same bf16-rounded weights in fp32, so what is measured is the
+    kernels' bf16 arithmetic: issue 22's bf16 bound (2e-2) per position, except where a near-tie in expert
+    routing flips (a discrete change no tolerance describes; at most 1 in 10 positions)."""
+    from kernels import ops
+    from test_hf_parity_helpers import exec_chunked_then_decode, hf_logits, load_executor
+
+    cfg = deepseek_v3_config(hidden_size=512, intermediate_size=512, moe_intermediate_size=128, num_attention_heads=16,
+                             num_key_value_heads=16, q_lora_rank=256, kv_lora_rank=512, qk_rope_head_dim=64,
+                             qk_nope_head_dim=128, v_head_dim=128)
+    hf = build_hf(cfg, seed=1)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.copy_(p.bfloat16().float())
+    hf.save_pretrained(tmp_path)
+    ecfg, ex = load_executor(tmp_path, "bf16", torch.device("cuda"))
+    toks = torch.randint(0, 256, (200,), generator=torch.Generator().manual_seed(2)).tolist()
+    ops.reset_used()
+    got = exec_chunked_then_decode(ex, ecfg, toks, (70, 150), torch.bfloat16, page=64).float()
+    used = ops.reset_used()
+    want = hf_logits(hf, toks)
+    assert used.get("mla_decode") == "flashmla", used
+    per_pos = (got - want).abs().amax(-1) / want.abs().amax(-1)
+    assert float((per_pos <= 2e-2).float().mean()) >= 0.9, per_pos.tolist()
+    assert float((got.argmax(-1) == want.argmax(-1)).float().mean()) >= 0.9
+
+
 def test_deepseek_v4_folder_is_refused_at_load_naming_what_is_missing(tmp_path):
     """The executor has MLA and MoE but not V4's attention: `twinfer run` must say so, not serve a V3-like model."""
     import subprocess

@@ -63,10 +63,10 @@ def build_hf(config, seed: int = 0):
     return model.eval()
 
 
-def load_executor(folder: str | Path, dtype: str = "fp32"):
+def load_executor(folder: str | Path, dtype: str = "fp32", device: torch.device = CPU):
     """The executor's model for an HF folder via the CLI's ``--load-format auto`` path."""
     cfg = ExecModelConfig.build(resolve_spec(str(folder)), folder)
-    return cfg, build_model(cfg, CPU, dtype, "auto", max_pos=512)
+    return cfg, build_model(cfg, device, dtype, "auto", max_pos=512)
 
 
 @torch.no_grad()
@@ -76,24 +76,27 @@ def hf_logits(model, tokens: list[int]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def exec_prefill(model, cfg, tokens: list[int], dtype=torch.float32) -> torch.Tensor:
-    """One-shot prefill into fresh pages."""
-    pages = -(-len(tokens) // PAGE)
-    kv = KVCache(cfg, pages, PAGE, CPU, dtype)
-    b = build_forward_batch([SeqInput(tokens, 0, list(range(pages)), False)], PAGE, kv.null_page, CPU)
-    return model.compute_logits(model(b, kv))
+def exec_prefill(model, cfg, tokens: list[int], dtype=torch.float32, page: int = PAGE) -> torch.Tensor:
+    """One-shot prefill into fresh pages (on the model's device; logits come back to the CPU)."""
+    dev = model.model.embed_tokens.weight.device
+    pages = -(-len(tokens) // page)
+    kv = KVCache(cfg, pages, page, dev, dtype)
+    b = build_forward_batch([SeqInput(tokens, 0, list(range(pages)), False)], page, kv.null_page, dev)
+    return model.compute_logits(model(b, kv)).cpu()
 
 
 @torch.no_grad()
-def exec_chunked_then_decode(model, cfg, tokens: list[int], cuts: tuple[int, ...], dtype=torch.float32) -> torch.Tensor:
+def exec_chunked_then_decode(model, cfg, tokens: list[int], cuts: tuple[int, ...], dtype=torch.float32,
+                             page: int = PAGE) -> torch.Tensor:
     """Prefill chunks ending at each of ``cuts`` over scattered pages, then one-token paged decodes to the end."""
-    pages = -(-len(tokens) // PAGE)
-    kv = KVCache(cfg, 2 * pages + 1, PAGE, CPU, dtype)
+    dev = model.model.embed_tokens.weight.device
+    pages = -(-len(tokens) // page)
+    kv = KVCache(cfg, 2 * pages + 1, page, dev, dtype)
     table = [2 * pages - 2 * i for i in range(pages)]          # scattered, descending page ids
     out, start = [], 0
     for end in list(cuts) + list(range(cuts[-1] + 1, len(tokens) + 1)):
-        b = build_forward_batch([SeqInput(tokens[start:end], start, table, end > cuts[-1])], PAGE, kv.null_page, CPU)
-        out.append(model.compute_logits(model(b, kv)))
+        b = build_forward_batch([SeqInput(tokens[start:end], start, table, end > cuts[-1])], page, kv.null_page, dev)
+        out.append(model.compute_logits(model(b, kv)).cpu())
         start = end
     return torch.cat(out)
 
@@ -113,31 +116,36 @@ def hf_greedy(model, prompt: list[int], steps: int) -> list[int]:
     return toks[len(prompt):]
 
 
-def engine_greedy(folder: str | Path, prompt: list[int], steps: int, dtype: str = "fp32", **sched) -> list[int]:
+def engine_greedy(folder: str | Path, prompt: list[int], steps: int, dtype: str = "fp32", device: str = "cpu",
+                  page: int = PAGE, **sched) -> list[int]:
     """Greedy continuation by the serving engine (scheduler, paged KV, chunked prefill, sampler; ``sched`` overrides)."""
     from executor.engine import LLMEngine, SamplingParams
 
-    e = LLMEngine.from_args(str(folder), load_format="auto", dtype=dtype,
-                            scheduler_config={"block_size": PAGE, "max_num_batched_tokens": 32, "max_num_seqs": 2,
+    e = LLMEngine.from_args(str(folder), load_format="auto", dtype=dtype, device=device,
+                            scheduler_config={"block_size": page, "max_num_batched_tokens": 32, "max_num_seqs": 2,
                                               "max_model_len": 256, **sched})
     return e.generate([prompt], SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))[0]
 
 
-def check_parity(hf_model, folder: str | Path, n_tokens: int = 40, seed: int = 0) -> dict:
+def check_parity(hf_model, folder: str | Path, n_tokens: int = 40, seed: int = 0, dtype: str = "fp32",
+                 device: str = "cpu", page: int = PAGE) -> dict:
     """Run every comparison; return the figures (asserting is left to the caller so reports show them)."""
-    cfg, ex = load_executor(folder)
+    from executor.weights import DTYPES
+
+    cfg, ex = load_executor(folder, dtype, torch.device(device))
+    act = DTYPES[dtype]
     g = torch.Generator().manual_seed(seed)
     toks = torch.randint(0, cfg.spec.vocab_size, (n_tokens,), generator=g).tolist()
     want = hf_logits(hf_model, toks)
-    one_shot = exec_prefill(ex, cfg, toks)
+    one_shot = exec_prefill(ex, cfg, toks, act, page)
     cut1, cut2 = n_tokens // 3, (2 * n_tokens) // 3
-    chunked = exec_chunked_then_decode(ex, cfg, toks, (cut1, cut2))
+    chunked = exec_chunked_then_decode(ex, cfg, toks, (cut1, cut2), act, page)
     prompt = toks[:12]
     return {
         "prefill": rel_err(one_shot, want),
         "chunked_decode": rel_err(chunked, want),
         "greedy_hf": hf_greedy(hf_model, prompt, GREEDY_STEPS),
-        "greedy_exec": engine_greedy(folder, prompt, GREEDY_STEPS),
+        "greedy_exec": engine_greedy(folder, prompt, GREEDY_STEPS, dtype, device, page),
         "cfg": cfg, "model": ex, "tokens": toks,
     }
 
