@@ -49,7 +49,7 @@ def _hardware_form() -> str | None:
     base = app_cache.hardware_info(st.selectbox("start from", service.hardware_names(), key="hw_base"))
     with st.form("hw_form"):
         fields = {"name": st.text_input("name", "custom-gpu", key="hw_name")}
-        for k, label in (("bf16_tflops", "BF16 TFLOP/s"), ("fp8_tflops", "FP8 TFLOP/s"), ("hbm_gb", "HBM GB"),
+        for k, label in (("bf16_tflops", "BF16 TFLOP/s"), ("fp8_tflops", "FP8 TFLOP/s"), ("hbm_gb", "HBM GiB (a vendor's '141 GB')"),
                          ("hbm_tbps", "HBM TB/s"), ("scaleup_gbps", "scale-up GB/s per direction"),
                          ("scaleout_gbps", "scale-out Gbit/s"), ("price_per_gpu_hour", "$ per GPU-hour")):
             fields[k] = st.number_input(label, value=float(base[k]), min_value=0.0, key=f"hw_{k}")

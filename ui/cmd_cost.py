@@ -162,9 +162,9 @@ def _print(res: dict) -> None:
         con.print(ops)
     m = res["memory"]
     mem = Table(title="memory per GPU", show_header=False)
-    gb = lambda x: f"{x / 1e9:,.2f} GB"  # noqa: E731
+    gb = lambda x: f"{x / 2**30:,.2f} GiB"  # noqa: E731  (binary: what CUDA and nvidia-smi report, and what the catalog's HBM means)
     mem.add_row("HBM", gb(m["hbm_bytes"]))
-    mem.add_row("weights", gb(m["weight_bytes"]) + "  (" + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in m["weight_breakdown"].items()) + ")")
+    mem.add_row("weights", gb(m["weight_bytes"]) + "  (" + ", ".join(f"{k} {v / 2**30:.1f}" for k, v in m["weight_breakdown"].items()) + ")")
     mem.add_row("workspace", gb(m["workspace_bytes"]))
     mem.add_row("KV pool", gb(max(m["kv_pool_bytes"], 0)))
     mem.add_row("free (outside mem_fraction)", gb(m["free_bytes"]))

@@ -67,7 +67,7 @@ def _print_catalog() -> None:
         return "-" if x is None else f"{x:g}"
 
     tab = Table(title="hardware catalog (dense rates per GPU; your own: twinfer hardware --template > my_gpu.yaml)", title_justify="left")
-    for c in ("name", "BF16 TF", "FP8 TF", "FP4 TF", "HBM GB", "HBM TB/s", "scale-up GB/s/dir", "domain", "scale-out Gb/s", "$/GPU-h", "measured"):
+    for c in ("name", "BF16 TF", "FP8 TF", "FP4 TF", "HBM GiB", "HBM TB/s", "scale-up GB/s/dir", "domain", "scale-out Gb/s", "$/GPU-h", "measured"):
         tab.add_column(c, justify="left" if c == "name" else "right")
     for h in list_hardware():
         tab.add_row(h.name, num(h.bf16_tflops), num(h.fp8_tflops), num(h.fp4_tflops), num(h.hbm_gb), num(h.hbm_tbps),

@@ -1,0 +1,20 @@
+"""Memory is shown in the unit it is counted in: the catalog's HBM is GiB (CUDA's 140.4 GiB H200 is the vendor's '141 GB')."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from ui.cli import app
+
+
+def test_cost_memory_table_is_in_gib():
+    r = CliRunner().invoke(app, ["cost", "--hardware", "h200"], env={"COLUMNS": "160"})
+    assert r.exit_code == 0, r.output
+    row = next(line for line in r.output.splitlines() if "HBM" in line and "GiB" in line)
+    assert "141.00 GiB" in row  # hbm_gb 141 taken as GiB: 141 * 2**30 bytes shown as 141 GiB, not "151.40 GB"
+    assert "151.40" not in r.output
+
+
+def test_hardware_catalog_labels_hbm_gib():
+    r = CliRunner().invoke(app, ["hardware"], env={"COLUMNS": "250"})
+    assert r.exit_code == 0 and "HBM GiB" in r.output and "HBM GB" not in r.output
