@@ -32,3 +32,16 @@ def test_bad_slo_and_url_are_exit_2():
     assert r.exit_code != 0 and "needs its percentile" in str(r.exception)
     r = CliRunner().invoke(app, ARGS + ["--url", "localhost:8000"])
     assert "--url" in str(r.exception) and "http://HOST:PORT/v1" in str(r.exception)
+
+
+def test_partial_summary_of_a_cut_bench():
+    from rich.console import Console
+
+    from executor.bench_client import RequestRecord
+    from ui.cmd_bench import print_partial
+
+    recs = [RequestRecord(i, 0.0, ttft_s=0.1 * (i + 1), tpot_s=0.01, e2e_s=1.0, success=i != 2) for i in range(3)]
+    con = Console(record=True, width=200)
+    print_partial(con, recs, 10)
+    text = con.export_text()
+    assert "3 of 10 requests completed (1 failed)" in text and "TTFT ms p50/p90/p99: 150.0" in text and "(2 requests)" in text

@@ -110,7 +110,7 @@ def bench(
     """Run the workload against the server and report TTFT/TPOT/ITL/E2E and throughput."""
     import numpy as np
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from executor import bench_client as bc
     from sim import workload as wl
@@ -138,20 +138,27 @@ def bench(
         raise TwinferError(f"cannot reach an OpenAI-compatible server at {url} ({type(e).__name__}: {e})") from None
 
     closed = concurrency is not None and rate is None
+    done: list = []
     with Progress(TextColumn("[bold]bench[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
-                  TimeElapsedColumn(), console=err, transient=as_json) as progress:
+                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=as_json) as progress:
         task = progress.add_task("bench", total=len(items), status="")
         failed = 0
 
         def on_record(rec: bc.RequestRecord) -> None:
             nonlocal failed
             failed += not rec.success
+            done.append(rec)
             progress.update(task, advance=1, status=f"[red]{failed} failed[/]" if failed else "")
 
-        run = asyncio.run(bc.run_benchmark(url, items, model=model, concurrency=concurrency, closed_loop=closed,
-                                           warmup=warmup, ramp_s=ramp_s, api_key=api_key, prompt_mode=prompt_mode,
-                                           block_size=block_size, seed=seed, timeout_s=timeout_s,
-                                           max_model_len=int(max_len) if max_len else None, on_record=on_record))
+        try:
+            run = asyncio.run(bc.run_benchmark(url, items, model=model, concurrency=concurrency, closed_loop=closed,
+                                               warmup=warmup, ramp_s=ramp_s, api_key=api_key, prompt_mode=prompt_mode,
+                                               block_size=block_size, seed=seed, timeout_s=timeout_s,
+                                               max_model_len=int(max_len) if max_len else None, on_record=on_record))
+        except KeyboardInterrupt:
+            progress.stop()
+            print_partial(err, done, len(items))
+            raise typer.Exit(130) from None
     if run.clipped:
         err.print(f"note: {run.clipped} of {len(items)} requests clipped to fit the server's max_model_len {max_len}")
     if records:
@@ -174,6 +181,20 @@ def bench(
     errors = [r.error for r in run.records if r.error]
     if errors:
         err.print(f"[red]{len(errors)} requests failed[/]; first error: {errors[0]}")
+
+
+def print_partial(console, records: list, total: int) -> None:
+    """What a bench cut by Ctrl-C measured: counts and latency percentiles of the requests that completed."""
+    import numpy as np
+
+    ok = [r for r in records if r.success]
+    console.print(f"[yellow]interrupted: {len(records)} of {total} requests completed ({len(records) - len(ok)} failed); "
+                  "partial figures over the successful ones:[/]", highlight=False)
+    for name in ("ttft_s", "tpot_s", "e2e_s"):
+        x = np.array([getattr(r, name) for r in ok if getattr(r, name) is not None], dtype=float)
+        if x.size:
+            p50, p90, p99 = np.percentile(x, [50, 90, 99]) * 1e3
+            console.print(f"  {name[:-2].upper()} ms p50/p90/p99: {p50:,.1f} / {p90:,.1f} / {p99:,.1f} ({x.size} requests)", highlight=False)
 
 
 def print_summary(console, config: dict, m) -> None:
