@@ -75,7 +75,20 @@ def glm4_moe_config():
                                                        "partial_rotary_factor": 0.5})
 
 
-CONFIGS = {"deepseek_v3": deepseek_v3_config, "deepseek_v32": deepseek_v32_config, "llama": llama_config, "qwen3_moe": qwen3_moe_config,
+def deepseek_v3_neox_config():
+    """V3 with ``rope_interleave=false``: MLA's rope dims rotated in halves."""
+    return deepseek_v3_config(rope_interleave=False)
+
+
+def qwen3_config():
+    """Dense Qwen3: q/k norms, head_dim != hidden/heads, YaRN on GQA (cos/sin scaled by 0.1 ln f + 1)."""
+    return transformers.Qwen3Config(**TINY, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                    head_dim=24, rope_parameters={"rope_type": "yarn", "rope_theta": 20000.0,
+                                                                  "factor": 4.0, "original_max_position_embeddings": 128})
+
+
+CONFIGS = {"deepseek_v3": deepseek_v3_config, "deepseek_v3_neox": deepseek_v3_neox_config, "qwen3": qwen3_config,
+           "deepseek_v32": deepseek_v32_config, "llama": llama_config, "qwen3_moe": qwen3_moe_config,
            "glm4_moe": glm4_moe_config}
 
 
