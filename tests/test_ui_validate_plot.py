@@ -54,3 +54,12 @@ def test_png_is_a_png_or_says_why(tmp_path):
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:  # kaleido present but no browser here: the HTML instead, and the message says so
         assert "could not write" in msg and Path(tmp_path / "v.html").exists()
+
+
+def test_validate_shows_a_progress_bar(tmp_path):
+    prof = str(Path(__file__).resolve().parents[1] / "profiles" / "h200" / "calibration_deepseek-v3-5layers_fp8.json")
+    r = CliRunner().invoke(app, ["validate", "--model", "deepseek-v3", "--num-layers", "5", "--profile", prof, "-n", "12",
+                                 "--max-input-len", "256", "--max-output-len", "8", "--sim-only", "--levels", "0.5,2"],
+                           env={"COLUMNS": "120"})
+    assert r.exit_code == 0, r.output
+    assert "validate" in r.stderr and "2/2" in r.stderr and "ETA" in r.stderr

@@ -14,6 +14,7 @@ import numpy as np
 import typer
 
 from twinfer.errors import TwinferError
+from ui.progress import progress_bar
 
 
 def register(app: typer.Typer) -> None:
@@ -237,12 +238,17 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
     reports: list[LevelReport] = []
     samples_by_level: dict[str, list[StepSample]] = {}
     all_samples: list[StepSample] = []
+    # one unit per level simulated plus one per replay: the replays are what take minutes
+    bar = progress_bar(Console(stderr=True))
+    task = bar.add_task("validate", total=len(fracs) * (1 + (max(1, runs) if engine is not None else 0)))
+    bar.start()
     for i, f in enumerate(fracs):
         name = names.get(i, f"{f:g}x")
         rate = f * cap
         scale = (r0 / rate) if np.isfinite(r0) and rate > 0 else 1.0
         pred_m = simulate_requests(cost, scfg, blocks, copy_requests(reqs, scale), seed=seed)
         pred = metric_values(pred_m)
+        bar.advance(task)
         meas: dict = {k: None for k in pred}
         step: dict = {}
         bins: list = []
@@ -255,6 +261,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
             steps_all = []
             for _ in range(max(1, runs)):
                 res = replay(fresh_engine(engine, base_cfg), items, seed=seed)
+                bar.advance(task)
                 wall += res.wall_s
                 run_figs.append(metric_values(res.metrics))
                 steps_all += res.steps
@@ -281,6 +288,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                                    runs=run_figs, spread=spread,
                                    diagnostics=diag, samples=compact_samples(samples_by_level.get(name, []))))
         _print_level(con, reports[-1])
+    bar.stop()
 
     overall, overall_bins = step_comparison(all_samples) if all_samples else ({}, [])
     rep = ValidationReport(
