@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from sim.scenario import Scenario
-from sim.validate import band_line, find_reports
+from sim.validate import band_line, find_reports, load_bands
 from twinfer.errors import TwinferError
 
 
@@ -23,7 +23,8 @@ def load_report_header(path: Path) -> dict:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as err:
         raise TwinferError(f"--error-band: {path}: not a twinfer validate report ({str(err).splitlines()[0][:200]})") from None
-    if not isinstance(data, dict):
+    if not isinstance(data, dict) or "levels" not in data or "model" not in data:
+        load_bands(path)  # raises the field-named error of a file that is not a validate report
         raise TwinferError(f"--error-band: {path}: not a twinfer validate report")
     return data
 
