@@ -98,3 +98,16 @@ def test_report_lists_every_simulated_candidate(report):
     assert len(report.simulated) == report.candidates_simulated >= 2
     assert {p.source for p in report.simulated} == {"simulation"}
     assert any(p.meets_slo for p in report.simulated)
+
+
+def test_ui_what_if_baseline_is_the_plans_figure(report):
+    from ui import service
+
+    plan = report.recommended
+    data = plan.model_dump(mode="json")
+    n = service.what_if_requests(data, 300)
+    assert n == plan.workload.num_requests  # the plan's own run, not a shorter one
+    row = service.simulate_plan(data, n)
+    assert row["window"] == "steady"
+    assert row["output tok/s per GPU"] == pytest.approx(plan.predicted.output_tokens_per_s_per_gpu, rel=1e-12)
+    assert row["TTFT p90 (s)"] == pytest.approx(plan.predicted.ttft_s, rel=1e-12)
