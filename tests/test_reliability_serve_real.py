@@ -100,6 +100,22 @@ def test_values_that_used_to_crash_the_engine_are_400(server, param, value):
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
 
 
+def test_vllm_v1_metrics_come_from_the_real_engine(server):
+    """Issue 19: the per-step families (queue/prefill/decode/inference time, iteration tokens, preemptions)
+    come from the executor's step observer; they must be filled by a real request."""
+    _, url = server
+    r = httpx.post(url + "/v1/completions", json={"prompt": "hello there", "max_tokens": 4, "ignore_eos": True}, timeout=60)
+    assert r.status_code == 200
+    samples = {s.name: s.value for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text)
+               for s in fam.samples}
+    for name in ("request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
+                 "request_inference_time_seconds", "iteration_tokens_total", "inter_token_latency_seconds",
+                 "request_prompt_tokens", "request_generation_tokens"):
+        assert samples.get(f"vllm:{name}_count", 0) >= 1, name
+    assert "vllm:num_preemptions_total" in samples
+    assert samples["vllm:request_decode_time_seconds_sum"] > 0
+
+
 def test_client_gone_mid_stream_frees_its_kv_blocks(server):
     _, url = server
     start = _wait_idle(url)

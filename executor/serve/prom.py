@@ -119,6 +119,10 @@ class ServeMetrics:
                                        buckets=ITERATION_TOKEN_BUCKETS, registry=self.registry) for p in PREFIXES]
         self._preempt = [Counter(f"{p}:num_preemptions", "Requests preempted (KV exhausted) and later resumed.", lbl,
                                  registry=self.registry) for p in PREFIXES]
+        for fam in [self._itl, self._prompt_tokens, self._gen_tokens, self._iter_tokens, self._preempt,
+                    *self._phase.values()]:
+            for m in fam:   # exported at 0 before the first observation (a dashboard sees the family)
+                m.labels(model_name)
         self._rejected = Counter("twinfer:request_rejected", "Requests answered with an error and never run, by reason "
                                  "(the error code: invalid_json, context_length_exceeded, rate_limit_exceeded, ...).",
                                  lbl + ["reason"], registry=self.registry)
