@@ -84,6 +84,8 @@ class CalibrationProfile(BaseModel):
     alltoall_scaleout_latency_s: float = Field(40e-6, ge=0)
     p2p_latency_s: float = Field(10e-6, ge=0)
     launch_overhead_s: float = Field(3e-6, ge=0)
+    op_tables: str | None = Field(None, description="GPU whose measured op tables (costmodels/data/op_tables/<gpu>) price "
+                                  "dense FP8 GEMMs (scaled by datasheet rooflines on other NVIDIA GPUs); None: the GEMM ramp")
     tables: dict[str, EffTable] = Field(default_factory=dict)
     # measured profiles (twinfer calibrate): where the numbers come from, the op micro-benchmarks
     # behind ``tables``, and the measured step model of one engine (costmodels.step_profile)
@@ -185,5 +187,5 @@ class CalibrationProfile(BaseModel):
         return CalibrationProfile(
             measured_on="H200", source=m.source, created="analytic defaults", notes=notes,
             mem_eff=mem_eff, gemm_mem_half_bytes=half, gemm_compute_eff=ceff, gemm_compute_half_m=64.0,
-            attn_compute_eff=580.0 / 989.0, tables={"attn_decode_mem": attn_table},
+            attn_compute_eff=580.0 / 989.0, tables={"attn_decode_mem": attn_table}, op_tables="H200",
         )

@@ -90,6 +90,7 @@ class GemmTable:
     peak_flops: float = 0.0       # the measured GPU's dense peak for this dtype, flop/s (roofline of scaling)
     hbm_bw: float = 0.0           # its peak HBM bandwidth, bytes/s
     weight_bytes_per_elem: float = 1.0
+    measured_on: str = ""         # the GPU the table was measured on
 
     def _roofline(self, m, n, k):
         m = np.asarray(m, dtype=float)
@@ -173,13 +174,14 @@ def _rows(path: Path) -> list[dict]:
         return [r for r in csv.DictReader(f) if r.get("device_us") not in (None, "")]
 
 
-def _gemm_tables(path: Path, peak_fp8: float, hbm_bw: float) -> dict[tuple[str, str], GemmTable]:
+def _gemm_tables(path: Path, peak_fp8: float, hbm_bw: float, gpu: str) -> dict[tuple[str, str], GemmTable]:
     out: dict[tuple[str, str], GemmTable] = {}
     fams: dict[tuple[str, int, int], list[tuple[float, float]]] = {}
     for r in _rows(path):
         fams.setdefault((r["lib"], int(r["n"]), int(r["k"])), []).append((float(r["m"]), float(r["device_us"]) * 1e-6))
     for (lib, n, k), pts in sorted(fams.items()):
-        tab = out.setdefault((lib, "fp8"), GemmTable(lib, "fp8", peak_flops=peak_fp8, hbm_bw=hbm_bw))
+        tab = out.setdefault((lib, "fp8"), GemmTable(lib, "fp8", peak_flops=peak_fp8, hbm_bw=hbm_bw,
+                                                             measured_on=gpu))
         by_m: dict[float, list[float]] = {}
         for m, t in pts:     # one shape measured under two names (V3's shared_down is o_proj's TP8 shard): the mean
             by_m.setdefault(m, []).append(t)
@@ -227,9 +229,64 @@ def load(gpu: str) -> OpTables | None:
         return None
     hw = get_hardware(gpu)
     prov = json.loads((folder / "provenance.json").read_text(encoding="utf-8"))
-    gemm = _gemm_tables(folder / "dense_gemm_fp8.csv", hw.tflops("fp8") * 1e12, hw.hbm_bw) \
+    gemm = _gemm_tables(folder / "dense_gemm_fp8.csv", hw.tflops("fp8") * 1e12, hw.hbm_bw, hw.name) \
         if (folder / "dense_gemm_fp8.csv").is_file() else {}
     masked = _masked_tables(folder / "grouped_gemm_masked_fp8.csv") \
         if (folder / "grouped_gemm_masked_fp8.csv").is_file() else {}
     mla = _mla_tables(folder / "mla_decode_bf16.csv") if (folder / "mla_decode_bf16.csv").is_file() else {}
     return OpTables(gpu=hw.name, provenance=prov, gemm=gemm, masked_grouped=masked, mla_decode=mla)
+
+
+# --------------------------------------------------------------------------- the cost model's use of the tables
+SWIGLU_FFNS = ("dense_ffn", "shared_expert")   # one Linear k=h, n=3I in params.py; the engine runs gate_up + down
+
+
+def kernel_gemms(name: str, k: int, n: int, divisor: float, hidden: int) -> list[tuple[int, int]]:
+    """The (N, K) GEMMs one rank launches for a weight ``k x n`` split ``divisor`` ways.
+
+    SwiGLU FFNs are one Linear of 3I columns in the parameter list but two kernels (gate_up 2I x h,
+    down h x I). Under tensor parallelism the projections back to the hidden size (o_proj, down) are
+    row-parallel (split K); every other split weight is column-parallel (split N).
+    """
+    d = max(divisor, 1.0)
+    if name in SWIGLU_FFNS and n % 3 == 0:
+        inter = n // 3
+        return [(max(1, round(2 * inter / d)), k), (k, max(1, round(inter / d)))]
+    if d > 1 and n == hidden:
+        return [(n, max(1, round(k / d)))]
+    return [(max(1, round(n / d)), k)]
+
+
+@dataclass
+class TableGemms:
+    """Dense-GEMM times of a step's weight rows from a measured table, on this or another GPU.
+
+    ``shapes[r]`` are row r's kernels (``kernel_gemms``); rows whose dtype has no table (BF16 heads,
+    routers) are left to the analytic model (``covers``). On a GPU other than the measured one each time
+    is scaled by the ratio of the two GPUs' rooflines at that shape (datasheet peak and bandwidth).
+    """
+
+    table: GemmTable
+    shapes: list[list[tuple[int, int]]]
+    covers: np.ndarray                 # bool per row
+    target_flops: float                # this GPU's dense peak for the table's dtype, flop/s
+    target_bw: float                   # this GPU's peak HBM bandwidth, bytes/s
+
+    def seconds(self, row: int, m: np.ndarray) -> np.ndarray:
+        """Seconds of row ``row``'s kernels at ``m`` rows each (any shape of array)."""
+        flat = np.asarray(m, dtype=float).ravel()
+        total = np.zeros(flat.size)
+        pos = flat > 0
+        if pos.any():
+            for n, k in self.shapes[row]:
+                look = self.table.time(flat[pos], n, k)
+                t = look.seconds
+                if self.target_flops != self.table.peak_flops or self.target_bw != self.table.hbm_bw:
+                    t = t * self._roofline(flat[pos], n, k, self.target_flops, self.target_bw) / \
+                        self._roofline(flat[pos], n, k, self.table.peak_flops, self.table.hbm_bw)
+                total[pos] += t
+        return total.reshape(np.shape(m))
+
+    def _roofline(self, m, n, k, flops, bw):
+        byts = n * k * self.table.weight_bytes_per_elem + m * (k + 2 * n)
+        return np.maximum(2.0 * m * n * k / flops, byts / bw)

@@ -53,6 +53,8 @@ class StepCostModel(StepOps):
     ):
         super().__init__(model, hw, layout, calibration, dp_imbalance=dp_imbalance, expert_imbalance=expert_imbalance, expert_load=expert_load)
         self.notes = list(self.cal.notes)
+        if self.gemm_table_note():
+            self.notes.append(self.gemm_table_note())
         if hw.name.lower() != self.cal.measured_on.lower() and not any("scaled" in n for n in self.notes):
             self.notes.append(f"efficiencies measured on {self.cal.measured_on}, applied to {hw.name} datasheet ceilings (scaled by datasheet ratios)")
         if not hw.supports(layout.experts_dtype) or not hw.supports(layout.weight_dtype):

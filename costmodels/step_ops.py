@@ -41,6 +41,8 @@ from costmodels.hardware import Hardware
 from costmodels.layout import ParallelLayout
 from costmodels.memory import indexer_kv_bytes_per_token, kv_bytes_per_token_layer, kv_shard_divisor, mtp_kind
 from costmodels.model_spec import ModelSpec
+from costmodels.op_table import MEASURED, SCALED, TableGemms, kernel_gemms
+from costmodels.op_table import load as load_op_tables
 from costmodels.ops import CATEGORIES, INF, AttnGeometry, OpCost, SortedSums, entries_last, entries_sum, geometry
 from costmodels.params import WEIGHT_BYTES, Linear, attention_linears, embedding_linears, ffn_linears, mtp_linears, shard_divisor, weight_bytes_per_param
 
@@ -161,7 +163,8 @@ class StepOps:
                 bpp = weight_bytes_per_param(lin, lay)
                 dtype = "bf16" if lin.wclass == "bf16" else lay.weight_dtype
                 src = MTP if is_mtp else _SRC[lin.m_source]
-                rows.append((lin.name, kind, _CAT[lin.category], count, src, kn, kn * bpp, (lin.k + lin.n) / div, dtype, is_mtp))
+                rows.append((lin.name, kind, _CAT[lin.category], count, src, kn, kn * bpp, (lin.k + lin.n) / div, dtype, is_mtp,
+                             kernel_gemms(lin.name, lin.k, lin.n, div, m.hidden_size)))
 
         for (kind, moe), count in self.groups.items():
             add(attention_linears(m, kind) + ffn_linears(m, moe), kind, count, False)
@@ -186,6 +189,7 @@ class StepOps:
         self.g_dtypes = sorted(set(self.g_dtype))
         self.g_dmask = {d: np.array([x == d for x in self.g_dtype]) for d in self.g_dtypes}
         self._src_rows = [np.flatnonzero(self.g_src == k) for k in range(4)]
+        self.g_table = self._gemm_table([r[10] for r in rows])
         if m.moe:  # routed experts
             e = m.moe.n_routed_experts
             self.e_total = e
@@ -194,6 +198,36 @@ class StepOps:
             self.e_bpp = WEIGHT_BYTES[lay.experts_dtype]
             self.e_peak = hw.tflops(lay.experts_dtype) * 1e12
             self.e_io_per_token = (2 * m.hidden_size + 3 * m.moe.moe_intermediate_size / lay.moe_tp) * 2.0
+
+    def _gemm_table(self, shapes: list[list[tuple[int, int]]]) -> TableGemms | None:
+        """Measured device times for the FP8 weight GEMMs when the calibration names op tables and this is an
+        NVIDIA GPU with FP8 (other dtypes, and GPUs the tables cannot speak for, keep the analytic ramp)."""
+        name = self.cal.op_tables
+        if not name or self.hw.vendor.lower() != "nvidia" or not self.hw.has_fp8:
+            return None
+        tables = load_op_tables(name)
+        table = tables.gemm_table("fp8") if tables else None
+        covers = np.array([d == "fp8" for d in self.g_dtype])
+        if table is None or not covers.any():
+            return None
+        return TableGemms(table, shapes, covers, self.hw.tflops("fp8") * 1e12, self.hw.hbm_bw)
+
+    def gemm_table_note(self) -> str | None:
+        """Where the dense GEMM times come from (None: the analytic ramp for all of them)."""
+        g = self.g_table
+        if g is None:
+            return None
+        fams = g.table.families
+        src = {r: (MEASURED if all(s in fams for s in g.shapes[r]) else SCALED) for r in np.flatnonzero(g.covers)}
+        by: dict[str, set[str]] = {}
+        for r, s in src.items():
+            by.setdefault(s, set()).add(self.g_names[r])
+        how = "measured" if self.hw.name.lower() == g.table.measured_on.lower() else \
+            f"scaled from {g.table.measured_on} by the datasheet roofline ratio (peak FLOP/s, HBM bandwidth)"
+        parts = [f"{s} shapes: {', '.join(sorted(v))}" for s, v in sorted(by.items())]
+        return (f"dense FP8 GEMMs from the {g.table.lib} device-time table of {g.table.measured_on} ({how}; unmeasured "
+                f"N x K scaled from the nearest measured one by roofline, M beyond 16384 along the roofline): "
+                + "; ".join(parts) + "; BF16 GEMMs on the analytic ramp")
 
     def _build_attention(self) -> None:
         m, lay, cal = self.model, self.layout, self.cal
@@ -241,6 +275,10 @@ class StepOps:
         byts = col(self.g_w) + mr * col(self.g_io) * 2.0
         meff_bw = self.cal.gemm_mem(byts) * self.hw.hbm_bw
         t = np.maximum(flops / (col(self.g_peak) * np.maximum(ceff, 1e-9)), byts / meff_bw) + self._lo
+        if self.g_table is not None:   # measured device time (CUDA graphs: the launch is inside it)
+            for i, r in enumerate(rows):
+                if self.g_table.covers[r]:
+                    t[i] = self.g_table.seconds(r, mr[i])
         count = np.where(mr > 0, col(self.g_count) * draft if src == MTP else col(self.g_count), 0.0)
         return Terms([self.g_names[r] for r in rows], self.g_cat[rows].tolist(), [self.g_kind[r] for r in rows],
                      count, count * flops, count * byts, count * t, [False] * rows.size)
