@@ -78,6 +78,8 @@ IMPLS: dict[str, list[Impl]] = {
         Impl("grouped_gemm", "torch", 0, ("cpu", "cuda"), f"{_R}:grouped_gemm"),
     ],
     "moe_experts": [
+        Impl("moe_experts", "deepgemm", 2, ("cuda",), f"{_V}:deepgemm_moe_experts", "deepgemm", (9, 0),
+             "fused: permute + FP8 grouped GEMMs (masked T<=128, contiguous above) + combine; FP8 weights only"),
         Impl("moe_experts", "triton", 1, ("cuda",), "kernels.triton_grouped_gemm:moe_experts", "triton", (8, 0), "align + two grouped GEMMs"),
         Impl("moe_experts", "torch", 0, ("cpu", "cuda"), f"{_R}:moe_experts", notes="loop over experts"),
     ],
@@ -134,6 +136,9 @@ def probe_library(key: str) -> tuple[bool, str, str]:
     """(found, import path or '', reason). Imports the library: call only when needed."""
     if key in _probe_cache:
         return _probe_cache[key]
+    if key == "deepgemm":   # its JIT reads the cache dir from the environment: set before import
+        from kernels.jit_cache import ensure_jit_cache
+        ensure_jit_cache()
     errors = []
     for path in LIBRARIES[key]:
         try:
@@ -210,8 +215,21 @@ def choose(op: str, device: str) -> Choice:
             cands.append(impl)
         else:
             skipped.append(f"{impl.name}: {why}")
-    why = f"best usable of {len(impls)}" + (f" (skipped {'; '.join(skipped)})" if skipped else "")
-    return Choice(op, device, cands, why)
+    return Choice(op, device, cands, choice_reason(cands, skipped, len(impls)))
+
+
+def choice_reason(cands: list[Impl], skipped: list[str], total: int) -> str:
+    """Why the first candidate runs: its tier and what made it usable, and what was passed over."""
+    if not cands:
+        return "nothing usable" + (f" (skipped {'; '.join(skipped)})" if skipped else "")
+    best = cands[0]
+    tier = {2: "vendor library, preferred", 1: "Triton, the portable fallback", 0: "torch reference"}[best.tier]
+    why = f"{best.name}: {tier}"
+    if best.library:
+        why += f" ({probe_library(best.library)[2]})"
+    if skipped:
+        why += f"; skipped {'; '.join(skipped)}"
+    return why + f"; {len(cands)} of {total} usable"
 
 
 def load(impl: Impl):

@@ -93,6 +93,40 @@ def deepgemm_grouped_fp8_contiguous(aq: torch.Tensor, as_: torch.Tensor, bq: tor
     return out
 
 
+def deepgemm_grouped_fp8_masked(aq: torch.Tensor, as_: torch.Tensor, bq: torch.Tensor, bs: torch.Tensor,
+                                masked_m: torch.Tensor, expected_m: int) -> torch.Tensor:
+    """DeepGEMM ``m_grouped_fp8_gemm_nt_masked``: ``[E, max_m, K]`` rows, ``masked_m[e]`` valid per expert."""
+    _guard("deepgemm")
+    dg = _dg()
+    out = torch.empty(aq.shape[0], aq.shape[1], bq.shape[1], dtype=torch.bfloat16, device=aq.device)
+    try:
+        try:
+            dg.m_grouped_fp8_gemm_nt_masked((aq, as_.float()), (bq, bs.float()), out, masked_m, expected_m,
+                                            disable_ue8m0_cast=True)
+        except TypeError:
+            dg.m_grouped_fp8_gemm_nt_masked((aq, as_.float()), (bq, bs.float()), out, masked_m, expected_m)
+    except Exception as e:  # noqa: BLE001
+        failures["deepgemm"] = f"{type(e).__name__}: {e}"[:300]
+        raise Unsupported(failures["deepgemm"]) from e
+    return out
+
+
+def deepgemm_moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
+                         w2: torch.Tensor, w13_scale: torch.Tensor | None = None,
+                         w2_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``reference.moe_experts`` through the fused path of ``kernels.fused_moe`` on DeepGEMM's grouped GEMMs."""
+    from kernels import fused_moe
+    _guard("deepgemm")
+    if w13_scale is None or not x.is_cuda or x.dim() != 2:
+        raise Unsupported("deepgemm moe_experts: block-scaled FP8 expert weights on CUDA only")
+    e, two_i, d = w13.shape
+    if d % 128 or (two_i // 2) % 128:
+        raise Unsupported("deepgemm moe_experts: hidden and expert dims must be multiples of 128")
+    _dg()   # raises Unsupported when the library is absent
+    return fused_moe.moe_experts(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale,
+                                 deepgemm_grouped_fp8_masked, deepgemm_grouped_fp8_contiguous)
+
+
 def deepep_unavailable(*args, **kwargs):
     """DeepEP is probed and listed only: single-GPU runs need no all-to-all."""
     raise Unsupported("deepep: expert-parallel all-to-all is not wired in this build")

@@ -1,0 +1,98 @@
+"""JIT warm-up at engine start: run every FP8 GEMM and MoE shape the model has once, with progress.
+
+DeepGEMM compiles per kernel configuration (N, K and a tile chosen from M) and Triton per
+specialisation; doing that inside the first timed step (or inside CUDA-graph capture) makes the
+first requests slow and the twin's calibration wrong. :func:`jit_plan` lists the shapes from the
+model's modules (duck-typed: FP8 linears carry ``weight_scale_inv``, MoE experts ``w13_scale_inv``),
+:func:`jit_warmup` runs each through the same ``kernels.ops`` facade serving uses (so the
+implementation the registry chose is what compiles), printing one line per shape with its time.
+Compiled DeepGEMM kernels persist in ``kernels.jit_cache``'s folder, so a second start is quick.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from kernels import ops
+
+
+@dataclass(frozen=True)
+class WarmItem:
+    """One call to make: op, shape, and the module whose weights it uses."""
+
+    op: str                 # fp8_gemm | moe_experts
+    m: int                  # tokens
+    n: int
+    k: int
+    groups: int = 0         # experts (moe_experts)
+    module: object = None
+
+    def label(self) -> str:
+        if self.op == "moe_experts":
+            return f"moe_experts E={self.groups} T={self.m} 2I={self.n} D={self.k}"
+        return f"fp8_gemm M={self.m} N={self.n} K={self.k}"
+
+
+def jit_plan(model: torch.nn.Module, token_counts: tuple[int, ...]) -> list[WarmItem]:
+    """Distinct (op, shape) calls of ``model``'s FP8 GEMMs and MoE layers at each token count."""
+    seen, items = set(), []
+    for mod in model.modules():
+        w = getattr(mod, "weight", None)
+        if isinstance(w, torch.Tensor) and w.dtype == torch.float8_e4m3fn and hasattr(mod, "weight_scale_inv"):
+            key = ("fp8_gemm", w.shape[0], w.shape[1])
+            if key not in seen:
+                seen.add(key)
+                items += [WarmItem("fp8_gemm", m, w.shape[0], w.shape[1], module=mod) for m in token_counts]
+        w13 = getattr(mod, "w13", None)
+        if isinstance(w13, torch.Tensor) and w13.dtype == torch.float8_e4m3fn and hasattr(mod, "w13_scale_inv"):
+            key = ("moe_experts",) + tuple(w13.shape)
+            if key not in seen:
+                seen.add(key)
+                e, two_i, d = w13.shape
+                items += [WarmItem("moe_experts", m, two_i, d, groups=e, module=mod) for m in token_counts]
+    return items
+
+
+def _run(item: WarmItem, device: torch.device, gen: torch.Generator, top_k: int) -> str:
+    """Make the call once; returns the implementation that ran."""
+    mod = item.module
+    x = torch.randn(item.m, item.k, device=device, generator=gen, dtype=torch.bfloat16)
+    if item.op == "fp8_gemm":
+        from kernels import reference as ref
+        xq, xs = ref.quant_fp8_act(x)
+        ops.fp8_gemm(xq, xs, mod.weight, mod.weight_scale_inv, torch.bfloat16)
+    else:
+        k = min(top_k, item.groups)
+        ids = torch.rand(item.m, item.groups, device=device, generator=gen).topk(k, dim=-1).indices
+        wts = torch.full((item.m, k), 1.0 / k, device=device)
+        ops.moe_experts(x, wts, ids, mod.w13, mod.w2, mod.w13_scale_inv, mod.w2_scale_inv)
+    return ops.used.get(item.op, "?")
+
+
+def jit_warmup(model: torch.nn.Module, device: torch.device, token_counts: tuple[int, ...], top_k: int = 8,
+               log: Callable[[str], None] | None = None) -> list[dict]:
+    """Compile every planned shape now (CUDA only); one progress line each. Rows: label, impl, seconds."""
+    if torch.device(device).type != "cuda":
+        return []
+    from kernels.jit_cache import jit_cache_dir
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    items = jit_plan(model, tuple(sorted(set(token_counts))))
+    cache, src = jit_cache_dir()
+    log(f"kernel JIT warm-up: {len(items)} shapes (DeepGEMM cache {cache}, {src})")
+    gen = torch.Generator(device=device).manual_seed(0)
+    rows, t_all = [], time.perf_counter()
+    for i, item in enumerate(items, 1):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            impl = _run(item, device, gen, top_k)
+        torch.cuda.synchronize(device)
+        dt = time.perf_counter() - t0
+        rows.append({"shape": item.label(), "impl": impl, "seconds": round(dt, 3)})
+        log(f"  [{i}/{len(items)}] {item.label()} -> {impl} ({dt:.2f} s)")
+    log(f"kernel JIT warm-up done in {time.perf_counter() - t_all:.1f} s")
+    return rows

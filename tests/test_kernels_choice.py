@@ -1,0 +1,101 @@
+"""Registry choice on a (pretended) Hopper GPU with vendor libraries present or absent, the DeepGEMM
+JIT cache folder, and the warm-up's shape plan. No GPU needed: probes and the device are monkeypatched."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kernels import jit_cache, registry, warmup  # noqa: E402
+
+
+@pytest.fixture
+def hopper(monkeypatch):
+    """A CUDA sm_90 device; every library 'absent' unless a test marks it found."""
+    monkeypatch.setattr(registry, "device_capability", lambda device: (9, 0) if device == "cuda" else None)
+    for key in registry.LIBRARIES:
+        monkeypatch.setitem(registry._probe_cache, key, (False, "", f"not importable ({key}: ModuleNotFoundError)"))
+
+    def found(*keys):
+        for k in keys:
+            monkeypatch.setitem(registry._probe_cache, k, (True, f"vllm.third_party.{k}", f"imported vllm.third_party.{k}"))
+    return found
+
+
+@pytest.mark.parametrize("op", ["fp8_gemm", "moe_experts"])
+def test_deepgemm_chosen_whenever_importable(hopper, op):
+    hopper("deepgemm", "triton")
+    ch = registry.choose(op, "cuda")
+    assert [i.name for i in ch.candidates][:2] == ["deepgemm", "triton"]
+    assert ch.why.startswith("deepgemm: vendor library") and "imported vllm.third_party.deepgemm" in ch.why
+
+
+@pytest.mark.parametrize("op", ["fp8_gemm", "moe_experts"])
+def test_triton_then_torch_when_vendor_absent(hopper, op):
+    hopper("triton")
+    ch = registry.choose(op, "cuda")
+    assert ch.candidates[0].name == "triton" and "skipped deepgemm: not importable" in ch.why
+    hopper()   # nothing found
+    registry._probe_cache["triton"] = (False, "", "not importable (triton: ModuleNotFoundError)")
+    ch = registry.choose(op, "cuda")
+    assert ch.candidates[0].name == "torch" and "torch reference" in ch.why
+
+
+def test_old_gpu_skips_deepgemm_with_reason(hopper, monkeypatch):
+    hopper("deepgemm", "triton")
+    monkeypatch.setattr(registry, "device_capability", lambda device: (8, 0))
+    ch = registry.choose("fp8_gemm", "cuda")
+    assert ch.candidates[0].name == "torch" and "needs sm_90+" in ch.why   # triton fp8 needs sm_89
+
+
+def test_override_to_triton_is_recorded(hopper, monkeypatch):
+    hopper("deepgemm", "triton")
+    monkeypatch.setenv("TWINFER_KERNEL_MOE_EXPERTS", "triton")
+    ch = registry.choose("moe_experts", "cuda")
+    assert ch.candidates[0].name == "triton" and ch.why.startswith("forced by override")
+
+
+def test_describe_marks_deepgemm_chosen(hopper):
+    hopper("deepgemm", "triton", "flashmla")
+    rows = {(r["op"], r["impl"]): r for r in registry.describe("cuda")}
+    assert rows[("fp8_gemm", "deepgemm")]["chosen"] and rows[("moe_experts", "deepgemm")]["chosen"]
+    assert not rows[("moe_experts", "triton")]["chosen"]
+
+
+def test_jit_cache_dir_precedence(monkeypatch, tmp_path):
+    monkeypatch.delenv("DG_JIT_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TWINFER_CACHE_DIR", str(tmp_path / "tw"))
+    path, src = jit_cache.jit_cache_dir()
+    assert path == tmp_path / "tw" / "deepgemm" and src == "$TWINFER_CACHE_DIR"
+    assert jit_cache.ensure_jit_cache().is_dir()
+    import os
+    assert os.environ["DG_JIT_CACHE_DIR"] == str(path)
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path / "mine"))
+    assert jit_cache.jit_cache_dir() == (tmp_path / "mine", "$DG_JIT_CACHE_DIR")
+    monkeypatch.delenv("DG_JIT_CACHE_DIR")
+    monkeypatch.delenv("TWINFER_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert jit_cache.jit_cache_dir() == (tmp_path / "xdg" / "twinfer" / "deepgemm", "default")
+
+
+def test_warmup_plan_lists_each_fp8_shape_once_per_token_count():
+    class Lin(torch.nn.Module):
+        def __init__(self, n, k):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(n, k, dtype=torch.float8_e4m3fn), requires_grad=False)
+            self.weight_scale_inv = torch.nn.Parameter(torch.ones(n // 128, k // 128), requires_grad=False)
+
+    class Exp(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w13 = torch.nn.Parameter(torch.zeros(4, 256, 128, dtype=torch.float8_e4m3fn), requires_grad=False)
+            self.w13_scale_inv = torch.nn.Parameter(torch.ones(4, 2, 1), requires_grad=False)
+
+    bf16 = torch.nn.Linear(128, 128)   # not FP8: not planned
+    model = torch.nn.Sequential(Lin(256, 128), Lin(256, 128), Lin(128, 256), Exp(), bf16)
+    items = warmup.jit_plan(model, (1, 64))
+    labels = [i.label() for i in items]
+    assert labels == ["fp8_gemm M=1 N=256 K=128", "fp8_gemm M=64 N=256 K=128", "fp8_gemm M=1 N=128 K=256",
+                      "fp8_gemm M=64 N=128 K=256", "moe_experts E=4 T=1 2I=256 D=128", "moe_experts E=4 T=64 2I=256 D=128"]
+    assert warmup.jit_warmup(model, torch.device("cpu"), (1,)) == []   # CPU: nothing to compile
