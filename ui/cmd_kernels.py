@@ -16,6 +16,7 @@ def register(app: typer.Typer) -> None:
 def kernels(
     device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda [cuda if torch sees a GPU]"),
     as_json: bool = typer.Option(False, "--json", help="print JSON rows"),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU whose measured op tables give each kernel's fraction of the ceiling [the CUDA device]"),
 ) -> None:
     """Probe every library lazily and print the table."""
     from rich.console import Console
@@ -37,14 +38,44 @@ def kernels(
     except ImportError:
         raise TwinferError("torch is not installed: the executor's kernels need it (pip install torch)") from None
     rows = registry.describe(device)
+    gpu, measured_note = _attach_measured(rows, gpu, device)
     if as_json:
-        print(json.dumps({"device": device, "rows": rows}, indent=1))
+        print(json.dumps({"device": device, "gpu": gpu, "measured": measured_note, "rows": rows}, indent=1))
         return
     tab = Table(title=f"kernels on {device} (override: TWINFER_KERNEL_<OP>=<impl>)")
-    for col in ("op", "implementation", "tier", "found", "usable", "chosen", "why / notes"):
+    for col in ("op", "implementation", "tier", "found", "usable", "chosen", "why / notes", f"measured on {gpu or '?'}"):
         tab.add_column(col)
     for r in rows:
         why = r["why"] + (f" [{r['notes']}]" if r["notes"] else "")
         tab.add_row(r["op"], r["impl"], str(r["tier"]), "yes" if r["found"] else "no", "yes" if r["usable"] else "no",
-                    "*" if r["chosen"] else "", why)
+                    "*" if r["chosen"] else "", why, r["measured"])
     Console().print(tab)
+    Console().print(measured_note)
+
+
+def _attach_measured(rows: list[dict], gpu: str | None, device: str) -> tuple[str | None, str]:
+    """Add each row's measured fraction of the ceiling from the GPU's op tables (or why there is none)."""
+    from costmodels.hardware import get_hardware
+    from costmodels.op_table import DATA
+    from kernels import measured
+    from twinfer.errors import TwinferError
+
+    if gpu is None and device == "cuda":
+        import torch
+        gpu = torch.cuda.get_device_name().replace("NVIDIA ", "") if torch.cuda.is_available() else None
+    folder = DATA / gpu.lower() if gpu else None
+    if folder is None or not (folder / "provenance.json").is_file():
+        note = f"no measured table for {gpu}" if gpu else "no measured table (no GPU named: --gpu H200)"
+        for r in rows:
+            r["measured"] = "no measured table"
+        return gpu, note
+    try:
+        hw = get_hardware(gpu)
+    except (TwinferError, ValueError, KeyError) as e:
+        raise TwinferError(f"--gpu {gpu!r}: {e}") from None
+    peak, copy = hw.measured.fp8_matmul_tflops, hw.measured.copy_tbps
+    fr = measured.fractions(folder, peak, copy)
+    for r in rows:
+        r["measured"] = measured.summary(fr.get((r["op"], r["impl"]))) if r["tier"] > 0 or (r["op"], r["impl"]) in fr else ""
+    return gpu, (f"measured: device time inside CUDA graphs from {folder}; ceiling = max(TFLOP/s / {peak:g}, "
+                 f"TB/s / {copy:g}) (the {hw.name}'s measured FP8 matmul and copy ceilings)")
