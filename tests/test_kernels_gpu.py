@@ -129,3 +129,36 @@ def test_tiny_engine_on_cuda_matches_one_shot_forward(dtype, tol):
     assert rel(part, full[150:]) < tol
     if dtype == "fp32":   # greedy tokens equal teacher-forced argmax of the one-shot forward
         assert full[198:].argmax(-1).tolist() == outs[0]
+
+
+def _fp8_moe(g, t, e=32, d=1024, i=256, k=6):
+    x = torch.randn(t, d, device="cuda", generator=g).bfloat16()
+    q13 = [R.quant_fp8_weight(w) for w in torch.randn(e, 2 * i, d, device="cuda", generator=g) / 32]
+    q2 = [R.quant_fp8_weight(w) for w in torch.randn(e, d, i, device="cuda", generator=g) / 16]
+    wt, ids = R.route_softmax_topk(torch.randn(t, e, device="cuda", generator=g), k)
+    return x, wt, ids, torch.stack([a for a, _ in q13]), torch.stack([a for a, _ in q2]), \
+        torch.stack([s for _, s in q13]), torch.stack([s for _, s in q2])
+
+
+@pytest.mark.parametrize("t", [1, 64, 128, 129, 600])   # masked up to 128 tokens, contiguous above
+def test_deepgemm_fused_moe(g, t):
+    _need("deepgemm")
+    from kernels.vendor import deepgemm_moe_experts
+    x, wt, ids, w13, w2, s13, s2 = _fp8_moe(g, t)
+    want = R.moe_experts(x.float(), wt, ids, w13, w2, s13, s2)
+    out = deepgemm_moe_experts(x, wt, ids, w13, w2, s13, s2)
+    assert torch.isfinite(out).all() and rel(out, want) < 2e-2
+
+
+def test_deepgemm_fused_moe_captures_in_a_cuda_graph(g):
+    _need("deepgemm")
+    from kernels.vendor import deepgemm_moe_experts
+    x, wt, ids, w13, w2, s13, s2 = _fp8_moe(g, 32)
+    eager = deepgemm_moe_experts(x, wt, ids, w13, w2, s13, s2)   # JIT outside capture
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out = deepgemm_moe_experts(x, wt, ids, w13, w2, s13, s2)
+    ids.copy_(ids.flip(0))          # new routing, same static buffers: the replay must follow it
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel(out, deepgemm_moe_experts(x, wt, ids, w13, w2, s13, s2)) < 1e-3 and rel(out, eager) > 1e-3
