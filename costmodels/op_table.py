@@ -262,8 +262,15 @@ class TableGemms:
     """Dense-GEMM times of a step's weight rows from a measured table, on this or another GPU.
 
     ``shapes[r]`` are row r's kernels (``kernel_gemms``); rows whose dtype has no table (BF16 heads,
-    routers) are left to the analytic model (``covers``). On a GPU other than the measured one each time
-    is scaled by the ratio of the two GPUs' rooflines at that shape (datasheet peak and bandwidth).
+    routers) are left to the analytic model (``covers``). On another GPU a measured time transfers as
+
+        t = max(t_measured * peak_measured / peak_target,  bytes / (mem_eff * bw_target),  flops / (compute_eff * peak_target))
+
+    the kernel's fixed and latency-bound part scales with the tensor-core throughput (SMs x clock, which
+    the dense peak is proportional to); it can never beat the target's own streaming or math ceilings at
+    the efficiencies the calibration measured. A GPU of the same die with less HBM (H800/H100 vs H200)
+    keeps small-M times (they are not bandwidth-bound on the H200) and pays its bandwidth where a kernel
+    would exceed it.
     """
 
     table: GemmTable
@@ -271,6 +278,12 @@ class TableGemms:
     covers: np.ndarray                 # bool per row
     target_flops: float                # this GPU's dense peak for the table's dtype, flop/s
     target_bw: float                   # this GPU's peak HBM bandwidth, bytes/s
+    mem_eff: float = 0.856             # streaming fraction of peak HBM bandwidth (calibration)
+    compute_eff: float = 0.662         # FP8 GEMM fraction of the dense peak (calibration)
+
+    @property
+    def same_gpu(self) -> bool:
+        return self.target_flops == self.table.peak_flops and self.target_bw == self.table.hbm_bw
 
     def seconds(self, row: int, m: np.ndarray) -> np.ndarray:
         """Seconds of row ``row``'s kernels at ``m`` rows each (any shape of array)."""
@@ -278,15 +291,13 @@ class TableGemms:
         total = np.zeros(flat.size)
         pos = flat > 0
         if pos.any():
+            mp = flat[pos]
             for n, k in self.shapes[row]:
-                look = self.table.time(flat[pos], n, k)
-                t = look.seconds
-                if self.target_flops != self.table.peak_flops or self.target_bw != self.table.hbm_bw:
-                    t = t * self._roofline(flat[pos], n, k, self.target_flops, self.target_bw) / \
-                        self._roofline(flat[pos], n, k, self.table.peak_flops, self.table.hbm_bw)
+                t = self.table.time(mp, n, k).seconds
+                if not self.same_gpu:
+                    byts = n * k * self.table.weight_bytes_per_elem + mp * (k + 2 * n)
+                    t = np.maximum.reduce([t * self.table.peak_flops / self.target_flops,
+                                           byts / (self.mem_eff * self.target_bw),
+                                           2.0 * mp * n * k / (self.compute_eff * self.target_flops)])
                 total[pos] += t
         return total.reshape(np.shape(m))
-
-    def _roofline(self, m, n, k, flops, bw):
-        byts = n * k * self.table.weight_bytes_per_elem + m * (k + 2 * n)
-        return np.maximum(2.0 * m * n * k / flops, byts / bw)

@@ -210,7 +210,8 @@ class StepOps:
         covers = np.array([d == "fp8" for d in self.g_dtype])
         if table is None or not covers.any():
             return None
-        return TableGemms(table, shapes, covers, self.hw.tflops("fp8") * 1e12, self.hw.hbm_bw)
+        return TableGemms(table, shapes, covers, self.hw.tflops("fp8") * 1e12, self.hw.hbm_bw, self.cal.mem_eff,
+                          self.cal.gemm_compute_eff.get("fp8", 0.662))
 
     def gemm_table_note(self) -> str | None:
         """Where the dense GEMM times come from (None: the analytic ramp for all of them)."""
@@ -222,8 +223,9 @@ class StepOps:
         by: dict[str, set[str]] = {}
         for r, s in src.items():
             by.setdefault(s, set()).add(self.g_names[r])
-        how = "measured" if self.hw.name.lower() == g.table.measured_on.lower() else \
-            f"scaled from {g.table.measured_on} by the datasheet roofline ratio (peak FLOP/s, HBM bandwidth)"
+        how = "measured" if g.same_gpu else \
+            (f"transferred from {g.table.measured_on}: fixed part scaled by the FP8 peak ratio, bounded by this GPU's "
+             "bandwidth and math ceilings")
         parts = [f"{s} shapes: {', '.join(sorted(v))}" for s, v in sorted(by.items())]
         return (f"dense FP8 GEMMs from the {g.table.lib} device-time table of {g.table.measured_on} ({how}; unmeasured "
                 f"N x K scaled from the nearest measured one by roofline, M beyond 16384 along the roofline): "
