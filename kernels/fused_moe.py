@@ -92,9 +92,10 @@ def _silu_quant(h_pairs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _combine(y_pairs: torch.Tensor, topk_weights: torch.Tensor, t: int, k: int, dtype: torch.dtype) -> torch.Tensor:
-    """Scale each pair's output by its routing weight and sum a token's k pairs (FP32 sum)."""
-    y = y_pairs.float() * topk_weights.reshape(-1, 1).float()
-    return y.view(t, k, -1).sum(1).to(dtype)
+    """Weighted sum of a token's k pair outputs: one batched ``[1,k] @ [k,D]`` matmul per token
+    (FP32 accumulation inside the matmul, no FP32 copy of the ``[T*k, D]`` outputs)."""
+    w = topk_weights.reshape(t, 1, k).to(y_pairs.dtype)
+    return torch.bmm(w, y_pairs.view(t, k, -1)).view(t, -1).to(dtype)
 
 
 def moe_masked(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, gemm: MaskedGemm) -> torch.Tensor:
@@ -106,12 +107,12 @@ def moe_masked(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, gemm: Ma
     xq, xs = ref.quant_fp8_act(x)
     tok = torch.arange(t * k, device=x.device) // k
     aq = torch.empty(e * max_m, d, dtype=xq.dtype, device=x.device)
-    as_ = torch.zeros(e * max_m, d // 128, dtype=torch.float32, device=x.device)
+    as_ = torch.empty(e * max_m, d // 128, dtype=torch.float32, device=x.device)   # rows >= masked_m are never read
     aq[dest], as_[dest] = xq[tok], xs[tok]
     h = gemm(aq.view(e, max_m, d), as_.view(e, max_m, -1), w13, w13_scale, masked_m, expected_m)
     hq, hs = _silu_quant(h.reshape(e * max_m, two_i)[dest])
     bq = torch.empty(e * max_m, two_i // 2, dtype=hq.dtype, device=x.device)
-    bs = torch.zeros(e * max_m, hs.shape[1], dtype=torch.float32, device=x.device)
+    bs = torch.empty(e * max_m, hs.shape[1], dtype=torch.float32, device=x.device)
     bq[dest], bs[dest] = hq, hs
     y = gemm(bq.view(e, max_m, -1), bs.view(e, max_m, -1), w2, w2_scale, masked_m, expected_m)
     return _combine(y.reshape(e * max_m, d)[dest], topk_weights, t, k, x.dtype)
@@ -125,13 +126,14 @@ def moe_contiguous(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, gemm
     rows = m_indices.numel()
     xq, xs = ref.quant_fp8_act(x)
     tok = torch.arange(t * k, device=x.device) // k
-    aq = torch.zeros(rows, d, dtype=xq.dtype, device=x.device)
-    as_ = torch.ones(rows, d // 128, dtype=torch.float32, device=x.device)
+    # padding rows stay uninitialised: their outputs are never gathered (no memset of the worst-case bound)
+    aq = torch.empty(rows, d, dtype=xq.dtype, device=x.device)
+    as_ = torch.empty(rows, d // 128, dtype=torch.float32, device=x.device)
     aq[dest], as_[dest] = xq[tok], xs[tok]
     h = gemm(aq, as_, w13, w13_scale, m_indices)
     hq, hs = _silu_quant(h[dest])
-    bq = torch.zeros(rows, two_i // 2, dtype=hq.dtype, device=x.device)
-    bs = torch.ones(rows, hs.shape[1], dtype=torch.float32, device=x.device)
+    bq = torch.empty(rows, two_i // 2, dtype=hq.dtype, device=x.device)
+    bs = torch.empty(rows, hs.shape[1], dtype=torch.float32, device=x.device)
     bq[dest], bs[dest] = hq, hs
     y = gemm(bq, bs, w2, w2_scale, m_indices)
     return _combine(y[dest], topk_weights, t, k, x.dtype)

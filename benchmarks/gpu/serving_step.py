@@ -99,6 +99,24 @@ def correctness(gen, problem) -> dict:
     return out
 
 
+def gemms_alone(t: int, ids, w13, w2, s13, s2) -> float:
+    """Device ms of the fused path's two DeepGEMM grouped GEMMs alone, on its own layout (the rest is glue)."""
+    from kernels import fused_moe as F
+    from kernels import vendor
+    if t <= F.MASKED_MAX_TOKENS:
+        _, masked_m, max_m = F.masked_layout(ids, E)
+        exp = max(1, -(-t * TOPK // E))
+        a1 = R.quant_fp8_act(torch.randn(E * max_m, D, device="cuda"))
+        a2 = R.quant_fp8_act(torch.randn(E * max_m, I, device="cuda"))
+        return device_ms(lambda: (vendor.deepgemm_grouped_fp8_masked(a1[0].view(E, max_m, D), a1[1].view(E, max_m, -1), w13, s13, masked_m, exp),
+                                  vendor.deepgemm_grouped_fp8_masked(a2[0].view(E, max_m, I), a2[1].view(E, max_m, -1), w2, s2, masked_m, exp)))[0]
+    _, m_idx = F.contiguous_layout(ids, E)
+    a1 = R.quant_fp8_act(torch.randn(m_idx.numel(), D, device="cuda"))
+    a2 = R.quant_fp8_act(torch.randn(m_idx.numel(), I, device="cuda"))
+    return device_ms(lambda: (vendor.deepgemm_grouped_fp8_contiguous(*a1, w13, s13, m_idx),
+                              vendor.deepgemm_grouped_fp8_contiguous(*a2, w2, s2, m_idx)))[0]
+
+
 def moe_times(problem) -> dict:
     from kernels import vendor
     from kernels.triton_grouped_gemm import moe_experts as tri
@@ -113,6 +131,7 @@ def moe_times(problem) -> dict:
             wbytes = touched * (2 * I * D + D * I)          # FP8 expert weights read once
             row[name] = {"ms": round(ms, 4), "graph": cap, "weight_tbs": round(wbytes / ms / 1e9, 3),
                          "tflops": round(2 * t * TOPK * 3 * I * D / ms / 1e9, 1)}
+        row["deepgemm_gemms_alone"] = {"ms": round(gemms_alone(t, ids[:t], w13, w2, s13, s2), 4)}
         row["triton_over_deepgemm"] = round(row["triton"]["ms"] / row["deepgemm_fused"]["ms"], 3)
         res[f"T={t}"] = row
         print(f"  moe T={t}: {row}", flush=True)
@@ -160,7 +179,7 @@ def step_times(overrides: dict | None, ctx: int = 4096, b: int = 64, iters: int 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--sections", default="correctness,moe,step_deepgemm,step_triton")
+    ap.add_argument("--sections", default="correctness,moe,step_deepgemm,step_triton,step_mixed")
     args = ap.parse_args()
     res = {"sections": {}}
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -170,6 +189,7 @@ def main() -> None:
         "moe": lambda: moe_times(problem),
         "step_deepgemm": lambda: step_times(None),
         "step_triton": lambda: step_times({"fp8_gemm": "triton", "moe_experts": "triton"}),
+        "step_mixed": lambda: step_times({"fp8_gemm": "deepgemm", "moe_experts": "triton"}),
     }
     for name in args.sections.split(","):
         t0 = time.perf_counter()
