@@ -447,7 +447,7 @@ class MetricsCollector:
             if len(self.step_records) < self.max_step_records:
                 self.step_records.append(StepRecord(
                     instance_id, float(start_s), dur, k, n_pre, pre_tokens, n_dec, dec_tokens,
-                    plan.draft_len, float(plan.host_overhead_s), kv_used_blocks, kv_total_blocks))
+                    plan.draft_len, float(result.host_s), kv_used_blocks, kv_total_blocks))
             else:
                 self.step_records_dropped += 1
 

@@ -29,8 +29,7 @@ class StepPlan:
 
     Fields: ``instance_id``; ``prefills`` (ScheduledChunk list); ``decodes`` (requests);
     ``decode_context_lens`` (their context lengths, int64); ``num_steps``; ``draft_len`` (MTP/
-    speculative draft tokens verified per decode per step); ``host_overhead_s`` (scheduling +
-    input preparation cost of this plan, per step); ``preempted``; ``loaded_blocks`` (prefix blocks
+    speculative draft tokens verified per decode per step); ``preempted``; ``loaded_blocks`` (prefix blocks
     this plan loads back into HBM from the host-memory and storage tiers, kv_tiers.py);
     ``decode_context_sum`` (sum of decode_context_lens where the scheduler knows it, so backends
     skip a pass; None: sum it).
@@ -40,12 +39,12 @@ class StepPlan:
     ``complete()`` of this plan (backends and metrics read it in between; a later first read raises).
     """
 
-    __slots__ = ("instance_id", "prefills", "decodes", "_ctx_lens", "num_steps", "draft_len", "host_overhead_s",
+    __slots__ = ("instance_id", "prefills", "decodes", "_ctx_lens", "num_steps", "draft_len",
                  "preempted", "loaded_blocks", "decode_context_sum", "_ctx_src")
 
     def __init__(self, instance_id: int, prefills: list[ScheduledChunk] | None = None, decodes: list[Request] | None = None,
                  decode_context_lens: np.ndarray | None = None, num_steps: int = 1, draft_len: int = 0,
-                 host_overhead_s: float = 0.0, preempted: list[Request] | None = None,
+                 preempted: list[Request] | None = None,
                  loaded_blocks: tuple[int, int] = (0, 0), decode_context_sum: int | None = None):
         self.instance_id = instance_id
         self.prefills = [] if prefills is None else prefills
@@ -53,7 +52,6 @@ class StepPlan:
         self._ctx_lens = decode_context_lens   # None: none given (an empty array) or read lazily (_ctx_src)
         self.num_steps = num_steps
         self.draft_len = draft_len
-        self.host_overhead_s = host_overhead_s
         self.preempted = [] if preempted is None else preempted
         self.loaded_blocks = loaded_blocks
         self.decode_context_sum = decode_context_sum
@@ -86,7 +84,7 @@ class StepPlan:
 
     def __repr__(self) -> str:
         return (f"StepPlan(instance_id={self.instance_id}, prefills={self.prefills!r}, decodes={len(self.decodes)} requests, "
-                f"num_steps={self.num_steps}, draft_len={self.draft_len}, host_overhead_s={self.host_overhead_s})")
+                f"num_steps={self.num_steps}, draft_len={self.draft_len})")
 
     @property
     def is_empty(self) -> bool:
@@ -107,13 +105,16 @@ class StepResult:
     number of tokens decode request ``i`` produced in step ``s`` (1 + accepted drafts); None
     means one token per decode per step. Prefill chunks that complete a prompt produce exactly
     one token each in their step. ``sampled_token_ids`` are real token ids when an executor ran
-    the plan (None in the sim): per request id, the list of ids produced in this plan.
+    the plan (None in the sim): per request id, the list of ids produced in this plan. ``host_s``
+    is the host seconds per step the backend charged (the simulator's cost model; 0.0 where a
+    backend does not report it, as the real executor, whose durations are measured).
     """
 
     step_durations: np.ndarray
     decode_tokens: np.ndarray | None = None
     sampled_token_ids: dict[str, list[int]] | None = None
     finished_early: set[str] = field(default_factory=set)  # e.g. EOS or stop string hit
+    host_s: float = 0.0
 
     @property
     def num_steps(self) -> int:
@@ -132,4 +133,4 @@ class StepResult:
         if self.sampled_token_ids is not None:
             raise ValueError("StepResult.first: a result with sampled token ids cannot be cut after the fact")
         tok = self.decode_tokens
-        return StepResult(self.step_durations[:n], None if tok is None else tok[:n], None, self.finished_early)
+        return StepResult(self.step_durations[:n], None if tok is None else tok[:n], None, self.finished_early, self.host_s)

@@ -76,8 +76,6 @@ class Scheduler:
         self._in_flight_min_left: int | None = None
         self._pending_aborts: list[Request] = []
         self._tokens_per_decode = 1 + config.draft_len
-        w = config.host_workers  # per-rank schedulers work on their shares in parallel
-        self._host_coeffs = (config.host_step_s, config.host_per_request_s / w, config.host_per_token_s / w)
         self._last_now = float("-inf")
         # tokens of work not yet done: whole prompt until its first token, then the remaining output
         self.outstanding_tokens = 0
@@ -390,22 +388,13 @@ class Scheduler:
                    with_decodes: bool = True) -> StepPlan:
         """Freeze the current decode batch (none when ``with_decodes`` is off) and ``chunks`` into the plan in flight."""
         batch = self.batch if with_decodes else self._no_decodes
-        n = len(batch.reqs)
-        num_tokens = n * self._tokens_per_decode
-        if chunks:
-            if len(chunks) == 1:
-                num_tokens += chunks[0].num_new_tokens
-            else:
-                num_tokens += sum(c.num_new_tokens for c in chunks)
-        h0, h_req, h_tok = self._host_coeffs
         # positional: instance_id, prefills, decodes, decode_context_lens, num_steps, draft_len,
-        # host_overhead_s, preempted, loaded_blocks, decode_context_sum
+        # preempted, loaded_blocks, decode_context_sum
         plan = StepPlan(self.instance_id, chunks, batch.reqs[:], None if self._lazy_contexts else batch.context_lens(), steps,
-                        self._tokens_per_decode - 1, h0 + h_req * (n + len(chunks)) + h_tok * num_tokens, preempted, loaded,
-                        batch.context_sum())
+                        self._tokens_per_decode - 1, preempted, loaded, batch.context_sum())
         if self._lazy_contexts:   # the simulator's backends mostly need only the sum: copy the contexts when read
             plan.contexts_from(batch, batch.version)
-        if n or chunks:
+        if batch.reqs or chunks:
             self._in_flight = plan
         self._in_flight_min_left = None
         return plan

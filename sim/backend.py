@@ -16,11 +16,19 @@ def _zero() -> float:
     return 0.0
 
 
+def host_coeffs(config) -> tuple[float, float, float]:
+    """(per step, per scheduled request, per batched token) host seconds of a SchedulerConfig: the
+    loop's scheduling and input preparation, which per-rank schedulers share out (host_workers)."""
+    w = config.host_workers
+    return (config.host_step_s, config.host_per_request_s / w, config.host_per_token_s / w)
+
+
 class SimBackend:
     """The simulator's side of the seam: ``execute(plan, stop_at) -> StepResult`` without a GPU.
 
     Device time comes from the cost model (one vectorised call, or a memo lookup, for a k-step
-    decode plan); the loop's host overhead is added per the async-overlap rule (costmodels/host.py).
+    decode plan); the loop's host overhead (``host_coeffs``, priced per plan: the plan carries no
+    host cost) is added per the async-overlap rule (costmodels/host.py).
     With speculative decoding, each decode's accepted drafts are drawn first (one uniform per
     request and step from the seeded generator) so that every step is priced at the contexts it
     really has; if the loop then runs fewer steps than planned, the generator is rewound so it
@@ -35,6 +43,7 @@ class SimBackend:
         acceptance_rates: list[float] | tuple[float, ...] = (),
         async_overlap: bool = True,
         kv_load_s_per_block: tuple[float, float] = (0.0, 0.0),
+        host_coeffs: tuple[float, float, float] = (0.0, 0.0, 0.0),
     ):
         self.cost = cost_model if isinstance(cost_model, MemoStepCost) else MemoStepCost(cost_model)
         # seconds to load one KV block back from the host-memory / storage prefix-cache tier
@@ -44,6 +53,7 @@ class SimBackend:
         # positions accepted with uniform u is the number of rates above u
         self._rates_asc = np.sort(np.asarray(acceptance_rates, float))
         self.async_overlap = async_overlap
+        self.host_coeffs = host_coeffs
         self._drawn: tuple[StepPlan, dict, np.ndarray] | None = None  # plan, rng state before, tokens
         # the simulated clock (the loop that drives this backend sets it): plans start at clock()
         self.clock: Callable[[], float] = _zero
@@ -66,6 +76,16 @@ class SimBackend:
         tokens = 1 + (len(rates) - np.searchsorted(rates, u, side="right")).astype(np.int64)
         self._drawn = (plan, state, tokens)
         return tokens
+
+    def host_time(self, plan: StepPlan) -> float:
+        """Host seconds per step of ``plan``: fixed + per request + per batched token (drafts included)."""
+        h0, h_req, h_tok = self.host_coeffs
+        chunks = plan.prefills
+        n = len(plan.decodes)
+        num_tokens = n * (1 + plan.draft_len)
+        if chunks:
+            num_tokens += chunks[0].num_new_tokens if len(chunks) == 1 else sum(c.num_new_tokens for c in chunks)
+        return h0 + h_req * (n + len(chunks)) + h_tok * num_tokens
 
     def device_times(self, plan: StepPlan) -> np.ndarray:
         """Device seconds of each of the plan's steps (draws the plan's draft acceptance)."""
@@ -102,8 +122,11 @@ class SimBackend:
             t = max(t, plan.loaded_blocks[0] * host_s + plan.loaded_blocks[1] * storage_s)
         return t
 
-    def step_times(self, plan: StepPlan, cold_start: bool = False) -> np.ndarray:
-        """Wall seconds of each step: device time plus host overhead under the async policy."""
+    def step_times(self, plan: StepPlan, cold_start: bool = False, host: float | None = None) -> np.ndarray:
+        """Wall seconds of each step: device time plus host overhead (``host``, default ``host_time(plan)``)
+        under the async policy."""
+        if host is None:
+            host = self.host_time(plan)
         if plan.num_steps == 1 and not (plan.draft_len and plan.decodes):
             # one step, nothing to draw: the same numbers with floats instead of small arrays
             if plan.prefills:
@@ -114,8 +137,8 @@ class SimBackend:
                                             int(np.add.reduce(plan.decode_context_lens)) if cs is None else cs)
             else:
                 dev = float(self.device_times(plan)[0])
-            return np.array([wall_time(dev, plan.host_overhead_s, self.async_overlap, cold_start)])
-        return wall_time(self.device_times(plan), plan.host_overhead_s, self.async_overlap, cold_start)
+            return np.array([wall_time(dev, host, self.async_overlap, cold_start)])
+        return wall_time(self.device_times(plan), host, self.async_overlap, cold_start)
 
     def execute(self, plan: StepPlan, stop_at: float | None = None) -> StepResult:
         """Run ``plan`` from ``clock()`` in simulated time (the seam's ``Backend``, scheduler/backend.py);
@@ -126,12 +149,13 @@ class SimBackend:
         free again, and report the tokens: the drawn ones with drafts, else None (one each)."""
         self._drawn = None
         start = self.clock()
-        times, ends = self._times_until(plan, start > self._busy_until, start, stop_at)
+        host = self.host_time(plan)
+        times, ends = self._times_until(plan, start > self._busy_until, start, stop_at, host)
         n = len(times)
         self.ends = ends
         # the same float expression the loop's clock advances by (simpy: now + delay)
         self._busy_until = start + (float(ends[n - 1]) - start) if n > 1 else start + float(times[0])
-        return StepResult(times, self._tokens_run(plan, n))
+        return StepResult(times, self._tokens_run(plan, n), host_s=host)
 
     def cut(self, result: StepResult, steps: int) -> StepResult:
         """``result.first(steps)`` of the last executed plan (an arrival cut it after it was priced), giving
@@ -157,7 +181,8 @@ class SimBackend:
             self._drawn = (plan, state, tokens)
         return tokens
 
-    def _times_until(self, plan: StepPlan, cold_start: bool, start_s: float, stop_at: float | None) -> tuple[np.ndarray, object]:
+    def _times_until(self, plan: StepPlan, cold_start: bool, start_s: float, stop_at: float | None,
+                     host: float) -> tuple[np.ndarray, object]:
         """``step_times`` cut after the first step that ends at/after ``stop_at`` (all steps if None), and,
         for more than one step, their end times ``start_s + cumsum(times)`` (a list or an array).
 
@@ -167,8 +192,8 @@ class SimBackend:
         """
         if (plan.num_steps > 1 and stop_at is not None and not plan.draft_len and not plan.prefills
                 and self._decode1 and self.cost.sum_only):
-            return self._decode_run_until(plan, cold_start, start_s, stop_at)
-        times = self.step_times(plan, cold_start)
+            return self._decode_run_until(plan, cold_start, start_s, stop_at, host)
+        times = self.step_times(plan, cold_start, host)
         n = len(times)
         if n == 1:
             return times, None
@@ -178,7 +203,8 @@ class SimBackend:
             times, ends = times[:n], ends[:n]
         return times, ends
 
-    def _decode_run_until(self, plan: StepPlan, cold_start: bool, start_s: float, stop_at: float) -> tuple[np.ndarray, list[float]]:
+    def _decode_run_until(self, plan: StepPlan, cold_start: bool, start_s: float, stop_at: float,
+                          host: float) -> tuple[np.ndarray, list[float]]:
         """_times_until for a draft-free decode run of a sum_only memo: MemoStepCost's interpolation (its
         docstring) and wall_time for one step at a time, with floats, walking the memo's blocks inline (a
         generator for the walk cost 3-5% of the simulator's CPU time)."""
@@ -192,7 +218,7 @@ class SimBackend:
         b = i // B
         j = i - b * B
         blk = cost._block(nd, 0, b)
-        host, overlap = plan.host_overhead_s, self.async_overlap
+        overlap = self.async_overlap
         times: list[float] = []
         ends: list[float] = []
         total = 0.0

@@ -25,7 +25,7 @@ from costmodels.memory import MemoryFit, kv_rates
 from scheduler.config import SchedulerConfig
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler
-from sim.backend import SimBackend
+from sim.backend import SimBackend, host_coeffs
 from sim.cluster import Cluster
 from sim.disagg import DisaggSpec, KVLinks, _PrefillMetrics, link_bandwidth, prompt_copy, transfer_bytes
 from sim.effects import EffectsSpec, build_step_cost, kv_tiers
@@ -102,7 +102,8 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
 
     if disagg is None:
         def make_backend(i: int) -> SimBackend:
-            return SimBackend(cost, np.random.default_rng([backend_seed, i]), rates, sc.async_overlap, load_s)
+            return SimBackend(cost, np.random.default_rng([backend_seed, i]), rates, sc.async_overlap, load_s,
+                              host_coeffs(sc))
 
         schedulers = [Scheduler(sc, num_blocks, i, name_all_blocks=False) for i in range(scenario.instances)]
         cluster = Cluster(env, schedulers, make_backend, make_router(scenario.router), collector, requests,
@@ -160,7 +161,8 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
     d_rates = dsc.effective_acceptance_rates()
     d_scheds = [Scheduler(dsc, num_blocks, n_p + j, name_all_blocks=False) for j in range(n_d)]
     d_instances = [
-        Instance(env, n_p + j, s, SimBackend(decode_cost, np.random.default_rng([backend_seed, n_p + j]), d_rates, dsc.async_overlap, load_s),
+        Instance(env, n_p + j, s, SimBackend(decode_cost, np.random.default_rng([backend_seed, n_p + j]), d_rates, dsc.async_overlap, load_s,
+                                          host_coeffs(dsc)),
                  collector, scenario.max_decode_steps)
         for j, s in enumerate(d_scheds)
     ]
@@ -196,7 +198,8 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
     p_rates = psc.effective_acceptance_rates()
 
     def make_pbackend(i: int) -> SimBackend:
-        return SimBackend(pcost, np.random.default_rng([backend_seed, 0x5046, i]), p_rates, psc.async_overlap, p_load_s)
+        return SimBackend(pcost, np.random.default_rng([backend_seed, 0x5046, i]), p_rates, psc.async_overlap, p_load_s,
+                          host_coeffs(psc))
 
     router = make_router(spec.prefill_router)
 

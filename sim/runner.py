@@ -15,7 +15,7 @@ from costmodels.host import wall_time
 from costmodels.memory import MemoryFit
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler
-from sim.backend import MemoStepCost, SimBackend
+from sim.backend import MemoStepCost, SimBackend, host_coeffs
 from sim.cluster import Cluster
 from sim import invariants
 from sim.export import digest
@@ -77,7 +77,8 @@ def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[R
     rates = sc.effective_acceptance_rates()
 
     def make_backend(i: int) -> SimBackend:
-        return SimBackend(cost, np.random.default_rng([backend_seed, i]), rates, sc.async_overlap)
+        return SimBackend(cost, np.random.default_rng([backend_seed, i]), rates, sc.async_overlap,
+                          host_coeffs=host_coeffs(sc))
 
     debug = invariants.enabled(debug)
     collector = (invariants.CheckingCollector if debug else MetricsCollector)(record_steps=record_steps)

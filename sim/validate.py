@@ -30,7 +30,7 @@ from costmodels.step_fit import errors
 from scheduler.config import SchedulerConfig
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler
-from sim.backend import MemoStepCost, SimBackend
+from sim.backend import MemoStepCost, SimBackend, host_coeffs
 from sim.cluster import Cluster
 from scheduler.metrics import MetricsCollector, SimMetrics
 from sim.router import RouterConfig, make_router
@@ -109,7 +109,8 @@ def simulate_requests(step_cost, sched_cfg: SchedulerConfig, num_blocks: int, re
     rng = np.random.default_rng(seed)
 
     def make_backend(i: int) -> SimBackend:
-        return SimBackend(cost, np.random.default_rng([int(rng.integers(0, 2**62)), i]), rates, sched_cfg.async_overlap)
+        return SimBackend(cost, np.random.default_rng([int(rng.integers(0, 2**62)), i]), rates, sched_cfg.async_overlap,
+                          host_coeffs=host_coeffs(sched_cfg))
 
     env = simpy.Environment()
     collector = MetricsCollector(record_steps=False)

@@ -164,10 +164,12 @@ def test_itl_buffer_gives_the_histogram_of_direct_adds():
     assert col.summarize(8, None).itl_s == got.stat()
 
 
-def _decode_plan(rng, nd, k, ctx_scale):
+def _decode_plan(rng, nd, k, ctx_scale, backend):
+    """A decode plan, with the backend's host cost per step set to one of three values."""
     reqs = [Request(f"r{i}", 0.0, 10, 10) for i in range(nd)]
     ctx = rng.integers(1, ctx_scale, nd).astype(np.int64)
-    return StepPlan(0, decodes=reqs, decode_context_lens=ctx, num_steps=k, host_overhead_s=float(rng.choice([0.0, 0.03, 0.2])))
+    backend.host_coeffs = (float(rng.choice([0.0, 0.03, 0.2])), 0.0, 0.0)
+    return StepPlan(0, decodes=reqs, decode_context_lens=ctx, num_steps=k)
 
 
 @pytest.mark.parametrize("overlap", [True, False])
@@ -181,7 +183,7 @@ def test_execute_until_equals_pricing_all_steps_then_cutting(overlap):
     rng = np.random.default_rng(5)
     for trial in range(300):
         nd, k = int(rng.integers(1, 40)), int(rng.integers(2, 300))
-        plan = _decode_plan(rng, nd, k, 4000)
+        plan = _decode_plan(rng, nd, k, 4000, backend)
         cold = bool(rng.integers(0, 2))
         start = float(rng.uniform(0, 100))
         backend.clock = lambda: start
@@ -205,9 +207,9 @@ def test_single_step_float_paths_equal_array_paths():
     backend = SimBackend(cm, np.random.default_rng(0), (), True)
     rng = np.random.default_rng(9)
     for _ in range(200):  # contexts up to 3000: the decode runs cross memo blocks of 512 grid points
-        plan = _decode_plan(rng, int(rng.integers(1, 60)), 1, 3000)
+        plan = _decode_plan(rng, int(rng.integers(1, 60)), 1, 3000, backend)
         cold = bool(rng.integers(0, 2))
-        ref = wall_time(backend.device_times(plan), plan.host_overhead_s, True, cold)
+        ref = wall_time(backend.device_times(plan), backend.host_time(plan), True, cold)
         assert backend.step_times(plan, cold).tolist() == ref.tolist()
     memo = backend.cost
     for n in (1, 7, 64):

@@ -7,6 +7,7 @@ import pytest
 import simpy
 
 from scheduler.config import SchedulerConfig
+from scheduler.plan import StepResult
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler
 from sim.backend import SimBackend
@@ -124,7 +125,7 @@ def test_backend_stop_at_and_host_overlap():
     assert list(wall_step_times(dev, 0.020, True, False)) == pytest.approx([0.020] * 3)  # host-bound
 
     reqs = [Request("a", 0.0, 16, 100)]
-    plan = StepPlan(instance_id=0, decodes=reqs, decode_context_lens=np.array([16]), num_steps=5, host_overhead_s=0.0)
+    plan = StepPlan(instance_id=0, decodes=reqs, decode_context_lens=np.array([16]), num_steps=5)
     be = SimBackend(LinearCost(), np.random.default_rng(0))
     assert be.execute(plan).num_steps == 5                                   # 10.1 ms steps
     be.clock = lambda: 1.0
@@ -139,8 +140,8 @@ def test_backend_first_step_after_idle_cannot_hide_host_work():
     from scheduler.plan import StepPlan
 
     plan = StepPlan(instance_id=0, decodes=[Request("a", 0.0, 16, 100)], decode_context_lens=np.array([16]),
-                    num_steps=1, host_overhead_s=0.004)
-    be = SimBackend(LinearCost(), np.random.default_rng(0), async_overlap=True)
+                    num_steps=1)
+    be = SimBackend(LinearCost(), np.random.default_rng(0), async_overlap=True, host_coeffs=(0.004, 0.0, 0.0))
     t = [0.0]
     be.clock = lambda: t[0]
     cold = be.execute(plan).step_durations[0]          # first plan: cold
@@ -149,6 +150,25 @@ def test_backend_first_step_after_idle_cannot_hide_host_work():
     t[0] += warm + 1.0                                 # an idle second later: cold again
     again = be.execute(plan).step_durations[0]
     assert cold == pytest.approx(warm + 0.004) and again == cold
+
+
+def test_backend_prices_host_work_as_the_scheduler_config_says():
+    """The plan carries no host cost: the backend prices it per plan from the config's coefficients
+    (per step, per scheduled request, per batched token with drafts, shared by host_workers)."""
+    from sim.backend import host_coeffs
+
+    cfg = SchedulerConfig(block_size=4, max_num_seqs=4, max_num_batched_tokens=10, draft_len=1, host_workers=2,
+                          host_step_s=0.001, host_per_request_s=0.002, host_per_token_s=0.0005)
+    s = Scheduler(cfg, 100, name_all_blocks=False)
+    s.add_request(Request("a", 0.0, 4, 5))
+    p = s.schedule(0.0)
+    s.complete(p, StepResult(np.array([0.01])), 0.01)
+    s.add_request(Request("b", 0.0, 30, 5))
+    p = s.schedule(0.02)   # a decodes (1 + 1 draft tokens), b's first chunk of 8
+    assert len(p.decodes) == 1 and [c.num_new_tokens for c in p.prefills] == [8]
+    be = SimBackend(LinearCost(), np.random.default_rng(0), (0.5,), host_coeffs=host_coeffs(cfg))
+    assert be.host_time(p) == pytest.approx(cfg.host_overhead_s(2, 10)) == pytest.approx(0.001 + (0.004 + 0.005) / 2)
+    assert be.execute(p).host_s == be.host_time(p)
 
 
 def test_backend_cut_rewinds_draft_draws():
