@@ -29,17 +29,14 @@ _PART = re.compile(r"(?P<key>[a-z0-9]+?)(?:_p(?P<pct>[0-9]+))?\s*=\s*(?P<num>[-+
 class SLOSpec:
     """Latency targets in seconds and the percentile they bound."""
 
-    ttft_s: float
-    tpot_s: float
+    ttft_s: float | None  # None only where a command asks for fewer targets (tune: TPOT alone)
+    tpot_s: float | None
     percentile: int = 90
     e2e_s: float | None = None
 
     def text(self) -> str:
         """The canonical spelling, which ``parse_slo`` reads back to the same spec."""
-        parts = [f"ttft_p{self.percentile}={_fmt(self.ttft_s)}", f"tpot_p{self.percentile}={_fmt(self.tpot_s)}"]
-        if self.e2e_s is not None:
-            parts.append(f"e2e_p{self.percentile}={_fmt(self.e2e_s)}")
-        return ",".join(parts)
+        return ",".join(f"{k}_p{self.percentile}={_fmt(t)}" for k, t in zip(KEYS, (self.ttft_s, self.tpot_s, self.e2e_s)) if t is not None)
 
     def targets(self) -> dict:
         """The ``scheduler.metrics.SLO`` mapping (seconds)."""
@@ -50,7 +47,7 @@ class SLOSpec:
 
     def meets(self, ttft_s: float | None, tpot_s: float | None, e2e_s: float | None = None) -> bool:
         """Whether latencies at this spec's percentile meet every target (a missing figure does not)."""
-        pairs = [(ttft_s, self.ttft_s), (tpot_s, self.tpot_s)] + ([(e2e_s, self.e2e_s)] if self.e2e_s is not None else [])
+        pairs = [(v, t) for v, t in ((ttft_s, self.ttft_s), (tpot_s, self.tpot_s), (e2e_s, self.e2e_s)) if t is not None]
         return all(v is not None and math.isfinite(v) and v <= t for v, t in pairs)
 
 
@@ -76,7 +73,7 @@ def _fmt(seconds: float, digits: int = 6) -> str:
     raise AssertionError("unreachable")
 
 
-def parse_slo(text: str, field: str = "--slo") -> SLOSpec:
+def parse_slo(text: str, field: str = "--slo", required: tuple[str, ...] = ("ttft", "tpot")) -> SLOSpec:
     """'ttft_p90=2s,tpot_p90=50ms' -> SLOSpec; a one-line TwinferError naming ``field`` for anything else."""
     if not isinstance(text, str) or not text.strip():
         raise TwinferError(f"{field}: expected an SLO, {_ALLOWED}")
@@ -88,12 +85,12 @@ def parse_slo(text: str, field: str = "--slo") -> SLOSpec:
             raise TwinferError(f"{field} {text!r}: {key} is given twice")
         found[key] = seconds
         pcts.add(pct)
-    for need in ("ttft", "tpot"):
+    for need in required:
         if need not in found:
             raise TwinferError(f"{field} {text!r}: {need} is required ({_ALLOWED})")
     if len(pcts) > 1:
         raise TwinferError(f"{field} {text!r}: give every target at the same percentile (got p{', p'.join(map(str, sorted(pcts)))})")
-    return SLOSpec(ttft_s=found["ttft"], tpot_s=found["tpot"], percentile=pcts.pop(), e2e_s=found.get("e2e"))
+    return SLOSpec(ttft_s=found.get("ttft"), tpot_s=found.get("tpot"), percentile=pcts.pop(), e2e_s=found.get("e2e"))
 
 
 def _read_part(part: str, text: str, field: str) -> tuple[str, int, float]:

@@ -21,6 +21,18 @@ def register(app: typer.Typer) -> None:
                              "simulation on a calibration profile; --measure runs baseline and winner on the executor.")(tune)
 
 
+def tune_slo(text: Optional[str]) -> Optional[float]:
+    """The TPOT p50 bound the policy search takes, from the one SLO syntax (other targets refused, not ignored)."""
+    from planner.slo import parse_slo
+
+    if text is None:
+        return None
+    spec = parse_slo(text, "--slo", required=("tpot",))
+    if spec.percentile != 50 or spec.ttft_s is not None or spec.e2e_s is not None:
+        raise TwinferError(f"--slo {text!r}: tune bounds TPOT at p50 only; give tpot_p50=<value><unit>, e.g. tpot_p50=50ms")
+    return spec.tpot_s
+
+
 def tune(
     model: str = typer.Option("tiny", "--model", "-m"),
     num_layers: Optional[int] = typer.Option(None, "--num-layers", min=1),
@@ -30,7 +42,7 @@ def tune(
     requests: Optional[int] = typer.Option(None, "--requests", "-n", min=1),
     load: float = typer.Option(2.0, "--load", help="arrival rate as a multiple of the baseline's predicted capacity (2: past saturation)"),
     objective: str = typer.Option("output_throughput", "--objective", help="output_throughput | ttft_p50 | ttft_p90 | tpot_p50 | e2e_p50"),
-    slo_tpot_ms: Optional[float] = typer.Option(None, "--slo-tpot-ms", help="candidates must keep TPOT p50 under this"),
+    slo: Optional[str] = typer.Option(None, "--slo", help="candidates must keep TPOT p50 under it, in the SLO syntax: tpot_p50=50ms"),
     max_num_seqs: int = typer.Option(16, "--max-num-seqs", min=1, help="baseline max batch"),
     max_batched_tokens: int = typer.Option(2048, "--max-batched-tokens", min=1, help="baseline token budget"),
     max_seqs_limit: int = typer.Option(128, "--max-seqs-limit", min=1, help="largest max batch searched"),
@@ -73,7 +85,7 @@ def tune(
     scale = r0 / (load * cap) if np.isfinite(r0) else 1.0
     reqs = copy_requests(reqs, scale)
     grid = default_grid(base, max_seqs_limit, bool(cost.model.mtp_layers))
-    res = search(cost, sbase, blocks, reqs, objective=objective, slo_tpot_s=slo_tpot_ms / 1e3 if slo_tpot_ms else None, grid=grid, seed=seed)
+    res = search(cost, sbase, blocks, reqs, objective=objective, slo_tpot_s=tune_slo(slo), grid=grid, seed=seed)
     con.print(f"{len(res.candidates)} policies simulated on {len(reqs)} requests at {load:g} x the baseline's predicted capacity "
               f"({load * cap:.2f} req/s); objective {objective}")
     tab = Table(title="best policies (simulated)")
