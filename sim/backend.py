@@ -10,6 +10,7 @@ import numpy as np
 from costmodels.host import wall_time
 from costmodels.step_memo import MemoStepCost, StepCost
 from scheduler.plan import StepPlan, StepResult
+from sim.streams import uniforms
 
 
 def _zero() -> float:
@@ -30,10 +31,10 @@ class SimBackend:
     decode plan); the loop's host overhead (``host_coeffs``, priced per plan: the plan carries no
     host cost) is added per the async-overlap rule (costmodels/host.py).
     With speculative decoding, each decode's accepted drafts are drawn first (one uniform per
-    request and step from the seeded generator) so that every step is priced at the contexts it
-    really has; if the loop then runs fewer steps than planned, the generator is rewound so it
-    has consumed exactly the draws of the steps run. A k-step plan therefore gives the same
-    tokens and times as k single-step plans.
+    request and step, counter-based: a pure function of this backend's stream key, the step's
+    index among the steps it ran, and the decode's slot; sim/streams.py) so that every step is
+    priced at the contexts it really has. A k-step plan therefore gives the same tokens and times
+    as k single-step plans, and a plan cut after n steps reads the same numbers as one stopped there.
     """
 
     def __init__(
@@ -48,13 +49,19 @@ class SimBackend:
         self.cost = cost_model if isinstance(cost_model, MemoStepCost) else MemoStepCost(cost_model)
         # seconds to load one KV block back from the host-memory / storage prefix-cache tier
         self.kv_load_s_per_block = kv_load_s_per_block
-        self.rng = rng
+        # the key of the counter-based acceptance stream (sim/streams.py), seeded from ``rng``
+        self._key = int(rng.integers(0, 2**63))
+        self._step = 0   # steps this backend has run: the counter of the next step's draws
+        # a block of the stream's future rows (steps from _u_base, all slots up to its width): the draws
+        # are a pure function of (key, step, slot), so serving them from a block only saves numpy calls
+        self._u_block: np.ndarray | None = None
+        self._u_base = 0
         # ascending copy of the (non-increasing) marginal acceptance rates: the number of draft
         # positions accepted with uniform u is the number of rates above u
         self._rates_asc = np.sort(np.asarray(acceptance_rates, float))
         self.async_overlap = async_overlap
         self.host_coeffs = host_coeffs
-        self._drawn: tuple[StepPlan, dict, np.ndarray] | None = None  # plan, rng state before, tokens
+        self._drawn: tuple[StepPlan, np.ndarray] | None = None  # the plan last priced, its drawn tokens
         # the simulated clock (the loop that drives this backend sets it): plans start at clock()
         self.clock: Callable[[], float] = _zero
         # when the device finishes the last executed plan: a plan starting later follows an idle
@@ -70,12 +77,24 @@ class SimBackend:
         nd, d = len(plan.decodes), plan.draft_len
         if d == 0 or nd == 0:
             return None
-        state = self.rng.bit_generator.state
-        u = self.rng.random((steps, nd))
+        u = self._uniforms(steps, nd)
         rates = self._rates_asc[-d:]
         tokens = 1 + (len(rates) - np.searchsorted(rates, u, side="right")).astype(np.int64)
-        self._drawn = (plan, state, tokens)
+        self._drawn = (plan, tokens)
         return tokens
+
+    _U_ROWS = 128   # steps per block of draws
+
+    def _uniforms(self, steps: int, nd: int) -> np.ndarray:
+        """``uniforms(key, self._step, steps, nd)``, sliced from the block of draws (refilled when it does not
+        cover these steps or slots)."""
+        s0, blk = self._step, self._u_block
+        i = s0 - self._u_base
+        if blk is None or i < 0 or i + steps > len(blk) or nd > blk.shape[1]:
+            width = nd if blk is None else max(nd, blk.shape[1])
+            blk = self._u_block = uniforms(self._key, s0, max(steps, self._U_ROWS), width)
+            self._u_base, i = s0, 0
+        return blk[i : i + steps, :nd]
 
     def host_time(self, plan: StepPlan) -> float:
         """Host seconds per step of ``plan``: fixed + per request + per batched token (drafts included)."""
@@ -155,31 +174,17 @@ class SimBackend:
         self.ends = ends
         # the same float expression the loop's clock advances by (simpy: now + delay)
         self._busy_until = start + (float(ends[n - 1]) - start) if n > 1 else start + float(times[0])
-        return StepResult(times, self._tokens_run(plan, n), host_s=host)
+        self._step += n
+        drawn = self._drawn
+        tokens = drawn[1][:n] if drawn is not None and drawn[0] is plan else None
+        return StepResult(times, tokens, host_s=host)
 
     def cut(self, result: StepResult, steps: int) -> StepResult:
-        """``result.first(steps)`` of the last executed plan (an arrival cut it after it was priced), giving
-        the random draws of the later steps back to the generator so that the run continues as if the
-        plan had stopped there. Only the simulator's cluster loop needs this; the numbers of a cut plan
-        are then the same as those of a plan that stopped by ``stop_at``."""
-        drawn = self._drawn
-        if drawn is not None:
-            self._tokens_run(drawn[0], steps)
+        """``result.first(steps)`` of the last executed plan (an arrival cut it after it was priced); the
+        step counter then counts only the steps kept. Only the simulator's cluster loop needs this; the
+        draws are counter-based, so the numbers of a cut plan are those of a plan that stopped by ``stop_at``."""
+        self._step -= max(0, result.num_steps - steps)
         return result.first(steps)
-
-    def _tokens_run(self, plan: StepPlan, steps: int) -> np.ndarray | None:
-        """Tokens of the first ``steps`` steps of ``plan`` (None: one each); with drafts, the generator is
-        rewound so it has consumed exactly the draws of those steps."""
-        drawn = self._drawn
-        if drawn is None or drawn[0] is not plan:
-            return None
-        _, state, tokens = drawn
-        if steps < len(tokens):
-            self.rng.bit_generator.state = state
-            self.rng.random((steps, tokens.shape[1]))
-            tokens = tokens[:steps]
-            self._drawn = (plan, state, tokens)
-        return tokens
 
     def _times_until(self, plan: StepPlan, cold_start: bool, start_s: float, stop_at: float | None,
                      host: float) -> tuple[np.ndarray, object]:

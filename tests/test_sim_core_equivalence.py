@@ -171,19 +171,34 @@ def test_backend_prices_host_work_as_the_scheduler_config_says():
     assert be.execute(p).host_s == be.host_time(p)
 
 
-def test_backend_cut_rewinds_draft_draws():
-    """A plan with drafts cut after it was priced (``cut``) leaves the generator as if it had stopped there."""
+def test_backend_cut_plan_draws_as_a_stopped_one():
+    """Draft acceptance is counter-based: a plan with drafts cut after it was priced (``cut``), a plan
+    stopped there by ``stop_at`` and single-step plans draw the same numbers, also for the plans after."""
     from scheduler.plan import StepPlan
 
-    def plan():
+    def plan(k=6):
         reqs = [Request(f"r{i}", 0.0, 16, 100) for i in range(3)]
-        return StepPlan(instance_id=0, decodes=reqs, decode_context_lens=np.full(3, 16), num_steps=6, draft_len=2)
+        return StepPlan(instance_id=0, decodes=reqs, decode_context_lens=np.full(3, 16), num_steps=k, draft_len=2)
 
-    a = SimBackend(LinearCost(), np.random.default_rng(7), (0.8, 0.6))
+    def backend():
+        be = SimBackend(LinearCost(), np.random.default_rng(7), (0.8, 0.6))
+        t = [0.0]
+        be.clock = lambda: t[0]
+        return be, t
+
+    a, ta = backend()
     full = a.execute(plan())
     got = a.cut(full, 2)
     assert got.num_steps == 2 and got.decode_tokens.shape == (2, 3)
     np.testing.assert_array_equal(got.decode_tokens, full.decode_tokens[:2])
-    ref = np.random.default_rng(7)
-    ref.random((2, 3))                       # the draws of the two steps that ran, no more
-    assert a.rng.random() == ref.random()
+    b, tb = backend()
+    stopped = b.execute(plan(), stop_at=0.015)   # steps of 10.3 ms: the second ends after it
+    assert stopped.num_steps == 2
+    np.testing.assert_array_equal(stopped.decode_tokens, got.decode_tokens)
+    c, tc = backend()
+    singles = [c.execute(plan(1)).decode_tokens for _ in range(6)]
+    np.testing.assert_array_equal(np.concatenate(singles), full.decode_tokens)
+    ta[0] = tb[0] = 1.0
+    np.testing.assert_array_equal(a.execute(plan(3)).decode_tokens, b.execute(plan(3)).decode_tokens)
+    np.testing.assert_array_equal(a.execute(plan(1)).decode_tokens, singles[5])   # steps 2..4 ran, then step 5
+    assert full.decode_tokens.min() >= 1 and full.decode_tokens.max() <= 3 and len(np.unique(full.decode_tokens)) > 1
