@@ -175,8 +175,8 @@ class LLMEngine:
             cuda_graphs = dev.type == "cuda" and model_transform is None
         if dev.type == "cuda":   # compile vendor/Triton kernels per shape now, not inside timed steps or capture
             from executor.cuda_graphs import capture_sizes
-            from kernels.warmup import jit_warmup
-            jit_warmup(net, dev, tuple(capture_sizes(sched_cfg.max_num_seqs)) + (sched_cfg.max_num_batched_tokens,))
+            from kernels.warmup import jit_warmup, token_counts
+            jit_warmup(net, dev, token_counts(capture_sizes(sched_cfg.max_num_seqs), sched_cfg.max_num_batched_tokens))
         if cuda_graphs and not enforce_eager and dev.type == "cuda":
             runner.enable_cuda_graphs(sched_cfg.max_num_seqs, mml + sched_cfg.draft_len + 1)
         sched = Scheduler(sched_cfg, num_kv_blocks)

@@ -52,4 +52,5 @@ def summary(entry: dict | None) -> str:
     if entry is None:
         return "not in the measured table"
     parts = [f"{k} {entry[k]:.2f}" for k in ("decode", "prefill") if entry[k] is not None]
-    return f"{', '.join(parts)} of ceiling ({entry['shapes']} shapes)"
+    what = f"; {entry['what']}" if "only" in entry["what"] else ""   # say when the table covers part of the op
+    return f"{', '.join(parts)} of ceiling ({entry['shapes']} shapes{what})"

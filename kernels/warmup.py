@@ -38,6 +38,20 @@ class WarmItem:
         return f"fp8_gemm M={self.m} N={self.n} K={self.k}"
 
 
+def token_counts(decode_sizes, max_batched_tokens: int) -> tuple[int, ...]:
+    """Token counts to compile for: every decode graph size, then prefill sizes 128, 256, .. up to the step budget.
+
+    DeepGEMM picks its tile configuration from M, so prefill steps of a size never seen JIT a new kernel
+    mid-run (seen on the H200: ``twinfer run`` right after a decode-only warm-up stalled in prefill
+    compiles). Powers of two cover the M ranges its heuristic switches on; any gap still compiles once
+    and then sits in the on-disk cache."""
+    pre, m = [], 128
+    while m < max_batched_tokens:
+        pre.append(m)
+        m *= 2
+    return tuple(sorted(set(decode_sizes) | set(pre) | {max_batched_tokens}))
+
+
 def jit_plan(model: torch.nn.Module, token_counts: tuple[int, ...]) -> list[WarmItem]:
     """Distinct (op, shape) calls of ``model``'s FP8 GEMMs and MoE layers at each token count."""
     seen, items = set(), []

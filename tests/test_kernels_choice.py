@@ -23,12 +23,21 @@ def hopper(monkeypatch):
     return found
 
 
-@pytest.mark.parametrize("op", ["fp8_gemm", "moe_experts"])
-def test_deepgemm_chosen_whenever_importable(hopper, op):
+def test_deepgemm_chosen_for_dense_gemm_whenever_importable(hopper):
     hopper("deepgemm", "triton")
-    ch = registry.choose(op, "cuda")
+    ch = registry.choose("fp8_gemm", "cuda")
     assert [i.name for i in ch.candidates][:2] == ["deepgemm", "triton"]
     assert ch.why.startswith("deepgemm: vendor library") and "imported vllm.third_party.deepgemm" in ch.why
+
+
+def test_moe_ranks_triton_above_fused_deepgemm_and_says_why(hopper):
+    hopper("deepgemm", "triton")
+    ch = registry.choose("moe_experts", "cuda")
+    assert [i.name for i in ch.candidates][:2] == ["triton", "deepgemm"]
+    assert "ranked above deepgemm: " in ch.why and "measured faster" in ch.why
+    hopper("deepgemm")   # no Triton: the fused DeepGEMM path serves
+    registry._probe_cache["triton"] = (False, "", "not importable (triton: ModuleNotFoundError)")
+    assert registry.choose("moe_experts", "cuda").candidates[0].name == "deepgemm"
 
 
 @pytest.mark.parametrize("op", ["fp8_gemm", "moe_experts"])
@@ -59,8 +68,8 @@ def test_override_to_triton_is_recorded(hopper, monkeypatch):
 def test_describe_marks_deepgemm_chosen(hopper):
     hopper("deepgemm", "triton", "flashmla")
     rows = {(r["op"], r["impl"]): r for r in registry.describe("cuda")}
-    assert rows[("fp8_gemm", "deepgemm")]["chosen"] and rows[("moe_experts", "deepgemm")]["chosen"]
-    assert not rows[("moe_experts", "triton")]["chosen"]
+    assert rows[("fp8_gemm", "deepgemm")]["chosen"] and rows[("moe_experts", "triton")]["chosen"]
+    assert not rows[("moe_experts", "deepgemm")]["chosen"] and rows[("moe_experts", "deepgemm")]["usable"]
 
 
 def test_jit_cache_dir_precedence(monkeypatch, tmp_path):
@@ -99,3 +108,8 @@ def test_warmup_plan_lists_each_fp8_shape_once_per_token_count():
     assert labels == ["fp8_gemm M=1 N=256 K=128", "fp8_gemm M=64 N=256 K=128", "fp8_gemm M=1 N=128 K=256",
                       "fp8_gemm M=64 N=128 K=256", "moe_experts E=4 T=1 2I=256 D=128", "moe_experts E=4 T=64 2I=256 D=128"]
     assert warmup.jit_warmup(model, torch.device("cpu"), (1,)) == []   # CPU: nothing to compile
+
+
+def test_warmup_token_counts_cover_decode_graphs_and_prefill_sizes():
+    assert warmup.token_counts([1, 2, 4, 8], 1000) == (1, 2, 4, 8, 128, 256, 512, 1000)
+    assert warmup.token_counts([1, 64], 64) == (1, 64)
