@@ -190,13 +190,13 @@ def run_job(job: SimJob, percentile: int = 90) -> SimOutcome:
     (the agentic warm-up, else the 10th percentile arrival), the output rate delivered while
     the middle 80% of the requests finish, scaled from the slice's share to the deployment.
     """
-    from sim.deployment import simulate_deployment
+    from sim.runner import simulate
     from twinfer.errors import TwinferError
 
     t0 = time.perf_counter()
     fail = SimOutcome(job.row, job.load, False, "", 0, 0, math.inf, math.inf, 0, 0, 0, job.slice_gpus, job.slice_rate, "", 0.0)
     try:
-        run = simulate_deployment(job.scenario, job.effects, job.disagg)
+        run = simulate(job.scenario.model_copy(update={"effects": job.effects, "disagg": job.disagg}))
     except (TwinferError, ValueError) as e:
         return dataclasses.replace(fail, error=str(e), wall_s=time.perf_counter() - t0)
     r = run.result

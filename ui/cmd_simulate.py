@@ -360,12 +360,7 @@ def register(app: typer.Typer) -> None:
             if not as_json:
                 con.print(f"[dim]simulating {sc.name!r} ...[/]", highlight=False)
             with watch(lambda: done_requests(requests), len(requests), "simulate", Console(stderr=True), transient=as_json):
-                if sc.needs_deployment_runner:  # serving effects or a prefill pool: the deployment runner
-                    from sim.deployment import simulate_deployment
-
-                    out = simulate_deployment(sc, record_steps=perfetto is not None, requests=requests)
-                else:
-                    out = run(sc, record_steps=perfetto is not None, requests=requests)
+                out = run(sc, record_steps=perfetto is not None, requests=requests)  # routes effects / a prefill pool
         except KeyboardInterrupt:
             print_partial(Console(stderr=True), requests, sc, spec, time.perf_counter() - t0)
             raise typer.Exit(130) from None
