@@ -16,6 +16,7 @@ from planner.simulate import SimOutcome, outcome_of
 
 CONFIRM_CANDIDATES = 3          # slice-confirmed candidates tried at full scale, best first
 CONFIRM_RATE_STEPS = (1.0, 0.8)  # of the rate the slice met the SLO at
+CONFIRM_MAX_RUNS = 3            # full-scale runs at most (an agentic 72-GPU plan's run costs ~35 s CPU)
 
 
 def confirm_plan(plan: Plan, row: int, table_rate: float, percentile: int) -> tuple[SimOutcome, object]:

@@ -26,7 +26,7 @@ from costmodels.calibration_source import profile_for
 from costmodels.hardware import get_hardware
 from costmodels.step import StepCostModel
 from planner.combine import AGG, Candidate, Table, combine
-from planner.confirm import CONFIRM_CANDIDATES, CONFIRM_RATE_STEPS, confirm_plan
+from planner.confirm import CONFIRM_CANDIDATES, CONFIRM_MAX_RUNS, CONFIRM_RATE_STEPS, confirm_plan
 from planner.economics import Economics, economics
 from planner.explain import describe_row, does_not_fit, short_row, slo_unreachable, why_it_won
 from planner.parallel import Runner
@@ -50,7 +50,7 @@ FRONTIER_POINTS = 12
 # (8 x H200 chat: 27 near-frontier rows at 0.9 and 0.7 load, none above the pick).
 NEAR_SLO = 1.5
 PER_LAYOUT = 1
-EXTRA_SHARE = 0.5
+EXTRA_SHARE = 1.0
 
 
 class FrontierPoint(BaseModel):
@@ -369,7 +369,7 @@ def _confirm(req, table, options, stats, model, hw, router, effects, ok, accepta
     runs, best = [], None
     for i in rows:
         o = outcomes[i]
-        if best is not None and o.thr_gpu <= best[2].thr_gpu:
+        if (best is not None and o.thr_gpu <= best[2].thr_gpu) or len(runs) >= CONFIRM_MAX_RUNS:
             break
         for step in CONFIRM_RATE_STEPS:
             plan = _make_plan(req, table.candidate(i), options, stats, model, hw, router, effects, o, table, ok, acceptance,
