@@ -5,7 +5,9 @@ step with the cost model (``StepCostModel.step``: the op list `twinfer cost` pri
 GEMM and the MLA decode attention next to the measured kernel time at the same shape
 (``costmodels/op_table.py``; the engine fuses q_a and kv_a into one 2112-column GEMM, so their sum is
 compared with that GEMM). Prints one row per (TP, M, op) and a summary per size bucket: median and worst
-ratio model / measured.
+ratio model / measured. Where the cost model itself reads a table (FP8 GEMMs, MLA decode attention since
+issue 16) a bucket near 1.00 checks the wiring (shapes, heads per GPU, batch and context per rank); the
+formula's distance from the tables is in docs/costmodel.md.
 
     python benchmarks/op_table_check.py [--tp 1,8] [--json]
 """

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import csv
 import json
+import math
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -301,3 +303,95 @@ class TableGemms:
                                            2.0 * mp * n * k / (self.compute_eff * self.target_flops)])
                 total[pos] += t
         return total.reshape(np.shape(m))
+
+
+MLA_ENTRY_DIMS = (576, 512)   # FlashMLA's measured latent: q/k 512 + 64 rope, v 512 (DeepSeek-V3/R1, Kimi K2)
+
+
+@dataclass
+class TableMLA:
+    """MLA decode attention of one layer from the measured FlashMLA table (one kernel reads the decode batch).
+
+    FlashMLA splits the whole batch's KV over the SMs, so its time follows the batch and its total KV: a
+    step's decodes are looked up at (batch, mean context). ``heads`` query heads per GPU that were not
+    measured take the nearest measured count's time scaled by the head ratio. Lookups are bilinear in
+    log(batch)-log(context)-log(time) (``GridTable.time``'s arithmetic; beyond the largest batch or context
+    the time grows with the KV read). On another GPU the time transfers as
+
+        t = max(t_measured * bf16_peak_measured / bf16_peak_target,  bytes / (mem_eff * bw_target),  flops / (attn_eff * bf16_peak_target))
+
+    ``at`` answers one point in plain Python (a simulated step calls it a few times), ``many`` an array.
+    """
+
+    table: GridTable
+    heads: float                  # query heads per GPU asked for
+    table_heads: int              # the measured count that answers
+    peak_ratio: float             # measured GPU's BF16 peak / target's (1: the measured GPU)
+    target_bw: float
+    target_flops: float           # target BF16 dense peak, flop/s
+    mem_eff: float = 0.856
+    compute_eff: float = 0.586
+    same_gpu: bool = True
+    measured_on: str = ""
+
+    def __post_init__(self):
+        self._lx = [float(v) for v in np.log(self.table.xs)]
+        self._ly = [float(v) for v in np.log(self.table.ys)]
+        self._lt = [[float(v) for v in row] for row in np.log(self.table.seconds)]
+        self._scale = self.heads / self.table_heads
+        self._nlx, self._nly, self._nlt = np.array(self._lx), np.array(self._ly), np.array(self._lt)
+
+    @staticmethod
+    def _cell(grid: list[float], v: float) -> tuple[int, float, float]:
+        """(segment, weight of its upper end, log excess beyond the grid's last point) of ``v`` on ``grid``."""
+        lo, hi = grid[0], grid[-1]
+        c = lo if v < lo else (hi if v > hi else v)
+        i = bisect_right(grid, c) - 1
+        if i > len(grid) - 2:
+            i = len(grid) - 2
+        return i, (c - grid[i]) / (grid[i + 1] - grid[i]), (v - hi if v > hi else 0.0)
+
+    def at(self, batch: float, context: float, flops: float, byts: float) -> float:
+        """Seconds of one layer's decode attention: ``batch`` requests at mean ``context`` (``flops``, ``byts``: its work)."""
+        i, wx, ex = self._cell(self._lx, math.log(batch))
+        j, wy, ey = self._cell(self._ly, math.log(context))
+        lt, lt1 = self._lt[i], self._lt[i + 1]
+        a = lt[j] + (lt[j + 1] - lt[j]) * wy
+        b = lt1[j] + (lt1[j + 1] - lt1[j]) * wy
+        t = math.exp(a + (b - a) * wx + ex + ey) * self._scale
+        if self.same_gpu:
+            return t
+        return max(t * self.peak_ratio, byts / (self.mem_eff * self.target_bw), flops / (self.compute_eff * self.target_flops))
+
+    def many(self, batch, context, flops, byts) -> np.ndarray:
+        """``at`` for arrays (broadcast)."""
+        batch, context, flops, byts = np.broadcast_arrays(*(np.asarray(v, float) for v in (batch, context, flops, byts)))
+
+        def cell(grid, v):
+            c = np.clip(v, grid[0], grid[-1])
+            i = np.minimum(np.searchsorted(grid, c, side="right") - 1, len(grid) - 2)
+            return i, (c - grid[i]) / (grid[i + 1] - grid[i]), np.where(v > grid[-1], v - grid[-1], 0.0)
+
+        i, wx, ex = cell(self._nlx, np.log(batch))
+        j, wy, ey = cell(self._nly, np.log(context))
+        lt = self._nlt
+        a = lt[i, j] + (lt[i, j + 1] - lt[i, j]) * wy
+        b = lt[i + 1, j] + (lt[i + 1, j + 1] - lt[i + 1, j]) * wy
+        t = np.exp(a + (b - a) * wx + ex + ey) * self._scale
+        if self.same_gpu:
+            return t
+        return np.maximum.reduce([t * self.peak_ratio, byts / (self.mem_eff * self.target_bw),
+                                  flops / (self.compute_eff * self.target_flops)])
+
+
+def mla_decode_table(tables: OpTables | None, heads: float, target_bf16_flops: float, target_bw: float,
+                     mem_eff: float, compute_eff: float) -> TableMLA | None:
+    """The FlashMLA decode table for ``heads`` query heads per GPU (nearest measured count), or None when none was measured."""
+    if tables is None or not tables.mla_decode or heads <= 0:
+        return None
+    near = min(sorted(tables.mla_decode), key=lambda h: abs(math.log(h / heads)))
+    measured = get_hardware(tables.gpu)
+    peak = measured.bf16_tflops * 1e12
+    same = peak == target_bf16_flops and measured.hbm_bw == target_bw
+    return TableMLA(tables.mla_decode[near], heads, near, peak / target_bf16_flops, target_bw, target_bf16_flops,
+                    mem_eff, compute_eff, same, measured.name)

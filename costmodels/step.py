@@ -55,6 +55,8 @@ class StepCostModel(StepOps):
         self.notes = list(self.cal.notes)
         if self.gemm_table_note():
             self.notes.append(self.gemm_table_note())
+        if self.attention_table_note():
+            self.notes.append(self.attention_table_note())
         if hw.name.lower() != self.cal.measured_on.lower() and not any("scaled" in n for n in self.notes):
             self.notes.append(f"efficiencies measured on {self.cal.measured_on}, applied to {hw.name} datasheet ceilings (scaled by datasheet ratios)")
         if not hw.supports(layout.experts_dtype) or not hw.supports(layout.weight_dtype):
@@ -251,7 +253,8 @@ class StepCostModel(StepOps):
             return (count, geo.cap, geo.ratio, geo.window, geo.index_ratio,
                     2.0 * h_loc * (geo.d_qk_decode + geo.d_v_decode),
                     2.0 * h_loc * (geo.d_qk_prefill + geo.d_v_prefill),
-                    geo.d_qk_prefill + geo.d_v_prefill, geo.prefill_upproj)
+                    geo.d_qk_prefill + geo.d_v_prefill, geo.prefill_upproj,
+                    self.mla_table is not None and self.mla_covers(geo))   # decode one query each: the FlashMLA table
 
         self._geo_fast = [consts(geo, c) for geo, c in self.att_kinds]
         self._geo_mtp = consts(self.att_mtp, 0) if self.att_mtp is not None else None
@@ -319,13 +322,16 @@ class StepCostModel(StepOps):
         for geo in geos:
             if geo is mtp:
                 shift, n_q = 1, 1
-            count, cap, ratio, window, ir, cf_dec, cf_pre, dpre, upproj = geo
+            count, cap, ratio, window, ir, cf_dec, cf_pre, dpre, upproj, table = geo
             ta = ti = 0.0
             if nd:
                 last = (dpos_sum + shift * nd if cap >= INF else self._dsum(dctx, g + shift, cap)) / ratio
                 if window:
                     last += self._dsum(dctx, g + shift, window)
-                ta = attn_t(cf_dec * (n_q * last) * s, last * eb * s, den)
+                if table and n_q == 1:
+                    ta = self.mla_table.at(nd * s, last / nd, cf_dec * (n_q * last) * s, last * eb * s)
+                else:
+                    ta = attn_t(cf_dec * (n_q * last) * s, last * eb * s, den)
                 if ir:
                     keys = (dpos_sum + shift * nd) / ir
                     ti = self._indexer_t(n_q * keys, keys, s)

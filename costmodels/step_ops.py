@@ -41,7 +41,7 @@ from costmodels.hardware import Hardware
 from costmodels.layout import ParallelLayout
 from costmodels.memory import indexer_kv_bytes_per_token, kv_bytes_per_token_layer, kv_shard_divisor, mtp_kind
 from costmodels.model_spec import ModelSpec
-from costmodels.op_table import MEASURED, SCALED, TableGemms, kernel_gemms
+from costmodels.op_table import MEASURED, MLA_ENTRY_DIMS, SCALED, TableGemms, TableMLA, kernel_gemms, mla_decode_table
 from costmodels.op_table import load as load_op_tables
 from costmodels.ops import CATEGORIES, INF, AttnGeometry, OpCost, SortedSums, entries_last, entries_sum, geometry
 from costmodels.params import WEIGHT_BYTES, Linear, attention_linears, embedding_linears, ffn_linears, mtp_linears, shard_divisor, weight_bytes_per_param
@@ -246,6 +246,36 @@ class StepOps:
         self._att_den = self.att_peak * cal.attn_compute()
         self._idx_den = self.idx_peak * cal.attn_compute() if m.indexer else 1.0
         self._idx_coef = 2.0 * m.indexer.n_heads * m.indexer.head_dim if m.indexer else 0.0
+        self.mla_table = self._mla_table()
+
+    def _mla_table(self) -> TableMLA | None:
+        """Measured FlashMLA decode times for the dense-latent (``full``) layers when the calibration names op tables,
+        this is an NVIDIA GPU and the layers are the measured kernel's (bf16 latent 512 + 64); else None (formula)."""
+        m, lay, cal = self.model, self.layout, self.cal
+        if not cal.op_tables or self.hw.vendor.lower() != "nvidia" or m.attention != "mla" or not m.mla.kv_up_proj \
+                or lay.kv_dtype != "bf16" or not any(self.mla_covers(geo) for geo, _ in self.att_kinds):
+            return None
+        return mla_decode_table(load_op_tables(cal.op_tables), self.heads_local, self.att_peak, self.hw.hbm_bw,
+                                cal.mem_eff, float(cal.attn_compute()))
+
+    @staticmethod
+    def mla_covers(geo: AttnGeometry | None) -> bool:
+        """A layer the FlashMLA table speaks for: dense latent cache (every entry read, no index, no window) of its dims."""
+        return geo is not None and geo.kind == "full" and geo.cap >= INF and geo.ratio == 1.0 and not geo.window \
+            and not geo.index_ratio and (geo.d_qk_decode, geo.d_v_decode) == MLA_ENTRY_DIMS
+
+    def attention_table_note(self) -> str | None:
+        """Where MLA decode attention times come from (None: the formula for all attention)."""
+        t = self.mla_table
+        if t is None:
+            return None
+        heads = f"{t.heads:g} query heads/GPU" + ("" if t.heads == t.table_heads else
+                                                   f" (scaled by the head ratio from the measured {t.table_heads})")
+        how = "measured" if t.same_gpu else (f"transferred from {t.measured_on}: fixed part scaled by the BF16 peak "
+                                             "ratio, bounded by this GPU's bandwidth and math ceilings")
+        return (f"MLA decode attention (dense latent layers, one query per request) from the FlashMLA device-time table "
+                f"at (batch, mean context), {heads}, {how}; prefill attention, MTP draft verification (s_q > 1) "
+                "and indexed/compressed/sliding layers on the formula")
 
     def _build_comm_constants(self) -> None:
         m, lay, hw = self.model, self.layout, self.hw
@@ -454,7 +484,10 @@ class StepOps:
             flops, byts = flops * s, byts * s
             out[0] += flops
             out[1] += byts
-            if not is_dec and "attn_prefill_compute" in self.cal.tables and flops > 0:
+            if is_dec and self.mla_table is not None and self.mla_covers(geo) and bool((n == 1).all()):
+                # measured FlashMLA: one kernel over the rank's decodes at their mean context
+                out[2] += self.mla_table.at(c.size * s, float(last.sum()) / c.size, flops, byts)
+            elif not is_dec and "attn_prefill_compute" in self.cal.tables and flops > 0:
                 # measured per-length efficiency: each chunk is its own kernel (short ones are far below peak)
                 eff = np.maximum(self.cal.attn_prefill_compute((c + n).astype(float)), 1e-9)
                 t_c = float(np.sum(2.0 * h_loc * (geo.d_qk_prefill + geo.d_v_prefill) * ent * s / (self.att_peak * eff)))
@@ -504,7 +537,11 @@ class StepOps:
             new = g if i < len(self.att_kinds) else 1
             ent = sums.entries(geo, shifts)
             flops = ent * (2.0 * self.heads_local * (geo.d_qk_decode + geo.d_v_decode) * new * s)
-            total = total + count * self.attn_roofline(flops, ent * (self.att_entry_bytes * s), self._att_den)
+            byts = ent * (self.att_entry_bytes * s)
+            if new == 1 and sums.n and self.mla_table is not None and self.mla_covers(geo):
+                total = total + count * self.mla_table.many(sums.n * s, ent / sums.n, flops, byts)
+            else:
+                total = total + count * self.attn_roofline(flops, byts, self._att_den)
             if geo.index_ratio:
                 keys = keys_all / geo.index_ratio
                 i_bytes = keys * ((self.idx_key_bytes + new * 8.0) * s)

@@ -202,3 +202,32 @@ def test_tables_are_the_op_families_evaluated_over_counts(name, layout):
     sc = cm.step(BatchShape.from_lists([1] * 48 + [700], [2000] * 48 + [300], [True] * 48 + [False]))
     if not cm._tbo(49):
         assert sum(o.time_s for o in sc.ops) == pytest.approx(sc.time_s, rel=1e-12)
+
+
+def test_mla_decode_attention_is_the_flashmla_table_at_the_batch_and_mean_context(v3):
+    """Decode steps of a dense-latent MLA model read FlashMLA's measured time at (batch per rank, mean context);
+    MTP verification (s_q > 1), prefill and profiles without op tables keep the formula, and the fast paths agree."""
+    from costmodels import op_table
+    from costmodels.calibration_source import profile_for
+    assert v3.mla_table is not None and v3.mla_table.table_heads == 16
+    assert any("FlashMLA" in n for n in v3.notes)
+    ctx = np.array([1000, 3000, 8000, 4000] * 16)
+    b = BatchShape(np.ones(64, np.int64), ctx, np.ones(64, bool))
+    att = next(o for o in v3.step(b).ops if o.name == "attention_full")
+    want = float(op_table.load("H200").mla_decode[16].time([64], [ctx.mean() + 1]).seconds[0])
+    assert att.time_s / att.count == pytest.approx(want, rel=1e-12)
+    assert v3.mixed_step_time(b.new_tokens, ctx, b.is_decode) == pytest.approx(v3.step(b).time_s, rel=1e-12)
+    loop = [v3.step_time(BatchShape(np.ones(64, np.int64), ctx + k, np.ones(64, bool))) for k in range(5)]
+    np.testing.assert_allclose(v3.decode_times(ctx, 5), loop, rtol=1e-12)
+    verify = BatchShape(np.full(64, 2), ctx, np.ones(64, bool))     # one draft token verified: s_q = 2
+    att2 = next(o for o in v3.step(verify).ops if o.name == "attention_full")
+    assert att2.time_s / att2.count == pytest.approx(float(v3.attn_roofline(att2.flops / att2.count, att2.bytes / att2.count,
+                                                                            v3._att_den)), rel=1e-12)
+    mtp = next(o for o in v3.step(verify).ops if o.name == "mtp_attention_full")   # MTP draft pass: one query each
+    want = float(op_table.load("H200").mla_decode[16].time([64], [ctx.mean() + 3]).seconds[0])
+    assert mtp.time_s / mtp.count == pytest.approx(want, rel=1e-12)
+    formula = StepCostModel(get_model("deepseek-v3"), get_hardware("h200"), ParallelLayout(tp=8, weight_dtype="fp8"),
+                            profile_for(get_hardware("h200")).model_copy(update={"op_tables": None}))
+    assert formula.mla_table is None and formula.step(b).time_s != v3.step(b).time_s
+    gqa = StepCostModel(get_model("qwen3-235b-a22b"), get_hardware("h200"), ParallelLayout(tp=8, weight_dtype="fp8"))
+    assert gqa.mla_table is None

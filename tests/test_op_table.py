@@ -164,3 +164,43 @@ def test_h800_transfer_against_deepgemm_published_h800_table(tables):
         ratios.append(tg.seconds(i, np.array([float(m)]))[0] / (2 * m * n * k / (float(r["tflops"]) * 1e12)))
     assert abs(float(np.median(ratios)) - 1) <= 0.15
     assert all(0.5 < x < 1.5 for x in ratios)
+
+
+def test_mla_decode_scalar_and_array_lookups_are_the_grid_tables(tables):
+    """TableMLA (the cost model's per-step lookup) answers GridTable.time's bilinear log-log values, on and off
+    the grid and beyond it; an unmeasured head count takes the nearest measured one scaled by the head ratio."""
+    from costmodels.hardware import get_hardware
+    from costmodels.op_table import mla_decode_table
+    h200 = get_hardware("H200")
+    args = (h200.bf16_tflops * 1e12, h200.hbm_bw, 0.856, 0.586)
+    t16 = mla_decode_table(tables, 16, *args)
+    assert t16.same_gpu and t16.table_heads == 16
+    pts = [(1, 512), (3, 1000), (64, 4096), (100, 5000), (256, 32768), (300, 40000), (0.5, 100)]
+    grid = tables.mla_decode[16].time([p[0] for p in pts], [p[1] for p in pts]).seconds
+    assert [t16.at(b, c, 0.0, 0.0) for b, c in pts] == pytest.approx(grid.tolist(), rel=1e-12)
+    assert t16.many([p[0] for p in pts], [p[1] for p in pts], 0.0, 0.0).tolist() == pytest.approx(grid.tolist(), rel=1e-12)
+    t24 = mla_decode_table(tables, 24, *args)                   # 24 heads: nearest measured 32 (log distance)
+    assert t24.table_heads == 32 and t24.at(64, 4096, 0, 0) == pytest.approx(
+        0.75 * float(tables.mla_decode[32].time([64], [4096]).seconds[0]), rel=1e-12)
+    assert mla_decode_table(None, 16, *args) is None
+
+
+def test_mla_decode_transfer_keeps_small_batches_and_pays_bandwidth_on_a_smaller_hbm(tables):
+    """H800 (same BF16 peak, 3.35 vs 4.8 TB/s): batch 1 keeps the H200's time, a large batch pays its bytes."""
+    from costmodels.hardware import get_hardware
+    from costmodels.op_table import mla_decode_table
+    h800, h200 = get_hardware("H800"), get_hardware("H200")
+    t800 = mla_decode_table(tables, 16, h800.bf16_tflops * 1e12, h800.hbm_bw, 0.856, 0.586)
+    t200 = mla_decode_table(tables, 16, h200.bf16_tflops * 1e12, h200.hbm_bw, 0.856, 0.586)
+    assert not t800.same_gpu and t800.measured_on == "H200"
+
+    def work(b, c):
+        return 2.0 * 16 * (576 + 512) * b * c, 1152.0 * b * c
+
+    assert t800.at(1, 4096, *work(1, 4096)) == pytest.approx(t200.at(1, 4096, *work(1, 4096)))
+    big = work(256, 32768)
+    assert t800.at(256, 32768, *big) == pytest.approx(big[1] / (0.856 * h800.hbm_bw))
+    assert t800.at(256, 32768, *big) > 1.3 * t200.at(256, 32768, *big)
+    b = np.array([1.0, 64.0, 256.0])
+    c = np.array([4096.0, 8192.0, 32768.0])
+    assert t800.many(b, c, *work(b, c)).tolist() == pytest.approx([t800.at(x, y, *work(x, y)) for x, y in zip(b, c)], rel=1e-12)
