@@ -18,21 +18,10 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from executor.serve.app import create_app  # noqa: E402
-from executor.serve.fake_engine import FakeEngine, FakeSamplingParams  # noqa: E402
+from executor.serve.fake_engine import FakeEngine  # noqa: E402
 from executor.serve.guard import RateLimitedLog  # noqa: E402
 from executor.serve.protocol import MAX_STOP_STRINGS  # noqa: E402
-from executor.serve.server import BackgroundServer  # noqa: E402
-from executor.serve.tokenizer import ByteTokenizer  # noqa: E402
-from test_reliability_serve import _counts, _error, _metrics, _read_stream, _wait  # noqa: E402
-
-
-def _serve(engine: FakeEngine, read_timeout_s: float = 30.0, max_connections: int | None = None, **kw):
-    tok = ByteTokenizer(512, eos_token_id=engine.eos_token_id)
-    app = create_app(engine, tok, served_model_name="fake", sampling_params_cls=FakeSamplingParams, **kw)
-    srv = BackgroundServer(app, read_timeout_s=read_timeout_s, max_connections=max_connections).start()
-    srv.app, srv.engine = app, engine
-    return srv
+from test_reliability_serve import _counts, _error, _metrics, _read_stream, _serve, _wait  # noqa: E402
 
 
 @pytest.fixture(scope="module")

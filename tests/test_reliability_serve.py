@@ -26,11 +26,11 @@ from executor.serve.server import BackgroundServer  # noqa: E402
 from executor.serve.tokenizer import ByteTokenizer  # noqa: E402
 
 
-def _serve(engine: FakeEngine, **kw) -> BackgroundServer:
+def _serve(engine: FakeEngine, read_timeout_s: float = 30.0, max_connections: int | None = None, **kw) -> BackgroundServer:
     tok = ByteTokenizer(512, eos_token_id=engine.eos_token_id)
     kw.setdefault("sampling_params_cls", FakeSamplingParams)
     app = create_app(engine, tok, served_model_name="fake", **kw)
-    srv = BackgroundServer(app).start()
+    srv = BackgroundServer(app, read_timeout_s=read_timeout_s, max_connections=max_connections).start()
     srv.app, srv.engine = app, engine
     return srv
 

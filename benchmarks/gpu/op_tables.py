@@ -22,14 +22,13 @@ import argparse
 import csv
 import json
 import math
-import statistics
 import time
 import traceback
 from pathlib import Path
 
 import torch
 
-from benchmarks.gpu.bench_kernels import env, rel
+from benchmarks.gpu.bench_kernels import env, rel, timed
 from kernels import reference as R
 
 L2_SPILL_BYTES = 256 << 20     # several times the H200's 50 MB L2 (DOMAIN.md)
@@ -74,34 +73,14 @@ def graph_time_us(fns, reps: int, replays: int = 15) -> float:
     with torch.cuda.graph(g):
         for i in range(reps):
             fns[i % len(fns)]()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / reps)
+    t = timed(g.replay, 1, replays) * 1e6 / reps
     del g
-    return statistics.median(times)
+    return t
 
 
 def eager_time_us(fn, iters: int = 20) -> float:
     """Microseconds of one eager call (host launch included), CUDA events, median."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(times)
+    return timed(fn, 3, iters) * 1e6
 
 
 def reps_for(us_guess: float) -> int:

@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from benchmarks.gpu.bench_kernels import timed
 from kernels import ops
 from kernels import reference as R
 
@@ -48,15 +49,7 @@ def device_ms(fn, warm: int = 3, iters: int = 20, graph: bool = True) -> tuple[f
             run, captured = g.replay, True
         except Exception as e:  # noqa: BLE001
             print(f"  graph capture failed ({type(e).__name__}: {str(e)[:120]}): eager timing", flush=True)
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        run()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts), captured
+    return timed(run, 0, iters) * 1e3, captured
 
 
 def moe_problem(t: int, gen: torch.Generator):
