@@ -24,7 +24,6 @@ from sim.deployment import simulate_deployment
 from sim.result import KVInfo, SimResult, SimRun
 from sim.router import make_router
 from sim.scenario import Scenario
-from sim.solo import run_solo
 from sim.workload import generate
 from twinfer import __version__
 from twinfer.errors import DoesNotFitError, TwinferError
@@ -51,16 +50,12 @@ def build_cost_model(scenario: Scenario) -> EffectiveStepCost:
 
 
 def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[Request] | None = None,
-             debug: bool | None = None, engine: str = "auto") -> SimRun:
-    """Run ``scenario`` to completion (every request finished or dropped).
+             debug: bool | None = None) -> SimRun:
+    """Run ``scenario`` to completion (every request finished or dropped) in the one simpy event loop.
 
     ``debug`` (default: env TWINFER_DEBUG_INVARIANTS) checks the run's invariants (sim.invariants).
     A scenario with serving effects or a prefill pool runs in ``sim.deployment`` instead.
-    ``engine``: ``"simpy"`` runs the simpy cluster; ``"auto"`` runs one instance in ``sim.solo``
-    (the same events without simpy: identical results, faster) and several in simpy.
     """
-    if engine not in ("auto", "simpy"):
-        raise ValueError(f"engine={engine!r}: expected 'auto' or 'simpy'")
     if scenario.needs_deployment_runner:
         return simulate_deployment(scenario, record_steps=record_steps, requests=requests, debug=debug)
     fit = _fit(scenario)
@@ -83,14 +78,11 @@ def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[R
     debug = invariants.enabled(debug)
     collector = (invariants.CheckingCollector if debug else MetricsCollector)(record_steps=record_steps)
     schedulers = [Scheduler(sc, num_blocks, i, name_all_blocks=False) for i in range(scenario.instances)]
-    if scenario.instances == 1 and engine == "auto":
-        end_s = run_solo(schedulers[0], make_backend(0), collector, requests, scenario.max_decode_steps)
-    else:
-        env = simpy.Environment()
-        Cluster(env, schedulers, make_backend, make_router(scenario.router), collector, requests,
-                max_steps=scenario.max_decode_steps)
-        env.run()
-        end_s = float(env.now)
+    env = simpy.Environment()
+    Cluster(env, schedulers, make_backend, make_router(scenario.router), collector, requests,
+            max_steps=scenario.max_decode_steps)
+    env.run()
+    end_s = float(env.now)
     stuck = [s for s in schedulers if s.has_work]
     if stuck:  # cannot happen unless a scheduler bug leaves work behind; say so rather than under-count
         raise RuntimeError(f"simulation ended with work queued on instances {[s.instance_id for s in stuck]}")
