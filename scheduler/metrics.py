@@ -219,7 +219,8 @@ def window_metrics(name: str, arrivals: tuple[float, float], lo: float, hi: floa
     if name == "whole_run":  # the whole run holds every request, the last arrival included
         sel = np.ones(arrival.size, bool)
     n_drop = int(((dropped_arrival >= a_lo) & (dropped_arrival < a_hi)).sum()) if name != "whole_run" else int(dropped_arrival.size)
-    a, f, e, o = arrival[sel], first[sel], finish[sel], out[sel]
+    # the whole run reads the arrays themselves (no copies: this runs once per simulation over every request)
+    a, f, e, o = (arrival, first, finish, out) if name == "whole_run" else (arrival[sel], first[sel], finish[sel], out[sel])
     ttft, e2e = f - a, e - a
     multi = o > 1
     tpot = (e[multi] - f[multi]) / (o[multi] - 1)
@@ -237,10 +238,15 @@ def window_metrics(name: str, arrivals: tuple[float, float], lo: float, hi: floa
         meeting = int(ok.sum())
         goodput = per_s(meeting)
         fraction = meeting / arrived if arrived else None
+        del ok, tpot_all
+    latency = dict(ttft_s=Stat.of(ttft[np.isfinite(ttft)]), tpot_s=Stat.of(tpot[ok_tpot]),
+                   e2e_s=Stat.of(e2e[np.isfinite(e2e)]), per_user_output_tps_mean=float(user.mean()) if user.size else None)
+    del a, f, e, o, ttft, e2e, tpot, multi, ok_tpot, user   # before the throughput's temporaries (peak memory)
     fin_ok = np.isfinite(first) & np.isfinite(finish)
-    tokens = float(_delivered_tokens(first[fin_ok], finish[fin_ok], out[fin_ok], lo, hi).sum())
     if name == "whole_run":
         tokens = float(out.sum())
+    else:
+        tokens = float(_delivered_tokens(first[fin_ok], finish[fin_ok], out[fin_ok], lo, hi).sum())
     first_in = fin_ok & (first >= lo) & (first < hi) if name != "whole_run" else np.ones(arrival.size, bool)
     in_tok = float(prompt[first_in].sum())
     fin_in = (finish >= lo) & (finish < hi) if name != "whole_run" else np.isfinite(finish)
@@ -249,12 +255,10 @@ def window_metrics(name: str, arrivals: tuple[float, float], lo: float, hi: floa
         window=name, definition=definition, start_s=float(lo), end_s=float(hi), duration_s=float(dur),
         arrivals_from_s=float(a_lo), arrivals_to_s=float(a_hi),
         requests_arrived=arrived, requests_finished=int(sel.sum()), finished_fraction=(int(sel.sum()) / arrived) if arrived else None,
-        ttft_s=Stat.of(ttft[np.isfinite(ttft)]), tpot_s=Stat.of(tpot[ok_tpot]), e2e_s=Stat.of(e2e[np.isfinite(e2e)]),
         output_tokens=tokens, output_throughput=per_s(tokens), output_throughput_per_gpu=per_s(tokens) * g,
         input_throughput=per_s(in_tok), total_throughput_per_gpu=per_s(tokens + in_tok) * g,
         request_throughput=per_s(int(fin_in.sum())),
-        per_user_output_tps_mean=float(user.mean()) if user.size else None,
-        requests_meeting_slo=meeting, goodput=goodput, goodput_fraction=fraction,
+        requests_meeting_slo=meeting, goodput=goodput, goodput_fraction=fraction, **latency,
     )
 
 
@@ -585,9 +589,15 @@ class MetricsCollector:
             meeting = int(ok.sum())
             goodput = rate(meeting)
             fraction = meeting / arrived if arrived else None
+            del ok, tpot_all
 
         per_gpu = 1.0 / max(num_gpus, 1)
         steps = self.num_steps
+        latency = dict(ttft_s=Stat.of(ttft[ok_ttft]), tpot_s=Stat.of(tpot[ok_tpot]), e2e_s=Stat.of(e2e[ok_e2e]),
+                       per_user_output_tps_mean=float(user_tps.mean()) if user_tps.size else None,
+                       per_user_output_tps_p50=float(np.percentile(user_tps, 50)) if user_tps.size else None)
+        # the per-request temporaries go before the windows build theirs: one set alive at a time (peak memory)
+        del ttft, e2e, tpot, multi, ok_ttft, ok_e2e, ok_tpot, user_tps
         windows = self._windows(num_gpus, slo, duration_s, steady_after_s, arrival, first, finish, prompt, out)
         return SimMetrics(
             duration_s=duration_s,
@@ -599,10 +609,7 @@ class MetricsCollector:
             requests_unfinished=arrived - n_fin - n_drop,
             preemptions=self._preemptions,
             requests_preempted=int((preempt > 0).sum()),
-            ttft_s=Stat.of(ttft[ok_ttft]),
-            tpot_s=Stat.of(tpot[ok_tpot]),
             itl_s=self.itl.stat(),  # (flushes the buffered samples)
-            e2e_s=Stat.of(e2e[ok_e2e]),
             input_tokens=in_tok,
             output_tokens=out_tok,
             input_throughput=rate(in_tok),
@@ -611,8 +618,6 @@ class MetricsCollector:
             input_throughput_per_gpu=rate(in_tok) * per_gpu,
             output_throughput_per_gpu=rate(out_tok) * per_gpu,
             total_throughput_per_gpu=rate(in_tok + out_tok) * per_gpu,
-            per_user_output_tps_mean=float(user_tps.mean()) if user_tps.size else None,
-            per_user_output_tps_p50=float(np.percentile(user_tps, 50)) if user_tps.size else None,
             request_throughput=rate(n_fin),
             slo=slo,
             requests_meeting_slo=meeting,
@@ -630,6 +635,7 @@ class MetricsCollector:
             mean_batch_tokens=self._batch_tokens / steps if steps else None,
             busy_s=self._busy_s,
             step_records_dropped=self.step_records_dropped,
+            **latency,
             **windows,
         )
 
