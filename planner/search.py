@@ -387,9 +387,13 @@ def _confirm(req, table, options, stats, model, hw, router, effects, ok, accepta
     plan.predicted = _predicted(full, table.candidate(i), plan.gpus_used, "full-scale run of this plan")
     plan.economics = economics(hw, req.prices, plan.gpus_used, req.gpus, full.thr_gpu * plan.gpus_used,
                                stats.mean_prompt, stats.mean_output, stats.hit_fraction)
-    plan.why[0] = (f"highest simulated output throughput per GPU ({full.thr_gpu:,.0f} tokens/s, this plan at full "
-                   f"scale: {full.requests:,} requests, the run `twinfer simulate --plan` repeats) among the "
-                   f"candidates meeting the SLO in simulation (screen predicted {table.cols['thr_gpu'][i]:,.0f})")
+    # the reasons are recomputed from the full-scale outcome, so each figure they print is the plan's own
+    headline = (f"highest simulated output throughput per GPU ({full.thr_gpu:,.0f} tokens/s, this plan at full "
+                f"scale: {full.requests:,} requests, the run `twinfer simulate --plan` repeats) among the "
+                f"candidates meeting the SLO in simulation (screen predicted {table.cols['thr_gpu'][i]:,.0f})")
+    tail = [w for w in plan.why if w.startswith("uses ")]
+    plan.why = [headline] + why_it_won(table, options, i, ok, req.slo, outcomes, lambda x: meets(x, req.slo),
+                                        {p.option_index: p for p in points}) + tail
     return i, plan, runs
 
 
