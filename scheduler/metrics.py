@@ -207,54 +207,69 @@ def _delivered_tokens(first: np.ndarray, finish: np.ndarray, out: np.ndarray, lo
     return first_in * (out >= 1) + np.maximum(out - 1, 0) * rest
 
 
-def window_metrics(name: str, arrivals: tuple[float, float], lo: float, hi: float, num_gpus: int, slo: SLO | None,
-                   arrival: np.ndarray, first: np.ndarray, finish: np.ndarray, prompt: np.ndarray, out: np.ndarray,
-                   dropped_arrival: np.ndarray, definition: str) -> WindowMetrics:
-    """The figures of a window from the finished requests' arrays and the dropped ones' arrival times: latencies
-    of the requests arriving in ``arrivals`` = [from, to), throughput delivered in [lo, hi)."""
-    dur = max(hi - lo, 0.0)
-    per_s = (lambda x: x / dur) if dur > 0 else (lambda x: 0.0)
-    a_lo, a_hi = arrivals
-    sel = (arrival >= a_lo) & (arrival < a_hi)
-    if name == "whole_run":  # the whole run holds every request, the last arrival included
-        sel = np.ones(arrival.size, bool)
-    n_drop = int(((dropped_arrival >= a_lo) & (dropped_arrival < a_hi)).sum()) if name != "whole_run" else int(dropped_arrival.size)
-    # the whole run reads the arrays themselves (no copies: this runs once per simulation over every request)
-    a, f, e, o = (arrival, first, finish, out) if name == "whole_run" else (arrival[sel], first[sel], finish[sel], out[sel])
+def _latencies(a: np.ndarray, f: np.ndarray, e: np.ndarray, o: np.ndarray, slo: SLO | None,
+               p50: bool = False) -> tuple[dict, int | None]:
+    """Latency stats of finished requests (arrival, first token, finish, output tokens) and how many meet ``slo``
+    (None without one); ``p50`` adds the median per-user output rate."""
     ttft, e2e = f - a, e - a
     multi = o > 1
     tpot = (e[multi] - f[multi]) / (o[multi] - 1)
-    ok_tpot = np.isfinite(tpot)
+    ok_ttft, ok_tpot = np.isfinite(ttft), np.isfinite(tpot)
     user = 1.0 / tpot[ok_tpot & (tpot > 0)]
-    arrived = int(sel.sum()) + n_drop
-    meeting = goodput = fraction = None
+    meeting = None
     if slo is not None:
-        ok = np.isfinite(ttft) & (ttft <= slo.ttft_s)
+        ok = ok_ttft & (ttft <= slo.ttft_s)
         tpot_all = np.zeros(a.size)
-        tpot_all[multi] = tpot
+        tpot_all[multi] = tpot  # single-token requests have no TPOT to miss
         ok &= tpot_all <= slo.tpot_s
         if slo.e2e_s is not None:
             ok &= np.isfinite(e2e) & (e2e <= slo.e2e_s)
         meeting = int(ok.sum())
-        goodput = per_s(meeting)
-        fraction = meeting / arrived if arrived else None
-        del ok, tpot_all
-    latency = dict(ttft_s=Stat.of(ttft[np.isfinite(ttft)]), tpot_s=Stat.of(tpot[ok_tpot]),
-                   e2e_s=Stat.of(e2e[np.isfinite(e2e)]), per_user_output_tps_mean=float(user.mean()) if user.size else None)
-    del a, f, e, o, ttft, e2e, tpot, multi, ok_tpot, user   # before the throughput's temporaries (peak memory)
+    latency = dict(ttft_s=Stat.of(ttft[ok_ttft]), tpot_s=Stat.of(tpot[ok_tpot]), e2e_s=Stat.of(e2e[np.isfinite(e2e)]),
+                   per_user_output_tps_mean=float(user.mean()) if user.size else None)
+    if p50:
+        latency["per_user_output_tps_p50"] = float(np.percentile(user, 50)) if user.size else None
+    return latency, meeting
+
+
+def window_metrics(name: str, arrivals: tuple[float, float], lo: float, hi: float, num_gpus: int, slo: SLO | None,
+                   arrival: np.ndarray, first: np.ndarray, finish: np.ndarray, prompt: np.ndarray, out: np.ndarray,
+                   dropped_arrival: np.ndarray, definition: str,
+                   latencies: tuple[dict, int | None] | None = None) -> WindowMetrics:
+    """The figures of a window from the finished requests' arrays and the dropped ones' arrival times: latencies
+    of the requests arriving in ``arrivals`` = [from, to), throughput delivered in [lo, hi). ``latencies``: the
+    window's ``_latencies`` where the caller has them (the whole run's are the top-level ones)."""
+    dur = max(hi - lo, 0.0)
+    per_s = (lambda x: x / dur) if dur > 0 else (lambda x: 0.0)
+    a_lo, a_hi = arrivals
+    whole = name == "whole_run"  # the whole run holds every request, the last arrival included
+    if whole:
+        n_fin, n_drop = int(arrival.size), int(dropped_arrival.size)
+    else:
+        sel = (arrival >= a_lo) & (arrival < a_hi)
+        n_fin, n_drop = int(sel.sum()), int(((dropped_arrival >= a_lo) & (dropped_arrival < a_hi)).sum())
+    if latencies is None:
+        # the whole run reads the arrays themselves (no copies: this runs once per simulation over every request)
+        cols = (arrival, first, finish, out) if whole else (arrival[sel], first[sel], finish[sel], out[sel])
+        latencies = _latencies(*cols, slo)
+        del cols   # before the throughput's temporaries (peak memory)
+    latency, meeting = latencies
+    arrived = n_fin + n_drop
+    goodput = per_s(meeting) if meeting is not None else None
+    fraction = (meeting / arrived if arrived else None) if meeting is not None else None
     fin_ok = np.isfinite(first) & np.isfinite(finish)
-    if name == "whole_run":
+    if whole:
         tokens = float(out.sum())
     else:
         tokens = float(_delivered_tokens(first[fin_ok], finish[fin_ok], out[fin_ok], lo, hi).sum())
-    first_in = fin_ok & (first >= lo) & (first < hi) if name != "whole_run" else np.ones(arrival.size, bool)
+    first_in = fin_ok & (first >= lo) & (first < hi) if not whole else np.ones(arrival.size, bool)
     in_tok = float(prompt[first_in].sum())
-    fin_in = (finish >= lo) & (finish < hi) if name != "whole_run" else np.isfinite(finish)
+    fin_in = (finish >= lo) & (finish < hi) if not whole else np.isfinite(finish)
     g = 1.0 / max(num_gpus, 1)
     return WindowMetrics(
         window=name, definition=definition, start_s=float(lo), end_s=float(hi), duration_s=float(dur),
         arrivals_from_s=float(a_lo), arrivals_to_s=float(a_hi),
-        requests_arrived=arrived, requests_finished=int(sel.sum()), finished_fraction=(int(sel.sum()) / arrived) if arrived else None,
+        requests_arrived=arrived, requests_finished=n_fin, finished_fraction=(n_fin / arrived) if arrived else None,
         output_tokens=tokens, output_throughput=per_s(tokens), output_throughput_per_gpu=per_s(tokens) * g,
         input_throughput=per_s(in_tok), total_throughput_per_gpu=per_s(tokens + in_tok) * g,
         request_throughput=per_s(int(fin_in.sum())),
@@ -570,35 +585,17 @@ class MetricsCollector:
         def rate(x: float) -> float:
             return x / duration_s if duration_s > 0 else 0.0
 
-        ttft = first - arrival
-        e2e = finish - arrival
-        multi = out > 1
-        tpot = (finish[multi] - first[multi]) / (out[multi] - 1)
-        ok_ttft, ok_e2e, ok_tpot = np.isfinite(ttft), np.isfinite(e2e), np.isfinite(tpot)
         in_tok, out_tok = int(prompt.sum()), int(out.sum())
-        user_tps = 1.0 / tpot[ok_tpot & (tpot > 0)]
-
-        meeting = goodput = fraction = None
-        if slo is not None:
-            ok = ok_ttft & (ttft <= slo.ttft_s)
-            tpot_all = np.zeros(n_fin)
-            tpot_all[multi] = tpot  # single-token requests have no TPOT to miss
-            ok &= tpot_all <= slo.tpot_s
-            if slo.e2e_s is not None:
-                ok &= ok_e2e & (e2e <= slo.e2e_s)
-            meeting = int(ok.sum())
-            goodput = rate(meeting)
-            fraction = meeting / arrived if arrived else None
-            del ok, tpot_all
+        # the latency temporaries live only inside _latencies: one set alive at a time (peak memory)
+        latency, meeting = _latencies(arrival, first, finish, out, slo, p50=True)
+        goodput = rate(meeting) if meeting is not None else None
+        fraction = (meeting / arrived if arrived else None) if meeting is not None else None
 
         per_gpu = 1.0 / max(num_gpus, 1)
         steps = self.num_steps
-        latency = dict(ttft_s=Stat.of(ttft[ok_ttft]), tpot_s=Stat.of(tpot[ok_tpot]), e2e_s=Stat.of(e2e[ok_e2e]),
-                       per_user_output_tps_mean=float(user_tps.mean()) if user_tps.size else None,
-                       per_user_output_tps_p50=float(np.percentile(user_tps, 50)) if user_tps.size else None)
-        # the per-request temporaries go before the windows build theirs: one set alive at a time (peak memory)
-        del ttft, e2e, tpot, multi, ok_ttft, ok_e2e, ok_tpot, user_tps
-        windows = self._windows(num_gpus, slo, duration_s, steady_after_s, arrival, first, finish, prompt, out)
+        whole_latency = ({k: v for k, v in latency.items() if k != "per_user_output_tps_p50"}, meeting)
+        windows = self._windows(num_gpus, slo, duration_s, steady_after_s, arrival, first, finish, prompt, out,
+                                whole_latency)
         return SimMetrics(
             duration_s=duration_s,
             num_gpus=num_gpus,
@@ -639,8 +636,10 @@ class MetricsCollector:
             **windows,
         )
 
-    def _windows(self, num_gpus, slo, duration_s, steady_after_s, arrival, first, finish, prompt, out) -> dict:
-        """The whole-run and steady windows (module docstring), from the finished and dropped requests."""
+    def _windows(self, num_gpus, slo, duration_s, steady_after_s, arrival, first, finish, prompt, out,
+                 whole_latency) -> dict:
+        """The whole-run and steady windows (module docstring), from the finished and dropped requests;
+        ``whole_latency``: the top-level latencies and SLO count, which are the whole run's."""
         dropped = np.frombuffer(self._drop_arrival, float) if len(self._drop_arrival) else np.zeros(0)
         if arrival.size + dropped.size == 0:
             return {}
@@ -648,7 +647,8 @@ class MetricsCollector:
         args = (num_gpus, slo, arrival, first, finish, prompt, out, dropped)
         last = float(max(arrival.max(initial=start), dropped.max(initial=start)))
         whole = window_metrics("whole_run", (start, last), start, start + duration_s, *args,
-                               definition="whole run: first arrival to last finish (fill and drain included)")
+                               definition="whole run: first arrival to last finish (fill and drain included)",
+                               latencies=whole_latency)
         bounds = steady_bounds(np.concatenate([arrival, dropped]), finish, steady_after_s)
         if bounds is None:
             return {"whole_run": whole}
