@@ -22,10 +22,7 @@ import numpy as np
 
 from costmodels.batch import BatchShape, decodes_then_chunks
 from costmodels.calibration import CalibrationProfile
-from costmodels.hardware import Hardware
-from costmodels.layout import ParallelLayout
 from costmodels.memory import MemoryFit, memory_fit
-from costmodels.model_spec import ModelSpec
 from costmodels.ops import CATEGORIES, INF, AttnGeometry, OpCost, SortedSums, StepCost
 from costmodels.step_ops import A2A, KV_UP, SAMPLED, StepOps
 
@@ -40,23 +37,11 @@ _ZEROS = [0.0] * _TBL
 class StepCostModel(StepOps):
     """Step times of ``model`` on ``hw`` under ``layout``; everything that depends only on those is built once here."""
 
-    def __init__(
-        self,
-        model: ModelSpec,
-        hw: Hardware,
-        layout: ParallelLayout,
-        calibration: CalibrationProfile | None = None,
-        *,
-        dp_imbalance: float = 1.0,
-        expert_imbalance: float | None = None,
-        expert_load: Callable[[float], float] | None = None,
-    ):
-        super().__init__(model, hw, layout, calibration, dp_imbalance=dp_imbalance, expert_imbalance=expert_imbalance, expert_load=expert_load)
+    def _post_init(self) -> None:
+        """The notes, caches and fast-path tables (``StepOps.__init__`` takes the arguments and calls this last)."""
+        hw, layout = self.hw, self.layout
         self.notes = list(self.cal.notes)
-        if self.gemm_table_note():
-            self.notes.append(self.gemm_table_note())
-        if self.attention_table_note():
-            self.notes.append(self.attention_table_note())
+        self.notes += [n for n in (self.gemm_table_note(), self.attention_table_note()) if n]
         if hw.name.lower() != self.cal.measured_on.lower() and not any("scaled" in n for n in self.notes):
             self.notes.append(f"efficiencies measured on {self.cal.measured_on}, applied to {hw.name} datasheet ceilings (scaled by datasheet ratios)")
         if not hw.supports(layout.experts_dtype) or not hw.supports(layout.weight_dtype):

@@ -136,6 +136,10 @@ class StepOps:
         self._build_gemms()
         self._build_attention()
         self._build_comm_constants()
+        self._post_init()
+
+    def _post_init(self) -> None:
+        """Hook for subclasses: runs last in ``__init__``, once every op constant is built."""
 
     # ------------------------------------------------------------------ construction
     def _build_layers(self) -> None:
