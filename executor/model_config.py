@@ -129,11 +129,15 @@ class RopeConfig:
             partial_rotary_factor=prf,
         )
 
+    def _mscale(self, m: float) -> float:
+        """YaRN's ``yarn_get_mscale(factor, m)``: 0.1 m ln(factor) + 1, and 1 when factor <= 1."""
+        return 0.1 * m * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
+
     def attention_mscale(self) -> float:
         """YaRN's softmax-scale correction (DeepSeek-V3 modeling code: yarn_get_mscale(factor, mscale_all_dim))."""
-        if self.kind != "yarn" or self.factor <= 1 or not self.mscale_all_dim:
+        if self.kind != "yarn" or not self.mscale_all_dim:
             return 1.0
-        return 0.1 * self.mscale_all_dim * math.log(self.factor) + 1.0
+        return self._mscale(self.mscale_all_dim)
 
     def cos_sin_scale(self) -> float:
         """YaRN's scale of cos/sin (HF ``_compute_yarn_parameters``' attention_factor); 1 otherwise.
@@ -145,12 +149,9 @@ class RopeConfig:
             return 1.0
         if self.attention_factor is not None:
             return self.attention_factor
-
-        def ms(m: float) -> float:
-            return 0.1 * m * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
         if self.mscale and self.mscale_all_dim:
-            return ms(self.mscale) / ms(self.mscale_all_dim)
-        return ms(1.0)
+            return self._mscale(self.mscale) / self._mscale(self.mscale_all_dim)
+        return self._mscale(1.0)
 
 
 @dataclass
