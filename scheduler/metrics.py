@@ -257,14 +257,14 @@ def window_metrics(name: str, arrivals: tuple[float, float], lo: float, hi: floa
     arrived = n_fin + n_drop
     goodput = per_s(meeting) if meeting is not None else None
     fraction = (meeting / arrived if arrived else None) if meeting is not None else None
-    fin_ok = np.isfinite(first) & np.isfinite(finish)
-    if whole:
-        tokens = float(out.sum())
+    if whole:  # every token, prompt and finish is the run's: no masks
+        tokens, in_tok = float(out.sum()), float(prompt.sum())
+        n_fin_in = int(np.isfinite(finish).sum())
     else:
+        fin_ok = np.isfinite(first) & np.isfinite(finish)
         tokens = float(_delivered_tokens(first[fin_ok], finish[fin_ok], out[fin_ok], lo, hi).sum())
-    first_in = fin_ok & (first >= lo) & (first < hi) if not whole else np.ones(arrival.size, bool)
-    in_tok = float(prompt[first_in].sum())
-    fin_in = (finish >= lo) & (finish < hi) if not whole else np.isfinite(finish)
+        in_tok = float(prompt[fin_ok & (first >= lo) & (first < hi)].sum())
+        n_fin_in = int(((finish >= lo) & (finish < hi)).sum())
     g = 1.0 / max(num_gpus, 1)
     return WindowMetrics(
         window=name, definition=definition, start_s=float(lo), end_s=float(hi), duration_s=float(dur),
@@ -272,7 +272,7 @@ def window_metrics(name: str, arrivals: tuple[float, float], lo: float, hi: floa
         requests_arrived=arrived, requests_finished=n_fin, finished_fraction=(n_fin / arrived) if arrived else None,
         output_tokens=tokens, output_throughput=per_s(tokens), output_throughput_per_gpu=per_s(tokens) * g,
         input_throughput=per_s(in_tok), total_throughput_per_gpu=per_s(tokens + in_tok) * g,
-        request_throughput=per_s(int(fin_in.sum())),
+        request_throughput=per_s(n_fin_in),
         requests_meeting_slo=meeting, goodput=goodput, goodput_fraction=fraction, **latency,
     )
 
