@@ -207,8 +207,8 @@ def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None)
         thr.add_row(f"meets the SLO ({escape(spec.text())})", "yes" if ok else "[red]no[/]")
     price = _price(sc["hardware"])
     if price and m.output_throughput > 0:
-        usd = price * res.num_gpus / (m.output_throughput * 3600) * 1e6
-        thr.add_row("$ per million output tokens", f"{usd:,.3f} (at ${price:.2f}/GPU-hour)")
+        thr.add_row("$ per million output tokens",
+                    f"{_usd_per_million(price, res.num_gpus, m.output_throughput):,.3f} (at ${price:.2f}/GPU-hour)")
     thr.add_row("requests finished / dropped / unfinished", f"{m.requests_finished:,} / {m.requests_dropped:,} / {m.requests_unfinished:,}")
     if m.prefix_cache_hit_rate is not None:
         thr.add_row("prefix-cache hit rate", f"{100 * m.prefix_cache_hit_rate:.1f}%")
@@ -241,7 +241,7 @@ def steady_table(w, price: float | None, gpus: int) -> Table:
     if w.goodput_fraction is not None:
         t.add_row("goodput (% of the window's requests)", f"{100 * w.goodput_fraction:.1f}%")
     if price and w.output_throughput > 0:
-        t.add_row("$ per million output tokens", f"{price * gpus / (w.output_throughput * 3600) * 1e6:,.3f}")
+        t.add_row("$ per million output tokens", f"{_usd_per_million(price, gpus, w.output_throughput):,.3f}")
     t.add_row("window (s)", f"arrivals {w.arrivals_from_s:,.1f}-{w.arrivals_to_s:,.1f}, output {w.start_s:,.1f}-{w.end_s:,.1f}")
     return t
 
@@ -266,6 +266,11 @@ def get_hardware_measured(hardware: str) -> bool:
 
     hw = get_hardware(hardware)
     return hw.measured is not None and hw.name.lower() != "h200"
+
+
+def _usd_per_million(price_per_gpu_hour: float, gpus: int, output_tokens_per_s: float) -> float:
+    """$ per million output tokens for ``gpus`` GPUs at ``price_per_gpu_hour`` producing ``output_tokens_per_s``."""
+    return price_per_gpu_hour * gpus / (output_tokens_per_s * 3600) * 1e6
 
 
 def _price(hardware: str) -> float:
