@@ -21,15 +21,11 @@ import time
 
 import torch
 
-from benchmarks.gpu.bench_kernels import timed
+from benchmarks.gpu.bench_kernels import rel, timed
 from kernels import ops
 from kernels import reference as R
 
 E, TOPK, D, I = 256, 8, 7168, 2048
-
-
-def rel(a, b) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 def device_ms(fn, warm: int = 3, iters: int = 20, graph: bool = True) -> tuple[float, bool]:
