@@ -49,6 +49,19 @@ def build_cost_model(scenario: Scenario) -> EffectiveStepCost:
     return EffectiveStepCost(get_model(scenario.model), hw, scenario.layout, profile_for(hw, scenario.calibration))
 
 
+def run_seeds(scenario: Scenario) -> tuple[int, int]:
+    """(workload seed, backend seed): one seeded generator's first two draws, so the workload's and the
+    backends' streams do not depend on how many numbers the other consumes."""
+    rng = np.random.default_rng(scenario.seed)
+    workload_seed, backend_seed = (int(x) for x in rng.integers(0, 2**63 - 1, size=2))
+    return workload_seed, backend_seed
+
+
+def scenario_requests(scenario: Scenario) -> list[Request]:
+    """The requests ``simulate`` generates for ``scenario`` (a caller that wants to count them passes them in)."""
+    return generate(scenario.workload, np.random.default_rng(run_seeds(scenario)[0]), scenario.scheduler.block_size)
+
+
 def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[Request] | None = None,
              debug: bool | None = None) -> SimRun:
     """Run ``scenario`` to completion (every request finished or dropped) in the one simpy event loop.
@@ -63,10 +76,7 @@ def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[R
     num_blocks = fit.max_kv_tokens // sc.block_size
     cost = MemoStepCost(build_cost_model(scenario))
 
-    # one seeded generator; its first draws seed the workload and the backends, so their
-    # streams do not depend on how many numbers the other consumes
-    rng = np.random.default_rng(scenario.seed)
-    workload_seed, backend_seed = (int(x) for x in rng.integers(0, 2**63 - 1, size=2))
+    workload_seed, backend_seed = run_seeds(scenario)
     if requests is None:
         requests = generate(scenario.workload, np.random.default_rng(workload_seed), sc.block_size)
     rates = sc.effective_acceptance_rates()

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from sim.runner import simulate as run_sim
 from ui.cli import app
-from ui.cmd_simulate import effective_scenario, scenario_requests
+from sim.runner import scenario_requests
+from ui.cmd_simulate import effective_scenario
 
 runner = CliRunner()
 SHORT = ["simulate", "-n", "200"]

@@ -127,20 +127,6 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:,.1f}"
 
 
-def scenario_requests(sc) -> list:
-    """The requests ``sim.runner.simulate`` would generate for ``sc`` (its first seed draw seeds the workload).
-
-    Generated here so a progress bar can count them as they finish; a test checks the digest is
-    the one the runner gets generating them itself.
-    """
-    import numpy as np
-
-    from sim.workload import generate
-
-    workload_seed = int(np.random.default_rng(sc.seed).integers(0, 2**63 - 1, size=2)[0])
-    return generate(sc.workload, np.random.default_rng(workload_seed), sc.scheduler.block_size)
-
-
 def slo_spec(flag: str | None, plan: str | None, scenario: str | None, sc) -> SLOSpec | None:
     """The SLO the verdict uses: --slo, else the scenario's (its percentile where the file names one, else p90)."""
     if flag is not None:
@@ -351,7 +337,7 @@ def register(app: typer.Typer) -> None:
             print(yaml.safe_dump(data, sort_keys=False), end="")
             return
         from sim.export import to_json, write_csv, write_perfetto
-        from sim.runner import simulate as run
+        from sim.runner import scenario_requests, simulate as run
 
         spec = slo_spec(slo, plan, scenario, sc)
         if slo is not None:
