@@ -385,16 +385,29 @@ def _confirm(req, table, options, stats, model, hw, router, effects, ok, accepta
     i, plan, full = best
     outcomes[i] = full
     plan.predicted = _predicted(full, table.candidate(i), plan.gpus_used, "full-scale run of this plan")
-    plan.economics = economics(hw, req.prices, plan.gpus_used, req.gpus, full.thr_gpu * plan.gpus_used,
-                               stats.mean_prompt, stats.mean_output, stats.hit_fraction)
+    plan.economics = _economics(req, hw, stats, plan.gpus_used, full.thr_gpu)
     # the reasons are recomputed from the full-scale outcome, so each figure they print is the plan's own
     headline = (f"highest simulated output throughput per GPU ({full.thr_gpu:,.0f} tokens/s, this plan at full "
                 f"scale: {full.requests:,} requests, the run `twinfer simulate --plan` repeats) among the "
                 f"candidates meeting the SLO in simulation (screen predicted {table.cols['thr_gpu'][i]:,.0f})")
-    tail = [w for w in plan.why if w.startswith("uses ")]
-    plan.why = [headline] + why_it_won(table, options, i, ok, req.slo, outcomes, lambda x: meets(x, req.slo),
-                                        {p.option_index: p for p in points}) + tail
+    plan.why = _why(req, table, options, i, ok, outcomes, points, headline, table.candidate(i).gpus)
     return i, plan, runs
+
+
+def _economics(req: PlanRequest, hw, stats: WorkloadStats, gpus_used: int, thr_gpu: float) -> Economics:
+    """The plan's economics at ``thr_gpu`` output tokens/s per GPU on ``gpus_used`` GPUs."""
+    return economics(hw, req.prices, gpus_used, req.gpus, thr_gpu * gpus_used, stats.mean_prompt, stats.mean_output,
+                     stats.hit_fraction)
+
+
+def _why(req: PlanRequest, table: Table, options: list[LayoutOption], i: int, ok: np.ndarray, outcomes: dict[int, SimOutcome],
+         points: list, headline: str | None, gpus_used: int) -> list[str]:
+    """The plan's reasons: ``headline`` (if any), ``why_it_won``'s, then the GPUs of the budget it leaves unused."""
+    why = ([headline] if headline else []) + why_it_won(table, options, i, ok, req.slo, outcomes, lambda x: meets(x, req.slo),
+                                                         {p.option_index: p for p in points})
+    if gpus_used < req.gpus:
+        why.append(f"uses {gpus_used} of {req.gpus} GPUs: the remaining {req.gpus - gpus_used} cannot form another instance of this shape")
+    return why
 
 
 def _predicted(o: SimOutcome | None, cand: Candidate, gpus: int, what: str = "slice") -> Predicted:
@@ -486,15 +499,10 @@ def _make_plan(req: PlanRequest, cand: Candidate, options: list[LayoutOption], s
     wl = req.workload.model_copy(update={"rate": rate, "num_requests": n_plan, "duration_s": None}) if req.workload.kind != "trace" else req.workload
     eff = effects.model_copy(update={"eplb": dopt.eplb != "off", "table_placement": dopt.table_placement})
     gpus_used = cand.gpus
-    out_tps = thr_gpu * gpus_used
-    econ: Economics = economics(hw, req.prices, gpus_used, req.gpus, out_tps, stats.mean_prompt, stats.mean_output, stats.hit_fraction)
-    why = why_it_won(table, options, cand.row, ok, req.slo, outcomes, lambda x: meets(x, req.slo),
-                     {p.option_index: p for p in points})
-    if o is not None:
-        why.insert(0, f"highest simulated output throughput per GPU ({thr_gpu:,.0f} tokens/s) among the "
-                      f"candidates meeting the SLO in simulation (screen predicted {cand.thr_gpu:,.0f})")
-    if gpus_used < req.gpus:
-        why.append(f"uses {gpus_used} of {req.gpus} GPUs: the remaining {req.gpus - gpus_used} cannot form another instance of this shape")
+    econ = _economics(req, hw, stats, gpus_used, thr_gpu)
+    headline = None if o is None else (f"highest simulated output throughput per GPU ({thr_gpu:,.0f} tokens/s) among the "
+                                       f"candidates meeting the SLO in simulation (screen predicted {cand.thr_gpu:,.0f})")
+    why = _why(req, table, options, cand.row, ok, outcomes, points, headline, gpus_used)
     defaults = answer_changing_defaults(req, model, cand.draft_len, acceptance)
     name = f"{model.name}-{hw.name}-{req.gpus}gpu-{cand.mode}".lower()
     predicted = _predicted(o, cand, gpus_used)
