@@ -67,6 +67,11 @@ def loglog_interp(x: np.ndarray, xs: np.ndarray, ys: np.ndarray, work: np.ndarra
     return t, above | (x < xs[0])
 
 
+def gemm_bytes(m, n: int, k: int, weight_bytes_per_elem: float = 1.0):
+    """Bytes an ``M x N x K`` GEMM moves: its ``N x K`` weight, ``M x K`` FP8 activations in and ``M x N`` BF16 out."""
+    return n * k * weight_bytes_per_elem + m * (k + 2 * n)
+
+
 @dataclass
 class Series:
     """A time over one size (tokens per expert, rows), with the work that grows with it beyond the grid."""
@@ -96,7 +101,7 @@ class GemmTable:
 
     def _roofline(self, m, n, k):
         m = np.asarray(m, dtype=float)
-        byts = n * k * self.weight_bytes_per_elem + m * (k + 2 * n)
+        byts = gemm_bytes(m, n, k, self.weight_bytes_per_elem)
         return np.maximum(2.0 * m * n * k / self.peak_flops, byts / self.hbm_bw)
 
     def nearest(self, n: int, k: int) -> tuple[int, int]:
@@ -218,7 +223,7 @@ def _masked_tables(path: Path) -> dict[tuple[int, int, int], Series]:
     for (n, k, g), pts in sorted(fams.items()):
         pts.sort()
         out[(n, k, g)] = Series(np.array([p[0] for p in pts]), np.array([p[1] for p in pts]),
-                                lambda m, g=g, n=n, k=k: g * (n * k + np.asarray(m, float) * (k + 2 * n)),
+                                lambda m, g=g, n=n, k=k: g * gemm_bytes(np.asarray(m, float), n, k),
                                 f"deepgemm masked grouped FP8 GEMM {g} experts x {n}x{k}")
     return out
 
@@ -297,7 +302,7 @@ class TableGemms:
             for n, k in self.shapes[row]:
                 t = self.table.time(mp, n, k).seconds
                 if not self.same_gpu:
-                    byts = n * k * self.table.weight_bytes_per_elem + mp * (k + 2 * n)
+                    byts = gemm_bytes(mp, n, k, self.table.weight_bytes_per_elem)
                     t = np.maximum.reduce([t * self.table.peak_flops / self.target_flops,
                                            byts / (self.mem_eff * self.target_bw),
                                            2.0 * mp * n * k / (self.compute_eff * self.target_flops)])
