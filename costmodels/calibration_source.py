@@ -104,8 +104,3 @@ def _small_gemm_half(sg: dict, mem_eff: float, hw: Hardware) -> float:
     if not 0 < eff < mem_eff:
         raise TwinferError(f"{hw.name}: measured.small_gemm implies {eff:.2f} of peak HBM bandwidth, not below the copy efficiency {mem_eff:.2f}")
     return w * (mem_eff / eff - 1)
-
-
-def efficiency_sources(cal: CalibrationProfile) -> list[str]:
-    """The lines that say where each efficiency of ``cal`` comes from (its notes)."""
-    return list(cal.notes)
