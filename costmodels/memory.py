@@ -131,6 +131,14 @@ def per_rank_share(instance_limit: int, ranks: int) -> int:
     return -(-int(instance_limit) // max(int(ranks), 1))
 
 
+def instance_workspace_bytes(model: ModelSpec, layout: ParallelLayout, max_batched_tokens: int, max_running_requests: int,
+                             sched_ranks: int | None = None) -> float:
+    """:func:`workspace_bytes` per GPU for a scheduler's instance-wide limits over ``sched_ranks`` attention-DP ranks
+    (default ``layout.dp``): each GPU reserves its rank's :func:`per_rank_share`."""
+    ranks = layout.dp if sched_ranks is None else sched_ranks
+    return workspace_bytes(model, layout, per_rank_share(max_batched_tokens, ranks), per_rank_share(max_running_requests, ranks))
+
+
 def workspace_bytes(model: ModelSpec, layout: ParallelLayout, max_batched_tokens: int, max_running_requests: int) -> float:
     """Activation/workspace reserve per GPU, for one attention-DP rank's limits (:func:`per_rank_share` of the instance's).
 
@@ -197,8 +205,7 @@ class MemoryFit(BaseModel):
                                  max_running_requests: int, sched_ranks: int | None = None) -> int:
         """KV tokens per DP rank if the workspace were sized for these scheduler limits instead (same rules as
         :func:`memory_fit`: instance limits over ``sched_ranks`` ranks, default ``layout.dp``)."""
-        ranks = layout.dp if sched_ranks is None else sched_ranks
-        ws = workspace_bytes(model, layout, per_rank_share(max_batched_tokens, ranks), per_rank_share(max_running_requests, ranks))
+        ws = instance_workspace_bytes(model, layout, max_batched_tokens, max_running_requests, sched_ranks)
         pool = self.kv_pool_bytes + self.workspace_bytes - ws
         if pool <= 0 or self.kv_bytes_per_token <= 0:
             return 0
@@ -265,8 +272,7 @@ def memory_fit(
         from twinfer.errors import TwinferError
         raise TwinferError(f"mem_fraction must be in (0, 1], got {mem_fraction}")
     usable = hw.hbm_bytes * mem_fraction
-    ranks = layout.dp if sched_ranks is None else sched_ranks
-    ws = workspace_bytes(model, layout, per_rank_share(max_batched_tokens, ranks), per_rank_share(max_running_requests, ranks))
+    ws = instance_workspace_bytes(model, layout, max_batched_tokens, max_running_requests, sched_ranks)
     shard = kv_shard_divisor(model, layout)
     stages = stage_weight_bytes(model, layout)
     best = None  # (tokens, stage index, weights, per_tok, fixed)
