@@ -19,8 +19,8 @@ CONFIRM_RATE_STEPS = (1.0, 0.8)  # of the rate the slice met the SLO at
 CONFIRM_MAX_RUNS = 3            # full-scale runs at most (an agentic 72-GPU plan's run costs ~35 s CPU)
 
 
-def confirm_plan(plan: Plan, row: int, table_rate: float, percentile: int) -> tuple[SimOutcome, object]:
-    """The full-scale run of ``plan`` as a SimOutcome (its steady window) and the SimResult."""
+def confirm_plan(plan: Plan, row: int, table_rate: float, percentile: int) -> SimOutcome:
+    """The full-scale run of ``plan`` as a SimOutcome (its steady window)."""
     from sim.runner import simulate
 
     t0 = time.perf_counter()
@@ -28,6 +28,5 @@ def confirm_plan(plan: Plan, row: int, table_rate: float, percentile: int) -> tu
     m = result.metrics
     w = m.steady or m.whole_run
     rate = plan.workload.rate or 0.0
-    o = outcome_of(w, row, rate / table_rate if table_rate > 0 else 1.0, percentile, 1.0, result.num_gpus,
-                   result.num_requests, float(result.num_gpus), rate, result.digest, time.perf_counter() - t0)
-    return o, result
+    return outcome_of(w, row, rate / table_rate if table_rate > 0 else 1.0, percentile, 1.0, result.num_gpus,
+                      result.num_requests, float(result.num_gpus), rate, result.digest, time.perf_counter() - t0)

@@ -374,7 +374,7 @@ def _confirm(req, table, options, stats, model, hw, router, effects, ok, accepta
         for step in CONFIRM_RATE_STEPS:
             plan = _make_plan(req, table.candidate(i), options, stats, model, hw, router, effects, o, table, ok, acceptance,
                               outcomes, points, rate_scale=step)
-            full, _ = confirm_plan(plan, i, float(table.cols["rate"][i]), req.slo_percentile)
+            full = confirm_plan(plan, i, float(table.cols["rate"][i]), req.slo_percentile)
             runs.append((i, full))
             if meets(full, req.slo):
                 if best is None or full.thr_gpu > best[2].thr_gpu:
