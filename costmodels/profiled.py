@@ -22,6 +22,14 @@ def reduced_model(name: str, num_layers: int | None = None):
     return spec.model_copy(update={"num_layers": num_layers, "layer_kinds": kinds})
 
 
+def _fold(v: np.ndarray) -> np.ndarray:
+    """The fitted categories' times (FIT_CATEGORIES) from a cost-model category vector (``CATEGORY_FOLD``)."""
+    out = np.zeros(len(FIT_CATEGORIES))
+    for i in range(6):
+        out[CATEGORY_FOLD[i]] += v[i]
+    return out
+
+
 class ProfiledStepCost:
     """Runner step time of a measured engine: the StepCost interface the simulator uses.
 
@@ -62,13 +70,10 @@ class ProfiledStepCost:
         new = np.asarray(new, np.int64)
         ctx = np.asarray(ctx, np.int64)
         dec = np.asarray(dec, bool)
-        out = np.zeros(len(FIT_CATEGORIES))
         if new.size == 0:
-            return out
+            return np.zeros(len(FIT_CATEGORIES))
         draft = b.draft_of(new, dec)
-        v = b.nonattn(*b.counts(new, ctx, dec, draft), 1.0)
-        for i in range(6):
-            out[CATEGORY_FOLD[i]] += v[i]
+        out = _fold(b.nonattn(*b.counts(new, ctx, dec, draft), 1.0))
         if dec.any():
             a = b.attention(new[dec], ctx[dec], dec[dec], draft, 1.0, None)
             out[0] += a[0] + a[1]
@@ -86,10 +91,7 @@ class ProfiledStepCost:
         if got is None:
             g = 1 + draft_len
             v = self.base.nonattn(float(pad * g), float(pad * g), float(n * g), float(pad), float(draft_len), 0.0, 1.0)
-            cats = np.zeros(len(FIT_CATEGORIES))
-            for i in range(6):
-                cats[CATEGORY_FOLD[i]] += v[i]
-            got = (cats, float(v[:6].sum()))
+            got = (_fold(v), float(v[:6].sum()))
             self._dec[key] = got
         return got
 
