@@ -19,14 +19,16 @@ CONFIRM_RATE_STEPS = (1.0, 0.8)  # of the rate the slice met the SLO at
 CONFIRM_MAX_RUNS = 3            # full-scale runs at most (an agentic 72-GPU plan's run costs ~35 s CPU)
 
 
-def confirm_plan(plan: Plan, row: int, table_rate: float, percentile: int) -> SimOutcome:
-    """The full-scale run of ``plan`` as a SimOutcome (its steady window)."""
+def confirm_plan(plan: Plan, row: int, table_rate: float, percentile: int) -> SimOutcome | None:
+    """The full-scale run of ``plan`` as a SimOutcome (its steady window); None when no request finished."""
     from sim.runner import simulate
 
     t0 = time.perf_counter()
     result = simulate(plan.to_scenario()).result
     m = result.metrics
     w = m.steady or m.whole_run
+    if w is None:
+        return None
     rate = plan.workload.rate or 0.0
     return outcome_of(w, row, rate / table_rate if table_rate > 0 else 1.0, percentile, 1.0, result.num_gpus,
                       result.num_requests, float(result.num_gpus), rate, result.digest, time.perf_counter() - t0)

@@ -366,15 +366,20 @@ def _confirm(req, table, options, stats, model, hw, router, effects, ok, accepta
     are optimistic: full scale adds the router and the ranks a slice mirrors).
 
     The winner's outcome in ``outcomes`` becomes its full-scale one, so every table shows the plan's figure."""
-    runs, best = [], None
+    runs, best, attempts = [], None, 0
     for i in rows:
         o = outcomes[i]
-        if (best is not None and o.thr_gpu <= best[2].thr_gpu) or len(runs) >= CONFIRM_MAX_RUNS:
+        if (best is not None and o.thr_gpu <= best[2].thr_gpu) or attempts >= CONFIRM_MAX_RUNS:
             break
         for step in CONFIRM_RATE_STEPS:
+            if attempts >= CONFIRM_MAX_RUNS:   # the limit holds across a candidate's rate steps too
+                break
+            attempts += 1
             plan = _make_plan(req, table.candidate(i), options, stats, model, hw, router, effects, o, table, ok, acceptance,
                               outcomes, points, rate_scale=step)
             full = confirm_plan(plan, i, float(table.cols["rate"][i]), req.slo_percentile)
+            if full is None:     # nothing finished at full scale: a miss
+                continue
             runs.append((i, full))
             if meets(full, req.slo):
                 if best is None or full.thr_gpu > best[2].thr_gpu:

@@ -115,3 +115,20 @@ def test_ui_what_if_baseline_is_the_plans_figure(report):
     assert row["window"] == "steady"
     assert row["output tok/s per GPU"] == pytest.approx(plan.predicted.output_tokens_per_s_per_gpu, rel=1e-12)
     assert row["TTFT p90 (s)"] == pytest.approx(plan.predicted.ttft_s, rel=1e-12)
+
+
+def test_full_scale_confirmation_runs_are_capped_and_a_run_with_nothing_finished_is_a_miss(monkeypatch):
+    import planner.search as search
+    from planner.confirm import CONFIRM_MAX_RUNS
+    calls = []
+
+    def nothing_finished(plan, row, table_rate, percentile):
+        calls.append(row)
+        return None
+
+    monkeypatch.setattr(search, "confirm_plan", nothing_finished)
+    req = PlanRequest.model_validate(dict(
+        model="qwen3-30b-a3b", hardware="h200", gpus=8, workload=preset("chat"), slo={"ttft_s": 2.0, "tpot_s": 0.05},
+        simulate_top=3, sim_requests=300))
+    rep = plan_deployment(req, workers=1)
+    assert 1 <= len(calls) <= CONFIRM_MAX_RUNS and rep.recommended is None
