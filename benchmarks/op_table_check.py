@@ -84,11 +84,45 @@ def summary(rows: list[dict]) -> list[dict]:
     return out
 
 
+BASE_SHAPES = {(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (36864, 7168), (7168, 18432), (4096, 7168),
+               (7168, 2048)}
+
+
+def held_out() -> list[str]:
+    """What the rules for unmeasured shapes predict for measured data they are not given: the TP-shard GEMMs from
+    the 8 base shapes alone, and each MLA head count from the next measured one."""
+    import copy
+    tables = op_table.load("H200")
+    g = tables.gemm["deepgemm", "fp8"]
+    held = copy.copy(g)
+    held.families = {f: v for f, v in g.families.items() if f in BASE_SHAPES}
+    out, buckets = [], {"M <= 128": [], "128 < M < 4096": [], "M >= 4096": []}
+    for fam, (ms, ts) in g.families.items():
+        if fam not in BASE_SHAPES:
+            for m, t in zip(ms, ts):
+                key = "M <= 128" if m <= 128 else ("M >= 4096" if m >= 4096 else "128 < M < 4096")
+                buckets[key].append(held.time(m, *fam).seconds[0] / t)
+    for key, v in buckets.items():
+        v = np.array(v)
+        out.append(f"held-out TP-shard GEMMs, {key}: n={v.size}, median {np.median(v):.2f}x, p10 {np.percentile(v, 10):.2f}x, "
+                   f"p90 {np.percentile(v, 90):.2f}x, within 15%: {int((abs(v - 1) <= 0.15).sum())}/{v.size}")
+    for h, above in ((16, 32), (32, 64), (64, 128)):
+        mine, nxt = tables.mla_decode[h], tables.mla_decode[above]
+        r = np.array([nxt.time([b], [c]).seconds[0] / mine.seconds[i, j]
+                      for i, b in enumerate(mine.xs) for j, c in enumerate(mine.ys)])
+        out.append(f"held-out MLA {h} heads from the measured {above}: median {np.median(r):.2f}x, "
+                   f"range {r.min():.2f}-{r.max():.2f}x")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tp", default="1,2,4,8")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--held-out", action="store_true", help="also the rules for unmeasured shapes on measured data they did not see")
     args = ap.parse_args()
+    if args.held_out:
+        print("\n".join(held_out()))
     rows = compare([int(t) for t in args.tp.split(",")])
     summ = summary(rows)
     if args.json:

@@ -32,6 +32,12 @@ from costmodels.hardware import get_hardware
 
 DATA = Path(__file__).parent / "data" / "op_tables"
 MEASURED, EXTRAPOLATED, SCALED = "measured", "extrapolated", "scaled"
+# An unmeasured GEMM shape takes the nearest measured shape's time times (roofline + L) / (roofline_near + L):
+# a kernel has a fixed latency that does not shrink with its work. L was chosen leaving one of the 8 base
+# DeepSeek-V3 shapes out at a time (8 us: mean |log error| 0.086 vs 0.205 without it) and then checked on the
+# 273 TP-shard rows it never saw (M <= 128: median 1.07x, p10 0.88x, p90 1.35x; pure roofline scaling gave
+# median 0.88x, p10 0.28x): benchmarks/op_table_check.py --held-out.
+SCALE_LATENCY_S = 8e-6
 
 
 @dataclass(frozen=True)
@@ -120,9 +126,10 @@ class GemmTable:
         src = np.where(extra, EXTRAPOLATED, MEASURED).astype(object)
         detail = f"{self.lib} {self.dtype} GEMM table, N x K {fam[0]}x{fam[1]}"
         if fam != (n, k):
-            t = t * self._roofline(m, n, k) / work
+            lat = SCALE_LATENCY_S
+            t = t * (self._roofline(m, n, k) + lat) / (work + lat)
             src[:] = SCALED
-            detail += f" scaled by roofline to {n}x{k}"
+            detail += f" scaled by roofline + {lat * 1e6:g} us latency to {n}x{k}"
         return Lookup(t, src, detail)
 
 
@@ -319,7 +326,7 @@ class TableMLA:
 
     FlashMLA splits the whole batch's KV over the SMs, so its time follows the batch and its total KV: a
     step's decodes are looked up at (batch, mean context). ``heads`` query heads per GPU that were not
-    measured take the nearest measured count's time scaled by the head ratio. Lookups are bilinear in
+    measured take the next measured count's time (scaled by the head ratio only above the largest). Lookups are bilinear in
     log(batch)-log(context)-log(time) (``GridTable.time``'s arithmetic; beyond the largest batch or context
     the time grows with the KV read). On another GPU the time transfers as
 
@@ -343,7 +350,9 @@ class TableMLA:
         self._lx = [float(v) for v in np.log(self.table.xs)]
         self._ly = [float(v) for v in np.log(self.table.ys)]
         self._lt = [[float(v) for v in row] for row in np.log(self.table.seconds)]
-        self._scale = self.heads / self.table_heads
+        # FlashMLA pads query heads to its tile: 16, 32 and 64 heads measured within ~10% of each other, so only
+        # a count beyond the largest measured one scales (by the head ratio); others take the nearest count's time
+        self._scale = max(1.0, self.heads / self.table_heads)
         self._nlx, self._nly, self._nlt = np.array(self._lx), np.array(self._ly), np.array(self._lt)
 
     @staticmethod
@@ -391,10 +400,11 @@ class TableMLA:
 
 def mla_decode_table(tables: OpTables | None, heads: float, target_bf16_flops: float, target_bw: float,
                      mem_eff: float, compute_eff: float) -> TableMLA | None:
-    """The FlashMLA decode table for ``heads`` query heads per GPU (nearest measured count), or None when none was measured."""
+    """The FlashMLA decode table for ``heads`` query heads per GPU, or None when none was measured."""
     if tables is None or not tables.mla_decode or heads <= 0:
         return None
-    near = min(sorted(tables.mla_decode), key=lambda h: abs(math.log(h / heads)))
+    # the smallest measured count at or above ``heads`` (FlashMLA pads heads to its tile), else the largest
+    near = min((h for h in tables.mla_decode if h >= heads), default=max(tables.mla_decode))
     measured = get_hardware(tables.gpu)
     peak = measured.bf16_tflops * 1e12
     same = peak == target_bf16_flops and measured.hbm_bw == target_bw

@@ -273,8 +273,10 @@ class StepOps:
         t = self.mla_table
         if t is None:
             return None
-        heads = f"{t.heads:g} query heads/GPU" + ("" if t.heads == t.table_heads else
-                                                   f" (scaled by the head ratio from the measured {t.table_heads})")
+        heads = f"{t.heads:g} query heads/GPU" + (
+            "" if t.heads == t.table_heads else
+            f" (the measured {t.table_heads}'s time: FlashMLA pads heads to its tile)" if t.heads < t.table_heads else
+            f" (scaled by the head ratio from the measured {t.table_heads})")
         how = "measured" if t.same_gpu else (f"transferred from {t.measured_on}: fixed part scaled by the BF16 peak "
                                              "ratio, bounded by this GPU's bandwidth and math ceilings")
         return (f"MLA decode attention (dense latent layers, one query per request) from the FlashMLA device-time table "

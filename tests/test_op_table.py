@@ -168,7 +168,8 @@ def test_h800_transfer_against_deepgemm_published_h800_table(tables):
 
 def test_mla_decode_scalar_and_array_lookups_are_the_grid_tables(tables):
     """TableMLA (the cost model's per-step lookup) answers GridTable.time's bilinear log-log values, on and off
-    the grid and beyond it; an unmeasured head count takes the nearest measured one scaled by the head ratio."""
+    the grid and beyond it; an unmeasured head count takes the next measured count's time (FlashMLA pads heads to
+    its tile), scaled by the head ratio only beyond the largest measured count."""
     from costmodels.hardware import get_hardware
     from costmodels.op_table import mla_decode_table
     h200 = get_hardware("H200")
@@ -179,9 +180,12 @@ def test_mla_decode_scalar_and_array_lookups_are_the_grid_tables(tables):
     grid = tables.mla_decode[16].time([p[0] for p in pts], [p[1] for p in pts]).seconds
     assert [t16.at(b, c, 0.0, 0.0) for b, c in pts] == pytest.approx(grid.tolist(), rel=1e-12)
     assert t16.many([p[0] for p in pts], [p[1] for p in pts], 0.0, 0.0).tolist() == pytest.approx(grid.tolist(), rel=1e-12)
-    t24 = mla_decode_table(tables, 24, *args)                   # 24 heads: nearest measured 32 (log distance)
+    t24 = mla_decode_table(tables, 24, *args)                   # 24 heads: the measured 32's time
     assert t24.table_heads == 32 and t24.at(64, 4096, 0, 0) == pytest.approx(
-        0.75 * float(tables.mla_decode[32].time([64], [4096]).seconds[0]), rel=1e-12)
+        float(tables.mla_decode[32].time([64], [4096]).seconds[0]), rel=1e-12)
+    t256 = mla_decode_table(tables, 256, *args)                 # beyond the largest: 128's time x 2
+    assert t256.table_heads == 128 and t256.at(64, 4096, 0, 0) == pytest.approx(
+        2 * float(tables.mla_decode[128].time([64], [4096]).seconds[0]), rel=1e-12)
     assert mla_decode_table(None, 16, *args) is None
 
 
@@ -204,3 +208,23 @@ def test_mla_decode_transfer_keeps_small_batches_and_pays_bandwidth_on_a_smaller
     b = np.array([1.0, 64.0, 256.0])
     c = np.array([4096.0, 8192.0, 32768.0])
     assert t800.many(b, c, *work(b, c)).tolist() == pytest.approx([t800.at(x, y, *work(x, y)) for x, y in zip(b, c)], rel=1e-12)
+
+
+def test_held_out_head_counts_and_gemm_shapes(tables):
+    """The rules for what was not measured, checked on measured data they were not given: each of 16/32 heads
+    from the next measured count (head-ratio scaling was off by ~2x: 16 heads run as fast as 32 and 64); the
+    TP-shard GEMM shapes from the 8 base shapes alone (pure roofline scaling had p10 0.28x at M <= 128)."""
+    import copy
+    for h, above in ((16, 32), (32, 64)):
+        mine, nxt = tables.mla_decode[h], tables.mla_decode[above]
+        r = np.array([nxt.time([b], [c]).seconds[0] / mine.seconds[i, j]
+                      for i, b in enumerate(mine.xs) for j, c in enumerate(mine.ys)])
+        assert 0.9 <= float(np.median(r)) <= 1.15 and r.min() > 0.75 and r.max() < 1.4
+    g = tables.gemm["deepgemm", "fp8"]
+    base = {(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (36864, 7168), (7168, 18432), (4096, 7168), (7168, 2048)}
+    held = copy.copy(g)
+    held.families = {f: v for f, v in g.families.items() if f in base}
+    small = np.array([held.time(m, *fam).seconds[0] / t for fam, (ms, ts) in g.families.items() if fam not in base
+                      for m, t in zip(ms, ts) if m <= 128])
+    assert small.size == 120 and 0.9 <= float(np.median(small)) <= 1.15
+    assert np.percentile(small, 10) > 0.8 and np.percentile(small, 90) < 1.4
