@@ -110,3 +110,36 @@ def dispatch_rows_per_token(n_experts: int, top_k: int, ep: int, n_group: int = 
             miss *= max(cand - e - i, 0.0) / (cand - i) if cand - i > 0 else 0.0
         p = (1.0 - miss) * ranks / ep
     return min((ep - 1) * min(1.0, p), top_k * (ep - 1) / ep)  # never more than a copy per expert
+
+
+# Bytes on the wire per hidden value of an EP dispatch payload (the combine returns BF16).
+DISPATCH_BYTES_PER_VALUE = {
+    "bf16": 2.0,
+    # DeepEP's FP8 dispatch: e4m3 values with one fp32 scale per 1x128 block (DeepEP README, low-latency kernels)
+    "fp8": 1.0 + 4.0 / 128,
+    # NVFP4: e2m1 values with one FP8 (e4m3) scale per 16-value block = 4.5 bits/value (NVIDIA, "Introducing
+    # NVFP4 for Efficient and Accurate Low-Precision Inference", 2025; the per-tensor fp32 scale is negligible)
+    "nvfp4": 0.5 + 1.0 / 16,
+}
+
+
+def dispatch_payload_dtype(layout) -> str:
+    """The dispatch payload a layout sends: ``layout.dispatch_dtype``, else FP8 for FP8/FP4 experts (DeepEP's
+    FP8 dispatch) and BF16 otherwise."""
+    if layout.dispatch_dtype is not None:
+        return layout.dispatch_dtype
+    return "fp8" if layout.experts_dtype in ("fp8", "fp4") else "bf16"
+
+
+def combine_hidden_under_down(combine_s, down_s, chunks):
+    """Seconds of the combine that hide under the down GEMM when each chunk's combine sends start as soon as
+    the down GEMM finishes that chunk (single-batch overlap: DeepEP PR #390 / #483, SGLang PR #9660; the GEMM
+    signals per expert and the combine polls the signal).
+
+    Two ops pipelined over ``chunks`` pieces take ``max(a, b) + min(a, b) / chunks`` instead of ``a + b``, so
+    ``min(a, b) * (1 - 1 / chunks)`` is hidden: the first chunk's GEMM and the last chunk's sends stay exposed.
+    Floats or arrays (elementwise); ``chunks`` below 1 counts as 1 (nothing to pipeline, nothing hidden).
+    """
+    k = np.maximum(np.asarray(chunks, float), 1.0)
+    hidden = np.minimum(combine_s, down_s) * (1.0 - 1.0 / k)
+    return hidden if isinstance(hidden, np.ndarray) and hidden.ndim else float(hidden)

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializationInfo, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 DType = Literal["bf16", "fp8", "fp4"]
+CommOverlap = Literal["none", "combine_down", "tbo"]
+DispatchDType = Literal["bf16", "fp8", "nvfp4"]
+OffloadScope = Literal["routed_experts", "moe"]
+
+# Knobs added after results were first digested: left out of dumps while at their defaults, so a
+# layout that does not use them serialises (and digests) exactly as before they existed.
+_OMIT_AT_DEFAULT = ("comm_overlap", "dispatch_dtype", "offload_fraction", "offload_scope")
 
 
 class ParallelLayout(BaseModel):
@@ -28,6 +35,23 @@ class ParallelLayout(BaseModel):
     kv_dtype: DType = Field("bf16", description="dtype of the KV cache")
     two_micro_batch: bool = Field(False, description="overlap MoE all-to-all with compute using two micro-batches")
     eplb_redundant_experts: int = Field(0, ge=0, le=4096, description="extra expert replicas (EPLB)")
+    comm_overlap: CommOverlap | None = Field(
+        None,
+        description="how the EP all-to-all overlaps compute: none | combine_down (each expert's combine sends start "
+        "as its down GEMM finishes: single-batch overlap) | tbo (two micro-batches); unset: tbo when "
+        "two_micro_batch, else none",
+    )
+    dispatch_dtype: DispatchDType | None = Field(
+        None,
+        description="EP dispatch payload: bf16 | fp8 (1x128 blocks, fp32 scales) | nvfp4 (16-value blocks, FP8 scales: "
+        "4.5 bits/value; needs fp4 experts); unset: fp8 when experts are fp8/fp4, else bf16",
+    )
+    offload_fraction: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="share of the offload_scope weights of each MoE layer kept in host memory and prefetched over the "
+        "host link one layer ahead (0: all in HBM)",
+    )
+    offload_scope: OffloadScope = Field("routed_experts", description="which weights offload_fraction applies to: routed_experts | moe (routed + shared experts)")
 
     @model_validator(mode="after")
     def _check_ep(self) -> "ParallelLayout":
@@ -37,6 +61,35 @@ class ParallelLayout(BaseModel):
                 f"ep={self.ep} must divide tp*dp={width} (experts are spread over the attention GPUs of a stage)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _check_overlap(self) -> "ParallelLayout":
+        """comm_overlap and the older two_micro_batch flag must agree; ``tbo`` sets the flag the step model reads."""
+        if self.comm_overlap == "tbo":
+            self.two_micro_batch = True
+        elif self.comm_overlap is not None and self.two_micro_batch:
+            raise ValueError(f"comm_overlap={self.comm_overlap} contradicts two_micro_batch=true (that is comm_overlap=tbo); set one")
+        if self.dispatch_dtype == "nvfp4" and self.experts_dtype != "fp4":
+            raise ValueError(f"dispatch_dtype=nvfp4 needs fp4 experts (W4A4 grouped GEMM); expert dtype is {self.experts_dtype}: "
+                             "set expert_dtype: fp4, or dispatch_dtype bf16/fp8")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo):
+        """The fields, less the newer knobs still at their defaults (see ``_OMIT_AT_DEFAULT``)."""
+        out = handler(self)
+        if isinstance(out, dict):
+            for name in _OMIT_AT_DEFAULT:
+                if name in out and getattr(self, name) == type(self).model_fields[name].default:
+                    del out[name]
+        return out
+
+    @property
+    def overlap(self) -> CommOverlap:
+        """The all-to-all overlap in force (``comm_overlap``, or what ``two_micro_batch`` says)."""
+        if self.comm_overlap is not None:
+            return self.comm_overlap
+        return "tbo" if self.two_micro_batch else "none"
 
     @property
     def gpus(self) -> int:
@@ -63,4 +116,7 @@ class ParallelLayout(BaseModel):
             parts.append(f"EP{self.ep}")
         if self.pp > 1:
             parts.append(f"PP{self.pp}")
-        return "x".join(parts) + f" {self.weight_dtype}"
+        extra = ""
+        if self.offload_fraction:
+            extra = f" offload {self.offload_fraction:.0%} {'MoE' if self.offload_scope == 'moe' else 'experts'}"
+        return "x".join(parts) + f" {self.weight_dtype}" + extra

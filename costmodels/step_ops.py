@@ -34,9 +34,14 @@ from typing import Callable
 
 import numpy as np
 
+from twinfer.errors import TwinferError
+
 from costmodels.calibration import CalibrationProfile
 from costmodels.calibration_source import profile_for
-from costmodels.comm import allgather_time, allreduce_time, alltoall_time, dispatch_rows_per_token, p2p_time
+from costmodels.comm import (
+    DISPATCH_BYTES_PER_VALUE, allgather_time, allreduce_time, alltoall_time, combine_hidden_under_down, dispatch_payload_dtype,
+    dispatch_rows_per_token, p2p_time,
+)
 from costmodels.hardware import Hardware
 from costmodels.layout import ParallelLayout
 from costmodels.memory import indexer_kv_bytes_per_token, kv_bytes_per_token_layer, kv_shard_divisor, mtp_kind
@@ -285,7 +290,11 @@ class StepOps:
 
     def _build_comm_constants(self) -> None:
         m, lay, hw = self.model, self.layout, self.hw
-        self.disp_bytes = (1.0 + 4.0 / 128) if lay.experts_dtype in ("fp8", "fp4") else 2.0  # DeepEP FP8 dispatch with 1x128 scales
+        self.disp_dtype = dispatch_payload_dtype(lay)
+        if self.disp_dtype == "nvfp4" and m.moe and lay.ep > 1 and not hw.supports("fp4"):
+            raise TwinferError(f"layout.dispatch_dtype: nvfp4 needs FP4 tensor cores (NVFP4 activations feed a W4A4 grouped "
+                               f"GEMM) and {hw.name} has none; allowed on {hw.name}: bf16, fp8")
+        self.disp_bytes = DISPATCH_BYTES_PER_VALUE[self.disp_dtype]  # per hidden value (DeepEP FP8 by default)
         self.pp_cross = lay.tp * lay.dp * lay.pp > hw.scaleup_domain
         self.h = m.hidden_size
         # remote copies per token of an EP dispatch: decode steps use DeepEP's low-latency kernels (a copy per
@@ -410,6 +419,25 @@ class StepOps:
         return _terms([(name, COMM, np.where(pos, k, 0), 0.0, np.where(pos, k * b, 0.0), np.where(pos, k * t, 0.0), a)
                        for name, k, b, t, a in rows], tok.size)
 
+    def overlap_combine_down(self, experts: Terms, comm: Terms, x: np.ndarray) -> None:
+        """With ``comm_overlap: combine_down``, take off the combine rows of ``comm`` (in place) the seconds that hide
+        under the down GEMM of ``experts`` (same layers, ``x`` instance tokens): ``comm.combine_hidden_under_down``
+        pipelined over the experts touched per rank (each expert's finished down GEMM releases its combine sends).
+
+        The down GEMM is taken as a third of the grouped expert GEMM time (it holds a third of the weights and
+        FLOPs); SM sharing between the GEMM and the sends is not modelled (an assumption: DeepEP's combine uses
+        few SMs)."""
+        if self.layout.overlap != "combine_down" or not self.model.moe or self.layout.ep <= 1 or not experts.names:
+            return
+        rows = [i for i, n in enumerate(comm.names) if "ep_combine(" in n]
+        if not rows:
+            return
+        down = experts.time.sum(axis=0) / 3.0
+        touched = self.e_local * (1.0 - (1.0 - 1.0 / self.e_total) ** (x * self.model.moe.top_k))
+        for i in rows:
+            comm.time[i] = comm.time[i] - combine_hidden_under_down(comm.time[i], down, touched)
+            comm.names[i] = comm.names[i][:-1] + ", exposed past the down GEMM)"
+
     def embedding_allreduce(self, tok: np.ndarray) -> Terms:
         """The TP all-reduce after the (vocabulary-sharded) embedding."""
         if self.layout.tp <= 1:
@@ -432,18 +460,19 @@ class StepOps:
     def main_terms(self, x: np.ndarray, prefill: bool) -> list[Terms]:
         """Ops over the instance's ``x`` tokens (all layers; EP in normal mode when the step has prefill)."""
         tok = x * self.share
-        return [self.gemms(TOKENS, x), self.experts(x, self.n_moe_layers, "routed_experts"),
-                self.elementwise(tok, self.n_layers, self.n_moe_layers), self.embedding(tok),
-                self.collectives(tok, self.n_layers, self.n_moe_layers, prefill), self.embedding_allreduce(tok), self.pp_sends(tok)]
+        ex, co = self.experts(x, self.n_moe_layers, "routed_experts"), self.collectives(tok, self.n_layers, self.n_moe_layers, prefill)
+        self.overlap_combine_down(ex, co, x)
+        return [self.gemms(TOKENS, x), ex, self.elementwise(tok, self.n_layers, self.n_moe_layers), self.embedding(tok),
+                co, self.embedding_allreduce(tok), self.pp_sends(tok)]
 
     def mtp_terms(self, x: np.ndarray, draft: int) -> list[Terms]:
         """Ops of ``draft`` MTP passes over ``x`` decodes (one token each; decode-only, so low-latency EP)."""
         passes = draft * self.model.mtp_layers
         moe_passes = passes if self.model.moe else 0
         tok = x * self.share
-        return [self.gemms(MTP, x, draft), self.experts(x, passes, "mtp_routed_experts"),
-                self.elementwise(tok, passes, moe_passes) if passes else _terms([], x.size),
-                self.collectives(tok, passes, moe_passes, False, "mtp_")]
+        ex, co = self.experts(x, passes, "mtp_routed_experts"), self.collectives(tok, passes, moe_passes, False, "mtp_")
+        self.overlap_combine_down(ex, co, x)
+        return [self.gemms(MTP, x, draft), ex, self.elementwise(tok, passes, moe_passes) if passes else _terms([], x.size), co]
 
     def nonattn(self, total, kv_up, sampled, n_dec, draft, has_prefill, f, ops: list | None = None) -> np.ndarray:
         """Category times (plus the all-to-all slot) of everything but attention and the indexer, at one point
