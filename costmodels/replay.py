@@ -1,23 +1,225 @@
-"""Sliding-window bounded replay: recompute the last W tokens on resume instead of keeping their window KV.
+"""Sliding-window state on resume: per layer, persist its window KV, replay the last W tokens, or recompute.
 
 Sliding-window layers (and the uncompressed window of V4's csa/hca layers) need the KV of the
-last ``sliding_window`` tokens to continue a sequence. A request that pauses (between agentic
-turns, or a prompt that hits a cached prefix) can keep that window KV alive — a fixed
-``window_bytes`` per resumable sequence (DeepSeek-V4-Flash FP4: ~2 MB, the KV of ~750 tokens
-of its compressed layers) — or drop part of it and recompute. With replay length ``W``
-(0 <= W <= window) the last W tokens are recomputed on resume (W more prefill tokens) and only
-``window - W`` entries per layer are kept, so kept bytes fall linearly with W while prefill
-compute rises by W tokens per resume. Our reading of the V4 mechanism ("recompute only the
-last W tokens when a request resumes or a prefix hits"); the exact V4 policy is not public.
+last ``sliding_window`` tokens to continue a sequence. When a sequence resumes — a prefix-cache
+hit, the next chunk of a chunked prompt, a paused agentic turn — each such layer can
+
+- ``persist``: its window KV was kept with the sequence (``window`` entries per layer kept per
+  sequence, nothing recomputed);
+- ``replay`` W (bounded replay): only ``window - W`` entries were kept and the last W tokens are
+  recomputed (DeepSeek-V4.1's "SWA bounded replay": vLLM PR #56227 replays the hit's last 128 tokens,
+  keeping none of the window; SGLang PR #31713 rebuilds V4's window exactly from
+  ``W + (layers - 1) * W`` trailing tokens, the receptive field of stacked windows);
+- ``recompute``: nothing of the window was kept and the layer recomputes over the whole earlier
+  context (the costly baseline: an engine that cannot restore the state falls back to
+  re-prefilling, e.g. SGLang's truncating match when the SWA pages are gone).
+
+Our reading of what a layer's recompute needs: a layer's input for token t is the residual stream
+after the layers below it, and no engine keeps hidden states (4096 x hc_mult 4 x 2 B = 32 KiB per
+token per layer, far more than the window KV they would replace). So x extra tokens at layer L
+are x extra tokens through every layer 0..L (full forward: their attention reads the caches the
+lower layers hold; their KV writes are redundant), and layer j carries
+``e_j = max(x_i for i >= j)`` extra tokens. The layers above the deepest requirement carry none.
+
+``ReplayTradeoff`` / ``replay_tradeoff`` (one W for the whole model) remain for the existing callers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from costmodels.layout import DType
 from costmodels.memory import kv_rates
 from costmodels.model_spec import ModelSpec
+
+ReplayMode = Literal["persist", "replay", "recompute"]
+WindowKind = Literal["sliding", "csa", "hca"]
+MODES = ("persist", "replay", "recompute")
+DEFAULT_REPLAY_TOKENS = 128  # DeepSeek-V4.1's replay length = its 128-token window (vLLM PR #56227)
+
+
+class LayerReplay(BaseModel):
+    """What one layer (or every layer of a kind) does with its window state when a sequence resumes.
+
+    Also written as a string: ``persist``, ``recompute``, ``replay`` (the policy's ``tokens``) or
+    ``replay:W``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: ReplayMode = Field(..., description="persist (window KV kept), replay (recompute the last W tokens) or "
+                             "recompute (recompute over the whole earlier context)")
+    tokens: int | None = Field(None, ge=1, le=1 << 20, description="W, tokens replayed (mode replay only); "
+                               "null: the policy's tokens")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, data):
+        """``'replay:64'`` -> mode replay, tokens 64 (a malformed W is left to the field's error)."""
+        if isinstance(data, str):
+            mode, _, w = data.strip().partition(":")
+            return {"mode": mode, "tokens": w} if w else {"mode": mode}
+        return data
+
+    @model_validator(mode="after")
+    def _tokens_only_for_replay(self) -> "LayerReplay":
+        if self.tokens is not None and self.mode != "replay":
+            raise ValueError(f"tokens={self.tokens} is only for mode 'replay' (mode is {self.mode!r})")
+        return self
+
+    def __str__(self) -> str:
+        return self.mode if self.tokens is None else f"{self.mode}:{self.tokens}"
+
+
+PERSIST = LayerReplay(mode="persist")
+
+
+class ReplayPolicy(BaseModel):
+    """Per-layer window policy on resume. Precedence: ``layers[i]`` over ``kinds[kind]`` over ``default``.
+
+    Only layers with window state (``sliding`` layers; ``csa``/``hca`` layers of a model with
+    ``window_in_compressed_layers``) are governed; other layers have nothing to keep or replay."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    default: LayerReplay = Field(PERSIST, description="rule for window layers not named in kinds or layers")
+    tokens: int = Field(DEFAULT_REPLAY_TOKENS, ge=1, le=1 << 20,
+                        description="W of 'replay' rules that give none (tokens recomputed per resume)")
+    kinds: dict[WindowKind, LayerReplay] = Field(default_factory=dict,
+                                                 description="rule per layer kind (sliding, csa, hca)")
+    layers: dict[int, LayerReplay] = Field(default_factory=dict, description="rule per layer (0-based index)")
+
+    @model_validator(mode="after")
+    def _check_layers(self) -> "ReplayPolicy":
+        for i in self.layers:
+            if i < 0:
+                raise ValueError(f"layers: index {i} must be >= 0")
+        return self
+
+    def rule(self, layer: int, kind: str) -> LayerReplay:
+        """The rule of ``layer`` (of ``kind``) before the model's window layers are known."""
+        r = self.layers.get(layer)
+        if r is None:
+            r = self.kinds.get(kind)  # type: ignore[call-overload]
+        return self.default if r is None else r
+
+    def resolve(self, model: ModelSpec) -> "ResolvedReplay":
+        """Per-layer (mode, W) on ``model``; layers without window state get ``none``. A ``layers`` index past
+        the model or naming a layer without a window is an error naming the field."""
+        kinds = model.kinds()
+        windowed = window_layers(model)
+        for i in sorted(self.layers):
+            if i >= model.num_layers:
+                raise ValueError(f"replay.layers: index {i} is past {model.name}'s {model.num_layers} layers "
+                                 f"(0..{model.num_layers - 1})")
+            if i not in windowed:
+                raise ValueError(f"replay.layers: layer {i} of {model.name} is a {kinds[i]!r} layer with no sliding "
+                                 f"window; layers with one: {_ranges(sorted(windowed))}")
+        modes, tokens = [], []
+        for i, kind in enumerate(kinds):
+            r = self.rule(i, kind) if i in windowed else None
+            modes.append("none" if r is None else r.mode)
+            tokens.append(0 if r is None or r.mode != "replay" else (r.tokens or self.tokens))
+        return ResolvedReplay(model.name, int(model.sliding_window or 0), tuple(modes), tuple(tokens))
+
+    def __str__(self) -> str:
+        parts = [f"default {_show(self.default, self.tokens)}"]
+        parts += [f"{k} {_show(r, self.tokens)}" for k, r in sorted(self.kinds.items())]
+        parts += [f"layer {i} {_show(r, self.tokens)}" for i, r in sorted(self.layers.items())]
+        return ", ".join(parts)
+
+
+def _show(r: LayerReplay, w: int) -> str:
+    return f"replay:{r.tokens or w}" if r.mode == "replay" else r.mode
+
+
+def _ranges(idx: list[int]) -> str:
+    """'0-1, 42' for [0, 1, 42]."""
+    out, start = [], None
+    for k, i in enumerate(idx):
+        if start is None:
+            start = i
+        if k + 1 == len(idx) or idx[k + 1] != i + 1:
+            out.append(str(start) if start == i else f"{start}-{i}")
+            start = None
+    return ", ".join(out) or "none"
+
+
+def window_layers(model: ModelSpec) -> set[int]:
+    """Layers holding sliding-window state: ``sliding`` layers, and csa/hca layers when they keep a window."""
+    if not model.sliding_window:
+        return set()
+    keep = {"sliding"} | ({"csa", "hca"} if model.window_in_compressed_layers else set())
+    return {i for i, k in enumerate(model.kinds()) if k in keep}
+
+
+@dataclass(frozen=True)
+class ResolvedReplay:
+    """A ReplayPolicy on one model: per layer its mode (``none``: no window state) and W (replay only)."""
+
+    model: str
+    window: int
+    modes: tuple[str, ...]
+    tokens: tuple[int, ...]
+
+    @property
+    def is_persist(self) -> bool:
+        """Nothing is ever recomputed (every window layer persists, or the model has none)."""
+        return all(m in ("none", "persist") for m in self.modes)
+
+    def layer_tokens(self, context: int) -> np.ndarray:
+        """x_i: tokens layer i itself must recompute to resume at ``context`` cached tokens."""
+        c = max(0, int(context))
+        x = np.zeros(len(self.modes), np.int64)
+        for i, (m, w) in enumerate(zip(self.modes, self.tokens)):
+            x[i] = c if m == "recompute" else min(w, c) if m == "replay" else 0
+        return x
+
+    def extra_tokens(self, context: int) -> np.ndarray:
+        """e_j: extra tokens layer j carries (its own x_j, or the inputs of a layer above it: suffix max)."""
+        x = self.layer_tokens(context)
+        return np.maximum.accumulate(x[::-1])[::-1] if x.size else x
+
+    def carried_tokens(self, context: int) -> int:
+        """Extra tokens the step carries at layer 0 (the deepest requirement, e_0)."""
+        e = self.extra_tokens(context)
+        return int(e[0]) if e.size else 0
+
+    def kept_fraction(self) -> np.ndarray:
+        """Share of each layer's window KV kept with a paused sequence: 1 persist, (window - W)/window replay, 0 recompute."""
+        out = np.ones(len(self.modes))
+        for i, (m, w) in enumerate(zip(self.modes, self.tokens)):
+            if m == "recompute":
+                out[i] = 0.0
+            elif m == "replay":
+                out[i] = max(0.0, 1.0 - w / self.window) if self.window else 0.0
+        return out
+
+
+def shipped_replay_policy(model: ModelSpec) -> ReplayPolicy:
+    """The policy a model is served with by default.
+
+    DeepSeek-V4.1: SWA bounded replay of its 128-token window on every window layer (the V4.1 tech
+    report's encoder-side replay as vLLM PR #56227 and tokenspeed PR #1594 implement it: the SWA
+    caches leave prefix caching). Every other model (V4-Flash included): its window KV persists with
+    the sequence (SGLang's SWA pool, ATOM's paged SWA), which is what the scheduler did before
+    per-layer policies."""
+    if model.name.lower().startswith("deepseek-v4.1"):
+        return ReplayPolicy(default=LayerReplay(mode="replay"), tokens=int(model.sliding_window or DEFAULT_REPLAY_TOKENS))
+    return ReplayPolicy()
+
+
+def effective_replay_policy(model: ModelSpec, policy: ReplayPolicy | None, swa_replay_tokens: int = 0) -> ReplayPolicy:
+    """The policy in force: the one given, else ``swa_replay_tokens`` > 0 as bounded replay of that W on every
+    window layer (the meaning that knob always had), else the model's shipped policy."""
+    if policy is not None:
+        return policy
+    if swa_replay_tokens > 0:
+        return ReplayPolicy(default=LayerReplay(mode="replay"), tokens=int(swa_replay_tokens))
+    return shipped_replay_policy(model)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+
+from costmodels.model_spec import ModelSpec
+from costmodels.replay import ReplayPolicy, ResolvedReplay, effective_replay_policy
 
 # DeepSeek-V3 technical report (arXiv 2412.19437, section 5.4.3): "the acceptance rate of the
 # second token prediction ranges between 85% and 90%". We take the low end for draft position 1.
@@ -73,8 +76,13 @@ class SchedulerConfig(BaseModel):
     storage_cache_blocks: int = Field(0, ge=0, le=1 << 44, description="prefix-cache tier in storage (L3): blocks kept after host eviction")
     swa_replay_tokens: int = Field(
         0, ge=0, le=1 << 20,
-        description="sliding-window bounded replay: on a prefix-cache hit, recompute the last this many cached tokens "
-        "(rounded up to whole blocks) instead of keeping their sliding-window KV with the cached prefix",
+        description="sliding-window bounded replay: on a prefix-cache hit or the next prompt chunk, recompute the last "
+        "this many cached tokens through every layer instead of keeping their sliding-window KV (shorthand for "
+        "replay {default: replay, tokens: N}; 0: the replay policy decides)",
+    )
+    replay: ReplayPolicy | None = Field(
+        None, description="per-layer sliding-window policy on resume (persist / replay W / recompute, costmodels/replay.py); "
+        "null: swa_replay_tokens if set, else the model's shipped policy",
     )
     draft_len: int = Field(0, ge=0, le=16, description="speculative (MTP) draft tokens verified per decode step")
     acceptance_rates: list[float] = Field(
@@ -101,8 +109,20 @@ class SchedulerConfig(BaseModel):
             return {**SCHEDULER_PRESETS[data["preset"]], **data}
         return data
 
+    @model_serializer(mode="wrap")
+    def _drop_unset_replay(self, handler):
+        """Leave ``replay`` out of dumps while it is null, so scenario dumps (and result digests) from before
+        per-layer replay policies stay byte-identical."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("replay", 0) is None:
+            del data["replay"]
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> "SchedulerConfig":
+        if self.replay is not None and self.swa_replay_tokens:
+            raise ValueError(f"swa_replay_tokens={self.swa_replay_tokens} and replay are both set: give the replay "
+                             "length as replay.tokens (or leave replay out)")
         for i, a in enumerate(self.acceptance_rates):
             if not 0.0 <= a <= 1.0:
                 raise ValueError(f"acceptance_rates[{i}]={a} must be in [0, 1]")
@@ -126,6 +146,10 @@ class SchedulerConfig(BaseModel):
                 f"{self.max_num_batched_tokens}: raise max_num_batched_tokens or lower max_num_seqs"
             )
         return self
+
+    def replay_for(self, model: ModelSpec) -> ResolvedReplay:
+        """The per-layer replay policy in force on ``model`` (``replay``, else ``swa_replay_tokens``, else shipped)."""
+        return effective_replay_policy(model, self.replay, self.swa_replay_tokens).resolve(model)
 
     def effective_acceptance_rates(self) -> list[float]:
         """Per draft position acceptance probability (marginal), defaults filled in."""
