@@ -65,6 +65,8 @@ class ParallelLayout(BaseModel):
     @model_validator(mode="after")
     def _check_overlap(self) -> "ParallelLayout":
         """comm_overlap and the older two_micro_batch flag must agree; ``tbo`` sets the flag the step model reads."""
+        if self.comm_overlap not in (None, "none") and self.ep <= 1:
+            raise ValueError(f"comm_overlap={self.comm_overlap} needs ep > 1 (there is no EP all-to-all to overlap at ep=1)")
         if self.comm_overlap == "tbo":
             self.two_micro_batch = True
         elif self.comm_overlap is not None and self.two_micro_batch:

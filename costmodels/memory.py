@@ -30,8 +30,9 @@ from twinfer.errors import DoesNotFitError
 from costmodels.hardware import Hardware
 from costmodels.layout import DType, ParallelLayout
 from costmodels.model_spec import LayerKind, ModelSpec
+from costmodels.offload import host_bytes_per_gpu, resident_weights
 from costmodels.params import (
-    ELEM_BYTES, WEIGHT_BYTES, embedding_linears, layer_linears, mtp_linears, norm_params,
+    ELEM_BYTES, FP4_BLOCK, WEIGHT_BYTES, embedding_linears, layer_linears, mtp_linears, norm_params,
     shard_divisor, weight_bytes_per_param, has_indexer,
 )
 
@@ -42,14 +43,27 @@ CONTEXT_RESERVE_BYTES = 1.5 * GIB
 # Expert-parallel all-to-all buffers (DeepEP normal + low-latency buffers). Assumption: ~2 GiB per GPU.
 EP_BUFFER_BYTES = 2.0 * GIB
 # MLA FP8 KV layout (FlashMLA): latent in fp8 with one fp32 scale per 128 values, RoPE part in BF16 = 656 B for V3.
-KV_SCALE_GROUP = {"fp8": (128, 4.0), "fp4": (32, 1.0)}  # values per scale, bytes per scale
+# FP4: MXFP4 (1-byte UE8M0 scale per 32, params.FP4_BLOCK), RoPE part BF16, unless the model packs NVFP4 rows.
+KV_SCALE_GROUP = {"fp8": (128, 4.0), "fp4": FP4_BLOCK["mxfp4"]}  # values per scale, bytes per scale
+
+
+def _fp4_row_bytes(values: int, fmt: str) -> float:
+    """``values`` packed FP4 values and their block scales (``fmt``: mxfp4 / nvfp4)."""
+    group, scale_bytes = FP4_BLOCK[fmt]
+    return values * 0.5 + math.ceil(values / group) * scale_bytes
 
 
 def mla_kv_bytes_per_token_layer(model: ModelSpec, kv_dtype: DType) -> float:
-    """Bytes of one token's latent in one MLA layer (BF16 DeepSeek-V3: (512+64)*2 = 1152)."""
+    """Bytes of one token's latent in one MLA layer (BF16 DeepSeek-V3: (512+64)*2 = 1152).
+
+    FP4 with ``kv_fp4_format: nvfp4``: the whole row, RoPE part too, packed FP4 with a 1-byte E4M3 scale per 16
+    (DeepSeek-V4.1's C1/C2 main KV: 512 dims -> 256 + 32 = 288 B; SGLang issue 38902, pypto-lib issue 1238).
+    """
     m = model.mla
     if kv_dtype == "bf16":
         return (m.kv_lora_rank + m.qk_rope_head_dim) * 2.0
+    if kv_dtype == "fp4" and model.kv_fp4_format == "nvfp4":
+        return _fp4_row_bytes(m.kv_lora_rank + m.qk_rope_head_dim, "nvfp4")
     group, scale_bytes = KV_SCALE_GROUP[kv_dtype]
     return m.kv_lora_rank * ELEM_BYTES[kv_dtype] + math.ceil(m.kv_lora_rank / group) * scale_bytes + m.qk_rope_head_dim * 2.0
 
@@ -64,9 +78,14 @@ def gqa_kv_bytes_per_token_layer(model: ModelSpec, kv_dtype: DType) -> float:
 
 
 def indexer_kv_bytes_per_token(model: ModelSpec) -> float:
-    """Indexer key cache per token per layer: FP8 keys + one fp32 scale (DeepGEMM fp8_mqa_logits layout)."""
+    """Indexer key cache per token per layer, in the indexer's own cache dtype (``IndexerConfig.kv_dtype``,
+    else its math dtype): FP8 keys + one fp32 scale (DeepGEMM fp8_mqa_logits layout); FP4 keys as MXFP4 (128 dims:
+    64 + 4 = 68 B; Dynamo's V4.1 recipes "MXFP4 sparse-indexer KV"); BF16 keys."""
     ix = model.indexer
-    return ix.head_dim * 1.0 + 4.0 if ix.dtype == "fp8" else ix.head_dim * 2.0
+    dtype = ix.kv_dtype or ix.dtype
+    if dtype == "fp4":
+        return _fp4_row_bytes(ix.head_dim, "mxfp4")
+    return ix.head_dim * 1.0 + 4.0 if dtype == "fp8" else ix.head_dim * 2.0
 
 
 def kv_bytes_per_token_layer(model: ModelSpec, kv_dtype: DType) -> float:
@@ -107,15 +126,20 @@ def mtp_kind(model: ModelSpec) -> LayerKind:
 def kv_rates(model: ModelSpec, kv_dtype: DType, layers: range | list[int] | None = None) -> tuple[float, float]:
     """(bytes per context token, fixed bytes per request) summed over ``layers`` (all by default), unsharded.
 
-    Layers sharing one cache (``kv_share_group``) count once per group.
+    Each stored cache counts once: layers of a ``kv_share_group`` once per group (the whole cache); a layer
+    reading another's cache through ``kv_share_source`` adds only its own sliding window (the shared cache is
+    the compressed/global one, counted at the layer that stores it).
     """
     kinds = model.kinds()
     idx = list(range(model.num_layers)) if layers is None else list(layers)
     per_tok = fixed = 0.0
     for i in idx:
-        if i % model.kv_share_group:
+        if model.stores_kv(i):
+            a, b = _layer_kv_rates(model, kinds[i], kv_dtype)
+        elif model.kv_share_source:
+            a, b = 0.0, _layer_kv_rates(model, kinds[i], kv_dtype)[1]
+        else:
             continue
-        a, b = _layer_kv_rates(model, kinds[i], kv_dtype)
         per_tok += a
         fixed += b
     return per_tok, fixed
@@ -219,7 +243,7 @@ def _stage_layers(model: ModelSpec, pp: int) -> list[list[int]]:
 def _linears_bytes(lins, model, layout) -> dict[str, float]:
     out: dict[str, float] = {}
     for lin in lins:
-        b = lin.params / shard_divisor(lin, model, layout) * weight_bytes_per_param(lin, layout)
+        b = lin.params / shard_divisor(lin, model, layout) * weight_bytes_per_param(lin, layout, model)
         group = {"routed_experts": "routed_experts", "shared_expert": "shared_experts", "dense_ffn": "dense_ffn",
                  "router": "other", "embedding": "embeddings", "lm_head": "embeddings"}.get(lin.name)
         if group is None:
@@ -237,6 +261,7 @@ def stage_weight_bytes(model: ModelSpec, layout: ParallelLayout) -> list[dict[st
             for k, v in _linears_bytes(layer_linears(model, i), model, layout).items():
                 acc[k] = acc.get(k, 0.0) + v
             acc["other"] = acc.get("other", 0.0) + norm_params(model) * WEIGHT_BYTES["bf16"]
+        acc = resident_weights(acc, model, layout, sum(1 for i in layers if model.is_moe_layer(i)))  # offload: host, not HBM
         emb = embedding_linears(model)
         if s == 0:
             acc["embeddings"] = acc.get("embeddings", 0.0) + _linears_bytes(emb[:1], model, layout).get("embeddings", 0.0)
@@ -290,7 +315,7 @@ def memory_fit(
     tokens, s, w, per_tok, fixed = best
     pool = usable - w - ws
     host_per_gpu = model.host_table_bytes / max(layout.gpus, 1)
-    host_fits = host_per_gpu <= hw.host_mem_gb * 1e9
+    host_fits = host_per_gpu + host_bytes_per_gpu(model, layout) <= hw.host_mem_gb * 1e9  # (+ offloaded weights)
     fits = pool > 0 and tokens >= min_kv_tokens
     gb = lambda x: f"{x / 1e9:.1f} GB"  # noqa: E731
     head = (f"{model.name} on {layout.gpus}x{hw.name} ({layout.describe()}, kv {layout.kv_dtype}): per GPU "

@@ -74,6 +74,7 @@ class StepCostModel(StepOps):
                 o.flops *= 2
                 o.bytes *= 2
                 o.time_s *= 2
+        t = self.prefetch_into(t, breakdown, ops)  # offloaded weights (costmodels.offload); t itself without
         ops.sort(key=lambda o: -o.time_s)
         notes = list(self.notes)
         if tbo:
@@ -150,7 +151,7 @@ class StepCostModel(StepOps):
                 self._cache.clear()
             self._cache[key] = v
         v = v + self.attention(new, ctx, dec, draft, f, None)
-        return self._combine(v, tbo)[0]
+        return self.prefetched(self._combine(v, tbo)[0])
 
     def decode_times(self, context_lens: np.ndarray, num_steps: int, draft_len: int = 0) -> np.ndarray:
         """Times of ``num_steps`` consecutive decode steps of the same requests, context growing by 1 + draft_len a step.
@@ -175,9 +176,9 @@ class StepCostModel(StepOps):
             geos = geos + [(self.att_mtp, draft_len * self.model.mtp_layers)]
         att = self.attention_decode_steps(geos, sums, shifts, g, s)
         if not tbo:
-            return t + att
+            return self.prefetched(t + att)
         compute = (t - tm) + att
-        return np.maximum(2 * compute, 2 * tm) + np.minimum(compute, tm) / self.n_layers
+        return self.prefetched(np.maximum(2 * compute, 2 * tm) + np.minimum(compute, tm) / self.n_layers)
 
     # ------------------------------------------------------------------ pieces
     def _tbo(self, n_requests: int) -> bool:
@@ -264,9 +265,9 @@ class StepCostModel(StepOps):
                                  nd, draft, bool(npre and self._ep_split))
         t += self._attn_fast(nd, g, dctx, dctx_sum + dnew, pn, pc, pre_ctx + pre_new, self.share * f, draft)
         if f == 1.0:
-            return t
+            return self.prefetched(t)
         tc = t - a2a
-        return max(2 * tc, 2 * a2a) + min(tc, a2a) / self.n_layers
+        return self.prefetched(max(2 * tc, 2 * a2a) + min(tc, a2a) / self.n_layers)
 
     def _tabulated(self, f: float, total: int, kv_up: int, sampled: int, nd: int, draft: int, prefill: bool) -> tuple[float, float]:
         """(seconds, all-to-all part) of everything but attention: a table lookup per token count (``_look``, inlined)."""

@@ -48,6 +48,7 @@ from costmodels.memory import indexer_kv_bytes_per_token, kv_bytes_per_token_lay
 from costmodels.model_spec import ModelSpec
 from costmodels.op_table import MEASURED, MLA_ENTRY_DIMS, SCALED, TableGemms, TableMLA, kernel_gemms, mla_decode_table
 from costmodels.op_table import load as load_op_tables
+from costmodels.offload import prefetch_for
 from costmodels.ops import CATEGORIES, INF, AttnGeometry, OpCost, SortedSums, entries_last, entries_sum, geometry
 from costmodels.params import WEIGHT_BYTES, Linear, attention_linears, embedding_linears, ffn_linears, mtp_linears, shard_divisor, weight_bytes_per_param
 
@@ -295,6 +296,7 @@ class StepOps:
             raise TwinferError(f"layout.dispatch_dtype: nvfp4 needs FP4 tensor cores (NVFP4 activations feed a W4A4 grouped "
                                f"GEMM) and {hw.name} has none; allowed on {hw.name}: bf16, fp8")
         self.disp_bytes = DISPATCH_BYTES_PER_VALUE[self.disp_dtype]  # per hidden value (DeepEP FP8 by default)
+        self.prefetch = prefetch_for(m, hw.host_bw, self.cal.comm_eff, lay)  # None: every weight in HBM
         self.pp_cross = lay.tp * lay.dp * lay.pp > hw.scaleup_domain
         self.h = m.hidden_size
         # remote copies per token of an EP dispatch: decode steps use DeepEP's low-latency kernels (a copy per
@@ -437,6 +439,22 @@ class StepOps:
         for i in rows:
             comm.time[i] = comm.time[i] - combine_hidden_under_down(comm.time[i], down, touched)
             comm.names[i] = comm.names[i][:-1] + ", exposed past the down GEMM)"
+
+    def prefetched(self, t):
+        """Step time(s) ``t`` (float or array) with the layout's offloaded weights prefetched over the host link
+        (``costmodels.offload.Prefetch.step_time``); ``t`` itself when every weight is in HBM."""
+        return t if self.prefetch is None else self.prefetch.step_time(t)
+
+    def prefetch_into(self, t: float, breakdown: dict[str, float], ops: list) -> float:
+        """``prefetched(t)`` for the breakdown: the exposed host-link time goes to 'communication' and the op list."""
+        if self.prefetch is None:
+            return t
+        p = self.prefetch
+        extra = p.exposed(t)
+        breakdown["communication"] += extra
+        ops.append(OpCost(f"weight_prefetch(host link, {self.layout.offload_fraction:.0%} {self.layout.offload_scope}: exposed)",
+                          "communication", "-", p.offloaded_layers, 0.0, p.bytes_per_layer * p.offloaded_layers, extra))
+        return t + extra
 
     def embedding_allreduce(self, tok: np.ndarray) -> Terms:
         """The TP all-reduce after the (vocabulary-sharded) embedding."""
