@@ -176,8 +176,10 @@ class StepOps:
                 rows.append((lin.name, kind, _CAT[lin.category], count, src, kn, kn * bpp, (lin.k + lin.n) / div, dtype, is_mtp,
                              kernel_gemms(lin.name, lin.k, lin.n, div, m.hidden_size)))
 
+        self.g_group: list[tuple[str, bool] | None] = []  # each row's (kind, moe) layer group; None: head/MTP (costmodels.replay)
         for (kind, moe), count in self.groups.items():
             add(attention_linears(m, kind) + ffn_linears(m, moe), kind, count, False)
+            self.g_group += [(kind, moe)] * (len(rows) - len(self.g_group))
         emb = embedding_linears(m)
         head = [e for e in emb if e.name == "lm_head"] or [e for e in emb if e.name == "embedding"]
         head_lin = head[0]
@@ -186,6 +188,7 @@ class StepOps:
         add([head_lin], "-", 1, False)
         if m.mtp_layers:
             add(mtp_linears(m) + [head_lin], self.mtp_kind, m.mtp_layers, True)
+        self.g_group += [None] * (len(rows) - len(self.g_group))
         self.g_names = [r[0] for r in rows]
         self.g_kind = [r[1] for r in rows]
         self.g_cat = np.array([r[2] for r in rows], dtype=np.int64)
