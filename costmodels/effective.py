@@ -4,8 +4,10 @@
 (``mixed_step_time``, ``decode_times``, ``step_time``, ``memory``, ``notes``) and adds:
 
 - **attention-DP imbalance per step**: a request lives on one attention-DP rank, and the
-  step waits for the slowest rank. Decodes are spread round-robin over ranks (plan order);
-  each prefill chunk goes to the least-loaded rank. A rank's work is
+  step waits for the slowest rank. Where the scheduler assigned ranks (``scheduler.dp_attention``)
+  the step is priced at those (``ranks=``); otherwise decodes are spread round-robin over ranks
+  (plan order) and each prefill chunk goes to the least-loaded rank (``dp_ranks``, with the one
+  placement rule of :mod:`costmodels.dp_ranks`). A rank's work is
   ``tokens * w_tok + kv_tokens_read * w_kv`` (marginal costs measured on the cost model
   itself), and the busiest rank's work over the mean becomes the StepCostModel's
   ``dp_imbalance`` for that step (quantised to 1%, one cached StepCostModel per level).
@@ -21,13 +23,13 @@
 
 from __future__ import annotations
 
-import heapq
 from typing import Literal
 
 import numpy as np
 
 from costmodels.batch import BatchShape, decodes_then_chunks
 from costmodels.calibration import CalibrationProfile
+from costmodels.dp_ranks import place_largest_first
 from costmodels.hardware import Hardware
 from costmodels.layout import ParallelLayout
 from costmodels.memory import MemoryFit, memory_fit
@@ -120,56 +122,59 @@ class EffectiveStepCost:
             return 0.0
         return tokens_rank * self.model.host_table_bytes_per_token / self._table_bw + self.base.cal.p2p_latency_s
 
-    def dp_imbalance(self, new: np.ndarray, ctx: np.ndarray, dec: np.ndarray) -> float:
-        """Busiest attention-DP rank's work over the mean for this batch (1.0 when balanced or dp == 1)."""
+    def dp_ranks(self, new: np.ndarray, ctx: np.ndarray, dec: np.ndarray) -> np.ndarray:
+        """The rank of each request of a batch that carries no ranks of its own: decodes round-robin in
+        plan order, then prefill chunks longest first, each to the least-loaded rank (costmodels.dp_ranks)."""
         dp = self.layout.dp
-        if not self.dp_balance or new.size == 0:
-            return 1.0
+        ranks = np.zeros(new.size, np.int64)
         di = np.flatnonzero(dec)
-        if di.size:
-            r = np.arange(di.size) % dp
-            tok = np.bincount(r, weights=new[di], minlength=dp)
-            kv = np.bincount(r, weights=ctx[di] + new[di], minlength=dp)
-        else:
-            tok = np.zeros(dp)
-            kv = np.zeros(dp)
+        ranks[di] = np.arange(di.size) % dp
         pi = np.flatnonzero(~dec)
-        work = tok * self._w_tok + kv * self._w_kv
         if pi.size:
-            # longest-processing-time first: largest chunk to the least-loaded rank (ties: lowest rank)
-            order = pi[np.lexsort((pi, -new[pi]))]
-            add = new[order] * self._w_tok + (ctx[order] + new[order]) * self._w_kv
-            if add.size > dp and add[0] == add[-1] and work.max() - work.min() <= add[0]:
-                # equal chunks onto ranks within one chunk of each other: LPT deals them round-robin
-                # in order of load, so the result has a closed form (same as the loop below)
-                m, a = add.size, float(add[0])
-                rank_order = np.lexsort((np.arange(dp), work))
-                work = work + a * (m // dp)
-                work[rank_order[: m % dp]] += a
-            else:
-                heap = [(w, r) for r, w in enumerate(work.tolist())]
-                heapq.heapify(heap)
-                for a in add.tolist():
-                    w, r = heapq.heappop(heap)
-                    heapq.heappush(heap, (w + a, r))
-                work = np.array([w for w, _ in sorted(heap, key=lambda x: x[1])])
+            load = np.bincount(ranks[di], weights=self._work(new[di], ctx[di]), minlength=dp).astype(float)
+            ranks[pi] = place_largest_first(load, self._work(new[pi], ctx[pi]), size=new[pi])
+        return ranks
+
+    def _work(self, new: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+        """Each request's work on its rank: tokens computed * w_tok + KV tokens read * w_kv."""
+        return new * self._w_tok + (ctx + new) * self._w_kv
+
+    def ranked_imbalance(self, new: np.ndarray, ctx: np.ndarray, ranks: np.ndarray) -> float:
+        """Busiest rank's work over the mean when request i runs on rank ``ranks[i]`` (quantised to 1%, at most dp)."""
+        dp = self.layout.dp
+        work = np.bincount(ranks, weights=self._work(new, ctx), minlength=dp)
         mean = work.mean()
         if mean <= 0:
             return 1.0
         return min(float(dp), round(float(work.max() / mean), 2))
 
+    def _ranked(self, new: np.ndarray, ctx: np.ndarray, ranks: np.ndarray) -> float:
+        ranks = np.asarray(ranks, np.int64)
+        if ranks.shape != new.shape or (ranks.size and (ranks.min() < 0 or ranks.max() >= self.layout.dp)):
+            raise ValueError(f"ranks: one rank in [0, {self.layout.dp}) per request, got {ranks.size} for {new.size} requests")
+        return self.ranked_imbalance(new, ctx, ranks)
+
+    def dp_imbalance(self, new: np.ndarray, ctx: np.ndarray, dec: np.ndarray) -> float:
+        """Busiest attention-DP rank's work over the mean for this batch, split by ``dp_ranks`` (1.0 when dp == 1)."""
+        if not self.dp_balance or new.size == 0:
+            return 1.0
+        return self.ranked_imbalance(new, ctx, self.dp_ranks(new, ctx, dec))
+
     # ------------------------------------------------------------------ StepCostModel interface
     def memory(self) -> MemoryFit:
         return fit_with_policies(self.model, self.hw, self.layout, table_placement=self.table_placement)
 
-    def mixed_step_time(self, new_tokens: np.ndarray, context_lens: np.ndarray, is_decode: np.ndarray) -> float:
-        """Device time of one step: the busiest DP rank's, plus table lookups that do not hide."""
+    def mixed_step_time(self, new_tokens: np.ndarray, context_lens: np.ndarray, is_decode: np.ndarray,
+                        ranks: np.ndarray | None = None) -> float:
+        """Device time of one step: the busiest DP rank's, plus table lookups that do not hide. ``ranks``: the
+        attention-DP rank of each request where the scheduler assigned them (scheduler.dp_attention), else
+        the batch is split by ``dp_ranks``."""
         new = np.asarray(new_tokens, dtype=np.int64)
         if new.size == 0:
             return 0.0
         ctx = np.asarray(context_lens, dtype=np.int64)
         dec = np.asarray(is_decode, dtype=bool)
-        imb = self.dp_imbalance(new, ctx, dec)
+        imb = self.dp_imbalance(new, ctx, dec) if ranks is None else self._ranked(new, ctx, ranks)
         t = self._at(imb).mixed_step_time(new, ctx, dec)
         return self._with_tables(t, float(new.sum()) * imb / self.layout.dp)
 
@@ -200,13 +205,19 @@ class EffectiveStepCost:
     def step_time(self, batch: BatchShape) -> float:
         return self.mixed_step_time(batch.new_tokens, batch.context_lens, batch.is_decode)
 
-    def decode_times(self, context_lens: np.ndarray, num_steps: int, draft_len: int = 0) -> np.ndarray:
-        """Times of ``num_steps`` decode steps (the DP split of the first step holds for the run)."""
+    def decode_times(self, context_lens: np.ndarray, num_steps: int, draft_len: int = 0,
+                     ranks: np.ndarray | None = None) -> np.ndarray:
+        """Times of ``num_steps`` decode steps (the DP split of the first step holds for the run; ``ranks``
+        as in ``mixed_step_time``)."""
         ctx = np.asarray(context_lens, dtype=float)
         if ctx.size == 0 or num_steps <= 0:
             return np.zeros(max(num_steps, 0))
         g = 1 + draft_len
-        imb = self.dp_imbalance(np.full(ctx.size, g, np.int64), ctx.astype(np.int64), np.ones(ctx.size, bool)) if self.dp_balance else 1.0
+        new, ctx_i = np.full(ctx.size, g, np.int64), ctx.astype(np.int64)
+        if ranks is not None:
+            imb = self._ranked(new, ctx_i, ranks)
+        else:
+            imb = self.dp_imbalance(new, ctx_i, np.ones(ctx.size, bool)) if self.dp_balance else 1.0
         t = np.asarray(self._at(imb).decode_times(ctx, num_steps, draft_len), float)
         lookup = self._table_time(ctx.size * g * imb / self.layout.dp)
         if not lookup:
