@@ -41,11 +41,15 @@ def test_config_file(tmp_path):
     assert json.loads(r.output)["layout"]["ep"] == 8
 
 
-def test_does_not_fit_is_reported():
-    r = runner.invoke(app, ["cost", "--hardware", "h100", "--dtype", "bf16", "--json"])
+def test_does_not_fit_is_refused_unless_allowed():
+    r = _run("cost", "--hardware", "h100", "--dtype", "bf16", "--json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "layout TP8 bf16" in r.stderr and "short by" in r.stderr and "--allow-no-fit" in r.stderr
+    r = runner.invoke(app, ["cost", "--hardware", "h100", "--dtype", "bf16", "--allow-no-fit", "--json"])
     assert r.exit_code == 0
     d = json.loads(r.output)
     assert d["fits"] is False and "does not fit" in d["memory"]["explanation"]
+    assert d["warnings"] and "DOES NOT FIT" in d["warnings"][0]
 
 
 @pytest.mark.parametrize("args,expect", [

@@ -8,7 +8,7 @@ from typing import Literal, Optional
 
 import numpy as np
 import typer
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from rich.console import Console
 from rich.table import Table
 
@@ -16,6 +16,7 @@ from twinfer.config import read_mapping, validate
 from twinfer.errors import TwinferError
 
 DT = Literal["bf16", "fp8", "fp4"]
+SKEW = Literal["zipf", "uniform"]  # expert-load models of costmodels.moe_load (sampled per batch size)
 
 
 class BatchSpec(BaseModel):
@@ -70,6 +71,17 @@ class CostConfig(BaseModel):
     mem_fraction: float = Field(0.9, gt=0, le=1)
     batch: list[str] = Field(default_factory=lambda: ["decode:64x4096"])
     draft_len: int = Field(0, ge=0, le=16, description="MTP draft tokens per decode step")
+    acceptance: Optional[list[float]] = Field(
+        None, description="acceptance of each draft position (marginal, non-increasing; default the simulator's 0.85**i)")
+    expert_imbalance: Optional[float | SKEW] = Field(
+        None, description="busiest EP rank's routed load over the mean (1 = balanced routing, at most ep), or zipf / "
+        "uniform: the expert-load model at this batch; default 1.2 without EPLB, 1.05 with >= ep redundant experts")
+    dp_imbalance: float = Field(1.0, ge=1.0, description="busiest attention-DP rank's requests over the mean (1 = balanced, at most dp)")
+    comm_overlap: Optional[Literal["none", "combine_down", "tbo"]] = None
+    dispatch_dtype: Optional[Literal["bf16", "fp8", "nvfp4"]] = None
+    offload_fraction: float = Field(0.0, ge=0.0, le=1.0, description="share of each MoE layer's expert weights in host memory, prefetched")
+    offload_scope: Literal["routed_experts", "moe"] = "routed_experts"
+    allow_no_fit: bool = Field(False, description="price a layout that does not fit in memory (with a warning) instead of refusing it")
     calibration: Optional[str] = None
     top_ops: int = Field(10, ge=0, le=1000)
 
@@ -80,31 +92,161 @@ class CostConfig(BaseModel):
             raise ValueError("at least one batch is needed")
         return v
 
+    @field_validator("acceptance", mode="before")
+    @classmethod
+    def _split(cls, v):
+        """'0.8,0.6' (the command line) or a list (a config file)."""
+        if isinstance(v, str):
+            try:
+                return [float(x) for x in v.split(",") if x.strip()]
+            except ValueError:
+                raise ValueError("expected comma-separated numbers in [0, 1], e.g. 0.8,0.6") from None
+        return v
+
+    @field_validator("expert_imbalance", mode="before")
+    @classmethod
+    def _number_or_skew(cls, v):
+        """A number >= 1 (the command line gives text) or the name of an expert-load model."""
+        if isinstance(v, str) and v.strip().lower() in ("zipf", "uniform"):
+            return v.strip().lower()
+        try:
+            x = float(v) if v is not None else None
+        except (TypeError, ValueError):
+            raise ValueError("expected a number in [1, ep] (1 = balanced routing) or zipf / uniform") from None
+        if x is not None and not x >= 1.0:
+            raise ValueError("must be >= 1 (the busiest rank's load over the mean; 1 = balanced routing)")
+        return x
+
+    @model_validator(mode="after")
+    def _check(self) -> "CostConfig":
+        if self.acceptance is not None:
+            check_acceptance(self.acceptance, self.draft_len)
+        if self.dp_imbalance > self.dp:
+            raise ValueError(f"dp_imbalance={self.dp_imbalance} must be in [1, dp={self.dp}] (all requests on one rank is dp)")
+        if isinstance(self.expert_imbalance, float) and self.expert_imbalance > max(self.ep, 1):
+            raise ValueError(f"expert_imbalance={self.expert_imbalance} must be in [1, ep={self.ep}] (all routed tokens on one "
+                             "EP rank is ep)")
+        return self
+
+
+def check_acceptance(acc: list[float], draft_len: int) -> None:
+    """One marginal acceptance per draft position, each in [0, 1], non-increasing (ValueError naming the entry)."""
+    if len(acc) != draft_len:
+        raise ValueError(f"acceptance has {len(acc)} entries but draft_len={draft_len}: give one per draft position")
+    for i, a in enumerate(acc):
+        if not 0.0 <= a <= 1.0:
+            raise ValueError(f"acceptance[{i}]={a} must be in [0, 1]")
+        if i and a > acc[i - 1]:
+            raise ValueError(f"acceptance must be non-increasing: position {i + 1} ({a}) cannot be accepted more often "
+                             f"than position {i} ({acc[i - 1]})")
+
 
 def run_cost(cfg: CostConfig) -> dict:
-    """Evaluate a CostConfig into a JSON-able result (the CLI's table is a view of it)."""
-    from costmodels.batch import BatchShape
+    """Evaluate a CostConfig into a JSON-able result (the CLI's table is a view of it): build the layout, refuse
+    it when it does not fit (unless ``allow_no_fit``), price the batch's step, count the tokens it makes."""
     from costmodels.catalog import get_model
     from costmodels.hardware import get_hardware
-    from costmodels.layout import ParallelLayout
-    from costmodels.step import StepCostModel
+    from costmodels.memory import memory_fit
 
     model = get_model(cfg.model)
     hw = get_hardware(cfg.hardware)
+    layout = _layout(cfg, model)
+    if cfg.draft_len and not model.mtp_layers:
+        raise TwinferError(f"draft_len={cfg.draft_len} needs an MTP head; {model.name} has mtp_layers=0")
+    fit = memory_fit(model, hw, layout, mem_fraction=cfg.mem_fraction)
+    warnings = _fit_warnings(fit, model, hw, layout, cfg.allow_no_fit)
+    cm, expert_source = _step_model(cfg, model, hw, layout)
+    batch, n_dec, prefill_tokens = _batch(cfg)
+    sc = cm.step(batch)
+    acc = _acceptance(cfg)
+    per_decode = 1.0 + sum(acc)  # tokens a decode makes per step: the token it samples + the accepted drafts
+    tokens = prefill_tokens + n_dec * per_decode
+    t = sc.time_s
+    return {
+        "model": model.name, "hardware": hw.name, "layout": layout.model_dump(), "layout_label": layout.describe(),
+        "gpus": layout.gpus, "batch": cfg.batch, "draft_len": cfg.draft_len,
+        "acceptance": acc, "tokens_per_decode_step": per_decode,
+        "imbalance": {"expert": float(np.max(cm.expert_imbalance_at(np.array([float(batch.num_tokens)])))) if model.moe and layout.ep > 1 else 1.0,
+                      "expert_source": expert_source, "dp": cm.dp_imbalance},
+        "comm_overlap": layout.overlap, "dispatch_dtype": cm.disp_dtype if model.moe and layout.ep > 1 else None,
+        "offload": _offload_summary(cm),
+        "step_time_s": t,
+        "tokens_per_s": tokens / t if t > 0 else 0.0,
+        "tokens_per_s_per_gpu": tokens / t / layout.gpus if t > 0 else 0.0,
+        "decode_tokens_per_s_per_user": per_decode / t if n_dec and t > 0 else None,
+        "breakdown_s": sc.breakdown,
+        "top_ops": [o.to_dict() for o in sc.ops[: cfg.top_ops]],
+        "memory": fit.model_dump(),
+        "fits": fit.fits,
+        "warnings": warnings,
+        "notes": sc.notes + [f"model assumption: {a}" for a in model.assumptions],
+    }
+
+
+def _layout(cfg: CostConfig, model):
+    """The ParallelLayout of the options (dtypes left out follow the checkpoint)."""
+    from costmodels.layout import ParallelLayout
+
     wdt = cfg.dtype or model.checkpoint_dtype
-    layout = validate(ParallelLayout, {
+    knobs = {"comm_overlap": cfg.comm_overlap, "dispatch_dtype": cfg.dispatch_dtype}
+    return validate(ParallelLayout, {
         "tp": cfg.tp, "dp": cfg.dp, "ep": cfg.ep, "pp": cfg.pp, "weight_dtype": wdt,
         "expert_dtype": cfg.expert_dtype or (model.checkpoint_expert_dtype if cfg.dtype is None else None),
         "kv_dtype": cfg.kv_dtype or model.default_kv_dtype, "two_micro_batch": cfg.two_micro_batch,
-        "eplb_redundant_experts": cfg.eplb_redundant_experts,
+        "eplb_redundant_experts": cfg.eplb_redundant_experts, "offload_fraction": cfg.offload_fraction,
+        "offload_scope": cfg.offload_scope, **{k: v for k, v in knobs.items() if v is not None},
     }, "layout")
+
+
+def _fit_warnings(fit, model, hw, layout, allow: bool) -> list[str]:
+    """Refuse a layout that does not fit (HBM, or host memory for offloaded weights) unless ``allow``; else the warnings."""
+    problems = [] if fit.fits else [fit.explanation]
+    if not fit.host_fits and layout.offload_fraction:
+        from costmodels.offload import host_bytes_per_gpu
+
+        need = fit.host_table_bytes_per_gpu + host_bytes_per_gpu(model, layout)
+        problems.append(f"host memory does not fit: per GPU {need / 1e9:.1f} GB (offloaded weights + host tables) of "
+                        f"{hw.host_mem_gb:.0f} GB, short by {need / 1e9 - hw.host_mem_gb:.1f} GB")
+    if problems and not allow:
+        from twinfer.errors import DoesNotFitError
+
+        raise DoesNotFitError(f"twinfer cost: layout {layout.describe()}: " + "; ".join(problems)
+                              + " (--allow-no-fit prices it anyway)")
+    return [f"LAYOUT DOES NOT FIT, priced anyway (--allow-no-fit): {p}" for p in problems]
+
+
+def _step_model(cfg: CostConfig, model, hw, layout):
+    """The StepCostModel with the asked imbalance, and a line saying where the expert imbalance comes from."""
     from costmodels.calibration_source import profile_for
+    from costmodels.step import StepCostModel
+    from costmodels.step_ops import default_expert_imbalance
 
     cal = profile_for(hw, cfg.calibration) if cfg.calibration else None  # its notes name the file as the efficiencies' source
-    cm = StepCostModel(model, hw, layout, cal)
-    specs = [BatchSpec.parse(b) for b in cfg.batch]
+    kw: dict = {"dp_imbalance": cfg.dp_imbalance}
+    ei = cfg.expert_imbalance
+    if not model.moe or layout.ep <= 1:
+        source = "no EP all-to-all (ep=1): every GPU holds every expert"
+    elif ei is None:
+        source = f"default {default_expert_imbalance(layout):.2f} (1.2 without EPLB, 1.05 with >= ep redundant experts: an assumption)"
+    elif isinstance(ei, float):
+        kw["expert_imbalance"] = ei
+        source = "given (--expert-imbalance)" + (": balanced routing" if ei == 1.0 else "")
+    else:
+        from costmodels.moe_load import ExpertLoad, ExpertLoadSpec
+
+        kw["expert_load"] = ExpertLoad.initial(ExpertLoadSpec(skew=ei), model.moe.n_routed_experts, layout.ep,
+                                               layout.eplb_redundant_experts)
+        source = f"{ei} expert popularity (costmodels.moe_load), busiest rank at this batch's assignments"
+    return StepCostModel(model, hw, layout, cal, **kw), source
+
+
+def _batch(cfg: CostConfig):
+    """The BatchShape of ``cfg.batch`` (decodes verify 1 + draft_len tokens), its decodes and its prefill tokens."""
+    from costmodels.batch import BatchShape
+
     new, ctx, dec = [], [], []
-    for s in specs:
+    prefill_tokens = 0
+    for s in (BatchSpec.parse(b) for b in cfg.batch):
         if s.phase == "decode":
             new += [1 + cfg.draft_len] * s.batch_size
             ctx += [s.tokens] * s.batch_size
@@ -113,38 +255,41 @@ def run_cost(cfg: CostConfig) -> dict:
             new += [s.tokens - s.cached] * s.batch_size
             ctx += [s.cached] * s.batch_size
             dec += [False] * s.batch_size
-    batch = BatchShape.from_lists(new, ctx, dec)
-    if cfg.draft_len and not model.mtp_layers:
-        raise TwinferError(f"draft_len={cfg.draft_len} needs an MTP head; {model.name} has mtp_layers=0")
-    sc = cm.step(batch)
-    from costmodels.memory import memory_fit
-    fit = memory_fit(model, hw, layout, mem_fraction=cfg.mem_fraction)
-    tokens = batch.num_tokens
-    n_dec = int(np.sum(dec))
-    return {
-        "model": model.name, "hardware": hw.name, "layout": layout.model_dump(), "layout_label": layout.describe(),
-        "gpus": layout.gpus, "batch": cfg.batch, "draft_len": cfg.draft_len,
-        "step_time_s": sc.time_s,
-        "tokens_per_s": tokens / sc.time_s if sc.time_s > 0 else 0.0,
-        "tokens_per_s_per_gpu": tokens / sc.time_s / layout.gpus if sc.time_s > 0 else 0.0,
-        "decode_tokens_per_s_per_user": (1 + cfg.draft_len) / sc.time_s if n_dec and sc.time_s > 0 else None,
-        "breakdown_s": sc.breakdown,
-        "top_ops": [o.to_dict() for o in sc.ops[: cfg.top_ops]],
-        "memory": fit.model_dump(),
-        "fits": fit.fits,
-        "notes": sc.notes + [f"model assumption: {a}" for a in model.assumptions],
-    }
+            prefill_tokens += (s.tokens - s.cached) * s.batch_size
+    return BatchShape.from_lists(new, ctx, dec), int(np.sum(dec)), prefill_tokens
+
+
+def _acceptance(cfg: CostConfig) -> list[float]:
+    """Per draft position acceptance: the given one, else the simulator's default (scheduler.config)."""
+    if cfg.acceptance is not None:
+        return list(cfg.acceptance)
+    from scheduler.config import SchedulerConfig
+
+    return SchedulerConfig(draft_len=cfg.draft_len).effective_acceptance_rates() if cfg.draft_len else []
+
+
+def _offload_summary(cm) -> dict | None:
+    """What the weight offload moves per layer and how long that takes (None without offload)."""
+    p = cm.prefetch
+    if p is None:
+        return None
+    return {"fraction": cm.layout.offload_fraction, "scope": cm.layout.offload_scope, "bytes_per_layer": p.bytes_per_layer,
+            "offloaded_layers": p.offloaded_layers, "transfer_s_per_layer": p.transfer_s, "link_bytes_per_s": p.link_bytes_per_s}
 
 
 def _print(res: dict) -> None:
     con = Console()
     t = res["step_time_s"]
     head = Table(title=f"{res['model']} on {res['gpus']}x{res['hardware']} ({res['layout_label']}, kv {res['layout']['kv_dtype']}) — batch {' '.join(res['batch'])}", show_header=False)
+    for w in res["warnings"]:
+        con.print(f"[bold red]WARNING: {w}[/]", highlight=False)
     head.add_row("step time", f"{t * 1e3:.3f} ms")
     head.add_row("tokens/s (instance)", f"{res['tokens_per_s']:,.0f}")
     head.add_row("tokens/s per GPU", f"{res['tokens_per_s_per_gpu']:,.0f}")
     if res["decode_tokens_per_s_per_user"]:
         head.add_row("decode tokens/s per user", f"{res['decode_tokens_per_s_per_user']:,.1f}")
+    for label, value in _assumption_rows(res):
+        head.add_row(label, value)
     con.print(head)
     bd = Table(title="time by category")
     bd.add_column("category")
@@ -177,6 +322,24 @@ def _print(res: dict) -> None:
         con.print(f"[dim]- {n}[/]", highlight=False)
 
 
+def _assumption_rows(res: dict) -> list[tuple[str, str]]:
+    """The head table's lines for the values the step was priced with (acceptance, imbalance, overlap, offload)."""
+    rows = []
+    if res["draft_len"]:
+        acc = " + ".join(f"{a:.2f}" for a in res["acceptance"])
+        rows.append(("tokens per decode step", f"{res['tokens_per_decode_step']:.2f} = 1 + {acc} (draft acceptance by position)"))
+    imb = res["imbalance"]
+    rows.append(("expert imbalance (busiest EP rank / mean)", f"{imb['expert']:.2f}: {imb['expert_source']}"))
+    rows.append(("DP imbalance (busiest DP rank / mean)", f"{imb['dp']:.2f}" + (" (balanced)" if imb["dp"] == 1.0 else "")))
+    rows.append(("all-to-all overlap", res["comm_overlap"] + (f", dispatch {res['dispatch_dtype']}" if res["dispatch_dtype"] else "")))
+    off = res["offload"]
+    if off:
+        rows.append(("weight offload", f"{off['fraction']:.0%} of {off['scope']}: {off['bytes_per_layer'] / 1e9:.2f} GB/layer over "
+                                        f"{off['link_bytes_per_s'] / 1e9:.0f} GB/s = {off['transfer_s_per_layer'] * 1e3:.2f} ms/layer "
+                                        f"x {off['offloaded_layers']} layers"))
+    return rows
+
+
 def register(app: typer.Typer) -> None:
     @app.command("cost")
     def cost(
@@ -193,6 +356,14 @@ def register(app: typer.Typer) -> None:
         eplb: Optional[int] = typer.Option(None, "--eplb", help="EPLB redundant experts [0]"),
         batch: Optional[list[str]] = typer.Option(None, "--batch", "-b", help="decode:BxCTX or prefill:BxPROMPT[+CACHED], repeatable [decode:64x4096]"),
         draft_len: Optional[int] = typer.Option(None, "--draft-len", help="MTP draft tokens per decode step [0]"),
+        acceptance: Optional[str] = typer.Option(None, "--acceptance", help="acceptance per draft position, e.g. 0.8,0.6 [0.85**i]"),
+        expert_imbalance: Optional[str] = typer.Option(None, "--expert-imbalance", help="busiest EP rank's load / mean, 1..ep (1 = balanced), or zipf|uniform [1.2; 1.05 with EPLB]"),
+        dp_imbalance: Optional[float] = typer.Option(None, "--dp-imbalance", help="busiest attention-DP rank's requests / mean, 1..dp [1 = balanced]"),
+        comm_overlap: Optional[str] = typer.Option(None, "--comm-overlap", help="EP all-to-all overlap: none|combine_down|tbo [tbo with --two-micro-batch, else none]"),
+        dispatch_dtype: Optional[str] = typer.Option(None, "--dispatch-dtype", help="EP dispatch payload bf16|fp8|nvfp4 [fp8 for fp8/fp4 experts]"),
+        offload_fraction: Optional[float] = typer.Option(None, "--offload-fraction", help="share of expert weights kept in host memory, prefetched a layer ahead [0]"),
+        offload_scope: Optional[str] = typer.Option(None, "--offload-scope", help="routed_experts|moe (routed + shared) [routed_experts]"),
+        allow_no_fit: Optional[bool] = typer.Option(None, "--allow-no-fit", help="price a layout that does not fit in memory (with a warning)"),
         calibration: Optional[str] = typer.Option(None, "--calibration", help="calibration profile JSON"),
         config: Optional[Path] = typer.Option(None, "--config", help="YAML/JSON holding any of these options"),
         as_json: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
@@ -201,7 +372,10 @@ def register(app: typer.Typer) -> None:
         data: dict = dict(read_mapping(config)) if config else {}
         given = {"model": model, "hardware": hardware, "tp": tp, "dp": dp, "ep": ep, "pp": pp, "dtype": dtype,
                  "expert_dtype": expert_dtype, "kv_dtype": kv_dtype, "two_micro_batch": two_micro_batch,
-                 "eplb_redundant_experts": eplb, "batch": batch, "draft_len": draft_len, "calibration": calibration}
+                 "eplb_redundant_experts": eplb, "batch": batch, "draft_len": draft_len, "calibration": calibration,
+                 "acceptance": acceptance, "expert_imbalance": expert_imbalance, "dp_imbalance": dp_imbalance,
+                 "comm_overlap": comm_overlap, "dispatch_dtype": dispatch_dtype, "offload_fraction": offload_fraction,
+                 "offload_scope": offload_scope, "allow_no_fit": allow_no_fit}
         data.update({k: v for k, v in given.items() if v is not None})
         cfg = validate(CostConfig, data, str(config) if config else "twinfer cost")
         res = run_cost(cfg)
