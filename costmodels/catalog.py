@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from importlib import resources
 from pathlib import Path
 
@@ -21,6 +22,11 @@ from twinfer.errors import TwinferError, UnknownNameError
 from costmodels.model_spec import ModelSpec
 
 _KIND_BY_RATIO = {0: "sliding", 4: "csa", 128: "hca"}
+# DeepSeek-V4.1 compress_ratios: 0 sliding window only, 2 compressed 2:1 and read through the indexer (csa), 1 uncompressed
+# and read through the indexer (sparse); every such layer also attends the last sliding_window tokens
+_V41_KIND_BY_RATIO = {0: "sliding", 2: "csa", 1: "sparse"}
+# Engram rows: head_dim FP8 values + one UE8M0 scale per 32 (256 dims -> 264 B a row: colibri docs/deepseek-v41.md)
+_ENGRAM_SCALE_GROUP = 32
 
 
 class _Cfg:
@@ -46,7 +52,7 @@ _INT_KEYS = (
     "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "n_shared_experts", "num_experts_per_tok",
     "first_k_dense_replace", "n_group", "topk_group", "num_experts", "decoder_sparse_step", "index_n_heads",
     "index_head_dim", "index_topk", "sliding_window", "max_position_embeddings", "num_nextn_predict_layers",
-    "o_lora_rank", "o_groups", "hc_mult",
+    "o_lora_rank", "o_groups", "hc_mult", "engram_max_ngram_size", "engram_n_heads", "engram_head_dim",
 )
 _DIVISOR_KEYS = ("num_attention_heads",)  # default head_dim = hidden_size // num_attention_heads
 
@@ -68,7 +74,8 @@ def _check_types(cfg: dict, name: str) -> None:
             raise bad(key, "a non-negative integer")
         if key in _DIVISOR_KEYS and v < 1:
             raise bad(key, "an integer >= 1")
-    for key in ("compress_ratios", "mlp_only_layers"):
+    for key in ("compress_ratios", "mlp_only_layers", "kv_source_layer_ids", "index_source_layer_ids", "engram_layer_ids",
+                "engram_num_embeddings"):
         v = cfg.get(key)
         if v is not None and (not isinstance(v, list) or not all(is_int(x) for x in v)):
             raise bad(key, "a list of integers")
@@ -85,14 +92,14 @@ def _family(cfg: dict) -> str:
     archs = [str(a) for a in cfg.get("architectures") or []]
     by_type = {
         "deepseek_v3": "deepseek_v3", "kimi_k2": "kimi_k2", "deepseek_v32": "deepseek_v32",
-        "deepseek_v4": "deepseek_v4", "qwen3_moe": "qwen3_moe", "qwen3": "qwen3",
+        "deepseek_v4": "deepseek_v4", "deepseek_v41": "deepseek_v41", "qwen3_moe": "qwen3_moe", "qwen3": "qwen3",
         "glm4_moe": "glm4_moe", "llama": "llama",
     }
     if model_type in by_type:
         return by_type[model_type]
     by_arch = {
         "DeepseekV3ForCausalLM": "deepseek_v3", "DeepseekV32ForCausalLM": "deepseek_v32",
-        "DeepseekV4ForCausalLM": "deepseek_v4", "Qwen3MoeForCausalLM": "qwen3_moe",
+        "DeepseekV4ForCausalLM": "deepseek_v4", "DeepseekV41ForCausalLM": "deepseek_v41", "Qwen3MoeForCausalLM": "qwen3_moe",
         "Qwen3ForCausalLM": "qwen3", "Glm4MoeForCausalLM": "glm4_moe", "LlamaForCausalLM": "llama",
     }
     for a in archs:
@@ -205,6 +212,8 @@ def from_hf_config(cfg: dict, name: str = "model") -> ModelSpec:
             checkpoint_expert_dtype=str(c.get("expert_dtype", spec["checkpoint_dtype"])),
             default_kv_dtype="fp4",
         )
+    elif family == "deepseek_v41":
+        spec.update(_deepseek_v41(c, layers))
     elif family == "glm4_moe":
         spec.update(
             attention="gqa",
@@ -237,6 +246,70 @@ def from_hf_config(cfg: dict, name: str = "model") -> ModelSpec:
     if cfg.get("torch_dtype") == "float32":
         spec["checkpoint_dtype"] = "bf16"
     return validate(ModelSpec, spec, f"{name} (from config.json)")
+
+
+def _v41_kv_sources(c: _Cfg, ratios: list[int], layers: int) -> list[int | None]:
+    """Per layer, the KV source it reads (CSA2): the nearest ``kv_source_layer_ids`` entry at or below it of its own
+    ratio; sources and sliding-window layers store their own (null)."""
+    sources = sorted(int(x) for x in c.req("kv_source_layer_ids"))
+    for j in sources:
+        if not 0 <= j < layers or ratios[j] == 0:
+            raise TwinferError(f"{c.name}: kv_source_layer_ids entry {j} is not a compressed layer of 0..{layers - 1}")
+    out: list[int | None] = []
+    for i, r in enumerate(ratios):
+        below = [j for j in sources if j <= i and ratios[j] == r]
+        if r == 0 or i in sources:
+            out.append(None)
+        elif not below:
+            raise TwinferError(f"{c.name}: layer {i} (compress ratio {r}) has no kv_source_layer_ids entry of that ratio at or below it")
+        else:
+            out.append(below[-1])
+    return out
+
+
+def _deepseek_v41(c: _Cfg, layers: int) -> dict:
+    """The ModelSpec fields of a DeepSeek-V4.1 config.json (CSA2 KV sources, index sources, CED split, Engram tables)."""
+    head_dim, rope = c.req("head_dim"), c.req("qk_rope_head_dim")
+    ratios = [int(r) for r in c.req("compress_ratios")][:layers]
+    if len(ratios) < layers:
+        raise TwinferError(f"{c.name}: compress_ratios has {len(ratios)} entries, num_hidden_layers is {layers}")
+    unknown = sorted({r for r in ratios if r not in _V41_KIND_BY_RATIO})
+    if unknown:
+        raise TwinferError(f"{c.name}: compress_ratios values {unknown} not supported for deepseek_v41 (allowed: 0 sliding, 2 csa, 1 sparse)")
+    kv_src = _v41_kv_sources(c, ratios, layers)
+    # CED: the decoder starts after the last KV source's layer group begins at the midpoint; the prefill tail of
+    # layers past it needs no global KV of its own (vLLM RFC 57738: encoder L0-L19, decoder L20-L39)
+    ced = c.get("ced_encoder_layers", max(int(x) for x in c.req("kv_source_layer_ids")))
+    rows = [int(x) for x in c.get("engram_num_embeddings", [])]
+    e_dim = c.get("engram_head_dim", 0)
+    row_bytes = e_dim + math.ceil(e_dim / _ENGRAM_SCALE_GROUP) if e_dim else 0
+    lookups = len(rows) * max(c.get("engram_max_ngram_size", 1) - 1, 0) * c.get("engram_n_heads", 0)
+    return dict(
+        attention="mla",
+        num_kv_heads=c.get("num_key_value_heads", 1),
+        head_dim=head_dim,
+        intermediate_size=c.get("intermediate_size", c.req("moe_intermediate_size")),
+        mla={"q_lora_rank": c.req("q_lora_rank"), "kv_lora_rank": head_dim - rope, "qk_nope_head_dim": head_dim - rope,
+             "qk_rope_head_dim": rope, "v_head_dim": head_dim, "kv_up_proj": False},
+        indexer={"n_heads": c.req("index_n_heads"), "head_dim": c.req("index_head_dim"), "topk": c.req("index_topk"),
+                 "kv_dtype": c.get("index_kv_dtype", "fp4")},
+        moe=_moe_deepseek(c),
+        layer_kinds=[_V41_KIND_BY_RATIO[r] for r in ratios],
+        sliding_window=c.req("sliding_window"),
+        compress_ratio={"csa": 2, "sparse": 1},
+        window_in_compressed_layers=True,
+        kv_share_source=kv_src,
+        index_source_layers=sorted(int(x) for x in c.get("index_source_layer_ids", [])) or None,
+        ced_encoder_layers=ced or None,
+        o_lora_rank=c.get("o_lora_rank"),
+        o_groups=c.get("o_groups", 1),
+        hc_mult=c.get("hc_mult", 1),
+        checkpoint_expert_dtype=str(c.get("expert_dtype", (c.get("quantization_config", {}) or {}).get("expert_dtype", "fp4"))),
+        default_kv_dtype="fp4",
+        kv_fp4_format="nvfp4",
+        host_table_bytes=float(sum(rows) * row_bytes),
+        host_table_bytes_per_token=float(lookups * row_bytes),
+    )
 
 
 @functools.lru_cache(maxsize=1)

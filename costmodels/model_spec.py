@@ -11,7 +11,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-LayerKind = Literal["full", "sliding", "csa", "hca"]
+# full: every past token (or the indexer's top-k of them); sliding: the last sliding_window tokens; csa / hca:
+# compressed KV (compress_ratio per kind; csa read through the indexer's top-k); sparse: uncompressed KV read only
+# through the indexer's top-k, plus the window (DeepSeek-V4.1's ratio-1 layers)
+LayerKind = Literal["full", "sliding", "csa", "hca", "sparse"]
+KVDType = Literal["bf16", "fp8", "fp4"]
+# FP4 block formats: MXFP4 = one 1-byte UE8M0 scale per 32 values (4.25 bits/value); NVFP4 = one 1-byte E4M3
+# scale per 16 values (4.5 bits/value; its per-tensor FP32 scale is negligible). OCP MX spec v1.0; NVIDIA NVFP4.
+FP4Format = Literal["mxfp4", "nvfp4"]
 
 MODEL_SCHEMA_VERSION = 1  # bump when a field changes meaning
 
@@ -36,6 +43,7 @@ class IndexerConfig(BaseModel):
     head_dim: int = Field(128, ge=1, description="indexer head dim")
     topk: int = Field(2048, ge=1, description="tokens the main attention reads per query")
     dtype: Literal["bf16", "fp8"] = Field("fp8", description="indexer math dtype")
+    kv_dtype: KVDType | None = Field(None, description="indexer key cache dtype (fp4: MXFP4, 1 B per 32 keys' values); null: the math dtype (fp8 keys + one fp32 scale)")
 
 
 class MoEConfig(BaseModel):
@@ -66,8 +74,8 @@ class ModelSpec(BaseModel):
 
     schema_version: Literal[1] = Field(MODEL_SCHEMA_VERSION, description="ModelSpec file schema version (docs/byo.md)")
     name: str = Field(..., min_length=1, description="model name shown in output")
-    family: Literal["deepseek_v3", "deepseek_v32", "deepseek_v4", "kimi_k2", "qwen3_moe", "glm4_moe", "llama", "qwen3", "tiny"] = Field(
-        ..., description="architecture family (decides which layers exist): deepseek_v3, deepseek_v32, deepseek_v4, kimi_k2, qwen3_moe, glm4_moe, llama, qwen3, tiny")
+    family: Literal["deepseek_v3", "deepseek_v32", "deepseek_v4", "deepseek_v41", "kimi_k2", "qwen3_moe", "glm4_moe", "llama", "qwen3", "tiny"] = Field(
+        ..., description="architecture family (decides which layers exist): deepseek_v3, deepseek_v32, deepseek_v4, deepseek_v41, kimi_k2, qwen3_moe, glm4_moe, llama, qwen3, tiny")
     num_layers: int = Field(..., ge=1, le=1024, description="transformer layers (MTP layers not included)")
     hidden_size: int = Field(..., ge=1, description="model (residual) dim")
     vocab_size: int = Field(..., ge=1, description="vocabulary size (embedding and LM head rows)")
@@ -79,10 +87,21 @@ class ModelSpec(BaseModel):
     mla: MLAConfig | None = Field(None, description="multi-head latent attention dims (attention: mla)")
     indexer: IndexerConfig | None = Field(None, description="sparse-attention indexer (DeepSeek-V3.2 DSA); null: dense attention")
     moe: MoEConfig | None = Field(None, description="MoE layers; null: a dense model")
-    layer_kinds: list[LayerKind] = Field(default_factory=list, description="attention kind per layer (full, sliding, csa, hca); empty: all full")
+    layer_kinds: list[LayerKind] = Field(default_factory=list, description="attention kind per layer (full, sliding, csa, hca, sparse); empty: all full")
     sliding_window: int | None = Field(None, ge=1, description="window of 'sliding' layers, tokens")
     compress_ratio: dict[str, int] = Field(default_factory=dict, description="KV compression per layer kind, e.g. {'csa': 4, 'hca': 128}")
     kv_share_group: int = Field(1, ge=1, description="consecutive layers sharing one KV cache (cross-layer KV sharing)")
+    kv_share_source: list[int | None] = Field(default_factory=list, description=(
+        "per layer, the earlier layer whose (compressed/global) KV cache it reads instead of storing its own, any distance "
+        "away (DeepSeek-V4.1 CSA2); null: the layer stores its own. Sliding-window entries stay per layer. Empty: kv_share_group decides"))
+    index_source_layers: list[int] | None = Field(None, description=(
+        "layers that run the indexer's scoring and top-k; the other indexed layers reuse the top-k of a source (DeepSeek-V4.1). null: every indexed layer scores"))
+    ced_encoder_layers: int | None = Field(None, ge=1, description=(
+        "causal encoder-decoder (DeepSeek-V4.1 CED): a prefill chunk runs layers [0, N) over all its tokens and the decoder layers "
+        "[N, num_layers) over only its last sliding_window tokens (their global KV comes from the sources below N); decode runs every layer. null: every layer over every token"))
+    kv_fp4_format: FP4Format = Field("mxfp4", description=(
+        "FP4 KV cache layout: mxfp4 = non-RoPE part FP4 with a 1 B scale per 32, RoPE part BF16; nvfp4 = the whole latent row (RoPE too) FP4 with a 1 B E4M3 scale per 16"))
+    fp4_weight_format: FP4Format = Field("mxfp4", description="FP4 weight block format: mxfp4 (1 B scale per 32 values, 4.25 bits) or nvfp4 (1 B E4M3 per 16, 4.5 bits)")
     mtp_layers: int = Field(0, ge=0, description="multi-token-prediction draft layers")
     host_table_bytes: float = Field(0.0, ge=0, description="vocabulary / n-gram (Engram) tables that may live in host memory")
     host_table_bytes_per_token: float = Field(0.0, ge=0, description="bytes looked up in those tables per token")
@@ -112,7 +131,38 @@ class ModelSpec(BaseModel):
             raise ValueError("'sliding' layers need sliding_window")
         if self.num_attention_heads % self.num_kv_heads:
             raise ValueError(f"num_attention_heads={self.num_attention_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+        self._check_kv_share_source()
+        for i in self.index_source_layers or []:
+            if not 0 <= i < self.num_layers:
+                raise ValueError(f"index_source_layers: layer {i} is outside 0..{self.num_layers - 1}")
+        if self.ced_encoder_layers is not None:
+            if self.ced_encoder_layers >= self.num_layers:
+                raise ValueError(f"ced_encoder_layers={self.ced_encoder_layers} must be below num_layers={self.num_layers}")
+            if not self.sliding_window:
+                raise ValueError("ced_encoder_layers needs sliding_window (the decoder layers' prefill tail)")
         return self
+
+    def _check_kv_share_source(self) -> None:
+        """Each entry: null or an earlier layer that stores its own cache, of the same kind (the cache's geometry)."""
+        src = self.kv_share_source
+        if not src:
+            return
+        if len(src) != self.num_layers:
+            raise ValueError(f"kv_share_source has {len(src)} entries, num_layers is {self.num_layers}")
+        if self.kv_share_group > 1:
+            raise ValueError("kv_share_source and kv_share_group > 1 are two ways to say the same thing: set one")
+        kinds = self.kinds()
+        for i, j in enumerate(src):
+            if j is None or j == i:
+                continue
+            if not 0 <= j < i:
+                raise ValueError(f"kv_share_source[{i}] = {j}: a layer can only read the cache of an earlier layer (0..{i - 1}) or null")
+            if src[j] is not None and src[j] != j:
+                raise ValueError(f"kv_share_source[{i}] = {j}: layer {j} itself reads layer {src[j]}'s cache; point at the layer that stores it")
+            if kinds[i] != kinds[j]:
+                raise ValueError(f"kv_share_source[{i}] = {j}: layer {i} is {kinds[i]} but layer {j}'s cache is {kinds[j]} (a shared cache needs one kind)")
+            if kinds[i] == "sliding":
+                raise ValueError(f"kv_share_source[{i}] = {j}: sliding-window layers keep their own window; share only global (compressed) caches")
 
     @property
     def is_moe(self) -> bool:
@@ -124,3 +174,18 @@ class ModelSpec(BaseModel):
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.moe is not None and layer >= self.moe.first_k_dense
+
+    def stores_kv(self, layer: int) -> bool:
+        """Whether ``layer`` stores its own global KV cache (not read from another layer's: kv_share_source / kv_share_group)."""
+        if self.kv_share_source:
+            j = self.kv_share_source[layer]
+            return j is None or j == layer
+        return layer % self.kv_share_group == 0
+
+    def scores_index(self, layer: int) -> bool:
+        """Whether ``layer`` runs the indexer's scoring (given it is an indexed layer): index_source_layers, else every one."""
+        return self.index_source_layers is None or layer in self.index_source_layers
+
+    def ced_decoder(self, layer: int) -> bool:
+        """A CED decoder layer: in prefill it runs over only each chunk's last sliding_window tokens."""
+        return self.ced_encoder_layers is not None and layer >= self.ced_encoder_layers

@@ -12,11 +12,23 @@ from typing import Literal
 from costmodels.layout import DType, ParallelLayout
 from costmodels.model_spec import LayerKind, ModelSpec
 
+# FP4 block formats: (values per scale, bytes per scale). MXFP4: a 1-byte UE8M0 scale per 32 values (OCP
+# Microscaling Formats spec v1.0; DeepSeek-V4/V4.1 experts: expert_dtype fp4, scale_fmt ue8m0, groups of 32
+# along K). NVFP4: a 1-byte E4M3 scale per 16 values (NVIDIA Blackwell NVFP4; plus one FP32 per tensor,
+# negligible) = 4.5 bits per value.
+FP4_BLOCK: dict[str, tuple[int, float]] = {"mxfp4": (32, 1.0), "nvfp4": (16, 1.0)}
+
+
+def fp4_bytes(fmt: str) -> float:
+    """Bytes per FP4 value including its block scale: mxfp4 0.53125, nvfp4 0.5625."""
+    values, scale = FP4_BLOCK[fmt]
+    return 0.5 + scale / values
+
+
 # Bytes per weight parameter including block scales:
 #  fp8: DeepSeek-V3 / DeepGEMM layout, one fp32 scale per 128x128 block (V3 config quantization_config.weight_block_size)
-#  fp4: MXFP4-style, one 1-byte (ue8m0) scale per 32 values (DeepSeek-V4 expert_dtype fp4, scale_fmt ue8m0);
-#       NVFP4 (fp8 scale per 16) would be 0.5625 — within 6%.
-WEIGHT_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0 + 4.0 / (128 * 128), "fp4": 0.5 + 1.0 / 32}
+#  fp4: MXFP4 (fp4_bytes("mxfp4")); a model with fp4_weight_format nvfp4 pays fp4_bytes("nvfp4") instead
+WEIGHT_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0 + 4.0 / (128 * 128), "fp4": fp4_bytes("mxfp4")}
 # Activations/KV element sizes without scales.
 ELEM_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5}
 
@@ -57,15 +69,27 @@ def shard_divisor(lin: Linear, model: ModelSpec, layout: ParallelLayout) -> floa
     return 1.0
 
 
-def weight_bytes_per_param(lin: Linear, layout: ParallelLayout) -> float:
-    if lin.wclass == "bf16":
-        return WEIGHT_BYTES["bf16"]
-    dtype: DType = layout.experts_dtype if lin.shard == "expert" else layout.weight_dtype
+def dtype_bytes(dtype: str, model: ModelSpec | None = None) -> float:
+    """Bytes per weight of ``dtype`` with its block scales; FP4 in the model's block format (MXFP4 unless it says NVFP4)."""
+    if dtype == "fp4" and model is not None:
+        return fp4_bytes(model.fp4_weight_format)
     return WEIGHT_BYTES[dtype]
 
 
-def attention_linears(model: ModelSpec, kind: LayerKind) -> list[Linear]:
-    """Projections of one attention layer of ``kind`` (the attention core itself has no weights)."""
+def weight_bytes_per_param(lin: Linear, layout: ParallelLayout, model: ModelSpec | None = None) -> float:
+    if lin.wclass == "bf16":
+        return WEIGHT_BYTES["bf16"]
+    dtype: DType = layout.experts_dtype if lin.shard == "expert" else layout.weight_dtype
+    return dtype_bytes(dtype, model)
+
+
+def attention_linears(model: ModelSpec, kind: LayerKind, layer: int | None = None) -> list[Linear]:
+    """Projections of one attention layer of ``kind`` (the attention core itself has no weights).
+
+    With ``layer`` given, a layer that reads another's cache (``kv_share_source``) has no KV compressor and
+    no indexer key projection, and one that reuses another's top-k (``index_source_layers``) no indexer
+    query projection (DeepSeek-V4.1 CSA2); without it, every layer of the kind has them (per-kind op tables).
+    """
     h, heads = model.hidden_size, model.num_attention_heads
     out: list[Linear] = []
     if model.attention == "mla":
@@ -91,16 +115,19 @@ def attention_linears(model: ModelSpec, kind: LayerKind) -> list[Linear]:
         out.append(Linear("o_b_proj", model.o_groups * model.o_lora_rank, h, "tp", "weight", "dense_gemm"))
     else:
         out.append(Linear("o_proj", v_total, h, "tp", "weight", "dense_gemm"))
-    if kind in ("csa", "hca") and model.attention == "mla":
+    owns_kv = layer is None or model.stores_kv(layer)
+    if kind in ("csa", "hca") and model.attention == "mla" and owns_kv:
         # KV compressor: a kv and a gate projection per token (csa overlaps windows: 2x)
         coff = 2 if kind == "csa" else 1
         out.append(Linear("kv_compressor", h, 2 * coff * (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim), "rep", "weight", "dense_gemm"))
     if has_indexer(model, kind):
         ix = model.indexer
         q_in = model.mla.q_lora_rank if model.attention == "mla" and model.mla.q_lora_rank else h
-        out.append(Linear("indexer_wq", q_in, ix.n_heads * ix.head_dim, "rep", "weight", "indexer"))
-        out.append(Linear("indexer_wk", h, ix.head_dim * (4 if kind == "csa" else 1), "rep", "weight", "indexer"))
-        out.append(Linear("indexer_weights", h, ix.n_heads, "rep", "bf16", "indexer"))
+        if layer is None or model.scores_index(layer):
+            out.append(Linear("indexer_wq", q_in, ix.n_heads * ix.head_dim, "rep", "weight", "indexer"))
+            out.append(Linear("indexer_weights", h, ix.n_heads, "rep", "bf16", "indexer"))
+        if owns_kv:
+            out.append(Linear("indexer_wk", h, ix.head_dim * (4 if kind == "csa" else 1), "rep", "weight", "indexer"))
     return out
 
 
@@ -109,7 +136,7 @@ def has_indexer(model: ModelSpec, kind: LayerKind) -> bool:
     if model.indexer is None:
         return False
     if model.layer_kinds:
-        return kind == "csa" or (kind == "full")
+        return kind in ("csa", "full", "sparse")
     return kind == "full"
 
 
@@ -137,7 +164,7 @@ def norm_params(model: ModelSpec) -> int:
 
 def layer_linears(model: ModelSpec, layer: int) -> list[Linear]:
     kind = model.kinds()[layer]
-    return attention_linears(model, kind) + ffn_linears(model, model.is_moe_layer(layer))
+    return attention_linears(model, kind, layer) + ffn_linears(model, model.is_moe_layer(layer))
 
 
 def embedding_linears(model: ModelSpec) -> list[Linear]:
@@ -168,11 +195,24 @@ def total_params(model: ModelSpec, include_mtp: bool = False) -> int:
     return n
 
 
-def active_params(model: ModelSpec) -> int:
-    """Parameters touched per token (top_k routed experts instead of all)."""
+def active_params(model: ModelSpec, phase: Literal["decode", "prefill"] = "decode") -> int:
+    """Parameters touched per token (top_k routed experts instead of all).
+
+    ``prefill``: per prompt token of a long prompt. A CED model (``ced_encoder_layers``) runs its decoder
+    layers over only each chunk's last ``sliding_window`` tokens, so per prompt token they vanish in the
+    limit, and so does the LM head (one sampled token per chunk) (DeepSeek-V4.1: 8B active in prefill, 16B in
+    decode). Other models: the same as decode.
+    """
     n = total_params(model)
     if model.moe:
         per_expert = 3 * model.hidden_size * model.moe.moe_intermediate_size
         moe_layers = model.num_layers - model.moe.first_k_dense
         n -= moe_layers * per_expert * (model.moe.n_routed_experts - model.moe.top_k)
+    if phase == "prefill" and model.ced_encoder_layers is not None:
+        n -= sum(lin.params for lin in embedding_linears(model) if lin.name == "lm_head")
+        for layer in range(model.ced_encoder_layers, model.num_layers):
+            lins = layer_linears(model, layer)
+            n -= sum(lin.params for lin in lins if lin.shard != "expert") + norm_params(model)
+            if model.is_moe_layer(layer):
+                n -= 3 * model.hidden_size * model.moe.moe_intermediate_size * model.moe.top_k
     return n
