@@ -35,6 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from costmodels.layout import DType
 from costmodels.memory import kv_rates
 from costmodels.model_spec import ModelSpec
+from costmodels.ops import CATEGORIES
+from costmodels.step_ops import ATT, IDX, KV_UP, SAMPLED, TOKENS, StepOps
 
 ReplayMode = Literal["persist", "replay", "recompute"]
 WindowKind = Literal["sliding", "csa", "hca"]
@@ -243,3 +245,135 @@ def replay_tradeoff(model: ModelSpec, kv_dtype: DType, replay_tokens: int) -> Re
     w = max(0, min(int(replay_tokens), window))
     kept = full * (1.0 - w / window) if window else 0.0
     return ReplayTradeoff(replay_tokens=w, window_tokens=window, kept_window_bytes=kept, full_window_bytes=full)
+
+
+# ---------------------------------------------------------------------------------------------- cost
+@dataclass(frozen=True)
+class ChunkCost:
+    """Device time of one request's prefill chunk under a replay policy, on the busiest GPU (no two-micro-batch overlap)."""
+
+    seconds: float
+    breakdown: dict[str, float]
+    new_tokens: int              # n: tokens whose KV the chunk adds
+    context: int                 # c: tokens cached before the chunk
+    layer_tokens: tuple[int, ...]  # n + e_j: tokens layer j processes
+
+
+def chunk_cost(ops: StepOps, replay: ResolvedReplay, new_tokens: int, context: int) -> ChunkCost:
+    """One prefill chunk of ``new_tokens`` over ``context`` cached tokens, layer j carrying n + e_j tokens
+    at context c - e_j (``ResolvedReplay.extra_tokens``), priced by ``StepOps``' op families on each run of
+    layers with the same e (the families the step model sums, restricted to those layers: no second formula;
+    with every layer at one e this is exactly the step model's prefill of n + e tokens over c - e)."""
+    n, c = int(new_tokens), int(context)
+    e = replay.extra_tokens(c) if replay.modes else np.zeros(ops.n_layers, np.int64)
+    kinds = ops.model.kinds()
+    v = np.zeros(7)
+    for extra in sorted(set(e.tolist())):
+        layers = [j for j in range(ops.n_layers) if e[j] == extra]
+        _add_layers(ops, v, layers, kinds, n + extra, c - extra)
+    _add_once(ops, v, n + int(e[0]) if e.size else n)
+    return ChunkCost(float(v[:6].sum()), {k: float(v[i]) for i, k in enumerate(CATEGORIES)}, n, c,
+                     tuple(int(n + x) for x in e))
+
+
+def _add_layers(ops: StepOps, v: np.ndarray, layers: list[int], kinds: list[str], tokens: int, ctx: int) -> None:
+    """Add the per-layer families of ``layers`` over a prefill of ``tokens`` queries on ``ctx`` cached tokens."""
+    m = ops.model
+    groups: dict[tuple[str, bool], int] = {}
+    for j in layers:
+        key = (kinds[j], m.is_moe_layer(j))
+        groups[key] = groups.get(key, 0) + 1
+    n_moe = sum(cnt for (_, moe), cnt in groups.items() if moe)
+    x = np.array([float(tokens)])
+    tok = x * ops.share
+    kv_up = float(ctx + tokens) if (m.attention == "mla" and m.mla.kv_up_proj and m.indexer is None) else float(tokens)
+    for src, pts in ((TOKENS, x), (KV_UP, np.array([kv_up]))):
+        fam = ops.gemms(src, pts)
+        share = np.array([groups.get(ops.g_group[r], 0) / ops.g_count[r] if ops.g_group[r] else 0.0
+                          for r in ops._src_rows[src]])
+        fam.time = fam.time * share[:, None]
+        fam.add_to(v, None)
+    for fam in (ops.experts(x, n_moe, "routed_experts"), ops.elementwise(tok, len(layers), n_moe),
+                ops.collectives(tok, len(layers), n_moe, True)):
+        fam.add_to(v, None)
+    by_kind: dict[str, int] = {}
+    for j in layers:
+        by_kind[kinds[j]] = by_kind.get(kinds[j], 0) + 1
+    new, cc, dec = np.array([tokens]), np.array([ctx]), np.zeros(1, bool)
+    for geo, _ in ops.att_kinds:
+        cnt = by_kind.get(geo.kind, 0)
+        if cnt:
+            r = ops._attn_one(geo, new, cc, dec, ops.share)
+            v[ATT] += cnt * r[2]
+            v[IDX] += cnt * r[5]
+
+
+def _add_once(ops: StepOps, v: np.ndarray, tokens0: int) -> None:
+    """Add what a prefill runs once: embedding (+ its all-reduce, pipeline sends) of the tokens entering layer 0,
+    and the one sampled token (lm_head, sampling), as ``StepOps.nonattn`` counts them for a prefill chunk."""
+    tok = np.array([float(tokens0)]) * ops.share
+    one = np.array([1.0])
+    for fam in (ops.embedding(tok), ops.embedding_allreduce(tok), ops.pp_sends(tok), ops.gemms(SAMPLED, one),
+                ops.sampling(one * ops.share, 0)):
+        fam.add_to(v, None)
+
+
+def prompt_chunks(prompt: int, chunk: int, cached: int = 0) -> list[tuple[int, int]]:
+    """(new tokens, context) of each chunk of a ``prompt``-token prefill after ``cached`` prefix-hit tokens."""
+    out, c = [], int(cached)
+    while c < prompt:
+        n = min(chunk, prompt - c)
+        out.append((n, c))
+        c += n
+    return out
+
+
+def prefill_seconds(ops: StepOps, replay: ResolvedReplay, prompt: int, chunk: int, cached: int = 0) -> float:
+    """Device seconds to prefill a ``prompt`` (``cached`` tokens already held) in chunks of ``chunk`` under ``replay``:
+    every chunk resumes at its context (the first after a hit too), so its layers carry the policy's extra tokens."""
+    return sum(chunk_cost(ops, replay, n, c).seconds for n, c in prompt_chunks(prompt, chunk, cached))
+
+
+def kept_window_bytes(model: ModelSpec, kv_dtype: DType, replay: ResolvedReplay) -> float:
+    """Window KV kept per paused sequence (unsharded, whole model): each layer's fixed window bytes
+    (``memory.kv_rates``, shared caches once) times its kept share."""
+    keep = replay.kept_fraction()
+    return float(sum(kv_rates(model, kv_dtype, [i])[1] * keep[i] for i in range(model.num_layers)))
+
+
+@dataclass(frozen=True)
+class PolicyComparison:
+    """Prefill of one prompt size under a base policy and a candidate (seconds on the busiest GPU)."""
+
+    new_tokens: int
+    chunks: int
+    base_s: float
+    cand_s: float
+    base_extra_tokens: int   # extra layer-tokens the base recomputes over the whole prefill (sum over layers and chunks)
+    cand_extra_tokens: int
+
+    @property
+    def gain(self) -> float:
+        """Prefill throughput of the candidate over the base's (1.0: no change)."""
+        return self.base_s / self.cand_s if self.cand_s > 0 else float("inf")
+
+
+def compare_policies(ops: StepOps, base: ResolvedReplay, cand: ResolvedReplay, new_tokens: list[int], chunk: int,
+                     cached: int = 0) -> list[PolicyComparison]:
+    """Per prompt size (new tokens after ``cached`` hit tokens, prefilled in chunks of ``chunk``): both policies' times."""
+    rows = []
+    for n in new_tokens:
+        parts = prompt_chunks(cached + n, chunk, cached)
+        extra = [sum(int(r.extra_tokens(c).sum()) for _, c in parts) for r in (base, cand)]
+        rows.append(PolicyComparison(n, len(parts), prefill_seconds(ops, base, cached + n, chunk, cached),
+                                     prefill_seconds(ops, cand, cached + n, chunk, cached), extra[0], extra[1]))
+    return rows
+
+
+def one_layer_policies(model: ModelSpec, layer: int, tokens: int, around: ReplayPolicy | None = None) -> tuple[ReplayPolicy, ReplayPolicy]:
+    """(layer ``layer`` recomputes, layer ``layer`` replays ``tokens``), every other layer as in ``around``
+    (default: the model's shipped policy)."""
+    around = around or shipped_replay_policy(model)
+    base = around.model_copy(update={"layers": {**around.layers, layer: LayerReplay(mode="recompute")}})
+    cand = around.model_copy(update={"layers": {**around.layers, layer: LayerReplay(mode="replay", tokens=tokens)}})
+    return base, cand

@@ -1,0 +1,125 @@
+"""``twinfer replay``: prefill time of a prompt under two sliding-window replay policies (costmodels/replay.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from twinfer.config import validate
+from twinfer.errors import TwinferError
+
+DEFAULT_NEW = "1024,2048,4096,8192,16384,32768,65536,131072"
+
+
+def _policy(text: str | None, option: str):
+    """A ReplayPolicy from inline YAML/JSON (``{layers: {42: recompute}}``) or a bare rule (``replay:64``: every window layer)."""
+    from costmodels.replay import ReplayPolicy
+
+    if text is None:
+        return None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise TwinferError(f"{option} {text!r}: not YAML ({str(err).splitlines()[0]})") from None
+    if isinstance(data, str):
+        data = {"default": data}
+    return validate(ReplayPolicy, data, option)
+
+
+def _ints(text: str, option: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise TwinferError(f"{option} {text!r}: expected comma-separated token counts, e.g. {DEFAULT_NEW}") from None
+    if not out or min(out) < 1:
+        raise TwinferError(f"{option} {text!r}: token counts must be >= 1")
+    return out
+
+
+def run_replay(model: str, hardware: str, tp: int, dp: int, ep: int, kv_dtype: str | None, layer: int | None, tokens: int,
+               base: str | None, cand: str | None, new: str, chunk: int, cached: int) -> dict:
+    """Both policies' prefill times per prompt size, and what each keeps per paused sequence."""
+    from costmodels.catalog import get_model
+    from costmodels.hardware import get_hardware
+    from costmodels.layout import ParallelLayout
+    from costmodels.replay import compare_policies, kept_window_bytes, one_layer_policies, shipped_replay_policy
+    from costmodels.step import StepCostModel
+
+    m, hw = get_model(model), get_hardware(hardware)
+    if chunk < 1 or cached < 0:
+        raise TwinferError(f"--chunk={chunk} must be >= 1 and --cached={cached} >= 0")
+    pb, pc = _policy(base, "--base"), _policy(cand, "--with")
+    if layer is not None:
+        if pb is not None or pc is not None:
+            raise TwinferError("--layer sets both policies (that layer recomputing vs replaying --tokens): leave out --base/--with")
+        pb, pc = one_layer_policies(m, layer, tokens)
+    pb, pc = pb or shipped_replay_policy(m), pc or shipped_replay_policy(m)
+    try:
+        rb, rc = pb.resolve(m), pc.resolve(m)
+    except ValueError as err:
+        raise TwinferError(str(err)) from None
+    kv = kv_dtype or m.default_kv_dtype
+    lay = validate(ParallelLayout, {"tp": tp, "dp": dp, "ep": ep, "weight_dtype": m.checkpoint_dtype,
+                                    "expert_dtype": m.checkpoint_expert_dtype, "kv_dtype": kv}, "layout")
+    ops = StepCostModel(m, hw, lay)
+    rows = compare_policies(ops, rb, rc, _ints(new, "--new"), chunk, cached)
+    return {
+        "model": m.name, "hardware": hw.name, "layout": lay.describe(), "gpus": lay.gpus, "chunk": chunk, "cached": cached,
+        "base": str(pb), "with": str(pc),
+        "kept_window_bytes_per_seq": {"base": kept_window_bytes(m, kv, rb), "with": kept_window_bytes(m, kv, rc)},
+        "rows": [{"new_tokens": r.new_tokens, "chunks": r.chunks, "base_s": r.base_s, "with_s": r.cand_s,
+                  "base_tok_s_per_gpu": r.new_tokens / r.base_s / lay.gpus, "with_tok_s_per_gpu": r.new_tokens / r.cand_s / lay.gpus,
+                  "gain": r.gain, "base_extra_layer_tokens": r.base_extra_tokens, "with_extra_layer_tokens": r.cand_extra_tokens}
+                 for r in rows],
+    }
+
+
+def _print(res: dict) -> None:
+    con = Console()
+    con.print(f"{res['model']} on {res['hardware']}, {res['layout']} ({res['gpus']} GPUs); prompt prefilled in chunks of "
+              f"{res['chunk']} tokens after {res['cached']} cached", highlight=False)
+    kb = res["kept_window_bytes_per_seq"]
+    con.print(f"base: {res['base']}  (window KV kept per paused sequence {kb['base'] / 1e6:.3f} MB)", highlight=False)
+    con.print(f"with: {res['with']}  (window KV kept per paused sequence {kb['with'] / 1e6:.3f} MB)", highlight=False)
+    t = Table()
+    for c in ("new tokens", "chunks", "base s", "with s", "base tok/s/GPU", "with tok/s/GPU", "gain"):
+        t.add_column(c, justify="right")
+    for r in res["rows"]:
+        t.add_row(f"{r['new_tokens']:,}", str(r["chunks"]), f"{r['base_s']:.3f}", f"{r['with_s']:.3f}",
+                  f"{r['base_tok_s_per_gpu']:,.0f}", f"{r['with_tok_s_per_gpu']:,.0f}", f"{r['gain']:.3f}x")
+    con.print(t)
+    con.print("[dim]- gain = base prefill time / with prefill time (prefill throughput ratio); a layer's extra tokens "
+              "run through every layer below it (no hidden states are kept); --json adds the extra layer-tokens each recomputes[/]", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("replay")
+    def replay(
+        model: str = typer.Option("deepseek-v4-flash", "--model", "-m", help="catalog name or model file"),
+        hardware: str = typer.Option("gb300", "--hardware", "--hw", help="catalog GPU name or hardware YAML"),
+        tp: int = typer.Option(1, "--tp", help="tensor parallel"),
+        dp: int = typer.Option(4, "--dp", help="attention data parallel"),
+        ep: int = typer.Option(4, "--ep", help="expert parallel"),
+        kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help="KV cache dtype [model default]"),
+        layer: Optional[int] = typer.Option(None, "--layer", help="compare this layer recomputing (base) with it replaying --tokens "
+                                            "(with); other layers as shipped"),
+        tokens: int = typer.Option(128, "--tokens", min=1, help="W of --layer's bounded replay"),
+        base: Optional[str] = typer.Option(None, "--base", help="base policy, YAML: '{layers: {42: recompute}}' or a rule for every "
+                                           "window layer: persist | recompute | replay:W [shipped]"),
+        cand: Optional[str] = typer.Option(None, "--with", help="candidate policy, same forms [shipped]"),
+        new: str = typer.Option(DEFAULT_NEW, "--new", help="prompt sizes (new tokens), comma-separated"),
+        chunk: int = typer.Option(8192, "--chunk", help="prefill chunk (the scheduler's max_num_batched_tokens)"),
+        cached: int = typer.Option(0, "--cached", help="prefix-cache hit tokens before the prompt's new tokens"),
+        as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    ):
+        """Prefill time of a prompt under two sliding-window replay policies (persist / replay W / recompute per layer)."""
+        res = run_replay(model, hardware, tp, dp, ep, kv_dtype, layer, tokens, base, cand, new, chunk, cached)
+        if as_json:
+            typer.echo(json.dumps(res, indent=1))
+        else:
+            _print(res)
