@@ -98,4 +98,8 @@ class PlanRequest(BaseModel):
         if self.workload.kind == "trace":
             # a trace has no rate to scale; its lengths are still usable for the screen
             pass
+        if self.workload.kind == "closed":
+            raise ValueError("workload.kind: 'closed' fixes a concurrency, not a rate; the planner sizes a deployment "
+                             "for a request rate (give kind poisson, gamma, constant or agentic); `twinfer simulate` "
+                             "runs a closed loop on a given deployment")
         return self

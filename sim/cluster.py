@@ -1,4 +1,4 @@
-"""A cluster of identical instances behind a router, fed by a pre-generated arrival sequence."""
+"""A cluster of identical instances behind a router, fed by a pre-generated arrival sequence (and ``submit``)."""
 
 from __future__ import annotations
 
@@ -65,6 +65,10 @@ class Cluster:
 
     def _dispatch(self, req: Request) -> None:
         self._next += 1
+        self.submit(req)
+
+    def submit(self, req: Request) -> None:
+        """Route ``req`` now: a scheduled arrival, or one made during the run (a closed-loop user's next request)."""
         self.metrics.on_arrival(req)
         i = self.router.choose(req, self.schedulers) if len(self.instances) > 1 else 0
         self.instances[i].submit(req)

@@ -26,6 +26,7 @@ from scheduler.config import SchedulerConfig
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler
 from sim.backend import SimBackend, host_coeffs
+from sim.closed_loop import arrival_source
 from sim.cluster import Cluster
 from sim.disagg import DisaggSpec, KVLinks, _PrefillMetrics, link_bandwidth, prompt_copy, transfer_bytes
 from sim.effects import EffectsSpec, build_step_cost, kv_tiers
@@ -36,7 +37,6 @@ from scheduler.metrics import MetricsCollector
 from sim.result import KVInfo, SimResult, SimRun
 from sim.router import make_router
 from sim.scenario import Scenario
-from sim.workload import generate
 from twinfer import __version__
 from twinfer.errors import DoesNotFitError
 
@@ -85,10 +85,8 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
 
     rng = np.random.default_rng(scenario.seed)
     workload_seed, backend_seed = (int(x) for x in rng.integers(0, 2**63 - 1, size=2))
-    if requests is None:
-        requests = generate(scenario.workload, np.random.default_rng(workload_seed), sc.block_size)
-
     env = simpy.Environment()
+    source = arrival_source(env, scenario.workload, np.random.default_rng(workload_seed), sc.block_size, requests)
     clock = lambda: env.now  # noqa: E731
     debug = invariants.enabled(debug)
     checked = debug and disagg is None  # a prefill pool hands requests over: per-event checks do not apply
@@ -106,16 +104,18 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
                               host_coeffs(sc))
 
         schedulers = [Scheduler(sc, num_blocks, i, name_all_blocks=False) for i in range(scenario.instances)]
-        cluster = Cluster(env, schedulers, make_backend, make_router(scenario.router), collector, requests,
-                          max_steps=scenario.max_decode_steps)
+        cluster = Cluster(env, schedulers, make_backend, make_router(scenario.router), source.watch(collector),
+                          source.initial, max_steps=scenario.max_decode_steps)
+        source.start(cluster.submit)
         env.run()
         all_scheds = schedulers
         gpus = decode_gpus
         del cluster
     else:
-        all_scheds, gpus, extra = _run_disagg(env, scenario, eff, disagg, collector, requests, cost, num_blocks,
+        all_scheds, gpus, extra = _run_disagg(env, scenario, eff, disagg, collector, source, cost, num_blocks,
                                               backend_seed, decode_gpus, load_s)
         notes += extra
+    requests = source.requests
     stuck = [s for s in all_scheds if s.has_work]
     if stuck:
         raise RuntimeError(f"simulation ended with work queued on instances {[s.instance_id for s in stuck]}")
@@ -137,8 +137,9 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
     return SimRun(result, collector, requests)
 
 
-def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, collector, requests, decode_cost,
+def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, collector, source, decode_cost,
                 num_blocks: int, backend_seed: int, decode_gpus: float, load_s: tuple[float, float]):
+    collector = source.watch(collector)  # every request ends through it: a decode finish, a first-token finish or a drop
     model, hw = get_model(scenario.model), get_hardware(scenario.hardware)
     dsc = scenario.scheduler
     psc = spec.prefill_config(dsc)
@@ -156,8 +157,8 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
     d_slots = [max(1, scenario.layout.dp // eff.mirror)] * n_d
     links = KVLinks(env, p_slots, d_slots, bw, spec.transfer_latency_s)
 
-    originals = {r.request_id: r for r in requests}
-    copies = [prompt_copy(r) for r in requests]
+    originals = {r.request_id: r for r in source.initial}
+    copies = [prompt_copy(r) for r in source.initial]
     d_rates = dsc.effective_acceptance_rates()
     d_scheds = [Scheduler(dsc, num_blocks, n_p + j, name_all_blocks=False) for j in range(n_d)]
     d_instances = [
@@ -214,6 +215,15 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
         for c in copies:
             p_index[c.request_id] = 0
     cluster = Cluster(env, p_scheds, make_pbackend, _TrackingRouter(), pmetrics, copies, max_steps=scenario.max_decode_steps)
+
+    def submit(orig: Request) -> None:
+        """A request made during the run (a closed-loop user's): its prompt copy goes to the prefill pool."""
+        originals[orig.request_id] = orig
+        if n_p == 1:
+            p_index[orig.request_id] = 0
+        cluster.submit(prompt_copy(orig))
+
+    source.start(submit)
     env.run()
     del cluster
     gpus = decode_gpus + n_p * spec.prefill_layout.gpus / spec.prefill_mirror

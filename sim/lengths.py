@@ -188,6 +188,36 @@ class NormalLength(_Dist):
 
 
 
+class ExponentialLength(_Dist):
+    """Exponential with ``mean``, clipped to ``[min, max]``: memoryless gaps, e.g. the think time of a
+    closed-loop user (a Poisson stream of turns per user)."""
+
+    kind: Literal["exponential"] = "exponential"
+    mean_: Num = Field(gt=0, alias="mean")
+    min: Num = Field(0, ge=0)
+    max: Num = Field(_BIG, gt=0)
+
+    # the field is ``mean`` in configs; ``mean()`` is the method every distribution has
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max:g}) must be >= min ({self.min:g})")
+        return self
+
+    def sample_float(self, rng, n):
+        return np.clip(rng.exponential(float(self.mean_), n), self.min, self.max)
+
+    def mean(self) -> float:
+        # E[clip(X, a, b)] = integral over [0, inf) of P(clip > x) = a + m (exp(-a/m) - exp(-b/m))
+        m, a, b = float(self.mean_), float(self.min), float(self.max)
+        return min(max(a + m * (math.exp(-a / m) - math.exp(-b / m)), a), b)
+
+    def support(self):
+        return (float(self.min), float(self.max))
+
+
 class EmpiricalLength(_Dist):
     """Draw from observed ``values`` (optionally ``weights``), or from a CSV column.
 
@@ -279,7 +309,7 @@ def _number_means_fixed(v: object) -> object:
 
 
 LengthDist = Annotated[
-    Union[FixedLength, UniformLength, LognormalLength, NormalLength, EmpiricalLength],
+    Union[FixedLength, UniformLength, LognormalLength, NormalLength, ExponentialLength, EmpiricalLength],
     Field(discriminator="kind"),
     BeforeValidator(_number_means_fixed),
 ]

@@ -16,6 +16,7 @@ from costmodels.memory import MemoryFit
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler
 from sim.backend import MemoStepCost, SimBackend, host_coeffs
+from sim.closed_loop import arrival_source
 from sim.cluster import Cluster
 from sim import invariants
 from sim.export import digest
@@ -58,7 +59,10 @@ def run_seeds(scenario: Scenario) -> tuple[int, int]:
 
 
 def scenario_requests(scenario: Scenario) -> list[Request]:
-    """The requests ``simulate`` generates for ``scenario`` (a caller that wants to count them passes them in)."""
+    """The requests ``simulate`` generates for ``scenario`` (a caller that wants to count them passes them in);
+    for a closed loop, an empty list that ``simulate(requests=...)`` fills as its users send."""
+    if scenario.workload.kind == "closed":
+        return []
     return generate(scenario.workload, np.random.default_rng(run_seeds(scenario)[0]), scenario.scheduler.block_size)
 
 
@@ -77,8 +81,8 @@ def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[R
     cost = MemoStepCost(build_cost_model(scenario))
 
     workload_seed, backend_seed = run_seeds(scenario)
-    if requests is None:
-        requests = generate(scenario.workload, np.random.default_rng(workload_seed), sc.block_size)
+    env = simpy.Environment()
+    source = arrival_source(env, scenario.workload, np.random.default_rng(workload_seed), sc.block_size, requests)
     rates = sc.effective_acceptance_rates()
 
     def make_backend(i: int) -> SimBackend:
@@ -88,10 +92,11 @@ def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[R
     debug = invariants.enabled(debug)
     collector = (invariants.CheckingCollector if debug else MetricsCollector)(record_steps=record_steps)
     schedulers = [Scheduler(sc, num_blocks, i, name_all_blocks=False) for i in range(scenario.instances)]
-    env = simpy.Environment()
-    Cluster(env, schedulers, make_backend, make_router(scenario.router), collector, requests,
-            max_steps=scenario.max_decode_steps)
+    cluster = Cluster(env, schedulers, make_backend, make_router(scenario.router), source.watch(collector), source.initial,
+                      max_steps=scenario.max_decode_steps)
+    source.start(cluster.submit)
     env.run()
+    requests = source.requests
     end_s = float(env.now)
     stuck = [s for s in schedulers if s.has_work]
     if stuck:  # cannot happen unless a scheduler bug leaves work behind; say so rather than under-count
@@ -193,7 +198,10 @@ def measure_capacity(scenario: Scenario, num_requests: int = 3000) -> float:
     wl = scenario.workload
     if wl.kind == "trace":
         raise TwinferError("workload: capacity measurement needs a generated workload, not a trace")
-    over = scenario.model_copy(update={"workload": wl.model_copy(update={"rate": 1000.0, "num_requests": num_requests, "duration_s": None})})
+    # capacity is a property of the lengths: a closed loop's are measured under the same open-loop overload
+    kind = "poisson" if wl.kind == "closed" else wl.kind
+    over = scenario.model_copy(update={"workload": wl.model_copy(update={"kind": kind, "rate": 1000.0, "num_requests": num_requests,
+                                                                       "duration_s": None})})
     run = simulate(over)
     fin = np.sort([r.finish_time for r in run.requests if r.finish_time is not None])
     if fin.size < 10:

@@ -15,6 +15,12 @@ hash every full block, since the next turn reuses the conversation.
 Agentic timing: arrivals are fixed before the simulation runs, so the next turn arrives at
 ``previous arrival + est_ttft_s + est_tpot_s * previous output_len + think time``, an
 estimate of the previous turn's latency rather than its simulated finish.
+
+Closed loop (``kind: closed``): ``concurrency`` users, each sending its next request when its
+previous one finishes or is refused, after ``think_time_s`` (default 0); for ``num_requests``
+requests in all and/or until ``duration_s``. Its arrivals depend on the run, so ``generate``
+has no list for it: ``sim.closed_loop`` creates the requests during the simulation (and for
+``twinfer bench``), each one's content fixed by (seed, user, k).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from contextlib import contextmanager
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from scheduler.request import Request, new_requests
 from sim.lengths import FixedLength, LengthDist, LognormalLength, UniformLength, check_support
@@ -33,7 +39,7 @@ from sim.traces import MAX_BLOCK_HASHES, MAX_TRACE_REQUESTS, ROOT_HASH, hash_pai
 from twinfer.config import validate
 from twinfer.errors import TwinferError, UnknownNameError
 
-WorkloadKind = Literal["poisson", "gamma", "constant", "agentic", "trace"]
+WorkloadKind = Literal["poisson", "gamma", "constant", "agentic", "trace", "closed"]
 
 # content tags: keep the hash streams of different kinds of content apart
 _TAG_PREFIX, _TAG_REQUEST, _TAG_SESSION = 0x505245, 0x524551, 0x534553
@@ -47,8 +53,11 @@ MAX_SECONDS = 1e10        # ~300 years of simulated time
 MAX_TOKENS = 1e12         # a token length's largest value (lognormal lengths clip at 1e9 by default)
 MAX_TURNS = 100_000       # turns of one agentic session
 MAX_ROWS = 50_000_000     # requests (or agentic turns) drawn at once, and block hashes built (memory)
+# closed-loop users: each keeps a request and a chunk of drawn content (~2 KB) alive during the run, and a
+# simpy process; 100k is past any published fixed-concurrency benchmark (InferenceX sweeps to 1k-4k)
+MAX_CONCURRENCY = 100_000
 
-_AGENTIC_FIELDS = ("turns", "think_time_s", "est_ttft_s", "est_tpot_s", "max_prompt_len")
+_AGENTIC_FIELDS = ("turns", "est_ttft_s", "est_tpot_s", "max_prompt_len")
 _TRACE_FIELDS = ("trace_path", "trace_format", "time_scale", "time_unit", "max_requests")
 _GENERATED_FIELDS = ("rate", "num_requests", "input_len", "output_len", "shared_prefix_len",
                      "num_prefix_groups", "hash_private_blocks", "priority_mix")
@@ -73,9 +82,12 @@ class WorkloadSpec(BaseModel):
     num_prefix_groups: int = Field(1, ge=1, le=1_000_000)
     hash_private_blocks: bool = False
     priority_mix: dict[int, float] | None = Field(None, description="priority -> weight (lower is served first)")
-    # agentic
+    # closed loop
+    concurrency: int | None = Field(None, ge=1, le=MAX_CONCURRENCY, description="closed: users, each with one request in flight")
+    # agentic (think_time_s: closed too)
     turns: LengthDist = UniformLength(min=2, max=8)
-    think_time_s: LengthDist = Field(FixedLength(value=5), description="seconds (lognormal/normal clip at min, default 1)")
+    think_time_s: LengthDist = Field(FixedLength(value=5), description="seconds a user waits before its next request (agentic "
+                                     "default 5; closed default 0; e.g. {kind: exponential, mean: 2}; lognormal/normal clip at min, default 1)")
     est_ttft_s: float = Field(1.0, ge=0, le=MAX_SECONDS)
     est_tpot_s: float = Field(0.03, ge=0, le=MAX_SECONDS)
     max_prompt_len: int | None = Field(None, ge=1, description="a session ends before a turn would exceed this")
@@ -96,6 +108,17 @@ class WorkloadSpec(BaseModel):
                 raise ValueError(f"preset: unknown {name!r}; known presets: {', '.join(sorted(PRESETS))}")
             full = PRESETS[name].model_dump()
             data = {**{f: full[f] for f in PRESETS[name].model_fields_set}, **data}
+        if isinstance(data, dict) and data.get("kind") == "closed" and "think_time_s" not in data:
+            data = {**data, "think_time_s": 0}  # a closed loop sends at once unless told (InferenceX, MLPerf); written out, so a dump reloads the same
+        return data
+
+    @model_serializer(mode="wrap")
+    def _drop_unused_concurrency(self, handler):
+        """Leave ``concurrency`` out where it is unset (every kind but closed), so the dumps and digests of the other
+        kinds' results stay what they were before the field existed."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("concurrency", 0) is None:
+            del data["concurrency"]
         return data
 
     @field_validator("priority_mix")
@@ -119,15 +142,19 @@ class WorkloadSpec(BaseModel):
                     raise ValueError(f"{f}: only used when kind is {' or '.join(kinds)} (kind is {k!r})")
 
         only(_AGENTIC_FIELDS, ("agentic",))
+        only(("think_time_s",), ("agentic", "closed"))
+        only(("concurrency",), ("closed",))
         only(_TRACE_FIELDS, ("trace",))
         only(("cv",), ("gamma",))
         if k == "trace":
             if self.num_requests is not None:
                 raise ValueError("num_requests: a trace takes max_requests (its earliest requests)")
-            only(_GENERATED_FIELDS, ("poisson", "gamma", "constant", "agentic"))
+            only(_GENERATED_FIELDS, ("poisson", "gamma", "constant", "agentic", "closed"))
             if not self.trace_path:
                 raise ValueError("trace_path: required when kind is 'trace'")
             return self
+        if k == "closed":
+            return self._check_closed(only)
         if self.rate is None:
             raise ValueError(f"rate: required when kind is {k!r}")
         if self.rate < MIN_RATE:
@@ -151,6 +178,26 @@ class WorkloadSpec(BaseModel):
             shortest = self.shared_prefix_len + self.input_len.support()[0]
             if self.max_prompt_len is not None and self.max_prompt_len < shortest:
                 raise ValueError(f"max_prompt_len: {self.max_prompt_len} is below the shortest first turn ({shortest:g})")
+        return self
+
+    def _check_closed(self, only):
+        """A closed loop: concurrency instead of a rate, a run bound, lengths and think time in range."""
+        if self.rate is not None:
+            raise ValueError("rate: not used when kind is 'closed' (the concurrency users set the load; "
+                             "think_time_s spaces their requests)")
+        if self.concurrency is None:
+            raise ValueError(f"concurrency: required when kind is 'closed' (users, 1 to {MAX_CONCURRENCY:,})")
+        if self.num_requests is None and self.duration_s is None:
+            raise ValueError("num_requests or duration_s: give at least one (the closed loop runs until either)")
+        if self.num_requests is not None and self.num_requests > MAX_BUILT_REQUESTS:
+            raise ValueError(f"num_requests: {self.num_requests:,}; a closed loop keeps every request it sends, at most "
+                             f"{MAX_BUILT_REQUESTS:,}")
+        check_support(self.input_len, "input_len", 1 if self.shared_prefix_len == 0 else 0)
+        check_support(self.output_len, "output_len", 1)
+        check_support(self.think_time_s, "think_time_s", 0)
+        _check_range(self.input_len, "input_len", MAX_TOKENS)
+        _check_range(self.output_len, "output_len", MAX_TOKENS)
+        _check_range(self.think_time_s, "think_time_s", MAX_SECONDS)
         return self
 
 
@@ -316,6 +363,9 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator, block_size: int) -> l
     """The workload's requests, sorted by arrival, ids ``r0, r1, ...``; deterministic per seed."""
     if block_size < 1:
         raise TwinferError(f"block_size: must be >= 1 (got {block_size})")
+    if spec.kind == "closed":
+        raise TwinferError("workload: kind 'closed' has no arrival list (a user's next request is sent when its last one "
+                           "finishes); simulate it (sim.runner) or bench it (twinfer bench)")
     if spec.kind == "trace":
         reqs = read_trace(spec.trace_path, block_size, spec.trace_format, time_scale=spec.time_scale,
                           time_unit=spec.time_unit, max_requests=spec.max_requests)
