@@ -17,8 +17,10 @@ from twinfer.errors import TwinferError
 
 def register(app: typer.Typer) -> None:
     """Add ``tune`` to the CLI."""
-    app.command("tune", help="Search policies (max batch, token budget, chunk size; async overlap and MTP predicted only) in "
-                             "simulation on a calibration profile; --measure runs baseline and winner on the executor.")(tune)
+    app.command("tune", help="Search policies in simulation. --gpus N (catalog model on --hardware): EP width, async overlap "
+                             "and sliding-window replay with max batch and chunk, explained, written as a plan. --profile FILE: "
+                             "max batch, token budget, chunk size (async overlap and MTP predicted only) on a measured profile; "
+                             "--measure runs baseline and winner on the executor.")(tune)
 
 
 def tune_slo(text: Optional[str]) -> Optional[float]:
@@ -36,7 +38,28 @@ def tune_slo(text: Optional[str]) -> Optional[float]:
 def tune(
     model: str = typer.Option("tiny", "--model", "-m"),
     num_layers: Optional[int] = typer.Option(None, "--num-layers", min=1),
-    profile: Path = typer.Option(..., "--profile", "-p", help="calibration profile JSON (twinfer calibrate)"),
+    profile: Optional[Path] = typer.Option(None, "--profile", "-p", help="calibration profile JSON (twinfer calibrate): tune on "
+                                            "the measured executor model (one GPU; EP width not searched)"),
+    hardware: str = typer.Option("gb300", "--hardware", "--hw", help="GPU catalog name (catalog mode, with --gpus)"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", "-g", min=1, max=100_000, help="GPU budget: tune EP width, async overlap "
+                                       "and replay on the catalog --model (no --profile)"),
+    ep_widths: Optional[str] = typer.Option(None, "--ep-widths", help="EP widths to try, e.g. 1,2,4,8 [powers of 2 up to --gpus]"),
+    async_values: str = typer.Option("off,on", "--async", help="async overlap values to try: off, on or off,on"),
+    replay_tokens: Optional[str] = typer.Option(None, "--replay-tokens", help="replay lengths W to try, e.g. 0,64,128 [0, half "
+                                                "the sliding window, the window]"),
+    replay_layers: str = typer.Option("all", "--replay-layers", help="which sliding-window layers replay W: all"),
+    batch_per_rank: str = typer.Option("32,64,128", "--batch-per-rank", help="max batch per attention-DP rank values to try"),
+    chunk_tokens: str = typer.Option("2048,8192", "--chunk-tokens", help="prefill chunk per rank values to try"),
+    base_ep_width: Optional[int] = typer.Option(None, "--base-ep-width", help="baseline EP width [the narrowest that fits]"),
+    base_async: Optional[bool] = typer.Option(None, "--base-async/--base-no-async", help="baseline async overlap [off]"),
+    base_replay_tokens: int = typer.Option(0, "--base-replay-tokens", min=0, help="baseline replay length [0: window KV kept]"),
+    base_batch_per_rank: Optional[int] = typer.Option(None, "--base-batch-per-rank", help="baseline max batch per rank [64]"),
+    base_chunk_tokens: Optional[int] = typer.Option(None, "--base-chunk-tokens", help="baseline prefill chunk per rank [8192]"),
+    rate_per_gpu: Optional[float] = typer.Option(None, "--rate-per-gpu", min=0.0, help="offered requests/s per GPU [--load x the "
+                                                 "baseline's capacity]"),
+    sim_requests: int = typer.Option(1500, "--sim-requests", min=100, max=1_000_000, help="most requests per candidate simulation"),
+    plan_requests: int = typer.Option(5000, "--plan-requests", min=100, max=1_000_000, help="most requests of the plan's full-scale run"),
+    rounds: int = typer.Option(2, "--rounds", min=1, max=10, help="coordinate-descent rounds at most"),
     trace: Optional[str] = typer.Option(None, "--trace", "-t", help="twinfer JSONL trace (default: the --workload preset)"),
     workload: str = typer.Option("chat", "--workload", "-w"),
     requests: Optional[int] = typer.Option(None, "--requests", "-n", min=1),
@@ -58,7 +81,26 @@ def tune(
     plan_out: Optional[Path] = typer.Option(None, "--plan-out", help="write the winning policy as a plan file that "
                                             "`twinfer serve --plan FILE` runs (its `scheduler` section)"),
 ) -> None:
-    """Tune policies for this profile."""
+    """Tune policies: on a catalog model and GPU (--gpus), or on a measured profile (--profile)."""
+    if profile is None:
+        if gpus is None:
+            raise TwinferError("tune: give --gpus N (tune a catalog --model on --hardware in simulation) or --profile FILE "
+                               "(tune on a measured executor profile)")
+        if measure:
+            raise TwinferError("--measure runs the executor: it needs --profile (the measured model it replays)")
+        from ui.tune_catalog import bool_list, int_list, layers_list, run_catalog_tune
+        space = {"ep_widths": int_list(ep_widths, "--ep-widths", 1) if ep_widths else None,
+                 "async_overlap": bool_list(async_values, "--async"),
+                 "replay_tokens": int_list(replay_tokens, "--replay-tokens", 0) if replay_tokens else None,
+                 "replay_layers": layers_list(replay_layers, "--replay-layers"),
+                 "batch_per_rank": int_list(batch_per_rank, "--batch-per-rank", 1),
+                 "chunk_tokens": int_list(chunk_tokens, "--chunk-tokens", 1)}
+        base = {"ep_width": base_ep_width, "async_overlap": base_async, "replay_tokens": base_replay_tokens,
+                "batch_per_rank": base_batch_per_rank, "chunk_tokens": base_chunk_tokens}
+        run_catalog_tune(model=model, hardware=hardware, gpus=gpus, workload=workload, load=load, rate_per_gpu=rate_per_gpu,
+                         slo_tpot_s=tune_slo(slo), space_args=space, base_args=base, sim_requests=sim_requests,
+                         plan_requests=plan_requests, rounds=rounds, seed=seed, out=out, plan_out=plan_out)
+        return
     from rich.console import Console
     from rich.table import Table
 
@@ -101,6 +143,8 @@ def tune(
     con.print(f"baseline {res.baseline.knobs} -> winner {res.best.knobs}: predicted gain {res.predicted_gain * 100:+.1f}%", highlight=False)
     if res.best_predicted_only is not None:
         con.print(f"predicted only: {res.best_predicted_only.knobs} {res.predicted_only_gain * 100:+.1f}%", highlight=False)
+    con.print(f"EP width: not searched here (a one-GPU measured profile runs EP1); it stays a simulated recommendation: "
+              f"twinfer tune --model <catalog model> --hardware {prof.step.hardware_basis} --gpus N", highlight=False)
 
     measured = None
     if measure:

@@ -1,0 +1,313 @@
+"""``twinfer tune`` on a catalog model and GPU: EP width, async overlap and sliding-window replay, searched together.
+
+A policy is one instance shape and its serving policies (:class:`Policy`): the EP width of a
+DEP layout (attention-DP x EP, one rank per GPU; width 1 is one GPU), async CPU/GPU overlap,
+the replay length W of sliding-window layers and which layers replay, next to the scheduler
+knobs max batch per rank and prefill chunk. Every candidate is simulated on a slice with the
+same per-GPU behaviour (``planner.simulate``: one instance, wide ones cut to a share of their
+ranks), all at the same offered request rate per GPU, so output tokens/s per GPU compare.
+
+The search is coordinate descent (:func:`search`): from the baseline, each policy in turn is
+set to every allowed value with the others held, the best feasible one kept, until a round
+changes nothing (at most ``max_rounds``). That is ``sum(len(values))`` simulations a round
+instead of their product. EP widths the memory fit rejects are never simulated; they are
+returned with the fit's reason.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from costmodels.catalog import get_model
+from costmodels.hardware import get_hardware
+from costmodels.moe_load import ExpertLoadSpec
+from planner.request import SearchSpace
+from planner.simulate import AGENTIC_SLICE_SEATS, SLICE_SEATS, ranks_in_slice, scheduler_for, steady_workload
+from planner.space import LayoutOption, enumerate_layouts
+from planner.workload_stats import WorkloadStats, workload_stats
+from scheduler.config import SchedulerConfig
+from scheduler.metrics import SLO
+from sim.effects import EffectsSpec
+from sim.router import RouterConfig
+from sim.scenario import Scenario
+from sim.workload import WorkloadSpec
+
+ReplayLayers = Literal["none", "all"]
+POLICIES = ("ep_width", "async_overlap", "replay", "batch_per_rank", "chunk_tokens")
+THE_THREE = ("ep_width", "async_overlap", "replay")   # the policies the product names (issue 23)
+MIN_FINISHED = 0.99       # a candidate that leaves more than 1% of its requests unfinished is infeasible
+SATURATE_RATE_PER_GPU = 1e4  # requests/s per GPU that queue everything at once: the baseline's capacity run
+
+
+class TuneSpace(BaseModel):
+    """The values each policy may take (the search tries each, one policy at a time)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    ep_widths: tuple[int, ...] | None = Field(None, description="EP widths of DEP layouts (default: 1, 2, 4, ... up to the GPU budget)")
+    async_overlap: tuple[bool, ...] = Field((False, True), min_length=1)
+    replay_tokens: tuple[int, ...] | None = Field(
+        None, description="sliding-window replay lengths W in tokens (default: 0, half the window, the window; 0 only without sliding layers)")
+    replay_layers: tuple[ReplayLayers, ...] = Field(("all",), min_length=1, description="which sliding-window layers replay W tokens")
+    batch_per_rank: tuple[int, ...] = Field((32, 64, 128), min_length=1, description="max running requests per attention-DP rank")
+    chunk_tokens: tuple[int, ...] = Field((2048, 8192), min_length=1, description="prefill tokens per rank per step")
+
+    @field_validator("ep_widths", "batch_per_rank", "chunk_tokens")
+    @classmethod
+    def _positive(cls, v):
+        if v is not None and (not v or any(x < 1 for x in v)):
+            raise ValueError("give one or more entries, each >= 1")
+        return None if v is None else tuple(sorted(set(v)))
+
+    @field_validator("replay_tokens")
+    @classmethod
+    def _replay(cls, v):
+        if v is not None and (not v or any(not 0 <= x <= 1 << 20 for x in v)):
+            raise ValueError("give one or more entries, each in 0..1048576 tokens")
+        return None if v is None else tuple(sorted(set(v)))
+
+
+@dataclass(frozen=True, order=True)
+class Policy:
+    """One candidate: an instance shape and its serving policies."""
+
+    ep_width: int
+    async_overlap: bool
+    replay_tokens: int
+    replay_layers: ReplayLayers
+    batch_per_rank: int
+    chunk_tokens: int
+
+    @property
+    def replay(self) -> tuple[int, str]:
+        """The replay policy as one search coordinate: (W, layers); W = 0 keeps the window KV (no replay)."""
+        return (self.replay_tokens, self.replay_layers if self.replay_tokens else "none")
+
+    def with_value(self, policy: str, value) -> "Policy":
+        if policy == "replay":
+            return Policy(self.ep_width, self.async_overlap, value[0], value[1], self.batch_per_rank, self.chunk_tokens)
+        return Policy(**{**self.__dict__, policy: value})
+
+    def value(self, policy: str):
+        return self.replay if policy == "replay" else getattr(self, policy)
+
+    def describe(self) -> str:
+        w, layers = self.replay
+        rep = "W=0 (window KV kept)" if not w else f"replay W={w} ({layers} sliding layers)"
+        return (f"EP{self.ep_width} {'DEP' if self.ep_width > 1 else 'one GPU'}, async {'on' if self.async_overlap else 'off'}, "
+                f"{rep}, batch {self.batch_per_rank}/rank, chunk {self.chunk_tokens}")
+
+
+def scheduler_of(p: Policy, ranks: int, draft_len: int = 0) -> SchedulerConfig:
+    """The scheduler of an instance (or slice) of ``ranks`` attention-DP ranks running policy ``p``."""
+    sc = scheduler_for(p.batch_per_rank, ranks, draft_len, p.async_overlap, p.chunk_tokens)
+    # which layers replay: "all" is what SchedulerConfig.swa_replay_tokens does (every sliding-window layer)
+    return sc.model_copy(update={"swa_replay_tokens": p.replay_tokens if p.replay_layers != "none" else 0})
+
+
+@dataclass
+class Run:
+    """One simulated candidate (a slice at the common per-GPU rate)."""
+
+    policy: Policy
+    thr_gpu: float = 0.0          # output tokens/s per GPU, steady window
+    tps_user: float = 0.0
+    ttft_s: float = math.inf      # p90 when an SLO is given, else p50
+    tpot_s: float = math.inf
+    finished: float = 0.0
+    prefill_tokens_per_request: float = 0.0   # computed prompt tokens per finished request (replay shows here)
+    hit_rate: float = 0.0
+    digest: str = ""
+    feasible: bool = False
+    why: str = ""
+
+
+@dataclass
+class TuneContext:
+    """What every candidate's simulation shares."""
+
+    model: str
+    hardware: str
+    gpus: int
+    workload: WorkloadSpec
+    stats: WorkloadStats
+    options: dict[int, LayoutOption]           # EP width -> its layout (only widths the memory fit allows)
+    rejected: dict[int, str]                   # EP width -> why it is not tried
+    slo: SLO | None = None
+    slo_percentile: int = 90
+    seed: int = 0
+    sim_requests: int = 1500
+    draft_len: int = 0
+    calibration: str | None = None
+    expert_load: ExpertLoadSpec = field(default_factory=ExpertLoadSpec)
+    rate_per_gpu: float = 0.0                  # offered requests/s per GPU (set by ``set_rate``)
+
+    @property
+    def router(self) -> RouterConfig:
+        return RouterConfig(kind="prefix_aware" if self.stats.hit_fraction > 0.2 else "least_outstanding")
+
+    @property
+    def effects(self) -> EffectsSpec:
+        # prefix reuse keeps evicted KV in a host tier (the planner's rule, planner.search)
+        host_gb = 0.5 * get_hardware(self.hardware).host_mem_gb if self.stats.hit_fraction > 0.2 else 0.0
+        return EffectsSpec(expert_load=self.expert_load, host_cache_gb=host_gb)
+
+
+def ep_layouts(model: str, hardware: str, gpus: int, widths: tuple[int, ...] | None, space: TuneSpace,
+               mem_fraction: float = 0.9) -> tuple[dict[int, LayoutOption], dict[int, str]]:
+    """EP width -> fitting DEP layout, and EP width -> why it is rejected (over the GPU budget, or the memory fit's reason).
+
+    Reuses the planner's enumeration (``planner.space.enumerate_layouts``: TP1 for width 1, DEP w above) and its
+    memory fit at the smallest per-rank limits searched."""
+    m, hw = get_model(model), get_hardware(hardware)
+    widths = widths or tuple(sorted({w for w in (1, 2, 4, 8, 16, 32, 64, 72) if w <= gpus} | {gpus}))
+    rejected = {w: f"needs {w} GPUs, the budget is {gpus}" for w in widths if w > gpus}
+    if m.moe is None:
+        rejected.update({w: "dense model: no experts to spread" for w in widths if 1 < w <= gpus})
+    tries = [w for w in widths if w not in rejected]
+    sp = SearchSpace(modes=("aggregated",), tp=(1,), dep=tuple(w for w in tries if w > 1) or (2,), pp=(1,),
+                     two_micro_batch=(False,), eplb=("off",), table_placement=("host",),
+                     batch_per_rank=space.batch_per_rank, chunk_tokens=space.chunk_tokens)
+    ok, bad = enumerate_layouts(m, hw, max(tries, default=1), sp, mem_fraction=mem_fraction)
+    options = {o.layout.ep if o.layout.dp > 1 else 1: o for o in ok if o.layout.tp == 1}
+    options = {w: o for w, o in options.items() if w in tries}
+    for b in bad:
+        w = b.gpus
+        if w in tries and w not in options:
+            rejected[w] = f"{b.label}: {b.reason}"
+    for w in tries:
+        if w not in options and w not in rejected:
+            rejected[w] = "no layout of this width was enumerated"
+    return options, dict(sorted(rejected.items()))
+
+
+def values_of(ctx: TuneContext, space: TuneSpace) -> dict[str, list]:
+    """Every policy's allowed values (EP widths: the ones that fit; replay: W x layers, W clipped to the window)."""
+    window = int(get_model(ctx.model).sliding_window or 0)
+    ws = space.replay_tokens if space.replay_tokens is not None else ((0, window // 2, window) if window else (0,))
+    replay = sorted({(0, "none")} | {(w, layers) for w in ws if w for layers in space.replay_layers if layers != "none"})
+    return {"ep_width": sorted(ctx.options), "async_overlap": sorted(set(space.async_overlap)), "replay": replay,
+            "batch_per_rank": list(space.batch_per_rank), "chunk_tokens": list(space.chunk_tokens)}
+
+
+def slice_scenario(ctx: TuneContext, p: Policy, rate_per_gpu: float) -> tuple[Scenario, float]:
+    """The scenario of one instance of ``p`` (a wide one cut to a share of its ranks) at ``rate_per_gpu``, and its GPUs."""
+    opt = ctx.options[p.ep_width]
+    lay = opt.layout
+    cap = AGENTIC_SLICE_SEATS if ctx.workload.kind == "agentic" else SLICE_SEATS
+    ranks = ranks_in_slice(lay.dp, p.batch_per_rank, cap)
+    mirror = lay.dp // ranks
+    gpus = lay.gpus / mirror
+    sc = scheduler_of(p, ranks, ctx.draft_len)
+    n = int(min(ctx.sim_requests, max(300, 3 * sc.max_num_seqs)))
+    wl, warmup = steady_workload(ctx.workload, max(rate_per_gpu * gpus, 1e-3), n)
+    scen = Scenario(name="tune-slice", model=ctx.model, hardware=ctx.hardware, calibration=ctx.calibration, layout=lay,
+                    instances=1, scheduler=sc, workload=wl, router=ctx.router, slo=ctx.slo, seed=ctx.seed,
+                    steady_after_s=warmup or None)
+    eff = ctx.effects.model_copy(update={"mirror": mirror, "eplb": False, "table_placement": opt.table_placement})
+    return scen.model_copy(update={"effects": eff}), gpus
+
+
+def simulate_policy(ctx: TuneContext, p: Policy, rate_per_gpu: float | None = None) -> Run:
+    """Simulate ``p`` on its slice at the context's rate (or ``rate_per_gpu``); feasible if it finishes its requests
+    and meets the SLO (if any)."""
+    from sim.runner import simulate
+    from twinfer.errors import TwinferError
+
+    scen, gpus = slice_scenario(ctx, p, ctx.rate_per_gpu if rate_per_gpu is None else rate_per_gpu)
+    try:
+        r = simulate(scen).result
+    except (TwinferError, ValueError) as e:
+        return Run(p, why=str(e).splitlines()[0])
+    m = r.metrics
+    w = m.steady or m.whole_run
+    if w is None or not m.requests_finished:
+        return Run(p, why="no request finished")
+    pct = ctx.slo_percentile if ctx.slo is not None else 50
+    stat = lambda s: math.inf if getattr(s, f"p{pct}") is None else float(getattr(s, f"p{pct}"))  # noqa: E731
+    run = Run(p, thr_gpu=w.output_throughput / gpus, tps_user=w.per_user_output_tps_mean or 0.0, ttft_s=stat(w.ttft_s),
+              tpot_s=stat(w.tpot_s), finished=m.requests_finished / max(m.requests_arrived, 1),
+              prefill_tokens_per_request=m.computed_prefill_tokens / max(m.requests_finished, 1),
+              hit_rate=m.prefix_cache_hit_rate or 0.0, digest=r.digest, feasible=True)
+    if run.finished < MIN_FINISHED:
+        run.feasible, run.why = False, f"{1 - run.finished:.0%} of requests unfinished"
+    elif ctx.slo is not None and run.tpot_s > ctx.slo.tpot_s:
+        run.feasible, run.why = False, f"TPOT p{pct} {run.tpot_s * 1e3:.1f} ms > SLO {ctx.slo.tpot_s * 1e3:g} ms"
+    elif ctx.slo is not None and run.ttft_s > ctx.slo.ttft_s:
+        run.feasible, run.why = False, f"TTFT p{pct} {run.ttft_s:.2f} s > SLO {ctx.slo.ttft_s:g} s"
+    return run
+
+
+def capacity_per_gpu(ctx: TuneContext, p: Policy) -> float:
+    """Requests/s per GPU policy ``p`` finishes when every request queues at once (its saturated capacity)."""
+    from sim.runner import simulate
+
+    scen, gpus = slice_scenario(ctx, p, SATURATE_RATE_PER_GPU)
+    m = simulate(scen).result.metrics
+    w = m.steady or m.whole_run
+    return (w.request_throughput if w is not None else 0.0) / gpus
+
+
+def better(a: Run, b: Run | None) -> bool:
+    """``a`` beats ``b``: feasible first, then more output tokens/s per GPU (ties keep ``b``: stable)."""
+    if b is None:
+        return True
+    if a.feasible != b.feasible:
+        return a.feasible
+    return a.thr_gpu > b.thr_gpu * (1 + 1e-9)
+
+
+@dataclass
+class SearchResult:
+    baseline: Run
+    best: Run
+    runs: dict[Policy, Run]
+    rounds: int
+    values: dict[str, list]
+    attribution: dict[str, Run] = field(default_factory=dict)   # policy -> the winner with that policy at its baseline value
+
+
+def search(ctx: TuneContext, base: Policy, values: dict[str, list], *, max_rounds: int = 2,
+           tick: Callable[[str], None] | None = None) -> SearchResult:
+    """Coordinate descent from ``base`` over ``values`` (see the module docstring); then the winner with each of the
+    three policies set back to its baseline value, for the per-policy gains."""
+    runs: dict[Policy, Run] = {}
+
+    def run(p: Policy) -> Run:
+        if p not in runs:
+            runs[p] = simulate_policy(ctx, p)
+            if tick:
+                tick(p.describe())
+        return runs[p]
+
+    best = run(base)
+    baseline = best
+    rounds = 0
+    for rounds in range(1, max_rounds + 1):
+        moved = False
+        for pol in POLICIES:
+            for v in values[pol]:
+                cand = run(best.policy.with_value(pol, v))
+                if better(cand, best):
+                    best, moved = cand, True
+        if not moved:
+            break
+    attribution = {pol: run(best.policy.with_value(pol, base.value(pol))) for pol in THE_THREE}
+    return SearchResult(baseline, best, runs, rounds, values, attribution)
+
+
+def simulations_bound(values: dict[str, list], max_rounds: int) -> int:
+    """Most simulations ``search`` runs (the progress bar's total): a round tries every value of every policy."""
+    return 1 + max_rounds * sum(len(v) for v in values.values()) + len(THE_THREE)
+
+
+def make_context(model: str, hardware: str, gpus: int, workload: WorkloadSpec, space: TuneSpace, *, slo: SLO | None = None,
+                 slo_percentile: int = 90, seed: int = 0, sim_requests: int = 1500, calibration: str | None = None,
+                 mem_fraction: float = 0.9) -> TuneContext:
+    """The shared context: the workload measured, the EP widths fitted."""
+    options, rejected = ep_layouts(model, hardware, gpus, space.ep_widths, space, mem_fraction)
+    return TuneContext(model, hardware, gpus, workload, workload_stats(workload, seed), options, rejected, slo=slo,
+                       slo_percentile=slo_percentile, seed=seed, sim_requests=sim_requests, calibration=calibration)

@@ -1,0 +1,154 @@
+"""``twinfer tune --gpus N`` (no --profile): EP width, async overlap and replay length searched together on a catalog
+model and GPU in simulation; prints why the winner won and writes it as a plan (``planner.tune_plan``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+from twinfer.errors import TwinferError
+
+ONOFF = {"on": True, "off": False, "true": True, "false": False}
+
+
+def int_list(text: str, flag: str, lo: int = 0) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4); anything else a one-line error naming ``flag``."""
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise TwinferError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,2,4") from None
+    if not vals or any(v < lo for v in vals):
+        raise TwinferError(f"{flag} {text!r}: expected comma-separated integers >= {lo}")
+    return vals
+
+
+def bool_list(text: str, flag: str) -> tuple[bool, ...]:
+    vals = [x.strip().lower() for x in text.split(",") if x.strip()]
+    if not vals or any(v not in ONOFF for v in vals):
+        raise TwinferError(f"{flag} {text!r}: expected off, on or off,on")
+    return tuple(ONOFF[v] for v in vals)
+
+
+def layers_list(text: str, flag: str) -> tuple[str, ...]:
+    vals = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not vals or any(v not in ("all",) for v in vals):
+        raise TwinferError(f"{flag} {text!r}: allowed: all (every sliding-window layer replays W)")
+    return vals
+
+
+def pick(values: list, given, default, flag: str):
+    """The baseline's value of one policy: ``given`` (must be allowed), else ``default`` if allowed, else the first."""
+    if given is not None:
+        if given not in values:
+            raise TwinferError(f"{flag} {given}: not among the values searched ({', '.join(map(str, values))})")
+        return given
+    return default if default in values else values[0]
+
+
+def run_catalog_tune(*, model: str, hardware: str, gpus: int, workload: str, load: float, rate_per_gpu: Optional[float],
+                     slo_tpot_s: Optional[float], space_args: dict, base_args: dict, sim_requests: int, plan_requests: int,
+                     rounds: int, seed: int, out: Optional[Path], plan_out: Optional[Path]) -> None:
+    """Fit the EP widths, find the rate, search, explain, write the plan."""
+    from rich.console import Console
+
+    from planner.tune_explain import explanation
+    from planner.tune_plan import confirm, tuned_plan
+    from planner.tune_policies import (Policy, TuneSpace, capacity_per_gpu, make_context, search, simulations_bound,
+                                       values_of)
+    from scheduler.metrics import SLO
+    from twinfer.config import validate
+    from ui.cmd_run import _load_workload
+    from ui.progress import progress_bar
+
+    con = Console()
+    space = validate(TuneSpace, {k: v for k, v in space_args.items() if v is not None}, "tune")
+    spec = _load_workload(workload, None, None)
+    slo = SLO(ttft_s=3600.0, tpot_s=slo_tpot_s) if slo_tpot_s else None
+    ctx = make_context(model, hardware, gpus, spec, space, slo=slo, slo_percentile=50, seed=seed, sim_requests=sim_requests)
+    for w, reason in ctx.rejected.items():
+        con.print(f"EP{w}: not tried: {reason}", highlight=False)
+    if not ctx.options:
+        raise TwinferError(f"--ep-widths: no EP width fits {model} on {gpus} x {hardware} (reasons above)")
+    vals = values_of(ctx, space)
+    base = Policy(ep_width=pick(vals["ep_width"], base_args["ep_width"], vals["ep_width"][0], "--base-ep-width"),
+                  async_overlap=pick(vals["async_overlap"], base_args["async_overlap"], False, "--base-async"),
+                  replay_tokens=0, replay_layers="none",
+                  batch_per_rank=pick(vals["batch_per_rank"], base_args["batch_per_rank"], 64, "--base-batch-per-rank"),
+                  chunk_tokens=pick(vals["chunk_tokens"], base_args["chunk_tokens"], 8192, "--base-chunk-tokens"))
+    if base_args["replay_tokens"]:
+        rep = [v for v in vals["replay"] if v[0] == base_args["replay_tokens"]]
+        if not rep:
+            raise TwinferError(f"--base-replay-tokens {base_args['replay_tokens']}: not among the replay lengths searched "
+                               f"({', '.join(str(v[0]) for v in vals['replay'])})")
+        base = base.with_value("replay", rep[0])
+    if rate_per_gpu is None:
+        cap = capacity_per_gpu(ctx, base)
+        ctx.rate_per_gpu = load * cap
+        con.print(f"baseline capacity {cap:.3g} req/s per GPU (everything queued at once); offered {load:g} x = "
+                  f"{ctx.rate_per_gpu:.3g} req/s per GPU", highlight=False)
+    else:
+        ctx.rate_per_gpu = rate_per_gpu
+    total = simulations_bound(vals, rounds)
+    with progress_bar(con, transient=True) as bar:
+        task = bar.add_task("tune: simulating policies", total=total)
+        res = search(ctx, base, vals, max_rounds=rounds, tick=lambda _: bar.advance(task))
+        bar.update(task, total=len(res.runs), completed=len(res.runs))
+    why = explanation(ctx, res)
+    print_report(con, ctx, res, why)
+    plan = tuned_plan(ctx, res.best.policy, why, max_requests=plan_requests)
+    with progress_bar(con, transient=True) as bar:
+        bar.add_task(f"full-scale run of the plan ({plan.workload.num_requests:,} requests)", total=None)
+        plan = confirm(plan)
+    pr = plan.predicted
+    con.print(f"plan at full scale ({plan.pools[0].instances} x {plan.pools[0].label}, {pr.simulated_requests:,} requests): "
+              f"{pr.output_tokens_per_s_per_gpu:,.0f} output tokens/s per GPU, TPOT p{plan.slo_percentile} {pr.tpot_s * 1e3:.1f} ms, "
+              f"digest {pr.sim_digest[:16]}", highlight=False)
+    con.print("EP width is a simulated recommendation: it is measured only where several GPUs are lent", highlight=False)
+    if plan_out is not None:
+        plan.save(plan_out)
+        con.print(f"plan: {plan_out}  (twinfer simulate --plan {plan_out} repeats these figures; twinfer serve --plan runs it)",
+                  highlight=False)
+    if out is not None:
+        doc = {"runs": [dict(policy=r.policy.__dict__, thr_gpu=r.thr_gpu, ttft_s=r.ttft_s, tpot_s=r.tpot_s, feasible=r.feasible,
+                             why=r.why, prefill_tokens_per_request=r.prefill_tokens_per_request, digest=r.digest)
+                        for r in res.runs.values()],
+               "baseline": res.baseline.policy.__dict__, "winner": res.best.policy.__dict__, "rounds": res.rounds,
+               "rejected_ep_widths": ctx.rejected, "rate_per_gpu": ctx.rate_per_gpu, "why": why,
+               "plan_predicted": pr.model_dump(), "command": "twinfer " + " ".join(sys.argv[1:]),
+               "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+        Path(out).write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
+        con.print(f"result: {out}")
+
+
+def print_report(con, ctx, res, why: list[str]) -> None:
+    """The best run per (EP width, overlap, replay), the best per value of each policy, and the reasons."""
+    from rich.table import Table
+
+    from planner.tune_explain import LABELS, best_per_value, combo_table, gain, value_text
+
+    con.print(f"{len(res.runs)} policies simulated (coordinate descent, {res.rounds} round(s)) on {ctx.model} x {ctx.hardware}, "
+              f"{ctx.gpus} GPUs; workload {ctx.stats.describe()}", highlight=False)
+    tab = Table(title="best per policy combination (simulated; the others at their best)")
+    for c in ("EP width", "async", "replay", "batch/rank", "chunk", "tok/s/GPU", "vs baseline", "TPOT ms", "feasible"):
+        tab.add_column(c, justify="right")
+    b0 = res.baseline.thr_gpu
+    for (ep, ov, rep), r in combo_table(res):
+        mark = "*" if r is res.best else ""
+        tab.add_row(f"{mark}EP{ep}", value_text("async_overlap", ov), value_text("replay", rep), str(r.policy.batch_per_rank),
+                    str(r.policy.chunk_tokens), f"{r.thr_gpu:,.0f}", f"{gain(b0, r.thr_gpu):+.1%}",
+                    f"{r.tpot_s * 1e3:.1f}" if r.tpot_s < 1e9 else "-", "yes" if r.feasible else r.why)
+    con.print(tab)
+    per = Table(title="best per policy value")
+    for c in ("policy", "value", "tok/s/GPU", "vs baseline"):
+        per.add_column(c, justify="right")
+    for pol, rows in best_per_value(res).items():
+        for v, r in rows:
+            per.add_row(LABELS[pol], value_text(pol, v), f"{r.thr_gpu:,.0f}" if r.feasible else f"({r.why})", f"{gain(b0, r.thr_gpu):+.1%}")
+    con.print(per)
+    con.print(f"winner: {res.best.policy.describe()}", highlight=False)
+    con.print("why it won:", highlight=False)
+    for line in why:
+        con.print(f"  - {line}", highlight=False)
