@@ -1,0 +1,196 @@
+"""``twinfer cost`` flags and the comm mechanisms behind them: draft acceptance, expert/DP imbalance,
+refusing a layout that does not fit, combine overlapped with the down GEMM, NVFP4 dispatch payloads."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from costmodels.batch import BatchShape
+from costmodels.catalog import get_model
+from costmodels.comm import DISPATCH_BYTES_PER_VALUE, combine_hidden_under_down
+from costmodels.hardware import get_hardware
+from costmodels.layout import ParallelLayout
+from costmodels.step import StepCostModel
+from twinfer.config import validate
+from twinfer.errors import DoesNotFitError, TwinferError
+from ui.cmd_cost import CostConfig, run_cost
+
+DEP8 = {"tp": 1, "dp": 8, "ep": 8}
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "ui.cli", "cost", *args], capture_output=True, text=True, timeout=120)
+
+
+def _op(res_or_ops, word):
+    ops = res_or_ops["top_ops"] if isinstance(res_or_ops, dict) else [o.to_dict() for o in res_or_ops]
+    hits = [o for o in ops if word in o["name"]]
+    assert len(hits) == 1, [o["name"] for o in ops]
+    return hits[0]
+
+
+def _decodes(n, ctx=4096):
+    return BatchShape.from_lists([1] * n, [ctx] * n, [True] * n)
+
+
+# ----------------------------------------------------------------------------- acceptance
+def test_tokens_per_step_is_one_plus_the_sum_of_acceptance():
+    base = dict(draft_len=2, batch=["decode:32x4096"])
+    got = run_cost(CostConfig(**base, acceptance=[0.8, 0.6]))
+    every = run_cost(CostConfig(**base, acceptance=[1.0, 1.0]))
+    t = got["step_time_s"]
+    assert t == every["step_time_s"]  # acceptance changes what a step makes, not what it costs
+    assert got["tokens_per_decode_step"] == pytest.approx(2.4)
+    assert got["tokens_per_s"] == pytest.approx(32 * 2.4 / t)
+    assert got["decode_tokens_per_s_per_user"] == pytest.approx(2.4 / t)
+    assert every["tokens_per_s"] == pytest.approx(32 * 3 / t)  # what --draft-len alone used to print
+
+
+def test_default_acceptance_is_the_simulators():
+    from scheduler.config import SchedulerConfig
+
+    res = run_cost(CostConfig(draft_len=3, batch=["decode:8x1024", "prefill:1x2048+1024"]))
+    acc = SchedulerConfig(draft_len=3).effective_acceptance_rates()
+    assert res["acceptance"] == acc and acc[0] == pytest.approx(0.85)
+    # prefill tokens count once each; decodes make 1 + sum(acceptance)
+    assert res["tokens_per_s"] == pytest.approx((1024 + 8 * (1 + sum(acc))) / res["step_time_s"])
+    assert run_cost(CostConfig())["acceptance"] == []
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["--draft-len", "2", "--acceptance", "0.6,0.8"], "acceptance must be non-increasing"),
+    (["--draft-len", "2", "--acceptance", "0.8"], "acceptance has 1 entries but draft_len=2"),
+    (["--draft-len", "1", "--acceptance", "1.2"], "acceptance[0]=1.2 must be in [0, 1]"),
+    (["--draft-len", "2", "--acceptance", "0.8,x"], "acceptance: expected comma-separated numbers"),
+    (["--dp-imbalance", "2"], "dp_imbalance=2.0 must be in [1, dp=1]"),
+    (["--tp", "1", "--dp", "8", "--ep", "8", "--dp-imbalance", "0.5"], "dp_imbalance"),
+    (["--tp", "1", "--dp", "8", "--ep", "8", "--expert-imbalance", "9"], "expert_imbalance=9.0 must be in [1, ep=8]"),
+    (["--tp", "1", "--dp", "8", "--ep", "8", "--expert-imbalance", "0.9"], "expert_imbalance: must be >= 1"),
+    (["--tp", "1", "--dp", "8", "--ep", "8", "--expert-imbalance", "hot"], "or zipf / uniform"),
+    (["--comm-overlap", "combine_down"], "comm_overlap=combine_down needs ep > 1"),
+    (["--tp", "1", "--dp", "8", "--ep", "8", "--comm-overlap", "combine_down", "--two-micro-batch"], "contradicts two_micro_batch"),
+    (["--tp", "1", "--dp", "8", "--ep", "8", "--dispatch-dtype", "nvfp4"], "dispatch_dtype=nvfp4 needs fp4 experts"),
+    (["--offload-fraction", "1.5"], "offload_fraction"),
+])
+def test_bad_flags_are_clean_errors(args, expect):
+    r = _cli(*args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert expect in r.stderr and "Traceback" not in r.stderr
+
+
+# ----------------------------------------------------------------------------- imbalance
+def test_expert_imbalance_scales_the_dispatch_and_is_reported():
+    one = run_cost(CostConfig(**DEP8, dtype="fp8", expert_imbalance=1.0, batch=["decode:512x2048"], top_ops=50))
+    two = run_cost(CostConfig(**DEP8, dtype="fp8", expert_imbalance=2.0, batch=["decode:512x2048"], top_ops=50))
+    assert one["imbalance"]["expert"] == 1.0 and "balanced routing" in one["imbalance"]["expert_source"]
+    assert two["imbalance"]["expert"] == 2.0
+    # the busiest rank receives twice the rows: dispatch bytes exactly double, expert FLOPs too
+    assert _op(two, "ep_dispatch")["bytes"] == pytest.approx(2 * _op(one, "ep_dispatch")["bytes"])
+    assert _op(two, "routed_experts")["flops"] == pytest.approx(2 * _op(one, "routed_experts")["flops"])
+    assert two["step_time_s"] > one["step_time_s"]
+    default = run_cost(CostConfig(**DEP8, dtype="fp8", batch=["decode:512x2048"]))
+    assert default["imbalance"]["expert"] == pytest.approx(1.2) and "default" in default["imbalance"]["expert_source"]
+
+
+def test_expert_load_model_depends_on_the_batch():
+    small = run_cost(CostConfig(**DEP8, dtype="fp8", expert_imbalance="zipf", batch=["decode:16x2048"]))
+    big = run_cost(CostConfig(**DEP8, dtype="fp8", expert_imbalance="zipf", batch=["decode:2048x2048"]))
+    uni = run_cost(CostConfig(**DEP8, dtype="fp8", expert_imbalance="uniform", batch=["decode:2048x2048"]))
+    # sampling noise: fewer assignments, busier straggler; skew keeps zipf above uniform
+    assert small["imbalance"]["expert"] > big["imbalance"]["expert"] > uni["imbalance"]["expert"] >= 1.0
+
+
+def test_dp_imbalance_gives_the_busiest_rank_more_requests():
+    m, hw = get_model("deepseek-v3"), get_hardware("h200")
+    lay = ParallelLayout(**DEP8, weight_dtype="fp8")
+    b = _decodes(256)
+    even, skew = StepCostModel(m, hw, lay, dp_imbalance=1.0), StepCostModel(m, hw, lay, dp_imbalance=1.5)
+    a1, a2 = _op(even.step(b).ops, "attention_full"), _op(skew.step(b).ops, "attention_full")
+    assert a2["bytes"] == pytest.approx(1.5 * a1["bytes"])  # the busiest rank reads 1.5x the mean KV
+    res = run_cost(CostConfig(**DEP8, dtype="fp8", dp_imbalance=1.5, batch=["decode:256x4096"]))
+    assert res["imbalance"]["dp"] == 1.5
+
+
+# ----------------------------------------------------------------------------- fit
+def test_not_fitting_is_refused_with_the_shortfall_unless_allowed():
+    cfg = dict(hardware="h100", dtype="bf16")
+    with pytest.raises(DoesNotFitError, match=r"layout TP8 bf16: does not fit: .* short by [0-9.]+ GB"):
+        run_cost(CostConfig(**cfg))
+    res = run_cost(CostConfig(**cfg, allow_no_fit=True))
+    assert res["fits"] is False and res["step_time_s"] > 0 and "priced anyway" in res["warnings"][0]
+    assert run_cost(CostConfig())["warnings"] == []
+
+
+def test_allow_no_fit_prints_a_warning():
+    r = _cli("--hardware", "h100", "--dtype", "bf16", "--allow-no-fit")
+    assert r.returncode == 0 and "WARNING: LAYOUT DOES NOT FIT" in r.stdout
+
+
+# ----------------------------------------------------------------------------- partial overlap
+def test_pipelined_overlap_arithmetic():
+    assert combine_hidden_under_down(1.0, 0.5, 4) == pytest.approx(0.5 * 0.75)  # min(a, b) * (1 - 1/chunks)
+    assert combine_hidden_under_down(0.2, 0.5, 10) == pytest.approx(0.18)
+    assert combine_hidden_under_down(1.0, 0.5, 1) == 0.0 and combine_hidden_under_down(1.0, 0.5, 0.3) == 0.0
+    arr = combine_hidden_under_down(np.array([1.0, 0.0]), np.array([2.0, 2.0]), np.array([2.0, 2.0]))
+    assert arr.tolist() == [0.5, 0.0]
+
+
+@pytest.mark.parametrize("batch", [_decodes(512), BatchShape.from_lists([4096], [0], [False])])
+def test_combine_down_hides_the_pipelined_part_of_the_combine(batch):
+    m, hw = get_model("deepseek-v3"), get_hardware("h200")
+    none = StepCostModel(m, hw, ParallelLayout(**DEP8, weight_dtype="fp8"))
+    part = StepCostModel(m, hw, ParallelLayout(**DEP8, weight_dtype="fp8", comm_overlap="combine_down"))
+    s0, s1 = none.step(batch), part.step(batch)
+    c0, c1 = _op(s0.ops, "ep_combine"), _op(s1.ops, "ep_combine")
+    down = _op(s0.ops, "routed_experts")["time_s"] / 3  # the down projection: a third of the grouped GEMM
+    tokens = float(batch.num_tokens)
+    touched = none.e_local * (1 - (1 - 1 / none.e_total) ** (tokens * m.moe.top_k))
+    hidden = min(c0["time_s"], down) * (1 - 1 / touched)
+    assert "exposed past the down GEMM" in c1["name"] and c1["bytes"] == c0["bytes"]
+    assert c1["time_s"] == pytest.approx(c0["time_s"] - hidden)
+    assert s0.time_s - s1.time_s == pytest.approx(hidden)
+    assert part.step_time(batch) == pytest.approx(s1.time_s)  # the tables hold the same arithmetic
+    assert s1.time_s == pytest.approx(sum(s1.breakdown.values()))
+
+
+def test_comm_overlap_tbo_is_two_micro_batch():
+    m, hw = get_model("deepseek-v3"), get_hardware("h200")
+    a = StepCostModel(m, hw, ParallelLayout(**DEP8, weight_dtype="fp8", comm_overlap="tbo"))
+    b = StepCostModel(m, hw, ParallelLayout(**DEP8, weight_dtype="fp8", two_micro_batch=True))
+    assert a.layout.two_micro_batch and a.layout.overlap == "tbo"
+    assert a.step_time(_decodes(512)) == b.step_time(_decodes(512))
+
+
+def test_new_knobs_stay_out_of_the_layout_dump_at_their_defaults():
+    plain = ParallelLayout(tp=8).model_dump()
+    assert not {"comm_overlap", "dispatch_dtype", "offload_fraction", "offload_scope"} & set(plain)
+    dumped = ParallelLayout(**DEP8, comm_overlap="combine_down", offload_fraction=0.25).model_dump(mode="json")
+    assert dumped["comm_overlap"] == "combine_down" and dumped["offload_fraction"] == 0.25
+    assert ParallelLayout(**dumped) == ParallelLayout(**DEP8, comm_overlap="combine_down", offload_fraction=0.25)
+
+
+# ----------------------------------------------------------------------------- NVFP4 dispatch
+def test_nvfp4_payload_is_4_5_bits_per_value():
+    assert DISPATCH_BYTES_PER_VALUE["nvfp4"] * 8 == pytest.approx(4.5)  # 4-bit values + an 8-bit scale per 16
+    assert DISPATCH_BYTES_PER_VALUE["fp8"] * 8 == pytest.approx(8.25)   # 8-bit values + a 32-bit scale per 128
+
+
+def test_nvfp4_dispatch_shrinks_only_the_dispatch_bytes():
+    m, hw = get_model("deepseek-v4-flash"), get_hardware("gb300")
+    assert m.checkpoint_expert_dtype == "fp4"
+    lay = dict(**DEP8, weight_dtype="fp8", expert_dtype="fp4")
+    fp8 = StepCostModel(m, hw, ParallelLayout(**lay)).step(_decodes(1024))
+    nv = StepCostModel(m, hw, ParallelLayout(**lay, dispatch_dtype="nvfp4")).step(_decodes(1024))
+    d8, d4 = _op(fp8.ops, "ep_dispatch"), _op(nv.ops, "ep_dispatch")
+    assert d4["bytes"] == pytest.approx(d8["bytes"] * (0.5 + 1 / 16) / (1 + 4 / 128))
+    assert d4["time_s"] < d8["time_s"]
+    assert _op(nv.ops, "ep_combine")["bytes"] == _op(fp8.ops, "ep_combine")["bytes"]  # the combine returns BF16
+
+
+def test_nvfp4_dispatch_needs_fp4_tensor_cores():
+    m, hw = get_model("deepseek-v4-flash"), get_hardware("h200")
+    lay = validate(ParallelLayout, {**DEP8, "weight_dtype": "fp8", "expert_dtype": "fp4", "dispatch_dtype": "nvfp4"})
+    with pytest.raises(TwinferError, match="layout.dispatch_dtype: nvfp4 needs FP4 tensor cores"):
+        StepCostModel(m, hw, lay)
