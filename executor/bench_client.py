@@ -46,6 +46,27 @@ class BenchItem:
 
 
 @dataclass
+class UserLoop:
+    """A closed loop: ``users`` clients, each sending its next request when its last one ends, then pausing.
+
+    ``next_request(u, k)`` gives user ``u``'s ``k``-th request and the think time after it (seconds); the
+    loop stops sending after ``num_requests`` requests in all or ``duration_s`` from the start, whichever
+    comes first (one of them is required), and waits for what is in flight.
+    """
+
+    users: int
+    next_request: Callable[[int, int], tuple[BenchItem, float]]
+    num_requests: int | None = None
+    duration_s: float | None = None
+
+    def __post_init__(self):
+        if self.users < 1:
+            raise ValueError(f"users: must be >= 1 (got {self.users})")
+        if self.num_requests is None and self.duration_s is None:
+            raise ValueError("num_requests or duration_s: a closed loop needs at least one")
+
+
+@dataclass
 class RequestRecord:
     """What one request measured (times in seconds; ``start_s`` from the benchmark's start)."""
 
@@ -65,6 +86,7 @@ class RequestRecord:
     request_id: str | None = None
     success: bool = False
     error: str | None = None
+    user: int | None = None             # the closed-loop user that sent it (UserLoop runs)
 
 
 @dataclass
@@ -78,6 +100,7 @@ class BenchRun:
     prompt_mode: str
     tokens_per_word: float | None = None
     clipped: int = 0                    # requests shortened to fit the server's max_model_len
+    max_in_flight: int | None = None    # most requests in flight at once (UserLoop runs)
 
 
 # ----------------------------------------------------------------------------- arrivals
@@ -296,24 +319,28 @@ async def run_benchmark(base_url: str, items: Sequence[BenchItem], *, model: str
                         concurrency: int | None = None, closed_loop: bool = False, warmup: int = 0,
                         ramp_s: float = 0.0, api_key: str | None = None, prompt_mode: str = "text",
                         block_size: int = 16, seed: int = 0, temperature: float = 0.0, timeout_s: float = 600.0,
-                        max_model_len: int | None = None,
+                        max_model_len: int | None = None, users: UserLoop | None = None,
                         on_record: Callable[[RequestRecord], None] | None = None) -> BenchRun:
-    """Replay ``items``; open loop at their arrival times, or ``closed_loop`` with ``concurrency`` in flight.
+    """Replay ``items``; open loop at their arrival times, or ``closed_loop`` with ``concurrency`` in flight;
+    or, with ``users`` (``items`` then unused), run that closed loop of users.
 
     With ``max_model_len`` (the server's), requests that would not fit are clipped first; text
     prompts keep a margin for the calibration's rounding (a word or two, and 1%).
     """
     if closed_loop and not concurrency:
         raise ValueError("a closed loop needs a concurrency")
+    if users is not None and not items:  # shapes for the warmup: the users' first requests
+        items = [users.next_request(u, 0)[0] for u in range(min(users.users, max(warmup, 1)))]
     base_url = server_root(base_url)
     async with make_client(timeout_s) as client:
         model = model or (await list_models(client, base_url, api_key))[0]["id"]
         cal = await calibrate(client, base_url, model, api_key) if prompt_mode == "text" else None
         maker = PromptMaker(prompt_mode, seed=seed, block_size=block_size, calibration=cal)
         clipped = 0
-        if max_model_len:
-            slack = 0 if cal is None else math.ceil(2 * cal.per_word) + 2 + max_model_len // 100
-            items, clipped = fit_context(items, max_model_len - slack)
+        limit = max_model_len - (0 if cal is None else math.ceil(2 * cal.per_word) + 2 + max_model_len // 100) \
+            if max_model_len else None
+        if limit:
+            items, clipped = fit_context(items, limit)
 
         async def fire(item: BenchItem, rec: RequestRecord, t0: float, salt: int = 0) -> RequestRecord:
             return await send_one(client, base_url, model, maker.prompt(item, salt), item.output_len, rec, t0,
@@ -337,13 +364,19 @@ async def run_benchmark(base_url: str, items: Sequence[BenchItem], *, model: str
             if on_record:
                 on_record(rec)
 
-        if closed_loop:
+        most = None
+        if users is not None:
+            records = []
+            loop = _Users(users, records, t0, limit)
+            await loop.run(ramp_s, lambda it, rec: done(fire(it, rec, t0)))
+            clipped, most = loop.clipped, loop.max_in_flight
+        elif closed_loop:
             await _closed_loop(items, records, concurrency, ramp_s, lambda it, rec: done(fire(it, rec, t0)))
         else:
             await _open_loop(items, records, concurrency, t0, lambda it, rec: done(fire(it, rec, t0)))
         duration = time.perf_counter() - t0
     return BenchRun(records=records, duration_s=duration, model=model, url=base_url, prompt_mode=prompt_mode,
-                    tokens_per_word=cal.per_word if cal else None, clipped=clipped)
+                    tokens_per_word=cal.per_word if cal else None, clipped=clipped, max_in_flight=most)
 
 
 async def _open_loop(items, records, concurrency, t0, launch) -> None:
@@ -378,6 +411,45 @@ async def _closed_loop(items, records, concurrency, ramp_s, launch) -> None:
             await launch(it, rec)
 
     await asyncio.gather(*(worker(k) for k in range(concurrency)))
+
+
+class _Users:
+    """The clients of a UserLoop: each sends, awaits the whole response, thinks, and sends its next request."""
+
+    def __init__(self, spec: UserLoop, records: list[RequestRecord], t0: float, limit: int | None):
+        self.spec, self.records, self.t0, self.limit = spec, records, t0, limit
+        self.in_flight = self.max_in_flight = self.clipped = 0
+
+    def _may_send(self) -> bool:
+        s = self.spec
+        if s.num_requests is not None and len(self.records) >= s.num_requests:
+            return False
+        return s.duration_s is None or time.perf_counter() - self.t0 < s.duration_s
+
+    async def run(self, ramp_s: float, launch) -> None:
+        await asyncio.gather(*(self._user(u, ramp_s, launch) for u in range(self.spec.users)))
+
+    async def _user(self, u: int, ramp_s: float, launch) -> None:
+        if ramp_s > 0:  # users join one by one over the ramp
+            await asyncio.sleep(ramp_s * u / self.spec.users)
+        k = 0
+        while self._may_send():
+            it, think = self.spec.next_request(u, k)
+            if self.limit:
+                (it,), changed = fit_context([it], self.limit)
+                self.clipped += changed
+            rec = RequestRecord(it.index, time.perf_counter() - self.t0, prompt_len=it.prompt_len,
+                                output_len=it.output_len, user=u)
+            self.records.append(rec)
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            try:
+                await launch(it, rec)
+            finally:
+                self.in_flight -= 1
+            if think > 0:
+                await asyncio.sleep(think)
+            k += 1
 
 
 # ----------------------------------------------------------------------------- output

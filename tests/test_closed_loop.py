@@ -229,3 +229,86 @@ def test_the_planner_refuses_a_closed_loop_clearly():
     with pytest.raises(TwinferError, match="workload.kind: 'closed'"):
         validate(PlanRequest, {"gpus": 8, "workload": closed().model_dump(mode="json"),
                                "slo": {"ttft_s": 2.0, "tpot_s": 0.05}}, "plan")
+
+
+# ---------------------------------------------------------------- twinfer bench against a live (fake-engine) server
+
+try:
+    from test_bench_run import fake_server  # noqa: F401  (the module-scoped fake OpenAI server)
+    HAVE_SERVE = True
+except pytest.skip.Exception:  # the serve extra is not installed
+    HAVE_SERVE = False
+needs_serve = pytest.mark.skipif(not HAVE_SERVE, reason="needs the serve extra (fastapi, uvicorn)")
+
+
+def bench_users_sequential(records) -> None:
+    """Per user, the next request starts after the previous one's response ended."""
+    by_user: dict[int, list] = {}
+    for r in sorted(records, key=lambda r: r.start_s):
+        by_user.setdefault(r.user, []).append(r)
+    for recs in by_user.values():
+        for a, b in zip(recs, recs[1:]):
+            assert b.start_s >= a.start_s + a.e2e_s - 1e-9
+
+
+@needs_serve
+def test_bench_user_loop_keeps_n_in_flight(fake_server):  # noqa: F811
+    import asyncio
+
+    from executor import bench_client as bc
+    from ui.cmd_bench import user_loop
+
+    spec = closed(concurrency=3, num_requests=10, input_len=40, output_len=6, think_time_s=0.01)
+    loop = user_loop(spec, seed=0, block_size=16)
+    run = asyncio.run(bc.run_benchmark(fake_server.url, [], prompt_mode="ids", users=loop, warmup=1))
+    assert len(run.records) == 10 and all(r.success and r.output_tokens == 6 for r in run.records)
+    assert run.max_in_flight == 3 and {r.user for r in run.records} == {0, 1, 2}
+    bench_users_sequential(run.records)
+    # user u's k-th request is the simulator's (seed, u, k) draw: its index is (u << 32) | k
+    assert sorted(r.index for r in run.records if r.user == 0)[:2] == [0, 1]
+
+
+@needs_serve
+def test_bench_user_loop_stops_sending_at_the_duration(fake_server):  # noqa: F811
+    import asyncio
+
+    from executor import bench_client as bc
+
+    items = lambda u, k: (bc.BenchItem((u << 32) | k, 0.0, 30, 4), 0.02)  # noqa: E731
+    run = asyncio.run(bc.run_benchmark(fake_server.url, [], prompt_mode="ids",
+                                       users=bc.UserLoop(2, items, duration_s=0.3)))
+    assert len(run.records) > 2 and all(r.scheduled_s < 0.3 and r.success for r in run.records)
+    assert run.max_in_flight <= 2
+    bench_users_sequential(run.records)
+    with pytest.raises(ValueError, match="num_requests or duration_s"):
+        bc.UserLoop(2, items)
+
+
+@needs_serve
+def test_twinfer_bench_concurrency_and_closed_workload_file(fake_server, tmp_path):  # noqa: F811
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from ui.cli import app
+
+    args = ["bench", "--url", fake_server.url, "--input-len", "32", "--output-len", "4", "--json", "--prompt-mode", "ids"]
+    r = CliRunner().invoke(app, args + ["--workload", "chat", "-n", "8", "--concurrency", "3"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout[r.stdout.index("{"):])
+    c, m = doc["config"], doc["metrics"]
+    assert c["closed_loop"] and c["concurrency"] == 3 and 1 <= c["max_in_flight"] <= 3 and c["think_time_s_mean"] == 0
+    assert m["requests_finished"] == 8 and m["output_tokens"] == 32 and m["per_user_output_tps_mean"] > 0
+    path = tmp_path / "closed.yaml"
+    path.write_text(yaml.safe_dump({"kind": "closed", "concurrency": 2, "num_requests": 5,
+                                    "think_time_s": {"kind": "exponential", "mean": 0.01}}))
+    r = CliRunner().invoke(app, args + ["--workload", str(path), "--concurrency", "4"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout[r.stdout.index("{"):])
+    assert doc["config"]["concurrency"] == 4 and doc["metrics"]["requests_finished"] == 5
+    assert doc["config"]["think_time_s_mean"] == 0.01
+    r = CliRunner().invoke(app, args + ["--workload", str(path), "--rate", "3"])
+    assert r.exit_code != 0 and "rate: not used when kind is 'closed'" in str(r.exception)
+    r = CliRunner().invoke(app, args + ["--workload", "chat", "--rate", "3", "--think-time-s", "1"])
+    assert r.exit_code != 0 and "--think-time-s: only for a closed loop" in str(r.exception)

@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
 
 
 def load_workload(workload: str, *, requests: Optional[int], rate: Optional[float], trace: Optional[str],
-                  trace_format: str, input_len: Optional[int], output_len: Optional[int]):
+                  trace_format: str, input_len: Optional[int], output_len: Optional[int], duration_s: Optional[float] = None):
     """A WorkloadSpec from a preset name or a YAML/JSON file, or a trace, with the CLI's overrides."""
     from sim import workload as wl
     from twinfer.config import load_model_file
@@ -27,6 +27,8 @@ def load_workload(workload: str, *, requests: Optional[int], rate: Optional[floa
         over = {"kind": "trace", "trace_path": trace, "trace_format": trace_format}
         if requests:
             over["max_requests"] = requests
+        if duration_s:
+            over["duration_s"] = duration_s
         return wl.WorkloadSpec(**over)
     over: dict = {}
     if requests:
@@ -37,12 +39,59 @@ def load_workload(workload: str, *, requests: Optional[int], rate: Optional[floa
         over["input_len"] = input_len   # a bare number is a fixed length
     if output_len:
         over["output_len"] = output_len
+    if duration_s:
+        over["duration_s"] = duration_s
     if Path(workload).is_file():
         base = load_model_file(wl.WorkloadSpec, workload)
         from twinfer.config import validate
 
         return validate(wl.WorkloadSpec, {**base.model_dump(exclude_unset=True), **over}, workload)
     return wl.preset(workload, **over)
+
+
+# kinds whose requests only differ in when they arrive: --concurrency alone turns them into a closed loop
+_RATE_KINDS = ("poisson", "gamma", "constant")
+
+
+def closed_workload(spec, *, concurrency: Optional[int], rate: Optional[float], think_time_s: Optional[float]):
+    """The workload as a closed loop, or None to replay it as it is.
+
+    ``kind: closed`` takes --concurrency (its user count) and --think-time-s; a poisson/gamma/constant workload
+    with --concurrency and no --rate becomes ``kind: closed`` with the same lengths, prefixes and request count
+    (what ``twinfer simulate`` runs for the same spec). Agentic sessions and traces keep their requests: with
+    --concurrency alone they are replayed in order by that many workers.
+    """
+    from sim import workload as wl
+    from twinfer.config import validate
+
+    if spec.kind == "closed":
+        over = {k: v for k, v in (("concurrency", concurrency), ("think_time_s", think_time_s)) if v is not None}
+        return validate(wl.WorkloadSpec, {**spec.model_dump(mode="json", exclude_unset=True), **over}, "workload") if over else spec
+    if concurrency is None or rate is not None or spec.kind not in _RATE_KINDS:
+        if think_time_s is not None:
+            raise TwinferError("--think-time-s: only for a closed loop (--concurrency without --rate on a poisson/gamma/"
+                               "constant workload, or a workload of kind: closed)")
+        return None
+    data = {k: v for k, v in spec.model_dump(mode="json", exclude_unset=True).items() if k not in ("rate", "cv")}
+    data.update(kind="closed", concurrency=concurrency, think_time_s=think_time_s or 0)
+    return validate(wl.WorkloadSpec, data, "workload")
+
+
+def user_loop(spec, seed: int, block_size: int):
+    """``spec`` (kind: closed) as the bench client's UserLoop: user u's k-th request is the one ``twinfer simulate``
+    draws for the same (seed, u, k)."""
+    import numpy as np
+
+    from executor import bench_client as bc
+    from sim.closed_loop import UserContent
+
+    content = UserContent(spec, np.random.default_rng(seed), block_size)
+
+    def next_request(u: int, k: int):
+        d = content.draw(u, k)
+        return bc.BenchItem(d.key, 0.0, d.prompt_len, d.output_len, d.block_hashes), d.think_s
+
+    return bc.UserLoop(spec.concurrency, next_request, spec.num_requests, spec.duration_s)
 
 
 def check_url(url: str) -> str:
@@ -89,7 +138,11 @@ def bench(
     requests: Optional[int] = typer.Option(None, "--requests", "-n", min=1, help="number of requests (default: the workload's)"),
     rate: Optional[float] = typer.Option(None, "--rate", min=0.0, help="mean arrival rate, req/s (default: the workload's)"),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1,
-                                              help="requests in flight; alone: closed loop, with --rate: a cap"),
+                                              help="requests in flight; alone: closed loop of that many users, with --rate: a cap"),
+    think_time_s: Optional[float] = typer.Option(None, "--think-time-s", min=0.0,
+                                                 help="closed loop: seconds a user waits before its next request (default 0)"),
+    duration_s: Optional[float] = typer.Option(None, "--duration-s", min=0.0,
+                                               help="send requests only for this many seconds (closed loop: users stop, in-flight requests finish)"),
     trace: Optional[str] = typer.Option(None, "--trace", help="replay a trace file instead of a preset"),
     trace_format: str = typer.Option("jsonl", "--trace-format", help="jsonl (twinfer) or mooncake"),
     input_len: Optional[int] = typer.Option(None, "--input-len", min=1, help="fix every prompt's length (tokens)"),
@@ -125,10 +178,15 @@ def bench(
     target = parse_slo(slo, "--slo") if slo is not None else None
     url = check_url(url)
     spec = load_workload(workload, requests=requests, rate=rate, trace=trace, trace_format=trace_format,
-                         input_len=input_len, output_len=output_len)
-    items = bc.items_from_requests(wl.generate(spec, np.random.default_rng(seed), block_size))
-    if not items:
-        raise TwinferError("the workload produced no requests")
+                         input_len=input_len, output_len=output_len, duration_s=duration_s)
+    closed_spec = closed_workload(spec, concurrency=concurrency, rate=rate, think_time_s=think_time_s)
+    users, items = None, []
+    if closed_spec is not None:
+        users = user_loop(closed_spec, seed, block_size)
+    else:
+        items = bc.items_from_requests(wl.generate(spec, np.random.default_rng(seed), block_size))
+        if not items:
+            raise TwinferError("the workload produced no requests")
     if trace and rate:  # a trace keeps its burstiness, stretched to the asked mean rate
         items = bc.rescale_arrivals(items, rate)
 
@@ -137,11 +195,12 @@ def bench(
     except Exception as e:  # noqa: BLE001 - unreachable or not OpenAI-compatible: say so plainly
         raise TwinferError(f"cannot reach an OpenAI-compatible server at {url} ({type(e).__name__}: {e})") from None
 
-    closed = concurrency is not None and rate is None
+    closed = users is not None or (concurrency is not None and rate is None)
+    total = len(items) if users is None else users.num_requests
     done: list = []
     with Progress(TextColumn("[bold]bench[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=as_json) as progress:
-        task = progress.add_task("bench", total=len(items), status="")
+        task = progress.add_task("bench", total=total, status="")
         failed = 0
 
         def on_record(rec: bc.RequestRecord) -> None:
@@ -154,20 +213,24 @@ def bench(
             run = asyncio.run(bc.run_benchmark(url, items, model=model, concurrency=concurrency, closed_loop=closed,
                                                warmup=warmup, ramp_s=ramp_s, api_key=api_key, prompt_mode=prompt_mode,
                                                block_size=block_size, seed=seed, timeout_s=timeout_s,
-                                               max_model_len=int(max_len) if max_len else None, on_record=on_record))
+                                               max_model_len=int(max_len) if max_len else None, users=users,
+                                               on_record=on_record))
         except KeyboardInterrupt:
             progress.stop()
-            print_partial(err, done, len(items))
+            print_partial(err, done, total or len(done))
             raise typer.Exit(130) from None
     if run.clipped:
-        err.print(f"note: {run.clipped} of {len(items)} requests clipped to fit the server's max_model_len {max_len}")
+        err.print(f"note: {run.clipped} of {len(run.records)} requests clipped to fit the server's max_model_len {max_len}")
     if records:
         bc.write_records(records, run)
     metrics = to_sim_metrics(run, num_gpus=num_gpus, slo=SLO(**target.targets()) if target else None)
-    config = {"url": url, "model": run.model, "workload": trace or workload, "num_requests": len(items),
-              "rate": rate, "concurrency": concurrency, "closed_loop": closed, "warmup": warmup, "ramp_s": ramp_s,
-              "prompt_mode": prompt_mode, "tokens_per_word": run.tokens_per_word, "seed": seed,
+    config = {"url": url, "model": run.model, "workload": trace or workload, "num_requests": len(run.records),
+              "rate": rate, "concurrency": users.users if users else concurrency, "closed_loop": closed, "warmup": warmup,
+              "ramp_s": ramp_s, "prompt_mode": prompt_mode, "tokens_per_word": run.tokens_per_word, "seed": seed,
               "clipped_to_max_model_len": run.clipped}
+    if users is not None:
+        config.update(think_time_s_mean=closed_spec.think_time_s.mean(), duration_s=closed_spec.duration_s,
+                      max_in_flight=run.max_in_flight)
     verdict = target.verdict(metrics) if target else None
     if as_json:
         doc = {"config": config, "metrics": metrics.model_dump(mode="json")}
@@ -217,3 +280,8 @@ def print_summary(console, config: dict, m) -> None:
     if m.goodput is not None:
         line += f"  |  goodput {m.goodput:.2f} req/s ({m.goodput_fraction:.1%} meet the SLO)"
     console.print(line, highlight=False)
+    if config.get("max_in_flight") is not None:  # a closed loop: the load is the user count
+        per_user = "-" if m.per_user_output_tps_mean is None else f"{m.per_user_output_tps_mean:.1f}"
+        console.print(f"closed loop: {config['concurrency']} users (think {config['think_time_s_mean']:g} s mean), at most "
+                      f"{config['max_in_flight']} in flight  |  output {m.output_throughput_per_gpu:.1f} tok/s per GPU  |  "
+                      f"{per_user} tok/s per user (mean)", highlight=False)
