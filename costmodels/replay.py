@@ -32,6 +32,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from twinfer.errors import TwinferError
+
 from costmodels.layout import DType
 from costmodels.memory import kv_rates
 from costmodels.model_spec import ModelSpec
@@ -115,10 +117,10 @@ class ReplayPolicy(BaseModel):
         windowed = window_layers(model)
         for i in sorted(self.layers):
             if i >= model.num_layers:
-                raise ValueError(f"replay.layers: index {i} is past {model.name}'s {model.num_layers} layers "
+                raise TwinferError(f"replay.layers: index {i} is past {model.name}'s {model.num_layers} layers "
                                  f"(0..{model.num_layers - 1})")
             if i not in windowed:
-                raise ValueError(f"replay.layers: layer {i} of {model.name} is a {kinds[i]!r} layer with no sliding "
+                raise TwinferError(f"replay.layers: layer {i} of {model.name} is a {kinds[i]!r} layer with no sliding "
                                  f"window; layers with one: {_ranges(sorted(windowed))}")
         modes, tokens = [], []
         for i, kind in enumerate(kinds):
@@ -186,9 +188,12 @@ class ResolvedReplay:
         return np.maximum.accumulate(x[::-1])[::-1] if x.size else x
 
     def carried_tokens(self, context: int) -> int:
-        """Extra tokens the step carries at layer 0 (the deepest requirement, e_0)."""
-        e = self.extra_tokens(context)
-        return int(e[0]) if e.size else 0
+        """Extra tokens the step carries at layer 0: e_0 = max_i x_i (closed form; the scheduler calls it per chunk)."""
+        c = max(0, int(context))
+        if "recompute" in self.modes:
+            return c
+        w = max((t for m, t in zip(self.modes, self.tokens) if m == "replay"), default=0)
+        return min(w, c)
 
     def kept_fraction(self) -> np.ndarray:
         """Share of each layer's window KV kept with a paused sequence: 1 persist, (window - W)/window replay, 0 recompute."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from costmodels.replay import ResolvedReplay
 from scheduler.config import SchedulerConfig
 from scheduler.kv_manager import NO_MATCH, CountedKV, PagedKV
 from scheduler.plan import ScheduledChunk, StepPlan, StepResult
@@ -51,14 +52,19 @@ class SchedulerStats:
 class Scheduler:
     """Turns queued requests into StepPlans and applies StepResults (one serving instance)."""
 
-    def __init__(self, config: SchedulerConfig, num_kv_blocks: int, instance_id: int = 0, *, name_all_blocks: bool = True):
+    def __init__(self, config: SchedulerConfig, num_kv_blocks: int, instance_id: int = 0, *, name_all_blocks: bool = True,
+                 replay: ResolvedReplay | None = None):
         """``name_all_blocks=False`` (the simulator): KV held by count where no block id is needed
         (CountedKV, else PagedKV) and plans that read decode contexts on demand; scheduling decisions
-        are identical either way."""
+        are identical either way. ``replay``: the sliding-window policy in force (``config.replay_for(model)``);
+        None: ``config.swa_replay_tokens`` through every layer (needs ``config.replay`` unset)."""
+        if replay is None and config.replay is not None:
+            raise ValueError("SchedulerConfig.replay is set: pass Scheduler(..., replay=config.replay_for(model))")
         self.config = config
         self.instance_id = instance_id
         self.block_size = config.block_size
         self.kv = (PagedKV if name_all_blocks else CountedKV)(num_kv_blocks, config)
+        self.replay = replay
         self.blocks = self.kv.blocks  # the block pool, for introspection (usage, invariant checks)
         self.batch = self.kv.new_decode_batch(config.max_num_seqs)
         self._no_decodes = self.kv.new_decode_batch(1)  # the (empty) decode batch of a prompts-only plan (mixed_batches off)
@@ -290,16 +296,29 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING:
                 continue  # preempted a moment ago by an older request
             done = req.num_computed_tokens
-            chunk = min(req.num_tokens - done, budget, cap)
-            while not kv.grow(req, done + chunk):
+            new = min(req.num_tokens - done, budget, cap)
+            replayed = self.resume_tokens(done)  # the next chunk resumes the prompt: its window state per the policy
+            while not kv.grow(req, done + new):
                 victim = self._pick_victim()
                 budget += self._unschedule(victim, chunks)
                 self._preempt(victim, preempted)
                 if victim is req:
                     return budget
-            chunks.append(ScheduledChunk(req, chunk, done, done + chunk == req.num_tokens))
-            budget -= chunk
+            chunks.append(ScheduledChunk(req, replayed + new, done - replayed, done + new == req.num_tokens))
+            budget -= replayed + new
         return budget
+
+    def resume_tokens(self, context: int) -> int:
+        """Tokens recomputed (over KV already held) to resume a prompt at ``context`` computed tokens: the replay
+        policy's deepest requirement (costmodels/replay.py), carried through every layer of the step.
+
+        The budget and the long-prefill cap size a chunk's new tokens; the replayed ones ride on top (they are
+        the price of resuming, and a recompute over the whole context could not fit any budget)."""
+        if context <= 0:
+            return 0
+        if self.replay is not None:
+            return self.replay.carried_tokens(context)
+        return min(self.config.swa_replay_tokens, context)
 
     def _unschedule(self, victim: Request, chunks: list[ScheduledChunk]) -> int:
         """Take ``victim``'s work out of the plan being built; returns the tokens given back."""
@@ -316,7 +335,7 @@ class Scheduler:
         prefix, a chunk that fits, its KV admitted, it prefills. Returns the prefix blocks loaded back
         from the (host, storage) tiers."""
         cfg, kv = self.config, self.kv
-        bs, swa, chunked, caching = self.block_size, cfg.swa_replay_tokens, cfg.enable_chunked_prefill, cfg.enable_prefix_caching
+        bs, chunked, caching = self.block_size, cfg.enable_chunked_prefill, cfg.enable_prefix_caching
         fifo = self._fifo if not self._priority else None
         host = storage = 0
         seats = cfg.max_num_seqs - self.num_running
@@ -326,21 +345,23 @@ class Scheduler:
                 break
             out_tokens = req.num_output_tokens
             num_tokens = req.prompt_len + out_tokens
-            match, hit_tokens = NO_MATCH, 0
+            match, held, replayed = NO_MATCH, 0, 0
             if req.block_hashes:  # (a request without hashes has nothing to look up)
                 match = kv.match_prefix(req, num_tokens)
                 held = match.num_blocks * bs
-                # sliding-window bounded replay: the cached prefix's last tokens are recomputed (into the
-                # blocks it already holds) because their window KV was not kept with the prefix
-                hit_tokens = held - min(swa, held)
-            todo = num_tokens - hit_tokens
+                # the prefix's window state per the replay policy: its last tokens are recomputed (into the
+                # blocks it already holds) where their window KV was not kept with the prefix
+                replayed = self.resume_tokens(held)
+            hit_tokens = held - replayed
+            todo = num_tokens - held
             if chunked or out_tokens:  # recomputes may always chunk
-                chunk = min(todo, budget, cap)
+                new = min(todo, budget, cap)
             elif todo > budget:
                 break
             else:
-                chunk = todo
-            if not kv.admit(req, hit_tokens + chunk, match):
+                new = todo
+            chunk = replayed + new
+            if not kv.admit(req, held + new, match):
                 break
             if fifo:
                 fifo.popleft()

@@ -103,7 +103,7 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
             return SimBackend(cost, np.random.default_rng([backend_seed, i]), rates, sc.async_overlap, load_s,
                               host_coeffs(sc))
 
-        schedulers = [Scheduler(sc, num_blocks, i, name_all_blocks=False) for i in range(scenario.instances)]
+        schedulers = [Scheduler(sc, num_blocks, i, name_all_blocks=False, replay=sc.replay_for(model)) for i in range(scenario.instances)]
         cluster = Cluster(env, schedulers, make_backend, make_router(scenario.router), source.watch(collector),
                           source.initial, max_steps=scenario.max_decode_steps)
         source.start(cluster.submit)
@@ -160,7 +160,7 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
     originals = {r.request_id: r for r in source.initial}
     copies = [prompt_copy(r) for r in source.initial]
     d_rates = dsc.effective_acceptance_rates()
-    d_scheds = [Scheduler(dsc, num_blocks, n_p + j, name_all_blocks=False) for j in range(n_d)]
+    d_scheds = [Scheduler(dsc, num_blocks, n_p + j, name_all_blocks=False, replay=dsc.replay_for(model)) for j in range(n_d)]
     d_instances = [
         Instance(env, n_p + j, s, SimBackend(decode_cost, np.random.default_rng([backend_seed, n_p + j]), d_rates, dsc.async_overlap, load_s,
                                           host_coeffs(dsc)),
@@ -195,7 +195,7 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
             return
         inst.wake()
 
-    p_scheds = [Scheduler(psc, p_blocks, i, name_all_blocks=False) for i in range(n_p)]
+    p_scheds = [Scheduler(psc, p_blocks, i, name_all_blocks=False, replay=psc.replay_for(model)) for i in range(n_p)]
     p_rates = psc.effective_acceptance_rates()
 
     def make_pbackend(i: int) -> SimBackend:

@@ -91,7 +91,8 @@ def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[R
 
     debug = invariants.enabled(debug)
     collector = (invariants.CheckingCollector if debug else MetricsCollector)(record_steps=record_steps)
-    schedulers = [Scheduler(sc, num_blocks, i, name_all_blocks=False) for i in range(scenario.instances)]
+    replay = sc.replay_for(get_model(scenario.model))   # the sliding-window replay policy in force
+    schedulers = [Scheduler(sc, num_blocks, i, name_all_blocks=False, replay=replay) for i in range(scenario.instances)]
     cluster = Cluster(env, schedulers, make_backend, make_router(scenario.router), source.watch(collector), source.initial,
                       max_steps=scenario.max_decode_steps)
     source.start(cluster.submit)
