@@ -41,7 +41,7 @@ from costmodels.ops import CATEGORIES
 from costmodels.step_ops import ATT, IDX, KV_UP, SAMPLED, TOKENS, StepOps
 
 ReplayMode = Literal["persist", "replay", "recompute"]
-WindowKind = Literal["sliding", "csa", "hca"]
+WindowKind = Literal["sliding", "csa", "hca", "sparse"]
 MODES = ("persist", "replay", "recompute")
 DEFAULT_REPLAY_TOKENS = 128  # DeepSeek-V4.1's replay length = its 128-token window (vLLM PR #56227)
 
@@ -84,7 +84,7 @@ PERSIST = LayerReplay(mode="persist")
 class ReplayPolicy(BaseModel):
     """Per-layer window policy on resume. Precedence: ``layers[i]`` over ``kinds[kind]`` over ``default``.
 
-    Only layers with window state (``sliding`` layers; ``csa``/``hca`` layers of a model with
+    Only layers with window state (``sliding`` layers; ``csa``/``hca``/``sparse`` layers of a model with
     ``window_in_compressed_layers``) are governed; other layers have nothing to keep or replay."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -93,7 +93,7 @@ class ReplayPolicy(BaseModel):
     tokens: int = Field(DEFAULT_REPLAY_TOKENS, ge=1, le=1 << 20,
                         description="W of 'replay' rules that give none (tokens recomputed per resume)")
     kinds: dict[WindowKind, LayerReplay] = Field(default_factory=dict,
-                                                 description="rule per layer kind (sliding, csa, hca)")
+                                                 description="rule per layer kind (sliding, csa, hca, sparse)")
     layers: dict[int, LayerReplay] = Field(default_factory=dict, description="rule per layer (0-based index)")
 
     @model_validator(mode="after")
@@ -153,11 +153,12 @@ def _ranges(idx: list[int]) -> str:
 
 
 def window_layers(model: ModelSpec) -> set[int]:
-    """Layers holding sliding-window state: ``sliding`` layers, and csa/hca layers when they keep a window."""
+    """Layers holding sliding-window state: ``sliding`` layers, and the compressed kinds (csa, hca, sparse) when
+    they keep a window (``window_in_compressed_layers``: V4-Flash's 43 layers, V4.1-Flash's 40)."""
     if not model.sliding_window:
         return set()
-    keep = {"sliding"} | ({"csa", "hca"} if model.window_in_compressed_layers else set())
-    return {i for i, k in enumerate(model.kinds()) if k in keep}
+    return {i for i, k in enumerate(model.kinds())
+            if k == "sliding" or (model.window_in_compressed_layers and k != "full")}
 
 
 @dataclass(frozen=True)
