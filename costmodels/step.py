@@ -28,6 +28,7 @@ from costmodels.step_ops import A2A, KV_UP, SAMPLED, StepOps
 
 # tables of the fast path (see StepCostModel._fill): which op families each one sums
 _T_MAIN, _T_KV, _T_SAMPLED, _T_MTP, _T_LOGITS, _T_MAIN_PF = range(6)  # _T_MAIN_PF: main terms of a step with prefill (EP normal dispatch)
+_T_DEC, _T_DEC_PF = 6, 7  # a CED model: _T_MAIN(_PF) hold its encoder layers (+ embedding), these its decoder layers
 _TBL_BITS = 9
 _TBL = 1 << _TBL_BITS  # points per lazily built table block
 _TBL_MASK = _TBL - 1
@@ -66,7 +67,8 @@ class StepCostModel(StepOps):
         ops: list[OpCost] = []
         tbo = self._tbo(batch.num_requests)
         f = 0.5 if tbo else 1.0
-        v = self.nonattn(*self.counts(new, ctx, dec, draft), f, ops) + self.attention(new, ctx, dec, draft, f, ops)
+        v = self.nonattn(*self.counts(new, ctx, dec, draft), f, ops, dec_total=self.ced_tokens(new, dec)) \
+            + self.attention(new, ctx, dec, draft, f, ops)
         t, breakdown = self._combine(v, tbo)
         if tbo:
             for o in ops:
@@ -144,9 +146,12 @@ class StepCostModel(StepOps):
         tbo = self._tbo(new.size)
         f = 0.5 if tbo else 1.0
         key = self.counts(new, ctx, dec, draft) + (f,)
+        dtot = self.ced_tokens(new, dec)
+        if dtot is not None:
+            key = key + (dtot,)
         v = self._cache.get(key)
         if v is None:
-            v = self.nonattn(*key)
+            v = self.nonattn(*key[:7], dec_total=dtot)
             if len(self._cache) > 4096:
                 self._cache.clear()
             self._cache[key] = v
@@ -171,7 +176,7 @@ class StepCostModel(StepOps):
         shifts = np.arange(0.0, num_steps * g, g)[:num_steps]
         sums = SortedSums(ctx + g)
         s = self.share * f
-        geos = self.att_kinds
+        geos = self.att_groups
         if draft_len and self.att_mtp is not None:
             geos = geos + [(self.att_mtp, draft_len * self.model.mtp_layers)]
         att = self.attention_decode_steps(geos, sums, shifts, g, s)
@@ -242,7 +247,8 @@ class StepCostModel(StepOps):
                     geo.d_qk_prefill + geo.d_v_prefill, geo.prefill_upproj,
                     self.mla_table is not None and self.mla_covers(geo))   # decode one query each: the FlashMLA table
 
-        self._geo_fast = [consts(geo, c) for geo, c in self.att_kinds]
+        self._geo_fast = [consts(geo, c) for geo, c in self.att_groups]
+        self._geo_dec = list(self.att_dec)  # CED decoder groups: prefill chunks reach them as their tails
         self._geo_mtp = consts(self.att_mtp, 0) if self.att_mtp is not None else None
         # every layer kind reads every cached entry: attention depends on the decodes' contexts only through their sum
         self._attn_simple = all(g[1] >= INF and not g[3] and not g[4] for g in self._geo_fast + [self._geo_mtp] if g is not None)
@@ -261,21 +267,30 @@ class StepCostModel(StepOps):
             pre_new, pre_ctx = sum(pn), sum(pc)
         else:
             pre_new = pre_ctx = 0
+        dec_total = None
+        if self.ced and npre:
+            tail = self.ced_tail
+            dec_total = dnew + sum(n if n < tail else tail for n in pn)
         t, a2a = self._tabulated(f, dnew + pre_new, dnew + pre_new + pre_ctx if self._kv_up_ctx else dnew + pre_new, dnew + npre,
-                                 nd, draft, bool(npre and self._ep_split))
+                                 nd, draft, bool(npre and self._ep_split), dec_total)
         t += self._attn_fast(nd, g, dctx, dctx_sum + dnew, pn, pc, pre_ctx + pre_new, self.share * f, draft)
         if f == 1.0:
             return self.prefetched(t)
         tc = t - a2a
         return self.prefetched(max(2 * tc, 2 * a2a) + min(tc, a2a) / self.n_layers)
 
-    def _tabulated(self, f: float, total: int, kv_up: int, sampled: int, nd: int, draft: int, prefill: bool) -> tuple[float, float]:
-        """(seconds, all-to-all part) of everything but attention: a table lookup per token count (``_look``, inlined)."""
+    def _tabulated(self, f: float, total: int, kv_up: int, sampled: int, nd: int, draft: int, prefill: bool,
+                   dec_total: int | None = None) -> tuple[float, float]:
+        """(seconds, all-to-all part) of everything but attention: a table lookup per token count (``_look``, inlined).
+        A CED model's decoder layers are looked up at ``dec_total`` tokens (None: ``total``)."""
         tabs = self._tables
         km = _T_MAIN_PF if prefill else _T_MAIN
         blk = tabs.get((km, f, 0, total >> _TBL_BITS)) or self._fill(km, f, 0, total >> _TBL_BITS)
         j = total & _TBL_MASK
         t, a2a = blk[0][j], blk[1][j]
+        if self.ced:
+            td, ad = self._look(_T_DEC_PF if prefill else _T_DEC, f, 0, total if dec_total is None else int(dec_total))
+            t, a2a = t + td, a2a + ad
         if self._kv_rows:
             blk = tabs.get((_T_KV, f, 0, kv_up >> _TBL_BITS)) or self._fill(_T_KV, f, 0, kv_up >> _TBL_BITS)
             t += blk[0][kv_up & _TBL_MASK]
@@ -305,9 +320,18 @@ class StepCostModel(StepOps):
         scored_all = None
         out = 0.0
         shift, n_q = 0, g
-        for geo in geos:
+        enc_chunks = (pn, pc, ends_all)
+        dec_chunks = None
+        if self.ced and pn:
+            tail = self.ced_tail
+            tn = [n if n < tail else tail for n in pn]
+            dec_chunks = (tn, [c + n - t for c, n, t in zip(pc, pn, tn)], ends_all)
+        for i, geo in enumerate(geos):
             if geo is mtp:
                 shift, n_q = 1, 1
+            elif dec_chunks is not None:
+                pn, pc, ends_all = dec_chunks if self._geo_dec[i] else enc_chunks
+                scored_all = None
             count, cap, ratio, window, ir, cf_dec, cf_pre, dpre, upproj, table = geo
             ta = ti = 0.0
             if nd:
@@ -362,7 +386,11 @@ class StepCostModel(StepOps):
 
     def _fill(self, kind: int, f: float, draft: int, b: int) -> tuple[list[float], list[float]]:
         x = np.arange(b * _TBL, (b + 1) * _TBL, dtype=float) * f  # token counts as nonattn scales them
-        if kind in (_T_MAIN, _T_MAIN_PF):
+        if kind in (_T_MAIN, _T_MAIN_PF) and self.ced:
+            fams = self.part_terms(x, kind == _T_MAIN_PF, "enc")
+        elif kind in (_T_DEC, _T_DEC_PF):
+            fams = self.part_terms(x, kind == _T_DEC_PF, "dec")
+        elif kind in (_T_MAIN, _T_MAIN_PF):
             fams = self.main_terms(x, prefill=kind == _T_MAIN_PF)
         elif kind == _T_MTP:
             fams = self.mtp_terms(x, draft)

@@ -29,7 +29,7 @@ Assumptions (also in docs/costmodel.md):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -159,6 +159,18 @@ class StepOps:
         self.n_moe_layers = sum(c for (k, moe), c in groups.items() if moe)
         self.n_dense_layers = self.n_layers - self.n_moe_layers
         self.mtp_kind = mtp_kind(m)
+        # CED (ModelSpec.ced_encoder_layers): in a step with prefill, the decoder layers run over the decodes' tokens
+        # and only each prefill chunk's last ``ced_tail`` tokens (the families of those layers take a second count)
+        self.ced = m.ced_encoder_layers is not None
+        self.ced_tail = int(m.sliding_window or 0) if self.ced else 0
+        dec_groups: dict[tuple[str, bool], int] = {}
+        for i, kind in enumerate(m.kinds()):
+            if m.ced_decoder(i):
+                key = (kind, m.is_moe_layer(i))
+                dec_groups[key] = dec_groups.get(key, 0) + 1
+        self.dec_groups = dec_groups
+        self.n_dec_layers = sum(dec_groups.values())
+        self.n_dec_moe_layers = sum(c for (k, moe), c in dec_groups.items() if moe)
 
     def _build_gemms(self) -> None:
         m, lay, cal, hw = self.model, self.layout, self.cal, self.hw
@@ -251,6 +263,7 @@ class StepOps:
         for (kind, _), c in self.groups.items():
             kinds[kind] = kinds.get(kind, 0) + c
         self.att_kinds = [(geometry(m, k), c) for k, c in kinds.items()]
+        self.att_groups, self.att_dec = self._attention_groups()
         self.att_mtp = geometry(m, self.mtp_kind) if m.mtp_layers else None
         self.att_entry_bytes = kv_bytes_per_token_layer(m, lay.kv_dtype) / kv_shard_divisor(m, lay)
         self.att_peak = self.hw.bf16_tflops * 1e12
@@ -260,6 +273,37 @@ class StepOps:
         self._idx_den = self.idx_peak * cal.attn_compute() if m.indexer else 1.0
         self._idx_coef = 2.0 * m.indexer.n_heads * m.indexer.head_dim if m.indexer else 0.0
         self.mla_table = self._mla_table()
+
+    def _attention_groups(self) -> tuple[list[tuple[AttnGeometry, int]], list[bool]]:
+        """(geometry, layer count) of the layer groups attention is priced over, and whether each is a CED decoder
+        group. ``att_kinds`` (one group per kind) unless the model names index sources (a layer reusing another's
+        top-k runs no scoring: its geometry has no index) or a CED split."""
+        m = self.model
+        if m.index_source_layers is None and not self.ced:
+            return list(self.att_kinds), [False] * len(self.att_kinds)
+        counts: dict[tuple[str, bool, bool], int] = {}
+        for i, kind in enumerate(m.kinds()):
+            key = (kind, m.scores_index(i), m.ced_decoder(i))
+            counts[key] = counts.get(key, 0) + 1
+        groups, dec = [], []
+        for (kind, scores, is_dec), c in counts.items():
+            geo = geometry(m, kind)
+            groups.append((geo if scores or not geo.index_ratio else replace(geo, index_ratio=0.0), c))
+            dec.append(is_dec)
+        return groups, dec
+
+    def ced_tokens(self, new: np.ndarray, dec: np.ndarray) -> float | None:
+        """Tokens the CED decoder layers process in a step: every decode token, and each prefill chunk's last
+        ``ced_tail`` (None: not a CED model, every layer processes every token)."""
+        if not self.ced:
+            return None
+        return float(new[dec].sum() + np.minimum(new[~dec], self.ced_tail).sum())
+
+    def ced_tail_chunks(self, new: np.ndarray, ctx: np.ndarray, dec: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(new, context) the CED decoder layers see: a prefill chunk of n tokens on c cached is its last
+        min(n, ced_tail) tokens on c + n - that many; decodes unchanged."""
+        tail = np.where(dec, new, np.minimum(new, self.ced_tail))
+        return tail, ctx + new - tail
 
     def _mla_table(self) -> TableMLA | None:
         """Measured FlashMLA decode times for the dense-latent (``full``) layers when the calibration names op tables,
@@ -478,13 +522,42 @@ class StepOps:
                         np.where(on, (lay.pp - 1) * p2p_time(b, self.pp_cross, self.hw, self.cal), 0.0), False)], tok.size)
 
     # ------------------------------------------------------------------ the families of each count
-    def main_terms(self, x: np.ndarray, prefill: bool) -> list[Terms]:
-        """Ops over the instance's ``x`` tokens (all layers; EP in normal mode when the step has prefill)."""
+    def main_terms(self, x: np.ndarray, prefill: bool, xd: np.ndarray | None = None) -> list[Terms]:
+        """Ops over the instance's ``x`` tokens (all layers; EP in normal mode when the step has prefill).
+        A CED model given ``xd`` (the decoder layers' tokens, :meth:`ced_tokens`) prices its decoder layers over
+        ``xd``: ``part_terms(x, "enc") + part_terms(xd, "dec")``."""
+        if self.ced and xd is not None:
+            return self.part_terms(x, prefill, "enc") + self.part_terms(xd, prefill, "dec")
         tok = x * self.share
         ex, co = self.experts(x, self.n_moe_layers, "routed_experts"), self.collectives(tok, self.n_layers, self.n_moe_layers, prefill)
         self.overlap_combine_down(ex, co, x)
         return [self.gemms(TOKENS, x), ex, self.elementwise(tok, self.n_layers, self.n_moe_layers), self.embedding(tok),
                 co, self.embedding_allreduce(tok), self.pp_sends(tok)]
+
+    def part_terms(self, x: np.ndarray, prefill: bool, part: str) -> list[Terms]:
+        """A CED model's main terms split by layers: ``enc`` = the encoder layers plus what runs once (embedding,
+        its all-reduce, pipeline sends) over ``x``; ``dec`` = the decoder layers over ``x``."""
+        tok = x * self.share
+        dec = part == "dec"
+        layers = self.n_dec_layers if dec else self.n_layers - self.n_dec_layers
+        moe = self.n_dec_moe_layers if dec else self.n_moe_layers - self.n_dec_moe_layers
+        ex = self.experts(x, moe, "decoder_routed_experts" if dec else "routed_experts")
+        co = self.collectives(tok, layers, moe, prefill, "decoder_" if dec else "")
+        self.overlap_combine_down(ex, co, x)
+        fams = [self._gemm_part(x, dec), ex, self.elementwise(tok, layers, moe), co]
+        return fams if dec else fams + [self.embedding(tok), self.embedding_allreduce(tok), self.pp_sends(tok)]
+
+    def _gemm_part(self, x: np.ndarray, dec: bool) -> Terms:
+        """``gemms(TOKENS, x)`` restricted to the decoder (or encoder) layers: each row's share of its group's layers."""
+        fam = self.gemms(TOKENS, x)
+        share = np.array([(self.dec_groups.get(self.g_group[r], 0) / self.g_count[r]) if self.g_group[r] else 0.0
+                          for r in self._src_rows[TOKENS]])
+        share = share if dec else 1.0 - share
+        for a in ("count", "flops", "byts", "time"):
+            setattr(fam, a, getattr(fam, a) * share[:, None])
+        if dec:
+            fam.names = [f"decoder_{n}" for n in fam.names]
+        return fam
 
     def mtp_terms(self, x: np.ndarray, draft: int) -> list[Terms]:
         """Ops of ``draft`` MTP passes over ``x`` decodes (one token each; decode-only, so low-latency EP)."""
@@ -495,12 +568,15 @@ class StepOps:
         self.overlap_combine_down(ex, co, x)
         return [self.gemms(MTP, x, draft), ex, self.elementwise(tok, passes, moe_passes) if passes else _terms([], x.size), co]
 
-    def nonattn(self, total, kv_up, sampled, n_dec, draft, has_prefill, f, ops: list | None = None) -> np.ndarray:
+    def nonattn(self, total, kv_up, sampled, n_dec, draft, has_prefill, f, ops: list | None = None,
+                dec_total: float | None = None) -> np.ndarray:
         """Category times (plus the all-to-all slot) of everything but attention and the indexer, at one point
-        (the families ``StepCostModel``'s tables hold, evaluated once)."""
+        (the families ``StepCostModel``'s tables hold, evaluated once). ``dec_total``: a CED model's decoder-layer
+        tokens (:meth:`ced_tokens`; None: every layer over ``total``)."""
         draft = int(draft)
         one = lambda v: np.array([v * f], float)  # noqa: E731
-        fams = self.main_terms(one(total), bool(has_prefill)) + [self.gemms(KV_UP, one(kv_up)), self.gemms(SAMPLED, one(sampled))]
+        xd = None if dec_total is None else one(dec_total)
+        fams = self.main_terms(one(total), bool(has_prefill), xd) + [self.gemms(KV_UP, one(kv_up)), self.gemms(SAMPLED, one(sampled))]
         if draft and self.model.mtp_layers:
             fams += self.mtp_terms(one(n_dec), draft)
         fams.append(self.sampling(one(sampled + n_dec * draft) * self.share, draft))
@@ -568,7 +644,12 @@ class StepOps:
         """Category times of attention and the indexer over a batch's requests (all layers, MTP passes too)."""
         v = np.zeros(7)
         s = self.share * f
-        todo = [(geo, count, new, ctx, dec, "") for geo, count in self.att_kinds]
+        if self.ced and not dec.all():
+            tn, tc = self.ced_tail_chunks(new, ctx, dec)
+            todo = [(geo, count, tn, tc, dec, "") if is_dec else (geo, count, new, ctx, dec, "")
+                    for (geo, count), is_dec in zip(self.att_groups, self.att_dec)]
+        else:
+            todo = [(geo, count, new, ctx, dec, "") for geo, count in self.att_groups]
         if draft and self.att_mtp is not None and dec.any():
             # each MTP pass: one query per decode request at the end of its (verified) context
             c = ctx[dec] + new[dec]
@@ -590,7 +671,7 @@ class StepOps:
         total = np.zeros(shifts.size)
         keys_all = sums.total + sums.n * shifts
         for i, (geo, count) in enumerate(geos):
-            new = g if i < len(self.att_kinds) else 1
+            new = g if i < len(self.att_groups) else 1
             ent = sums.entries(geo, shifts)
             flops = ent * (2.0 * self.heads_local * (geo.d_qk_decode + geo.d_v_decode) * new * s)
             byts = ent * (self.att_entry_bytes * s)
