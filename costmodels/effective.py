@@ -37,7 +37,18 @@ from costmodels.model_spec import ModelSpec
 from costmodels.moe_load import ExpertLoad
 from costmodels.step import StepCostModel
 
-TablePlacement = Literal["host", "hbm"]
+# host: host memory, read over the host link (page size: TablePage); hbm: sharded over the instance's GPUs' HBM and
+# read peer-to-peer over the scale-up links (NVLink peer shards); local: a whole copy in every GPU's HBM, read at HBM speed
+TablePlacement = Literal["host", "hbm", "local"]
+TablePage = Literal["2M", "64K"]
+# Host-table reads are random rows (DeepSeek-V4.1 Engram: 264 B each) over a table of hundreds of GB. With 64 KB pages
+# the GPU's TLB reach (thousands of entries x 64 KB: a few hundred MB) covers well under 1% of it, so nearly every row
+# read misses and waits for a page walk; 2 MB pages (32x the reach, one walk level fewer) keep that off the critical
+# path. ASSUMPTION (not measured here, no public figure found): 64 KB pages halve the sustained lookup bandwidth.
+TABLE_64K_BW_FACTOR = 0.5
+
+
+_TABLE_WHERE = {"host": "host memory", "hbm": "HBM (sharded over the instance, NVLink peer reads)", "local": "HBM (a copy per GPU)"}
 
 
 class EffectiveStepCost:
@@ -54,6 +65,7 @@ class EffectiveStepCost:
         dp_balance: bool = True,
         table_placement: TablePlacement = "host",
         table_prefetch: bool = True,
+        table_page: TablePage = "2M",
     ):
         self.model, self.hw, self.layout = model, hw, layout
         self.cal = calibration
@@ -61,6 +73,7 @@ class EffectiveStepCost:
         self.dp_balance = dp_balance and layout.dp > 1
         self.table_placement = table_placement
         self.table_prefetch = table_prefetch
+        self.table_page = table_page
         self._models: dict[float, StepCostModel] = {}
         self.base = self._at(1.0)
         self.notes = list(self.base.notes)
@@ -75,7 +88,8 @@ class EffectiveStepCost:
         self._table_bw = self._table_bandwidth()
         if self._table_bw:
             self.notes.append(
-                f"{model.host_table_bytes / 1e9:.0f} GB lookup tables in {'host memory' if table_placement == 'host' else 'HBM (sharded, peer reads)'}: "
+                f"{model.host_table_bytes / 1e9:.0f} GB lookup tables in {_TABLE_WHERE[table_placement]}"
+                + (f" ({table_page}B pages)" if table_placement == "host" else "") + ": "
                 f"{model.host_table_bytes_per_token / 1024:.1f} KiB per token at {self._table_bw / 1e9:.0f} GB/s"
                 + (", prefetched under the step" if table_prefetch else "")
             )
@@ -114,7 +128,9 @@ class EffectiveStepCost:
         if m.host_table_bytes <= 0 or m.host_table_bytes_per_token <= 0:
             return 0.0
         if self.table_placement == "host":
-            return hw.host_bw * self.base.cal.comm_eff
+            return hw.host_bw * self.base.cal.comm_eff * (TABLE_64K_BW_FACTOR if self.table_page == "64K" else 1.0)
+        if self.table_placement == "local":
+            return hw.hbm_bw * self.base.cal.mem_eff
         return hw.scaleup_bw * self.base.cal.comm_eff
 
     def _table_time(self, tokens_rank: float) -> float:
@@ -239,17 +255,18 @@ def fit_with_policies(
     table_placement: TablePlacement = "host",
     **fit_kw,
 ) -> MemoryFit:
-    """``memory_fit`` with lookup tables sharded into HBM when ``table_placement == 'hbm'`` (less room for KV)."""
+    """``memory_fit`` with lookup tables in HBM (less room for KV): sharded over the instance's GPUs when
+    ``table_placement == 'hbm'``, a whole copy on every GPU when ``'local'``."""
     fit = memory_fit(model, hw, layout, **fit_kw)
-    if table_placement != "hbm" or model.host_table_bytes <= 0:
+    if table_placement == "host" or model.host_table_bytes <= 0:
         return fit
-    extra = model.host_table_bytes / layout.gpus
+    extra = model.host_table_bytes / (layout.gpus if table_placement == "hbm" else 1)
     pool = fit.kv_pool_bytes - extra
     per_tok = fit.kv_bytes_per_token
     tokens = int(pool // per_tok) if pool > 0 and per_tok > 0 else 0
     min_tokens = fit_kw.get("min_kv_tokens", 2048)
     fits = pool > 0 and tokens >= min_tokens
-    note = f"; lookup tables sharded into HBM take {extra / 1e9:.1f} GB per GPU"
+    note = f"; lookup tables {'sharded into' if table_placement == 'hbm' else 'copied to every GPU in'} HBM take {extra / 1e9:.1f} GB per GPU"
     expl = fit.explanation + note
     if fit.fits and not fits:
         expl = "does not fit: " + fit.explanation.removeprefix("fits: ") + note + f", leaving {tokens:,} KV tokens per DP rank"

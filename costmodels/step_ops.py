@@ -50,7 +50,7 @@ from costmodels.op_table import MEASURED, MLA_ENTRY_DIMS, SCALED, TableGemms, Ta
 from costmodels.op_table import load as load_op_tables
 from costmodels.offload import prefetch_for
 from costmodels.ops import CATEGORIES, INF, AttnGeometry, OpCost, SortedSums, entries_last, entries_sum, geometry
-from costmodels.params import WEIGHT_BYTES, Linear, attention_linears, embedding_linears, ffn_linears, mtp_linears, shard_divisor, weight_bytes_per_param
+from costmodels.params import Linear, dtype_bytes, attention_linears, embedding_linears, ffn_linears, mtp_linears, shard_divisor, weight_bytes_per_param
 
 ATT, IDX, DENSE, EXPERT, COMM, OTHER = range(6)
 A2A = 6  # extra slot of a category vector: the overlappable (EP all-to-all) part of COMM
@@ -182,7 +182,7 @@ class StepOps:
                     continue
                 div = shard_divisor(lin, m, lay)
                 kn = lin.params / div
-                bpp = weight_bytes_per_param(lin, lay)
+                bpp = weight_bytes_per_param(lin, lay, m)
                 dtype = "bf16" if lin.wclass == "bf16" else lay.weight_dtype
                 src = MTP if is_mtp else _SRC[lin.m_source]
                 rows.append((lin.name, kind, _CAT[lin.category], count, src, kn, kn * bpp, (lin.k + lin.n) / div, dtype, is_mtp,
@@ -220,7 +220,7 @@ class StepOps:
             self.e_total = e
             self.e_local = (e + lay.eplb_redundant_experts) / lay.ep
             self.e_params_local = 3 * m.hidden_size * m.moe.moe_intermediate_size / lay.moe_tp
-            self.e_bpp = WEIGHT_BYTES[lay.experts_dtype]
+            self.e_bpp = dtype_bytes(lay.experts_dtype, m)  # FP4 in the model's block format (mxfp4 / nvfp4)
             self.e_peak = hw.tflops(lay.experts_dtype) * 1e12
             self.e_io_per_token = (2 * m.hidden_size + 3 * m.moe.moe_intermediate_size / lay.moe_tp) * 2.0
 
