@@ -1,0 +1,227 @@
+"""Per-layer sliding-window replay policy: arithmetic by hand, pricing through the step model, scheduler token counts."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from costmodels.batch import BatchShape
+from costmodels.catalog import get_model
+from costmodels.hardware import get_hardware
+from costmodels.layout import ParallelLayout
+from costmodels.memory import kv_rates
+from costmodels.replay import (
+    ReplayPolicy, chunk_cost, compare_policies, effective_replay_policy, kept_window_bytes, one_layer_policies,
+    shipped_replay_policy, window_layers,
+)
+from costmodels.step import StepCostModel
+from scheduler.config import SchedulerConfig
+from scheduler.plan import StepResult
+from scheduler.request import Request
+from scheduler.scheduler import Scheduler
+from twinfer.errors import TwinferError
+
+V4 = get_model("deepseek-v4-flash")
+LAYERS = V4.num_layers  # 43: 0-1 sliding, 2-42 csa/hca alternating (each also attends a 128-token window)
+
+
+@pytest.fixture(scope="module")
+def cost() -> StepCostModel:
+    lay = ParallelLayout(tp=1, dp=4, ep=4, weight_dtype="fp8", expert_dtype="fp4", kv_dtype="fp4")
+    return StepCostModel(V4, get_hardware("gb300"), lay)
+
+
+def resolved(**kw):
+    return ReplayPolicy(**kw).resolve(V4)
+
+
+# ------------------------------------------------------------------ arithmetic by hand
+def test_tokens_each_layer_recomputes_and_carries():
+    assert window_layers(V4) == set(range(LAYERS))
+    c = 1000
+    # one layer recomputing: it and every layer below it carry the whole context (their outputs are its inputs)
+    e = resolved(layers={20: "recompute"}).extra_tokens(c)
+    assert e[:21].tolist() == [1000] * 21 and e[21:].tolist() == [0] * 22
+    # bounded replay of layer 20 and a recompute of layer 5: layers 0-5 carry 1000, 6-20 carry 64, the rest none
+    e = resolved(layers={20: "replay:64", 5: "recompute"}).extra_tokens(c)
+    assert e[:6].tolist() == [1000] * 6 and e[6:21].tolist() == [64] * 15 and not e[21:].any()
+    # replay W=128 of the sliding layers (0, 1): only they re-run W tokens
+    r = resolved(kinds={"sliding": "replay"})
+    assert r.layer_tokens(c).tolist() == [128, 128] + [0] * 41
+    assert r.extra_tokens(c).tolist() == [128, 128] + [0] * 41
+    # the top layer (42, csa) decides for all: its replay is W tokens through every layer
+    assert resolved(kinds={"csa": "replay:32"}).extra_tokens(c).tolist() == [32] * LAYERS
+    # W clipped to the context; nothing to resume at context 0
+    assert resolved(default="replay:128").extra_tokens(50).tolist() == [50] * LAYERS
+    assert resolved(default="recompute").extra_tokens(0).tolist() == [0] * LAYERS
+    for kw in ({}, {"default": "replay:64"}, {"layers": {3: "recompute"}}, {"layers": {7: "replay:300"}, "kinds": {"hca": "replay:10"}}):
+        r = resolved(**kw)
+        for ctx in (0, 1, 63, 64, 500, 10_000):
+            assert r.carried_tokens(ctx) == int(r.extra_tokens(ctx)[0])   # closed form = suffix max at layer 0
+
+
+def test_window_bytes_kept_per_sequence_by_hand():
+    # V4-Flash FP4 window entry: 448 latent values x 0.5 B + 448/32 one-byte scales + 64 BF16 rope values = 366 B
+    entry = 448 * 0.5 + math.ceil(448 / 32) * 1.0 + 64 * 2.0
+    per_layer = entry * 128
+    assert per_layer == 46_848
+    full = kv_rates(V4, "fp4")[1]
+    assert full == pytest.approx(LAYERS * per_layer)
+    assert kept_window_bytes(V4, "fp4", resolved()) == pytest.approx(full)
+    assert kept_window_bytes(V4, "fp4", resolved(default="recompute")) == 0.0
+    assert kept_window_bytes(V4, "fp4", resolved(default="replay:32")) == pytest.approx(full * (1 - 32 / 128))
+    assert kept_window_bytes(V4, "fp4", resolved(layers={42: "recompute"})) == pytest.approx(full - per_layer)
+    assert kept_window_bytes(V4, "fp4", resolved(layers={42: "replay:96"})) == pytest.approx(full - per_layer * 96 / 128)
+    assert kept_window_bytes(V4, "fp4", resolved(default="replay:1000")) == 0.0   # W past the window keeps nothing
+
+
+# ------------------------------------------------------------------ pricing through the step model (no second formula)
+def test_chunk_cost_is_the_step_model_when_every_layer_carries_the_same_tokens(cost):
+    for n, c in ((8192, 16384), (1000, 0), (300, 5000)):
+        ref = cost.step(BatchShape.from_lists([n], [c], [False])).time_s
+        assert chunk_cost(cost, resolved(), n, c).seconds == pytest.approx(ref, rel=1e-12)
+        # bounded replay of W on every layer = a prefill of n + W tokens over c - W
+        w = min(128, c)
+        ref = cost.step(BatchShape.from_lists([n + w], [c - w], [False])).time_s
+        assert chunk_cost(cost, resolved(default="replay:128"), n, c).seconds == pytest.approx(ref, rel=1e-12)
+
+
+def test_step_time_monotonic_in_w_and_depth(cost):
+    n, c = 8192, 16384
+    times = [chunk_cost(cost, resolved(default=f"replay:{w}"), n, c).seconds for w in (1, 16, 64, 128, 512, 4096)]
+    assert np.all(np.diff(times) > 0)
+    assert chunk_cost(cost, resolved(default="recompute"), n, c).seconds > times[-1]
+    # a recompute costs more the higher its layer sits (more layers below it re-run the context)
+    depth = [chunk_cost(cost, resolved(layers={j: "recompute"}), n, c).seconds for j in (0, 10, 20, 42)]
+    assert np.all(np.diff(depth) > 0)
+    assert depth[0] > chunk_cost(cost, resolved(), n, c).seconds
+    assert chunk_cost(cost, resolved(layers={42: "recompute"}), n, c).seconds == \
+        pytest.approx(chunk_cost(cost, resolved(default="recompute"), n, c).seconds, rel=1e-12)
+
+
+def test_bounded_replay_of_one_layer_beats_its_recompute_more_with_more_new_tokens(cost):
+    base, cand = one_layer_policies(V4, 42, 128)
+    rows = compare_policies(cost, base.resolve(V4), cand.resolve(V4), [8192, 16384, 32768, 65536], chunk=8192)
+    gains = [r.gain for r in rows]
+    assert gains[0] == pytest.approx(1.0)            # one chunk: nothing to resume
+    assert np.all(np.diff(gains) > 0) and gains[2] > 1.5
+    r = rows[2]   # 32K new tokens in 4 chunks at contexts 0, 8K, 16K, 24K; all 43 layers re-run (top layer)
+    assert r.base_extra_tokens == 43 * (8192 + 16384 + 24576) and r.cand_extra_tokens == 43 * 3 * 128
+
+
+# ------------------------------------------------------------------ policy defaults and errors
+def test_defaults_and_the_old_knob():
+    assert resolved().is_persist and shipped_replay_policy(V4) == ReplayPolicy()
+    v41 = get_model("deepseek-v4.1-flash")
+    shipped = shipped_replay_policy(v41).resolve(v41)
+    assert set(shipped.modes) == {"replay"} and set(shipped.tokens) == {128}
+    p = effective_replay_policy(V4, None, swa_replay_tokens=64)
+    assert p.resolve(V4).extra_tokens(1000).tolist() == [64] * LAYERS
+    v3 = get_model("deepseek-v3")
+    r = ReplayPolicy(default="recompute").resolve(v3)   # no sliding layers: nothing to govern
+    assert set(r.modes) == {"none"} and r.carried_tokens(5000) == 0
+    assert "replay" not in SchedulerConfig().model_dump()          # scenario dumps (digests) unchanged
+    assert SchedulerConfig(replay={"default": "replay:64"}).model_dump()["replay"]["default"] == {"mode": "replay", "tokens": 64}
+
+
+@pytest.mark.parametrize("replay, field", [
+    ({"default": "replay:0"}, "replay.default.tokens"),
+    ({"default": "sometimes"}, "replay.default.mode"),
+    ({"kinds": {"full": "persist"}}, "replay.kinds.full"),
+    ({"layers": {3: "persist:5"}}, "replay.layers.3"),
+    ({"tokens": 0}, "replay.tokens"),
+    ({"windows": 3}, "replay.windows"),
+])
+def test_bad_policies_name_the_field(replay, field):
+    with pytest.raises(ValidationError) as err:
+        SchedulerConfig(replay=replay)
+    locs = [".".join(str(x) for x in e["loc"]) for e in err.value.errors()]
+    assert any(loc.startswith(field) for loc in locs), locs
+
+
+def test_bad_layers_name_the_field_and_the_allowed_range():
+    with pytest.raises(TwinferError, match=r"replay\.layers: index 43 .* \(0\.\.42\)"):
+        SchedulerConfig(replay={"layers": {43: "persist"}}).replay_for(V4)
+    no_compressed_windows = V4.model_copy(update={"window_in_compressed_layers": False})
+    with pytest.raises(TwinferError, match=r"replay\.layers: layer 5 .*'hca'.* layers with one: 0-1"):
+        ReplayPolicy(layers={5: "recompute"}).resolve(no_compressed_windows)
+    with pytest.raises(ValidationError, match="swa_replay_tokens"):
+        SchedulerConfig(swa_replay_tokens=64, replay={})
+    with pytest.raises(ValueError, match="replay_for"):
+        Scheduler(SchedulerConfig(replay={}), 100)
+
+
+def test_cli_errors_exit_2():
+    for args, text in ((["--layer", "99"], "replay.layers"), (["--base", "{tokens: -1}"], "tokens"), (["--new", "x"], "--new")):
+        res = subprocess.run([sys.executable, "-m", "ui.cli", "replay", *args], capture_output=True, text=True)
+        assert res.returncode == 2 and text in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+# ------------------------------------------------------------------ scheduler: prefix hits and chunks
+def _finish(sched: Scheduler, plan, now: float):
+    res = StepResult(step_durations=np.ones(1), decode_tokens=np.ones((1, len(plan.decodes)), np.int64))
+    return sched.complete(plan, res, now + 1)
+
+
+@pytest.mark.parametrize("policy, context, new", [
+    ({}, 1024, 200),                                   # persist: the whole hit is reused
+    ({"default": "replay:64"}, 960, 264),              # bounded replay: the hit's last 64 tokens recomputed
+    ({"layers": {42: "replay:100"}}, 924, 300),        # one layer replaying 100: every layer below re-runs them
+    ({"layers": {0: "recompute"}}, 0, 1224),           # a recompute: the whole prefix again (carried at layer 0)
+])
+def test_prefix_hit_token_counts(policy, context, new):
+    cfg = SchedulerConfig(block_size=64, max_num_seqs=4, max_num_batched_tokens=4096, replay=policy)
+    sched = Scheduler(cfg, 200, replay=cfg.replay_for(V4))
+    a = Request("a", 0.0, 1024, 1, block_hashes=tuple(range(1, 17)))           # 16 full blocks
+    sched.add_request(a)
+    plan = sched.schedule(0.0)
+    assert [(c.context_len, c.num_new_tokens) for c in plan.prefills] == [(0, 1024)]
+    _finish(sched, plan, 0.0)
+    b = Request("b", 2.0, 1224, 1, block_hashes=tuple(range(1, 20)))           # a's 16 blocks + 3 more
+    sched.add_request(b)
+    plan = sched.schedule(2.0)
+    (chunk,) = plan.prefills
+    assert (chunk.context_len, chunk.num_new_tokens) == (context, new)
+    assert chunk.context_len + chunk.num_new_tokens == 1224 and chunk.is_last_chunk
+    assert sched.prefix_hit_tokens == context
+
+
+@pytest.mark.parametrize("policy, chunks", [
+    ({}, [(0, 1024), (1024, 1024), (2048, 952)]),
+    ({"default": "replay:64"}, [(0, 1024), (960, 1088), (1984, 1016)]),
+    ({"default": "recompute"}, [(0, 1024), (0, 2048), (0, 3000)]),
+])
+def test_chunked_prompt_resumes_per_policy(policy, chunks):
+    cfg = SchedulerConfig(block_size=64, max_num_seqs=4, max_num_batched_tokens=1024, replay=policy)
+    sched = Scheduler(cfg, 200, replay=cfg.replay_for(V4))
+    sched.add_request(Request("p", 0.0, 3000, 2))
+    seen, now = [], 0.0
+    while len(seen) < 3:
+        plan = sched.schedule(now)
+        seen += [(c.context_len, c.num_new_tokens) for c in plan.prefills]
+        _finish(sched, plan, now)
+        now += 1
+    assert seen == chunks
+    assert sched.prefilling == [] and sched.batch.n == 1   # the prompt completed: its first token sampled
+
+
+def test_v3_scheduling_ignores_any_policy():
+    # DeepSeek-V3 has no sliding layers: a recompute policy resolves to nothing and plans are unchanged
+    v3 = get_model("deepseek-v3")
+    out = []
+    for policy in (None, {"default": "recompute"}):
+        cfg = SchedulerConfig(block_size=64, max_num_batched_tokens=1024, replay=policy)
+        sched = Scheduler(cfg, 200, replay=cfg.replay_for(v3))
+        sched.add_request(Request("p", 0.0, 3000, 2))
+        plan, seen = sched.schedule(0.0), []
+        for t in range(3):
+            seen += [(c.context_len, c.num_new_tokens) for c in plan.prefills]
+            _finish(sched, plan, float(t))
+            plan = sched.schedule(float(t + 1))
+        out.append(seen)
+    assert out[0] == out[1] == [(0, 1024), (1024, 1024), (2048, 952)]
