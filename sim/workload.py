@@ -269,6 +269,23 @@ def preset(name: str, **overrides) -> WorkloadSpec:
     return validate(WorkloadSpec, {"preset": name, **overrides}, f"preset {name!r}")
 
 
+RATE_KINDS = ("poisson", "gamma", "constant")  # kinds whose requests differ only in when they arrive
+
+
+def as_closed(spec: WorkloadSpec, concurrency: int | None = None, think_time_s: float | None = None) -> WorkloadSpec:
+    """``spec`` as a closed loop of ``concurrency`` users (validated, errors name the field): a closed spec with the
+    user count / think time replaced, or a poisson/gamma/constant one with the same lengths, prefixes, priorities and
+    request count or duration (its rate and cv dropped; think time 0 unless given)."""
+    data = spec.model_dump(mode="json", exclude_unset=True)
+    if spec.kind not in RATE_KINDS + ("closed",):
+        raise TwinferError(f"workload.kind: {spec.kind!r} cannot run as a closed loop (poisson, gamma, constant or closed can)")
+    if spec.kind != "closed":
+        data = {k: v for k, v in data.items() if k not in ("rate", "cv")}
+        data.update(kind="closed", think_time_s=0)
+    data.update({k: v for k, v in (("concurrency", concurrency), ("think_time_s", think_time_s)) if v is not None})
+    return validate(WorkloadSpec, data, "workload")
+
+
 # ---------------------------------------------------------------- generation
 class _Streams:
     """One child generator per random quantity, seeded from the caller's generator."""

@@ -312,3 +312,30 @@ def test_twinfer_bench_concurrency_and_closed_workload_file(fake_server, tmp_pat
     assert r.exit_code != 0 and "rate: not used when kind is 'closed'" in str(r.exception)
     r = CliRunner().invoke(app, args + ["--workload", "chat", "--rate", "3", "--think-time-s", "1"])
     assert r.exit_code != 0 and "--think-time-s: only for a closed loop" in str(r.exception)
+
+
+# ---------------------------------------------------------------- twinfer simulate
+
+
+def test_twinfer_simulate_concurrency_flag():
+    import json
+
+    from typer.testing import CliRunner
+
+    from ui.cli import app
+
+    args = ["simulate", "-n", "150", "--concurrency", "12", "--think-time-s", "0.5", "--json"]
+    a, b = CliRunner().invoke(app, args), CliRunner().invoke(app, args)
+    assert a.exit_code == 0, a.output
+    doc = json.loads(a.stdout)
+    assert doc["digest"] == json.loads(b.stdout)["digest"]
+    wl = doc["scenario"]["workload"]
+    assert wl["kind"] == "closed" and wl["concurrency"] == 12 and wl.get("rate") is None
+    assert doc["metrics"]["requests_finished"] == doc["num_requests"] == 150
+    text = CliRunner().invoke(app, ["simulate", "-n", "100", "--concurrency", "12"], env={"COLUMNS": "200"}).stdout
+    assert "closed loop: 12 users; mean requests in flight" in text
+    for bad, msg in ((["--concurrency", "4", "--rate", "3"], "--rate: a closed loop has no arrival rate"),
+                     (["--concurrency", "0"], "concurrency"),
+                     (["--workload", "agentic", "--concurrency", "4"], "cannot run as a closed loop")):
+        r = CliRunner().invoke(app, ["simulate", "-n", "50"] + bad)
+        assert r.exit_code != 0 and msg in (r.output + str(r.exception))

@@ -49,32 +49,22 @@ def load_workload(workload: str, *, requests: Optional[int], rate: Optional[floa
     return wl.preset(workload, **over)
 
 
-# kinds whose requests only differ in when they arrive: --concurrency alone turns them into a closed loop
-_RATE_KINDS = ("poisson", "gamma", "constant")
-
-
 def closed_workload(spec, *, concurrency: Optional[int], rate: Optional[float], think_time_s: Optional[float]):
     """The workload as a closed loop, or None to replay it as it is.
 
     ``kind: closed`` takes --concurrency (its user count) and --think-time-s; a poisson/gamma/constant workload
     with --concurrency and no --rate becomes ``kind: closed`` with the same lengths, prefixes and request count
-    (what ``twinfer simulate`` runs for the same spec). Agentic sessions and traces keep their requests: with
+    (what ``twinfer simulate --concurrency`` runs). Agentic sessions and traces keep their requests: with
     --concurrency alone they are replayed in order by that many workers.
     """
     from sim import workload as wl
-    from twinfer.config import validate
 
-    if spec.kind == "closed":
-        over = {k: v for k, v in (("concurrency", concurrency), ("think_time_s", think_time_s)) if v is not None}
-        return validate(wl.WorkloadSpec, {**spec.model_dump(mode="json", exclude_unset=True), **over}, "workload") if over else spec
-    if concurrency is None or rate is not None or spec.kind not in _RATE_KINDS:
-        if think_time_s is not None:
-            raise TwinferError("--think-time-s: only for a closed loop (--concurrency without --rate on a poisson/gamma/"
-                               "constant workload, or a workload of kind: closed)")
-        return None
-    data = {k: v for k, v in spec.model_dump(mode="json", exclude_unset=True).items() if k not in ("rate", "cv")}
-    data.update(kind="closed", concurrency=concurrency, think_time_s=think_time_s or 0)
-    return validate(wl.WorkloadSpec, data, "workload")
+    if spec.kind == "closed" or (concurrency is not None and rate is None and spec.kind in wl.RATE_KINDS):
+        return wl.as_closed(spec, concurrency, think_time_s)
+    if think_time_s is not None:
+        raise TwinferError("--think-time-s: only for a closed loop (--concurrency without --rate on a poisson/gamma/"
+                           "constant workload, or a workload of kind: closed)")
+    return None
 
 
 def user_loop(spec, seed: int, block_size: int):

@@ -160,6 +160,17 @@ def print_partial(con: Console, requests: list, sc, spec: SLOSpec | None, wall_s
         con.print("  " + escape(spec.verdict(m)[1]), highlight=False)
 
 
+def _as_closed(sc, concurrency: int | None, think_time_s: float | None, rate: float | None):
+    """The scenario with its workload run as a closed loop (--concurrency / --think-time-s)."""
+    from sim.workload import as_closed
+
+    if rate is not None:
+        raise TwinferError("--rate: a closed loop has no arrival rate (its --concurrency users set the load); drop one")
+    wl = as_closed(sc.workload, concurrency, think_time_s)
+    note = f"(closed loop: {wl.concurrency} users, think {wl.think_time_s.mean():g} s mean)"
+    return sc.model_copy(update={"workload": wl, "description": f"{sc.description} {note}".strip()})
+
+
 def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None) -> None:
     m = res.metrics
     sc = res.scenario
@@ -171,6 +182,10 @@ def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None)
         f"{res.num_requests:,} requests, seed {res.seed}; KV {res.kv.capacity_tokens:,} tokens per instance",
         style="dim", highlight=False,
     )
+    wl = sc["workload"]
+    if wl["kind"] == "closed" and m.e2e_s.mean is not None:  # the load is the user count; Little's law gives what it kept in flight
+        con.print(f"closed loop: {wl['concurrency']:,} users; mean requests in flight {m.request_throughput * m.e2e_s.mean:,.1f} "
+                  "(requests/s x mean E2E)", style="dim", highlight=False)
     lat = Table(title=f"latency (ms) over {m.requests_finished:,} finished requests (whole run)", title_justify="left")
     for c in ("", "mean", "p50", "p90", "p99"):
         lat.add_column(c, justify="left" if not c else "right")
@@ -289,6 +304,8 @@ def register(app: typer.Typer) -> None:
         rate: Optional[float] = typer.Option(None, "--rate", "-r", help="arrivals per second [the scenario's]"),
         requests: Optional[int] = typer.Option(None, "--requests", "-n", help="number of requests (trace: first N) [the scenario's]"),
         duration: Optional[float] = typer.Option(None, "--duration", help="arrivals only before this many seconds [the scenario's]"),
+        concurrency: Optional[int] = typer.Option(None, "--concurrency", help="run the workload as a closed loop of this many users, each sending its next request when its last one ends (kind: closed)"),
+        think_time_s: Optional[float] = typer.Option(None, "--think-time-s", help="closed loop: seconds a user waits before its next request [0]"),
         workload: Optional[str] = typer.Option(None, "--workload", "-w", help="workload preset: chat, long-context, summarize, agentic, reasoning [the scenario's]"),
         trace: Optional[str] = typer.Option(None, "--trace", help="replay a trace file instead of a generated workload"),
         trace_format: Optional[str] = typer.Option(None, "--trace-format", help="mooncake | jsonl [jsonl]"),
@@ -325,6 +342,8 @@ def register(app: typer.Typer) -> None:
                 max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens, async_overlap=async_overlap,
                 draft_len=draft_len, router=router, seed=seed, calibration=calibration,
             )
+        if concurrency is not None or think_time_s is not None:
+            sc = _as_closed(sc, concurrency, think_time_s, rate)
         if all_values and not print_scenario:
             raise TwinferError("--all: only with --print-scenario")
         if print_scenario and all_values:
@@ -350,7 +369,8 @@ def register(app: typer.Typer) -> None:
         try:
             if not as_json:
                 con.print(f"[dim]simulating {sc.name!r} ...[/]", highlight=False)
-            with watch(lambda: done_requests(requests), len(requests), "simulate", Console(stderr=True), transient=as_json):
+            total = len(requests) or sc.workload.num_requests or 0  # a closed loop's list fills during the run
+            with watch(lambda: done_requests(requests), total, "simulate", Console(stderr=True), transient=as_json):
                 out = run(sc, record_steps=perfetto is not None, requests=requests)  # routes effects / a prefill pool
         except KeyboardInterrupt:
             print_partial(Console(stderr=True), requests, sc, spec, time.perf_counter() - t0)
