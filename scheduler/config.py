@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
+from costmodels.memory import per_rank_share
 from costmodels.model_spec import ModelSpec
 from costmodels.replay import ReplayPolicy, ResolvedReplay, effective_replay_policy
 
@@ -28,6 +29,44 @@ DEFAULT_HOST_STEP_S = 2.0e-3
 DEFAULT_HOST_PER_REQUEST_S = 20e-6
 DEFAULT_HOST_PER_TOKEN_S = 0.5e-6
 
+class AttentionDPConfig(BaseModel):
+    """Attention-DP scheduling of one instance: each request on one DP rank, per-rank budgets, prefill policy.
+
+    ``prefill``: ``immediate`` starts a prompt on the least-loaded rank as soon as it fits (SGLang's
+    DP attention: the DataParallelController sends each request to one rank's scheduler, which
+    prefills it at once while the other ranks run their own batches and wait for it in the MoE
+    layers); ``balance`` is TensorRT-LLM's ADP balance (``attention_dp_config: {enable_balance: true,
+    timeout_iters, batching_wait_iters}``, py_executor ``_balance_adp_requests``): prompts are held
+    until every rank can take one, for at most ``timeout_iters`` steps per prompt, and, when every rank
+    is decoding, for ``batching_wait_iters`` more steps to gather a batch (scheduler/dp_attention.py).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    ranks: int | None = Field(
+        None, ge=1, le=1024,
+        description="attention-DP ranks this scheduler drives (a scenario fills it: layout.dp / effects.mirror)",
+    )
+    prefill: Literal["immediate", "balance"] = Field(
+        "immediate", description="immediate: a prompt starts on the least-loaded rank as soon as it fits (SGLang); "
+        "balance: prompts wait until every rank can take one (TensorRT-LLM enable_balance)",
+    )
+    timeout_iters: int = Field(
+        50, ge=0, le=100_000,
+        description="balance: most steps any prompt is held waiting for every rank to have one (TensorRT-LLM default 50)",
+    )
+    batching_wait_iters: int = Field(
+        10, ge=0, le=100_000,
+        description="balance: extra steps to gather prompts once every rank has one and every rank is decoding "
+        "(TensorRT-LLM default 10; still within timeout_iters per prompt)",
+    )
+    rank_token_budget: int | None = Field(
+        None, ge=1, le=1 << 22,
+        description="most tokens (decodes + prompt chunks) one rank runs per step (default: max_num_batched_tokens / ranks, "
+        "the share the memory fit sizes each GPU's workspace for)",
+    )
+
+
 # Scheduler policies of other engines, as the knobs that define them (docs/byo.md has the table).
 # A preset fills only the fields a file leaves out; "attention_dp_host" asks the scenario to split
 # host work over the layout's attention-DP ranks (one scheduler per rank).
@@ -43,11 +82,14 @@ DEFAULT_HOST_PER_TOKEN_S = 0.5e-6
 #   generation requests in one step (TensorRT-LLM performance tuning guide), enable_chunked_prefill
 #   false by default, overlap scheduler on by default (disable_overlap_scheduler: false), one
 #   executor loop per attention-DP rank.
+#   attention_dp_config.enable_balance (the ADP balance strategy, TensorRT-LLM tech blog 10: "ADP
+#   Balance Strategy") holds context requests until every rank has one: AttentionDPConfig below.
 SCHEDULER_PRESETS: dict[str, dict] = {
     "vllm-v0": {"mixed_batches": False, "enable_chunked_prefill": False, "async_overlap": False},
     "vllm-v1": {"mixed_batches": True, "enable_chunked_prefill": True, "async_overlap": False},
     "sglang": {"mixed_batches": False, "enable_chunked_prefill": True, "async_overlap": True},
-    "trtllm-attention-dp": {"mixed_batches": True, "enable_chunked_prefill": False, "async_overlap": True},
+    "trtllm-attention-dp": {"mixed_batches": True, "enable_chunked_prefill": False, "async_overlap": True,
+                            "attention_dp": AttentionDPConfig(prefill="balance")},
 }
 PresetName = Literal["vllm-v0", "vllm-v1", "sglang", "trtllm-attention-dp"]
 
@@ -100,13 +142,21 @@ class SchedulerConfig(BaseModel):
         "(SGLang's attention-DP runs one scheduler per DP rank)",
     )
     host_per_token_s: float = Field(DEFAULT_HOST_PER_TOKEN_S, ge=0.0, le=0.001, description="host overhead per batched token per step (s)")
+    attention_dp: AttentionDPConfig | None = Field(
+        None, description="attention-DP ranks scheduled explicitly: request -> rank, per-rank token/KV/seat budgets, "
+        "prefill policy (immediate / balance); null: one pooled batch, the cost model splits each step over the ranks",
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data):
         """Fill the preset's knobs under the fields given explicitly (an unknown preset is left to the field's error)."""
         if isinstance(data, dict) and data.get("preset") in SCHEDULER_PRESETS:
-            return {**SCHEDULER_PRESETS[data["preset"]], **data}
+            preset = SCHEDULER_PRESETS[data["preset"]]
+            merged = {**preset, **data}
+            if isinstance(data.get("attention_dp"), dict) and "attention_dp" in preset:   # a file may tune one knob
+                merged["attention_dp"] = {**preset["attention_dp"].model_dump(exclude_unset=True), **data["attention_dp"]}
+            return merged
         return data
 
     @model_serializer(mode="wrap")
@@ -116,6 +166,8 @@ class SchedulerConfig(BaseModel):
         data = handler(self)
         if isinstance(data, dict) and data.get("replay", 0) is None:
             del data["replay"]
+        if isinstance(data, dict) and data.get("attention_dp", 0) is None:
+            del data["attention_dp"]   # likewise for dumps from before explicit attention-DP ranks
         return data
 
     @model_validator(mode="after")
@@ -145,7 +197,32 @@ class SchedulerConfig(BaseModel):
                 f"max_num_seqs * (1 + draft_len) = {self.max_num_seqs * per_seq} exceeds max_num_batched_tokens="
                 f"{self.max_num_batched_tokens}: raise max_num_batched_tokens or lower max_num_seqs"
             )
+        self._check_attention_dp(per_seq)
         return self
+
+    def _check_attention_dp(self, per_seq: int) -> None:
+        """Each rank's token budget must hold its share of the running decodes (as the instance's must)."""
+        ad = self.attention_dp
+        if ad is None or not ad.ranks:
+            return
+        seats, budget = self.rank_seats(), self.rank_token_budget()
+        if seats * per_seq > budget:
+            raise ValueError(
+                f"attention_dp.rank_token_budget={budget} cannot hold one rank's {seats} running decodes of {per_seq} tokens "
+                f"(max_num_seqs {self.max_num_seqs} over attention_dp.ranks={ad.ranks}): raise attention_dp.rank_token_budget "
+                "or max_num_batched_tokens, or lower max_num_seqs"
+            )
+        if not self.enable_chunked_prefill and budget < per_seq + 1:
+            raise ValueError(f"attention_dp.rank_token_budget={budget} leaves no room for a prompt next to a decode")
+
+    def rank_seats(self) -> int:
+        """Requests one attention-DP rank may run at once: its share of max_num_seqs (costmodels.memory.per_rank_share)."""
+        return per_rank_share(self.max_num_seqs, self.attention_dp.ranks or 1)
+
+    def rank_token_budget(self) -> int:
+        """Tokens one attention-DP rank may run per step: attention_dp.rank_token_budget, else its share of max_num_batched_tokens."""
+        ad = self.attention_dp
+        return ad.rank_token_budget or per_rank_share(self.max_num_batched_tokens, ad.ranks or 1)
 
     def replay_for(self, model: ModelSpec) -> ResolvedReplay:
         """The per-layer replay policy in force on ``model`` (``replay``, else ``swa_replay_tokens``, else shipped)."""

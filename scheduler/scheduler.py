@@ -17,6 +17,7 @@ import numpy as np
 
 from costmodels.replay import ResolvedReplay
 from scheduler.config import SchedulerConfig
+from scheduler.dp_attention import AttentionDPRanks
 from scheduler.kv_manager import NO_MATCH, CountedKV, PagedKV
 from scheduler.plan import ScheduledChunk, StepPlan, StepResult
 from scheduler.request import Request, RequestStatus
@@ -90,6 +91,8 @@ class Scheduler:
         self.num_finished = 0
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
+        ad = config.attention_dp   # explicit attention-DP ranks (scheduler/dp_attention.py), else one pooled batch
+        self.dp = AttentionDPRanks(config, num_kv_blocks) if ad is not None and (ad.ranks or 1) > 1 else None
 
     # ----------------------------------------------------------------- queue in
     @property
@@ -129,7 +132,7 @@ class Scheduler:
                 f"prompt_len={req.prompt_len} exceeds max_num_batched_tokens={cfg.max_num_batched_tokens} "
                 "and chunked prefill is off"
             )
-        return None
+        return self.dp.refusal_reason(req) if self.dp is not None else None
 
     def _register(self, req: Request) -> bool:
         """Admission shared by both entry points: drop what can never be served, else mark it live."""
@@ -233,6 +236,8 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         if self.batch.reqs:
             budget -= self._schedule_decodes(preempted)
+        if self.dp is not None:
+            self.dp.begin_step(self.batch.reqs, True, self._tokens_per_decode)
         cap = self.config.long_prefill_threshold or budget  # most prompt tokens of one request per step
         chunks: list[ScheduledChunk] = []
         if self.prefilling and mixed:
@@ -242,8 +247,8 @@ class Scheduler:
         if not preempted and (self._fifo or self._heap) and mixed:
             loaded = self._schedule_waiting(now, chunks, budget, cap)
         steps = 1
-        if max_steps > 1 and self.batch.n and not chunks and not preempted:
-            steps = self._decode_horizon(max_steps)
+        if max_steps > 1 and self.batch.n and not chunks and not preempted and not (self.dp is not None and self.dp.holding):
+            steps = self._decode_horizon(max_steps)   # (a step that holds prompts is one step: the policy counts steps)
         return self._make_plan(chunks, steps, preempted, loaded)
 
     def _schedule_prompts_only(self, now: float, preempted: list[Request]) -> StepPlan | None:
@@ -252,6 +257,8 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         cap = self.config.long_prefill_threshold or budget
         chunks: list[ScheduledChunk] = []
+        if self.dp is not None:
+            self.dp.begin_step(self.batch.reqs, False, self._tokens_per_decode)
         if self.prefilling:
             self._prompts_only = True  # a preempted decode gives back no budget: it held none in this plan
             try:
@@ -297,6 +304,10 @@ class Scheduler:
                 continue  # preempted a moment ago by an older request
             done = req.num_computed_tokens
             new = min(req.num_tokens - done, budget, cap)
+            if self.dp is not None:
+                new = min(new, self.dp.room(req))
+                if new <= 0:
+                    continue   # its attention-DP rank's step budget is spent
             replayed = self.resume_tokens(done)  # the next chunk resumes the prompt: its window state per the policy
             while not kv.grow(req, done + new):
                 victim = self._pick_victim()
@@ -306,6 +317,8 @@ class Scheduler:
                     return budget
             chunks.append(ScheduledChunk(req, replayed + new, done - replayed, done + new == req.num_tokens))
             budget -= replayed + new
+            if self.dp is not None:
+                self.dp.spend(req, new)
         return budget
 
     def resume_tokens(self, context: int) -> int:
@@ -339,6 +352,9 @@ class Scheduler:
         fifo = self._fifo if not self._priority else None
         host = storage = 0
         seats = cfg.max_num_seqs - self.num_running
+        dp = self.dp
+        if dp is not None and dp.hold(len(self._heap) if self._priority else len(self._fifo), self._peek_waiting()):
+            return host, storage   # attention-DP balance: the prompts wait for every rank to have one
         while budget > 0 and seats > 0:
             req = fifo[0] if fifo else self._peek_waiting()
             if req is None:
@@ -360,6 +376,11 @@ class Scheduler:
                 break
             else:
                 new = todo
+            if dp is not None:   # a rank with a seat, the request's KV and step budget, least loaded
+                rank = dp.place(req, 1 if (chunked or out_tokens) else new)
+                if rank < 0:
+                    break
+                new = min(new, dp.tokens_left(rank))
             chunk = replayed + new
             if not kv.admit(req, held + new, match):
                 break
@@ -382,6 +403,8 @@ class Scheduler:
             self.prefilling.append(req)
             chunks.append(ScheduledChunk(req, chunk, hit_tokens, hit_tokens + chunk == num_tokens))
             budget -= chunk
+            if dp is not None:
+                dp.admit(req, rank, new)
         return host, storage
 
     def _decode_horizon(self, max_steps: int) -> int:
@@ -417,6 +440,8 @@ class Scheduler:
             plan.contexts_from(batch, batch.version)
         if batch.reqs or chunks:
             self._in_flight = plan
+        if self.dp is not None:
+            self.dp.in_flight = plan   # the cost model prices it at its requests' ranks (sim.effects.RankedStepCost)
         self._in_flight_min_left = None
         return plan
 
@@ -519,6 +544,8 @@ class Scheduler:
         elif req.status is RequestStatus.RUNNING:
             self.prefilling.remove(req)
         self.kv.free(req)
+        if self.dp is not None:
+            self.dp.release(req)
         out = req.num_output_tokens
         self.outstanding_tokens -= req.output_len - out + (req.prompt_len if out == 0 else 0)
         req.status = status
@@ -537,6 +564,8 @@ class Scheduler:
         else:
             self.prefilling.remove(req)
         self.kv.free(req)
+        if self.dp is not None:
+            self.dp.release(req)
         req.num_computed_tokens = 0
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
@@ -554,6 +583,8 @@ class Scheduler:
         return max(cands, key=key)
 
     def _push_waiting(self, req: Request, front: bool) -> None:
+        if self.dp is not None:
+            self.dp.queued(req)
         if self._priority:
             heapq.heappush(self._heap, (req.priority, req.arrival_time, req._seq, req))
         elif front:

@@ -29,7 +29,7 @@ from sim.backend import SimBackend, host_coeffs
 from sim.closed_loop import arrival_source
 from sim.cluster import Cluster
 from sim.disagg import DisaggSpec, KVLinks, _PrefillMetrics, link_bandwidth, prompt_copy, transfer_bytes
-from sim.effects import EffectsSpec, build_step_cost, kv_tiers
+from sim.effects import EffectsSpec, build_step_cost, kv_tiers, ranked_cost
 from sim.export import digest
 from sim.instance import Instance
 from sim import invariants
@@ -100,8 +100,8 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
 
     if disagg is None:
         def make_backend(i: int) -> SimBackend:
-            return SimBackend(cost, np.random.default_rng([backend_seed, i]), rates, sc.async_overlap, load_s,
-                              host_coeffs(sc))
+            return SimBackend(ranked_cost(cost, schedulers[i]), np.random.default_rng([backend_seed, i]), rates, sc.async_overlap,
+                              load_s, host_coeffs(sc))
 
         schedulers = [Scheduler(sc, num_blocks, i, name_all_blocks=False, replay=sc.replay_for(model)) for i in range(scenario.instances)]
         cluster = Cluster(env, schedulers, make_backend, make_router(scenario.router), source.watch(collector),

@@ -32,6 +32,7 @@ from typing import Callable
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from costmodels.batch import decodes_then_chunks
 from costmodels.calibration import CalibrationProfile
 from costmodels.effective import EffectiveStepCost, TablePlacement
 from costmodels.hardware import Hardware
@@ -93,6 +94,69 @@ class MirroredStepCost:
 
     def decode_times(self, context_lens, num_steps: int, draft_len: int = 0) -> np.ndarray:
         return self.inner.decode_times(np.tile(np.asarray(context_lens), self.factor), num_steps, draft_len)
+
+
+class RankedStepCost(MemoStepCost):
+    """Step times at the attention-DP ranks the scheduler assigned (``scheduler.dp_attention``).
+
+    The backend prices exactly the plan in flight (schedule -> execute -> complete), so each call
+    reads that plan's ranks from the scheduler (``AttentionDPRanks.plan_ranks``, decodes then
+    chunks: the order of the arrays it is given) and passes them to ``EffectiveStepCost``: the
+    assignment the scheduler made is the one priced. With ``mirror`` the other rank groups carry
+    copies of the batch on their own ranks. No memo: prices depend on the ranks, not only on sums.
+    """
+
+    def __init__(self, memo: MemoStepCost, dp_ranks):
+        inner = memo.cost_model
+        self.mirror = inner.factor if isinstance(inner, MirroredStepCost) else 1
+        self.cost_model = inner.inner if isinstance(inner, MirroredStepCost) else inner
+        if not isinstance(self.cost_model, EffectiveStepCost):
+            raise TypeError("RankedStepCost prices an EffectiveStepCost (no drifting expert load)")
+        if dp_ranks.ranks * self.mirror > self.cost_model.layout.dp:
+            raise ValueError(f"attention_dp.ranks={dp_ranks.ranks} x mirror {self.mirror} exceeds layout.dp={self.cost_model.layout.dp}")
+        self.dp = dp_ranks
+        self.notes = list(getattr(memo, "notes", [])) + [
+            f"attention-DP ranks scheduled explicitly ({dp_ranks.ranks} ranks, prefill {dp_ranks.policy}): "
+            "each step priced at the ranks the scheduler assigned"]
+        self.sum_only = False
+        self.chunked_sum = None
+        self._blocks = {}
+
+    def _tile(self, a: np.ndarray) -> np.ndarray:
+        return np.tile(a, self.mirror) if self.mirror > 1 else a
+
+    def _ranks(self, n: int) -> np.ndarray:
+        ranks = self.dp.plan_ranks()
+        if ranks.size != n:
+            raise RuntimeError(f"RankedStepCost: {n} requests priced, the plan in flight has {ranks.size}")
+        if self.mirror > 1:
+            ranks = np.concatenate([ranks + j * self.dp.ranks for j in range(self.mirror)])
+        return ranks
+
+    def mixed_step_time(self, new_tokens, context_lens, is_decode) -> float:
+        new = np.asarray(new_tokens, np.int64)
+        ranks = self._ranks(new.size)
+        return self.cost_model.mixed_step_time(self._tile(new), self._tile(np.asarray(context_lens, np.int64)),
+                                               self._tile(np.asarray(is_decode, bool)), ranks=ranks)
+
+    def chunked_step_time(self, decode_context_lens, draft_len: int, prefill_new: list[int], prefill_ctx: list[int]) -> float:
+        return self.mixed_step_time(*decodes_then_chunks(decode_context_lens, draft_len, prefill_new, prefill_ctx))
+
+    def decode_times(self, context_lens, num_steps: int, draft_len: int = 0) -> np.ndarray:
+        ctx = np.asarray(context_lens)
+        ranks = self._ranks(ctx.size)
+        return self.cost_model.decode_times(self._tile(ctx), num_steps, draft_len, ranks=ranks)
+
+
+def ranked_cost(cost, scheduler):
+    """The step cost one instance's backend uses: ``cost`` priced at ``scheduler``'s attention-DP ranks where it
+    assigns them (``RankedStepCost``), else ``cost`` itself."""
+    if getattr(scheduler, "dp", None) is None:
+        return cost
+    if isinstance(cost, DriftingStepCost):
+        raise ValueError("scheduler.attention_dp: explicit attention-DP ranks are not modelled with drifting expert load / "
+                         "periodic EPLB (effects.expert_load drift, effects.eplb_period_s)")
+    return RankedStepCost(cost, scheduler.dp)
 
 
 class DriftingStepCost(MemoStepCost):

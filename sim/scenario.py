@@ -104,6 +104,29 @@ class Scenario(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _attention_dp_ranks(self) -> "Scenario":
+        """scheduler.attention_dp drives the layout's layout.dp / effects.mirror ranks (filled in when left out)."""
+        ad = self.scheduler.attention_dp
+        if ad is None:
+            return self
+        want = self.layout.dp // self.effects.mirror
+        if want < 2:
+            raise ValueError(f"scheduler.attention_dp needs at least 2 attention-DP ranks per scheduler (layout.dp={self.layout.dp}, "
+                             f"effects.mirror={self.effects.mirror})")
+        if ad.ranks is not None and ad.ranks != want:
+            raise ValueError(f"scheduler.attention_dp.ranks={ad.ranks} must be layout.dp / effects.mirror = {want} (or left out)")
+        if self.disagg is not None:
+            raise ValueError("scheduler.attention_dp: explicit attention-DP ranks are not modelled with a prefill pool (disagg) yet")
+        if not self.effects.dp_balance:
+            raise ValueError("effects.dp_balance: false (requests spread evenly) contradicts scheduler.attention_dp (requests on "
+                             "explicit ranks): leave one of them out")
+        if ad.ranks is None:
+            sc = self.scheduler.model_copy(update={"attention_dp": ad.model_copy(update={"ranks": want})})
+            sc._check_attention_dp(1 + sc.draft_len)   # the per-rank budgets, now that the ranks are known
+            self.scheduler = sc
+        return self
+
+    @model_validator(mode="after")
     def _drafts_need_mtp(self) -> "Scenario":
         if self.scheduler.draft_len:
             from costmodels.catalog import get_model
@@ -124,7 +147,7 @@ class Scenario(BaseModel):
     @property
     def needs_deployment_runner(self) -> bool:
         """True when effects or disaggregation ask for ``sim.deployment`` rather than the plain runner."""
-        return self.disagg is not None or self.effects != EffectsSpec()
+        return self.disagg is not None or self.effects != EffectsSpec() or self.scheduler.attention_dp is not None
 
 
 _LAYOUT_DTYPES = ("weight_dtype", "expert_dtype", "kv_dtype")
