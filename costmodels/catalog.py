@@ -52,7 +52,7 @@ _INT_KEYS = (
     "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "n_shared_experts", "num_experts_per_tok",
     "first_k_dense_replace", "n_group", "topk_group", "num_experts", "decoder_sparse_step", "index_n_heads",
     "index_head_dim", "index_topk", "sliding_window", "max_position_embeddings", "num_nextn_predict_layers",
-    "o_lora_rank", "o_groups", "hc_mult", "engram_max_ngram_size", "engram_n_heads", "engram_head_dim",
+    "o_lora_rank", "o_groups", "hc_mult", "candidate_source_layer_id", "candidate_topk_blocks", "candidate_block_size", "engram_max_ngram_size", "engram_n_heads", "engram_head_dim",
 )
 _DIVISOR_KEYS = ("num_attention_heads",)  # default head_dim = hidden_size // num_attention_heads
 
@@ -301,6 +301,8 @@ def _deepseek_v41(c: _Cfg, layers: int) -> dict:
         kv_share_source=kv_src,
         index_source_layers=sorted(int(x) for x in c.get("index_source_layer_ids", [])) or None,
         ced_encoder_layers=ced or None,
+        index_candidate_source=c.get("candidate_source_layer_id") if c.get("candidate_topk_blocks") else None,
+        index_candidate_tokens=(c.get("candidate_topk_blocks", 0) * c.get("candidate_block_size", 1)) or None,
         o_lora_rank=c.get("o_lora_rank"),
         o_groups=c.get("o_groups", 1),
         hc_mult=c.get("hc_mult", 1),

@@ -96,6 +96,10 @@ class ModelSpec(BaseModel):
         "away (DeepSeek-V4.1 CSA2); null: the layer stores its own. Sliding-window entries stay per layer. Empty: kv_share_group decides"))
     index_source_layers: list[int] | None = Field(None, description=(
         "layers that run the indexer's scoring and top-k; the other indexed layers reuse the top-k of a source (DeepSeek-V4.1). null: every indexed layer scores"))
+    index_candidate_source: int | None = Field(None, ge=0, description=(
+        "two-level index (DeepSeek-V4.1): this layer's indexer picks candidate blocks, and the index sources above it score only "
+        "those index_candidate_tokens positions instead of the whole context; null: every index source scores every key"))
+    index_candidate_tokens: int | None = Field(None, ge=1, description="candidate positions the later index sources score (candidate_topk_blocks x candidate_block_size)")
     ced_encoder_layers: int | None = Field(None, ge=1, description=(
         "causal encoder-decoder (DeepSeek-V4.1 CED): a prefill chunk runs layers [0, N) over all its tokens and the decoder layers "
         "[N, num_layers) over only its last sliding_window tokens (their global KV comes from the sources below N); decode runs every layer. null: every layer over every token"))
@@ -135,6 +139,10 @@ class ModelSpec(BaseModel):
         for i in self.index_source_layers or []:
             if not 0 <= i < self.num_layers:
                 raise ValueError(f"index_source_layers: layer {i} is outside 0..{self.num_layers - 1}")
+        if (self.index_candidate_source is None) != (self.index_candidate_tokens is None):
+            raise ValueError("index_candidate_source and index_candidate_tokens go together (set both or neither)")
+        if self.index_candidate_source is not None and self.index_candidate_source >= self.num_layers:
+            raise ValueError(f"index_candidate_source={self.index_candidate_source} is outside 0..{self.num_layers - 1}")
         if self.ced_encoder_layers is not None:
             if self.ced_encoder_layers >= self.num_layers:
                 raise ValueError(f"ced_encoder_layers={self.ced_encoder_layers} must be below num_layers={self.num_layers}")
@@ -185,6 +193,13 @@ class ModelSpec(BaseModel):
     def scores_index(self, layer: int) -> bool:
         """Whether ``layer`` runs the indexer's scoring (given it is an indexed layer): index_source_layers, else every one."""
         return self.index_source_layers is None or layer in self.index_source_layers
+
+    def index_cap(self, layer: int) -> int | None:
+        """Positions an index-scoring ``layer`` scores at most: the candidates of a two-level index above its
+        candidate source; None: every key."""
+        if self.index_candidate_source is not None and layer > self.index_candidate_source:
+            return self.index_candidate_tokens
+        return None
 
     def ced_decoder(self, layer: int) -> bool:
         """A CED decoder layer: in prefill it runs over only each chunk's last sliding_window tokens."""

@@ -68,6 +68,7 @@ class AttnGeometry:
     d_qk_prefill: int
     d_v_prefill: int
     prefill_upproj: bool   # MLA prefill in the non-absorbed form: K/V up-projected for all c+n tokens
+    index_cap: float = INF  # positions an indexer query scores at most (a two-level index's candidates; INF: all)
 
 
 def geometry(model: ModelSpec, kind: LayerKind) -> AttnGeometry:

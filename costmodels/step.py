@@ -245,7 +245,8 @@ class StepCostModel(StepOps):
                     2.0 * h_loc * (geo.d_qk_decode + geo.d_v_decode),
                     2.0 * h_loc * (geo.d_qk_prefill + geo.d_v_prefill),
                     geo.d_qk_prefill + geo.d_v_prefill, geo.prefill_upproj,
-                    self.mla_table is not None and self.mla_covers(geo))   # decode one query each: the FlashMLA table
+                    self.mla_table is not None and self.mla_covers(geo),   # decode one query each: the FlashMLA table
+                    geo.index_cap)
 
         self._geo_fast = [consts(geo, c) for geo, c in self.att_groups]
         self._geo_dec = list(self.att_dec)  # CED decoder groups: prefill chunks reach them as their tails
@@ -332,7 +333,7 @@ class StepCostModel(StepOps):
             elif dec_chunks is not None:
                 pn, pc, ends_all = dec_chunks if self._geo_dec[i] else enc_chunks
                 scored_all = None
-            count, cap, ratio, window, ir, cf_dec, cf_pre, dpre, upproj, table = geo
+            count, cap, ratio, window, ir, cf_dec, cf_pre, dpre, upproj, table, icap = geo
             ta = ti = 0.0
             if nd:
                 last = (dpos_sum + shift * nd if cap >= INF else self._dsum(dctx, g + shift, cap)) / ratio
@@ -343,7 +344,7 @@ class StepCostModel(StepOps):
                 else:
                     ta = attn_t(cf_dec * (n_q * last) * s, last * eb * s, den)
                 if ir:
-                    keys = (dpos_sum + shift * nd) / ir
+                    keys = ((dpos_sum + shift * nd) if icap >= INF else self._dsum(dctx, g + shift, icap)) / ir
                     ti = self._indexer_t(n_q * keys, keys, s)
             if pn and not shift:
                 if cap >= INF and not window:  # every cached entry: closed forms of the whole chunk list
@@ -360,7 +361,10 @@ class StepCostModel(StepOps):
                         ends += min(p, cap) / ratio + (min(p, window) if window else 0.0)
                 byts = float(ends_all) * self.heads_local * dpre * 2.0 if upproj else ends * eb
                 ta += attn_t(cf_pre * es * s, byts * s, den)
-                if ir:
+                if ir and icap < INF:  # a two-level index: each query scores at most icap candidates
+                    scored = sum(_sum_min_s(c, n, icap) for c, n in zip(pc, pn))
+                    ti += self._indexer_t(scored / ir, sum(min(c + n, icap) for c, n in zip(pc, pn)) / ir, s)
+                elif ir:
                     if scored_all is None:
                         scored_all = sum(n * c + n * (n + 1) / 2 for c, n in zip(pc, pn))
                     ti += self._indexer_t(scored_all / ir, ends_all / ir, s)

@@ -279,23 +279,27 @@ class StepOps:
         group. ``att_kinds`` (one group per kind) unless the model names index sources (a layer reusing another's
         top-k runs no scoring: its geometry has no index) or a CED split."""
         m = self.model
-        if m.index_source_layers is None and not self.ced:
+        if m.index_source_layers is None and not self.ced and m.index_candidate_source is None:
             return list(self.att_kinds), [False] * len(self.att_kinds)
-        counts: dict[tuple[str, bool, bool], int] = {}
+        counts: dict[tuple[str, bool, bool, int | None], int] = {}
         for i, kind in enumerate(m.kinds()):
-            key = (kind, m.scores_index(i), m.ced_decoder(i))
+            key = (kind, m.scores_index(i), m.ced_decoder(i), m.index_cap(i))
             counts[key] = counts.get(key, 0) + 1
         groups, dec = [], []
-        for (kind, scores, is_dec), c in counts.items():
+        for (kind, scores, is_dec, icap), c in counts.items():
             geo = geometry(m, kind)
-            groups.append((geo if scores or not geo.index_ratio else replace(geo, index_ratio=0.0), c))
+            if geo.index_ratio and not scores:
+                geo = replace(geo, index_ratio=0.0)
+            elif geo.index_ratio and icap is not None:  # a two-level index: only the candidates are scored
+                geo = replace(geo, index_cap=float(icap))
+            groups.append((geo, c))
             dec.append(is_dec)
         return groups, dec
 
     def ced_tokens(self, new: np.ndarray, dec: np.ndarray) -> float | None:
         """Tokens the CED decoder layers process in a step: every decode token, and each prefill chunk's last
         ``ced_tail`` (None: not a CED model, every layer processes every token)."""
-        if not self.ced:
+        if not self.ced or dec.all():  # (no prefill: every layer over every token)
             return None
         return float(new[dec].sum() + np.minimum(new[~dec], self.ced_tail).sum())
 
@@ -628,11 +632,11 @@ class StepOps:
             else:
                 out[2] += float(self.attn_roofline(flops, byts, self._att_den))
             if geo.index_ratio:
-                keys = (c + n).astype(float) / geo.index_ratio
+                keys = np.minimum(c + n, geo.index_cap).astype(float) / geo.index_ratio
                 if is_dec:
                     scored = float((n * keys).sum())
                 else:
-                    scored = float(entries_sum(AttnGeometry("k", INF, 1.0, 0.0, 0.0, 0, 0, 0, 0, False), c, n).sum()) / geo.index_ratio
+                    scored = float(entries_sum(AttnGeometry("k", geo.index_cap, 1.0, 0.0, 0.0, 0, 0, 0, 0, False), c, n).sum()) / geo.index_ratio
                 i_flops = self._idx_coef * scored * s
                 i_bytes = (float(keys.sum()) * self.idx_key_bytes + scored * 4.0 * 2) * s  # keys + logits written and read by top-k
                 out[3] += i_flops
@@ -680,7 +684,7 @@ class StepOps:
             else:
                 total = total + count * self.attn_roofline(flops, byts, self._att_den)
             if geo.index_ratio:
-                keys = keys_all / geo.index_ratio
+                keys = (keys_all if geo.index_cap >= INF else sums.sum_min(shifts, geo.index_cap)) / geo.index_ratio
                 i_bytes = keys * ((self.idx_key_bytes + new * 8.0) * s)
                 i_flops = keys * (self._idx_coef * new * s)
                 total = total + count * (self.attn_roofline(i_flops, i_bytes, self._idx_den) + self._lo)
