@@ -158,6 +158,17 @@ def test_never_more_than_n_in_flight_disaggregated():
     assert all(r.first_token_time <= r.finish_time for r in run.requests)
 
 
+def test_never_more_than_n_in_flight_deployment_runner_with_effects():
+    # serving effects route the run through sim.deployment's aggregated path
+    wl = closed(concurrency=9, num_requests=90, shared_prefix_len=256, num_prefix_groups=2)
+    sc = scenario(wl, instances=2, router={"kind": "prefix_aware"}, effects={"host_cache_gb": 1.0})
+    assert sc.needs_deployment_runner
+    run = simulate(sc, debug=True)
+    assert run.result.metrics.requests_finished == 90
+    assert max_in_flight(run.requests) == 9
+    check_users(run.requests, 9)
+
+
 def test_next_request_arrives_a_think_time_after_the_last_one_ends():
     run = simulate(scenario(closed(concurrency=1, num_requests=6, think_time_s=0.75)))
     reqs = run.requests
@@ -282,6 +293,20 @@ def test_bench_user_loop_stops_sending_at_the_duration(fake_server):  # noqa: F8
     bench_users_sequential(run.records)
     with pytest.raises(ValueError, match="num_requests or duration_s"):
         bc.UserLoop(2, items)
+
+
+@needs_serve
+def test_bench_failed_requests_free_their_users(fake_server):  # noqa: F811
+    import asyncio
+
+    from executor import bench_client as bc
+
+    # every other prompt is over the server's 1024-token context: a 400, and the user sends its next one
+    items = lambda u, k: (bc.BenchItem((u << 32) | k, 0.0, 5000 if k % 2 else 30, 4), 0.0)  # noqa: E731
+    run = asyncio.run(bc.run_benchmark(fake_server.url, [], prompt_mode="ids", users=bc.UserLoop(2, items, num_requests=8)))
+    assert len(run.records) == 8 and all(r.success == (r.index % 2 == 0) for r in run.records)  # fails: the odd k
+    assert all("400" in r.error for r in run.records if not r.success)
+    bench_users_sequential(run.records)
 
 
 @needs_serve
