@@ -184,7 +184,9 @@ class ExecModelConfig:
         """Combine ``spec`` with ``hf_dir/config.json`` when given."""
         unsupported = [f for f, bad in (("o_lora_rank", getattr(spec, "o_lora_rank", None)),
                                         ("hc_mult", getattr(spec, "hc_mult", 1) != 1),
-                                        ("layer_kinds", any(k != "full" for k in spec.kinds())),
+                                        # sliding layers run on GQA models (executor/swa.py); csa/hca nowhere
+                                        ("layer_kinds", any(k not in ("full", "sliding") for k in spec.kinds())
+                                         or ("sliding" in spec.kinds() and spec.attention != "gqa")),
                                         (f"{spec.moe.scoring if spec.moe else ''} routing",
                                          spec.moe is not None and spec.moe.scoring not in ("softmax", "sigmoid"))) if bad]
         if unsupported:
@@ -222,7 +224,8 @@ def _check_supported(hf: dict, spec: ModelSpec) -> None:
         bad.append(f"hidden_act={hf['hidden_act']!r} (silu only)")
     if hf.get("mlp_bias"):
         bad.append("mlp_bias=true")
-    known = {"full_attention"} | ({"indexed_attention"} if spec.indexer else set())
+    # the DSA layer is "indexed_attention" in transformers >= 5.2x, "deepseek_sparse_attention" in 5.17
+    known = {"full_attention"} | ({"indexed_attention", "deepseek_sparse_attention"} if spec.indexer else set())
     if hf.get("use_sliding_window") or any(t not in known for t in hf.get("layer_types") or []):
         bad.append(f"layer_types other than {sorted(known)} (use_sliding_window / layer_types)")
     mlp_types = hf.get("mlp_layer_types")

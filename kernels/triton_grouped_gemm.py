@@ -17,6 +17,8 @@ import triton.language as tl
 
 from kernels import reference as ref
 from kernels.registry import Unsupported
+from kernels.triton_precision import dot_precision
+
 
 
 @triton.jit
@@ -24,7 +26,7 @@ def _grouped_kernel(a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, rows_ptr, block_expert_
                     N, K, num_kb, a_row_div,
                     stride_am, stride_be, stride_bn, stride_cm, stride_asm, stride_bse, stride_bsn,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    FP8: tl.constexpr, MUL_W: tl.constexpr):
+                    FP8: tl.constexpr, MUL_W: tl.constexpr, PREC: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(block_expert_ptr + pid_m).to(tl.int64)   # e * stride_be passes 2^31 for 256 experts
@@ -48,7 +50,7 @@ def _grouped_kernel(a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, rows_ptr, block_expert_
                 b_s = tl.load(bs_ptr + e * stride_bse + (pid_n * BLOCK_N // 128) * stride_bsn + kb)
                 acc += tl.dot(a, b) * a_s[:, None] * b_s
             else:
-                acc += tl.dot(a, b)
+                acc += tl.dot(a, b, input_precision=PREC)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
         if MUL_W:
@@ -96,7 +98,7 @@ def _launch(a, a_scale, b, b_scale, c, rows, block_expert, weights, a_row_div: i
         n, k, triton.cdiv(k, bk), a_row_div,
         a.stride(0), b.stride(0), b.stride(1), c.stride(0),
         a_scale.stride(0) if fp8 else 0, b_scale.stride(0) if fp8 else 0, b_scale.stride(1) if fp8 else 0,
-        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, FP8=fp8, MUL_W=weights is not None,
+        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, FP8=fp8, MUL_W=weights is not None, PREC=dot_precision(a.dtype),
         num_warps=4, num_stages=3)
 
 

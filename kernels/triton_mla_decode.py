@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from kernels.registry import Unsupported
+from kernels.triton_precision import dot_precision
 
 LOG2E = 1.4426950408889634
 
@@ -25,7 +26,7 @@ def _mla_split_kernel(q_ptr, kv_ptr, bt_ptr, lens_ptr, o_ptr, lse_ptr,
                       stride_qb, stride_qr, stride_kvp, stride_kvt, stride_btb,
                       stride_ob, stride_or, stride_os, stride_lb, stride_lr,
                       DV: tl.constexpr, DR: tl.constexpr, PAGE: tl.constexpr,
-                      BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr):
+                      BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
     b = tl.program_id(0)
     hb = tl.program_id(1)
     sp = tl.program_id(2)
@@ -51,7 +52,7 @@ def _mla_split_kernel(q_ptr, kv_ptr, bt_ptr, lens_ptr, o_ptr, lse_ptr,
         base = kv_ptr + page.to(tl.int64) * stride_kvp + (t % PAGE) * stride_kvt
         k_nope = tl.load(base[:, None] + dv[None, :], mask=tmask[:, None], other=0.0)
         k_pe = tl.load(base[:, None] + DV + dr[None, :], mask=tmask[:, None], other=0.0)
-        s = tl.dot(q_nope, tl.trans(k_nope)) + tl.dot(q_pe, tl.trans(k_pe))
+        s = tl.dot(q_nope, tl.trans(k_nope), input_precision=PREC) + tl.dot(q_pe, tl.trans(k_pe), input_precision=PREC)
         s = s * scale_log2
         s = tl.where((t[None, :] < lim[:, None]) & tmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -59,7 +60,7 @@ def _mla_split_kernel(q_ptr, kv_ptr, bt_ptr, lens_ptr, o_ptr, lse_ptr,
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(k_nope.dtype), k_nope)
+        acc = acc * alpha[:, None] + tl.dot(p.to(k_nope.dtype), k_nope, input_precision=PREC)
         m_i = m_new
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
@@ -104,7 +105,7 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
         r, h, s_q, split_len, scale * LOG2E,
         qf.stride(0), qf.stride(1), kv_cache.stride(0), kv_cache.stride(1), bt.stride(0),
         o.stride(0), o.stride(1), o.stride(2), lse.stride(0), lse.stride(1),
-        DV=kv_rank, DR=dr, PAGE=page, BLOCK_H=bh, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
+        DV=kv_rank, DR=dr, PAGE=page, BLOCK_H=bh, BLOCK_N=block_n, PREC=dot_precision(kv_cache.dtype), num_warps=num_warps, num_stages=num_stages)
     # merge splits by log-sum-exp (base 2); empty splits carry -inf and weigh nothing
     m = lse.max(-1, keepdim=True).values
     w = torch.exp2(lse - m)

@@ -114,8 +114,8 @@ def test_executor_matches_hf_on_cuda(tmp_path, model_type):
 def test_deepseek_v3_vendor_kernels_bf16_track_hf(tmp_path):
     """FlashMLA's shapes (latent 512 + rope 64, 64-token pages, bf16) so the vendor decode kernel serves the
     paged decodes. The reference holds the same bf16-rounded weights in fp32, so what is measured is the
-    kernels' bf16 arithmetic: issue 22's bf16 bound (2e-2) per position, except where a near-tie in expert
-    routing flips (a discrete change no tolerance describes; at most 1 in 10 positions)."""
+    kernels' bf16 arithmetic: issue 22's bf16 bound (2e-2) per position, with the expert choice pinned (see
+    below) so that a near-tie flip, a discrete change no tolerance describes, is not what is measured."""
     from kernels import ops
     from test_hf_parity_helpers import exec_chunked_then_decode, hf_logits, load_executor
 
@@ -126,6 +126,13 @@ def test_deepseek_v3_vendor_kernels_bf16_track_hf(tmp_path):
     with torch.no_grad():
         for name, p in hf.named_parameters():
             p.copy_(p.bfloat16().float())
+        # routing pinned: correction biases spaced wider than the sigmoid scores' range (0, 1) make every
+        # token pick the same experts, so a bf16 near-tie cannot flip a choice (a flip at one position
+        # reaches the later ones through attention: measured on the H200, 2026-12-01, 15% of positions);
+        # the routing itself is checked by the fp32 comparisons above
+        for name, b in hf.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.arange(b.numel(), dtype=b.dtype) * 2.0)
     hf.save_pretrained(tmp_path)
     ecfg, ex = load_executor(tmp_path, "bf16", torch.device("cuda"))
     toks = torch.randint(0, 256, (200,), generator=torch.Generator().manual_seed(2)).tolist()
@@ -135,8 +142,8 @@ def test_deepseek_v3_vendor_kernels_bf16_track_hf(tmp_path):
     want = hf_logits(hf, toks)
     assert used.get("mla_decode") == "flashmla", used
     per_pos = (got - want).abs().amax(-1) / want.abs().amax(-1)
-    assert float((per_pos <= 2e-2).float().mean()) >= 0.9, per_pos.tolist()
-    assert float((got.argmax(-1) == want.argmax(-1)).float().mean()) >= 0.9
+    assert float(per_pos.max()) <= 2e-2, per_pos.tolist()
+    assert bool((got.argmax(-1) == want.argmax(-1)).all())
 
 
 def test_deepseek_v4_folder_is_refused_at_load_naming_what_is_missing(tmp_path):
