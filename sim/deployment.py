@@ -29,7 +29,7 @@ from sim.backend import SimBackend, host_coeffs
 from sim.closed_loop import arrival_source
 from sim.cluster import Cluster
 from sim.disagg import DisaggSpec, KVLinks, _PrefillMetrics, link_bandwidth, prompt_copy, transfer_bytes
-from sim.effects import EffectsSpec, build_step_cost, kv_tiers, ranked_cost
+from sim.effects import EffectsSpec, attention_dp_notes, build_step_cost, kv_tiers, ranked_cost
 from sim.export import digest
 from sim.instance import Instance
 from sim import invariants
@@ -96,7 +96,7 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
     scenario = scenario.model_copy(update={"scheduler": sc})
     rates = sc.effective_acceptance_rates()
     decode_gpus = scenario.instances * scenario.layout.gpus / eff.mirror
-    notes = list(getattr(cost, "notes", []))
+    notes = list(getattr(cost, "notes", [])) + attention_dp_notes(sc)
 
     if disagg is None:
         def make_backend(i: int) -> SimBackend:

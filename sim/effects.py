@@ -115,9 +115,7 @@ class RankedStepCost(MemoStepCost):
         if dp_ranks.ranks * self.mirror > self.cost_model.layout.dp:
             raise ValueError(f"attention_dp.ranks={dp_ranks.ranks} x mirror {self.mirror} exceeds layout.dp={self.cost_model.layout.dp}")
         self.dp = dp_ranks
-        self.notes = list(getattr(memo, "notes", [])) + [
-            f"attention-DP ranks scheduled explicitly ({dp_ranks.ranks} ranks, prefill {dp_ranks.policy}): "
-            "each step priced at the ranks the scheduler assigned"]
+        self.notes = list(getattr(memo, "notes", []))
         self.sum_only = False
         self.chunked_sum = None
         self._blocks = {}
@@ -146,6 +144,18 @@ class RankedStepCost(MemoStepCost):
         ctx = np.asarray(context_lens)
         ranks = self._ranks(ctx.size)
         return self.cost_model.decode_times(self._tile(ctx), num_steps, draft_len, ranks=ranks)
+
+
+def attention_dp_notes(config) -> list[str]:
+    """What a SchedulerConfig with explicit attention-DP ranks changes in the pricing, for a result's notes."""
+    ad = config.attention_dp
+    if ad is None or (ad.ranks or 1) < 2:
+        return []
+    policy = (f"balance (prompts held until every rank can take one, at most {ad.timeout_iters} steps each; "
+              f"{ad.batching_wait_iters} more to gather)" if ad.prefill == "balance" else "immediate")
+    return [f"attention-DP ranks scheduled explicitly ({ad.ranks} ranks, prefill {policy}): each step priced at the "
+            f"ranks the scheduler assigned; per rank {config.rank_token_budget()} tokens/step, {config.rank_seats()} "
+            "requests, KV reserved per request within the rank's share"]
 
 
 def ranked_cost(cost, scheduler):
