@@ -63,7 +63,7 @@ class AttentionDPRanks:
         self._gather = 0
         self.holding = False
         self.held_steps: dict[str, int] = {}       # per request: most hold steps it waited before a start
-        self.in_flight = None                      # the StepPlan last made (the Scheduler sets it)
+        self.in_flight = None                      # the StepPlan last made (``planned``)
 
     # ----------------------------------------------------------------- admission
     def blocks_for(self, req: Request) -> int:
@@ -93,7 +93,6 @@ class AttentionDPRanks:
         self.decoding = np.bincount(np.fromiter((rank_of[q.request_id] for q in decodes), np.int64, len(decodes)),
                                     minlength=r) if decodes else np.zeros(r, np.int64)
         self.step_tokens = self.decoding * tokens_per_decode if decodes_run else np.zeros(r, np.int64)
-        self.holding = False
 
     def place(self, req: Request, min_tokens: int) -> int:
         """The rank ``req`` starts on (-1: none has a seat, its KV and ``min_tokens`` of step budget free)."""
@@ -163,6 +162,11 @@ class AttentionDPRanks:
         while order and queued.get(order[0][1].request_id) != order[0][0]:
             order.popleft()   # started, dropped, or queued again later (a newer entry)
         return self.hold_steps - order[0][0] if order else 0
+
+    def planned(self, plan) -> None:
+        """The Scheduler made ``plan`` (the one the backend prices next); a hold decided for it is spent."""
+        self.in_flight = plan
+        self.holding = False
 
     # ----------------------------------------------------------------- the plan's ranks, for the cost model
     def plan_ranks(self) -> np.ndarray:

@@ -441,7 +441,7 @@ class Scheduler:
         if batch.reqs or chunks:
             self._in_flight = plan
         if self.dp is not None:
-            self.dp.in_flight = plan   # the cost model prices it at its requests' ranks (sim.effects.RankedStepCost)
+            self.dp.planned(plan)   # the cost model prices it at its requests' ranks (sim.effects.RankedStepCost)
         self._in_flight_min_left = None
         return plan
 

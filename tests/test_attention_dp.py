@@ -27,10 +27,11 @@ from twinfer.errors import TwinferError
 DEP8 = ParallelLayout(tp=1, dp=8, ep=8, weight_dtype="fp8")
 
 
-def scenario(prefill: str = "balance", requests: int = 160, rate: float = 6.0, **ad):
+def scenario(prefill: str = "balance", requests: int = 160, rate: float = 6.0, sched: dict | None = None, **ad):
     return scenario_from_dict({
         "model": "deepseek-v3", "hardware": "H200", "layout": {"dp": 8, "ep": 8, "weight_dtype": "fp8"},
-        "scheduler": {"max_num_seqs": 256, "max_num_batched_tokens": 65536, "attention_dp": {"prefill": prefill, **ad}},
+        "scheduler": {"max_num_seqs": 256, "max_num_batched_tokens": 65536, "attention_dp": {"prefill": prefill, **ad},
+                      **(sched or {})},
         "workload": {"preset": "summarize", "rate": rate, "num_requests": requests}, "seed": 3,
     })
 
@@ -49,6 +50,10 @@ class CheckedScheduler(Scheduler):
         plan = super().schedule(now, max_steps)
         dp = self.dp
         dp.check()   # no rank over its KV, seats or (this step) tokens
+        assert not dp.holding   # (spent by the plan)
+        if dp.hold_steps > getattr(self, "_holds", 0):   # this plan held prompts: one step, so holds count steps
+            assert plan.num_steps == 1
+        self._holds = dp.hold_steps
         running = [*self.batch.reqs, *self.prefilling]
         assert sorted(dp.rank_of) == sorted(r.request_id for r in running)
         ranks = np.array([dp.rank_of[r.request_id] for r in running], np.int64)
@@ -74,9 +79,9 @@ def checked(monkeypatch):
     return CheckedScheduler.made
 
 
-@pytest.mark.parametrize("k", [0, 3, 12])
-def test_balance_holds_no_prompt_longer_than_its_wait_bound(checked, k):
-    run = simulate(scenario(timeout_iters=k, batching_wait_iters=4))
+@pytest.mark.parametrize("k,sched", [(0, None), (3, None), (12, None), (5, {"mixed_batches": False})])
+def test_balance_holds_no_prompt_longer_than_its_wait_bound(checked, k, sched):
+    run = simulate(scenario(timeout_iters=k, batching_wait_iters=4, sched=sched))
     (sched,) = checked
     dp = sched.dp
     assert sched.plans > 100 and run.result.metrics.requests_finished == 160
