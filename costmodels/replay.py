@@ -271,7 +271,11 @@ def chunk_cost(ops: StepOps, replay: ResolvedReplay, new_tokens: int, context: i
     layers with the same e (the families the step model sums, restricted to those layers: no second formula;
     with every layer at one e this is exactly the step model's prefill of n + e tokens over c - e)."""
     n, c = int(new_tokens), int(context)
-    e = replay.extra_tokens(c) if replay.modes else np.zeros(ops.n_layers, np.int64)
+    return chunk_cost_at(ops, replay.extra_tokens(c) if replay.modes else np.zeros(ops.n_layers, np.int64), n, c)
+
+
+def chunk_cost_at(ops: StepOps, e: np.ndarray, n: int, c: int) -> ChunkCost:
+    """``chunk_cost`` for given per-layer extra tokens ``e`` (non-increasing)."""
     kinds = ops.model.kinds()
     v = np.zeros(7)
     for extra in sorted(set(e.tolist())):
@@ -280,6 +284,48 @@ def chunk_cost(ops: StepOps, replay: ResolvedReplay, new_tokens: int, context: i
     _add_once(ops, v, n + int(e[0]) if e.size else n)
     return ChunkCost(float(v[:6].sum()), {k: float(v[i]) for i, k in enumerate(CATEGORIES)}, n, c,
                      tuple(int(n + x) for x in e))
+
+
+class DepthCorrection:
+    """What a step priced as its plan states the chunks overcharges: the scheduler folds a resumed chunk's replayed
+    tokens (``ScheduledChunk.replayed`` = e_0) into its new tokens, i.e. through every layer, while the policy may
+    need them only in the lower layers (e_j < e_0 above the deepest recomputing layer). Per resumed chunk:
+    ``chunk_cost`` with e_0 everywhere minus ``chunk_cost`` with the policy's e_j, evaluated on the chunk alone
+    (exact for a step of that one chunk; with other work batched in, the GEMM-efficiency interaction is left out).
+    Zero, and never evaluated, for policies whose every resume runs through every layer."""
+
+    MEMO = 4096
+
+    def __init__(self, ops: StepOps, replay: ResolvedReplay):
+        self.ops, self.replay = ops, replay
+        self._memo: dict[tuple[int, int], float] = {}
+
+    @staticmethod
+    def needed(replay: ResolvedReplay) -> bool:
+        """Some resume needs fewer tokens in the top layer than at layer 0."""
+        top_mode, top_w = (replay.modes[-1], replay.tokens[-1]) if replay.modes else ("none", 0)
+        if replay.is_persist or top_mode == "recompute":
+            return False
+        w = max((t for m, t in zip(replay.modes, replay.tokens) if m == "replay"), default=0)
+        return "recompute" in replay.modes or top_mode != "replay" or top_w < w
+
+    def __call__(self, chunks) -> float:
+        total = 0.0
+        for ch in chunks:
+            r = ch.replayed
+            if r <= 0:
+                continue
+            key = (ch.num_new_tokens - r, ch.context_len + r)
+            s = self._memo.get(key)
+            if s is None:
+                n, c = key
+                e = self.replay.extra_tokens(c)
+                s = chunk_cost_at(self.ops, np.full_like(e, r), n, c).seconds - chunk_cost_at(self.ops, e, n, c).seconds
+                if len(self._memo) >= self.MEMO:
+                    self._memo.clear()
+                self._memo[key] = s
+            total += s
+        return total
 
 
 def _add_layers(ops: StepOps, v: np.ndarray, layers: list[int], kinds: list[str], tokens: int, ctx: int) -> None:
@@ -383,3 +429,11 @@ def one_layer_policies(model: ModelSpec, layer: int, tokens: int, around: Replay
     base = around.model_copy(update={"layers": {**around.layers, layer: LayerReplay(mode="recompute")}})
     cand = around.model_copy(update={"layers": {**around.layers, layer: LayerReplay(mode="replay", tokens=tokens)}})
     return base, cand
+
+
+def depth_correction(model: ModelSpec, hw, layout, calibration, replay: ResolvedReplay) -> DepthCorrection | None:
+    """The simulator's ``DepthCorrection`` for ``replay`` on this model, hardware, layout and calibration; None where
+    every resume runs through every layer (nothing to correct)."""
+    if not DepthCorrection.needed(replay):
+        return None
+    return DepthCorrection(StepOps(model, hw, layout, calibration), replay)

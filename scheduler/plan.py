@@ -17,6 +17,10 @@ class ScheduledChunk:
     num_new_tokens: int      # tokens computed in this step
     context_len: int         # tokens already in KV before this chunk (prefix hits included)
     is_last_chunk: bool      # the chunk completes the prompt: the step samples a token
+    # of num_new_tokens, the leading ones recomputed over KV the request already holds, because the prompt resumed
+    # at context_len + replayed and the sliding-window replay policy (costmodels/replay.py) did not keep its window
+    # state; layer j re-runs ResolvedReplay.extra_tokens(context_len + replayed)[j] of them (replayed = that at layer 0)
+    replayed: int = 0
 
 
 class StepPlan:

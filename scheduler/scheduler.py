@@ -315,7 +315,7 @@ class Scheduler:
                 self._preempt(victim, preempted)
                 if victim is req:
                     return budget
-            chunks.append(ScheduledChunk(req, replayed + new, done - replayed, done + new == req.num_tokens))
+            chunks.append(ScheduledChunk(req, replayed + new, done - replayed, done + new == req.num_tokens, replayed))
             budget -= replayed + new
             if self.dp is not None:
                 self.dp.spend(req, new)
@@ -401,7 +401,7 @@ class Scheduler:
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
             self.prefilling.append(req)
-            chunks.append(ScheduledChunk(req, chunk, hit_tokens, hit_tokens + chunk == num_tokens))
+            chunks.append(ScheduledChunk(req, chunk, hit_tokens, hit_tokens + chunk == num_tokens, replayed))
             budget -= chunk
             if dp is not None:
                 dp.admit(req, rank, new)

@@ -45,8 +45,12 @@ class SimBackend:
         async_overlap: bool = True,
         kv_load_s_per_block: tuple[float, float] = (0.0, 0.0),
         host_coeffs: tuple[float, float, float] = (0.0, 0.0, 0.0),
+        replay_correction: Callable[[list], float] | None = None,
     ):
         self.cost = cost_model if isinstance(cost_model, MemoStepCost) else MemoStepCost(cost_model)
+        # seconds a plan's resumed chunks are overcharged when their replayed tokens are needed only in the
+        # lower layers (costmodels.replay.DepthCorrection); None: every replay runs through every layer
+        self.replay_correction = replay_correction
         # seconds to load one KV block back from the host-memory / storage prefix-cache tier
         self.kv_load_s_per_block = kv_load_s_per_block
         # the key of the counter-based acceptance stream (sim/streams.py), seeded from ``rng``
@@ -134,6 +138,8 @@ class SimBackend:
             t = float(by_sum(len(plan.decodes), cs, plan.draft_len, pn, pc))
         else:
             t = self.cost.chunked_step_time(plan.decode_context_lens, plan.draft_len, pn, pc)
+        if self.replay_correction is not None:
+            t -= self.replay_correction(chunks)
         if plan.loaded_blocks[0] or plan.loaded_blocks[1]:
             # prefix blocks loaded back from host memory / storage, layer by layer under the step's
             # compute (SGLang HiCache's layer-wise overlap): the step takes the longer of the two

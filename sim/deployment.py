@@ -18,6 +18,7 @@ import simpy
 
 from costmodels.catalog import get_model
 from costmodels.calibration_source import profile_for
+from costmodels.replay import depth_correction
 from costmodels.effective import fit_with_policies
 from costmodels.hardware import get_hardware
 from costmodels.layout import ParallelLayout
@@ -99,11 +100,14 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
     notes = list(getattr(cost, "notes", [])) + attention_dp_notes(sc)
 
     if disagg is None:
+        replay = sc.replay_for(model)   # the sliding-window replay policy in force
+        fix = depth_correction(model, hw, scenario.layout, profile_for(hw, scenario.calibration), replay)
+
         def make_backend(i: int) -> SimBackend:
             return SimBackend(ranked_cost(cost, schedulers[i]), np.random.default_rng([backend_seed, i]), rates, sc.async_overlap,
-                              load_s, host_coeffs(sc))
+                              load_s, host_coeffs(sc), replay_correction=fix)
 
-        schedulers = [Scheduler(sc, num_blocks, i, name_all_blocks=False, replay=sc.replay_for(model)) for i in range(scenario.instances)]
+        schedulers = [Scheduler(sc, num_blocks, i, name_all_blocks=False, replay=replay) for i in range(scenario.instances)]
         cluster = Cluster(env, schedulers, make_backend, make_router(scenario.router), source.watch(collector),
                           source.initial, max_steps=scenario.max_decode_steps)
         source.start(cluster.submit)
@@ -195,12 +199,14 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
             return
         inst.wake()
 
-    p_scheds = [Scheduler(psc, p_blocks, i, name_all_blocks=False, replay=psc.replay_for(model)) for i in range(n_p)]
+    p_replay = psc.replay_for(model)
+    p_fix = depth_correction(model, hw, spec.prefill_layout, profile_for(hw, scenario.calibration), p_replay)
+    p_scheds = [Scheduler(psc, p_blocks, i, name_all_blocks=False, replay=p_replay) for i in range(n_p)]
     p_rates = psc.effective_acceptance_rates()
 
     def make_pbackend(i: int) -> SimBackend:
         return SimBackend(pcost, np.random.default_rng([backend_seed, 0x5046, i]), p_rates, psc.async_overlap, p_load_s,
-                          host_coeffs(psc))
+                          host_coeffs(psc), replay_correction=p_fix)
 
     router = make_router(spec.prefill_router)
 

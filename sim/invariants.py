@@ -121,7 +121,9 @@ class CheckingCollector(MetricsCollector):
                 continue
             self.prefill_computed += c.num_new_tokens
             key = id(req)
-            self._prefilled[key] = self._prefilled.get(key, 0) + c.num_new_tokens
+            # a resumed chunk's replayed tokens recompute KV already counted (the sliding-window replay policy);
+            # a prefix hit's (the first chunk's) come out of the request's cached tokens instead
+            self._prefilled[key] = self._prefilled.get(key, 0) + c.num_new_tokens - (c.replayed if key in self._prefilled else 0)
             if c.is_last_chunk:
                 self.tokens_produced += 1
                 if c.context_len + c.num_new_tokens != req.num_tokens:

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from costmodels.catalog import get_model
 from costmodels.hardware import get_hardware
 from costmodels.calibration_source import profile_for
+from costmodels.replay import depth_correction
 from costmodels.effective import EffectiveStepCost, fit_with_policies
 from costmodels.host import wall_time
 from costmodels.memory import MemoryFit
@@ -85,13 +86,16 @@ def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[R
     source = arrival_source(env, scenario.workload, np.random.default_rng(workload_seed), sc.block_size, requests)
     rates = sc.effective_acceptance_rates()
 
+    model, hw = get_model(scenario.model), get_hardware(scenario.hardware)
+    replay = sc.replay_for(model)   # the sliding-window replay policy in force
+    fix = depth_correction(model, hw, scenario.layout, profile_for(hw, scenario.calibration), replay)
+
     def make_backend(i: int) -> SimBackend:
         return SimBackend(cost, np.random.default_rng([backend_seed, i]), rates, sc.async_overlap,
-                          host_coeffs=host_coeffs(sc))
+                          host_coeffs=host_coeffs(sc), replay_correction=fix)
 
     debug = invariants.enabled(debug)
     collector = (invariants.CheckingCollector if debug else MetricsCollector)(record_steps=record_steps)
-    replay = sc.replay_for(get_model(scenario.model))   # the sliding-window replay policy in force
     schedulers = [Scheduler(sc, num_blocks, i, name_all_blocks=False, replay=replay) for i in range(scenario.instances)]
     cluster = Cluster(env, schedulers, make_backend, make_router(scenario.router), source.watch(collector), source.initial,
                       max_steps=scenario.max_decode_steps)

@@ -188,25 +188,27 @@ def test_prefix_hit_token_counts(policy, context, new):
     (chunk,) = plan.prefills
     assert (chunk.context_len, chunk.num_new_tokens) == (context, new)
     assert chunk.context_len + chunk.num_new_tokens == 1224 and chunk.is_last_chunk
+    assert chunk.replayed == 1024 - context          # the tokens of the hit recomputed, at the chunk's head
     assert sched.prefix_hit_tokens == context
 
 
-@pytest.mark.parametrize("policy, chunks", [
-    ({}, [(0, 1024), (1024, 1024), (2048, 952)]),
-    ({"default": "replay:64"}, [(0, 1024), (960, 1088), (1984, 1016)]),
-    ({"default": "recompute"}, [(0, 1024), (0, 2048), (0, 3000)]),
+@pytest.mark.parametrize("policy, chunks, replays", [
+    ({}, [(0, 1024), (1024, 1024), (2048, 952)], [0, 0, 0]),
+    ({"default": "replay:64"}, [(0, 1024), (960, 1088), (1984, 1016)], [0, 64, 64]),
+    ({"default": "recompute"}, [(0, 1024), (0, 2048), (0, 3000)], [0, 1024, 2048]),
 ])
-def test_chunked_prompt_resumes_per_policy(policy, chunks):
+def test_chunked_prompt_resumes_per_policy(policy, chunks, replays):
     cfg = SchedulerConfig(block_size=64, max_num_seqs=4, max_num_batched_tokens=1024, replay=policy)
     sched = Scheduler(cfg, 200, replay=cfg.replay_for(V4))
     sched.add_request(Request("p", 0.0, 3000, 2))
-    seen, now = [], 0.0
+    seen, replayed, now = [], [], 0.0
     while len(seen) < 3:
         plan = sched.schedule(now)
         seen += [(c.context_len, c.num_new_tokens) for c in plan.prefills]
+        replayed += [c.replayed for c in plan.prefills]
         _finish(sched, plan, now)
         now += 1
-    assert seen == chunks
+    assert seen == chunks and replayed == replays
     assert sched.prefilling == [] and sched.batch.n == 1   # the prompt completed: its first token sampled
 
 
@@ -225,3 +227,44 @@ def test_v3_scheduling_ignores_any_policy():
             plan = sched.schedule(float(t + 1))
         out.append(seen)
     assert out[0] == out[1] == [(0, 1024), (1024, 1024), (2048, 952)]
+
+
+# ------------------------------------------------------------------ the simulator: layers above the deepest requirement
+def test_depth_correction_prices_a_folded_chunk_at_its_layers(cost):
+    from costmodels.replay import DepthCorrection
+    from scheduler.plan import ScheduledChunk
+
+    assert not DepthCorrection.needed(resolved()) and not DepthCorrection.needed(resolved(default="replay:64"))
+    assert not DepthCorrection.needed(resolved(layers={42: "recompute"}))       # the top layer: every layer re-runs
+    assert DepthCorrection.needed(resolved(layers={5: "recompute"}))
+    assert DepthCorrection.needed(resolved(kinds={"sliding": "replay"}))        # layers 0-1 only
+    r = resolved(layers={5: "recompute"})
+    fix = DepthCorrection(cost, r)
+    n, c = 4096, 12288
+    folded = ScheduledChunk(None, n + c, 0, False, c)                            # how the scheduler states it
+    whole = cost.step(BatchShape.from_lists([n + c], [0], [False])).time_s        # how the step model prices that
+    assert whole - fix([folded]) == pytest.approx(chunk_cost(cost, r, n, c).seconds, rel=1e-12)
+    assert fix([ScheduledChunk(None, n, c, False)]) == 0.0                       # nothing replayed: nothing to correct
+
+
+def test_simulated_prefill_per_policy():
+    from sim.runner import simulate
+    from sim.scenario import Scenario
+
+    out = {}
+    for name, policy in (("persist", {}), ("low", {"layers": {1: "recompute"}}), ("top", {"layers": {42: "recompute"}}),
+                         ("replay", {"layers": {42: "replay:128"}})):
+        sc = Scenario.model_validate({
+            "model": "deepseek-v4-flash", "hardware": "gb300", "layout": {"tp": 4, "ep": 4},
+            "scheduler": {"max_num_batched_tokens": 4096, "max_num_seqs": 16, "replay": policy},
+            "workload": {"kind": "poisson", "rate": 1000, "num_requests": 6, "input_len": {"kind": "fixed", "value": 12288},
+                         "output_len": {"kind": "fixed", "value": 4}}})
+        out[name] = simulate(sc, debug=True).result.metrics
+    # 6 prompts of 12K tokens in chunks of <= 4K (a chunk shares its step with other prompts' chunks and decodes):
+    # the invariants (debug=True) checked every prompt's new tokens; the extra ones are the policy's replays
+    extra = {k: out[k].computed_prefill_tokens - 6 * 12288 for k in out}
+    assert extra["persist"] == 0 and extra["low"] == extra["top"] >= 6 * (4096 + 8192) - 4096
+    assert extra["replay"] % 128 == 0 and 6 * 2 * 128 <= extra["replay"] < 6 * 6 * 128
+    busy = [out[k].busy_s for k in ("persist", "replay", "low", "top")]
+    assert busy == sorted(busy) and busy[3] > 1.5 * busy[1]
+    assert busy[2] < busy[0] + 0.2 * (busy[3] - busy[0])   # layers 0-1 re-running the context: a small part of the top's
