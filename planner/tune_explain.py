@@ -21,7 +21,8 @@ from costmodels.catalog import get_model
 from costmodels.hardware import get_hardware
 from costmodels.host import exposed_host
 from costmodels.step import StepCostModel
-from planner.tune_policies import THE_THREE, Policy, Run, SearchResult, TuneContext, scheduler_of
+from costmodels.replay import kept_window_bytes, prefill_seconds
+from planner.tune_policies import THE_THREE, Policy, Run, SearchResult, TuneContext, replay_policy, scheduler_of
 
 LABELS = {"ep_width": "EP width", "async_overlap": "async overlap", "replay": "replay (W, layers)"}
 
@@ -30,7 +31,7 @@ def value_text(policy: str, v) -> str:
     if policy == "async_overlap":
         return "on" if v else "off"
     if policy == "replay":
-        return "W=0 (keep window KV)" if not v[0] else f"W={v[0]} ({v[1]} sliding layers)"
+        return "W=0 keep" if not v[0] else f"W={v[0]} {v[1]}"
     if policy == "ep_width":
         return f"EP{v}"
     return str(v)
@@ -82,7 +83,7 @@ def decode_terms(ctx: TuneContext, p: Policy) -> dict[str, float]:
     n = p.batch_per_rank * lay.dp
     cm = StepCostModel(model, hw, lay, profile_for(hw, ctx.calibration) if ctx.calibration else None)
     step = cm.step(BatchShape.from_lists([1] * n, [int(ctx.stats.mean_context)] * n, [True] * n))
-    sc = scheduler_of(p, lay.dp, ctx.draft_len)
+    sc = scheduler_of(p, lay.dp, ctx.draft_len, ctx.shipped_replay)
     host = sc.host_overhead_s(n, n)
     b = step.breakdown
     return {"step": step.time_s, "moe": b.get("expert_gemm", 0.0), "comm": b.get("communication", 0.0),
@@ -109,27 +110,50 @@ def why_overlap(ctx: TuneContext, base: Policy, win: Policy) -> str:
             f"({value_text('async_overlap', win.async_overlap)})")
 
 
-def why_replay(without: Run, won: Run) -> str:
-    return (f"prompt tokens computed per request {without.prefill_tokens_per_request:,.0f} -> {won.prefill_tokens_per_request:,.0f} "
-            f"(replayed window tokens on prefix hits), prefix-cache hit rate {without.hit_rate:.0%} -> {won.hit_rate:.0%}")
+def why_replay(ctx: TuneContext, without: Run, won: Run) -> str:
+    """Replayed tokens as simulated (prompt tokens computed per request) and as priced for the mean prompt and its
+    cached prefix (``costmodels.replay.prefill_seconds`` under each policy), and the window KV kept per sequence."""
+    model, hw = get_model(ctx.model), get_hardware(ctx.hardware)
+    lay = ctx.options[won.policy.ep_width].layout
+    ops = StepCostModel(model, hw, lay, profile_for(hw, ctx.calibration) if ctx.calibration else None)
+    pol = [replay_policy(*r.policy.replay).resolve(model) for r in (without, won)]
+    st = ctx.stats
+    cached = int(max(0.0, st.mean_prompt - st.mean_new))
+    pre = [prefill_seconds(ops, r, int(st.mean_prompt), won.policy.chunk_tokens, cached) for r in pol]
+    kept = [kept_window_bytes(model, lay.kv_dtype, r) for r in pol]
+    return (f"prompt tokens computed per request (simulated) {without.prefill_tokens_per_request:,.0f} -> "
+            f"{won.prefill_tokens_per_request:,.0f}, prefix-cache hit rate {without.hit_rate:.0%} -> {won.hit_rate:.0%}; "
+            f"priced prefill of the mean prompt ({st.mean_prompt:,.0f} tokens, {cached:,} cached) {_ms(pre[0])} -> {_ms(pre[1])}; "
+            f"window KV kept per paused sequence {kept[0] / 1e6:.2f} -> {kept[1] / 1e6:.2f} MB")
+
+
+def _reference(res: SearchResult, pol: str) -> Run:
+    """What the winner's value of ``pol`` is measured against: the winner with ``pol`` at its baseline value, or, where
+    the winner keeps that value, the best other value simulated with everything else as the winner's."""
+    win = res.best.policy
+    without = res.attribution[pol]
+    if without.policy != win:
+        return without
+    others = [r for p, r in res.runs.items() if p != win and p == win.with_value(pol, p.value(pol))]
+    return max(others, key=lambda r: (r.feasible, r.thr_gpu)) if others else without
 
 
 def policy_gains(ctx: TuneContext, res: SearchResult) -> list[PolicyGain]:
-    """Each of the three policies: its baseline and winning value, the winner's gain over the winner with that policy
-    at its baseline value, and the term that moved."""
+    """Each of the three policies: its baseline and winning value, the winner's gain over its reference
+    (``_reference``) and the term that moved between the two."""
     base, win = res.baseline.policy, res.best.policy
     out = []
     for pol in THE_THREE:
-        without = res.attribution[pol]
-        g = gain(without.thr_gpu, res.best.thr_gpu) if without.policy != win else 0.0
-        ref = without.policy
+        ref_run = _reference(res, pol)
+        ref = ref_run.policy
+        g = gain(ref_run.thr_gpu, res.best.thr_gpu) if ref != win else 0.0
         if pol == "ep_width":
             why = why_ep(ctx, ref, win)
         elif pol == "async_overlap":
             why = why_overlap(ctx, ref, win)
         else:
-            why = why_replay(without, res.best)
-        out.append(PolicyGain(pol, base.value(pol), win.value(pol), without, g, why))
+            why = why_replay(ctx, ref_run, res.best)
+        out.append(PolicyGain(pol, base.value(pol), win.value(pol), ref_run, g, why))
     return out
 
 
@@ -139,11 +163,16 @@ def explanation(ctx: TuneContext, res: SearchResult) -> list[str]:
              f"offered) among {len(res.runs)} simulated policies; baseline {res.baseline.policy.describe()}: "
              f"{res.baseline.thr_gpu:,.0f} tokens/s ({gain(res.baseline.thr_gpu, res.best.thr_gpu):+.1%})"]
     for g in policy_gains(ctx, res):
-        if g.winner_value == g.baseline_value:
-            lines.append(f"{LABELS[g.policy]}: keeps the baseline's {value_text(g.policy, g.winner_value)}: {g.why}")
+        alt = g.without.policy.value(g.policy)
+        if g.winner_value != g.baseline_value:
+            head = f"{LABELS[g.policy]} {value_text(g.policy, g.baseline_value)} -> {value_text(g.policy, g.winner_value)}"
         else:
-            lines.append(f"{LABELS[g.policy]} {value_text(g.policy, g.baseline_value)} -> {value_text(g.policy, g.winner_value)}: "
-                         f"{g.gain:+.1%} ({g.without.thr_gpu:,.0f} -> {res.best.thr_gpu:,.0f} tokens/s/GPU): {g.why}")
+            head = f"{LABELS[g.policy]} keeps the baseline's {value_text(g.policy, g.winner_value)}"
+        if alt == g.winner_value:
+            lines.append(f"{head}: no other value simulated: {g.why}")
+        else:
+            lines.append(f"{head}: {g.gain:+.1%} over {value_text(g.policy, alt)} ({g.without.thr_gpu:,.0f} -> "
+                         f"{res.best.thr_gpu:,.0f} tokens/s/GPU{'' if g.without.feasible else ', which was infeasible: ' + g.without.why}): {g.why}")
     for w, reason in ctx.rejected.items():
         lines.append(f"EP{w} not tried: {reason}")
     return lines

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from costmodels.catalog import get_model
 from costmodels.hardware import get_hardware
 from costmodels.moe_load import ExpertLoadSpec
+from costmodels.replay import LayerReplay, ReplayPolicy, effective_replay_policy, window_layers
 from planner.request import SearchSpace
 from planner.simulate import AGENTIC_SLICE_SEATS, SLICE_SEATS, ranks_in_slice, scheduler_for, steady_workload
 from planner.space import LayoutOption, enumerate_layouts
@@ -35,8 +36,10 @@ from sim.effects import EffectsSpec
 from sim.router import RouterConfig
 from sim.scenario import Scenario
 from sim.workload import WorkloadSpec
+from twinfer.errors import TwinferError
 
-ReplayLayers = Literal["none", "all"]
+ReplayLayers = str   # "none" (W = 0: every window layer keeps its KV), "all" window layers, or one window kind
+WINDOW_KINDS = ("sliding", "csa", "hca")
 POLICIES = ("ep_width", "async_overlap", "replay", "batch_per_rank", "chunk_tokens")
 THE_THREE = ("ep_width", "async_overlap", "replay")   # the policies the product names (issue 23)
 MIN_FINISHED = 0.99       # a candidate that leaves more than 1% of its requests unfinished is infeasible
@@ -51,7 +54,9 @@ class TuneSpace(BaseModel):
     async_overlap: tuple[bool, ...] = Field((False, True), min_length=1)
     replay_tokens: tuple[int, ...] | None = Field(
         None, description="sliding-window replay lengths W in tokens (default: 0, half the window, the window; 0 only without sliding layers)")
-    replay_layers: tuple[ReplayLayers, ...] = Field(("all",), min_length=1, description="which sliding-window layers replay W tokens")
+    replay_layers: tuple[str, ...] | None = Field(
+        None, description="which window layers replay W: all, or one layer kind (sliding, csa, hca) each (default: all, "
+        "plus each window kind of a model that has several)")
     batch_per_rank: tuple[int, ...] = Field((32, 64, 128), min_length=1, description="max running requests per attention-DP rank")
     chunk_tokens: tuple[int, ...] = Field((2048, 8192), min_length=1, description="prefill tokens per rank per step")
 
@@ -61,6 +66,13 @@ class TuneSpace(BaseModel):
         if v is not None and (not v or any(x < 1 for x in v)):
             raise ValueError("give one or more entries, each >= 1")
         return None if v is None else tuple(sorted(set(v)))
+
+    @field_validator("replay_layers")
+    @classmethod
+    def _layers(cls, v):
+        if v is not None and (not v or any(x not in ("all",) + WINDOW_KINDS for x in v)):
+            raise ValueError(f"entries must be all or a window layer kind ({', '.join(WINDOW_KINDS)})")
+        return v
 
     @field_validator("replay_tokens")
     @classmethod
@@ -101,11 +113,35 @@ class Policy:
                 f"{rep}, batch {self.batch_per_rank}/rank, chunk {self.chunk_tokens}")
 
 
-def scheduler_of(p: Policy, ranks: int, draft_len: int = 0) -> SchedulerConfig:
-    """The scheduler of an instance (or slice) of ``ranks`` attention-DP ranks running policy ``p``."""
+def replay_policy(tokens: int, layers: str) -> ReplayPolicy:
+    """The per-layer window policy of one replay value: W = 0 keeps every window layer's KV (persist); "all" replays W
+    on every window layer; a kind name replays W on that kind's layers and keeps the others'."""
+    if not tokens or layers == "none":
+        return ReplayPolicy()
+    rule = LayerReplay(mode="replay", tokens=tokens)
+    return ReplayPolicy(default=rule, tokens=tokens) if layers == "all" else ReplayPolicy(kinds={layers: rule}, tokens=tokens)
+
+
+def scheduler_of(p: Policy, ranks: int, draft_len: int = 0, shipped: tuple[int, str] = (0, "none")) -> SchedulerConfig:
+    """The scheduler of an instance (or slice) of ``ranks`` attention-DP ranks running policy ``p``.
+
+    Replay on every window layer is written as ``swa_replay_tokens`` (the scheduler's whole-model knob, the same
+    policy as ``ReplayPolicy(default=replay W)``); per-kind replay as an explicit ``replay`` policy; persist (W = 0)
+    as nothing where it is the model's ``shipped`` policy, else as an explicit persist policy."""
     sc = scheduler_for(p.batch_per_rank, ranks, draft_len, p.async_overlap, p.chunk_tokens)
-    # which layers replay: "all" is what SchedulerConfig.swa_replay_tokens does (every sliding-window layer)
-    return sc.model_copy(update={"swa_replay_tokens": p.replay_tokens if p.replay_layers != "none" else 0})
+    if p.replay_tokens and p.replay_layers == "all":
+        return sc.model_copy(update={"swa_replay_tokens": p.replay_tokens})
+    if not p.replay_tokens and shipped == (0, "none"):
+        return sc
+    return sc.model_copy(update={"replay": replay_policy(p.replay_tokens, p.replay_layers)})
+
+
+def shipped_replay(model: str) -> tuple[int, str]:
+    """The model's shipped window policy as a replay value (V4.1: W = its window on every layer; others: keep)."""
+    pol = effective_replay_policy(get_model(model), None, 0)
+    if pol.default.mode == "replay" and not pol.kinds and not pol.layers:
+        return (pol.default.tokens or pol.tokens, "all")
+    return (0, "none")
 
 
 @dataclass
@@ -144,6 +180,10 @@ class TuneContext:
     calibration: str | None = None
     expert_load: ExpertLoadSpec = field(default_factory=ExpertLoadSpec)
     rate_per_gpu: float = 0.0                  # offered requests/s per GPU (set by ``set_rate``)
+
+    @property
+    def shipped_replay(self) -> tuple[int, str]:
+        return shipped_replay(self.model)
 
     @property
     def router(self) -> RouterConfig:
@@ -186,9 +226,18 @@ def ep_layouts(model: str, hardware: str, gpus: int, widths: tuple[int, ...] | N
 
 def values_of(ctx: TuneContext, space: TuneSpace) -> dict[str, list]:
     """Every policy's allowed values (EP widths: the ones that fit; replay: W x layers, W clipped to the window)."""
-    window = int(get_model(ctx.model).sliding_window or 0)
+    model = get_model(ctx.model)
+    window = int(model.sliding_window or 0)
     ws = space.replay_tokens if space.replay_tokens is not None else ((0, window // 2, window) if window else (0,))
-    replay = sorted({(0, "none")} | {(w, layers) for w in ws if w for layers in space.replay_layers if layers != "none"})
+    kinds = sorted({model.kinds()[i] for i in window_layers(model)})
+    groups = space.replay_layers if space.replay_layers is not None else (("all",) + tuple(kinds) if len(kinds) > 1 else ("all",))
+    for g in groups:
+        if g != "all" and g not in kinds:
+            raise TwinferError(f"--replay-layers {g}: {model.name} has no {g} layers with a sliding window "
+                               f"(window layer kinds: {', '.join(kinds) or 'none'})")
+    if any(ws) and not window:
+        raise TwinferError(f"--replay-tokens {','.join(map(str, ws))}: {model.name} has no sliding-window layers; give 0")
+    replay = sorted({(0, "none")} | {(w, g) for w in ws if w for g in groups})
     return {"ep_width": sorted(ctx.options), "async_overlap": sorted(set(space.async_overlap)), "replay": replay,
             "batch_per_rank": list(space.batch_per_rank), "chunk_tokens": list(space.chunk_tokens)}
 
@@ -201,7 +250,7 @@ def slice_scenario(ctx: TuneContext, p: Policy, rate_per_gpu: float) -> tuple[Sc
     ranks = ranks_in_slice(lay.dp, p.batch_per_rank, cap)
     mirror = lay.dp // ranks
     gpus = lay.gpus / mirror
-    sc = scheduler_of(p, ranks, ctx.draft_len)
+    sc = scheduler_of(p, ranks, ctx.draft_len, ctx.shipped_replay)
     n = int(min(ctx.sim_requests, max(300, 3 * sc.max_num_seqs)))
     wl, warmup = steady_workload(ctx.workload, max(rate_per_gpu * gpus, 1e-3), n)
     scen = Scenario(name="tune-slice", model=ctx.model, hardware=ctx.hardware, calibration=ctx.calibration, layout=lay,
@@ -297,6 +346,36 @@ def search(ctx: TuneContext, base: Policy, values: dict[str, list], *, max_round
             break
     attribution = {pol: run(best.policy.with_value(pol, base.value(pol))) for pol in THE_THREE}
     return SearchResult(baseline, best, runs, rounds, values, attribution)
+
+
+def _pick(values: list, given, default, flag: str):
+    """One policy's baseline value: ``given`` (must be among ``values``), else ``default`` if allowed, else the first."""
+    if given is not None:
+        if given not in values:
+            raise TwinferError(f"{flag} {given}: not among the values searched ({', '.join(map(str, values))})")
+        return given
+    return default if default in values else values[0]
+
+
+def baseline_policy(ctx: TuneContext, values: dict[str, list], *, ep_width: int | None = None, async_overlap: bool | None = None,
+                    replay_tokens: int | None = None, batch_per_rank: int | None = None, chunk_tokens: int | None = None) -> Policy:
+    """The policy gains are measured against: the values given, else the narrowest EP width that fits, async overlap
+    off, the model's shipped window policy, 64 requests per rank, 8192-token chunks."""
+    if replay_tokens is None:
+        replay = ctx.shipped_replay
+    elif replay_tokens == 0:
+        replay = (0, "none")
+    else:
+        options = [v for v in values["replay"] if v[0] == replay_tokens]
+        if not options:
+            raise TwinferError(f"--base-replay-tokens {replay_tokens}: not among the replay lengths searched "
+                               f"({', '.join(sorted({str(v[0]) for v in values['replay']}))})")
+        replay = (replay_tokens, "all") if (replay_tokens, "all") in options else options[0]
+    return Policy(ep_width=_pick(values["ep_width"], ep_width, values["ep_width"][0], "--base-ep-width"),
+                  async_overlap=_pick(values["async_overlap"], async_overlap, False, "--base-async"),
+                  replay_tokens=replay[0], replay_layers=replay[1],
+                  batch_per_rank=_pick(values["batch_per_rank"], batch_per_rank, 64, "--base-batch-per-rank"),
+                  chunk_tokens=_pick(values["chunk_tokens"], chunk_tokens, 8192, "--base-chunk-tokens"))
 
 
 def simulations_bound(values: dict[str, list], max_rounds: int) -> int:

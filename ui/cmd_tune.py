@@ -47,12 +47,14 @@ def tune(
     async_values: str = typer.Option("off,on", "--async", help="async overlap values to try: off, on or off,on"),
     replay_tokens: Optional[str] = typer.Option(None, "--replay-tokens", help="replay lengths W to try, e.g. 0,64,128 [0, half "
                                                 "the sliding window, the window]"),
-    replay_layers: str = typer.Option("all", "--replay-layers", help="which sliding-window layers replay W: all"),
+    replay_layers: Optional[str] = typer.Option(None, "--replay-layers", help="which window layers replay W: all and/or layer "
+                                                "kinds (sliding, csa, hca), e.g. all,csa [all, plus each window kind]"),
     batch_per_rank: str = typer.Option("32,64,128", "--batch-per-rank", help="max batch per attention-DP rank values to try"),
     chunk_tokens: str = typer.Option("2048,8192", "--chunk-tokens", help="prefill chunk per rank values to try"),
     base_ep_width: Optional[int] = typer.Option(None, "--base-ep-width", help="baseline EP width [the narrowest that fits]"),
     base_async: Optional[bool] = typer.Option(None, "--base-async/--base-no-async", help="baseline async overlap [off]"),
-    base_replay_tokens: int = typer.Option(0, "--base-replay-tokens", min=0, help="baseline replay length [0: window KV kept]"),
+    base_replay_tokens: Optional[int] = typer.Option(None, "--base-replay-tokens", min=0, help="baseline replay length W on "
+                                                     "every window layer, 0: window KV kept [the model's shipped policy]"),
     base_batch_per_rank: Optional[int] = typer.Option(None, "--base-batch-per-rank", help="baseline max batch per rank [64]"),
     base_chunk_tokens: Optional[int] = typer.Option(None, "--base-chunk-tokens", help="baseline prefill chunk per rank [8192]"),
     rate_per_gpu: Optional[float] = typer.Option(None, "--rate-per-gpu", min=0.0, help="offered requests/s per GPU [--load x the "
@@ -92,7 +94,7 @@ def tune(
         space = {"ep_widths": int_list(ep_widths, "--ep-widths", 1) if ep_widths else None,
                  "async_overlap": bool_list(async_values, "--async"),
                  "replay_tokens": int_list(replay_tokens, "--replay-tokens", 0) if replay_tokens else None,
-                 "replay_layers": layers_list(replay_layers, "--replay-layers"),
+                 "replay_layers": layers_list(replay_layers, "--replay-layers") if replay_layers else None,
                  "batch_per_rank": int_list(batch_per_rank, "--batch-per-rank", 1),
                  "chunk_tokens": int_list(chunk_tokens, "--chunk-tokens", 1)}
         base = {"ep_width": base_ep_width, "async_overlap": base_async, "replay_tokens": base_replay_tokens,

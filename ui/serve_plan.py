@@ -20,13 +20,16 @@ def serving_options(plan_path: str, device: str) -> tuple[int, dict]:
     width 1 and that scheduler config. A ``twinfer plan`` file (``pools``) whose serving pool has EP
     width > 1: the rank engines' options (``executor.ep_launch.start_ep_front``): the pool's scheduler
     (MTP drafting off: not yet run across ranks, said on stderr when the plan had it), two-micro-batch,
-    and the expert placements the plan implies. Aggregated plans only.
+    and the expert placements the plan implies; a one-GPU pool (EP width 1): width 1 and the pool's scheduler.
+    Aggregated plans only.
     """
     doc = read_mapping(plan_path)
     if "pools" in doc:
         world, kw = _ep_options(plan_path, device)
         if world > 1:
             return world, kw
+        if kw:  # EP width 1: one engine with the serving pool's scheduler (twinfer tune --gpus plans)
+            return 1, kw
     sched = doc.get("scheduler")
     if isinstance(sched, dict):
         return 1, {"scheduler_config": validate(SchedulerConfig, sched, f"{plan_path}: scheduler")}
@@ -45,7 +48,7 @@ def _ep_options(plan_path: str, device: str) -> tuple[int, dict]:
         raise TwinferError("twinfer serve runs aggregated plans; this plan is disaggregated")
     pool = plan.pool("mixed")
     if pool.layout.ep <= 1:
-        return 1, {}
+        return 1, {"scheduler_config": pool.scheduler} if pool.layout.gpus == 1 else {}
     world = check_ep_layout(pool.layout, device)
     spec = resolve_spec(plan.model)
     sched = pool.scheduler

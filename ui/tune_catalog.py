@@ -34,18 +34,9 @@ def bool_list(text: str, flag: str) -> tuple[bool, ...]:
 
 def layers_list(text: str, flag: str) -> tuple[str, ...]:
     vals = tuple(x.strip() for x in text.split(",") if x.strip())
-    if not vals or any(v not in ("all",) for v in vals):
-        raise TwinferError(f"{flag} {text!r}: allowed: all (every sliding-window layer replays W)")
+    if not vals or any(v not in ("all", "sliding", "csa", "hca") for v in vals):
+        raise TwinferError(f"{flag} {text!r}: allowed: all (every window layer replays W) or a window layer kind: sliding, csa, hca")
     return vals
-
-
-def pick(values: list, given, default, flag: str):
-    """The baseline's value of one policy: ``given`` (must be allowed), else ``default`` if allowed, else the first."""
-    if given is not None:
-        if given not in values:
-            raise TwinferError(f"{flag} {given}: not among the values searched ({', '.join(map(str, values))})")
-        return given
-    return default if default in values else values[0]
 
 
 def run_catalog_tune(*, model: str, hardware: str, gpus: int, workload: str, load: float, rate_per_gpu: Optional[float],
@@ -56,8 +47,8 @@ def run_catalog_tune(*, model: str, hardware: str, gpus: int, workload: str, loa
 
     from planner.tune_explain import explanation
     from planner.tune_plan import confirm, tuned_plan
-    from planner.tune_policies import (Policy, TuneSpace, capacity_per_gpu, make_context, search, simulations_bound,
-                                       values_of)
+    from planner.tune_policies import (TuneSpace, baseline_policy, capacity_per_gpu, make_context, search,
+                                       simulations_bound, values_of)
     from scheduler.metrics import SLO
     from twinfer.config import validate
     from ui.cmd_run import _load_workload
@@ -73,17 +64,7 @@ def run_catalog_tune(*, model: str, hardware: str, gpus: int, workload: str, loa
     if not ctx.options:
         raise TwinferError(f"--ep-widths: no EP width fits {model} on {gpus} x {hardware} (reasons above)")
     vals = values_of(ctx, space)
-    base = Policy(ep_width=pick(vals["ep_width"], base_args["ep_width"], vals["ep_width"][0], "--base-ep-width"),
-                  async_overlap=pick(vals["async_overlap"], base_args["async_overlap"], False, "--base-async"),
-                  replay_tokens=0, replay_layers="none",
-                  batch_per_rank=pick(vals["batch_per_rank"], base_args["batch_per_rank"], 64, "--base-batch-per-rank"),
-                  chunk_tokens=pick(vals["chunk_tokens"], base_args["chunk_tokens"], 8192, "--base-chunk-tokens"))
-    if base_args["replay_tokens"]:
-        rep = [v for v in vals["replay"] if v[0] == base_args["replay_tokens"]]
-        if not rep:
-            raise TwinferError(f"--base-replay-tokens {base_args['replay_tokens']}: not among the replay lengths searched "
-                               f"({', '.join(str(v[0]) for v in vals['replay'])})")
-        base = base.with_value("replay", rep[0])
+    base = baseline_policy(ctx, vals, **base_args)
     if rate_per_gpu is None:
         cap = capacity_per_gpu(ctx, base)
         ctx.rate_per_gpu = load * cap

@@ -1,0 +1,125 @@
+"""``twinfer tune --gpus N``: EP width, async overlap and sliding-window replay searched together (issue 23)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.tune_explain import explanation, policy_gains
+from planner.tune_plan import confirm, tuned_plan
+from planner.tune_policies import (THE_THREE, Policy, TuneSpace, baseline_policy, make_context, replay_policy, scheduler_of,
+                                   search, simulations_bound, values_of)
+from sim.workload import preset
+from twinfer.errors import TwinferError
+
+
+def _ctx(model="tiny", hardware="h200", gpus=4, space=None, **kw):
+    wl = preset("chat", num_requests=300)
+    return make_context(model, hardware, gpus, wl, space or TuneSpace(), sim_requests=300, **kw)
+
+
+def test_grid_holds_the_three_policies_on_a_window_model():
+    ctx = _ctx("deepseek-v4-flash", "gb300", 8)
+    vals = values_of(ctx, TuneSpace())
+    assert vals["ep_width"] == [1, 2, 4, 8]        # everything fits on GB300 (288 GB)
+    assert vals["async_overlap"] == [False, True]
+    # V4-Flash: a 128-token window on its csa and hca layers: W = 64 and 128, on all of them or one kind
+    assert (0, "none") in vals["replay"]
+    assert {(64, "all"), (128, "all"), (64, "csa"), (128, "hca")} <= set(vals["replay"])
+    assert set(THE_THREE) <= set(vals)
+
+
+def test_replay_values_become_scheduler_policies():
+    p = Policy(2, True, 64, "all", 32, 2048)
+    sc = scheduler_of(p, 2)
+    assert sc.swa_replay_tokens == 64 and sc.replay is None and sc.async_overlap and sc.max_num_seqs == 64
+    per_kind = scheduler_of(p.with_value("replay", (64, "csa")), 2)
+    assert per_kind.swa_replay_tokens == 0 and per_kind.replay == replay_policy(64, "csa")
+    assert per_kind.replay.kinds["csa"].tokens == 64 and per_kind.replay.default.mode == "persist"
+    # persist where the model ships persist: nothing set (scenario dumps unchanged); elsewhere an explicit persist
+    assert scheduler_of(p.with_value("replay", (0, "none")), 2).replay is None
+    assert scheduler_of(p.with_value("replay", (0, "none")), 2, shipped=(128, "all")).replay.default.mode == "persist"
+
+
+def test_memory_fit_rejects_widths_and_they_are_reported_not_tried():
+    ctx = _ctx("deepseek-v4-flash", "h100", 4, TuneSpace(ep_widths=(1, 2, 4, 8)))
+    assert sorted(ctx.options) == [4]
+    assert "does not fit" in ctx.rejected[1] and "short by" in ctx.rejected[1]
+    assert "does not fit" in ctx.rejected[2] and ctx.rejected[8] == "needs 8 GPUs, the budget is 4"
+    vals = values_of(ctx, TuneSpace(ep_widths=(1, 2, 4, 8)))
+    assert vals["ep_width"] == [4]
+    with pytest.raises(TwinferError, match="--base-ep-width 2: not among"):
+        baseline_policy(ctx, vals, ep_width=2)
+
+
+def test_search_tries_each_policy_and_explains_the_winner():
+    space = TuneSpace(ep_widths=(1, 2, 8), batch_per_rank=(16, 64), chunk_tokens=(2048,))
+    ctx = _ctx(space=space)
+    assert ctx.rejected == {8: "needs 8 GPUs, the budget is 4"}
+    vals = values_of(ctx, space)
+    base = baseline_policy(ctx, vals)
+    assert (base.ep_width, base.async_overlap, base.replay, base.batch_per_rank) == (1, False, (0, "none"), 64)
+    ctx.rate_per_gpu = 40.0
+    res = search(ctx, base, vals, max_rounds=2)
+    assert len(res.runs) <= simulations_bound(vals, 2)
+    tried = {p.ep_width for p in res.runs}, {p.async_overlap for p in res.runs}
+    assert tried == ({1, 2}, {False, True})               # width 8 never simulated
+    assert res.best.feasible and res.best.thr_gpu >= res.baseline.thr_gpu
+    assert res.best.policy.async_overlap                   # host work hides under the device step
+    gains = {g.policy: g for g in policy_gains(ctx, res)}
+    assert gains["async_overlap"].gain > 0 and gains["async_overlap"].without.policy.async_overlap is False
+    lines = explanation(ctx, res)
+    assert any(line.startswith("async overlap off -> on") and "exposed host time" in line for line in lines)
+    assert any(line.startswith("EP width") and "MoE expert GEMMs" in line for line in lines)
+    assert "EP8 not tried: needs 8 GPUs, the budget is 4" in lines
+
+
+def test_plan_loads_in_serve_and_simulate_repeats_its_digest(tmp_path):
+    pytest.importorskip("torch")
+    from ui.cli import app
+    from ui.serve_plan import serving_options
+
+    space = TuneSpace(ep_widths=(1, 2), async_overlap=(True,), batch_per_rank=(16,), chunk_tokens=(2048,))
+    ctx = _ctx(space=space, gpus=2)
+    ctx.rate_per_gpu = 20.0
+    for width in (1, 2):
+        p = Policy(width, True, 0, "none", 16, 2048)
+        plan = confirm(tuned_plan(ctx, p, ["test"], max_requests=400))
+        path = tmp_path / f"ep{width}.yaml"
+        plan.save(path)
+        world, opts = serving_options(str(path), "cpu")
+        assert world == width and opts["scheduler_config"].max_num_seqs == 16 * width
+        assert opts["scheduler_config"].async_overlap is True
+        res = CliRunner().invoke(app, ["simulate", "--plan", str(path), "--json"])
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.output)
+        assert out["digest"] == plan.predicted.sim_digest
+        assert out["metrics"]["steady"]["output_throughput_per_gpu"] == pytest.approx(plan.predicted.output_tokens_per_s_per_gpu)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--ep-widths", "1,x"], "--ep-widths '1,x': expected comma-separated integers"),
+    (["--ep-widths", "0,2"], "--ep-widths '0,2': expected comma-separated integers >= 1"),
+    (["--async", "maybe"], "--async 'maybe': expected off, on or off,on"),
+    (["--replay-layers", "mlp"], "--replay-layers 'mlp': allowed: all"),
+    (["--replay-tokens", "64"], "--replay-tokens 64: tiny has no sliding-window layers"),
+    (["--base-ep-width", "3"], "--base-ep-width 3: not among the values searched"),
+    (["--ep-widths", "8"], "--ep-widths: no EP width fits"),
+    ([], None),
+])
+def test_bad_values_name_the_flag_and_exit_2(args, words):
+    from ui.cli import main
+    import subprocess
+    import sys
+
+    if words is None:   # no --gpus and no --profile: told what to give
+        cmd = [sys.executable, "-m", "ui.cli", "tune"]
+        words = "give --gpus N"
+    else:
+        cmd = [sys.executable, "-m", "ui.cli", "tune", "-m", "tiny", "--hw", "h200", "-g", "2", *args]
+    assert main  # the console entry point prints one line and exits 2 on a TwinferError
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert words in r.stderr + r.stdout and "Traceback" not in r.stderr
