@@ -268,3 +268,15 @@ def test_simulated_prefill_per_policy():
     busy = [out[k].busy_s for k in ("persist", "replay", "low", "top")]
     assert busy == sorted(busy) and busy[3] > 1.5 * busy[1]
     assert busy[2] < busy[0] + 0.2 * (busy[3] - busy[0])   # layers 0-1 re-running the context: a small part of the top's
+
+
+def test_simulate_replay_flag():
+    from ui.cmd_simulate import effective_scenario
+    from ui.cmd_replay import policy_mapping
+
+    sc = effective_scenario(None, model="deepseek-v4-flash", replay=policy_mapping("{layers: {42: recompute}}", "--replay"))
+    assert sc.scheduler.replay == ReplayPolicy(layers={42: "recompute"})
+    assert effective_scenario(None, replay=policy_mapping("replay:64", "--replay")).scheduler.replay.default.tokens == 64
+    res = subprocess.run([sys.executable, "-m", "ui.cli", "simulate", "-n", "5", "--replay", "{layers: {5: recompute}}"],
+                         capture_output=True, text=True)   # the default model (DeepSeek-V3) has no sliding window
+    assert res.returncode == 2 and "replay.layers: layer 5" in res.stderr and "Traceback" not in res.stderr, res.stderr

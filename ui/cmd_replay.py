@@ -16,10 +16,9 @@ from twinfer.errors import TwinferError
 DEFAULT_NEW = "1024,2048,4096,8192,16384,32768,65536,131072"
 
 
-def _policy(text: str | None, option: str):
-    """A ReplayPolicy from inline YAML/JSON (``{layers: {42: recompute}}``) or a bare rule (``replay:64``: every window layer)."""
-    from costmodels.replay import ReplayPolicy
-
+def policy_mapping(text: str | None, option: str) -> dict | None:
+    """The mapping of a replay policy given inline as YAML/JSON (``{layers: {42: recompute}}``) or as a bare rule
+    for every window layer (``persist``, ``recompute``, ``replay:64``); None when not given."""
     if text is None:
         return None
     try:
@@ -28,7 +27,18 @@ def _policy(text: str | None, option: str):
         raise TwinferError(f"{option} {text!r}: not YAML ({str(err).splitlines()[0]})") from None
     if isinstance(data, str):
         data = {"default": data}
-    return validate(ReplayPolicy, data, option)
+    if not isinstance(data, dict):
+        raise TwinferError(f"{option} {text!r}: expected a mapping such as '{{layers: {{42: recompute}}}}' or a rule "
+                           "persist | recompute | replay:W")
+    return data
+
+
+def _policy(text: str | None, option: str):
+    """A ReplayPolicy from ``policy_mapping``'s forms."""
+    from costmodels.replay import ReplayPolicy
+
+    data = policy_mapping(text, option)
+    return None if data is None else validate(ReplayPolicy, data, option)
 
 
 def _ints(text: str, option: str) -> list[int]:

@@ -17,6 +17,7 @@ from rich.table import Table
 from planner.slo import SLOSpec, parse_slo, slo_in_mapping
 from twinfer.config import read_mapping, validate
 from twinfer.errors import TwinferError
+from ui.cmd_replay import policy_mapping
 from ui.progress import done_requests, partial_metrics, watch
 
 
@@ -71,7 +72,7 @@ def effective_scenario(scenario: str | None = None, **overrides):
         "rate": "workload.rate", "requests": "workload.max_requests" if trace else "workload.num_requests",
         "duration": "workload.duration_s",
         "max_num_seqs": "scheduler.max_num_seqs", "max_batched_tokens": "scheduler.max_num_batched_tokens",
-        "async_overlap": "scheduler.async_overlap", "draft_len": "scheduler.draft_len",
+        "async_overlap": "scheduler.async_overlap", "draft_len": "scheduler.draft_len", "replay": "scheduler.replay",
         "router": "router", "seed": "seed", "calibration": "calibration",
     }
     for key, value in o.items():
@@ -313,6 +314,8 @@ def register(app: typer.Typer) -> None:
         max_batched_tokens: Optional[int] = typer.Option(None, "--max-batched-tokens", help="token budget per step [the scenario's]"),
         async_overlap: Optional[bool] = typer.Option(None, "--async-overlap/--no-async-overlap", help="hide host overhead under GPU time"),
         draft_len: Optional[int] = typer.Option(None, "--draft-len", help="MTP draft tokens per decode step [the scenario's]"),
+        replay: Optional[str] = typer.Option(None, "--replay", help="sliding-window replay policy (twinfer replay --help): "
+                                             "'{layers: {39: recompute}}' or persist | recompute | replay:W [the scenario's]"),
         router: Optional[str] = typer.Option(None, "--router", help="round_robin | least_outstanding | prefix_aware [the scenario's]"),
         seed: Optional[int] = typer.Option(None, "--seed", help="random seed [the scenario's]"),
         slo: Optional[str] = typer.Option(None, "--slo", help="latency targets for goodput and the 'meets the SLO' verdict, e.g. ttft_p90=2s,tpot_p90=50ms [the scenario's, at p90]"),
@@ -334,13 +337,14 @@ def register(app: typer.Typer) -> None:
             sc = scenario_from_plan(plan, scenario=scenario, requests=requests, rate=rate, seed=seed, others=dict(
                 model=model, hardware=hardware, instances=instances, tp=tp, dp=dp, ep=ep, dtype=dtype, duration=duration,
                 workload=workload, trace=trace, max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens,
-                async_overlap=async_overlap, draft_len=draft_len, router=router, calibration=calibration))
+                async_overlap=async_overlap, draft_len=draft_len, router=router, calibration=calibration, replay=replay))
         else:
             sc = effective_scenario(
                 scenario, model=model, hardware=hardware, instances=instances, tp=tp, dp=dp, ep=ep, dtype=dtype,
                 rate=rate, requests=requests, duration=duration, workload=workload, trace=trace, trace_format=trace_format,
                 max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens, async_overlap=async_overlap,
                 draft_len=draft_len, router=router, seed=seed, calibration=calibration,
+                replay=policy_mapping(replay, "--replay"),
             )
         if concurrency is not None or think_time_s is not None:
             sc = _as_closed(sc, concurrency, think_time_s, rate)
