@@ -276,14 +276,12 @@ def chunk_cost(ops: StepOps, replay: ResolvedReplay, new_tokens: int, context: i
 
 def chunk_cost_at(ops: StepOps, e: np.ndarray, n: int, c: int) -> ChunkCost:
     """``chunk_cost`` for given per-layer extra tokens ``e`` (non-increasing)."""
-    kinds = ops.model.kinds()
     v = np.zeros(7)
     for extra in sorted(set(e.tolist())):
-        layers = [j for j in range(ops.n_layers) if e[j] == extra]
-        _add_layers(ops, v, layers, kinds, n + extra, c - extra)
+        _add_layers(ops, v, [j for j in range(ops.n_layers) if e[j] == extra], n + extra, c - extra)
     _add_once(ops, v, n + int(e[0]) if e.size else n)
-    return ChunkCost(float(v[:6].sum()), {k: float(v[i]) for i, k in enumerate(CATEGORIES)}, n, c,
-                     tuple(int(n + x) for x in e))
+    t = float(ops.prefetched(float(v[:6].sum())))   # offloaded weights streamed in (identity without offload)
+    return ChunkCost(t, {k: float(v[i]) for i, k in enumerate(CATEGORIES)}, n, c, tuple(int(n + x) for x in e))
 
 
 class DepthCorrection:
@@ -328,9 +326,24 @@ class DepthCorrection:
         return total
 
 
-def _add_layers(ops: StepOps, v: np.ndarray, layers: list[int], kinds: list[str], tokens: int, ctx: int) -> None:
-    """Add the per-layer families of ``layers`` over a prefill of ``tokens`` queries on ``ctx`` cached tokens."""
+def _add_layers(ops: StepOps, v: np.ndarray, layers: list[int], tokens: int, ctx: int) -> None:
+    """Add the per-layer families of ``layers`` over a prefill chunk of ``tokens`` on ``ctx`` cached tokens, as the
+    step model prices them: a CED model's decoder layers (``StepOps.ced``) see only the chunk's tail
+    (``ced_tail_chunks``), every other layer the whole chunk; attention per layer group (``att_layer``)."""
     m = ops.model
+    dec = [j for j in layers if ops.ced and m.ced_decoder(j)]
+    enc = [j for j in layers if not (ops.ced and m.ced_decoder(j))]
+    if enc:
+        _add_part(ops, v, enc, tokens, ctx, "")
+    if dec:
+        tn, tc = ops.ced_tail_chunks(np.array([tokens]), np.array([ctx]), np.zeros(1, bool))
+        _add_part(ops, v, dec, int(tn[0]), int(tc[0]), "decoder_")
+
+
+def _add_part(ops: StepOps, v: np.ndarray, layers: list[int], tokens: int, ctx: int, tag: str) -> None:
+    """The families of ``layers`` (all seeing the same chunk) at ``tokens`` on ``ctx``: GEMM rows by their group's share
+    of these layers, routed experts, norms, collectives (combine-down overlap as the step applies it), attention."""
+    m, kinds = ops.model, ops.model.kinds()
     groups: dict[tuple[str, bool], int] = {}
     for j in layers:
         key = (kinds[j], m.is_moe_layer(j))
@@ -345,19 +358,19 @@ def _add_layers(ops: StepOps, v: np.ndarray, layers: list[int], kinds: list[str]
                           for r in ops._src_rows[src]])
         fam.time = fam.time * share[:, None]
         fam.add_to(v, None)
-    for fam in (ops.experts(x, n_moe, "routed_experts"), ops.elementwise(tok, len(layers), n_moe),
-                ops.collectives(tok, len(layers), n_moe, True)):
+    ex = ops.experts(x, n_moe, f"{tag}routed_experts")
+    co = ops.collectives(tok, len(layers), n_moe, True, tag)
+    ops.overlap_combine_down(ex, co, x)
+    for fam in (ex, co, ops.elementwise(tok, len(layers), n_moe)):
         fam.add_to(v, None)
-    by_kind: dict[str, int] = {}
+    per_group: dict[int, int] = {}
     for j in layers:
-        by_kind[kinds[j]] = by_kind.get(kinds[j], 0) + 1
-    new, cc, dec = np.array([tokens]), np.array([ctx]), np.zeros(1, bool)
-    for geo, _ in ops.att_kinds:
-        cnt = by_kind.get(geo.kind, 0)
-        if cnt:
-            r = ops._attn_one(geo, new, cc, dec, ops.share)
-            v[ATT] += cnt * r[2]
-            v[IDX] += cnt * r[5]
+        per_group[ops.att_layer[j]] = per_group.get(ops.att_layer[j], 0) + 1
+    new, cc, no_dec = np.array([tokens]), np.array([ctx]), np.zeros(1, bool)
+    for g, cnt in sorted(per_group.items()):
+        r = ops._attn_one(ops.att_groups[g][0], new, cc, no_dec, ops.share)
+        v[ATT] += cnt * r[2]
+        v[IDX] += cnt * r[5]
 
 
 def _add_once(ops: StepOps, v: np.ndarray, tokens0: int) -> None:

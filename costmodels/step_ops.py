@@ -280,11 +280,16 @@ class StepOps:
         top-k runs no scoring: its geometry has no index) or a CED split."""
         m = self.model
         if m.index_source_layers is None and not self.ced and m.index_candidate_source is None:
+            order = list(dict.fromkeys(m.kinds()))   # att_kinds' order: first appearance
+            self.att_layer = [order.index(k) for k in m.kinds()]  # each layer's group (costmodels.replay prices layer runs)
             return list(self.att_kinds), [False] * len(self.att_kinds)
         counts: dict[tuple[str, bool, bool, int | None], int] = {}
+        keys = []
         for i, kind in enumerate(m.kinds()):
             key = (kind, m.scores_index(i), m.ced_decoder(i), m.index_cap(i))
             counts[key] = counts.get(key, 0) + 1
+            keys.append(key)
+        self.att_layer = [list(counts).index(k) for k in keys]
         groups, dec = [], []
         for (kind, scores, is_dec, icap), c in counts.items():
             geo = geometry(m, kind)

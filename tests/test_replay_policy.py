@@ -81,14 +81,23 @@ def test_window_bytes_kept_per_sequence_by_hand():
 
 
 # ------------------------------------------------------------------ pricing through the step model (no second formula)
-def test_chunk_cost_is_the_step_model_when_every_layer_carries_the_same_tokens(cost):
-    for n, c in ((8192, 16384), (1000, 0), (300, 5000)):
-        ref = cost.step(BatchShape.from_lists([n], [c], [False])).time_s
-        assert chunk_cost(cost, resolved(), n, c).seconds == pytest.approx(ref, rel=1e-12)
+@pytest.mark.parametrize("name, layout", [
+    ("deepseek-v4-flash", {"tp": 1, "dp": 4, "ep": 4}),
+    ("deepseek-v4.1-flash", {"tp": 1, "dp": 4, "ep": 4}),                               # CED decoder layers: chunk tails
+    ("deepseek-v4.1-flash", {"tp": 4, "ep": 4, "comm_overlap": "combine_down"}),
+    ("deepseek-v3", {"tp": 8}),
+])
+def test_chunk_cost_is_the_step_model_when_every_layer_carries_the_same_tokens(name, layout):
+    m = get_model(name)
+    cm = StepCostModel(m, get_hardware("gb300"), ParallelLayout(weight_dtype=m.checkpoint_dtype, kv_dtype=m.default_kv_dtype,
+                                                                 expert_dtype=m.checkpoint_expert_dtype, **layout))
+    for n, c in ((8192, 16384), (1000, 0), (300, 5000), (100, 40)):
+        ref = cm.step(BatchShape.from_lists([n], [c], [False])).time_s
+        assert chunk_cost(cm, ReplayPolicy().resolve(m), n, c).seconds == pytest.approx(ref, rel=1e-12)
         # bounded replay of W on every layer = a prefill of n + W tokens over c - W
-        w = min(128, c)
-        ref = cost.step(BatchShape.from_lists([n + w], [c - w], [False])).time_s
-        assert chunk_cost(cost, resolved(default="replay:128"), n, c).seconds == pytest.approx(ref, rel=1e-12)
+        w = min(128, c) if m.sliding_window else 0
+        ref = cm.step(BatchShape.from_lists([n + w], [c - w], [False])).time_s
+        assert chunk_cost(cm, ReplayPolicy(default="replay:128").resolve(m), n, c).seconds == pytest.approx(ref, rel=1e-12)
 
 
 def test_step_time_monotonic_in_w_and_depth(cost):
