@@ -71,6 +71,8 @@ def unsupported_reason(model) -> str | None:
     """
     if any(getattr(m, "indexer", None) is not None for m in model.modules()):
         return "DSA indexer: host-side branch on max KV length and per-sequence sparse decode (not capturable)"
+    if any(hasattr(m, "window") for m in model.modules()):
+        return "sliding-window layers: per-sequence windowed decode (executor/swa.py, not capturable)"
     return None
 
 

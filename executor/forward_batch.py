@@ -32,6 +32,8 @@ class PrefillSpan:
     num: int
     context_len: int
     block_table: torch.Tensor   # [pages] int32
+    # first position whose KV this layer holds for the sequence (sliding-window replay, executor/swa_replay.py)
+    key_start: int = 0
 
     @property
     def kv_len(self) -> int:

@@ -34,14 +34,19 @@ class GQAAttention(nn.Module):
         self.k_norm = RMSNorm(self.d, spec.rms_norm_eps) if qk_norm else None
         self.cos_sin: torch.Tensor | None = None
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+    def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rotated q ``[T, Hq, D]``, rotated k and v ``[T, Hkv, D]`` (shared with the sliding-window variant, executor/swa.py)."""
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.hq, self.d)
         k = self.k_proj(x).view(t, self.hkv, self.d)
         v = self.v_proj(x).view(t, self.hkv, self.d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self._rope(q, batch.positions), self._rope(k, batch.positions)
+        return self._rope(q, positions), self._rope(k, positions), v
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.project(x, batch.positions)
         kc, vc = kv.k[self.cache_layer], kv.v[self.cache_layer]
         ref.write_paged(kc, batch.slot_mapping, k)
         ref.write_paged(vc, batch.slot_mapping, v)

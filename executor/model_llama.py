@@ -7,6 +7,7 @@ from executor.layers import MLP, DecoderLayer
 from executor.model_base import CausalLM
 from executor.model_config import ExecModelConfig
 from executor.moe import MoE
+from executor.swa import SlidingWindowAttention
 
 
 class LlamaForCausalLM(CausalLM):
@@ -16,8 +17,11 @@ class LlamaForCausalLM(CausalLM):
         s = cfg.spec
         rope_dim = int(s.head_dim * cfg.rope.partial_rotary_factor)
         layers = []
-        for i in range(s.num_layers):
-            attn = GQAAttention(s, i, cfg.qk_norm, cfg.attention_bias, fp8, cfg.o_bias, rope_dim)
+        for i, kind in enumerate(s.kinds()):
+            if kind == "sliding":   # V4-class sliding-window layers (executor/swa.py)
+                attn = SlidingWindowAttention(s, i, s.sliding_window, cfg.qk_norm, cfg.attention_bias, fp8, cfg.o_bias, rope_dim)
+            else:
+                attn = GQAAttention(s, i, cfg.qk_norm, cfg.attention_bias, fp8, cfg.o_bias, rope_dim)
             if s.is_moe_layer(i):
                 # GLM-4.5 scales routed experts (routed_scaling_factor); Qwen3-MoE has no such key (1.0)
                 mlp = MoE(s.moe, s.hidden_size, cfg.routed_scaling_factor, cfg.norm_topk_prob, fp8)

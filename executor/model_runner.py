@@ -74,6 +74,7 @@ class ModelRunner:
         self.num_steps_run = 0
         self.graphs = None   # executor.cuda_graphs.DecodeGraphs once enable_cuda_graphs ran
         self.graphs_off_reason: str | None = None
+        self.swa = None      # executor.swa_replay.SWAReplay: sliding-window layers' policy on resume (None: plain forward)
 
     # ----------------------------------------------------------------- CUDA graphs
     def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int, sizes: tuple[int, ...] | None = None) -> bool:
@@ -170,6 +171,9 @@ class ModelRunner:
             replayed = self.graphs.run(batch) if self.graphs is not None else None
             if replayed is not None:
                 hidden, graph_bs = replayed
+            elif self.swa is not None:   # resumed chunks carry the policy's extra rows (executor/swa_replay.py)
+                hidden, graph_bs = self.swa.forward(self.model, seqs, [self._tokens(c.request) for c in prefills], self.kv,
+                                                    [getattr(c, "replayed", 0) for c in prefills]), 0
             else:
                 hidden, graph_bs = self.model(batch, self.kv), 0
 
