@@ -290,12 +290,17 @@ class DepthCorrection:
     need them only in the lower layers (e_j < e_0 above the deepest recomputing layer). Per resumed chunk:
     ``chunk_cost`` with e_0 everywhere minus ``chunk_cost`` with the policy's e_j, evaluated on the chunk alone
     (exact for a step of that one chunk; with other work batched in, the GEMM-efficiency interaction is left out).
-    Zero, and never evaluated, for policies whose every resume runs through every layer."""
+    Zero, and never evaluated, for policies whose every resume runs through every layer.
+
+    ``busiest_rank``: the step is priced at its busiest attention-DP rank, where a chunk sits whole on one rank
+    (``EffectiveStepCost``'s DP split): ``ops`` then prices a chunk at that rank (``dp_imbalance = dp``) and the
+    plan's correction is its largest chunk's (the chunks of other ranks do not shorten the busiest one's); else
+    chunks spread evenly over ranks and their corrections add."""
 
     MEMO = 4096
 
-    def __init__(self, ops: StepOps, replay: ResolvedReplay):
-        self.ops, self.replay = ops, replay
+    def __init__(self, ops: StepOps, replay: ResolvedReplay, busiest_rank: bool = False):
+        self.ops, self.replay, self.busiest_rank = ops, replay, busiest_rank
         self._memo: dict[tuple[int, int], float] = {}
 
     @staticmethod
@@ -308,7 +313,7 @@ class DepthCorrection:
         return "recompute" in replay.modes or top_mode != "replay" or top_w < w
 
     def __call__(self, chunks) -> float:
-        total = 0.0
+        total = best = 0.0
         for ch in chunks:
             r = ch.replayed
             if r <= 0:
@@ -323,7 +328,8 @@ class DepthCorrection:
                     self._memo.clear()
                 self._memo[key] = s
             total += s
-        return total
+            best = max(best, s)
+        return best if self.busiest_rank else total
 
 
 def _add_layers(ops: StepOps, v: np.ndarray, layers: list[int], tokens: int, ctx: int) -> None:
@@ -444,9 +450,14 @@ def one_layer_policies(model: ModelSpec, layer: int, tokens: int, around: Replay
     return base, cand
 
 
-def depth_correction(model: ModelSpec, hw, layout, calibration, replay: ResolvedReplay) -> DepthCorrection | None:
+def depth_correction(model: ModelSpec, hw, layout, calibration, replay: ResolvedReplay,
+                     dp_balance: bool = True) -> DepthCorrection | None:
     """The simulator's ``DepthCorrection`` for ``replay`` on this model, hardware, layout and calibration; None where
-    every resume runs through every layer (nothing to correct)."""
+    every resume runs through every layer (nothing to correct). ``dp_balance``: the simulator prices attention-DP
+    steps at their busiest rank (``EffectiveStepCost``, its default), so with ``layout.dp`` > 1 a chunk is priced
+    whole on its rank."""
     if not DepthCorrection.needed(replay):
         return None
-    return DepthCorrection(StepOps(model, hw, layout, calibration), replay)
+    per_rank = dp_balance and layout.dp > 1
+    ops = StepOps(model, hw, layout, calibration, dp_imbalance=float(layout.dp) if per_rank else 1.0)
+    return DepthCorrection(ops, replay, busiest_rank=per_rank)

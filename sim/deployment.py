@@ -101,7 +101,7 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
 
     if disagg is None:
         replay = sc.replay_for(model)   # the sliding-window replay policy in force
-        fix = depth_correction(model, hw, scenario.layout, profile_for(hw, scenario.calibration), replay)
+        fix = depth_correction(model, hw, scenario.layout, profile_for(hw, scenario.calibration), replay, eff.dp_balance)
 
         def make_backend(i: int) -> SimBackend:
             return SimBackend(ranked_cost(cost, schedulers[i]), np.random.default_rng([backend_seed, i]), rates, sc.async_overlap,
@@ -200,7 +200,7 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
         inst.wake()
 
     p_replay = psc.replay_for(model)
-    p_fix = depth_correction(model, hw, spec.prefill_layout, profile_for(hw, scenario.calibration), p_replay)
+    p_fix = depth_correction(model, hw, spec.prefill_layout, profile_for(hw, scenario.calibration), p_replay, peff.dp_balance)
     p_scheds = [Scheduler(psc, p_blocks, i, name_all_blocks=False, replay=p_replay) for i in range(n_p)]
     p_rates = psc.effective_acceptance_rates()
 
