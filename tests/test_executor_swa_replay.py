@@ -217,3 +217,28 @@ def test_long_row_runs_are_tiled_without_changing_the_result(toy, monkeypatch):
     want = one_shot(cfg, model, toks)
     monkeypatch.setattr(swa_mod, "ROW_TILE", 7)
     assert float((one_shot(cfg, model, toks) - want).abs().max()) < 1e-12
+
+
+def test_replay_bench_smoke_mode(tmp_path):
+    """benchmarks/gpu/replay_bench.py --cpu --tiny: every policy measured and predicted, exactness and kept pages right."""
+    import json
+
+    from benchmarks.gpu.replay_bench import main
+    out = tmp_path / "rb.json"
+    assert main(["--cpu", "--tiny", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["policies"] == ["recompute", "replay:4", "replay:8", "replay:24", "persist"]
+    hit = {r["policy"]: r for r in data["prefix_hit"][0]["rows"]}
+    assert all(r["measured_s"] > 0 and r["predicted_s"] > 0 for r in hit.values())
+    assert hit["recompute"]["measured_change"] == 0 and hit["recompute"]["predicted_change"] == 0
+    # tiny window 8, three sliding layers: the reach is 21, so W = 24 is exact and W = 4, 8 are not
+    assert [hit[p]["exact"] for p in data["policies"]] == [True, False, False, True, True]
+    for p in ("recompute", "replay:24"):
+        assert hit[p]["logit_max_abs_diff_vs_persist"] < 1e-4
+    assert hit["replay:4"]["logit_max_abs_diff_vs_persist"] > 1e-4
+    # resume at 32, page 8, 3 sliding layers: persist keeps [24, 32), replay 4 keeps [24, 28): one page per layer
+    assert [hit[p]["kept_window_pages"] for p in data["policies"]] == [0, 3, 0, 0, 3]
+    assert hit["replay:8"]["layer_rows"] == [16, 16, 16, 8]     # the full layer on top carries no replayed rows
+    chunked = {r["policy"]: r for r in data["chunked"][0]["rows"]}
+    assert chunked["recompute"]["extra_layer_tokens"] == 3 * (16 + 32)   # chunks resume at 16 and 32
+    assert chunked["persist"]["extra_layer_tokens"] == 0
