@@ -169,6 +169,8 @@ def test_new_knobs_stay_out_of_the_layout_dump_at_their_defaults():
     dumped = ParallelLayout(**DEP8, comm_overlap="combine_down", offload_fraction=0.25).model_dump(mode="json")
     assert dumped["comm_overlap"] == "combine_down" and dumped["offload_fraction"] == 0.25
     assert ParallelLayout(**dumped) == ParallelLayout(**DEP8, comm_overlap="combine_down", offload_fraction=0.25)
+    every = ParallelLayout(tp=8).model_dump(context={"all_values": True})
+    assert every["comm_overlap"] is None and every["offload_scope"] == "routed_experts"
 
 
 # ----------------------------------------------------------------------------- NVFP4 dispatch
