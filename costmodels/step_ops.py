@@ -189,9 +189,20 @@ class StepOps:
                              kernel_gemms(lin.name, lin.k, lin.n, div, m.hidden_size)))
 
         self.g_group: list[tuple[str, bool] | None] = []  # each row's (kind, moe) layer group; None: head/MTP (costmodels.replay)
+        self.g_layers: list[list[int] | None] = []        # the layers each row runs in (None: head/MTP)
+        kinds = m.kinds()
         for (kind, moe), count in self.groups.items():
-            add(attention_linears(m, kind) + ffn_linears(m, moe), kind, count, False)
+            layers = [i for i, k in enumerate(kinds) if k == kind and m.is_moe_layer(i) == moe]
+            partial = self._partial_linears(kind, layers)
+            add([lin for lin in attention_linears(m, kind) + ffn_linears(m, moe) if lin.name not in partial], kind, count, False)
+            self.g_layers += [layers] * (len(rows) - len(self.g_group))
             self.g_group += [(kind, moe)] * (len(rows) - len(self.g_group))
+            # projections only some layers of the group have (a KV source's compressor, an index source's indexer query):
+            # one row each over those layers; not a whole group's row (g_group None: costmodels.replay skips them)
+            for lin, have in partial.values():
+                add([lin], kind, len(have), False)
+                self.g_layers.append(have)
+                self.g_group.append(None)
         emb = embedding_linears(m)
         head = [e for e in emb if e.name == "lm_head"] or [e for e in emb if e.name == "embedding"]
         head_lin = head[0]
@@ -200,6 +211,7 @@ class StepOps:
         add([head_lin], "-", 1, False)
         if m.mtp_layers:
             add(mtp_linears(m) + [head_lin], self.mtp_kind, m.mtp_layers, True)
+        self.g_layers += [None] * (len(rows) - len(self.g_group))
         self.g_group += [None] * (len(rows) - len(self.g_group))
         self.g_names = [r[0] for r in rows]
         self.g_kind = [r[1] for r in rows]
@@ -223,6 +235,19 @@ class StepOps:
             self.e_bpp = dtype_bytes(lay.experts_dtype, m)  # FP4 in the model's block format (mxfp4 / nvfp4)
             self.e_peak = hw.tflops(lay.experts_dtype) * 1e12
             self.e_io_per_token = (2 * m.hidden_size + 3 * m.moe.moe_intermediate_size / lay.moe_tp) * 2.0
+
+    def _partial_linears(self, kind: str, layers: list[int]) -> dict[str, tuple[Linear, list[int]]]:
+        """name -> (projection, the layers of ``layers`` that have it) for the attention projections only some of them
+        have (``attention_linears`` per layer: kv_share_source / index_source_layers); empty for other models."""
+        m = self.model
+        if not m.kv_share_source and m.index_source_layers is None:
+            return {}
+        have: dict[str, tuple[Linear, list[int]]] = {}
+        for i in layers:
+            for lin in attention_linears(m, kind, i):
+                have.setdefault(lin.name, (lin, []))[1].append(i)
+        return {name: (lin, ls) for name, (lin, ls) in have.items() if len(ls) < len(layers)} | \
+            {lin.name: (lin, []) for lin in attention_linears(m, kind) if lin.name not in have}
 
     def _gemm_table(self, shapes: list[list[tuple[int, int]]]) -> TableGemms | None:
         """Measured device times for the FP8 weight GEMMs when the calibration names op tables and this is an
@@ -559,7 +584,8 @@ class StepOps:
     def _gemm_part(self, x: np.ndarray, dec: bool) -> Terms:
         """``gemms(TOKENS, x)`` restricted to the decoder (or encoder) layers: each row's share of its group's layers."""
         fam = self.gemms(TOKENS, x)
-        share = np.array([(self.dec_groups.get(self.g_group[r], 0) / self.g_count[r]) if self.g_group[r] else 0.0
+        m = self.model
+        share = np.array([sum(m.ced_decoder(i) for i in self.g_layers[r]) / len(self.g_layers[r]) if self.g_layers[r] else 0.0
                           for r in self._src_rows[TOKENS]])
         share = share if dec else 1.0 - share
         for a in ("count", "flops", "byts", "time"):
