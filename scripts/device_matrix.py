@@ -1,0 +1,140 @@
+"""The twin's validation matrix (issue 16): ONE calibration, then several workload classes at three loads each,
+every level replayed ``--runs`` times (median reported), no refit between them. What scripts/device_matrix.sh
+runs on the H200; ``--device cpu --model tiny`` is the CPU smoke form.
+
+    python3 scripts/device_matrix.py --out DIR [--classes chat,summarize,reasoning,agentic] [--runs 3]
+
+Each class is a built-in workload preset with its lengths clamped to what the engine holds (the caps below
+keep the class's character: summarize = long shared-prefix prompts, reasoning = long decodes, agentic =
+multi-turn sessions with a shared system prompt). Output: ``matrix_<tag>.json`` (every level's predicted vs
+measured figures and the worst error per figure over the whole matrix) and the per-class validation reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rich.console import Console  # noqa: E402
+
+# class -> (max input tokens, max output tokens) inside the engine's 8192-token window, the class's shape kept
+# (agentic: the 4096-token shared system prompt plus the turns' growing context)
+CLASSES = {"chat": (1024, 128), "summarize": (3072, 96), "reasoning": (256, 768), "agentic": (6144, 128)}
+FIGURES = ("output_throughput", "tpot_p50", "ttft_p50", "ttft_p90")
+
+
+def worst_errors(reports: dict) -> dict:
+    """The largest |relative error| of each figure over every class and level, with where it happened."""
+    worst = {}
+    for cls, rep in reports.items():
+        for lv in rep.levels:
+            for fig, err in lv.rel_error.items():
+                if err is None:
+                    continue
+                if fig not in worst or abs(err) > abs(worst[fig]["rel_error"]):
+                    worst[fig] = {"rel_error": err, "class": cls, "level": lv.name}
+    return worst
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="deepseek-v3")
+    ap.add_argument("--num-layers", type=int, default=5)
+    ap.add_argument("--dtype", default="fp8")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--classes", default=",".join(CLASSES))
+    ap.add_argument("--requests", type=int, default=64, help="requests per class")
+    ap.add_argument("--levels", default="0.3,0.8,2.0")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--max-model-len", type=int, default=8192)
+    ap.add_argument("--quick", action="store_true", help="quick calibration (CPU smoke)")
+    a = ap.parse_args()
+
+    import numpy as np
+
+    from costmodels.profiled import ProfiledStepCost
+    from executor.calibrate import build_engine, calibrate
+    from scheduler.config import SchedulerConfig
+    from sim.workload import generate, preset
+    from ui.cmd_validate import run_levels
+
+    con = Console(width=120)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = f"{a.model}-{a.num_layers}layers_{a.dtype}"
+    cmd = "python3 scripts/device_matrix.py " + " ".join(sys.argv[1:])
+    bs, max_seqs = 64, (128 if not a.quick else 16)
+    blocks = max_seqs * (-(-a.max_model_len // bs)) + 64
+    t0 = time.perf_counter()
+    engine = build_engine(a.model, a.num_layers, a.device, a.dtype, max_seqs, a.max_model_len, num_kv_blocks=blocks)
+    prof = calibrate(a.model, a.num_layers, a.device, a.dtype, engine=engine, quick=a.quick, max_model_len=a.max_model_len,
+                     max_num_seqs=max_seqs, command=cmd, log=lambda x: con.print(x, highlight=False))
+    ppath = out / f"calibration_{tag}.json"
+    prof.save(ppath)
+    con.print(f"calibrated once in {time.perf_counter() - t0:.1f} s; fit MAPE {prof.step.fit.mape * 100:.1f}% "
+              f"(in-sample); every class below is held out", highlight=False)
+    cost = ProfiledStepCost(prof)
+    base = SchedulerConfig(max_num_seqs=min(64, max_seqs), max_num_batched_tokens=8192, max_model_len=a.max_model_len, block_size=bs)
+    fracs = [float(x) for x in a.levels.split(",")]
+    reports = {}
+    for cls in a.classes.split(","):
+        max_in, max_out = CLASSES[cls]
+        reqs = generate(preset(cls, num_requests=a.requests), np.random.default_rng(0), bs)
+        reqs = _clamp(reqs, max_in, max_out, a.max_model_len, bs)
+        t1 = time.perf_counter()
+        rep, _ = run_levels(cost, prof, reqs, base, blocks, fracs, engine, device=a.device, model=a.model, dtype=a.dtype,
+                            workload=cls, profile_path=str(ppath), log=con, runs=a.runs)
+        rep.command = cmd
+        reports[cls] = rep
+        (out / f"validation_{cls}_{tag}.json").write_text(json.dumps(rep.model_dump(exclude={"levels": {"__all__": {"samples"}}}),
+                                                                     indent=1) + "\n", encoding="utf-8")
+        con.print(f"[{cls}] {len(reqs)} requests, {len(fracs)} levels x {a.runs} runs in {time.perf_counter() - t1:.1f} s", highlight=False)
+    doc = {
+        "command": cmd, "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "provenance": prof.provenance, "profile": ppath.name, "fit_mape_in_sample": prof.step.fit.mape,
+        "classes": {c: {"caps": CLASSES[c], "levels": [{"name": lv.name, "rate_rps": lv.rate_rps, "fraction": lv.fraction_of_capacity,
+                                                         "rel_error": lv.rel_error, "spread": lv.spread, "step": lv.step}
+                                                        for lv in r.levels]} for c, r in reports.items()},
+        "worst": worst_errors(reports),
+    }
+    (out / f"matrix_{tag}.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    _print_table(con, reports, doc["worst"])
+    con.print(f"total {time.perf_counter() - t0:.1f} s")
+
+
+def _clamp(reqs, max_in: int, max_out: int, max_model_len: int, bs: int):
+    """Lengths clamped to the class caps and the engine's window; arrivals from zero (ui.cmd_validate.load_requests' rule)."""
+    t0 = min(r.arrival_time for r in reqs)
+    for r in sorted(reqs, key=lambda r: r.arrival_time):
+        p = min(r.prompt_len, max_in, max_model_len - 2)
+        r.prompt_len = p
+        r.output_len = max(1, min(r.output_len, max_out, max_model_len - p - 1))
+        r.arrival_time -= t0
+        r.block_hashes = r.block_hashes[: p // bs]
+    return sorted(reqs, key=lambda r: r.arrival_time)
+
+
+def _print_table(con, reports: dict, worst: dict) -> None:
+    from rich.table import Table
+
+    t = Table(title="validation matrix: relative error (predicted - measured) / measured")
+    t.add_column("class")
+    t.add_column("level")
+    for f in FIGURES:
+        t.add_column(f, justify="right")
+    for cls, rep in reports.items():
+        for lv in rep.levels:
+            t.add_row(cls, lv.name, *(f"{lv.rel_error[f] * 100:+.1f}%" if lv.rel_error.get(f) is not None else "-" for f in FIGURES))
+    t.add_row("worst", "", *(f"{worst[f]['rel_error'] * 100:+.1f}%" if f in worst else "-" for f in FIGURES))
+    con.print(t)
+
+
+if __name__ == "__main__":
+    main()
