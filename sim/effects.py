@@ -154,7 +154,7 @@ def attention_dp_notes(config) -> list[str]:
     policy = (f"balance (prompts held until every rank can take one, at most {ad.timeout_iters} steps each; "
               f"{ad.batching_wait_iters} more to gather)" if ad.prefill == "balance" else "immediate")
     return [f"attention-DP ranks scheduled explicitly ({ad.ranks} ranks, prefill {policy}): each step priced at the "
-            f"ranks the scheduler assigned; per rank {config.rank_token_budget()} tokens/step, {config.rank_seats()} "
+            f"ranks the scheduler assigned (not the round-robin / least-loaded split); per rank {config.rank_token_budget()} tokens/step, {config.rank_seats()} "
             "requests, KV reserved per request within the rank's share"]
 
 
