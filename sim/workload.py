@@ -53,8 +53,8 @@ MAX_SECONDS = 1e10        # ~300 years of simulated time
 MAX_TOKENS = 1e12         # a token length's largest value (lognormal lengths clip at 1e9 by default)
 MAX_TURNS = 100_000       # turns of one agentic session
 MAX_ROWS = 50_000_000     # requests (or agentic turns) drawn at once, and block hashes built (memory)
-# closed-loop users: each keeps a request and a chunk of drawn content (~2 KB) alive during the run, and a
-# simpy process; 100k is past any published fixed-concurrency benchmark (InferenceX sweeps to 1k-4k)
+# closed-loop users: each keeps a request, a chunk of drawn content and a simpy process alive (~2.5 KB together,
+# ~250 MB at the bound, measured with tracemalloc); far past the concurrencies fixed-concurrency benchmarks run
 MAX_CONCURRENCY = 100_000
 
 _AGENTIC_FIELDS = ("turns", "est_ttft_s", "est_tpot_s", "max_prompt_len")
