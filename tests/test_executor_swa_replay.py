@@ -182,17 +182,19 @@ def _serve(cfg, model, pol, prompts, budget, in_scheduler=False):
     kv = KVCache(cfg, 32, PAGE, CPU, torch.float64)
     runner = ModelRunner(model, kv, CPU, eos_token_id=None)
     runner.swa = SWAReplay(cfg.spec, pol, audit=True)
-    outs, cached, now = [], [], 0.0
+    outs, cached, now, carried = [], [], 0.0, 0
     for i, p in enumerate(prompts):
         req = Request(f"r{i}", now, len(p), 6, block_hashes=block_hashes(p, PAGE), prompt_token_ids=list(p))
         assert sched.add_request(req)
         while sched.num_running or sched.num_waiting:
             plan = sched.schedule(now)
+            carried += sum(c.replayed for c in plan.prefills)
             res = runner.execute(plan)
             now += 1.0
             sched.complete(plan, res, now)
         outs.append(list(req.output_token_ids))
         cached.append(req.num_cached_tokens)
+    assert (carried > 0) == (in_scheduler and not replay.is_persist)   # the plans carry the replayed tokens, or not
     return outs, cached, runner.swa.extra_rows
 
 
@@ -202,11 +204,15 @@ def test_scheduler_and_runner_serve_the_same_tokens_under_every_exact_policy(toy
     prompts = [a, a[:20] + tokens(9, 6)]
     base, cached, extra = _serve(cfg, model, policy("persist"), prompts, budget=12)
     assert cached[1] == 20 and extra == 0        # a prefix hit of 5 pages; chunks of 12
-    for pol, in_sched in ((policy("recompute"), False), (policy("replay", tokens=REACH), True),
-                          (policy("persist", layers={0: "replay:3"}), True)):
+    rows = {}
+    for pol, in_sched in ((policy("recompute"), False), (policy("replay", tokens=REACH), False),
+                          (policy("replay", tokens=REACH), True), (policy("persist", layers={0: "replay:3"}), True)):
         outs, _, extra = _serve(cfg, model, pol, prompts, budget=12, in_scheduler=in_sched)
         assert outs == base, str(pol)
         assert extra > 0
+        rows[(str(pol), in_sched)] = extra
+    # the plan's replayed tokens are the policy's: the executor runs the same rows whoever planned them
+    assert rows[(str(policy("replay", tokens=REACH)), True)] == rows[(str(policy("replay", tokens=REACH)), False)]
 
 
 def test_long_row_runs_are_tiled_without_changing_the_result(toy, monkeypatch):
@@ -242,3 +248,17 @@ def test_replay_bench_smoke_mode(tmp_path):
     chunked = {r["policy"]: r for r in data["chunked"][0]["rows"]}
     assert chunked["recompute"]["extra_layer_tokens"] == 3 * (16 + 32)   # chunks resume at 16 and 32
     assert chunked["persist"]["extra_layer_tokens"] == 0
+
+
+def test_decodes_read_the_window_after_a_replayed_prefill(toy):
+    """Decode steps (two queries each, as MTP verification runs) after a resumed, audited chunk see their window."""
+    cfg, model = toy
+    toks = tokens(34, 7)
+    swa = SWAReplay(cfg.spec, policy("replay", tokens=REACH), audit=True)
+    kv = KVCache(cfg, 16, PAGE, CPU, torch.float64)
+    table = [3, 1, 4, 0, 5, 9, 2, 6, 7]
+    got = [run_chunks(cfg, model, swa, toks, [0, 13, 30], table, kv)]
+    for a in (30, 32):
+        h = swa.forward(model, [SeqInput(toks[a:a + 2], a, table, True)], [], kv)
+        got.append(model.compute_logits(h))
+    assert float((torch.cat(got) - one_shot(cfg, model, toks)).abs().max()) < 1e-9
