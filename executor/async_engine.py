@@ -2,11 +2,11 @@
 
 The loop task owns the engine: adds and aborts are queued and applied between steps, and
 each ``step`` runs in a worker thread (torch releases the GIL) so the event loop keeps
-serving HTTP while the device works. With the scheduler's ``async_overlap`` on, the loop
-launches step N+1 before it hands step N's outputs to the request streams, so output
-processing (and the HTTP layer's detokenising) overlaps device work; with it off, the
-two alternate. Scheduling itself stays strictly after completion: the shared scheduler
-plans one step at a time.
+serving HTTP while the device works. With the scheduler's ``async_overlap`` on, the engine's
+``step`` is its pipelined loop body (``LLMEngine.step_overlapped``: step N+1 is scheduled and
+launched before step N is read back), and this loop also hands step N's outputs to the request
+streams while the next ``step`` runs, so output processing (and the HTTP layer's detokenising)
+overlaps device work too; with it off, the three alternate.
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ class AsyncLLMEngine:
 
     def __init__(self, engine: LLMEngine, overlap: bool | None = None):
         self.engine = engine
-        self.overlap = engine.scheduler.config.async_overlap if overlap is None else overlap
+        if overlap is None:   # the pipelined engine's setting; an EP front (no pipeline) the scheduler config's
+            overlap = getattr(engine, "async_overlap", None)
+            overlap = engine.scheduler.config.async_overlap if overlap is None else overlap
+        self.overlap = overlap
         self._queues: dict[str, asyncio.Queue] = {}
         self._adds: list[tuple[str, list[int], SamplingParams]] = []
         self._aborts: list[str] = []

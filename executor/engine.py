@@ -6,6 +6,11 @@ for the prefix cache), ``step`` asks the scheduler for a plan, runs it on the
 model runner (the ``Backend`` of scheduler/backend.py), hands the result back to the scheduler and reports what each request gained.
 Batching, chunking, preemption and prefix reuse are the scheduler's; the engine never
 second-guesses them. ``AsyncLLMEngine`` (executor.async_engine) wraps this for serving.
+
+``step`` is one of two loop bodies, chosen once at construction (vLLM v1's ``step`` /
+``step_with_batch_queue``): ``step_sync`` (schedule, run, complete) or, with the scheduler's
+``async_overlap`` on, ``step_overlapped``, which schedules and launches plan N+1 while the device
+still runs plan N (executor/overlap.py; costmodels/host.py is the rule the simulator prices it by).
 """
 
 from __future__ import annotations
@@ -17,15 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import torch
 
 from executor.kv_cache import KVCache
 from executor.model_config import ExecModelConfig, resolve_spec
 from executor.model_runner import ModelRunner
+from executor.overlap import InFlight, PipelinedRunner
 from executor.sampling_params import SamplingParams
 from executor.weights import DTYPES, build_model
 from scheduler.backend import Backend
 from scheduler.config import SchedulerConfig
+from scheduler.plan import StepResult
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler
 from twinfer.config import validate
@@ -74,6 +82,18 @@ def block_hashes(token_ids: list[int], block_size: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def overlap_off_reason(config: SchedulerConfig, decode_steps: int, async_overlap: bool | None) -> str | None:
+    """Why the engine runs the synchronous loop, or None when it pipelines (async overlap)."""
+    on = config.async_overlap if async_overlap is None else async_overlap
+    if not on:
+        return "async_overlap is off"
+    if decode_steps > 1:
+        return "multi-step decode (decode_steps > 1) already runs several steps per plan"
+    if config.draft_len > 0:
+        return "MTP drafts (draft_len > 0): a decode's next drafts depend on the previous step's acceptance"
+    return None
+
+
 def _default_kv_blocks(cfg: ExecModelConfig, block_size: int, dtype: torch.dtype, device: torch.device,
                        max_model_len: int, max_num_seqs: int, fraction: float) -> int:
     """Blocks for every running request at full length, capped by memory (GPU: a fraction of free)."""
@@ -88,10 +108,12 @@ def _default_kv_blocks(cfg: ExecModelConfig, block_size: int, dtype: torch.dtype
 
 
 class LLMEngine:
-    """Synchronous engine: ``add_request`` / ``abort`` / ``step`` / ``generate``."""
+    """The engine: ``add_request`` / ``abort`` / ``step`` / ``generate`` (step: synchronous or pipelined, chosen once)."""
 
     def __init__(self, cfg: ExecModelConfig, runner: ModelRunner, scheduler: Scheduler, max_model_len: int,
-                 eos_token_id: int | None, model_name: str, decode_steps: int = 1, step_log=None):
+                 eos_token_id: int | None, model_name: str, decode_steps: int = 1, step_log=None,
+                 async_overlap: bool | None = None):
+        """``async_overlap``: pipeline the loop (``step_overlapped``); None: the scheduler config's ``async_overlap``."""
         self.cfg, self.runner, self.scheduler = cfg, runner, scheduler
         self.backend: Backend = runner   # the seam (scheduler/backend.py): the runner executes plans
         self.step_log = step_log         # callable(dict) per executed step, or None
@@ -108,6 +130,16 @@ class LLMEngine:
         self._prompt_tokens = 0
         self._gen_tokens = 0
         self._gen_counter = 0
+        self.overlap_off_reason = overlap_off_reason(scheduler.config, decode_steps, async_overlap)
+        self.pipeline = PipelinedRunner(runner) if self.overlap_off_reason is None else None
+        self._in_flight: InFlight | None = None   # the plan launched and not read back (pipelined loop)
+        self._last_read = 0.0                     # perf_counter at the last read-back
+        self.step = self.step_overlapped if self.pipeline is not None else self.step_sync
+
+    @property
+    def async_overlap(self) -> bool:
+        """True when ``step`` is the pipelined loop body."""
+        return self.pipeline is not None
 
     # ----------------------------------------------------------------- construction
     @classmethod
@@ -117,7 +149,7 @@ class LLMEngine:
                   routing_skew: float = 0.0, decode_steps: int = 1, eos_token_id: int | None = None,
                   kv_memory_fraction: float = 0.7, step_log=None, kernel_overrides: dict[str, str] | None = None,
                   num_layers: int | None = None, model_transform=None, cuda_graphs: bool | None = None,
-                  enforce_eager: bool = False) -> "LLMEngine":
+                  enforce_eager: bool = False, async_overlap: bool | None = None) -> "LLMEngine":
         """Build model, KV cache, scheduler and runner from names and options.
 
         ``model``: a catalog name (``tiny``, ...) or an HF checkpoint folder (config.json +
@@ -128,6 +160,7 @@ class LLMEngine:
         ``model_transform``: callable(model) -> model applied before the KV cache is sized (EP sharding).
         ``cuda_graphs``: capture decode-only forwards as CUDA graphs per padded batch size (default: on for
         cuda without ``model_transform``, off elsewhere; executor/cuda_graphs.py); ``enforce_eager=True`` disables them (vLLM's name).
+        ``async_overlap``: pipelined loop (None: the scheduler config's; EP ranks, which step in lockstep, run synchronously).
         """
         if device not in ("cpu", "cuda") and not device.startswith("cuda:"):   # cuda:N: one EP rank's GPU
             raise TwinferError(f"device {device!r}: expected 'cpu' or 'cuda'")
@@ -181,7 +214,9 @@ class LLMEngine:
             runner.enable_cuda_graphs(sched_cfg.max_num_seqs, mml + sched_cfg.draft_len + 1)
         sched = Scheduler(sched_cfg, num_kv_blocks)
         name = Path(model).name if hf_dir else model
-        return cls(cfg, runner, sched, mml, eos_token_id, name, decode_steps, step_log)
+        if model_transform is not None:
+            async_overlap = False
+        return cls(cfg, runner, sched, mml, eos_token_id, name, decode_steps, step_log, async_overlap)
 
     # ----------------------------------------------------------------- requests
     def now(self) -> float:
@@ -235,10 +270,10 @@ class LLMEngine:
         return True
 
     def has_unfinished(self) -> bool:
-        return bool(self._reqs) or bool(self._pending)
+        return bool(self._reqs) or bool(self._pending) or self._in_flight is not None
 
     # ----------------------------------------------------------------- the loop body
-    def step(self) -> list[TokenOutput]:
+    def step_sync(self) -> list[TokenOutput]:
         """Schedule, execute and complete one plan; the token deltas it produced."""
         outs, self._pending = self._pending, []
         if not self._reqs:
@@ -269,6 +304,85 @@ class LLMEngine:
             outs.append(TokenOutput(rid, list(new), done, reason, r.prompt_len, r.num_cached_tokens))
             if done:
                 self._reqs.pop(rid, None)
+                self.runner.remove_request(rid)
+        return outs
+
+    def step_overlapped(self) -> list[TokenOutput]:
+        """The pipelined loop body (async overlap): launch plan N+1, then read plan N back; N's token deltas.
+
+        1. schedule and launch the next plan against the scheduler's speculative state (each request of the
+           plan in flight counted as having its one token) while the device still runs the plan in flight;
+        2. read that plan back: its tokens fill the placeholders, late stops finish (a request the new plan
+           also runs wastes that one speculative step, its token there is dropped).
+        With nothing in flight, the first plan and the one behind it are launched, so each call returns one
+        plan's outputs (the first step starts cold, as ``costmodels.host.wall_time`` prices it)."""
+        if self._in_flight is None and getattr(self.runner, "swa", None) is not None:
+            # sliding-window replay rebuilds its batch from host token ids: no placeholders there yet
+            self.pipeline, self.step = None, self.step_sync
+            self.overlap_off_reason = "sliding-window replay (runner.swa) runs the synchronous loop"
+            return self.step_sync()
+        outs, self._pending = self._pending, []
+        nxt = self._launch_next(self._in_flight)
+        if self._in_flight is None and nxt is not None:
+            self._in_flight, nxt = nxt, self._launch_next(nxt)
+        prev, self._in_flight = self._in_flight, nxt
+        if prev is not None:
+            outs += self._read_back(prev)
+        return outs
+
+    def _launch_next(self, prev: InFlight | None) -> InFlight | None:
+        """Schedule a plan, launch it behind ``prev`` and complete it in the scheduler at once, speculatively:
+        one (placeholder) token per decode and per completed prompt; finishes by length retire now, exactly."""
+        if not self._reqs:
+            return None
+        plan = self.scheduler.schedule(self.now(), max_steps=1)
+        if plan.is_empty:
+            return None
+        start = self.now()
+        f = self.pipeline.launch(plan, prev)
+        f.start_s = start
+        f.firsts = [c.request for c in plan.prefills if c.is_last_chunk and c.request.first_token_time is None]
+        f.finished = self.scheduler.complete(plan, StepResult(np.zeros(1)), self.now())
+        return f
+
+    def _read_back(self, f: InFlight) -> list[TokenOutput]:
+        """Wait for ``f``'s samples; append them, finish late stops, fix the times the speculative completion
+        set early (first token, finish: now, when the token exists), and report the deltas."""
+        toks = self.pipeline.collect(f)
+        now, t = self.now(), time.perf_counter()
+        f.record["wall_s"] = wall = t - max(f.launched_at, self._last_read)   # this step's share of the wall clock
+        self._last_read = t
+        self.runner.step_records = [f.record]
+        if self.step_log is not None:
+            self.step_log(f.record)
+        sampled, stopped = {}, set()
+        for rid, row in f.rows.items():
+            req = self._reqs.get(rid)
+            if req is None:   # aborted, or stopped in the plan before (this was its speculative step)
+                continue
+            sampled[rid] = [toks[row]]
+            req.output_token_ids.append(toks[row])
+            if toks[row] in self.runner._state(rid).stop_ids:
+                stopped.add(rid)
+        for r in f.firsts:
+            r.first_token_time = now
+        done = {r.request_id for r in f.finished if r.request_id in sampled}
+        for rid in stopped - done:   # (None: the next plan's speculative completion already retired it by length)
+            req = self._reqs[rid]
+            if self.scheduler.finish_late(rid, len(req.output_token_ids), now) is None:
+                req.num_output_tokens = len(req.output_token_ids)
+        for rid in done | stopped:
+            self._reqs[rid].finish_time = now
+        if self.step_observer is not None:
+            self.step_observer(f.start_s, f.plan, StepResult(np.array([wall]), None, sampled, stopped))
+        outs = []
+        for rid, new in sampled.items():
+            req, fin = self._reqs[rid], rid in done or rid in stopped
+            self._gen_tokens += 1
+            outs.append(TokenOutput(rid, new, fin, ("stop" if rid in stopped else "length") if fin else None,
+                                    req.prompt_len, req.num_cached_tokens))
+            if fin:
+                self._reqs.pop(rid)
                 self.runner.remove_request(rid)
         return outs
 

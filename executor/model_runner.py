@@ -127,15 +127,19 @@ class ModelRunner:
     def _sample(self, hidden: torch.Tensor, rows: list[int], rids: list[str]) -> list[int]:
         if not rows:
             return []
+        return self.sample_on_device(hidden, rows, rids).tolist()
+
+    def sample_on_device(self, hidden: torch.Tensor, rows: list[int], rids: list[str]) -> torch.Tensor:
+        """The sampled token id of each row, left on the device (int64; the pipelined step reads it back later)."""
         logits = self.model.compute_logits(hidden[rows])
         sts = [self._state(r) for r in rids]
         if all(s.params.temperature == 0 for s in sts):
-            return logits.argmax(-1).tolist()
+            return logits.argmax(-1)
         dev = logits.device
         temp = torch.tensor([s.params.temperature for s in sts], device=dev)
         top_k = torch.tensor([s.params.top_k for s in sts], device=dev)
         top_p = torch.tensor([s.params.top_p for s in sts], device=dev)
-        return ops.sample(logits, temp, top_k, top_p, [s.generator for s in sts]).tolist()
+        return ops.sample(logits, temp, top_k, top_p, [s.generator for s in sts]).to(torch.int64)
 
     # ----------------------------------------------------------------- the plan
     @torch.inference_mode()

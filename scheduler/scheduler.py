@@ -191,13 +191,7 @@ class Scheduler:
         if req is None:
             return None
         if req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
-            if req in self._prefilled:
-                self._prefilled.remove(req)
-            elif self._priority:
-                self._heap = [e for e in self._heap if e[3] is not req]
-                heapq.heapify(self._heap)
-            else:
-                self._fifo.remove(req)
+            self._dequeue(req)
             self._retire(req, RequestStatus.DROPPED, None)
             req.drop_reason = "aborted"
         elif self._in_flight is not None:
@@ -206,6 +200,31 @@ class Scheduler:
             self._retire(req, RequestStatus.DROPPED, None)
             req.drop_reason = "aborted"
         return req
+
+    def finish_late(self, request_id: str, num_output_tokens: int, now: float) -> Request | None:
+        """Retire a request whose stop token a pipelined engine read back after it had already scheduled
+        the request's next step (async overlap): finished, with only the ``num_output_tokens`` it keeps
+        (the speculative one past the stop is dropped). None if unknown."""
+        req = self._live.get(request_id)
+        if req is None:
+            return None
+        if self._in_flight is not None:
+            raise RuntimeError("finish_late() called while a plan is in flight")
+        if req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            self._dequeue(req)
+        self._retire(req, RequestStatus.FINISHED, now)   # (counts the speculative token as done: outstanding stays exact)
+        req.num_output_tokens = num_output_tokens
+        return req
+
+    def _dequeue(self, req: Request) -> None:
+        """Take a waiting request out of its queue."""
+        if req in self._prefilled:
+            self._prefilled.remove(req)
+        elif self._priority:
+            self._heap = [e for e in self._heap if e[3] is not req]
+            heapq.heapify(self._heap)
+        else:
+            self._fifo.remove(req)
 
     # ----------------------------------------------------------------- plan out
     def schedule(self, now: float, max_steps: int = 1) -> StepPlan:

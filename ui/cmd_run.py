@@ -103,6 +103,8 @@ def run(
     max_batched_tokens: Optional[int] = typer.Option(None, "--max-batched-tokens", min=1),
     draft_len: Optional[int] = typer.Option(None, "--draft-len", min=0, help="MTP draft tokens per decode step"),
     decode_steps: int = typer.Option(1, "--decode-steps", min=1, help="decode steps one plan may cover"),
+    async_overlap: Optional[bool] = typer.Option(None, "--async-overlap/--no-async-overlap",
+                                                 help="pipelined loop: schedule step N+1 while the device runs step N [scheduler config; on]"),
     num_kv_blocks: Optional[int] = typer.Option(None, "--num-kv-blocks", min=1),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=2),
     routing_skew: float = typer.Option(0.0, "--routing-skew", min=0.0, help="Zipf-like expert skew for dummy weights"),
@@ -131,7 +133,7 @@ def run(
     if scheduler_config:
         sc.update(read_mapping(scheduler_config))
     for k, v in (("block_size", block_size), ("max_num_seqs", max_num_seqs),
-                 ("max_num_batched_tokens", max_batched_tokens), ("draft_len", draft_len)):
+                 ("max_num_batched_tokens", max_batched_tokens), ("draft_len", draft_len), ("async_overlap", async_overlap)):
         if v is not None:
             sc[k] = v
     if "max_num_seqs" in sc and "max_num_batched_tokens" not in sc:

@@ -15,7 +15,8 @@ def register(app: typer.Typer) -> None:
 
 
 def build_engine(model: str, *, load_format: str, device: str, dtype: Optional[str], seed: int,
-                 max_model_len: Optional[int], num_kv_blocks: Optional[int], plan_path: Optional[str]):
+                 max_model_len: Optional[int], num_kv_blocks: Optional[int], plan_path: Optional[str],
+                 async_overlap: Optional[bool] = None):
     """The executor's AsyncLLMEngine (imports torch: call only when serving)."""
     from executor.async_engine import AsyncLLMEngine  # torch lives behind this import
     from ui.serve_plan import serving_options
@@ -29,6 +30,8 @@ def build_engine(model: str, *, load_format: str, device: str, dtype: Optional[s
     if world > 1:   # a plan with EP width > 1: one process per device (executor.ep_launch)
         from executor.ep_launch import start_ep_front
         return AsyncLLMEngine(start_ep_front(model, world, **kwargs))
+    if async_overlap is not None:   # (EP ranks step in lockstep: synchronous loop)
+        kwargs["async_overlap"] = async_overlap
     return AsyncLLMEngine.from_args(model, **kwargs)
 
 
@@ -54,6 +57,8 @@ def serve(
     max_connections: int = typer.Option(8192, "--max-connections", min=1, max=1_000_000,
                                         help="open connections before new ones get 503 (also capped by the file-descriptor limit)"),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level"),
+    async_overlap: Optional[bool] = typer.Option(None, "--async-overlap/--no-async-overlap",
+                                                 help="pipelined engine loop: schedule step N+1 while the GPU runs step N [the plan's scheduler setting; on]"),
 ) -> None:
     """Build the engine, then serve until Ctrl-C."""
     if device not in ("cpu", "cuda"):
@@ -69,7 +74,8 @@ def serve(
         raise TwinferError(f"twinfer serve needs the serve extra: pip install 'twinfer[serve]' ({err})") from None
     try:
         engine = build_engine(model, load_format=load_format, device=device, dtype=dtype, seed=seed,
-                              max_model_len=max_model_len, num_kv_blocks=num_kv_blocks, plan_path=plan)
+                              max_model_len=max_model_len, num_kv_blocks=num_kv_blocks, plan_path=plan,
+                              async_overlap=async_overlap)
     except ImportError as err:
         raise TwinferError(f"twinfer serve needs torch: pip install torch ({err})") from None
     tokenizer = load_tokenizer(model, vocab_size=engine.vocab_size, eos_token_id=engine.eos_token_id)

@@ -50,9 +50,10 @@ def load_requests(trace: Optional[str], workload: str, requests: Optional[int], 
 
 
 def sim_config(base, profile):
-    """The simulator's scheduler config: the engine's, with the measured loop as host overhead (synchronous loop)."""
+    """The simulator's scheduler config: the engine's, with the measured loop as host overhead (overlapped with the
+    device or not as the engine's loop is: ``base.async_overlap``)."""
     from costmodels.step_fit import loop_scheduler_terms
-    return base.model_copy(update={**loop_scheduler_terms(profile.step), "async_overlap": False})
+    return base.model_copy(update={**loop_scheduler_terms(profile.step), "async_overlap": base.async_overlap})
 
 
 def predict_step(cost, profile, decode_ctx, prefill, draft_len=0) -> float:
@@ -146,6 +147,8 @@ def validate(
     calibrate_first: bool = typer.Option(False, "--calibrate", help="first calibrate the same engine in this process and write "
                                          "the profile to --profile (no drift between calibration and validation runs)"),
     warm: bool = typer.Option(True, "--warm/--no-warm", help="an unmeasured replay of the trace first (JIT, clocks)"),
+    async_overlap: bool = typer.Option(False, "--async-overlap/--no-async-overlap", help="pipelined executor loop (step N+1 "
+                                       "scheduled while the device runs step N), predicted with the same overlap rule"),
     runs: int = typer.Option(1, "--runs", min=1, max=50, help="replays of each load level on the executor: the errors use the "
                              "median of each figure, and its spread over the runs is reported"),
 ) -> None:
@@ -162,7 +165,7 @@ def validate(
     con = Console()
     block_size = 64
     base_cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(max_batched_tokens, max_num_seqs),
-                               max_model_len=max_model_len, block_size=block_size)
+                               max_model_len=max_model_len, block_size=block_size, async_overlap=async_overlap)
     blocks = num_kv_blocks or max_num_seqs * (-(-max_model_len // block_size)) + 64
     engine = None
     if not sim_only:
@@ -297,7 +300,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
         levels=reports, step_overall={**overall, "bins": overall_bins}, command="twinfer " + " ".join(sys.argv[1:]),
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         notes=[f"dummy weights; {L}-layer {model}; the simulator charges the profile's runner step plus its measured engine loop "
-               "(synchronous loop: async_overlap off)", "per-step errors are on the measured batch compositions",
+               f"(async_overlap {'on: pipelined loop' if async_overlap else 'off: synchronous loop'})", "per-step errors are on the measured batch compositions",
                "an unmeasured warm-up replay of the trace runs first" if (engine is not None and warm) else "no warm-up replay"],
     )
     if engine is not None:

@@ -1,0 +1,198 @@
+"""Async overlap on the executor (issue 23): measured gain next to the simulator's predicted gain, three loads.
+
+One engine (DeepSeek-V3 cut to its first 5 layers, FP8, dummy weights: the model of the twin's H200 checks,
+scripts/device_twin.py), one chat workload, replayed at low load, the knee and past saturation (fractions of the
+capacity measured with the synchronous loop) with ``async_overlap`` off and on (order alternated per level).
+Per level it reports output tok/s and the mean engine-loop step time of both loops, the measured gains, and the
+predicted gain from ``costmodels/host.py``'s rule applied to the same workload's steps: each synchronous step's
+device seconds D (CUDA events, launch to sampled ids) and host seconds H (the rest of its loop iteration) priced
+as ``wall_time(D, H, async_overlap=True)`` (cold after an idle gap). With ``--profile`` (a calibration profile)
+the discrete-event simulator's own prediction (ProfiledStepCost, the same requests, overlap off/on) is added.
+
+    python benchmarks/gpu/async_overlap.py --out DIR                      # H200, 5-layer DeepSeek-V3 FP8, < 5 min
+    python benchmarks/gpu/async_overlap.py --cpu --tiny --out DIR         # CPU smoke test of the same path
+
+Writes DIR/async_overlap.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import numpy as np  # noqa: E402
+
+LEVELS = {"low": 0.3, "knee": 0.8, "past saturation": 2.0}
+
+
+def parse(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="folder for async_overlap.json")
+    ap.add_argument("--model", default="deepseek-v3")
+    ap.add_argument("--num-layers", type=int, default=5)
+    ap.add_argument("--dtype", default="fp8")
+    ap.add_argument("--requests", type=int, default=96)
+    ap.add_argument("--max-input-len", type=int, default=512)
+    ap.add_argument("--max-output-len", type=int, default=64)
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--profile", default=None, help="calibration profile JSON: add the simulator's own prediction")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cpu", action="store_true", help="run on the CPU (smoke test)")
+    ap.add_argument("--tiny", action="store_true", help="the tiny catalog model, a dozen short requests (smoke test)")
+    a = ap.parse_args(argv)
+    if a.tiny:
+        a.model, a.num_layers, a.dtype = "tiny", None, "fp32"
+        a.requests, a.max_input_len, a.max_output_len, a.max_model_len, a.max_num_seqs = 4, 24, 3, 128, 4
+    return a
+
+
+def workload(a, vocab: int, block_size: int):
+    """The chat preset's requests (lengths clamped to the engine) and their prompt token ids."""
+    from ui.cmd_run import synth_prompt
+    from ui.cmd_validate import load_requests
+
+    reqs = load_requests(None, "chat", a.requests, block_size, a.seed, a.max_input_len, a.max_output_len, a.max_model_len)
+    prompts = {r.request_id: synth_prompt(r.block_hashes, r.prompt_len, block_size, vocab, r.request_id, a.seed) for r in reqs}
+    return reqs, prompts
+
+
+def replay_once(engine, cfg, items, seed: int) -> dict:
+    """One replay on a fresh engine with ``cfg``: its figures and, per executed step, (start, iteration, device) seconds."""
+    from executor.replay import fresh_engine, replay
+
+    dev: list[float] = []
+    res = replay(fresh_engine(engine, cfg), items, seed=seed,
+                 on_plan=lambda i, start, recs, st: dev.append(float(sum(r["device_s"] for r in recs))))
+    m = res.metrics
+    it = np.array([s.iter_s for s in res.steps])
+    runner = np.array([s.runner_s for s in res.steps])
+    d = np.array(dev[: len(it)])
+    d = np.where(np.isfinite(d), d, runner)   # CPU: no CUDA events; the runner's seconds stand for the device's
+    return {"output_tok_s": m.output_throughput, "duration_s": m.duration_s, "requests_finished": m.requests_finished,
+            "output_tokens": m.output_tokens, "tpot_p50_s": m.tpot_s.p50, "ttft_p50_s": m.ttft_s.p50,
+            "steps": int(len(it)), "step_mean_s": float(it.mean()) if len(it) else float("nan"),
+            "device_mean_s": float(d.mean()) if len(d) else float("nan"),
+            "_start": [s.start_s for s in res.steps], "_iter": it.tolist(), "_dev": d.tolist()}
+
+
+def predicted_by_host_rule(sync: dict) -> dict:
+    """The synchronous run's steps priced by costmodels.host.wall_time with overlap on: busy seconds off and on,
+    the step-time gain, and the throughput gain with the run's idle time unchanged."""
+    from costmodels.host import wall_time
+
+    start, it, d = np.array(sync["_start"]), np.array(sync["_iter"]), np.array(sync["_dev"])
+    if not len(it):
+        return {"step_gain": float("nan"), "tok_s_gain": float("nan")}
+    d = np.minimum(d, it)
+    h = it - d
+    # a step right after the engine idled cannot hide its host work (wall_time's cold start)
+    cold = np.ones(len(it), bool)
+    cold[1:] = start[1:] - (start[:-1] + it[:-1]) > 0.25 * it[:-1] + 1e-4
+    on = np.array([wall_time(float(di), float(hi), True, bool(c)) for di, hi, c in zip(d, h, cold)])
+    busy_off, busy_on = float(it.sum()), float(on.sum())
+    dur = sync["duration_s"]
+    return {"busy_off_s": busy_off, "busy_on_s": busy_on, "host_mean_s": float(h.mean()), "cold_steps": int(cold.sum()),
+            "step_gain": busy_off / busy_on - 1.0,
+            "tok_s_gain": dur / max(dur - (busy_off - busy_on), 1e-9) - 1.0}
+
+
+def predicted_by_simulator(profile: str, cfg, blocks: int, reqs, scale: float) -> dict:
+    """The discrete-event simulator on the calibration profile: output tok/s with overlap off and on."""
+    from costmodels.calibration import CalibrationProfile
+    from costmodels.profiled import ProfiledStepCost
+    from sim.validate import copy_requests, simulate_requests
+    from ui.cmd_validate import sim_config
+
+    prof = CalibrationProfile.load(profile)
+    cost = ProfiledStepCost(prof)
+    out = {}
+    for ov in (False, True):
+        m = simulate_requests(cost, sim_config(cfg.model_copy(update={"async_overlap": ov}), prof), blocks,
+                              copy_requests(reqs, scale))
+        out["on" if ov else "off"] = m.output_throughput
+    out["tok_s_gain"] = out["on"] / out["off"] - 1.0 if out["off"] else float("nan")
+    return out
+
+
+def main(argv=None) -> dict:
+    a = parse(argv)
+    import torch
+
+    from executor.calibrate import build_engine
+    from scheduler.config import SchedulerConfig
+    from sim.validate import natural_rate
+
+    device = "cpu" if a.cpu else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: use --cpu --tiny for the smoke test")
+    out_dir = Path(a.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bs = 64 if not a.tiny else 16
+    blocks = a.max_num_seqs * (-(-a.max_model_len // bs)) + 64
+    t0 = time.perf_counter()
+    engine = build_engine(a.model, a.num_layers, device, a.dtype, a.max_num_seqs, a.max_model_len, num_kv_blocks=blocks,
+                          seed=a.seed)
+    if device == "cuda":
+        engine.warmup()
+    build_s = time.perf_counter() - t0
+    base = SchedulerConfig(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=max(8192, a.max_num_seqs),
+                           max_model_len=a.max_model_len, block_size=bs)
+    cfg = {ov: base.model_copy(update={"async_overlap": ov}) for ov in (False, True)}
+    reqs, prompts = workload(a, engine.vocab_size, bs)
+
+    def items(scale: float):
+        return [(r.arrival_time * scale, r.request_id, prompts[r.request_id], r.output_len) for r in reqs]
+
+    print(f"engine {a.model} ({a.num_layers or 'all'} layers, {a.dtype}, {device}) built in {build_s:.1f} s; "
+          f"{len(reqs)} chat requests", flush=True)
+    for ov in (False, True) if device == "cuda" else ():   # unmeasured: kernel specialisations of these shapes, both loops
+        replay_once(engine, cfg[ov], items(0.0), a.seed)
+    cap_run = replay_once(engine, cfg[False], items(0.0), a.seed)
+    capacity = cap_run["requests_finished"] / cap_run["duration_s"]
+    r0 = natural_rate(reqs)
+    print(f"capacity (synchronous loop, all requests at once): {capacity:.2f} req/s", flush=True)
+
+    levels = []
+    for n, (name, frac) in enumerate(LEVELS.items()):
+        scale = r0 / (frac * capacity) if np.isfinite(r0) and r0 > 0 else 0.0
+        order = (False, True) if n % 2 == 0 else (True, False)
+        runs = {ov: replay_once(engine, cfg[ov], items(scale), a.seed) for ov in order}
+        off, on = runs[False], runs[True]
+        lv = {"level": name, "fraction_of_capacity": frac, "rate_rps": frac * capacity,
+              "off": {k: v for k, v in off.items() if not k.startswith("_")},
+              "on": {k: v for k, v in on.items() if not k.startswith("_")},
+              "measured": {"tok_s_gain": on["output_tok_s"] / off["output_tok_s"] - 1.0,
+                           "step_gain": off["step_mean_s"] / on["step_mean_s"] - 1.0},
+              "predicted_host_rule": predicted_by_host_rule(off)}
+        if a.profile:
+            lv["predicted_simulator"] = predicted_by_simulator(a.profile, base, blocks, reqs, scale)
+        levels.append(lv)
+        p, m = lv["predicted_host_rule"], lv["measured"]
+        print(f"{name:>16}: tok/s off {off['output_tok_s']:.1f} on {on['output_tok_s']:.1f} | step ms off "
+              f"{off['step_mean_s'] * 1e3:.2f} on {on['step_mean_s'] * 1e3:.2f} (device {off['device_mean_s'] * 1e3:.2f}, "
+              f"host {p.get('host_mean_s', float('nan')) * 1e3:.2f}) | gain tok/s measured {m['tok_s_gain'] * 100:+.1f}% "
+              f"predicted {p['tok_s_gain'] * 100:+.1f}% | step measured {m['step_gain'] * 100:+.1f}% "
+              f"predicted {p['step_gain'] * 100:+.1f}%"
+              + (f" | simulator {lv['predicted_simulator']['tok_s_gain'] * 100:+.1f}%" if a.profile else ""), flush=True)
+
+    doc = {"benchmark": "async_overlap", "model": a.model, "num_layers": a.num_layers, "dtype": a.dtype, "device": device,
+           "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "requests": len(reqs),
+           "max_num_seqs": a.max_num_seqs, "capacity_rps": capacity, "build_s": build_s, "levels": levels,
+           "total_s": time.perf_counter() - t0, "command": "python benchmarks/gpu/async_overlap.py " + " ".join(sys.argv[1:]),
+           "notes": ["predicted_host_rule: the synchronous run's steps (D: CUDA events launch->samples, H: the rest of the "
+                     "loop iteration) priced by costmodels.host.wall_time with overlap on; tok/s gain keeps the idle time",
+                     "measured: the same requests replayed with SchedulerConfig.async_overlap off and on (executor "
+                     "LLMEngine.step_sync / step_overlapped)"]}
+    (out_dir / "async_overlap.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {out_dir / 'async_overlap.json'} ({doc['total_s']:.0f} s)")
+    return doc
+
+
+if __name__ == "__main__":
+    main()
