@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
+from costmodels.host import HOST_PROFILES
 from costmodels.memory import per_rank_share
 from costmodels.model_spec import ModelSpec
 from costmodels.replay import ReplayPolicy, ResolvedReplay, effective_replay_policy
@@ -24,10 +25,12 @@ DEFAULT_FIRST_ACCEPTANCE = 0.85
 # time on CPU overhead" (their overlap scheduler hides it: +10% throughput). Engine write-ups put
 # "scheduling + preparation" at 1-5 ms per step growing with batch size. Our defaults: 2 ms fixed
 # + 20 us per scheduled request + 0.5 us per batched token, i.e. ~2.3 ms at batch 16 and ~4.6 ms
-# for a 128-request decode step; calibrate against a real engine when one is available.
-DEFAULT_HOST_STEP_S = 2.0e-3
-DEFAULT_HOST_PER_REQUEST_S = 20e-6
-DEFAULT_HOST_PER_TOKEN_S = 0.5e-6
+# for a 128-request decode step (costmodels.host.HOST_PROFILES["twinfer-default"]); the other engine
+# styles' profiles (``host_profile``, filled by each preset) carry their own sources.
+DEFAULT_HOST_STEP_S = HOST_PROFILES["twinfer-default"].step_s
+DEFAULT_HOST_PER_REQUEST_S = HOST_PROFILES["twinfer-default"].per_request_s
+DEFAULT_HOST_PER_TOKEN_S = HOST_PROFILES["twinfer-default"].per_token_s
+HostProfileName = Literal["twinfer-default", "twinfer-executor-measured", "vllm-v0", "vllm-v1", "sglang", "trtllm"]
 
 class AttentionDPConfig(BaseModel):
     """Attention-DP scheduling of one instance: each request on one DP rank, per-rank budgets, prefill policy.
@@ -85,13 +88,23 @@ class AttentionDPConfig(BaseModel):
 #   attention_dp_config.enable_balance (the ADP balance strategy, TensorRT-LLM tech blog 10: "ADP
 #   Balance Strategy") holds context requests until every rank has one: AttentionDPConfig below.
 SCHEDULER_PRESETS: dict[str, dict] = {
-    "vllm-v0": {"mixed_batches": False, "enable_chunked_prefill": False, "async_overlap": False},
-    "vllm-v1": {"mixed_batches": True, "enable_chunked_prefill": True, "async_overlap": False},
-    "sglang": {"mixed_batches": False, "enable_chunked_prefill": True, "async_overlap": True},
-    "trtllm-attention-dp": {"mixed_batches": True, "enable_chunked_prefill": False, "async_overlap": True,
+    "vllm-v0": {"mixed_batches": False, "enable_chunked_prefill": False, "async_overlap": False, "host_profile": "vllm-v0"},
+    "vllm-v1": {"mixed_batches": True, "enable_chunked_prefill": True, "async_overlap": False, "host_profile": "vllm-v1"},
+    "sglang": {"mixed_batches": False, "enable_chunked_prefill": True, "async_overlap": True, "host_profile": "sglang"},
+    "trtllm-attention-dp": {"mixed_batches": True, "enable_chunked_prefill": False, "async_overlap": True, "host_profile": "trtllm",
                             "attention_dp": AttentionDPConfig(prefill="balance")},
 }
 PresetName = Literal["vllm-v0", "vllm-v1", "sglang", "trtllm-attention-dp"]
+
+
+def _apply_host_profile(data):
+    """Fill the named host profile's terms under the fields given explicitly (an unknown name is left to the
+    field's error)."""
+    if not isinstance(data, dict) or data.get("host_profile") not in HOST_PROFILES:
+        return data
+    p = HOST_PROFILES[data["host_profile"]]
+    return {"host_step_s": p.step_s, "host_per_request_s": p.per_request_s, "host_per_token_s": p.per_token_s,
+            "async_overlap_hides": p.overlap_hides, **data}
 
 
 class SchedulerConfig(BaseModel):
@@ -134,6 +147,15 @@ class SchedulerConfig(BaseModel):
     )
     max_model_len: int = Field(131072, ge=1, le=1 << 24, description="most tokens (prompt + output) one request may hold")
     async_overlap: bool = Field(True, description="prepare step N+1 on the CPU while the GPU runs step N")
+    async_overlap_hides: float = Field(
+        1.0, gt=0.0, le=1.0, description="share of the host work async overlap hides under the device (1: all; "
+        "vLLM v0's async output processor ~0.25); the rest runs between steps. Set by host_profile",
+    )
+    host_profile: HostProfileName | None = Field(
+        None, description="an engine style's host step time and overlap share (costmodels.host.HOST_PROFILES: "
+        "twinfer-default, twinfer-executor-measured, vllm-v0, vllm-v1, sglang, trtllm; each preset names its own): "
+        "fills host_step_s, host_per_request_s, host_per_token_s and async_overlap_hides unless given here too",
+    )
     host_step_s: float = Field(DEFAULT_HOST_STEP_S, ge=0.0, le=1.0, description="host overhead per step, fixed part (s)")
     host_per_request_s: float = Field(DEFAULT_HOST_PER_REQUEST_S, ge=0.0, le=0.01, description="host overhead per scheduled request per step (s)")
     host_workers: int = Field(
@@ -156,8 +178,8 @@ class SchedulerConfig(BaseModel):
             merged = {**preset, **data}
             if isinstance(data.get("attention_dp"), dict) and "attention_dp" in preset:   # a file may tune one knob
                 merged["attention_dp"] = {**preset["attention_dp"].model_dump(exclude_unset=True), **data["attention_dp"]}
-            return merged
-        return data
+            data = merged
+        return _apply_host_profile(data)
 
     @model_serializer(mode="wrap")
     def _drop_unset_replay(self, handler):
@@ -168,6 +190,8 @@ class SchedulerConfig(BaseModel):
             del data["replay"]
         if isinstance(data, dict) and data.get("attention_dp", 0) is None:
             del data["attention_dp"]   # likewise for dumps from before explicit attention-DP ranks
+        if isinstance(data, dict) and data.get("host_profile", 0) is None and data.get("async_overlap_hides") == 1.0:
+            del data["host_profile"], data["async_overlap_hides"]   # and from before host profiles
         return data
 
     @model_validator(mode="after")
@@ -237,6 +261,12 @@ class SchedulerConfig(BaseModel):
     def expected_tokens_per_decode(self) -> float:
         """1 + sum of acceptance rates: mean tokens a decode step produces per request."""
         return 1.0 + sum(self.effective_acceptance_rates())
+
+    def overlap(self) -> bool | float:
+        """The overlap rule's argument (costmodels.host.wall_time): False, True, or the share hidden."""
+        if not self.async_overlap:
+            return False
+        return True if self.async_overlap_hides >= 1.0 else self.async_overlap_hides
 
     def host_overhead_s(self, num_requests: int, num_tokens: int) -> float:
         """Host time of one step scheduling ``num_requests`` requests and ``num_tokens`` tokens."""

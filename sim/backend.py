@@ -17,11 +17,12 @@ def _zero() -> float:
     return 0.0
 
 
-def host_coeffs(config) -> tuple[float, float, float]:
+def host_coeffs(config) -> tuple[float, float, float, float]:
     """(per step, per scheduled request, per batched token) host seconds of a SchedulerConfig: the
-    loop's scheduling and input preparation, which per-rank schedulers share out (host_workers)."""
+    loop's scheduling and input preparation, which per-rank schedulers share out (host_workers); then
+    the share of it async overlap hides (the host profile's ``async_overlap_hides``)."""
     w = config.host_workers
-    return (config.host_step_s, config.host_per_request_s / w, config.host_per_token_s / w)
+    return (config.host_step_s, config.host_per_request_s / w, config.host_per_token_s / w, config.async_overlap_hides)
 
 
 class SimBackend:
@@ -63,8 +64,10 @@ class SimBackend:
         # ascending copy of the (non-increasing) marginal acceptance rates: the number of draft
         # positions accepted with uniform u is the number of rates above u
         self._rates_asc = np.sort(np.asarray(acceptance_rates, float))
-        self.async_overlap = async_overlap
-        self.host_coeffs = host_coeffs
+        # (a 4th coefficient: the share of host work overlap hides, costmodels.host.wall_time's fraction)
+        hides = host_coeffs[3] if len(host_coeffs) > 3 else 1.0
+        self.async_overlap = hides if async_overlap and hides < 1.0 else async_overlap
+        self.host_coeffs = tuple(host_coeffs[:3])
         self._drawn: tuple[StepPlan, np.ndarray] | None = None  # the plan last priced, its drawn tokens
         # the simulated clock (the loop that drives this backend sets it): plans start at clock()
         self.clock: Callable[[], float] = _zero

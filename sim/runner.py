@@ -171,7 +171,7 @@ def estimate_capacity(scenario: Scenario) -> CapacityEstimate:
 
     def wall(device: float, n_req: int, n_tok: int) -> float:
         host = sc.host_overhead_s(n_req, n_tok)
-        return wall_time(device, host, sc.async_overlap)
+        return wall_time(device, host, sc.overlap())
 
     t_dec = wall(float(cm.decode_times(ctx, 1, sc.draft_len)[0]), batch, batch * s)
     p = int(round(prompt))
