@@ -110,7 +110,7 @@ def predicted_by_simulator(profile: str, cfg, blocks: int, reqs, scale: float) -
     from ui.cmd_validate import sim_config
 
     prof = CalibrationProfile.load(profile)
-    cost = ProfiledStepCost(prof)
+    cost = ProfiledStepCost(prof, num_layers=prof.step.num_layers)
     out = {}
     for ov in (False, True):
         m = simulate_requests(cost, sim_config(cfg.model_copy(update={"async_overlap": ov}), prof), blocks,
