@@ -83,7 +83,7 @@ def decode_terms(ctx: TuneContext, p: Policy) -> dict[str, float]:
     n = p.batch_per_rank * lay.dp
     cm = StepCostModel(model, hw, lay, profile_for(hw, ctx.calibration) if ctx.calibration else None)
     step = cm.step(BatchShape.from_lists([1] * n, [int(ctx.stats.mean_context)] * n, [True] * n))
-    sc = scheduler_of(p, lay.dp, ctx.draft_len, ctx.shipped_replay)
+    sc = scheduler_of(p, lay.dp, ctx.draft_len, ctx.shipped_replay, model)
     host = sc.host_overhead_s(n, n)
     b = step.breakdown
     return {"step": step.time_s, "moe": b.get("expert_gemm", 0.0), "comm": b.get("communication", 0.0),
@@ -116,7 +116,7 @@ def why_replay(ctx: TuneContext, without: Run, won: Run) -> str:
     model, hw = get_model(ctx.model), get_hardware(ctx.hardware)
     lay = ctx.options[won.policy.ep_width].layout
     ops = StepCostModel(model, hw, lay, profile_for(hw, ctx.calibration) if ctx.calibration else None)
-    pol = [replay_policy(*r.policy.replay).resolve(model) for r in (without, won)]
+    pol = [replay_policy(*r.policy.replay, model).resolve(model) for r in (without, won)]
     st = ctx.stats
     cached = int(max(0.0, st.mean_prompt - st.mean_new))
     pre = [prefill_seconds(ops, r, int(st.mean_prompt), won.policy.chunk_tokens, cached) for r in pol]

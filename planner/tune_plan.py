@@ -8,6 +8,7 @@ tuned per-GPU rate. Its figures come from one full-scale run of ``Plan.to_scenar
 
 from __future__ import annotations
 
+from costmodels.catalog import get_model
 from planner.plan import Plan, PoolPlan, Predicted
 from planner.simulate import steady_workload
 from planner.tune_policies import Policy, TuneContext, scheduler_of
@@ -19,7 +20,7 @@ def tuned_plan(ctx: TuneContext, p: Policy, why: list[str], *, max_requests: int
     """The plan of policy ``p`` on the context's GPUs (no figures yet: :func:`confirm`)."""
     opt = ctx.options[p.ep_width]
     instances = max(1, ctx.gpus // opt.layout.gpus)
-    sc = scheduler_of(p, opt.layout.dp, ctx.draft_len, ctx.shipped_replay)
+    sc = scheduler_of(p, opt.layout.dp, ctx.draft_len, ctx.shipped_replay, get_model(ctx.model))
     rate = ctx.rate_per_gpu * instances * opt.layout.gpus
     _, warmup = steady_workload(ctx.workload, max(rate, 1e-6), 1)
     # enough requests to pass the ramp-up and turn the seats over ~3 times (at least 30 s), as planner.search does

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from costmodels.catalog import get_model
 from costmodels.hardware import get_hardware
+from costmodels.model_spec import ModelSpec
 from costmodels.moe_load import ExpertLoadSpec
 from costmodels.replay import LayerReplay, ReplayPolicy, effective_replay_policy, window_layers
 from planner.request import SearchSpace
@@ -39,7 +40,8 @@ from sim.workload import WorkloadSpec
 from twinfer.errors import TwinferError
 
 ReplayLayers = str   # "none" (W = 0: every window layer keeps its KV), "all" window layers, or one window kind
-WINDOW_KINDS = ("sliding", "csa", "hca")
+WINDOW_KINDS = ("sliding", "csa", "hca")          # ReplayPolicy.kinds keys
+LAYER_GROUPS = WINDOW_KINDS + ("sparse",)         # layer kinds that may hold a window (sparse: V4.1, per-layer rules)
 POLICIES = ("ep_width", "async_overlap", "replay", "batch_per_rank", "chunk_tokens")
 THE_THREE = ("ep_width", "async_overlap", "replay")   # the policies the product names (issue 23)
 MIN_FINISHED = 0.99       # a candidate that leaves more than 1% of its requests unfinished is infeasible
@@ -70,8 +72,8 @@ class TuneSpace(BaseModel):
     @field_validator("replay_layers")
     @classmethod
     def _layers(cls, v):
-        if v is not None and (not v or any(x not in ("all",) + WINDOW_KINDS for x in v)):
-            raise ValueError(f"entries must be all or a window layer kind ({', '.join(WINDOW_KINDS)})")
+        if v is not None and (not v or any(x not in ("all",) + LAYER_GROUPS for x in v)):
+            raise ValueError(f"entries must be all or a window layer kind ({', '.join(LAYER_GROUPS)})")
         return v
 
     @field_validator("replay_tokens")
@@ -113,16 +115,25 @@ class Policy:
                 f"{rep}, batch {self.batch_per_rank}/rank, chunk {self.chunk_tokens}")
 
 
-def replay_policy(tokens: int, layers: str) -> ReplayPolicy:
+def replay_policy(tokens: int, layers: str, model: ModelSpec | None = None) -> ReplayPolicy:
     """The per-layer window policy of one replay value: W = 0 keeps every window layer's KV (persist); "all" replays W
-    on every window layer; a kind name replays W on that kind's layers and keeps the others'."""
+    on every window layer; a kind name replays W on that kind's window layers and keeps the others' (a kind the
+    policy has no ``kinds`` key for, e.g. V4.1's 'sparse', is written per layer: needs ``model``)."""
     if not tokens or layers == "none":
         return ReplayPolicy()
     rule = LayerReplay(mode="replay", tokens=tokens)
-    return ReplayPolicy(default=rule, tokens=tokens) if layers == "all" else ReplayPolicy(kinds={layers: rule}, tokens=tokens)
+    if layers == "all":
+        return ReplayPolicy(default=rule, tokens=tokens)
+    if layers in WINDOW_KINDS:
+        return ReplayPolicy(kinds={layers: rule}, tokens=tokens)
+    if model is None:
+        raise ValueError(f"replay layers {layers!r}: per-layer rules need the model")
+    kinds = model.kinds()
+    return ReplayPolicy(layers={i: rule for i in sorted(window_layers(model)) if kinds[i] == layers}, tokens=tokens)
 
 
-def scheduler_of(p: Policy, ranks: int, draft_len: int = 0, shipped: tuple[int, str] = (0, "none")) -> SchedulerConfig:
+def scheduler_of(p: Policy, ranks: int, draft_len: int = 0, shipped: tuple[int, str] = (0, "none"),
+                 model: ModelSpec | None = None) -> SchedulerConfig:
     """The scheduler of an instance (or slice) of ``ranks`` attention-DP ranks running policy ``p``.
 
     Replay on every window layer is written as ``swa_replay_tokens`` (the scheduler's whole-model knob, the same
@@ -133,7 +144,7 @@ def scheduler_of(p: Policy, ranks: int, draft_len: int = 0, shipped: tuple[int, 
         return sc.model_copy(update={"swa_replay_tokens": p.replay_tokens})
     if not p.replay_tokens and shipped == (0, "none"):
         return sc
-    return sc.model_copy(update={"replay": replay_policy(p.replay_tokens, p.replay_layers)})
+    return sc.model_copy(update={"replay": replay_policy(p.replay_tokens, p.replay_layers, model)})
 
 
 def shipped_replay(model: str) -> tuple[int, str]:
@@ -242,6 +253,18 @@ def values_of(ctx: TuneContext, space: TuneSpace) -> dict[str, list]:
             "batch_per_rank": list(space.batch_per_rank), "chunk_tokens": list(space.chunk_tokens)}
 
 
+def slice_workload(spec: WorkloadSpec, rate: float, n: int, most: int) -> tuple[WorkloadSpec, float]:
+    """The slice's workload at ``rate`` and where its steady window starts: ``planner.simulate.steady_workload``
+    (``n`` requests after the agentic session ramp-up), with the whole run held to ``most`` requests. An agentic
+    ramp-up at a high rate would otherwise dwarf the search (150 s of sessions at 10^4 req/s); cut short, the
+    window starts halfway, before every session has reached its last turns, the same for every candidate."""
+    wl, warmup = steady_workload(spec, rate, n)
+    if wl.duration_s is not None and rate * wl.duration_s > most:
+        duration = most / rate
+        return wl.model_copy(update={"duration_s": duration}), min(warmup, duration / 2)
+    return wl, warmup
+
+
 def slice_scenario(ctx: TuneContext, p: Policy, rate_per_gpu: float) -> tuple[Scenario, float]:
     """The scenario of one instance of ``p`` (a wide one cut to a share of its ranks) at ``rate_per_gpu``, and its GPUs."""
     opt = ctx.options[p.ep_width]
@@ -250,9 +273,9 @@ def slice_scenario(ctx: TuneContext, p: Policy, rate_per_gpu: float) -> tuple[Sc
     ranks = ranks_in_slice(lay.dp, p.batch_per_rank, cap)
     mirror = lay.dp // ranks
     gpus = lay.gpus / mirror
-    sc = scheduler_of(p, ranks, ctx.draft_len, ctx.shipped_replay)
-    n = int(min(ctx.sim_requests, max(300, 3 * sc.max_num_seqs)))
-    wl, warmup = steady_workload(ctx.workload, max(rate_per_gpu * gpus, 1e-3), n)
+    sc = scheduler_of(p, ranks, ctx.draft_len, ctx.shipped_replay, get_model(ctx.model))
+    wl, warmup = slice_workload(ctx.workload, max(rate_per_gpu * gpus, 1e-3), int(min(ctx.sim_requests, max(300, 3 * sc.max_num_seqs))),
+                                ctx.sim_requests)
     scen = Scenario(name="tune-slice", model=ctx.model, hardware=ctx.hardware, calibration=ctx.calibration, layout=lay,
                     instances=1, scheduler=sc, workload=wl, router=ctx.router, slo=ctx.slo, seed=ctx.seed,
                     steady_after_s=warmup or None)

@@ -43,6 +43,20 @@ def test_replay_values_become_scheduler_policies():
     assert scheduler_of(p.with_value("replay", (0, "none")), 2, shipped=(128, "all")).replay.default.mode == "persist"
 
 
+def test_v41_replays_per_layer_kind_and_ships_bounded_replay():
+    from costmodels.catalog import get_model
+
+    ctx = _ctx("deepseek-v4.1-flash", "gb300", 8)
+    assert "does not fit" in ctx.rejected[1]          # 306 GB of weights on one 288 GB GPU
+    assert ctx.shipped_replay == (128, "all")          # V4.1 ships bounded replay of its window
+    vals = values_of(ctx, TuneSpace())
+    assert {(64, "sliding"), (64, "csa"), (64, "sparse"), (128, "all")} <= set(vals["replay"])
+    assert baseline_policy(ctx, vals).replay == (128, "all")
+    m = get_model("deepseek-v4.1-flash")
+    modes = replay_policy(64, "sparse", m).resolve(m).modes
+    assert [i for i, k in enumerate(m.kinds()) if modes[i] == "replay"] == [i for i, k in enumerate(m.kinds()) if k == "sparse"]
+
+
 def test_memory_fit_rejects_widths_and_they_are_reported_not_tried():
     ctx = _ctx("deepseek-v4-flash", "h100", 4, TuneSpace(ep_widths=(1, 2, 4, 8)))
     assert sorted(ctx.options) == [4]

@@ -225,7 +225,9 @@ def write_policy_plan(path: Path, model: str, base, res, measured: dict | None, 
                  "baseline": res.baseline.knobs, "winner": res.best.knobs, "predicted_gain": res.predicted_gain,
                  "measured_gain": (measured or {}).get("gain"),
                  "predicted_only": res.best_predicted_only.knobs if res.best_predicted_only is not None else None,
-                 "note": "async overlap and MTP draft length are predicted-only knobs: the plan keeps the baseline's"},
+                 "note": "async overlap and MTP draft length are predicted-only knobs: the plan keeps the baseline's",
+                 "ep_width": "not searched on a one-GPU measured profile: EP width stays a simulated recommendation "
+                             "(twinfer tune --model M --hardware HW --gpus N)"},
     }
     path = Path(path)
     path.write_text("# twinfer tune: the winning scheduler policy; run it with  twinfer serve --plan " + path.name + "\n"

@@ -34,8 +34,9 @@ def bool_list(text: str, flag: str) -> tuple[bool, ...]:
 
 def layers_list(text: str, flag: str) -> tuple[str, ...]:
     vals = tuple(x.strip() for x in text.split(",") if x.strip())
-    if not vals or any(v not in ("all", "sliding", "csa", "hca") for v in vals):
-        raise TwinferError(f"{flag} {text!r}: allowed: all (every window layer replays W) or a window layer kind: sliding, csa, hca")
+    if not vals or any(v not in ("all", "sliding", "csa", "hca", "sparse") for v in vals):
+        raise TwinferError(f"{flag} {text!r}: allowed: all (every window layer replays W) or a window layer kind: sliding, csa, "
+                           "hca, sparse")
     return vals
 
 
@@ -113,17 +114,19 @@ def print_report(con, ctx, res, why: list[str]) -> None:
     con.print(f"{len(res.runs)} policies simulated (coordinate descent, {res.rounds} round(s)) on {ctx.model} x {ctx.hardware}, "
               f"{ctx.gpus} GPUs; workload {ctx.stats.describe()}", highlight=False)
     tab = Table(title="best per policy combination (simulated; the others at their best)")
-    for c in ("EP width", "async", "replay", "batch/rank", "chunk", "tok/s/GPU", "vs baseline", "TPOT ms", "feasible"):
+    pct = f"p{ctx.slo_percentile}" if ctx.slo is not None else "p50"
+    for c in ("EP", "async", "replay", "batch/rank", "chunk", "tok/s/GPU", "vs base", f"TTFT {pct} s", f"TPOT {pct} ms", "feasible"):
         tab.add_column(c, justify="right")
     b0 = res.baseline.thr_gpu
     for (ep, ov, rep), r in combo_table(res):
         mark = "*" if r is res.best else ""
         tab.add_row(f"{mark}EP{ep}", value_text("async_overlap", ov), value_text("replay", rep), str(r.policy.batch_per_rank),
                     str(r.policy.chunk_tokens), f"{r.thr_gpu:,.0f}", f"{gain(b0, r.thr_gpu):+.1%}",
+                    f"{r.ttft_s:.2f}" if r.ttft_s < 1e9 else "-",
                     f"{r.tpot_s * 1e3:.1f}" if r.tpot_s < 1e9 else "-", "yes" if r.feasible else r.why)
     con.print(tab)
     per = Table(title="best per policy value")
-    for c in ("policy", "value", "tok/s/GPU", "vs baseline"):
+    for c in ("policy", "value", "tok/s/GPU", "vs base"):
         per.add_column(c, justify="right")
     for pol, rows in best_per_value(res).items():
         for v, r in rows:
