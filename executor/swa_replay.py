@@ -15,7 +15,9 @@ layer j is its residual stream after layers 0..j-1 (no engine keeps hidden state
 ``e_j = max(x_i, i >= j)`` extra rows, the earlier tokens ``[c - e_j, c)`` (``ResolvedReplay.extra_tokens``,
 the simulator's count). The executor runs exactly that: the step's chunk is extended at the front by
 ``e_0`` earlier tokens and each layer processes only its own ``e_j`` extra rows plus the new tokens
-(leading rows drop out going up). An extra row writes this layer's KV only where the layer did not keep
+(leading rows drop out going up). When the scheduler runs the same policy its chunks already carry the
+``e_0`` tokens (``ScheduledChunk.replayed``, priced by the simulator through every layer less its depth
+correction); the executor then resumes at ``context_len + replayed`` and runs the same rows. An extra row writes this layer's KV only where the layer did not keep
 it (a kept entry is the original, exact value; the prefix's pages may be shared with other requests);
 a sliding layer's keys start at ``min(K.start, c - e_j)``, so nothing outside K and the rows is read.
 
