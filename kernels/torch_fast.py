@@ -17,9 +17,14 @@ def attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_position
     visible = torch.arange(s, device=q.device)[None, :] <= q_positions[:, None]
     if key_mask is not None:
         visible = visible & key_mask
+    if k.shape[1] != q.shape[1]:
+        # GQA: repeat the KV heads rather than pass enable_gqa, which with an attn_mask sends SDPA to its math
+        # backend (a [heads, n, S] fp32 score matrix; pytorch/pytorch#139586, transformers#39412's review)
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-        attn_mask=visible[None, None], scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+        attn_mask=visible[None, None], scale=scale)
     return out[0].transpose(0, 1).contiguous()
 
 
