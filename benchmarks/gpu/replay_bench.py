@@ -43,6 +43,7 @@ from executor.kv_cache import KVCache
 from executor.model_config import ExecModelConfig
 from executor.swa_replay import SWAReplay, exact_for_new_tokens, kept_blocks
 from executor.weights import build_model
+from kernels import ops
 
 WINDOW = 128   # DeepSeek-V4's sliding window (config.json sliding_window)
 
@@ -213,6 +214,8 @@ def main(argv=None) -> int:
     for prompt, chunk in sh["chunked"]:
         out["chunked"].append(b.chunked(pols, prompt, chunk))
         _write(a.out, out)
+    out["kernels"] = ops.reset_used()   # op -> implementation the forwards ran
+    _write(a.out, out)
     _print(out)
     return 0
 
