@@ -289,3 +289,16 @@ def test_simulate_replay_flag():
     res = subprocess.run([sys.executable, "-m", "ui.cli", "simulate", "-n", "5", "--replay", "{layers: {5: recompute}}"],
                          capture_output=True, text=True)   # the default model (DeepSeek-V3) has no sliding window
     assert res.returncode == 2 and "replay.layers: layer 5" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_default_scenario_unchanged_by_any_policy():
+    # the built-in default (DeepSeek-V3: no sliding layers) gives the same metrics whatever the policy, and a
+    # scheduler without one dumps without a 'replay' key (its digest is what it was before replay policies)
+    from sim.runner import simulate
+    from ui.cmd_simulate import effective_scenario
+
+    base = effective_scenario(None, requests=150)
+    assert "replay" not in base.model_dump(mode="json")["scheduler"]
+    other = base.model_copy(update={"scheduler": base.scheduler.model_copy(update={"replay": ReplayPolicy(default="recompute")})})
+    a, b = simulate(base).result, simulate(other).result
+    assert a.metrics == b.metrics and a.digest != b.digest   # (the scenario dump names the policy)
