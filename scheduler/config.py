@@ -182,10 +182,13 @@ class SchedulerConfig(BaseModel):
         return _apply_host_profile(data)
 
     @model_serializer(mode="wrap")
-    def _drop_unset_replay(self, handler):
+    def _drop_unset_replay(self, handler, info):
         """Leave ``replay`` out of dumps while it is null, so scenario dumps (and result digests) from before
-        per-layer replay policies stay byte-identical."""
+        per-layer replay policies stay byte-identical (a dump with context ``{"all_fields": True}`` keeps them:
+        ``twinfer simulate --print-scenario --all``)."""
         data = handler(self)
+        if info.context and info.context.get("all_fields"):
+            return data
         if isinstance(data, dict) and data.get("replay", 0) is None:
             del data["replay"]
         if isinstance(data, dict) and data.get("attention_dp", 0) is None:

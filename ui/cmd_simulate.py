@@ -351,7 +351,7 @@ def register(app: typer.Typer) -> None:
         if all_values and not print_scenario:
             raise TwinferError("--all: only with --print-scenario")
         if print_scenario and all_values:
-            print(yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False), end="")
+            print(yaml.safe_dump(sc.model_dump(mode="json", context={"all_fields": True}), sort_keys=False), end="")
             return
         if print_scenario:
             data = sc.model_dump(mode="json", exclude_none=True)
