@@ -65,8 +65,8 @@ class AttentionDPConfig(BaseModel):
     )
     rank_token_budget: int | None = Field(
         None, ge=1, le=1 << 22,
-        description="most tokens (decodes + prompt chunks) one rank runs per step (default: max_num_batched_tokens / ranks, "
-        "the share the memory fit sizes each GPU's workspace for)",
+        description="most tokens (decodes + prompt chunks) one rank runs per step, at most (and by default) "
+        "max_num_batched_tokens / ranks: the share the memory fit sizes each GPU's workspace for",
     )
 
 
@@ -233,6 +233,13 @@ class SchedulerConfig(BaseModel):
         if ad is None or not ad.ranks:
             return
         seats, budget = self.rank_seats(), self.rank_token_budget()
+        if budget > per_rank_share(self.max_num_batched_tokens, ad.ranks):
+            # one definition: the memory fit sizes each GPU's workspace for the instance budget's per-rank share
+            raise ValueError(
+                f"attention_dp.rank_token_budget={budget} exceeds max_num_batched_tokens / attention_dp.ranks = "
+                f"{per_rank_share(self.max_num_batched_tokens, ad.ranks)} (the share each GPU's workspace is sized for): "
+                f"raise max_num_batched_tokens to {budget * ad.ranks} instead"
+            )
         if seats * per_seq > budget:
             raise ValueError(
                 f"attention_dp.rank_token_budget={budget} cannot hold one rank's {seats} running decodes of {per_seq} tokens "

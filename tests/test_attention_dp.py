@@ -177,6 +177,7 @@ def test_preset_uses_balance_and_a_file_may_tune_one_knob():
     ({"scheduler": {"attention_dp": {"timeout_iters": -1}}}, "attention_dp.timeout_iters"),
     ({"scheduler": {"attention_dp": {"prefill": "eager"}}}, "attention_dp.prefill"),
     ({"scheduler": {"attention_dp": {"rank_token_budget": 8}}}, "attention_dp.rank_token_budget=8"),
+    ({"scheduler": {"attention_dp": {"rank_token_budget": 4096}}}, "attention_dp.rank_token_budget=4096 exceeds max_num_batched_tokens"),
     ({"scheduler": {"attention_dp": {}}, "layout": {"tp": 8}}, "scheduler.attention_dp needs at least 2 attention-DP ranks"),
     ({"scheduler": {"attention_dp": {}}, "effects": {"dp_balance": False}}, "effects.dp_balance"),
 ])
