@@ -355,12 +355,14 @@ def _add_part(ops: StepOps, v: np.ndarray, layers: list[int], tokens: int, ctx: 
         key = (kinds[j], m.is_moe_layer(j))
         groups[key] = groups.get(key, 0) + 1
     n_moe = sum(cnt for (_, moe), cnt in groups.items() if moe)
+    chosen = set(layers)
     x = np.array([float(tokens)])
     tok = x * ops.share
     kv_up = float(ctx + tokens) if (m.attention == "mla" and m.mla.kv_up_proj and m.indexer is None) else float(tokens)
     for src, pts in ((TOKENS, x), (KV_UP, np.array([kv_up]))):
         fam = ops.gemms(src, pts)
-        share = np.array([groups.get(ops.g_group[r], 0) / ops.g_count[r] if ops.g_group[r] else 0.0
+        # each row's share of these layers (StepOps.g_layers: a row may cover only some layers of its group)
+        share = np.array([sum(j in chosen for j in ops.g_layers[r]) / len(ops.g_layers[r]) if ops.g_layers[r] else 0.0
                           for r in ops._src_rows[src]])
         fam.time = fam.time * share[:, None]
         fam.add_to(v, None)
