@@ -302,3 +302,29 @@ def test_default_scenario_unchanged_by_any_policy():
     other = base.model_copy(update={"scheduler": base.scheduler.model_copy(update={"replay": ReplayPolicy(default="recompute")})})
     a, b = simulate(base).result, simulate(other).result
     assert a.metrics == b.metrics and a.digest != b.digest   # (the scenario dump names the policy)
+
+
+def test_depth_correction_at_the_busiest_dp_rank():
+    # DEP4: the simulator prices a step at its busiest attention-DP rank (EffectiveStepCost), where one prompt's chunk
+    # sits whole; the correction prices the chunk there, so a one-chunk step comes out at the per-layer price on that rank
+    from costmodels.calibration_source import profile_for
+    from costmodels.effective import EffectiveStepCost
+    from costmodels.replay import chunk_cost_at, depth_correction
+    from costmodels.step_ops import StepOps
+    from scheduler.plan import ScheduledChunk
+
+    m, hw = get_model("deepseek-v4.1-flash"), get_hardware("gb300")
+    lay = ParallelLayout(tp=1, dp=4, ep=4, weight_dtype=m.checkpoint_dtype, expert_dtype=m.checkpoint_expert_dtype,
+                         kv_dtype=m.default_kv_dtype)
+    r = ReplayPolicy(layers={1: "recompute"}).resolve(m)
+    fix = depth_correction(m, hw, lay, profile_for(hw, None), r)
+    eff = EffectiveStepCost(m, hw, lay, profile_for(hw, None))
+    on_rank = StepOps(m, hw, lay, profile_for(hw, None), dp_imbalance=4.0)
+    for n, c in ((8192, 8192), (8192, 24576)):
+        folded = eff.chunked_step_time(np.zeros(0, np.int64), 0, [n + c], [0])
+        got = folded - fix([ScheduledChunk(None, n + c, 0, False, c)])
+        assert got == pytest.approx(chunk_cost_at(on_rank, r.extra_tokens(c), n, c).seconds, rel=1e-9)
+        assert got < 0.7 * folded                      # layers 0-1 re-running c tokens, not the whole model
+    two = [ScheduledChunk(None, 8192 + 8192, 0, False, 8192), ScheduledChunk(None, 4096 + 8192, 4096, False, 8192)]
+    assert fix(two) == max(fix(two[:1]), fix(two[1:]))   # chunks on other ranks do not shorten the busiest
+    assert depth_correction(m, hw, lay, profile_for(hw, None), ReplayPolicy(default="replay").resolve(m)) is None
