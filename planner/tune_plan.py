@@ -16,12 +16,17 @@ from planner.tune_policies import Policy, TuneContext, scheduler_of
 PLAN_MIN_REQUESTS = 1000
 
 
-def tuned_plan(ctx: TuneContext, p: Policy, why: list[str], *, max_requests: int = 5000) -> Plan:
-    """The plan of policy ``p`` on the context's GPUs (no figures yet: :func:`confirm`)."""
+PLAN_UTILISATION = 0.9   # a plan tuned at capacity is served at this share of it
+
+
+def tuned_plan(ctx: TuneContext, p: Policy, why: list[str], *, max_requests: int = 5000, capacity_per_gpu: float = 0.0) -> Plan:
+    """The plan of policy ``p`` on the context's GPUs (no figures yet: :func:`confirm`): at the tuned rate per GPU, or,
+    when tuned at capacity, at ``PLAN_UTILISATION`` x the winner's capacity (``capacity_per_gpu`` requests/s per GPU)."""
     opt = ctx.options[p.ep_width]
     instances = max(1, ctx.gpus // opt.layout.gpus)
     sc = scheduler_of(p, opt.layout.dp, ctx.draft_len, ctx.shipped_replay, get_model(ctx.model))
-    rate = ctx.rate_per_gpu * instances * opt.layout.gpus
+    per_gpu = PLAN_UTILISATION * capacity_per_gpu if ctx.saturated else ctx.rate_per_gpu
+    rate = per_gpu * instances * opt.layout.gpus
     _, warmup = steady_workload(ctx.workload, max(rate, 1e-6), 1)
     # enough requests to pass the ramp-up and turn the seats over ~3 times (at least 30 s), as planner.search does
     window = max(30.0, 3 * instances * sc.max_num_seqs / max(rate, 1e-6))
@@ -33,7 +38,9 @@ def tuned_plan(ctx: TuneContext, p: Policy, why: list[str], *, max_requests: int
     eff = ctx.effects.model_copy(update={"eplb": False, "table_placement": opt.table_placement})
     assumptions = [
         "EP width is a simulated recommendation: measured only where several GPUs are lent (one GPU runs EP1)",
-        "policies compared at one offered request rate per GPU, each on a slice of the deployment (planner.simulate)",
+        ("policies compared at capacity (every request queued at once); the plan runs at "
+         f"{PLAN_UTILISATION:.0%} of the winner's simulated capacity" if ctx.saturated else
+         "policies compared at one offered request rate per GPU") + ", each on a slice of the deployment (planner.simulate)",
         "replay W applies to every sliding-window layer (SchedulerConfig.swa_replay_tokens)",
     ]
     return Plan(name=f"tuned-{ctx.model}-{ctx.hardware}-{ctx.gpus}gpu".lower(), model=ctx.model, hardware=ctx.hardware,

@@ -7,6 +7,11 @@ knobs max batch per rank and prefill chunk. Every candidate is simulated on a sl
 same per-GPU behaviour (``planner.simulate``: one instance, wide ones cut to a share of their
 ranks), all at the same offered request rate per GPU, so output tokens/s per GPU compare.
 
+By default every candidate is compared at its capacity: all its requests queued at once, output
+tokens/s per GPU in the steady window (the middle of the run, TPOT at full batch). An offered rate
+per GPU (``TuneContext.rate_per_gpu``) compares them at one load instead (a rate below some
+candidates' capacity ties them at the rate delivered).
+
 The search is coordinate descent (:func:`search`): from the baseline, each policy in turn is
 set to every allowed value with the others held, the best feasible one kept, until a round
 changes nothing (at most ``max_rounds``). That is ``sum(len(values))`` simulations a round
@@ -165,6 +170,7 @@ class Run:
     ttft_s: float = math.inf      # p90 when an SLO is given, else p50
     tpot_s: float = math.inf
     finished: float = 0.0
+    req_gpu: float = 0.0          # requests/s per GPU finished in the steady window
     prefill_tokens_per_request: float = 0.0   # computed prompt tokens per finished request (replay shows here)
     hit_rate: float = 0.0
     digest: str = ""
@@ -190,7 +196,12 @@ class TuneContext:
     draft_len: int = 0
     calibration: str | None = None
     expert_load: ExpertLoadSpec = field(default_factory=ExpertLoadSpec)
-    rate_per_gpu: float = 0.0                  # offered requests/s per GPU (set by ``set_rate``)
+    rate_per_gpu: float = SATURATE_RATE_PER_GPU  # offered requests/s per GPU (default: everything queued at once)
+
+    @property
+    def saturated(self) -> bool:
+        """Candidates compared at their capacity (every request queued at once), not at an offered rate."""
+        return self.rate_per_gpu >= SATURATE_RATE_PER_GPU
 
     @property
     def shipped_replay(self) -> tuple[int, str]:
@@ -300,7 +311,7 @@ def simulate_policy(ctx: TuneContext, p: Policy, rate_per_gpu: float | None = No
         return Run(p, why="no request finished")
     pct = ctx.slo_percentile if ctx.slo is not None else 50
     stat = lambda s: math.inf if getattr(s, f"p{pct}") is None else float(getattr(s, f"p{pct}"))  # noqa: E731
-    run = Run(p, thr_gpu=w.output_throughput / gpus, tps_user=w.per_user_output_tps_mean or 0.0, ttft_s=stat(w.ttft_s),
+    run = Run(p, thr_gpu=w.output_throughput / gpus, req_gpu=w.request_throughput / gpus, tps_user=w.per_user_output_tps_mean or 0.0, ttft_s=stat(w.ttft_s),
               tpot_s=stat(w.tpot_s), finished=m.requests_finished / max(m.requests_arrived, 1),
               prefill_tokens_per_request=m.computed_prefill_tokens / max(m.requests_finished, 1),
               hit_rate=m.prefix_cache_hit_rate or 0.0, digest=r.digest, feasible=True)
@@ -308,7 +319,7 @@ def simulate_policy(ctx: TuneContext, p: Policy, rate_per_gpu: float | None = No
         run.feasible, run.why = False, f"{1 - run.finished:.0%} of requests unfinished"
     elif ctx.slo is not None and run.tpot_s > ctx.slo.tpot_s:
         run.feasible, run.why = False, f"TPOT p{pct} {run.tpot_s * 1e3:.1f} ms > SLO {ctx.slo.tpot_s * 1e3:g} ms"
-    elif ctx.slo is not None and run.ttft_s > ctx.slo.ttft_s:
+    elif ctx.slo is not None and run.ttft_s > ctx.slo.ttft_s and not ctx.saturated:
         run.feasible, run.why = False, f"TTFT p{pct} {run.ttft_s:.2f} s > SLO {ctx.slo.ttft_s:g} s"
     return run
 

@@ -75,7 +75,8 @@ def test_search_tries_each_policy_and_explains_the_winner():
     vals = values_of(ctx, space)
     base = baseline_policy(ctx, vals)
     assert (base.ep_width, base.async_overlap, base.replay, base.batch_per_rank) == (1, False, (0, "none"), 64)
-    ctx.rate_per_gpu = 40.0
+    assert ctx.saturated                                  # default: each policy at its own capacity
+    ctx.rate_per_gpu = 40.0                               # here: all at one offered rate
     res = search(ctx, base, vals, max_rounds=2)
     assert len(res.runs) <= simulations_bound(vals, 2)
     tried = {p.ep_width for p in res.runs}, {p.async_overlap for p in res.runs}

@@ -57,15 +57,16 @@ def tune(
                                                      "every window layer, 0: window KV kept [the model's shipped policy]"),
     base_batch_per_rank: Optional[int] = typer.Option(None, "--base-batch-per-rank", help="baseline max batch per rank [64]"),
     base_chunk_tokens: Optional[int] = typer.Option(None, "--base-chunk-tokens", help="baseline prefill chunk per rank [8192]"),
-    rate_per_gpu: Optional[float] = typer.Option(None, "--rate-per-gpu", min=0.0, help="offered requests/s per GPU [--load x the "
-                                                 "baseline's capacity]"),
+    rate_per_gpu: Optional[float] = typer.Option(None, "--rate-per-gpu", min=0.0, help="offered requests/s per GPU [each policy "
+                                                 "at its own capacity]"),
     sim_requests: int = typer.Option(1500, "--sim-requests", min=100, max=1_000_000, help="most requests per candidate simulation"),
     plan_requests: int = typer.Option(5000, "--plan-requests", min=100, max=1_000_000, help="most requests of the plan's full-scale run"),
     rounds: int = typer.Option(2, "--rounds", min=1, max=10, help="coordinate-descent rounds at most"),
     trace: Optional[str] = typer.Option(None, "--trace", "-t", help="twinfer JSONL trace (default: the --workload preset)"),
     workload: str = typer.Option("chat", "--workload", "-w"),
     requests: Optional[int] = typer.Option(None, "--requests", "-n", min=1),
-    load: float = typer.Option(2.0, "--load", help="arrival rate as a multiple of the baseline's predicted capacity (2: past saturation)"),
+    load: Optional[float] = typer.Option(None, "--load", min=0.0, help="arrival rate as a multiple of the baseline's predicted capacity "
+                                         "[--profile: 2, past saturation; --gpus: none, each policy at its own capacity]"),
     objective: str = typer.Option("output_throughput", "--objective", help="output_throughput | ttft_p50 | ttft_p90 | tpot_p50 | e2e_p50"),
     slo: Optional[str] = typer.Option(None, "--slo", help="candidates must keep TPOT p50 under it, in the SLO syntax: tpot_p50=50ms"),
     max_num_seqs: int = typer.Option(16, "--max-num-seqs", min=1, help="baseline max batch"),
@@ -114,6 +115,7 @@ def tune(
     from ui.cmd_validate import load_requests, sim_config
 
     con = Console()
+    load = 2.0 if load is None else load
     prof = CalibrationProfile.load(profile)
     if prof.step is None:
         raise TwinferError(f"{profile}: no measured step model in this profile (make one with twinfer calibrate)")

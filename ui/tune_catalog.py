@@ -40,7 +40,7 @@ def layers_list(text: str, flag: str) -> tuple[str, ...]:
     return vals
 
 
-def run_catalog_tune(*, model: str, hardware: str, gpus: int, workload: str, load: float, rate_per_gpu: Optional[float],
+def run_catalog_tune(*, model: str, hardware: str, gpus: int, workload: str, load: Optional[float], rate_per_gpu: Optional[float],
                      slo_tpot_s: Optional[float], space_args: dict, base_args: dict, sim_requests: int, plan_requests: int,
                      rounds: int, seed: int, out: Optional[Path], plan_out: Optional[Path]) -> None:
     """Fit the EP widths, find the rate, search, explain, write the plan."""
@@ -66,13 +66,16 @@ def run_catalog_tune(*, model: str, hardware: str, gpus: int, workload: str, loa
         raise TwinferError(f"--ep-widths: no EP width fits {model} on {gpus} x {hardware} (reasons above)")
     vals = values_of(ctx, space)
     base = baseline_policy(ctx, vals, **base_args)
-    if rate_per_gpu is None:
+    if rate_per_gpu is not None:
+        ctx.rate_per_gpu = rate_per_gpu
+    elif load is not None:
         cap = capacity_per_gpu(ctx, base)
         ctx.rate_per_gpu = load * cap
         con.print(f"baseline capacity {cap:.3g} req/s per GPU (everything queued at once); offered {load:g} x = "
                   f"{ctx.rate_per_gpu:.3g} req/s per GPU", highlight=False)
     else:
-        ctx.rate_per_gpu = rate_per_gpu
+        con.print("policies compared at capacity: every request queued at once (--load or --rate-per-gpu: at an offered rate)",
+                  highlight=False)
     total = simulations_bound(vals, rounds)
     with progress_bar(con, transient=True) as bar:
         task = bar.add_task("tune: simulating policies", total=total)
@@ -80,12 +83,13 @@ def run_catalog_tune(*, model: str, hardware: str, gpus: int, workload: str, loa
         bar.update(task, total=len(res.runs), completed=len(res.runs))
     why = explanation(ctx, res)
     print_report(con, ctx, res, why)
-    plan = tuned_plan(ctx, res.best.policy, why, max_requests=plan_requests)
+    plan = tuned_plan(ctx, res.best.policy, why, max_requests=plan_requests, capacity_per_gpu=res.best.req_gpu)
     with progress_bar(con, transient=True) as bar:
         bar.add_task(f"full-scale run of the plan ({plan.workload.num_requests:,} requests)", total=None)
         plan = confirm(plan)
     pr = plan.predicted
-    con.print(f"plan at full scale ({plan.pools[0].instances} x {plan.pools[0].label}, {pr.simulated_requests:,} requests): "
+    con.print(f"plan at full scale ({plan.pools[0].instances} x {plan.pools[0].label}, {pr.request_rate:.3g} req/s, "
+              f"{pr.simulated_requests:,} requests): "
               f"{pr.output_tokens_per_s_per_gpu:,.0f} output tokens/s per GPU, TPOT p{plan.slo_percentile} {pr.tpot_s * 1e3:.1f} ms, "
               f"digest {pr.sim_digest[:16]}", highlight=False)
     con.print("EP width is a simulated recommendation: it is measured only where several GPUs are lent", highlight=False)
