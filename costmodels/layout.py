@@ -79,9 +79,10 @@ class ParallelLayout(BaseModel):
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo):
         """The fields, less the newer knobs still at their defaults (see ``_OMIT_AT_DEFAULT``); all of them when the
-        dump's context asks for ``all_values`` (e.g. ``model_dump(context={"all_values": True})``)."""
+        dump's context asks for ``all_fields`` (``model_dump(context={"all_fields": True})``, as
+        ``twinfer simulate --print-scenario --all`` does)."""
         out = handler(self)
-        if isinstance(out, dict) and not (info.context or {}).get("all_values"):
+        if isinstance(out, dict) and not (info.context or {}).get("all_fields"):
             for name in _OMIT_AT_DEFAULT:
                 if name in out and getattr(self, name) == type(self).model_fields[name].default:
                     del out[name]

@@ -169,8 +169,19 @@ def test_new_knobs_stay_out_of_the_layout_dump_at_their_defaults():
     dumped = ParallelLayout(**DEP8, comm_overlap="combine_down", offload_fraction=0.25).model_dump(mode="json")
     assert dumped["comm_overlap"] == "combine_down" and dumped["offload_fraction"] == 0.25
     assert ParallelLayout(**dumped) == ParallelLayout(**DEP8, comm_overlap="combine_down", offload_fraction=0.25)
-    every = ParallelLayout(tp=8).model_dump(context={"all_values": True})
+    every = ParallelLayout(tp=8).model_dump(context={"all_fields": True})
     assert every["comm_overlap"] is None and every["offload_scope"] == "routed_experts"
+
+
+def test_print_scenario_all_lists_the_layout_knobs():
+    from typer.testing import CliRunner
+    import yaml
+
+    from ui.cli import app
+
+    r = CliRunner().invoke(app, ["simulate", "--print-scenario", "--all"])
+    assert r.exit_code == 0, r.output
+    assert set(ParallelLayout.model_fields) <= set(yaml.safe_load(r.stdout)["layout"])
 
 
 # ----------------------------------------------------------------------------- NVFP4 dispatch
