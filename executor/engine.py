@@ -343,6 +343,10 @@ class LLMEngine:
         f.start_s = start
         f.firsts = [c.request for c in plan.prefills if c.is_last_chunk and c.request.first_token_time is None]
         f.finished = self.scheduler.complete(plan, StepResult(np.zeros(1)), self.now())
+        for r in f.firsts:     # the token times are set when the tokens exist (read-back): observers of the plan
+            r.first_token_time = None   # read back before this one must not see them early
+        for r in f.finished:
+            r.finish_time = None
         return f
 
     def _read_back(self, f: InFlight) -> list[TokenOutput]:

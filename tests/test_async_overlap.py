@@ -129,6 +129,27 @@ def test_sampled_requests_match_and_replay_runs_pipelined():
         assert e.stats().generation_tokens_total == 5 + 6 + 7
 
 
+def test_step_observers_see_each_finish_once_and_token_times_in_order():
+    """The server's metrics read finish and first-token times off the plans the observer is shown (serve/prom.py):
+    the pipelined loop sets them when the tokens are read back, so every finished request shows up finished in
+    exactly one observed plan, and its first token never comes after its finish or before its plan started."""
+    ps = prompts(2, (9, 40, 17, 5))
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (1, 7, 4, 12)]
+    for ov in (False, True):
+        e = engine(ov)
+        seen: dict[str, int] = {}
+
+        def observe(start_s, plan, result):
+            for r in list(plan.decodes) + [c.request for c in plan.prefills]:
+                if r.finish_time is not None and r.first_token_time is not None:
+                    seen[r.request_id] = seen.get(r.request_id, 0) + 1
+                    assert r.first_scheduled_time <= r.first_token_time <= r.finish_time
+
+        e.step_observer = observe
+        run_all(e, ps, params)
+        assert seen == {f"r{i}": 1 for i in range(4)}, (ov, seen)
+
+
 def test_off_switch_and_configurations_that_stay_synchronous():
     e = LLMEngine.from_args("tiny", device="cpu", dtype="fp64", scheduler_config={**SC, "async_overlap": True}, decode_steps=4)
     assert not e.async_overlap and "multi-step" in e.overlap_off_reason
