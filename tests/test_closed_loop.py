@@ -158,6 +158,14 @@ def test_never_more_than_n_in_flight_disaggregated():
     assert all(r.first_token_time <= r.finish_time for r in run.requests)
 
 
+def test_disaggregated_first_token_finishes_free_their_users():
+    # one-token outputs end on the prefill pool (no decode instance sees them): their users must still go on
+    wl = closed(concurrency=5, num_requests=60, output_len={"kind": "uniform", "min": 1, "max": 3})
+    run = simulate(scenario(wl, disagg=DisaggSpec(prefill_layout=TP8)), debug=True)
+    assert run.result.metrics.requests_finished == run.result.num_requests == 60
+    assert any(r.output_len == 1 for r in run.requests) and max_in_flight(run.requests) == 5
+
+
 def test_never_more_than_n_in_flight_deployment_runner_with_effects():
     # serving effects route the run through sim.deployment's aggregated path
     wl = closed(concurrency=9, num_requests=90, shared_prefix_len=256, num_prefix_groups=2)
