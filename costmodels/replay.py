@@ -27,6 +27,7 @@ lower layers hold; their KV writes are redundant), and layer j carries
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
@@ -188,13 +189,16 @@ class ResolvedReplay:
         x = self.layer_tokens(context)
         return np.maximum.accumulate(x[::-1])[::-1] if x.size else x
 
+    @cached_property
+    def _deepest(self) -> tuple[bool, int]:
+        """(some layer recomputes, the largest W of the replaying layers)."""
+        return "recompute" in self.modes, max((t for m, t in zip(self.modes, self.tokens) if m == "replay"), default=0)
+
     def carried_tokens(self, context: int) -> int:
         """Extra tokens the step carries at layer 0: e_0 = max_i x_i (closed form; the scheduler calls it per chunk)."""
         c = max(0, int(context))
-        if "recompute" in self.modes:
-            return c
-        w = max((t for m, t in zip(self.modes, self.tokens) if m == "replay"), default=0)
-        return min(w, c)
+        recompute, w = self._deepest
+        return c if recompute else min(w, c)
 
     def kept_fraction(self) -> np.ndarray:
         """Share of each layer's window KV kept with a paused sequence: 1 persist, (window - W)/window replay, 0 recompute."""
