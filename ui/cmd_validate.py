@@ -300,7 +300,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
         levels=reports, step_overall={**overall, "bins": overall_bins}, command="twinfer " + " ".join(sys.argv[1:]),
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         notes=[f"dummy weights; {L}-layer {model}; the simulator charges the profile's runner step plus its measured engine loop "
-               f"(async_overlap {'on: pipelined loop' if async_overlap else 'off: synchronous loop'})", "per-step errors are on the measured batch compositions",
+               f"(async_overlap {'on: pipelined loop' if base_cfg.async_overlap else 'off: synchronous loop'})", "per-step errors are on the measured batch compositions",
                "an unmeasured warm-up replay of the trace runs first" if (engine is not None and warm) else "no warm-up replay"],
     )
     if engine is not None:
