@@ -19,9 +19,11 @@ PLAN_MIN_REQUESTS = 1000
 PLAN_UTILISATION = 0.9   # a plan tuned at capacity is served at this share of it
 
 
-def tuned_plan(ctx: TuneContext, p: Policy, why: list[str], *, max_requests: int = 5000, capacity_per_gpu: float = 0.0) -> Plan:
+def tuned_plan(ctx: TuneContext, p: Policy, why: list[str], *, max_requests: int = 20000, capacity_per_gpu: float = 0.0) -> Plan:
     """The plan of policy ``p`` on the context's GPUs (no figures yet: :func:`confirm`): at the tuned rate per GPU, or,
-    when tuned at capacity, at ``PLAN_UTILISATION`` x the winner's capacity (``capacity_per_gpu`` requests/s per GPU)."""
+    when tuned at capacity, at ``PLAN_UTILISATION`` x the winner's capacity (``capacity_per_gpu`` requests/s per GPU: its
+    output tokens/s per GPU over the workload's mean output, since a saturated run's steady window finishes short requests
+    more often than they arrive)."""
     opt = ctx.options[p.ep_width]
     instances = max(1, ctx.gpus // opt.layout.gpus)
     sc = scheduler_of(p, opt.layout.dp, ctx.draft_len, ctx.shipped_replay, get_model(ctx.model))

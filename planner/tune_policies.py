@@ -115,7 +115,7 @@ class Policy:
 
     def describe(self) -> str:
         w, layers = self.replay
-        rep = "W=0 (window KV kept)" if not w else f"replay W={w} ({layers} sliding layers)"
+        rep = "W=0 (window KV kept)" if not w else f"replay W={w} ({'every' if layers == 'all' else layers} window layer{'s' if layers != 'all' else ''})"
         return (f"EP{self.ep_width} {'DEP' if self.ep_width > 1 else 'one GPU'}, async {'on' if self.async_overlap else 'off'}, "
                 f"{rep}, batch {self.batch_per_rank}/rank, chunk {self.chunk_tokens}")
 

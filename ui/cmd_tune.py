@@ -60,7 +60,8 @@ def tune(
     rate_per_gpu: Optional[float] = typer.Option(None, "--rate-per-gpu", min=0.0, help="offered requests/s per GPU [each policy "
                                                  "at its own capacity]"),
     sim_requests: int = typer.Option(1500, "--sim-requests", min=100, max=1_000_000, help="most requests per candidate simulation"),
-    plan_requests: int = typer.Option(5000, "--plan-requests", min=100, max=1_000_000, help="most requests of the plan's full-scale run"),
+    plan_requests: int = typer.Option(20000, "--plan-requests", min=100, max=1_000_000, help="most requests of the plan's full-scale run "
+                                      "(an agentic plan needs ~15k to pass its session ramp-up at 80 req/s)"),
     rounds: int = typer.Option(2, "--rounds", min=1, max=10, help="coordinate-descent rounds at most"),
     trace: Optional[str] = typer.Option(None, "--trace", "-t", help="twinfer JSONL trace (default: the --workload preset)"),
     workload: str = typer.Option("chat", "--workload", "-w"),

@@ -83,7 +83,7 @@ def run_catalog_tune(*, model: str, hardware: str, gpus: int, workload: str, loa
         bar.update(task, total=len(res.runs), completed=len(res.runs))
     why = explanation(ctx, res)
     print_report(con, ctx, res, why)
-    plan = tuned_plan(ctx, res.best.policy, why, max_requests=plan_requests, capacity_per_gpu=res.best.req_gpu)
+    plan = tuned_plan(ctx, res.best.policy, why, max_requests=plan_requests, capacity_per_gpu=res.best.thr_gpu / max(ctx.stats.mean_output, 1.0))
     with progress_bar(con, transient=True) as bar:
         bar.add_task(f"full-scale run of the plan ({plan.workload.num_requests:,} requests)", total=None)
         plan = confirm(plan)
