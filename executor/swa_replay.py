@@ -115,6 +115,19 @@ def kept_blocks(layout: list[LayerResume], c: int, page: int) -> list[int]:
     return out
 
 
+@dataclass
+class PreparedStep:
+    """A step's host-side work for ``SWAReplay.run``: the extended batch, per layer (rows or None, view), output rows."""
+
+    batch: ForwardBatch
+    views: list
+    news: list[SeqInput]
+    lays: list
+    take: torch.Tensor
+    put: torch.Tensor
+    rows: int
+
+
 class SWAReplay:
     """Runs forwards of a model with sliding layers under a ReplayPolicy; counts what it replays.
 
@@ -145,35 +158,53 @@ class SWAReplay:
         its own policy's rows for that resume point either way (so the plan's replayed rows and the policy's
         agree when the scheduler runs the same policy); the rows of replayed tokens come back as zeros
         (they stop at the deepest layer that needs them: only new tokens have a final hidden state)."""
+        prep = self.prepare(seqs, earlier, kv, replayed)
+        saved = [drop_unkept(kv, lay, s.block_table, s.context_len)
+                 for s, lay in zip(prep.news, prep.lays) if lay and self.audit]
+        h = self.run(model, prep, kv)
+        for dropped in saved:   # the audit is per resume: a later one (another boundary) finds the pages as the step left them
+            restore(kv, dropped)
+        return h
+
+    def prepare(self, seqs: list[SeqInput], earlier: list[list[int]], kv: KVCache,
+                replayed: list[int] | None = None) -> "PreparedStep":
+        """The host side of ``forward``: the extended batch and every layer's view, copied to the device up front
+        (a host-to-device copy waits for the queued kernels: made between layers, it would stall each one)."""
         nd = sum(s.is_decode for s in seqs)
         replayed = replayed or [0] * (len(seqs) - nd)
         news = [SeqInput(s.token_ids[r:], s.context_len + r, s.block_table, False) for s, r in zip(seqs[nd:], replayed)]
-        ext, lays, saved = list(seqs[:nd]), [], []
+        ext, lays = list(seqs[:nd]), []
         for s, toks in zip(news, earlier):
             c = s.context_len
             lay = self.layout(c) if c else None
             e0 = lay[0].extra if lay else 0
             ext.append(SeqInput(list(toks[c - e0: c]) + list(s.token_ids), c - e0, s.block_table, False))
             lays.append(lay)
-            if lay and self.audit:
-                saved.append(drop_unkept(kv, lay, s.block_table, c))
-        dev = kv.device
-        batch = build_forward_batch(ext, kv.page_size, kv.null_page, dev)
-        x = model.model.embed_tokens(batch.input_ids)
-        for j, layer in enumerate(model.model.layers):
+        batch = build_forward_batch(ext, kv.page_size, kv.null_page, kv.device)
+        views = []
+        for j in range(len(self.sliding)):
             idx, view = self._layer_view(batch, lays, news, j, kv.null_page)
             self.rows_per_layer[j] += int(view.positions.shape[0])
+            views.append((idx, view))
+        take, put, rows = self._plain_rows(batch, seqs[nd:], news, kv.device)
+        return PreparedStep(batch, views, news, lays, take, put, rows)
+
+    @staticmethod
+    def run(model, prep: "PreparedStep", kv: KVCache) -> torch.Tensor:
+        """The device side of ``forward``: embed, each layer on its rows, norm, the new tokens' rows placed."""
+        x = model.model.embed_tokens(prep.batch.input_ids)
+        for layer, (idx, view) in zip(model.model.layers, prep.views):
             if idx is None:
                 x = layer(x, view, kv)
             else:
                 x = x.index_copy(0, idx, layer(x.index_select(0, idx), view, kv))
-        for dropped in saved:   # the audit is per resume: a later one (another boundary) finds the pages as the step left them
-            restore(kv, dropped)
-        return self._plain_rows(model.model.norm(x), batch, seqs[nd:], news)
+        h = model.model.norm(x)
+        return h.new_zeros(prep.rows, h.shape[1]).index_copy(0, prep.put, h.index_select(0, prep.take))
 
     @staticmethod
-    def _plain_rows(h: torch.Tensor, batch: ForwardBatch, chunks: list[SeqInput], news: list[SeqInput]) -> torch.Tensor:
-        """Rows of the extended batch's decodes and new tokens, placed as ``build_forward_batch(decodes + chunks)`` lays them out."""
+    def _plain_rows(batch: ForwardBatch, chunks: list[SeqInput], news: list[SeqInput], dev):
+        """(rows of the extended batch's decodes and new tokens, where ``build_forward_batch(decodes + chunks)``
+        lays them out, its row count)."""
         nd = batch.num_decode_tokens
         src, dst, row = [np.arange(nd)], [np.arange(nd)], nd
         for p, s, n in zip(batch.prefills, chunks, news):
@@ -181,9 +212,7 @@ class SWAReplay:
             src.append(np.arange(p.start + p.num - k, p.start + p.num))
             row += len(s.token_ids)
             dst.append(np.arange(row - k, row))
-        out = h.new_zeros(row, h.shape[1])
-        take = torch.as_tensor(np.concatenate(src), device=h.device)
-        return out.index_copy(0, torch.as_tensor(np.concatenate(dst), device=h.device), h.index_select(0, take))
+        return torch.as_tensor(np.concatenate(src), device=dev), torch.as_tensor(np.concatenate(dst), device=dev), row
 
     def _layer_view(self, batch: ForwardBatch, lays: list, chunks: list[SeqInput], j: int, null_page: int):
         """(rows of the extended batch layer ``j`` processes or None for all, the batch it sees)."""

@@ -10,8 +10,9 @@ Workloads:
   per step, as a prefix-hit-heavy workload resumes request after request);
 - ``chunked``: a long prompt prefilled in chunks; every chunk after the first resumes.
 
-Per policy: measured device seconds (CUDA events around the forward and the last row's logits; median of
-``--reps``), predicted seconds (``costmodels.replay.chunk_cost`` / ``prefill_seconds`` on the same model
+Per policy: measured device seconds (CUDA events around the forward and the last row's logits, inputs prepared
+beforehand by ``SWAReplay.prepare``: the host's share is the host model's, costmodels/host.py; median of
+``--reps``; ``measured_with_inputs_s`` times the host preparation too), predicted seconds (``costmodels.replay.chunk_cost`` / ``prefill_seconds`` on the same model
 spec, H200, TP1 bf16), and the prefill throughput change against full recompute, measured and predicted
 (``tput / tput_recompute - 1``), with their difference in percentage points. Also: whether the policy
 gives the logits of a full recompute (``exact_for_new_tokens``) and the largest logit difference to the
@@ -112,10 +113,14 @@ class Bench:
         lay = ParallelLayout(tp=1, weight_dtype="bf16", kv_dtype="bf16")
         self.ops = StepCostModel(spec, get_hardware("h200"), lay)
 
-    def chunk(self, swa: SWAReplay, n: int, c: int) -> torch.Tensor:
-        """One resumed chunk through the executor's forward; the last row's logits (what a step samples)."""
-        seq = SeqInput(self.tokens[c: c + n], c, self.table, False)
-        h = swa.forward(self.model, [seq], [self.tokens], self.kv)
+    def prepare(self, swa: SWAReplay, n: int, c: int):
+        """The host side of one resumed chunk (batch and per-layer views, on the device)."""
+        return swa.prepare([SeqInput(self.tokens[c: c + n], c, self.table, False)], [self.tokens], self.kv)
+
+    def chunk(self, swa: SWAReplay, n: int, c: int, prep=None) -> torch.Tensor:
+        """One resumed chunk through the executor's forward (``prep``: inputs already prepared); the last row's
+        logits (what a step samples)."""
+        h = swa.run(self.model, prep or self.prepare(swa, n, c), self.kv)
         return self.model.compute_logits(h[-1:])
 
     def fill(self, upto: int) -> None:
@@ -130,11 +135,14 @@ class Bench:
         rows, ref = [], None
         for name, pol in pols:
             swa = SWAReplay(self.spec, pol)
-            t = self.timer(lambda: self.chunk(swa, n, c))
+            prep = self.prepare(swa, n, c)
+            t = self.timer(lambda: self.chunk(swa, n, c, prep))
+            t_in = self.timer(lambda: self.chunk(swa, n, c))
             logits = self.chunk(swa, n, c)
             ref = logits if name == "persist" else ref
             lay = swa.layout(c)
-            rows.append({"policy": name, "measured_s": t, "predicted_s": chunk_cost(self.ops, swa.resolved, n, c).seconds,
+            rows.append({"policy": name, "measured_s": t, "measured_with_inputs_s": t_in,
+                         "predicted_s": chunk_cost(self.ops, swa.resolved, n, c).seconds,
                          "exact": exact_for_new_tokens(lay, swa.window, c), "kept_window_pages": _window_pages(lay, c, self.page),
                          "layer_rows": [n + int(e) for e in swa.resolved.extra_tokens(c)], "_logits": logits})
         for r in rows:
@@ -147,12 +155,11 @@ class Bench:
         parts = prompt_chunks(prompt, chunk)
         for name, pol in pols:
             swa = SWAReplay(self.spec, pol)
-
-            def run():
-                for n, c in parts:
-                    self.chunk(swa, n, c)
-            t = self.timer(run)
-            rows.append({"policy": name, "measured_s": t, "predicted_s": prefill_seconds(self.ops, swa.resolved, prompt, chunk),
+            preps = [self.prepare(swa, n, c) for n, c in parts]
+            t = self.timer(lambda: [self.chunk(swa, n, c, p) for (n, c), p in zip(parts, preps)])
+            t_in = self.timer(lambda: [self.chunk(swa, n, c) for n, c in parts])
+            rows.append({"policy": name, "measured_s": t, "measured_with_inputs_s": t_in,
+                         "predicted_s": prefill_seconds(self.ops, swa.resolved, prompt, chunk),
                          "exact": all(exact_for_new_tokens(swa.layout(c), swa.window, c) for _, c in parts[1:]),
                          "extra_layer_tokens": int(sum(swa.resolved.extra_tokens(c).sum() for _, c in parts))})
         return {"prompt": prompt, "chunk": chunk, "chunks": len(parts), "rows": _changes(rows, prompt)}
@@ -172,6 +179,7 @@ def _changes(rows: list[dict], tokens: int) -> list[dict]:
         r["measured_change"] = base["measured_s"] / r["measured_s"] - 1
         r["predicted_change"] = base["predicted_s"] / r["predicted_s"] - 1
         r["diff_pp"] = 100 * (r["measured_change"] - r["predicted_change"])
+        r["measured_with_inputs_change"] = base["measured_with_inputs_s"] / r["measured_with_inputs_s"] - 1
     return rows
 
 
