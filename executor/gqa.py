@@ -44,13 +44,17 @@ class GQAAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         return self._rope(q, positions), self._rope(k, positions), v
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
-        t = x.shape[0]
+    def project_and_cache(self, x: torch.Tensor, batch: ForwardBatch, kv: KVCache):
+        """Project the step's tokens, write their K/V into this layer's pages; returns q, the layer's K and V
+        caches and an empty output buffer."""
         q, k, v = self.project(x, batch.positions)
         kc, vc = kv.k[self.cache_layer], kv.v[self.cache_layer]
         ref.write_paged(kc, batch.slot_mapping, k)
         ref.write_paged(vc, batch.slot_mapping, v)
-        out = torch.empty(t, self.hq, self.d, dtype=x.dtype, device=x.device)
+        return q, kc, vc, torch.empty(x.shape[0], self.hq, self.d, dtype=x.dtype, device=x.device)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        q, kc, vc, out = self.project_and_cache(x, batch, kv)
         nd = batch.num_decode_tokens
         if nd:
             qd = q[:nd].view(batch.num_decodes, batch.decode_sq, self.hq, self.d)
@@ -61,7 +65,7 @@ class GQAAttention(nn.Module):
             kk = ref.gather_paged(kc, p.block_table, p.kv_len)
             vv = ref.gather_paged(vc, p.block_table, p.kv_len)
             out[rows] = ops.attention_prefill(q[rows], kk, vv, batch.positions[rows], self.scale)
-        return self.o_proj(out.view(t, self.hq * self.d))
+        return self.o_proj(out.view(x.shape[0], self.hq * self.d))
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if self.rope_dim == self.d:

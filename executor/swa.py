@@ -23,7 +23,6 @@ from executor.forward_batch import ForwardBatch
 from executor.gqa import GQAAttention
 from executor.kv_cache import KVCache
 from kernels import ops
-from kernels import reference as ref
 
 
 def gather_range(cache: torch.Tensor, block_table: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
@@ -72,12 +71,7 @@ class SlidingWindowAttention(GQAAttention):
         self.window = int(window)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
-        t = x.shape[0]
-        q, k, v = self.project(x, batch.positions)
-        kc, vc = kv.k[self.cache_layer], kv.v[self.cache_layer]
-        ref.write_paged(kc, batch.slot_mapping, k)
-        ref.write_paged(vc, batch.slot_mapping, v)
-        out = torch.empty(t, self.hq, self.d, dtype=x.dtype, device=x.device)
+        q, kc, vc, out = self.project_and_cache(x, batch, kv)
         sq = batch.decode_sq
         for i in range(batch.num_decodes):
             n = int(batch.decode_seq_lens[i])
@@ -88,7 +82,7 @@ class SlidingWindowAttention(GQAAttention):
             rows = slice(p.start, p.start + p.num)
             lo = max(p.key_start, p.context_len - self.window + 1, 0)
             out[rows] = self._attend(q[rows], kc, vc, p.block_table, lo, p.kv_len, p.context_len)
-        return self.o_proj(out.view(t, self.hq * self.d))
+        return self.o_proj(out.view(x.shape[0], self.hq * self.d))
 
     def _attend(self, q, kc, vc, table, lo: int, hi: int, first: int) -> torch.Tensor:
         """Queries at ``first, ..`` over the sequence's keys ``[lo, hi)``."""

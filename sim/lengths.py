@@ -155,14 +155,8 @@ class LognormalLength(_Dist):
 
 
 
-class NormalLength(_Dist):
-    """Normal(``mean``, ``std``) clipped to ``[min, max]``."""
-
-    kind: Literal["normal"] = "normal"
-    mean_: Num = Field(alias="mean")
-    std: Num = Field(ge=0)
-    min: Num = Field(1, ge=0)
-    max: Num = Field(_BIG, gt=0)
+class _ClippedMean(_Dist):
+    """A distribution with a ``mean`` field clipped to ``[min, max]`` (subclasses declare the three)."""
 
     # the field is ``mean`` in configs; ``mean()`` is the method every distribution has
     model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
@@ -172,6 +166,16 @@ class NormalLength(_Dist):
         if self.max < self.min:
             raise ValueError(f"max ({self.max:g}) must be >= min ({self.min:g})")
         return self
+
+
+class NormalLength(_ClippedMean):
+    """Normal(``mean``, ``std``) clipped to ``[min, max]``."""
+
+    kind: Literal["normal"] = "normal"
+    mean_: Num = Field(alias="mean")
+    std: Num = Field(ge=0)
+    min: Num = Field(1, ge=0)
+    max: Num = Field(_BIG, gt=0)
 
     def sample_float(self, rng, n):
         return np.clip(rng.normal(self.mean_, self.std, n), self.min, self.max)
@@ -188,7 +192,7 @@ class NormalLength(_Dist):
 
 
 
-class ExponentialLength(_Dist):
+class ExponentialLength(_ClippedMean):
     """Exponential with ``mean``, clipped to ``[min, max]``: memoryless gaps, e.g. the think time of a
     closed-loop user (a Poisson stream of turns per user)."""
 
@@ -196,15 +200,6 @@ class ExponentialLength(_Dist):
     mean_: Num = Field(gt=0, alias="mean")
     min: Num = Field(0, ge=0)
     max: Num = Field(_BIG, gt=0)
-
-    # the field is ``mean`` in configs; ``mean()`` is the method every distribution has
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
-
-    @model_validator(mode="after")
-    def _order(self):
-        if self.max < self.min:
-            raise ValueError(f"max ({self.max:g}) must be >= min ({self.min:g})")
-        return self
 
     def sample_float(self, rng, n):
         return np.clip(rng.exponential(float(self.mean_), n), self.min, self.max)
