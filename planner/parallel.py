@@ -34,8 +34,14 @@ def reporting(hook: Callable[[str, int, int], None]) -> Iterator[None]:
 
 
 def _tell(fn: Callable, done: int, total: int) -> None:
+    report(getattr(fn, "__name__", "jobs"), done, total)
+
+
+def report(name: str, done: int, total: int) -> None:
+    """Tell the block's hook (if any) that ``done`` of ``total`` units of ``name`` are finished: for planner work
+    that runs in this process outside ``Runner.map`` (the full-scale confirmations)."""
     if _progress is not None:
-        _progress(getattr(fn, "__name__", "jobs"), done, total)
+        _progress(name, done, total)
 
 
 def default_workers() -> int:

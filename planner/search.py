@@ -29,7 +29,7 @@ from planner.combine import AGG, Candidate, Table, combine
 from planner.confirm import CONFIRM_CANDIDATES, CONFIRM_MAX_RUNS, CONFIRM_RATE_STEPS, confirm_plan
 from planner.economics import Economics, economics
 from planner.explain import describe_row, does_not_fit, short_row, slo_unreachable, why_it_won
-from planner.parallel import Runner
+from planner.parallel import Runner, report
 from planner.pareto import pareto_front
 from planner.plan import Plan, PoolPlan, Predicted
 from planner.request import PlanRequest
@@ -367,6 +367,7 @@ def _confirm(req, table, options, stats, model, hw, router, effects, ok, accepta
 
     The winner's outcome in ``outcomes`` becomes its full-scale one, so every table shows the plan's figure."""
     runs, best, attempts = [], None, 0
+    report("confirm_plan", 0, CONFIRM_MAX_RUNS)   # a progress bar's total: at most this many runs
     for i in rows:
         o = outcomes[i]
         if (best is not None and o.thr_gpu <= best[2].thr_gpu) or attempts >= CONFIRM_MAX_RUNS:
@@ -374,6 +375,8 @@ def _confirm(req, table, options, stats, model, hw, router, effects, ok, accepta
         for step in CONFIRM_RATE_STEPS:
             if attempts >= CONFIRM_MAX_RUNS:   # the limit holds across a candidate's rate steps too
                 break
+            if attempts:
+                report("confirm_plan", attempts, CONFIRM_MAX_RUNS)
             attempts += 1
             plan = _make_plan(req, table.candidate(i), options, stats, model, hw, router, effects, o, table, ok, acceptance,
                               outcomes, points, rate_scale=step)
@@ -385,6 +388,7 @@ def _confirm(req, table, options, stats, model, hw, router, effects, ok, accepta
                 if best is None or full.thr_gpu > best[2].thr_gpu:
                     best = (i, plan, full)
                 break
+    report("confirm_plan", attempts, attempts)   # done: as many runs as it took
     if best is None:
         return None, None, runs
     i, plan, full = best

@@ -194,7 +194,7 @@ def print_report(con: Console, rep, out: Optional[Path]) -> None:
     con.print(f"[dim]total {t.total_s:.1f} s[/]", highlight=False)
 
 
-JOB_LABELS = {"_screen_job": "screen layouts", "run_job": "simulate candidates"}
+JOB_LABELS = {"_screen_job": "screen layouts", "run_job": "simulate candidates", "confirm_plan": "full-scale runs of the plan"}
 
 
 def plan_with_progress(plan_deployment, req, workers: int, ray: Optional[str], quiet: bool):
@@ -212,7 +212,7 @@ def plan_with_progress(plan_deployment, req, workers: int, ray: Optional[str], q
             if done == 0:
                 where["label"] = JOB_LABELS.get(name, name)
                 where["task"] = bar.add_task(where["label"], total=total)
-            bar.update(where["task"], completed=done)
+            bar.update(where["task"], completed=done, total=total)
             where["done"], where["total"] = done, total
 
         try:
