@@ -40,6 +40,15 @@ class ReplayResult:
     kernel_steps: dict = field(default_factory=dict)   # op -> implementation -> steps it ran in
 
 
+class ReplayInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`replay`: the metrics of the requests finished so far (the rest count as arrived
+    only), the plans executed and the wall seconds, so a caller can print partial figures."""
+
+    def __init__(self, metrics, plans: int, wall_s: float):
+        super().__init__("replay interrupted")
+        self.metrics, self.plans, self.wall_s = metrics, plans, wall_s
+
+
 def replay(engine: LLMEngine, items: list[tuple[float, str, list[int], int]], temperature: float = 0.0, seed: int = 0,
            on_plan: Callable[[int, float, list[dict], object], None] | None = None) -> ReplayResult:
     """Replay ``(arrival_s, request_id, prompt_ids, output_len)`` (sorted by arrival) through the engine loop.
@@ -47,7 +56,6 @@ def replay(engine: LLMEngine, items: list[tuple[float, str, list[int], int]], te
     ``on_plan(plan_index, start_s, step_records, scheduler_stats)`` is called after every executed plan (the
     runner's per-step records: batch, times, kernels), e.g. to write a step log."""
     from scheduler.metrics import MetricsCollector
-    from twinfer.errors import TwinferError
 
     metrics = MetricsCollector(record_steps=False)
     steps: list[ReplayStep] = []
@@ -80,8 +88,24 @@ def replay(engine: LLMEngine, items: list[tuple[float, str, list[int], int]], te
         except Exception:  # noqa: BLE001  (no NVML bindings: no clock diagnostic)
             clock = None
     live: dict[str, Request] = {}
-    i = 0
     t_run = time.perf_counter()
+    try:
+        _loop(engine, items, temperature, seed, metrics, steps, current, live, clock)
+    except KeyboardInterrupt:
+        engine.step_observer = None
+        raise ReplayInterrupted(metrics.summarize(num_gpus=1, slo=None), plans[0], time.perf_counter() - t_run) from None
+    engine.step_observer = None
+    wall = time.perf_counter() - t_run
+    return ReplayResult(metrics.summarize(num_gpus=1, slo=None), steps, wall,
+                        {op: sorted(v, key=v.get, reverse=True) for op, v in kern.items()}, kern)
+
+
+def _loop(engine: LLMEngine, items, temperature: float, seed: int, metrics, steps: list, current: dict,
+          live: dict, clock) -> None:
+    """The replay loop: admit arrivals up to the engine clock, step, record finishes and the step's sample."""
+    from twinfer.errors import TwinferError
+
+    i = 0
     while i < len(items) or engine.has_unfinished():
         t0 = time.perf_counter()
         if not engine.has_unfinished() and i < len(items):
@@ -110,10 +134,6 @@ def replay(engine: LLMEngine, items: list[tuple[float, str, list[int], int]], te
                 s.sm_clock_mhz = float(clock(engine.runner.device))
             s.iter_s = time.perf_counter() - t0
             steps.append(s)
-    engine.step_observer = None
-    wall = time.perf_counter() - t_run
-    return ReplayResult(metrics.summarize(num_gpus=1, slo=None), steps, wall,
-                        {op: sorted(v, key=v.get, reverse=True) for op, v in kern.items()}, kern)
 
 
 def fresh_engine(engine: LLMEngine, scheduler_config: SchedulerConfig) -> LLMEngine:

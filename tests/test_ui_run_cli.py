@@ -37,3 +37,20 @@ def test_json_prints_only_json_on_stdout():
 def test_json_is_a_flag_not_a_path(tmp_path):
     r = CliRunner().invoke(app, ["run", "--json", str(tmp_path / "x.json")])
     assert r.exit_code == 2 and not (tmp_path / "x.json").exists()
+
+
+def test_ctrl_c_prints_the_finished_requests_figures(monkeypatch):
+    """A run cut by Ctrl-C exits 130 with the figures of the requests it finished (not only counts)."""
+    import executor.replay as rp
+
+    loop = rp._loop
+
+    def cut_after_first(engine, items, *rest):
+        loop(engine, items[:1], *rest)   # the first request runs to the end, then Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rp, "_loop", cut_after_first)
+    r = CliRunner().invoke(app, ["run", "--model", "tiny", "--device", "cpu", "-n", "3", "--max-output-len", "2", "--block-size", "16"])
+    assert r.exit_code == 130, r.output
+    assert "interrupted after" in r.stderr and "partial figures over the 1 finished requests" in r.stderr
+    assert "TTFT ms mean/p50/p90/p99" in r.stderr and "Traceback" not in r.output

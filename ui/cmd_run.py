@@ -77,6 +77,18 @@ def count_finished(engine) -> list[int]:
     return counts
 
 
+def _print_partial(con, m) -> None:
+    """The figures of the requests a cut run finished (engine clock; no drain, not comparable to a full run)."""
+    def ms(x) -> str:
+        return "-" if x is None else f"{x * 1e3:.1f}"
+
+    con.print(f"[yellow]partial figures over the {m.requests_finished} finished requests (no drain, not comparable "
+              "to a full run):[/]", highlight=False)
+    for name, st in (("TTFT", m.ttft_s), ("TPOT", m.tpot_s), ("E2E", m.e2e_s)):
+        con.print(f"  {name} ms mean/p50/p90/p99: {ms(st.mean)} / {ms(st.p50)} / {ms(st.p90)} / {ms(st.p99)}", highlight=False)
+    con.print(f"  output tokens/s {m.output_throughput:,.1f} over {m.duration_s:,.2f} engine s", highlight=False)
+
+
 def _graphs_info(g) -> dict:
     """Captured decode graph sizes, failures and capture time (empty dict when eager)."""
     if g is None:
@@ -164,7 +176,7 @@ def run(
         olen = min(r.output_len, max_output_len or r.output_len)
         items.append((r.arrival_time, r.request_id, synth_prompt(r.block_hashes, plen, engine.block_size, vocab, r.request_id, seed), olen))
 
-    from executor.replay import replay
+    from executor.replay import ReplayInterrupted, replay
 
     log_f = open(step_log, "w") if step_log else None
 
@@ -180,10 +192,12 @@ def run(
     try:
         with watch(lambda: finished[0], len(items), "run", err, transient=as_json):
             res = replay(engine, items, temperature=temperature, seed=seed, on_plan=write_log if log_f is not None else None)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as cut:
         err.print(f"[yellow]interrupted after {time.perf_counter() - t_run:.1f} s wall: {finished[0]} of {len(items)} requests "
-                  f"finished, {finished[1]:,} output tokens ({finished[1] / max(time.perf_counter() - t_run, 1e-9):,.1f} tokens/s wall); "
-                  "no metrics for a cut run[/]", highlight=False)
+                  f"finished, {finished[1]:,} output tokens ({finished[1] / max(time.perf_counter() - t_run, 1e-9):,.1f} tokens/s wall)[/]",
+                  highlight=False)
+        if isinstance(cut, ReplayInterrupted) and cut.metrics.requests_finished:
+            _print_partial(err, cut.metrics)
         raise typer.Exit(130) from None
     finally:
         if log_f is not None:
