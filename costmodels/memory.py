@@ -317,7 +317,7 @@ def memory_fit(
     host_per_gpu = model.host_table_bytes / max(layout.gpus, 1)
     host_fits = host_per_gpu + host_bytes_per_gpu(model, layout) <= hw.host_mem_gb * 1e9  # (+ offloaded weights)
     fits = pool > 0 and tokens >= min_kv_tokens
-    gb = lambda x: f"{x / 1e9:.1f} GB"  # noqa: E731
+    gb = lambda x: f"{x / 2**30:.1f} GiB"  # noqa: E731  (the unit the catalog counts HBM in: an H200 is 141.0 GiB)
     head = (f"{model.name} on {layout.gpus}x{hw.name} ({layout.describe()}, kv {layout.kv_dtype}): per GPU "
             f"{gb(w)} weights + {gb(ws)} workspace of {gb(usable)} usable ({mem_fraction:.0%} of {gb(hw.hbm_bytes)})")
     if pool <= 0:

@@ -116,7 +116,7 @@ def test_dp_imbalance_gives_the_busiest_rank_more_requests():
 # ----------------------------------------------------------------------------- fit
 def test_not_fitting_is_refused_with_the_shortfall_unless_allowed():
     cfg = dict(hardware="h100", dtype="bf16")
-    with pytest.raises(DoesNotFitError, match=r"layout TP8 bf16: does not fit: .* short by [0-9.]+ GB"):
+    with pytest.raises(DoesNotFitError, match=r"layout TP8 bf16: does not fit: .* short by [0-9.]+ GiB"):
         run_cost(CostConfig(**cfg))
     res = run_cost(CostConfig(**cfg, allow_no_fit=True))
     assert res["fits"] is False and res["step_time_s"] > 0 and "priced anyway" in res["warnings"][0]

@@ -62,7 +62,7 @@ def test_v3_bf16_on_8xh100_refused_with_numbers():
     with pytest.raises(DoesNotFitError) as e:
         check_fit(m, get_hardware("h100"), ParallelLayout(tp=8, weight_dtype="bf16"))
     msg = str(e.value)
-    assert "does not fit" in msg and "GB weights" in msg and "short by" in msg
+    assert "does not fit" in msg and "GiB weights" in msg and "short by" in msg and "of 80.0 GiB)" in msg  # the H100 in the catalog's unit
     fit = memory_fit(m, get_hardware("h100"), ParallelLayout(tp=8, weight_dtype="bf16"))
     assert not fit.fits and fit.weight_bytes > 160e9
 
