@@ -138,3 +138,19 @@ def test_bad_values_name_the_flag_and_exit_2(args, words):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     assert words in r.stderr + r.stdout and "Traceback" not in r.stderr
+
+
+def test_profile_mode_says_ep_width_stays_a_simulated_recommendation(tmp_path):
+    from pathlib import Path
+
+    import yaml
+
+    from ui.cli import app
+
+    prof = str(Path(__file__).resolve().parents[1] / "profiles" / "h200" / "calibration_deepseek-v3-5layers_fp8.json")
+    plan = tmp_path / "winner.yaml"
+    res = CliRunner().invoke(app, ["tune", "--model", "deepseek-v3", "--num-layers", "5", "--profile", prof, "--requests", "12",
+                                   "--max-input-len", "256", "--max-output-len", "8", "--plan-out", str(plan)])
+    assert res.exit_code == 0, res.output
+    assert "EP width: not searched here" in " ".join(res.output.split())
+    assert "simulated recommendation" in yaml.safe_load(plan.read_text())["tune"]["ep_width"]
