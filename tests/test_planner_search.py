@@ -102,7 +102,7 @@ def test_bad_plan_files_name_the_field(tmp_path):
 def test_model_that_does_not_fit_explains_and_offers_options():
     rep = plan_deployment(request(model="deepseek-v3", hardware="h100", gpus=4, simulate_top=0))
     assert rep.status == "does_not_fit" and rep.recommended is None
-    assert "does not fit on 4 x H100" in rep.message and "GB" in rep.message
+    assert "does not fit on 4 x H100" in rep.message and "GiB" in rep.message
     assert rep.closest_options and any("GPUs" in o for o in rep.closest_options)
 
 
