@@ -20,8 +20,9 @@ from scheduler.request import Request
 from sim.validate import copy_requests, metric_values, simulate_requests
 
 LOWER_IS_BETTER = {"tpot_p50", "tpot_p90", "ttft_p50", "ttft_p90", "e2e_p50"}
-MEASURABLE = ("max_num_seqs", "max_num_batched_tokens", "long_prefill_threshold")
-PREDICTED_ONLY = ("async_overlap", "draft_len")
+# async overlap is measurable: the executor's loop pipelines (LLMEngine.step_overlapped) when the config asks
+MEASURABLE = ("max_num_seqs", "max_num_batched_tokens", "long_prefill_threshold", "async_overlap")
+PREDICTED_ONLY = ("draft_len",)
 
 
 class Candidate(BaseModel):
@@ -53,8 +54,9 @@ def default_grid(base: SchedulerConfig, max_seqs: int, mtp: bool) -> dict[str, l
         "max_num_seqs": seqs,
         "max_num_batched_tokens": sorted({1024, 2048, 4096, 8192, base.max_num_batched_tokens}),
         "long_prefill_threshold": sorted({0, 512, 2048, base.long_prefill_threshold}),
+        "async_overlap": [False, True],
     }
-    extra = {"async_overlap": [False, True], "draft_len": [0, 1, 2] if mtp else [0]}
+    extra = {"draft_len": [0, 1, 2] if mtp else [0]}
     return {**grid, **extra}
 
 
@@ -131,8 +133,7 @@ def tune(cost, base: SchedulerConfig, num_blocks: int, requests: Sequence[Reques
             extra_gain = gain(objective, baseline.objective, extra_best.objective)
         else:
             extra_best = None
-        notes.append("async overlap and MTP draft length are predicted only: the offline replay runs the synchronous engine "
-                     "loop, and dummy weights accept no MTP drafts")
+        notes.append("MTP draft length is predicted only: dummy weights accept no MTP drafts")
     return TuneResult(objective=objective, slo_tpot_s=slo_tpot_s, baseline=baseline, best=best,
                       predicted_gain=gain(objective, baseline.objective, best.objective),
                       best_predicted_only=extra_best, predicted_only_gain=extra_gain, candidates=cands, notes=notes)

@@ -30,7 +30,8 @@ def test_tune_finds_a_policy_at_least_as_good_as_the_baseline():
     res = tune(cost, base, 4000, reqs, grid=grid)
     assert res.best.objective >= res.baseline.objective and res.predicted_gain > 0.2  # a bigger batch pays at saturation
     assert res.best.knobs["max_num_seqs"] == 32
-    assert len(res.candidates) == 4 + 1  # 2 x 2 measurable, then async on the winner
+    assert len(res.candidates) == 2 * 2 * 2  # every measurable combination, async overlap among them (the executor pipelines)
+    assert res.best.knobs["async_overlap"] is True and res.best_predicted_only is None
     # a grid that cannot beat the baseline keeps it (ties go to the baseline)
     same = tune(cost, base, 4000, reqs, grid={"max_num_seqs": [8], "max_num_batched_tokens": [1024], "long_prefill_threshold": [0]})
     assert same.best.knobs == same.baseline.knobs and same.predicted_gain == 0
