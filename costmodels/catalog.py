@@ -187,12 +187,7 @@ def from_hf_config(cfg: dict, name: str = "model") -> ModelSpec:
             spec["indexer"] = {"n_heads": c.req("index_n_heads"), "head_dim": c.req("index_head_dim"), "topk": c.req("index_topk")}
     elif family == "deepseek_v4":
         head_dim, rope = c.req("head_dim"), c.req("qk_rope_head_dim")
-        ratios = [int(r) for r in c.req("compress_ratios")][:layers]
-        if len(ratios) < layers:
-            raise TwinferError(f"{name}: compress_ratios has {len(ratios)} entries, num_hidden_layers is {layers}")
-        unknown = sorted({r for r in ratios if r not in _KIND_BY_RATIO})
-        if unknown:
-            raise TwinferError(f"{name}: compress_ratios values {unknown} not supported (allowed: 0 sliding, 4 csa, 128 hca)")
+        ratios = _compress_ratios(c, layers, _KIND_BY_RATIO, "")
         spec.update(
             attention="mla",
             num_kv_heads=c.get("num_key_value_heads", 1),
@@ -267,15 +262,22 @@ def _v41_kv_sources(c: _Cfg, ratios: list[int], layers: int) -> list[int | None]
     return out
 
 
-def _deepseek_v41(c: _Cfg, layers: int) -> dict:
-    """The ModelSpec fields of a DeepSeek-V4.1 config.json (CSA2 KV sources, index sources, CED split, Engram tables)."""
-    head_dim, rope = c.req("head_dim"), c.req("qk_rope_head_dim")
+def _compress_ratios(c: _Cfg, layers: int, kinds: dict[int, str], family: str) -> list[int]:
+    """config.json's ``compress_ratios`` for the first ``layers`` layers, each one of ``kinds`` (field-named errors)."""
     ratios = [int(r) for r in c.req("compress_ratios")][:layers]
     if len(ratios) < layers:
         raise TwinferError(f"{c.name}: compress_ratios has {len(ratios)} entries, num_hidden_layers is {layers}")
-    unknown = sorted({r for r in ratios if r not in _V41_KIND_BY_RATIO})
+    unknown = sorted({r for r in ratios if r not in kinds})
     if unknown:
-        raise TwinferError(f"{c.name}: compress_ratios values {unknown} not supported for deepseek_v41 (allowed: 0 sliding, 2 csa, 1 sparse)")
+        allowed = ", ".join(f"{r} {k}" for r, k in kinds.items())
+        raise TwinferError(f"{c.name}: compress_ratios values {unknown} not supported{family} (allowed: {allowed})")
+    return ratios
+
+
+def _deepseek_v41(c: _Cfg, layers: int) -> dict:
+    """The ModelSpec fields of a DeepSeek-V4.1 config.json (CSA2 KV sources, index sources, CED split, Engram tables)."""
+    head_dim, rope = c.req("head_dim"), c.req("qk_rope_head_dim")
+    ratios = _compress_ratios(c, layers, _V41_KIND_BY_RATIO, " for deepseek_v41")
     kv_src = _v41_kv_sources(c, ratios, layers)
     # CED: the decoder starts after the last KV source's layer group begins at the midpoint; the prefill tail of
     # layers past it needs no global KV of its own (vLLM RFC 57738: encoder L0-L19, decoder L20-L39)
