@@ -117,28 +117,10 @@ def test_ui_what_if_baseline_is_the_plans_figure(report):
     assert row["TTFT p90 (s)"] == pytest.approx(plan.predicted.ttft_s, rel=1e-12)
 
 
-def test_full_scale_confirmation_runs_are_capped_and_a_run_with_nothing_finished_is_a_miss(monkeypatch):
+def _plan_where_no_full_scale_run_finishes(monkeypatch):
+    """plan_deployment with every full-scale confirmation finishing nothing; (report, confirmation rows, the
+    progress hook's calls)."""
     import planner.search as search
-    from planner.confirm import CONFIRM_MAX_RUNS
-    calls = []
-
-    def nothing_finished(plan, row, table_rate, percentile):
-        calls.append(row)
-        return None
-
-    monkeypatch.setattr(search, "confirm_plan", nothing_finished)
-    req = PlanRequest.model_validate(dict(
-        model="qwen3-30b-a3b", hardware="h200", gpus=8, workload=preset("chat"), slo={"ttft_s": 2.0, "tpot_s": 0.05},
-        simulate_top=3, sim_requests=300))
-    rep = plan_deployment(req, workers=1)
-    assert 1 <= len(calls) <= CONFIRM_MAX_RUNS and rep.recommended is None
-
-
-def test_full_scale_confirmations_report_progress(monkeypatch):
-    """The confirmations run outside Runner.map, so they tell the progress hook themselves: a bar that
-    starts at 0 of CONFIRM_MAX_RUNS and ends with as many runs done as were made."""
-    import planner.search as search
-    from planner.confirm import CONFIRM_MAX_RUNS
     from planner.parallel import reporting
     calls, heard = [], []
 
@@ -151,7 +133,21 @@ def test_full_scale_confirmations_report_progress(monkeypatch):
         model="qwen3-30b-a3b", hardware="h200", gpus=8, workload=preset("chat"), slo={"ttft_s": 2.0, "tpot_s": 0.05},
         simulate_top=3, sim_requests=300))
     with reporting(lambda name, done, total: heard.append((name, done, total))):
-        plan_deployment(req, workers=1)
+        rep = plan_deployment(req, workers=1)
+    return rep, calls, heard
+
+
+def test_full_scale_confirmation_runs_are_capped_and_a_run_with_nothing_finished_is_a_miss(monkeypatch):
+    from planner.confirm import CONFIRM_MAX_RUNS
+    rep, calls, _ = _plan_where_no_full_scale_run_finishes(monkeypatch)
+    assert 1 <= len(calls) <= CONFIRM_MAX_RUNS and rep.recommended is None
+
+
+def test_full_scale_confirmations_report_progress(monkeypatch):
+    """The confirmations run outside Runner.map, so they tell the progress hook themselves: a bar that
+    starts at 0 of CONFIRM_MAX_RUNS and ends with as many runs done as were made."""
+    from planner.confirm import CONFIRM_MAX_RUNS
+    _, calls, heard = _plan_where_no_full_scale_run_finishes(monkeypatch)
     mine = [h for h in heard if h[0] == "confirm_plan"]
     assert mine[0] == ("confirm_plan", 0, CONFIRM_MAX_RUNS)
     assert mine[-1] == ("confirm_plan", len(calls), len(calls))
