@@ -131,6 +131,16 @@ def _mla_deepseek(c: _Cfg) -> dict:
     }
 
 
+def _mla_v4(c: _Cfg, head_dim: int, rope: int) -> dict:
+    """V4/V4.1 attention: one head_dim-wide latent (its last ``rope`` dims roped) that is both K and V, no up-projection."""
+    return {"q_lora_rank": c.req("q_lora_rank"), "kv_lora_rank": head_dim - rope, "qk_nope_head_dim": head_dim - rope,
+            "qk_rope_head_dim": rope, "v_head_dim": head_dim, "kv_up_proj": False}
+
+
+def _indexer_deepseek(c: _Cfg) -> dict:
+    return {"n_heads": c.req("index_n_heads"), "head_dim": c.req("index_head_dim"), "topk": c.req("index_topk")}
+
+
 def _moe_deepseek(c: _Cfg, n_experts_key: str = "n_routed_experts") -> dict:
     return {
         "n_routed_experts": c.req(n_experts_key),
@@ -184,7 +194,7 @@ def from_hf_config(cfg: dict, name: str = "model") -> ModelSpec:
             moe=_moe_deepseek(c),
         )
         if family == "deepseek_v32":
-            spec["indexer"] = {"n_heads": c.req("index_n_heads"), "head_dim": c.req("index_head_dim"), "topk": c.req("index_topk")}
+            spec["indexer"] = _indexer_deepseek(c)
     elif family == "deepseek_v4":
         head_dim, rope = c.req("head_dim"), c.req("qk_rope_head_dim")
         ratios = _compress_ratios(c, layers, _KIND_BY_RATIO, "")
@@ -193,9 +203,8 @@ def from_hf_config(cfg: dict, name: str = "model") -> ModelSpec:
             num_kv_heads=c.get("num_key_value_heads", 1),
             head_dim=head_dim,
             intermediate_size=c.get("intermediate_size", c.req("moe_intermediate_size")),
-            mla={"q_lora_rank": c.req("q_lora_rank"), "kv_lora_rank": head_dim - rope, "qk_nope_head_dim": head_dim - rope,
-                 "qk_rope_head_dim": rope, "v_head_dim": head_dim, "kv_up_proj": False},
-            indexer={"n_heads": c.req("index_n_heads"), "head_dim": c.req("index_head_dim"), "topk": c.req("index_topk")},
+            mla=_mla_v4(c, head_dim, rope),
+            indexer=_indexer_deepseek(c),
             moe=_moe_deepseek(c),
             layer_kinds=[_KIND_BY_RATIO[r] for r in ratios],
             sliding_window=c.req("sliding_window"),
@@ -291,10 +300,8 @@ def _deepseek_v41(c: _Cfg, layers: int) -> dict:
         num_kv_heads=c.get("num_key_value_heads", 1),
         head_dim=head_dim,
         intermediate_size=c.get("intermediate_size", c.req("moe_intermediate_size")),
-        mla={"q_lora_rank": c.req("q_lora_rank"), "kv_lora_rank": head_dim - rope, "qk_nope_head_dim": head_dim - rope,
-             "qk_rope_head_dim": rope, "v_head_dim": head_dim, "kv_up_proj": False},
-        indexer={"n_heads": c.req("index_n_heads"), "head_dim": c.req("index_head_dim"), "topk": c.req("index_topk"),
-                 "kv_dtype": c.get("index_kv_dtype", "fp4")},
+        mla=_mla_v4(c, head_dim, rope),
+        indexer={**_indexer_deepseek(c), "kv_dtype": c.get("index_kv_dtype", "fp4")},
         moe=_moe_deepseek(c),
         layer_kinds=[_V41_KIND_BY_RATIO[r] for r in ratios],
         sliding_window=c.req("sliding_window"),
