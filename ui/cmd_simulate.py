@@ -193,9 +193,7 @@ def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None)
     for name, st in (("TTFT", m.ttft_s), ("TPOT", m.tpot_s), ("ITL", m.itl_s), ("E2E", m.e2e_s)):
         lat.add_row(name, _ms(st.mean), _ms(st.p50), _ms(st.p90), _ms(st.p99))
     con.print(lat)
-    thr = Table(show_header=False, title="throughput and load (whole run: first arrival to last finish)", title_justify="left")
-    thr.add_column(justify="left")
-    thr.add_column(justify="right")
+    thr = _figures_table("throughput and load (whole run: first arrival to last finish)")
     thr.add_row("output tokens/s (per GPU)", f"{m.output_throughput:,.0f} ({m.output_throughput_per_gpu:,.0f})")
     thr.add_row("total tokens/s (per GPU)", f"{m.total_throughput:,.0f} ({m.total_throughput_per_gpu:,.0f})")
     if m.per_user_output_tps_mean is not None:
@@ -228,12 +226,17 @@ def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None)
     con.print(f"[dim]digest {res.digest[:16]}, simulated in {wall_s:.2f} s wall[/]", highlight=False)
 
 
-def steady_table(w, price: float | None, gpus: int) -> Table:
-    """The steady window's figures (the ones ``twinfer plan`` predicts), its definition in the title."""
-    t = Table(show_header=False, title_justify="left",
-              title=f"steady window: {w.definition.removeprefix('steady: ')} ({w.requests_arrived:,} requests)")
+def _figures_table(title: str) -> Table:
+    """A headerless two-column table (label left, figure right) under ``title``."""
+    t = Table(show_header=False, title=title, title_justify="left")
     t.add_column(justify="left")
     t.add_column(justify="right")
+    return t
+
+
+def steady_table(w, price: float | None, gpus: int) -> Table:
+    """The steady window's figures (the ones ``twinfer plan`` predicts), its definition in the title."""
+    t = _figures_table(f"steady window: {w.definition.removeprefix('steady: ')} ({w.requests_arrived:,} requests)")
     t.add_row("output tokens/s (per GPU)", f"{w.output_throughput:,.0f} ({w.output_throughput_per_gpu:,.0f})")
     t.add_row("TTFT p50 / p90 (ms)", f"{_ms(w.ttft_s.p50)} / {_ms(w.ttft_s.p90)}")
     t.add_row("TPOT p50 / p90 (ms)", f"{_ms(w.tpot_s.p50)} / {_ms(w.tpot_s.p90)}")
