@@ -366,9 +366,7 @@ def _add_part(ops: StepOps, v: np.ndarray, layers: list[int], tokens: int, ctx: 
     for src, pts in ((TOKENS, x), (KV_UP, np.array([kv_up]))):
         fam = ops.gemms(src, pts)
         # each row's share of these layers (StepOps.g_layers: a row may cover only some layers of its group)
-        share = np.array([sum(j in chosen for j in ops.g_layers[r]) / len(ops.g_layers[r]) if ops.g_layers[r] else 0.0
-                          for r in ops._src_rows[src]])
-        fam.time = fam.time * share[:, None]
+        fam.time = fam.time * ops.row_share(src, chosen.__contains__)[:, None]
         fam.add_to(v, None)
     ex = ops.experts(x, n_moe, f"{tag}routed_experts")
     co = ops.collectives(tok, len(layers), n_moe, True, tag)

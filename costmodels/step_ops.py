@@ -584,15 +584,19 @@ class StepOps:
     def _gemm_part(self, x: np.ndarray, dec: bool) -> Terms:
         """``gemms(TOKENS, x)`` restricted to the decoder (or encoder) layers: each row's share of its group's layers."""
         fam = self.gemms(TOKENS, x)
-        m = self.model
-        share = np.array([sum(m.ced_decoder(i) for i in self.g_layers[r]) / len(self.g_layers[r]) if self.g_layers[r] else 0.0
-                          for r in self._src_rows[TOKENS]])
+        share = self.row_share(TOKENS, self.model.ced_decoder)
         share = share if dec else 1.0 - share
         for a in ("count", "flops", "byts", "time"):
             setattr(fam, a, getattr(fam, a) * share[:, None])
         if dec:
             fam.names = [f"decoder_{n}" for n in fam.names]
         return fam
+
+    def row_share(self, src: int, member: Callable[[int], bool]) -> np.ndarray:
+        """Per GEMM row of ``src`` (``gemms(src, ...)``'s order), the share of the layers it runs in
+        (``g_layers``) for which ``member(layer)`` holds; 0 for head/MTP rows."""
+        return np.array([sum(member(i) for i in self.g_layers[r]) / len(self.g_layers[r]) if self.g_layers[r] else 0.0
+                         for r in self._src_rows[src]])
 
     def mtp_terms(self, x: np.ndarray, draft: int) -> list[Terms]:
         """Ops of ``draft`` MTP passes over ``x`` decodes (one token each; decode-only, so low-latency EP)."""
