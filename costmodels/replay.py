@@ -313,8 +313,8 @@ class DepthCorrection:
         top_mode, top_w = (replay.modes[-1], replay.tokens[-1]) if replay.modes else ("none", 0)
         if replay.is_persist or top_mode == "recompute":
             return False
-        w = max((t for m, t in zip(replay.modes, replay.tokens) if m == "replay"), default=0)
-        return "recompute" in replay.modes or top_mode != "replay" or top_w < w
+        recompute, w = replay._deepest
+        return recompute or top_mode != "replay" or top_w < w
 
     def __call__(self, chunks) -> float:
         total = best = 0.0
@@ -353,12 +353,8 @@ def _add_layers(ops: StepOps, v: np.ndarray, layers: list[int], tokens: int, ctx
 def _add_part(ops: StepOps, v: np.ndarray, layers: list[int], tokens: int, ctx: int, tag: str) -> None:
     """The families of ``layers`` (all seeing the same chunk) at ``tokens`` on ``ctx``: GEMM rows by their group's share
     of these layers, routed experts, norms, collectives (combine-down overlap as the step applies it), attention."""
-    m, kinds = ops.model, ops.model.kinds()
-    groups: dict[tuple[str, bool], int] = {}
-    for j in layers:
-        key = (kinds[j], m.is_moe_layer(j))
-        groups[key] = groups.get(key, 0) + 1
-    n_moe = sum(cnt for (_, moe), cnt in groups.items() if moe)
+    m = ops.model
+    n_moe = sum(1 for j in layers if m.is_moe_layer(j))
     chosen = set(layers)
     x = np.array([float(tokens)])
     tok = x * ops.share
