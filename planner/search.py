@@ -151,6 +151,17 @@ def _shortlist(table: Table, ok: np.ndarray, front: np.ndarray, k: int) -> list[
     return picks
 
 
+def prefix_router(stats: WorkloadStats) -> RouterConfig:
+    """The router of a plan: prefix-aware where the workload reuses prefixes (over 20% of prompt tokens hit)."""
+    return RouterConfig(kind="prefix_aware" if stats.hit_fraction > 0.2 else "least_outstanding")
+
+
+def host_cache_gb(stats: WorkloadStats, hw, fraction: float = 0.5) -> float:
+    """Host memory (GB) for the prefix cache's host tier (HiCache L2): ``fraction`` of the GPU's host memory where the
+    workload reuses prefixes (agentic turns, shared system prompts keep evicted KV there), else none."""
+    return fraction * hw.host_mem_gb if stats.hit_fraction > 0.2 else 0.0
+
+
 def _near_slo(table: Table, slo) -> np.ndarray:
     """Rows the screen puts within NEAR_SLO of the SLO (and whose seats fit in KV): the screen's estimates are
     optimistic in throughput and unreliable in latency, so these are the simulator's to judge, not the screen's."""
@@ -267,10 +278,8 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
             extra = max(1, int(EXTRA_SHARE * req.simulate_top))
             shortlist = _per_layout(table, _near_slo(table, req.slo), shortlist, len(shortlist) + extra,
                                     lambda o: (options[o].layout.tp, options[o].layout.dp, options[o].layout.ep, options[o].layout.pp))
-        router = RouterConfig(kind="prefix_aware" if stats.hit_fraction > 0.2 else "least_outstanding")
-        # prefix reuse (agentic turns, shared system prompts) keeps evicted KV in host memory (HiCache L2)
-        host_gb = req.host_cache_fraction * hw.host_mem_gb if stats.hit_fraction > 0.2 else 0.0
-        effects = EffectsSpec(expert_load=req.expert_load, host_cache_gb=host_gb)
+        router = prefix_router(stats)
+        effects = EffectsSpec(expert_load=req.expert_load, host_cache_gb=host_cache_gb(stats, hw, req.host_cache_fraction))
         acceptance = _acceptance(max(drafts))
         outcomes: dict[int, SimOutcome] = {}
         t2 = time.perf_counter()

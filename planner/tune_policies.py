@@ -33,6 +33,7 @@ from costmodels.model_spec import ModelSpec
 from costmodels.moe_load import ExpertLoadSpec
 from costmodels.replay import LayerReplay, ReplayPolicy, effective_replay_policy, window_layers
 from planner.request import SearchSpace
+from planner.search import host_cache_gb, prefix_router
 from planner.simulate import AGENTIC_SLICE_SEATS, SLICE_SEATS, ranks_in_slice, scheduler_for, steady_workload
 from planner.space import LayoutOption, enumerate_layouts
 from planner.workload_stats import WorkloadStats, workload_stats
@@ -209,13 +210,12 @@ class TuneContext:
 
     @property
     def router(self) -> RouterConfig:
-        return RouterConfig(kind="prefix_aware" if self.stats.hit_fraction > 0.2 else "least_outstanding")
+        return prefix_router(self.stats)
 
     @property
     def effects(self) -> EffectsSpec:
-        # prefix reuse keeps evicted KV in a host tier (the planner's rule, planner.search)
-        host_gb = 0.5 * get_hardware(self.hardware).host_mem_gb if self.stats.hit_fraction > 0.2 else 0.0
-        return EffectsSpec(expert_load=self.expert_load, host_cache_gb=host_gb)
+        # prefix reuse keeps evicted KV in a host tier (the planner's rule)
+        return EffectsSpec(expert_load=self.expert_load, host_cache_gb=host_cache_gb(self.stats, get_hardware(self.hardware)))
 
 
 def ep_layouts(model: str, hardware: str, gpus: int, widths: tuple[int, ...] | None, space: TuneSpace,
@@ -298,7 +298,6 @@ def simulate_policy(ctx: TuneContext, p: Policy, rate_per_gpu: float | None = No
     """Simulate ``p`` on its slice at the context's rate (or ``rate_per_gpu``); feasible if it finishes its requests
     and meets the SLO (if any)."""
     from sim.runner import simulate
-    from twinfer.errors import TwinferError
 
     scen, gpus = slice_scenario(ctx, p, ctx.rate_per_gpu if rate_per_gpu is None else rate_per_gpu)
     try:
