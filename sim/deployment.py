@@ -37,7 +37,7 @@ from sim import invariants
 from scheduler.metrics import MetricsCollector
 from sim.result import KVInfo, SimResult, SimRun
 from sim.router import make_router
-from sim.scenario import Scenario
+from sim.scenario import Scenario, run_seeds
 from twinfer import __version__
 from twinfer.errors import DoesNotFitError
 
@@ -84,8 +84,7 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
     fit = _fit(scenario, scenario.layout, sc, eff, "layout")
     num_blocks = max(1, fit.max_kv_tokens // eff.mirror // sc.block_size)
 
-    rng = np.random.default_rng(scenario.seed)
-    workload_seed, backend_seed = (int(x) for x in rng.integers(0, 2**63 - 1, size=2))
+    workload_seed, backend_seed = run_seeds(scenario)
     env = simpy.Environment()
     source = arrival_source(env, scenario.workload, np.random.default_rng(workload_seed), sc.block_size, requests)
     clock = lambda: env.now  # noqa: E731

@@ -25,7 +25,7 @@ from scheduler.metrics import MetricsCollector
 from sim.deployment import simulate_deployment
 from sim.result import KVInfo, SimResult, SimRun
 from sim.router import make_router
-from sim.scenario import Scenario
+from sim.scenario import Scenario, run_seeds
 from sim.workload import generate
 from twinfer import __version__
 from twinfer.errors import DoesNotFitError, TwinferError
@@ -49,14 +49,6 @@ def build_cost_model(scenario: Scenario) -> EffectiveStepCost:
     """The step cost model of one instance of ``scenario`` (StepCostModel plus per-step DP imbalance, expert load, tables)."""
     hw = get_hardware(scenario.hardware)
     return EffectiveStepCost(get_model(scenario.model), hw, scenario.layout, profile_for(hw, scenario.calibration))
-
-
-def run_seeds(scenario: Scenario) -> tuple[int, int]:
-    """(workload seed, backend seed): one seeded generator's first two draws, so the workload's and the
-    backends' streams do not depend on how many numbers the other consumes."""
-    rng = np.random.default_rng(scenario.seed)
-    workload_seed, backend_seed = (int(x) for x in rng.integers(0, 2**63 - 1, size=2))
-    return workload_seed, backend_seed
 
 
 def scenario_requests(scenario: Scenario) -> list[Request]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from costmodels.layout import ParallelLayout
@@ -148,6 +149,14 @@ class Scenario(BaseModel):
     def needs_deployment_runner(self) -> bool:
         """True when effects or disaggregation ask for ``sim.deployment`` rather than the plain runner."""
         return self.disagg is not None or self.effects != EffectsSpec() or self.scheduler.attention_dp is not None
+
+
+def run_seeds(scenario: Scenario) -> tuple[int, int]:
+    """(workload seed, backend seed): one seeded generator's first two draws, so the workload's and the
+    backends' streams do not depend on how many numbers the other consumes."""
+    rng = np.random.default_rng(scenario.seed)
+    workload_seed, backend_seed = (int(x) for x in rng.integers(0, 2**63 - 1, size=2))
+    return workload_seed, backend_seed
 
 
 _LAYOUT_DTYPES = ("weight_dtype", "expert_dtype", "kv_dtype")
