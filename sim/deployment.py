@@ -163,7 +163,8 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
     originals = {r.request_id: r for r in source.initial}
     copies = [prompt_copy(r) for r in source.initial]
     d_rates = dsc.effective_acceptance_rates()
-    d_scheds = [Scheduler(dsc, num_blocks, n_p + j, name_all_blocks=False, replay=dsc.replay_for(model)) for j in range(n_d)]
+    d_replay = dsc.replay_for(model)
+    d_scheds = [Scheduler(dsc, num_blocks, n_p + j, name_all_blocks=False, replay=d_replay) for j in range(n_d)]
     d_instances = [
         Instance(env, n_p + j, s, SimBackend(decode_cost, np.random.default_rng([backend_seed, n_p + j]), d_rates, dsc.async_overlap, load_s,
                                           host_coeffs(dsc)),
