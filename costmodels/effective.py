@@ -138,27 +138,30 @@ class EffectiveStepCost:
             return 0.0
         return tokens_rank * self.model.host_table_bytes_per_token / self._table_bw + self.base.cal.p2p_latency_s
 
-    def dp_ranks(self, new: np.ndarray, ctx: np.ndarray, dec: np.ndarray) -> np.ndarray:
+    def dp_ranks(self, new: np.ndarray, ctx: np.ndarray, dec: np.ndarray, work: np.ndarray | None = None) -> np.ndarray:
         """The rank of each request of a batch that carries no ranks of its own: decodes round-robin in
-        plan order, then prefill chunks longest first, each to the least-loaded rank (costmodels.dp_ranks)."""
+        plan order, then prefill chunks longest first, each to the least-loaded rank (costmodels.dp_ranks).
+        ``work``: each request's ``_work`` where the caller already has it."""
         dp = self.layout.dp
         ranks = np.zeros(new.size, np.int64)
         di = np.flatnonzero(dec)
         ranks[di] = np.arange(di.size) % dp
         pi = np.flatnonzero(~dec)
         if pi.size:
-            load = np.bincount(ranks[di], weights=self._work(new[di], ctx[di]), minlength=dp).astype(float)
-            ranks[pi] = place_largest_first(load, self._work(new[pi], ctx[pi]), size=new[pi])
+            work = self._work(new, ctx) if work is None else work
+            load = np.bincount(ranks[di], weights=work[di], minlength=dp).astype(float)
+            ranks[pi] = place_largest_first(load, work[pi], size=new[pi])
         return ranks
 
     def _work(self, new: np.ndarray, ctx: np.ndarray) -> np.ndarray:
         """Each request's work on its rank: tokens computed * w_tok + KV tokens read * w_kv."""
         return new * self._w_tok + (ctx + new) * self._w_kv
 
-    def ranked_imbalance(self, new: np.ndarray, ctx: np.ndarray, ranks: np.ndarray) -> float:
-        """Busiest rank's work over the mean when request i runs on rank ``ranks[i]`` (quantised to 1%, at most dp)."""
+    def ranked_imbalance(self, new: np.ndarray, ctx: np.ndarray, ranks: np.ndarray, work: np.ndarray | None = None) -> float:
+        """Busiest rank's work over the mean when request i runs on rank ``ranks[i]`` (quantised to 1%, at most dp;
+        ``work`` as in ``dp_ranks``)."""
         dp = self.layout.dp
-        work = np.bincount(ranks, weights=self._work(new, ctx), minlength=dp)
+        work = np.bincount(ranks, weights=self._work(new, ctx) if work is None else work, minlength=dp)
         mean = work.mean()
         if mean <= 0:
             return 1.0
@@ -174,7 +177,8 @@ class EffectiveStepCost:
         """Busiest attention-DP rank's work over the mean for this batch, split by ``dp_ranks`` (1.0 when dp == 1)."""
         if not self.dp_balance or new.size == 0:
             return 1.0
-        return self.ranked_imbalance(new, ctx, self.dp_ranks(new, ctx, dec))
+        work = self._work(new, ctx)  # once per step: the split and the imbalance read the same per-request work
+        return self.ranked_imbalance(new, ctx, self.dp_ranks(new, ctx, dec, work), work)
 
     # ------------------------------------------------------------------ StepCostModel interface
     def memory(self) -> MemoryFit:
