@@ -297,15 +297,17 @@ class LLMEngine:
             done = rid in finished
             if not new and not done:
                 continue
-            reason = None
-            if done:
-                reason = "stop" if rid in result.finished_early else "length"
-            self._gen_tokens += len(new)
-            outs.append(TokenOutput(rid, list(new), done, reason, r.prompt_len, r.num_cached_tokens))
-            if done:
-                self._reqs.pop(rid, None)
-                self.runner.remove_request(rid)
+            self._emit(outs, r, new, ("stop" if rid in result.finished_early else "length") if done else None)
         return outs
+
+    def _emit(self, outs: list[TokenOutput], req: Request, new: list[int], reason: str | None) -> None:
+        """Report ``req``'s new tokens in ``outs``; with a finish ``reason``, retire it (engine and runner)."""
+        rid, fin = req.request_id, reason is not None
+        self._gen_tokens += len(new)
+        outs.append(TokenOutput(rid, list(new), fin, reason, req.prompt_len, req.num_cached_tokens))
+        if fin:
+            self._reqs.pop(rid, None)
+            self.runner.remove_request(rid)
 
     def step_overlapped(self) -> list[TokenOutput]:
         """The pipelined loop body (async overlap): launch plan N+1, then read plan N back; N's token deltas.
@@ -381,13 +383,8 @@ class LLMEngine:
             self.step_observer(f.start_s, f.plan, StepResult(np.array([wall]), None, sampled, stopped))
         outs = []
         for rid, new in sampled.items():
-            req, fin = self._reqs[rid], rid in done or rid in stopped
-            self._gen_tokens += 1
-            outs.append(TokenOutput(rid, new, fin, ("stop" if rid in stopped else "length") if fin else None,
-                                    req.prompt_len, req.num_cached_tokens))
-            if fin:
-                self._reqs.pop(rid)
-                self.runner.remove_request(rid)
+            fin = rid in done or rid in stopped
+            self._emit(outs, self._reqs[rid], new, ("stop" if rid in stopped else "length") if fin else None)
         return outs
 
     def warmup(self, batch_sizes: tuple[int, ...] = (1, 2, 17, 64), prompt_lens: tuple[int, ...] = (1, 17, 130)) -> float:
