@@ -163,14 +163,9 @@ class StepOps:
         # and only each prefill chunk's last ``ced_tail`` tokens (the families of those layers take a second count)
         self.ced = m.ced_encoder_layers is not None
         self.ced_tail = int(m.sliding_window or 0) if self.ced else 0
-        dec_groups: dict[tuple[str, bool], int] = {}
-        for i, kind in enumerate(m.kinds()):
-            if m.ced_decoder(i):
-                key = (kind, m.is_moe_layer(i))
-                dec_groups[key] = dec_groups.get(key, 0) + 1
-        self.dec_groups = dec_groups
-        self.n_dec_layers = sum(dec_groups.values())
-        self.n_dec_moe_layers = sum(c for (k, moe), c in dec_groups.items() if moe)
+        dec = [i for i in range(self.n_layers) if m.ced_decoder(i)]
+        self.n_dec_layers = len(dec)
+        self.n_dec_moe_layers = sum(1 for i in dec if m.is_moe_layer(i))
 
     def _build_gemms(self) -> None:
         m, lay, cal, hw = self.model, self.layout, self.cal, self.hw
