@@ -33,10 +33,12 @@ def bool_list(text: str, flag: str) -> tuple[bool, ...]:
 
 
 def layers_list(text: str, flag: str) -> tuple[str, ...]:
+    from planner.tune_policies import LAYER_GROUPS
+
     vals = tuple(x.strip() for x in text.split(",") if x.strip())
-    if not vals or any(v not in ("all", "sliding", "csa", "hca", "sparse") for v in vals):
-        raise TwinferError(f"{flag} {text!r}: allowed: all (every window layer replays W) or a window layer kind: sliding, csa, "
-                           "hca, sparse")
+    if not vals or any(v not in ("all",) + LAYER_GROUPS for v in vals):
+        raise TwinferError(f"{flag} {text!r}: allowed: all (every window layer replays W) or a window layer kind: "
+                           f"{', '.join(LAYER_GROUPS)}")
     return vals
 
 
