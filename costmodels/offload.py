@@ -46,7 +46,7 @@ def offloaded_bytes_per_layer(model: ModelSpec, layout: ParallelLayout) -> float
     total = 0.0
     for lin in ffn_linears(model, True):
         if _LINEAR_GROUP.get(lin.name) in groups:
-            total += lin.params / shard_divisor(lin, model, layout) * weight_bytes_per_param(lin, layout)
+            total += lin.params / shard_divisor(lin, model, layout) * weight_bytes_per_param(lin, layout, model)
     return layout.offload_fraction * total
 
 
