@@ -50,11 +50,6 @@ class PipelinedRunner:
         self.runner = runner
         self.cuda = runner.device.type == "cuda"
 
-    @staticmethod
-    def supports(plan: StepPlan) -> bool:
-        """Plans the pipeline can run: one step, no drafts to verify."""
-        return plan.num_steps == 1 and plan.draft_len == 0
-
     @torch.inference_mode()
     def launch(self, plan: StepPlan, prev: InFlight | None) -> InFlight:
         """Build the plan's inputs (placeholders for tokens ``prev`` has not read back), queue its forward
