@@ -61,6 +61,22 @@ def accepted_prefix(drafts: list[int], samples: list[int]) -> int:
     return a
 
 
+def step_record(prefills: list, nd: int, sq: int, num_tokens: int, decode_context_tokens: int, accepted_drafts: int,
+                wall: float, dev: float, graph_bs: int) -> dict:
+    """One executed step's record (``ModelRunner.step_records``, the step log's row): its batch, times, the kernel
+    implementations used since the last record, and the CUDA graph it replayed (``graph_bs`` 0: none)."""
+    return {
+        "num_decodes": nd, "decode_sq": sq if nd else 0,
+        "num_prefills": len(prefills), "prefill_tokens": int(sum(c.num_new_tokens for c in prefills)),
+        "num_tokens": num_tokens,
+        "decode_context_tokens": decode_context_tokens,
+        "prefill_context_tokens": int(sum(c.context_len for c in prefills)),
+        "accepted_drafts": accepted_drafts,
+        "wall_s": wall, "device_s": dev, "backends": ops.reset_used(),
+        "cuda_graph": graph_bs > 0, "graph_bs": graph_bs,
+    }
+
+
 class ModelRunner:
     """Owns the model, the paged KV cache and per-request sampling state."""
 
@@ -223,9 +239,9 @@ class ModelRunner:
             wall, dev = self.timer.stop()
             durations.append(wall)
             counts.append(step_count)
-            rec = self._record(batch, prefills, nd, sq, wall, dev, accepted)
-            rec["cuda_graph"], rec["graph_bs"] = graph_bs > 0, graph_bs
-            self.step_records.append(rec)
+            self.step_records.append(step_record(prefills, nd, sq, batch.num_tokens,
+                                                 int(batch.decode_seq_lens.sum()) if nd else 0, int(sum(accepted)),
+                                                 wall, dev, graph_bs))
             self.num_steps_run += 1
             if finished_early or any(x <= 0 for x in remaining):
                 break
@@ -273,14 +289,3 @@ class ModelRunner:
             if rid in self.states:
                 self.states[rid].drafts = [d[n] for d in drafts]
 
-    def _record(self, batch: ForwardBatch, prefills: list, nd: int, sq: int, wall: float, dev: float,
-                accepted: list[int]) -> dict:
-        return {
-            "num_decodes": nd, "decode_sq": sq if nd else 0,
-            "num_prefills": len(prefills), "prefill_tokens": int(sum(c.num_new_tokens for c in prefills)),
-            "num_tokens": batch.num_tokens,
-            "decode_context_tokens": int(batch.decode_seq_lens.sum()) if nd else 0,
-            "prefill_context_tokens": int(sum(c.context_len for c in prefills)),
-            "accepted_drafts": int(sum(accepted)),
-            "wall_s": wall, "device_s": dev, "backends": ops.reset_used(),
-        }

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from executor.forward_batch import SeqInput, build_forward_batch
-from executor.model_runner import ModelRunner
+from executor.model_runner import ModelRunner, step_record
 from kernels import ops
 from scheduler.plan import StepPlan
 from scheduler.request import Request
@@ -118,18 +118,11 @@ class PipelinedRunner:
 
     @staticmethod
     def _record(plan: StepPlan, seqs: list[SeqInput], num_tokens: int, graph_bs: int) -> dict:
-        """The runner's step record (same keys as ModelRunner._record) from host-side figures only: reading a
-        device tensor here would wait for the device and undo the overlap."""
+        """The runner's step record from host-side figures only: reading a device tensor here would wait for the
+        device and undo the overlap (times filled by ``collect``)."""
         nd = len(plan.decodes)
-        return {
-            "num_decodes": nd, "decode_sq": 1 if nd else 0,
-            "num_prefills": len(plan.prefills), "prefill_tokens": int(sum(c.num_new_tokens for c in plan.prefills)),
-            "num_tokens": num_tokens,
-            "decode_context_tokens": int(sum(s.context_len + 1 for s in seqs[:nd])),
-            "prefill_context_tokens": int(sum(c.context_len for c in plan.prefills)),
-            "accepted_drafts": 0, "wall_s": 0.0, "device_s": float("nan"), "backends": ops.reset_used(),
-            "cuda_graph": graph_bs > 0, "graph_bs": graph_bs,
-        }
+        return step_record(plan.prefills, nd, 1, num_tokens, int(sum(s.context_len + 1 for s in seqs[:nd])), 0,
+                           0.0, float("nan"), graph_bs)
 
     def collect(self, f: InFlight) -> list[int]:
         """Wait for ``f``'s samples (only: later launches keep the device busy) and return them, one id per row."""
