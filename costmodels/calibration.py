@@ -53,6 +53,78 @@ class EffTable(BaseModel):
         return np.interp(np.log(np.maximum(x, 1e-30)), self._lx, self._y)
 
 
+class PrefillChunkTable(BaseModel):
+    """Measured seconds of one layer's attention for one prefill chunk: ``new`` query tokens over ``cached``
+    earlier tokens plus themselves (causal), at ``heads`` x (``d_qk``, ``d_v``) head dims. One point per
+    (new, cached); the points form levels of equal ``cached``.
+
+    Lookup: within a level, piecewise linear in log(new)-log(time); between two levels, linear in ``cached``
+    (the keys each query reads grow linearly with it). Beyond a level's largest ``new`` and beyond the largest
+    level the time follows the kernel's work, ``new x (cached + new)`` (masked SDPA visits the whole rectangle),
+    at the last measured point's rate; below the smallest ``new`` the smallest point's time is kept. Both are
+    flagged ``extrapolated`` (never clamped silently).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    new: list[float] = Field(..., min_length=2)
+    cached: list[float] = Field(..., min_length=2)
+    seconds: list[float] = Field(..., min_length=2)
+    heads: int = Field(..., gt=0)
+    d_qk: int = Field(..., gt=0)
+    d_v: int = Field(..., gt=0)
+    x_is: str = ""
+
+    @field_validator("seconds")
+    @classmethod
+    def _points(cls, sec: list[float], info: ValidationInfo) -> list[float]:
+        new, cached = info.data.get("new"), info.data.get("cached")
+        if new is None or cached is None:
+            return sec
+        if not len(new) == len(cached) == len(sec):
+            raise ValueError(f"new, cached and seconds must have one entry per point (got {len(new)}, {len(cached)}, {len(sec)})")
+        if not all(math.isfinite(v) for v in list(new) + list(cached) + list(sec)):
+            raise ValueError("new, cached and seconds must be finite numbers")
+        if min(new) <= 0 or min(sec) <= 0 or min(cached) < 0:
+            raise ValueError("new and seconds must be > 0 and cached >= 0")
+        return sec
+
+    def model_post_init(self, _ctx) -> None:
+        levels: dict[float, list[tuple[float, float]]] = {}
+        for n, c, t in zip(self.new, self.cached, self.seconds):
+            levels.setdefault(float(c), []).append((float(n), float(t)))
+        self._levels = sorted((c, np.array(sorted(p))) for c, p in levels.items())
+
+    def _at_level(self, j: int, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        c, pts = self._levels[j]
+        xs, ys = pts[:, 0], pts[:, 1]
+        t = np.exp(np.interp(np.log(n), np.log(xs), np.log(ys)))
+        above = n > xs[-1]
+        t = np.where(above, ys[-1] * n * (c + n) / (xs[-1] * (c + xs[-1])), t)
+        return t, above | (n < xs[0])
+
+    def __call__(self, new, cached) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds, extrapolated) for each (new, cached) pair."""
+        n = np.maximum(np.asarray(new, dtype=float), 1.0)
+        c = np.maximum(np.asarray(cached, dtype=float), 0.0)
+        cs = np.array([lv[0] for lv in self._levels])
+        lo = np.clip(np.searchsorted(cs, c, side="right") - 1, 0, len(cs) - 1)
+        hi = np.minimum(lo + 1, len(cs) - 1)
+        t = np.zeros_like(n)
+        ext = (c > cs[-1]) | (c < cs[0])
+        for j in range(len(cs)):
+            tj, ej = self._at_level(j, n)
+            is_lo, is_hi = lo == j, (hi == j) & (hi != lo)
+            # weight of the upper level: linear in cached between the two levels
+            w = np.where(hi != lo, (c - cs[lo]) / np.maximum(cs[hi] - cs[lo], 1e-30), 0.0)
+            w = np.clip(w, 0.0, 1.0)
+            t = t + np.where(is_lo, (1 - w) * tj, 0.0) + np.where(is_hi, w * tj, 0.0)
+            ext = ext | ((is_lo | is_hi) & ej)
+        top = c > cs[-1]
+        if top.any():
+            t = np.where(top, t * n * (c + n) / (n * (cs[-1] + n)), t)
+        return t, ext
+
+
 class CalibrationProfile(BaseModel):
     """Efficiencies of one GPU kind's kernels. Analytic forms (used when a table is absent):
 
@@ -86,7 +158,9 @@ class CalibrationProfile(BaseModel):
     launch_overhead_s: float = Field(3e-6, ge=0)
     op_tables: str | None = Field(None, description="GPU whose measured op tables (costmodels/data/op_tables/<gpu>) price "
                                   "dense FP8 GEMMs (scaled by datasheet rooflines on other NVIDIA GPUs); None: the GEMM ramp")
-    tables: dict[str, EffTable] = Field(default_factory=dict)
+    tables: dict[str, EffTable | PrefillChunkTable] = Field(
+        default_factory=dict, description="efficiency tables over one shape variable (EffTable); ``attn_prefill_chunk``: "
+        "seconds of one prefill chunk's attention over new x cached tokens (PrefillChunkTable)")
     # measured profiles (twinfer calibrate): where the numbers come from, the op micro-benchmarks
     # behind ``tables``, and the measured step model of one engine (costmodels.step_profile)
     provenance: dict = Field(default_factory=dict, description="GPU, driver, torch, kernel backends, date, command")

@@ -236,7 +236,7 @@ class StepCostModel(StepOps):
         self._mtp_on = bool(m.mtp_layers)
         self._attn_t = _attn_timer(cal, self.hw.hbm_bw)
         # a measured per-length prefill-attention table prices each chunk on its own: the op-by-op path does that
-        self._pre_table = "attn_prefill_compute" in cal.tables
+        self._pre_table = "attn_prefill_compute" in cal.tables or "attn_prefill_chunk" in cal.tables
         self._ep_split = bool(m.moe and lay.ep > 1 and self.disp_rows_normal != self.disp_rows_ll)
         h_loc = self.heads_local
 

@@ -293,6 +293,7 @@ class StepOps:
         self._idx_den = self.idx_peak * cal.attn_compute() if m.indexer else 1.0
         self._idx_coef = 2.0 * m.indexer.n_heads * m.indexer.head_dim if m.indexer else 0.0
         self.mla_table = self._mla_table()
+        self.chunk_table = cal.tables.get("attn_prefill_chunk")   # PrefillChunkTable (a measured profile's) or None
 
     def _attention_groups(self) -> tuple[list[tuple[AttnGeometry, int]], list[bool]]:
         """(geometry, layer count) of the layer groups attention is priced over, and whether each is a CED decoder
@@ -653,6 +654,12 @@ class StepOps:
             if is_dec and self.mla_table is not None and self.mla_covers(geo) and bool((n == 1).all()):
                 # measured FlashMLA: one kernel over the rank's decodes at their mean context
                 out[2] += self.mla_table.at(c.size * s, float(last.sum()) / c.size, flops, byts)
+            elif not is_dec and geo.prefill_upproj and self.chunk_table is not None and flops > 0:
+                # measured per-chunk attention (new x cached, the executor's own masked SDPA), scaled to this
+                # layout's heads and head dims; the K/V up-projection stays with the KV_UP GEMMs
+                tab = self.chunk_table
+                t_c, _ = tab(n, c)
+                out[2] += float(t_c.sum()) * s * h_loc * (geo.d_qk_prefill + geo.d_v_prefill) / (tab.heads * (tab.d_qk + tab.d_v))
             elif not is_dec and "attn_prefill_compute" in self.cal.tables and flops > 0:
                 # measured per-length efficiency: each chunk is its own kernel (short ones are far below peak)
                 eff = np.maximum(self.cal.attn_prefill_compute((c + n).astype(float)), 1e-9)

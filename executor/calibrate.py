@@ -31,7 +31,7 @@ import time
 import numpy as np
 import torch
 
-from costmodels.calibration import CalibrationProfile, EffTable
+from costmodels.calibration import CalibrationProfile, EffTable, PrefillChunkTable
 from costmodels.hardware import get_hardware
 from costmodels.step_fit import fit_step_profile
 from costmodels.step_profile import StepPoint
@@ -200,6 +200,34 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
             out.append({"op": "attention_prefill", "tokens": n, "time_s": t, "spread": spread, "flops": flops,
                         "tflops": flops / t / 1e12, "backend": ops.reset_used().get("attention_prefill", "?")})
 
+        # one prefill chunk's attention over cached context, exactly the executor's own (MLAAttention.prefill_attend:
+        # K assembly and masked SDPA): new x cached tokens, positions c..c+n-1, as serving resumes a prompt
+        dn, dr = mla.dn, mla.dr
+        news = [128, 512, 1024, 2048, 4096, 6144, 8192] if not quick else [16, 64]
+        cacheds = [0, 1024, 2048, 4096, 6144] if not quick else [0, 48]
+        for c in cacheds:
+            for n in news:
+                if n + c > engine.max_model_len:
+                    continue
+                s_keys = c + n
+                qn = torch.randn(n, mla.h, dn, generator=g, device=dev, dtype=torch.float32).to(act)
+                qp = torch.randn(n, mla.h, dr, generator=g, device=dev, dtype=torch.float32).to(act)
+                kn = torch.randn(s_keys, mla.h, dn, generator=g, device=dev, dtype=torch.float32).to(act)
+                vv = torch.randn(s_keys, mla.h, dv, generator=g, device=dev, dtype=torch.float32).to(act)
+                kp = torch.randn(s_keys, dr, generator=g, device=dev, dtype=torch.float32).to(act)
+                pos = torch.arange(c, c + n, device=dev)
+                ops.reset_used()
+                try:
+                    t, spread = timed(lambda: mla.prefill_attend(qn, qp, kn, vv, kp, pos, None))
+                except RuntimeError as e:  # e.g. out of memory at the largest shape: keep the rest of the table
+                    out.append({"op": "attn_prefill_chunk_failed", "new": n, "cached": c, "time_s": 0.0, "error": str(e)[:200]})
+                    continue
+                flops = 2.0 * mla.h * (dqk + dv) * (n * c + n * (n + 1) / 2)
+                out.append({"op": "attn_prefill_chunk", "new": n, "cached": c, "heads": mla.h, "d_qk": dqk, "d_v": dv,
+                            "time_s": t, "spread": spread, "flops": flops, "tflops": flops / t / 1e12,
+                            "backend": ops.reset_used().get("attention_prefill", "?")})
+                del qn, qp, kn, vv, kp
+
     moe = next((m for m in model.modules() if isinstance(m, MoE)), None)
     if moe is not None:
         ex = moe.experts
@@ -270,10 +298,12 @@ def _eff_table(pairs, x_is: str, cap: float | None = 1.0) -> EffTable | None:
     return EffTable(x=xs, y=[best[x] for x in xs], x_is=x_is)
 
 
-def op_tables(points: list[dict], hw_name: str) -> dict[str, EffTable]:
+def op_tables(points: list[dict], hw_name: str) -> dict[str, EffTable | PrefillChunkTable]:
     """Efficiency tables from the op micro-benchmarks: ``gemm_mem`` over bytes and ``gemm_compute`` over rows (executor
     Linear), ``attn_decode_mem`` over KV bytes (MLA decode), ``attn_prefill_compute`` over tokens (prefill attention),
-    ``expert_mem`` over expert weight bytes (routed experts); a table needs two or more distinct x."""
+    ``expert_mem`` over expert weight bytes (routed experts); a table needs two or more distinct x. Plus
+    ``attn_prefill_chunk``: measured seconds of one prefill chunk's attention over new x cached tokens (two or more
+    cached levels)."""
     hw = get_hardware(hw_name)
     base = CalibrationProfile.default(hw)
     ok = [p for p in points if p["time_s"] > 0]
@@ -293,6 +323,14 @@ def op_tables(points: list[dict], hw_name: str) -> dict[str, EffTable]:
     tables["attn_prefill_compute"] = _eff_table(
         [(p["tokens"], p["flops"] / p["time_s"] / (hw.bf16_tflops * 1e12)) for p in by("attention_prefill")],
         "tokens of one causal prefill attention kernel (measured: executor SDPA prefill)")
+    chunk = by("attn_prefill_chunk")
+    if len({(p["new"], p["cached"]) for p in chunk}) >= 2 and len({p["cached"] for p in chunk}) >= 2:
+        p0 = chunk[0]
+        tables["attn_prefill_chunk"] = PrefillChunkTable(
+            new=[float(p["new"]) for p in chunk], cached=[float(p["cached"]) for p in chunk], seconds=[p["time_s"] for p in chunk],
+            heads=int(p0["heads"]), d_qk=int(p0["d_qk"]), d_v=int(p0["d_v"]),
+            x_is="seconds of one layer's prefill-chunk attention over new x cached tokens (measured: executor MLA prefill_attend, "
+                 "masked SDPA)")
     # at the same bytes (every expert touched) more tokens turn compute-bound: the best efficiency is the memory regime
     tables["expert_mem"] = _eff_table([(p["bytes"], p["bytes"] / p["time_s"] / hw.hbm_bw) for p in by("moe_experts")],
                                       "expert weight bytes one MoE layer's routed experts read (measured: executor grouped GEMM, uniform routing)")

@@ -83,9 +83,21 @@ class MLAAttention(nn.Module):
             out[:nd] = ref.mla_absorb_out(o_lat.reshape(nd, self.h, self.rank), w_kv_b, self.dn, self.dv)
         for p, mask in zip(batch.prefills, masks):
             rows = slice(p.start, p.start + p.num)
-            lat = ref.gather_paged(cache, p.block_table, p.kv_len)
-            k_nope, v, kpe = ref.mla_expand_kv(lat, w_kv_b, self.h, self.dn, self.dv, self.rank)
-            k = torch.cat((k_nope, kpe[:, None, :].expand(-1, self.h, -1)), dim=-1)
-            qq = torch.cat((q_nope[rows], q_pe[rows]), dim=-1)
-            out[rows] = ops.attention_prefill(qq, k, v, batch.positions[rows], self.scale, mask)
+            k_nope, v, kpe = self.prefill_expand(cache, p.block_table, p.kv_len)
+            out[rows] = self.prefill_attend(q_nope[rows], q_pe[rows], k_nope, v, kpe, batch.positions[rows], mask)
         return self.o_proj(out.view(t, self.h * self.dv))
+
+    def prefill_expand(self, cache: torch.Tensor, block_table: torch.Tensor, kv_len: int):
+        """A prefill chunk's keys and values: its sequence's cached latents gathered from the pages and
+        up-projected by ``kv_b_proj`` (the cost model's KV_UP GEMM over cached + new tokens)."""
+        lat = ref.gather_paged(cache, block_table, kv_len)
+        return ref.mla_expand_kv(lat, self.kv_b_proj.weight, self.h, self.dn, self.dv, self.rank)
+
+    def prefill_attend(self, q_nope: torch.Tensor, q_pe: torch.Tensor, k_nope: torch.Tensor, v: torch.Tensor,
+                       kpe: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention of one prefill chunk's queries over its expanded keys: the per-head K assembled (k_pe
+        broadcast to every head) and masked SDPA. ``executor.calibrate`` times exactly this over new x cached
+        tokens (the profile's ``attn_prefill_chunk`` table)."""
+        k = torch.cat((k_nope, kpe[:, None, :].expand(-1, self.h, -1)), dim=-1)
+        qq = torch.cat((q_nope, q_pe), dim=-1)
+        return ops.attention_prefill(qq, k, v, positions, self.scale, mask)

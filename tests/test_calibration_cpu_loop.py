@@ -37,6 +37,11 @@ def test_tiny_calibrate_then_validate_on_cpu(tmp_path):
     assert st.fit.mape is not None and st.loop.fixed_s >= 0
     cost = ProfiledStepCost(back)
     assert cost.chunked_step_time(np.array([20, 30]), 0, [16], [0]) > 0
+    # prefill attention over cached context measured as the executor runs it (MLAAttention.prefill_attend)
+    chunk = [p for p in back.op_points if p["op"] == "attn_prefill_chunk"]
+    assert {(p["new"], p["cached"]) for p in chunk} == {(16, 0), (64, 0), (16, 48), (64, 48)}
+    tab = back.tables["attn_prefill_chunk"]
+    assert float(tab([64], [48])[0][0]) == pytest.approx(next(p["time_s"] for p in chunk if (p["new"], p["cached"]) == (64, 48)))
 
     reqs = [Request(f"q{i}", 0.02 * i, 12 + 3 * i, 3) for i in range(6)]
     base = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=128)

@@ -1,0 +1,95 @@
+"""The measured prefill-chunk attention table (new x cached tokens): lookup, extrapolation flags, field errors,
+and the step model pricing prefill attention from it (issue 16: mixed steps over long cached contexts)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from costmodels.calibration import CalibrationProfile, PrefillChunkTable
+from costmodels.hardware import get_hardware
+from costmodels.layout import ParallelLayout
+from costmodels.profiled import reduced_model
+from costmodels.step import StepCostModel
+
+
+def table(**kw) -> PrefillChunkTable:
+    # two cached levels; time = a * new * (cached + new) (the rectangle masked SDPA visits) + 20 us
+    pts = [(n, c) for c in (0, 4096) for n in (128, 1024, 4096)]
+    args = dict(new=[n for n, _ in pts], cached=[c for _, c in pts],
+                seconds=[2e-11 * n * (c + n) + 20e-6 for n, c in pts], heads=128, d_qk=192, d_v=128)
+    args.update(kw)
+    return PrefillChunkTable(**args)
+
+
+def test_lookup_on_grid_between_levels_and_beyond():
+    t = table()
+    sec, ext = t([128, 4096, 1024], [0, 4096, 4096])
+    assert np.allclose(sec, [2e-11 * 128 * 128 + 20e-6, 2e-11 * 4096 * 8192 + 20e-6, 2e-11 * 1024 * 5120 + 20e-6])
+    assert not ext.any()
+    # halfway between the levels: linear in cached
+    mid, ext = t([1024], [2048])
+    assert mid[0] == pytest.approx(0.5 * (t([1024], [0])[0][0] + t([1024], [4096])[0][0])) and not ext[0]
+    # beyond the largest cached level: the rectangle work at the last level's rate, flagged
+    far, ext = t([1024], [8192])
+    assert far[0] == pytest.approx(t([1024], [4096])[0][0] * (8192 + 1024) / (4096 + 1024)) and ext[0]
+    # beyond the largest new: work ratio at that level, flagged; below the smallest: the smallest time, flagged
+    big, ext = t([8192, 16], [0, 0])
+    assert big[0] == pytest.approx(t([4096], [0])[0][0] * 4) and big[1] == pytest.approx(t([128], [0])[0][0])
+    assert ext.all()
+
+
+@pytest.mark.parametrize("bad, field", [(dict(seconds=[1e-3] * 5), "one entry per point"),
+                                        (dict(seconds=[0.0] + [1e-3] * 5), "> 0"),
+                                        (dict(cached=[-1, 0, 0, 4096, 4096, 4096]), "cached >= 0")])
+def test_bad_tables_name_the_problem(bad, field):
+    with pytest.raises(ValidationError, match=field):
+        table(**bad)
+
+
+def test_profile_round_trips_the_chunk_table(tmp_path):
+    base = CalibrationProfile.default()
+    prof = base.model_copy(update={"tables": {**base.tables, "attn_prefill_chunk": table()}})
+    path = tmp_path / "p.json"
+    prof.save(path)
+    back = CalibrationProfile.load(path)
+    assert isinstance(back.tables["attn_prefill_chunk"], PrefillChunkTable)
+    assert json.loads(path.read_text())["tables"]["attn_prefill_chunk"]["heads"] == 128
+
+
+def _costs(tab: PrefillChunkTable | None):
+    m = reduced_model("deepseek-v3", 5)
+    lay = ParallelLayout(tp=1, weight_dtype="fp8", kv_dtype="bf16")
+    base = CalibrationProfile.default()
+    cal = base if tab is None else base.model_copy(update={"tables": {**base.tables, "attn_prefill_chunk": tab}})
+    return StepCostModel(m, get_hardware("H200"), lay, cal), m
+
+
+def test_step_model_prices_prefill_attention_from_the_table():
+    tab = table()
+    with_t, m = _costs(tab)
+    without, _ = _costs(None)
+    new, ctx, dec = np.array([1024, 2048]), np.array([4096, 1024]), np.array([False, False])
+    a = with_t.attention(new, ctx, dec, 0, 1.0)
+    b = without.attention(new, ctx, dec, 0, 1.0)
+    full_layers = sum(c for g, c in with_t.att_groups if g.prefill_upproj)
+    want = full_layers * float(tab(new, ctx)[0].sum())  # V3: 128 heads x (192 + 128): the table's own shape
+    assert a.sum() == pytest.approx(want) and a.sum() != pytest.approx(b.sum())
+    # decode attention is not the table's
+    d = np.array([True, True])
+    assert with_t.attention(np.array([1, 1]), ctx, d, 0, 1.0).sum() == pytest.approx(without.attention(np.array([1, 1]), ctx, d, 0, 1.0).sum())
+    # the whole step: only the prefill attention term moved (the K/V up-projection stays a GEMM)
+    t_with = with_t.mixed_step_time(new, ctx, dec)
+    t_without = without.mixed_step_time(new, ctx, dec)
+    assert t_with - t_without == pytest.approx(a.sum() - b.sum(), rel=1e-6)
+
+
+def test_table_scales_with_heads_and_dims():
+    tab = table(heads=64)   # measured at half the heads: the same chunk on 128 heads costs twice as much
+    with_t, _ = _costs(tab)
+    new, ctx, dec = np.array([1024]), np.array([2048]), np.array([False])
+    full_layers = sum(c for g, c in with_t.att_groups if g.prefill_upproj)
+    assert with_t.attention(new, ctx, dec, 0, 1.0).sum() == pytest.approx(2 * full_layers * float(tab(new, ctx)[0][0]))
