@@ -405,7 +405,13 @@ def step_grid(device: str, quick: bool, max_ctx: int, max_batch: int, max_tokens
             for q, k in ((2048, 4), (1024, 8), (512, 16), (256, 8)):
                 if q * k <= max_tokens and q < max_ctx:
                     shapes.append(([], [(q, 0)] * k))
+            # later chunks of long prompts (and prefix hits): prefill attention over thousands of cached tokens
+            for q, k in ((512, 4096), (2048, 2048), (1024, 6144), (4096, 4096)):
+                if q <= max_tokens and q + k < max_ctx:
+                    shapes.append(([], [(q, k)]))
             c = ctxs[len(ctxs) // 2]
+            if 2048 + 4096 < max_ctx and 2048 + 16 <= max_tokens:
+                shapes.append(([c] * 16, [(2048, 4096)]))
             shapes.append(([c] * 32, [(1024, 0)] * 7))
             shapes.append(([c] * 8, [(512, 0)] * 4))
             # what serving runs most between decode-only steps: one prompt chunk next to tens of decodes (eager)

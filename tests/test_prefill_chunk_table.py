@@ -93,3 +93,15 @@ def test_table_scales_with_heads_and_dims():
     new, ctx, dec = np.array([1024]), np.array([2048]), np.array([False])
     full_layers = sum(c for g, c in with_t.att_groups if g.prefill_upproj)
     assert with_t.attention(new, ctx, dec, 0, 1.0).sum() == pytest.approx(2 * full_layers * float(tab(new, ctx)[0][0]))
+
+
+def test_calibration_grid_has_chunks_over_long_cached_contexts():
+    pytest.importorskip("torch")
+    from executor.calibrate import step_grid
+
+    shapes = step_grid("cuda", False, 8192, 128, 8192)
+    chunks = [ch for _, chs in shapes for ch in chs]
+    assert {(512, 4096), (2048, 2048), (1024, 6144)} <= set(chunks)
+    assert all(n + c < 8192 for n, c in chunks)
+    # the mixed step: a long prompt's later chunk next to decodes
+    assert any(dec and chs == [(2048, 4096)] for dec, chs in shapes)
