@@ -16,6 +16,7 @@ CLI lists kernels without paying for torch until a probe needs it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 from dataclasses import dataclass, field
@@ -140,19 +141,33 @@ def probe_library(key: str) -> tuple[bool, str, str]:
     """(found, import path or '', reason). Imports the library: call only when needed."""
     if key in _probe_cache:
         return _probe_cache[key]
-    if key == "deepgemm":   # its JIT reads the cache dir from the environment: set before import
-        from kernels.jit_cache import ensure_jit_cache
-        ensure_jit_cache()
     errors = []
-    for path in LIBRARIES[key]:
-        try:
-            importlib.import_module(path)
-            _probe_cache[key] = (True, path, f"imported {path}")
-            return _probe_cache[key]
-        except Exception as e:  # ImportError, or a broken extension raising OSError/RuntimeError
-            errors.append(f"{path}: {type(e).__name__}")
+    with _import_env(key):
+        for path in LIBRARIES[key]:
+            try:
+                importlib.import_module(path)
+                _probe_cache[key] = (True, path, f"imported {path}")
+                return _probe_cache[key]
+            except Exception as e:  # ImportError, or a broken extension raising OSError/RuntimeError
+                errors.append(f"{path}: {type(e).__name__}")
     _probe_cache[key] = (False, "", "not importable (" + "; ".join(errors) + ")")
     return _probe_cache[key]
+
+
+def _import_env(key: str):
+    """DeepGEMM reads its JIT cache dir, compiler and CUDA home from the environment at import: set them first."""
+    if key == "deepgemm":
+        from kernels.jit_cache import deepgemm_import_env
+        return deepgemm_import_env()
+    return contextlib.nullcontext()
+
+
+def library_note(key: str) -> str:
+    """What a found library runs with, for the reason text (DeepGEMM: its JIT compiler and cache)."""
+    if key == "deepgemm" and _probe_cache.get(key, (False,))[0]:
+        from kernels.jit_cache import describe
+        return describe()
+    return ""
 
 
 def library_module(key: str):
@@ -230,7 +245,8 @@ def choice_reason(cands: list[Impl], skipped: list[str], total: int) -> str:
     tier = {2: "vendor library, preferred", 1: "Triton, the portable fallback", 0: "torch reference"}[best.tier]
     why = f"{best.name}: {tier}"
     if best.library:
-        why += f" ({probe_library(best.library)[2]})"
+        note = library_note(best.library)
+        why += f" ({probe_library(best.library)[2]}{'; ' + note if note else ''})"
     above = [c.name for c in cands[1:] if c.tier > best.tier]
     if above:   # a vendor library is usable but ranked below on measurement: say why
         why += f"; ranked above {', '.join(above)}: {best.notes}"

@@ -51,7 +51,10 @@ def flashmla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.
 
 
 def _dg():
-    return library_module("deepgemm")
+    from kernels import jit_cache
+    mod = library_module("deepgemm")
+    jit_cache.state["used"] = True   # DeepGEMM picks its compiler at this process's first call: fixed from now on
+    return mod
 
 
 def deepgemm_fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor,

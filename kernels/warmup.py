@@ -7,13 +7,20 @@ model's modules (duck-typed: FP8 linears carry ``weight_scale_inv``, MoE experts
 :func:`jit_warmup` runs each through the same ``kernels.ops`` facade serving uses (so the
 implementation the registry chose is what compiles), printing one line per shape with its time.
 Compiled DeepGEMM kernels persist in ``kernels.jit_cache``'s folder, so a second start is quick.
+When DeepGEMM serves the dense FP8 GEMMs, :func:`precompile` first compiles those shapes in parallel
+worker processes (``kernels.jit_pool``; nvcc takes ~3.5 s a shape) unless an earlier start already did
+(a marker in the cache folder); if NVRTC was asked for and fails there, DeepGEMM is switched to nvcc
+before this process compiles anything, and the pool runs again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -98,8 +105,10 @@ def jit_warmup(model: torch.nn.Module, device: torch.device, token_counts: tuple
     items = jit_plan(model, tuple(sorted(set(token_counts))))
     cache, src = jit_cache_dir()
     log(f"kernel JIT warm-up: {len(items)} shapes (DeepGEMM cache {cache}, {src})")
+    t_all = time.perf_counter()
+    pre = precompile(items, torch.device(device), log)
     gen = torch.Generator(device=device).manual_seed(0)
-    rows, t_all = [], time.perf_counter()
+    rows = []
     for i, item in enumerate(items, 1):
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -108,5 +117,72 @@ def jit_warmup(model: torch.nn.Module, device: torch.device, token_counts: tuple
         dt = time.perf_counter() - t0
         rows.append({"shape": item.label(), "impl": impl, "seconds": round(dt, 3)})
         log(f"  [{i}/{len(items)}] {item.label()} -> {impl} ({dt:.2f} s)")
+    if pre and all(r["impl"] == "deepgemm" for r in rows if r["shape"] in pre["labels"]):
+        _mark_done(pre["marker"])
     log(f"kernel JIT warm-up done in {time.perf_counter() - t_all:.1f} s")
     return rows
+
+
+def deepgemm_items(items: list[WarmItem], device: torch.device) -> list[WarmItem]:
+    """The planned dense FP8 GEMMs DeepGEMM will run (it is the registry's first choice for fp8_gemm)."""
+    if not any(i.op == "fp8_gemm" for i in items):
+        return []
+    cands = ops.choice("fp8_gemm", device).candidates
+    return [i for i in items if i.op == "fp8_gemm"] if cands and cands[0].name == "deepgemm" else []
+
+
+def precompile(items: list[WarmItem], device: torch.device, log: Callable[[str], None]) -> dict | None:
+    """Compile DeepGEMM's shapes in a process pool before the in-process pass; None when there is nothing to do.
+
+    Skipped when an earlier start compiled the same shapes with the same compiler (marker file in the
+    JIT cache), or with fewer than two workers. Returns the marker path and the labels it covers; the
+    caller writes the marker once its own pass ran every one of them on DeepGEMM."""
+    from kernels import jit_cache, jit_pool
+    from twinfer.errors import TwinferError
+    todo = deepgemm_items(items, device)
+    if not todo:
+        return None
+    marker = _marker_path(todo)
+    info = {"marker": marker, "labels": {i.label() for i in todo}}
+    try:
+        workers = jit_pool.worker_count(len(todo))
+    except ValueError as e:
+        raise TwinferError(str(e)) from None
+    if marker.exists():
+        log(f"  DeepGEMM: {len(todo)} GEMM shapes compiled by an earlier start ({jit_cache.state['note']}): loading from the cache")
+        return info
+    if workers < 2:
+        return info
+    tasks = [(i.m, i.n, i.k) for i in todo]
+    for attempt in range(2):
+        log(f"  DeepGEMM: compiling {len(tasks)} GEMM shapes in {workers} worker processes ({jit_cache.state['note']})")
+        t0 = time.perf_counter()
+        res = jit_pool.compile_parallel(tasks, workers, device.index or 0, log)
+        bad = [r for r in res if not r["ok"]]
+        log(f"  DeepGEMM pool: {len(res) - len(bad)}/{len(res)} compiled in {time.perf_counter() - t0:.1f} s")
+        if not bad or attempt or jit_cache.state["compiler"] != "nvrtc":
+            break
+        if not jit_cache.fall_back_to_nvcc(bad[0]["error"]):
+            break
+        log(f"  NVRTC failed on {len(bad)} shapes ({bad[0]['error'][:160]}): switching DeepGEMM to nvcc")
+        info["marker"] = _marker_path(todo)
+    return info
+
+
+def _marker_path(todo: list[WarmItem]) -> Path:
+    """A file in DeepGEMM's cache named by what was compiled: shapes, compiler, toolkit, GPU, library path."""
+    from kernels import jit_cache, registry
+    cache, _ = jit_cache.jit_cache_dir()
+    key = json.dumps({"shapes": sorted((i.m, i.n, i.k) for i in todo), "compiler": jit_cache.state["compiler"],
+                      "cuda_home": jit_cache.state["cuda_home"], "shim": jit_cache.state["shim"],
+                      "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "",
+                      "lib": registry.probe_library("deepgemm")[1]}, sort_keys=True)
+    return cache / "twinfer_warm" / (hashlib.sha1(key.encode()).hexdigest()[:16] + ".done")
+
+
+def _mark_done(marker: Path) -> None:
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
+    except OSError:   # read-only cache: the next start runs the pool again
+        pass

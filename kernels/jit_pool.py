@@ -1,0 +1,177 @@
+"""Compile DeepGEMM's dense FP8 GEMM kernels for many shapes at once, in worker processes.
+
+DeepGEMM's Python calls hold the GIL while they JIT-compile (pybind11, no GIL release) and its compiler
+is a process-wide lazy singleton, so threads would not overlap compiles; processes do. Each worker is
+``python -m kernels.jit_pool --worker DEVICE``: it imports DeepGEMM with the parent's environment (cache
+folder, compiler, CUDA home; ``kernels.jit_cache``), then runs one GEMM per task on random FP8 operands of
+that shape, which compiles the kernel into the shared on-disk cache (DeepGEMM compiles into a temp folder
+and renames it into place, made for several ranks sharing one cache). The parent's warm-up then loads
+each kernel from disk. Tasks are handed out one at a time (JSON lines on stdin; results on a private
+copy of stdout, since DeepGEMM prints compiler logs to fd 1, which the worker sends to its log file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+MAX_WORKERS = 16   # the lent H200 host has 16 cores; nvcc (cicc + ptxas) is one process per compile
+
+
+def worker_count(tasks: int, env: str | None = None) -> int:
+    """Workers for ``tasks`` compiles: ``$TWINFER_JIT_WORKERS`` if set (0 or 1: no pool), else
+    min(CPU cores, 16, tasks)."""
+    env = os.environ.get("TWINFER_JIT_WORKERS") if env is None else env
+    if env not in (None, ""):
+        try:
+            n = int(env)
+        except ValueError:
+            raise ValueError(f"TWINFER_JIT_WORKERS={env!r}: expected a whole number of worker processes (0 = off)") from None
+        if n < 0:
+            raise ValueError(f"TWINFER_JIT_WORKERS={env!r}: expected a whole number >= 0 (0 = off)")
+        return min(n, tasks)
+    return max(0, min(os.cpu_count() or 1, MAX_WORKERS, tasks))
+
+
+def compile_parallel(tasks: list[tuple[int, int, int]], workers: int, device_index: int,
+                     log: Callable[[str], None], spawn=None) -> list[dict]:
+    """Run every (M, N, K) task once in a pool of ``workers`` processes; one progress line per result.
+
+    Returns one row per task, in task order: ``{"m","n","k","ok","seconds","error","worker"}``. A worker
+    that fails to start or dies marks its current task (and, if none is left running, the rest) failed
+    with the tail of its log; the parent's own warm-up pass then compiles what is missing."""
+    spawn = spawn or _spawn
+    logdir = Path(tempfile.mkdtemp(prefix="twinfer_jit_pool_"))
+    todo: queue.Queue = queue.Queue()
+    for i, t in enumerate(tasks):
+        todo.put((i, t))
+    rows: list[dict | None] = [None] * len(tasks)
+    lock, done = threading.Lock(), [0]
+
+    def report(i: int, row: dict) -> None:
+        with lock:
+            rows[i] = row
+            done[0] += 1
+            m, n, k = tasks[i]
+            what = f"{row['seconds']:.2f} s, worker {row['worker']}" if row["ok"] else f"failed: {row['error'][:200]}"
+            log(f"  [{done[0]}/{len(tasks)}] fp8_gemm M={m} N={n} K={k} -> deepgemm ({what})")
+
+    def serve(w: int) -> None:
+        logfile = logdir / f"worker_{w}.log"
+        try:
+            proc = spawn(device_index, logfile)
+            hello = json.loads(proc.stdout.readline() or "{}")
+        except (OSError, ValueError) as e:
+            proc, hello = None, {"ready": False, "error": f"{type(e).__name__}: {e}"}
+        if not hello.get("ready"):
+            _stop(proc)
+            if w == 0:   # say once why the pool is short of a worker (all workers share the environment)
+                log(f"  jit pool: worker {w} did not start: {hello.get('error') or _tail(logfile)}")
+            return
+        while True:
+            try:
+                i, (m, n, k) = todo.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                proc.stdin.write(json.dumps({"m": m, "n": n, "k": k}) + "\n")
+                proc.stdin.flush()
+                res = json.loads(proc.stdout.readline() or "null")
+            except (OSError, ValueError):
+                res = None
+            if res is None:
+                report(i, {"m": m, "n": n, "k": k, "ok": False, "seconds": 0.0, "worker": w,
+                           "error": f"worker died: {_tail(logfile)}"})
+                break
+            report(i, {"m": m, "n": n, "k": k, "ok": bool(res.get("ok")), "seconds": float(res.get("seconds", 0.0)),
+                       "error": res.get("error", ""), "worker": w})
+        _stop(proc)
+
+    threads = [threading.Thread(target=serve, args=(w,), daemon=True) for w in range(workers)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return [r if r is not None else {"m": t[0], "n": t[1], "k": t[2], "ok": False, "seconds": 0.0, "worker": None,
+                                     "error": "not run: no worker started"} for r, t in zip(rows, tasks)]
+
+
+def _spawn(device_index: int, logfile: Path) -> subprocess.Popen:
+    """One worker process with the parent's environment and this repo importable."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    return subprocess.Popen([sys.executable, "-m", "kernels.jit_pool", "--worker", str(device_index)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(logfile, "w"), text=True,
+                            env=env, cwd=root)
+
+
+def _stop(proc) -> None:
+    if proc is None:
+        return
+    try:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    except Exception:  # noqa: BLE001 - a stuck worker is killed; its kernels already sit on disk
+        proc.kill()
+
+
+def _tail(logfile: Path, n: int = 300) -> str:
+    try:
+        return " | ".join(logfile.read_text(errors="replace").strip().splitlines()[-4:])[-n:] or "(empty log)"
+    except OSError:
+        return "(no log)"
+
+
+def worker_main(device_index: int) -> None:
+    """Serve tasks from stdin until EOF: each one FP8 GEMM through DeepGEMM at its (M, N, K)."""
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)             # DeepGEMM's printf (compiler logs) goes to the log file, not the protocol
+    sys.stdout = sys.stderr
+    try:
+        import torch
+
+        from kernels import reference as ref
+        from kernels import registry, vendor
+        dev = torch.device("cuda", device_index)
+        torch.cuda.set_device(dev)
+        registry.library_module("deepgemm")
+    except Exception as e:  # noqa: BLE001 - report why and quit; the parent compiles in-process instead
+        proto.write(json.dumps({"ready": False, "error": f"{type(e).__name__}: {e}"[:300]}) + "\n")
+        return
+    proto.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    weight: dict = {}
+    for line in sys.stdin:
+        t = json.loads(line)
+        m, n, k = t["m"], t["n"], t["k"]
+        t0 = time.perf_counter()
+        vendor.failures.pop("deepgemm", None)   # one shape failing must not skip the next
+        try:
+            if (n, k) not in weight:
+                weight.clear()
+                weight[(n, k)] = ref.quant_fp8_weight(torch.randn(n, k, device=dev, generator=gen) * 0.02)
+            with torch.no_grad():
+                xq, xs = ref.quant_fp8_act(torch.randn(m, k, device=dev, generator=gen, dtype=torch.bfloat16))
+                vendor.deepgemm_fp8_gemm(xq, xs, *weight[(n, k)])
+            torch.cuda.synchronize(dev)
+            res = {"ok": True}
+        except Exception as e:  # noqa: BLE001
+            res = {"ok": False, "error": f"{type(e).__name__}: {e}"[:400]}
+        res["seconds"] = round(time.perf_counter() - t0, 3)
+        proto.write(json.dumps(res) + "\n")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        worker_main(int(sys.argv[2]))
+    else:
+        sys.exit("usage: python -m kernels.jit_pool --worker DEVICE_INDEX (started by kernels.warmup)")
