@@ -8,8 +8,12 @@ Sections (each written to the JSON as soon as it finishes, so a timeout keeps wh
   Triton, device time from a CUDA-graph replay (also proves the fused path captures), CUDA events;
 - ``step``: engines built through ``LLMEngine.from_args`` (JIT warm-up + graph capture as serving
   does), one per kernel choice; decode step at B=64, every sequence at 4096 tokens of context:
-  graph-replay device time (CUDA events) and whole-step wall (inputs + replay + logits + argmax).
-Usage: python -m benchmarks.gpu.serving_step OUT.json [--sections correctness,moe,step_deepgemm,step_triton]
+  graph-replay device time (CUDA events) and whole-step wall (inputs + replay + logits + argmax), with
+  the warm-up's own time and the DeepGEMM compiler used;
+- ``jit_check``: one DeepGEMM GEMM compiled (first call) and cached, with the JIT setup (NVRTC or nvcc);
+- ``step_ops`` (``step_ops_triton``): the same decode step against the sum of its ops measured alone,
+  launch and host gaps named (``benchmarks.gpu.step_breakdown``).
+Usage: python -m benchmarks.gpu.serving_step OUT.json [--sections correctness,moe,step_deepgemm,step_triton,...]
 """
 
 from __future__ import annotations
@@ -127,19 +131,41 @@ def moe_times(problem) -> dict:
     return res
 
 
-def step_times(overrides: dict | None, ctx: int = 4096, b: int = 64, iters: int = 20) -> dict:
+def decode_engine(overrides: dict | None, ctx: int, b: int):
+    """(engine, its decode sequences, build seconds, warm-up summary): the 5-layer DeepSeek-V3 FP8 engine built as
+    serving builds it, and ``b`` decoding sequences each at ``ctx`` tokens of context."""
     from executor.engine import LLMEngine
-    from executor.forward_batch import SeqInput, build_forward_batch
+    from executor.forward_batch import SeqInput
+    from kernels import warmup
     ops.clear_choices()
+    warm, inner = {}, warmup.jit_warmup
+
+    def timed_warmup(*a, **kw):   # the engine imports it at call time: this records the warm-up's own time
+        t = time.perf_counter()
+        rows = inner(*a, **kw)
+        warm.update(seconds=round(time.perf_counter() - t, 1), shapes=len(rows),
+                    impls={i: sum(r["impl"] == i for r in rows) for i in sorted({r["impl"] for r in rows})},
+                    slowest_s=max((r["seconds"] for r in rows), default=0.0))
+        return rows
+    warmup.jit_warmup = timed_warmup
     t0 = time.perf_counter()
     pages = -(-(ctx + 1) // 64)
-    e = LLMEngine.from_args("deepseek-v3", device="cuda", dtype="fp8", num_layers=5, max_model_len=ctx + 64,
-                            num_kv_blocks=b * pages + 16, kernel_overrides=overrides,
-                            scheduler_config={"max_num_seqs": b, "max_num_batched_tokens": 8192, "block_size": 64})
-    build_s = time.perf_counter() - t0
+    try:
+        e = LLMEngine.from_args("deepseek-v3", device="cuda", dtype="fp8", num_layers=5, max_model_len=ctx + 64,
+                                num_kv_blocks=b * pages + 16, kernel_overrides=overrides,
+                                scheduler_config={"max_num_seqs": b, "max_num_batched_tokens": 8192, "block_size": 64})
+    finally:
+        warmup.jit_warmup = inner
+    seqs = [SeqInput([17 * i + 3], ctx, list(range(i * pages, (i + 1) * pages)), True) for i in range(b)]
+    return e, seqs, time.perf_counter() - t0, warm
+
+
+def step_times(overrides: dict | None, ctx: int = 4096, b: int = 64, iters: int = 20) -> dict:
+    from executor.forward_batch import build_forward_batch
+    from kernels import jit_cache
+    e, seqs, build_s, warm = decode_engine(overrides, ctx, b)
     r, g = e.runner, e.runner.graphs
     model, kv = r.model, r.kv
-    seqs = [SeqInput([17 * i + 3], ctx, list(range(i * pages, (i + 1) * pages)), True) for i in range(b)]
     replay, wall = [], []
     with torch.inference_mode():
         for it in range(3 + iters):
@@ -158,9 +184,60 @@ def step_times(overrides: dict | None, ctx: int = 4096, b: int = 64, iters: int 
     res = {"overrides": overrides, "build_s": round(build_s, 1), "graph": rep is not None,
            "forward_ms": round(statistics.median(replay), 3), "step_wall_ms": round(statistics.median(wall), 3),
            "backends": dict(g.backends.get(max(g.captured), {})) if g is not None and g.captured else ops.reset_used(),
-           "capture_s": getattr(g, "capture_s", None)}
+           "capture_s": getattr(g, "capture_s", None), "warmup": warm, "deepgemm_jit": jit_cache.state.get("note")}
     print(f"  step B={b} ctx={ctx} {overrides}: {res}", flush=True)
     del e, r, g, model, kv
+    torch.cuda.empty_cache()
+    return res
+
+
+def jit_check(m: int = 64, n: int = 3072, k: int = 4096) -> dict:
+    """One DeepGEMM FP8 GEMM at a shape no model here uses: import, JIT setup, first call (the compile) and a
+    cached call timed, error vs the reference. The compiler is whatever ``DG_JIT_USE_NVRTC`` asks for."""
+    from kernels import jit_cache, registry, vendor
+    t0 = time.perf_counter()
+    ok, path, why = registry.probe_library("deepgemm")
+    res = {"found": ok, "library": path or why, "import_s": round(time.perf_counter() - t0, 2), "shape_mnk": [m, n, k]}
+    res["jit"] = {key: jit_cache.state[key] for key in ("compiler", "cuda_home", "shim", "note")}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    xq, xs = R.quant_fp8_act(torch.randn(m, k, device="cuda", generator=gen))
+    wq, ws = R.quant_fp8_weight(torch.randn(n, k, device="cuda", generator=gen) * 0.02)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    try:
+        out = vendor.deepgemm_fp8_gemm(xq, xs, wq, ws)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - the failure text is the result
+        res.update(ok=False, error=f"{type(e).__name__}: {e}"[:500], first_call_s=round(time.perf_counter() - t0, 2))
+        print(f"  jit check: {res}", flush=True)
+        return res
+    res.update(ok=True, first_call_s=round(time.perf_counter() - t0, 2))
+    t0 = time.perf_counter()
+    vendor.deepgemm_fp8_gemm(xq, xs, wq, ws)
+    torch.cuda.synchronize()
+    res["second_call_ms"] = round(1e3 * (time.perf_counter() - t0), 3)
+    res["rel_err"] = rel(out, R.fp8_gemm_blockscaled(xq, xs, wq, ws, torch.float32))
+    res["device_ms"] = round(device_ms(lambda: vendor.deepgemm_fp8_gemm(xq, xs, wq, ws))[0], 4)
+    print(f"  jit check: {res}", flush=True)
+    return res
+
+
+def step_ops(overrides: dict | None = None, ctx: int = 4096, b: int = 64) -> dict:
+    """The decode step against the sum of its ops alone (``benchmarks.gpu.step_breakdown``), printed as a table."""
+    from benchmarks.gpu.step_breakdown import breakdown
+    e, seqs, build_s, warm = decode_engine(overrides, ctx, b)
+    res = breakdown(e, seqs, ctx)
+    res.update(overrides=overrides, build_s=round(build_s, 1), warmup=warm,
+               backends=dict(e.runner.graphs.backends.get(max(e.runner.graphs.captured), {})) if e.runner.graphs else {})
+    summary = {k: res[k] for k in ("step_wall_ms", "forward_graph_ms", "sum_alone", "gaps", "in_graph",
+                                   "ratio_step_to_sum_alone", "ratio_forward_graph_to_sum_alone", "backends")}
+    print(f"  step ops B={b} ctx={ctx}: {json.dumps(summary)}", flush=True)
+    for kind, ms in res["by_kind"].items():
+        print(f"    {kind:40s} {ms:8.3f} ms", flush=True)
+    bad = [r for r in res["ops"] if r["ms"] is None]
+    if bad:
+        print(f"    {len(bad)} ops could not be timed alone, first: {bad[0]}", flush=True)
+    del e
     torch.cuda.empty_cache()
     return res
 
@@ -179,6 +256,9 @@ def main() -> None:
         "step_deepgemm": lambda: step_times(None),
         "step_triton": lambda: step_times({"fp8_gemm": "triton", "moe_experts": "triton"}),
         "step_mixed": lambda: step_times({"fp8_gemm": "deepgemm", "moe_experts": "triton"}),
+        "jit_check": jit_check,
+        "step_ops": step_ops,
+        "step_ops_triton": lambda: step_ops({"fp8_gemm": "triton", "moe_experts": "triton"}),
     }
     for name in args.sections.split(","):
         t0 = time.perf_counter()
