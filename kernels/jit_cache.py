@@ -96,11 +96,7 @@ def cccl_shim(home: Path, root: Path) -> Path:
     for entry in home.iterdir():
         if entry.name != "include":
             (tmp / entry.name).symlink_to(entry)
-    for src in (home / "include", home / "include" / "cccl"):
-        for entry in src.iterdir():
-            link = tmp / "include" / entry.name
-            if not link.exists() and not link.is_symlink():
-                link.symlink_to(entry)
+    _merge(tmp / "include", [home / "include", home / "include" / "cccl"])
     (tmp / "SOURCE").write_text(str(home))
     try:
         os.rename(tmp, dest)
@@ -110,6 +106,23 @@ def cccl_shim(home: Path, root: Path) -> Path:
             shutil.rmtree(dest, ignore_errors=True)
             raise
     return dest
+
+
+def _merge(dst: Path, srcs: list[Path]) -> None:
+    """Fill ``dst`` with symlinks to the entries of ``srcs``; a name that is a folder in several of them becomes a
+    real folder merged the same way (say a toolkit with both ``include/cuda/`` and ``include/cccl/cuda/``);
+    otherwise the first source wins."""
+    names: dict[str, list[Path]] = {}
+    for src in srcs:
+        for entry in src.iterdir():
+            names.setdefault(entry.name, []).append(entry)
+    for name, entries in names.items():
+        dirs = [e for e in entries if e.is_dir()]
+        if len(dirs) > 1 and entries[0].is_dir():
+            (dst / name).mkdir()
+            _merge(dst / name, dirs)
+        else:
+            (dst / name).symlink_to(entries[0])
 
 
 def _shim_ok(dest: Path, home: Path) -> bool:

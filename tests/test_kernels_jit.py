@@ -82,6 +82,15 @@ def test_nvrtc_on_cuda13_imports_through_a_shim_with_cccl_on_the_include_path(en
     assert again == shim
 
 
+def test_shim_merges_a_folder_both_the_toolkit_and_cccl_have(env, tmp_path):
+    home = toolkit(tmp_path / "cuda")
+    (home / "include" / "cuda").mkdir()
+    (home / "include" / "cuda" / "annotated_ptr").write_text("// toolkit's\n")
+    shim = jit_cache.cccl_shim(home, tmp_path / "shims")
+    cuda = shim / "include" / "cuda"
+    assert not cuda.is_symlink() and (cuda / "annotated_ptr").exists() and (cuda / "std" / "cstdint").exists()
+
+
 def test_nvrtc_on_cuda12_needs_no_shim(env, tmp_path):
     home = toolkit(tmp_path / "cuda12", cuda13=False)
     env.setenv("CUDA_HOME", str(home))

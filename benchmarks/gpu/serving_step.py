@@ -199,6 +199,9 @@ def jit_check(m: int = 64, n: int = 3072, k: int = 4096) -> dict:
     ok, path, why = registry.probe_library("deepgemm")
     res = {"found": ok, "library": path or why, "import_s": round(time.perf_counter() - t0, 2), "shape_mnk": [m, n, k]}
     res["jit"] = {key: jit_cache.state[key] for key in ("compiler", "cuda_home", "shim", "note")}
+    if not ok:
+        res["ok"] = False
+        return res
     gen = torch.Generator(device="cuda").manual_seed(0)
     xq, xs = R.quant_fp8_act(torch.randn(m, k, device="cuda", generator=gen))
     wq, ws = R.quant_fp8_weight(torch.randn(n, k, device="cuda", generator=gen) * 0.02)
@@ -248,8 +251,9 @@ def main() -> None:
     ap.add_argument("--sections", default="correctness,moe,step_deepgemm,step_triton,step_mixed")
     args = ap.parse_args()
     res = {"sections": {}}
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    problem = moe_problem(4096, gen) if {"correctness", "moe"} & set(args.sections.split(",")) else None
+    needs_problem = bool({"correctness", "moe"} & set(args.sections.split(",")))
+    gen = torch.Generator(device="cuda").manual_seed(0) if needs_problem else None
+    problem = moe_problem(4096, gen) if needs_problem else None
     steps = {
         "correctness": lambda: correctness(gen, problem),
         "moe": lambda: moe_times(problem),
