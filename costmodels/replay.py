@@ -269,13 +269,28 @@ class ChunkCost:
     layer_tokens: tuple[int, ...]  # n + e_j: tokens layer j processes
 
 
-def chunk_cost(ops: StepOps, replay: ResolvedReplay, new_tokens: int, context: int) -> ChunkCost:
+def chunk_cost(ops: StepOps, replay: ResolvedReplay, new_tokens: int, context: int, tables=None) -> ChunkCost:
     """One prefill chunk of ``new_tokens`` over ``context`` cached tokens, layer j carrying n + e_j tokens
     at context c - e_j (``ResolvedReplay.extra_tokens``), priced by ``StepOps``' op families on each run of
     layers with the same e (the families the step model sums, restricted to those layers: no second formula;
-    with every layer at one e this is exactly the step model's prefill of n + e tokens over c - e)."""
+    with every layer at one e this is exactly the step model's prefill of n + e tokens over c - e).
+
+    ``tables`` (``costmodels.replay_table.ExecTables``, measured op tables of the executor's model): the chunk is
+    priced from them instead, as the executor's eager forward (``replay_table.table_chunk_cost``; its breakdown
+    holds device seconds per unit and ``host_wait``, the seconds the device waited on the host)."""
     n, c = int(new_tokens), int(context)
+    if tables is not None:
+        return _table_chunk(tables, ops.model, replay, [(n, c)])
     return chunk_cost_at(ops, replay.extra_tokens(c) if replay.modes else np.zeros(ops.n_layers, np.int64), n, c)
+
+
+def _table_chunk(tables, model: ModelSpec, replay: ResolvedReplay, parts: list[tuple[int, int]]) -> ChunkCost:
+    from costmodels.replay_table import table_prefill_cost
+    t = table_prefill_cost(tables, model, replay, parts)
+    n, c = parts[0] if len(parts) == 1 else (sum(p[0] for p in parts), parts[0][1])
+    e = replay.extra_tokens(parts[-1][1]) if replay.modes else np.zeros(model.num_layers, np.int64)
+    return ChunkCost(t.seconds, {**t.by_unit, "host_wait": t.seconds - t.device_s}, n, c,
+                     tuple(int(parts[-1][0] + x) for x in e))
 
 
 def chunk_cost_at(ops: StepOps, e: np.ndarray, n: int, c: int) -> ChunkCost:
@@ -399,9 +414,12 @@ def prompt_chunks(prompt: int, chunk: int, cached: int = 0) -> list[tuple[int, i
     return out
 
 
-def prefill_seconds(ops: StepOps, replay: ResolvedReplay, prompt: int, chunk: int, cached: int = 0) -> float:
+def prefill_seconds(ops: StepOps, replay: ResolvedReplay, prompt: int, chunk: int, cached: int = 0, tables=None) -> float:
     """Device seconds to prefill a ``prompt`` (``cached`` tokens already held) in chunks of ``chunk`` under ``replay``:
-    every chunk resumes at its context (the first after a hit too), so its layers carry the policy's extra tokens."""
+    every chunk resumes at its context (the first after a hit too), so its layers carry the policy's extra tokens.
+    ``tables``: priced from the executor's measured op tables, the chunks as one eager stream (``chunk_cost``)."""
+    if tables is not None:
+        return _table_chunk(tables, ops.model, replay, prompt_chunks(prompt, chunk, cached)).seconds
     return sum(chunk_cost(ops, replay, n, c).seconds for n, c in prompt_chunks(prompt, chunk, cached))
 
 

@@ -18,9 +18,17 @@ spec, H200, TP1 bf16), and the prefill throughput change against full recompute,
 gives the logits of a full recompute (``exact_for_new_tokens``) and the largest logit difference to the
 persist run of the same step (bf16), and the window pages each policy keeps per resumed sequence.
 
-Usage: python -m benchmarks.gpu.replay_bench [--out FILE] [--cpu --tiny] [--ws 32,128,384]
-(JSON to ``--out``, default ``$OUT/replay_bench.json``). ``--cpu --tiny``: a toy model on the CPU, the
-smoke mode the CPU test runs (its times are CPU wall times: nothing to compare with the H200 figures).
+Table-based prediction (``table_*`` keys): before any replay run, the op tables of this executor model are
+measured (``benchmarks/gpu/replay_tables.py``: the executor's bf16 Linear, its window/causal prefill attention
+call, its row-wise ops and their eager host cost) or loaded (``--tables FILE``), and every chunk is priced from them
+by ``costmodels.replay_table`` (the eager forward as a host/device queue). Nothing is fitted to the replay runs.
+``table_*`` uses every measured point (the generic grids and the workloads' exact shapes), ``generic_*`` the
+generic grids only (interpolated). ``predicted_*`` stays the analytic prediction (the first runs' figure).
+
+Usage: python -m benchmarks.gpu.replay_bench [--out FILE] [--cpu --tiny] [--ws 32,128,384] [--tables FILE | --no-tables]
+(JSON to ``--out``, default ``$OUT/replay_bench.json``; tables measured into ``replay_tables.json`` beside it unless
+``--tables`` names a file to load). ``--cpu --tiny``: a toy model on the CPU, the smoke mode the CPU test runs (its
+times are CPU wall times: nothing to compare with the H200 figures).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 
 import torch
 
@@ -38,10 +47,12 @@ from costmodels.hardware import get_hardware
 from costmodels.layout import ParallelLayout
 from costmodels.model_spec import ModelSpec
 from costmodels.replay import LayerReplay, ReplayPolicy, chunk_cost, prefill_seconds, prompt_chunks
+from costmodels import replay_table
 from costmodels.step import StepCostModel
 from executor.forward_batch import SeqInput
 from executor.kv_cache import KVCache
 from executor.model_config import ExecModelConfig
+from executor.swa import ROW_TILE
 from executor.swa_replay import SWAReplay, exact_for_new_tokens, kept_blocks
 from executor.weights import build_model
 from kernels import ops
@@ -74,6 +85,46 @@ def policies(ws: list[int]) -> list[tuple[str, ReplayPolicy]]:
     return out + [("persist", ReplayPolicy())]
 
 
+def workload_calls(spec: ModelSpec, sh: dict, ws: list[int]) -> list:
+    """Every eager call the workloads' chunks make under every policy (``costmodels.replay_table.forward_calls`` on
+    the measured recipe): the shapes the tables measure exactly, besides their generic grids."""
+    from benchmarks.gpu.replay_tables import RECIPE
+    out = []
+    for _, pol in policies(ws):
+        res = pol.resolve(spec)
+        parts = [(n, c) for c, n in sh["prefix_hit"]]
+        for prompt, chunk in sh["chunked"]:
+            parts += prompt_chunks(prompt, chunk)
+        for n, c in parts:
+            out += replay_table.forward_calls(RECIPE, ROW_TILE, spec, res, n, c)
+    return out
+
+
+class Predictors:
+    """The table-based predictions next to the analytic one: every measured point, and the generic grids only."""
+
+    def __init__(self, doc: dict | None):
+        self.tabs = {}
+        if doc:
+            self.tabs = {"table": replay_table.from_dict(doc), "generic": replay_table.from_dict(doc, ("grid",))}
+
+    def chunk(self, spec: ModelSpec, resolved, parts: list[tuple[int, int]]) -> dict:
+        """``{prefix}_predicted_s`` etc. of the chunks ``parts`` run back to back, per table set; errors recorded."""
+        out = {}
+        for name, tab in self.tabs.items():
+            try:
+                cost = replay_table.table_prefill_cost(tab, spec, resolved, parts)
+                out[f"{name}_predicted_s"] = cost.seconds
+                out[f"{name}_device_s"] = cost.device_s
+                out[f"{name}_host_s"] = cost.host_s
+                out[f"{name}_sources"] = cost.sources
+                if name == "table":
+                    out["table_by_unit"] = {k: round(v, 9) for k, v in cost.by_unit.items()}
+            except Exception as e:  # noqa: BLE001 - a table gap costs this prediction, not the run
+                out[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
+        return out
+
+
 class Timer:
     """Device seconds of a callable: CUDA events on a GPU, wall time on the CPU."""
 
@@ -101,8 +152,10 @@ class Timer:
 
 
 class Bench:
-    def __init__(self, spec: ModelSpec, device: torch.device, dtype: str, page: int, max_tokens: int, timer: Timer):
+    def __init__(self, spec: ModelSpec, device: torch.device, dtype: str, page: int, max_tokens: int, timer: Timer,
+                 pred: Predictors | None = None):
         self.spec, self.device, self.page, self.timer = spec, device, page, timer
+        self.pred = pred or Predictors(None)
         self.cfg = ExecModelConfig.build(spec)
         self.model = build_model(self.cfg, device, dtype, "dummy", seed=0, max_pos=max_tokens + 8)
         pages = -(-max_tokens // page)
@@ -144,7 +197,8 @@ class Bench:
             rows.append({"policy": name, "measured_s": t, "measured_with_inputs_s": t_in,
                          "predicted_s": chunk_cost(self.ops, swa.resolved, n, c).seconds,
                          "exact": exact_for_new_tokens(lay, swa.window, c), "kept_window_pages": _window_pages(lay, c, self.page),
-                         "layer_rows": [n + int(e) for e in swa.resolved.extra_tokens(c)], "_logits": logits})
+                         "layer_rows": [n + int(e) for e in swa.resolved.extra_tokens(c)], "_logits": logits,
+                         **self.pred.chunk(self.spec, swa.resolved, [(n, c)])})
         for r in rows:
             r["logit_max_abs_diff_vs_persist"] = float((r.pop("_logits") - ref).abs().max())
         return {"context": c, "new_tokens": n, "rows": _changes(rows, n)}
@@ -161,7 +215,8 @@ class Bench:
             rows.append({"policy": name, "measured_s": t, "measured_with_inputs_s": t_in,
                          "predicted_s": prefill_seconds(self.ops, swa.resolved, prompt, chunk),
                          "exact": all(exact_for_new_tokens(swa.layout(c), swa.window, c) for _, c in parts[1:]),
-                         "extra_layer_tokens": int(sum(swa.resolved.extra_tokens(c).sum() for _, c in parts))})
+                         "extra_layer_tokens": int(sum(swa.resolved.extra_tokens(c).sum() for _, c in parts)),
+                         **self.pred.chunk(self.spec, swa.resolved, parts)})
         return {"prompt": prompt, "chunk": chunk, "chunks": len(parts), "rows": _changes(rows, prompt)}
 
 
@@ -171,7 +226,8 @@ def _window_pages(layout, c: int, page: int) -> int:
 
 
 def _changes(rows: list[dict], tokens: int) -> list[dict]:
-    """Throughput and its change against full recompute (the first row), measured and predicted."""
+    """Throughput and its change against full recompute (the first row), measured and predicted (analytic:
+    ``predicted_*``; from the tables: ``table_*``, ``generic_*`` where priced)."""
     base = rows[0]
     for r in rows:
         r["measured_tok_s"] = tokens / r["measured_s"]
@@ -180,7 +236,28 @@ def _changes(rows: list[dict], tokens: int) -> list[dict]:
         r["predicted_change"] = base["predicted_s"] / r["predicted_s"] - 1
         r["diff_pp"] = 100 * (r["measured_change"] - r["predicted_change"])
         r["measured_with_inputs_change"] = base["measured_with_inputs_s"] / r["measured_with_inputs_s"] - 1
+        for p in ("table", "generic"):
+            if f"{p}_predicted_s" in r and f"{p}_predicted_s" in base:
+                r[f"{p}_predicted_change"] = base[f"{p}_predicted_s"] / r[f"{p}_predicted_s"] - 1
+                r[f"{p}_diff_pp"] = 100 * (r["measured_change"] - r[f"{p}_predicted_change"])
+                r[f"{p}_abs_ratio"] = r["measured_s"] / r[f"{p}_predicted_s"]   # measured / predicted seconds
     return rows
+
+
+def summary(out: dict) -> dict:
+    """Per workload and prediction: the replay W values (and persist) within 5 pp of the measured change."""
+    res = {}
+    for kind in ("prefix_hit", "chunked"):
+        for w in out.get(kind, []):
+            name = f"{kind} " + (f"{w['context']}+{w['new_tokens']}" if kind == "prefix_hit" else f"{w['prompt']}/{w['chunk']}")
+            for p, key in (("analytic", "diff_pp"), ("table", "table_diff_pp"), ("generic", "generic_diff_pp")):
+                rows = [r for r in w["rows"][1:] if key in r]
+                if rows:
+                    res.setdefault(name, {})[p] = {
+                        "within_5pp": [r["policy"] for r in rows if abs(r[key]) <= 5],
+                        "ws_within_5pp": sum(1 for r in rows if r["policy"].startswith("replay:") and abs(r[key]) <= 5),
+                        "max_abs_pp": round(max(abs(r[key]) for r in rows), 2)}
+    return res
 
 
 def main(argv=None) -> int:
@@ -190,6 +267,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="a toy model and small shapes")
     ap.add_argument("--ws", default=None, help="replay lengths W, comma-separated")
     ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--tables", default=None, help="op tables to load (benchmarks/gpu/replay_tables.py); "
+                    "default: measure them first into replay_tables.json beside --out")
+    ap.add_argument("--no-tables", action="store_true", help="the analytic prediction only")
     a = ap.parse_args(argv)
     if not a.cpu and not torch.cuda.is_available():
         print("no CUDA device: use --cpu --tiny for the smoke mode", file=sys.stderr)
@@ -205,27 +285,66 @@ def main(argv=None) -> int:
         print(f"--ws {a.ws!r}: token counts must be >= 1", file=sys.stderr)
         return 2
     spec = bench_spec(a.tiny)
-    reps = a.reps or (1 if a.cpu else 5)
+    reps = a.reps or (1 if a.cpu else 15)
     if a.cpu:
         torch.set_num_threads(1)   # toy shapes: threads only contend
     need = max([c + n for c, n in sh["prefix_hit"]] + [p for p, _ in sh["chunked"]])
-    b = Bench(spec, device, "fp32" if a.cpu else "bf16", sh["page"], need, Timer(device, 0 if a.cpu else 2, reps))
+    dtype = "fp32" if a.cpu else "bf16"
+    tables, tables_from = _tables(a, spec, device, dtype, sh, ws, need)
+    b = Bench(spec, device, dtype, sh["page"], need, Timer(device, 0 if a.cpu else 3, reps), Predictors(tables))
     pols = policies(ws)
     out = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
            "model": {"name": spec.name, "layers": spec.kinds(), "hidden": spec.hidden_size, "heads": spec.num_attention_heads,
                      "kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "window": spec.sliding_window},
            "predicted_on": "H200, TP1 bf16 (costmodels.replay.chunk_cost / prefill_seconds)", "reps": reps,
-           "policies": [p for p, _ in pols], "prefix_hit": [], "chunked": []}
-    for c, n in sh["prefix_hit"]:
-        out["prefix_hit"].append(b.prefix_hit(pols, c, n))
-        _write(a.out, out)
-    for prompt, chunk in sh["chunked"]:
-        out["chunked"].append(b.chunked(pols, prompt, chunk))
+           "table_predicted_on": ("op tables of this executor model (costmodels.replay_table: eager host/device queue); "
+                                  f"{tables_from}"),
+           "tables": _tables_head(tables), "policies": [p for p, _ in pols], "prefix_hit": [], "chunked": [], "errors": []}
+    cases = [("prefix_hit", lambda c=c, n=n: b.prefix_hit(pols, c, n)) for c, n in sh["prefix_hit"]]
+    cases += [("chunked", lambda p=p, k=k: b.chunked(pols, p, k)) for p, k in sh["chunked"]]
+    for kind, run in cases:
+        try:
+            out[kind].append(run())
+        except Exception as e:  # noqa: BLE001 - one workload's failure must not lose the others
+            traceback.print_exc()
+            out["errors"].append(f"{kind}: {type(e).__name__}: {e}"[:300])
+        out["summary"] = summary(out)
         _write(a.out, out)
     out["kernels"] = ops.reset_used()   # op -> implementation the forwards ran
     _write(a.out, out)
     _print(out)
     return 0
+
+
+def _tables(a, spec: ModelSpec, device: torch.device, dtype: str, sh: dict, ws: list[int], need: int):
+    """(the op tables' dict or None, where they came from): loaded from ``--tables``, else measured now (before any
+    replay run) into replay_tables.json beside ``--out``."""
+    if a.no_tables:
+        return None, "none (--no-tables)"
+    if a.tables:
+        try:
+            with open(a.tables) as f:
+                doc = json.load(f)
+            replay_table.from_dict(doc)   # fail here, once, on a bad file
+            return doc, f"loaded from {a.tables}"
+        except (OSError, ValueError) as e:
+            print(f"--tables {a.tables}: {e}; continuing with the analytic prediction only", file=sys.stderr)
+            return None, f"none ({a.tables}: {e})"[:300]
+    from benchmarks.gpu.replay_tables import measure
+    path = os.path.join(os.path.dirname(os.path.abspath(a.out)), "replay_tables.json")
+    doc = measure(spec, device, dtype, sh["page"], need, path, a.tiny, workload_calls(spec, sh, ws))
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return doc, f"measured before the replay runs into {path}"
+
+
+def _tables_head(doc: dict | None) -> dict | None:
+    if not doc:
+        return None
+    pts = doc.get("points", [])
+    return {k: doc.get(k) for k in ("gpu", "date", "host", "layer_host", "sections", "seconds", "method")} | {
+        "points": len(pts), "workload_points": sum(1 for p in pts if p.get("origin") == "workload"),
+        "eager_timed_points": sum(1 for p in pts if p.get("how") == "eager"), "errors": doc.get("errors", [])[:20]}
 
 
 def _write(path: str, out: dict) -> None:
@@ -240,9 +359,17 @@ def _print(out: dict) -> None:
             head = {k: v for k, v in w.items() if k != "rows"}
             print(kind, head)
             for r in w["rows"]:
-                print(f"  {r['policy']:>12}  measured {r['measured_s'] * 1e3:9.3f} ms ({r['measured_change']:+8.1%})  "
-                      f"predicted {r['predicted_s'] * 1e3:9.3f} ms ({r['predicted_change']:+8.1%})  diff {r['diff_pp']:+7.1f} pp"
-                      f"  exact={r['exact']}")
+                line = (f"  {r['policy']:>12}  measured {r['measured_s'] * 1e3:9.3f} ms ({r['measured_change']:+8.1%})  "
+                        f"analytic {r['predicted_s'] * 1e3:8.3f} ms ({r['predicted_change']:+8.1%}, {r['diff_pp']:+7.1f} pp)")
+                for p in ("table", "generic"):
+                    if f"{p}_predicted_change" in r:
+                        line += (f"  {p} {r[f'{p}_predicted_s'] * 1e3:8.3f} ms ({r[f'{p}_predicted_change']:+8.1%}, "
+                                 f"{r[f'{p}_diff_pp']:+6.1f} pp)")
+                    elif f"{p}_error" in r:
+                        line += f"  {p}: {r[f'{p}_error'][:60]}"
+                print(line + f"  exact={r['exact']}")
+    for name, preds in out.get("summary", {}).items():
+        print(name, {p: (v["ws_within_5pp"], v["max_abs_pp"]) for p, v in preds.items()}, "(W within 5 pp, max |pp|)")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,454 @@
+"""Op tables of the executor's replay forward, measured apart from any replay run (issue 23).
+
+The replay bench (benchmarks/gpu/replay_bench.py) times ``executor.swa_replay.SWAReplay.run`` on a GQA model with
+sliding layers; ``costmodels.replay_table`` prices the same chunks from what this module measures on the same
+model, with the executor's own code at each shape:
+
+- ``gemm``: the executor's bf16 ``Linear`` (``executor.layers.Linear``, i.e. ``F.linear``) per weight (N, K) over
+  the rows M, cycling weight copies so one pass reads more than ``L2_SPILL_BYTES`` (every layer has its own weights);
+- ``attention:window``: ``executor.swa.window_attention`` for one tile (rows <= ``ROW_TILE``) over ``keys`` keys,
+  the first query at position keys - rows (swa.py's causal-and-window mask); ``attention:causal``:
+  ``kernels.ops.attention_prefill`` as ``GQAAttention.forward`` calls it (the full layer);
+- row-wise units over their size: ``rmsnorm`` (RMSNorm), ``rope_qk`` (``GQAAttention._rope`` of q and k),
+  ``kv_write`` (``write_paged`` of k and v), ``kv_gather`` (``swa.gather_range`` of k and v, over keys),
+  ``attn_out`` (the attention output placed in its buffer), ``residual`` (x + y), ``swiglu`` (the activation of
+  ``MLP.forward``: silu(g) * u in float32, back to bf16), ``embed``, a replay layer's ``row_select`` /
+  ``row_clone`` / ``row_scatter`` (``SWAReplay.run``'s index_select and out-of-place index_copy), ``take_put`` (the
+  new tokens' rows placed), ``logits`` (``compute_logits`` of the last row);
+- host seconds per eager call of each unit (at its smallest shape, no sync: the device keeps up) and of one whole
+  decoder layer call of each kind (a 1-token prefill): the eager forward's launch cost as it occurs.
+
+Device seconds: a CUDA graph of R back-to-back calls, replayed (median of several) / R, so the launch is outside
+it (falls back to back-to-back eager calls between two events, marked ``how: eager``, where capture fails). Grids:
+generic ones (``origin: grid``) plus the exact shapes the bench's workloads run (``origin: workload``, derived
+from the workload definitions by ``costmodels.replay_table.forward_calls``, not from any timing); the bench
+prices with both and with the generic points only. On the CPU (``--cpu --tiny``) times are wall times and the
+host model is off (CPU ops run synchronously). The JSON is rewritten after every section.
+
+    python -m benchmarks.gpu.replay_tables --out FILE [--cpu --tiny]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+from costmodels.model_spec import ModelSpec
+from costmodels.replay_table import FORMAT
+from executor.forward_batch import SeqInput, build_forward_batch
+from executor.kv_cache import KVCache
+from executor.model_config import ExecModelConfig
+from executor.swa import ROW_TILE, gather_range, window_attention
+from executor.weights import build_model
+from kernels import ops
+from kernels import reference as ref
+
+L2_SPILL_BYTES = 256 << 20     # several times the H200's 50 MB L2 (benchmarks/gpu/op_tables.py)
+GRAPH_TARGET_S = 2e-3          # one graph replay lasts about this long
+# the forward of SWAReplay.run + compute_logits of the last row, as costmodels.replay_table reads it
+RECIPE = {
+    "start": [("embed", "step_rows")],
+    "layer": [("rmsnorm", "rows"), ("gemm:q_proj", "rows"), ("gemm:k_proj", "rows"), ("gemm:v_proj", "rows"),
+              ("rope_qk", "rows"), ("kv_write", "rows"), ("kv_gather", "keys"), ("attention", "calls"),
+              ("attn_out", "rows"), ("gemm:o_proj", "rows"), ("residual", "rows"), ("rmsnorm", "rows"),
+              ("gemm:gate_proj", "rows"), ("gemm:up_proj", "rows"), ("swiglu", "rows"), ("gemm:down_proj", "rows"),
+              ("residual", "rows")],
+    "subset_pre": [("row_select", "rows")],
+    "subset_post": [("row_clone", "step_rows"), ("row_scatter", "rows")],
+    "end": [("rmsnorm", "step_rows"), ("take_put", "new"), ("logits", "one")],
+}
+
+
+def size_grid(top: int, tiny: bool) -> list[int]:
+    """Rows/keys: 1, 16, 64, then four points per octave from 128 up to ``top``."""
+    if tiny:
+        return sorted({m for m in (1, 4, 8, 16, 32, 48, 64) if m < top} | {top})
+    pts = {1, 16, 64}
+    k = 0
+    while 128 * 2 ** (k / 4) <= top * 1.0001:
+        pts.add(int(round(128 * 2 ** (k / 4))))
+        k += 1
+    return sorted(pts | {top})
+
+
+def attention_grids(window: int, tiny: bool) -> dict[str, tuple[list[int], list[int]]]:
+    """kind -> (rows, keys before the first query) of the generic attention grid."""
+    if tiny:
+        return {"window": ([1, 4, 8, 16, 24], [0, 3, 7, 16]), "causal": ([1, 4, 8, 16, 24], [0, 8, 24, 48])}
+    w = window - 1
+    return {"window": ([16, 32, 64, 128, 256, 512, 1024, 1536, 2048], sorted({0, 32, 64, w, w + 1, 256, 384, 512})),
+            "causal": ([16, 64, 128, 256, 512, 1024, 2048], [0, 128, 512, 1024, 2048, 4096, 8192, 14336])}
+
+
+# ---------------------------------------------------------------------------------------------- timing
+class Clock:
+    """Device seconds of a list of calls (cycled) and host seconds of one call."""
+
+    def __init__(self, device: torch.device, replays: int = 9):
+        self.cuda, self.replays = device.type == "cuda", replays
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def device(self, fns) -> tuple[float, str]:
+        """(seconds per call, how): a CUDA graph of back-to-back calls, else eager calls between two events."""
+        for f in fns:      # warm-up: allocator, kernel choice, lazy imports
+            f()
+        if not self.cuda:
+            times = []
+            for _ in range(max(3, self.replays // 2)):
+                t0 = time.perf_counter()
+                fns[0]()
+                times.append(time.perf_counter() - t0)
+            return statistics.median(times), "wall"
+        est = self._events(fns, 1)
+        reps = int(min(200, max(3, GRAPH_TARGET_S / max(est, 1e-6))))
+        try:
+            return self._graph(fns, reps), "graph"
+        except Exception:  # noqa: BLE001 - a call that cannot be captured is timed eagerly
+            torch.cuda.synchronize()
+            return self._events(fns, reps), "eager"
+
+    def _events(self, fns, reps: int) -> float:
+        times = []
+        for _ in range(self.replays):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            a.record()
+            for i in range(reps):
+                fns[i % len(fns)]()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3 / reps)
+        return statistics.median(times)
+
+    def _graph(self, fns, reps: int) -> float:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for f in fns:
+                f()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(reps):
+                fns[i % len(fns)]()
+        g.replay()
+        times = []
+        for _ in range(self.replays):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3 / reps)
+        del g
+        return statistics.median(times)
+
+    def host(self, fn, calls: int = 20, batches: int = 5) -> float:
+        """Host seconds to issue one eager call (no sync inside: small shapes, the device keeps up); 0 on the CPU,
+        where a call runs synchronously and its wall time already is its device time."""
+        if not self.cuda:
+            return 0.0
+        fn()
+        torch.cuda.synchronize()
+        out = []
+        for _ in range(batches):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            out.append((time.perf_counter() - t0) / calls)
+            torch.cuda.synchronize()
+        return statistics.median(out)
+
+
+# ---------------------------------------------------------------------------------------------- the units
+class Units:
+    """The executor's calls of each unit at a size, on the bench model's shapes (module docstring)."""
+
+    def __init__(self, spec: ModelSpec, device: torch.device, dtype: str, page: int, max_tokens: int):
+        self.spec, self.device = spec, device
+        self.cfg = ExecModelConfig.build(spec)
+        self.model = build_model(self.cfg, device, dtype, "dummy", seed=0, max_pos=max_tokens + 8)
+        self.dt = self.model.model.embed_tokens.weight.dtype
+        self.page = page
+        pages = -(-max_tokens // page) + 1
+        self.kv = KVCache(self.cfg, pages, page, device, self.dt)
+        self.table = torch.arange(pages, device=device, dtype=torch.int32)
+        self.max_tokens = max_tokens
+        kinds = spec.kinds()
+        self.layer_of = {k: kinds.index(k) for k in dict.fromkeys(kinds)}
+        lay = self.model.model.layers[0]
+        self.attn, self.mlp, self.norm = lay.self_attn, lay.mlp, lay.input_layernorm
+        self.gemms = {name: getattr(self.attn if name.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else self.mlp, name)
+                      for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}
+        self.g = torch.Generator(device=device).manual_seed(0)
+
+    def randn(self, *shape):
+        return torch.randn(*shape, device=self.device, dtype=self.dt, generator=self.g)
+
+    def shapes(self) -> dict[str, tuple[int, int]]:
+        return {n: (lin.out_features, lin.in_features) for n, lin in self.gemms.items()}
+
+    def gemm(self, lin, m: int, spill: bool = True):
+        """Calls of ``lin`` at ``m`` rows over enough weight copies to spill L2 (``spill``)."""
+        x = self.randn(m, lin.in_features)
+        wbytes = lin.weight.numel() * lin.weight.element_size()
+        ncop = 1 if (self.device.type != "cuda" or not spill) else int(min(16, max(1, math.ceil(L2_SPILL_BYTES / wbytes))))
+        lins = [lin] + [copy.deepcopy(lin) for _ in range(ncop - 1)]
+        return [lambda lin=lin_: lin(x) for lin_ in lins]
+
+    def attention(self, kind: str, rows: int, before: int):
+        """One attention call of ``rows`` queries over ``before + rows`` keys, the first query at position ``before``."""
+        hq, hkv, d = self.spec.num_attention_heads, self.spec.num_kv_heads, self.spec.head_dim
+        q, kk, vv = self.randn(rows, hq, d), self.randn(before + rows, hkv, d), self.randn(before + rows, hkv, d)
+        scale = d ** -0.5
+        if kind == "window":
+            w = int(self.spec.sliding_window)
+            return [lambda: window_attention(q, kk, vv, before, 0, w, scale)]
+        pos = torch.arange(before, before + rows, device=self.device)
+        return [lambda: ops.attention_prefill(q, kk, vv, pos, scale)]
+
+    def row_unit(self, unit: str, m: int):
+        """The calls of a row-wise unit at size ``m`` (rows; keys for kv_gather)."""
+        s = self.spec
+        h, hq, hkv, d, inter = s.hidden_size, s.num_attention_heads, s.num_kv_heads, s.head_dim, s.intermediate_size
+        idx = torch.arange(m, device=self.device)
+        if unit == "rmsnorm":
+            x = self.randn(m, h)
+            return lambda: self.norm(x)
+        if unit == "rope_qk":
+            q, k = self.randn(m, hq, d), self.randn(m, hkv, d)
+            return lambda: (self.attn._rope(q, idx), self.attn._rope(k, idx))
+        if unit == "kv_write":
+            kc, vc = self.kv.k[0], self.kv.v[0]
+            k, v = self.randn(m, hkv, d), self.randn(m, hkv, d)
+            return lambda: (ref.write_paged(kc, idx, k), ref.write_paged(vc, idx, v))
+        if unit == "kv_gather":
+            kc, vc = self.kv.k[0], self.kv.v[0]
+            return lambda: (gather_range(kc, self.table, 0, m), gather_range(vc, self.table, 0, m))
+        if unit == "attn_out":
+            o = self.randn(m, hq, d)
+
+            def place():
+                out = torch.empty(m, hq, d, dtype=self.dt, device=self.device)
+                out[0:m] = o
+                return out
+            return place
+        if unit == "residual":
+            x, y = self.randn(m, h), self.randn(m, h)
+            return lambda: x + y
+        if unit == "swiglu":
+            g, u = self.randn(m, inter), self.randn(m, inter)
+            return lambda: (F.silu(ref._up(g)) * ref._up(u)).to(self.dt)
+        if unit == "embed":
+            ids = torch.randint(0, s.vocab_size, (m,), device=self.device, generator=self.g)
+            return lambda: self.model.model.embed_tokens(ids)
+        if unit == "row_select":
+            x = self.randn(m, h)
+            return lambda: x.index_select(0, idx)
+        if unit == "row_clone":
+            x = self.randn(m, h)
+            return lambda: x.clone()
+        if unit == "row_scatter":
+            x, y = self.randn(m, h), self.randn(m, h)
+            return lambda: x.index_copy_(0, idx, y)
+        if unit == "take_put":
+            x = self.randn(m, h)
+            return lambda: x.new_zeros(m, h).index_copy(0, idx, x.index_select(0, idx))
+        if unit == "logits":
+            x = self.randn(m, h)
+            return lambda: self.model.compute_logits(x[-1:])
+        raise KeyError(unit)
+
+    def layer_call(self, kind: str):
+        """One decoder layer of ``kind`` on a 1-token prefill (for its host time)."""
+        j = self.layer_of[kind]
+        batch = build_forward_batch([SeqInput([1], 0, list(range(4)), False)], self.page, self.kv.null_page, self.device)
+        x = self.model.model.embed_tokens(batch.input_ids)
+        layer = self.model.model.layers[j]
+        return lambda: layer(x, batch, self.kv)
+
+
+ROW_UNITS = ("rmsnorm", "rope_qk", "kv_write", "kv_gather", "attn_out", "residual", "swiglu", "embed", "row_select",
+             "row_clone", "row_scatter", "take_put")
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+class Tables:
+    """Measures the sections, collecting points, and rewrites ``out`` after each."""
+
+    def __init__(self, units: Units, clock: Clock, out: str | None, head: dict):
+        self.u, self.clock, self.out = units, clock, out
+        self.doc = {**head, "points": [], "host": {}, "layer_host": {}, "errors": [], "sections": {}}
+
+    def write(self) -> None:
+        if self.out:
+            tmp = self.out + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.doc, f, indent=0)
+            os.replace(tmp, self.out)
+
+    def point(self, unit: str, fns, origin: str, **size) -> None:
+        try:
+            t, how = self.clock.device(fns if isinstance(fns, list) else [fns])
+            self.doc["points"].append({"unit": unit, **size, "device_s": t, "how": how, "origin": origin})
+        except Exception as e:  # noqa: BLE001 - one failed case must not stop the table
+            self.doc["errors"].append(f"{unit} {size}: {type(e).__name__}: {e}"[:300])
+        if self.clock.cuda and torch.cuda.memory_reserved() > (8 << 30):
+            torch.cuda.empty_cache()
+
+    def section(self, name: str, fn) -> None:
+        t0 = time.time()
+        try:
+            with torch.inference_mode():
+                fn()
+            self.doc["sections"][name] = f"{time.time() - t0:.1f} s"
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            self.doc["sections"][name] = f"failed after {time.time() - t0:.1f} s: {type(e).__name__}: {e}"[:300]
+        print(f"replay tables: {name}: {self.doc['sections'][name]}", flush=True)
+        self.write()
+
+    # -- sections
+    def host(self) -> None:
+        """Host seconds of one eager call per unit (smallest shape) and of one layer call per kind."""
+        u, c, host = self.u, self.clock, self.doc["host"]
+        for name, lin in u.gemms.items():
+            host[f"gemm:{name}"] = c.host(u.gemm(lin, 1, spill=False)[0])
+        for unit in ROW_UNITS + ("logits",):
+            host[unit] = c.host(u.row_unit(unit, 1))
+        for kind in ("window", "causal"):
+            host[f"attention:{kind}"] = c.host(u.attention(kind, 1, 0)[0])
+        for kind in u.layer_of:
+            self.doc["layer_host"][kind] = c.host(u.layer_call(kind))
+
+    def gemm(self, sizes: dict[str, set[int]]) -> None:
+        done = set()
+        for name, lin in self.u.gemms.items():
+            fam = (lin.out_features, lin.in_features)
+            if fam in done:
+                continue
+            done.add(fam)
+            for m, origin in sizes.get("gemm", {}).items():
+                self.point("gemm", self.u.gemm(lin, m), origin, m=m, n=fam[0], k=fam[1], name=name)
+            self.write()
+
+    def rows(self, sizes: dict) -> None:
+        for unit in ROW_UNITS:
+            for m, origin in sizes.get(unit, {}).items():
+                self.point(unit, self.u.row_unit(unit, m), origin, size=m)
+            self.write()
+        self.point("logits", self.u.row_unit("logits", 1), "grid", size=1)
+
+    def attention(self, cells: dict[str, dict[tuple[int, int], str]]) -> None:
+        for kind, pts in cells.items():
+            for (rows, before), origin in sorted(pts.items()):
+                self.point(f"attention:{kind}", self.u.attention(kind, rows, before), origin, rows=rows, keys=rows + before)
+            self.write()
+
+
+def plan(spec: ModelSpec, tiny: bool, top: int, workload: list | None = None) -> tuple[dict, dict]:
+    """(unit -> {size: origin}, attention kind -> {(rows, before): origin}): the generic grids, the workload's calls
+    added (``workload``: ``costmodels.replay_table.Call`` lists) and attention rectangles completed."""
+    grid = size_grid(top, tiny)
+    sizes = {u: {m: "grid" for m in grid} for u in ("gemm",) + ROW_UNITS}
+    att = {k: {(r, b): "grid" for r in rs for b in bs} for k, (rs, bs) in attention_grids(int(spec.sliding_window), tiny).items()}
+    extra_rows: dict[str, set[int]] = {k: set() for k in att}
+    extra_before: dict[str, set[int]] = {k: set() for k in att}
+    for call in workload or []:
+        if call.unit == "glue":
+            continue
+        if call.unit == "attention":
+            extra_rows[call.kind].add(int(call.size))
+            extra_before[call.kind].add(int(call.keys - call.size))
+            continue
+        key = "gemm" if call.unit.startswith("gemm:") else call.unit
+        if key in sizes:
+            m = int(call.keys if call.unit == "kv_gather" else call.size)
+            sizes[key].setdefault(m, "workload")
+    for kind, cells in att.items():
+        rs = {r for r, _ in cells} | extra_rows[kind]
+        bs = {b for _, b in cells} | extra_before[kind]
+        for r in rs:
+            for b in bs:
+                cells.setdefault((r, b), "workload")
+    return sizes, att
+
+
+def measure(spec: ModelSpec, device: torch.device, dtype: str, page: int, max_tokens: int, out: str | None,
+            tiny: bool, workload: list | None = None, sections: tuple[str, ...] = ("host", "gemm", "rows", "attention"),
+            roofline_hw: str = "h200") -> dict:
+    """Measure the tables of ``spec``'s executor model (``workload``: the calls whose shapes to add); returns the doc
+    (also written to ``out`` after each section)."""
+    t0 = time.time()
+    top = max(max_tokens, 64 if tiny else 16384)
+    units = Units(spec, device, dtype, page, top)
+    clock = Clock(device)
+    head = {"format": FORMAT, "gpu": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+            "device": device.type, "torch": torch.__version__, "dtype": dtype, "roofline_hw": roofline_hw,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "model": {"name": spec.name, "layers": list(spec.kinds()), "hidden": spec.hidden_size,
+                      "heads": spec.num_attention_heads, "kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
+                      "window": int(spec.sliding_window or 0)},
+            "row_tile": ROW_TILE, "recipe": RECIPE, "gemms": units.shapes(),
+            "host_model": "eager: host seconds per call measured (no sync, 1-row shapes)" if device.type == "cuda" else
+            "none: CPU calls run synchronously, their wall time is their device time",
+            "method": "device = CUDA graph of R back-to-back calls replayed (median of 9) / R (eager events where capture "
+                      f"fails); GEMM weights cycled over copies > {L2_SPILL_BYTES >> 20} MiB; host = perf_counter over 20 "
+                      "eager calls without sync (median of 5)"}
+    tab = Tables(units, clock, out, head)
+    sizes, att = plan(spec, tiny, top, workload)
+    steps = {"host": tab.host, "gemm": lambda: tab.gemm(sizes), "rows": lambda: tab.rows(sizes),
+             "attention": lambda: tab.attention(att)}
+    for name in sections:
+        tab.section(name, steps[name])
+    tab.doc["seconds"] = round(time.time() - t0, 1)
+    tab.write()
+    return tab.doc
+
+
+def main(argv=None) -> int:
+    from benchmarks.gpu.replay_bench import bench_spec, shapes, workload_calls   # the bench's model and workloads
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "replay_tables.json"))
+    ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--ws", default=None, help="replay lengths W of the bench's workloads (their shapes join the grids)")
+    ap.add_argument("--generic-only", action="store_true", help="measure the generic grids only")
+    a = ap.parse_args(argv)
+    if not a.cpu and not torch.cuda.is_available():
+        print("no CUDA device: use --cpu --tiny for the smoke mode", file=sys.stderr)
+        return 2
+    device = torch.device("cpu" if a.cpu else "cuda")
+    sh = shapes(a.tiny)
+    try:
+        ws = [int(x) for x in a.ws.split(",")] if a.ws else sh["ws"]
+    except ValueError:
+        print(f"--ws {a.ws!r}: expected comma-separated token counts", file=sys.stderr)
+        return 2
+    spec = bench_spec(a.tiny)
+    if a.cpu:
+        torch.set_num_threads(1)
+    calls = None if a.generic_only else workload_calls(spec, sh, ws)
+    need = max([c + n for c, n in sh["prefix_hit"]] + [p for p, _ in sh["chunked"]])
+    doc = measure(spec, device, "fp32" if a.cpu else "bf16", sh["page"], need, a.out, a.tiny, calls)
+    print(f"replay tables: {len(doc['points'])} points, {len(doc['errors'])} errors, {doc['seconds']} s -> {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
