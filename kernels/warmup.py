@@ -157,14 +157,19 @@ def precompile(items: list[WarmItem], device: torch.device, log: Callable[[str],
     for attempt in range(2):
         log(f"  DeepGEMM: compiling {len(tasks)} GEMM shapes in {workers} worker processes ({jit_cache.state['note']})")
         t0 = time.perf_counter()
-        res = jit_pool.compile_parallel(tasks, workers, device.index or 0, log)
+        try:
+            res = jit_pool.compile_parallel(tasks, workers, device.index or 0, log)
+        except Exception as e:  # noqa: BLE001 - the pool only saves time: the in-process pass still compiles
+            log(f"  DeepGEMM pool failed ({type(e).__name__}: {e}); compiling in this process")
+            break
         bad = [r for r in res if not r["ok"]]
         log(f"  DeepGEMM pool: {len(res) - len(bad)}/{len(res)} compiled in {time.perf_counter() - t0:.1f} s")
-        if not bad or attempt or jit_cache.state["compiler"] != "nvrtc":
+        failed = [r for r in bad if not r["error"].startswith(("not run", "worker died"))]   # compiles, not workers
+        if not failed or attempt or jit_cache.state["compiler"] != "nvrtc":
             break
-        if not jit_cache.fall_back_to_nvcc(bad[0]["error"]):
+        if not jit_cache.fall_back_to_nvcc(failed[0]["error"]):
             break
-        log(f"  NVRTC failed on {len(bad)} shapes ({bad[0]['error'][:160]}): switching DeepGEMM to nvcc")
+        log(f"  NVRTC failed on {len(failed)} shapes ({failed[0]['error'][:160]}): switching DeepGEMM to nvcc")
         info["marker"] = _marker_path(todo)
     return info
 

@@ -262,3 +262,26 @@ def test_precompile_skips_when_deepgemm_is_not_chosen_or_one_worker(deepgemm_fir
     from twinfer.errors import TwinferError
     with pytest.raises(TwinferError, match="TWINFER_JIT_WORKERS"):
         warmup.precompile(items, torch.device("cuda", 0), lambda s: None)
+
+
+def test_workers_that_do_not_start_keep_nvrtc_and_a_broken_pool_is_only_logged(deepgemm_first, monkeypatch):
+    items = warmup.jit_plan(torch.nn.Sequential(Lin(256, 128)), (1, 64))
+    monkeypatch.setenv("DG_JIT_USE_NVRTC", "1")
+    jit_cache.state.update(compiler="nvrtc", note="NVRTC")
+    monkeypatch.setattr(jit_pool, "worker_count", lambda n: 2)
+    calls = []
+
+    def pool(tasks, workers, dev, log):
+        calls.append(1)
+        return [{"m": m, "n": n, "k": k, "ok": False, "seconds": 0.0, "worker": None, "error": "not run: no worker started"}
+                for m, n, k in tasks]
+    monkeypatch.setattr(jit_pool, "compile_parallel", pool)
+    warmup.precompile(items, torch.device("cuda", 0), lambda s: None)
+    assert calls == [1] and jit_cache.state["compiler"] == "nvrtc" and os.environ["DG_JIT_USE_NVRTC"] == "1"
+
+    def broken(*a):
+        raise OSError("no /tmp")
+    monkeypatch.setattr(jit_pool, "compile_parallel", broken)
+    log = []
+    assert warmup.precompile(items, torch.device("cuda", 0), log.append)["labels"]
+    assert any("pool failed (OSError: no /tmp)" in s for s in log)
