@@ -10,9 +10,12 @@ for one model:
 - its row-wise ops (RMSNorm, RoPE of q and k, the paged KV write and gather, the SwiGLU activation, residual adds,
   the embedding, a replay layer's row selection, the logits of the last row) over their size (``op_table.Series``);
 - the host seconds of one eager call of each (a 1-row call: the device waits on the host), and of one whole
-  decoder layer call; the layer's host time not spent in its ops' own calls (Python between them) is its ``glue``.
+  decoder layer call; the layer's host time not spent in its ops' own calls (Python between them) is its ``glue``;
+- the eager launch gap: what a queued eager kernel adds on the device over a graph replay's (per kernel), and each
+  unit's kernels per call.
 
-Device times are CUDA-graph replays of back-to-back calls (the launch is not in them). The eager forward is then
+Device times are CUDA-graph replays of back-to-back calls (the launch is not in them); an eager call adds its
+kernels x the launch gap (the device-side cost of launching kernels one by one, which the graph removes). The eager forward is then
 priced as what it is, one stream fed by one host thread: the host has issued op i after ``H_i = h_1 + .. + h_i``
 seconds, the device runs it once it is issued and op i-1 is done, ``F_i = max(F_{i-1}, H_i) + d_i``, and the chunk
 takes ``F_last`` (a CUDA-event window opened on an idle device, as the replay bench's). Long chunks are
@@ -63,6 +66,8 @@ class ExecTables:
     layer_host: dict[str, float] = field(default_factory=dict)  # layer kind -> host seconds of one eager layer call
     row_tile: int = 1 << 30
     provenance: dict = field(default_factory=dict)
+    kernels: dict[str, int] = field(default_factory=dict)    # unit -> device activities per call (profiler)
+    eager_gap: float = 0.0                                   # device seconds an eager launch adds per kernel
 
     # ------------------------------------------------------------------ lookups
     def device(self, unit: str, size: float, keys: float = 0.0, kind: str = "") -> Lookup:
@@ -83,6 +88,10 @@ class ExecTables:
 
     def host_of(self, unit: str, kind: str = "") -> float:
         return float(self.host.get(f"attention:{kind}" if unit == "attention" else unit, 0.0))
+
+    def gap_of(self, unit: str, kind: str = "") -> float:
+        """Device seconds an eager call of ``unit`` spends in launch gaps: its kernels x the per-kernel gap."""
+        return self.eager_gap * self.kernels.get(f"attention:{kind}" if unit == "attention" else unit, 0)
 
     def glue(self, kind: str) -> float:
         """Host seconds of a layer call outside its ops' own calls (Python between them), never negative."""
@@ -215,8 +224,8 @@ def forward_ops(tables: ExecTables, spec, replay, n: int, c: int) -> list[Op]:
             continue
         lk = tables.device(call.unit, call.size, call.keys, call.kind)
         unit = f"attention:{call.kind}" if call.unit == "attention" else call.unit
-        ops.append(Op(unit, call.size, call.keys, float(lk.seconds[0]), tables.host_of(call.unit, call.kind),
-                      str(lk.source[0]), call.layer))
+        ops.append(Op(unit, call.size, call.keys, float(lk.seconds[0]) + tables.gap_of(call.unit, call.kind),
+                      tables.host_of(call.unit, call.kind), str(lk.source[0]), call.layer))
     return ops
 
 
@@ -336,7 +345,8 @@ def from_dict(d: dict, origins: tuple[str, ...] | None = None) -> ExecTables:
     return ExecTables(d.get("model", {}), recipe, gemm, shapes, attention, series,
                       {k: float(v) for k, v in d.get("host", {}).items()},
                       {k: float(v) for k, v in d.get("layer_host", {}).items()},
-                      int(d.get("row_tile", 1 << 30)), {k: d.get(k) for k in ("gpu", "device", "torch", "method", "date")})
+                      int(d.get("row_tile", 1 << 30)), {k: d.get(k) for k in ("gpu", "device", "torch", "method", "date")},
+                      {k: int(v) for k, v in d.get("kernels", {}).items()}, float(d.get("eager_gap_s", 0.0)))
 
 
 def load(path: str | Path, origins: tuple[str, ...] | None = None) -> ExecTables:

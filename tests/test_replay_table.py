@@ -182,6 +182,17 @@ def test_eager_stream_host_bound_and_device_bound_by_hand():
     assert eager_stream([Op("g", 1, 0, 1e-3, 0, "measured")] * 3) == pytest.approx(3e-3)
 
 
+def test_an_eager_call_adds_its_kernels_launch_gaps_on_the_device():
+    doc = small_doc(kernels={"norm": 5, "gemm:w": 1, "attention:window": 3}, eager_gap_s=1e-6)
+    plain, gapped = from_dict(small_doc()), from_dict(doc)
+    spec = ModelSpec(name="toy", family="llama", num_layers=1, hidden_size=64, vocab_size=256, num_attention_heads=4,
+                     num_kv_heads=1, head_dim=16, intermediate_size=128, attention="gqa", layer_kinds=["sliding"],
+                     sliding_window=8, max_context=1024)
+    res = ReplayPolicy().resolve(spec)     # persist: one 4-row window call
+    a, b = table_chunk_cost(plain, spec, res, 4, 12), table_chunk_cost(gapped, spec, res, 4, 12)
+    assert b.device_s - a.device_s == pytest.approx((5 + 1 + 3) * 1e-6)
+
+
 def test_host_glue_is_the_layer_call_less_its_ops_calls():
     tab = from_dict(small_doc(layer_host={"sliding": 10e-6, "full": 0.5e-6},
                               host={"norm": 1e-6, "gemm:w": 2e-6, "attention:window": 3e-6, "attention:causal": 3e-6}))

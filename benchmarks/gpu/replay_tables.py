@@ -16,7 +16,10 @@ model, with the executor's own code at each shape:
   ``row_clone`` / ``row_scatter`` (``SWAReplay.run``'s index_select and out-of-place index_copy), ``take_put`` (the
   new tokens' rows placed), ``logits`` (``compute_logits`` of the last row);
 - host seconds per eager call of each unit (at its smallest shape, no sync: the device keeps up) and of one whole
-  decoder layer call of each kind (a 1-token prefill): the eager forward's launch cost as it occurs.
+  decoder layer call of each kind (a 1-token prefill): the eager forward's launch cost as it occurs;
+- the eager launch gap: device seconds between queued kernels of an eager stream beyond a graph replay's, from a
+  one-kernel op (x + y) timed back to back both ways where the device is the bottleneck, and each unit's kernels per
+  call (the profiler's device activities): an eager call's device time is its graph time + kernels x gap.
 
 Device seconds: a CUDA graph of R back-to-back calls, replayed (median of several) / R, so the launch is outside
 it (falls back to back-to-back eager calls between two events, marked ``how: eager``, where capture fails). Grids:
@@ -283,6 +286,20 @@ class Units:
         return lambda: layer(x, batch, self.kv)
 
 
+def kernels_per_call(fn) -> int:
+    """Device activities (kernels, memsets, copies) of one call, by the profiler; 0 where it cannot say."""
+    from torch.profiler import ProfilerActivity, profile
+    try:
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    except Exception:  # noqa: BLE001
+        return 0
+
+
 ROW_UNITS = ("rmsnorm", "rope_qk", "kv_write", "kv_gather", "attn_out", "residual", "swiglu", "embed", "row_select",
              "row_clone", "row_scatter", "take_put")
 
@@ -327,14 +344,39 @@ class Tables:
     def host(self) -> None:
         """Host seconds of one eager call per unit (smallest shape) and of one layer call per kind."""
         u, c, host = self.u, self.clock, self.doc["host"]
-        for name, lin in u.gemms.items():
-            host[f"gemm:{name}"] = c.host(u.gemm(lin, 1, spill=False)[0])
-        for unit in ROW_UNITS + ("logits",):
-            host[unit] = c.host(u.row_unit(unit, 1))
-        for kind in ("window", "causal"):
-            host[f"attention:{kind}"] = c.host(u.attention(kind, 1, 0)[0])
+        calls = {f"gemm:{name}": u.gemm(lin, 1, spill=False)[0] for name, lin in u.gemms.items()}
+        calls |= {unit: u.row_unit(unit, 1) for unit in ROW_UNITS + ("logits",)}
+        calls |= {f"attention:{kind}": u.attention(kind, 1, 0)[0] for kind in ("window", "causal")}
+        for name, fn in calls.items():
+            host[name] = c.host(fn)
         for kind in u.layer_of:
             self.doc["layer_host"][kind] = c.host(u.layer_call(kind))
+
+    def kernels(self) -> None:
+        """Kernels per call of each unit (the profiler's device activities, at a middling shape). Last: a profiler
+        session can leave CUPTI hooks that slow later launches."""
+        u, c = self.u, self.clock
+        if c.cuda:
+            mid = {f"gemm:{name}": u.gemm(lin, 64, spill=False)[0] for name, lin in u.gemms.items()}
+            mid |= {unit: u.row_unit(unit, 64) for unit in ROW_UNITS} | {"logits": u.row_unit("logits", 1)}
+            mid |= {f"attention:{kind}": u.attention(kind, 64, int(u.spec.sliding_window))[0] for kind in ("window", "causal")}
+            self.doc["kernels"] = {name: kernels_per_call(fn) for name, fn in mid.items()}
+
+    def eager_gap(self) -> None:
+        """Device seconds an eager launch adds between queued kernels over a graph replay: a one-kernel op (x + y) at
+        sizes where the device, not the host, is the bottleneck, timed back to back eagerly and in a graph."""
+        u, c, gaps = self.u, self.clock, []
+        if not c.cuda:
+            return
+        for m in (2048, 4096, 8192):
+            fn = u.row_unit("residual", m)
+            g, how = c.device([fn])
+            e, h = c._events([fn], 100), c.host(fn)
+            self.doc.setdefault("eager_gap_points", []).append({"rows": m, "graph_s": g, "eager_s": e, "host_s": h, "how": how})
+            if how == "graph" and h < 0.7 * g:
+                gaps.append(e - g)
+        if gaps:
+            self.doc["eager_gap_s"] = max(0.0, statistics.median(gaps))
 
     def gemm(self, sizes: dict[str, set[int]]) -> None:
         done = set()
@@ -390,7 +432,8 @@ def plan(spec: ModelSpec, tiny: bool, top: int, workload: list | None = None) ->
 
 
 def measure(spec: ModelSpec, device: torch.device, dtype: str, page: int, max_tokens: int, out: str | None,
-            tiny: bool, workload: list | None = None, sections: tuple[str, ...] = ("host", "gemm", "rows", "attention"),
+            tiny: bool, workload: list | None = None,
+            sections: tuple[str, ...] = ("host", "eager_gap", "gemm", "attention", "rows", "kernels"),
             roofline_hw: str = "h200") -> dict:
     """Measure the tables of ``spec``'s executor model (``workload``: the calls whose shapes to add); returns the doc
     (also written to ``out`` after each section)."""
@@ -412,7 +455,8 @@ def measure(spec: ModelSpec, device: torch.device, dtype: str, page: int, max_to
                       "eager calls without sync (median of 5)"}
     tab = Tables(units, clock, out, head)
     sizes, att = plan(spec, tiny, top, workload)
-    steps = {"host": tab.host, "gemm": lambda: tab.gemm(sizes), "rows": lambda: tab.rows(sizes),
+    steps = {"host": tab.host, "eager_gap": tab.eager_gap, "gemm": lambda: tab.gemm(sizes), "rows": lambda: tab.rows(sizes),
+             "kernels": tab.kernels,
              "attention": lambda: tab.attention(att)}
     for name in sections:
         tab.section(name, steps[name])
