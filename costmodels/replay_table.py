@@ -46,6 +46,8 @@ FORMAT = "twinfer-replay-tables/1"
 # the size each recipe entry is looked up at: this layer's rows, the rows entering layer 0, the new tokens, one row,
 # the keys the layer gathers; "calls" is the attention entry (its calls per the layer's kind and tiling)
 AXES = ("rows", "step_rows", "new", "one", "keys", "calls")
+# recipe lists: start (once, before layer 0), layer (every layer), tile_post (after each tile of a tiled attention),
+# subset_pre / subset_post (around a layer that runs fewer rows than the step: a replay's lower rows drop out), end
 
 
 class TableError(ValueError):
@@ -205,8 +207,11 @@ def forward_calls(recipe: dict, row_tile: int, spec, replay, n: int, c: int) -> 
             add(recipe.get("subset_pre", []), rows, layer=j, lkind=kind)
         for unit, axis in recipe.get("layer", []):
             if unit == "attention":
-                for r, k in attention_calls(sliding[j], rows, first, lo, kv_len, window, row_tile):
+                tiles = attention_calls(sliding[j], rows, first, lo, kv_len, window, row_tile)
+                for r, k in tiles:
                     out.append(Call("attention", float(r), float(k), attention_kind(kind), j, kind))
+                    if len(tiles) > 1:   # a tiled call places each tile's output in the layer's buffer
+                        add(recipe.get("tile_post", []), r, layer=j, lkind=kind)
             else:
                 add([(unit, axis)], rows, kv_len - lo, j, kind)
         if subset:

@@ -243,3 +243,14 @@ def test_calls_carry_the_rows_the_executor_runs():
             calls = forward_calls(RECIPE, 2048, spec, pol.resolve(spec), n, c)
             per = [sum(x.size for x in calls if x.unit == "attention" and x.layer == j) for j in range(4)]
             assert per == list(swa.rows_per_layer), (pol, n, c)
+
+
+def test_a_tiled_recompute_places_each_tile_and_a_short_layer_selects_its_rows():
+    from benchmarks.gpu.replay_tables import RECIPE
+    calls = forward_calls(RECIPE, 2048, SPEC, POL["recompute"].resolve(SPEC), 2048, 8192)
+    layer0 = [c.unit for c in calls if c.layer == 0]
+    assert layer0.count("attention") == 5 and layer0.count("attn_out") == 5 + 1   # 10240 rows: 5 tiles + the layer's
+    top = [c for c in calls if c.layer == 3]
+    assert [c.unit for c in top][:2] == ["glue", "row_select"] and top[1].size == 2048
+    assert [(c.unit, c.size) for c in top[-2:]] == [("row_clone", 10240), ("row_scatter", 2048)]
+    assert [c for c in top if c.unit == "attention"][0].keys == 10240      # the full layer reads every key

@@ -66,6 +66,7 @@ RECIPE = {
               ("attn_out", "rows"), ("gemm:o_proj", "rows"), ("residual", "rows"), ("rmsnorm", "rows"),
               ("gemm:gate_proj", "rows"), ("gemm:up_proj", "rows"), ("swiglu", "rows"), ("gemm:down_proj", "rows"),
               ("residual", "rows")],
+    "tile_post": [("attn_out", "rows")],     # window_attention's out[a:b] = tile, rows > ROW_TILE
     "subset_pre": [("row_select", "rows")],
     "subset_post": [("row_clone", "step_rows"), ("row_scatter", "rows")],
     "end": [("rmsnorm", "step_rows"), ("take_put", "new"), ("logits", "one")],
