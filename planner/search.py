@@ -34,8 +34,8 @@ from planner.pareto import pareto_front
 from planner.plan import Plan, PoolPlan, Predicted
 from planner.request import PlanRequest
 from planner.screen import ScreenContext, screen_layout
-from planner.simulate import (AGENTIC_SLICE_SEATS, SLICE_SEATS, SimOutcome, build_job, meets, ranks_in_slice, run_job,
-                              scheduler_for, steady_workload)
+from planner.simulate import (AGENTIC_SLICE_SEATS, SLICE_SEATS, SimOutcome, build_job, explicit_ranks, meets, ranks_in_slice,
+                              run_job, scheduler_for, steady_workload)
 from planner.space import LayoutOption, enumerate_layouts
 from planner.workload_stats import WorkloadStats, workload_stats
 from scheduler.config import SchedulerConfig
@@ -493,7 +493,8 @@ def _make_plan(req: PlanRequest, cand: Candidate, options: list[LayoutOption], s
                acceptance: tuple[float, ...], outcomes: dict[int, SimOutcome], points: list, rate_scale: float = 1.0) -> Plan:
     dopt = options[cand.option]
     acc = acceptance[: cand.draft_len]
-    main_sc = scheduler_for(cand.batch_per_rank, dopt.layout.dp, cand.draft_len, cand.async_overlap, cand.chunk_tokens, acc)
+    main_sc = scheduler_for(cand.batch_per_rank, dopt.layout.dp, cand.draft_len, cand.async_overlap, cand.chunk_tokens, acc,
+                            explicit_ranks(cand.mode, effects))
     if cand.mode == "aggregated":
         pools = [PoolPlan(role="mixed", instances=cand.instances, layout=dopt.layout, scheduler=main_sc, label=dopt.describe())]
     else:

@@ -5,7 +5,10 @@ minutes, so each candidate is simulated as a **slice** with the same per-GPU beh
 
 - aggregated: one instance (identical instances behind a router see the same traffic share);
   an attention-DP instance is further cut to ``d_s`` of its ``dp`` ranks (``EffectsSpec.mirror``:
-  the cost model sees the batch mirrored, so step times are the full instance's);
+  the cost model sees the batch mirrored, so step times are the full instance's). Its scheduler
+  drives those ranks explicitly (``SchedulerConfig.attention_dp``: each request on one rank, per-rank
+  seats, tokens and KV, the step priced at the ranks assigned), as the plan's full-scale run and
+  ``twinfer simulate --plan`` do (``explicit_ranks``);
 - disaggregated: the pool ratio ``n_p : n_d`` reduced to small integers (at most 6 instances),
   each pool mirrored so both carry the same share of the deployment.
 
@@ -25,7 +28,7 @@ from fractions import Fraction
 
 from planner.combine import Candidate
 from planner.space import LayoutOption
-from scheduler.config import SchedulerConfig
+from scheduler.config import AttentionDPConfig, SchedulerConfig
 from sim.disagg import DisaggSpec
 from sim.effects import EffectsSpec
 from scheduler.metrics import SLO
@@ -77,12 +80,25 @@ class SimOutcome:
     wall_s: float
 
 
-def scheduler_for(B: int, ranks: int, draft: int, overlap: bool, chunk: int, acceptance: tuple[float, ...] = ()) -> SchedulerConfig:
-    """The scheduler of an instance (or slice) with ``ranks`` attention-DP ranks of ``B`` seats and ``chunk`` prefill tokens each."""
+def scheduler_for(B: int, ranks: int, draft: int, overlap: bool, chunk: int, acceptance: tuple[float, ...] = (),
+                  explicit: bool = False) -> SchedulerConfig:
+    """The scheduler of an instance (or slice) with ``ranks`` attention-DP ranks of ``B`` seats and ``chunk`` prefill
+    tokens each; with ``explicit`` (and 2+ ranks) it schedules the ranks explicitly (``scheduler.dp_attention``:
+    SGLang's ``immediate`` placement, budgets per rank), else as one pooled batch the cost model splits."""
     seats = B * ranks
     budget = (chunk + B * (1 + draft)) * ranks
     return SchedulerConfig(max_num_seqs=seats, max_num_batched_tokens=budget, long_prefill_threshold=chunk,
-                           draft_len=draft, acceptance_rates=list(acceptance), async_overlap=overlap, host_workers=ranks)
+                           draft_len=draft, acceptance_rates=list(acceptance), async_overlap=overlap, host_workers=ranks,
+                           attention_dp=AttentionDPConfig() if explicit and ranks > 1 else None)
+
+
+def explicit_ranks(mode: str, effects: EffectsSpec) -> bool:
+    """Whether a pool's attention-DP ranks are scheduled explicitly: in aggregated deployments, where the simulator
+    models them (not yet next to a prefill pool, nor with drifting expert load or periodic EPLB: sim.effects
+    refuses those), so a slice, the plan's full-scale run and ``twinfer simulate --plan`` use one rank model."""
+    el = effects.expert_load
+    drifting = (el is not None and el.drift_fraction_per_min > 0) or effects.eplb_period_s is not None
+    return mode == "aggregated" and not drifting
 
 
 def _divisors(n: int) -> list[int]:
@@ -114,7 +130,8 @@ def build_job(cand: Candidate, options: list[LayoutOption], *, model: str, hardw
         ranks = ranks_in_slice(dlay.dp, cand.batch_per_rank, seats_cap)
         mirror = dlay.dp // ranks
         share = 1.0 / (cand.instances * mirror)
-        sc = scheduler_for(cand.batch_per_rank, ranks, cand.draft_len, cand.async_overlap, cand.chunk_tokens, acc)
+        sc = scheduler_for(cand.batch_per_rank, ranks, cand.draft_len, cand.async_overlap, cand.chunk_tokens, acc,
+                           explicit_ranks(cand.mode, effects))
         scen_inst, disagg = 1, None
         slice_gpus = dlay.gpus / mirror
         seats = sc.max_num_seqs
@@ -136,9 +153,10 @@ def build_job(cand: Candidate, options: list[LayoutOption], *, model: str, hardw
     rate = cand.rate * share * load
     n_req = int(min(max_requests, max(MIN_REQUESTS, 3 * seats)))
     wl, warmup = steady_workload(workload, max(rate, 1e-3), n_req)
-    scen = Scenario(name=label, model=model, hardware=hardware, calibration=calibration, layout=dlay, instances=scen_inst, scheduler=sc,
-                    workload=wl, router=router, slo=slo, seed=seed, steady_after_s=warmup or None)
     eff = effects.model_copy(update={"mirror": mirror, "eplb": dopt.eplb != "off", "table_placement": dopt.table_placement})
+    # validated with its effects: explicit attention-DP ranks are layout.dp / effects.mirror
+    scen = Scenario(name=label, model=model, hardware=hardware, calibration=calibration, layout=dlay, instances=scen_inst, scheduler=sc,
+                    workload=wl, router=router, slo=slo, seed=seed, steady_after_s=warmup or None, effects=eff)
     return SimJob(label, cand.row, load, scen, eff, disagg, slice_gpus, rate, warmup, n_req, share, cand.gpus)
 
 

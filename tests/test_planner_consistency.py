@@ -152,3 +152,38 @@ def test_full_scale_confirmations_report_progress(monkeypatch):
     assert mine[0] == ("confirm_plan", 0, CONFIRM_MAX_RUNS)
     assert mine[-1] == ("confirm_plan", len(calls), len(calls))
     assert [d for _, d, _ in mine[1:-1]] == list(range(1, len(calls)))
+
+
+def test_attention_dp_plan_runs_its_ranks_explicitly_and_simulate_plan_repeats_its_figures(tmp_path):
+    """An attention-DP plan (DEP8): its slices and its full-scale run schedule the ranks explicitly (the per-rank
+    model `twinfer simulate --plan` uses), and `simulate --plan` of the saved plan gives the plan's figures (5%)."""
+    from planner.plan import load_plan
+
+    req = PlanRequest.model_validate(dict(
+        model="deepseek-v3", hardware="h200", gpus=8, workload=preset("chat"), slo={"ttft_s": 2.0, "tpot_s": 0.1},
+        space=dict(modes=["aggregated"], tp=[1], dep=[8], two_micro_batch=[False], eplb=["off"], batch_per_rank=[16, 32],
+                   draft_len=[0], async_overlap=[True], chunk_tokens=[4096]),
+        simulate_top=1, sim_requests=300))
+    plan = plan_deployment(req, workers=1).recommended
+    pool = plan.pools[0]
+    assert pool.layout.dp == 8 and pool.scheduler.attention_dp is not None and pool.scheduler.attention_dp.prefill == "immediate"
+    plan.save(tmp_path / "p.yaml")
+    run = simulate(load_plan(tmp_path / "p.yaml").to_scenario()).result   # `twinfer simulate --plan p.yaml`
+    s, p = run.metrics.steady, plan.predicted
+    assert s.output_throughput_per_gpu == pytest.approx(p.output_tokens_per_s_per_gpu, rel=0.05)
+    assert (s.ttft_s.p90, s.tpot_s.p90) == pytest.approx((p.ttft_s, p.tpot_s), rel=0.05)
+    assert run.digest == p.sim_digest   # in fact the same run
+
+
+def test_slices_schedule_attention_dp_ranks_like_the_plan():
+    from planner.simulate import explicit_ranks, scheduler_for
+    from sim.effects import EffectsSpec
+    from costmodels.moe_load import ExpertLoadSpec
+
+    assert scheduler_for(32, 4, 1, True, 4096, (0.85,), explicit=True).attention_dp is not None
+    assert scheduler_for(32, 1, 1, True, 4096, (0.85,), explicit=True).attention_dp is None   # one rank: nothing to place
+    assert scheduler_for(32, 4, 1, True, 4096, (0.85,)).attention_dp is None
+    plain = EffectsSpec(expert_load=ExpertLoadSpec())
+    assert explicit_ranks("aggregated", plain) and not explicit_ranks("disaggregated", plain)
+    # the simulator refuses explicit ranks with drifting expert load: such plans keep the pooled batch
+    assert not explicit_ranks("aggregated", EffectsSpec(expert_load=ExpertLoadSpec(drift_fraction_per_min=0.1)))
