@@ -70,6 +70,7 @@ class ExecTables:
     provenance: dict = field(default_factory=dict)
     kernels: dict[str, int] = field(default_factory=dict)    # unit -> device activities per call (profiler)
     eager_gap: float = 0.0                                   # device seconds an eager launch adds per kernel
+    sync: bool = False       # measured where calls run synchronously (the CPU): device times hold the host's share
 
     # ------------------------------------------------------------------ lookups
     def device(self, unit: str, size: float, keys: float = 0.0, kind: str = "") -> Lookup:
@@ -229,8 +230,9 @@ def forward_ops(tables: ExecTables, spec, replay, n: int, c: int) -> list[Op]:
             continue
         lk = tables.device(call.unit, call.size, call.keys, call.kind)
         unit = f"attention:{call.kind}" if call.unit == "attention" else call.unit
-        ops.append(Op(unit, call.size, call.keys, float(lk.seconds[0]) + tables.gap_of(call.unit, call.kind),
-                      tables.host_of(call.unit, call.kind), str(lk.source[0]), call.layer))
+        host = 0.0 if tables.sync else tables.host_of(call.unit, call.kind)
+        ops.append(Op(unit, call.size, call.keys, float(lk.seconds[0]) + tables.gap_of(call.unit, call.kind), host,
+                      str(lk.source[0]), call.layer))
     return ops
 
 
@@ -263,7 +265,8 @@ def eager_stream(ops: list[Op]) -> float:
     return f
 
 
-def price(ops: list[Op]) -> TableCost:
+def price(ops: list[Op], sync: bool = False) -> TableCost:
+    """The ops' cost: the eager queue, or (``sync``: calls that run synchronously) device and host times added."""
     by: dict[str, float] = {}
     src: dict[str, int] = {}
     for op in ops:
@@ -271,14 +274,14 @@ def price(ops: list[Op]) -> TableCost:
         by[key] = by.get(key, 0.0) + op.device_s
         if op.unit != "glue":
             src[op.source] = src.get(op.source, 0) + 1
-    return TableCost(eager_stream(ops), float(sum(o.device_s for o in ops)), float(sum(o.host_s for o in ops)), by, src,
-                     len(ops))
+    dev, host = float(sum(o.device_s for o in ops)), float(sum(o.host_s for o in ops))
+    return TableCost(dev + host if sync else eager_stream(ops), dev, host, by, src, len(ops))
 
 
 def table_chunk_cost(tables: ExecTables, spec, replay, n: int, c: int) -> TableCost:
     """One resumed chunk of ``n`` new tokens after ``c`` cached under ``replay`` (a ResolvedReplay), from the tables."""
     tables.check_model(spec)
-    return price(forward_ops(tables, spec, replay, int(n), int(c)))
+    return price(forward_ops(tables, spec, replay, int(n), int(c)), tables.sync)
 
 
 def table_prefill_cost(tables: ExecTables, spec, replay, parts: list[tuple[int, int]]) -> TableCost:
@@ -287,7 +290,7 @@ def table_prefill_cost(tables: ExecTables, spec, replay, parts: list[tuple[int, 
     ops: list[Op] = []
     for n, c in parts:
         ops += forward_ops(tables, spec, replay, int(n), int(c))
-    return price(ops)
+    return price(ops, tables.sync)
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -351,7 +354,8 @@ def from_dict(d: dict, origins: tuple[str, ...] | None = None) -> ExecTables:
                       {k: float(v) for k, v in d.get("host", {}).items()},
                       {k: float(v) for k, v in d.get("layer_host", {}).items()},
                       int(d.get("row_tile", 1 << 30)), {k: d.get(k) for k in ("gpu", "device", "torch", "method", "date")},
-                      {k: int(v) for k, v in d.get("kernels", {}).items()}, float(d.get("eager_gap_s", 0.0)))
+                      {k: int(v) for k, v in d.get("kernels", {}).items()}, float(d.get("eager_gap_s", 0.0)),
+                      bool(d.get("sync", False)))
 
 
 def load(path: str | Path, origins: tuple[str, ...] | None = None) -> ExecTables:

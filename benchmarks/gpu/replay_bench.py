@@ -34,6 +34,7 @@ times are CPU wall times: nothing to compare with the H200 figures).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -126,28 +127,38 @@ class Predictors:
 
 
 class Timer:
-    """Device seconds of a callable: CUDA events on a GPU, wall time on the CPU."""
+    """Device seconds of a callable: CUDA events on a GPU, wall time on the CPU; median of ``reps`` after ``warm``
+    calls, Python's garbage collector held off while timing (a collection inside a window lands in it).
+    ``spread``: the last call's (25th, 75th percentile) seconds."""
 
     def __init__(self, device: torch.device, warm: int, reps: int):
         self.cuda, self.warm, self.reps = device.type == "cuda", warm, reps
+        self.spread = (0.0, 0.0)
 
     def __call__(self, fn) -> float:
         for _ in range(self.warm):
             fn()
         times = []
-        for _ in range(self.reps):
-            if self.cuda:
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda.synchronize()
-                a.record()
-                fn()
-                b.record()
-                b.synchronize()
-                times.append(a.elapsed_time(b) / 1e3)
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(self.reps):
+                if self.cuda:
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    torch.cuda.synchronize()
+                    a.record()
+                    fn()
+                    b.record()
+                    b.synchronize()
+                    times.append(a.elapsed_time(b) / 1e3)
+                else:
+                    t0 = time.perf_counter()
+                    fn()
+                    times.append(time.perf_counter() - t0)
+        finally:
+            gc.enable()
+        q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+        self.spread = (q[0], q[2])
         return statistics.median(times)
 
 
@@ -190,11 +201,12 @@ class Bench:
             swa = SWAReplay(self.spec, pol)
             prep = self.prepare(swa, n, c)
             t = self.timer(lambda: self.chunk(swa, n, c, prep))
+            spread = self.timer.spread
             t_in = self.timer(lambda: self.chunk(swa, n, c))
             logits = self.chunk(swa, n, c)
             ref = logits if name == "persist" else ref
             lay = swa.layout(c)
-            rows.append({"policy": name, "measured_s": t, "measured_with_inputs_s": t_in,
+            rows.append({"policy": name, "measured_s": t, "measured_quartiles_s": spread, "measured_with_inputs_s": t_in,
                          "predicted_s": chunk_cost(self.ops, swa.resolved, n, c).seconds,
                          "exact": exact_for_new_tokens(lay, swa.window, c), "kept_window_pages": _window_pages(lay, c, self.page),
                          "layer_rows": [n + int(e) for e in swa.resolved.extra_tokens(c)], "_logits": logits,
@@ -211,8 +223,9 @@ class Bench:
             swa = SWAReplay(self.spec, pol)
             preps = [self.prepare(swa, n, c) for n, c in parts]
             t = self.timer(lambda: [self.chunk(swa, n, c, p) for (n, c), p in zip(parts, preps)])
+            spread = self.timer.spread
             t_in = self.timer(lambda: [self.chunk(swa, n, c) for n, c in parts])
-            rows.append({"policy": name, "measured_s": t, "measured_with_inputs_s": t_in,
+            rows.append({"policy": name, "measured_s": t, "measured_quartiles_s": spread, "measured_with_inputs_s": t_in,
                          "predicted_s": prefill_seconds(self.ops, swa.resolved, prompt, chunk),
                          "exact": all(exact_for_new_tokens(swa.layout(c), swa.window, c) for _, c in parts[1:]),
                          "extra_layer_tokens": int(sum(swa.resolved.extra_tokens(c).sum() for _, c in parts)),

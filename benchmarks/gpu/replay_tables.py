@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import math
 import os
@@ -163,19 +164,22 @@ class Clock:
         return statistics.median(times)
 
     def host(self, fn, calls: int = 20, batches: int = 5) -> float:
-        """Host seconds to issue one eager call (no sync inside: small shapes, the device keeps up); 0 on the CPU,
-        where a call runs synchronously and its wall time already is its device time."""
-        if not self.cuda:
-            return 0.0
+        """Host seconds to issue one eager call (no sync inside: small shapes, the device keeps up). On the CPU a call
+        runs synchronously: its wall time (the same figure; the pricing adds only the layers' glue there)."""
         fn()
-        torch.cuda.synchronize()
+        self.sync()
         out = []
-        for _ in range(batches):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            out.append((time.perf_counter() - t0) / calls)
-            torch.cuda.synchronize()
+        gc.collect()
+        gc.disable()   # a collection inside a batch is not the call's cost
+        try:
+            for _ in range(batches):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                out.append((time.perf_counter() - t0) / calls)
+                self.sync()
+        finally:
+            gc.enable()
         return statistics.median(out)
 
 
@@ -450,7 +454,8 @@ def measure(spec: ModelSpec, device: torch.device, dtype: str, page: int, max_to
                       "window": int(spec.sliding_window or 0)},
             "row_tile": ROW_TILE, "recipe": RECIPE, "gemms": units.shapes(),
             "host_model": "eager: host seconds per call measured (no sync, 1-row shapes)" if device.type == "cuda" else
-            "none: CPU calls run synchronously, their wall time is their device time",
+            "sync: CPU calls run synchronously, their wall time is their device time; the layers' glue adds up",
+            "sync": device.type != "cuda",
             "method": "device = CUDA graph of R back-to-back calls replayed (median of 9) / R (eager events where capture "
                       f"fails); GEMM weights cycled over copies > {L2_SPILL_BYTES >> 20} MiB; host = perf_counter over 20 "
                       "eager calls without sync (median of 5)"}
