@@ -254,3 +254,31 @@ def test_a_tiled_recompute_places_each_tile_and_a_short_layer_selects_its_rows()
     assert [c.unit for c in top][:2] == ["glue", "row_select"] and top[1].size == 2048
     assert [(c.unit, c.size) for c in top[-2:]] == [("row_clone", 10240), ("row_scatter", 2048)]
     assert [c for c in top if c.unit == "attention"][0].keys == 10240      # the full layer reads every key
+
+
+def test_plan_measures_the_workloads_shapes_first_and_marks_the_generic_grid():
+    from benchmarks.gpu.replay_bench import bench_spec, shapes, workload_calls
+    from benchmarks.gpu.replay_tables import OPTIONAL, first_workload, plan
+    spec, sh = bench_spec(False), shapes(False)
+    calls = workload_calls(spec, sh, sh["ws"])
+    sizes, att = plan(spec, False, 16384, calls)
+    gemm_rows = {int(c.size) for c in calls if c.unit.startswith("gemm:")}
+    assert all(sizes["gemm"][m] in ("workload", "both") for m in gemm_rows)
+    assert sizes["gemm"][2048] == "both" and sizes["gemm"][2080] == "workload" and sizes["gemm"][181] == "grid"
+    for kind in ("window", "causal"):
+        used = {(int(c.size), int(c.keys - c.size)) for c in calls if c.unit == "attention" and c.kind == kind}
+        assert all(att[kind][cell] in ("workload", "both") for cell in used)
+        order = [o for _, o in first_workload(att[kind])]
+        assert order.index(next(o for o in order if o in OPTIONAL)) == sum(o not in OPTIONAL for o in order)
+    assert att["window"][(2048, 127)] == "both" and att["window"][(16, 0)] == "grid"
+
+
+def test_sync_tables_add_device_and_glue():
+    doc = small_doc(sync=True, layer_host={"sliding": 10e-6}, host={"norm": 1e-6, "gemm:w": 2e-6, "attention:window": 3e-6})
+    tab = from_dict(doc)
+    spec = ModelSpec(name="toy", family="llama", num_layers=1, hidden_size=64, vocab_size=256, num_attention_heads=4,
+                     num_kv_heads=1, head_dim=16, intermediate_size=128, attention="gqa", layer_kinds=["sliding"],
+                     sliding_window=8, max_context=1024)
+    cost = table_chunk_cost(tab, spec, ReplayPolicy().resolve(spec), 4, 12)
+    assert cost.host_s == pytest.approx(4e-6)                  # only the glue: units' walls already hold their host
+    assert cost.seconds == pytest.approx(cost.device_s + 4e-6)

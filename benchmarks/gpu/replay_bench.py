@@ -107,7 +107,7 @@ class Predictors:
     def __init__(self, doc: dict | None):
         self.tabs = {}
         if doc:
-            self.tabs = {"table": replay_table.from_dict(doc), "generic": replay_table.from_dict(doc, ("grid",))}
+            self.tabs = {"table": replay_table.from_dict(doc), "generic": replay_table.from_dict(doc, ("grid", "both"))}
 
     def chunk(self, spec: ModelSpec, resolved, parts: list[tuple[int, int]]) -> dict:
         """``{prefix}_predicted_s`` etc. of the chunks ``parts`` run back to back, per table set; errors recorded."""
@@ -139,7 +139,6 @@ class Timer:
         for _ in range(self.warm):
             fn()
         times = []
-        gc.collect()
         gc.disable()
         try:
             for _ in range(self.reps):
@@ -306,6 +305,9 @@ def main(argv=None) -> int:
     tables, tables_from = _tables(a, spec, device, dtype, sh, ws, need)
     b = Bench(spec, device, dtype, sh["page"], need, Timer(device, 0 if a.cpu else 3, reps), Predictors(tables))
     pols = policies(ws)
+    if device.type == "cuda":   # what is built so far leaves the collector's generations (timers hold it off)
+        gc.collect()
+        gc.freeze()
     out = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
            "model": {"name": spec.name, "layers": spec.kinds(), "hidden": spec.hidden_size, "heads": spec.num_attention_heads,
                      "kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "window": spec.sliding_window},

@@ -24,8 +24,8 @@ model, with the executor's own code at each shape:
 Device seconds: a CUDA graph of R back-to-back calls, replayed (median of several) / R, so the launch is outside
 it (falls back to back-to-back eager calls between two events, marked ``how: eager``, where capture fails). Grids:
 generic ones (``origin: grid``) plus the exact shapes the bench's workloads run (``origin: workload``, derived
-from the workload definitions by ``costmodels.replay_table.forward_calls``, not from any timing); the bench
-prices with both and with the generic points only. On the CPU (``--cpu --tiny``) times are wall times and the
+from the workload definitions by ``costmodels.replay_table.forward_calls``, not from any timing; ``both``: a generic
+point a workload also runs); the bench prices with every point and with the generic ones only (grid and both). On the CPU (``--cpu --tiny``) times are wall times and the
 host model is off (CPU ops run synchronously). The JSON is rewritten after every section.
 
     python -m benchmarks.gpu.replay_tables --out FILE [--cpu --tiny]
@@ -59,6 +59,9 @@ from kernels import reference as ref
 
 L2_SPILL_BYTES = 256 << 20     # several times the H200's 50 MB L2 (benchmarks/gpu/op_tables.py)
 GRAPH_TARGET_S = 2e-3          # one graph replay lasts about this long
+# origins a section past its budget leaves out: the generic grid, and attention cells that only complete the
+# rectangle around the workloads' cells ("fill"); "workload" / "both" (a grid point a workload runs) always run
+OPTIONAL = ("grid", "fill")
 # the forward of SWAReplay.run + compute_logits of the last row, as costmodels.replay_table reads it
 RECIPE = {
     "start": [("embed", "step_rows")],
@@ -169,7 +172,6 @@ class Clock:
         fn()
         self.sync()
         out = []
-        gc.collect()
         gc.disable()   # a collection inside a batch is not the call's cost
         try:
             for _ in range(batches):
@@ -291,6 +293,12 @@ class Units:
         return lambda: layer(x, batch, self.kv)
 
 
+def first_workload(points: dict) -> list:
+    """(key, origin) pairs, the workloads' shapes first (a section past its budget measures only those: origin
+    ``workload``, or ``both`` for a generic grid point a workload also runs)."""
+    return sorted(points.items(), key=lambda kv: (kv[1] in OPTIONAL, kv[0]))
+
+
 def kernels_per_call(fn) -> int:
     """Device activities (kernels, memsets, copies) of one call, by the profiler; 0 where it cannot say."""
     from torch.profiler import ProfilerActivity, profile
@@ -315,7 +323,8 @@ class Tables:
 
     def __init__(self, units: Units, clock: Clock, out: str | None, head: dict):
         self.u, self.clock, self.out = units, clock, out
-        self.doc = {**head, "points": [], "host": {}, "layer_host": {}, "errors": [], "sections": {}}
+        self.doc = {**head, "points": [], "host": {}, "layer_host": {}, "errors": [], "sections": {}, "skipped": {}}
+        self.deadline = None    # past it, a section measures only the workloads' own shapes
 
     def write(self) -> None:
         if self.out:
@@ -325,7 +334,11 @@ class Tables:
             os.replace(tmp, self.out)
 
     def point(self, unit: str, fns, origin: str, **size) -> None:
+        if origin in OPTIONAL and self.deadline is not None and time.time() > self.deadline:
+            self.doc["skipped"][unit] = self.doc["skipped"].get(unit, 0) + 1
+            return
         try:
+            fns = fns()    # built here: a skipped point allocates nothing
             t, how = self.clock.device(fns if isinstance(fns, list) else [fns])
             self.doc["points"].append({"unit": unit, **size, "device_s": t, "how": how, "origin": origin})
         except Exception as e:  # noqa: BLE001 - one failed case must not stop the table
@@ -333,8 +346,9 @@ class Tables:
         if self.clock.cuda and torch.cuda.memory_reserved() > (8 << 30):
             torch.cuda.empty_cache()
 
-    def section(self, name: str, fn) -> None:
+    def section(self, name: str, fn, budget_s: float | None = None) -> None:
         t0 = time.time()
+        self.deadline = None if budget_s is None else t0 + budget_s
         try:
             with torch.inference_mode():
                 fn()
@@ -390,27 +404,30 @@ class Tables:
             if fam in done:
                 continue
             done.add(fam)
-            for m, origin in sizes.get("gemm", {}).items():
-                self.point("gemm", self.u.gemm(lin, m), origin, m=m, n=fam[0], k=fam[1], name=name)
+            for m, origin in first_workload(sizes.get("gemm", {})):
+                self.point("gemm", lambda m=m: self.u.gemm(lin, m), origin, m=m, n=fam[0], k=fam[1], name=name)
             self.write()
 
     def rows(self, sizes: dict) -> None:
+        self.point("logits", lambda: self.u.row_unit("logits", 1), "both", size=1)   # every chunk ends with it
         for unit in ROW_UNITS:
-            for m, origin in sizes.get(unit, {}).items():
-                self.point(unit, self.u.row_unit(unit, m), origin, size=m)
+            for m, origin in first_workload(sizes.get(unit, {})):
+                self.point(unit, lambda m=m, unit=unit: self.u.row_unit(unit, m), origin, size=m)
             self.write()
-        self.point("logits", self.u.row_unit("logits", 1), "grid", size=1)
 
     def attention(self, cells: dict[str, dict[tuple[int, int], str]]) -> None:
         for kind, pts in cells.items():
-            for (rows, before), origin in sorted(pts.items()):
-                self.point(f"attention:{kind}", self.u.attention(kind, rows, before), origin, rows=rows, keys=rows + before)
+            for (rows, before), origin in first_workload(pts):
+                self.point(f"attention:{kind}", lambda r=rows, b=before, k=kind: self.u.attention(k, r, b), origin,
+                           rows=rows, keys=rows + before)
             self.write()
 
 
 def plan(spec: ModelSpec, tiny: bool, top: int, workload: list | None = None) -> tuple[dict, dict]:
-    """(unit -> {size: origin}, attention kind -> {(rows, before): origin}): the generic grids, the workload's calls
-    added (``workload``: ``costmodels.replay_table.Call`` lists) and attention rectangles completed."""
+    """(unit -> {size: origin}, attention kind -> {(rows, before): origin}): the generic grids (origin ``grid``), the
+    workload's calls added (``workload``: ``costmodels.replay_table.Call`` lists; origin ``workload``, or ``both`` on a
+    generic grid point) and the attention rectangles completed (``fill``: a cell off the generic grid outside the
+    workloads' own rows x keys-before rectangle)."""
     grid = size_grid(top, tiny)
     sizes = {u: {m: "grid" for m in grid} for u in ("gemm",) + ROW_UNITS}
     att = {k: {(r, b): "grid" for r in rs for b in bs} for k, (rs, bs) in attention_grids(int(spec.sliding_window), tiny).items()}
@@ -426,22 +443,25 @@ def plan(spec: ModelSpec, tiny: bool, top: int, workload: list | None = None) ->
         key = "gemm" if call.unit.startswith("gemm:") else call.unit
         if key in sizes:
             m = int(call.keys if call.unit == "kv_gather" else call.size)
-            sizes[key].setdefault(m, "workload")
+            sizes[key][m] = "both" if sizes[key].get(m) in ("grid", "both") else "workload"
     for kind, cells in att.items():
         rs = {r for r, _ in cells} | extra_rows[kind]
         bs = {b for _, b in cells} | extra_before[kind]
         for r in rs:
             for b in bs:
-                cells.setdefault((r, b), "workload")
+                used = r in extra_rows[kind] and b in extra_before[kind]   # inside the workloads' own rectangle
+                on_grid = (r, b) in cells
+                cells[(r, b)] = ("both" if used else "grid") if on_grid else ("workload" if used else "fill")
     return sizes, att
 
 
 def measure(spec: ModelSpec, device: torch.device, dtype: str, page: int, max_tokens: int, out: str | None,
             tiny: bool, workload: list | None = None,
             sections: tuple[str, ...] = ("host", "eager_gap", "gemm", "attention", "rows", "kernels"),
-            roofline_hw: str = "h200") -> dict:
+            roofline_hw: str = "h200", section_budget_s: float | None = 60.0) -> dict:
     """Measure the tables of ``spec``'s executor model (``workload``: the calls whose shapes to add); returns the doc
-    (also written to ``out`` after each section)."""
+    (also written to ``out`` after each section). A GEMM, attention or row section past ``section_budget_s`` measures
+    only the workloads' own shapes (``skipped`` counts the generic points left out)."""
     t0 = time.time()
     top = max(max_tokens, 64 if tiny else 16384)
     units = Units(spec, device, dtype, page, top)
@@ -460,12 +480,15 @@ def measure(spec: ModelSpec, device: torch.device, dtype: str, page: int, max_to
                       f"fails); GEMM weights cycled over copies > {L2_SPILL_BYTES >> 20} MiB; host = perf_counter over 20 "
                       "eager calls without sync (median of 5)"}
     tab = Tables(units, clock, out, head)
+    if device.type == "cuda":   # (not in a test process) the model and imports leave the collector's generations
+        gc.collect()
+        gc.freeze()
     sizes, att = plan(spec, tiny, top, workload)
     steps = {"host": tab.host, "eager_gap": tab.eager_gap, "gemm": lambda: tab.gemm(sizes), "rows": lambda: tab.rows(sizes),
              "kernels": tab.kernels,
              "attention": lambda: tab.attention(att)}
     for name in sections:
-        tab.section(name, steps[name])
+        tab.section(name, steps[name], section_budget_s if name in ("gemm", "attention", "rows") else None)
     tab.doc["seconds"] = round(time.time() - t0, 1)
     tab.write()
     return tab.doc
