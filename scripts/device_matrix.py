@@ -53,6 +53,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=64, help="requests per class")
     ap.add_argument("--levels", default="0.3,0.8,2.0")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--async-overlap", action=argparse.BooleanOptionalAction, default=True,
+                    help="the executor's pipelined loop (serving's default) or the synchronous one; predicted the same way")
+    ap.add_argument("--samples", action=argparse.BooleanOptionalAction, default=True,
+                    help="write every level's per-step samples (compact columns) to samples_<class>_<tag>.json")
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--quick", action="store_true", help="quick calibration (CPU smoke)")
     a = ap.parse_args()
@@ -81,7 +85,8 @@ def main() -> None:
     con.print(f"calibrated once in {time.perf_counter() - t0:.1f} s; fit MAPE {prof.step.fit.mape * 100:.1f}% "
               f"(in-sample); every class below is held out", highlight=False)
     cost = ProfiledStepCost(prof)
-    base = SchedulerConfig(max_num_seqs=min(64, max_seqs), max_num_batched_tokens=8192, max_model_len=a.max_model_len, block_size=bs)
+    base = SchedulerConfig(max_num_seqs=min(64, max_seqs), max_num_batched_tokens=8192, max_model_len=a.max_model_len, block_size=bs,
+                           async_overlap=a.async_overlap)
     fracs = [float(x) for x in a.levels.split(",")]
     reports = {}
     for cls in a.classes.split(","):
@@ -95,10 +100,14 @@ def main() -> None:
         reports[cls] = rep
         (out / f"validation_{cls}_{tag}.json").write_text(json.dumps(rep.model_dump(exclude={"levels": {"__all__": {"samples"}}}),
                                                                      indent=1) + "\n", encoding="utf-8")
+        if a.samples:   # every step's composition, measured and predicted (compact columns, one line)
+            (out / f"samples_{cls}_{tag}.json").write_text(json.dumps({lv.name: lv.samples for lv in rep.levels}) + "\n",
+                                                           encoding="utf-8")
         con.print(f"[{cls}] {len(reqs)} requests, {len(fracs)} levels x {a.runs} runs in {time.perf_counter() - t1:.1f} s", highlight=False)
     doc = {
         "command": cmd, "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "provenance": prof.provenance, "profile": ppath.name, "fit_mape_in_sample": prof.step.fit.mape,
+        "async_overlap": a.async_overlap,
         "classes": {c: {"caps": CLASSES[c], "levels": [{"name": lv.name, "rate_rps": lv.rate_rps, "fraction": lv.fraction_of_capacity,
                                                          "rel_error": lv.rel_error, "spread": lv.spread, "step": lv.step}
                                                         for lv in r.levels]} for c, r in reports.items()},

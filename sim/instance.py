@@ -26,6 +26,13 @@ class Instance:
     only sees a new request between steps), so a long decode run never delays an arrival by more
     than one step: a lone instance knows the next arrival up front (``next_arrival``); in a
     cluster, the arrival routed here interrupts the sleep and the plan is cut at that boundary.
+
+    A pipelined engine (the backend's ``async_overlap``) schedules and launches the plan that runs after the
+    current one while the device still runs the current one (the executor's ``LLMEngine.step_overlapped``,
+    SGLang's overlap scheduler). So a request handed over while the engine is busy is not in the plan that
+    starts at the next boundary (that plan was scheduled when the previous step started) but in the one after:
+    held here until the step in which it arrived has ended (``_held``), it joins at the second boundary. An
+    engine with nothing scheduled behind the step that ends starts cold and takes the request at once.
     """
 
     def __init__(
@@ -52,16 +59,40 @@ class Instance:
         # next arrival up front, instead of being interrupted when it comes
         self._next_arrival = next_arrival
         self._wake: simpy.Event | None = None     # set while idle
+        # pipelined engine: arrivals handed over while busy, (time handed over, request), and the start of the
+        # step that just ended (the time the plan now due was scheduled by the real engine)
+        self._lag = bool(backend.async_overlap)
+        self._held: list[tuple[float, Request]] = []
+        self._last_start = -np.inf
+        self._idle = True       # nothing executing or scheduled: a request handed over now is scheduled at once
         self._ends: list[float] | np.ndarray | None = None  # step end times of the running multi-step plan
         self._cut: int | None = None              # index of the step the running plan stops after
         self.process = env.process(self._loop())
 
     def submit(self, req: Request) -> None:
-        """Hand ``req`` to this instance now: queue it and make sure the loop sees it next step."""
+        """Hand ``req`` to this instance now: queue it and make sure the loop sees it next step (a pipelined engine
+        that is busy: the step after next)."""
+        if self._lag and not self._idle:
+            self._held.append((self.env.now, req))
+            self.wake()
+            return
+        self._admit(req)
+
+    def _admit(self, req: Request) -> None:
         if not self.scheduler.add_request(req):
             self.metrics.on_drop(req)
             return
         self.wake()
+
+    def _release(self, upto: float) -> None:
+        """Queue the held requests handed over by ``upto`` (all with ``upto`` = inf), in the order they came."""
+        keep = []
+        for t, req in self._held:
+            if t <= upto + 1e-9:
+                self._admit(req)
+            else:
+                keep.append((t, req))
+        self._held = keep
 
     def wake(self) -> None:
         """Make the loop look at its scheduler now (after something was queued there): wake it if idle,
@@ -89,12 +120,21 @@ class Instance:
         while True:
             if before is not None:
                 before(env.now)
+            if self._held:
+                # the plan due now was scheduled when the step that just ended started: it has the requests
+                # handed over by then; with nothing scheduled behind that step, the engine starts cold with all
+                self._release(self._last_start)
+                if not sched.has_work:
+                    self._release(np.inf)
             if not sched.has_work:
+                self._idle = True
                 self._wake = env.event()
                 yield self._wake
                 continue
             start = env.now
-            plan = schedule(start, max_steps)
+            self._idle = False
+            # a held request joins at the next boundary: stop there
+            plan = schedule(start, 1 if self._held else max_steps)
             if not plan.decodes and not plan.prefills:
                 raise RuntimeError(f"instance {iid}: work queued but nothing schedulable at t={start}")
             result = execute(plan, next_arrival() if next_arrival is not None else None)
@@ -103,14 +143,17 @@ class Instance:
             if n > 1:
                 ends = backend.ends
                 self._ends, self._cut = ends, None
+                last = n - 1
                 try:
                     yield timeout(float(ends[n - 1]) - start)
                 except simpy.Interrupt:
-                    cut = self._cut
+                    cut = last = self._cut
                     yield timeout(float(ends[cut]) - env.now)
                     result = backend.cut(result, cut + 1)
                 self._ends = None
+                self._last_start = float(ends[last - 1]) if last > 0 else start
             else:
+                self._last_start = start
                 yield timeout(float(times[0]))
             on_step(iid, start, plan, result, blocks.num_used, kv_total)
             finished = complete(plan, result, env.now)

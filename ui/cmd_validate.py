@@ -57,11 +57,14 @@ def sim_config(base, profile):
 
 
 def predict_step(cost, profile, decode_ctx, prefill, draft_len=0) -> float:
-    """Predicted engine-loop iteration: runner step + loop overhead (as the simulator charges it)."""
+    """Predicted engine-loop iteration as the simulator charges it: runner step and loop overhead, added
+    (synchronous loop) or, for a pipelined cost (``cost.pipelined``), the overlap rule over them
+    (costmodels.host.wall_time)."""
+    from costmodels.host import wall_time
     n = len(decode_ctx) + len(prefill)
     tok = len(decode_ctx) * (1 + draft_len) + sum(a for a, _ in prefill)
     runner = cost.chunked_step_time(np.asarray(decode_ctx, np.int64), draft_len, [a for a, _ in prefill], [c for _, c in prefill])
-    return float(runner + profile.step.loop(n, tok))
+    return float(wall_time(float(runner), float(profile.step.loop(n, tok)), bool(getattr(cost, "pipelined", False))))
 
 
 PLOT_FORMATS = {".html": "plotly, self-contained (works offline)", ".png": "kaleido", ".svg": "kaleido", ".pdf": "kaleido"}
@@ -219,6 +222,10 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                               simulate_requests, step_comparison)
 
     con = log or Console()
+    if bool(base_cfg.async_overlap) != bool(getattr(cost, "pipelined", False)):
+        # the engine's loop decides how host and device work combine: price it as the replayed engine runs it
+        from costmodels.profiled import ProfiledStepCost
+        cost = ProfiledStepCost(prof, cost.step, cost.num_layers, pipelined=bool(base_cfg.async_overlap))
     scfg = sim_config(base_cfg, prof)
     cap = capacity or saturation_rps(cost, scfg, blocks, reqs)
     r0 = natural_rate(reqs)
