@@ -15,12 +15,13 @@ for one model:
   unit's kernels per call.
 
 Device times are CUDA-graph replays of back-to-back calls (the launch is not in them); an eager call adds its
-kernels x the launch gap (the device-side cost of launching kernels one by one, which the graph removes). The eager forward is then
-priced as what it is, one stream fed by one host thread: the host has issued op i after ``H_i = h_1 + .. + h_i``
-seconds, the device runs it once it is issued and op i-1 is done, ``F_i = max(F_{i-1}, H_i) + d_i``, and the chunk
-takes ``F_last`` (a CUDA-event window opened on an idle device, as the replay bench's). Long chunks are
+kernels x the launch gap (the device-side cost of launching kernels one by one, which the graph removes). The
+eager forward is then priced as what it is, one stream fed by one host thread: the host has issued op i after
+``H_i = h_1 + .. + h_i`` seconds, the device runs it once it is issued and op i-1 is done,
+``F_i = max(F_{i-1}, H_i) + d_i``, and the chunk takes ``F_last`` (a CUDA-event window opened on an idle device, as the replay bench's). Long chunks are
 device-bound (the host runs ahead: the sum of device times); short ones wait on the host where its issue rate is
-slower than the kernels. Zero host times give the sum of device times.
+slower than the kernels. Zero host times give the sum of device times. Tables measured where calls run
+synchronously (``sync``, the CPU smoke mode) add device times and the layers' glue instead.
 
 Which ops a layer runs, at which size, is the measured file's ``recipe`` (written by the measuring side, which
 knows the executor); sizes come from the replay rule (``ResolvedReplay``) as the executor applies it: layer j runs
@@ -131,6 +132,7 @@ class Op:
     host_s: float
     source: str
     layer: int = -1
+    gap_s: float = 0.0       # of device_s: the eager launch gaps (kernels x gap)
 
 
 def first_key(modes: tuple[str, ...], tokens: tuple[int, ...], window: int, sliding: list[bool], j: int,
@@ -231,8 +233,8 @@ def forward_ops(tables: ExecTables, spec, replay, n: int, c: int) -> list[Op]:
         lk = tables.device(call.unit, call.size, call.keys, call.kind)
         unit = f"attention:{call.kind}" if call.unit == "attention" else call.unit
         host = 0.0 if tables.sync else tables.host_of(call.unit, call.kind)
-        ops.append(Op(unit, call.size, call.keys, float(lk.seconds[0]) + tables.gap_of(call.unit, call.kind), host,
-                      str(lk.source[0]), call.layer))
+        gap = tables.gap_of(call.unit, call.kind)
+        ops.append(Op(unit, call.size, call.keys, float(lk.seconds[0]) + gap, host, str(lk.source[0]), call.layer, gap))
     return ops
 
 
@@ -242,11 +244,12 @@ class TableCost:
     """A chunk (or a chunked prompt) priced from the tables."""
 
     seconds: float           # the eager stream: F_last of the host/device queue
-    device_s: float          # sum of the device times (what a CUDA graph of the same calls would take)
+    device_s: float          # sum of the device times, eager launch gaps included
     host_s: float            # sum of the host issue times
     by_unit: dict[str, float]
     sources: dict[str, int]  # lookups per source (measured / extrapolated / scaled)
     ops: int
+    gaps_s: float = 0.0      # of device_s, the eager launch gaps: device_s - gaps_s is a CUDA graph of the same calls
 
     @property
     def worst_source(self) -> str:
@@ -275,7 +278,8 @@ def price(ops: list[Op], sync: bool = False) -> TableCost:
         if op.unit != "glue":
             src[op.source] = src.get(op.source, 0) + 1
     dev, host = float(sum(o.device_s for o in ops)), float(sum(o.host_s for o in ops))
-    return TableCost(dev + host if sync else eager_stream(ops), dev, host, by, src, len(ops))
+    return TableCost(dev + host if sync else eager_stream(ops), dev, host, by, src, len(ops),
+                     float(sum(o.gap_s for o in ops)))
 
 
 def table_chunk_cost(tables: ExecTables, spec, replay, n: int, c: int) -> TableCost:

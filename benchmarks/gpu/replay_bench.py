@@ -117,6 +117,7 @@ class Predictors:
                 cost = replay_table.table_prefill_cost(tab, spec, resolved, parts)
                 out[f"{name}_predicted_s"] = cost.seconds
                 out[f"{name}_device_s"] = cost.device_s
+                out[f"{name}_graph_s"] = cost.device_s - cost.gaps_s   # to set next to measured_graph_s
                 out[f"{name}_host_s"] = cost.host_s
                 out[f"{name}_sources"] = cost.sources
                 if name == "table":
@@ -166,6 +167,7 @@ class Bench:
                  pred: Predictors | None = None):
         self.spec, self.device, self.page, self.timer = spec, device, page, timer
         self.pred = pred or Predictors(None)
+        self.graph_jobs: list = []   # (row, its forward): timed in a CUDA graph after every workload (graph_time)
         self.cfg = ExecModelConfig.build(spec)
         self.model = build_model(self.cfg, device, dtype, "dummy", seed=0, max_pos=max_tokens + 8)
         pages = -(-max_tokens // page)
@@ -175,6 +177,29 @@ class Bench:
         self.tokens = torch.randint(0, spec.vocab_size, (max_tokens,), generator=g).tolist()
         lay = ParallelLayout(tp=1, weight_dtype="bf16", kv_dtype="bf16")
         self.ops = StepCostModel(spec, get_hardware("h200"), lay)
+
+    def graph_time(self, fn) -> float | str | None:
+        """Seconds of ``fn`` captured once in a CUDA graph and replayed (the forward's device time without the eager
+        launches: a diagnostic next to the tables' ``table_graph_s``); None on the CPU, the error's text where capture
+        fails."""
+        if not self.timer.cuda:
+            return None
+        try:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                fn()
+            torch.cuda.current_stream().wait_stream(s)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            t = self.timer(g.replay)
+            del g
+            return t
+        except Exception as e:  # noqa: BLE001 - a diagnostic: its failure costs only itself
+            torch.cuda.synchronize()
+            return f"{type(e).__name__}: {e}"[:200]
 
     def prepare(self, swa: SWAReplay, n: int, c: int):
         """The host side of one resumed chunk (batch and per-layer views, on the device)."""
@@ -210,6 +235,7 @@ class Bench:
                          "exact": exact_for_new_tokens(lay, swa.window, c), "kept_window_pages": _window_pages(lay, c, self.page),
                          "layer_rows": [n + int(e) for e in swa.resolved.extra_tokens(c)], "_logits": logits,
                          **self.pred.chunk(self.spec, swa.resolved, [(n, c)])})
+            self.graph_jobs.append((rows[-1], lambda swa=swa, prep=prep: self.chunk(swa, n, c, prep)))
         for r in rows:
             r["logit_max_abs_diff_vs_persist"] = float((r.pop("_logits") - ref).abs().max())
         return {"context": c, "new_tokens": n, "rows": _changes(rows, n)}
@@ -229,6 +255,8 @@ class Bench:
                          "exact": all(exact_for_new_tokens(swa.layout(c), swa.window, c) for _, c in parts[1:]),
                          "extra_layer_tokens": int(sum(swa.resolved.extra_tokens(c).sum() for _, c in parts)),
                          **self.pred.chunk(self.spec, swa.resolved, parts)})
+            self.graph_jobs.append((rows[-1], lambda swa=swa, preps=preps: [self.chunk(swa, n, c, p)
+                                                                            for (n, c), p in zip(parts, preps)]))
         return {"prompt": prompt, "chunk": chunk, "chunks": len(parts), "rows": _changes(rows, prompt)}
 
 
@@ -328,6 +356,14 @@ def main(argv=None) -> int:
     out["kernels"] = ops.reset_used()   # op -> implementation the forwards ran
     _write(a.out, out)
     _print(out)
+    if device.type == "cuda":   # last: a diagnostic whose capture could upset the context must not cost the runs above
+        with torch.inference_mode():
+            for row, fn in b.graph_jobs:
+                row["measured_graph_s"] = b.graph_time(fn)
+                _write(a.out, out)
+        for kind in ("prefix_hit", "chunked"):
+            for w in out[kind]:
+                print(kind, [(r["policy"], r.get("measured_graph_s"), r.get("table_graph_s")) for r in w["rows"]])
     return 0
 
 

@@ -25,8 +25,10 @@ Device seconds: a CUDA graph of R back-to-back calls, replayed (median of severa
 it (falls back to back-to-back eager calls between two events, marked ``how: eager``, where capture fails). Grids:
 generic ones (``origin: grid``) plus the exact shapes the bench's workloads run (``origin: workload``, derived
 from the workload definitions by ``costmodels.replay_table.forward_calls``, not from any timing; ``both``: a generic
-point a workload also runs); the bench prices with every point and with the generic ones only (grid and both). On the CPU (``--cpu --tiny``) times are wall times and the
-host model is off (CPU ops run synchronously). The JSON is rewritten after every section.
+point a workload also runs); the bench prices with every point and with the generic ones only (grid and both).
+On the CPU (``--cpu --tiny``) times are wall times and calls run synchronously (``sync``: unit walls and the
+layers' glue add up). The JSON is rewritten after every section; a GEMM, attention or row section past its budget
+measures only the workloads' shapes.
 
     python -m benchmarks.gpu.replay_tables --out FILE [--cpu --tiny]
 """
