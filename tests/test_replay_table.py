@@ -282,3 +282,24 @@ def test_sync_tables_add_device_and_glue():
     cost = table_chunk_cost(tab, spec, ReplayPolicy().resolve(spec), 4, 12)
     assert cost.host_s == pytest.approx(4e-6)                  # only the glue: units' walls already hold their host
     assert cost.seconds == pytest.approx(cost.device_s + 4e-6)
+
+
+def test_units_run_the_executors_calls_on_the_cpu(monkeypatch):
+    """Every unit's call runs at a few sizes (the GPU measures the same closures); GEMM weight copies are distinct."""
+    torch = pytest.importorskip("torch")
+    import benchmarks.gpu.replay_tables as rt
+    from benchmarks.gpu.replay_bench import bench_spec
+    u = rt.Units(bench_spec(True), torch.device("cpu"), "fp32", 8, 64)
+    monkeypatch.setattr(rt, "L2_SPILL_BYTES", 3 * 128 * 64 * 4)    # three copies of a 128 x 64 fp32 weight
+    u.spill = True
+    with torch.inference_mode():
+        fns = u.gemm(u.gemms["gate_proj"], 5)
+        assert len(fns) == 3 and torch.equal(fns[0](), fns[2]())
+        for unit in rt.ROW_UNITS:
+            for m in (1, 7, 64):
+                u.row_unit(unit, m)()
+        u.row_unit("logits", 1)()
+        for kind in ("window", "causal"):
+            assert u.attention(kind, 5, 9)[0]().shape == (5, 4, 16)
+        for kind in u.layer_of:
+            u.layer_call(kind)()

@@ -208,6 +208,7 @@ class Units:
         self.gemms = {name: getattr(self.attn if name.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else self.mlp, name)
                       for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}
         self.g = torch.Generator(device=device).manual_seed(0)
+        self.spill = device.type == "cuda"   # weight copies to spill the GPU's L2 (none on the CPU)
 
     def randn(self, *shape):
         return torch.randn(*shape, device=self.device, dtype=self.dt, generator=self.g)
@@ -219,7 +220,7 @@ class Units:
         """Calls of ``lin`` at ``m`` rows over enough weight copies to spill L2 (``spill``)."""
         x = self.randn(m, lin.in_features)
         wbytes = lin.weight.numel() * lin.weight.element_size()
-        ncop = 1 if (self.device.type != "cuda" or not spill) else int(min(16, max(1, math.ceil(L2_SPILL_BYTES / wbytes))))
+        ncop = int(min(16, max(1, math.ceil(L2_SPILL_BYTES / wbytes)))) if (spill and self.spill) else 1
         lins = [lin] + [copy.deepcopy(lin) for _ in range(ncop - 1)]
         return [lambda lin=lin_: lin(x) for lin_ in lins]
 
