@@ -375,8 +375,9 @@ class Tables:
             self.doc["layer_host"][kind] = c.host(u.layer_call(kind))
 
     def kernels(self) -> None:
-        """Kernels per call of each unit (the profiler's device activities, at a middling shape). Last: a profiler
-        session can leave CUPTI hooks that slow later launches."""
+        """Kernels per call of each unit (the profiler's device activities, at a middling shape). After the host and
+        gap sections: a profiler session can leave CUPTI hooks that slow later eager launches (the tables after it
+        are graph replays, which launch nothing from the host per kernel)."""
         u, c = self.u, self.clock
         if c.cuda:
             mid = {f"gemm:{name}": u.gemm(lin, 64, spill=False)[0] for name, lin in u.gemms.items()}
@@ -460,8 +461,8 @@ def plan(spec: ModelSpec, tiny: bool, top: int, workload: list | None = None) ->
 
 def measure(spec: ModelSpec, device: torch.device, dtype: str, page: int, max_tokens: int, out: str | None,
             tiny: bool, workload: list | None = None,
-            sections: tuple[str, ...] = ("host", "eager_gap", "gemm", "attention", "rows", "kernels"),
-            roofline_hw: str = "h200", section_budget_s: float | None = 60.0) -> dict:
+            sections: tuple[str, ...] = ("host", "eager_gap", "kernels", "gemm", "attention", "rows"),
+            roofline_hw: str = "h200", section_budget_s: float | None = 45.0) -> dict:
     """Measure the tables of ``spec``'s executor model (``workload``: the calls whose shapes to add); returns the doc
     (also written to ``out`` after each section). A GEMM, attention or row section past ``section_budget_s`` measures
     only the workloads' own shapes (``skipped`` counts the generic points left out)."""
