@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Callable
 
 MAX_WORKERS = 16   # the lent H200 host has 16 cores; nvcc (cicc + ptxas) is one process per compile
+START_TIMEOUT_S = 180   # torch + DeepGEMM import and CUDA init, 16 at once
+TASK_TIMEOUT_S = 300    # one GEMM's compile (3-8 s with nvcc on the H200, KERNELS.md) with a wide margin
 
 
 def worker_count(tasks: int, env: str | None = None) -> int:
@@ -68,7 +70,7 @@ def compile_parallel(tasks: list[tuple[int, int, int]], workers: int, device_ind
         logfile = logdir / f"worker_{w}.log"
         try:
             proc = spawn(device_index, logfile)
-            hello = json.loads(proc.stdout.readline() or "{}")
+            hello = json.loads(_readline(proc, START_TIMEOUT_S) or "{}")
         except (OSError, ValueError) as e:
             proc, hello = None, {"ready": False, "error": f"{type(e).__name__}: {e}"}
         if not hello.get("ready"):
@@ -84,7 +86,7 @@ def compile_parallel(tasks: list[tuple[int, int, int]], workers: int, device_ind
             try:
                 proc.stdin.write(json.dumps({"m": m, "n": n, "k": k}) + "\n")
                 proc.stdin.flush()
-                res = json.loads(proc.stdout.readline() or "null")
+                res = json.loads(_readline(proc, TASK_TIMEOUT_S) or "null")
             except (OSError, ValueError):
                 res = None
             if res is None:
@@ -112,6 +114,16 @@ def _spawn(device_index: int, logfile: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "kernels.jit_pool", "--worker", str(device_index)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(logfile, "w"), text=True,
                             env=env, cwd=root)
+
+
+def _readline(proc, timeout: float) -> str:
+    """The worker's next protocol line, or '' (and the worker killed) if none comes within ``timeout`` s."""
+    import select
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    if not ready:
+        proc.kill()
+        return ""
+    return proc.stdout.readline()
 
 
 def _stop(proc) -> None:

@@ -285,3 +285,10 @@ def test_workers_that_do_not_start_keep_nvrtc_and_a_broken_pool_is_only_logged(d
     log = []
     assert warmup.precompile(items, torch.device("cuda", 0), log.append)["labels"]
     assert any("pool failed (OSError: no /tmp)" in s for s in log)
+
+
+def test_a_silent_worker_is_killed_after_the_timeout(monkeypatch):
+    monkeypatch.setattr(jit_pool, "START_TIMEOUT_S", 0.5)
+    rows = jit_pool.compile_parallel([(1, 256, 128)], 1, 0, lambda s: None,
+                                     spawn=fake_spawn("import time; time.sleep(30)"))
+    assert not rows[0]["ok"] and rows[0]["error"] == "not run: no worker started"
