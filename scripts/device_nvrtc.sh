@@ -14,7 +14,7 @@ source scripts/device_env.sh
 set +e
 BUDGET_S=${BUDGET_S:-330}
 export TWINFER_CACHE_DIR=/tmp/twinfer_cache_nvrtc
-rm -rf "$TWINFER_CACHE_DIR" /tmp/dg_check_nvrtc /tmp/dg_check_nvcc   # cold: the warm-up timed is a real compile
+rm -rf "$TWINFER_CACHE_DIR" /tmp/dg_check_nvrtc /tmp/dg_check_nvcc /tmp/twinfer_jit_pool_*   # cold: the warm-up timed is a real compile
 
 # budget CAP: seconds this stage may take (CAP, or what is left of the budget); 0 = skip
 budget() { local l=$(( BUDGET_S - ($(date +%s) - T0) )); (( l > $1 )) && l=$1; (( l < 15 )) && l=0; echo $l; }
@@ -45,7 +45,9 @@ echo "NVRTC works: ${NVRTC_OK:-no result} -> DG_JIT_USE_NVRTC=$DG_JIT_USE_NVRTC 
 
 stage "serving: 5-layer engine cold warm-up (pool of $(nproc) workers), decode step B=64 ctx 4k, sum of ops alone"
 run 170 serving python3 -m benchmarks.gpu.serving_step "$OUT/serving_step.json" --sections step_deepgemm,step_ops
-{ du -sh "$TWINFER_CACHE_DIR/deepgemm" 2>/dev/null; find "$TWINFER_CACHE_DIR/deepgemm/cache" -maxdepth 1 -type d 2>/dev/null | wc -l; } | tee "$OUT/dg_cache.txt"
+{ du -sh "$TWINFER_CACHE_DIR/deepgemm" 2>/dev/null; echo "kernels cached: $(find "$TWINFER_CACHE_DIR/deepgemm/cache" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | wc -l)"
+  ls "$TWINFER_CACHE_DIR/deepgemm/twinfer_warm" 2>&1; } | tee "$OUT/dg_cache.txt"
+for f in /tmp/twinfer_jit_pool_*/worker_0.log; do [ -f "$f" ] && { echo "== $f"; tail -n 30 "$f"; }; done > "$OUT/pool_worker0_logs.txt" 2>&1
 
 stage "twinfer kernels"
 run 40 kernels bash -c "python3 -m benchmarks.gpu.cli kernels --device cuda --json > '$OUT/kernels.json'"
