@@ -54,3 +54,39 @@ def test_by_kind_adds_up_to_the_pieces_with_glue_named(recorded):
     assert sum(table.values()) == pytest.approx(total, abs=1e-2)
     assert "glue in MLAAttention" in table and "op:mla_decode" in table and "RMSNorm" in table
     assert table["op:mla_decode"] == pytest.approx(sum(r["ms"] for r in rows if r["kind"] == "op:mla_decode"), abs=1e-3)
+
+
+class FakeEvent:
+    """CUDA events on CPU: each elapsed_time is 2 ms."""
+
+    def __init__(self, enable_timing=True):
+        pass
+
+    def record(self):
+        pass
+
+    def elapsed_time(self, other):
+        return 2.0
+
+
+def test_breakdown_report_adds_up_with_every_op_at_one_ms(monkeypatch):
+    """The whole report on CPU (eager forward, no graph): each op 'alone' is 1 ms, each event pair 2 ms."""
+    monkeypatch.setattr(sb, "alone_ms", lambda fn, iters=20, flush=None: (fn(), 1.0)[1])
+    monkeypatch.setattr(sb, "L2_FLUSH_BYTES", 16)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    e = LLMEngine.from_args("tiny", device="cpu", dtype="fp32", seed=0, max_model_len=256)
+    seqs = [SeqInput([5 + i], 40 + i, [2 * i, 2 * i + 1], True) for i in range(3)]
+    res = sb.breakdown(e, seqs, ctx=40, iters=2)
+    n = len(e.runner.model.model.layers)
+    s = res["sum_alone"]
+    assert s["pieces"] == 4 * n + 2 and s["pieces_missing"] == 0
+    assert s["forward_ms"] == pytest.approx(4 * n + 2 + 2 * n)          # pieces + residual adds, 1 ms each
+    assert s["step_ms"] == pytest.approx(s["forward_ms"] + 2)          # + logits + argmax
+    assert res["forward_graph_ms"] == 2.0 and res["graph"] is False and "error" in res["in_graph"]
+    assert res["ratio_forward_graph_to_sum_alone"] == pytest.approx(2.0 / s["forward_ms"], abs=1e-3)
+    assert res["gaps"]["host_ms"] == pytest.approx(res["step_wall_ms"] - 2.0 - 2.0, abs=1e-3)
+    assert sum(res["by_kind"].values()) == pytest.approx(4 * n + 2, abs=1e-2)
+    assert all(r["ms"] == 1.0 for r in res["ops"])
+    import json
+    assert json.loads(json.dumps(res))["sum_alone"] == s   # the section goes into serving_step's JSON as is

@@ -111,7 +111,7 @@ def breakdown(e, seqs, ctx: int, iters: int = 20) -> dict:
     from executor.forward_batch import build_forward_batch
     r, g = e.runner, e.runner.graphs
     model, kv = r.model, r.kv
-    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=r.device)
     res: dict = {"batch": len(seqs), "ctx": ctx}
     with torch.inference_mode():
         host, wall, replay = [], [], []
@@ -146,7 +146,7 @@ def breakdown(e, seqs, ctx: int, iters: int = 20) -> dict:
                          **({"error": c["error"]} if "error" in c else {})})
         res["ops"] = rows
         pieces = pieces_of(calls, model)
-        x = torch.randn(len(seqs), model.model.norm.weight.shape[0], device="cuda", dtype=hidden.dtype)
+        x = torch.randn(len(seqs), model.model.norm.weight.shape[0], device=r.device, dtype=hidden.dtype)
         add = alone_ms(lambda: x + x, iters, flush)
         h = hidden.clone()
         logits = alone_ms(lambda: model.compute_logits(h), iters, flush)
