@@ -197,6 +197,11 @@ def reject_rows(table, options, slo, simulated: set[int], n: int) -> tuple[list[
     return order[:n], int(near.sum()), len(best)
 
 
+def beats_on_slices(winner: Checked, checked: list[Checked]) -> list[int]:
+    """Rows meeting the SLO on their slice above the winner's slice figure: the simulator ranks them higher."""
+    return [x.row for x in checked if x.slice_meets and x.slice_thr_gpu > winner.slice_thr_gpu]
+
+
 # beyond the planner's own loads (search.LOADS): a reject whose screened capacity is too optimistic may still
 # meet the SLO at a lower rate than the planner tries
 EXTRA_LOADS = (0.5, 0.35)
@@ -239,7 +244,7 @@ def check_rejects(req, n: int = 12, *, workers: int = 1, confirm: int = 1, extra
     winner = checked(win_row)
     res = RejectCheck(question, label, rep.recommended.predicted.output_tokens_per_s_per_gpu, winner, len(simulated),
                       n_near, n_rej, [checked(i) for i in rows])
-    res.beats_on_slices = [x.row for x in res.checked if x.slice_meets and x.slice_thr_gpu > winner.slice_thr_gpu]
+    res.beats_on_slices = beats_on_slices(winner, res.checked)
     for x in sorted((x for x in res.checked if x.row in res.beats_on_slices), key=lambda x: -x.slice_thr_gpu)[:confirm]:
         x.full_thr_gpu, x.full_meets, x.full_ttft_s, x.full_tpot_s, x.full_step = s.full_scale(x.row, outs[x.row], full_steps)
         if x.full_meets and x.full_thr_gpu > res.plan_thr_gpu:
