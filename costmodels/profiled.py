@@ -39,13 +39,8 @@ class ProfiledStepCost:
     Single GPU, no parallelism: the layout is TP1 in the profile's dtype.
     """
 
-    def __init__(self, profile, step: StepProfile | None = None, num_layers: int | None = None, pipelined: bool = False):
+    def __init__(self, profile, step: StepProfile | None = None, num_layers: int | None = None):
         self.step = step or profile.step
-        # the engine loop is pipelined (async overlap: step N+1 scheduled, prepared and launched while the device
-        # runs step N): a step's host work, the runner's launch (host terms) and the loop's own, runs under the
-        # previous step's device time, so the step takes max(device, runner host + loop). The simulator's overlap
-        # rule then adds nothing (its host share, the loop, is inside). Off: max(H, D) + overlap x min(H, D).
-        self.pipelined = pipelined
         if self.step is None:
             raise ValueError("the calibration profile has no measured step model (run twinfer calibrate)")
         st = self.step
@@ -124,17 +119,10 @@ class ProfiledStepCost:
             pad = self.step.graph_bucket(new.size)
             if pad:
                 d = float(self.graph_categories(context_lens, pad) @ self.k)
-                return self._runner(float(self.step.host.graph(new.size)), d, new.size, int(new.sum()), True)
+                return float(self.step.host.graph(new.size)) + d
         d = float(self.category_times(new, context_lens, dec) @ self.k) + self.step.prefill_token_s * float(new[~dec].sum())
         h = self.host_time(new.size, int(new.sum()), int((~dec).sum()))
-        return float(self._runner(h, d, new.size, int(new.sum()), False))
-
-    def _runner(self, h, d, n_req: int, n_tok: int, graph: bool):
-        """Runner step from host ``h`` and device ``d`` terms (arrays allowed): a graph replay follows its launch, an
-        eager step overlaps them by the fitted share; a pipelined loop hides both host parts under the device."""
-        if self.pipelined:
-            return np.maximum(d, h + float(self.step.loop(n_req, n_tok)))
-        return h + d if graph else self.step.combine(h, d)
+        return float(self.step.combine(h, d))
 
     def chunked_step_time(self, decode_context_lens, draft_len: int, prefill_new: list[int], prefill_ctx: list[int]) -> float:
         return self.mixed_step_time(*decodes_then_chunks(decode_context_lens, draft_len, prefill_new, prefill_ctx))
@@ -150,9 +138,9 @@ class ProfiledStepCost:
         att = np.asarray(self.base.decode_times(ctx, num_steps, draft_len), float) - total  # attention (+ indexer) per step
         d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0]
         if pad:
-            return self._runner(float(self.step.host.graph(n)), d, n, n * (1 + draft_len), True)
+            return float(self.step.host.graph(n)) + d
         h = self.host_time(n, n * (1 + draft_len), 0)
-        return self._runner(h, d, n, n * (1 + draft_len), False)
+        return self.step.combine(h, d)
 
     def point_time(self, p: StepPoint) -> float:
         """Predicted runner time of a measured point."""

@@ -1,4 +1,4 @@
-"""The pipelined engine loop (async overlap) in the twin: the step as max(device, runner host + loop) and the
+"""The pipelined engine loop (async overlap) in the twin: the per-step prediction is the simulator's overlap rule, and the
 one-step admission lag of an engine that schedules the next plan while the device runs the current one."""
 
 from __future__ import annotations
@@ -18,26 +18,18 @@ from sim.cluster import Cluster
 from sim.router import RouterConfig, make_router
 
 
-def _profile() -> CalibrationProfile:
-    st = StepProfile(model="deepseek-v3", num_layers=2, dtype="fp8", device="cuda",
-                     host=HostTerms(fixed_s=0.015, graph_fixed_s=0.002), loop=LoopTerms(fixed_s=0.001), overlap=0.2,
-                     graph_sizes=[1, 2, 4, 8])
-    return CalibrationProfile.default().model_copy(update={"step": st})
+def test_per_step_prediction_is_what_the_simulator_charges():
+    from costmodels.host import wall_time
+    from ui.cmd_validate import predict_step
 
-
-def test_pipelined_step_is_device_or_host_plus_loop():
-    prof = _profile()
-    sync, pipe = ProfiledStepCost(prof), ProfiledStepCost(prof, pipelined=True)
-    ctx = np.array([512, 700])
-    # decode graph step: sync = graph host + device; pipelined = max(device, graph host + loop)
-    d = sync.decode_times(ctx, 1)[0] - 0.002
-    assert float(pipe.decode_times(ctx, 1)[0]) == pytest.approx(max(d, 0.002 + 0.001))
-    # eager prefill steps: sync = max(H, D) + 0.2 min(H, D) with 15 ms of launch (H); pipelined = max(D, H + loop)
-    for n in (256, 2048, 16384):
-        new, c, dec = np.array([n]), np.array([0]), np.array([False])
-        t_sync = sync.mixed_step_time(new, c, dec)
-        dev = (t_sync - 0.015) / 0.2 if t_sync < 0.015 * 1.2 else t_sync - 0.2 * 0.015
-        assert pipe.mixed_step_time(new, c, dec) == pytest.approx(max(dev, 0.016), rel=1e-6)
+    st = StepProfile(model="deepseek-v3", num_layers=2, dtype="fp8", device="cuda", host=HostTerms(fixed_s=0.015),
+                     loop=LoopTerms(fixed_s=0.001), overlap=0.2)
+    prof = CalibrationProfile.default().model_copy(update={"step": st})
+    cost = ProfiledStepCost(prof)
+    r = cost.chunked_step_time(np.array([300, 400]), 0, [512], [0])
+    assert predict_step(cost, prof, [300, 400], [(512, 0)]) == pytest.approx(r + 0.001)
+    for overlap in (True, 0.5):
+        assert predict_step(cost, prof, [300, 400], [(512, 0)], overlap=overlap) == pytest.approx(wall_time(r, 0.001, overlap))
 
 
 class _Cost:

@@ -56,15 +56,14 @@ def sim_config(base, profile):
     return base.model_copy(update={**loop_scheduler_terms(profile.step), "async_overlap": base.async_overlap})
 
 
-def predict_step(cost, profile, decode_ctx, prefill, draft_len=0) -> float:
-    """Predicted engine-loop iteration as the simulator charges it: runner step and loop overhead, added
-    (synchronous loop) or, for a pipelined cost (``cost.pipelined``), the overlap rule over them
-    (costmodels.host.wall_time)."""
+def predict_step(cost, profile, decode_ctx, prefill, draft_len=0, overlap: bool | float = False) -> float:
+    """Predicted engine-loop iteration as the simulator charges it: the overlap rule (costmodels.host.wall_time) over
+    the runner step and the loop overhead (``overlap``: the scheduler config's ``overlap()``; False: added)."""
     from costmodels.host import wall_time
     n = len(decode_ctx) + len(prefill)
     tok = len(decode_ctx) * (1 + draft_len) + sum(a for a, _ in prefill)
     runner = cost.chunked_step_time(np.asarray(decode_ctx, np.int64), draft_len, [a for a, _ in prefill], [c for _, c in prefill])
-    return float(wall_time(float(runner), float(profile.step.loop(n, tok)), bool(getattr(cost, "pipelined", False))))
+    return float(wall_time(float(runner), float(profile.step.loop(n, tok)), overlap))
 
 
 PLOT_FORMATS = {".html": "plotly, self-contained (works offline)", ".png": "kaleido", ".svg": "kaleido", ".pdf": "kaleido"}
@@ -222,10 +221,6 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                               simulate_requests, step_comparison)
 
     con = log or Console()
-    if bool(base_cfg.async_overlap) != bool(getattr(cost, "pipelined", False)):
-        # the engine's loop decides how host and device work combine: price it as the replayed engine runs it
-        from costmodels.profiled import ProfiledStepCost
-        cost = ProfiledStepCost(prof, cost.step, cost.num_layers, pipelined=bool(base_cfg.async_overlap))
     scfg = sim_config(base_cfg, prof)
     cap = capacity or saturation_rps(cost, scfg, blocks, reqs)
     r0 = natural_rate(reqs)
@@ -276,7 +271,8 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                 run_figs.append(metric_values(res.metrics))
                 steps_all += res.steps
                 samples += [StepSample(decode_ctx=s.decode_ctx, prefill=s.prefill, draft_len=s.draft_len, measured_s=s.iter_s,
-                                       predicted_s=predict_step(cost, prof, s.decode_ctx, s.prefill, s.draft_len), graph_bs=s.graph_bs)
+                                       predicted_s=predict_step(cost, prof, s.decode_ctx, s.prefill, s.draft_len, scfg.overlap()),
+                                       graph_bs=s.graph_bs)
                             for s in res.steps if s.num_steps == 1]
             if len(run_figs) > 1:
                 meas, spread = median_runs(run_figs)
@@ -307,7 +303,10 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
         levels=reports, step_overall={**overall, "bins": overall_bins}, command="twinfer " + " ".join(sys.argv[1:]),
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         notes=[f"dummy weights; {L}-layer {model}; the simulator charges the profile's runner step plus its measured engine loop "
-               f"(async_overlap {'on: pipelined loop' if base_cfg.async_overlap else 'off: synchronous loop'})", "per-step errors are on the measured batch compositions",
+               f"(async_overlap {'on: pipelined loop' if base_cfg.async_overlap else 'off: synchronous loop'})", "per-step errors are on the measured batch compositions"
+               + ("; a pipelined loop's step time runs from one read-back to the next, so each step also carries the "
+                  "launch of the step after it (an eager prefill's ~launch lands on the step before it): judge per-step "
+                  "errors on the synchronous loop (--no-async-overlap), end-to-end figures on either" if base_cfg.async_overlap else ""),
                "an unmeasured warm-up replay of the trace runs first" if (engine is not None and warm) else "no warm-up replay"],
     )
     if engine is not None:
