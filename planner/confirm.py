@@ -19,6 +19,24 @@ CONFIRM_RATE_STEPS = (1.0, 0.8)  # of the rate the slice met the SLO at
 CONFIRM_MAX_RUNS = 3            # full-scale runs at most (an agentic 72-GPU plan's run costs ~35 s CPU)
 
 
+def confirmation_order(rows: list[int], mirrored: list[bool]) -> list[int]:
+    """The first CONFIRM_CANDIDATES of ``rows`` (best slice first) in the order they are confirmed at full scale:
+    best first, but at most one mirrored slice (a share of a wide attention-DP instance: optimistic, since the
+    mirror copies its prefill chunks to every rank group in lockstep) before the best exact slice.
+
+    Confirming mirrored slices last kept the best layouts from ever running (72 x GB300 ISL 4k aggregated:
+    18 x DEP4 at 1,890 tokens/s/GPU recommended while 9 x DEP8 meets the SLO at full scale at 2,662); trying
+    them all first could spend every run on misses and recommend nothing (the same question without MTP:
+    DEP32 and DEP64 slices met the SLO, their full-scale runs did not, the 18 x TP4 that does never ran).
+    So one optimistic candidate gets its rate steps, then the best exact slice is the floor."""
+    exact = [r for r, m in zip(rows, mirrored) if not m]
+    if not exact or rows.index(exact[0]) <= 1:
+        return rows[:CONFIRM_CANDIDATES]
+    first = exact[0]
+    rest = [r for r in rows if r != first]
+    return (rest[:1] + [first] + rest[1:])[:CONFIRM_CANDIDATES]
+
+
 def confirm_plan(plan: Plan, row: int, table_rate: float, percentile: int) -> SimOutcome | None:
     """The full-scale run of ``plan`` as a SimOutcome (its steady window); None when no request finished."""
     from sim.runner import simulate

@@ -38,6 +38,12 @@ class SearchSpace(BaseModel):
     modes: tuple[Mode, ...] = Field(("aggregated", "disaggregated"), min_length=1)
     tp: tuple[int, ...] = Field((1, 2, 4, 8), min_length=1, description="tensor-parallel degrees of TP layouts (EP = TP or none)")
     dep: tuple[int, ...] = Field((2, 4, 8, 16, 32, 64, 72, 128, 256), description="attention-DP x EP widths of DEP / wide-EP layouts (tp 1)")
+    dep_attention_tp: tuple[int, ...] = Field(
+        (1,), min_length=1, description="attention tensor-parallel degrees inside DEP layouts (tp x dp GPUs = the DEP width; "
+        "AIConfigurator's tp x dp): 1 = pure attention DP; more add TP x DP hybrids")
+    dep_moe_tp: tuple[int, ...] = Field(
+        (1,), min_length=1, description="MoE tensor-parallel degrees inside DEP layouts (experts over width / moe_tp EP ranks, "
+        "each split moe_tp ways; AIConfigurator's etp x ep): 1 = pure EP")
     pp: tuple[int, ...] = Field((1, 2, 4), min_length=1, description="pipeline stages, tried only when nothing fits without them")
     prefill_max_gpus: int = Field(16, ge=1, le=4096, description="widest prefill-pool instance (DEP at small width for prefill)")
     weight_dtype: DType | None = Field(None, description="dense/attention weights (default: the checkpoint's)")
@@ -54,7 +60,7 @@ class SearchSpace(BaseModel):
     chunk_tokens: tuple[int, ...] = Field((4096, 8192, 16384), min_length=1, description="prefill tokens per attention-DP rank per step (chunk size)")
     table_placement: tuple[Literal["host", "hbm"], ...] = Field(("host", "hbm"), min_length=1, description="lookup tables (models that have them)")
 
-    @field_validator("tp", "dep", "pp", "batch_per_rank", "chunk_tokens")
+    @field_validator("tp", "dep", "dep_attention_tp", "dep_moe_tp", "pp", "batch_per_rank", "chunk_tokens")
     @classmethod
     def _positive(cls, v):
         if any(x < 1 for x in v):

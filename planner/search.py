@@ -26,7 +26,7 @@ from costmodels.calibration_source import profile_for
 from costmodels.hardware import get_hardware
 from costmodels.step import StepCostModel
 from planner.combine import AGG, Candidate, Table, combine
-from planner.confirm import CONFIRM_CANDIDATES, CONFIRM_MAX_RUNS, CONFIRM_RATE_STEPS, confirm_plan
+from planner.confirm import CONFIRM_MAX_RUNS, CONFIRM_RATE_STEPS, confirm_plan, confirmation_order
 from planner.economics import Economics, economics
 from planner.explain import describe_row, does_not_fit, short_row, slo_unreachable, why_it_won
 from planner.parallel import Runner, report
@@ -34,7 +34,8 @@ from planner.pareto import pareto_front
 from planner.plan import Plan, PoolPlan, Predicted
 from planner.request import PlanRequest
 from planner.screen import ScreenContext, screen_layout
-from planner.simulate import SimOutcome, build_job, explicit_ranks, meets, run_job, scheduler_for, steady_workload
+from planner.simulate import (SimOutcome, build_job, explicit_ranks, meets, mirrored_slice, run_job, scheduler_for,
+                              steady_workload)
 from planner.space import LayoutOption, enumerate_layouts
 from planner.workload_stats import WorkloadStats, workload_stats
 from scheduler.config import SchedulerConfig
@@ -311,13 +312,10 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
     win, plan, full_runs = None, None, []
     if confirmed:
         t3 = time.perf_counter()
-        # best slice first, mirrored slices of wide attention-DP instances included: they are optimistic (the
-        # mirror copies a slice's prefill chunks to every rank group), but confirming them last kept the best
-        # layouts from ever running at full scale (72 x GB300 ISL 4k, aggregated: 18 x DEP4 at 1,890 tokens/s/GPU
-        # recommended while 9 x DEP8 meets the SLO at full scale at 2,662; benchmarks/screen_rejects.py). The
-        # full-scale run judges them; the 0.8 rate step absorbs the optimism.
+        rows = [c[3] for c in confirmed]
+        mirrored = [mirrored_slice(table.candidate(i), options[int(table.cols["opt"][i])].layout.dp, req.workload.kind) for i in rows]
         win, plan, full_runs = _confirm(req, table, options, stats, model, hw, router, effects, ok, acceptance, outcomes,
-                                        points, [c[3] for c in confirmed[:CONFIRM_CANDIDATES]])
+                                        points, confirmation_order(rows, mirrored))
         sims_run += len(full_runs)
         timings.update(simulate_s=t_sim + time.perf_counter() - t3, simulated_per_s=sims_run / max(t_sim + time.perf_counter() - t3, 1e-9))
 

@@ -24,7 +24,6 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
-from fractions import Fraction
 
 from planner.combine import Candidate
 from planner.space import LayoutOption
@@ -112,6 +111,12 @@ def ranks_in_slice(dp: int, seats_per_rank: int, budget_seats: int) -> int:
         if d * seats_per_rank <= budget_seats:
             best = d
     return best
+
+
+def mirrored_slice(cand: Candidate, dp: int, workload_kind: str) -> bool:
+    """Whether ``cand``'s slice simulates only a share of an aggregated attention-DP instance's ranks (mirror > 1)."""
+    cap = AGENTIC_SLICE_SEATS if workload_kind == "agentic" else SLICE_SEATS
+    return cand.mode == "aggregated" and ranks_in_slice(dp, cand.batch_per_rank, cap) < dp
 
 
 def _nearest_divisor(n: int, target: float) -> int:

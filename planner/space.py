@@ -53,7 +53,7 @@ class LayoutOption:
     def describe(self) -> str:
         """Short label: 'DEP8 fp8 tbo eplb+8' style."""
         lay = self.layout
-        if lay.dp > 1 and lay.tp == 1:
+        if lay.dp > 1 and lay.tp == 1 and lay.ep in (1, lay.dp):
             base = f"{'DEP' if lay.ep > 1 else 'DP'}{lay.dp}"
         else:
             base = f"TP{lay.tp}" + (f"xDP{lay.dp}" if lay.dp > 1 else "") + (f"xEP{lay.ep}" if lay.ep > 1 else "")
@@ -101,7 +101,16 @@ def _shapes(model: ModelSpec, hw: Hardware, budget: int, space: SearchSpace, pp:
     for w in space.dep:
         if w < 2 or w * pp > budget:
             continue
-        out.append((1, w, w if moe else 1))
+        # TP x DP hybrids (tp * dp = w) and MoE TP x EP mixes (ep = w / moe_tp), where the space asks for them
+        for a_tp in space.dep_attention_tp:
+            if w % a_tp or w // a_tp < 2 or a_tp > max(model.num_attention_heads, 1):
+                continue
+            if not moe:
+                out.append((a_tp, w // a_tp, 1))
+                continue
+            for m_tp in space.dep_moe_tp:
+                if w % m_tp == 0:
+                    out.append((a_tp, w // a_tp, w // m_tp))
     seen, uniq = set(), []
     for s in out:
         if s not in seen:

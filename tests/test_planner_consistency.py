@@ -187,3 +187,15 @@ def test_slices_schedule_attention_dp_ranks_like_the_plan():
     assert explicit_ranks("aggregated", plain) and not explicit_ranks("disaggregated", plain)
     # the simulator refuses explicit ranks with drifting expert load: such plans keep the pooled batch
     assert not explicit_ranks("aggregated", EffectsSpec(expert_load=ExpertLoadSpec(drift_fraction_per_min=0.1)))
+
+
+def test_confirmation_order_tries_one_mirrored_slice_then_the_best_exact_one():
+    from planner.confirm import CONFIRM_CANDIDATES, confirmation_order
+
+    assert CONFIRM_CANDIDATES == 3
+    # best slice first when the best exact slice is first or second
+    assert confirmation_order([5, 6, 7, 8], [False, True, True, False]) == [5, 6, 7]
+    assert confirmation_order([5, 6, 7, 8], [True, False, True, False]) == [5, 6, 7]
+    # three optimistic (mirrored) slices ahead of the best exact one: one of them, then the exact one
+    assert confirmation_order([5, 6, 7, 8, 9], [True, True, True, False, False]) == [5, 8, 6]
+    assert confirmation_order([5, 6, 7], [True, True, True]) == [5, 6, 7]   # nothing exact: best first
