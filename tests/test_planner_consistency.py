@@ -199,3 +199,16 @@ def test_confirmation_order_tries_one_mirrored_slice_then_the_best_exact_one():
     # three optimistic (mirrored) slices ahead of the best exact one: one of them, then the exact one
     assert confirmation_order([5, 6, 7, 8, 9], [True, True, True, False, False]) == [5, 8, 6]
     assert confirmation_order([5, 6, 7], [True, True, True]) == [5, 6, 7]   # nothing exact: best first
+
+
+def test_aiconfigurator_layout_families_are_in_the_space_when_asked():
+    """TP x DP hybrids and MoE TP x EP mixes (AIConfigurator's tp x dp, etp x ep) inside DEP widths; the default
+    space keeps pure attention-DP x EP."""
+    m, hw = get_model("deepseek-v3"), get_hardware("gb300")
+    base = dict(tp=(8,), dep=(8,), two_micro_batch=(False,), eplb=("off",))
+    shapes = lambda sp: {(o.layout.tp, o.layout.dp, o.layout.ep) for o in enumerate_layouts(m, hw, 8, sp)[0]}
+    assert shapes(SearchSpace(**base)) == {(8, 1, 8), (8, 1, 1), (1, 8, 8)}
+    wide = shapes(SearchSpace(**base, dep_attention_tp=(1, 2), dep_moe_tp=(1, 2)))
+    assert {(1, 8, 4), (2, 4, 8), (2, 4, 4)} <= wide   # AIConfigurator's 72 x GB300 pick is tp1 dp8 etp2 ep4
+    opts = enumerate_layouts(m, hw, 8, SearchSpace(**base, dep_moe_tp=(2,)))[0]
+    assert "TP1xDP8xEP4" in {o.describe().split()[0] for o in opts}
