@@ -3,6 +3,7 @@
     python benchmarks/bench_plan.py            # the acceptance search + screen-only rates
     python benchmarks/bench_plan.py --cores 4  # another core count
     python benchmarks/bench_plan.py --quick    # only the acceptance search
+    python benchmarks/bench_plan.py --quick --profile 30   # ... in this process (1 worker) under cProfile: top 30
 
 The acceptance search is ``twinfer plan --model deepseek-v3 --hardware gb300 --gpus 72
 --workload agentic --slo ttft_p90=2s,tpot_p90=50ms``: aggregated and disaggregated deployments, memory
@@ -12,6 +13,8 @@ fit, analytic screen, simulation of the shortlist, frontier and plan. It must fi
 The process is pinned to ``--cores`` CPUs (``sched_setaffinity``, inherited by the worker
 processes) and runs that many workers. ``cpu s`` adds this process's and its workers' CPU time:
 on a shared machine the wall time also contains other people's work, the CPU time does not.
+``--profile N`` runs the acceptance search in this process (worker jobs too, so the profile sees
+them) and prints the N functions with the most cumulative and the most own time.
 """
 
 from __future__ import annotations
@@ -35,15 +38,28 @@ def _pin(cores: int) -> list[int]:
     return use
 
 
-def _search(model: str, hardware: str, gpus: int, workload: str, slo: dict, simulate_top: int, workers: int):
+def _search(model: str, hardware: str, gpus: int, workload: str, slo: dict, simulate_top: int, workers: int, profile: int = 0):
     from planner.request import PlanRequest
     from planner.search import plan_deployment
     from sim.workload import preset
 
     req = PlanRequest(model=model, hardware=hardware, gpus=gpus, workload=preset(workload), slo=slo, simulate_top=simulate_top)
+    prof = None
+    if profile:
+        import cProfile
+
+        prof, workers = cProfile.Profile(), 1   # in this process: the profile sees the worker jobs
+        prof.enable()
     t0, c0 = time.perf_counter(), _cpu()
     rep = plan_deployment(req, workers=workers)
-    return rep, time.perf_counter() - t0, _cpu() - c0
+    wall, cpu = time.perf_counter() - t0, _cpu() - c0
+    if prof is not None:
+        import pstats
+
+        prof.disable()
+        for key in ("cumulative", "tottime"):
+            pstats.Stats(prof).sort_stats(key).print_stats(profile)
+    return rep, wall, cpu
 
 
 def main() -> int:
@@ -51,13 +67,15 @@ def main() -> int:
     ap.add_argument("--cores", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--limit", type=float, default=30.0, help="seconds the 72-GPU search may take")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="run the acceptance search in this process under cProfile and print its top N functions (slower)")
     args = ap.parse_args()
     cpus = _pin(args.cores)
     workers = len(cpus)
     print(f"pinned to CPUs {cpus}; {workers} worker processes; python {sys.version.split()[0]}")
 
     slo = {"ttft_s": 2.0, "tpot_s": 0.05}
-    rep, wall, cpu = _search("deepseek-v3", "gb300", 72, "agentic", slo, 6, workers)
+    rep, wall, cpu = _search("deepseek-v3", "gb300", 72, "agentic", slo, 6, workers, args.profile)
     t = rep.timings
     print("\n72 x GB300, DeepSeek-V3, agentic, TTFT <= 2 s, TPOT <= 50 ms, aggregated + disaggregated:")
     print(f"  layouts: {rep.layouts_fitting} fit of {rep.layouts_considered}")

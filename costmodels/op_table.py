@@ -116,6 +116,30 @@ class GemmTable:
             return abs(np.log(f[0] * f[1] / (n * k))) + abs(np.log(f[1] / k))
         return min(sorted(self.families), key=dist)
 
+    def _family(self, n: int, k: int) -> tuple:
+        """(family, its M grid, times, log M grid, log times, roofline at its last M) answering (n, k); memoised
+        (a simulated step asks for the same few shapes thousands of times)."""
+        memo = self.__dict__.setdefault("_family_memo", {})
+        got = memo.get((n, k))
+        if got is None:
+            fam = (n, k) if (n, k) in self.families else self.nearest(n, k)
+            ms, ts = self.families[fam]
+            got = memo[(n, k)] = (fam, ms, ts, np.log(ms), np.log(ts), self._roofline(ms[-1], *fam))
+        return got
+
+    def seconds(self, m: np.ndarray, n: int, k: int) -> np.ndarray:
+        """``time(m, n, k).seconds`` for a 1-d float array ``m`` (the same arithmetic, without sources and detail)."""
+        fam, ms, ts, lxs, lys, work_at = self._family(n, k)
+        work = self._roofline(m, *fam)
+        t = np.exp(np.interp(np.log(np.maximum(m, 1e-12)), lxs, lys))   # loglog_interp's
+        above = m > ms[-1]
+        if above.any():
+            t = np.where(above, ts[-1] * work / work_at, t)
+        if fam != (n, k):
+            lat = SCALE_LATENCY_S
+            t = t * (self._roofline(m, n, k) + lat) / (work + lat)
+        return t
+
     def time(self, m, n: int, k: int) -> Lookup:
         """Seconds of one ``M x N x K`` GEMM for each M in ``m``."""
         m = np.atleast_1d(np.asarray(m, dtype=float))
@@ -307,7 +331,7 @@ class TableGemms:
         if pos.any():
             mp = flat[pos]
             for n, k in self.shapes[row]:
-                t = self.table.time(mp, n, k).seconds
+                t = self.table.seconds(mp, n, k)
                 if not self.same_gpu:
                     byts = gemm_bytes(mp, n, k, self.table.weight_bytes_per_elem)
                     t = np.maximum.reduce([t * self.table.peak_flops / self.target_flops,
