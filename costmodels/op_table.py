@@ -326,18 +326,23 @@ class TableGemms:
     def seconds(self, row: int, m: np.ndarray) -> np.ndarray:
         """Seconds of row ``row``'s kernels at ``m`` rows each (any shape of array)."""
         flat = np.asarray(m, dtype=float).ravel()
-        total = np.zeros(flat.size)
         pos = flat > 0
-        if pos.any():
-            mp = flat[pos]
+        every = bool(pos.all())
+        acc = None   # the kernels' times summed in order (a table step prices thousands of rows: no zero-filled copies)
+        if every or pos.any():
+            mp = flat if every else flat[pos]
             for n, k in self.shapes[row]:
                 t = self.table.seconds(mp, n, k)
                 if not self.same_gpu:
                     byts = gemm_bytes(mp, n, k, self.table.weight_bytes_per_elem)
-                    t = np.maximum.reduce([t * self.table.peak_flops / self.target_flops,
-                                           byts / (self.mem_eff * self.target_bw),
-                                           2.0 * mp * n * k / (self.compute_eff * self.target_flops)])
-                total[pos] += t
+                    t = np.maximum(np.maximum(t * self.table.peak_flops / self.target_flops, byts / (self.mem_eff * self.target_bw)),
+                                   2.0 * mp * n * k / (self.compute_eff * self.target_flops))
+                acc = t if acc is None else acc + t
+        if acc is not None and every:
+            return acc.reshape(np.shape(m))
+        total = np.zeros(flat.size)
+        if acc is not None:
+            total[pos] = acc
         return total.reshape(np.shape(m))
 
 

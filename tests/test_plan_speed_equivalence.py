@@ -48,7 +48,8 @@ def _seconds_reference(tg: op_table.TableGemms, row: int, m: np.ndarray) -> np.n
 
 def test_table_gemms_rows_unchanged_on_measured_and_other_gpus():
     """Every covered GEMM row of DeepSeek-V3 FP8 (TP1 / TP8 / DEP16 / TP2xDP4) prices as before, on H200 (measured) and GB300 (scaled)."""
-    m = np.concatenate([[0.0], _sizes()])
+    sizes = _sizes()
+    cases = (sizes, np.concatenate([[0.0], sizes]), np.zeros(5), sizes[:12].reshape(3, 4))   # all positive, some 0, all 0, 2-d
     for hw_name in ("h200", "gb300"):
         for tp, dp in ((1, 1), (8, 1), (1, 16), (2, 4)):
             lay = ParallelLayout(tp=tp, dp=dp, ep=tp * dp, weight_dtype="fp8", expert_dtype="fp8")   # the FP8 GEMM table's rows
@@ -58,4 +59,6 @@ def test_table_gemms_rows_unchanged_on_measured_and_other_gpus():
             rows = [r for r in range(len(tg.shapes)) if tg.covers[r]]
             assert rows
             for r in rows:
-                assert np.array_equal(tg.seconds(r, m), _seconds_reference(tg, r, m)), (hw_name, lay, r)
+                for m in cases:
+                    got, want = tg.seconds(r, m), _seconds_reference(tg, r, m)
+                    assert got.shape == want.shape and np.array_equal(got, want), (hw_name, lay, r, m.shape)
