@@ -10,14 +10,16 @@ For one plan question (the flags of ``twinfer plan``) it
    candidates the planner simulated);
 2. rebuilds the planner's screen table (same layouts, operating points and combinations; checked against the
    screen figures the report carries for every simulated row);
-3. takes the rejects nearest the frontier: rows within ``search.NEAR_SLO`` x the SLO (the planner's own
-   "near" rule) that were not simulated, one per (mode, layouts, batch, MTP) by screened throughput (their
+3. takes the rejects nearest the frontier: rows within ``--band`` x the SLO (default 2; the planner's own
+   "near" rule is ``search.NEAR_SLO`` = 1.5) that were not simulated, one per (mode, layouts, batch, MTP) by screened throughput (their
    chunk, async and pool-ratio variants are one layout choice), best screened first, ``-n`` of them;
 4. simulates each reject's slice exactly as the planner simulates its finalists (``planner.simulate.build_job``
    with the same effects, router, acceptance, request cap and seed) at the planner's loads (0.9, then 0.7 x the
    screened rate), then lower ones (``--extra-loads``, default 0.5 and 0.35: a screen that overrates a layout's
-   capacity would otherwise hide a layout that meets the SLO at a lower rate), and the winner's slice at the
-   planner's loads (the report keeps the winner's full-scale figure, not its slice's);
+   capacity would otherwise hide a layout that meets the SLO at a lower rate); one meeting it at 0.9 is also
+   tried above the screened rate (``--up-loads``, 1.2, 1.5, 2: a screen that underrates a layout's capacity
+   caps the figure the planner's slices can show); the winner's slice at the planner's loads (the report keeps
+   the winner's full-scale figure, not its slice's);
 5. a reject that meets the SLO on its slice above the winner's slice figure "beats the winner on slices"; the
    best ``--confirm`` of those are then simulated at full scale as the planner confirms its own pick
    (``planner.confirm``: the slice's rate, then 0.8 x), against the plan's full-scale figure.
@@ -117,27 +119,45 @@ class _Search:
         self.effects = EffectsSpec(expert_load=req.expert_load, host_cache_gb=host_cache_gb(self.stats, self.hw, req.host_cache_fraction))
         self.workers = workers
 
-    def slices(self, rows: list[int], loads: tuple[float, ...]) -> dict[int, object]:
-        """Each row's slice outcome at the first of ``loads`` (x the screened rate) meeting the SLO, else the last."""
-        from planner.parallel import Runner
-        from planner.simulate import build_job, meets, run_job
+    def _run(self, runner, rows: list[int], load: float) -> list:
+        from planner.simulate import build_job, run_job
 
-        req, out, pending = self.req, {}, list(rows)
+        req = self.req
+        jobs = [build_job(self.table.candidate(i), self.options, model=req.model, hardware=req.hardware,
+                          calibration=req.calibration, workload=req.workload, slo=req.slo, seed=req.seed,
+                          effects=self.effects, router=self.router, mean_output=self.stats.mean_output, load=load,
+                          max_requests=req.sim_requests, acceptance=self.acceptance, label=f"cand{i}")
+                for i in rows]
+        return runner.map(run_job, jobs, req.slo_percentile)
+
+    def slices(self, rows: list[int], loads: tuple[float, ...], up: tuple[float, ...] = ()) -> dict[int, object]:
+        """Each row's slice outcome: at the first of ``loads`` (x the screened rate) meeting the SLO, else the last;
+        a row meeting it at the first load is then tried at each of ``up`` while it still meets, keeping the highest
+        load met (a screen that underrates a layout's capacity would otherwise cap its figure)."""
+        from planner.parallel import Runner
+        from planner.simulate import meets
+
+        out, pending = {}, list(rows)
         with Runner(self.workers) as runner:
-            for load in loads:
+            for k, load in enumerate(loads):
                 if not pending:
                     break
-                jobs = [build_job(self.table.candidate(i), self.options, model=req.model, hardware=req.hardware,
-                                  calibration=req.calibration, workload=req.workload, slo=req.slo, seed=req.seed,
-                                  effects=self.effects, router=self.router, mean_output=self.stats.mean_output, load=load,
-                                  max_requests=req.sim_requests, acceptance=self.acceptance, label=f"cand{i}")
-                        for i in pending]
                 nxt = []
-                for i, o in zip(pending, runner.map(run_job, jobs, req.slo_percentile)):
+                for i, o in zip(pending, self._run(runner, pending, load)):
                     out[i] = o
-                    if not meets(o, req.slo):
+                    if not meets(o, self.req.slo):
                         nxt.append(i)
+                climb = [i for i in pending if i not in nxt] if k == 0 else []
                 pending = nxt
+                for hi in up:
+                    if not climb:
+                        break
+                    better = []
+                    for i, o in zip(climb, self._run(runner, climb, hi)):
+                        if meets(o, self.req.slo):
+                            out[i] = o
+                            better.append(i)
+                    climb = better
         return out
 
     def full_scale(self, row: int, o, steps: tuple[float, ...]) -> tuple[float, bool, float, float, float]:
@@ -163,17 +183,18 @@ class _Search:
         return last
 
 
-def reject_rows(table, options, slo, simulated: set[int], n: int) -> tuple[list[int], int, int]:
-    """(the ``n`` rejects nearest the frontier, near-SLO rows, distinct near-SLO choices not simulated): rows the
-    planner calls near the SLO (``search._near_slo``) and did not simulate, the best screened row of each
-    (mode, layout, prefill layout, batch, MTP) whose choice no simulated row shares, ordered by the screen's
+def reject_rows(table, options, slo, simulated: set[int], n: int, band: float = 2.0,
+                match=None) -> tuple[list[int], int, int]:
+    """(the ``n`` rejects nearest the frontier, rows within the band, distinct choices among them not simulated):
+    rows the screen puts within ``band`` x the SLO (KV fitting; the planner's own "near" is ``search.NEAR_SLO``,
+    1.5) that the planner did not simulate, the best screened row of each (mode, layout, prefill layout, batch,
+    MTP) whose choice no simulated row shares (``match(row)``, if given, must hold too), ordered by the screen's
     Pareto layers of (output tokens/s per GPU, tokens/s per user): the rejects' own frontier first (best
     throughput first), then the frontier of the rest, and so on."""
     from planner.pareto import pareto_front
-    from planner.search import _near_slo
 
     c = table.cols
-    near = _near_slo(table, slo)
+    near = c["kv_ok"] & (c["rate"] > 0) & (c["ttft"] <= band * slo.ttft_s) & (c["tpot"] <= band * slo.tpot_s)
 
     def key(i: int) -> tuple:
         return (int(c["mode"][i]), options[int(c["opt"][i])].key, int(c["popt"][i]) if c["mode"][i] else -1,
@@ -184,7 +205,7 @@ def reject_rows(table, options, slo, simulated: set[int], n: int) -> tuple[list[
     best: dict[tuple, int] = {}
     for r in rows[np.lexsort((rows, -c["thr_gpu"][rows]))].tolist():
         k = key(r)
-        if k not in taken and k not in best:
+        if k not in taken and k not in best and (match is None or match(r)):
             best[k] = r
     left = np.array(sorted(best.values()), dtype=np.int64)
     order: list[int] = []
@@ -205,6 +226,9 @@ def beats_on_slices(winner: Checked, checked: list[Checked]) -> list[int]:
 # beyond the planner's own loads (search.LOADS): a reject whose screened capacity is too optimistic may still
 # meet the SLO at a lower rate than the planner tries
 EXTRA_LOADS = (0.5, 0.35)
+# above the screened rate, for a reject meeting the SLO at the planner's first load: a screen that underrates a
+# layout's capacity caps the figure the planner's slices can show
+UP_LOADS = (1.2, 1.5, 2.0)
 
 
 # the full-scale runs of a beater: the planner's rate steps (confirm.CONFIRM_RATE_STEPS: 1.0, 0.8 x the slice's
@@ -213,7 +237,8 @@ FULL_STEPS = (1.0, 0.8, 0.65, 0.5)
 
 
 def check_rejects(req, n: int = 12, *, workers: int = 1, confirm: int = 1, extra_loads: tuple[float, ...] = EXTRA_LOADS,
-                  full_steps: tuple[float, ...] = FULL_STEPS) -> RejectCheck:
+                  full_steps: tuple[float, ...] = FULL_STEPS, up_loads: tuple[float, ...] = UP_LOADS, band: float = 2.0,
+                  only: str | None = None) -> RejectCheck:
     """Plan ``req``, then simulate its ``n`` screen rejects nearest the frontier against the recommended plan."""
     from planner.explain import describe_row
     from planner.search import LOADS, plan_deployment
@@ -233,8 +258,9 @@ def check_rejects(req, n: int = 12, *, workers: int = 1, confirm: int = 1, extra
     label = rep.message.removeprefix("recommended: ")
     win_row = next(p.row for p in rep.simulated if p.label == label)
     simulated = {p.row for p in rep.simulated}
-    rows, n_near, n_rej = reject_rows(t, opts, req.slo, simulated, n)
-    outs = {**s.slices([win_row], LOADS), **s.slices(rows, LOADS + tuple(extra_loads))}
+    match = None if not only else (lambda r: only in describe_row(t, opts, r))
+    rows, n_near, n_rej = reject_rows(t, opts, req.slo, simulated, n, band, match)
+    outs = {**s.slices([win_row], LOADS), **s.slices(rows, LOADS + tuple(extra_loads), tuple(up_loads))}
 
     def checked(i: int) -> Checked:
         o = outs[i]
@@ -259,7 +285,7 @@ def _print(res: RejectCheck, confirmed: bool) -> None:
     print(f"recommended: {res.recommended}")
     print(f"  plan at full scale {res.plan_thr_gpu:,.0f} output tok/s/GPU; its slice {w.slice_thr_gpu:,.0f} "
           f"(TTFT {w.slice_ttft_s:.2f} s, TPOT {w.slice_tpot_s * 1e3:.1f} ms at {w.slice_load:.0%} load); screen {w.screen_thr_gpu:,.0f}")
-    print(f"{res.simulated_rows} rows simulated by the planner; {res.near_rows:,} screen rows near the SLO, "
+    print(f"{res.simulated_rows} rows simulated by the planner; {res.near_rows:,} screen rows within the band of the SLO, "
           f"{res.rejects_considered:,} distinct layout choices among them not simulated; the best {len(res.checked)} simulated here:")
     print(f"  {'row':>7s} {'screen':>7s} {'slice':>7s} {'TTFT s':>7s} {'TPOT ms':>8s} {'load':>5s} {'meets':>5s} {'full':>7s}  deployment")
     for x in res.checked:
@@ -292,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", "--rejects", type=int, default=12, help="rejects to simulate, nearest the frontier first")
     ap.add_argument("--confirm", type=int, default=1, help="beaters on slices to run at full scale (0: judge on slices)")
     ap.add_argument("--extra-loads", default="0.5,0.35", help="loads (x screened rate) tried on rejects after the planner's 0.9, 0.7")
+    ap.add_argument("--up-loads", default="1.2,1.5,2", help="loads tried above the screened rate on rejects meeting the SLO at 0.9")
+    ap.add_argument("--band", type=float, default=2.0, help="rejects within this many x the SLO in the screen [2; the planner's own: 1.5]")
+    ap.add_argument("--only", default=None, help="only rejects whose deployment text contains this (e.g. 'x DEP8 ')")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--json", default=None, help="write the result here")
     a = ap.parse_args(argv)
@@ -300,7 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     req = build_request(a.config, model=a.model, hardware=a.hardware, gpus=a.gpus, workload=a.workload, slo=a.slo,
                         modes=a.modes, simulate=a.simulate, sim_requests=a.sim_requests)
     extra = tuple(float(x) for x in a.extra_loads.split(",") if x.strip())
-    res = check_rejects(req, a.rejects, workers=a.workers, confirm=a.confirm, extra_loads=extra)
+    up = tuple(float(x) for x in a.up_loads.split(",") if x.strip())
+    res = check_rejects(req, a.rejects, workers=a.workers, confirm=a.confirm, extra_loads=extra, up_loads=up, band=a.band,
+                        only=a.only)
     _print(res, a.confirm > 0)
     if a.json:
         Path(a.json).write_text(json.dumps(asdict(res), indent=1, default=float), encoding="utf-8")
