@@ -224,6 +224,13 @@ class LLMEngine:
         self._last_now = max(self._last_now, time.perf_counter() - self._t0 + self._skipped)
         return self._last_now
 
+    def restart_clock(self) -> None:
+        """Start the clock at 0 again (an idle engine, before an offline replay whose arrival times count from 0: the
+        build and JIT warm-up before it must not count as queueing)."""
+        if self.has_unfinished():
+            raise RuntimeError("restart_clock on an engine with requests in flight")
+        self._t0, self._last_now, self._skipped = time.perf_counter(), 0.0, 0.0
+
     def advance_clock(self, t: float) -> None:
         """Jump the clock forward to ``t`` when idle (offline replay skips gaps between arrivals)."""
         now = self.now()

@@ -88,6 +88,8 @@ def replay(engine: LLMEngine, items: list[tuple[float, str, list[int], int]], te
         except Exception:  # noqa: BLE001  (no NVML bindings: no clock diagnostic)
             clock = None
     live: dict[str, Request] = {}
+    if not engine.has_unfinished():
+        engine.restart_clock()   # arrival times count from the replay's start, not from the engine's build and warm-up
     t_run = time.perf_counter()
     try:
         _loop(engine, items, temperature, seed, metrics, steps, current, live, clock)
