@@ -78,25 +78,33 @@ def _predict(h: np.ndarray, d: np.ndarray, alpha: float, graph: np.ndarray) -> n
     return np.where(graph, h + d, partial_overlap(h, d, alpha))
 
 
-def _solve(hf: np.ndarray, df: np.ndarray, y: np.ndarray, hb: np.ndarray, alpha: float, graph: np.ndarray) -> np.ndarray:
-    """NNLS on relative error for a fixed host-bound assignment ``hb`` and overlap ``alpha`` (graph steps add)."""
+def _solve(hf: np.ndarray, df: np.ndarray, y: np.ndarray, hb: np.ndarray, alpha: float, graph: np.ndarray,
+           bounds: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Least squares on relative error for a fixed host-bound assignment ``hb`` and overlap ``alpha`` (graph steps
+    add): every coefficient >= 0 (NNLS), or within ``bounds`` (lower, upper per coefficient)."""
     wh = np.where(graph | hb, 1.0, alpha)[:, None]
     wd = np.where(graph | ~hb, 1.0, alpha)[:, None]
     a = np.concatenate([hf * wh, df * wd], 1) / y[:, None]
     norm = np.linalg.norm(a, axis=0)
     norm[norm == 0] = 1.0
-    return nnls(a / norm, np.ones_like(y)) / norm
+    if bounds is None:
+        return nnls(a / norm, np.ones_like(y)) / norm
+    from scipy.optimize import lsq_linear
+    lo, hi = bounds
+    return lsq_linear(a / norm, np.ones_like(y), bounds=(lo * norm, hi * norm), method="bvls").x / norm
 
 
 def fit_runner_model(hf: np.ndarray, df: np.ndarray, y: np.ndarray,
                      alphas: Sequence[float] = tuple(np.linspace(0.0, 1.0, 11)),
-                     graph: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, float, float]:
+                     graph: np.ndarray | None = None,
+                     bounds: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, float, float]:
     """Fit ``y = max(H, D) + alpha min(H, D)`` (eager steps) and ``y = H + D`` (``graph`` steps) with
     ``H = hf @ h``, ``D = df @ k`` (h, k >= 0).
 
     For each alpha: alternate between a linear NNLS fit for a fixed assignment of eager points to
     'host-bound' (H >= D) or 'device-bound' and re-assigning from the fitted terms, from three
     starting assignments; keep the lowest sum of squared relative errors.
+    ``bounds``: (lower, upper) for the coefficients (host terms then device columns); None: each >= 0.
     Returns (h, k, alpha, sse).
     """
     graph = np.zeros(len(y), bool) if graph is None else np.asarray(graph, bool)
@@ -109,7 +117,7 @@ def fit_runner_model(hf: np.ndarray, df: np.ndarray, y: np.ndarray,
             hb = hb.copy()
             seen = set()
             for _ in range(40):
-                x = _solve(hf, df, y, hb, alpha, graph)
+                x = _solve(hf, df, y, hb, alpha, graph, bounds)
                 h, d = hf @ x[:nh], df @ x[nh:]
                 pred = _predict(h, d, alpha, graph)
                 sse = float(np.sum(((pred - y) / y) ** 2))
@@ -149,8 +157,17 @@ def errors(pred: np.ndarray, meas: np.ndarray) -> dict:
             "max_rel_err": float(np.max(np.abs(rel))), "bias": float(np.mean(rel))}
 
 
+# Category scales a GPU fit may use: the cost model prices the GPU it runs on (hardware_basis), so a scale says by
+# how much a family of its op times is off, and a factor of 2 either way is as far as it may move. Unbounded, the
+# H200 fits set dense GEMMs to 0 and "other" to 22-46x (the fixed time of a graph step): in-sample fine, but the
+# K/V up-projection over cached context then cost nothing and agentic prefix-hit steps came out 17-25% fast.
+# A CPU fit prices the reference kernels with an H200 model: there the scales are conversion factors, unbounded.
+GPU_SCALE_BOUNDS = (0.5, 2.0)
+
+
 def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype: str, device: str,
-                     hardware_basis: str = "H200", try_op_tables: bool = True, graph_sizes: Sequence[int] = ()) -> StepProfile:
+                     hardware_basis: str = "H200", try_op_tables: bool = True, graph_sizes: Sequence[int] = (),
+                     scale_bounds: tuple[float, float] | None | str = "auto") -> StepProfile:
     """Fit a StepProfile to measured points (runner steps, and loop gaps where measured).
 
     The device terms come from the cost model with the profile's op tables and, separately,
@@ -158,8 +175,12 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
     ``use_op_tables``). The per-layer host term is fitted only when the points span two or more
     layer counts; otherwise it is folded into the fixed term (and said so). Points that replayed a
     CUDA graph (``graph_bs > 0``) get their own host terms and add host to device time;
-    ``graph_sizes`` (the engine's captured sizes) is what predictions pad to.
+    ``graph_sizes`` (the engine's captured sizes) is what predictions pad to. ``scale_bounds``: (lower, upper) for
+    every category scale ("auto": ``GPU_SCALE_BOUNDS`` on a GPU, none on a CPU; None: only >= 0); host terms and
+    the per-prefill-token term stay >= 0 only.
     """
+    if scale_bounds == "auto":
+        scale_bounds = GPU_SCALE_BOUNDS if device == "cuda" else None
     pts = [p for p in points if p.wall_s > 0]
     if len(pts) < 4:
         raise ValueError(f"need at least 4 measured steps to fit a step profile, got {len(pts)}")
@@ -196,13 +217,23 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
                 if p.num_layers == L:
                     df[i] = point_categories(cost, p)
         df = np.concatenate([df, ptok[:, None]], 1)
-        h, k, alpha, sse = fit_runner_model(hf, df, y, graph=graph)
+        bounds = None
+        if scale_bounds is not None:
+            nc = len(FIT_CATEGORIES)
+            lo = np.concatenate([np.zeros(hf.shape[1]), np.full(nc, float(scale_bounds[0])), [0.0]])
+            hi = np.concatenate([np.full(hf.shape[1], np.inf), np.full(nc, float(scale_bounds[1])), [np.inf]])
+            bounds = (lo, hi)
+        h, k, alpha, sse = fit_runner_model(hf, df, y, graph=graph, bounds=bounds)
         if best is None or sse < best[4] - 1e-12:
             best = (use_tables, h, k, alpha, sse, df, sub)
     use_tables, h, k, alpha, _, df, sub = best
     host = HostTerms(**{n: float(v) for n, v in zip(hnames, h)})
     main_l = max(layers, key=lambda L: sum(p.num_layers == L for p in pts))
     notes = []
+    if scale_bounds is not None:
+        at = [c for c, v in zip(FIT_CATEGORIES, k) if min(abs(v - b) for b in scale_bounds) < 1e-6 * max(1.0, v)]
+        notes.append(f"category scales bounded to [{scale_bounds[0]:g}, {scale_bounds[1]:g}]"
+                     + (f"; at a bound: {', '.join(at)}" if at else ""))
     if not with_layers:
         notes.append(f"one layer count ({main_l}) measured: the per-layer host term is folded into the fixed term")
     prof = StepProfile(model=model, num_layers=main_l, dtype=dtype, device=device, hardware_basis=hardware_basis,

@@ -107,7 +107,8 @@ def test_fit_separates_cuda_graph_decode_steps_from_eager_steps():
         pts.append(StepPoint(num_layers=4, decode_ctx=[50] * 4, prefill=[(q, 0), (q // 2, 0)], wall_s=1.0))
     pts = [p.model_copy(update={"wall_s": cost.point_time(p)}) for p in pts]
     assert {p.graph_bs for p in pts} == {0, 1, 2, 4, 8, 16, 32}  # 48 runs eager: above the largest graph
-    st = fit_step_profile(prof, pts, model="deepseek-v3", dtype="fp8", device="cuda", graph_sizes=sizes)
+    # (the synthetic truth's scales are beyond a GPU fit's bounds: fit unbounded)
+    st = fit_step_profile(prof, pts, model="deepseek-v3", dtype="fp8", device="cuda", graph_sizes=sizes, scale_bounds=None)
     assert st.graph_sizes == sizes and st.fit.mape < 0.02
     # (the eager host terms hide under device-bound prefills here: only the fit error says they are right)
     assert st.host.graph_fixed_s == pytest.approx(3e-4, rel=0.1) and st.host.graph_per_request_s == pytest.approx(1e-5, rel=0.1)
@@ -218,8 +219,34 @@ def test_prefill_token_term_adds_device_time_to_eager_steps_only_and_is_recovere
     pts += [StepPoint(num_layers=4, decode_ctx=[256] * d, prefill=[(q, 0)] * c, wall_s=1.0)
             for q in (256, 1024, 2048, 4096) for c in (1, 2) for d in (0, 16)]
     pts = [p.model_copy(update={"wall_s": b.point_time(p)}) for p in pts]
-    st = fit_step_profile(prof, pts, model="deepseek-v3", dtype="fp8", device="cuda", graph_sizes=sizes, try_op_tables=False)
+    st = fit_step_profile(prof, pts, model="deepseek-v3", dtype="fp8", device="cuda", graph_sizes=sizes, try_op_tables=False,
+                          scale_bounds=None)
     assert st.fit.mape < 0.02 and st.prefill_token_s == pytest.approx(2e-5, rel=0.25)
+
+
+def test_gpu_fit_bounds_category_scales_and_says_which_sit_at_a_bound():
+    from costmodels.step_fit import GPU_SCALE_BOUNDS
+
+    prof = _tiny_profile()
+    sizes = [1, 2, 4, 8]
+    kw = dict(model="deepseek-v3", num_layers=4, dtype="fp8", device="cuda", graph_sizes=sizes, overlap=0.0,
+              host=HostTerms(fixed_s=1e-3, graph_fixed_s=2e-4))
+    pts = [StepPoint(num_layers=4, decode_ctx=[256] * n, wall_s=1.0, graph_bs=sizes[-1] if n > 4 else (4 if n > 2 else n))
+           for n in (1, 2, 3, 4, 6, 8)]
+    pts += [StepPoint(num_layers=4, decode_ctx=[256] * d, prefill=[(q, 0)] * c, wall_s=1.0)
+            for q in (256, 1024, 2048, 4096) for c in (1, 2) for d in (0, 16)]
+    for scales, at_bound in (((1.2, 0.8, 1.5, 1.0, 1.1), False), ((1.2, 6.0, 1.5, 1.0, 1.1), True)):
+        truth = StepProfile(**kw, category_scale=dict(zip(FIT_CATEGORIES, scales)))
+        cost = ProfiledStepCost(prof, truth)
+        pts_t = [p.model_copy(update={"wall_s": cost.point_time(p)}) for p in pts]
+        st = fit_step_profile(prof, pts_t, model="deepseek-v3", dtype="fp8", device="cuda", graph_sizes=sizes, try_op_tables=False)
+        lo, hi = GPU_SCALE_BOUNDS
+        assert all(lo - 1e-9 <= v <= hi + 1e-9 for v in st.category_scale.values())
+        assert any("bounded to [0.5, 2]" in n for n in st.notes)
+        if at_bound:   # prefill attention 6x the cost model: held at 2 and named
+            assert st.category_scale["prefill_attention"] == pytest.approx(hi) and any("prefill_attention" in n for n in st.notes)
+        else:
+            assert st.fit.mape < 0.02
 
 
 def test_fast_path_agrees_with_op_by_op_under_a_prefill_attention_table():

@@ -1,0 +1,98 @@
+"""The simulator at HEAD against measured validation-matrix figures, offline (no GPU): issue 16's matrix runs keep
+the calibration profile and what was measured at each class and load; this re-simulates every level with today's
+simulator on that profile (same requests, same rates) and prints the relative errors and the worst per figure.
+
+Measured figures come from ``validation_<class>_*.json`` (``levels[].measured``) or from ``measured_recovered.json``
+(run 2: the per-class reports did not come back from the device; measured = the run's own prediction at 55e619c /
+(1 + its relative error), re-simulated exactly with that commit's code).
+
+    python3 scripts/matrix_offline.py benchmarks/gpu/issue16_h200/run2_pipelined [--no-lag] [--sync]
+
+``--no-lag``: without the pipelined engine's one-step admission lag (sim/instance.py), to see what it changes.
+``--sync``: the engine's loop was synchronous (async overlap off; run 3).
+``--refit auto|none|LO,HI``: refit the run's step model from its own calibration points (no validation data) with
+those category-scale bounds (costmodels.step_fit.fit_step_profile) before simulating; default: the run's profile as is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+FIGURES = ("output_throughput", "tpot_p50", "ttft_p50", "ttft_p90")
+
+
+def measured_levels(run: Path) -> dict:
+    rec = run / "measured_recovered.json"
+    if rec.exists():
+        return json.loads(rec.read_text())
+    out = {}
+    for f in sorted(run.glob("validation_*_*.json")):
+        d = json.loads(f.read_text())
+        out[d["workload"]] = {lv["name"]: {"rate_rps": lv["rate_rps"], "measured": lv["measured"]} for lv in d["levels"]}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run")
+    ap.add_argument("--no-lag", action="store_true")
+    ap.add_argument("--sync", action="store_true")
+    ap.add_argument("--refit", default=None)
+    a = ap.parse_args()
+
+    import sim.instance as inst
+    from costmodels.calibration import CalibrationProfile
+    from costmodels.profiled import ProfiledStepCost
+    from device_matrix import CLASSES, _clamp
+    from scheduler.config import SchedulerConfig
+    from sim.validate import copy_requests, metric_values, natural_rate, simulate_requests
+    from sim.workload import generate, preset
+    from ui.cmd_validate import sim_config
+
+    run = Path(a.run)
+    prof = CalibrationProfile.load(next(run.glob("calibration_*.json")))
+    if a.refit is not None:
+        from costmodels.step_fit import fit_step_profile
+        st = prof.step
+        b = a.refit if a.refit == "auto" else None if a.refit == "none" else tuple(float(x) for x in a.refit.split(","))
+        st2 = fit_step_profile(prof, st.points, model=st.model, dtype=st.dtype, device=st.device, graph_sizes=st.graph_sizes,
+                               scale_bounds=b)
+        prof = prof.model_copy(update={"step": st2})
+        print(f"refit ({a.refit}): in-sample MAPE {st2.fit.mape * 100:.2f}%, tables {st2.op_tables or 'none'}, scales "
+              + ", ".join(f"{c} {v:.3g}" for c, v in st2.category_scale.items()))
+    cost = ProfiledStepCost(prof)
+    bs, mml = 64, 8192
+    blocks = 128 * (-(-mml // bs)) + 64
+    base = SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=8192, max_model_len=mml, block_size=bs, async_overlap=not a.sync)
+    if a.no_lag:
+        init = inst.Instance.__init__
+
+        def no_lag(self, *args, **kw):
+            init(self, *args, **kw)
+            self._lag = False
+        inst.Instance.__init__ = no_lag
+    worst: dict[str, tuple[float, str]] = {}
+    print(f"{'class':10} {'level':16} " + " ".join(f"{f:>18}" for f in FIGURES))
+    for cls, levels in measured_levels(run).items():
+        reqs = _clamp(generate(preset(cls, num_requests=48), np.random.default_rng(0), bs), *CLASSES[cls], mml, bs)
+        for name, lv in levels.items():
+            p = metric_values(simulate_requests(cost, sim_config(base, prof), blocks,
+                                                copy_requests(reqs, natural_rate(reqs) / lv["rate_rps"]), seed=0))
+            errs = {f: p[f] / lv["measured"][f] - 1 for f in FIGURES if lv["measured"].get(f)}
+            for f, e in errs.items():
+                if f not in worst or abs(e) > abs(worst[f][0]):
+                    worst[f] = (e, f"{cls} {name}")
+            print(f"{cls:10} {name:16} " + " ".join(f"{errs[f] * 100:+17.1f}%" for f in FIGURES))
+    print("worst: " + ", ".join(f"{f} {e * 100:+.1f}% ({where})" for f, (e, where) in worst.items()))
+
+
+if __name__ == "__main__":
+    main()
