@@ -163,6 +163,8 @@ def errors(pred: np.ndarray, meas: np.ndarray) -> dict:
 # K/V up-projection over cached context then cost nothing and agentic prefix-hit steps came out 17-25% fast.
 # A CPU fit prices the reference kernels with an H200 model: there the scales are conversion factors, unbounded.
 GPU_SCALE_BOUNDS = (0.5, 2.0)
+# tables that time the executor's own code at a step's exact shapes (executor.calibrate.bench_ops): always used
+ALWAYS_TABLES = ("attn_prefill_chunk",)
 
 
 def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype: str, device: str,
@@ -194,18 +196,21 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
     # the measured prefill (~20 us/token for 5 layers, linear from 1k to 8k tokens) and big packed prefills came out
     # 8-12% fast, most of the end-to-end error at saturation (Nov 29 runs 5-6).
     ptok = np.array([0.0 if p.graph_bs > 0 else sum(a for a, _ in p.prefill) * 1e-6 for p in pts])
-    variants: list[tuple[bool, list[str]]] = [(False, [])]
+    # a table of the executor's own function at the step's exact shapes (not an efficiency curve of a kernel
+    # family) is the op's time: every variant uses it
+    always = sorted(n for n in ALWAYS_TABLES if n in profile.tables) if try_op_tables else []
+    variants: list[tuple[bool, list[str]]] = [(bool(always), always)]
     if try_op_tables and profile.tables:
         # the measured tables, all and in subsets (GEMMs alone, GEMMs plus each attention/expert table): a table can
         # describe its kernel well and still fit the whole step worse than the analytic term it replaces
-        names = sorted(profile.tables)
+        names = sorted(n for n in profile.tables if n not in always)
         gemm = [n for n in names if n.startswith("gemm_")]
         subsets = [names] + ([gemm] if gemm else []) + [gemm + [n] for n in names if n not in gemm]
         seen: set[tuple[str, ...]] = set()
         for sub in subsets:
             if sub and tuple(sub) not in seen:
                 seen.add(tuple(sub))
-                variants.append((True, sorted(sub)))
+                variants.append((True, sorted(sub + always)))
     best = None
     for use_tables, sub in variants:
         df = np.zeros((len(pts), len(FIT_CATEGORIES)))

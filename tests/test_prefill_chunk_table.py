@@ -105,3 +105,26 @@ def test_calibration_grid_has_chunks_over_long_cached_contexts():
     assert all(n + c < 8192 for n, c in chunks)
     # the mixed step: a long prompt's later chunk next to decodes
     assert any(dec and chs == [(2048, 4096)] for dec, chs in shapes)
+
+
+def test_step_fit_always_prices_prefill_chunks_with_the_measured_table():
+    """The chunk table times the executor's own prefill attention at the step's shapes: every fit variant uses it
+    (the efficiency tables stay a model choice), and the prefill-attention scale multiplies its times."""
+    from costmodels.profiled import ProfiledStepCost
+    from costmodels.step_fit import fit_step_profile
+    from costmodels.step_profile import FIT_CATEGORIES, HostTerms, StepPoint, StepProfile
+
+    base = CalibrationProfile.default()
+    prof = base.model_copy(update={"tables": {**base.tables, "attn_prefill_chunk": table()}})
+    truth = StepProfile(model="deepseek-v3", num_layers=4, dtype="fp8", device="cuda", graph_sizes=[1, 2, 4, 8], overlap=0.0,
+                        use_op_tables=True, op_tables=["attn_prefill_chunk"], host=HostTerms(fixed_s=1e-3, graph_fixed_s=2e-4),
+                        category_scale=dict(zip(FIT_CATEGORIES, (1.2, 1.0, 1.3, 1.0, 1.1))))
+    cost = ProfiledStepCost(prof, truth)
+    pts = [StepPoint(num_layers=4, decode_ctx=[256] * n, wall_s=1.0, graph_bs={1: 1, 2: 2, 3: 4, 4: 4, 6: 8, 8: 8}[n])
+           for n in (1, 2, 3, 4, 6, 8)]
+    pts += [StepPoint(num_layers=4, decode_ctx=[256] * d, prefill=[(q, c)], wall_s=1.0)
+            for q in (256, 1024, 4096) for c in (0, 2048, 4096) for d in (0, 16)]
+    pts = [p.model_copy(update={"wall_s": cost.point_time(p)}) for p in pts]
+    st = fit_step_profile(prof, pts, model="deepseek-v3", dtype="fp8", device="cuda", graph_sizes=[1, 2, 4, 8])
+    assert st.use_op_tables and "attn_prefill_chunk" in st.op_tables
+    assert st.fit.mape < 0.02 and st.category_scale["prefill_attention"] == pytest.approx(1.0, rel=0.1)
