@@ -155,6 +155,19 @@ class CalibrationProfile(BaseModel):
     alltoall_latency_s: float = Field(20e-6, ge=0)
     alltoall_scaleout_latency_s: float = Field(40e-6, ge=0)
     p2p_latency_s: float = Field(10e-6, ge=0)
+    # DeepEP internode normal kernels (costmodels.comm.internode_normal_time); docs/ep.md, tests/test_deepep_published.py
+    deepep_rdma_eff: float = Field(0.87, gt=0, le=1, description="fraction of the NIC rate DeepEP's internode normal "
+                                   "kernels reach on the wire: DeepEP README (V1 table, H800 + CX7 400 Gb/s), EP32 dispatch "
+                                   "58 GB/s over 3.61 nodes a token reaches = 43.5 GB/s to its 2.71 remote nodes, / 50 GB/s")
+    deepep_nvl_eff: float = Field(0.765, gt=0, le=1, description="fraction of the scale-up rate DeepEP's NVLink forwarding "
+                                  "reaches, counting every row a rank receives: DeepEP README intranode EP8 dispatch 153 GB/s "
+                                  "of the H800's 200 GB/s per direction")
+    deepep_normal_sms: int = Field(24, ge=0, le=1024, description="SMs DeepEP's normal (prefill) kernels hold while they "
+                                   "run beside compute: DeepEP README Buffer.set_num_sms(24) and tests/test_internode.py "
+                                   "num_sms = 24 (the DeepSeek-V3 report dedicates 20 SMs in training)")
+    deepep_ll_sms: int = Field(0, ge=0, le=1024, description="SMs DeepEP's low-latency (decode) kernels hold under "
+                               "two-micro-batch overlap: 0, DeepEP README: with the receiving hook the RDMA traffic runs in "
+                               "the background without costing any SMs")
     launch_overhead_s: float = Field(3e-6, ge=0)
     op_tables: str | None = Field(None, description="GPU whose measured op tables (costmodels/data/op_tables/<gpu>) price "
                                   "dense FP8 GEMMs (scaled by datasheet rooflines on other NVIDIA GPUs); None: the GEMM ramp")

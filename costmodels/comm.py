@@ -8,6 +8,8 @@ of its traffic that leaves the domain over the scale-out NIC, and the slower pat
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from costmodels.calibration import CalibrationProfile
@@ -143,3 +145,87 @@ def combine_hidden_under_down(combine_s, down_s, chunks):
     k = np.maximum(np.asarray(chunks, float), 1.0)
     hidden = np.minimum(combine_s, down_s) * (1.0 - 1.0 / k)
     return hidden if isinstance(hidden, np.ndarray) and hidden.ndim else float(hidden)
+
+
+def _miss(cand: float, block: float, k: int) -> float:
+    """Chance that ``k`` experts drawn without replacement from ``cand`` candidates all miss ``block`` of them."""
+    miss = 1.0
+    for i in range(k):
+        miss *= max(cand - block - i, 0.0) / (cand - i) if cand - i > 0 else 0.0
+    return miss
+
+
+def block_touched(n_experts: int, top_k: int, block: float, n_group: int = 1, topk_group: int = 1) -> float:
+    """Chance that a token's ``top_k`` experts include one of a contiguous ``block`` of experts (a rank's or a
+    node's) under group-limited routing: ``topk_group`` (K) of ``n_group`` (G) contiguous groups kept, then the
+    top-k taken among the kept groups' experts; no limit when K >= G.
+
+    A group is kept for its best experts (DeepSeek-V3 scores a group by its top-2 affinities, DeepEP's benchmark
+    by its top one), so each kept group gets one of the k picks (when K <= k) and the other k - K fall evenly
+    over the kept candidates. A block of g whole groups is then touched unless none of its groups is kept,
+    1 - C(G - g, K) / C(G, K); a block inside one group only when its group is kept (K / G) and one of the
+    picks lands in it. Without a group limit the k picks are drawn evenly from all experts."""
+    k, block = int(top_k), float(min(block, n_experts))
+    if n_group <= 1 or topk_group >= n_group or topk_group > top_k:
+        # no group limit (or more kept groups than picks: taken as no limit, an approximation)
+        return 1.0 - _miss(n_experts, block, k)
+    G, K = int(n_group), int(topk_group)
+    s = n_experts / G
+    if block >= s:
+        g = max(1, min(G, round(block / s)))
+        return 1.0 - math.comb(G - g, K) / math.comb(G, K)
+    # inside one kept group: its guaranteed pick lands in the block with chance block / s, else the other k - K
+    # picks (over the K s - K candidates left) must reach it
+    return K / G * (1.0 - (1.0 - block / s) * _miss(K * s - K, block, k - K))
+
+
+def node_fanout(n_experts: int, top_k: int, ep: int, ranks_per_node: int, n_group: int = 1, topk_group: int = 1):
+    """(remote nodes, ranks) one token reaches in DeepEP's internode normal dispatch, as expectations.
+
+    Experts lie contiguously over ``ep`` ranks, ``ranks_per_node`` to a node. The token crosses the NIC once
+    per *other node* holding any of its experts (DeepEP sends one RDMA copy per destination node, and DeepSeek-V3's
+    group-limited routing keeps a token's experts within ``topk_group`` groups); inside each destination node the
+    copy fans out over NVLink to every rank holding one of its experts (own rank and own node included: DeepEP's
+    published NVLink bandwidth counts them)."""
+    nodes = max(1, ep // ranks_per_node)
+    per_node = n_experts / nodes
+    p_node = block_touched(n_experts, top_k, per_node, n_group, topk_group)
+    p_rank = block_touched(n_experts, top_k, n_experts / ep, n_group, topk_group)
+    # the token's own node is one of the nodes: with group-limited routing it is touched like any other node
+    return (nodes - 1) * p_node, ep * p_rank
+
+
+def internode_normal_time(tokens, bytes_per_value: float, hidden: int, fanout: tuple[float, float],
+                          hw: Hardware, cal: CalibrationProfile):
+    """Seconds of one DeepEP internode normal-mode dispatch (or combine) of ``tokens`` tokens per rank.
+
+    Two stages pipelined by DeepEP's chunked forwarding (RDMA chunks are forwarded over NVLink as they land), so
+    the slower sets the time: ``max(rdma, nvlink) + latency``, with
+    - RDMA: one copy per token per remote destination node, at ``deepep_rdma_eff`` of the NIC's rate;
+    - NVLink: the copies every rank receives from its node's forwarders, at ``deepep_nvl_eff`` of the scale-up
+      rate (the same as the rows it sends, by symmetry). A float, or elementwise over an array of tokens."""
+    remote_nodes, ranks = fanout
+    t = np.asarray(tokens, float) if isinstance(tokens, (np.ndarray, list)) else float(tokens)
+    row = hidden * bytes_per_value
+    rdma = t * remote_nodes * row / (hw.scaleout_bw * cal.deepep_rdma_eff)
+    nvl = t * ranks * row / (hw.scaleup_bw * cal.deepep_nvl_eff)
+    return _positive(t, np.maximum(rdma, nvl) + cal.alltoall_scaleout_latency_s)
+
+
+def comm_sm_slowdown(sm_count: int | None, held: int) -> float:
+    """How much slower compute runs beside a communication kernel holding ``held`` of the GPU's ``sm_count`` SMs
+    (it gets the rest: ``sm_count / (sm_count - held)``); 1 when the SM count is unknown or nothing is held."""
+    if not sm_count or held <= 0:
+        return 1.0
+    return sm_count / max(sm_count - held, 1)
+
+
+def intranode_ep_time(tokens, rows_per_token: float, bytes_per_value: float, hidden: int, hw: Hardware,
+                      cal: CalibrationProfile):
+    """Seconds of one DeepEP dispatch (or combine) inside one scale-up domain, normal or low-latency kernels: every
+    row a rank receives (``rows_per_token`` per token of each rank, its own included) at ``deepep_nvl_eff`` of the
+    scale-up rate, plus the all-to-all latency. DeepEP's intranode figures count the own rank's rows the same way
+    (its "logical" bandwidth), so the efficiency measured there applies to these bytes. Float or array of tokens."""
+    t = np.asarray(tokens, float) if isinstance(tokens, (np.ndarray, list)) else float(tokens)
+    return _positive(t, t * rows_per_token * hidden * bytes_per_value / (hw.scaleup_bw * cal.deepep_nvl_eff)
+                     + cal.alltoall_latency_s)

@@ -9,7 +9,8 @@ evaluates the same families at the batch's one point.
 
 Two micro-batches (``layout.two_micro_batch`` with ep > 1): each half's EP all-to-all hides
 under the other half's compute: ``max(2 Tc, 2 Tm) + min(Tc, Tm) / layers`` with Tc, Tm the
-compute and all-to-all time of one half (weights are read once per half).
+compute and all-to-all time of one half (weights are read once per half), Tc slowed where it runs beside
+the all-to-all by the SMs DeepEP's kernels hold (``StepOps.tbo_time``).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class StepCostModel(StepOps):
         """The notes, caches and fast-path tables (``StepOps.__init__`` takes the arguments and calls this last)."""
         hw, layout = self.hw, self.layout
         self.notes = list(self.cal.notes)
-        self.notes += [n for n in (self.gemm_table_note(), self.attention_table_note()) if n]
+        self.notes += [n for n in (self.gemm_table_note(), self.attention_table_note(), self.exp_bound_note()) if n]
         if hw.name.lower() != self.cal.measured_on.lower() and not any("scaled" in n for n in self.notes):
             self.notes.append(f"efficiencies measured on {self.cal.measured_on}, applied to {hw.name} datasheet ceilings (scaled by datasheet ratios)")
         if not hw.supports(layout.experts_dtype) or not hw.supports(layout.weight_dtype):
@@ -69,7 +70,7 @@ class StepCostModel(StepOps):
         f = 0.5 if tbo else 1.0
         v = self.nonattn(*self.counts(new, ctx, dec, draft), f, ops, dec_total=self.ced_tokens(new, dec)) \
             + self.attention(new, ctx, dec, draft, f, ops)
-        t, breakdown = self._combine(v, tbo)
+        t, breakdown = self._combine(v, tbo, bool((~dec).any()))
         if tbo:
             for o in ops:
                 o.count *= 2
@@ -156,7 +157,7 @@ class StepCostModel(StepOps):
                 self._cache.clear()
             self._cache[key] = v
         v = v + self.attention(new, ctx, dec, draft, f, None)
-        return self.prefetched(self._combine(v, tbo)[0])
+        return self.prefetched(self._combine(v, tbo, bool((~dec).any()))[0])
 
     def decode_times(self, context_lens: np.ndarray, num_steps: int, draft_len: int = 0) -> np.ndarray:
         """Times of ``num_steps`` consecutive decode steps of the same requests, context growing by 1 + draft_len a step.
@@ -183,7 +184,7 @@ class StepCostModel(StepOps):
         if not tbo:
             return self.prefetched(t + att)
         compute = (t - tm) + att
-        return self.prefetched(np.maximum(2 * compute, 2 * tm) + np.minimum(compute, tm) / self.n_layers)
+        return self.prefetched(self.tbo_time(compute, tm, False))
 
     # ------------------------------------------------------------------ pieces
     def _tbo(self, n_requests: int) -> bool:
@@ -207,13 +208,14 @@ class StepCostModel(StepOps):
         has_prefill = float(pre.any())
         return (total, kv_up, sampled, float(n_dec), float(draft), has_prefill)
 
-    def _combine(self, v: np.ndarray, tbo: bool) -> tuple[float, dict[str, float]]:
-        """Step time and breakdown from category times (of one half-batch when ``tbo``)."""
+    def _combine(self, v: np.ndarray, tbo: bool, prefill: bool = False) -> tuple[float, dict[str, float]]:
+        """Step time and breakdown from category times (of one half-batch when ``tbo``; ``prefill``: the step has
+        prefill, so DeepEP's normal kernels run and hold SMs beside the compute, ``StepOps.tbo_time``)."""
         if not tbo:
             return float(v[:6].sum()), {c: float(v[i]) for i, c in enumerate(CATEGORIES)}
         tm = float(v[A2A])
         tc = float(v[:6].sum()) - tm
-        t = max(2 * tc, 2 * tm) + min(tc, tm) / self.n_layers
+        t = float(self.tbo_time(tc, tm, prefill))
         bd = {c: 2.0 * float(v[i]) for i, c in enumerate(CATEGORIES)}
         hidden = 2 * tc + 2 * tm - t
         bd["communication"] = max(0.0, bd["communication"] - hidden)
@@ -246,7 +248,9 @@ class StepCostModel(StepOps):
                     2.0 * h_loc * (geo.d_qk_prefill + geo.d_v_prefill),
                     geo.d_qk_prefill + geo.d_v_prefill, geo.prefill_upproj,
                     self.mla_table is not None and self.mla_covers(geo),   # decode one query each: the FlashMLA table
-                    geo.index_cap)
+                    geo.index_cap,
+                    self.att_den(geo.d_qk_decode, geo.d_v_decode),         # math rates: tensor peak or the SFU exponentials
+                    self.att_den(geo.d_qk_prefill, geo.d_v_prefill))
 
         self._geo_fast = [consts(geo, c) for geo, c in self.att_groups]
         self._geo_dec = list(self.att_dec)  # CED decoder groups: prefill chunks reach them as their tails
@@ -277,8 +281,7 @@ class StepCostModel(StepOps):
         t += self._attn_fast(nd, g, dctx, dctx_sum + dnew, pn, pc, pre_ctx + pre_new, self.share * f, draft)
         if f == 1.0:
             return self.prefetched(t)
-        tc = t - a2a
-        return self.prefetched(max(2 * tc, 2 * a2a) + min(tc, a2a) / self.n_layers)
+        return self.prefetched(float(self.tbo_time(t - a2a, a2a, bool(npre))))
 
     def _tabulated(self, f: float, total: int, kv_up: int, sampled: int, nd: int, draft: int, prefill: bool,
                    dec_total: int | None = None) -> tuple[float, float]:
@@ -312,7 +315,7 @@ class StepCostModel(StepOps):
         """Attention + indexer time of all layers (``StepOps.attention`` from sums): decodes at positions ctx + g,
         MTP passes (one query per decode at the end of its verified context), then the chunks (``ends_all``: their
         cached plus new tokens)."""
-        attn_t, den, eb = self._attn_t, self._att_den, self.att_entry_bytes
+        attn_t, eb = self._attn_t, self.att_entry_bytes
         geos = self._geo_fast
         mtp = None
         if draft and nd and self._geo_mtp is not None:
@@ -333,7 +336,7 @@ class StepCostModel(StepOps):
             elif dec_chunks is not None:
                 pn, pc, ends_all = dec_chunks if self._geo_dec[i] else enc_chunks
                 scored_all = None
-            count, cap, ratio, window, ir, cf_dec, cf_pre, dpre, upproj, table, icap = geo
+            count, cap, ratio, window, ir, cf_dec, cf_pre, dpre, upproj, table, icap, den_dec, den_pre = geo
             ta = ti = 0.0
             if nd:
                 last = (dpos_sum + shift * nd if cap >= INF else self._dsum(dctx, g + shift, cap)) / ratio
@@ -342,7 +345,7 @@ class StepCostModel(StepOps):
                 if table and n_q == 1:
                     ta = self.mla_table.at(nd * s, last / nd, cf_dec * (n_q * last) * s, last * eb * s)
                 else:
-                    ta = attn_t(cf_dec * (n_q * last) * s, last * eb * s, den)
+                    ta = attn_t(cf_dec * (n_q * last) * s, last * eb * s, den_dec)
                 if ir:
                     keys = ((dpos_sum + shift * nd) if icap >= INF else self._dsum(dctx, g + shift, icap)) / ir
                     ti = self._indexer_t(n_q * keys, keys, s)
@@ -360,7 +363,7 @@ class StepCostModel(StepOps):
                         p = c + n
                         ends += min(p, cap) / ratio + (min(p, window) if window else 0.0)
                 byts = float(ends_all) * self.heads_local * dpre * 2.0 if upproj else ends * eb
-                ta += attn_t(cf_pre * es * s, byts * s, den)
+                ta += attn_t(cf_pre * es * s, byts * s, den_pre)
                 if ir and icap < INF:  # a two-level index: each query scores at most icap candidates
                     scored = sum(_sum_min_s(c, n, icap) for c, n in zip(pc, pn))
                     ti += self._indexer_t(scored / ir, sum(min(c + n, icap) for c, n in zip(pc, pn)) / ir, s)

@@ -39,8 +39,9 @@ from twinfer.errors import TwinferError
 from costmodels.calibration import CalibrationProfile
 from costmodels.calibration_source import profile_for
 from costmodels.comm import (
-    DISPATCH_BYTES_PER_VALUE, allgather_time, allreduce_time, alltoall_time, combine_hidden_under_down, dispatch_payload_dtype,
-    dispatch_rows_per_token, p2p_time,
+    DISPATCH_BYTES_PER_VALUE, allgather_time, allreduce_time, alltoall_time, combine_hidden_under_down, comm_sm_slowdown,
+    block_touched, dispatch_payload_dtype, dispatch_rows_per_token, internode_normal_time, intranode_ep_time, node_fanout,
+    p2p_time,
 )
 from costmodels.hardware import Hardware
 from costmodels.layout import ParallelLayout
@@ -290,6 +291,9 @@ class StepOps:
         self.idx_peak = self.hw.tflops(m.indexer.dtype) * 1e12 if m.indexer else 0.0
         self.idx_key_bytes = indexer_kv_bytes_per_token(m) if m.indexer else 0.0
         self._att_den = self.att_peak * cal.attn_compute()
+        # softmax exponentials (one per score per query head) run on the SFUs (MUFU.EX2), beside the tensor cores;
+        # None: the catalog entry gives no rate, no exponential bound (att_den)
+        self.exp_rate = self.hw.exp_rate
         self._idx_den = self.idx_peak * cal.attn_compute() if m.indexer else 1.0
         self._idx_coef = 2.0 * m.indexer.n_heads * m.indexer.head_dim if m.indexer else 0.0
         self.mla_table = self._mla_table()
@@ -480,9 +484,15 @@ class StepOps:
                 tok_gpu = tok / lay.tp
                 rows_tok = (self.disp_rows_normal if prefill else self.disp_rows_ll) * self.expert_imbalance_at(tok / self.share)
                 mode = "normal" if prefill else "low-latency"
-                d_b, c_b = tok_gpu * rows_tok * h * self.disp_bytes, tok_gpu * rows_tok * h * 2.0
-                rows.append((f"{tag}ep_dispatch(ep{lay.ep}, {mode})", moe_layers, d_b, alltoall_time(d_b, lay.ep, hw, cal), True))
-                rows.append((f"{tag}ep_combine(ep{lay.ep}, {mode})", moe_layers, c_b, alltoall_time(c_b, lay.ep, hw, cal), True))
+                intranode = lay.ep <= hw.scaleup_domain
+                if intranode and cal.alltoall_eff is None:
+                    rows += self._intranode_ep(tok, tok_gpu, moe_layers, tag, prefill)
+                elif prefill and not intranode:
+                    rows += self._internode_normal(tok, tok_gpu, moe_layers, tag)
+                else:  # low-latency kernels across nodes, or a measured all-to-all fraction inside one node
+                    d_b, c_b = tok_gpu * rows_tok * h * self.disp_bytes, tok_gpu * rows_tok * h * 2.0
+                    rows.append((f"{tag}ep_dispatch(ep{lay.ep}, {mode})", moe_layers, d_b, alltoall_time(d_b, lay.ep, hw, cal), True))
+                    rows.append((f"{tag}ep_combine(ep{lay.ep}, {mode})", moe_layers, c_b, alltoall_time(c_b, lay.ep, hw, cal), True))
                 if lay.moe_tp > 1:
                     b = tok_gpu * h * 2.0
                     rows.append((f"{tag}moe_tp_allreduce(tp{lay.moe_tp})", moe_layers, b, allreduce_time(b, lay.moe_tp, hw, cal), False))
@@ -498,14 +508,59 @@ class StepOps:
         return _terms([(name, COMM, np.where(pos, k, 0), 0.0, np.where(pos, k * b, 0.0), np.where(pos, k * t, 0.0), a)
                        for name, k, b, t, a in rows], tok.size)
 
+    def _intranode_ep(self, tok: np.ndarray, tok_gpu: np.ndarray, moe_layers: int, tag: str, prefill: bool) -> list[tuple]:
+        """DeepEP dispatch and combine inside one scale-up domain (``comm.intranode_ep_time``): each rank receives a
+        row per token per rank it holds experts of (normal kernels: the ranks a token reaches, own rank included) or
+        per chosen expert (low-latency kernels: ``top_k``). A profile with a measured all-to-all fraction
+        (``alltoall_eff``, benchmarks/ep_bench.py) prices intranode EP with it instead (``comm.alltoall_time``)."""
+        m, lay, h = self.model, self.layout, self.h
+        moe = m.moe
+        rows = lay.ep * block_touched(moe.n_routed_experts, moe.top_k, moe.n_routed_experts / lay.ep, moe.n_group,
+                                      moe.topk_group) if prefill else float(moe.top_k)
+        t = tok_gpu * self.expert_imbalance_at(tok / self.share)
+        mode = "normal" if prefill else "low-latency"
+        return [(f"{tag}ep_{op}(ep{lay.ep}, {mode})", moe_layers, t * rows * h * per_value,
+                 intranode_ep_time(t, rows, per_value, h, self.hw, self.cal), True)
+                for op, per_value in (("dispatch", self.disp_bytes), ("combine", 2.0))]
+
+    def _internode_normal(self, tok: np.ndarray, tok_gpu: np.ndarray, moe_layers: int, tag: str) -> list[tuple]:
+        """DeepEP's internode normal dispatch and combine (an EP group wider than one scale-up domain, steps with
+        prefill): one RDMA copy per token per remote node its experts lie in, fanned out over NVLink inside the
+        node, the two stages pipelined (``comm.internode_normal_time``). Bytes shown: what crosses the NIC."""
+        m, lay, hw, cal, h = self.model, self.layout, self.hw, self.cal, self.h
+        fan = node_fanout(m.moe.n_routed_experts, m.moe.top_k, lay.ep, hw.scaleup_domain, m.moe.n_group, m.moe.topk_group)
+        t = tok_gpu * self.expert_imbalance_at(tok / self.share)  # the busiest rank's tokens set the pace
+        out = []
+        for op, per_value in (("dispatch", self.disp_bytes), ("combine", 2.0)):
+            out.append((f"{tag}ep_{op}(ep{lay.ep}, normal, {fan[0]:.2f} remote nodes/token)", moe_layers,
+                        t * fan[0] * h * per_value, internode_normal_time(t, per_value, h, fan, hw, cal), True))
+        return out
+
+    def comm_sm_slowdown(self, prefill: bool) -> float:
+        """Compute slowdown beside DeepEP kernels under overlap: they hold ``deepep_normal_sms`` (steps with prefill)
+        or ``deepep_ll_sms`` (decode) of the GPU's ``sm_count`` SMs (``comm.comm_sm_slowdown``; 1 when unknown)."""
+        held = self.cal.deepep_normal_sms if prefill else self.cal.deepep_ll_sms
+        return comm_sm_slowdown(getattr(self.hw, "sm_count", None), held)
+
+    def tbo_time(self, tc, tm, prefill: bool):
+        """Step time with two micro-batches from one half's compute ``tc`` and all-to-all ``tm`` (floats or arrays):
+        ``max(2 Tc, 2 Tm) + min(Tc, Tm) / layers``, where compute that runs beside the other half's all-to-all
+        (for at most ``tm`` seconds) gets only the SMs the communication kernels leave: ``Tc = tc + min(tm, s tc)
+        (1 - 1/s)`` with ``s`` = :meth:`comm_sm_slowdown`."""
+        s = self.comm_sm_slowdown(prefill)
+        if s != 1.0:
+            tc = tc + np.minimum(tm, s * tc) * (1.0 - 1.0 / s)
+        return np.maximum(2 * tc, 2 * tm) + np.minimum(tc, tm) / self.n_layers
+
     def overlap_combine_down(self, experts: Terms, comm: Terms, x: np.ndarray) -> None:
         """With ``comm_overlap: combine_down``, take off the combine rows of ``comm`` (in place) the seconds that hide
         under the down GEMM of ``experts`` (same layers, ``x`` instance tokens): ``comm.combine_hidden_under_down``
         pipelined over the experts touched per rank (each expert's finished down GEMM releases its combine sends).
 
         The down GEMM is taken as a third of the grouped expert GEMM time (it holds a third of the weights and
-        FLOPs); SM sharing between the GEMM and the sends is not modelled (an assumption: DeepEP's combine uses
-        few SMs)."""
+        FLOPs). While the sends run beside it the GEMM gets only the SMs they leave (:meth:`comm_sm_slowdown`, by the
+        row's mode), so of ``hidden`` overlapped seconds it loses ``hidden (1 - 1/s)``: the row keeps
+        ``combine - hidden / s``."""
         if self.layout.overlap != "combine_down" or not self.model.moe or self.layout.ep <= 1 or not experts.names:
             return
         rows = [i for i, n in enumerate(comm.names) if "ep_combine(" in n]
@@ -514,7 +569,8 @@ class StepOps:
         down = experts.time.sum(axis=0) / 3.0
         touched = self.e_local * (1.0 - (1.0 - 1.0 / self.e_total) ** (x * self.model.moe.top_k))
         for i in rows:
-            comm.time[i] = comm.time[i] - combine_hidden_under_down(comm.time[i], down, touched)
+            s = self.comm_sm_slowdown(", normal" in comm.names[i])
+            comm.time[i] = comm.time[i] - combine_hidden_under_down(comm.time[i], down, touched) / s
             comm.names[i] = comm.names[i][:-1] + ", exposed past the down GEMM)"
 
     def prefetched(self, t):
@@ -621,6 +677,35 @@ class StepOps:
         return v
 
     # ------------------------------------------------------------------ attention
+    def att_den(self, d_qk: float, d_v: float) -> float:
+        """Achieved FLOP/s of attention math over scores of ``d_qk`` + ``d_v`` dims: the BF16 tensor peak, or the
+        SFU exponential rate times the 2 (d_qk + d_v) FLOP a score costs per head (one exponential each) where that
+        is lower, at the ``attn_compute`` efficiency. max(FLOPs / peak, exps / rate) as one rate: the two units
+        overlap (FlashAttention-3/4 ping-pong softmax against the MMAs). Exponential-bound below
+        peak / rate FLOP a score: ~512 on B200/GB200 (head dim < 128), ~256 on Hopper and Blackwell Ultra."""
+        return self.att_math_peak(d_qk, d_v) * self.cal.attn_compute()
+
+    def att_math_peak(self, d_qk: float, d_v: float) -> float:
+        """``att_den`` before the efficiency: min(BF16 peak, 2 (d_qk + d_v) x exponential rate) FLOP/s."""
+        if self.exp_rate is None:
+            return self.att_peak
+        return min(self.att_peak, 2.0 * (d_qk + d_v) * self.exp_rate)
+
+    def exp_bound_note(self) -> str | None:
+        """Which attention kinds are priced at the SFU exponential rate rather than the tensor peak (None: none)."""
+        if self.exp_rate is None:
+            return None
+        bound = []
+        for geo, _ in self.att_groups + ([(self.att_mtp, 0)] if self.att_mtp is not None else []):
+            for phase, dq, dv in (("prefill", geo.d_qk_prefill, geo.d_v_prefill), ("decode", geo.d_qk_decode, geo.d_v_decode)):
+                if self.att_math_peak(dq, dv) < self.att_peak and f"{geo.kind} {phase}" not in bound:
+                    bound.append(f"{geo.kind} {phase}")
+        if not bound:
+            return None
+        return (f"attention exponential-bound on {self.hw.name} ({', '.join(bound)}): one softmax exponential per score "
+                f"and head at {self.exp_rate / 1e12:g} T/s (sfu_exp_tera_per_s) costs more than its "
+                f"{self.att_peak / 1e12:g} TFLOP/s BF16 math")
+
     def attn_roofline(self, flops, byts, den: float):
         """Seconds of attention-like kernels (elementwise): math at ``den`` FLOP/s, KV streaming at the
         ``attn_mem`` efficiency of the bytes each kernel reads, plus a launch; nothing to do costs nothing."""
@@ -652,22 +737,27 @@ class StepOps:
             out[0] += flops
             out[1] += byts
             if is_dec and self.mla_table is not None and self.mla_covers(geo) and bool((n == 1).all()):
-                # measured FlashMLA: one kernel over the rank's decodes at their mean context
+                # measured FlashMLA: one kernel over the rank's decodes at their mean context (absorbed MLA decode:
+                # 2 x 1088 FLOP a score, far above any catalog GPU's peak / exp rate: never exponential-bound)
                 out[2] += self.mla_table.at(c.size * s, float(last.sum()) / c.size, flops, byts)
             elif not is_dec and geo.prefill_upproj and self.chunk_table is not None and flops > 0:
                 # measured per-chunk attention (new x cached, the executor's own masked SDPA), scaled to this
-                # layout's heads and head dims; the K/V up-projection stays with the KV_UP GEMMs
+                # layout's heads and head dims; the K/V up-projection stays with the KV_UP GEMMs. Measured seconds are
+                # left alone (no exponential scaling): the table's own GPU paid its exponentials
                 tab = self.chunk_table
                 t_c, _ = tab(n, c)
                 out[2] += float(t_c.sum()) * s * h_loc * (geo.d_qk_prefill + geo.d_v_prefill) / (tab.heads * (tab.d_qk + tab.d_v))
             elif not is_dec and "attn_prefill_compute" in self.cal.tables and flops > 0:
-                # measured per-length efficiency: each chunk is its own kernel (short ones are far below peak)
+                # measured per-length efficiency: each chunk is its own kernel (short ones are far below peak), of
+                # the tensor peak or, where lower, of the exponential rate's FLOP equivalent (att_den)
                 eff = np.maximum(self.cal.attn_prefill_compute((c + n).astype(float)), 1e-9)
-                t_c = float(np.sum(2.0 * h_loc * (geo.d_qk_prefill + geo.d_v_prefill) * ent * s / (self.att_peak * eff)))
+                peak = self.att_math_peak(geo.d_qk_prefill, geo.d_v_prefill)
+                t_c = float(np.sum(2.0 * h_loc * (geo.d_qk_prefill + geo.d_v_prefill) * ent * s / (peak * eff)))
                 t_m = byts / (self.hw.hbm_bw * float(self.cal.attn_mem(byts))) if byts > 0 else 0.0
                 out[2] += max(t_c, t_m) + self._lo
             else:
-                out[2] += float(self.attn_roofline(flops, byts, self._att_den))
+                den = self.att_den(geo.d_qk_decode, geo.d_v_decode) if is_dec else self.att_den(geo.d_qk_prefill, geo.d_v_prefill)
+                out[2] += float(self.attn_roofline(flops, byts, den))
             if geo.index_ratio:
                 keys = np.minimum(c + n, geo.index_cap).astype(float) / geo.index_ratio
                 if is_dec:
@@ -719,7 +809,7 @@ class StepOps:
             if new == 1 and sums.n and self.mla_table is not None and self.mla_covers(geo):
                 total = total + count * self.mla_table.many(sums.n * s, ent / sums.n, flops, byts)
             else:
-                total = total + count * self.attn_roofline(flops, byts, self._att_den)
+                total = total + count * self.attn_roofline(flops, byts, self.att_den(geo.d_qk_decode, geo.d_v_decode))
             if geo.index_ratio:
                 keys = (keys_all if geo.index_cap >= INF else sums.sum_min(shifts, geo.index_cap)) / geo.index_ratio
                 i_bytes = keys * ((self.idx_key_bytes + new * 8.0) * s)
