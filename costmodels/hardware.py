@@ -52,6 +52,11 @@ class Hardware(BaseModel):
     bf16_tflops: float = Field(..., gt=0, le=1e6, description="dense BF16 tensor-core peak, TFLOP/s")
     fp8_tflops: float | None = Field(None, ge=0, le=1e6, description="dense FP8 peak, TFLOP/s; omit or 0: no FP8 tensor cores (A100, V100)")
     fp4_tflops: float | None = Field(None, ge=0, le=1e6, description="dense FP4 peak, TFLOP/s; omit or 0: no FP4 tensor cores (FP4 weights then run at the FP8 rate)")
+    sfu_exp_tera_per_s: float | None = Field(
+        None, gt=0, le=1e4,
+        description="softmax exponentials per second, 1e12/s (NVIDIA: MUFU.EX2 on the SFUs, SMs x ex2/clock/SM x clock); "
+                    "omit: attention is priced without an exponential bound",
+    )
     hbm_gb: float = Field(..., gt=0, le=1e5, description="HBM capacity as advertised, GB (taken as GiB, see hbm_bytes)")
     hbm_tbps: float = Field(..., gt=0, le=1e3, description="peak HBM bandwidth, TB/s")
     scaleup_gbps: float | None = Field(
@@ -127,6 +132,11 @@ class Hardware(BaseModel):
         79.6 GiB; an H200 143,771 MiB = 140.4 GiB), so the advertised figure is taken as GiB.
         """
         return self.hbm_gb * 2**30
+
+    @property
+    def exp_rate(self) -> float | None:
+        """Softmax exponentials per second (None: not given, no exponential bound on attention)."""
+        return None if self.sfu_exp_tera_per_s is None else self.sfu_exp_tera_per_s * 1e12
 
     @property
     def hbm_bw(self) -> float:

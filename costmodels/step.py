@@ -43,7 +43,7 @@ class StepCostModel(StepOps):
         """The notes, caches and fast-path tables (``StepOps.__init__`` takes the arguments and calls this last)."""
         hw, layout = self.hw, self.layout
         self.notes = list(self.cal.notes)
-        self.notes += [n for n in (self.gemm_table_note(), self.attention_table_note()) if n]
+        self.notes += [n for n in (self.gemm_table_note(), self.attention_table_note(), self.exp_bound_note()) if n]
         if hw.name.lower() != self.cal.measured_on.lower() and not any("scaled" in n for n in self.notes):
             self.notes.append(f"efficiencies measured on {self.cal.measured_on}, applied to {hw.name} datasheet ceilings (scaled by datasheet ratios)")
         if not hw.supports(layout.experts_dtype) or not hw.supports(layout.weight_dtype):
@@ -248,7 +248,9 @@ class StepCostModel(StepOps):
                     2.0 * h_loc * (geo.d_qk_prefill + geo.d_v_prefill),
                     geo.d_qk_prefill + geo.d_v_prefill, geo.prefill_upproj,
                     self.mla_table is not None and self.mla_covers(geo),   # decode one query each: the FlashMLA table
-                    geo.index_cap)
+                    geo.index_cap,
+                    self.att_den(geo.d_qk_decode, geo.d_v_decode),         # math rates: tensor peak or the SFU exponentials
+                    self.att_den(geo.d_qk_prefill, geo.d_v_prefill))
 
         self._geo_fast = [consts(geo, c) for geo, c in self.att_groups]
         self._geo_dec = list(self.att_dec)  # CED decoder groups: prefill chunks reach them as their tails
@@ -313,7 +315,7 @@ class StepCostModel(StepOps):
         """Attention + indexer time of all layers (``StepOps.attention`` from sums): decodes at positions ctx + g,
         MTP passes (one query per decode at the end of its verified context), then the chunks (``ends_all``: their
         cached plus new tokens)."""
-        attn_t, den, eb = self._attn_t, self._att_den, self.att_entry_bytes
+        attn_t, eb = self._attn_t, self.att_entry_bytes
         geos = self._geo_fast
         mtp = None
         if draft and nd and self._geo_mtp is not None:
@@ -334,7 +336,7 @@ class StepCostModel(StepOps):
             elif dec_chunks is not None:
                 pn, pc, ends_all = dec_chunks if self._geo_dec[i] else enc_chunks
                 scored_all = None
-            count, cap, ratio, window, ir, cf_dec, cf_pre, dpre, upproj, table, icap = geo
+            count, cap, ratio, window, ir, cf_dec, cf_pre, dpre, upproj, table, icap, den_dec, den_pre = geo
             ta = ti = 0.0
             if nd:
                 last = (dpos_sum + shift * nd if cap >= INF else self._dsum(dctx, g + shift, cap)) / ratio
@@ -343,7 +345,7 @@ class StepCostModel(StepOps):
                 if table and n_q == 1:
                     ta = self.mla_table.at(nd * s, last / nd, cf_dec * (n_q * last) * s, last * eb * s)
                 else:
-                    ta = attn_t(cf_dec * (n_q * last) * s, last * eb * s, den)
+                    ta = attn_t(cf_dec * (n_q * last) * s, last * eb * s, den_dec)
                 if ir:
                     keys = ((dpos_sum + shift * nd) if icap >= INF else self._dsum(dctx, g + shift, icap)) / ir
                     ti = self._indexer_t(n_q * keys, keys, s)
@@ -361,7 +363,7 @@ class StepCostModel(StepOps):
                         p = c + n
                         ends += min(p, cap) / ratio + (min(p, window) if window else 0.0)
                 byts = float(ends_all) * self.heads_local * dpre * 2.0 if upproj else ends * eb
-                ta += attn_t(cf_pre * es * s, byts * s, den)
+                ta += attn_t(cf_pre * es * s, byts * s, den_pre)
                 if ir and icap < INF:  # a two-level index: each query scores at most icap candidates
                     scored = sum(_sum_min_s(c, n, icap) for c, n in zip(pc, pn))
                     ti += self._indexer_t(scored / ir, sum(min(c + n, icap) for c, n in zip(pc, pn)) / ir, s)

@@ -291,6 +291,9 @@ class StepOps:
         self.idx_peak = self.hw.tflops(m.indexer.dtype) * 1e12 if m.indexer else 0.0
         self.idx_key_bytes = indexer_kv_bytes_per_token(m) if m.indexer else 0.0
         self._att_den = self.att_peak * cal.attn_compute()
+        # softmax exponentials (one per score per query head) run on the SFUs (MUFU.EX2), beside the tensor cores;
+        # None: the catalog entry gives no rate, no exponential bound (att_den)
+        self.exp_rate = self.hw.exp_rate
         self._idx_den = self.idx_peak * cal.attn_compute() if m.indexer else 1.0
         self._idx_coef = 2.0 * m.indexer.n_heads * m.indexer.head_dim if m.indexer else 0.0
         self.mla_table = self._mla_table()
@@ -674,6 +677,36 @@ class StepOps:
         return v
 
     # ------------------------------------------------------------------ attention
+    def att_den(self, d_qk: float, d_v: float) -> float:
+        """Achieved FLOP/s of attention math over scores of ``d_qk`` + ``d_v`` dims: the BF16 tensor peak, or the
+        SFU exponential rate times the 2 (d_qk + d_v) FLOP a score costs per head (one exponential each) where that
+        is lower, at the ``attn_compute`` efficiency. max(FLOPs / peak, exps / rate) as one rate: the two units
+        overlap (FlashAttention-3/4 ping-pong softmax against the MMAs). Exponential-bound below
+        peak / rate FLOP a score: ~512 on B200/GB200 (head dim < 128), ~256 on Hopper and Blackwell Ultra."""
+        return self.att_math_peak(d_qk, d_v) * self.cal.attn_compute()
+
+    def att_math_peak(self, d_qk: float, d_v: float) -> float:
+        """``att_den`` before the efficiency: min(BF16 peak, 2 (d_qk + d_v) x exponential rate) FLOP/s."""
+        if self.exp_rate is None:
+            return self.att_peak
+        return min(self.att_peak, 2.0 * (d_qk + d_v) * self.exp_rate)
+
+    def exp_bound_note(self) -> str | None:
+        """Which attention kinds are priced at the SFU exponential rate rather than the tensor peak (None: none)."""
+        if self.exp_rate is None:
+            return None
+        bound: dict[str, float] = {}   # "kind phase" -> math time over the tensor-bound time
+        for geo, _ in self.att_groups + ([(self.att_mtp, 0)] if self.att_mtp is not None else []):
+            for phase, dq, dv in (("prefill", geo.d_qk_prefill, geo.d_v_prefill), ("decode", geo.d_qk_decode, geo.d_v_decode)):
+                if self.att_math_peak(dq, dv) < self.att_peak:
+                    bound[f"{geo.kind} {phase}"] = self.att_peak / self.att_math_peak(dq, dv)
+        if not bound:
+            return None
+        which = ", ".join(f"{k} x{v:.2f}" for k, v in bound.items())
+        return (f"attention exponential-bound on {self.hw.name} ({which} the tensor-bound math time): one softmax "
+                f"exponential per score and head at {self.exp_rate / 1e12:g} T/s (sfu_exp_tera_per_s) outlasts its "
+                f"{self.att_peak / 1e12:g} TFLOP/s BF16 math")
+
     def attn_roofline(self, flops, byts, den: float):
         """Seconds of attention-like kernels (elementwise): math at ``den`` FLOP/s, KV streaming at the
         ``attn_mem`` efficiency of the bytes each kernel reads, plus a launch; nothing to do costs nothing."""
@@ -705,22 +738,27 @@ class StepOps:
             out[0] += flops
             out[1] += byts
             if is_dec and self.mla_table is not None and self.mla_covers(geo) and bool((n == 1).all()):
-                # measured FlashMLA: one kernel over the rank's decodes at their mean context
+                # measured FlashMLA: one kernel over the rank's decodes at their mean context (absorbed MLA decode:
+                # 2 x 1088 FLOP a score, far above any catalog GPU's peak / exp rate: never exponential-bound)
                 out[2] += self.mla_table.at(c.size * s, float(last.sum()) / c.size, flops, byts)
             elif not is_dec and geo.prefill_upproj and self.chunk_table is not None and flops > 0:
                 # measured per-chunk attention (new x cached, the executor's own masked SDPA), scaled to this
-                # layout's heads and head dims; the K/V up-projection stays with the KV_UP GEMMs
+                # layout's heads and head dims; the K/V up-projection stays with the KV_UP GEMMs. Measured seconds are
+                # left alone (no exponential scaling): the table's own GPU paid its exponentials
                 tab = self.chunk_table
                 t_c, _ = tab(n, c)
                 out[2] += float(t_c.sum()) * s * h_loc * (geo.d_qk_prefill + geo.d_v_prefill) / (tab.heads * (tab.d_qk + tab.d_v))
             elif not is_dec and "attn_prefill_compute" in self.cal.tables and flops > 0:
-                # measured per-length efficiency: each chunk is its own kernel (short ones are far below peak)
+                # measured per-length efficiency: each chunk is its own kernel (short ones are far below peak), of
+                # the tensor peak or, where lower, of the exponential rate's FLOP equivalent (att_den)
                 eff = np.maximum(self.cal.attn_prefill_compute((c + n).astype(float)), 1e-9)
-                t_c = float(np.sum(2.0 * h_loc * (geo.d_qk_prefill + geo.d_v_prefill) * ent * s / (self.att_peak * eff)))
+                peak = self.att_math_peak(geo.d_qk_prefill, geo.d_v_prefill)
+                t_c = float(np.sum(2.0 * h_loc * (geo.d_qk_prefill + geo.d_v_prefill) * ent * s / (peak * eff)))
                 t_m = byts / (self.hw.hbm_bw * float(self.cal.attn_mem(byts))) if byts > 0 else 0.0
                 out[2] += max(t_c, t_m) + self._lo
             else:
-                out[2] += float(self.attn_roofline(flops, byts, self._att_den))
+                den = self.att_den(geo.d_qk_decode, geo.d_v_decode) if is_dec else self.att_den(geo.d_qk_prefill, geo.d_v_prefill)
+                out[2] += float(self.attn_roofline(flops, byts, den))
             if geo.index_ratio:
                 keys = np.minimum(c + n, geo.index_cap).astype(float) / geo.index_ratio
                 if is_dec:
@@ -772,7 +810,7 @@ class StepOps:
             if new == 1 and sums.n and self.mla_table is not None and self.mla_covers(geo):
                 total = total + count * self.mla_table.many(sums.n * s, ent / sums.n, flops, byts)
             else:
-                total = total + count * self.attn_roofline(flops, byts, self._att_den)
+                total = total + count * self.attn_roofline(flops, byts, self.att_den(geo.d_qk_decode, geo.d_v_decode))
             if geo.index_ratio:
                 keys = (keys_all if geo.index_cap >= INF else sums.sum_min(shifts, geo.index_cap)) / geo.index_ratio
                 i_bytes = keys * ((self.idx_key_bytes + new * 8.0) * s)
