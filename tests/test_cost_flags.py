@@ -148,6 +148,8 @@ def test_combine_down_hides_the_pipelined_part_of_the_combine(batch):
     tokens = float(batch.num_tokens)
     touched = none.e_local * (1 - (1 - 1 / none.e_total) ** (tokens * m.moe.top_k))
     hidden = min(c0["time_s"], down) * (1 - 1 / touched)
+    # the down GEMM beside the sends gets the SMs they leave: DeepEP's normal kernels hold 24 of 132, low-latency 0
+    hidden /= none.comm_sm_slowdown(bool(batch.num_requests and not batch.is_decode.all()))
     assert "exposed past the down GEMM" in c1["name"] and c1["bytes"] == c0["bytes"]
     assert c1["time_s"] == pytest.approx(c0["time_s"] - hidden)
     assert s0.time_s - s1.time_s == pytest.approx(hidden)
