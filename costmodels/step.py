@@ -82,6 +82,11 @@ class StepCostModel(StepOps):
         notes = list(self.notes)
         if tbo:
             notes.append("two micro-batches: op times are two halves; all-to-all hidden under compute is subtracted from 'communication'")
+            slow = self.comm_sm_slowdown(bool((~dec).any()))
+            if slow > 1.0:
+                notes.append(f"compute beside DeepEP's normal kernels runs on {self.hw.sm_count - self.cal.deepep_normal_sms} of "
+                             f"{self.hw.sm_count} SMs (x{slow:.2f} where it overlaps the other half's all-to-all; the added "
+                             "time shows under 'communication')")
         return StepCost(t, breakdown, ops, notes)
 
     def step_time(self, batch: BatchShape) -> float:
