@@ -187,7 +187,7 @@ def node_fanout(n_experts: int, top_k: int, ep: int, ranks_per_node: int, n_grou
     group-limited routing keeps a token's experts within ``topk_group`` groups); inside each destination node the
     copy fans out over NVLink to every rank holding one of its experts (own rank and own node included: DeepEP's
     published NVLink bandwidth counts them)."""
-    nodes = max(1, ep // ranks_per_node)
+    nodes = max(1, -(-ep // ranks_per_node))  # a partly filled last node still counts
     per_node = n_experts / nodes
     p_node = block_touched(n_experts, top_k, per_node, n_group, topk_group)
     p_rank = block_touched(n_experts, top_k, n_experts / ep, n_group, topk_group)
