@@ -244,7 +244,9 @@ class StepCostModel(StepOps):
         self._attn_t = _attn_timer(cal, self.hw.hbm_bw)
         # a measured per-length prefill-attention table prices each chunk on its own: the op-by-op path does that
         self._pre_table = "attn_prefill_compute" in cal.tables or "attn_prefill_chunk" in cal.tables
-        self._ep_split = bool(m.moe and lay.ep > 1 and self.disp_rows_normal != self.disp_rows_ll)
+        # steps with prefill price EP with DeepEP's normal kernels (per destination rank or node), decodes with the
+        # low-latency ones: separate tables whenever there is an EP exchange (equal copy counts can still price apart)
+        self._ep_split = bool(m.moe and lay.ep > 1)
         h_loc = self.heads_local
 
         def consts(geo: AttnGeometry, count: float) -> tuple:
