@@ -16,11 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from costmodels.batch import BatchShape
 from costmodels.calibration import CalibrationProfile
 from costmodels.catalog import get_model
 from costmodels.comm import alltoall_time, block_touched, comm_sm_slowdown, dispatch_rows_per_token, node_fanout
 from costmodels.hardware import get_hardware
 from costmodels.layout import ParallelLayout
+from costmodels.step import StepCostModel
 from costmodels.step_ops import StepOps
 
 DATA = Path(__file__).parent / "data" / "deepep_readme.csv"
@@ -145,3 +147,15 @@ def test_sm_slowdown_under_overlap():
     tc = 1.0 + 0.5 * (1 - 1 / s)
     assert ops.tbo_time(1.0, 0.5, True) == pytest.approx(2 * tc + 0.5 / n)
     assert ops.tbo_time(1.0, 0.5, False) == pytest.approx(2.0 + 0.5 / n)
+
+
+def test_fast_path_prices_prefill_steps_in_normal_mode_for_top1_routing():
+    """Top-1 routing sends one copy per token in either mode, but across nodes normal mode is priced per node: the
+    tabulated step time must still equal the op-by-op evaluation."""
+    v3 = get_model("deepseek-v3")
+    top1 = v3.model_copy(update={"moe": v3.moe.model_copy(update={"top_k": 1, "n_group": 1, "topk_group": 1})})
+    sc = StepCostModel(top1, get_hardware("H200"), ParallelLayout(tp=1, dp=16, ep=16, weight_dtype="fp8"))
+    new, ctx, dec = np.array([2048, 1]), np.array([0, 100]), np.array([False, True])
+    assert sc.mixed_step_time(new, ctx, dec) == pytest.approx(sc._mixed_step_time_reference(new, ctx, dec), rel=1e-12)
+    names = [o.name for o in sc.step(BatchShape.from_lists(new.tolist(), ctx.tolist(), dec.tolist())).ops]
+    assert any("remote nodes/token" in n for n in names)
