@@ -159,6 +159,10 @@ def combine(options: list[LayoutOption], points: list[LayoutPoints], budget: int
                     rho = np.minimum(lam / (n_p[:, None] * pp.pre_rate[j]), 0.95)
                     p90_steps = max(1, int(np.ceil(stats.p90_new / max(pp.pre_chunk[j], 1))))
                     ttft = (p90_steps * pp.pre_step[j] * (1.0 + rho / (2.0 * (1.0 - rho))) + transfer + dp_.dec_t[None, :])
+                    if pp.pre_async[j]:
+                        # a pipelined prefill engine has its next step scheduled already: a prompt arriving while it is
+                        # busy (share rho of the time) waits one more step (sim/instance.py, the admission lag)
+                        ttft = ttft + rho * pp.pre_step[j]
                     tpot = np.broadcast_to(dp_.dec_t / dp_.dec_spt, lam.shape)
                     _append(acc, mode=DISAGG, opt=dp_.option_index, inst=np.repeat(n_d, dp_.dec_t.size),
                             B=np.tile(dp_.dec_B, n_d.size), d=np.tile(dp_.dec_d, n_d.size), **{"async": np.tile(dp_.dec_async, n_d.size)},

@@ -170,9 +170,10 @@ def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPo
                     t_step = wall_time(dev_mix, _host(sc, n + m_chunks, n_tok), ov)
                     lam = n * spt / (max(st.mean_output, 1e-9) * t_step)
                     tpot = t_step / spt
-                    # a p90 prompt needs ceil(p90 / c) steps (one chunk per step); arrivals wait half a step
+                    # a p90 prompt needs ceil(p90 / c) steps (one chunk per step); arrivals wait half a step, and a
+                    # whole step more on a pipelined engine (its next step is scheduled already: sim/instance.py)
                     p90_steps = max(1, int(math.ceil(st.p90_new / c)))
-                    ttft = (p90_steps + 0.5) * t_step
+                    ttft = (p90_steps + 0.5 + (1.0 if ov else 0.0)) * t_step
                     rows_m.append((B, d, ov, c, lam, ttft, tpot, kv_ok_at(B, d, c)))
     rows_p = []
     for c in ctx.chunk_tokens:

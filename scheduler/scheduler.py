@@ -77,6 +77,9 @@ class Scheduler:
         self._heap: list[tuple[int, float, int, Request]] = []  # waiting, policy priority
         self._priority = config.policy == "priority"
         self._live: dict[str, Request] = {}          # waiting + running, by id
+        # simulator only (sim/instance.py): a pipelined engine scheduled this plan when its previous step started, so
+        # a waiting request that arrived after this time (never preempted) does not start in it; None: no limit
+        self.admit_before: float | None = None
         self._next_seq = 0
         self._in_flight: StepPlan | None = None
         # fewest output tokens any decode of the plan in flight had left (decode runs), else None
@@ -266,7 +269,9 @@ class Scheduler:
         if not preempted and (self._fifo or self._heap) and mixed:
             loaded = self._schedule_waiting(now, chunks, budget, cap)
         steps = 1
-        if max_steps > 1 and self.batch.n and not chunks and not preempted and not (self.dp is not None and self.dp.holding):
+        held_back = self.admit_before is not None and bool(self._fifo or self._heap)   # they start next step
+        if max_steps > 1 and self.batch.n and not chunks and not preempted and not held_back \
+                and not (self.dp is not None and self.dp.holding):
             steps = self._decode_horizon(max_steps)   # (a step that holds prompts is one step: the policy counts steps)
         return self._make_plan(chunks, steps, preempted, loaded)
 
@@ -362,6 +367,18 @@ class Scheduler:
                 return c.num_new_tokens
         return 0
 
+    def _not_yet(self, req: Request) -> bool:
+        """Whether ``req`` arrived after the plan being made was scheduled (``admit_before``)."""
+        return self.admit_before is not None and req.num_preemptions == 0 and req.arrival_time > self.admit_before + 1e-9
+
+    def has_work_by(self, t: float) -> bool:
+        """Work that a plan scheduled at time ``t`` would hold: running or prefilled requests, or a waiting request that
+        had arrived by then (or was preempted). Arrival order: the head of the queue decides."""
+        if self.batch.reqs or self.prefilling or self._prefilled:
+            return True
+        head = self._fifo[0] if self._fifo else self._peek_waiting()
+        return head is not None and (head.num_preemptions > 0 or head.arrival_time <= t + 1e-9)
+
     def _schedule_waiting(self, now: float, chunks: list[ScheduledChunk], budget: int, cap: int) -> tuple[int, int]:
         """Start waiting requests in policy order while budget, seats and KV last: each past its cached
         prefix, a chunk that fits, its KV admitted, it prefills. Returns the prefix blocks loaded back
@@ -376,7 +393,7 @@ class Scheduler:
             return host, storage   # attention-DP balance: the prompts wait for every rank to have one
         while budget > 0 and seats > 0:
             req = fifo[0] if fifo else self._peek_waiting()
-            if req is None:
+            if req is None or self._not_yet(req):
                 break
             out_tokens = req.num_output_tokens
             num_tokens = req.prompt_len + out_tokens

@@ -31,8 +31,9 @@ class Instance:
     current one while the device still runs the current one (the executor's ``LLMEngine.step_overlapped``,
     SGLang's overlap scheduler). So a request handed over while the engine is busy is not in the plan that
     starts at the next boundary (that plan was scheduled when the previous step started) but in the one after:
-    held here until the step in which it arrived has ended (``_held``), it joins at the second boundary. An
-    engine with nothing scheduled behind the step that ends starts cold and takes the request at once.
+    the scheduler queues it at once (routers see its load) and starts no waiting request that arrived after the
+    step that just ended had started (``Scheduler.admit_before``). An engine with nothing scheduled behind the step
+    that ends starts cold and takes every waiting request.
     """
 
     def __init__(
@@ -59,40 +60,21 @@ class Instance:
         # next arrival up front, instead of being interrupted when it comes
         self._next_arrival = next_arrival
         self._wake: simpy.Event | None = None     # set while idle
-        # pipelined engine: arrivals handed over while busy, (time handed over, request), and the start of the
-        # step that just ended (the time the plan now due was scheduled by the real engine)
+        # pipelined engine: the start of the step that just ended (when the real engine scheduled the plan now due)
         self._lag = bool(backend.async_overlap)
-        self._held: list[tuple[float, Request]] = []
         self._last_start = -np.inf
-        self._idle = True       # nothing executing or scheduled: a request handed over now is scheduled at once
+        self._idle = True       # nothing executing or scheduled: the next plan is scheduled with everything queued
         self._ends: list[float] | np.ndarray | None = None  # step end times of the running multi-step plan
         self._cut: int | None = None              # index of the step the running plan stops after
         self.process = env.process(self._loop())
 
     def submit(self, req: Request) -> None:
         """Hand ``req`` to this instance now: queue it and make sure the loop sees it next step (a pipelined engine
-        that is busy: the step after next)."""
-        if self._lag and not self._idle:
-            self._held.append((self.env.now, req))
-            self.wake()
-            return
-        self._admit(req)
-
-    def _admit(self, req: Request) -> None:
+        that is busy: the step after next, see the class docs)."""
         if not self.scheduler.add_request(req):
             self.metrics.on_drop(req)
             return
         self.wake()
-
-    def _release(self, upto: float) -> None:
-        """Queue the held requests handed over by ``upto`` (all with ``upto`` = inf), in the order they came."""
-        keep = []
-        for t, req in self._held:
-            if t <= upto + 1e-9:
-                self._admit(req)
-            else:
-                keep.append((t, req))
-        self._held = keep
 
     def wake(self) -> None:
         """Make the loop look at its scheduler now (after something was queued there): wake it if idle,
@@ -120,21 +102,19 @@ class Instance:
         while True:
             if before is not None:
                 before(env.now)
-            if self._held:
-                # the plan due now was scheduled when the step that just ended started: it has the requests
-                # handed over by then; with nothing scheduled behind that step, the engine starts cold with all
-                self._release(self._last_start)
-                if not sched.has_work:
-                    self._release(np.inf)
             if not sched.has_work:
                 self._idle = True
                 self._wake = env.event()
                 yield self._wake
                 continue
             start = env.now
+            # the plan due now was scheduled when the step that just ended started: requests that arrived later wait
+            # a step, unless nothing was scheduled behind that step (the engine then starts cold with all)
+            lagged = self._lag and not self._idle and sched.has_work_by(self._last_start)
             self._idle = False
-            # a held request joins at the next boundary: stop there
-            plan = schedule(start, 1 if self._held else max_steps)
+            sched.admit_before = self._last_start if lagged else None
+            plan = schedule(start, max_steps)
+            sched.admit_before = None
             if not plan.decodes and not plan.prefills:
                 raise RuntimeError(f"instance {iid}: work queued but nothing schedulable at t={start}")
             result = execute(plan, next_arrival() if next_arrival is not None else None)

@@ -73,3 +73,29 @@ def test_idle_engine_admits_at_once_and_busy_pipelined_engine_a_step_later():
     last, after = Request("last", 0.0, 16, 2), Request("after", 0.0151, 16, 2)
     _run([last, after], overlap=True)
     assert after.first_scheduled_time == pytest.approx(0.02, abs=1e-9)
+
+
+def test_a_request_waiting_out_the_lag_is_queued_where_routers_see_it():
+    """The lag holds a request back from the plan, not from the scheduler: its tokens count in the instance's
+    outstanding load at once, so least-outstanding routing does not pile arrivals onto a busy pipelined instance."""
+    cfg = SchedulerConfig(block_size=16, max_num_seqs=8, max_num_batched_tokens=256, host_step_s=0.0,
+                          host_per_request_s=0.0, host_per_token_s=0.0)
+    env = simpy.Environment()
+    scheds = [Scheduler(cfg, 1000, i, name_all_blocks=False) for i in range(2)]
+    reqs = [Request("busy0", 0.0, 16, 40), Request("busy1", 0.0, 16, 40), Request("x", 0.0151, 160, 3),
+            Request("y", 0.0152, 16, 3)]
+    seen = {}
+
+    class Probe(_Metrics):
+        def on_arrival(self, r):
+            if r.request_id == "y":
+                seen["loads"] = [s.outstanding_tokens for s in scheds]
+
+    Cluster(env, scheds, lambda i: SimBackend(_Cost(), np.random.default_rng(i), async_overlap=True),
+            make_router(RouterConfig(kind="least_outstanding")), Probe(), reqs, max_steps=1000)
+    env.run()
+    # x (160 prompt tokens) went to one instance mid-step and waits out the lag there; y sees that load and goes to the other
+    assert max(seen["loads"]) - min(seen["loads"]) >= 160
+    assert reqs[2].first_scheduled_time == pytest.approx(0.03, abs=1e-9)
+    assert reqs[3].first_scheduled_time == pytest.approx(0.03, abs=1e-9)
+    assert all(r.finish_time is not None for r in reqs)
