@@ -300,6 +300,16 @@ def summary(out: dict) -> dict:
     return res
 
 
+def parse_ws(text: str | None, sh: dict) -> list[int] | None:
+    """``--ws``: comma-separated replay lengths (default: the bench's ``sh["ws"]``); None, with a message on stderr,
+    when it is not a list of integers."""
+    try:
+        return [int(x) for x in text.split(",")] if text else sh["ws"]
+    except ValueError:
+        print(f"--ws {text!r}: expected comma-separated token counts", file=sys.stderr)
+        return None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "replay_bench.json"))
@@ -316,10 +326,8 @@ def main(argv=None) -> int:
         return 2
     device = torch.device("cpu" if a.cpu else "cuda")
     sh = shapes(a.tiny)
-    try:
-        ws = [int(x) for x in a.ws.split(",")] if a.ws else sh["ws"]
-    except ValueError:
-        print(f"--ws {a.ws!r}: expected comma-separated token counts", file=sys.stderr)
+    ws = parse_ws(a.ws, sh)
+    if ws is None:
         return 2
     if not ws or min(ws) < 1:
         print(f"--ws {a.ws!r}: token counts must be >= 1", file=sys.stderr)

@@ -144,17 +144,8 @@ class Clock:
         return statistics.median(times)
 
     def _graph(self, fns, reps: int) -> float:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for f in fns:
-                f()
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for i in range(reps):
-                fns[i % len(fns)]()
+        from benchmarks.gpu.op_tables import capture_graph
+        g = capture_graph(fns, reps)
         g.replay()
         times = []
         for _ in range(self.replays):
@@ -499,7 +490,7 @@ def measure(spec: ModelSpec, device: torch.device, dtype: str, page: int, max_to
 
 
 def main(argv=None) -> int:
-    from benchmarks.gpu.replay_bench import bench_spec, shapes, workload_calls   # the bench's model and workloads
+    from benchmarks.gpu.replay_bench import bench_spec, parse_ws, shapes, workload_calls   # the bench's model and workloads
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "replay_tables.json"))
     ap.add_argument("--cpu", action="store_true")
@@ -512,10 +503,8 @@ def main(argv=None) -> int:
         return 2
     device = torch.device("cpu" if a.cpu else "cuda")
     sh = shapes(a.tiny)
-    try:
-        ws = [int(x) for x in a.ws.split(",")] if a.ws else sh["ws"]
-    except ValueError:
-        print(f"--ws {a.ws!r}: expected comma-separated token counts", file=sys.stderr)
+    ws = parse_ws(a.ws, sh)
+    if ws is None:
         return 2
     spec = bench_spec(a.tiny)
     if a.cpu:
