@@ -300,14 +300,25 @@ def summary(out: dict) -> dict:
     return res
 
 
-def parse_ws(text: str | None, sh: dict) -> list[int] | None:
-    """``--ws``: comma-separated replay lengths (default: the bench's ``sh["ws"]``); None, with a message on stderr,
-    when it is not a list of integers."""
-    try:
-        return [int(x) for x in text.split(",")] if text else sh["ws"]
-    except ValueError:
-        print(f"--ws {text!r}: expected comma-separated token counts", file=sys.stderr)
+def cli_setup(a) -> tuple[torch.device, dict, list[int], ModelSpec] | None:
+    """What both replay CLIs (this bench and replay_tables) start from: the device (``--cpu`` or CUDA), the bench's
+    shapes (``--tiny``), the replay lengths ``--ws`` (comma-separated, each >= 1; default the bench's) and the model
+    spec; the CPU runs one thread (toy shapes: threads only contend). None, with a message on stderr, on bad input."""
+    if not a.cpu and not torch.cuda.is_available():
+        print("no CUDA device: use --cpu --tiny for the smoke mode", file=sys.stderr)
         return None
+    sh = shapes(a.tiny)
+    try:
+        ws = [int(x) for x in a.ws.split(",")] if a.ws else sh["ws"]
+    except ValueError:
+        print(f"--ws {a.ws!r}: expected comma-separated token counts", file=sys.stderr)
+        return None
+    if not ws or min(ws) < 1:
+        print(f"--ws {a.ws!r}: token counts must be >= 1", file=sys.stderr)
+        return None
+    if a.cpu:
+        torch.set_num_threads(1)
+    return torch.device("cpu" if a.cpu else "cuda"), sh, ws, bench_spec(a.tiny)
 
 
 def main(argv=None) -> int:
@@ -321,21 +332,11 @@ def main(argv=None) -> int:
                     "default: measure them first into replay_tables.json beside --out")
     ap.add_argument("--no-tables", action="store_true", help="the analytic prediction only")
     a = ap.parse_args(argv)
-    if not a.cpu and not torch.cuda.is_available():
-        print("no CUDA device: use --cpu --tiny for the smoke mode", file=sys.stderr)
+    setup = cli_setup(a)
+    if setup is None:
         return 2
-    device = torch.device("cpu" if a.cpu else "cuda")
-    sh = shapes(a.tiny)
-    ws = parse_ws(a.ws, sh)
-    if ws is None:
-        return 2
-    if not ws or min(ws) < 1:
-        print(f"--ws {a.ws!r}: token counts must be >= 1", file=sys.stderr)
-        return 2
-    spec = bench_spec(a.tiny)
+    device, sh, ws, spec = setup
     reps = a.reps or (1 if a.cpu else 15)
-    if a.cpu:
-        torch.set_num_threads(1)   # toy shapes: threads only contend
     need = max([c + n for c, n in sh["prefix_hit"]] + [p for p, _ in sh["chunked"]])
     dtype = "fp32" if a.cpu else "bf16"
     tables, tables_from = _tables(a, spec, device, dtype, sh, ws, need)

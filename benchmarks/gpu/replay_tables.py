@@ -490,7 +490,7 @@ def measure(spec: ModelSpec, device: torch.device, dtype: str, page: int, max_to
 
 
 def main(argv=None) -> int:
-    from benchmarks.gpu.replay_bench import bench_spec, parse_ws, shapes, workload_calls   # the bench's model and workloads
+    from benchmarks.gpu.replay_bench import cli_setup, workload_calls   # the bench's model and workloads
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "replay_tables.json"))
     ap.add_argument("--cpu", action="store_true")
@@ -498,17 +498,10 @@ def main(argv=None) -> int:
     ap.add_argument("--ws", default=None, help="replay lengths W of the bench's workloads (their shapes join the grids)")
     ap.add_argument("--generic-only", action="store_true", help="measure the generic grids only")
     a = ap.parse_args(argv)
-    if not a.cpu and not torch.cuda.is_available():
-        print("no CUDA device: use --cpu --tiny for the smoke mode", file=sys.stderr)
+    setup = cli_setup(a)
+    if setup is None:
         return 2
-    device = torch.device("cpu" if a.cpu else "cuda")
-    sh = shapes(a.tiny)
-    ws = parse_ws(a.ws, sh)
-    if ws is None:
-        return 2
-    spec = bench_spec(a.tiny)
-    if a.cpu:
-        torch.set_num_threads(1)
+    device, sh, ws, spec = setup
     calls = None if a.generic_only else workload_calls(spec, sh, ws)
     need = max([c + n for c, n in sh["prefix_hit"]] + [p for p, _ in sh["chunked"]])
     doc = measure(spec, device, "fp32" if a.cpu else "bf16", sh["page"], need, a.out, a.tiny, calls)
