@@ -26,6 +26,7 @@ import time
 import torch
 
 from benchmarks.gpu.bench_kernels import rel, timed
+from benchmarks.gpu.step_breakdown import breakdown, decode_steps
 from kernels import ops
 from kernels import reference as R
 
@@ -161,26 +162,12 @@ def decode_engine(overrides: dict | None, ctx: int, b: int):
 
 
 def step_times(overrides: dict | None, ctx: int = 4096, b: int = 64, iters: int = 20) -> dict:
-    from executor.forward_batch import build_forward_batch
     from kernels import jit_cache
     e, seqs, build_s, warm = decode_engine(overrides, ctx, b)
     r, g = e.runner, e.runner.graphs
     model, kv = r.model, r.kv
-    replay, wall = [], []
     with torch.inference_mode():
-        for it in range(3 + iters):
-            torch.cuda.synchronize()
-            w0 = time.perf_counter()
-            batch = build_forward_batch(seqs, r.page_size, kv.null_page, r.device)
-            a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            rep = g.run(batch) if g is not None else None
-            hidden = rep[0] if rep is not None else model(batch, kv)
-            z.record()
-            model.compute_logits(hidden).argmax(-1).tolist()
-            if it >= 3:
-                replay.append(a.elapsed_time(z))
-                wall.append(1e3 * (time.perf_counter() - w0))
+        _, wall, replay, _, rep, _ = decode_steps(r, seqs, iters)
     res = {"overrides": overrides, "build_s": round(build_s, 1), "graph": rep is not None,
            "forward_ms": round(statistics.median(replay), 3), "step_wall_ms": round(statistics.median(wall), 3),
            "backends": dict(g.backends.get(max(g.captured), {})) if g is not None and g.captured else ops.reset_used(),
@@ -227,7 +214,6 @@ def jit_check(m: int = 64, n: int = 3072, k: int = 4096) -> dict:
 
 def step_ops(overrides: dict | None = None, ctx: int = 4096, b: int = 64) -> dict:
     """The decode step against the sum of its ops alone (``benchmarks.gpu.step_breakdown``), printed as a table."""
-    from benchmarks.gpu.step_breakdown import breakdown
     e, seqs, build_s, warm = decode_engine(overrides, ctx, b)
     res = breakdown(e, seqs, ctx)
     res.update(overrides=overrides, build_s=round(build_s, 1), warmup=warm,

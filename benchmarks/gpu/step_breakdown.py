@@ -106,30 +106,40 @@ def kernel_time_in_graph(run, reps: int = 5) -> dict:
     return {"kernel_ms": round(busy, 3), "kernels_per_replay": round(len(ev) / reps)}
 
 
+def decode_steps(r, seqs, iters: int = 20, warm: int = 3):
+    """``warm + iters`` decode steps of ``seqs`` on runner ``r`` as serving runs them: inputs built, the captured
+    graph replayed (the eager forward without one) between CUDA events, the logits' argmax read on the host.
+    Returns the last ``iters`` steps' inputs host ms, whole-step wall ms and forward device ms, and the last
+    step's batch, graph output (None when eager) and hidden states."""
+    from executor.forward_batch import build_forward_batch
+    g, model, kv = r.graphs, r.model, r.kv
+    host, wall, replay = [], [], []
+    for it in range(warm + iters):
+        torch.cuda.synchronize()
+        w0 = time.perf_counter()
+        batch = build_forward_batch(seqs, r.page_size, kv.null_page, r.device)
+        w1 = time.perf_counter()
+        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        rep = g.run(batch) if g is not None else None
+        hidden = rep[0] if rep is not None else model(batch, kv)
+        z.record()
+        model.compute_logits(hidden).argmax(-1).tolist()
+        if it >= warm:
+            host.append(1e3 * (w1 - w0))
+            wall.append(1e3 * (time.perf_counter() - w0))
+            replay.append(a.elapsed_time(z))
+    return host, wall, replay, batch, rep, hidden
+
+
 def breakdown(e, seqs, ctx: int, iters: int = 20) -> dict:
     """The whole report for one engine's decode step (see the module docstring)."""
-    from executor.forward_batch import build_forward_batch
     r, g = e.runner, e.runner.graphs
     model, kv = r.model, r.kv
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=r.device)
     res: dict = {"batch": len(seqs), "ctx": ctx}
     with torch.inference_mode():
-        host, wall, replay = [], [], []
-        for it in range(3 + iters):
-            torch.cuda.synchronize()
-            w0 = time.perf_counter()
-            batch = build_forward_batch(seqs, r.page_size, kv.null_page, r.device)
-            w1 = time.perf_counter()
-            a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            rep = g.run(batch) if g is not None else None
-            hidden = rep[0] if rep is not None else model(batch, kv)
-            z.record()
-            model.compute_logits(hidden).argmax(-1).tolist()
-            if it >= 3:
-                host.append(1e3 * (w1 - w0))
-                wall.append(1e3 * (time.perf_counter() - w0))
-                replay.append(a.elapsed_time(z))
+        host, wall, replay, batch, rep, hidden = decode_steps(r, seqs, iters)
         res.update(graph=rep is not None, step_wall_ms=round(statistics.median(wall), 3),
                    forward_graph_ms=round(statistics.median(replay), 3), inputs_host_ms=round(statistics.median(host), 3))
         res["in_graph"] = kernel_time_in_graph(lambda: g.run(batch)) if rep is not None else {"error": "no graph"}
