@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import jit_cache
 from kernels.registry import Unsupported, library_module
 
 failures: dict[str, str] = {}
@@ -51,7 +52,6 @@ def flashmla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.
 
 
 def _dg():
-    from kernels import jit_cache
     mod = library_module("deepgemm")
     jit_cache.state["used"] = True   # DeepGEMM picks its compiler at this process's first call: fixed from now on
     return mod
