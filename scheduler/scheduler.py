@@ -367,17 +367,22 @@ class Scheduler:
                 return c.num_new_tokens
         return 0
 
+    @staticmethod
+    def _arrived_after(req: Request, t: float) -> bool:
+        """Whether waiting ``req`` arrived after time ``t`` (a preempted request never did: it had started)."""
+        return req.num_preemptions == 0 and req.arrival_time > t + 1e-9
+
     def _not_yet(self, req: Request) -> bool:
         """Whether ``req`` arrived after the plan being made was scheduled (``admit_before``)."""
-        return self.admit_before is not None and req.num_preemptions == 0 and req.arrival_time > self.admit_before + 1e-9
+        return self.admit_before is not None and self._arrived_after(req, self.admit_before)
 
     def has_work_by(self, t: float) -> bool:
         """Work that a plan scheduled at time ``t`` would hold: running or prefilled requests, or a waiting request that
         had arrived by then (or was preempted). Arrival order: the head of the queue decides."""
         if self.batch.reqs or self.prefilling or self._prefilled:
             return True
-        head = self._fifo[0] if self._fifo else self._peek_waiting()
-        return head is not None and (head.num_preemptions > 0 or head.arrival_time <= t + 1e-9)
+        head = self._peek_waiting()
+        return head is not None and not self._arrived_after(head, t)
 
     def _schedule_waiting(self, now: float, chunks: list[ScheduledChunk], budget: int, cap: int) -> tuple[int, int]:
         """Start waiting requests in policy order while budget, seats and KV last: each past its cached
