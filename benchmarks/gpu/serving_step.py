@@ -26,7 +26,7 @@ import time
 import torch
 
 from benchmarks.gpu.bench_kernels import rel, timed
-from benchmarks.gpu.step_breakdown import breakdown, decode_steps
+from benchmarks.gpu.step_breakdown import breakdown, decode_steps, graph_of
 from kernels import ops
 from kernels import reference as R
 
@@ -41,13 +41,7 @@ def device_ms(fn, warm: int = 3, iters: int = 20, graph: bool = True) -> tuple[f
     run, captured = fn, False
     if graph:
         try:
-            g = torch.cuda.CUDAGraph()
-            s = torch.cuda.Stream()
-            with torch.cuda.stream(s):
-                with torch.cuda.graph(g, stream=s):
-                    fn()
-            torch.cuda.synchronize()
-            run, captured = g.replay, True
+            run, captured = graph_of(fn).replay, True
         except Exception as e:  # noqa: BLE001
             print(f"  graph capture failed ({type(e).__name__}: {str(e)[:120]}): eager timing", flush=True)
     return timed(run, 0, iters) * 1e3, captured

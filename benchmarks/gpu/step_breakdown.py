@@ -24,16 +24,22 @@ from kernels import ops
 L2_FLUSH_BYTES = 256 << 20   # > the H200's 50 MB L2 (NVIDIA H200 datasheet; H100 SXM L2 is 50 MB too)
 
 
-def alone_ms(fn, iters: int = 20, flush: torch.Tensor | None = None) -> float:
-    """Median device ms of one ``fn()`` replayed from its own CUDA graph, L2 flushed before each replay."""
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
+def graph_of(fn) -> torch.cuda.CUDAGraph:
+    """One ``fn()`` captured in a CUDA graph on a side stream (``fn`` already warmed up), device synchronised."""
     g, s = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     with torch.cuda.stream(s):
         with torch.cuda.graph(g, stream=s):
             fn()
     torch.cuda.synchronize()
+    return g
+
+
+def alone_ms(fn, iters: int = 20, flush: torch.Tensor | None = None) -> float:
+    """Median device ms of one ``fn()`` replayed from its own CUDA graph, L2 flushed before each replay."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    g = graph_of(fn)
     times = []
     for _ in range(iters):
         if flush is not None:
