@@ -388,6 +388,9 @@ class StepOps:
             self.disp_rows_normal = dispatch_rows_per_token(*args, normal=True)
         else:
             self.disp_rows_ll = self.disp_rows_normal = 0.0
+        # compute slowdown beside DeepEP's (low-latency, normal) kernels under overlap (comm_sm_slowdown)
+        sm = getattr(hw, "sm_count", None)
+        self._sm_slow = (comm_sm_slowdown(sm, self.cal.deepep_ll_sms), comm_sm_slowdown(sm, self.cal.deepep_normal_sms))
 
     # ------------------------------------------------------------------ op families (x: arrays of f-scaled counts)
     def gemms(self, src: int, x: np.ndarray, draft: int = 0) -> Terms:
@@ -539,15 +542,19 @@ class StepOps:
     def comm_sm_slowdown(self, prefill: bool) -> float:
         """Compute slowdown beside DeepEP kernels under overlap: they hold ``deepep_normal_sms`` (steps with prefill)
         or ``deepep_ll_sms`` (decode) of the GPU's ``sm_count`` SMs (``comm.comm_sm_slowdown``; 1 when unknown)."""
-        held = self.cal.deepep_normal_sms if prefill else self.cal.deepep_ll_sms
-        return comm_sm_slowdown(getattr(self.hw, "sm_count", None), held)
+        return self._sm_slow[prefill]
 
     def tbo_time(self, tc, tm, prefill: bool):
         """Step time with two micro-batches from one half's compute ``tc`` and all-to-all ``tm`` (floats or arrays):
         ``max(2 Tc, 2 Tm) + min(Tc, Tm) / layers``, where compute that runs beside the other half's all-to-all
         (for at most ``tm`` seconds) gets only the SMs the communication kernels leave: ``Tc = tc + min(tm, s tc)
         (1 - 1/s)`` with ``s`` = :meth:`comm_sm_slowdown`."""
-        s = self.comm_sm_slowdown(prefill)
+        s = self._sm_slow[prefill]
+        if not isinstance(tc, np.ndarray) and not isinstance(tm, np.ndarray):
+            # one step (the simulator's per-step path): builtin min/max, no numpy scalar calls
+            if s != 1.0:
+                tc = tc + min(tm, s * tc) * (1.0 - 1.0 / s)
+            return max(2 * tc, 2 * tm) + min(tc, tm) / self.n_layers
         if s != 1.0:
             tc = tc + np.minimum(tm, s * tc) * (1.0 - 1.0 / s)
         return np.maximum(2 * tc, 2 * tm) + np.minimum(tc, tm) / self.n_layers
