@@ -87,11 +87,15 @@ def pieces_of(calls: list[dict], model: torch.nn.Module) -> list[dict]:
     out = []
     for c in calls:
         parts = c["name"].split(".")
-        if parts[0] == "model" and len(parts) == 2 and parts[1] in top:
-            out.append(c)
-        elif parts[:2] == ["model", "layers"] and len(parts) == 4:
+        if (parts[0] == "model" and len(parts) == 2 and parts[1] in top) or _layer_child(c["name"]):
             out.append(c)
     return out
+
+
+def _layer_child(name: str) -> bool:
+    """Is ``name`` a decoder layer's direct child (``model.layers.<i>.<child>``)?"""
+    parts = name.split(".")
+    return parts[:2] == ["model", "layers"] and len(parts) == 4
 
 
 def kernel_time_in_graph(run, reps: int = 5) -> dict:
@@ -216,7 +220,6 @@ def _owner(op_row: dict, rows: list[dict]) -> str | None:
     """The piece an ``ops.*`` call ran inside: the last decoder-layer child recorded before it."""
     idx = next(i for i, r in enumerate(rows) if r is op_row)
     for r in reversed(rows[:idx]):
-        parts = r["name"].split(".")
-        if parts[:2] == ["model", "layers"] and len(parts) == 4:
+        if _layer_child(r["name"]):
             return r["name"]
     return None
