@@ -96,21 +96,13 @@ def dispatch_rows_per_token(n_experts: int, top_k: int, ep: int, n_group: int = 
     if n_group > 1 and topk_group < n_group and ep <= n_group:
         # g groups per rank: a rank is missed when none of its groups is kept, prod (G - g - i) / (G - i) over the
         # kept groups (= C(G - g, kept) / C(G, kept) for whole groups; continued for a fractional g)
-        g = n_group / ep
-        miss = 1.0
-        for i in range(topk_group):
-            miss *= max(n_group - g - i, 0.0) / (n_group - i)
-        p = 1.0 - miss
+        p = 1.0 - _miss(n_group, n_group / ep, topk_group)
     else:
         # the token's candidate experts (its kept groups, or all) fill cand / per_rank ranks; its top_k are
         # drawn among them without replacement, so a candidate rank is missed with prod (cand - e - i) / (cand - i)
         cand = n_experts * (topk_group / n_group if n_group > 1 and topk_group < n_group else 1.0)
         ranks = min(float(ep), max(1.0, cand / per_rank))
-        e = cand / ranks
-        miss = 1.0
-        for i in range(top_k):
-            miss *= max(cand - e - i, 0.0) / (cand - i) if cand - i > 0 else 0.0
-        p = (1.0 - miss) * ranks / ep
+        p = (1.0 - _miss(cand, cand / ranks, top_k)) * ranks / ep
     return min((ep - 1) * min(1.0, p), top_k * (ep - 1) / ep)  # never more than a copy per expert
 
 
