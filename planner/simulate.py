@@ -113,10 +113,14 @@ def ranks_in_slice(dp: int, seats_per_rank: int, budget_seats: int) -> int:
     return best
 
 
+def slice_seats(workload_kind: str) -> int:
+    """Most concurrent requests a simulated slice of a ``workload_kind`` workload holds."""
+    return AGENTIC_SLICE_SEATS if workload_kind == "agentic" else SLICE_SEATS
+
+
 def mirrored_slice(cand: Candidate, dp: int, workload_kind: str) -> bool:
     """Whether ``cand``'s slice simulates only a share of an aggregated attention-DP instance's ranks (mirror > 1)."""
-    cap = AGENTIC_SLICE_SEATS if workload_kind == "agentic" else SLICE_SEATS
-    return cand.mode == "aggregated" and ranks_in_slice(dp, cand.batch_per_rank, cap) < dp
+    return cand.mode == "aggregated" and ranks_in_slice(dp, cand.batch_per_rank, slice_seats(workload_kind)) < dp
 
 
 def _nearest_divisor(n: int, target: float) -> int:
@@ -130,7 +134,7 @@ def build_job(cand: Candidate, options: list[LayoutOption], *, model: str, hardw
     dopt = options[cand.option]
     dlay = dopt.layout
     acc = tuple(acceptance[: cand.draft_len])
-    seats_cap = AGENTIC_SLICE_SEATS if workload.kind == "agentic" else SLICE_SEATS
+    seats_cap = slice_seats(workload.kind)
     if cand.mode == "aggregated":
         ranks = ranks_in_slice(dlay.dp, cand.batch_per_rank, seats_cap)
         mirror = dlay.dp // ranks

@@ -34,7 +34,7 @@ from costmodels.moe_load import ExpertLoadSpec
 from costmodels.replay import LayerReplay, ReplayPolicy, effective_replay_policy, window_layers
 from planner.request import SearchSpace
 from planner.search import host_cache_gb, prefix_router
-from planner.simulate import AGENTIC_SLICE_SEATS, SLICE_SEATS, ranks_in_slice, scheduler_for, steady_workload
+from planner.simulate import ranks_in_slice, scheduler_for, slice_seats, steady_workload
 from planner.space import LayoutOption, enumerate_layouts
 from planner.workload_stats import WorkloadStats, workload_stats
 from scheduler.config import SchedulerConfig
@@ -280,8 +280,7 @@ def slice_scenario(ctx: TuneContext, p: Policy, rate_per_gpu: float) -> tuple[Sc
     """The scenario of one instance of ``p`` (a wide one cut to a share of its ranks) at ``rate_per_gpu``, and its GPUs."""
     opt = ctx.options[p.ep_width]
     lay = opt.layout
-    cap = AGENTIC_SLICE_SEATS if ctx.workload.kind == "agentic" else SLICE_SEATS
-    ranks = ranks_in_slice(lay.dp, p.batch_per_rank, cap)
+    ranks = ranks_in_slice(lay.dp, p.batch_per_rank, slice_seats(ctx.workload.kind))
     mirror = lay.dp // ranks
     gpus = lay.gpus / mirror
     sc = scheduler_of(p, ranks, ctx.draft_len, ctx.shipped_replay, get_model(ctx.model))
