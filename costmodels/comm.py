@@ -197,7 +197,7 @@ def internode_normal_time(tokens, bytes_per_value: float, hidden: int, fanout: t
     - NVLink: the copies every rank receives from its node's forwarders, at ``deepep_nvl_eff`` of the scale-up
       rate (the same as the rows it sends, by symmetry). A float, or elementwise over an array of tokens."""
     remote_nodes, ranks = fanout
-    t = np.asarray(tokens, float) if isinstance(tokens, (np.ndarray, list)) else float(tokens)
+    t = _bytes(tokens)
     row = hidden * bytes_per_value
     rdma = t * remote_nodes * row / (hw.scaleout_bw * cal.deepep_rdma_eff)
     nvl = t * ranks * row / (hw.scaleup_bw * cal.deepep_nvl_eff)
@@ -218,6 +218,6 @@ def intranode_ep_time(tokens, rows_per_token: float, bytes_per_value: float, hid
     row a rank receives (``rows_per_token`` per token of each rank, its own included) at ``deepep_nvl_eff`` of the
     scale-up rate, plus the all-to-all latency. DeepEP's intranode figures count the own rank's rows the same way
     (its "logical" bandwidth), so the efficiency measured there applies to these bytes. Float or array of tokens."""
-    t = np.asarray(tokens, float) if isinstance(tokens, (np.ndarray, list)) else float(tokens)
+    t = _bytes(tokens)
     return _positive(t, t * rows_per_token * hidden * bytes_per_value / (hw.scaleup_bw * cal.deepep_nvl_eff)
                      + cal.alltoall_latency_s)
