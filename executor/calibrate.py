@@ -170,6 +170,9 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
         with torch.inference_mode():
             return _median_time(fn, clock, repeats)
 
+    def randn(*shape: int) -> torch.Tensor:   # fp32 normal draws from ``g``, in the activation dtype
+        return torch.randn(*shape, generator=g, device=dev, dtype=torch.float32).to(act)
+
     mla = next((m for m in model.modules() if isinstance(m, MLAAttention)), None)
     if mla is not None and runner.kv.latent is not None:
         cache = runner.kv.latent[mla.cache_layer]
@@ -182,7 +185,7 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
                     continue
                 table = (torch.arange(b * need, device=dev, dtype=torch.int32) % (pages - 1)).view(b, need)
                 lens = torch.full((b,), ctx, dtype=torch.int32, device=dev)
-                q = torch.randn(b, 1, mla.h, width, generator=g, device=dev, dtype=torch.float32).to(act)
+                q = randn(b, 1, mla.h, width)
                 ops.reset_used()
                 t, spread = timed(lambda: ops.mla_decode(q, cache, table, lens, mla.scale, mla.rank))
                 kv_bytes = float(b * ctx * width * cache.element_size())
@@ -190,9 +193,9 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
                             "tbps": kv_bytes / t / 1e12, "backend": ops.reset_used().get("mla_decode", "?")})
         dqk, dv = mla.dn + mla.dr, mla.dv
         for n in ([128, 512, 1024, 2048, 4096] if not quick else [32, 128]):
-            q = torch.randn(n, mla.h, dqk, generator=g, device=dev, dtype=torch.float32).to(act)
-            k = torch.randn(n, mla.h, dqk, generator=g, device=dev, dtype=torch.float32).to(act)
-            v = torch.randn(n, mla.h, dv, generator=g, device=dev, dtype=torch.float32).to(act)
+            q = randn(n, mla.h, dqk)
+            k = randn(n, mla.h, dqk)
+            v = randn(n, mla.h, dv)
             pos = torch.arange(n, device=dev)
             ops.reset_used()
             t, spread = timed(lambda: ops.attention_prefill(q, k, v, pos, mla.scale))
@@ -210,11 +213,11 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
                 if n + c > engine.max_model_len:
                     continue
                 s_keys = c + n
-                qn = torch.randn(n, mla.h, dn, generator=g, device=dev, dtype=torch.float32).to(act)
-                qp = torch.randn(n, mla.h, dr, generator=g, device=dev, dtype=torch.float32).to(act)
-                kn = torch.randn(s_keys, mla.h, dn, generator=g, device=dev, dtype=torch.float32).to(act)
-                vv = torch.randn(s_keys, mla.h, dv, generator=g, device=dev, dtype=torch.float32).to(act)
-                kp = torch.randn(s_keys, dr, generator=g, device=dev, dtype=torch.float32).to(act)
+                qn = randn(n, mla.h, dn)
+                qp = randn(n, mla.h, dr)
+                kn = randn(s_keys, mla.h, dn)
+                vv = randn(s_keys, mla.h, dv)
+                kp = randn(s_keys, dr)
                 pos = torch.arange(c, c + n, device=dev)
                 ops.reset_used()
                 try:
@@ -235,7 +238,7 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
         k = moe.cfg.top_k
         per_expert = float(ex.w13.numel() + ex.w2.numel()) / e * ex.w13.element_size()
         for n in ([1, 8, 64, 256, 1024, 4096] if not quick else [1, 8, 64]):
-            x = torch.randn(n, hidden, generator=g, device=dev, dtype=torch.float32).to(act)
+            x = randn(n, hidden)
             ids = torch.rand(n, e, generator=g, device=dev).topk(k, dim=-1).indices.to(torch.int32)
             w = torch.full((n, k), 1.0 / k, device=dev, dtype=torch.float32)
             touched = int(torch.unique(ids).numel())
