@@ -51,6 +51,8 @@ FRONTIER_POINTS = 12
 NEAR_SLO = 1.5
 PER_LAYOUT = 1
 EXTRA_SHARE = 1.0
+# a workload reuses prefixes where over this share of its prompt tokens hit: a prefix-aware router, a host KV tier
+PREFIX_REUSE = 0.2
 
 
 class FrontierPoint(BaseModel):
@@ -153,13 +155,13 @@ def _shortlist(table: Table, ok: np.ndarray, front: np.ndarray, k: int) -> list[
 
 def prefix_router(stats: WorkloadStats) -> RouterConfig:
     """The router of a plan: prefix-aware where the workload reuses prefixes (over 20% of prompt tokens hit)."""
-    return RouterConfig(kind="prefix_aware" if stats.hit_fraction > 0.2 else "least_outstanding")
+    return RouterConfig(kind="prefix_aware" if stats.hit_fraction > PREFIX_REUSE else "least_outstanding")
 
 
 def host_cache_gb(stats: WorkloadStats, hw, fraction: float = 0.5) -> float:
     """Host memory (GB) for the prefix cache's host tier (HiCache L2): ``fraction`` of the GPU's host memory where the
     workload reuses prefixes (agentic turns, shared system prompts keep evicted KV there), else none."""
-    return fraction * hw.host_mem_gb if stats.hit_fraction > 0.2 else 0.0
+    return fraction * hw.host_mem_gb if stats.hit_fraction > PREFIX_REUSE else 0.0
 
 
 def _near_slo(table: Table, slo) -> np.ndarray:
@@ -220,7 +222,7 @@ def _assumptions(model, hw, req: PlanRequest, stats: WorkloadStats) -> list[str]
     out.append(f"SLO: p{req.slo_percentile} TTFT and TPOT per request; a simulated plan must also finish >= 99% of requests")
     out.append("host overhead per step and MTP acceptance (0.85^i) are the scheduler defaults (scheduler/config.py)")
     out.append("KV transfer (disaggregated): 80% of link bandwidth x the sending rank's GPUs, 20 us per transfer (assumption)")
-    if stats.hit_fraction > 0.2:
+    if stats.hit_fraction > PREFIX_REUSE:
         out.append(f"prefix cache: HBM plus a host-memory tier of {req.host_cache_fraction:.0%} of each GPU's "
                    f"{hw.host_mem_gb:g} GB host memory ({hw.host_link_gbps:g} GB/s host link)")
     return out
