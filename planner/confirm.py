@@ -29,12 +29,9 @@ def confirmation_order(rows: list[int], mirrored: list[bool]) -> list[int]:
     them all first could spend every run on misses and recommend nothing (the same question without MTP:
     DEP32 and DEP64 slices met the SLO, their full-scale runs did not, the 18 x TP4 that does never ran).
     So one optimistic candidate gets its rate steps, then the best exact slice is the floor."""
-    exact = [r for r, m in zip(rows, mirrored) if not m]
-    if not exact or rows.index(exact[0]) <= 1:
-        return rows[:CONFIRM_CANDIDATES]
-    first = exact[0]
-    rest = [r for r in rows if r != first]
-    return (rest[:1] + [first] + rest[1:])[:CONFIRM_CANDIDATES]
+    i = next((k for k, m in enumerate(mirrored) if not m), 0)   # the best exact slice (none: keep the order)
+    order = rows if i <= 1 else [rows[0], rows[i]] + rows[1:i] + rows[i + 1:]
+    return order[:CONFIRM_CANDIDATES]
 
 
 def confirm_plan(plan: Plan, row: int, table_rate: float, percentile: int) -> SimOutcome | None:
