@@ -315,7 +315,7 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
     if confirmed:
         t3 = time.perf_counter()
         rows = [c[3] for c in confirmed]
-        mirrored = [mirrored_slice(table.candidate(i), options[int(table.cols["opt"][i])].layout.dp, req.workload.kind) for i in rows]
+        mirrored = [mirrored_slice(c, options[c.option].layout.dp, req.workload.kind) for c in map(table.candidate, rows)]
         win, plan, full_runs = _confirm(req, table, options, stats, model, hw, router, effects, ok, acceptance, outcomes,
                                         points, confirmation_order(rows, mirrored))
         sims_run += len(full_runs)
