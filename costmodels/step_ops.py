@@ -386,6 +386,12 @@ class StepOps:
             args = (m.moe.n_routed_experts, m.moe.top_k, lay.ep, m.moe.n_group, m.moe.topk_group)
             self.disp_rows_ll = dispatch_rows_per_token(*args, normal=False)
             self.disp_rows_normal = dispatch_rows_per_token(*args, normal=True)
+            moe = m.moe
+            # DeepEP normal kernels: rows a rank receives per token inside one scale-up domain (the ranks a token
+            # reaches, own included), and across nodes the (remote nodes, ranks) a token reaches (comm.node_fanout)
+            self.ep_rows_intranode_normal = lay.ep * block_touched(moe.n_routed_experts, moe.top_k, moe.n_routed_experts / lay.ep,
+                                                                   moe.n_group, moe.topk_group)
+            self.ep_fanout = node_fanout(moe.n_routed_experts, moe.top_k, lay.ep, hw.scaleup_domain, moe.n_group, moe.topk_group)
         else:
             self.disp_rows_ll = self.disp_rows_normal = 0.0
         # compute slowdown beside DeepEP's (low-latency, normal) kernels under overlap (comm_sm_slowdown)
@@ -485,14 +491,15 @@ class StepOps:
                     rows.append((f"{tag}ffn_allreduce(tp{lay.tp})", layers - moe_layers, ar, ar_t, False))
             if moe_layers and lay.ep > 1:
                 tok_gpu = tok / lay.tp
-                rows_tok = (self.disp_rows_normal if prefill else self.disp_rows_ll) * self.expert_imbalance_at(tok / self.share)
-                mode = "normal" if prefill else "low-latency"
+                imb = self.expert_imbalance_at(tok / self.share)  # the busiest rank's tokens set the pace
                 intranode = lay.ep <= hw.scaleup_domain
                 if intranode and cal.alltoall_eff is None:
-                    rows += self._intranode_ep(tok, tok_gpu, moe_layers, tag, prefill)
+                    rows += self._intranode_ep(tok_gpu * imb, moe_layers, tag, prefill)
                 elif prefill and not intranode:
-                    rows += self._internode_normal(tok, tok_gpu, moe_layers, tag)
+                    rows += self._internode_normal(tok_gpu * imb, moe_layers, tag)
                 else:  # low-latency kernels across nodes, or a measured all-to-all fraction inside one node
+                    rows_tok = (self.disp_rows_normal if prefill else self.disp_rows_ll) * imb
+                    mode = "normal" if prefill else "low-latency"
                     d_b, c_b = tok_gpu * rows_tok * h * self.disp_bytes, tok_gpu * rows_tok * h * 2.0
                     rows.append((f"{tag}ep_dispatch(ep{lay.ep}, {mode})", moe_layers, d_b, alltoall_time(d_b, lay.ep, hw, cal), True))
                     rows.append((f"{tag}ep_combine(ep{lay.ep}, {mode})", moe_layers, c_b, alltoall_time(c_b, lay.ep, hw, cal), True))
@@ -511,28 +518,26 @@ class StepOps:
         return _terms([(name, COMM, np.where(pos, k, 0), 0.0, np.where(pos, k * b, 0.0), np.where(pos, k * t, 0.0), a)
                        for name, k, b, t, a in rows], tok.size)
 
-    def _intranode_ep(self, tok: np.ndarray, tok_gpu: np.ndarray, moe_layers: int, tag: str, prefill: bool) -> list[tuple]:
+    def _intranode_ep(self, t: np.ndarray, moe_layers: int, tag: str, prefill: bool) -> list[tuple]:
         """DeepEP dispatch and combine inside one scale-up domain (``comm.intranode_ep_time``): each rank receives a
         row per token per rank it holds experts of (normal kernels: the ranks a token reaches, own rank included) or
         per chosen expert (low-latency kernels: ``top_k``). A profile with a measured all-to-all fraction
-        (``alltoall_eff``, benchmarks/ep_bench.py) prices intranode EP with it instead (``comm.alltoall_time``)."""
-        m, lay, h = self.model, self.layout, self.h
-        moe = m.moe
-        rows = lay.ep * block_touched(moe.n_routed_experts, moe.top_k, moe.n_routed_experts / lay.ep, moe.n_group,
-                                      moe.topk_group) if prefill else float(moe.top_k)
-        t = tok_gpu * self.expert_imbalance_at(tok / self.share)
+        (``alltoall_eff``, benchmarks/ep_bench.py) prices intranode EP with it instead (``comm.alltoall_time``).
+        ``t``: the busiest rank's tokens."""
+        lay, h = self.layout, self.h
+        rows = self.ep_rows_intranode_normal if prefill else float(self.model.moe.top_k)
         mode = "normal" if prefill else "low-latency"
         return [(f"{tag}ep_{op}(ep{lay.ep}, {mode})", moe_layers, t * rows * h * per_value,
                  intranode_ep_time(t, rows, per_value, h, self.hw, self.cal), True)
                 for op, per_value in (("dispatch", self.disp_bytes), ("combine", 2.0))]
 
-    def _internode_normal(self, tok: np.ndarray, tok_gpu: np.ndarray, moe_layers: int, tag: str) -> list[tuple]:
+    def _internode_normal(self, t: np.ndarray, moe_layers: int, tag: str) -> list[tuple]:
         """DeepEP's internode normal dispatch and combine (an EP group wider than one scale-up domain, steps with
         prefill): one RDMA copy per token per remote node its experts lie in, fanned out over NVLink inside the
-        node, the two stages pipelined (``comm.internode_normal_time``). Bytes shown: what crosses the NIC."""
-        m, lay, hw, cal, h = self.model, self.layout, self.hw, self.cal, self.h
-        fan = node_fanout(m.moe.n_routed_experts, m.moe.top_k, lay.ep, hw.scaleup_domain, m.moe.n_group, m.moe.topk_group)
-        t = tok_gpu * self.expert_imbalance_at(tok / self.share)  # the busiest rank's tokens set the pace
+        node, the two stages pipelined (``comm.internode_normal_time``). Bytes shown: what crosses the NIC. ``t``:
+        the busiest rank's tokens."""
+        lay, hw, cal, h = self.layout, self.hw, self.cal, self.h
+        fan = self.ep_fanout
         out = []
         for op, per_value in (("dispatch", self.disp_bytes), ("combine", 2.0)):
             out.append((f"{tag}ep_{op}(ep{lay.ep}, normal, {fan[0]:.2f} remote nodes/token)", moe_layers,
