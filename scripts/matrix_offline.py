@@ -26,8 +26,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-FIGURES = ("output_throughput", "tpot_p50", "ttft_p50", "ttft_p90")
-
 
 def measured_levels(run: Path) -> dict:
     rec = run / "measured_recovered.json"
@@ -51,7 +49,7 @@ def main() -> None:
     import sim.instance as inst
     from costmodels.calibration import CalibrationProfile
     from costmodels.profiled import ProfiledStepCost
-    from device_matrix import CLASSES, _clamp
+    from device_matrix import CLASSES, FIGURES, _clamp
     from scheduler.config import SchedulerConfig
     from sim.validate import copy_requests, metric_values, natural_rate, simulate_requests
     from sim.workload import generate, preset
