@@ -93,11 +93,13 @@ class PrefillChunkTable(BaseModel):
         for n, c, t in zip(self.new, self.cached, self.seconds):
             levels.setdefault(float(c), []).append((float(n), float(t)))
         self._levels = sorted((c, np.array(sorted(p))) for c, p in levels.items())
+        self._cs = np.array([lv[0] for lv in self._levels])
+        self._logs = [(np.log(pts[:, 0]), np.log(pts[:, 1])) for _, pts in self._levels]  # each level's log grids
 
     def _at_level(self, j: int, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         c, pts = self._levels[j]
         xs, ys = pts[:, 0], pts[:, 1]
-        t = np.exp(np.interp(np.log(n), np.log(xs), np.log(ys)))
+        t = np.exp(np.interp(np.log(n), *self._logs[j]))
         above = n > xs[-1]
         t = np.where(above, ys[-1] * n * (c + n) / (xs[-1] * (c + xs[-1])), t)
         return t, above | (n < xs[0])
@@ -106,17 +108,17 @@ class PrefillChunkTable(BaseModel):
         """(seconds, extrapolated) for each (new, cached) pair."""
         n = np.maximum(np.asarray(new, dtype=float), 1.0)
         c = np.maximum(np.asarray(cached, dtype=float), 0.0)
-        cs = np.array([lv[0] for lv in self._levels])
+        cs = self._cs
         lo = np.clip(np.searchsorted(cs, c, side="right") - 1, 0, len(cs) - 1)
         hi = np.minimum(lo + 1, len(cs) - 1)
         t = np.zeros_like(n)
         ext = (c > cs[-1]) | (c < cs[0])
+        # weight of the upper level: linear in cached between the two levels
+        w = np.where(hi != lo, (c - cs[lo]) / np.maximum(cs[hi] - cs[lo], 1e-30), 0.0)
+        w = np.clip(w, 0.0, 1.0)
         for j in range(len(cs)):
             tj, ej = self._at_level(j, n)
             is_lo, is_hi = lo == j, (hi == j) & (hi != lo)
-            # weight of the upper level: linear in cached between the two levels
-            w = np.where(hi != lo, (c - cs[lo]) / np.maximum(cs[hi] - cs[lo], 1e-30), 0.0)
-            w = np.clip(w, 0.0, 1.0)
             t = t + np.where(is_lo, (1 - w) * tj, 0.0) + np.where(is_hi, w * tj, 0.0)
             ext = ext | ((is_lo | is_hi) & ej)
         top = c > cs[-1]
