@@ -269,8 +269,9 @@ class Scheduler:
         if not preempted and (self._fifo or self._heap) and mixed:
             loaded = self._schedule_waiting(now, chunks, budget, cap)
         steps = 1
-        held_back = self.admit_before is not None and bool(self._fifo or self._heap)   # they start next step
-        if max_steps > 1 and self.batch.n and not chunks and not preempted and not held_back \
+        # (waiting requests held back by admit_before start next step: this plan is one step too)
+        if max_steps > 1 and self.batch.n and not chunks and not preempted \
+                and not (self.admit_before is not None and (self._fifo or self._heap)) \
                 and not (self.dp is not None and self.dp.holding):
             steps = self._decode_horizon(max_steps)   # (a step that holds prompts is one step: the policy counts steps)
         return self._make_plan(chunks, steps, preempted, loaded)
