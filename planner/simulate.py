@@ -118,6 +118,11 @@ def slice_seats(workload_kind: str) -> int:
     return AGENTIC_SLICE_SEATS if workload_kind == "agentic" else SLICE_SEATS
 
 
+def slice_requests(seats: int, most: int) -> int:
+    """Requests a slice simulates: ~3 turnovers of its ``seats``, at least MIN_REQUESTS, at most ``most``."""
+    return int(min(most, max(MIN_REQUESTS, 3 * seats)))
+
+
 def mirrored_slice(cand: Candidate, dp: int, workload_kind: str) -> bool:
     """Whether ``cand``'s slice simulates only a share of an aggregated attention-DP instance's ranks (mirror > 1)."""
     return cand.mode == "aggregated" and ranks_in_slice(dp, cand.batch_per_rank, slice_seats(workload_kind)) < dp
@@ -160,7 +165,7 @@ def build_job(cand: Candidate, options: list[LayoutOption], *, model: str, hardw
         slice_gpus = b * dlay.gpus / mirror + a * popt.layout.gpus / p_mirror
         seats = b * sc.max_num_seqs
     rate = cand.rate * share * load
-    n_req = int(min(max_requests, max(MIN_REQUESTS, 3 * seats)))
+    n_req = slice_requests(seats, max_requests)
     wl, warmup = steady_workload(workload, max(rate, 1e-3), n_req)
     eff = effects.model_copy(update={"mirror": mirror, "eplb": dopt.eplb != "off", "table_placement": dopt.table_placement})
     # validated with its effects: explicit attention-DP ranks are layout.dp / effects.mirror

@@ -34,7 +34,7 @@ from costmodels.moe_load import ExpertLoadSpec
 from costmodels.replay import LayerReplay, ReplayPolicy, effective_replay_policy, window_layers
 from planner.request import SearchSpace
 from planner.search import host_cache_gb, prefix_router
-from planner.simulate import ranks_in_slice, scheduler_for, slice_seats, steady_workload
+from planner.simulate import ranks_in_slice, scheduler_for, slice_requests, slice_seats, steady_workload
 from planner.space import LayoutOption, enumerate_layouts
 from planner.workload_stats import WorkloadStats, workload_stats
 from scheduler.config import SchedulerConfig
@@ -284,7 +284,7 @@ def slice_scenario(ctx: TuneContext, p: Policy, rate_per_gpu: float) -> tuple[Sc
     mirror = lay.dp // ranks
     gpus = lay.gpus / mirror
     sc = scheduler_of(p, ranks, ctx.draft_len, ctx.shipped_replay, get_model(ctx.model))
-    wl, warmup = slice_workload(ctx.workload, max(rate_per_gpu * gpus, 1e-3), int(min(ctx.sim_requests, max(300, 3 * sc.max_num_seqs))),
+    wl, warmup = slice_workload(ctx.workload, max(rate_per_gpu * gpus, 1e-3), slice_requests(sc.max_num_seqs, ctx.sim_requests),
                                 ctx.sim_requests)
     scen = Scenario(name="tune-slice", model=ctx.model, hardware=ctx.hardware, calibration=ctx.calibration, layout=lay,
                     instances=1, scheduler=sc, workload=wl, router=ctx.router, slo=ctx.slo, seed=ctx.seed,
