@@ -373,10 +373,6 @@ class Scheduler:
         """Whether waiting ``req`` arrived after time ``t`` (a preempted request never did: it had started)."""
         return req.num_preemptions == 0 and req.arrival_time > t + 1e-9
 
-    def _not_yet(self, req: Request) -> bool:
-        """Whether ``req`` arrived after the plan being made was scheduled (``admit_before``)."""
-        return self.admit_before is not None and self._arrived_after(req, self.admit_before)
-
     def has_work_by(self, t: float) -> bool:
         """Work that a plan scheduled at time ``t`` would hold: running or prefilled requests, or a waiting request that
         had arrived by then (or was preempted). Arrival order: the head of the queue decides."""
@@ -397,9 +393,10 @@ class Scheduler:
         dp = self.dp
         if dp is not None and dp.hold(len(self._heap) if self._priority else len(self._fifo), self._peek_waiting()):
             return host, storage   # attention-DP balance: the prompts wait for every rank to have one
+        before = self.admit_before   # (a pipelined engine's plan: requests that arrived later wait a step)
         while budget > 0 and seats > 0:
             req = fifo[0] if fifo else self._peek_waiting()
-            if req is None or self._not_yet(req):
+            if req is None or (before is not None and self._arrived_after(req, before)):
                 break
             out_tokens = req.num_output_tokens
             num_tokens = req.prompt_len + out_tokens
