@@ -32,8 +32,9 @@ def tuned_plan(ctx: TuneContext, p: Policy, why: list[str], *, max_requests: int
     _, warmup = steady_workload(ctx.workload, max(rate, 1e-6), 1)
     # enough requests to pass the ramp-up and turn the seats over ~3 times (at least 30 s), as planner.search does
     window = max(30.0, 3 * instances * sc.max_num_seqs / max(rate, 1e-6))
-    n = int(min(max_requests, max(PLAN_MIN_REQUESTS, rate * (warmup + window))))
-    if n < rate * (warmup + window):
+    wanted = rate * (warmup + window)
+    n = int(min(max_requests, max(PLAN_MIN_REQUESTS, wanted)))
+    if n < wanted:
         # held to max_requests: the steady window starts halfway, as on the slices (tune_policies.slice_workload)
         warmup = min(warmup, n / max(rate, 1e-6) / 2)
     wl = ctx.workload.model_copy(update={"rate": rate, "num_requests": n, "duration_s": None}) if ctx.workload.kind != "trace" else ctx.workload
