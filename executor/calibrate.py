@@ -423,6 +423,14 @@ def step_grid(device: str, quick: bool, max_ctx: int, max_batch: int, max_tokens
                     if nd <= max_batch and q + nd <= max_tokens and q < max_ctx:
                         dc = np.clip(np.round(c * rng.uniform(0.5, 1.5, nd)), 1, max_ctx - 2).astype(int).tolist()
                         shapes.append((dc, [(q, 0)]))
+            # multi-turn agentic steps: a short chunk over a long cached conversation next to decodes at long
+            # context (the composition run 3 under-priced by 28% while each part alone was within 5%)
+            cl = ctxs[-1]
+            for nd in (8, 24, 48):
+                for q, k in ((128, 4096), (512, 4096), (256, 6144)):
+                    if nd <= max_batch and q + nd <= max_tokens and q + k < max_ctx:
+                        dc = np.clip(np.round(cl * rng.uniform(0.75, 1.5, nd)), 1, max_ctx - 2).astype(int).tolist()
+                        shapes.append((dc, [(q, k)]))
         for b in [x for x in batches if x in (4, 32, 16)][:2]:
             c = ctxs[len(ctxs) // 2]
             shapes.append(([c] * b, [(min(prefills[-1], max_tokens - b), 0)]))  # decodes + a prefill chunk
