@@ -35,7 +35,7 @@ A lookup is ``measured`` on or between grid points, ``extrapolated`` beyond the 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +72,10 @@ class ExecTables:
     kernels: dict[str, int] = field(default_factory=dict)    # unit -> device activities per call (profiler)
     eager_gap: float = 0.0                                   # device seconds an eager launch adds per kernel
     sync: bool = False       # measured where calls run synchronously (the CPU): device times hold the host's share
+    # layer kind -> {rows: host seconds of one eager layer call at that many rows} (tables after 1aaf485)
+    layer_host_rows: dict[str, dict[int, float]] = field(default_factory=dict)
+    gap_source: str = "none"  # which measurement eager_gap comes from: "layer" (decoder layers), "add" (x + y), "none"
+    glue_mode: str = "spread"  # "spread": a layer's glue between its calls; "lump": all before its first (1aaf485)
 
     # ------------------------------------------------------------------ lookups
     def device(self, unit: str, size: float, keys: float = 0.0, kind: str = "") -> Lookup:
@@ -97,13 +101,36 @@ class ExecTables:
         """Device seconds an eager call of ``unit`` spends in launch gaps: its kernels x the per-kernel gap."""
         return self.eager_gap * self.kernels.get(f"attention:{kind}" if unit == "attention" else unit, 0)
 
-    def glue(self, kind: str) -> float:
-        """Host seconds of a layer call outside its ops' own calls (Python between them), never negative."""
-        total = self.layer_host.get(kind)
+    def layer_host_at(self, kind: str, rows: float) -> float | None:
+        """Host seconds of one eager layer call of ``kind`` at ``rows`` rows: log-log between the measured row
+        counts, the nearest one outside them (host work does not extrapolate); the 1-row figure where no row
+        series was measured; None where neither was."""
+        by = self.layer_host_rows.get(kind)
+        if not by:
+            return self.layer_host.get(kind)
+        xs = np.array(sorted(by), float)
+        ts = np.array([by[int(x)] for x in xs], float)
+        r = float(np.clip(max(rows, 1.0), xs[0], xs[-1]))
+        return float(np.exp(np.interp(np.log(r), np.log(xs), np.log(np.maximum(ts, 1e-12)))))
+
+    def glue(self, kind: str, rows: float = 1.0) -> float:
+        """Host seconds of a layer call outside its ops' own calls (Python between them) at ``rows``, never negative."""
+        total = self.layer_host_at(kind, rows)
         if total is None:
             return 0.0
         akind = attention_kind(kind)
         return max(0.0, total - sum(self.host_of(u, akind) for u, _ in self.recipe.get("layer", [])))
+
+    def with_host(self, layer_host_rows: dict[str, dict[int, float]]) -> "ExecTables":
+        """These tables with the host speed of another moment (a probe taken beside the runs, ``layer_host_rows`` of
+        the same layer calls): the layer calls' host seconds replaced, each unit's scaled by the probe's 1-row layer
+        call over the tables' (the same CPU running the same Python: one speed ratio)."""
+        ratios = [by[min(by)] / self.layer_host_at(k, min(by)) for k, by in layer_host_rows.items()
+                  if by and self.layer_host_at(k, min(by))]
+        r = float(np.mean(ratios)) if ratios else 1.0
+        lh = {k: float(by[min(by)]) for k, by in layer_host_rows.items() if by}
+        return replace(self, host={u: h * r for u, h in self.host.items()}, layer_host={**self.layer_host, **lh},
+                       layer_host_rows={k: {int(x): float(t) for x, t in by.items()} for k, by in layer_host_rows.items()})
 
     def check_model(self, spec) -> None:
         """The tables speak for the model they were measured on: same layer kinds, widths and window."""
@@ -205,7 +232,7 @@ def forward_calls(recipe: dict, row_tile: int, spec, replay, n: int, c: int) -> 
         lo = first_key(replay.modes, replay.tokens, window, sliding, j, c, ej) if replay.modes else \
             (max(0, first - window + 1) if sliding[j] else 0)
         subset = rows < r0
-        out.append(Call("glue", 0.0, 0.0, attention_kind(kind), j, kind))
+        out.append(Call("glue", float(rows), 0.0, attention_kind(kind), j, kind))
         if subset:
             add(recipe.get("subset_pre", []), rows, layer=j, lkind=kind)
         for unit, axis in recipe.get("layer", []):
@@ -224,18 +251,41 @@ def forward_calls(recipe: dict, row_tile: int, spec, replay, n: int, c: int) -> 
 
 
 def forward_ops(tables: ExecTables, spec, replay, n: int, c: int) -> list[Op]:
-    """``forward_calls`` priced from the tables (device seconds looked up, host seconds per call measured)."""
+    """``forward_calls`` priced from the tables (device seconds looked up, host seconds per call measured), each
+    layer's glue placed as ``tables.glue_mode`` says (``spread_glue``)."""
     ops = []
     for call in forward_calls(tables.recipe, tables.row_tile, spec, replay, n, c):
         if call.unit == "glue":
-            ops.append(Op("glue", 0.0, 0.0, 0.0, tables.glue(call.layer_kind), MEASURED, call.layer))
+            ops.append(Op("glue", call.size, 0.0, 0.0, tables.glue(call.layer_kind, call.size), MEASURED, call.layer))
             continue
         lk = tables.device(call.unit, call.size, call.keys, call.kind)
         unit = f"attention:{call.kind}" if call.unit == "attention" else call.unit
         host = 0.0 if tables.sync else tables.host_of(call.unit, call.kind)
         gap = tables.gap_of(call.unit, call.kind)
         ops.append(Op(unit, call.size, call.keys, float(lk.seconds[0]) + gap, host, str(lk.source[0]), call.layer, gap))
-    return ops
+    return ops if (tables.glue_mode == "lump" or tables.sync) else spread_glue(ops)
+
+
+def spread_glue(ops: list[Op]) -> list[Op]:
+    """Each layer's glue (the Python between its calls: module calls, views, the output buffer) shared out over the
+    host times of that layer's calls, where it runs, instead of before the first of them: with it all up front the
+    device would wait for a whole layer's glue before the layer's first kernel, which it does not."""
+    out: list[Op] = []
+    i = 0
+    while i < len(ops):
+        op = ops[i]
+        if op.unit != "glue":
+            out.append(op)
+            i += 1
+            continue
+        j = i + 1
+        while j < len(ops) and ops[j].layer == op.layer and ops[j].unit != "glue":
+            j += 1
+        mine = ops[i + 1: j]
+        share = op.host_s / len(mine) if mine else 0.0
+        out += [replace(o, host_s=o.host_s + share) for o in mine] if mine else [op]
+        i = j
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- pricing
@@ -322,10 +372,21 @@ def _grid(points: dict[tuple[float, float], float]) -> tuple[np.ndarray, np.ndar
     return np.array(xs, float), np.array(ys, float), np.array([[points[(x, y)] for y in ys] for x in xs], float)
 
 
-def from_dict(d: dict, origins: tuple[str, ...] | None = None) -> ExecTables:
-    """Tables from the measured file's dict (``origins``: keep only points of these origins, e.g. ('grid',))."""
+def from_dict(d: dict, origins: tuple[str, ...] | None = None, glue_mode: str = "spread",
+              gap_from: str = "layer") -> ExecTables:
+    """Tables from the measured file's dict (``origins``: keep only points of these origins, e.g. ('grid',)).
+
+    ``glue_mode``: ``spread`` (the model) or ``lump`` (the first table model's, to re-score old runs side by side).
+    ``gap_from``: the eager launch gap per kernel from whole decoder layers (``layer_eager_gap_s``: eager minus
+    graph of the executor's own layers, the kernel mix the forward runs) where measured, else from one x + y kernel
+    (``eager_gap_s``); ``add`` takes the x + y figure even where both are there."""
     if d.get("format") != FORMAT:
         raise TableError(f"replay tables: format {d.get('format')!r}, expected {FORMAT!r}")
+    if glue_mode not in ("spread", "lump") or gap_from not in ("layer", "add"):
+        raise TableError(f"replay tables: glue_mode {glue_mode!r} (spread, lump), gap_from {gap_from!r} (layer, add)")
+    gap, gap_source = float(d.get("eager_gap_s", 0.0)), ("add" if "eager_gap_s" in d else "none")
+    if gap_from == "layer" and d.get("layer_eager_gap_s") is not None:
+        gap, gap_source = float(d["layer_eager_gap_s"]), "layer"
     hw = get_hardware(d.get("roofline_hw", "h200"))
     pts = [p for p in d.get("points", []) if p.get("device_s") and (origins is None or p.get("origin", "grid") in origins)]
     gemm = GemmTable("executor", "bf16", peak_flops=hw.bf16_tflops * 1e12, hbm_bw=hw.hbm_bw, weight_bytes_per_elem=2.0,
@@ -358,14 +419,15 @@ def from_dict(d: dict, origins: tuple[str, ...] | None = None) -> ExecTables:
                       {k: float(v) for k, v in d.get("host", {}).items()},
                       {k: float(v) for k, v in d.get("layer_host", {}).items()},
                       int(d.get("row_tile", 1 << 30)), {k: d.get(k) for k in ("gpu", "device", "torch", "method", "date")},
-                      {k: int(v) for k, v in d.get("kernels", {}).items()}, float(d.get("eager_gap_s", 0.0)),
-                      bool(d.get("sync", False)))
+                      {k: int(v) for k, v in d.get("kernels", {}).items()}, gap, bool(d.get("sync", False)),
+                      {k: {int(r): float(t) for r, t in by.items()} for k, by in d.get("layer_host_rows", {}).items()},
+                      gap_source, glue_mode)
 
 
-def load(path: str | Path, origins: tuple[str, ...] | None = None) -> ExecTables:
-    """The tables written by ``benchmarks/gpu/replay_tables.py`` at ``path``."""
+def load(path: str | Path, origins: tuple[str, ...] | None = None, **how) -> ExecTables:
+    """The tables written by ``benchmarks/gpu/replay_tables.py`` at ``path`` (``how``: ``from_dict``'s options)."""
     try:
         d = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise TableError(f"replay tables {path}: cannot read ({e})") from None
-    return from_dict(d, origins)
+    return from_dict(d, origins, **how)

@@ -182,8 +182,8 @@ class Clock:
 class Units:
     """The executor's calls of each unit at a size, on the bench model's shapes (module docstring)."""
 
-    def __init__(self, spec: ModelSpec, device: torch.device, dtype: str, page: int, max_tokens: int):
-        self.spec, self.device = spec, device
+    def __init__(self, spec: ModelSpec, device: torch.device, dtype: str, page: int, max_tokens: int, tiny: bool = False):
+        self.spec, self.device, self.tiny = spec, device, tiny
         self.cfg = ExecModelConfig.build(spec)
         self.model = build_model(self.cfg, device, dtype, "dummy", seed=0, max_pos=max_tokens + 8)
         self.dt = self.model.model.embed_tokens.weight.dtype
@@ -278,13 +278,58 @@ class Units:
             return lambda: self.model.compute_logits(x[-1:])
         raise KeyError(unit)
 
-    def layer_call(self, kind: str):
-        """One decoder layer of ``kind`` on a 1-token prefill (for its host time)."""
-        j = self.layer_of[kind]
-        batch = build_forward_batch([SeqInput([1], 0, list(range(4)), False)], self.page, self.kv.null_page, self.device)
-        x = self.model.model.embed_tokens(batch.input_ids)
-        layer = self.model.model.layers[j]
-        return lambda: layer(x, batch, self.kv)
+    def layer_call(self, kind: str, rows: int = 1):
+        """One decoder layer of ``kind`` on a ``rows``-token prefill from position 0 (its host time; its eager and
+        graph device times)."""
+        return layer_call(self.model, self.kv, self.layer_of[kind], rows)
+
+
+def layer_call(model, kv: KVCache, j: int, rows: int):
+    """A call of decoder layer ``j`` on a ``rows``-token prefill from position 0, writing ``kv``'s first pages (the
+    executor's layer as the forward calls it: its batch built by ``build_forward_batch``)."""
+    pages = list(range(-(-rows // kv.page_size)))
+    batch = build_forward_batch([SeqInput([1] * rows, 0, pages, False)], kv.page_size, kv.null_page, kv.device)
+    x = model.model.embed_tokens(batch.input_ids)
+    layer = model.model.layers[j]
+    return lambda: layer(x, batch, kv)
+
+
+class HostProbe:
+    """Host seconds of the decoder layer calls of the host section, taken again beside the replay runs (their own KV
+    pages, so the runs' cached prefix is untouched): the CPU's speed at the time of the runs, which drifts."""
+
+    def __init__(self, model, cfg, device: torch.device, page: int, dtype, tiny: bool):
+        kinds = cfg.spec.kinds()
+        self.rows = layer_host_rows(tiny)
+        self.kv = KVCache(cfg, -(-max(self.rows) // page) + 1, page, device, dtype)
+        self.calls = {(k, r): layer_call(model, self.kv, kinds.index(k), r) for k in dict.fromkeys(kinds) for r in self.rows}
+        self.clock = Clock(device)
+        self.samples: dict[tuple[str, int], list[float]] = {key: [] for key in self.calls}
+
+    def sample(self, calls: int = 10) -> None:
+        """One host time per layer call (``calls`` eager calls, no sync inside)."""
+        for key, fn in self.calls.items():
+            self.samples[key].append(self.clock.host(fn, calls=calls, batches=1))
+
+    def result(self) -> dict[str, dict[int, float]]:
+        """kind -> {rows: median host seconds} (``costmodels.replay_table.ExecTables.with_host``'s input)."""
+        out: dict[str, dict[int, float]] = {}
+        for (k, r), ts in self.samples.items():
+            if ts:
+                out.setdefault(k, {})[r] = statistics.median(ts)
+        return out
+
+
+def layer_host_rows(tiny: bool) -> tuple[int, ...]:
+    """Rows at which a layer call's host time is measured: host work per call should not grow with rows (the
+    launches are the same); measuring it at the bench's chunk sizes says whether it does. Up to 512: there the
+    device still keeps up with the host (a layer call's host ~1.5 ms, its device time below that)."""
+    return (1, 4, 16) if tiny else (1, 64, 512)
+
+
+# rows at which a decoder layer's eager device time is compared to its graph's: device-bound (the host runs ahead)
+LAYER_GAP_ROWS = (2048, 4096)
+LAYER_GAP_CALLS = (3, 9)      # back-to-back eager layer calls of the two windows whose difference is the slope
 
 
 def first_workload(points: dict) -> list:
@@ -362,8 +407,47 @@ class Tables:
         calls |= {f"attention:{kind}": u.attention(kind, 1, 0)[0] for kind in ("window", "causal")}
         for name, fn in calls.items():
             host[name] = c.host(fn)
+        rows = self.doc.setdefault("layer_host_rows", {})
         for kind in u.layer_of:
-            self.doc["layer_host"][kind] = c.host(u.layer_call(kind))
+            for r in layer_host_rows(u.tiny):
+                rows.setdefault(kind, {})[r] = c.host(u.layer_call(kind, r))
+            self.doc["layer_host"][kind] = rows[kind][1]
+
+    def layer_gap(self) -> None:
+        """Eager minus graph device seconds of whole decoder layer calls (per kind, at rows where the device is the
+        bottleneck): the launch gaps of the executor's own kernel mix. Eager: the slope of back-to-back calls between
+        two events (``LAYER_GAP_CALLS``: the host's lead before the first kernel cancels); graph: ``Clock.device``.
+        Divided by the layer's kernels (the kernels section counts them) in ``finish``."""
+        u, c = self.u, self.clock
+        if not c.cuda:
+            return
+        pts = self.doc.setdefault("layer_gap_points", [])
+        for kind in u.layer_of:
+            for r in LAYER_GAP_ROWS:
+                try:
+                    fn = u.layer_call(kind, r)
+                    g, how = c.device([fn])
+                    lo, hi = LAYER_GAP_CALLS
+                    e = (c._events([fn], hi) * hi - c._events([fn], lo) * lo) / (hi - lo)
+                    pts.append({"kind": kind, "rows": r, "graph_s": g, "eager_s": e, "how": how})
+                except Exception as ex:  # noqa: BLE001
+                    self.doc["errors"].append(f"layer_gap {kind} {r}: {type(ex).__name__}: {ex}"[:300])
+
+    def finish(self) -> None:
+        """The per-kernel launch gap of whole layers: (eager - graph) / kernels per point, median (``layer_eager_gap_s``,
+        preferred by ``costmodels.replay_table`` over the x + y figure); points whose graph was not captured or whose
+        host time reaches the device time (not device-bound) are left out."""
+        kern, gaps = self.doc.get("kernels", {}), []
+        host = self.doc.get("layer_host_rows", {})
+        for p in self.doc.get("layer_gap_points", []):
+            k = kern.get(f"layer:{p['kind']}:{p['rows']}", 0)
+            h = max(host.get(p["kind"], {}).values(), default=0.0)
+            p["kernels"] = k
+            if k and p["how"] == "graph" and h < 0.8 * p["graph_s"]:
+                p["gap_per_kernel_s"] = (p["eager_s"] - p["graph_s"]) / k
+                gaps.append(p["gap_per_kernel_s"])
+        if gaps:
+            self.doc["layer_eager_gap_s"] = max(0.0, statistics.median(gaps))
 
     def kernels(self) -> None:
         """Kernels per call of each unit (the profiler's device activities, at a middling shape). After the host and
@@ -374,6 +458,7 @@ class Tables:
             mid = {f"gemm:{name}": u.gemm(lin, 64, spill=False)[0] for name, lin in u.gemms.items()}
             mid |= {unit: u.row_unit(unit, 64) for unit in ROW_UNITS} | {"logits": u.row_unit("logits", 1)}
             mid |= {f"attention:{kind}": u.attention(kind, 64, int(u.spec.sliding_window))[0] for kind in ("window", "causal")}
+            mid |= {f"layer:{kind}:{r}": u.layer_call(kind, r) for kind in u.layer_of for r in LAYER_GAP_ROWS}
             self.doc["kernels"] = {name: kernels_per_call(fn) for name, fn in mid.items()}
 
     def eager_gap(self) -> None:
@@ -452,14 +537,14 @@ def plan(spec: ModelSpec, tiny: bool, top: int, workload: list | None = None) ->
 
 def measure(spec: ModelSpec, device: torch.device, dtype: str, page: int, max_tokens: int, out: str | None,
             tiny: bool, workload: list | None = None,
-            sections: tuple[str, ...] = ("host", "eager_gap", "kernels", "gemm", "attention", "rows"),
+            sections: tuple[str, ...] = ("host", "eager_gap", "layer_gap", "kernels", "gemm", "attention", "rows"),
             roofline_hw: str = "h200", section_budget_s: float | None = 45.0) -> dict:
     """Measure the tables of ``spec``'s executor model (``workload``: the calls whose shapes to add); returns the doc
     (also written to ``out`` after each section). A GEMM, attention or row section past ``section_budget_s`` measures
     only the workloads' own shapes (``skipped`` counts the generic points left out)."""
     t0 = time.time()
     top = max(max_tokens, 64 if tiny else 16384)
-    units = Units(spec, device, dtype, page, top)
+    units = Units(spec, device, dtype, page, top, tiny)
     clock = Clock(device)
     head = {"format": FORMAT, "gpu": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
             "device": device.type, "torch": torch.__version__, "dtype": dtype, "roofline_hw": roofline_hw,
@@ -468,7 +553,8 @@ def measure(spec: ModelSpec, device: torch.device, dtype: str, page: int, max_to
                       "heads": spec.num_attention_heads, "kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
                       "window": int(spec.sliding_window or 0)},
             "row_tile": ROW_TILE, "recipe": RECIPE, "gemms": units.shapes(),
-            "host_model": "eager: host seconds per call measured (no sync, 1-row shapes)" if device.type == "cuda" else
+            "host_model": "eager: host seconds per call measured (no sync; units at 1-row shapes, layer calls at "
+                          f"{layer_host_rows(tiny)} rows)" if device.type == "cuda" else
             "sync: CPU calls run synchronously, their wall time is their device time; the layers' glue adds up",
             "sync": device.type != "cuda",
             "method": "device = CUDA graph of R back-to-back calls replayed (median of 9) / R (eager events where capture "
@@ -480,10 +566,11 @@ def measure(spec: ModelSpec, device: torch.device, dtype: str, page: int, max_to
         gc.freeze()
     sizes, att = plan(spec, tiny, top, workload)
     steps = {"host": tab.host, "eager_gap": tab.eager_gap, "gemm": lambda: tab.gemm(sizes), "rows": lambda: tab.rows(sizes),
-             "kernels": tab.kernels,
+             "kernels": tab.kernels, "layer_gap": tab.layer_gap,
              "attention": lambda: tab.attention(att)}
     for name in sections:
         tab.section(name, steps[name], section_budget_s if name in ("gemm", "attention", "rows") else None)
+    tab.finish()
     tab.doc["seconds"] = round(time.time() - t0, 1)
     tab.write()
     return tab.doc
