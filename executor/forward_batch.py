@@ -8,7 +8,7 @@ kernel in one call; each prefill chunk is attended on its own over its gathered 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -53,6 +53,10 @@ class ForwardBatch:
     decode_block_table: torch.Tensor  # [B, max_pages] int32, padded with the null page
     decode_seq_lens: torch.Tensor    # [B] int32, KV length including this step's queries
     prefills: list[PrefillSpan]
+    # the same KV lengths on the host (None: read them back from the device): sizes and sums without a sync
+    decode_seq_lens_host: np.ndarray | None = None
+    # per-forward values every layer shares (the RoPE rows of this batch's positions), filled on first use
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
@@ -64,7 +68,28 @@ class ForwardBatch:
 
     @property
     def max_decode_len(self) -> int:
-        return int(self.decode_seq_lens.max()) if self.num_decodes else 0
+        if not self.num_decodes:
+            return 0
+        if self.decode_seq_lens_host is not None:
+            return int(self.decode_seq_lens_host.max())
+        return int(self.decode_seq_lens.max())
+
+    @property
+    def decode_context_tokens(self) -> int:
+        """Sum of the decodes' KV lengths (host values when known: no device read)."""
+        if not self.num_decodes:
+            return 0
+        if self.decode_seq_lens_host is not None:
+            return int(self.decode_seq_lens_host.sum())
+        return int(self.decode_seq_lens.sum())
+
+    def rope_rows(self, cos_sin: torch.Tensor) -> torch.Tensor:
+        """``cos_sin[positions]``, gathered once per forward and table (every layer rotates at the same positions)."""
+        key = ("rope", cos_sin.data_ptr(), cos_sin.shape[1])
+        rows = self.memo.get(key)
+        if rows is None:
+            rows = self.memo[key] = cos_sin[self.positions]
+        return rows
 
     def last_token_rows(self) -> list[int]:
         """Row of each sequence's last query, in batch order (decodes, then prefills)."""
@@ -81,34 +106,58 @@ def _slots(table: list[int], positions: range, page_size: int, null_page: int) -
     return pages * page_size + pos % page_size
 
 
+def to_device(host: np.ndarray, device: torch.device) -> torch.Tensor:
+    """One host array on ``device``: on CUDA through pinned memory with a non-blocking copy (a copy from pageable
+    memory synchronises the stream: one host stall per tensor), on CPU without a copy."""
+    t = torch.from_numpy(host)
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def build_forward_batch(seqs: list[SeqInput], page_size: int, null_page: int, device: torch.device) -> ForwardBatch:
-    """Flatten ``seqs`` (decodes must come first and share one query count)."""
+    """Flatten ``seqs`` (decodes must come first and share one query count).
+
+    All index arrays are built on the host with numpy and packed into one int64 buffer that reaches the device in
+    one copy; the int32 ones (block tables, KV lengths) sit at its end and are converted by one cast.
+    """
     decodes = [s for s in seqs if s.is_decode]
     assert seqs[: len(decodes)] == decodes, "decode sequences must come first"
     sq = len(decodes[0].token_ids) if decodes else 1
     assert all(len(s.token_ids) == sq for s in decodes), "decode sequences must share s_q"
+    nd = len(decodes)
     ids: list[int] = []
-    pos: list[int] = []
+    pos: list[np.ndarray] = []
     slots: list[np.ndarray] = []
-    spans: list[PrefillSpan] = []
+    spans: list[tuple[int, int, int, list[int]]] = []   # (start, num, context_len, pages)
     for s in seqs:
         r = range(s.context_len, s.context_len + len(s.token_ids))
         if not s.is_decode:
-            spans.append(PrefillSpan(len(ids), len(s.token_ids), s.context_len,
-                                     torch.tensor(s.block_table or [null_page], dtype=torch.int32, device=device)))
+            spans.append((len(ids), len(s.token_ids), s.context_len, s.block_table or [null_page]))
         ids.extend(s.token_ids)
-        pos.extend(r)
+        pos.append(np.arange(r.start, r.stop, dtype=np.int64))
         slots.append(_slots(s.block_table, r, page_size, null_page))
     # wide enough for every decode's KV length: MTP draft positions may run past the allocated
     # blocks (their writes land in the null page, see kv_cache), and the kernels index by length
     max_pages = max([len(s.block_table) for s in decodes] + [-(-(s.context_len + sq) // page_size) for s in decodes] + [1])
-    table = [s.block_table + [null_page] * (max_pages - len(s.block_table)) for s in decodes]
-    as_t = lambda v, dt: torch.tensor(v, dtype=dt, device=device)  # noqa: E731
+    table = np.full((nd, max_pages), null_page, dtype=np.int64)
+    for i, s in enumerate(decodes):
+        table[i, : len(s.block_table)] = s.block_table
+    lens = np.asarray([s.context_len + sq for s in decodes], dtype=np.int64)
+    t = len(ids)
+    z = np.zeros(0, np.int64)
+    host = np.concatenate([np.asarray(ids, dtype=np.int64), *pos, *slots, lens, table.reshape(-1),
+                           *(np.asarray(p[3], dtype=np.int64) for p in spans)]) if t or nd else z
+    dev = to_device(host, device)
+    i32 = dev[3 * t:].to(torch.int32)   # KV lengths, decode table, prefill tables
+    off = nd + nd * max_pages
+    prefills = []
+    for start, num, ctx, pages in spans:
+        prefills.append(PrefillSpan(start, num, ctx, i32[off: off + len(pages)]))
+        off += len(pages)
     return ForwardBatch(
-        input_ids=as_t(ids, torch.int64), positions=as_t(pos, torch.int64),
-        slot_mapping=torch.from_numpy(np.concatenate(slots) if slots else np.zeros(0, np.int64)).to(device),
-        page_size=page_size, num_decodes=len(decodes), decode_sq=sq,
-        decode_block_table=as_t(table, torch.int32).view(len(decodes), max_pages),
-        decode_seq_lens=as_t([s.context_len + sq for s in decodes], torch.int32),
-        prefills=spans,
+        input_ids=dev[:t], positions=dev[t: 2 * t], slot_mapping=dev[2 * t: 3 * t],
+        page_size=page_size, num_decodes=nd, decode_sq=sq,
+        decode_block_table=i32[nd: nd + nd * max_pages].view(nd, max_pages),
+        decode_seq_lens=i32[:nd], prefills=prefills, decode_seq_lens_host=lens,
     )

@@ -32,12 +32,16 @@ class Linear(nn.Module):
             self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The FP8 activation groups of ``x`` this layer would compute (None for a BF16 layer): linears that read the
+        same input (q_a/kv_a, gate/up) quantise it once and pass it to :meth:`forward`."""
+        return ops.quant_fp8_act(x.reshape(-1, self.in_features)) if self.fp8 else None
+
+    def forward(self, x: torch.Tensor, quant: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         if not self.fp8:
             return nn.functional.linear(x, self.weight, self.bias)
         shape = x.shape
-        x2 = x.reshape(-1, self.in_features)
-        xq, xs = ref.quant_fp8_act(x2)
+        xq, xs = quant if quant is not None else self.quantize(x)
         y = ops.fp8_gemm(xq, xs, self.weight, self.weight_scale_inv, x.dtype)
         if self.bias is not None:
             y = y + self.bias
@@ -50,6 +54,13 @@ class Linear(nn.Module):
         return self.weight
 
 
+def shared_quant(x: torch.Tensor, *linears: Linear) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``x`` quantised once for several FP8 linears that all read it (None unless all are FP8 of one width)."""
+    if all(lin.fp8 and lin.in_features == linears[0].in_features for lin in linears):
+        return linears[0].quantize(x)
+    return None
+
+
 class RMSNorm(nn.Module):
     """RMSNorm with a learned scale."""
 
@@ -59,7 +70,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ref.rms_norm(x, self.weight, self.eps)
+        return ops.rms_norm(x, self.weight, self.eps)
 
 
 class LayerNorm(nn.Module):
@@ -130,8 +141,9 @@ class MLP(nn.Module):
         self.down_proj = Linear(inter, hidden, fp8=fp8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        g = self.gate_proj(x)
-        u = self.up_proj(x)
+        quant = shared_quant(x, self.gate_proj, self.up_proj)
+        g = self.gate_proj(x, quant)
+        u = self.up_proj(x, quant)
         return self.down_proj((nn.functional.silu(ref._up(g)) * ref._up(u)).to(x.dtype))
 
 

@@ -94,3 +94,13 @@ def moe_experts(x, topk_weights, topk_ids, w13, w2, w13_scale=None, w2_scale=Non
 def sample(logits, temperature, top_k, top_p, generators):
     """Greedy / seeded top-k top-p sampling; see ``reference.sample``."""
     return call("sampling", logits.device, logits, temperature, top_k, top_p, generators)
+
+
+def quant_fp8_act(x):
+    """Per-token 1x128 FP8 quantisation ``[M,K] -> (e4m3, fp32 scales)``; see ``reference.quant_fp8_act``."""
+    return call("quant_fp8_act", x.device, x)
+
+
+def rms_norm(x, weight, eps=1e-6):
+    """RMSNorm over the last dim; see ``reference.rms_norm``."""
+    return call("rms_norm", x.device, x, weight, eps)

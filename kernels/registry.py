@@ -88,6 +88,16 @@ IMPLS: dict[str, list[Impl]] = {
              "fused: permute + FP8 grouped GEMMs (masked T<=128, contiguous above) + combine; FP8 weights only"),
         Impl("moe_experts", "torch", 0, ("cpu", "cuda"), f"{_R}:moe_experts", notes="loop over experts"),
     ],
+    # row-wise ops fused into one launch each: eager steps pay ~10 us of host per torch op (issue 18)
+    "quant_fp8_act": [
+        Impl("quant_fp8_act", "triton", 1, ("cuda",), "kernels.triton_rowwise:quant_fp8_act", "triton", (8, 9),
+             "1x128 FP8 activation groups in one launch; bit-identical to the reference"),
+        Impl("quant_fp8_act", "torch", 0, ("cpu", "cuda"), f"{_R}:quant_fp8_act", notes="9 torch ops"),
+    ],
+    "rms_norm": [
+        Impl("rms_norm", "triton", 1, ("cuda",), "kernels.triton_rowwise:rms_norm", "triton", (8, 0), "one launch per call"),
+        Impl("rms_norm", "torch", 0, ("cpu", "cuda"), f"{_R}:rms_norm", notes="9 torch ops"),
+    ],
     "sampling": [
         Impl("sampling", "torch", 0, ("cpu", "cuda"), f"{_R}:sample", notes="FlashInfer sampling JITs ~270 s: not worth it here"),
     ],

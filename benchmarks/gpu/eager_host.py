@@ -1,0 +1,255 @@
+"""Host work of one eager executor step: dispatched torch ops, kernel calls and host syncs, per layer.
+
+An eager step's host time is (dispatched ops x per-op cost) + (host syncs x their stall); on the H200 the
+5-layer DeepSeek-V3 FP8 engine paid ~23 ms of it per eager step (issue 18). This counts both on any device
+with the executor's real code path (``model.forward`` -> layers -> ``kernels.ops``):
+
+- ``aten`` ops dispatched by the executor's own code (a ``TorchDispatchMode``), split into the layer loop
+  and the rest of the step (embedding, final norm, input building, sampling);
+- kernel calls: each ``kernels.ops.call`` counts as one (its implementation's own aten ops are counted
+  apart, under ``in_kernels``: on the GPU they are Triton/vendor launches plus their glue);
+- host syncs: aten ops that read device data back or size their output from it (``.item()``/``int(t)``/
+  ``.tolist()`` -> ``_local_scalar_dense``, ``nonzero``, ``unique``, ``masked_select``, boolean indexing,
+  ``bincount``), device->host copies, and ``torch.cuda.synchronize`` calls. On CUDA the device script also
+  turns on ``torch.cuda.set_sync_debug_mode`` (which sees blocking H2D copies too).
+
+``small_deepseek_v3()`` is DeepSeek-V3's structure (MLA with q/kv LoRA, 3 dense layers then MoE with group-limited
+sigmoid routing and a shared expert, FP8 linears) at dimensions a CPU runs in milliseconds. Op counts do not
+depend on the dimensions, so the counts are the H200 engine's up to the kernels chosen there.
+
+CLI: ``python -m benchmarks.gpu.eager_host [--device cuda] [--model deepseek-v3 --layers 5]`` prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# aten ops that read device data back to the host (or size their output from it): a device->host sync on CUDA
+SYNC_OPS = ("_local_scalar_dense", "nonzero", "unique", "_unique", "masked_select", "bincount", "item",
+            "repeat_interleave.Tensor", "index.Tensor_bool", "equal", "is_nonzero")
+# metadata-only ops: no kernel and no allocation (counted apart: they cost dispatch but far less)
+VIEW_OPS = ("view", "_unsafe_view", "reshape", "expand", "slice", "select", "unsqueeze", "squeeze", "permute",
+            "transpose", "t", "as_strided", "alias", "detach", "split", "split_with_sizes", "unbind", "chunk",
+            "narrow", "view_as", "_reshape_alias", "lift_fresh", "lift_fresh_copy")
+
+
+@dataclass
+class OpCount:
+    """Counts of one region (the layer loop, or the whole step)."""
+
+    ops: int = 0            # aten ops dispatched by executor code (not inside a kernel implementation)
+    views: int = 0          # ... of which metadata-only (views)
+    kernel_calls: int = 0   # kernels.ops calls (one vendor/Triton/reference implementation each)
+    in_kernels: int = 0     # aten ops dispatched inside kernel implementations
+    syncs: int = 0          # host syncs (see SYNC_OPS) anywhere
+    sync_ops: dict[str, int] = field(default_factory=dict)
+    by_op: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"ops": self.ops, "views": self.views, "kernel_calls": self.kernel_calls,
+                "in_kernels": self.in_kernels, "syncs": self.syncs, "sync_ops": dict(self.sync_ops)}
+
+
+def _is_sync(name: str, args, kwargs) -> bool:
+    base = name.split(".")[0]
+    if base in SYNC_OPS or name in SYNC_OPS:
+        return True
+    if base == "index" and any(isinstance(a, torch.Tensor) and a.dtype == torch.bool
+                               for a in (args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else ())):
+        return True   # boolean-mask indexing sizes its output from the mask
+    if base in ("_to_copy", "copy_", "to"):
+        src = args[1] if base == "copy_" and len(args) > 1 else (args[0] if args else None)
+        dst_dev = kwargs.get("device") if base != "copy_" else (args[0].device if args else None)
+        if isinstance(src, torch.Tensor) and src.device.type == "cuda" and dst_dev is not None \
+                and torch.device(dst_dev).type == "cpu":
+            return True   # device -> host copy
+    return False
+
+
+class StepCounter(TorchDispatchMode):
+    """Counts aten ops, kernel calls and host syncs; ``region`` names where they land ("layers" or "other")."""
+
+    def __init__(self):
+        super().__init__()
+        self.regions: dict[str, OpCount] = {"layers": OpCount(), "other": OpCount()}
+        self.region = "other"
+        self.kernel_depth = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.__name__ if hasattr(func, "__name__") else str(func)
+        full = str(func.overloadpacket.__name__) + "." + func._overloadname if hasattr(func, "overloadpacket") else name
+        base = full.split(".")[0]
+        c = self.regions[self.region]
+        if _is_sync(full, args, kwargs):
+            c.syncs += 1
+            c.sync_ops[base] = c.sync_ops.get(base, 0) + 1
+        if self.kernel_depth:
+            c.in_kernels += 1
+        else:
+            c.ops += 1
+            c.by_op[base] = c.by_op.get(base, 0) + 1
+            if base in VIEW_OPS:
+                c.views += 1
+        return func(*args, **kwargs)
+
+    def note_sync(self, what: str) -> None:
+        c = self.regions[self.region]
+        c.syncs += 1
+        c.sync_ops[what] = c.sync_ops.get(what, 0) + 1
+
+
+@contextlib.contextmanager
+def counting(model) -> StepCounter:
+    """Count inside the block: kernel calls through ``kernels.ops.call``, the decoder layers as the "layers" region,
+    ``torch.cuda.synchronize`` as a sync. Restores everything it patched."""
+    from kernels import ops
+    counter = StepCounter()
+    orig_call, orig_sync = ops.call, torch.cuda.synchronize
+
+    def call(op, device, *args, **kwargs):
+        counter.regions[counter.region].kernel_calls += 1
+        counter.kernel_depth += 1
+        try:
+            return orig_call(op, device, *args, **kwargs)
+        finally:
+            counter.kernel_depth -= 1
+
+    def sync(*a, **k):
+        counter.note_sync("cuda.synchronize")
+        return orig_sync(*a, **k)
+
+    hooks = []
+    layers = list(model.model.layers)
+    for layer in layers:
+        hooks.append(layer.register_forward_pre_hook(lambda m, a: setattr(counter, "region", "layers")))
+        hooks.append(layer.register_forward_hook(lambda m, a, o: setattr(counter, "region", "other")))
+    ops.call, torch.cuda.synchronize = call, sync
+    try:
+        with counter:
+            yield counter
+    finally:
+        ops.call, torch.cuda.synchronize = orig_call, orig_sync
+        for h in hooks:
+            h.remove()
+
+
+# ----------------------------------------------------------------------------- the model and its steps
+
+def small_deepseek_v3(num_layers: int = 5):
+    """DeepSeek-V3's structure at small dims: 3 dense layers then MoE (16 experts, top-4 in 2 of 4 groups), FP8-able."""
+    from costmodels.model_spec import MLAConfig, ModelSpec, MoEConfig
+    return ModelSpec(
+        name="small-deepseek-v3", family="deepseek_v3", num_layers=num_layers, hidden_size=256, vocab_size=512,
+        num_attention_heads=4, num_kv_heads=1, head_dim=192, intermediate_size=512, attention="mla",
+        mla=MLAConfig(q_lora_rank=128, kv_lora_rank=128, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32),
+        moe=MoEConfig(n_routed_experts=16, n_shared_experts=1, top_k=4, moe_intermediate_size=128, first_k_dense=3,
+                      n_group=4, topk_group=2, scoring="sigmoid"),
+        mtp_layers=0, max_context=4096, sources=["twinfer: benchmarks/gpu/eager_host.py (DeepSeek-V3 structure, small dims)"])
+
+
+def build_runner(spec=None, device: str = "cpu", dtype: str = "fp8", pages: int = 1400, page_size: int = 64):
+    """A ModelRunner over ``spec`` (default: the small DeepSeek-V3) with dummy weights."""
+    from executor.kv_cache import KVCache
+    from executor.model_config import ExecModelConfig
+    from executor.model_runner import ModelRunner
+    from executor.weights import build_model
+    cfg = ExecModelConfig.build(spec or small_deepseek_v3())
+    dev = torch.device(device)
+    model = build_model(cfg, dev, dtype, "dummy", seed=0)
+    kv = KVCache(cfg, pages, page_size, dev, model.model.embed_tokens.weight.dtype)
+    return ModelRunner(model, kv, dev, eos_token_id=None)
+
+
+def step_plan(runner, decode_ctx: list[int], prefill: list[tuple[int, int]], tag: str = "s"):
+    """A StepPlan of decodes at ``decode_ctx`` and prefill chunks (new, cached) on distinct pages."""
+    import numpy as np
+
+    from scheduler.plan import ScheduledChunk, StepPlan
+    from scheduler.request import Request
+    page = runner.page_size
+    vocab = runner.model.cfg.spec.vocab_size
+    rng = np.random.default_rng(len(decode_ctx) * 7919 + len(prefill))
+    nxt = [0]
+
+    def take(n: int) -> list[int]:
+        out = list(range(nxt[0], nxt[0] + n))
+        nxt[0] += n
+        if nxt[0] > runner.kv.null_page:
+            raise ValueError("step_plan: not enough KV pages for this shape")
+        return out
+
+    decodes = []
+    for i, c in enumerate(decode_ctx):
+        r = Request(f"{tag}d{i}", 0.0, c, 1 << 20, prompt_token_ids=rng.integers(0, vocab, max(c, 1)).tolist())
+        r.block_ids = take(-(-(c + 1) // page))
+        decodes.append(r)
+    chunks = []
+    for i, (new, ctx) in enumerate(prefill):
+        r = Request(f"{tag}p{i}", 0.0, ctx + new, 1 << 20, prompt_token_ids=rng.integers(0, vocab, ctx + new).tolist())
+        r.block_ids = take(-(-(ctx + new) // page))
+        chunks.append(ScheduledChunk(r, new, ctx, True))
+    return StepPlan(0, prefills=chunks, decodes=decodes, decode_context_lens=np.asarray(decode_ctx, np.int64), draft_len=0)
+
+
+def count_step(runner, plan) -> dict[str, OpCount]:
+    """Counts of one eager ``runner.execute(plan)`` (after one uncounted run of the same plan: lazy imports,
+    kernel choices and JIT stay out of the count)."""
+    graphs, runner.graphs = runner.graphs, None
+    try:
+        runner.execute(plan)
+        with counting(runner.model) as c:
+            runner.execute(plan)
+    finally:
+        runner.graphs = graphs
+    return c.regions
+
+
+SHAPES = {   # name -> (decode contexts, prefill chunks (new, cached)): the H200 device script's eager shapes
+    "decode b=1": ([1024], []),
+    "decode b=8": ([1024] * 8, []),
+    "decode b=64": ([1024] * 64, []),
+    "prefill 64": ([], [(64, 0)]),
+    "prefill 512": ([], [(512, 0)]),
+    "mixed 16 dec + 256 over 2048": ([1024] * 16, [(256, 2048)]),
+    "mixed 32 dec + 2 x 128": ([2048] * 32, [(128, 0), (128, 512)]),
+}
+
+
+def table(runner, shapes: dict | None = None) -> list[dict]:
+    """One row per shape: per-layer and whole-step counts."""
+    n_layers = len(runner.model.model.layers)
+    rows = []
+    for name, (dec, pre) in (shapes or SHAPES).items():
+        r = count_step(runner, step_plan(runner, dec, pre, tag=name.replace(" ", "_")))
+        lay, oth = r["layers"], r["other"]
+        rows.append({"shape": name, "ops_per_layer": lay.ops / n_layers, "kernel_calls_per_layer": lay.kernel_calls / n_layers,
+                     "views_per_layer": lay.views / n_layers, "in_kernels_per_layer": lay.in_kernels / n_layers,
+                     "layer_syncs": lay.syncs, "other_ops": oth.ops, "other_syncs": oth.syncs,
+                     "sync_ops": {**oth.sync_ops, **{f"layers:{k}": v for k, v in lay.sync_ops.items()}},
+                     "top_layer_ops": sorted(lay.by_op.items(), key=lambda kv: -kv[1])[:12]})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="fp8")
+    ap.add_argument("--verbose", action="store_true", help="print the most frequent aten ops of the layer loop")
+    a = ap.parse_args(argv)
+    runner = build_runner(device=a.device, dtype=a.dtype)
+    print(f"{'shape':32s} {'ops/layer':>9s} {'views':>6s} {'kernels':>7s} {'in-kern':>7s} {'layer syncs':>11s} {'other ops':>9s} {'other syncs':>11s}")
+    for r in table(runner):
+        print(f"{r['shape']:32s} {r['ops_per_layer']:9.1f} {r['views_per_layer']:6.1f} {r['kernel_calls_per_layer']:7.1f} "
+              f"{r['in_kernels_per_layer']:7.1f} {r['layer_syncs']:11d} {r['other_ops']:9d} {r['other_syncs']:11d}  {r['sync_ops'] or ''}")
+        if a.verbose:
+            print("    ", r["top_layer_ops"])
+
+
+if __name__ == "__main__":
+    main()
