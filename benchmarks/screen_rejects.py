@@ -96,6 +96,7 @@ class _Search:
         from planner.parallel import Runner
         from planner.screen import ScreenContext
         from planner.search import _acceptance, _screen_job, host_cache_gb, prefix_router
+        from planner.simulate import explicit_ranks
         from planner.space import enumerate_layouts
         from planner.workload_stats import workload_stats
         from sim.effects import EffectsSpec
@@ -110,7 +111,8 @@ class _Search:
             drafts = (0,)
         self.acceptance = _acceptance(max(drafts))
         ctx = ScreenContext(req.model, req.hardware, self.stats, req.expert_load, space.batch_per_rank, drafts,
-                            space.async_overlap, space.chunk_tokens, self.acceptance, req.calibration)
+                            space.async_overlap, space.chunk_tokens, self.acceptance, req.calibration,
+                            adp_balance=explicit_ranks("aggregated", EffectsSpec(expert_load=req.expert_load)))
         with Runner(workers) as runner:
             self.points = runner.map(_screen_job, list(enumerate(self.options)), ctx)
         self.table = combine(self.options, self.points, req.gpus, self.stats, self.hw, req.model, space.modes,

@@ -18,7 +18,7 @@ from planner.workload_stats import WorkloadStats
 from scheduler.metrics import SLO
 
 COLUMNS = ("mode", "opt", "inst", "B", "d", "async", "chunk", "popt", "pinst", "pchunk", "pasync",
-           "rate", "thr_gpu", "tps_user", "ttft", "tpot", "gpus", "kv_ok", "transfer")
+           "rate", "thr_gpu", "tps_user", "ttft", "tpot", "gpus", "kv_ok", "transfer", "adp")
 AGG, DISAGG = 0, 1
 
 
@@ -47,6 +47,7 @@ class Candidate:
     transfer_s: float          # KV transfer per request (disaggregated)
     row: int = -1
     source: str = "screen"     # screen | simulation
+    adp_balance: bool = False  # attention-DP prompts held until every rank takes one (scheduler.attention_dp.prefill)
 
     def meets(self, slo: SLO) -> bool:
         return self.kv_ok and self.ttft_s <= slo.ttft_s and self.tpot_s <= slo.tpot_s
@@ -79,7 +80,7 @@ class Table:
             prefill_option=int(c["popt"][i]), prefill_instances=int(c["pinst"][i]), prefill_chunk=int(c["pchunk"][i]),
             prefill_async=bool(c["pasync"][i]), rate=float(c["rate"][i]), thr_gpu=float(c["thr_gpu"][i]),
             tps_user=float(c["tps_user"][i]), ttft_s=float(c["ttft"][i]), tpot_s=float(c["tpot"][i]), gpus=int(c["gpus"][i]),
-            kv_ok=bool(c["kv_ok"][i]), transfer_s=float(c["transfer"][i]), row=i,
+            kv_ok=bool(c["kv_ok"][i]), transfer_s=float(c["transfer"][i]), row=i, adp_balance=bool(c["adp"][i]),
         )
 
 
@@ -112,7 +113,8 @@ def combine(options: list[LayoutOption], points: list[LayoutPoints], budget: int
             rate = p.mix_rate * inst
             _append(acc, mode=AGG, opt=p.option_index, inst=inst, B=p.mix_B, d=p.mix_d, **{"async": p.mix_async}, chunk=p.mix_chunk,
                     popt=-1, pinst=0, pchunk=0, pasync=False, rate=rate, thr_gpu=rate * O / gpus,
-                    tps_user=1.0 / p.mix_tpot, ttft=p.mix_ttft, tpot=p.mix_tpot, gpus=gpus, kv_ok=p.mix_kv_ok, transfer=0.0)
+                    tps_user=1.0 / p.mix_tpot, ttft=p.mix_ttft, tpot=p.mix_tpot, gpus=gpus, kv_ok=p.mix_kv_ok, transfer=0.0,
+                    adp=p.mix_bal)
     enumerated = sum(a.size for a in acc["rate"])
     if "disaggregated" in modes:
         prefill = [p for p in points if options[p.option_index].gpus <= prefill_max_gpus and p.pre_rate.size]
@@ -169,11 +171,11 @@ def combine(options: list[LayoutOption], points: list[LayoutPoints], budget: int
                             chunk=int(pp.pre_chunk[j]), popt=pp.option_index, pinst=np.repeat(n_p, dp_.dec_t.size), pchunk=int(pp.pre_chunk[j]),
                             pasync=bool(pp.pre_async[j]), rate=lam.ravel(), thr_gpu=(lam * O / gpus[:, None]).ravel(),
                             tps_user=(1.0 / tpot).ravel(), ttft=ttft.ravel(), tpot=tpot.ravel(), gpus=np.repeat(gpus, dp_.dec_t.size),
-                            kv_ok=np.tile(dp_.dec_kv_ok, n_d.size), transfer=transfer)
+                            kv_ok=np.tile(dp_.dec_kv_ok, n_d.size), transfer=transfer, adp=False)
     cols = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in acc.items()}
     for k in ("mode", "opt", "inst", "B", "d", "chunk", "popt", "pinst", "pchunk", "gpus"):
         cols[k] = cols[k].astype(np.int64)
-    for k in ("async", "pasync", "kv_ok"):
+    for k in ("async", "pasync", "kv_ok", "adp"):
         cols[k] = cols[k].astype(bool)
     return Table(cols, enumerated)
 

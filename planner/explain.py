@@ -18,6 +18,7 @@ def describe_row(table: Table, options: list[LayoutOption], i: int) -> str:
     c = table.cols
     opt = options[int(c["opt"][i])]
     pol = f"batch {int(c['B'][i])}/rank, MTP {int(c['d'][i])}, chunk {int(c['chunk'][i])}, async {'on' if c['async'][i] else 'off'}"
+    pol += ", ADP balance" if c["adp"][i] else ""
     if c["mode"][i] == AGG:
         return f"{int(c['inst'][i])} x {opt.describe()} ({pol})"
     popt = options[int(c["popt"][i])]
@@ -37,14 +38,14 @@ def short_row(table: Table, options: list[LayoutOption], i: int) -> tuple[str, s
     else:
         dep = f"{int(c['pinst'][i])}x{lay(int(c['popt'][i]))} > {int(c['inst'][i])}x{lay(int(c['opt'][i]))}"
     chunk = int(c["chunk"][i])
-    pol = f"B{int(c['B'][i])} MTP{int(c['d'][i])} c{chunk // 1024}k" + ("" if c["async"][i] else " sync")
+    pol = f"B{int(c['B'][i])} MTP{int(c['d'][i])} c{chunk // 1024}k" + ("" if c["async"][i] else " sync") + (" bal" if c["adp"][i] else "")
     return dep, pol
 
 
 def _same_except(table: Table, i: int, **changes) -> int | None:
     """Row equal to ``i`` in every candidate field except ``changes`` (None if the table has none)."""
     c = table.cols
-    keys = ("mode", "opt", "inst", "B", "d", "async", "chunk", "popt", "pinst", "pchunk", "pasync")
+    keys = ("mode", "opt", "inst", "B", "d", "async", "chunk", "popt", "pinst", "pchunk", "pasync", "adp")
     mask = np.ones(table.n, bool)
     for k in keys:
         want = changes.get(k, c[k][i])

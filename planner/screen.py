@@ -11,7 +11,11 @@ Per layout (one job, run in a worker process) the cost model gives three kinds o
   the step carries the decodes plus ``r * new`` prefill tokens in chunks of at most ``c``
   (each on one DP rank: few chunks on many ranks is the attention-DP straggler).
   ``lambda = n * spt / (O * t_step)`` requests/s, TPOT = ``t_step / spt``, TTFT =
-  ``(ceil(p90 new / c) + 0.5) * t_step``.
+  ``(ceil(p90 new / c) + 0.5) * t_step``. Attention-DP layouts (dp > 1) also get **ADP-balance** mixed
+  points (TensorRT-LLM ``enable_balance``, ``scheduler.attention_dp.prefill = balance``): prompts are held
+  until every rank can take one, so a prefill step carries one chunk per rank (balanced, not a straggler)
+  and only a share ``r * steps per prompt / dp`` of the steps prefills; TTFT adds the gathering wait
+  (``_balance_point``).
 - **prefill point** (disaggregated prefill pool): prefill-only steps of ``dp * c`` tokens;
   ``mu = R / t_pre`` requests/s per instance.
 
@@ -40,7 +44,7 @@ from costmodels.memory import kv_rates
 from costmodels.moe_load import ExpertLoadSpec, cached_initial
 from planner.space import LayoutOption
 from planner.workload_stats import WorkloadStats
-from scheduler.config import SchedulerConfig
+from scheduler.config import AttentionDPConfig, SchedulerConfig
 
 # A prefill pool is run at no more than this utilisation (queueing blows TTFT up beyond it).
 PREFILL_MAX_UTIL = 0.85
@@ -63,6 +67,7 @@ class ScreenContext:
     chunk_tokens: tuple[int, ...]
     acceptance: tuple[float, ...]   # marginal acceptance of draft position 1.. (the scheduler's default)
     calibration: str | None = None  # calibration profile JSON (None: the hardware's measured block, else the defaults)
+    adp_balance: bool = False       # also screen attention-DP layouts under ADP balance (where the simulator schedules ranks)
 
 
 @dataclass
@@ -86,6 +91,7 @@ class LayoutPoints:
     mix_ttft: np.ndarray
     mix_tpot: np.ndarray
     mix_kv_ok: np.ndarray
+    mix_bal: np.ndarray        # ADP balance (True) or immediate prefill placement
     # prefill points: one row per (chunk, async)
     pre_chunk: np.ndarray
     pre_async: np.ndarray
@@ -118,6 +124,43 @@ def _prefill_shape(stats: WorkloadStats, chunk: int) -> tuple[float, int, int]:
     if new <= chunk:
         return new, max(1, int(chunk // new)), 1
     return float(chunk), 1, int(math.ceil(new / chunk))
+
+
+def _balanced_step(cost: EffectiveStepCost, n: int, d: int, ctx_len: int, hit_ctx: int, st: WorkloadStats, c: int,
+                   r: float, dp: int) -> tuple[float, int, float, int, float]:
+    """ADP balance's prefill step (device seconds, chunks, tokens, steps per prompt, share of steps prefilling):
+    ``n`` decodes plus ``k`` chunks on every rank, ``k`` the fewest that carry the ``r * steps`` prompt chunks a step
+    needs on average within ``dp * k`` chunk slots per prefill step. The decodes are spread round-robin and each chunk
+    goes to the least-loaded rank, so the step is balanced (no straggler rank)."""
+    new = max(st.mean_new, 1.0)
+    steps = max(1, int(math.ceil(new / c)))
+    tok = max(1, int(round(new / steps)))
+    need = r * steps                              # prompt chunks per step, on average
+    k = max(1, int(math.ceil(need / dp)))         # chunks per rank in a prefill step
+    share = min(1.0, need / (dp * k))             # of the steps that prefill
+    m = dp * k
+    arr_new = np.concatenate([np.full(n, 1 + d), np.full(m, tok)]).astype(np.int64)
+    arr_ctx = np.concatenate([np.full(n, ctx_len), np.full(m, hit_ctx)]).astype(np.int64)
+    dec = np.concatenate([np.ones(n, bool), np.zeros(m, bool)])
+    return cost.mixed_step_time(arr_new, arr_ctx, dec), m, float(arr_new.sum()), steps, share
+
+
+def _balance_point(step: tuple, t_dec: float, host_of, ov: bool, n: int, spt: float, st: WorkloadStats,
+                   dp: int) -> tuple[float, float, float]:
+    """(requests/s, TTFT, TPOT) of an instance under ADP balance (scheduler/dp_attention.py): a share of the steps
+    prefill one chunk per rank (``_balanced_step``), the rest decode; TPOT is the mean step over tokens per step.
+    TTFT: a prompt is held until ``dp`` prompts wait (the first waits for ``dp - 1`` more arrivals), then
+    ``batching_wait_iters`` steps more while every rank decodes, at most ``timeout_iters`` steps in all; then
+    its prefill steps and, as the spread points, half a step (plus one on a pipelined engine)."""
+    dev_p, m, n_tok, steps, share = step
+    t_pre = wall_time(dev_p, host_of(n + m, n_tok), ov)
+    t_step = share * t_pre + (1.0 - share) * t_dec
+    lam = n * spt / (max(st.mean_output, 1e-9) * t_step)
+    adp = AttentionDPConfig()
+    wait = min((dp - 1) / max(lam, 1e-9) + adp.batching_wait_iters * t_step, adp.timeout_iters * t_step)
+    p90_steps = max(1, int(math.ceil(st.p90_new / max(st.mean_new, 1.0) * steps)))
+    ttft = wait + p90_steps * t_pre + (0.5 + (1.0 if ov else 0.0)) * t_step
+    return lam, ttft, t_step / spt
 
 
 def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPoints:
@@ -162,6 +205,11 @@ def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPo
                 cl = np.concatenate([np.full(n, int(ctx_len)), np.full(m_chunks, hit_ctx)]).astype(np.int64)
                 dec = np.concatenate([np.ones(n, bool), np.zeros(m_chunks, bool)])
                 mixes[c] = (cost.mixed_step_time(new, cl, dec), m_chunks, float(new.sum()))
+            balanced = {c: _balanced_step(cost, n, d, int(ctx_len), hit_ctx, st, c, r, dp) for c in ctx.chunk_tokens} \
+                if ctx.adp_balance and dp > 1 else {}
+
+            def host_of(n_req: float, n_tok: float) -> float:
+                return _host(sc, n_req, n_tok)
             for ov in ctx.async_overlap:
                 t_dec = wall_time(dev, host, ov)
                 rows_d.append((B, d, ov, t_dec, spt, kv_ok))
@@ -174,7 +222,10 @@ def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPo
                     # whole step more on a pipelined engine (its next step is scheduled already: sim/instance.py)
                     p90_steps = max(1, int(math.ceil(st.p90_new / c)))
                     ttft = (p90_steps + 0.5 + (1.0 if ov else 0.0)) * t_step
-                    rows_m.append((B, d, ov, c, lam, ttft, tpot, kv_ok_at(B, d, c)))
+                    rows_m.append((B, d, ov, c, lam, ttft, tpot, kv_ok_at(B, d, c), False))
+                    if c in balanced:
+                        lam, ttft, tpot = _balance_point(balanced[c], t_dec, host_of, ov, n, spt, st, dp)
+                        rows_m.append((B, d, ov, c, lam, ttft, tpot, kv_ok_at(B, d, c), True))
     rows_p = []
     for c in ctx.chunk_tokens:
         tok, k, steps = _prefill_shape(st, c)
@@ -194,7 +245,7 @@ def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPo
         dec_t=col(rows_d, 3), dec_spt=col(rows_d, 4), dec_kv_ok=col(rows_d, 5, bool),
         mix_B=col(rows_m, 0, np.int64), mix_d=col(rows_m, 1, np.int64), mix_async=col(rows_m, 2, bool),
         mix_chunk=col(rows_m, 3, np.int64), mix_rate=col(rows_m, 4), mix_ttft=col(rows_m, 5), mix_tpot=col(rows_m, 6),
-        mix_kv_ok=col(rows_m, 7, bool),
+        mix_kv_ok=col(rows_m, 7, bool), mix_bal=col(rows_m, 8, bool),
         pre_chunk=col(rows_p, 0, np.int64), pre_async=col(rows_p, 1, bool), pre_rate=col(rows_p, 2), pre_step=col(rows_p, 3),
         pre_steps_per_req=col(rows_p, 4, np.int64),
         seconds=time.perf_counter() - t0,

@@ -252,7 +252,8 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
     if not model.mtp_layers:
         drafts = (0,)
     ctx = ScreenContext(req.model, req.hardware, stats, req.expert_load, space.batch_per_rank, drafts, space.async_overlap,
-                        space.chunk_tokens, _acceptance(max(drafts)), req.calibration)
+                        space.chunk_tokens, _acceptance(max(drafts)), req.calibration,
+                        adp_balance=explicit_ranks("aggregated", EffectsSpec(expert_load=req.expert_load)))
     with Runner(workers, ray_address) as runner:
         t1 = time.perf_counter()
         points = runner.map(_screen_job, list(enumerate(options)), ctx)
@@ -484,7 +485,7 @@ def _make_plan(req: PlanRequest, cand: Candidate, options: list[LayoutOption], s
     dopt = options[cand.option]
     acc = acceptance[: cand.draft_len]
     main_sc = scheduler_for(cand.batch_per_rank, dopt.layout.dp, cand.draft_len, cand.async_overlap, cand.chunk_tokens, acc,
-                            explicit_ranks(cand.mode, effects))
+                            explicit_ranks(cand.mode, effects), cand.adp_balance)
     if cand.mode == "aggregated":
         pools = [PoolPlan(role="mixed", instances=cand.instances, layout=dopt.layout, scheduler=main_sc, label=dopt.describe())]
     else:

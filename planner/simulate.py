@@ -80,15 +80,17 @@ class SimOutcome:
 
 
 def scheduler_for(B: int, ranks: int, draft: int, overlap: bool, chunk: int, acceptance: tuple[float, ...] = (),
-                  explicit: bool = False) -> SchedulerConfig:
+                  explicit: bool = False, balance: bool = False) -> SchedulerConfig:
     """The scheduler of an instance (or slice) with ``ranks`` attention-DP ranks of ``B`` seats and ``chunk`` prefill
     tokens each; with ``explicit`` (and 2+ ranks) it schedules the ranks explicitly (``scheduler.dp_attention``:
-    SGLang's ``immediate`` placement, budgets per rank), else as one pooled batch the cost model splits."""
+    SGLang's ``immediate`` placement, budgets per rank; with ``balance``, TensorRT-LLM's ADP balance), else as one
+    pooled batch the cost model splits."""
     seats = B * ranks
     budget = (chunk + B * (1 + draft)) * ranks
     return SchedulerConfig(max_num_seqs=seats, max_num_batched_tokens=budget, long_prefill_threshold=chunk,
                            draft_len=draft, acceptance_rates=list(acceptance), async_overlap=overlap, host_workers=ranks,
-                           attention_dp=AttentionDPConfig() if explicit and ranks > 1 else None)
+                           attention_dp=AttentionDPConfig(prefill="balance" if balance else "immediate")
+                           if explicit and ranks > 1 else None)
 
 
 def explicit_ranks(mode: str, effects: EffectsSpec) -> bool:
@@ -145,7 +147,7 @@ def build_job(cand: Candidate, options: list[LayoutOption], *, model: str, hardw
         mirror = dlay.dp // ranks
         share = 1.0 / (cand.instances * mirror)
         sc = scheduler_for(cand.batch_per_rank, ranks, cand.draft_len, cand.async_overlap, cand.chunk_tokens, acc,
-                           explicit_ranks(cand.mode, effects))
+                           explicit_ranks(cand.mode, effects), cand.adp_balance)
         scen_inst, disagg = 1, None
         slice_gpus = dlay.gpus / mirror
         seats = sc.max_num_seqs

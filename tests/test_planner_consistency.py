@@ -166,7 +166,7 @@ def test_attention_dp_plan_runs_its_ranks_explicitly_and_simulate_plan_repeats_i
         simulate_top=1, sim_requests=300))
     plan = plan_deployment(req, workers=1).recommended
     pool = plan.pools[0]
-    assert pool.layout.dp == 8 and pool.scheduler.attention_dp is not None and pool.scheduler.attention_dp.prefill == "immediate"
+    assert pool.layout.dp == 8 and pool.scheduler.attention_dp is not None and pool.scheduler.attention_dp.prefill in ("immediate", "balance")
     plan.save(tmp_path / "p.yaml")
     run = simulate(load_plan(tmp_path / "p.yaml").to_scenario()).result   # `twinfer simulate --plan p.yaml`
     s, p = run.metrics.steady, plan.predicted
