@@ -125,12 +125,13 @@ class ExecTables:
         """These tables with the host speed of another moment (a probe taken beside the runs, ``layer_host_rows`` of
         the same layer calls): the layer calls' host seconds replaced, each unit's scaled by the probe's 1-row layer
         call over the tables' (the same CPU running the same Python: one speed ratio)."""
+        layer_host_rows = {k: {int(x): float(t) for x, t in by.items()} for k, by in layer_host_rows.items()}  # JSON keys
         ratios = [by[min(by)] / self.layer_host_at(k, min(by)) for k, by in layer_host_rows.items()
                   if by and self.layer_host_at(k, min(by))]
         r = float(np.mean(ratios)) if ratios else 1.0
         lh = {k: float(by[min(by)]) for k, by in layer_host_rows.items() if by}
         return replace(self, host={u: h * r for u, h in self.host.items()}, layer_host={**self.layer_host, **lh},
-                       layer_host_rows={k: {int(x): float(t) for x, t in by.items()} for k, by in layer_host_rows.items()})
+                       layer_host_rows=layer_host_rows)
 
     def check_model(self, spec) -> None:
         """The tables speak for the model they were measured on: same layer kinds, widths and window."""

@@ -2,22 +2,43 @@
 # One device call (nvidia-h200): sliding-window resume policies measured on the executor next to the cost
 # model's prediction (issue 23). First the op tables of the bench model's executor kernels, measured apart from any
 # replay run (benchmarks/gpu/replay_tables.py: bf16 Linear, window/causal prefill attention, row-wise ops, eager host
-# and launch costs), then the replay runs (benchmarks/gpu/replay_bench.py): prefix hits and long chunked prompts
-# under full recompute, bounded replay W (REPLAY_WS, default 32,64,128,256,384) and persist, each next to the analytic and
-# the table-based prediction. Output: $OUT/replay_tables.json, $OUT/replay_bench.json (both rewritten as sections
-# finish), $OUT/log.txt, $OUT/env.txt. Run from the repo root with `.whl` carried:  bash scripts/device_replay.sh
-# Wall: tables <= T_TABLES (180 s; each GEMM/attention/row section past 45 s measures only the workloads' shapes),
-# bench <= T_REPLAY (150 s): within 6 minutes with the install.
+# costs of units and of whole layer calls over rows, launch gaps of x + y and of whole decoder layers), then the
+# replay runs (benchmarks/gpu/replay_bench.py): prefix hits and long chunked prompts under full recompute, bounded
+# replay W (REPLAY_WS, default 32,64,128,256,384) and persist, timed interleaved (eager, eager with inputs, CUDA graph,
+# rounds rotated) with a host probe beside them, each next to the analytic and the table-based prediction.
+# The GPU's clocks and power and the CPU's clock are sampled in the background (the host's speed drifted between
+# and within the earlier runs: gpu_clocks.csv, cpu_mhz.txt).
+# Output: $OUT/replay_tables.json, $OUT/replay_bench.json (both rewritten as sections finish), $OUT/log.txt,
+# $OUT/env.txt, $OUT/gpu_clocks.csv, $OUT/cpu_mhz.txt, $OUT/rescore.txt. Run from the repo root with `.whl` carried:
+#   bash scripts/device_replay.sh
+# Wall: tables <= T_TABLES (100 s; each GEMM/attention/row section past 45 s measures only the workloads' shapes),
+# bench <= T_REPLAY (130 s): within 4 minutes with the install.
 source scripts/device_env.sh
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+  lscpu 2>/dev/null | grep -E "^(Model name|CPU\(s\)|Thread|Core|Socket|CPU max MHz|CPU min MHz)" || true
+  cat /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor 2>/dev/null || echo "governor: n/a"
+  echo "affinity: $(taskset -pc $$ 2>/dev/null)"
   date -u +%Y-%m-%dT%H:%M:%SZ; git rev-parse HEAD 2>/dev/null; } | tee "$OUT/env.txt"
+# background samplers (their own PIDs, stopped at the end): GPU clocks/power/throttle reasons, every core's MHz
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu,temperature.gpu,clocks_throttle_reasons.active \
+  --format=csv -lms 200 > "$OUT/gpu_clocks.csv" 2>/dev/null &
+SMI_PID=$!
+( while true; do echo "$(date +%s.%N | cut -c1-14) $(awk '/cpu MHz/ {printf "%d ", $4}' /proc/cpuinfo)"; sleep 0.25; done ) \
+  > "$OUT/cpu_mhz.txt" 2>/dev/null &
+MHZ_PID=$!
 WS=${REPLAY_WS:-32,64,128,256,384}
 stage "replay tables"
-timeout ${T_TABLES:-180} python3 -m benchmarks.gpu.replay_tables --out "$OUT/replay_tables.json" --ws "$WS" \
+timeout ${T_TABLES:-100} python3 -m benchmarks.gpu.replay_tables --out "$OUT/replay_tables.json" --ws "$WS" \
   || echo "replay tables: exit $? (what finished is in replay_tables.json)"
 stage "replay bench"
 if [ -f "$OUT/replay_tables.json" ]; then TABLES=(--tables "$OUT/replay_tables.json"); else TABLES=(--no-tables); fi
-timeout ${T_REPLAY:-150} python3 -m benchmarks.gpu.replay_bench --out "$OUT/replay_bench.json" --ws "$WS" "${TABLES[@]}" \
+timeout ${T_REPLAY:-130} python3 -m benchmarks.gpu.replay_bench --out "$OUT/replay_bench.json" --ws "$WS" "${TABLES[@]}" \
   || echo "replay bench: exit $?"
+kill "$SMI_PID" "$MHZ_PID" 2>/dev/null
+stage "rescore"
+if [ -f "$OUT/replay_tables.json" ] && [ -f "$OUT/replay_bench.json" ]; then
+  timeout 30 python3 -m benchmarks.gpu.replay_rescore "$OUT/replay_bench.json" --tables "$OUT/replay_tables.json" \
+    | tee "$OUT/rescore.txt" || echo "rescore: exit $?"
+fi
 stage done

@@ -188,7 +188,10 @@ class Timer:
                 for n in names[k:] + names[:k]:
                     got[n].append(self.once(fns[n]))
                 if probe is not None:
-                    probe.sample()
+                    try:
+                        probe.sample()
+                    except Exception as e:  # noqa: BLE001 - the probe is a diagnostic: drop it, keep timing
+                        probe.error, probe = f"{type(e).__name__}: {e}"[:300], None
         finally:
             gc.enable()
         out = {}
@@ -206,7 +209,6 @@ class Bench:
                  pred: Predictors | None = None, tiny: bool = False):
         self.spec, self.device, self.page, self.timer = spec, device, page, timer
         self.pred = pred or Predictors(None)
-        self.graph_jobs: list = []   # (row, its forward): timed in a CUDA graph after every workload (graph_time)
         self.profile_jobs: list = []  # (row, its forward): one eager forward under the profiler, last of all
         self.cfg = ExecModelConfig.build(spec)
         self.model = build_model(self.cfg, device, dtype, "dummy", seed=0, max_pos=max_tokens + 8)
@@ -219,18 +221,22 @@ class Bench:
         lay = ParallelLayout(tp=1, weight_dtype="bf16", kv_dtype="bf16")
         self.ops = StepCostModel(spec, get_hardware("h200"), lay)
         self.probe_args = (self.model, self.cfg, device, page, dt, tiny)
+        self.probe_error = None
 
     def probe(self):
-        """A fresh host probe (its own KV pages) for one workload's rounds."""
+        """A fresh host probe (its own KV pages) for one workload's rounds; None (and the error kept) if it cannot
+        be built: the runs go on without it."""
         from benchmarks.gpu.replay_tables import HostProbe
-        return HostProbe(*self.probe_args)
-
-    def graph_time(self, fn) -> float | str | None:
-        """Seconds of ``fn`` captured once in a CUDA graph and replayed (the forward's device time without the eager
-        launches: a diagnostic next to the tables' ``table_graph_s``); None on the CPU, the error's text where capture
-        fails."""
-        if not self.timer.cuda:
+        try:
+            return HostProbe(*self.probe_args)
+        except Exception as e:  # noqa: BLE001 - a diagnostic must not cost the runs
+            self.probe_error = f"{type(e).__name__}: {e}"[:300]
             return None
+
+    def capture(self, fn):
+        """``fn`` captured once in a CUDA graph (the forward's device work without the eager launches, replayed in
+        the same rounds as the eager runs: ``measured_graph_s``, next to the tables' ``table_graph_s``); the error's
+        text where capture fails."""
         try:
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
@@ -241,9 +247,7 @@ class Bench:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
                 fn()
-            t = self.timer(g.replay)
-            del g
-            return t
+            return g
         except Exception as e:  # noqa: BLE001 - a diagnostic: its failure costs only itself
             torch.cuda.synchronize()
             return f"{type(e).__name__}: {e}"[:200]
@@ -268,6 +272,8 @@ class Bench:
         """Every policy's forward (prepared inputs) and its forward with the host preparation, interleaved; the
         figures written into ``rows`` (policy -> row); returns the host probe's layer-call seconds."""
         probe = self.probe()
+        graphs = {name: self.capture(fns[name]) for name in rows} if self.timer.cuda else {}
+        fns = fns | {name + "+graph": g.replay for name, g in graphs.items() if not isinstance(g, str)}
         t0 = time.time()
         res = self.timer.interleaved(fns, probe)
         for name, row in rows.items():
@@ -275,7 +281,13 @@ class Bench:
             row.update({"measured_s": st["median_s"], "measured_quartiles_s": st["quartiles_s"],
                         "measured_host_s": st["host_s"], "measured_samples_s": st["samples"],
                         "measured_with_inputs_s": st_in["median_s"], "measured_with_inputs_host_s": st_in["host_s"]})
-        return {"host_probe": {k: {int(r): v for r, v in by.items()} for k, by in probe.result().items()},
+            if name in graphs:
+                gr = res.get(name + "+graph")
+                row["measured_graph_s"] = gr["median_s"] if gr else graphs[name]
+        del graphs
+        got = probe.result() if probe is not None else {}
+        return {"host_probe": {k: {int(r): v for r, v in by.items()} for k, by in got.items()} or None,
+                "host_probe_error": probe.error if probe is not None else self.probe_error,
                 "timed_at": (round(t0, 3), round(time.time(), 3))}
 
     @torch.inference_mode()
@@ -299,7 +311,6 @@ class Bench:
                           "layer_rows": [n + int(e) for e in swa.resolved.extra_tokens(c)],
                           "logit_max_abs_diff_vs_persist": float((logits[name] - logits["persist"]).abs().max()),
                           "sync_warnings": syncs[name]}
-            self.graph_jobs.append((rows[name], fns[name]))
             self.profile_jobs.append((rows[name], fns[name]))
         head = self.timed(fns, rows)
         for name, swa in swas.items():
@@ -319,7 +330,6 @@ class Bench:
             rows[name] = {"policy": name, "predicted_s": prefill_seconds(self.ops, swa.resolved, prompt, chunk),
                           "exact": all(exact_for_new_tokens(swa.layout(c), swa.window, c) for _, c in parts[1:]),
                           "extra_layer_tokens": int(sum(swa.resolved.extra_tokens(c).sum() for _, c in parts))}
-            self.graph_jobs.append((rows[name], fns[name]))
         head = self.timed(fns, rows)
         for name, swa in swas.items():
             rows[name].update(self.pred.chunk(self.spec, swa.resolved, parts, head["host_probe"]))
@@ -333,13 +343,16 @@ def sync_events(cuda: bool, fn) -> list[str] | None:
         return None
     import warnings
     torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as got:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
+    try:
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                fn()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+    except Exception as e:  # noqa: BLE001 - a diagnostic
+        return [f"(check failed: {type(e).__name__}: {e})"[:160]]
     torch.cuda.synchronize()
     return sorted({str(w.message)[:160] for w in got if "synchroniz" in str(w.message).lower()})
 
@@ -378,7 +391,7 @@ def _window_pages(layout, c: int, page: int) -> int:
     return int(sum(b for lay, b in zip(layout, kept_blocks(layout, c, page)) if lay.sliding))
 
 
-def _changes(rows: list[dict], tokens: int) -> list[dict]:
+def _changes(rows: list[dict], tokens: int, preds: tuple[str, ...] = PREDICTIONS) -> list[dict]:
     """Throughput and its change against full recompute (the first row), measured and predicted (analytic:
     ``predicted_*``; from the tables: ``table_*``, ``generic_*`` where priced)."""
     base = rows[0]
@@ -388,8 +401,9 @@ def _changes(rows: list[dict], tokens: int) -> list[dict]:
         r["measured_change"] = base["measured_s"] / r["measured_s"] - 1
         r["predicted_change"] = base["predicted_s"] / r["predicted_s"] - 1
         r["diff_pp"] = 100 * (r["measured_change"] - r["predicted_change"])
-        r["measured_with_inputs_change"] = base["measured_with_inputs_s"] / r["measured_with_inputs_s"] - 1
-        for p in PREDICTIONS:
+        if r.get("measured_with_inputs_s") and base.get("measured_with_inputs_s"):
+            r["measured_with_inputs_change"] = base["measured_with_inputs_s"] / r["measured_with_inputs_s"] - 1
+        for p in preds:
             if f"{p}_predicted_s" in r and f"{p}_predicted_s" in base:
                 r[f"{p}_predicted_change"] = base[f"{p}_predicted_s"] / r[f"{p}_predicted_s"] - 1
                 r[f"{p}_diff_pp"] = 100 * (r["measured_change"] - r[f"{p}_predicted_change"])
@@ -397,13 +411,13 @@ def _changes(rows: list[dict], tokens: int) -> list[dict]:
     return rows
 
 
-def summary(out: dict) -> dict:
+def summary(out: dict, preds: tuple[str, ...] = PREDICTIONS) -> dict:
     """Per workload and prediction: the replay W values (and persist) within 5 pp of the measured change."""
     res = {}
     for kind in ("prefix_hit", "chunked"):
         for w in out.get(kind, []):
             name = f"{kind} " + (f"{w['context']}+{w['new_tokens']}" if kind == "prefix_hit" else f"{w['prompt']}/{w['chunk']}")
-            for p, key in [("analytic", "diff_pp")] + [(p, f"{p}_diff_pp") for p in PREDICTIONS]:
+            for p, key in [("analytic", "diff_pp")] + [(p, f"{p}_diff_pp") for p in preds]:
                 rows = [r for r in w["rows"][1:] if key in r]
                 if rows:
                     res.setdefault(name, {})[p] = {
@@ -476,17 +490,15 @@ def main(argv=None) -> int:
         out["summary"] = summary(out)
         _write(a.out, out)
     out["kernels"] = ops.reset_used()   # op -> implementation the forwards ran
+    out["probe_error"] = b.probe_error
     _write(a.out, out)
     _print(out)
-    if device.type == "cuda":   # last: a diagnostic whose capture could upset the context must not cost the runs above
-        with torch.inference_mode():
-            for row, fn in b.graph_jobs:
-                row["measured_graph_s"] = b.graph_time(fn)
-                _write(a.out, out)
+    if device.type == "cuda":
         for kind in ("prefix_hit", "chunked"):
             for w in out[kind]:
-                print(kind, [(r["policy"], r.get("measured_graph_s"), r.get("table_graph_s")) for r in w["rows"]])
-        # very last: a profiler session can leave hooks that slow later eager launches
+                print(kind, [(r["policy"], r.get("measured_host_s"), r.get("measured_graph_s"), r.get("table_graph_s"))
+                             for r in w["rows"]])
+        # last: a profiler session can leave hooks that slow later eager launches
         profiled = {"recompute", f"replay:{min(ws)}", "persist"}
         with torch.inference_mode():
             for row, fn in b.profile_jobs:

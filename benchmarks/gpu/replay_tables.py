@@ -130,9 +130,9 @@ class Clock:
             torch.cuda.synchronize()
             return self._events(fns, reps), "eager"
 
-    def _events(self, fns, reps: int) -> float:
+    def _events(self, fns, reps: int, replays: int | None = None) -> float:
         times = []
-        for _ in range(self.replays):
+        for _ in range(replays or self.replays):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
             a.record()
@@ -158,6 +158,28 @@ class Clock:
             times.append(a.elapsed_time(b) / 1e3 / reps)
         del g
         return statistics.median(times)
+
+    def eager_and_graph(self, fn, lo: int, hi: int) -> tuple[float, float]:
+        """(eager seconds per call, graph seconds per call) of ``fn``, the two timed in alternation (a drift of the
+        clocks lands on both): eager as the slope between ``lo`` and ``hi`` back-to-back calls (the host's lead
+        before the first kernel cancels), graph as a capture of ``hi`` calls replayed."""
+        from benchmarks.gpu.op_tables import capture_graph
+        fn()
+        g = capture_graph([fn], hi)
+        g.replay()
+        eager, graph = [], []
+        for _ in range(self.replays):
+            t_lo, t_hi = self._events([fn], lo, 1) * lo, self._events([fn], hi, 1) * hi
+            eager.append((t_hi - t_lo) / (hi - lo))
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            graph.append(a.elapsed_time(b) / 1e3 / hi)
+        del g
+        return statistics.median(eager), statistics.median(graph)
 
     def host(self, fn, calls: int = 20, batches: int = 5) -> float:
         """Host seconds to issue one eager call (no sync inside: small shapes, the device keeps up). On the CPU a call
@@ -305,6 +327,7 @@ class HostProbe:
         self.calls = {(k, r): layer_call(model, self.kv, kinds.index(k), r) for k in dict.fromkeys(kinds) for r in self.rows}
         self.clock = Clock(device)
         self.samples: dict[tuple[str, int], list[float]] = {key: [] for key in self.calls}
+        self.error: str | None = None
 
     def sample(self, calls: int = 10) -> None:
         """One host time per layer call (``calls`` eager calls, no sync inside)."""
@@ -416,7 +439,8 @@ class Tables:
     def layer_gap(self) -> None:
         """Eager minus graph device seconds of whole decoder layer calls (per kind, at rows where the device is the
         bottleneck): the launch gaps of the executor's own kernel mix. Eager: the slope of back-to-back calls between
-        two events (``LAYER_GAP_CALLS``: the host's lead before the first kernel cancels); graph: ``Clock.device``.
+        two events (``LAYER_GAP_CALLS``: the host's lead before the first kernel cancels), in alternation with a graph
+        of the same calls (``Clock.eager_and_graph``).
         Divided by the layer's kernels (the kernels section counts them) in ``finish``."""
         u, c = self.u, self.clock
         if not c.cuda:
@@ -425,11 +449,8 @@ class Tables:
         for kind in u.layer_of:
             for r in LAYER_GAP_ROWS:
                 try:
-                    fn = u.layer_call(kind, r)
-                    g, how = c.device([fn])
-                    lo, hi = LAYER_GAP_CALLS
-                    e = (c._events([fn], hi) * hi - c._events([fn], lo) * lo) / (hi - lo)
-                    pts.append({"kind": kind, "rows": r, "graph_s": g, "eager_s": e, "how": how})
+                    e, g = c.eager_and_graph(u.layer_call(kind, r), *LAYER_GAP_CALLS)
+                    pts.append({"kind": kind, "rows": r, "graph_s": g, "eager_s": e, "how": "graph"})
                 except Exception as ex:  # noqa: BLE001
                     self.doc["errors"].append(f"layer_gap {kind} {r}: {type(ex).__name__}: {ex}"[:300])
 

@@ -1,0 +1,134 @@
+"""Re-score a committed replay bench run with today's table model (issue 23): same measurements, same op tables.
+
+``benchmarks/gpu/replay_bench.py`` writes, per workload and policy, the measured seconds and the table-based
+prediction of that day's ``costmodels.replay_table``. This re-prices every row from the run's own committed op
+tables (``benchmarks/gpu/replay_tables.py``'s file) with the model as it is now, next to:
+
+- ``committed``: the prediction stored in the run (``table_predicted_s``);
+- ``lump``: the first table model recomputed (a layer's glue before its first call, the x + y launch gap): it must
+  give ``committed`` back, which checks that the rows are priced as the run priced them;
+- ``model``: today's model on the run's tables (glue spread over a layer's calls; the decoder-layer launch gap and
+  the layer host over rows where the tables have them);
+- ``probe``: today's model with the host speed of the probe the run took beside its timed rounds (runs after
+  1aaf485), ``ExecTables.with_host``.
+
+Nothing here reads a measured replay time to set a model term: measured seconds only enter the changes and their
+difference in percentage points.
+
+    python -m benchmarks.gpu.replay_rescore BENCH.json [--tables TABLES.json] [--json OUT]
+
+``--tables`` defaults to the run's sibling file (``replay_bench_tables_X.json`` -> ``replay_tables_X.json``,
+``replay_bench.json`` -> ``replay_tables.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+
+from benchmarks.gpu.replay_bench import _changes, bench_spec, policies, summary
+from costmodels import replay_table
+from costmodels.replay import prompt_chunks
+
+MODELS = ("committed", "lump", "model", "probe")
+
+
+def sibling_tables(bench: Path) -> Path:
+    """The op tables committed next to a bench run: ``replay_bench_tables_X.json`` -> ``replay_tables_X.json``."""
+    name = bench.name.replace("replay_bench_tables_", "replay_tables_").replace("replay_bench", "replay_tables")
+    return bench.with_name(name)
+
+
+def parts_of(kind: str, w: dict) -> list[tuple[int, int]]:
+    """(new, cached) of each chunk a workload's forward runs."""
+    if kind == "prefix_hit":
+        return [(int(w["new_tokens"]), int(w["context"]))]
+    return prompt_chunks(int(w["prompt"]), int(w["chunk"]))
+
+
+def rescore(bench: dict, tables: dict) -> dict:
+    """A copy of ``bench`` whose rows carry ``{model}_predicted_s`` / ``_change`` / ``_diff_pp`` for ``MODELS`` and a
+    ``summary`` over them; ``lump_vs_committed`` is the largest relative difference of the two (0 when the rows
+    were priced as the run priced them)."""
+    out = copy.deepcopy(bench)
+    spec = bench_spec(str(bench.get("model", {}).get("name", "")).endswith("tiny"))
+    ws = sorted({int(p.split(":")[1]) for p in bench.get("policies", []) if p.startswith("replay:")})
+    resolved = {name: pol.resolve(spec) for name, pol in policies(ws)}
+    lump = replay_table.from_dict(tables, glue_mode="lump", gap_from="add")
+    model = replay_table.from_dict(tables)
+    worst = 0.0
+    for kind in ("prefix_hit", "chunked"):
+        for w in out.get(kind, []):
+            parts = parts_of(kind, w)
+            tabs = {"lump": lump, "model": model}
+            if w.get("host_probe"):
+                tabs["probe"] = model.with_host(w["host_probe"])
+            for r in w["rows"]:
+                if "table_predicted_s" in r:
+                    r["committed_predicted_s"] = r["table_predicted_s"]
+                for name, tab in tabs.items():
+                    cost = replay_table.table_prefill_cost(tab, spec, resolved[r["policy"]], parts)
+                    r[f"{name}_predicted_s"] = cost.seconds
+                    r[f"{name}_host_s"] = cost.host_s
+                    r[f"{name}_graph_s"] = cost.device_s - cost.gaps_s
+                if "committed_predicted_s" in r:
+                    worst = max(worst, abs(r["lump_predicted_s"] / r["committed_predicted_s"] - 1))
+            _changes(w["rows"], 1, MODELS)
+    out["summary"] = summary(out, MODELS)
+    out["lump_vs_committed"] = worst
+    out["rescored_with"] = {"gap_source": model.gap_source, "eager_gap_s": model.eager_gap, "glue": model.glue_mode,
+                            "layer_host_rows": bool(model.layer_host_rows)}
+    return out
+
+
+def report(res: dict) -> str:
+    """Per workload: each policy's measured change and, per model, its predicted change's difference in pp; then
+    the summary (W within 5 pp, largest |pp|)."""
+    lines = [f"rescored with {res['rescored_with']}; lump vs committed: {res['lump_vs_committed']:.2e} (relative)"]
+    for kind in ("prefix_hit", "chunked"):
+        for w in res.get(kind, []):
+            head = f"{w['context']}+{w['new_tokens']}" if kind == "prefix_hit" else f"{w['prompt']}/{w['chunk']}"
+            lines.append(f"{kind} {head}" + ("  (host probe)" if w.get("host_probe") else ""))
+            lines.append(f"  {'policy':>11} {'measured':>9} {'change':>8}" + "".join(f" {m:>17}" for m in MODELS))
+            for r in w["rows"]:
+                cells = "".join(f" {r[m + '_predicted_s'] * 1e3:8.3f} {r[m + '_diff_pp']:+7.1f}pp" if m + "_diff_pp" in r
+                                else f" {'-':>17}" for m in MODELS)
+                lines.append(f"  {r['policy']:>11} {r['measured_s'] * 1e3:9.3f} {r['measured_change']:+8.1%}{cells}")
+    for name, by in res["summary"].items():
+        lines.append(f"{name}: " + ", ".join(f"{m} {v['ws_within_5pp']} W (max {v['max_abs_pp']} pp)" for m, v in by.items()))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bench", help="a replay_bench JSON (benchmarks/gpu/issue23_h200/replay_bench_tables_*.json)")
+    ap.add_argument("--tables", default=None, help="its op tables (default: the sibling replay_tables_*.json)")
+    ap.add_argument("--json", default=None, help="write the re-scored run here")
+    a = ap.parse_args(argv)
+    bench_path = Path(a.bench)
+    tables_path = Path(a.tables) if a.tables else sibling_tables(bench_path)
+    if tables_path == bench_path:
+        print(f"replay_rescore: {bench_path}: no sibling replay_tables file by name; give --tables", file=sys.stderr)
+        return 2
+    try:
+        bench = json.loads(bench_path.read_text(encoding="utf-8"))
+        tables = json.loads(tables_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        print(f"replay_rescore: cannot read {e}", file=sys.stderr)
+        return 2
+    try:
+        res = rescore(bench, tables)
+    except (replay_table.TableError, KeyError) as e:
+        print(f"replay_rescore: {bench_path} with {tables_path}: {e}", file=sys.stderr)
+        return 2
+    print(report(res))
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
