@@ -182,6 +182,14 @@ class CalibrationProfile(BaseModel):
     op_points: list[dict] = Field(default_factory=list, description="op micro-benchmark measurements behind the tables")
     step: StepProfile | None = Field(None, description="measured step-time model of one engine on this device")
 
+    @field_validator("step", mode="before")
+    @classmethod
+    def _step_rev(cls, v):
+        """A stored step model written before revisions existed was fitted with revision 0 of the step model."""
+        if isinstance(v, dict) and "model_rev" not in v:
+            return {**v, "model_rev": 0}
+        return v
+
     # --- lookups (vectorised over numpy arrays) ---
     @property
     def a2a_eff(self) -> float:

@@ -9,8 +9,13 @@ from costmodels.calibration import CalibrationProfile
 from costmodels.catalog import get_model
 from costmodels.hardware import get_hardware
 from costmodels.layout import ParallelLayout
+from costmodels.ops import CATEGORIES
 from costmodels.step import StepCostModel
+from costmodels.step_ops import KV_UP
 from costmodels.step_profile import CATEGORY_FOLD, FIT_CATEGORIES, StepPoint, StepProfile
+
+EXPERT = CATEGORIES.index("expert_gemm")  # the routed experts' slot of a cost-model category vector
+DENSE = CATEGORIES.index("dense_gemm")
 
 
 def reduced_model(name: str, num_layers: int | None = None):
@@ -53,6 +58,14 @@ class ProfiledStepCost:
             cal = profile if not st.op_tables else profile.model_copy(
                 update={"tables": {**cal.tables, **{n: t for n, t in profile.tables.items() if n in st.op_tables}}})
         self.base = StepCostModel(self.model, get_hardware(st.hardware_basis), self.layout, cal)
+        # the executor keeps kv_b_proj in the activation dtype (executor/mla.py: absorbed decode reads it per head), so
+        # its K/V up-projection (prefill chunks over their cached context, the absorbed decode projections) is a BF16
+        # GEMM in an FP8 engine too: the cost model prices it in the weight dtype, at half the BF16 time when compute-bound
+        self.kv_bf16 = None
+        self.pad_one_token = st.model_rev >= 1
+        if st.model_rev >= 1 and dtype != "bf16" and self.model.attention == "mla" and self.model.mla.kv_up_proj:
+            self.kv_bf16 = StepCostModel(self.model, get_hardware(st.hardware_basis), ParallelLayout(tp=1, weight_dtype="bf16", kv_dtype="bf16"), cal)
+        self._kvx: dict[float, float] = {}
         self.k = st.scales()
         self.notes = [
             f"step times from the measured profile of {st.model} ({st.num_layers} layers, {st.dtype}) on {profile.measured_on}: "
@@ -64,6 +77,17 @@ class ProfiledStepCost:
         self._dec: dict[tuple[int, int, int], tuple[np.ndarray, float]] = {}
 
     # --- category times from the cost model
+    def kv_up_extra(self, rows: float) -> float:
+        """Seconds the K/V up-projection of ``rows`` rows costs beyond the cost model's weight-dtype price (it runs
+        in BF16 in the executor; 0 in a BF16 engine)."""
+        if self.kv_bf16 is None or rows <= 0:
+            return 0.0
+        got = self._kvx.get(rows)
+        if got is None:
+            x = np.array([float(rows)])
+            got = self._kvx[rows] = max(0.0, float(self.kv_bf16.gemms(KV_UP, x).time.sum() - self.base.gemms(KV_UP, x).time.sum()))
+        return got
+
     def category_times(self, new: np.ndarray, ctx: np.ndarray, dec: np.ndarray) -> np.ndarray:
         """Cost-model op time per fitted category (attention, dense, experts, other) for one batch."""
         b = self.base
@@ -73,7 +97,9 @@ class ProfiledStepCost:
         if new.size == 0:
             return np.zeros(len(FIT_CATEGORIES))
         draft = b.draft_of(new, dec)
-        out = _fold(b.nonattn(*b.counts(new, ctx, dec, draft), 1.0))
+        counts = b.counts(new, ctx, dec, draft)
+        out = _fold(b.nonattn(*counts, 1.0))
+        out[FIT_CATEGORIES.index("dense_gemm")] += self.kv_up_extra(counts[1])
         if dec.any():
             a = b.attention(new[dec], ctx[dec], dec[dec], draft, 1.0, None)
             out[0] += a[0] + a[1]
@@ -84,14 +110,25 @@ class ProfiledStepCost:
 
     def _decode_base(self, n: int, draft_len: int, pad: int = 0) -> tuple[np.ndarray, float]:
         """Non-attention category times of a decode batch of ``n`` (run as ``pad`` rows when a graph pads it;
-        logits only for the real rows) and their sum."""
+        logits only for the real rows) and their sum.
+
+        Padding rows are one token repeated (token 0 at position 0: ``executor.cuda_graphs.StaticInputs.fill``), so
+        they all route to the same top-k experts: the routed experts of a padded graph read the weights of ``n + 1``
+        distinct tokens' experts, not ``pad``'s. Priced on ``pad`` random tokens, a batch of 9 in the 16-row graph
+        cost ~1.4x the experts it touches (H200 run 4: measured time rises from 6.9 to 7.8 ms across b = 9..16 of the
+        16-row graph, the padded-row model was flat at 7.6-7.9 ms)."""
         pad = max(pad, n)
         key = (n, draft_len, pad)
         got = self._dec.get(key)
         if got is None:
             g = 1 + draft_len
             v = self.base.nonattn(float(pad * g), float(pad * g), float(n * g), float(pad), float(draft_len), 0.0, 1.0)
-            got = (_fold(v), float(v[:6].sum()))
+            total = float(v[:6].sum())   # the cost model's own sum: decode_times subtracts it from its step time
+            if pad > n and self.pad_one_token and self.base.model.moe:
+                w = self.base.nonattn(float((n + 1) * g), float((n + 1) * g), float(n * g), float(n + 1), float(draft_len), 0.0, 1.0)
+                v[EXPERT] = min(v[EXPERT], w[EXPERT])
+            v[DENSE] += self.kv_up_extra(float(pad * g))
+            got = (_fold(v), total)
             self._dec[key] = got
         return got
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from costmodels.host import partial_overlap
 from costmodels.profiled import ProfiledStepCost, point_categories
-from costmodels.step_profile import FIT_CATEGORIES, FitStats, HostTerms, LoopTerms, StepPoint, StepProfile
+from costmodels.step_profile import FIT_CATEGORIES, STEP_MODEL_REV, FitStats, HostTerms, LoopTerms, StepPoint, StepProfile
 
 
 def nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
@@ -216,7 +216,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
         df = np.zeros((len(pts), len(FIT_CATEGORIES)))
         for L in layers:
             st = StepProfile(model=model, num_layers=L, dtype=dtype, device=device, hardware_basis=hardware_basis, use_op_tables=use_tables,
-                             op_tables=sub)
+                             op_tables=sub, model_rev=STEP_MODEL_REV)
             cost = ProfiledStepCost(profile, st)
             for i, p in enumerate(pts):
                 if p.num_layers == L:
@@ -241,7 +241,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
                      + (f"; at a bound: {', '.join(at)}" if at else ""))
     if not with_layers:
         notes.append(f"one layer count ({main_l}) measured: the per-layer host term is folded into the fixed term")
-    prof = StepProfile(model=model, num_layers=main_l, dtype=dtype, device=device, hardware_basis=hardware_basis,
+    prof = StepProfile(model=model, num_layers=main_l, dtype=dtype, device=device, hardware_basis=hardware_basis, model_rev=STEP_MODEL_REV,
                        use_op_tables=use_tables, op_tables=sub, category_scale={c: float(v) for c, v in zip(FIT_CATEGORIES, k)},
                        prefill_token_s=float(k[len(FIT_CATEGORIES)]) * 1e-6, host=host, overlap=alpha, graph_sizes=sorted({int(x) for x in graph_sizes if x > 0}),
                        loop=fit_loop(pts), notes=notes, points=list(points))

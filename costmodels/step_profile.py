@@ -34,6 +34,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from costmodels.host import partial_overlap
 
+# Revision of the step model (costmodels.profiled.ProfiledStepCost) a fit writes; a profile is priced with the revision
+# its terms were fitted with, so a stored profile reproduces its own fit after the model changes.
+#   0: padding rows of a CUDA-graph decode priced as random tokens; kv_b_proj in the weight dtype
+#   1: padding rows are one repeated token (their experts are one token's: n + 1 distinct tokens route); the
+#      executor's kv_b_proj runs in BF16 (executor/mla.py keeps it in the activation dtype)
+STEP_MODEL_REV = 1
 FIT_CATEGORIES = ("attention", "prefill_attention", "dense_gemm", "expert_gemm", "other")
 # cost-model categories (costmodels.ops.CATEGORIES order) folded into the fitted ones; the attention core (and
 # indexer) of decode rows and of prefill chunks are separate: different kernels (paged MLA decode vs SDPA prefill)
@@ -116,6 +122,8 @@ class StepProfile(BaseModel):
     dtype: str = "bf16"
     device: str = "cuda"
     hardware_basis: str = Field("H200", description="hardware catalog entry whose ceilings the cost-model op times use")
+    model_rev: int = Field(STEP_MODEL_REV, ge=0, le=STEP_MODEL_REV, description="revision of the step model the terms were "
+                           "fitted with (STEP_MODEL_REV); a stored profile without it is 0 (CalibrationProfile reads it so)")
     use_op_tables: bool = Field(False, description="device terms from the profile's measured op tables (else analytic defaults)")
     op_tables: list[str] = Field(default_factory=list, description="which of the profile's tables (with use_op_tables; empty: all)")
     category_scale: dict[str, float] = Field(default_factory=lambda: {c: 1.0 for c in FIT_CATEGORIES})

@@ -1,0 +1,184 @@
+"""Per-step residuals of a validation-matrix run, by batch composition: where the executor twin's step model misses.
+
+Reads a run directory (``benchmarks/gpu/issue16_h200/runN_*``): the ONE calibration profile and the per-step samples
+of every class and level (``samples_<class>_*.json``), re-predicts every measured step with the step model at HEAD
+(``--refit``: re-fitted from the run's own calibration points first, no validation data) and prints the error by
+step kind and composition (decode batch, graph padding, prefill tokens, chunks, cached context), and the spread of the
+calibration's repeated shapes (how noisy the eager host floor is).
+
+    python3 benchmarks/step_residuals.py benchmarks/gpu/issue16_h200/run4_sync96 [--refit auto] [--sync] [--class reasoning]
+
+A sample keeps only its decode count and mean context, and the prefill chunks' token and context sums: a step is
+rebuilt as that many decodes at the mean context and equal chunks (exact for one chunk; attention is close to
+linear in context, so the mean stands for the batch). ``--recorded`` compares the prediction the run itself
+recorded instead (the model at the run's commit, exact batches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+LEVELS = ("low", "knee", "past saturation")
+
+
+def load_samples(run: Path, only: str | None = None) -> dict[str, dict[str, dict]]:
+    """{class: {level: compact sample columns}} from ``samples_<class>_*.json``."""
+    out = {}
+    for f in sorted(run.glob("samples_*_*.json")):
+        cls = f.name.split("_")[1]
+        if only is None or cls == only:
+            out[cls] = json.loads(f.read_text())
+    return out
+
+
+def rebuilt_steps(s: dict):
+    """(decode contexts, prefill new tokens, prefill contexts) per sample, chunks split evenly."""
+    for nd, dmean, pt, pc, pctx in zip(s["decodes"], s["decode_ctx_mean"], s["prefill_tokens"], s["prefill_chunks"], s["prefill_ctx"]):
+        dctx = np.full(nd, int(round(dmean)), np.int64)
+        new = [pt // pc + (1 if i < pt % pc else 0) for i in range(pc)] if pc else []
+        ctx = [pctx // pc] * pc if pc else []
+        yield dctx, new, ctx
+
+
+def predict(cost, prof, s: dict, sync: bool) -> np.ndarray:
+    """The twin's engine-loop iteration for each sample (runner step and loop, as ``twinfer validate`` predicts)."""
+    from costmodels.host import wall_time
+    out = []
+    for dctx, new, ctx in rebuilt_steps(s):
+        runner = cost.chunked_step_time(dctx, 0, new, ctx)
+        n, tok = dctx.size + len(new), dctx.size + sum(new)
+        out.append(float(wall_time(float(runner), float(prof.step.loop(n, tok)), not sync)))
+    return np.array(out)
+
+
+def columns(samples: dict[str, dict], cost, prof, sync: bool, recorded: bool) -> dict[str, np.ndarray]:
+    """All samples of all levels as flat arrays, with a predicted column and the class/level of each."""
+    cols: dict[str, list] = {}
+    for cls, levels in samples.items():
+        for lv, s in levels.items():
+            n = len(s["measured_s"])
+            pred = np.array([np.nan if p is None else p for p in s["predicted_s"]], float) if recorded else predict(cost, prof, s, sync)
+            for k in ("decodes", "decode_ctx_mean", "prefill_tokens", "prefill_chunks", "prefill_ctx", "graph_bs", "measured_s"):
+                cols.setdefault(k, []).extend(s[k])
+            cols.setdefault("pred", []).extend(pred)
+            cols.setdefault("cls", []).extend([cls] * n)
+            cols.setdefault("level", []).extend([lv] * n)
+            # the step before (same replay order): a step right after an eager one, or the first of a level
+            prev = ["first"] + ["eager" if (s["graph_bs"][i - 1] == 0) else "graph" for i in range(1, n)]
+            cols.setdefault("prev", []).extend(prev)
+    return {k: np.array(v) for k, v in cols.items()}
+
+
+def row(label: str, m: np.ndarray, p: np.ndarray) -> str:
+    if m.size == 0:
+        return ""
+    rel = (p - m) / m
+    return (f"  {label:34} {m.size:6d} {m.mean() * 1e3:9.2f} {p.mean() * 1e3:9.2f} {np.mean(rel) * 100:+7.1f}% "
+            f"{np.mean(np.abs(rel)) * 100:6.1f}% {np.percentile(np.abs(p - m), 90) * 1e3:7.2f}")
+
+
+def table(c: dict[str, np.ndarray], title: str, mask: np.ndarray) -> None:
+    """Residuals by composition for the samples in ``mask``."""
+    m, p = c["measured_s"], c["pred"]
+    nd, pt, pc, pctx, g = c["decodes"], c["prefill_tokens"], c["prefill_chunks"], c["prefill_ctx"], c["graph_bs"]
+    kind = np.where(pc == 0, "decode", np.where(nd == 0, "prefill", "mixed"))
+    print(f"{title}\n  {'bin':34} {'steps':>6} {'meas ms':>9} {'pred ms':>9} {'bias':>8} {'MAPE':>7} {'p90 abs':>7}")
+
+    def out(label, sel):
+        sel = sel & mask
+        if sel.any():
+            print(row(label, m[sel], p[sel]))
+    for k in ("decode", "prefill", "mixed"):
+        out(f"kind {k}", kind == k)
+    dec = kind == "decode"
+    for lo, hi in ((1, 1), (2, 8), (9, 16), (17, 32), (33, 64), (65, 128)):
+        out(f"decode batch {lo}-{hi}", dec & (nd >= lo) & (nd <= hi))
+    pad = g - nd
+    for lo, hi in ((0, 0), (1, 3), (4, 7)):
+        out(f"decode graph padding {lo}-{hi} rows", dec & (g > 0) & (pad >= lo) & (pad <= hi))
+    for pv in ("first", "eager", "graph"):
+        out(f"decode after {pv} step", dec & (c["prev"] == pv))
+    eager = ~dec
+    for lo, hi in ((1, 128), (129, 512), (513, 1024), (1025, 2048), (2049, 4096), (4097, 1 << 30)):
+        out(f"eager prefill tokens {lo}-{hi}", eager & (pt >= lo) & (pt <= hi))
+    for lo, hi in ((0, 0), (1, 8), (9, 32), (33, 128)):
+        out(f"eager with {lo}-{hi} decodes", eager & (nd >= lo) & (nd <= hi))
+    out("eager, chunks 1", eager & (pc == 1))
+    out("eager, chunks 2+", eager & (pc >= 2))
+    out("eager, cached context > 0", eager & (pctx > 0))
+    out("eager, predicted < 40 ms (host-bound)", eager & (p < 0.040))
+    out("eager, predicted >= 40 ms", eager & (p >= 0.040))
+    for pv in ("first", "eager", "graph"):
+        out(f"eager after {pv} step", eager & (c["prev"] == pv))
+
+
+def calibration_spread(prof) -> None:
+    """The calibration's eager shapes: median of repeats and spread ((max - min) / median), host- vs device-bound."""
+    st = prof.step
+    pts = [p for p in st.points if p.graph_bs == 0 and p.repeats > 1]
+    if not pts:
+        return
+    small = [p for p in pts if p.wall_s < 0.040]
+    big = [p for p in pts if p.wall_s >= 0.040]
+    print("calibration eager shapes (median of repeats): spread = (max - min) / median of the repeats")
+    for label, sel in (("wall < 40 ms (host-bound)", small), ("wall >= 40 ms (device-bound)", big)):
+        if sel:
+            w = np.array([p.wall_s for p in sel]) * 1e3
+            sp = np.array([p.spread for p in sel]) * 100
+            print(f"  {label:30} {len(sel):3d} shapes: wall {w.min():.1f}-{w.max():.1f} ms (mean {w.mean():.1f}, sd {w.std():.1f}); "
+                  f"spread median {np.median(sp):.1f}%, max {sp.max():.1f}%")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run")
+    ap.add_argument("--refit", default=None, help="auto|none|LO,HI: refit the step model from the run's calibration points")
+    ap.add_argument("--sync", action="store_true", help="the run's loop was synchronous (loop time adds to the runner)")
+    ap.add_argument("--class", dest="cls", default=None)
+    ap.add_argument("--recorded", action="store_true", help="use the predictions the run recorded")
+    a = ap.parse_args()
+    from costmodels.calibration import CalibrationProfile
+    from costmodels.profiled import ProfiledStepCost
+
+    run = Path(a.run)
+    prof = CalibrationProfile.load(next(run.glob("calibration_*.json")))
+    if a.refit is not None:
+        from costmodels.step_fit import fit_step_profile
+        st = prof.step
+        b = a.refit if a.refit == "auto" else None if a.refit == "none" else tuple(float(x) for x in a.refit.split(","))
+        st2 = fit_step_profile(prof, st.points, model=st.model, dtype=st.dtype, device=st.device, graph_sizes=st.graph_sizes, scale_bounds=b)
+        prof = prof.model_copy(update={"step": st2})
+        print(f"refit ({a.refit}): in-sample MAPE {st2.fit.mape * 100:.2f}%; host {st2.host.model_dump()}; overlap {st2.overlap:.2f}")
+    calibration_spread(prof)
+    samples = load_samples(run, a.cls)
+    if not samples:
+        raise SystemExit(f"{run}: no samples_<class>_*.json")
+    c = columns(samples, ProfiledStepCost(prof), prof, a.sync, a.recorded)
+    ok = np.isfinite(c["pred"]) & (c["measured_s"] > 0)
+    for cls in samples:
+        table(c, f"== {cls} (all levels)", ok & (c["cls"] == cls))
+    kind_mape(c, ok)
+
+
+def kind_mape(c: dict[str, np.ndarray], ok: np.ndarray) -> None:
+    """One line per class: per-step MAPE by kind (decode, prefill, mixed) and overall."""
+    m, p = c["measured_s"], c["pred"]
+    kind = np.where(c["prefill_chunks"] == 0, "decode", np.where(c["decodes"] == 0, "prefill", "mixed"))
+    print("per-step MAPE by kind")
+    for cls in dict.fromkeys(c["cls"]):
+        parts = []
+        for k in ("decode", "prefill", "mixed", "all"):
+            sel = ok & (c["cls"] == cls) & ((kind == k) if k != "all" else True)
+            parts.append(f"{k} {np.mean(np.abs(p[sel] / m[sel] - 1)) * 100:5.1f}%" if sel.any() else f"{k}   n/a")
+        print(f"  {cls:10} " + "  ".join(parts))
+
+
+if __name__ == "__main__":
+    main()
