@@ -15,6 +15,7 @@ still runs plan N (executor/overlap.py; costmodels/host.py is the rule the simul
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
@@ -134,6 +135,8 @@ class LLMEngine:
         self.pipeline = PipelinedRunner(runner) if self.overlap_off_reason is None else None
         self._in_flight: InFlight | None = None   # the plan launched and not read back (pipelined loop)
         self._last_read = 0.0                     # perf_counter at the last read-back
+        # synchronous loop: perf_counter at the end of the last step while requests remained (None: idle since)
+        self._busy_since: float | None = None
         self.step = self.step_overlapped if self.pipeline is not None else self.step_sync
 
     @property
@@ -282,22 +285,24 @@ class LLMEngine:
     # ----------------------------------------------------------------- the loop body
     def step_sync(self) -> list[TokenOutput]:
         """Schedule, execute and complete one plan; the token deltas it produced."""
+        entered = time.perf_counter()
         outs, self._pending = self._pending, []
         if not self._reqs:
+            self._busy_since = None
             return outs
         plan = self.scheduler.schedule(self.now(), max_steps=self.decode_steps)
         if plan.is_empty:
             return outs
         reqs = list(plan.decodes) + [c.request for c in plan.prefills]
         before = {r.request_id: len(r.output_token_ids) for r in reqs}
-        start = self.now()
         result = self.backend.execute(plan)
         if self.step_log is not None:
             for rec in self.runner.step_records:
                 self.step_log(rec)
         finished = {r.request_id for r in self.scheduler.complete(plan, result, self.now())}
+        done_at = time.perf_counter()
         if self.step_observer is not None:
-            self.step_observer(start, plan, result)
+            self.step_observer(*self._wall_share(entered, done_at, plan, result))
         for r in reqs:
             rid = r.request_id
             new = r.output_token_ids[before[rid]:]
@@ -305,7 +310,21 @@ class LLMEngine:
             if not new and not done:
                 continue
             self._emit(outs, r, new, ("stop" if rid in result.finished_early else "length") if done else None)
+        self._busy_since = done_at if self._reqs else None
         return outs
+
+    def _wall_share(self, entered: float, done_at: float, plan, result: StepResult) -> tuple[float, object, StepResult]:
+        """(start, plan, result) for the step observer, with the plan's share of the wall clock (``perf_counter``
+        seconds up to ``done_at``, when the scheduler completed it) as its duration, as the pipelined loop reports it
+        (``_read_back``): from where the share of the step before ended while the engine stayed busy (the token
+        emission and the caller's arrival handling between two steps are the loop's), else from ``entered`` (this
+        call); what the runner did not time goes to the plan's first step. A client sees tokens this far apart (the
+        ITL), and the simulator prices a step as this whole iteration (runner + measured loop overhead)."""
+        since = self._busy_since if self._busy_since is not None else entered
+        d = np.array(result.step_durations, float)
+        d[0] += max(0.0, done_at - since - float(d.sum()))
+        share = dataclasses.replace(result, step_durations=d)
+        return done_at - float(d.sum()) - self._t0 + self._skipped, plan, share
 
     def _emit(self, outs: list[TokenOutput], req: Request, new: list[int], reason: str | None) -> None:
         """Report ``req``'s new tokens in ``outs``; with a finish ``reason``, retire it (engine and runner)."""
