@@ -76,6 +76,7 @@ class ExecTables:
     layer_host_rows: dict[str, dict[int, float]] = field(default_factory=dict)
     gap_source: str = "none"  # which measurement eager_gap comes from: "layer" (decoder layers), "add" (x + y), "none"
     glue_mode: str = "spread"  # "spread": a layer's glue between its calls; "lump": all before its first (1aaf485)
+    split: bool = True         # a call's kernels issued one by one over its host time; False: all at its end (1aaf485)
 
     # ------------------------------------------------------------------ lookups
     def device(self, unit: str, size: float, keys: float = 0.0, kind: str = "") -> Lookup:
@@ -96,6 +97,12 @@ class ExecTables:
 
     def host_of(self, unit: str, kind: str = "") -> float:
         return float(self.host.get(f"attention:{kind}" if unit == "attention" else unit, 0.0))
+
+    def kernels_of(self, unit: str, kind: str = "") -> int:
+        """Kernels one call of ``unit`` launches (the profiler's count; 1 where not counted or not ``split``)."""
+        if not self.split:
+            return 1
+        return max(1, int(self.kernels.get(f"attention:{kind}" if unit == "attention" else unit, 1)))
 
     def gap_of(self, unit: str, kind: str = "") -> float:
         """Device seconds an eager call of ``unit`` spends in launch gaps: its kernels x the per-kernel gap."""
@@ -161,6 +168,7 @@ class Op:
     source: str
     layer: int = -1
     gap_s: float = 0.0       # of device_s: the eager launch gaps (kernels x gap)
+    kernels: int = 1         # launches of the call: issued one by one over its host time (eager_stream)
 
 
 def first_key(modes: tuple[str, ...], tokens: tuple[int, ...], window: int, sliding: list[bool], j: int,
@@ -263,7 +271,8 @@ def forward_ops(tables: ExecTables, spec, replay, n: int, c: int) -> list[Op]:
         unit = f"attention:{call.kind}" if call.unit == "attention" else call.unit
         host = 0.0 if tables.sync else tables.host_of(call.unit, call.kind)
         gap = tables.gap_of(call.unit, call.kind)
-        ops.append(Op(unit, call.size, call.keys, float(lk.seconds[0]) + gap, host, str(lk.source[0]), call.layer, gap))
+        ops.append(Op(unit, call.size, call.keys, float(lk.seconds[0]) + gap, host, str(lk.source[0]), call.layer, gap,
+                      tables.kernels_of(call.unit, call.kind)))
     return ops if (tables.glue_mode == "lump" or tables.sync) else spread_glue(ops)
 
 
@@ -311,11 +320,17 @@ class TableCost:
 
 
 def eager_stream(ops: list[Op]) -> float:
-    """Seconds from an idle device to the last op's end: F_i = max(F_{i-1}, H_i) + d_i (module docstring)."""
+    """Seconds from an idle device to the last op's end: F_i = max(F_{i-1}, H_i) + d_i (module docstring), over the
+    kernels of each op: a call of k kernels issues them one by one over its host time (k equal shares of its host
+    and device seconds), so where the device keeps up it runs a call's first kernels while the host still issues its
+    last ones (a 20-kernel RoPE issued over 270 us does not end 20 kernels after its host time)."""
     h = f = 0.0
     for op in ops:
-        h += op.host_s
-        f = max(f, h) + op.device_s
+        k = max(1, op.kernels)
+        dh, dd = op.host_s / k, op.device_s / k
+        for _ in range(k):
+            h += dh
+            f = max(f, h) + dd
     return f
 
 
@@ -374,10 +389,11 @@ def _grid(points: dict[tuple[float, float], float]) -> tuple[np.ndarray, np.ndar
 
 
 def from_dict(d: dict, origins: tuple[str, ...] | None = None, glue_mode: str = "spread",
-              gap_from: str = "layer") -> ExecTables:
+              gap_from: str = "layer", split: bool = True) -> ExecTables:
     """Tables from the measured file's dict (``origins``: keep only points of these origins, e.g. ('grid',)).
 
-    ``glue_mode``: ``spread`` (the model) or ``lump`` (the first table model's, to re-score old runs side by side).
+    ``glue_mode``: ``spread`` (the model) or ``lump`` (the first table model's, to re-score old runs side by side);
+    ``split``: a call's kernels issued one by one over its host time (the model), or all at its end (the first).
     ``gap_from``: the eager launch gap per kernel from whole decoder layers (``layer_eager_gap_s``: eager minus
     graph of the executor's own layers, the kernel mix the forward runs) where measured, else from one x + y kernel
     (``eager_gap_s``); ``add`` takes the x + y figure even where both are there."""
@@ -422,7 +438,7 @@ def from_dict(d: dict, origins: tuple[str, ...] | None = None, glue_mode: str = 
                       int(d.get("row_tile", 1 << 30)), {k: d.get(k) for k in ("gpu", "device", "torch", "method", "date")},
                       {k: int(v) for k, v in d.get("kernels", {}).items()}, gap, bool(d.get("sync", False)),
                       {k: {int(r): float(t) for r, t in by.items()} for k, by in d.get("layer_host_rows", {}).items()},
-                      gap_source, glue_mode)
+                      gap_source, glue_mode, split)
 
 
 def load(path: str | Path, origins: tuple[str, ...] | None = None, **how) -> ExecTables:

@@ -5,10 +5,11 @@ prediction of that day's ``costmodels.replay_table``. This re-prices every row f
 tables (``benchmarks/gpu/replay_tables.py``'s file) with the model as it is now, next to:
 
 - ``committed``: the prediction stored in the run (``table_predicted_s``);
-- ``lump``: the first table model recomputed (a layer's glue before its first call, the x + y launch gap): it must
-  give ``committed`` back, which checks that the rows are priced as the run priced them;
-- ``model``: today's model on the run's tables (glue spread over a layer's calls; the decoder-layer launch gap and
-  the layer host over rows where the tables have them);
+- ``lump``: the first table model recomputed (a layer's glue before its first call, a call's kernels all issued at
+  the end of its host time, the x + y launch gap): on a run priced by that model it gives ``committed`` back, which
+  checks that the rows are priced as the run priced them;
+- ``model``: today's model on the run's tables (glue spread over a layer's calls, a call's kernels issued one by one
+  over its host time; the decoder-layer launch gap and the layer host over rows where the tables have them);
 - ``probe``: today's model with the host speed of the probe the run took beside its timed rounds (runs after
   1aaf485), ``ExecTables.with_host``.
 
@@ -57,7 +58,7 @@ def rescore(bench: dict, tables: dict) -> dict:
     spec = bench_spec(str(bench.get("model", {}).get("name", "")).endswith("tiny"))
     ws = sorted({int(p.split(":")[1]) for p in bench.get("policies", []) if p.startswith("replay:")})
     resolved = {name: pol.resolve(spec) for name, pol in policies(ws)}
-    lump = replay_table.from_dict(tables, glue_mode="lump", gap_from="add")
+    lump = replay_table.from_dict(tables, glue_mode="lump", gap_from="add", split=False)
     model = replay_table.from_dict(tables)
     worst = 0.0
     for kind in ("prefix_hit", "chunked"):
@@ -80,7 +81,7 @@ def rescore(bench: dict, tables: dict) -> dict:
     out["summary"] = summary(out, MODELS)
     out["lump_vs_committed"] = worst
     out["rescored_with"] = {"gap_source": model.gap_source, "eager_gap_s": model.eager_gap, "glue": model.glue_mode,
-                            "layer_host_rows": bool(model.layer_host_rows)}
+                            "split": model.split, "layer_host_rows": bool(model.layer_host_rows)}
     return out
 
 
