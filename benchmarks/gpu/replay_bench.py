@@ -10,13 +10,21 @@ Workloads:
   per step, as a prefix-hit-heavy workload resumes request after request);
 - ``chunked``: a long prompt prefilled in chunks; every chunk after the first resumes.
 
-Per policy: measured device seconds (CUDA events around the forward and the last row's logits, inputs prepared
-beforehand by ``SWAReplay.prepare``: the host's share is the host model's, costmodels/host.py; median of
-``--reps``; ``measured_with_inputs_s`` times the host preparation too), predicted seconds (``costmodels.replay.chunk_cost`` / ``prefill_seconds`` on the same model
+Per policy: measured seconds (CUDA events around the forward and the last row's logits from an idle device, inputs
+prepared beforehand by ``SWAReplay.prepare``; median of ``--reps``; ``measured_with_inputs_s`` times the host
+preparation too; ``measured_host_s`` the host's issue seconds inside the window; ``measured_graph_s`` the same
+forward captured in a CUDA graph). All of a workload's policies, with and without inputs and as graphs, are timed in
+rotated rounds (``Timer.interleaved``): the lent H200's host speed drifts within seconds, and timing the policies one
+after another put that drift between them. A host probe (the tables' decoder-layer host calls, on its own KV pages)
+is sampled every round: ``probe_*`` prices with the host speed of the runs. Then predicted seconds (``costmodels.replay.chunk_cost`` / ``prefill_seconds`` on the same model
 spec, H200, TP1 bf16), and the prefill throughput change against full recompute, measured and predicted
 (``tput / tput_recompute - 1``), with their difference in percentage points. Also: whether the policy
 gives the logits of a full recompute (``exact_for_new_tokens``) and the largest logit difference to the
 persist run of the same step (bf16), and the window pages each policy keeps per resumed sequence.
+
+Diagnostics: ``sync_warnings`` (the synchronising CUDA calls of one prepared forward, torch's sync debug mode: none
+expected) and, last, ``profile`` (one eager forward of a few rows under the profiler: kernels, busy and idle seconds,
+gaps).
 
 Table-based prediction (``table_*`` keys): before any replay run, the op tables of this executor model are
 measured (``benchmarks/gpu/replay_tables.py``: the executor's bf16 Linear, its window/causal prefill attention
@@ -297,7 +305,8 @@ class Bench:
         for name, swa in swas.items():   # each policy's logits on a freshly written prefix (a replay rewrites some)
             self.fill(c + n)
             logits[name] = self.chunk(swa, n, c)
-            syncs[name] = sync_events(self.timer.cuda, lambda swa=swa: self.chunk(swa, n, c))
+            prep = self.prepare(swa, n, c)   # outside the check: its host-to-device copies are the host's share
+            syncs[name] = sync_events(self.timer.cuda, lambda swa=swa, prep=prep: self.chunk(swa, n, c, prep))
         self.fill(c + n)
         preps = {name: self.prepare(swa, n, c) for name, swa in swas.items()}
         fns = {name: (lambda swa=swa, p=preps[name]: self.chunk(swa, n, c, p)) for name, swa in swas.items()}
