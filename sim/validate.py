@@ -102,15 +102,17 @@ def copy_requests(reqs: Sequence[Request], time_scale: float = 1.0) -> list[Requ
 
 
 def simulate_requests(step_cost, sched_cfg: SchedulerConfig, num_blocks: int, requests: list[Request], seed: int = 0,
-                      max_steps: int = 256) -> SimMetrics:
-    """Run ``requests`` (fresh Request objects) through one simulated instance; its metrics."""
+                      max_steps: int = 256, backend_cls: type[SimBackend] = SimBackend,
+                      backend_kw: dict | None = None) -> SimMetrics:
+    """Run ``requests`` (fresh Request objects) through one simulated instance; its metrics. ``backend_cls`` /
+    ``backend_kw``: a SimBackend subclass and its extra arguments (sim.timeline_check's measured step times)."""
     cost = step_cost if isinstance(step_cost, MemoStepCost) else MemoStepCost(step_cost)
     rates = sched_cfg.effective_acceptance_rates()
     rng = np.random.default_rng(seed)
 
     def make_backend(i: int) -> SimBackend:
-        return SimBackend(cost, np.random.default_rng([int(rng.integers(0, 2**62)), i]), rates, sched_cfg.async_overlap,
-                          host_coeffs=host_coeffs(sched_cfg))
+        return backend_cls(cost, np.random.default_rng([int(rng.integers(0, 2**62)), i]), rates, sched_cfg.async_overlap,
+                           host_coeffs=host_coeffs(sched_cfg), **(backend_kw or {}))
 
     env = simpy.Environment()
     collector = MetricsCollector(record_steps=False)

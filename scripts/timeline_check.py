@@ -1,0 +1,107 @@
+"""Timeline vs step model on a validation-matrix run, offline: each level simulated twice on the run's profile, with
+the cost model's step times (what ``matrix_offline.py`` prints) and with the executor's measured step times replayed
+in order (sim.timeline_check), against the measured figures (median of the replays, as the run reports them).
+
+    python3 scripts/timeline_check.py benchmarks/gpu/issue16_h200/run4_sync96 [--sync]
+
+Needs the run's per-step samples (``samples_<class>_*.json``, run 4 on). Per level: the relative errors of both, and
+per replay how many steps kept the measured composition (where the two timelines parted, and the next arrival's
+distance from the simulated clock there), and the predicted/measured ratio of its mixed (prefill-bearing) steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def run_replays(run: Path) -> int:
+    """Replays per level: the matrix report's command (``--runs N``); 1 if it does not say."""
+    import re
+    for f in run.glob("matrix_*.json"):
+        m = re.search(r"--runs (\d+)", json.loads(f.read_text()).get("command", ""))
+        if m:
+            return int(m.group(1))
+    return 1
+
+
+def samples_of(run: Path, cls: str) -> dict | None:
+    f = next(run.glob(f"samples_{cls}_*.json"), None)
+    return json.loads(f.read_text()) if f is not None else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run")
+    ap.add_argument("--sync", action="store_true", help="the engine's loop was synchronous (async overlap off)")
+    a = ap.parse_args()
+
+    from costmodels.calibration import CalibrationProfile
+    from costmodels.profiled import ProfiledStepCost
+    from device_matrix import CLASSES, FIGURES, _clamp
+    from matrix_offline import measured_levels, run_requests
+    from scheduler.config import SchedulerConfig
+    from sim.timeline_check import replay_measured, sample_steps, split_replays
+    from sim.validate import copy_requests, median_runs, metric_values, natural_rate, simulate_requests
+    from sim.workload import generate, preset
+    from ui.cmd_validate import sim_config
+
+    run = Path(a.run)
+    prof = CalibrationProfile.load(next(run.glob("calibration_*.json")))
+    cost = ProfiledStepCost(prof)
+    bs, mml = 64, 8192   # scripts/device_matrix.py's engine
+    blocks = 128 * (-(-mml // bs)) + 64
+    base = SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=8192, max_model_len=mml, block_size=bs, async_overlap=not a.sync)
+    cfg = sim_config(base, prof)
+    nreq, replays = run_requests(run), run_replays(run)
+    print(f"{'class':10} {'level':16} {'':9}" + " ".join(f"{f:>18}" for f in FIGURES))
+    for cls, levels in measured_levels(run).items():
+        samp = samples_of(run, cls)
+        if samp is None:
+            print(f"{cls}: no samples_{cls}_*.json in {run}")
+            continue
+        reqs = _clamp(generate(preset(cls, num_requests=nreq), np.random.default_rng(0), bs), *CLASSES[cls], mml, bs)
+        for name, lv in levels.items():
+            scale = natural_rate(reqs) / lv["rate_rps"]
+            meas = lv["measured"]
+            plain = metric_values(simulate_requests(cost, cfg, blocks, copy_requests(reqs, scale), seed=0))
+            steps = sample_steps(samp[name])
+            figs, notes = [], []
+            for i0, i1 in split_replays(steps, replays):
+                m, tr = replay_measured(cost, cfg, blocks, copy_requests(reqs, scale), steps[i0:i1], seed=0)
+                figs.append(metric_values(m))
+                notes.append(_replay_note(tr, i1 - i0, reqs, scale, samp[name], i0, i1))
+            timed = median_runs(figs)[0] if len(figs) > 1 else figs[0]
+            for label, p in (("cost model", plain), ("measured steps", timed)):
+                err = {f: p[f] / meas[f] - 1 if meas.get(f) else float("nan") for f in FIGURES}
+                print(f"{cls:10} {name:16} {label:>14} " + " ".join(f"{err[f] * 100:+17.1f}%" for f in FIGURES))
+            for n in notes:
+                print(f"{'':28}{n}")
+
+
+def _replay_note(tr, n: int, reqs, scale: float, cols: dict, i0: int, i1: int) -> str:
+    """One replay: steps kept at the measured composition, where it parted, and its mixed steps' predicted/measured."""
+    pt = np.asarray(cols["prefill_tokens"][i0:i1], float)
+    m = np.asarray(cols["measured_s"][i0:i1], float)
+    p = np.asarray([np.nan if x is None else x for x in cols["predicted_s"][i0:i1]], float)
+    mix = pt > 0
+    ratio = f"mixed steps predicted/measured {np.nansum(p[mix]) / m[mix].sum() - 1:+.1%}" if mix.any() else ""
+    if tr.divergence is None:
+        return f"replay of {n} steps: every step at its measured composition; {ratio}"
+    d = tr.divergence
+    arrivals = np.sort([r.arrival_time * scale for r in reqs])
+    k = int(np.searchsorted(arrivals, d.clock_s, side="right"))
+    near = f", next arrival {(arrivals[k] - d.clock_s) * 1e3:+.2f} ms from the simulated clock" if k < len(arrivals) else ""
+    return (f"replay of {n} steps: parted at step {d.step} (simulated {d.simulated}, measured {d.measured} as "
+            f"decodes/prefill tokens/chunks{near}); {ratio}")
+
+
+if __name__ == "__main__":
+    main()
