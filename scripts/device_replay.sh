@@ -21,8 +21,10 @@ source scripts/device_env.sh
   echo "affinity: $(taskset -pc $$ 2>/dev/null)"
   date -u +%Y-%m-%dT%H:%M:%SZ; git rev-parse HEAD 2>/dev/null; } | tee "$OUT/env.txt"
 # background samplers (their own PIDs, stopped at the end): GPU clocks/power/throttle reasons, every core's MHz
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu,temperature.gpu,clocks_throttle_reasons.active \
-  --format=csv -lms 200 > "$OUT/gpu_clocks.csv" 2>/dev/null &
+REASONS=clocks_event_reasons.active   # the older name where the driver lacks the newer one
+nvidia-smi --query-gpu=$REASONS --format=csv >/dev/null 2>&1 || REASONS=clocks_throttle_reasons.active
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu,temperature.gpu,$REASONS \
+  --format=csv -lms 200 > "$OUT/gpu_clocks.csv" 2>&1 &
 SMI_PID=$!
 ( while true; do echo "$(date +%s.%N | cut -c1-14) $(awk '/cpu MHz/ {printf "%d ", $4}' /proc/cpuinfo)"; sleep 0.25; done ) \
   > "$OUT/cpu_mhz.txt" 2>/dev/null &

@@ -402,7 +402,8 @@ class Tables:
         try:
             fns = fns()    # built here: a skipped point allocates nothing
             t, how = self.clock.device(fns if isinstance(fns, list) else [fns])
-            self.doc["points"].append({"unit": unit, **size, "device_s": t, "how": how, "origin": origin})
+            self.doc["points"].append({"unit": unit, **size, "device_s": t, "how": how, "origin": origin,
+                                       "t": round(time.time(), 3)})   # to read beside the sampled GPU clocks
         except Exception as e:  # noqa: BLE001 - one failed case must not stop the table
             self.doc["errors"].append(f"{unit} {size}: {type(e).__name__}: {e}"[:300])
         if self.clock.cuda and torch.cuda.memory_reserved() > (8 << 30):
