@@ -130,15 +130,18 @@ class ExecTables:
 
     def with_host(self, layer_host_rows: dict[str, dict[int, float]]) -> "ExecTables":
         """These tables with the host speed of another moment (a probe taken beside the runs, ``layer_host_rows`` of
-        the same layer calls): the layer calls' host seconds replaced, each unit's scaled by the probe's 1-row layer
-        call over the tables' (the same CPU running the same Python: one speed ratio)."""
-        layer_host_rows = {k: {int(x): float(t) for x, t in by.items()} for k, by in layer_host_rows.items()}  # JSON keys
-        ratios = [by[min(by)] / self.layer_host_at(k, min(by)) for k, by in layer_host_rows.items()
-                  if by and self.layer_host_at(k, min(by))]
-        r = float(np.mean(ratios)) if ratios else 1.0
-        lh = {k: float(by[min(by)]) for k, by in layer_host_rows.items() if by}
+        the same layer calls): the probe's layer calls replace the tables' at the rows it measured, the tables' other
+        rows and every unit's host seconds scale by the probe's smallest layer call over the tables' (the same CPU
+        running the same Python: one speed ratio per layer kind, their mean for the units)."""
+        probe = {k: {int(x): float(t) for x, t in by.items()} for k, by in layer_host_rows.items() if by}  # JSON keys
+        ratio = {k: by[min(by)] / self.layer_host_at(k, min(by)) for k, by in probe.items() if self.layer_host_at(k, min(by))}
+        r = float(np.mean(list(ratio.values()))) if ratio else 1.0
+        rows = {k: {x: t * ratio.get(k, r) for x, t in by.items()} for k, by in self.layer_host_rows.items()}
+        for k, by in probe.items():
+            rows[k] = {**rows.get(k, {}), **by}
+        lh = {k: by[min(by)] for k, by in probe.items()}
         return replace(self, host={u: h * r for u, h in self.host.items()}, layer_host={**self.layer_host, **lh},
-                       layer_host_rows=layer_host_rows)
+                       layer_host_rows=rows)
 
     def check_model(self, spec) -> None:
         """The tables speak for the model they were measured on: same layer kinds, widths and window."""
