@@ -58,6 +58,17 @@ def predict(cost, prof, s: dict, sync: bool) -> np.ndarray:
     return np.array(out)
 
 
+def replay_boundary(s: dict) -> int:
+    """Index of the first step of a level's second replay (the samples of its replays are concatenated; each replay
+    starts with the same first steps), or the sample count when there is one replay."""
+    key = lambda i: (s["decodes"][i], s["prefill_tokens"][i], s["prefill_chunks"][i], s["prefill_ctx"][i])  # noqa: E731
+    n = len(s["measured_s"])
+    for j in range(1, n - 1):
+        if key(j) == key(0) and key(j + 1) == key(1):
+            return j
+    return n
+
+
 def columns(samples: dict[str, dict], cost, prof, sync: bool, recorded: bool) -> dict[str, np.ndarray]:
     """All samples of all levels as flat arrays, with a predicted column and the class/level of each."""
     cols: dict[str, list] = {}
@@ -73,6 +84,8 @@ def columns(samples: dict[str, dict], cost, prof, sync: bool, recorded: bool) ->
             # the step before (same replay order): a step right after an eager one, or the first of a level
             prev = ["first"] + ["eager" if (s["graph_bs"][i - 1] == 0) else "graph" for i in range(1, n)]
             cols.setdefault("prev", []).extend(prev)
+            j = replay_boundary(s)
+            cols.setdefault("replay", []).extend([1] * j + [2] * (n - j))
     return {k: np.array(v) for k, v in cols.items()}
 
 
@@ -168,16 +181,32 @@ def main() -> None:
 
 
 def kind_mape(c: dict[str, np.ndarray], ok: np.ndarray) -> None:
-    """One line per class: per-step MAPE by kind (decode, prefill, mixed) and overall."""
+    """One line per class: per-step MAPE (and bias) by kind (decode, prefill, mixed) and overall; then the same per
+    level and replay (a level's first replay against its second: the same trace, so a difference is the engine's
+    state, not the batch)."""
     m, p = c["measured_s"], c["pred"]
     kind = np.where(c["prefill_chunks"] == 0, "decode", np.where(c["decodes"] == 0, "prefill", "mixed"))
-    print("per-step MAPE by kind")
-    for cls in dict.fromkeys(c["cls"]):
+
+    def line(sel_base) -> str:
         parts = []
         for k in ("decode", "prefill", "mixed", "all"):
-            sel = ok & (c["cls"] == cls) & ((kind == k) if k != "all" else True)
-            parts.append(f"{k} {np.mean(np.abs(p[sel] / m[sel] - 1)) * 100:5.1f}%" if sel.any() else f"{k}   n/a")
-        print(f"  {cls:10} " + "  ".join(parts))
+            sel = sel_base & ((kind == k) if k != "all" else True)
+            if sel.any():
+                rel = p[sel] / m[sel] - 1
+                parts.append(f"{k} {np.mean(np.abs(rel)) * 100:5.1f}% ({np.mean(rel) * 100:+5.1f}%)")
+            else:
+                parts.append(f"{k} {'n/a':>15}")
+        return "  ".join(parts)
+    print("per-step MAPE (bias) by kind")
+    for cls in dict.fromkeys(c["cls"]):
+        print(f"  {cls:10} " + line(ok & (c["cls"] == cls)))
+    print("per level and replay")
+    for cls in dict.fromkeys(c["cls"]):
+        for lv in dict.fromkeys(c["level"][c["cls"] == cls]):
+            for r in (1, 2):
+                sel = ok & (c["cls"] == cls) & (c["level"] == lv) & (c["replay"] == r)
+                if sel.any():
+                    print(f"  {cls:10} {lv:16} r{r} {line(sel)}")
 
 
 if __name__ == "__main__":

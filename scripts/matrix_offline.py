@@ -10,6 +10,7 @@ Measured figures come from ``validation_<class>_*.json`` (``levels[].measured``)
 
 ``--no-lag``: without the pipelined engine's one-step admission lag (sim/instance.py), to see what it changes.
 ``--sync``: the engine's loop was synchronous (async overlap off; run 3).
+``--replay N``: against replay N's figures instead of the median (per-class reports keep them).
 ``--refit auto|none|LO,HI``: refit the run's step model from its own calibration points (no validation data) with
 those category-scale bounds (costmodels.step_fit.fit_step_profile) before simulating; default: the run's profile as is.
 """
@@ -28,14 +29,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def measured_levels(run: Path) -> dict:
+def measured_levels(run: Path, replay: int | None = None) -> dict:
+    """{class: {level: {rate_rps, measured}}}; ``replay``: that replay's figures (1-based) instead of the median,
+    from the per-class reports' ``runs`` (classes whose report did not come back are left out)."""
     rec = run / "measured_recovered.json"
-    if rec.exists():
+    if rec.exists() and replay is None:
         return json.loads(rec.read_text())
     out = {}
     for f in sorted(run.glob("validation_*_*.json")):
         d = json.loads(f.read_text())
-        out[d["workload"]] = {lv["name"]: {"rate_rps": lv["rate_rps"], "measured": lv["measured"]} for lv in d["levels"]}
+        lv_runs = {lv["name"]: lv.get("runs") or [] for lv in d["levels"]}
+        if replay is not None and any(len(r) < replay for r in lv_runs.values()):
+            continue
+        out[d["workload"]] = {lv["name"]: {"rate_rps": lv["rate_rps"],
+                                           "measured": lv["measured"] if replay is None else lv_runs[lv["name"]][replay - 1]}
+                              for lv in d["levels"]}
+    if rec.exists():   # classes only the recovered medians have
+        out = {**json.loads(rec.read_text()), **out}
     return out
 
 
@@ -80,6 +90,9 @@ def main() -> None:
     ap.add_argument("--no-lag", action="store_true")
     ap.add_argument("--sync", action="store_true")
     ap.add_argument("--refit", default=None)
+    ap.add_argument("--replay", type=int, default=None,
+                    help="compare with replay N's measured figures (1-based; classes whose report kept per-replay figures) "
+                         "instead of the median: a level's first replay pays a one-time cost on its largest eager steps")
     ap.add_argument("--recover", action="store_true",
                     help="write measured_recovered.json for classes whose validation report did not come back: measured = "
                          "the prediction / (1 + the matrix report's relative error); exact only at the run's own commit")
@@ -122,7 +135,12 @@ def main() -> None:
         return
     worst: dict[str, tuple[float, str]] = {}
     print(f"{'class':10} {'level':16} " + " ".join(f"{f:>18}" for f in FIGURES))
-    for cls, levels in measured_levels(run).items():
+    have = measured_levels(run, a.replay)
+    if a.replay is not None:
+        have = {c: v for c, v in have.items() if any(f.name.startswith(f"validation_{c}_") for f in run.glob("validation_*_*.json"))}
+        if not have:
+            raise SystemExit(f"{run}: no validation report with {a.replay} replays per level")
+    for cls, levels in have.items():
         reqs = _clamp(generate(preset(cls, num_requests=nreq), np.random.default_rng(0), bs), *CLASSES[cls], mml, bs)
         for name, lv in levels.items():
             p = metric_values(simulate_requests(cost, sim_config(base, prof), blocks,

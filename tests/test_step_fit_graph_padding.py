@@ -117,3 +117,20 @@ def test_residual_script_rebuilds_steps_and_bins_them():
     # bias = mean(+20%, -10%) = +5%, MAPE 15%, p90 of the absolute errors (2 and 3 ms) 2.9 ms
     assert line.split()[-3:] == ["+5.0%", "15.0%", "2.90"]
     assert StepPoint(num_layers=1, decode_ctx=[1], wall_s=1.0).num_tokens == 1
+
+
+def test_matrix_offline_reads_one_replays_figures(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import matrix_offline as mo
+
+    runs = [{"output_throughput": 100.0}, {"output_throughput": 130.0}]
+    rep = {"workload": "agentic", "levels": [{"name": "low", "rate_rps": 1.0, "measured": {"output_throughput": 115.0}, "runs": runs}]}
+    (tmp_path / "validation_agentic_x.json").write_text(json.dumps(rep))
+    (tmp_path / "validation_chat_x.json").write_text(json.dumps({"workload": "chat", "levels": [
+        {"name": "low", "rate_rps": 2.0, "measured": {"output_throughput": 7.0}, "runs": []}]}))
+    (tmp_path / "measured_recovered.json").write_text(json.dumps({"reasoning": {"low": {"rate_rps": 3.0, "measured": {"output_throughput": 9.0}}}}))
+    assert mo.measured_levels(tmp_path) == {"reasoning": {"low": {"rate_rps": 3.0, "measured": {"output_throughput": 9.0}}}}
+    two = mo.measured_levels(tmp_path, 2)
+    assert two["agentic"]["low"]["measured"] == {"output_throughput": 130.0} and "chat" not in two   # chat kept no replays
+    assert mo.measured_levels(tmp_path, 1)["agentic"]["low"]["measured"] == {"output_throughput": 100.0}
+    assert "agentic" not in mo.measured_levels(tmp_path, 3)
