@@ -16,7 +16,7 @@ from costmodels.model_spec import ModelSpec
 from executor.forward_batch import ForwardBatch
 from executor.indexer import Indexer
 from executor.kv_cache import KVCache
-from executor.layers import Linear, RMSNorm
+from executor.layers import Linear, RMSNorm, shared_quant
 from kernels import ops
 from kernels import reference as ref
 
@@ -55,15 +55,19 @@ class MLAAttention(nn.Module):
         t = x.shape[0]
         qr = None
         if hasattr(self, "q_a_proj"):
-            qr = self.q_a_layernorm(self.q_a_proj(x))
+            quant = shared_quant(x, self.q_a_proj, self.kv_a_proj_with_mqa)   # both read x: quantise it once
+            qr = self.q_a_layernorm(self.q_a_proj(x, quant))
             q = self.q_b_proj(qr)
         else:
-            q = self.q_proj(x)
+            quant = shared_quant(x, self.q_proj, self.kv_a_proj_with_mqa)
+            q = self.q_proj(x, quant)
         q = q.view(t, self.h, self.dn + self.dr)
-        q_nope, q_pe = q[..., : self.dn], ref.rope(q[..., self.dn:], batch.positions, self.cos_sin, self.interleave)
-        kva = self.kv_a_proj_with_mqa(x)
+        kva = self.kv_a_proj_with_mqa(x, quant)
         c = self.kv_a_layernorm(kva[:, : self.rank])
-        k_pe = ref.rope(kva[:, None, self.rank:], batch.positions, self.cos_sin, self.interleave)[:, 0]
+        # the query heads' and the shared key's rope parts rotated in one call, at rows gathered once per forward
+        pe = ref.rope(torch.cat((q[..., self.dn:], kva[:, None, self.rank:]), dim=1), batch.positions, self.cos_sin,
+                      self.interleave, batch.rope_rows(self.cos_sin))
+        q_nope, q_pe, k_pe = q[..., : self.dn], pe[:, : self.h], pe[:, self.h]
         cache = kv.latent[self.cache_layer]
         ref.write_paged(cache, batch.slot_mapping, torch.cat((c, k_pe), dim=-1))
 

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import torch
 
-from executor.forward_batch import ForwardBatch, SeqInput, build_forward_batch
+from executor.forward_batch import ForwardBatch, SeqInput, build_forward_batch, to_device
 from executor.kv_cache import KVCache
 from executor.model_base import CausalLM
 from executor.request_state import RequestState
@@ -140,6 +140,13 @@ class ModelRunner:
         return req.prompt_token_ids + req.output_token_ids
 
     # ----------------------------------------------------------------- sampling
+    def _rows(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """``hidden[rows]`` without a blocking copy of the index: a slice when the rows run contiguously (decodes
+        of one query each, then the last row of a prompt), else an index built on the host and copied once."""
+        if rows and rows[-1] - rows[0] == len(rows) - 1 and all(b - a == 1 for a, b in zip(rows, rows[1:])):
+            return hidden[rows[0]: rows[-1] + 1]
+        return hidden.index_select(0, to_device(np.asarray(rows, dtype=np.int64), hidden.device))
+
     def _sample(self, hidden: torch.Tensor, rows: list[int], rids: list[str]) -> list[int]:
         if not rows:
             return []
@@ -147,7 +154,7 @@ class ModelRunner:
 
     def sample_on_device(self, hidden: torch.Tensor, rows: list[int], rids: list[str]) -> torch.Tensor:
         """The sampled token id of each row, left on the device (int64; the pipelined step reads it back later)."""
-        logits = self.model.compute_logits(hidden[rows])
+        logits = self.model.compute_logits(self._rows(hidden, rows))
         sts = [self._state(r) for r in rids]
         if all(s.params.temperature == 0 for s in sts):
             return logits.argmax(-1)
@@ -240,7 +247,7 @@ class ModelRunner:
             durations.append(wall)
             counts.append(step_count)
             self.step_records.append(step_record(prefills, nd, sq, batch.num_tokens,
-                                                 int(batch.decode_seq_lens.sum()) if nd else 0, int(sum(accepted)),
+                                                 batch.decode_context_tokens, int(sum(accepted)),
                                                  wall, dev, graph_bs))
             self.num_steps_run += 1
             if finished_early or any(x <= 0 for x in remaining):
@@ -271,12 +278,12 @@ class ModelRunner:
                 pos += 1
                 anchors.append((c.request.request_id, span.start + span.num - 1, c.request.block_ids, end - 1))
             nxt.extend(s.token_ids[1:] + [follow])
-        mtp_batch = dataclasses.replace(batch, input_ids=torch.tensor(nxt, dtype=torch.int64, device=self.device))
+        mtp_batch = dataclasses.replace(batch, input_ids=to_device(np.asarray(nxt, dtype=np.int64), self.device))
         h = self.model.mtp_forward(0, mtp_batch, hidden, self.kv)
         if not anchors:
             return
         rows = [a[1] for a in anchors]
-        h = h[rows]
+        h = self._rows(h, rows)
         draft = self.model.mtp_logits(0, h).argmax(-1)
         drafts = [draft.tolist()]
         for j in range(1, k):

@@ -92,7 +92,12 @@ class MoE(nn.Module):
         shared = getattr(m, "shared_intermediate_size", None) or m.moe_intermediate_size * m.n_shared_experts
         self.shared_experts = MLP(hidden, shared, fp8) if m.n_shared_experts else None
         self.register_buffer("router_bias", torch.zeros(m.n_routed_experts), persistent=False)
-        self.expert_counts: torch.Tensor | None = None   # tokens per expert, last forward (for load stats)
+        self.last_ids: torch.Tensor | None = None   # expert ids of the last forward (load stats, counted on demand)
+
+    @property
+    def expert_counts(self) -> torch.Tensor | None:
+        """Tokens per expert in the last forward (counted when asked, not on every step's layer loop)."""
+        return None if self.last_ids is None else expert_counts(self.last_ids, self.cfg.n_routed_experts)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T,k] float32, expert ids [T,k])."""
@@ -106,7 +111,7 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w, ids = self.route(x)
-        self.expert_counts = expert_counts(ids, self.cfg.n_routed_experts)
+        self.last_ids = ids
         if GRAPH_SAFE and ops.choice("moe_experts", x.device).candidates[0].name == "torch":
             y = moe_experts_dense(x, w, ids, *self.experts.dense())
         elif self.experts.fp8:

@@ -37,15 +37,17 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return F.layer_norm(x.float(), (x.shape[-1],), weight.float(), None if bias is None else bias.float(), eps).to(x.dtype)
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, interleaved: bool,
+         rows: torch.Tensor | None = None) -> torch.Tensor:
     """Rotary embedding of ``x [T, ..., d]`` at ``positions [T]``.
 
     ``cos_sin [max_pos, d]`` holds cos in the first half and sin in the second (float32).
     ``interleaved`` rotates pairs (x0,x1),(x2,x3).. as DeepSeek's checkpoints expect; otherwise
-    the two halves (x[:d/2], x[d/2:]) as Llama/Qwen ("neox" style).
+    the two halves (x[:d/2], x[d/2:]) as Llama/Qwen ("neox" style). ``rows``: ``cos_sin[positions]``
+    when the caller already gathered it (one gather per forward instead of one per layer).
     """
     d = x.shape[-1]
-    cs = cos_sin[positions]                      # [T, d]
+    cs = cos_sin[positions] if rows is None else rows   # [T, d]
     cos, sin = cs[:, : d // 2], cs[:, d // 2:]
     shape = [x.shape[0]] + [1] * (x.dim() - 2) + [d // 2]
     cos, sin = cos.view(shape), sin.view(shape)

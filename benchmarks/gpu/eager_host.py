@@ -17,7 +17,8 @@ with the executor's real code path (``model.forward`` -> layers -> ``kernels.ops
 sigmoid routing and a shared expert, FP8 linears) at dimensions a CPU runs in milliseconds. Op counts do not
 depend on the dimensions, so the counts are the H200 engine's up to the kernels chosen there.
 
-CLI: ``python -m benchmarks.gpu.eager_host [--device cuda] [--model deepseek-v3 --layers 5]`` prints the table.
+CLI: ``python -m benchmarks.gpu.eager_host [--device cuda]`` prints the small model's counts; ``--engine --out F.json``
+times the H200 engine (``scripts/device_eager.sh``).
 """
 
 from __future__ import annotations
@@ -46,13 +47,14 @@ class OpCount:
     views: int = 0          # ... of which metadata-only (views)
     kernel_calls: int = 0   # kernels.ops calls (one vendor/Triton/reference implementation each)
     in_kernels: int = 0     # aten ops dispatched inside kernel implementations
-    syncs: int = 0          # host syncs (see SYNC_OPS) anywhere
+    syncs: int = 0          # host syncs (see SYNC_OPS) in executor code
+    kernel_syncs: int = 0   # ... inside kernel implementations (the CPU references have some; GPU kernels must not)
     sync_ops: dict[str, int] = field(default_factory=dict)
     by_op: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return {"ops": self.ops, "views": self.views, "kernel_calls": self.kernel_calls,
-                "in_kernels": self.in_kernels, "syncs": self.syncs, "sync_ops": dict(self.sync_ops)}
+        return {"ops": self.ops, "views": self.views, "kernel_calls": self.kernel_calls, "in_kernels": self.in_kernels,
+                "syncs": self.syncs, "kernel_syncs": self.kernel_syncs, "sync_ops": dict(self.sync_ops)}
 
 
 def _is_sync(name: str, args, kwargs) -> bool:
@@ -87,8 +89,7 @@ class StepCounter(TorchDispatchMode):
         base = full.split(".")[0]
         c = self.regions[self.region]
         if _is_sync(full, args, kwargs):
-            c.syncs += 1
-            c.sync_ops[base] = c.sync_ops.get(base, 0) + 1
+            self.note_sync(base)
         if self.kernel_depth:
             c.in_kernels += 1
         else:
@@ -100,7 +101,11 @@ class StepCounter(TorchDispatchMode):
 
     def note_sync(self, what: str) -> None:
         c = self.regions[self.region]
-        c.syncs += 1
+        if self.kernel_depth:
+            c.kernel_syncs += 1
+            what = "kernel:" + what
+        else:
+            c.syncs += 1
         c.sync_ops[what] = c.sync_ops.get(what, 0) + 1
 
 
@@ -236,12 +241,212 @@ def table(runner, shapes: dict | None = None) -> list[dict]:
     return rows
 
 
+# ----------------------------------------------------------------------------- the H200 engine (device script)
+
+ENGINE_SHAPES = {   # name -> (decode contexts, prefill chunks (new, cached), modes)
+    "decode b=1": ([1024], [], ("graph", "eager")),
+    "decode b=8": ([1024] * 8, [], ("graph", "eager")),
+    "decode b=64": ([1024] * 64, [], ("graph", "eager")),
+    "prefill 64": ([], [(64, 0)], ("eager",)),
+    "prefill 512": ([], [(512, 0)], ("eager",)),
+    "prefill 4096": ([], [(4096, 0)], ("eager",)),
+    "mixed 16 dec@1024 + 256 over 2048": ([1024] * 16, [(256, 2048)], ("eager",)),
+    "mixed 32 dec@2048 + 128 + 128 over 512": ([2048] * 32, [(128, 0), (128, 512)], ("eager",)),
+}
+
+
+def host_syncs(fn) -> tuple[int, list[str]]:
+    """Host syncs ``fn`` makes, as CUDA's sync debug mode reports them (blocking copies, ``.item()``, ``nonzero``...)."""
+    import warnings
+    if not torch.cuda.is_available():
+        fn()
+        return 0, ["(no CUDA: not checked)"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    msgs = [str(w.message).splitlines()[0][:120] for w in caught if "synchroniz" in str(w.message).lower()]
+    return len(msgs), msgs
+
+
+def per_op_host_us(device: torch.device, n: int = 2000) -> dict:
+    """Host microseconds per call, no sync: a small torch op, and one Triton launch (the fused quantisation)."""
+    import time
+    a = torch.ones(64, 128, device=device, dtype=torch.bfloat16)
+    out = {}
+    for name, fn in (("torch add", lambda: a + a), ("torch view", lambda: a.view(-1)),
+                     ("ops.quant_fp8_act", lambda: _ops().quant_fp8_act(a)), ("ops.rms_norm", lambda: _ops().rms_norm(a, a[0]))):
+        for _ in range(50):
+            fn()
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out[name] = (time.perf_counter() - t0) / n * 1e6
+        _sync(device)
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _ops():
+    from kernels import ops
+    return ops
+
+
+def check_rowwise(device: torch.device) -> dict:
+    """The fused row-wise kernels against the torch reference on this device (bit-exactness of the quantisation)."""
+    from kernels import reference as ref
+    g = torch.Generator(device=device).manual_seed(0)
+    x = (torch.randn(64, 7168, device=device, generator=g) * 3).to(torch.bfloat16)
+    w = torch.randn(7168, device=device, generator=g).to(torch.bfloat16)
+    ops = _ops()
+    q, sc = ops.quant_fp8_act(x)
+    q0, s0 = ref.quant_fp8_act(x)
+    y, y0 = ops.rms_norm(x, w, 1e-6).float(), ref.rms_norm(x, w, 1e-6).float()
+    return {"quant_impl": ops.used.get("quant_fp8_act"), "quant_bits_equal": bool(torch.equal(q.view(torch.uint8), q0.view(torch.uint8))),
+            "quant_scales_equal": bool(torch.equal(sc, s0)), "rms_impl": ops.used.get("rms_norm"),
+            "rms_max_rel": float((y - y0).abs().max() / y0.abs().max())}
+
+
+def time_shape(engine, name: str, dec: list[int], pre: list, mode: str, repeats: int) -> dict:
+    """One shape in one mode: wall of ``execute`` (inputs, forward, sampling; median), the forward's host issue time
+    and its synchronised time (eager only), the host syncs of one step and the executor's ops per layer."""
+    import statistics
+    import time
+
+    from executor.calibrate import synthetic_plan
+    runner = engine.runner
+    plan = synthetic_plan(engine, dec, pre, f"eh_{name.replace(' ', '_')}_{mode}_")
+    saved = runner.graphs
+    runner.graphs = saved if mode == "graph" else None
+    try:
+        with torch.inference_mode():
+            for _ in range(2):   # Triton specialisations of new sizes compile here, not in the timed runs
+                runner.execute(plan)
+            walls, devs = [], []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                runner.execute(plan)
+                walls.append(time.perf_counter() - t0)
+                devs.append(runner.step_records[-1]["device_s"])
+            syncs, msgs = host_syncs(lambda: runner.execute(plan))
+            with counting(runner.model) as c:
+                runner.execute(plan)
+            row = {"shape": name, "mode": mode, "wall_ms": statistics.median(walls) * 1e3,
+                   "wall_min_ms": min(walls) * 1e3, "events_ms": statistics.median(devs) * 1e3,
+                   "graph_bs": runner.step_records[-1].get("graph_bs", 0), "host_syncs": syncs, "sync_msgs": msgs[:6],
+                   "counts": {k: v.as_dict() for k, v in c.regions.items()}}
+            if mode == "eager":
+                row.update(forward_times(runner, plan, repeats))
+    finally:
+        runner.graphs = saved
+        for r in plan.decodes + [c.request for c in plan.prefills]:
+            runner.remove_request(r.request_id)
+    return row
+
+
+def forward_times(runner, plan, repeats: int) -> dict:
+    """The model forward alone: host issue time (no sync; the host cost when the GPU keeps up) and synchronised time."""
+    import statistics
+    import time
+
+    from executor.forward_batch import SeqInput, build_forward_batch
+    seqs = [SeqInput([r.prompt_token_ids[-1]], int(c), r.block_ids, True) for r, c in zip(plan.decodes, plan.decode_context_lens)]
+    seqs += [SeqInput(c.request.prompt_token_ids[c.context_len: c.context_len + c.num_new_tokens], c.context_len,
+                      c.request.block_ids, False) for c in plan.prefills]
+    batch = build_forward_batch(seqs, runner.page_size, runner.kv.null_page, runner.device)
+    issue, total = [], []
+    for _ in range(repeats):
+        _sync(runner.device)
+        t0 = time.perf_counter()
+        runner.model(batch, runner.kv)
+        t1 = time.perf_counter()
+        _sync(runner.device)
+        issue.append(t1 - t0)
+        total.append(time.perf_counter() - t0)
+    return {"forward_issue_ms": statistics.median(issue) * 1e3, "forward_sync_ms": statistics.median(total) * 1e3}
+
+
+def bench_engine(out: str | None, repeats: int = 10, compare_torch_rowwise: bool = True, device: str = "cuda",
+                 model: str = "deepseek-v3", layers: int | None = 5, shapes: dict | None = None, kv_blocks: int = 4096,
+                 max_model_len: int = 8192) -> dict:
+    """The H200 5-layer DeepSeek-V3 FP8 engine (``executor.calibrate.build_engine``, dummy weights): eager vs graph
+    decode, eager prefill and mixed steps, host syncs and ops per layer; prints the table, writes ``out`` (JSON)."""
+    import json
+    import time
+
+    from executor.calibrate import build_engine
+    from kernels import ops, registry
+    dev = torch.device(device)
+    shapes = shapes or ENGINE_SHAPES
+    res: dict = {"per_op_host_us": per_op_host_us(dev), "rowwise_check": check_rowwise(dev)}
+    print("host us per call (no sync):", {k: round(v, 2) for k, v in res["per_op_host_us"].items()})
+    print("fused row-wise kernels vs reference:", res["rowwise_check"])
+    t0 = time.perf_counter()
+    engine = build_engine(model, layers, device, "fp8", max_num_seqs=64, max_model_len=max_model_len, num_kv_blocks=kv_blocks,
+                          max_batched_tokens=8192)
+    res["build_s"] = time.perf_counter() - t0
+    res["warmup_s"] = engine.warmup() if dev.type == "cuda" else 0.0
+    print(f"engine built in {res['build_s']:.1f} s (graphs {engine.runner.graphs.captured if engine.runner.graphs else None}), "
+          f"warm-up {res['warmup_s']:.1f} s")
+    rows = []
+
+    def dump():
+        res["rows"] = rows
+        if out:
+            with open(out, "w") as f:
+                json.dump(res, f, indent=1)
+
+    for name, (dec, pre, modes) in shapes.items():
+        for mode in modes:
+            if mode == "graph" and engine.runner.graphs is None:
+                continue
+            rows.append(time_shape(engine, name, dec, pre, mode, repeats))
+            print_row(rows[-1], len(engine.runner.model.model.layers))
+            dump()
+    if compare_torch_rowwise:   # the same eager steps with the row-wise ops as torch ops (what ran before issue 18's fix)
+        registry.configure({"quant_fp8_act": "torch", "rms_norm": "torch"})
+        ops.clear_choices()
+        try:
+            for name in [n for n in ("decode b=1", "prefill 512", "mixed 16 dec@1024 + 256 over 2048") if n in shapes]:
+                dec, pre, _ = shapes[name]
+                rows.append(time_shape(engine, name, dec, pre, "eager", repeats))
+                rows[-1]["mode"] = "eager, torch row-wise"
+                print_row(rows[-1], len(engine.runner.model.model.layers))
+                dump()
+        finally:
+            registry.configure(None)
+            ops.clear_choices()
+    return res
+
+
+def print_row(r: dict, n_layers: int) -> None:
+    lay = r["counts"]["layers"]
+    print(f"{r['shape']:40s} {r['mode']:22s} wall {r['wall_ms']:8.2f} ms (min {r['wall_min_ms']:7.2f})  events {r['events_ms']:8.2f}"
+          + (f"  fwd issue {r['forward_issue_ms']:7.2f} sync {r['forward_sync_ms']:7.2f}" if "forward_issue_ms" in r else " " * 32)
+          + f"  syncs {r['host_syncs']:2d}  ops/layer {lay['ops'] / n_layers:5.1f} (+{lay['in_kernels'] / n_layers:5.1f} in"
+          f" {lay['kernel_calls'] / n_layers:4.1f} kernel calls)  {r['sync_msgs'][:2] if r['host_syncs'] else ''}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="fp8")
     ap.add_argument("--verbose", action="store_true", help="print the most frequent aten ops of the layer loop")
+    ap.add_argument("--engine", action="store_true", help="time the H200 5-layer DeepSeek-V3 FP8 engine (CUDA)")
+    ap.add_argument("--out", default=None, help="JSON output of --engine")
+    ap.add_argument("--repeats", type=int, default=10)
     a = ap.parse_args(argv)
+    if a.engine:
+        bench_engine(a.out, a.repeats)
+        return
     runner = build_runner(device=a.device, dtype=a.dtype)
     print(f"{'shape':32s} {'ops/layer':>9s} {'views':>6s} {'kernels':>7s} {'in-kern':>7s} {'layer syncs':>11s} {'other ops':>9s} {'other syncs':>11s}")
     for r in table(runner):
