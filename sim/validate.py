@@ -49,6 +49,12 @@ class StepSample(BaseModel):
     measured_s: float
     predicted_s: float | None = None
     graph_bs: int = 0
+    # where the iteration's time went (the executor's replay; None where not recorded): the engine clock at the step's
+    # start, the runner's own wall seconds (inputs, forward, sampling) and its CUDA-event device seconds; measured_s
+    # minus runner_s is the loop's host work (scheduling, completion, arrivals), runner_s minus device_s launch/sync
+    start_s: float | None = None
+    runner_s: float | None = None
+    device_s: float | None = None
 
 
 class LevelReport(BaseModel):
@@ -175,7 +181,13 @@ def compact_samples(samples: Sequence[StepSample]) -> dict[str, list]:
             "prefill_tokens": [sum(a for a, _ in x.prefill) for x in samples], "prefill_chunks": [len(x.prefill) for x in samples],
             "prefill_ctx": [sum(c for _, c in x.prefill) for x in samples],
             "graph_bs": [x.graph_bs for x in samples], "measured_s": [round(x.measured_s, 6) for x in samples],
-            "predicted_s": [None if x.predicted_s is None else round(x.predicted_s, 6) for x in samples]}
+            "predicted_s": [_r6(x.predicted_s) for x in samples], "start_s": [_r6(x.start_s) for x in samples],
+            "runner_s": [_r6(x.runner_s) for x in samples], "device_s": [_r6(x.device_s) for x in samples]}
+
+
+def _r6(v: float | None) -> float | None:
+    """Microseconds for a report column; None for a missing or NaN figure (JSON has no NaN)."""
+    return None if v is None or v != v else round(v, 6)
 
 
 def step_comparison(samples: Sequence[StepSample]) -> tuple[dict, list[dict]]:

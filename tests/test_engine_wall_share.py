@@ -76,3 +76,16 @@ def test_a_step_after_idle_starts_at_the_call(monkeypatch):
     start, dur, runner = seen[n]
     assert dur < runner + 50e-3                          # the idle gap is not the step's
     assert start + dur == pytest.approx(e.now(), abs=5e-3)
+
+
+def test_replay_steps_carry_runner_and_device_seconds(monkeypatch):
+    from executor.replay import replay
+    e = LLMEngine.from_args("tiny", device="cpu", dtype="fp64", seed=0, scheduler_config=SC)
+    monkeypatch.setattr(time, "perf_counter", TickClock())
+    res = replay(e, [(0.0, f"r{i}", [3 + i, 5, 7, 11], 3) for i in range(2)])
+    assert len(res.steps) >= 3
+    for a, b in zip(res.steps, res.steps[1:]):
+        assert b.start_s > a.start_s
+    for s in res.steps:
+        assert 0 < s.runner_s < s.iter_s
+        assert s.device_s != s.device_s   # NaN: no CUDA events on the CPU

@@ -67,3 +67,15 @@ def test_split_replays_and_sample_columns(case):
     cols = {"decodes": [s[0][0] for s in steps], "prefill_tokens": [s[0][1] for s in steps],
             "prefill_chunks": [s[0][2] for s in steps], "measured_s": [s[1] for s in steps]}
     assert sample_steps(cols) == steps
+
+
+def test_compact_samples_keep_where_the_time_went():
+    from sim.validate import StepSample, compact_samples
+    s = [StepSample(decode_ctx=[100, 300], prefill=[(64, 0)], measured_s=0.0301234567, predicted_s=0.029,
+                    start_s=1.5, runner_s=0.028, device_s=float("nan")),
+         StepSample(decode_ctx=[101], prefill=[], measured_s=0.006)]
+    cols = compact_samples(s)
+    assert cols["measured_s"] == [0.030123, 0.006]
+    assert cols["start_s"] == [1.5, None] and cols["runner_s"] == [0.028, None]
+    assert cols["device_s"] == [None, None]   # NaN (not timed) is no JSON number
+    assert sample_steps(cols) == [((2, 64, 1), 0.030123), ((1, 0, 0), 0.006)]
