@@ -79,9 +79,31 @@ def rescore(bench: dict, tables: dict) -> dict:
                     worst = max(worst, abs(r["lump_predicted_s"] / r["committed_predicted_s"] - 1))
             _changes(w["rows"], 1, MODELS)
     out["summary"] = summary(out, MODELS)
+    out["layer_check"] = layer_check(tables)
     out["lump_vs_committed"] = worst
     out["rescored_with"] = {"gap_source": model.gap_source, "eager_gap_s": model.eager_gap, "glue": model.glue_mode,
                             "split": model.split, "layer_host_rows": bool(model.layer_host_rows)}
+    return out
+
+
+def layer_check(tables: dict) -> list[dict]:
+    """The tables' whole decoder-layer calls (``layer_gap_points``: graph seconds of one layer at ``rows`` rows from
+    position 0) next to the same layer priced from the unit tables (its device seconds without launch gaps): whether
+    the units add up to the layer they make. A diagnostic; nothing is scaled by it."""
+    pts = tables.get("layer_gap_points") or []
+    if not pts:
+        return []
+    spec = bench_spec(str(tables.get("model", {}).get("name", "")).endswith("tiny"))
+    tab = replay_table.from_dict(tables)
+    persist = policies([])[-1][1].resolve(spec)
+    kinds = list(spec.kinds())
+    out = []
+    for p in pts:
+        j = kinds.index(p["kind"])
+        ops = [o for o in replay_table.forward_ops(tab, spec, persist, int(p["rows"]), 0) if o.layer == j]
+        units = sum(o.device_s - o.gap_s for o in ops)
+        out.append({"kind": p["kind"], "rows": p["rows"], "layer_graph_s": p["graph_s"], "units_s": units,
+                    "units_over_layer": units / p["graph_s"], "eager_s": p["eager_s"], "kernels": p.get("kernels")})
     return out
 
 
@@ -100,6 +122,10 @@ def report(res: dict) -> str:
                 lines.append(f"  {r['policy']:>11} {r['measured_s'] * 1e3:9.3f} {r['measured_change']:+8.1%}{cells}")
     for name, by in res["summary"].items():
         lines.append(f"{name}: " + ", ".join(f"{m} {v['ws_within_5pp']} W (max {v['max_abs_pp']} pp)" for m, v in by.items()))
+    for c in res.get("layer_check", []):
+        lines.append(f"layer {c['kind']} x {c['rows']} rows: graph {c['layer_graph_s'] * 1e3:.3f} ms, units "
+                     f"{c['units_s'] * 1e3:.3f} ms ({c['units_over_layer']:.3f}x), eager {c['eager_s'] * 1e3:.3f} ms, "
+                     f"{c['kernels']} kernels")
     return "\n".join(lines)
 
 
