@@ -26,7 +26,7 @@ from costmodels.calibration_source import profile_for
 from costmodels.hardware import get_hardware
 from costmodels.step import StepCostModel
 from planner.combine import AGG, Candidate, Table, combine
-from planner.confirm import CONFIRM_MAX_RUNS, CONFIRM_RATE_STEPS, confirm_plan, confirmation_order
+from planner.confirm import CONFIRM_MAX_RUNS, CONFIRM_RATE_STEPS, confirm_plan, confirmation_order, step_bound
 from planner.economics import Economics, economics
 from planner.explain import describe_row, does_not_fit, short_row, slo_unreachable, why_it_won
 from planner.parallel import Runner, report
@@ -372,18 +372,24 @@ def _confirm(req, table, options, stats, model, hw, router, effects, ok, accepta
         o = outcomes[i]
         if (best is not None and o.thr_gpu <= best[2].thr_gpu) or attempts >= CONFIRM_MAX_RUNS:
             break
+        mine: list[tuple[float, float]] = []   # this candidate's full-scale runs: (rate step, tokens/s per GPU)
         for step in CONFIRM_RATE_STEPS:
             if attempts >= CONFIRM_MAX_RUNS:   # the limit holds across a candidate's rate steps too
                 break
             if attempts:
                 report("confirm_plan", attempts, CONFIRM_MAX_RUNS)
             attempts += 1
+            if best is not None and step_bound(o.thr_gpu, step, mine) <= best[2].thr_gpu:
+                # this step (and any lower) cannot beat the confirmed plan: not simulated, but it spends its run of
+                # the budget as before, so the candidates tried after it are the same
+                continue
             plan = _make_plan(req, table.candidate(i), options, stats, model, hw, router, effects, o, table, ok, acceptance,
                               outcomes, points, rate_scale=step)
             full = confirm_plan(plan, i, float(table.cols["rate"][i]), req.slo_percentile)
             if full is None:     # nothing finished at full scale: a miss
                 continue
             runs.append((i, full))
+            mine.append((step, full.thr_gpu))
             if meets(full, req.slo):
                 if best is None or full.thr_gpu > best[2].thr_gpu:
                     best = (i, plan, full)
