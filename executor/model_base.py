@@ -51,6 +51,9 @@ class CausalLM(nn.Module):
 
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Final-normed hidden states ``[T, hidden]`` of every token in the batch."""
+        # values shared by this forward's layers are computed afresh each forward: a CUDA graph capture must record
+        # them (a warm-up run's tensors would be replayed stale, and freed under the graph)
+        batch.memo.clear()
         x = self.model.embed_tokens(batch.input_ids)
         for layer in self.model.layers:
             x = layer(x, batch, kv)
