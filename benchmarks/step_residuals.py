@@ -149,6 +149,29 @@ def calibration_spread(prof) -> None:
                   f"spread median {np.median(sp):.1f}%, max {sp.max():.1f}%")
 
 
+def grid_vs_serving(prof, c: dict[str, np.ndarray]) -> None:
+    """Decode steps: serving's measured iteration against the calibration grid's own measurement of the same batch
+    (its CUDA-graph points at that batch, linear in context between them) plus the fitted loop time: what differs
+    between the two measurements is the conditions, not the model."""
+    st = prof.step
+    grid: dict[int, list[tuple[float, float]]] = {}
+    for p in st.points:
+        if p.graph_bs > 0 and p.repeats > 1 and p.loop_s is None and not p.prefill:
+            grid.setdefault(len(p.decode_ctx), []).append((float(np.mean(p.decode_ctx)), p.wall_s))
+    dec = (c["prefill_chunks"] == 0) & (c["graph_bs"] > 0)
+    print("decode steps: serving minus the calibration grid at the same batch (grid runner + fitted loop, ms)")
+    for b in sorted(grid):
+        sel = dec & (c["decodes"] == b)
+        if sel.sum() < 20 or len(grid[b]) < 2:
+            continue
+        x, y = np.array(sorted(grid[b])).T
+        ctx = c["decode_ctx_mean"][sel]
+        ref = np.interp(ctx, x, y) + np.asarray(st.loop(b, b), float)
+        m = c["measured_s"][sel]
+        print(f"  b={b:3d}: {sel.sum():5d} steps, serving {m.mean() * 1e3:6.2f}, grid {ref.mean() * 1e3:6.2f}, "
+              f"difference {np.mean(m / ref - 1) * 100:+5.1f}%")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run")
@@ -178,6 +201,7 @@ def main() -> None:
     for cls in samples:
         table(c, f"== {cls} (all levels)", ok & (c["cls"] == cls))
     kind_mape(c, ok)
+    grid_vs_serving(prof, c)
 
 
 def kind_mape(c: dict[str, np.ndarray], ok: np.ndarray) -> None:
