@@ -14,8 +14,9 @@ by one, syncing for sampled tokens, scheduling), which dominates at small batch.
   prefill_sequences``, and host and device work overlap: ``runner step = max(H, D) + overlap *
   min(H, D)`` (0: perfect overlap, 1: they add).
 - ``graph_sizes``: decode-only steps (no drafts) whose batch fits a captured CUDA graph replay
-  the graph of the smallest captured size ``>= n`` (executor/cuda_graphs.py): the GEMMs and
-  experts run on the padded batch, attention on the real rows, and the host only builds the
+  the graph of the smallest captured size ``>= n`` (executor/cuda_graphs.py): the GEMMs run on the
+  padded batch, the routed experts on the real rows plus one (the padding rows are one repeated
+  token; ``model_rev`` >= 1), attention on the real rows, and the host only builds the
   inputs before the replay and samples after it: ``runner step = graph_fixed + graph_per_request
   * n + D(padded)`` (the input build does not overlap the replay).
 - ``loop``: the engine loop around the runner (schedule, complete, bookkeeping),
