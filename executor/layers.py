@@ -144,7 +144,7 @@ class MLP(nn.Module):
         quant = shared_quant(x, self.gate_proj, self.up_proj)
         g = self.gate_proj(x, quant)
         u = self.up_proj(x, quant)
-        return self.down_proj((nn.functional.silu(ref._up(g)) * ref._up(u)).to(x.dtype))
+        return self.down_proj(ops.silu_mul(g, u))
 
 
 class DecoderLayer(nn.Module):

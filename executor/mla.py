@@ -65,7 +65,7 @@ class MLAAttention(nn.Module):
         kva = self.kv_a_proj_with_mqa(x, quant)
         c = self.kv_a_layernorm(kva[:, : self.rank])
         # the query heads' and the shared key's rope parts rotated in one call, at rows gathered once per forward
-        pe = ref.rope(torch.cat((q[..., self.dn:], kva[:, None, self.rank:]), dim=1), batch.positions, self.cos_sin,
+        pe = ops.rope(torch.cat((q[..., self.dn:], kva[:, None, self.rank:]), dim=1), batch.positions, self.cos_sin,
                       self.interleave, batch.rope_rows(self.cos_sin))
         q_nope, q_pe, k_pe = q[..., : self.dn], pe[:, : self.h], pe[:, self.h]
         cache = kv.latent[self.cache_layer]

@@ -104,3 +104,13 @@ def quant_fp8_act(x):
 def rms_norm(x, weight, eps=1e-6):
     """RMSNorm over the last dim; see ``reference.rms_norm``."""
     return call("rms_norm", x.device, x, weight, eps)
+
+
+def rope(x, positions, cos_sin, interleaved, rows=None):
+    """Rotary embedding of ``x [T, heads, d]``; see ``reference.rope``."""
+    return call("rope", x.device, x, positions, cos_sin, interleaved, rows)
+
+
+def silu_mul(gate, up):
+    """``silu(gate) * up`` in float32, back in gate's dtype; see ``reference.silu_mul``."""
+    return call("silu_mul", gate.device, gate, up)

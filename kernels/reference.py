@@ -263,10 +263,15 @@ def route_softmax_topk(logits: torch.Tensor, top_k: int, norm_topk_prob: bool = 
     return w, ids
 
 
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU activation ``silu(gate) * up`` in float32, back in gate's dtype."""
+    return (F.silu(_up(gate)) * _up(up)).to(gate.dtype)
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """SwiGLU activation of a fused gate/up projection ``[..., 2I] -> [..., I]``."""
     gate, up = x.chunk(2, dim=-1)
-    return (F.silu(_up(gate)) * _up(up)).to(x.dtype)
+    return silu_mul(gate, up)
 
 
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, m_indices: torch.Tensor) -> torch.Tensor:

@@ -98,6 +98,14 @@ IMPLS: dict[str, list[Impl]] = {
         Impl("rms_norm", "triton", 1, ("cuda",), "kernels.triton_rowwise:rms_norm", "triton", (8, 0), "one launch per call"),
         Impl("rms_norm", "torch", 0, ("cpu", "cuda"), f"{_R}:rms_norm", notes="9 torch ops"),
     ],
+    "rope": [
+        Impl("rope", "triton", 1, ("cuda",), "kernels.triton_rowwise:rope", "triton", (8, 0), "x [T, heads, d]: one launch"),
+        Impl("rope", "torch", 0, ("cpu", "cuda"), f"{_R}:rope", notes="~12 torch ops"),
+    ],
+    "silu_mul": [
+        Impl("silu_mul", "triton", 1, ("cuda",), "kernels.triton_rowwise:silu_mul", "triton", (8, 0), "one launch"),
+        Impl("silu_mul", "torch", 0, ("cpu", "cuda"), f"{_R}:silu_mul", notes="5 torch ops"),
+    ],
     "sampling": [
         Impl("sampling", "torch", 0, ("cpu", "cuda"), f"{_R}:sample", notes="FlashInfer sampling JITs ~270 s: not worth it here"),
     ],

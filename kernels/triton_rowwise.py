@@ -1,4 +1,4 @@
-"""Tier 1: row-wise ops fused into one Triton launch each (FP8 activation quantisation, RMSNorm).
+"""Tier 1: row-wise ops fused into one Triton launch each (FP8 activation quantisation, RMSNorm, RoPE, SiLU-and-mul).
 
 Eager steps are host-bound: each torch op costs ~10 us of host on the H200 (benchmarks/gpu/issue23_h200:
 RMSNorm as 9 torch ops 108 us, one BF16 GEMM call 25 us), and the torch references of these two ops are
@@ -72,3 +72,69 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
         _rms_norm_kernel[(x2.shape[0],)](x2, weight, y, d, x2.stride(0), y.stride(0), eps,
                                          BLOCK=triton.next_power_of_2(d), num_warps=4 if d <= 4096 else 8)
     return y.view(*x.shape)
+
+
+@triton.jit
+def _rope_kernel(x_ptr, cs_ptr, y_ptr, N, stride_xt, stride_xh, stride_yt, stride_yh, stride_ct,
+                 HALF: tl.constexpr, BH: tl.constexpr, INTERLEAVED: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    hm = h < N
+    i = tl.arange(0, HALF)
+    cos = tl.load(cs_ptr + t * stride_ct + i)[None, :]
+    sin = tl.load(cs_ptr + t * stride_ct + HALF + i)[None, :]
+    if INTERLEAVED:   # pairs (x0,x1),(x2,x3)..: DeepSeek's checkpoints
+        o1 = 2 * i
+        o2 = 2 * i + 1
+    else:             # halves (x[:d/2], x[d/2:]): Llama/Qwen "neox" style
+        o1 = i
+        o2 = i + HALF
+    xb = x_ptr + t * stride_xt + h[:, None] * stride_xh
+    x1 = tl.load(xb + o1[None, :], mask=hm[:, None], other=0.0).to(tl.float32)
+    x2 = tl.load(xb + o2[None, :], mask=hm[:, None], other=0.0).to(tl.float32)
+    yb = y_ptr + t * stride_yt + h[:, None] * stride_yh
+    tl.store(yb + o1[None, :], (x1 * cos - x2 * sin).to(y_ptr.dtype.element_ty), mask=hm[:, None])
+    tl.store(yb + o2[None, :], (x2 * cos + x1 * sin).to(y_ptr.dtype.element_ty), mask=hm[:, None])
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, interleaved: bool,
+         rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Same contract as ``reference.rope`` for ``x [T, heads, d]`` (unit last stride), one launch."""
+    d = x.shape[-1]
+    half = d // 2
+    if x.dim() != 3 or x.stride(-1) != 1 or d % 2 or half < 1 or half & (half - 1) or cos_sin.dtype != torch.float32 \
+            or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise Unsupported("triton rope: x [T, heads, d] bf16/fp16/fp32 with d/2 a power of two, fp32 cos/sin table")
+    cs = cos_sin[positions] if rows is None else rows
+    if cs.stride(-1) != 1:
+        cs = cs.contiguous()
+    t, n = x.shape[0], x.shape[1]
+    y = torch.empty(t, n, d, dtype=x.dtype, device=x.device)
+    if t and n:
+        bh = min(16, triton.next_power_of_2(n))
+        _rope_kernel[(t, triton.cdiv(n, bh))](x, cs, y, n, x.stride(0), x.stride(1), y.stride(0), y.stride(1), cs.stride(0),
+                                              HALF=half, BH=bh, INTERLEAVED=interleaved)
+    return y
+
+
+@triton.jit
+def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, N, stride_g, stride_u, stride_y, BLOCK: tl.constexpr):
+    m = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    g = tl.load(g_ptr + m * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + m * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + m * stride_y + cols, (g / (1.0 + tl.exp(-g)) * u).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Same contract as ``reference.silu_mul`` (2-D, rows may be strided: the halves of a fused gate/up output)."""
+    if gate.dim() != 2 or gate.shape != up.shape or gate.stride(1) != 1 or up.stride(1) != 1 \
+            or gate.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise Unsupported("triton silu_mul: 2-D bf16/fp16/fp32 gate and up of one shape, unit column stride")
+    m, n = gate.shape
+    y = torch.empty(m, n, dtype=gate.dtype, device=gate.device)
+    if m and n:
+        block = min(1024, triton.next_power_of_2(n))
+        _silu_mul_kernel[(m, triton.cdiv(n, block))](gate, up, y, n, gate.stride(0), up.stride(0), y.stride(0), BLOCK=block)
+    return y

@@ -4,7 +4,8 @@
 # eager prefill of 64/512/4096 tokens, two mixed steps (decodes next to prompt chunks), each with its wall (execute:
 # inputs, forward, sampling), CUDA-event span, the forward's host issue time, host syncs (CUDA sync debug mode) and
 # dispatched torch ops per layer; then three eager shapes again with the row-wise ops (RMSNorm, FP8 activation
-# quantisation) as torch ops, as before the fix. Output: $OUT/eager.json, $OUT/log.txt, $OUT/env.txt.
+# quantisation, RoPE, SiLU-and-mul) as torch ops, as before the fix; first the row-wise Triton kernels against the
+# torch reference and the host microseconds of one torch op / one Triton launch. Output: $OUT/eager.json, $OUT/log.txt, $OUT/env.txt.
 # Run from the repo root with `.whl` carried:  bash scripts/device_eager.sh     (<= 4 minutes with the install)
 source scripts/device_env.sh
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv

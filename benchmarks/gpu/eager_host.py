@@ -255,6 +255,9 @@ ENGINE_SHAPES = {   # name -> (decode contexts, prefill chunks (new, cached), mo
 }
 
 
+ROWWISE_OPS = ("quant_fp8_act", "rms_norm", "rope", "silu_mul")   # one Triton launch each on CUDA (kernels/triton_rowwise.py)
+
+
 def host_syncs(fn) -> tuple[int, list[str]]:
     """Host syncs ``fn`` makes, as CUDA's sync debug mode reports them (blocking copies, ``.item()``, ``nonzero``...)."""
     import warnings
@@ -310,9 +313,17 @@ def check_rowwise(device: torch.device) -> dict:
     q, sc = ops.quant_fp8_act(x)
     q0, s0 = ref.quant_fp8_act(x)
     y, y0 = ops.rms_norm(x, w, 1e-6).float(), ref.rms_norm(x, w, 1e-6).float()
+    pe = torch.randn(64, 129, 64, device=device, generator=g).to(torch.bfloat16)
+    cs = torch.randn(4096, 64, device=device, generator=g)
+    pos = torch.arange(1000, 1064, device=device)
+    r, r0 = ops.rope(pe, pos, cs, True).float(), ref.rope(pe, pos, cs, True).float()
+    a, b = x[:, :3584], x[:, 3584:]
+    m, m0 = ops.silu_mul(a, b).float(), ref.silu_mul(a, b).float()
+    rel = lambda u, v: float((u - v).abs().max() / v.abs().max())  # noqa: E731
     return {"quant_impl": ops.used.get("quant_fp8_act"), "quant_bits_equal": bool(torch.equal(q.view(torch.uint8), q0.view(torch.uint8))),
-            "quant_scales_equal": bool(torch.equal(sc, s0)), "rms_impl": ops.used.get("rms_norm"),
-            "rms_max_rel": float((y - y0).abs().max() / y0.abs().max())}
+            "quant_scales_equal": bool(torch.equal(sc, s0)), "rms_impl": ops.used.get("rms_norm"), "rms_max_rel": rel(y, y0),
+            "rope_impl": ops.used.get("rope"), "rope_max_rel": rel(r, r0), "silu_impl": ops.used.get("silu_mul"),
+            "silu_max_rel": rel(m, m0)}
 
 
 def time_shape(engine, name: str, dec: list[int], pre: list, mode: str, repeats: int) -> dict:
@@ -411,8 +422,8 @@ def bench_engine(out: str | None, repeats: int = 10, compare_torch_rowwise: bool
             rows.append(time_shape(engine, name, dec, pre, mode, repeats))
             print_row(rows[-1], len(engine.runner.model.model.layers))
             dump()
-    if compare_torch_rowwise:   # the same eager steps with the row-wise ops as torch ops (what ran before issue 18's fix)
-        registry.configure({"quant_fp8_act": "torch", "rms_norm": "torch"})
+    if compare_torch_rowwise:   # the same eager steps with the row-wise ops as torch ops (as before issue 18's fix)
+        registry.configure({op: "torch" for op in ROWWISE_OPS})
         ops.clear_choices()
         try:
             for name in [n for n in ("decode b=1", "prefill 512", "mixed 16 dec@1024 + 256 over 2048") if n in shapes]:
