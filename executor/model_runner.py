@@ -158,10 +158,11 @@ class ModelRunner:
         sts = [self._state(r) for r in rids]
         if all(s.params.temperature == 0 for s in sts):
             return logits.argmax(-1)
-        dev = logits.device
-        temp = torch.tensor([s.params.temperature for s in sts], device=dev)
-        top_k = torch.tensor([s.params.top_k for s in sts], device=dev)
-        top_p = torch.tensor([s.params.top_p for s in sts], device=dev)
+        # one host array, one non-blocking copy (three torch.tensor(..., device=cuda) were three blocking copies)
+        host = np.array([[s.params.temperature for s in sts], [s.params.top_k for s in sts], [s.params.top_p for s in sts]],
+                        dtype=np.float64)
+        knobs = to_device(host, logits.device)
+        temp, top_k, top_p = knobs[0].float(), knobs[1].long(), knobs[2].float()
         return ops.sample(logits, temp, top_k, top_p, [s.generator for s in sts]).to(torch.int64)
 
     # ----------------------------------------------------------------- the plan
