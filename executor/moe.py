@@ -101,7 +101,8 @@ class MoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T,k] float32, expert ids [T,k])."""
-        logits = nn.functional.linear(ref._up(x), self.gate.weight.to(ref._up(x).dtype)) + self.router_bias
+        xf = ref._up(x)   # once: each call is a cast of the whole [T, hidden] batch
+        logits = nn.functional.linear(xf, self.gate.weight.to(xf.dtype)) + self.router_bias
         m = self.cfg
         if m.scoring == "sigmoid":
             return ref.route_sigmoid_grouped(logits, self.gate.e_score_correction_bias, m.top_k, m.n_group,
