@@ -106,7 +106,10 @@ class Terms:
 def _terms(rows: list[tuple], n: int) -> Terms:
     """Terms from (name, category, count, flops, bytes, seconds, all-to-all) rows of arrays over ``n`` points."""
     def stack(k):
-        return np.array([np.broadcast_to(r[k], (n,)) for r in rows], float).reshape(len(rows), n)
+        out = np.empty((len(rows), n))   # each row broadcast into place (a copy, as np.array of broadcast views made)
+        for i, r in enumerate(rows):
+            out[i] = r[k]
+        return out
 
     return Terms([r[0] for r in rows], [r[1] for r in rows], ["-"] * len(rows), stack(2), stack(3), stack(4), stack(5),
                  [r[6] for r in rows])

@@ -123,21 +123,18 @@ class KVManager:
             return
         full = min(len(req.block_hashes), req.num_computed_tokens // self.block_size)
         i = req._cached_blocks
-        ids, hashes = req.block_ids, req.block_hashes
-        while i < full:
-            if not cache.insert(ids[i - 1] if i else -1, hashes[i], ids[i]):
-                # another request cached this content first: keep ours private and stop here, so a
-                # request's cached blocks are always one chain from the root that it holds
-                req._cache_done = True
-                break
-            i += 1
+        if i < full:
+            i = cache.insert_run(req.block_ids, req.block_hashes, i, full)
+            # stopped early: another request cached this content first: keep ours private and stop here, so a
+            # request's cached blocks are always one chain from the root that it holds
+            req._cache_done = i < full
         req._cached_blocks = i
 
     def cached_prefix_tokens(self, req: Request) -> int:
         """Prompt tokens of ``req`` the prefix cache holds now (cache-aware routing)."""
         if self.cache is None or not req.block_hashes:
             return 0
-        return len(self.cache.match(req.block_hashes, len(req.block_hashes))) * self.block_size
+        return self.cache.match_len(req.block_hashes, len(req.block_hashes)) * self.block_size
 
     def free(self, req: Request) -> None:
         """Release every block ``req`` holds (cached ones stay in the prefix cache, evictable)."""

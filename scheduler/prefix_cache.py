@@ -8,16 +8,20 @@ _ROOT_HASH = -1
 
 
 class _Node:
-    """One cached KV block: its content hash, the block id holding it, and its place in the tree."""
+    """One cached KV block: its content hash, the block id holding it, and its place in the tree
+    (``depth`` blocks from the root; ``path[:depth]`` is the hashes on the way, the root's excluded: a tuple
+    shared with the request that inserted it, so ``match_len`` compares paths at C speed)."""
 
-    __slots__ = ("block_hash", "block_id", "parent", "children", "stamp")
+    __slots__ = ("block_hash", "block_id", "parent", "children", "stamp", "depth", "path")
 
-    def __init__(self, block_hash: int, block_id: int, parent: "_Node | None"):
+    def __init__(self, block_hash: int, block_id: int, parent: "_Node | None", depth: int = 0, path: tuple = ()):
         self.block_hash = block_hash
         self.block_id = block_id
         self.parent = parent
         self.children: dict[int, _Node] = {}
         self.stamp = 0  # logical time of the last release (LRU key); a counter, never the wall clock
+        self.depth = depth
+        self.path = path
 
 
 class PrefixCache:
@@ -34,6 +38,10 @@ class PrefixCache:
         self._ref = ref
         self.root = _Node(_ROOT_HASH, -1, None)
         self._by_block: dict[int, _Node] = {}
+        # every cached node by its hash (match_len's index); a hash held by several nodes (nothing in the format
+        # forbids it) keeps all of them in _dups instead
+        self._by_hash: dict[int, _Node] = {}
+        self._dups: dict[int, list[_Node]] = {}
         self._heap: list[tuple[int, int]] = []   # (stamp, block_id) of leaf candidates; stale entries skipped
         self._clock = 0
         self.num_unused = 0                      # cached blocks with ref 0 (all evictable)
@@ -59,6 +67,29 @@ class PrefixCache:
             out.append(node.block_id)
         return out
 
+    def match_len(self, block_hashes: tuple[int, ...], max_blocks: int) -> int:
+        """``len(match(block_hashes, max_blocks))`` without walking the tree block by block: the cached paths are
+        prefix-closed, so the longest cached prefix is found by bisection, each probe one index lookup and one
+        tuple comparison (C speed) of the probed node's path with the query's."""
+        if type(block_hashes) is not tuple:   # paths are tuples: a list would never compare equal
+            block_hashes = tuple(block_hashes)
+        lo, hi = 0, min(len(block_hashes), max_blocks)
+        by_hash, dups = self._by_hash, self._dups
+        while lo < hi:
+            k = (lo + hi + 1) >> 1
+            h = block_hashes[k - 1]
+            nodes = dups.get(h) if dups else None
+            if nodes is None:
+                node = by_hash.get(h)
+                found = node is not None and node.depth == k and node.path[:k] == block_hashes[:k]
+            else:
+                found = any(n.depth == k and n.path[:k] == block_hashes[:k] for n in nodes)
+            if found:
+                lo = k
+            else:
+                hi = k - 1
+        return lo
+
     def count_unused(self, block_ids: list[int]) -> int:
         """How many of ``block_ids`` (cached) are currently unused: pinning them takes them off the free pool."""
         ref = self._ref
@@ -82,10 +113,50 @@ class PrefixCache:
         parent = self.root if parent_block < 0 else self._by_block[parent_block]
         if block_hash in parent.children:
             return False
-        node = _Node(block_hash, block_id, parent)
+        d, path = parent.depth, parent.path
+        if len(path) <= d or path[d] != block_hash:   # the parent's path does not go on with this hash: a new one
+            path = path[:d] + (block_hash,)
+        self._add(parent, block_hash, block_id, path)
+        return True
+
+    def insert_run(self, block_ids: list[int], block_hashes: tuple[int, ...], start: int, stop: int) -> int:
+        """``insert`` of blocks ``start .. stop - 1`` of one request, each under the one before (block ``start``
+        under ``block_ids[start - 1]``, the root if ``start`` is 0); stops at the first hash already cached there.
+        Returns how many of the blocks are cached by then (the index it stopped at, ``stop`` if none was)."""
+        if type(block_hashes) is not tuple:
+            block_hashes = tuple(block_hashes)
+        parent = self.root if start == 0 else self._by_block[block_ids[start - 1]]
+        path = block_hashes
+        if start and (parent.depth != start or parent.path[:start] != block_hashes[:start]):   # (not the request's chain)
+            path = parent.path[:parent.depth] + tuple(block_hashes[start:stop])
+        for i in range(start, stop):
+            h = block_hashes[i]
+            if h in parent.children:
+                return i
+            parent = self._add(parent, h, block_ids[i], path)
+        return stop
+
+    def _add(self, parent: _Node, block_hash: int, block_id: int, path: tuple) -> _Node:
+        """A new node for ``block_id`` under ``parent`` (whose path goes on with ``block_hash`` in ``path``)."""
+        node = _Node(block_hash, block_id, parent, parent.depth + 1, path)
         parent.children[block_hash] = node
         self._by_block[block_id] = node
-        return True
+        other = self._by_hash.setdefault(block_hash, node)
+        if other is not node:
+            self._dups.setdefault(block_hash, [other]).append(node)
+        return node
+
+    def _unindex(self, node: _Node) -> None:
+        """Take an evicted ``node`` out of the hash index."""
+        h = node.block_hash
+        dups = self._dups.get(h)
+        if dups is None:
+            del self._by_hash[h]
+            return
+        dups.remove(node)
+        self._by_hash[h] = dups[0]
+        if len(dups) == 1:
+            del self._dups[h]
 
     def evict(self, num_blocks: int) -> list[int]:
         """Drop up to ``num_blocks`` unused blocks, least recently released leaves first; returns their ids."""
@@ -99,6 +170,7 @@ class PrefixCache:
             parent = node.parent
             del parent.children[node.block_hash]
             del self._by_block[b]
+            self._unindex(node)
             self.num_unused -= 1
             out.append(b)
             if self.on_evict is not None:
