@@ -326,6 +326,35 @@ def check_rowwise(device: torch.device) -> dict:
             "silu_max_rel": rel(m, m0)}
 
 
+def engine_checks(engine) -> dict:
+    """The engine's MoE layer (Triton glue with the fused row-wise kernels) against the torch reference on 16 tokens, and
+    a decode step of 8 replayed as a CUDA graph against the same step run eagerly (same kernels: expected equal)."""
+    from executor.forward_batch import SeqInput, build_forward_batch
+    from executor.moe import MoE
+    from kernels import reference as ref
+    runner = engine.runner
+    dev = runner.device
+    out: dict = {}
+    with torch.inference_mode():
+        moe = next((m for m in runner.model.modules() if isinstance(m, MoE)), None)
+        if moe is not None:
+            x = torch.randn(16, moe.experts.w13.shape[2], device=dev, generator=torch.Generator(device=dev).manual_seed(2)).to(runner.kv.dtype)
+            w, ids = moe.route(x)
+            ex = moe.experts
+            sc = (ex.w13_scale_inv, ex.w2_scale_inv) if ex.fp8 else (None, None)
+            y = _ops().moe_experts(x, w, ids, ex.w13, ex.w2, *sc).float()
+            y0 = ref.moe_experts(x, w, ids, ex.w13, ex.w2, *sc).float()
+            out.update(moe_impl=_ops().used.get("moe_experts"), moe_max_rel=float((y - y0).abs().max() / y0.abs().max()))
+        if runner.graphs is not None and runner.graphs.captured:
+            seqs = [SeqInput([7 + i], 300 + 17 * i, list(range(i * 8, i * 8 + 8)), True) for i in range(8)]
+            batch = build_forward_batch(seqs, runner.page_size, runner.kv.null_page, dev)
+            hg, size = runner.graphs.run(batch)
+            hg = hg.float().clone()
+            he = runner.model(batch, runner.kv).float()
+            out.update(graph_size=size, graph_vs_eager_max_abs=float((hg - he).abs().max()), hidden_max_abs=float(he.abs().max()))
+    return out
+
+
 def time_shape(engine, name: str, dec: list[int], pre: list, mode: str, repeats: int) -> dict:
     """One shape in one mode: wall of ``execute`` (inputs, forward, sampling; median), the forward's host issue time
     and its synchronised time (eager only), the host syncs of one step and the executor's ops per layer."""
@@ -407,6 +436,11 @@ def bench_engine(out: str | None, repeats: int = 10, compare_torch_rowwise: bool
     res["warmup_s"] = engine.warmup() if dev.type == "cuda" else 0.0
     print(f"engine built in {res['build_s']:.1f} s (graphs {engine.runner.graphs.captured if engine.runner.graphs else None}), "
           f"warm-up {res['warmup_s']:.1f} s")
+    try:
+        res["engine_checks"] = engine_checks(engine)
+    except Exception as e:  # noqa: BLE001 - a failed check must not lose the timings
+        res["engine_checks"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+    print("engine checks:", res["engine_checks"])
     rows = []
 
     def dump():
