@@ -88,6 +88,9 @@ class BlockManager:
     def release(self, block_ids: list[int]) -> None:
         """Drop one reference on each block, deepest first; unreferenced blocks go to the cache or the free list."""
         ref, cache, free = self.ref, self.cache, self._free
+        if cache is not None:
+            cache.release(block_ids, free)   # the same loop with the cache's bookkeeping inlined
+            return
         for b in reversed(block_ids):
             r = ref[b] - 1
             ref[b] = r

@@ -108,6 +108,27 @@ class PrefixCache:
         if not node.children:
             heapq.heappush(self._heap, (node.stamp, block_id))
 
+    def release(self, block_ids: list[int], free: list[int]) -> None:
+        """BlockManager.release with this cache: drop one reference on each block, deepest first; a cached block
+        losing its last user becomes evictable (``on_released``), any other goes to ``free``. One call a request:
+        the per-block ``owns`` / ``on_released`` calls inlined."""
+        ref, by_block, heap = self._ref, self._by_block, self._heap
+        clock = self._clock
+        for b in reversed(block_ids):
+            r = ref[b] - 1
+            ref[b] = r
+            if r == 0:
+                node = by_block.get(b)
+                if node is None:
+                    free.append(b)
+                else:
+                    clock += 1
+                    node.stamp = clock
+                    self.num_unused += 1
+                    if not node.children:
+                        heapq.heappush(heap, (clock, b))
+        self._clock = clock
+
     def insert(self, parent_block: int, block_hash: int, block_id: int) -> bool:
         """Cache ``block_id`` (holding ``block_hash``) under ``parent_block`` (-1: root); False if that hash is already cached."""
         parent = self.root if parent_block < 0 else self._by_block[parent_block]

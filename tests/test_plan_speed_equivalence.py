@@ -74,12 +74,24 @@ def _insert_loop(cache, ids, hashes, start, stop) -> int:
     return i
 
 
+def _release_loop(cache, ref, block_ids, free) -> None:
+    """BlockManager.release as written before PrefixCache.release: owns / on_released per block."""
+    for b in reversed(block_ids):
+        ref[b] -= 1
+        if ref[b] == 0:
+            if cache.owns(b):
+                cache.on_released(b)
+            else:
+                free.append(b)
+
+
 def _tree(cache) -> set:
     return {(b, n.parent.block_id, n.block_hash) for b, n in cache._by_block.items()}
 
 
-def test_prefix_cache_match_len_and_insert_run_equal_the_block_by_block_walks():
-    """PrefixCache.match_len == len(match) and insert_run == the insert loop (same tree, same evictions), over random
+def test_prefix_cache_match_len_insert_run_and_release_equal_the_block_by_block_walks():
+    """PrefixCache.match_len == len(match), insert_run == the insert loop and release == BlockManager.release's loop
+    (same tree, same LRU heap, same evictions), over random
     sessions that share prefixes, grow turn by turn, are released, evicted and re-inserted, and reuse hash values
     at other depths and under other parents (so the hash index holds duplicates)."""
     from scheduler.prefix_cache import PrefixCache
@@ -130,14 +142,12 @@ def test_prefix_cache_match_len_and_insert_run_equal_the_block_by_block_walks():
             live.append(ids)
             while live and rng.random() < 0.5:   # some requests finish: their blocks are released
                 done = live.pop(int(rng.integers(len(live))))
-                for b in done:
-                    for ref, cache in ((ref_a, fast), (ref_b, slow)):
-                        ref[b] -= 1
-                        if ref[b] == 0:
-                            if cache.owns(b):
-                                cache.on_released(b)
-                            elif cache is fast:
-                                free.append(b)
+                freed = []
+                fast.release(done, free)
+                _release_loop(slow, ref_b, done, freed)
+                assert free[len(free) - len(freed):] == freed
+                assert (fast._heap, fast._clock, fast.num_unused) == (slow._heap, slow._clock, slow.num_unused)
+                assert ref_a == ref_b
         assert evicted and (fast._dups or trial % 2 == 0)   # the small alphabet put one hash at several nodes
 
 
