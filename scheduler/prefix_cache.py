@@ -150,11 +150,20 @@ class PrefixCache:
         path = block_hashes
         if start and (parent.depth != start or parent.path[:start] != block_hashes[:start]):   # (not the request's chain)
             path = parent.path[:parent.depth] + tuple(block_hashes[start:stop])
-        for i in range(start, stop):
+        by_block, by_hash = self._by_block, self._by_hash
+        depth = parent.depth
+        for i in range(start, stop):   # _add inlined (a request inserts hundreds of blocks)
             h = block_hashes[i]
-            if h in parent.children:
+            children = parent.children
+            if h in children:
                 return i
-            parent = self._add(parent, h, block_ids[i], path)
+            b = block_ids[i]
+            depth += 1
+            node = children[h] = by_block[b] = _Node(h, b, parent, depth, path)
+            other = by_hash.setdefault(h, node)
+            if other is not node:
+                self._dups.setdefault(h, [other]).append(node)
+            parent = node
         return stop
 
     def _add(self, parent: _Node, block_hash: int, block_id: int, path: tuple) -> _Node:
