@@ -51,6 +51,13 @@ def _fp8_gemm_kernel(a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, M, N, num_kb,
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
+def _dense(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``t`` contiguous (and in ``dtype``), copied only when it is not already."""
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
+    return t if t.is_contiguous() else t.contiguous()
+
+
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) for large M; small M (decode) uses a 64-row tile
 LARGE_M_CONFIG = (128, 128, 8, 3)
 
@@ -62,8 +69,9 @@ def fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Ten
     n = wq.shape[0]
     if k % 128 or xq.dtype != torch.float8_e4m3fn or wq.dtype != torch.float8_e4m3fn:
         raise Unsupported("triton fp8_gemm: needs e4m3 operands and K % 128 == 0")
-    xq, wq = xq.contiguous(), wq.contiguous()
-    xs, ws = xs.float().contiguous(), ws.float().contiguous()
+    # converted only when needed: each no-op .contiguous()/.float() is still a dispatched call (~1-2 us of host a GEMM)
+    xq, wq = _dense(xq), _dense(wq)
+    xs, ws = _dense(xs, torch.float32), _dense(ws, torch.float32)
     out = torch.empty(m, n, dtype=out_dtype, device=xq.device)
     # small M (decode) wastes a 128-row tile: 64 rows is the smallest efficient wgmma tile
     bm, bn, warps, stages = config or (LARGE_M_CONFIG if m > 64 else (64, 128, 4, 3))
