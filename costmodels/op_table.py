@@ -130,12 +130,15 @@ class GemmTable:
     def seconds(self, m: np.ndarray, n: int, k: int) -> np.ndarray:
         """``time(m, n, k).seconds`` for a 1-d float array ``m`` (the same arithmetic, without sources and detail)."""
         fam, ms, ts, lxs, lys, work_at = self._family(n, k)
-        work = self._roofline(m, *fam)
         t = np.exp(np.interp(np.log(np.maximum(m, 1e-12)), lxs, lys))   # loglog_interp's
         above = m > ms[-1]
-        if above.any():
+        beyond, scaled = bool(above.any()), fam != (n, k)
+        if not (beyond or scaled):   # on the measured family's grid: the roofline is not needed
+            return t
+        work = self._roofline(m, *fam)
+        if beyond:
             t = np.where(above, ts[-1] * work / work_at, t)
-        if fam != (n, k):
+        if scaled:
             lat = SCALE_LATENCY_S
             t = t * (self._roofline(m, n, k) + lat) / (work + lat)
         return t
