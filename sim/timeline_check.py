@@ -11,7 +11,8 @@ simulator, step by step, separates the two ways a prediction can miss:
   boundary, a different prefix hit); from there on the cost model prices the steps, as in a plain simulation.
 
 Run 4 of issue 16's H200 matrix (``scripts/timeline_check.py``): every level whose compositions stayed equal
-reproduces the measured throughput, TPOT p50 and TTFT p50/p90 within 0.3%; the TTFT misses there are step times.
+reproduces the measured throughput, TPOT p50 and TTFT p50/p90 within 0.1%, where the cost model misses TTFT by
+-15..-70%: those misses are step times.
 """
 
 from __future__ import annotations
