@@ -99,8 +99,12 @@ def _append(acc: dict[str, list], **cols) -> None:
 
 
 def combine(options: list[LayoutOption], points: list[LayoutPoints], budget: int, stats: WorkloadStats,
-            hw: Hardware, model_name: str, modes: tuple[str, ...], prefill_max_gpus: int) -> Table:
-    """Every aggregated and disaggregated deployment of ``budget`` GPUs built from the operating points."""
+            hw: Hardware, model_name: str, modes: tuple[str, ...], prefill_max_gpus: int, pooled_prefill: bool = False) -> Table:
+    """Every aggregated and disaggregated deployment of ``budget`` GPUs built from the operating points.
+
+    ``pooled_prefill``: the prefill router balances load (least outstanding), so the prefill pool queues as one
+    pool of servers (``_prefill_wait``); else (a prefix-aware router keeps sessions on their instance, whose turns
+    come in bursts) as one M/D/1 queue at the pool's utilisation, the conservative bound."""
     acc = _empty()
     O = max(stats.mean_output, 1e-9)
     if "aggregated" in modes:
@@ -160,7 +164,9 @@ def combine(options: list[LayoutOption], points: list[LayoutPoints], budget: int
                     lam = np.minimum(PREFILL_MAX_UTIL * n_p[:, None] * mu, n_d[:, None] * dec_rate[None, :])
                     rho = np.minimum(lam / (n_p[:, None] * pp.pre_rate[j]), 0.95)
                     p90_steps = max(1, int(np.ceil(stats.p90_new / max(pp.pre_chunk[j], 1))))
-                    ttft = (p90_steps * pp.pre_step[j] + _prefill_wait(rho, n_p[:, None], pp, j) + transfer + dp_.dec_t[None, :])
+                    wait = (_prefill_wait(rho, n_p[:, None], pp, j) if pooled_prefill else
+                            p90_steps * pp.pre_step[j] * rho / (2.0 * (1.0 - rho)))
+                    ttft = p90_steps * pp.pre_step[j] + wait + transfer + dp_.dec_t[None, :]
                     if pp.pre_async[j]:
                         # a pipelined prefill engine has its next step scheduled already: a prompt arriving while it is
                         # busy (share rho of the time) waits one more step (sim/instance.py, the admission lag)

@@ -257,7 +257,8 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
     with Runner(workers, ray_address) as runner:
         t1 = time.perf_counter()
         points = runner.map(_screen_job, list(enumerate(options)), ctx)
-        table = combine(options, points, req.gpus, stats, hw, req.model, space.modes, space.prefill_max_gpus)
+        table = combine(options, points, req.gpus, stats, hw, req.model, space.modes, space.prefill_max_gpus,
+                        pooled_prefill=prefix_router(stats).kind == "least_outstanding")
         t_screen = time.perf_counter() - t1
         ok = table.meets(req.slo)
         front = pareto_front(table.cols["thr_gpu"], table.cols["tps_user"], ok)
