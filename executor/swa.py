@@ -73,8 +73,12 @@ class SlidingWindowAttention(GQAAttention):
     def forward(self, x: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         q, kc, vc, out = self.project_and_cache(x, batch, kv)
         sq = batch.decode_sq
+        # the KV lengths on the host where the batch has them (reading them off the device syncs the stream)
+        lens = batch.decode_seq_lens_host
+        if lens is None and batch.num_decodes:
+            lens = batch.decode_seq_lens.tolist()
         for i in range(batch.num_decodes):
-            n = int(batch.decode_seq_lens[i])
+            n = int(lens[i])
             lo = max(0, n - sq - self.window + 1)
             rows = slice(i * sq, (i + 1) * sq)
             out[rows] = self._attend(q[rows], kc, vc, batch.decode_block_table[i], lo, n, n - sq)

@@ -50,7 +50,7 @@ import torch
 
 from costmodels.model_spec import ModelSpec
 from costmodels.replay import ReplayPolicy, ResolvedReplay
-from executor.forward_batch import ForwardBatch, PrefillSpan, SeqInput, build_forward_batch
+from executor.forward_batch import ForwardBatch, PrefillSpan, SeqInput, build_forward_batch, to_device
 from executor.kv_cache import KVCache
 
 
@@ -212,7 +212,7 @@ class SWAReplay:
             src.append(np.arange(p.start + p.num - k, p.start + p.num))
             row += len(s.token_ids)
             dst.append(np.arange(row - k, row))
-        return torch.as_tensor(np.concatenate(src), device=dev), torch.as_tensor(np.concatenate(dst), device=dev), row
+        return to_device(np.concatenate(src), dev), to_device(np.concatenate(dst), dev), row
 
     def _layer_view(self, batch: ForwardBatch, lays: list, chunks: list[SeqInput], j: int, null_page: int):
         """(rows of the extended batch layer ``j`` processes or None for all, the batch it sees)."""
@@ -240,17 +240,18 @@ class SWAReplay:
         dropped = np.concatenate(no_write) if no_write else np.zeros(0, np.int64)
         if dropped.size:
             slots = slots.clone()
-            slots[torch.as_tensor(dropped, device=slots.device)] = null_page * batch.page_size
+            slots[to_device(dropped.astype(np.int64), slots.device)] = null_page * batch.page_size
         idx_np = np.concatenate(keep)
         if idx_np.size == batch.num_tokens:
             idx = None
             view = ForwardBatch(batch.input_ids, batch.positions, slots, batch.page_size, batch.num_decodes,
-                                batch.decode_sq, batch.decode_block_table, batch.decode_seq_lens, spans)
+                                batch.decode_sq, batch.decode_block_table, batch.decode_seq_lens, spans,
+                                batch.decode_seq_lens_host)
             return idx, view
-        idx = torch.as_tensor(idx_np, device=batch.positions.device)
+        idx = to_device(idx_np.astype(np.int64), batch.positions.device)   # pinned, non-blocking: no stream sync
         view = ForwardBatch(batch.input_ids.index_select(0, idx), batch.positions.index_select(0, idx),
                             slots.index_select(0, idx), batch.page_size, batch.num_decodes, batch.decode_sq,
-                            batch.decode_block_table, batch.decode_seq_lens, spans)
+                            batch.decode_block_table, batch.decode_seq_lens, spans, batch.decode_seq_lens_host)
         return idx, view
 
 
