@@ -22,9 +22,9 @@ spec, H200, TP1 bf16), and the prefill throughput change against full recompute,
 gives the logits of a full recompute (``exact_for_new_tokens``) and the largest logit difference to the
 persist run of the same step (bf16), and the window pages each policy keeps per resumed sequence.
 
-Diagnostics: ``sync_warnings`` (the synchronising CUDA calls of one prepared forward, torch's sync debug mode: none
-expected) and, last, ``profile`` (one eager forward of a few rows under the profiler: kernels, busy and idle seconds,
-gaps).
+Diagnostics: ``sync_warnings`` (the synchronising CUDA calls of one prepared forward and of one preparation,
+torch's sync debug mode: none expected) and, last, ``profile`` (one eager forward of a few rows under the profiler:
+kernels, busy and idle seconds, gaps).
 
 Table-based prediction (``table_*`` keys): before any replay run, the op tables of this executor model are
 measured (``benchmarks/gpu/replay_tables.py``: the executor's bf16 Linear, its window/causal prefill attention
@@ -306,7 +306,8 @@ class Bench:
             self.fill(c + n)
             logits[name] = self.chunk(swa, n, c)
             prep = self.prepare(swa, n, c)   # outside the check: its host-to-device copies are the host's share
-            syncs[name] = sync_events(self.timer.cuda, lambda swa=swa, prep=prep: self.chunk(swa, n, c, prep))
+            syncs[name] = {"forward": sync_events(self.timer.cuda, lambda swa=swa, prep=prep: self.chunk(swa, n, c, prep)),
+                           "prepare": sync_events(self.timer.cuda, lambda swa=swa: self.prepare(swa, n, c))}
         self.fill(c + n)
         preps = {name: self.prepare(swa, n, c) for name, swa in swas.items()}
         fns = {name: (lambda swa=swa, p=preps[name]: self.chunk(swa, n, c, p)) for name, swa in swas.items()}
