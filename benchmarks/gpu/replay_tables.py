@@ -470,7 +470,8 @@ class Tables:
         host = self.doc.get("layer_host_rows", {})
         for p in self.doc.get("layer_gap_points", []):
             k = kern.get(f"layer:{p['kind']}:{p['rows']}", 0)
-            h = max(host.get(p["kind"], {}).values(), default=0.0)
+            by = {int(r): t for r, t in host.get(p["kind"], {}).items()}
+            h = by.get(int(p["rows"]), max(by.values(), default=0.0))   # the layer's host at these rows
             p["kernels"] = k
             if k and p["how"] == "graph" and h < 0.8 * p["graph_s"]:
                 p["gap_per_kernel_s"] = (p["eager_s"] - p["graph_s"]) / k
