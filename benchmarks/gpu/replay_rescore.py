@@ -87,10 +87,11 @@ def rescore(bench: dict, tables: dict) -> dict:
 
 
 def layer_check(tables: dict) -> list[dict]:
-    """The tables' whole decoder-layer calls (``layer_gap_points``: graph seconds of one layer at ``rows`` rows from
-    position 0) next to the same layer priced from the unit tables (its device seconds without launch gaps): whether
-    the units add up to the layer they make. A diagnostic; nothing is scaled by it."""
-    pts = tables.get("layer_gap_points") or []
+    """The tables' whole decoder-layer calls (``layer_gap_points`` from position 0, ``layer_points`` after a cached
+    context: graph seconds of one layer call) next to the same layer priced from the unit tables under persist (its
+    device seconds without launch gaps): whether the units add up to the layer they make. A diagnostic; nothing is
+    scaled by it."""
+    pts = [p | {"context": 0} for p in tables.get("layer_gap_points") or []] + list(tables.get("layer_points") or [])
     if not pts:
         return []
     spec = bench_spec(str(tables.get("model", {}).get("name", "")).endswith("tiny"))
@@ -100,10 +101,11 @@ def layer_check(tables: dict) -> list[dict]:
     out = []
     for p in pts:
         j = kinds.index(p["kind"])
-        ops = [o for o in replay_table.forward_ops(tab, spec, persist, int(p["rows"]), 0) if o.layer == j]
+        ops = [o for o in replay_table.forward_ops(tab, spec, persist, int(p["rows"]), int(p["context"])) if o.layer == j]
         units = sum(o.device_s - o.gap_s for o in ops)
-        out.append({"kind": p["kind"], "rows": p["rows"], "layer_graph_s": p["graph_s"], "units_s": units,
-                    "units_over_layer": units / p["graph_s"], "eager_s": p["eager_s"], "kernels": p.get("kernels")})
+        out.append({"kind": p["kind"], "rows": p["rows"], "context": p["context"], "layer_graph_s": p["graph_s"],
+                    "units_s": units, "units_over_layer": units / p["graph_s"], "eager_s": p.get("eager_s"),
+                    "kernels": p.get("kernels")})
     return out
 
 
@@ -123,9 +125,9 @@ def report(res: dict) -> str:
     for name, by in res["summary"].items():
         lines.append(f"{name}: " + ", ".join(f"{m} {v['ws_within_5pp']} W (max {v['max_abs_pp']} pp)" for m, v in by.items()))
     for c in res.get("layer_check", []):
-        lines.append(f"layer {c['kind']} x {c['rows']} rows: graph {c['layer_graph_s'] * 1e3:.3f} ms, units "
-                     f"{c['units_s'] * 1e3:.3f} ms ({c['units_over_layer']:.3f}x), eager {c['eager_s'] * 1e3:.3f} ms, "
-                     f"{c['kernels']} kernels")
+        eager = f", eager {c['eager_s'] * 1e3:.3f} ms, {c['kernels']} kernels" if c.get("eager_s") else ""
+        lines.append(f"layer {c['kind']} {c['rows']} rows after {c['context']}: graph {c['layer_graph_s'] * 1e3:.3f} ms, "
+                     f"units {c['units_s'] * 1e3:.3f} ms ({c['units_over_layer']:.3f}x){eager}")
     return "\n".join(lines)
 
 

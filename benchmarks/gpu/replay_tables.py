@@ -302,17 +302,18 @@ class Units:
             return lambda: self.model.compute_logits(x[-1:])
         raise KeyError(unit)
 
-    def layer_call(self, kind: str, rows: int = 1):
-        """One decoder layer of ``kind`` on a ``rows``-token prefill from position 0 (its host time; its eager and
-        graph device times)."""
-        return layer_call(self.model, self.kv, self.layer_of[kind], rows)
+    def layer_call(self, kind: str, rows: int = 1, context: int = 0):
+        """One decoder layer of ``kind`` on a ``rows``-token prefill after ``context`` cached tokens (its host time;
+        its eager and graph device times)."""
+        return layer_call(self.model, self.kv, self.layer_of[kind], rows, context)
 
 
-def layer_call(model, kv: KVCache, j: int, rows: int):
-    """A call of decoder layer ``j`` on a ``rows``-token prefill from position 0, writing ``kv``'s first pages (the
-    executor's layer as the forward calls it: its batch built by ``build_forward_batch``)."""
-    pages = list(range(-(-rows // kv.page_size)))
-    batch = build_forward_batch([SeqInput([1] * rows, 0, pages, False)], kv.page_size, kv.null_page, kv.device)
+def layer_call(model, kv: KVCache, j: int, rows: int, context: int = 0):
+    """A call of decoder layer ``j`` on a ``rows``-token prefill after ``context`` cached tokens, writing ``kv``'s
+    first pages (the executor's layer as the forward calls it: its batch built by ``build_forward_batch``; a sliding
+    layer reads its window's keys, a full one every key)."""
+    pages = list(range(-(-(context + rows) // kv.page_size)))
+    batch = build_forward_batch([SeqInput([1] * rows, context, pages, False)], kv.page_size, kv.null_page, kv.device)
     x = model.model.embed_tokens(batch.input_ids)
     layer = model.model.layers[j]
     return lambda: layer(x, batch, kv)
@@ -358,6 +359,9 @@ LAYER_HOST_BIG = 2048
 # rows at which a decoder layer's eager device time is compared to its graph's: device-bound (the host runs ahead)
 LAYER_GAP_ROWS = (2048, 4096)
 LAYER_GAP_CALLS = (3, 9)      # back-to-back eager layer calls of the two windows whose difference is the slope
+# (rows, cached context) of the whole-layer graph times (Tables.layer_graph): the bench's chunk sizes and recomputes
+LAYER_GRAPH_CELLS = {"sliding": [(r, 4096) for r in (512, 1024, 2048, 4096, 8192)],
+                     "full": [(r, ctx) for r in (512, 2048, 4096) for ctx in (0, 4096, 8192, 12288)]}
 
 
 def first_workload(points: dict) -> list:
@@ -461,6 +465,29 @@ class Tables:
                     pts.append({"kind": kind, "rows": r, "graph_s": g, "eager_s": e, "how": "graph"})
                 except Exception as ex:  # noqa: BLE001
                     self.doc["errors"].append(f"layer_gap {kind} {r}: {type(ex).__name__}: {ex}"[:300])
+
+    def layer_graph(self) -> None:
+        """Graph seconds of whole decoder layer calls over rows x cached context (``layer_points``): what the units
+        of a layer add up to against the layer they make, at the replay chunks' sizes (``replay_rescore``'s layer
+        check). Not read by the pricing."""
+        u, c = self.u, self.clock
+        if not c.cuda:
+            return
+        pts = self.doc.setdefault("layer_points", [])
+        room = u.kv.num_blocks * u.kv.page_size
+        for kind, cells in LAYER_GRAPH_CELLS.items():
+            if kind not in u.layer_of:
+                continue
+            for r, ctx in cells:
+                if r + ctx > room:
+                    continue
+                try:
+                    t, how = c.device([u.layer_call(kind, r, ctx)])
+                    pts.append({"kind": kind, "rows": r, "context": ctx, "graph_s": t, "how": how,
+                                "t": round(time.time(), 3)})
+                except Exception as ex:  # noqa: BLE001
+                    self.doc["errors"].append(f"layer_graph {kind} {r}+{ctx}: {type(ex).__name__}: {ex}"[:300])
+            self.write()
 
     def finish(self) -> None:
         """The per-kernel launch gap of whole layers: (eager - graph) / kernels per point, median (``layer_eager_gap_s``,
@@ -573,7 +600,8 @@ def plan(spec: ModelSpec, tiny: bool, top: int, workload: list | None = None) ->
 
 def measure(spec: ModelSpec, device: torch.device, dtype: str, page: int, max_tokens: int, out: str | None,
             tiny: bool, workload: list | None = None,
-            sections: tuple[str, ...] = ("host", "eager_gap", "layer_gap", "kernels", "gemm", "attention", "rows"),
+            sections: tuple[str, ...] = ("host", "eager_gap", "layer_gap", "kernels", "gemm", "attention", "rows",
+                                         "layer_graph"),
             roofline_hw: str = "h200", section_budget_s: float | None = 45.0) -> dict:
     """Measure the tables of ``spec``'s executor model (``workload``: the calls whose shapes to add); returns the doc
     (also written to ``out`` after each section). A GEMM, attention or row section past ``section_budget_s`` measures
@@ -602,11 +630,11 @@ def measure(spec: ModelSpec, device: torch.device, dtype: str, page: int, max_to
         gc.freeze()
     sizes, att = plan(spec, tiny, top, workload)
     steps = {"host": tab.host, "eager_gap": tab.eager_gap, "gemm": lambda: tab.gemm(sizes), "rows": lambda: tab.rows(sizes),
-             "kernels": tab.kernels, "layer_gap": tab.layer_gap,
+             "kernels": tab.kernels, "layer_gap": tab.layer_gap, "layer_graph": tab.layer_graph,
              "attention": lambda: tab.attention(att)}
     for name in sections:
         tab.section(name, steps[name], section_budget_s if name in ("gemm", "attention", "rows") else None)
-    tab.finish()
+        tab.finish()   # after every section: a run cut short by its time limit keeps the layer gap once measured
     tab.doc["seconds"] = round(time.time() - t0, 1)
     tab.write()
     return tab.doc
