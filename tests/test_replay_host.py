@@ -162,3 +162,14 @@ def test_the_rescorer_prices_the_committed_run_as_it_was_priced():
     assert all("model_diff_pp" in r and "lump_diff_pp" in r for r in hit)
     assert res["summary"]["chunked 16384/2048"]["committed"]["ws_within_5pp"] == 5
     assert main([str(bench_path), "--tables", str(RUN / "missing.json")]) == 2
+
+
+def test_the_layer_factor_is_the_measured_layer_over_its_units():
+    from benchmarks.gpu.replay_rescore import layer_factor
+    check = [{"kind": "full", "rows": 512, "layer_graph_s": 0.9, "units_s": 1.0},
+             {"kind": "full", "rows": 512, "layer_graph_s": 1.1, "units_s": 1.0},     # two contexts: their mean
+             {"kind": "full", "rows": 2048, "layer_graph_s": 0.8, "units_s": 1.0}]
+    assert layer_factor(check, "full", 512) == pytest.approx(1.0)
+    assert layer_factor(check, "full", 1024) == pytest.approx(0.9)        # halfway in log rows
+    assert layer_factor(check, "full", 9000) == pytest.approx(0.8)        # the nearest cell outside
+    assert layer_factor(check, "sliding", 512) == 1.0                     # no cell of that kind

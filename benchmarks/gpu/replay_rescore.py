@@ -11,7 +11,10 @@ tables (``benchmarks/gpu/replay_tables.py``'s file) with the model as it is now,
 - ``model``: today's model on the run's tables (glue spread over a layer's calls, a call's kernels issued one by one
   over its host time; the decoder-layer launch gap and the layer host over rows where the tables have them);
 - ``probe``: today's model with the host speed of the probe the run took beside its timed rounds (runs after
-  1aaf485), ``ExecTables.with_host``.
+  1aaf485), ``ExecTables.with_host``;
+- ``layered``: ``probe`` (or ``model`` without a probe) with each layer's unit device times scaled to the whole-layer
+  graph times the tables measured at that layer's rows (``layer_check``: tables after 1aaf485), a diagnostic of how
+  units compose in a layer.
 
 Nothing here reads a measured replay time to set a model term: measured seconds only enter the changes and their
 difference in percentage points.
@@ -28,13 +31,16 @@ import argparse
 import copy
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
+
+import numpy as np
 
 from benchmarks.gpu.replay_bench import _changes, bench_spec, policies, summary
 from costmodels import replay_table
 from costmodels.replay import prompt_chunks
 
-MODELS = ("committed", "lump", "model", "probe")
+MODELS = ("committed", "lump", "model", "probe", "layered")
 
 
 def sibling_tables(bench: Path) -> Path:
@@ -60,6 +66,7 @@ def rescore(bench: dict, tables: dict) -> dict:
     resolved = {name: pol.resolve(spec) for name, pol in policies(ws)}
     lump = replay_table.from_dict(tables, glue_mode="lump", gap_from="add", split=False)
     model = replay_table.from_dict(tables)
+    check = layer_check(tables)
     worst = 0.0
     for kind in ("prefix_hit", "chunked"):
         for w in out.get(kind, []):
@@ -75,15 +82,48 @@ def rescore(bench: dict, tables: dict) -> dict:
                     r[f"{name}_predicted_s"] = cost.seconds
                     r[f"{name}_host_s"] = cost.host_s
                     r[f"{name}_graph_s"] = cost.device_s - cost.gaps_s
+                if check:
+                    base = tabs.get("probe", model)
+                    r["layered_predicted_s"] = layered_cost(base, spec, resolved[r["policy"]], parts, check)
                 if "committed_predicted_s" in r:
                     worst = max(worst, abs(r["lump_predicted_s"] / r["committed_predicted_s"] - 1))
             _changes(w["rows"], 1, MODELS)
     out["summary"] = summary(out, MODELS)
-    out["layer_check"] = layer_check(tables)
+    out["layer_check"] = check
     out["lump_vs_committed"] = worst
     out["rescored_with"] = {"gap_source": model.gap_source, "eager_gap_s": model.eager_gap, "glue": model.glue_mode,
                             "split": model.split, "layer_host_rows": bool(model.layer_host_rows)}
     return out
+
+
+def layer_factor(check: list[dict], kind: str, rows: float) -> float:
+    """Measured layer graph over its units' sum for a layer of ``kind`` at ``rows`` (the layer check's cells of that
+    kind, contexts averaged, log-interpolated over rows, the nearest cell outside them); 1 where none."""
+    by: dict[int, list[float]] = {}
+    for c in check:
+        if c["kind"] == kind and c["units_s"] > 0:
+            by.setdefault(int(c["rows"]), []).append(c["layer_graph_s"] / c["units_s"])
+    if not by:
+        return 1.0
+    xs = sorted(by)
+    fs = [float(np.mean(by[x])) for x in xs]
+    return float(np.interp(np.log(max(rows, 1.0)), np.log(xs), fs))
+
+
+def layered_cost(tab, spec, resolved, parts: list[tuple[int, int]], check: list[dict]) -> float:
+    """The eager stream with each layer's device seconds (launch gaps aside) as its unit tables' times scaled to the
+    whole-layer graph the tables measured at that layer's rows (``layer_factor``): what the forward would take if
+    the units compose in a layer as the measured layers say. Uses the tables only, no replay time."""
+    kinds = list(spec.kinds())
+    ops = []
+    for n, c in parts:
+        e = resolved.extra_tokens(c) if (c and resolved.modes) else np.zeros(len(kinds), np.int64)
+        for o in replay_table.forward_ops(tab, spec, resolved, int(n), int(c)):
+            if o.layer >= 0:
+                f = layer_factor(check, kinds[o.layer], n + int(e[o.layer]))
+                o = replace(o, device_s=(o.device_s - o.gap_s) * f + o.gap_s)
+            ops.append(o)
+    return replay_table.price(ops).seconds
 
 
 def layer_check(tables: dict) -> list[dict]:
