@@ -11,8 +11,8 @@
 # Output: $OUT/replay_tables.json, $OUT/replay_bench.json (both rewritten as sections finish), $OUT/log.txt,
 # $OUT/env.txt, $OUT/gpu_clocks.csv, $OUT/cpu_mhz.txt, $OUT/rescore.txt. Run from the repo root with `.whl` carried:
 #   bash scripts/device_replay.sh
-# Wall: tables <= T_TABLES (100 s; each GEMM/attention/row section past 45 s measures only the workloads' shapes),
-# bench <= T_REPLAY (130 s): within 4 minutes with the install.
+# Wall: tables <= T_TABLES (90 s; each GEMM/attention/row section past 45 s measures only the workloads' shapes),
+# bench <= T_REPLAY (110 s), re-score <= 20 s: within 4 minutes with the install (expected about 3).
 source scripts/device_env.sh
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
@@ -31,16 +31,16 @@ SMI_PID=$!
 MHZ_PID=$!
 WS=${REPLAY_WS:-32,64,128,256,384}
 stage "replay tables"
-timeout ${T_TABLES:-100} python3 -m benchmarks.gpu.replay_tables --out "$OUT/replay_tables.json" --ws "$WS" \
+timeout ${T_TABLES:-90} python3 -m benchmarks.gpu.replay_tables --out "$OUT/replay_tables.json" --ws "$WS" \
   || echo "replay tables: exit $? (what finished is in replay_tables.json)"
 stage "replay bench"
 if [ -f "$OUT/replay_tables.json" ]; then TABLES=(--tables "$OUT/replay_tables.json"); else TABLES=(--no-tables); fi
-timeout ${T_REPLAY:-130} python3 -m benchmarks.gpu.replay_bench --out "$OUT/replay_bench.json" --ws "$WS" "${TABLES[@]}" \
+timeout ${T_REPLAY:-110} python3 -m benchmarks.gpu.replay_bench --out "$OUT/replay_bench.json" --ws "$WS" "${TABLES[@]}" \
   || echo "replay bench: exit $?"
 kill "$SMI_PID" "$MHZ_PID" 2>/dev/null
 stage "rescore"
 if [ -f "$OUT/replay_tables.json" ] && [ -f "$OUT/replay_bench.json" ]; then
-  timeout 30 python3 -m benchmarks.gpu.replay_rescore "$OUT/replay_bench.json" --tables "$OUT/replay_tables.json" \
+  timeout 20 python3 -m benchmarks.gpu.replay_rescore "$OUT/replay_bench.json" --tables "$OUT/replay_tables.json" \
     | tee "$OUT/rescore.txt" || echo "rescore: exit $?"
 fi
 stage done
