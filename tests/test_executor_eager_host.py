@@ -70,3 +70,22 @@ def test_counter_sees_syncs_and_kernel_calls(runner):
     with eh.counting(runner.model) as c:
         ops.rms_norm(x, w)
     assert c.regions["other"].kernel_calls == 1 and c.regions["other"].ops == 0 and c.regions["other"].in_kernels > 0
+
+
+def test_packed_inputs_equal_the_per_tensor_construction():
+    """build_forward_batch packs every index array into one host buffer (one copy): each view holds what a tensor of
+    its own would, in its own dtype, and the host KV lengths match the device ones."""
+    from executor.forward_batch import SeqInput, build_forward_batch
+    seqs = [SeqInput([3, 4], 20, [5, 6], True), SeqInput([8, 9], 10, [2], True),
+            SeqInput(list(range(20, 45)), 30, [7, 1, 0], False), SeqInput([11, 12, 13], 0, [], False)]
+    b = build_forward_batch(seqs, 16, 99, torch.device("cpu"))
+    assert b.input_ids.tolist() == [3, 4, 8, 9] + list(range(20, 45)) + [11, 12, 13]
+    assert b.positions.tolist() == [20, 21, 10, 11] + list(range(30, 55)) + [0, 1, 2]
+    assert b.slot_mapping.tolist()[:4] == [6 * 16 + 4, 6 * 16 + 5, 2 * 16 + 10, 2 * 16 + 11]
+    assert b.slot_mapping.tolist()[-3:] == [99 * 16, 99 * 16 + 1, 99 * 16 + 2]   # no blocks: the null page
+    # as wide as the longest table, padded with the null page
+    assert b.decode_block_table.dtype == torch.int32 and b.decode_block_table.tolist() == [[5, 6], [2, 99]]
+    assert b.decode_seq_lens.dtype == torch.int32 and b.decode_seq_lens.tolist() == [22, 12] == b.decode_seq_lens_host.tolist()
+    assert [(p.start, p.num, p.context_len, p.block_table.tolist(), p.block_table.dtype) for p in b.prefills] == \
+        [(4, 25, 30, [7, 1, 0], torch.int32), (29, 3, 0, [99], torch.int32)]
+    assert (b.max_decode_len, b.decode_context_tokens) == (22, 34)
