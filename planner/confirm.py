@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+from planner.gc_pause import gc_paused
 from planner.plan import Plan
 from planner.simulate import SimOutcome, outcome_of
 
@@ -51,7 +52,8 @@ def confirm_plan(plan: Plan, row: int, table_rate: float, percentile: int) -> Si
     from sim.runner import simulate
 
     t0 = time.perf_counter()
-    result = simulate(plan.to_scenario()).result
+    with gc_paused():
+        result = simulate(plan.to_scenario()).result
     m = result.metrics
     w = m.steady or m.whole_run
     if w is None:

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 from planner.combine import Candidate
+from planner.gc_pause import gc_paused
 from planner.space import LayoutOption
 from scheduler.config import AttentionDPConfig, SchedulerConfig
 from sim.disagg import DisaggSpec
@@ -230,7 +231,8 @@ def run_job(job: SimJob, percentile: int = 90) -> SimOutcome:
     t0 = time.perf_counter()
     fail = SimOutcome(job.row, job.load, False, "", 0, 0, math.inf, math.inf, 0, 0, 0, job.slice_gpus, job.slice_rate, "", 0.0)
     try:
-        run = simulate(job.scenario.model_copy(update={"effects": job.effects, "disagg": job.disagg}))
+        with gc_paused():
+            run = simulate(job.scenario.model_copy(update={"effects": job.effects, "disagg": job.disagg}))
     except (TwinferError, ValueError) as e:
         return dataclasses.replace(fail, error=str(e), wall_s=time.perf_counter() - t0)
     r = run.result
