@@ -49,13 +49,8 @@ def rebuilt_steps(s: dict):
 
 def predict(cost, prof, s: dict, sync: bool) -> np.ndarray:
     """The twin's engine-loop iteration for each sample (runner step and loop, as ``twinfer validate`` predicts)."""
-    from costmodels.host import wall_time
-    out = []
-    for dctx, new, ctx in rebuilt_steps(s):
-        runner = cost.chunked_step_time(dctx, 0, new, ctx)
-        n, tok = dctx.size + len(new), dctx.size + sum(new)
-        out.append(float(wall_time(float(runner), float(prof.step.loop(n, tok)), not sync)))
-    return np.array(out)
+    from ui.cmd_validate import predict_step
+    return np.array([predict_step(cost, prof, dctx, list(zip(new, ctx)), 0, not sync) for dctx, new, ctx in rebuilt_steps(s)])
 
 
 def replay_boundary(s: dict) -> int:
