@@ -54,14 +54,10 @@ def predict(cost, prof, s: dict, sync: bool) -> np.ndarray:
 
 
 def replay_boundary(s: dict) -> int:
-    """Index of the first step of a level's second replay (the samples of its replays are concatenated; each replay
-    starts with the same first steps), or the sample count when there is one replay."""
-    key = lambda i: (s["decodes"][i], s["prefill_tokens"][i], s["prefill_chunks"][i], s["prefill_ctx"][i])  # noqa: E731
-    n = len(s["measured_s"])
-    for j in range(1, n - 1):
-        if key(j) == key(0) and key(j + 1) == key(1):
-            return j
-    return n
+    """Index of the first step of a level's second replay (the samples of its replays are concatenated:
+    ``sim.timeline_check.split_replays``), or the sample count when there is one replay."""
+    from sim.timeline_check import sample_steps, split_replays
+    return split_replays(sample_steps(s), 2)[0][1]
 
 
 def columns(samples: dict[str, dict], cost, prof, sync: bool, recorded: bool) -> dict[str, np.ndarray]:
