@@ -88,10 +88,11 @@ IMPLS: dict[str, list[Impl]] = {
              "fused: permute + FP8 grouped GEMMs (masked T<=128, contiguous above) + combine; FP8 weights only"),
         Impl("moe_experts", "torch", 0, ("cpu", "cuda"), f"{_R}:moe_experts", notes="loop over experts"),
     ],
-    # row-wise ops fused into one launch each: eager steps pay ~10 us of host per torch op (issue 18)
+    # row-wise ops fused into one launch each: eager steps pay ~10 us of host per torch op (issue 18); one call to
+    # these Triton kernels costs 50-64 us of host on the H200 (benchmarks/gpu/issue18_h200/eager_8df7bd1)
     "quant_fp8_act": [
         Impl("quant_fp8_act", "triton", 1, ("cuda",), "kernels.triton_rowwise:quant_fp8_act", "triton", (8, 9),
-             "1x128 FP8 activation groups in one launch; bit-identical to the reference"),
+             "1x128 FP8 activation groups in one launch; not bit-equal to the reference on the H200 (codes and scales)"),
         Impl("quant_fp8_act", "torch", 0, ("cpu", "cuda"), f"{_R}:quant_fp8_act", notes="9 torch ops"),
     ],
     "rms_norm": [

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from kernels.registry import Unsupported
 from kernels.triton_precision import dot_precision
-from kernels.triton_rowwise import quant_fp8_act, silu_mul   # one launch each (quantisation bit-identical to the reference)
+from kernels.triton_rowwise import quant_fp8_act, silu_mul   # one launch each (quantisation not bit-equal to the reference on the H200)
 
 
 

@@ -3,8 +3,15 @@
 Eager steps are host-bound: each torch op costs ~10 us of host on the H200 (benchmarks/gpu/issue23_h200:
 RMSNorm as 9 torch ops 108 us, one BF16 GEMM call 25 us), and the torch references of these two ops are
 9 ops each, run 7 (quantisation) and 4 (norm) times per DeepSeek-V3 layer. One launch each does the same
-arithmetic: the quantisation is bit-identical to ``reference.quant_fp8_act`` (fp32 amax, IEEE division,
-round-to-nearest-even FP8 cast); the norm sums in a different order (fp32, last-bit differences).
+arithmetic (the quantisation: fp32 amax, IEEE division, round-to-nearest-even FP8 cast, written after
+``reference.quant_fp8_act``; the norm sums in a different order).
+
+Measured on the H200 (benchmarks/gpu/issue18_h200/eager_8df7bd1): one call through ``kernels.ops`` to these
+kernels costs 50-64 us of host (``ops.rms_norm`` 50, ``ops.quant_fp8_act`` 64; a torch add 12), so they win where
+the device work is large (prefill 512: 16.4 vs 20.6 ms with the torch references) and lose on host-bound decode
+(b=1: 19.4 vs 17.2 ms). The quantisation is NOT bit-equal to ``reference.quant_fp8_act`` there: neither its codes
+nor its scales (``quant_bits_equal`` / ``quant_scales_equal`` false; the MoE layer with it vs the reference: max rel
+1.75%); RMSNorm and SiLU-and-mul matched the reference exactly on that input, RoPE to max rel 1.1e-3 (bf16).
 """
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ def _quant_kernel(x_ptr, q_ptr, s_ptr, G, stride_xm, stride_qm, stride_sm,
 
 
 def quant_fp8_act(x: torch.Tensor, block: int = ref.FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as ``reference.quant_fp8_act``: ``[M,K] -> (e4m3 [M,K], fp32 scales [M, K/128])``, one launch."""
+    """Same contract as ``reference.quant_fp8_act``: ``[M,K] -> (e4m3 [M,K], fp32 scales [M, K/128])``, one launch.
+    Not bit-equal to it on the H200 (codes and scales differ; see the module docstring)."""
     if x.dim() != 2 or x.shape[1] % block or x.stride(1) != 1 or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise Unsupported("triton quant_fp8_act: 2-D bf16/fp16/fp32 rows with unit column stride, K % 128 == 0")
     m, k = x.shape
