@@ -66,22 +66,18 @@ class ForwardBatch:
     def num_decode_tokens(self) -> int:
         return self.num_decodes * self.decode_sq
 
+    def _decode_lens(self) -> np.ndarray | torch.Tensor:
+        """The decodes' KV lengths: the host copy when known (sizes and sums without a device read), else the device's."""
+        return self.decode_seq_lens if self.decode_seq_lens_host is None else self.decode_seq_lens_host
+
     @property
     def max_decode_len(self) -> int:
-        if not self.num_decodes:
-            return 0
-        if self.decode_seq_lens_host is not None:
-            return int(self.decode_seq_lens_host.max())
-        return int(self.decode_seq_lens.max())
+        return int(self._decode_lens().max()) if self.num_decodes else 0
 
     @property
     def decode_context_tokens(self) -> int:
         """Sum of the decodes' KV lengths (host values when known: no device read)."""
-        if not self.num_decodes:
-            return 0
-        if self.decode_seq_lens_host is not None:
-            return int(self.decode_seq_lens_host.sum())
-        return int(self.decode_seq_lens.sum())
+        return int(self._decode_lens().sum()) if self.num_decodes else 0
 
     def rope_rows(self, cos_sin: torch.Tensor) -> torch.Tensor:
         """``cos_sin[positions]``, gathered once per forward and table (every layer rotates at the same positions)."""
