@@ -28,6 +28,34 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+BS, MML = 64, 8192                      # scripts/device_matrix.py's engine: block size, max model length
+BLOCKS = 128 * (-(-MML // BS)) + 64     # its KV blocks (128 seats)
+
+
+def engine_config(sync: bool):
+    """device_matrix.py's scheduler (64 of the engine's 128 seats); ``sync``: its synchronous loop (no async overlap)."""
+    from scheduler.config import SchedulerConfig
+    return SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=8192, max_model_len=MML, block_size=BS, async_overlap=not sync)
+
+
+def class_requests(cls: str, nreq: int) -> list:
+    """The requests device_matrix.py replays for class ``cls`` (seed 0, clamped to the class caps)."""
+    from device_matrix import CLASSES, _clamp
+    from sim.workload import generate, preset
+    return _clamp(generate(preset(cls, num_requests=nreq), np.random.default_rng(0), BS), *CLASSES[cls], MML, BS)
+
+
+def level_requests(reqs: list, rate_rps: float) -> list:
+    """Fresh copies of ``reqs`` with arrivals scaled to ``rate_rps`` (a level of the matrix)."""
+    from sim.validate import copy_requests, natural_rate
+    return copy_requests(reqs, natural_rate(reqs) / rate_rps)
+
+
+def predict_level(cost, cfg, reqs: list, rate_rps: float) -> dict:
+    """The simulated figures (``sim.validate.metric_values``) of one level."""
+    from sim.validate import metric_values, simulate_requests
+    return metric_values(simulate_requests(cost, cfg, BLOCKS, level_requests(reqs, rate_rps), seed=0))
+
 
 def measured_levels(run: Path, replay: int | None = None) -> dict:
     """{class: {level: {rate_rps, measured}}}; ``replay``: that replay's figures (1-based) instead of the median,
@@ -49,22 +77,29 @@ def measured_levels(run: Path, replay: int | None = None) -> dict:
     return out
 
 
-def run_requests(run: Path) -> int:
-    """Requests per level of the run: its matrix report's command (``--requests N``); 48 for runs 1-3."""
+def _command_int(run: Path, flag: str, default: int) -> int:
+    """An integer option of the run's matrix report's command (``flag N``); ``default`` if it does not say."""
     for f in run.glob("matrix_*.json"):
-        m = re.search(r"--requests (\d+)", json.loads(f.read_text()).get("command", ""))
+        m = re.search(rf"{flag} (\d+)", json.loads(f.read_text()).get("command", ""))
         if m:
             return int(m.group(1))
-    return 48
+    return default
 
 
-def recover(run: Path, nreq: int, cost, base, prof, blocks: int, mml: int, bs: int) -> None:
+def run_requests(run: Path) -> int:
+    """Requests per level of the run: its matrix report's command (``--requests N``); 48 for runs 1-3."""
+    return _command_int(run, "--requests", 48)
+
+
+def run_replays(run: Path) -> int:
+    """Replays per level: the matrix report's command (``--runs N``); 1 if it does not say."""
+    return _command_int(run, "--runs", 1)
+
+
+def recover(run: Path, nreq: int, cost, cfg) -> None:
     """measured_recovered.json from the matrix report's relative errors and this code's prediction (run it at the
     commit the run was made with); classes with a validation report keep its measured figures."""
-    from device_matrix import CLASSES, FIGURES, _clamp
-    from sim.validate import copy_requests, metric_values, natural_rate, simulate_requests
-    from sim.workload import generate, preset
-    from ui.cmd_validate import sim_config
+    from device_matrix import FIGURES
 
     matrix = json.loads(next(run.glob("matrix_*.json")).read_text())
     have = measured_levels(run)
@@ -73,11 +108,10 @@ def recover(run: Path, nreq: int, cost, base, prof, blocks: int, mml: int, bs: i
         if cls in have:
             out[cls] = have[cls]
             continue
-        reqs = _clamp(generate(preset(cls, num_requests=nreq), np.random.default_rng(0), bs), *CLASSES[cls], mml, bs)
+        reqs = class_requests(cls, nreq)
         out[cls] = {}
         for lv in c["levels"]:
-            p = metric_values(simulate_requests(cost, sim_config(base, prof), blocks,
-                                                copy_requests(reqs, natural_rate(reqs) / lv["rate_rps"]), seed=0))
+            p = predict_level(cost, cfg, reqs, lv["rate_rps"])
             out[cls][lv["name"]] = {"rate_rps": lv["rate_rps"],
                                     "measured": {f: p[f] / (1 + lv["rel_error"][f]) for f in FIGURES if f in lv["rel_error"]}}
     (run / "measured_recovered.json").write_text(json.dumps(out, indent=1) + "\n")
@@ -101,10 +135,7 @@ def main() -> None:
     import sim.instance as inst
     from costmodels.calibration import CalibrationProfile
     from costmodels.profiled import ProfiledStepCost
-    from device_matrix import CLASSES, FIGURES, _clamp
-    from scheduler.config import SchedulerConfig
-    from sim.validate import copy_requests, metric_values, natural_rate, simulate_requests
-    from sim.workload import generate, preset
+    from device_matrix import FIGURES
     from ui.cmd_validate import sim_config
 
     run = Path(a.run)
@@ -119,9 +150,7 @@ def main() -> None:
         print(f"refit ({a.refit}): in-sample MAPE {st2.fit.mape * 100:.2f}%, tables {st2.op_tables or 'none'}, scales "
               + ", ".join(f"{c} {v:.3g}" for c, v in st2.category_scale.items()))
     cost = ProfiledStepCost(prof)
-    bs, mml = 64, 8192
-    blocks = 128 * (-(-mml // bs)) + 64
-    base = SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=8192, max_model_len=mml, block_size=bs, async_overlap=not a.sync)
+    cfg = sim_config(engine_config(a.sync), prof)
     if a.no_lag:
         init = inst.Instance.__init__
 
@@ -131,7 +160,7 @@ def main() -> None:
         inst.Instance.__init__ = no_lag
     nreq = run_requests(run)
     if a.recover:
-        recover(run, nreq, cost, base, prof, blocks, mml, bs)
+        recover(run, nreq, cost, cfg)
         return
     worst: dict[str, tuple[float, str]] = {}
     print(f"{'class':10} {'level':16} " + " ".join(f"{f:>18}" for f in FIGURES))
@@ -141,10 +170,9 @@ def main() -> None:
         if not have:
             raise SystemExit(f"{run}: no validation report with {a.replay} replays per level")
     for cls, levels in have.items():
-        reqs = _clamp(generate(preset(cls, num_requests=nreq), np.random.default_rng(0), bs), *CLASSES[cls], mml, bs)
+        reqs = class_requests(cls, nreq)
         for name, lv in levels.items():
-            p = metric_values(simulate_requests(cost, sim_config(base, prof), blocks,
-                                                copy_requests(reqs, natural_rate(reqs) / lv["rate_rps"]), seed=0))
+            p = predict_level(cost, cfg, reqs, lv["rate_rps"])
             errs = {f: p[f] / lv["measured"][f] - 1 for f in FIGURES if lv["measured"].get(f)}
             for f, e in errs.items():
                 if f not in worst or abs(e) > abs(worst[f][0]):

@@ -22,16 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def run_replays(run: Path) -> int:
-    """Replays per level: the matrix report's command (``--runs N``); 1 if it does not say."""
-    import re
-    for f in run.glob("matrix_*.json"):
-        m = re.search(r"--runs (\d+)", json.loads(f.read_text()).get("command", ""))
-        if m:
-            return int(m.group(1))
-    return 1
-
-
 def samples_of(run: Path, cls: str) -> dict | None:
     f = next(run.glob(f"samples_{cls}_*.json"), None)
     return json.loads(f.read_text()) if f is not None else None
@@ -45,21 +35,17 @@ def main() -> None:
 
     from costmodels.calibration import CalibrationProfile
     from costmodels.profiled import ProfiledStepCost
-    from device_matrix import CLASSES, FIGURES, _clamp
-    from matrix_offline import measured_levels, run_requests
-    from scheduler.config import SchedulerConfig
+    from device_matrix import FIGURES
+    from matrix_offline import (BLOCKS, class_requests, engine_config, level_requests, measured_levels, predict_level,
+                                run_replays, run_requests)
     from sim.timeline_check import replay_measured, sample_steps, split_replays
-    from sim.validate import copy_requests, median_runs, metric_values, natural_rate, simulate_requests
-    from sim.workload import generate, preset
+    from sim.validate import median_runs, metric_values, natural_rate
     from ui.cmd_validate import sim_config
 
     run = Path(a.run)
     prof = CalibrationProfile.load(next(run.glob("calibration_*.json")))
     cost = ProfiledStepCost(prof)
-    bs, mml = 64, 8192   # scripts/device_matrix.py's engine
-    blocks = 128 * (-(-mml // bs)) + 64
-    base = SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=8192, max_model_len=mml, block_size=bs, async_overlap=not a.sync)
-    cfg = sim_config(base, prof)
+    cfg = sim_config(engine_config(a.sync), prof)
     nreq, replays = run_requests(run), run_replays(run)
     print(f"{'class':10} {'level':16} {'':9}" + " ".join(f"{f:>18}" for f in FIGURES))
     for cls, levels in measured_levels(run).items():
@@ -67,15 +53,15 @@ def main() -> None:
         if samp is None:
             print(f"{cls}: no samples_{cls}_*.json in {run}")
             continue
-        reqs = _clamp(generate(preset(cls, num_requests=nreq), np.random.default_rng(0), bs), *CLASSES[cls], mml, bs)
+        reqs = class_requests(cls, nreq)
         for name, lv in levels.items():
             scale = natural_rate(reqs) / lv["rate_rps"]
             meas = lv["measured"]
-            plain = metric_values(simulate_requests(cost, cfg, blocks, copy_requests(reqs, scale), seed=0))
+            plain = predict_level(cost, cfg, reqs, lv["rate_rps"])
             steps = sample_steps(samp[name])
             figs, notes = [], []
             for i0, i1 in split_replays(steps, replays):
-                m, tr = replay_measured(cost, cfg, blocks, copy_requests(reqs, scale), steps[i0:i1], seed=0)
+                m, tr = replay_measured(cost, cfg, BLOCKS, level_requests(reqs, lv["rate_rps"]), steps[i0:i1], seed=0)
                 figs.append(metric_values(m))
                 notes.append(_replay_note(tr, i1 - i0, reqs, scale, samp[name], i0, i1))
             timed = median_runs(figs)[0] if len(figs) > 1 else figs[0]
