@@ -141,9 +141,8 @@ def build_forward_batch(seqs: list[SeqInput], page_size: int, null_page: int, de
         table[i, : len(s.block_table)] = s.block_table
     lens = np.asarray([s.context_len + sq for s in decodes], dtype=np.int64)
     t = len(ids)
-    z = np.zeros(0, np.int64)
     host = np.concatenate([np.asarray(ids, dtype=np.int64), *pos, *slots, lens, table.reshape(-1),
-                           *(np.asarray(p[3], dtype=np.int64) for p in spans)]) if t or nd else z
+                           *(np.asarray(p[3], dtype=np.int64) for p in spans)])
     dev = to_device(host, device)
     i32 = dev[3 * t:].to(torch.int32)   # KV lengths, decode table, prefill tables
     off = nd + nd * max_pages
