@@ -51,6 +51,8 @@ PREFILL_MAX_UTIL = 0.85
 # Requests must leave room in KV for the prefix cache: a seat counts mean prompt + output tokens
 # and the batch may use this share of the KV pool.
 KV_SHARE_FOR_BATCH = 0.9
+# ADP balance's hold (batching_wait_iters, timeout_iters): the scheduler's defaults, as the planner deploys it
+_ADP = AttentionDPConfig()
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,7 @@ def _balanced_step(cost: EffectiveStepCost, n: int, d: int, ctx_len: int, hit_ct
     return cost.mixed_step_time(arr_new, arr_ctx, dec), m, float(arr_new.sum()), steps, share
 
 
-def _balance_point(step: tuple, t_dec: float, host_of, ov: bool, n: int, spt: float, st: WorkloadStats,
+def _balance_point(step: tuple, t_dec: float, sc: SchedulerConfig, ov: bool, n: int, spt: float, st: WorkloadStats,
                    dp: int) -> tuple[float, float, float]:
     """(requests/s, TTFT, TPOT) of an instance under ADP balance (scheduler/dp_attention.py): a share of the steps
     prefill one chunk per rank (``_balanced_step``), the rest decode; TPOT is the mean step over tokens per step.
@@ -153,11 +155,10 @@ def _balance_point(step: tuple, t_dec: float, host_of, ov: bool, n: int, spt: fl
     ``batching_wait_iters`` steps more while every rank decodes, at most ``timeout_iters`` steps in all; then
     its prefill steps and, as the spread points, half a step (plus one on a pipelined engine)."""
     dev_p, m, n_tok, steps, share = step
-    t_pre = wall_time(dev_p, host_of(n + m, n_tok), ov)
+    t_pre = wall_time(dev_p, _host(sc, n + m, n_tok), ov)
     t_step = share * t_pre + (1.0 - share) * t_dec
     lam = n * spt / (max(st.mean_output, 1e-9) * t_step)
-    adp = AttentionDPConfig()
-    wait = min((dp - 1) / max(lam, 1e-9) + adp.batching_wait_iters * t_step, adp.timeout_iters * t_step)
+    wait = min((dp - 1) / max(lam, 1e-9) + _ADP.batching_wait_iters * t_step, _ADP.timeout_iters * t_step)
     p90_steps = max(1, int(math.ceil(st.p90_new / max(st.mean_new, 1.0) * steps)))
     ttft = wait + p90_steps * t_pre + (0.5 + (1.0 if ov else 0.0)) * t_step
     return lam, ttft, t_step / spt
@@ -207,9 +208,6 @@ def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPo
                 mixes[c] = (cost.mixed_step_time(new, cl, dec), m_chunks, float(new.sum()))
             balanced = {c: _balanced_step(cost, n, d, int(ctx_len), hit_ctx, st, c, r, dp) for c in ctx.chunk_tokens} \
                 if ctx.adp_balance and dp > 1 else {}
-
-            def host_of(n_req: float, n_tok: float) -> float:
-                return _host(sc, n_req, n_tok)
             for ov in ctx.async_overlap:
                 t_dec = wall_time(dev, host, ov)
                 rows_d.append((B, d, ov, t_dec, spt, kv_ok))
@@ -224,7 +222,7 @@ def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPo
                     ttft = (p90_steps + 0.5 + (1.0 if ov else 0.0)) * t_step
                     rows_m.append((B, d, ov, c, lam, ttft, tpot, kv_ok_at(B, d, c), False))
                     if c in balanced:
-                        lam, ttft, tpot = _balance_point(balanced[c], t_dec, host_of, ov, n, spt, st, dp)
+                        lam, ttft, tpot = _balance_point(balanced[c], t_dec, sc, ov, n, spt, st, dp)
                         rows_m.append((B, d, ov, c, lam, ttft, tpot, kv_ok_at(B, d, c), True))
     rows_p = []
     for c in ctx.chunk_tokens:
