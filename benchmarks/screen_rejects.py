@@ -115,9 +115,9 @@ class _Search:
                             adp_balance=explicit_ranks("aggregated", EffectsSpec(expert_load=req.expert_load)))
         with Runner(workers) as runner:
             self.points = runner.map(_screen_job, list(enumerate(self.options)), ctx)
-        self.table = combine(self.options, self.points, req.gpus, self.stats, self.hw, req.model, space.modes,
-                             space.prefill_max_gpus, pooled_prefill=prefix_router(self.stats).kind == "least_outstanding")
         self.router = prefix_router(self.stats)
+        self.table = combine(self.options, self.points, req.gpus, self.stats, self.hw, req.model, space.modes,
+                             space.prefill_max_gpus, pooled_prefill=self.router.kind == "least_outstanding")
         self.effects = EffectsSpec(expert_load=req.expert_load, host_cache_gb=host_cache_gb(self.stats, self.hw, req.host_cache_fraction))
         self.workers = workers
 
