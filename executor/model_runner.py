@@ -143,7 +143,7 @@ class ModelRunner:
     def _rows(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """``hidden[rows]`` without a blocking copy of the index: a slice when the rows run contiguously (decodes
         of one query each, then the last row of a prompt), else an index built on the host and copied once."""
-        if rows and rows[-1] - rows[0] == len(rows) - 1 and all(b - a == 1 for a, b in zip(rows, rows[1:])):
+        if rows and all(b - a == 1 for a, b in zip(rows, rows[1:])):
             return hidden[rows[0]: rows[-1] + 1]
         return hidden.index_select(0, to_device(np.asarray(rows, dtype=np.int64), hidden.device))
 
