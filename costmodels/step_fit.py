@@ -252,6 +252,17 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
     return prof
 
 
+def refit_profile(profile, scale_bounds: str = "auto"):
+    """``profile`` with its step model re-fitted from its own calibration points (no validation data) at this
+    revision of the step model: the offline scripts' ``--refit auto|none|LO,HI`` (``scale_bounds``: "auto", "none"
+    for unbounded, or "LO,HI")."""
+    st = profile.step
+    b = scale_bounds if scale_bounds == "auto" else None if scale_bounds == "none" else tuple(float(x) for x in scale_bounds.split(","))
+    st2 = fit_step_profile(profile, st.points, model=st.model, dtype=st.dtype, device=st.device, graph_sizes=st.graph_sizes,
+                           scale_bounds=b)
+    return profile.model_copy(update={"step": st2})
+
+
 def loop_scheduler_terms(step: StepProfile) -> dict:
     """SchedulerConfig host-overhead fields that make the simulator charge the measured engine loop."""
     return {"host_step_s": float(step.loop.fixed_s), "host_per_request_s": min(float(step.loop.per_request_s), 0.01),

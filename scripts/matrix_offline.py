@@ -141,12 +141,9 @@ def main() -> None:
     run = Path(a.run)
     prof = CalibrationProfile.load(next(run.glob("calibration_*.json")))
     if a.refit is not None:
-        from costmodels.step_fit import fit_step_profile
-        st = prof.step
-        b = a.refit if a.refit == "auto" else None if a.refit == "none" else tuple(float(x) for x in a.refit.split(","))
-        st2 = fit_step_profile(prof, st.points, model=st.model, dtype=st.dtype, device=st.device, graph_sizes=st.graph_sizes,
-                               scale_bounds=b)
-        prof = prof.model_copy(update={"step": st2})
+        from costmodels.step_fit import refit_profile
+        prof = refit_profile(prof, a.refit)
+        st2 = prof.step
         print(f"refit ({a.refit}): in-sample MAPE {st2.fit.mape * 100:.2f}%, tables {st2.op_tables or 'none'}, scales "
               + ", ".join(f"{c} {v:.3g}" for c, v in st2.category_scale.items()))
     cost = ProfiledStepCost(prof)
