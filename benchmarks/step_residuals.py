@@ -25,6 +25,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from costmodels.step_fit import errors  # noqa: E402  (MAPE, bias and p90 error, as sim.validate.step_comparison's)
+
 LEVELS = ("low", "knee", "past saturation")
 
 
@@ -83,9 +85,9 @@ def columns(samples: dict[str, dict], cost, prof, sync: bool, recorded: bool) ->
 def row(label: str, m: np.ndarray, p: np.ndarray) -> str:
     if m.size == 0:
         return ""
-    rel = (p - m) / m
-    return (f"  {label:34} {m.size:6d} {m.mean() * 1e3:9.2f} {p.mean() * 1e3:9.2f} {np.mean(rel) * 100:+7.1f}% "
-            f"{np.mean(np.abs(rel)) * 100:6.1f}% {np.percentile(np.abs(p - m), 90) * 1e3:7.2f}")
+    e = errors(p, m)
+    return (f"  {label:34} {m.size:6d} {m.mean() * 1e3:9.2f} {p.mean() * 1e3:9.2f} {e['bias'] * 100:+7.1f}% "
+            f"{e['mape'] * 100:6.1f}% {e['p90_abs_err_s'] * 1e3:7.2f}")
 
 
 def table(c: dict[str, np.ndarray], title: str, mask: np.ndarray) -> None:
@@ -205,8 +207,8 @@ def kind_mape(c: dict[str, np.ndarray], ok: np.ndarray) -> None:
         for k in ("decode", "prefill", "mixed", "all"):
             sel = sel_base & ((kind == k) if k != "all" else True)
             if sel.any():
-                rel = p[sel] / m[sel] - 1
-                parts.append(f"{k} {np.mean(np.abs(rel)) * 100:5.1f}% ({np.mean(rel) * 100:+5.1f}%)")
+                e = errors(p[sel], m[sel])
+                parts.append(f"{k} {e['mape'] * 100:5.1f}% ({e['bias'] * 100:+5.1f}%)")
             else:
                 parts.append(f"{k} {'n/a':>15}")
         return "  ".join(parts)
