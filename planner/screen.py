@@ -128,6 +128,15 @@ def _prefill_shape(stats: WorkloadStats, chunk: int) -> tuple[float, int, int]:
     return float(chunk), 1, int(math.ceil(new / chunk))
 
 
+def _mixed_step(cost: EffectiveStepCost, n: int, d: int, ctx_len: int, m: int, tok: int, hit_ctx: int) -> tuple[float, float]:
+    """(device seconds, tokens) of a step of ``n`` decodes (``1 + d`` tokens over ``ctx_len`` each) and ``m`` prompt
+    chunks of ``tok`` new tokens over ``hit_ctx`` cached ones."""
+    new = np.concatenate([np.full(n, 1 + d), np.full(m, tok)]).astype(np.int64)
+    cl = np.concatenate([np.full(n, ctx_len), np.full(m, hit_ctx)]).astype(np.int64)
+    dec = np.concatenate([np.ones(n, bool), np.zeros(m, bool)])
+    return cost.mixed_step_time(new, cl, dec), float(new.sum())
+
+
 def _balanced_step(cost: EffectiveStepCost, n: int, d: int, ctx_len: int, hit_ctx: int, st: WorkloadStats, c: int,
                    r: float, dp: int) -> tuple[float, int, float, int, float]:
     """ADP balance's prefill step (device seconds, chunks, tokens, steps per prompt, share of steps prefilling):
@@ -141,10 +150,8 @@ def _balanced_step(cost: EffectiveStepCost, n: int, d: int, ctx_len: int, hit_ct
     k = max(1, int(math.ceil(need / dp)))         # chunks per rank in a prefill step
     share = min(1.0, need / (dp * k))             # of the steps that prefill
     m = dp * k
-    arr_new = np.concatenate([np.full(n, 1 + d), np.full(m, tok)]).astype(np.int64)
-    arr_ctx = np.concatenate([np.full(n, ctx_len), np.full(m, hit_ctx)]).astype(np.int64)
-    dec = np.concatenate([np.ones(n, bool), np.zeros(m, bool)])
-    return cost.mixed_step_time(arr_new, arr_ctx, dec), m, float(arr_new.sum()), steps, share
+    dev, n_tok = _mixed_step(cost, n, d, ctx_len, m, tok, hit_ctx)
+    return dev, m, n_tok, steps, share
 
 
 def _balance_point(step: tuple, t_dec: float, sc: SchedulerConfig, ov: bool, n: int, spt: float, st: WorkloadStats,
@@ -202,10 +209,8 @@ def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPo
             for c in ctx.chunk_tokens:
                 m_chunks = max(1, int(math.ceil(r)), int(math.ceil(pre_tokens / c)))
                 tok = max(1, int(round(pre_tokens / m_chunks)))
-                new = np.concatenate([np.full(n, 1 + d), np.full(m_chunks, tok)]).astype(np.int64)
-                cl = np.concatenate([np.full(n, int(ctx_len)), np.full(m_chunks, hit_ctx)]).astype(np.int64)
-                dec = np.concatenate([np.ones(n, bool), np.zeros(m_chunks, bool)])
-                mixes[c] = (cost.mixed_step_time(new, cl, dec), m_chunks, float(new.sum()))
+                dev_mix, n_tok = _mixed_step(cost, n, d, int(ctx_len), m_chunks, tok, hit_ctx)
+                mixes[c] = (dev_mix, m_chunks, n_tok)
             balanced = {c: _balanced_step(cost, n, d, int(ctx_len), hit_ctx, st, c, r, dp) for c in ctx.chunk_tokens} \
                 if ctx.adp_balance and dp > 1 else {}
             for ov in ctx.async_overlap:
