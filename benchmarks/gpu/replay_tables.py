@@ -12,7 +12,7 @@ model, with the executor's own code at each shape:
 - row-wise units over their size: ``rmsnorm`` (RMSNorm), ``rope_qk`` (``GQAAttention._rope`` of q and k),
   ``kv_write`` (``write_paged`` of k and v), ``kv_gather`` (``swa.gather_range`` of k and v, over keys),
   ``attn_out`` (the attention output placed in its buffer), ``residual`` (x + y), ``swiglu`` (the activation of
-  ``MLP.forward``: silu(g) * u in float32, back to bf16), ``embed``, a replay layer's ``row_select`` /
+  ``MLP.forward``: ``kernels.ops.silu_mul``), ``embed``, a replay layer's ``row_select`` /
   ``row_clone`` / ``row_scatter`` (``SWAReplay.run``'s index_select and out-of-place index_copy), ``take_put`` (the
   new tokens' rows placed), ``logits`` (``compute_logits`` of the last row);
 - host seconds per eager call of each unit (at its smallest shape, no sync: the device keeps up) and of one whole
@@ -281,7 +281,7 @@ class Units:
             return lambda: x + y
         if unit == "swiglu":
             g, u = self.randn(m, inter), self.randn(m, inter)
-            return lambda: (F.silu(ref._up(g)) * ref._up(u)).to(self.dt)
+            return lambda: ops.silu_mul(g, u)   # what MLP.forward runs (one Triton launch on CUDA since issue 18)
         if unit == "embed":
             ids = torch.randint(0, s.vocab_size, (m,), device=self.device, generator=self.g)
             return lambda: self.model.model.embed_tokens(ids)
