@@ -47,7 +47,6 @@ import time
 import traceback
 
 import torch
-import torch.nn.functional as F
 
 from costmodels.model_spec import ModelSpec
 from costmodels.replay_table import FORMAT
