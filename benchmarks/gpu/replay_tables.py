@@ -79,6 +79,17 @@ RECIPE = {
 }
 
 
+def _replay_seconds(g) -> float:
+    """Seconds of one replay of CUDA graph ``g`` (CUDA events, after a device sync)."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    a.record()
+    g.replay()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / 1e3
+
+
 def size_grid(top: int, tiny: bool) -> list[int]:
     """Rows/keys: 1, 16, 64, then four points per octave from 128 up to ``top``."""
     if tiny:
@@ -147,15 +158,7 @@ class Clock:
         from benchmarks.gpu.op_tables import capture_graph
         g = capture_graph(fns, reps)
         g.replay()
-        times = []
-        for _ in range(self.replays):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3 / reps)
+        times = [_replay_seconds(g) / reps for _ in range(self.replays)]
         del g
         return statistics.median(times)
 
@@ -171,13 +174,7 @@ class Clock:
         for _ in range(self.replays):
             t_lo, t_hi = self._events([fn], lo, 1) * lo, self._events([fn], hi, 1) * hi
             eager.append((t_hi - t_lo) / (hi - lo))
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            graph.append(a.elapsed_time(b) / 1e3 / hi)
+            graph.append(_replay_seconds(g) / hi)
         del g
         return statistics.median(eager), statistics.median(graph)
 
