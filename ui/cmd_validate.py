@@ -69,6 +69,18 @@ def predict_step(cost, profile, decode_ctx, prefill, draft_len=0, overlap: bool 
 PLOT_FORMATS = {".html": "plotly, self-contained (works offline)", ".png": "kaleido", ".svg": "kaleido", ".pdf": "kaleido"}
 
 
+def parse_levels(text: str) -> list[float]:
+    """--levels as positive fractions of the predicted capacity; anything else is the user's error (exit 2)."""
+    try:
+        fracs = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        fracs = []
+    if not fracs or any(not f > 0 for f in fracs):
+        raise TwinferError(f"--levels {text!r}: expected comma-separated positive fractions of the predicted capacity, "
+                           "e.g. 0.3,0.8,2.0")
+    return fracs
+
+
 def check_plot_path(path: Path) -> None:
     """Refuse, before any run, a --plot this machine cannot write: an unknown suffix, no plotly, an image without kaleido."""
     import importlib.util
@@ -164,6 +176,9 @@ def validate(
 
     if plot is not None:
         check_plot_path(plot)
+    fracs = parse_levels(levels)
+    if not calibrate_first and not profile.exists():  # before the engine build (minutes on a GPU)
+        raise TwinferError(f"--profile {profile}: no such file (make one with twinfer calibrate, or add --calibrate)")
     con = Console()
     block_size = 64
     base_cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(max_batched_tokens, max_num_seqs),
@@ -195,7 +210,6 @@ def validate(
     dtype = dtype or prof.step.dtype
     cost = ProfiledStepCost(prof, num_layers=num_layers or prof.step.num_layers)
     L = cost.num_layers
-    fracs = [float(x) for x in levels.split(",") if x.strip()]
     reqs = load_requests(trace, workload, requests, block_size, seed, max_input_len, max_output_len, max_model_len)
     cap = saturation_rps(cost, sim_config(base_cfg, prof), blocks, reqs)
     con.print(f"predicted capacity {cap:.2f} requests/s ({len(reqs)} requests, {L} layers, {blocks} KV blocks of {block_size})")

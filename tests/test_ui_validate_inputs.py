@@ -1,0 +1,39 @@
+"""``twinfer validate``: a missing profile or bad --levels is the user's error (TwinferError: exit 2, one line), found
+before the executor is built (minutes on a GPU), not an internal error after it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from twinfer.errors import TwinferError
+from ui.cli import app
+from ui.cmd_validate import parse_levels
+
+PROF = str(Path(__file__).resolve().parents[1] / "profiles" / "h200" / "calibration_deepseek-v3-5layers_fp8.json")
+
+
+def test_parse_levels():
+    assert parse_levels("0.3,0.8,2.0") == [0.3, 0.8, 2.0]
+    for bad in ("a,b", "", "0,1", "-1", "0.5,x"):
+        with pytest.raises(TwinferError, match=r"--levels .*comma-separated positive fractions"):
+            parse_levels(bad)
+
+
+def test_missing_profile_is_refused_before_the_engine_is_built(tmp_path, monkeypatch):
+    import executor.calibrate as cal
+
+    def no_build(*a, **k):
+        raise AssertionError("engine built before the profile was checked")
+
+    monkeypatch.setattr(cal, "build_engine", no_build)
+    r = CliRunner().invoke(app, ["validate", "--profile", str(tmp_path / "missing.json")])
+    assert isinstance(r.exception, TwinferError), r.output
+    assert "--profile" in str(r.exception) and "no such file" in str(r.exception)
+
+
+def test_bad_levels_through_the_command():
+    r = CliRunner().invoke(app, ["validate", "--model", "deepseek-v3", "--profile", PROF, "--sim-only", "--levels", "a,b"])
+    assert isinstance(r.exception, TwinferError) and "--levels 'a,b'" in str(r.exception)
