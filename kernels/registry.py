@@ -92,7 +92,7 @@ IMPLS: dict[str, list[Impl]] = {
     # these Triton kernels costs 50-64 us of host on the H200 (benchmarks/gpu/issue18_h200/eager_8df7bd1)
     "quant_fp8_act": [
         Impl("quant_fp8_act", "triton", 1, ("cuda",), "kernels.triton_rowwise:quant_fp8_act", "triton", (8, 9),
-             "1x128 FP8 activation groups in one launch; not bit-equal to the reference on the H200 (codes and scales)"),
+             "1x128 FP8 activation groups in one launch; the scale as ATen computes it on CUDA (see triton_rowwise)"),
         Impl("quant_fp8_act", "torch", 0, ("cpu", "cuda"), f"{_R}:quant_fp8_act", notes="9 torch ops"),
     ],
     "rms_norm": [

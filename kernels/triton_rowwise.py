@@ -3,19 +3,21 @@
 Eager steps are host-bound: each torch op costs ~10 us of host on the H200 (benchmarks/gpu/issue23_h200:
 RMSNorm as 9 torch ops 108 us, one BF16 GEMM call 25 us), and the torch references of these two ops are
 9 ops each, run 7 (quantisation) and 4 (norm) times per DeepSeek-V3 layer. One launch each does the same
-arithmetic (the quantisation: fp32 amax, IEEE division, round-to-nearest-even FP8 cast, written after
-``reference.quant_fp8_act``; the norm sums in a different order).
+arithmetic (the quantisation: fp32 amax, the scale as ATen computes it on CUDA, IEEE division of the values,
+round-to-nearest-even FP8 cast, written after ``reference.quant_fp8_act``; the norm sums in a different order).
 
 Measured on the H200 (benchmarks/gpu/issue18_h200/eager_8df7bd1): one call through ``kernels.ops`` to these
 kernels costs 50-64 us of host (``ops.rms_norm`` 50, ``ops.quant_fp8_act`` 64; a torch add 12), so they win where
 the device work is large (prefill 512: 16.4 vs 20.6 ms with the torch references) and lose on host-bound decode
-(b=1: 19.4 vs 17.2 ms). The quantisation is NOT bit-equal to ``reference.quant_fp8_act`` there: neither its codes
-nor its scales (``quant_bits_equal`` / ``quant_scales_equal`` false; the MoE layer with it vs the reference: max rel
-1.75%); RMSNorm and SiLU-and-mul matched the reference exactly on that input, RoPE to max rel 1.1e-3 (bf16).
+(b=1: 19.4 vs 17.2 ms). At 8df7bd1 the quantisation was NOT bit-equal to ``reference.quant_fp8_act`` there: neither
+its codes nor its scales (``quant_bits_equal`` / ``quant_scales_equal`` false; the MoE layer with it vs the reference:
+max rel 1.75%). The cause: the kernel divided ``amax / 448`` in IEEE, where ATen on CUDA multiplies by fp32(1/448)
+(a CPU-scalar divisor); the kernel now does the same (not yet re-checked on the H200). RMSNorm and SiLU-and-mul matched the reference exactly on that input, RoPE to max rel 1.1e-3 (bf16).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -23,19 +25,25 @@ import triton.language as tl
 from kernels import reference as ref
 from kernels.registry import Unsupported
 
+# fp32(1) / fp32(448), the reciprocal ATen multiplies by for ``amax / 448`` on CUDA
+INV_FP8_E4M3_MAX = float(np.float32(1.0) / np.float32(ref.FP8_E4M3_MAX))
 GROUPS_PER_PROGRAM = 8   # 8 x 128 values a program: 1 KiB of bf16 in, enough rows x groups to fill the SMs
 
 
 @triton.jit
 def _quant_kernel(x_ptr, q_ptr, s_ptr, G, stride_xm, stride_qm, stride_sm,
-                  BLOCK: tl.constexpr, GB: tl.constexpr, FP8_MAX: tl.constexpr, EPS: tl.constexpr):
+                  BLOCK: tl.constexpr, GB: tl.constexpr, FP8_MAX: tl.constexpr, INV_FP8_MAX: tl.constexpr,
+                  EPS: tl.constexpr):
     m = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1) * GB + tl.arange(0, GB)
     gmask = g < G
     cols = g[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
     x = tl.load(x_ptr + m * stride_xm + cols, mask=gmask[:, None], other=0.0).to(tl.float32)
     amax = tl.maximum(tl.max(tl.abs(x), axis=1), EPS)
-    scale = tl.math.div_rn(amax, tl.full(amax.shape, FP8_MAX, tl.float32))   # IEEE division, as torch's
+    # the reference's ``amax / FP8_MAX`` on CUDA: ATen divides by a CPU scalar as a multiply by its fp32 reciprocal
+    # (div_true_kernel_cuda), which can differ from an IEEE division in the last bit; the element division below is
+    # tensor / tensor, an IEEE division in ATen as here
+    scale = amax * INV_FP8_MAX
     y = tl.math.div_rn(x, scale[:, None])
     y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
     tl.store(q_ptr + m * stride_qm + cols, y.to(q_ptr.dtype.element_ty), mask=gmask[:, None])
@@ -44,7 +52,7 @@ def _quant_kernel(x_ptr, q_ptr, s_ptr, G, stride_xm, stride_qm, stride_sm,
 
 def quant_fp8_act(x: torch.Tensor, block: int = ref.FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as ``reference.quant_fp8_act``: ``[M,K] -> (e4m3 [M,K], fp32 scales [M, K/128])``, one launch.
-    Not bit-equal to it on the H200 (codes and scales differ; see the module docstring)."""
+    Its scale is ATen's CUDA one (the reference on the GPU); see the module docstring."""
     if x.dim() != 2 or x.shape[1] % block or x.stride(1) != 1 or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise Unsupported("triton quant_fp8_act: 2-D bf16/fp16/fp32 rows with unit column stride, K % 128 == 0")
     m, k = x.shape
@@ -54,7 +62,8 @@ def quant_fp8_act(x: torch.Tensor, block: int = ref.FP8_BLOCK) -> tuple[torch.Te
     if m:
         gb = min(GROUPS_PER_PROGRAM, triton.next_power_of_2(g))
         _quant_kernel[(m, triton.cdiv(g, gb))](x, q, s, g, x.stride(0), q.stride(0), s.stride(0),
-                                               BLOCK=block, GB=gb, FP8_MAX=ref.FP8_E4M3_MAX, EPS=1e-4)
+                                               BLOCK=block, GB=gb, FP8_MAX=ref.FP8_E4M3_MAX,
+                                               INV_FP8_MAX=INV_FP8_E4M3_MAX, EPS=1e-4)
     return q, s
 
 

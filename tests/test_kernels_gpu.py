@@ -162,3 +162,16 @@ def test_deepgemm_fused_moe_captures_in_a_cuda_graph(g):
     graph.replay()
     torch.cuda.synchronize()
     assert rel(out, deepgemm_moe_experts(x, wt, ids, w13, w2, s13, s2)) < 1e-3 and rel(out, eager) > 1e-3
+
+
+@pytest.mark.parametrize("m,k,stride", [(1, 7168, 7168), (37, 1536, 1536), (300, 512, 576), (4096, 2048, 2048)])
+def test_triton_quant_fp8_act_bit_equal(g, m, k, stride):
+    """The fused quantisation equals the reference on the same GPU bit for bit: codes and scales (the scale is ATen's
+    CUDA ``amax / 448``, a multiply by fp32(1/448)); rows may be a column slice (stride > k)."""
+    _need("triton")
+    from kernels.triton_rowwise import quant_fp8_act
+    x = (torch.randn(m, stride, device="cuda", generator=g) * 3).to(torch.bfloat16)[:, :k]
+    q, s = quant_fp8_act(x)
+    q0, s0 = R.quant_fp8_act(x)
+    assert torch.equal(s, s0)
+    assert torch.equal(q.view(torch.uint8), q0.view(torch.uint8))
