@@ -9,5 +9,9 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torc
 export TWINFER_KERNEL_FP8_GEMM=${TWINFER_KERNEL_FP8_GEMM:-triton}   # DeepGEMM JITs per shape (3-8 s each); the runs use Triton
 stage "validation matrix (scripts/device_matrix.py)"
 timeout ${T_MATRIX:-540} python3 scripts/device_matrix.py --out "$OUT" --requests ${REQS:-48} --runs ${RUNS:-3} ${MATRIX_ARGS:-}
+# the device returns at most 8 files from $OUT: the per-class reports and samples travel as one archive
+# (run 4 lost two reports); unpack with `tar xzf reports.tgz` in the run's folder
+( cd "$OUT" && ls validation_*.json samples_*.json >/dev/null 2>&1 \
+  && tar czf reports.tgz validation_*.json samples_*.json && rm -f validation_*.json samples_*.json )
 stage done
 ls -la "$OUT"
