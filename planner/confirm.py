@@ -5,15 +5,22 @@ of ``Plan.to_scenario()`` with the plan's request count and seed, read from the 
 (``SimMetrics.steady``). ``twinfer simulate --plan`` runs the same scenario, so it reports the
 same figures (and digest), not merely similar ones. A plan whose full-scale run misses the SLO
 is retried at a lower rate, then the next candidate is tried.
+
+A run given the SLO ends as soon as its verdict is certain to be a miss (``planner.slo_miss``; most
+of a missing run's cost otherwise goes on requests that cannot change the verdict). Its outcome is
+then a miss (``ok`` False) whose ``error`` says when and why it stopped: its figures are partial.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from planner.gc_pause import gc_paused
 from planner.plan import Plan
 from planner.simulate import SimOutcome, outcome_of
+from planner.slo_miss import CertainMiss
+from scheduler.metrics import SLO
 
 CONFIRM_CANDIDATES = 3          # slice-confirmed candidates tried at full scale, best first
 CONFIRM_RATE_STEPS = (1.0, 0.8)  # of the rate the slice met the SLO at
@@ -23,6 +30,7 @@ CONFIRM_MAX_RUNS = 3            # full-scale runs at most (an agentic 72-GPU pla
 # arrival noise (72 x GB300 agentic: the 0.8 step of a 1,501 tok/s/GPU slice gave 1,233 at full scale, 2.7% over
 # 0.8 x 1,501; the margin allows over five times that).
 CONFIRM_BOUND_MARGIN = 1.15
+STOPPED_EARLY = "stopped early"   # how a confirmation's error begins when it ended at a certain miss
 
 
 def confirmation_order(rows: list[int], mirrored: list[bool]) -> list[int]:
@@ -47,17 +55,35 @@ def step_bound(slice_thr: float, step: float, full: list[tuple[float, float]]) -
     return CONFIRM_BOUND_MARGIN * step * max([slice_thr] + [thr / s for s, thr in full])
 
 
-def confirm_plan(plan: Plan, row: int, table_rate: float, percentile: int) -> SimOutcome | None:
-    """The full-scale run of ``plan`` as a SimOutcome (its steady window); None when no request finished."""
-    from sim.runner import simulate
+def may_stop_early(best_found: bool, step: float, attempts: int) -> bool:
+    """Whether a confirmation run may stop at a certain miss without changing what the search does next: its full
+    figure is read only by ``step_bound`` for the candidate's lower rate steps once a plan is confirmed, so a run
+    may stop when none is yet, or when it is the candidate's last step or the last run of CONFIRM_MAX_RUNS."""
+    return not best_found or step == CONFIRM_RATE_STEPS[-1] or attempts >= CONFIRM_MAX_RUNS
+
+
+def confirm_plan(plan: Plan, row: int, table_rate: float, percentile: int, slo: SLO | None = None) -> SimOutcome | None:
+    """The full-scale run of ``plan`` as a SimOutcome (its steady window); None when no request finished.
+
+    With ``slo`` the run stops once it is certain to miss it at ``percentile`` (an open-loop workload: a closed
+    loop's arrivals are not known up front); the outcome then is a miss whose ``error`` says why."""
+    from sim.runner import scenario_requests, simulate
 
     t0 = time.perf_counter()
+    scenario = plan.to_scenario()
+    requests = scenario_requests(scenario) if slo is not None else []
+    stop = CertainMiss(requests, slo, percentile, scenario.steady_after_s) if requests else None
     with gc_paused():
-        result = simulate(plan.to_scenario()).result
+        run = simulate(scenario, requests=requests or None, stop=stop)
+    result = run.result
     m = result.metrics
     w = m.steady or m.whole_run
     if w is None:
         return None
     rate = plan.workload.rate or 0.0
-    return outcome_of(w, row, rate / table_rate if table_rate > 0 else 1.0, percentile, 1.0, result.num_gpus,
-                      result.num_requests, float(result.num_gpus), rate, result.digest, time.perf_counter() - t0)
+    o = outcome_of(w, row, rate / table_rate if table_rate > 0 else 1.0, percentile, 1.0, result.num_gpus,
+                   result.num_requests, float(result.num_gpus), rate, result.digest, time.perf_counter() - t0)
+    if run.stopped_at_s is not None:
+        o = dataclasses.replace(o, ok=False, error=f"{STOPPED_EARLY} at {run.stopped_at_s:,.0f} s of simulated time, "
+                   f"{m.requests_finished:,} of {result.num_requests:,} requests finished (figures partial): {stop.reason}")
+    return o

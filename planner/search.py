@@ -26,7 +26,8 @@ from costmodels.calibration_source import profile_for
 from costmodels.hardware import get_hardware
 from costmodels.step import StepCostModel
 from planner.combine import AGG, Candidate, Table, combine
-from planner.confirm import CONFIRM_MAX_RUNS, CONFIRM_RATE_STEPS, confirm_plan, confirmation_order, step_bound
+from planner.confirm import (CONFIRM_MAX_RUNS, CONFIRM_RATE_STEPS, confirm_plan, confirmation_order, may_stop_early,
+                             step_bound, STOPPED_EARLY)
 from planner.economics import Economics, economics
 from planner.explain import describe_row, does_not_fit, short_row, slo_unreachable, why_it_won
 from planner.parallel import Runner, report
@@ -342,6 +343,9 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
         tried = [(f"{describe_row(table, options, i)} (full scale, {fo.requests:,} requests)", fo) for i, fo in full_runs]
         tried += [(describe_row(table, options, i), o) for i, o in outcomes.items()]
         for label, o in sorted(tried, key=lambda kv: max(kv[1].ttft_s / req.slo.ttft_s, kv[1].tpot_s / req.slo.tpot_s)):
+            if o.error.startswith(STOPPED_EARLY):   # a full-scale run ended at a certain miss: partial figures, say why
+                closest.append(f"{label}: {o.error}")
+                continue
             closest.append(f"{label}: simulated TTFT p{req.slo_percentile} {o.ttft_s:.2f} s, "
                            f"TPOT {o.tpot_s * 1e3:.1f} ms, {o.thr_gpu:,.0f} tokens/s/GPU at {o.load:.0%} of the screened load")
         where = (f"none of the {len(outcomes)} simulated on slices does" if not full_runs else
@@ -386,7 +390,9 @@ def _confirm(req, table, options, stats, model, hw, router, effects, ok, accepta
                 continue
             plan = _make_plan(req, table.candidate(i), options, stats, model, hw, router, effects, o, table, ok, acceptance,
                               outcomes, points, rate_scale=step)
-            full = confirm_plan(plan, i, float(table.cols["rate"][i]), req.slo_percentile)
+            # a certain miss may end the run early, where its full figure is never read (confirm.may_stop_early)
+            stop = may_stop_early(best is not None, step, attempts)
+            full = confirm_plan(plan, i, float(table.cols["rate"][i]), req.slo_percentile, slo=req.slo if stop else None)
             if full is None:     # nothing finished at full scale: a miss
                 continue
             runs.append((i, full))
@@ -407,6 +413,8 @@ def _confirm(req, table, options, stats, model, hw, router, effects, ok, accepta
                 f"scale: {full.requests:,} requests, the run `twinfer simulate --plan` repeats) among the "
                 f"candidates meeting the SLO in simulation (screen predicted {table.cols['thr_gpu'][i]:,.0f})")
     plan.why = _why(req, table, options, i, ok, outcomes, points, headline, table.candidate(i).gpus)
+    plan.why += [f"rejected at full scale: {describe_row(table, options, j)} at {fo.load:.0%} of its slice's rate, {fo.error}"
+                 for j, fo in runs if fo.error.startswith(STOPPED_EARLY)]   # a stopped run's partial figures are not shown
     return i, plan, runs
 
 

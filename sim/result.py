@@ -44,3 +44,4 @@ class SimRun:
     result: SimResult
     collector: MetricsCollector
     requests: list[Request]
+    stopped_at_s: float | None = None   # a ``stop`` predicate ended the run here (sim.early_stop): partial figures

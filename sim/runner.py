@@ -23,6 +23,7 @@ from sim import invariants
 from sim.export import digest
 from scheduler.metrics import MetricsCollector
 from sim.deployment import simulate_deployment
+from sim.early_stop import StopPredicate, stopped_at, watch
 from sim.result import KVInfo, SimResult, SimRun
 from sim.router import make_router
 from sim.scenario import Scenario, run_seeds
@@ -60,14 +61,16 @@ def scenario_requests(scenario: Scenario) -> list[Request]:
 
 
 def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[Request] | None = None,
-             debug: bool | None = None) -> SimRun:
+             debug: bool | None = None, stop: StopPredicate | None = None) -> SimRun:
     """Run ``scenario`` to completion (every request finished or dropped) in the one simpy event loop.
 
     ``debug`` (default: env TWINFER_DEBUG_INVARIANTS) checks the run's invariants (sim.invariants).
+    ``stop`` (sim.early_stop), asked as each request finishes, may end the run there: the result is then
+    partial and ``SimRun.stopped_at_s`` says when.
     A scenario with serving effects or a prefill pool runs in ``sim.deployment`` instead.
     """
     if scenario.needs_deployment_runner:
-        return simulate_deployment(scenario, record_steps=record_steps, requests=requests, debug=debug)
+        return simulate_deployment(scenario, record_steps=record_steps, requests=requests, debug=debug, stop=stop)
     fit = _fit(scenario)
     sc = scenario.scheduler
     num_blocks = fit.max_kv_tokens // sc.block_size
@@ -88,6 +91,7 @@ def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[R
 
     debug = invariants.enabled(debug)
     collector = (invariants.CheckingCollector if debug else MetricsCollector)(record_steps=record_steps)
+    collector = watch(collector, stop, env)
     schedulers = [Scheduler(sc, num_blocks, i, name_all_blocks=False, replay=replay) for i in range(scenario.instances)]
     cluster = Cluster(env, schedulers, make_backend, make_router(scenario.router), source.watch(collector), source.initial,
                       max_steps=scenario.max_decode_steps)
@@ -95,10 +99,11 @@ def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[R
     env.run()
     requests = source.requests
     end_s = float(env.now)
+    stopped = stopped_at(collector)
     stuck = [s for s in schedulers if s.has_work]
-    if stuck:  # cannot happen unless a scheduler bug leaves work behind; say so rather than under-count
+    if stuck and stopped is None:  # cannot happen unless a scheduler bug leaves work behind; say so rather than under-count
         raise RuntimeError(f"simulation ended with work queued on instances {[s.instance_id for s in stuck]}")
-    if debug:
+    if debug and stopped is None:
         invariants.check_end(collector, schedulers, len(requests), end_s)
 
     metrics = collector.summarize(scenario.num_gpus, scenario.slo, steady_after_s=scenario.steady_after_s)
@@ -117,7 +122,7 @@ def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[R
         metrics=metrics,
     )
     result.digest = digest(result)
-    return SimRun(result, collector, requests)
+    return SimRun(result, collector, requests, stopped)
 
 
 def run_scenario(scenario: Scenario) -> SimResult:

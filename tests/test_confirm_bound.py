@@ -39,7 +39,7 @@ def test_a_lower_step_that_cannot_beat_the_confirmed_plan_is_not_simulated(monke
     def scripted(slices: dict):
         calls = []
 
-        def fake(plan, row, table_rate, percentile):
+        def fake(plan, row, table_rate, percentile, slo=None):
             calls.append(row)
             o = slices[row]
             if len(calls) == 1:   # the first candidate meets, at 95% of the second-best slice
@@ -60,7 +60,7 @@ def test_a_lower_step_that_cannot_beat_the_confirmed_plan_is_not_simulated(monke
         return real_make_plan(req, cand, options, stats, model, hw, router, effects, o, *a, **k)
 
     monkeypatch.setattr(search, "_make_plan", recording_make_plan)
-    monkeypatch.setattr(search, "confirm_plan", lambda plan, row, r, p: None)
+    monkeypatch.setattr(search, "confirm_plan", lambda plan, row, r, p, slo=None: None)
     plan_deployment(_question(), workers=1)
     assert len(seen) >= 2, "the question needs two slice-confirmed candidates"
 

@@ -124,7 +124,7 @@ def _plan_where_no_full_scale_run_finishes(monkeypatch):
     from planner.parallel import reporting
     calls, heard = [], []
 
-    def nothing_finished(plan, row, table_rate, percentile):
+    def nothing_finished(plan, row, table_rate, percentile, slo=None):
         calls.append(row)
         return None
 
