@@ -126,3 +126,28 @@ def test_it_fires_as_soon_as_enough_finished_over_target():
         r.num_output_tokens = 1
         fired.append(stop(r))
     assert fired == [False, False, False, False, True] and "TTFT" in stop.reason
+
+
+@pytest.mark.parametrize("deployment", [False, True])
+def test_the_sim_hook_ends_the_run_at_the_finish_the_predicate_names(deployment):
+    """sim.early_stop through both runners (the plain one and sim.deployment): the run ends at the 10th finish,
+    leaves the rest unfinished without the end-of-run error, and says when; without a stop nothing changes."""
+    from sim.runner import simulate
+    from sim.scenario import Scenario, builtin_scenario
+    data = builtin_scenario("default").model_dump(mode="json", exclude_none=True)
+    data["workload"]["num_requests"] = 60
+    scen = Scenario.model_validate(data)
+    if deployment:
+        scen = scen.model_copy(update={"effects": scen.effects.model_copy(update={"dp_balance": False})})
+        assert scen.needs_deployment_runner
+    seen = []
+
+    def tenth(req):
+        seen.append(req.finish_time)
+        return len(seen) == 10
+
+    run = simulate(scen, stop=tenth)
+    whole = simulate(scen)
+    assert run.stopped_at_s == seen[9] and whole.stopped_at_s is None
+    assert 10 <= run.result.metrics.requests_finished < 60 == whole.result.metrics.requests_finished
+    assert run.result.simulated_s < whole.result.simulated_s
