@@ -63,6 +63,8 @@ def _search(model: str, hardware: str, gpus: int, workload: str, slo: dict, simu
 
 
 def main() -> int:
+    from planner.confirm import STOPPED_EARLY
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cores", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
@@ -87,7 +89,10 @@ def main() -> int:
     if rep.recommended is not None:
         p = rep.recommended.predicted
         print(f"  result:   {rep.message}")
-        print(f"            {p.output_tokens_per_s_per_gpu:,.0f} output tok/s/GPU, {p.tokens_per_s_per_user:,.1f} tok/s/user ({p.source})")
+        print(f"            {p.output_tokens_per_s_per_gpu:,.0f} output tok/s/GPU, {p.tokens_per_s_per_user:,.1f} tok/s/user ({p.source}, "
+              f"sim digest {(p.sim_digest or '-')[:8]})")
+        stopped = [w for w in rep.recommended.why if STOPPED_EARLY in w]   # full-scale misses ended at a certain miss
+        print(f"            {len(stopped)} rejected full-scale run(s) stopped early at a certain SLO miss")
     ok = wall < args.limit
     print(f"  total:    {wall:.1f} s wall, {cpu:.1f} s CPU on {workers} cores -> {'PASS' if ok else 'FAIL'} (limit {args.limit:g} s)")
 
