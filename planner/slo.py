@@ -106,7 +106,7 @@ def _read_part(part: str, text: str, field: str) -> tuple[str, int, float]:
     if int(pct) not in PERCENTILES:
         raise TwinferError(f"{field} {text!r}: {key}_p{pct}: the percentile must be p50, p90 or p99")
     if not unit:
-        raise TwinferError(f"{field} {text!r}: {key}_p{pct}={num} needs a unit (s, ms or us), e.g. {key}_p{pct}={num}ms")
+        raise TwinferError(f"{field} {text!r}: {key}_p{pct}={num} needs a unit (s, ms or us), e.g. {key}_p{pct}={num}s or {key}_p{pct}={num}ms")
     if unit not in UNITS:
         raise TwinferError(f"{field} {text!r}: {key}_p{pct}: unknown unit {unit!r}; allowed: s, ms, us")
     try:
