@@ -84,7 +84,15 @@ def effective_scenario(scenario: str | None = None, **overrides):
         # --requests alone means "this many": drop a duration the base scenario may bound arrivals with
         if isinstance(data.get("workload"), dict):
             data["workload"].pop("duration_s", None)
-    return validate(Scenario, data, source)
+    try:
+        return validate(Scenario, data, source)
+    except TwinferError as e:   # name the flag the user typed next to the field it set
+        msg = str(e)
+        for key in o:
+            msg = msg.replace(f": {paths[key]}:", f": --{key.replace('_', '-')} ({paths[key]}):")
+        if msg == str(e):
+            raise
+        raise TwinferError(msg) from None
 
 
 def scenario_from_plan(path: str, *, scenario: str | None, requests: int | None, rate: float | None, seed: int | None, others: dict):

@@ -1,0 +1,30 @@
+"""A bad value given by flag is reported under the flag the user typed, next to the field it sets (exit 2)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def _simulate(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ui.cli", "simulate", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args,flag,field", [
+    (["--rate", "-3"], "--rate", "workload.rate"),
+    (["-n", "-5"], "--requests", "workload.num_requests"),
+    (["--max-num-seqs", "0"], "--max-num-seqs", "scheduler.max_num_seqs"),
+])
+def test_bad_flag_value_names_the_flag(args, flag, field):
+    r = _simulate(*args)
+    assert r.returncode == 2, r.stderr
+    assert f"{flag} ({field})" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_scenario_file_value_keeps_the_field_only(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text("workload:\n  preset: chat\n  rate: -1\n")
+    r = _simulate("-s", str(f))
+    assert r.returncode == 2 and "workload.rate" in r.stderr and "--rate" not in r.stderr
