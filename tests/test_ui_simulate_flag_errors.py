@@ -28,3 +28,13 @@ def test_bad_scenario_file_value_keeps_the_field_only(tmp_path):
     f.write_text("workload:\n  preset: chat\n  rate: -1\n")
     r = _simulate("-s", str(f))
     assert r.returncode == 2 and "workload.rate" in r.stderr and "--rate" not in r.stderr
+
+
+def test_nested_file_error_shows_its_value_once(tmp_path):
+    f = tmp_path / "hw.yaml"
+    tpl = subprocess.run([sys.executable, "-m", "ui.cli", "hardware", "--template"], capture_output=True, text=True, timeout=120)
+    assert tpl.returncode == 0
+    f.write_text("\n".join("hbm_tbps: -1" if ln.startswith("hbm_tbps:") else ln for ln in tpl.stdout.splitlines()) + "\n")
+    r = _simulate("--hw", str(f), "-n", "10")
+    assert r.returncode == 2 and "hbm_tbps" in r.stderr and "(got -1)" in r.stderr
+    assert r.stderr.count("(got ") == 1, r.stderr

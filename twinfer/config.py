@@ -28,6 +28,8 @@ def format_validation_error(err: ValidationError, source: str = "") -> str:
             if not e.get("loc"):
                 lines.append(f"{source + ': ' if source else ''}{msg}")
                 continue
+        if "(got " in msg:   # a nested file's own error already shows its value (not the file name again)
+            got_s = ""
         lines.append(f"{source + ': ' if source else ''}{loc}: {msg}{got_s}")
     return "\n".join(lines)
 
