@@ -173,14 +173,12 @@ def main() -> None:
     ap.add_argument("--class", dest="cls", default=None)
     ap.add_argument("--recorded", action="store_true", help="use the predictions the run recorded")
     a = ap.parse_args()
-    from costmodels.calibration import CalibrationProfile
     from costmodels.profiled import ProfiledStepCost
+    from costmodels.step_fit import run_profile
 
     run = Path(a.run)
-    prof = CalibrationProfile.load(next(run.glob("calibration_*.json")))
+    prof = run_profile(run, a.refit)
     if a.refit is not None:
-        from costmodels.step_fit import refit_profile
-        prof = refit_profile(prof, a.refit)
         st2 = prof.step
         print(f"refit ({a.refit}): in-sample MAPE {st2.fit.mape * 100:.2f}%; host {st2.host.model_dump()}; overlap {st2.overlap:.2f}")
     calibration_spread(prof)

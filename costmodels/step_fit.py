@@ -263,6 +263,16 @@ def refit_profile(profile, scale_bounds: str = "auto"):
     return profile.model_copy(update={"step": st2})
 
 
+def run_profile(run, scale_bounds: str | None = None):
+    """The one calibration profile a validation-matrix run folder keeps (``calibration_*.json``), re-fitted from its
+    own calibration points when ``scale_bounds`` is given (``refit_profile``): what the offline scripts start from."""
+    from pathlib import Path
+
+    from costmodels.calibration import CalibrationProfile
+    prof = CalibrationProfile.load(next(Path(run).glob("calibration_*.json")))
+    return prof if scale_bounds is None else refit_profile(prof, scale_bounds)
+
+
 def loop_scheduler_terms(step: StepProfile) -> dict:
     """SchedulerConfig host-overhead fields that make the simulator charge the measured engine loop."""
     return {"host_step_s": float(step.loop.fixed_s), "host_per_request_s": min(float(step.loop.per_request_s), 0.01),

@@ -133,16 +133,14 @@ def main() -> None:
     a = ap.parse_args()
 
     import sim.instance as inst
-    from costmodels.calibration import CalibrationProfile
     from costmodels.profiled import ProfiledStepCost
+    from costmodels.step_fit import run_profile
     from device_matrix import FIGURES
     from ui.cmd_validate import sim_config
 
     run = Path(a.run)
-    prof = CalibrationProfile.load(next(run.glob("calibration_*.json")))
+    prof = run_profile(run, a.refit)
     if a.refit is not None:
-        from costmodels.step_fit import refit_profile
-        prof = refit_profile(prof, a.refit)
         st2 = prof.step
         print(f"refit ({a.refit}): in-sample MAPE {st2.fit.mape * 100:.2f}%, tables {st2.op_tables or 'none'}, scales "
               + ", ".join(f"{c} {v:.3g}" for c, v in st2.category_scale.items()))

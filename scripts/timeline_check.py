@@ -33,8 +33,8 @@ def main() -> None:
     ap.add_argument("--sync", action="store_true", help="the engine's loop was synchronous (async overlap off)")
     a = ap.parse_args()
 
-    from costmodels.calibration import CalibrationProfile
     from costmodels.profiled import ProfiledStepCost
+    from costmodels.step_fit import run_profile
     from device_matrix import FIGURES
     from matrix_offline import (BLOCKS, class_requests, engine_config, level_requests, measured_levels, predict_level,
                                 run_replays, run_requests)
@@ -43,7 +43,7 @@ def main() -> None:
     from ui.cmd_validate import sim_config
 
     run = Path(a.run)
-    prof = CalibrationProfile.load(next(run.glob("calibration_*.json")))
+    prof = run_profile(run)
     cost = ProfiledStepCost(prof)
     cfg = sim_config(engine_config(a.sync), prof)
     nreq, replays = run_requests(run), run_replays(run)
