@@ -260,10 +260,16 @@ ROWWISE_OPS = ("quant_fp8_act", "rms_norm", "rope", "silu_mul")   # one Triton l
 
 def host_syncs(fn) -> tuple[int, list[str]]:
     """Host syncs ``fn`` makes, as CUDA's sync debug mode reports them (blocking copies, ``.item()``, ``nonzero``...)."""
-    import warnings
     if not torch.cuda.is_available():
         fn()
         return 0, ["(no CUDA: not checked)"]
+    msgs = [m.splitlines()[0][:120] for m in sync_messages(fn)]
+    return len(msgs), msgs
+
+
+def sync_messages(fn) -> list[str]:
+    """The warnings CUDA's sync debug mode raises during one call of ``fn``, one per synchronising operation (CUDA)."""
+    import warnings
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -271,8 +277,7 @@ def host_syncs(fn) -> tuple[int, list[str]]:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    msgs = [str(w.message).splitlines()[0][:120] for w in caught if "synchroniz" in str(w.message).lower()]
-    return len(msgs), msgs
+    return [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
 
 
 def per_op_host_us(device: torch.device, n: int = 2000) -> dict:

@@ -351,20 +351,14 @@ def sync_events(cuda: bool, fn) -> list[str] | None:
     make none (a sync inside it would put the host's later work after the device's earlier work). None on the CPU."""
     if not cuda:
         return None
-    import warnings
+    from benchmarks.gpu.eager_host import sync_messages
     torch.cuda.synchronize()
     try:
-        with warnings.catch_warnings(record=True) as got:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                fn()
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
+        msgs = sync_messages(fn)
     except Exception as e:  # noqa: BLE001 - a diagnostic
         return [f"(check failed: {type(e).__name__}: {e})"[:160]]
     torch.cuda.synchronize()
-    return sorted({str(w.message)[:160] for w in got if "synchroniz" in str(w.message).lower()})
+    return sorted({m[:160] for m in msgs})
 
 
 def kernel_profile(fn) -> dict:
