@@ -191,13 +191,30 @@ class SWAReplay:
 
     @staticmethod
     def run(model, prep: "PreparedStep", kv: KVCache) -> torch.Tensor:
-        """The device side of ``forward``: embed, each layer on its rows, norm, the new tokens' rows placed."""
-        x = model.model.embed_tokens(prep.batch.input_ids)
-        for layer, (idx, view) in zip(model.model.layers, prep.views):
-            if idx is None:
-                x = layer(x, view, kv)
-            else:
-                x = x.index_copy(0, idx, layer(x.index_select(0, idx), view, kv))
+        """The device side of ``forward``: embed, each layer on its rows, norm, the new tokens' rows placed (the
+        three steps below, which the replay bench also times one by one)."""
+        x = SWAReplay.embed(model, prep)
+        for j in range(len(prep.views)):
+            x = SWAReplay.layer_step(model, prep, kv, j, x)
+        return SWAReplay.finish(model, prep, x)
+
+    @staticmethod
+    def embed(model, prep: "PreparedStep") -> torch.Tensor:
+        """The extended batch's embeddings (every row the step runs)."""
+        return model.model.embed_tokens(prep.batch.input_ids)
+
+    @staticmethod
+    def layer_step(model, prep: "PreparedStep", kv: KVCache, j: int, x: torch.Tensor) -> torch.Tensor:
+        """Layer ``j`` on its rows of ``x`` (all of them, or the rows its view selects, put back in place)."""
+        idx, view = prep.views[j]
+        layer = model.model.layers[j]
+        if idx is None:
+            return layer(x, view, kv)
+        return x.index_copy(0, idx, layer(x.index_select(0, idx), view, kv))
+
+    @staticmethod
+    def finish(model, prep: "PreparedStep", x: torch.Tensor) -> torch.Tensor:
+        """Final norm and the new tokens' rows placed where ``build_forward_batch`` of the plain chunks puts them."""
         h = model.model.norm(x)
         return h.new_zeros(prep.rows, h.shape[1]).index_copy(0, prep.put, h.index_select(0, prep.take))
 

@@ -5,14 +5,19 @@
 # costs of units and of whole layer calls over rows, launch gaps of x + y and of whole decoder layers), then the
 # replay runs (benchmarks/gpu/replay_bench.py): prefix hits and long chunked prompts under full recompute, bounded
 # replay W (REPLAY_WS, default 32,64,128,256,384) and persist, timed interleaved (eager, eager with inputs, CUDA graph,
-# rounds rotated) with a host probe beside them, each next to the analytic and the table-based prediction.
+# rounds rotated) with a host probe and every piece of the forwards (embedding, each layer step at its exact shape,
+# the end with the logits: host issue and device seconds, kernel placement once under the profiler) measured in the
+# same rounds, each next to the analytic, the table-based and the pieces' prediction (``segments``, the headline:
+# costmodels/replay_segments.py).
 # The GPU's clocks and power and the CPU's clock are sampled in the background (the host's speed drifted between
 # and within the earlier runs: gpu_clocks.csv, cpu_mhz.txt).
-# Output: $OUT/replay_tables.json, $OUT/replay_bench.json (both rewritten as sections finish), $OUT/log.txt,
-# $OUT/env.txt, $OUT/gpu_clocks.csv, $OUT/cpu_mhz.txt, $OUT/rescore.txt. Run from the repo root with `.whl` carried:
+# Output (5 files): $OUT/replay_tables.json, $OUT/replay_bench.json (both rewritten as sections finish), $OUT/log.txt,
+# $OUT/rescore.txt, $OUT/samplers.tgz (env.txt, gpu_clocks.csv, cpu_mhz.txt). Run from the repo root with `.whl`
+# carried:
 #   bash scripts/device_replay.sh
-# Wall: tables <= T_TABLES (90 s; each GEMM/attention/row section past 45 s measures only the workloads' shapes),
-# bench <= T_REPLAY (110 s), re-score <= 20 s: within 4 minutes with the install (expected about 3).
+# Wall: tables <= T_TABLES (75 s; each GEMM/attention/row section past 45 s measures only the workloads' shapes; the
+# last run took 51 s), bench <= T_REPLAY (180 s; expected about 120), re-score <= 15 s: under 5 minutes, with the
+# install under 6.
 source scripts/device_env.sh
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
@@ -31,16 +36,18 @@ SMI_PID=$!
 MHZ_PID=$!
 WS=${REPLAY_WS:-32,64,128,256,384}
 stage "replay tables"
-timeout ${T_TABLES:-90} python3 -m benchmarks.gpu.replay_tables --out "$OUT/replay_tables.json" --ws "$WS" \
+timeout ${T_TABLES:-75} python3 -m benchmarks.gpu.replay_tables --out "$OUT/replay_tables.json" --ws "$WS" \
   || echo "replay tables: exit $? (what finished is in replay_tables.json)"
 stage "replay bench"
 if [ -f "$OUT/replay_tables.json" ]; then TABLES=(--tables "$OUT/replay_tables.json"); else TABLES=(--no-tables); fi
-timeout ${T_REPLAY:-110} python3 -m benchmarks.gpu.replay_bench --out "$OUT/replay_bench.json" --ws "$WS" "${TABLES[@]}" \
+timeout ${T_REPLAY:-180} python3 -m benchmarks.gpu.replay_bench --out "$OUT/replay_bench.json" --ws "$WS" "${TABLES[@]}" \
   || echo "replay bench: exit $?"
 kill "$SMI_PID" "$MHZ_PID" 2>/dev/null
 stage "rescore"
 if [ -f "$OUT/replay_tables.json" ] && [ -f "$OUT/replay_bench.json" ]; then
-  timeout 20 python3 -m benchmarks.gpu.replay_rescore "$OUT/replay_bench.json" --tables "$OUT/replay_tables.json" \
+  timeout 15 python3 -m benchmarks.gpu.replay_rescore "$OUT/replay_bench.json" --tables "$OUT/replay_tables.json" \
     | tee "$OUT/rescore.txt" || echo "rescore: exit $?"
 fi
+# at most 6 files back: the samplers' outputs and the environment in one archive
+tar czf "$OUT/samplers.tgz" -C "$OUT" env.txt gpu_clocks.csv cpu_mhz.txt && rm -f "$OUT/env.txt" "$OUT/gpu_clocks.csv" "$OUT/cpu_mhz.txt"
 stage done

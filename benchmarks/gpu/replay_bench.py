@@ -56,7 +56,7 @@ from costmodels.hardware import get_hardware
 from costmodels.layout import ParallelLayout
 from costmodels.model_spec import ModelSpec
 from costmodels.replay import LayerReplay, ReplayPolicy, chunk_cost, prefill_seconds, prompt_chunks
-from costmodels import replay_table
+from costmodels import replay_segments, replay_table
 from costmodels.step import StepCostModel
 from executor.forward_batch import SeqInput
 from executor.kv_cache import KVCache
@@ -140,7 +140,10 @@ class Predictors:
         return out
 
 
-PREDICTIONS = ("table", "generic", "probe")
+# ``segments`` first: the prediction the bench reports (the forward's pieces at their shapes, host and device measured
+# in the same rounds as the forwards; costmodels/replay_segments.py); the table-based ones beside it
+PREDICTIONS = ("segments", "table", "generic", "probe")
+HEADLINE = "segments"
 
 
 class Timer:
@@ -183,7 +186,8 @@ class Timer:
     def interleaved(self, fns: dict, probe=None) -> dict[str, dict]:
         """name -> {median_s, quartiles_s, host_s (median issue seconds), samples}: ``warm`` rounds, then ``reps``
         rounds each calling every function once, the order rotated by one every round; ``probe.sample()`` after
-        each round (the host's speed beside the runs)."""
+        each round (the host's speed beside the runs; ``probe`` may be a list: each sampled, one that fails
+        keeps its ``error`` and is not sampled again)."""
         names = list(fns)
         for _ in range(self.warm):
             for n in names:
@@ -195,11 +199,12 @@ class Timer:
                 k = r % len(names)
                 for n in names[k:] + names[:k]:
                     got[n].append(self.once(fns[n]))
-                if probe is not None:
-                    try:
-                        probe.sample()
-                    except Exception as e:  # noqa: BLE001 - the probe is a diagnostic: drop it, keep timing
-                        probe.error, probe = f"{type(e).__name__}: {e}"[:300], None
+                for pr in [p for p in (probe if isinstance(probe, (list, tuple)) else [probe]) if p is not None]:
+                    if getattr(pr, "error", None) is None:
+                        try:
+                            pr.sample()
+                        except Exception as e:  # noqa: BLE001 - a probe's failure drops it, not the timing
+                            pr.error = f"{type(e).__name__}: {e}"[:300]
         finally:
             gc.enable()
         out = {}
@@ -218,6 +223,7 @@ class Bench:
         self.spec, self.device, self.page, self.timer = spec, device, page, timer
         self.pred = pred or Predictors(None)
         self.profile_jobs: list = []  # (row, its forward): one eager forward under the profiler, last of all
+        self.segment_jobs: list = []  # (SegmentProbe, workload record, tokens): its pieces traced after every workload
         self.cfg = ExecModelConfig.build(spec)
         self.model = build_model(self.cfg, device, dtype, "dummy", seed=0, max_pos=max_tokens + 8)
         pages = -(-max_tokens // page)
@@ -229,7 +235,7 @@ class Bench:
         lay = ParallelLayout(tp=1, weight_dtype="bf16", kv_dtype="bf16")
         self.ops = StepCostModel(spec, get_hardware("h200"), lay)
         self.probe_args = (self.model, self.cfg, device, page, dt, tiny)
-        self.probe_error = None
+        self.probe_error = self.segment_error = None
 
     def probe(self):
         """A fresh host probe (its own KV pages) for one workload's rounds; None (and the error kept) if it cannot
@@ -276,14 +282,29 @@ class Bench:
             for n, c in prompt_chunks(upto, 4096):
                 self.chunk(SWAReplay(self.spec), n, c)
 
-    def timed(self, fns: dict, rows: dict) -> dict:
+    def segments(self, forwards: dict):
+        """The pieces of every policy's forward (``benchmarks.gpu.replay_segments``), measured in the same rounds;
+        None (the error kept) if they cannot be built."""
+        from benchmarks.gpu.replay_segments import SegmentProbe
+        try:
+            return SegmentProbe(self.model, self.kv, self.device, forwards)
+        except Exception as e:  # noqa: BLE001 - the runs go on without it
+            self.segment_error = f"{type(e).__name__}: {e}"[:300]
+            return None
+
+    def timed(self, fns: dict, rows: dict, forwards: dict) -> dict:
         """Every policy's forward (prepared inputs) and its forward with the host preparation, interleaved; the
-        figures written into ``rows`` (policy -> row); returns the host probe's layer-call seconds."""
+        figures written into ``rows`` (policy -> row); returns the host probe's layer-call seconds and the forwards'
+        pieces (``forwards``: policy -> its prepared chunks) measured beside them, and writes the pieces' prediction
+        (``segments_*``) into the rows."""
         probe = self.probe()
+        seg = self.segments(forwards)
         graphs = {name: self.capture(fns[name]) for name in rows} if self.timer.cuda else {}
         fns = fns | {name + "+graph": g.replay for name, g in graphs.items() if not isinstance(g, str)}
         t0 = time.time()
-        res = self.timer.interleaved(fns, probe)
+        alloc0 = _alloc_counts(self.timer.cuda)
+        res = self.timer.interleaved(fns, [probe, seg])
+        alloc = {k: v - alloc0.get(k, 0) for k, v in _alloc_counts(self.timer.cuda).items()}
         for name, row in rows.items():
             st, st_in = res[name], res[name + "+inputs"]
             row.update({"measured_s": st["median_s"], "measured_quartiles_s": st["quartiles_s"],
@@ -294,9 +315,33 @@ class Bench:
                 row["measured_graph_s"] = gr["median_s"] if gr else graphs[name]
         del graphs
         got = probe.result() if probe is not None else {}
-        return {"host_probe": {k: {int(r): v for r, v in by.items()} for k, by in got.items()} or None,
+        pieces = self.piece_costs(seg, rows, traced=False)   # kernels placed evenly; traced at the end (main)
+        return {"_seg": seg, "host_probe": {k: {int(r): v for r, v in by.items()} for k, by in got.items()} or None,
                 "host_probe_error": probe.error if probe is not None else self.probe_error,
+                "segments": pieces, "segment_error": seg.error if seg is not None else self.segment_error,
+                "allocator_during_rounds": alloc,
                 "timed_at": (round(t0, 3), round(time.time(), 3))}
+
+    def piece_costs(self, seg, rows: dict, traced: bool = True) -> dict | None:
+        """The measured pieces (``traced``: their kernels placed under the profiler now, which runs after every timed
+        round: a profiler session can slow later eager launches) and each policy's forward priced from them
+        (``costmodels.replay_segments``) into its row as ``segments_*``; the pieces' record, or None."""
+        if seg is None or seg.error is not None:
+            return None
+        if traced:
+            try:
+                seg.trace()
+            except Exception as e:  # noqa: BLE001 - without traces the pieces' kernels are spread evenly
+                seg.trace_error = f"{type(e).__name__}: {e}"[:300]
+        doc = seg.result()
+        doc["traced"] = bool(seg.traces)
+        doc["trace_error"] = getattr(seg, "trace_error", None)
+        for name, cost in replay_segments.price_policies(doc, sync=not self.timer.cuda).items():
+            if name in rows:
+                rows[name].update({"segments_predicted_s": cost.seconds, "segments_device_s": cost.device_s,
+                                   "segments_graph_s": cost.device_s, "segments_host_s": cost.host_s,
+                                   "segments_wait_s": cost.wait_s})
+        return doc
 
     @torch.inference_mode()
     def prefix_hit(self, pols, c: int, n: int) -> dict:
@@ -322,10 +367,13 @@ class Bench:
                           "logit_max_abs_diff_vs_persist": float((logits[name] - logits["persist"]).abs().max()),
                           "sync_warnings": syncs[name]}
             self.profile_jobs.append((rows[name], fns[name]))
-        head = self.timed(fns, rows)
+        head = self.timed(fns, rows, {name: [p] for name, p in preps.items()})
+        seg = head.pop("_seg")
         for name, swa in swas.items():
             rows[name].update(self.pred.chunk(self.spec, swa.resolved, [(n, c)], head["host_probe"]))
-        return {"context": c, "new_tokens": n, **head, "rows": _changes(list(rows.values()), n)}
+        out = {"context": c, "new_tokens": n, **head, "rows": _changes(list(rows.values()), n)}
+        self.segment_jobs.append((seg, out, n))
+        return out
 
     @torch.inference_mode()
     def chunked(self, pols, prompt: int, chunk: int) -> dict:
@@ -340,10 +388,23 @@ class Bench:
             rows[name] = {"policy": name, "predicted_s": prefill_seconds(self.ops, swa.resolved, prompt, chunk),
                           "exact": all(exact_for_new_tokens(swa.layout(c), swa.window, c) for _, c in parts[1:]),
                           "extra_layer_tokens": int(sum(swa.resolved.extra_tokens(c).sum() for _, c in parts))}
-        head = self.timed(fns, rows)
+        head = self.timed(fns, rows, preps)
+        seg = head.pop("_seg")
         for name, swa in swas.items():
             rows[name].update(self.pred.chunk(self.spec, swa.resolved, parts, head["host_probe"]))
-        return {"prompt": prompt, "chunk": chunk, "chunks": len(parts), **head, "rows": _changes(list(rows.values()), prompt)}
+        out = {"prompt": prompt, "chunk": chunk, "chunks": len(parts), **head,
+               "rows": _changes(list(rows.values()), prompt)}
+        self.segment_jobs.append((seg, out, prompt))
+        return out
+
+
+def _alloc_counts(cuda: bool) -> dict[str, int]:
+    """The caching allocator's device allocations and frees and its retries so far (a ``cudaFree`` inside a timed
+    forward synchronises the device: none expected once warm)."""
+    if not cuda:
+        return {}
+    st = torch.cuda.memory_stats()
+    return {k: int(st.get(k, 0)) for k in ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms")}
 
 
 def sync_events(cuda: bool, fn) -> list[str] | None:
@@ -384,7 +445,10 @@ def kernel_profile(fn) -> dict:
              "attention" if any(x in low for x in ("fmha", "attention", "flash")) else "other")
         kinds[k] = kinds.get(k, 0.0) + (b - a) * 1e-6
     busy = sum(b - a for a, b, _ in ev)
-    return {"kernels": len(ev), "busy_s": busy * 1e-6, "span_s": (ev[-1][1] - ev[0][0]) * 1e-6,
+    # where the device waited longest: the gap and the kernels either side (what the host was issuing then)
+    top = sorted(range(len(gaps)), key=lambda i: -gaps[i])[:12]
+    waits = [(round(gaps[i], 1), ev[i][2][:60], ev[i + 1][2][:60], i + 1) for i in sorted(top) if gaps[i] > 5]
+    return {"top_waits_us_before_after_index": waits, "kernels": len(ev), "busy_s": busy * 1e-6, "span_s": (ev[-1][1] - ev[0][0]) * 1e-6,
             "idle_s": sum(gaps) * 1e-6, "median_gap_s": statistics.median(gaps) * 1e-6 if gaps else 0.0,
             "gaps_over_5us": sum(g > 5 for g in gaps), "idle_over_5us_s": sum(g for g in gaps if g > 5) * 1e-6,
             "busy_by_kind_s": kinds}
@@ -428,6 +492,22 @@ def summary(out: dict, preds: tuple[str, ...] = PREDICTIONS) -> dict:
                         "within_5pp": [r["policy"] for r in rows if abs(r[key]) <= 5],
                         "ws_within_5pp": sum(1 for r in rows if r["policy"].startswith("replay:") and abs(r[key]) <= 5),
                         "max_abs_pp": round(max(abs(r[key]) for r in rows), 2)}
+    return res
+
+
+def headline(out: dict) -> dict:
+    """The bench's reported prediction (``HEADLINE``) per workload: W within 5 pp (the issue-23 target: at least 3),
+    and per policy the measured and predicted change and their difference in pp."""
+    res = {"prediction": HEADLINE}
+    for kind in ("prefix_hit", "chunked"):
+        for w in out.get(kind, []):
+            name = f"{kind} " + (f"{w['context']}+{w['new_tokens']}" if kind == "prefix_hit" else f"{w['prompt']}/{w['chunk']}")
+            rows = [r for r in w["rows"][1:] if f"{HEADLINE}_diff_pp" in r]
+            res[name] = {"ws_within_5pp": sum(1 for r in rows if r["policy"].startswith("replay:")
+                                              and abs(r[f"{HEADLINE}_diff_pp"]) <= 5),
+                         "rows": {r["policy"]: (round(100 * r["measured_change"], 1),
+                                                round(100 * r[f"{HEADLINE}_predicted_change"], 1),
+                                                round(r[f"{HEADLINE}_diff_pp"], 1)) for r in rows}}
     return res
 
 
@@ -496,6 +576,15 @@ def main(argv=None) -> int:
     out["kernels"] = ops.reset_used()   # op -> implementation the forwards ran
     out["probe_error"] = b.probe_error
     _write(a.out, out)
+    with torch.inference_mode():   # after every timed round: the pieces' kernel placement under the profiler
+        for seg, w, tokens in b.segment_jobs:
+            w["segments"] = b.piece_costs(seg, {r["policy"]: r for r in w["rows"]}) or w.get("segments")
+            _changes(w["rows"], tokens)
+            out["summary"] = summary(out)
+            _write(a.out, out)
+    b.segment_jobs.clear()
+    out["headline"] = headline(out)
+    _write(a.out, out)
     _print(out)
     if device.type == "cuda":
         for kind in ("prefix_hit", "chunked"):
@@ -556,7 +645,7 @@ def _write(path: str, out: dict) -> None:
 def _print(out: dict) -> None:
     for kind in ("prefix_hit", "chunked"):
         for w in out[kind]:
-            head = {k: v for k, v in w.items() if k != "rows"}
+            head = {k: v for k, v in w.items() if k not in ("rows", "segments")}
             print(kind, head)
             for r in w["rows"]:
                 line = (f"  {r['policy']:>12}  measured {r['measured_s'] * 1e3:9.3f} ms ({r['measured_change']:+8.1%})  "
@@ -570,6 +659,10 @@ def _print(out: dict) -> None:
                 print(line + f"  exact={r['exact']}")
     for name, preds in out.get("summary", {}).items():
         print(name, {p: (v["ws_within_5pp"], v["max_abs_pp"]) for p, v in preds.items()}, "(W within 5 pp, max |pp|)")
+    for name, h in out.get("headline", {}).items():
+        if name != "prediction":
+            print(f"headline ({out['headline']['prediction']}) {name}: {h['ws_within_5pp']} W within 5 pp; "
+                  "policy: (measured %, predicted %, pp) " + str(h["rows"]))
 
 
 if __name__ == "__main__":

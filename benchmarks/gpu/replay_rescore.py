@@ -4,6 +4,8 @@
 prediction of that day's ``costmodels.replay_table``. This re-prices every row from the run's own committed op
 tables (``benchmarks/gpu/replay_tables.py``'s file) with the model as it is now, next to:
 
+- ``segments``: the run's own headline prediction where it has one (runs from the segments commit on: the forwards' pieces measured in
+  the bench's process, ``costmodels.replay_segments``), re-priced from its ``segments`` record by today's queue;
 - ``committed``: the prediction stored in the run (``table_predicted_s``);
 - ``lump``: the first table model recomputed (a layer's glue before its first call, a call's kernels all issued at
   the end of its host time, the x + y launch gap): on a run priced by that model it gives ``committed`` back, which
@@ -37,10 +39,10 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.gpu.replay_bench import _changes, bench_spec, policies, summary
-from costmodels import replay_table
+from costmodels import replay_segments, replay_table
 from costmodels.replay import prompt_chunks
 
-MODELS = ("committed", "lump", "model", "probe", "layered")
+MODELS = ("segments", "committed", "lump", "model", "probe", "layered")
 
 
 def sibling_tables(bench: Path) -> Path:
@@ -71,6 +73,10 @@ def rescore(bench: dict, tables: dict) -> dict:
     for kind in ("prefix_hit", "chunked"):
         for w in out.get(kind, []):
             parts = parts_of(kind, w)
+            priced = replay_segments.price_policies(w["segments"], sync=bench.get("device") == "cpu") if w.get("segments") else {}
+            for r in w["rows"]:
+                if r["policy"] in priced:
+                    r["segments_predicted_s"] = priced[r["policy"]].seconds
             tabs = {"lump": lump, "model": model}
             if w.get("host_probe"):
                 tabs["probe"] = model.with_host(w["host_probe"])

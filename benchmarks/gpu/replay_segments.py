@@ -1,0 +1,196 @@
+"""The pieces of the replay forwards measured beside them, in the bench's own process (issue 23).
+
+``costmodels/replay_segments.py`` prices a resumed-chunk forward from its pieces (embedding, each layer's step, the
+end with the logits). ``SegmentProbe`` builds every distinct piece the policies of one workload run, at the exact
+shapes of their prepared steps, and measures them in the timed rounds of the forwards (``Timer.interleaved`` calls
+``sample`` after every round): the host's speed on the lent VM moves between processes and minutes by more than the
+5 pp target, so the host terms must be taken where and when the forwards run. Per piece and round:
+
+- host seconds of one call, issued while the device still runs a spin kernel (``torch.cuda._sleep``) long enough to
+  cover it, so the host never waits on the device;
+- device seconds of the same call between two events around it: every kernel is queued when the spin ends, so this
+  is the piece's eager device time with the host ahead.
+
+``trace`` then runs every piece once under the profiler: each kernel's launch (the end of its launch call) as a
+fraction of the piece's host time, and its share of the device time (correlated launch and kernel records of the
+exported trace). On the CPU (the smoke mode) a call's wall time is both its host and device time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+
+from executor.swa_replay import SWAReplay
+
+SPIN_MARGIN_S = 300e-6    # spin beyond 1.5x the piece's last host time (the first call: a guess, then measured)
+FIRST_HOST_S = 3e-3
+
+
+def piece_key(kind: str, prep, j: int = -1) -> str:
+    """What a piece's cost depends on: rows in, rows the layer runs, and each prefill's rows / context / keys."""
+    rows0 = int(prep.batch.input_ids.shape[0])
+    if kind != "layer":
+        return f"{kind}|{rows0}|{prep.rows}"
+    idx, view = prep.views[j]
+    spans = ",".join(f"{p.num}:{p.context_len}:{p.kv_len}:{p.key_start}" for p in view.prefills)
+    return f"layer{j}|{rows0}|{'all' if idx is None else int(idx.shape[0])}|{spans}"
+
+
+class SegmentProbe:
+    """Every distinct piece of one workload's forwards (module docstring); ``forwards``: policy -> its prepared
+    chunks in order (``SWAReplay.prepare``'s ``PreparedStep``)."""
+
+    def __init__(self, model, kv, device: torch.device, forwards: dict[str, list]):
+        self.cuda = device.type == "cuda"
+        self.fns: dict[str, callable] = {}
+        self.plan: dict[str, list[str]] = {}
+        hidden = model.model.embed_tokens.weight.shape[1]
+        dt = model.model.embed_tokens.weight.dtype
+        xs: dict[int, torch.Tensor] = {}
+        g = torch.Generator(device=device).manual_seed(0)
+        for name, preps in forwards.items():
+            keys = []
+            for prep in preps:
+                r0 = int(prep.batch.input_ids.shape[0])
+                if r0 not in xs:   # the hidden states a layer step reads (values do not change its time)
+                    xs[r0] = torch.randn(r0, hidden, generator=g, device=device).to(dt)
+                x = xs[r0]
+                keys.append(self._add(piece_key("embed", prep), lambda p=prep: SWAReplay.embed(model, p)))
+                for j in range(len(prep.views)):
+                    keys.append(self._add(piece_key("layer", prep, j),
+                                          lambda p=prep, j=j, x=x: SWAReplay.layer_step(model, p, kv, j, x)))
+                keys.append(self._add(piece_key("end", prep),
+                                      lambda p=prep, x=x: model.compute_logits(SWAReplay.finish(model, p, x)[-1:])))
+            self.plan[name] = keys
+        self.samples: dict[str, list[tuple[float, float, bool]]] = {k: [] for k in self.fns}
+        self.traces: dict[str, dict] = {}
+        self.error: str | None = None
+        self.spin_rate = self._spin_rate() if self.cuda else 0.0
+
+    def _add(self, key: str, fn) -> str:
+        self.fns.setdefault(key, fn)
+        return key
+
+    # ------------------------------------------------------------------ timing
+    def _spin_rate(self) -> float:
+        """Spin-kernel cycles per second (``torch.cuda._sleep`` counts GPU clock cycles)."""
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1000)
+        torch.cuda.synchronize()
+        a.record()
+        torch.cuda._sleep(20_000_000)
+        b.record()
+        b.synchronize()
+        return 20_000_000 / max(a.elapsed_time(b) / 1e3, 1e-6)
+
+    def once(self, fn, host_guess: float) -> tuple[float, float, bool]:
+        """(host seconds, device seconds, whether the spin covered the host) of one call."""
+        if not self.cuda:
+            t0 = time.perf_counter()
+            fn()
+            t = time.perf_counter() - t0
+            return t, t, True
+        s0, a, b = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        torch.cuda.synchronize()
+        s0.record()
+        torch.cuda._sleep(int((1.5 * host_guess + SPIN_MARGIN_S) * self.spin_rate))
+        a.record()
+        t0 = time.perf_counter()
+        fn()
+        host = time.perf_counter() - t0
+        b.record()
+        b.synchronize()
+        return host, a.elapsed_time(b) / 1e3, s0.elapsed_time(a) / 1e3 > host
+
+    def sample(self) -> None:
+        """One (host, device) sample of every piece (called after every round of the timed forwards)."""
+        for key, fn in self.fns.items():
+            xs = self.samples[key]
+            guess = max((h for h, _, _ in xs[-3:]), default=FIRST_HOST_S)
+            xs.append(self.once(fn, guess))
+
+    # ------------------------------------------------------------------ kernel placement
+    def trace(self) -> None:
+        """Each piece once under the profiler: its kernels' launch fractions and device shares (``self.traces``)."""
+        if not self.cuda:
+            return
+        from torch.profiler import ProfilerActivity, profile, record_function
+        keys = list(self.fns)
+        for fn in self.fns.values():
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for i, key in enumerate(keys):
+                with record_function(f"twinfer_piece_{i}"):
+                    self.fns[key]()
+                torch.cuda.synchronize()
+        fd, path = tempfile.mkstemp(suffix=".json")
+        os.close(fd)
+        try:
+            prof.export_chrome_trace(path)
+            with open(path) as f:
+                events = json.load(f).get("traceEvents", [])
+        finally:
+            os.remove(path)
+        self.traces = parse_trace(events, {f"twinfer_piece_{i}": k for i, k in enumerate(keys)})
+
+    # ------------------------------------------------------------------ result
+    def result(self) -> dict:
+        """``{"segments": key -> {host_s, device_s (medians), quartiles, covered, kernels, trace}, "plan": policy ->
+        keys}``: ``costmodels.replay_segments.from_measured``'s input."""
+        segs = {}
+        for key, xs in self.samples.items():
+            if not xs:
+                continue
+            hs, ds = [h for h, _, _ in xs], [d for _, d, _ in xs]
+            tr = self.traces.get(key, {})
+            segs[key] = {"host_s": statistics.median(hs), "device_s": statistics.median(ds),
+                         "host_quartiles_s": _quartiles(hs), "device_quartiles_s": _quartiles(ds),
+                         "covered": sum(c for _, _, c in xs) / len(xs), "samples": len(xs),
+                         "kernels": len(tr.get("trace", [])), "profiled_host_s": tr.get("host_s"),
+                         "profiled_device_s": tr.get("device_s"), "unmatched_launches": tr.get("unmatched"),
+                         "trace": tr.get("trace", [])}
+        return {"segments": segs, "plan": self.plan}
+
+
+def _quartiles(xs: list[float]) -> tuple[float, float]:
+    if len(xs) < 2:
+        return (xs[0], xs[0])
+    q = statistics.quantiles(xs, n=4)
+    return (q[0], q[2])
+
+
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+
+
+def parse_trace(events: list[dict], pieces: dict[str, str]) -> dict[str, dict]:
+    """key -> {trace: [(launch fraction, device share), ...] in device order, host_s, device_s, unmatched} from a
+    chrome trace: the launches inside each piece's annotation, joined to their device records by correlation id."""
+    dev = {}
+    for e in events:
+        if e.get("cat") in DEVICE_CATS and "correlation" in e.get("args", {}):
+            dev[e["args"]["correlation"]] = e
+    launches = sorted((e for e in events if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})),
+                      key=lambda e: float(e["ts"]))
+    out = {}
+    for e in events:
+        key = pieces.get(e.get("name", ""))
+        if key is None or e.get("cat") != "user_annotation":
+            continue
+        t0, dur = float(e["ts"]), max(float(e.get("dur", 0.0)), 1e-9)
+        mine = [r for r in launches if t0 <= float(r["ts"]) <= t0 + dur]
+        pairs = [(min(1.0, (float(r["ts"]) + float(r.get("dur", 0.0)) - t0) / dur), dev[r["args"]["correlation"]])
+                 for r in mine if r["args"]["correlation"] in dev]
+        pairs.sort(key=lambda p: float(p[1]["ts"]))
+        total = sum(float(d.get("dur", 0.0)) for _, d in pairs)
+        trace = [(round(f, 5), round(float(d.get("dur", 0.0)) / total, 6)) for f, d in pairs] if total > 0 else []
+        out[key] = {"trace": trace, "host_s": dur * 1e-6, "device_s": total * 1e-6,
+                    "unmatched": sum(1 for r in mine if r["args"]["correlation"] not in dev and "aunch" in r.get("name", ""))}
+    return out
