@@ -142,6 +142,23 @@ def test_tables_fit_100_columns_with_a_meets_slo_column_and_the_best_of_each_onl
     assert " no " not in best_table.split("misses the SLO")[0]
 
 
+def test_an_80_column_terminal_still_shows_meets_slo_and_from():
+    """At 80 columns the tables drop padding and $/M instead of cutting 'meets SLO' and 'from' off the right edge."""
+    from rich.console import Console
+
+    from ui.cmd_plan import print_report
+
+    rep = _report()
+    con = Console(record=True, width=80)
+    print_report(con, rep, None)
+    text = con.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    heads = [ln for ln in text.splitlines() if "prefill > decode" in ln]
+    assert heads and all(ln.rstrip().endswith("SLO   from") or ln.rstrip().endswith("from") for ln in heads), heads
+    rows = [ln for ln in text.splitlines() if ln.rstrip().endswith((" sim", " screen"))]
+    assert rows and all(" yes " in ln or " no " in ln for ln in rows), rows
+
+
 def test_config_file_takes_the_same_slo_syntax(tmp_path):
     cfg = tmp_path / "req.yaml"
     cfg.write_text("model: qwen3-30b-a3b\nhardware: h200\ngpus: 8\nslo: ttft_p99=3s,tpot_p99=40ms\n")

@@ -105,21 +105,35 @@ def _fmt_s(x: float) -> str:
     return "-" if not math.isfinite(x) else f"{x:,.2f}"
 
 
-def points_table(title: str, points, rec_label: str, price: float, pct: int) -> Table:
-    """Deployments as rows that fit ~100 columns: two-line headers, mode folded into the deployment, a 'meets SLO' column."""
-    tab = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
-    for c, j in (("", "left"), ("deployment\nprefill > decode", "left"), ("policies", "left"), ("GPUs", "right"),
-                 ("tok/s\nper GPU", "right"), ("tok/s\nper user", "right"), (f"TTFT\np{pct} s", "right"),
-                 (f"TPOT\np{pct} ms", "right"), ("$/M\nout", "right"), ("meets\nSLO", "left"), ("from", "left")):
+WIDE = 100  # the width the tables are laid out for; below it they drop padding and the $/M column
+
+
+def points_table(title: str, points, rec_label: str, price: float, pct: int, width: int = WIDE) -> Table:
+    """Deployments as rows that fit ~100 columns: two-line headers, mode folded into the deployment, a 'meets SLO' column.
+
+    Narrower (an 80-column terminal): no cell padding and no $/M column (the recommendation's cost line has
+    it), so that 'meets SLO' and 'from' stay on screen instead of being cut off at the right edge."""
+    narrow = width < WIDE
+    tab = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True,
+                padding=(0, 0) if narrow else (0, 1))
+    cols = [("", "left"), ("deployment\nprefill > decode", "left"), ("policies", "left"), ("GPUs", "right"),
+            ("tok/s\nper GPU", "right"), ("tok/s\nper user", "right"), (f"TTFT\np{pct} s", "right"),
+            (f"TPOT\np{pct} ms", "right"), ("$/M\nout", "right"), ("meets\nSLO", "left"), ("from", "left")]
+    for c, j in cols:
+        if narrow and c.startswith("$/M"):
+            continue
         wraps = c.startswith(("deployment", "policies"))  # the numbers never wrap; the labels fold at spaces
         tab.add_column(c, justify=j, no_wrap=not wraps, min_width=16 if c.startswith("deployment") else None)
     for p in points:
         usd = price / (p.output_tokens_per_s_per_gpu * 3600) * 1e6 if p.output_tokens_per_s_per_gpu > 0 and price else float("nan")
         mode = "agg" if p.mode == "aggregated" else "disagg"
-        tab.add_row("[bold green]*[/]" if p.label == rec_label else "", f"{mode} {escape(p.deployment or p.label)}",
-                    escape(p.policies), str(p.gpus), f"{p.output_tokens_per_s_per_gpu:,.0f}", f"{p.tokens_per_s_per_user:,.1f}",
-                    _fmt_s(p.ttft_s), _fmt_ms(p.tpot_s), "-" if not math.isfinite(usd) else f"{usd:,.3f}",
-                    "yes" if p.meets_slo else "[red]no[/]", "sim" if p.source == "simulation" else "screen")
+        cells = ["[bold green]*[/]" if p.label == rec_label else "", f"{mode} {escape(p.deployment or p.label)}",
+                 escape(p.policies), str(p.gpus), f"{p.output_tokens_per_s_per_gpu:,.0f}", f"{p.tokens_per_s_per_user:,.1f}",
+                 _fmt_s(p.ttft_s), _fmt_ms(p.tpot_s), "-" if not math.isfinite(usd) else f"{usd:,.3f}",
+                 "yes" if p.meets_slo else "[red]no[/]", "sim" if p.source == "simulation" else "screen"]
+        if narrow:
+            del cells[8]
+        tab.add_row(*cells)
     return tab
 
 
@@ -146,7 +160,7 @@ def print_report(con: Console, rep, out: Optional[Path]) -> None:
     rec_label = rep.message.removeprefix("recommended: ")
 
     def table(title: str, points) -> Table:
-        return points_table(title, points, rec_label, price, plan.slo_percentile)
+        return points_table(title, points, rec_label, price, plan.slo_percentile, con.width)
 
     sim = [p for p in rep.frontier if p.source == "simulation"]
     screen = [p for p in rep.frontier if p.source == "screen"]
