@@ -12,15 +12,18 @@ engines run it (vLLM ``DeepGemmExperts``, SGLang's DeepEP low-latency path):
 2. grouped GEMM 1 (gate+up), SiLU-and-mul on the valid pairs only, re-quantise, grouped GEMM 2;
 3. **combine**: gather each pair's output row, scale by its routing weight, sum a token's k pairs.
 
-Routing (top-k ids and weights) is done by the caller (``executor/moe.py``). All layout work is
-torch ops with sizes known on the host (no device->host sync), so the path is CUDA-graph safe.
+Routing (top-k ids and weights) is done by the caller (``executor/moe.py``). The destination rows
+are torch ops with sizes known on the host (no device->host sync), so the path is CUDA-graph safe.
+The data movement around the GEMMs (permute + quantise, SiLU + re-quantise, combine) is a ``Glue``:
+torch ops (``TORCH_GLUE``) or one Triton launch each (``triton_glue()``, CUDA; as torch ops it cost
+~4.6 ms of a 9.8 ms MoE layer at 4096 tokens on the H200, benchmarks/gpu/issue18_h200/log_call2.txt).
 The two GEMMs are parameters: DeepGEMM on the GPU (``kernels.vendor``), the torch references
 below on CPU, which is how CI checks the permutation and combine against ``reference.moe_experts``.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -86,65 +89,89 @@ def contiguous_layout(topk_ids: torch.Tensor, n_experts: int, align: int = CONTI
     return dest, m_indices
 
 
-def _silu_quant(h_pairs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """SiLU-and-mul of the valid pairs' gate/up rows, re-quantised to 1x128 FP8 for GEMM 2."""
-    return ref.quant_fp8_act(ref.silu_and_mul(h_pairs))
+class Glue(NamedTuple):
+    """The layout work around the two GEMMs: torch ops here (any device, CI's path) or one Triton launch each
+    (``kernels.triton_moe_layout``, CUDA). ``rows_per_batch``: rows of one expert block in the masked layout
+    (``max_m``), all rows in the contiguous one."""
+
+    permute: Callable      # (x [T,K], dest [T*k], rows, rows_per_batch) -> (codes [rows,K], scales)
+    silu_quant: Callable   # (h [R,2I] or [E,max_m,2I], dest, rows_per_batch) -> (codes [R,I], scales)
+    combine: Callable      # (y [R,D] or [E,max_m,D], dest, topk_weights [T,k], dtype) -> [T,D]
 
 
-def _combine(y_pairs: torch.Tensor, topk_weights: torch.Tensor, t: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+def _torch_permute(x, dest, rows, rows_per_batch):
+    """Quantise the tokens once, copy each pair's row to its destination (padding rows stay uninitialised:
+    their outputs are never gathered, so no memset of the worst-case bound)."""
+    xq, xs = ref.quant_fp8_act(x)
+    k = dest.numel() // x.shape[0] if x.shape[0] else 1
+    tok = torch.arange(dest.numel(), device=x.device) // k
+    aq = torch.empty(rows, x.shape[1], dtype=xq.dtype, device=x.device)
+    as_ = torch.empty(rows, xs.shape[1], dtype=torch.float32, device=x.device)
+    aq[dest], as_[dest] = xq[tok], xs[tok]
+    return aq, as_
+
+
+def _torch_silu_quant(h, dest, rows_per_batch):
+    """SiLU-and-mul of the valid pairs' gate/up rows, re-quantised to 1x128 FP8 for GEMM 2, back in their rows."""
+    h2 = h.reshape(-1, h.shape[-1])
+    hq, hs = ref.quant_fp8_act(ref.silu_and_mul(h2[dest]))
+    bq = torch.empty(h2.shape[0], hq.shape[1], dtype=hq.dtype, device=h.device)
+    bs = torch.empty(h2.shape[0], hs.shape[1], dtype=torch.float32, device=h.device)
+    bq[dest], bs[dest] = hq, hs
+    return bq, bs
+
+
+def _torch_combine(y, dest, topk_weights, dtype):
     """Weighted sum of a token's k pair outputs: one batched ``[1,k] @ [k,D]`` matmul per token
     (FP32 accumulation inside the matmul, no FP32 copy of the ``[T*k, D]`` outputs)."""
+    t, k = topk_weights.shape
+    y_pairs = y.reshape(-1, y.shape[-1])[dest]
     w = topk_weights.reshape(t, 1, k).to(y_pairs.dtype)
     return torch.bmm(w, y_pairs.view(t, k, -1)).view(t, -1).to(dtype)
 
 
-def moe_masked(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, gemm: MaskedGemm) -> torch.Tensor:
+TORCH_GLUE = Glue(_torch_permute, _torch_silu_quant, _torch_combine)
+
+
+def triton_glue() -> Glue:
+    """The one-launch Triton kernels (imported here: CPU CI has no Triton)."""
+    from kernels import triton_moe_layout as T
+    return Glue(T.permute_quant, T.silu_mul_quant, T.combine)
+
+
+def moe_masked(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, gemm: MaskedGemm,
+               glue: Glue = TORCH_GLUE) -> torch.Tensor:
     """Decode MoE through the masked layout; same contract as ``reference.moe_experts`` (FP8)."""
     t, k = topk_ids.shape
     e, two_i, d = w13.shape
     dest, masked_m, max_m = masked_layout(topk_ids, e)
     expected_m = max(1, -(-t * k // e))          # mean pairs per expert: the kernel's tiling hint
-    xq, xs = ref.quant_fp8_act(x)
-    tok = torch.arange(t * k, device=x.device) // k
-    aq = torch.empty(e * max_m, d, dtype=xq.dtype, device=x.device)
-    as_ = torch.empty(e * max_m, d // 128, dtype=torch.float32, device=x.device)   # rows >= masked_m are never read
-    aq[dest], as_[dest] = xq[tok], xs[tok]
+    aq, as_ = glue.permute(x, dest, e * max_m, max_m)   # rows >= masked_m are never read
     h = gemm(aq.view(e, max_m, d), as_.view(e, max_m, -1), w13, w13_scale, masked_m, expected_m)
-    hq, hs = _silu_quant(h.reshape(e * max_m, two_i)[dest])
-    bq = torch.empty(e * max_m, two_i // 2, dtype=hq.dtype, device=x.device)
-    bs = torch.empty(e * max_m, hs.shape[1], dtype=torch.float32, device=x.device)
-    bq[dest], bs[dest] = hq, hs
+    bq, bs = glue.silu_quant(h, dest, max_m)
     y = gemm(bq.view(e, max_m, -1), bs.view(e, max_m, -1), w2, w2_scale, masked_m, expected_m)
-    return _combine(y.reshape(e * max_m, d)[dest], topk_weights, t, k, x.dtype)
+    return glue.combine(y, dest, topk_weights, x.dtype)
 
 
-def moe_contiguous(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, gemm: ContigGemm) -> torch.Tensor:
+def moe_contiguous(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, gemm: ContigGemm,
+                   glue: Glue = TORCH_GLUE, align: int = CONTIG_ALIGN) -> torch.Tensor:
     """Prefill MoE through the contiguous layout; same contract as ``reference.moe_experts`` (FP8)."""
-    t, k = topk_ids.shape
-    e, two_i, d = w13.shape
-    dest, m_indices = contiguous_layout(topk_ids, e)
+    e = w13.shape[0]
+    dest, m_indices = contiguous_layout(topk_ids, e, align)
     rows = m_indices.numel()
-    xq, xs = ref.quant_fp8_act(x)
-    tok = torch.arange(t * k, device=x.device) // k
-    # padding rows stay uninitialised: their outputs are never gathered (no memset of the worst-case bound)
-    aq = torch.empty(rows, d, dtype=xq.dtype, device=x.device)
-    as_ = torch.empty(rows, d // 128, dtype=torch.float32, device=x.device)
-    aq[dest], as_[dest] = xq[tok], xs[tok]
+    aq, as_ = glue.permute(x, dest, rows, rows)
     h = gemm(aq, as_, w13, w13_scale, m_indices)
-    hq, hs = _silu_quant(h[dest])
-    bq = torch.empty(rows, two_i // 2, dtype=hq.dtype, device=x.device)
-    bs = torch.empty(rows, hs.shape[1], dtype=torch.float32, device=x.device)
-    bq[dest], bs[dest] = hq, hs
+    bq, bs = glue.silu_quant(h, dest, rows)
     y = gemm(bq, bs, w2, w2_scale, m_indices)
-    return _combine(y[dest], topk_weights, t, k, x.dtype)
+    return glue.combine(y, dest, topk_weights, x.dtype)
 
 
 def moe_experts(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, masked: MaskedGemm,
-                contiguous: ContigGemm) -> torch.Tensor:
+                contiguous: ContigGemm, glue: Glue = TORCH_GLUE, align: int = CONTIG_ALIGN) -> torch.Tensor:
     """Pick the layout by batch size: masked for decode (T <= 128), contiguous for prefill."""
     if topk_ids.shape[0] <= MASKED_MAX_TOKENS:
-        return moe_masked(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, masked)
-    return moe_contiguous(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, contiguous)
+        return moe_masked(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, masked, glue)
+    return moe_contiguous(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, contiguous, glue, align)
 
 
 # --- torch references of the two grouped GEMMs (CPU CI checks the layouts with these) ---------

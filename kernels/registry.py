@@ -79,13 +79,17 @@ IMPLS: dict[str, list[Impl]] = {
         Impl("grouped_gemm", "torch", 0, ("cpu", "cuda"), f"{_R}:grouped_gemm"),
     ],
     "moe_experts": [
-        # Triton ranks above the fused DeepGEMM path on measurement (benchmarks/gpu/issue18_h200/): DeepGEMM's
-        # grouped GEMMs alone are as fast, but the torch permute/quantise/combine glue around them is not fused yet.
-        Impl("moe_experts", "triton", 1, ("cuda",), "kernels.triton_grouped_gemm:moe_experts", "triton", (8, 0),
-             "align + two grouped GEMMs; measured faster than the fused DeepGEMM path on the H200 "
-             "(2.43 vs 2.68 ms at 64 tokens, 8.74 vs 9.78 ms at 4096; 5-layer decode step 9.00 vs 9.48 ms)"),
+        # The fused DeepGEMM path serves prefill-sized batches: its two grouped GEMMs alone take 5.19 ms at 4096 tokens
+        # where the whole Triton layer takes 8.74 ms (H200, benchmarks/gpu/issue18_h200/log_call2.txt); with the layout
+        # work as torch ops it was 9.78 ms, with one Triton launch per layout step (kernels.triton_moe_layout) the glue
+        # is bandwidth-bound (~0.5 ms expected; benchmarks/gpu/moe_layout_bench.py measures it). Decode batches
+        # (T <= 128) are declined by the adapter and run on Triton, measured faster there (2.43 vs 2.68 ms at 64 tokens).
         Impl("moe_experts", "deepgemm", 2, ("cuda",), f"{_V}:deepgemm_moe_experts", "deepgemm", (9, 0),
-             "fused: permute + FP8 grouped GEMMs (masked T<=128, contiguous above) + combine; FP8 weights only"),
+             "fused: permute+quantise, FP8 grouped GEMMs (contiguous layout), SiLU+requantise, combine (Triton launches); "
+             "prefill batches (T >= 129) only, decode goes to Triton (2.43 vs 2.68 ms at 64 tokens on the H200) "
+             "unless forced; FP8 weights only"),
+        Impl("moe_experts", "triton", 1, ("cuda",), "kernels.triton_grouped_gemm:moe_experts", "triton", (8, 0),
+             "align + two grouped GEMMs; serves decode batches (T <= 128) and every batch without DeepGEMM"),
         Impl("moe_experts", "torch", 0, ("cpu", "cuda"), f"{_R}:moe_experts", notes="loop over experts"),
     ],
     # row-wise ops fused into one launch each: eager steps pay ~10 us of host per torch op (issue 18); one call to

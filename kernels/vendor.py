@@ -114,10 +114,31 @@ def deepgemm_grouped_fp8_masked(aq: torch.Tensor, as_: torch.Tensor, bq: torch.T
     return out
 
 
-def deepgemm_moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
-                         w2: torch.Tensor, w13_scale: torch.Tensor | None = None,
-                         w2_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """``reference.moe_experts`` through the fused path of ``kernels.fused_moe`` on DeepGEMM's grouped GEMMs."""
+# Decode batches (T <= 128, the masked layout) run faster on the Triton MoE on the H200: its masked grouped GEMMs alone
+# (2.51 ms at 64 tokens) already exceed the whole Triton layer (2.43 ms; benchmarks/gpu/issue18_h200/log_call2.txt).
+# The registry entry declines them (Triton runs next) unless the user forces ``moe_experts=deepgemm``.
+FUSED_MOE_MIN_TOKENS = 129
+
+
+def _contiguous_alignment(dg) -> int:
+    """Rows each expert's run is padded to: what DeepGEMM's contiguous kernel is set to (128 on Hopper by default;
+    ``set_mk_alignment_for_contiguous_layout`` changes it, and with it the kernel's BLOCK_M on SM90)."""
+    get = getattr(dg, "get_mk_alignment_for_contiguous_layout", None)
+    return int(get()) if get is not None else 128
+
+
+def _glue():
+    """The Triton layout kernels when Triton is importable, else the torch ops."""
+    from kernels import fused_moe
+    from kernels.registry import probe_library
+    return fused_moe.triton_glue() if probe_library("triton")[0] else fused_moe.TORCH_GLUE
+
+
+def deepgemm_fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
+                       w2: torch.Tensor, w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
+                       glue=None) -> torch.Tensor:
+    """``reference.moe_experts`` through the fused path of ``kernels.fused_moe`` on DeepGEMM's grouped GEMMs, any batch
+    (masked layout up to 128 tokens, contiguous above); ``glue``: the layout kernels (default: Triton when importable)."""
     from kernels import fused_moe
     _guard("deepgemm")
     if w13_scale is None or not x.is_cuda or x.dim() != 2:
@@ -125,9 +146,23 @@ def deepgemm_moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: 
     e, two_i, d = w13.shape
     if d % 128 or (two_i // 2) % 128:
         raise Unsupported("deepgemm moe_experts: hidden and expert dims must be multiples of 128")
-    _dg()   # raises Unsupported when the library is absent
+    dg = _dg()   # raises Unsupported when the library is absent
     return fused_moe.moe_experts(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale,
-                                 deepgemm_grouped_fp8_masked, deepgemm_grouped_fp8_contiguous)
+                                 deepgemm_grouped_fp8_masked, deepgemm_grouped_fp8_contiguous,
+                                 glue if glue is not None else _glue(), _contiguous_alignment(dg))
+
+
+def deepgemm_moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
+                         w2: torch.Tensor, w13_scale: torch.Tensor | None = None,
+                         w2_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The registry's ``moe_experts=deepgemm``: the fused path for prefill-sized batches; decode batches are declined
+    (the Triton MoE measured faster there, see ``FUSED_MOE_MIN_TOKENS``) unless the user forced this implementation
+    or Triton is absent (the next candidate would be the torch reference)."""
+    from kernels.registry import override_for, probe_library
+    if topk_ids.shape[0] < FUSED_MOE_MIN_TOKENS and override_for("moe_experts") != "deepgemm" and probe_library("triton")[0]:
+        raise Unsupported(f"deepgemm moe_experts: {topk_ids.shape[0]} tokens < {FUSED_MOE_MIN_TOKENS}: "
+                          "the Triton MoE is faster at decode (force moe_experts=deepgemm to use the masked layout)")
+    return deepgemm_fused_moe(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale)
 
 
 def deepep_unavailable(*args, **kwargs):

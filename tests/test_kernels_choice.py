@@ -30,14 +30,14 @@ def test_deepgemm_chosen_for_dense_gemm_whenever_importable(hopper):
     assert ch.why.startswith("deepgemm: vendor library") and "imported vllm.third_party.deepgemm" in ch.why
 
 
-def test_moe_ranks_triton_above_fused_deepgemm_and_says_why(hopper):
+def test_moe_ranks_fused_deepgemm_first_with_triton_next_for_decode(hopper):
     hopper("deepgemm", "triton")
     ch = registry.choose("moe_experts", "cuda")
-    assert [i.name for i in ch.candidates][:2] == ["triton", "deepgemm"]
-    assert "ranked above deepgemm: " in ch.why and "measured faster" in ch.why
-    hopper("deepgemm")   # no Triton: the fused DeepGEMM path serves
+    assert [i.name for i in ch.candidates][:2] == ["deepgemm", "triton"]   # decode batches fall through to Triton
+    assert ch.why.startswith("deepgemm: vendor library") and "decode goes to Triton" in ch.candidates[0].notes
+    hopper("deepgemm")   # no Triton: the fused DeepGEMM path serves every batch
     registry._probe_cache["triton"] = (False, "", "not importable (triton: ModuleNotFoundError)")
-    assert registry.choose("moe_experts", "cuda").candidates[0].name == "deepgemm"
+    assert [i.name for i in registry.choose("moe_experts", "cuda").candidates] == ["deepgemm", "torch"]
 
 
 @pytest.mark.parametrize("op", ["fp8_gemm", "moe_experts"])
@@ -68,8 +68,8 @@ def test_override_to_triton_is_recorded(hopper, monkeypatch):
 def test_describe_marks_deepgemm_chosen(hopper):
     hopper("deepgemm", "triton", "flashmla")
     rows = {(r["op"], r["impl"]): r for r in registry.describe("cuda")}
-    assert rows[("fp8_gemm", "deepgemm")]["chosen"] and rows[("moe_experts", "triton")]["chosen"]
-    assert not rows[("moe_experts", "deepgemm")]["chosen"] and rows[("moe_experts", "deepgemm")]["usable"]
+    assert rows[("fp8_gemm", "deepgemm")]["chosen"] and rows[("moe_experts", "deepgemm")]["chosen"]
+    assert not rows[("moe_experts", "triton")]["chosen"] and rows[("moe_experts", "triton")]["usable"]
 
 
 def test_jit_cache_dir_precedence(monkeypatch, tmp_path):

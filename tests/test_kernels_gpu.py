@@ -143,25 +143,26 @@ def _fp8_moe(g, t, e=32, d=1024, i=256, k=6):
 @pytest.mark.parametrize("t", [1, 64, 128, 129, 600])   # masked up to 128 tokens, contiguous above
 def test_deepgemm_fused_moe(g, t):
     _need("deepgemm")
-    from kernels.vendor import deepgemm_moe_experts
+    from kernels.vendor import deepgemm_fused_moe
     x, wt, ids, w13, w2, s13, s2 = _fp8_moe(g, t)
     want = R.moe_experts(x.float(), wt, ids, w13, w2, s13, s2)
-    out = deepgemm_moe_experts(x, wt, ids, w13, w2, s13, s2)
+    out = deepgemm_fused_moe(x, wt, ids, w13, w2, s13, s2)
     assert torch.isfinite(out).all() and rel(out, want) < 2e-2
 
 
 def test_deepgemm_fused_moe_captures_in_a_cuda_graph(g):
     _need("deepgemm")
-    from kernels.vendor import deepgemm_moe_experts
-    x, wt, ids, w13, w2, s13, s2 = _fp8_moe(g, 32)
-    eager = deepgemm_moe_experts(x, wt, ids, w13, w2, s13, s2)   # JIT outside capture
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        out = deepgemm_moe_experts(x, wt, ids, w13, w2, s13, s2)
-    ids.copy_(ids.flip(0))          # new routing, same static buffers: the replay must follow it
-    graph.replay()
-    torch.cuda.synchronize()
-    assert rel(out, deepgemm_moe_experts(x, wt, ids, w13, w2, s13, s2)) < 1e-3 and rel(out, eager) > 1e-3
+    from kernels.vendor import deepgemm_fused_moe
+    for t in (32, 300):             # masked and contiguous layouts
+        x, wt, ids, w13, w2, s13, s2 = _fp8_moe(g, t)
+        eager = deepgemm_fused_moe(x, wt, ids, w13, w2, s13, s2)   # JIT outside capture
+        graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            out = deepgemm_fused_moe(x, wt, ids, w13, w2, s13, s2)
+        ids.copy_(ids.flip(0))          # new routing, same static buffers: the replay must follow it
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel(out, deepgemm_fused_moe(x, wt, ids, w13, w2, s13, s2)) < 1e-3 and rel(out, eager) > 1e-3
 
 
 @pytest.mark.parametrize("m,k,stride", [(1, 7168, 7168), (37, 1536, 1536), (300, 512, 576), (4096, 2048, 2048)])
@@ -175,3 +176,69 @@ def test_triton_quant_fp8_act_bit_equal(g, m, k, stride):
     q0, s0 = R.quant_fp8_act(x)
     assert torch.equal(s, s0)
     assert torch.equal(q.view(torch.uint8), q0.view(torch.uint8))
+
+
+# --- the fused MoE's layout kernels (kernels/triton_moe_layout.py) ---------------------------------------------------
+
+def _layouts(ids, e):
+    """(name, dest, rows, rows_per_batch) of both DeepGEMM layouts for these routing ids."""
+    from kernels import fused_moe as F
+    dm, _, max_m = F.masked_layout(ids, e)
+    dc, m_idx = F.contiguous_layout(ids, e)
+    return [("masked", dm, e * max_m, max_m), ("contiguous", dc, m_idx.numel(), m_idx.numel())]
+
+
+def test_triton_moe_permute_quant_bit_equal(g):
+    """Each token quantised once and copied to its k rows: codes and scales bit-equal to ``reference.quant_fp8_act`` of
+    the token on the same GPU; scales stored MN-major (DeepGEMM's SM90 layout, so it skips its transpose)."""
+    _need("triton")
+    from kernels.triton_moe_layout import permute_quant
+    t, e, k, d = 300, 32, 6, 1024
+    x = (torch.randn(t, d, device="cuda", generator=g) * 3).bfloat16()
+    ids = torch.rand(t, e, device="cuda", generator=g).topk(k, dim=-1).indices
+    q0, s0 = R.quant_fp8_act(x)
+    tok = torch.arange(t * k, device="cuda") // k
+    for name, dest, rows, rpb in _layouts(ids, e):
+        q, s = permute_quant(x, dest, rows, rpb)
+        flat_s = s.reshape(-1, s.shape[-1]) if s.dim() == 3 else s
+        assert s.stride(-2) == 1, name
+        assert torch.equal(q[dest].view(torch.uint8), q0[tok].view(torch.uint8)), name
+        assert torch.equal(flat_s[dest], s0[tok]), name
+
+
+def test_triton_moe_silu_quant_and_combine(g):
+    """SiLU-and-mul + re-quantisation on the pairs' rows against the torch glue (fp32 SiLU, bf16 rounding, reference
+    quantisation: codes equal but for rare last-bit exp differences), and the combine against an fp64 weighted sum
+    (bf16 output: rel < 4e-3)."""
+    _need("triton")
+    from kernels import fused_moe as F
+    from kernels.triton_moe_layout import combine, silu_mul_quant
+    t, e, k, inter, d = 300, 32, 6, 256, 1024
+    ids = torch.rand(t, e, device="cuda", generator=g).topk(k, dim=-1).indices
+    wts = torch.rand(t, k, device="cuda", generator=g)
+    for name, dest, rows, rpb in _layouts(ids, e):
+        h = (torch.randn(rows, 2 * inter, device="cuda", generator=g) * 2).bfloat16()
+        q, s = silu_mul_quant(h, dest, rpb)
+        q0, s0 = F.TORCH_GLUE.silu_quant(h, dest, rpb)
+        flat_s = s.reshape(-1, s.shape[-1]) if s.dim() == 3 else s
+        assert float(((flat_s[dest] - s0[dest]).abs() / s0[dest]).max()) < 8e-3, name
+        assert float((q[dest].view(torch.uint8) != q0[dest].view(torch.uint8)).float().mean()) < 1e-3, name
+        y = torch.randn(rows, d, device="cuda", generator=g).bfloat16()
+        want = (y[dest].double().view(t, k, d) * wts.double()[:, :, None]).sum(1)
+        assert rel(combine(y, dest, wts, torch.bfloat16), want) < 4e-3, name
+
+
+@pytest.mark.parametrize("t", [64, 129, 600])
+def test_deepgemm_fused_moe_triton_glue(g, t):
+    """The fused path with the Triton layout kernels: vs ``reference.moe_experts`` (rel < 2e-2: bf16 GEMM outputs between
+    the FP8 stages) and vs the same path with torch glue (rel < 5e-3: same GEMM inputs but for rare SiLU last bits, the
+    combine's fp32 weights)."""
+    _need("deepgemm")
+    _need("triton")
+    from kernels import fused_moe as F
+    from kernels.vendor import deepgemm_fused_moe
+    x, wt, ids, w13, w2, s13, s2 = _fp8_moe(g, t)
+    want = R.moe_experts(x.float(), wt, ids, w13, w2, s13, s2)
+    out = deepgemm_fused_moe(x, wt, ids, w13, w2, s13, s2, glue=F.triton_glue())
+    old = deepgemm_fused_moe(x, wt, ids, w13, w2, s13, s2, glue=F.TORCH_GLUE)
+    assert torch.isfinite(out).all() and rel(out, want) < 2e-2 and rel(out, old) < 5e-3
