@@ -73,7 +73,7 @@ def correctness(gen, problem) -> dict:
     x, wts, ids, w13, w2, s13, s2 = problem
     for t, layout in ((64, "masked"), (1024, "contiguous")):
         want = R.moe_experts(x[:t].float(), wts[:t], ids[:t], w13, w2, s13, s2)
-        out[f"deepgemm fused moe {layout} T={t}"] = rel(vendor.deepgemm_moe_experts(x[:t], wts[:t], ids[:t], w13, w2, s13, s2), want)
+        out[f"deepgemm fused moe {layout} T={t}"] = rel(vendor.deepgemm_fused_moe(x[:t], wts[:t], ids[:t], w13, w2, s13, s2), want)
         from kernels.triton_grouped_gemm import moe_experts as tri
         out[f"triton moe T={t}"] = rel(tri(x[:t], wts[:t], ids[:t], w13, w2, s13, s2), want)
     q = torch.randn(16, 1, 128, 576, device="cuda", generator=gen).bfloat16()
@@ -113,7 +113,7 @@ def moe_times(problem) -> dict:
     for t in (64, 4096):
         args = (x[:t], wts[:t], ids[:t], w13, w2, s13, s2)
         row = {}
-        for name, fn in (("deepgemm_fused", vendor.deepgemm_moe_experts), ("triton", tri)):
+        for name, fn in (("deepgemm_fused", vendor.deepgemm_fused_moe), ("triton", tri)):
             ms, cap = device_ms(lambda: fn(*args))
             touched = int(torch.unique(ids[:t]).numel())
             wbytes = touched * (2 * I * D + D * I)          # FP8 expert weights read once
