@@ -105,7 +105,14 @@ def test_what_if_runs_beside_the_baseline():
     next(b for b in at.button if b.label == "Run what-if").click().run()
     assert not at.exception and not _errors(at)
     assert any("async_overlap = False" in m.value for m in at.markdown)
-    assert any(list(df.value.columns)[:3] == ["figure", "baseline", "what-if"] for df in at.dataframe)
+    table = next(df.value for df in at.dataframe if list(df.value.columns)[:3] == ["figure", "baseline", "what-if"])
+    # the baseline is the recommended plan's own run: the figure the recommendation shows, to the digit
+    shown = next(m.value for m in at.metric if m.label == "output tok/s per GPU")
+    base = dict(zip(table["figure"], table["baseline"]))
+    assert base["window"] == "steady" and base["output tok/s per GPU"] == shown, (base, shown)
+    ttft, tpot = next(m.value for m in at.metric if m.label.startswith("TTFT / TPOT")).split(" / ")
+    assert float(base["TTFT p90 (s)"]) == pytest.approx(float(ttft.split()[0]), abs=0.006)
+    assert float(base["TPOT p90 (ms)"]) == pytest.approx(float(tpot.split()[0]), abs=0.6)
 
 
 def test_compare_pins_plans_side_by_side_and_inspects_them():
