@@ -81,3 +81,18 @@ def price_policies(doc: dict, sync: bool = False) -> dict[str, SegmentCost]:
     """Every policy of a bench workload's ``segments`` record priced by ``segment_stream``."""
     segs, plan = from_measured(doc)
     return {p: segment_stream([segs[k] for k in keys], sync) for p, keys in plan.items() if all(k in segs for k in keys)}
+
+
+def price_rounds(doc: dict, sync: bool = False) -> dict[str, list[float]]:
+    """Every policy priced once per timed round from that round's samples of its pieces (``rounds``: key -> [(host,
+    device), ...] in round order; the traces as in ``from_measured``): the prediction beside each round's forwards."""
+    segs, plan = from_measured(doc)
+    rounds = doc.get("rounds", {})
+    out = {}
+    for p, keys in plan.items():
+        if not all(k in segs and rounds.get(k) for k in keys):
+            continue
+        n = min(len(rounds[k]) for k in keys)
+        out[p] = [segment_stream([Segment(float(rounds[k][i][0]), float(rounds[k][i][1]), segs[k].trace) for k in keys],
+                                 sync).seconds for i in range(n)]
+    return out

@@ -89,3 +89,20 @@ def test_the_pieces_of_every_policy_run_on_the_cpu():
     assert all(s["host_s"] > 0 and s["device_s"] == s["host_s"] for s in doc["segments"].values())
     got = price_policies(doc, sync=True)
     assert set(got) == {"recompute", "replay:4", "replay:24", "persist"}
+
+
+def test_each_round_is_priced_from_its_own_samples_and_paired_with_its_forwards():
+    from benchmarks.gpu.replay_bench import paired
+    from costmodels.replay_segments import price_rounds
+    doc = {"segments": {"a": {"host_s": 1.0, "device_s": 0.1, "trace": [[1.0, 1.0]]}},
+           "plan": {"p": ["a"], "q": ["a", "a"]},
+           "rounds": {"a": [[1.0, 0.1], [2.0, 0.1]]}}     # the host twice as slow in round 2
+    got = price_rounds(doc)
+    assert got["p"] == pytest.approx([1.1, 2.1]) and got["q"] == pytest.approx([2.1, 4.1])
+    base = {"measured_samples_s": [(4.0, 0), (8.0, 0)], "segments_round_s": got["q"]}
+    row = {"measured_samples_s": [(2.0, 0), (4.0, 0)], "segments_round_s": got["p"]}
+    paired(row, base)
+    # the change per round: 4/2 - 1 = 1 both rounds; predicted 2.1/1.1 - 1 and 4.1/2.1 - 1
+    assert row["measured_change_paired"] == pytest.approx(1.0)
+    assert row["segments_change_paired"] == pytest.approx((1.0 / 1.1 + 2.0 / 2.1) / 2)
+    assert row["segments_paired_diff_pp"] == pytest.approx(100 * (1.0 - row["segments_change_paired"]))

@@ -183,7 +183,7 @@ class Timer:
         self.spread = tuple(st["quartiles_s"])
         return st["median_s"]
 
-    def interleaved(self, fns: dict, probe=None) -> dict[str, dict]:
+    def interleaved(self, fns: dict, probe=None, reps: int | None = None) -> dict[str, dict]:
         """name -> {median_s, quartiles_s, host_s (median issue seconds), samples}: ``warm`` rounds, then ``reps``
         rounds each calling every function once, the order rotated by one every round; ``probe.sample()`` after
         each round (the host's speed beside the runs; ``probe`` may be a list: each sampled, one that fails
@@ -195,7 +195,7 @@ class Timer:
         got: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
         gc.disable()
         try:
-            for r in range(self.reps):
+            for r in range(reps or self.reps):
                 k = r % len(names)
                 for n in names[k:] + names[:k]:
                     got[n].append(self.once(fns[n]))
@@ -224,6 +224,7 @@ class Bench:
         self.pred = pred or Predictors(None)
         self.profile_jobs: list = []  # (row, its forward): one eager forward under the profiler, last of all
         self.segment_jobs: list = []  # (SegmentProbe, workload record, tokens): its pieces traced after every workload
+        self.chunked_reps: int | None = None   # rounds of the chunked prompts (None: the timer's)
         self.cfg = ExecModelConfig.build(spec)
         self.model = build_model(self.cfg, device, dtype, "dummy", seed=0, max_pos=max_tokens + 8)
         pages = -(-max_tokens // page)
@@ -292,7 +293,7 @@ class Bench:
             self.segment_error = f"{type(e).__name__}: {e}"[:300]
             return None
 
-    def timed(self, fns: dict, rows: dict, forwards: dict) -> dict:
+    def timed(self, fns: dict, rows: dict, forwards: dict, reps: int | None = None) -> dict:
         """Every policy's forward (prepared inputs) and its forward with the host preparation, interleaved; the
         figures written into ``rows`` (policy -> row); returns the host probe's layer-call seconds and the forwards'
         pieces (``forwards``: policy -> its prepared chunks) measured beside them, and writes the pieces' prediction
@@ -303,13 +304,15 @@ class Bench:
         fns = fns | {name + "+graph": g.replay for name, g in graphs.items() if not isinstance(g, str)}
         t0 = time.time()
         alloc0 = _alloc_counts(self.timer.cuda)
-        res = self.timer.interleaved(fns, [probe, seg])
+        res = self.timer.interleaved(fns, [probe, seg], reps)
         alloc = {k: v - alloc0.get(k, 0) for k, v in _alloc_counts(self.timer.cuda).items()}
         for name, row in rows.items():
-            st, st_in = res[name], res[name + "+inputs"]
+            st = res[name]
             row.update({"measured_s": st["median_s"], "measured_quartiles_s": st["quartiles_s"],
-                        "measured_host_s": st["host_s"], "measured_samples_s": st["samples"],
-                        "measured_with_inputs_s": st_in["median_s"], "measured_with_inputs_host_s": st_in["host_s"]})
+                        "measured_host_s": st["host_s"], "measured_samples_s": st["samples"]})
+            st_in = res.get(name + "+inputs")
+            if st_in:
+                row.update({"measured_with_inputs_s": st_in["median_s"], "measured_with_inputs_host_s": st_in["host_s"]})
             if name in graphs:
                 gr = res.get(name + "+graph")
                 row["measured_graph_s"] = gr["median_s"] if gr else graphs[name]
@@ -336,11 +339,13 @@ class Bench:
         doc = seg.result()
         doc["traced"] = bool(seg.traces)
         doc["trace_error"] = getattr(seg, "trace_error", None)
-        for name, cost in replay_segments.price_policies(doc, sync=not self.timer.cuda).items():
+        sync = not self.timer.cuda
+        per_round = replay_segments.price_rounds(doc, sync)
+        for name, cost in replay_segments.price_policies(doc, sync).items():
             if name in rows:
                 rows[name].update({"segments_predicted_s": cost.seconds, "segments_device_s": cost.device_s,
                                    "segments_graph_s": cost.device_s, "segments_host_s": cost.host_s,
-                                   "segments_wait_s": cost.wait_s})
+                                   "segments_wait_s": cost.wait_s, "segments_round_s": per_round.get(name)})
         return doc
 
     @torch.inference_mode()
@@ -382,13 +387,14 @@ class Bench:
         preps = {name: [self.prepare(swa, n, c) for n, c in parts] for name, swa in swas.items()}
         fns = {name: (lambda swa=swa, ps=preps[name]: [self.chunk(swa, n, c, p) for (n, c), p in zip(parts, ps)])
                for name, swa in swas.items()}
-        fns |= {name + "+inputs": (lambda swa=swa: [self.chunk(swa, n, c) for n, c in parts]) for name, swa in swas.items()}
+        # no "+inputs" variants here: a round of these long forwards costs seconds, and more rounds buy more than the
+        # preparation's figure (the prefix hits measure it)
         rows = {}
         for name, swa in swas.items():
             rows[name] = {"policy": name, "predicted_s": prefill_seconds(self.ops, swa.resolved, prompt, chunk),
                           "exact": all(exact_for_new_tokens(swa.layout(c), swa.window, c) for _, c in parts[1:]),
                           "extra_layer_tokens": int(sum(swa.resolved.extra_tokens(c).sum() for _, c in parts))}
-        head = self.timed(fns, rows, preps)
+        head = self.timed(fns, rows, preps, self.chunked_reps)
         seg = head.pop("_seg")
         for name, swa in swas.items():
             rows[name].update(self.pred.chunk(self.spec, swa.resolved, parts, head["host_probe"]))
@@ -471,6 +477,7 @@ def _changes(rows: list[dict], tokens: int, preds: tuple[str, ...] = PREDICTIONS
         r["diff_pp"] = 100 * (r["measured_change"] - r["predicted_change"])
         if r.get("measured_with_inputs_s") and base.get("measured_with_inputs_s"):
             r["measured_with_inputs_change"] = base["measured_with_inputs_s"] / r["measured_with_inputs_s"] - 1
+        paired(r, base)
         for p in preds:
             if f"{p}_predicted_s" in r and f"{p}_predicted_s" in base:
                 r[f"{p}_predicted_change"] = base[f"{p}_predicted_s"] / r[f"{p}_predicted_s"] - 1
@@ -479,13 +486,29 @@ def _changes(rows: list[dict], tokens: int, preds: tuple[str, ...] = PREDICTIONS
     return rows
 
 
+def paired(r: dict, base: dict) -> None:
+    """The change per timed round, measured (this round's forward against this round's recompute) and predicted from
+    the pieces sampled right after that round (``segments_round_s``), and their medians over the rounds: the lent
+    host's speed shifts between rounds (run_e570346: every host-bound forward 6 -> 8 ms from round 10 on), and a
+    shift lands on both forwards of a round and on that round's pieces alike."""
+    ms, mb = r.get("measured_samples_s"), base.get("measured_samples_s")
+    if not ms or not mb or len(ms) != len(mb):
+        return
+    r["measured_change_paired"] = statistics.median(b[0] / m[0] - 1 for m, b in zip(ms, mb))
+    ps, pb = r.get("segments_round_s"), base.get("segments_round_s")
+    if ps and pb and len(ps) == len(pb) == len(ms):
+        r["segments_change_paired"] = statistics.median(b / p - 1 for p, b in zip(ps, pb))
+        r["segments_paired_diff_pp"] = 100 * (r["measured_change_paired"] - r["segments_change_paired"])
+
+
 def summary(out: dict, preds: tuple[str, ...] = PREDICTIONS) -> dict:
     """Per workload and prediction: the replay W values (and persist) within 5 pp of the measured change."""
     res = {}
     for kind in ("prefix_hit", "chunked"):
         for w in out.get(kind, []):
             name = f"{kind} " + (f"{w['context']}+{w['new_tokens']}" if kind == "prefix_hit" else f"{w['prompt']}/{w['chunk']}")
-            for p, key in [("analytic", "diff_pp")] + [(p, f"{p}_diff_pp") for p in preds]:
+            for p, key in ([("analytic", "diff_pp")] + [(p, f"{p}_diff_pp") for p in preds]
+                           + [("segments_paired", "segments_paired_diff_pp")]):
                 rows = [r for r in w["rows"][1:] if key in r]
                 if rows:
                     res.setdefault(name, {})[p] = {
@@ -497,17 +520,21 @@ def summary(out: dict, preds: tuple[str, ...] = PREDICTIONS) -> dict:
 
 def headline(out: dict) -> dict:
     """The bench's reported prediction (``HEADLINE``) per workload: W within 5 pp (the issue-23 target: at least 3),
-    and per policy the measured and predicted change and their difference in pp."""
+    from the medians of the rounds' times and paired round by round (``paired``), and per policy
+    (measured %, predicted %, pp) both ways."""
     res = {"prediction": HEADLINE}
     for kind in ("prefix_hit", "chunked"):
         for w in out.get(kind, []):
             name = f"{kind} " + (f"{w['context']}+{w['new_tokens']}" if kind == "prefix_hit" else f"{w['prompt']}/{w['chunk']}")
-            rows = [r for r in w["rows"][1:] if f"{HEADLINE}_diff_pp" in r]
-            res[name] = {"ws_within_5pp": sum(1 for r in rows if r["policy"].startswith("replay:")
-                                              and abs(r[f"{HEADLINE}_diff_pp"]) <= 5),
-                         "rows": {r["policy"]: (round(100 * r["measured_change"], 1),
-                                                round(100 * r[f"{HEADLINE}_predicted_change"], 1),
-                                                round(r[f"{HEADLINE}_diff_pp"], 1)) for r in rows}}
+            got = {}
+            for how, meas, pred, pp in (("medians", "measured_change", f"{HEADLINE}_predicted_change", f"{HEADLINE}_diff_pp"),
+                                         ("paired", "measured_change_paired", f"{HEADLINE}_change_paired",
+                                          f"{HEADLINE}_paired_diff_pp")):
+                rows = [r for r in w["rows"][1:] if pp in r]
+                got[how] = {"ws_within_5pp": sum(1 for r in rows if r["policy"].startswith("replay:") and abs(r[pp]) <= 5),
+                            "rows": {r["policy"]: (round(100 * r[meas], 1), round(100 * r[pred], 1), round(r[pp], 1))
+                                     for r in rows}}
+            res[name] = got
     return res
 
 
@@ -538,7 +565,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu", action="store_true", help="run on the CPU (with --tiny: the smoke mode)")
     ap.add_argument("--tiny", action="store_true", help="a toy model and small shapes")
     ap.add_argument("--ws", default=None, help="replay lengths W, comma-separated")
-    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--reps", type=int, default=None, help="timed rounds of the prefix hits (default 31)")
+    ap.add_argument("--chunked-reps", type=int, default=None, help="timed rounds of the chunked prompts (default 21)")
     ap.add_argument("--tables", default=None, help="op tables to load (benchmarks/gpu/replay_tables.py); "
                     "default: measure them first into replay_tables.json beside --out")
     ap.add_argument("--no-tables", action="store_true", help="the analytic prediction only")
@@ -547,11 +575,12 @@ def main(argv=None) -> int:
     if setup is None:
         return 2
     device, sh, ws, spec = setup
-    reps = a.reps or (1 if a.cpu else 15)
+    reps = a.reps or (1 if a.cpu else 31)
     need = max([c + n for c, n in sh["prefix_hit"]] + [p for p, _ in sh["chunked"]])
     dtype = "fp32" if a.cpu else "bf16"
     tables, tables_from = _tables(a, spec, device, dtype, sh, ws, need)
     b = Bench(spec, device, dtype, sh["page"], need, Timer(device, 0 if a.cpu else 3, reps), Predictors(tables), a.tiny)
+    b.chunked_reps = a.chunked_reps or (1 if a.cpu else 21)
     pols = policies(ws)
     if device.type == "cuda":   # what is built so far leaves the collector's generations (timers hold it off)
         gc.collect()
@@ -559,7 +588,7 @@ def main(argv=None) -> int:
     out = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
            "model": {"name": spec.name, "layers": spec.kinds(), "hidden": spec.hidden_size, "heads": spec.num_attention_heads,
                      "kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "window": spec.sliding_window},
-           "predicted_on": "H200, TP1 bf16 (costmodels.replay.chunk_cost / prefill_seconds)", "reps": reps,
+           "predicted_on": "H200, TP1 bf16 (costmodels.replay.chunk_cost / prefill_seconds)", "reps": reps, "chunked_reps": b.chunked_reps,
            "table_predicted_on": ("op tables of this executor model (costmodels.replay_table: eager host/device queue); "
                                   f"{tables_from}"),
            "tables": _tables_head(tables), "policies": [p for p, _ in pols], "prefix_hit": [], "chunked": [], "errors": []}
@@ -660,9 +689,9 @@ def _print(out: dict) -> None:
     for name, preds in out.get("summary", {}).items():
         print(name, {p: (v["ws_within_5pp"], v["max_abs_pp"]) for p, v in preds.items()}, "(W within 5 pp, max |pp|)")
     for name, h in out.get("headline", {}).items():
-        if name != "prediction":
-            print(f"headline ({out['headline']['prediction']}) {name}: {h['ws_within_5pp']} W within 5 pp; "
-                  "policy: (measured %, predicted %, pp) " + str(h["rows"]))
+        for how, v in (h.items() if name != "prediction" else []):
+            print(f"headline ({out['headline']['prediction']}, {how}) {name}: {v['ws_within_5pp']} W within 5 pp; "
+                  "policy: (measured %, predicted %, pp) " + str(v["rows"]))
 
 
 if __name__ == "__main__":

@@ -156,7 +156,8 @@ class SegmentProbe:
                          "kernels": len(tr.get("trace", [])), "profiled_host_s": tr.get("host_s"),
                          "profiled_device_s": tr.get("device_s"), "unmatched_launches": tr.get("unmatched"),
                          "trace": tr.get("trace", [])}
-        return {"segments": segs, "plan": self.plan}
+        rounds = {k: [(round(h, 8), round(d, 8)) for h, d, _ in xs] for k, xs in self.samples.items() if xs}
+        return {"segments": segs, "plan": self.plan, "rounds": rounds}
 
 
 def _quartiles(xs: list[float]) -> tuple[float, float]:
