@@ -165,6 +165,20 @@ def test_pareto_figure_has_slo_region_frontier_pick_and_band(result):
     assert sim and all(t.error_y.array is not None for t in sim)
 
 
+def test_the_frontier_runs_through_simulated_points_that_meet_the_slo_and_none_above_the_pick(result):
+    """Issue 19: the UI's frontier once ran through unsimulated screen points above the recommended star."""
+    pytest.importorskip("streamlit")
+    from ui.app_pareto import figure
+
+    front = [p for p in result.points if p.on_frontier]
+    assert front and all(p.source == "simulation" and p.meets_slo for p in front)
+    rec = next(p for p in result.points if p.recommended)
+    assert all(p.output_tps_per_gpu <= rec.output_tps_per_gpu * (1 + 1e-9) for p in front)
+    line = next(t for t in figure(result, None).data if (t.name or "").startswith("Pareto frontier"))
+    assert sorted(zip(line.x, line.y)) == sorted((p.tps_per_user, p.output_tps_per_gpu) for p in front)
+    assert any(p.source == "screen" for p in result.points)  # the screen's points are drawn, just not on the line
+
+
 def test_breakdown_figures_stack_every_category(result):
     pytest.importorskip("streamlit")
     from ui.app_breakdown import figures
