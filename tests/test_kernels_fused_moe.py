@@ -79,3 +79,55 @@ def test_wrong_pair_placement_would_be_caught():
     x, wts, ids, w13, w2, s13, s2 = _problem(6, seed=3)
     got = F.moe_masked(x, wts, ids, w13.flip(0), w2, s13.flip(0), s2, F.ref_masked_gemm)
     assert _rel(got, R.moe_experts(x, wts, ids, w13, w2, s13, s2)) > 0.1
+
+
+def test_contiguous_path_at_alignment_64_matches_reference():
+    """DeepGEMM's contiguous layout at a smaller alignment (its BLOCK_M on SM90 follows it): same answer."""
+    x, wts, ids, w13, w2, s13, s2 = _problem(60, seed=4)
+    got = F.moe_contiguous(x, wts, ids, w13, w2, s13, s2, F.ref_contiguous_gemm, align=64)
+    dest, m_idx = F.contiguous_layout(ids, w13.shape[0], 64)
+    assert m_idx.numel() % 64 == 0 and (m_idx[dest] == ids.reshape(-1).int()).all()
+    assert _rel(got, R.moe_experts(x, wts, ids, w13, w2, s13, s2)) < 2e-2
+
+
+def test_glue_steps_get_the_layouts_rows():
+    """The path hands each layout step the pair rows and the buffer sizes of its layout (what the Triton kernels index)."""
+    calls = []
+
+    def rec(name, fn):
+        return lambda *a: calls.append((name, a)) or fn(*a)
+    glue = F.Glue(*(rec(n, f) for n, f in zip(("permute", "silu_quant", "combine"), F.TORCH_GLUE)))
+    x, wts, ids, w13, w2, s13, s2 = _problem(150, seed=5)
+    want = F.moe_experts(x, wts, ids, w13, w2, s13, s2, F.ref_masked_gemm, F.ref_contiguous_gemm)
+    got = F.moe_experts(x, wts, ids, w13, w2, s13, s2, F.ref_masked_gemm, F.ref_contiguous_gemm, glue)
+    assert torch.equal(got, want) and [c[0] for c in calls] == ["permute", "silu_quant", "combine"]
+    dest, m_idx = F.contiguous_layout(ids, w13.shape[0])
+    (_, (_, d1, rows, rpb)), (_, (h, d2, rpb2)), (_, (y, d3, w, dt)) = calls
+    assert torch.equal(d1, dest) and torch.equal(d2, dest) and torch.equal(d3, dest)
+    assert rows == rpb == rpb2 == m_idx.numel() and h.shape[0] == y.shape[0] == rows and dt == x.dtype
+    calls.clear()
+    F.moe_experts(x[:9], wts[:9], ids[:9], w13, w2, s13, s2, F.ref_masked_gemm, F.ref_contiguous_gemm, glue)
+    _, max_m = F.masked_layout(ids[:9], w13.shape[0])[1:]
+    assert calls[0][1][2:] == (w13.shape[0] * max_m, max_m) and calls[1][1][2] == max_m
+
+
+def test_registry_adapter_declines_decode_batches_to_triton(monkeypatch):
+    """``moe_experts=deepgemm`` serves prefill batches; decode batches go to the next candidate (Triton) unless forced
+    or Triton is absent (then the next one would be the torch reference loop)."""
+    from kernels import registry, vendor
+    x, wts, ids, w13, w2, s13, s2 = _problem(4, seed=6)
+    monkeypatch.setitem(registry._probe_cache, "triton", (True, "triton", "imported triton"))
+    monkeypatch.delenv("TWINFER_KERNEL_MOE_EXPERTS", raising=False)
+    with pytest.raises(registry.Unsupported, match="Triton MoE is faster at decode"):
+        vendor.deepgemm_moe_experts(x, wts, ids, w13, w2, s13, s2)
+    monkeypatch.setenv("TWINFER_KERNEL_MOE_EXPERTS", "deepgemm")   # forced: goes on to the fused path (CUDA only)
+    with pytest.raises(registry.Unsupported, match="CUDA only"):
+        vendor.deepgemm_moe_experts(x, wts, ids, w13, w2, s13, s2)
+    monkeypatch.delenv("TWINFER_KERNEL_MOE_EXPERTS")
+    monkeypatch.setitem(registry._probe_cache, "triton", (False, "", "not importable (triton: ModuleNotFoundError)"))
+    with pytest.raises(registry.Unsupported, match="CUDA only"):
+        vendor.deepgemm_moe_experts(x, wts, ids, w13, w2, s13, s2)
+    x, wts, ids, w13, w2, s13, s2 = _problem(vendor.FUSED_MOE_MIN_TOKENS, seed=6)
+    monkeypatch.setitem(registry._probe_cache, "triton", (True, "triton", "imported triton"))
+    with pytest.raises(registry.Unsupported, match="CUDA only"):   # a prefill batch is taken
+        vendor.deepgemm_moe_experts(x, wts, ids, w13, w2, s13, s2)
