@@ -113,16 +113,21 @@ def run_catalog_tune(*, model: str, hardware: str, gpus: int, workload: str, loa
 
 def print_report(con, ctx, res, why: list[str]) -> None:
     """The best run per (EP width, overlap, replay), the best per value of each policy, and the reasons."""
+    from rich import box
     from rich.table import Table
 
     from planner.tune_explain import LABELS, best_per_value, combo_table, gain, value_text
 
     con.print(f"{len(res.runs)} policies simulated (coordinate descent, {res.rounds} round(s)) on {ctx.model} x {ctx.hardware}, "
               f"{ctx.gpus} GPUs; workload {ctx.stats.describe()}", highlight=False)
-    tab = Table(title="best per policy combination (simulated; the others at their best)")
+    # two-line headers, no box: fits an 80-column terminal (a boxed table cut "tok/s/GPU" to "tok/…" and "+88.6%" to "+88.…")
+    tab = Table(title="best per policy combination (simulated; the others at their best)", title_justify="left",
+                box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 0))
     pct = f"p{ctx.slo_percentile}" if ctx.slo is not None else "p50"
-    for c in ("EP", "async", "replay", "batch/rank", "chunk", "tok/s/GPU", "vs base", f"TTFT {pct} s", f"TPOT {pct} ms", "feasible"):
-        tab.add_column(c, justify="right")
+    for c in ("EP", "async", "replay", "batch\n/rank", "chunk", "tok/s\n/GPU", "vs\nbase", f"TTFT\n{pct} s", f"TPOT\n{pct} ms",
+              "feasible"):
+        tab.add_column(c, justify="left" if c == "feasible" else "right", no_wrap=c not in ("replay", "feasible"),
+                       min_width=len(c) if c in ("replay", "feasible") else None)
     b0 = res.baseline.thr_gpu
     for (ep, ov, rep), r in combo_table(res):
         mark = "*" if r is res.best else ""
@@ -131,7 +136,7 @@ def print_report(con, ctx, res, why: list[str]) -> None:
                     f"{r.ttft_s:.2f}" if r.ttft_s < 1e9 else "-",
                     f"{r.tpot_s * 1e3:.1f}" if r.tpot_s < 1e9 else "-", "yes" if r.feasible else r.why)
     con.print(tab)
-    per = Table(title="best per policy value")
+    per = Table(title="best per policy value", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for c in ("policy", "value", "tok/s/GPU", "vs base"):
         per.add_column(c, justify="right")
     for pol, rows in best_per_value(res).items():
