@@ -83,9 +83,12 @@ def price_policies(doc: dict, sync: bool = False) -> dict[str, SegmentCost]:
     return {p: segment_stream([segs[k] for k in keys], sync) for p, keys in plan.items() if all(k in segs for k in keys)}
 
 
-def price_rounds(doc: dict, sync: bool = False) -> dict[str, list[float]]:
+def price_rounds(doc: dict, sync: bool = False, clocks: dict[str, list] | None = None) -> dict[str, list[float]]:
     """Every policy priced once per timed round from that round's samples of its pieces (``rounds``: key -> [(host,
-    device), ...] in round order; the traces as in ``from_measured``): the prediction beside each round's forwards."""
+    device[, SM MHz]), ...] in round order; the traces as in ``from_measured``): the prediction beside each round's
+    forwards. ``clocks``: policy -> the SM clock after each round's forward; with it, each piece's device seconds
+    are taken to the forward's clock (x piece MHz / forward MHz: kernel time at a fixed clock count of cycles; the
+    H200 caps its clock under long runs), and a policy or round without both clocks is left out."""
     segs, plan = from_measured(doc)
     rounds = doc.get("rounds", {})
     out = {}
@@ -93,6 +96,20 @@ def price_rounds(doc: dict, sync: bool = False) -> dict[str, list[float]]:
         if not all(k in segs and rounds.get(k) for k in keys):
             continue
         n = min(len(rounds[k]) for k in keys)
-        out[p] = [segment_stream([Segment(float(rounds[k][i][0]), float(rounds[k][i][1]), segs[k].trace) for k in keys],
-                                 sync).seconds for i in range(n)]
+        fwd = (clocks or {}).get(p) if clocks is not None else None
+        if clocks is not None and (not fwd or len(fwd) < n):
+            continue
+        got = []
+        for i in range(n):
+            scale = {k: 1.0 for k in keys}
+            if clocks is not None:
+                mhz = [rounds[k][i][2] if len(rounds[k][i]) > 2 else None for k in keys]
+                if not fwd[i] or not all(mhz):
+                    got = []
+                    break
+                scale = {k: float(m) / float(fwd[i]) for k, m in zip(keys, mhz)}
+            got.append(segment_stream([Segment(float(rounds[k][i][0]), float(rounds[k][i][1]) * scale[k], segs[k].trace)
+                                       for k in keys], sync).seconds)
+        if got:
+            out[p] = got
     return out

@@ -106,3 +106,14 @@ def test_each_round_is_priced_from_its_own_samples_and_paired_with_its_forwards(
     assert row["measured_change_paired"] == pytest.approx(1.0)
     assert row["segments_change_paired"] == pytest.approx((1.0 / 1.1 + 2.0 / 2.1) / 2)
     assert row["segments_paired_diff_pp"] == pytest.approx(100 * (1.0 - row["segments_change_paired"]))
+
+
+def test_a_round_priced_at_the_forwards_clock_scales_each_pieces_device_time():
+    from costmodels.replay_segments import price_rounds
+    doc = {"segments": {"a": {"host_s": 0.0, "device_s": 1.0}, "b": {"host_s": 0.0, "device_s": 1.0}},
+           "plan": {"p": ["a", "b"]},
+           "rounds": {"a": [[0.0, 1.0, 1980.0]], "b": [[0.0, 2.0, 1800.0]]}}
+    # the forward ran at 1800 MHz: a (timed at 1980) takes 1.1 there, b (timed at 1800) 2.0
+    assert price_rounds(doc, clocks={"p": [1800.0]})["p"] == pytest.approx([3.1])
+    assert price_rounds(doc)["p"] == pytest.approx([3.0])
+    assert price_rounds(doc, clocks={"p": [None]}) == {}          # no clock: not priced

@@ -26,6 +26,17 @@ Diagnostics: ``sync_warnings`` (the synchronising CUDA calls of one prepared for
 torch's sync debug mode: none expected) and, last, ``profile`` (one eager forward of a few rows under the profiler:
 kernels, busy and idle seconds, gaps).
 
+The reported prediction (``segments_*`` keys, ``headline``; ``benchmarks/gpu/replay_segments.py``,
+``costmodels/replay_segments.py``): every piece of every policy's forward (the embedding, each layer's step at its
+exact shape, the end with the logits) measured in this process, in the same rounds as the forwards (host issue
+seconds with the device kept busy, eager device seconds with the host ahead, the SM clock), and once under the
+profiler (where each kernel is launched within the piece's host time); the forward is the queue of those kernels on
+one stream fed by one host thread. Changes are compared from the medians of the rounds and paired round by round
+(``segments_paired``: each round's forwards against the pieces sampled right after it); ``segments_clocked_paired``
+also takes each piece's device time to the clock its forward ran at (a diagnostic: the H200 caps its clock under long
+runs). The SM clock after every timed call is in ``measured_clocks_mhz``; the caching allocator's device
+allocations during the rounds in ``allocator_during_rounds``.
+
 Table-based prediction (``table_*`` keys): before any replay run, the op tables of this executor model are
 measured (``benchmarks/gpu/replay_tables.py``: the executor's bf16 Linear, its window/causal prefill attention
 call, its row-wise ops and their eager host cost) or loaded (``--tables FILE``), and every chunk is priced from them
@@ -58,6 +69,7 @@ from costmodels.model_spec import ModelSpec
 from costmodels.replay import LayerReplay, ReplayPolicy, chunk_cost, prefill_seconds, prompt_chunks
 from costmodels import replay_segments, replay_table
 from costmodels.step import StepCostModel
+from benchmarks.gpu.replay_segments import SegmentProbe, sm_clock_mhz
 from executor.forward_batch import SeqInput
 from executor.kv_cache import KVCache
 from executor.model_config import ExecModelConfig
@@ -193,12 +205,14 @@ class Timer:
             for n in names:
                 fns[n]()
         got: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+        clocks: dict[str, list[float | None]] = {n: [] for n in names}
         gc.disable()
         try:
             for r in range(reps or self.reps):
                 k = r % len(names)
                 for n in names[k:] + names[:k]:
                     got[n].append(self.once(fns[n]))
+                    clocks[n].append(sm_clock_mhz() if self.cuda else None)   # after the window closed
                 for pr in [p for p in (probe if isinstance(probe, (list, tuple)) else [probe]) if p is not None]:
                     if getattr(pr, "error", None) is None:
                         try:
@@ -213,7 +227,8 @@ class Timer:
             q = statistics.quantiles(ts, n=4) if len(ts) > 1 else [ts[0]] * 3
             out[n] = {"median_s": statistics.median(ts), "quartiles_s": (q[0], q[2]),
                       "host_s": statistics.median(h for _, h in xs),
-                      "samples": [(round(t, 7), round(h, 7)) for t, h in xs]}
+                      "samples": [(round(t, 7), round(h, 7)) for t, h in xs],
+                      "clocks_mhz": clocks[n]}
         return out
 
 
@@ -286,7 +301,6 @@ class Bench:
     def segments(self, forwards: dict):
         """The pieces of every policy's forward (``benchmarks.gpu.replay_segments``), measured in the same rounds;
         None (the error kept) if they cannot be built."""
-        from benchmarks.gpu.replay_segments import SegmentProbe
         try:
             return SegmentProbe(self.model, self.kv, self.device, forwards)
         except Exception as e:  # noqa: BLE001 - the runs go on without it
@@ -309,7 +323,8 @@ class Bench:
         for name, row in rows.items():
             st = res[name]
             row.update({"measured_s": st["median_s"], "measured_quartiles_s": st["quartiles_s"],
-                        "measured_host_s": st["host_s"], "measured_samples_s": st["samples"]})
+                        "measured_host_s": st["host_s"], "measured_samples_s": st["samples"],
+                        "measured_clocks_mhz": st["clocks_mhz"]})
             st_in = res.get(name + "+inputs")
             if st_in:
                 row.update({"measured_with_inputs_s": st_in["median_s"], "measured_with_inputs_host_s": st_in["host_s"]})
@@ -341,11 +356,14 @@ class Bench:
         doc["trace_error"] = getattr(seg, "trace_error", None)
         sync = not self.timer.cuda
         per_round = replay_segments.price_rounds(doc, sync)
+        fwd_clocks = {name: row.get("measured_clocks_mhz") for name, row in rows.items()}
+        clocked = replay_segments.price_rounds(doc, sync, fwd_clocks)
         for name, cost in replay_segments.price_policies(doc, sync).items():
             if name in rows:
                 rows[name].update({"segments_predicted_s": cost.seconds, "segments_device_s": cost.device_s,
                                    "segments_graph_s": cost.device_s, "segments_host_s": cost.host_s,
-                                   "segments_wait_s": cost.wait_s, "segments_round_s": per_round.get(name)})
+                                   "segments_wait_s": cost.wait_s, "segments_round_s": per_round.get(name),
+                                   "segments_clocked_round_s": clocked.get(name)})
         return doc
 
     @torch.inference_mode()
@@ -495,10 +513,11 @@ def paired(r: dict, base: dict) -> None:
     if not ms or not mb or len(ms) != len(mb):
         return
     r["measured_change_paired"] = statistics.median(b[0] / m[0] - 1 for m, b in zip(ms, mb))
-    ps, pb = r.get("segments_round_s"), base.get("segments_round_s")
-    if ps and pb and len(ps) == len(pb) == len(ms):
-        r["segments_change_paired"] = statistics.median(b / p - 1 for p, b in zip(ps, pb))
-        r["segments_paired_diff_pp"] = 100 * (r["measured_change_paired"] - r["segments_change_paired"])
+    for name in ("segments", "segments_clocked"):
+        ps, pb = r.get(f"{name}_round_s"), base.get(f"{name}_round_s")
+        if ps and pb and len(ps) == len(pb) == len(ms):
+            r[f"{name}_change_paired"] = statistics.median(b / p - 1 for p, b in zip(ps, pb))
+            r[f"{name}_paired_diff_pp"] = 100 * (r["measured_change_paired"] - r[f"{name}_change_paired"])
 
 
 def summary(out: dict, preds: tuple[str, ...] = PREDICTIONS) -> dict:
@@ -508,7 +527,8 @@ def summary(out: dict, preds: tuple[str, ...] = PREDICTIONS) -> dict:
         for w in out.get(kind, []):
             name = f"{kind} " + (f"{w['context']}+{w['new_tokens']}" if kind == "prefix_hit" else f"{w['prompt']}/{w['chunk']}")
             for p, key in ([("analytic", "diff_pp")] + [(p, f"{p}_diff_pp") for p in preds]
-                           + [("segments_paired", "segments_paired_diff_pp")]):
+                           + [("segments_paired", "segments_paired_diff_pp"),
+                              ("segments_clocked_paired", "segments_clocked_paired_diff_pp")]):
                 rows = [r for r in w["rows"][1:] if key in r]
                 if rows:
                     res.setdefault(name, {})[p] = {

@@ -28,6 +28,25 @@ import torch
 
 from executor.swa_replay import SWAReplay
 
+_CLOCK = []   # [torch.cuda.clock_rate] where NVML answers, [None] where not (checked once)
+
+
+def sm_clock_mhz() -> float | None:
+    """The GPU's SM clock now (NVML through ``torch.cuda.clock_rate``), read outside any timed window: the lent H200
+    runs at 1980 MHz in short bursts and 1550-1850 MHz under its 700 W cap in long ones (run_e570346's
+    gpu_clocks.csv), which moves device times by up to 15%. None without NVML or a GPU."""
+    if not _CLOCK:
+        try:
+            torch.cuda.clock_rate()
+            _CLOCK.append(torch.cuda.clock_rate)
+        except Exception:  # noqa: BLE001 - no NVML bindings, no GPU: no clock diagnostic
+            _CLOCK.append(None)
+    try:
+        return float(_CLOCK[0]()) if _CLOCK[0] else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
 SPIN_MARGIN_S = 300e-6    # spin beyond 1.5x the piece's last host time (the first call: a guess, then measured)
 FIRST_HOST_S = 3e-3
 
@@ -68,7 +87,7 @@ class SegmentProbe:
                 keys.append(self._add(piece_key("end", prep),
                                       lambda p=prep, x=x: model.compute_logits(SWAReplay.finish(model, p, x)[-1:])))
             self.plan[name] = keys
-        self.samples: dict[str, list[tuple[float, float, bool]]] = {k: [] for k in self.fns}
+        self.samples: dict[str, list[tuple[float, float, bool, float | None]]] = {k: [] for k in self.fns}
         self.traces: dict[str, dict] = {}
         self.error: str | None = None
         self.spin_rate = self._spin_rate() if self.cuda else 0.0
@@ -89,13 +108,13 @@ class SegmentProbe:
         b.synchronize()
         return 20_000_000 / max(a.elapsed_time(b) / 1e3, 1e-6)
 
-    def once(self, fn, host_guess: float) -> tuple[float, float, bool]:
-        """(host seconds, device seconds, whether the spin covered the host) of one call."""
+    def once(self, fn, host_guess: float) -> tuple[float, float, bool, float | None]:
+        """(host seconds, device seconds, whether the spin covered the host, SM clock MHz just after) of one call."""
         if not self.cuda:
             t0 = time.perf_counter()
             fn()
             t = time.perf_counter() - t0
-            return t, t, True
+            return t, t, True, None
         s0, a, b = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         torch.cuda.synchronize()
         s0.record()
@@ -106,13 +125,13 @@ class SegmentProbe:
         host = time.perf_counter() - t0
         b.record()
         b.synchronize()
-        return host, a.elapsed_time(b) / 1e3, s0.elapsed_time(a) / 1e3 > host
+        return host, a.elapsed_time(b) / 1e3, s0.elapsed_time(a) / 1e3 > host, sm_clock_mhz()
 
     def sample(self) -> None:
         """One (host, device) sample of every piece (called after every round of the timed forwards)."""
         for key, fn in self.fns.items():
             xs = self.samples[key]
-            guess = max((h for h, _, _ in xs[-3:]), default=FIRST_HOST_S)
+            guess = max((x[0] for x in xs[-3:]), default=FIRST_HOST_S)
             xs.append(self.once(fn, guess))
 
     # ------------------------------------------------------------------ kernel placement
@@ -148,15 +167,17 @@ class SegmentProbe:
         for key, xs in self.samples.items():
             if not xs:
                 continue
-            hs, ds = [h for h, _, _ in xs], [d for _, d, _ in xs]
+            hs, ds = [x[0] for x in xs], [x[1] for x in xs]
+            clk = [x[3] for x in xs if x[3]]
             tr = self.traces.get(key, {})
             segs[key] = {"host_s": statistics.median(hs), "device_s": statistics.median(ds),
                          "host_quartiles_s": _quartiles(hs), "device_quartiles_s": _quartiles(ds),
-                         "covered": sum(c for _, _, c in xs) / len(xs), "samples": len(xs),
+                         "covered": sum(x[2] for x in xs) / len(xs), "samples": len(xs),
+                         "clock_mhz": statistics.median(clk) if clk else None,
                          "kernels": len(tr.get("trace", [])), "profiled_host_s": tr.get("host_s"),
                          "profiled_device_s": tr.get("device_s"), "unmatched_launches": tr.get("unmatched"),
                          "trace": tr.get("trace", [])}
-        rounds = {k: [(round(h, 8), round(d, 8)) for h, d, _ in xs] for k, xs in self.samples.items() if xs}
+        rounds = {k: [(round(x[0], 8), round(x[1], 8), x[3]) for x in xs] for k, xs in self.samples.items() if xs}
         return {"segments": segs, "plan": self.plan, "rounds": rounds}
 
 
