@@ -16,7 +16,7 @@
 # carried:
 #   bash scripts/device_replay.sh
 # Wall: tables <= T_TABLES (75 s; each GEMM/attention/row section past 45 s measures only the workloads' shapes; the
-# last run took 51 s), bench <= T_REPLAY (180 s; expected about 120), re-score <= 15 s: under 5 minutes, with the
+# last run took 51 s), bench <= T_REPLAY (180 s; expected about 120), re-score <= 30 s: under 5 minutes, with the
 # install under 6.
 source scripts/device_env.sh
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv
@@ -45,7 +45,7 @@ timeout ${T_REPLAY:-180} python3 -m benchmarks.gpu.replay_bench --out "$OUT/repl
 kill "$SMI_PID" "$MHZ_PID" 2>/dev/null
 stage "rescore"
 if [ -f "$OUT/replay_tables.json" ] && [ -f "$OUT/replay_bench.json" ]; then
-  timeout 15 python3 -m benchmarks.gpu.replay_rescore "$OUT/replay_bench.json" --tables "$OUT/replay_tables.json" \
+  timeout 30 python3 -m benchmarks.gpu.replay_rescore "$OUT/replay_bench.json" --tables "$OUT/replay_tables.json" \
     | tee "$OUT/rescore.txt" || echo "rescore: exit $?"
 fi
 # at most 6 files back: the samplers' outputs and the environment in one archive
