@@ -352,16 +352,16 @@ class SearchResult:
 
 
 def search(ctx: TuneContext, base: Policy, values: dict[str, list], *, max_rounds: int = 2,
-           tick: Callable[[str], None] | None = None) -> SearchResult:
+           tick: Callable[[Run], None] | None = None) -> SearchResult:
     """Coordinate descent from ``base`` over ``values`` (see the module docstring); then the winner with each of the
-    three policies set back to its baseline value, for the per-policy gains."""
+    three policies set back to its baseline value, for the per-policy gains. ``tick`` hears each new run."""
     runs: dict[Policy, Run] = {}
 
     def run(p: Policy) -> Run:
         if p not in runs:
             runs[p] = simulate_policy(ctx, p)
             if tick:
-                tick(p.describe())
+                tick(runs[p])
         return runs[p]
 
     best = run(base)

@@ -18,3 +18,25 @@ def test_tune_tables_fit_80_columns_uncut():
     for head in ("replay", "/GPU", "base", "feasible"):
         assert head in table, head
     assert "%" in table and "yes" in table
+
+
+def test_ctrl_c_prints_how_far_it_got_and_the_best_so_far(monkeypatch):
+    """A Ctrl-C during the policy search (the third simulation here): exit 130, the count and the best finished run."""
+    import planner.tune_policies as tp
+
+    real, calls = tp.simulate_policy, []
+
+    def cut_at_the_third(ctx, p, rate_per_gpu=None):
+        calls.append(p)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(ctx, p, rate_per_gpu)
+
+    monkeypatch.setattr(tp, "simulate_policy", cut_at_the_third)
+    args = ["tune", "-m", "tiny", "--hw", "h200", "-g", "2", "--ep-widths", "1,2", "--batch-per-rank", "16",
+            "--chunk-tokens", "2048", "--sim-requests", "100", "--plan-requests", "200"]
+    r = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert r.exit_code == 130, r.output
+    text = " ".join(r.stdout.split())
+    assert "interrupted after 2 of at most" in text and "no winner and no plan" in text
+    assert "best so far (simulated, not run at full scale): EP" in text and "output tok/s/GPU" in text

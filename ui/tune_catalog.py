@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+import typer
+
 from twinfer.errors import TwinferError
 
 ONOFF = {"on": True, "off": False, "true": True, "false": False}
@@ -79,9 +81,15 @@ def run_catalog_tune(*, model: str, hardware: str, gpus: int, workload: str, loa
         con.print("policies compared at capacity: every request queued at once (--load or --rate-per-gpu: at an offered rate)",
                   highlight=False)
     total = simulations_bound(vals, rounds)
+    done: list = []  # the runs so far, for a Ctrl-C
     with progress_bar(con, transient=True) as bar:
         task = bar.add_task("tune: simulating policies", total=total)
-        res = search(ctx, base, vals, max_rounds=rounds, tick=lambda _: bar.advance(task))
+        try:
+            res = search(ctx, base, vals, max_rounds=rounds, tick=lambda run: (done.append(run), bar.advance(task)))
+        except KeyboardInterrupt:
+            bar.stop()
+            print_interrupted(con, done, total, f"p{ctx.slo_percentile}" if ctx.slo is not None else "p50")
+            raise typer.Exit(130) from None
         bar.update(task, total=len(res.runs), completed=len(res.runs))
     why = explanation(ctx, res)
     print_report(con, ctx, res, why)
@@ -109,6 +117,16 @@ def run_catalog_tune(*, model: str, hardware: str, gpus: int, workload: str, loa
                "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
         Path(out).write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
         con.print(f"result: {out}")
+
+
+def print_interrupted(con, runs: list, total: int, pct: str) -> None:
+    """Ctrl-C during the search: how far it got and the best policy among the finished simulations (no plan)."""
+    con.print(f"[yellow]interrupted after {len(runs)} of at most {total} policy simulations; no winner and no plan[/]", highlight=False)
+    feasible = [r for r in runs if r.feasible]
+    if feasible:
+        b = max(feasible, key=lambda r: r.thr_gpu)
+        con.print(f"best so far (simulated, not run at full scale): {b.policy.describe()}: {b.thr_gpu:,.0f} output tok/s/GPU, "
+                  f"TTFT {pct} {b.ttft_s:.2f} s, TPOT {pct} {b.tpot_s * 1e3:.1f} ms", highlight=False)
 
 
 def print_report(con, ctx, res, why: list[str]) -> None:
