@@ -37,10 +37,9 @@ from costmodels.step_fit import fit_step_profile
 from costmodels.step_profile import StepPoint
 from executor.engine import LLMEngine
 from executor.replay import fresh_engine, replay
+from executor.synthetic_steps import MEASURE_TEMPERATURE, probe_new_shape, synthetic_plan, warm_steps
 from kernels import ops
 from scheduler.config import SchedulerConfig
-from scheduler.plan import ScheduledChunk, StepPlan
-from scheduler.request import Request
 
 
 # ----------------------------------------------------------------------------- provenance
@@ -341,37 +340,6 @@ def op_tables(points: list[dict], hw_name: str) -> dict[str, EffTable | PrefillC
 
 
 # ----------------------------------------------------------------------------- synthetic steps
-class _Pages:
-    """Hands out KV page ids; wraps around (pages shared) when a shape needs more than the cache has."""
-
-    def __init__(self, num_blocks: int):
-        self.n, self.next = num_blocks, 0
-
-    def take(self, count: int) -> list[int]:
-        ids = [(self.next + i) % self.n for i in range(count)]
-        self.next = (self.next + count) % self.n
-        return ids
-
-
-def synthetic_plan(engine: LLMEngine, decode_ctx: list[int], prefill: list[tuple[int, int]], tag: str, draft_len: int = 0) -> StepPlan:
-    """A StepPlan of decodes at the given contexts and prefill chunks (new, cached) on fresh pages."""
-    bs = engine.block_size
-    vocab = engine.vocab_size
-    pages = _Pages(engine.scheduler.blocks.num_blocks)
-    rng = np.random.default_rng(len(decode_ctx) * 7919 + len(prefill))
-    decodes = []
-    for i, c in enumerate(decode_ctx):
-        r = Request(f"{tag}d{i}", 0.0, c, 1 << 20, prompt_token_ids=rng.integers(0, vocab, max(c, 1)).tolist())
-        r.block_ids = pages.take(-(-(c + 1 + draft_len) // bs))
-        decodes.append(r)
-    chunks = []
-    for i, (new, ctx) in enumerate(prefill):
-        r = Request(f"{tag}p{i}", 0.0, ctx + new, 1 << 20, prompt_token_ids=rng.integers(0, vocab, ctx + new).tolist())
-        r.block_ids = pages.take(-(-(ctx + new) // bs))
-        chunks.append(ScheduledChunk(r, new, ctx, True))
-    return StepPlan(0, prefills=chunks, decodes=decodes, decode_context_lens=np.asarray(decode_ctx, np.int64), draft_len=draft_len)
-
-
 def step_grid(device: str, quick: bool, max_ctx: int, max_batch: int, max_tokens: int) -> list[tuple[list[int], list[tuple[int, int]]]]:
     """Shapes to measure: (decode contexts, prefill chunks). Covers batch size x context, prefill length x context, mixed."""
     if device == "cuda" and not quick:
@@ -445,23 +413,24 @@ def step_grid(device: str, quick: bool, max_ctx: int, max_batch: int, max_tokens
     return shapes
 
 
-def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print, interleave: bool = False) -> list[StepPoint]:
+def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print, interleave: bool = False,
+                  temperature: float = 0.0) -> list[StepPoint]:
     """Median runner wall time of each shape (one warm-up run first).
 
     ``interleave``: before each timed run of an eager step (one with a prompt chunk), replay a CUDA-graph
     decode step, as serving does between prompt arrivals. Back-to-back repeats of one eager shape keep its
     host code paths hot; in serving they are not (H200 run 8: eager prompt-chunk steps 10% slower in
-    serving than in a back-to-back grid)."""
+    serving than in a back-to-back grid). ``temperature``: how the plans' requests sample (``synthetic_steps``)."""
     runner = engine.runner
     clock = _Clock(runner.device)
     L = engine.cfg.spec.num_layers
     points = []
     filler = None
     if interleave and getattr(runner, "graphs", None) is not None:
-        filler = synthetic_plan(engine, [1000] * 8, [], "calfill_")
+        filler = synthetic_plan(engine, [1000] * 8, [], "calfill_", temperature=temperature)
     try:
         for j, (dc, pf) in enumerate(shapes):
-            plan = synthetic_plan(engine, dc, pf, f"cal{j}_")
+            plan = synthetic_plan(engine, dc, pf, f"cal{j}_", temperature=temperature)
 
             def run():
                 return runner.execute(plan)
@@ -493,12 +462,12 @@ def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print, interleave
     return points
 
 
-def _settle(engine: LLMEngine, shapes, seconds: float) -> float:
+def _settle(engine: LLMEngine, shapes, seconds: float, temperature: float = 0.0) -> float:
     """Run a decode-only and a prefill shape of the grid alternately for ``seconds`` (untimed), so the first
     measured steps see the same warm host and device as a serving engine's."""
     runner = engine.runner
     picks = [sh for sh in shapes if sh[0] and not sh[1]][len(shapes) // 8: len(shapes) // 8 + 1] + [sh for sh in shapes if sh[1]][:1]
-    plans = [synthetic_plan(engine, dc, pf, f"settle{j}_") for j, (dc, pf) in enumerate(picks)]
+    plans = [synthetic_plan(engine, dc, pf, f"settle{j}_", temperature=temperature) for j, (dc, pf) in enumerate(picks)]
     t0 = time.perf_counter()
     try:
         while plans and time.perf_counter() - t0 < seconds:
@@ -512,7 +481,7 @@ def _settle(engine: LLMEngine, shapes, seconds: float) -> float:
     return time.perf_counter() - t0
 
 
-def measure_loop(engine: LLMEngine, batches: list[tuple[int, int, int]]) -> list[StepPoint]:
+def measure_loop(engine: LLMEngine, batches: list[tuple[int, int, int]], temperature: float = 0.0) -> list[StepPoint]:
     """Closed batches ``(requests, prompt_len, output_len)`` through the real loop: runner steps as the server
     runs them (prefills packed by the scheduler, decodes at growing contexts), and each iteration's time
     minus the runner's = the loop's own time."""
@@ -525,9 +494,9 @@ def measure_loop(engine: LLMEngine, batches: list[tuple[int, int, int]]) -> list
         items = [(0.0, f"loop{b}_{prompt_len}_{i}", rng.integers(0, vocab, prompt_len).tolist(), out_len) for i in range(b)]
         # an unmeasured pass first: its chunked prefills (a chunk after cached context, several prompts packed) are
         # shapes the grid did not run, and a first-seen shape costs 2-40x (kernel specialisation; H200, Nov 29)
-        replay(eng, [(t, "w" + rid, ids, n) for t, rid, ids, n in items])
+        replay(eng, [(t, "w" + rid, ids, n) for t, rid, ids, n in items], temperature=temperature)
         eng = fresh_engine(engine, engine.scheduler.config)
-        res = replay(eng, items)
+        res = replay(eng, items, temperature=temperature)
         for s in res.steps[1:]:  # the first iteration also adds the requests
             if s.num_steps != 1 or s.runner_s <= 0:
                 continue
@@ -549,8 +518,13 @@ def build_engine(model: str, num_layers: int | None, device: str, dtype: str, ma
 
 def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None = None, *, quick: bool = False,
               repeats: int | None = None, max_model_len: int = 4096, max_num_seqs: int | None = None,
-              command: str = "", log=print, engine: LLMEngine | None = None) -> CalibrationProfile:
-    """Measure and fit: a CalibrationProfile with op tables, a fitted step model and provenance."""
+              command: str = "", log=print, engine: LLMEngine | None = None,
+              temperature: float = MEASURE_TEMPERATURE) -> CalibrationProfile:
+    """Measure and fit: a CalibrationProfile with op tables, a fitted step model and provenance.
+
+    ``temperature``: how the grid's and the loop's requests sample (``executor.synthetic_steps``: what validation
+    replays sample with too). On CUDA the eager step shapes serving will see run once first (``warm_steps``), and
+    a first-seen chunk shape is probed for a per-shape cost left over (logged, kept in the provenance)."""
     dtype = dtype or ("bf16" if device == "cuda" else "fp32")
     cuda = device == "cuda"
     max_num_seqs = max_num_seqs or (128 if cuda and not quick else 32)
@@ -585,11 +559,17 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
             log(f"    decode step b={p['batch']}: {p['mode']} {p['time_s'] * 1e3:.2f} ms")
 
     shapes = step_grid(device, quick, max_model_len, max_num_seqs, engine.scheduler.config.max_num_batched_tokens)
+    warm = {}
+    if cuda:  # first-use costs (JIT keys, allocator growth) of the eager shapes, before anything is timed
+        rows = warm_steps(engine, log=log, temperature=temperature)
+        warm = {"shapes": len(rows), "seconds": round(sum(r["first_s"] + r["second_s"] for r in rows), 1),
+                "first_over_again_max": round(max((r["first_s"] / r["second_s"] for r in rows if r["second_s"] > 0), default=1.0), 2),
+                "new_shape_probe": {k: round(v, 2) for k, v in probe_new_shape(engine, log=log, temperature=temperature).items()}}
     if cuda and not quick:  # settle: steady back-to-back steps for a few seconds before anything is timed
-        settle_s = _settle(engine, shapes, seconds=8.0)
+        settle_s = _settle(engine, shapes, seconds=8.0, temperature=temperature)
         log(f"  settled {settle_s:.1f} s (decode and prefill steps back to back, untimed)")
     t2 = time.perf_counter()
-    pts = measure_steps(engine, shapes, repeats, log, interleave=cuda and not quick)
+    pts = measure_steps(engine, shapes, repeats, log, interleave=cuda and not quick, temperature=temperature)
     log(f"  steps: {len(pts)} shapes x {repeats} in {time.perf_counter() - t2:.1f} s")
     t3 = time.perf_counter()
     if cuda and not quick:
@@ -597,7 +577,7 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     else:
         loop_batches = [(1, 16, 4), (8, 16, 4)]
     loop_batches = [x for x in loop_batches if x[0] <= max_num_seqs and x[1] < max_model_len - x[2]]
-    loop_pts = measure_loop(engine, loop_batches)
+    loop_pts = measure_loop(engine, loop_batches, temperature=temperature)
     log(f"  loop: {len(loop_pts)} iterations in {time.perf_counter() - t3:.1f} s")
 
     base = CalibrationProfile.default(get_hardware(hw))
@@ -612,7 +592,8 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
             kern.setdefault("linear", p.get("backend", "?"))
     kern.update({op: choice for op, choice in ops.reset_used().items()})
     prov = device_provenance(device)
-    prov.update(command=command, model=model, num_layers=L, dtype=dtype, kernels=_kernel_choices(engine, device), seconds=round(time.perf_counter() - t0, 1))
+    prov.update(command=command, model=model, num_layers=L, dtype=dtype, kernels=_kernel_choices(engine, device), seconds=round(time.perf_counter() - t0, 1),
+                sampling_temperature=temperature, step_warmup=warm)
     notes = list(base.notes) + [f"measured: {len(pts)} step shapes, {len(loop_pts)} loop iterations, {len(op_pts)} linear shapes on {prov.get('gpu')}"]
     gpu = prov.get("gpu", device)
     return prof.model_copy(update={

@@ -4,6 +4,16 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# Prefill SDPA backends, in order. Not cuDNN: on sm90 with a recent cuDNN torch puts it first (sdp_utils.cpp
+# check_prefer_cudnn_attention), and cuDNN builds one execution plan per exact (s_q, s_kv, strides) problem, cached in
+# an unbounded per-thread map (aten/src/ATen/native/cudnn/MHA.cpp); a miss costs tens of ms of host (FlashInfer
+# measured 55-70 ms per new shape, flashinfer#5245). Chunked prefill makes a new (new, cached) shape nearly every step,
+# so a trace's first replay paid it on its large eager steps and its second did not (H200 matrix run 4: 8k-token
+# 4-chunk steps 275 ms then 190 ms, in units of ~45 ms per step). The memory-efficient kernel takes the mask and the
+# 192/128 q/v head dims with no per-shape plan; math is the fallback.
+PREFILL_SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
@@ -11,7 +21,7 @@ def attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_position
     """Same contract as ``reference.attention`` through ``F.scaled_dot_product_attention``.
 
     The mask is explicit (queries sit at arbitrary positions after a cached prefix), so
-    torch picks its memory-efficient or math backend rather than flash.
+    flash cannot run; the backends are pinned to memory-efficient, then math (``PREFILL_SDPA_BACKENDS``: no cuDNN).
     """
     s = k.shape[0]
     visible = torch.arange(s, device=q.device)[None, :] <= q_positions[:, None]
@@ -22,9 +32,10 @@ def attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_position
         # backend (a [heads, n, S] fp32 score matrix; pytorch/pytorch#139586, transformers#39412's review)
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-        attn_mask=visible[None, None], scale=scale)
+    with sdpa_kernel(PREFILL_SDPA_BACKENDS):
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+            attn_mask=visible[None, None], scale=scale)
     return out[0].transpose(0, 1).contiguous()
 
 

@@ -3,11 +3,20 @@ every level replayed ``--runs`` times (median reported), no refit between them. 
 runs on the H200; ``--device cpu --model tiny`` is the CPU smoke form.
 
     python3 scripts/device_matrix.py --out DIR [--classes chat,summarize,reasoning,agentic] [--runs 3]
+        [--class-requests reasoning=64] [--no-level-warmup] [--temperature T] [--max-model-len 16384 --classes longctx]
 
 Each class is a built-in workload preset with its lengths clamped to what the engine holds (the caps below
 keep the class's character: summarize = long shared-prefix prompts, reasoning = long decodes, agentic =
-multi-turn sessions with a shared system prompt). Output: ``matrix_<tag>.json`` (every level's predicted vs
-measured figures and the worst error per figure over the whole matrix) and the per-class validation reports.
+multi-turn sessions with a shared system prompt; longctx = contexts beyond the calibration grid, which needs
+``--max-model-len 16384``). Output: ``matrix_<tag>.json`` (every level's predicted vs measured figures and the
+worst error per figure over the whole matrix; rewritten after each class, so a time-out keeps the classes done)
+and the per-class validation reports.
+
+Methodology (stated in every report's notes): calibration runs the eager step shapes once first
+(``executor.synthetic_steps.warm_steps``) and logs what a first-seen chunk shape still costs; each level's trace is
+replayed once unmeasured before its ``--runs`` measured replays (``--no-level-warmup`` drops that); calibration
+and the replays sample at the same seeded temperature (``executor.synthetic_steps.MEASURE_TEMPERATURE``: diverse
+tokens reach the router, as real weights' would).
 """
 
 from __future__ import annotations
@@ -25,7 +34,12 @@ from rich.console import Console  # noqa: E402
 
 # class -> (max input tokens, max output tokens) inside the engine's 8192-token window, the class's shape kept
 # (agentic: the 4096-token shared system prompt plus the turns' growing context)
-CLASSES = {"chat": (1024, 128), "summarize": (3072, 96), "reasoning": (256, 768), "agentic": (6144, 128)}
+CLASSES = {"chat": (1024, 128), "summarize": (3072, 96), "reasoning": (256, 768), "agentic": (6144, 128),
+           "longctx": (15000, 256)}
+# class -> (built-in preset, overrides); longctx: prompts of 9-15k tokens, so decodes run at 9-15k context where the
+# calibration grid's decode rows stop near 6k (4096 +-50%) and its chunks' cached context at 6144
+PRESET = {"longctx": ("long-context", {"input_len": {"kind": "uniform", "min": 9000, "max": 15000},
+                                       "output_len": {"kind": "uniform", "min": 64, "max": 256}})}
 FIGURES = ("output_throughput", "tpot_p50", "ttft_p50", "ttft_p90")
 
 
@@ -59,7 +73,15 @@ def main() -> None:
                     help="write every level's per-step samples (compact columns) to samples_<class>_<tag>.json")
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--quick", action="store_true", help="quick calibration (CPU smoke)")
+    ap.add_argument("--class-requests", default="", help="per-class request counts overriding --requests, e.g. reasoning=64")
+    ap.add_argument("--level-warmup", action=argparse.BooleanOptionalAction, default=True,
+                    help="replay each level's trace once unmeasured before the measured replays")
+    ap.add_argument("--temperature", type=float, default=None,
+                    help="sampling temperature of calibration and replays (default: executor.synthetic_steps.MEASURE_TEMPERATURE)")
     a = ap.parse_args()
+    classes = a.classes.split(",")
+    per_class = _class_requests(a.class_requests, classes, a.requests)
+    _check_classes(classes, a.max_model_len)
 
     import numpy as np
 
@@ -78,8 +100,9 @@ def main() -> None:
     blocks = max_seqs * (-(-a.max_model_len // bs)) + 64
     t0 = time.perf_counter()
     engine = build_engine(a.model, a.num_layers, a.device, a.dtype, max_seqs, a.max_model_len, num_kv_blocks=blocks)
+    kw = {} if a.temperature is None else {"temperature": a.temperature}
     prof = calibrate(a.model, a.num_layers, a.device, a.dtype, engine=engine, quick=a.quick, max_model_len=a.max_model_len,
-                     max_num_seqs=max_seqs, command=cmd, log=lambda x: con.print(x, highlight=False))
+                     max_num_seqs=max_seqs, command=cmd, log=lambda x: con.print(x, highlight=False), **kw)
     ppath = out / f"calibration_{tag}.json"
     prof.save(ppath)
     con.print(f"calibrated once in {time.perf_counter() - t0:.1f} s; fit MAPE {prof.step.fit.mape * 100:.1f}% "
@@ -89,13 +112,15 @@ def main() -> None:
                            async_overlap=a.async_overlap)
     fracs = [float(x) for x in a.levels.split(",")]
     reports = {}
-    for cls in a.classes.split(","):
+    for cls in classes:
         max_in, max_out = CLASSES[cls]
-        reqs = generate(preset(cls, num_requests=a.requests), np.random.default_rng(0), bs)
+        name, over = PRESET.get(cls, (cls, {}))
+        reqs = generate(preset(name, num_requests=per_class[cls], **over), np.random.default_rng(0), bs)
         reqs = _clamp(reqs, max_in, max_out, a.max_model_len, bs)
         t1 = time.perf_counter()
         rep, _ = run_levels(cost, prof, reqs, base, blocks, fracs, engine, device=a.device, model=a.model, dtype=a.dtype,
-                            workload=cls, profile_path=str(ppath), log=con, runs=a.runs)
+                            workload=cls, profile_path=str(ppath), log=con, runs=a.runs, level_warm=a.level_warmup,
+                            temperature=a.temperature)
         rep.command = cmd
         reports[cls] = rep
         (out / f"validation_{cls}_{tag}.json").write_text(json.dumps(rep.model_dump(exclude={"levels": {"__all__": {"samples"}}}),
@@ -103,19 +128,53 @@ def main() -> None:
         if a.samples:   # every step's composition, measured and predicted (compact columns, one line)
             (out / f"samples_{cls}_{tag}.json").write_text(json.dumps({lv.name: lv.samples for lv in rep.levels}) + "\n",
                                                            encoding="utf-8")
-        con.print(f"[{cls}] {len(reqs)} requests, {len(fracs)} levels x {a.runs} runs in {time.perf_counter() - t1:.1f} s", highlight=False)
-    doc = {
+        con.print(f"[{cls}] {len(reqs)} requests, {len(fracs)} levels x {a.runs} runs"
+                  + (" (+1 unmeasured each)" if a.level_warmup else "") + f" in {time.perf_counter() - t1:.1f} s", highlight=False)
+        doc = _matrix_doc(cmd, prof, ppath, a, reports)
+        (out / f"matrix_{tag}.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    _print_table(con, reports, doc["worst"])
+    con.print(f"total {time.perf_counter() - t0:.1f} s")
+
+
+def _matrix_doc(cmd: str, prof, ppath: Path, a, reports: dict) -> dict:
+    """The matrix file: provenance, each class's levels (errors, spreads, step errors) and the worst figures."""
+    return {
         "command": cmd, "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "provenance": prof.provenance, "profile": ppath.name, "fit_mape_in_sample": prof.step.fit.mape,
-        "async_overlap": a.async_overlap,
+        "async_overlap": a.async_overlap, "level_warmup": a.level_warmup,
+        "sampling_temperature": prof.provenance.get("sampling_temperature"), "step_warmup": prof.provenance.get("step_warmup"),
         "classes": {c: {"caps": CLASSES[c], "levels": [{"name": lv.name, "rate_rps": lv.rate_rps, "fraction": lv.fraction_of_capacity,
                                                          "rel_error": lv.rel_error, "spread": lv.spread, "step": lv.step}
                                                         for lv in r.levels]} for c, r in reports.items()},
         "worst": worst_errors(reports),
     }
-    (out / f"matrix_{tag}.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    _print_table(con, reports, doc["worst"])
-    con.print(f"total {time.perf_counter() - t0:.1f} s")
+
+
+def _class_requests(text: str, classes: list[str], default: int) -> dict[str, int]:
+    """Requests per class: ``--requests`` unless ``--class-requests`` names the class (``cls=N,...``)."""
+    out = {c: default for c in classes}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        cls, _, n = item.partition("=")
+        if cls not in CLASSES or not n.isdigit() or int(n) < 1:
+            _refuse(f"--class-requests {item!r}: expected CLASS=N with CLASS one of {', '.join(CLASSES)} and N >= 1")
+        out[cls] = int(n)
+    return out
+
+
+def _refuse(msg: str) -> None:
+    """Bad input: one line on stderr, exit code 2 (before the engine build)."""
+    print(f"device_matrix: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _check_classes(classes: list[str], max_model_len: int) -> None:
+    """Unknown classes, and classes whose prompts do not fit the engine's window, exit with one line."""
+    for c in classes:
+        if c not in CLASSES:
+            _refuse(f"--classes {c!r}: expected some of {', '.join(CLASSES)}")
+        if c == "longctx" and max_model_len < CLASSES[c][0] + CLASSES[c][1] + 2:
+            _refuse(f"--classes longctx needs --max-model-len >= {CLASSES[c][0] + CLASSES[c][1] + 2} (got {max_model_len}); "
+                    "use 16384")
 
 
 def _clamp(reqs, max_in: int, max_out: int, max_model_len: int, bs: int):

@@ -226,8 +226,12 @@ def validate(
 
 def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engine=None, *, seed: int = 0, device: str = "cpu",
                model: str = "", dtype: str = "", workload: str = "", profile_path: str = "", capacity: float | None = None,
-               warm: bool = True, log=None, runs: int = 1):
-    """Simulate (and, with an engine, replay) the requests at each load level; the report and the step samples per level."""
+               warm: bool = True, log=None, runs: int = 1, level_warm: bool = False, temperature: float | None = None):
+    """Simulate (and, with an engine, replay) the requests at each load level; the report and the step samples per level.
+
+    ``level_warm``: each level's trace is replayed once unmeasured before its ``runs`` measured replays (a
+    methodology choice, stated in the report's notes). ``temperature``: what the replays sample with (None: what
+    the profile's calibration sampled with, its provenance's ``sampling_temperature``; greedy if not recorded)."""
     from rich.console import Console
 
     from sim.validate import (LevelReport, StepSample, ValidationReport, check_targets, compact_samples, copy_requests,
@@ -244,22 +248,24 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
     if engine is not None:
         from executor.replay import fresh_engine, replay
         from ui.cmd_run import synth_prompt
+        if temperature is None:   # sample as the profile's calibration did (profiles before it recorded this: greedy)
+            temperature = float(prof.provenance.get("sampling_temperature", 0.0))
         vocab = engine.vocab_size
         bs = base_cfg.block_size
         prompts = {r.request_id: synth_prompt(r.block_hashes, r.prompt_len, bs, vocab, r.request_id, seed) for r in reqs}
         if warm:  # one unmeasured pass at saturation: kernel specialisations of this trace's shapes, clocks up
             t0 = time.perf_counter()
-            replay(fresh_engine(engine, base_cfg), [(0.0, r.request_id, prompts[r.request_id], r.output_len) for r in reqs], seed=seed)
+            replay(fresh_engine(engine, base_cfg), [(0.0, r.request_id, prompts[r.request_id], r.output_len) for r in reqs], temperature, seed=seed)
             # and each prompt alone (one output token; idle gaps are skipped): the single-chunk prefill shapes of low load
             replay(fresh_engine(engine, base_cfg), [(1e3 * i, r.request_id, prompts[r.request_id], 1) for i, r in enumerate(reqs)],
-                   seed=seed)
+                   temperature, seed=seed)
             con.print(f"warm-up replay (unmeasured) {time.perf_counter() - t0:.1f} s")
     reports: list[LevelReport] = []
     samples_by_level: dict[str, list[StepSample]] = {}
     all_samples: list[StepSample] = []
     # one unit per level simulated plus one per replay: the replays are what take minutes
     bar = progress_bar(Console(stderr=True))
-    task = bar.add_task("validate", total=len(fracs) * (1 + (max(1, runs) if engine is not None else 0)))
+    task = bar.add_task("validate", total=len(fracs) * (1 + (max(1, runs) + level_warm if engine is not None else 0)))
     bar.start()
     for i, f in enumerate(fracs):
         name = names.get(i, f"{f:g}x")
@@ -278,8 +284,11 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
             items = [(r.arrival_time * scale, r.request_id, prompts[r.request_id], r.output_len) for r in reqs]
             samples = []
             steps_all = []
+            if level_warm:   # the level's own shapes once, unmeasured
+                replay(fresh_engine(engine, base_cfg), items, temperature, seed=seed)
+                bar.advance(task)
             for _ in range(max(1, runs)):
-                res = replay(fresh_engine(engine, base_cfg), items, seed=seed)
+                res = replay(fresh_engine(engine, base_cfg), items, temperature, seed=seed)
                 bar.advance(task)
                 wall += res.wall_s
                 run_figs.append(metric_values(res.metrics))
@@ -321,7 +330,10 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                + ("; a pipelined loop's step time runs from one read-back to the next, so each step also carries the "
                   "launch of the step after it (an eager prefill's ~launch lands on the step before it): judge per-step "
                   "errors on the synchronous loop (--no-async-overlap), end-to-end figures on either" if base_cfg.async_overlap else ""),
-               "an unmeasured warm-up replay of the trace runs first" if (engine is not None and warm) else "no warm-up replay"],
+               "an unmeasured warm-up replay of the trace runs first" if (engine is not None and warm) else "no warm-up replay"]
+        + (["each level's trace is replayed once unmeasured before its measured replays (methodology: no measured replay "
+            "pays a first-use cost of the level's step shapes)"] if (engine is not None and level_warm) else [])
+        + ([f"replays sample at temperature {temperature:g} (seeded), as calibration did"] if engine is not None else []),
     )
     if engine is not None:
         rep.bands = error_bands(reports, overall)
