@@ -28,19 +28,35 @@ import torch
 
 from executor.swa_replay import SWAReplay
 
-_CLOCK = []   # [torch.cuda.clock_rate] where NVML answers, [None] where not (checked once)
+_CLOCK = []   # [a reader of the SM clock] where NVML answers quickly, [None] where not (checked once)
+
+
+def _clock_reader():
+    """NVML's SM clock of the current device: one handle, then one query per read (``torch.cuda.clock_rate`` calls
+    ``nvmlInit`` and looks the device up on every call); None where it fails or a read costs over 2 ms."""
+    try:
+        import pynvml
+        handle = torch.cuda._get_pynvml_handler(torch.cuda.current_device())
+
+        def read():
+            return pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
+    except Exception:  # noqa: BLE001 - older torch or no pynvml: the public call
+        read = torch.cuda.clock_rate
+    try:
+        read()   # the first read may initialise NVML: time the second
+        t0 = time.perf_counter()
+        read()
+        return read if time.perf_counter() - t0 < 2e-3 else None
+    except Exception:  # noqa: BLE001 - no NVML bindings, no GPU: no clock diagnostic
+        return None
 
 
 def sm_clock_mhz() -> float | None:
-    """The GPU's SM clock now (NVML through ``torch.cuda.clock_rate``), read outside any timed window: the lent H200
-    runs at 1980 MHz in short bursts and 1550-1850 MHz under its 700 W cap in long ones (run_e570346's
-    gpu_clocks.csv), which moves device times by up to 15%. None without NVML or a GPU."""
+    """The GPU's SM clock now (NVML), read outside any timed window: the lent H200 runs at 1980 MHz in short bursts
+    and 1550-1850 MHz under its 700 W cap in long ones (run_e570346's gpu_clocks.csv), which moves device times by
+    up to 15%. None without NVML or a GPU."""
     if not _CLOCK:
-        try:
-            torch.cuda.clock_rate()
-            _CLOCK.append(torch.cuda.clock_rate)
-        except Exception:  # noqa: BLE001 - no NVML bindings, no GPU: no clock diagnostic
-            _CLOCK.append(None)
+        _CLOCK.append(_clock_reader() if torch.cuda.is_available() else None)
     try:
         return float(_CLOCK[0]()) if _CLOCK[0] else None
     except Exception:  # noqa: BLE001
