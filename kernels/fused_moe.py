@@ -55,15 +55,16 @@ def rank_within_expert(flat_ids: torch.Tensor, counts: torch.Tensor) -> torch.Te
     return pos
 
 
-def masked_layout(topk_ids: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(dest row of each pair in the flattened ``[E*max_m]`` buffer, masked_m [E] int32, max_m).
+def masked_rows(t: int) -> int:
+    """Rows per expert of the masked buffer for ``t`` tokens. A token picks an expert at most once, so an expert gets
+    at most T pairs: T rounded up to 128 rows (the masked kernel's block), known without reading the ids."""
+    return _align(max(t, 1), 128)
 
-    A token picks an expert at most once, so an expert gets at most T pairs: ``max_m`` = T
-    rounded up to 128 rows (the masked kernel's block), known without reading the ids.
-    """
-    t = topk_ids.shape[0]
+
+def masked_layout(topk_ids: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(dest row of each pair in the flattened ``[E*max_m]`` buffer, masked_m [E] int32, max_m)."""
     flat = topk_ids.reshape(-1)
-    max_m = _align(max(t, 1), 128)
+    max_m = masked_rows(topk_ids.shape[0])
     counts = expert_counts(flat, n_experts)
     dest = flat.long() * max_m + rank_within_expert(flat, counts)
     return dest, counts.to(torch.int32), max_m
@@ -97,6 +98,8 @@ class Glue(NamedTuple):
     permute: Callable      # (x [T,K], dest [T*k], rows, rows_per_batch) -> (codes [rows,K], scales)
     silu_quant: Callable   # (h [R,2I] or [E,max_m,2I], dest, rows_per_batch) -> (codes [R,I], scales)
     combine: Callable      # (y [R,D] or [E,max_m,D], dest, topk_weights [T,k], dtype) -> [T,D]
+    masked_layout: Callable        # (topk_ids, E) -> (dest, masked_m [E] int32, max_m)
+    contiguous_layout: Callable    # (topk_ids, E, align) -> (dest, m_indices [R] int32)
 
 
 def _torch_permute(x, dest, rows, rows_per_batch):
@@ -130,13 +133,13 @@ def _torch_combine(y, dest, topk_weights, dtype):
     return torch.bmm(w, y_pairs.view(t, k, -1)).view(t, -1).to(dtype)
 
 
-TORCH_GLUE = Glue(_torch_permute, _torch_silu_quant, _torch_combine)
+TORCH_GLUE = Glue(_torch_permute, _torch_silu_quant, _torch_combine, masked_layout, contiguous_layout)
 
 
 def triton_glue() -> Glue:
     """The one-launch Triton kernels (imported here: CPU CI has no Triton)."""
     from kernels import triton_moe_layout as T
-    return Glue(T.permute_quant, T.silu_mul_quant, T.combine)
+    return Glue(T.permute_quant, T.silu_mul_quant, T.combine, T.masked_layout, T.contiguous_layout)
 
 
 def moe_masked(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, gemm: MaskedGemm,
@@ -144,7 +147,7 @@ def moe_masked(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, gemm: Ma
     """Decode MoE through the masked layout; same contract as ``reference.moe_experts`` (FP8)."""
     t, k = topk_ids.shape
     e, two_i, d = w13.shape
-    dest, masked_m, max_m = masked_layout(topk_ids, e)
+    dest, masked_m, max_m = glue.masked_layout(topk_ids, e)
     expected_m = max(1, -(-t * k // e))          # mean pairs per expert: the kernel's tiling hint
     aq, as_ = glue.permute(x, dest, e * max_m, max_m)   # rows >= masked_m are never read
     h = gemm(aq.view(e, max_m, d), as_.view(e, max_m, -1), w13, w13_scale, masked_m, expected_m)
@@ -157,7 +160,7 @@ def moe_contiguous(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, gemm
                    glue: Glue = TORCH_GLUE, align: int = CONTIG_ALIGN) -> torch.Tensor:
     """Prefill MoE through the contiguous layout; same contract as ``reference.moe_experts`` (FP8)."""
     e = w13.shape[0]
-    dest, m_indices = contiguous_layout(topk_ids, e, align)
+    dest, m_indices = glue.contiguous_layout(topk_ids, e, align)
     rows = m_indices.numel()
     aq, as_ = glue.permute(x, dest, rows, rows)
     h = gemm(aq, as_, w13, w13_scale, m_indices)

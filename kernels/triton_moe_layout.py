@@ -95,6 +95,48 @@ def _combine_kernel(y_ptr, dest_ptr, w_ptr, out_ptr, D, stride_ym, stride_om, TO
     tl.store(out_ptr + t * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _count_kernel(ids_ptr, counts_ptr, P, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < P
+    tl.atomic_add(counts_ptr + tl.load(ids_ptr + offs, mask=m, other=0), 1, mask=m)
+
+
+@triton.jit
+def _contiguous_rows_kernel(counts_ptr, starts_ptr, m_idx_ptr, R, E, ALIGN: tl.constexpr, EB: tl.constexpr,
+                            BLOCK: tl.constexpr):
+    ex = tl.arange(0, EB)
+    em = ex < E
+    c = tl.load(counts_ptr + ex, mask=em, other=0)
+    padded = (c + ALIGN - 1) // ALIGN * ALIGN
+    ends = tl.cumsum(padded, axis=0)      # every program recomputes the E-long scan: cheaper than another launch
+    starts = ends - padded
+    if tl.program_id(0) == 0:
+        tl.store(starts_ptr + ex, starts, mask=em)
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    e_of = tl.sum(((ends[None, :] <= r[:, None]) & em[None, :]).to(tl.int32), axis=1)   # searchsorted(ends, r, right)
+    sel = ex[None, :] == e_of[:, None]
+    first = tl.sum(tl.where(sel, starts[None, :], 0), axis=1)
+    count = tl.sum(tl.where(sel, c[None, :], 0), axis=1)
+    valid = (e_of < E) & (r - first < count)
+    tl.store(m_idx_ptr + r, tl.where(valid, e_of, -1), mask=r < R)
+
+
+@triton.jit
+def _place_kernel(ids_ptr, starts_ptr, fill_ptr, dest_ptr, P, MAX_M, BLOCK: tl.constexpr, MASKED: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < P
+    e = tl.load(ids_ptr + offs, mask=m, other=0)
+    # a free row of the pair's expert; the order inside an expert's run is whatever the atomics give, which changes
+    # no result: each GEMM row is computed from its own codes and scales, and the combine gathers by ``dest``
+    slot = tl.atomic_add(fill_ptr + e, 1, mask=m)
+    if MASKED:
+        base = e * MAX_M
+    else:
+        base = tl.load(starts_ptr + e, mask=m, other=0)
+    tl.store(dest_ptr + offs, base + slot, mask=m)
+
+
 def _check_rows(x: torch.Tensor, what: str) -> None:
     if x.dim() != 2 or x.shape[1] % ref.FP8_BLOCK or x.stride(1) != 1 or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise Unsupported(f"triton {what}: 2-D bf16/fp16/fp32 rows with unit column stride, K % 128 == 0")
@@ -163,3 +205,45 @@ def combine(y: torch.Tensor, dest: torch.Tensor, topk_weights: torch.Tensor, dty
         _combine_kernel[(t, triton.cdiv(d, block))](y2, dest, w, out, d, y2.stride(0), out.stride(0),
                                                     TOPK=topk, BLOCK=block)
     return out
+
+
+LAYOUT_BLOCK = 256      # pairs (or rows) per program of the layout kernels
+
+
+def _counts(flat: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pairs per expert, zeroed fill counters), int32, from one memset and one launch."""
+    z = torch.zeros(2 * n_experts, dtype=torch.int32, device=flat.device)
+    if flat.numel():
+        _count_kernel[(triton.cdiv(flat.numel(), LAYOUT_BLOCK),)](flat, z, flat.numel(), BLOCK=LAYOUT_BLOCK)
+    return z[:n_experts], z[n_experts:]
+
+
+def contiguous_layout(topk_ids: torch.Tensor, n_experts: int, align: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fused_moe.contiguous_layout`` in three launches (count, rows, place) and one memset: (dest [T*k] int32,
+    m_indices [R] int32). Same rows per expert and padding; the order of pairs inside an expert's run may differ."""
+    flat = topk_ids.reshape(-1).contiguous()
+    p = flat.numel()
+    rows = triton.cdiv(p + n_experts * (align - 1), align) * align      # the no-sync upper bound, as fused_moe
+    counts, fill = _counts(flat, n_experts)
+    starts = torch.empty(n_experts, dtype=torch.int32, device=flat.device)
+    m_idx = torch.empty(rows, dtype=torch.int32, device=flat.device)
+    rb = LAYOUT_BLOCK // 4    # rows a program: its [rows, E] comparisons stay in registers
+    _contiguous_rows_kernel[(triton.cdiv(rows, rb),)](counts, starts, m_idx, rows, n_experts, ALIGN=align,
+                                                     EB=triton.next_power_of_2(n_experts), BLOCK=rb)
+    dest = torch.empty(p, dtype=torch.int32, device=flat.device)
+    if p:
+        _place_kernel[(triton.cdiv(p, LAYOUT_BLOCK),)](flat, starts, fill, dest, p, 0, BLOCK=LAYOUT_BLOCK, MASKED=False)
+    return dest, m_idx
+
+
+def masked_layout(topk_ids: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``fused_moe.masked_layout`` in two launches and one memset: (dest [T*k] int32, masked_m [E] int32, max_m)."""
+    from kernels.fused_moe import masked_rows
+    flat = topk_ids.reshape(-1).contiguous()
+    p = flat.numel()
+    max_m = masked_rows(topk_ids.shape[0])
+    counts, fill = _counts(flat, n_experts)
+    dest = torch.empty(p, dtype=torch.int32, device=flat.device)
+    if p:
+        _place_kernel[(triton.cdiv(p, LAYOUT_BLOCK),)](flat, counts, fill, dest, p, max_m, BLOCK=LAYOUT_BLOCK, MASKED=True)
+    return dest, counts, max_m

@@ -96,19 +96,19 @@ def test_glue_steps_get_the_layouts_rows():
 
     def rec(name, fn):
         return lambda *a: calls.append((name, a)) or fn(*a)
-    glue = F.Glue(*(rec(n, f) for n, f in zip(("permute", "silu_quant", "combine"), F.TORCH_GLUE)))
+    glue = F.Glue(*(rec(n, f) for n, f in zip(F.Glue._fields, F.TORCH_GLUE)))
     x, wts, ids, w13, w2, s13, s2 = _problem(150, seed=5)
     want = F.moe_experts(x, wts, ids, w13, w2, s13, s2, F.ref_masked_gemm, F.ref_contiguous_gemm)
     got = F.moe_experts(x, wts, ids, w13, w2, s13, s2, F.ref_masked_gemm, F.ref_contiguous_gemm, glue)
-    assert torch.equal(got, want) and [c[0] for c in calls] == ["permute", "silu_quant", "combine"]
+    assert torch.equal(got, want) and [c[0] for c in calls] == ["contiguous_layout", "permute", "silu_quant", "combine"]
     dest, m_idx = F.contiguous_layout(ids, w13.shape[0])
-    (_, (_, d1, rows, rpb)), (_, (h, d2, rpb2)), (_, (y, d3, w, dt)) = calls
+    (_, (_, d1, rows, rpb)), (_, (h, d2, rpb2)), (_, (y, d3, w, dt)) = calls[1:]
     assert torch.equal(d1, dest) and torch.equal(d2, dest) and torch.equal(d3, dest)
     assert rows == rpb == rpb2 == m_idx.numel() and h.shape[0] == y.shape[0] == rows and dt == x.dtype
     calls.clear()
     F.moe_experts(x[:9], wts[:9], ids[:9], w13, w2, s13, s2, F.ref_masked_gemm, F.ref_contiguous_gemm, glue)
     _, max_m = F.masked_layout(ids[:9], w13.shape[0])[1:]
-    assert calls[0][1][2:] == (w13.shape[0] * max_m, max_m) and calls[1][1][2] == max_m
+    assert calls[0][0] == "masked_layout" and calls[1][1][2:] == (w13.shape[0] * max_m, max_m) and calls[2][1][2] == max_m
 
 
 def test_registry_adapter_declines_decode_batches_to_triton(monkeypatch):

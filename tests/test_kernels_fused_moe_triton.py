@@ -5,7 +5,8 @@ The interpreter must be switched on before Triton compiles anything, so the chec
 ``TRITON_INTERPRET=1``. Its FP8 cast mis-rounds values just below a power of two (h18eager), so the kernels are
 compared with ``triton_rowwise`` (the same cast, bit-equal to the reference on the H200) rather than with the torch
 reference: permute codes/scales bit for bit at every pair's row, MN-major scale strides, SiLU+requantise bit for
-bit against the row-wise SiLU and quantisation, the combine against an fp64 weighted sum. The bit-exactness against
+bit against the row-wise SiLU and quantisation, the combine against an fp64 weighted sum, and the layout kernels
+against ``fused_moe``'s torch layouts (same m_indices and counts, the same set of rows; order inside a run may differ). The bit-exactness against
 ``reference.quant_fp8_act`` itself is the GPU test's (tests/test_kernels_gpu.py).
 """
 
@@ -52,6 +53,16 @@ CHECK = textwrap.dedent('''
         got = L.combine(y.view(-1, rpb, d) if name == "masked" else y, dest, wts, torch.bfloat16)
         err = float((got.double() - want).norm() / want.norm())
         assert got.dtype == torch.bfloat16 and err < 4e-3, (name, err)
+    for t, e, k, align in ((37, 8, 3, 128), (300, 32, 6, 64), (1, 8, 2, 128)):
+        ids = torch.rand(t, e, generator=g).topk(k, dim=-1).indices
+        d0, m0 = F.contiguous_layout(ids, e, align)
+        d1, m1 = L.contiguous_layout(ids, e, align)
+        assert torch.equal(m0, m1), ("m_indices", t, e, align)
+        assert sorted(d1.tolist()) == sorted(d0.tolist()) and (m1[d1.long()] == ids.reshape(-1).int()).all()
+        d0, c0, mm0 = F.masked_layout(ids, e)
+        d1, c1, mm1 = L.masked_layout(ids, e)
+        assert mm0 == mm1 and torch.equal(c0, c1) and c1.dtype == torch.int32
+        assert sorted(d1.tolist()) == sorted(d0.tolist()) and ((d1 // mm1).long() == ids.reshape(-1)).all()
     print("ok")
 ''')
 

@@ -228,6 +228,24 @@ def test_triton_moe_silu_quant_and_combine(g):
         assert rel(combine(y, dest, wts, torch.bfloat16), want) < 4e-3, name
 
 
+@pytest.mark.parametrize("t,align", [(64, 128), (4096, 128), (4096, 64)])
+def test_triton_moe_layouts_match_torch(g, t, align):
+    """The layout kernels (count, rows, place by atomics) against fused_moe's torch layouts at DeepSeek-V3's routing
+    (256 experts, top-8): same m_indices and counts, the same rows (order inside an expert's run may differ)."""
+    _need("triton")
+    from kernels import fused_moe as F
+    from kernels import triton_moe_layout as L
+    e, k = 256, 8
+    ids = torch.rand(t, e, device="cuda", generator=g).topk(k, dim=-1).indices
+    d0, m0 = F.contiguous_layout(ids, e, align)
+    d1, m1 = L.contiguous_layout(ids, e, align)
+    assert torch.equal(m0, m1) and torch.equal(d0.sort().values.int(), d1.sort().values)
+    assert (m1[d1.long()] == ids.reshape(-1).int()).all()
+    d0, c0, mm = F.masked_layout(ids, e)
+    d1, c1, mm1 = L.masked_layout(ids, e)
+    assert mm == mm1 and torch.equal(c0, c1) and torch.equal(d0.sort().values.int(), d1.sort().values)
+
+
 @pytest.mark.parametrize("t", [64, 129, 600])
 def test_deepgemm_fused_moe_triton_glue(g, t):
     """The fused path with the Triton layout kernels: vs ``reference.moe_experts`` (rel < 2e-2: bf16 GEMM outputs between

@@ -62,13 +62,14 @@ def _gemms(x, ids, w13, w2, s13, s2, align: int, tight: bool = False):
 
 
 def layout_steps(x, wts, ids, align: int, iters: int) -> dict:
-    """Each layout step alone: the destination rows (torch ops), permute+quantise, SiLU+requantise, combine; the
-    torch glue's permute/SiLU/combine for comparison."""
+    """Each layout step alone: the destination rows (Triton; torch ops as ``layout_indices_torch``), permute+quantise,
+    SiLU+requantise, combine; the torch glue's permute/SiLU/combine for comparison."""
     dest, rows, rpb, lay, exp = _layout(ids, align)
     h = torch.randn(rows, 2 * I, device=x.device).bfloat16()
     y = torch.randn(rows, D, device=x.device).bfloat16()
     out = {"rows": rows, "pairs": dest.numel(),
-           "layout_indices": _ms(lambda: _layout(ids, align), iters),
+           "layout_indices_torch": _ms(lambda: _layout(ids, align), iters),
+           "layout_indices": _ms(lambda: (L.masked_layout(ids, E) if exp is not None else L.contiguous_layout(ids, E, align)), iters),
            "permute_quant": _ms(lambda: L.permute_quant(x, dest, rows, rpb), iters),
            "silu_mul_quant": _ms(lambda: L.silu_mul_quant(h, dest, rpb), iters),
            "combine": _ms(lambda: L.combine(y, dest, wts, x.dtype), iters)}
