@@ -35,10 +35,10 @@ from rich.console import Console  # noqa: E402
 # class -> (max input tokens, max output tokens) inside the engine's 8192-token window, the class's shape kept
 # (agentic: the 4096-token shared system prompt plus the turns' growing context)
 CLASSES = {"chat": (1024, 128), "summarize": (3072, 96), "reasoning": (256, 768), "agentic": (6144, 128),
-           "longctx": (15000, 256)}
-# class -> (built-in preset, overrides); longctx: prompts of 9-15k tokens, so decodes run at 9-15k context where the
+           "longctx": (12000, 256)}
+# class -> (built-in preset, overrides); longctx: prompts of 8.5-12k tokens, so decodes run at 8.5-12k context where the
 # calibration grid's decode rows stop near 6k (4096 +-50%) and its chunks' cached context at 6144
-PRESET = {"longctx": ("long-context", {"input_len": {"kind": "uniform", "min": 9000, "max": 15000},
+PRESET = {"longctx": ("long-context", {"input_len": {"kind": "uniform", "min": 8500, "max": 12000},
                                        "output_len": {"kind": "uniform", "min": 64, "max": 256}})}
 FIGURES = ("output_throughput", "tpot_p50", "ttft_p50", "ttft_p90")
 
@@ -120,7 +120,7 @@ def main() -> None:
         t1 = time.perf_counter()
         rep, _ = run_levels(cost, prof, reqs, base, blocks, fracs, engine, device=a.device, model=a.model, dtype=a.dtype,
                             workload=cls, profile_path=str(ppath), log=con, runs=a.runs, level_warm=a.level_warmup,
-                            temperature=a.temperature)
+                            warm=not a.level_warmup, temperature=a.temperature)   # a level's own warm replay covers the class-wide one
         rep.command = cmd
         reports[cls] = rep
         (out / f"validation_{cls}_{tag}.json").write_text(json.dumps(rep.model_dump(exclude={"levels": {"__all__": {"samples"}}}),
