@@ -13,9 +13,9 @@ source scripts/device_env.sh
 
 stage "gpu tests: MoE layout kernels and the fused DeepGEMM path"
 timeout ${T_TESTS:-60} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py \
-  -k "triton_moe or fused_moe or quant_fp8_act_bit_equal" 2>&1 | tee "$OUT/pytest.txt" | tail -15
+  -k "triton_moe_permute or triton_moe_silu or triton_moe_layouts or fused_moe" 2>&1 | tee "$OUT/pytest.txt" | tail -15
 
 stage "MoE layer: fused (Triton glue / torch glue) vs Triton MoE vs GEMMs alone (benchmarks/gpu/moe_layout_bench.py)"
-timeout ${T_BENCH:-150} python3 -m benchmarks.gpu.moe_layout_bench "$OUT/moe_layout.json" --tokens ${TOKENS:-64,512,4096,8192} \
+timeout ${T_BENCH:-140} python3 -m benchmarks.gpu.moe_layout_bench "$OUT/moe_layout.json" --tokens ${TOKENS:-64,512,4096,8192} \
   --iters ${ITERS:-20} ${NO_ALIGN64:+--no-align64} || echo "moe bench: exit $? (what finished is in moe_layout.json)"
 stage done
