@@ -333,6 +333,11 @@ class Bench:
                 row["measured_graph_s"] = gr["median_s"] if gr else graphs[name]
         del graphs
         got = probe.result() if probe is not None else {}
+        if seg is not None and seg.error is None:
+            try:
+                seg.timeline()
+            except Exception as e:  # noqa: BLE001 - a diagnostic
+                seg.timeline_error = f"{type(e).__name__}: {e}"[:300]
         pieces = self.piece_costs(seg, rows, traced=False)   # kernels placed evenly; traced at the end (main)
         return {"_seg": seg, "host_probe": {k: {int(r): v for r, v in by.items()} for k, by in got.items()} or None,
                 "host_probe_error": probe.error if probe is not None else self.probe_error,
@@ -353,6 +358,7 @@ class Bench:
                 seg.trace_error = f"{type(e).__name__}: {e}"[:300]
         doc = seg.result()
         doc["traced"] = bool(seg.traces)
+        doc["timeline_error"] = getattr(seg, "timeline_error", None)
         doc["trace_error"] = getattr(seg, "trace_error", None)
         sync = not self.timer.cuda
         per_round = replay_segments.price_rounds(doc, sync)

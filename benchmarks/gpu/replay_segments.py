@@ -83,6 +83,8 @@ class SegmentProbe:
 
     def __init__(self, model, kv, device: torch.device, forwards: dict[str, list]):
         self.cuda = device.type == "cuda"
+        self.model, self.kv, self.forwards = model, kv, forwards
+        self.timelines: dict[str, dict] = {}
         self.fns: dict[str, callable] = {}
         self.plan: dict[str, list[str]] = {}
         hidden = model.model.embed_tokens.weight.shape[1]
@@ -150,6 +152,45 @@ class SegmentProbe:
             guess = max((x[0] for x in xs[-3:]), default=FIRST_HOST_S)
             xs.append(self.once(fn, guess))
 
+    # ------------------------------------------------------------------ the pieces inside the forwards
+    def timeline(self, reps: int = 5) -> None:
+        """Each policy's forward run piece by piece as ``SWAReplay.run`` does, with the host clock read and an event
+        recorded after each piece: where the host is when it has issued each piece, and when the device finishes it
+        (medians of ``reps``; a diagnostic set next to the isolated pieces: the model assumes a piece issues as fast
+        inside the forward as alone, and the device waits show up where a piece's device end lags its host end)."""
+        m, kv = self.model, self.kv
+        for name, preps in self.forwards.items():
+            runs = []
+            for _ in range(reps):
+                marks: list = []
+                if self.cuda:
+                    torch.cuda.synchronize()
+                    start = torch.cuda.Event(enable_timing=True)
+                    start.record()
+                t0 = time.perf_counter()
+
+                def mark():
+                    ev = None
+                    if self.cuda:
+                        ev = torch.cuda.Event(enable_timing=True)
+                        ev.record()
+                    marks.append((time.perf_counter() - t0, ev))
+                for prep in preps:
+                    x = SWAReplay.embed(m, prep)
+                    mark()
+                    for j in range(len(prep.views)):
+                        x = SWAReplay.layer_step(m, prep, kv, j, x)
+                        mark()
+                    m.compute_logits(SWAReplay.finish(m, prep, x)[-1:])
+                    mark()
+                if self.cuda:
+                    marks[-1][1].synchronize()
+                runs.append(([h for h, _ in marks], [start.elapsed_time(ev) / 1e3 if ev is not None else h
+                                                     for h, ev in marks] if self.cuda else [h for h, _ in marks]))
+            n = len(runs[0][0])
+            self.timelines[name] = {"host_end_s": [statistics.median(r[0][i] for r in runs) for i in range(n)],
+                                    "device_end_s": [statistics.median(r[1][i] for r in runs) for i in range(n)]}
+
     # ------------------------------------------------------------------ kernel placement
     def trace(self) -> None:
         """Each piece once under the profiler: its kernels' launch fractions and device shares (``self.traces``)."""
@@ -194,7 +235,7 @@ class SegmentProbe:
                          "profiled_device_s": tr.get("device_s"), "unmatched_launches": tr.get("unmatched"),
                          "trace": tr.get("trace", [])}
         rounds = {k: [(round(x[0], 8), round(x[1], 8), x[3]) for x in xs] for k, xs in self.samples.items() if xs}
-        return {"segments": segs, "plan": self.plan, "rounds": rounds}
+        return {"segments": segs, "plan": self.plan, "rounds": rounds, "timeline": self.timelines}
 
 
 def _quartiles(xs: list[float]) -> tuple[float, float]:
