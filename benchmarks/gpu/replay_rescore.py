@@ -170,11 +170,55 @@ def report(res: dict) -> str:
                 lines.append(f"  {r['policy']:>11} {r['measured_s'] * 1e3:9.3f} {r['measured_change']:+8.1%}{cells}")
     for name, by in res["summary"].items():
         lines.append(f"{name}: " + ", ".join(f"{m} {v['ws_within_5pp']} W (max {v['max_abs_pp']} pp)" for m, v in by.items()))
+    for kind in ("prefix_hit", "chunked"):
+        for w in res.get(kind, []):
+            lines += pieces_report(kind, w)
     for c in res.get("layer_check", []):
         eager = f", eager {c['eager_s'] * 1e3:.3f} ms, {c['kernels']} kernels" if c.get("eager_s") else ""
         lines.append(f"layer {c['kind']} {c['rows']} rows after {c['context']}: graph {c['layer_graph_s'] * 1e3:.3f} ms, "
                      f"units {c['units_s'] * 1e3:.3f} ms ({c['units_over_layer']:.3f}x){eager}")
     return "\n".join(lines)
+
+
+def pieces_report(kind: str, w: dict) -> list[str]:
+    """The pieces' diagnostics of one workload (runs with a ``segments`` record): per policy the measured forward, its
+    CUDA graph, the pieces' prediction and its device waits, the paired changes, the forward run piece by piece
+    (its host and device end) against the isolated pieces' host sum, the median SM clock of the forward and of its
+    pieces; the caching allocator's device allocations during the rounds; the profile's longest device waits."""
+    seg = w.get("segments")
+    if not seg:
+        return []
+    head = f"{w['context']}+{w['new_tokens']}" if kind == "prefix_hit" else f"{w['prompt']}/{w['chunk']}"
+    out = [f"pieces {kind} {head}: {len(seg.get('segments', {}))} pieces, traced {seg.get('traced')}, "
+           f"allocator during rounds {w.get('allocator_during_rounds')}, errors: segments {w.get('segment_error')} "
+           f"trace {seg.get('trace_error')} timeline {seg.get('timeline_error')}",
+           f"  {'policy':>11} {'measured':>9} {'graph':>8} {'pieces':>8} {'wait':>7} {'tl.dev':>8} {'tl.host':>8} "
+           f"{'iso.host':>8} {'meas.MHz':>8} {'pc.MHz':>7} {'paired meas/pred/pp':>22} {'clocked pp':>10}"]
+    segs = seg.get("segments", {})
+    for r in w["rows"]:
+        p = r["policy"]
+        keys = seg.get("plan", {}).get(p, [])
+        tl = seg.get("timeline", {}).get(p) or {}
+        iso = sum(segs[k]["host_s"] for k in keys if k in segs)
+        clk = [c for c in r.get("measured_clocks_mhz") or [] if c]
+        pclk = [segs[k]["clock_mhz"] for k in keys if k in segs and segs[k].get("clock_mhz")]
+
+        def ms(x):
+            return f"{x * 1e3:8.3f}" if isinstance(x, (int, float)) else f"{'-':>8}"
+        paired = (f"{100 * r['measured_change_paired']:+6.1f}/{100 * r['segments_change_paired']:+6.1f}/"
+                  f"{r['segments_paired_diff_pp']:+5.1f}" if "segments_paired_diff_pp" in r else "-")
+        clocked = f"{r['segments_clocked_paired_diff_pp']:+.1f}" if "segments_clocked_paired_diff_pp" in r else "-"
+        out.append(f"  {p:>11} {ms(r['measured_s'])} {ms(r.get('measured_graph_s'))} {ms(r.get('segments_predicted_s'))} "
+                   f"{ms(r.get('segments_wait_s'))[1:]} {ms((tl.get('device_end_s') or [None])[-1])} "
+                   f"{ms((tl.get('host_end_s') or [None])[-1])} {ms(iso)} "
+                   f"{(sum(clk) / len(clk)) if clk else float('nan'):8.0f} {(sum(pclk) / len(pclk)) if pclk else float('nan'):7.0f} "
+                   f"{paired:>22} {clocked:>10}")
+        prof = r.get("profile")
+        if isinstance(prof, dict) and prof.get("top_waits_us_before_after_index"):
+            out.append(f"  {'':>11} profile: {prof.get('kernels')} kernels, idle {prof.get('idle_s', 0) * 1e3:.2f} ms; "
+                       "longest waits (us, kernel before -> after, index): "
+                       + "; ".join(f"{g} {a[:28]} -> {b[:28]} @{i}" for g, a, b, i in prof["top_waits_us_before_after_index"][:6]))
+    return out
 
 
 def main(argv=None) -> int:
