@@ -18,6 +18,7 @@ exported trace). On the CPU (the smoke mode) a call's wall time is both its host
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import statistics
@@ -258,13 +259,14 @@ def parse_trace(events: list[dict], pieces: dict[str, str]) -> dict[str, dict]:
             dev[e["args"]["correlation"]] = e
     launches = sorted((e for e in events if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})),
                       key=lambda e: float(e["ts"]))
+    starts = [float(e["ts"]) for e in launches]
     out = {}
     for e in events:
         key = pieces.get(e.get("name", ""))
         if key is None or e.get("cat") != "user_annotation":
             continue
         t0, dur = float(e["ts"]), max(float(e.get("dur", 0.0)), 1e-9)
-        mine = [r for r in launches if t0 <= float(r["ts"]) <= t0 + dur]
+        mine = launches[bisect.bisect_left(starts, t0): bisect.bisect_right(starts, t0 + dur)]
         pairs = [(min(1.0, (float(r["ts"]) + float(r.get("dur", 0.0)) - t0) / dur), dev[r["args"]["correlation"]])
                  for r in mine if r["args"]["correlation"] in dev]
         pairs.sort(key=lambda p: float(p[1]["ts"]))
