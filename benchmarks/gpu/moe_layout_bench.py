@@ -45,7 +45,7 @@ def _layout(ids, align: int):
 
 
 def _gemms(x, ids, w13, w2, s13, s2, align: int, tight: bool = False):
-    """A closure running the two grouped GEMMs on the fused path's own inputs (prepared once, outside the timing)."""
+    """(closure running the two grouped GEMMs on the fused path's own inputs, prepared once outside the timing; rows)."""
     dest, rows, rpb, lay, exp = _layout(ids, align)
     if tight and exp is None:   # rows actually used: the last valid row + 1, rounded to the alignment (a host read)
         used = int((lay >= 0).nonzero().max()) + 1
@@ -55,10 +55,15 @@ def _gemms(x, ids, w13, w2, s13, s2, align: int, tight: bool = False):
     h = torch.randn(rows, 2 * I, device=x.device).bfloat16()
     a2 = L.silu_mul_quant(h, dest, rpb)
     if exp is not None:
-        return lambda: (vendor.deepgemm_grouped_fp8_masked(a1[0].view(E, rpb, D), a1[1].view(E, rpb, -1), w13, s13, lay, exp),
-                        vendor.deepgemm_grouped_fp8_masked(a2[0].view(E, rpb, I), a2[1].view(E, rpb, -1), w2, s2, lay, exp))
-    return lambda: (vendor.deepgemm_grouped_fp8_contiguous(*a1, w13, s13, lay),
-                    vendor.deepgemm_grouped_fp8_contiguous(*a2, w2, s2, lay))
+        return (lambda: (vendor.deepgemm_grouped_fp8_masked(a1[0].view(E, rpb, D), a1[1].view(E, rpb, -1), w13, s13, lay, exp),
+                         vendor.deepgemm_grouped_fp8_masked(a2[0].view(E, rpb, I), a2[1].view(E, rpb, -1), w2, s2, lay, exp))), rows
+    return (lambda: (vendor.deepgemm_grouped_fp8_contiguous(*a1, w13, s13, lay),
+                     vendor.deepgemm_grouped_fp8_contiguous(*a2, w2, s2, lay))), rows
+
+
+def _gemm_row(fn_rows, iters: int) -> dict:
+    fn, rows = fn_rows
+    return dict(_ms(fn, iters), rows=rows)
 
 
 def layout_steps(x, wts, ids, align: int, iters: int) -> dict:
@@ -90,9 +95,9 @@ def one_t(problem, t: int, iters: int) -> dict:
            "fused_triton_glue": _ms(lambda: vendor.deepgemm_fused_moe(*args, glue=F.triton_glue()), iters),
            "fused_torch_glue": _ms(lambda: vendor.deepgemm_fused_moe(*args, glue=F.TORCH_GLUE), iters),
            "triton_moe": _ms(lambda: triton_moe(*args), iters),
-           "gemms_alone": _ms(_gemms(x, ids, w13, w2, s13, s2, align), iters)}
-    if row["layout"] == "contiguous":
-        row["gemms_alone_tight_rows"] = _ms(_gemms(x, ids, w13, w2, s13, s2, align, tight=True), iters)
+           "gemms_alone": _gemm_row(_gemms(x, ids, w13, w2, s13, s2, align), iters), "pairs": t * TOPK}
+    if row["layout"] == "contiguous":   # rows of the no-sync bound vs rows used vs pairs: what padding costs
+        row["gemms_alone_tight_rows"] = _gemm_row(_gemms(x, ids, w13, w2, s13, s2, align, tight=True), iters)
     row["steps"] = layout_steps(x, wts, ids, align, iters)
     base = row["gemms_alone"]["ms"]
     row["ratio_to_gemms_alone"] = {k: round(v["ms"] / base, 3) for k, v in row.items()
@@ -134,8 +139,8 @@ def align64(problem, ts, iters: int) -> dict:
                 continue
             args = (x[:t], wts[:t], ids[:t], w13, w2, s13, s2)
             res[f"T={t}"] = {"fused_triton_glue": _ms(lambda: vendor.deepgemm_fused_moe(*args), iters),
-                             "gemms_alone": _ms(_gemms(x[:t], ids[:t], w13, w2, s13, s2, 64), iters),
-                             "rows": _layout(ids[:t], 64)[1]}
+                             "gemms_alone": _gemm_row(_gemms(x[:t], ids[:t], w13, w2, s13, s2, 64), iters),
+                             "gemms_alone_tight_rows": _gemm_row(_gemms(x[:t], ids[:t], w13, w2, s13, s2, 64, True), iters)}
     except Exception as e:  # noqa: BLE001 - the failure is the answer
         res["error"] = f"{type(e).__name__}: {e}"[:400]
     finally:
