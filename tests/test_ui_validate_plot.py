@@ -63,3 +63,15 @@ def test_validate_shows_a_progress_bar(tmp_path):
                            env={"COLUMNS": "120"})
     assert r.exit_code == 0, r.output
     assert "validate" in r.stderr and "2/2" in r.stderr and "ETA" in r.stderr
+
+
+def test_plot_with_sim_only_is_refused_not_silently_skipped(tmp_path):
+    """A --sim-only run has no measured steps to plot: it once exited 0 without writing the --plot file."""
+    import subprocess
+    import sys
+
+    prof = str(Path(__file__).resolve().parents[1] / "profiles" / "h200" / "calibration_deepseek-v3-5layers_fp8.json")
+    r = subprocess.run([sys.executable, "-m", "ui.cli", "validate", "--model", "deepseek-v3", "--num-layers", "5", "--profile", prof,
+                        "-n", "4", "--sim-only", "--plot", str(tmp_path / "v.html")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--sim-only measures nothing" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "v.html").exists()

@@ -176,6 +176,8 @@ def validate(
 
     if plot is not None:
         check_plot_path(plot)
+        if sim_only:  # the plot sets measured steps against predicted ones: a sim-only run has nothing to draw
+            raise TwinferError(f"--plot {plot}: plots measured vs predicted steps; --sim-only measures nothing (drop one of them)")
     fracs = parse_levels(levels)
     if not calibrate_first and not profile.exists():  # before the engine build (minutes on a GPU)
         raise TwinferError(f"--profile {profile}: no such file (make one with twinfer calibrate, or add --calibrate)")
