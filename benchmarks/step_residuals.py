@@ -58,11 +58,30 @@ def predict(cost, prof, s: dict, sync: bool) -> np.ndarray:
 def replay_boundary(s: dict) -> int:
     """Index of the first step of a level's second replay (the samples of its replays are concatenated:
     ``sim.timeline_check.split_replays``), or the sample count when there is one replay."""
+    nums = replay_numbers(s, 2)
+    return nums.index(2) if 2 in nums else len(nums)
+
+
+def replay_numbers(s: dict, replays: int) -> list[int]:
+    """The replay (1-based) each sample of a level belongs to, its ``replays`` measured replays concatenated."""
     from sim.timeline_check import sample_steps, split_replays
-    return split_replays(sample_steps(s), 2)[0][1]
+    out: list[int] = []
+    for r, (a, b) in enumerate(split_replays(sample_steps(s), replays), 1):
+        out += [r] * (b - a)
+    return out
 
 
-def columns(samples: dict[str, dict], cost, prof, sync: bool, recorded: bool) -> dict[str, np.ndarray]:
+def run_replays(run: Path) -> int:
+    """Measured replays per level: the run's matrix command (``--runs N``), 2 when it does not say (runs 3-4)."""
+    import re
+    for f in run.glob("matrix_*.json"):
+        m = re.search(r"--runs (\d+)", json.loads(f.read_text()).get("command", ""))
+        if m:
+            return int(m.group(1))
+    return 2
+
+
+def columns(samples: dict[str, dict], cost, prof, sync: bool, recorded: bool, replays: int = 2) -> dict[str, np.ndarray]:
     """All samples of all levels as flat arrays, with a predicted column and the class/level of each."""
     cols: dict[str, list] = {}
     for cls, levels in samples.items():
@@ -77,8 +96,7 @@ def columns(samples: dict[str, dict], cost, prof, sync: bool, recorded: bool) ->
             # the step before (same replay order): a step right after an eager one, or the first of a level
             prev = ["first"] + ["eager" if (s["graph_bs"][i - 1] == 0) else "graph" for i in range(1, n)]
             cols.setdefault("prev", []).extend(prev)
-            j = replay_boundary(s)
-            cols.setdefault("replay", []).extend([1] * j + [2] * (n - j))
+            cols.setdefault("replay", []).extend(replay_numbers(s, replays))
     return {k: np.array(v) for k, v in cols.items()}
 
 
@@ -185,7 +203,7 @@ def main() -> None:
     samples = load_samples(run, a.cls)
     if not samples:
         raise SystemExit(f"{run}: no samples_<class>_*.json")
-    c = columns(samples, ProfiledStepCost(prof), prof, a.sync, a.recorded)
+    c = columns(samples, ProfiledStepCost(prof), prof, a.sync, a.recorded, run_replays(run))
     ok = np.isfinite(c["pred"]) & (c["measured_s"] > 0)
     for cls in samples:
         table(c, f"== {cls} (all levels)", ok & (c["cls"] == cls))
@@ -216,7 +234,7 @@ def kind_mape(c: dict[str, np.ndarray], ok: np.ndarray) -> None:
     print("per level and replay")
     for cls in dict.fromkeys(c["cls"]):
         for lv in dict.fromkeys(c["level"][c["cls"] == cls]):
-            for r in (1, 2):
+            for r in range(1, int(c["replay"].max()) + 1):
                 sel = ok & (c["cls"] == cls) & (c["level"] == lv) & (c["replay"] == r)
                 if sel.any():
                     print(f"  {cls:10} {lv:16} r{r} {line(sel)}")

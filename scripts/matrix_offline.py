@@ -28,21 +28,30 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-BS, MML = 64, 8192                      # scripts/device_matrix.py's engine: block size, max model length
-BLOCKS = 128 * (-(-MML // BS)) + 64     # its KV blocks (128 seats)
+BS, MML = 64, 8192                      # scripts/device_matrix.py's engine: block size, default max model length
 
 
-def engine_config(sync: bool):
+def kv_blocks(mml: int = MML) -> int:
+    """device_matrix.py's KV blocks (128 seats of ``mml`` tokens, plus 64)."""
+    return 128 * (-(-mml // BS)) + 64
+
+
+BLOCKS = kv_blocks()
+
+
+def engine_config(sync: bool, mml: int = MML):
     """device_matrix.py's scheduler (64 of the engine's 128 seats); ``sync``: its synchronous loop (no async overlap)."""
     from scheduler.config import SchedulerConfig
-    return SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=8192, max_model_len=MML, block_size=BS, async_overlap=not sync)
+    return SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=8192, max_model_len=mml, block_size=BS, async_overlap=not sync)
 
 
-def class_requests(cls: str, nreq: int) -> list:
-    """The requests device_matrix.py replays for class ``cls`` (seed 0, clamped to the class caps)."""
-    from device_matrix import CLASSES, _clamp
+def class_requests(cls: str, nreq: int, mml: int = MML) -> list:
+    """The requests device_matrix.py replays for class ``cls`` (its preset and overrides, seed 0, clamped to the class
+    caps and the window ``mml``)."""
+    from device_matrix import CLASSES, PRESET, _clamp
     from sim.workload import generate, preset
-    return _clamp(generate(preset(cls, num_requests=nreq), np.random.default_rng(0), BS), *CLASSES[cls], MML, BS)
+    name, over = PRESET.get(cls, (cls, {}))
+    return _clamp(generate(preset(name, num_requests=nreq, **over), np.random.default_rng(0), BS), *CLASSES[cls], mml, BS)
 
 
 def level_requests(reqs: list, rate_rps: float) -> list:
@@ -51,10 +60,10 @@ def level_requests(reqs: list, rate_rps: float) -> list:
     return copy_requests(reqs, natural_rate(reqs) / rate_rps)
 
 
-def predict_level(cost, cfg, reqs: list, rate_rps: float) -> dict:
+def predict_level(cost, cfg, reqs: list, rate_rps: float, blocks: int = BLOCKS) -> dict:
     """The simulated figures (``sim.validate.metric_values``) of one level."""
     from sim.validate import metric_values, simulate_requests
-    return metric_values(simulate_requests(cost, cfg, BLOCKS, level_requests(reqs, rate_rps), seed=0))
+    return metric_values(simulate_requests(cost, cfg, blocks, level_requests(reqs, rate_rps), seed=0))
 
 
 def measured_levels(run: Path, replay: int | None = None) -> dict:
@@ -89,6 +98,20 @@ def _command_int(run: Path, flag: str, default: int) -> int:
 def run_requests(run: Path) -> int:
     """Requests per level of the run: its matrix report's command (``--requests N``); 48 for runs 1-3."""
     return _command_int(run, "--requests", 48)
+
+
+def run_class_requests(run: Path) -> dict[str, int]:
+    """Per-class request counts the run's command overrode (``--class-requests cls=N,...``)."""
+    for f in run.glob("matrix_*.json"):
+        m = re.search(r"--class-requests (\S+)", json.loads(f.read_text()).get("command", ""))
+        if m:
+            return {c: int(n) for c, _, n in (t.partition("=") for t in m.group(1).split(",") if "=" in t)}
+    return {}
+
+
+def run_max_model_len(run: Path) -> int:
+    """The engine window of the run (``--max-model-len N``; 8192 when the command does not say)."""
+    return _command_int(run, "--max-model-len", MML)
 
 
 def run_replays(run: Path) -> int:
@@ -145,7 +168,8 @@ def main() -> None:
         print(f"refit ({a.refit}): in-sample MAPE {st2.fit.mape * 100:.2f}%, tables {st2.op_tables or 'none'}, scales "
               + ", ".join(f"{c} {v:.3g}" for c, v in st2.category_scale.items()))
     cost = ProfiledStepCost(prof)
-    cfg = sim_config(engine_config(a.sync), prof)
+    mml = run_max_model_len(run)
+    cfg = sim_config(engine_config(a.sync, mml), prof)
     if a.no_lag:
         init = inst.Instance.__init__
 
@@ -164,10 +188,11 @@ def main() -> None:
         have = {c: v for c, v in have.items() if any(f.name.startswith(f"validation_{c}_") for f in run.glob("validation_*_*.json"))}
         if not have:
             raise SystemExit(f"{run}: no validation report with {a.replay} replays per level")
+    per_class = run_class_requests(run)
     for cls, levels in have.items():
-        reqs = class_requests(cls, nreq)
+        reqs = class_requests(cls, per_class.get(cls, nreq), mml)
         for name, lv in levels.items():
-            p = predict_level(cost, cfg, reqs, lv["rate_rps"])
+            p = predict_level(cost, cfg, reqs, lv["rate_rps"], kv_blocks(mml))
             errs = {f: p[f] / lv["measured"][f] - 1 for f in FIGURES if lv["measured"].get(f)}
             for f, e in errs.items():
                 if f not in worst or abs(e) > abs(worst[f][0]):

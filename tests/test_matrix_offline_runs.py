@@ -1,0 +1,37 @@
+"""The offline matrix scripts read a class-set run's options (window, per-class requests, replay count) and split
+three concatenated replays; CPU only, no GPU data needed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def test_run_options_come_from_the_matrix_command(tmp_path):
+    import matrix_offline as mo
+    import step_residuals as sr
+    assert mo.run_max_model_len(tmp_path) == 8192 and mo.run_class_requests(tmp_path) == {} and sr.run_replays(tmp_path) == 2
+    cmd = ("python3 scripts/device_matrix.py --out /o --requests 96 --runs 3 --classes chat,longctx --max-model-len 16384 "
+           "--class-requests longctx=24,chat=80 --no-async-overlap")
+    (tmp_path / "matrix_x.json").write_text(json.dumps({"command": cmd}))
+    assert mo.run_max_model_len(tmp_path) == 16384 and mo.run_requests(tmp_path) == 96 and sr.run_replays(tmp_path) == 3
+    assert mo.run_class_requests(tmp_path) == {"longctx": 24, "chat": 80}
+    assert mo.kv_blocks(16384) == 128 * 256 + 64 and mo.BLOCKS == mo.kv_blocks(8192)
+    reqs = mo.class_requests("longctx", 24, 16384)
+    assert len(reqs) == 24 and min(r.prompt_len for r in reqs) >= 8500 and max(r.prompt_len for r in reqs) <= 12000
+
+
+def test_three_concatenated_replays_are_numbered():
+    import step_residuals as sr
+    one = {"decodes": [0, 1, 2, 2], "decode_ctx_mean": [0, 10, 11, 12], "prefill_tokens": [100, 50, 0, 0],
+           "prefill_chunks": [1, 1, 0, 0], "prefill_ctx": [0, 0, 0, 0], "graph_bs": [0, 0, 2, 2]}
+    s = {k: v * 3 for k, v in one.items()}
+    s["measured_s"] = [0.01] * 12
+    assert sr.replay_numbers(s, 3) == [1] * 4 + [2] * 4 + [3] * 4
+    assert sr.replay_boundary(s) in (4, 8)
+    assert sr.replay_numbers(s, 1) == [1] * 12
