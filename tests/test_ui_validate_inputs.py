@@ -37,3 +37,18 @@ def test_missing_profile_is_refused_before_the_engine_is_built(tmp_path, monkeyp
 def test_bad_levels_through_the_command():
     r = CliRunner().invoke(app, ["validate", "--model", "deepseek-v3", "--profile", PROF, "--sim-only", "--levels", "a,b"])
     assert isinstance(r.exception, TwinferError) and "--levels 'a,b'" in str(r.exception)
+
+
+def test_ctrl_c_says_what_was_kept(tmp_path, monkeypatch):
+    """Ctrl-C during the levels: exit 130 and a line saying the printed levels stand and nothing was written."""
+    import ui.cmd_validate as cv
+
+    def cut(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cv, "run_levels", cut)
+    prof = str(Path(__file__).resolve().parents[1] / "profiles" / "h200" / "calibration_deepseek-v3-5layers_fp8.json")
+    out = tmp_path / "rep.json"
+    r = CliRunner().invoke(app, ["validate", "--model", "deepseek-v3", "--num-layers", "5", "--profile", prof, "-n", "4", "--sim-only",
+                                 "--out", str(out)], env={"COLUMNS": "200"})
+    assert r.exit_code == 130 and "interrupted: the levels printed above are complete" in r.stdout and not out.exists()

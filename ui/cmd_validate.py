@@ -216,9 +216,14 @@ def validate(
     cap = saturation_rps(cost, sim_config(base_cfg, prof), blocks, reqs)
     con.print(f"predicted capacity {cap:.2f} requests/s ({len(reqs)} requests, {L} layers, {blocks} KV blocks of {block_size})")
 
-    rep, samples_by_level = run_levels(cost, prof, reqs, base_cfg, blocks, fracs, engine, seed=seed, device=device,
-                                       model=model, dtype=dtype, workload=trace or workload, profile_path=str(profile),
-                                       capacity=cap, warm=warm, log=con, runs=runs)
+    try:
+        rep, samples_by_level = run_levels(cost, prof, reqs, base_cfg, blocks, fracs, engine, seed=seed, device=device,
+                                           model=model, dtype=dtype, workload=trace or workload, profile_path=str(profile),
+                                           capacity=cap, warm=warm, log=con, runs=runs)
+    except KeyboardInterrupt:  # each level's table is printed as it finishes: those above are the partial results
+        con.print("[yellow]interrupted: the levels printed above are complete; no report and no plot written "
+                  "(their errors need every level)[/]", highlight=False)
+        raise typer.Exit(130) from None
     if plot is not None and samples_by_level:
         con.print(f"plot: {write_plot(rep, samples_by_level, plot)}")
     if out is not None:
