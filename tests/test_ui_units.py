@@ -18,3 +18,19 @@ def test_cost_memory_table_is_in_gib():
 def test_hardware_catalog_labels_hbm_gib():
     r = CliRunner().invoke(app, ["hardware"], env={"COLUMNS": "250"})
     assert r.exit_code == 0 and "HBM GiB" in r.output and "HBM GB" not in r.output
+
+
+def test_ui_memory_chart_is_in_gib_like_its_caption():
+    """The What-fills-a-GPU chart once said 'HBM 151 GB' above a memory-fit caption saying 141.0 GiB (same HBM)."""
+    import pytest
+
+    pytest.importorskip("plotly")
+    from ui import service
+    from ui.app_breakdown import figures
+
+    layout = {"tp": 8, "dp": 1, "ep": 8, "pp": 1, "weight_dtype": "fp8", "kv_dtype": "bf16"}
+    bd = service.step_breakdown("deepseek-v3", "H200", layout, {"max_num_seqs": 64}, 16, 4096)
+    _, mem = figures(bd)
+    assert mem.layout.title.text == "HBM 141 GiB per GPU" and "141.0 GiB" in bd["fit"]
+    assert mem.layout.xaxis.title.text == "GiB per GPU" and all("GiB" in t.hovertemplate for t in mem.data)
+    assert sum(t.x[0] for t in mem.data) == pytest.approx(sum(bd["memory_bytes"].values()) / 2**30)

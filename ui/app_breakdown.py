@@ -8,6 +8,7 @@ import streamlit as st
 from ui import app_cache, service
 
 CONTEXTS = [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
+GIB = 2**30  # memory in GiB, as the hardware catalog, `twinfer cost` and the memory-fit caption below the chart show it
 
 
 def figures(bd: dict) -> tuple[go.Figure, go.Figure]:
@@ -21,10 +22,10 @@ def figures(bd: dict) -> tuple[go.Figure, go.Figure]:
                           + (f", MTP {bd['draft_len']}" if bd["draft_len"] else ""))
     m = go.Figure()
     for name, b in bd["memory_bytes"].items():
-        m.add_trace(go.Bar(y=["per GPU"], x=[b / 1e9], name=name, orientation="h",
-                           hovertemplate=f"{name}: %{{x:.1f}} GB<extra></extra>"))
-    m.update_layout(barmode="stack", height=230, xaxis_title="GB per GPU", margin={"t": 40, "b": 10},
-                    title=f"HBM {bd['hbm_bytes'] / 1e9:.0f} GB per GPU")
+        m.add_trace(go.Bar(y=["per GPU"], x=[b / GIB], name=name, orientation="h",
+                           hovertemplate=f"{name}: %{{x:.1f}} GiB<extra></extra>"))
+    m.update_layout(barmode="stack", height=230, xaxis_title="GiB per GPU", margin={"t": 40, "b": 10},
+                    title=f"HBM {bd['hbm_bytes'] / GIB:.0f} GiB per GPU")
     return t, m
 
 
@@ -45,6 +46,6 @@ def render(plan: service.PlanView) -> None:
     st.plotly_chart(m, key="bd_mem")
     st.caption(bd["fit"])
     with st.expander("weights per GPU by kind, and the cost model's assumptions"):
-        st.dataframe([{"kind": k, "GB": round(v / 1e9, 2)} for k, v in bd["weights_by_kind"].items()], hide_index=True)
+        st.dataframe([{"kind": k, "GiB": round(v / GIB, 2)} for k, v in bd["weights_by_kind"].items()], hide_index=True)
         for n in bd["notes"]:
             st.markdown(f"- {n}")
