@@ -17,7 +17,23 @@ def test_cost_memory_table_is_in_gib():
 
 def test_hardware_catalog_labels_hbm_gib():
     r = CliRunner().invoke(app, ["hardware"], env={"COLUMNS": "250"})
-    assert r.exit_code == 0 and "HBM GiB" in r.output and "HBM GB" not in r.output
+    assert r.exit_code == 0 and "HBM GB" not in r.output
+    top, bottom = [ln for ln in r.output.splitlines() if "HBM" in ln or "TF" in ln][:2]
+    at = top.index("HBM")  # the two-line header: "HBM" over "GiB"
+    assert bottom[at:at + 3] == "GiB", (top, bottom)
+
+
+def test_catalog_tables_fit_80_columns_uncut():
+    """`twinfer hardware` and `twinfer model` in an 80-column terminal: no header or model name cut to '…'."""
+    from costmodels.catalog import list_models
+    from costmodels.hardware import list_hardware
+
+    for cmd, names in (("hardware", [h.name for h in list_hardware()]), ("model", list_models())):
+        r = CliRunner().invoke(app, [cmd], env={"COLUMNS": "80"})
+        assert r.exit_code == 0, r.output
+        assert "…" not in r.output and max(len(line) for line in r.output.splitlines()) <= 80, r.output
+        firsts = {line.split()[0] for line in r.output.splitlines() if line.strip()}
+        assert set(names) <= firsts, set(names) - firsts  # every name whole, as --model / --hardware take it
 
 
 def test_ui_memory_chart_is_in_gib_like_its_caption():

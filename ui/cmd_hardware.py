@@ -58,6 +58,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _print_catalog() -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
@@ -66,9 +67,12 @@ def _print_catalog() -> None:
     def num(x) -> str:
         return "-" if x is None else f"{x:g}"
 
-    tab = Table(title="hardware catalog (dense rates per GPU; your own: twinfer hardware --template > my_gpu.yaml)", title_justify="left")
-    for c in ("name", "BF16 TF", "FP8 TF", "FP4 TF", "HBM GiB", "HBM TB/s", "scale-up GB/s/dir", "domain", "scale-out Gb/s", "$/GPU-h", "measured"):
-        tab.add_column(c, justify="left" if c == "name" else "right")
+    # two-line headers and no box padding: 11 columns fit an 80-column terminal (a boxed table cut them to "sca…")
+    tab = Table(title="hardware catalog (dense rates per GPU; your own: twinfer hardware --template > my_gpu.yaml)", title_justify="left",
+                box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 0))
+    for c in ("name", "BF16\nTF", "FP8\nTF", "FP4\nTF", "HBM\nGiB", "HBM\nTB/s", "scale-up\nGB/s/dir", "domain", "scale-out\nGb/s",
+              "$/GPU\n-hour", "measured"):
+        tab.add_column(c, justify="left" if c == "name" else "right", no_wrap=True)
     for h in list_hardware():
         tab.add_row(h.name, num(h.bf16_tflops), num(h.fp8_tflops), num(h.fp4_tflops), num(h.hbm_gb), num(h.hbm_tbps),
                     num(h.scaleup_gbps), str(h.scaleup_domain), num(h.scaleout_gbps), num(h.price_per_gpu_hour or None),

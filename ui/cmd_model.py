@@ -42,14 +42,17 @@ def register(app: typer.Typer) -> None:
 
 
 def _print_catalog() -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
     from costmodels.catalog import get_model, list_models
 
-    tab = Table(title="model catalog (your own: an HF config.json, or twinfer model --show NAME > my_model.yaml)", title_justify="left")
-    for c in ("name", "family", "layers", "hidden", "attn", "experts (top-k)", "dtype"):
-        tab.add_column(c)
+    # the name is what --model takes: never cut; the rest fold (a boxed table cut names to "deepseek-…" at 80 columns)
+    tab = Table(title="model catalog (your own: an HF config.json, or twinfer model --show NAME > my_model.yaml)", title_justify="left",
+                box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for c in ("name", "family", "layers", "hidden", "attn", "experts\n(top-k)", "dtype"):
+        tab.add_column(c, no_wrap=c in ("name", "family"), overflow="fold")
     for name in list_models():
         m = get_model(name)
         moe = f"{m.moe.n_routed_experts} ({m.moe.top_k})" if m.moe else "dense"
