@@ -301,7 +301,7 @@ def _print(res: dict) -> None:
     if res["top_ops"]:
         ops = Table(title="top ops (per GPU, summed over layers)")
         for c in ("op", "category", "kind", "count", "ms", "GFLOP", "MB"):
-            ops.add_column(c, justify="left" if c in ("op", "category", "kind") else "right")
+            ops.add_column(c, justify="left" if c in ("op", "category", "kind") else "right", overflow="fold")  # op names whole
         for o in res["top_ops"]:
             ops.add_row(o["name"], o["category"], o["layer_kind"], str(o["count"]), f"{o['time_s'] * 1e3:.3f}", f"{o['flops'] / 1e9:,.1f}", f"{o['bytes'] / 1e6:,.1f}")
         con.print(ops)

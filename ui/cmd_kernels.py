@@ -19,6 +19,7 @@ def kernels(
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU whose measured op tables give each kernel's fraction of the ceiling [the CUDA device]"),
 ) -> None:
     """Probe every library lazily and print the table."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
@@ -36,15 +37,19 @@ def kernels(
     try:
         import torch  # noqa: F401
     except ImportError:
-        raise TwinferError("torch is not installed: the executor's kernels need it (pip install torch)") from None
+        raise TwinferError("torch is not installed: the executor's kernels need it (pip install 'twinfer[executor]')") from None
     rows = registry.describe(device)
     gpu, measured_note = _attach_measured(rows, gpu, device)
     if as_json:
         print(json.dumps({"device": device, "gpu": gpu, "measured": measured_note, "rows": rows}, indent=1))
         return
-    tab = Table(title=f"kernels on {device} (override: TWINFER_KERNEL_<OP>=<impl>)")
-    for col in ("op", "implementation", "tier", "found", "usable", "chosen", "why / notes", f"measured on {gpu or '?'}"):
-        tab.add_column(col)
+    # op and implementation are what TWINFER_KERNEL_<OP>=<impl> takes: never cut (a boxed 80-column table cut them
+    # to "mla_dec…"); the prose columns fold
+    tab = Table(title=f"kernels on {device} (override: TWINFER_KERNEL_<OP>=<impl>)", title_justify="left",
+                box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+    prose = ("why / notes", f"measured on {gpu or '?'}")
+    for col in ("op", "implementation", "tier", "found", "usable", "chosen") + prose:
+        tab.add_column(col, no_wrap=col not in prose, overflow="fold", ratio=1 if col in prose else None)
     for r in rows:
         why = r["why"] + (f" [{r['notes']}]" if r["notes"] else "")
         tab.add_row(r["op"], r["impl"], str(r["tier"]), "yes" if r["found"] else "no", "yes" if r["usable"] else "no",
