@@ -169,3 +169,42 @@ def probe_new_shape(engine: LLMEngine, log=print, temperature: float = MEASURE_T
     first, again = float(np.mean(firsts)) * 1e3, float(np.mean(agains)) * 1e3
     log(f"first-seen prefill shape: first {first:.1f} ms, again {again:.1f} ms (one-time cost {first - again:+.1f} ms)")
     return {"first_ms": first, "again_ms": again, "extra_ms": first - again}
+
+
+# ----------------------------------------------------------------------------- routing diversity
+def routing_probe(engine: LLMEngine, log=print, batch: int = 64, steps: int = 16) -> dict:
+    """Experts a decode batch of ``batch`` rows touches (mean over MoE layers): the grid's random tokens against
+    serving's sampled tokens, greedy and at temperature 1 (a replay of ``batch`` 64-token prompts; decode steps of
+    exactly ``batch`` rows). What decides whether grid and serving decodes cost the same: fewer distinct experts read
+    fewer expert weights. {} without MoE layers."""
+    from executor.moe import MoE
+    from executor.replay import fresh_engine, replay
+
+    moes = [m for m in engine.runner.model.modules() if isinstance(m, MoE)]
+    if not moes:
+        return {}
+
+    def touched() -> float:
+        return float(np.mean([int(torch.unique(m.last_ids[:batch]).numel()) for m in moes if m.last_ids is not None]))
+
+    out = {}
+    plan = synthetic_plan(engine, [min(512, engine.max_model_len // 2)] * batch, [], "route_")
+    try:
+        engine.runner.execute(plan)
+        out["grid_random_tokens"] = touched()
+    finally:
+        drop_plan(engine, plan)
+    rng = np.random.default_rng(7)
+    plen = min(64, engine.max_model_len // 2)
+    items = [(0.0, f"route{i}", rng.integers(0, engine.vocab_size, plen).tolist(), steps) for i in range(batch)]
+    for name, temp in (("serving_greedy", 0.0), ("serving_temperature_1", 1.0)):
+        seen: list[float] = []
+
+        def on_plan(_i, _start, recs, _stats):
+            if len(recs) == 1 and recs[0].get("num_decodes") == batch and not recs[0].get("num_prefills"):
+                seen.append(touched())
+        replay(fresh_engine(engine, engine.scheduler.config), items, temperature=temp, on_plan=on_plan)
+        out[name] = float(np.mean(seen[1:])) if len(seen) > 1 else float("nan")   # the first decode follows the prompts
+    log("experts touched per MoE layer by a decode batch of %d: grid (random tokens) %.1f, serving greedy %.1f, "
+        "serving temperature 1 %.1f" % (batch, out["grid_random_tokens"], out["serving_greedy"], out["serving_temperature_1"]))
+    return out

@@ -107,6 +107,10 @@ def main() -> None:
     prof.save(ppath)
     con.print(f"calibrated once in {time.perf_counter() - t0:.1f} s; fit MAPE {prof.step.fit.mape * 100:.1f}% "
               f"(in-sample); every class below is held out", highlight=False)
+    routing = {}
+    if a.device == "cuda":   # do grid and serving decodes read the same experts? (executor.synthetic_steps)
+        from executor.synthetic_steps import routing_probe
+        routing = routing_probe(engine, log=lambda x: con.print(x, highlight=False))
     cost = ProfiledStepCost(prof)
     base = SchedulerConfig(max_num_seqs=min(64, max_seqs), max_num_batched_tokens=8192, max_model_len=a.max_model_len, block_size=bs,
                            async_overlap=a.async_overlap)
@@ -131,6 +135,7 @@ def main() -> None:
         con.print(f"[{cls}] {len(reqs)} requests, {len(fracs)} levels x {a.runs} runs"
                   + (" (+1 unmeasured each)" if a.level_warmup else "") + f" in {time.perf_counter() - t1:.1f} s", highlight=False)
         doc = _matrix_doc(cmd, prof, ppath, a, reports)
+        doc["routing_probe"] = routing
         (out / f"matrix_{tag}.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     _print_table(con, reports, doc["worst"])
     con.print(f"total {time.perf_counter() - t0:.1f} s")

@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from executor.synthetic_steps import drop_plan, synthetic_plan, token_buckets, warm_shapes, warm_steps  # noqa: E402
+from executor.synthetic_steps import (drop_plan, routing_probe, synthetic_plan, token_buckets, warm_shapes,  # noqa: E402
+                                      warm_steps)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,3 +110,10 @@ def test_prefill_sdpa_has_no_cudnn_backend_and_matches_the_reference():
     v = torch.randn(9, 4, 16, generator=g, dtype=torch.float64)   # v head dim differs from q/k (MLA: 192 vs 128)
     pos = torch.arange(4, 9)
     assert torch.allclose(attention_sdpa(q, k, v, pos, 0.2), ref.attention(q, k, v, pos, 0.2), atol=1e-12)
+
+
+def test_routing_probe_counts_experts_of_grid_and_serving_decodes(tiny_engine):
+    out = routing_probe(tiny_engine, log=lambda s: None, batch=8, steps=4)
+    n_exp = max(m.cfg.n_routed_experts for m in tiny_engine.runner.model.modules() if hasattr(m, "last_ids"))
+    assert set(out) == {"grid_random_tokens", "serving_greedy", "serving_temperature_1"}
+    assert all(1 <= v <= n_exp for v in out.values()) and not tiny_engine.runner.states
