@@ -178,7 +178,6 @@ def routing_probe(engine: LLMEngine, log=print, batch: int = 64, steps: int = 16
     exactly ``batch`` rows). What decides whether grid and serving decodes cost the same: fewer distinct experts read
     fewer expert weights. {} without MoE layers."""
     from executor.moe import MoE
-    from executor.replay import fresh_engine, replay
 
     moes = [m for m in engine.runner.model.modules() if isinstance(m, MoE)]
     if not moes:
@@ -186,6 +185,23 @@ def routing_probe(engine: LLMEngine, log=print, batch: int = 64, steps: int = 16
 
     def touched() -> float:
         return float(np.mean([int(torch.unique(m.last_ids[:batch]).numel()) for m in moes if m.last_ids is not None]))
+
+    # eager: a graph replay does not reassign ``MoE.last_ids`` (it would hold the last eager step's ids); routing is
+    # the same function of the tokens either way
+    runner = engine.runner
+    saved = {k: getattr(runner, k) for k in ("graphs", "piecewise") if hasattr(runner, k)}
+    for k in saved:
+        setattr(runner, k, None)
+    try:
+        return _routing_counts(engine, touched, batch, steps, log)
+    finally:
+        for k, v in saved.items():
+            setattr(runner, k, v)
+
+
+def _routing_counts(engine: LLMEngine, touched, batch: int, steps: int, log) -> dict:
+    """``routing_probe``'s three measurements on an engine running eagerly."""
+    from executor.replay import fresh_engine, replay
 
     out = {}
     plan = synthetic_plan(engine, [min(512, engine.max_model_len // 2)] * batch, [], "route_")
