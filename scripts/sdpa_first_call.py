@@ -42,7 +42,8 @@ def main() -> None:
         raise SystemExit("sdpa_first_call: needs a CUDA device")
     dev = torch.device("cuda")
     h, dqk, dv = 128, 192, 128
-    print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version(), "priority", torch._C._get_sdp_priority_order())
+    order = getattr(torch._C, "_get_sdp_priority_order", lambda: "?")
+    print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version(), "priority before the first call", order())
     orders = {"default order": None, "cudnn only": [SDPBackend.CUDNN_ATTENTION], "pinned (executor)": PREFILL_SDPA_BACKENDS}
     for k, (name, order) in enumerate(orders.items()):
         for j, (n, c) in enumerate(((1000 + 37 * k, 3000 + 11 * k), (517 + 13 * k, 5003 + 7 * k), (2049 + k, 1 + k))):
