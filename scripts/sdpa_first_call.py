@@ -65,6 +65,7 @@ def main() -> None:
                 continue
             print(f"{name:18s} new {n:5d} cached {c:5d}: first {first * 1e3:7.2f} ms, again {again * 1e3:7.2f} ms, "
                   f"one-time {1e3 * (first - again):+7.2f} ms")
+    print("priority after the calls (torch sets its default at the first dispatch; 3 = cuDNN):", order())
 
 
 if __name__ == "__main__":
