@@ -98,8 +98,12 @@ class EffectiveStepCost:
     def _at(self, dp_imbalance: float) -> StepCostModel:
         m = self._models.get(dp_imbalance)
         if m is None:
-            load = self.expert_load  # an ExpertLoad: callable, with a vectorised ``many``
-            m = StepCostModel(self.model, self.hw, self.layout, self.cal, dp_imbalance=dp_imbalance, expert_load=load)
+            base = self._models.get(1.0)
+            if base is not None:   # the same model as built below (one StepCostModel per level: only its share differs)
+                m = base.at_dp_imbalance(dp_imbalance)
+            else:
+                load = self.expert_load  # an ExpertLoad: callable, with a vectorised ``many``
+                m = StepCostModel(self.model, self.hw, self.layout, self.cal, dp_imbalance=dp_imbalance, expert_load=load)
             self._models[dp_imbalance] = m
         return m
 

@@ -15,6 +15,7 @@ the all-to-all by the SMs DeepEP's kernels hold (``StepOps.tbo_time``).
 
 from __future__ import annotations
 
+import copy
 import math
 from bisect import bisect_right
 from typing import Callable
@@ -51,6 +52,20 @@ class StepCostModel(StepOps):
         self._cache: dict = {}
         self._fit: MemoryFit | None = None
         self._build_fast()
+
+    def at_dp_imbalance(self, dp_imbalance: float) -> "StepCostModel":
+        """This model at another attention-DP imbalance: equal to ``StepCostModel(model, hw, layout, cal,
+        dp_imbalance=..., expert_load=...)`` with this one's arguments, without rebuilding what does not depend on
+        it. Only ``share`` does (StepOps.__init__); the ops, geometry, GEMM/attention tables and their memos are
+        shared, and the per-level caches (step memo, table blocks) start empty."""
+        m = copy.copy(self)
+        m.dp_imbalance = max(1.0, dp_imbalance) if self.layout.dp > 1 else 1.0
+        m.share = m.dp_imbalance / self.layout.dp
+        m._cache = {}
+        m._tables = {}
+        m._fit = None
+        m.notes = list(self.notes)
+        return m
 
     # ------------------------------------------------------------------ public API
     def memory(self) -> MemoryFit:

@@ -10,11 +10,14 @@ _ROOT_HASH = -1
 class _Node:
     """One cached KV block: its content hash, the block id holding it, and its place in the tree
     (``depth`` blocks from the root; ``path[:depth]`` is the hashes on the way, the root's excluded: a tuple
-    shared with the request that inserted it, so ``match_len`` compares paths at C speed)."""
+    shared with the request that inserted it, so ``match_len`` compares paths at C speed; ``ids[:depth]`` the
+    block ids on the way, this one's last: a tuple shared by the nodes one ``insert_run`` made, so ``match``
+    slices them instead of walking the tree block by block)."""
 
-    __slots__ = ("block_hash", "block_id", "parent", "children", "stamp", "depth", "path")
+    __slots__ = ("block_hash", "block_id", "parent", "children", "stamp", "depth", "path", "ids")
 
-    def __init__(self, block_hash: int, block_id: int, parent: "_Node | None", depth: int = 0, path: tuple = ()):
+    def __init__(self, block_hash: int, block_id: int, parent: "_Node | None", depth: int = 0, path: tuple = (),
+                 ids: tuple = ()):
         self.block_hash = block_hash
         self.block_id = block_id
         self.parent = parent
@@ -22,6 +25,7 @@ class _Node:
         self.stamp = 0  # logical time of the last release (LRU key); a counter, never the wall clock
         self.depth = depth
         self.path = path
+        self.ids = ids
 
 
 class PrefixCache:
@@ -57,7 +61,15 @@ class PrefixCache:
         return block_id in self._by_block
 
     def match(self, block_hashes: tuple[int, ...], max_blocks: int) -> list[int]:
-        """Block ids of the longest cached prefix of ``block_hashes`` (at most ``max_blocks``); no side effects."""
+        """Block ids of the longest cached prefix of ``block_hashes`` (at most ``max_blocks``); no side effects.
+        The deepest cached node on the way is found as in ``match_len``; its ``ids`` hold the chain."""
+        if max_blocks < 0:   # (a negative bound slices from the end: the walk's reading of it)
+            return self._match_walk(block_hashes, max_blocks)
+        k, node = self._deepest(block_hashes, max_blocks)
+        return list(node.ids[:k]) if k else []
+
+    def _match_walk(self, block_hashes: tuple[int, ...], max_blocks: int) -> list[int]:
+        """``match`` child by child from the root (its reference)."""
         node = self.root
         out: list[int] = []
         for h in block_hashes[:max_blocks]:
@@ -71,24 +83,35 @@ class PrefixCache:
         """``len(match(block_hashes, max_blocks))`` without walking the tree block by block: the cached paths are
         prefix-closed, so the longest cached prefix is found by bisection, each probe one index lookup and one
         tuple comparison (C speed) of the probed node's path with the query's."""
+        return self._deepest(block_hashes, max_blocks)[0]
+
+    def _deepest(self, block_hashes: tuple[int, ...], max_blocks: int) -> tuple[int, "_Node"]:
+        """(k, node): the longest cached prefix of ``block_hashes`` (at most ``max_blocks``) is ``k`` blocks long and
+        ends at ``node`` (the root when k is 0); found by bisection (see ``match_len``)."""
         if type(block_hashes) is not tuple:   # paths are tuples: a list would never compare equal
             block_hashes = tuple(block_hashes)
         lo, hi = 0, min(len(block_hashes), max_blocks)
+        best = self.root
         by_hash, dups = self._by_hash, self._dups
         while lo < hi:
             k = (lo + hi + 1) >> 1
             h = block_hashes[k - 1]
             nodes = dups.get(h) if dups else None
+            found = None
             if nodes is None:
                 node = by_hash.get(h)
-                found = node is not None and node.depth == k and node.path[:k] == block_hashes[:k]
+                if node is not None and node.depth == k and node.path[:k] == block_hashes[:k]:
+                    found = node
             else:
-                found = any(n.depth == k and n.path[:k] == block_hashes[:k] for n in nodes)
-            if found:
-                lo = k
+                for n in nodes:
+                    if n.depth == k and n.path[:k] == block_hashes[:k]:
+                        found = n
+                        break
+            if found is not None:
+                lo, best = k, found
             else:
                 hi = k - 1
-        return lo
+        return lo, best
 
     def count_unused(self, block_ids: list[int]) -> int:
         """How many of ``block_ids`` (cached) are currently unused: pinning them takes them off the free pool."""
@@ -137,7 +160,7 @@ class PrefixCache:
         d, path = parent.depth, parent.path
         if len(path) <= d or path[d] != block_hash:   # the parent's path does not go on with this hash: a new one
             path = path[:d] + (block_hash,)
-        self._add(parent, block_hash, block_id, path)
+        self._add(parent, block_hash, block_id, path, parent.ids[:d] + (block_id,))
         return True
 
     def insert_run(self, block_ids: list[int], block_hashes: tuple[int, ...], start: int, stop: int) -> int:
@@ -152,6 +175,7 @@ class PrefixCache:
             path = parent.path[:parent.depth] + tuple(block_hashes[start:stop])
         by_block, by_hash = self._by_block, self._by_hash
         depth = parent.depth
+        ids = parent.ids[:depth] + tuple(block_ids[start:stop])   # the chain's block ids (the nodes made here share it)
         for i in range(start, stop):   # _add inlined (a request inserts hundreds of blocks)
             h = block_hashes[i]
             children = parent.children
@@ -159,16 +183,17 @@ class PrefixCache:
                 return i
             b = block_ids[i]
             depth += 1
-            node = children[h] = by_block[b] = _Node(h, b, parent, depth, path)
+            node = children[h] = by_block[b] = _Node(h, b, parent, depth, path, ids)
             other = by_hash.setdefault(h, node)
             if other is not node:
                 self._dups.setdefault(h, [other]).append(node)
             parent = node
         return stop
 
-    def _add(self, parent: _Node, block_hash: int, block_id: int, path: tuple) -> _Node:
-        """A new node for ``block_id`` under ``parent`` (whose path goes on with ``block_hash`` in ``path``)."""
-        node = _Node(block_hash, block_id, parent, parent.depth + 1, path)
+    def _add(self, parent: _Node, block_hash: int, block_id: int, path: tuple, ids: tuple) -> _Node:
+        """A new node for ``block_id`` under ``parent`` (whose path goes on with ``block_hash`` in ``path``, and
+        whose chain of block ids with ``block_id`` is ``ids``)."""
+        node = _Node(block_hash, block_id, parent, parent.depth + 1, path, ids)
         parent.children[block_hash] = node
         self._by_block[block_id] = node
         other = self._by_hash.setdefault(block_hash, node)
