@@ -152,7 +152,8 @@ class LLMEngine:
                   routing_skew: float = 0.0, decode_steps: int = 1, eos_token_id: int | None = None,
                   kv_memory_fraction: float = 0.7, step_log=None, kernel_overrides: dict[str, str] | None = None,
                   num_layers: int | None = None, model_transform=None, cuda_graphs: bool | None = None,
-                  enforce_eager: bool = False, async_overlap: bool | None = None) -> "LLMEngine":
+                  enforce_eager: bool = False, async_overlap: bool | None = None,
+                  piecewise_graphs: bool | None = None) -> "LLMEngine":
         """Build model, KV cache, scheduler and runner from names and options.
 
         ``model``: a catalog name (``tiny``, ...) or an HF checkpoint folder (config.json +
@@ -163,6 +164,8 @@ class LLMEngine:
         ``model_transform``: callable(model) -> model applied before the KV cache is sized (EP sharding).
         ``cuda_graphs``: capture decode-only forwards as CUDA graphs per padded batch size (default: on for
         cuda without ``model_transform``, off elsewhere; executor/cuda_graphs.py); ``enforce_eager=True`` disables them (vLLM's name).
+        ``piecewise_graphs``: with ``cuda_graphs``, also capture everything but attention per token bucket for prefill,
+        mixed and MTP steps (executor/piecewise_graphs.py); None: env ``TWINFER_PIECEWISE_GRAPHS`` (default on).
         ``async_overlap``: pipelined loop (None: the scheduler config's; EP ranks, which step in lockstep, run synchronously).
         """
         if device not in ("cpu", "cuda") and not device.startswith("cuda:"):   # cuda:N: one EP rank's GPU
@@ -215,6 +218,9 @@ class LLMEngine:
             jit_warmup(net, dev, token_counts(capture_sizes(sched_cfg.max_num_seqs), sched_cfg.max_num_batched_tokens))
         if cuda_graphs and not enforce_eager and dev.type == "cuda":
             runner.enable_cuda_graphs(sched_cfg.max_num_seqs, mml + sched_cfg.draft_len + 1)
+            from executor.piecewise_graphs import enabled_by_env
+            if piecewise_graphs if piecewise_graphs is not None else enabled_by_env():
+                runner.enable_piecewise_graphs(sched_cfg.max_num_batched_tokens)
         sched = Scheduler(sched_cfg, num_kv_blocks)
         name = Path(model).name if hf_dir else model
         if model_transform is not None:

@@ -158,5 +158,10 @@ class DecoderLayer(nn.Module):
         self.mlp = mlp
 
     def forward(self, x: torch.Tensor, batch, kv) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), batch, kv)
+        return self.after_attention(x, self.self_attn(self.input_layernorm(x), batch, kv))
+
+    def after_attention(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """The block's tail once attention produced ``attn_out``: residual, norm, MLP/MoE, residual (the middle of a
+        piecewise CUDA graph piece, executor/piecewise_graphs.py)."""
+        x = x + attn_out
         return x + self.mlp(self.post_attention_layernorm(x))

@@ -52,6 +52,13 @@ class MLAAttention(nn.Module):
         self.cos_sin: torch.Tensor | None = None   # set by the model (shared rope table)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        q_nope, q_pe, qr = self.project(x, batch, kv)
+        return self.output(self.attend(q_nope, q_pe, batch, kv, x, qr))
+
+    def project(self, x: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The per-token part before attention: q/kv projections, latent norms, RoPE, and the KV-cache write.
+        Returns ``(q_nope [T, h, dn], q_pe [T, h, dr], qr)`` (``qr``: the normed q latent, the indexer's input; None
+        without q LoRA). No host sync and shapes fixed by ``T``: CUDA-graph capturable (executor/piecewise_graphs.py)."""
         t = x.shape[0]
         qr = None
         if hasattr(self, "q_a_proj"):
@@ -68,15 +75,24 @@ class MLAAttention(nn.Module):
         pe = ops.rope(torch.cat((q[..., self.dn:], kva[:, None, self.rank:]), dim=1), batch.positions, self.cos_sin,
                       self.interleave, batch.rope_rows(self.cos_sin))
         q_nope, q_pe, k_pe = q[..., : self.dn], pe[:, : self.h], pe[:, self.h]
-        cache = kv.latent[self.cache_layer]
-        ref.write_paged(cache, batch.slot_mapping, torch.cat((c, k_pe), dim=-1))
+        ref.write_paged(kv.latent[self.cache_layer], batch.slot_mapping, torch.cat((c, k_pe), dim=-1))
+        return q_nope, q_pe, qr
 
+    def attend(self, q_nope: torch.Tensor, q_pe: torch.Tensor, batch: ForwardBatch, kv: KVCache,
+               x: torch.Tensor | None = None, qr: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of the batch's queries over the cache ``project`` wrote: the decode group through the paged decode
+        kernel (absorbed form), each prefill chunk expanded and attended on its own. Per-step shapes (KV lengths, chunk
+        spans) live here, so this part stays eager between graph pieces. ``x``/``qr``: the DSA indexer's inputs (DSA
+        models only). ``out``: where to write ``[T, h, dv]`` (a static buffer's rows; allocated when None)."""
+        t = q_nope.shape[0]
+        cache = kv.latent[self.cache_layer]
         dec_topk, masks = None, [None] * len(batch.prefills)
         if self.indexer is not None:
             dec_topk, masks = self.indexer(x, qr, batch, kv.index_k[self.cache_layer], self.cos_sin)
 
         w_kv_b = self.kv_b_proj.weight
-        out = torch.empty(t, self.h, self.dv, dtype=x.dtype, device=x.device)
+        if out is None:
+            out = torch.empty(t, self.h, self.dv, dtype=q_nope.dtype, device=q_nope.device)
         nd = batch.num_decode_tokens
         if nd:
             b, sq = batch.num_decodes, batch.decode_sq
@@ -89,7 +105,11 @@ class MLAAttention(nn.Module):
             rows = slice(p.start, p.start + p.num)
             k_nope, v, kpe = self.prefill_expand(cache, p.block_table, p.kv_len)
             out[rows] = self.prefill_attend(q_nope[rows], q_pe[rows], k_nope, v, kpe, batch.positions[rows], mask)
-        return self.o_proj(out.view(t, self.h * self.dv))
+        return out
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        """The output projection of ``attend``'s ``[T, h, dv]`` (graphable: it opens the next piece)."""
+        return self.o_proj(out.view(out.shape[0], self.h * self.dv))
 
     def prefill_expand(self, cache: torch.Tensor, block_table: torch.Tensor, kv_len: int):
         """A prefill chunk's keys and values: its sequence's cached latents gathered from the pages and

@@ -62,9 +62,10 @@ def accepted_prefix(drafts: list[int], samples: list[int]) -> int:
 
 
 def step_record(prefills: list, nd: int, sq: int, num_tokens: int, decode_context_tokens: int, accepted_drafts: int,
-                wall: float, dev: float, graph_bs: int) -> dict:
+                wall: float, dev: float, graph_bs: int, piecewise_bs: int = 0) -> dict:
     """One executed step's record (``ModelRunner.step_records``, the step log's row): its batch, times, the kernel
-    implementations used since the last record, and the CUDA graph it replayed (``graph_bs`` 0: none)."""
+    implementations used since the last record, the CUDA graph it replayed (``graph_bs`` 0: none) and the token bucket
+    of the piecewise graphs it replayed (``piecewise_bs`` 0: none; executor/piecewise_graphs.py)."""
     return {
         "num_decodes": nd, "decode_sq": sq if nd else 0,
         "num_prefills": len(prefills), "prefill_tokens": int(sum(c.num_new_tokens for c in prefills)),
@@ -73,7 +74,7 @@ def step_record(prefills: list, nd: int, sq: int, num_tokens: int, decode_contex
         "prefill_context_tokens": int(sum(c.context_len for c in prefills)),
         "accepted_drafts": accepted_drafts,
         "wall_s": wall, "device_s": dev, "backends": ops.reset_used(),
-        "cuda_graph": graph_bs > 0, "graph_bs": graph_bs,
+        "cuda_graph": graph_bs > 0, "graph_bs": graph_bs, "piecewise_bs": piecewise_bs,
     }
 
 
@@ -90,6 +91,8 @@ class ModelRunner:
         self.num_steps_run = 0
         self.graphs = None   # executor.cuda_graphs.DecodeGraphs once enable_cuda_graphs ran
         self.graphs_off_reason: str | None = None
+        self.piecewise = None   # executor.piecewise_graphs.PiecewiseGraphs once enable_piecewise_graphs ran
+        self.piecewise_off_reason: str | None = None
         self.swa = None      # executor.swa_replay.SWAReplay: sliding-window layers' policy on resume (None: plain forward)
 
     # ----------------------------------------------------------------- CUDA graphs
@@ -109,6 +112,41 @@ class ModelRunner:
         self.graphs = cg.DecodeGraphs(self.model, self.kv, self.device, bs, max_pages)
         self.graphs.capture()
         return bool(self.graphs.captured)
+
+    def enable_piecewise_graphs(self, max_tokens: int, sizes: tuple[int, ...] | None = None, capture: bool = True,
+                                log=None) -> bool:
+        """Capture the forward's pieces (all but attention) per token bucket up to ``max_tokens``, for steps the decode
+        graphs do not take (prompt chunks, MTP). ``capture=False`` runs the same pieces eagerly through the static
+        buffers (any device: how the CPU tests check them). False when nothing is set up (reason kept)."""
+        from executor import cuda_graphs as cg
+        from executor import piecewise_graphs as pg
+        if capture and not cg.graphs_supported(self.device):
+            self.piecewise_off_reason = "not a CUDA device"
+            return False
+        self.piecewise_off_reason = pg.unsupported_reason(self.model)
+        if self.piecewise_off_reason is not None:
+            return False
+        buckets = pg.token_sizes(max_tokens, sizes or pg.DEFAULT_TOKEN_SIZES)
+        if not buckets:
+            self.piecewise_off_reason = "no token bucket under the step budget"
+            return False
+        self.piecewise = pg.PiecewiseGraphs(self.model, self.kv, self.device, buckets, capture=capture, log=log)
+        self.piecewise.capture()
+        return bool(self.piecewise.captured)
+
+    def forward(self, batch: ForwardBatch, eager=None) -> tuple[torch.Tensor, int, int]:
+        """(final hidden states, decode-graph size, piecewise bucket): a whole-forward decode graph when one fits,
+        else the piecewise graphs when the token count fits a bucket, else eager (sizes 0 when not used). ``eager``:
+        a forward of its own to fall back on (sliding-window replay: its rows differ, so no pieces either)."""
+        replayed = self.graphs.run(batch) if self.graphs is not None else None
+        if replayed is not None:
+            return replayed[0], replayed[1], 0
+        if eager is not None:
+            return eager(), 0, 0
+        pieced = self.piecewise.run(batch) if self.piecewise is not None else None
+        if pieced is not None:
+            return pieced[0], 0, pieced[1]
+        return self.model(batch, self.kv), 0, 0
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request_id: str, params: SamplingParams) -> None:
@@ -196,14 +234,11 @@ class ModelRunner:
                 toks = self._tokens(c.request)[c.context_len: c.context_len + c.num_new_tokens]
                 seqs.append(SeqInput(toks, c.context_len, c.request.block_ids, False))
             batch = build_forward_batch(seqs, self.page_size, self.kv.null_page, self.device)
-            replayed = self.graphs.run(batch) if self.graphs is not None else None
-            if replayed is not None:
-                hidden, graph_bs = replayed
-            elif self.swa is not None:   # resumed chunks carry the policy's extra rows (executor/swa_replay.py)
-                hidden, graph_bs = self.swa.forward(self.model, seqs, [self._tokens(c.request) for c in prefills], self.kv,
-                                                    [getattr(c, "replayed", 0) for c in prefills]), 0
-            else:
-                hidden, graph_bs = self.model(batch, self.kv), 0
+            eager = None
+            if self.swa is not None:   # resumed chunks carry the policy's extra rows (executor/swa_replay.py)
+                eager = lambda: self.swa.forward(self.model, seqs, [self._tokens(c.request) for c in prefills],  # noqa: E731,B023
+                                                 self.kv, [getattr(c, "replayed", 0) for c in prefills])
+            hidden, graph_bs, piece_bs = self.forward(batch, eager)
 
             rows, rids = [], []
             for i, r in enumerate(decodes):
@@ -249,7 +284,7 @@ class ModelRunner:
             counts.append(step_count)
             self.step_records.append(step_record(prefills, nd, sq, batch.num_tokens,
                                                  batch.decode_context_tokens, int(sum(accepted)),
-                                                 wall, dev, graph_bs))
+                                                 wall, dev, graph_bs, piece_bs))
             self.num_steps_run += 1
             if finished_early or any(x <= 0 for x in remaining):
                 break

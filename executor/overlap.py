@@ -69,8 +69,7 @@ class PipelinedRunner:
         if dst:   # placeholders take step N's samples on the device, queued behind step N
             idx = torch.tensor(dst, dtype=torch.int64, device=run.device)
             batch.input_ids.index_copy_(0, idx, prev.toks.index_select(0, torch.tensor(src, dtype=torch.int64, device=run.device)))
-        replayed = run.graphs.run(batch) if run.graphs is not None else None
-        hidden, graph_bs = replayed if replayed is not None else (run.model(batch, run.kv), 0)
+        hidden, graph_bs, piece_bs = run.forward(batch)
         rows, rids, at = [], [], {}
         for i, r in enumerate(plan.decodes):
             at[r.request_id] = len(rows)
@@ -82,7 +81,7 @@ class PipelinedRunner:
                 rows.append(span.start + span.num - 1)
                 rids.append(c.request.request_id)
         toks = run.sample_on_device(hidden, rows, rids) if rows else None
-        f = InFlight(plan, toks, at, self._record(plan, seqs, batch.num_tokens, graph_bs), t0, ev_start=ev0)
+        f = InFlight(plan, toks, at, self._record(plan, seqs, batch.num_tokens, graph_bs, piece_bs), t0, ev_start=ev0)
         if self.cuda and toks is not None:
             f.host_toks = torch.empty(toks.shape, dtype=toks.dtype, pin_memory=True)
             f.host_toks.copy_(toks, non_blocking=True)
@@ -117,12 +116,12 @@ class PipelinedRunner:
         return seqs, dst, src
 
     @staticmethod
-    def _record(plan: StepPlan, seqs: list[SeqInput], num_tokens: int, graph_bs: int) -> dict:
+    def _record(plan: StepPlan, seqs: list[SeqInput], num_tokens: int, graph_bs: int, piece_bs: int = 0) -> dict:
         """The runner's step record from host-side figures only: reading a device tensor here would wait for the
         device and undo the overlap (times filled by ``collect``)."""
         nd = len(plan.decodes)
         return step_record(plan.prefills, nd, 1, num_tokens, int(sum(s.context_len + 1 for s in seqs[:nd])), 0,
-                           0.0, float("nan"), graph_bs)
+                           0.0, float("nan"), graph_bs, piece_bs)
 
     def collect(self, f: InFlight) -> list[int]:
         """Wait for ``f``'s samples (only: later launches keep the device busy) and return them, one id per row."""

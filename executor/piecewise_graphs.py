@@ -1,0 +1,278 @@
+"""Piecewise CUDA graphs for prefill, mixed and MTP steps (vLLM v1's piecewise cudagraphs).
+
+Why: an eager step pays the host issue of every op (the H200, 5-layer DeepSeek-V3 FP8 at ec5f1df: eager prefill of
+64 tokens 13.6 ms, 512 tokens 17.1 ms, mixed steps 17-18 ms, against a b=1 decode graph of 3.3 ms;
+benchmarks/gpu/issue18_h200/eager_ec5f1df). Decode-only steps replay whole-forward graphs (executor/cuda_graphs.py);
+steps with prompt chunks cannot, because attention's work depends on each chunk's length and cached context. Here
+everything but attention is captured, per padded token count, and attention runs eagerly between the replays.
+
+The cut (L decoder layers, L+1 pieces; ``project``/``attend``/``output`` are executor/mla.py's split):
+
+- piece 0: embedding, layer 0's input norm and ``project`` (q/kv projections, latent norms, RoPE, KV-cache write);
+- piece i (1..L-1): layer i-1's ``output`` (o_proj), residual, post-attention norm, MLP/MoE, residual, then layer i's
+  input norm and ``project``;
+- piece L: layer L-1's ``output``, residual, norm, MLP/MoE, residual, the final norm.
+
+Between piece i and i+1, ``attend`` of layer i runs eagerly over the step's real rows with the step's own decode
+block tables, KV lengths and prefill spans.
+
+Static buffers (one set, sized for the largest bucket, outside the graph pool): token ids / positions / KV slots
+(``[3, max]`` int64), the residual stream ``x``, the queries ``q`` (``[.., h, dn+dr]``: q_nope then the rotated q_pe),
+attention's output ``out`` and the final hidden states. A piece reads them and writes its results back into them
+(a copy each: the graphs' own outputs then die with the capture, so buckets share one pool instead of each keeping
+its outputs). Per-step values inside a piece are only the three index rows; the RoPE rows are gathered inside piece 0
+(``ForwardBatch.rope_rows`` memo of the bucket's static batch) and MoE routing is computed on the device from the
+hidden states (the Triton MoE sizes its grid by the no-sync upper bound ``pairs + E x (block_m - 1)`` of the padded
+token count: static per bucket).
+
+Padding rows (``T`` real tokens padded to bucket ``B``): token 0 at position 0, KV slot 0 of the null page (which
+absorbs junk writes by design, executor/kv_cache.py). ``attend`` only reads and writes rows ``[:T]``; padding rows of
+``out`` keep earlier finite values. Every op in a piece is row-independent (row-wise norms and FP8 quantisation,
+GEMMs, per-token routing and expert GEMMs), so padding rows never touch real rows; they do cost expert work (vLLM
+accepts the same).
+
+Buckets: :data:`DEFAULT_TOKEN_SIZES` capped by the step token budget (vLLM's 1, 2, 4, 8..512 list, then coarser up
+to 4096: above a few thousand tokens the device time exceeds the host issue time and graphs buy little). Capture
+runs at engine start, largest first, with one progress line per ~10 buckets; a bucket whose capture raises stays
+eager (``failed``) and a failure of the largest stops the rest. Batches over the largest bucket run eagerly.
+
+Not covered (eager, ``unsupported_reason``): DSA models (the indexer runs inside attention with host-side branches),
+sliding-window layers, attention without the project/attend/output split (GQA/Llama), and the MTP layers' own
+forwards (the main model's forward of an MTP step, ``decode_sq > 1``, is covered).
+
+``capture=False`` runs the very same pieces eagerly through the static buffers with padding: the CPU tests check the
+split and the padding that way (no CUDA graphs on CPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from unittest import mock
+
+import torch
+
+from executor.cuda_graphs import bucket_for, capture_sizes
+from executor.forward_batch import ForwardBatch
+
+# vLLM's decode capture list up to 512 (executor/cuda_graphs.py), then steps of 128 to 1024, 256 to 2048, 512 to 4096
+DEFAULT_TOKEN_SIZES: tuple[int, ...] = ((1, 2, 4) + tuple(range(8, 257, 8)) + tuple(range(272, 513, 16))
+                                        + tuple(range(640, 1025, 128)) + tuple(range(1280, 2049, 256))
+                                        + tuple(range(2560, 4097, 512)))
+
+ENV = "TWINFER_PIECEWISE_GRAPHS"   # 0/off disables piecewise graphs (the engine arg wins when given)
+
+
+def enabled_by_env(default: bool = True) -> bool:
+    """``TWINFER_PIECEWISE_GRAPHS``: 1/on/true/yes or 0/off/false/no; unset or empty gives ``default``."""
+    v = os.environ.get(ENV, "").strip().lower()
+    if not v:
+        return default
+    if v in ("1", "on", "true", "yes"):
+        return True
+    if v in ("0", "off", "false", "no"):
+        return False
+    from twinfer.errors import TwinferError
+    raise TwinferError(f"{ENV}={v!r}: expected 1/on/true/yes or 0/off/false/no")
+
+
+def token_sizes(max_tokens: int, sizes: tuple[int, ...] = DEFAULT_TOKEN_SIZES) -> list[int]:
+    """Buckets to capture: those below the step token budget, plus the budget itself when it lies inside the range."""
+    return capture_sizes(max_tokens, sizes)
+
+
+def unsupported_reason(model) -> str | None:
+    """Why ``model``'s forward cannot be cut into pieces, or None."""
+    if any(getattr(m, "indexer", None) is not None for m in model.modules()):
+        return "DSA indexer: runs inside attention with host-side branches (eager for now)"
+    if any(hasattr(m, "window") for m in model.modules()):
+        return "sliding-window layers: per-sequence windowed attention (executor/swa.py)"
+    for i, layer in enumerate(model.model.layers):
+        attn = layer.self_attn
+        if not all(hasattr(attn, f) for f in ("project", "attend", "output")) or not hasattr(layer, "after_attention"):
+            return f"layer {i}: attention {type(attn).__name__} has no project/attend/output split"
+    return None
+
+
+class PieceBuffers:
+    """The static tensors every piece reads and writes, sized for ``max_tokens`` rows."""
+
+    def __init__(self, model, kv, max_tokens: int, device: torch.device):
+        attn = model.model.layers[0].self_attn
+        hidden = model.model.embed_tokens.weight.shape[1]
+        dtype = model.model.embed_tokens.weight.dtype
+        self.h, self.dn, self.dr, self.dv = attn.h, attn.dn, attn.dr, attn.dv
+        self.page_size = kv.page_size
+        self.index = torch.zeros(3, max_tokens, dtype=torch.int64, device=device)   # token ids, positions, KV slots
+        # what padding rows hold: token 0, position 0, slot 0 of the null page
+        self.pad = torch.zeros(3, max_tokens, dtype=torch.int64, device=device)
+        self.pad[2].fill_(kv.null_page * kv.page_size)
+        self.x = torch.zeros(max_tokens, hidden, dtype=dtype, device=device)
+        self.q = torch.zeros(max_tokens, self.h, self.dn + self.dr, dtype=dtype, device=device)
+        self.out = torch.zeros(max_tokens, self.h, self.dv, dtype=dtype, device=device)
+        self.hidden = torch.zeros(max_tokens, hidden, dtype=dtype, device=device)
+        self.batches: dict[int, ForwardBatch] = {}
+
+    def fill(self, batch: ForwardBatch | None, size: int) -> None:
+        """Rows ``[:T]`` from ``batch`` (device-to-device, no sync), rows ``[T:size]`` padding."""
+        t = batch.num_tokens if batch is not None else 0
+        if t > size:
+            raise ValueError(f"batch of {t} tokens does not fit the piece bucket of {size}")
+        if t:
+            self.index[0, :t].copy_(batch.input_ids, non_blocking=True)
+            self.index[1, :t].copy_(batch.positions, non_blocking=True)
+            self.index[2, :t].copy_(batch.slot_mapping, non_blocking=True)
+        if size > t:
+            self.index[:, t:size].copy_(self.pad[:, t:size], non_blocking=True)
+
+    def batch(self, size: int) -> ForwardBatch:
+        """The static ForwardBatch of bucket ``size`` (views of fixed addresses; what ``project`` reads: positions,
+        slots, and the RoPE rows it memoises). One object per bucket, kept: its memo holds piece 0's RoPE rows."""
+        b = self.batches.get(size)
+        if b is None:
+            empty = self.index.new_zeros(0)
+            b = self.batches[size] = ForwardBatch(
+                input_ids=self.index[0, :size], positions=self.index[1, :size], slot_mapping=self.index[2, :size],
+                page_size=self.page_size, num_decodes=0, decode_sq=1,
+                decode_block_table=empty.view(0, 0).to(torch.int32), decode_seq_lens=empty.to(torch.int32), prefills=[])
+        return b
+
+
+class PiecewiseGraphs:
+    """The L+1 pieces of a forward, captured per token bucket in one pool (or run eagerly with ``capture=False``)."""
+
+    def __init__(self, model, kv, device: torch.device, sizes: list[int], capture: bool = True, log=None):
+        self.model, self.kv, self.device = model, kv, device
+        self.layers = list(model.model.layers)
+        self.sizes = sorted(sizes)
+        self.use_graphs = capture
+        self.log = log if log is not None else (lambda s: print(s, file=sys.stderr, flush=True))
+        self.buf = PieceBuffers(model, kv, max(self.sizes) if self.sizes else 1, device)
+        self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
+        self.backends: dict[int, dict[str, str]] = {}   # kernels chosen at capture (ops.used is empty on replay)
+        self.failed: dict[int, str] = {}
+        self.capture_s = 0.0
+        self.mem_bytes = 0        # device memory the capture added (reserved by the caching allocator)
+        self.pool = None
+
+    @property
+    def num_pieces(self) -> int:
+        return len(self.layers) + 1
+
+    @property
+    def captured(self) -> list[int]:
+        return sorted(self.graphs) if self.use_graphs else list(self.sizes)
+
+    # ----------------------------------------------------------------- the pieces
+    def piece(self, k: int, size: int) -> None:
+        """Piece ``k`` over the first ``size`` rows of the static buffers (the function that is captured)."""
+        buf, b = self.buf, self.buf.batch(size)
+        if k == 0:
+            x = self.model.model.embed_tokens(b.input_ids)
+        else:
+            prev = self.layers[k - 1]
+            x = prev.after_attention(buf.x[:size], prev.self_attn.output(buf.out[:size]))
+        if k == len(self.layers):
+            buf.hidden[:size].copy_(self.model.model.norm(x))
+            return
+        layer = self.layers[k]
+        buf.x[:size].copy_(x)
+        q_nope, q_pe, _ = layer.self_attn.project(layer.input_layernorm(x), b, self.kv)
+        buf.q[:size, :, : buf.dn].copy_(q_nope)
+        buf.q[:size, :, buf.dn:].copy_(q_pe)
+
+    def attend(self, k: int, batch: ForwardBatch) -> None:
+        """Layer ``k``'s attention over the real rows, eagerly, into ``out[:T]``."""
+        t, buf = batch.num_tokens, self.buf
+        self.layers[k].self_attn.attend(buf.q[:t, :, : buf.dn], buf.q[:t, :, buf.dn:], batch, self.kv, out=buf.out[:t])
+
+    # ----------------------------------------------------------------- capture
+    def capture(self) -> None:
+        """Capture every bucket's pieces (largest first, so smaller buckets reuse the pool), with progress lines."""
+        from executor import moe as moe_mod
+        from kernels import ops
+        if not self.use_graphs or not self.sizes:
+            return
+        t0 = time.perf_counter()
+        torch.cuda.empty_cache()   # what the capture adds is then the pools' memory (the warm-ups' cache is emptied too)
+        mem0 = torch.cuda.memory_reserved(self.device)
+        order = sorted(self.sizes, reverse=True)
+        self.log(f"piecewise CUDA graphs: {self.num_pieces} pieces x {len(order)} token buckets "
+                 f"({order[-1]}..{order[0]}) = {self.num_pieces * len(order)} graphs")
+        moe_mod.GRAPH_SAFE = True
+        try:
+            with torch.inference_mode():
+                for n, size in enumerate(order):
+                    try:
+                        self._capture_one(size, ops)
+                    except Exception as e:  # noqa: BLE001 - an uncapturable bucket stays eager
+                        self.failed[size] = f"{type(e).__name__}: {e}"[:300]
+                        self.graphs.pop(size, None)
+                        torch.cuda.synchronize(self.device)
+                        if n == 0:   # the largest failed: the others would too (and each try costs a warm-up)
+                            self.failed.update({s: "not tried: the largest bucket failed" for s in order[1:]})
+                            break
+                    if (n + 1) % 10 == 0 or n + 1 == len(order):
+                        self.log(f"  {n + 1}/{len(order)} buckets, {time.perf_counter() - t0:.1f} s")
+        finally:
+            moe_mod.GRAPH_SAFE = False
+            ops.reset_used()
+        self.capture_s = time.perf_counter() - t0
+        torch.cuda.empty_cache()
+        self.mem_bytes = torch.cuda.memory_reserved(self.device) - mem0
+        self.log(f"piecewise CUDA graphs: {len(self.graphs)} buckets captured in {self.capture_s:.1f} s, "
+                 f"+{self.mem_bytes / 2**20:.0f} MiB" + (f"; {len(self.failed)} failed: {next(iter(self.failed.values()))}"
+                                                          if self.failed else ""))
+
+    def _capture_one(self, size: int, ops) -> None:
+        self.buf.fill(None, size)
+        b = self.buf.batch(size)
+        s = torch.cuda.Stream(self.device)
+        s.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(s):
+            for _ in range(2):   # JIT (Triton specialisations, cuBLAS heuristics) outside the capture
+                b.memo.clear()
+                for k in range(self.num_pieces):
+                    self.piece(k, size)
+        torch.cuda.current_stream(self.device).wait_stream(s)
+        torch.cuda.synchronize(self.device)
+        ops.reset_used()
+        b.memo.clear()   # piece 0's capture gathers the RoPE rows afresh (later pieces read them from the memo)
+        graphs = []
+        for k in range(self.num_pieces):
+            g = torch.cuda.CUDAGraph()
+            with contextlib.ExitStack() as stack:
+                if self.pool is not None:   # torch.cuda.graph empties the allocator's cache per capture: once is enough (as vLLM)
+                    stack.enter_context(mock.patch("torch.cuda.empty_cache", lambda: None))
+                stack.enter_context(torch.cuda.graph(g, pool=self.pool))
+                self.piece(k, size)
+            if self.pool is None:
+                self.pool = g.pool()
+            graphs.append(g)
+        self.backends[size] = ops.reset_used()
+        self.graphs[size] = graphs
+
+    # ----------------------------------------------------------------- a step
+    def run(self, batch: ForwardBatch) -> tuple[torch.Tensor, int] | None:
+        """(final hidden ``[T, hidden]``, bucket) through the pieces, or None when the batch must run eagerly."""
+        t = batch.num_tokens
+        size = bucket_for(t, self.captured)
+        if size is None:
+            return None
+        self.buf.fill(batch, size)
+        if self.use_graphs:
+            graphs = self.graphs[size]
+            run_piece = lambda k: graphs[k].replay()  # noqa: E731
+        else:
+            self.buf.batch(size).memo.clear()   # eager pieces gather this step's RoPE rows afresh
+            run_piece = lambda k: self.piece(k, size)  # noqa: E731
+        for k in range(len(self.layers)):
+            run_piece(k)
+            self.attend(k, batch)
+        run_piece(len(self.layers))
+        if self.use_graphs:
+            from kernels import ops
+            ops.used.update(self.backends.get(size, {}))
+        return self.buf.hidden[:t], size
