@@ -177,6 +177,14 @@ def test_the_frontier_runs_through_simulated_points_that_meet_the_slo_and_none_a
     line = next(t for t in figure(result, None).data if (t.name or "").startswith("Pareto frontier"))
     assert sorted(zip(line.x, line.y)) == sorted((p.tps_per_user, p.output_tps_per_gpu) for p in front)
     assert any(p.source == "screen" for p in result.points)  # the screen's points are drawn, just not on the line
+    # the shaded TPOT region is on mean tokens/s per user, the SLO on a percentile: the chart says so, and a
+    # point's colour (computed at the percentile) is what says whether it meets the SLO
+    fig = figure(result, None)
+    assert "at p90; colour says who meets it" in fig.layout.annotations[0].text
+    for t in fig.data:
+        if t.customdata is not None:
+            pts = [result.points[i] for i in t.customdata]
+            assert [c == "crimson" for c in t.marker.color] == [not p.meets_slo for p in pts]
 
 
 def test_breakdown_figures_stack_every_category(result):
