@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
+
+# executor.calibrate's line per timed step shape: "  step   3/10: ..."
+STEP_LINE = re.compile(r"\s*step\s+(\d+)/(\d+):")
 
 
 def register(app: typer.Typer) -> None:
@@ -30,10 +34,26 @@ def calibrate(
     from rich.console import Console
 
     from executor.calibrate import calibrate as run
+    from ui.progress import progress_bar
 
     con = Console()
-    prof = run(model, num_layers, device, dtype, quick=quick, repeats=repeats, max_model_len=max_model_len,
-               max_num_seqs=max_num_seqs, command="twinfer " + " ".join(sys.argv[1:]), log=lambda s: con.print(s, highlight=False))
+    with progress_bar(Console(stderr=True)) as bar:
+        task = bar.add_task("calibrate: build, warm-up, ops", total=None)
+
+        def log(line: str) -> None:
+            con.print(line, highlight=False)
+            step = STEP_LINE.match(line)  # the timed step shapes are most of the run: the bar (and its ETA) counts them
+            if step:
+                bar.update(task, description="calibrate: step shapes", completed=int(step[1]), total=int(step[2]))
+
+        try:
+            prof = run(model, num_layers, device, dtype, quick=quick, repeats=repeats, max_model_len=max_model_len,
+                       max_num_seqs=max_num_seqs, command="twinfer " + " ".join(sys.argv[1:]), log=log)
+        except KeyboardInterrupt:
+            bar.stop()
+            con.print(f"[yellow]interrupted: the measurements printed above are all there is; no profile written to {out} "
+                      "(the fit needs every step shape)[/]", highlight=False)
+            raise typer.Exit(130) from None
     prof.save(out)
     st = prof.step
     h, lp = st.host, st.loop
