@@ -36,6 +36,6 @@ def test_progress_and_ctrl_c(tmp_path, monkeypatch):
     out = tmp_path / "p.json"
     r = CliRunner().invoke(app, ["calibrate", "-o", str(out)], env={"COLUMNS": "120"})
     assert r.exit_code == 130, r.output
-    assert "interrupted" in r.stdout and "no profile written" in r.stdout and not out.exists()
+    assert "interrupted" in r.stderr and "no profile written" in r.stderr and not out.exists()
     assert "step   3/5" in r.stdout
     assert "calibrate: step shapes" in r.stderr and "3/5" in r.stderr and "ETA" in r.stderr

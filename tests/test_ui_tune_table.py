@@ -37,6 +37,6 @@ def test_ctrl_c_prints_how_far_it_got_and_the_best_so_far(monkeypatch):
             "--chunk-tokens", "2048", "--sim-requests", "100", "--plan-requests", "200"]
     r = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert r.exit_code == 130, r.output
-    text = " ".join(r.stdout.split())
+    text = " ".join(r.stderr.split())  # status and partial results on stderr, as plan, simulate and run
     assert "interrupted after 2 of at most" in text and "no winner and no plan" in text
     assert "best so far (simulated, not run at full scale): EP" in text and "output tok/s/GPU" in text

@@ -51,4 +51,4 @@ def test_ctrl_c_says_what_was_kept(tmp_path, monkeypatch):
     out = tmp_path / "rep.json"
     r = CliRunner().invoke(app, ["validate", "--model", "deepseek-v3", "--num-layers", "5", "--profile", prof, "-n", "4", "--sim-only",
                                  "--out", str(out)], env={"COLUMNS": "200"})
-    assert r.exit_code == 130 and "interrupted: the levels printed above are complete" in r.stdout and not out.exists()
+    assert r.exit_code == 130 and "interrupted: the levels printed above are complete" in r.stderr and not out.exists()

@@ -36,8 +36,8 @@ def calibrate(
     from executor.calibrate import calibrate as run
     from ui.progress import progress_bar
 
-    con = Console()
-    with progress_bar(Console(stderr=True)) as bar:
+    con, err = Console(), Console(stderr=True)
+    with progress_bar(err) as bar:
         task = bar.add_task("calibrate: build, warm-up, ops", total=None)
 
         def log(line: str) -> None:
@@ -51,7 +51,7 @@ def calibrate(
                        max_num_seqs=max_num_seqs, command="twinfer " + " ".join(sys.argv[1:]), log=log)
         except KeyboardInterrupt:
             bar.stop()
-            con.print(f"[yellow]interrupted: the measurements printed above are all there is; no profile written to {out} "
+            err.print(f"[yellow]interrupted: the measurements printed above are all there is; no profile written to {out} "
                       "(the fit needs every step shape)[/]", highlight=False)
             raise typer.Exit(130) from None
     prof.save(out)

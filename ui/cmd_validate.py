@@ -221,7 +221,7 @@ def validate(
                                            model=model, dtype=dtype, workload=trace or workload, profile_path=str(profile),
                                            capacity=cap, warm=warm, log=con, runs=runs)
     except KeyboardInterrupt:  # each level's table is printed as it finishes: those above are the partial results
-        con.print("[yellow]interrupted: the levels printed above are complete; no report and no plot written "
+        Console(stderr=True).print("[yellow]interrupted: the levels printed above are complete; no report and no plot written "
                   "(their errors need every level)[/]", highlight=False)
         raise typer.Exit(130) from None
     if plot is not None and samples_by_level:

@@ -82,19 +82,20 @@ def run_catalog_tune(*, model: str, hardware: str, gpus: int, workload: str, loa
                   highlight=False)
     total = simulations_bound(vals, rounds)
     done: list = []  # the runs so far, for a Ctrl-C
-    with progress_bar(con, transient=True) as bar:
+    err = Console(stderr=True)  # bars and the Ctrl-C report on stderr, as every command's
+    with progress_bar(err, transient=True) as bar:
         task = bar.add_task("tune: simulating policies", total=total)
         try:
             res = search(ctx, base, vals, max_rounds=rounds, tick=lambda run: (done.append(run), bar.advance(task)))
         except KeyboardInterrupt:
             bar.stop()
-            print_interrupted(con, done, total, f"p{ctx.slo_percentile}" if ctx.slo is not None else "p50")
+            print_interrupted(err, done, total, f"p{ctx.slo_percentile}" if ctx.slo is not None else "p50")
             raise typer.Exit(130) from None
         bar.update(task, total=len(res.runs), completed=len(res.runs))
     why = explanation(ctx, res)
     print_report(con, ctx, res, why)
     plan = tuned_plan(ctx, res.best.policy, why, max_requests=plan_requests, capacity_per_gpu=res.best.thr_gpu / max(ctx.stats.mean_output, 1.0))
-    with progress_bar(con, transient=True) as bar:
+    with progress_bar(err, transient=True) as bar:
         bar.add_task(f"full-scale run of the plan ({plan.workload.num_requests:,} requests)", total=None)
         plan = confirm(plan)
     pr = plan.predicted
