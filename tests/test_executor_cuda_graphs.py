@@ -73,7 +73,7 @@ def test_static_fill_pads_rows_and_table():
 
 def test_padded_static_forward_matches_eager_rows():
     """What a graph replays (padded static buffers) computes the same rows as the eager batch."""
-    e = LLMEngine.from_args("tiny", device="cpu", dtype="fp64", seed=0, scheduler_config={"block_size": 16})
+    e = LLMEngine.from_args("tiny", device="cpu", dtype="fp64", seed=0, num_kv_blocks=16, scheduler_config={"block_size": 16})
     assert e.runner.graphs is None
     kv = KVCache(e.cfg, 16, 16, CPU, torch.float64)
     g = torch.Generator().manual_seed(0)
@@ -107,7 +107,7 @@ def test_graph_safe_moe_pieces_match_reference():
 
 
 def test_cpu_engine_runs_eager_and_logs_it():
-    e = LLMEngine.from_args("tiny", device="cpu", dtype="fp64", seed=0, cuda_graphs=True)
+    e = LLMEngine.from_args("tiny", device="cpu", dtype="fp64", seed=0, num_kv_blocks=16, cuda_graphs=True)
     assert e.runner.graphs is None and not e.runner.enable_cuda_graphs(8, 64)
     recs = []
     e.step_log = recs.append
@@ -124,7 +124,7 @@ def _no_indexer(model):
 
 
 def test_dsa_models_are_not_captured():
-    e = LLMEngine.from_args("tiny", device="cpu", dtype="fp64", seed=0)
+    e = LLMEngine.from_args("tiny", device="cpu", dtype="fp64", seed=0, num_kv_blocks=16)
     assert "indexer" in cg.unsupported_reason(e.runner.model)
     assert cg.unsupported_reason(_no_indexer(e.runner.model)) is None
 
@@ -133,6 +133,7 @@ def test_dsa_models_are_not_captured():
 def test_gpu_dsa_model_stays_eager():
     e = LLMEngine.from_args("tiny", device="cuda", dtype="bf16", seed=0, max_model_len=256)
     assert e.runner.graphs is None and "indexer" in e.runner.graphs_off_reason
+    assert e.runner.piecewise is None and "indexer" in e.runner.piecewise_off_reason
 
 
 @pytest.mark.gpu
@@ -142,7 +143,7 @@ def test_gpu_graph_greedy_tokens_equal_eager(n):
     (except exact near-ties: padding and the static block-table width change split-K rounding)."""
     sc = {"block_size": 64, "max_num_seqs": 8, "max_num_batched_tokens": 2048}
     e = LLMEngine.from_args("tiny", device="cuda", dtype="bf16", seed=0, scheduler_config=sc, max_model_len=512,
-                            model_transform=_no_indexer, cuda_graphs=True)
+                            model_transform=_no_indexer, cuda_graphs=True, piecewise_graphs=False)   # pieces: test_executor_piecewise
     g = e.runner.graphs
     assert g is not None and not g.failed, g.failed
     assert g.captured == [1, 2, 4, 8]
@@ -179,6 +180,9 @@ def test_gpu_engine_decodes_through_graphs():
         e.step_log = recs[eager].append
         outs = e.generate(ps, params)
         assert [len(o) for o in outs] == [8, 8, 8]
-    assert not any(r["cuda_graph"] for r in recs[True])
+    assert not any(r["cuda_graph"] or r["piecewise_bs"] for r in recs[True])
     graph_steps = [r for r in recs[False] if r["cuda_graph"]]
     assert graph_steps and all(r["num_prefills"] == 0 and r["graph_bs"] == 4 for r in graph_steps)
+    # piecewise graphs are on by default next to the decode graphs: prompt steps replay them
+    from executor.piecewise_graphs import enabled_by_env
+    assert all(r["piecewise_bs"] >= r["num_tokens"] for r in recs[False] if r["num_prefills"]) or not enabled_by_env()

@@ -18,7 +18,8 @@ sigmoid routing and a shared expert, FP8 linears) at dimensions a CPU runs in mi
 depend on the dimensions, so the counts are the H200 engine's up to the kernels chosen there.
 
 CLI: ``python -m benchmarks.gpu.eager_host [--device cuda]`` prints the small model's counts; ``--engine --out F.json``
-times the H200 engine (``scripts/device_eager.sh``).
+times the H200 engine (``scripts/device_eager.sh``): decode graph vs eager, and prefill/mixed steps eager vs through
+the piecewise CUDA graphs (executor/piecewise_graphs.py) in the same process, with the capture's seconds and memory.
 """
 
 from __future__ import annotations
@@ -205,13 +206,14 @@ def step_plan(runner, decode_ctx: list[int], prefill: list[tuple[int, int]], tag
 def count_step(runner, plan) -> dict[str, OpCount]:
     """Counts of one eager ``runner.execute(plan)`` (after one uncounted run of the same plan: lazy imports,
     kernel choices and JIT stay out of the count)."""
-    graphs, runner.graphs = runner.graphs, None
+    graphs, pieces = runner.graphs, runner.piecewise
+    runner.graphs = runner.piecewise = None
     try:
         runner.execute(plan)
         with counting(runner.model) as c:
             runner.execute(plan)
     finally:
-        runner.graphs = graphs
+        runner.graphs, runner.piecewise = graphs, pieces
     return c.regions
 
 
@@ -243,15 +245,18 @@ def table(runner, shapes: dict | None = None) -> list[dict]:
 
 # ----------------------------------------------------------------------------- the H200 engine (device script)
 
-ENGINE_SHAPES = {   # name -> (decode contexts, prefill chunks (new, cached), modes)
+# modes: "graph" (whole-forward decode graph), "eager" (no graphs at all), "piecewise" (executor/piecewise_graphs.py:
+# everything but attention replayed per token bucket, attention eager); on and off in the same process
+ENGINE_SHAPES = {   # name -> (decode contexts, prefill chunks (new, cached), modes); the piecewise comparison first
+    "prefill 64": ([], [(64, 0)], ("eager", "piecewise")),
+    "prefill 512": ([], [(512, 0)], ("eager", "piecewise")),
+    "mixed 16 dec@1024 + 256 over 2048": ([1024] * 16, [(256, 2048)], ("eager", "piecewise")),
+    "mixed 32 dec@2048 + 128 + 128 over 512": ([2048] * 32, [(128, 0), (128, 512)], ("eager", "piecewise")),
+    "prefill 2048": ([], [(2048, 0)], ("eager", "piecewise")),
+    "prefill 4096": ([], [(4096, 0)], ("eager", "piecewise")),
     "decode b=1": ([1024], [], ("graph", "eager")),
     "decode b=8": ([1024] * 8, [], ("graph", "eager")),
     "decode b=64": ([1024] * 64, [], ("graph", "eager")),
-    "prefill 64": ([], [(64, 0)], ("eager",)),
-    "prefill 512": ([], [(512, 0)], ("eager",)),
-    "prefill 4096": ([], [(4096, 0)], ("eager",)),
-    "mixed 16 dec@1024 + 256 over 2048": ([1024] * 16, [(256, 2048)], ("eager",)),
-    "mixed 32 dec@2048 + 128 + 128 over 512": ([2048] * 32, [(128, 0), (128, 512)], ("eager",)),
 }
 
 
@@ -358,7 +363,28 @@ def engine_checks(engine) -> dict:
             hg = hg.float().clone()
             he = runner.model(batch, runner.kv).float()
             out.update(graph_size=size, graph_vs_eager_max_abs=float((hg - he).abs().max()), hidden_max_abs=float(he.abs().max()))
+        if runner.piecewise is not None and runner.piecewise.captured:
+            out.update(piecewise_check(runner))
     return out
+
+
+def piecewise_check(runner) -> dict:
+    """A mixed step (8 decodes + a 300-token chunk over 200 cached) through the replayed pieces vs the eager forward:
+    max abs difference of the final hidden states and the share of rows whose greedy token agrees."""
+    from executor.forward_batch import SeqInput, build_forward_batch
+    g = torch.Generator().manual_seed(5)
+    vocab = runner.model.cfg.spec.vocab_size
+    seqs = [SeqInput([int(torch.randint(vocab, (1,), generator=g))], 300 + 17 * i, list(range(i * 8, i * 8 + 8)), True)
+            for i in range(8)]
+    seqs.append(SeqInput(torch.randint(vocab, (300,), generator=g).tolist(), 200, list(range(64, 72)), False))
+    batch = build_forward_batch(seqs, runner.page_size, runner.kv.null_page, runner.device)
+    hp, size = runner.piecewise.run(batch)
+    hp = hp.clone()
+    he = runner.model(batch, runner.kv)
+    same = runner.model.compute_logits(hp).argmax(-1) == runner.model.compute_logits(he).argmax(-1)
+    return {"piecewise_bucket": size, "piecewise_tokens": batch.num_tokens,
+            "piecewise_vs_eager_max_abs": float((hp.float() - he.float()).abs().max()),
+            "piecewise_greedy_agree": float(same.float().mean())}
 
 
 def time_shape(engine, name: str, dec: list[int], pre: list, mode: str, repeats: int) -> dict:
@@ -370,8 +396,9 @@ def time_shape(engine, name: str, dec: list[int], pre: list, mode: str, repeats:
     from executor.calibrate import synthetic_plan
     runner = engine.runner
     plan = synthetic_plan(engine, dec, pre, f"eh_{name.replace(' ', '_')}_{mode}_")
-    saved = runner.graphs
+    saved, saved_pw = runner.graphs, runner.piecewise
     runner.graphs = saved if mode == "graph" else None
+    runner.piecewise = saved_pw if mode == "piecewise" else None
     try:
         with torch.inference_mode():
             for _ in range(2):   # Triton specialisations of new sizes compile here, not in the timed runs
@@ -387,19 +414,21 @@ def time_shape(engine, name: str, dec: list[int], pre: list, mode: str, repeats:
                 runner.execute(plan)
             row = {"shape": name, "mode": mode, "wall_ms": statistics.median(walls) * 1e3,
                    "wall_min_ms": min(walls) * 1e3, "events_ms": statistics.median(devs) * 1e3,
-                   "graph_bs": runner.step_records[-1].get("graph_bs", 0), "host_syncs": syncs, "sync_msgs": msgs[:6],
+                   "graph_bs": runner.step_records[-1].get("graph_bs", 0),
+                   "piecewise_bs": runner.step_records[-1].get("piecewise_bs", 0), "host_syncs": syncs, "sync_msgs": msgs[:6],
                    "counts": {k: v.as_dict() for k, v in c.regions.items()}}
-            if mode == "eager":
+            if mode != "graph":
                 row.update(forward_times(runner, plan, repeats))
     finally:
-        runner.graphs = saved
+        runner.graphs, runner.piecewise = saved, saved_pw
         for r in plan.decodes + [c.request for c in plan.prefills]:
             runner.remove_request(r.request_id)
     return row
 
 
 def forward_times(runner, plan, repeats: int) -> dict:
-    """The model forward alone: host issue time (no sync; the host cost when the GPU keeps up) and synchronised time."""
+    """The forward alone (``runner.forward``: eager, or the piecewise graphs when the runner has them): host issue
+    time (no sync; the host cost when the GPU keeps up) and synchronised time."""
     import statistics
     import time
 
@@ -412,7 +441,7 @@ def forward_times(runner, plan, repeats: int) -> dict:
     for _ in range(repeats):
         _sync(runner.device)
         t0 = time.perf_counter()
-        runner.model(batch, runner.kv)
+        runner.forward(batch)
         t1 = time.perf_counter()
         _sync(runner.device)
         issue.append(t1 - t0)
@@ -420,11 +449,13 @@ def forward_times(runner, plan, repeats: int) -> dict:
     return {"forward_issue_ms": statistics.median(issue) * 1e3, "forward_sync_ms": statistics.median(total) * 1e3}
 
 
-def bench_engine(out: str | None, repeats: int = 10, compare_torch_rowwise: bool = True, device: str = "cuda",
+def bench_engine(out: str | None, repeats: int = 10, compare_torch_rowwise: bool = False, device: str = "cuda",
                  model: str = "deepseek-v3", layers: int | None = 5, shapes: dict | None = None, kv_blocks: int = 4096,
                  max_model_len: int = 8192) -> dict:
     """The H200 5-layer DeepSeek-V3 FP8 engine (``executor.calibrate.build_engine``, dummy weights): eager vs graph
-    decode, eager prefill and mixed steps, host syncs and ops per layer; prints the table, writes ``out`` (JSON)."""
+    decode, eager and piecewise-graph prefill and mixed steps (on and off in this process, with the capture's seconds
+    and memory), host syncs and ops per layer; prints the table, writes ``out`` (JSON). ``compare_torch_rowwise``: three
+    eager shapes again with the row-wise ops as torch ops (measured at ec5f1df; off by default to keep the run short)."""
     import json
     import time
 
@@ -439,9 +470,13 @@ def bench_engine(out: str | None, repeats: int = 10, compare_torch_rowwise: bool
     engine = build_engine(model, layers, device, "fp8", max_num_seqs=64, max_model_len=max_model_len, num_kv_blocks=kv_blocks,
                           max_batched_tokens=8192)
     res["build_s"] = time.perf_counter() - t0
+    if dev.type != "cuda" and engine.runner.piecewise is None:   # a CPU dry run: the same pieces, uncaptured
+        engine.runner.enable_piecewise_graphs(8192, capture=False)
     res["warmup_s"] = engine.warmup() if dev.type == "cuda" else 0.0
+    res["graphs"] = graph_summary(engine.runner)
     print(f"engine built in {res['build_s']:.1f} s (graphs {engine.runner.graphs.captured if engine.runner.graphs else None}), "
           f"warm-up {res['warmup_s']:.1f} s")
+    print("graphs:", res["graphs"])
     try:
         res["engine_checks"] = engine_checks(engine)
     except Exception as e:  # noqa: BLE001 - a failed check must not lose the timings
@@ -459,9 +494,16 @@ def bench_engine(out: str | None, repeats: int = 10, compare_torch_rowwise: bool
         for mode in modes:
             if mode == "graph" and engine.runner.graphs is None:
                 continue
+            if mode == "piecewise" and engine.runner.piecewise is None:
+                continue
             rows.append(time_shape(engine, name, dec, pre, mode, repeats))
             print_row(rows[-1], len(engine.runner.model.model.layers))
             dump()
+    res["piecewise_vs_eager"] = piecewise_table(rows)
+    for r in res["piecewise_vs_eager"]:
+        print(f"{r['shape']:40s} eager {r['eager_ms']:8.2f} ms  piecewise {r['piecewise_ms']:8.2f} ms (bucket {r['bucket']})"
+              f"  x{r['speedup']:.2f}  events {r['eager_events_ms']:8.2f} / {r['piecewise_events_ms']:8.2f} ms", flush=True)
+    dump()
     if compare_torch_rowwise:   # the same eager steps with the row-wise ops as torch ops (as before issue 18's fix)
         registry.configure({op: "torch" for op in ROWWISE_OPS})
         ops.clear_choices()
@@ -478,12 +520,43 @@ def bench_engine(out: str | None, repeats: int = 10, compare_torch_rowwise: bool
     return res
 
 
+def graph_summary(runner) -> dict:
+    """The engine's captured graphs: decode sizes, piecewise buckets, capture seconds and memory, failures."""
+    out: dict = {"decode_sizes": runner.graphs.captured if runner.graphs else None,
+                 "decode_capture_s": runner.graphs.capture_s if runner.graphs else None,
+                 "piecewise_off_reason": runner.piecewise_off_reason}
+    pw = runner.piecewise
+    if pw is not None:
+        buf = pw.buf
+        out.update(piecewise_buckets=pw.captured, piecewise_graphs=sum(len(g) for g in pw.graphs.values()),
+                   piecewise_capture_s=pw.capture_s, piecewise_pool_mib=pw.mem_bytes / 2**20,
+                   piecewise_buffers_mib=sum(t.numel() * t.element_size() for t in (buf.index, buf.pad, buf.x, buf.q, buf.out, buf.hidden)) / 2**20,
+                   piecewise_failed=dict(list(pw.failed.items())[:3]), piecewise_num_failed=len(pw.failed))
+    return out
+
+
+def piecewise_table(rows: list[dict]) -> list[dict]:
+    """Per shape timed both ways: eager vs piecewise wall (median) and CUDA-event span, and the bucket replayed."""
+    by = {(r["shape"], r["mode"]): r for r in rows}
+    out = []
+    for (shape, mode), r in by.items():
+        e = by.get((shape, "eager"))
+        if mode != "piecewise" or e is None:
+            continue
+        out.append({"shape": shape, "eager_ms": e["wall_ms"], "piecewise_ms": r["wall_ms"], "bucket": r["piecewise_bs"],
+                    "speedup": e["wall_ms"] / r["wall_ms"], "eager_events_ms": e["events_ms"], "piecewise_events_ms": r["events_ms"],
+                    "eager_fwd_issue_ms": e.get("forward_issue_ms"), "piecewise_fwd_issue_ms": r.get("forward_issue_ms")})
+    return out
+
+
 def print_row(r: dict, n_layers: int) -> None:
-    lay = r["counts"]["layers"]
+    lay, oth = r["counts"]["layers"], r["counts"]["other"]
     print(f"{r['shape']:40s} {r['mode']:22s} wall {r['wall_ms']:8.2f} ms (min {r['wall_min_ms']:7.2f})  events {r['events_ms']:8.2f}"
           + (f"  fwd issue {r['forward_issue_ms']:7.2f} sync {r['forward_sync_ms']:7.2f}" if "forward_issue_ms" in r else " " * 32)
           + f"  syncs {r['host_syncs']:2d}  ops/layer {lay['ops'] / n_layers:5.1f} (+{lay['in_kernels'] / n_layers:5.1f} in"
-          f" {lay['kernel_calls'] / n_layers:4.1f} kernel calls)  {r['sync_msgs'][:2] if r['host_syncs'] else ''}", flush=True)
+          f" {lay['kernel_calls'] / n_layers:4.1f} kernel calls)  ops/step {lay['ops'] + oth['ops']:5d}"
+          + (f"  bucket {r['piecewise_bs']}" if r.get("piecewise_bs") else "")
+          + f"  {r['sync_msgs'][:2] if r['host_syncs'] else ''}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -494,9 +567,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--engine", action="store_true", help="time the H200 5-layer DeepSeek-V3 FP8 engine (CUDA)")
     ap.add_argument("--out", default=None, help="JSON output of --engine")
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--torch-rowwise", action="store_true", help="--engine: also three eager shapes with torch row-wise ops")
     a = ap.parse_args(argv)
     if a.engine:
-        bench_engine(a.out, a.repeats)
+        bench_engine(a.out, a.repeats, compare_torch_rowwise=a.torch_rowwise)
         return
     runner = build_runner(device=a.device, dtype=a.dtype)
     print(f"{'shape':32s} {'ops/layer':>9s} {'views':>6s} {'kernels':>7s} {'in-kern':>7s} {'layer syncs':>11s} {'other ops':>9s} {'other syncs':>11s}")
