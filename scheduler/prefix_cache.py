@@ -87,7 +87,10 @@ class PrefixCache:
 
     def _deepest(self, block_hashes: tuple[int, ...], max_blocks: int) -> tuple[int, "_Node"]:
         """(k, node): the longest cached prefix of ``block_hashes`` (at most ``max_blocks``) is ``k`` blocks long and
-        ends at ``node`` (the root when k is 0); found by bisection (see ``match_len``)."""
+        ends at ``node`` (the root when k is 0); found by bisection (see ``match_len``). Once a prefix of ``lo``
+        blocks is found at node ``best``, a deeper probe's node is on the query's path if ``best`` is its ancestor
+        at depth ``lo`` (its ``ids``) and its path goes on as the query does: only that part is compared, so the
+        comparisons add up to about one pass over the query instead of one per probe."""
         if type(block_hashes) is not tuple:   # paths are tuples: a list would never compare equal
             block_hashes = tuple(block_hashes)
         lo, hi = 0, min(len(block_hashes), max_blocks)
@@ -97,14 +100,15 @@ class PrefixCache:
             k = (lo + hi + 1) >> 1
             h = block_hashes[k - 1]
             nodes = dups.get(h) if dups else None
-            found = None
             if nodes is None:
-                node = by_hash.get(h)
-                if node is not None and node.depth == k and node.path[:k] == block_hashes[:k]:
-                    found = node
+                found = by_hash.get(h)
+                if found is not None and not (found.depth == k and (lo == 0 or found.ids[lo - 1] == best.block_id)
+                                              and found.path[lo:k] == block_hashes[lo:k]):
+                    found = None
             else:
+                found = None
                 for n in nodes:
-                    if n.depth == k and n.path[:k] == block_hashes[:k]:
+                    if n.depth == k and (lo == 0 or n.ids[lo - 1] == best.block_id) and n.path[lo:k] == block_hashes[lo:k]:
                         found = n
                         break
             if found is not None:
@@ -136,7 +140,7 @@ class PrefixCache:
         losing its last user becomes evictable (``on_released``), any other goes to ``free``. One call a request:
         the per-block ``owns`` / ``on_released`` calls inlined."""
         ref, by_block, heap = self._ref, self._by_block, self._heap
-        clock = self._clock
+        clock = clock0 = self._clock
         for b in reversed(block_ids):
             r = ref[b] - 1
             ref[b] = r
@@ -147,9 +151,9 @@ class PrefixCache:
                 else:
                     clock += 1
                     node.stamp = clock
-                    self.num_unused += 1
                     if not node.children:
                         heapq.heappush(heap, (clock, b))
+        self.num_unused += clock - clock0   # one a cached block released (each took one tick of the clock)
         self._clock = clock
 
     def insert(self, parent_block: int, block_hash: int, block_id: int) -> bool:
