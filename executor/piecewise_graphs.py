@@ -127,16 +127,19 @@ class PieceBuffers:
         if size > t:
             self.index[:, t:size].copy_(self.pad[:, t:size], non_blocking=True)
 
-    def batch(self, size: int) -> ForwardBatch:
+    def batch(self, size: int, fresh: bool = False) -> ForwardBatch:
         """The static ForwardBatch of bucket ``size`` (views of fixed addresses; what ``project`` reads: positions,
-        slots, and the RoPE rows it memoises). One object per bucket, kept: its memo holds piece 0's RoPE rows."""
-        b = self.batches.get(size)
+        slots, and the RoPE rows it memoises). One object per bucket, kept: its memo holds the RoPE rows piece 0's
+        graph writes and the later pieces' graphs read. ``fresh``: a new one with an empty memo (uncaptured runs)."""
+        b = None if fresh else self.batches.get(size)
         if b is None:
             empty = self.index.new_zeros(0)
-            b = self.batches[size] = ForwardBatch(
+            b = ForwardBatch(
                 input_ids=self.index[0, :size], positions=self.index[1, :size], slot_mapping=self.index[2, :size],
                 page_size=self.page_size, num_decodes=0, decode_sq=1,
                 decode_block_table=empty.view(0, 0).to(torch.int32), decode_seq_lens=empty.to(torch.int32), prefills=[])
+            if not fresh:
+                self.batches[size] = b
         return b
 
 
@@ -166,9 +169,10 @@ class PiecewiseGraphs:
         return sorted(self.graphs) if self.use_graphs else list(self.sizes)
 
     # ----------------------------------------------------------------- the pieces
-    def piece(self, k: int, size: int) -> None:
-        """Piece ``k`` over the first ``size`` rows of the static buffers (the function that is captured)."""
-        buf, b = self.buf, self.buf.batch(size)
+    def piece(self, k: int, size: int, b: ForwardBatch | None = None) -> None:
+        """Piece ``k`` over the first ``size`` rows of the static buffers (the function that is captured); ``b``: the
+        static batch whose memo carries the RoPE rows from piece 0 to the others (default: the bucket's kept one)."""
+        buf, b = self.buf, b if b is not None else self.buf.batch(size)
         if k == 0:
             x = self.model.model.embed_tokens(b.input_ids)
         else:
@@ -233,13 +237,13 @@ class PiecewiseGraphs:
         s.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(s):
             for _ in range(2):   # JIT (Triton specialisations, cuBLAS heuristics) outside the capture
-                b.memo.clear()
+                warm = self.buf.batch(size, fresh=True)
                 for k in range(self.num_pieces):
-                    self.piece(k, size)
+                    self.piece(k, size, warm)
         torch.cuda.current_stream(self.device).wait_stream(s)
         torch.cuda.synchronize(self.device)
         ops.reset_used()
-        b.memo.clear()   # piece 0's capture gathers the RoPE rows afresh (later pieces read them from the memo)
+        b.memo.clear()   # piece 0's capture gathers the RoPE rows (later pieces' captures read them from the memo)
         graphs = []
         for k in range(self.num_pieces):
             g = torch.cuda.CUDAGraph()
@@ -265,9 +269,9 @@ class PiecewiseGraphs:
         if self.use_graphs:
             graphs = self.graphs[size]
             run_piece = lambda k: graphs[k].replay()  # noqa: E731
-        else:
-            self.buf.batch(size).memo.clear()   # eager pieces gather this step's RoPE rows afresh
-            run_piece = lambda k: self.piece(k, size)  # noqa: E731
+        else:   # uncaptured: a fresh static batch, so piece 0 gathers this step's RoPE rows (and graphs' memos stay)
+            b = self.buf.batch(size, fresh=True)
+            run_piece = lambda k: self.piece(k, size, b)  # noqa: E731
         for k in range(len(self.layers)):
             run_piece(k)
             self.attend(k, batch)
