@@ -160,15 +160,29 @@ def calibration_spread(prof) -> None:
                   f"spread median {np.median(sp):.1f}%, max {sp.max():.1f}%")
 
 
+def serving_clocks(run: Path) -> None:
+    """The SM clock serving ran at (each level's NVML readings, every 25th step), next to the grid's in
+    ``grid_vs_serving``: GPU Boost clocks lower as the chip warms, so the two measure at different clocks."""
+    for f in sorted(run.glob("validation_*_*.json")):
+        d = json.loads(f.read_text())
+        parts = [f"{lv['name']} {lv['diagnostics']['sm_clock_mhz_mean']:.0f}" for lv in d.get("levels", [])
+                 if lv.get("diagnostics", {}).get("sm_clock_mhz_mean")]
+        if parts:
+            print(f"serving SM clock, mean MHz ({d.get('workload')}): " + ", ".join(parts))
+
+
 def grid_vs_serving(prof, c: dict[str, np.ndarray]) -> None:
     """Decode steps: serving's measured iteration against the calibration grid's own measurement of the same batch
     (its CUDA-graph points at that batch, linear in context between them) plus the fitted loop time: what differs
     between the two measurements is the conditions, not the model."""
     st = prof.step
     grid: dict[int, list[tuple[float, float]]] = {}
+    clocks: dict[int, list[float]] = {}
     for p in st.points:
         if p.graph_bs > 0 and p.repeats > 1 and p.loop_s is None and not p.prefill:
             grid.setdefault(len(p.decode_ctx), []).append((float(np.mean(p.decode_ctx)), p.wall_s))
+            if p.sm_clock_mhz:
+                clocks.setdefault(len(p.decode_ctx), []).append(p.sm_clock_mhz)
     dec = (c["prefill_chunks"] == 0) & (c["graph_bs"] > 0)
     print("decode steps: serving minus the calibration grid at the same batch (grid runner + fitted loop, ms)")
     for b in sorted(grid):
@@ -180,7 +194,7 @@ def grid_vs_serving(prof, c: dict[str, np.ndarray]) -> None:
         ref = np.interp(ctx, x, y) + np.asarray(st.loop(b, b), float)
         m = c["measured_s"][sel]
         print(f"  b={b:3d}: {sel.sum():5d} steps, serving {m.mean() * 1e3:6.2f}, grid {ref.mean() * 1e3:6.2f}, "
-              f"difference {np.mean(m / ref - 1) * 100:+5.1f}%")
+              f"difference {np.mean(m / ref - 1) * 100:+5.1f}%" + (f" (grid at {np.mean(clocks[b]):.0f} MHz)" if b in clocks else ""))
 
 
 def main() -> None:
@@ -204,6 +218,7 @@ def main() -> None:
     if not samples:
         raise SystemExit(f"{run}: no samples_<class>_*.json")
     c = columns(samples, ProfiledStepCost(prof), prof, a.sync, a.recorded, run_replays(run))
+    serving_clocks(run)
     ok = np.isfinite(c["pred"]) & (c["measured_s"] > 0)
     for cls in samples:
         table(c, f"== {cls} (all levels)", ok & (c["cls"] == cls))

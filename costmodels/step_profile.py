@@ -60,6 +60,8 @@ class StepPoint(BaseModel):
     repeats: int = 1
     spread: float = Field(0.0, description="(max - min) / median of the repeats")
     graph_bs: int = Field(0, ge=0, description="captured CUDA-graph batch size the step replayed (0: eager)")
+    sm_clock_mhz: float | None = Field(None, description="GPU SM clock read right after the step (NVML), a diagnostic")
+    gpu_temp_c: float | None = Field(None, description="GPU temperature read right after the step (NVML), a diagnostic")
 
     @property
     def num_requests(self) -> int:

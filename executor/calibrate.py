@@ -91,6 +91,24 @@ class _Clock:
             torch.cuda.synchronize()
 
 
+def gpu_state(device: torch.device) -> dict:
+    """The GPU's SM clock (MHz) and temperature (C) now, from NVML; {} where unreadable (CPU, no NVML bindings).
+    GPU Boost lowers the clock as the chip warms, so a grid measured hot runs slower than serving measured cool."""
+    out: dict = {}
+    if device.type != "cuda":
+        return out
+    for key, fn in (("sm_clock_mhz", torch.cuda.clock_rate), ("gpu_temp_c", torch.cuda.temperature)):
+        try:
+            out[key] = float(fn(device))
+        except Exception:  # noqa: BLE001 - a diagnostic: no NVML, no reading
+            pass
+    return out
+
+
+def _state_text(st: dict) -> str:
+    return (f" @ {st['sm_clock_mhz']:.0f} MHz" if "sm_clock_mhz" in st else "") + (f" {st['gpu_temp_c']:.0f} C" if "gpu_temp_c" in st else "")
+
+
 def _median_time(fn, clock: _Clock, repeats: int, warmup: int = 1) -> tuple[float, float]:
     for _ in range(warmup):
         fn()
@@ -414,13 +432,14 @@ def step_grid(device: str, quick: bool, max_ctx: int, max_batch: int, max_tokens
 
 
 def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print, interleave: bool = False,
-                  temperature: float = 0.0) -> list[StepPoint]:
+                  temperature: float = 0.0, span: tuple[int, int] | None = None) -> list[StepPoint]:
     """Median runner wall time of each shape (one warm-up run first).
 
     ``interleave``: before each timed run of an eager step (one with a prompt chunk), replay a CUDA-graph
     decode step, as serving does between prompt arrivals. Back-to-back repeats of one eager shape keep its
     host code paths hot; in serving they are not (H200 run 8: eager prompt-chunk steps 10% slower in
-    serving than in a back-to-back grid). ``temperature``: how the plans' requests sample (``synthetic_steps``)."""
+    serving than in a back-to-back grid). ``temperature``: how the plans' requests sample (``synthetic_steps``).
+    ``span``: measure only shapes ``[start, stop)`` of ``shapes`` (lines keep their place in the whole grid)."""
     runner = engine.runner
     clock = _Clock(runner.device)
     L = engine.cfg.spec.num_layers
@@ -429,7 +448,10 @@ def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print, interleave
     if interleave and getattr(runner, "graphs", None) is not None:
         filler = synthetic_plan(engine, [1000] * 8, [], "calfill_", temperature=temperature)
     try:
+        lo, hi = span or (0, len(shapes))
         for j, (dc, pf) in enumerate(shapes):
+            if not lo <= j < hi:
+                continue
             plan = synthetic_plan(engine, dc, pf, f"cal{j}_", temperature=temperature)
 
             def run():
@@ -451,10 +473,12 @@ def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print, interleave
                 for r in plan.decodes + [c.request for c in plan.prefills]:
                     runner.remove_request(r.request_id)
             med = statistics.median(walls)
+            st = gpu_state(runner.device)
             points.append(StepPoint(num_layers=L, decode_ctx=dc, prefill=pf, wall_s=med, repeats=repeats,
-                                    spread=(max(walls) - min(walls)) / med, graph_bs=graph_bs))
+                                    spread=(max(walls) - min(walls)) / med, graph_bs=graph_bs, **st))
             log(f"  step {j + 1:3d}/{len(shapes)}: {len(dc):4d} decodes (ctx ~{int(np.mean(dc)) if dc else 0:5d}), "
-                f"prefill {sum(a for a, _ in pf):6d} tok in {len(pf)}: {med * 1e3:8.2f} ms" + (f" (graph {graph_bs})" if graph_bs else ""))
+                f"prefill {sum(a for a, _ in pf):6d} tok in {len(pf)}: {med * 1e3:8.2f} ms" + (f" (graph {graph_bs})" if graph_bs else "")
+                + _state_text(st))
     finally:
         if filler is not None:
             for r in filler.decodes:
@@ -501,7 +525,7 @@ def measure_loop(engine: LLMEngine, batches: list[tuple[int, int, int]], tempera
             if s.num_steps != 1 or s.runner_s <= 0:
                 continue
             points.append(StepPoint(num_layers=L, decode_ctx=s.decode_ctx, prefill=s.prefill, wall_s=s.runner_s,
-                                    loop_s=max(s.iter_s - s.runner_s, 0.0), graph_bs=s.graph_bs))
+                                    loop_s=max(s.iter_s - s.runner_s, 0.0), graph_bs=s.graph_bs, sm_clock_mhz=s.sm_clock_mhz))
     return points
 
 
@@ -514,6 +538,46 @@ def build_engine(model: str, num_layers: int | None, device: str, dtype: str, ma
                          max_model_len=max_model_len, async_overlap=False)
     return LLMEngine.from_args(model, load_format="dummy", device=device, dtype=dtype, seed=seed, max_model_len=max_model_len,
                                num_kv_blocks=num_kv_blocks, scheduler_config=sc, num_layers=num_layers)
+
+
+def measure_grid(engine: LLMEngine, shapes, repeats: int, log, cuda: bool, quick: bool, max_num_seqs: int, max_model_len: int,
+                 temperature: float) -> tuple[list[StepPoint], list[StepPoint], dict]:
+    """The grid's step points, the loop's, and the step warm-up's summary, measured in this order:
+
+    1. decode-only shapes (CUDA graphs, captured at engine start: nothing left to compile) on a GPU as cool as
+       serving's: GPU Boost lowers the SM clock as the chip warms, and the warm-up and settle phases below run
+       back-to-back 8k-token steps that serving does not (run 5: the grid's decodes 8-14% slower than serving's at
+       the same batch, serving at 1955-1966 MHz; every point now logs its clock and temperature);
+    2. the engine-loop batches (their own unmeasured pass first);
+    3. the eager step warm-up (``warm_steps``) and the first-seen-shape probe;
+    4. settle, then the eager shapes (prefill and mixed), each after a decode filler step as serving runs them."""
+    dev = engine.runner.device
+    k = next((j for j, sh in enumerate(shapes) if sh[1]), len(shapes))   # step_grid lists the decode-only shapes first
+    t2 = time.perf_counter()
+    log("  GPU before the decode grid" + _state_text(gpu_state(dev)))
+    pts = measure_steps(engine, shapes, repeats, log, interleave=False, temperature=temperature, span=(0, k))
+    t3 = time.perf_counter()
+    if cuda and not quick:
+        loop_batches = [(b, p, 10) for p in (128, 1024) for b in (1, 4, 16, 64, 128)] + [(8, 32, 8), (32, 32, 8), (96, 32, 8)]
+    else:
+        loop_batches = [(1, 16, 4), (8, 16, 4)]
+    loop_batches = [x for x in loop_batches if x[0] <= max_num_seqs and x[1] < max_model_len - x[2]]
+    loop_pts = measure_loop(engine, loop_batches, temperature=temperature)
+    log(f"  loop: {len(loop_pts)} iterations in {time.perf_counter() - t3:.1f} s" + _state_text(gpu_state(dev)))
+    warm = {}
+    if cuda:  # first-use costs (JIT keys, allocator growth) of the eager shapes, before any of them is timed
+        rows = warm_steps(engine, log=log, temperature=temperature)
+        warm = {"shapes": len(rows), "seconds": round(sum(r["first_s"] + r["second_s"] for r in rows), 1),
+                "first_over_again_max": round(max((r["first_s"] / r["second_s"] for r in rows if r["second_s"] > 0), default=1.0), 2),
+                "new_shape_probe": {k: round(v, 2) for k, v in probe_new_shape(engine, log=log, temperature=temperature).items()},
+                **gpu_state(dev)}
+        log("  GPU after the step warm-up" + _state_text(warm))
+    if cuda and not quick:  # settle: steady back-to-back steps for a few seconds before the eager shapes are timed
+        settle_s = _settle(engine, shapes, seconds=8.0, temperature=temperature)
+        log(f"  settled {settle_s:.1f} s (decode and prefill steps back to back, untimed)" + _state_text(gpu_state(dev)))
+    pts += measure_steps(engine, shapes, repeats, log, interleave=cuda and not quick, temperature=temperature, span=(k, len(shapes)))
+    log(f"  steps: {len(pts)} shapes x {repeats} in {time.perf_counter() - t2:.1f} s (with the loop and warm-up)")
+    return pts, loop_pts, warm
 
 
 def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None = None, *, quick: bool = False,
@@ -538,7 +602,8 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     warm_s = engine.warmup() if cuda else 0.0
     hw = hardware_name(device)
     L = engine.cfg.spec.num_layers
-    log(f"calibrate: {model} ({L} layers, {dtype}) on {device}, hardware basis {hw}; build {build_s:.1f} s, warm-up {warm_s:.1f} s")
+    log(f"calibrate: {model} ({L} layers, {dtype}) on {device}, hardware basis {hw}; build {build_s:.1f} s, warm-up {warm_s:.1f} s"
+        + _state_text(gpu_state(engine.runner.device)))
 
     rows = [1, 8, 32, 128, 512, 2048, 8192] if cuda and not quick else [1, 8, 64, 256]
     t1 = time.perf_counter()
@@ -559,26 +624,7 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
             log(f"    decode step b={p['batch']}: {p['mode']} {p['time_s'] * 1e3:.2f} ms")
 
     shapes = step_grid(device, quick, max_model_len, max_num_seqs, engine.scheduler.config.max_num_batched_tokens)
-    warm = {}
-    if cuda:  # first-use costs (JIT keys, allocator growth) of the eager shapes, before anything is timed
-        rows = warm_steps(engine, log=log, temperature=temperature)
-        warm = {"shapes": len(rows), "seconds": round(sum(r["first_s"] + r["second_s"] for r in rows), 1),
-                "first_over_again_max": round(max((r["first_s"] / r["second_s"] for r in rows if r["second_s"] > 0), default=1.0), 2),
-                "new_shape_probe": {k: round(v, 2) for k, v in probe_new_shape(engine, log=log, temperature=temperature).items()}}
-    if cuda and not quick:  # settle: steady back-to-back steps for a few seconds before anything is timed
-        settle_s = _settle(engine, shapes, seconds=8.0, temperature=temperature)
-        log(f"  settled {settle_s:.1f} s (decode and prefill steps back to back, untimed)")
-    t2 = time.perf_counter()
-    pts = measure_steps(engine, shapes, repeats, log, interleave=cuda and not quick, temperature=temperature)
-    log(f"  steps: {len(pts)} shapes x {repeats} in {time.perf_counter() - t2:.1f} s")
-    t3 = time.perf_counter()
-    if cuda and not quick:
-        loop_batches = [(b, p, 10) for p in (128, 1024) for b in (1, 4, 16, 64, 128)] + [(8, 32, 8), (32, 32, 8), (96, 32, 8)]
-    else:
-        loop_batches = [(1, 16, 4), (8, 16, 4)]
-    loop_batches = [x for x in loop_batches if x[0] <= max_num_seqs and x[1] < max_model_len - x[2]]
-    loop_pts = measure_loop(engine, loop_batches, temperature=temperature)
-    log(f"  loop: {len(loop_pts)} iterations in {time.perf_counter() - t3:.1f} s")
+    pts, loop_pts, warm = measure_grid(engine, shapes, repeats, log, cuda, quick, max_num_seqs, max_model_len, temperature)
 
     base = CalibrationProfile.default(get_hardware(hw))
     tables = op_tables(op_pts, hw)
