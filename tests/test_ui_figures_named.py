@@ -25,3 +25,21 @@ def test_simulate_names_both_windows_in_text_and_json():
     # the top-level figures are the whole run's (the steady window's differ: it leaves out fill and drain)
     assert m["output_throughput_per_gpu"] == m["whole_run"]["output_throughput_per_gpu"]
     assert m["steady"]["output_throughput_per_gpu"] != m["whole_run"]["output_throughput_per_gpu"]
+
+
+def test_simulate_plan_says_whether_it_is_the_plans_own_run(tmp_path):
+    """`simulate --plan` sets its run beside the plan's prediction: the same run (same digest) or, after -n, not."""
+    out = tmp_path / "p.yaml"
+    r = runner.invoke(app, ["plan", "--model", "qwen3-30b-a3b", "--hardware", "h200", "--gpus", "8", "--slo",
+                            "ttft_p90=2s,tpot_p90=50ms", "--simulate", "1", "--sim-requests", "300", "--workers", "1",
+                            "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    from planner.plan import load_plan
+
+    pr = load_plan(out).predicted
+    r = runner.invoke(app, ["simulate", "--plan", str(out)], env={"COLUMNS": "200"})
+    text = " ".join(r.stdout.split())
+    assert f"the plan's own run (digest {pr.sim_digest[:16]} = the plan's)" in text
+    assert f"twinfer plan predicted {pr.output_tokens_per_s_per_gpu:,.0f} output tok/s/GPU" in text
+    r = runner.invoke(app, ["simulate", "--plan", str(out), "-n", "200"], env={"COLUMNS": "200"})
+    assert "not the plan's run (--requests/--rate/--seed changed it" in " ".join(r.stdout.split())

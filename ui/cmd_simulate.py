@@ -115,6 +115,22 @@ def scenario_from_plan(path: str, *, scenario: str | None, requests: int | None,
     return sc.model_copy(update=upd) if upd else sc
 
 
+def plan_comparison(path: str, res) -> str:
+    """One line setting a `--plan` run beside the plan's own prediction: the same run (same digest), or why not."""
+    from planner.plan import load_plan
+
+    p = load_plan(path)
+    pr, pct = p.predicted, p.slo_percentile
+    said = (f"{pr.output_tokens_per_s_per_gpu:,.0f} output tok/s/GPU, TTFT p{pct} {pr.ttft_s:.2f} s, "
+            f"TPOT p{pct} {pr.tpot_s * 1e3:.1f} ms")
+    if pr.source != "simulation" or not pr.sim_digest:
+        return f"the plan's figures ({said}) are the analytic screen's, not a simulation: expect these to differ"
+    if res.digest == pr.sim_digest:
+        return f"the plan's own run (digest {res.digest[:16]} = the plan's): twinfer plan predicted {said}, the steady window above"
+    return (f"not the plan's run (--requests/--rate/--seed changed it; digest {res.digest[:16]}, the plan's {pr.sim_digest[:16]}): "
+            f"the plan predicted {said} on {pr.simulated_requests or 0:,} requests")
+
+
 def _workload_yaml(wl) -> dict:
     """The workload's fields that differ from their defaults (kind always), nested models in full."""
     from pydantic import BaseModel
@@ -408,6 +424,8 @@ def register(app: typer.Typer) -> None:
             print(text)
             return
         _print_result(con, res, wall, spec)
+        if plan is not None:
+            con.print(plan_comparison(plan, res), highlight=False)
         if sc.calibration is not None or get_hardware_measured(sc.hardware):
             con.print("[dim]efficiencies: " + escape("; ".join(res.cost_model_notes[:4])) + "[/]", highlight=False)
         if error_band is not None:
