@@ -31,10 +31,18 @@ from costmodels.step_ops import A2A, KV_UP, SAMPLED, StepOps
 # tables of the fast path (see StepCostModel._fill): which op families each one sums
 _T_MAIN, _T_KV, _T_SAMPLED, _T_MTP, _T_LOGITS, _T_MAIN_PF = range(6)  # _T_MAIN_PF: main terms of a step with prefill (EP normal dispatch)
 _T_DEC, _T_DEC_PF = 6, 7  # a CED model: _T_MAIN(_PF) hold its encoder layers (+ embedding), these its decoder layers
+_T_KV_PF = 8  # _T_KV in small blocks: the K/V up-projected tokens of a step with prefill (its cached context included)
 _TBL_BITS = 9
 _TBL = 1 << _TBL_BITS  # points per lazily built table block
 _TBL_MASK = _TBL - 1
 _ZEROS = [0.0] * _TBL
+# Steps with prefill land far apart (a chunk's tokens, or its cached context, move the count by thousands), so a
+# block of theirs serves one or two lookups: those kinds are filled in blocks of _PF_TBL points (a fill costs mostly
+# numpy's per-call overhead, plus a part per point). Every point's value is the same at any block size (elementwise).
+_PF_BITS = 4
+_PF_TBL = 1 << _PF_BITS
+_PF_MASK = _PF_TBL - 1
+_SMALL = (_T_MAIN_PF, _T_KV_PF)
 
 
 class StepCostModel(StepOps):
@@ -63,6 +71,7 @@ class StepCostModel(StepOps):
         m.share = m.dp_imbalance / self.layout.dp
         m._cache = {}
         m._tables = {}
+        m._pf_tables = {}
         m._fit = None
         m.notes = list(self.notes)
         return m
@@ -252,6 +261,7 @@ class StepCostModel(StepOps):
     def _build_fast(self) -> None:
         m, lay, cal = self.model, self.layout, self.cal
         self._tables: dict[tuple, tuple[list[float], list[float]]] = {}
+        self._pf_tables: dict[tuple, tuple[list[float], list[float]]] = {}   # the _SMALL kinds' blocks
         self._tbo_on = bool(lay.two_micro_batch and lay.ep > 1)
         self._kv_up_ctx = bool(m.attention == "mla" and m.mla.kv_up_proj and m.indexer is None)
         self._kv_rows = bool(self._src_rows[KV_UP].size)
@@ -310,16 +320,23 @@ class StepCostModel(StepOps):
         """(seconds, all-to-all part) of everything but attention: a table lookup per token count (``_look``, inlined).
         A CED model's decoder layers are looked up at ``dec_total`` tokens (None: ``total``)."""
         tabs = self._tables
-        km = _T_MAIN_PF if prefill else _T_MAIN
-        blk = tabs.get((km, f, 0, total >> _TBL_BITS)) or self._fill(km, f, 0, total >> _TBL_BITS)
-        j = total & _TBL_MASK
+        if prefill:
+            blk = self._pf_tables.get((_T_MAIN_PF, f, 0, total >> _PF_BITS)) or self._fill(_T_MAIN_PF, f, 0, total >> _PF_BITS)
+            j = total & _PF_MASK
+        else:
+            blk = tabs.get((_T_MAIN, f, 0, total >> _TBL_BITS)) or self._fill(_T_MAIN, f, 0, total >> _TBL_BITS)
+            j = total & _TBL_MASK
         t, a2a = blk[0][j], blk[1][j]
         if self.ced:
             td, ad = self._look(_T_DEC_PF if prefill else _T_DEC, f, 0, total if dec_total is None else int(dec_total))
             t, a2a = t + td, a2a + ad
         if self._kv_rows:
-            blk = tabs.get((_T_KV, f, 0, kv_up >> _TBL_BITS)) or self._fill(_T_KV, f, 0, kv_up >> _TBL_BITS)
-            t += blk[0][kv_up & _TBL_MASK]
+            if prefill:
+                blk = self._pf_tables.get((_T_KV_PF, f, 0, kv_up >> _PF_BITS)) or self._fill(_T_KV_PF, f, 0, kv_up >> _PF_BITS)
+                t += blk[0][kv_up & _PF_MASK]
+            else:
+                blk = tabs.get((_T_KV, f, 0, kv_up >> _TBL_BITS)) or self._fill(_T_KV, f, 0, kv_up >> _TBL_BITS)
+                t += blk[0][kv_up & _TBL_MASK]
         if draft and nd:
             t += self._look(_T_SAMPLED, f, -1, sampled)[0]
             # sampling and the logits gather cover the sampled tokens and each decode's drafts
@@ -414,7 +431,8 @@ class StepCostModel(StepOps):
         return blk[0][j], blk[1][j]
 
     def _fill(self, kind: int, f: float, draft: int, b: int) -> tuple[list[float], list[float]]:
-        x = np.arange(b * _TBL, (b + 1) * _TBL, dtype=float) * f  # token counts as nonattn scales them
+        n = _PF_TBL if kind in _SMALL else _TBL
+        x = np.arange(b * n, (b + 1) * n, dtype=float) * f  # token counts as nonattn scales them
         if kind in (_T_MAIN, _T_MAIN_PF) and self.ced:
             fams = self.part_terms(x, kind == _T_MAIN_PF, "enc")
         elif kind in (_T_DEC, _T_DEC_PF):
@@ -423,7 +441,7 @@ class StepCostModel(StepOps):
             fams = self.main_terms(x, prefill=kind == _T_MAIN_PF)
         elif kind == _T_MTP:
             fams = self.mtp_terms(x, draft)
-        elif kind == _T_KV:
+        elif kind in (_T_KV, _T_KV_PF):
             fams = [self.gemms(KV_UP, x)]
         elif kind == _T_SAMPLED:  # draft -1: the lm_head only; 0: with sampling and the logits gather of draft 0
             fams = [self.gemms(SAMPLED, x)] + ([self.sampling(x * self.share, 0)] if draft == 0 else [])
@@ -437,9 +455,10 @@ class StepCostModel(StepOps):
         for p in parts:
             a = p if a is None else a + p
         blk = (t.tolist(), _ZEROS if a is None else a.tolist())
-        if len(self._tables) >= 1024:  # a bound on memory (~30 MB); values never depend on what is kept
-            self._tables.clear()
-        self._tables[(kind, f, draft, b)] = blk
+        tables, most = (self._pf_tables, 8192) if kind in _SMALL else (self._tables, 1024)
+        if len(tables) >= most:  # a bound on memory (~30 MB + ~10 MB); values never depend on what is kept
+            tables.clear()
+        tables[(kind, f, draft, b)] = blk
         return blk
 
 def _sum_min_s(c: int, n: int, cap: float) -> float:

@@ -66,11 +66,11 @@ def test_a_copied_level_equals_a_built_one(name, hw, lay, load):
             pn, pc = [int(v) for v in rng.integers(1, 8192, 3)], [int(v) for v in rng.integers(0, 30_000, 3)]
             assert built.chunked_step_time(c, 1, pn, pc) == copied.chunked_step_time(c, 1, pn, pc)
         assert vars(built).keys() == vars(copied).keys()
-        for k in ("_tables", "_cache"):   # the per-level caches filled by the same calls hold the same values
+        for k in ("_tables", "_pf_tables", "_cache"):   # the per-level caches filled by the same calls hold the same values
             _same(vars(built)[k], vars(copied)[k], k)
     base.decode_times(np.full(8, 1000.0), 2)
     later = base.at_dp_imbalance(1.5)   # copied after base filled tables: starts with none of them
-    assert base._tables and not later._tables and not later._cache and later.notes is not base.notes
+    assert base._tables and not later._tables and not later._pf_tables and not later._cache and later.notes is not base.notes
 
 
 def test_effective_step_cost_levels_equal_models_built_at_them():
