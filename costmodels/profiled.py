@@ -89,7 +89,10 @@ class ProfiledStepCost:
         return got
 
     def category_times(self, new: np.ndarray, ctx: np.ndarray, dec: np.ndarray) -> np.ndarray:
-        """Cost-model op time per fitted category (attention, dense, experts, other) for one batch."""
+        """Cost-model op time per fitted category (attention, dense, experts, other) for one batch (not a decode-graph
+        replay). With piecewise graphs (``StepProfile.piecewise_sizes``) the step's token rows pad to its bucket: the
+        GEMMs, experts and row-wise ops run on the bucket (padding rows are real work: vLLM's piecewise graphs pay
+        the same); attention and the K/V up-projection run eagerly on the real rows."""
         b = self.base
         new = np.asarray(new, np.int64)
         ctx = np.asarray(ctx, np.int64)
@@ -98,6 +101,9 @@ class ProfiledStepCost:
             return np.zeros(len(FIT_CATEGORIES))
         draft = b.draft_of(new, dec)
         counts = b.counts(new, ctx, dec, draft)
+        pad = self.step.piecewise_bucket(int(counts[0]))   # piecewise graphs: GEMMs and experts on the bucket's rows
+        if pad > counts[0]:
+            counts = (float(pad),) + tuple(counts[1:])
         out = _fold(b.nonattn(*counts, 1.0))
         out[FIT_CATEGORIES.index("dense_gemm")] += self.kv_up_extra(counts[1])
         if dec.any():

@@ -169,7 +169,7 @@ ALWAYS_TABLES = ("attn_prefill_chunk",)
 
 def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype: str, device: str,
                      hardware_basis: str = "H200", try_op_tables: bool = True, graph_sizes: Sequence[int] = (),
-                     scale_bounds: tuple[float, float] | None | str = "auto") -> StepProfile:
+                     scale_bounds: tuple[float, float] | None | str = "auto", piecewise_sizes: Sequence[int] = ()) -> StepProfile:
     """Fit a StepProfile to measured points (runner steps, and loop gaps where measured).
 
     The device terms come from the cost model with the profile's op tables and, separately,
@@ -177,7 +177,8 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
     ``use_op_tables``). The per-layer host term is fitted only when the points span two or more
     layer counts; otherwise it is folded into the fixed term (and said so). Points that replayed a
     CUDA graph (``graph_bs > 0``) get their own host terms and add host to device time;
-    ``graph_sizes`` (the engine's captured sizes) is what predictions pad to. ``scale_bounds``: (lower, upper) for
+    ``graph_sizes`` (the engine's captured sizes) is what predictions pad to; ``piecewise_sizes`` (its piecewise-graph
+    token buckets) what prefill/mixed steps pad their GEMM rows to, points and predictions alike. ``scale_bounds``: (lower, upper) for
     every category scale ("auto": ``GPU_SCALE_BOUNDS`` on a GPU, none on a CPU; None: only >= 0); host terms and
     the per-prefill-token term stay >= 0 only.
     """
@@ -199,6 +200,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
     # a table of the executor's own function at the step's exact shapes (not an efficiency curve of a kernel
     # family) is the op's time: every variant uses it
     always = sorted(n for n in ALWAYS_TABLES if n in profile.tables) if try_op_tables else []
+    pw = sorted({int(x) for x in piecewise_sizes if x > 0})
     variants: list[tuple[bool, list[str]]] = [(bool(always), always)]
     if try_op_tables and profile.tables:
         # the measured tables, all and in subsets (GEMMs alone, GEMMs plus each attention/expert table): a table can
@@ -216,7 +218,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
         df = np.zeros((len(pts), len(FIT_CATEGORIES)))
         for L in layers:
             st = StepProfile(model=model, num_layers=L, dtype=dtype, device=device, hardware_basis=hardware_basis, use_op_tables=use_tables,
-                             op_tables=sub, model_rev=STEP_MODEL_REV)
+                             op_tables=sub, model_rev=STEP_MODEL_REV, piecewise_sizes=pw)
             cost = ProfiledStepCost(profile, st)
             for i, p in enumerate(pts):
                 if p.num_layers == L:
@@ -244,7 +246,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
     prof = StepProfile(model=model, num_layers=main_l, dtype=dtype, device=device, hardware_basis=hardware_basis, model_rev=STEP_MODEL_REV,
                        use_op_tables=use_tables, op_tables=sub, category_scale={c: float(v) for c, v in zip(FIT_CATEGORIES, k)},
                        prefill_token_s=float(k[len(FIT_CATEGORIES)]) * 1e-6, host=host, overlap=alpha, graph_sizes=sorted({int(x) for x in graph_sizes if x > 0}),
-                       loop=fit_loop(pts), notes=notes, points=list(points))
+                       piecewise_sizes=pw, loop=fit_loop(pts), notes=notes, points=list(points))
     pred = _predict(hf @ h, df @ k, alpha, graph)
     e = errors(pred, y)
     prof.fit = FitStats(points=len(pts), mape=e["mape"], p90_abs_err_s=e["p90_abs_err_s"], max_rel_err=e["max_rel_err"],
@@ -259,7 +261,7 @@ def refit_profile(profile, scale_bounds: str = "auto"):
     st = profile.step
     b = scale_bounds if scale_bounds == "auto" else None if scale_bounds == "none" else tuple(float(x) for x in scale_bounds.split(","))
     st2 = fit_step_profile(profile, st.points, model=st.model, dtype=st.dtype, device=st.device, graph_sizes=st.graph_sizes,
-                           scale_bounds=b)
+                           scale_bounds=b, piecewise_sizes=st.piecewise_sizes)
     return profile.model_copy(update={"step": st2})
 
 

@@ -135,6 +135,9 @@ class StepProfile(BaseModel):
     prefill_token_s: float = Field(0.0, ge=0.0, description="device seconds per prefill token beyond the category terms (eager steps)")
     graph_sizes: list[int] = Field(default_factory=list, description="decode batch sizes the engine replays as CUDA graphs "
                                    "(a batch pads up to the smallest >= n); empty: every step eager")
+    piecewise_sizes: list[int] = Field(default_factory=list, description="token buckets of the engine's piecewise CUDA "
+                                       "graphs (a prefill/mixed step of T tokens runs its GEMMs and experts on the smallest "
+                                       "bucket >= T; attention on the real rows); empty: those steps run eager, unpadded")
     loop: LoopTerms = Field(default_factory=LoopTerms)
     fit: FitStats = Field(default_factory=FitStats)
     notes: list[str] = Field(default_factory=list)
@@ -146,6 +149,15 @@ class StepProfile(BaseModel):
     def combine(self, host, device):
         """Eager runner step time from host and device terms (vectorised)."""
         return partial_overlap(host, device, self.overlap)
+
+    def piecewise_bucket(self, num_tokens: int) -> int:
+        """Token bucket a step that is not a decode-graph replay pads to (executor/piecewise_graphs.py; 0: eager)."""
+        if num_tokens <= 0:
+            return 0
+        for s in self.piecewise_sizes:
+            if s >= num_tokens:
+                return int(s)
+        return 0
 
     def graph_bucket(self, num_decodes: int, draft_len: int = 0, num_prefills: int = 0) -> int:
         """Captured batch size a step replays (0: the step runs eager)."""

@@ -631,7 +631,9 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     prof = base.model_copy(update={"tables": {**base.tables, **tables}})
     graphs = getattr(engine.runner, "graphs", None)
     graph_sizes = list(graphs.captured) if graphs is not None else []
-    step = fit_step_profile(prof, pts + loop_pts, model=model, dtype=dtype, device=device, hardware_basis=hw, graph_sizes=graph_sizes)
+    pieces = getattr(engine.runner, "piecewise", None)   # piecewise CUDA graphs: prefill/mixed steps pad to a token bucket
+    step = fit_step_profile(prof, pts + loop_pts, model=model, dtype=dtype, device=device, hardware_basis=hw, graph_sizes=graph_sizes,
+                            piecewise_sizes=list(pieces.captured) if pieces is not None else [])
     kern = {}
     for p in op_pts:
         if p["op"] == "linear":
