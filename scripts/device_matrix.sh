@@ -12,7 +12,7 @@
 # not cuDNN: prefill-heavy sets may take up to ~20% longer than run 4's walls.
 #   chat + agentic (~360-410 s):
 #     MATRIX_ARGS="--classes chat,agentic --no-async-overlap" REQS=96 RUNS=3 bash scripts/device_matrix.sh
-#   prefill-heavy with shared prefixes (~290-380 s):
+#   prefill-heavy with shared prefixes (~290-380 s; run 5 at 646970b took 295 s: calibration 96 s, the class 176 s):
 #     MATRIX_ARGS="--classes summarize --no-async-overlap" REQS=96 RUNS=3 bash scripts/device_matrix.sh
 #   long decode (~400-460 s; 96 requests would need ~600 s):
 #     MATRIX_ARGS="--classes reasoning --no-async-overlap" REQS=64 RUNS=3 bash scripts/device_matrix.sh
