@@ -68,27 +68,29 @@ def serve(
     # heavy imports only now: `twinfer --help` and the simulator never load torch or uvicorn
     try:
         from executor.serve.app import create_app
-        from executor.serve.server import bind_socket, serve_forever, url_of
+        from executor.serve.server import bind_socket, listen_on, serve_forever, url_of
         from executor.serve.tokenizer import load_tokenizer
     except ImportError as err:
         raise TwinferError(f"twinfer serve needs the serve extra: pip install 'twinfer[serve]' ({err})") from None
+    # the port is reserved before the engine (a busy one is refused at once, not after minutes of loading) but
+    # listens only once the app can answer: until then a client is refused, not left hanging
+    sock = bind_socket(host, port, listen=False)
+    url = url_of(sock)
     try:
         engine = build_engine(model, load_format=load_format, device=device, dtype=dtype, seed=seed,
                               max_model_len=max_model_len, num_kv_blocks=num_kv_blocks, plan_path=plan,
                               async_overlap=async_overlap)
     except ImportError as err:
-        raise TwinferError(f"twinfer serve needs torch: pip install torch ({err})") from None
+        raise TwinferError(f"twinfer serve needs torch: pip install 'twinfer[executor]' ({err})") from None
     tokenizer = load_tokenizer(model, vocab_size=engine.vocab_size, eos_token_id=engine.eos_token_id)
     name = served_model_name or getattr(engine, "model_name", None) or model
     app = create_app(engine, tokenizer, served_model_name=name, api_key=api_key, max_queue=max_queue,
                      drain_timeout_s=drain_timeout)
-    sock = bind_socket(host, port)
-    url = url_of(sock)
 
     def ready() -> None:
         # flushed at once: scripts and tests wait for this line to learn the URL
         print(f"twinfer serve: {name} ready at {url}/v1 (max_model_len {engine.max_model_len}; "
               f"also {url}/health, {url}/metrics)", flush=True)
 
-    serve_forever(app, sock, log_level=log_level, on_ready=ready, read_timeout_s=read_timeout,
+    serve_forever(app, listen_on(sock), log_level=log_level, on_ready=ready, read_timeout_s=read_timeout,
                   max_connections=max_connections)

@@ -19,6 +19,7 @@ Connections: see ``executor.serve.guard`` (read deadline, connection cap, rate-l
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 import threading
 import time
@@ -27,18 +28,39 @@ from typing import Callable
 import uvicorn
 
 from executor.serve.guard import DEFAULT_READ_TIMEOUT_S, GuardedH11Protocol, connection_cap, rate_limit_logs
+from twinfer.errors import TwinferError
 
 MAX_HEADER_BYTES = 16 * 1024   # request line + headers (h11's default, stated); past it: 400 and close
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port (port 0 picks a free one)."""
+def bind_socket(host: str, port: int, listen: bool = True) -> socket.socket:
+    """A listening TCP socket on host:port (port 0 picks a free one); a port in use or a host we cannot listen
+    on is a user error naming the flag (TwinferError), not an internal OSError. ``listen=False`` only reserves
+    the port (connections are refused, not queued, until ``listen_on(sock)``)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno in (errno.EADDRINUSE, errno.EACCES):
+            raise TwinferError(f"--port {port}: {host}:{port} is in use (or not allowed); pick another, or --port 0 for any "
+                               "free one") from None
+        raise TwinferError(f"--host {host!r}: cannot listen there ({e.strerror})") from None
     sock.set_inheritable(True)
+    return listen_on(sock) if listen else sock
+
+
+def listen_on(sock: socket.socket) -> socket.socket:
+    """Start accepting connections on a bound socket (another server may have taken the port meanwhile)."""
+    try:
+        sock.listen(2048)
+    except OSError as e:
+        port = sock.getsockname()[1]
+        sock.close()
+        raise TwinferError(f"--port {port}: taken by another server while the engine was built ({e.strerror}); "
+                           "pick another, or --port 0") from None
     return sock
 
 

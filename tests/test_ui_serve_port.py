@@ -1,0 +1,44 @@
+"""``twinfer serve --port BUSY``: exit 2 naming the flag, before the engine is built (it was an internal OSError,
+exit 1, after loading the model); the port is reserved, not listening, while the engine builds."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from typer.testing import CliRunner
+
+from twinfer.errors import TwinferError
+from ui.cli import app
+
+pytest.importorskip("uvicorn")
+
+
+def test_busy_port_is_exit_2_before_the_engine(monkeypatch):
+    import ui.cmd_serve as cs
+
+    built = []
+    monkeypatch.setattr(cs, "build_engine", lambda *a, **k: built.append(1))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = CliRunner().invoke(app, ["serve", "--model", "tiny", "--device", "cpu", "--port", str(port)])
+    # a TwinferError: ui.cli.main prints it as one line and exits 2 (tests/test_ui_cli.py checks that path)
+    assert isinstance(r.exception, TwinferError) and f"--port {port}: 127.0.0.1:{port} is in use" in str(r.exception)
+    assert not built  # refused before the (minutes long, on a GPU) engine build
+
+
+def test_a_reserved_port_refuses_connections_until_it_listens():
+    from executor.serve.server import bind_socket, listen_on
+
+    sock = bind_socket("127.0.0.1", 0, listen=False)
+    port = sock.getsockname()[1]
+    try:
+        with socket.socket() as c:
+            assert c.connect_ex(("127.0.0.1", port)) != 0  # refused: a client is not left hanging in a backlog
+        listen_on(sock)
+        with socket.socket() as c:
+            assert c.connect_ex(("127.0.0.1", port)) == 0
+    finally:
+        sock.close()
