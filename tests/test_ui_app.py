@@ -43,6 +43,8 @@ def test_loads_with_a_recommendation_chart_and_no_errors():
     assert len(at.get("plotly_chart")) >= 3  # Pareto, step time, memory
     assert [t.label for t in at.tabs] == ["Pareto", "Where the time goes", "What-if", "Compare", "Export"]
     assert any("no calibration: ±?" in m.value for m in at.markdown)  # honest about the error band
+    pol = next(m.value for m in at.markdown if "**policies:**" in m.value).split("**policies:**")[1].split("\n")[0]
+    assert "async overlap on" in pol and "True" not in pol and "False" not in pol, pol  # on/off, as the CLI says it
 
 
 def test_changing_the_budget_updates_the_recommendation():

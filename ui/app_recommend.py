@@ -61,7 +61,7 @@ def render(result: service.SearchResult, band: float | None) -> None:
                    help=f"{pred.get('source', '?')} figures; planned for {pred.get('request_rate', 0):,.2f} requests/s")
     if c.revenue_per_gpu_hour is not None:
         st.caption(f"revenue ${c.revenue_per_gpu_hour:,.2f} per GPU-hour at the token prices, margin ${c.margin_per_gpu_hour:,.2f}")
-    pol = ", ".join(f"{k} {v}" for k, v in plan.policies.items())
+    pol = ", ".join(f"{k} {({True: 'on', False: 'off'}[v] if isinstance(v, bool) else v)}" for k, v in plan.policies.items())
     st.markdown(f"**layout:** {' + '.join(f'{p.instances} x {p.layout_label} ({p.role})' for p in plan.pools)}  \n"
                 f"**PD split:** {pd_split(plan)}  \n**policies:** {pol}  \n"
                 f"**figures from:** {pred.get('source', '?')}, {band_text(band)}")
