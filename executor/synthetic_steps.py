@@ -15,12 +15,13 @@
   first call well above the second is a per-shape cost the warm-up cannot cover (cuDNN SDPA planned one per
   shape before ``kernels.torch_fast`` pinned the prefill backends; H200 matrix run 4).
 
-Sampling: ``MEASURE_TEMPERATURE`` is what calibration and validation sample with (seeded, so CPU runs repeat). With
-dummy weights greedy decoding collapses onto a few tokens, and the router then sends a decode batch to a few experts
-(serving decodes ran 3-8.5% faster than the grid's random tokens at the same batch, run 4). Real weights on real text
-spread tokens over the experts (DeepSeek-V3 balances expert load in training), which random tokens reproduce and
-greedy dummy tokens do not; temperature 1 over the dummy logits samples near-uniform tokens, so the grid (random
-prompt tokens) and serving (sampled tokens) feed the router the same kind of input, and both pay the same sampler.
+Sampling: ``MEASURE_TEMPERATURE`` is what calibration and validation sample with (seeded, so CPU runs repeat). The grid
+feeds its decode rows random prompt tokens; serving feeds back what it samples. With dummy weights greedy decoding may
+collapse onto a few tokens, and the router then sends a decode batch to a few experts (run 4: serving decodes 3-8.5%
+faster than the grid at the same batch; ``routing_probe`` measures it). Real weights on real text spread tokens over
+the experts (DeepSeek-V3 balances expert load in training), as random tokens do. So both sides draw uniform tokens:
+temperature 1e4 (``SamplingParams``' maximum) flattens the dummy logits whatever their scale, the sampled tokens are
+uniform like the grid's, and grid and serving pay the same sampler (sort, softmax, one seeded draw per row).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from executor.engine import LLMEngine, SamplingParams
 from scheduler.plan import ScheduledChunk, StepPlan
 from scheduler.request import Request
 
-MEASURE_TEMPERATURE = 1.0   # calibration's grid and loop, validation's replays (0: greedy)
+MEASURE_TEMPERATURE = 1e4   # calibration's grid and loop, validation's replays: uniform tokens (0: greedy)
 
 
 class _Pages:
@@ -174,7 +175,7 @@ def probe_new_shape(engine: LLMEngine, log=print, temperature: float = MEASURE_T
 # ----------------------------------------------------------------------------- routing diversity
 def routing_probe(engine: LLMEngine, log=print, batch: int = 64, steps: int = 16) -> dict:
     """Experts a decode batch of ``batch`` rows touches (mean over MoE layers): the grid's random tokens against
-    serving's sampled tokens, greedy and at temperature 1 (a replay of ``batch`` 64-token prompts; decode steps of
+    serving's sampled tokens, greedy, at temperature 1 and at ``MEASURE_TEMPERATURE`` (a replay of ``batch`` 64-token prompts; decode steps of
     exactly ``batch`` rows). What decides whether grid and serving decodes cost the same: fewer distinct experts read
     fewer expert weights. {} without MoE layers."""
     from executor.moe import MoE
@@ -213,7 +214,7 @@ def _routing_counts(engine: LLMEngine, touched, batch: int, steps: int, log) -> 
     rng = np.random.default_rng(7)
     plen = min(64, engine.max_model_len // 2)
     items = [(0.0, f"route{i}", rng.integers(0, engine.vocab_size, plen).tolist(), steps) for i in range(batch)]
-    for name, temp in (("serving_greedy", 0.0), ("serving_temperature_1", 1.0)):
+    for name, temp in (("serving_greedy", 0.0), ("serving_temperature_1", 1.0), ("serving_measured_temperature", MEASURE_TEMPERATURE)):
         seen: list[float] = []
 
         def on_plan(_i, _start, recs, _stats):
@@ -222,5 +223,7 @@ def _routing_counts(engine: LLMEngine, touched, batch: int, steps: int, log) -> 
         replay(fresh_engine(engine, engine.scheduler.config), items, temperature=temp, on_plan=on_plan)
         out[name] = float(np.mean(seen[1:])) if len(seen) > 1 else float("nan")   # the first decode follows the prompts
     log("experts touched per MoE layer by a decode batch of %d: grid (random tokens) %.1f, serving greedy %.1f, "
-        "serving temperature 1 %.1f" % (batch, out["grid_random_tokens"], out["serving_greedy"], out["serving_temperature_1"]))
+        "serving temperature 1 %.1f, serving temperature %g %.1f" % (batch, out["grid_random_tokens"], out["serving_greedy"],
+                                                                   out["serving_temperature_1"], MEASURE_TEMPERATURE,
+                                                                   out["serving_measured_temperature"]))
     return out

@@ -115,5 +115,5 @@ def test_prefill_sdpa_has_no_cudnn_backend_and_matches_the_reference():
 def test_routing_probe_counts_experts_of_grid_and_serving_decodes(tiny_engine):
     out = routing_probe(tiny_engine, log=lambda s: None, batch=8, steps=4)
     n_exp = max(m.cfg.n_routed_experts for m in tiny_engine.runner.model.modules() if hasattr(m, "last_ids"))
-    assert set(out) == {"grid_random_tokens", "serving_greedy", "serving_temperature_1"}
+    assert set(out) == {"grid_random_tokens", "serving_greedy", "serving_temperature_1", "serving_measured_temperature"}
     assert all(1 <= v <= n_exp for v in out.values()) and not tiny_engine.runner.states
