@@ -259,13 +259,16 @@ class PiecewiseGraphs:
         self.graphs[size] = graphs
 
     # ----------------------------------------------------------------- a step
-    def run(self, batch: ForwardBatch) -> tuple[torch.Tensor, int] | None:
-        """(final hidden ``[T, hidden]``, bucket) through the pieces, or None when the batch must run eagerly."""
+    def run(self, batch: ForwardBatch, host_s: dict[str, float] | None = None) -> tuple[torch.Tensor, int] | None:
+        """(final hidden ``[T, hidden]``, bucket) through the pieces, or None when the batch must run eagerly.
+        ``host_s``: when given, host seconds (no sync) are added to its "fill", "pieces" and "attend" keys."""
         t = batch.num_tokens
         size = bucket_for(t, self.captured)
         if size is None:
             return None
+        clock = _HostClock(host_s)
         self.buf.fill(batch, size)
+        clock.lap("fill")
         if self.use_graphs:
             graphs = self.graphs[size]
             run_piece = lambda k: graphs[k].replay()  # noqa: E731
@@ -274,9 +277,26 @@ class PiecewiseGraphs:
             run_piece = lambda k: self.piece(k, size, b)  # noqa: E731
         for k in range(len(self.layers)):
             run_piece(k)
+            clock.lap("pieces")
             self.attend(k, batch)
+            clock.lap("attend")
         run_piece(len(self.layers))
+        clock.lap("pieces")
         if self.use_graphs:
             from kernels import ops
             ops.used.update(self.backends.get(size, {}))
         return self.buf.hidden[:t], size
+
+
+class _HostClock:
+    """Host seconds between laps, summed per key into ``acc`` (a no-op when ``acc`` is None)."""
+
+    def __init__(self, acc: dict[str, float] | None):
+        self.acc = acc
+        self.t = time.perf_counter() if acc is not None else 0.0
+
+    def lap(self, key: str) -> None:
+        if self.acc is not None:
+            now = time.perf_counter()
+            self.acc[key] = self.acc.get(key, 0.0) + now - self.t
+            self.t = now

@@ -446,7 +446,15 @@ def forward_times(runner, plan, repeats: int) -> dict:
         _sync(runner.device)
         issue.append(t1 - t0)
         total.append(time.perf_counter() - t0)
-    return {"forward_issue_ms": statistics.median(issue) * 1e3, "forward_sync_ms": statistics.median(total) * 1e3}
+    out = {"forward_issue_ms": statistics.median(issue) * 1e3, "forward_sync_ms": statistics.median(total) * 1e3}
+    if runner.piecewise is not None:   # where the pieces' host issue time goes: input fill, replays, eager attention
+        split: dict[str, float] = {}
+        for _ in range(repeats):
+            _sync(runner.device)
+            runner.piecewise.run(batch, host_s=split)
+        _sync(runner.device)
+        out["piecewise_host_ms"] = {k: v / repeats * 1e3 for k, v in split.items()}
+    return out
 
 
 def bench_engine(out: str | None, repeats: int = 10, compare_torch_rowwise: bool = False, device: str = "cuda",
@@ -556,6 +564,7 @@ def print_row(r: dict, n_layers: int) -> None:
           + f"  syncs {r['host_syncs']:2d}  ops/layer {lay['ops'] / n_layers:5.1f} (+{lay['in_kernels'] / n_layers:5.1f} in"
           f" {lay['kernel_calls'] / n_layers:4.1f} kernel calls)  ops/step {lay['ops'] + oth['ops']:5d}"
           + (f"  bucket {r['piecewise_bs']}" if r.get("piecewise_bs") else "")
+          + (f"  host ms {({k: round(v, 2) for k, v in r['piecewise_host_ms'].items()})}" if r.get("piecewise_host_ms") else "")
           + f"  {r['sync_msgs'][:2] if r['host_syncs'] else ''}", flush=True)
 
 
