@@ -121,7 +121,9 @@ class MLAAttention(nn.Module):
                        kpe: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Attention of one prefill chunk's queries over its expanded keys: the per-head K assembled (k_pe
         broadcast to every head) and masked SDPA. ``executor.calibrate`` times exactly this over new x cached
-        tokens (the profile's ``attn_prefill_chunk`` table)."""
+        tokens (the profile's ``attn_prefill_chunk`` table). The queries are always the keys' last ``len(q)``
+        positions (``attend``: a chunk's keys end at its last token), known here without reading ``positions``:
+        ``bottom_right=True`` lets the flash split serve the unmasked case (kernels/prefill_attention.py)."""
         k = torch.cat((k_nope, kpe[:, None, :].expand(-1, self.h, -1)), dim=-1)
         qq = torch.cat((q_nope, q_pe), dim=-1)
-        return ops.attention_prefill(qq, k, v, positions, self.scale, mask)
+        return ops.attention_prefill(qq, k, v, positions, self.scale, mask, bottom_right=True)

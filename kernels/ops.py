@@ -61,9 +61,11 @@ def mla_decode(q, kv_cache, block_table, seq_lens, scale, kv_rank, topk_indices=
     return call("mla_decode", q.device, q, kv_cache, block_table, seq_lens, scale, kv_rank, topk_indices=topk_indices)
 
 
-def attention_prefill(q, k, v, q_positions, scale, key_mask=None):
-    """Causal attention of one sequence; see ``reference.attention``."""
-    return call("attention_prefill", q.device, q, k, v, q_positions, scale, key_mask)
+def attention_prefill(q, k, v, q_positions, scale, key_mask=None, bottom_right=False):
+    """Causal attention of one sequence; see ``reference.attention``. ``bottom_right=True``: the caller knows (on the
+    host) that the queries are the last ``len(q)`` positions of ``k`` (a prefill chunk), which lets the flash split
+    run (kernels/prefill_attention.py)."""
+    return call("attention_prefill", q.device, q, k, v, q_positions, scale, key_mask, bottom_right)
 
 
 def gqa_decode(q, k_cache, v_cache, block_table, seq_lens, scale):

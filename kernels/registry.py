@@ -60,8 +60,13 @@ IMPLS: dict[str, list[Impl]] = {
         Impl("mla_decode", "torch", 0, ("cpu", "cuda"), f"{_R}:mla_decode_paged", notes="gathers pages, loops over sequences"),
     ],
     "attention_prefill": [
+        # MLA prefill chunks (queries at the sequence's end, no key mask, said by the caller: bottom_right=True) run as
+        # two flash calls merged by log-sum-exp (kernels/prefill_attention.py): no per-shape plan as cuDNN, ~2.8x the
+        # memory-efficient kernel (H200, benchmarks/gpu/issue16_h200/run5_summarize_646970b/log.txt); the rest declines
+        Impl("attention_prefill", "flash", 0, ("cuda",), "kernels.prefill_attention:attention_prefill_flash", min_capability=(8, 0),
+             notes="torch flash, causal self part + cached part merged by LSE; bottom-right causal, no key mask, fp16/bf16"),
         Impl("attention_prefill", "sdpa", 0, ("cuda",), "kernels.torch_fast:attention_sdpa", notes="torch SDPA with an explicit causal-offset mask"),
-        Impl("attention_prefill", "torch", 0, ("cpu", "cuda"), f"{_R}:attention"),
+        Impl("attention_prefill", "torch", 0, ("cpu", "cuda"), "kernels.prefill_attention:attention_reference", notes="reference.attention"),
     ],
     "gqa_decode": [
         Impl("gqa_decode", "torch", 0, ("cpu", "cuda"), f"{_R}:paged_attention_decode"),

@@ -17,11 +17,13 @@ PREFILL_SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
-                   scale: float, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+                   scale: float, key_mask: torch.Tensor | None = None, bottom_right: bool = False) -> torch.Tensor:
     """Same contract as ``reference.attention`` through ``F.scaled_dot_product_attention``.
 
     The mask is explicit (queries sit at arbitrary positions after a cached prefix), so
     flash cannot run; the backends are pinned to memory-efficient, then math (``PREFILL_SDPA_BACKENDS``: no cuDNN).
+    ``bottom_right`` (queries at the sequence's end) is the flash split's hint (kernels/prefill_attention.py),
+    taken and not needed here. That split serves MLA prefill chunks; this serves masked calls (SWA, DSA) and GQA.
     """
     s = k.shape[0]
     visible = torch.arange(s, device=q.device)[None, :] <= q_positions[:, None]
