@@ -260,3 +260,33 @@ def test_deepgemm_fused_moe_triton_glue(g, t):
     out = deepgemm_fused_moe(x, wt, ids, w13, w2, s13, s2, glue=F.triton_glue())
     old = deepgemm_fused_moe(x, wt, ids, w13, w2, s13, s2, glue=F.TORCH_GLUE)
     assert torch.isfinite(out).all() and rel(out, want) < 2e-2 and rel(out, old) < 5e-3
+
+
+@pytest.mark.parametrize("n,cached", [(64, 0), (1000, 3000), (4096, 0), (517, 5003)])
+def test_flash_split_prefill_attention(g, n, cached):
+    """MLA prefill chunk (128 heads, q/k 192, v 128, bf16; queries the last n of n + cached keys) through the flash
+    split + LSE merge (kernels/prefill_attention.py) vs ``reference.attention`` (fp32 math on the same bf16 inputs):
+    rel < BF16_TOL (1e-2; the bf16 output rounding alone is ~3e-3). Routed by the registry with the caller's hint,
+    declined without it, and no host sync inside (sync debug mode raises on one)."""
+    from kernels import ops
+    from kernels.prefill_attention import flash_decline
+    h, dqk, dv, s = 128, 192, 128, n + cached
+    q = torch.randn(n, h, dqk, device="cuda", generator=g).bfloat16()
+    k = torch.randn(s, h, dqk, device="cuda", generator=g).bfloat16()
+    v = torch.randn(s, h, dv, device="cuda", generator=g).bfloat16()
+    pos = torch.arange(cached, s, device="cuda")
+    scale = dqk ** -0.5
+    if flash_decline(q, k, v, None, True):
+        pytest.skip(flash_decline(q, k, v, None, True))
+    ops.reset_used()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = ops.attention_prefill(q, k, v, pos, scale, None, bottom_right=True)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert ops.reset_used()["attention_prefill"] == "flash"
+    want = R.attention(q, k, v, pos, scale)
+    assert out.shape == want.shape and out.dtype == torch.bfloat16 and out.is_contiguous()
+    assert torch.isfinite(out).all() and rel(out, want) < BF16_TOL
+    ops.attention_prefill(q, k, v, pos, scale)           # no hint: the masked SDPA path
+    assert ops.reset_used()["attention_prefill"] == "sdpa"
