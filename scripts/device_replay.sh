@@ -41,6 +41,7 @@ timeout ${T_TABLES:-75} python3 -m benchmarks.gpu.replay_tables --out "$OUT/repl
 stage "replay bench"
 if [ -f "$OUT/replay_tables.json" ]; then TABLES=(--tables "$OUT/replay_tables.json"); else TABLES=(--no-tables); fi
 timeout ${T_REPLAY:-180} python3 -m benchmarks.gpu.replay_bench --out "$OUT/replay_bench.json" --ws "$WS" "${TABLES[@]}" \
+  --budget-s $(( ${T_REPLAY:-180} - 5 )) \
   || echo "replay bench: exit $?"
 kill "$SMI_PID" "$MHZ_PID" 2>/dev/null
 stage "rescore"

@@ -173,3 +173,15 @@ def test_the_layer_factor_is_the_measured_layer_over_its_units():
     assert layer_factor(check, "full", 1024) == pytest.approx(0.9)        # halfway in log rows
     assert layer_factor(check, "full", 9000) == pytest.approx(0.8)        # the nearest cell outside
     assert layer_factor(check, "sliding", 512) == 1.0                     # no cell of that kind
+
+
+def test_rounds_stop_at_the_deadline_but_not_before_the_minimum():
+    import time
+
+    import torch
+    from benchmarks.gpu.replay_bench import MIN_ROUNDS, Timer
+    calls = []
+    t = Timer(torch.device("cpu"), warm=0, reps=50)
+    t.deadline = time.monotonic() - 1.0        # already past: the minimum of rounds, each with every policy
+    res = t.interleaved({n: (lambda n=n: calls.append(n)) for n in "ab"})
+    assert len(calls) == 2 * MIN_ROUNDS and all(len(r["samples"]) == MIN_ROUNDS for r in res.values())

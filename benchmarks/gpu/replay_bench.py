@@ -155,6 +155,7 @@ class Predictors:
 # ``segments`` first: the prediction the bench reports (the forward's pieces at their shapes, host and device measured
 # in the same rounds as the forwards; costmodels/replay_segments.py); the table-based ones beside it
 PREDICTIONS = ("segments", "table", "generic", "probe")
+MIN_ROUNDS = 7   # rounds kept even past the deadline (--budget-s)
 HEADLINE = "segments"
 
 
@@ -171,6 +172,7 @@ class Timer:
     def __init__(self, device: torch.device, warm: int, reps: int):
         self.cuda, self.warm, self.reps = device.type == "cuda", warm, reps
         self.spread = (0.0, 0.0)
+        self.deadline: float | None = None   # time.monotonic() past which rounds stop (after MIN_ROUNDS)
 
     def once(self, fn) -> tuple[float, float]:
         """(window seconds, host issue seconds) of one call from an idle device."""
@@ -209,6 +211,8 @@ class Timer:
         gc.disable()
         try:
             for r in range(reps or self.reps):
+                if r >= MIN_ROUNDS and self.deadline is not None and time.monotonic() > self.deadline:
+                    break   # the call's time is running out: fewer rounds, every policy's the same number
                 k = r % len(names)
                 for n in names[k:] + names[:k]:
                     got[n].append(self.once(fns[n]))
@@ -596,7 +600,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tables", default=None, help="op tables to load (benchmarks/gpu/replay_tables.py); "
                     "default: measure them first into replay_tables.json beside --out")
     ap.add_argument("--no-tables", action="store_true", help="the analytic prediction only")
+    ap.add_argument("--budget-s", type=float, default=None, help="wall seconds this run may take: timed rounds stop "
+                    "(after 7) 40 s before, leaving time for the traces and the profile")
     a = ap.parse_args(argv)
+    t_start = time.monotonic()
     setup = cli_setup(a)
     if setup is None:
         return 2
@@ -607,6 +614,8 @@ def main(argv=None) -> int:
     tables, tables_from = _tables(a, spec, device, dtype, sh, ws, need)
     b = Bench(spec, device, dtype, sh["page"], need, Timer(device, 0 if a.cpu else 3, reps), Predictors(tables), a.tiny)
     b.chunked_reps = a.chunked_reps or (1 if a.cpu else 21)
+    if a.budget_s:
+        b.timer.deadline = t_start + a.budget_s - 40
     pols = policies(ws)
     if device.type == "cuda":   # what is built so far leaves the collector's generations (timers hold it off)
         gc.collect()
