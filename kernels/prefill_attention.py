@@ -81,10 +81,14 @@ def attention_lse_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale
 
     It wants ``[B, H, S, D]`` (the transposed views of our ``[S, H, D]``; it works in ``[B, S, H, D]`` inside, so
     no copy) and one head dim for q, k and v: ``v`` must come padded to q's width (:func:`flash_prefill`); the
-    output keeps that width (the caller slices).
+    output keeps that width (the caller slices). On CPU the same contract runs torch's CPU flash kernel
+    (``_scaled_dot_product_flash_attention_for_cpu``, same layout and LSE): the CPU tests run this exact code.
     """
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], 0.0, causal, False, scale=scale)[:2]
+    q4, k4, v4 = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+    if q.device.type == "cuda":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q4, k4, v4, 0.0, causal, False, scale=scale)[:2]
+    else:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q4, k4, v4, 0.0, causal, scale=scale)[:2]
     return out[0].transpose(0, 1), lse[0].t()
 
 

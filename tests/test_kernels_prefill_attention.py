@@ -4,6 +4,8 @@ registry routing (flash declines everything but bottom-right causal without a ma
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -92,11 +94,11 @@ def test_flash_declines_what_it_cannot_run(mask, bottom_right, device, dtype, ex
 
 
 def test_flash_decline_checks_shapes_and_dtype():
-    """The host-side checks on a CUDA-looking call: dtype, GQA, head dims (``device`` is only read for CPU)."""
-    class Meta:   # tensors on the meta device look like CUDA to nothing; test the shape checks through a fake device
-        type = "cuda"
+    """The host-side checks on a CUDA call (stand-ins carrying a CUDA device, the dtype and the shape: all it reads)."""
     q, k, v, _ = _problem(4, 4, dtype=torch.bfloat16)
-    fake = lambda t: type("T", (), {"device": Meta, "dtype": t.dtype, "shape": t.shape})()  # noqa: E731
+
+    def fake(t):
+        return SimpleNamespace(device=torch.device("cuda"), dtype=t.dtype, shape=t.shape)
     assert "fp16/bf16" in PA.flash_decline(fake(q.float()), fake(k.float()), fake(v.float()), None, True)
     assert "GQA" in PA.flash_decline(fake(q), fake(k[:, :2]), fake(v[:, :2]), None, True)
     wide = torch.zeros(4, 4, 264, dtype=torch.bfloat16)
@@ -118,3 +120,15 @@ def test_cpu_op_with_the_hint_is_the_reference_bit_for_bit():
     got = ops.attention_prefill(q, k, v, pos, 0.25, None, bottom_right=True)
     assert ops.reset_used()["attention_prefill"] == "torch"
     assert torch.equal(got, ref.attention(q, k, v, pos, 0.25))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("n,cached", [(8, 0), (13, 29), (1, 17)])
+def test_flash_prefill_code_path_on_cpu_flash(dtype, tol, n, cached):
+    """``flash_prefill`` exactly as CUDA runs it (v padded 16 -> 24, [B,H,S,D] views, LSE [1,H,n], slicing), with
+    torch's CPU flash kernel underneath: relative error vs ``reference.attention`` within ``tol``."""
+    q, k, v, pos = _problem(n, cached, dtype=dtype, seed=6)
+    got = PA.flash_prefill(q, k, v, 0.2)
+    want = ref.attention(q, k, v, pos, 0.2)
+    assert got.shape == want.shape and got.dtype == dtype and got.is_contiguous()
+    assert float((got.double() - want.double()).norm() / want.double().norm()) < tol
