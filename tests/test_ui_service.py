@@ -19,11 +19,12 @@ def _uploads(tmp_path, monkeypatch):
 
 
 _PROGRESS: list[float] = []  # what the search's progress callback saw
+_LABELS: list[str] = []
 
 
 @pytest.fixture(scope="module")
 def result():
-    return service.search({}, lambda f, s: _PROGRESS.append(f))
+    return service.search({}, lambda f, s: (_PROGRESS.append(f), _LABELS.append(s)))
 
 
 def test_default_search_recommends_a_plan_within_budget_and_slo(result):
@@ -42,6 +43,10 @@ def test_default_search_recommends_a_plan_within_budget_and_slo(result):
 
 def test_search_reports_progress_to_the_end(result):
     assert _PROGRESS and _PROGRESS[-1] == 1.0 and _PROGRESS == sorted(_PROGRESS)
+    # the bar moves with the planner's jobs (the CLI's bars), not only at the start and the end
+    assert any(s.startswith("screen layouts ") for s in _LABELS) and any(s.startswith("simulate candidates ") for s in _LABELS)
+    assert any(s.startswith("full-scale runs of the plan ") for s in _LABELS)
+    assert len({round(f, 3) for f in _PROGRESS if 0.05 < f < 0.95}) >= 5
 
 
 def test_plan_yaml_is_a_planner_plan(result, tmp_path):

@@ -18,6 +18,7 @@ from planner.request import DEFAULT_PRICE_CACHED_INPUT, DEFAULT_PRICE_INPUT, DEF
 from planner.slo import EXAMPLE, parse_slo, slo_in_mapping
 from twinfer.config import read_mapping, validate
 from twinfer.errors import TwinferError
+from ui.progress import PLANNER_JOBS as JOB_LABELS  # the labels the UI's bar uses too
 
 def _workload(name: str) -> dict:
     if Path(name).is_file() or name.endswith((".yaml", ".yml", ".json")):
@@ -206,9 +207,6 @@ def print_report(con: Console, rep, out: Optional[Path]) -> None:
     if out is not None:
         con.print(f"wrote plan: {out}  (run it: twinfer simulate --plan {out})", highlight=False)
     con.print(f"[dim]total {t.total_s:.1f} s[/]", highlight=False)
-
-
-JOB_LABELS = {"_screen_job": "screen layouts", "run_job": "simulate candidates", "confirm_plan": "full-scale runs of the plan"}
 
 
 def plan_with_progress(plan_deployment, req, workers: int, ray: Optional[str], quiet: bool):

@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 POLL_S = 0.5  # how often a watcher counts finished requests (a 1M-request list takes ~30 ms to scan)
+# the planner's batches of jobs (planner.parallel.reporting names them by function), as the CLI and the UI label them
+PLANNER_JOBS = {"_screen_job": "screen layouts", "run_job": "simulate candidates", "confirm_plan": "full-scale runs of the plan"}
 
 
 def progress_bar(console: Console, transient: bool = False) -> Progress:

@@ -7,6 +7,7 @@ calls into the packages and reshapes their results for display. Nothing imports 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import math
@@ -193,6 +194,29 @@ def _planner_request(req: PlanRequest, gpus: int, simulate_top: int | None = Non
     }, "plan request")
 
 
+# where each batch of planner jobs moves the bar within a search (screen, slices, full-scale runs)
+_PHASES = {"_screen_job": (0.0, 0.2), "run_job": (0.2, 0.7), "confirm_plan": (0.7, 1.0)}
+
+
+@contextlib.contextmanager
+def planner_progress(progress: Progress, lo: float, hi: float):
+    """Feed the planner's job counts (``planner.parallel.reporting``, what the CLI's bars show) to ``progress``
+    between ``lo`` and ``hi``: the bar moves with the work instead of jumping from start to end. Never backwards
+    (a second batch of slices starts its phase again)."""
+    from planner.parallel import reporting
+    from ui.progress import PLANNER_JOBS
+
+    seen = [lo]
+
+    def hook(name: str, done: int, total: int) -> None:
+        a, b = _PHASES.get(name, (0.0, 1.0))
+        seen[0] = max(seen[0], lo + (hi - lo) * (a + (b - a) * (done / total if total else 1.0)))
+        progress(seen[0], f"{PLANNER_JOBS.get(name, name)} {done}/{total}")
+
+    with reporting(hook):
+        yield
+
+
 def search(request: dict, progress: Progress | None = None) -> SearchResult:
     """Search deployments for ``request`` (a PlanRequest mapping); ``progress`` gets (fraction, label)."""
     from planner.search import plan_deployment
@@ -203,7 +227,8 @@ def search(request: dict, progress: Progress | None = None) -> SearchResult:
     if req.mode == "budget":
         progress(0.05, f"screening and simulating deployments of {req.gpus} GPUs")
         preq = _planner_request(req, req.gpus)
-        report = plan_deployment(preq, workers=req.workers)
+        with planner_progress(progress, 0.05, 0.95):
+            report = plan_deployment(preq, workers=req.workers)
         reason = report.recommended.why[0] if report.recommended and report.recommended.why else report.message
     else:
         preq, report, reason = _size_for_traffic(req, progress, notes)
