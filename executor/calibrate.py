@@ -215,7 +215,7 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
             v = randn(n, mla.h, dv)
             pos = torch.arange(n, device=dev)
             ops.reset_used()
-            t, spread = timed(lambda: ops.attention_prefill(q, k, v, pos, mla.scale))
+            t, spread = timed(lambda: ops.attention_prefill(q, k, v, pos, mla.scale, bottom_right=True))   # as prefill_attend
             flops = 2.0 * mla.h * (dqk + dv) * n * (n + 1) / 2
             out.append({"op": "attention_prefill", "tokens": n, "time_s": t, "spread": spread, "flops": flops,
                         "tflops": flops / t / 1e12, "backend": ops.reset_used().get("attention_prefill", "?")})
