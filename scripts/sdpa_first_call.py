@@ -44,7 +44,8 @@ def main() -> None:
     h, dqk, dv = 128, 192, 128
     order = getattr(torch._C, "_get_sdp_priority_order", lambda: "?")
     print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version(), "priority before the first call", order())
-    orders = {"default order": None, "cudnn only": [SDPBackend.CUDNN_ATTENTION], "pinned (executor)": PREFILL_SDPA_BACKENDS}
+    orders = {"default order": None, "cudnn only": [SDPBackend.CUDNN_ATTENTION], "pinned (executor)": PREFILL_SDPA_BACKENDS,
+              "flash split (MLA)": "flash"}
     for k, (name, order) in enumerate(orders.items()):
         for j, (n, c) in enumerate(((1000 + 37 * k, 3000 + 11 * k), (517 + 13 * k, 5003 + 7 * k), (2049 + k, 1 + k))):
             s = n + c
@@ -54,6 +55,9 @@ def main() -> None:
             mask = (torch.arange(s, device=dev)[None, :] <= torch.arange(c, c + n, device=dev)[:, None])[None, None]
 
             def call():
+                if order == "flash":   # the executor's MLA prefill chunk (kernels/prefill_attention.py): no mask, two flash calls
+                    from kernels.prefill_attention import flash_prefill
+                    return flash_prefill(q[0].transpose(0, 1), kk[0].transpose(0, 1), v[0].transpose(0, 1), 1.0)
                 if order is None:
                     return F.scaled_dot_product_attention(q, kk, v, attn_mask=mask)
                 with sdpa_kernel(order):
