@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import reference
-from kernels.registry import Unsupported
+from kernels.registry import Unsupported, probe_library
 
 # (q [n,H,D], k [s,H,D], v [s,H,Dv], scale, causal) -> (out [n,H,Dv] in q's dtype, lse [n,H] float32 natural log)
 Partial = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool], tuple[torch.Tensor, torch.Tensor]]
@@ -46,16 +46,18 @@ def merge_attn_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor,
     return torch.lerp(o_a.to(work), o_b.to(work), w_b).to(o_a.dtype)
 
 
-def split_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, partial: Partial) -> torch.Tensor:
+def split_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, partial: Partial,
+                           merge: Callable = merge_attn_states) -> torch.Tensor:
     """Bottom-right causal attention of the last ``n = len(q)`` positions over ``S = len(k)`` keys, as the chunk's
-    causal self part plus its unmasked cached part, merged (module docstring). ``partial`` computes each part."""
+    causal self part plus its unmasked cached part, merged (module docstring). ``partial`` computes each part,
+    ``merge`` combines them (this module's torch merge, or the one-launch Triton one on CUDA)."""
     n, s = q.shape[0], k.shape[0]
     c = s - n
     o_new, lse_new = partial(q, k[c:], v[c:], scale, True)
     if c == 0:
         return o_new
     o_old, lse_old = partial(q, k[:c], v[:c], scale, False)
-    return merge_attn_states(o_new, lse_new, o_old, lse_old)
+    return merge(o_new, lse_new, o_old, lse_old)
 
 
 def attention_lse_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -101,7 +103,16 @@ def flash_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     def partial(q_, k_, v_, scale_, causal_):   # merge only the kept columns
         out, lse = attention_lse_flash(q_, k_, v_, scale_, causal_)
         return out[..., :dv], lse
-    return split_causal_attention(q, k, vp, scale, partial).contiguous()
+    return split_causal_attention(q, k, vp, scale, partial, fast_merge(q.device)).contiguous()
+
+
+def fast_merge(device: torch.device) -> Callable:
+    """The merge to use on ``device``: one Triton launch on CUDA where Triton imports (kernels/triton_attn_merge.py),
+    else the torch ops of :func:`merge_attn_states`."""
+    if device.type == "cuda" and probe_library("triton")[0]:
+        from kernels.triton_attn_merge import merge_attn_states as triton_merge
+        return triton_merge
+    return merge_attn_states
 
 
 def flash_decline(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask, bottom_right: bool) -> str:

@@ -5,7 +5,8 @@
 # (`flash_direct`, checked, not used), at 64x0, 1000x3000, 4096x0, 517x5003 (new x cached; 128 heads, q/k 192, v 128,
 # bf16): first-call wall ms, steady device ms (CUDA events, median), rel error vs reference.attention; then 4 shapes
 # never seen per variant (what a new shape costs) and the split's parts alone. First the GPU tests (flash split vs the
-# reference at those shapes, no host sync; the tiny CUDA engine vs its one-shot forward, which now runs the split).
+# reference at those shapes, no host sync; its Triton LSE merge vs the torch one; the tiny CUDA engine vs its one-shot
+# forward, whose short unmasked chunks now run the split).
 # Output: $OUT/attn_prefill.json, $OUT/pytest.txt, $OUT/log.txt, $OUT/env.txt.
 # Run from the repo root (no wheels needed; .whl is used if carried):  bash scripts/device_attn.sh   (~2 minutes)
 source scripts/device_env.sh
@@ -15,7 +16,7 @@ source scripts/device_env.sh
 
 stage "gpu tests: flash split prefill attention, tiny engine on CUDA"
 timeout ${T_TESTS:-60} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py \
-  -k "flash_split or tiny_engine" 2>&1 | tee "$OUT/pytest.txt" | tail -15
+  -k "flash_split or attn_merge or tiny_engine" 2>&1 | tee "$OUT/pytest.txt" | tail -15
 
 stage "prefill attention: flash split vs mem-efficient / cuDNN / math (benchmarks/gpu/attn_prefill_bench.py)"
 timeout ${T_BENCH:-100} python3 -m benchmarks.gpu.attn_prefill_bench "$OUT/attn_prefill.json" \

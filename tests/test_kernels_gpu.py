@@ -290,3 +290,19 @@ def test_flash_split_prefill_attention(g, n, cached):
     assert torch.isfinite(out).all() and rel(out, want) < BF16_TOL
     ops.attention_prefill(q, k, v, pos, scale)           # no hint: the masked SDPA path
     assert ops.reset_used()["attention_prefill"] == "sdpa"
+
+
+def test_triton_attn_merge_matches_torch_merge(g):
+    """The one-launch Triton LSE merge (kernels/triton_attn_merge.py) vs the torch-ops merge on the split's own strided
+    views (flash's [1, n, H, 192] output sliced to 128, LSE [1, H, n] transposed), 128 heads, bf16: both compute in
+    fp32, so they differ by bf16 output rounding at most (rel < 2e-3)."""
+    _need("triton")
+    from kernels.prefill_attention import merge_attn_states
+    from kernels.triton_attn_merge import merge_attn_states as triton_merge
+    n, h = 1000, 128
+    oa = torch.randn(1, n, h, 192, device="cuda", generator=g).bfloat16()[0][..., :128]
+    ob = torch.randn(1, n, h, 192, device="cuda", generator=g).bfloat16()[0][..., :128]
+    la = (torch.randn(1, h, n, device="cuda", generator=g) * 4)[0].t()
+    lb = (torch.randn(1, h, n, device="cuda", generator=g) * 4)[0].t()
+    got, want = triton_merge(oa, la, ob, lb), merge_attn_states(oa, la, ob, lb)
+    assert got.is_contiguous() and rel(got, want) < 2e-3

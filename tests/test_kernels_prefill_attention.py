@@ -4,6 +4,11 @@ registry routing (flash declines everything but bottom-right causal without a ma
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
 from types import SimpleNamespace
 
 import pytest
@@ -132,3 +137,33 @@ def test_flash_prefill_code_path_on_cpu_flash(dtype, tol, n, cached):
     want = ref.attention(q, k, v, pos, 0.2)
     assert got.shape == want.shape and got.dtype == dtype and got.is_contiguous()
     assert float((got.double() - want.double()).norm() / want.double().norm()) < tol
+
+
+MERGE_CHECK = textwrap.dedent('''
+    import torch
+    from kernels import prefill_attention as PA
+    from kernels import triton_attn_merge as TM
+    g = torch.Generator().manual_seed(0)
+    n, h, d = 37, 20, 128                    # 20 heads: a partial block of 8; outputs as the split hands them over
+    for dt, tol in ((torch.float32, 2e-6), (torch.bfloat16, 0.04)):   # the interpreter's bf16 cast is not RTNE
+        oa = torch.randn(1, n, h, 192, generator=g).to(dt)[0][..., :d]
+        ob = torch.randn(1, n, h, 192, generator=g).to(dt)[0][..., :d]
+        la, lb = (torch.randn(1, h, n, generator=g) * 4)[0].t(), (torch.randn(1, h, n, generator=g) * 4)[0].t()
+        lb[3, 5] = float("-inf")
+        got = TM.merge_attn_states(oa, la, ob, lb)
+        want = torch.lerp(oa.double(), ob.double(), torch.sigmoid(lb.double() - la.double())[..., None])
+        assert got.dtype == dt and got.is_contiguous() and got.shape == (n, h, d)
+        assert (got.double() - want).abs().max() < tol, (dt, (got.double() - want).abs().max())
+        assert torch.equal(got[3, 5], oa[3, 5])
+    print("ok")
+''')
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not importable")
+def test_triton_merge_in_the_interpreter():
+    """kernels/triton_attn_merge.py through Triton's interpreter (a subprocess: it must be on before Triton compiles)."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", MERGE_CHECK], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]

@@ -4,7 +4,8 @@ One prefill chunk as ``MLAAttention.prefill_attend`` hands it to ``ops.attention
 v 128, bf16, the n queries are the last n of n + cached keys (bottom-right causal). Variants, each in the same process:
 
 - ``flash_split``: the registry's ``flash`` impl (kernels/prefill_attention.py): causal self part + unmasked cached
-  part through ``aten._scaled_dot_product_flash_attention``, merged by log-sum-exp (v zero-padded to 192);
+  part through ``aten._scaled_dot_product_flash_attention``, merged by log-sum-exp (v zero-padded to 192; the merge
+  is one Triton launch, kernels/triton_attn_merge.py);
 - ``flash_direct``: ONE ``aten._flash_attention_forward`` call with ``is_causal`` and q_len < k_len. FlashAttention-2
   (>= 2.1) aligns its causal mask bottom-right, which is what a chunk needs; torch's SDPA refuses flash for causal
   non-square calls because its documented ``is_causal`` is top-left. Timed and checked here (``rel`` against the
@@ -125,7 +126,8 @@ def bench_shape(name: str, fn, n: int, cached: int, iters: int, want) -> dict:
 
 
 def split_parts(n: int, cached: int, iters: int) -> dict:
-    """The flash split's steps alone: v padding, the causal self part, the cached part, the merge."""
+    """The flash split's steps alone: v padding, the causal self part, the cached part, the merge (torch ops and
+    the one-launch Triton merge the split uses on CUDA, with their largest difference)."""
     q, k, v, pos, scale = problem(n, cached)
     vp = F.pad(v, (0, DQK - DV))
     c = cached
@@ -135,7 +137,12 @@ def split_parts(n: int, cached: int, iters: int) -> dict:
     if c:
         o2, l2 = PA.attention_lse_flash(q, k[:c], vp[:c], scale, False)
         out["cached_ms"] = steady_ms(lambda: PA.attention_lse_flash(q, k[:c], vp[:c], scale, False), iters)
-        out["merge_ms"] = steady_ms(lambda: PA.merge_attn_states(o1[..., :DV], l1, o2[..., :DV], l2), iters)
+        out["merge_torch_ms"] = steady_ms(lambda: PA.merge_attn_states(o1[..., :DV], l1, o2[..., :DV], l2), iters)
+        fast = PA.fast_merge(q.device)
+        if fast is not PA.merge_attn_states:
+            out["merge_triton_ms"] = steady_ms(lambda: fast(o1[..., :DV], l1, o2[..., :DV], l2), iters)
+            a, b = fast(o1[..., :DV], l1, o2[..., :DV], l2), PA.merge_attn_states(o1[..., :DV], l1, o2[..., :DV], l2)
+            out["merge_triton_vs_torch_max_abs"] = float((a.float() - b.float()).abs().max())
     return {k_: (round(v_, 4) if isinstance(v_, float) else v_) for k_, v_ in out.items()}
 
 
