@@ -13,7 +13,9 @@
 3. **loop**: a few closed batches replayed through the real engine loop (``replay``), which
    measures the loop's own time around each runner step (schedule, complete, bookkeeping);
 
-and fits the step model (``costmodels.step_fit.fit_step_profile``). The result is a
+in the order ``measure_grid`` gives (decode-only shapes on a cool GPU, the loop, the eager step warm-up of
+``executor.synthetic_steps``, settle, the eager shapes; every point logs the GPU's SM clock and temperature), with
+every request sampling at ``executor.synthetic_steps.MEASURE_TEMPERATURE`` as validation's replays do, and fits the step model (``costmodels.step_fit.fit_step_profile``). The result is a
 ``CalibrationProfile`` with provenance (GPU, driver, torch, kernel backends, date, command).
 
 The offline replay loop it drives (``executor/replay.py``) is the one ``twinfer run``, ``twinfer validate``
