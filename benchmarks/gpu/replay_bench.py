@@ -37,6 +37,13 @@ also takes each piece's device time to the clock its forward ran at (a diagnosti
 runs). The SM clock after every timed call is in ``measured_clocks_mhz``; the caching allocator's device
 allocations during the rounds in ``allocator_during_rounds``.
 
+The prediction at unmeasured shapes (``grid_*`` keys, in ``headline`` beside ``segments``;
+``benchmarks/gpu/replay_grid.py``, ``costmodels/replay_grid.py``): the same kinds of pieces measured the same way in
+the same rounds (every third), but on a grid of shapes that holds out every shape the workloads run (checked:
+``grid_error`` otherwise), read off the grid by interpolation (log-log in rows, linear in context, extrapolation
+flagged: ``grid_extrapolated``) and queued as ``segments`` is. Every workload's grid is written to
+``replay_grid.json`` beside ``--out`` (per workload and pooled: what ``costmodels.replay_grid.load`` reads).
+
 Table-based prediction (``table_*`` keys): before any replay run, the op tables of this executor model are
 measured (``benchmarks/gpu/replay_tables.py``: the executor's bf16 Linear, its window/causal prefill attention
 call, its row-wise ops and their eager host cost) or loaded (``--tables FILE``), and every chunk is priced from them
@@ -70,6 +77,8 @@ from costmodels.replay import LayerReplay, ReplayPolicy, chunk_cost, prefill_sec
 from costmodels import replay_segments, replay_table
 from costmodels.step import StepCostModel
 from benchmarks.gpu.replay_segments import SegmentProbe, sm_clock_mhz
+from benchmarks.gpu import replay_grid as grid_bench
+from costmodels import replay_grid
 from executor.forward_batch import SeqInput
 from executor.kv_cache import KVCache
 from executor.model_config import ExecModelConfig
@@ -154,9 +163,10 @@ class Predictors:
 
 # ``segments`` first: the prediction the bench reports (the forward's pieces at their shapes, host and device measured
 # in the same rounds as the forwards; costmodels/replay_segments.py); the table-based ones beside it
-PREDICTIONS = ("segments", "table", "generic", "probe")
+PREDICTIONS = ("segments", "grid", "table", "generic", "probe")
 MIN_ROUNDS = 7   # rounds kept even past the deadline (--budget-s)
 HEADLINE = "segments"
+HEADLINES = ("segments", "grid")   # the pieces at the workloads' own shapes, and read off the held-out grid
 
 
 class Timer:
@@ -256,6 +266,8 @@ class Bench:
         self.ops = StepCostModel(spec, get_hardware("h200"), lay)
         self.probe_args = (self.model, self.cfg, device, page, dt, tiny)
         self.probe_error = self.segment_error = None
+        self.tiny = tiny
+        self.grid_every: int | None = None   # sample the grid every this many rounds (None: no grid)
 
     def probe(self):
         """A fresh host probe (its own KV pages) for one workload's rounds; None (and the error kept) if it cannot
@@ -311,6 +323,19 @@ class Bench:
             self.segment_error = f"{type(e).__name__}: {e}"[:300]
             return None
 
+    def grid(self, seg):
+        """The grid probe for one workload's rounds (``benchmarks.gpu.replay_grid``), checked to hold out every piece
+        the workload runs; None where off, (None, error) where it cannot be built or is not held out."""
+        if self.grid_every is None:
+            return None, None
+        try:
+            gp = grid_bench.GridProbe(self, self.tiny, self.grid_every)
+            if seg is not None:
+                replay_grid.assert_held_out(gp.keys(), seg.plan, [k == "sliding" for k in self.spec.kinds()])
+            return gp, None
+        except Exception as e:  # noqa: BLE001 - the runs go on without it
+            return None, f"{type(e).__name__}: {e}"[:300]
+
     def timed(self, fns: dict, rows: dict, forwards: dict, reps: int | None = None) -> dict:
         """Every policy's forward (prepared inputs) and its forward with the host preparation, interleaved; the
         figures written into ``rows`` (policy -> row); returns the host probe's layer-call seconds and the forwards'
@@ -318,11 +343,12 @@ class Bench:
         (``segments_*``) into the rows."""
         probe = self.probe()
         seg = self.segments(forwards)
+        grid, grid_error = self.grid(seg)
         graphs = {name: self.capture(fns[name]) for name in rows} if self.timer.cuda else {}
         fns = fns | {name + "+graph": g.replay for name, g in graphs.items() if not isinstance(g, str)}
         t0 = time.time()
         alloc0 = _alloc_counts(self.timer.cuda)
-        res = self.timer.interleaved(fns, [probe, seg], reps)
+        res = self.timer.interleaved(fns, [probe, seg, grid], reps)
         alloc = {k: v - alloc0.get(k, 0) for k, v in _alloc_counts(self.timer.cuda).items()}
         for name, row in rows.items():
             st = res[name]
@@ -343,7 +369,8 @@ class Bench:
             except Exception as e:  # noqa: BLE001 - a diagnostic
                 seg.timeline_error = f"{type(e).__name__}: {e}"[:300]
         pieces = self.piece_costs(seg, rows, traced=False)   # kernels placed evenly; traced at the end (main)
-        return {"_seg": seg, "host_probe": {k: {int(r): v for r, v in by.items()} for k, by in got.items()} or None,
+        return {"_seg": seg, "_grid": grid, "grid_error": grid.error if grid is not None else grid_error,
+                "host_probe": {k: {int(r): v for r, v in by.items()} for k, by in got.items()} or None,
                 "host_probe_error": probe.error if probe is not None else self.probe_error,
                 "segments": pieces, "segment_error": seg.error if seg is not None else self.segment_error,
                 "allocator_during_rounds": alloc,
@@ -376,6 +403,30 @@ class Bench:
                                    "segments_clocked_round_s": clocked.get(name)})
         return doc
 
+    def grid_costs(self, grid, head: dict, rows: dict) -> None:
+        """Every policy's forward priced off the grid (``costmodels.replay_grid``: the pieces of the workload's plan
+        at their features, interpolated; none of them measured) into its row as ``grid_*``; the grid's points into
+        ``head["grid"]``."""
+        seg = head.get("segments")
+        if grid is None or grid.error is not None or not seg:
+            if grid is not None and grid.error:
+                head["grid_error"] = grid.error
+            return
+        try:
+            pts = grid.points()
+            g = replay_grid.ReplayGrid([replay_grid.point_from_dict(p) for p in pts])
+            sliding = [k == "sliding" for k in self.spec.kinds()]
+            priced = replay_grid.price_plan(g, seg["plan"], sliding, sync=not self.timer.cuda)
+        except Exception as e:  # noqa: BLE001 - a prediction's failure costs only itself
+            head["grid_error"] = f"{type(e).__name__}: {e}"[:300]
+            return
+        head["grid"] = {"points": pts, "every": grid.every, "traced": bool(grid.traces)}
+        for name, (cost, ext) in priced.items():
+            if name in rows:
+                rows[name].update({"grid_predicted_s": cost.seconds, "grid_device_s": cost.device_s,
+                                   "grid_host_s": cost.host_s, "grid_wait_s": cost.wait_s,
+                                   "grid_extrapolated": ext})
+
     @torch.inference_mode()
     def prefix_hit(self, pols, c: int, n: int) -> dict:
         swas = {name: SWAReplay(self.spec, pol) for name, pol in pols}
@@ -401,11 +452,12 @@ class Bench:
                           "sync_warnings": syncs[name]}
             self.profile_jobs.append((rows[name], fns[name]))
         head = self.timed(fns, rows, {name: [p] for name, p in preps.items()})
-        seg = head.pop("_seg")
+        seg, grid = head.pop("_seg"), head.pop("_grid")
         for name, swa in swas.items():
             rows[name].update(self.pred.chunk(self.spec, swa.resolved, [(n, c)], head["host_probe"]))
+        self.grid_costs(grid, head, rows)
         out = {"context": c, "new_tokens": n, **head, "rows": _changes(list(rows.values()), n)}
-        self.segment_jobs.append((seg, out, n))
+        self.segment_jobs.append((seg, out, n, grid))
         return out
 
     @torch.inference_mode()
@@ -423,12 +475,13 @@ class Bench:
                           "exact": all(exact_for_new_tokens(swa.layout(c), swa.window, c) for _, c in parts[1:]),
                           "extra_layer_tokens": int(sum(swa.resolved.extra_tokens(c).sum() for _, c in parts))}
         head = self.timed(fns, rows, preps, self.chunked_reps)
-        seg = head.pop("_seg")
+        seg, grid = head.pop("_seg"), head.pop("_grid")
         for name, swa in swas.items():
             rows[name].update(self.pred.chunk(self.spec, swa.resolved, parts, head["host_probe"]))
+        self.grid_costs(grid, head, rows)
         out = {"prompt": prompt, "chunk": chunk, "chunks": len(parts), **head,
                "rows": _changes(list(rows.values()), prompt)}
-        self.segment_jobs.append((seg, out, prompt))
+        self.segment_jobs.append((seg, out, prompt, grid))
         return out
 
 
@@ -551,7 +604,7 @@ def summary(out: dict, preds: tuple[str, ...] = PREDICTIONS) -> dict:
 def headline(out: dict) -> dict:
     """The bench's reported prediction (``HEADLINE``) per workload: W within 5 pp (the issue-23 target: at least 3),
     from the medians of the rounds' times and paired round by round (``paired``), and per policy
-    (measured %, predicted %, pp) both ways."""
+    (measured %, predicted %, pp) both ways; ``grid``: the same from the held-out grid (medians), where it ran."""
     res = {"prediction": HEADLINE}
     for kind in ("prefix_hit", "chunked"):
         for w in out.get(kind, []):
@@ -564,6 +617,14 @@ def headline(out: dict) -> dict:
                 got[how] = {"ws_within_5pp": sum(1 for r in rows if r["policy"].startswith("replay:") and abs(r[pp]) <= 5),
                             "rows": {r["policy"]: (round(100 * r[meas], 1), round(100 * r[pred], 1), round(r[pp], 1))
                                      for r in rows}}
+            rows = [r for r in w["rows"][1:] if "grid_diff_pp" in r]
+            if rows:   # the prediction at unmeasured shapes (medians: the grid is sampled every few rounds)
+                got["grid"] = {"ws_within_5pp": sum(1 for r in rows if r["policy"].startswith("replay:")
+                                                    and abs(r["grid_diff_pp"]) <= 5),
+                               "rows": {r["policy"]: (round(100 * r["measured_change"], 1),
+                                                      round(100 * r["grid_predicted_change"], 1),
+                                                      round(r["grid_diff_pp"], 1)) for r in rows},
+                               "extrapolated_pieces": {r["policy"]: r.get("grid_extrapolated") for r in w["rows"]}}
             res[name] = got
     return res
 
@@ -600,6 +661,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tables", default=None, help="op tables to load (benchmarks/gpu/replay_tables.py); "
                     "default: measure them first into replay_tables.json beside --out")
     ap.add_argument("--no-tables", action="store_true", help="the analytic prediction only")
+    ap.add_argument("--no-grid", action="store_true", help="skip the held-out grid of pieces (``grid_*``)")
+    ap.add_argument("--grid-every", type=int, default=3, help="sample the grid every this many timed rounds")
     ap.add_argument("--budget-s", type=float, default=None, help="wall seconds this run may take: timed rounds stop "
                     "(after 7) 40 s before, leaving time for the traces and the profile")
     a = ap.parse_args(argv)
@@ -610,10 +673,13 @@ def main(argv=None) -> int:
     device, sh, ws, spec = setup
     reps = a.reps or (1 if a.cpu else 31)
     need = max([c + n for c, n in sh["prefix_hit"]] + [p for p, _ in sh["chunked"]])
+    if not a.no_grid:
+        need = max(need, grid_bench.max_tokens(a.tiny))
     dtype = "fp32" if a.cpu else "bf16"
     tables, tables_from = _tables(a, spec, device, dtype, sh, ws, need)
     b = Bench(spec, device, dtype, sh["page"], need, Timer(device, 0 if a.cpu else 3, reps), Predictors(tables), a.tiny)
     b.chunked_reps = a.chunked_reps or (1 if a.cpu else 21)
+    b.grid_every = None if a.no_grid else max(1, a.grid_every)
     if a.budget_s:
         b.timer.deadline = t_start + a.budget_s - 40
     pols = policies(ws)
@@ -640,15 +706,26 @@ def main(argv=None) -> int:
     out["kernels"] = ops.reset_used()   # op -> implementation the forwards ran
     out["probe_error"] = b.probe_error
     _write(a.out, out)
+    grid_traces: dict = {}
     with torch.inference_mode():   # after every timed round: the pieces' kernel placement under the profiler
-        for seg, w, tokens in b.segment_jobs:
+        for seg, w, tokens, grid in b.segment_jobs:
             w["segments"] = b.piece_costs(seg, {r["policy"]: r for r in w["rows"]}) or w.get("segments")
+            if grid is not None and grid.error is None:
+                if not grid_traces:   # one profiler session for the grid: placement does not depend on the clock
+                    try:
+                        grid.trace()
+                        grid_traces = grid.traces
+                    except Exception as e:  # noqa: BLE001 - the kernels spread evenly instead
+                        w["grid_trace_error"] = f"{type(e).__name__}: {e}"[:300]
+                grid.traces = grid_traces
+                b.grid_costs(grid, w, {r["policy"]: r for r in w["rows"]})
             _changes(w["rows"], tokens)
             out["summary"] = summary(out)
             _write(a.out, out)
     b.segment_jobs.clear()
     out["headline"] = headline(out)
     _write(a.out, out)
+    _write_grid(os.path.join(os.path.dirname(os.path.abspath(a.out)), "replay_grid.json"), out, spec)
     _print(out)
     if device.type == "cuda":
         for kind in ("prefix_hit", "chunked"):
@@ -700,6 +777,36 @@ def _tables_head(doc: dict | None) -> dict | None:
         "eager_timed_points": sum(1 for p in pts if p.get("how") == "eager"), "errors": doc.get("errors", [])[:20]}
 
 
+def _write_grid(path: str, out: dict, spec: ModelSpec) -> None:
+    """``replay_grid.json``: every workload's grid (measured in its rounds) and the pooled table
+    (``costmodels.replay_grid.pooled``), with provenance; nothing written where no grid ran."""
+    regimes = {}
+    for kind in ("prefix_hit", "chunked"):
+        for w in out.get(kind, []):
+            if w.get("grid", {}).get("points"):
+                regimes[_name(kind, w)] = w["grid"]["points"]
+    if not regimes:
+        return
+    try:
+        rev = os.popen("git rev-parse HEAD 2>/dev/null").read().strip() or None
+    except OSError:
+        rev = None
+    doc = {"provenance": {"what": "replay forward pieces on a held-out grid of shapes (benchmarks/gpu/replay_grid.py)",
+                          "device": out.get("device"), "torch": out.get("torch"), "commit": rev,
+                          "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                          "method": "host: spin-covered issue seconds; device: events with the host ahead; medians "
+                                    "over every third timed round of the workload named by the regime"},
+           "model": out.get("model"), "window": spec.sliding_window, "layers": spec.kinds(),
+           "grid": {"rows": grid_bench.GRID_ROWS, "rows_ctx": grid_bench.GRID_ROWS_CTX, "ctx": grid_bench.GRID_CTX,
+                    "prior_ctx": grid_bench.PRIOR_CTX},
+           "regimes": regimes, "points": replay_grid.pooled(regimes)}
+    _write(path, doc)
+
+
+def _name(kind: str, w: dict) -> str:
+    return f"{kind} " + (f"{w['context']}+{w['new_tokens']}" if kind == "prefix_hit" else f"{w['prompt']}/{w['chunk']}")
+
+
 def _write(path: str, out: dict) -> None:
     """Written after every workload, so a timeout keeps what ran."""
     with open(path, "w") as f:
@@ -709,7 +816,7 @@ def _write(path: str, out: dict) -> None:
 def _print(out: dict) -> None:
     for kind in ("prefix_hit", "chunked"):
         for w in out[kind]:
-            head = {k: v for k, v in w.items() if k not in ("rows", "segments")}
+            head = {k: v for k, v in w.items() if k not in ("rows", "segments", "grid")}
             print(kind, head)
             for r in w["rows"]:
                 line = (f"  {r['policy']:>12}  measured {r['measured_s'] * 1e3:9.3f} ms ({r['measured_change']:+8.1%})  "
@@ -725,7 +832,7 @@ def _print(out: dict) -> None:
         print(name, {p: (v["ws_within_5pp"], v["max_abs_pp"]) for p, v in preds.items()}, "(W within 5 pp, max |pp|)")
     for name, h in out.get("headline", {}).items():
         for how, v in (h.items() if name != "prediction" else []):
-            print(f"headline ({out['headline']['prediction']}, {how}) {name}: {v['ws_within_5pp']} W within 5 pp; "
+            print(f"headline ({'grid' if how == 'grid' else out['headline']['prediction']}, {how}) {name}: {v['ws_within_5pp']} W within 5 pp; "
                   "policy: (measured %, predicted %, pp) " + str(v["rows"]))
 
 

@@ -1,0 +1,109 @@
+"""The replay forwards' pieces measured on a grid of shapes, beside the forwards (issue 23).
+
+``costmodels/replay_grid.py`` prices a forward by reading its pieces (embedding, each layer's step, the end with the
+logits) off a grid of measured shapes. ``GridProbe`` builds one piece per grid point through the executor's own
+preparation (``Bench.prepare``: ``SWAReplay.prepare`` at a synthetic (new, context, policy)) and measures it exactly
+as ``SegmentProbe`` measures a workload's pieces (host seconds with the device kept busy by a spin kernel, device
+seconds between events with the host ahead), in the same timed rounds as the forwards (every ``every``-th round: the
+grid is large and its medians settle in fewer samples), so the grid sees the forwards' clock and host state.
+
+Grid (``GRID_*``): rows off every workload's shapes (the bench asserts that no grid point has a workload piece's
+exact features: the grid's figure is then a prediction, ``costmodels.replay_grid.assert_held_out``):
+
+- ``embed`` / ``end`` / ``sliding`` (prior 0) / ``full`` (context 0): a plain prefill of R rows (``GRID_ROWS``);
+- ``sliding`` at prior = window: persist at context ``PRIOR_CTX``, R in ``GRID_ROWS_CTX``;
+- ``full`` at context C: persist at (R, C); ``fullsel`` at C: full recompute at (R, C) (the full layer runs the R new
+  rows of the R + C it is handed), R in ``GRID_ROWS_CTX``, C in ``GRID_CTX``, R + C <= ``MAX_TOKENS``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.gpu.replay_segments import SegmentProbe, piece_key
+from costmodels import replay_grid
+from costmodels.replay import LayerReplay, ReplayPolicy
+from executor.swa_replay import SWAReplay
+
+GRID_ROWS = (384, 1024, 1664, 3072, 5120, 11264, 18432)
+GRID_ROWS_CTX = (384, 1024, 1664, 3072, 5120)
+GRID_CTX = (1536, 5120, 10240, 15360)
+PRIOR_CTX = 1536
+MAX_TOKENS = 18432
+TINY = {"rows": (3, 7, 13), "rows_ctx": (3, 7), "ctx": (10, 21), "prior_ctx": 10, "max": 32}
+
+
+def grid_steps(tiny: bool = False) -> list[tuple[str, int, int, tuple[str, ...]]]:
+    """(policy, new, context, the kinds of piece taken from it) of every synthetic step the grid's pieces come from
+    (only those kinds: a recompute at (R, C) also runs R + C-row embeddings and sliding layers, shapes that may be
+    a workload's)."""
+    rows, rows_ctx, ctxs, prior_ctx, cap = ((TINY["rows"], TINY["rows_ctx"], TINY["ctx"], TINY["prior_ctx"], TINY["max"])
+                                            if tiny else (GRID_ROWS, GRID_ROWS_CTX, GRID_CTX, PRIOR_CTX, MAX_TOKENS))
+    out = [("persist", r, 0, ("embed", "end", "sliding", "full")) for r in rows]
+    out += [("persist", r, prior_ctx, ("sliding",)) for r in rows_ctx]
+    for c in ctxs:
+        out += [(pol, r, c, (kind,)) for r in rows_ctx if r + c <= cap
+                for pol, kind in (("persist", "full"), ("recompute", "fullsel"))]
+    return out
+
+
+def max_tokens(tiny: bool = False) -> int:
+    return TINY["max"] if tiny else MAX_TOKENS
+
+
+class GridProbe(SegmentProbe):
+    """One piece per grid point (module docstring), keyed by its features ``kind|rows|ctx``."""
+
+    def __init__(self, bench, tiny: bool = False, every: int = 3):
+        self.cuda = bench.device.type == "cuda"
+        self.model, self.kv, self.forwards = bench.model, bench.kv, {}
+        self.timelines, self.fns, self.plan, self.traces, self.error = {}, {}, {}, {}, None
+        self.every, self.calls = max(1, int(every)), 0
+        sliding = [k == "sliding" for k in bench.spec.kinds()]
+        pols = {"persist": SWAReplay(bench.spec, ReplayPolicy()),
+                "recompute": SWAReplay(bench.spec, ReplayPolicy(default=LayerReplay(mode="recompute")))}
+        hidden = self.model.model.embed_tokens.weight.shape[1]
+        dt = self.model.model.embed_tokens.weight.dtype
+        g = torch.Generator(device=bench.device).manual_seed(1)
+        xs: dict[int, torch.Tensor] = {}
+        m, kv = self.model, self.kv
+        for pol, n, c, kinds in grid_steps(tiny):
+            prep = bench.prepare(pols[pol], n, c)
+            r0 = int(prep.batch.input_ids.shape[0])
+            if r0 not in xs:
+                xs[r0] = torch.randn(r0, hidden, generator=g, device=bench.device).to(dt)
+            x = xs[r0]
+            pieces = [(piece_key("embed", prep), lambda p=prep: SWAReplay.embed(m, p)),
+                      (piece_key("end", prep), lambda p=prep, x=x: m.compute_logits(SWAReplay.finish(m, p, x)[-1:]))]
+            pieces += [(piece_key("layer", prep, j), lambda p=prep, j=j, x=x: SWAReplay.layer_step(m, p, kv, j, x))
+                       for j in range(len(prep.views))]
+            for key, fn in pieces:
+                f = replay_grid.features(key, sliding)
+                if f[0] in kinds:
+                    self.fns.setdefault("|".join(str(v) for v in f), fn)
+        self.samples = {k: [] for k in self.fns}
+        self.spin_rate = self._spin_rate() if self.cuda else 0.0
+
+    def keys(self) -> set[tuple[str, int, int]]:
+        return {_feat(k) for k in self.fns}
+
+    def sample(self) -> None:
+        """Every ``every``-th call (the first included): one sample of every grid piece."""
+        self.calls += 1
+        if (self.calls - 1) % self.every == 0:
+            super().sample()
+
+    def points(self) -> list[dict]:
+        """``replay_grid.json``'s points: features, median host and device seconds, quartiles, samples, trace."""
+        out = []
+        for key, s in self.result()["segments"].items():
+            kind, rows, ctx = _feat(key)
+            out.append({"kind": kind, "rows": rows, "ctx": ctx, **{k: s[k] for k in (
+                "host_s", "device_s", "host_quartiles_s", "device_quartiles_s", "covered", "samples", "clock_mhz",
+                "kernels", "trace")}})
+        return out
+
+
+def _feat(key: str) -> tuple[str, int, int]:
+    kind, rows, ctx = key.split("|")
+    return kind, int(rows), int(ctx)

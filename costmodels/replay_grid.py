@@ -1,0 +1,244 @@
+"""A replay forward priced from pieces measured on a grid of shapes, interpolated to the forward's own (issue 23).
+
+``costmodels/replay_segments.py`` prices a forward from its pieces (embedding, each layer's step, the end with the
+logits) measured at the forward's exact shapes. This module prices the same pieces at shapes that were *not*
+measured: the replay bench (``benchmarks/gpu/replay_grid.py``) measures each kind of piece on a grid, in the same way
+and the same timed rounds as the forwards, and a piece is read off the grid by its features:
+
+- ``embed`` / ``end``: the rows the step runs (``rows0``);
+- ``sliding``: a sliding layer's rows and its keys before them (``prior`` = context - first key, 0 .. window:
+  the attention reads at most the window; linear in ``prior``);
+- ``full`` / ``fullsel``: a full-attention layer's rows and its cached context (linear in context: attention work
+  grows with it at fixed rows); ``fullsel`` selects its rows out of a longer replayed batch and puts them back.
+
+Along rows, host and device seconds are interpolated in log-log space (as ``op_table.loglog_interp``), linearly
+between the two grid contexts around the target; beyond the grid they follow the last two points' slope and the
+answer is flagged ``extrapolated``. The kernel placement (``Segment.trace``) is the nearest grid point's. The queue
+is ``replay_segments.segment_stream``. Nothing here reads a forward's measured time.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from costmodels.replay_segments import Segment, SegmentCost, segment_stream
+
+KINDS = ("embed", "end", "sliding", "full", "fullsel")
+LINEAR_CTX = ("sliding", "full", "fullsel")
+
+
+class GridError(ValueError):
+    pass
+
+
+def features(key: str, sliding: list[bool]) -> tuple[str, int, int]:
+    """(kind, rows, ctx) of a bench piece key (``benchmarks.gpu.replay_segments.piece_key``): ``embed|rows0|rows``,
+    ``end|rows0|rows``, ``layer{j}|rows0|all-or-run|num:context:kv_len:key_start``."""
+    parts = key.split("|")
+    if parts[0] in ("embed", "end"):
+        return parts[0], int(parts[1]), 0
+    if not parts[0].startswith("layer") or len(parts) != 4 or "," in parts[3]:
+        raise GridError(f"piece {key!r}: one sequence's layer step expected")
+    j = int(parts[0][5:])
+    num, ctx, _kv, ks = (int(x) for x in parts[3].split(":"))
+    if sliding[j]:
+        return "sliding", num, ctx - ks
+    return ("full" if parts[2] == "all" else "fullsel"), num, ctx
+
+
+def step_features(sliding: list[bool], window: int, modes: tuple[str, ...], tokens: tuple[int, ...],
+                  extra: list[int], n: int, c: int) -> list[tuple[str, int, int]]:
+    """The pieces of one resumed chunk of ``n`` new tokens after ``c`` cached, from the policy's per-layer modes and
+    W (``ResolvedReplay.modes`` / ``tokens``) and extra rows ``extra`` (``ResolvedReplay.extra_tokens(c)``): the executor's layout (``executor.swa_replay``'s
+    ``resume_layout`` / ``_layer_view``), restated here on features (costmodels may not import the executor)."""
+    if c == 0:
+        extra, modes = [0] * len(sliding), tuple("none" for _ in sliding)
+    rows0 = n + (int(extra[0]) if extra else 0)
+    out = [("embed", rows0, 0)]
+    for j, sl in enumerate(sliding):
+        e = int(extra[j])
+        if not sl:
+            out.append(("full" if n + e == rows0 else "fullsel", n + e, c - e))
+            continue
+        if c == 0:
+            out.append(("sliding", n, 0))
+            continue
+        mode = modes[j] if j < len(modes) else "persist"
+        w = int(tokens[j]) if j < len(tokens) else 0
+        k0 = max(0, c - window)
+        k1 = {"persist": c, "replay": max(k0, c - min(w, c)), "recompute": k0}.get(mode, c)
+        if mode == "recompute":
+            k0 = k1 = 0
+        start = min(k0 if k1 > k0 else c, c - e)
+        out.append(("sliding", n + e, (c - e) - start))
+    out.append(("end", rows0, 0))
+    return out
+
+
+@dataclass(frozen=True)
+class Point:
+    kind: str
+    rows: int
+    ctx: int
+    host_s: float
+    device_s: float
+    trace: tuple[tuple[float, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class GridPiece:
+    segment: Segment
+    extrapolated: bool
+
+
+def _interp_log(x: float, xs: list[float], ys: list[float]) -> tuple[float, bool]:
+    """log-log interpolation of y(x) on sorted xs; beyond them the end pair's slope (flagged)."""
+    if len(xs) == 1:
+        return ys[0], x != xs[0]
+    lx = math.log(x)
+    i = bisect.bisect_left(xs, x)
+    out = x < xs[0] or x > xs[-1]
+    i = min(max(i, 1), len(xs) - 1)
+    x0, x1 = math.log(xs[i - 1]), math.log(xs[i])
+    y0, y1 = math.log(max(ys[i - 1], 1e-12)), math.log(max(ys[i], 1e-12))
+    slope = (y1 - y0) / (x1 - x0)
+    if out:   # beyond the grid: no faster than the work (slope <= 2: attention over rows x rows), never falling
+        slope = min(max(slope, 0.0), 2.0)
+        x0, y0 = (x0, y0) if x < xs[0] else (x1, y1)
+    return math.exp(y0 + slope * (lx - x0)), out
+
+
+def _interp_lin(x: float, xs: list[float], ys: list[float]) -> tuple[float, bool]:
+    if len(xs) == 1:
+        return ys[0], x != xs[0]
+    i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1 = xs[i - 1], xs[i]
+    slope, out = (ys[i] - ys[i - 1]) / (x1 - x0), x < xs[0] or x > xs[-1]
+    if out:   # beyond the grid: from the nearer end, never falling
+        slope = max(slope, 0.0)
+        x0, y0 = (x0, ys[i - 1]) if x < xs[0] else (x1, ys[i])
+        return max(0.0, y0 + slope * (x - x0)), out
+    return ys[i - 1] + slope * (x - x0), out
+
+
+class ReplayGrid:
+    """Measured pieces on a grid (module docstring); ``points`` of any kinds in ``KINDS``."""
+
+    def __init__(self, points: list[Point], window: int | None = None, meta: dict | None = None):
+        self.points = list(points)
+        self.window, self.meta = window, meta or {}
+        self.by: dict[str, dict[int, list[Point]]] = {}
+        for p in self.points:
+            if p.kind not in KINDS:
+                raise GridError(f"grid point kind {p.kind!r}: expected one of {KINDS}")
+            self.by.setdefault(p.kind, {}).setdefault(p.ctx, []).append(p)
+        for by_ctx in self.by.values():
+            for ps in by_ctx.values():
+                ps.sort(key=lambda p: p.rows)
+
+    def keys(self) -> set[tuple[str, int, int]]:
+        return {(p.kind, p.rows, p.ctx) for p in self.points}
+
+    def piece(self, kind: str, rows: int, ctx: int) -> GridPiece:
+        """One piece's host and device seconds read off the grid, with the nearest point's kernel placement."""
+        by_ctx = self.by.get(kind)
+        if not by_ctx:
+            raise GridError(f"replay grid has no {kind!r} points")
+        ctxs = sorted(by_ctx)
+        if kind in LINEAR_CTX and len(ctxs) > 1:
+            i = min(max(bisect.bisect_left(ctxs, ctx), 1), len(ctxs) - 1)
+            use = [ctxs[i - 1], ctxs[i]]
+        else:
+            use = [min(ctxs, key=lambda x: abs(x - ctx))]
+        hs, ds, ext = [], [], len(use) == 1 and kind in LINEAR_CTX and ctx != use[0]
+        for cx in use:
+            ps = by_ctx[cx]
+            rs = [float(p.rows) for p in ps]
+            h, e1 = _interp_log(float(rows), rs, [p.host_s for p in ps])
+            d, e2 = _interp_log(float(rows), rs, [p.device_s for p in ps])
+            hs.append(h)
+            ds.append(d)
+            ext = ext or e1 or e2
+        if len(use) == 2:
+            h, e3 = _interp_lin(float(ctx), [float(x) for x in use], hs)
+            d, _ = _interp_lin(float(ctx), [float(x) for x in use], ds)
+            ext = ext or e3
+        else:
+            h, d = hs[0], ds[0]
+        near = min((p for ps in by_ctx.values() for p in ps),
+                   key=lambda p: (math.log(p.rows / rows)) ** 2 + ((p.ctx - ctx) / 8192.0) ** 2)
+        return GridPiece(Segment(h, d, near.trace), ext)
+
+    def price(self, feats: list[tuple[str, int, int]], sync: bool = False) -> tuple[SegmentCost, int]:
+        """(the pieces ``feats`` queued from an idle device, how many were extrapolated)."""
+        got = [self.piece(*f) for f in feats]
+        return segment_stream([g.segment for g in got], sync), sum(g.extrapolated for g in got)
+
+    # ---------------------------------------------------------------- the simulator's / tune's view
+    def chunk_seconds(self, sliding: list[bool], replay, parts: list[tuple[int, int]]) -> tuple[SegmentCost, int]:
+        """The chunks ``parts`` ((new, context) each) of ``replay`` (a ``ResolvedReplay``) run back to back."""
+        feats = []
+        for n, c in parts:
+            e = [int(x) for x in replay.extra_tokens(int(c))] if replay.modes else [0] * len(sliding)
+            feats += step_features(sliding, replay.window, tuple(replay.modes), tuple(replay.tokens), e, int(n), int(c))
+        return self.price(feats)
+
+
+def price_plan(grid: ReplayGrid, plan: dict[str, list[str]], sliding: list[bool],
+               sync: bool = False) -> dict[str, tuple[SegmentCost, int]]:
+    """Every policy of a bench workload (policy -> its pieces' keys in order) priced off the grid."""
+    return {p: grid.price([features(k, sliding) for k in keys], sync) for p, keys in plan.items()}
+
+
+def assert_held_out(grid_keys: set[tuple[str, int, int]], plan: dict[str, list[str]], sliding: list[bool]) -> None:
+    """Raise unless no grid point has the exact features of a piece the workload's forwards run: the grid's
+    figure is then a prediction at shapes it did not measure."""
+    hit = sorted(grid_keys & {features(k, sliding) for keys in plan.values() for k in keys})
+    if hit:
+        raise GridError(f"replay grid measured the workload's own shapes {hit[:4]}: hold them out")
+
+
+def point_from_dict(d: dict) -> Point:
+    try:
+        return Point(str(d["kind"]), int(d["rows"]), int(d["ctx"]), float(d["host_s"]), float(d["device_s"]),
+                     tuple((float(f), float(s)) for f, s in d.get("trace") or ()))
+    except (KeyError, TypeError, ValueError) as e:
+        raise GridError(f"replay grid point {d!r}: needs kind, rows, ctx, host_s, device_s ({e})") from None
+
+
+def pooled(regimes: dict[str, list[dict]]) -> list[dict]:
+    """One point per (kind, rows, ctx): the median over regimes (the workloads whose rounds each grid was measured in)
+    of host and device seconds, the first regime's trace."""
+    acc: dict[tuple, list[dict]] = {}
+    for pts in regimes.values():
+        for p in pts:
+            acc.setdefault((p["kind"], int(p["rows"]), int(p["ctx"])), []).append(p)
+    return [{"kind": k[0], "rows": k[1], "ctx": k[2], "host_s": statistics.median(p["host_s"] for p in ps),
+             "device_s": statistics.median(p["device_s"] for p in ps),
+             "trace": next((p.get("trace") for p in ps if p.get("trace")), [])} for k, ps in sorted(acc.items())]
+
+
+def from_dict(d: dict, regime: str | None = None) -> ReplayGrid:
+    """A grid from ``replay_grid.json`` (``points``: pooled; ``regimes``: name -> points; ``regime`` picks one)."""
+    if regime is not None:
+        pts = (d.get("regimes") or {}).get(regime)
+        if pts is None:
+            raise GridError(f"replay grid: no regime {regime!r} (have {sorted(d.get('regimes') or {})})")
+    else:
+        pts = d.get("points")
+    if not pts:
+        raise GridError("replay grid: no points")
+    return ReplayGrid([point_from_dict(p) for p in pts], d.get("window"), d.get("provenance"))
+
+
+def load(path: str | Path, regime: str | None = None) -> ReplayGrid:
+    try:
+        d = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise GridError(f"replay grid {path}: cannot read ({e})") from None
+    return from_dict(d, regime)
