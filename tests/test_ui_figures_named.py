@@ -32,13 +32,16 @@ def test_simulate_plan_says_whether_it_is_the_plans_own_run(tmp_path):
     out = tmp_path / "p.yaml"
     r = runner.invoke(app, ["plan", "--model", "qwen3-30b-a3b", "--hardware", "h200", "--gpus", "8", "--slo",
                             "ttft_p90=2s,tpot_p90=50ms", "--simulate", "1", "--sim-requests", "300", "--workers", "1",
-                            "--out", str(out)])
+                            "--out", str(out)], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
     from planner.plan import load_plan
 
     pr = load_plan(out).predicted
+    # the plan's req/s is the offered rate it is sized for, and simulate --plan names the same offered rate
+    assert f"at an offered {pr.request_rate:,.1f} req/s" in " ".join(r.stdout.split())
     r = runner.invoke(app, ["simulate", "--plan", str(out)], env={"COLUMNS": "200"})
     text = " ".join(r.stdout.split())
+    assert f"requests offered at {pr.request_rate:,.1f} req/s" in text
     assert f"the plan's own run (digest {pr.sim_digest[:16]} = the plan's)" in text
     assert f"twinfer plan predicted {pr.output_tokens_per_s_per_gpu:,.0f} output tok/s/GPU" in text
     r = runner.invoke(app, ["simulate", "--plan", str(out), "-n", "200"], env={"COLUMNS": "200"})

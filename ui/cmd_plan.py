@@ -186,7 +186,7 @@ def print_report(con: Console, rep, out: Optional[Path]) -> None:
                   f"MTP {sc.draft_len}, async overlap {'on' if sc.async_overlap else 'off'}", highlight=False)
     con.print(f"  router {plan.router.kind}; EPLB {'on' if plan.effects.eplb else 'off'}; KV link {plan.kv_link}", highlight=False)
     con.print(f"  predicted ({pr.source}): {pr.output_tokens_per_s_per_gpu:,.0f} output tok/s/GPU, {pr.tokens_per_s_per_user:,.1f} tok/s/user, "
-              f"TTFT p{plan.slo_percentile} {pr.ttft_s:.2f} s, TPOT p{plan.slo_percentile} {pr.tpot_s * 1e3:.1f} ms at {pr.request_rate:,.1f} req/s",
+              f"TTFT p{plan.slo_percentile} {pr.ttft_s:.2f} s, TPOT p{plan.slo_percentile} {pr.tpot_s * 1e3:.1f} ms at an offered {pr.request_rate:,.1f} req/s",
               highlight=False)
     if pr.window:
         con.print(f"  [dim]figures: {escape(pr.window)}[/]", highlight=False)

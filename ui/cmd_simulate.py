@@ -196,6 +196,11 @@ def _as_closed(sc, concurrency: int | None, think_time_s: float | None, rate: fl
     return sc.model_copy(update={"workload": wl, "description": f"{sc.description} {note}".strip()})
 
 
+def _offered(wl: dict) -> str:
+    """The offered arrival rate of a generated open-loop workload (what `twinfer plan` says its plan is sized for)."""
+    return f" offered at {wl['rate']:,.1f} req/s" if wl.get("kind") not in ("closed", "trace") and wl.get("rate") else ""
+
+
 def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None) -> None:
     m = res.metrics
     sc = res.scenario
@@ -204,7 +209,7 @@ def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None)
     con.print(f"[bold]{escape(res.name)}[/]: {escape(res.description or '(no description)')}", highlight=False)
     con.print(
         f"{_label(sc['model'])} {lay['weight_dtype']} on {res.num_gpus}x{_hw_name(sc['hardware'])} ({sc['instances']} x {lay_label}), "
-        f"{res.num_requests:,} requests, seed {res.seed}; KV {res.kv.capacity_tokens:,} tokens per instance",
+        f"{res.num_requests:,} requests{_offered(sc['workload'])}, seed {res.seed}; KV {res.kv.capacity_tokens:,} tokens per instance",
         style="dim", highlight=False,
     )
     wl = sc["workload"]
