@@ -174,6 +174,8 @@ class PrefixCache:
         if type(block_hashes) is not tuple:
             block_hashes = tuple(block_hashes)
         parent = self.root if start == 0 else self._by_block[block_ids[start - 1]]
+        if start >= stop or block_hashes[start] in parent.children:
+            return start if start < stop else stop
         path = block_hashes
         if start and (parent.depth != start or parent.path[:start] != block_hashes[:start]):   # (not the request's chain)
             path = parent.path[:parent.depth] + tuple(block_hashes[start:stop])
@@ -181,13 +183,11 @@ class PrefixCache:
         depth = parent.depth
         ids = parent.ids[:depth] + tuple(block_ids[start:stop])   # the chain's block ids (the nodes made here share it)
         for i in range(start, stop):   # _add inlined (a request inserts hundreds of blocks)
+            # (only the first block can be cached already: each later one goes under a node made just before)
             h = block_hashes[i]
-            children = parent.children
-            if h in children:
-                return i
             b = block_ids[i]
             depth += 1
-            node = children[h] = by_block[b] = _Node(h, b, parent, depth, path, ids)
+            node = parent.children[h] = by_block[b] = _Node(h, b, parent, depth, path, ids)
             other = by_hash.setdefault(h, node)
             if other is not node:
                 self._dups.setdefault(h, [other]).append(node)
