@@ -84,17 +84,16 @@ IMPLS: dict[str, list[Impl]] = {
         Impl("grouped_gemm", "torch", 0, ("cpu", "cuda"), f"{_R}:grouped_gemm"),
     ],
     "moe_experts": [
-        # The fused DeepGEMM path serves prefill-sized batches: its two grouped GEMMs alone take 5.19 ms at 4096 tokens
-        # where the whole Triton layer takes 8.74 ms (H200, benchmarks/gpu/issue18_h200/log_call2.txt); with the layout
-        # work as torch ops it was 9.78 ms, with one Triton launch per layout step (kernels.triton_moe_layout) the glue
-        # is bandwidth-bound (~0.5 ms expected; benchmarks/gpu/moe_layout_bench.py measures it). Decode batches
-        # (T <= 128) are declined by the adapter and run on Triton, measured faster there (2.43 vs 2.68 ms at 64 tokens).
+        # The fused DeepGEMM path serves batches of 1024 tokens and more (vendor.FUSED_MOE_MIN_TOKENS): with its layout
+        # work as Triton launches (kernels.triton_moe_layout) it took 5.50 ms at 4096 tokens, its two grouped GEMMs alone
+        # 5.60, the Triton MoE 7.17; at 512 tokens the Triton MoE was faster, 3.29 vs 3.86 ms (H200,
+        # benchmarks/gpu/issue18_h200/moe_layout_63a44f9). Smaller batches are declined by the adapter and run on Triton.
         Impl("moe_experts", "deepgemm", 2, ("cuda",), f"{_V}:deepgemm_moe_experts", "deepgemm", (9, 0),
              "fused: permute+quantise, FP8 grouped GEMMs (contiguous layout), SiLU+requantise, combine (Triton launches); "
-             "prefill batches (T >= 129) only, decode goes to Triton (2.43 vs 2.68 ms at 64 tokens on the H200) "
-             "unless forced; FP8 weights only"),
+             "batches of >= 1024 tokens only (4096 tokens: 5.50 ms vs Triton 7.17; 512: 3.86 vs 3.29 on the H200), "
+             "smaller ones (decode goes to Triton too) run on Triton unless forced; FP8 weights only"),
         Impl("moe_experts", "triton", 1, ("cuda",), "kernels.triton_grouped_gemm:moe_experts", "triton", (8, 0),
-             "align + two grouped GEMMs; serves decode batches (T <= 128) and every batch without DeepGEMM"),
+             "align + two grouped GEMMs; serves batches under 1024 tokens and every batch without DeepGEMM"),
         Impl("moe_experts", "torch", 0, ("cpu", "cuda"), f"{_R}:moe_experts", notes="loop over experts"),
     ],
     # row-wise ops fused into one launch each: eager steps pay ~10 us of host per torch op (issue 18); one call to

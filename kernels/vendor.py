@@ -114,10 +114,12 @@ def deepgemm_grouped_fp8_masked(aq: torch.Tensor, as_: torch.Tensor, bq: torch.T
     return out
 
 
-# Decode batches (T <= 128, the masked layout) run faster on the Triton MoE on the H200: its masked grouped GEMMs alone
-# (2.51 ms at 64 tokens) already exceed the whole Triton layer (2.43 ms; benchmarks/gpu/issue18_h200/log_call2.txt).
-# The registry entry declines them (Triton runs next) unless the user forces ``moe_experts=deepgemm``.
-FUSED_MOE_MIN_TOKENS = 129
+# Below about 1k tokens the Triton MoE is faster on the H200, so the registry entry declines those batches (Triton runs
+# next) unless the user forces ``moe_experts=deepgemm``. Measured in one process (benchmarks/gpu/issue18_h200/
+# moe_layout_63a44f9, CUDA graphs): 64 tokens Triton 2.45 ms vs fused 2.51 (the masked GEMMs alone 2.49), 512 tokens
+# 3.29 vs 3.86, 4096 tokens 7.17 vs 5.50, 8192 tokens 12.92 vs 8.13. The Triton/fused ratio, 0.85 at 512 and 1.30 at
+# 4096, crosses 1 near 1,000 tokens (log-linear between the two points; 1024 itself is not measured).
+FUSED_MOE_MIN_TOKENS = 1024
 
 
 def _contiguous_alignment(dg) -> int:
