@@ -277,7 +277,9 @@ def chunk_cost(ops: StepOps, replay: ResolvedReplay, new_tokens: int, context: i
 
     ``tables`` (``costmodels.replay_table.ExecTables``, measured op tables of the executor's model): the chunk is
     priced from them instead, as the executor's eager forward (``replay_table.table_chunk_cost``; its breakdown
-    holds device seconds per unit and ``host_wait``, the seconds the device waited on the host)."""
+    holds device seconds per unit and ``host_wait``, the seconds the device waited on the host). ``tables`` may
+    also be a ``costmodels.replay_grid.ReplayGrid`` (the forward's pieces measured on a grid of shapes on that
+    model, interpolated and queued; breakdown ``host``, ``device``, ``host_wait``, ``extrapolated_pieces``)."""
     n, c = int(new_tokens), int(context)
     if tables is not None:
         return _table_chunk(tables, ops.model, replay, [(n, c)])
@@ -285,12 +287,24 @@ def chunk_cost(ops: StepOps, replay: ResolvedReplay, new_tokens: int, context: i
 
 
 def _table_chunk(tables, model: ModelSpec, replay: ResolvedReplay, parts: list[tuple[int, int]]) -> ChunkCost:
+    if hasattr(tables, "chunk_seconds"):
+        return _grid_chunk(tables, model, replay, parts)
     from costmodels.replay_table import table_prefill_cost
     t = table_prefill_cost(tables, model, replay, parts)
     n, c = parts[0] if len(parts) == 1 else (sum(p[0] for p in parts), parts[0][1])
     e = replay.extra_tokens(parts[-1][1]) if replay.modes else np.zeros(model.num_layers, np.int64)
     return ChunkCost(t.seconds, {**t.by_unit, "host_wait": t.seconds - t.device_s}, n, c,
                      tuple(int(parts[-1][0] + x) for x in e))
+
+
+def _grid_chunk(grid, model: ModelSpec, replay: ResolvedReplay, parts: list[tuple[int, int]]) -> ChunkCost:
+    """``_table_chunk`` off a ``replay_grid.ReplayGrid`` measured on ``model``."""
+    grid.check_model(model)
+    t, ext = grid.chunk_seconds([k == "sliding" for k in model.kinds()], replay, parts)
+    n, c = parts[0] if len(parts) == 1 else (sum(p[0] for p in parts), parts[0][1])
+    e = replay.extra_tokens(parts[-1][1]) if replay.modes else np.zeros(model.num_layers, np.int64)
+    return ChunkCost(t.seconds, {"host": t.host_s, "device": t.device_s, "host_wait": t.wait_s,
+                                 "extrapolated_pieces": float(ext)}, n, c, tuple(int(parts[-1][0] + x) for x in e))
 
 
 def chunk_cost_at(ops: StepOps, e: np.ndarray, n: int, c: int) -> ChunkCost:
@@ -318,8 +332,8 @@ class DepthCorrection:
 
     MEMO = 4096
 
-    def __init__(self, ops: StepOps, replay: ResolvedReplay, busiest_rank: bool = False):
-        self.ops, self.replay, self.busiest_rank = ops, replay, busiest_rank
+    def __init__(self, ops: StepOps, replay: ResolvedReplay, busiest_rank: bool = False, grid=None):
+        self.ops, self.replay, self.busiest_rank, self.grid = ops, replay, busiest_rank, grid
         self._memo: dict[tuple[int, int], float] = {}
 
     @staticmethod
@@ -342,7 +356,12 @@ class DepthCorrection:
             if s is None:
                 n, c = key
                 e = self.replay.extra_tokens(c)
-                s = chunk_cost_at(self.ops, np.full_like(e, r), n, c).seconds - chunk_cost_at(self.ops, e, n, c).seconds
+                if self.grid is not None:   # the measured pieces (``replay_grid``) where the profile carries them
+                    m = self.ops.model
+                    s = (self.grid.step_seconds(m, self.replay, n, c, [r] * len(e)).seconds
+                         - self.grid.step_seconds(m, self.replay, n, c).seconds)
+                else:
+                    s = chunk_cost_at(self.ops, np.full_like(e, r), n, c).seconds - chunk_cost_at(self.ops, e, n, c).seconds
                 if len(self._memo) >= self.MEMO:
                     self._memo.clear()
                 self._memo[key] = s
@@ -473,9 +492,12 @@ def depth_correction(model: ModelSpec, hw, layout, calibration, replay: Resolved
     """The simulator's ``DepthCorrection`` for ``replay`` on this model, hardware, layout and calibration; None where
     every resume runs through every layer (nothing to correct). ``dp_balance``: the simulator prices attention-DP
     steps at their busiest rank (``EffectiveStepCost``, its default), so with ``layout.dp`` > 1 a chunk is priced
-    whole on its rank."""
+    whole on its rank. Where ``calibration`` carries a replay grid measured on this model
+    (``costmodels.replay_grid.for_profile``), the correction is priced from its measured pieces; else analytically."""
     if not DepthCorrection.needed(replay):
         return None
     per_rank = dp_balance and layout.dp > 1
     ops = StepOps(model, hw, layout, calibration, dp_imbalance=float(layout.dp) if per_rank else 1.0)
-    return DepthCorrection(ops, replay, busiest_rank=per_rank)
+    from costmodels.replay_grid import for_profile
+    grid = for_profile(calibration)
+    return DepthCorrection(ops, replay, busiest_rank=per_rank, grid=grid if grid is not None and grid.matches(model) else None)

@@ -129,9 +129,15 @@ def _interp_lin(x: float, xs: list[float], ys: list[float]) -> tuple[float, bool
 class ReplayGrid:
     """Measured pieces on a grid (module docstring); ``points`` of any kinds in ``KINDS``."""
 
-    def __init__(self, points: list[Point], window: int | None = None, meta: dict | None = None):
-        self.points = list(points)
-        self.window, self.meta = window, meta or {}
+    def __init__(self, points: list[Point], window: int | None = None, meta: dict | None = None,
+                 layers: list[str] | None = None, model: dict | None = None):
+        same: dict[tuple[str, int, int], list[Point]] = {}
+        for p in points:   # one point per shape: the median of repeats
+            same.setdefault((p.kind, p.rows, p.ctx), []).append(p)
+        self.points = [ps[0] if len(ps) == 1 else
+                       Point(*k, statistics.median(p.host_s for p in ps), statistics.median(p.device_s for p in ps),
+                             ps[0].trace) for k, ps in same.items()]
+        self.window, self.meta, self.layers, self.model = window, meta or {}, layers, model or {}
         self.by: dict[str, dict[int, list[Point]]] = {}
         for p in self.points:
             if p.kind not in KINDS:
@@ -180,6 +186,30 @@ class ReplayGrid:
         return segment_stream([g.segment for g in got], sync), sum(g.extrapolated for g in got)
 
     # ---------------------------------------------------------------- the simulator's / tune's view
+    def matches(self, spec) -> bool:
+        """Whether the grid was measured on this model's layers: the same layer kinds and window, and the same widths
+        where the grid names them (a grid prices the model it was measured on, nothing else)."""
+        if self.layers is not None and list(self.layers) != list(spec.kinds()):
+            return False
+        if self.window is not None and int(self.window) != int(spec.sliding_window or 0):
+            return False
+        names = {"hidden": "hidden_size", "heads": "num_attention_heads", "kv_heads": "num_kv_heads", "head_dim": "head_dim"}
+        return all(getattr(spec, a, None) == self.model[k] for k, a in names.items() if k in self.model)
+
+    def check_model(self, spec) -> None:
+        if not self.matches(spec):
+            raise GridError(f"replay grid measured on {self.model.get('name') or self.layers}, not on {spec.name!r}")
+
+    def step_seconds(self, spec, replay, n: int, c: int, extra: list[int] | None = None) -> SegmentCost:
+        """One chunk of ``n`` new tokens after ``c`` under ``replay`` (a ``ResolvedReplay``); ``extra``: the per-layer
+        extra rows to price instead of the policy's (``DepthCorrection``'s e_0 everywhere)."""
+        sliding = [k == "sliding" for k in spec.kinds()]
+        e = list(extra) if extra is not None else (
+            [int(x) for x in replay.extra_tokens(int(c))] if replay.modes else [0] * len(sliding))
+        modes = tuple(replay.modes) if replay.modes else tuple("persist" for _ in sliding)
+        tokens = tuple(replay.tokens) if replay.modes else tuple(0 for _ in sliding)
+        return self.price(step_features(sliding, replay.window, modes, tokens, e, int(n), int(c)))[0]
+
     def chunk_seconds(self, sliding: list[bool], replay, parts: list[tuple[int, int]]) -> tuple[SegmentCost, int]:
         """The chunks ``parts`` ((new, context) each) of ``replay`` (a ``ResolvedReplay``) run back to back."""
         feats = []
@@ -233,7 +263,17 @@ def from_dict(d: dict, regime: str | None = None) -> ReplayGrid:
         pts = d.get("points")
     if not pts:
         raise GridError("replay grid: no points")
-    return ReplayGrid([point_from_dict(p) for p in pts], d.get("window"), d.get("provenance"))
+    return ReplayGrid([point_from_dict(p) for p in pts], d.get("window"), d.get("provenance"), d.get("layers"),
+                      d.get("model"))
+
+
+def for_profile(profile) -> ReplayGrid | None:
+    """The grid a calibration profile carries (``replay_grid``: a ``replay_grid.json`` path or its dict), or None
+    (then the replay cost stays analytic)."""
+    got = getattr(profile, "replay_grid", None) if profile is not None else None
+    if not got:
+        return None
+    return from_dict(got) if isinstance(got, dict) else load(got)
 
 
 def load(path: str | Path, regime: str | None = None) -> ReplayGrid:

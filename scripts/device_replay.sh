@@ -8,16 +8,19 @@
 # rounds rotated) with a host probe and every piece of the forwards (embedding, each layer step at its exact shape,
 # the end with the logits: host issue and device seconds, kernel placement once under the profiler) measured in the
 # same rounds, each next to the analytic, the table-based and the pieces' prediction (``segments``, the headline:
-# costmodels/replay_segments.py).
+# costmodels/replay_segments.py), and the same kinds of piece measured on a grid of shapes that holds out every
+# workload shape, in the same rounds (every 3rd), read off the grid by interpolation (``grid``: the prediction at
+# unmeasured shapes, costmodels/replay_grid.py; the grid is written to replay_grid.json, which costmodels reads).
 # The GPU's clocks and power and the CPU's clock are sampled in the background (the host's speed drifted between
 # and within the earlier runs: gpu_clocks.csv, cpu_mhz.txt).
-# Output (5 files): $OUT/replay_tables.json, $OUT/replay_bench.json (both rewritten as sections finish), $OUT/log.txt,
+# Output (6 files): $OUT/replay_tables.json, $OUT/replay_bench.json (both rewritten as sections finish),
+# $OUT/replay_grid.json (the grid per workload and pooled, with provenance), $OUT/log.txt,
 # $OUT/rescore.txt, $OUT/samplers.tgz (env.txt, gpu_clocks.csv, cpu_mhz.txt). Run from the repo root with `.whl`
 # carried:
 #   bash scripts/device_replay.sh
-# Wall: tables <= T_TABLES (75 s; each GEMM/attention/row section past 45 s measures only the workloads' shapes; the
-# last run took 51 s), bench <= T_REPLAY (180 s; expected about 120), re-score <= 30 s: under 5 minutes, with the
-# install under 6.
+# Wall: tables <= T_TABLES (65 s; each GEMM/attention/row section past 45 s measures only the workloads' shapes; the
+# last run took 48 s), bench <= T_REPLAY (200 s; 139 s at 4e31ccf, the grid adds an estimated 25-30 s; rounds stop
+# 40 s before the limit), re-score <= 30 s: about 4 3/4 minutes with a 60 s install.
 source scripts/device_env.sh
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
@@ -36,12 +39,12 @@ SMI_PID=$!
 MHZ_PID=$!
 WS=${REPLAY_WS:-32,64,128,256,384}
 stage "replay tables"
-timeout ${T_TABLES:-75} python3 -m benchmarks.gpu.replay_tables --out "$OUT/replay_tables.json" --ws "$WS" \
+timeout ${T_TABLES:-65} python3 -m benchmarks.gpu.replay_tables --out "$OUT/replay_tables.json" --ws "$WS" \
   || echo "replay tables: exit $? (what finished is in replay_tables.json)"
 stage "replay bench"
 if [ -f "$OUT/replay_tables.json" ]; then TABLES=(--tables "$OUT/replay_tables.json"); else TABLES=(--no-tables); fi
-timeout ${T_REPLAY:-180} python3 -m benchmarks.gpu.replay_bench --out "$OUT/replay_bench.json" --ws "$WS" "${TABLES[@]}" \
-  --budget-s $(( ${T_REPLAY:-180} - 5 )) \
+timeout ${T_REPLAY:-200} python3 -m benchmarks.gpu.replay_bench --out "$OUT/replay_bench.json" --ws "$WS" "${TABLES[@]}" \
+  --budget-s $(( ${T_REPLAY:-200} - 5 )) \
   || echo "replay bench: exit $?"
 kill "$SMI_PID" "$MHZ_PID" 2>/dev/null
 stage "rescore"

@@ -6,6 +6,9 @@ tables (``benchmarks/gpu/replay_tables.py``'s file) with the model as it is now,
 
 - ``segments``: the run's own headline prediction where it has one (runs from the segments commit on: the forwards' pieces measured in
   the bench's process, ``costmodels.replay_segments``), re-priced from its ``segments`` record by today's queue;
+- ``grid``: the prediction at unmeasured shapes where the run has one (runs with ``replay_grid``: the same kinds of
+  pieces measured on a grid of shapes that holds out every workload shape, in the workload's rounds), re-priced from
+  the workload's grid by today's ``costmodels.replay_grid`` (interpolated, queued as ``segments``);
 - ``committed``: the prediction stored in the run (``table_predicted_s``);
 - ``lump``: the first table model recomputed (a layer's glue before its first call, a call's kernels all issued at
   the end of its host time, the x + y launch gap): on a run priced by that model it gives ``committed`` back, which
@@ -39,10 +42,10 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.gpu.replay_bench import _changes, bench_spec, policies, summary
-from costmodels import replay_segments, replay_table
+from costmodels import replay_grid, replay_segments, replay_table
 from costmodels.replay import prompt_chunks
 
-MODELS = ("segments", "committed", "lump", "model", "probe", "layered")
+MODELS = ("segments", "grid", "committed", "lump", "model", "probe", "layered")
 
 
 def sibling_tables(bench: Path) -> Path:
@@ -77,6 +80,10 @@ def rescore(bench: dict, tables: dict) -> dict:
             for r in w["rows"]:
                 if r["policy"] in priced:
                     r["segments_predicted_s"] = priced[r["policy"]].seconds
+            for name, (cost, ext) in grid_priced(w, spec, bench.get("device") == "cpu").items():
+                for r in w["rows"]:
+                    if r["policy"] == name:
+                        r["grid_predicted_s"], r["grid_extrapolated"] = cost.seconds, ext
             tabs = {"lump": lump, "model": model}
             if w.get("host_probe"):
                 tabs["probe"] = model.with_host(w["host_probe"])
@@ -100,6 +107,15 @@ def rescore(bench: dict, tables: dict) -> dict:
     out["rescored_with"] = {"gap_source": model.gap_source, "eager_gap_s": model.eager_gap, "glue": model.glue_mode,
                             "split": model.split, "layer_host_rows": bool(model.layer_host_rows)}
     return out
+
+
+def grid_priced(w: dict, spec, sync: bool) -> dict:
+    """policy -> (SegmentCost, pieces extrapolated) off the workload's own grid (``w["grid"]``), {} without one."""
+    pts = (w.get("grid") or {}).get("points")
+    if not pts or not (w.get("segments") or {}).get("plan"):
+        return {}
+    g = replay_grid.ReplayGrid([replay_grid.point_from_dict(p) for p in pts])
+    return replay_grid.price_plan(g, w["segments"]["plan"], [k == "sliding" for k in spec.kinds()], sync)
 
 
 def layer_factor(check: list[dict], kind: str, rows: float) -> float:
@@ -173,11 +189,45 @@ def report(res: dict) -> str:
     for kind in ("prefix_hit", "chunked"):
         for w in res.get(kind, []):
             lines += pieces_report(kind, w)
+            lines += grid_report(kind, w)
     for c in res.get("layer_check", []):
         eager = f", eager {c['eager_s'] * 1e3:.3f} ms, {c['kernels']} kernels" if c.get("eager_s") else ""
         lines.append(f"layer {c['kind']} {c['rows']} rows after {c['context']}: graph {c['layer_graph_s'] * 1e3:.3f} ms, "
                      f"units {c['units_s'] * 1e3:.3f} ms ({c['units_over_layer']:.3f}x){eager}")
     return "\n".join(lines)
+
+
+def grid_report(kind: str, w: dict) -> list[str]:
+    """The grid's diagnostics of one workload: points, errors, pieces extrapolated per policy, and per kind of piece
+    how the grid's reading of each workload piece compares with that piece measured at its own shape in the same
+    rounds (median and worst grid / own - 1, host and device): the interpolation's error, piece by piece."""
+    head = f"{w['context']}+{w['new_tokens']}" if kind == "prefix_hit" else f"{w['prompt']}/{w['chunk']}"
+    g = w.get("grid") or {}
+    if not g and not w.get("grid_error"):
+        return []
+    out = [f"grid {kind} {head}: {len(g.get('points', []))} points, sampled every {g.get('every')} rounds, traced "
+           f"{g.get('traced')}, error {w.get('grid_error')}, trace error {w.get('grid_trace_error')}; extrapolated pieces "
+           + str({r['policy']: r.get('grid_extrapolated') for r in w.get('rows', [])})]
+    seg = (w.get("segments") or {}).get("segments")
+    if not g.get("points") or not seg:
+        return out
+    spec = bench_spec(False)
+    sl = [k == "sliding" for k in spec.kinds()]
+    grid = replay_grid.ReplayGrid([replay_grid.point_from_dict(p) for p in g["points"]])
+    err: dict[str, list[tuple[float, float]]] = {}
+    for key, s in seg.items():
+        try:
+            f = replay_grid.features(key, sl)
+            got = grid.piece(*f).segment
+        except replay_grid.GridError:
+            continue
+        err.setdefault(f[0], []).append((got.host_s / s["host_s"] - 1, got.device_s / s["device_s"] - 1))
+    for k, xs in sorted(err.items()):
+        hs, ds = [x[0] for x in xs], [x[1] for x in xs]
+        out.append(f"  {k:>8}: {len(xs):3d} pieces, grid/own - 1: host median {100 * float(np.median(hs)):+6.1f}% "
+                   f"(worst {100 * max(hs, key=abs):+6.1f}%), device median {100 * float(np.median(ds)):+6.1f}% "
+                   f"(worst {100 * max(ds, key=abs):+6.1f}%)")
+    return out
 
 
 def pieces_report(kind: str, w: dict) -> list[str]:
@@ -240,7 +290,7 @@ def main(argv=None) -> int:
         return 2
     try:
         res = rescore(bench, tables)
-    except (replay_table.TableError, KeyError) as e:
+    except (replay_table.TableError, replay_grid.GridError, KeyError) as e:
         print(f"replay_rescore: {bench_path} with {tables_path}: {e}", file=sys.stderr)
         return 2
     print(report(res))

@@ -1,0 +1,183 @@
+"""Replay forwards priced off a held-out grid of measured pieces (costmodels/replay_grid.py, benchmarks/gpu/replay_grid.py)."""
+
+import json
+import pytest
+
+from benchmarks.gpu.replay_bench import bench_spec, policies, shapes
+from benchmarks.gpu.replay_grid import grid_steps
+from costmodels import replay_grid as G
+from costmodels.replay import ReplayPolicy, chunk_cost, depth_correction, prefill_seconds, prompt_chunks
+
+
+def _workload_features(tiny: bool) -> dict[str, set]:
+    """Every piece (features) of every policy's forward of the bench's workloads, from costmodels alone."""
+    spec, sh = bench_spec(tiny), shapes(tiny)
+    sl = [k == "sliding" for k in spec.kinds()]
+    parts = [[(n, c)] for c, n in sh["prefix_hit"]] + [prompt_chunks(p, k) for p, k in sh["chunked"]]
+    out = {}
+    for name, pol in policies(sh["ws"] + [64, 256]):
+        r = pol.resolve(spec)
+        out[name] = {f for ps in parts for n, c in ps
+                     for f in G.step_features(sl, r.window, tuple(r.modes), tuple(r.tokens),
+                                              [int(x) for x in r.extra_tokens(c)], n, c)}
+    return out
+
+
+def _grid_features(tiny: bool) -> set:
+    spec = bench_spec(tiny)
+    sl = [k == "sliding" for k in spec.kinds()]
+    pols = {"persist": ReplayPolicy().resolve(spec), "recompute": policies([])[0][1].resolve(spec)}
+    out = set()
+    for pol, n, c, kinds in grid_steps(tiny):
+        r = pols[pol]
+        e = [int(x) for x in r.extra_tokens(c)] if c else [0] * len(sl)
+        out |= {f for f in G.step_features(sl, r.window, tuple(r.modes), tuple(r.tokens), e, n, c) if f[0] in kinds}
+    return out
+
+
+@pytest.mark.parametrize("tiny", [False, True])
+def test_the_grid_holds_out_every_workload_shape(tiny):
+    grid, work = _grid_features(tiny), _workload_features(tiny)
+    assert grid and all(not (grid & fs) for fs in work.values())
+    # and covers every kind the workloads run
+    assert {k for k, _, _ in grid} >= {k for fs in work.values() for k, _, _ in fs}
+
+
+def test_held_out_check_fails_on_a_workload_shape():
+    sl = [True, True, True, False]
+    plan = {"p": ["embed|512|512", "layer3|544|512|512:4096:4608:0", "layer0|544|all|544:4064:4608:3968"]}
+    assert G.features(plan["p"][1], sl) == ("fullsel", 512, 4096)
+    assert G.features(plan["p"][2], sl) == ("sliding", 544, 96)
+    G.assert_held_out({("embed", 384, 0)}, plan, sl)
+    with pytest.raises(G.GridError, match="hold them out"):
+        G.assert_held_out({("embed", 512, 0), ("full", 512, 4096)}, plan, sl)
+
+
+def test_step_features_follow_the_executor_pieces():
+    """The pieces the executor's preparation runs (the bench's piece keys) have the features costmodels derives."""
+    pytest.importorskip("torch")
+    import torch
+    from benchmarks.gpu.replay_bench import Bench, Timer
+    from benchmarks.gpu.replay_segments import piece_key
+    from executor.swa_replay import SWAReplay
+    spec, sh = bench_spec(True), shapes(True)
+    b = Bench(spec, torch.device("cpu"), "fp32", sh["page"], 64, Timer(torch.device("cpu"), 0, 1), tiny=True)
+    sl = [k == "sliding" for k in spec.kinds()]
+    for _, pol in policies(sh["ws"]):
+        swa, r = SWAReplay(spec, pol), pol.resolve(spec)
+        for n, c in [(8, 32), (16, 16), (16, 0), (5, 21)]:
+            prep = b.prepare(swa, n, c)
+            keys = [piece_key("embed", prep)] + [piece_key("layer", prep, j) for j in range(4)] + [piece_key("end", prep)]
+            e = [int(x) for x in r.extra_tokens(c)] if c else [0] * 4
+            assert [G.features(k, sl) for k in keys] == G.step_features(sl, r.window, tuple(r.modes), tuple(r.tokens), e, n, c)
+
+
+def _power_grid(a=2e-6, host=1e-3):
+    """Device seconds a * rows^1.5 * (1 + ctx / 4096), host constant: a grid the interpolation must reproduce."""
+    pts = []
+    for kind in G.KINDS:
+        for rows in (256, 1024, 4096):
+            for ctx in ((0,) if kind in ("embed", "end") else (0, 4096, 8192)):
+                pts.append(G.Point(kind, rows, ctx, host, a * rows ** 1.5 * (1 + ctx / 4096), ((1.0, 1.0),)))
+    return G.ReplayGrid(pts)
+
+
+def test_interpolation_loglog_in_rows_linear_in_context_and_flags_beyond():
+    g = _power_grid()
+    p = g.piece("full", 1024, 4096)
+    assert not p.extrapolated and p.segment.device_s == pytest.approx(2e-6 * 1024 ** 1.5 * 2)
+    p = g.piece("full", 600, 6000)   # between grid points: the power law exactly in rows, linear in context
+    assert not p.extrapolated and p.segment.device_s == pytest.approx(2e-6 * 600 ** 1.5 * (1 + 6000 / 4096))
+    assert p.segment.host_s == pytest.approx(1e-3)
+    p = g.piece("sliding", 8192, 0)   # beyond: the end pair's slope, flagged
+    assert p.extrapolated and p.segment.device_s == pytest.approx(2e-6 * 8192 ** 1.5)
+    p = g.piece("full", 1024, 12288)
+    assert p.extrapolated and p.segment.device_s == pytest.approx(2e-6 * 1024 ** 1.5 * 4)
+    with pytest.raises(G.GridError, match="no 'full'"):
+        G.ReplayGrid([G.Point("embed", 1, 0, 1.0, 1.0)]).piece("full", 1, 0)
+    # extrapolation never falls with rows, never rises faster than rows^2
+    falling = G.ReplayGrid([G.Point("embed", 100, 0, 1.0, 2.0), G.Point("embed", 200, 0, 1.0, 1.0)])
+    assert falling.piece("embed", 400, 0).segment.device_s == pytest.approx(1.0)
+    steep = G.ReplayGrid([G.Point("embed", 100, 0, 1.0, 1.0), G.Point("embed", 200, 0, 1.0, 64.0)])
+    assert steep.piece("embed", 400, 0).segment.device_s == pytest.approx(64.0 * 4)
+
+
+def test_repeats_are_merged_and_prices_queue_like_segments():
+    one = ((1.0, 1.0),)   # one kernel, launched at the end of the piece's host time
+    g = G.ReplayGrid([G.Point("embed", 100, 0, 1.0, 1.0, one), G.Point("embed", 100, 0, 3.0, 5.0, one),
+                      G.Point("embed", 200, 0, 2.0, 2.0, one)])
+    assert g.piece("embed", 100, 0).segment.device_s == pytest.approx(3.0)
+    cost, ext = g.price([("embed", 100, 0), ("embed", 200, 0)])
+    # host-bound: the second piece's one kernel is issued after 2 + 2 s of host, the first ends at 2 + 3
+    assert ext == 0 and cost.seconds == pytest.approx(max(2.0 + 3.0, 4.0) + 2.0)
+    assert g.price([("embed", 100, 0)], sync=True)[0].seconds == pytest.approx(3.0)
+
+
+def test_grid_file_round_trip_and_errors(tmp_path):
+    regimes = {"a": [{"kind": "embed", "rows": 10, "ctx": 0, "host_s": 1.0, "device_s": 2.0, "trace": [[1, 1]]}],
+               "b": [{"kind": "embed", "rows": 10, "ctx": 0, "host_s": 3.0, "device_s": 4.0, "trace": []}]}
+    pts = G.pooled(regimes)
+    assert pts == [{"kind": "embed", "rows": 10, "ctx": 0, "host_s": 2.0, "device_s": 3.0, "trace": [[1, 1]]}]
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps({"points": pts, "regimes": regimes, "window": 8, "layers": ["sliding"]}))
+    assert G.load(path).piece("embed", 10, 0).segment.host_s == 2.0
+    assert G.load(path, regime="b").piece("embed", 10, 0).segment.host_s == 3.0
+    with pytest.raises(G.GridError, match="no regime 'c'"):
+        G.load(path, regime="c")
+    with pytest.raises(G.GridError, match="needs kind"):
+        G.from_dict({"points": [{"kind": "embed"}]})
+    with pytest.raises(G.GridError, match="expected one of"):
+        G.from_dict({"points": [{"kind": "mlp", "rows": 1, "ctx": 0, "host_s": 1, "device_s": 1}]})
+    with pytest.raises(G.GridError, match="cannot read"):
+        G.load(tmp_path / "missing.json")
+
+
+def test_chunk_cost_and_depth_correction_take_the_grid():
+    """The replay cost the simulator and tune use reads the grid where it is given one measured on the model, and
+    stays analytic otherwise (the default path is untouched)."""
+    from costmodels.hardware import get_hardware
+    from costmodels.layout import ParallelLayout
+    from costmodels.step import StepCostModel
+    spec = bench_spec(False)
+    g = _power_grid()
+    g = G.ReplayGrid(g.points, window=spec.sliding_window, layers=spec.kinds(),
+                     model={"name": spec.name, "hidden": spec.hidden_size})
+    ops = StepCostModel(spec, get_hardware("h200"), ParallelLayout(tp=1, weight_dtype="bf16", kv_dtype="bf16"))
+    persist, rec = ReplayPolicy().resolve(spec), policies([])[0][1].resolve(spec)
+    got = chunk_cost(ops, persist, 512, 4096, tables=g)
+    sl = [k == "sliding" for k in spec.kinds()]
+    want = g.price(G.step_features(sl, spec.sliding_window, tuple(persist.modes), tuple(persist.tokens),
+                                   [0] * 4, 512, 4096))[0].seconds
+    assert got.seconds == pytest.approx(want) and got.breakdown["extrapolated_pieces"] == 0
+    assert prefill_seconds(ops, rec, 8192, 2048, tables=g) > prefill_seconds(ops, persist, 8192, 2048, tables=g)
+    assert chunk_cost(ops, persist, 512, 4096).seconds != got.seconds   # analytic without the grid
+    other = bench_spec(True)
+    with pytest.raises(G.GridError, match="not on 'replay-bench-tiny'"):
+        G.ReplayGrid(g.points, window=other.sliding_window, layers=other.kinds(), model={"hidden": 4096}).check_model(other)
+
+    class Prof:   # a calibration profile carrying the grid
+        replay_grid = {"points": [{"kind": p.kind, "rows": p.rows, "ctx": p.ctx, "host_s": p.host_s,
+                                   "device_s": p.device_s} for p in g.points],
+                       "window": spec.sliding_window, "layers": spec.kinds()}
+    assert G.for_profile(None) is None and G.for_profile(object()) is None
+    assert G.for_profile(Prof()).matches(spec)
+    # the depth correction (what the simulator subtracts for replayed rows only the lower layers need) off the grid
+    from costmodels.replay import DepthCorrection, StepOps
+    from types import SimpleNamespace
+    deep = _deep_replay(spec)
+    assert DepthCorrection.needed(deep)
+    lay = ParallelLayout(tp=1, weight_dtype="bf16", kv_dtype="bf16")
+    so = StepOps(spec, get_hardware("h200"), lay, None)
+    ch = SimpleNamespace(replayed=int(deep.extra_tokens(4096)[0]), num_new_tokens=512 + int(deep.extra_tokens(4096)[0]),
+                         context_len=4096 - int(deep.extra_tokens(4096)[0]))
+    on, off = DepthCorrection(so, deep, grid=G.for_profile(Prof()))([ch]), DepthCorrection(so, deep)([ch])
+    e = [int(x) for x in deep.extra_tokens(4096)]
+    want = (g.step_seconds(spec, deep, 512, 4096, [e[0]] * 4).seconds - g.step_seconds(spec, deep, 512, 4096).seconds)
+    assert on == pytest.approx(want) and on > 0 and on != off
+    assert depth_correction(spec, get_hardware("h200"), lay, None, deep).grid is None
+
+
+def _deep_replay(spec):
+    from costmodels.replay import LayerReplay
+    return ReplayPolicy(default=LayerReplay(mode="replay", tokens=256), layers={1: LayerReplay(mode="persist"),
+                                                                             2: LayerReplay(mode="persist")}).resolve(spec)
