@@ -100,6 +100,10 @@ def main() -> None:
     blocks = max_seqs * (-(-a.max_model_len // bs)) + 64
     t0 = time.perf_counter()
     engine = build_engine(a.model, a.num_layers, a.device, a.dtype, max_seqs, a.max_model_len, num_kv_blocks=blocks)
+    if engine.max_model_len < a.max_model_len:   # the model's own context caps the window (e.g. tiny: 4096)
+        con.print(f"note: {a.model} holds {engine.max_model_len} tokens, not --max-model-len {a.max_model_len}", highlight=False)
+        _check_classes(classes, engine.max_model_len)
+        a.max_model_len = engine.max_model_len
     kw = {} if a.temperature is None else {"temperature": a.temperature}
     prof = calibrate(a.model, a.num_layers, a.device, a.dtype, engine=engine, quick=a.quick, max_model_len=a.max_model_len,
                      max_num_seqs=max_seqs, command=cmd, log=lambda x: con.print(x, highlight=False), **kw)

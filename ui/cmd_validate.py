@@ -374,7 +374,7 @@ def _print_level(con, lv) -> None:
             sp = lv.spread.get(k)
             row.append("-" if sp is None else f"{sp * 100:.1f}%")
         tab.add_row(*row)
-    if lv.step:
+    if lv.step and lv.step.get("mape") is not None:   # None: no single-step sample had a prediction
         tab.add_row("per-step MAPE / p90 abs err", "", "", f"{lv.step['mape'] * 100:.1f}% / {lv.step['p90_abs_err_s'] * 1e3:.2f} ms")
     con.print(tab)
 
