@@ -11,6 +11,9 @@ and the same timed rounds as the forwards, and a piece is read off the grid by i
 - ``full`` / ``fullsel``: a full-attention layer's rows and its cached context (linear in context: attention work
   grows with it at fixed rows); ``fullsel`` selects its rows out of a longer replayed batch and puts them back.
 
+A layer's attention runs its rows in tiles of ``row_tile`` (``executor.swa.ROW_TILE``): one row past a tile costs a
+tile's launches and a step in device time (run_4e31ccf: a sliding layer at 2048 rows 56 kernels and 2.12 ms, at 2080
+rows 74 kernels and 2.30 ms), so a layer piece is read only off grid points with as many tiles (1, 2, or 3 and more).
 Along rows, host and device seconds are interpolated in log-log space (as ``op_table.loglog_interp``), linearly
 between the two grid contexts around the target; beyond the grid they follow the last two points' slope and the
 answer is flagged ``extrapolated``. The kernel placement (``Segment.trace``) is the nearest grid point's. The queue
@@ -29,6 +32,8 @@ from pathlib import Path
 from costmodels.replay_segments import Segment, SegmentCost, segment_stream
 
 KINDS = ("embed", "end", "sliding", "full", "fullsel")
+TILED = ("sliding", "full", "fullsel")
+MAX_TILE_CLASS = 3   # 1 tile, 2 tiles, 3 or more (a tile more among many moves little)
 LINEAR_CTX = ("sliding", "full", "fullsel")
 
 
@@ -130,7 +135,7 @@ class ReplayGrid:
     """Measured pieces on a grid (module docstring); ``points`` of any kinds in ``KINDS``."""
 
     def __init__(self, points: list[Point], window: int | None = None, meta: dict | None = None,
-                 layers: list[str] | None = None, model: dict | None = None):
+                 layers: list[str] | None = None, model: dict | None = None, row_tile: int | None = None):
         same: dict[tuple[str, int, int], list[Point]] = {}
         for p in points:   # one point per shape: the median of repeats
             same.setdefault((p.kind, p.rows, p.ctx), []).append(p)
@@ -138,6 +143,7 @@ class ReplayGrid:
                        Point(*k, statistics.median(p.host_s for p in ps), statistics.median(p.device_s for p in ps),
                              ps[0].trace) for k, ps in same.items()]
         self.window, self.meta, self.layers, self.model = window, meta or {}, layers, model or {}
+        self.row_tile = int(row_tile) if row_tile else None
         self.by: dict[str, dict[int, list[Point]]] = {}
         for p in self.points:
             if p.kind not in KINDS:
@@ -146,6 +152,12 @@ class ReplayGrid:
         for by_ctx in self.by.values():
             for ps in by_ctx.values():
                 ps.sort(key=lambda p: p.rows)
+
+    def tiles(self, kind: str, rows: int) -> int:
+        """The tile class of a piece (0: untiled)."""
+        if not self.row_tile or kind not in TILED:
+            return 0
+        return min(-(-int(rows) // self.row_tile), MAX_TILE_CLASS)
 
     def keys(self) -> set[tuple[str, int, int]]:
         return {(p.kind, p.rows, p.ctx) for p in self.points}
@@ -162,8 +174,11 @@ class ReplayGrid:
         else:
             use = [min(ctxs, key=lambda x: abs(x - ctx))]
         hs, ds, ext = [], [], len(use) == 1 and kind in LINEAR_CTX and ctx != use[0]
+        cls = self.tiles(kind, rows)
         for cx in use:
-            ps = by_ctx[cx]
+            ps = [p for p in by_ctx[cx] if self.tiles(kind, p.rows) == cls]
+            if not ps:   # no point with as many tiles at this context: all of them, flagged
+                ps, ext = by_ctx[cx], True
             rs = [float(p.rows) for p in ps]
             h, e1 = _interp_log(float(rows), rs, [p.host_s for p in ps])
             d, e2 = _interp_log(float(rows), rs, [p.device_s for p in ps])
@@ -177,7 +192,7 @@ class ReplayGrid:
         else:
             h, d = hs[0], ds[0]
         near = min((p for ps in by_ctx.values() for p in ps),
-                   key=lambda p: (math.log(p.rows / rows)) ** 2 + ((p.ctx - ctx) / 8192.0) ** 2)
+                   key=lambda p: (self.tiles(kind, p.rows) != cls, (math.log(p.rows / rows)) ** 2 + ((p.ctx - ctx) / 8192.0) ** 2))
         return GridPiece(Segment(h, d, near.trace), ext)
 
     def price(self, feats: list[tuple[str, int, int]], sync: bool = False) -> tuple[SegmentCost, int]:
@@ -264,7 +279,7 @@ def from_dict(d: dict, regime: str | None = None) -> ReplayGrid:
     if not pts:
         raise GridError("replay grid: no points")
     return ReplayGrid([point_from_dict(p) for p in pts], d.get("window"), d.get("provenance"), d.get("layers"),
-                      d.get("model"))
+                      d.get("model"), d.get("row_tile"))
 
 
 def for_profile(profile) -> ReplayGrid | None:

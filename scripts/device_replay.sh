@@ -9,7 +9,7 @@
 # the end with the logits: host issue and device seconds, kernel placement once under the profiler) measured in the
 # same rounds, each next to the analytic, the table-based and the pieces' prediction (``segments``, the headline:
 # costmodels/replay_segments.py), and the same kinds of piece measured on a grid of shapes that holds out every
-# workload shape, in the same rounds (every 3rd), read off the grid by interpolation (``grid``: the prediction at
+# workload shape, in the same rounds (every 4th / 3rd), read off the grid by interpolation (``grid``: the prediction at
 # unmeasured shapes, costmodels/replay_grid.py; the grid is written to replay_grid.json, which costmodels reads).
 # The GPU's clocks and power and the CPU's clock are sampled in the background (the host's speed drifted between
 # and within the earlier runs: gpu_clocks.csv, cpu_mhz.txt).
@@ -19,8 +19,8 @@
 # carried:
 #   bash scripts/device_replay.sh
 # Wall: tables <= T_TABLES (65 s; each GEMM/attention/row section past 45 s measures only the workloads' shapes; the
-# last run took 48 s), bench <= T_REPLAY (200 s; 139 s at 4e31ccf, the grid adds an estimated 25-30 s; rounds stop
-# 40 s before the limit), re-score <= 30 s: about 4 3/4 minutes with a 60 s install.
+# last run took 48 s), bench <= T_REPLAY (215 s; 139 s at 4e31ccf, the grid adds an estimated 30-40 s; rounds stop
+# 40 s before the limit), re-score <= 30 s: about 5 minutes with a 60 s install (limits: 6 1/4).
 source scripts/device_env.sh
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
@@ -43,8 +43,8 @@ timeout ${T_TABLES:-65} python3 -m benchmarks.gpu.replay_tables --out "$OUT/repl
   || echo "replay tables: exit $? (what finished is in replay_tables.json)"
 stage "replay bench"
 if [ -f "$OUT/replay_tables.json" ]; then TABLES=(--tables "$OUT/replay_tables.json"); else TABLES=(--no-tables); fi
-timeout ${T_REPLAY:-200} python3 -m benchmarks.gpu.replay_bench --out "$OUT/replay_bench.json" --ws "$WS" "${TABLES[@]}" \
-  --budget-s $(( ${T_REPLAY:-200} - 5 )) \
+timeout ${T_REPLAY:-215} python3 -m benchmarks.gpu.replay_bench --out "$OUT/replay_bench.json" --ws "$WS" "${TABLES[@]}" \
+  --budget-s $(( ${T_REPLAY:-215} - 5 )) \
   || echo "replay bench: exit $?"
 kill "$SMI_PID" "$MHZ_PID" 2>/dev/null
 stage "rescore"

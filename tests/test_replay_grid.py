@@ -1,6 +1,8 @@
 """Replay forwards priced off a held-out grid of measured pieces (costmodels/replay_grid.py, benchmarks/gpu/replay_grid.py)."""
 
 import json
+
+import numpy as np
 import pytest
 
 from benchmarks.gpu.replay_bench import bench_spec, policies, shapes
@@ -181,3 +183,16 @@ def _deep_replay(spec):
     from costmodels.replay import LayerReplay
     return ReplayPolicy(default=LayerReplay(mode="replay", tokens=256), layers={1: LayerReplay(mode="persist"),
                                                                              2: LayerReplay(mode="persist")}).resolve(spec)
+
+
+def test_a_layer_piece_reads_only_points_with_as_many_row_tiles():
+    """One row past a tile costs a tile's launches (run_4e31ccf: a sliding layer 2.12 ms at 2048 rows, 2.30 at 2080):
+    a 2080-row piece is read off the two-tile points, not across the step."""
+    pts = [G.Point("sliding", r, 0, 1.0, d) for r, d in ((1024, 1.0), (2040, 2.0), (2144, 2.5), (3072, 3.0))]
+    tiled, smooth = G.ReplayGrid(pts, row_tile=2048), G.ReplayGrid(pts)
+    got = tiled.piece("sliding", 2080, 0)
+    assert got.extrapolated and got.segment.device_s == pytest.approx(2.5 * (2080 / 2144) ** (np.log(3.0 / 2.5) / np.log(3072 / 2144)))
+    assert smooth.piece("sliding", 2080, 0).segment.device_s == pytest.approx(2.0 * (2080 / 2040) ** (np.log(1.25) / np.log(2144 / 2040)))
+    assert tiled.piece("sliding", 1500, 0).segment.device_s < 2.0 and not tiled.piece("sliding", 1500, 0).extrapolated
+    assert G.ReplayGrid([G.Point("embed", 1, 0, 1.0, 1.0)], row_tile=2048).tiles("embed", 5000) == 0
+    assert tiled.tiles("full", 2048) == 1 and tiled.tiles("full", 2049) == 2 and tiled.tiles("full", 99999) == 3

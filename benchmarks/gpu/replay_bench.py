@@ -39,7 +39,7 @@ allocations during the rounds in ``allocator_during_rounds``.
 
 The prediction at unmeasured shapes (``grid_*`` keys, in ``headline`` beside ``segments``;
 ``benchmarks/gpu/replay_grid.py``, ``costmodels/replay_grid.py``): the same kinds of pieces measured the same way in
-the same rounds (every third), but on a grid of shapes that holds out every shape the workloads run (checked:
+the same rounds (every fourth on the prefix hits, every third on the chunked prompts), but on a grid of shapes that holds out every shape the workloads run (checked:
 ``grid_error`` otherwise), read off the grid by interpolation (log-log in rows, linear in context, extrapolation
 flagged: ``grid_extrapolated``) and queued as ``segments`` is. Every workload's grid is written to
 ``replay_grid.json`` beside ``--out`` (per workload and pooled: what ``costmodels.replay_grid.load`` reads).
@@ -323,27 +323,27 @@ class Bench:
             self.segment_error = f"{type(e).__name__}: {e}"[:300]
             return None
 
-    def grid(self, seg):
+    def grid(self, seg, every: int | None = None):
         """The grid probe for one workload's rounds (``benchmarks.gpu.replay_grid``), checked to hold out every piece
         the workload runs; None where off, (None, error) where it cannot be built or is not held out."""
         if self.grid_every is None:
             return None, None
         try:
-            gp = grid_bench.GridProbe(self, self.tiny, self.grid_every)
+            gp = grid_bench.GridProbe(self, self.tiny, every or self.grid_every)
             if seg is not None:
                 replay_grid.assert_held_out(gp.keys(), seg.plan, [k == "sliding" for k in self.spec.kinds()])
             return gp, None
         except Exception as e:  # noqa: BLE001 - the runs go on without it
             return None, f"{type(e).__name__}: {e}"[:300]
 
-    def timed(self, fns: dict, rows: dict, forwards: dict, reps: int | None = None) -> dict:
+    def timed(self, fns: dict, rows: dict, forwards: dict, reps: int | None = None, grid_every: int | None = None) -> dict:
         """Every policy's forward (prepared inputs) and its forward with the host preparation, interleaved; the
         figures written into ``rows`` (policy -> row); returns the host probe's layer-call seconds and the forwards'
         pieces (``forwards``: policy -> its prepared chunks) measured beside them, and writes the pieces' prediction
         (``segments_*``) into the rows."""
         probe = self.probe()
         seg = self.segments(forwards)
-        grid, grid_error = self.grid(seg)
+        grid, grid_error = self.grid(seg, grid_every)
         graphs = {name: self.capture(fns[name]) for name in rows} if self.timer.cuda else {}
         fns = fns | {name + "+graph": g.replay for name, g in graphs.items() if not isinstance(g, str)}
         t0 = time.time()
@@ -414,13 +414,13 @@ class Bench:
             return
         try:
             pts = grid.points()
-            g = replay_grid.ReplayGrid([replay_grid.point_from_dict(p) for p in pts])
+            g = replay_grid.ReplayGrid([replay_grid.point_from_dict(p) for p in pts], row_tile=grid.row_tile)
             sliding = [k == "sliding" for k in self.spec.kinds()]
             priced = replay_grid.price_plan(g, seg["plan"], sliding, sync=not self.timer.cuda)
         except Exception as e:  # noqa: BLE001 - a prediction's failure costs only itself
             head["grid_error"] = f"{type(e).__name__}: {e}"[:300]
             return
-        head["grid"] = {"points": pts, "every": grid.every, "traced": bool(grid.traces)}
+        head["grid"] = {"points": pts, "every": grid.every, "traced": bool(grid.traces), "row_tile": grid.row_tile}
         for name, (cost, ext) in priced.items():
             if name in rows:
                 rows[name].update({"grid_predicted_s": cost.seconds, "grid_device_s": cost.device_s,
@@ -451,7 +451,9 @@ class Bench:
                           "logit_max_abs_diff_vs_persist": float((logits[name] - logits["persist"]).abs().max()),
                           "sync_warnings": syncs[name]}
             self.profile_jobs.append((rows[name], fns[name]))
-        head = self.timed(fns, rows, {name: [p] for name, p in preps.items()})
+        # the grid one round in four here (31 rounds: 8 samples), one in three on the chunked prompts (21: 7)
+        head = self.timed(fns, rows, {name: [p] for name, p in preps.items()},
+                          grid_every=self.grid_every + 1 if self.grid_every else None)
         seg, grid = head.pop("_seg"), head.pop("_grid")
         for name, swa in swas.items():
             rows[name].update(self.pred.chunk(self.spec, swa.resolved, [(n, c)], head["host_probe"]))
@@ -662,7 +664,8 @@ def main(argv=None) -> int:
                     "default: measure them first into replay_tables.json beside --out")
     ap.add_argument("--no-tables", action="store_true", help="the analytic prediction only")
     ap.add_argument("--no-grid", action="store_true", help="skip the held-out grid of pieces (``grid_*``)")
-    ap.add_argument("--grid-every", type=int, default=3, help="sample the grid every this many timed rounds")
+    ap.add_argument("--grid-every", type=int, default=3, help="sample the grid every this many timed rounds (the prefix "
+                    "hits: one more)")
     ap.add_argument("--budget-s", type=float, default=None, help="wall seconds this run may take: timed rounds stop "
                     "(after 7) 40 s before, leaving time for the traces and the profile")
     a = ap.parse_args(argv)
@@ -796,7 +799,7 @@ def _write_grid(path: str, out: dict, spec: ModelSpec) -> None:
                           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                           "method": "host: spin-covered issue seconds; device: events with the host ahead; medians "
                                     "over every third timed round of the workload named by the regime"},
-           "model": out.get("model"), "window": spec.sliding_window, "layers": spec.kinds(),
+           "model": out.get("model"), "window": spec.sliding_window, "layers": spec.kinds(), "row_tile": ROW_TILE,
            "grid": {"rows": grid_bench.GRID_ROWS, "rows_ctx": grid_bench.GRID_ROWS_CTX, "ctx": grid_bench.GRID_CTX,
                     "prior_ctx": grid_bench.PRIOR_CTX},
            "regimes": regimes, "points": replay_grid.pooled(regimes)}
