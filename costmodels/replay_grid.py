@@ -168,7 +168,9 @@ class ReplayGrid:
         if not by_ctx:
             raise GridError(f"replay grid has no {kind!r} points")
         ctxs = sorted(by_ctx)
-        if kind in LINEAR_CTX and len(ctxs) > 1:
+        if ctx in by_ctx:   # on a grid context: that context's points alone
+            use = [ctx]
+        elif kind in LINEAR_CTX and len(ctxs) > 1:
             i = min(max(bisect.bisect_left(ctxs, ctx), 1), len(ctxs) - 1)
             use = [ctxs[i - 1], ctxs[i]]
         else:
