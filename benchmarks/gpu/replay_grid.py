@@ -28,8 +28,8 @@ from executor.swa_replay import SWAReplay
 
 # rows by tile class of executor.swa.ROW_TILE (2048): 1 tile, 2 tiles, 3 and more (costmodels.replay_grid reads a
 # layer piece off points with as many tiles); none is a workload's (512 + W, 2048 + W, multiples of 2048, 4608, 10240)
-GRID_ROWS = (384, 1024, 1664, 2040, 2056, 3072, 4000, 4160, 7168, 11264, 18432)
-GRID_ROWS_CTX = (384, 1024, 1664, 2040, 2056, 3072)
+GRID_ROWS = (384, 1024, 1664, 2040, 2056, 2240, 2560, 3072, 4000, 4160, 7168, 11264, 18432)
+GRID_ROWS_CTX = (384, 1024, 1664, 2040, 2056, 2240, 2560, 3072)
 GRID_CTX = (1536, 5120, 10240, 15360)
 PRIOR_CTX = 1536
 MAX_TOKENS = 18432
