@@ -206,15 +206,24 @@ def step_plan(runner, decode_ctx: list[int], prefill: list[tuple[int, int]], tag
 def count_step(runner, plan) -> dict[str, OpCount]:
     """Counts of one eager ``runner.execute(plan)`` (after one uncounted run of the same plan: lazy imports,
     kernel choices and JIT stay out of the count)."""
-    graphs, pieces = runner.graphs, runner.piecewise
-    runner.graphs = runner.piecewise = None
-    try:
+    with graphs_for(runner, "eager"):
         runner.execute(plan)
         with counting(runner.model) as c:
             runner.execute(plan)
-    finally:
-        runner.graphs, runner.piecewise = graphs, pieces
     return c.regions
+
+
+@contextlib.contextmanager
+def graphs_for(runner, mode: str):
+    """``runner`` with only the graphs ``mode`` replays ("graph": the decode graphs, "piecewise": the pieces, else
+    none: eager), the runner's own restored after."""
+    saved = runner.graphs, runner.piecewise
+    runner.graphs = saved[0] if mode == "graph" else None
+    runner.piecewise = saved[1] if mode == "piecewise" else None
+    try:
+        yield
+    finally:
+        runner.graphs, runner.piecewise = saved
 
 
 SHAPES = {   # name -> (decode contexts, prefill chunks (new, cached)): the H200 device script's eager shapes
@@ -396,11 +405,8 @@ def time_shape(engine, name: str, dec: list[int], pre: list, mode: str, repeats:
     from executor.calibrate import synthetic_plan
     runner = engine.runner
     plan = synthetic_plan(engine, dec, pre, f"eh_{name.replace(' ', '_')}_{mode}_")
-    saved, saved_pw = runner.graphs, runner.piecewise
-    runner.graphs = saved if mode == "graph" else None
-    runner.piecewise = saved_pw if mode == "piecewise" else None
     try:
-        with torch.inference_mode():
+        with graphs_for(runner, mode), torch.inference_mode():
             for _ in range(2):   # Triton specialisations of new sizes compile here, not in the timed runs
                 runner.execute(plan)
             walls, devs = [], []
@@ -420,7 +426,6 @@ def time_shape(engine, name: str, dec: list[int], pre: list, mode: str, repeats:
             if mode != "graph":
                 row.update(forward_times(runner, plan, repeats))
     finally:
-        runner.graphs, runner.piecewise = saved, saved_pw
         for r in plan.decodes + [c.request for c in plan.prefills]:
             runner.remove_request(r.request_id)
     return row
