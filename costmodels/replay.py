@@ -287,24 +287,17 @@ def chunk_cost(ops: StepOps, replay: ResolvedReplay, new_tokens: int, context: i
 
 
 def _table_chunk(tables, model: ModelSpec, replay: ResolvedReplay, parts: list[tuple[int, int]]) -> ChunkCost:
-    if hasattr(tables, "chunk_seconds"):
-        return _grid_chunk(tables, model, replay, parts)
-    from costmodels.replay_table import table_prefill_cost
-    t = table_prefill_cost(tables, model, replay, parts)
+    if hasattr(tables, "chunk_seconds"):   # a ``replay_grid.ReplayGrid`` measured on ``model``
+        tables.check_model(model)
+        t, ext = tables.chunk_seconds([k == "sliding" for k in model.kinds()], replay, parts)
+        breakdown = {"host": t.host_s, "device": t.device_s, "host_wait": t.wait_s, "extrapolated_pieces": float(ext)}
+    else:
+        from costmodels.replay_table import table_prefill_cost
+        t = table_prefill_cost(tables, model, replay, parts)
+        breakdown = {**t.by_unit, "host_wait": t.seconds - t.device_s}
     n, c = parts[0] if len(parts) == 1 else (sum(p[0] for p in parts), parts[0][1])
     e = replay.extra_tokens(parts[-1][1]) if replay.modes else np.zeros(model.num_layers, np.int64)
-    return ChunkCost(t.seconds, {**t.by_unit, "host_wait": t.seconds - t.device_s}, n, c,
-                     tuple(int(parts[-1][0] + x) for x in e))
-
-
-def _grid_chunk(grid, model: ModelSpec, replay: ResolvedReplay, parts: list[tuple[int, int]]) -> ChunkCost:
-    """``_table_chunk`` off a ``replay_grid.ReplayGrid`` measured on ``model``."""
-    grid.check_model(model)
-    t, ext = grid.chunk_seconds([k == "sliding" for k in model.kinds()], replay, parts)
-    n, c = parts[0] if len(parts) == 1 else (sum(p[0] for p in parts), parts[0][1])
-    e = replay.extra_tokens(parts[-1][1]) if replay.modes else np.zeros(model.num_layers, np.int64)
-    return ChunkCost(t.seconds, {"host": t.host_s, "device": t.device_s, "host_wait": t.wait_s,
-                                 "extrapolated_pieces": float(ext)}, n, c, tuple(int(parts[-1][0] + x) for x in e))
+    return ChunkCost(t.seconds, breakdown, n, c, tuple(int(parts[-1][0] + x) for x in e))
 
 
 def chunk_cost_at(ops: StepOps, e: np.ndarray, n: int, c: int) -> ChunkCost:
