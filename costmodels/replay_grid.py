@@ -221,19 +221,19 @@ class ReplayGrid:
         """One chunk of ``n`` new tokens after ``c`` under ``replay`` (a ``ResolvedReplay``); ``extra``: the per-layer
         extra rows to price instead of the policy's (``DepthCorrection``'s e_0 everywhere)."""
         sliding = [k == "sliding" for k in spec.kinds()]
-        e = list(extra) if extra is not None else (
-            [int(x) for x in replay.extra_tokens(int(c))] if replay.modes else [0] * len(sliding))
-        modes = tuple(replay.modes) if replay.modes else tuple("persist" for _ in sliding)
-        tokens = tuple(replay.tokens) if replay.modes else tuple(0 for _ in sliding)
-        return self.price(step_features(sliding, replay.window, modes, tokens, e, int(n), int(c)))[0]
+        return self.price(_replay_features(sliding, replay, int(n), int(c), extra))[0]
 
     def chunk_seconds(self, sliding: list[bool], replay, parts: list[tuple[int, int]]) -> tuple[SegmentCost, int]:
         """The chunks ``parts`` ((new, context) each) of ``replay`` (a ``ResolvedReplay``) run back to back."""
-        feats = []
-        for n, c in parts:
-            e = [int(x) for x in replay.extra_tokens(int(c))] if replay.modes else [0] * len(sliding)
-            feats += step_features(sliding, replay.window, tuple(replay.modes), tuple(replay.tokens), e, int(n), int(c))
-        return self.price(feats)
+        return self.price([f for n, c in parts for f in _replay_features(sliding, replay, int(n), int(c))])
+
+
+def _replay_features(sliding: list[bool], replay, n: int, c: int, extra: list[int] | None = None) -> list[tuple[str, int, int]]:
+    """``step_features`` of one chunk under ``replay`` (a ``ResolvedReplay``; no modes: every layer persists, no extra
+    rows); ``extra``: per-layer extra rows to price instead of the policy's."""
+    e = list(extra) if extra is not None else (
+        [int(x) for x in replay.extra_tokens(c)] if replay.modes else [0] * len(sliding))
+    return step_features(sliding, replay.window, tuple(replay.modes), tuple(replay.tokens), e, n, c)
 
 
 def price_plan(grid: ReplayGrid, plan: dict[str, list[str]], sliding: list[bool],
