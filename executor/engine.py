@@ -219,7 +219,9 @@ class LLMEngine:
         if cuda_graphs and not enforce_eager and dev.type == "cuda":
             runner.enable_cuda_graphs(sched_cfg.max_num_seqs, mml + sched_cfg.draft_len + 1)
             from executor.piecewise_graphs import enabled_by_env
-            if piecewise_graphs if piecewise_graphs is not None else enabled_by_env():
+            if piecewise_graphs is None:
+                piecewise_graphs = enabled_by_env()
+            if piecewise_graphs:
                 runner.enable_piecewise_graphs(sched_cfg.max_num_batched_tokens)
         sched = Scheduler(sched_cfg, num_kv_blocks)
         name = Path(model).name if hf_dir else model
