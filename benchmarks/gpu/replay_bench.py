@@ -590,7 +590,7 @@ def summary(out: dict, preds: tuple[str, ...] = PREDICTIONS) -> dict:
     res = {}
     for kind in ("prefix_hit", "chunked"):
         for w in out.get(kind, []):
-            name = f"{kind} " + (f"{w['context']}+{w['new_tokens']}" if kind == "prefix_hit" else f"{w['prompt']}/{w['chunk']}")
+            name = _name(kind, w)
             for p, key in ([("analytic", "diff_pp")] + [(p, f"{p}_diff_pp") for p in preds]
                            + [("segments_paired", "segments_paired_diff_pp"),
                               ("segments_clocked_paired", "segments_clocked_paired_diff_pp")]):
@@ -610,7 +610,7 @@ def headline(out: dict) -> dict:
     res = {"prediction": HEADLINE}
     for kind in ("prefix_hit", "chunked"):
         for w in out.get(kind, []):
-            name = f"{kind} " + (f"{w['context']}+{w['new_tokens']}" if kind == "prefix_hit" else f"{w['prompt']}/{w['chunk']}")
+            name = _name(kind, w)
             got = {}
             for how, meas, pred, pp in (("medians", "measured_change", f"{HEADLINE}_predicted_change", f"{HEADLINE}_diff_pp"),
                                          ("paired", "measured_change_paired", f"{HEADLINE}_change_paired",
@@ -806,8 +806,13 @@ def _write_grid(path: str, out: dict, spec: ModelSpec) -> None:
     _write(path, doc)
 
 
+def _shape(kind: str, w: dict) -> str:
+    """A workload's shape: ``context+new`` of a prefix hit, ``prompt/chunk`` of a chunked prompt."""
+    return f"{w['context']}+{w['new_tokens']}" if kind == "prefix_hit" else f"{w['prompt']}/{w['chunk']}"
+
+
 def _name(kind: str, w: dict) -> str:
-    return f"{kind} " + (f"{w['context']}+{w['new_tokens']}" if kind == "prefix_hit" else f"{w['prompt']}/{w['chunk']}")
+    return f"{kind} {_shape(kind, w)}"
 
 
 def _write(path: str, out: dict) -> None:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.gpu.replay_bench import _changes, bench_spec, policies, summary
+from benchmarks.gpu.replay_bench import _changes, _shape, bench_spec, policies, summary
 from costmodels import replay_grid, replay_segments, replay_table
 from costmodels.replay import prompt_chunks
 
@@ -177,7 +177,7 @@ def report(res: dict) -> str:
     lines = [f"rescored with {res['rescored_with']}; lump vs committed: {res['lump_vs_committed']:.2e} (relative)"]
     for kind in ("prefix_hit", "chunked"):
         for w in res.get(kind, []):
-            head = f"{w['context']}+{w['new_tokens']}" if kind == "prefix_hit" else f"{w['prompt']}/{w['chunk']}"
+            head = _shape(kind, w)
             lines.append(f"{kind} {head}" + ("  (host probe)" if w.get("host_probe") else ""))
             lines.append(f"  {'policy':>11} {'measured':>9} {'change':>8}" + "".join(f" {m:>17}" for m in MODELS))
             for r in w["rows"]:
@@ -201,7 +201,7 @@ def grid_report(kind: str, w: dict) -> list[str]:
     """The grid's diagnostics of one workload: points, errors, pieces extrapolated per policy, and per kind of piece
     how the grid's reading of each workload piece compares with that piece measured at its own shape in the same
     rounds (median and worst grid / own - 1, host and device): the interpolation's error, piece by piece."""
-    head = f"{w['context']}+{w['new_tokens']}" if kind == "prefix_hit" else f"{w['prompt']}/{w['chunk']}"
+    head = _shape(kind, w)
     g = w.get("grid") or {}
     if not g and not w.get("grid_error"):
         return []
@@ -238,7 +238,7 @@ def pieces_report(kind: str, w: dict) -> list[str]:
     seg = w.get("segments")
     if not seg:
         return []
-    head = f"{w['context']}+{w['new_tokens']}" if kind == "prefix_hit" else f"{w['prompt']}/{w['chunk']}"
+    head = _shape(kind, w)
     out = [f"pieces {kind} {head}: {len(seg.get('segments', {}))} pieces, traced {seg.get('traced')}, "
            f"allocator during rounds {w.get('allocator_during_rounds')}, errors: segments {w.get('segment_error')} "
            f"trace {seg.get('trace_error')} timeline {seg.get('timeline_error')}",
