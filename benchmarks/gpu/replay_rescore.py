@@ -114,8 +114,8 @@ def grid_priced(w: dict, spec, sync: bool) -> dict:
     pts = (w.get("grid") or {}).get("points")
     if not pts or not (w.get("segments") or {}).get("plan"):
         return {}
-    g = replay_grid.ReplayGrid([replay_grid.point_from_dict(p) for p in pts], row_tile=w["grid"].get("row_tile"))
-    return replay_grid.price_plan(g, w["segments"]["plan"], [k == "sliding" for k in spec.kinds()], sync)
+    return replay_grid.price_plan(replay_grid.from_dict(w["grid"]), w["segments"]["plan"],
+                                  [k == "sliding" for k in spec.kinds()], sync)
 
 
 def layer_factor(check: list[dict], kind: str, rows: float) -> float:
@@ -213,7 +213,7 @@ def grid_report(kind: str, w: dict) -> list[str]:
         return out
     spec = bench_spec(False)
     sl = [k == "sliding" for k in spec.kinds()]
-    grid = replay_grid.ReplayGrid([replay_grid.point_from_dict(p) for p in g["points"]], row_tile=g.get("row_tile"))
+    grid = replay_grid.from_dict(g)
     err: dict[str, list[tuple[float, float]]] = {}
     for key, s in seg.items():
         try:
