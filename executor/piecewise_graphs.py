@@ -54,12 +54,11 @@ from unittest import mock
 
 import torch
 
-from executor.cuda_graphs import bucket_for, capture_sizes
+from executor.cuda_graphs import DEFAULT_CAPTURE_SIZES, bucket_for, capture_sizes
 from executor.forward_batch import ForwardBatch
 
 # vLLM's decode capture list up to 512 (executor/cuda_graphs.py), then steps of 128 to 1024, 256 to 2048, 512 to 4096
-DEFAULT_TOKEN_SIZES: tuple[int, ...] = ((1, 2, 4) + tuple(range(8, 257, 8)) + tuple(range(272, 513, 16))
-                                        + tuple(range(640, 1025, 128)) + tuple(range(1280, 2049, 256))
+DEFAULT_TOKEN_SIZES: tuple[int, ...] = (DEFAULT_CAPTURE_SIZES + tuple(range(640, 1025, 128)) + tuple(range(1280, 2049, 256))
                                         + tuple(range(2560, 4097, 512)))
 
 ENV = "TWINFER_PIECEWISE_GRAPHS"   # 0/off disables piecewise graphs (the engine arg wins when given)
