@@ -157,7 +157,7 @@ class Predictors:
                 if name == "table":
                     out["table_by_unit"] = {k: round(v, 9) for k, v in cost.by_unit.items()}
             except Exception as e:  # noqa: BLE001 - a table gap costs this prediction, not the run
-                out[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
+                out[f"{name}_error"] = _err(e)
         return out
 
 
@@ -232,7 +232,7 @@ class Timer:
                         try:
                             pr.sample()
                         except Exception as e:  # noqa: BLE001 - a probe's failure drops it, not the timing
-                            pr.error = f"{type(e).__name__}: {e}"[:300]
+                            pr.error = _err(e)
         finally:
             gc.enable()
         out = {}
@@ -276,7 +276,7 @@ class Bench:
         try:
             return HostProbe(*self.probe_args)
         except Exception as e:  # noqa: BLE001 - a diagnostic must not cost the runs
-            self.probe_error = f"{type(e).__name__}: {e}"[:300]
+            self.probe_error = _err(e)
             return None
 
     def capture(self, fn):
@@ -296,7 +296,7 @@ class Bench:
             return g
         except Exception as e:  # noqa: BLE001 - a diagnostic: its failure costs only itself
             torch.cuda.synchronize()
-            return f"{type(e).__name__}: {e}"[:200]
+            return _err(e, 200)
 
     def prepare(self, swa: SWAReplay, n: int, c: int):
         """The host side of one resumed chunk (batch and per-layer views, on the device)."""
@@ -320,7 +320,7 @@ class Bench:
         try:
             return SegmentProbe(self.model, self.kv, self.device, forwards)
         except Exception as e:  # noqa: BLE001 - the runs go on without it
-            self.segment_error = f"{type(e).__name__}: {e}"[:300]
+            self.segment_error = _err(e)
             return None
 
     def grid(self, seg, every: int | None = None):
@@ -334,7 +334,7 @@ class Bench:
                 replay_grid.assert_held_out(gp.keys(), seg.plan, [k == "sliding" for k in self.spec.kinds()])
             return gp, None
         except Exception as e:  # noqa: BLE001 - the runs go on without it
-            return None, f"{type(e).__name__}: {e}"[:300]
+            return None, _err(e)
 
     def timed(self, fns: dict, rows: dict, forwards: dict, reps: int | None = None, grid_every: int | None = None) -> dict:
         """Every policy's forward (prepared inputs) and its forward with the host preparation, interleaved; the
@@ -367,7 +367,7 @@ class Bench:
             try:
                 seg.timeline()
             except Exception as e:  # noqa: BLE001 - a diagnostic
-                seg.timeline_error = f"{type(e).__name__}: {e}"[:300]
+                seg.timeline_error = _err(e)
         pieces = self.piece_costs(seg, rows, traced=False)   # kernels placed evenly; traced at the end (main)
         return {"_seg": seg, "_grid": grid, "grid_error": grid.error if grid is not None else grid_error,
                 "host_probe": {k: {int(r): v for r, v in by.items()} for k, by in got.items()} or None,
@@ -386,7 +386,7 @@ class Bench:
             try:
                 seg.trace()
             except Exception as e:  # noqa: BLE001 - without traces the pieces' kernels are spread evenly
-                seg.trace_error = f"{type(e).__name__}: {e}"[:300]
+                seg.trace_error = _err(e)
         doc = seg.result()
         doc["traced"] = bool(seg.traces)
         doc["timeline_error"] = getattr(seg, "timeline_error", None)
@@ -418,7 +418,7 @@ class Bench:
             sliding = [k == "sliding" for k in self.spec.kinds()]
             priced = replay_grid.price_plan(g, seg["plan"], sliding, sync=not self.timer.cuda)
         except Exception as e:  # noqa: BLE001 - a prediction's failure costs only itself
-            head["grid_error"] = f"{type(e).__name__}: {e}"[:300]
+            head["grid_error"] = _err(e)
             return
         head["grid"] = {"points": pts, "every": grid.every, "traced": bool(grid.traces), "row_tile": grid.row_tile}
         for name, (cost, ext) in priced.items():
@@ -719,7 +719,7 @@ def main(argv=None) -> int:
                         grid.trace()
                         grid_traces = grid.traces
                     except Exception as e:  # noqa: BLE001 - the kernels spread evenly instead
-                        w["grid_trace_error"] = f"{type(e).__name__}: {e}"[:300]
+                        w["grid_trace_error"] = _err(e)
                 grid.traces = grid_traces
                 b.grid_costs(grid, w, {r["policy"]: r for r in w["rows"]})
             _changes(w["rows"], tokens)
@@ -743,7 +743,7 @@ def main(argv=None) -> int:
                     try:
                         row["profile"] = kernel_profile(fn)
                     except Exception as e:  # noqa: BLE001 - a diagnostic
-                        row["profile"] = f"{type(e).__name__}: {e}"[:200]
+                        row["profile"] = _err(e, 200)
                     _write(a.out, out)
                     print("profile", row["policy"], row["profile"])
     return 0
@@ -813,6 +813,11 @@ def _shape(kind: str, w: dict) -> str:
 
 def _name(kind: str, w: dict) -> str:
     return f"{kind} {_shape(kind, w)}"
+
+
+def _err(e: Exception, limit: int = 300) -> str:
+    """An exception as the bench records it: its type and message, cut to ``limit`` characters."""
+    return f"{type(e).__name__}: {e}"[:limit]
 
 
 def _write(path: str, out: dict) -> None:
