@@ -96,7 +96,7 @@ def price_rounds(doc: dict, sync: bool = False, clocks: dict[str, list] | None =
         if not all(k in segs and rounds.get(k) for k in keys):
             continue
         n = min(len(rounds[k]) for k in keys)
-        fwd = (clocks or {}).get(p) if clocks is not None else None
+        fwd = clocks.get(p) if clocks is not None else None
         if clocks is not None and (not fwd or len(fwd) < n):
             continue
         got = []
