@@ -62,7 +62,7 @@ def accepted_prefix(drafts: list[int], samples: list[int]) -> int:
 
 
 def step_record(prefills: list, nd: int, sq: int, num_tokens: int, decode_context_tokens: int, accepted_drafts: int,
-                wall: float, dev: float, graph_bs: int, piecewise_bs: int = 0) -> dict:
+                wall: float, dev: float, graph_bs: int, piecewise_bs: int) -> dict:
     """One executed step's record (``ModelRunner.step_records``, the step log's row): its batch, times, the kernel
     implementations used since the last record, the CUDA graph it replayed (``graph_bs`` 0: none) and the token bucket
     of the piecewise graphs it replayed (``piecewise_bs`` 0: none; executor/piecewise_graphs.py)."""

@@ -116,7 +116,7 @@ class PipelinedRunner:
         return seqs, dst, src
 
     @staticmethod
-    def _record(plan: StepPlan, seqs: list[SeqInput], num_tokens: int, graph_bs: int, piece_bs: int = 0) -> dict:
+    def _record(plan: StepPlan, seqs: list[SeqInput], num_tokens: int, graph_bs: int, piece_bs: int) -> dict:
         """The runner's step record from host-side figures only: reading a device tensor here would wait for the
         device and undo the overlap (times filled by ``collect``)."""
         nd = len(plan.decodes)
