@@ -287,12 +287,15 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
             plan = synthetic_plan(engine, [min(1024, engine.max_model_len // 2)] * b, [], f"op_step{b}_")
             try:
                 for mode in ("graph", "eager"):
-                    saved = runner.graphs
-                    runner.graphs = saved if mode == "graph" else None
+                    # "eager" turns off the piecewise graphs too: they take any batch that fits a token bucket,
+                    # decode-only ones included, so without this the eager rows timed piecewise replays
+                    saved = runner.graphs, getattr(runner, "piecewise", None)
+                    runner.graphs = saved[0] if mode == "graph" else None
+                    runner.piecewise = saved[1] if mode == "graph" else None
                     try:
                         t, spread = timed(lambda: runner.execute(plan))
                     finally:
-                        runner.graphs = saved
+                        runner.graphs, runner.piecewise = saved
                     out.append({"op": "decode_step", "mode": mode, "batch": b, "context": min(1024, engine.max_model_len // 2),
                                 "time_s": t, "spread": spread, "backend": "cuda_graph" if mode == "graph" else "eager"})
             finally:
