@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from benchmarks.gpu.bench_kernels import timed
 from kernels import prefill_attention as PA
 from kernels import reference as R
 from kernels.torch_fast import attention_sdpa
@@ -88,18 +88,8 @@ def first_call_ms(fn) -> float:
 
 
 def steady_ms(fn, iters: int, warmup: int = 3) -> float:
-    """Median device ms of one eager call (CUDA events around each), after warm-up."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    """Median device ms of one eager call (CUDA events around each), after warm-up (``bench_kernels.timed``)."""
+    return timed(fn, warmup=warmup, iters=iters) * 1e3
 
 
 def rel(a, b) -> float:
