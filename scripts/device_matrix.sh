@@ -28,8 +28,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv |
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())" | tee -a "$OUT/env.txt"
 export TWINFER_KERNEL_FP8_GEMM=${TWINFER_KERNEL_FP8_GEMM:-triton}   # DeepGEMM JITs per shape (3-8 s each); the runs use Triton
 # piecewise CUDA graphs (c39de4a, on by default) pad a prefill/mixed step's GEMM rows to a token bucket and replace its
-# eager host floor; the twin's step model does not price that yet (costmodels/profiled.py prices eager steps unpadded),
-# so the matrix runs the engine it models, as runs 1-5 did. TWINFER_PIECEWISE_GRAPHS=1 measures the new default.
+# eager host floor; the step model prices the padding when the profile records the buckets (4d27601), but no matrix
+# has measured it yet, so the matrix keeps runs 1-5's engine by default. TWINFER_PIECEWISE_GRAPHS=1 measures the new default.
 export TWINFER_PIECEWISE_GRAPHS=${TWINFER_PIECEWISE_GRAPHS:-0}
 echo "TWINFER_PIECEWISE_GRAPHS=$TWINFER_PIECEWISE_GRAPHS" | tee -a "$OUT/env.txt"
 stage "first-call cost of a new masked SDPA shape, per backend (scripts/sdpa_first_call.py)"
