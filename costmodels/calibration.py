@@ -181,6 +181,8 @@ class CalibrationProfile(BaseModel):
     provenance: dict = Field(default_factory=dict, description="GPU, driver, torch, kernel backends, date, command")
     op_points: list[dict] = Field(default_factory=list, description="op micro-benchmark measurements behind the tables")
     step: StepProfile | None = Field(None, description="measured step-time model of one engine on this device")
+    replay_grid: dict | None = Field(None, description="a replay_grid.json (benchmarks/gpu/replay_grid.py) measured on one "
+                                     "model, read by costmodels.replay_grid.for_profile; None: replay priced analytically")
 
     @field_validator("step", mode="before")
     @classmethod

@@ -293,9 +293,29 @@ def for_profile(profile) -> ReplayGrid | None:
     return from_dict(got) if isinstance(got, dict) else load(got)
 
 
-def load(path: str | Path, regime: str | None = None) -> ReplayGrid:
+def read(path: str | Path) -> dict:
+    """The JSON of a ``replay_grid.json`` (GridError when the file cannot be read or is not a JSON object)."""
     try:
         d = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise GridError(f"replay grid {path}: cannot read ({e})") from None
-    return from_dict(d, regime)
+    if not isinstance(d, dict):
+        raise GridError(f"replay grid {path}: a JSON object with points expected")
+    return d
+
+
+def load(path: str | Path, regime: str | None = None) -> ReplayGrid:
+    return from_dict(read(path), regime)
+
+
+def attach(profile, path: str | Path, spec):
+    """``profile`` (a ``CalibrationProfile``) with the grid at ``path`` stored in it (``replay_grid``), after checking the
+    file is a grid and was measured on ``spec``'s layers (GridError otherwise). The grid is stored whole, so the
+    profile stays one self-contained file."""
+    d = read(path)
+    grid = from_dict(d)
+    if not grid.matches(spec):
+        raise GridError(f"replay grid {path} was measured on {grid.model.get('name') or grid.layers} "
+                        f"({grid.layers}, window {grid.window}), not on {spec.name!r} ({list(spec.kinds())}, "
+                        f"window {spec.sliding_window})")
+    return profile.model_copy(update={"replay_grid": d})

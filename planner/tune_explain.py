@@ -22,6 +22,7 @@ from costmodels.hardware import get_hardware
 from costmodels.host import exposed_host
 from costmodels.step import StepCostModel
 from costmodels.replay import kept_window_bytes, prefill_seconds
+from costmodels.replay_grid import for_profile
 from planner.tune_policies import THE_THREE, Policy, Run, SearchResult, TuneContext, replay_policy, scheduler_of
 
 LABELS = {"ep_width": "EP width", "async_overlap": "async overlap", "replay": "replay (W, layers)"}
@@ -115,15 +116,19 @@ def why_replay(ctx: TuneContext, without: Run, won: Run) -> str:
     cached prefix (``costmodels.replay.prefill_seconds`` under each policy), and the window KV kept per sequence."""
     model, hw = get_model(ctx.model), get_hardware(ctx.hardware)
     lay = ctx.options[won.policy.ep_width].layout
-    ops = StepCostModel(model, hw, lay, profile_for(hw, ctx.calibration) if ctx.calibration else None)
+    cal = profile_for(hw, ctx.calibration) if ctx.calibration else None
+    ops = StepCostModel(model, hw, lay, cal)
+    grid = for_profile(cal)   # the profile's measured replay grid prices the prefill where it was measured on this model
+    grid = grid if grid is not None and grid.matches(model) else None
     pol = [replay_policy(*r.policy.replay, model).resolve(model) for r in (without, won)]
     st = ctx.stats
     cached = int(max(0.0, st.mean_prompt - st.mean_new))
-    pre = [prefill_seconds(ops, r, int(st.mean_prompt), won.policy.chunk_tokens, cached) for r in pol]
+    pre = [prefill_seconds(ops, r, int(st.mean_prompt), won.policy.chunk_tokens, cached, tables=grid) for r in pol]
     kept = [kept_window_bytes(model, lay.kv_dtype, r) for r in pol]
+    src = " (measured replay grid)" if grid is not None else ""
     return (f"prompt tokens computed per request (simulated) {without.prefill_tokens_per_request:,.0f} -> "
             f"{won.prefill_tokens_per_request:,.0f}, prefix-cache hit rate {without.hit_rate:.0%} -> {won.hit_rate:.0%}; "
-            f"priced prefill of the mean prompt ({st.mean_prompt:,.0f} tokens, {cached:,} cached) {_ms(pre[0])} -> {_ms(pre[1])}; "
+            f"priced prefill{src} of the mean prompt ({st.mean_prompt:,.0f} tokens, {cached:,} cached) {_ms(pre[0])} -> {_ms(pre[1])}; "
             f"window KV kept per paused sequence {kept[0] / 1e6:.2f} -> {kept[1] / 1e6:.2f} MB")
 
 

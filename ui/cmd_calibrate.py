@@ -19,6 +19,24 @@ def register(app: typer.Typer) -> None:
                                   "device; fit the step model; write a calibration profile JSON.")(calibrate)
 
 
+def grid_for(path: Path, model: str, num_layers: Optional[int], profile=None):
+    """``profile`` with the replay grid at ``path`` attached (``costmodels.replay_grid.attach``), checked against the model
+    the executor builds from ``model`` and ``num_layers`` (its first n layers, as ``LLMEngine.from_args`` keeps them);
+    a one-line error naming the flag and file when the file is not a grid or was measured on another model."""
+    from costmodels.calibration import CalibrationProfile
+    from costmodels.catalog import get_model
+    from costmodels.replay_grid import GridError, attach
+    from twinfer.errors import TwinferError
+
+    spec = get_model(model)
+    if num_layers is not None and num_layers < spec.num_layers:
+        spec = spec.model_copy(update={"num_layers": num_layers, "layer_kinds": spec.layer_kinds[:num_layers] if spec.layer_kinds else []})
+    try:
+        return attach(profile or CalibrationProfile.default(), path, spec)
+    except GridError as e:
+        raise TwinferError(f"--replay-grid {path}: {e}") from None
+
+
 def calibrate(
     model: str = typer.Option("tiny", "--model", "-m", help="catalog name or HF folder"),
     num_layers: Optional[int] = typer.Option(None, "--num-layers", min=1, help="keep the first n layers"),
@@ -29,6 +47,9 @@ def calibrate(
     repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="timed runs per step shape [5 on cuda, 3 on cpu]"),
     max_model_len: int = typer.Option(4096, "--max-model-len", min=16),
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1, help="largest decode batch measured [128 on cuda]"),
+    replay_grid: Optional[Path] = typer.Option(None, "--replay-grid", help="replay_grid.json (scripts/device_replay.sh) "
+                                               "measured on this --model: stored in the profile, it prices sliding-window "
+                                               "replay in simulate and tune"),
 ) -> None:
     """Calibrate; print the fitted step model."""
     from rich.console import Console
@@ -36,6 +57,8 @@ def calibrate(
     from executor.calibrate import calibrate as run
     from ui.progress import progress_bar
 
+    if replay_grid is not None:   # refused before the measurement, not after it
+        grid_for(replay_grid, model, num_layers)
     con, err = Console(), Console(stderr=True)
     with progress_bar(err) as bar:
         task = bar.add_task("calibrate: build, warm-up, ops", total=None)
@@ -54,6 +77,8 @@ def calibrate(
             err.print(f"[yellow]interrupted: the measurements printed above are all there is; no profile written to {out} "
                       "(the fit needs every step shape)[/]", highlight=False)
             raise typer.Exit(130) from None
+    if replay_grid is not None:
+        prof = grid_for(replay_grid, model, num_layers, prof)
     prof.save(out)
     st = prof.step
     h, lp = st.host, st.loop
