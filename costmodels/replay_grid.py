@@ -313,7 +313,10 @@ def attach(profile, path: str | Path, spec):
     file is a grid and was measured on ``spec``'s layers (GridError otherwise). The grid is stored whole, so the
     profile stays one self-contained file."""
     d = read(path)
-    grid = from_dict(d)
+    try:
+        grid = from_dict(d)
+    except GridError as e:
+        raise GridError(f"{path}: {e}") from None
     if not grid.matches(spec):
         raise GridError(f"replay grid {path} was measured on {grid.model.get('name') or grid.layers} "
                         f"({grid.layers}, window {grid.window}), not on {spec.name!r} ({list(spec.kinds())}, "

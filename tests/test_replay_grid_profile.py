@@ -58,7 +58,7 @@ def test_calibrate_replay_grid_gives_one_line_and_exit_2(tmp_path, content, word
     r = CliRunner().invoke(app, ["calibrate", "--model", "tiny", "--out", str(tmp_path / "p.json"), "--replay-grid", str(path)])
     assert r.exit_code != 0 and not (tmp_path / "p.json").exists()   # refused before measuring
     err = str(r.exception)
-    assert err.startswith(f"--replay-grid {path}:") and words in err and "\n" not in err
+    assert err.startswith("--replay-grid: ") and str(path) in err and words in err and "\n" not in err
     # the console script maps it to exit 2 (ui.cli.main: TwinferError)
     from twinfer.errors import TwinferError
     assert isinstance(r.exception, TwinferError)
@@ -85,3 +85,30 @@ def test_why_replay_prices_the_prefill_off_the_profiles_grid(tmp_path):
     model.write_text(other.model_dump_json())
     ctx = make_context(str(model), "h200", 1, wl, space, calibration=str(prof))
     assert "measured replay grid" not in why_replay(ctx, *runs)
+
+
+def test_the_simulators_depth_correction_takes_the_grid_from_a_stored_profile(tmp_path):
+    # the path simulate --calibration takes (sim/runner.py): profile_for(file) -> depth_correction
+    from costmodels.calibration_source import profile_for
+    from costmodels.hardware import get_hardware
+    from costmodels.layout import ParallelLayout
+    from costmodels.replay import LayerReplay, ReplayPolicy, depth_correction
+
+    hw, lay = get_hardware("h200"), ParallelLayout(tp=1, weight_dtype="bf16", kv_dtype="bf16")
+    rep = ReplayPolicy(default=LayerReplay(mode="replay", tokens=64)).resolve(BENCH)
+    prof = tmp_path / "prof.json"
+    G.attach(CalibrationProfile.default(), GRID, BENCH).save(prof)
+    on, off = (depth_correction(BENCH, hw, lay, profile_for(hw, p), rep) for p in (prof, None))
+    assert on is not None and on.grid is not None and on.grid.keys() == G.load(GRID).keys()
+    assert off.grid is None
+
+
+def test_the_console_script_exits_2_with_one_line_naming_the_flag(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "p.json"
+    r = subprocess.run([sys.executable, "-m", "ui.cli", "calibrate", "-m", "tiny", "-o", str(out), "--replay-grid", str(GRID)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and not out.exists()
+    assert f"--replay-grid: replay grid {GRID} was measured on replay-bench-llama8b-4l" in " ".join(r.stderr.split())

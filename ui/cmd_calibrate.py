@@ -34,7 +34,7 @@ def grid_for(path: Path, model: str, num_layers: Optional[int], profile=None):
     try:
         return attach(profile or CalibrationProfile.default(), path, spec)
     except GridError as e:
-        raise TwinferError(f"--replay-grid {path}: {e}") from None
+        raise TwinferError(f"--replay-grid: {e}") from None   # every attach error names the file
 
 
 def calibrate(
