@@ -112,3 +112,18 @@ def test_the_console_script_exits_2_with_one_line_naming_the_flag(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr and not out.exists()
     assert f"--replay-grid: replay grid {GRID} was measured on replay-bench-llama8b-4l" in " ".join(r.stderr.split())
+
+
+def test_calibrate_stores_a_matching_grid_in_the_profile_it_writes(tmp_path):
+    # the committed grid's points relabelled as measured on the tiny model's layers (no window, no widths named)
+    from costmodels.catalog import get_model
+    from ui.cli import app
+
+    d = json.loads(GRID.read_text())
+    d.update(layers=["full"] * get_model("tiny").num_layers, window=None, model={"name": "tiny-relabelled"})
+    g, out = tmp_path / "g.json", tmp_path / "p.json"
+    g.write_text(json.dumps(d))
+    r = CliRunner().invoke(app, ["calibrate", "-m", "tiny", "--quick", "-o", str(out), "--replay-grid", str(g)])
+    assert r.exit_code == 0, r.output
+    prof = CalibrationProfile.load(out)
+    assert prof.step is not None and prof.replay_grid == d and G.for_profile(prof).matches(get_model("tiny"))
