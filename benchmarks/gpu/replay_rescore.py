@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gzip
 import json
 import sys
 from dataclasses import replace
@@ -49,9 +50,16 @@ MODELS = ("segments", "grid", "committed", "lump", "model", "probe", "layered")
 
 
 def sibling_tables(bench: Path) -> Path:
-    """The op tables committed next to a bench run: ``replay_bench_tables_X.json`` -> ``replay_tables_X.json``."""
-    name = bench.name.replace("replay_bench_tables_", "replay_tables_").replace("replay_bench", "replay_tables")
+    """The op tables committed next to a bench run: ``replay_bench_tables_X.json`` -> ``replay_tables_X.json``
+    (``replay_bench.json.gz`` -> ``replay_tables.json``)."""
+    name = bench.name.removesuffix(".gz").replace("replay_bench_tables_", "replay_tables_").replace("replay_bench", "replay_tables")
     return bench.with_name(name)
+
+
+def read_json(path: Path):
+    """A JSON file, gzip-compressed when its name ends in ``.gz`` (the large committed bench runs are)."""
+    raw = path.read_bytes()
+    return json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
 
 
 def parts_of(kind: str, w: dict) -> list[tuple[int, int]]:
@@ -283,8 +291,8 @@ def main(argv=None) -> int:
         print(f"replay_rescore: {bench_path}: no sibling replay_tables file by name; give --tables", file=sys.stderr)
         return 2
     try:
-        bench = json.loads(bench_path.read_text(encoding="utf-8"))
-        tables = json.loads(tables_path.read_text(encoding="utf-8"))
+        bench = read_json(bench_path)
+        tables = read_json(tables_path)
     except (OSError, ValueError) as e:
         print(f"replay_rescore: cannot read {e}", file=sys.stderr)
         return 2
