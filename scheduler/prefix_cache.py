@@ -63,21 +63,10 @@ class PrefixCache:
     def match(self, block_hashes: tuple[int, ...], max_blocks: int) -> list[int]:
         """Block ids of the longest cached prefix of ``block_hashes`` (at most ``max_blocks``); no side effects.
         The deepest cached node on the way is found as in ``match_len``; its ``ids`` hold the chain."""
-        if max_blocks < 0:   # (a negative bound slices from the end: the walk's reading of it)
-            return self._match_walk(block_hashes, max_blocks)
+        if max_blocks < 0:   # a negative bound slices from the end, as ``block_hashes[:max_blocks]`` does
+            max_blocks = max(len(block_hashes) + max_blocks, 0)
         k, node = self._deepest(block_hashes, max_blocks)
         return list(node.ids[:k]) if k else []
-
-    def _match_walk(self, block_hashes: tuple[int, ...], max_blocks: int) -> list[int]:
-        """``match`` child by child from the root (its reference)."""
-        node = self.root
-        out: list[int] = []
-        for h in block_hashes[:max_blocks]:
-            node = node.children.get(h)
-            if node is None:
-                break
-            out.append(node.block_id)
-        return out
 
     def match_len(self, block_hashes: tuple[int, ...], max_blocks: int) -> int:
         """``len(match(block_hashes, max_blocks))`` without walking the tree block by block: the cached paths are
