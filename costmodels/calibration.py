@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from twinfer.config import load_model_file
 
 from costmodels.hardware import Hardware, get_hardware
+from costmodels.op_table import DEFAULT_GEMM_LIBS
 from costmodels.step_profile import StepProfile
 
 TABLE_NAMES = ("gemm_mem", "gemm_compute", "attn_decode_mem", "attn_compute")
@@ -173,6 +175,9 @@ class CalibrationProfile(BaseModel):
     launch_overhead_s: float = Field(3e-6, ge=0)
     op_tables: str | None = Field(None, description="GPU whose measured op tables (costmodels/data/op_tables/<gpu>) price "
                                   "dense FP8 GEMMs (scaled by datasheet rooflines on other NVIDIA GPUs); None: the GEMM ramp")
+    op_table_libs: dict[Literal["fp8_gemm"], Literal["deepgemm", "triton"]] = Field(
+        default_factory=dict, description="kernel library whose op-table rows price an op, as the measured engine ran it "
+        "(twinfer calibrate records the registry's choice); absent: DeepGEMM, what a tuned serving engine runs")
     tables: dict[str, EffTable | PrefillChunkTable] = Field(
         default_factory=dict, description="efficiency tables over one shape variable (EffTable); ``attn_prefill_chunk``: "
         "seconds of one prefill chunk's attention over new x cached tokens (PrefillChunkTable)")
@@ -191,6 +196,11 @@ class CalibrationProfile(BaseModel):
         if isinstance(v, dict) and "model_rev" not in v:
             return {**v, "model_rev": 0}
         return v
+
+    def gemm_libs(self) -> tuple[str, ...]:
+        """Libraries whose FP8 GEMM table prices dense GEMMs, in order: the engine's own first (``op_table_libs``)."""
+        own = self.op_table_libs.get("fp8_gemm")
+        return (own,) + tuple(x for x in DEFAULT_GEMM_LIBS if x != own) if own else DEFAULT_GEMM_LIBS
 
     # --- lookups (vectorised over numpy arrays) ---
     @property

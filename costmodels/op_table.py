@@ -32,6 +32,9 @@ from costmodels.hardware import get_hardware
 
 DATA = Path(__file__).parent / "data" / "op_tables"
 MEASURED, EXTRAPOLATED, SCALED = "measured", "extrapolated", "scaled"
+# the FP8 GEMM library a table prices by default: DeepGEMM, what a tuned serving engine runs on Hopper; a measured
+# engine that ran another one names it (CalibrationProfile.op_table_libs)
+DEFAULT_GEMM_LIBS = ("deepgemm", "triton")
 # An unmeasured GEMM shape takes the nearest measured shape's time times (roofline + L) / (roofline_near + L):
 # a kernel has a fixed latency that does not shrink with its work. L was chosen leaving one of the 8 base
 # DeepSeek-V3 shapes out at a time (8 us: mean |log error| 0.086 vs 0.205 without it) and then checked on the
@@ -202,7 +205,7 @@ class OpTables:
     masked_grouped: dict[tuple[int, int, int], Series]  # (N, K, experts) -> time over tokens per expert
     mla_decode: dict[int, GridTable]                  # query heads per GPU (128 / TP) -> table over batch x context
 
-    def gemm_table(self, dtype: str, prefer: tuple[str, ...] = ("deepgemm", "triton")) -> GemmTable | None:
+    def gemm_table(self, dtype: str, prefer: tuple[str, ...] = DEFAULT_GEMM_LIBS) -> GemmTable | None:
         """The table of the first preferred library measured for ``dtype`` (the kernel serving would run)."""
         for lib in prefer:
             if (lib, dtype) in self.gemm:

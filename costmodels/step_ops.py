@@ -255,7 +255,7 @@ class StepOps:
         if not name or self.hw.vendor.lower() != "nvidia" or not self.hw.has_fp8:
             return None
         tables = load_op_tables(name)
-        table = tables.gemm_table("fp8") if tables else None
+        table = tables.gemm_table("fp8", self.cal.gemm_libs()) if tables else None
         covers = np.array([d == "fp8" for d in self.g_dtype])
         if table is None or not covers.any():
             return None

@@ -296,3 +296,23 @@ def test_measured_alltoall_fraction_prices_only_all_to_all():
         big = [r for r in rep["a2a"] if r["bytes_out"] >= 16e6]
         for r in big:   # the fit is within 15% of its own large-message points
             assert alltoall_time(r["bytes_out"], r["ep"], hw, cal) == pytest.approx(r["time_s"], rel=0.15)
+
+
+def test_dense_gemms_priced_from_the_library_the_engine_ran():
+    """A calibration that ran Triton FP8 GEMMs names it (op_table_libs) and its dense GEMMs take the Triton rows of the
+    op tables (slower at decode rows than DeepGEMM's, the default); the step's notes say which library priced them."""
+    from costmodels.catalog import get_model
+    from costmodels.layout import ParallelLayout
+    from costmodels.step import StepCostModel
+
+    hw = get_hardware("H200")
+    base = CalibrationProfile.default(hw)
+    tri = base.model_copy(update={"op_table_libs": {"fp8_gemm": "triton"}})
+    assert base.gemm_libs() == ("deepgemm", "triton") and tri.gemm_libs() == ("triton", "deepgemm")
+    lay = ParallelLayout(tp=1, weight_dtype="fp8")
+    a, b = (StepCostModel(get_model("deepseek-v3"), hw, lay, c) for c in (base, tri))
+    ctx = np.full(8, 1000.0)
+    assert float(b.decode_times(ctx, 1)[0]) > 1.05 * float(a.decode_times(ctx, 1)[0])   # 61 layers: experts dominate
+    assert "deepgemm" in a.gemm_table_note() and "triton" in b.gemm_table_note()
+    with pytest.raises(ValueError, match="op_table_libs"):
+        CalibrationProfile.model_validate({**base.model_dump(), "op_table_libs": {"fp8_gemm": "cublas"}})
