@@ -18,7 +18,8 @@ from twinfer.errors import TwinferError
 def register(app: typer.Typer) -> None:
     """Add ``tune`` to the CLI."""
     app.command("tune", help="Search policies in simulation. --gpus N (catalog model on --hardware): EP width, async overlap "
-                             "and sliding-window replay with max batch and chunk, explained, written as a plan. --profile FILE: "
+                             "and sliding-window replay with max batch and chunk, explained, written as a plan; --calibration "
+                             "FILE prices its steps and replay with a measured calibration profile. --profile FILE: "
                              "max batch, token budget, chunk size (async overlap and MTP predicted only) on a measured profile; "
                              "--measure runs baseline and winner on the executor.")(tune)
 
@@ -35,11 +36,44 @@ def tune_slo(text: Optional[str]) -> Optional[float]:
     return spec.tpot_s
 
 
+def catalog_calibration(path: Path, model: str, hardware: str) -> list[str]:
+    """Check ``--calibration`` before the search (the loader ``simulate --calibration`` runs,
+    ``calibration_source.profile_for``; its replay grid through ``replay_grid.for_profile``) and say what of it applies:
+    the efficiencies and op tables always, the replay grid only where it was measured on ``model``."""
+    from costmodels.calibration_source import profile_for
+    from costmodels.catalog import get_model
+    from costmodels.hardware import get_hardware
+    from costmodels.replay_grid import GridError, for_profile
+
+    hw, spec = get_hardware(hardware), get_model(model)
+    try:
+        cal = profile_for(hw, path)
+    except TwinferError as e:   # every candidate's simulation would fail on it: refuse it once, naming the flag
+        raise TwinferError(f"--calibration: {e}") from None
+    try:
+        grid = for_profile(cal)
+    except GridError as e:
+        raise TwinferError(f"--calibration: {path}: replay_grid: {e}") from None
+    lines = [cal.notes[0]]   # "efficiencies from calibration profile <path> (measured on <GPU>, <date>)..."
+    if grid is None:
+        lines.append(f"replay: {path} has no replay grid: priced analytically")
+    elif grid.matches(spec):
+        lines.append(f"replay: priced from the replay grid in {path} (measured on {spec.name})")
+    else:
+        on = (grid.model or {}).get("name") or grid.layers
+        lines.append(f"replay: the replay grid in {path} does not apply (measured on {on}, not on {spec.name}): priced "
+                     "analytically; the profile's efficiencies and op tables still apply")
+    return lines
+
+
 def tune(
     model: str = typer.Option("tiny", "--model", "-m"),
     num_layers: Optional[int] = typer.Option(None, "--num-layers", min=1),
     profile: Optional[Path] = typer.Option(None, "--profile", "-p", help="calibration profile JSON (twinfer calibrate): tune on "
                                             "the measured executor model (one GPU; EP width not searched)"),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="with --gpus: calibration profile JSON (twinfer "
+                                                "calibrate) whose efficiencies, op tables and replay grid (if measured on "
+                                                "--model) price every candidate, as simulate --calibration [defaults]"),
     hardware: str = typer.Option("gb300", "--hardware", "--hw", help="GPU catalog name (catalog mode, with --gpus)"),
     gpus: Optional[int] = typer.Option(None, "--gpus", "-g", min=1, max=100_000, help="GPU budget: tune EP width, async overlap "
                                        "and replay on the catalog --model (no --profile)"),
@@ -86,6 +120,9 @@ def tune(
                                             "`twinfer serve --plan FILE` runs (its `scheduler` section)"),
 ) -> None:
     """Tune policies: on a catalog model and GPU (--gpus), or on a measured profile (--profile)."""
+    if profile is not None and calibration is not None:
+        raise TwinferError("--calibration and --profile: give one of them (--calibration prices the --gpus search; "
+                           "--profile tunes on the measured executor profile, which is already its calibration)")
     if profile is None:
         if gpus is None:
             raise TwinferError("tune: give --gpus N (tune a catalog --model on --hardware in simulation) or --profile FILE "
@@ -101,9 +138,11 @@ def tune(
                  "chunk_tokens": int_list(chunk_tokens, "--chunk-tokens", 1)}
         base = {"ep_width": base_ep_width, "async_overlap": base_async, "replay_tokens": base_replay_tokens,
                 "batch_per_rank": base_batch_per_rank, "chunk_tokens": base_chunk_tokens}
+        notes = catalog_calibration(calibration, model, hardware) if calibration is not None else []
         run_catalog_tune(model=model, hardware=hardware, gpus=gpus, workload=workload, load=load, rate_per_gpu=rate_per_gpu,
                          slo_tpot_s=tune_slo(slo), space_args=space, base_args=base, sim_requests=sim_requests,
-                         plan_requests=plan_requests, rounds=rounds, seed=seed, out=out, plan_out=plan_out)
+                         plan_requests=plan_requests, rounds=rounds, seed=seed, out=out, plan_out=plan_out,
+                         calibration=str(calibration) if calibration is not None else None, calibration_notes=notes)
         return
     from rich.console import Console
     from rich.table import Table

@@ -46,8 +46,10 @@ def layers_list(text: str, flag: str) -> tuple[str, ...]:
 
 def run_catalog_tune(*, model: str, hardware: str, gpus: int, workload: str, load: Optional[float], rate_per_gpu: Optional[float],
                      slo_tpot_s: Optional[float], space_args: dict, base_args: dict, sim_requests: int, plan_requests: int,
-                     rounds: int, seed: int, out: Optional[Path], plan_out: Optional[Path]) -> None:
-    """Fit the EP widths, find the rate, search, explain, write the plan."""
+                     rounds: int, seed: int, out: Optional[Path], plan_out: Optional[Path], calibration: Optional[str] = None,
+                     calibration_notes: tuple[str, ...] | list[str] = ()) -> None:
+    """Fit the EP widths, find the rate, search, explain, write the plan (``calibration``: a checked profile path that
+    every simulation, the explanation and the plan take; ``calibration_notes``: what of it applies, printed)."""
     from rich.console import Console
 
     from planner.tune_explain import explanation
@@ -63,7 +65,10 @@ def run_catalog_tune(*, model: str, hardware: str, gpus: int, workload: str, loa
     space = validate(TuneSpace, {k: v for k, v in space_args.items() if v is not None}, "tune")
     spec = _load_workload(workload, None, None)
     slo = SLO(ttft_s=3600.0, tpot_s=slo_tpot_s) if slo_tpot_s else None
-    ctx = make_context(model, hardware, gpus, spec, space, slo=slo, slo_percentile=50, seed=seed, sim_requests=sim_requests)
+    ctx = make_context(model, hardware, gpus, spec, space, slo=slo, slo_percentile=50, seed=seed, sim_requests=sim_requests,
+                       calibration=calibration)
+    for line in calibration_notes:
+        con.print(line, highlight=False)
     for w, reason in ctx.rejected.items():
         con.print(f"EP{w}: not tried: {reason}", highlight=False)
     if not ctx.options:
@@ -106,14 +111,15 @@ def run_catalog_tune(*, model: str, hardware: str, gpus: int, workload: str, loa
     con.print("EP width is a simulated recommendation: it is measured only where several GPUs are lent", highlight=False)
     if plan_out is not None:
         plan.save(plan_out)
-        con.print(f"plan: {plan_out}  (twinfer simulate --plan {plan_out} repeats these figures; twinfer serve --plan runs it)",
-                  highlight=False)
+        con.print(f"plan: {plan_out}  (twinfer simulate --plan {plan_out} repeats these figures; twinfer serve --plan runs it)"
+                  + (f"; priced with calibration {calibration}" if calibration else ""), highlight=False)
     if out is not None:
         doc = {"runs": [dict(policy=r.policy.__dict__, thr_gpu=r.thr_gpu, ttft_s=r.ttft_s, tpot_s=r.tpot_s, feasible=r.feasible,
                              why=r.why, prefill_tokens_per_request=r.prefill_tokens_per_request, digest=r.digest)
                         for r in res.runs.values()],
                "baseline": res.baseline.policy.__dict__, "winner": res.best.policy.__dict__, "rounds": res.rounds,
                "rejected_ep_widths": ctx.rejected, "rate_per_gpu": ctx.rate_per_gpu, "why": why,
+               "calibration": calibration, "calibration_notes": list(calibration_notes),
                "plan_predicted": pr.model_dump(), "command": "twinfer " + " ".join(sys.argv[1:]),
                "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
         Path(out).write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
