@@ -1,9 +1,13 @@
 """The op facade the model calls: picks an implementation per op and device, records which ran.
 
-``ops.mla_decode(...)`` etc. resolve through :mod:`kernels.registry` once per (op, device)
-and fall back down the preference list when an implementation raises ``Unsupported``.
-``used`` maps op -> implementation name for the ops that ran since the last
-:func:`reset_used` (the model runner logs it per step: "backend per op").
+``ops.mla_decode(...)`` etc. resolve through :mod:`kernels.registry` once per (op, device), then
+once per call signature (the op's cheap metadata, ``registry.SIGNATURES``): the first candidate
+whose accept check takes that signature runs, and the decision is kept on the choice, so a
+repeated signature costs the signature tuple and a dict lookup, no check and no exception.
+An implementation that raises ``Unsupported`` anyway is passed over for that signature from
+then on (the decline is recorded once). ``used`` maps op -> implementation name for the ops
+that ran since the last :func:`reset_used` (the model runner logs it per step: "backend per
+op"); ``fallbacks`` op -> why a preferred implementation declined (the latest decision).
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ import torch
 from kernels import registry
 
 used: dict[str, str] = {}
-fallbacks: dict[str, str] = {}   # op -> why a preferred implementation declined (last seen)
+fallbacks: dict[str, str] = {}   # op -> why a preferred implementation declined (last decision that saw a decline)
 _choices: dict[tuple[str, str], registry.Choice] = {}
+_kernels = registry._fn_cache   # target -> loaded callable (registry.load fills it)
+_device_types: dict[object, str] = {}   # torch.device or str -> "cpu" | "cuda" ...: ``torch.device.type`` costs ~0.2 us
 
 
 def reset_used() -> dict[str, str]:
@@ -25,33 +31,71 @@ def reset_used() -> dict[str, str]:
 
 
 def clear_choices() -> None:
-    """Forget cached choices (after changing overrides)."""
+    """Forget cached choices and their per-signature decisions (after changing overrides)."""
     _choices.clear()
 
 
 def choice(op: str, device: torch.device | str) -> registry.Choice:
     """The cached registry choice for ``op`` on ``device``."""
-    dev = torch.device(device).type
-    key = (op, dev)
-    if key not in _choices:
-        _choices[key] = registry.choose(op, dev)
-    return _choices[key]
+    dev = _device_types.get(device)
+    if dev is None:
+        dev = _device_types[device] = torch.device(device).type
+    ch = _choices.get((op, dev))
+    if ch is None:
+        ch = _choices[(op, dev)] = registry.choose(op, dev)
+    return ch
 
 
 def call(op: str, device: torch.device | str, *args, **kwargs):
-    """Run the best implementation of ``op`` that accepts these arguments."""
-    ch = choice(op, device)
-    last: Exception | None = None
-    for impl in ch.candidates:
+    """Run the implementation of ``op`` that takes these arguments: the first candidate unless the choice is keyed
+    (some candidate checks calls, or one declined), then the one decided for this call's signature."""
+    ch = _choices.get((op, _device_types.get(device)))   # choice(op, device), inlined: this runs per eager kernel
+    if ch is None:
+        ch = choice(op, device)
+    sig = None
+    i = 0
+    if ch.keyed:
+        sig = ch.signature(*args, **kwargs)
+        i = ch.decided.get(sig, -1)
+        if i < 0:
+            i, declined = ch.decide(sig)
+            if declined:
+                fallbacks[op] = declined[-1][:300]
+            if i < 0:
+                raise RuntimeError(f"no implementation of {op} accepted the call on {device}: {'; '.join(declined)}")
+    elif not ch.candidates:
+        raise RuntimeError(f"no implementation of {op} accepted the call on {device}: {ch.why}")
+    impl = ch.candidates[i]
+    fn = _kernels.get(impl.target) or registry.load(impl)
+    try:
+        out = fn(*args, **kwargs)
+    except registry.Unsupported as e:
+        return _after_decline(ch, device, sig, i, e, args, kwargs)
+    used[op] = impl.name
+    return out
+
+
+def _after_decline(ch: registry.Choice, device, sig, i: int, err: Exception, args, kwargs):
+    """Candidate ``i`` raised Unsupported: from now on this signature goes to the next candidate that takes it; run
+    that one (and on, should it decline too)."""
+    ch.keyed = True
+    if sig is None:
+        sig = ch.signature(*args, **kwargs)
+    while True:
+        fallbacks[ch.op] = f"{ch.candidates[i].name}: {err}"[:300]
+        i, declined = ch.decide(sig, i + 1)
+        if declined:
+            fallbacks[ch.op] = declined[-1][:300]
+        if i < 0:
+            raise RuntimeError(f"no implementation of {ch.op} accepted the call on {device}: {err}")
+        impl = ch.candidates[i]
         try:
             out = registry.load(impl)(*args, **kwargs)
         except registry.Unsupported as e:
-            last = e
-            fallbacks[op] = f"{impl.name}: {e}"[:300]
+            err = e
             continue
-        used[op] = impl.name
+        used[ch.op] = impl.name
         return out
-    raise RuntimeError(f"no implementation of {op} accepted the call on {device}: {last}")
 
 
 # --- thin named wrappers: the model reads better with these ---------------------------
