@@ -90,6 +90,8 @@ def columns(samples: dict[str, dict], cost, prof, sync: bool, recorded: bool, re
             pred = np.array([np.nan if p is None else p for p in s["predicted_s"]], float) if recorded else predict(cost, prof, s, sync)
             for k in ("decodes", "decode_ctx_mean", "prefill_tokens", "prefill_chunks", "prefill_ctx", "graph_bs", "measured_s"):
                 cols.setdefault(k, []).extend(s[k])
+            for k in ("device_s", "forward_s"):    # recorded since runs 6 / 9; nan where absent
+                cols.setdefault(k, []).extend(np.nan if x is None else x for x in s.get(k) or [None] * n)
             cols.setdefault("pred", []).extend(pred)
             cols.setdefault("cls", []).extend([cls] * n)
             cols.setdefault("level", []).extend([lv] * n)
@@ -171,16 +173,36 @@ def serving_clocks(run: Path) -> None:
             print(f"serving SM clock, mean MHz ({d.get('workload')}): " + ", ".join(parts))
 
 
+def forward_text(grid_fwd, ctx: np.ndarray, fwd: np.ndarray, dev: np.ndarray) -> str:
+    """Where a decode step's time goes, grid against serving: the forward alone (graph replay, CUDA events) and the
+    rest of the runner's event span (input build, sampling, host gaps the GPU waits through). Empty where not recorded."""
+    ok = np.isfinite(fwd)
+    if not ok.any():
+        return ""
+    out = f"; forward: serving {np.mean(fwd[ok]) * 1e3:.2f}"
+    if grid_fwd and len(grid_fwd) >= 2:
+        x, y = np.array(sorted(grid_fwd)).T
+        g = np.interp(ctx[ok], x, y)
+        out += f", grid {g.mean() * 1e3:.2f} ({np.mean(fwd[ok] / g - 1) * 100:+.1f}%)"
+    rest = dev[ok] - fwd[ok]
+    if np.isfinite(rest).any():
+        out += f"; rest of the step {np.nanmean(rest) * 1e3:.2f}"
+    return out
+
+
 def grid_vs_serving(prof, c: dict[str, np.ndarray]) -> None:
     """Decode steps: serving's measured iteration against the calibration grid's own measurement of the same batch
     (its CUDA-graph points at that batch, linear in context between them) plus the fitted loop time: what differs
     between the two measurements is the conditions, not the model."""
     st = prof.step
     grid: dict[int, list[tuple[float, float]]] = {}
+    fwd: dict[int, list[tuple[float, float]]] = {}
     clocks: dict[int, list[float]] = {}
     for p in st.points:
         if p.graph_bs > 0 and p.repeats > 1 and p.loop_s is None and not p.prefill:
             grid.setdefault(len(p.decode_ctx), []).append((float(np.mean(p.decode_ctx)), p.wall_s))
+            if p.forward_s:
+                fwd.setdefault(len(p.decode_ctx), []).append((float(np.mean(p.decode_ctx)), p.forward_s))
             if p.sm_clock_mhz:
                 clocks.setdefault(len(p.decode_ctx), []).append(p.sm_clock_mhz)
     dec = (c["prefill_chunks"] == 0) & (c["graph_bs"] > 0)
@@ -194,7 +216,8 @@ def grid_vs_serving(prof, c: dict[str, np.ndarray]) -> None:
         ref = np.interp(ctx, x, y) + np.asarray(st.loop(b, b), float)
         m = c["measured_s"][sel]
         print(f"  b={b:3d}: {sel.sum():5d} steps, serving {m.mean() * 1e3:6.2f}, grid {ref.mean() * 1e3:6.2f}, "
-              f"difference {np.mean(m / ref - 1) * 100:+5.1f}%" + (f" (grid at {np.mean(clocks[b]):.0f} MHz)" if b in clocks else ""))
+              f"difference {np.mean(m / ref - 1) * 100:+5.1f}%" + (f" (grid at {np.mean(clocks[b]):.0f} MHz)" if b in clocks else "")
+              + forward_text(fwd.get(b), ctx, c["forward_s"][sel], c["device_s"][sel]))
 
 
 def main() -> None:

@@ -62,6 +62,8 @@ class StepPoint(BaseModel):
     graph_bs: int = Field(0, ge=0, description="captured CUDA-graph batch size the step replayed (0: eager)")
     sm_clock_mhz: float | None = Field(None, description="GPU SM clock read right after the step (NVML), a diagnostic")
     gpu_temp_c: float | None = Field(None, description="GPU temperature read right after the step (NVML), a diagnostic")
+    forward_s: float | None = Field(None, description="CUDA-event seconds of the step's forward alone (median of repeats; "
+                                    "inputs built, before sampling), a diagnostic beside wall_s")
 
     @property
     def num_requests(self) -> int:

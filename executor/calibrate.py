@@ -462,7 +462,7 @@ def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print, interleave
             def run():
                 return runner.execute(plan)
 
-            walls = []
+            walls, fwds = [], []
             graph_bs = 0
             try:
                 run()  # warm-up: kernel specialisations for this shape
@@ -474,13 +474,15 @@ def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print, interleave
                     res = run()
                     walls.append(float(res.step_durations[0]))
                     graph_bs = int(runner.step_records[0].get("graph_bs", 0)) if runner.step_records else 0
+                    fwds.append(float(runner.step_records[0].get("forward_s", float("nan"))) if runner.step_records else float("nan"))
             finally:
                 for r in plan.decodes + [c.request for c in plan.prefills]:
                     runner.remove_request(r.request_id)
             med = statistics.median(walls)
             st = gpu_state(runner.device)
             points.append(StepPoint(num_layers=L, decode_ctx=dc, prefill=pf, wall_s=med, repeats=repeats,
-                                    spread=(max(walls) - min(walls)) / med, graph_bs=graph_bs, **st))
+                                    spread=(max(walls) - min(walls)) / med, graph_bs=graph_bs,
+                                    forward_s=statistics.median(fwds) if fwds and all(f == f for f in fwds) else None, **st))
             log(f"  step {j + 1:3d}/{len(shapes)}: {len(dc):4d} decodes (ctx ~{int(np.mean(dc)) if dc else 0:5d}), "
                 f"prefill {sum(a for a, _ in pf):6d} tok in {len(pf)}: {med * 1e3:8.2f} ms" + (f" (graph {graph_bs})" if graph_bs else "")
                 + _state_text(st))
@@ -530,7 +532,8 @@ def measure_loop(engine: LLMEngine, batches: list[tuple[int, int, int]], tempera
             if s.num_steps != 1 or s.runner_s <= 0:
                 continue
             points.append(StepPoint(num_layers=L, decode_ctx=s.decode_ctx, prefill=s.prefill, wall_s=s.runner_s,
-                                    loop_s=max(s.iter_s - s.runner_s, 0.0), graph_bs=s.graph_bs, sm_clock_mhz=s.sm_clock_mhz))
+                                    loop_s=max(s.iter_s - s.runner_s, 0.0), graph_bs=s.graph_bs, sm_clock_mhz=s.sm_clock_mhz,
+                                    forward_s=s.forward_s if s.forward_s == s.forward_s else None))
     return points
 
 

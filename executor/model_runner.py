@@ -29,28 +29,41 @@ from scheduler.request import Request
 
 
 class StepTimer:
-    """Wall time of a step (synchronised) and, on CUDA, its device time from events."""
+    """Wall time of a step (synchronised) and, on CUDA, two event-timed spans: the step's (``device_s``: from the
+    step's start to its end on the stream, so it includes any host gap while the GPU waits for the step's next launch)
+    and its forward's (``forward_s``: the model's kernels or graph replay alone, the inputs already built)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         if self.cuda:
-            self.ev0 = torch.cuda.Event(enable_timing=True)
-            self.ev1 = torch.cuda.Event(enable_timing=True)
+            self.ev0, self.ev1, self.f0, self.f1 = (torch.cuda.Event(enable_timing=True) for _ in range(4))
+        self.forward_marked = False
 
     def start(self) -> None:
         self.t0 = time.perf_counter()
+        self.forward_marked = False
         if self.cuda:
             self.ev0.record()
 
-    def stop(self) -> tuple[float, float]:
-        """(wall seconds, device seconds or nan)."""
+    def forward_start(self) -> None:
+        if self.cuda:
+            self.f0.record()
+
+    def forward_stop(self) -> None:
+        if self.cuda:
+            self.f1.record()
+            self.forward_marked = True
+
+    def stop(self) -> tuple[float, float, float]:
+        """(wall seconds, device seconds or nan, forward seconds or nan)."""
+        dev = fwd = float("nan")
         if self.cuda:
             self.ev1.record()
             self.ev1.synchronize()
             dev = self.ev0.elapsed_time(self.ev1) / 1e3
-        else:
-            dev = float("nan")
-        return time.perf_counter() - self.t0, dev
+            if self.forward_marked:
+                fwd = self.f0.elapsed_time(self.f1) / 1e3
+        return time.perf_counter() - self.t0, dev, fwd
 
 
 def accepted_prefix(drafts: list[int], samples: list[int]) -> int:
@@ -62,7 +75,7 @@ def accepted_prefix(drafts: list[int], samples: list[int]) -> int:
 
 
 def step_record(prefills: list, nd: int, sq: int, num_tokens: int, decode_context_tokens: int, accepted_drafts: int,
-                wall: float, dev: float, graph_bs: int, piecewise_bs: int) -> dict:
+                wall: float, dev: float, graph_bs: int, piecewise_bs: int, fwd: float = float("nan")) -> dict:
     """One executed step's record (``ModelRunner.step_records``, the step log's row): its batch, times, the kernel
     implementations used since the last record, the CUDA graph it replayed (``graph_bs`` 0: none) and the token bucket
     of the piecewise graphs it replayed (``piecewise_bs`` 0: none; executor/piecewise_graphs.py)."""
@@ -73,7 +86,7 @@ def step_record(prefills: list, nd: int, sq: int, num_tokens: int, decode_contex
         "decode_context_tokens": decode_context_tokens,
         "prefill_context_tokens": int(sum(c.context_len for c in prefills)),
         "accepted_drafts": accepted_drafts,
-        "wall_s": wall, "device_s": dev, "backends": ops.reset_used(),
+        "wall_s": wall, "device_s": dev, "forward_s": fwd, "backends": ops.reset_used(),
         "cuda_graph": graph_bs > 0, "graph_bs": graph_bs, "piecewise_bs": piecewise_bs,
     }
 
@@ -238,7 +251,9 @@ class ModelRunner:
             if self.swa is not None:   # resumed chunks carry the policy's extra rows (executor/swa_replay.py)
                 eager = lambda: self.swa.forward(self.model, seqs, [self._tokens(c.request) for c in prefills],  # noqa: E731,B023
                                                  self.kv, [getattr(c, "replayed", 0) for c in prefills])
+            self.timer.forward_start()
             hidden, graph_bs, piece_bs = self.forward(batch, eager)
+            self.timer.forward_stop()
 
             rows, rids = [], []
             for i, r in enumerate(decodes):
@@ -279,12 +294,12 @@ class ModelRunner:
             if k > 0 and self.model.num_mtp > 0:
                 self._propose(batch, hidden, seqs, decodes, prefills, toks, accepted, k)
 
-            wall, dev = self.timer.stop()
+            wall, dev, fwd = self.timer.stop()
             durations.append(wall)
             counts.append(step_count)
             self.step_records.append(step_record(prefills, nd, sq, batch.num_tokens,
                                                  batch.decode_context_tokens, int(sum(accepted)),
-                                                 wall, dev, graph_bs, piece_bs))
+                                                 wall, dev, graph_bs, piece_bs, fwd))
             self.num_steps_run += 1
             if finished_early or any(x <= 0 for x in remaining):
                 break

@@ -55,6 +55,7 @@ class StepSample(BaseModel):
     start_s: float | None = None
     runner_s: float | None = None
     device_s: float | None = None
+    forward_s: float | None = None     # CUDA-event seconds of the forward alone (graph replay or eager kernels)
 
 
 class LevelReport(BaseModel):
@@ -182,7 +183,8 @@ def compact_samples(samples: Sequence[StepSample]) -> dict[str, list]:
             "prefill_ctx": [sum(c for _, c in x.prefill) for x in samples],
             "graph_bs": [x.graph_bs for x in samples], "measured_s": [round(x.measured_s, 6) for x in samples],
             "predicted_s": [_r6(x.predicted_s) for x in samples], "start_s": [_r6(x.start_s) for x in samples],
-            "runner_s": [_r6(x.runner_s) for x in samples], "device_s": [_r6(x.device_s) for x in samples]}
+            "runner_s": [_r6(x.runner_s) for x in samples], "device_s": [_r6(x.device_s) for x in samples],
+            "forward_s": [_r6(x.forward_s) for x in samples]}
 
 
 def _r6(v: float | None) -> float | None:

@@ -302,7 +302,8 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                 steps_all += res.steps
                 samples += [StepSample(decode_ctx=s.decode_ctx, prefill=s.prefill, draft_len=s.draft_len, measured_s=s.iter_s,
                                        predicted_s=predict_step(cost, prof, s.decode_ctx, s.prefill, s.draft_len, scfg.overlap()),
-                                       graph_bs=s.graph_bs, start_s=s.start_s, runner_s=s.runner_s, device_s=s.device_s)
+                                       graph_bs=s.graph_bs, start_s=s.start_s, runner_s=s.runner_s, device_s=s.device_s,
+                                       forward_s=s.forward_s)
                             for s in res.steps if s.num_steps == 1]
             if len(run_figs) > 1:
                 meas, spread = median_runs(run_figs)
