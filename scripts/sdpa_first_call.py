@@ -42,8 +42,8 @@ def main() -> None:
         raise SystemExit("sdpa_first_call: needs a CUDA device")
     dev = torch.device("cuda")
     h, dqk, dv = 128, 192, 128
-    order = getattr(torch._C, "_get_sdp_priority_order", lambda: "?")
-    print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version(), "priority before the first call", order())
+    priority = getattr(torch._C, "_get_sdp_priority_order", lambda: "?")
+    print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version(), "priority before the first call", priority())
     orders = {"default order": None, "cudnn only": [SDPBackend.CUDNN_ATTENTION], "pinned (executor)": PREFILL_SDPA_BACKENDS,
               "flash split (MLA)": "flash"}
     for k, (name, order) in enumerate(orders.items()):
@@ -69,7 +69,7 @@ def main() -> None:
                 continue
             print(f"{name:18s} new {n:5d} cached {c:5d}: first {first * 1e3:7.2f} ms, again {again * 1e3:7.2f} ms, "
                   f"one-time {1e3 * (first - again):+7.2f} ms")
-    print("priority after the calls (torch sets its default at the first dispatch; 3 = cuDNN):", order())
+    print("priority after the calls (torch sets its default at the first dispatch; 3 = cuDNN):", priority())
 
 
 if __name__ == "__main__":
