@@ -393,17 +393,21 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     tokens do not depend on what else is in the batch; the draw is then inverted through the row's
     cumulative distribution for all rows at once (``searchsorted``). One host read of the
     temperatures and one tiny RNG call per sampled row: the per-row ``multinomial`` this replaced
-    read each temperature back from the device and cost ~0.17 ms a row on the H200 (21.8 ms at 128).
+    read each temperature back from the device and cost ~0.17 ms a row on the H200 (21.8 ms at 128). Top-k / top-p
+    filtering sorts every sampled row's whole vocabulary, so it runs only when some sampled row asks for it (as vLLM's
+    sampler skips it): the knobs come back to the host in the same single read as the temperatures.
     """
     logits = logits.float()
     greedy = logits.argmax(-1)
-    temps = temperature.tolist()
+    temps, ks, ps = torch.stack([temperature.float(), top_k.float(), top_p.float()]).tolist()
     rows = [i for i, x in enumerate(temps) if x > 0]
     if not rows:
         return greedy
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
     idx = torch.tensor(rows, device=logits.device)
-    filtered = apply_top_k_top_p(logits[idx] / t[idx, None], top_k[idx], top_p[idx])
+    filtered = logits[idx] / t[idx, None]
+    if any(ks[i] > 0 or ps[i] < 1 for i in rows):
+        filtered = apply_top_k_top_p(filtered, top_k[idx], top_p[idx])
     cdf = torch.softmax(filtered, dim=-1).cumsum(-1)
     u = torch.stack([torch.rand((), generator=generators[i], device=logits.device) for i in rows])
     # first token whose cumulative probability exceeds u (right=True never lands on a zero-probability token)

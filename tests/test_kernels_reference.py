@@ -249,3 +249,20 @@ def test_batched_mla_decode_equals_reference(g, sq, sparse):
                 idx[i, j, : len(pick)] = pick
     want = R.mla_decode_paged(q, cache, table, lens, 0.3, rank, idx)
     assert rel(mla_decode_batched(q, cache, table, lens, 0.3, rank, idx), want) < 1e-12
+
+
+def test_sampling_sorts_the_vocabulary_only_when_a_row_filters(g, monkeypatch):
+    """Top-k / top-p off for every sampled row: no sort of the vocabulary, same distribution; one filtering row in the
+    batch: the filter runs (and the greedy-equivalent top-k=1 row still takes its argmax)."""
+    calls = []
+    real = R.apply_top_k_top_p
+    monkeypatch.setattr(R, "apply_top_k_top_p", lambda *a: calls.append(1) or real(*a))
+    logits = torch.randn(6, 40, generator=g)
+    t = torch.ones(6)
+    off_k, off_p = torch.full((6,), -1), torch.ones(6)
+    R.sample(logits, t, off_k, off_p, [torch.Generator().manual_seed(i) for i in range(6)])
+    assert calls == []
+    k = off_k.clone()
+    k[2] = 1
+    got = R.sample(logits, t, k, off_p, [torch.Generator().manual_seed(i) for i in range(6)])
+    assert calls == [1] and int(got[2]) == int(logits[2].argmax())
