@@ -31,7 +31,9 @@ class RequestState:
         gen = None
         if params.temperature > 0:
             seed = params.seed if params.seed is not None else request_seed(engine_seed, request_id)
-            gen = torch.Generator(device=device).manual_seed(seed)
+            # a host generator: sampling draws each row's uniform on the CPU and copies them to the device at once,
+            # not one random-number kernel launch per row (kernels.reference.sample)
+            gen = torch.Generator(device="cpu").manual_seed(seed)
         stops = set(params.stop_token_ids)
         if eos_token_id is not None and not params.ignore_eos:
             stops.add(eos_token_id)

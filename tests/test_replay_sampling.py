@@ -40,3 +40,14 @@ def test_requests_in_step_sample_independent_tokens():
 def test_a_replay_samples_the_same_tokens_again_and_the_seed_matters():
     assert _outputs(1e4) == _outputs(1e4)
     assert _outputs(1e4) != _outputs(1e4, seed=1)
+
+
+def test_request_generators_live_on_the_host_whatever_the_device():
+    """Sampling draws each row's uniform from a host generator and copies them once (no RNG kernel per row); the
+    generator is a CPU one for a CUDA engine too (built here without a GPU)."""
+    from executor.request_state import RequestState
+    from executor.sampling_params import SamplingParams
+
+    st = RequestState.create("r0", SamplingParams(temperature=0.7), None, 0, torch.device("cuda"))
+    assert st.generator is not None and st.generator.device.type == "cpu"
+    assert RequestState.create("r1", SamplingParams(temperature=0.0), None, 0, torch.device("cuda")).generator is None
