@@ -234,6 +234,9 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
             lo = np.concatenate([np.zeros(hf.shape[1]), np.full(nc, float(scale_bounds[0])), [0.0]])
             hi = np.concatenate([np.full(hf.shape[1], np.inf), np.full(nc, float(scale_bounds[1])), [np.inf]])
             bounds = (lo, hi)
+            pinned = forward_scales(pts, df[:, :len(FIT_CATEGORIES)], scale_bounds)
+            for j, v in pinned.items():          # device scales the graph forwards measured: fixed for the whole fit
+                lo[hf.shape[1] + j], hi[hf.shape[1] + j] = v, v * (1 + 1e-9) + 1e-12
         h, k, alpha, sse = fit_runner_model(hf, df, y, graph=graph, bounds=bounds)
         if best is None or sse < best[4] - 1e-12:
             best = (use_tables, h, k, alpha, sse, df, sub)
@@ -247,6 +250,9 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
                      + (f"; at a bound: {', '.join(at)}" if at else ""))
     if not with_layers:
         notes.append(f"one layer count ({main_l}) measured: the per-layer host term is folded into the fixed term")
+    fwd = graph_forward_ratio(pts, df[:, :len(FIT_CATEGORIES)])
+    if fwd is not None:
+        notes.append(fwd)
     prof = StepProfile(model=model, num_layers=main_l, dtype=dtype, device=device, hardware_basis=hardware_basis, model_rev=STEP_MODEL_REV,
                        use_op_tables=use_tables, op_tables=sub, category_scale={c: float(v) for c, v in zip(FIT_CATEGORIES, k)},
                        prefill_token_s=float(k[len(FIT_CATEGORIES)]) * 1e-6, host=host, overlap=alpha, graph_sizes=sorted({int(x) for x in graph_sizes if x > 0}),
@@ -256,6 +262,38 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
     prof.fit = FitStats(points=len(pts), mape=e["mape"], p90_abs_err_s=e["p90_abs_err_s"], max_rel_err=e["max_rel_err"],
                         loop_points=sum(p.loop_s is not None for p in pts))
     return prof
+
+
+def forward_scales(points: Sequence[StepPoint], cats: np.ndarray, scale_bounds: tuple[float, float],
+                   min_points: int = 8) -> dict[int, float]:
+    """Device scale fitted to device time alone: the CUDA-graph points' measured forwards (``forward_s``, the
+    replay's CUDA events: no host work in it) against the sum of their op times (``cats``, one row per point), least
+    squares on relative error within ``scale_bounds``. Returns {category index: scale} for the categories the graph
+    forwards exercise; {} where fewer than ``min_points`` graph points recorded a forward (profiles before run 9).
+    The whole-step fit then keeps these fixed, so host-bound eager steps cannot move device scales to absorb host
+    time (H200 run 9: eager forwards run 1.08-1.77x their op times, the graph forwards 1.01-1.07x)."""
+    sel = [i for i, p in enumerate(points) if p.graph_bs > 0 and p.forward_s]
+    if len(sel) < min_points:
+        return {}
+    a = cats[sel]
+    used = [j for j in range(a.shape[1]) if a[:, j].max() > 0]
+    q = a.sum(1) / np.array([points[i].forward_s for i in sel])     # op-time sum over the measured forward
+    # one scale for all of them: attention and the row-wise ops are a few percent of a decode forward and move
+    # together with the GEMMs, so separate scales are not identified (fitted apart they sit at opposite bounds)
+    k = float(np.clip(np.sum(q) / np.sum(q * q), *scale_bounds))   # min sum (k q - 1)^2: relative error of (op sum) x k
+    return {j: k for j in used}
+
+
+def graph_forward_ratio(points: Sequence[StepPoint], cats: np.ndarray) -> str | None:
+    """How well the op times alone describe the CUDA-graph decode forwards: each graph point's measured forward
+    (``StepPoint.forward_s``, the replay's CUDA-event time) over the sum of its cost-model op times at scale 1
+    (``cats``: one row per point). A note, or None where no graph point recorded its forward (before run 9)."""
+    r = np.array([p.forward_s / c.sum() for p, c in zip(points, cats) if p.graph_bs > 0 and p.forward_s and c.sum() > 0])
+    if r.size < 3:
+        return None
+    lo, med, hi = np.percentile(r, [10, 50, 90])
+    return (f"CUDA-graph decode forwards / sum of their cost-model op times at scale 1: median {med:.3f}, p10 {lo:.3f}, "
+            f"p90 {hi:.3f} over {r.size} points; the rest of a graph step (inputs, logits, sampling) is the graph host term")
 
 
 def refit_profile(profile, scale_bounds: str = "auto"):

@@ -98,4 +98,6 @@ def calibrate(
               highlight=False)
     con.print(f"  fit on {st.fit.points} steps: MAPE {st.fit.mape * 100:.1f}%, p90 abs err {st.fit.p90_abs_err_s * 1e3:.2f} ms",
               highlight=False)
+    for note in st.notes:
+        con.print(f"  note: {note}", highlight=False)
     con.print(f"profile: {out}")
