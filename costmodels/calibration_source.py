@@ -40,6 +40,9 @@ def _from_file(hw: Hardware, path: str | Path) -> CalibrationProfile:
     line = f"efficiencies from calibration profile {path} (measured on {cal.measured_on}{', ' + cal.created if cal.created else ''})"
     if cal.measured_on.lower() != hw.name.lower():
         line += f"; applied to {hw.name} datasheet ceilings (scaled by datasheet ratios)"
+    if cal.op_table_libs.get("fp8_gemm"):
+        lib = cal.op_table_libs["fp8_gemm"]
+        line += f"; dense FP8 GEMMs priced from the op tables' {lib} rows (the kernel library of the engine it measured)"
     return cal.model_copy(update={"notes": [line] + list(cal.notes)})
 
 

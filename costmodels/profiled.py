@@ -53,7 +53,8 @@ class ProfiledStepCost:
         self.model = reduced_model(st.model, self.num_layers)
         dtype = st.dtype if st.dtype in ("bf16", "fp8", "fp4") else "bf16"
         self.layout = ParallelLayout(tp=1, weight_dtype=dtype, kv_dtype="bf16")
-        cal = CalibrationProfile.default(get_hardware(st.hardware_basis))
+        cal = CalibrationProfile.default(get_hardware(st.hardware_basis)).model_copy(
+            update={"op_table_libs": profile.op_table_libs})   # the GEMM library the engine ran, tables or not
         if st.use_op_tables:
             cal = profile if not st.op_tables else profile.model_copy(
                 update={"tables": {**cal.tables, **{n: t for n, t in profile.tables.items() if n in st.op_tables}}})

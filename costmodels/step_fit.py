@@ -301,6 +301,11 @@ def refit_profile(profile, scale_bounds: str = "auto"):
     revision of the step model: the offline scripts' ``--refit auto|none|LO,HI`` (``scale_bounds``: "auto", "none"
     for unbounded, or "LO,HI")."""
     st = profile.step
+    if not profile.op_table_libs and st.dtype == "fp8":   # calibrated before op_table_libs (runs <= 6): the backend of
+        # its measured Linear says which GEMM library the engine ran (the refit then prices that library's rows)
+        lib = next((p.get("backend") for p in profile.op_points if p.get("op") == "linear"), None)
+        if lib in ("deepgemm", "triton"):
+            profile = profile.model_copy(update={"op_table_libs": {"fp8_gemm": lib}})
     b = scale_bounds if scale_bounds == "auto" else None if scale_bounds == "none" else tuple(float(x) for x in scale_bounds.split(","))
     st2 = fit_step_profile(profile, st.points, model=st.model, dtype=st.dtype, device=st.device, graph_sizes=st.graph_sizes,
                            scale_bounds=b, piecewise_sizes=st.piecewise_sizes)

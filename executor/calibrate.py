@@ -272,10 +272,11 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
     vocab = engine.vocab_size
     for b in ([1, 32, 128] if not quick else [1, 8]):
         logits = torch.randn(b, vocab, generator=g, device=dev, dtype=torch.float32)
+        # what serving and the step grid run: seeded sampling, no top-k / top-p, host generators (RequestState)
         temp = torch.full((b,), 0.8, device=dev)
-        top_k = torch.full((b,), 50, device=dev, dtype=torch.int64)
-        top_p = torch.full((b,), 0.9, device=dev)
-        gens = [torch.Generator(device=dev).manual_seed(i) for i in range(b)]
+        top_k = torch.zeros((b,), device=dev, dtype=torch.int64)
+        top_p = torch.ones((b,), device=dev)
+        gens = [torch.Generator().manual_seed(i) for i in range(b)]
         ops.reset_used()
         t, spread = timed(lambda: ops.sample(logits, temp, top_k, top_p, gens))
         out.append({"op": "sample", "batch": b, "vocab": vocab, "time_s": t, "spread": spread,

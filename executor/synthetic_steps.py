@@ -21,7 +21,8 @@ collapse onto a few tokens, and the router then sends a decode batch to a few ex
 faster than the grid at the same batch; ``routing_probe`` measures it). Real weights on real text spread tokens over
 the experts (DeepSeek-V3 balances expert load in training), as random tokens do. So both sides draw uniform tokens:
 temperature 1e4 (``SamplingParams``' maximum) flattens the dummy logits whatever their scale, the sampled tokens are
-uniform like the grid's, and grid and serving pay the same sampler (sort, softmax, one seeded draw per row).
+uniform like the grid's, and grid and serving pay the same sampler (softmax and one seeded host draw per row; no
+vocabulary sort without top-k / top-p).
 """
 
 from __future__ import annotations

@@ -380,7 +380,7 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
     # keep a token if the mass strictly before it is < p (so the top token always stays)
     before = probs.cumsum(-1) - probs
-    drop |= before >= top_p[:, None]
+    drop |= (before >= top_p[:, None]) & (top_p[:, None] < 1)   # p = 1 is off: float rounding must not cut the tail
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
 

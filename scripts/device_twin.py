@@ -88,7 +88,8 @@ def main() -> None:
     with open(out / f"validation_steps_{tag}.jsonl", "w", encoding="utf-8") as f:  # every measured step, for offline refits
         for level, ss in samples.items():
             for x in ss:
-                f.write(json.dumps({"level": level, **x.model_dump()}) + "\n")
+                row = {k: (None if isinstance(v, float) and v != v else v) for k, v in x.model_dump().items()}  # NaN: not JSON
+                f.write(json.dumps({"level": level, **row}) + "\n")
 
     if a.skip_tune:
         return

@@ -343,3 +343,21 @@ def test_device_scale_comes_from_the_graph_forwards_when_they_were_timed():
     cats = np.array([point_categories(cost, p) for p in graph])
     assert forward_scales([p.model_copy(update={"forward_s": None}) for p in graph], cats, (0.8, 1.25)) == {}
     assert all(v == pytest.approx(1.1) for v in forward_scales(graph, cats, (0.8, 1.25)).values())
+
+
+def test_the_engines_gemm_library_is_kept_and_named():
+    """A profile that names its engine's GEMM library (op_table_libs) keeps it when the step fit prices without the
+    profile's own efficiency tables, and `simulate/tune --calibration` name the library in the profile's source line."""
+    import json
+    from costmodels.calibration_source import profile_for
+
+    base = CalibrationProfile.default(get_hardware("H200"))
+    prof = _tiny_profile().model_copy(update={"op_table_libs": {"fp8_gemm": "triton"}, "op_tables": "H200"})
+    st = StepProfile(model="deepseek-v3", num_layers=4, dtype="fp8", device="cuda", use_op_tables=False)
+    assert "triton" in ProfiledStepCost(prof, st).base.gemm_table_note()
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "cal.json"
+        path.write_text(json.dumps(base.model_copy(update={"op_table_libs": {"fp8_gemm": "triton"}}).model_dump(mode="json")))
+        cal = profile_for(get_hardware("H200"), path)
+    assert "triton rows" in cal.notes[0]

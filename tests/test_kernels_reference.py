@@ -266,3 +266,13 @@ def test_sampling_sorts_the_vocabulary_only_when_a_row_filters(g, monkeypatch):
     k[2] = 1
     got = R.sample(logits, t, k, off_p, [torch.Generator().manual_seed(i) for i in range(6)])
     assert calls == [1] and int(got[2]) == int(logits[2].argmax())
+
+
+def test_top_p_one_cuts_nothing_even_where_float_rounding_reaches_one():
+    """top_p = 1 is off: over a flat 129,280-token distribution the float32 cumulative mass reaches 1.0 before the
+    last tokens, and a ``before >= 1`` cut dropped them; a row with p < 1 beside it is still cut."""
+    v = 129280
+    logits = torch.zeros(2, v)
+    out = R.apply_top_k_top_p(logits, torch.zeros(2, dtype=torch.long), torch.tensor([1.0, 0.5]))
+    assert torch.isfinite(out[0]).all()
+    assert (~torch.isfinite(out[1])).sum() > v // 3

@@ -82,6 +82,8 @@ def serve(
                               async_overlap=async_overlap)
     except ImportError as err:
         raise TwinferError(f"twinfer serve needs torch: pip install 'twinfer[executor]' ({err})") from None
+    from executor.engine import freeze_gc_heap
+    freeze_gc_heap()   # the start-up heap out of the serving loop's collections (as after an engine's warm-up)
     tokenizer = load_tokenizer(model, vocab_size=engine.vocab_size, eos_token_id=engine.eos_token_id)
     name = served_model_name or getattr(engine, "model_name", None) or model
     app = create_app(engine, tokenizer, served_model_name=name, api_key=api_key, max_queue=max_queue,

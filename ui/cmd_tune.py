@@ -142,7 +142,8 @@ def tune(
         run_catalog_tune(model=model, hardware=hardware, gpus=gpus, workload=workload, load=load, rate_per_gpu=rate_per_gpu,
                          slo_tpot_s=tune_slo(slo), space_args=space, base_args=base, sim_requests=sim_requests,
                          plan_requests=plan_requests, rounds=rounds, seed=seed, out=out, plan_out=plan_out,
-                         calibration=str(calibration) if calibration is not None else None, calibration_notes=notes)
+                         calibration=str(calibration.resolve()) if calibration is not None else None,
+                         calibration_notes=notes)
         return
     from rich.console import Console
     from rich.table import Table
