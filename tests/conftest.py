@@ -13,6 +13,31 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+@pytest.fixture
+def hopper(monkeypatch):
+    """A pretended CUDA sm_90 device with every kernel library absent; ``hopper("deepgemm", ...)`` marks libraries
+    found (as bundled in vLLM). Kernel-choice env overrides are cleared and the dispatcher's choices start empty."""
+    from kernels import registry
+
+    monkeypatch.setattr(registry, "device_capability", lambda device: (9, 0) if device == "cuda" else None)
+    for key in registry.LIBRARIES:
+        monkeypatch.setitem(registry._probe_cache, key, (False, "", f"not importable ({key}: ModuleNotFoundError)"))
+    for var in ("TWINFER_KERNEL_MOE_EXPERTS", "TWINFER_KERNEL_RMS_NORM", "TWINFER_KERNELS"):
+        monkeypatch.delenv(var, raising=False)
+    try:
+        from kernels import ops
+    except ImportError:    # no torch: registry choices only
+        ops = None
+    if ops is not None:
+        monkeypatch.setattr(ops, "_choices", {})
+        monkeypatch.setattr(ops, "fallbacks", {})
+
+    def found(*keys):
+        for k in keys:
+            monkeypatch.setitem(registry._probe_cache, k, (True, f"vllm.third_party.{k}", f"imported vllm.third_party.{k}"))
+    return found
+
+
 def pytest_collection_modifyitems(config, items):
     if any(item.get_closest_marker("gpu") for item in items) and not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU")

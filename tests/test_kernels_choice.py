@@ -10,17 +10,7 @@ torch = pytest.importorskip("torch")
 from kernels import jit_cache, registry, warmup  # noqa: E402
 
 
-@pytest.fixture
-def hopper(monkeypatch):
-    """A CUDA sm_90 device; every library 'absent' unless a test marks it found."""
-    monkeypatch.setattr(registry, "device_capability", lambda device: (9, 0) if device == "cuda" else None)
-    for key in registry.LIBRARIES:
-        monkeypatch.setitem(registry._probe_cache, key, (False, "", f"not importable ({key}: ModuleNotFoundError)"))
-
-    def found(*keys):
-        for k in keys:
-            monkeypatch.setitem(registry._probe_cache, k, (True, f"vllm.third_party.{k}", f"imported vllm.third_party.{k}"))
-    return found
+# the ``hopper`` fixture (a pretended sm_90 device, libraries absent unless found) is in tests/conftest.py
 
 
 def test_deepgemm_chosen_for_dense_gemm_whenever_importable(hopper):

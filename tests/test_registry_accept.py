@@ -14,21 +14,7 @@ torch = pytest.importorskip("torch")
 from kernels import ops, registry  # noqa: E402
 
 
-@pytest.fixture
-def hopper(monkeypatch):
-    """A CUDA sm_90 device, every library absent unless ``found(...)`` marks it; choices start empty."""
-    monkeypatch.setattr(registry, "device_capability", lambda device: (9, 0) if device == "cuda" else None)
-    for key in registry.LIBRARIES:
-        monkeypatch.setitem(registry._probe_cache, key, (False, "", f"not importable ({key}: ModuleNotFoundError)"))
-    for var in ("TWINFER_KERNEL_MOE_EXPERTS", "TWINFER_KERNEL_RMS_NORM", "TWINFER_KERNELS"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(ops, "_choices", {})
-    monkeypatch.setattr(ops, "fallbacks", {})
-
-    def found(*keys):
-        for k in keys:
-            monkeypatch.setitem(registry._probe_cache, k, (True, f"x.{k}", f"imported x.{k}"))
-    return found
+# the ``hopper`` fixture (a pretended sm_90 device, libraries absent unless found) is in tests/conftest.py
 
 
 class Kernels:
