@@ -220,6 +220,57 @@ def grid_vs_serving(prof, c: dict[str, np.ndarray]) -> None:
               + forward_text(fwd.get(b), ctx, c["forward_s"][sel], c["device_s"][sel]))
 
 
+def short_eager_grid(prof) -> dict[int, list[tuple[int, float, float | None]]]:
+    """The calibration grid's host-bound eager points: one prompt chunk of <= 512 tokens, no cached context, <= 16
+    decodes; {decodes: [(tokens, runner wall, forward or None)]}."""
+    grid: dict[int, list[tuple[int, float, float | None]]] = {}
+    for p in prof.step.points:
+        if (p.graph_bs == 0 and p.repeats > 1 and p.loop_s is None and len(p.prefill) == 1 and p.prefill[0][1] == 0
+                and p.prefill[0][0] <= 512 and len(p.decode_ctx) <= 16):
+            grid.setdefault(len(p.decode_ctx), []).append((p.prefill[0][0], p.wall_s, p.forward_s))
+    return grid
+
+
+def eager_vs_grid(prof, samples: dict[str, dict]) -> None:
+    """Serving's short eager steps (the grid's kind: one chunk of <= 512 new tokens, no cached context, <= 16
+    decodes) against the grid point of the nearest decode count, interpolated in log tokens: runner wall and, where
+    both recorded it, the forward alone. What the step model cannot see when serving's host-bound steps run longer
+    than the same steps in the calibration grid (issue 16, runs 8-9: reasoning's TTFT miss)."""
+    grid = short_eager_grid(prof)
+    if not grid:
+        return
+
+    def ref(nd: int, tok: int, idx: int) -> float:
+        k = min(grid, key=lambda g: (abs(g - nd), g))
+        v = sorted(grid[k])
+        y = [a[idx] for a in v]
+        if any(x is None for x in y):
+            return float("nan")
+        return float(np.interp(np.log(tok), np.log([a[0] for a in v]), y))
+
+    print("short eager steps (1 chunk <= 512 tokens, no cached context, <= 16 decodes): serving over the grid's")
+    for cls, levels in samples.items():
+        for lv, s in levels.items():
+            fw = s.get("forward_s") or [None] * len(s["decodes"])
+            r, rf = [], []
+            for i, nd in enumerate(s["decodes"]):
+                if s["prefill_chunks"][i] == 1 and s["prefill_ctx"][i] == 0 and s["prefill_tokens"][i] <= 512 and nd <= 16:
+                    tok = s["prefill_tokens"][i]
+                    if s.get("runner_s") and s["runner_s"][i]:
+                        r.append(s["runner_s"][i] / ref(nd, tok, 1) - 1)
+                    g = ref(nd, tok, 2)
+                    if fw[i] and np.isfinite(g):
+                        rf.append(fw[i] / g - 1)
+            if not r:
+                continue
+            a = np.array(r) * 100
+            line = (f"  {cls:10} {lv:16} {a.size:4d} steps: runner {a.mean():+5.1f}% (median {np.median(a):+5.1f}%, "
+                    f"p10 {np.percentile(a, 10):+5.1f}%, p90 {np.percentile(a, 90):+5.1f}%)")
+            if rf:
+                line += f"; forward {np.mean(rf) * 100:+5.1f}%"
+            print(line)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run")
@@ -247,6 +298,7 @@ def main() -> None:
         table(c, f"== {cls} (all levels)", ok & (c["cls"] == cls))
     kind_mape(c, ok)
     grid_vs_serving(prof, c)
+    eager_vs_grid(prof, samples)
 
 
 def kind_mape(c: dict[str, np.ndarray], ok: np.ndarray) -> None:
