@@ -52,6 +52,21 @@ class ReplayInterrupted(KeyboardInterrupt):
         self.metrics, self.plans, self.wall_s = metrics, plans, wall_s
 
 
+def host_counters(device: torch.device) -> dict[str, int]:
+    """Counters a serving slowdown may come from, to difference around a replay: the CUDA caching allocator's
+    device allocations and frees (cudaMalloc/cudaFree: synchronising, ~ms; new step shapes can fragment the pool) and
+    its allocation retries, and the garbage collector's generation-2 collections. {} counters it cannot read."""
+    import gc
+
+    out = {"gc_gen2_collections": int(gc.get_stats()[2]["collections"])}
+    if device.type == "cuda":
+        st = torch.cuda.memory_stats(device)
+        for k in ("num_device_alloc", "num_device_free", "num_alloc_retries"):
+            if k in st:
+                out[k] = int(st[k])
+    return out
+
+
 def replay(engine: LLMEngine, items: list[tuple[float, str, list[int], int]], temperature: float = 0.0, seed: int = 0,
            on_plan: Callable[[int, float, list[dict], object], None] | None = None) -> ReplayResult:
     """Replay ``(arrival_s, request_id, prompt_ids, output_len)`` (sorted by arrival) through the engine loop.

@@ -51,6 +51,7 @@ def test_tiny_calibrate_then_validate_on_cpu(tmp_path):
     assert lv.rel_error["output_throughput"] is not None and lv.step["n"] > 0
     assert rep.step_overall["mape"] is not None and set(rep.targets) >= {"step_mape", "ttft_p90"}
     assert all(s.predicted_s > 0 and s.measured_s > 0 for s in samples[lv.name])
+    assert lv.diagnostics["gc_gen2_collections"] >= 0   # host counters over the measured replays (CUDA adds the allocator's)
     json.loads(rep.model_dump_json())
     # two replays per level: measured figures are the median of the runs, with their spread
     rep2, samples2 = run_levels(cost, back, reqs, base, 40, [2.0], engine, model="tiny", dtype="fp32", warm=False, runs=2)

@@ -253,7 +253,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
     L = cost.num_layers
     prompts = {}
     if engine is not None:
-        from executor.replay import fresh_engine, replay
+        from executor.replay import fresh_engine, host_counters, replay
         from ui.cmd_run import synth_prompt
         if temperature is None:   # sample as the profile's calibration did (profiles before it recorded this: greedy)
             temperature = float(prof.provenance.get("sampling_temperature", 0.0))
@@ -294,6 +294,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
             if level_warm:   # the level's own shapes once, unmeasured
                 replay(fresh_engine(engine, base_cfg), items, temperature, seed=seed)
                 bar.advance(task)
+            counters0 = host_counters(engine.runner.device)
             for _ in range(max(1, runs)):
                 res = replay(fresh_engine(engine, base_cfg), items, temperature, seed=seed)
                 bar.advance(task)
@@ -315,6 +316,9 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
             clocks = [s.sm_clock_mhz for s in steps_all if s.sm_clock_mhz is not None]
             diag = {"steps": len(samples), "outliers_2x": sum(x.measured_s > 2 * x.predicted_s for x in samples),
                     "kernels": res.kernels}
+            # over the measured replays: allocator device allocations / GC collections while serving (run 9's
+            # host-bound steps ran 24-36% longer than the same shapes in the calibration grid)
+            diag.update({k: v - counters0.get(k, 0) for k, v in host_counters(engine.runner.device).items()})
             if clocks:
                 diag.update(sm_clock_mhz_mean=float(np.mean(clocks)), sm_clock_mhz_min=float(np.min(clocks)),
                             sm_clock_mhz_max=float(np.max(clocks)), sm_clock_samples=len(clocks))
