@@ -8,6 +8,7 @@ kernel in one call; each prefill chunk is attended on its own over its gathered 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -111,6 +112,27 @@ def to_device(host: np.ndarray, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
+def _decode_rows(decodes: list[SeqInput], sq: int, page_size: int, null_page: int):
+    """The decode rows' token ids, positions, KV slots, padded block table and KV lengths, vectorised over the batch
+    (a loop per row cost ~5.6 us a row on the host, 0.74 ms at batch 128). The table is wide enough for every
+    decode's KV length: MTP draft positions may run past the allocated blocks (their writes land in the null page,
+    see kv_cache), and the kernels index by length; a position past a row's blocks maps to the null page."""
+    nd = len(decodes)
+    ctx = np.fromiter((s.context_len for s in decodes), np.int64, nd)
+    n_blk = np.fromiter((len(s.block_table) for s in decodes), np.int64, nd)
+    max_pages = int(max(n_blk.max(initial=0), ((ctx + sq + page_size - 1) // page_size).max(initial=0), 1))
+    table = np.full((nd, max_pages), null_page, dtype=np.int64)
+    flat = np.fromiter(itertools.chain.from_iterable(s.block_table for s in decodes), np.int64, int(n_blk.sum()))
+    if flat.size:
+        rows = np.repeat(np.arange(nd), n_blk)
+        table[rows, np.arange(flat.size) - np.repeat(np.cumsum(n_blk) - n_blk, n_blk)] = flat
+    p = (ctx[:, None] + np.arange(sq, dtype=np.int64)[None, :])                       # [nd, sq]
+    blk = np.minimum(p // page_size, max_pages - 1)    # (never clipped: max_pages covers ctx + sq)
+    slot = table[np.arange(nd)[:, None], blk] * page_size + p % page_size
+    ids = list(itertools.chain.from_iterable(s.token_ids for s in decodes))
+    return ids, [p.reshape(-1)], [slot.reshape(-1)], table, ctx + sq
+
+
 def build_forward_batch(seqs: list[SeqInput], page_size: int, null_page: int, device: torch.device) -> ForwardBatch:
     """Flatten ``seqs`` (decodes must come first and share one query count).
 
@@ -122,24 +144,15 @@ def build_forward_batch(seqs: list[SeqInput], page_size: int, null_page: int, de
     sq = len(decodes[0].token_ids) if decodes else 1
     assert all(len(s.token_ids) == sq for s in decodes), "decode sequences must share s_q"
     nd = len(decodes)
-    ids: list[int] = []
-    pos: list[np.ndarray] = []
-    slots: list[np.ndarray] = []
+    ids, pos, slots, table, lens = _decode_rows(decodes, sq, page_size, null_page)
     spans: list[tuple[int, int, int, list[int]]] = []   # (start, num, context_len, pages)
-    for s in seqs:
+    for s in seqs[nd:]:
         r = range(s.context_len, s.context_len + len(s.token_ids))
-        if not s.is_decode:
-            spans.append((len(ids), len(s.token_ids), s.context_len, s.block_table or [null_page]))
+        spans.append((len(ids), len(s.token_ids), s.context_len, s.block_table or [null_page]))
         ids.extend(s.token_ids)
         pos.append(np.arange(r.start, r.stop, dtype=np.int64))
         slots.append(_slots(s.block_table, r, page_size, null_page))
-    # wide enough for every decode's KV length: MTP draft positions may run past the allocated
-    # blocks (their writes land in the null page, see kv_cache), and the kernels index by length
-    max_pages = max([len(s.block_table) for s in decodes] + [-(-(s.context_len + sq) // page_size) for s in decodes] + [1])
-    table = np.full((nd, max_pages), null_page, dtype=np.int64)
-    for i, s in enumerate(decodes):
-        table[i, : len(s.block_table)] = s.block_table
-    lens = np.asarray([s.context_len + sq for s in decodes], dtype=np.int64)
+    max_pages = table.shape[1]
     t = len(ids)
     host = np.concatenate([np.asarray(ids, dtype=np.int64), *pos, *slots, lens, table.reshape(-1),
                            *(np.asarray(p[3], dtype=np.int64) for p in spans)])
