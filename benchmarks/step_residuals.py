@@ -241,10 +241,11 @@ def eager_vs_grid(prof, samples: dict[str, dict]) -> None:
         return
 
     def ref(nd: int, tok: int, idx: int) -> float:
+        """The grid's time at this shape, nan outside its token range (no extrapolation)."""
         k = min(grid, key=lambda g: (abs(g - nd), g))
         v = sorted(grid[k])
         y = [a[idx] for a in v]
-        if any(x is None for x in y):
+        if any(x is None for x in y) or not v[0][0] <= tok <= v[-1][0]:
             return float("nan")
         return float(np.interp(np.log(tok), np.log([a[0] for a in v]), y))
 
@@ -252,12 +253,16 @@ def eager_vs_grid(prof, samples: dict[str, dict]) -> None:
     for cls, levels in samples.items():
         for lv, s in levels.items():
             fw = s.get("forward_s") or [None] * len(s["decodes"])
-            r, rf = [], []
+            r, rf, skipped = [], [], 0
             for i, nd in enumerate(s["decodes"]):
                 if s["prefill_chunks"][i] == 1 and s["prefill_ctx"][i] == 0 and s["prefill_tokens"][i] <= 512 and nd <= 16:
                     tok = s["prefill_tokens"][i]
+                    g = ref(nd, tok, 1)
+                    if not np.isfinite(g):
+                        skipped += 1
+                        continue
                     if s.get("runner_s") and s["runner_s"][i]:
-                        r.append(s["runner_s"][i] / ref(nd, tok, 1) - 1)
+                        r.append(s["runner_s"][i] / g - 1)
                     g = ref(nd, tok, 2)
                     if fw[i] and np.isfinite(g):
                         rf.append(fw[i] / g - 1)
@@ -268,7 +273,7 @@ def eager_vs_grid(prof, samples: dict[str, dict]) -> None:
                     f"p10 {np.percentile(a, 10):+5.1f}%, p90 {np.percentile(a, 90):+5.1f}%)")
             if rf:
                 line += f"; forward {np.mean(rf) * 100:+5.1f}%"
-            print(line)
+            print(line + (f" ({skipped} outside the grid's token range left out)" if skipped else ""))
 
 
 def main() -> None:

@@ -115,9 +115,10 @@ class ProfiledStepCost:
             out[1] += a[0] + a[1]
         return out
 
-    def _decode_base(self, n: int, draft_len: int, pad: int = 0) -> tuple[np.ndarray, float]:
+    def _decode_base(self, n: int, draft_len: int, pad: int = 0, logits: bool = True) -> tuple[np.ndarray, float]:
         """Non-attention category times of a decode batch of ``n`` (run as ``pad`` rows when a graph pads it;
-        logits only for the real rows) and their sum.
+        logits only for the real rows; ``logits=False``: without the logits GEMM and sampling, which run after the
+        graph) and their sum.
 
         Padding rows are one token repeated (token 0 at position 0: ``executor.cuda_graphs.StaticInputs.fill``), so
         they all route to the same top-k experts: the routed experts of a padded graph read the weights of ``n + 1``
@@ -125,14 +126,15 @@ class ProfiledStepCost:
         cost ~1.4x the experts it touches (H200 run 4: measured time rises from 6.9 to 7.8 ms across b = 9..16 of the
         16-row graph, the padded-row model was flat at 7.6-7.9 ms)."""
         pad = max(pad, n)
-        key = (n, draft_len, pad)
+        key = (n, draft_len, pad, logits)
         got = self._dec.get(key)
         if got is None:
             g = 1 + draft_len
-            v = self.base.nonattn(float(pad * g), float(pad * g), float(n * g), float(pad), float(draft_len), 0.0, 1.0)
+            rows = float(n * g) if logits else 0.0
+            v = self.base.nonattn(float(pad * g), float(pad * g), rows, float(pad), float(draft_len), 0.0, 1.0)
             total = float(v[:6].sum())   # the cost model's own sum: decode_times subtracts it from its step time
             if pad > n and self.pad_one_token and self.base.model.moe:
-                w = self.base.nonattn(float((n + 1) * g), float((n + 1) * g), float(n * g), float(n + 1), float(draft_len), 0.0, 1.0)
+                w = self.base.nonattn(float((n + 1) * g), float((n + 1) * g), rows, float(n + 1), float(draft_len), 0.0, 1.0)
                 v[EXPERT] = min(v[EXPERT], w[EXPERT])
             v[DENSE] += self.kv_up_extra(float(pad * g))
             got = (_fold(v), total)
@@ -142,12 +144,13 @@ class ProfiledStepCost:
     def host_time(self, n_req: int, n_tok: int, n_prefill: int) -> float:
         return float(self.step.host(self.num_layers, n_req, n_tok, n_prefill))
 
-    def graph_categories(self, ctx: np.ndarray, pad: int) -> np.ndarray:
+    def graph_categories(self, ctx: np.ndarray, pad: int, logits: bool = True) -> np.ndarray:
         """Category times of a decode-only batch replayed as the CUDA graph of ``pad`` rows: the GEMMs and
-        experts on ``pad`` rows, attention on the real rows (padding rows read one null-page token)."""
+        experts on ``pad`` rows, attention on the real rows (padding rows read one null-page token). ``logits=False``:
+        the graph's own work only, as ``StepPoint.forward_s`` times it (the logits GEMM and sampling follow it)."""
         ctx = np.asarray(ctx, np.int64)
         n = ctx.size
-        cats = self._decode_base(n, 0, pad)[0]
+        cats = self._decode_base(n, 0, pad, logits)[0]
         att = float(self.base.decode_times(ctx.astype(float), 1, 0)[0]) - self._decode_base(n, 0)[1]
         out = cats.copy()
         out[0] += att

@@ -220,6 +220,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
     best = None
     for use_tables, sub in variants:
         df = np.zeros((len(pts), len(FIT_CATEGORIES)))
+        fw = np.zeros_like(df)    # graph points that timed their forward: the graph's own ops (no logits, no sampling)
         for L in layers:
             st = StepProfile(model=model, num_layers=L, dtype=dtype, device=device, hardware_basis=hardware_basis, use_op_tables=use_tables,
                              op_tables=sub, model_rev=STEP_MODEL_REV, piecewise_sizes=pw)
@@ -227,20 +228,20 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
             for i, p in enumerate(pts):
                 if p.num_layers == L:
                     df[i] = point_categories(cost, p)
+                    if p.graph_bs > 0 and p.forward_s and p.decode_ctx and not p.prefill and not p.draft_len:
+                        fw[i] = cost.graph_categories(np.asarray(p.decode_ctx, np.int64), p.graph_bs, logits=False)
         df = np.concatenate([df, ptok[:, None]], 1)
-        bounds = None
-        if scale_bounds is not None:
-            nc = len(FIT_CATEGORIES)
-            lo = np.concatenate([np.zeros(hf.shape[1]), np.full(nc, float(scale_bounds[0])), [0.0]])
-            hi = np.concatenate([np.full(hf.shape[1], np.inf), np.full(nc, float(scale_bounds[1])), [np.inf]])
-            bounds = (lo, hi)
-            pinned = forward_scales(pts, df[:, :len(FIT_CATEGORIES)], scale_bounds)
-            for j, v in pinned.items():          # device scales the graph forwards measured: fixed for the whole fit
-                lo[hf.shape[1] + j], hi[hf.shape[1] + j] = v, v * (1 + 1e-9) + 1e-12
+        nc = len(FIT_CATEGORIES)
+        lo = np.concatenate([np.zeros(hf.shape[1]), np.full(nc, float(scale_bounds[0]) if scale_bounds else 0.0), [0.0]])
+        hi = np.concatenate([np.full(hf.shape[1], np.inf), np.full(nc, float(scale_bounds[1]) if scale_bounds else np.inf), [np.inf]])
+        pinned = forward_scales(pts, fw, scale_bounds or (0.0, np.inf))
+        for j, v in pinned.items():          # device scales the graph forwards measured: fixed for the whole fit
+            lo[hf.shape[1] + j], hi[hf.shape[1] + j] = v, v * (1 + 1e-9) + 1e-12
+        bounds = (lo, hi) if scale_bounds is not None or pinned else None
         h, k, alpha, sse = fit_runner_model(hf, df, y, graph=graph, bounds=bounds)
         if best is None or sse < best[4] - 1e-12:
-            best = (use_tables, h, k, alpha, sse, df, sub)
-    use_tables, h, k, alpha, _, df, sub = best
+            best = (use_tables, h, k, alpha, sse, df, sub, fw)
+    use_tables, h, k, alpha, _, df, sub, fw = best
     host = HostTerms(**{n: float(v) for n, v in zip(hnames, h)})
     main_l = max(layers, key=lambda L: sum(p.num_layers == L for p in pts))
     notes = []
@@ -250,7 +251,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
                      + (f"; at a bound: {', '.join(at)}" if at else ""))
     if not with_layers:
         notes.append(f"one layer count ({main_l}) measured: the per-layer host term is folded into the fixed term")
-    fwd = graph_forward_ratio(pts, df[:, :len(FIT_CATEGORIES)])
+    fwd = graph_forward_ratio(pts, fw)
     if fwd is not None:
         notes.append(fwd)
     prof = StepProfile(model=model, num_layers=main_l, dtype=dtype, device=device, hardware_basis=hardware_basis, model_rev=STEP_MODEL_REV,
@@ -267,12 +268,13 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
 def forward_scales(points: Sequence[StepPoint], cats: np.ndarray, scale_bounds: tuple[float, float],
                    min_points: int = 8) -> dict[int, float]:
     """Device scale fitted to device time alone: the CUDA-graph points' measured forwards (``forward_s``, the
-    replay's CUDA events: no host work in it) against the sum of their op times (``cats``, one row per point), least
-    squares on relative error within ``scale_bounds``. Returns {category index: scale} for the categories the graph
-    forwards exercise; {} where fewer than ``min_points`` graph points recorded a forward (profiles before run 9).
-    The whole-step fit then keeps these fixed, so host-bound eager steps cannot move device scales to absorb host
-    time (H200 run 9: eager forwards run 1.08-1.77x their op times, the graph forwards 1.01-1.07x)."""
-    sel = [i for i, p in enumerate(points) if p.graph_bs > 0 and p.forward_s]
+    replay's CUDA events: no host work in it) against the sum of the graph's own op times (``cats``, one row per point:
+    no logits GEMM, no sampling, which run after the replay), least squares on relative error within ``scale_bounds``.
+    Returns {category index: scale} for the categories the graph forwards exercise; {} where fewer than
+    ``min_points`` graph points recorded a forward (profiles before run 9). The whole-step fit then keeps these fixed,
+    so host-bound eager steps cannot move device scales to absorb host time. H200 run 9: the graph forwards run
+    1.16x their op times (p10 1.10, p90 1.25), the in-graph cost of ~170 small kernels a layer beyond the tables."""
+    sel = [i for i, p in enumerate(points) if p.graph_bs > 0 and p.forward_s and cats[i].sum() > 0]
     if len(sel) < min_points:
         return {}
     a = cats[sel]
@@ -286,14 +288,16 @@ def forward_scales(points: Sequence[StepPoint], cats: np.ndarray, scale_bounds: 
 
 def graph_forward_ratio(points: Sequence[StepPoint], cats: np.ndarray) -> str | None:
     """How well the op times alone describe the CUDA-graph decode forwards: each graph point's measured forward
-    (``StepPoint.forward_s``, the replay's CUDA-event time) over the sum of its cost-model op times at scale 1
-    (``cats``: one row per point). A note, or None where no graph point recorded its forward (before run 9)."""
+    (``StepPoint.forward_s``, the replay's CUDA-event time) over the sum of the graph's own cost-model op times at
+    scale 1 (``cats``: one row per point, no logits or sampling). A note, or None where no graph point recorded its
+    forward (before run 9)."""
     r = np.array([p.forward_s / c.sum() for p, c in zip(points, cats) if p.graph_bs > 0 and p.forward_s and c.sum() > 0])
     if r.size < 3:
         return None
     lo, med, hi = np.percentile(r, [10, 50, 90])
-    return (f"CUDA-graph decode forwards / sum of their cost-model op times at scale 1: median {med:.3f}, p10 {lo:.3f}, "
-            f"p90 {hi:.3f} over {r.size} points; the rest of a graph step (inputs, logits, sampling) is the graph host term")
+    return (f"CUDA-graph decode forwards / sum of the graph's cost-model op times at scale 1 (logits and sampling "
+            f"excluded): median {med:.3f}, p10 {lo:.3f}, p90 {hi:.3f} over {r.size} points; the rest of a graph step "
+            f"(inputs, logits, sampling) is the graph host term plus the logits GEMM")
 
 
 def refit_profile(profile, scale_bounds: str = "auto"):

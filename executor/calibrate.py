@@ -280,7 +280,7 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
         ops.reset_used()
         t, spread = timed(lambda: ops.sample(logits, temp, top_k, top_p, gens))
         out.append({"op": "sample", "batch": b, "vocab": vocab, "time_s": t, "spread": spread,
-                    "backend": ops.reset_used().get("sample", "?")})
+                    "backend": ops.reset_used().get("sampling", "?")})
 
     graphs = getattr(runner, "graphs", None)
     if graphs is not None and graphs.captured:
@@ -668,7 +668,7 @@ def _kernel_choices(engine: LLMEngine, device: str) -> dict:
     out = {}
     try:
         from kernels import registry
-        for op in ("fp8_gemm", "mla_decode", "attention_prefill", "moe_experts", "indexer_topk", "sample", "gqa_decode"):
+        for op in ("fp8_gemm", "mla_decode", "attention_prefill", "moe_experts", "indexer_topk", "sampling", "gqa_decode"):
             try:
                 ch = ops.choice(op, engine.runner.device)
                 out[op] = [getattr(c, "name", str(c)) for c in ch.candidates][:3]

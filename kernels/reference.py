@@ -422,8 +422,9 @@ def _uniforms(gens: list[torch.Generator | None], device: torch.device) -> torch
     draw on the CPU and the values reach the device in one copy; a device generator launched one kernel per row
     (~48 us a row on the H200's decode steps, with the rest of the per-row work: run 9). Rows with device
     generators keep that path."""
-    if any(g is not None and g.device.type != "cpu" for g in gens):
-        return torch.stack([torch.rand((), generator=g, device=device) for g in gens])
+    if any(g is not None and g.device.type != "cpu" for g in gens):   # each draw on its own generator's device
+        return torch.stack([torch.rand((), generator=g, device=g.device if g is not None else device).to(device)
+                            for g in gens])
     vals = [float(torch.rand((), generator=g)) for g in gens]
     return torch.tensor(vals, dtype=torch.float32).to(device, non_blocking=True)
 

@@ -320,8 +320,9 @@ def test_dense_gemms_priced_from_the_library_the_engine_ran():
 
 def test_device_scale_comes_from_the_graph_forwards_when_they_were_timed():
     """Graph points that recorded their forward (CUDA events, no host work) set one device scale: here the forwards
-    are 1.1x their op times while the eager steps' walls are 1.5x (host-bound launches); the fit keeps 1.1 for every
-    category the graphs exercise and puts the rest in the host terms. Without forwards, nothing is pinned."""
+    are 1.1x the graph's own op times (no logits GEMM or sampling, which follow the replay) while the eager steps'
+    walls are 1.5x (host-bound launches); the fit keeps 1.1 for every category the graphs exercise and puts the rest
+    in the host terms, with the scale bounds or without. Without forwards, nothing is pinned."""
     from costmodels.step_fit import forward_scales
 
     prof = _tiny_profile()
@@ -332,15 +333,19 @@ def test_device_scale_comes_from_the_graph_forwards_when_they_were_timed():
     cost = ProfiledStepCost(prof, truth)
     graph = [StepPoint(num_layers=4, decode_ctx=[256 + 64 * j] * n, wall_s=1.0, graph_bs=min(s for s in sizes if s >= n))
              for n in (1, 2, 3, 4, 6, 8) for j in range(2)]
-    graph = [p.model_copy(update={"wall_s": cost.point_time(p) + 1e-3,
-                                  "forward_s": 1.1 * float(point_categories(cost, p).sum())}) for p in graph]
+    fwd_cats = {id(p): cost.graph_categories(np.asarray(p.decode_ctx), p.graph_bs, logits=False) for p in graph}
+    graph = [p.model_copy(update={"wall_s": cost.point_time(p) + 1e-3, "forward_s": 1.1 * float(fwd_cats[id(p)].sum())})
+             for p in graph]
     eager = [StepPoint(num_layers=4, decode_ctx=[256] * d, prefill=[(q, 0)], wall_s=1.0) for q in (256, 1024, 4096) for d in (0, 16)]
     eager = [p.model_copy(update={"wall_s": 1.5 * cost.point_time(p)}) for p in eager]
     st = fit_step_profile(prof, graph + eager, model="deepseek-v3", dtype="fp8", device="cuda", graph_sizes=sizes, try_op_tables=False)
     for c in ("attention", "dense_gemm", "expert_gemm", "other"):
         assert st.category_scale[c] == pytest.approx(1.1, rel=1e-3)
     assert any("CUDA-graph decode forwards" in n and "median 1.100" in n for n in st.notes)
-    cats = np.array([point_categories(cost, p) for p in graph])
+    free = fit_step_profile(prof, graph + eager, model="deepseek-v3", dtype="fp8", device="cuda", graph_sizes=sizes,
+                            try_op_tables=False, scale_bounds=None)
+    assert free.category_scale["dense_gemm"] == pytest.approx(1.1, rel=1e-3)
+    cats = np.array([cost.graph_categories(np.asarray(p.decode_ctx), p.graph_bs, logits=False) for p in graph])
     assert forward_scales([p.model_copy(update={"forward_s": None}) for p in graph], cats, (0.8, 1.25)) == {}
     assert all(v == pytest.approx(1.1) for v in forward_scales(graph, cats, (0.8, 1.25)).values())
 
