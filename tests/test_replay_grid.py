@@ -196,3 +196,17 @@ def test_a_layer_piece_reads_only_points_with_as_many_row_tiles():
     assert tiled.piece("sliding", 1500, 0).segment.device_s < 2.0 and not tiled.piece("sliding", 1500, 0).extrapolated
     assert G.ReplayGrid([G.Point("embed", 1, 0, 1.0, 1.0)], row_tile=2048).tiles("embed", 5000) == 0
     assert tiled.tiles("full", 2048) == 1 and tiled.tiles("full", 2049) == 2 and tiled.tiles("full", 99999) == 3
+
+
+def test_host_time_is_the_kinds_per_tile_class_not_read_off_by_shape():
+    """A piece's host time (its kernels' launches) is the median over the grid's points of its kind and tile class,
+    whatever its rows and context; device time still follows the shape. Shape-read host times carried the grid's
+    noise (+16 to +26% against the same piece at its own shape, run_d1473e5)."""
+    pts = [G.Point("sliding", r, c, h, 1e-6 * r) for (r, c, h) in
+           ((64, 0, 1.0), (128, 0, 1.4), (256, 0, 0.9), (64, 512, 1.1), (128, 512, 5.0))]
+    pts += [G.Point("sliding", 300, 0, 3.0, 1e-6 * 300), G.Point("sliding", 500, 0, 3.2, 1e-6 * 500)]   # 2 tiles of 256
+    g = G.ReplayGrid(pts, row_tile=256)
+    one = g.piece("sliding", 100, 300).segment
+    assert one.host_s == pytest.approx(1.1) and one.device_s == pytest.approx(1e-6 * 100, rel=1e-6)
+    assert g.piece("sliding", 400, 0).segment.host_s == pytest.approx(3.1)     # the 2-tile class's median
+    assert g.piece("sliding", 1000, 0).segment.host_s == pytest.approx(3.1)    # no 3+-tile point: the nearest class
