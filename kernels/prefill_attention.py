@@ -24,14 +24,15 @@ import torch
 import torch.nn.functional as F
 
 from kernels import reference
-from kernels.registry import Unsupported, probe_library
+from kernels.registry import _FLASH_DTYPES, _FLASH_MAX_HEAD_DIM, Unsupported, _dtypes, _flash_available, probe_library
 
 # (q [n,H,D], k [s,H,D], v [s,H,Dv], scale, causal) -> (out [n,H,Dv] in q's dtype, lse [n,H] float32 natural log)
 Partial = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool], tuple[torch.Tensor, torch.Tensor]]
 
-# FlashAttention-2 (what torch's flash backend vendors) head-dim limit and granularity, and its dtypes
-FLASH_MAX_HEAD_DIM = 256
-FLASH_DTYPES = (torch.float16, torch.bfloat16)
+# FlashAttention-2 (what torch's flash backend vendors) head-dim limit and its dtypes, defined with the registry's
+# accept check for this implementation (kernels.registry._flash_prefill_declines, the same rules on a call signature)
+FLASH_MAX_HEAD_DIM = _FLASH_MAX_HEAD_DIM
+FLASH_DTYPES = _dtypes(*_FLASH_DTYPES)
 
 
 def merge_attn_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
@@ -136,10 +137,6 @@ def flash_decline(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask, b
         return "this torch build has no flash attention"
     return ""
 
-
-def _flash_available() -> bool:
-    fn = getattr(torch.backends.cuda, "is_flash_attention_available", None)
-    return bool(fn()) if fn is not None else True
 
 
 def attention_prefill_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor, scale: float,

@@ -120,15 +120,15 @@ def _triton_mla_declines(dtype, head_dim: int, page: int, kv_rank: int, dense: b
     return ""
 
 
-# Copies of constants the adapters' modules define (both import this module, so it cannot import them; the CPU tests
-# pin the copies equal): kernels.prefill_attention.FLASH_MAX_HEAD_DIM and FLASH_DTYPES, kernels.vendor.FUSED_MOE_MIN_TOKENS
+# Limits the accept checks read, defined here and imported by the adapters' modules (kernels.prefill_attention
+# FLASH_MAX_HEAD_DIM / FLASH_DTYPES, kernels.vendor FUSED_MOE_MIN_TOKENS, with its measurement), which import this one
 _FLASH_MAX_HEAD_DIM = 256
 _FLASH_DTYPES = ("float16", "bfloat16")
 _FUSED_MOE_MIN_TOKENS = 1024
 
 
 def _flash_available() -> bool:
-    """kernels.prefill_attention._flash_available."""
+    """Whether this torch build has the flash SDPA backend."""
     import torch
     fn = getattr(torch.backends.cuda, "is_flash_attention_available", None)
     return bool(fn()) if fn is not None else True
@@ -136,7 +136,8 @@ def _flash_available() -> bool:
 
 def _flash_prefill_declines(q_dtype, k_dtype, v_dtype, q_heads: int, kv_heads: int, dqk: int, dv: int, lengths_ok: bool,
                             no_mask: bool, bottom_right: bool) -> str:
-    """kernels.prefill_attention.flash_decline (its device check is the choice's: flash is listed for CUDA only)."""
+    """kernels.prefill_attention.flash_decline, on a signature (its device check is the choice's: flash is listed for
+    CUDA only)."""
     if not bottom_right:
         return "needs queries at the sequence's end (bottom-right causal), decided by the caller"
     if not no_mask:
@@ -175,7 +176,7 @@ def _triton_grouped_declines(rows_ok: bool) -> str:
 
 
 def _deepgemm_moe_declines(dtype, dim: int, tokens: int, two_i: int, d: int, fp8: bool) -> str:
-    """kernels.vendor.deepgemm_moe_experts, then deepgemm_fused_moe: decode-sized batches go to Triton unless
+    """Also kernels.vendor.deepgemm_moe_experts' own check: decode-sized batches go to Triton unless
     moe_experts=deepgemm is forced or Triton is absent (both fixed for a choice: an override change clears choices)."""
     if tokens < _FUSED_MOE_MIN_TOKENS and override_for("moe_experts") != "deepgemm" and probe_library("triton")[0]:
         return (f"deepgemm moe_experts: {tokens} tokens < {_FUSED_MOE_MIN_TOKENS}: the Triton MoE is faster at decode "

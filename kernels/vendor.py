@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from kernels import jit_cache
-from kernels.registry import Unsupported, library_module
+from kernels.registry import _FUSED_MOE_MIN_TOKENS, SIGNATURES, Unsupported, _deepgemm_moe_declines, library_module
 
 failures: dict[str, str] = {}
 
@@ -119,7 +119,7 @@ def deepgemm_grouped_fp8_masked(aq: torch.Tensor, as_: torch.Tensor, bq: torch.T
 # moe_layout_63a44f9, CUDA graphs): 64 tokens Triton 2.45 ms vs fused 2.51 (the masked GEMMs alone 2.49), 512 tokens
 # 3.29 vs 3.86, 4096 tokens 7.17 vs 5.50, 8192 tokens 12.92 vs 8.13. The Triton/fused ratio, 0.85 at 512 and 1.30 at
 # 4096, crosses 1 near 1,000 tokens (log-linear between the two points; 1024 itself is not measured).
-FUSED_MOE_MIN_TOKENS = 1024
+FUSED_MOE_MIN_TOKENS = _FUSED_MOE_MIN_TOKENS   # defined with the registry's accept check, which reads it
 
 
 def _contiguous_alignment(dg) -> int:
@@ -160,10 +160,9 @@ def deepgemm_moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: 
     """The registry's ``moe_experts=deepgemm``: the fused path for prefill-sized batches; decode batches are declined
     (the Triton MoE measured faster there, see ``FUSED_MOE_MIN_TOKENS``) unless the user forced this implementation
     or Triton is absent (the next candidate would be the torch reference)."""
-    from kernels.registry import override_for, probe_library
-    if topk_ids.shape[0] < FUSED_MOE_MIN_TOKENS and override_for("moe_experts") != "deepgemm" and probe_library("triton")[0]:
-        raise Unsupported(f"deepgemm moe_experts: {topk_ids.shape[0]} tokens < {FUSED_MOE_MIN_TOKENS}: "
-                          "the Triton MoE is faster at decode (force moe_experts=deepgemm to use the masked layout)")
+    why = _deepgemm_moe_declines(*SIGNATURES["moe_experts"](x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale))
+    if why:   # the registry's accept check, here as the backstop for a direct call
+        raise Unsupported(why)
     return deepgemm_fused_moe(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale)
 
 
