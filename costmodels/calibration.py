@@ -197,6 +197,13 @@ class CalibrationProfile(BaseModel):
             return {**v, "model_rev": 0}
         return v
 
+    @staticmethod
+    def measured_libs(op_points: list[dict], dtype: str) -> dict[str, str]:
+        """``op_table_libs`` from a calibration's op benchmarks: the backend its FP8 Linear ran ({} for another dtype
+        or library, or without a Linear measurement)."""
+        lib = next((p.get("backend") for p in op_points if p.get("op") == "linear"), None)
+        return {"fp8_gemm": lib} if dtype == "fp8" and lib in ("deepgemm", "triton") else {}
+
     def gemm_libs(self) -> tuple[str, ...]:
         """Libraries whose FP8 GEMM table prices dense GEMMs, in order: the engine's own first (``op_table_libs``)."""
         own = self.op_table_libs.get("fp8_gemm")

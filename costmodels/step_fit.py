@@ -265,6 +265,13 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
     return prof
 
 
+def _graph_forwards(points: Sequence[StepPoint], cats: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """The CUDA-graph points that timed their forward (with op times to compare): their indices, and each one's
+    measured forward over the sum of its op times in ``cats``."""
+    sel = [i for i, p in enumerate(points) if p.graph_bs > 0 and p.forward_s and cats[i].sum() > 0]
+    return sel, np.array([points[i].forward_s / cats[i].sum() for i in sel])
+
+
 def forward_scales(points: Sequence[StepPoint], cats: np.ndarray, scale_bounds: tuple[float, float],
                    min_points: int = 8) -> dict[int, float]:
     """Device scale fitted to device time alone: the CUDA-graph points' measured forwards (``forward_s``, the
@@ -274,12 +281,11 @@ def forward_scales(points: Sequence[StepPoint], cats: np.ndarray, scale_bounds: 
     ``min_points`` graph points recorded a forward (profiles before run 9). The whole-step fit then keeps these fixed,
     so host-bound eager steps cannot move device scales to absorb host time. H200 run 9: the graph forwards run
     1.16x their op times (p10 1.10, p90 1.25), the in-graph cost of ~170 small kernels a layer beyond the tables."""
-    sel = [i for i, p in enumerate(points) if p.graph_bs > 0 and p.forward_s and cats[i].sum() > 0]
+    sel, r = _graph_forwards(points, cats)
     if len(sel) < min_points:
         return {}
-    a = cats[sel]
-    used = [j for j in range(a.shape[1]) if a[:, j].max() > 0]
-    q = a.sum(1) / np.array([points[i].forward_s for i in sel])     # op-time sum over the measured forward
+    used = [j for j in range(cats.shape[1]) if cats[sel, j].max() > 0]
+    q = 1.0 / r     # op-time sum over the measured forward
     # one scale for all of them: attention and the row-wise ops are a few percent of a decode forward and move
     # together with the GEMMs, so separate scales are not identified (fitted apart they sit at opposite bounds)
     k = float(np.clip(np.sum(q) / np.sum(q * q), *scale_bounds))   # min sum (k q - 1)^2: relative error of (op sum) x k
@@ -291,7 +297,7 @@ def graph_forward_ratio(points: Sequence[StepPoint], cats: np.ndarray) -> str | 
     (``StepPoint.forward_s``, the replay's CUDA-event time) over the sum of the graph's own cost-model op times at
     scale 1 (``cats``: one row per point, no logits or sampling). A note, or None where no graph point recorded its
     forward (before run 9)."""
-    r = np.array([p.forward_s / c.sum() for p, c in zip(points, cats) if p.graph_bs > 0 and p.forward_s and c.sum() > 0])
+    r = _graph_forwards(points, cats)[1]
     if r.size < 3:
         return None
     lo, med, hi = np.percentile(r, [10, 50, 90])
@@ -305,11 +311,8 @@ def refit_profile(profile, scale_bounds: str = "auto"):
     revision of the step model: the offline scripts' ``--refit auto|none|LO,HI`` (``scale_bounds``: "auto", "none"
     for unbounded, or "LO,HI")."""
     st = profile.step
-    if not profile.op_table_libs and st.dtype == "fp8":   # calibrated before op_table_libs (runs <= 6): the backend of
-        # its measured Linear says which GEMM library the engine ran (the refit then prices that library's rows)
-        lib = next((p.get("backend") for p in profile.op_points if p.get("op") == "linear"), None)
-        if lib in ("deepgemm", "triton"):
-            profile = profile.model_copy(update={"op_table_libs": {"fp8_gemm": lib}})
+    if not profile.op_table_libs:   # calibrated before op_table_libs (runs <= 6): its measured Linear says which library
+        profile = profile.model_copy(update={"op_table_libs": type(profile).measured_libs(profile.op_points, st.dtype)})
     b = scale_bounds if scale_bounds == "auto" else None if scale_bounds == "none" else tuple(float(x) for x in scale_bounds.split(","))
     st2 = fit_step_profile(profile, st.points, model=st.model, dtype=st.dtype, device=st.device, graph_sizes=st.graph_sizes,
                            scale_bounds=b, piecewise_sizes=st.piecewise_sizes)

@@ -639,9 +639,8 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     tables = op_tables(op_pts, hw)
     # the dense GEMM table rows of the library the engine ran (its measured Linear), not DeepGEMM's by default: the
     # Triton FP8 GEMM is 1.5-2.3x slower at decode rows, which the fit otherwise takes up as a dense-GEMM scale of 2
-    lib = next((p.get("backend") for p in op_pts if p["op"] == "linear"), None)
-    libs = {"fp8_gemm": lib} if dtype == "fp8" and lib in ("deepgemm", "triton") else {}
-    prof = base.model_copy(update={"tables": {**base.tables, **tables}, "op_table_libs": libs})
+    prof = base.model_copy(update={"tables": {**base.tables, **tables},
+                                   "op_table_libs": CalibrationProfile.measured_libs(op_pts, dtype)})
     graphs = getattr(engine.runner, "graphs", None)
     graph_sizes = list(graphs.captured) if graphs is not None else []
     pieces = getattr(engine.runner, "piecewise", None)   # piecewise CUDA graphs: prefill/mixed steps pad to a token bucket
