@@ -52,19 +52,21 @@ class ReplayInterrupted(KeyboardInterrupt):
         self.metrics, self.plans, self.wall_s = metrics, plans, wall_s
 
 
+def allocator_counts(device: torch.device) -> dict[str, int]:
+    """The CUDA caching allocator's device allocations and frees (cudaMalloc/cudaFree: synchronising, ~ms; new step
+    shapes can fragment the pool), its retries and OOMs so far; {} off CUDA."""
+    if device.type != "cuda":
+        return {}
+    st = torch.cuda.memory_stats(device)
+    return {k: int(st.get(k, 0)) for k in ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms")}
+
+
 def host_counters(device: torch.device) -> dict[str, int]:
-    """Counters a serving slowdown may come from, to difference around a replay: the CUDA caching allocator's
-    device allocations and frees (cudaMalloc/cudaFree: synchronising, ~ms; new step shapes can fragment the pool) and
-    its allocation retries, and the garbage collector's generation-2 collections. {} counters it cannot read."""
+    """Counters a serving slowdown may come from, to difference around a replay: the allocator's
+    (``allocator_counts``) and the garbage collector's generation-2 collections."""
     import gc
 
-    out = {"gc_gen2_collections": int(gc.get_stats()[2]["collections"])}
-    if device.type == "cuda":
-        st = torch.cuda.memory_stats(device)
-        for k in ("num_device_alloc", "num_device_free", "num_alloc_retries"):
-            if k in st:
-                out[k] = int(st[k])
-    return out
+    return {"gc_gen2_collections": int(gc.get_stats()[2]["collections"]), **allocator_counts(device)}
 
 
 def replay(engine: LLMEngine, items: list[tuple[float, str, list[int], int]], temperature: float = 0.0, seed: int = 0,

@@ -80,6 +80,7 @@ from benchmarks.gpu.replay_segments import SegmentProbe, sm_clock_mhz
 from benchmarks.gpu import replay_grid as grid_bench
 from costmodels import replay_grid
 from executor.forward_batch import SeqInput
+from executor.replay import allocator_counts
 from executor.kv_cache import KVCache
 from executor.model_config import ExecModelConfig
 from executor.swa import ROW_TILE
@@ -488,12 +489,9 @@ class Bench:
 
 
 def _alloc_counts(cuda: bool) -> dict[str, int]:
-    """The caching allocator's device allocations and frees and its retries so far (a ``cudaFree`` inside a timed
+    """The caching allocator's counts so far (``executor.replay.allocator_counts``; a ``cudaFree`` inside a timed
     forward synchronises the device: none expected once warm)."""
-    if not cuda:
-        return {}
-    st = torch.cuda.memory_stats()
-    return {k: int(st.get(k, 0)) for k in ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms")}
+    return allocator_counts(torch.device("cuda")) if cuda else {}
 
 
 def sync_events(cuda: bool, fn) -> list[str] | None:
