@@ -155,6 +155,31 @@ def _flash_prefill_declines(q_dtype, k_dtype, v_dtype, q_heads: int, kv_heads: i
     return ""
 
 
+# FlashAttention-3 (Hopper) head dims: equal q/k and v head dims up to 256, or DeepSeek MLA's 192 / 128 (its
+# ``hdimdiff`` build, the one vLLM's MLA prefill uses on sm90 without padding v)
+_FA3_MAX_HEAD_DIM = 256
+_FA3_DIFF_HEAD_DIMS = ((192, 128),)
+
+
+def _fa3_prefill_declines(q_dtype, k_dtype, v_dtype, q_heads: int, kv_heads: int, dqk: int, dv: int, lengths_ok: bool,
+                          no_mask: bool, bottom_right: bool) -> str:
+    """kernels.vendor.fa3_prefill (CUDA: the choice's device; sm90 checked by the adapter)."""
+    if not bottom_right:
+        return "fa3: needs queries at the sequence's end (bottom-right causal), decided by the caller"
+    if not no_mask:
+        return "fa3: takes no explicit mask (key_mask given)"
+    if q_dtype not in _dtypes(*_FLASH_DTYPES) or k_dtype != q_dtype or v_dtype != q_dtype:
+        return f"fa3: runs fp16/bf16, got {q_dtype}"
+    if kv_heads < 1 or q_heads % kv_heads:
+        return f"fa3: query heads {q_heads} must be a multiple of KV heads {kv_heads}"
+    if dqk > _FA3_MAX_HEAD_DIM or dqk % 8 or (dv != dqk and (dqk, dv) not in _FA3_DIFF_HEAD_DIMS):
+        return (f"fa3: head dims q/k {dqk}, v {dv}: needs equal dims <= {_FA3_MAX_HEAD_DIM} (multiple of 8) or "
+                f"q/k, v in {list(_FA3_DIFF_HEAD_DIMS)}")
+    if not lengths_ok:
+        return "fa3: no queries, or more queries than keys"
+    return ""
+
+
 def _deepgemm_gemm_declines(x_dtype, w_dtype, k: int, n: int, out_dtype) -> str:
     """kernels.vendor.deepgemm_fp8_gemm (CUDA: the choice's device)."""
     if out_dtype not in (None,) + _dtypes("bfloat16") or k % 128 or n % 64:
@@ -233,6 +258,9 @@ LIBRARIES: dict[str, tuple[str, ...]] = {
     "flashmla": ("flash_mla", "vllm.third_party.flashmla.flash_mla_interface", "sgl_kernel.flash_mla"),
     "deepgemm": ("deep_gemm", "vllm.third_party.deep_gemm", "sgl_kernel.deep_gemm"),
     "flashinfer": ("flashinfer",),
+    # FlashAttention-3 as vLLM bundles it (vllm/vllm_flash_attn: its interface and the sm90 extension, probed by
+    # importing the extension itself, so a build whose .so does not load is "not importable")
+    "fa3": ("vllm.vllm_flash_attn._vllm_fa3_C",),
     "deepep": ("deep_ep", "sgl_kernel.deep_ep"),
 }
 
@@ -249,6 +277,11 @@ IMPLS: dict[str, list[Impl]] = {
         Impl("mla_decode", "torch", 0, ("cpu", "cuda"), f"{_R}:mla_decode_paged", notes="gathers pages, loops over sequences"),
     ],
     "attention_prefill": [
+        # FlashAttention-3 on Hopper: one varlen call, bottom-right causal, v at its own head dim (no split, no merge,
+        # no padding); the flash split below serves where it is absent (not importable, not sm90)
+        Impl("attention_prefill", "fa3", 2, ("cuda",), f"{_V}:fa3_prefill", "fa3", (9, 0),
+             "FlashAttention-3 varlen (vLLM's build), sm90 only; bottom-right causal, no key mask, fp16/bf16",
+             _fa3_prefill_declines),
         # MLA prefill chunks (queries at the sequence's end, no key mask, said by the caller: bottom_right=True) run as
         # two flash calls merged by log-sum-exp (kernels/prefill_attention.py): no per-shape plan as cuDNN, ~2.8x the
         # memory-efficient kernel (H200, benchmarks/gpu/issue16_h200/run5_summarize_646970b/log.txt); the rest declines

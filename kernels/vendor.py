@@ -1,4 +1,4 @@
-"""Tier 2: adapters from our op contracts to vendor kernels (FlashMLA, DeepGEMM), imported lazily.
+"""Tier 2: adapters from our op contracts to vendor kernels (FlashMLA, DeepGEMM, FlashAttention-3), imported lazily.
 
 Each adapter checks what the library accepts and raises ``Unsupported`` otherwise (the
 registry then runs the next tier). A library call that fails at run time (a JIT without a
@@ -10,10 +10,13 @@ DeepGEMM on Hopper with FP32 scales and ``disable_ue8m0_cast=True``.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from kernels import jit_cache
-from kernels.registry import _FUSED_MOE_MIN_TOKENS, SIGNATURES, Unsupported, _deepgemm_moe_declines, library_module
+from kernels.registry import (_FUSED_MOE_MIN_TOKENS, SIGNATURES, Unsupported, _deepgemm_moe_declines, _fa3_prefill_declines,
+                              library_module)
 
 failures: dict[str, str] = {}
 
@@ -49,6 +52,43 @@ def flashmla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.
         failures["flashmla"] = f"{type(e).__name__}: {e}"[:300]
         raise Unsupported(failures["flashmla"]) from e
     return out
+
+
+@functools.lru_cache(maxsize=16)
+def _is_sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] == 9
+
+
+def _fa3_varlen():
+    library_module("fa3")   # the sm90 extension (registers torch.ops._vllm_fa3_C), then its Python interface
+    import importlib
+    return importlib.import_module("vllm.vllm_flash_attn.flash_attn_interface").flash_attn_varlen_func
+
+
+def fa3_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor, scale: float,
+                key_mask: torch.Tensor | None = None, bottom_right: bool = False) -> torch.Tensor:
+    """Registry adapter (op ``attention_prefill``): one FlashAttention-3 varlen call over a prefill chunk whose
+    ``n = len(q)`` queries are the last ``n`` of ``len(k)`` keys (``bottom_right``, said by the caller; FA's causal
+    mask is aligned bottom-right, so ``q_positions`` is not read). v keeps its own head dim (MLA: 192 / 128).
+    ``cu_seqlens`` travel in one non-blocking host-to-device copy (no sync). Declines as
+    ``registry._fa3_prefill_declines`` says, and off sm90."""
+    _guard("fa3")
+    why = _fa3_prefill_declines(*SIGNATURES["attention_prefill"](q, k, v, q_positions, scale, key_mask, bottom_right))
+    if why:
+        raise Unsupported(why)
+    if not q.is_cuda or not _is_sm90(q.device.index if q.device.index is not None else torch.cuda.current_device()):
+        raise Unsupported("fa3: Hopper (sm90) only")
+    fn = _fa3_varlen()
+    n, s = q.shape[0], k.shape[0]
+    cu = torch.tensor([0, n, 0, s], dtype=torch.int32).to(q.device, non_blocking=True)
+    try:
+        return fn(q, k, v, max_seqlen_q=n, cu_seqlens_q=cu[:2], max_seqlen_k=s, cu_seqlens_k=cu[2:],
+                  softmax_scale=scale, causal=True, fa_version=3)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a vendor failure must not take the engine down
+        failures["fa3"] = f"{type(e).__name__}: {e}"[:300]
+        raise Unsupported(failures["fa3"]) from e
 
 
 def _dg():

@@ -267,7 +267,8 @@ def test_flash_split_prefill_attention(g, n, cached):
     """MLA prefill chunk (128 heads, q/k 192, v 128, bf16; queries the last n of n + cached keys) through the flash
     split + LSE merge (kernels/prefill_attention.py) vs ``reference.attention`` (fp32 math on the same bf16 inputs):
     rel < BF16_TOL (1e-2; the bf16 output rounding alone is ~3e-3). Routed by the registry with the caller's hint,
-    declined without it, and no host sync inside (sync debug mode raises on one)."""
+    declined without it, and no host sync inside (sync debug mode raises on one). The split is called directly (the
+    registry puts FlashAttention-3 first where it loads: the fallback is tested here all the same)."""
     from kernels import ops
     from kernels.prefill_attention import flash_decline
     h, dqk, dv, s = 128, 192, 128, n + cached
@@ -278,18 +279,48 @@ def test_flash_split_prefill_attention(g, n, cached):
     scale = dqk ** -0.5
     if flash_decline(q, k, v, None, True):
         pytest.skip(flash_decline(q, k, v, None, True))
+    from kernels.prefill_attention import attention_prefill_flash
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = attention_prefill_flash(q, k, v, pos, scale, None, bottom_right=True)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    ops.reset_used()
+    ops.attention_prefill(q, k, v, pos, scale, None, bottom_right=True)
+    assert ops.reset_used()["attention_prefill"] in ("fa3", "flash")   # FA3 ranks first where it loads
+    want = R.attention(q, k, v, pos, scale)
+    assert out.shape == want.shape and out.dtype == torch.bfloat16 and out.is_contiguous()
+    assert torch.isfinite(out).all() and rel(out, want) < BF16_TOL
+    ops.attention_prefill(q, k, v, pos, scale)           # no hint: the masked SDPA path
+    assert ops.reset_used()["attention_prefill"] == "sdpa"
+
+
+@pytest.mark.parametrize("n,cached", [(64, 0), (1000, 3000), (4096, 0), (517, 5003)])
+def test_fa3_prefill_attention(g, n, cached):
+    """MLA prefill chunk (128 heads, q/k 192, v 128, bf16; the last n of n + cached keys) through one FlashAttention-3
+    varlen call (kernels.vendor.fa3_prefill, vLLM's sm90 build) vs ``reference.attention`` (fp32 math on the same bf16
+    inputs): rel < BF16_TOL, v at its own width (no padding), chosen first by the registry with the caller's hint, and
+    no host sync inside (sync debug mode raises on one)."""
+    _need("fa3")
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("FlashAttention-3 is sm90 only")
+    from kernels import ops
+    h, dqk, dv, s = 128, 192, 128, n + cached
+    q = torch.randn(n, h, dqk, device="cuda", generator=g).bfloat16()
+    k = torch.randn(s, h, dqk, device="cuda", generator=g).bfloat16()
+    v = torch.randn(s, h, dv, device="cuda", generator=g).bfloat16()
+    pos = torch.arange(cached, s, device="cuda")
+    scale = dqk ** -0.5
     ops.reset_used()
     torch.cuda.set_sync_debug_mode("error")
     try:
         out = ops.attention_prefill(q, k, v, pos, scale, None, bottom_right=True)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    assert ops.reset_used()["attention_prefill"] == "flash"
+    assert ops.reset_used()["attention_prefill"] == "fa3"
     want = R.attention(q, k, v, pos, scale)
-    assert out.shape == want.shape and out.dtype == torch.bfloat16 and out.is_contiguous()
+    assert out.shape == want.shape and out.dtype == torch.bfloat16
     assert torch.isfinite(out).all() and rel(out, want) < BF16_TOL
-    ops.attention_prefill(q, k, v, pos, scale)           # no hint: the masked SDPA path
-    assert ops.reset_used()["attention_prefill"] == "sdpa"
 
 
 def test_triton_attn_merge_matches_torch_merge(g):

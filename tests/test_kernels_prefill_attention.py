@@ -114,7 +114,7 @@ def test_flash_decline_checks_shapes_and_dtype():
 
 def test_registry_orders_flash_first_on_cuda_and_keeps_the_reference_on_cpu():
     names = [i.name for i in registry.IMPLS["attention_prefill"]]
-    assert names == ["flash", "sdpa", "torch"]
+    assert names == ["fa3", "flash", "sdpa", "torch"]
     assert [i.name for i in registry.choose("attention_prefill", "cpu").candidates] == ["torch"]
 
 

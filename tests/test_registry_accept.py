@@ -266,3 +266,49 @@ def test_flash_prefill_check_agrees_with_flash_decline(case, monkeypatch):
     assert (got == "") == (want == "") and (case == "ok") == (want == "")
     if case not in ("more_q", "no_q"):   # those two read lengths the signature keeps as one flag
         assert got == want
+
+
+def _prefill(n=4, s=8, h=4, kvh=4, dqk=192, dv=128, dt=torch.bfloat16):
+    return (torch.zeros(n, h, dqk, dtype=dt), torch.zeros(s, kvh, dqk, dtype=dt), torch.zeros(s, kvh, dv, dtype=dt),
+            torch.arange(s - n, s), 0.1)
+
+
+def test_prefill_fa3_first_when_found_flash_split_when_absent_sdpa_without_hint(hopper, monkeypatch):
+    """FlashAttention-3 takes bottom-right chunks where its extension imports; without it the flash split does; a
+    call without the caller's hint (or with a key mask) goes to the masked SDPA either way."""
+    monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)
+    k = Kernels(monkeypatch, "attention_prefill")
+    args = _prefill()
+    assert [i.name for i in ops.choice("attention_prefill", "cuda").candidates] == ["flash", "sdpa", "torch"]
+    assert ops.call("attention_prefill", "cuda", *args, None, True) == "flash"
+    ops.clear_choices()
+    hopper("fa3")
+    assert [i.name for i in ops.choice("attention_prefill", "cuda").candidates] == ["fa3", "flash", "sdpa", "torch"]
+    assert "fa3: vendor library, preferred" in ops.choice("attention_prefill", "cuda").why
+    assert ops.call("attention_prefill", "cuda", *args, None, True) == "fa3"
+    assert ops.call("attention_prefill", "cuda", *args) == "sdpa"
+    assert ops.call("attention_prefill", "cuda", *args, torch.ones(4, 8, dtype=torch.bool), True) == "sdpa"
+    assert ops.call("attention_prefill", "cuda", *_prefill(dqk=64, dv=64, kvh=2), None, True) == "fa3"   # GQA
+    assert ops.call("attention_prefill", "cuda", *_prefill(dqk=128, dv=64), None, True) == "flash"      # no such build
+    assert "fa3: head dims q/k 128, v 64" in ops.fallbacks["attention_prefill"]
+    assert k.calls == ["flash", "fa3", "sdpa", "sdpa", "fa3", "flash"]
+
+
+@pytest.mark.parametrize("case,expect", [
+    ("ok", ""), ("gqa", ""), ("equal", ""), ("no_hint", "bottom-right"), ("mask", "no explicit mask"),
+    ("fp32", "fp16/bf16"), ("heads", "multiple of KV heads"), ("diff", "head dims"), ("wide", "head dims"),
+    ("more_q", "more queries than keys"), ("no_q", "no queries")])
+def test_fa3_check_and_adapter_agree(case, expect):
+    """The registry's FA3 check on a signature and the adapter's own backstop (which runs the same check on the
+    call) decline the same calls with the same words; on CPU the adapter declines what the check takes (sm90 only)."""
+    kw = {"gqa": dict(kvh=2), "equal": dict(dqk=128, dv=128), "fp32": dict(dt=torch.float32), "heads": dict(kvh=3),
+          "diff": dict(dqk=192, dv=64), "wide": dict(dqk=264, dv=264), "more_q": dict(n=9), "no_q": dict(n=0)}.get(case, {})
+    q, k, v, pos, scale = _prefill(**kw)
+    mask = torch.ones(q.shape[0], k.shape[0], dtype=torch.bool) if case == "mask" else None
+    hint = case != "no_hint"
+    why = _why("attention_prefill", "fa3", _sig("attention_prefill", q, k, v, pos, scale, mask, hint))
+    assert (expect in why) and (why == "") == (expect == "")
+    from kernels import vendor
+    with pytest.raises(registry.Unsupported) as e:
+        vendor.fa3_prefill(q, k, v, pos, scale, mask, hint)
+    assert str(e.value) == (why or "fa3: Hopper (sm90) only")

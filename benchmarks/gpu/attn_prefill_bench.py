@@ -3,6 +3,8 @@
 One prefill chunk as ``MLAAttention.prefill_attend`` hands it to ``ops.attention_prefill``: 128 heads, q/k 192,
 v 128, bf16, the n queries are the last n of n + cached keys (bottom-right causal). Variants, each in the same process:
 
+- ``fa3``: the registry's first choice on Hopper where vLLM's FlashAttention-3 extension loads (kernels.vendor
+  .fa3_prefill): one varlen call, causal aligned bottom-right, v at its own head dim (128);
 - ``flash_split``: the registry's ``flash`` impl (kernels/prefill_attention.py): causal self part + unmasked cached
   part through ``aten._scaled_dot_product_flash_attention``, merged by log-sum-exp (v zero-padded to 192; the merge
   is one Triton launch, kernels/triton_attn_merge.py);
@@ -21,7 +23,7 @@ call minus steady = what a new shape costs; chunked prefill makes one nearly eve
 (pad, self, cached, merge) are timed alone too.
 
 Usage: python -m benchmarks.gpu.attn_prefill_bench OUT.json [--shapes 64x0,1000x3000,4096x0,517x5003] [--iters 20]
-       [--new-shapes 4] [--variants flash_split,flash_direct,mem_efficient,cudnn,math]
+       [--new-shapes 4] [--variants fa3,flash_split,flash_direct,mem_efficient,cudnn,math]
 """
 
 from __future__ import annotations
@@ -70,7 +72,14 @@ def flash_direct(q, k, v, pos, scale):
     return out[0, :, :, : v.shape[-1]].contiguous()
 
 
+def fa3(q, k, v, pos, scale):
+    """One FlashAttention-3 varlen call (kernels.vendor.fa3_prefill: vLLM's sm90 build, bottom-right causal, v at 128)."""
+    from kernels.vendor import fa3_prefill
+    return fa3_prefill(q, k, v, pos, scale, None, True)
+
+
 VARIANTS = {
+    "fa3": fa3,
     "flash_split": lambda q, k, v, pos, scale: PA.attention_prefill_flash(q, k, v, pos, scale, None, True),
     "flash_direct": flash_direct,
     "mem_efficient": lambda q, k, v, pos, scale: attention_sdpa(q, k, v, pos, scale),
@@ -213,6 +222,12 @@ def summary(res: dict) -> None:
             if r:
                 cells.append(f"{v} {r['steady_ms']:.3f}" + (f" ({r['steady_ms'] / base:.2f}x)" if base else ""))
         print(f"  {n:5d} x {c:5d}: " + ", ".join(cells))
+    print("\nspeed as a fraction of the fastest variant at each shape (issue 18's target: >= 0.9 for what serving runs):")
+    for n, c in sorted({(r["new"], r["cached"]) for r in res["rows"]}):
+        times = {v: by[(v, n, c)]["steady_ms"] for v in VARIANTS if (v, n, c) in by}
+        if times:
+            best = min(times, key=times.get)
+            print(f"  {n:5d} x {c:5d}: fastest {best}; " + ", ".join(f"{v} {times[best] / t:.2f}" for v, t in times.items()))
 
 
 if __name__ == "__main__":
