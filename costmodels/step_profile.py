@@ -83,13 +83,20 @@ class HostTerms(BaseModel):
     per_request_s: float = 0.0
     per_token_s: float = 0.0
     per_prefill_s: float = 0.0
+    decode_group_s: float = Field(0.0, description="step that is not a decode-graph replay and holds decodes: the host "
+                                  "issue of the decode group's attention path, once per layer for all decodes (absorbed "
+                                  "query, the paged decode kernel and its metadata, absorbed output), between graph "
+                                  "pieces or in an eager forward; 0 in profiles fitted before it")
     graph_fixed_s: float = Field(0.0, description="CUDA-graph decode step: fixed host time (input build, replay launch, sampling)")
     graph_per_request_s: float = Field(0.0, description="CUDA-graph decode step: host time per sequence")
 
     def __call__(self, num_layers: float, n_req, n_tok, n_prefill):
-        """Eager step host time."""
-        return (self.fixed_s + self.per_layer_s * num_layers + self.per_request_s * np.asarray(n_req, float)
-                + self.per_token_s * np.asarray(n_tok, float) + self.per_prefill_s * np.asarray(n_prefill, float))
+        """Eager step host time (a step that is not a decode-graph replay: eager or piecewise graphs). ``n_req``
+        counts decodes and prefill chunks, ``n_prefill`` the chunks: the step holds decodes where it exceeds them."""
+        n_req, n_prefill = np.asarray(n_req, float), np.asarray(n_prefill, float)
+        return (self.fixed_s + self.per_layer_s * num_layers + self.per_request_s * n_req
+                + self.per_token_s * np.asarray(n_tok, float) + self.per_prefill_s * n_prefill
+                + self.decode_group_s * (n_req > n_prefill))
 
     def graph(self, n_req):
         """CUDA-graph decode step host time."""

@@ -59,3 +59,28 @@ def test_fit_prices_points_at_their_bucket_and_keeps_the_buckets():
     assert unpadded.fit.mape > st.fit.mape                     # the same points priced unpadded fit worse
     back = refit_profile(prof.model_copy(update={"step": st}), "none").step
     assert back.piecewise_sizes == sizes
+
+
+def test_decode_group_host_term_is_charged_once_per_step_with_decodes_and_recovered_by_the_fit():
+    """A step that is not a decode-graph replay and holds decodes issues the decode group's attention path once per
+    layer for all of them (``HostTerms.decode_group_s``): charged once, whatever the number of decodes, and not in a
+    prompt-only step; the fit recovers it from points that differ only in having decodes (as run 10's grid did)."""
+    h = HostTerms(fixed_s=1e-3, per_prefill_s=1e-4, decode_group_s=2e-3)
+    assert h(4, 1, 64, 1) == pytest.approx(1.1e-3)                                  # one chunk, no decodes
+    assert h(4, 2, 65, 1) == pytest.approx(3.1e-3) == h(4, 49, 112, 1)              # 1 or 48 decodes: once
+    assert h(4, 8, 8, 0) == pytest.approx(3e-3)                                     # an eager decode-only step
+    assert np.allclose(h(4, np.array([1, 2, 9]), np.array([64, 65, 72]), np.array([1, 1, 1])), [1.1e-3, 3.1e-3, 3.1e-3])
+    prof = _profile()
+    sizes = [64, 128, 256, 512, 640, 768, 1024]
+    truth = StepProfile(model="deepseek-v3", num_layers=4, dtype="fp8", device="cuda", piecewise_sizes=sizes,
+                        category_scale=dict(zip(FIT_CATEGORIES, (1.2, 1.1, 0.9, 1.3, 1.0))),
+                        host=HostTerms(fixed_s=4e-3, per_prefill_s=1e-4, decode_group_s=2.5e-3), overlap=0.5)
+    cost = ProfiledStepCost(prof, truth)
+    pts = [StepPoint(num_layers=4, decode_ctx=[300] * d, prefill=[(q, c)], wall_s=1.0)
+           for q in (60, 100, 200, 300, 520, 700, 900, 1000) for c in (0, 1500) for d in (0, 3, 20)]
+    pts = [p.model_copy(update={"wall_s": cost.point_time(p)}) for p in pts]
+    st = fit_step_profile(prof, pts, model="deepseek-v3", dtype="fp8", device="cuda", piecewise_sizes=sizes, scale_bounds=None)
+    assert st.fit.mape < 0.01 and st.host.decode_group_s == pytest.approx(2.5e-3, rel=0.1)
+    without = [p for p in pts if not p.decode_ctx]
+    st0 = fit_step_profile(prof, without, model="deepseek-v3", dtype="fp8", device="cuda", piecewise_sizes=sizes, scale_bounds=None)
+    assert st0.host.decode_group_s == 0.0                        # no step with decodes: nothing to identify it

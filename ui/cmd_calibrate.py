@@ -85,7 +85,8 @@ def calibrate(
     con.print(f"step model: eager step = max(host, device) + {st.overlap:.2f} x min(host, device); "
               f"CUDA-graph decode step = graph host + device (graphs at {st.graph_sizes or 'none'})", highlight=False)
     con.print(f"  eager host: {h.fixed_s * 1e3:.3f} ms + {h.per_layer_s * 1e6:.1f} us/layer + {h.per_request_s * 1e6:.1f} us/request "
-              f"+ {h.per_token_s * 1e6:.2f} us/token + {h.per_prefill_s * 1e6:.1f} us/prefill chunk", highlight=False)
+              f"+ {h.per_token_s * 1e6:.2f} us/token + {h.per_prefill_s * 1e6:.1f} us/prefill chunk "
+              f"+ {h.decode_group_s * 1e3:.3f} ms if it holds decodes (their attention path, once per layer)", highlight=False)
     con.print(f"  graph host: {h.graph_fixed_s * 1e3:.3f} ms + {h.graph_per_request_s * 1e6:.1f} us/request", highlight=False)
     tables = (", ".join(st.op_tables or sorted(prof.tables))) if st.use_op_tables else ""
     con.print("  device scale vs cost model: " + ", ".join(f"{k} {v:.2f}" for k, v in st.category_scale.items())
