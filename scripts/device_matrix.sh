@@ -18,9 +18,10 @@
 #     MATRIX_ARGS="--classes reasoning,longctx --max-model-len 16384 --class-requests reasoning=32,longctx=12 --no-async-overlap" REQS=32 RUNS=3 T_BUDGET=580 bash scripts/device_matrix.sh
 #   long decode, short (run 9 at 194822a: 238 s):
 #     MATRIX_ARGS="--classes reasoning --no-async-overlap" REQS=16 RUNS=2 T_BUDGET=245 bash scripts/device_matrix.sh
-#   next: the engine's default, piecewise CUDA graphs on, reasoning first (its eager-step TTFT miss, run 8 to compare),
-#   then chat; not yet run (~450 s estimated from runs 7 and 8 with graphs off; capture adds seconds, eager steps shorten):
-#     TWINFER_PIECEWISE_GRAPHS=1 MATRIX_ARGS="--classes reasoning,chat --class-requests reasoning=32,chat=96 --no-async-overlap" REQS=32 RUNS=3 T_BUDGET=580 bash scripts/device_matrix.sh
+#   reasoning + chat, piecewise graphs on (run 10 at fffa3d2: 354 s):
+#     MATRIX_ARGS="--classes reasoning,chat --class-requests reasoning=32,chat=96 --no-async-overlap" REQS=32 RUNS=3 T_BUDGET=580 bash scripts/device_matrix.sh
+#   prefill-heavy + agentic with FlashAttention-3 on the prefill path (run 11):
+#     MATRIX_ARGS="--classes summarize,agentic --no-async-overlap" REQS=96 RUNS=3 T_BUDGET=580 bash scripts/device_matrix.sh
 # Each unpacks with `tar xzf reports.tgz` in its run folder; `python3 scripts/matrix_offline.py RUN --sync` re-simulates.
 # T_MATRIX bounds the python part (default: what is left of T_BUDGET=570 s since the script started, so install time
 # counts; the packing after it takes seconds); the matrix file is rewritten after each class, so a time-out keeps the
@@ -28,11 +29,12 @@
 source scripts/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$OUT/env.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())" | tee -a "$OUT/env.txt"
+python3 -c "from kernels import registry; print('fa3', registry.probe_library('fa3')); print('flashmla', registry.probe_library('flashmla'))" | tee -a "$OUT/env.txt"
 export TWINFER_KERNEL_FP8_GEMM=${TWINFER_KERNEL_FP8_GEMM:-triton}   # DeepGEMM JITs per shape (3-8 s each); the runs use Triton
-# piecewise CUDA graphs (c39de4a, on by default) pad a prefill/mixed step's GEMM rows to a token bucket and replace its
-# eager host floor; the step model prices the padding when the profile records the buckets (4d27601), but no matrix
-# has measured it yet, so the matrix keeps runs 1-9's engine by default. TWINFER_PIECEWISE_GRAPHS=1 measures the new default.
-export TWINFER_PIECEWISE_GRAPHS=${TWINFER_PIECEWISE_GRAPHS:-0}
+# piecewise CUDA graphs (c39de4a, the engine's default) pad a prefill/mixed step's GEMM rows to a token bucket and
+# replace its eager host floor; runs 1-9 measured the engine with them off, run 10 on (the default since run 10);
+# TWINFER_PIECEWISE_GRAPHS=0 measures the old eager prefill path
+export TWINFER_PIECEWISE_GRAPHS=${TWINFER_PIECEWISE_GRAPHS:-1}
 echo "TWINFER_PIECEWISE_GRAPHS=$TWINFER_PIECEWISE_GRAPHS" | tee -a "$OUT/env.txt"
 stage "first-call cost of a new masked SDPA shape, per backend (scripts/sdpa_first_call.py)"
 timeout 60 python3 scripts/sdpa_first_call.py || echo "sdpa probe failed (rc $?)"
