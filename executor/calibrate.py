@@ -125,6 +125,42 @@ def _median_time(fn, clock: _Clock, repeats: int, warmup: int = 1) -> tuple[floa
     return med, (max(ts) - min(ts)) / med if med > 0 else 0.0
 
 
+def _graph_device_time(fn, device: torch.device, replays: int = 10, batches: int = 3) -> float | None:
+    """Seconds of ``fn``'s device work alone: captured once in a CUDA graph (after two runs on a side stream, for JIT
+    and autotuning outside the capture), then ``replays`` back-to-back replays between two CUDA events, median of
+    ``batches``. None off CUDA or when ``fn`` cannot be captured (the eager wall time stands alone then). What a step
+    pays for the op inside a decode graph or a piecewise piece, without the eager launch cost a host-bound call adds."""
+    if device.type != "cuda":
+        return None
+    try:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.synchronize(device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
+        torch.cuda.synchronize(device)
+        ts = []
+        for _ in range(batches):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(replays):
+                graph.replay()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b) / 1e3 / replays)
+        del graph
+        return statistics.median(ts)
+    except Exception:  # noqa: BLE001 - an op that cannot be captured keeps its eager time only
+        torch.cuda.synchronize(device)
+        return None
+
+
 # ----------------------------------------------------------------------------- ops
 def bench_linear(engine: LLMEngine, rows: list[int], repeats: int) -> list[dict]:
     """The executor's Linear (K = hidden, N = 2 x hidden) over row counts: seconds, FLOPs, bytes."""
@@ -166,7 +202,8 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
     - ``mla_decode``: paged MLA decode over batch x context (KV bytes read -> achieved bandwidth);
     - ``attention_prefill``: causal prefill attention of one sequence over length (FLOPs -> TFLOP/s);
     - ``moe_experts``: one layer's routed experts over token counts, uniform routing (touched expert
-      weights -> achieved bandwidth);
+      weights -> achieved bandwidth); on CUDA also ``device_s``, the same call's device time inside a CUDA graph
+      (eager calls of a few tokens are launch-bound: H200 run 10 timed 1 token at 744 us eager);
     - ``sample``: top-k/top-p sampling over the vocabulary by batch size;
     - ``decode_step``: one whole decode step replayed as a CUDA graph vs run eager, by batch size (the
       launch cost graphs remove).
@@ -265,9 +302,13 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
             ops.reset_used()
             t, spread = timed(lambda: ops.moe_experts(x, w, ids, ex.w13, ex.w2, *scales))
             byts = touched * per_expert
+            backend = ops.reset_used().get("moe_experts", "?")
+            with torch.inference_mode():   # the same call's device time inside a CUDA graph, as decode graphs and
+                dev_s = _graph_device_time(lambda: ops.moe_experts(x, w, ids, ex.w13, ex.w2, *scales), dev)  # pieces run it
+            ops.reset_used()
             out.append({"op": "moe_experts", "tokens": n, "top_k": k, "experts": e, "touched": touched, "time_s": t,
-                        "spread": spread, "bytes": byts, "tbps": byts / t / 1e12,
-                        "backend": ops.reset_used().get("moe_experts", "?")})
+                        "spread": spread, "bytes": byts, "tbps": byts / t / 1e12, "backend": backend,
+                        **({"device_s": dev_s} if dev_s is not None else {})})
 
     vocab = engine.vocab_size
     for b in ([1, 32, 128] if not quick else [1, 8]):

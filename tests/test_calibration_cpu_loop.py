@@ -40,6 +40,9 @@ def test_tiny_calibrate_then_validate_on_cpu(tmp_path):
     # prefill attention over cached context measured as the executor runs it (MLAAttention.prefill_attend)
     chunk = [p for p in back.op_points if p["op"] == "attn_prefill_chunk"]
     assert {(p["new"], p["cached"]) for p in chunk} == {(16, 0), (64, 0), (16, 48), (64, 48)}
+    # MoE points: eager time on every device; the in-graph device time only where CUDA graphs exist
+    moe = [p for p in back.op_points if p["op"] == "moe_experts"]
+    assert moe and all(p["time_s"] > 0 and "device_s" not in p for p in moe)
     tab = back.tables["attn_prefill_chunk"]
     assert float(tab([64], [48])[0][0]) == pytest.approx(next(p["time_s"] for p in chunk if (p["new"], p["cached"]) == (64, 48)))
 
@@ -97,3 +100,10 @@ def test_twin_commands_are_registered_and_simulate_prints_a_band(tmp_path):
     res = r.invoke(app, ["simulate", "--requests", "50", "--error-band", "auto"])
     assert res.exit_code == 0, res.output
     assert "error band" in res.output
+
+
+def test_graph_device_time_is_none_off_cuda_and_never_raises():
+    import torch
+
+    from executor.calibrate import _graph_device_time
+    assert _graph_device_time(lambda: torch.ones(3).sum(), torch.device("cpu")) is None

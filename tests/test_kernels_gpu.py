@@ -337,3 +337,14 @@ def test_triton_attn_merge_matches_torch_merge(g):
     lb = (torch.randn(1, h, n, device="cuda", generator=g) * 4)[0].t()
     got, want = triton_merge(oa, la, ob, lb), merge_attn_states(oa, la, ob, lb)
     assert got.is_contiguous() and rel(got, want) < 2e-3
+
+
+def test_calibration_graph_device_time_of_a_gemm(g):
+    """``executor.calibrate._graph_device_time`` (the MoE points' ``device_s``): a bf16 4096^3 matmul in a CUDA graph
+    takes 0.05-5 ms on any recent GPU (about 0.2 ms on an H200); a call that cannot be captured (a host sync) gives
+    None instead of raising."""
+    from executor.calibrate import _graph_device_time
+    a = torch.randn(4096, 4096, device="cuda", generator=g).bfloat16()
+    t = _graph_device_time(lambda: a @ a, torch.device("cuda"))
+    assert t is not None and 5e-5 < t < 5e-3
+    assert _graph_device_time(lambda: (a @ a).sum().item(), torch.device("cuda")) is None
