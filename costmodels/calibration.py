@@ -129,6 +129,85 @@ class PrefillChunkTable(BaseModel):
         return t, ext
 
 
+class MoELayerTable(BaseModel):
+    """Measured device seconds of one MoE layer's routed experts (routing applied, permutation, the grouped GEMMs and
+    their activation, combine: the executor's ``ops.moe_experts`` call) at ``tokens`` tokens routed uniformly at
+    random, timed inside a CUDA graph (``executor.calibrate.bench_ops``, ``device_s``), for one expert shape:
+    ``experts`` routed experts of ``hidden`` x ``intermediate``, ``top_k`` per token, on one GPU.
+
+    Lookup: piecewise linear in log(tokens)-log(time) between measured counts; beyond the largest the time grows with
+    the tokens at the last point's rate (the grouped GEMMs' work, every expert already read); below the smallest the
+    smallest point's time is kept. Both flagged ``extrapolated`` (never clamped silently)."""
+
+    model_config = ConfigDict(extra="forbid")
+    tokens: list[float] = Field(..., min_length=2)
+    seconds: list[float] = Field(..., min_length=2)
+    experts: int = Field(..., gt=0)
+    top_k: int = Field(..., gt=0)
+    hidden: int = Field(..., gt=0)
+    intermediate: int = Field(..., gt=0)
+    x_is: str = ""
+
+    @field_validator("seconds")
+    @classmethod
+    def _points(cls, sec: list[float], info: ValidationInfo) -> list[float]:
+        tok = info.data.get("tokens")
+        if tok is None:
+            return sec
+        if len(tok) != len(sec):
+            raise ValueError(f"tokens has {len(tok)} points but seconds has {len(sec)}: give one time per token count")
+        if not all(math.isfinite(v) and v > 0 for v in list(tok) + list(sec)):
+            raise ValueError("tokens and seconds must be finite numbers > 0")
+        if len(set(tok)) != len(tok):
+            raise ValueError("tokens must be distinct")
+        return sec
+
+    def model_post_init(self, _ctx) -> None:
+        order = np.argsort(self.tokens)
+        self._x = np.asarray(self.tokens, float)[order]
+        self._y = np.asarray(self.seconds, float)[order]
+
+    def matches(self, experts: int, top_k: int, hidden: int, intermediate: int) -> bool:
+        """Whether the table measured this expert shape (a table prices only the MoE it timed)."""
+        return (self.experts, self.top_k, self.hidden, self.intermediate) == (experts, top_k, hidden, intermediate)
+
+    def __call__(self, tokens) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds, extrapolated) for each token count (0 tokens: 0 seconds)."""
+        n = np.asarray(tokens, float)
+        pos = n > 0
+        m = np.maximum(n, 1e-9)
+        t = np.exp(np.interp(np.log(m), np.log(self._x), np.log(self._y)))
+        above = m > self._x[-1]
+        t = np.where(above, self._y[-1] * m / self._x[-1], t)
+        return np.where(pos, t, 0.0), pos & (above | (m < self._x[0]))
+
+
+def moe_layer_table(points: list[dict], model: str | None = None) -> MoELayerTable | None:
+    """The ``moe_layer`` table from a calibration's ``moe_experts`` points that timed their device time (``device_s``,
+    on CUDA since 056fca2); None with fewer than two such token counts. The expert shape comes from the points, or,
+    for points that do not record it (run 11's), from the catalog model ``model`` the calibration measured."""
+    pts = {}
+    for p in points:
+        if p.get("op") == "moe_experts" and (p.get("device_s") or 0) > 0:
+            pts[float(p["tokens"])] = p
+    if len(pts) < 2:
+        return None
+    p0 = next(iter(pts.values()))
+    hidden, inter = p0.get("hidden"), p0.get("intermediate")
+    if (hidden is None or inter is None) and model is not None:
+        from costmodels.catalog import get_model
+        spec = get_model(model)
+        if spec.moe:
+            hidden, inter = spec.hidden_size, spec.moe.moe_intermediate_size
+    if hidden is None or inter is None:
+        return None
+    toks = sorted(pts)
+    return MoELayerTable(tokens=toks, seconds=[float(pts[t]["device_s"]) for t in toks], experts=int(p0["experts"]),
+                         top_k=int(p0["top_k"]), hidden=int(hidden), intermediate=int(inter),
+                         x_is="device seconds of one MoE layer's routed experts over tokens, uniform routing (measured: "
+                              "executor ops.moe_experts inside a CUDA graph)")
+
+
 class CalibrationProfile(BaseModel):
     """Efficiencies of one GPU kind's kernels. Analytic forms (used when a table is absent):
 
@@ -178,9 +257,10 @@ class CalibrationProfile(BaseModel):
     op_table_libs: dict[Literal["fp8_gemm"], Literal["deepgemm", "triton"]] = Field(
         default_factory=dict, description="kernel library whose op-table rows price an op, as the measured engine ran it "
         "(twinfer calibrate records the registry's choice); absent: DeepGEMM, what a tuned serving engine runs")
-    tables: dict[str, EffTable | PrefillChunkTable] = Field(
+    tables: dict[str, EffTable | PrefillChunkTable | MoELayerTable] = Field(
         default_factory=dict, description="efficiency tables over one shape variable (EffTable); ``attn_prefill_chunk``: "
-        "seconds of one prefill chunk's attention over new x cached tokens (PrefillChunkTable)")
+        "seconds of one prefill chunk's attention over new x cached tokens (PrefillChunkTable); ``moe_layer``: device "
+        "seconds of one MoE layer's routed experts over tokens (MoELayerTable)")
     # measured profiles (twinfer calibrate): where the numbers come from, the op micro-benchmarks
     # behind ``tables``, and the measured step model of one engine (costmodels.step_profile)
     provenance: dict = Field(default_factory=dict, description="GPU, driver, torch, kernel backends, date, command")

@@ -13,7 +13,10 @@ import numpy as np
 
 from costmodels.host import partial_overlap
 from costmodels.profiled import ProfiledStepCost, point_categories
+from costmodels.calibration import moe_layer_table
 from costmodels.step_profile import FIT_CATEGORIES, STEP_MODEL_REV, FitStats, HostTerms, LoopTerms, StepPoint, StepProfile
+
+EXPERT_FIT = FIT_CATEGORIES.index("expert_gemm")
 
 
 def nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
@@ -172,7 +175,7 @@ def errors(pred: np.ndarray, meas: np.ndarray) -> dict:
 # A CPU fit prices the reference kernels with an H200 model: there the scales are conversion factors, unbounded.
 GPU_SCALE_BOUNDS = (0.8, 1.25)
 # tables that time the executor's own code at a step's exact shapes (executor.calibrate.bench_ops): always used
-ALWAYS_TABLES = ("attn_prefill_chunk",)
+ALWAYS_TABLES = ("attn_prefill_chunk", "moe_layer")
 
 
 def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype: str, device: str,
@@ -238,6 +241,10 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
         nc = len(FIT_CATEGORIES)
         lo = np.concatenate([np.zeros(hf.shape[1]), np.full(nc, float(scale_bounds[0]) if scale_bounds else 0.0), [0.0]])
         hi = np.concatenate([np.full(hf.shape[1], np.inf), np.full(nc, float(scale_bounds[1]) if scale_bounds else np.inf), [np.inf]])
+        # one device scale for every category, the measured MoE layer's included: H200 run 11's graph forwards ran
+        # 1.10-1.23x the sum of their op times with the MoE from its measured table (its own CUDA graph, alone), and
+        # 1.2-1.74x, rising with batch, the rest alone with the MoE kept at its measured time (scale 1): the MoE pays
+        # the forward's factor too
         pinned = forward_scales(pts, fw, scale_bounds or (0.0, np.inf))
         for j, v in pinned.items():          # device scales the graph forwards measured: fixed for the whole fit
             lo[hf.shape[1] + j], hi[hf.shape[1] + j] = v, v * (1 + 1e-9) + 1e-12
@@ -277,23 +284,28 @@ def _graph_forwards(points: Sequence[StepPoint], cats: np.ndarray) -> tuple[list
 
 
 def forward_scales(points: Sequence[StepPoint], cats: np.ndarray, scale_bounds: tuple[float, float],
-                   min_points: int = 8) -> dict[int, float]:
+                   min_points: int = 8, fixed: dict[int, float] | None = None) -> dict[int, float]:
     """Device scale fitted to device time alone: the CUDA-graph points' measured forwards (``forward_s``, the
     replay's CUDA events: no host work in it) against the sum of the graph's own op times (``cats``, one row per point:
     no logits GEMM, no sampling, which run after the replay), least squares on relative error within ``scale_bounds``.
     Returns {category index: scale} for the categories the graph forwards exercise; {} where fewer than
     ``min_points`` graph points recorded a forward (profiles before run 9). The whole-step fit then keeps these fixed,
     so host-bound eager steps cannot move device scales to absorb host time. H200 run 9: the graph forwards run
-    1.16x their op times (p10 1.10, p90 1.25), the in-graph cost of ~170 small kernels a layer beyond the tables."""
+    1.16x their op times (p10 1.10, p90 1.25), the in-graph cost of ~170 small kernels a layer beyond the tables.
+    ``fixed``: {category index: scale} of categories priced from measured device time (the MoE layer table): kept as
+    given, their time taken off each forward before the rest's scale is fitted."""
+    fixed = fixed or {}
     sel, r = _graph_forwards(points, cats)
     if len(sel) < min_points:
         return {}
-    used = [j for j in range(cats.shape[1]) if cats[sel, j].max() > 0]
-    q = 1.0 / r     # op-time sum over the measured forward
+    used = [j for j in range(cats.shape[1]) if cats[sel, j].max() > 0 and j not in fixed]
+    fwd = np.array([points[i].forward_s for i in sel])
+    rest = fwd - sum(cats[sel, j] * v for j, v in fixed.items())      # the forward less its fixed-scale ops
+    q = cats[sel][:, used].sum(1) / np.maximum(rest, 1e-12)             # the other ops' time over what they took
     # one scale for all of them: attention and the row-wise ops are a few percent of a decode forward and move
     # together with the GEMMs, so separate scales are not identified (fitted apart they sit at opposite bounds)
     k = float(np.clip(np.sum(q) / np.sum(q * q), *scale_bounds))   # min sum (k q - 1)^2: relative error of (op sum) x k
-    return {j: k for j in used}
+    return {**{j: k for j in used}, **{j: v for j, v in fixed.items() if cats[sel, j].max() > 0}}
 
 
 def graph_forward_ratio(points: Sequence[StepPoint], cats: np.ndarray) -> str | None:
@@ -317,6 +329,10 @@ def refit_profile(profile, scale_bounds: str = "auto"):
     st = profile.step
     if not profile.op_table_libs:   # calibrated before op_table_libs (runs <= 6): its measured Linear says which library
         profile = profile.model_copy(update={"op_table_libs": type(profile).measured_libs(profile.op_points, st.dtype)})
+    if "moe_layer" not in profile.tables:   # run 11 timed its MoE points' device time before the table was built from them
+        mt = moe_layer_table(profile.op_points, st.model)
+        if mt is not None:
+            profile = profile.model_copy(update={"tables": {**profile.tables, "moe_layer": mt}})
     b = scale_bounds if scale_bounds == "auto" else None if scale_bounds == "none" else tuple(float(x) for x in scale_bounds.split(","))
     st2 = fit_step_profile(profile, st.points, model=st.model, dtype=st.dtype, device=st.device, graph_sizes=st.graph_sizes,
                            scale_bounds=b, piecewise_sizes=st.piecewise_sizes)

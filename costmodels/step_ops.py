@@ -301,6 +301,10 @@ class StepOps:
         self._idx_coef = 2.0 * m.indexer.n_heads * m.indexer.head_dim if m.indexer else 0.0
         self.mla_table = self._mla_table()
         self.chunk_table = cal.tables.get("attn_prefill_chunk")   # PrefillChunkTable (a measured profile's) or None
+        # MoELayerTable (a measured profile's): the routed experts' measured device time, where it timed this MoE on one GPU
+        mt = cal.tables.get("moe_layer")
+        self.moe_table = mt if (mt is not None and m.moe and lay.ep == 1 and lay.moe_tp == 1 and not lay.eplb_redundant_experts
+                                and mt.matches(m.moe.n_routed_experts, m.moe.top_k, m.hidden_size, m.moe.moe_intermediate_size)) else None
 
     def _attention_groups(self) -> tuple[list[tuple[AttnGeometry, int]], list[bool]]:
         """(geometry, layer count) of the layer groups attention is priced over, and whether each is a CED decoder
@@ -444,11 +448,15 @@ class StepOps:
         w = touched * self.e_params_local * self.e_bpp
         flops = 2.0 * tok_rank * self.e_params_local
         byts = w + tok_rank * self.e_io_per_token
-        ceff = self.cal.gemm_compute(tok_rank / np.maximum(touched, 1e-9), self.layout.experts_dtype)
-        meff = self.cal.expert_mem(byts)
-        t = np.maximum(flops / (self.e_peak * np.maximum(ceff, 1e-9)), byts / (self.hw.hbm_bw * np.maximum(meff, 1e-9))) + 2 * self._lo
+        if self.moe_table is not None:
+            # the executor's own MoE layer, its device time measured at these token counts (uniform routing, one GPU)
+            t = self.moe_table(tok)[0]
+        else:
+            ceff = self.cal.gemm_compute(tok_rank / np.maximum(touched, 1e-9), self.layout.experts_dtype)
+            meff = self.cal.expert_mem(byts)
+            t = np.maximum(flops / (self.e_peak * np.maximum(ceff, 1e-9)), byts / (self.hw.hbm_bw * np.maximum(meff, 1e-9))) + 2 * self._lo
         k = np.where(tok > 0, float(layers), 0.0)
-        name = f"{label} ({float(touched.flat[0]):.0f} experts touched/rank)"
+        name = f"{label} ({float(touched.flat[0]):.0f} experts touched/rank" + (", measured MoE layer table)" if self.moe_table is not None else ")")
         return _terms([(name, EXPERT, k, k * flops, k * byts, np.where(tok > 0, layers * t, 0.0), False)], tok.size)
 
     def elementwise(self, tok: np.ndarray, layers: int, moe_layers: int) -> Terms:

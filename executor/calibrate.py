@@ -33,7 +33,7 @@ import time
 import numpy as np
 import torch
 
-from costmodels.calibration import CalibrationProfile, EffTable, PrefillChunkTable
+from costmodels.calibration import CalibrationProfile, EffTable, PrefillChunkTable, moe_layer_table
 from costmodels.hardware import get_hardware
 from costmodels.step_fit import fit_step_profile
 from costmodels.step_profile import StepPoint
@@ -306,7 +306,8 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
             with torch.inference_mode():   # the same call's device time inside a CUDA graph, as decode graphs and
                 dev_s = _graph_device_time(lambda: ops.moe_experts(x, w, ids, ex.w13, ex.w2, *scales), dev)  # pieces run it
             ops.reset_used()
-            out.append({"op": "moe_experts", "tokens": n, "top_k": k, "experts": e, "touched": touched, "time_s": t,
+            out.append({"op": "moe_experts", "tokens": n, "top_k": k, "experts": e, "hidden": hidden,
+                        "intermediate": int(ex.w2.shape[2]), "touched": touched, "time_s": t,
                         "spread": spread, "bytes": byts, "tbps": byts / t / 1e12, "backend": backend,
                         **({"device_s": dev_s} if dev_s is not None else {})})
 
@@ -370,7 +371,8 @@ def op_tables(points: list[dict], hw_name: str) -> dict[str, EffTable | PrefillC
     Linear), ``attn_decode_mem`` over KV bytes (MLA decode), ``attn_prefill_compute`` over tokens (prefill attention),
     ``expert_mem`` over expert weight bytes (routed experts); a table needs two or more distinct x. Plus
     ``attn_prefill_chunk``: measured seconds of one prefill chunk's attention over new x cached tokens (two or more
-    cached levels)."""
+    cached levels); ``moe_layer``: one MoE layer's routed experts, device seconds over tokens (two or more counts timed
+    in a CUDA graph)."""
     hw = get_hardware(hw_name)
     base = CalibrationProfile.default(hw)
     ok = [p for p in points if p["time_s"] > 0]
@@ -398,6 +400,8 @@ def op_tables(points: list[dict], hw_name: str) -> dict[str, EffTable | PrefillC
             heads=int(p0["heads"]), d_qk=int(p0["d_qk"]), d_v=int(p0["d_v"]),
             x_is="seconds of one layer's prefill-chunk attention over new x cached tokens (measured: executor MLA prefill_attend, "
                  "masked SDPA)")
+    # the executor's MoE layer at exact token counts, device time in a CUDA graph (points since 056fca2)
+    tables["moe_layer"] = moe_layer_table(points)
     # at the same bytes (every expert touched) more tokens turn compute-bound: the best efficiency is the memory regime
     tables["expert_mem"] = _eff_table([(p["bytes"], p["bytes"] / p["time_s"] / hw.hbm_bw) for p in by("moe_experts")],
                                       "expert weight bytes one MoE layer's routed experts read (measured: executor grouped GEMM, uniform routing)")

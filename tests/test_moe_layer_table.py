@@ -1,0 +1,116 @@
+"""The measured MoE-layer table (device seconds of one layer's routed experts over tokens, timed in a CUDA graph by
+the calibration): lookup and extrapolation flags, field errors, building it from a calibration's points, and the step
+model pricing the routed experts from it only for the MoE it measured on one GPU (issue 16: H200 run 11's MoE layer
+took 4.09 ms at 1024 tokens and 5.56 ms at 4096 where the roofline gave 2.86 and 3.31)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from costmodels.calibration import CalibrationProfile, MoELayerTable, moe_layer_table
+from costmodels.hardware import get_hardware
+from costmodels.layout import ParallelLayout
+from costmodels.profiled import reduced_model
+from costmodels.step import StepCostModel
+
+V3 = dict(experts=256, top_k=8, hidden=7168, intermediate=2048)
+RUN11 = {1: 1.748e-4, 8: 6.633e-4, 64: 2.365e-3, 256: 3.037e-3, 1024: 4.091e-3, 4096: 5.559e-3}   # device_s, H200
+
+
+def table(**kw) -> MoELayerTable:
+    args = dict(tokens=list(RUN11), seconds=list(RUN11.values()), **V3)
+    args.update(kw)
+    return MoELayerTable(**args)
+
+
+def test_lookup_interpolates_in_log_space_and_flags_what_lies_beyond():
+    t = table()
+    sec, ext = t([1, 64, 4096])
+    assert np.allclose(sec, [RUN11[1], RUN11[64], RUN11[4096]]) and not ext.any()
+    mid, ext = t([128])     # halfway in log tokens between 64 and 256: the geometric mean of their times
+    assert mid[0] == pytest.approx(np.sqrt(RUN11[64] * RUN11[256])) and not ext[0]
+    big, ext = t([8192, 0])
+    assert big[0] == pytest.approx(2 * RUN11[4096]) and ext[0]        # beyond: the grouped GEMMs' work, flagged
+    assert big[1] == 0.0 and not ext[1]                                # no tokens, no MoE
+    low, ext = table(tokens=[8, 64], seconds=[RUN11[8], RUN11[64]])([2])
+    assert low[0] == pytest.approx(RUN11[8]) and ext[0]                # below: the smallest point's time, flagged
+
+
+@pytest.mark.parametrize("bad, field", [(dict(seconds=[1e-3] * 5), "one time per token count"),
+                                        (dict(seconds=[0.0] + [1e-3] * 5), "> 0"),
+                                        (dict(tokens=[1, 1, 64, 256, 1024, 4096]), "distinct")])
+def test_bad_tables_name_the_problem(bad, field):
+    with pytest.raises(ValidationError, match=field):
+        table(**bad)
+
+
+def test_built_from_device_timed_points_only_with_the_expert_shape():
+    pts = [{"op": "moe_experts", "tokens": n, "top_k": 8, "experts": 256, "time_s": 2 * s, "device_s": s, **{k: V3[k] for k in ("hidden", "intermediate")}}
+           for n, s in RUN11.items()]
+    t = moe_layer_table(pts + [{"op": "linear", "m": 4, "time_s": 1.0}])
+    assert t.tokens == sorted(RUN11) and t.seconds == [RUN11[n] for n in sorted(RUN11)] and t.matches(**V3)
+    # run 11's points lack the shape: the calibrated model names it
+    bare = [{k: v for k, v in p.items() if k not in ("hidden", "intermediate")} for p in pts]
+    assert moe_layer_table(bare) is None and moe_layer_table(bare, "deepseek-v3").matches(**V3)
+    # eager-only points (no device time, before 056fca2 or on a CPU) and a single count give no table
+    assert moe_layer_table([{k: v for k, v in p.items() if k != "device_s"} for p in pts]) is None
+    assert moe_layer_table(pts[:1]) is None
+
+
+def _cost(tab: MoELayerTable | None, model: str = "deepseek-v3", ep: int = 1):
+    m = reduced_model(model, 5)
+    lay = ParallelLayout(tp=ep, ep=ep, weight_dtype="fp8", kv_dtype="bf16")
+    base = CalibrationProfile.default()
+    cal = base if tab is None else base.model_copy(update={"tables": {**base.tables, "moe_layer": tab}})
+    return StepCostModel(m, get_hardware("H200"), lay, cal)
+
+
+def test_step_model_prices_routed_experts_from_the_table_of_its_own_moe():
+    with_t, without = _cost(table()), _cost(None)
+    moe_layers = with_t.n_moe_layers
+    tok = np.array([1024.0, 64.0])
+    a = with_t.experts(tok, moe_layers, "routed").time
+    assert np.allclose(a, moe_layers * np.array([RUN11[1024], RUN11[64]]))
+    assert not np.allclose(a, without.experts(tok, moe_layers, "routed").time)
+    # another expert shape, or experts spread over ranks: the table did not time that, the roofline prices it
+    other = _cost(table(intermediate=1024))
+    assert np.allclose(other.experts(tok, moe_layers, "routed").time, without.experts(tok, moe_layers, "routed").time)
+    assert _cost(table(), ep=8).moe_table is None
+    assert _cost(table(), model="qwen3-235b-a22b").moe_table is None
+
+
+def test_refit_builds_the_table_from_the_profiles_own_points_and_fits_one_device_scale():
+    """A profile whose MoE points timed their device time but carry no ``moe_layer`` table (run 11's) gets it at refit
+    from those points; every fit variant prices the experts from it (ALWAYS_TABLES), and the graph forwards pin one
+    device scale for every category, the table's experts included."""
+    from costmodels.profiled import ProfiledStepCost
+    from costmodels.step_fit import ALWAYS_TABLES, refit_profile
+    from costmodels.step_profile import FIT_CATEGORIES, HostTerms, StepPoint, StepProfile
+    assert "moe_layer" in ALWAYS_TABLES
+    base = CalibrationProfile.default()
+    op_points = [{"op": "moe_experts", "tokens": n, "top_k": 8, "experts": 256, "time_s": 2 * v, "device_s": v}
+                 for n, v in RUN11.items()]
+    with_t = base.model_copy(update={"tables": {**base.tables, "moe_layer": table()}})
+    truth = StepProfile(model="deepseek-v3", num_layers=5, dtype="fp8", device="cuda", graph_sizes=[1, 2, 4, 8, 16, 32, 64],
+                        use_op_tables=True, op_tables=["moe_layer"], category_scale={c: 1.15 for c in FIT_CATEGORIES},
+                        host=HostTerms(fixed_s=1e-3, graph_fixed_s=6e-4), overlap=0.3)
+    cost = ProfiledStepCost(with_t, truth)
+    pts = []
+    for b in (1, 2, 4, 8, 16, 32, 64):
+        ctx = np.full(b, 1000, np.int64)
+        fwd = float(cost.graph_categories(ctx, b, logits=False) @ cost.k)
+        p = StepPoint(num_layers=5, decode_ctx=[1000] * b, prefill=[], wall_s=1.0, graph_bs=b, forward_s=fwd)
+        pts.append(p.model_copy(update={"wall_s": cost.point_time(p)}))
+    for q in (256, 1024, 2048, 4096):
+        for d in (0, 8):
+            p = StepPoint(num_layers=5, decode_ctx=[1000] * d, prefill=[(q, 0)], wall_s=1.0)
+            pts.append(p.model_copy(update={"wall_s": cost.point_time(p)}))
+    stored = base.model_copy(update={"op_points": op_points, "step": truth.model_copy(update={"points": pts, "op_tables": []})})
+    assert "moe_layer" not in stored.tables
+    back = refit_profile(stored, "auto")
+    st = back.step
+    assert back.tables["moe_layer"].matches(**V3) and "moe_layer" in st.op_tables
+    assert st.category_scale["expert_gemm"] == pytest.approx(1.15, rel=1e-3) == st.category_scale["dense_gemm"]
+    assert st.fit.mape < 0.01
