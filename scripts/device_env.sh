@@ -12,7 +12,11 @@ stage install
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || echo "wheel install failed"
 fi
-if [ -f .whl/vllm_vendor_extract.tar.gz ]; then   # FlashMLA, DeepGEMM, FA3 from vllm==0.26.0: scripts/build_vendor_extract.sh
-  mkdir -p /tmp/vendor && tar xzf .whl/vllm_vendor_extract.tar.gz -C /tmp/vendor
-fi
+for x in .whl/vllm_vendor_extract.tar.xz .whl/vllm_vendor_extract.tar.gz; do   # FlashMLA, DeepGEMM, FA3 from vllm==0.26.0
+  if [ -f "$x" ]; then                                                          # (scripts/build_vendor_extract.sh)
+    mkdir -p /tmp/vendor && python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall('/tmp/vendor', filter='data')" "$x" \
+      || echo "vendor extract $x: unpack failed"
+    break
+  fi
+done
 export PYTHONPATH="$PWD:/tmp/site:/tmp/vendor"
