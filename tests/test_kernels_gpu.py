@@ -262,6 +262,16 @@ def test_deepgemm_fused_moe_triton_glue(g, t):
     assert torch.isfinite(out).all() and rel(out, want) < 2e-2 and rel(out, old) < 5e-3
 
 
+def _mla_chunk(g, n: int, cached: int):
+    """One DeepSeek-V3 MLA prefill chunk on the GPU, as ``MLAAttention.prefill_attend`` hands it over: 128 heads, q/k
+    192, v 128, bf16; its n queries are the last n of n + cached keys. (q, k, v, positions, scale)."""
+    h, dqk, dv, s = 128, 192, 128, n + cached
+    q = torch.randn(n, h, dqk, device="cuda", generator=g).bfloat16()
+    k = torch.randn(s, h, dqk, device="cuda", generator=g).bfloat16()
+    v = torch.randn(s, h, dv, device="cuda", generator=g).bfloat16()
+    return q, k, v, torch.arange(cached, s, device="cuda"), dqk ** -0.5
+
+
 @pytest.mark.parametrize("n,cached", [(64, 0), (1000, 3000), (4096, 0), (517, 5003)])
 def test_flash_split_prefill_attention(g, n, cached):
     """MLA prefill chunk (128 heads, q/k 192, v 128, bf16; queries the last n of n + cached keys) through the flash
@@ -271,12 +281,7 @@ def test_flash_split_prefill_attention(g, n, cached):
     registry puts FlashAttention-3 first where it loads: the fallback is tested here all the same)."""
     from kernels import ops
     from kernels.prefill_attention import flash_decline
-    h, dqk, dv, s = 128, 192, 128, n + cached
-    q = torch.randn(n, h, dqk, device="cuda", generator=g).bfloat16()
-    k = torch.randn(s, h, dqk, device="cuda", generator=g).bfloat16()
-    v = torch.randn(s, h, dv, device="cuda", generator=g).bfloat16()
-    pos = torch.arange(cached, s, device="cuda")
-    scale = dqk ** -0.5
+    q, k, v, pos, scale = _mla_chunk(g, n, cached)
     if flash_decline(q, k, v, None, True):
         pytest.skip(flash_decline(q, k, v, None, True))
     from kernels.prefill_attention import attention_prefill_flash
@@ -305,12 +310,7 @@ def test_fa3_prefill_attention(g, n, cached):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("FlashAttention-3 is sm90 only")
     from kernels import ops
-    h, dqk, dv, s = 128, 192, 128, n + cached
-    q = torch.randn(n, h, dqk, device="cuda", generator=g).bfloat16()
-    k = torch.randn(s, h, dqk, device="cuda", generator=g).bfloat16()
-    v = torch.randn(s, h, dv, device="cuda", generator=g).bfloat16()
-    pos = torch.arange(cached, s, device="cuda")
-    scale = dqk ** -0.5
+    q, k, v, pos, scale = _mla_chunk(g, n, cached)
     ops.reset_used()
     torch.cuda.set_sync_debug_mode("error")
     try:
