@@ -135,9 +135,13 @@ class MoELayerTable(BaseModel):
     random, timed inside a CUDA graph (``executor.calibrate.bench_ops``, ``device_s``), for one expert shape:
     ``experts`` routed experts of ``hidden`` x ``intermediate``, ``top_k`` per token, on one GPU.
 
-    Lookup: piecewise linear in log(tokens)-log(time) between measured counts; beyond the largest the time grows with
-    the tokens at the last point's rate (the grouped GEMMs' work, every expert already read); below the smallest the
-    smallest point's time is kept. Both flagged ``extrapolated`` (never clamped silently)."""
+    Lookup: piecewise linear in log(tokens)-log(time) between measured counts; beyond the largest, the last segment's
+    slope (H200 run 12's table: 8.0 ms at 8192 tokens, where issue 18 measured the fused MoE layer at 8.13 ms), or, where
+    it grows less, a reference model of the same layer (the cost model's roofline, ``reference``) at the last point's
+    measured/reference ratio (the op tables' rule: a quick calibration's table ends at 64 tokens, where the slope is
+    the experts touched still growing); below the smallest the smallest point's time is kept. Both flagged ``extrapolated`` (never
+    clamped silently). ``weight_dtype``: the expert weights' dtype it timed (None: tables of runs 11-13, which timed
+    the engine's FP8 experts and did not record it)."""
 
     model_config = ConfigDict(extra="forbid")
     tokens: list[float] = Field(..., min_length=2)
@@ -146,6 +150,7 @@ class MoELayerTable(BaseModel):
     top_k: int = Field(..., gt=0)
     hidden: int = Field(..., gt=0)
     intermediate: int = Field(..., gt=0)
+    weight_dtype: str | None = None
     x_is: str = ""
 
     @field_validator("seconds")
@@ -167,25 +172,36 @@ class MoELayerTable(BaseModel):
         self._x = np.asarray(self.tokens, float)[order]
         self._y = np.asarray(self.seconds, float)[order]
 
-    def matches(self, experts: int, top_k: int, hidden: int, intermediate: int) -> bool:
-        """Whether the table measured this expert shape (a table prices only the MoE it timed)."""
+    def matches(self, experts: int, top_k: int, hidden: int, intermediate: int, weight_dtype: str | None = None) -> bool:
+        """Whether the table measured this expert shape and weight dtype (a table prices only the MoE it timed)."""
+        if weight_dtype is not None and self.weight_dtype is not None and weight_dtype != self.weight_dtype:
+            return False
         return (self.experts, self.top_k, self.hidden, self.intermediate) == (experts, top_k, hidden, intermediate)
 
-    def __call__(self, tokens) -> tuple[np.ndarray, np.ndarray]:
-        """(seconds, extrapolated) for each token count (0 tokens: 0 seconds)."""
+    def __call__(self, tokens, reference=None) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds, extrapolated) for each token count (0 tokens: 0 seconds). ``reference``: seconds over tokens
+        (vectorised) of a model of the same layer, which carries the time beyond the largest count."""
         n = np.asarray(tokens, float)
         pos = n > 0
         m = np.maximum(n, 1e-9)
         t = np.exp(np.interp(np.log(m), np.log(self._x), np.log(self._y)))
         above = m > self._x[-1]
-        t = np.where(above, self._y[-1] * m / self._x[-1], t)
+        if above.any():
+            x1, y1 = self._x[-1], self._y[-1]
+            beyond = y1 + (m[above] - x1) * max((y1 - self._y[-2]) / (x1 - self._x[-2]), 0.0)
+            if reference is not None:
+                r = np.asarray(reference(np.array([x1, *m[above]])), float)
+                beyond = np.minimum(beyond, y1 * r[1:] / max(r[0], 1e-30))
+            t = t.copy()
+            t[above] = beyond
         return np.where(pos, t, 0.0), pos & (above | (m < self._x[0]))
 
 
-def moe_layer_table(points: list[dict], model: str | None = None) -> MoELayerTable | None:
+def moe_layer_table(points: list[dict], model: str | None = None, weight_dtype: str | None = None) -> MoELayerTable | None:
     """The ``moe_layer`` table from a calibration's ``moe_experts`` points that timed their device time (``device_s``,
-    on CUDA since 056fca2); None with fewer than two such token counts. The expert shape comes from the points, or,
-    for points that do not record it (run 11's), from the catalog model ``model`` the calibration measured."""
+    on CUDA since 056fca2); None with fewer than two such token counts. The expert shape and weight dtype come from the
+    points, or, for points that do not record them (runs 11-13), from the catalog model ``model`` and the dtype
+    ``weight_dtype`` the calibration measured (None where the catalog does not know the model)."""
     pts = {}
     for p in points:
         if p.get("op") == "moe_experts" and (p.get("device_s") or 0) > 0:
@@ -196,7 +212,10 @@ def moe_layer_table(points: list[dict], model: str | None = None) -> MoELayerTab
     hidden, inter = p0.get("hidden"), p0.get("intermediate")
     if (hidden is None or inter is None) and model is not None:
         from costmodels.catalog import get_model
-        spec = get_model(model)
+        try:
+            spec = get_model(model)
+        except Exception:  # noqa: BLE001 - a model outside the catalog: its shape is unknown here, no table
+            return None
         if spec.moe:
             hidden, inter = spec.hidden_size, spec.moe.moe_intermediate_size
     if hidden is None or inter is None:
@@ -204,6 +223,7 @@ def moe_layer_table(points: list[dict], model: str | None = None) -> MoELayerTab
     toks = sorted(pts)
     return MoELayerTable(tokens=toks, seconds=[float(pts[t]["device_s"]) for t in toks], experts=int(p0["experts"]),
                          top_k=int(p0["top_k"]), hidden=int(hidden), intermediate=int(inter),
+                         weight_dtype=p0.get("weight_dtype") or weight_dtype,
                          x_is="device seconds of one MoE layer's routed experts over tokens, uniform routing (measured: "
                               "executor ops.moe_experts inside a CUDA graph)")
 

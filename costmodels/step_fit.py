@@ -16,7 +16,6 @@ from costmodels.profiled import ProfiledStepCost, point_categories
 from costmodels.calibration import moe_layer_table
 from costmodels.step_profile import FIT_CATEGORIES, STEP_MODEL_REV, FitStats, HostTerms, LoopTerms, StepPoint, StepProfile
 
-EXPERT_FIT = FIT_CATEGORIES.index("expert_gemm")
 
 
 def nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
@@ -284,28 +283,23 @@ def _graph_forwards(points: Sequence[StepPoint], cats: np.ndarray) -> tuple[list
 
 
 def forward_scales(points: Sequence[StepPoint], cats: np.ndarray, scale_bounds: tuple[float, float],
-                   min_points: int = 8, fixed: dict[int, float] | None = None) -> dict[int, float]:
+                   min_points: int = 8) -> dict[int, float]:
     """Device scale fitted to device time alone: the CUDA-graph points' measured forwards (``forward_s``, the
     replay's CUDA events: no host work in it) against the sum of the graph's own op times (``cats``, one row per point:
     no logits GEMM, no sampling, which run after the replay), least squares on relative error within ``scale_bounds``.
     Returns {category index: scale} for the categories the graph forwards exercise; {} where fewer than
     ``min_points`` graph points recorded a forward (profiles before run 9). The whole-step fit then keeps these fixed,
     so host-bound eager steps cannot move device scales to absorb host time. H200 run 9: the graph forwards run
-    1.16x their op times (p10 1.10, p90 1.25), the in-graph cost of ~170 small kernels a layer beyond the tables.
-    ``fixed``: {category index: scale} of categories priced from measured device time (the MoE layer table): kept as
-    given, their time taken off each forward before the rest's scale is fitted."""
-    fixed = fixed or {}
+    1.16x their op times (p10 1.10, p90 1.25), the in-graph cost of ~170 small kernels a layer beyond the tables."""
     sel, r = _graph_forwards(points, cats)
     if len(sel) < min_points:
         return {}
-    used = [j for j in range(cats.shape[1]) if cats[sel, j].max() > 0 and j not in fixed]
-    fwd = np.array([points[i].forward_s for i in sel])
-    rest = fwd - sum(cats[sel, j] * v for j, v in fixed.items())      # the forward less its fixed-scale ops
-    q = cats[sel][:, used].sum(1) / np.maximum(rest, 1e-12)             # the other ops' time over what they took
+    used = [j for j in range(cats.shape[1]) if cats[sel, j].max() > 0]
+    q = 1.0 / r     # op-time sum over the measured forward
     # one scale for all of them: attention and the row-wise ops are a few percent of a decode forward and move
     # together with the GEMMs, so separate scales are not identified (fitted apart they sit at opposite bounds)
     k = float(np.clip(np.sum(q) / np.sum(q * q), *scale_bounds))   # min sum (k q - 1)^2: relative error of (op sum) x k
-    return {**{j: k for j in used}, **{j: v for j, v in fixed.items() if cats[sel, j].max() > 0}}
+    return {j: k for j in used}
 
 
 def graph_forward_ratio(points: Sequence[StepPoint], cats: np.ndarray) -> str | None:
@@ -330,7 +324,7 @@ def refit_profile(profile, scale_bounds: str = "auto"):
     if not profile.op_table_libs:   # calibrated before op_table_libs (runs <= 6): its measured Linear says which library
         profile = profile.model_copy(update={"op_table_libs": type(profile).measured_libs(profile.op_points, st.dtype)})
     if "moe_layer" not in profile.tables:   # run 11 timed its MoE points' device time before the table was built from them
-        mt = moe_layer_table(profile.op_points, st.model)
+        mt = moe_layer_table(profile.op_points, st.model, st.dtype)
         if mt is not None:
             profile = profile.model_copy(update={"tables": {**profile.tables, "moe_layer": mt}})
     b = scale_bounds if scale_bounds == "auto" else None if scale_bounds == "none" else tuple(float(x) for x in scale_bounds.split(","))

@@ -304,7 +304,8 @@ class StepOps:
         # MoELayerTable (a measured profile's): the routed experts' measured device time, where it timed this MoE on one GPU
         mt = cal.tables.get("moe_layer")
         self.moe_table = mt if (mt is not None and m.moe and lay.ep == 1 and lay.moe_tp == 1 and not lay.eplb_redundant_experts
-                                and mt.matches(m.moe.n_routed_experts, m.moe.top_k, m.hidden_size, m.moe.moe_intermediate_size)) else None
+                                and mt.matches(m.moe.n_routed_experts, m.moe.top_k, m.hidden_size, m.moe.moe_intermediate_size,
+                                               lay.experts_dtype)) else None
 
     def _attention_groups(self) -> tuple[list[tuple[AttnGeometry, int]], list[bool]]:
         """(geometry, layer count) of the layer groups attention is priced over, and whether each is a CED decoder
@@ -438,25 +439,33 @@ class StepOps:
             return np.maximum(1.0, many(np.asarray(tokens, float) * self.model.moe.top_k))
         return np.array([max(1.0, float(self.expert_load(v * self.model.moe.top_k))) for v in np.asarray(tokens, float).tolist()])
 
+    def _expert_roofline(self, tok: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """One MoE layer's routed experts over ``tok`` instance tokens on the busiest EP rank, by the roofline:
+        (seconds, experts touched, FLOPs, bytes). The measured MoE table extrapolates along its seconds."""
+        tok = np.asarray(tok, float)
+        assign = tok * self.model.moe.top_k
+        tok_rank = assign / self.layout.ep * self.expert_imbalance_at(tok)
+        touched = self.e_local * (1.0 - (1.0 - 1.0 / self.e_total) ** assign)
+        flops = 2.0 * tok_rank * self.e_params_local
+        byts = touched * self.e_params_local * self.e_bpp + tok_rank * self.e_io_per_token
+        ceff = self.cal.gemm_compute(tok_rank / np.maximum(touched, 1e-9), self.layout.experts_dtype)
+        meff = self.cal.expert_mem(byts)
+        t = np.maximum(flops / (self.e_peak * np.maximum(ceff, 1e-9)), byts / (self.hw.hbm_bw * np.maximum(meff, 1e-9))) + 2 * self._lo
+        return t, touched, flops, byts
+
     def experts(self, tok: np.ndarray, layers: int, label: str) -> Terms:
         """Routed experts of ``layers`` MoE layers over ``tok`` instance tokens, on the busiest EP rank."""
         if not self.model.moe or not layers:
             return _terms([], tok.size)
-        assign = tok * self.model.moe.top_k
-        tok_rank = assign / self.layout.ep * self.expert_imbalance_at(tok)
-        touched = self.e_local * (1.0 - (1.0 - 1.0 / self.e_total) ** assign)
-        w = touched * self.e_params_local * self.e_bpp
-        flops = 2.0 * tok_rank * self.e_params_local
-        byts = w + tok_rank * self.e_io_per_token
+        t, touched, flops, byts = self._expert_roofline(tok)
+        src = ""
         if self.moe_table is not None:
-            # the executor's own MoE layer, its device time measured at these token counts (uniform routing, one GPU)
-            t = self.moe_table(tok)[0]
-        else:
-            ceff = self.cal.gemm_compute(tok_rank / np.maximum(touched, 1e-9), self.layout.experts_dtype)
-            meff = self.cal.expert_mem(byts)
-            t = np.maximum(flops / (self.e_peak * np.maximum(ceff, 1e-9)), byts / (self.hw.hbm_bw * np.maximum(meff, 1e-9))) + 2 * self._lo
+            # the executor's own MoE layer, its device time measured at these token counts (uniform routing, one GPU);
+            # beyond the largest count the roofline at that count's measured/roofline ratio carries it
+            t, ext = self.moe_table(tok, lambda x: self._expert_roofline(x)[0])
+            src = ", measured MoE layer table" + (", extrapolated beyond its largest count" if ext.any() else "")
         k = np.where(tok > 0, float(layers), 0.0)
-        name = f"{label} ({float(touched.flat[0]):.0f} experts touched/rank" + (", measured MoE layer table)" if self.moe_table is not None else ")")
+        name = f"{label} ({float(touched.flat[0]):.0f} experts touched/rank{src})"
         return _terms([(name, EXPERT, k, k * flops, k * byts, np.where(tok > 0, layers * t, 0.0), False)], tok.size)
 
     def elementwise(self, tok: np.ndarray, layers: int, moe_layers: int) -> Terms:

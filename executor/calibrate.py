@@ -33,14 +33,14 @@ import time
 import numpy as np
 import torch
 
-from costmodels.calibration import CalibrationProfile, EffTable, PrefillChunkTable, moe_layer_table
+from costmodels.calibration import CalibrationProfile, EffTable, MoELayerTable, PrefillChunkTable, moe_layer_table
 from costmodels.hardware import get_hardware
 from costmodels.step_fit import fit_step_profile
 from costmodels.step_profile import StepPoint
 from executor.engine import LLMEngine
 from executor.replay import fresh_engine, replay
 from executor.synthetic_steps import MEASURE_TEMPERATURE, probe_new_shape, synthetic_plan, warm_steps
-from kernels import ops
+from kernels import ops, vendor
 from scheduler.config import SchedulerConfig
 
 
@@ -156,6 +156,8 @@ def _graph_device_time(fn, device: torch.device, replays: int = 10, batches: int
             ts.append(a.elapsed_time(b) / 1e3 / replays)
         del graph
         return statistics.median(ts)
+    except torch.OutOfMemoryError:
+        raise
     except Exception:  # noqa: BLE001 - an op that cannot be captured keeps its eager time only
         torch.cuda.synchronize(device)
         return None
@@ -303,11 +305,19 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
             t, spread = timed(lambda: ops.moe_experts(x, w, ids, ex.w13, ex.w2, *scales))
             byts = touched * per_expert
             backend = ops.reset_used().get("moe_experts", "?")
-            with torch.inference_mode():   # the same call's device time inside a CUDA graph, as decode graphs and
-                dev_s = _graph_device_time(lambda: ops.moe_experts(x, w, ids, ex.w13, ex.w2, *scales), dev)  # pieces run it
-            ops.reset_used()
+            # the same call's device time inside a CUDA graph, as decode graphs and pieces run it; kept only when the
+            # same implementation ran, and a vendor failure inside the capture must not switch the library off for
+            # the rest of the calibration (the grid would then measure another engine)
+            failed = dict(vendor.failures)
+            with torch.inference_mode():
+                dev_s = _graph_device_time(lambda: ops.moe_experts(x, w, ids, ex.w13, ex.w2, *scales), dev)
+            if ops.reset_used().get("moe_experts", backend) != backend:
+                dev_s = None
+            vendor.failures.clear()
+            vendor.failures.update(failed)
             out.append({"op": "moe_experts", "tokens": n, "top_k": k, "experts": e, "hidden": hidden,
-                        "intermediate": int(ex.w2.shape[2]), "touched": touched, "time_s": t,
+                        "intermediate": int(ex.w2.shape[2]), "weight_dtype": "fp8" if scales[0] is not None else "bf16",
+                        "touched": touched, "time_s": t,
                         "spread": spread, "bytes": byts, "tbps": byts / t / 1e12, "backend": backend,
                         **({"device_s": dev_s} if dev_s is not None else {})})
 
@@ -366,7 +376,7 @@ def _eff_table(pairs, x_is: str, cap: float | None = 1.0) -> EffTable | None:
     return EffTable(x=xs, y=[best[x] for x in xs], x_is=x_is)
 
 
-def op_tables(points: list[dict], hw_name: str) -> dict[str, EffTable | PrefillChunkTable]:
+def op_tables(points: list[dict], hw_name: str) -> dict[str, EffTable | PrefillChunkTable | MoELayerTable]:
     """Efficiency tables from the op micro-benchmarks: ``gemm_mem`` over bytes and ``gemm_compute`` over rows (executor
     Linear), ``attn_decode_mem`` over KV bytes (MLA decode), ``attn_prefill_compute`` over tokens (prefill attention),
     ``expert_mem`` over expert weight bytes (routed experts); a table needs two or more distinct x. Plus

@@ -47,6 +47,7 @@ class Impl:
     # why it does not take a call of this signature ("" = it takes it), given the op's SIGNATURES tuple unpacked;
     # None = it takes every call (or says so itself by raising Unsupported)
     declines: Callable[..., str] | None = None
+    max_major: int | None = None   # newest CUDA major version it runs on (FA3: Hopper, 9); None: any
 
 
 # --- which calls an implementation takes ------------------------------------------------------------------------
@@ -281,7 +282,7 @@ IMPLS: dict[str, list[Impl]] = {
         # no padding); the flash split below serves where it is absent (not importable, not sm90)
         Impl("attention_prefill", "fa3", 2, ("cuda",), f"{_V}:fa3_prefill", "fa3", (9, 0),
              "FlashAttention-3 varlen (vLLM's build), sm90 only; bottom-right causal, no key mask, fp16/bf16",
-             _fa3_prefill_declines),
+             _fa3_prefill_declines, max_major=9),
         # MLA prefill chunks (queries at the sequence's end, no key mask, said by the caller: bottom_right=True) run as
         # two flash calls merged by log-sum-exp (kernels/prefill_attention.py): no per-shape plan as cuDNN, ~2.8x the
         # memory-efficient kernel (H200, benchmarks/gpu/issue16_h200/run5_summarize_646970b/log.txt); the rest declines
@@ -452,6 +453,8 @@ def usable(impl: Impl, device: str) -> tuple[bool, str]:
             return False, "no CUDA device"
         if impl.min_capability and cap < impl.min_capability:
             return False, f"needs sm_{impl.min_capability[0]}{impl.min_capability[1]}+, device is sm_{cap[0]}{cap[1]}"
+        if impl.max_major is not None and cap[0] > impl.max_major:
+            return False, f"runs on sm_{impl.max_major}x only, device is sm_{cap[0]}{cap[1]}"
     if impl.library:
         ok, _, why = probe_library(impl.library)
         if not ok:

@@ -32,8 +32,21 @@ def test_lookup_interpolates_in_log_space_and_flags_what_lies_beyond():
     mid, ext = t([128])     # halfway in log tokens between 64 and 256: the geometric mean of their times
     assert mid[0] == pytest.approx(np.sqrt(RUN11[64] * RUN11[256])) and not ext[0]
     big, ext = t([8192, 0])
-    assert big[0] == pytest.approx(2 * RUN11[4096]) and ext[0]        # beyond: the grouped GEMMs' work, flagged
+    slope = (RUN11[4096] - RUN11[1024]) / 3072                         # beyond, alone: the last segment's slope,
+    assert big[0] == pytest.approx(RUN11[4096] + 4096 * slope) and ext[0]   # flagged
     assert big[1] == 0.0 and not ext[1]                                # no tokens, no MoE
+    # with a reference model of the layer: its time at the last count's measured/reference ratio where that grows less
+    ref = lambda x: 1e-6 * np.asarray(x, float)                        # noqa: E731
+    far, ext = t([8192, 64], ref)
+    assert far[0] == pytest.approx(RUN11[4096] + 4096 * slope) and ext[0]      # the slope grows less here
+    assert far[1] == pytest.approx(RUN11[64]) and not ext[1]
+    flat = lambda x: 0.0 * np.asarray(x, float) + 1e-3                 # noqa: E731  a reference that stops growing
+    assert t([8192], flat)[0][0] == pytest.approx(RUN11[4096])
+    # a quick calibration's table (1, 8, 64 tokens) carried to 4096 tokens by the reference, not by its steep slope
+    quick = table(tokens=[1, 8, 64], seconds=[RUN11[1], RUN11[8], RUN11[64]])
+    roof = lambda x: 2.4e-3 * np.minimum(np.asarray(x, float), 256) / 256 + 1e-7 * np.asarray(x, float)  # noqa: E731
+    carried = quick([4096], roof)[0][0]                                 # experts saturate by 256 tokens in this roofline
+    assert carried == pytest.approx(RUN11[64] * roof(4096) / roof(64)) and carried < quick([4096])[0][0] / 10
     low, ext = table(tokens=[8, 64], seconds=[RUN11[8], RUN11[64]])([2])
     assert low[0] == pytest.approx(RUN11[8]) and ext[0]                # below: the smallest point's time, flagged
 
@@ -57,6 +70,8 @@ def test_built_from_device_timed_points_only_with_the_expert_shape():
     # eager-only points (no device time, before 056fca2 or on a CPU) and a single count give no table
     assert moe_layer_table([{k: v for k, v in p.items() if k != "device_s"} for p in pts]) is None
     assert moe_layer_table(pts[:1]) is None
+    assert moe_layer_table(bare, "no-such-model") is None                 # outside the catalog: shape unknown, no table
+    assert moe_layer_table(bare, "deepseek-v3", "fp8").weight_dtype == "fp8"
 
 
 def _cost(tab: MoELayerTable | None, model: str = "deepseek-v3", ep: int = 1):
@@ -79,6 +94,11 @@ def test_step_model_prices_routed_experts_from_the_table_of_its_own_moe():
     assert np.allclose(other.experts(tok, moe_layers, "routed").time, without.experts(tok, moe_layers, "routed").time)
     assert _cost(table(), ep=8).moe_table is None
     assert _cost(table(), model="qwen3-235b-a22b").moe_table is None
+    assert _cost(table(weight_dtype="bf16")).moe_table is None          # timed BF16 experts, priced FP8: not the table's
+    assert _cost(table(weight_dtype="fp8")).moe_table is not None
+    # the term says where its time came from, and when a count lies beyond the table
+    assert "measured MoE layer table" in with_t.experts(np.array([64.0]), moe_layers, "routed").names[0]
+    assert "extrapolated" in with_t.experts(np.array([8192.0]), moe_layers, "routed").names[0]
 
 
 def test_refit_builds_the_table_from_the_profiles_own_points_and_fits_one_device_scale():

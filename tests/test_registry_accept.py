@@ -312,3 +312,11 @@ def test_fa3_check_and_adapter_agree(case, expect):
     with pytest.raises(registry.Unsupported) as e:
         vendor.fa3_prefill(q, k, v, pos, scale, mask, hint)
     assert str(e.value) == (why or "fa3: Hopper (sm90) only")
+
+
+def test_fa3_is_not_usable_past_hopper(hopper, monkeypatch):
+    """FlashAttention-3 is an sm90 kernel: on a newer major the choice skips it and says why (the flash split leads)."""
+    hopper("fa3")
+    monkeypatch.setattr(registry, "device_capability", lambda device: (10, 0) if device == "cuda" else None)
+    ch = ops.choice("attention_prefill", "cuda")
+    assert [i.name for i in ch.candidates][0] == "flash" and "fa3: runs on sm_9x only, device is sm_100" in ch.why
