@@ -295,7 +295,7 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
         e, hidden = ex.w13.shape[0], ex.w13.shape[2]
         k = moe.cfg.top_k
         per_expert = float(ex.w13.numel() + ex.w2.numel()) / e * ex.w13.element_size()
-        for n in ([1, 8, 64, 256, 1024, 4096] if not quick else [1, 8, 64]):
+        for n in ([1, 8, 64, 256, 1024, 4096, 8192] if not quick else [1, 8, 64]):   # 8192: the step grid's largest prefill
             x = randn(n, hidden)
             ids = torch.rand(n, e, generator=g, device=dev).topk(k, dim=-1).indices.to(torch.int32)
             w = torch.full((n, k), 1.0 / k, device=dev, dtype=torch.float32)
