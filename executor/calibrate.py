@@ -163,6 +163,29 @@ def _graph_device_time(fn, device: torch.device, replays: int = 10, batches: int
         return None
 
 
+def _queued_device_time(fn, device: torch.device, host_s: float, repeats: int = 5) -> float | None:
+    """Seconds of ``fn``'s device work when the GPU never waits for the host: a spin kernel long enough to cover the
+    host issue of ``repeats`` calls (``host_s`` each, measured eagerly, times 2) goes first, then the calls, timed
+    between two CUDA events. For ops that cannot be captured in a CUDA graph (a host-to-device copy of per-call
+    metadata, as FlashAttention-3's ``cu_seqlens``) and run eagerly between graph pieces, where a device-bound step
+    hides their launch. None off CUDA or where torch has no spin kernel."""
+    spin = getattr(torch.cuda, "_sleep", None)
+    if device.type != "cuda" or spin is None:
+        return None
+    # cycles at 2.1 GHz, above any current SM clock: a slower clock only spins longer
+    cycles = int(min(2.0 * host_s * repeats, 0.5) * 2.1e9)
+    fn()
+    torch.cuda.synchronize(device)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    spin(cycles)
+    a.record()
+    for _ in range(repeats):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / 1e3 / repeats
+
+
 # ----------------------------------------------------------------------------- ops
 def bench_linear(engine: LLMEngine, rows: list[int], repeats: int) -> list[dict]:
     """The executor's Linear (K = hidden, N = 2 x hidden) over row counts: seconds, FLOPs, bytes."""
@@ -203,6 +226,9 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
 
     - ``mla_decode``: paged MLA decode over batch x context (KV bytes read -> achieved bandwidth);
     - ``attention_prefill``: causal prefill attention of one sequence over length (FLOPs -> TFLOP/s);
+    - ``attn_prefill_chunk``: one prefill chunk's attention as ``MLAAttention.prefill_attend`` runs it, new x cached
+      tokens; on CUDA also ``device_s``, its device time with the launch hidden behind a spin kernel (it cannot be
+      captured: FA3 copies its ``cu_seqlens`` per call; H200 runs 11-13 fitted the eager table's scale at 0.8);
     - ``moe_experts``: one layer's routed experts over token counts, uniform routing (touched expert
       weights -> achieved bandwidth); on CUDA also ``device_s``, the same call's device time inside a CUDA graph
       (eager calls of a few tokens are launch-bound: H200 run 10 timed 1 token at 744 us eager);
@@ -284,9 +310,13 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
                     out.append({"op": "attn_prefill_chunk_failed", "new": n, "cached": c, "time_s": 0.0, "error": str(e)[:200]})
                     continue
                 flops = 2.0 * mla.h * (dqk + dv) * (n * c + n * (n + 1) / 2)
+                backend = ops.reset_used().get("attention_prefill", "?")
+                with torch.inference_mode():   # the chunk's device time with its launch hidden, as a device-bound step
+                    dev_s = _queued_device_time(lambda: mla.prefill_attend(qn, qp, kn, vv, kp, pos, None), dev, t)
+                ops.reset_used()
                 out.append({"op": "attn_prefill_chunk", "new": n, "cached": c, "heads": mla.h, "d_qk": dqk, "d_v": dv,
-                            "time_s": t, "spread": spread, "flops": flops, "tflops": flops / t / 1e12,
-                            "backend": ops.reset_used().get("attention_prefill", "?")})
+                            "time_s": t, "spread": spread, "flops": flops, "tflops": flops / t / 1e12, "backend": backend,
+                            **({"device_s": dev_s} if dev_s is not None else {})})
                 del qn, qp, kn, vv, kp
 
     moe = next((m for m in model.modules() if isinstance(m, MoE)), None)

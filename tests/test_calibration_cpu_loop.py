@@ -43,6 +43,7 @@ def test_tiny_calibrate_then_validate_on_cpu(tmp_path):
     # MoE points: eager time on every device; the in-graph device time only where CUDA graphs exist
     moe = [p for p in back.op_points if p["op"] == "moe_experts"]
     assert moe and all(p["time_s"] > 0 and "device_s" not in p for p in moe)
+    assert all("device_s" not in p for p in chunk)
     tab = back.tables["attn_prefill_chunk"]
     assert float(tab([64], [48])[0][0]) == pytest.approx(next(p["time_s"] for p in chunk if (p["new"], p["cached"]) == (64, 48)))
 
@@ -105,5 +106,6 @@ def test_twin_commands_are_registered_and_simulate_prints_a_band(tmp_path):
 def test_graph_device_time_is_none_off_cuda_and_never_raises():
     import torch
 
-    from executor.calibrate import _graph_device_time
+    from executor.calibrate import _graph_device_time, _queued_device_time
     assert _graph_device_time(lambda: torch.ones(3).sum(), torch.device("cpu")) is None
+    assert _queued_device_time(lambda: torch.ones(3).sum(), torch.device("cpu"), 1e-3) is None
