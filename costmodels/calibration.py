@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator
 
 from twinfer.config import load_model_file
 
@@ -197,6 +197,21 @@ class MoELayerTable(BaseModel):
         return np.where(pos, t, 0.0), pos & (above | (m < self._x[0]))
 
 
+def _table_kind(v) -> str:
+    """Which table a stored ``tables`` entry is, by the fields it carries (an error then names only that kind's
+    fields, not every kind's)."""
+    keys = v.keys() if isinstance(v, dict) else vars(v).keys() if hasattr(v, "__dict__") else ()
+    if "tokens" in keys:
+        return "moe_layer"
+    if "new" in keys or "cached" in keys:
+        return "prefill_chunk"
+    return "efficiency"
+
+
+AnyTable = Annotated[Union[Annotated[EffTable, Tag("efficiency")], Annotated[PrefillChunkTable, Tag("prefill_chunk")],
+                           Annotated[MoELayerTable, Tag("moe_layer")]], Discriminator(_table_kind)]
+
+
 def moe_layer_table(points: list[dict], model: str | None = None, weight_dtype: str | None = None) -> MoELayerTable | None:
     """The ``moe_layer`` table from a calibration's ``moe_experts`` points that timed their device time (``device_s``,
     on CUDA since 056fca2); None with fewer than two such token counts. The expert shape and weight dtype come from the
@@ -277,7 +292,7 @@ class CalibrationProfile(BaseModel):
     op_table_libs: dict[Literal["fp8_gemm"], Literal["deepgemm", "triton"]] = Field(
         default_factory=dict, description="kernel library whose op-table rows price an op, as the measured engine ran it "
         "(twinfer calibrate records the registry's choice); absent: DeepGEMM, what a tuned serving engine runs")
-    tables: dict[str, EffTable | PrefillChunkTable | MoELayerTable] = Field(
+    tables: dict[str, AnyTable] = Field(
         default_factory=dict, description="efficiency tables over one shape variable (EffTable); ``attn_prefill_chunk``: "
         "seconds of one prefill chunk's attention over new x cached tokens (PrefillChunkTable); ``moe_layer``: device "
         "seconds of one MoE layer's routed experts over tokens (MoELayerTable)")
