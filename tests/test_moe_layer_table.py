@@ -134,3 +134,24 @@ def test_refit_builds_the_table_from_the_profiles_own_points_and_fits_one_device
     assert back.tables["moe_layer"].matches(**V3) and "moe_layer" in st.op_tables
     assert st.category_scale["expert_gemm"] == pytest.approx(1.15, rel=1e-3) == st.category_scale["dense_gemm"]
     assert st.fit.mape < 0.01
+
+
+def test_a_bad_stored_table_names_its_own_fields_only(tmp_path):
+    """Each stored table is parsed as the kind its fields say: a malformed MoE table's error is about that table, and
+    every kind round-trips as itself."""
+    from costmodels.calibration import EffTable, PrefillChunkTable
+    base = CalibrationProfile.default()
+    chunk = PrefillChunkTable(new=[128, 1024, 128, 1024], cached=[0, 0, 4096, 4096], seconds=[1e-4, 1e-3, 1e-3, 4e-3],
+                              heads=128, d_qk=192, d_v=128)
+    prof = base.model_copy(update={"tables": {**base.tables, "moe_layer": table(), "attn_prefill_chunk": chunk}})
+    path = tmp_path / "p.json"
+    prof.save(path)
+    back = CalibrationProfile.load(path)
+    assert isinstance(back.tables["moe_layer"], MoELayerTable) and isinstance(back.tables["attn_prefill_chunk"], PrefillChunkTable)
+    assert all(isinstance(t, EffTable) for k, t in back.tables.items() if k not in ("moe_layer", "attn_prefill_chunk"))
+    data = prof.model_dump(mode="json")
+    data["tables"]["moe_layer"]["seconds"] = data["tables"]["moe_layer"]["seconds"][:-1]
+    with pytest.raises(ValidationError) as e:
+        CalibrationProfile.model_validate(data)
+    msg = str(e.value)
+    assert "tokens has 6 points but seconds has 5" in msg and "PrefillChunkTable" not in msg and "EffTable" not in msg
