@@ -11,11 +11,10 @@ from typing import Sequence
 
 import numpy as np
 
+from costmodels.calibration import moe_layer_table
 from costmodels.host import partial_overlap
 from costmodels.profiled import ProfiledStepCost, point_categories
-from costmodels.calibration import moe_layer_table
 from costmodels.step_profile import FIT_CATEGORIES, STEP_MODEL_REV, FitStats, HostTerms, LoopTerms, StepPoint, StepProfile
-
 
 
 def nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:

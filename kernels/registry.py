@@ -135,16 +135,25 @@ def _flash_available() -> bool:
     return bool(fn()) if fn is not None else True
 
 
+def _flash_kernel_declines(who: str, q_dtype, k_dtype, v_dtype, no_mask: bool, bottom_right: bool) -> str:
+    """What every FlashAttention kernel of a prefill chunk needs (the torch flash split and FA3): queries at the
+    sequence's end, no key mask, fp16/bf16 throughout. ``who`` names the kernel in the reason."""
+    if not bottom_right:
+        return "needs queries at the sequence's end (bottom-right causal), decided by the caller"
+    if not no_mask:
+        return f"{who} takes no explicit mask (key_mask given)"
+    if q_dtype not in _dtypes(*_FLASH_DTYPES) or k_dtype != q_dtype or v_dtype != q_dtype:
+        return f"{who} runs fp16/bf16, got {q_dtype}"
+    return ""
+
+
 def _flash_prefill_declines(q_dtype, k_dtype, v_dtype, q_heads: int, kv_heads: int, dqk: int, dv: int, lengths_ok: bool,
                             no_mask: bool, bottom_right: bool) -> str:
     """kernels.prefill_attention.flash_decline, on a signature (its device check is the choice's: flash is listed for
     CUDA only)."""
-    if not bottom_right:
-        return "needs queries at the sequence's end (bottom-right causal), decided by the caller"
-    if not no_mask:
-        return "flash takes no explicit mask (key_mask given)"
-    if q_dtype not in _dtypes(*_FLASH_DTYPES) or k_dtype != q_dtype or v_dtype != q_dtype:
-        return f"flash runs fp16/bf16, got {q_dtype}"
+    why = _flash_kernel_declines("flash", q_dtype, k_dtype, v_dtype, no_mask, bottom_right)
+    if why:
+        return why
     if kv_heads != q_heads:
         return "GQA (fewer KV heads) stays on SDPA"
     if dqk > _FLASH_MAX_HEAD_DIM or dqk % 8 or dv > dqk:
@@ -164,20 +173,17 @@ _FA3_DIFF_HEAD_DIMS = ((192, 128),)
 
 def _fa3_prefill_declines(q_dtype, k_dtype, v_dtype, q_heads: int, kv_heads: int, dqk: int, dv: int, lengths_ok: bool,
                           no_mask: bool, bottom_right: bool) -> str:
-    """kernels.vendor.fa3_prefill (CUDA: the choice's device; sm90 checked by the adapter)."""
-    if not bottom_right:
-        return "fa3: needs queries at the sequence's end (bottom-right causal), decided by the caller"
-    if not no_mask:
-        return "fa3: takes no explicit mask (key_mask given)"
-    if q_dtype not in _dtypes(*_FLASH_DTYPES) or k_dtype != q_dtype or v_dtype != q_dtype:
-        return f"fa3: runs fp16/bf16, got {q_dtype}"
+    """kernels.vendor.fa3_prefill (CUDA: the choice's device; sm_9x: the choice's ``max_major``, and the adapter's)."""
+    why = _flash_kernel_declines("fa3", q_dtype, k_dtype, v_dtype, no_mask, bottom_right)
+    if why:
+        return why
     if kv_heads < 1 or q_heads % kv_heads:
-        return f"fa3: query heads {q_heads} must be a multiple of KV heads {kv_heads}"
+        return f"query heads {q_heads} must be a multiple of KV heads {kv_heads}"
     if dqk > _FA3_MAX_HEAD_DIM or dqk % 8 or (dv != dqk and (dqk, dv) not in _FA3_DIFF_HEAD_DIMS):
-        return (f"fa3: head dims q/k {dqk}, v {dv}: needs equal dims <= {_FA3_MAX_HEAD_DIM} (multiple of 8) or "
+        return (f"head dims q/k {dqk}, v {dv}: fa3 needs equal dims <= {_FA3_MAX_HEAD_DIM} (multiple of 8) or "
                 f"q/k, v in {list(_FA3_DIFF_HEAD_DIMS)}")
     if not lengths_ok:
-        return "fa3: no queries, or more queries than keys"
+        return "no queries, or more queries than keys"
     return ""
 
 

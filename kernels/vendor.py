@@ -59,8 +59,11 @@ def _is_sm90(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] == 9
 
 
+@functools.cache
 def _fa3_varlen():
-    library_module("fa3")   # the sm90 extension (registers torch.ops._vllm_fa3_C), then its Python interface
+    """FA3's varlen entry point, resolved once (every prefill chunk of every layer calls it): the sm90 extension
+    (registers torch.ops._vllm_fa3_C), then its Python interface."""
+    library_module("fa3")
     import importlib
     return importlib.import_module("vllm.vllm_flash_attn.flash_attn_interface").flash_attn_varlen_func
 
