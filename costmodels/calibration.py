@@ -243,6 +243,26 @@ def moe_layer_table(points: list[dict], model: str | None = None, weight_dtype: 
                               "executor ops.moe_experts inside a CUDA graph)")
 
 
+def prefill_chunk_table(points: list[dict]) -> PrefillChunkTable | None:
+    """The ``attn_prefill_chunk`` table from a calibration's ``attn_prefill_chunk`` points; None with fewer than two
+    distinct shapes or two cached levels. Seconds are each chunk's device time (``device_s``: its launch hidden behind a
+    spin kernel, recorded on CUDA since b53416a) where every point has one, as a device-bound step runs the chunk with
+    the host ahead (its launch is the per-chunk host term's); otherwise the eager host-clocked ``time_s`` (runs <= 13),
+    which carries the launch of each call."""
+    chunk = [p for p in points if p.get("op") == "attn_prefill_chunk" and (p.get("time_s") or 0) > 0]
+    if len({(p["new"], p["cached"]) for p in chunk}) < 2 or len({p["cached"] for p in chunk}) < 2:
+        return None
+    device = all((p.get("device_s") or 0) > 0 for p in chunk)
+    p0 = chunk[0]
+    return PrefillChunkTable(
+        new=[float(p["new"]) for p in chunk], cached=[float(p["cached"]) for p in chunk],
+        seconds=[float(p["device_s"] if device else p["time_s"]) for p in chunk],
+        heads=int(p0["heads"]), d_qk=int(p0["d_qk"]), d_v=int(p0["d_v"]),
+        x_is=("device seconds (launch hidden behind a spin kernel)" if device else "eager seconds (host clock, launch included)")
+        + " of one layer's prefill-chunk attention over new x cached tokens (measured: executor MLA prefill_attend, "
+          f"{p0.get('backend', '?')})")
+
+
 class CalibrationProfile(BaseModel):
     """Efficiencies of one GPU kind's kernels. Analytic forms (used when a table is absent):
 

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from costmodels.calibration import moe_layer_table
+from costmodels.calibration import moe_layer_table, prefill_chunk_table
 from costmodels.host import partial_overlap
 from costmodels.profiled import ProfiledStepCost, point_categories
 from costmodels.step_profile import FIT_CATEGORIES, STEP_MODEL_REV, FitStats, HostTerms, LoopTerms, StepPoint, StepProfile
@@ -322,6 +322,9 @@ def refit_profile(profile, scale_bounds: str = "auto"):
     st = profile.step
     if not profile.op_table_libs:   # calibrated before op_table_libs (runs <= 6): its measured Linear says which library
         profile = profile.model_copy(update={"op_table_libs": type(profile).measured_libs(profile.op_points, st.dtype)})
+    ct = prefill_chunk_table(profile.op_points)   # this revision's chunk table (device seconds where the points have them)
+    if ct is not None:
+        profile = profile.model_copy(update={"tables": {**profile.tables, "attn_prefill_chunk": ct}})
     if "moe_layer" not in profile.tables:   # run 11 timed its MoE points' device time before the table was built from them
         mt = moe_layer_table(profile.op_points, st.model, st.dtype)
         if mt is not None:

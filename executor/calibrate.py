@@ -33,7 +33,8 @@ import time
 import numpy as np
 import torch
 
-from costmodels.calibration import CalibrationProfile, EffTable, MoELayerTable, PrefillChunkTable, moe_layer_table
+from costmodels.calibration import (CalibrationProfile, EffTable, MoELayerTable, PrefillChunkTable, moe_layer_table,
+                                    prefill_chunk_table)
 from costmodels.hardware import get_hardware
 from costmodels.step_fit import fit_step_profile
 from costmodels.step_profile import StepPoint
@@ -411,7 +412,7 @@ def op_tables(points: list[dict], hw_name: str) -> dict[str, EffTable | PrefillC
     Linear), ``attn_decode_mem`` over KV bytes (MLA decode), ``attn_prefill_compute`` over tokens (prefill attention),
     ``expert_mem`` over expert weight bytes (routed experts); a table needs two or more distinct x. Plus
     ``attn_prefill_chunk``: measured seconds of one prefill chunk's attention over new x cached tokens (two or more
-    cached levels); ``moe_layer``: one MoE layer's routed experts, device seconds over tokens (two or more counts timed
+    cached levels; device seconds where every point timed them, ``prefill_chunk_table``); ``moe_layer``: one MoE layer's routed experts, device seconds over tokens (two or more counts timed
     in a CUDA graph)."""
     hw = get_hardware(hw_name)
     base = CalibrationProfile.default(hw)
@@ -432,14 +433,7 @@ def op_tables(points: list[dict], hw_name: str) -> dict[str, EffTable | PrefillC
     tables["attn_prefill_compute"] = _eff_table(
         [(p["tokens"], p["flops"] / p["time_s"] / (hw.bf16_tflops * 1e12)) for p in by("attention_prefill")],
         "tokens of one causal prefill attention kernel (measured: executor SDPA prefill)")
-    chunk = by("attn_prefill_chunk")
-    if len({(p["new"], p["cached"]) for p in chunk}) >= 2 and len({p["cached"] for p in chunk}) >= 2:
-        p0 = chunk[0]
-        tables["attn_prefill_chunk"] = PrefillChunkTable(
-            new=[float(p["new"]) for p in chunk], cached=[float(p["cached"]) for p in chunk], seconds=[p["time_s"] for p in chunk],
-            heads=int(p0["heads"]), d_qk=int(p0["d_qk"]), d_v=int(p0["d_v"]),
-            x_is="seconds of one layer's prefill-chunk attention over new x cached tokens (measured: executor MLA prefill_attend, "
-                 "masked SDPA)")
+    tables["attn_prefill_chunk"] = prefill_chunk_table(points)   # device seconds where the points timed them
     # the executor's MoE layer at exact token counts, device time in a CUDA graph (points since 056fca2)
     tables["moe_layer"] = moe_layer_table(points)
     # at the same bytes (every expert touched) more tokens turn compute-bound: the best efficiency is the memory regime

@@ -128,3 +128,53 @@ def test_step_fit_always_prices_prefill_chunks_with_the_measured_table():
     st = fit_step_profile(prof, pts, model="deepseek-v3", dtype="fp8", device="cuda", graph_sizes=[1, 2, 4, 8])
     assert st.use_op_tables and "attn_prefill_chunk" in st.op_tables
     assert st.fit.mape < 0.02 and st.category_scale["prefill_attention"] == pytest.approx(1.0, rel=0.1)
+
+
+def _chunk_points(device: bool | list[bool]):
+    pts = []
+    for i, (n, c) in enumerate((n, c) for c in (0, 2048) for n in (128, 1024)):
+        dev = device if isinstance(device, bool) else device[i]
+        eager = 2e-11 * n * (c + n) + 60e-6            # the eager clock carries each call's launch
+        pts.append({"op": "attn_prefill_chunk", "new": n, "cached": c, "heads": 128, "d_qk": 192, "d_v": 128,
+                    "time_s": eager, "backend": "fa3", **({"device_s": eager - 50e-6} if dev else {})})
+    return pts
+
+
+def test_chunk_table_reads_device_time_where_every_point_has_it():
+    from costmodels.calibration import prefill_chunk_table
+
+    dev = prefill_chunk_table(_chunk_points(True))
+    assert dev.seconds == pytest.approx([p["device_s"] for p in _chunk_points(True)])
+    assert dev.x_is.startswith("device seconds") and "fa3" in dev.x_is
+    # one point without a device time (an older calibration, or a CPU run): the whole table stays on the eager clock
+    mixed = prefill_chunk_table(_chunk_points([True, True, False, True]))
+    assert mixed.seconds == pytest.approx([p["time_s"] for p in _chunk_points(False)])
+    assert mixed.x_is.startswith("eager seconds")
+    # fewer than two cached levels: no table
+    assert prefill_chunk_table([p for p in _chunk_points(True) if p["cached"] == 0]) is None
+
+
+def test_refit_rebuilds_the_chunk_table_from_the_device_points(monkeypatch):
+    """A profile whose stored table was built from eager times is refitted with this revision's table: device seconds
+    where its points timed them (what `matrix_offline.py --refit` evaluates)."""
+    from costmodels.calibration import prefill_chunk_table
+    from costmodels.step_fit import refit_profile
+
+    prof = CalibrationProfile.default(get_hardware("H200"))
+    pts = _chunk_points(True)
+    eager = prefill_chunk_table(_chunk_points(False))
+    prof = prof.model_copy(update={"op_points": pts, "tables": {"attn_prefill_chunk": eager}})
+    captured = {}
+    import costmodels.step_fit as sf
+
+    def fake_fit(p, points, **kw):
+        captured["table"] = p.tables["attn_prefill_chunk"]
+        return None
+
+    class _St:
+        points, model, dtype, device, graph_sizes, piecewise_sizes = [], "deepseek-v3", "fp8", "cuda", [], []
+
+    prof2 = prof.model_copy(update={"step": _St()})
+    monkeypatch.setattr(sf, "fit_step_profile", fake_fit)
+    refit_profile(prof2)
+    assert captured["table"].seconds == pytest.approx([p["device_s"] for p in pts])
