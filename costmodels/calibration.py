@@ -61,9 +61,12 @@ class PrefillChunkTable(BaseModel):
     (new, cached); the points form levels of equal ``cached``.
 
     Lookup: within a level, piecewise linear in log(new)-log(time); between two levels, linear in ``cached``
-    (the keys each query reads grow linearly with it). Beyond a level's largest ``new`` and beyond the largest
-    level the time follows the kernel's work, ``new x (cached + new)`` (masked SDPA visits the whole rectangle),
-    at the last measured point's rate; below the smallest ``new`` the smallest point's time is kept. Both are
+    (the keys each query reads grow linearly with it), and beyond the largest level on along the last two levels'
+    slope (H200 run 14, FlashAttention-3, 8192 new tokens: 4.56 / 5.50 / 6.41 / 8.29 / 10.05 ms at 0 / 1k / 2k / 4k /
+    6k cached, linear in cached; the rectangle ``new x (cached + new)`` at the last level's rate, the rule before,
+    gave 12.7 ms at 10k where the slope gives 13.4: a causal kernel skips the masked triangle, so the work is not the
+    rectangle). Beyond a level's largest ``new`` the time follows ``new x (cached + new)`` at the last measured point's
+    rate (one level only: beyond it too); below the smallest ``new`` the smallest point's time is kept. All are
     flagged ``extrapolated`` (never clamped silently).
     """
 
@@ -125,7 +128,12 @@ class PrefillChunkTable(BaseModel):
             ext = ext | ((is_lo | is_hi) & ej)
         top = c > cs[-1]
         if top.any():
-            t = np.where(top, t * n * (c + n) / (n * (cs[-1] + n)), t)
+            if len(cs) >= 2:   # on along the last two levels' slope in cached (each query reads c more keys)
+                t_prev, _ = self._at_level(len(cs) - 2, n)
+                slope = np.maximum((t - t_prev) / (cs[-1] - cs[-2]), 0.0)
+                t = np.where(top, t + (c - cs[-1]) * slope, t)
+            else:
+                t = np.where(top, t * n * (c + n) / (n * (cs[-1] + n)), t)
         return t, ext
 
 
@@ -197,19 +205,82 @@ class MoELayerTable(BaseModel):
         return np.where(pos, t, 0.0), pos & (above | (m < self._x[0]))
 
 
+class SampleTable(BaseModel):
+    """Measured seconds of the executor's sampler (``ops.sample``: temperature, top-k/top-p, one host generator per
+    request, as serving and the step grid run it) over ``batch`` rows of ``vocab`` logits, with the logits GEMM before
+    it where ``includes_logits``, timed eagerly (host and device: they run after the forward, serially in a step, so
+    their launch is part of the step).
+
+    Lookup: piecewise linear in batch between measured batches (the sampler's cost is affine in rows: a fixed launch
+    and per-row work, including the per-request generators on the host); beyond the largest, the last segment's slope;
+    below the smallest, the smallest point's time. Both flagged ``extrapolated``; 0 rows: 0 seconds."""
+
+    model_config = ConfigDict(extra="forbid")
+    batch: list[float] = Field(..., min_length=2)
+    seconds: list[float] = Field(..., min_length=2)
+    vocab: int = Field(..., gt=0)
+    includes_logits: bool = Field(False, description="the times include the logits GEMM over the rows' hidden states "
+                                  "(compute_logits then sample, as a step runs them; calibrations since the table)")
+    x_is: str = ""
+
+    @field_validator("seconds")
+    @classmethod
+    def _points(cls, sec: list[float], info: ValidationInfo) -> list[float]:
+        b = info.data.get("batch")
+        if b is None:
+            return sec
+        if len(b) != len(sec):
+            raise ValueError(f"batch has {len(b)} points but seconds has {len(sec)}: give one time per batch")
+        if not all(math.isfinite(v) and v > 0 for v in list(b) + list(sec)):
+            raise ValueError("batch and seconds must be finite numbers > 0")
+        if len(set(b)) != len(b):
+            raise ValueError("batch sizes must be distinct")
+        return sec
+
+    def model_post_init(self, _ctx) -> None:
+        order = np.argsort(self.batch)
+        self._x = np.asarray(self.batch, float)[order]
+        self._y = np.asarray(self.seconds, float)[order]
+
+    def __call__(self, rows) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds, extrapolated) for each row count."""
+        n = np.asarray(rows, float)
+        x, y = self._x, self._y
+        slope = max((y[-1] - y[-2]) / (x[-1] - x[-2]), 0.0)
+        t = np.where(n > x[-1], y[-1] + (n - x[-1]) * slope, np.interp(n, x, y))
+        return np.where(n > 0, t, 0.0), (n > 0) & ((n > x[-1]) | (n < x[0]))
+
+
+def sample_table(points: list[dict]) -> SampleTable | None:
+    """The ``sample`` table from a calibration's ``sample`` points (every CUDA calibration has them); None with fewer
+    than two batch sizes."""
+    pts = {float(p["batch"]): p for p in points if p.get("op") == "sample" and (p.get("time_s") or 0) > 0}
+    if len(pts) < 2:
+        return None
+    b = sorted(pts)
+    p0 = pts[b[0]]
+    logits = all(bool(pts[x].get("with_logits")) for x in b)
+    return SampleTable(batch=b, seconds=[float(pts[x]["time_s"]) for x in b], vocab=int(p0["vocab"]), includes_logits=logits,
+                       x_is=f"seconds of the executor's {'logits GEMM and ' if logits else ''}sampler over rows "
+                            f"(measured eagerly: {'compute_logits, ' if logits else ''}ops.sample, {p0.get('backend', '?')})")
+
+
 def _table_kind(v) -> str:
     """Which table a stored ``tables`` entry is, by the fields it carries (an error then names only that kind's
     fields, not every kind's)."""
     keys = v.keys() if isinstance(v, dict) else vars(v).keys() if hasattr(v, "__dict__") else ()
     if "tokens" in keys:
         return "moe_layer"
+    if "batch" in keys:
+        return "sample"
     if "new" in keys or "cached" in keys:
         return "prefill_chunk"
     return "efficiency"
 
 
 AnyTable = Annotated[Union[Annotated[EffTable, Tag("efficiency")], Annotated[PrefillChunkTable, Tag("prefill_chunk")],
-                           Annotated[MoELayerTable, Tag("moe_layer")]], Discriminator(_table_kind)]
+                           Annotated[MoELayerTable, Tag("moe_layer")], Annotated[SampleTable, Tag("sample")]],
+                   Discriminator(_table_kind)]
 
 
 def moe_layer_table(points: list[dict], model: str | None = None, weight_dtype: str | None = None) -> MoELayerTable | None:
@@ -315,7 +386,8 @@ class CalibrationProfile(BaseModel):
     tables: dict[str, AnyTable] = Field(
         default_factory=dict, description="efficiency tables over one shape variable (EffTable); ``attn_prefill_chunk``: "
         "seconds of one prefill chunk's attention over new x cached tokens (PrefillChunkTable); ``moe_layer``: device "
-        "seconds of one MoE layer's routed experts over tokens (MoELayerTable)")
+        "seconds of one MoE layer's routed experts over tokens (MoELayerTable); ``sample``: seconds of the executor's "
+        "sampler over rows (SampleTable)")
     # measured profiles (twinfer calibrate): where the numbers come from, the op micro-benchmarks
     # behind ``tables``, and the measured step model of one engine (costmodels.step_profile)
     provenance: dict = Field(default_factory=dict, description="GPU, driver, torch, kernel backends, date, command")

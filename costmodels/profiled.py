@@ -58,14 +58,19 @@ class ProfiledStepCost:
         if st.use_op_tables:
             cal = profile if not st.op_tables else profile.model_copy(
                 update={"tables": {**cal.tables, **{n: t for n, t in profile.tables.items() if n in st.op_tables}}})
-        self.base = StepCostModel(self.model, get_hardware(st.hardware_basis), self.layout, cal)
+        # the executor's sampler from its measured table (rows -> seconds, eager: it runs after the forward, serially),
+        # outside the fitted categories; the cost model's analytic sampling row is left out then
+        smp = profile.tables.get("sample") if "sample" in st.op_tables else None
+        self.sample = smp if smp is not None and smp.vocab == self.model.vocab_size else None
+        smp_kw = dict(measured_sampling=self.sample is not None, measured_logits=bool(self.sample and self.sample.includes_logits))
+        self.base = StepCostModel(self.model, get_hardware(st.hardware_basis), self.layout, cal, **smp_kw)
         # the executor keeps kv_b_proj in the activation dtype (executor/mla.py: absorbed decode reads it per head), so
         # its K/V up-projection (prefill chunks over their cached context, the absorbed decode projections) is a BF16
         # GEMM in an FP8 engine too: the cost model prices it in the weight dtype, at half the BF16 time when compute-bound
         self.kv_bf16 = None
         self.pad_one_token = st.model_rev >= 1
         if st.model_rev >= 1 and dtype != "bf16" and self.model.attention == "mla" and self.model.mla.kv_up_proj:
-            self.kv_bf16 = StepCostModel(self.model, get_hardware(st.hardware_basis), ParallelLayout(tp=1, weight_dtype="bf16", kv_dtype="bf16"), cal)
+            self.kv_bf16 = StepCostModel(self.model, get_hardware(st.hardware_basis), ParallelLayout(tp=1, weight_dtype="bf16", kv_dtype="bf16"), cal, **smp_kw)
         self._kvx: dict[float, float] = {}
         self.k = st.scales()
         self.notes = [
@@ -141,6 +146,17 @@ class ProfiledStepCost:
             self._dec[key] = got
         return got
 
+    def sample_s(self, rows: float) -> float:
+        """Measured sampler seconds for ``rows`` sampled rows (0 without a table: then the categories price it)."""
+        if self.sample is None or rows <= 0:
+            return 0.0
+        return float(self.sample([rows])[0][0])
+
+    def sampled_rows(self, new: np.ndarray, dec: np.ndarray, draft: int = 0) -> float:
+        """Rows the sampler runs over in one step: each decode's tokens, one per prefill chunk, and each decode's
+        drafts (the cost model's count: ``StepCostModel.counts`` and ``nonattn``)."""
+        return float(new[dec].sum() + (~dec).sum() + dec.sum() * draft)
+
     def host_time(self, n_req: int, n_tok: int, n_prefill: int) -> float:
         return float(self.step.host(self.num_layers, n_req, n_tok, n_prefill))
 
@@ -165,9 +181,10 @@ class ProfiledStepCost:
         if dec.all() and (new == 1).all():
             pad = self.step.graph_bucket(new.size)
             if pad:
-                d = float(self.graph_categories(context_lens, pad) @ self.k)
+                d = float(self.graph_categories(context_lens, pad) @ self.k) + self.sample_s(new.size)
                 return float(self.step.host.graph(new.size)) + d
         d = float(self.category_times(new, context_lens, dec) @ self.k) + self.step.prefill_token_s * float(new[~dec].sum())
+        d += self.sample_s(self.sampled_rows(new, dec, int(self.base.draft_of(new, dec))))
         h = self.host_time(new.size, int(new.sum()), int((~dec).sum()))
         return float(self.step.combine(h, d))
 
@@ -183,7 +200,7 @@ class ProfiledStepCost:
         total = self._decode_base(n, draft_len)[1]
         cats = self._decode_base(n, draft_len, pad)[0]
         att = np.asarray(self.base.decode_times(ctx, num_steps, draft_len), float) - total  # attention (+ indexer) per step
-        d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0]
+        d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + self.sample_s(float(n * (1 + 2 * draft_len)))
         if pad:
             return float(self.step.host.graph(n)) + d
         h = self.host_time(n, n * (1 + draft_len), 0)
@@ -195,6 +212,15 @@ class ProfiledStepCost:
 
     def memory(self):
         return self.base.memory()
+
+
+def point_sample_s(cost: ProfiledStepCost, p: StepPoint) -> float:
+    """The measured sampler's seconds in a measured point (0 without a table), as ``mixed_step_time`` adds them."""
+    if cost.sample is None:
+        return 0.0
+    new, _, dec = decodes_then_chunks(p.decode_ctx, p.draft_len, [a for a, _ in p.prefill], [c for _, c in p.prefill])
+    new, dec = np.asarray(new, np.int64), np.asarray(dec, bool)
+    return cost.sample_s(cost.sampled_rows(new, dec, int(cost.base.draft_of(new, dec))))
 
 
 def point_categories(cost: ProfiledStepCost, p: StepPoint) -> np.ndarray:

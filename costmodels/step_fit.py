@@ -11,9 +11,9 @@ from typing import Sequence
 
 import numpy as np
 
-from costmodels.calibration import moe_layer_table, prefill_chunk_table
+from costmodels.calibration import moe_layer_table, prefill_chunk_table, sample_table
 from costmodels.host import partial_overlap
-from costmodels.profiled import ProfiledStepCost, point_categories
+from costmodels.profiled import ProfiledStepCost, point_categories, point_sample_s
 from costmodels.step_profile import FIT_CATEGORIES, STEP_MODEL_REV, FitStats, HostTerms, LoopTerms, StepPoint, StepProfile
 
 
@@ -173,7 +173,7 @@ def errors(pred: np.ndarray, meas: np.ndarray) -> dict:
 # A CPU fit prices the reference kernels with an H200 model: there the scales are conversion factors, unbounded.
 GPU_SCALE_BOUNDS = (0.8, 1.25)
 # tables that time the executor's own code at a step's exact shapes (executor.calibrate.bench_ops): always used
-ALWAYS_TABLES = ("attn_prefill_chunk", "moe_layer")
+ALWAYS_TABLES = ("attn_prefill_chunk", "moe_layer", "sample")
 
 
 def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype: str, device: str,
@@ -225,6 +225,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
     best = None
     for use_tables, sub in variants:
         df = np.zeros((len(pts), len(FIT_CATEGORIES)))
+        smp = np.zeros(len(pts))   # the measured sampler's seconds (a table, priced as measured: coefficient 1)
         fw = np.zeros_like(df)    # graph points that timed their forward: the graph's own ops (no logits, no sampling)
         for L in layers:
             st = StepProfile(model=model, num_layers=L, dtype=dtype, device=device, hardware_basis=hardware_basis, use_op_tables=use_tables,
@@ -233,12 +234,14 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
             for i, p in enumerate(pts):
                 if p.num_layers == L:
                     df[i] = point_categories(cost, p)
+                    smp[i] = point_sample_s(cost, p)
                     if p.graph_bs > 0 and p.forward_s and p.decode_ctx and not p.prefill and not p.draft_len:
                         fw[i] = cost.graph_categories(np.asarray(p.decode_ctx, np.int64), p.graph_bs, logits=False)
-        df = np.concatenate([df, ptok[:, None]], 1)
+        df = np.concatenate([df, ptok[:, None], smp[:, None]], 1)
         nc = len(FIT_CATEGORIES)
-        lo = np.concatenate([np.zeros(hf.shape[1]), np.full(nc, float(scale_bounds[0]) if scale_bounds else 0.0), [0.0]])
-        hi = np.concatenate([np.full(hf.shape[1], np.inf), np.full(nc, float(scale_bounds[1]) if scale_bounds else np.inf), [np.inf]])
+        lo = np.concatenate([np.zeros(hf.shape[1]), np.full(nc, float(scale_bounds[0]) if scale_bounds else 0.0), [0.0, 1.0]])
+        hi = np.concatenate([np.full(hf.shape[1], np.inf), np.full(nc, float(scale_bounds[1]) if scale_bounds else np.inf),
+                             [np.inf, 1.0 + 1e-9]])
         # one device scale for every category, the measured MoE layer's included: H200 run 11's graph forwards ran
         # 1.10-1.23x the sum of their op times with the MoE from its measured table (its own CUDA graph, alone), and
         # 1.2-1.74x, rising with batch, the rest alone with the MoE kept at its measured time (scale 1): the MoE pays
@@ -246,7 +249,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
         pinned = forward_scales(pts, fw, scale_bounds or (0.0, np.inf))
         for j, v in pinned.items():          # device scales the graph forwards measured: fixed for the whole fit
             lo[hf.shape[1] + j], hi[hf.shape[1] + j] = v, v * (1 + 1e-9) + 1e-12
-        bounds = (lo, hi) if scale_bounds is not None or pinned else None
+        bounds = (lo, hi) if scale_bounds is not None or pinned or smp.any() else None
         h, k, alpha, sse = fit_runner_model(hf, df, y, graph=graph, bounds=bounds)
         if best is None or sse < best[4] - 1e-12:
             best = (use_tables, h, k, alpha, sse, df, sub, fw)
@@ -325,6 +328,9 @@ def refit_profile(profile, scale_bounds: str = "auto"):
     ct = prefill_chunk_table(profile.op_points)   # this revision's chunk table (device seconds where the points have them)
     if ct is not None:
         profile = profile.model_copy(update={"tables": {**profile.tables, "attn_prefill_chunk": ct}})
+    smp = sample_table(profile.op_points)   # the sampler's measured time (every CUDA calibration timed it)
+    if smp is not None:
+        profile = profile.model_copy(update={"tables": {**profile.tables, "sample": smp}})
     if "moe_layer" not in profile.tables:   # run 11 timed its MoE points' device time before the table was built from them
         mt = moe_layer_table(profile.op_points, st.model, st.dtype)
         if mt is not None:

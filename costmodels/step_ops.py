@@ -128,8 +128,14 @@ class StepOps:
         dp_imbalance: float = 1.0,
         expert_imbalance: float | None = None,
         expert_load: Callable[[float], float] | None = None,
+        measured_sampling: bool = False,
+        measured_logits: bool = False,
     ):
         self.model, self.hw, self.layout = model, hw, layout
+        # True: the caller prices sampling (and, ``measured_logits``, the logits GEMM before it) from a measured table
+        # (costmodels.profiled: a measured executor's sampler); these ops are then left out of the step's terms
+        self.sampling_measured = bool(measured_sampling)
+        self.logits_measured = bool(measured_logits)
         self.cal = calibration or profile_for(hw)  # the hardware's measured block, else the H200-derived defaults
         for dtype, field in ((layout.weight_dtype, "layout.weight_dtype"), (layout.experts_dtype, "layout.expert_dtype")):
             hw.check_dtype(dtype, field)  # FP8 on a GPU without FP8 is an error, never a silent fallback
@@ -409,6 +415,8 @@ class StepOps:
     # ------------------------------------------------------------------ op families (x: arrays of f-scaled counts)
     def gemms(self, src: int, x: np.ndarray, draft: int = 0) -> Terms:
         """Dense GEMMs whose rows are ``src`` tokens (``x`` on the instance; this rank's share of them)."""
+        if src == SAMPLED and self.logits_measured:
+            return _terms([], x.size)
         rows = self._src_rows[src]
         mr = np.repeat((x * self.share)[None, :], rows.size, axis=0)
         ceff = np.empty_like(mr)
@@ -490,7 +498,9 @@ class StepOps:
         m, lay = self.model, self.layout
         b = s * m.vocab_size * 4.0 * 2
         on = b != 0
-        rows = [("sampling", OTHER, np.where(on, 2, 0), 0.0, b, np.where(on, 2 * self._lo + b / self._stream, 0.0), False)]
+        # a measured executor's sampler is priced from its own table outside the categories (ProfiledStepCost)
+        rows = [] if self.sampling_measured else \
+            [("sampling", OTHER, np.where(on, 2, 0), 0.0, b, np.where(on, 2 * self._lo + b / self._stream, 0.0), False)]
         if lay.tp > 1:
             b = s * m.vocab_size / lay.tp * 4.0
             on = b > 0

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from costmodels.calibration import (CalibrationProfile, EffTable, MoELayerTable, PrefillChunkTable, moe_layer_table,
-                                    prefill_chunk_table)
+                                    prefill_chunk_table, sample_table)
 from costmodels.hardware import get_hardware
 from costmodels.step_fit import fit_step_profile
 from costmodels.step_profile import StepPoint
@@ -233,7 +233,8 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
     - ``moe_experts``: one layer's routed experts over token counts, uniform routing (touched expert
       weights -> achieved bandwidth); on CUDA also ``device_s``, the same call's device time inside a CUDA graph
       (eager calls of a few tokens are launch-bound: H200 run 10 timed 1 token at 744 us eager);
-    - ``sample``: top-k/top-p sampling over the vocabulary by batch size;
+    - ``sample``: the logits GEMM and top-k/top-p sampling over the vocabulary by batch size, as a step runs them
+      after its forward (``with_logits``; before, the sampler alone over random logits);
     - ``decode_step``: one whole decode step replayed as a CUDA graph vs run eager, by batch size (the
       launch cost graphs remove).
 
@@ -353,17 +354,19 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
                         **({"device_s": dev_s} if dev_s is not None else {})})
 
     vocab = engine.vocab_size
-    for b in ([1, 32, 128] if not quick else [1, 8]):
-        logits = torch.randn(b, vocab, generator=g, device=dev, dtype=torch.float32)
-        # what serving and the step grid run: seeded sampling, no top-k / top-p, host generators (RequestState)
+    hidden_size = engine.cfg.spec.hidden_size
+    for b in ([1, 4, 16, 32, 64, 128] if not quick else [1, 8]):
+        # what a step runs after its forward (ModelRunner.sample_on_device): the logits GEMM over the sampled rows'
+        # hidden states, then seeded sampling, no top-k / top-p, host generators (RequestState)
+        hid = randn(b, hidden_size)
         temp = torch.full((b,), 0.8, device=dev)
         top_k = torch.zeros((b,), device=dev, dtype=torch.int64)
         top_p = torch.ones((b,), device=dev)
         gens = [torch.Generator().manual_seed(i) for i in range(b)]
         ops.reset_used()
-        t, spread = timed(lambda: ops.sample(logits, temp, top_k, top_p, gens))
-        out.append({"op": "sample", "batch": b, "vocab": vocab, "time_s": t, "spread": spread,
-                    "backend": ops.reset_used().get("sampling", "?")})
+        t, spread = timed(lambda: ops.sample(model.compute_logits(hid), temp, top_k, top_p, gens))
+        out.append({"op": "sample", "batch": b, "vocab": vocab, "with_logits": True, "hidden": hidden_size, "time_s": t,
+                    "spread": spread, "backend": ops.reset_used().get("sampling", "?")})
 
     graphs = getattr(runner, "graphs", None)
     if graphs is not None and graphs.captured:
@@ -412,7 +415,8 @@ def op_tables(points: list[dict], hw_name: str) -> dict[str, EffTable | PrefillC
     Linear), ``attn_decode_mem`` over KV bytes (MLA decode), ``attn_prefill_compute`` over tokens (prefill attention),
     ``expert_mem`` over expert weight bytes (routed experts); a table needs two or more distinct x. Plus
     ``attn_prefill_chunk``: measured seconds of one prefill chunk's attention over new x cached tokens (two or more
-    cached levels; device seconds where every point timed them, ``prefill_chunk_table``); ``moe_layer``: one MoE layer's routed experts, device seconds over tokens (two or more counts timed
+    cached levels; device seconds where every point timed them, ``prefill_chunk_table``); ``sample``: the sampler's
+    eager seconds over rows (``sample_table``); ``moe_layer``: one MoE layer's routed experts, device seconds over tokens (two or more counts timed
     in a CUDA graph)."""
     hw = get_hardware(hw_name)
     base = CalibrationProfile.default(hw)
@@ -436,6 +440,7 @@ def op_tables(points: list[dict], hw_name: str) -> dict[str, EffTable | PrefillC
     tables["attn_prefill_chunk"] = prefill_chunk_table(points)   # device seconds where the points timed them
     # the executor's MoE layer at exact token counts, device time in a CUDA graph (points since 056fca2)
     tables["moe_layer"] = moe_layer_table(points)
+    tables["sample"] = sample_table(points)   # the sampler the step runs after its forward, eager, over rows
     # at the same bytes (every expert touched) more tokens turn compute-bound: the best efficiency is the memory regime
     tables["expert_mem"] = _eff_table([(p["bytes"], p["bytes"] / p["time_s"] / hw.hbm_bw) for p in by("moe_experts")],
                                       "expert weight bytes one MoE layer's routed experts read (measured: executor grouped GEMM, uniform routing)")

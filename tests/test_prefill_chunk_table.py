@@ -33,9 +33,11 @@ def test_lookup_on_grid_between_levels_and_beyond():
     # halfway between the levels: linear in cached
     mid, ext = t([1024], [2048])
     assert mid[0] == pytest.approx(0.5 * (t([1024], [0])[0][0] + t([1024], [4096])[0][0])) and not ext[0]
-    # beyond the largest cached level: the rectangle work at the last level's rate, flagged
+    # beyond the largest cached level: on along the last two levels' slope in cached, flagged
     far, ext = t([1024], [8192])
-    assert far[0] == pytest.approx(t([1024], [4096])[0][0] * (8192 + 1024) / (4096 + 1024)) and ext[0]
+    lo, hi = t([1024], [0])[0][0], t([1024], [4096])[0][0]
+    assert far[0] == pytest.approx(hi + (hi - lo)) and ext[0]
+    assert far[0] == pytest.approx(2e-11 * 1024 * (8192 + 1024) + 20e-6)   # the table's own law, linear in cached
     # beyond the largest new: work ratio at that level, flagged; below the smallest: the smallest time, flagged
     big, ext = t([8192, 16], [0, 0])
     assert big[0] == pytest.approx(t([4096], [0])[0][0] * 4) and big[1] == pytest.approx(t([128], [0])[0][0])
