@@ -22,6 +22,10 @@
 #     MATRIX_ARGS="--classes reasoning,chat --class-requests reasoning=32,chat=96 --no-async-overlap" REQS=32 RUNS=3 T_BUDGET=580 bash scripts/device_matrix.sh
 #   prefill-heavy + agentic with FlashAttention-3 on the prefill path (run 11):
 #     MATRIX_ARGS="--classes summarize,agentic --no-async-overlap" REQS=96 RUNS=3 T_BUDGET=580 bash scripts/device_matrix.sh
+#   beyond-grid longctx + prefill-heavy + chat on the FA3 engine, chunk device times recorded (run 14 at 21e0d9c: 360 s):
+#     MATRIX_ARGS="--classes longctx,summarize,chat --max-model-len 16384 --class-requests longctx=12,summarize=96,chat=96 --no-async-overlap" REQS=96 RUNS=3 T_BUDGET=585 bash scripts/device_matrix.sh
+#   long decode + agentic, logits and sampler timed together (run 15):
+#     MATRIX_ARGS="--classes reasoning,agentic --class-requests reasoning=32,agentic=96 --no-async-overlap" REQS=32 RUNS=3 T_BUDGET=530 bash scripts/device_matrix.sh
 # Each unpacks with `tar xzf reports.tgz` in its run folder; `python3 scripts/matrix_offline.py RUN --sync` re-simulates.
 # T_MATRIX bounds the python part (default: what is left of T_BUDGET=570 s since the script started, so install time
 # counts; the packing after it takes seconds); the matrix file is rewritten after each class, so a time-out keeps the
