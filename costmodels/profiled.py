@@ -11,7 +11,7 @@ from costmodels.hardware import get_hardware
 from costmodels.layout import ParallelLayout
 from costmodels.ops import CATEGORIES
 from costmodels.step import StepCostModel
-from costmodels.step_ops import KV_UP
+from costmodels.step_ops import KV_UP, SAMPLED
 from costmodels.step_profile import CATEGORY_FOLD, FIT_CATEGORIES, StepPoint, StepProfile
 
 EXPERT = CATEGORIES.index("expert_gemm")  # the routed experts' slot of a cost-model category vector
@@ -186,7 +186,7 @@ class ProfiledStepCost:
         d = float(self.category_times(new, context_lens, dec) @ self.k) + self.step.prefill_token_s * float(new[~dec].sum())
         d += self.sample_s(self.sampled_rows(new, dec, int(self.base.draft_of(new, dec))))
         h = self.host_time(new.size, int(new.sum()), int((~dec).sum()))
-        return float(self.step.combine(h, d))
+        return float(self.step.host.serial(new.size, int((~dec).sum())) + self.step.combine(h, d))
 
     def chunked_step_time(self, decode_context_lens, draft_len: int, prefill_new: list[int], prefill_ctx: list[int]) -> float:
         return self.mixed_step_time(*decodes_then_chunks(decode_context_lens, draft_len, prefill_new, prefill_ctx))
@@ -204,7 +204,7 @@ class ProfiledStepCost:
         if pad:
             return float(self.step.host.graph(n)) + d
         h = self.host_time(n, n * (1 + draft_len), 0)
-        return self.step.combine(h, d)
+        return self.step.host.serial(n, 0) + self.step.combine(h, d)
 
     def point_time(self, p: StepPoint) -> float:
         """Predicted runner time of a measured point."""
@@ -221,6 +221,18 @@ def point_sample_s(cost: ProfiledStepCost, p: StepPoint) -> float:
     new, _, dec = decodes_then_chunks(p.decode_ctx, p.draft_len, [a for a, _ in p.prefill], [c for _, c in p.prefill])
     new, dec = np.asarray(new, np.int64), np.asarray(dec, bool)
     return cost.sample_s(cost.sampled_rows(new, dec, int(cost.base.draft_of(new, dec))))
+
+
+def point_after_forward_s(cost: ProfiledStepCost, p: StepPoint) -> float:
+    """Device work a measured point runs after its forward: the sampler from its table, and the logits GEMM where the
+    table did not time it (profiles before the table timed both: the cost model's GEMM at scale 1)."""
+    t = point_sample_s(cost, p)
+    if cost.sample is not None and not cost.sample.includes_logits:
+        new, _, dec = decodes_then_chunks(p.decode_ctx, p.draft_len, [a for a, _ in p.prefill], [c for _, c in p.prefill])
+        new, dec = np.asarray(new, np.int64), np.asarray(dec, bool)
+        rows = cost.sampled_rows(new, dec, int(cost.base.draft_of(new, dec)))
+        t += float(cost.base.gemms(SAMPLED, np.array([rows])).total()[0])
+    return t
 
 
 def point_categories(cost: ProfiledStepCost, p: StepPoint) -> np.ndarray:

@@ -89,6 +89,13 @@ class HostTerms(BaseModel):
                                   "pieces or in an eager forward; 0 in profiles fitted before it")
     graph_fixed_s: float = Field(0.0, description="CUDA-graph decode step: fixed host time (input build, replay launch, sampling)")
     graph_per_request_s: float = Field(0.0, description="CUDA-graph decode step: host time per sequence")
+    serial_s: float = Field(0.0, description="step that is not a decode-graph replay: host time outside its forward "
+                            "(input build before it, bookkeeping after it; the sampler is its own table), which a "
+                            "synchronous step cannot overlap with the device: added to max(host, device). Measured, not "
+                            "fitted to whole steps: wall less forward less sampler of the calibration's eager points; 0 in "
+                            "profiles fitted before it")
+    serial_per_request_s: float = Field(0.0, description="serial host time per request (decodes and prefill chunks)")
+    serial_per_prefill_s: float = Field(0.0, description="serial host time per prefill chunk")
 
     def __call__(self, num_layers: float, n_req, n_tok, n_prefill):
         """Eager step host time (a step that is not a decode-graph replay: eager or piecewise graphs). ``n_req``
@@ -97,6 +104,10 @@ class HostTerms(BaseModel):
         return (self.fixed_s + self.per_layer_s * num_layers + self.per_request_s * n_req
                 + self.per_token_s * np.asarray(n_tok, float) + self.per_prefill_s * n_prefill
                 + self.decode_group_s * (n_req > n_prefill))
+
+    def serial(self, n_req, n_prefill):
+        """Host time of a step that is not a decode-graph replay, outside its forward (added, never overlapped)."""
+        return self.serial_s + self.serial_per_request_s * np.asarray(n_req, float) + self.serial_per_prefill_s * np.asarray(n_prefill, float)
 
     def graph(self, n_req):
         """CUDA-graph decode step host time."""
