@@ -182,7 +182,7 @@ class ProfiledStepCost:
             pad = self.step.graph_bucket(new.size)
             if pad:
                 d = float(self.graph_categories(context_lens, pad) @ self.k) + self.sample_s(new.size)
-                return float(self.step.host.graph(new.size)) + d
+                return float(self.step.host.graph(new.size, float(np.sum(context_lens)))) + d
         d = float(self.category_times(new, context_lens, dec) @ self.k) + self.step.prefill_token_s * float(new[~dec].sum())
         d += self.sample_s(self.sampled_rows(new, dec, int(self.base.draft_of(new, dec))))
         h = self.host_time(new.size, int(new.sum()), int((~dec).sum()))
@@ -202,7 +202,7 @@ class ProfiledStepCost:
         att = np.asarray(self.base.decode_times(ctx, num_steps, draft_len), float) - total  # attention (+ indexer) per step
         d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + self.sample_s(float(n * (1 + 2 * draft_len)))
         if pad:
-            return float(self.step.host.graph(n)) + d
+            return float(self.step.host.graph(n, float(ctx.sum()))) + d
         h = self.host_time(n, n * (1 + draft_len), 0)
         return self.step.host.serial(n, 0) + self.step.combine(h, d)
 

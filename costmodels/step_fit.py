@@ -48,7 +48,9 @@ def nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
 
 def host_features(points: Sequence[StepPoint], with_layers: bool, launch_bound: bool = True) -> tuple[np.ndarray, list[str]]:
     """Columns of the host term. Eager steps: 1, (L), (requests, tokens), prefill sequences, whether the step holds
-    decodes; CUDA-graph steps (``graph_bs > 0``): their own 1 and requests (zero in the other step kind's columns).
+    decodes; CUDA-graph steps (``graph_bs > 0``): their own 1, requests and context tokens (the block tables built per
+    step: H200 runs 11-15, the rest of a graph step rose ~0.7 us per thousand context tokens of the batch beyond
+    its per-sequence cost), zero in the other step kind's columns.
 
     On a GPU (``launch_bound``) an eager step's host time is launch-bound: a fixed number of kernels per
     layer, plus per prefill chunk (its attention runs per sequence), plus the decode group's attention path when the
@@ -72,9 +74,10 @@ def host_features(points: Sequence[StepPoint], with_layers: bool, launch_bound: 
     if not launch_bound:
         cols += [e * n, e * np.array([p.num_tokens for p in points], float)]
         names += ["per_request_s", "per_token_s"]
+    kv = np.array([float(sum(p.decode_ctx)) for p in points])
     cols += [e * np.array([len(p.prefill) for p in points], float), e * np.array([len(p.decode_ctx) > 0 for p in points], float),
-             g, g * n]
-    names += ["per_prefill_s", "decode_group_s", "graph_fixed_s", "graph_per_request_s"]
+             g, g * n, g * kv]
+    names += ["per_prefill_s", "decode_group_s", "graph_fixed_s", "graph_per_request_s", "graph_per_kv_token_s"]
     return np.stack(cols, 1), names
 
 

@@ -89,6 +89,9 @@ class HostTerms(BaseModel):
                                   "pieces or in an eager forward; 0 in profiles fitted before it")
     graph_fixed_s: float = Field(0.0, description="CUDA-graph decode step: fixed host time (input build, replay launch, sampling)")
     graph_per_request_s: float = Field(0.0, description="CUDA-graph decode step: host time per sequence")
+    graph_per_kv_token_s: float = Field(0.0, description="CUDA-graph decode step: host time per context token of its "
+                                        "sequences (their block tables, built and copied per step); 0 in profiles fitted "
+                                        "before it")
     serial_s: float = Field(0.0, description="step that is not a decode-graph replay: host time outside its forward "
                             "(input build before it, bookkeeping after it; the sampler is its own table), which a "
                             "synchronous step cannot overlap with the device: added to max(host, device). Measured, not "
@@ -109,9 +112,10 @@ class HostTerms(BaseModel):
         """Host time of a step that is not a decode-graph replay, outside its forward (added, never overlapped)."""
         return self.serial_s + self.serial_per_request_s * np.asarray(n_req, float) + self.serial_per_prefill_s * np.asarray(n_prefill, float)
 
-    def graph(self, n_req):
-        """CUDA-graph decode step host time."""
-        return self.graph_fixed_s + self.graph_per_request_s * np.asarray(n_req, float)
+    def graph(self, n_req, kv_tokens=0.0):
+        """CUDA-graph decode step host time (``kv_tokens``: the context tokens of its sequences)."""
+        return (self.graph_fixed_s + self.graph_per_request_s * np.asarray(n_req, float)
+                + self.graph_per_kv_token_s * np.asarray(kv_tokens, float))
 
 
 class LoopTerms(BaseModel):

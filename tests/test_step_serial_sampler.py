@@ -86,7 +86,8 @@ def test_fit_measures_the_serial_host_and_recovers_a_planted_step_model():
     truth = _step(op_tables=["sample"], graph_sizes=[1, 2, 4, 8, 16],
                   category_scale=dict(zip(FIT_CATEGORIES, (1.15, 1.0, 1.15, 1.15, 1.15))),
                   host=HostTerms(fixed_s=4e-3, per_prefill_s=2e-4, graph_fixed_s=3e-4, graph_per_request_s=5e-6,
-                                 serial_s=6e-4, serial_per_request_s=8e-6, serial_per_prefill_s=5e-5), overlap=0.2)
+                                 graph_per_kv_token_s=1e-9, serial_s=6e-4, serial_per_request_s=8e-6,
+                                 serial_per_prefill_s=5e-5), overlap=0.2)
     cost = ProfiledStepCost(prof, truth)
     pts = []
     for q in (64, 256, 1024, 3000):
@@ -95,8 +96,8 @@ def test_fit_measures_the_serial_host_and_recovers_a_planted_step_model():
             wall = cost.point_time(p)
             serial = float(truth.host.serial(p.num_requests, len(p.prefill)))
             pts.append(p.model_copy(update={"wall_s": wall, "forward_s": wall - serial - point_sample_s(cost, p)}))
-    pts += [StepPoint(num_layers=4, decode_ctx=[300] * b, prefill=[], wall_s=1.0, graph_bs=g)
-            for b, g in ((1, 1), (2, 2), (3, 4), (7, 8), (12, 16))]
+    pts += [StepPoint(num_layers=4, decode_ctx=[c] * b, prefill=[], wall_s=1.0, graph_bs=g)
+            for b, g in ((1, 1), (2, 2), (3, 4), (7, 8), (12, 16)) for c in (300, 4000)]
     pts = [p if not p.graph_bs else p.model_copy(update={"wall_s": cost.point_time(p)}) for p in pts]
     serial = fit_serial(pts, np.array([point_sample_s(cost, p) for p in pts]))
     assert serial == pytest.approx({"serial_s": 6e-4, "serial_per_request_s": 8e-6, "serial_per_prefill_s": 5e-5}, rel=1e-6)
@@ -104,6 +105,9 @@ def test_fit_measures_the_serial_host_and_recovers_a_planted_step_model():
                           graph_sizes=[1, 2, 4, 8, 16], scale_bounds=None)
     assert st.host.serial_s == pytest.approx(6e-4, rel=1e-6) and "sample" in st.op_tables
     assert st.fit.mape < 0.01
+    # the graph steps' host: per sequence and per context token of the batch (block tables) told apart
+    assert st.host.graph_per_kv_token_s == pytest.approx(1e-9, rel=0.05)
+    assert st.host.graph_per_request_s == pytest.approx(5e-6, rel=0.05)
     # fewer than eight eager points that timed their forward: no serial term (older profiles predict as before)
     few = [p.model_copy(update={"forward_s": None}) if i > 3 and not p.graph_bs else p for i, p in enumerate(pts)]
     assert fit_serial(few, np.zeros(len(few))) == {}
