@@ -222,15 +222,19 @@ class LLMEngine:
         runner = ModelRunner(net, kv, dev, eos_token_id, seed)
         if cuda_graphs is None:   # EP ranks (model_transform) run collectives in the forward: eager unless asked
             cuda_graphs = dev.type == "cuda" and model_transform is None
+        graphs_on = bool(cuda_graphs) and not enforce_eager and dev.type == "cuda"
+        if graphs_on and piecewise_graphs is None:
+            from executor.piecewise_graphs import enabled_by_env
+            piecewise_graphs = enabled_by_env()
         if dev.type == "cuda":   # compile vendor/Triton kernels per shape now, not inside timed steps or capture
             from executor.cuda_graphs import capture_sizes
+            from executor.piecewise_graphs import token_sizes
             from kernels.warmup import jit_warmup, token_counts
-            jit_warmup(net, dev, token_counts(capture_sizes(sched_cfg.max_num_seqs), sched_cfg.max_num_batched_tokens))
-        if cuda_graphs and not enforce_eager and dev.type == "cuda":
+            budget = sched_cfg.max_num_batched_tokens
+            jit_warmup(net, dev, token_counts(capture_sizes(sched_cfg.max_num_seqs), budget,
+                                              token_sizes(budget) if graphs_on and piecewise_graphs else ()))
+        if graphs_on:
             runner.enable_cuda_graphs(sched_cfg.max_num_seqs, mml + sched_cfg.draft_len + 1)
-            from executor.piecewise_graphs import enabled_by_env
-            if piecewise_graphs is None:
-                piecewise_graphs = enabled_by_env()
             if piecewise_graphs:
                 runner.enable_piecewise_graphs(sched_cfg.max_num_batched_tokens)
         sched = Scheduler(sched_cfg, num_kv_blocks)

@@ -45,8 +45,10 @@ class WarmItem:
         return f"fp8_gemm M={self.m} N={self.n} K={self.k}"
 
 
-def token_counts(decode_sizes, max_batched_tokens: int) -> tuple[int, ...]:
-    """Token counts to compile for: every decode graph size, then prefill sizes 128, 256, .. up to the step budget.
+def token_counts(decode_sizes, max_batched_tokens: int, step_buckets=()) -> tuple[int, ...]:
+    """Token counts to compile for: every decode graph size, then prefill sizes 128, 256, .. up to the step budget,
+    and ``step_buckets``: the token buckets piecewise CUDA graphs capture (their capture runs each once; a bucket the
+    warm-up missed compiled there, one at a time: H200 run 16, 137 s of capture with DeepGEMM's dense GEMMs).
 
     DeepGEMM picks its tile configuration from M, so prefill steps of a size never seen JIT a new kernel
     mid-run (seen on the H200: ``twinfer run`` right after a decode-only warm-up stalled in prefill
@@ -56,7 +58,7 @@ def token_counts(decode_sizes, max_batched_tokens: int) -> tuple[int, ...]:
     while m < max_batched_tokens:
         pre.append(m)
         m *= 2
-    return tuple(sorted(set(decode_sizes) | set(pre) | {max_batched_tokens}))
+    return tuple(sorted(set(decode_sizes) | set(pre) | {max_batched_tokens} | {int(b) for b in step_buckets}))
 
 
 def jit_plan(model: torch.nn.Module, token_counts: tuple[int, ...]) -> list[WarmItem]:

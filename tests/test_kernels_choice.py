@@ -103,3 +103,5 @@ def test_warmup_plan_lists_each_fp8_shape_once_per_token_count():
 def test_warmup_token_counts_cover_decode_graphs_and_prefill_sizes():
     assert warmup.token_counts([1, 2, 4, 8], 1000) == (1, 2, 4, 8, 128, 256, 512, 1000)
     assert warmup.token_counts([1, 64], 64) == (1, 64)
+    # piecewise graphs' token buckets are compiled too (their capture would otherwise JIT each one serially)
+    assert warmup.token_counts([1, 8], 1000, [8, 16, 136, 640]) == (1, 8, 16, 128, 136, 256, 512, 640, 1000)
