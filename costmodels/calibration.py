@@ -65,7 +65,7 @@ class PrefillChunkTable(BaseModel):
     slope (H200 run 14, FlashAttention-3, 8192 new tokens: 4.56 / 5.50 / 6.41 / 8.29 / 10.05 ms at 0 / 1k / 2k / 4k /
     6k cached, linear in cached; the rectangle ``new x (cached + new)`` at the last level's rate, the rule before,
     gave 12.7 ms at 10k where the slope gives 13.4: a causal kernel skips the masked triangle, so the work is not the
-    rectangle). Beyond a level's largest ``new`` the time follows ``new x (cached + new)`` at the last measured point's
+    rectangle), where both levels measured that many new tokens (else the rectangle from the last level). Beyond a level's largest ``new`` the time follows ``new x (cached + new)`` at the last measured point's
     rate (one level only: beyond it too); below the smallest ``new`` the smallest point's time is kept. All are
     flagged ``extrapolated`` (never clamped silently).
     """
@@ -128,12 +128,17 @@ class PrefillChunkTable(BaseModel):
             ext = ext | ((is_lo | is_hi) & ej)
         top = c > cs[-1]
         if top.any():
-            if len(cs) >= 2:   # on along the last two levels' slope in cached (each query reads c more keys)
-                t_prev, _ = self._at_level(len(cs) - 2, n)
-                slope = np.maximum((t - t_prev) / (cs[-1] - cs[-2]), 0.0)
-                t = np.where(top, t + (c - cs[-1]) * slope, t)
+            t_last, e_last = self._at_level(len(cs) - 1, n)
+            rect = t_last * n * (c + n) / (n * (cs[-1] + n))
+            if len(cs) >= 2:
+                # on along the last two levels' slope in cached (each query reads c more keys), where both levels
+                # measured this many new tokens; else (a level extrapolated in new) the rectangle from the last level
+                t_prev, e_prev = self._at_level(len(cs) - 2, n)
+                slope = np.maximum((t_last - t_prev) / (cs[-1] - cs[-2]), 0.0)
+                beyond = np.where(e_last | e_prev, rect, t_last + (c - cs[-1]) * slope)
             else:
-                t = np.where(top, t * n * (c + n) / (n * (cs[-1] + n)), t)
+                beyond = rect
+            t = np.where(top, beyond, t)
         return t, ext
 
 
@@ -213,7 +218,9 @@ class SampleTable(BaseModel):
 
     Lookup: piecewise linear in batch between measured batches (the sampler's cost is affine in rows: a fixed launch
     and per-row work, including the per-request generators on the host); beyond the largest, the last segment's slope;
-    below the smallest, the smallest point's time. Both flagged ``extrapolated``; 0 rows: 0 seconds."""
+    below the smallest, the smallest point's time. Both flagged ``extrapolated``; 0 rows: 0 seconds. Timed at
+    temperature 0.8: a step whose requests are all greedy runs an argmax instead (``ModelRunner.sample_on_device``),
+    which the table over-prices."""
 
     model_config = ConfigDict(extra="forbid")
     batch: list[float] = Field(..., min_length=2)

@@ -153,9 +153,11 @@ class ProfiledStepCost:
         return float(self.sample([rows])[0][0])
 
     def sampled_rows(self, new: np.ndarray, dec: np.ndarray, draft: int = 0) -> float:
-        """Rows the sampler runs over in one step: each decode's tokens, one per prefill chunk, and each decode's
-        drafts (the cost model's count: ``StepCostModel.counts`` and ``nonattn``)."""
-        return float(new[dec].sum() + (~dec).sum() + dec.sum() * draft)
+        """Rows the sampler runs over in one step: each decode's tokens (its drafts' verification rows included) and
+        one per prefill chunk (``StepCostModel.counts``' count; the runner samples only a prompt's last chunk, and
+        the step model does not know which chunk is last). MTP drafting's own logits are argmax'd, not sampled: the
+        cost model prices their lm_head with the MTP pass."""
+        return float(new[dec].sum() + (~dec).sum())
 
     def host_time(self, n_req: int, n_tok: int, n_prefill: int) -> float:
         return float(self.step.host(self.num_layers, n_req, n_tok, n_prefill))
@@ -200,7 +202,7 @@ class ProfiledStepCost:
         total = self._decode_base(n, draft_len)[1]
         cats = self._decode_base(n, draft_len, pad)[0]
         att = np.asarray(self.base.decode_times(ctx, num_steps, draft_len), float) - total  # attention (+ indexer) per step
-        d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + self.sample_s(float(n * (1 + 2 * draft_len)))
+        d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + self.sample_s(float(n * (1 + draft_len)))
         if pad:
             return float(self.step.host.graph(n, float(ctx.sum()))) + d
         h = self.host_time(n, n * (1 + draft_len), 0)

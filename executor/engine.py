@@ -231,8 +231,9 @@ class LLMEngine:
             from executor.piecewise_graphs import token_sizes
             from kernels.warmup import jit_warmup, token_counts
             budget = sched_cfg.max_num_batched_tokens
-            jit_warmup(net, dev, token_counts(capture_sizes(sched_cfg.max_num_seqs), budget,
-                                              token_sizes(budget) if graphs_on and piecewise_graphs else ()))
+            from executor.piecewise_graphs import unsupported_reason
+            pw_buckets = graphs_on and piecewise_graphs and unsupported_reason(net) is None   # the buckets it will capture
+            jit_warmup(net, dev, token_counts(capture_sizes(sched_cfg.max_num_seqs), budget, token_sizes(budget) if pw_buckets else ()))
         if graphs_on:
             runner.enable_cuda_graphs(sched_cfg.max_num_seqs, mml + sched_cfg.draft_len + 1)
             if piecewise_graphs:

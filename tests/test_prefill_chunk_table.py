@@ -180,3 +180,17 @@ def test_refit_rebuilds_the_chunk_table_from_the_device_points(monkeypatch):
     monkeypatch.setattr(sf, "fit_step_profile", fake_fit)
     refit_profile(prof2)
     assert captured["table"].seconds == pytest.approx([p["device_s"] for p in pts])
+
+
+def test_beyond_the_last_level_the_slope_needs_both_levels_measured_at_that_new():
+    # the last level measured new up to 1024 only: a 4096-token chunk over more cached context than any level takes
+    # the rectangle from the last level, not a slope between two levels each extrapolated differently in new
+    pts = [(n, 0) for n in (128, 1024, 4096)] + [(n, 4096) for n in (128, 1024)]
+    t = PrefillChunkTable(new=[n for n, _ in pts], cached=[c for _, c in pts],
+                          seconds=[2e-11 * n * (c + n) + 20e-6 for n, c in pts], heads=128, d_qk=192, d_v=128)
+    last, _ = t([4096], [4096])
+    far, ext = t([4096], [8192])
+    assert far[0] == pytest.approx(last[0] * (8192 + 4096) / (4096 + 4096)) and ext[0]
+    # where both levels measured it, the slope
+    lo, hi = t([1024], [0])[0][0], t([1024], [4096])[0][0]
+    assert t([1024], [8192])[0][0] == pytest.approx(hi + (hi - lo))

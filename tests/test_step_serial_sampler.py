@@ -111,3 +111,20 @@ def test_fit_measures_the_serial_host_and_recovers_a_planted_step_model():
     # fewer than eight eager points that timed their forward: no serial term (older profiles predict as before)
     few = [p.model_copy(update={"forward_s": None}) if i > 3 and not p.graph_bs else p for i, p in enumerate(pts)]
     assert fit_serial(few, np.zeros(len(few))) == {}
+
+
+def test_a_stored_profile_without_the_new_terms_predicts_as_before():
+    """The committed H200 profile (no sampler table, no serial or per-context host terms) predicts exactly what it did
+    before those terms existed (values from 21e0d9c's code on the same file)."""
+    from pathlib import Path
+
+    prof = CalibrationProfile.load(Path(__file__).parents[1] / "profiles/h200/calibration_deepseek-v3-5layers_fp8.json")
+    c = ProfiledStepCost(prof)
+    shapes = [([], [512], [0]), ([300] * 8, [], []), ([1000] * 64, [], []), ([800] * 4, [256], [0]),
+              ([2000] * 16, [2048], [4096]), ([500] * 3, [64, 64], [0, 1000])]
+    before = [0.02666791279510296, 0.006073486165555151, 0.01154321574162746, 0.025211829838034973,
+              0.06518856658601348, 0.024496631264521014]
+    got = [c.chunked_step_time(np.array(d, np.int64), 0, n, cc) for d, n, cc in shapes]
+    assert got == pytest.approx(before, rel=1e-12)
+    assert list(c.decode_times(np.full(12, 700.0), 3)) == pytest.approx(
+        [0.007031215113451348, 0.007031261579237575, 0.0070313080450238015], rel=1e-12)

@@ -82,12 +82,20 @@ def calibrate(
     prof.save(out)
     st = prof.step
     h, lp = st.host, st.loop
-    con.print(f"step model: eager step = max(host, device) + {st.overlap:.2f} x min(host, device); "
+    con.print(f"step model: eager step = serial host + max(host, device) + {st.overlap:.2f} x min(host, device); "
               f"CUDA-graph decode step = graph host + device (graphs at {st.graph_sizes or 'none'})", highlight=False)
     con.print(f"  eager host: {h.fixed_s * 1e3:.3f} ms + {h.per_layer_s * 1e6:.1f} us/layer + {h.per_request_s * 1e6:.1f} us/request "
               f"+ {h.per_token_s * 1e6:.2f} us/token + {h.per_prefill_s * 1e6:.1f} us/prefill chunk "
               f"+ {h.decode_group_s * 1e3:.3f} ms if it holds decodes (their attention path, once per layer)", highlight=False)
-    con.print(f"  graph host: {h.graph_fixed_s * 1e3:.3f} ms + {h.graph_per_request_s * 1e6:.1f} us/request", highlight=False)
+    con.print(f"  eager serial host (measured: wall - forward - sampler): {h.serial_s * 1e3:.3f} ms + "
+              f"{h.serial_per_request_s * 1e6:.1f} us/request + {h.serial_per_prefill_s * 1e6:.1f} us/prefill chunk", highlight=False)
+    con.print(f"  graph host: {h.graph_fixed_s * 1e3:.3f} ms + {h.graph_per_request_s * 1e6:.1f} us/request "
+              f"+ {h.graph_per_kv_token_s * 1e9:.2f} us per 1k context tokens", highlight=False)
+    smp = prof.tables.get("sample")
+    if smp is not None and "sample" in (st.op_tables or []):
+        sec, _ = smp([1, 128])
+        con.print(f"  {'logits GEMM + ' if smp.includes_logits else ''}sampler, measured: {sec[0] * 1e3:.3f} ms at 1 row, "
+                  f"{sec[1] * 1e3:.3f} ms at 128 (as measured, outside the device scales)", highlight=False)
     tables = (", ".join(st.op_tables or sorted(prof.tables))) if st.use_op_tables else ""
     con.print("  device scale vs cost model: " + ", ".join(f"{k} {v:.2f}" for k, v in st.category_scale.items())
               + f"; + {st.prefill_token_s * 1e6:.2f} us per prefill token"
