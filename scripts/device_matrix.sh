@@ -24,6 +24,10 @@
 #     MATRIX_ARGS="--classes summarize,agentic --no-async-overlap" REQS=96 RUNS=3 T_BUDGET=580 bash scripts/device_matrix.sh
 #   beyond-grid longctx + prefill-heavy + chat on the FA3 engine, chunk device times recorded (run 14 at 21e0d9c: 360 s):
 #     MATRIX_ARGS="--classes longctx,summarize,chat --max-model-len 16384 --class-requests longctx=12,summarize=96,chat=96 --no-async-overlap" REQS=96 RUNS=3 T_BUDGET=585 bash scripts/device_matrix.sh
+#   long decode + chat on DeepGEMM's dense GEMMs (run 16 at 7312f4b: 522 s, 137 s of it piecewise capture compiles):
+#     TWINFER_KERNEL_FP8_GEMM=deepgemm MATRIX_ARGS="--classes reasoning,chat --class-requests reasoning=32,chat=96 --no-async-overlap" REQS=32 RUNS=3 T_BUDGET=530 bash scripts/device_matrix.sh
+#   prefill-heavy + agentic on HEAD's model unchanged (run 17 at 0890110, Triton: 357 s):
+#     TWINFER_KERNEL_FP8_GEMM=triton MATRIX_ARGS="--classes summarize,agentic --no-async-overlap" REQS=96 RUNS=3 T_BUDGET=370 bash scripts/device_matrix.sh
 #   long decode + agentic, logits and sampler timed together (run 15):
 #     MATRIX_ARGS="--classes reasoning,agentic --class-requests reasoning=32,agentic=96 --no-async-overlap" REQS=32 RUNS=3 T_BUDGET=530 bash scripts/device_matrix.sh
 # Each unpacks with `tar xzf reports.tgz` in its run folder; `python3 scripts/matrix_offline.py RUN --sync` re-simulates.
@@ -34,7 +38,12 @@ source scripts/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$OUT/env.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())" | tee -a "$OUT/env.txt"
 python3 -c "from kernels import registry; print('fa3', registry.probe_library('fa3')); print('flashmla', registry.probe_library('flashmla'))" | tee -a "$OUT/env.txt"
-export TWINFER_KERNEL_FP8_GEMM=${TWINFER_KERNEL_FP8_GEMM:-triton}   # DeepGEMM JITs per shape (3-8 s each); the runs use Triton
+# dense FP8 GEMMs: the registry's choice (DeepGEMM where importable), what `serve` runs. Runs 1-15 and 17 set
+# TWINFER_KERNEL_FP8_GEMM=triton (DeepGEMM JITs per shape); run 16 measured DeepGEMM: JIT warm-up 68 s, then 137 s of
+# piecewise capture compiling the buckets the warm-up missed (fcfe884 adds them to the warm-up pool; not yet re-timed).
+# TWINFER_KERNEL_FP8_GEMM=triton reproduces the earlier runs' engine.
+if [ -n "${TWINFER_KERNEL_FP8_GEMM:-}" ]; then export TWINFER_KERNEL_FP8_GEMM; fi
+echo "TWINFER_KERNEL_FP8_GEMM=${TWINFER_KERNEL_FP8_GEMM:-(registry default)}" | tee -a "$OUT/env.txt"
 # piecewise CUDA graphs (c39de4a, the engine's default) pad a prefill/mixed step's GEMM rows to a token bucket and
 # replace its eager host floor; runs 1-9 measured the engine with them off, run 10 on (the default since run 10);
 # TWINFER_PIECEWISE_GRAPHS=0 measures the old eager prefill path
