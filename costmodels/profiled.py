@@ -75,9 +75,14 @@ class ProfiledStepCost:
         self.k = st.scales()
         self.notes = [
             f"step times from the measured profile of {st.model} ({st.num_layers} layers, {st.dtype}) on {profile.measured_on}: "
-            f"runner = max(host, device) + {st.overlap:.2f} min(host, device); fit MAPE "
+            + ("runner = serial host + " if st.host.serial_s or st.host.serial_per_request_s or st.host.serial_per_prefill_s
+               else "runner = ")
+            + f"max(host, device) + {st.overlap:.2f} min(host, device); fit MAPE "
             + (f"{st.fit.mape * 100:.1f}%" if st.fit.mape is not None else "n/a")
         ]
+        if self.sample is not None:
+            self.notes.append(f"the {'logits GEMM and ' if self.sample.includes_logits else ''}sampler from the profile's "
+                              "measured table (rows -> seconds), as measured")
         if self.num_layers != st.num_layers:
             self.notes.append(f"profile measured at {st.num_layers} layers, applied to {self.num_layers}: host terms scale only through per_layer_s")
         self._dec: dict[tuple[int, int, int], tuple[np.ndarray, float]] = {}
