@@ -22,7 +22,10 @@ its rows or context; read off the grid by shape it picked up the grid's noise (r
 shape and read off the grid differed by +16 to +26% in host time), and at a +190% throughput change 1% on one forward
 moves the predicted change by ~3 pp. Per kind, the held-out grid predicts the chunked 16384/2048 workload's change
 within 5 pp for 4 of 6 W (was 2), the prefix-hit workloads for 1 and 0 (was 1 and 0): ``python -m
-benchmarks.gpu.replay_rescore benchmarks/gpu/issue23_h200/run_d1473e5/replay_bench.json.gz``. The kernel placement (``Segment.trace``) is the nearest grid point's. The queue
+benchmarks.gpu.replay_rescore benchmarks/gpu/issue23_h200/run_d1473e5/replay_bench.json.gz``. Where a grid point carries ``host_b2b_s`` (grids from
+the bench after 2026-12-03: the piece's host seconds when issued right after its neighbour in the forward's order, not
+alone after a synchronize; a forward issued its pieces 2-15% faster than the sum of its isolated pieces, run_d1473e5)
+that is its host time (``ReplayGrid(b2b=False)``: the isolated one); older grids read as before. The kernel placement (``Segment.trace``) is the nearest grid point's. The queue
 is ``replay_segments.segment_stream``. Nothing here reads a forward's measured time.
 """
 
@@ -99,6 +102,7 @@ class Point:
     host_s: float
     device_s: float
     trace: tuple[tuple[float, float], ...] = ()
+    host_b2b_s: float | None = None   # host seconds issued back to back with its neighbours (None: not measured)
 
 
 @dataclass(frozen=True)
@@ -141,13 +145,16 @@ class ReplayGrid:
     """Measured pieces on a grid (module docstring); ``points`` of any kinds in ``KINDS``."""
 
     def __init__(self, points: list[Point], window: int | None = None, meta: dict | None = None,
-                 layers: list[str] | None = None, model: dict | None = None, row_tile: int | None = None):
+                 layers: list[str] | None = None, model: dict | None = None, row_tile: int | None = None,
+                 b2b: bool = True):
         same: dict[tuple[str, int, int], list[Point]] = {}
         for p in points:   # one point per shape: the median of repeats
             same.setdefault((p.kind, p.rows, p.ctx), []).append(p)
         self.points = [ps[0] if len(ps) == 1 else
                        Point(*k, statistics.median(p.host_s for p in ps), statistics.median(p.device_s for p in ps),
-                             ps[0].trace) for k, ps in same.items()]
+                             ps[0].trace, _median_or_none([p.host_b2b_s for p in ps])) for k, ps in same.items()]
+        # the host time a piece is priced with: back to back where measured (and wanted), else the isolated one
+        self.b2b = bool(b2b) and any(p.host_b2b_s is not None for p in self.points)
         self.window, self.meta, self.layers, self.model = window, meta or {}, layers, model or {}
         self.row_tile = int(row_tile) if row_tile else None
         self.by: dict[str, dict[int, list[Point]]] = {}
@@ -160,8 +167,12 @@ class ReplayGrid:
                 ps.sort(key=lambda p: p.rows)
         hosts: dict[tuple[str, int], list[float]] = {}
         for p in self.points:
-            hosts.setdefault((p.kind, self.tiles(p.kind, p.rows)), []).append(p.host_s)
+            hosts.setdefault((p.kind, self.tiles(p.kind, p.rows)), []).append(self.host_of(p))
         self.kind_host = {k: statistics.median(v) for k, v in hosts.items()}
+
+    def host_of(self, p: Point) -> float:
+        """A point's host seconds as this grid prices them (``b2b``: back to back where the point has it)."""
+        return p.host_b2b_s if self.b2b and p.host_b2b_s is not None else p.host_s
 
     def tiles(self, kind: str, rows: int) -> int:
         """The tile class of a piece (0: untiled)."""
@@ -261,10 +272,17 @@ def assert_held_out(grid_keys: set[tuple[str, int, int]], plan: dict[str, list[s
         raise GridError(f"replay grid measured the workload's own shapes {hit[:4]}: hold them out")
 
 
+def _median_or_none(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
 def point_from_dict(d: dict) -> Point:
     try:
+        b2b = d.get("host_b2b_s")
         return Point(str(d["kind"]), int(d["rows"]), int(d["ctx"]), float(d["host_s"]), float(d["device_s"]),
-                     tuple((float(f), float(s)) for f, s in d.get("trace") or ()))
+                     tuple((float(f), float(s)) for f, s in d.get("trace") or ()),
+                     float(b2b) if b2b is not None else None)
     except (KeyError, TypeError, ValueError) as e:
         raise GridError(f"replay grid point {d!r}: needs kind, rows, ctx, host_s, device_s ({e})") from None
 
@@ -276,12 +294,42 @@ def pooled(regimes: dict[str, list[dict]]) -> list[dict]:
     for pts in regimes.values():
         for p in pts:
             acc.setdefault((p["kind"], int(p["rows"]), int(p["ctx"])), []).append(p)
-    return [{"kind": k[0], "rows": k[1], "ctx": k[2], "host_s": statistics.median(p["host_s"] for p in ps),
-             "device_s": statistics.median(p["device_s"] for p in ps),
-             "trace": next((p.get("trace") for p in ps if p.get("trace")), [])} for k, ps in sorted(acc.items())]
+    out = []
+    for k, ps in sorted(acc.items()):
+        pt = {"kind": k[0], "rows": k[1], "ctx": k[2], "host_s": statistics.median(p["host_s"] for p in ps),
+              "device_s": statistics.median(p["device_s"] for p in ps),
+              "trace": next((p.get("trace") for p in ps if p.get("trace")), [])}
+        b2b = _median_or_none([p.get("host_b2b_s") for p in ps])
+        if b2b is not None:   # back to back (grids after 2026-12-03): the median over the regimes that have it
+            pt["host_b2b_s"] = b2b
+        out.append(pt)
+    return out
 
 
-def from_dict(d: dict, regime: str | None = None) -> ReplayGrid:
+def round_grids(d: dict, b2b: bool = True) -> list[tuple[int, "ReplayGrid"]]:
+    """(timed round, the grid of that round's sample alone) for every sample of a workload's grid record (``points``
+    with ``rounds``: [host, device] per sample, ``b2b_rounds``: per sample the back-to-back [host, device] of each
+    issue; ``rounds_at``: the timed round of each sample): each forward round priced with the host and device state of
+    its own round. [] for grids that kept medians only (before 2026-12-03)."""
+    at = d.get("rounds_at") or []
+    pts = d.get("points") or []
+    if not at or not pts or not all(len(p.get("rounds") or []) == len(at) for p in pts):
+        return []
+    out = []
+    for i, r in enumerate(at):
+        got = []
+        for p in pts:
+            h, dev = p["rounds"][i][0], p["rounds"][i][1]
+            br = p.get("b2b_rounds") or []
+            hb = statistics.median(x[0] for x in br[i]) if len(br) == len(at) and br[i] else None
+            got.append(Point(p["kind"], int(p["rows"]), int(p["ctx"]), float(h), float(dev),
+                             tuple((float(f), float(s)) for f, s in p.get("trace") or ()), hb))
+        out.append((int(r), ReplayGrid(got, d.get("window"), None, d.get("layers"), d.get("model"), d.get("row_tile"),
+                                       b2b)))
+    return out
+
+
+def from_dict(d: dict, regime: str | None = None, b2b: bool = True) -> ReplayGrid:
     """A grid from ``replay_grid.json`` (``points``: pooled; ``regimes``: name -> points; ``regime`` picks one)."""
     if regime is not None:
         pts = (d.get("regimes") or {}).get(regime)
@@ -292,7 +340,7 @@ def from_dict(d: dict, regime: str | None = None) -> ReplayGrid:
     if not pts:
         raise GridError("replay grid: no points")
     return ReplayGrid([point_from_dict(p) for p in pts], d.get("window"), d.get("provenance"), d.get("layers"),
-                      d.get("model"), d.get("row_tile"))
+                      d.get("model"), d.get("row_tile"), b2b)
 
 
 def for_profile(profile) -> ReplayGrid | None:

@@ -21,6 +21,19 @@
 # Wall: tables <= T_TABLES (65 s; each GEMM/attention/row section past 45 s measures only the workloads' shapes; the
 # last run took 48 s), bench <= T_REPLAY (215 s; 139 s at 4e31ccf, the grid adds an estimated 30-40 s; rounds stop
 # 40 s before the limit), re-score <= 30 s: about 5 minutes with a 60 s install (limits: 6 1/4).
+#
+# Choosing workloads and rounds (env; since 2026-12-03, every round's samples of each forward, piece and grid point are
+# kept, and every piece is also timed back to back in its forward's order):
+#   REPLAY_WORKLOADS  all (default) | prefix (the two prefix hits) | chunked | shapes, e.g. 4096+512,16384/2048
+#   REPLAY_REPS / REPLAY_CHUNKED_REPS  timed rounds (the bench's --budget-s stops them 40 s before T_REPLAY, the time
+#                     left shared evenly by the workloads left)
+#   REPLAY_GRID_EVERY grid sample every N rounds (prefix hits N + 1); REPLAY_LEAN=1 eager forwards only (no +inputs,
+#                     no CUDA graphs); REPLAY_B2B=0 no back-to-back samples
+#   T_TABLES=0        skip the op tables: load REPLAY_TABLES (default run_d1473e5's, same model, H200) instead
+# REPLAY_WORKLOADS=prefix presets REPS 400 (the deadline cuts them: about 90-130 rounds each), LEAN 1, T_TABLES 0,
+# T_REPLAY 240, grid every 3 (4 on the prefix hits) unless set:
+#   REPLAY_WORKLOADS=prefix bash scripts/device_replay.sh
+# Wall of that call: install 60 s + bench <= 240 s + re-score <= 30 s: about 5 1/2 minutes (limit 600 s).
 source scripts/device_env.sh
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
@@ -38,18 +51,35 @@ SMI_PID=$!
   > "$OUT/cpu_mhz.txt" 2>/dev/null &
 MHZ_PID=$!
 WS=${REPLAY_WS:-32,64,128,256,384}
-stage "replay tables"
-timeout ${T_TABLES:-65} python3 -m benchmarks.gpu.replay_tables --out "$OUT/replay_tables.json" --ws "$WS" \
-  || echo "replay tables: exit $? (what finished is in replay_tables.json)"
+WORKLOADS=${REPLAY_WORKLOADS:-all}
+if [ "$WORKLOADS" = prefix ]; then   # the prefix hits only, with more rounds (header)
+  : "${REPLAY_REPS:=400}" "${REPLAY_LEAN:=1}" "${T_TABLES:=0}" "${T_REPLAY:=240}"
+fi
+T_TABLES=${T_TABLES:-65}; T_REPLAY=${T_REPLAY:-215}
+EXTRA=(--workloads "$WORKLOADS" --grid-every "${REPLAY_GRID_EVERY:-3}")
+[ -n "${REPLAY_REPS:-}" ] && EXTRA+=(--reps "$REPLAY_REPS")
+[ -n "${REPLAY_CHUNKED_REPS:-}" ] && EXTRA+=(--chunked-reps "$REPLAY_CHUNKED_REPS")
+[ "${REPLAY_LEAN:-0}" = 1 ] && EXTRA+=(--lean)
+[ "${REPLAY_B2B:-1}" = 0 ] && EXTRA+=(--no-b2b)
+echo "replay: workloads $WORKLOADS, T_TABLES $T_TABLES, T_REPLAY $T_REPLAY, bench args ${EXTRA[*]}"
+TABLES_FILE="$OUT/replay_tables.json"
+if [ "$T_TABLES" = 0 ]; then
+  TABLES_FILE=${REPLAY_TABLES:-benchmarks/gpu/issue23_h200/run_d1473e5/replay_tables.json}
+  echo "replay tables: skipped (T_TABLES=0), loading $TABLES_FILE"
+else
+  stage "replay tables"
+  timeout "$T_TABLES" python3 -m benchmarks.gpu.replay_tables --out "$OUT/replay_tables.json" --ws "$WS" \
+    || echo "replay tables: exit $? (what finished is in replay_tables.json)"
+fi
 stage "replay bench"
-if [ -f "$OUT/replay_tables.json" ]; then TABLES=(--tables "$OUT/replay_tables.json"); else TABLES=(--no-tables); fi
-timeout ${T_REPLAY:-215} python3 -m benchmarks.gpu.replay_bench --out "$OUT/replay_bench.json" --ws "$WS" "${TABLES[@]}" \
-  --budget-s $(( ${T_REPLAY:-215} - 5 )) \
+if [ -f "$TABLES_FILE" ]; then TABLES=(--tables "$TABLES_FILE"); else TABLES=(--no-tables); fi
+timeout "$T_REPLAY" python3 -m benchmarks.gpu.replay_bench --out "$OUT/replay_bench.json" --ws "$WS" "${TABLES[@]}" \
+  "${EXTRA[@]}" --budget-s $(( T_REPLAY - 5 )) \
   || echo "replay bench: exit $?"
 kill "$SMI_PID" "$MHZ_PID" 2>/dev/null
 stage "rescore"
-if [ -f "$OUT/replay_tables.json" ] && [ -f "$OUT/replay_bench.json" ]; then
-  timeout 30 python3 -m benchmarks.gpu.replay_rescore "$OUT/replay_bench.json" --tables "$OUT/replay_tables.json" \
+if [ -f "$TABLES_FILE" ] && [ -f "$OUT/replay_bench.json" ]; then
+  timeout 30 python3 -m benchmarks.gpu.replay_rescore "$OUT/replay_bench.json" --tables "$TABLES_FILE" \
     | tee "$OUT/rescore.txt" || echo "rescore: exit $?"
 fi
 # at most 6 files back: the samplers' outputs and the environment in one archive

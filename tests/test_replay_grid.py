@@ -210,3 +210,65 @@ def test_host_time_is_the_kinds_per_tile_class_not_read_off_by_shape():
     assert one.host_s == pytest.approx(1.1) and one.device_s == pytest.approx(1e-6 * 100, rel=1e-6)
     assert g.piece("sliding", 400, 0).segment.host_s == pytest.approx(3.1)     # the 2-tile class's median
     assert g.piece("sliding", 1000, 0).segment.host_s == pytest.approx(3.1)    # no 3+-tile point: the nearest class
+
+
+def _pt(kind, rows, ctx, host, dev, b2b=None):
+    return G.Point(kind, rows, ctx, host, dev, (), b2b)
+
+
+def test_back_to_back_host_is_used_where_measured_and_older_grids_read_as_before():
+    old = [_pt("embed", 100, 0, 1e-4, 1e-5), _pt("embed", 400, 0, 3e-4, 4e-5)]
+    new = [_pt("embed", 100, 0, 1e-4, 1e-5, 0.5e-4), _pt("embed", 400, 0, 3e-4, 4e-5, 1.5e-4)]
+    g_old, g_new = G.ReplayGrid(old), G.ReplayGrid(new)
+    g_iso = G.ReplayGrid(new, b2b=False)
+    assert not g_old.b2b and g_new.b2b and not g_iso.b2b
+    assert g_old.piece("embed", 200, 0).segment.host_s == pytest.approx(2e-4)      # median of the kind's points
+    assert g_iso.piece("embed", 200, 0).segment.host_s == pytest.approx(2e-4)
+    assert g_new.piece("embed", 200, 0).segment.host_s == pytest.approx(1e-4)
+    assert g_new.piece("embed", 200, 0).segment.device_s == g_old.piece("embed", 200, 0).segment.device_s
+    d = {"kind": "embed", "rows": 100, "ctx": 0, "host_s": 1e-4, "device_s": 1e-5}
+    assert G.point_from_dict(d).host_b2b_s is None
+    assert G.point_from_dict(d | {"host_b2b_s": 2e-5}).host_b2b_s == 2e-5
+    pooled = G.pooled({"a": [d | {"host_b2b_s": 2e-5}], "b": [d | {"host_b2b_s": 4e-5}], "c": [d]})
+    assert pooled[0]["host_b2b_s"] == pytest.approx(3e-5)
+    assert "host_b2b_s" not in G.pooled({"a": [d]})[0]
+
+
+def test_round_grids_price_each_grid_sample_alone():
+    pts = [{"kind": "embed", "rows": r, "ctx": 0, "host_s": 1.0, "device_s": 1.0,
+            "rounds": [[1e-4 * r, 1e-5], [2e-4 * r, 1e-5]], "b2b_rounds": [[[5e-5 * r, 1e-5]], [[1e-4 * r, 1e-5]]]}
+           for r in (100, 400)]
+    got = G.round_grids({"points": pts, "rounds_at": [0, 4]})
+    assert [r for r, _ in got] == [0, 4]
+    assert got[1][1].piece("embed", 100, 0).segment.host_s == pytest.approx(2 * got[0][1].piece("embed", 100, 0).segment.host_s)
+    assert got[0][1].b2b
+    iso = G.round_grids({"points": pts, "rounds_at": [0, 4]}, b2b=False)
+    assert not iso[0][1].b2b
+    assert G.round_grids({"points": [{k: v for k, v in p.items() if k != "rounds"} for p in pts]}) == []   # medians only
+
+
+def test_the_bench_selects_workloads():
+    from benchmarks.gpu.replay_bench import select_workloads
+    sh = shapes(False)
+    assert select_workloads(sh, "prefix")["prefix_hit"] == sh["prefix_hit"]
+    assert select_workloads(sh, "prefix")["chunked"] == []
+    assert select_workloads(sh, "all") == sh
+    assert select_workloads(sh, "8192+2048,16384/2048")["prefix_hit"] == [(8192, 2048)]
+    with pytest.raises(ValueError):
+        select_workloads(sh, "1+1")
+
+
+def test_the_grid_probe_keeps_every_sample_and_its_back_to_back_host_on_the_cpu():
+    torch = pytest.importorskip("torch")
+    from benchmarks.gpu.replay_bench import Bench, Timer
+    from benchmarks.gpu.replay_grid import GridProbe
+    b = Bench(bench_spec(True), torch.device("cpu"), "fp32", 8, 48, Timer(torch.device("cpu"), 0, 1), tiny=True)
+    with torch.inference_mode():
+        b.fill(40)
+        gp = GridProbe(b, tiny=True, every=2)
+        for _ in range(3):
+            gp.sample()
+    assert gp.rounds_at == [0, 2]
+    pts = gp.points()
+    assert pts and all(len(p["rounds"]) == 2 and len(p["b2b_rounds"]) == 2 and p["host_b2b_s"] > 0 for p in pts)
+    assert len(G.round_grids({"points": pts, "rounds_at": gp.rounds_at})) == 2

@@ -89,6 +89,15 @@ def test_the_pieces_of_every_policy_run_on_the_cpu():
     assert all(s["host_s"] > 0 and s["device_s"] == s["host_s"] for s in doc["segments"].values())
     got = price_policies(doc, sync=True)
     assert set(got) == {"recompute", "replay:4", "replay:24", "persist"}
+    # back to back (issue 23, 2026-12-03): every piece also timed in its forward's order, each round kept
+    assert set(doc["b2b_rounds"]) == set(doc["segments"])
+    assert all(len(r) == 1 and all(h > 0 for h, _ in r[0]) for r in doc["b2b_rounds"].values())
+    assert all(s["host_b2b_s"] > 0 for s in doc["segments"].values())
+    from benchmarks.gpu.replay_bench import b2b_doc
+    b = b2b_doc(doc)
+    assert all(s["host_s"] == s["host_b2b_s"] for s in b["segments"].values())
+    assert b2b_doc({k: v for k, v in doc.items()} | {"segments": {k: {"host_s": 1.0, "device_s": 1.0}
+                                                                   for k in doc["segments"]}}) is None   # older runs
 
 
 def test_each_round_is_priced_from_its_own_samples_and_paired_with_its_forwards():
@@ -117,3 +126,20 @@ def test_a_round_priced_at_the_forwards_clock_scales_each_pieces_device_time():
     assert price_rounds(doc, clocks={"p": [1800.0]})["p"] == pytest.approx([3.1])
     assert price_rounds(doc)["p"] == pytest.approx([3.0])
     assert price_rounds(doc, clocks={"p": [None]}) == {}          # no clock: not priced
+
+
+def test_rescore_bootstrap_intervals_hold_the_change_and_pairing_cancels_a_round_shift():
+    from benchmarks.gpu.replay_rescore import bootstrap
+    base = [(2.0, 0), (4.0, 0)] * 10                      # the host twice as slow every other round
+    rows = [{"policy": "recompute", "measured_samples_s": base},
+            {"policy": "replay:8", "measured_samples_s": [(t / 2, 0) for t, _ in base]}]
+    got = bootstrap(rows)["replay:8"]
+    assert got["n"] == 20
+    assert got["paired"] == pytest.approx((1.0, 1.0, 1.0))   # the same change every round: no width
+    lo, hi = got["medians"][1:]
+    assert lo <= got["medians"][0] <= hi
+    noisy = [{"policy": "recompute", "measured_samples_s": base},
+             {"policy": "replay:8", "measured_samples_s": [(1.0 + 0.1 * (i % 3), 0) for i in range(20)]}]
+    b = bootstrap(noisy)["replay:8"]
+    assert b["medians"][1] < b["medians"][0] < b["medians"][2]   # a width where the rounds disagree
+    assert bootstrap([{"policy": "recompute", "measured_samples_s": [(1.0, 0)]}]) == {}

@@ -91,6 +91,30 @@ from kernels import ops
 WINDOW = 128   # DeepSeek-V4's sliding window (config.json sliding_window)
 
 
+def select_workloads(sh: dict, which: str) -> dict:
+    """``shapes()`` with only the workloads ``which`` names: ``all``, ``prefix`` (every prefix hit), ``chunked``, or
+    shapes ``C+N`` (prefix hit) / ``P/K`` (chunked prompt), comma-separated. ValueError on a name that matches none."""
+    out = dict(sh, prefix_hit=[], chunked=[])
+    for tok in [t.strip() for t in (which or "all").split(",") if t.strip()]:
+        if tok in ("all", "prefix", "prefix_hit"):
+            out["prefix_hit"] += [x for x in sh["prefix_hit"] if x not in out["prefix_hit"]]
+        if tok in ("all", "chunked"):
+            out["chunked"] += [x for x in sh["chunked"] if x not in out["chunked"]]
+        if tok in ("all", "prefix", "prefix_hit", "chunked"):
+            continue
+        hit = [x for x in sh["prefix_hit"] if f"{x[0]}+{x[1]}" == tok] + [x for x in sh["chunked"] if f"{x[0]}/{x[1]}" == tok]
+        if not hit:
+            raise ValueError(f"{tok!r} is none of all, prefix, chunked, "
+                             + ", ".join([f"{c}+{n}" for c, n in sh["prefix_hit"]] + [f"{p}/{k}" for p, k in sh["chunked"]]))
+        for x in hit:
+            key = "prefix_hit" if "+" in tok else "chunked"
+            if x not in out[key]:
+                out[key].append(x)
+    if not out["prefix_hit"] and not out["chunked"]:
+        raise ValueError("no workload selected")
+    return out
+
+
 def bench_spec(tiny: bool) -> ModelSpec:
     """Three sliding layers under one full-attention layer (the full layer has no window state: the replayed rows
     stop below it, so a recompute's rows meet only windowed attention). Full size: Llama-3.1-8B's layer shapes
@@ -164,7 +188,7 @@ class Predictors:
 
 # ``segments`` first: the prediction the bench reports (the forward's pieces at their shapes, host and device measured
 # in the same rounds as the forwards; costmodels/replay_segments.py); the table-based ones beside it
-PREDICTIONS = ("segments", "grid", "table", "generic", "probe")
+PREDICTIONS = ("segments", "grid", "table", "generic", "probe", "segments_b2b", "grid_iso")
 MIN_ROUNDS = 7   # rounds kept even past the deadline (--budget-s)
 HEADLINE = "segments"
 HEADLINES = ("segments", "grid")   # the pieces at the workloads' own shapes, and read off the held-out grid
@@ -269,6 +293,8 @@ class Bench:
         self.probe_error = self.segment_error = None
         self.tiny = tiny
         self.grid_every: int | None = None   # sample the grid every this many rounds (None: no grid)
+        self.b2b = True   # also sample the pieces back to back in the forward's order (--no-b2b: off)
+        self.lean = False   # time the eager forwards only (no "+inputs" variants, no CUDA graphs): more rounds
 
     def probe(self):
         """A fresh host probe (its own KV pages) for one workload's rounds; None (and the error kept) if it cannot
@@ -316,10 +342,14 @@ class Bench:
                 self.chunk(SWAReplay(self.spec), n, c)
 
     def segments(self, forwards: dict):
-        """The pieces of every policy's forward (``benchmarks.gpu.replay_segments``), measured in the same rounds;
-        None (the error kept) if they cannot be built."""
+        """The pieces of every policy's forward (``benchmarks.gpu.replay_segments``), measured in the same rounds
+        (isolated, and back to back in each forward's order unless ``b2b`` is off); None (the error kept) if they
+        cannot be built."""
         try:
-            return SegmentProbe(self.model, self.kv, self.device, forwards)
+            seg = SegmentProbe(self.model, self.kv, self.device, forwards)
+            if not self.b2b:
+                seg.chains = []
+            return seg
         except Exception as e:  # noqa: BLE001 - the runs go on without it
             self.segment_error = _err(e)
             return None
@@ -331,6 +361,8 @@ class Bench:
             return None, None
         try:
             gp = grid_bench.GridProbe(self, self.tiny, every or self.grid_every)
+            if not self.b2b:
+                gp.chains = []
             if seg is not None:
                 replay_grid.assert_held_out(gp.keys(), seg.plan, [k == "sliding" for k in self.spec.kinds()])
             return gp, None
@@ -345,7 +377,7 @@ class Bench:
         probe = self.probe()
         seg = self.segments(forwards)
         grid, grid_error = self.grid(seg, grid_every)
-        graphs = {name: self.capture(fns[name]) for name in rows} if self.timer.cuda else {}
+        graphs = {name: self.capture(fns[name]) for name in rows} if self.timer.cuda and not self.lean else {}
         fns = fns | {name + "+graph": g.replay for name, g in graphs.items() if not isinstance(g, str)}
         t0 = time.time()
         alloc0 = _alloc_counts(self.timer.cuda)
@@ -402,6 +434,13 @@ class Bench:
                                    "segments_graph_s": cost.device_s, "segments_host_s": cost.host_s,
                                    "segments_wait_s": cost.wait_s, "segments_round_s": per_round.get(name),
                                    "segments_clocked_round_s": clocked.get(name)})
+        b2b = b2b_doc(doc)
+        if b2b is not None:   # the same pieces with their host seconds issued back to back
+            per_round_b2b = replay_segments.price_rounds(b2b, sync)
+            for name, cost in replay_segments.price_policies(b2b, sync).items():
+                if name in rows:
+                    rows[name].update({"segments_b2b_predicted_s": cost.seconds, "segments_b2b_host_s": cost.host_s,
+                                       "segments_b2b_round_s": per_round_b2b.get(name)})
         return doc
 
     def grid_costs(self, grid, head: dict, rows: dict) -> None:
@@ -421,12 +460,18 @@ class Bench:
         except Exception as e:  # noqa: BLE001 - a prediction's failure costs only itself
             head["grid_error"] = _err(e)
             return
-        head["grid"] = {"points": pts, "every": grid.every, "traced": bool(grid.traces), "row_tile": grid.row_tile}
+        head["grid"] = {"points": pts, "every": grid.every, "traced": bool(grid.traces), "row_tile": grid.row_tile,
+                        "rounds_at": list(grid.rounds_at), "host": "back to back" if g.b2b else "isolated"}
         for name, (cost, ext) in priced.items():
             if name in rows:
                 rows[name].update({"grid_predicted_s": cost.seconds, "grid_device_s": cost.device_s,
                                    "grid_host_s": cost.host_s, "grid_wait_s": cost.wait_s,
                                    "grid_extrapolated": ext})
+        if g.b2b:   # the grid's isolated host times beside (what grids before the back-to-back measure gave)
+            iso = replay_grid.ReplayGrid(g.points, row_tile=grid.row_tile, b2b=False)
+            for name, (cost, _) in replay_grid.price_plan(iso, seg["plan"], sliding, sync=not self.timer.cuda).items():
+                if name in rows:
+                    rows[name].update({"grid_iso_predicted_s": cost.seconds, "grid_iso_host_s": cost.host_s})
 
     @torch.inference_mode()
     def prefix_hit(self, pols, c: int, n: int) -> dict:
@@ -441,7 +486,8 @@ class Bench:
         self.fill(c + n)
         preps = {name: self.prepare(swa, n, c) for name, swa in swas.items()}
         fns = {name: (lambda swa=swa, p=preps[name]: self.chunk(swa, n, c, p)) for name, swa in swas.items()}
-        fns |= {name + "+inputs": (lambda swa=swa: self.chunk(swa, n, c)) for name, swa in swas.items()}
+        if not self.lean:
+            fns |= {name + "+inputs": (lambda swa=swa: self.chunk(swa, n, c)) for name, swa in swas.items()}
         rows = {}
         for name, swa in swas.items():
             lay = swa.layout(c)
@@ -486,6 +532,21 @@ class Bench:
                "rows": _changes(list(rows.values()), prompt)}
         self.segment_jobs.append((seg, out, prompt, grid))
         return out
+
+
+def b2b_doc(doc: dict) -> dict | None:
+    """A ``segments`` record with each piece's host seconds replaced by its back-to-back ones (``host_b2b_s``), and
+    each round's by that round's back-to-back median; None where the record has none (runs before 2026-12-03)."""
+    segs = doc.get("segments") or {}
+    if not segs or not all("host_b2b_s" in s for s in segs.values()):
+        return None
+    rounds, b2b = doc.get("rounds") or {}, doc.get("b2b_rounds") or {}
+    new_rounds = {}
+    for k, xs in rounds.items():
+        br = b2b.get(k) or []
+        new_rounds[k] = [[statistics.median(h for h, _ in br[i]) if i < len(br) and br[i] else x[0], *x[1:]]
+                         for i, x in enumerate(xs)]
+    return doc | {"segments": {k: s | {"host_s": s["host_b2b_s"]} for k, s in segs.items()}, "rounds": new_rounds}
 
 
 def _alloc_counts(cuda: bool) -> dict[str, int]:
@@ -576,7 +637,7 @@ def paired(r: dict, base: dict) -> None:
     if not ms or not mb or len(ms) != len(mb):
         return
     r["measured_change_paired"] = statistics.median(b[0] / m[0] - 1 for m, b in zip(ms, mb))
-    for name in ("segments", "segments_clocked"):
+    for name in ("segments", "segments_clocked", "segments_b2b"):
         ps, pb = r.get(f"{name}_round_s"), base.get(f"{name}_round_s")
         if ps and pb and len(ps) == len(pb) == len(ms):
             r[f"{name}_change_paired"] = statistics.median(b / p - 1 for p, b in zip(ps, pb))
@@ -664,6 +725,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-grid", action="store_true", help="skip the held-out grid of pieces (``grid_*``)")
     ap.add_argument("--grid-every", type=int, default=3, help="sample the grid every this many timed rounds (the prefix "
                     "hits: one more)")
+    ap.add_argument("--workloads", default="all", help="which workloads: all, prefix (the prefix hits), chunked, or a "
+                    "comma-separated list of shapes (4096+512,8192+2048,16384/2048)")
+    ap.add_argument("--no-b2b", action="store_true", help="skip the pieces' back-to-back samples")
+    ap.add_argument("--lean", action="store_true", help="time the eager forwards only (no forwards with their input "
+                    "preparation, no CUDA graphs): more rounds in the same wall")
     ap.add_argument("--budget-s", type=float, default=None, help="wall seconds this run may take: timed rounds stop "
                     "(after 7) 40 s before, leaving time for the traces and the profile")
     a = ap.parse_args(argv)
@@ -672,6 +738,11 @@ def main(argv=None) -> int:
     if setup is None:
         return 2
     device, sh, ws, spec = setup
+    try:
+        sh = select_workloads(sh, a.workloads)
+    except ValueError as e:
+        print(f"--workloads {a.workloads!r}: {e}", file=sys.stderr)
+        return 2
     reps = a.reps or (1 if a.cpu else 31)
     need = max([c + n for c, n in sh["prefix_hit"]] + [p for p, _ in sh["chunked"]])
     if not a.no_grid:
@@ -681,8 +752,7 @@ def main(argv=None) -> int:
     b = Bench(spec, device, dtype, sh["page"], need, Timer(device, 0 if a.cpu else 3, reps), Predictors(tables), a.tiny)
     b.chunked_reps = a.chunked_reps or (1 if a.cpu else 21)
     b.grid_every = None if a.no_grid else max(1, a.grid_every)
-    if a.budget_s:
-        b.timer.deadline = t_start + a.budget_s - 40
+    b.b2b, b.lean = not a.no_b2b, a.lean
     pols = policies(ws)
     if device.type == "cuda":   # what is built so far leaves the collector's generations (timers hold it off)
         gc.collect()
@@ -691,12 +761,16 @@ def main(argv=None) -> int:
            "model": {"name": spec.name, "layers": spec.kinds(), "hidden": spec.hidden_size, "heads": spec.num_attention_heads,
                      "kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "window": spec.sliding_window},
            "predicted_on": "H200, TP1 bf16 (costmodels.replay.chunk_cost / prefill_seconds)", "reps": reps, "chunked_reps": b.chunked_reps,
+           "workloads": a.workloads, "lean": a.lean, "b2b": b.b2b, "grid_every": b.grid_every, "budget_s": a.budget_s,
            "table_predicted_on": ("op tables of this executor model (costmodels.replay_table: eager host/device queue); "
                                   f"{tables_from}"),
            "tables": _tables_head(tables), "policies": [p for p, _ in pols], "prefix_hit": [], "chunked": [], "errors": []}
     cases = [("prefix_hit", lambda c=c, n=n: b.prefix_hit(pols, c, n)) for c, n in sh["prefix_hit"]]
     cases += [("chunked", lambda p=p, k=k: b.chunked(pols, p, k)) for p, k in sh["chunked"]]
-    for kind, run in cases:
+    for i, (kind, run) in enumerate(cases):
+        if a.budget_s:   # the rounds' time left, shared evenly by the workloads left (one that ends early leaves its)
+            now = time.monotonic()
+            b.timer.deadline = now + max(0.0, t_start + a.budget_s - 40 - now) / (len(cases) - i)
         try:
             out[kind].append(run())
         except Exception as e:  # noqa: BLE001 - one workload's failure must not lose the others
@@ -819,9 +893,9 @@ def _err(e: Exception, limit: int = 300) -> str:
 
 
 def _write(path: str, out: dict) -> None:
-    """Written after every workload, so a timeout keeps what ran."""
+    """Written after every workload, so a timeout keeps what ran; compact (every round's samples are kept)."""
     with open(path, "w") as f:
-        json.dump(out, f, indent=1)
+        json.dump(out, f, separators=(",", ":"))
 
 
 def _print(out: dict) -> None:

@@ -64,6 +64,8 @@ class GridProbe(SegmentProbe):
         self.model, self.kv, self.forwards = bench.model, bench.kv, {}
         self.timelines, self.fns, self.plan, self.traces, self.error = {}, {}, {}, {}, None
         self.every, self.calls = max(1, int(every)), 0
+        self.rounds_at: list[int] = []   # the timed round (0-based) after which each grid sample was taken
+        self.chains: list[list] = []
         sliding = [k == "sliding" for k in bench.spec.kinds()]
         pols = {"persist": SWAReplay(bench.spec, ReplayPolicy()),
                 "recompute": SWAReplay(bench.spec, ReplayPolicy(default=LayerReplay(mode="recompute")))}
@@ -82,11 +84,24 @@ class GridProbe(SegmentProbe):
                       (piece_key("end", prep), lambda p=prep, x=x: m.compute_logits(SWAReplay.finish(m, p, x)[-1:]))]
             pieces += [(piece_key("layer", prep, j), lambda p=prep, j=j, x=x: SWAReplay.layer_step(m, p, kv, j, x))
                        for j in range(len(prep.views))]
+            chain = []
             for key, fn in pieces:
                 f = replay_grid.features(key, sliding)
                 if f[0] in kinds:
-                    self.fns.setdefault("|".join(str(v) for v in f), fn)
+                    k = "|".join(str(v) for v in f)
+                    self.fns.setdefault(k, fn)
+                    chain.append((k, fn))
+                else:
+                    chain.append((None, fn))
+            # back to back: the step's pieces in the forward's order (embedding, layers, end), from the neighbour
+            # before its first kept piece to its last kept one (the neighbours issued, not recorded)
+            kept = [i for i, (k, _) in enumerate(chain) if k is not None]
+            if kept:
+                order = [chain[0]] + chain[2:] + [chain[1]]   # pieces were listed embed, end, layers...
+                kept = [i for i, (k, _) in enumerate(order) if k is not None]
+                self.chains.append(order[max(0, kept[0] - 1): kept[-1] + 1])
         self.samples = {k: [] for k in self.fns}
+        self.b2b = {k: [] for k in self.fns}
         self.spin_rate = self._spin_rate() if self.cuda else 0.0
         if self.cuda:   # first calls at new shapes (library heuristics, kernel selection) outside the timed rounds
             with torch.inference_mode():
@@ -101,16 +116,26 @@ class GridProbe(SegmentProbe):
         """Every ``every``-th call (the first included): one sample of every grid piece."""
         self.calls += 1
         if (self.calls - 1) % self.every == 0:
+            self.rounds_at.append(self.calls - 1)
             super().sample()
 
     def points(self) -> list[dict]:
-        """``replay_grid.json``'s points: features, median host and device seconds, quartiles, samples, trace."""
+        """``replay_grid.json``'s points: features, median host and device seconds, quartiles, samples, trace; and
+        every grid sample (``rounds``: [host, device] per sample, the timed round of each in the grid's ``rounds_at``;
+        ``b2b_rounds``: per sample the back-to-back [host, device] of each time the piece was issued), with the
+        back-to-back medians ``host_b2b_s`` / ``device_b2b_s`` where measured."""
         out = []
-        for key, s in self.result()["segments"].items():
+        res = self.result()
+        for key, s in res["segments"].items():
             kind, rows, ctx = _feat(key)
-            out.append({"kind": kind, "rows": rows, "ctx": ctx, **{k: s[k] for k in (
+            pt = {"kind": kind, "rows": rows, "ctx": ctx, **{k: s[k] for k in (
                 "host_s", "device_s", "host_quartiles_s", "device_quartiles_s", "covered", "samples", "clock_mhz",
-                "kernels", "trace")}})
+                "kernels", "trace")}}
+            pt["rounds"] = [[x[0], x[1]] for x in res["rounds"].get(key, [])]
+            if "host_b2b_s" in s:
+                pt.update({k: s[k] for k in ("host_b2b_s", "device_b2b_s")})
+                pt["b2b_rounds"] = res["b2b_rounds"].get(key, [])
+            out.append(pt)
         return out
 
 

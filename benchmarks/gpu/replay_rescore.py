@@ -21,6 +21,13 @@ tables (``benchmarks/gpu/replay_tables.py``'s file) with the model as it is now,
   graph times the tables measured at that layer's rows (``layer_check``: tables after 1aaf485), a diagnostic of how
   units compose in a layer.
 
+Then, per workload and policy, the measured change's resolution (``rounds_report``, lines after the summary): the change
+from the medians of the rounds and paired round by round (this round's recompute over this round's policy), each with a
+bootstrap 95% interval over the rounds (resampled jointly, seed 0), next to the predictions (``segments``, ``grid``, and
+where the run has them ``segments_b2b``: the pieces' host times issued back to back, ``grid_iso``: the grid with its
+isolated host times, ``grid_paired``: each grid sample's round priced off that sample alone, against the same round's
+forwards; runs after 2026-12-03 keep every grid sample).
+
 Nothing here reads a measured replay time to set a model term: measured seconds only enter the changes and their
 difference in percentage points.
 
@@ -202,7 +209,109 @@ def report(res: dict) -> str:
         eager = f", eager {c['eager_s'] * 1e3:.3f} ms, {c['kernels']} kernels" if c.get("eager_s") else ""
         lines.append(f"layer {c['kind']} {c['rows']} rows after {c['context']}: graph {c['layer_graph_s'] * 1e3:.3f} ms, "
                      f"units {c['units_s'] * 1e3:.3f} ms ({c['units_over_layer']:.3f}x){eager}")
+    lines += rounds_report(res)
     return "\n".join(lines)
+
+
+BOOT = 2000
+PER_ROUND = ("segments", "grid", "segments_b2b", "grid_iso")
+
+
+def bootstrap(rows: list[dict], boot: int = BOOT, seed: int = 0) -> dict[str, dict]:
+    """policy -> {n, medians: (change, lo, hi), paired: (change, lo, hi)} from the rows' per-round forward samples
+    (``measured_samples_s``, the first row the recompute): the change from the rounds' medians and the median of the
+    per-round changes, each with its bootstrap 95% interval (rounds resampled with replacement, the same rounds for
+    every policy: a round's forwards stay together). {} where the rows lack equal-length samples."""
+    ts = [[float(x[0]) for x in r.get("measured_samples_s") or []] for r in rows]
+    n = len(ts[0]) if ts else 0
+    if n < 2 or any(len(t) != n for t in ts):
+        return {}
+    t = np.array(ts)
+    idx = np.random.default_rng(seed).integers(0, n, (boot, n))
+    med = np.median(t[:, idx], axis=2)                     # policy x resample
+    ratio = t[0] / t - 1                                   # policy x round
+    pmed = np.median(ratio[:, idx], axis=2)
+    out = {}
+    for i, r in enumerate(rows):
+        ch = med[0] / med[i] - 1
+        out[r["policy"]] = {"n": n, "medians": (float(np.median(t[0]) / np.median(t[i]) - 1), *map(float, np.percentile(ch, [2.5, 97.5]))),
+                            "paired": (float(np.median(ratio[i])), *map(float, np.percentile(pmed[i], [2.5, 97.5])))}
+    return out
+
+
+def grid_paired(w: dict, sync: bool) -> dict[str, tuple[float, float, int]]:
+    """policy -> (median measured change, median predicted change, rounds) over the rounds the grid was sampled in:
+    each such round's forwards against the plan priced off that round's grid sample alone (``replay_grid.round_grids``,
+    back-to-back host where measured): host-mode drift lands on both. {} for grids with medians only."""
+    g, plan = w.get("grid") or {}, (w.get("segments") or {}).get("plan")
+    rows = w.get("rows") or []
+    if not plan or not rows or not rows[0].get("measured_samples_s"):
+        return {}
+    rgs = replay_grid.round_grids(g)
+    spec = bench_spec(False)
+    sl = [k == "sliding" for k in spec.kinds()]
+    meas: dict[str, list[float]] = {}
+    pred: dict[str, list[float]] = {}
+    base = rows[0]
+    for r_i, grid in rgs:
+        priced = replay_grid.price_plan(grid, plan, sl, sync)
+        if base["policy"] not in priced or r_i >= len(base["measured_samples_s"]):
+            continue
+        for r in rows[1:]:
+            if r["policy"] in priced and r_i < len(r.get("measured_samples_s") or []):
+                meas.setdefault(r["policy"], []).append(base["measured_samples_s"][r_i][0] / r["measured_samples_s"][r_i][0] - 1)
+                pred.setdefault(r["policy"], []).append(priced[base["policy"]][0].seconds / priced[r["policy"]][0].seconds - 1)
+    return {p: (float(np.median(meas[p])), float(np.median(pred[p])), len(meas[p])) for p in meas}
+
+
+def rounds_report(res: dict) -> list[str]:
+    """Per workload: each policy's measured change with its bootstrap 95% interval, from the rounds' medians and
+    paired round by round, next to each prediction's change and its difference in pp (medians against medians;
+    ``segments_paired`` / ``segments_b2b_paired`` / ``grid_paired`` against the paired change); then per prediction the
+    W within 5 pp and the median interval width (a prediction can be judged at 5 pp only where that is about 10 pp or
+    less)."""
+    out = []
+    sync = res.get("device") == "cpu"
+    for kind in ("prefix_hit", "chunked"):
+        for w in res.get(kind, []):
+            rows = w.get("rows") or []
+            bs = bootstrap(rows)
+            if not bs:
+                continue
+            gp = grid_paired(w, sync)
+            n = next(iter(bs.values()))["n"]
+            out.append(f"rounds {kind} {_shape(kind, w)}: {n} rounds; measured change % [bootstrap 95%] from medians and "
+                       f"paired; predictions % (pp); grid sampled in {len(replay_grid.round_grids(w.get('grid') or {}))} rounds")
+            within: dict[str, int] = {}
+            widths: dict[str, list[float]] = {"medians": [], "paired": []}
+            for r in rows[1:]:
+                b = bs[r["policy"]]
+                m, p = b["medians"], b["paired"]
+                widths["medians"].append(100 * (m[2] - m[1]))
+                widths["paired"].append(100 * (p[2] - p[1]))
+                cells = []
+                for name in PER_ROUND:
+                    if f"{name}_predicted_s" in r and f"{name}_predicted_s" in rows[0]:
+                        ch = rows[0][f"{name}_predicted_s"] / r[f"{name}_predicted_s"] - 1
+                        cells.append((name, ch, 100 * (m[0] - ch)))
+                for name in ("segments", "segments_b2b"):
+                    if f"{name}_change_paired" in r and "measured_change_paired" in r:
+                        cells.append((f"{name}_paired", r[f"{name}_change_paired"],
+                                      100 * (r["measured_change_paired"] - r[f"{name}_change_paired"])))
+                if r["policy"] in gp:
+                    mm, pp, k = gp[r["policy"]]
+                    cells.append(("grid_paired", pp, 100 * (mm - pp)))
+                for name, _, d in cells:
+                    if r["policy"].startswith("replay:") and abs(d) <= 5:
+                        within[name] = within.get(name, 0) + 1
+                    within.setdefault(name, 0)
+                out.append(f"  {r['policy']:>11} medians {100 * m[0]:+7.1f} [{100 * m[1]:+7.1f},{100 * m[2]:+7.1f}]  paired "
+                           f"{100 * p[0]:+7.1f} [{100 * p[1]:+7.1f},{100 * p[2]:+7.1f}]  "
+                           + "  ".join(f"{name} {100 * ch:+7.1f} ({d:+6.1f})" for name, ch, d in cells))
+            out.append(f"  interval width median (max) pp: medians {np.median(widths['medians']):.1f} ({max(widths['medians']):.1f}), "
+                       f"paired {np.median(widths['paired']):.1f} ({max(widths['paired']):.1f}); W within 5 pp: "
+                       + ", ".join(f"{k} {v}" for k, v in within.items()))
+    return out
 
 
 def grid_report(kind: str, w: dict) -> list[str]:

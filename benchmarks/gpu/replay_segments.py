@@ -11,6 +11,12 @@ shapes of their prepared steps, and measures them in the timed rounds of the for
 - device seconds of the same call between two events around it: every kernel is queued when the spin ends, so this
   is the piece's eager device time with the host ahead.
 
+- back to back (``sample_b2b``, every round after the isolated samples): each policy's forward issued piece after piece
+  in its own order, one spin covering the whole forward's host time, the host clock read and an event recorded after
+  each piece: the piece's host seconds when issued right after its neighbour (a forward issued its pieces 2-15% faster
+  than the same pieces timed one by one after a synchronize, run_d1473e5) and its device seconds between the events.
+  Kept beside the isolated samples (``b2b_rounds``, ``host_b2b_s``); the isolated ones stay the default.
+
 ``trace`` then runs every piece once under the profiler: each kernel's launch (the end of its launch call) as a
 fraction of the piece's host time, and its share of the device time (correlated launch and kernel records of the
 exported trace). On the CPU (the smoke mode) a call's wall time is both its host and device time.
@@ -107,6 +113,10 @@ class SegmentProbe:
                                       lambda p=prep, x=x: model.compute_logits(SWAReplay.finish(model, p, x)[-1:])))
             self.plan[name] = keys
         self.samples: dict[str, list[tuple[float, float, bool, float | None]]] = {k: [] for k in self.fns}
+        # back to back: chains of (key or None: a neighbour issued but not recorded, fn) in the forward's order
+        self.chains: list[list[tuple[str | None, callable]]] = [[(k, self.fns[k]) for k in keys]
+                                                                for keys in self.plan.values()]
+        self.b2b: dict[str, list[list]] = {k: [] for k in self.fns}   # key -> per round [(host, device), ...]
         self.traces: dict[str, dict] = {}
         self.error: str | None = None
         self.spin_rate = self._spin_rate() if self.cuda else 0.0
@@ -147,11 +157,49 @@ class SegmentProbe:
         return host, a.elapsed_time(b) / 1e3, s0.elapsed_time(a) / 1e3 > host, sm_clock_mhz()
 
     def sample(self) -> None:
-        """One (host, device) sample of every piece (called after every round of the timed forwards)."""
+        """One (host, device) sample of every piece (called after every round of the timed forwards), isolated, then
+        back to back (``sample_b2b``)."""
         for key, fn in self.fns.items():
             xs = self.samples[key]
             guess = max((x[0] for x in xs[-3:]), default=FIRST_HOST_S)
             xs.append(self.once(fn, guess))
+        self.sample_b2b()
+
+    def chain_once(self, chain: list, host_guess: float) -> list[tuple[float, float]]:
+        """(host seconds, device seconds) of each piece of ``chain`` issued back to back after one spin that covers
+        them all (on the CPU: wall seconds, both)."""
+        if not self.cuda:
+            out, t = [], time.perf_counter()
+            for _, fn in chain:
+                fn()
+                t1 = time.perf_counter()
+                out.append((t1 - t, t1 - t))
+                t = t1
+            return out
+        evs = [torch.cuda.Event(enable_timing=True) for _ in range(len(chain) + 1)]
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int((1.5 * host_guess + SPIN_MARGIN_S) * self.spin_rate))
+        evs[0].record()
+        ts = [time.perf_counter()]
+        for (_, fn), ev in zip(chain, evs[1:]):
+            fn()
+            ts.append(time.perf_counter())
+            ev.record()
+        evs[-1].synchronize()
+        return [(ts[i + 1] - ts[i], evs[i].elapsed_time(evs[i + 1]) / 1e3) for i in range(len(chain))]
+
+    def sample_b2b(self) -> None:
+        """One back-to-back sample of every chain (module docstring); each recorded piece's (host, device) appended to
+        this round's list of its key (a piece in several chains: several per round)."""
+        got: dict[str, list] = {}
+        for chain in self.chains:
+            guess = sum(max((x[0] for x in self.samples[k][-3:]), default=FIRST_HOST_S) if k in self.samples
+                        else FIRST_HOST_S for k, _ in chain)
+            for (key, _), hd in zip(chain, self.chain_once(chain, guess)):
+                if key is not None:
+                    got.setdefault(key, []).append((round(hd[0], 8), round(hd[1], 8)))
+        for key, xs in got.items():
+            self.b2b.setdefault(key, []).append(xs)
 
     # ------------------------------------------------------------------ the pieces inside the forwards
     def timeline(self, reps: int = 5) -> None:
@@ -235,8 +283,13 @@ class SegmentProbe:
                          "kernels": len(tr.get("trace", [])), "profiled_host_s": tr.get("host_s"),
                          "profiled_device_s": tr.get("device_s"), "unmatched_launches": tr.get("unmatched"),
                          "trace": tr.get("trace", [])}
+            bh = [h for r in self.b2b.get(key, []) for h, _ in r]
+            if bh:   # back to back: medians over every sample of every round
+                segs[key].update({"host_b2b_s": statistics.median(bh), "host_b2b_quartiles_s": _quartiles(bh),
+                                  "device_b2b_s": statistics.median(d for r in self.b2b[key] for _, d in r)})
         rounds = {k: [(round(x[0], 8), round(x[1], 8), x[3]) for x in xs] for k, xs in self.samples.items() if xs}
-        return {"segments": segs, "plan": self.plan, "rounds": rounds, "timeline": self.timelines}
+        b2b = {k: xs for k, xs in self.b2b.items() if xs}
+        return {"segments": segs, "plan": self.plan, "rounds": rounds, "b2b_rounds": b2b, "timeline": self.timelines}
 
 
 def _quartiles(xs: list[float]) -> tuple[float, float]:
