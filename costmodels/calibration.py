@@ -142,6 +142,19 @@ class PrefillChunkTable(BaseModel):
         return t, ext
 
 
+def _xy_points(xs: list[float] | None, sec: list[float], name: str, per: str, distinct: str) -> list[float]:
+    """A one-variable table's checks (``name`` -> seconds): one time per point, finite and > 0, distinct x."""
+    if xs is None:
+        return sec
+    if len(xs) != len(sec):
+        raise ValueError(f"{name} has {len(xs)} points but seconds has {len(sec)}: give one time per {per}")
+    if not all(math.isfinite(v) and v > 0 for v in list(xs) + list(sec)):
+        raise ValueError(f"{name} and seconds must be finite numbers > 0")
+    if len(set(xs)) != len(xs):
+        raise ValueError(f"{distinct} must be distinct")
+    return sec
+
+
 class MoELayerTable(BaseModel):
     """Measured device seconds of one MoE layer's routed experts (routing applied, permutation, the grouped GEMMs and
     their activation, combine: the executor's ``ops.moe_experts`` call) at ``tokens`` tokens routed uniformly at
@@ -169,16 +182,7 @@ class MoELayerTable(BaseModel):
     @field_validator("seconds")
     @classmethod
     def _points(cls, sec: list[float], info: ValidationInfo) -> list[float]:
-        tok = info.data.get("tokens")
-        if tok is None:
-            return sec
-        if len(tok) != len(sec):
-            raise ValueError(f"tokens has {len(tok)} points but seconds has {len(sec)}: give one time per token count")
-        if not all(math.isfinite(v) and v > 0 for v in list(tok) + list(sec)):
-            raise ValueError("tokens and seconds must be finite numbers > 0")
-        if len(set(tok)) != len(tok):
-            raise ValueError("tokens must be distinct")
-        return sec
+        return _xy_points(info.data.get("tokens"), sec, "tokens", "token count", "tokens")
 
     def model_post_init(self, _ctx) -> None:
         order = np.argsort(self.tokens)
@@ -233,16 +237,7 @@ class SampleTable(BaseModel):
     @field_validator("seconds")
     @classmethod
     def _points(cls, sec: list[float], info: ValidationInfo) -> list[float]:
-        b = info.data.get("batch")
-        if b is None:
-            return sec
-        if len(b) != len(sec):
-            raise ValueError(f"batch has {len(b)} points but seconds has {len(sec)}: give one time per batch")
-        if not all(math.isfinite(v) and v > 0 for v in list(b) + list(sec)):
-            raise ValueError("batch and seconds must be finite numbers > 0")
-        if len(set(b)) != len(b):
-            raise ValueError("batch sizes must be distinct")
-        return sec
+        return _xy_points(info.data.get("batch"), sec, "batch", "batch", "batch sizes")
 
     def model_post_init(self, _ctx) -> None:
         order = np.argsort(self.batch)

@@ -157,7 +157,8 @@ class ProfiledStepCost:
             return 0.0
         return float(self.sample([rows])[0][0])
 
-    def sampled_rows(self, new: np.ndarray, dec: np.ndarray, draft: int = 0) -> float:
+    @staticmethod
+    def sampled_rows(new: np.ndarray, dec: np.ndarray) -> float:
         """Rows the sampler runs over in one step: each decode's tokens (its drafts' verification rows included) and
         one per prefill chunk (``StepCostModel.counts``' count; the runner samples only a prompt's last chunk, and
         the step model does not know which chunk is last). MTP drafting's own logits are argmax'd, not sampled: the
@@ -191,7 +192,7 @@ class ProfiledStepCost:
                 d = float(self.graph_categories(context_lens, pad) @ self.k) + self.sample_s(new.size)
                 return float(self.step.host.graph(new.size, float(np.sum(context_lens)))) + d
         d = float(self.category_times(new, context_lens, dec) @ self.k) + self.step.prefill_token_s * float(new[~dec].sum())
-        d += self.sample_s(self.sampled_rows(new, dec, int(self.base.draft_of(new, dec))))
+        d += self.sample_s(self.sampled_rows(new, dec))
         h = self.host_time(new.size, int(new.sum()), int((~dec).sum()))
         return float(self.step.host.serial(new.size, int((~dec).sum())) + self.step.combine(h, d))
 
@@ -221,23 +222,24 @@ class ProfiledStepCost:
         return self.base.memory()
 
 
+def _point_sampled_rows(p: StepPoint) -> float:
+    new, _, dec = decodes_then_chunks(p.decode_ctx, p.draft_len, [a for a, _ in p.prefill], [c for _, c in p.prefill])
+    return ProfiledStepCost.sampled_rows(np.asarray(new, np.int64), np.asarray(dec, bool))
+
+
 def point_sample_s(cost: ProfiledStepCost, p: StepPoint) -> float:
     """The measured sampler's seconds in a measured point (0 without a table), as ``mixed_step_time`` adds them."""
-    if cost.sample is None:
-        return 0.0
-    new, _, dec = decodes_then_chunks(p.decode_ctx, p.draft_len, [a for a, _ in p.prefill], [c for _, c in p.prefill])
-    new, dec = np.asarray(new, np.int64), np.asarray(dec, bool)
-    return cost.sample_s(cost.sampled_rows(new, dec, int(cost.base.draft_of(new, dec))))
+    return cost.sample_s(_point_sampled_rows(p)) if cost.sample is not None else 0.0
 
 
 def point_after_forward_s(cost: ProfiledStepCost, p: StepPoint) -> float:
     """Device work a measured point runs after its forward: the sampler from its table, and the logits GEMM where the
     table did not time it (profiles before the table timed both: the cost model's GEMM at scale 1)."""
-    t = point_sample_s(cost, p)
-    if cost.sample is not None and not cost.sample.includes_logits:
-        new, _, dec = decodes_then_chunks(p.decode_ctx, p.draft_len, [a for a, _ in p.prefill], [c for _, c in p.prefill])
-        new, dec = np.asarray(new, np.int64), np.asarray(dec, bool)
-        rows = cost.sampled_rows(new, dec, int(cost.base.draft_of(new, dec)))
+    if cost.sample is None:
+        return 0.0
+    rows = _point_sampled_rows(p)
+    t = cost.sample_s(rows)
+    if not cost.sample.includes_logits:
         t += float(cost.base.gemms(SAMPLED, np.array([rows])).total()[0])
     return t
 

@@ -228,10 +228,9 @@ class LLMEngine:
             piecewise_graphs = enabled_by_env()
         if dev.type == "cuda":   # compile vendor/Triton kernels per shape now, not inside timed steps or capture
             from executor.cuda_graphs import capture_sizes
-            from executor.piecewise_graphs import token_sizes
+            from executor.piecewise_graphs import token_sizes, unsupported_reason
             from kernels.warmup import jit_warmup, token_counts
             budget = sched_cfg.max_num_batched_tokens
-            from executor.piecewise_graphs import unsupported_reason
             pw_buckets = graphs_on and piecewise_graphs and unsupported_reason(net) is None   # the buckets it will capture
             jit_warmup(net, dev, token_counts(capture_sizes(sched_cfg.max_num_seqs), budget, token_sizes(budget) if pw_buckets else ()))
         if graphs_on:
