@@ -75,7 +75,7 @@ class ProfiledStepCost:
         self.k = st.scales()
         self.notes = [
             f"step times from the measured profile of {st.model} ({st.num_layers} layers, {st.dtype}) on {profile.measured_on}: "
-            + ("runner = serial host + " if st.host.serial_s or st.host.serial_per_request_s or st.host.serial_per_prefill_s
+            + ("runner = serial host + " if st.host.serial_s or st.host.serial_per_request_s or st.host.serial_per_prefill_s or st.host.serial_per_token_s
                else "runner = ")
             + f"max(host, device) + {st.overlap:.2f} min(host, device); fit MAPE "
             + (f"{st.fit.mape * 100:.1f}%" if st.fit.mape is not None else "n/a")
@@ -194,7 +194,7 @@ class ProfiledStepCost:
         d = float(self.category_times(new, context_lens, dec) @ self.k) + self.step.prefill_token_s * float(new[~dec].sum())
         d += self.sample_s(self.sampled_rows(new, dec))
         h = self.host_time(new.size, int(new.sum()), int((~dec).sum()))
-        return float(self.step.host.serial(new.size, int((~dec).sum())) + self.step.combine(h, d))
+        return float(self.step.host.serial(new.size, int((~dec).sum()), int(new[~dec].sum())) + self.step.combine(h, d))
 
     def chunked_step_time(self, decode_context_lens, draft_len: int, prefill_new: list[int], prefill_ctx: list[int]) -> float:
         return self.mixed_step_time(*decodes_then_chunks(decode_context_lens, draft_len, prefill_new, prefill_ctx))

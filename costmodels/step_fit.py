@@ -160,15 +160,14 @@ def fit_loop(points: Sequence[StepPoint]) -> LoopTerms:
     return LoopTerms(fixed_s=float(x[0]), per_request_s=float(x[1]), per_token_s=float(x[2]))
 
 
-SERIAL_NAMES = ("serial_s", "serial_per_request_s", "serial_per_prefill_s")
+SERIAL_NAMES = ("serial_s", "serial_per_request_s", "serial_per_prefill_s", "serial_per_token_s")
 
 
 def fit_serial(points: Sequence[StepPoint], sampler_s: np.ndarray, min_points: int = 8) -> dict[str, float]:
     """The serial host of steps that are not decode-graph replays, from what the calibration measured directly: each
     such point's wall less its forward (``forward_s``, CUDA events around the forward) less the device work after it
     (``sampler_s``: the sampler's table, and the logits GEMM where the table did not time it), over 1, requests and
-    prefill chunks (NNLS,
-    absolute error). The input build before the forward and the bookkeeping after it: in a synchronous step the
+    prefill chunks and prefill tokens (NNLS, absolute error). The input build before the forward and the bookkeeping after it: in a synchronous step the
     device idles through them, so the whole-step fit's max(host, device) cannot hide them (H200 run 15: 0.42 ms +
     7.7 us a request + 54 us a chunk; a 128-token prefill beside 48 decodes measured 12.2 ms where the step model
     without it said 11.3, the forward's own device time). {} (no term) with fewer than ``min_points`` such points."""
@@ -176,7 +175,7 @@ def fit_serial(points: Sequence[StepPoint], sampler_s: np.ndarray, min_points: i
     if len(sel) < min_points:
         return {}
     y = np.array([points[i].wall_s - points[i].forward_s - sampler_s[i] for i in sel])
-    a = np.array([[1.0, points[i].num_requests, len(points[i].prefill)] for i in sel])
+    a = np.array([[1.0, points[i].num_requests, len(points[i].prefill), sum(n for n, _ in points[i].prefill)] for i in sel])
     norm = np.linalg.norm(a, axis=0)
     x = nnls(a / norm, np.maximum(y, 0.0)) / norm
     return dict(zip(SERIAL_NAMES, (float(v) for v in x)))
@@ -290,7 +289,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
             lo[hf.shape[1] + j], hi[hf.shape[1] + j] = v, v * (1 + 1e-9) + 1e-12
         bounds = (lo, hi) if scale_bounds is not None or pinned or smp.any() else None
         serial = fit_serial(pts, after)   # measured, not fitted to whole steps: held fixed like the pinned scales
-        off = np.array([0.0 if p.graph_bs > 0 else HostTerms(**serial).serial(p.num_requests, len(p.prefill)) for p in pts])
+        off = np.array([0.0 if p.graph_bs > 0 else HostTerms(**serial).serial(p.num_requests, len(p.prefill), sum(n for n, _ in p.prefill)) for p in pts])
         h, k, alpha, sse = fit_runner_model(hf, df, y, graph=graph, bounds=bounds, offset=off)
         if best is None or sse < best[4] - 1e-12:
             best = (use_tables, h, k, alpha, sse, df, sub, fw, serial, off)
@@ -379,6 +378,8 @@ def refit_profile(profile, scale_bounds: str = "auto"):
     b = scale_bounds if scale_bounds == "auto" else None if scale_bounds == "none" else tuple(float(x) for x in scale_bounds.split(","))
     st2 = fit_step_profile(profile, st.points, model=st.model, dtype=st.dtype, device=st.device, graph_sizes=st.graph_sizes,
                            scale_bounds=b, piecewise_sizes=st.piecewise_sizes)
+    # admission is measured apart from the step points (executor.calibrate.measure_admission): kept as measured
+    st2.loop = st2.loop.model_copy(update={"admit_s": st.loop.admit_s, "admit_per_token_s": st.loop.admit_per_token_s})
     return profile.model_copy(update={"step": st2})
 
 
@@ -395,4 +396,5 @@ def run_profile(run, scale_bounds: str | None = None):
 def loop_scheduler_terms(step: StepProfile) -> dict:
     """SchedulerConfig host-overhead fields that make the simulator charge the measured engine loop."""
     return {"host_step_s": float(step.loop.fixed_s), "host_per_request_s": min(float(step.loop.per_request_s), 0.01),
-            "host_per_token_s": min(float(step.loop.per_token_s), 0.001)}
+            "host_per_token_s": min(float(step.loop.per_token_s), 0.001),
+            "host_admit_s": min(float(step.loop.admit_s), 0.01), "host_admit_per_token_s": min(float(step.loop.admit_per_token_s), 1e-5)}

@@ -99,6 +99,8 @@ class HostTerms(BaseModel):
                             "profiles fitted before it")
     serial_per_request_s: float = Field(0.0, description="serial host time per request (decodes and prefill chunks)")
     serial_per_prefill_s: float = Field(0.0, description="serial host time per prefill chunk")
+    serial_per_token_s: float = Field(0.0, description="serial host time per prefill token (the chunk's token ids, "
+                                      "positions and KV slots built on the host and copied); 0 in profiles fitted before it")
 
     def __call__(self, num_layers: float, n_req, n_tok, n_prefill):
         """Eager step host time (a step that is not a decode-graph replay: eager or piecewise graphs). ``n_req``
@@ -108,9 +110,11 @@ class HostTerms(BaseModel):
                 + self.per_token_s * np.asarray(n_tok, float) + self.per_prefill_s * n_prefill
                 + self.decode_group_s * (n_req > n_prefill))
 
-    def serial(self, n_req, n_prefill):
+    def serial(self, n_req, n_prefill, n_prefill_tokens=0):
         """Host time of a step that is not a decode-graph replay, outside its forward (added, never overlapped)."""
-        return self.serial_s + self.serial_per_request_s * np.asarray(n_req, float) + self.serial_per_prefill_s * np.asarray(n_prefill, float)
+        return (self.serial_s + self.serial_per_request_s * np.asarray(n_req, float)
+                + self.serial_per_prefill_s * np.asarray(n_prefill, float)
+                + self.serial_per_token_s * np.asarray(n_prefill_tokens, float))
 
     def graph(self, n_req, kv_tokens=0.0):
         """CUDA-graph decode step host time (``kv_tokens``: the context tokens of its sequences)."""
@@ -125,9 +129,19 @@ class LoopTerms(BaseModel):
     fixed_s: float = 0.0
     per_request_s: float = 0.0
     per_token_s: float = 0.0
+    admit_s: float = Field(0.0, ge=0.0, description="admitting one request (the engine's add_request: its Request, "
+                           "sampling state and scheduler entry), once, in the iteration that admits it; measured by "
+                           "timing add_request over prompt lengths (executor.calibrate.measure_admission); 0 in "
+                           "profiles calibrated before it")
+    admit_per_token_s: float = Field(0.0, ge=0.0, description="admission per prompt token (range check and the "
+                                     "prefix cache's block hashes)")
 
     def __call__(self, n_req, n_tok):
         return self.fixed_s + self.per_request_s * np.asarray(n_req, float) + self.per_token_s * np.asarray(n_tok, float)
+
+    def admit(self, prompt_tokens):
+        """Host seconds admitting requests of ``prompt_tokens`` tokens (vectorised)."""
+        return self.admit_s + self.admit_per_token_s * np.asarray(prompt_tokens, float)
 
 
 class FitStats(BaseModel):

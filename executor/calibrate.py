@@ -36,9 +36,9 @@ import torch
 from costmodels.calibration import (CalibrationProfile, EffTable, MoELayerTable, PrefillChunkTable, moe_layer_table,
                                     prefill_chunk_table, sample_table)
 from costmodels.hardware import get_hardware
-from costmodels.step_fit import fit_step_profile
+from costmodels.step_fit import fit_step_profile, nnls
 from costmodels.step_profile import StepPoint
-from executor.engine import LLMEngine
+from executor.engine import LLMEngine, SamplingParams
 from executor.replay import fresh_engine, replay
 from executor.synthetic_steps import MEASURE_TEMPERATURE, probe_new_shape, synthetic_plan, warm_steps
 from kernels import ops, vendor
@@ -622,6 +622,38 @@ def measure_loop(engine: LLMEngine, batches: list[tuple[int, int, int]], tempera
     return points
 
 
+def measure_admission(engine: LLMEngine, lengths: list[int] | None = None, repeats: int = 7,
+                      temperature: float = 0.0) -> tuple[dict[str, float], list[dict]]:
+    """Host seconds of admitting one request (``LLMEngine.add_request``: the token-id checks, the prefix cache's block
+    hashes, the runner's sampling state, the scheduler's entry) over prompt lengths, median of ``repeats`` each on a
+    fresh scheduler; fitted as ``admit_s + admit_per_token_s x prompt tokens`` (NNLS). The loop points cannot see it:
+    their requests all arrive before the first timed iteration, where serving admits each arrival in the iteration it
+    runs (H200 matrix run 17: admissions made summarize iterations' loop 1.6-3.3 ms against the loop points' 0.3-0.8).
+    Returns ({"admit_s", "admit_per_token_s"}, the points)."""
+    cap = engine.max_model_len - 1
+    lengths = sorted({min(n, cap) for n in (lengths or [16, 256, 1024, 4096, 8192])})
+    vocab = engine.vocab_size
+    rng = np.random.default_rng(11)
+    pts = []
+    for n in lengths:
+        eng = fresh_engine(engine, engine.scheduler.config)
+        ids = rng.integers(0, vocab, n).tolist()
+        ts = []
+        for i in range(repeats + 1):
+            t0 = time.perf_counter()
+            eng.add_request(f"adm{n}_{i}", ids, SamplingParams(temperature=temperature, max_tokens=4, ignore_eos=True))
+            ts.append(time.perf_counter() - t0)
+        pts.append({"prompt_tokens": n, "seconds": statistics.median(ts[1:]), "repeats": repeats})
+    engine.runner.states.clear()
+    if len(pts) < 2:
+        return {}, pts
+    a = np.array([[1.0, p["prompt_tokens"]] for p in pts])
+    y = np.array([p["seconds"] for p in pts])
+    norm = np.linalg.norm(a, axis=0)
+    x = nnls(a / norm, y) / norm
+    return {"admit_s": float(x[0]), "admit_per_token_s": float(x[1])}, pts
+
+
 # ----------------------------------------------------------------------------- calibrate
 def build_engine(model: str, num_layers: int | None, device: str, dtype: str, max_num_seqs: int, max_model_len: int,
                  num_kv_blocks: int | None = None, seed: int = 0, max_batched_tokens: int | None = None) -> LLMEngine:
@@ -730,6 +762,11 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     pieces = getattr(engine.runner, "piecewise", None)   # piecewise CUDA graphs: prefill/mixed steps pad to a token bucket
     step = fit_step_profile(prof, pts + loop_pts, model=model, dtype=dtype, device=device, hardware_basis=hw, graph_sizes=graph_sizes,
                             piecewise_sizes=list(pieces.captured) if pieces is not None else [])
+    admit, admit_pts = measure_admission(engine, temperature=temperature)
+    step.loop = step.loop.model_copy(update=admit)
+    if admit:
+        log(f"  admission (add_request): {admit['admit_s'] * 1e6:.1f} us + {admit['admit_per_token_s'] * 1e9:.1f} ns/prompt token "
+            "(" + ", ".join(f"{p['prompt_tokens']}: {p['seconds'] * 1e6:.0f} us" for p in admit_pts) + ")")
     kern = {}
     for p in op_pts:
         if p["op"] == "linear":
@@ -737,7 +774,7 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     kern.update({op: choice for op, choice in ops.reset_used().items()})
     prov = device_provenance(device)
     prov.update(command=command, model=model, num_layers=L, dtype=dtype, kernels=_kernel_choices(engine, device), seconds=round(time.perf_counter() - t0, 1),
-                sampling_temperature=temperature, step_warmup=warm)
+                sampling_temperature=temperature, step_warmup=warm, admission=admit_pts)
     notes = list(base.notes) + [f"measured: {len(pts)} step shapes, {len(loop_pts)} loop iterations, {len(op_pts)} linear shapes on {prov.get('gpu')}"]
     gpu = prov.get("gpu", device)
     return prof.model_copy(update={

@@ -73,12 +73,20 @@ class EngineStats:
     generation_tokens_total: int = 0
 
 
-def block_hashes(token_ids: list[int], block_size: int) -> tuple[int, ...]:
-    """Chained content hashes of the full blocks of ``token_ids`` (hash i covers tokens [0, (i+1)*bs))."""
+def block_hashes(token_ids, block_size: int) -> tuple[int, ...]:
+    """Chained content hashes of the full blocks of ``token_ids`` (hash i covers tokens [0, (i+1)*bs)): blake2b of
+    the previous block's digest and the block's ids as int64 bytes, one bytes view of the prompt sliced per block.
+    ``token_ids``: a list of ints or an int64 array. A request's admission pays it once per prompt: per-block decimal
+    strings took 0.6 ms for a 3072-token prompt, and in H200 matrix run 17 admissions made a summarize iteration's
+    loop 1.6-3.3 ms where the calibration's loop points (no arrivals) measured 0.3-0.8; this takes ~0.1 ms."""
+    n = len(token_ids) // block_size
+    if n <= 0:
+        return ()
+    raw = np.ascontiguousarray(np.asarray(token_ids[: n * block_size], dtype=np.int64)).tobytes()
+    step = 8 * block_size
     out, prev = [], b""
-    for i in range(len(token_ids) // block_size):
-        blk = token_ids[i * block_size:(i + 1) * block_size]
-        d = hashlib.blake2b(prev + b"|" + ",".join(map(str, blk)).encode(), digest_size=8).digest()
+    for i in range(n):
+        d = hashlib.blake2b(prev + raw[i * step:(i + 1) * step], digest_size=8).digest()
         out.append(int.from_bytes(d, "little") & (2**63 - 1))
         prev = d
     return tuple(out)
@@ -275,13 +283,17 @@ class LLMEngine:
             raise TwinferError("prompt_token_ids is empty")
         if n >= self.max_model_len:
             raise TwinferError(f"prompt has {n} tokens; max_model_len is {self.max_model_len} (prompt + at least one output token)")
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise TwinferError(f"token id {bad[0]} outside the vocabulary [0, {self.vocab_size})")
+        arr = np.asarray(ids)   # one conversion: the range check and the block hashes read it (no per-token Python loop)
+        if arr.dtype.kind not in "iub":
+            raise TwinferError(f"prompt_token_ids: expected integer token ids in [0, {self.vocab_size}), got "
+                               f"{next((t for t in ids if not isinstance(t, (int, np.integer))), ids[0])!r}")
+        out_of_range = (arr < 0) | (arr >= self.vocab_size)
+        if out_of_range.any():
+            raise TwinferError(f"token id {ids[int(out_of_range.argmax())]} outside the vocabulary [0, {self.vocab_size})")
         out_len = min(params.max_tokens, self.max_model_len - n)
         req = Request(request_id=request_id, arrival_time=self.now() if arrival_time is None else arrival_time,
                       prompt_len=n, output_len=out_len,
-                      block_hashes=block_hashes(ids, self.block_size) if self.scheduler.config.enable_prefix_caching else (),
+                      block_hashes=block_hashes(arr, self.block_size) if self.scheduler.config.enable_prefix_caching else (),
                       prompt_token_ids=ids)
         self.runner.add_request(request_id, params)
         if not self.scheduler.add_request(req):

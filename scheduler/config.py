@@ -164,6 +164,10 @@ class SchedulerConfig(BaseModel):
         "(SGLang's attention-DP runs one scheduler per DP rank)",
     )
     host_per_token_s: float = Field(DEFAULT_HOST_PER_TOKEN_S, ge=0.0, le=0.001, description="host overhead per batched token per step (s)")
+    host_admit_s: float = Field(0.0, ge=0.0, le=0.01, description="host time admitting one request (s), charged once, to "
+                                "the step of its first prompt chunk (a measured profile's loop.admit_s; 0: not priced)")
+    host_admit_per_token_s: float = Field(0.0, ge=0.0, le=1e-5, description="admission host time per prompt token (s): "
+                                          "token-id checks and the prefix cache's block hashes")
     attention_dp: AttentionDPConfig | None = Field(
         None, description="attention-DP ranks scheduled explicitly: request -> rank, per-rank token/KV/seat budgets, "
         "prefill policy (immediate / balance); null: one pooled batch, the cost model splits each step over the ranks",

@@ -17,12 +17,14 @@ def _zero() -> float:
     return 0.0
 
 
-def host_coeffs(config) -> tuple[float, float, float, float]:
+def host_coeffs(config) -> tuple[float, float, float, float, float, float]:
     """(per step, per scheduled request, per batched token) host seconds of a SchedulerConfig: the
     loop's scheduling and input preparation, which per-rank schedulers share out (host_workers); then
-    the share of it async overlap hides (the host profile's ``async_overlap_hides``)."""
+    the share of it async overlap hides (the host profile's ``async_overlap_hides``); then admission, per request
+    and per prompt token, charged once to the step of a request's first prompt chunk."""
     w = config.host_workers
-    return (config.host_step_s, config.host_per_request_s / w, config.host_per_token_s / w, config.async_overlap_hides)
+    return (config.host_step_s, config.host_per_request_s / w, config.host_per_token_s / w, config.async_overlap_hides,
+            config.host_admit_s, config.host_admit_per_token_s)
 
 
 class SimBackend:
@@ -45,7 +47,7 @@ class SimBackend:
         acceptance_rates: list[float] | tuple[float, ...] = (),
         async_overlap: bool = True,
         kv_load_s_per_block: tuple[float, float] = (0.0, 0.0),
-        host_coeffs: tuple[float, float, float] = (0.0, 0.0, 0.0),
+        host_coeffs: tuple[float, ...] = (0.0, 0.0, 0.0),
         replay_correction: Callable[[list], float] | None = None,
     ):
         self.cost = cost_model if isinstance(cost_model, MemoStepCost) else MemoStepCost(cost_model)
@@ -68,6 +70,8 @@ class SimBackend:
         hides = host_coeffs[3] if len(host_coeffs) > 3 else 1.0
         self.async_overlap = hides if async_overlap and hides < 1.0 else async_overlap
         self.host_coeffs = tuple(host_coeffs[:3])
+        # admission (per request, per prompt token), charged to the step of a request's first prompt chunk
+        self.admit_coeffs = tuple(host_coeffs[4:6]) if len(host_coeffs) > 5 else (0.0, 0.0)
         self._drawn: tuple[StepPlan, np.ndarray] | None = None  # the plan last priced, its drawn tokens
         # the simulated clock (the loop that drives this backend sets it): plans start at clock()
         self.clock: Callable[[], float] = _zero
@@ -104,14 +108,24 @@ class SimBackend:
         return blk[i : i + steps, :nd]
 
     def host_time(self, plan: StepPlan) -> float:
-        """Host seconds per step of ``plan``: fixed + per request + per batched token (drafts included)."""
+        """Host seconds per step of ``plan``: fixed + per request + per batched token (drafts included), and the
+        admission of the requests whose first prompt chunk it runs (``admit_coeffs``; 0 unless a measured profile
+        prices it: an engine admits a request, its token checks and prefix-cache block hashes, in the iteration it
+        arrives, which runs its first chunk unless every seat is taken)."""
         h0, h_req, h_tok = self.host_coeffs
         chunks = plan.prefills
         n = len(plan.decodes)
         num_tokens = n * (1 + plan.draft_len)
         if chunks:
             num_tokens += chunks[0].num_new_tokens if len(chunks) == 1 else sum(c.num_new_tokens for c in chunks)
-        return h0 + h_req * (n + len(chunks)) + h_tok * num_tokens
+        h = h0 + h_req * (n + len(chunks)) + h_tok * num_tokens
+        a0, a_tok = self.admit_coeffs
+        if chunks and (a0 or a_tok):
+            for c in chunks:
+                r = c.request
+                if c.context_len == r.num_cached_tokens and r.num_output_tokens == 0 and r.num_preemptions == 0:
+                    h += a0 + a_tok * r.prompt_len
+        return h
 
     def device_times(self, plan: StepPlan) -> np.ndarray:
         """Device seconds of each of the plan's steps (draws the plan's draft acceptance)."""

@@ -35,6 +35,10 @@ def test_tiny_calibrate_then_validate_on_cpu(tmp_path):
     assert st is not None and st.model == "tiny" and st.device == "cpu" and st.fit.points >= 10
     assert back.provenance["command"] == "pytest" and back.provenance["gpu"] == "cpu" and back.op_points
     assert st.fit.mape is not None and st.loop.fixed_s >= 0
+    # admission (add_request) timed over prompt lengths, capped by the window, and priced per prompt token
+    adm = back.provenance["admission"]
+    assert [p["prompt_tokens"] for p in adm] == [16, 127] and all(p["seconds"] > 0 for p in adm)
+    assert st.loop.admit_s + st.loop.admit_per_token_s > 0
     cost = ProfiledStepCost(back)
     assert cost.chunked_step_time(np.array([20, 30]), 0, [16], [0]) > 0
     # prefill attention over cached context measured as the executor runs it (MLAAttention.prefill_attend)

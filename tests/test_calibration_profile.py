@@ -145,7 +145,33 @@ def test_profiled_decode_times_equal_single_steps_and_memo_is_exact():
 def test_loop_terms_become_scheduler_host_overhead():
     st = StepProfile(model="tiny", num_layers=4, loop=LoopTerms(fixed_s=4e-4, per_request_s=5e-6, per_token_s=1e-8))
     t = loop_scheduler_terms(st)
-    assert t == {"host_step_s": 4e-4, "host_per_request_s": 5e-6, "host_per_token_s": 1e-8}
+    assert t == {"host_step_s": 4e-4, "host_per_request_s": 5e-6, "host_per_token_s": 1e-8, "host_admit_s": 0.0,
+                 "host_admit_per_token_s": 0.0}
+    st.loop = st.loop.model_copy(update={"admit_s": 3e-5, "admit_per_token_s": 5e-8})
+    assert loop_scheduler_terms(st)["host_admit_s"] == 3e-5 and loop_scheduler_terms(st)["host_admit_per_token_s"] == 5e-8
+
+
+def test_admission_is_charged_once_to_a_requests_first_chunk():
+    """The simulator charges a measured profile's admission (per request, per prompt token) to the step that runs a
+    request's first prompt chunk (its prefix hits before it), not to its later chunks, decodes or a recompute."""
+    from scheduler.config import SchedulerConfig
+    from scheduler.plan import ScheduledChunk, StepPlan
+    from scheduler.request import Request
+    from sim.backend import SimBackend, host_coeffs
+
+    cfg = SchedulerConfig(host_step_s=1e-4, host_per_request_s=0.0, host_per_token_s=0.0, host_admit_s=3e-5,
+                          host_admit_per_token_s=5e-8)
+    b = SimBackend(ProfiledStepCost(_tiny_profile(), StepProfile(model="tiny", num_layers=4, dtype="fp32")),
+                   np.random.default_rng(0), host_coeffs=host_coeffs(cfg))
+    first = Request("a", 0.0, 1000, 8, num_cached_tokens=256)
+    later = Request("b", 0.0, 3000, 8, num_cached_tokens=0)
+    resumed = Request("c", 0.0, 500, 8, num_preemptions=1)
+    plan = StepPlan(0, prefills=[ScheduledChunk(first, 512, 256, False), ScheduledChunk(later, 512, 2048, False),
+                                 ScheduledChunk(resumed, 500, 0, True)], decodes=[], decode_context_lens=np.zeros(0, np.int64))
+    assert b.host_time(plan) == pytest.approx(1e-4 + 3e-5 + 5e-8 * 1000)
+    off = SchedulerConfig(host_step_s=1e-4, host_per_request_s=0.0, host_per_token_s=0.0)
+    b.admit_coeffs = tuple(host_coeffs(off)[4:6])
+    assert b.host_time(plan) == pytest.approx(1e-4)            # catalog configs price no admission
 
 
 def test_eff_table_interpolates_in_log_space_and_clamps():

@@ -168,6 +168,20 @@ def test_block_hashes_chain():
     h = block_hashes(list(range(40)), 16)
     assert len(h) == 2 and block_hashes(list(range(32)) + [0] * 5, 16) == h
     assert block_hashes([9] + list(range(1, 40)), 16)[1] != h[1]
+    import numpy as np
+    assert block_hashes(np.arange(40), 16) == h and block_hashes(list(range(15)), 16) == ()   # an array hashes alike
+
+
+def test_admission_names_bad_token_ids():
+    from twinfer.errors import TwinferError
+    e = engine()
+    v = e.vocab_size
+    for bad, says in (([1, v], f"token id {v} outside the vocabulary"), ([3, -1, 2], "token id -1 outside"),
+                      ([1, 2.5], "expected integer token ids"), ([1, 2 ** 70], "expected integer token ids"),
+                      (["7"], "expected integer token ids")):
+        with pytest.raises(TwinferError, match=says):
+            e.add_request(f"r{len(says)}{bad!r}", bad)
+    assert not e.has_unfinished()
 
 
 def test_async_engine_streams_and_aborts():

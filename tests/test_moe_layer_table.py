@@ -29,8 +29,15 @@ def test_lookup_interpolates_in_log_space_and_flags_what_lies_beyond():
     t = table()
     sec, ext = t([1, 64, 4096])
     assert np.allclose(sec, [RUN11[1], RUN11[64], RUN11[4096]]) and not ext.any()
-    mid, ext = t([128])     # halfway in log tokens between 64 and 256: the geometric mean of their times
-    assert mid[0] == pytest.approx(np.sqrt(RUN11[64] * RUN11[256])) and not ext[0]
+    # between counts: the time per expert touched, log-log in tokens, times the experts the count touches (uniform
+    # routing, 8 of 256 per token: 1 - (31/32)^n of them)
+    e = lambda n: 256 * (1 - (1 - 8 / 256) ** n)                      # noqa: E731
+    mid, ext = t([128])     # halfway in log tokens between 64 and 256: the geometric mean of their per-expert times
+    assert mid[0] == pytest.approx(e(128) * np.sqrt(RUN11[64] / e(64) * RUN11[256] / e(256))) and not ext[0]
+    f = np.log(20 / 8) / np.log(8)
+    dec, _ = t([20])        # a decode batch of 20 touches 121 experts: 40% of the way from 8 tokens' 57 to 64's 222
+    assert dec[0] == pytest.approx(e(20) * (RUN11[8] / e(8)) ** (1 - f) * (RUN11[64] / e(64)) ** f)
+    assert dec[0] > 1.1 * RUN11[8] ** (1 - f) * RUN11[64] ** f      # the time interpolated alone: >10% short there
     big, ext = t([8192, 0])
     slope = (RUN11[4096] - RUN11[1024]) / 3072                         # beyond, alone: the last segment's slope,
     assert big[0] == pytest.approx(RUN11[4096] + 4096 * slope) and ext[0]   # flagged

@@ -88,7 +88,8 @@ def calibrate(
               f"+ {h.per_token_s * 1e6:.2f} us/token + {h.per_prefill_s * 1e6:.1f} us/prefill chunk "
               f"+ {h.decode_group_s * 1e3:.3f} ms if it holds decodes (their attention path, once per layer)", highlight=False)
     con.print(f"  eager serial host (measured: wall - forward - sampler): {h.serial_s * 1e3:.3f} ms + "
-              f"{h.serial_per_request_s * 1e6:.1f} us/request + {h.serial_per_prefill_s * 1e6:.1f} us/prefill chunk", highlight=False)
+              f"{h.serial_per_request_s * 1e6:.1f} us/request + {h.serial_per_prefill_s * 1e6:.1f} us/prefill chunk + "
+              f"{h.serial_per_token_s * 1e9:.0f} ns/prefill token", highlight=False)
     con.print(f"  graph host: {h.graph_fixed_s * 1e3:.3f} ms + {h.graph_per_request_s * 1e6:.1f} us/request "
               f"+ {h.graph_per_kv_token_s * 1e9:.2f} us per 1k context tokens", highlight=False)
     smp = prof.tables.get("sample")
@@ -103,8 +104,9 @@ def calibrate(
     ops_seen = sorted({p.get("op", "?") for p in prof.op_points})
     if ops_seen:
         con.print(f"  op benchmarks: {len(prof.op_points)} shapes ({', '.join(ops_seen)}) kept in the profile", highlight=False)
-    con.print(f"  engine loop: {lp.fixed_s * 1e3:.3f} ms + {lp.per_request_s * 1e6:.1f} us/request + {lp.per_token_s * 1e6:.2f} us/token",
-              highlight=False)
+    con.print(f"  engine loop: {lp.fixed_s * 1e3:.3f} ms + {lp.per_request_s * 1e6:.1f} us/request + {lp.per_token_s * 1e6:.2f} us/token"
+              f"; admission once per request (measured add_request): {lp.admit_s * 1e6:.1f} us + "
+              f"{lp.admit_per_token_s * 1e9:.1f} ns/prompt token", highlight=False)
     con.print(f"  fit on {st.fit.points} steps: MAPE {st.fit.mape * 100:.1f}%, p90 abs err {st.fit.p90_abs_err_s * 1e3:.2f} ms",
               highlight=False)
     for note in st.notes:
