@@ -50,9 +50,12 @@ def rebuilt_steps(s: dict):
 
 
 def predict(cost, prof, s: dict, sync: bool) -> np.ndarray:
-    """The twin's engine-loop iteration for each sample (runner step and loop, as ``twinfer validate`` predicts)."""
+    """The twin's engine-loop iteration for each sample (runner step and loop, as ``twinfer validate`` predicts; a
+    step after a prefill-bearing one with the profile's ``after_eager_s``)."""
     from ui.cmd_validate import predict_step
-    return np.array([predict_step(cost, prof, dctx, list(zip(new, ctx)), 0, not sync) for dctx, new, ctx in rebuilt_steps(s)])
+    pc = s["prefill_chunks"]
+    return np.array([predict_step(cost, prof, dctx, list(zip(new, ctx)), 0, not sync, after_eager=i > 0 and pc[i - 1] > 0)
+                     for i, (dctx, new, ctx) in enumerate(rebuilt_steps(s))])
 
 
 def replay_boundary(s: dict) -> int:

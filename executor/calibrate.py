@@ -40,7 +40,7 @@ from costmodels.step_fit import fit_step_profile, nnls
 from costmodels.step_profile import StepPoint
 from executor.engine import LLMEngine, SamplingParams
 from executor.replay import fresh_engine, replay
-from executor.synthetic_steps import MEASURE_TEMPERATURE, probe_new_shape, synthetic_plan, warm_steps
+from executor.synthetic_steps import MEASURE_TEMPERATURE, drop_plan, probe_new_shape, synthetic_plan, warm_steps
 from kernels import ops, vendor
 from scheduler.config import SchedulerConfig
 
@@ -654,6 +654,65 @@ def measure_admission(engine: LLMEngine, lengths: list[int] | None = None, repea
     return {"admit_s": float(x[0]), "admit_per_token_s": float(x[1])}, pts
 
 
+def measure_after_eager(engine: LLMEngine, rounds: int = 16, temperature: float = 0.0, log=print) -> tuple[float, dict]:
+    """Seconds a step pays right after a prefill-bearing step, beyond the same step right after a decode step (what
+    the grid times every shape after): a decode step (8 decodes) and a mixed step (a chunk beside them), each timed
+    after the decode step and after a mixed step of a fresh request (as serving admits them), rounds alternating;
+    the mean over the two probes of the difference of medians, >= 0. H200 (benchmarks/gpu/issue16_h200/
+    after_step_probe_e4e32b0): +0.25-0.37 ms on a decode graph step, +0.37-0.45 on a mixed step, in the step's inputs
+    and sampler, not its forward; the steps after eager ones in serving (run 17) ran 0.4-0.7 ms over the grid.
+    Returns (seconds, {"decode": ms, "mixed": ms, "rounds": n})."""
+    runner = engine.runner
+    mml = engine.max_model_len
+    ctx, chunk, big = min(1024, mml // 4), min(512, mml // 4), min(1024, mml // 2)
+    dec = synthetic_plan(engine, [ctx] * 8, [], "ae_d_", temperature=temperature)
+    mixed = synthetic_plan(engine, [ctx] * 8, [(chunk, 0)], "ae_m_", temperature=temperature)
+    mixed.decodes[:] = dec.decodes
+    clock = _Clock(runner.device)
+
+    def timed(plan) -> float:
+        res = runner.execute(plan)
+        clock.sync()
+        return float(res.step_durations[0])
+
+    fresh = [0]
+
+    def eager_step() -> None:
+        fresh[0] += 1
+        p = synthetic_plan(engine, [ctx] * 8, [(big, 0)], f"ae_n{fresh[0]}_", temperature=temperature)
+        p.decodes[:] = dec.decodes
+        try:
+            timed(p)
+        finally:
+            for c in p.prefills:
+                runner.remove_request(c.request.request_id)
+
+    out: dict[str, dict[str, list[float]]] = {"decode": {"graph": [], "eager": []}, "mixed": {"graph": [], "eager": []}}
+    try:
+        for _ in range(2):          # warm: every shape once
+            timed(dec)
+            timed(mixed)
+            eager_step()
+        for r in range(rounds):
+            for name, plan in (("decode", dec), ("mixed", mixed)):
+                for cond in (("graph", "eager") if r % 2 == 0 else ("eager", "graph")):
+                    timed(dec)
+                    if cond == "eager":
+                        eager_step()
+                    else:
+                        timed(dec)
+                    out[name][cond].append(timed(plan))
+    finally:
+        drop_plan(engine, dec)
+        for c in mixed.prefills:
+            runner.remove_request(c.request.request_id)
+    diff = {k: statistics.median(v["eager"]) - statistics.median(v["graph"]) for k, v in out.items()}
+    sec = max(0.0, float(np.mean(list(diff.values()))))
+    log(f"  after an eager step: decode step {diff['decode'] * 1e3:+.3f} ms, mixed step {diff['mixed'] * 1e3:+.3f} ms "
+        f"over the same step after a decode step ({rounds} rounds): {sec * 1e3:.3f} ms priced")
+    return sec, {"decode_ms": round(diff["decode"] * 1e3, 4), "mixed_ms": round(diff["mixed"] * 1e3, 4), "rounds": rounds}
+
+
 # ----------------------------------------------------------------------------- calibrate
 def build_engine(model: str, num_layers: int | None, device: str, dtype: str, max_num_seqs: int, max_model_len: int,
                  num_kv_blocks: int | None = None, seed: int = 0, max_batched_tokens: int | None = None) -> LLMEngine:
@@ -764,6 +823,8 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
                             piecewise_sizes=list(pieces.captured) if pieces is not None else [])
     admit, admit_pts = measure_admission(engine, temperature=temperature)
     step.loop = step.loop.model_copy(update=admit)
+    after_s, after = measure_after_eager(engine, rounds=16 if cuda and not quick else 3, temperature=temperature, log=log)
+    step.host = step.host.model_copy(update={"after_eager_s": after_s})
     if admit:
         log(f"  admission (add_request): {admit['admit_s'] * 1e6:.1f} us + {admit['admit_per_token_s'] * 1e9:.1f} ns/prompt token "
             "(" + ", ".join(f"{p['prompt_tokens']}: {p['seconds'] * 1e6:.0f} us" for p in admit_pts) + ")")
@@ -774,7 +835,7 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     kern.update({op: choice for op, choice in ops.reset_used().items()})
     prov = device_provenance(device)
     prov.update(command=command, model=model, num_layers=L, dtype=dtype, kernels=_kernel_choices(engine, device), seconds=round(time.perf_counter() - t0, 1),
-                sampling_temperature=temperature, step_warmup=warm, admission=admit_pts)
+                sampling_temperature=temperature, step_warmup=warm, admission=admit_pts, after_eager=after)
     notes = list(base.notes) + [f"measured: {len(pts)} step shapes, {len(loop_pts)} loop iterations, {len(op_pts)} linear shapes on {prov.get('gpu')}"]
     gpu = prov.get("gpu", device)
     return prof.model_copy(update={

@@ -168,6 +168,8 @@ class SchedulerConfig(BaseModel):
                                 "the step of its first prompt chunk (a measured profile's loop.admit_s; 0: not priced)")
     host_admit_per_token_s: float = Field(0.0, ge=0.0, le=1e-5, description="admission host time per prompt token (s): "
                                           "token-id checks and the prefix cache's block hashes")
+    host_after_eager_s: float = Field(0.0, ge=0.0, le=0.01, description="seconds the step right after a prefill-bearing "
+                                      "step pays (a measured profile's host.after_eager_s; 0: not priced)")
     attention_dp: AttentionDPConfig | None = Field(
         None, description="attention-DP ranks scheduled explicitly: request -> rank, per-rank token/KV/seat budgets, "
         "prefill policy (immediate / balance); null: one pooled batch, the cost model splits each step over the ranks",

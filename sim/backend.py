@@ -17,14 +17,15 @@ def _zero() -> float:
     return 0.0
 
 
-def host_coeffs(config) -> tuple[float, float, float, float, float, float]:
+def host_coeffs(config) -> tuple[float, ...]:
     """(per step, per scheduled request, per batched token) host seconds of a SchedulerConfig: the
     loop's scheduling and input preparation, which per-rank schedulers share out (host_workers); then
     the share of it async overlap hides (the host profile's ``async_overlap_hides``); then admission, per request
-    and per prompt token, charged once to the step of a request's first prompt chunk."""
+    and per prompt token, charged once to the step of a request's first prompt chunk; then the seconds a step pays
+    right after a prefill-bearing step (``host_after_eager_s``)."""
     w = config.host_workers
     return (config.host_step_s, config.host_per_request_s / w, config.host_per_token_s / w, config.async_overlap_hides,
-            config.host_admit_s, config.host_admit_per_token_s)
+            config.host_admit_s, config.host_admit_per_token_s, config.host_after_eager_s)
 
 
 class SimBackend:
@@ -72,6 +73,10 @@ class SimBackend:
         self.host_coeffs = tuple(host_coeffs[:3])
         # admission (per request, per prompt token), charged to the step of a request's first prompt chunk
         self.admit_coeffs = tuple(host_coeffs[4:6]) if len(host_coeffs) > 5 else (0.0, 0.0)
+        # seconds the first step after a prefill-bearing plan pays (a measured profile's; 0: none), and whether the
+        # last executed plan bore prefill chunks
+        self.after_eager_s = float(host_coeffs[6]) if len(host_coeffs) > 6 else 0.0
+        self._prev_prefill = False
         self._drawn: tuple[StepPlan, np.ndarray] | None = None  # the plan last priced, its drawn tokens
         # the simulated clock (the loop that drives this backend sets it): plans start at clock()
         self.clock: Callable[[], float] = _zero
@@ -193,6 +198,13 @@ class SimBackend:
         start = self.clock()
         host = self.host_time(plan)
         times, ends = self._times_until(plan, start > self._busy_until, start, stop_at, host)
+        extra = self.transition_s(plan) if self._prev_prefill else 0.0
+        if extra:   # the first step pays it; the later ones end that much later
+            times = np.asarray(times, float).copy()
+            times[0] += extra
+            if ends is not None:
+                ends = np.asarray(ends, float) + extra
+        self._prev_prefill = bool(plan.prefills)
         n = len(times)
         self.ends = ends
         # the same float expression the loop's clock advances by (simpy: now + delay)
@@ -201,6 +213,13 @@ class SimBackend:
         drawn = self._drawn
         tokens = drawn[1][:n] if drawn is not None and drawn[0] is plan else None
         return StepResult(times, tokens, host_s=host)
+
+    def transition_s(self, plan: StepPlan) -> float:
+        """Seconds ``plan``'s first step pays for following a prefill-bearing step (``after_eager_s``): the H200's
+        decode graph step ran 0.25-0.37 ms and a mixed step 0.37-0.45 ms longer right after an eager step than
+        after a decode step, in its inputs and sampler, not its forward (benchmarks/gpu/issue16_h200/
+        after_step_probe_e4e32b0); the calibration's grid times every shape after a decode step."""
+        return self.after_eager_s
 
     def cut(self, result: StepResult, steps: int) -> StepResult:
         """``result.first(steps)`` of the last executed plan (an arrival cut it after it was priced); the

@@ -114,6 +114,10 @@ class MeasuredSteps(SimBackend):
         tr.steps.append((comp, float(t[0])))
         return t
 
+    def transition_s(self, plan: StepPlan) -> float:
+        """A measured step's time already holds what its predecessor cost it; priced steps pay it as usual."""
+        return 0.0 if self.trace.divergence is None else super().transition_s(plan)
+
 
 def replay_measured(step_cost, sched_cfg: SchedulerConfig, num_blocks: int, requests: list[Request],
                     measured: Sequence[tuple[Composition, float]], seed: int = 0) -> tuple[SimMetrics, MeasuredTrace]:

@@ -39,6 +39,9 @@ def test_tiny_calibrate_then_validate_on_cpu(tmp_path):
     adm = back.provenance["admission"]
     assert [p["prompt_tokens"] for p in adm] == [16, 127] and all(p["seconds"] > 0 for p in adm)
     assert st.loop.admit_s + st.loop.admit_per_token_s > 0
+    # a step right after a prefill-bearing one, against the same step after a decode step: measured, >= 0
+    ae = back.provenance["after_eager"]
+    assert ae["rounds"] == 3 and {"decode_ms", "mixed_ms"} <= set(ae) and st.host.after_eager_s >= 0
     cost = ProfiledStepCost(back)
     assert cost.chunked_step_time(np.array([20, 30]), 0, [16], [0]) > 0
     # prefill attention over cached context measured as the executor runs it (MLAAttention.prefill_attend)

@@ -146,7 +146,7 @@ def test_loop_terms_become_scheduler_host_overhead():
     st = StepProfile(model="tiny", num_layers=4, loop=LoopTerms(fixed_s=4e-4, per_request_s=5e-6, per_token_s=1e-8))
     t = loop_scheduler_terms(st)
     assert t == {"host_step_s": 4e-4, "host_per_request_s": 5e-6, "host_per_token_s": 1e-8, "host_admit_s": 0.0,
-                 "host_admit_per_token_s": 0.0}
+                 "host_admit_per_token_s": 0.0, "host_after_eager_s": 0.0}
     st.loop = st.loop.model_copy(update={"admit_s": 3e-5, "admit_per_token_s": 5e-8})
     assert loop_scheduler_terms(st)["host_admit_s"] == 3e-5 and loop_scheduler_terms(st)["host_admit_per_token_s"] == 5e-8
 
@@ -170,6 +170,7 @@ def test_admission_is_charged_once_to_a_requests_first_chunk():
                                  ScheduledChunk(resumed, 500, 0, True)], decodes=[], decode_context_lens=np.zeros(0, np.int64))
     assert b.host_time(plan) == pytest.approx(1e-4 + 3e-5 + 5e-8 * 1000)
     off = SchedulerConfig(host_step_s=1e-4, host_per_request_s=0.0, host_per_token_s=0.0)
+    assert host_coeffs(cfg)[6] == 0.0 and host_coeffs(cfg.model_copy(update={"host_after_eager_s": 4e-4}))[6] == 4e-4
     b.admit_coeffs = tuple(host_coeffs(off)[4:6])
     assert b.host_time(plan) == pytest.approx(1e-4)            # catalog configs price no admission
 
@@ -392,3 +393,34 @@ def test_the_engines_gemm_library_is_kept_and_named():
         path.write_text(json.dumps(base.model_copy(update={"op_table_libs": {"fp8_gemm": "triton"}}).model_dump(mode="json")))
         cal = profile_for(get_hardware("H200"), path)
     assert "triton rows" in cal.notes[0]
+
+
+def test_a_step_after_a_prefill_bearing_step_pays_the_measured_transition():
+    """A measured profile's after_eager_s reaches the simulator through loop_scheduler_terms and is charged to the first
+    step after a prefill-bearing plan only: a decode after decodes, or the first plan, pays nothing."""
+    from scheduler.config import SchedulerConfig
+    from scheduler.plan import ScheduledChunk, StepPlan
+    from scheduler.request import Request
+    from sim.backend import SimBackend, host_coeffs
+
+    st = StepProfile(model="tiny", num_layers=4, dtype="fp32", host=HostTerms(after_eager_s=4e-4))
+    cfg = SchedulerConfig(host_step_s=0.0, host_per_request_s=0.0, host_per_token_s=0.0, async_overlap=False,
+                          **{k: v for k, v in loop_scheduler_terms(st).items() if k.startswith("host_after")})
+    assert cfg.host_after_eager_s == 4e-4
+    cost = ProfiledStepCost(_tiny_profile(), StepProfile(model="tiny", num_layers=4, dtype="fp32"))
+
+    def plans():
+        d = Request("d", 0.0, 32, 64)
+        p = Request("p", 0.0, 64, 4)
+        dec = StepPlan(0, prefills=[], decodes=[d], decode_context_lens=np.array([32], np.int64))
+        mix = StepPlan(0, prefills=[ScheduledChunk(p, 64, 0, True)], decodes=[d], decode_context_lens=np.array([33], np.int64))
+        return dec, mix
+
+    with_, without = (SimBackend(cost, np.random.default_rng(0), async_overlap=False, host_coeffs=host_coeffs(c))
+                      for c in (cfg, cfg.model_copy(update={"host_after_eager_s": 0.0})))
+    got = []
+    for b in (with_, without):
+        dec, mix = plans()
+        got.append([float(b.execute(p).step_durations[0]) for p in (dec, dec, mix, dec, mix, mix)])
+    diff = np.array(got[0]) - np.array(got[1])
+    assert diff == pytest.approx([0, 0, 0, 4e-4, 0, 4e-4], abs=1e-12)

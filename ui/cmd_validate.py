@@ -56,14 +56,17 @@ def sim_config(base, profile):
     return base.model_copy(update={**loop_scheduler_terms(profile.step), "async_overlap": base.async_overlap})
 
 
-def predict_step(cost, profile, decode_ctx, prefill, draft_len=0, overlap: bool | float = False) -> float:
+def predict_step(cost, profile, decode_ctx, prefill, draft_len=0, overlap: bool | float = False,
+                 after_eager: bool = False) -> float:
     """Predicted engine-loop iteration as the simulator charges it: the overlap rule (costmodels.host.wall_time) over
-    the runner step and the loop overhead (``overlap``: the scheduler config's ``overlap()``; False: added)."""
+    the runner step and the loop overhead (``overlap``: the scheduler config's ``overlap()``; False: added), plus the
+    profile's measured cost of following a prefill-bearing step where ``after_eager`` (sim.backend.transition_s)."""
     from costmodels.host import wall_time
     n = len(decode_ctx) + len(prefill)
     tok = len(decode_ctx) * (1 + draft_len) + sum(a for a, _ in prefill)
     runner = cost.chunked_step_time(np.asarray(decode_ctx, np.int64), draft_len, [a for a, _ in prefill], [c for _, c in prefill])
-    return float(wall_time(float(runner), float(profile.step.loop(n, tok)), overlap))
+    extra = float(profile.step.host.after_eager_s) if after_eager else 0.0
+    return float(wall_time(float(runner), float(profile.step.loop(n, tok)), overlap)) + extra
 
 
 PLOT_FORMATS = {".html": "plotly, self-contained (works offline)", ".png": "kaleido", ".svg": "kaleido", ".pdf": "kaleido"}
@@ -302,10 +305,11 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                 run_figs.append(metric_values(res.metrics))
                 steps_all += res.steps
                 samples += [StepSample(decode_ctx=s.decode_ctx, prefill=s.prefill, draft_len=s.draft_len, measured_s=s.iter_s,
-                                       predicted_s=predict_step(cost, prof, s.decode_ctx, s.prefill, s.draft_len, scfg.overlap()),
+                                       predicted_s=predict_step(cost, prof, s.decode_ctx, s.prefill, s.draft_len, scfg.overlap(),
+                                                                after_eager=j > 0 and bool(res.steps[j - 1].prefill)),
                                        graph_bs=s.graph_bs, start_s=s.start_s, runner_s=s.runner_s, device_s=s.device_s,
                                        forward_s=s.forward_s)
-                            for s in res.steps if s.num_steps == 1]
+                            for j, s in enumerate(res.steps) if s.num_steps == 1]
             if len(run_figs) > 1:
                 meas, spread = median_runs(run_figs)
             else:
