@@ -1,11 +1,11 @@
 """Policy search in simulation on a measured hardware profile (``twinfer tune``).
 
-Candidates are scheduler policies (max batch, token budget, prefill chunk cap, and, predicted
-only, async overlap and MTP draft length) simulated on the same requests with a step cost
-from a calibration profile (``costmodels.step_profile.ProfiledStepCost``). The search runs in
-two stages: first the knobs the offline engine loop honours as-is (so the winner can be run
-on the GPU and the measured gain set next to the predicted one), then async overlap and MTP
-draft length on top of that winner, reported as predicted-only gains.
+Candidates are scheduler policies (max batch, token budget, prefill chunk cap, async overlap, and, predicted
+only, MTP draft length) simulated on the same requests with a step cost from a calibration profile
+(``costmodels.step_profile.ProfiledStepCost``). The search runs in two stages: first the knobs the executor's
+engine loop honours as-is (``MEASURABLE``: async overlap among them, the loop pipelines when the config asks; so the
+winner can be run on the GPU and the measured gain set next to the predicted one), then MTP draft length on top of
+that winner, reported as a predicted-only gain.
 """
 
 from __future__ import annotations

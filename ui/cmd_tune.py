@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
     app.command("tune", help="Search policies in simulation. --gpus N (catalog model on --hardware): EP width, async overlap "
                              "and sliding-window replay with max batch and chunk, explained, written as a plan; --calibration "
                              "FILE prices its steps and replay with a measured calibration profile. --profile FILE: "
-                             "max batch, token budget, chunk size (async overlap and MTP predicted only) on a measured profile; "
+                             "max batch, token budget, chunk size and async overlap (MTP draft length predicted only) on a measured profile; "
                              "--measure runs baseline and winner on the executor.")(tune)
 
 
@@ -268,7 +268,8 @@ def write_policy_plan(path: Path, model: str, base, res, measured: dict | None, 
                  "baseline": res.baseline.knobs, "winner": res.best.knobs, "predicted_gain": res.predicted_gain,
                  "measured_gain": (measured or {}).get("gain"),
                  "predicted_only": res.best_predicted_only.knobs if res.best_predicted_only is not None else None,
-                 "note": "async overlap and MTP draft length are predicted-only knobs: the plan keeps the baseline's",
+                 "note": "MTP draft length is a predicted-only knob: the plan keeps the baseline's (async overlap is "
+                         "measurable and the plan runs the winner's)",
                  "ep_width": "not searched on a one-GPU measured profile: EP width stays a simulated recommendation "
                              "(twinfer tune --model M --hardware HW --gpus N)"},
     }
