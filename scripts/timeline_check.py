@@ -36,8 +36,8 @@ def main() -> None:
     from costmodels.profiled import ProfiledStepCost
     from costmodels.step_fit import run_profile
     from device_matrix import FIGURES
-    from matrix_offline import (BLOCKS, class_requests, engine_config, level_requests, measured_levels, predict_level,
-                                run_replays, run_requests)
+    from matrix_offline import (class_requests, engine_config, kv_blocks, level_requests, measured_levels, predict_level,
+                                run_class_requests, run_max_model_len, run_replays, run_requests)
     from sim.timeline_check import replay_measured, sample_steps, split_replays
     from sim.validate import median_runs, metric_values, natural_rate
     from ui.cmd_validate import sim_config
@@ -45,23 +45,26 @@ def main() -> None:
     run = Path(a.run)
     prof = run_profile(run)
     cost = ProfiledStepCost(prof)
-    cfg = sim_config(engine_config(a.sync), prof)
+    mml = run_max_model_len(run)
+    blocks = kv_blocks(mml)
+    cfg = sim_config(engine_config(a.sync, mml), prof)
     nreq, replays = run_requests(run), run_replays(run)
+    per_class = run_class_requests(run)   # --class-requests overrides (e.g. reasoning=32), as matrix_offline reads them
     print(f"{'class':10} {'level':16} {'':9}" + " ".join(f"{f:>18}" for f in FIGURES))
     for cls, levels in measured_levels(run).items():
         samp = samples_of(run, cls)
         if samp is None:
             print(f"{cls}: no samples_{cls}_*.json in {run}")
             continue
-        reqs = class_requests(cls, nreq)
+        reqs = class_requests(cls, per_class.get(cls, nreq), mml)
         for name, lv in levels.items():
             scale = natural_rate(reqs) / lv["rate_rps"]
             meas = lv["measured"]
-            plain = predict_level(cost, cfg, reqs, lv["rate_rps"])
+            plain = predict_level(cost, cfg, reqs, lv["rate_rps"], blocks)
             steps = sample_steps(samp[name])
             figs, notes = [], []
             for i0, i1 in split_replays(steps, replays):
-                m, tr = replay_measured(cost, cfg, BLOCKS, level_requests(reqs, lv["rate_rps"]), steps[i0:i1], seed=0)
+                m, tr = replay_measured(cost, cfg, blocks, level_requests(reqs, lv["rate_rps"]), steps[i0:i1], seed=0)
                 figs.append(metric_values(m))
                 notes.append(_replay_note(tr, i1 - i0, reqs, scale, samp[name], i0, i1))
             timed = median_runs(figs)[0] if len(figs) > 1 else figs[0]
