@@ -169,17 +169,21 @@ def test_refit_rebuilds_the_chunk_table_from_the_device_points(monkeypatch):
     captured = {}
     import costmodels.step_fit as sf
 
+    from costmodels.step_profile import HostTerms, LoopTerms, StepProfile
+
     def fake_fit(p, points, **kw):
         captured["table"] = p.tables["attn_prefill_chunk"]
-        return None
+        return StepProfile(model="deepseek-v3", num_layers=5)
 
     class _St:
         points, model, dtype, device, graph_sizes, piecewise_sizes = [], "deepseek-v3", "fp8", "cuda", [], []
+        loop, host = LoopTerms(admit_s=2e-5), HostTerms(after_eager_s=1e-4)   # measured apart: a refit keeps them
 
     prof2 = prof.model_copy(update={"step": _St()})
     monkeypatch.setattr(sf, "fit_step_profile", fake_fit)
-    refit_profile(prof2)
+    st = refit_profile(prof2).step
     assert captured["table"].seconds == pytest.approx([p["device_s"] for p in pts])
+    assert st.loop.admit_s == 2e-5 and st.host.after_eager_s == 1e-4
 
 
 def test_beyond_the_last_level_the_slope_needs_both_levels_measured_at_that_new():
