@@ -40,7 +40,7 @@ from costmodels.step_fit import fit_step_profile, nnls
 from costmodels.step_profile import StepPoint
 from executor.engine import LLMEngine, SamplingParams
 from executor.replay import fresh_engine, replay
-from executor.synthetic_steps import MEASURE_TEMPERATURE, drop_plan, probe_new_shape, synthetic_plan, warm_steps
+from executor.synthetic_steps import MEASURE_TEMPERATURE, drop_plan, fresh_chunk_step, probe_new_shape, synthetic_plan, warm_steps
 from kernels import ops, vendor
 from scheduler.config import SchedulerConfig
 
@@ -679,13 +679,7 @@ def measure_after_eager(engine: LLMEngine, rounds: int = 16, temperature: float 
 
     def eager_step() -> None:
         fresh[0] += 1
-        p = synthetic_plan(engine, [ctx] * 8, [(big, 0)], f"ae_n{fresh[0]}_", temperature=temperature)
-        p.decodes[:] = dec.decodes
-        try:
-            timed(p)
-        finally:
-            for c in p.prefills:
-                runner.remove_request(c.request.request_id)
+        fresh_chunk_step(engine, dec, big, f"ae_n{fresh[0]}_", timed, temperature)
 
     out: dict[str, dict[str, list[float]]] = {"decode": {"graph": [], "eager": []}, "mixed": {"graph": [], "eager": []}}
     try:

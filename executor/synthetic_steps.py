@@ -78,6 +78,19 @@ def synthetic_plan(engine: LLMEngine, decode_ctx: list[int], prefill: list[tuple
     return StepPlan(0, prefills=chunks, decodes=decodes, decode_context_lens=np.asarray(decode_ctx, np.int64), draft_len=draft_len)
 
 
+def fresh_chunk_step(engine: LLMEngine, decodes: StepPlan, chunk: int, tag: str, run, temperature: float = 0.0):
+    """Run (``run(plan)``) one mixed step: a fresh request's ``chunk``-token prompt beside the decodes of the decode
+    plan ``decodes`` (same requests, pages and sampling state), as serving admits a request; the fresh request is
+    forgotten after. Returns what ``run`` returned."""
+    p = synthetic_plan(engine, [int(c) for c in decodes.decode_context_lens], [(chunk, 0)], tag, temperature=temperature)
+    p.decodes[:] = decodes.decodes
+    try:
+        return run(p)
+    finally:
+        for c in p.prefills:
+            engine.runner.remove_request(c.request.request_id)
+
+
 def drop_plan(engine: LLMEngine, plan: StepPlan) -> None:
     """Forget a synthetic plan's requests in the runner (sampling state, drafts)."""
     for r in plan.decodes + [c.request for c in plan.prefills]:

@@ -55,7 +55,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from executor.calibrate import build_engine, gpu_state
-    from executor.synthetic_steps import MEASURE_TEMPERATURE, drop_plan, synthetic_plan
+    from executor.synthetic_steps import MEASURE_TEMPERATURE, drop_plan, fresh_chunk_step, synthetic_plan
 
     t0 = time.perf_counter()
     cuda = a.device == "cuda"
@@ -79,13 +79,7 @@ def main() -> None:
 
     def eager_new() -> None:
         fresh[0] += 1
-        p = synthetic_plan(engine, [a.ctx] * a.decode, [(a.chunk, 0)], f"pn{fresh[0]}_", temperature=T)
-        p.decodes[:] = dec.decodes
-        try:
-            run(p)
-        finally:
-            for c in p.prefills:
-                runner.remove_request(c.request.request_id)
+        fresh_chunk_step(engine, dec, a.chunk, f"pn{fresh[0]}_", run, T)
 
     cycles = None
 
