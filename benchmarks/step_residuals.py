@@ -305,8 +305,33 @@ def main() -> None:
     for cls in samples:
         table(c, f"== {cls} (all levels)", ok & (c["cls"] == cls))
     kind_mape(c, ok)
+    host_drift(samples, ProfiledStepCost(prof), prof, run_replays(run))
     grid_vs_serving(prof, c)
     eager_vs_grid(prof, samples)
+
+
+def host_drift(samples: dict[str, dict], cost, prof, replays: int) -> None:
+    """Per class, level and replay: the decode graph steps' host part (iteration less forward) against the model's
+    (``ui.cmd_validate.decode_host_drift``, what ``twinfer validate`` reports per replay), each step at its mean
+    context."""
+    from types import SimpleNamespace
+
+    from ui.cmd_validate import decode_host_drift
+    print("decode steps' host part (iteration - forward) vs the model's, per replay")
+    for cls, levels in samples.items():
+        parts = []
+        for lv, s in levels.items():
+            nums = replay_numbers(s, replays)
+            fwd = [np.nan if x is None else x for x in s.get("forward_s") or [None] * len(nums)]
+            got = []
+            for r in sorted(set(nums)):
+                steps = [SimpleNamespace(iter_s=s["measured_s"][i], forward_s=fwd[i], graph_bs=s["graph_bs"][i],
+                                         decode_ctx=[int(round(s["decode_ctx_mean"][i]))] * s["decodes"][i],
+                                         prefill=[0] * s["prefill_chunks"][i], num_steps=1) for i in range(len(nums)) if nums[i] == r]
+                d = decode_host_drift(steps, cost, prof)
+                got.append("n/a" if d is None else f"{d * 100:+.1f}%")
+            parts.append(f"{lv} {' / '.join(got)}")
+        print(f"  {cls:10} " + " | ".join(parts))
 
 
 def kind_mape(c: dict[str, np.ndarray], ok: np.ndarray) -> None:

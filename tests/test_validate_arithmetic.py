@@ -105,3 +105,33 @@ def test_auto_band_is_the_largest_error_over_every_committed_report():
     for key, label in (("tpot_p50", "TPOT p50"), ("ttft_p90", "TTFT p90"), ("output_throughput", "throughput")):
         worst = max(load_bands(p)[0][key] for p in paths)
         assert f"{label} {band_text({key: worst}, key)}" in line
+
+
+def test_decode_host_drift_compares_the_host_part_with_the_calibrated_model():
+    """decode_host_drift: serving's decode graph steps' iteration less forward against the model's part of the step
+    outside the forward (graph host terms at its batch and context, the measured sampler, the loop); steps after a
+    prefill-bearing step, eager steps and steps without a forward time do not count; too few steps: None."""
+    from types import SimpleNamespace
+
+    from costmodels.step_profile import HostTerms, LoopTerms, StepProfile
+    from ui.cmd_validate import decode_host_drift
+
+    st = StepProfile(model="deepseek-v3", num_layers=5, host=HostTerms(graph_fixed_s=5e-4, graph_per_request_s=2e-6,
+                                                                          graph_per_kv_token_s=1e-9),
+                     loop=LoopTerms(fixed_s=2e-4, per_request_s=1e-5))
+    prof = SimpleNamespace(step=st)
+    cost = SimpleNamespace(sample=object(), sample_s=lambda rows: 8e-4 + 4e-6 * rows)
+
+    def rest(b, ctx):
+        return 5e-4 + 2e-6 * b + 1e-9 * b * ctx + 8e-4 + 4e-6 * b + 2e-4 + 1e-5 * b
+
+    def step(b, ratio, ctx=3000, fwd=0.005, **kw):
+        return SimpleNamespace(**{"iter_s": fwd + ratio * rest(b, ctx), "forward_s": fwd, "graph_bs": b,
+                                  "decode_ctx": [ctx] * b, "prefill": [], "num_steps": 1, **kw})
+    steps = [step(4, 1.1) for _ in range(15)] + [step(16, 1.1, ctx=500) for _ in range(10)]
+    assert decode_host_drift(steps, cost, prof) == pytest.approx(0.10, abs=1e-9)
+    other = [step(4, 3.0, graph_bs=0), step(4, 3.0, prefill=[(64, 0)]), step(4, 3.0), step(4, 3.0, forward_s=float("nan"))]
+    # the third of each four follows a prefill-bearing step: left out with the others
+    assert decode_host_drift(steps + other * 5, cost, prof) == pytest.approx(0.10, abs=1e-9)
+    assert decode_host_drift(steps[:5] + other * 5, cost, prof) is None
+    assert decode_host_drift(steps, SimpleNamespace(sample=None), prof) is None   # sampler inside the categories
