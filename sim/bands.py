@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from sim.scenario import Scenario
-from sim.validate import band_line, find_reports, load_bands
+from sim.validate import band_line, band_line_of, find_reports, load_bands
 from twinfer.errors import TwinferError
 
 
@@ -60,4 +60,6 @@ def applicable_band_line(source: str, scenario: Scenario) -> str:
         why = mismatch(load_report_header(paths[0]), scenario)
         return (f"error band: no band (none of the {len(paths)} validation reports for {scenario.hardware} applies; "
                 f"the newest, {paths[0].name}: {why})")
-    return band_line(str(applies[0]), scenario.hardware)
+    # every applicable report counts (a validation matrix writes one per workload class): the band is the largest
+    # error any of them saw, so the worst class sets it
+    return band_line_of(applies)

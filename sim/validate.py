@@ -265,7 +265,8 @@ PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 
 
 def find_reports(hardware: str, root: str | Path | None = None) -> list[Path]:
-    """Committed validation reports for ``hardware`` (profiles/<hw>/validation_*.json), newest name first."""
+    """Committed validation reports for ``hardware`` (profiles/<hw>/validation_*.json), newest first (by the
+    report's ``created``, then by name: run9 is not newer than run18)."""
     d = Path(root or PROFILES) / hardware.lower()
     out = []
     for path in sorted(d.glob("validation_*.json"), reverse=True) if d.is_dir() else []:
@@ -274,8 +275,8 @@ def find_reports(hardware: str, root: str | Path | None = None) -> list[Path]:
         except (OSError, ValueError):
             continue
         if isinstance(data, dict) and "levels" in data and "model" in data:  # skip tune results and other files
-            out.append(path)
-    return out
+            out.append((str(data.get("created") or ""), path.name, path))
+    return [p for _, _, p in sorted(out, key=lambda t: (t[0], t[1]), reverse=True)]
 
 
 def find_report(hardware: str, root: str | Path | None = None) -> Path | None:
@@ -297,6 +298,11 @@ def band_line(source: str, hardware: str) -> str:
         raise TwinferError(f"--error-band: {source}: no such file (give a `twinfer validate` report JSON, or 'auto')")
     if not paths or not paths[0].is_file():
         return f"error band: no validation report for {hardware} (run twinfer validate on that GPU)"
+    return band_line_of(paths)
+
+
+def band_line_of(paths: list[Path]) -> str:
+    """The error-band line over ``paths`` (validation reports, newest first): each figure's largest band."""
     bands, src = load_bands(paths[0])
     if len(paths) > 1:   # every committed run counts: the band is the largest error any of them saw
         for p in paths[1:]:

@@ -25,3 +25,32 @@ def test_a_report_applies_only_to_its_model_depth_dtype_and_profile(tmp_path):
     rep = tmp_path / "validation_x.json"
     rep.write_text(json.dumps({**head, "num_layers": 5, "levels": [], "device": "cuda"}))
     assert "no band" in applicable_band_line(str(rep), cal)
+
+
+def _report(path, created: str, tpot: float, head: dict):
+    from pathlib import Path
+
+    base = json.loads((Path(__file__).resolve().parents[1] / "profiles/h200/validation_deepseek-v3-5layers_fp8.json").read_text())
+    base.update(head, created=created, bands={**base["bands"], "tpot_p50": tpot})
+    path.write_text(json.dumps(base))
+    return path
+
+
+def test_every_applicable_report_counts_and_the_newest_is_by_date(tmp_path, monkeypatch):
+    """A validation matrix writes one report per workload class: the band a simulation prints is the largest over
+    every report that applies (the worst class sets it), and 'newest' is the latest ``created``, not the last name."""
+    import sim.bands as bands
+    from sim.validate import band_text, find_reports
+
+    sc = builtin_scenario("default")
+    head = {"model": "deepseek-v3", "num_layers": 61, "dtype": sc.layout.weight_dtype, "profile": "/x/cal_v3.json"}
+    d = tmp_path / "h200"
+    d.mkdir()
+    old = _report(d / "validation_run9_chat.json", "2026-11-29T14:00:00+00:00", 0.04, head)
+    new = _report(d / "validation_run18_agentic.json", "2026-12-03T03:17:00+00:00", 0.075, head)
+    assert find_reports("H200", tmp_path) == [new, old]
+    monkeypatch.setattr(bands, "find_reports", lambda hw: find_reports(hw, tmp_path))
+    cal = sc.model_copy(update={"calibration": str(tmp_path / "cal_v3.json")})
+    line = bands.applicable_band_line("auto", cal)
+    assert "largest over 2 reports, newest validation_run18_agentic.json" in line
+    assert f"TPOT p50 {band_text({'tpot_p50': 0.075}, 'tpot_p50')}" in line
