@@ -51,13 +51,25 @@ export TWINFER_PIECEWISE_GRAPHS=${TWINFER_PIECEWISE_GRAPHS:-1}
 echo "TWINFER_PIECEWISE_GRAPHS=$TWINFER_PIECEWISE_GRAPHS" | tee -a "$OUT/env.txt"
 stage "first-call cost of a new masked SDPA shape, per backend (scripts/sdpa_first_call.py)"
 timeout 60 python3 scripts/sdpa_first_call.py || echo "sdpa probe failed (rc $?)"
+# background samplers for the whole matrix (stopped after it): every core's MHz (the host's speed drifted between and
+# within runs 17-19: decode steps' host part -20..+20% against the model from one replay to the next) and the GPU's
+# clocks, power and throttle reasons; both travel in reports.tgz
+( while true; do echo "$(date +%s.%N | cut -c1-14) $(awk '/cpu MHz/ {printf "%d ", $4}' /proc/cpuinfo)"; sleep 0.5; done ) \
+  > "$OUT/cpu_mhz.txt" 2>/dev/null &
+MHZ_PID=$!
+REASONS=clocks_event_reasons.active
+nvidia-smi --query-gpu=$REASONS --format=csv >/dev/null 2>&1 || REASONS=clocks_throttle_reasons.active
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,$REASONS --format=csv -lms 500 > "$OUT/gpu_clocks.csv" 2>&1 &
+SMI_PID=$!
 stage "validation matrix (scripts/device_matrix.py)"
 T_MATRIX=${T_MATRIX:-$(( ${T_BUDGET:-570} - ($(date +%s) - T0) ))}
 echo "time left for the matrix: ${T_MATRIX} s"
 timeout ${T_MATRIX} python3 scripts/device_matrix.py --out "$OUT" --requests ${REQS:-48} --runs ${RUNS:-3} ${MATRIX_ARGS:-}
 # the device returns at most 8 files from $OUT: the per-class reports and samples travel as one archive
 # (run 4 lost two reports); unpack with `tar xzf reports.tgz` in the run's folder
+kill "$MHZ_PID" "$SMI_PID" 2>/dev/null
 ( cd "$OUT" && ls validation_*.json samples_*.json >/dev/null 2>&1 \
-  && tar czf reports.tgz validation_*.json samples_*.json && rm -f validation_*.json samples_*.json )
+  && tar czf reports.tgz validation_*.json samples_*.json $(ls cpu_mhz.txt gpu_clocks.csv 2>/dev/null) \
+  && rm -f validation_*.json samples_*.json cpu_mhz.txt gpu_clocks.csv )
 stage done
 ls -la "$OUT"
