@@ -644,7 +644,8 @@ def measure_admission(engine: LLMEngine, lengths: list[int] | None = None, repea
             eng.add_request(f"adm{n}_{i}", ids, SamplingParams(temperature=temperature, max_tokens=4, ignore_eos=True))
             ts.append(time.perf_counter() - t0)
         pts.append({"prompt_tokens": n, "seconds": statistics.median(ts[1:]), "repeats": repeats})
-    engine.runner.states.clear()
+        for i in range(repeats + 1):   # its requests' sampling state (the fresh schedulers go with them)
+            engine.runner.remove_request(f"adm{n}_{i}")
     if len(pts) < 2:
         return {}, pts
     a = np.array([[1.0, p["prompt_tokens"]] for p in pts])
@@ -667,6 +668,8 @@ def measure_after_eager(engine: LLMEngine, rounds: int = 16, temperature: float 
     ctx, chunk, big = min(1024, mml // 4), min(512, mml // 4), min(1024, mml // 2)
     dec = synthetic_plan(engine, [ctx] * 8, [], "ae_d_", temperature=temperature)
     mixed = synthetic_plan(engine, [ctx] * 8, [(chunk, 0)], "ae_m_", temperature=temperature)
+    for r in mixed.decodes:   # the mixed probe runs the decode probe's requests beside its chunk
+        runner.remove_request(r.request_id)
     mixed.decodes[:] = dec.decodes
     clock = _Clock(runner.device)
 

@@ -283,10 +283,16 @@ class LLMEngine:
             raise TwinferError("prompt_token_ids is empty")
         if n >= self.max_model_len:
             raise TwinferError(f"prompt has {n} tokens; max_model_len is {self.max_model_len} (prompt + at least one output token)")
-        arr = np.asarray(ids)   # one conversion: the range check and the block hashes read it (no per-token Python loop)
-        if arr.dtype.kind not in "iub":
-            raise TwinferError(f"prompt_token_ids: expected integer token ids in [0, {self.vocab_size}), got "
-                               f"{next((t for t in ids if not isinstance(t, (int, np.integer))), ids[0])!r}")
+        try:   # one conversion: the range check and the block hashes read it (no per-token Python loop)
+            arr = np.asarray(ids)
+        except (ValueError, TypeError):   # ragged nesting
+            arr = None
+        if arr is None or arr.ndim != 1 or arr.dtype.kind not in "iub":
+            bad = next((t for t in ids if not isinstance(t, (int, np.integer))), None)
+            if bad is None:   # integers all, one beyond int64
+                bad = max(ids, key=lambda t: abs(int(t)))
+            raise TwinferError(f"prompt_token_ids: expected a flat list of integer token ids in [0, {self.vocab_size}), "
+                               f"got {bad!r}")
         out_of_range = (arr < 0) | (arr >= self.vocab_size)
         if out_of_range.any():
             raise TwinferError(f"token id {ids[int(out_of_range.argmax())]} outside the vocabulary [0, {self.vocab_size})")

@@ -83,6 +83,8 @@ def fresh_chunk_step(engine: LLMEngine, decodes: StepPlan, chunk: int, tag: str,
     plan ``decodes`` (same requests, pages and sampling state), as serving admits a request; the fresh request is
     forgotten after. Returns what ``run`` returned."""
     p = synthetic_plan(engine, [int(c) for c in decodes.decode_context_lens], [(chunk, 0)], tag, temperature=temperature)
+    for r in p.decodes:   # its own decode requests (registered to sample) give way to ``decodes``'
+        engine.runner.remove_request(r.request_id)
     p.decodes[:] = decodes.decodes
     try:
         return run(p)

@@ -128,7 +128,9 @@ class SimBackend:
         if chunks and (a0 or a_tok):
             for c in chunks:
                 r = c.request
-                if c.context_len == r.num_cached_tokens and r.num_output_tokens == 0 and r.num_preemptions == 0:
+                # its first chunk: nothing computed beyond its prefix hits yet (context_len alone is not enough: a
+                # sliding-window replay policy resumes later chunks at a context inside the window, even 0)
+                if r.num_computed_tokens == r.num_cached_tokens and r.num_output_tokens == 0 and r.num_preemptions == 0:
                     h += a0 + a_tok * r.prompt_len
         return h
 
@@ -197,8 +199,10 @@ class SimBackend:
         self._drawn = None
         start = self.clock()
         host = self.host_time(plan)
-        times, ends = self._times_until(plan, start > self._busy_until, start, stop_at, host)
         extra = self.transition_s(plan) if self._prev_prefill else 0.0
+        # every end moves later by ``extra``: cut where the unshifted ends reach stop_at - extra
+        cut = stop_at - extra if (extra and stop_at is not None) else stop_at
+        times, ends = self._times_until(plan, start > self._busy_until, start, cut, host)
         if extra:   # the first step pays it; the later ones end that much later
             times = np.asarray(times, float).copy()
             times[0] += extra

@@ -115,8 +115,14 @@ class MeasuredSteps(SimBackend):
         return t
 
     def transition_s(self, plan: StepPlan) -> float:
-        """A measured step's time already holds what its predecessor cost it; priced steps pay it as usual."""
-        return 0.0 if self.trace.divergence is None else super().transition_s(plan)
+        """A measured step's time already holds what its predecessor cost it; priced steps pay it as usual. Asked
+        before the plan is priced: the plan's step is measured when the trace has not parted, has a step left, and
+        that step's composition is the plan's (what ``step_times`` then checks)."""
+        tr = self.trace
+        i = len(tr.steps)
+        if tr.divergence is None and i < len(tr.measured) and tr.measured[i][0] == composition(plan):
+            return 0.0
+        return super().transition_s(plan)
 
 
 def replay_measured(step_cost, sched_cfg: SchedulerConfig, num_blocks: int, requests: list[Request],

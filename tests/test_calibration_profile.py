@@ -163,11 +163,14 @@ def test_admission_is_charged_once_to_a_requests_first_chunk():
                           host_admit_per_token_s=5e-8)
     b = SimBackend(ProfiledStepCost(_tiny_profile(), StepProfile(model="tiny", num_layers=4, dtype="fp32")),
                    np.random.default_rng(0), host_coeffs=host_coeffs(cfg))
-    first = Request("a", 0.0, 1000, 8, num_cached_tokens=256)
-    later = Request("b", 0.0, 3000, 8, num_cached_tokens=0)
+    first = Request("a", 0.0, 1000, 8, num_cached_tokens=256, num_computed_tokens=256)   # admitted with a prefix hit
+    later = Request("b", 0.0, 3000, 8, num_cached_tokens=0, num_computed_tokens=2048)
     resumed = Request("c", 0.0, 500, 8, num_preemptions=1)
+    # a later chunk a sliding-window replay policy resumes at context 0 (its window replayed): not a first chunk
+    replayed = Request("d", 0.0, 2000, 8, num_computed_tokens=512)
     plan = StepPlan(0, prefills=[ScheduledChunk(first, 512, 256, False), ScheduledChunk(later, 512, 2048, False),
-                                 ScheduledChunk(resumed, 500, 0, True)], decodes=[], decode_context_lens=np.zeros(0, np.int64))
+                                 ScheduledChunk(resumed, 500, 0, True), ScheduledChunk(replayed, 512, 0, False, replayed=512)],
+                    decodes=[], decode_context_lens=np.zeros(0, np.int64))
     assert b.host_time(plan) == pytest.approx(1e-4 + 3e-5 + 5e-8 * 1000)
     off = SchedulerConfig(host_step_s=1e-4, host_per_request_s=0.0, host_per_token_s=0.0)
     assert host_coeffs(cfg)[6] == 0.0 and host_coeffs(cfg.model_copy(update={"host_after_eager_s": 4e-4}))[6] == 4e-4
@@ -424,3 +427,13 @@ def test_a_step_after_a_prefill_bearing_step_pays_the_measured_transition():
         got.append([float(b.execute(p).step_durations[0]) for p in (dec, dec, mix, dec, mix, mix)])
     diff = np.array(got[0]) - np.array(got[1])
     assert diff == pytest.approx([0, 0, 0, 4e-4, 0, 4e-4], abs=1e-12)
+    # a multi-step decode plan cut at an arrival: every end moves later by the transition, and the cut with them: the
+    # first step ending at or after stop_at is the last one run (cut on the unshifted ends, a third step would run)
+    dec, mix = plans()
+    with_.execute(mix)
+    dec.num_steps = 6
+    step = float(without.step_times(dec)[0])
+    stop = 2 * step + 2e-4                                       # between the 2nd unshifted end and the 2nd shifted one
+    res = with_.execute(dec, stop_at=stop)
+    ends = np.asarray(with_.ends)
+    assert res.num_steps == 2 and ends[-1] == pytest.approx(2 * step + 4e-4) and ends[-1] >= stop > ends[0]

@@ -177,8 +177,8 @@ def test_admission_names_bad_token_ids():
     e = engine()
     v = e.vocab_size
     for bad, says in (([1, v], f"token id {v} outside the vocabulary"), ([3, -1, 2], "token id -1 outside"),
-                      ([1, 2.5], "expected integer token ids"), ([1, 2 ** 70], "expected integer token ids"),
-                      (["7"], "expected integer token ids")):
+                      ([1, 2.5], "got 2.5"), ([1, 2 ** 70], f"got {2 ** 70}"), (["7"], "got '7'"),
+                      ([[1, 2], [3, 4]], r"flat list .* got \[1, 2\]"), ([[1], [2, 3]], r"got \[1\]")):
         with pytest.raises(TwinferError, match=says):
             e.add_request(f"r{len(says)}{bad!r}", bad)
     assert not e.has_unfinished()
