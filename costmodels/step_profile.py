@@ -103,8 +103,8 @@ class HostTerms(BaseModel):
                                       "positions and KV slots built on the host and copied); 0 in profiles fitted before it")
     after_eager_s: float = Field(0.0, ge=0.0, description="seconds a step pays right after a prefill-bearing (eager or "
                                  "piecewise) step, beyond the same step after a decode step: measured apart from the "
-                                 "grid (executor.calibrate.measure_after_eager), which times every shape after a decode "
-                                 "step; 0 in profiles calibrated before it")
+                                 "grid (executor.calibrate.measure_after_eager: the smaller of a decode and a mixed "
+                                 "probe's), which times every shape after a decode step; 0 in profiles calibrated before it")
 
     def __call__(self, num_layers: float, n_req, n_tok, n_prefill):
         """Eager step host time (a step that is not a decode-graph replay: eager or piecewise graphs). ``n_req``

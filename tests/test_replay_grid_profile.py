@@ -125,5 +125,8 @@ def test_calibrate_stores_a_matching_grid_in_the_profile_it_writes(tmp_path):
     g.write_text(json.dumps(d))
     r = CliRunner().invoke(app, ["calibrate", "-m", "tiny", "--quick", "-o", str(out), "--replay-grid", str(g)])
     assert r.exit_code == 0, r.output
+    # the summary names the measured admission and after-eager terms (what the simulator charges from them)
+    flat = " ".join(r.output.split())   # the console wraps long lines
+    assert "admission once per request (measured add_request)" in flat and "right after a prefill-bearing step" in flat
     prof = CalibrationProfile.load(out)
     assert prof.step is not None and prof.replay_grid == d and G.for_profile(prof).matches(get_model("tiny"))

@@ -92,6 +92,8 @@ def calibrate(
               f"{h.serial_per_token_s * 1e9:.0f} ns/prefill token", highlight=False)
     con.print(f"  graph host: {h.graph_fixed_s * 1e3:.3f} ms + {h.graph_per_request_s * 1e6:.1f} us/request "
               f"+ {h.graph_per_kv_token_s * 1e9:.2f} us per 1k context tokens", highlight=False)
+    con.print(f"  a step right after a prefill-bearing step (measured against the same step after a decode step): "
+              f"+{h.after_eager_s * 1e3:.3f} ms", highlight=False)
     smp = prof.tables.get("sample")
     if smp is not None and "sample" in (st.op_tables or []):
         sec, _ = smp([1, 128])
