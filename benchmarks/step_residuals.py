@@ -49,12 +49,15 @@ def rebuilt_steps(s: dict):
         yield dctx, new, ctx
 
 
-def predict(cost, prof, s: dict, sync: bool) -> np.ndarray:
+def predict(cost, prof, s: dict, sync: bool, nums: list[int] | None = None) -> np.ndarray:
     """The twin's engine-loop iteration for each sample (runner step and loop, as ``twinfer validate`` predicts; a
-    step after a prefill-bearing one with the profile's ``after_eager_s``)."""
+    step after a prefill-bearing one of the same replay, ``nums``: each sample's replay, with the profile's
+    ``after_eager_s``)."""
     from ui.cmd_validate import predict_step
     pc = s["prefill_chunks"]
-    return np.array([predict_step(cost, prof, dctx, list(zip(new, ctx)), 0, not sync, after_eager=i > 0 and pc[i - 1] > 0)
+    nums = nums or [1] * len(pc)
+    return np.array([predict_step(cost, prof, dctx, list(zip(new, ctx)), 0, not sync,
+                                  after_eager=i > 0 and pc[i - 1] > 0 and nums[i - 1] == nums[i])
                      for i, (dctx, new, ctx) in enumerate(rebuilt_steps(s))])
 
 
@@ -90,7 +93,8 @@ def columns(samples: dict[str, dict], cost, prof, sync: bool, recorded: bool, re
     for cls, levels in samples.items():
         for lv, s in levels.items():
             n = len(s["measured_s"])
-            pred = np.array([np.nan if p is None else p for p in s["predicted_s"]], float) if recorded else predict(cost, prof, s, sync)
+            nums = replay_numbers(s, replays)
+            pred = np.array([np.nan if p is None else p for p in s["predicted_s"]], float) if recorded else predict(cost, prof, s, sync, nums)
             for k in ("decodes", "decode_ctx_mean", "prefill_tokens", "prefill_chunks", "prefill_ctx", "graph_bs", "measured_s"):
                 cols.setdefault(k, []).extend(s[k])
             for k in ("device_s", "forward_s"):    # recorded since runs 6 / 9; nan where absent
@@ -101,7 +105,7 @@ def columns(samples: dict[str, dict], cost, prof, sync: bool, recorded: bool, re
             # the step before (same replay order): a step right after an eager one, or the first of a level
             prev = ["first"] + ["eager" if (s["graph_bs"][i - 1] == 0) else "graph" for i in range(1, n)]
             cols.setdefault("prev", []).extend(prev)
-            cols.setdefault("replay", []).extend(replay_numbers(s, replays))
+            cols.setdefault("replay", []).extend(nums)
     return {k: np.array(v) for k, v in cols.items()}
 
 

@@ -275,8 +275,18 @@ def find_reports(hardware: str, root: str | Path | None = None) -> list[Path]:
         except (OSError, ValueError):
             continue
         if isinstance(data, dict) and "levels" in data and "model" in data:  # skip tune results and other files
-            out.append((str(data.get("created") or ""), path.name, path))
+            out.append((_created_ts(data.get("created")), path.name, path))
     return [p for _, _, p in sorted(out, key=lambda t: (t[0], t[1]), reverse=True)]
+
+
+def _created_ts(created) -> float:
+    """A report's ``created`` as POSIX seconds (ISO 8601, any offset; naive read as UTC); -inf when absent or unreadable."""
+    import datetime as dt
+    try:
+        t = dt.datetime.fromisoformat(str(created))
+    except (TypeError, ValueError):
+        return float("-inf")
+    return (t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)).timestamp()
 
 
 def find_report(hardware: str, root: str | Path | None = None) -> Path | None:

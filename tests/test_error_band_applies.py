@@ -49,6 +49,12 @@ def test_every_applicable_report_counts_and_the_newest_is_by_date(tmp_path, monk
     old = _report(d / "validation_run9_chat.json", "2026-11-29T14:00:00+00:00", 0.04, head)
     new = _report(d / "validation_run18_agentic.json", "2026-12-03T03:17:00+00:00", 0.075, head)
     assert find_reports("H200", tmp_path) == [new, old]
+    # offsets compare as instants, an absent date sorts oldest
+    east = _report(d / "validation_a.json", "2026-12-03T05:00:00+03:00", 0.05, head)    # 02:00 UTC: before run18
+    none = _report(d / "validation_z.json", None, 0.05, head)
+    assert find_reports("H200", tmp_path) == [new, east, old, none]
+    east.unlink()
+    none.unlink()
     monkeypatch.setattr(bands, "find_reports", lambda hw: find_reports(hw, tmp_path))
     cal = sc.model_copy(update={"calibration": str(tmp_path / "cal_v3.json")})
     line = bands.applicable_band_line("auto", cal)
