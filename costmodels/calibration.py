@@ -281,12 +281,74 @@ def sample_table(points: list[dict]) -> SampleTable | None:
                             f"(measured eagerly: {'compute_logits, ' if logits else ''}ops.sample, {p0.get('backend', '?')})")
 
 
+class KvExpandTable(BaseModel):
+    """Measured device seconds of one MLA layer building a prefill chunk's keys and values (the executor's
+    ``MLAAttention.prefill_expand``: the sequence's cached latents gathered from the pages and up-projected by
+    ``kv_b_proj``, BF16) over ``keys`` keys (the chunk's cached context plus its new tokens), for ``heads`` heads of
+    ``d_nope`` + ``d_v`` from latent rank ``rank``; launch hidden behind a spin kernel (``device_s``) where every point
+    has it, else eager seconds.
+
+    Lookup: piecewise linear in log(keys)-log(time) between measured counts; beyond the largest, the last segment's
+    slope (a gather and a GEMM over the keys: linear there); below the smallest, the smallest point's time. Both
+    flagged ``extrapolated``; 0 keys: 0 seconds."""
+
+    model_config = ConfigDict(extra="forbid")
+    keys: list[float] = Field(..., min_length=2)
+    seconds: list[float] = Field(..., min_length=2)
+    heads: int = Field(..., gt=0)
+    d_nope: int = Field(..., gt=0)
+    d_v: int = Field(..., gt=0)
+    rank: int = Field(..., gt=0)
+    x_is: str = ""
+
+    @field_validator("seconds")
+    @classmethod
+    def _points(cls, sec: list[float], info: ValidationInfo) -> list[float]:
+        return _xy_points(info.data.get("keys"), sec, "keys", "key count", "key counts")
+
+    def model_post_init(self, _ctx) -> None:
+        order = np.argsort(self.keys)
+        self._x = np.asarray(self.keys, float)[order]
+        self._y = np.asarray(self.seconds, float)[order]
+
+    def matches(self, heads: int, d_nope: int, d_v: int, rank: int) -> bool:
+        """Whether the table timed this MLA shape (a table prices only the layer it measured)."""
+        return (self.heads, self.d_nope, self.d_v, self.rank) == (heads, d_nope, d_v, rank)
+
+    def __call__(self, keys) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds, extrapolated) for each key count."""
+        n = np.asarray(keys, float)
+        x, y = self._x, self._y
+        m = np.maximum(n, 1e-9)
+        t = np.exp(np.interp(np.log(m), np.log(x), np.log(y)))
+        above = m > x[-1]
+        t = np.where(above, y[-1] + (m - x[-1]) * max((y[-1] - y[-2]) / (x[-1] - x[-2]), 0.0), t)
+        return np.where(n > 0, t, 0.0), (n > 0) & (above | (m < x[0]))
+
+
+def kv_expand_table(points: list[dict]) -> KvExpandTable | None:
+    """The ``kv_expand`` table from a calibration's ``kv_expand`` points (device seconds where every point timed them,
+    else eager); None with fewer than two key counts."""
+    pts = {float(p["keys"]): p for p in points if p.get("op") == "kv_expand" and (p.get("time_s") or 0) > 0}
+    if len(pts) < 2:
+        return None
+    k = sorted(pts)
+    dev = all((pts[x].get("device_s") or 0) > 0 for x in k)
+    p0 = pts[k[0]]
+    return KvExpandTable(keys=k, seconds=[float(pts[x]["device_s" if dev else "time_s"]) for x in k], heads=int(p0["heads"]),
+                         d_nope=int(p0["d_nope"]), d_v=int(p0["d_v"]), rank=int(p0["rank"]),
+                         x_is=f"{'device' if dev else 'eager'} seconds of one MLA layer's prefill key/value expansion over "
+                              "keys (measured: executor MLAAttention.prefill_expand, gather + kv_b_proj BF16)")
+
+
 def _table_kind(v) -> str:
     """Which table a stored ``tables`` entry is, by the fields it carries (an error then names only that kind's
     fields, not every kind's)."""
     keys = v.keys() if isinstance(v, dict) else vars(v).keys() if hasattr(v, "__dict__") else ()
     if "tokens" in keys:
         return "moe_layer"
+    if "keys" in keys and "rank" in keys:
+        return "kv_expand"
     if "batch" in keys:
         return "sample"
     if "new" in keys or "cached" in keys:
@@ -295,7 +357,8 @@ def _table_kind(v) -> str:
 
 
 AnyTable = Annotated[Union[Annotated[EffTable, Tag("efficiency")], Annotated[PrefillChunkTable, Tag("prefill_chunk")],
-                           Annotated[MoELayerTable, Tag("moe_layer")], Annotated[SampleTable, Tag("sample")]],
+                           Annotated[MoELayerTable, Tag("moe_layer")], Annotated[SampleTable, Tag("sample")],
+                           Annotated[KvExpandTable, Tag("kv_expand")]],
                    Discriminator(_table_kind)]
 
 
@@ -403,7 +466,8 @@ class CalibrationProfile(BaseModel):
         default_factory=dict, description="efficiency tables over one shape variable (EffTable); ``attn_prefill_chunk``: "
         "seconds of one prefill chunk's attention over new x cached tokens (PrefillChunkTable); ``moe_layer``: device "
         "seconds of one MoE layer's routed experts over tokens (MoELayerTable); ``sample``: seconds of the executor's "
-        "sampler over rows (SampleTable)")
+        "sampler over rows (SampleTable); ``kv_expand``: device seconds of one MLA layer building a prefill chunk's "
+        "keys and values from its cached latents, over keys (KvExpandTable)")
     # measured profiles (twinfer calibrate): where the numbers come from, the op micro-benchmarks
     # behind ``tables``, and the measured step model of one engine (costmodels.step_profile)
     provenance: dict = Field(default_factory=dict, description="GPU, driver, torch, kernel backends, date, command")

@@ -72,6 +72,14 @@ class ProfiledStepCost:
         if st.model_rev >= 1 and dtype != "bf16" and self.model.attention == "mla" and self.model.mla.kv_up_proj:
             self.kv_bf16 = StepCostModel(self.model, get_hardware(st.hardware_basis), ParallelLayout(tp=1, weight_dtype="bf16", kv_dtype="bf16"), cal, **smp_kw)
         self._kvx: dict[float, float] = {}
+        # a prefill chunk's keys and values from its cached latents, measured (KvExpandTable): in place of the
+        # analytic K/V up-projection GEMM over the chunk's keys, priced as measured in prefill attention (it runs
+        # eagerly between the graph pieces, beside the chunk's attention)
+        m = self.model
+        kvt = profile.tables.get("kv_expand") if "kv_expand" in (st.op_tables or []) else None
+        self.kv_expand = kvt if (kvt is not None and m.attention == "mla" and m.mla.kv_up_proj and m.indexer is None
+                                 and kvt.matches(m.num_attention_heads, m.mla.qk_nope_head_dim, m.mla.v_head_dim,
+                                                 m.mla.kv_lora_rank)) else None
         self.k = st.scales()
         self.notes = [
             f"step times from the measured profile of {st.model} ({st.num_layers} layers, {st.dtype}) on {profile.measured_on}: "
@@ -115,8 +123,14 @@ class ProfiledStepCost:
         pad = self.step.piecewise_bucket(int(counts[0]))   # piecewise graphs: GEMMs and experts on the bucket's rows
         if pad > counts[0]:
             counts = (float(pad),) + tuple(counts[1:])
+        kvx = 0.0
+        if self.kv_expand is not None and not dec.all():
+            keys = (ctx[~dec] + new[~dec]).astype(float)     # each chunk's keys: counts' K/V up-projected rows
+            kvx = float(self.kv_expand(keys)[0].sum()) * self.model.num_layers
+            counts = (counts[0], max(counts[1] - float(keys.sum()), 0.0)) + tuple(counts[2:])
         out = _fold(b.nonattn(*counts, 1.0))
         out[FIT_CATEGORIES.index("dense_gemm")] += self.kv_up_extra(counts[1])
+        out[FIT_CATEGORIES.index("prefill_attention")] += kvx
         if dec.any():
             a = b.attention(new[dec], ctx[dec], dec[dec], draft, 1.0, None)
             out[0] += a[0] + a[1]

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from costmodels.calibration import moe_layer_table, prefill_chunk_table, sample_table
+from costmodels.calibration import kv_expand_table, moe_layer_table, prefill_chunk_table, sample_table
 from costmodels.host import partial_overlap
 from costmodels.profiled import ProfiledStepCost, point_after_forward_s, point_categories, point_sample_s
 from costmodels.step_profile import FIT_CATEGORIES, STEP_MODEL_REV, FitStats, HostTerms, LoopTerms, StepPoint, StepProfile
@@ -202,7 +202,7 @@ def errors(pred: np.ndarray, meas: np.ndarray) -> dict:
 # A CPU fit prices the reference kernels with an H200 model: there the scales are conversion factors, unbounded.
 GPU_SCALE_BOUNDS = (0.8, 1.25)
 # tables that time the executor's own code at a step's exact shapes (executor.calibrate.bench_ops): always used
-ALWAYS_TABLES = ("attn_prefill_chunk", "moe_layer", "sample")
+ALWAYS_TABLES = ("attn_prefill_chunk", "moe_layer", "sample", "kv_expand")
 
 
 def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype: str, device: str,
@@ -278,7 +278,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
         # 1.2-1.74x, rising with batch, the rest alone with the MoE kept at its measured time (scale 1): the MoE pays
         # the forward's factor too
         pinned = forward_scales(pts, fw, scale_bounds or (0.0, np.inf))
-        if "attn_prefill_chunk" in sub:
+        if "attn_prefill_chunk" in sub or "kv_expand" in sub:
             # the measured per-chunk attention is priced as measured (the chunk runs eagerly between the graph pieces,
             # not inside a graph, so the graph forwards' factor is not its). Left free it went to its 0.8 bound in H200
             # runs 11-14 (unbounded 0.69 in run 14, whose table is device time): it absorbed the single device scale's
@@ -371,6 +371,9 @@ def refit_profile(profile, scale_bounds: str = "auto"):
     smp = sample_table(profile.op_points)   # the sampler's measured time (every CUDA calibration timed it)
     if smp is not None:
         profile = profile.model_copy(update={"tables": {**profile.tables, "sample": smp}})
+    kvx = kv_expand_table(profile.op_points)   # the chunk's key/value expansion (calibrations since it was timed)
+    if kvx is not None:
+        profile = profile.model_copy(update={"tables": {**profile.tables, "kv_expand": kvx}})
     if "moe_layer" not in profile.tables:   # run 11 timed its MoE points' device time before the table was built from them
         mt = moe_layer_table(profile.op_points, st.model, st.dtype)
         if mt is not None:

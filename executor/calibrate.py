@@ -33,8 +33,8 @@ import time
 import numpy as np
 import torch
 
-from costmodels.calibration import (CalibrationProfile, EffTable, MoELayerTable, PrefillChunkTable, moe_layer_table,
-                                    prefill_chunk_table, sample_table)
+from costmodels.calibration import (CalibrationProfile, EffTable, MoELayerTable, PrefillChunkTable, kv_expand_table,
+                                    moe_layer_table, prefill_chunk_table, sample_table)
 from costmodels.hardware import get_hardware
 from costmodels.step_fit import fit_step_profile, nnls
 from costmodels.step_profile import StepPoint
@@ -321,6 +321,25 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
                             **({"device_s": dev_s} if dev_s is not None else {})})
                 del qn, qp, kn, vv, kp
 
+        # the chunk's keys and values as the executor builds them (MLAAttention.prefill_expand: its sequence's latents
+        # gathered from the pages and up-projected by kv_b_proj, BF16), over keys (cached + new): eager between the
+        # piecewise graphs, on the real rows. The step model had priced it as an analytic BF16 GEMM, and the grid's
+        # cached-context steps ran 0.91-0.96x the model (H200 run 18)
+        for keys in ([512, 2048, 4096, 8192, 16384] if not quick else [16, 96]):
+            need = -(-keys // page)
+            if keys > engine.max_model_len or need > pages - 1:
+                continue
+            bt = torch.arange(need, device=dev, dtype=torch.int32)
+            try:
+                t, spread = timed(lambda: mla.prefill_expand(cache, bt, keys))
+            except RuntimeError as e:  # e.g. out of memory at the largest: keep the rest
+                out.append({"op": "kv_expand_failed", "keys": keys, "time_s": 0.0, "error": str(e)[:200]})
+                continue
+            with torch.inference_mode():
+                dev_s = _queued_device_time(lambda: mla.prefill_expand(cache, bt, keys), dev, t)
+            out.append({"op": "kv_expand", "keys": keys, "heads": mla.h, "d_nope": mla.dn, "d_v": mla.dv, "rank": mla.rank,
+                        "time_s": t, "spread": spread, **({"device_s": dev_s} if dev_s is not None else {})})
+
     moe = next((m for m in model.modules() if isinstance(m, MoE)), None)
     if moe is not None:
         ex = moe.experts
@@ -441,6 +460,7 @@ def op_tables(points: list[dict], hw_name: str) -> dict[str, EffTable | PrefillC
     # the executor's MoE layer at exact token counts, device time in a CUDA graph (points since 056fca2)
     tables["moe_layer"] = moe_layer_table(points)
     tables["sample"] = sample_table(points)   # the sampler the step runs after its forward, eager, over rows
+    tables["kv_expand"] = kv_expand_table(points)   # a prefill chunk's keys and values built from the cached latents
     # at the same bytes (every expert touched) more tokens turn compute-bound: the best efficiency is the memory regime
     tables["expert_mem"] = _eff_table([(p["bytes"], p["bytes"] / p["time_s"] / hw.hbm_bw) for p in by("moe_experts")],
                                       "expert weight bytes one MoE layer's routed experts read (measured: executor grouped GEMM, uniform routing)")

@@ -51,6 +51,9 @@ def test_tiny_calibrate_then_validate_on_cpu(tmp_path):
     moe = [p for p in back.op_points if p["op"] == "moe_experts"]
     assert moe and all(p["time_s"] > 0 and "device_s" not in p for p in moe)
     assert all("device_s" not in p for p in chunk)
+    # the chunk's key/value expansion over keys (MLAAttention.prefill_expand), a table the step model prices from
+    kvx = [p for p in back.op_points if p["op"] == "kv_expand"]
+    assert [p["keys"] for p in kvx] == [16, 96] and "kv_expand" in back.tables and "kv_expand" in st.op_tables
     tab = back.tables["attn_prefill_chunk"]
     assert float(tab([64], [48])[0][0]) == pytest.approx(next(p["time_s"] for p in chunk if (p["new"], p["cached"]) == (64, 48)))
 
