@@ -153,7 +153,9 @@ def _matrix_doc(cmd: str, prof, ppath: Path, a, reports: dict) -> dict:
         "async_overlap": a.async_overlap, "level_warmup": a.level_warmup,
         "sampling_temperature": prof.provenance.get("sampling_temperature"), "step_warmup": prof.provenance.get("step_warmup"),
         "classes": {c: {"caps": CLASSES[c], "levels": [{"name": lv.name, "rate_rps": lv.rate_rps, "fraction": lv.fraction_of_capacity,
-                                                         "rel_error": lv.rel_error, "spread": lv.spread, "step": lv.step}
+                                                         "rel_error": lv.rel_error, "spread": lv.spread, "step": lv.step,
+                                                         # per replay: the decode steps' host part against the model's
+                                                         "decode_host_vs_calibration": (lv.diagnostics or {}).get("decode_host_vs_calibration")}
                                                         for lv in r.levels]} for c, r in reports.items()},
         "worst": worst_errors(reports),
     }
