@@ -142,6 +142,17 @@ class PrefillChunkTable(BaseModel):
         return t, ext
 
 
+def _sorted_xy(xs: list[float], ys: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """A one-variable table's points as float arrays in ascending x."""
+    order = np.argsort(xs)
+    return np.asarray(xs, float)[order], np.asarray(ys, float)[order]
+
+
+def _loglog(m: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Piecewise linear in log(x)-log(y) at ``m`` (> 0; ends held flat: the callers flag and replace them)."""
+    return np.exp(np.interp(np.log(m), np.log(x), np.log(y)))
+
+
 def _xy_points(xs: list[float] | None, sec: list[float], name: str, per: str, distinct: str) -> list[float]:
     """A one-variable table's checks (``name`` -> seconds): one time per point, finite and > 0, distinct x."""
     if xs is None:
@@ -185,9 +196,7 @@ class MoELayerTable(BaseModel):
         return _xy_points(info.data.get("tokens"), sec, "tokens", "token count", "tokens")
 
     def model_post_init(self, _ctx) -> None:
-        order = np.argsort(self.tokens)
-        self._x = np.asarray(self.tokens, float)[order]
-        self._y = np.asarray(self.seconds, float)[order]
+        self._x, self._y = _sorted_xy(self.tokens, self.seconds)
 
     def matches(self, experts: int, top_k: int, hidden: int, intermediate: int, weight_dtype: str | None = None) -> bool:
         """Whether the table measured this expert shape and weight dtype (a table prices only the MoE it timed)."""
@@ -212,7 +221,7 @@ class MoELayerTable(BaseModel):
         # tokens 12-14% short of the same rule through the experts (H200 run 17: graph forwards at batch 20-32 ran
         # 4-8% over their op times, at 64, a table point, on them)
         e, ex = self.experts_touched(m), self.experts_touched(self._x)
-        t = e * np.exp(np.interp(np.log(m), np.log(self._x), np.log(self._y / ex)))
+        t = e * _loglog(m, self._x, self._y / ex)
         below = m < self._x[0]
         if below.any():
             t = np.where(below, self._y[0], t)
@@ -254,9 +263,7 @@ class SampleTable(BaseModel):
         return _xy_points(info.data.get("batch"), sec, "batch", "batch", "batch sizes")
 
     def model_post_init(self, _ctx) -> None:
-        order = np.argsort(self.batch)
-        self._x = np.asarray(self.batch, float)[order]
-        self._y = np.asarray(self.seconds, float)[order]
+        self._x, self._y = _sorted_xy(self.batch, self.seconds)
 
     def __call__(self, rows) -> tuple[np.ndarray, np.ndarray]:
         """(seconds, extrapolated) for each row count."""
@@ -307,9 +314,7 @@ class KvExpandTable(BaseModel):
         return _xy_points(info.data.get("keys"), sec, "keys", "key count", "key counts")
 
     def model_post_init(self, _ctx) -> None:
-        order = np.argsort(self.keys)
-        self._x = np.asarray(self.keys, float)[order]
-        self._y = np.asarray(self.seconds, float)[order]
+        self._x, self._y = _sorted_xy(self.keys, self.seconds)
 
     def matches(self, heads: int, d_nope: int, d_v: int, rank: int) -> bool:
         """Whether the table timed this MLA shape (a table prices only the layer it measured)."""
@@ -320,7 +325,7 @@ class KvExpandTable(BaseModel):
         n = np.asarray(keys, float)
         x, y = self._x, self._y
         m = np.maximum(n, 1e-9)
-        t = np.exp(np.interp(np.log(m), np.log(x), np.log(y)))
+        t = _loglog(m, x, y)
         above = m > x[-1]
         t = np.where(above, y[-1] + (m - x[-1]) * max((y[-1] - y[-2]) / (x[-1] - x[-2]), 0.0), t)
         return np.where(n > 0, t, 0.0), (n > 0) & (above | (m < x[0]))

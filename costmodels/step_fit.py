@@ -145,6 +145,14 @@ def fit_runner_model(hf: np.ndarray, df: np.ndarray, y: np.ndarray,
     return best
 
 
+def nnls_abs(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Coefficients >= 0 of ``a @ x ~ y`` by least squares on absolute error, columns normalised for conditioning
+    (the loop's, the serial host's and admission's small, noisy seconds: relative weights would chase the tiniest)."""
+    norm = np.linalg.norm(a, axis=0)
+    norm[norm == 0] = 1.0
+    return nnls(a / norm, y) / norm
+
+
 def fit_loop(points: Sequence[StepPoint]) -> LoopTerms:
     """Engine-loop terms by NNLS on the points that measured them."""
     pts = [p for p in points if p.loop_s is not None]
@@ -154,9 +162,7 @@ def fit_loop(points: Sequence[StepPoint]) -> LoopTerms:
     a = np.stack([np.ones(len(pts)), [p.num_requests for p in pts], [p.num_tokens for p in pts]], 1).astype(float)
     if len(pts) < 3:
         return LoopTerms(fixed_s=float(np.median(y)))
-    # absolute least squares: loop gaps are small and noisy; relative weights would chase the tiniest
-    norm = np.linalg.norm(a, axis=0)
-    x = nnls(a / norm, y) / norm
+    x = nnls_abs(a, y)   # absolute least squares: loop gaps are small and noisy
     return LoopTerms(fixed_s=float(x[0]), per_request_s=float(x[1]), per_token_s=float(x[2]))
 
 
@@ -176,8 +182,7 @@ def fit_serial(points: Sequence[StepPoint], sampler_s: np.ndarray, min_points: i
         return {}
     y = np.array([points[i].wall_s - points[i].forward_s - sampler_s[i] for i in sel])
     a = np.array([[1.0, points[i].num_requests, len(points[i].prefill), sum(n for n, _ in points[i].prefill)] for i in sel])
-    norm = np.linalg.norm(a, axis=0)
-    x = nnls(a / norm, np.maximum(y, 0.0)) / norm
+    x = nnls_abs(a, np.maximum(y, 0.0))
     return dict(zip(SERIAL_NAMES, (float(v) for v in x)))
 
 

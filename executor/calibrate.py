@@ -36,7 +36,7 @@ import torch
 from costmodels.calibration import (CalibrationProfile, EffTable, MoELayerTable, PrefillChunkTable, kv_expand_table,
                                     moe_layer_table, prefill_chunk_table, sample_table)
 from costmodels.hardware import get_hardware
-from costmodels.step_fit import fit_step_profile, nnls
+from costmodels.step_fit import fit_step_profile, nnls_abs
 from costmodels.step_profile import StepPoint
 from executor.engine import LLMEngine, SamplingParams
 from executor.replay import fresh_engine, replay
@@ -670,8 +670,7 @@ def measure_admission(engine: LLMEngine, lengths: list[int] | None = None, repea
         return {}, pts
     a = np.array([[1.0, p["prompt_tokens"]] for p in pts])
     y = np.array([p["seconds"] for p in pts])
-    norm = np.linalg.norm(a, axis=0)
-    x = nnls(a / norm, y) / norm
+    x = nnls_abs(a, y)
     return {"admit_s": float(x[0]), "admit_per_token_s": float(x[1])}, pts
 
 
