@@ -64,6 +64,12 @@ class StepPoint(BaseModel):
     gpu_temp_c: float | None = Field(None, description="GPU temperature read right after the step (NVML), a diagnostic")
     forward_s: float | None = Field(None, description="CUDA-event seconds of the step's forward alone (median of repeats; "
                                     "inputs built, before sampling), a diagnostic beside wall_s")
+    forward_host_s: float | None = Field(None, description="host seconds the forward call took to return (median of "
+                                         "repeats): its launch issue, plus any wait inside it for the device")
+    queued_forward_s: float | None = Field(None, description="eager steps: the forward's CUDA-event seconds with the GPU "
+                                           "held busy by a spin kernel while the host issued it: its device work alone")
+    queued_host_s: float | None = Field(None, description="eager steps: host seconds the forward call took under that "
+                                        "spin: its launch issue alone (near the spin's length if the forward syncs)")
 
     @property
     def num_requests(self) -> int:

@@ -541,6 +541,53 @@ def step_grid(device: str, quick: bool, max_ctx: int, max_batch: int, max_tokens
     return shapes
 
 
+def _finite_median(xs: list[float]) -> float | None:
+    """Median of ``xs`` when every one is a number (None when any is NaN or there are none)."""
+    return statistics.median(xs) if xs and all(x == x for x in xs) else None
+
+
+def queued_forward(runner, run, wall_s: float, repeats: int = 2) -> dict:
+    """An eager step's forward with the GPU held busy while the host issues it: a spin kernel long enough to cover
+    twice the step's measured wall time goes first, then the step (``run``). The forward's CUDA events then time
+    its device work alone (``queued_forward_s``: the GPU never waits for a launch) and the host's clock times the
+    forward call's issue alone (``queued_host_s``: no launch waits for the device, unless the forward itself
+    synchronises, which shows as an issue time near the spin's). Median of ``repeats``; {} off CUDA, without a
+    spin kernel, or when the runner recorded no forward. What separates a step's host from its device part
+    by measurement (``costmodels.step_fit``), where the wall time alone only bounds their combination."""
+    spin = getattr(torch.cuda, "_sleep", None)
+    if runner.device.type != "cuda" or spin is None:
+        return {}
+    # longer than the step's whole wall time (its issue cannot take longer unless it waits for the device); cycles at
+    # 2.1 GHz, above any current SM clock: a slower clock only spins longer
+    cycles = int(min(1.25 * wall_s + 1e-3, 0.5) * 2.1e9)
+    fwd, host = [], []
+    for _ in range(repeats):
+        torch.cuda.synchronize(runner.device)
+        spin(cycles)
+        run()
+        rec = runner.step_records[0] if runner.step_records else {}
+        fwd.append(float(rec.get("forward_s", float("nan"))))
+        host.append(float(rec.get("forward_host_s", float("nan"))))
+    f, h = _finite_median(fwd), _finite_median(host)
+    return {} if f is None or h is None else {"queued_forward_s": f, "queued_host_s": h}
+
+
+def queued_split_text(points: list[StepPoint]) -> str:
+    """One line on the eager grid steps' measured host/device split (``queued_forward``): how many are host-bound
+    (issue longer than device work) and the forward's measured time against max(issue, device). '' when none was
+    measured."""
+    q = [p for p in points if p.queued_forward_s and p.queued_host_s is not None and p.forward_s]
+    if not q:
+        return ""
+    host = np.array([p.queued_host_s for p in q])
+    dev = np.array([p.queued_forward_s for p in q])
+    fwd = np.array([p.forward_s for p in q])
+    ratio = fwd / np.maximum(host, dev)
+    return (f"eager steps' forward, issue vs device work measured apart (GPU held by a spin kernel): {int((host > dev).sum())} "
+            f"of {len(q)} host-bound; forward / max(issue, device) median {np.median(ratio):.3f} "
+            f"(p10 {np.percentile(ratio, 10):.3f}, p90 {np.percentile(ratio, 90):.3f})")
+
+
 def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print, interleave: bool = False,
                   temperature: float = 0.0, span: tuple[int, int] | None = None) -> list[StepPoint]:
     """Median runner wall time of each shape (one warm-up run first).
@@ -567,8 +614,9 @@ def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print, interleave
             def run():
                 return runner.execute(plan)
 
-            walls, fwds = [], []
+            walls, fwds, hosts = [], [], []
             graph_bs = 0
+            queued: dict = {}
             try:
                 run()  # warm-up: kernel specialisations for this shape
                 clock.sync()
@@ -578,8 +626,12 @@ def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print, interleave
                         clock.sync()
                     res = run()
                     walls.append(float(res.step_durations[0]))
-                    graph_bs = int(runner.step_records[0].get("graph_bs", 0)) if runner.step_records else 0
-                    fwds.append(float(runner.step_records[0].get("forward_s", float("nan"))) if runner.step_records else float("nan"))
+                    rec = runner.step_records[0] if runner.step_records else {}
+                    graph_bs = int(rec.get("graph_bs", 0))
+                    fwds.append(float(rec.get("forward_s", float("nan"))))
+                    hosts.append(float(rec.get("forward_host_s", float("nan"))))
+                if pf and not graph_bs:
+                    queued = queued_forward(runner, run, statistics.median(walls))
             finally:
                 for r in plan.decodes + [c.request for c in plan.prefills]:
                     runner.remove_request(r.request_id)
@@ -587,10 +639,11 @@ def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print, interleave
             st = gpu_state(runner.device)
             points.append(StepPoint(num_layers=L, decode_ctx=dc, prefill=pf, wall_s=med, repeats=repeats,
                                     spread=(max(walls) - min(walls)) / med, graph_bs=graph_bs,
-                                    forward_s=statistics.median(fwds) if fwds and all(f == f for f in fwds) else None, **st))
+                                    forward_s=_finite_median(fwds), forward_host_s=_finite_median(hosts), **queued, **st))
             log(f"  step {j + 1:3d}/{len(shapes)}: {len(dc):4d} decodes (ctx ~{int(np.mean(dc)) if dc else 0:5d}), "
                 f"prefill {sum(a for a, _ in pf):6d} tok in {len(pf)}: {med * 1e3:8.2f} ms" + (f" (graph {graph_bs})" if graph_bs else "")
-                + _state_text(st))
+                + (f"; forward device {queued['queued_forward_s'] * 1e3:.2f}, issue {queued['queued_host_s'] * 1e3:.2f} ms"
+                   if queued else "") + _state_text(st))
     finally:
         if filler is not None:
             for r in filler.decodes:
@@ -842,6 +895,9 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     step.loop = step.loop.model_copy(update=admit)
     after_s, after = measure_after_eager(engine, rounds=16 if cuda and not quick else 3, temperature=temperature, log=log)
     step.host = step.host.model_copy(update={"after_eager_s": after_s})
+    split = queued_split_text(pts)
+    if split:
+        log(f"  {split}")
     if admit:
         log(f"  admission (add_request): {admit['admit_s'] * 1e6:.1f} us + {admit['admit_per_token_s'] * 1e9:.1f} ns/prompt token "
             "(" + ", ".join(f"{p['prompt_tokens']}: {p['seconds'] * 1e6:.0f} us" for p in admit_pts) + ")")

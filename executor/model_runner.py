@@ -31,13 +31,16 @@ from scheduler.request import Request
 class StepTimer:
     """Wall time of a step (synchronised) and, on CUDA, two event-timed spans: the step's (``device_s``: from the
     step's start to its end on the stream, so it includes any host gap while the GPU waits for the step's next launch)
-    and its forward's (``forward_s``: the model's kernels or graph replay alone, the inputs already built)."""
+    and its forward's (``forward_s``: the model's kernels or graph replay alone, the inputs already built), and the
+    host seconds the forward call took to return (``forward_host_s``: issuing its launches, plus any wait inside it for
+    the device; with the GPU held busy beforehand, as ``executor.calibrate.measure_steps`` does, the issue alone)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         if self.cuda:
             self.ev0, self.ev1, self.f0, self.f1 = (torch.cuda.Event(enable_timing=True) for _ in range(4))
         self.forward_marked = False
+        self.h0 = self.h1 = 0.0
 
     def start(self) -> None:
         self.t0 = time.perf_counter()
@@ -48,11 +51,18 @@ class StepTimer:
     def forward_start(self) -> None:
         if self.cuda:
             self.f0.record()
+        self.h0 = time.perf_counter()
 
     def forward_stop(self) -> None:
+        self.h1 = time.perf_counter()
         if self.cuda:
             self.f1.record()
             self.forward_marked = True
+
+    @property
+    def forward_host_s(self) -> float:
+        """Host seconds between ``forward_start`` and ``forward_stop`` of the last step (0 when not marked)."""
+        return max(self.h1 - self.h0, 0.0)
 
     def stop(self) -> tuple[float, float, float]:
         """(wall seconds, device seconds or nan, forward seconds or nan)."""
@@ -75,7 +85,8 @@ def accepted_prefix(drafts: list[int], samples: list[int]) -> int:
 
 
 def step_record(prefills: list, nd: int, sq: int, num_tokens: int, decode_context_tokens: int, accepted_drafts: int,
-                wall: float, dev: float, graph_bs: int, piecewise_bs: int, fwd: float = float("nan")) -> dict:
+                wall: float, dev: float, graph_bs: int, piecewise_bs: int, fwd: float = float("nan"),
+                fwd_host: float = float("nan")) -> dict:
     """One executed step's record (``ModelRunner.step_records``, the step log's row): its batch, times, the kernel
     implementations used since the last record, the CUDA graph it replayed (``graph_bs`` 0: none) and the token bucket
     of the piecewise graphs it replayed (``piecewise_bs`` 0: none; executor/piecewise_graphs.py)."""
@@ -86,7 +97,7 @@ def step_record(prefills: list, nd: int, sq: int, num_tokens: int, decode_contex
         "decode_context_tokens": decode_context_tokens,
         "prefill_context_tokens": int(sum(c.context_len for c in prefills)),
         "accepted_drafts": accepted_drafts,
-        "wall_s": wall, "device_s": dev, "forward_s": fwd, "backends": ops.reset_used(),
+        "wall_s": wall, "device_s": dev, "forward_s": fwd, "forward_host_s": fwd_host, "backends": ops.reset_used(),
         "cuda_graph": graph_bs > 0, "graph_bs": graph_bs, "piecewise_bs": piecewise_bs,
     }
 
@@ -209,12 +220,11 @@ class ModelRunner:
         sts = [self._state(r) for r in rids]
         if all(s.params.temperature == 0 for s in sts):
             return logits.argmax(-1)
-        # one host array, one non-blocking copy (three torch.tensor(..., device=cuda) were three blocking copies)
-        host = np.array([[s.params.temperature for s in sts], [s.params.top_k for s in sts], [s.params.top_p for s in sts]],
-                        dtype=np.float64)
-        knobs = to_device(host, logits.device)
-        temp, top_k, top_p = knobs[0].float(), knobs[1].long(), knobs[2].float()
-        return ops.sample(logits, temp, top_k, top_p, [s.generator for s in sts]).to(torch.int64)
+        # the knobs stay on the host: the sampler reads them there and copies them once, pinned (read back from the
+        # device they made the host wait for this step's forward, which undid the pipelined loop's overlap)
+        host = torch.tensor([[s.params.temperature for s in sts], [s.params.top_k for s in sts], [s.params.top_p for s in sts]],
+                            dtype=torch.float64)
+        return ops.sample(logits, host[0].float(), host[1].long(), host[2].float(), [s.generator for s in sts]).to(torch.int64)
 
     # ----------------------------------------------------------------- the plan
     @torch.inference_mode()
@@ -299,7 +309,7 @@ class ModelRunner:
             counts.append(step_count)
             self.step_records.append(step_record(prefills, nd, sq, batch.num_tokens,
                                                  batch.decode_context_tokens, int(sum(accepted)),
-                                                 wall, dev, graph_bs, piece_bs, fwd))
+                                                 wall, dev, graph_bs, piece_bs, fwd, self.timer.forward_host_s))
             self.num_steps_run += 1
             if finished_early or any(x <= 0 for x in remaining):
                 break

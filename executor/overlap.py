@@ -17,9 +17,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from executor.forward_batch import SeqInput, build_forward_batch
+from executor.forward_batch import SeqInput, build_forward_batch, to_device
 from executor.model_runner import ModelRunner, step_record
 from kernels import ops
 from scheduler.plan import StepPlan
@@ -67,8 +68,10 @@ class PipelinedRunner:
         seqs, dst, src = self._inputs(plan, prev)
         batch = build_forward_batch(seqs, run.page_size, run.kv.null_page, run.device)
         if dst:   # placeholders take step N's samples on the device, queued behind step N
-            idx = torch.tensor(dst, dtype=torch.int64, device=run.device)
-            batch.input_ids.index_copy_(0, idx, prev.toks.index_select(0, torch.tensor(src, dtype=torch.int64, device=run.device)))
+            # both index lists in one pinned, non-blocking copy: a tensor made with device= copies from pageable
+            # memory, which waits for step N on the device and so undoes the overlap
+            idx = to_device(np.array([dst, src], dtype=np.int64), run.device)
+            batch.input_ids.index_copy_(0, idx[0], prev.toks.index_select(0, idx[1]))
         hidden, graph_bs, piece_bs = run.forward(batch)
         rows, rids, at = [], [], {}
         for i, r in enumerate(plan.decodes):

@@ -32,6 +32,7 @@ class ReplayStep:
     graph_bs: int = 0                   # captured CUDA-graph size the step replayed (0: eager)
     device_s: float = float("nan")      # CUDA-event device seconds of the plan's steps (nan: not timed, e.g. on CPU)
     forward_s: float = float("nan")     # CUDA-event seconds of the steps' forwards alone (inputs built, before sampling)
+    forward_host_s: float = float("nan")  # host seconds the steps' forward calls took to return (their launch issue)
 
 
 @dataclass
@@ -105,7 +106,8 @@ def replay(engine: LLMEngine, items: list[tuple[float, str, list[int], int]], te
                                      [(c.num_new_tokens, c.context_len) for c in plan.prefills], plan.draft_len,
                                      graph_bs=int(recs[0].get("graph_bs", 0)) if len(recs) == 1 else 0,
                                      device_s=float(sum(r.get("device_s", float("nan")) for r in recs)),
-                                     forward_s=float(sum(r.get("forward_s", float("nan")) for r in recs)))
+                                     forward_s=float(sum(r.get("forward_s", float("nan")) for r in recs)),
+                                     forward_host_s=float(sum(r.get("forward_host_s", float("nan")) for r in recs)))
 
     engine.step_observer = observe
     clock = None

@@ -399,12 +399,15 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     """
     logits = logits.float()
     greedy = logits.argmax(-1)
-    temps, ks, ps = torch.stack([temperature.float(), top_k.float(), top_p.float()]).tolist()
+    knobs = torch.stack([temperature.float(), top_k.float(), top_p.float()])
+    temps, ks, ps = knobs.tolist()      # knobs on the host (the runner passes them so): no read-back, no wait
     rows = [i for i, x in enumerate(temps) if x > 0]
     if not rows:
         return greedy
+    knobs = host_to_device(knobs, logits.device)
+    temperature, top_k, top_p = knobs[0], knobs[1].long(), knobs[2]
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-    idx = torch.tensor(rows, device=logits.device)
+    idx = host_to_device(torch.tensor(rows), logits.device)
     filtered = logits[idx] / t[idx, None]
     if any(ks[i] > 0 or ps[i] < 1 for i in rows):
         filtered = apply_top_k_top_p(filtered, top_k[idx], top_p[idx])
@@ -426,7 +429,18 @@ def _uniforms(gens: list[torch.Generator | None], device: torch.device) -> torch
         return torch.stack([torch.rand((), generator=g, device=g.device if g is not None else device).to(device)
                             for g in gens])
     vals = [float(torch.rand((), generator=g)) for g in gens]
-    return torch.tensor(vals, dtype=torch.float32).to(device, non_blocking=True)
+    return host_to_device(torch.tensor(vals, dtype=torch.float32), device)
+
+
+def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device`` without making the host wait: a CPU tensor bound for CUDA goes through pinned memory with a
+    non-blocking copy (a copy from pageable memory waits for every kernel queued on the stream: CUDA's API sync
+    behaviour); a tensor already there is returned as it is."""
+    if t.device == device or (t.device.type == device.type and device.index is None):
+        return t
+    if t.device.type == "cpu" and device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def softmax_scale(head_dim: int, mscale: float = 1.0) -> float:

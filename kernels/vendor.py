@@ -68,12 +68,32 @@ def _fa3_varlen():
     return importlib.import_module("vllm.vllm_flash_attn.flash_attn_interface").flash_attn_varlen_func
 
 
+@functools.lru_cache(maxsize=4096)
+def _cu_seqlens(n: int, s: int, device: torch.device, stream: int) -> torch.Tensor:
+    host = torch.tensor([0, n, 0, s], dtype=torch.int32)
+    if device.type != "cuda":
+        return host.to(device)
+    # through pinned memory: a copy from pageable memory makes the host wait for every kernel queued on the stream
+    # (CUDA's API sync behaviour), which in a piecewise forward is the layer's graph piece before the call
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def cu_seqlens(n: int, s: int, device: torch.device) -> torch.Tensor:
+    """``[0, n, 0, s]`` (int32) on ``device``: FA3's cumulative query and key lengths of one chunk of ``n`` queries
+    over ``s`` keys. Made once per ``(n, s)`` and stream, read only afterwards (every layer of a forward, and later
+    steps with the same chunk shape, share it): the copy is stream-ordered before its first use, and the per-layer
+    call costs a dictionary lookup. The copy it replaced came from pageable memory, one host sync per chunk per
+    layer."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    return _cu_seqlens(int(n), int(s), device, stream)
+
+
 def fa3_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor, scale: float,
                 key_mask: torch.Tensor | None = None, bottom_right: bool = False) -> torch.Tensor:
     """Registry adapter (op ``attention_prefill``): one FlashAttention-3 varlen call over a prefill chunk whose
     ``n = len(q)`` queries are the last ``n`` of ``len(k)`` keys (``bottom_right``, said by the caller; FA's causal
     mask is aligned bottom-right, so ``q_positions`` is not read). v keeps its own head dim (MLA: 192 / 128).
-    ``cu_seqlens`` travel in one non-blocking host-to-device copy (no sync). Declines as
+    ``cu_seqlens`` come from :func:`cu_seqlens` (made once per chunk shape, never a host sync). Declines as
     ``registry._fa3_prefill_declines`` says, and off sm90."""
     _guard("fa3")
     why = _fa3_prefill_declines(*SIGNATURES["attention_prefill"](q, k, v, q_positions, scale, key_mask, bottom_right))
@@ -83,7 +103,7 @@ def fa3_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: 
         raise Unsupported("fa3: Hopper (sm90) only")
     fn = _fa3_varlen()
     n, s = q.shape[0], k.shape[0]
-    cu = torch.tensor([0, n, 0, s], dtype=torch.int32).to(q.device, non_blocking=True)
+    cu = cu_seqlens(n, s, q.device)
     try:
         return fn(q, k, v, max_seqlen_q=n, cu_seqlens_q=cu[:2], max_seqlen_k=s, cu_seqlens_k=cu[2:],
                   softmax_scale=scale, causal=True, fa_version=3)

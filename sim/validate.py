@@ -56,6 +56,7 @@ class StepSample(BaseModel):
     runner_s: float | None = None
     device_s: float | None = None
     forward_s: float | None = None     # CUDA-event seconds of the forward alone (graph replay or eager kernels)
+    forward_host_s: float | None = None  # host seconds the forward call took to return (its launch issue, waits included)
 
 
 class LevelReport(BaseModel):
@@ -184,7 +185,7 @@ def compact_samples(samples: Sequence[StepSample]) -> dict[str, list]:
             "graph_bs": [x.graph_bs for x in samples], "measured_s": [round(x.measured_s, 6) for x in samples],
             "predicted_s": [_r6(x.predicted_s) for x in samples], "start_s": [_r6(x.start_s) for x in samples],
             "runner_s": [_r6(x.runner_s) for x in samples], "device_s": [_r6(x.device_s) for x in samples],
-            "forward_s": [_r6(x.forward_s) for x in samples]}
+            "forward_s": [_r6(x.forward_s) for x in samples], "forward_host_s": [_r6(x.forward_host_s) for x in samples]}
 
 
 def _r6(v: float | None) -> float | None:
