@@ -186,6 +186,26 @@ def fit_serial(points: Sequence[StepPoint], sampler_s: np.ndarray, min_points: i
     return dict(zip(SERIAL_NAMES, (float(v) for v in x)))
 
 
+def fit_issue_host(points: Sequence[StepPoint], hf: np.ndarray, names: Sequence[str], min_points: int = 8) -> dict[int, float]:
+    """The eager host terms from what the calibration measured directly: each eager grid step's forward issued with
+    the GPU held busy by a spin kernel (``StepPoint.queued_host_s``: the forward call's host seconds with no launch
+    waiting for the device), over the eager host columns of ``hf`` (``host_features``: 1, prefill chunks, whether the
+    step holds decodes; per layer where fitted), NNLS on absolute error. Returns {column index: seconds}, or {} with
+    fewer than ``min_points`` such points. A point whose issue took as long as its whole unheld step waited for the
+    device inside its forward (a host sync: the spin, not the issue, was timed) and is left out. Held fixed in the
+    whole-step fit, the host side of ``max(H, D)`` is then measured, not inferred from which steps look host-bound."""
+    sel = [i for i, p in enumerate(points)
+           if p.graph_bs == 0 and p.queued_host_s is not None and p.queued_forward_s and p.queued_host_s < p.wall_s]
+    if len(sel) < min_points:
+        return {}
+    cols = [j for j, n in enumerate(names) if not n.startswith("graph_") and hf[sel, j].any()]
+    y = np.array([points[i].queued_host_s for i in sel])
+    x = nnls_abs(hf[np.ix_(sel, cols)], y)
+    out = {j: 0.0 for j, n in enumerate(names) if not n.startswith("graph_")}
+    out.update({j: float(v) for j, v in zip(cols, x)})
+    return out
+
+
 def errors(pred: np.ndarray, meas: np.ndarray) -> dict:
     """MAPE, p90 absolute error and max relative error of predictions (seconds)."""
     pred, meas = np.asarray(pred, float), np.asarray(meas, float)
@@ -233,6 +253,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
     layers = sorted({p.num_layers for p in pts})
     with_layers = len(layers) > 1
     hf, hnames = host_features(pts, with_layers, launch_bound=device == "cuda")
+    issue = fit_issue_host(pts, hf, hnames)   # eager host terms measured apart from the device (spin kernel first)
     y = np.array([p.wall_s for p in pts])
     graph = np.array([p.graph_bs > 0 for p in pts], bool)
     # one device column beyond the categories: seconds per prefill token (in microseconds, for conditioning). The
@@ -292,7 +313,9 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
             pinned[FIT_CATEGORIES.index("prefill_attention")] = 1.0
         for j, v in pinned.items():          # device scales the graph forwards measured: fixed for the whole fit
             lo[hf.shape[1] + j], hi[hf.shape[1] + j] = v, v * (1 + 1e-9) + 1e-12
-        bounds = (lo, hi) if scale_bounds is not None or pinned or smp.any() else None
+        for j, v in issue.items():           # eager host terms the spin-held issue measured: fixed likewise
+            lo[j], hi[j] = v, v * (1 + 1e-9) + 1e-12
+        bounds = (lo, hi) if scale_bounds is not None or pinned or smp.any() or issue else None
         serial = fit_serial(pts, after)   # measured, not fitted to whole steps: held fixed like the pinned scales
         off = np.array([0.0 if p.graph_bs > 0 else HostTerms(**serial).serial(p.num_requests, len(p.prefill), sum(n for n, _ in p.prefill)) for p in pts])
         h, k, alpha, sse = fit_runner_model(hf, df, y, graph=graph, bounds=bounds, offset=off)
@@ -311,6 +334,13 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
     fwd = graph_forward_ratio(pts, fw)
     if fwd is not None:
         notes.append(fwd)
+    if issue:
+        n_iss = sum(p.graph_bs == 0 and p.queued_host_s is not None and bool(p.queued_forward_s) and p.queued_host_s < p.wall_s for p in pts)
+        notes.append(f"eager host terms measured: the forward's issue with the GPU held by a spin kernel, {n_iss} grid steps "
+                     f"({', '.join(f'{hnames[j]} {v * 1e3:.3f} ms' for j, v in issue.items())}); fixed in the fit")
+    dev = eager_device_ratio(pts, df, k)
+    if dev is not None:
+        notes.append(dev)
     prof = StepProfile(model=model, num_layers=main_l, dtype=dtype, device=device, hardware_basis=hardware_basis, model_rev=STEP_MODEL_REV,
                        use_op_tables=use_tables, op_tables=sub, category_scale={c: float(v) for c, v in zip(FIT_CATEGORIES, k)},
                        prefill_token_s=float(k[len(FIT_CATEGORIES)]) * 1e-6, host=host, overlap=alpha, graph_sizes=sorted({int(x) for x in graph_sizes if x > 0}),
@@ -361,6 +391,24 @@ def graph_forward_ratio(points: Sequence[StepPoint], cats: np.ndarray) -> str | 
     return (f"CUDA-graph decode forwards / sum of the graph's cost-model op times at scale 1 (logits and sampling "
             f"excluded): median {med:.3f}, p10 {lo:.3f}, p90 {hi:.3f} over {r.size} points; the rest of a graph step "
             f"(inputs, logits, sampling) is the graph host term plus the logits GEMM")
+
+
+def eager_device_ratio(points: Sequence[StepPoint], df: np.ndarray, k: np.ndarray) -> str | None:
+    """How well the fitted device terms describe the eager grid steps' measured device work: each point's
+    ``queued_forward_s`` (the forward's CUDA events with the host's issue hidden behind a spin kernel) over its
+    device terms at the fitted scales less the sampler (``df @ k`` without the last, sampler, column: the forward
+    alone). A note, or None where fewer than 3 points measured it."""
+    sel = [i for i, p in enumerate(points) if p.graph_bs == 0 and p.queued_forward_s]
+    if len(sel) < 3:
+        return None
+    d = df[sel, :-1] @ k[:-1]
+    ok = d > 0
+    if ok.sum() < 3:
+        return None
+    r = np.array([points[i].queued_forward_s for i in sel])[ok] / d[ok]
+    lo, med, hi = np.percentile(r, [10, 50, 90])
+    return (f"eager forwards' measured device work (spin-held) / the fitted device terms less the sampler: median "
+            f"{med:.3f}, p10 {lo:.3f}, p90 {hi:.3f} over {r.size} points")
 
 
 def refit_profile(profile, scale_bounds: str = "auto"):

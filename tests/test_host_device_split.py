@@ -81,3 +81,64 @@ def test_queued_split_line_states_its_arithmetic():
     assert "1 of 3 host-bound" in line
     assert f"median {np.median(ratio):.3f}" in line
     assert queued_split_text(pts[3:]) == ""
+
+
+def _planted():
+    from costmodels.calibration import CalibrationProfile, sample_table
+    from costmodels.hardware import get_hardware
+    from costmodels.profiled import ProfiledStepCost, point_sample_s
+    from costmodels.step_profile import FIT_CATEGORIES, HostTerms, StepProfile
+
+    smp = [{"op": "sample", "batch": b, "vocab": 129280, "time_s": 2.5e-4 + 4e-6 * b, "backend": "torch", "with_logits": True}
+           for b in (1, 32, 128)]
+    prof = CalibrationProfile.default(get_hardware("H200")).model_copy(update={"tables": {"sample": sample_table(smp)}})
+    # a slow host: every eager step is host-bound in its forward, so wall times alone cannot tell the fixed issue
+    # from the decode group's (each step either holds decodes or not, and one prefill chunk)
+    truth = StepProfile(model="deepseek-v3", num_layers=4, dtype="fp8", device="cuda", use_op_tables=True, op_tables=["sample"],
+                        graph_sizes=[1, 2, 4, 8, 16], category_scale=dict(zip(FIT_CATEGORIES, (1.15, 1.0, 1.15, 1.15, 1.15))),
+                        host=HostTerms(fixed_s=9e-3, per_prefill_s=2e-3, decode_group_s=3e-3, graph_fixed_s=3e-4,
+                                       graph_per_request_s=5e-6, serial_s=6e-4), overlap=0.0)
+    cost = ProfiledStepCost(prof, truth)
+    pts = []
+    for q in (16, 32, 64, 128):
+        for d in (0, 3, 12):
+            k = 1 + (q == 64)     # two chunks in some steps: the per-chunk issue told apart from the fixed one
+            p = StepPoint(num_layers=4, decode_ctx=[500] * d, prefill=[(q, 0)] * k, wall_s=1.0)
+            wall = cost.point_time(p)
+            new, ctx, dec = (np.array([1] * d + [q] * k), np.array([500] * d + [0] * k), np.array([True] * d + [False] * k))
+            h = cost.host_time(new.size, int(new.sum()), k)
+            dv = float(cost.category_times(new, ctx, dec) @ cost.k) + truth.prefill_token_s * q * k
+            pts.append(p.model_copy(update={"wall_s": wall, "forward_s": wall - 6e-4 - point_sample_s(cost, p),
+                                            "queued_host_s": h, "queued_forward_s": dv}))
+    pts += [StepPoint(num_layers=4, decode_ctx=[c] * b, prefill=[], wall_s=1.0, graph_bs=g)
+            for b, g in ((1, 1), (2, 2), (3, 4), (7, 8), (12, 16)) for c in (300, 4000)]
+    pts = [p if not p.graph_bs else p.model_copy(update={"wall_s": cost.point_time(p)}) for p in pts]
+    return prof.model_copy(update={"op_points": []}), pts
+
+
+def test_measured_issue_fixes_the_eager_host_terms():
+    from costmodels.step_fit import fit_issue_host, fit_step_profile, host_features
+
+    prof, pts = _planted()
+    hf, names = host_features(pts, False)
+    got = {names[j]: v for j, v in fit_issue_host(pts, hf, names).items()}
+    assert got == pytest.approx({"fixed_s": 9e-3, "per_prefill_s": 2e-3, "decode_group_s": 3e-3}, rel=1e-6, abs=1e-9)
+    st = fit_step_profile(prof, pts, model="deepseek-v3", dtype="fp8", device="cuda", graph_sizes=[1, 2, 4, 8, 16])
+    assert (st.host.fixed_s, st.host.per_prefill_s, st.host.decode_group_s) == pytest.approx((9e-3, 2e-3, 3e-3), rel=1e-6)
+    assert any("eager host terms measured" in n for n in st.notes)
+    assert any("measured device work (spin-held)" in n for n in st.notes)
+    assert st.fit.mape < 0.01
+
+
+def test_an_issue_that_waited_for_the_device_is_left_out():
+    from costmodels.step_fit import fit_issue_host, host_features
+
+    _, pts = _planted()
+    # a forward that syncs inside: under the spin its call returns after the spin, longer than the whole unheld step
+    bad = [p.model_copy(update={"queued_host_s": p.wall_s * 1.3}) if not p.graph_bs and i % 4 == 1 else p
+           for i, p in enumerate(pts)]
+    hf, names = host_features(bad, False)
+    got = {names[j]: v for j, v in fit_issue_host(bad, hf, names).items()}
+    assert got == pytest.approx({"fixed_s": 9e-3, "per_prefill_s": 2e-3, "decode_group_s": 3e-3}, rel=1e-6, abs=1e-9)
+    few = [p.model_copy(update={"queued_host_s": None}) if not p.graph_bs else p for p in pts]
+    assert fit_issue_host(few, *host_features(few, False)) == {}
