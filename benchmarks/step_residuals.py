@@ -97,7 +97,7 @@ def columns(samples: dict[str, dict], cost, prof, sync: bool, recorded: bool, re
             pred = np.array([np.nan if p is None else p for p in s["predicted_s"]], float) if recorded else predict(cost, prof, s, sync, nums)
             for k in ("decodes", "decode_ctx_mean", "prefill_tokens", "prefill_chunks", "prefill_ctx", "graph_bs", "measured_s"):
                 cols.setdefault(k, []).extend(s[k])
-            for k in ("device_s", "forward_s"):    # recorded since runs 6 / 9; nan where absent
+            for k in ("device_s", "forward_s", "forward_host_s"):    # recorded since runs 6 / 9 / 20; nan where absent
                 cols.setdefault(k, []).extend(np.nan if x is None else x for x in s.get(k) or [None] * n)
             cols.setdefault("pred", []).extend(pred)
             cols.setdefault("cls", []).extend([cls] * n)
@@ -310,6 +310,7 @@ def main() -> None:
         table(c, f"== {cls} (all levels)", ok & (c["cls"] == cls))
     kind_mape(c, ok)
     host_drift(samples, ProfiledStepCost(prof), prof, run_replays(run))
+    eager_split(c, ProfiledStepCost(prof), prof)
     grid_vs_serving(prof, c)
     eager_vs_grid(prof, samples)
 
@@ -336,6 +337,34 @@ def host_drift(samples: dict[str, dict], cost, prof, replays: int) -> None:
                 got.append("n/a" if d is None else f"{d * 100:+.1f}%")
             parts.append(f"{lv} {' / '.join(got)}")
         print(f"  {cls:10} " + " | ".join(parts))
+
+
+def eager_split(c: dict[str, np.ndarray], cost, prof) -> None:
+    """Serving's eager steps (runs since 20 record each forward call's host seconds): the forward's measured issue
+    against the model's host term H, and the measured forward against the model's device terms D and its
+    ``max(H, D) + overlap x min(H, D)``, medians by kind and prefill size. Says where the forward's time comes from:
+    a forward that measures more than both its issue and D waits inside for something the model does not see."""
+    fh = c.get("forward_host_s")
+    if fh is None or not np.isfinite(fh).any():
+        return
+    st = prof.step
+    rows: dict[str, list] = {}
+    for i in np.flatnonzero(np.isfinite(fh) & (c["prefill_chunks"] > 0) & np.isfinite(c["forward_s"])):
+        nd, pc, pt = int(c["decodes"][i]), int(c["prefill_chunks"][i]), int(c["prefill_tokens"][i])
+        new = np.array([1] * nd + [pt // pc + (1 if j < pt % pc else 0) for j in range(pc)])
+        ctx = np.array([int(round(c["decode_ctx_mean"][i]))] * nd + [int(c["prefill_ctx"][i]) // pc] * pc)
+        dec = np.array([True] * nd + [False] * pc)
+        h = cost.host_time(new.size, int(new.sum()), pc)
+        d = float(cost.category_times(new, ctx, dec) @ cost.k) + st.prefill_token_s * pt
+        key = f"{'mixed' if nd else 'prefill'} {'<=512' if pt <= 512 else '513-2048' if pt <= 2048 else '>2048'} tok"
+        rows.setdefault(key, []).append((fh[i], h, c["forward_s"][i], d, float(st.combine(h, d))))
+    print("eager steps' forward: measured issue (host) vs the model's H, measured forward vs the model's D and "
+          "combination (medians, ms)")
+    for key in sorted(rows):
+        a = np.array(rows[key]) * 1e3
+        mi, mh, mf, md, mc = np.median(a, 0)
+        print(f"  {key:22} {len(a):5d} steps: issue {mi:6.2f} vs H {mh:6.2f} | forward {mf:6.2f} vs D {md:6.2f}, "
+              f"model {mc:6.2f} ({(mc / mf - 1) * 100:+.1f}%)")
 
 
 def kind_mape(c: dict[str, np.ndarray], ok: np.ndarray) -> None:

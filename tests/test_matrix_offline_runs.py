@@ -35,3 +35,29 @@ def test_three_concatenated_replays_are_numbered():
     assert sr.replay_numbers(s, 3) == [1] * 4 + [2] * 4 + [3] * 4
     assert sr.replay_boundary(s) in (4, 8)
     assert sr.replay_numbers(s, 1) == [1] * 12
+
+
+def test_eager_split_prints_issue_against_the_model_host(capsys):
+    import numpy as np
+    import step_residuals as sr
+
+    from costmodels.calibration import CalibrationProfile
+    from costmodels.hardware import get_hardware
+    from costmodels.profiled import ProfiledStepCost
+    from costmodels.step_profile import HostTerms, StepProfile
+
+    st = StepProfile(model="deepseek-v3", num_layers=4, dtype="fp8", device="cuda",
+                     host=HostTerms(fixed_s=4e-3, per_prefill_s=1e-3, decode_group_s=2e-3))
+    prof = CalibrationProfile.default(get_hardware("H200")).model_copy(update={"step": st})
+    cost = ProfiledStepCost(prof, st)
+    nan = float("nan")
+    c = {k: np.array(v, float) for k, v in {
+        "decodes": [3, 0, 2], "decode_ctx_mean": [100, 0, 50], "prefill_tokens": [200, 300, 0], "prefill_chunks": [1, 1, 0],
+        "prefill_ctx": [0, 0, 0], "forward_s": [0.02, 0.02, 0.004], "forward_host_s": [0.0071, 0.0052, 0.001]}.items()}
+    sr.eager_split(c, cost, prof)
+    out = capsys.readouterr().out
+    assert "mixed <=512 tok" in out and "issue   7.10 vs H   7.00" in out      # 4 + 1 + 2 ms: the model's H
+    assert "prefill <=512 tok" in out and "issue   5.20 vs H   5.00" in out
+    c["forward_host_s"][:] = nan                                               # runs before 20: nothing printed
+    sr.eager_split(c, cost, prof)
+    assert capsys.readouterr().out == ""
