@@ -376,11 +376,12 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
     hidden_size = engine.cfg.spec.hidden_size
     for b in ([1, 4, 16, 32, 64, 128] if not quick else [1, 8]):
         # what a step runs after its forward (ModelRunner.sample_on_device): the logits GEMM over the sampled rows'
-        # hidden states, then seeded sampling, no top-k / top-p, host generators (RequestState)
+        # hidden states, then seeded sampling, no top-k / top-p, host generators (RequestState), the knobs on the
+        # host as the runner passes them
         hid = randn(b, hidden_size)
-        temp = torch.full((b,), 0.8, device=dev)
-        top_k = torch.zeros((b,), device=dev, dtype=torch.int64)
-        top_p = torch.ones((b,), device=dev)
+        temp = torch.full((b,), 0.8)
+        top_k = torch.zeros((b,), dtype=torch.int64)
+        top_p = torch.ones((b,))
         gens = [torch.Generator().manual_seed(i) for i in range(b)]
         ops.reset_used()
         t, spread = timed(lambda: ops.sample(model.compute_logits(hid), temp, top_k, top_p, gens))
