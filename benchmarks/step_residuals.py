@@ -97,7 +97,8 @@ def columns(samples: dict[str, dict], cost, prof, sync: bool, recorded: bool, re
             pred = np.array([np.nan if p is None else p for p in s["predicted_s"]], float) if recorded else predict(cost, prof, s, sync, nums)
             for k in ("decodes", "decode_ctx_mean", "prefill_tokens", "prefill_chunks", "prefill_ctx", "graph_bs", "measured_s"):
                 cols.setdefault(k, []).extend(s[k])
-            for k in ("device_s", "forward_s", "forward_host_s"):    # recorded since runs 6 / 9 / 20; nan where absent
+            for k in ("device_s", "forward_s", "forward_host_s", "runner_s", "admit_s", "schedule_s", "complete_s"):
+                # recorded since runs 6 / 9 / 20 / 21; nan where absent
                 cols.setdefault(k, []).extend(np.nan if x is None else x for x in s.get(k) or [None] * n)
             cols.setdefault("pred", []).extend(pred)
             cols.setdefault("cls", []).extend([cls] * n)
@@ -311,6 +312,7 @@ def main() -> None:
     kind_mape(c, ok)
     host_drift(samples, ProfiledStepCost(prof), prof, run_replays(run))
     eager_split(c, ProfiledStepCost(prof), prof)
+    loop_split(c, prof)
     grid_vs_serving(prof, c)
     eager_vs_grid(prof, samples)
 
@@ -355,7 +357,7 @@ def eager_split(c: dict[str, np.ndarray], cost, prof) -> None:
         ctx = np.array([int(round(c["decode_ctx_mean"][i]))] * nd + [int(c["prefill_ctx"][i]) // pc] * pc)
         dec = np.array([True] * nd + [False] * pc)
         h = cost.host_time(new.size, int(new.sum()), pc)
-        d = float(cost.category_times(new, ctx, dec) @ cost.k) + st.prefill_token_s * pt
+        d = cost.eager_device(new, ctx, dec)
         key = f"{'mixed' if nd else 'prefill'} {'<=512' if pt <= 512 else '513-2048' if pt <= 2048 else '>2048'} tok"
         rows.setdefault(key, []).append((fh[i], h, c["forward_s"][i], d, float(st.combine(h, d))))
     print("eager steps' forward: measured issue (host) vs the model's H, measured forward vs the model's D and "
@@ -365,6 +367,29 @@ def eager_split(c: dict[str, np.ndarray], cost, prof) -> None:
         mi, mh, mf, md, mc = np.median(a, 0)
         print(f"  {key:22} {len(a):5d} steps: issue {mi:6.2f} vs H {mh:6.2f} | forward {mf:6.2f} vs D {md:6.2f}, "
               f"model {mc:6.2f} ({(mc / mf - 1) * 100:+.1f}%)")
+
+
+def loop_split(c: dict[str, np.ndarray], prof) -> None:
+    """Where the loop's own time went (runs since 21 record it): per class and step kind, the iteration less the
+    runner, the admissions of the requests that arrived before it, the plan's scheduling and completion, against the
+    model's loop term (medians, ms)."""
+    ad = c.get("admit_s")
+    if ad is None or not np.isfinite(ad).any():
+        return
+    st = prof.step
+    kind = np.where(c["prefill_chunks"] == 0, "decode", np.where(c["decodes"] == 0, "prefill", "mixed"))
+    n = c["decodes"] + c["prefill_chunks"]
+    tok = c["decodes"] + c["prefill_tokens"]
+    model = st.loop.fixed_s + st.loop.per_request_s * n + st.loop.per_token_s * tok
+    print("the loop's own time: iteration - runner, admissions, scheduling, completion vs the model's loop (medians, ms)")
+    for cls in sorted(set(c["cls"])):
+        for k in ("decode", "prefill", "mixed"):
+            m = (c["cls"] == cls) & (kind == k) & np.isfinite(ad) & np.isfinite(c["runner_s"])
+            if m.sum() < 3:
+                continue
+            med = [float(np.median(x[m])) * 1e3 for x in (c["measured_s"] - c["runner_s"], ad, c["schedule_s"], c["complete_s"], model)]
+            print(f"  {cls:10} {k:8} {int(m.sum()):6d} steps: loop {med[0]:5.2f} = admit {med[1]:5.2f} + schedule {med[2]:5.2f} "
+                  f"+ complete {med[3]:5.2f} + rest | model {med[4]:5.2f}")
 
 
 def kind_mape(c: dict[str, np.ndarray], ok: np.ndarray) -> None:

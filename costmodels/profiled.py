@@ -81,6 +81,7 @@ class ProfiledStepCost:
                                  and kvt.matches(m.num_attention_heads, m.mla.qk_nope_head_dim, m.mla.v_head_dim,
                                                  m.mla.kv_lora_rank)) else None
         self.k = st.scales()
+        self.k_eager = st.eager_scales()   # steps that are not decode-graph replays (their device work measured apart)
         self.notes = [
             f"step times from the measured profile of {st.model} ({st.num_layers} layers, {st.dtype}) on {profile.measured_on}: "
             + ("runner = serial host + " if st.host.serial_s or st.host.serial_per_request_s or st.host.serial_per_prefill_s or st.host.serial_per_token_s
@@ -205,10 +206,17 @@ class ProfiledStepCost:
             if pad:
                 d = float(self.graph_categories(context_lens, pad) @ self.k) + self.sample_s(new.size)
                 return float(self.step.host.graph(new.size, float(np.sum(context_lens)))) + d
-        d = float(self.category_times(new, context_lens, dec) @ self.k) + self.step.prefill_token_s * float(new[~dec].sum())
+        d = self.eager_device(new, context_lens, dec)
         d += self.sample_s(self.sampled_rows(new, dec))
         h = self.host_time(new.size, int(new.sum()), int((~dec).sum()))
         return float(self.step.host.serial(new.size, int((~dec).sum()), int(new[~dec].sum())) + self.step.combine(h, d))
+
+    def eager_device(self, new: np.ndarray, ctx: np.ndarray, dec: np.ndarray) -> float:
+        """Device seconds of the forward of a step that is not a decode-graph replay (sampler excluded): its category
+        times at the eager scales, the per-prefill-token term and, when it holds decodes, the eager decode group's."""
+        new, dec = np.asarray(new, np.int64), np.asarray(dec, bool)
+        return (float(self.category_times(new, ctx, dec) @ self.k_eager) + self.step.prefill_token_s * float(new[~dec].sum())
+                + (self.step.eager_decode_group_s if dec.any() else 0.0))
 
     def chunked_step_time(self, decode_context_lens, draft_len: int, prefill_new: list[int], prefill_ctx: list[int]) -> float:
         return self.mixed_step_time(*decodes_then_chunks(decode_context_lens, draft_len, prefill_new, prefill_ctx))
@@ -222,9 +230,12 @@ class ProfiledStepCost:
         total = self._decode_base(n, draft_len)[1]
         cats = self._decode_base(n, draft_len, pad)[0]
         att = np.asarray(self.base.decode_times(ctx, num_steps, draft_len), float) - total  # attention (+ indexer) per step
-        d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + self.sample_s(float(n * (1 + draft_len)))
         if pad:
+            d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + self.sample_s(float(n * (1 + draft_len)))
             return float(self.step.host.graph(n, float(ctx.sum()))) + d
+        ke = self.k_eager
+        d = (float(cats[1:] @ ke[1:]) + (cats[0] + att) * ke[0] + self.sample_s(float(n * (1 + draft_len)))
+             + self.step.eager_decode_group_s)
         h = self.host_time(n, n * (1 + draft_len), 0)
         return self.step.host.serial(n, 0) + self.step.combine(h, d)
 

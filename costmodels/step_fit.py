@@ -206,6 +206,81 @@ def fit_issue_host(points: Sequence[StepPoint], hf: np.ndarray, names: Sequence[
     return out
 
 
+def _split_points(points: Sequence[StepPoint]) -> list[int]:
+    """Eager points whose forward was measured apart into host issue and device work (``queued_host_s``,
+    ``queued_forward_s``) without a wait inside it (an issue that outlasted the unheld step timed the spin)."""
+    return [i for i, p in enumerate(points)
+            if p.graph_bs == 0 and p.queued_host_s is not None and p.queued_forward_s and p.queued_host_s < p.wall_s]
+
+
+def fit_eager_device(points: Sequence[StepPoint], cats: np.ndarray, scale_bounds: tuple[float, float] | None,
+                     pin_prefill_attention: bool, min_points: int = 8) -> dict | None:
+    """The device terms of steps that are not decode-graph replays, fitted to what their forwards measured alone
+    (``queued_forward_s``: the spin-held forward's CUDA events), least squares on relative error: one scale for the
+    categories' op times (``cats``: one row per point at scale 1, prefill attention at 1 when ``pin_prefill_attention``
+    (measured per chunk as the executor runs it) or at its own scale), seconds per prefill token, and seconds for
+    holding decodes (the decode group's attention path run eagerly between the pieces). The scale stays within
+    ``scale_bounds``. Returns {eager_scale, prefill_attention, prefill_token_s, eager_decode_group_s, mape, n}, or
+    None with fewer than ``min_points`` measured points.
+
+    H200 run 20 (54 points): the piecewise forwards' device work ran 0.82-0.99x the graph forwards' scale times their
+    op times, lowest for small prefills; a decode group added 1.0-1.9 ms to a 64-128-token prefill's device work where
+    its attention's tables price ~0.15 ms."""
+    sel = _split_points(points)
+    if len(sel) < min_points:
+        return None
+    ja = FIT_CATEGORIES.index("prefill_attention")
+    c = cats[sel]
+    y = np.array([points[i].queued_forward_s for i in sel])
+    rest = np.delete(c, ja, axis=1).sum(1)
+    tok = np.array([sum(a for a, _ in points[i].prefill) for i in sel], float) * 1e-6
+    dec = np.array([bool(points[i].decode_ctx) for i in sel], float)
+    cols = [rest, tok, dec] + ([] if pin_prefill_attention else [c[:, ja]])
+    off = c[:, ja] if pin_prefill_attention else np.zeros(len(sel))
+    a = np.stack(cols, 1) / y[:, None]
+    b = 1.0 - off / y
+    norm = np.linalg.norm(a, axis=0)
+    norm[norm == 0] = 1.0
+    lo = np.zeros(a.shape[1])
+    hi = np.full(a.shape[1], np.inf)
+    if scale_bounds is not None:
+        lo[0], hi[0] = scale_bounds
+    from scipy.optimize import lsq_linear
+    x = lsq_linear(a / norm, b, bounds=(lo * norm, hi * norm), method="bvls").x / norm
+    pa = 1.0 if pin_prefill_attention else float(x[3])
+    pred = rest * x[0] + tok * x[1] + dec * x[2] + c[:, ja] * pa
+    return {"eager_scale": float(x[0]), "prefill_token_s": float(x[1]) * 1e-6, "eager_decode_group_s": float(x[2]),
+            "prefill_attention": pa, "mape": float(np.mean(np.abs(pred / y - 1))), "n": len(sel)}
+
+
+def eager_device_column(points: Sequence[StepPoint], cats: np.ndarray, eag: dict) -> np.ndarray:
+    """Each point's forward device seconds by ``fit_eager_device``'s terms (0 for decode-graph points)."""
+    ja = FIT_CATEGORIES.index("prefill_attention")
+    out = np.zeros(len(points))
+    for i, p in enumerate(points):
+        if p.graph_bs == 0:
+            out[i] = (np.delete(cats[i], ja).sum() * eag["eager_scale"] + cats[i, ja] * eag["prefill_attention"]
+                      + sum(a for a, _ in p.prefill) * eag["prefill_token_s"] + (eag["eager_decode_group_s"] if p.decode_ctx else 0.0))
+    return out
+
+
+def fit_eager_overlap(points: Sequence[StepPoint], min_points: int = 8) -> float | None:
+    """The overlap fraction of ``max(H, D) + overlap x min(H, D)`` from measurements alone: each split point's unheld
+    forward (``forward_s``) against its measured issue H (``queued_host_s``) and device work D (``queued_forward_s``),
+    least squares on relative error over 0..1 in steps of 0.01. None with fewer than ``min_points`` such points. H200
+    run 20: the unheld forwards ran 0.1-0.5 ms past their device work with 2-3.5 ms of issue (a launch the device
+    waits for at the forward's start and at the eager attention between the pieces)."""
+    sel = [i for i in _split_points(points) if points[i].forward_s]
+    if len(sel) < min_points:
+        return None
+    h = np.array([points[i].queued_host_s for i in sel])
+    d = np.array([points[i].queued_forward_s for i in sel])
+    f = np.array([points[i].forward_s for i in sel])
+    grid = np.linspace(0.0, 1.0, 101)
+    sse = [float(np.sum((partial_overlap(h, d, a) / f - 1) ** 2)) for a in grid]
+    return float(grid[int(np.argmin(sse))])
+
+
 def errors(pred: np.ndarray, meas: np.ndarray) -> dict:
     """MAPE, p90 absolute error and max relative error of predictions (seconds)."""
     pred, meas = np.asarray(pred, float), np.asarray(meas, float)
@@ -318,10 +393,25 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
         bounds = (lo, hi) if scale_bounds is not None or pinned or smp.any() or issue else None
         serial = fit_serial(pts, after)   # measured, not fitted to whole steps: held fixed like the pinned scales
         off = np.array([0.0 if p.graph_bs > 0 else HostTerms(**serial).serial(p.num_requests, len(p.prefill), sum(n for n, _ in p.prefill)) for p in pts])
-        h, k, alpha, sse = fit_runner_model(hf, df, y, graph=graph, bounds=bounds, offset=off)
+        pin_pa = "attn_prefill_chunk" in sub or "kv_expand" in sub
+        eag = fit_eager_device(pts, df[:, :nc], scale_bounds, pin_pa)
+        alphas = tuple(np.linspace(0.0, 1.0, 11))
+        if eag is not None:
+            # the eager steps' device side measured: their categories and per-token column give way to one column of
+            # seconds from the measured fit (coefficient 1), so the category scales stay the graph forwards'; the
+            # overlap is the one their measured forwards, issues and device work show
+            col = eager_device_column(pts, df[:, :nc], eag)
+            df = df.copy()
+            df[~graph, : nc + 1] = 0.0
+            df = np.concatenate([df, col[:, None]], 1)
+            bounds = (np.append(lo, 1.0), np.append(hi, 1.0 + 1e-9))
+            a_meas = fit_eager_overlap(pts)
+            if a_meas is not None:
+                alphas = (a_meas,)
+        h, k, alpha, sse = fit_runner_model(hf, df, y, alphas=alphas, graph=graph, bounds=bounds, offset=off)
         if best is None or sse < best[4] - 1e-12:
-            best = (use_tables, h, k, alpha, sse, df, sub, fw, serial, off)
-    use_tables, h, k, alpha, _, df, sub, fw, serial, off = best
+            best = (use_tables, h, k, alpha, sse, df, sub, fw, serial, off, eag)
+    use_tables, h, k, alpha, _, df, sub, fw, serial, off, eag = best
     host = HostTerms(**{n: float(v) for n, v in zip(hnames, h)}, **serial)
     main_l = max(layers, key=lambda L: sum(p.num_layers == L for p in pts))
     notes = []
@@ -338,13 +428,24 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
         n_iss = sum(p.graph_bs == 0 and p.queued_host_s is not None and bool(p.queued_forward_s) and p.queued_host_s < p.wall_s for p in pts)
         notes.append(f"eager host terms measured: the forward's issue with the GPU held by a spin kernel, {n_iss} grid steps "
                      f"({', '.join(f'{hnames[j]} {v * 1e3:.3f} ms' for j, v in issue.items())}); fixed in the fit")
-    dev = eager_device_ratio(pts, df, k)
+    ns = len(FIT_CATEGORIES) + 1    # the sampler's column (coefficient 1): after the forward
+    dev = eager_device_ratio(pts, df @ k - df[:, ns] * k[ns])
     if dev is not None:
         notes.append(dev)
+    scales = {c: float(v) for c, v in zip(FIT_CATEGORIES, k)}
+    eager_kw: dict = {"prefill_token_s": float(k[len(FIT_CATEGORIES)]) * 1e-6}
+    if eag is not None:
+        scales["prefill_attention"] = eag["prefill_attention"]
+        eager_kw = {"prefill_token_s": eag["prefill_token_s"], "eager_scale": eag["eager_scale"],
+                    "eager_decode_group_s": eag["eager_decode_group_s"]}
+        notes.append(f"eager device terms fitted to {eag['n']} grid steps' measured device work (spin-held forwards): scale "
+                     f"{eag['eager_scale']:.3f} (graph forwards {k[0]:.3f}), {eag['prefill_token_s'] * 1e9:.0f} ns per prefill token, "
+                     f"decode group {eag['eager_decode_group_s'] * 1e3:.3f} ms; MAPE {eag['mape'] * 100:.1f}%; overlap {alpha:.2f} "
+                     "from their unheld forwards")
     prof = StepProfile(model=model, num_layers=main_l, dtype=dtype, device=device, hardware_basis=hardware_basis, model_rev=STEP_MODEL_REV,
-                       use_op_tables=use_tables, op_tables=sub, category_scale={c: float(v) for c, v in zip(FIT_CATEGORIES, k)},
-                       prefill_token_s=float(k[len(FIT_CATEGORIES)]) * 1e-6, host=host, overlap=alpha, graph_sizes=sorted({int(x) for x in graph_sizes if x > 0}),
-                       piecewise_sizes=pw, loop=fit_loop(pts), notes=notes, points=list(points))
+                       use_op_tables=use_tables, op_tables=sub, category_scale=scales, host=host, overlap=alpha,
+                       graph_sizes=sorted({int(x) for x in graph_sizes if x > 0}),
+                       piecewise_sizes=pw, loop=fit_loop(pts), notes=notes, points=list(points), **eager_kw)
     pred = off + _predict(hf @ h, df @ k, alpha, graph)
     e = errors(pred, y)
     prof.fit = FitStats(points=len(pts), mape=e["mape"], p90_abs_err_s=e["p90_abs_err_s"], max_rel_err=e["max_rel_err"],
@@ -393,15 +494,15 @@ def graph_forward_ratio(points: Sequence[StepPoint], cats: np.ndarray) -> str | 
             f"(inputs, logits, sampling) is the graph host term plus the logits GEMM")
 
 
-def eager_device_ratio(points: Sequence[StepPoint], df: np.ndarray, k: np.ndarray) -> str | None:
+def eager_device_ratio(points: Sequence[StepPoint], d_forward: np.ndarray) -> str | None:
     """How well the fitted device terms describe the eager grid steps' measured device work: each point's
     ``queued_forward_s`` (the forward's CUDA events with the host's issue hidden behind a spin kernel) over its
-    device terms at the fitted scales less the sampler (``df @ k`` without the last, sampler, column: the forward
-    alone). A note, or None where fewer than 3 points measured it."""
+    fitted device seconds without the sampler (``d_forward``, one per point: the forward alone). A note, or None
+    where fewer than 3 points measured it."""
     sel = [i for i, p in enumerate(points) if p.graph_bs == 0 and p.queued_forward_s]
     if len(sel) < 3:
         return None
-    d = df[sel, :-1] @ k[:-1]
+    d = np.asarray(d_forward, float)[sel]
     ok = d > 0
     if ok.sum() < 3:
         return None

@@ -181,6 +181,14 @@ class StepProfile(BaseModel):
     host: HostTerms = Field(default_factory=HostTerms)
     overlap: float = Field(0.0, ge=0.0, le=1.0)
     prefill_token_s: float = Field(0.0, ge=0.0, description="device seconds per prefill token beyond the category terms (eager steps)")
+    eager_scale: float | None = Field(None, gt=0, description="device scale of the steps that are not decode-graph replays "
+                                      "(piecewise or eager forwards), fitted to their measured device work (the calibration's "
+                                      "spin-held forwards); replaces category_scale for them, prefill attention excepted. None: "
+                                      "category_scale serves both kinds (profiles before the measurement)")
+    eager_decode_group_s: float = Field(0.0, ge=0.0, description="device seconds a step that is not a decode-graph replay "
+                                        "pays for holding decodes: the decode group's attention path run eagerly between the "
+                                        "pieces (absorbed query, paged-decode metadata and kernel, absorbed output) beyond the "
+                                        "attention the tables price; measured with eager_scale")
     graph_sizes: list[int] = Field(default_factory=list, description="decode batch sizes the engine replays as CUDA graphs "
                                    "(a batch pads up to the smallest >= n); empty: every step eager")
     piecewise_sizes: list[int] = Field(default_factory=list, description="token buckets of the engine's piecewise CUDA "
@@ -193,6 +201,14 @@ class StepProfile(BaseModel):
 
     def scales(self) -> np.ndarray:
         return np.array([self.category_scale.get(c, 1.0) for c in FIT_CATEGORIES])
+
+    def eager_scales(self) -> np.ndarray:
+        """Category scales of a step that is not a decode-graph replay: ``eager_scale`` for every category but
+        prefill attention (which only such steps run, at its own scale), or ``scales()`` without it."""
+        k = self.scales()
+        if self.eager_scale is not None:
+            k = np.where(np.array([c == "prefill_attention" for c in FIT_CATEGORIES]), k, self.eager_scale)
+        return k
 
     def combine(self, host, device):
         """Eager runner step time from host and device terms (vectorised)."""

@@ -146,6 +146,7 @@ class LLMEngine:
         self._last_now = 0.0
         self._skipped = 0.0          # idle time jumped over by advance_clock (offline replay)
         self.step_observer = None    # callable(start_s, plan, result) after every executed plan
+        self.last_phases: dict[str, float] = {}   # the synchronous loop's schedule_s / complete_s of the last plan
         self._prompt_tokens = 0
         self._gen_tokens = 0
         self._gen_counter = 0
@@ -335,12 +336,16 @@ class LLMEngine:
             return outs
         reqs = list(plan.decodes) + [c.request for c in plan.prefills]
         before = {r.request_id: len(r.output_token_ids) for r in reqs}
+        scheduled = time.perf_counter()
         result = self.backend.execute(plan)
+        executed = time.perf_counter()
         if self.step_log is not None:
             for rec in self.runner.step_records:
                 self.step_log(rec)
         finished = {r.request_id for r in self.scheduler.complete(plan, result, self.now())}
         done_at = time.perf_counter()
+        # where the loop's own time went this iteration (host seconds): scheduling the plan, and completing it
+        self.last_phases = {"schedule_s": scheduled - entered, "complete_s": done_at - executed}
         if self.step_observer is not None:
             self.step_observer(*self._wall_share(entered, done_at, plan, result))
         for r in reqs:

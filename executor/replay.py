@@ -33,6 +33,13 @@ class ReplayStep:
     device_s: float = float("nan")      # CUDA-event device seconds of the plan's steps (nan: not timed, e.g. on CPU)
     forward_s: float = float("nan")     # CUDA-event seconds of the steps' forwards alone (inputs built, before sampling)
     forward_host_s: float = float("nan")  # host seconds the steps' forward calls took to return (their launch issue)
+    # the loop's own parts of the iteration (host seconds; nan where not measured): admitting the requests that arrived
+    # before it (``admitted`` of them, ``admitted_tokens`` prompt tokens), scheduling the plan, completing it
+    admit_s: float = float("nan")
+    admitted: int = 0
+    admitted_tokens: int = 0
+    schedule_s: float = float("nan")
+    complete_s: float = float("nan")
 
 
 @dataclass
@@ -143,6 +150,7 @@ def _loop(engine: LLMEngine, items, temperature: float, seed: int, metrics, step
         if not engine.has_unfinished() and i < len(items):
             engine.advance_clock(items[i][0])
         now = engine.now()
+        ta, n_adm, tok_adm = time.perf_counter(), 0, 0
         while i < len(items) and items[i][0] <= now:
             arrival, rid, prompt, olen = items[i]
             i += 1
@@ -157,6 +165,9 @@ def _loop(engine: LLMEngine, items, temperature: float, seed: int, metrics, step
                 continue
             metrics.on_arrival(req)
             live[rid] = req
+            n_adm += 1
+            tok_adm += len(prompt)
+        admit_s = time.perf_counter() - ta
         current.clear()
         for out in engine.step():
             if out.finished and out.request_id in live:
@@ -166,6 +177,9 @@ def _loop(engine: LLMEngine, items, temperature: float, seed: int, metrics, step
             if clock is not None and len(steps) % 25 == 0:  # sparse: an NVML read costs real time (counted in this step)
                 s.sm_clock_mhz = float(clock(engine.runner.device))
             s.iter_s = time.perf_counter() - t0
+            s.admit_s, s.admitted, s.admitted_tokens = admit_s, n_adm, tok_adm
+            ph = getattr(engine, "last_phases", None) or {}
+            s.schedule_s, s.complete_s = ph.get("schedule_s", float("nan")), ph.get("complete_s", float("nan"))
             steps.append(s)
 
 

@@ -57,6 +57,12 @@ class StepSample(BaseModel):
     device_s: float | None = None
     forward_s: float | None = None     # CUDA-event seconds of the forward alone (graph replay or eager kernels)
     forward_host_s: float | None = None  # host seconds the forward call took to return (its launch issue, waits included)
+    # the loop's own parts (host seconds): admitting the requests that arrived before the iteration (their prompt
+    # tokens), scheduling the plan and completing it
+    admit_s: float | None = None
+    admitted_tokens: int = 0
+    schedule_s: float | None = None
+    complete_s: float | None = None
 
 
 class LevelReport(BaseModel):
@@ -185,7 +191,9 @@ def compact_samples(samples: Sequence[StepSample]) -> dict[str, list]:
             "graph_bs": [x.graph_bs for x in samples], "measured_s": [round(x.measured_s, 6) for x in samples],
             "predicted_s": [_r6(x.predicted_s) for x in samples], "start_s": [_r6(x.start_s) for x in samples],
             "runner_s": [_r6(x.runner_s) for x in samples], "device_s": [_r6(x.device_s) for x in samples],
-            "forward_s": [_r6(x.forward_s) for x in samples], "forward_host_s": [_r6(x.forward_host_s) for x in samples]}
+            "forward_s": [_r6(x.forward_s) for x in samples], "forward_host_s": [_r6(x.forward_host_s) for x in samples],
+            "admit_s": [_r6(x.admit_s) for x in samples], "admitted_tokens": [x.admitted_tokens for x in samples],
+            "schedule_s": [_r6(x.schedule_s) for x in samples], "complete_s": [_r6(x.complete_s) for x in samples]}
 
 
 def _r6(v: float | None) -> float | None:

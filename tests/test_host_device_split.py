@@ -142,3 +142,57 @@ def test_an_issue_that_waited_for_the_device_is_left_out():
     assert got == pytest.approx({"fixed_s": 9e-3, "per_prefill_s": 2e-3, "decode_group_s": 3e-3}, rel=1e-6, abs=1e-9)
     few = [p.model_copy(update={"queued_host_s": None}) if not p.graph_bs else p for p in pts]
     assert fit_issue_host(few, *host_features(few, False)) == {}
+
+
+def test_replay_records_where_the_loop_time_went():
+    from executor.calibrate import build_engine
+    from executor.replay import replay
+
+    engine = build_engine("tiny", None, "cpu", "fp32", 8, 128, num_kv_blocks=40)
+    items = [(0.0, f"r{i}", list(range(1, 20 + i)), 3) for i in range(3)]
+    res = replay(engine, items)
+    first = res.steps[0]
+    assert first.admitted == 3 and first.admitted_tokens == 19 + 20 + 21 and first.admit_s > 0
+    assert all(s.schedule_s >= 0 and s.complete_s >= 0 for s in res.steps)
+    # the loop's parts lie inside the iteration, beside the runner
+    assert all(s.admit_s + s.schedule_s + s.complete_s + s.runner_s <= s.iter_s * 1.001 + 1e-6 for s in res.steps)
+    assert sum(s.admitted for s in res.steps) == 3
+
+
+def test_eager_device_terms_and_overlap_come_from_the_measured_split():
+    from costmodels.profiled import ProfiledStepCost, point_categories
+    from costmodels.step_fit import fit_eager_device, fit_eager_overlap, fit_step_profile
+    from costmodels.step_profile import FIT_CATEGORIES
+
+    from costmodels.step_profile import StepProfile
+
+    prof, pts = _planted()
+    raw = ProfiledStepCost(prof, StepProfile(model="deepseek-v3", num_layers=4, dtype="fp8", device="cuda",
+                                             use_op_tables=True, op_tables=["sample"]))
+    ja = FIT_CATEGORIES.index("prefill_attention")
+    out = []
+    for p in pts:
+        if p.graph_bs:
+            out.append(p)
+            continue
+        c = point_categories(raw, p)
+        dev = (np.delete(c, ja).sum() * 0.95 + c[ja] + 2e-6 * sum(a for a, _ in p.prefill) + (8e-4 if p.decode_ctx else 0.0))
+        fwd = max(p.queued_host_s, dev) + 0.2 * min(p.queued_host_s, dev)
+        out.append(p.model_copy(update={"queued_forward_s": dev, "forward_s": fwd}))
+    cats = np.array([point_categories(raw, p) for p in out])
+    eag = fit_eager_device(out, cats, (0.8, 1.25), pin_prefill_attention=False)
+    assert eag["n"] == 12 and eag["mape"] < 1e-6
+    assert (eag["eager_scale"], eag["prefill_token_s"], eag["eager_decode_group_s"], eag["prefill_attention"]) == pytest.approx(
+        (0.95, 2e-6, 8e-4, 1.0), rel=1e-4)
+    assert fit_eager_overlap(out) == pytest.approx(0.2)
+    st = fit_step_profile(prof, out, model="deepseek-v3", dtype="fp8", device="cuda", graph_sizes=[1, 2, 4, 8, 16])
+    assert st.eager_scale == pytest.approx(0.95, rel=1e-4) and st.overlap == pytest.approx(0.2)
+    assert st.eager_decode_group_s == pytest.approx(8e-4, rel=1e-4)
+    # the graph steps keep the graph forwards' scale; the eager ones are priced by the measured terms
+    pc = ProfiledStepCost(prof, st)
+    p = next(q for q in out if not q.graph_bs and q.decode_ctx)
+    new = np.array([1] * len(p.decode_ctx) + [a for a, _ in p.prefill])
+    ctx = np.array(list(p.decode_ctx) + [c for _, c in p.prefill])
+    dec = np.array([True] * len(p.decode_ctx) + [False] * len(p.prefill))
+    assert pc.eager_device(new, ctx, dec) == pytest.approx(p.queued_forward_s, rel=1e-3)
+    assert not any(x.eager_scale for x in [StepProfile(model="m", num_layers=1)])   # older profiles: None, as before

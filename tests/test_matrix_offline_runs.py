@@ -61,3 +61,21 @@ def test_eager_split_prints_issue_against_the_model_host(capsys):
     c["forward_host_s"][:] = nan                                               # runs before 20: nothing printed
     sr.eager_split(c, cost, prof)
     assert capsys.readouterr().out == ""
+
+
+def test_loop_split_prints_the_loop_parts(capsys):
+    import numpy as np
+    import step_residuals as sr
+
+    from costmodels.step_profile import LoopTerms, StepProfile
+
+    class P:
+        step = StepProfile(model="deepseek-v3", num_layers=4, loop=LoopTerms(fixed_s=2e-4, per_request_s=1e-5))
+    c = {k: np.array(v) for k, v in {
+        "cls": ["a"] * 4, "decodes": [2, 2, 2, 0], "prefill_chunks": [0, 0, 0, 1], "prefill_tokens": [0, 0, 0, 64],
+        "measured_s": [0.0060, 0.0062, 0.0061, 0.02], "runner_s": [0.0055, 0.0057, 0.0056, 0.019],
+        "admit_s": [0.0, 0.0001, 0.0, 0.0003], "schedule_s": [0.0001] * 4, "complete_s": [0.0002] * 4}.items()}
+    sr.loop_split(c, P)
+    out = capsys.readouterr().out
+    assert "a          decode        3 steps: loop  0.50 = admit  0.00 + schedule  0.10 + complete  0.20" in out
+    assert "model  0.22" in out and "prefill" not in out.split("\n", 1)[1]     # fewer than 3 prefill steps: no line

@@ -335,7 +335,8 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                                        predicted_s=predict_step(cost, prof, s.decode_ctx, s.prefill, s.draft_len, scfg.overlap(),
                                                                 after_eager=j > 0 and bool(res.steps[j - 1].prefill)),
                                        graph_bs=s.graph_bs, start_s=s.start_s, runner_s=s.runner_s, device_s=s.device_s,
-                                       forward_s=s.forward_s, forward_host_s=s.forward_host_s)
+                                       forward_s=s.forward_s, forward_host_s=s.forward_host_s, admit_s=s.admit_s,
+                                       admitted_tokens=s.admitted_tokens, schedule_s=s.schedule_s, complete_s=s.complete_s)
                             for j, s in enumerate(res.steps) if s.num_steps == 1]
             if len(run_figs) > 1:
                 meas, spread = median_runs(run_figs)
