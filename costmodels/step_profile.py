@@ -111,6 +111,11 @@ class HostTerms(BaseModel):
                                  "piecewise) step, beyond the same step after a decode step: measured apart from the "
                                  "grid (executor.calibrate.measure_after_eager: the smaller of a decode and a mixed "
                                  "probe's), which times every shape after a decode step; 0 in profiles calibrated before it")
+    after_eager_decode_s: list[float] = Field(default_factory=list, max_length=16, description="seconds the j-th decode "
+                                              "step after a prefill-bearing step pays beyond a decode step among decode "
+                                              "steps, j = 1..len (executor.calibrate.measure_after_eager: decode steps "
+                                              "timed one after another behind an eager step); empty: after_eager_s "
+                                              "for the first step only (profiles before it)")
 
     def __call__(self, num_layers: float, n_req, n_tok, n_prefill):
         """Eager step host time (a step that is not a decode-graph replay: eager or piecewise graphs). ``n_req``

@@ -728,6 +728,9 @@ def measure_admission(engine: LLMEngine, lengths: list[int] | None = None, repea
     return {"admit_s": float(x[0]), "admit_per_token_s": float(x[1])}, pts
 
 
+AFTER_EAGER_DECODE_STEPS = 8   # decode steps timed one after another behind an eager step (the measured decay)
+
+
 def measure_after_eager(engine: LLMEngine, rounds: int = 16, temperature: float = 0.0, log=print) -> tuple[float, dict]:
     """Seconds a step pays right after a prefill-bearing step, beyond the same step right after a decode step (what
     the grid times every shape after): a decode step (8 decodes) and a mixed step (a chunk beside them), each timed
@@ -736,7 +739,11 @@ def measure_after_eager(engine: LLMEngine, rounds: int = 16, temperature: float 
     alone read +122 ms). H200 (benchmarks/gpu/issue16_h200/
     after_step_probe_e4e32b0): +0.25-0.37 ms on a decode graph step, +0.37-0.45 on a mixed step, in the step's inputs
     and sampler, not its forward; the steps after eager ones in serving (run 17) ran 0.4-0.7 ms over the grid.
-    Returns (seconds, {"decode": ms, "mixed": ms, "rounds": n})."""
+    Then the decay: ``rounds // 2`` eager steps, each followed by ``AFTER_EAGER_DECODE_STEPS`` decode steps timed one
+    after another; the j-th one's median over the decode step after a decode step is what the j-th decode step after a
+    prefill-bearing step pays (>= 0; ``HostTerms.after_eager_decode_s``). H200 run 20's serving: a decode step's host
+    part ran +0.16-0.53 ms right after an eager step and settled over 4-8 steps.
+    Returns (seconds, {"decode_ms": ms, "mixed_ms": ms, "rounds": n, "decode_after_ms": [ms per step]})."""
     runner = engine.runner
     mml = engine.max_model_len
     ctx, chunk, big = min(1024, mml // 4), min(512, mml // 4), min(1024, mml // 2)
@@ -773,15 +780,26 @@ def measure_after_eager(engine: LLMEngine, rounds: int = 16, temperature: float 
                     else:
                         timed(dec)
                     out[name][cond].append(timed(plan))
+        seq: list[list[float]] = [[] for _ in range(AFTER_EAGER_DECODE_STEPS)]
+        for _ in range(max(2, rounds // 2)):
+            for _ in range(2):
+                timed(dec)
+            eager_step()
+            for j in range(AFTER_EAGER_DECODE_STEPS):
+                seq[j].append(timed(dec))
     finally:
         drop_plan(engine, dec)
         for c in mixed.prefills:
             runner.remove_request(c.request.request_id)
     diff = {k: statistics.median(v["eager"]) - statistics.median(v["graph"]) for k, v in out.items()}
     sec = max(0.0, float(min(diff.values())))
+    base = statistics.median(out["decode"]["graph"])
+    decay = [max(0.0, statistics.median(x) - base) for x in seq]
     log(f"  after an eager step: decode step {diff['decode'] * 1e3:+.3f} ms, mixed step {diff['mixed'] * 1e3:+.3f} ms "
-        f"over the same step after a decode step ({rounds} rounds): {sec * 1e3:.3f} ms priced")
-    return sec, {"decode_ms": round(diff["decode"] * 1e3, 4), "mixed_ms": round(diff["mixed"] * 1e3, 4), "rounds": rounds}
+        f"over the same step after a decode step ({rounds} rounds): {sec * 1e3:.3f} ms priced; decode steps 1-{len(decay)} "
+        f"after one: {' '.join(f'{x * 1e3:.3f}' for x in decay)} ms")
+    return sec, {"decode_ms": round(diff["decode"] * 1e3, 4), "mixed_ms": round(diff["mixed"] * 1e3, 4), "rounds": rounds,
+                 "decode_after_ms": [round(x * 1e3, 4) for x in decay]}
 
 
 # ----------------------------------------------------------------------------- calibrate
@@ -895,7 +913,8 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     admit, admit_pts = measure_admission(engine, temperature=temperature)
     step.loop = step.loop.model_copy(update=admit)
     after_s, after = measure_after_eager(engine, rounds=16 if cuda and not quick else 3, temperature=temperature, log=log)
-    step.host = step.host.model_copy(update={"after_eager_s": after_s})
+    step.host = step.host.model_copy(update={"after_eager_s": after_s,
+                                             "after_eager_decode_s": [x / 1e3 for x in after.get("decode_after_ms", [])]})
     split = queued_split_text(pts)
     if split:
         log(f"  {split}")

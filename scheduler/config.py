@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
@@ -170,6 +170,9 @@ class SchedulerConfig(BaseModel):
                                           "token-id checks and the prefix cache's block hashes")
     host_after_eager_s: float = Field(0.0, ge=0.0, le=0.01, description="seconds the step right after a prefill-bearing "
                                       "step pays (a measured profile's host.after_eager_s; 0: not priced)")
+    host_after_eager_decode_s: list[Annotated[float, Field(ge=0.0, le=0.01)]] = Field(
+        default_factory=list, max_length=16, description="seconds the j-th decode step after a prefill-bearing step pays, "
+        "j = 1..len (a measured profile's host.after_eager_decode_s; empty: host_after_eager_s for the first step)")
     attention_dp: AttentionDPConfig | None = Field(
         None, description="attention-DP ranks scheduled explicitly: request -> rank, per-rank token/KV/seat budgets, "
         "prefill policy (immediate / balance); null: one pooled batch, the cost model splits each step over the ranks",
@@ -201,6 +204,8 @@ class SchedulerConfig(BaseModel):
             del data["attention_dp"]   # likewise for dumps from before explicit attention-DP ranks
         if isinstance(data, dict) and data.get("host_profile", 0) is None and data.get("async_overlap_hides") == 1.0:
             del data["host_profile"], data["async_overlap_hides"]   # and from before host profiles
+        if isinstance(data, dict) and data.get("host_after_eager_decode_s", 0) == []:
+            del data["host_after_eager_decode_s"]   # and from before the measured decay after a prefill-bearing step
         return data
 
     @model_validator(mode="after")

@@ -22,10 +22,12 @@ def host_coeffs(config) -> tuple[float, ...]:
     loop's scheduling and input preparation, which per-rank schedulers share out (host_workers); then
     the share of it async overlap hides (the host profile's ``async_overlap_hides``); then admission, per request
     and per prompt token, charged once to the step of a request's first prompt chunk; then the seconds a step pays
-    right after a prefill-bearing step (``host_after_eager_s``)."""
+    right after a prefill-bearing step (``host_after_eager_s``), and what the j-th decode step after one pays
+    (``host_after_eager_decode_s``, a tuple)."""
     w = config.host_workers
     return (config.host_step_s, config.host_per_request_s / w, config.host_per_token_s / w, config.async_overlap_hides,
-            config.host_admit_s, config.host_admit_per_token_s, config.host_after_eager_s)
+            config.host_admit_s, config.host_admit_per_token_s, config.host_after_eager_s,
+            tuple(config.host_after_eager_decode_s))
 
 
 class SimBackend:
@@ -76,6 +78,10 @@ class SimBackend:
         # seconds the first step after a prefill-bearing plan pays (a measured profile's; 0: none), and whether the
         # last executed plan bore prefill chunks
         self.after_eager_s = float(host_coeffs[6]) if len(host_coeffs) > 6 else 0.0
+        # seconds the j-th decode step after a prefill-bearing plan pays (measured; empty: after_eager_s, first
+        # step only), and how many decode steps ran since the last prefill-bearing plan (None: none yet)
+        self.after_decode = np.asarray(host_coeffs[7] if len(host_coeffs) > 7 else (), float)
+        self._since: int | None = None
         self._prev_prefill = False
         self._drawn: tuple[StepPlan, np.ndarray] | None = None  # the plan last priced, its drawn tokens
         # the simulated clock (the loop that drives this backend sets it): plans start at clock()
@@ -199,6 +205,9 @@ class SimBackend:
         self._drawn = None
         start = self.clock()
         host = self.host_time(plan)
+        decay = self.decode_transition(plan)
+        if decay.size:
+            return self._execute_decay(plan, start, host, stop_at, decay)
         extra = self.transition_s(plan) if self._prev_prefill else 0.0
         # every end moves later by ``extra``: cut where the unshifted ends reach stop_at - extra
         cut = stop_at - extra if (extra and stop_at is not None) else stop_at
@@ -210,8 +219,50 @@ class SimBackend:
                 ends = np.asarray(ends, float) + extra
         self._prev_prefill = bool(plan.prefills)
         n = len(times)
+        self._count_since(plan, n)
         self.ends = ends
         # the same float expression the loop's clock advances by (simpy: now + delay)
+        self._busy_until = start + (float(ends[n - 1]) - start) if n > 1 else start + float(times[0])
+        self._step += n
+        drawn = self._drawn
+        tokens = drawn[1][:n] if drawn is not None and drawn[0] is plan else None
+        return StepResult(times, tokens, host_s=host)
+
+    def _count_since(self, plan: StepPlan, steps: int) -> None:
+        """Decode steps since the last prefill-bearing plan, after ``plan`` ran ``steps`` steps."""
+        if plan.prefills:
+            self._since = 0
+        elif self._since is not None:
+            self._since += steps
+
+    def decode_transition(self, plan: StepPlan) -> np.ndarray:
+        """Seconds each of a decode-only ``plan``'s first steps pays for following a prefill-bearing step, from the
+        measured decay (``after_eager_decode_s``: the j-th decode step after one); empty when there is no such
+        profile, the plan bears prefill chunks, or its steps lie past the profile."""
+        if plan.prefills or not self.after_decode.size or self._since is None or self._since >= self.after_decode.size:
+            return np.zeros(0)
+        return self.after_decode[self._since:]
+
+    def _execute_decay(self, plan: StepPlan, start: float, host: float, stop_at: float | None,
+                       decay: np.ndarray) -> StepResult:
+        """``execute`` for a decode-only plan whose first steps pay ``decay`` (seconds each, from the first): the
+        steps priced up to the unshifted cut (which ends no earlier than the shifted one), shifted, then cut again
+        after the first step that ends at/after ``stop_at``."""
+        times, ends = self._times_until(plan, start > self._busy_until, start, stop_at, host)
+        times = np.asarray(times, float).copy()
+        m = min(times.size, decay.size)
+        times[:m] += decay[:m]
+        if ends is not None:
+            shift = np.zeros(times.size)
+            shift[:m] = decay[:m]
+            ends = np.asarray(ends, float) + shift.cumsum()
+            if stop_at is not None and times.size > 1 and stop_at < ends[-2]:
+                k = int(ends.searchsorted(stop_at, side="left")) + 1
+                times, ends = times[:k], ends[:k]
+        n = len(times)
+        self._prev_prefill = False
+        self._count_since(plan, n)
+        self.ends = ends if n > 1 else None
         self._busy_until = start + (float(ends[n - 1]) - start) if n > 1 else start + float(times[0])
         self._step += n
         drawn = self._drawn
@@ -230,6 +281,8 @@ class SimBackend:
         step counter then counts only the steps kept. Only the simulator's cluster loop needs this; the
         draws are counter-based, so the numbers of a cut plan are those of a plan that stopped by ``stop_at``."""
         self._step -= max(0, result.num_steps - steps)
+        if self._since is not None and not self._prev_prefill:   # the decode steps cut off did not run
+            self._since = max(0, self._since - max(0, result.num_steps - steps))
         return result.first(steps)
 
     def _times_until(self, plan: StepPlan, cold_start: bool, start_s: float, stop_at: float | None,

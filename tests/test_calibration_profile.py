@@ -146,7 +146,7 @@ def test_loop_terms_become_scheduler_host_overhead():
     st = StepProfile(model="tiny", num_layers=4, loop=LoopTerms(fixed_s=4e-4, per_request_s=5e-6, per_token_s=1e-8))
     t = loop_scheduler_terms(st)
     assert t == {"host_step_s": 4e-4, "host_per_request_s": 5e-6, "host_per_token_s": 1e-8, "host_admit_s": 0.0,
-                 "host_admit_per_token_s": 0.0, "host_after_eager_s": 0.0}
+                 "host_admit_per_token_s": 0.0, "host_after_eager_s": 0.0, "host_after_eager_decode_s": []}
     st.loop = st.loop.model_copy(update={"admit_s": 3e-5, "admit_per_token_s": 5e-8})
     assert loop_scheduler_terms(st)["host_admit_s"] == 3e-5 and loop_scheduler_terms(st)["host_admit_per_token_s"] == 5e-8
 
@@ -437,3 +437,67 @@ def test_a_step_after_a_prefill_bearing_step_pays_the_measured_transition():
     res = with_.execute(dec, stop_at=stop)
     ends = np.asarray(with_.ends)
     assert res.num_steps == 2 and ends[-1] == pytest.approx(2 * step + 4e-4) and ends[-1] >= stop > ends[0]
+
+
+def test_decode_steps_after_a_prefill_bearing_step_pay_the_measured_decay():
+    """A profile's after_eager_decode_s: the j-th decode step after a prefill-bearing plan pays its j-th entry (a
+    multi-step decode plan step by step, its ends shifted and cut on the shifted ends; an arrival cut gives back the
+    steps that did not run), a mixed step after one pays after_eager_s, and the default scenario's dump is unchanged."""
+    from scheduler.config import SchedulerConfig
+    from scheduler.plan import ScheduledChunk, StepPlan
+    from scheduler.request import Request
+    from sim.backend import SimBackend, host_coeffs
+    from ui.cmd_validate import predict_step, steps_since_prefill
+
+    decay = [6e-4, 3e-4, 1e-4]
+    st = StepProfile(model="tiny", num_layers=4, dtype="fp32", host=HostTerms(after_eager_s=4e-4, after_eager_decode_s=decay))
+    terms = loop_scheduler_terms(st)
+    assert terms["host_after_eager_decode_s"] == decay
+    cfg = SchedulerConfig(host_step_s=0.0, host_per_request_s=0.0, host_per_token_s=0.0, async_overlap=False,
+                          **{k: v for k, v in terms.items() if k.startswith("host_after")})
+    assert "host_after_eager_decode_s" not in SchedulerConfig().model_dump()     # digests of old scenarios unchanged
+    cost = ProfiledStepCost(_tiny_profile(), StepProfile(model="tiny", num_layers=4, dtype="fp32"))
+
+    def plans():
+        d = Request("d", 0.0, 32, 64)
+        p = Request("p", 0.0, 64, 4)
+        dec = StepPlan(0, prefills=[], decodes=[d], decode_context_lens=np.array([32], np.int64))
+        mix = StepPlan(0, prefills=[ScheduledChunk(p, 64, 0, True)], decodes=[d], decode_context_lens=np.array([33], np.int64))
+        return dec, mix
+
+    with_, without = (SimBackend(cost, np.random.default_rng(0), async_overlap=False, host_coeffs=host_coeffs(c))
+                      for c in (cfg, cfg.model_copy(update={"host_after_eager_decode_s": [], "host_after_eager_s": 0.0})))
+    got = []
+    for b in (with_, without):
+        dec, mix = plans()
+        got.append([float(b.execute(p).step_durations[0]) for p in (dec, mix, dec, dec, dec, dec, mix, mix, dec)])
+    diff = np.array(got[0]) - np.array(got[1])
+    assert diff == pytest.approx([0, 0, 6e-4, 3e-4, 1e-4, 0, 0, 4e-4, 6e-4], abs=1e-12)
+    # one decode plan of 5 steps right after a mixed one: its first three steps pay the decay, its ends move with it
+    dec, mix = plans()
+    with_.execute(mix)
+    without.execute(mix)
+    dec.num_steps = 5
+    step = float(without.step_times(dec)[0])
+    res = with_.execute(dec)
+    assert res.step_durations == pytest.approx([step + 6e-4, step + 3e-4, step + 1e-4, step, step], rel=1e-5)
+    assert np.asarray(with_.ends)[-1] - np.asarray(with_.ends)[0] == pytest.approx(4 * step + 4e-4, rel=1e-5)
+    # cut by an arrival between the 2nd step's unshifted and shifted end: two steps run, and the decay goes on after
+    dec, mix = plans()
+    with_.execute(mix)
+    dec.num_steps = 6
+    stop = with_.clock() + 2 * step + 7e-4
+    res = with_.execute(dec, stop_at=stop)
+    assert res.num_steps == 2 and res.step_durations == pytest.approx([step + 6e-4, step + 3e-4])
+    dec2, _ = plans()
+    assert float(with_.execute(dec2).step_durations[0]) == pytest.approx(step + 1e-4)
+    # the per-step prediction validate records charges the same
+    class S:
+        def __init__(self, pf):
+            self.prefill = pf
+    assert steps_since_prefill([S([]), S([(64, 0)]), S([]), S([]), S([(8, 0)]), S([])]) == [0, 0, 1, 2, 0, 1]
+    prof = type("P", (), {"step": st})()
+    base = predict_step(cost, prof, [32], [])
+    assert predict_step(cost, prof, [32], [], since_eager=2) == pytest.approx(base + 3e-4)
+    assert predict_step(cost, prof, [32], [], since_eager=4) == pytest.approx(base)
+    assert predict_step(cost, prof, [33], [(64, 0)], after_eager=True) == pytest.approx(predict_step(cost, prof, [33], [(64, 0)]) + 4e-4)

@@ -57,22 +57,44 @@ def sim_config(base, profile):
 
 
 def predict_step(cost, profile, decode_ctx, prefill, draft_len=0, overlap: bool | float = False,
-                 after_eager: bool = False) -> float:
+                 after_eager: bool = False, since_eager: int = 0) -> float:
     """Predicted engine-loop iteration as the simulator charges it: the overlap rule (costmodels.host.wall_time) over
     the runner step and the loop overhead (``overlap``: the scheduler config's ``overlap()``; False: added), plus the
-    profile's measured cost of following a prefill-bearing step where ``after_eager`` (sim.backend.transition_s)."""
+    profile's measured cost of following a prefill-bearing step (sim.backend): where ``after_eager`` (the step right
+    after one), ``after_eager_s``; for a decode step that is the ``since_eager``-th decode step after one (1: right
+    after), the measured decay ``after_eager_decode_s`` where the profile has it."""
     from costmodels.host import wall_time
     n = len(decode_ctx) + len(prefill)
     tok = len(decode_ctx) * (1 + draft_len) + sum(a for a, _ in prefill)
     runner = cost.chunked_step_time(np.asarray(decode_ctx, np.int64), draft_len, [a for a, _ in prefill], [c for _, c in prefill])
-    extra = float(profile.step.host.after_eager_s) if after_eager else 0.0
+    h = profile.step.host
+    decay = list(h.after_eager_decode_s)
+    if decay and not prefill:
+        j = since_eager if since_eager else (1 if after_eager else 0)
+        extra = float(decay[j - 1]) if 1 <= j <= len(decay) else 0.0
+    else:
+        extra = float(h.after_eager_s) if after_eager else 0.0
     return float(wall_time(float(runner), float(profile.step.loop(n, tok)), overlap)) + extra
+
+
+def steps_since_prefill(steps) -> list[int]:
+    """For each step of a replay (objects with ``prefill``): how many steps after the last prefill-bearing one it
+    runs (1: right after), 0 before any and for a prefill-bearing step itself."""
+    out, since = [], None
+    for s in steps:
+        if s.prefill:
+            out.append(0)
+            since = 0
+        else:
+            since = None if since is None else since + 1
+            out.append(since or 0)
+    return out
 
 
 def decode_host_drift(steps, cost, profile, min_steps: int = 20) -> float | None:
     """How much slower (+) or faster (-) the host part of serving's decode graph steps ran than the calibrated model
-    says: the median over the replay's single decode-graph steps that timed their forward (and do not follow a
-    prefill-bearing step: ``after_eager_s``) of (iteration - forward) over the model's part of the step outside the
+    says: the median over the replay's single decode-graph steps that timed their forward (and lie past what a
+    prefill-bearing step costs the steps after it: ``after_eager_s``, ``after_eager_decode_s``) of (iteration - forward) over the model's part of the step outside the
     forward (the graph host terms at the step's batch and context, the sampler, the loop), minus 1. ``steps``:
     ReplayStep-like (``iter_s``, ``forward_s``, ``graph_bs``, ``decode_ctx``, ``prefill``). None with fewer than
     ``min_steps`` such steps or where the profile fitted no graph host. The forward is the GPU's and matched the grid
@@ -82,11 +104,13 @@ def decode_host_drift(steps, cost, profile, min_steps: int = 20) -> float | None
     if not (st.host.graph_fixed_s or st.host.graph_per_request_s) or getattr(cost, "sample", None) is None:
         return None   # no graph host fitted, or the sampler priced inside the device categories (older profiles)
     ratios = []
+    since = steps_since_prefill(steps)
+    settle = max(1, len(st.host.after_eager_decode_s))   # the steps the measured decay after a prefill covers
     for j, s in enumerate(steps):
         fwd = getattr(s, "forward_s", float("nan"))
         if getattr(s, "num_steps", 1) != 1 or s.graph_bs <= 0 or s.prefill or not s.decode_ctx or not fwd == fwd:
             continue
-        if j > 0 and steps[j - 1].prefill:
+        if 1 <= since[j] <= settle:
             continue
         n = len(s.decode_ctx)
         rest = float(st.host.graph(n, float(np.sum(s.decode_ctx)))) + cost.sample_s(n) + float(st.loop(n, n))
@@ -331,9 +355,11 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                 wall += res.wall_s
                 run_figs.append(metric_values(res.metrics))
                 steps_all += res.steps
+                since = steps_since_prefill(res.steps)
                 samples += [StepSample(decode_ctx=s.decode_ctx, prefill=s.prefill, draft_len=s.draft_len, measured_s=s.iter_s,
                                        predicted_s=predict_step(cost, prof, s.decode_ctx, s.prefill, s.draft_len, scfg.overlap(),
-                                                                after_eager=j > 0 and bool(res.steps[j - 1].prefill)),
+                                                                after_eager=j > 0 and bool(res.steps[j - 1].prefill),
+                                                                since_eager=since[j]),
                                        graph_bs=s.graph_bs, start_s=s.start_s, runner_s=s.runner_s, device_s=s.device_s,
                                        forward_s=s.forward_s, forward_host_s=s.forward_host_s, admit_s=s.admit_s,
                                        admitted_tokens=s.admitted_tokens, schedule_s=s.schedule_s, complete_s=s.complete_s)
