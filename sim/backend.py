@@ -217,6 +217,12 @@ class SimBackend:
             times[0] += extra
             if ends is not None:
                 ends = np.asarray(ends, float) + extra
+        return self._finish(plan, start, host, times, ends)
+
+    def _finish(self, plan: StepPlan, start: float, host: float, times, ends) -> StepResult:
+        """Book ``plan``'s executed steps (``times``, and ``ends`` for more than one): the state the next plan is
+        priced from (whether it followed prefill chunks, decode steps since them, when the device is free, the step
+        counter) and the result with the drawn tokens."""
         self._prev_prefill = bool(plan.prefills)
         n = len(times)
         self._count_since(plan, n)
@@ -259,15 +265,7 @@ class SimBackend:
             if stop_at is not None and times.size > 1 and stop_at < ends[-2]:
                 k = int(ends.searchsorted(stop_at, side="left")) + 1
                 times, ends = times[:k], ends[:k]
-        n = len(times)
-        self._prev_prefill = False
-        self._count_since(plan, n)
-        self.ends = ends if n > 1 else None
-        self._busy_until = start + (float(ends[n - 1]) - start) if n > 1 else start + float(times[0])
-        self._step += n
-        drawn = self._drawn
-        tokens = drawn[1][:n] if drawn is not None and drawn[0] is plan else None
-        return StepResult(times, tokens, host_s=host)
+        return self._finish(plan, start, host, times, ends if len(times) > 1 else None)
 
     def transition_s(self, plan: StepPlan) -> float:
         """Seconds ``plan``'s first step pays for following a prefill-bearing step (``after_eager_s``): the H200's
