@@ -93,7 +93,13 @@ def calibrate(
     con.print(f"  graph host: {h.graph_fixed_s * 1e3:.3f} ms + {h.graph_per_request_s * 1e6:.1f} us/request "
               f"+ {h.graph_per_kv_token_s * 1e9:.2f} us per 1k context tokens", highlight=False)
     con.print(f"  a step right after a prefill-bearing step (measured against the same step after a decode step): "
-              f"+{h.after_eager_s * 1e3:.3f} ms", highlight=False)
+              f"+{h.after_eager_s * 1e3:.3f} ms" + (f"; decode steps 1-{len(h.after_eager_decode_s)} after one: "
+                                                   + " ".join(f"+{x * 1e3:.3f}" for x in h.after_eager_decode_s) + " ms"
+                                                   if h.after_eager_decode_s else ""), highlight=False)
+    if st.eager_scale is not None:
+        con.print(f"  eager/piecewise forwards' device work (measured apart from their issue behind a spin kernel): "
+                  f"scale {st.eager_scale:.3f} + {st.eager_decode_group_s * 1e3:.3f} ms if it holds decodes "
+                  f"(graph forwards' scale {st.category_scale.get('dense_gemm', 1.0):.3f})", highlight=False)
     smp = prof.tables.get("sample")
     if smp is not None and "sample" in (st.op_tables or []):
         sec, _ = smp([1, 128])
