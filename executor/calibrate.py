@@ -728,6 +728,19 @@ def measure_admission(engine: LLMEngine, lengths: list[int] | None = None, repea
     return {"admit_s": float(x[0]), "admit_per_token_s": float(x[1])}, pts
 
 
+def decay_profile(excess: list[float], first_probe: float, both_probes: bool) -> list[float]:
+    """The seconds the j-th decode step after a prefill-bearing step pays, from each step's measured excess over a
+    decode step among decode steps: a decay (each at most the one before it, the first at most what the decode probe
+    measured, none below 0), and none at all unless both after-eager probes showed a cost (``after_eager_s``'s rule:
+    on a busy CPU one probe alone read +122 ms)."""
+    cap = max(0.0, first_probe) if both_probes else 0.0
+    out = []
+    for x in excess:
+        cap = min(cap, max(0.0, x))
+        out.append(cap)
+    return out
+
+
 AFTER_EAGER_DECODE_STEPS = 8   # decode steps timed one after another behind an eager step (the measured decay)
 
 
@@ -794,7 +807,7 @@ def measure_after_eager(engine: LLMEngine, rounds: int = 16, temperature: float 
     diff = {k: statistics.median(v["eager"]) - statistics.median(v["graph"]) for k, v in out.items()}
     sec = max(0.0, float(min(diff.values())))
     base = statistics.median(out["decode"]["graph"])
-    decay = [max(0.0, statistics.median(x) - base) for x in seq]
+    decay = decay_profile([statistics.median(x) - base for x in seq], diff["decode"], sec > 0)
     log(f"  after an eager step: decode step {diff['decode'] * 1e3:+.3f} ms, mixed step {diff['mixed'] * 1e3:+.3f} ms "
         f"over the same step after a decode step ({rounds} rounds): {sec * 1e3:.3f} ms priced; decode steps 1-{len(decay)} "
         f"after one: {' '.join(f'{x * 1e3:.3f}' for x in decay)} ms")

@@ -196,3 +196,11 @@ def test_eager_device_terms_and_overlap_come_from_the_measured_split():
     dec = np.array([True] * len(p.decode_ctx) + [False] * len(p.prefill))
     assert pc.eager_device(new, ctx, dec) == pytest.approx(p.queued_forward_s, rel=1e-3)
     assert not any(x.eager_scale for x in [StepProfile(model="m", num_layers=1)])   # older profiles: None, as before
+
+
+def test_decay_profile_is_a_bounded_decay():
+    from executor.calibrate import decay_profile
+
+    assert decay_profile([3e-4, 2e-4, 2.5e-4, -1e-5, 1e-4], 2.5e-4, True) == [2.5e-4, 2e-4, 2e-4, 0.0, 0.0]
+    assert decay_profile([3e-4, 2e-4], 2.5e-4, False) == [0.0, 0.0]        # one probe alone: nothing priced
+    assert decay_profile([0.07, 0.12], -0.01, True) == [0.0, 0.0]           # a busy CPU's noise

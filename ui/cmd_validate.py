@@ -67,13 +67,14 @@ def predict_step(cost, profile, decode_ctx, prefill, draft_len=0, overlap: bool 
     n = len(decode_ctx) + len(prefill)
     tok = len(decode_ctx) * (1 + draft_len) + sum(a for a, _ in prefill)
     runner = cost.chunked_step_time(np.asarray(decode_ctx, np.int64), draft_len, [a for a, _ in prefill], [c for _, c in prefill])
-    h = profile.step.host
-    decay = list(h.after_eager_decode_s)
+    from costmodels.step_fit import loop_scheduler_terms
+    terms = loop_scheduler_terms(profile.step)    # as the simulator's scheduler config takes them (bounded)
+    decay = terms["host_after_eager_decode_s"]
     if decay and not prefill:
         j = since_eager if since_eager else (1 if after_eager else 0)
         extra = float(decay[j - 1]) if 1 <= j <= len(decay) else 0.0
     else:
-        extra = float(h.after_eager_s) if after_eager else 0.0
+        extra = float(terms["host_after_eager_s"]) if after_eager else 0.0
     return float(wall_time(float(runner), float(profile.step.loop(n, tok)), overlap)) + extra
 
 
