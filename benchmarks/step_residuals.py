@@ -365,7 +365,8 @@ def eager_split(c: dict[str, np.ndarray], cost, prof) -> None:
         h = cost.host_time(new.size, int(new.sum()), pc)
         d = cost.eager_device(new, ctx, dec)
         key = f"{'mixed' if nd else 'prefill'} {'<=512' if pt <= 512 else '513-2048' if pt <= 2048 else '>2048'} tok"
-        rows.setdefault(key, []).append((fh[i], h, c["forward_s"][i], d, float(st.combine(h, d))))
+        bucket = st.piecewise_bucket(int(new.sum())) or int(new.sum())
+        rows.setdefault(key, []).append((fh[i], h, c["forward_s"][i], d, cost.eager_forward(h, d, bucket, cost.category_times(new, ctx, dec))))
     print("eager steps' forward: measured issue (host) vs the model's H, measured forward vs the model's D and "
           "combination (medians, ms)")
     for key in sorted(rows):

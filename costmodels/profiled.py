@@ -11,7 +11,8 @@ from costmodels.hardware import get_hardware
 from costmodels.layout import ParallelLayout
 from costmodels.ops import CATEGORIES
 from costmodels.step import StepCostModel
-from costmodels.step_ops import KV_UP, SAMPLED
+from costmodels.host import layered_forward
+from costmodels.step_ops import KV_UP, SAMPLED, TOKENS
 from costmodels.step_profile import CATEGORY_FOLD, FIT_CATEGORIES, StepPoint, StepProfile
 
 EXPERT = CATEGORIES.index("expert_gemm")  # the routed experts' slot of a cost-model category vector
@@ -82,6 +83,10 @@ class ProfiledStepCost:
                                                  m.mla.kv_lora_rank)) else None
         self.k = st.scales()
         self.k_eager = st.eager_scales()   # steps that are not decode-graph replays (their device work measured apart)
+        # which layers are dense (no routed experts): their device share of a layered forward (layer_fractions)
+        self._dense = [not self.model.is_moe_layer(i) for i in range(self.base.n_layers)]
+        self._dense_rows = self.base.row_share(TOKENS, lambda i: not self.model.is_moe_layer(i))
+        self._gd: dict[float, tuple[float, float]] = {}
         self.notes = [
             f"step times from the measured profile of {st.model} ({st.num_layers} layers, {st.dtype}) on {profile.measured_on}: "
             + ("runner = serial host + " if st.host.serial_s or st.host.serial_per_request_s or st.host.serial_per_prefill_s or st.host.serial_per_token_s
@@ -181,7 +186,9 @@ class ProfiledStepCost:
         return float(new[dec].sum() + (~dec).sum())
 
     def host_time(self, n_req: int, n_tok: int, n_prefill: int) -> float:
-        return float(self.step.host(self.num_layers, n_req, n_tok, n_prefill))
+        st = self.step
+        unbucketed = bool(st.piecewise_sizes) and st.piecewise_bucket(int(n_tok)) == 0
+        return float(st.host(self.num_layers, n_req, n_tok, n_prefill)) + (st.host.unbucketed_s if unbucketed else 0.0)
 
     def graph_categories(self, ctx: np.ndarray, pad: int, logits: bool = True) -> np.ndarray:
         """Category times of a decode-only batch replayed as the CUDA graph of ``pad`` rows: the GEMMs and
@@ -207,9 +214,41 @@ class ProfiledStepCost:
                 d = float(self.graph_categories(context_lens, pad) @ self.k) + self.sample_s(new.size)
                 return float(self.step.host.graph(new.size, float(np.sum(context_lens)))) + d
         d = self.eager_device(new, context_lens, dec)
-        d += self.sample_s(self.sampled_rows(new, dec))
+        smp = self.sample_s(self.sampled_rows(new, dec))
         h = self.host_time(new.size, int(new.sum()), int((~dec).sum()))
-        return float(self.step.host.serial(new.size, int((~dec).sum()), int(new[~dec].sum())) + self.step.combine(h, d))
+        serial = float(self.step.host.serial(new.size, int((~dec).sum()), int(new[~dec].sum())))
+        if self.step.layer_early is None:
+            return serial + float(self.step.combine(h, d + smp))
+        rows = self.step.piecewise_bucket(int(new.sum())) or int(new.sum())
+        return serial + self.eager_forward(h, d, rows, self.category_times(new, context_lens, dec)) + smp
+
+    def layer_fractions(self, rows: float, cats: np.ndarray) -> np.ndarray:
+        """Each layer's share of a step's device work, in forward order: the GEMMs of the layers with a dense FFN
+        (``rows`` tokens through the cost model's per-layer-group GEMM rows), the routed experts (``cats``' expert
+        category) in the MoE layers only, the rest (attention, norms, the rest of ``cats``) evenly over every layer.
+        Even shares for a model whose layers are all of one kind."""
+        L = len(self._dense)
+        k = sum(self._dense)
+        if k in (0, L):
+            return np.full(L, 1.0 / L)
+        got = self._gd.get(rows)
+        if got is None:
+            g = self.base.gemms(TOKENS, np.array([float(rows)])).time[:, 0]
+            got = self._gd[rows] = (float((g * self._dense_rows).sum()), float(g.sum()))
+        gd, gall = got
+        total = float(np.sum(cats))
+        if total <= 0:
+            return np.full(L, 1.0 / L)
+        rest = max(total - float(cats[FIT_CATEGORIES.index("expert_gemm")]) - gall, 0.0)
+        fd = min(max((gd + rest * k / L) / total, 0.0), 1.0)
+        return np.array([fd / k if d else (1.0 - fd) / (L - k) for d in self._dense])
+
+    def eager_forward(self, host: float, device: float, rows: float, cats: np.ndarray) -> float:
+        """A forward that is not a decode-graph replay from its host issue and device work: layer by layer in order
+        where the profile measured it (``layer_early``), else ``max(H, D) + overlap x min(H, D)``."""
+        if self.step.layer_early is None:
+            return float(self.step.combine(host, device))
+        return layered_forward(host, device * self.layer_fractions(rows, cats), self.step.layer_early)
 
     def eager_device(self, new: np.ndarray, ctx: np.ndarray, dec: np.ndarray) -> float:
         """Device seconds of the forward of a step that is not a decode-graph replay (sampler excluded): its category
@@ -234,10 +273,16 @@ class ProfiledStepCost:
             d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + self.sample_s(float(n * (1 + draft_len)))
             return float(self.step.host.graph(n, float(ctx.sum()))) + d
         ke = self.k_eager
-        d = (float(cats[1:] @ ke[1:]) + (cats[0] + att) * ke[0] + self.sample_s(float(n * (1 + draft_len)))
-             + self.step.eager_decode_group_s)
+        smp = self.sample_s(float(n * (1 + draft_len)))
+        d = float(cats[1:] @ ke[1:]) + (cats[0] + att) * ke[0] + self.step.eager_decode_group_s
         h = self.host_time(n, n * (1 + draft_len), 0)
-        return self.step.host.serial(n, 0) + self.step.combine(h, d)
+        if self.step.layer_early is None:
+            return self.step.host.serial(n, 0) + self.step.combine(h, d + smp)
+        c = cats.copy()
+        c[0] = c[0] + float(np.mean(att))
+        fr = self.layer_fractions(float(n * (1 + draft_len)), c)
+        fwd = np.array([layered_forward(h, di * fr, self.step.layer_early) for di in np.atleast_1d(d)])
+        return self.step.host.serial(n, 0) + (fwd if np.ndim(d) else float(fwd[0])) + smp
 
     def point_time(self, p: StepPoint) -> float:
         """Predicted runner time of a measured point."""

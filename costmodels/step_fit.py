@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from costmodels.calibration import kv_expand_table, moe_layer_table, prefill_chunk_table, sample_table
-from costmodels.host import partial_overlap
+from costmodels.host import layered_forward, partial_overlap
 from costmodels.profiled import ProfiledStepCost, point_after_forward_s, point_categories, point_sample_s
 from costmodels.step_profile import FIT_CATEGORIES, STEP_MODEL_REV, FitStats, HostTerms, LoopTerms, StepPoint, StepProfile
 
@@ -46,9 +46,10 @@ def nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
     return x
 
 
-def host_features(points: Sequence[StepPoint], with_layers: bool, launch_bound: bool = True) -> tuple[np.ndarray, list[str]]:
+def host_features(points: Sequence[StepPoint], with_layers: bool, launch_bound: bool = True,
+                  piecewise_sizes: Sequence[int] = ()) -> tuple[np.ndarray, list[str]]:
     """Columns of the host term. Eager steps: 1, (L), (requests, tokens), prefill sequences, whether the step holds
-    decodes; CUDA-graph steps (``graph_bs > 0``): their own 1, requests and context tokens (the block tables built per
+    decodes, and (given the engine's ``piecewise_sizes``) whether no token bucket holds it, so it runs wholly eager; CUDA-graph steps (``graph_bs > 0``): their own 1, requests and context tokens (the block tables built per
     step: H200 runs 11-15, the rest of a graph step rose ~0.7 us per thousand context tokens of the batch beyond
     its per-sequence cost), zero in the other step kind's columns.
 
@@ -78,6 +79,13 @@ def host_features(points: Sequence[StepPoint], with_layers: bool, launch_bound: 
     cols += [e * np.array([len(p.prefill) for p in points], float), e * np.array([len(p.decode_ctx) > 0 for p in points], float),
              g, g * n, g * kv]
     names += ["per_prefill_s", "decode_group_s", "graph_fixed_s", "graph_per_request_s", "graph_per_kv_token_s"]
+    if piecewise_sizes:
+        # an eager step no token bucket holds (beyond the largest) runs without the pieces: its own issue term
+        top = max(piecewise_sizes)
+        un = e * np.array([p.num_tokens > top for p in points], float)
+        if un.any():
+            cols.append(un)
+            names.append("unbucketed_s")
     return np.stack(cols, 1), names
 
 
@@ -281,6 +289,22 @@ def fit_eager_overlap(points: Sequence[StepPoint], min_points: int = 8) -> float
     return float(grid[int(np.argmin(sse))])
 
 
+def fit_layer_early(points: Sequence[StepPoint], fractions: dict[int, np.ndarray], min_points: int = 8) -> float | None:
+    """The share of a layer's device work that starts with its issue (``costmodels.host.layered_forward``), from
+    measurements alone: each split point's unheld forward (``forward_s``) against the layered forward of its measured
+    issue (``queued_host_s``) and device work (``queued_forward_s``, shared over the layers by ``fractions[i]``),
+    least squares on relative error over 0..1 in steps of 0.01. None with fewer than ``min_points`` such points.
+    H200 runs 20-21: 0.25 fits the grid's forwards within 1.2-1.3% (MAPE), where max(H, D) left the small mixed
+    steps 12-17% short."""
+    sel = [i for i in _split_points(points) if points[i].forward_s and i in fractions]
+    if len(sel) < min_points:
+        return None
+    grid = np.linspace(0.0, 1.0, 101)
+    sse = [sum((layered_forward(points[i].queued_host_s, points[i].queued_forward_s * fractions[i], e) / points[i].forward_s
+                - 1.0) ** 2 for i in sel) for e in grid]
+    return float(grid[int(np.argmin(sse))])
+
+
 def errors(pred: np.ndarray, meas: np.ndarray) -> dict:
     """MAPE, p90 absolute error and max relative error of predictions (seconds)."""
     pred, meas = np.asarray(pred, float), np.asarray(meas, float)
@@ -327,7 +351,10 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
         raise ValueError(f"need at least 4 measured steps to fit a step profile, got {len(pts)}")
     layers = sorted({p.num_layers for p in pts})
     with_layers = len(layers) > 1
-    hf, hnames = host_features(pts, with_layers, launch_bound=device == "cuda")
+    # the wholly eager steps' own issue term only where the issue was measured (inferred from wall times alone, H200
+    # run 18's fit put 28 ms of host on them)
+    split = any(p.queued_host_s is not None for p in pts)
+    hf, hnames = host_features(pts, with_layers, launch_bound=device == "cuda", piecewise_sizes=piecewise_sizes if split else ())
     issue = fit_issue_host(pts, hf, hnames)   # eager host terms measured apart from the device (spin kernel first)
     y = np.array([p.wall_s for p in pts])
     graph = np.array([p.graph_bs > 0 for p in pts], bool)
@@ -358,6 +385,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
         smp = np.zeros(len(pts))   # the measured sampler's seconds (a table, priced as measured: coefficient 1)
         after = np.zeros(len(pts))  # device work after the forward (sampler, and the logits GEMM where not in its table)
         fw = np.zeros_like(df)    # graph points that timed their forward: the graph's own ops (no logits, no sampling)
+        frac: dict[int, np.ndarray] = {}   # eager points: each layer's share of the device work (layer_fractions)
         for L in layers:
             st = StepProfile(model=model, num_layers=L, dtype=dtype, device=device, hardware_basis=hardware_basis, use_op_tables=use_tables,
                              op_tables=sub, model_rev=STEP_MODEL_REV, piecewise_sizes=pw)
@@ -369,6 +397,9 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
                     after[i] = point_after_forward_s(cost, p)
                     if p.graph_bs > 0 and p.forward_s and p.decode_ctx and not p.prefill and not p.draft_len:
                         fw[i] = cost.graph_categories(np.asarray(p.decode_ctx, np.int64), p.graph_bs, logits=False)
+                    if p.graph_bs == 0:
+                        rows = st.piecewise_bucket(p.num_tokens) or p.num_tokens
+                        frac[i] = cost.layer_fractions(float(rows), df[i])
         df = np.concatenate([df, ptok[:, None], smp[:, None]], 1)
         nc = len(FIT_CATEGORIES)
         lo = np.concatenate([np.zeros(hf.shape[1]), np.full(nc, float(scale_bounds[0]) if scale_bounds else 0.0), [0.0, 1.0]])
@@ -408,10 +439,24 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
             a_meas = fit_eager_overlap(pts)
             if a_meas is not None:
                 alphas = (a_meas,)
-        h, k, alpha, sse = fit_runner_model(hf, df, y, alphas=alphas, graph=graph, bounds=bounds, offset=off)
+        early = fit_layer_early(pts, frac) if eag is not None and graph.sum() >= 4 else None
+        if early is None:
+            h, k, alpha, sse = fit_runner_model(hf, df, y, alphas=alphas, graph=graph, bounds=bounds, offset=off)
+            pred = off + _predict(hf @ h, df @ k, alpha, graph)
+        else:
+            # the eager steps' host and device sides are measured and their forward is the layered one: the wall
+            # fit is left the graph steps' host terms alone, and every point is predicted as the cost model will
+            g = graph
+            h, k, alpha, _ = fit_runner_model(hf[g], df[g], y[g], alphas=(0.0,), graph=g[g], bounds=bounds, offset=off[g])
+            pred = off + _predict(hf @ h, df @ k, alpha, graph)
+            ns = nc + 1
+            for i in np.flatnonzero(~graph):
+                pred[i] = off[i] + layered_forward(float(hf[i] @ h), float(df[i, -1]) * frac[i], early) + df[i, ns] * k[ns]
+            alpha = 0.0
+        sse = float(np.sum(((pred - y) / y) ** 2))
         if best is None or sse < best[4] - 1e-12:
-            best = (use_tables, h, k, alpha, sse, df, sub, fw, serial, off, eag)
-    use_tables, h, k, alpha, _, df, sub, fw, serial, off, eag = best
+            best = (use_tables, h, k, alpha, sse, df, sub, fw, serial, off, eag, early, pred)
+    use_tables, h, k, alpha, _, df, sub, fw, serial, off, eag, early, pred = best
     host = HostTerms(**{n: float(v) for n, v in zip(hnames, h)}, **serial)
     main_l = max(layers, key=lambda L: sum(p.num_layers == L for p in pts))
     notes = []
@@ -437,16 +482,16 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
     if eag is not None:
         scales["prefill_attention"] = eag["prefill_attention"]
         eager_kw = {"prefill_token_s": eag["prefill_token_s"], "eager_scale": eag["eager_scale"],
-                    "eager_decode_group_s": eag["eager_decode_group_s"]}
+                    "eager_decode_group_s": eag["eager_decode_group_s"], "layer_early": early}
         notes.append(f"eager device terms fitted to {eag['n']} grid steps' measured device work (spin-held forwards): scale "
                      f"{eag['eager_scale']:.3f} (graph forwards {k[0]:.3f}), {eag['prefill_token_s'] * 1e9:.0f} ns per prefill token, "
-                     f"decode group {eag['eager_decode_group_s'] * 1e3:.3f} ms; MAPE {eag['mape'] * 100:.1f}%; overlap {alpha:.2f} "
-                     "from their unheld forwards")
+                     f"decode group {eag['eager_decode_group_s'] * 1e3:.3f} ms; MAPE {eag['mape'] * 100:.1f}%; "
+                     + (f"forward layer by layer in order, {early:.2f} of each layer's device work starting with its issue"
+                        if early is not None else f"overlap {alpha:.2f}") + ", from their unheld forwards")
     prof = StepProfile(model=model, num_layers=main_l, dtype=dtype, device=device, hardware_basis=hardware_basis, model_rev=STEP_MODEL_REV,
                        use_op_tables=use_tables, op_tables=sub, category_scale=scales, host=host, overlap=alpha,
                        graph_sizes=sorted({int(x) for x in graph_sizes if x > 0}),
                        piecewise_sizes=pw, loop=fit_loop(pts), notes=notes, points=list(points), **eager_kw)
-    pred = off + _predict(hf @ h, df @ k, alpha, graph)
     e = errors(pred, y)
     prof.fit = FitStats(points=len(pts), mape=e["mape"], p90_abs_err_s=e["p90_abs_err_s"], max_rel_err=e["max_rel_err"],
                         loop_points=sum(p.loop_s is not None for p in pts))

@@ -93,6 +93,10 @@ class HostTerms(BaseModel):
                                   "issue of the decode group's attention path, once per layer for all decodes (absorbed "
                                   "query, the paged decode kernel and its metadata, absorbed output), between graph "
                                   "pieces or in an eager forward; 0 in profiles fitted before it")
+    unbucketed_s: float = Field(0.0, ge=0.0, description="issue a step pays for running wholly eager where the engine "
+                                "has piecewise CUDA graphs but no token bucket holds the step (beyond the largest): every "
+                                "kernel launched one by one. H200 run 20: 11-24 ms of issue against 2-3.5 ms bucketed; "
+                                "0 in profiles fitted before it")
     graph_fixed_s: float = Field(0.0, description="CUDA-graph decode step: fixed host time (input build, replay launch, sampling)")
     graph_per_request_s: float = Field(0.0, description="CUDA-graph decode step: host time per sequence")
     graph_per_kv_token_s: float = Field(0.0, description="CUDA-graph decode step: host time per context token of its "
@@ -190,6 +194,11 @@ class StepProfile(BaseModel):
                                       "(piecewise or eager forwards), fitted to their measured device work (the calibration's "
                                       "spin-held forwards); replaces category_scale for them, prefill attention excepted. None: "
                                       "category_scale serves both kinds (profiles before the measurement)")
+    layer_early: float | None = Field(None, ge=0.0, le=1.0, description="steps that are not decode-graph replays: "
+                                      "the forward as issue and device work layer by layer in order "
+                                      "(costmodels.host.layered_forward), this share of each layer's device work able to "
+                                      "start when its issue begins; fitted to the grid's forwards against their measured "
+                                      "issue and device work. None: max(host, device) + overlap x min (older profiles)")
     eager_decode_group_s: float = Field(0.0, ge=0.0, description="device seconds a step that is not a decode-graph replay "
                                         "pays for holding decodes: the decode group's attention path run eagerly between the "
                                         "pieces (absorbed query, paged-decode metadata and kernel, absorbed output) beyond the "

@@ -97,7 +97,7 @@ def _planted():
     truth = StepProfile(model="deepseek-v3", num_layers=4, dtype="fp8", device="cuda", use_op_tables=True, op_tables=["sample"],
                         graph_sizes=[1, 2, 4, 8, 16], category_scale=dict(zip(FIT_CATEGORIES, (1.15, 1.0, 1.15, 1.15, 1.15))),
                         host=HostTerms(fixed_s=9e-3, per_prefill_s=2e-3, decode_group_s=3e-3, graph_fixed_s=3e-4,
-                                       graph_per_request_s=5e-6, serial_s=6e-4), overlap=0.0)
+                                       graph_per_request_s=5e-6, serial_s=6e-4), overlap=0.0, layer_early=0.25)
     cost = ProfiledStepCost(prof, truth)
     pts = []
     for q in (16, 32, 64, 128):
@@ -161,7 +161,8 @@ def test_replay_records_where_the_loop_time_went():
 
 def test_eager_device_terms_and_overlap_come_from_the_measured_split():
     from costmodels.profiled import ProfiledStepCost, point_categories
-    from costmodels.step_fit import fit_eager_device, fit_eager_overlap, fit_step_profile
+    from costmodels.host import layered_forward
+    from costmodels.step_fit import fit_eager_device, fit_eager_overlap, fit_layer_early, fit_step_profile
     from costmodels.step_profile import FIT_CATEGORIES
 
     from costmodels.step_profile import StepProfile
@@ -170,23 +171,28 @@ def test_eager_device_terms_and_overlap_come_from_the_measured_split():
     raw = ProfiledStepCost(prof, StepProfile(model="deepseek-v3", num_layers=4, dtype="fp8", device="cuda",
                                              use_op_tables=True, op_tables=["sample"]))
     ja = FIT_CATEGORIES.index("prefill_attention")
-    out = []
+    out, alt = [], []
     for p in pts:
         if p.graph_bs:
             out.append(p)
             continue
         c = point_categories(raw, p)
         dev = (np.delete(c, ja).sum() * 0.95 + c[ja] + 2e-6 * sum(a for a, _ in p.prefill) + (8e-4 if p.decode_ctx else 0.0))
-        fwd = max(p.queued_host_s, dev) + 0.2 * min(p.queued_host_s, dev)
+        rows = float(p.num_tokens)
+        fwd = layered_forward(p.queued_host_s, dev * raw.layer_fractions(rows, c), 0.3)
+        ovl = max(p.queued_host_s, dev) + 0.2 * min(p.queued_host_s, dev)
         out.append(p.model_copy(update={"queued_forward_s": dev, "forward_s": fwd}))
+        alt.append(p.model_copy(update={"queued_forward_s": dev, "forward_s": ovl}))
     cats = np.array([point_categories(raw, p) for p in out])
     eag = fit_eager_device(out, cats, (0.8, 1.25), pin_prefill_attention=False)
     assert eag["n"] == 12 and eag["mape"] < 1e-6
     assert (eag["eager_scale"], eag["prefill_token_s"], eag["eager_decode_group_s"], eag["prefill_attention"]) == pytest.approx(
         (0.95, 2e-6, 8e-4, 1.0), rel=1e-4)
-    assert fit_eager_overlap(out) == pytest.approx(0.2)
+    assert fit_eager_overlap(alt) == pytest.approx(0.2)          # the whole-forward rule, where a forward follows it
+    fr = {i: raw.layer_fractions(float(p.num_tokens), cats[i]) for i, p in enumerate(out) if not p.graph_bs}
+    assert fit_layer_early(out, fr) == pytest.approx(0.3)
     st = fit_step_profile(prof, out, model="deepseek-v3", dtype="fp8", device="cuda", graph_sizes=[1, 2, 4, 8, 16])
-    assert st.eager_scale == pytest.approx(0.95, rel=1e-4) and st.overlap == pytest.approx(0.2)
+    assert st.eager_scale == pytest.approx(0.95, rel=1e-4) and st.layer_early == pytest.approx(0.3)
     assert st.eager_decode_group_s == pytest.approx(8e-4, rel=1e-4)
     # the graph steps keep the graph forwards' scale; the eager ones are priced by the measured terms
     pc = ProfiledStepCost(prof, st)
@@ -204,3 +210,43 @@ def test_decay_profile_is_a_bounded_decay():
     assert decay_profile([3e-4, 2e-4, 2.5e-4, -1e-5, 1e-4], 2.5e-4, True) == [2.5e-4, 2e-4, 2e-4, 0.0, 0.0]
     assert decay_profile([3e-4, 2e-4], 2.5e-4, False) == [0.0, 0.0]        # one probe alone: nothing priced
     assert decay_profile([0.07, 0.12], -0.01, True) == [0.0, 0.0]           # a busy CPU's noise
+
+
+def test_layered_forward_by_hand():
+    from costmodels.host import layered_forward
+
+    # device-bound layers: one layer's issue, then the device back to back
+    assert layered_forward(1.0, [2.0, 2.0], 0.0) == pytest.approx(0.5 + 4.0)
+    # host-bound first layers the later device work cannot give back: issue 3 over 3 layers, device 0.2, 0.2, 3
+    assert layered_forward(3.0, [0.2, 0.2, 3.0], 0.0) == pytest.approx(3.0 + 3.0)   # max(H, D) would say 3.4
+    # a share of each layer's device work starting with its issue
+    assert layered_forward(3.0, [0.2, 0.2, 3.0], 0.5) == pytest.approx(2.1 + 1.5 + 1.5)   # layer 3 starts at 2.1
+    assert layered_forward(0.0, [1.0, 2.0], 0.3) == pytest.approx(3.0)
+    assert layered_forward(2.0, [], 0.3) == 2.0
+
+
+def test_layer_fractions_put_the_experts_in_the_moe_layers():
+    from costmodels.calibration import CalibrationProfile
+    from costmodels.hardware import get_hardware
+    from costmodels.profiled import ProfiledStepCost
+    from costmodels.step_profile import FIT_CATEGORIES, StepProfile
+
+    prof = CalibrationProfile.default(get_hardware("H200"))
+    cost = ProfiledStepCost(prof, StepProfile(model="deepseek-v3", num_layers=5, dtype="fp8", device="cuda"))
+    assert cost._dense == [True, True, True, False, False]          # DeepSeek-V3: the first three layers dense
+    new, ctx, dec = np.array([1, 1, 128]), np.array([500, 500, 0]), np.array([True, True, False])
+    cats = cost.category_times(new, ctx, dec)
+    fr = cost.layer_fractions(130.0, cats)
+    assert fr.sum() == pytest.approx(1.0) and fr[0] == fr[1] == fr[2] and fr[3] == fr[4] and fr[3] > 3 * fr[0]
+    more = cats.copy()
+    more[FIT_CATEGORIES.index("expert_gemm")] *= 2                  # more expert work: more in the MoE layers
+    assert cost.layer_fractions(130.0, more)[3] > fr[3]
+
+
+def test_an_unbucketed_step_has_its_own_issue_term():
+    from costmodels.step_fit import host_features
+
+    pts = [StepPoint(num_layers=2, prefill=[(n, 0)], wall_s=0.01) for n in (100, 4000, 5000)]
+    hf, names = host_features(pts, False, piecewise_sizes=[64, 4096])
+    assert names[-1] == "unbucketed_s" and hf[:, -1].tolist() == [0.0, 0.0, 1.0]
+    assert "unbucketed_s" not in host_features(pts, False)[1]
