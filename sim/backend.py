@@ -30,6 +30,14 @@ def host_coeffs(config) -> tuple[float, ...]:
             tuple(config.host_after_eager_decode_s))
 
 
+def loop_cost(cost_model, async_overlap):
+    """The step model as the engine's loop runs it: a model that prices a pipelined loop differently
+    (``ProfiledStepCost.pipelined``: max(device, host) per step) gives that variant when the loop overlaps."""
+    if async_overlap and hasattr(cost_model, "pipelined"):
+        return cost_model.pipelined()
+    return cost_model
+
+
 class SimBackend:
     """The simulator's side of the seam: ``execute(plan, stop_at) -> StepResult`` without a GPU.
 
@@ -53,7 +61,7 @@ class SimBackend:
         host_coeffs: tuple[float, ...] = (0.0, 0.0, 0.0),
         replay_correction: Callable[[list], float] | None = None,
     ):
-        self.cost = cost_model if isinstance(cost_model, MemoStepCost) else MemoStepCost(cost_model)
+        self.cost = cost_model if isinstance(cost_model, MemoStepCost) else MemoStepCost(loop_cost(cost_model, async_overlap))
         # seconds a plan's resumed chunks are overcharged when their replayed tokens are needed only in the
         # lower layers (costmodels.replay.DepthCorrection); None: every replay runs through every layer
         self.replay_correction = replay_correction

@@ -30,7 +30,7 @@ from costmodels.step_fit import errors
 from scheduler.config import SchedulerConfig
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler
-from sim.backend import MemoStepCost, SimBackend, host_coeffs
+from sim.backend import MemoStepCost, SimBackend, host_coeffs, loop_cost
 from sim.cluster import Cluster
 from scheduler.metrics import MetricsCollector, SimMetrics
 from sim.router import RouterConfig, make_router
@@ -120,7 +120,7 @@ def simulate_requests(step_cost, sched_cfg: SchedulerConfig, num_blocks: int, re
                       backend_kw: dict | None = None) -> SimMetrics:
     """Run ``requests`` (fresh Request objects) through one simulated instance; its metrics. ``backend_cls`` /
     ``backend_kw``: a SimBackend subclass and its extra arguments (sim.timeline_check's measured step times)."""
-    cost = step_cost if isinstance(step_cost, MemoStepCost) else MemoStepCost(step_cost)
+    cost = step_cost if isinstance(step_cost, MemoStepCost) else MemoStepCost(loop_cost(step_cost, sched_cfg.async_overlap))
     rates = sched_cfg.effective_acceptance_rates()
     rng = np.random.default_rng(seed)
 

@@ -250,3 +250,31 @@ def test_an_unbucketed_step_has_its_own_issue_term():
     hf, names = host_features(pts, False, piecewise_sizes=[64, 4096])
     assert names[-1] == "unbucketed_s" and hf[:, -1].tolist() == [0.0, 0.0, 1.0]
     assert "unbucketed_s" not in host_features(pts, False)[1]
+
+
+def test_a_pipelined_loop_prices_each_step_as_max_of_device_and_host():
+    from costmodels.profiled import ProfiledStepCost
+    from costmodels.step_profile import LoopTerms
+    from sim.backend import loop_cost
+
+    from costmodels.step_fit import fit_step_profile
+
+    prof, pts = _planted()
+    st = fit_step_profile(prof, pts, model="deepseek-v3", dtype="fp8", device="cuda", graph_sizes=[1, 2, 4, 8, 16])
+    st = st.model_copy(update={"loop": LoopTerms(fixed_s=3e-4, per_request_s=1e-5)})
+    sync = ProfiledStepCost(prof, st)
+    pipe = loop_cost(sync, True)
+    assert loop_cost(sync, False) is sync and pipe.pipelined_loop and not sync.pipelined_loop
+    # an eager step: the device (forward and sampler) against the host (serial, issue and the loop's terms)
+    new, ctx, dec = np.array([1, 1, 64]), np.array([500, 500, 0]), np.array([True, True, False])
+    d = pipe.eager_device(new, ctx, dec) + pipe.sample_s(pipe.sampled_rows(new, dec))
+    h = float(st.host.serial(3, 1, 64)) + pipe.host_time(3, 66, 1) + float(st.loop(3, 66))
+    assert pipe.mixed_step_time(new, ctx, dec) == pytest.approx(max(d, h))
+    assert sync.mixed_step_time(new, ctx, dec) > pipe.mixed_step_time(new, ctx, dec)
+    # a decode graph step: its device against its input build and launch plus the loop
+    ctx4 = np.array([300, 400, 500, 600])
+    g = float(sync.graph_categories(ctx4, 4) @ sync.k) + sync.sample_s(4)
+    gh = float(st.host.graph(4, float(ctx4.sum())))
+    assert pipe.mixed_step_time(np.ones(4, np.int64), ctx4, np.ones(4, bool)) == pytest.approx(max(g, gh + float(st.loop(4, 4))))
+    assert sync.mixed_step_time(np.ones(4, np.int64), ctx4, np.ones(4, bool)) == pytest.approx(g + gh)
+    assert float(pipe.decode_times(ctx4, 1)[0]) == pytest.approx(max(g, gh + float(st.loop(4, 4))), rel=1e-6)
