@@ -129,7 +129,7 @@ HOST_PROFILES: dict[str, HostProfile] = {
         "preparation per step); full hiding under async overlap"),
     "twinfer-executor-measured": HostProfile(
         0.34e-3, 5.7e-6, 0.055e-6, 1.0,
-        "measured: twinfer's own engine loop on the H200 (profiles/h200/calibration_deepseek-v3-5layers_fp8.json "
+        "measured: twinfer's own engine loop on the H200 (profiles/h200/calibration_deepseek-v3-5layers_fp8_run7.json "
         "step.loop: 0.34 ms + 5.7 us/request + 0.055 us/token, twinfer calibrate, docs/twin.md); the pipelined "
         "loop (executor/overlap.py) schedules and launches step N+1 before reading step N back, so all of it "
         "can hide; benchmarks/gpu/async_overlap.py measures the gain"),

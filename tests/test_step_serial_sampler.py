@@ -116,11 +116,11 @@ def test_fit_measures_the_serial_host_and_recovers_a_planted_step_model():
 
 
 def test_a_stored_profile_without_the_new_terms_predicts_as_before():
-    """The committed H200 profile (no sampler table, no serial or per-context host terms) predicts exactly what it did
-    before those terms existed (values from 21e0d9c's code on the same file)."""
+    """The run 7 H200 profile (no sampler table, no serial or per-context host terms; the committed one until
+    2026-12-03) predicts exactly what it did before those terms existed (values from 21e0d9c's code on the same file)."""
     from pathlib import Path
 
-    prof = CalibrationProfile.load(Path(__file__).parents[1] / "profiles/h200/calibration_deepseek-v3-5layers_fp8.json")
+    prof = CalibrationProfile.load(Path(__file__).parents[1] / "profiles/h200/calibration_deepseek-v3-5layers_fp8_run7.json")
     c = ProfiledStepCost(prof)
     shapes = [([], [512], [0]), ([300] * 8, [], []), ([1000] * 64, [], []), ([800] * 4, [256], [0]),
               ([2000] * 16, [2048], [4096]), ([500] * 3, [64, 64], [0, 1000])]
