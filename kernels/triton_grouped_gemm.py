@@ -102,9 +102,17 @@ def _launch(a, a_scale, b, b_scale, c, rows, block_expert, weights, a_row_div: i
         num_warps=4, num_stages=3)
 
 
+def default_block_m(tokens: int, top_k: int, experts: int) -> int:
+    """Rows per block of the grouped GEMMs: few tokens per expert in decode, more in prefill (16 up to 4 token-expert
+    pairs per expert on average, else 64)."""
+    return 16 if tokens * top_k <= 4 * experts else 64
+
+
 def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
-                w2: torch.Tensor, w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Same contract as ``reference.moe_experts``."""
+                w2: torch.Tensor, w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
+                block_m: int | None = None) -> torch.Tensor:
+    """Same contract as ``reference.moe_experts``; ``block_m``: rows per block (a power of two >= 16; None:
+    ``default_block_m``)."""
     if x.dtype not in (torch.bfloat16, torch.float16, torch.float32) or x.dim() != 2:
         raise Unsupported("triton moe_experts: 2-D bf16/fp16/fp32 activations only")
     t, top_k = topk_ids.shape
@@ -112,8 +120,10 @@ def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Ten
     fp8 = w13_scale is not None
     if fp8 and (d % 128 or (two_i // 2) % 128):
         raise Unsupported("triton moe_experts fp8: hidden and expert dims must be multiples of 128")
-    # rows per block: few tokens per expert in decode, more in prefill
-    block_m = 16 if t * top_k <= 4 * e else 64
+    if block_m is None:
+        block_m = default_block_m(t, top_k, e)
+    elif block_m < 16 or block_m & (block_m - 1):
+        raise ValueError(f"block_m must be a power of two >= 16, got {block_m}")
     rows, block_expert = align_by_expert(topk_ids, e, block_m)
     act_dtype = x.dtype if x.dtype != torch.float32 else torch.float32
     h = torch.empty(t * top_k, two_i, dtype=act_dtype, device=x.device)
