@@ -103,9 +103,12 @@ def _launch(a, a_scale, b, b_scale, c, rows, block_expert, weights, a_row_div: i
 
 
 def default_block_m(tokens: int, top_k: int, experts: int) -> int:
-    """Rows per block of the grouped GEMMs: few tokens per expert in decode, more in prefill (16 up to 4 token-expert
-    pairs per expert on average, else 64)."""
-    return 16 if tokens * top_k <= 4 * experts else 64
+    """Rows per block of the grouped GEMMs: 16 up to 12 token-expert pairs per expert on average, else 64. Every block
+    reads its expert's whole weights, so smaller blocks win while an expert's pairs fit one of them and lose once they
+    take two or more. H200, DeepSeek-V3's routed experts (benchmarks/gpu/issue18_h200/moe_block_m_fcb255e): 16 beats 64
+    by 4-6% at 4-12 pairs (129-384 tokens), 64 wins from 16 pairs (512 tokens: 3.21 vs 3.26 ms) on; 32 never wins.
+    The rule before switched at 4 pairs (128 tokens)."""
+    return 16 if tokens * top_k <= 12 * experts else 64
 
 
 def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,

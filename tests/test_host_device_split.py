@@ -278,3 +278,10 @@ def test_a_pipelined_loop_prices_each_step_as_max_of_device_and_host():
     assert pipe.mixed_step_time(np.ones(4, np.int64), ctx4, np.ones(4, bool)) == pytest.approx(max(g, gh + float(st.loop(4, 4))))
     assert sync.mixed_step_time(np.ones(4, np.int64), ctx4, np.ones(4, bool)) == pytest.approx(g + gh)
     assert float(pipe.decode_times(ctx4, 1)[0]) == pytest.approx(max(g, gh + float(st.loop(4, 4))), rel=1e-6)
+
+
+def test_moe_block_rule_switches_where_the_h200_measured_it():
+    pytest.importorskip("triton")
+    from kernels.triton_grouped_gemm import default_block_m
+
+    assert [default_block_m(t, 8, 256) for t in (64, 128, 129, 384, 385, 512, 2048)] == [16, 16, 16, 16, 64, 64, 64]
