@@ -348,7 +348,8 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
         per_expert = float(ex.w13.numel() + ex.w2.numel()) / e * ex.w13.element_size()
         # 8192: the step grid's largest prefill; 384 / 512: both sides of the Triton MoE's block switch (16 -> 64 rows
         # at 12 pairs per expert, kernels.triton_grouped_gemm.default_block_m), which interpolation must not straddle
-        for n in ([1, 8, 64, 256, 384, 512, 1024, 4096, 8192] if not quick else [1, 8, 64]):
+        # 1023 / 1024: both sides of the registry's Triton -> DeepGEMM MoE switch (registry._FUSED_MOE_MIN_TOKENS)
+        for n in ([1, 8, 64, 256, 384, 512, 1023, 1024, 4096, 8192] if not quick else [1, 8, 64]):
             x = randn(n, hidden)
             ids = torch.rand(n, e, generator=g, device=dev).topk(k, dim=-1).indices.to(torch.int32)
             w = torch.full((n, k), 1.0 / k, device=dev, dtype=torch.float32)
