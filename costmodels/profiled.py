@@ -268,10 +268,12 @@ class ProfiledStepCost:
 
     def eager_forward(self, host: float, device: float, rows: float, cats: np.ndarray) -> float:
         """A forward that is not a decode-graph replay from its host issue and device work: layer by layer in order
-        where the profile measured it (``layer_early``), else ``max(H, D) + overlap x min(H, D)``."""
+        plus ``overlap x min(H, D)`` where the profile measured it (``layer_early``), else ``max(H, D) + overlap x
+        min(H, D)``."""
         if self.step.layer_early is None:
             return float(self.step.combine(host, device))
-        return layered_forward(host, device * self.layer_fractions(rows, cats), self.step.layer_early)
+        return (layered_forward(host, device * self.layer_fractions(rows, cats), self.step.layer_early)
+                + self.step.overlap * min(float(host), float(device)))
 
     def eager_device(self, new: np.ndarray, ctx: np.ndarray, dec: np.ndarray) -> float:
         """Device seconds of the forward of a step that is not a decode-graph replay (sampler excluded): its category
@@ -309,7 +311,8 @@ class ProfiledStepCost:
         c = cats.copy()
         c[0] = c[0] + float(np.mean(att))
         fr = self.layer_fractions(float(n * (1 + draft_len)), c)
-        fwd = np.array([layered_forward(h, di * fr, self.step.layer_early) for di in np.atleast_1d(d)])
+        fwd = np.array([layered_forward(h, di * fr, self.step.layer_early) + self.step.overlap * min(h, float(di))
+                        for di in np.atleast_1d(d)])
         return self.step.host.serial(n, 0) + (fwd if np.ndim(d) else float(fwd[0])) + smp
 
     def point_time(self, p: StepPoint) -> float:

@@ -289,20 +289,29 @@ def fit_eager_overlap(points: Sequence[StepPoint], min_points: int = 8) -> float
     return float(grid[int(np.argmin(sse))])
 
 
-def fit_layer_early(points: Sequence[StepPoint], fractions: dict[int, np.ndarray], min_points: int = 8) -> float | None:
-    """The share of a layer's device work that starts with its issue (``costmodels.host.layered_forward``), from
-    measurements alone: each split point's unheld forward (``forward_s``) against the layered forward of its measured
-    issue (``queued_host_s``) and device work (``queued_forward_s``, shared over the layers by ``fractions[i]``),
-    least squares on relative error over 0..1 in steps of 0.01. None with fewer than ``min_points`` such points.
-    H200 runs 20-21: 0.25 fits the grid's forwards within 1.2-1.3% (MAPE), where max(H, D) left the small mixed
-    steps 12-17% short."""
+def fit_layer_flow(points: Sequence[StepPoint], fractions: dict[int, np.ndarray], min_points: int = 8,
+                   max_overlap: float = 0.5) -> tuple[float, float] | None:
+    """The layered forward's two shares, from measurements alone: ``early``, the share of a layer's device work that
+    starts with its issue (``costmodels.host.layered_forward``), and ``overlap``, the share of min(issue, device) the
+    forward pays beyond the layer flow (its start and end: input copies, the first launches, the last layer's wait).
+    Each split point's unheld forward (``forward_s``) against its measured issue (``queued_host_s``) and device work
+    (``queued_forward_s``, shared over the layers by ``fractions[i]``), least squares on relative error: ``early`` over
+    0..1 in steps of 0.01, ``overlap`` in closed form for each, within [0, ``max_overlap``]. None with fewer than
+    ``min_points`` such points. H200 runs 20-21: (0.70, 0.10) and (0.40, 0.06); the grid's forwards within 1.0-1.1%
+    (MAPE), where max(H, D) + overlap x min(H, D) left the small mixed steps 12-17% short."""
     sel = [i for i in _split_points(points) if points[i].forward_s and i in fractions]
     if len(sel) < min_points:
         return None
-    grid = np.linspace(0.0, 1.0, 101)
-    sse = [sum((layered_forward(points[i].queued_host_s, points[i].queued_forward_s * fractions[i], e) / points[i].forward_s
-                - 1.0) ** 2 for i in sel) for e in grid]
-    return float(grid[int(np.argmin(sse))])
+    f = np.array([points[i].forward_s for i in sel])
+    m = np.array([min(points[i].queued_host_s, points[i].queued_forward_s) for i in sel]) / f
+    best = None
+    for e in np.linspace(0.0, 1.0, 101):
+        lay = np.array([layered_forward(points[i].queued_host_s, points[i].queued_forward_s * fractions[i], e) for i in sel]) / f
+        a = float(np.clip(np.sum(m * (1.0 - lay)) / max(float(np.sum(m * m)), 1e-30), 0.0, max_overlap))
+        sse = float(np.sum((lay + a * m - 1.0) ** 2))
+        if best is None or sse < best[0] - 1e-15:
+            best = (sse, float(e), a)
+    return best[1], best[2]
 
 
 def errors(pred: np.ndarray, meas: np.ndarray) -> dict:
@@ -439,8 +448,9 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
             a_meas = fit_eager_overlap(pts)
             if a_meas is not None:
                 alphas = (a_meas,)
-        early = fit_layer_early(pts, frac) if eag is not None and graph.sum() >= 4 else None
-        if early is None:
+        flow = fit_layer_flow(pts, frac) if eag is not None and graph.sum() >= 4 else None
+        early = None if flow is None else flow[0]
+        if flow is None:
             h, k, alpha, sse = fit_runner_model(hf, df, y, alphas=alphas, graph=graph, bounds=bounds, offset=off)
             pred = off + _predict(hf @ h, df @ k, alpha, graph)
         else:
@@ -450,9 +460,10 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
             h, k, alpha, _ = fit_runner_model(hf[g], df[g], y[g], alphas=(0.0,), graph=g[g], bounds=bounds, offset=off[g])
             pred = off + _predict(hf @ h, df @ k, alpha, graph)
             ns = nc + 1
+            alpha = flow[1]
             for i in np.flatnonzero(~graph):
-                pred[i] = off[i] + layered_forward(float(hf[i] @ h), float(df[i, -1]) * frac[i], early) + df[i, ns] * k[ns]
-            alpha = 0.0
+                hi, di = float(hf[i] @ h), float(df[i, -1])
+                pred[i] = off[i] + layered_forward(hi, di * frac[i], early) + alpha * min(hi, di) + df[i, ns] * k[ns]
         sse = float(np.sum(((pred - y) / y) ** 2))
         if best is None or sse < best[4] - 1e-12:
             best = (use_tables, h, k, alpha, sse, df, sub, fw, serial, off, eag, early, pred)
@@ -486,8 +497,9 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
         notes.append(f"eager device terms fitted to {eag['n']} grid steps' measured device work (spin-held forwards): scale "
                      f"{eag['eager_scale']:.3f} (graph forwards {k[0]:.3f}), {eag['prefill_token_s'] * 1e9:.0f} ns per prefill token, "
                      f"decode group {eag['eager_decode_group_s'] * 1e3:.3f} ms; MAPE {eag['mape'] * 100:.1f}%; "
-                     + (f"forward layer by layer in order, {early:.2f} of each layer's device work starting with its issue"
-                        if early is not None else f"overlap {alpha:.2f}") + ", from their unheld forwards")
+                     + (f"forward layer by layer in order, {early:.2f} of each layer's device work starting with its issue, "
+                        f"+ {alpha:.2f} x min(issue, device)" if early is not None else f"overlap {alpha:.2f}")
+                     + ", from their unheld forwards")
     prof = StepProfile(model=model, num_layers=main_l, dtype=dtype, device=device, hardware_basis=hardware_basis, model_rev=STEP_MODEL_REV,
                        use_op_tables=use_tables, op_tables=sub, category_scale=scales, host=host, overlap=alpha,
                        graph_sizes=sorted({int(x) for x in graph_sizes if x > 0}),

@@ -198,7 +198,8 @@ class StepProfile(BaseModel):
                                       "the forward as issue and device work layer by layer in order "
                                       "(costmodels.host.layered_forward), this share of each layer's device work able to "
                                       "start when its issue begins; fitted to the grid's forwards against their measured "
-                                      "issue and device work. None: max(host, device) + overlap x min (older profiles)")
+                                      "issue and device work, with ``overlap`` x min(host, device) beyond the flow. None: "
+                                      "max(host, device) + overlap x min (older profiles)")
     eager_decode_group_s: float = Field(0.0, ge=0.0, description="device seconds a step that is not a decode-graph replay "
                                         "pays for holding decodes: the decode group's attention path run eagerly between the "
                                         "pieces (absorbed query, paged-decode metadata and kernel, absorbed output) beyond the "

@@ -162,7 +162,7 @@ def test_replay_records_where_the_loop_time_went():
 def test_eager_device_terms_and_overlap_come_from_the_measured_split():
     from costmodels.profiled import ProfiledStepCost, point_categories
     from costmodels.host import layered_forward
-    from costmodels.step_fit import fit_eager_device, fit_eager_overlap, fit_layer_early, fit_step_profile
+    from costmodels.step_fit import fit_eager_device, fit_eager_overlap, fit_layer_flow, fit_step_profile
     from costmodels.step_profile import FIT_CATEGORIES
 
     from costmodels.step_profile import StepProfile
@@ -179,7 +179,7 @@ def test_eager_device_terms_and_overlap_come_from_the_measured_split():
         c = point_categories(raw, p)
         dev = (np.delete(c, ja).sum() * 0.95 + c[ja] + 2e-6 * sum(a for a, _ in p.prefill) + (8e-4 if p.decode_ctx else 0.0))
         rows = float(p.num_tokens)
-        fwd = layered_forward(p.queued_host_s, dev * raw.layer_fractions(rows, c), 0.3)
+        fwd = layered_forward(p.queued_host_s, dev * raw.layer_fractions(rows, c), 0.3) + 0.08 * min(p.queued_host_s, dev)
         ovl = max(p.queued_host_s, dev) + 0.2 * min(p.queued_host_s, dev)
         out.append(p.model_copy(update={"queued_forward_s": dev, "forward_s": fwd}))
         alt.append(p.model_copy(update={"queued_forward_s": dev, "forward_s": ovl}))
@@ -190,9 +190,9 @@ def test_eager_device_terms_and_overlap_come_from_the_measured_split():
         (0.95, 2e-6, 8e-4, 1.0), rel=1e-4)
     assert fit_eager_overlap(alt) == pytest.approx(0.2)          # the whole-forward rule, where a forward follows it
     fr = {i: raw.layer_fractions(float(p.num_tokens), cats[i]) for i, p in enumerate(out) if not p.graph_bs}
-    assert fit_layer_early(out, fr) == pytest.approx(0.3)
+    assert fit_layer_flow(out, fr) == pytest.approx((0.3, 0.08))
     st = fit_step_profile(prof, out, model="deepseek-v3", dtype="fp8", device="cuda", graph_sizes=[1, 2, 4, 8, 16])
-    assert st.eager_scale == pytest.approx(0.95, rel=1e-4) and st.layer_early == pytest.approx(0.3)
+    assert st.eager_scale == pytest.approx(0.95, rel=1e-4) and (st.layer_early, st.overlap) == pytest.approx((0.3, 0.08))
     assert st.eager_decode_group_s == pytest.approx(8e-4, rel=1e-4)
     # the graph steps keep the graph forwards' scale; the eager ones are priced by the measured terms
     pc = ProfiledStepCost(prof, st)
