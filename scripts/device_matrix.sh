@@ -57,6 +57,12 @@ timeout 60 python3 scripts/sdpa_first_call.py || echo "sdpa probe failed (rc $?)
 ( while true; do echo "$(date +%s.%N | cut -c1-14) $(awk '/cpu MHz/ {printf "%d ", $4}' /proc/cpuinfo)"; sleep 0.5; done ) \
   > "$OUT/cpu_mhz.txt" 2>/dev/null &
 MHZ_PID=$!
+# and /proc/stat's aggregate CPU line (user nice system idle iowait irq softirq steal: a VM's stolen time shows in the
+# last) with the core each python3 process last ran on (psr): run 20's decode host part switched between two speeds
+# in blocks of a quarter-replay while every core read 2100 MHz and generation-2 collections were 1 a level
+( while true; do echo "$(date +%s.%N | cut -c1-14) $(head -1 /proc/stat) | $(ps -o pid=,psr= -C python3 | tr -s ' \n' ' ')"; sleep 0.5; done ) \
+  > "$OUT/cpu_stat.txt" 2>/dev/null &
+STAT_PID=$!
 REASONS=clocks_event_reasons.active
 nvidia-smi --query-gpu=$REASONS --format=csv >/dev/null 2>&1 || REASONS=clocks_throttle_reasons.active
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,$REASONS --format=csv -lms 500 > "$OUT/gpu_clocks.csv" 2>&1 &
@@ -67,9 +73,9 @@ echo "time left for the matrix: ${T_MATRIX} s"
 timeout ${T_MATRIX} python3 scripts/device_matrix.py --out "$OUT" --requests ${REQS:-48} --runs ${RUNS:-3} ${MATRIX_ARGS:-}
 # the device returns at most 8 files from $OUT: the per-class reports and samples travel as one archive
 # (run 4 lost two reports); unpack with `tar xzf reports.tgz` in the run's folder
-kill "$MHZ_PID" "$SMI_PID" 2>/dev/null
+kill "$MHZ_PID" "$STAT_PID" "$SMI_PID" 2>/dev/null
 ( cd "$OUT" && ls validation_*.json samples_*.json >/dev/null 2>&1 \
-  && tar czf reports.tgz validation_*.json samples_*.json $(ls cpu_mhz.txt gpu_clocks.csv 2>/dev/null) \
-  && rm -f validation_*.json samples_*.json cpu_mhz.txt gpu_clocks.csv )
+  && tar czf reports.tgz validation_*.json samples_*.json $(ls cpu_mhz.txt cpu_stat.txt gpu_clocks.csv 2>/dev/null) \
+  && rm -f validation_*.json samples_*.json cpu_mhz.txt cpu_stat.txt gpu_clocks.csv )
 stage done
 ls -la "$OUT"
