@@ -155,7 +155,8 @@ def _matrix_doc(cmd: str, prof, ppath: Path, a, reports: dict) -> dict:
         "classes": {c: {"caps": CLASSES[c], "levels": [{"name": lv.name, "rate_rps": lv.rate_rps, "fraction": lv.fraction_of_capacity,
                                                          "rel_error": lv.rel_error, "spread": lv.spread, "step": lv.step,
                                                          # per replay: the decode steps' host part against the model's
-                                                         "decode_host_vs_calibration": (lv.diagnostics or {}).get("decode_host_vs_calibration")}
+                                                         "decode_host_vs_calibration": (lv.diagnostics or {}).get("decode_host_vs_calibration"),
+                                                         "eager_issue_vs_calibration": (lv.diagnostics or {}).get("eager_issue_vs_calibration")}
                                                         for lv in r.levels]} for c, r in reports.items()},
         "worst": worst_errors(reports),
     }

@@ -285,3 +285,21 @@ def test_moe_block_rule_switches_where_the_h200_measured_it():
     from kernels.triton_grouped_gemm import default_block_m
 
     assert [default_block_m(t, 8, 256) for t in (64, 128, 129, 384, 385, 512, 2048)] == [16, 16, 16, 16, 64, 64, 64]
+
+
+def test_eager_issue_drift_compares_serving_issue_with_the_measured_terms():
+    from types import SimpleNamespace
+
+    from costmodels.profiled import ProfiledStepCost
+    from costmodels.step_fit import fit_step_profile
+    from ui.cmd_validate import eager_issue_drift
+
+    prof, pts = _planted()
+    st = fit_step_profile(prof, pts, model="deepseek-v3", dtype="fp8", device="cuda", graph_sizes=[1, 2, 4, 8, 16])
+    cost = ProfiledStepCost(prof, st)
+    model = cost.host_time(3, 66, 1)          # two decodes beside one 64-token chunk
+    steps = [SimpleNamespace(prefill=[(64, 0)], decode_ctx=[500, 500], forward_host_s=model * 1.2, num_steps=1)] * 5
+    steps += [SimpleNamespace(prefill=[], decode_ctx=[500], forward_host_s=1e-3, num_steps=1)] * 5   # decodes: not counted
+    assert eager_issue_drift(steps, cost, SimpleNamespace(step=st)) == pytest.approx(0.2)
+    assert eager_issue_drift(steps[:4], cost, SimpleNamespace(step=st)) is None                        # too few
+    assert eager_issue_drift(steps, cost, SimpleNamespace(step=st.model_copy(update={"eager_scale": None}))) is None

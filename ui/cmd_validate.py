@@ -92,6 +92,28 @@ def steps_since_prefill(steps) -> list[int]:
     return out
 
 
+def eager_issue_drift(steps, cost, profile, min_steps: int = 5) -> float | None:
+    """How much slower (+) or faster (-) serving's eager steps issued their forward than the calibration measured: the
+    median over the replay's prefill-bearing single steps that recorded their forward call's host seconds
+    (``forward_host_s``) of that over the model's issue term at the step's batch (``ProfiledStepCost.host_time``),
+    minus 1. None with fewer than ``min_steps`` such steps or where the profile did not measure the issue apart
+    (``eager_scale`` unset: its host terms were inferred from wall times). The twin of ``decode_host_drift`` for the
+    steps the piecewise forward issues eagerly (H200 run 21: serving's mixed steps issued in 3.76 ms where the
+    calibration grid's took 5.4)."""
+    if getattr(profile.step, "eager_scale", None) is None or not hasattr(cost, "host_time"):
+        return None
+    ratios = []
+    for s in steps:
+        fh = getattr(s, "forward_host_s", float("nan"))
+        if getattr(s, "num_steps", 1) != 1 or not s.prefill or not fh == fh or fh <= 0:
+            continue
+        nd, pc = len(s.decode_ctx), len(s.prefill)
+        model = cost.host_time(nd + pc, nd * (1 + getattr(s, "draft_len", 0)) + sum(a for a, _ in s.prefill), pc)
+        if model > 0:
+            ratios.append(fh / model)
+    return float(np.median(ratios)) - 1.0 if len(ratios) >= min_steps else None
+
+
 def decode_host_drift(steps, cost, profile, min_steps: int = 20) -> float | None:
     """How much slower (+) or faster (-) the host part of serving's decode graph steps ran than the calibrated model
     says: the median over the replay's single decode-graph steps that timed their forward (and lie past what a
@@ -349,9 +371,11 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                 bar.advance(task)
             counters0 = host_counters(engine.runner.device)
             drift: list[float | None] = []
+            issue: list[float | None] = []
             for _ in range(max(1, runs)):
                 res = replay(fresh_engine(engine, base_cfg), items, temperature, seed=seed)
                 drift.append(decode_host_drift(res.steps, cost, prof))
+                issue.append(eager_issue_drift(res.steps, cost, prof))
                 bar.advance(task)
                 wall += res.wall_s
                 run_figs.append(metric_values(res.metrics))
@@ -376,7 +400,9 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
             diag = {"steps": len(samples), "outliers_2x": sum(x.measured_s > 2 * x.predicted_s for x in samples),
                     "kernels": res.kernels,
                     # per replay: the decode steps' host part against the calibration's (decode_host_drift)
-                    "decode_host_vs_calibration": [None if d is None else round(d, 4) for d in drift]}
+                    "decode_host_vs_calibration": [None if d is None else round(d, 4) for d in drift],
+                    # per replay: the eager steps' forward issue against the calibration's measured issue terms
+                    "eager_issue_vs_calibration": [None if d is None else round(d, 4) for d in issue]}
             # over the measured replays: allocator device allocations / GC collections while serving (run 9's
             # host-bound steps ran 24-36% longer than the same shapes in the calibration grid)
             diag.update({k: v - counters0.get(k, 0) for k, v in host_counters(engine.runner.device).items()})
@@ -445,6 +471,9 @@ def _print_level(con, lv) -> None:
     drift = [d for d in (lv.diagnostics or {}).get("decode_host_vs_calibration") or [] if d is not None]
     if drift:   # the host's speed against the calibration's: what a step model fitted there cannot know
         tab.add_row("decode host vs calibration", "", "", " / ".join(f"{d * 100:+.1f}%" for d in drift))
+    iss = [d for d in (lv.diagnostics or {}).get("eager_issue_vs_calibration") or [] if d is not None]
+    if iss:
+        tab.add_row("eager issue vs calibration", "", "", " / ".join(f"{d * 100:+.1f}%" for d in iss))
     con.print(tab)
 
 
