@@ -399,12 +399,22 @@ def test_the_engines_gemm_library_is_kept_and_named():
     assert "triton rows" in cal.notes[0]
 
 
+def _transition_plans():
+    """A decode plan of one request and a mixed plan of it beside a 64-token prompt's chunk (fresh requests)."""
+    from scheduler.plan import ScheduledChunk, StepPlan
+    from scheduler.request import Request
+
+    d = Request("d", 0.0, 32, 64)
+    p = Request("p", 0.0, 64, 4)
+    dec = StepPlan(0, prefills=[], decodes=[d], decode_context_lens=np.array([32], np.int64))
+    mix = StepPlan(0, prefills=[ScheduledChunk(p, 64, 0, True)], decodes=[d], decode_context_lens=np.array([33], np.int64))
+    return dec, mix
+
+
 def test_a_step_after_a_prefill_bearing_step_pays_the_measured_transition():
     """A measured profile's after_eager_s reaches the simulator through loop_scheduler_terms and is charged to the first
     step after a prefill-bearing plan only: a decode after decodes, or the first plan, pays nothing."""
     from scheduler.config import SchedulerConfig
-    from scheduler.plan import ScheduledChunk, StepPlan
-    from scheduler.request import Request
     from sim.backend import SimBackend, host_coeffs
 
     st = StepProfile(model="tiny", num_layers=4, dtype="fp32", host=HostTerms(after_eager_s=4e-4))
@@ -413,24 +423,17 @@ def test_a_step_after_a_prefill_bearing_step_pays_the_measured_transition():
     assert cfg.host_after_eager_s == 4e-4
     cost = ProfiledStepCost(_tiny_profile(), StepProfile(model="tiny", num_layers=4, dtype="fp32"))
 
-    def plans():
-        d = Request("d", 0.0, 32, 64)
-        p = Request("p", 0.0, 64, 4)
-        dec = StepPlan(0, prefills=[], decodes=[d], decode_context_lens=np.array([32], np.int64))
-        mix = StepPlan(0, prefills=[ScheduledChunk(p, 64, 0, True)], decodes=[d], decode_context_lens=np.array([33], np.int64))
-        return dec, mix
-
     with_, without = (SimBackend(cost, np.random.default_rng(0), async_overlap=False, host_coeffs=host_coeffs(c))
                       for c in (cfg, cfg.model_copy(update={"host_after_eager_s": 0.0})))
     got = []
     for b in (with_, without):
-        dec, mix = plans()
+        dec, mix = _transition_plans()
         got.append([float(b.execute(p).step_durations[0]) for p in (dec, dec, mix, dec, mix, mix)])
     diff = np.array(got[0]) - np.array(got[1])
     assert diff == pytest.approx([0, 0, 0, 4e-4, 0, 4e-4], abs=1e-12)
     # a multi-step decode plan cut at an arrival: every end moves later by the transition, and the cut with them: the
     # first step ending at or after stop_at is the last one run (cut on the unshifted ends, a third step would run)
-    dec, mix = plans()
+    dec, mix = _transition_plans()
     with_.execute(mix)
     dec.num_steps = 6
     step = float(without.step_times(dec)[0])
@@ -445,8 +448,6 @@ def test_decode_steps_after_a_prefill_bearing_step_pay_the_measured_decay():
     multi-step decode plan step by step, its ends shifted and cut on the shifted ends; an arrival cut gives back the
     steps that did not run), a mixed step after one pays after_eager_s, and the default scenario's dump is unchanged."""
     from scheduler.config import SchedulerConfig
-    from scheduler.plan import ScheduledChunk, StepPlan
-    from scheduler.request import Request
     from sim.backend import SimBackend, host_coeffs
     from ui.cmd_validate import predict_step, steps_since_prefill
 
@@ -459,23 +460,16 @@ def test_decode_steps_after_a_prefill_bearing_step_pay_the_measured_decay():
     assert "host_after_eager_decode_s" not in SchedulerConfig().model_dump()     # digests of old scenarios unchanged
     cost = ProfiledStepCost(_tiny_profile(), StepProfile(model="tiny", num_layers=4, dtype="fp32"))
 
-    def plans():
-        d = Request("d", 0.0, 32, 64)
-        p = Request("p", 0.0, 64, 4)
-        dec = StepPlan(0, prefills=[], decodes=[d], decode_context_lens=np.array([32], np.int64))
-        mix = StepPlan(0, prefills=[ScheduledChunk(p, 64, 0, True)], decodes=[d], decode_context_lens=np.array([33], np.int64))
-        return dec, mix
-
     with_, without = (SimBackend(cost, np.random.default_rng(0), async_overlap=False, host_coeffs=host_coeffs(c))
                       for c in (cfg, cfg.model_copy(update={"host_after_eager_decode_s": [], "host_after_eager_s": 0.0})))
     got = []
     for b in (with_, without):
-        dec, mix = plans()
+        dec, mix = _transition_plans()
         got.append([float(b.execute(p).step_durations[0]) for p in (dec, mix, dec, dec, dec, dec, mix, mix, dec)])
     diff = np.array(got[0]) - np.array(got[1])
     assert diff == pytest.approx([0, 0, 6e-4, 3e-4, 1e-4, 0, 0, 4e-4, 6e-4], abs=1e-12)
     # one decode plan of 5 steps right after a mixed one: its first three steps pay the decay, its ends move with it
-    dec, mix = plans()
+    dec, mix = _transition_plans()
     with_.execute(mix)
     without.execute(mix)
     dec.num_steps = 5
@@ -484,13 +478,13 @@ def test_decode_steps_after_a_prefill_bearing_step_pay_the_measured_decay():
     assert res.step_durations == pytest.approx([step + 6e-4, step + 3e-4, step + 1e-4, step, step], rel=1e-5)
     assert np.asarray(with_.ends)[-1] - np.asarray(with_.ends)[0] == pytest.approx(4 * step + 4e-4, rel=1e-5)
     # cut by an arrival between the 2nd step's unshifted and shifted end: two steps run, and the decay goes on after
-    dec, mix = plans()
+    dec, mix = _transition_plans()
     with_.execute(mix)
     dec.num_steps = 6
     stop = with_.clock() + 2 * step + 7e-4
     res = with_.execute(dec, stop_at=stop)
     assert res.num_steps == 2 and res.step_durations == pytest.approx([step + 6e-4, step + 3e-4])
-    dec2, _ = plans()
+    dec2, _ = _transition_plans()
     assert float(with_.execute(dec2).step_durations[0]) == pytest.approx(step + 1e-4)
     # the per-step prediction validate records charges the same
     class S:
