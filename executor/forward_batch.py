@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from kernels.reference import host_to_device
+
 
 @dataclass
 class SeqInput:
@@ -104,12 +106,9 @@ def _slots(table: list[int], positions: range, page_size: int, null_page: int) -
 
 
 def to_device(host: np.ndarray, device: torch.device) -> torch.Tensor:
-    """One host array on ``device``: on CUDA through pinned memory with a non-blocking copy (a copy from pageable
-    memory synchronises the stream: one host stall per tensor), on CPU without a copy."""
-    t = torch.from_numpy(host)
-    if device.type != "cuda":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
+    """One host array on ``device`` without a host stall (``kernels.reference.host_to_device``: pinned memory and a
+    non-blocking copy on CUDA), on CPU without a copy."""
+    return host_to_device(torch.from_numpy(host), device)
 
 
 def _decode_rows(decodes: list[SeqInput], sq: int, page_size: int, null_page: int):

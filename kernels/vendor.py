@@ -15,6 +15,7 @@ import functools
 import torch
 
 from kernels import jit_cache
+from kernels.reference import host_to_device
 from kernels.registry import (_FUSED_MOE_MIN_TOKENS, SIGNATURES, Unsupported, _deepgemm_moe_declines, _fa3_prefill_declines,
                               library_module)
 
@@ -70,12 +71,9 @@ def _fa3_varlen():
 
 @functools.lru_cache(maxsize=4096)
 def _cu_seqlens(n: int, s: int, device: torch.device, stream: int) -> torch.Tensor:
-    host = torch.tensor([0, n, 0, s], dtype=torch.int32)
-    if device.type != "cuda":
-        return host.to(device)
-    # through pinned memory: a copy from pageable memory makes the host wait for every kernel queued on the stream
-    # (CUDA's API sync behaviour), which in a piecewise forward is the layer's graph piece before the call
-    return host.pin_memory().to(device, non_blocking=True)
+    # through pinned memory (host_to_device): a copy from pageable memory makes the host wait for every kernel queued
+    # on the stream (CUDA's API sync behaviour), which in a piecewise forward is the layer's graph piece before the call
+    return host_to_device(torch.tensor([0, n, 0, s], dtype=torch.int32), device)
 
 
 def cu_seqlens(n: int, s: int, device: torch.device) -> torch.Tensor:
