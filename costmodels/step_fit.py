@@ -194,6 +194,13 @@ def fit_serial(points: Sequence[StepPoint], sampler_s: np.ndarray, min_points: i
     return dict(zip(SERIAL_NAMES, (float(v) for v in x)))
 
 
+def _split_points(points: Sequence[StepPoint]) -> list[int]:
+    """Eager points whose forward was measured apart into host issue and device work (``queued_host_s``,
+    ``queued_forward_s``) without a wait inside it (an issue that outlasted the unheld step timed the spin)."""
+    return [i for i, p in enumerate(points)
+            if p.graph_bs == 0 and p.queued_host_s is not None and p.queued_forward_s and p.queued_host_s < p.wall_s]
+
+
 def fit_issue_host(points: Sequence[StepPoint], hf: np.ndarray, names: Sequence[str], min_points: int = 8) -> dict[int, float]:
     """The eager host terms from what the calibration measured directly: each eager grid step's forward issued with
     the GPU held busy by a spin kernel (``StepPoint.queued_host_s``: the forward call's host seconds with no launch
@@ -202,8 +209,7 @@ def fit_issue_host(points: Sequence[StepPoint], hf: np.ndarray, names: Sequence[
     fewer than ``min_points`` such points. A point whose issue took as long as its whole unheld step waited for the
     device inside its forward (a host sync: the spin, not the issue, was timed) and is left out. Held fixed in the
     whole-step fit, the host side of ``max(H, D)`` is then measured, not inferred from which steps look host-bound."""
-    sel = [i for i, p in enumerate(points)
-           if p.graph_bs == 0 and p.queued_host_s is not None and p.queued_forward_s and p.queued_host_s < p.wall_s]
+    sel = _split_points(points)
     if len(sel) < min_points:
         return {}
     cols = [j for j, n in enumerate(names) if not n.startswith("graph_") and hf[sel, j].any()]
@@ -212,13 +218,6 @@ def fit_issue_host(points: Sequence[StepPoint], hf: np.ndarray, names: Sequence[
     out = {j: 0.0 for j, n in enumerate(names) if not n.startswith("graph_")}
     out.update({j: float(v) for j, v in zip(cols, x)})
     return out
-
-
-def _split_points(points: Sequence[StepPoint]) -> list[int]:
-    """Eager points whose forward was measured apart into host issue and device work (``queued_host_s``,
-    ``queued_forward_s``) without a wait inside it (an issue that outlasted the unheld step timed the spin)."""
-    return [i for i, p in enumerate(points)
-            if p.graph_bs == 0 and p.queued_host_s is not None and p.queued_forward_s and p.queued_host_s < p.wall_s]
 
 
 def fit_eager_device(points: Sequence[StepPoint], cats: np.ndarray, scale_bounds: tuple[float, float] | None,
@@ -237,14 +236,11 @@ def fit_eager_device(points: Sequence[StepPoint], cats: np.ndarray, scale_bounds
     sel = _split_points(points)
     if len(sel) < min_points:
         return None
-    ja = FIT_CATEGORIES.index("prefill_attention")
-    c = cats[sel]
+    rest, pa_s, tok, dec = _eager_device_columns(points, cats, sel)
     y = np.array([points[i].queued_forward_s for i in sel])
-    rest = np.delete(c, ja, axis=1).sum(1)
-    tok = np.array([sum(a for a, _ in points[i].prefill) for i in sel], float) * 1e-6
-    dec = np.array([bool(points[i].decode_ctx) for i in sel], float)
-    cols = [rest, tok, dec] + ([] if pin_prefill_attention else [c[:, ja]])
-    off = c[:, ja] if pin_prefill_attention else np.zeros(len(sel))
+    tok = tok * 1e-6    # microseconds per token, for conditioning
+    cols = [rest, tok, dec] + ([] if pin_prefill_attention else [pa_s])
+    off = pa_s if pin_prefill_attention else np.zeros(len(sel))
     a = np.stack(cols, 1) / y[:, None]
     b = 1.0 - off / y
     norm = np.linalg.norm(a, axis=0)
@@ -255,20 +251,33 @@ def fit_eager_device(points: Sequence[StepPoint], cats: np.ndarray, scale_bounds
         lo[0], hi[0] = scale_bounds
     from scipy.optimize import lsq_linear
     x = lsq_linear(a / norm, b, bounds=(lo * norm, hi * norm), method="bvls").x / norm
-    pa = 1.0 if pin_prefill_attention else float(x[3])
-    pred = rest * x[0] + tok * x[1] + dec * x[2] + c[:, ja] * pa
-    return {"eager_scale": float(x[0]), "prefill_token_s": float(x[1]) * 1e-6, "eager_decode_group_s": float(x[2]),
-            "prefill_attention": pa, "mape": float(np.mean(np.abs(pred / y - 1))), "n": len(sel)}
+    terms = {"eager_scale": float(x[0]), "prefill_token_s": float(x[1]) * 1e-6, "eager_decode_group_s": float(x[2]),
+             "prefill_attention": 1.0 if pin_prefill_attention else float(x[3])}
+    pred = eager_device_column(points, cats, terms, sel)
+    return {**terms, "mape": float(np.mean(np.abs(pred / y - 1))), "n": len(sel)}
 
 
-def eager_device_column(points: Sequence[StepPoint], cats: np.ndarray, eag: dict) -> np.ndarray:
-    """Each point's forward device seconds by ``fit_eager_device``'s terms (0 for decode-graph points)."""
+def _eager_device_columns(points: Sequence[StepPoint], cats: np.ndarray, sel: Sequence[int]):
+    """For the points ``sel``: the op times but prefill attention's (at scale 1), prefill attention's, the prefill
+    tokens, and whether the step holds decodes: what ``fit_eager_device``'s terms multiply."""
     ja = FIT_CATEGORIES.index("prefill_attention")
+    c = cats[list(sel)]
+    return (np.delete(c, ja, axis=1).sum(1), c[:, ja], np.array([sum(a for a, _ in points[i].prefill) for i in sel], float),
+            np.array([bool(points[i].decode_ctx) for i in sel], float))
+
+
+def eager_device_column(points: Sequence[StepPoint], cats: np.ndarray, eag: dict,
+                        sel: Sequence[int] | None = None) -> np.ndarray:
+    """Forward device seconds by ``fit_eager_device``'s terms: of the points ``sel``, or of every point (0 for the
+    decode-graph ones) when None."""
+    idx = [i for i, p in enumerate(points) if p.graph_bs == 0] if sel is None else list(sel)
+    rest, pa, tok, dec = _eager_device_columns(points, cats, idx)
+    d = (rest * eag["eager_scale"] + pa * eag["prefill_attention"] + tok * eag["prefill_token_s"]
+         + dec * eag["eager_decode_group_s"])
+    if sel is not None:
+        return d
     out = np.zeros(len(points))
-    for i, p in enumerate(points):
-        if p.graph_bs == 0:
-            out[i] = (np.delete(cats[i], ja).sum() * eag["eager_scale"] + cats[i, ja] * eag["prefill_attention"]
-                      + sum(a for a, _ in p.prefill) * eag["prefill_token_s"] + (eag["eager_decode_group_s"] if p.decode_ctx else 0.0))
+    out[idx] = d
     return out
 
 
@@ -297,7 +306,7 @@ def fit_layer_flow(points: Sequence[StepPoint], fractions: dict[int, np.ndarray]
     Each split point's unheld forward (``forward_s``) against its measured issue (``queued_host_s``) and device work
     (``queued_forward_s``, shared over the layers by ``fractions[i]``), least squares on relative error: ``early`` over
     0..1 in steps of 0.01, ``overlap`` in closed form for each, within [0, ``max_overlap``]. None with fewer than
-    ``min_points`` such points. H200 runs 20-21: (0.70, 0.10) and (0.40, 0.06); the grid's forwards within 1.0-1.1%
+    ``min_points`` such points. H200 runs 20-21: (0.71, 0.11) and (0.43, 0.06); the grid's forwards within 1.0-1.1%
     (MAPE), where max(H, D) + overlap x min(H, D) left the small mixed steps 12-17% short."""
     sel = [i for i in _split_points(points) if points[i].forward_s and i in fractions]
     if len(sel) < min_points:
@@ -445,11 +454,12 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
             df[~graph, : nc + 1] = 0.0
             df = np.concatenate([df, col[:, None]], 1)
             bounds = (np.append(lo, 1.0), np.append(hi, 1.0 + 1e-9))
+        flow = fit_layer_flow(pts, frac) if eag is not None and graph.sum() >= 4 else None
+        early = None if flow is None else flow[0]
+        if eag is not None and flow is None:
             a_meas = fit_eager_overlap(pts)
             if a_meas is not None:
                 alphas = (a_meas,)
-        flow = fit_layer_flow(pts, frac) if eag is not None and graph.sum() >= 4 else None
-        early = None if flow is None else flow[0]
         if flow is None:
             h, k, alpha, sse = fit_runner_model(hf, df, y, alphas=alphas, graph=graph, bounds=bounds, offset=off)
             pred = off + _predict(hf @ h, df @ k, alpha, graph)
@@ -462,8 +472,8 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
             ns = nc + 1
             alpha = flow[1]
             for i in np.flatnonzero(~graph):
-                hi, di = float(hf[i] @ h), float(df[i, -1])
-                pred[i] = off[i] + layered_forward(hi, di * frac[i], early) + alpha * min(hi, di) + df[i, ns] * k[ns]
+                hv, dv = float(hf[i] @ h), float(df[i, -1])
+                pred[i] = off[i] + layered_forward(hv, dv * frac[i], early) + alpha * min(hv, dv) + df[i, ns] * k[ns]
         sse = float(np.sum(((pred - y) / y) ** 2))
         if best is None or sse < best[4] - 1e-12:
             best = (use_tables, h, k, alpha, sse, df, sub, fw, serial, off, eag, early, pred)
@@ -481,8 +491,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
     if fwd is not None:
         notes.append(fwd)
     if issue:
-        n_iss = sum(p.graph_bs == 0 and p.queued_host_s is not None and bool(p.queued_forward_s) and p.queued_host_s < p.wall_s for p in pts)
-        notes.append(f"eager host terms measured: the forward's issue with the GPU held by a spin kernel, {n_iss} grid steps "
+        notes.append(f"eager host terms measured: the forward's issue with the GPU held by a spin kernel, {len(_split_points(pts))} grid steps "
                      f"({', '.join(f'{hnames[j]} {v * 1e3:.3f} ms' for j, v in issue.items())}); fixed in the fit")
     ns = len(FIT_CATEGORIES) + 1    # the sampler's column (coefficient 1): after the forward
     dev = eager_device_ratio(pts, df @ k - df[:, ns] * k[ns])
