@@ -234,7 +234,8 @@ class ProfiledStepCost:
                 d = float(self.graph_categories(context_lens, pad) @ self.k) + self.sample_s(new.size)
                 gh = float(self.step.host.graph(new.size, float(np.sum(context_lens))))
                 return self._pipe(d, gh, new.size, new.size) if self.pipelined_loop else gh + d
-        d = self.eager_device(new, context_lens, dec)
+        cats = self.category_times(new, context_lens, dec)
+        d = self.eager_device(new, context_lens, dec, cats)
         smp = self.sample_s(self.sampled_rows(new, dec))
         h = self.host_time(new.size, int(new.sum()), int((~dec).sum()))
         serial = float(self.step.host.serial(new.size, int((~dec).sum()), int(new[~dec].sum())))
@@ -243,7 +244,7 @@ class ProfiledStepCost:
         if self.step.layer_early is None:
             return serial + float(self.step.combine(h, d + smp))
         rows = self.step.piecewise_bucket(int(new.sum())) or int(new.sum())
-        return serial + self.eager_forward(h, d, rows, self.category_times(new, context_lens, dec)) + smp
+        return serial + self.eager_forward(h, d, rows, cats) + smp
 
     def layer_fractions(self, rows: float, cats: np.ndarray) -> np.ndarray:
         """Each layer's share of a step's device work, in forward order: the GEMMs of the layers with a dense FFN
@@ -275,11 +276,14 @@ class ProfiledStepCost:
         return (layered_forward(host, device * self.layer_fractions(rows, cats), self.step.layer_early)
                 + self.step.overlap * min(float(host), float(device)))
 
-    def eager_device(self, new: np.ndarray, ctx: np.ndarray, dec: np.ndarray) -> float:
+    def eager_device(self, new: np.ndarray, ctx: np.ndarray, dec: np.ndarray, cats: np.ndarray | None = None) -> float:
         """Device seconds of the forward of a step that is not a decode-graph replay (sampler excluded): its category
-        times at the eager scales, the per-prefill-token term and, when it holds decodes, the eager decode group's."""
+        times (``cats``, ``category_times`` of the step when given) at the eager scales, the per-prefill-token term
+        and, when it holds decodes, the eager decode group's."""
         new, dec = np.asarray(new, np.int64), np.asarray(dec, bool)
-        return (float(self.category_times(new, ctx, dec) @ self.k_eager) + self.step.prefill_token_s * float(new[~dec].sum())
+        if cats is None:
+            cats = self.category_times(new, ctx, dec)
+        return (float(cats @ self.k_eager) + self.step.prefill_token_s * float(new[~dec].sum())
                 + (self.step.eager_decode_group_s if dec.any() else 0.0))
 
     def chunked_step_time(self, decode_context_lens, draft_len: int, prefill_new: list[int], prefill_ctx: list[int]) -> float:
