@@ -30,6 +30,9 @@ def host_coeffs(config) -> tuple[float, ...]:
             tuple(config.host_after_eager_decode_s))
 
 
+_NO_EXTRAS = np.zeros(0)
+
+
 def loop_cost(cost_model, async_overlap):
     """The step model as the engine's loop runs it: a model that prices a pipelined loop differently
     (``ProfiledStepCost.pipelined``: max(device, host) per step) gives that variant when the loop overlaps."""
@@ -213,18 +216,10 @@ class SimBackend:
         self._drawn = None
         start = self.clock()
         host = self.host_time(plan)
-        decay = self.decode_transition(plan)
-        if decay.size:
-            return self._execute_decay(plan, start, host, stop_at, decay)
-        extra = self.transition_s(plan) if self._prev_prefill else 0.0
-        # every end moves later by ``extra``: cut where the unshifted ends reach stop_at - extra
-        cut = stop_at - extra if (extra and stop_at is not None) else stop_at
-        times, ends = self._times_until(plan, start > self._busy_until, start, cut, host)
-        if extra:   # the first step pays it; the later ones end that much later
-            times = np.asarray(times, float).copy()
-            times[0] += extra
-            if ends is not None:
-                ends = np.asarray(ends, float) + extra
+        extras = self.transition_extras(plan)
+        if extras.size:
+            return self._execute_shifted(plan, start, host, stop_at, extras)
+        times, ends = self._times_until(plan, start > self._busy_until, start, stop_at, host)
         return self._finish(plan, start, host, times, ends)
 
     def _finish(self, plan: StepPlan, start: float, host: float, times, ends) -> StepResult:
@@ -249,26 +244,32 @@ class SimBackend:
         elif self._since is not None:
             self._since += steps
 
-    def decode_transition(self, plan: StepPlan) -> np.ndarray:
-        """Seconds each of a decode-only ``plan``'s first steps pays for following a prefill-bearing step, from the
-        measured decay (``after_eager_decode_s``: the j-th decode step after one); empty when there is no such
-        profile, the plan bears prefill chunks, or its steps lie past the profile."""
-        if plan.prefills or not self.after_decode.size or self._since is None or self._since >= self.after_decode.size:
-            return np.zeros(0)
-        return self.after_decode[self._since:]
+    def transition_extras(self, plan: StepPlan) -> np.ndarray:
+        """Seconds each of ``plan``'s first steps pays for following a prefill-bearing step: for a decode-only plan the
+        measured decay where the profile has one (``after_eager_decode_s``: the j-th decode step after it), else
+        ``transition_s`` on the step right after one; empty when nothing is owed."""
+        if not plan.prefills and self.after_decode.size:
+            if self._since is None or self._since >= self.after_decode.size:
+                return _NO_EXTRAS
+            return self.after_decode[self._since:]
+        if self._prev_prefill:
+            x = self.transition_s(plan)
+            if x:
+                return np.array([x])
+        return _NO_EXTRAS
 
-    def _execute_decay(self, plan: StepPlan, start: float, host: float, stop_at: float | None,
-                       decay: np.ndarray) -> StepResult:
-        """``execute`` for a decode-only plan whose first steps pay ``decay`` (seconds each, from the first): the
-        steps priced up to the unshifted cut (which ends no earlier than the shifted one), shifted, then cut again
-        after the first step that ends at/after ``stop_at``."""
+    def _execute_shifted(self, plan: StepPlan, start: float, host: float, stop_at: float | None,
+                         extras: np.ndarray) -> StepResult:
+        """``execute`` for a plan whose first steps pay ``extras`` (seconds each, from the first): the steps priced up
+        to the unshifted cut (which ends no earlier than the shifted one), shifted (every later end too), then cut
+        again after the first step that ends at/after ``stop_at``."""
         times, ends = self._times_until(plan, start > self._busy_until, start, stop_at, host)
         times = np.asarray(times, float).copy()
-        m = min(times.size, decay.size)
-        times[:m] += decay[:m]
+        m = min(times.size, extras.size)
+        times[:m] += extras[:m]
         if ends is not None:
             shift = np.zeros(times.size)
-            shift[:m] = decay[:m]
+            shift[:m] = extras[:m]
             ends = np.asarray(ends, float) + shift.cumsum()
             if stop_at is not None and times.size > 1 and stop_at < ends[-2]:
                 k = int(ends.searchsorted(stop_at, side="left")) + 1

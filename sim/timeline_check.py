@@ -114,23 +114,15 @@ class MeasuredSteps(SimBackend):
         tr.steps.append((comp, float(t[0])))
         return t
 
-    def decode_transition(self, plan: StepPlan) -> np.ndarray:
-        """As ``transition_s``: a measured step already holds the decay its predecessors cost it."""
-        tr = self.trace
-        i = len(tr.steps)
-        if tr.divergence is None and i < len(tr.measured) and tr.measured[i][0] == composition(plan):
-            return np.zeros(0)
-        return super().decode_transition(plan)
-
-    def transition_s(self, plan: StepPlan) -> float:
-        """A measured step's time already holds what its predecessor cost it; priced steps pay it as usual. Asked
+    def transition_extras(self, plan: StepPlan) -> np.ndarray:
+        """A measured step's time already holds what its predecessors cost it; priced steps pay it as usual. Asked
         before the plan is priced: the plan's step is measured when the trace has not parted, has a step left, and
         that step's composition is the plan's (what ``step_times`` then checks)."""
         tr = self.trace
         i = len(tr.steps)
         if tr.divergence is None and i < len(tr.measured) and tr.measured[i][0] == composition(plan):
-            return 0.0
-        return super().transition_s(plan)
+            return np.zeros(0)
+        return super().transition_extras(plan)
 
 
 def replay_measured(step_cost, sched_cfg: SchedulerConfig, num_blocks: int, requests: list[Request],
