@@ -53,15 +53,14 @@ def predict(cost, prof, s: dict, sync: bool, nums: list[int] | None = None) -> n
     """The twin's engine-loop iteration for each sample (runner step and loop, as ``twinfer validate`` predicts; a
     step after a prefill-bearing one of the same replay, ``nums``: each sample's replay, with the profile's
     ``after_eager_s``)."""
-    from ui.cmd_validate import predict_step
+    from types import SimpleNamespace
+
+    from ui.cmd_validate import predict_step, steps_since_prefill
     pc = s["prefill_chunks"]
     nums = nums or [1] * len(pc)
-    since, run = [], None          # decode steps since the last prefill-bearing step of the same replay (0: none)
-    for i in range(len(pc)):
-        if i == 0 or nums[i] != nums[i - 1]:
-            run = None
-        run = 0 if pc[i] else (None if run is None else run + 1)
-        since.append(run or 0)
+    since: list[int] = []          # steps since the last prefill-bearing step of the same replay (0: none)
+    for r in dict.fromkeys(nums):
+        since += steps_since_prefill([SimpleNamespace(prefill=pc[i]) for i in range(len(pc)) if nums[i] == r])
     return np.array([predict_step(cost, prof, dctx, list(zip(new, ctx)), 0, not sync,
                                   after_eager=i > 0 and pc[i - 1] > 0 and nums[i - 1] == nums[i], since_eager=since[i])
                      for i, (dctx, new, ctx) in enumerate(rebuilt_steps(s))])

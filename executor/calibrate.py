@@ -164,6 +164,12 @@ def _graph_device_time(fn, device: torch.device, replays: int = 10, batches: int
         return None
 
 
+def _spin_cycles(seconds: float) -> int:
+    """Cycles for ``torch.cuda._sleep`` to hold the GPU at least ``seconds`` (at most 0.5 s): counted at 2.1 GHz,
+    above any current SM clock, so a slower clock only spins longer."""
+    return int(min(seconds, 0.5) * 2.1e9)
+
+
 def _queued_device_time(fn, device: torch.device, host_s: float, repeats: int = 5) -> float | None:
     """Seconds of ``fn``'s device work when the GPU never waits for the host: a spin kernel long enough to cover the
     host issue of ``repeats`` calls (``host_s`` each, measured eagerly, times 2) goes first, then the calls, timed
@@ -173,8 +179,7 @@ def _queued_device_time(fn, device: torch.device, host_s: float, repeats: int = 
     spin = getattr(torch.cuda, "_sleep", None)
     if device.type != "cuda" or spin is None:
         return None
-    # cycles at 2.1 GHz, above any current SM clock: a slower clock only spins longer
-    cycles = int(min(2.0 * host_s * repeats, 0.5) * 2.1e9)
+    cycles = _spin_cycles(2.0 * host_s * repeats)
     fn()
     torch.cuda.synchronize(device)
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -561,9 +566,8 @@ def queued_forward(runner, run, wall_s: float, repeats: int = 2) -> dict:
     spin = getattr(torch.cuda, "_sleep", None)
     if runner.device.type != "cuda" or spin is None:
         return {}
-    # longer than the step's whole wall time (its issue cannot take longer unless it waits for the device); cycles at
-    # 2.1 GHz, above any current SM clock: a slower clock only spins longer
-    cycles = int(min(1.25 * wall_s + 1e-3, 0.5) * 2.1e9)
+    # longer than the step's whole wall time (its issue cannot take longer unless it waits for the device)
+    cycles = _spin_cycles(1.25 * wall_s + 1e-3)
     fwd, host = [], []
     for _ in range(repeats):
         torch.cuda.synchronize(runner.device)
