@@ -62,8 +62,11 @@ def predict_step(cost, profile, decode_ctx, prefill, draft_len=0, overlap: bool 
     the runner step and the loop overhead (``overlap``: the scheduler config's ``overlap()``; False: added), plus the
     profile's measured cost of following a prefill-bearing step (sim.backend): where ``after_eager`` (the step right
     after one), ``after_eager_s``; for a decode step that is the ``since_eager``-th decode step after one (1: right
-    after), the measured decay ``after_eager_decode_s`` where the profile has it."""
+    after), the measured decay ``after_eager_decode_s`` where the profile has it. A pipelined loop (``overlap``
+    truthy) prices the runner step as the simulator does (``sim.backend.loop_cost``: max(device, host) per step)."""
     from costmodels.host import wall_time
+    from sim.backend import loop_cost
+    cost = loop_cost(cost, bool(overlap))
     n = len(decode_ctx) + len(prefill)
     tok = len(decode_ctx) * (1 + draft_len) + sum(a for a, _ in prefill)
     runner = cost.chunked_step_time(np.asarray(decode_ctx, np.int64), draft_len, [a for a, _ in prefill], [c for _, c in prefill])
