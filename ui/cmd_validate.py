@@ -375,7 +375,9 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
             counters0 = host_counters(engine.runner.device)
             drift: list[float | None] = []
             issue: list[float | None] = []
+            t0_unix: list[float] = []
             for _ in range(max(1, runs)):
+                t0_unix.append(round(time.time(), 3))
                 res = replay(fresh_engine(engine, base_cfg), items, temperature, seed=seed)
                 drift.append(decode_host_drift(res.steps, cost, prof))
                 issue.append(eager_issue_drift(res.steps, cost, prof))
@@ -405,7 +407,10 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                     # per replay: the decode steps' host part against the calibration's (decode_host_drift)
                     "decode_host_vs_calibration": [None if d is None else round(d, 4) for d in drift],
                     # per replay: the eager steps' forward issue against the calibration's measured issue terms
-                    "eager_issue_vs_calibration": [None if d is None else round(d, 4) for d in issue]}
+                    "eager_issue_vs_calibration": [None if d is None else round(d, 4) for d in issue],
+                    # per replay: the Unix time its engine clock (the samples' start_s) started from, within the
+                    # replay's set-up: lines the steps up with host samplers (scripts/device_matrix.sh's cpu_stat.txt)
+                    "replay_t0_unix": t0_unix}
             # over the measured replays: allocator device allocations / GC collections while serving (run 9's
             # host-bound steps ran 24-36% longer than the same shapes in the calibration grid)
             diag.update({k: v - counters0.get(k, 0) for k, v in host_counters(engine.runner.device).items()})
