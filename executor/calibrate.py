@@ -351,10 +351,10 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
         e, hidden = ex.w13.shape[0], ex.w13.shape[2]
         k = moe.cfg.top_k
         per_expert = float(ex.w13.numel() + ex.w2.numel()) / e * ex.w13.element_size()
-        # 8192: the step grid's largest prefill; 384 / 512: both sides of the Triton MoE's block switch (16 -> 64 rows
+        # 8192: the step grid's largest prefill; 128, 2048: no factor-4 gap left; 384 / 512: both sides of the Triton MoE's block switch (16 -> 64 rows
         # at 12 pairs per expert, kernels.triton_grouped_gemm.default_block_m), which interpolation must not straddle
         # 1023 / 1024: both sides of the registry's Triton -> DeepGEMM MoE switch (registry._FUSED_MOE_MIN_TOKENS)
-        for n in ([1, 8, 64, 256, 384, 512, 1023, 1024, 4096, 8192] if not quick else [1, 8, 64]):
+        for n in ([1, 8, 64, 128, 256, 384, 512, 1023, 1024, 2048, 4096, 8192] if not quick else [1, 8, 64]):
             x = randn(n, hidden)
             ids = torch.rand(n, e, generator=g, device=dev).topk(k, dim=-1).indices.to(torch.int32)
             w = torch.full((n, k), 1.0 / k, device=dev, dtype=torch.float32)
@@ -898,7 +898,9 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     log(f"calibrate: {model} ({L} layers, {dtype}) on {device}, hardware basis {hw}; build {build_s:.1f} s, warm-up {warm_s:.1f} s"
         + _state_text(gpu_state(engine.runner.device)))
 
-    rows = [1, 8, 32, 128, 512, 2048, 8192] if cuda and not quick else [1, 8, 64, 256]
+    # every factor of 2 from 8 rows: run 22's grid (H200) left the held device work of eager steps -4..-5% at 256-304
+    # rows and +3..+9% at 64-136 where the table had points only every factor of 4 (1, 8, 32, 128, 512, ...)
+    rows = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192] if cuda and not quick else [1, 8, 64, 256]
     t1 = time.perf_counter()
     try:
         op_pts = bench_linear(engine, rows, repeats=max(repeats, 10) if cuda else repeats)
