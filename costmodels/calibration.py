@@ -255,6 +255,9 @@ class SampleTable(BaseModel):
     vocab: int = Field(..., gt=0)
     includes_logits: bool = Field(False, description="the times include the logits GEMM over the rows' hidden states "
                                   "(compute_logits then sample, as a step runs them; calibrations since the table)")
+    device_seconds: list[float] | None = Field(None, description="the same calls' device work alone, per batch (launched "
+                                                  "behind a spin kernel): what a pipelined loop cannot hide; None where "
+                                                  "not measured (calibrations before 2026-12-03's run 25, CPU)")
     x_is: str = ""
 
     @field_validator("seconds")
@@ -262,16 +265,36 @@ class SampleTable(BaseModel):
     def _points(cls, sec: list[float], info: ValidationInfo) -> list[float]:
         return _xy_points(info.data.get("batch"), sec, "batch", "batch", "batch sizes")
 
+    @field_validator("device_seconds")
+    @classmethod
+    def _device_points(cls, sec: list[float] | None, info: ValidationInfo) -> list[float] | None:
+        if sec is None:
+            return None
+        sec = _xy_points(info.data.get("batch"), sec, "batch", "batch", "batch sizes")
+        if any(d > t * 1.05 for d, t in zip(sec, info.data.get("seconds") or sec)):
+            raise ValueError("device_seconds: each must be at most its eager seconds (the device work is part of them)")
+        return sec
+
     def model_post_init(self, _ctx) -> None:
         self._x, self._y = _sorted_xy(self.batch, self.seconds)
+        self._yd = _sorted_xy(self.batch, self.device_seconds)[1] if self.device_seconds is not None else None
 
-    def __call__(self, rows) -> tuple[np.ndarray, np.ndarray]:
-        """(seconds, extrapolated) for each row count."""
+    @staticmethod
+    def _lookup(x: np.ndarray, y: np.ndarray, rows) -> tuple[np.ndarray, np.ndarray]:
         n = np.asarray(rows, float)
-        x, y = self._x, self._y
         slope = max((y[-1] - y[-2]) / (x[-1] - x[-2]), 0.0)
         t = np.where(n > x[-1], y[-1] + (n - x[-1]) * slope, np.interp(n, x, y))
         return np.where(n > 0, t, 0.0), (n > 0) & ((n > x[-1]) | (n < x[0]))
+
+    def __call__(self, rows) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds, extrapolated) for each row count."""
+        return self._lookup(self._x, self._y, rows)
+
+    def device(self, rows) -> np.ndarray | None:
+        """The device work alone for each row count (never above the eager seconds), or None where not measured."""
+        if self._yd is None:
+            return None
+        return np.minimum(self._lookup(self._x, self._yd, rows)[0], self(rows)[0])
 
 
 def sample_table(points: list[dict]) -> SampleTable | None:
@@ -283,7 +306,11 @@ def sample_table(points: list[dict]) -> SampleTable | None:
     b = sorted(pts)
     p0 = pts[b[0]]
     logits = all(bool(pts[x].get("with_logits")) for x in b)
+    dev = [float(pts[x]["device_s"]) for x in b] if all((pts[x].get("device_s") or 0) > 0 for x in b) else None
+    if dev is not None:   # a device time timed a little above the eager one is noise: held at the eager seconds
+        dev = [min(d, float(pts[x]["time_s"])) for d, x in zip(dev, b)]
     return SampleTable(batch=b, seconds=[float(pts[x]["time_s"]) for x in b], vocab=int(p0["vocab"]), includes_logits=logits,
+                       device_seconds=dev,
                        x_is=f"seconds of the executor's {'logits GEMM and ' if logits else ''}sampler over rows "
                             f"(measured eagerly: {'compute_logits, ' if logits else ''}ops.sample, {p0.get('backend', '?')})")
 

@@ -178,6 +178,17 @@ class ProfiledStepCost:
             return 0.0
         return float(self.sample([rows])[0][0])
 
+    def sample_split(self, rows: float) -> tuple[float, float]:
+        """(device, host) seconds of the sampler over ``rows`` rows: its measured device work alone and the rest of its
+        eager seconds (launches, the per-row generator draws), which a pipelined loop hides; all device where the
+        table did not time the device work apart (older profiles: the pipelined rule then over-prices the sampler)."""
+        total = self.sample_s(rows)
+        dev = self.sample.device([rows]) if self.sample is not None and rows > 0 else None
+        if dev is None:
+            return total, 0.0
+        d = float(dev[0])
+        return d, total - d
+
     @staticmethod
     def sampled_rows(new: np.ndarray, dec: np.ndarray) -> float:
         """Rows the sampler runs over in one step: each decode's tokens (its drafts' verification rows included) and
@@ -231,16 +242,20 @@ class ProfiledStepCost:
         if dec.all() and (new == 1).all():
             pad = self.step.graph_bucket(new.size)
             if pad:
-                d = float(self.graph_categories(context_lens, pad) @ self.k) + self.sample_s(new.size)
+                fwd = float(self.graph_categories(context_lens, pad) @ self.k)
                 gh = float(self.step.host.graph(new.size, float(np.sum(context_lens))))
-                return self._pipe(d, gh, new.size, new.size) if self.pipelined_loop else gh + d
+                if self.pipelined_loop:
+                    sd, sh = self.sample_split(new.size)
+                    return self._pipe(fwd + sd, gh + sh, new.size, new.size)
+                return gh + fwd + self.sample_s(new.size)
         cats = self.category_times(new, context_lens, dec)
         d = self.eager_device(new, context_lens, dec, cats)
         smp = self.sample_s(self.sampled_rows(new, dec))
         h = self.host_time(new.size, int(new.sum()), int((~dec).sum()))
         serial = float(self.step.host.serial(new.size, int((~dec).sum()), int(new[~dec].sum())))
         if self.pipelined_loop:
-            return self._pipe(d + smp, serial + h, new.size, int(new.sum()))
+            sd, sh = self.sample_split(self.sampled_rows(new, dec))
+            return self._pipe(d + sd, serial + h + sh, new.size, int(new.sum()))
         if self.step.layer_early is None:
             return serial + float(self.step.combine(h, d + smp))
         rows = self.step.piecewise_bucket(int(new.sum())) or int(new.sum())
@@ -298,18 +313,20 @@ class ProfiledStepCost:
         total = self._decode_base(n, draft_len)[1]
         cats = self._decode_base(n, draft_len, pad)[0]
         att = np.asarray(self.base.decode_times(ctx, num_steps, draft_len), float) - total  # attention (+ indexer) per step
+        rows = float(n * (1 + draft_len))
+        sd, sh = self.sample_split(rows) if self.pipelined_loop else (self.sample_s(rows), 0.0)
         if pad:
-            d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + self.sample_s(float(n * (1 + draft_len)))
+            d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + sd
             gh = float(self.step.host.graph(n, float(ctx.sum())))
             if self.pipelined_loop:
-                return np.maximum(d, gh + float(self.step.loop(n, n * (1 + draft_len))))
+                return np.maximum(d, gh + sh + float(self.step.loop(n, n * (1 + draft_len))))
             return gh + d
         ke = self.k_eager
-        smp = self.sample_s(float(n * (1 + draft_len)))
+        smp = self.sample_s(rows)
         d = float(cats[1:] @ ke[1:]) + (cats[0] + att) * ke[0] + self.step.eager_decode_group_s
         h = self.host_time(n, n * (1 + draft_len), 0)
         if self.pipelined_loop:
-            return np.maximum(d + smp, float(self.step.host.serial(n, 0)) + h + float(self.step.loop(n, n * (1 + draft_len))))
+            return np.maximum(d + sd, float(self.step.host.serial(n, 0)) + h + sh + float(self.step.loop(n, n * (1 + draft_len))))
         if self.step.layer_early is None:
             return self.step.host.serial(n, 0) + self.step.combine(h, d + smp)
         c = cats.copy()

@@ -193,6 +193,33 @@ def _queued_device_time(fn, device: torch.device, host_s: float, repeats: int = 
 
 
 # ----------------------------------------------------------------------------- ops
+def bench_sampler(compute_logits, vocab: int, hidden: int, device: torch.device, act: torch.dtype, repeats: int,
+                  batches: list[int], gen: torch.Generator) -> list[dict]:
+    """``sample`` points: what a step runs after its forward (ModelRunner.sample_on_device), the logits GEMM over the
+    sampled rows' hidden states (``compute_logits``), then seeded sampling, no top-k / top-p, host generators
+    (RequestState), the knobs on the host as the runner passes them; per batch its eager seconds (``time_s``: host
+    and device, as a synchronous step pays them) and, on CUDA, its device work alone (``device_s``: launched behind a
+    spin kernel, ``_queued_device_time``; a pipelined loop hides the rest, the per-row generator draws and the
+    launches, under the device: H200 run 23's decode steps ran 2-6% under a model that took the eager seconds)."""
+    clock = _Clock(device)
+    out = []
+    for b in batches:
+        hid = torch.randn(b, hidden, generator=gen, device=device, dtype=torch.float32).to(act)
+        temp = torch.full((b,), 0.8)
+        top_k = torch.zeros((b,), dtype=torch.int64)
+        top_p = torch.ones((b,))
+        gens = [torch.Generator().manual_seed(i) for i in range(b)]
+        fn = lambda: ops.sample(compute_logits(hid), temp, top_k, top_p, gens)  # noqa: E731
+        ops.reset_used()
+        with torch.inference_mode():
+            t, spread = _median_time(fn, clock, repeats)
+            dev_s = _queued_device_time(fn, device, t)
+        out.append({"op": "sample", "batch": b, "vocab": vocab, "with_logits": True, "hidden": hidden, "time_s": t,
+                    "spread": spread, "backend": ops.reset_used().get("sampling", "?"),
+                    **({"device_s": dev_s} if dev_s is not None else {})})
+    return out
+
+
 def bench_linear(engine: LLMEngine, rows: list[int], repeats: int) -> list[dict]:
     """The executor's Linear (K = hidden, N = 2 x hidden) over row counts: seconds, FLOPs, bytes."""
     from executor.layers import Linear
@@ -380,21 +407,8 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
                         "spread": spread, "bytes": byts, "tbps": byts / t / 1e12, "backend": backend,
                         **({"device_s": dev_s} if dev_s is not None else {})})
 
-    vocab = engine.vocab_size
-    hidden_size = engine.cfg.spec.hidden_size
-    for b in ([1, 4, 16, 32, 64, 128] if not quick else [1, 8]):
-        # what a step runs after its forward (ModelRunner.sample_on_device): the logits GEMM over the sampled rows'
-        # hidden states, then seeded sampling, no top-k / top-p, host generators (RequestState), the knobs on the
-        # host as the runner passes them
-        hid = randn(b, hidden_size)
-        temp = torch.full((b,), 0.8)
-        top_k = torch.zeros((b,), dtype=torch.int64)
-        top_p = torch.ones((b,))
-        gens = [torch.Generator().manual_seed(i) for i in range(b)]
-        ops.reset_used()
-        t, spread = timed(lambda: ops.sample(model.compute_logits(hid), temp, top_k, top_p, gens))
-        out.append({"op": "sample", "batch": b, "vocab": vocab, "with_logits": True, "hidden": hidden_size, "time_s": t,
-                    "spread": spread, "backend": ops.reset_used().get("sampling", "?")})
+    out += bench_sampler(model.compute_logits, engine.vocab_size, engine.cfg.spec.hidden_size, dev, act, repeats,
+                         [1, 4, 16, 32, 64, 128] if not quick else [1, 8], g)
 
     graphs = getattr(runner, "graphs", None)
     if graphs is not None and graphs.captured:
