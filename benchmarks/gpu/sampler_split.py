@@ -48,6 +48,9 @@ def merge(calibration: str, points: str, out: str) -> dict:
     dev = [min(float(pts[b]["device_s"]), s) for b, s in zip(t.batch, t.seconds)]
     prof.tables["sample"] = t.model_copy(update={"device_seconds": dev})
     prof.tables["sample"] = SampleTable.model_validate(prof.tables["sample"].model_dump())
+    for p in prof.op_points or []:   # and the points a refit rebuilds the table from
+        if p.get("op") == "sample" and float(p.get("batch", 0)) in pts:
+            p["device_s"] = min(float(pts[float(p["batch"])]["device_s"]), float(p["time_s"]))
     prof.save(out)
     return {"batch": t.batch, "seconds": t.seconds, "device_seconds": dev}
 
