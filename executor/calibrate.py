@@ -378,10 +378,10 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
         e, hidden = ex.w13.shape[0], ex.w13.shape[2]
         k = moe.cfg.top_k
         per_expert = float(ex.w13.numel() + ex.w2.numel()) / e * ex.w13.element_size()
-        # 8192: the step grid's largest prefill; 128, 2048: no factor-4 gap left; 384 / 512: both sides of the Triton MoE's block switch (16 -> 64 rows
+        # 8192: the step grid's largest prefill; 128, 1024: no factor-4 gap left; 384 / 512: both sides of the Triton MoE's block switch (16 -> 64 rows
         # at 12 pairs per expert, kernels.triton_grouped_gemm.default_block_m), which interpolation must not straddle
-        # 1023 / 1024: both sides of the registry's Triton -> DeepGEMM MoE switch (registry._FUSED_MOE_MIN_TOKENS)
-        for n in ([1, 8, 64, 128, 256, 384, 512, 1023, 1024, 2048, 4096, 8192] if not quick else [1, 8, 64]):
+        # 2047 / 2048: both sides of the registry's Triton -> DeepGEMM MoE switch (registry._FUSED_MOE_MIN_TOKENS)
+        for n in ([1, 8, 64, 128, 256, 384, 512, 1024, 2047, 2048, 4096, 8192] if not quick else [1, 8, 64]):
             x = randn(n, hidden)
             ids = torch.rand(n, e, generator=g, device=dev).topk(k, dim=-1).indices.to(torch.int32)
             w = torch.full((n, k), 1.0 / k, device=dev, dtype=torch.float32)

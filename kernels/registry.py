@@ -125,7 +125,7 @@ def _triton_mla_declines(dtype, head_dim: int, page: int, kv_rank: int, dense: b
 # FLASH_MAX_HEAD_DIM / FLASH_DTYPES, kernels.vendor FUSED_MOE_MIN_TOKENS, with its measurement), which import this one
 _FLASH_MAX_HEAD_DIM = 256
 _FLASH_DTYPES = ("float16", "bfloat16")
-_FUSED_MOE_MIN_TOKENS = 1024
+_FUSED_MOE_MIN_TOKENS = 2048
 
 
 def _flash_available() -> bool:

@@ -175,11 +175,12 @@ def deepgemm_grouped_fp8_masked(aq: torch.Tensor, as_: torch.Tensor, bq: torch.T
     return out
 
 
-# Below about 1k tokens the Triton MoE is faster on the H200, so the registry entry declines those batches (Triton runs
-# next) unless the user forces ``moe_experts=deepgemm``. Measured in one process (benchmarks/gpu/issue18_h200/
-# moe_layout_63a44f9, CUDA graphs): 64 tokens Triton 2.45 ms vs fused 2.51 (the masked GEMMs alone 2.49), 512 tokens
-# 3.29 vs 3.86, 4096 tokens 7.17 vs 5.50, 8192 tokens 12.92 vs 8.13. The Triton/fused ratio, 0.85 at 512 and 1.30 at
-# 4096, crosses 1 near 1,000 tokens (log-linear between the two points; 1024 itself is not measured).
+# Below 2k tokens the Triton MoE is faster on the H200, so the registry entry declines those batches (Triton runs next)
+# unless the user forces ``moe_experts=deepgemm``. Measured in one process, CUDA-graph device ms, Triton (its block
+# rule) vs this path (benchmarks/gpu/issue16_h200/run24_calibration_moe_b66d980/moe_block_m.json): 256 tokens 2.88 vs
+# 3.68, 512 3.21 vs 3.85, 1024 3.50 vs 4.11, 1536 3.98 vs 4.41, 2048 4.51 vs 4.52 (a tie), 3072 6.21 vs 5.02, 4096
+# 7.13 vs 5.54, 8192 13.10 vs 8.13. The switch was 1024 (log-linear between 512 and 4096 of an earlier bench,
+# moe_layout_63a44f9), where the Triton path is 15% faster.
 FUSED_MOE_MIN_TOKENS = _FUSED_MOE_MIN_TOKENS   # defined with the registry's accept check, which reads it
 
 

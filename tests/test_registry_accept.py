@@ -121,11 +121,12 @@ def test_moe_decode_batches_go_to_triton_prefill_to_deepgemm_forced_takes_all(ho
     k = Kernels(monkeypatch, "moe_experts")
     seen = counted(monkeypatch, "moe_experts", "deepgemm")
     assert ops.call("moe_experts", "cuda", *_moe(64)) == "triton"
-    assert "64 tokens < 1024" in ops.fallbacks["moe_experts"]
+    assert "64 tokens < 2048" in ops.fallbacks["moe_experts"]
     assert ops.call("moe_experts", "cuda", *_moe(64)) == "triton"
-    assert ops.call("moe_experts", "cuda", *_moe(1024)) == "deepgemm"
+    assert ops.call("moe_experts", "cuda", *_moe(2047)) == "triton"
+    assert ops.call("moe_experts", "cuda", *_moe(2048)) == "deepgemm"
     assert ops.call("moe_experts", "cuda", *_moe(64, fp8=False)) == "triton"
-    assert k.calls == ["triton", "triton", "deepgemm", "triton"] and len(seen) == 3
+    assert k.calls == ["triton", "triton", "triton", "deepgemm", "triton"] and len(seen) == 4
     monkeypatch.setenv("TWINFER_KERNEL_MOE_EXPERTS", "deepgemm")
     ops.clear_choices()   # an override change: choices and their decisions start over
     assert [i.name for i in ops.choice("moe_experts", "cuda").candidates] == ["deepgemm", "torch"]
