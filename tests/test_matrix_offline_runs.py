@@ -83,14 +83,14 @@ def test_loop_split_prints_the_loop_parts(capsys):
 
 def test_async_gain_on_the_committed_bench():
     """Issue 23's target on the committed H200 async bench (after the per-step syncs went), with the committed H200
-    profile (the same engine's calibration, fitted at HEAD): the simulator's throughput gain from async overlap within
-    5 points of the measured one at low load and the knee. Past saturation it is not yet (+5.7 against +11.7%); the
-    pipelined rule still predicts more than twice what hiding the loop's host terms alone did there (+2.0%)."""
+    profile (the same engine's calibration, fitted at HEAD, its sampler's device work timed apart in another process):
+    the simulator's throughput gain from async overlap within 5 points of the measured one at every load: +0.5 / +1.9 /
+    +7.0% against +0.5 / +3.3 / +11.7%. Past saturation it is the closest call (4.7 points); with the sampler's eager
+    seconds all counted as device work it was +5.7% (6.0 points short)."""
     sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
     import async_overlap_offline as aoo
 
     rows = aoo.main([str(ROOT / "benchmarks/gpu/issue23_h200/run_async_301c879/async_overlap.json"),
                      str(ROOT / "profiles/h200/calibration_deepseek-v3-5layers_fp8.json")])
     assert [r["level"] for r in rows] == ["low", "knee", "past saturation"]
-    assert all(abs(r["simulator"] - r["measured"]) < 0.05 for r in rows[:2])
-    assert rows[2]["simulator"] > 0.04
+    assert all(abs(r["simulator"] - r["measured"]) < 0.05 for r in rows)
