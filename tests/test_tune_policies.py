@@ -154,3 +154,43 @@ def test_profile_mode_says_ep_width_stays_a_simulated_recommendation(tmp_path):
     assert res.exit_code == 0, res.output
     assert "EP width: not searched here" in " ".join(res.output.split())
     assert "simulated recommendation" in yaml.safe_load(plan.read_text())["tune"]["ep_width"]
+
+
+def test_simulate_plan_repeats_a_tuned_policys_figures(tmp_path):
+    """A `tune --profile` winner written with --plan-out is simulated again by `simulate --plan`: the same requests,
+    profile and scheduler give the same figures tune printed; options the file fixes are refused (exit 2, named); a
+    changed profile is said."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    import yaml
+
+    from ui.cli import app
+
+    src = Path(__file__).resolve().parents[1] / "profiles" / "h200" / "calibration_deepseek-v3-5layers_fp8.json"
+    prof = tmp_path / "p.json"
+    shutil.copy(src, prof)
+    plan = tmp_path / "winner.yaml"
+    res = CliRunner().invoke(app, ["tune", "--model", "deepseek-v3", "--num-layers", "5", "--profile", str(prof), "--requests", "16",
+                                   "--max-input-len", "512", "--max-output-len", "16", "--load", "1.5", "--plan-out", str(plan)])
+    assert res.exit_code == 0, res.output
+    doc = yaml.safe_load(plan.read_text())
+    said = doc["tune"]["predicted"]
+    assert doc["simulation"]["profile"] == str(prof) and said["output_throughput"] > 0
+    got = CliRunner().invoke(app, ["simulate", "--plan", str(plan), "--json"])
+    assert got.exit_code == 0, got.output
+    out = json.loads(got.output)
+    assert out["same_as_tune"] and out["metrics"]["output_throughput"] == said["output_throughput"] and not out["notes"]
+    assert out["metrics"]["tpot_p50"] == said["tpot_p50"] and out["metrics"]["ttft_p90"] == said["ttft_p90"]
+    table = CliRunner().invoke(app, ["simulate", "--plan", str(plan)])
+    assert table.exit_code == 0 and "the same figures as tune's winner" in table.output
+    bad = CliRunner().invoke(app, ["simulate", "--plan", str(plan), "--rate", "3"])   # a user error (exit 2 at the console script)
+    from twinfer.errors import TwinferError
+    assert isinstance(bad.exception, TwinferError) and "drop --rate (only --json applies)" in str(bad.exception)
+    # the profile edited after tune ran: still simulated, and said
+    p = json.loads(prof.read_text())
+    p["step"]["loop"]["fixed_s"] *= 1.5
+    prof.write_text(json.dumps(p))
+    changed = json.loads(CliRunner().invoke(app, ["simulate", "--plan", str(plan), "--json"]).output)
+    assert any("changed since tune ran" in n for n in changed["notes"])

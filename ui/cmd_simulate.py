@@ -95,6 +95,47 @@ def effective_scenario(scenario: str | None = None, **overrides):
         raise TwinferError(msg) from None
 
 
+def _is_tuned_policy(path: str) -> bool:
+    from ui.tuned_policy import is_tuned_policy
+    return is_tuned_policy(path)
+
+
+def simulate_tuned_policy(path: str, *, as_json: bool, given: dict) -> None:
+    """``--plan`` on a tuned policy (``twinfer tune --profile ... --plan-out``): the winner's figures again, on tune's
+    requests, profile and scheduler; no other option applies (the file fixes them all), only --json."""
+    from ui.tuned_policy import FIGURES, resimulate
+
+    extra = sorted(k for k, v in given.items() if v is not None)
+    if extra:
+        raise TwinferError(f"--plan {path}: a tuned policy fixes its requests, profile and scheduler; drop {', '.join(extra)} "
+                           "(only --json applies)")
+    got, said, notes = resimulate(path)
+    same = bool(said) and all(said.get(k) == got.get(k) for k in FIGURES if k in said)
+    if as_json:
+        print(json.dumps({"plan": path, "kind": "tuned-policy", "metrics": got, "tune_predicted": said,
+                          "same_as_tune": same, "notes": notes}, indent=1))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    tab = Table(title=f"tuned policy {path}: one simulation on the measured profile (tune's requests and scheduler)")
+    tab.add_column("figure")
+    tab.add_column("simulated", justify="right")
+    tab.add_column("tune printed", justify="right")
+    for k in FIGURES:
+        v, t = got.get(k), said.get(k)
+        fmt = (lambda x: f"{x:,.1f}") if k in ("output_throughput", "requests_finished") else \
+            (lambda x: f"{x:.2f} s") if k == "duration_s" else (lambda x: f"{x * 1e3:.2f} ms")
+        tab.add_row(k, "-" if v is None else fmt(v), "-" if t is None else fmt(t))
+    con.print(tab)
+    con.print("the same figures as tune's winner" if same else
+              ("tune's figures were not written in this file" if not said else "differs from tune's figures (see notes)"),
+              highlight=False)
+    for n in notes:
+        con.print(f"note: {n}", highlight=False)
+
+
 def scenario_from_plan(path: str, *, scenario: str | None, requests: int | None, rate: float | None, seed: int | None, others: dict):
     """The full-scale Scenario of a plan file; only --requests, --rate and --seed may adjust it."""
     from planner.plan import load_plan
@@ -365,6 +406,16 @@ def register(app: typer.Typer) -> None:
         """
         if trace_format is not None and trace is None:
             raise TwinferError("--trace-format: only with --trace PATH")
+        if plan is not None and _is_tuned_policy(plan):
+            simulate_tuned_policy(plan, as_json=as_json, given={
+                "--scenario": scenario, "--model": model, "--hardware": hardware, "--calibration": calibration,
+                "--instances": instances, "--tp": tp, "--dp": dp, "--ep": ep, "--dtype": dtype, "--rate": rate,
+                "--requests": requests, "--duration": duration, "--concurrency": concurrency, "--think-time-s": think_time_s,
+                "--workload": workload, "--trace": trace, "--max-num-seqs": max_num_seqs,
+                "--max-batched-tokens": max_batched_tokens, "--async-overlap": async_overlap, "--draft-len": draft_len,
+                "--replay": replay, "--router": router, "--seed": seed, "--slo": slo, "--csv": csv, "--perfetto": perfetto,
+                "--error-band": error_band, "--print-scenario": print_scenario or None, "--all": all_values or None})
+            return
         if plan is not None:
             sc = scenario_from_plan(plan, scenario=scenario, requests=requests, rate=rate, seed=seed, others=dict(
                 model=model, hardware=hardware, instances=instances, tp=tp, dp=dp, ep=ep, dtype=dtype, duration=duration,

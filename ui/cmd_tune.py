@@ -200,7 +200,14 @@ def tune(
             engine.warmup()
         measured = measure_gain(engine, reqs, base, res, objective, seed=seed, log=con)
     if plan_out is not None:
-        con.print(f"plan for twinfer serve --plan: {write_policy_plan(plan_out, model, base, res, measured, str(profile))}")
+        from ui.tuned_policy import simulation_section
+        sim = simulation_section(profile=str(profile), num_layers=cost.num_layers, workload=workload, trace=trace,
+                                 requests=requests, seed=seed, max_input_len=max_input_len, max_output_len=max_output_len,
+                                 max_model_len=max_model_len, num_kv_blocks=blocks, arrival_scale=scale,
+                                 rate_rps=load * cap, load_x_capacity=load)
+        written = write_policy_plan(plan_out, model, base, res, measured, str(profile), sim)
+        con.print(f"plan for twinfer serve --plan: {written}  (twinfer simulate --plan {written} repeats the winner's "
+                  "simulated figures)", highlight=False)
     if out is not None:
         doc = {"result": res.model_dump(), "measured": measured, "profile": str(profile), "provenance": prof.provenance,
                "load_x_capacity": load, "rate_rps": load * cap, "requests": len(reqs),
@@ -251,9 +258,11 @@ def measure_gain(engine, reqs, base, res, objective: str, *, seed: int = 0, warm
             "gain_error_points": (res.predicted_gain - mg) * 100, "warm_up_replays": warm}
 
 
-def write_policy_plan(path: Path, model: str, base, res, measured: dict | None, profile: str) -> Path:
+def write_policy_plan(path: Path, model: str, base, res, measured: dict | None, profile: str, sim: dict | None = None) -> Path:
     """The winner's scheduler config (the policies the executor runs: max batch, token budget, chunk cap) as a
-    YAML plan whose ``scheduler`` section ``twinfer serve --plan`` (LLMEngine ``plan_path``) loads."""
+    YAML plan whose ``scheduler`` section ``twinfer serve --plan`` (LLMEngine ``plan_path``) loads; with ``sim``
+    (``ui.tuned_policy.simulation_section``) also what ``twinfer simulate --plan`` needs to repeat the winner's figures
+    (``tune.predicted``)."""
     import yaml
 
     from planner.tune import MEASURABLE
@@ -264,7 +273,8 @@ def write_policy_plan(path: Path, model: str, base, res, measured: dict | None, 
         "kind": "tuned-policy",
         "model": model,
         "scheduler": sched.model_dump(mode="json"),
-        "tune": {"profile": profile, "objective": res.objective,
+        **({"simulation": sim} if sim is not None else {}),
+        "tune": {"profile": profile, "objective": res.objective, "predicted": dict(res.best.metrics),
                  "baseline": res.baseline.knobs, "winner": res.best.knobs, "predicted_gain": res.predicted_gain,
                  "measured_gain": (measured or {}).get("gain"),
                  "predicted_only": res.best_predicted_only.knobs if res.best_predicted_only is not None else None,
