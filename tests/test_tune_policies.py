@@ -194,3 +194,11 @@ def test_simulate_plan_repeats_a_tuned_policys_figures(tmp_path):
     prof.write_text(json.dumps(p))
     changed = json.loads(CliRunner().invoke(app, ["simulate", "--plan", str(plan), "--json"]).output)
     assert any("changed since tune ran" in n for n in changed["notes"])
+    # a key deleted from the simulation section is named, not defaulted
+    cut = dict(doc)
+    cut["simulation"] = {k: v for k, v in doc["simulation"].items() if k != "requests"}
+    (tmp_path / "cut.yaml").write_text(yaml.safe_dump(cut))
+    bad = CliRunner().invoke(app, ["simulate", "--plan", str(tmp_path / "cut.yaml")])
+    assert isinstance(bad.exception, TwinferError) and "simulation" in str(bad.exception) and "requests" in str(bad.exception)
+    # the plan runs from another directory: the profile is kept by absolute path
+    assert Path(doc["simulation"]["profile"]).is_absolute()

@@ -122,10 +122,10 @@ def simulate_tuned_policy(path: str, *, as_json: bool, given: dict) -> None:
     tab = Table(title=f"tuned policy {path}: one simulation on the measured profile (tune's requests and scheduler)")
     tab.add_column("figure")
     tab.add_column("simulated", justify="right")
-    tab.add_column("tune printed", justify="right")
+    tab.add_column("tune's figure (in the file)", justify="right")
     for k in FIGURES:
         v, t = got.get(k), said.get(k)
-        fmt = (lambda x: f"{x:,.1f}") if k in ("output_throughput", "requests_finished") else \
+        fmt = (lambda x: f"{x:,.1f} tok/s") if k == "output_throughput" else (lambda x: f"{x:,.0f}") if k == "requests_finished" else \
             (lambda x: f"{x:.2f} s") if k == "duration_s" else (lambda x: f"{x * 1e3:.2f} ms")
         tab.add_row(k, "-" if v is None else fmt(v), "-" if t is None else fmt(t))
     con.print(tab)
@@ -397,7 +397,7 @@ def register(app: typer.Typer) -> None:
         perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="write a Perfetto/Chrome trace of every plan"),
         print_scenario: bool = typer.Option(False, "--print-scenario", help="print the effective scenario as YAML and exit"),
         all_values: bool = typer.Option(False, "--all", help="with --print-scenario: every effective value, defaults included"),
-        plan: Optional[str] = typer.Option(None, "--plan", help="simulate a `twinfer plan --out` plan file at full scale (--requests, --rate, --seed still apply)"),
+        plan: Optional[str] = typer.Option(None, "--plan", help="simulate a `twinfer plan --out` plan file at full scale (--requests, --rate, --seed still apply), or repeat a `twinfer tune --profile ... --plan-out` winner on tune's requests (only --json applies)"),
         error_band: Optional[str] = typer.Option(None, "--error-band", help="print the twin's error band next to the figures: a `twinfer validate` report JSON, or 'auto' (profiles/<hardware>/validation_*.json)"),
     ) -> None:
         """Serving metrics of a scenario in simulated time; with no options, the built-in default.
