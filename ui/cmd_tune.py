@@ -176,13 +176,16 @@ def tune(
     con.print(f"{len(res.candidates)} policies simulated on {len(reqs)} requests at {load:g} x the baseline's predicted capacity "
               f"({load * cap:.2f} req/s); objective {objective}")
     tab = Table(title="best policies (simulated)")
+    tab.add_column("policy")
     for c in ("max_num_seqs", "max_batched_tokens", "chunk cap", "async", "draft", objective, "feasible"):
         tab.add_column(c, justify="right")
     ranked = sorted([c for c in res.candidates if c.objective is not None], key=lambda c: c.objective,
                     reverse=objective == "output_throughput")
     for c in [res.baseline] + ranked[:8]:
         k = c.knobs
-        tab.add_row(str(k["max_num_seqs"]), str(k["max_num_batched_tokens"]), str(k["long_prefill_threshold"] or "-"),
+        role = ("baseline" if c is res.baseline else "winner" if c is res.best else
+                "predicted only" if "predicted only" in (c.why or "") else "")
+        tab.add_row(role, str(k["max_num_seqs"]), str(k["max_num_batched_tokens"]), str(k["long_prefill_threshold"] or "-"),
                     "on" if k["async_overlap"] else "off", str(k["draft_len"]), f"{c.objective:.4g}", "yes" if c.feasible else c.why)
     con.print(tab)
     con.print(f"baseline {res.baseline.knobs} -> winner {res.best.knobs}: predicted gain {res.predicted_gain * 100:+.1f}%", highlight=False)
