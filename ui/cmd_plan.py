@@ -248,7 +248,7 @@ def register(app: typer.Typer) -> None:
         calibration: Optional[str] = typer.Option(None, "--calibration", help="calibration profile JSON whose efficiencies replace the defaults"),
         gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="GPU budget"),
         workload: Optional[str] = typer.Option(None, "--workload", "-w", help="preset (chat, agentic, reasoning, summarize, long-context) or file [chat]"),
-        slo: Optional[str] = typer.Option(None, "--slo", help=f"latency targets with percentile and unit, e.g. {EXAMPLE} (p50/p90/p99; s/ms/us)"),
+        slo: Optional[str] = typer.Option(None, "--slo", help=f"latency targets with percentile and unit, e.g. {EXAMPLE} (p50/p90/p99; s/ms/us); required unless the --config file has an slo section"),
         modes: Optional[str] = typer.Option(None, "--modes", help="agg,disagg [both]"),
         simulate: Optional[int] = typer.Option(None, "--simulate", help="candidates to check in the simulator [6]; 0: screen only"),
         sim_requests: Optional[int] = typer.Option(None, "--sim-requests", help="most requests per simulation [2500]"),
