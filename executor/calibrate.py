@@ -561,6 +561,15 @@ def step_grid(device: str, quick: bool, max_ctx: int, max_batch: int, max_tokens
             c = ctxs[len(ctxs) // 2]
             shapes.append(([c] * b, [(min(prefills[-1], max_tokens - b), 0)]))  # decodes + a prefill chunk
             shapes.append(([c] * b, [(prefills[0], 0)]))
+        if device == "cuda" and not quick:
+            # a 256-token prompt beside decodes: 258-304 rows, past two of the Triton GEMM's 128-row tiles (H200 run
+            # 22: reasoning's first-token steps, 7% over the model, where the grid had chunks of 128 and 512 only);
+            # last, with their own draws, so every shape above keeps its contexts
+            r2 = np.random.default_rng(1)
+            c = ctxs[len(ctxs) // 2]
+            for nd in (2, 8, 24, 48):
+                if nd <= max_batch and 256 + nd <= max_tokens and 256 < max_ctx:
+                    shapes.append((np.clip(np.round(c * r2.uniform(0.5, 1.5, nd)), 1, max_ctx - 2).astype(int).tolist(), [(256, 0)]))
     return shapes
 
 
