@@ -96,8 +96,17 @@ def effective_scenario(scenario: str | None = None, **overrides):
 
 
 def _is_tuned_policy(path: str) -> bool:
-    from ui.tuned_policy import is_tuned_policy
-    return is_tuned_policy(path)
+    """Whether a --plan file is a tuned policy; neither that nor a deployment plan (``pools``) is a user error."""
+    from twinfer.config import read_mapping
+    from ui.tuned_policy import KIND
+
+    doc = read_mapping(path)
+    if doc.get("kind") == KIND:
+        return True
+    if "pools" not in doc:
+        raise TwinferError(f"--plan {path}: not a plan file: give a `twinfer plan --out` plan (it has pools) or a "
+                           f"`twinfer tune --profile ... --plan-out` tuned policy (kind: {KIND})")
+    return False
 
 
 def simulate_tuned_policy(path: str, *, as_json: bool, given: dict) -> None:
