@@ -91,7 +91,7 @@ def read_mapping(path: str | Path) -> dict:
     """Read a YAML or JSON file that must hold a mapping."""
     p = Path(path)
     if not is_file(p):
-        raise TwinferError(f"{p}: no such file")
+        raise TwinferError(f"{p}: a directory, not a file" if is_dir(p) else f"{p}: no such file")
     try:
         text = p.read_text(encoding="utf-8", errors="replace")
     except OSError as err:
