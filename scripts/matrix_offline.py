@@ -141,7 +141,8 @@ def recover(run: Path, nreq: int, cost, cfg) -> None:
     print(f"wrote {run / 'measured_recovered.json'} ({', '.join(out)})")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, tuple[float, str]]:
+    """Print every level's relative errors; returns the worst per figure: {figure: (error, "class level")}."""
     ap = argparse.ArgumentParser()
     ap.add_argument("run")
     ap.add_argument("--no-lag", action="store_true")
@@ -153,7 +154,7 @@ def main() -> None:
     ap.add_argument("--recover", action="store_true",
                     help="write measured_recovered.json for classes whose validation report did not come back: measured = "
                          "the prediction / (1 + the matrix report's relative error); exact only at the run's own commit")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
 
     import sim.instance as inst
     from costmodels.profiled import ProfiledStepCost
@@ -180,7 +181,7 @@ def main() -> None:
     nreq = run_requests(run)
     if a.recover:
         recover(run, nreq, cost, cfg)
-        return
+        return {}
     worst: dict[str, tuple[float, str]] = {}
     print(f"{'class':10} {'level':16} " + " ".join(f"{f:>18}" for f in FIGURES))
     have = measured_levels(run, a.replay)
@@ -199,6 +200,7 @@ def main() -> None:
                     worst[f] = (e, f"{cls} {name}")
             print(f"{cls:10} {name:16} " + " ".join(f"{errs[f] * 100:+17.1f}%" for f in FIGURES))
     print("worst: " + ", ".join(f"{f} {e * 100:+.1f}% ({where})" for f, (e, where) in worst.items()))
+    return worst
 
 
 if __name__ == "__main__":

@@ -94,3 +94,40 @@ def test_async_gain_on_the_committed_bench():
                      str(ROOT / "profiles/h200/calibration_deepseek-v3-5layers_fp8.json")])
     assert [r["level"] for r in rows] == ["low", "knee", "past saturation"]
     assert all(abs(r["simulator"] - r["measured"]) < 0.05 for r in rows)
+
+
+def _unpacked(run: str, dst: Path) -> Path:
+    """A copy of an archived H200 matrix run with its reports.tgz unpacked (what scripts/matrix_offline.py reads)."""
+    import shutil
+    import tarfile
+
+    src = ROOT / "benchmarks" / "gpu" / "issue16_h200" / run
+    dst.mkdir()
+    for f in src.glob("*.json"):
+        shutil.copy(f, dst / f.name)
+    with tarfile.open(src / "reports.tgz") as t:
+        t.extractall(dst, filter="data")
+    return dst
+
+
+def test_held_out_runs_22_and_23_at_head(tmp_path, capsys):
+    """The twin at HEAD on H200 runs 22 (synchronous loop) and 23 (pipelined loop), each fitted on its own calibration
+    only (agentic, summarize, reasoning at three loads; the model was built on runs 20-21). Run 23 with the sampler's
+    device work measured in another process (run 25) merged into its calibration: every figure within issue 16's
+    targets. Run 22: throughput and TPOT within target; reasoning's TTFT misses by up to 1.3 points (its first-token
+    mixed steps, docs/twin.md), pinned here so that a change that widens it fails."""
+    import matrix_offline as mo
+
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+    import sampler_split
+
+    r23 = _unpacked("run23_async_agentic_summarize_reasoning_1fc801e", tmp_path / "r23")
+    cal = r23 / "calibration_deepseek-v3-5layers_fp8.json"
+    sampler_split.merge(str(cal), str(ROOT / "benchmarks/gpu/issue23_h200/sampler_split_37e066b/sampler_split.json"), str(cal))
+    w23 = mo.main([str(r23), "--refit", "auto"])
+    assert abs(w23["output_throughput"][0]) <= 0.05 and abs(w23["tpot_p50"][0]) <= 0.05
+    assert abs(w23["ttft_p50"][0]) <= 0.10 and abs(w23["ttft_p90"][0]) <= 0.10
+    w22 = mo.main([str(_unpacked("run22_agentic_summarize_reasoning_215088b", tmp_path / "r22")), "--sync", "--refit", "auto"])
+    assert abs(w22["output_throughput"][0]) <= 0.05 and abs(w22["tpot_p50"][0]) <= 0.05
+    assert abs(w22["ttft_p50"][0]) <= 0.12 and abs(w22["ttft_p90"][0]) <= 0.12
+    assert w22["ttft_p50"][1].startswith("reasoning")
