@@ -19,8 +19,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def host_ratios(run: Path, cost, st) -> list[tuple]:
-    """(unix time, measured/model host part, class, level, batch) for every decode-graph step of every replay."""
+def host_ratios(run: Path, cost) -> list[tuple]:
+    """(unix time, measured/model host part, class, level, batch) for every decode-graph step of every replay (the
+    model's part as ``twinfer validate``'s decode host drift takes it)."""
+    from ui.cmd_validate import decode_host_model_s
+
     rows = []
     for f in sorted(glob.glob(str(run / "samples_*.json"))):
         cls = Path(f).name.split("samples_")[1].split("_")[0]
@@ -38,7 +41,7 @@ def host_ratios(run: Path, cost, st) -> list[tuple]:
                     if s["graph_bs"][i] <= 0 or s["prefill_chunks"][i] or not s["decodes"][i] or s["forward_s"][i] is None:
                         continue
                     n = s["decodes"][i]
-                    rest = float(st.host.graph(n, s["decode_ctx_mean"][i] * n)) + cost.sample_s(n) + float(st.loop(n, n))
+                    rest = decode_host_model_s(cost, cost.step, n, s["decode_ctx_mean"][i] * n)
                     rows.append((t0s[r] + start[i], (s["measured_s"][i] - s["forward_s"][i]) / rest, cls, lv["name"], n))
     return sorted(rows)
 
@@ -64,8 +67,7 @@ def main(argv=None) -> None:
 
     run = Path((argv or sys.argv[1:])[0])
     prof = CalibrationProfile.load(next(run.glob("calibration_*.json")))
-    cost, st = ProfiledStepCost(prof), prof.step
-    rows = host_ratios(run, cost, st)
+    rows = host_ratios(run, ProfiledStepCost(prof))
     t, fields, cores = read_stat(run)
     tt = np.array([x[0] for x in rows])
     rr = np.array([x[1] for x in rows])

@@ -91,6 +91,15 @@ def layered_forward(host_s: float, device_layers, early: float) -> float:
     return float(t)
 
 
+def flow_forward(host_s: float, device_s: float, fractions, early: float, overlap: float) -> float:
+    """A forward that is not a decode-graph replay, as the executor twin prices it: ``device_s`` shared over the layers
+    by ``fractions`` and run as the layered flow (:func:`layered_forward`), plus ``overlap`` x min(issue, device) that
+    the forward pays beyond the flow (its start and end); the fit (``costmodels.step_fit``) and the model
+    (``ProfiledStepCost.eager_forward``) both price it here."""
+    return (layered_forward(host_s, float(device_s) * np.asarray(fractions, float), early)
+            + overlap * min(float(host_s), float(device_s)))
+
+
 # ----------------------------------------------------------------------------- host profiles per engine style
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from costmodels.hardware import get_hardware
 from costmodels.layout import ParallelLayout
 from costmodels.ops import CATEGORIES
 from costmodels.step import StepCostModel
-from costmodels.host import layered_forward
+from costmodels.host import flow_forward
 from costmodels.step_ops import KV_UP, SAMPLED, TOKENS
 from costmodels.step_profile import CATEGORY_FOLD, FIT_CATEGORIES, StepPoint, StepProfile
 
@@ -88,6 +88,7 @@ class ProfiledStepCost:
         self._dense_rows = self.base.row_share(TOKENS, lambda i: not self.model.is_moe_layer(i))
         self._gd: dict[float, tuple[float, float]] = {}
         self.pipelined_loop = False   # see pipelined()
+        self._pipelined: ProfiledStepCost | None = None
         self.notes = [
             f"step times from the measured profile of {st.model} ({st.num_layers} layers, {st.dtype}) on {profile.measured_on}: "
             + ("runner = serial host + " if st.host.serial_s or st.host.serial_per_request_s or st.host.serial_per_prefill_s or st.host.serial_per_token_s
@@ -224,14 +225,18 @@ class ProfiledStepCost:
         after b0cb3ef removed the last per-step syncs (the sampler's read-back, pageable placeholder copies):
         +15.5% step-time gain past saturation, where the runner model of 1b8169c was removed when the loop still
         waited."""
-        import copy
-        c = copy.copy(self)
-        c.pipelined_loop = True
-        return c
+        if self.pipelined_loop:
+            return self
+        if self._pipelined is None:   # made once: validate asks for it per measured step
+            import copy
+            c = copy.copy(self)
+            c.pipelined_loop = True
+            self._pipelined = c
+        return self._pipelined
 
-    def _pipe(self, device: float, runner_host: float, n_req: int, n_tok: int) -> float:
-        """A pipelined step: max(device, runner host + the profile's loop host)."""
-        return max(float(device), float(runner_host) + float(self.step.loop(n_req, n_tok)))
+    def _pipe(self, device, runner_host, n_req: int, n_tok: int):
+        """A pipelined step: max(device, runner host + the profile's loop host) (each may be an array of steps)."""
+        return np.maximum(device, runner_host + float(self.step.loop(n_req, n_tok)))
 
     # --- StepCost interface
     def mixed_step_time(self, new_tokens, context_lens, is_decode) -> float:
@@ -246,16 +251,17 @@ class ProfiledStepCost:
                 gh = float(self.step.host.graph(new.size, float(np.sum(context_lens))))
                 if self.pipelined_loop:
                     sd, sh = self.sample_split(new.size)
-                    return self._pipe(fwd + sd, gh + sh, new.size, new.size)
+                    return float(self._pipe(fwd + sd, gh + sh, new.size, new.size))
                 return gh + fwd + self.sample_s(new.size)
         cats = self.category_times(new, context_lens, dec)
         d = self.eager_device(new, context_lens, dec, cats)
-        smp = self.sample_s(self.sampled_rows(new, dec))
+        sampled = self.sampled_rows(new, dec)
         h = self.host_time(new.size, int(new.sum()), int((~dec).sum()))
         serial = float(self.step.host.serial(new.size, int((~dec).sum()), int(new[~dec].sum())))
         if self.pipelined_loop:
-            sd, sh = self.sample_split(self.sampled_rows(new, dec))
-            return self._pipe(d + sd, serial + h + sh, new.size, int(new.sum()))
+            sd, sh = self.sample_split(sampled)
+            return float(self._pipe(d + sd, serial + h + sh, new.size, int(new.sum())))
+        smp = self.sample_s(sampled)
         if self.step.layer_early is None:
             return serial + float(self.step.combine(h, d + smp))
         rows = self.step.piecewise_bucket(int(new.sum())) or int(new.sum())
@@ -288,8 +294,7 @@ class ProfiledStepCost:
         min(H, D)``."""
         if self.step.layer_early is None:
             return float(self.step.combine(host, device))
-        return (layered_forward(host, device * self.layer_fractions(rows, cats), self.step.layer_early)
-                + self.step.overlap * min(float(host), float(device)))
+        return flow_forward(host, device, self.layer_fractions(rows, cats), self.step.layer_early, self.step.overlap)
 
     def eager_device(self, new: np.ndarray, ctx: np.ndarray, dec: np.ndarray, cats: np.ndarray | None = None) -> float:
         """Device seconds of the forward of a step that is not a decode-graph replay (sampler excluded): its category
@@ -319,21 +324,19 @@ class ProfiledStepCost:
             d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + sd
             gh = float(self.step.host.graph(n, float(ctx.sum())))
             if self.pipelined_loop:
-                return np.maximum(d, gh + sh + float(self.step.loop(n, n * (1 + draft_len))))
+                return self._pipe(d, gh + sh, n, n * (1 + draft_len))
             return gh + d
         ke = self.k_eager
         smp = self.sample_s(rows)
         d = float(cats[1:] @ ke[1:]) + (cats[0] + att) * ke[0] + self.step.eager_decode_group_s
         h = self.host_time(n, n * (1 + draft_len), 0)
         if self.pipelined_loop:
-            return np.maximum(d + sd, float(self.step.host.serial(n, 0)) + h + sh + float(self.step.loop(n, n * (1 + draft_len))))
+            return self._pipe(d + sd, float(self.step.host.serial(n, 0)) + h + sh, n, n * (1 + draft_len))
         if self.step.layer_early is None:
             return self.step.host.serial(n, 0) + self.step.combine(h, d + smp)
         c = cats.copy()
         c[0] = c[0] + float(np.mean(att))
-        fr = self.layer_fractions(float(n * (1 + draft_len)), c)
-        fwd = np.array([layered_forward(h, di * fr, self.step.layer_early) + self.step.overlap * min(h, float(di))
-                        for di in np.atleast_1d(d)])
+        fwd = np.array([self.eager_forward(h, float(di), rows, c) for di in np.atleast_1d(d)])
         return self.step.host.serial(n, 0) + (fwd if np.ndim(d) else float(fwd[0])) + smp
 
     def point_time(self, p: StepPoint) -> float:

@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from costmodels.calibration import kv_expand_table, moe_layer_table, prefill_chunk_table, sample_table
-from costmodels.host import layered_forward, partial_overlap
+from costmodels.host import flow_forward, layered_forward, partial_overlap
 from costmodels.profiled import ProfiledStepCost, point_after_forward_s, point_categories, point_sample_s
 from costmodels.step_profile import FIT_CATEGORIES, STEP_MODEL_REV, FitStats, HostTerms, LoopTerms, StepPoint, StepProfile
 
@@ -473,7 +473,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
             alpha = flow[1]
             for i in np.flatnonzero(~graph):
                 hv, dv = float(hf[i] @ h), float(df[i, -1])
-                pred[i] = off[i] + layered_forward(hv, dv * frac[i], early) + alpha * min(hv, dv) + df[i, ns] * k[ns]
+                pred[i] = off[i] + flow_forward(hv, dv, frac[i], early, alpha) + df[i, ns] * k[ns]
         sse = float(np.sum(((pred - y) / y) ** 2))
         if best is None or sse < best[4] - 1e-12:
             best = (use_tables, h, k, alpha, sse, df, sub, fw, serial, off, eag, early, pred)

@@ -19,6 +19,7 @@ from twinfer.config import read_mapping, validate
 from twinfer.errors import TwinferError
 from ui.cmd_replay import policy_mapping
 from ui.progress import done_requests, partial_metrics, watch
+from ui.tuned_policy import is_tuned_policy
 
 
 def _base_mapping(scenario: str | None) -> tuple[dict, str]:
@@ -93,20 +94,6 @@ def effective_scenario(scenario: str | None = None, **overrides):
         if msg == str(e):
             raise
         raise TwinferError(msg) from None
-
-
-def _is_tuned_policy(path: str) -> bool:
-    """Whether a --plan file is a tuned policy; neither that nor a deployment plan (``pools``) is a user error."""
-    from twinfer.config import read_mapping
-    from ui.tuned_policy import KIND
-
-    doc = read_mapping(path)
-    if doc.get("kind") == KIND:
-        return True
-    if "pools" not in doc:
-        raise TwinferError(f"--plan {path}: not a plan file: give a `twinfer plan --out` plan (it has pools) or a "
-                           f"`twinfer tune --profile ... --plan-out` tuned policy (kind: {KIND})")
-    return False
 
 
 def simulate_tuned_policy(path: str, *, as_json: bool, given: dict) -> None:
@@ -415,7 +402,7 @@ def register(app: typer.Typer) -> None:
         """
         if trace_format is not None and trace is None:
             raise TwinferError("--trace-format: only with --trace PATH")
-        if plan is not None and _is_tuned_policy(plan):
+        if plan is not None and is_tuned_policy(plan):
             simulate_tuned_policy(plan, as_json=as_json, given={
                 "--scenario": scenario, "--model": model, "--hardware": hardware, "--calibration": calibration,
                 "--instances": instances, "--tp": tp, "--dp": dp, "--ep": ep, "--dtype": dtype, "--rate": rate,

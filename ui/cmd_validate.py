@@ -117,6 +117,13 @@ def eager_issue_drift(steps, cost, profile, min_steps: int = 5) -> float | None:
     return float(np.median(ratios)) - 1.0 if len(ratios) >= min_steps else None
 
 
+def decode_host_model_s(cost, st, n: int, ctx_tokens: float) -> float:
+    """The model's part of a decode-graph step outside its forward, what (iteration - forward) measures: the step
+    profile ``st``'s graph host terms at ``n`` requests over ``ctx_tokens`` context tokens, ``cost``'s sampler and the
+    profile's loop."""
+    return float(st.host.graph(n, ctx_tokens)) + cost.sample_s(n) + float(st.loop(n, n))
+
+
 def decode_host_drift(steps, cost, profile, min_steps: int = 20) -> float | None:
     """How much slower (+) or faster (-) the host part of serving's decode graph steps ran than the calibrated model
     says: the median over the replay's single decode-graph steps that timed their forward (and lie past what a
@@ -138,9 +145,7 @@ def decode_host_drift(steps, cost, profile, min_steps: int = 20) -> float | None
             continue
         if 1 <= since[j] <= settle:
             continue
-        n = len(s.decode_ctx)
-        rest = float(st.host.graph(n, float(np.sum(s.decode_ctx)))) + cost.sample_s(n) + float(st.loop(n, n))
-        ratios.append((s.iter_s - fwd) / rest)
+        ratios.append((s.iter_s - fwd) / decode_host_model_s(cost, st, len(s.decode_ctx), float(np.sum(s.decode_ctx))))
     return float(np.median(ratios)) - 1.0 if len(ratios) >= min_steps else None
 
 

@@ -68,8 +68,15 @@ def simulation_section(*, profile: str, num_layers: int, workload: str, trace: s
 
 
 def is_tuned_policy(path: str) -> bool:
-    """Whether ``path`` holds a tuned policy (not a ``twinfer plan`` deployment plan)."""
-    return read_mapping(path).get("kind") == KIND
+    """Whether a ``--plan`` file holds a tuned policy; False for a ``twinfer plan`` deployment plan (``pools``); a file
+    that is neither is a user error."""
+    doc = read_mapping(path)
+    if doc.get("kind") == KIND:
+        return True
+    if "pools" not in doc:
+        raise TwinferError(f"--plan {path}: not a plan file: give a `twinfer plan --out` plan (it has pools) or a "
+                           f"`twinfer tune --profile ... --plan-out` tuned policy (kind: {KIND})")
+    return False
 
 
 def resimulate(path: str) -> tuple[dict, dict, list[str]]:
