@@ -425,6 +425,44 @@ def moe_layer_table(points: list[dict], model: str | None = None, weight_dtype: 
                               "executor ops.moe_experts inside a CUDA graph)")
 
 
+def eff_table(pairs, x_is: str, cap: float | None = 1.0) -> EffTable | None:
+    """An efficiency table from (x, efficiency) measurements: the best efficiency at each distinct x (different shapes can
+    share an x, e.g. batch x context reading the same KV bytes; the fastest is the kernel's capability), capped at ``cap``."""
+    best: dict[float, float] = {}
+    for x, y in pairs:
+        best[x] = max(best.get(x, 0.0), y if cap is None else min(cap, y))
+    if len(best) < 2:
+        return None
+    xs = sorted(best)
+    return EffTable(x=xs, y=[best[x] for x in xs], x_is=x_is)
+
+
+def linear_tables(points: list[dict], hw_name: str) -> dict[str, EffTable]:
+    """``gemm_mem`` over bytes and ``gemm_compute`` over rows from a calibration's ``linear`` points (the executor's
+    Linear, K = hidden, N = 2 x hidden); {} with fewer than two. Seconds are the GEMM's device work (``device_s``: a
+    CUDA graph of the call replayed back to back, recorded on CUDA since the calibration timed every token bucket) where
+    every point has one: the steps run their GEMMs inside decode graphs and piecewise pieces, and their launch is the
+    host terms'. Otherwise the eager host-clocked ``time_s`` (earlier calibrations), which carries each call's launch."""
+    from costmodels.hardware import get_hardware
+
+    lin = [p for p in points if p.get("op") == "linear" and (p.get("time_s") or 0) > 0]
+    if not lin:
+        return {}
+    device = all((p.get("device_s") or 0) > 0 for p in lin)
+    secs = [float(p["device_s"] if device else p["time_s"]) for p in lin]
+    how = ", device seconds in a CUDA graph" if device else ""   # eager: the text earlier profiles carry
+    hw = get_hardware(hw_name)
+    base = CalibrationProfile.default(hw)
+    dtype = lin[0]["dtype"] if lin[0]["dtype"] in ("fp8", "bf16") else "bf16"
+    peak = hw.tflops(dtype) * 1e12
+    scale = max(base.gemm_compute_eff.values()) / base.gemm_compute_eff.get(dtype, 0.6)  # StepCostModel multiplies by top / max
+    out = {"gemm_mem": eff_table([(p["bytes"], p["bytes"] / t / hw.hbm_bw) for p, t in zip(lin, secs)],
+                                 f"bytes a GEMM moves (measured: executor Linear{how})"),
+           "gemm_compute": eff_table([(p["m"], min(1.0, p["flops"] / t / peak) * scale) for p, t in zip(lin, secs)],
+                                     f"GEMM rows M (measured: executor Linear{how})", cap=None)}
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def prefill_chunk_table(points: list[dict]) -> PrefillChunkTable | None:
     """The ``attn_prefill_chunk`` table from a calibration's ``attn_prefill_chunk`` points; None with fewer than two
     distinct shapes or two cached levels. Seconds are each chunk's device time (``device_s``: its launch hidden behind a

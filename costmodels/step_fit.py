@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from costmodels.calibration import kv_expand_table, moe_layer_table, prefill_chunk_table, sample_table
+from costmodels.calibration import kv_expand_table, linear_tables, moe_layer_table, prefill_chunk_table, sample_table
 from costmodels.host import flow_forward, layered_forward, partial_overlap
 from costmodels.profiled import ProfiledStepCost, point_after_forward_s, point_categories, point_sample_s
 from costmodels.step_profile import FIT_CATEGORIES, STEP_MODEL_REV, FitStats, HostTerms, LoopTerms, StepPoint, StepProfile
@@ -585,6 +585,9 @@ def refit_profile(profile, scale_bounds: str = "auto"):
     st = profile.step
     if not profile.op_table_libs:   # calibrated before op_table_libs (runs <= 6): its measured Linear says which library
         profile = profile.model_copy(update={"op_table_libs": type(profile).measured_libs(profile.op_points, st.dtype)})
+    lt = linear_tables(profile.op_points, getattr(st, "hardware_basis", None) or profile.measured_on)   # device seconds where the points have them
+    if lt:
+        profile = profile.model_copy(update={"tables": {**profile.tables, **lt}})
     ct = prefill_chunk_table(profile.op_points)   # this revision's chunk table (device seconds where the points have them)
     if ct is not None:
         profile = profile.model_copy(update={"tables": {**profile.tables, "attn_prefill_chunk": ct}})

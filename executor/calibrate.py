@@ -33,8 +33,8 @@ import time
 import numpy as np
 import torch
 
-from costmodels.calibration import (CalibrationProfile, EffTable, MoELayerTable, PrefillChunkTable, kv_expand_table,
-                                    moe_layer_table, prefill_chunk_table, sample_table)
+from costmodels.calibration import (CalibrationProfile, EffTable, MoELayerTable, PrefillChunkTable, eff_table, kv_expand_table,
+                                    linear_tables, moe_layer_table, prefill_chunk_table, sample_table)
 from costmodels.hardware import get_hardware
 from costmodels.step_fit import fit_step_profile, nnls_abs
 from costmodels.step_profile import StepPoint
@@ -220,6 +220,17 @@ def bench_sampler(compute_logits, vocab: int, hidden: int, device: torch.device,
     return out
 
 
+def linear_rows(full: bool, buckets=()) -> list[int]:
+    """Row counts the Linear is timed at: every factor of 2 from 8 to 8192 (run 22's grid, H200, left the held device
+    work of eager steps -4..-5% at 256-304 rows and +3..+9% at 64-136 where the table had points every factor of 4),
+    plus every token bucket the piecewise CUDA graphs pad a step to (``buckets``): a step's GEMMs run at exactly those
+    rows, and a tiled GEMM's time is a staircase in rows (a 272-row bucket pays three 128-row tiles where 256 pays two)
+    that interpolation between powers of 2 cannot see. ``full`` False (CPU, --quick): four sizes."""
+    if not full:
+        return [1, 8, 64, 256]
+    return sorted({1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192} | {int(b) for b in buckets if 0 < int(b) <= 16384})
+
+
 def bench_linear(engine: LLMEngine, rows: list[int], repeats: int) -> list[dict]:
     """The executor's Linear (K = hidden, N = 2 x hidden) over row counts: seconds, FLOPs, bytes."""
     from executor.layers import Linear
@@ -248,9 +259,12 @@ def bench_linear(engine: LLMEngine, rows: list[int], repeats: int) -> list[dict]
         ops.reset_used()
         with torch.inference_mode():
             t, spread = _median_time(lambda: lin(x), clock, repeats)
+            backend = ops.reset_used().get("fp8_gemm", "torch")
+            dev_s = _graph_device_time(lambda: lin(x), dev)   # the GEMM as a decode graph or a piecewise piece runs it
         out.append({"op": "linear", "m": m, "k": k, "n": n, "dtype": "fp8" if lin.fp8 else str(act).replace("torch.", ""),
                     "time_s": t, "spread": spread, "flops": 2.0 * m * n * k,
-                    "bytes": wbytes + 2.0 * m * (k + n) * x.element_size() / 2, "backend": ops.reset_used().get("fp8_gemm", "torch")})
+                    "bytes": wbytes + 2.0 * m * (k + n) * x.element_size() / 2, "backend": backend,
+                    **({"device_s": dev_s} if dev_s is not None else {})})
     return out
 
 
@@ -440,18 +454,6 @@ def _is_fp8(engine: LLMEngine) -> bool:
     return False
 
 
-def _eff_table(pairs, x_is: str, cap: float | None = 1.0) -> EffTable | None:
-    """An efficiency table from (x, efficiency) measurements: the best efficiency at each distinct x (different shapes can
-    share an x, e.g. batch x context reading the same KV bytes; the fastest is the kernel's capability), capped at ``cap``."""
-    best: dict[float, float] = {}
-    for x, y in pairs:
-        best[x] = max(best.get(x, 0.0), y if cap is None else min(cap, y))
-    if len(best) < 2:
-        return None
-    xs = sorted(best)
-    return EffTable(x=xs, y=[best[x] for x in xs], x_is=x_is)
-
-
 def op_tables(points: list[dict], hw_name: str) -> dict[str, EffTable | PrefillChunkTable | MoELayerTable]:
     """Efficiency tables from the op micro-benchmarks: ``gemm_mem`` over bytes and ``gemm_compute`` over rows (executor
     Linear), ``attn_decode_mem`` over KV bytes (MLA decode), ``attn_prefill_compute`` over tokens (prefill attention),
@@ -461,22 +463,12 @@ def op_tables(points: list[dict], hw_name: str) -> dict[str, EffTable | PrefillC
     eager seconds over rows (``sample_table``); ``moe_layer``: one MoE layer's routed experts, device seconds over tokens (two or more counts timed
     in a CUDA graph)."""
     hw = get_hardware(hw_name)
-    base = CalibrationProfile.default(hw)
     ok = [p for p in points if p["time_s"] > 0]
     by = lambda op: [p for p in ok if p["op"] == op]  # noqa: E731
-    lin = by("linear")
-    tables = {}
-    if lin:
-        dtype = lin[0]["dtype"] if lin[0]["dtype"] in ("fp8", "bf16") else "bf16"
-        peak = hw.tflops(dtype) * 1e12
-        scale = max(base.gemm_compute_eff.values()) / base.gemm_compute_eff.get(dtype, 0.6)  # StepCostModel multiplies by top / max
-        tables["gemm_mem"] = _eff_table([(p["bytes"], p["bytes"] / p["time_s"] / hw.hbm_bw) for p in lin],
-                                        "bytes a GEMM moves (measured: executor Linear)")
-        tables["gemm_compute"] = _eff_table([(p["m"], min(1.0, p["flops"] / p["time_s"] / peak) * scale) for p in lin],
-                                            "GEMM rows M (measured: executor Linear)", cap=None)
-    tables["attn_decode_mem"] = _eff_table([(p["bytes"], p["bytes"] / p["time_s"] / hw.hbm_bw) for p in by("mla_decode")],
+    tables = linear_tables(points, hw_name)   # device seconds where every Linear point timed them
+    tables["attn_decode_mem"] = eff_table([(p["bytes"], p["bytes"] / p["time_s"] / hw.hbm_bw) for p in by("mla_decode")],
                                            "KV bytes read by one decode attention kernel (measured: executor MLA decode)")
-    tables["attn_prefill_compute"] = _eff_table(
+    tables["attn_prefill_compute"] = eff_table(
         [(p["tokens"], p["flops"] / p["time_s"] / (hw.bf16_tflops * 1e12)) for p in by("attention_prefill")],
         "tokens of one causal prefill attention kernel (measured: executor SDPA prefill)")
     tables["attn_prefill_chunk"] = prefill_chunk_table(points)   # device seconds where the points timed them
@@ -485,7 +477,7 @@ def op_tables(points: list[dict], hw_name: str) -> dict[str, EffTable | PrefillC
     tables["sample"] = sample_table(points)   # the sampler the step runs after its forward, eager, over rows
     tables["kv_expand"] = kv_expand_table(points)   # a prefill chunk's keys and values built from the cached latents
     # at the same bytes (every expert touched) more tokens turn compute-bound: the best efficiency is the memory regime
-    tables["expert_mem"] = _eff_table([(p["bytes"], p["bytes"] / p["time_s"] / hw.hbm_bw) for p in by("moe_experts")],
+    tables["expert_mem"] = eff_table([(p["bytes"], p["bytes"] / p["time_s"] / hw.hbm_bw) for p in by("moe_experts")],
                                       "expert weight bytes one MoE layer's routed experts read (measured: executor grouped GEMM, uniform routing)")
     return {k: t for k, t in tables.items() if t is not None}
 
@@ -921,9 +913,7 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     log(f"calibrate: {model} ({L} layers, {dtype}) on {device}, hardware basis {hw}; build {build_s:.1f} s, warm-up {warm_s:.1f} s"
         + _state_text(gpu_state(engine.runner.device)))
 
-    # every factor of 2 from 8 rows: run 22's grid (H200) left the held device work of eager steps -4..-5% at 256-304
-    # rows and +3..+9% at 64-136 where the table had points only every factor of 4 (1, 8, 32, 128, 512, ...)
-    rows = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192] if cuda and not quick else [1, 8, 64, 256]
+    rows = linear_rows(cuda and not quick, getattr(getattr(engine.runner, "piecewise", None), "captured", ()) or ())
     t1 = time.perf_counter()
     try:
         op_pts = bench_linear(engine, rows, repeats=max(repeats, 10) if cuda else repeats)

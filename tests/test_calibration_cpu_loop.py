@@ -72,7 +72,9 @@ def test_tiny_calibrate_then_validate_on_cpu(tmp_path):
     lv2 = rep2.levels[0]
     assert len(lv2.runs) == 2 and lv2.measured["requests_finished"] == 6
     t0 = lv2.diagnostics["replay_t0_unix"]        # each replay's engine-clock zero on the Unix clock, for host samplers
-    assert len(t0) == 2 and t0[1] - t0[0] >= lv2.runs[0]["duration_s"] - 2e-3   # the first replay ran in between
+    # the first replay ran in between (the Unix anchors are rounded to 1 ms and the Unix clock may be slewed while the
+    # engine's monotonic one is not: 10 ms of slack, against replays of 0.1 s and more)
+    assert len(t0) == 2 and t0[1] - t0[0] >= lv2.runs[0]["duration_s"] - 1e-2
     vals = sorted(r["output_throughput"] for r in lv2.runs)
     assert lv2.measured["output_throughput"] == pytest.approx(sum(vals) / 2)
     assert lv2.spread["output_throughput"] == pytest.approx((vals[1] - vals[0]) / lv2.measured["output_throughput"])

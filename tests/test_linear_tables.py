@@ -1,0 +1,102 @@
+"""The executor Linear's GEMM tables (``gemm_mem`` over bytes, ``gemm_compute`` over rows): timed at every token
+bucket the piecewise graphs pad a step to, and built from the GEMM's device work where every point has it (issue 16:
+the small-shape figures carried a launch floor, and a tiled GEMM's staircase in rows fell between powers of 2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from costmodels.calibration import CalibrationProfile, linear_tables
+from costmodels.hardware import get_hardware
+
+K, N = 7168, 14336
+
+
+def _points(device: bool, tile: int = 128) -> list[dict]:
+    """Linear points whose device work is a staircase in 128-row tiles (50 us a tile, 40 us from one row) under a
+    100 us eager launch floor."""
+    out = []
+    for m in (1, 8, 64, 128, 256, 272, 384, 512):
+        dev = 40e-6 + 50e-6 * -(-m // tile)
+        p = {"op": "linear", "m": m, "k": K, "n": N, "dtype": "fp8", "time_s": max(dev, 100e-6) + 20e-6, "spread": 0.01,
+             "flops": 2.0 * m * N * K, "bytes": N * K + 2.0 * m * (K + N), "backend": "triton"}
+        if device:
+            p["device_s"] = dev
+        out.append(p)
+    return out
+
+
+def _seconds(prof: CalibrationProfile, p: dict) -> float:
+    hw = get_hardware("H200")
+    top = max(prof.gemm_compute_eff.values())
+    ceff = float(prof.tables["gemm_compute"](p["m"])) * prof.gemm_compute_eff["fp8"] / top
+    return max(p["flops"] / (hw.tflops("fp8") * 1e12 * ceff), p["bytes"] / (float(prof.tables["gemm_mem"](p["bytes"])) * hw.hbm_bw))
+
+
+@pytest.mark.parametrize("device", [True, False])
+def test_tables_answer_each_measured_row_count_with_its_own_seconds(device):
+    pts = _points(device)
+    tabs = linear_tables(pts, "H200")
+    prof = CalibrationProfile.default(get_hardware("H200"))
+    prof = prof.model_copy(update={"tables": {**prof.tables, **tabs}})
+    for p in pts:
+        want = p["device_s"] if device else p["time_s"]
+        assert _seconds(prof, p) == pytest.approx(want, rel=1e-9), p["m"]
+    assert ("device seconds" in tabs["gemm_compute"].x_is) is device
+    # the staircase is in the table: 272 rows (three tiles) cost more than interpolating 256 and 384 in log rows would
+    if device:
+        assert tabs["gemm_compute"](272) < tabs["gemm_compute"](256)
+
+
+def test_eager_when_any_point_lacks_device_work():
+    pts = _points(True)
+    del pts[3]["device_s"]
+    tabs = linear_tables(pts, "H200")
+    assert "device seconds" not in tabs["gemm_compute"].x_is
+    assert linear_tables([p for p in pts if p["op"] != "linear"], "H200") == {}
+
+
+def test_earlier_profiles_rebuild_to_their_stored_tables():
+    """Every committed H200 profile timed its Linear eagerly: rebuilt from its points, the tables are the stored ones,
+    so re-fitting an archived run (scripts/matrix_offline.py --refit) predicts as before."""
+    prof = CalibrationProfile.load("profiles/h200/calibration_deepseek-v3-5layers_fp8.json")
+    tabs = linear_tables(prof.op_points, prof.step.hardware_basis)
+    assert set(tabs) == {"gemm_mem", "gemm_compute"}
+    for k, t in tabs.items():
+        assert t.model_dump() == prof.tables[k].model_dump()
+
+
+def test_refit_builds_the_tables_from_device_work(monkeypatch):
+    import costmodels.step_fit as sf
+    from costmodels.step_profile import HostTerms, LoopTerms, StepProfile
+
+    prof = CalibrationProfile.default(get_hardware("H200"))
+    eager = linear_tables(_points(False), "H200")
+    pts = _points(True)
+    prof = prof.model_copy(update={"op_points": pts, "tables": {**prof.tables, **eager}})
+    seen = {}
+
+    def fake_fit(p, points, **kw):
+        seen.update(p.tables)
+        return StepProfile(model="deepseek-v3", num_layers=5)
+
+    class _St:
+        points, model, dtype, device, graph_sizes, piecewise_sizes = [], "deepseek-v3", "fp8", "cuda", [], []
+        hardware_basis = "H200"
+        loop, host = LoopTerms(), HostTerms()
+
+    monkeypatch.setattr(sf, "fit_step_profile", fake_fit)
+    sf.refit_profile(prof.model_copy(update={"step": _St()}))
+    assert seen["gemm_compute"].model_dump() == linear_tables(pts, "H200")["gemm_compute"].model_dump()
+    assert "device seconds" in seen["gemm_mem"].x_is
+
+
+def test_linear_rows_cover_every_piecewise_bucket():
+    pytest.importorskip("torch")
+    from executor.calibrate import linear_rows
+
+    buckets = [1, 2, 4, 8, 16, 24, 256, 272, 288, 4096]
+    rows = linear_rows(True, buckets)
+    assert set(buckets) <= set(rows) and {512, 8192} <= set(rows) and rows == sorted(set(rows))
+    assert linear_rows(True) == [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+    assert linear_rows(False, buckets) == [1, 8, 64, 256]
