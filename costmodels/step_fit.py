@@ -611,13 +611,17 @@ def refit_profile(profile, scale_bounds: str = "auto"):
     return profile.model_copy(update={"step": st2})
 
 
-def run_profile(run, scale_bounds: str | None = None):
+def run_profile(run, scale_bounds: str | None = None, linear_eager: bool = False):
     """The one calibration profile a validation-matrix run folder keeps (``calibration_*.json``), re-fitted from its
-    own calibration points when ``scale_bounds`` is given (``refit_profile``): what the offline scripts start from."""
+    own calibration points when ``scale_bounds`` is given (``refit_profile``): what the offline scripts start from.
+    ``linear_eager``: the refit's dense GEMM tables from the Linear's eager seconds (its points' ``device_s`` set aside)."""
     from pathlib import Path
 
     from costmodels.calibration import CalibrationProfile
     prof = CalibrationProfile.load(next(Path(run).glob("calibration_*.json")))
+    if linear_eager:
+        pts = [{k: v for k, v in p.items() if k != "device_s"} if p.get("op") == "linear" else p for p in prof.op_points]
+        prof = prof.model_copy(update={"op_points": pts})
     return prof if scale_bounds is None else refit_profile(prof, scale_bounds)
 
 

@@ -13,6 +13,8 @@ Measured figures come from ``validation_<class>_*.json`` (``levels[].measured``)
 ``--replay N``: against replay N's figures instead of the median (per-class reports keep them).
 ``--refit auto|none|LO,HI``: refit the run's step model from its own calibration points (no validation data) with
 those category-scale bounds (costmodels.step_fit.fit_step_profile) before simulating; default: the run's profile as is.
+``--linear-eager``: with ``--refit``, build the dense GEMM tables from the Linear's eager seconds even where its points
+timed the device work too (calibrations since 25bf3ae): the two tables side by side on the same held-out run.
 """
 
 from __future__ import annotations
@@ -148,6 +150,8 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, str]]:
     ap.add_argument("--no-lag", action="store_true")
     ap.add_argument("--sync", action="store_true")
     ap.add_argument("--refit", default=None)
+    ap.add_argument("--linear-eager", action="store_true",
+                    help="with --refit: the dense GEMM tables from the Linear's eager seconds, not its device work")
     ap.add_argument("--replay", type=int, default=None,
                     help="compare with replay N's measured figures (1-based; classes whose report kept per-replay figures) "
                          "instead of the median: a level's first replay pays a one-time cost on its largest eager steps")
@@ -163,7 +167,9 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, str]]:
     from ui.cmd_validate import sim_config
 
     run = Path(a.run)
-    prof = run_profile(run, a.refit)
+    if a.linear_eager and a.refit is None:
+        ap.error("--linear-eager refits the step model: give --refit auto|none|LO,HI")
+    prof = run_profile(run, a.refit, linear_eager=a.linear_eager)
     if a.refit is not None:
         st2 = prof.step
         print(f"refit ({a.refit}): in-sample MAPE {st2.fit.mape * 100:.2f}%, tables {st2.op_tables or 'none'}, scales "
