@@ -238,10 +238,13 @@ class LLMEngine:
         if dev.type == "cuda":   # compile vendor/Triton kernels per shape now, not inside timed steps or capture
             from executor.cuda_graphs import capture_sizes
             from executor.piecewise_graphs import token_sizes, unsupported_reason
-            from kernels.warmup import jit_warmup, token_counts
+            from kernels.warmup import eager_gemm_rows, jit_warmup, token_counts
             budget = sched_cfg.max_num_batched_tokens
             pw_buckets = graphs_on and piecewise_graphs and unsupported_reason(net) is None   # the buckets it will capture
-            jit_warmup(net, dev, token_counts(capture_sizes(sched_cfg.max_num_seqs), budget, token_sizes(budget) if pw_buckets else ()))
+            steps = token_sizes(budget) if pw_buckets else ()
+            # the dense GEMMs also at every row count a step runs outside the captured sizes (multiples of 64)
+            jit_warmup(net, dev, token_counts(capture_sizes(sched_cfg.max_num_seqs), budget, steps),
+                       gemm_counts=eager_gemm_rows(budget, steps))
         if graphs_on:
             runner.enable_cuda_graphs(sched_cfg.max_num_seqs, mml + sched_cfg.draft_len + 1)
             if piecewise_graphs:

@@ -61,8 +61,28 @@ def token_counts(decode_sizes, max_batched_tokens: int, step_buckets=()) -> tupl
     return tuple(sorted(set(decode_sizes) | set(pre) | {max_batched_tokens} | {int(b) for b in step_buckets}))
 
 
-def jit_plan(model: torch.nn.Module, token_counts: tuple[int, ...]) -> list[WarmItem]:
-    """Distinct (op, shape) calls of ``model``'s FP8 GEMMs and MoE layers at each token count."""
+EAGER_ROW_STEP = 64   # DeepGEMM's smallest BLOCK_M: its tile choice sees M only through ceil(M / BLOCK_M)
+
+
+def eager_gemm_rows(max_batched_tokens: int, step_buckets=(), step: int = EAGER_ROW_STEP) -> tuple[int, ...]:
+    """Dense-GEMM row counts a step can run at outside every captured size: the multiples of ``step`` above the
+    largest piecewise bucket (without buckets, every prefill or mixed step runs eagerly: from ``step`` on) up to the
+    step budget.
+
+    Those steps run at their exact row count, and DeepGEMM JIT-compiles the tile configuration its heuristic picks for
+    that M the first time it sees one (H200 run 19: a 5719-token step, past the 4096-token bucket, took 3438 ms once on
+    the DeepGEMM engine). The heuristic sees M only through the tile counts ceil(M / BLOCK_M), BLOCK_M a multiple of
+    64, so every M shares its configuration with the next multiple of 64: warming those covers every row count (a gap
+    would still compile once, then sit in the on-disk cache)."""
+    top = max([int(b) for b in step_buckets] or [0])
+    first = (top // step + 1) * step
+    return tuple(range(first, int(max_batched_tokens) + 1, step))
+
+
+def jit_plan(model: torch.nn.Module, token_counts: tuple[int, ...], gemm_counts: tuple[int, ...] = ()) -> list[WarmItem]:
+    """Distinct (op, shape) calls of ``model``'s FP8 GEMMs and MoE layers at each token count; the dense GEMMs also at
+    ``gemm_counts`` (``eager_gemm_rows``)."""
+    gemm_m = tuple(sorted(set(token_counts) | set(gemm_counts)))
     seen, items = set(), []
     for mod in model.modules():
         w = getattr(mod, "weight", None)
@@ -70,7 +90,7 @@ def jit_plan(model: torch.nn.Module, token_counts: tuple[int, ...]) -> list[Warm
             key = ("fp8_gemm", w.shape[0], w.shape[1])
             if key not in seen:
                 seen.add(key)
-                items += [WarmItem("fp8_gemm", m, w.shape[0], w.shape[1], module=mod) for m in token_counts]
+                items += [WarmItem("fp8_gemm", m, w.shape[0], w.shape[1], module=mod) for m in gemm_m]
         w13 = getattr(mod, "w13", None)
         if isinstance(w13, torch.Tensor) and w13.dtype == torch.float8_e4m3fn and hasattr(mod, "w13_scale_inv"):
             key = ("moe_experts",) + tuple(w13.shape)
@@ -97,13 +117,14 @@ def _run(item: WarmItem, device: torch.device, gen: torch.Generator, top_k: int)
 
 
 def jit_warmup(model: torch.nn.Module, device: torch.device, token_counts: tuple[int, ...], top_k: int = 8,
-               log: Callable[[str], None] | None = None) -> list[dict]:
-    """Compile every planned shape now (CUDA only); one progress line each. Rows: label, impl, seconds."""
+               log: Callable[[str], None] | None = None, gemm_counts: tuple[int, ...] = ()) -> list[dict]:
+    """Compile every planned shape now (CUDA only); one progress line each. Rows: label, impl, seconds.
+    ``gemm_counts``: more row counts for the dense FP8 GEMMs only (``eager_gemm_rows``)."""
     if torch.device(device).type != "cuda":
         return []
     from kernels.jit_cache import jit_cache_dir
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
-    items = jit_plan(model, tuple(sorted(set(token_counts))))
+    items = jit_plan(model, tuple(sorted(set(token_counts))), tuple(gemm_counts))
     cache, src = jit_cache_dir()
     log(f"kernel JIT warm-up: {len(items)} shapes (DeepGEMM cache {cache}, {src})")
     t_all = time.perf_counter()

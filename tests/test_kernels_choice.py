@@ -78,19 +78,21 @@ def test_jit_cache_dir_precedence(monkeypatch, tmp_path):
     assert jit_cache.jit_cache_dir() == (tmp_path / "xdg" / "twinfer" / "deepgemm", "default")
 
 
+class Lin(torch.nn.Module):
+    def __init__(self, n, k):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(n, k, dtype=torch.float8_e4m3fn), requires_grad=False)
+        self.weight_scale_inv = torch.nn.Parameter(torch.ones(n // 128, k // 128), requires_grad=False)
+
+
+class Exp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w13 = torch.nn.Parameter(torch.zeros(4, 256, 128, dtype=torch.float8_e4m3fn), requires_grad=False)
+        self.w13_scale_inv = torch.nn.Parameter(torch.ones(4, 2, 1), requires_grad=False)
+
+
 def test_warmup_plan_lists_each_fp8_shape_once_per_token_count():
-    class Lin(torch.nn.Module):
-        def __init__(self, n, k):
-            super().__init__()
-            self.weight = torch.nn.Parameter(torch.zeros(n, k, dtype=torch.float8_e4m3fn), requires_grad=False)
-            self.weight_scale_inv = torch.nn.Parameter(torch.ones(n // 128, k // 128), requires_grad=False)
-
-    class Exp(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w13 = torch.nn.Parameter(torch.zeros(4, 256, 128, dtype=torch.float8_e4m3fn), requires_grad=False)
-            self.w13_scale_inv = torch.nn.Parameter(torch.ones(4, 2, 1), requires_grad=False)
-
     bf16 = torch.nn.Linear(128, 128)   # not FP8: not planned
     model = torch.nn.Sequential(Lin(256, 128), Lin(256, 128), Lin(128, 256), Exp(), bf16)
     items = warmup.jit_plan(model, (1, 64))
@@ -105,3 +107,18 @@ def test_warmup_token_counts_cover_decode_graphs_and_prefill_sizes():
     assert warmup.token_counts([1, 64], 64) == (1, 64)
     # piecewise graphs' token buckets are compiled too (their capture would otherwise JIT each one serially)
     assert warmup.token_counts([1, 8], 1000, [8, 16, 136, 640]) == (1, 8, 16, 128, 136, 256, 512, 640, 1000)
+
+
+def test_eager_gemm_rows_cover_every_row_count_past_the_buckets():
+    """A step past the largest piecewise bucket runs its GEMMs at its exact row count: the dense GEMMs are warmed at
+    every multiple of 64 above the bucket up to the budget (DeepGEMM's tile choice sees M through ceil(M / 64k))."""
+    rows = warmup.eager_gemm_rows(8192, [1, 8, 256, 4096])
+    assert rows[0] == 4160 and rows[-1] == 8192 and len(rows) == 64 and all(m % 64 == 0 for m in rows)
+    assert all(any(0 <= r - m < 64 for r in rows) for m in range(4097, 8193))   # every eager M shares a warmed tile count
+    assert warmup.eager_gemm_rows(4096, [1, 4096]) == ()          # the buckets reach the budget: nothing runs eagerly
+    assert warmup.eager_gemm_rows(256, ()) == (64, 128, 192, 256)  # no buckets: every prefill step is eager
+    # the dense GEMMs take them, the MoE layers do not
+    model = torch.nn.Sequential(Lin(256, 128), Exp())
+    labels = [i.label() for i in warmup.jit_plan(model, (1,), (64, 128))]
+    assert labels == ["fp8_gemm M=1 N=256 K=128", "fp8_gemm M=64 N=256 K=128", "fp8_gemm M=128 N=256 K=128",
+                      "moe_experts E=4 T=1 2I=256 D=128"]
