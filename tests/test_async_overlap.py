@@ -263,3 +263,20 @@ def test_gpu_benchmark_smoke_mode_runs_on_cpu(tmp_path):
             assert lv[mode]["requests_finished"] == saved["requests"] and lv[mode]["steps"] > 0
         p = lv["predicted_host_rule"]
         assert np.isfinite(p["step_gain"]) and p["busy_on_s"] <= p["busy_off_s"]
+
+
+def test_gpu_benchmark_calibrates_in_its_own_process(tmp_path):
+    """--calibrate: the engine is calibrated before the bench replays anything (grid points only), the profile is
+    written beside the results, and every level carries the simulator's prediction on it."""
+    import json
+
+    from benchmarks.gpu import async_overlap as bench
+    from costmodels.calibration import CalibrationProfile
+
+    doc = bench.main(["--cpu", "--tiny", "--calibrate", "--out", str(tmp_path)])
+    prof = CalibrationProfile.load(tmp_path / "calibration.json")
+    assert prof.step is not None and prof.step.model == "tiny" and "--calibrate" in prof.provenance["command"]
+    for lv in doc["levels"]:
+        p = lv["predicted_calibrated"]
+        assert p["off"] > 0 and p["on"] > 0 and p["tok_s_gain"] == pytest.approx(p["on"] / p["off"] - 1.0)
+    assert json.loads((tmp_path / "async_overlap.json").read_text())["levels"][0]["predicted_calibrated"]["off"] > 0
