@@ -131,3 +131,18 @@ def test_held_out_runs_22_and_23_at_head(tmp_path, capsys):
     assert abs(w22["output_throughput"][0]) <= 0.05 and abs(w22["tpot_p50"][0]) <= 0.05
     assert abs(w22["ttft_p50"][0]) <= 0.12 and abs(w22["ttft_p90"][0]) <= 0.12
     assert w22["ttft_p50"][1].startswith("reasoning")
+
+
+def test_held_out_run_26_at_head(tmp_path):
+    """H200 run 26 (reasoning, chat, longctx; synchronous loop), calibrated at 479edd3 with the Linear timed at every
+    token bucket, fitted on its own calibration only, every class held out. Throughput within 5.5%, TTFT p50 within
+    target; TPOT misses by up to 2.4 points (chat low: its decode steps' host part ran 5-28% above the calibration's
+    in most replays) and reasoning's TTFT p90 past saturation by 2.9 (its first-token mixed steps, host-bound, over-
+    predicted: their issue ran faster in serving than in the grid). Pinned at those figures, so that a change that
+    widens any of them fails (docs/twin.md, run 26)."""
+    import matrix_offline as mo
+
+    w = mo.main([str(_unpacked("run26_reasoning_chat_longctx_479edd3", tmp_path / "r26")), "--sync", "--refit", "auto"])
+    assert abs(w["output_throughput"][0]) <= 0.056 and abs(w["tpot_p50"][0]) <= 0.075
+    assert abs(w["ttft_p50"][0]) <= 0.05 and abs(w["ttft_p90"][0]) <= 0.13
+    assert w["ttft_p90"][1].startswith("reasoning") and w["tpot_p50"][1].startswith("chat")
