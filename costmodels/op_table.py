@@ -107,6 +107,7 @@ class GemmTable:
     hbm_bw: float = 0.0           # its peak HBM bandwidth, bytes/s
     weight_bytes_per_elem: float = 1.0
     measured_on: str = ""         # the GPU the table was measured on
+    source: str = ""              # where it was measured ("": the committed op tables)
 
     def _roofline(self, m, n, k):
         m = np.asarray(m, dtype=float)
@@ -232,6 +233,27 @@ def _gemm_tables(path: Path, peak_fp8: float, hbm_bw: float, gpu: str) -> dict[t
         ms = sorted(by_m)
         tab.families[(n, k)] = (np.array(ms), np.array([float(np.mean(by_m[m])) for m in ms]))
     return out
+
+
+def table_from_points(points: list[dict], gpu: str) -> GemmTable | None:
+    """A calibration's own FP8 GEMM table from its ``gemm`` points (``executor.calibrate.bench_gemm_shapes``: each of
+    the model's GEMM shapes at every token bucket, device seconds, one library): None without any, or when they ran on
+    more than one library."""
+    pts = [p for p in points if p.get("op") == "gemm" and (p.get("device_s") or 0) > 0]
+    libs = {p.get("backend") for p in pts}
+    if not pts or len(libs) != 1:
+        return None
+    hw = get_hardware(gpu)
+    tab = GemmTable(str(libs.pop()), "fp8", peak_flops=hw.tflops("fp8") * 1e12, hbm_bw=hw.hbm_bw, measured_on=hw.name,
+                    source="the calibration's own GEMM shapes at its token buckets")
+    fams: dict[tuple[int, int], dict[float, float]] = {}
+    for p in pts:
+        fams.setdefault((int(p["n"]), int(p["k"])), {})[float(p["m"])] = float(p["device_s"])
+    for fam, by_m in sorted(fams.items()):
+        if len(by_m) >= 2:
+            ms = sorted(by_m)
+            tab.families[fam] = (np.array(ms), np.array([by_m[m] for m in ms]))
+    return tab if tab.families else None
 
 
 def _mla_tables(path: Path, kv_entry_bytes: float = 576 * 2) -> dict[int, GridTable]:

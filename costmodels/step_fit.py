@@ -611,10 +611,12 @@ def refit_profile(profile, scale_bounds: str = "auto"):
     return profile.model_copy(update={"step": st2})
 
 
-def run_profile(run, scale_bounds: str | None = None, linear_eager: bool = False):
+def run_profile(run, scale_bounds: str | None = None, linear_eager: bool = False, own_gemms: bool = True):
     """The one calibration profile a validation-matrix run folder keeps (``calibration_*.json``), re-fitted from its
     own calibration points when ``scale_bounds`` is given (``refit_profile``): what the offline scripts start from.
-    ``linear_eager``: the refit's dense GEMM tables from the Linear's eager seconds (its points' ``device_s`` set aside)."""
+    ``linear_eager``: the refit's dense GEMM tables from the Linear's eager seconds (its points' ``device_s`` set aside).
+    ``own_gemms`` False: the calibration's own GEMM points (``gemm``, its shapes at the token buckets) set aside, so the
+    committed op table prices the FP8 GEMMs as before they were timed."""
     from pathlib import Path
 
     from costmodels.calibration import CalibrationProfile
@@ -622,6 +624,8 @@ def run_profile(run, scale_bounds: str | None = None, linear_eager: bool = False
     if linear_eager:
         pts = [{k: v for k, v in p.items() if k != "device_s"} if p.get("op") == "linear" else p for p in prof.op_points]
         prof = prof.model_copy(update={"op_points": pts})
+    if not own_gemms:
+        prof = prof.model_copy(update={"op_points": [p for p in prof.op_points if p.get("op") != "gemm"]})
     return prof if scale_bounds is None else refit_profile(prof, scale_bounds)
 
 

@@ -47,7 +47,7 @@ from costmodels.hardware import Hardware
 from costmodels.layout import ParallelLayout
 from costmodels.memory import indexer_kv_bytes_per_token, kv_bytes_per_token_layer, kv_shard_divisor, mtp_kind
 from costmodels.model_spec import ModelSpec
-from costmodels.op_table import MEASURED, MLA_ENTRY_DIMS, SCALED, TableGemms, TableMLA, kernel_gemms, mla_decode_table
+from costmodels.op_table import MEASURED, MLA_ENTRY_DIMS, SCALED, TableGemms, TableMLA, kernel_gemms, mla_decode_table, table_from_points
 from costmodels.op_table import load as load_op_tables
 from costmodels.offload import prefetch_for
 from costmodels.ops import CATEGORIES, INF, AttnGeometry, OpCost, SortedSums, entries_last, entries_sum, geometry
@@ -260,8 +260,14 @@ class StepOps:
         name = self.cal.op_tables
         if not name or self.hw.vendor.lower() != "nvidia" or not self.hw.has_fp8:
             return None
-        tables = load_op_tables(name)
-        table = tables.gemm_table("fp8", self.cal.gemm_libs()) if tables else None
+        # a calibration that timed the model's own GEMM shapes at its token buckets (bench_gemm_shapes) prices them
+        # from that table on the GPU it ran on; else the committed op table of the engine's library
+        own = table_from_points(self.cal.op_points, self.cal.measured_on) if self.cal.op_points else None
+        if own is not None and own.measured_on.lower() == self.hw.name.lower():
+            table = own
+        else:
+            tables = load_op_tables(name)
+            table = tables.gemm_table("fp8", self.cal.gemm_libs()) if tables else None
         covers = np.array([d == "fp8" for d in self.g_dtype])
         if table is None or not covers.any():
             return None
@@ -282,7 +288,8 @@ class StepOps:
             (f"transferred from {g.table.measured_on}: fixed part scaled by the FP8 peak ratio, bounded by this GPU's "
              "bandwidth and math ceilings")
         parts = [f"{s} shapes: {', '.join(sorted(v))}" for s, v in sorted(by.items())]
-        return (f"dense FP8 GEMMs from the {g.table.lib} device-time table of {g.table.measured_on} ({how}; unmeasured "
+        src = f" ({g.table.source})" if g.table.source else ""
+        return (f"dense FP8 GEMMs from the {g.table.lib} device-time table of {g.table.measured_on}{src} ({how}; unmeasured "
                 f"N x K scaled from the nearest measured one by roofline, M beyond 16384 along the roofline): "
                 + "; ".join(parts) + "; BF16 GEMMs on the analytic ramp")
 

@@ -220,6 +220,51 @@ def bench_sampler(compute_logits, vocab: int, hidden: int, device: torch.device,
     return out
 
 
+GEMM_L2_SPILL_BYTES = 256 << 20   # weight copies per graph replay: enough bytes that no copy stays in L2 (H200: 50 MB)
+
+
+def bench_gemm_shapes(engine: LLMEngine, rows: list[int], replays: int = 10) -> list[dict]:
+    """``gemm`` points: each distinct FP8 weight GEMM of the engine's model (N x K, its own weights and scales) at
+    every row count in ``rows``, the GEMM kernel alone on pre-quantised activations (``ops.fp8_gemm``, the library the
+    registry picks), device seconds in a CUDA graph that calls it over enough weight copies that none stays in L2
+    (as the committed op tables were timed, ``benchmarks/gpu/op_tables.py``; a step reads every weight once). The
+    model's own table at the rows its steps run (the token buckets): a tiled GEMM is a staircase in rows that a table
+    at powers of 2 cannot show, and each shape picks its own tiles (H200 run 26: one shape's staircase applied to
+    all made the grid's device work worse). CUDA only; [] elsewhere or for a model without FP8 weights."""
+    dev = engine.runner.device
+    if dev.type != "cuda":
+        return []
+    shapes: dict[tuple[int, int], torch.nn.Module] = {}
+    for mod in engine.runner.model.modules():
+        w = getattr(mod, "weight", None)
+        if isinstance(w, torch.Tensor) and w.dtype == torch.float8_e4m3fn and hasattr(mod, "weight_scale_inv"):
+            shapes.setdefault((int(w.shape[0]), int(w.shape[1])), mod)
+    g = torch.Generator(device=dev).manual_seed(0)
+    out = []
+    for (n, k), mod in sorted(shapes.items()):
+        copies = int(min(16, max(1, -(-GEMM_L2_SPILL_BYTES // (n * k)))))
+        ws = [(mod.weight, mod.weight_scale_inv)] + [(mod.weight.clone(), mod.weight_scale_inv.clone()) for _ in range(copies - 1)]
+        for m in rows:
+            x = torch.randn(m, k, generator=g, device=dev, dtype=torch.float32).to(torch.bfloat16)
+            with torch.inference_mode():
+                xq, xs = ops.quant_fp8_act(x)
+                ops.reset_used()
+
+                def fn(xq=xq, xs=xs):
+                    for wq, sc in ws:
+                        ops.fp8_gemm(xq, xs, wq, sc, torch.bfloat16)
+                fn()
+                backend = ops.used.get("fp8_gemm", "?")
+                t = _graph_device_time(fn, dev, replays=replays)
+            if t is not None:
+                out.append({"op": "gemm", "m": int(m), "n": n, "k": k, "dtype": "fp8", "device_s": t / copies,
+                            "time_s": t / copies, "copies": copies, "backend": backend})
+            del x, xq, xs
+        del ws
+    torch.cuda.empty_cache()
+    return out
+
+
 def linear_rows(full: bool, buckets=()) -> list[int]:
     """Row counts the Linear is timed at: every factor of 2 from 8 to 8192 (run 22's grid, H200, left the held device
     work of eager steps -4..-5% at 256-304 rows and +3..+9% at 64-136 where the table had points every factor of 4),
@@ -920,6 +965,13 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     except Exception as e:  # noqa: BLE001  (an op benchmark failing must not lose the step calibration)
         log(f"  op benchmark failed: {type(e).__name__}: {e}")
         op_pts = []
+    if cuda and not quick:
+        try:   # the model's own FP8 GEMMs at every token bucket (costmodels.op_table.table_from_points)
+            gem = bench_gemm_shapes(engine, rows)
+            op_pts += gem
+            log(f"  GEMMs: {len({(p['n'], p['k']) for p in gem})} shapes x {len(rows)} rows in {time.perf_counter() - t1:.1f} s")
+        except Exception as e:  # noqa: BLE001
+            log(f"  GEMM shapes failed: {type(e).__name__}: {e}")
     try:
         more = bench_ops(engine, repeats=max(repeats, 10) if cuda else repeats, quick=quick or not cuda)
     except Exception as e:  # noqa: BLE001

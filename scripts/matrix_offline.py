@@ -15,6 +15,8 @@ Measured figures come from ``validation_<class>_*.json`` (``levels[].measured``)
 those category-scale bounds (costmodels.step_fit.fit_step_profile) before simulating; default: the run's profile as is.
 ``--linear-eager``: with ``--refit``, build the dense GEMM tables from the Linear's eager seconds even where its points
 timed the device work too (calibrations since 25bf3ae): the two tables side by side on the same held-out run.
+``--op-table-gemms``: the FP8 GEMMs from the committed op table even where the calibration timed the model's own GEMM
+shapes at its token buckets (``gemm`` points).
 """
 
 from __future__ import annotations
@@ -150,6 +152,9 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, str]]:
     ap.add_argument("--no-lag", action="store_true")
     ap.add_argument("--sync", action="store_true")
     ap.add_argument("--refit", default=None)
+    ap.add_argument("--op-table-gemms", action="store_true",
+                    help="price the FP8 GEMMs from the committed op table even where the calibration timed the model's "
+                         "own GEMM shapes at its token buckets (the two side by side on one held-out run)")
     ap.add_argument("--linear-eager", action="store_true",
                     help="with --refit: the dense GEMM tables from the Linear's eager seconds, not its device work")
     ap.add_argument("--replay", type=int, default=None,
@@ -169,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, str]]:
     run = Path(a.run)
     if a.linear_eager and a.refit is None:
         ap.error("--linear-eager refits the step model: give --refit auto|none|LO,HI")
-    prof = run_profile(run, a.refit, linear_eager=a.linear_eager)
+    prof = run_profile(run, a.refit, linear_eager=a.linear_eager, own_gemms=not a.op_table_gemms)
     if a.refit is not None:
         st2 = prof.step
         print(f"refit ({a.refit}): in-sample MAPE {st2.fit.mape * 100:.2f}%, tables {st2.op_tables or 'none'}, scales "

@@ -100,3 +100,49 @@ def test_linear_rows_cover_every_piecewise_bucket():
     assert set(buckets) <= set(rows) and {512, 8192} <= set(rows) and rows == sorted(set(rows))
     assert linear_rows(True) == [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
     assert linear_rows(False, buckets) == [1, 8, 64, 256]
+
+
+def _gemm_points(scale: float, lib: str = "triton") -> list[dict]:
+    """``gemm`` points of the 5-layer DeepSeek-V3's FP8 shapes: the committed H200 table's times x ``scale`` at its rows."""
+    from costmodels.op_table import load
+
+    fams = load("H200").gemm_table("fp8", (lib,)).families
+    return [{"op": "gemm", "m": int(m), "n": n, "k": k, "dtype": "fp8", "device_s": float(t) * scale, "backend": lib}
+            for (n, k), (ms, ts) in fams.items() for m, t in zip(ms, ts)]
+
+
+def test_a_calibrations_own_gemm_points_price_its_gemms():
+    """A profile that timed the model's GEMM shapes itself (bench_gemm_shapes) prices its FP8 GEMMs from them, on the
+    GPU it ran on; without them, or on another GPU, the committed op table does, as before."""
+    import numpy as np
+
+    from costmodels.op_table import table_from_points
+    from costmodels.profiled import ProfiledStepCost
+    from costmodels.step_ops import TOKENS
+
+    prof = CalibrationProfile.load("profiles/h200/calibration_deepseek-v3-5layers_fp8.json")
+
+    def gemm_s(p):
+        c = ProfiledStepCost(p).base
+        return float(c.gemms(TOKENS, np.array([272.0])).time.sum()), c
+
+    before, c0 = gemm_s(prof)
+    own = prof.model_copy(update={"op_points": prof.op_points + _gemm_points(2.0)})
+    after, c1 = gemm_s(own)
+    assert c1.g_table.table.source and not c0.g_table.table.source
+    assert "own GEMM shapes" in c1.gemm_table_note()
+    assert 1.6 * before < after < 2.0 * before   # the FP8 GEMMs doubled; BF16 ones (analytic) did not
+    # measured on another GPU, the points do not speak for this one's GEMMs
+    moved = own.model_copy(update={"measured_on": "H100"})
+    assert not gemm_s(moved)[1].g_table.table.source
+    # two libraries, or none: no table of its own
+    assert table_from_points(_gemm_points(1.0) + _gemm_points(1.0, "deepgemm"), "H200") is None
+    assert table_from_points([], "H200") is None
+
+
+def test_bench_gemm_shapes_is_cuda_only():
+    pytest.importorskip("torch")
+    from executor.calibrate import bench_gemm_shapes, build_engine
+
+    eng = build_engine("tiny", None, "cpu", "fp32", 4, 256, num_kv_blocks=64)
+    assert bench_gemm_shapes(eng, [1, 8]) == []
