@@ -280,3 +280,17 @@ def test_gpu_benchmark_calibrates_in_its_own_process(tmp_path):
         p = lv["predicted_calibrated"]
         assert p["off"] > 0 and p["on"] > 0 and p["tok_s_gain"] == pytest.approx(p["on"] / p["off"] - 1.0)
     assert json.loads((tmp_path / "async_overlap.json").read_text())["levels"][0]["predicted_calibrated"]["off"] > 0
+
+
+def test_gpu_benchmark_rounds_alternate_and_give_an_interval(tmp_path):
+    """--rounds 3: each level replays off and on three times, the order alternating; the gain is the median of the
+    rounds' on / off, with its spread and a bootstrap interval that holds it."""
+    from benchmarks.gpu import async_overlap as bench
+
+    doc = bench.main(["--cpu", "--tiny", "--rounds", "3", "--out", str(tmp_path)])
+    for lv in doc["levels"]:
+        m = lv["measured"]
+        assert m["rounds"] == 3 and len(m["round_gains"]) == len(m["tok_s_off"]) == len(m["tok_s_on"]) == 3
+        want = [on / off - 1.0 for off, on in zip(m["tok_s_off"], m["tok_s_on"])]
+        assert m["round_gains"] == pytest.approx(want) and m["tok_s_gain"] == pytest.approx(float(np.median(want)))
+        assert m["min"] <= m["ci95"][0] <= m["tok_s_gain"] <= m["ci95"][1] <= m["max"]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
+
+import numpy as np
 import sys
 from pathlib import Path
 
@@ -40,8 +42,12 @@ def main(argv=None) -> list[dict]:
         scale = r0 / (lv["fraction_of_capacity"] * d["capacity_rps"])
         p = ao.predicted_by_simulator(a.profile, base, blocks, reqs, scale)
         m = lv["measured"]["tok_s_gain"]
-        rows.append({"level": lv["level"], "measured": m, "simulator": p["tok_s_gain"], "sim_off": p["off"], "sim_on": p["on"]})
-        print(f"{lv['level']:16} measured tok/s off {lv['off']['output_tok_s']:7.1f} on {lv['on']['output_tok_s']:7.1f} "
+        # several rounds (--rounds): the median tok/s of each loop; one round: its replays
+        off = float(np.median(lv["measured"].get("tok_s_off") or [lv["off"]["output_tok_s"]]))
+        on = float(np.median(lv["measured"].get("tok_s_on") or [lv["on"]["output_tok_s"]]))
+        rows.append({"level": lv["level"], "measured": m, "simulator": p["tok_s_gain"], "sim_off": p["off"], "sim_on": p["on"],
+                     "measured_off": off, "measured_on": on, "ci95": lv["measured"].get("ci95")})
+        print(f"{lv['level']:16} measured tok/s off {off:7.1f} on {on:7.1f} "
               f"gain {m * 100:+5.1f}% | simulator off {p['off']:7.1f} on {p['on']:7.1f} gain {p['tok_s_gain'] * 100:+5.1f}% "
               f"| bench host rule {lv['predicted_host_rule']['tok_s_gain'] * 100:+5.1f}%")
     return rows
