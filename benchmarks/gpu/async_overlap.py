@@ -52,7 +52,7 @@ def parse(argv=None) -> argparse.Namespace:
                          "enters it; written to DIR/calibration.json), and add the simulator's prediction on that profile "
                          "(predicted_calibrated): the host speed the loops run at is the one the profile measured")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--levels", default=None, help="comma-separated levels to run: low, knee, past saturation [all]")
+    ap.add_argument("--levels", default=None, help="comma-separated levels to run: low, knee, past saturation (or past) [all]")
     ap.add_argument("--rounds", type=int, default=1,
                     help="measured rounds per level, each one replay with overlap off and one with it on, the order "
                          "alternating (A B, B A, ...): the gain is the median over rounds of each round's on / off, with "
@@ -215,7 +215,8 @@ def main(argv=None) -> dict:
         (out_dir / "async_overlap.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
         return doc
 
-    chosen = [x.strip() for x in a.levels.split(",")] if a.levels else list(LEVELS)
+    alias = {"past": "past saturation"}   # a name without a space, for shell variables (scripts/device_async.sh)
+    chosen = [alias.get(x.strip(), x.strip()) for x in a.levels.split(",")] if a.levels else list(LEVELS)
     unknown = [x for x in chosen if x not in LEVELS]
     if unknown:
         raise SystemExit(f"--levels: unknown level(s) {unknown}; allowed: {', '.join(LEVELS)}")
