@@ -146,3 +146,19 @@ def test_held_out_run_26_at_head(tmp_path):
     assert abs(w["output_throughput"][0]) <= 0.056 and abs(w["tpot_p50"][0]) <= 0.075
     assert abs(w["ttft_p50"][0]) <= 0.05 and abs(w["ttft_p90"][0]) <= 0.13
     assert w["ttft_p90"][1].startswith("reasoning") and w["tpot_p50"][1].startswith("chat")
+
+
+def test_async_gain_over_alternating_rounds_held_out():
+    """Issue 23's async target on a held-out H200 run with five alternating off/on rounds per level (run_async_rounds_
+    a84afba; the committed profile, unchanged since before the run): the simulator's gain within 5 points of the
+    measured median and inside its interval at the knee (+2.0% against +1.6% [+1.3, +2.6]) and past saturation (+7.7%
+    against +6.5% [+5.6, +13.9]). Single-round runs of the same bench had spread +4.2..+15.3% past saturation."""
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+    import async_overlap_offline as aoo
+
+    rows = aoo.main([str(ROOT / "benchmarks/gpu/issue23_h200/run_async_rounds_a84afba/async_overlap.json"),
+                     str(ROOT / "profiles/h200/calibration_deepseek-v3-5layers_fp8.json")])
+    assert [r["level"] for r in rows] == ["knee", "past saturation"]
+    for r in rows:
+        assert abs(r["simulator"] - r["measured"]) < 0.05
+        assert r["ci95"][0] <= r["simulator"] <= r["ci95"][1]
