@@ -134,13 +134,19 @@ def why_replay(ctx: TuneContext, without: Run, won: Run) -> str:
 
 def _reference(res: SearchResult, pol: str) -> Run:
     """What the winner's value of ``pol`` is measured against: the winner with ``pol`` at its baseline value, or, where
-    the winner keeps that value, the best other value simulated with everything else as the winner's."""
+    the winner keeps that value, the best other value simulated with everything else as the winner's, or else the
+    best run of any other value (the coordinate descent may have tried them only beside other settings: the
+    explanation then names that run's whole policy)."""
     win = res.best.policy
     without = res.attribution[pol]
     if without.policy != win:
         return without
+    best = lambda runs: max(runs, key=lambda r: (r.feasible, r.thr_gpu))  # noqa: E731
     others = [r for p, r in res.runs.items() if p != win and p == win.with_value(pol, p.value(pol))]
-    return max(others, key=lambda r: (r.feasible, r.thr_gpu)) if others else without
+    if others:
+        return best(others)
+    elsewhere = [r for p, r in res.runs.items() if p.value(pol) != win.value(pol)]
+    return best(elsewhere) if elsewhere else without
 
 
 def policy_gains(ctx: TuneContext, res: SearchResult) -> list[PolicyGain]:
@@ -176,7 +182,9 @@ def explanation(ctx: TuneContext, res: SearchResult) -> list[str]:
         if alt == g.winner_value:
             lines.append(f"{head}: no other value simulated: {g.why}")
         else:
-            lines.append(f"{head}: {g.gain:+.1%} over {value_text(g.policy, alt)} ({g.without.thr_gpu:,.0f} -> "
+            alone = g.without.policy == res.best.policy.with_value(g.policy, alt)
+            also = "" if alone else f" (the best {value_text(g.policy, alt)} simulated, as {g.without.policy.describe()})"
+            lines.append(f"{head}: {g.gain:+.1%} over {value_text(g.policy, alt)}{also} ({g.without.thr_gpu:,.0f} -> "
                          f"{res.best.thr_gpu:,.0f} tokens/s/GPU{'' if g.without.feasible else ', which was infeasible: ' + g.without.why}): {g.why}")
     for w, reason in ctx.rejected.items():
         lines.append(f"EP{w} not tried: {reason}")

@@ -202,3 +202,28 @@ def test_simulate_plan_repeats_a_tuned_policys_figures(tmp_path):
     assert isinstance(bad.exception, TwinferError) and "simulation" in str(bad.exception) and "requests" in str(bad.exception)
     # the plan runs from another directory: the profile is kept by absolute path
     assert Path(doc["simulation"]["profile"]).is_absolute()
+
+
+def test_a_value_tried_only_beside_other_settings_is_named_with_them():
+    """When the winner's value of a policy was never simulated against another value with everything else as the
+    winner's (coordinate descent tried the others from the baseline), the explanation measures the winner against the
+    best run of another value and names that run's whole policy, so its figures are the table's (no "no other value
+    simulated" beside a table that shows them)."""
+    space = TuneSpace(ep_widths=(1, 2), batch_per_rank=(16, 64), chunk_tokens=(2048,))
+    ctx = _ctx(space=space)
+    vals = values_of(ctx, space)
+    res = search(ctx, baseline_policy(ctx, vals), vals, max_rounds=1)
+    win = res.best.policy
+    # keep only the runs of the other width that differ from the winner in more than the width
+    alt = {p: r for p, r in res.runs.items() if p.ep_width != win.ep_width}
+    assert alt, "the search tried the other width"
+    res.runs = {p: r for p, r in res.runs.items() if p.ep_width == win.ep_width or p != win.with_value("ep_width", p.ep_width)}
+    res.attribution["ep_width"] = res.best      # the winner keeps the baseline's width
+    left = [r for p, r in res.runs.items() if p.ep_width != win.ep_width]
+    if not left:
+        pytest.skip("every run of the other width differed from the winner in the width only")
+    ref = max(left, key=lambda r: (r.feasible, r.thr_gpu))
+    line = next(x for x in explanation(ctx, res) if x.startswith("EP width"))
+    assert "no other value simulated" not in line
+    assert f"(the best EP{ref.policy.ep_width} simulated, as {ref.policy.describe()})" in line
+    assert f"({ref.thr_gpu:,.0f} -> {res.best.thr_gpu:,.0f} tokens/s/GPU" in line
