@@ -425,6 +425,13 @@ def moe_layer_table(points: list[dict], model: str | None = None, weight_dtype: 
                               "executor ops.moe_experts inside a CUDA graph)")
 
 
+def _device_or_eager(points: list[dict]) -> tuple[list[float], bool]:
+    """Each point's device seconds (``device_s``) where every point has them, else each one's eager ``time_s``; and
+    which it was. One table never mixes the two."""
+    device = all((p.get("device_s") or 0) > 0 for p in points)
+    return [float(p["device_s"] if device else p["time_s"]) for p in points], device
+
+
 def eff_table(pairs, x_is: str, cap: float | None = 1.0) -> EffTable | None:
     """An efficiency table from (x, efficiency) measurements: the best efficiency at each distinct x (different shapes can
     share an x, e.g. batch x context reading the same KV bytes; the fastest is the kernel's capability), capped at ``cap``."""
@@ -443,13 +450,10 @@ def linear_tables(points: list[dict], hw_name: str) -> dict[str, EffTable]:
     CUDA graph of the call replayed back to back, recorded on CUDA since the calibration timed every token bucket) where
     every point has one: the steps run their GEMMs inside decode graphs and piecewise pieces, and their launch is the
     host terms'. Otherwise the eager host-clocked ``time_s`` (earlier calibrations), which carries each call's launch."""
-    from costmodels.hardware import get_hardware
-
     lin = [p for p in points if p.get("op") == "linear" and (p.get("time_s") or 0) > 0]
     if not lin:
         return {}
-    device = all((p.get("device_s") or 0) > 0 for p in lin)
-    secs = [float(p["device_s"] if device else p["time_s"]) for p in lin]
+    secs, device = _device_or_eager(lin)
     how = ", device seconds in a CUDA graph" if device else ""   # eager: the text earlier profiles carry
     hw = get_hardware(hw_name)
     base = CalibrationProfile.default(hw)
@@ -472,11 +476,10 @@ def prefill_chunk_table(points: list[dict]) -> PrefillChunkTable | None:
     chunk = [p for p in points if p.get("op") == "attn_prefill_chunk" and (p.get("time_s") or 0) > 0]
     if len({(p["new"], p["cached"]) for p in chunk}) < 2 or len({p["cached"] for p in chunk}) < 2:
         return None
-    device = all((p.get("device_s") or 0) > 0 for p in chunk)
+    secs, device = _device_or_eager(chunk)
     p0 = chunk[0]
     return PrefillChunkTable(
-        new=[float(p["new"]) for p in chunk], cached=[float(p["cached"]) for p in chunk],
-        seconds=[float(p["device_s"] if device else p["time_s"]) for p in chunk],
+        new=[float(p["new"]) for p in chunk], cached=[float(p["cached"]) for p in chunk], seconds=secs,
         heads=int(p0["heads"]), d_qk=int(p0["d_qk"]), d_v=int(p0["d_v"]),
         x_is=("device seconds (launch hidden behind a spin kernel)" if device else "eager seconds (host clock, launch included)")
         + " of one layer's prefill-chunk attention over new x cached tokens (measured: executor MLA prefill_attend, "

@@ -42,6 +42,7 @@ from executor.engine import LLMEngine, SamplingParams
 from executor.replay import fresh_engine, replay
 from executor.synthetic_steps import MEASURE_TEMPERATURE, drop_plan, fresh_chunk_step, probe_new_shape, synthetic_plan, warm_steps
 from kernels import ops, vendor
+from kernels.measured import spill_copies
 from scheduler.config import SchedulerConfig
 
 
@@ -220,9 +221,6 @@ def bench_sampler(compute_logits, vocab: int, hidden: int, device: torch.device,
     return out
 
 
-GEMM_L2_SPILL_BYTES = 256 << 20   # weight copies per graph replay: enough bytes that no copy stays in L2 (H200: 50 MB)
-
-
 def bench_gemm_shapes(engine: LLMEngine, rows: list[int], replays: int = 10) -> list[dict]:
     """``gemm`` points: each distinct FP8 weight GEMM of the engine's model (N x K, its own weights and scales) at
     every row count in ``rows``, the GEMM kernel alone on pre-quantised activations (``ops.fp8_gemm``, the library the
@@ -242,7 +240,7 @@ def bench_gemm_shapes(engine: LLMEngine, rows: list[int], replays: int = 10) -> 
     g = torch.Generator(device=dev).manual_seed(0)
     out = []
     for (n, k), mod in sorted(shapes.items()):
-        copies = int(min(16, max(1, -(-GEMM_L2_SPILL_BYTES // (n * k)))))
+        copies = spill_copies(n * k, 16)
         ws = [(mod.weight, mod.weight_scale_inv)] + [(mod.weight.clone(), mod.weight_scale_inv.clone()) for _ in range(copies - 1)]
         for m in rows:
             x = torch.randn(m, k, generator=g, device=dev, dtype=torch.float32).to(torch.bfloat16)
@@ -967,9 +965,10 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
         op_pts = []
     if cuda and not quick:
         try:   # the model's own FP8 GEMMs at every token bucket (costmodels.op_table.table_from_points)
+            tg = time.perf_counter()
             gem = bench_gemm_shapes(engine, rows)
             op_pts += gem
-            log(f"  GEMMs: {len({(p['n'], p['k']) for p in gem})} shapes x {len(rows)} rows in {time.perf_counter() - t1:.1f} s")
+            log(f"  GEMMs: {len({(p['n'], p['k']) for p in gem})} shapes x {len(rows)} rows in {time.perf_counter() - tg:.1f} s")
         except Exception as e:  # noqa: BLE001
             log(f"  GEMM shapes failed: {type(e).__name__}: {e}")
     try:

@@ -21,6 +21,14 @@ TABLES = {
     "mla_decode": ("mla_decode_bf16.csv", "batch", "MLA decode by batch x context"),
 }
 DECODE_MAX, PREFILL_MIN = 128, 4096
+L2_SPILL_BYTES = 256 << 20     # several times the H200's 50 MB L2 (DOMAIN.md)
+
+
+def spill_copies(nbytes: int, cap: int = 64) -> int:
+    """Copies of an operand of ``nbytes`` that one timed pass cycles through so that no copy stays in L2 (at least one,
+    at most ``cap``): the rule the op tables and the calibration's GEMM table are timed by, as a step reads each weight
+    once."""
+    return int(min(cap, max(1, -(-L2_SPILL_BYTES // max(int(nbytes), 1)))))
 
 
 def _fraction(row: dict, peak_tflops: float, copy_tbs: float) -> float:

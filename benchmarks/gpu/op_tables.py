@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import time
 import traceback
 from pathlib import Path
@@ -29,9 +28,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.gpu.bench_kernels import env, rel, timed
+from kernels.measured import L2_SPILL_BYTES, spill_copies
 from kernels import reference as R
 
-L2_SPILL_BYTES = 256 << 20     # several times the H200's 50 MB L2 (DOMAIN.md)
 M_GRID = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 # DeepSeek-V3 FP8 GEMMs (N, K): fused q_a+kv_a, q_b, kv_b, o_proj, dense gate_up, dense down,
 # shared-expert gate_up, shared-expert down (config.json: hidden 7168, q_lora 1536, kv_lora 512,
@@ -95,7 +94,7 @@ def reps_for(us_guess: float) -> int:
 
 
 def copies_for(nbytes: int) -> int:
-    return int(min(64, max(1, math.ceil(L2_SPILL_BYTES / max(nbytes, 1)))))
+    return spill_copies(nbytes, 64)
 
 
 def dense_gemm_rows(emit, libs, m_grid, gemms) -> None:
