@@ -12,7 +12,8 @@ A batch of ``n`` decodes replays the graph of the smallest captured size ``>= n`
 read one token of the null page and write their KV into the null page (which absorbs junk
 writes by design, see kv_cache), so real rows are unaffected. Logits and sampling stay eager.
 
-Eager fallback: CPU, DSA models (indexer: see ``unsupported_reason``), prefill/mixed steps, MTP steps (``decode_sq > 1``), batches larger than the
+Not taken here: DSA models (indexer: see ``unsupported_reason``; their decode steps replay the piecewise graphs,
+executor/piecewise_graphs.py, with attention and the top-k eager between pieces), prefill/mixed steps, MTP steps (``decode_sq > 1``), batches larger than the
 largest graph, and any size whose capture raised (the reason is kept in ``failed``).
 
 Graph safety of the decode path (checked on the H200 run): no ``.item()``/``nonzero``/Python
@@ -65,12 +66,14 @@ def graphs_supported(device: torch.device) -> bool:
 def unsupported_reason(model) -> str | None:
     """Why ``model``'s decode forward cannot be captured, or None.
 
-    DSA models (DeepSeek-V3.2, ``tiny``): the indexer branches on ``batch.max_decode_len`` (a host
-    read of the KV lengths) and its sparse decode runs on the reference per-sequence loop
-    (``int(seq_lens[i])``): neither is capturable, so they stay eager.
+    DSA models (DeepSeek-V3.2, ``tiny``): the indexer's top-k branches on the step's KV lengths and scores
+    keys over the batch's own block-table width (a whole-forward graph would fix it at ``max_model_len``:
+    the indexer's work at the longest context on every step), so their decode steps replay the piecewise
+    graphs instead, the top-k and attention eager between the pieces.
     """
     if any(getattr(m, "indexer", None) is not None for m in model.modules()):
-        return "DSA indexer: host-side branch on max KV length and per-sequence sparse decode (not capturable)"
+        return ("DSA indexer: top-k over the step's own KV lengths (decode steps replay the piecewise graphs, "
+                "top-k and attention eager)")
     if any(hasattr(m, "window") for m in model.modules()):
         return "sliding-window layers: per-sequence windowed decode (executor/swa.py, not capturable)"
     return None

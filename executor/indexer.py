@@ -37,18 +37,35 @@ class Indexer(nn.Module):
         pe, rest = t[..., : self.rope_dim], t[..., self.rope_dim:]
         return torch.cat((ref.rope(pe, positions, cos_sin, self.interleaved), rest), dim=-1)
 
-    def forward(self, x: torch.Tensor, qr: torch.Tensor, batch: ForwardBatch, cache: torch.Tensor,
-                cos_sin: torch.Tensor) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
-        """Store this step's keys; return decode top-k ``[B, s_q, k]`` (or None) and a key mask per prefill span."""
+    def project(self, x: torch.Tensor, qr: torch.Tensor, batch: ForwardBatch, cache: torch.Tensor, cos_sin: torch.Tensor,
+                queries: bool = True) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The per-token part: this step's keys written to the cache, and (``queries``) the indexer's queries ``[T, Hi,
+        Di]`` and head weights ``[T, Hi]``. No host read and shapes fixed by ``T``: CUDA-graph capturable (it runs in
+        the layer's ``project``, inside a piecewise graph). ``queries=False``: keys only (no row needs a top-k)."""
         t = x.shape[0]
         k = self._rope(self.k_norm(self.wk(x)), batch.positions, cos_sin)
         ref.write_paged(cache, batch.slot_mapping, k)
+        if not queries:
+            return None
+        q = self._rope(self.wq_b(qr).view(t, self.n_heads, self.head_dim), batch.positions, cos_sin)
+        w = ref._up(self.weights_proj(x)) * self.weight_scale
+        return q, w
+
+    def needs_queries(self, batch: ForwardBatch) -> bool:
+        """Whether any row of ``batch`` sees more than top-k keys (host values only: no device read)."""
+        return bool(batch.num_decodes and batch.max_decode_len > self.topk) or any(p.kv_len > self.topk for p in batch.prefills)
+
+    def select(self, qw: tuple[torch.Tensor, torch.Tensor] | None, batch: ForwardBatch,
+               cache: torch.Tensor) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
+        """The per-step part over ``project``'s queries: decode top-k ``[B, s_q, k]`` (or None) and a key mask per
+        prefill span. Branches on the batch's KV lengths (host values), so it runs eagerly between graph pieces."""
         need_decode = batch.num_decodes and batch.max_decode_len > self.topk
         need_prefill = any(p.kv_len > self.topk for p in batch.prefills)
         if not (need_decode or need_prefill):
             return None, [None] * len(batch.prefills)
-        q = self._rope(self.wq_b(qr).view(t, self.n_heads, self.head_dim), batch.positions, cos_sin)
-        w = ref._up(self.weights_proj(x)) * self.weight_scale
+        if qw is None:
+            raise ValueError("indexer: rows see more than top-k keys but project() ran without queries")
+        q, w = qw
         dec_topk = None
         if need_decode:
             dec_topk = self._decode_topk(q, w, batch, cache)
@@ -62,6 +79,11 @@ class Indexer(nn.Module):
             scores = ref.indexer_scores(q[rows], w[rows], keys, batch.positions[rows])
             masks.append(ref.topk_mask(ops.indexer_topk(scores, self.topk), p.kv_len))
         return dec_topk, masks
+
+    def forward(self, x: torch.Tensor, qr: torch.Tensor, batch: ForwardBatch, cache: torch.Tensor,
+                cos_sin: torch.Tensor) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
+        """Store this step's keys; return decode top-k ``[B, s_q, k]`` (or None) and a key mask per prefill span."""
+        return self.select(self.project(x, qr, batch, cache, cos_sin, self.needs_queries(batch)), batch, cache)
 
     def _decode_topk(self, q: torch.Tensor, w: torch.Tensor, batch: ForwardBatch, cache: torch.Tensor) -> torch.Tensor:
         """Batched over the decode group: pages gathered into a padded ``[B, L, D]`` key tensor."""

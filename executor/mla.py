@@ -52,13 +52,18 @@ class MLAAttention(nn.Module):
         self.cos_sin: torch.Tensor | None = None   # set by the model (shared rope table)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
-        q_nope, q_pe, qr = self.project(x, batch, kv)
-        return self.output(self.attend(q_nope, q_pe, batch, kv, x, qr))
+        q_nope, q_pe, idx = self.project(x, batch, kv)
+        return self.output(self.attend(q_nope, q_pe, batch, kv, idx))
 
-    def project(self, x: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def project(self, x: torch.Tensor, batch: ForwardBatch, kv: KVCache, indexer_queries: bool | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """The per-token part before attention: q/kv projections, latent norms, RoPE, and the KV-cache write.
-        Returns ``(q_nope [T, h, dn], q_pe [T, h, dr], qr)`` (``qr``: the normed q latent, the indexer's input; None
-        without q LoRA). No host sync and shapes fixed by ``T``: CUDA-graph capturable (executor/piecewise_graphs.py)."""
+        DSA models also run the indexer's per-token part here (its keys written beside the latents, its queries and
+        head weights from ``x`` and the normed q latent). Returns ``(q_nope [T, h, dn], q_pe [T, h, dr], idx)``:
+        ``idx`` the indexer's ``(queries [T, Hi, Di], weights [T, Hi])``, None without an indexer or when
+        ``indexer_queries`` is False (None: computed when some row of ``batch`` sees more than top-k keys; a piecewise
+        graph passes True, its static batch says nothing of the step). No host sync and shapes fixed by ``T`` when
+        ``indexer_queries`` is given: CUDA-graph capturable (executor/piecewise_graphs.py)."""
         t = x.shape[0]
         qr = None
         if hasattr(self, "q_a_proj"):
@@ -76,19 +81,24 @@ class MLAAttention(nn.Module):
                       self.interleave, batch.rope_rows(self.cos_sin))
         q_nope, q_pe, k_pe = q[..., : self.dn], pe[:, : self.h], pe[:, self.h]
         ref.write_paged(kv.latent[self.cache_layer], batch.slot_mapping, torch.cat((c, k_pe), dim=-1))
-        return q_nope, q_pe, qr
+        idx = None
+        if self.indexer is not None:
+            if indexer_queries is None:
+                indexer_queries = self.indexer.needs_queries(batch)
+            idx = self.indexer.project(x, qr, batch, kv.index_k[self.cache_layer], self.cos_sin, indexer_queries)
+        return q_nope, q_pe, idx
 
     def attend(self, q_nope: torch.Tensor, q_pe: torch.Tensor, batch: ForwardBatch, kv: KVCache,
-               x: torch.Tensor | None = None, qr: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+               idx: tuple[torch.Tensor, torch.Tensor] | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of the batch's queries over the cache ``project`` wrote: the decode group through the paged decode
         kernel (absorbed form), each prefill chunk expanded and attended on its own. Per-step shapes (KV lengths, chunk
-        spans) live here, so this part stays eager between graph pieces. ``x``/``qr``: the DSA indexer's inputs (DSA
-        models only). ``out``: where to write ``[T, h, dv]`` (a static buffer's rows; allocated when None)."""
+        spans) live here, so this part stays eager between graph pieces: with them the DSA indexer's top-k over
+        ``project``'s ``idx`` (DSA models only). ``out``: where to write ``[T, h, dv]`` (a static buffer's rows; allocated when None)."""
         t = q_nope.shape[0]
         cache = kv.latent[self.cache_layer]
         dec_topk, masks = None, [None] * len(batch.prefills)
         if self.indexer is not None:
-            dec_topk, masks = self.indexer(x, qr, batch, kv.index_k[self.cache_layer], self.cos_sin)
+            dec_topk, masks = self.indexer.select(idx, batch, kv.index_k[self.cache_layer])
 
         w_kv_b = self.kv_b_proj.weight
         if out is None:

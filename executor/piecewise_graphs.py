@@ -36,8 +36,12 @@ to 4096: above a few thousand tokens the device time exceeds the host issue time
 runs at engine start, largest first, with one progress line per ~10 buckets; a bucket whose capture raises stays
 eager (``failed``) and a failure of the largest stops the rest. Batches over the largest bucket run eagerly.
 
-Not covered (eager, ``unsupported_reason``): DSA models (the indexer runs inside attention with host-side branches),
-sliding-window layers, attention without the project/attend/output split (GQA/Llama), and the MTP layers' own
+DSA models (DeepSeek-V3.2): the indexer's per-token part (its keys written to the cache, its queries and head weights)
+runs in ``project``, inside the pieces, into two more static buffers; its top-k (which branches on the step's KV
+lengths) runs in ``attend``, eagerly, with the sparse attention. Their decode-only steps come here too: the whole-forward
+decode graphs do not take them (executor/cuda_graphs.py).
+
+Not covered (eager, ``unsupported_reason``): sliding-window layers, attention without the project/attend/output split (GQA/Llama), and the MTP layers' own
 forwards (the main model's forward of an MTP step, ``decode_sq > 1``, is covered).
 
 ``capture=False`` runs the very same pieces eagerly through the static buffers with padding: the CPU tests check the
@@ -84,8 +88,6 @@ def token_sizes(max_tokens: int, sizes: tuple[int, ...] = DEFAULT_TOKEN_SIZES) -
 
 def unsupported_reason(model) -> str | None:
     """Why ``model``'s forward cannot be cut into pieces, or None."""
-    if any(getattr(m, "indexer", None) is not None for m in model.modules()):
-        return "DSA indexer: runs inside attention with host-side branches (eager for now)"
     if any(hasattr(m, "window") for m in model.modules()):
         return "sliding-window layers: per-sequence windowed attention (executor/swa.py)"
     for i, layer in enumerate(model.model.layers):
@@ -112,6 +114,13 @@ class PieceBuffers:
         self.q = torch.zeros(max_tokens, self.h, self.dn + self.dr, dtype=dtype, device=device)
         self.out = torch.zeros(max_tokens, self.h, self.dv, dtype=dtype, device=device)
         self.hidden = torch.zeros(max_tokens, hidden, dtype=dtype, device=device)
+        # DSA: the indexer's queries and head weights, written by ``project`` in a piece, read by the eager top-k
+        ix = attn.indexer
+        self.idx_q = self.idx_w = None
+        if ix is not None:
+            self.idx_q = torch.zeros(max_tokens, ix.n_heads, ix.head_dim, dtype=dtype, device=device)
+            self.idx_w = torch.zeros(max_tokens, ix.n_heads, dtype=torch.float64 if dtype == torch.float64 else torch.float32,
+                                     device=device)
         self.batches: dict[int, ForwardBatch] = {}
 
     def fill(self, batch: ForwardBatch | None, size: int) -> None:
@@ -182,14 +191,18 @@ class PiecewiseGraphs:
             return
         layer = self.layers[k]
         buf.x[:size].copy_(x)
-        q_nope, q_pe, _ = layer.self_attn.project(layer.input_layernorm(x), b, self.kv)
+        q_nope, q_pe, idx = layer.self_attn.project(layer.input_layernorm(x), b, self.kv, indexer_queries=True)
         buf.q[:size, :, : buf.dn].copy_(q_nope)
         buf.q[:size, :, buf.dn:].copy_(q_pe)
+        if idx is not None:
+            buf.idx_q[:size].copy_(idx[0])
+            buf.idx_w[:size].copy_(idx[1])
 
     def attend(self, k: int, batch: ForwardBatch) -> None:
         """Layer ``k``'s attention over the real rows, eagerly, into ``out[:T]``."""
         t, buf = batch.num_tokens, self.buf
-        self.layers[k].self_attn.attend(buf.q[:t, :, : buf.dn], buf.q[:t, :, buf.dn:], batch, self.kv, out=buf.out[:t])
+        idx = (buf.idx_q[:t], buf.idx_w[:t]) if buf.idx_q is not None else None
+        self.layers[k].self_attn.attend(buf.q[:t, :, : buf.dn], buf.q[:t, :, buf.dn:], batch, self.kv, idx, out=buf.out[:t])
 
     # ----------------------------------------------------------------- capture
     def capture(self) -> None:

@@ -3,7 +3,8 @@
 CPU: ``project``/``attend``/``output`` through separate buffers equal the layer's forward bit for bit; the piece runner
 in no-capture mode (the same pieces, run eagerly through the static buffers, padded to a bucket) gives the eager
 forward's hidden states (bit-identical without padding, fp64-close with it), the same tokens through the engine, and
-writes no KV outside the batch's own slots and the null page. GPU (``-m gpu``): the captured pieces against eager.
+writes no KV outside the batch's own slots and the null page; the same for a DSA model (``tiny`` with its indexer: its
+per-token part inside the pieces, its top-k eager between them). GPU (``-m gpu``): the captured pieces against eager.
 """
 
 from __future__ import annotations
@@ -27,16 +28,17 @@ PAGE = 16
 
 
 def _no_indexer(model):
-    """``tiny`` without its DSA indexer: dense MLA like DeepSeek-V3 (DSA models stay eager)."""
+    """``tiny`` without its DSA indexer: dense MLA like DeepSeek-V3."""
     for m in model.modules():
         if getattr(m, "indexer", None) is not None:
             m.indexer = None
     return model
 
 
-def _engine(**kw) -> LLMEngine:
-    return LLMEngine.from_args("tiny", device="cpu", dtype="fp64", seed=0, model_transform=_no_indexer, num_kv_blocks=96,
-                               scheduler_config={"block_size": PAGE, **kw.pop("sc", {})}, **kw)
+def _engine(dsa: bool = False, **kw) -> LLMEngine:
+    """``tiny`` on the CPU; ``dsa``: with its DSA indexer (top-k 64 of 4 heads), else dense MLA."""
+    return LLMEngine.from_args("tiny", device="cpu", dtype="fp64", seed=0, model_transform=None if dsa else _no_indexer,
+                               num_kv_blocks=96, scheduler_config={"block_size": PAGE, **kw.pop("sc", {})}, **kw)
 
 
 def _randomise_kv(kv: KVCache, seed: int = 0) -> None:
@@ -69,16 +71,25 @@ SHAPES = {   # name -> (decode contexts, prompt chunks (new, cached), queries pe
     "MTP decodes (s_q 3) + chunk": ([12, 50], [(9, 3)], 3),
     "decodes only": ([7, 19, 64, 3, 100], [], 1),
 }
+# with the DSA indexer (top-k 64): these rows see more than 64 keys, so its top-k and sparse attention run
+DSA_SHAPES = {
+    "decodes past top-k": ([7, 100, 64, 130], [], 1),
+    "chunk past top-k + decodes": ([90, 12], [(20, 60), (30, 0)], 1),
+    "MTP decodes past top-k + chunk": ([80, 50], [(9, 70)], 3),
+}
 
 
 @pytest.mark.parametrize("dtype", ["fp64", "fp8"])
-def test_split_through_buffers_equals_layer_forward(dtype):
+@pytest.mark.parametrize("shape", ["short contexts", "past the indexer's top-k"])
+@pytest.mark.parametrize("queries", [None, True])
+def test_split_through_buffers_equals_layer_forward(dtype, shape, queries):
     """``project`` -> q copied into a padded static buffer -> ``attend`` writing into a static ``out`` -> ``output``:
-    bit-identical to ``MLAAttention.forward``, and the same KV written."""
+    bit-identical to ``MLAAttention.forward``, and the same KV written (``tiny`` keeps its DSA indexer: ``project``
+    writes its keys and, ``queries`` True as in a piece or where rows need a top-k, its queries; ``attend`` selects)."""
     e = LLMEngine.from_args("tiny", device="cpu", dtype=dtype, seed=0, num_kv_blocks=32, scheduler_config={"block_size": PAGE})
     model, kv = e.runner.model, e.runner.kv
     _randomise_kv(kv)
-    seqs, _ = _batch([5, 40], [(20, 9), (6, 0)])
+    seqs, _ = _batch([5, 40], [(20, 9), (6, 0)]) if shape == "short contexts" else _batch([5, 100], [(20, 70)])
     b = build_forward_batch(seqs, PAGE, kv.null_page, CPU)
     for layer in model.model.layers:
         attn = layer.self_attn
@@ -89,12 +100,13 @@ def test_split_through_buffers_equals_layer_forward(dtype):
             kv_want = [t.clone() for t in (kv.latent, kv.index_k) if t is not None]
             for t, s in zip([t for t in (kv.latent, kv.index_k) if t is not None], kv_before):
                 t.copy_(s)
-            q_nope, q_pe, qr = attn.project(x, b, kv)
+            q_nope, q_pe, idx = attn.project(x, b, kv, indexer_queries=queries)
+            assert (idx is None) == (queries is None and shape == "short contexts")
             t = x.shape[0]
             q = torch.full((t + 5, attn.h, attn.dn + attn.dr), float("nan"), dtype=q_nope.dtype)
             q[:t, :, : attn.dn], q[:t, :, attn.dn:] = q_nope, q_pe
             out = torch.full((t + 5, attn.h, attn.dv), float("nan"), dtype=q_nope.dtype)
-            ret = attn.attend(q[:t, :, : attn.dn], q[:t, :, attn.dn:], b, kv, x, qr, out=out[:t])
+            ret = attn.attend(q[:t, :, : attn.dn], q[:t, :, attn.dn:], b, kv, idx, out=out[:t])
             got = attn.output(out[:t])
         assert ret.data_ptr() == out.data_ptr()
         assert torch.equal(got, want)
@@ -108,19 +120,21 @@ def _piece_runner(**kw) -> LLMEngine:
     return e
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("shape", [(s, False) for s in SHAPES] + [(s, True) for s in list(SHAPES)[-3:] + list(DSA_SHAPES)],
+                         ids=lambda p: f"{p[0]}{', DSA' if p[1] else ''}")
 def test_no_capture_pieces_match_eager_forward(shape):
-    """The pieces over padded static buffers give the eager forward's rows; KV writes land only in the batch's slots
-    (same values as eager) and the null page."""
-    e = _piece_runner()
+    """The pieces over padded static buffers give the eager forward's rows; KV writes (the latents, and a DSA model's
+    indexer keys) land only in the batch's slots (same values as eager) and the null page."""
+    shape, dsa = shape
+    e = _piece_runner(dsa=dsa)
     runner, kv = e.runner, e.runner.kv
-    dec, pre, sq = SHAPES[shape]
+    dec, pre, sq = {**SHAPES, **DSA_SHAPES}[shape]
     seqs, used_pages = _batch(dec, pre, sq)
     b = build_forward_batch(seqs, PAGE, kv.null_page, CPU)
     _randomise_kv(kv, 1)
     with torch.inference_mode():
         want = runner.model(b, kv).clone()
-        kv_eager = kv.latent.clone()
+        kv_eager = [t.clone() for t in (kv.latent, kv.index_k) if t is not None]
         _randomise_kv(kv, 1)
         got, size = runner.piecewise.run(b)
     assert size == pg.bucket_for(b.num_tokens, runner.piecewise.captured) and got.shape == want.shape
@@ -131,10 +145,11 @@ def test_no_capture_pieces_match_eager_forward(shape):
     lw, lg = runner.model.compute_logits(want), runner.model.compute_logits(got)
     assert torch.equal(lw.argmax(-1), lg.argmax(-1))
     # pages outside the batch: untouched (bit for bit); the batch's pages: what eager wrote
-    fresh = kv.latent.clone()
+    fresh = [t.clone() for t in (kv.latent, kv.index_k) if t is not None]
     _randomise_kv(kv, 1)
-    assert torch.equal(fresh[:, used_pages: kv.null_page], kv.latent[:, used_pages: kv.null_page])
-    torch.testing.assert_close(fresh[:, :used_pages], kv_eager[:, :used_pages], rtol=1e-6, atol=1e-6)
+    for now, rand, eager in zip(fresh, [t for t in (kv.latent, kv.index_k) if t is not None], kv_eager):
+        assert torch.equal(now[:, used_pages: kv.null_page], rand[:, used_pages: kv.null_page])
+        torch.testing.assert_close(now[:, :used_pages], eager[:, :used_pages], rtol=1e-6, atol=1e-6)
 
 
 def test_padding_rows_stay_out_of_real_rows():
@@ -158,15 +173,16 @@ def test_padding_rows_stay_out_of_real_rows():
     assert buf.index[2, b.num_tokens] == kv.null_page * PAGE
 
 
-def test_engine_tokens_equal_with_no_capture_pieces():
+@pytest.mark.parametrize("dsa", [False, True])
+def test_engine_tokens_equal_with_no_capture_pieces(dsa):
     """Greedy generation (prompt chunks, mixed steps, MTP drafts) through the pieces gives the eager engine's tokens;
-    the step log names the bucket each step replayed."""
-    prompts = [[(7 * i + 3 * j) % 480 + 2 for j in range(11 + 13 * i)] for i in range(3)]
+    the step log names the bucket each step replayed. DSA: prompts past the indexer's top-k (64), decodes included."""
+    prompts = [[(7 * i + 3 * j) % 480 + 2 for j in range((60 + 17 * i) if dsa else (11 + 13 * i))] for i in range(3)]
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     sc = {"draft_len": 2, "max_num_seqs": 4, "max_num_batched_tokens": 40, "long_prefill_threshold": 24}
     outs, recs = {}, {}
     for pieces in (False, True):
-        e = _piece_runner(sc=sc) if pieces else _engine(sc=sc)
+        e = _piece_runner(sc=sc, dsa=dsa) if pieces else _engine(sc=sc, dsa=dsa)
         recs[pieces] = []
         e.step_log = recs[pieces].append
         outs[pieces] = e.generate(prompts, params)
@@ -175,6 +191,8 @@ def test_engine_tokens_equal_with_no_capture_pieces():
     pieced = [r for r in recs[True] if r["piecewise_bs"]]
     assert pieced and any(r["num_prefills"] for r in pieced) and any(r["decode_sq"] == 3 for r in pieced)
     assert all(r["piecewise_bs"] >= r["num_tokens"] for r in pieced)
+    if dsa:   # decode-only steps too: no whole-forward decode graph takes a DSA model
+        assert any(not r["num_prefills"] for r in pieced)
 
 
 def test_batches_over_the_largest_bucket_run_eager():
@@ -189,7 +207,7 @@ def test_batches_over_the_largest_bucket_run_eager():
 
 def test_unsupported_models_and_cpu_capture():
     dsa = LLMEngine.from_args("tiny", device="cpu", dtype="fp64", seed=0, num_kv_blocks=8)
-    assert not dsa.runner.enable_piecewise_graphs(64, capture=False) and "indexer" in dsa.runner.piecewise_off_reason
+    assert dsa.runner.enable_piecewise_graphs(64, capture=False) and dsa.runner.piecewise_off_reason is None
     spec = ModelSpec(name="toy-qwen3-moe", family="qwen3_moe", num_layers=2, hidden_size=64, vocab_size=100,
                      num_attention_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128, attention="gqa",
                      moe=MoEConfig(n_routed_experts=4, top_k=2, moe_intermediate_size=32, first_k_dense=0), max_context=256)
@@ -217,10 +235,11 @@ def test_token_sizes_and_switch(monkeypatch):
 # ----------------------------------------------------------------------------- GPU
 
 
-def _gpu_engine(pieces: bool) -> LLMEngine:
+def _gpu_engine(pieces: bool, dsa: bool = False) -> LLMEngine:
     sc = {"block_size": 64, "max_num_seqs": 8, "max_num_batched_tokens": 512}
     return LLMEngine.from_args("tiny", device="cuda", dtype="bf16", seed=0, scheduler_config=sc, max_model_len=1024,
-                               num_kv_blocks=256, model_transform=_no_indexer, cuda_graphs=True, piecewise_graphs=pieces)
+                               num_kv_blocks=256, model_transform=None if dsa else _no_indexer, cuda_graphs=True,
+                               piecewise_graphs=pieces)
 
 
 @pytest.fixture(scope="module")
@@ -229,19 +248,33 @@ def gpu_pieces():
     return _gpu_engine(True)
 
 
+@pytest.fixture(scope="module")
+def gpu_dsa_pieces():
+    """``tiny`` with its DSA indexer: piecewise graphs captured, no whole-forward decode graphs (the indexer)."""
+    return _gpu_engine(True, dsa=True)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", ["prefill, padded", "mixed", "mixed over cached context", "MTP decodes (s_q 3) + chunk"])
-def test_gpu_captured_pieces_match_eager(gpu_pieces, shape):
+@pytest.mark.parametrize("shape", ["prefill, padded", "mixed", "mixed over cached context", "MTP decodes (s_q 3) + chunk"]
+                         + [f"DSA: {s}" for s in DSA_SHAPES])
+def test_gpu_captured_pieces_match_eager(gpu_pieces, gpu_dsa_pieces, shape):
     """Replayed pieces vs the eager forward on the same batch: hidden states close, greedy tokens equal where the
-    top-2 margin is clear (padding changes GEMM tiling), and the same hidden states as the no-capture pieces."""
-    e = gpu_pieces
+    top-2 margin is clear (padding changes GEMM tiling), and the same hidden states as the no-capture pieces. DSA
+    shapes: the indexer's keys and queries inside the pieces, its top-k (64 keys of up to 640) eager between them."""
+    dsa = shape.startswith("DSA: ")
+    e = gpu_dsa_pieces if dsa else gpu_pieces
+    if dsa:
+        shape = shape[5:]
+        assert e.runner.graphs is None and "DSA indexer" in e.runner.graphs_off_reason
     pw = e.runner.piecewise
     assert pw is not None and not pw.failed, pw.failed
     assert pw.captured == pg.token_sizes(512) and all(len(g) == len(e.runner.model.model.layers) + 1 for g in pw.graphs.values())
     kv, model = e.runner.kv, e.runner.model
     gen = torch.Generator(device="cuda").manual_seed(3)
-    kv.latent.copy_(torch.randn(kv.latent.shape, generator=gen, device="cuda").to(kv.latent.dtype))
-    dec, pre, sq = SHAPES[shape]
+    for t in (kv.latent, kv.index_k):
+        if t is not None:
+            t.copy_(torch.randn(t.shape, generator=gen, device="cuda").to(t.dtype))
+    dec, pre, sq = {**SHAPES, **DSA_SHAPES}[shape]
     seqs, _ = _batch(dec, [(n * 8, c * 8) for n, c in pre], sq, page_size=64)   # chunks of 48..360 tokens
     b = build_forward_batch(seqs, 64, kv.null_page, torch.device("cuda"))
     with torch.inference_mode():
