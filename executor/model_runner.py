@@ -321,6 +321,15 @@ class ModelRunner:
         return StepResult(np.asarray(durations), dec, sampled, finished_early)
 
     # ----------------------------------------------------------------- MTP
+    def _mtp_forward(self, j: int, batch: ForwardBatch, prev_hidden: torch.Tensor) -> torch.Tensor:
+        """MTP layer ``j``'s draft forward: through the piecewise graphs when the token count fits a bucket (its
+        embedding, projections and MoE replayed, attention eager), else eagerly (``model.mtp_forward``)."""
+        if self.piecewise is not None:
+            h = self.piecewise.run_mtp(j, batch, prev_hidden)
+            if h is not None:
+                return h
+        return self.model.mtp_forward(j, batch, prev_hidden, self.kv)
+
     def _propose(self, batch: ForwardBatch, hidden: torch.Tensor, seqs: list[SeqInput], decodes: list[Request],
                  prefills: list, toks: list[int], accepted: list[int], k: int) -> None:
         """Run the MTP layer over the batch (filling its KV) and chain it ``k`` times to draft tokens."""
@@ -340,7 +349,7 @@ class ModelRunner:
                 anchors.append((c.request.request_id, span.start + span.num - 1, c.request.block_ids, end - 1))
             nxt.extend(s.token_ids[1:] + [follow])
         mtp_batch = dataclasses.replace(batch, input_ids=to_device(np.asarray(nxt, dtype=np.int64), self.device))
-        h = self.model.mtp_forward(0, mtp_batch, hidden, self.kv)
+        h = self._mtp_forward(0, mtp_batch, hidden)
         if not anchors:
             return
         rows = [a[1] for a in anchors]
@@ -351,7 +360,7 @@ class ModelRunner:
             layer = min(j, self.model.num_mtp - 1)
             chain = [SeqInput([d], p + j, bt, True) for (_, _, bt, p), d in zip(anchors, drafts[-1])]
             cb = build_forward_batch(chain, self.page_size, self.kv.null_page, self.device)
-            h = self.model.mtp_forward(layer, cb, h, self.kv)
+            h = self._mtp_forward(layer, cb, h)
             drafts.append(self.model.mtp_logits(layer, h).argmax(-1).tolist())
         for n, (rid, _, _, _) in enumerate(anchors):
             if rid in self.states:

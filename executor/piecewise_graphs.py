@@ -41,8 +41,13 @@ runs in ``project``, inside the pieces, into two more static buffers; its top-k 
 lengths) runs in ``attend``, eagerly, with the sparse attention. Their decode-only steps come here too: the whole-forward
 decode graphs do not take them (executor/cuda_graphs.py).
 
-Not covered (eager, ``unsupported_reason``): sliding-window layers, attention without the project/attend/output split (GQA/Llama), and the MTP layers' own
-forwards (the main model's forward of an MTP step, ``decode_sq > 1``, is covered).
+MTP drafting (models with MTP layers): each MTP layer's draft forward is two more pieces per bucket around its
+attention (``mtp_piece``: the next tokens' embedding and the previous hidden states through enorm/hnorm/eh_proj and
+the block's ``project``; then its ``output`` and MoE), reading ``mtp_in`` and writing ``mtp_out``; the main model's
+forward of an MTP step (``decode_sq > 1``) is the ordinary pieces. ``ModelRunner._mtp_forward`` takes them.
+
+Not covered (eager, ``unsupported_reason``): sliding-window layers and attention without the project/attend/output
+split (GQA/Llama).
 
 ``capture=False`` runs the very same pieces eagerly through the static buffers with padding: the CPU tests check the
 split and the padding that way (no CUDA graphs on CPU).
@@ -114,6 +119,12 @@ class PieceBuffers:
         self.q = torch.zeros(max_tokens, self.h, self.dn + self.dr, dtype=dtype, device=device)
         self.out = torch.zeros(max_tokens, self.h, self.dv, dtype=dtype, device=device)
         self.hidden = torch.zeros(max_tokens, hidden, dtype=dtype, device=device)
+        # MTP drafting (models with MTP layers): the previous hidden states in, the MTP block's output out (its own
+        # buffer: the main forward's ``hidden`` stays readable while the draft runs)
+        self.mtp_in = self.mtp_out = None
+        if getattr(model, "num_mtp", 0):
+            self.mtp_in = torch.zeros(max_tokens, hidden, dtype=dtype, device=device)
+            self.mtp_out = torch.zeros(max_tokens, hidden, dtype=dtype, device=device)
         # DSA: the indexer's queries and head weights, written by ``project`` in a piece, read by the eager top-k
         ix = attn.indexer
         self.idx_q = self.idx_w = None
@@ -122,6 +133,7 @@ class PieceBuffers:
             self.idx_w = torch.zeros(max_tokens, ix.n_heads, dtype=torch.float64 if dtype == torch.float64 else torch.float32,
                                      device=device)
         self.batches: dict[int, ForwardBatch] = {}
+        self.mtp_batches: dict[int, ForwardBatch] = {}   # the MTP pieces' own (their RoPE rows gathered in their graph)
 
     def fill(self, batch: ForwardBatch | None, size: int) -> None:
         """Rows ``[:T]`` from ``batch`` (device-to-device, no sync), rows ``[T:size]`` padding."""
@@ -135,11 +147,14 @@ class PieceBuffers:
         if size > t:
             self.index[:, t:size].copy_(self.pad[:, t:size], non_blocking=True)
 
-    def batch(self, size: int, fresh: bool = False) -> ForwardBatch:
+    def batch(self, size: int, fresh: bool = False, mtp: bool = False) -> ForwardBatch:
         """The static ForwardBatch of bucket ``size`` (views of fixed addresses; what ``project`` reads: positions,
         slots, and the RoPE rows it memoises). One object per bucket, kept: its memo holds the RoPE rows piece 0's
-        graph writes and the later pieces' graphs read. ``fresh``: a new one with an empty memo (uncaptured runs)."""
-        b = None if fresh else self.batches.get(size)
+        graph writes and the later pieces' graphs read. ``fresh``: a new one with an empty memo (uncaptured runs).
+        ``mtp``: the MTP pieces' kept batch (a draft chain step replays them without the main pieces, at its own
+        positions, so they gather their own RoPE rows)."""
+        kept = self.mtp_batches if mtp else self.batches
+        b = None if fresh else kept.get(size)
         if b is None:
             empty = self.index.new_zeros(0)
             b = ForwardBatch(
@@ -147,7 +162,7 @@ class PieceBuffers:
                 page_size=self.page_size, num_decodes=0, decode_sq=1,
                 decode_block_table=empty.view(0, 0).to(torch.int32), decode_seq_lens=empty.to(torch.int32), prefills=[])
             if not fresh:
-                self.batches[size] = b
+                kept[size] = b
         return b
 
 
@@ -162,6 +177,7 @@ class PiecewiseGraphs:
         self.log = log if log is not None else (lambda s: print(s, file=sys.stderr, flush=True))
         self.buf = PieceBuffers(model, kv, max(self.sizes) if self.sizes else 1, device)
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
+        self.mtp_graphs: dict[int, list[list[torch.cuda.CUDAGraph]]] = {}   # bucket -> per MTP layer, its two pieces
         self.backends: dict[int, dict[str, str]] = {}   # kernels chosen at capture (ops.used is empty on replay)
         self.failed: dict[int, str] = {}
         self.capture_s = 0.0
@@ -189,8 +205,12 @@ class PiecewiseGraphs:
         if k == len(self.layers):
             buf.hidden[:size].copy_(self.model.model.norm(x))
             return
-        layer = self.layers[k]
         buf.x[:size].copy_(x)
+        self._project(self.layers[k], x, size, b)
+
+    def _project(self, layer, x: torch.Tensor, size: int, b: ForwardBatch) -> None:
+        """``layer``'s input norm and ``project`` over ``x`` into the static ``q`` (and the indexer's buffers)."""
+        buf = self.buf
         q_nope, q_pe, idx = layer.self_attn.project(layer.input_layernorm(x), b, self.kv, indexer_queries=True)
         buf.q[:size, :, : buf.dn].copy_(q_nope)
         buf.q[:size, :, buf.dn:].copy_(q_pe)
@@ -198,11 +218,31 @@ class PiecewiseGraphs:
             buf.idx_q[:size].copy_(idx[0])
             buf.idx_w[:size].copy_(idx[1])
 
-    def attend(self, k: int, batch: ForwardBatch) -> None:
-        """Layer ``k``'s attention over the real rows, eagerly, into ``out[:T]``."""
+    def attend(self, k: int, batch: ForwardBatch, attn=None) -> None:
+        """Layer ``k``'s attention (or ``attn``'s) over the real rows, eagerly, into ``out[:T]``."""
         t, buf = batch.num_tokens, self.buf
         idx = (buf.idx_q[:t], buf.idx_w[:t]) if buf.idx_q is not None else None
-        self.layers[k].self_attn.attend(buf.q[:t, :, : buf.dn], buf.q[:t, :, buf.dn:], batch, self.kv, idx, out=buf.out[:t])
+        attn = attn if attn is not None else self.layers[k].self_attn
+        attn.attend(buf.q[:t, :, : buf.dn], buf.q[:t, :, buf.dn:], batch, self.kv, idx, out=buf.out[:t])
+
+    @property
+    def num_mtp(self) -> int:
+        return int(getattr(self.model, "num_mtp", 0)) if self.buf.mtp_in is not None else 0
+
+    def mtp_piece(self, j: int, part: int, size: int, b: ForwardBatch | None = None) -> None:
+        """MTP layer ``j``'s draft forward in two pieces around its attention (``mtp_forward``'s split): part 0 the
+        next tokens' embedding and the previous hidden states (``mtp_in``) through enorm/hnorm/eh_proj, then the block's
+        input norm and ``project``; part 1 its ``output``, residual, norm, MLP/MoE, residual into ``mtp_out``."""
+        buf, m = self.buf, self.model.mtp[j]
+        if part == 0:
+            b = b if b is not None else buf.batch(size, mtp=True)
+            e = m.enorm(self.model.model.embed_tokens(b.input_ids))
+            x = m.eh_proj(torch.cat((e, m.hnorm(buf.mtp_in[:size])), dim=-1))
+            buf.x[:size].copy_(x)
+            self._project(m.block, x, size, b)
+        else:
+            blk = m.block
+            buf.mtp_out[:size].copy_(blk.after_attention(buf.x[:size], blk.self_attn.output(buf.out[:size])))
 
     # ----------------------------------------------------------------- capture
     def capture(self) -> None:
@@ -226,6 +266,7 @@ class PiecewiseGraphs:
                     except Exception as e:  # noqa: BLE001 - an uncapturable bucket stays eager
                         self.failed[size] = f"{type(e).__name__}: {e}"[:300]
                         self.graphs.pop(size, None)
+                        self.mtp_graphs.pop(size, None)
                         torch.cuda.synchronize(self.device)
                         if n == 0:   # the largest failed: the others would too (and each try costs a warm-up)
                             self.failed.update({s: "not tried: the largest bucket failed" for s in order[1:]})
@@ -252,23 +293,34 @@ class PiecewiseGraphs:
                 warm = self.buf.batch(size, fresh=True)
                 for k in range(self.num_pieces):
                     self.piece(k, size, warm)
+                for j in range(self.num_mtp):
+                    self.mtp_piece(j, 0, size, self.buf.batch(size, fresh=True))
+                    self.mtp_piece(j, 1, size)
         torch.cuda.current_stream(self.device).wait_stream(s)
         torch.cuda.synchronize(self.device)
         ops.reset_used()
         b.memo.clear()   # piece 0's capture gathers the RoPE rows (later pieces' captures read them from the memo)
         graphs = []
         for k in range(self.num_pieces):
-            g = torch.cuda.CUDAGraph()
-            with contextlib.ExitStack() as stack:
-                if self.pool is not None:   # torch.cuda.graph empties the allocator's cache per capture: once is enough (as vLLM)
-                    stack.enter_context(mock.patch("torch.cuda.empty_cache", lambda: None))
-                stack.enter_context(torch.cuda.graph(g, pool=self.pool))
-                self.piece(k, size)
-            if self.pool is None:
-                self.pool = g.pool()
-            graphs.append(g)
+            graphs.append(self._capture_piece(lambda: self.piece(k, size)))  # noqa: B023 - called at once
+        self.buf.batch(size, mtp=True).memo.clear()
+        mtp = [[self._capture_piece(lambda: self.mtp_piece(j, part, size)) for part in (0, 1)]  # noqa: B023
+               for j in range(self.num_mtp)]
         self.backends[size] = ops.reset_used()
         self.graphs[size] = graphs
+        if mtp:
+            self.mtp_graphs[size] = mtp
+
+    def _capture_piece(self, fn) -> torch.cuda.CUDAGraph:
+        g = torch.cuda.CUDAGraph()
+        with contextlib.ExitStack() as stack:
+            if self.pool is not None:   # torch.cuda.graph empties the allocator's cache per capture: once is enough (as vLLM)
+                stack.enter_context(mock.patch("torch.cuda.empty_cache", lambda: None))
+            stack.enter_context(torch.cuda.graph(g, pool=self.pool))
+            fn()
+        if self.pool is None:
+            self.pool = g.pool()
+        return g
 
     # ----------------------------------------------------------------- a step
     def run(self, batch: ForwardBatch, host_s: dict[str, float] | None = None) -> tuple[torch.Tensor, int] | None:
@@ -298,6 +350,27 @@ class PiecewiseGraphs:
             from kernels import ops
             ops.used.update(self.backends.get(size, {}))
         return self.buf.hidden[:t], size
+
+    def run_mtp(self, j: int, batch: ForwardBatch, prev_hidden: torch.Tensor) -> torch.Tensor | None:
+        """MTP layer ``j`` over ``batch`` (its input ids the next tokens) from ``prev_hidden`` ``[T, hidden]``: the
+        layer's pre-norm hidden states ``[T, hidden]`` (a view of ``mtp_out``: read or copy it before the next call),
+        as ``model.mtp_forward``; None when the batch must run eagerly (no bucket, or no MTP pieces)."""
+        t = batch.num_tokens
+        size = bucket_for(t, self.captured)
+        if size is None or j >= self.num_mtp or (self.use_graphs and size not in self.mtp_graphs):
+            return None
+        self.buf.fill(batch, size)
+        self.buf.mtp_in[:t].copy_(prev_hidden)
+        if self.use_graphs:
+            first, last = self.mtp_graphs[size][j]
+            first.replay()
+            self.attend(0, batch, self.model.mtp[j].block.self_attn)
+            last.replay()
+        else:
+            self.mtp_piece(j, 0, size, self.buf.batch(size, fresh=True))
+            self.attend(0, batch, self.model.mtp[j].block.self_attn)
+            self.mtp_piece(j, 1, size)
+        return self.buf.mtp_out[:t]
 
 
 class _HostClock:

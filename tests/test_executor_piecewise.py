@@ -173,6 +173,16 @@ def test_padding_rows_stay_out_of_real_rows():
     assert buf.index[2, b.num_tokens] == kv.null_page * PAGE
 
 
+def _spy_drafts(runner, out: list):
+    """Wrap ``runner._propose``: after each call, every request's drafts (the MTP layer's proposals) into ``out``."""
+    propose = runner._propose
+
+    def spy(*a, **kw):
+        propose(*a, **kw)
+        out.append({rid: list(st.drafts) for rid, st in sorted(runner.states.items())})
+    return spy
+
+
 @pytest.mark.parametrize("dsa", [False, True])
 def test_engine_tokens_equal_with_no_capture_pieces(dsa):
     """Greedy generation (prompt chunks, mixed steps, MTP drafts) through the pieces gives the eager engine's tokens;
@@ -180,19 +190,64 @@ def test_engine_tokens_equal_with_no_capture_pieces(dsa):
     prompts = [[(7 * i + 3 * j) % 480 + 2 for j in range((60 + 17 * i) if dsa else (11 + 13 * i))] for i in range(3)]
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     sc = {"draft_len": 2, "max_num_seqs": 4, "max_num_batched_tokens": 40, "long_prefill_threshold": 24}
-    outs, recs = {}, {}
+    outs, recs, drafts, pieced_drafts = {}, {}, {}, 0
     for pieces in (False, True):
         e = _piece_runner(sc=sc, dsa=dsa) if pieces else _engine(sc=sc, dsa=dsa)
+        drafts[pieces] = []
+        e.runner._propose = _spy_drafts(e.runner, drafts[pieces])
+        if pieces:
+            run_mtp = e.runner.piecewise.run_mtp
+
+            def counted(*a, _run=run_mtp):
+                nonlocal pieced_drafts
+                h = _run(*a)
+                pieced_drafts += h is not None
+                return h
+            e.runner.piecewise.run_mtp = counted
         recs[pieces] = []
         e.step_log = recs[pieces].append
         outs[pieces] = e.generate(prompts, params)
     assert outs[True] == outs[False]
+    # the same drafts step for step: the MTP drafts (through the pieces there) are the eager ones
+    assert drafts[True] == drafts[False] and any(any(d) for d in drafts[True])
+    assert pieced_drafts > 0
     assert all(r["piecewise_bs"] == 0 for r in recs[False])
     pieced = [r for r in recs[True] if r["piecewise_bs"]]
     assert pieced and any(r["num_prefills"] for r in pieced) and any(r["decode_sq"] == 3 for r in pieced)
     assert all(r["piecewise_bs"] >= r["num_tokens"] for r in pieced)
     if dsa:   # decode-only steps too: no whole-forward decode graph takes a DSA model
         assert any(not r["num_prefills"] for r in pieced)
+
+
+@pytest.mark.parametrize("dsa", [False, True])
+@pytest.mark.parametrize("rows", ["main step's rows", "a draft chain step"])
+def test_no_capture_mtp_pieces_match_mtp_forward(dsa, rows):
+    """MTP layer 0's draft forward through its two pieces (padded static buffers, attention eager between them)
+    gives ``model.mtp_forward``'s hidden states and KV writes: over a mixed MTP step's rows (past the indexer's top-k
+    with ``dsa``), and over a chain step of one token per sequence (its own positions: RoPE rows gathered anew)."""
+    e = _piece_runner(dsa=dsa)
+    runner, kv, model = e.runner, e.runner.kv, e.runner.model
+    assert runner.piecewise.num_mtp == model.num_mtp == 1
+    if rows == "a draft chain step":
+        seqs, used_pages = _batch([70, 9, 100], [], 1)
+    else:
+        seqs, used_pages = _batch([80, 50], [(9, 70)], 3)
+    b = build_forward_batch(seqs, PAGE, kv.null_page, CPU)
+    g = torch.Generator().manual_seed(5)
+    prev = torch.randn(b.num_tokens, model.model.embed_tokens.weight.shape[1], generator=g, dtype=torch.float64)
+    _randomise_kv(kv, 3)
+    with torch.inference_mode():
+        runner.piecewise.run(build_forward_batch(*_batch([5], [(40, 0)])[:1], PAGE, kv.null_page, CPU))  # other rows first
+        _randomise_kv(kv, 3)
+        want = model.mtp_forward(0, b, prev, kv).clone()
+        kv_eager = [t.clone() for t in (kv.latent, kv.index_k)]
+        _randomise_kv(kv, 3)
+        got = runner.piecewise.run_mtp(0, b, prev)
+        assert got.data_ptr() == runner.piecewise.buf.mtp_out.data_ptr()
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)   # padded: MoE row blocks change (as above)
+        for now, eager in zip((kv.latent, kv.index_k), kv_eager):
+            torch.testing.assert_close(now[:, :used_pages], eager[:, :used_pages], rtol=1e-6, atol=1e-6)
+        assert runner.piecewise.run_mtp(1, b, prev) is None   # one MTP layer: a second one runs eagerly
 
 
 def test_batches_over_the_largest_bucket_run_eager():
@@ -293,6 +348,29 @@ def test_gpu_captured_pieces_match_eager(gpu_pieces, gpu_dsa_pieces, shape):
     top2 = lw.topk(2, dim=-1).values
     clear = (top2[:, 0] - top2[:, 1]) > 0.05
     assert torch.equal(lw.argmax(-1)[clear], lg.argmax(-1)[clear])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dsa", [False, True])
+def test_gpu_captured_mtp_pieces_match_mtp_forward(gpu_pieces, gpu_dsa_pieces, dsa):
+    """MTP layer 0's two captured pieces (attention eager between them) vs ``model.mtp_forward`` on the same rows:
+    an MTP step's rows, then a chain step of one token per sequence at its own positions."""
+    e = gpu_dsa_pieces if dsa else gpu_pieces
+    pw, kv, model = e.runner.piecewise, e.runner.kv, e.runner.model
+    assert pw.num_mtp == 1 and sorted(pw.mtp_graphs) == pw.captured
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    for t in (kv.latent, kv.index_k):
+        if t is not None:
+            t.copy_(torch.randn(t.shape, generator=gen, device="cuda").to(t.dtype))
+    for dec, pre, sq in (([80, 50], [(72, 560)], 3), ([70, 9, 100, 300], [], 1)):
+        seqs, _ = _batch(dec, pre, sq, page_size=64)
+        b = build_forward_batch(seqs, 64, kv.null_page, torch.device("cuda"))
+        prev = torch.randn(b.num_tokens, model.model.embed_tokens.weight.shape[1], generator=gen, device="cuda",
+                           dtype=torch.bfloat16)
+        with torch.inference_mode():
+            want = model.mtp_forward(0, b, prev, kv).float()
+            got = pw.run_mtp(0, b, prev).float()
+        torch.testing.assert_close(got, want, rtol=5e-2, atol=5e-2)
 
 
 @pytest.mark.gpu
