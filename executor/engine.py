@@ -248,7 +248,7 @@ class LLMEngine:
         if graphs_on:
             runner.enable_cuda_graphs(sched_cfg.max_num_seqs, mml + sched_cfg.draft_len + 1)
             if piecewise_graphs:
-                runner.enable_piecewise_graphs(sched_cfg.max_num_batched_tokens)
+                runner.enable_piecewise_graphs(sched_cfg.max_num_batched_tokens, mtp=sched_cfg.draft_len > 0)
         sched = Scheduler(sched_cfg, num_kv_blocks)
         name = Path(model).name if hf_dir else model
         if model_transform is not None:

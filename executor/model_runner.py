@@ -138,10 +138,11 @@ class ModelRunner:
         return bool(self.graphs.captured)
 
     def enable_piecewise_graphs(self, max_tokens: int, sizes: tuple[int, ...] | None = None, capture: bool = True,
-                                log=None) -> bool:
+                                log=None, mtp: bool = True) -> bool:
         """Capture the forward's pieces (all but attention) per token bucket up to ``max_tokens``, for steps the decode
         graphs do not take (prompt chunks, MTP). ``capture=False`` runs the same pieces eagerly through the static
-        buffers (any device: how the CPU tests check them). False when nothing is set up (reason kept)."""
+        buffers (any device: how the CPU tests check them). ``mtp``: also the MTP layers' draft forwards (engines
+        that draft: ``draft_len > 0``). False when nothing is set up (reason kept)."""
         from executor import cuda_graphs as cg
         from executor import piecewise_graphs as pg
         if capture and not cg.graphs_supported(self.device):
@@ -154,7 +155,7 @@ class ModelRunner:
         if not buckets:
             self.piecewise_off_reason = "no token bucket under the step budget"
             return False
-        self.piecewise = pg.PiecewiseGraphs(self.model, self.kv, self.device, buckets, capture=capture, log=log)
+        self.piecewise = pg.PiecewiseGraphs(self.model, self.kv, self.device, buckets, capture=capture, log=log, mtp=mtp)
         self.piecewise.capture()
         return bool(self.piecewise.captured)
 

@@ -105,7 +105,7 @@ def unsupported_reason(model) -> str | None:
 class PieceBuffers:
     """The static tensors every piece reads and writes, sized for ``max_tokens`` rows."""
 
-    def __init__(self, model, kv, max_tokens: int, device: torch.device):
+    def __init__(self, model, kv, max_tokens: int, device: torch.device, mtp: bool = True):
         attn = model.model.layers[0].self_attn
         hidden = model.model.embed_tokens.weight.shape[1]
         dtype = model.model.embed_tokens.weight.dtype
@@ -122,7 +122,7 @@ class PieceBuffers:
         # MTP drafting (models with MTP layers): the previous hidden states in, the MTP block's output out (its own
         # buffer: the main forward's ``hidden`` stays readable while the draft runs)
         self.mtp_in = self.mtp_out = None
-        if getattr(model, "num_mtp", 0):
+        if mtp and getattr(model, "num_mtp", 0):
             self.mtp_in = torch.zeros(max_tokens, hidden, dtype=dtype, device=device)
             self.mtp_out = torch.zeros(max_tokens, hidden, dtype=dtype, device=device)
         # DSA: the indexer's queries and head weights, written by ``project`` in a piece, read by the eager top-k
@@ -167,15 +167,16 @@ class PieceBuffers:
 
 
 class PiecewiseGraphs:
-    """The L+1 pieces of a forward, captured per token bucket in one pool (or run eagerly with ``capture=False``)."""
+    """The L+1 pieces of a forward, captured per token bucket in one pool (or run eagerly with ``capture=False``);
+    with ``mtp`` (and MTP layers in the model) also two pieces per MTP layer for its draft forward."""
 
-    def __init__(self, model, kv, device: torch.device, sizes: list[int], capture: bool = True, log=None):
+    def __init__(self, model, kv, device: torch.device, sizes: list[int], capture: bool = True, log=None, mtp: bool = True):
         self.model, self.kv, self.device = model, kv, device
         self.layers = list(model.model.layers)
         self.sizes = sorted(sizes)
         self.use_graphs = capture
         self.log = log if log is not None else (lambda s: print(s, file=sys.stderr, flush=True))
-        self.buf = PieceBuffers(model, kv, max(self.sizes) if self.sizes else 1, device)
+        self.buf = PieceBuffers(model, kv, max(self.sizes) if self.sizes else 1, device, mtp)
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self.mtp_graphs: dict[int, list[list[torch.cuda.CUDAGraph]]] = {}   # bucket -> per MTP layer, its two pieces
         self.backends: dict[int, dict[str, str]] = {}   # kernels chosen at capture (ops.used is empty on replay)
@@ -255,8 +256,10 @@ class PiecewiseGraphs:
         torch.cuda.empty_cache()   # what the capture adds is then the pools' memory (the warm-ups' cache is emptied too)
         mem0 = torch.cuda.memory_reserved(self.device)
         order = sorted(self.sizes, reverse=True)
-        self.log(f"piecewise CUDA graphs: {self.num_pieces} pieces x {len(order)} token buckets "
-                 f"({order[-1]}..{order[0]}) = {self.num_pieces * len(order)} graphs")
+        per = self.num_pieces + 2 * self.num_mtp
+        mtp = f" (+ {2 * self.num_mtp} MTP draft pieces)" if self.num_mtp else ""
+        self.log(f"piecewise CUDA graphs: {self.num_pieces} pieces{mtp} x {len(order)} token buckets "
+                 f"({order[-1]}..{order[0]}) = {per * len(order)} graphs")
         moe_mod.GRAPH_SAFE = True
         try:
             with torch.inference_mode():

@@ -290,8 +290,8 @@ def test_token_sizes_and_switch(monkeypatch):
 # ----------------------------------------------------------------------------- GPU
 
 
-def _gpu_engine(pieces: bool, dsa: bool = False) -> LLMEngine:
-    sc = {"block_size": 64, "max_num_seqs": 8, "max_num_batched_tokens": 512}
+def _gpu_engine(pieces: bool, dsa: bool = False, draft_len: int = 0) -> LLMEngine:
+    sc = {"block_size": 64, "max_num_seqs": 8, "max_num_batched_tokens": 512, "draft_len": draft_len}
     return LLMEngine.from_args("tiny", device="cuda", dtype="bf16", seed=0, scheduler_config=sc, max_model_len=1024,
                                num_kv_blocks=256, model_transform=None if dsa else _no_indexer, cuda_graphs=True,
                                piecewise_graphs=pieces)
@@ -352,10 +352,12 @@ def test_gpu_captured_pieces_match_eager(gpu_pieces, gpu_dsa_pieces, shape):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dsa", [False, True])
-def test_gpu_captured_mtp_pieces_match_mtp_forward(gpu_pieces, gpu_dsa_pieces, dsa):
+def test_gpu_captured_mtp_pieces_match_mtp_forward(dsa):
     """MTP layer 0's two captured pieces (attention eager between them) vs ``model.mtp_forward`` on the same rows:
-    an MTP step's rows, then a chain step of one token per sequence at its own positions."""
-    e = gpu_dsa_pieces if dsa else gpu_pieces
+    an MTP step's rows, then a chain step of one token per sequence at its own positions. An engine that drafts
+    (``draft_len`` 1) captures them; one that does not, not."""
+    assert _gpu_engine(True, dsa=dsa).runner.piecewise.num_mtp == 0
+    e = _gpu_engine(True, dsa=dsa, draft_len=1)
     pw, kv, model = e.runner.piecewise, e.runner.kv, e.runner.model
     assert pw.num_mtp == 1 and sorted(pw.mtp_graphs) == pw.captured
     gen = torch.Generator(device="cuda").manual_seed(4)
