@@ -28,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from costmodels.step_fit import errors  # noqa: E402  (MAPE, bias and p90 error, as sim.validate.step_comparison's)
 
 LEVELS = ("low", "knee", "past saturation")
+PHASES = ("inputs", "sample", "readback", "post")   # executor.model_runner.HOST_PHASES, as the samples' columns name them
+PHASE_COLS = tuple(f"{k}_host_s" for k in PHASES)
 
 
 def load_samples(run: Path, only: str | None = None) -> dict[str, dict[str, dict]]:
@@ -102,8 +104,8 @@ def columns(samples: dict[str, dict], cost, prof, sync: bool, recorded: bool, re
             pred = np.array([np.nan if p is None else p for p in s["predicted_s"]], float) if recorded else predict(cost, prof, s, sync, nums)
             for k in ("decodes", "decode_ctx_mean", "prefill_tokens", "prefill_chunks", "prefill_ctx", "graph_bs", "measured_s"):
                 cols.setdefault(k, []).extend(s[k])
-            for k in ("device_s", "forward_s", "forward_host_s", "runner_s", "admit_s", "schedule_s", "complete_s"):
-                # recorded since runs 6 / 9 / 20 / 21; nan where absent
+            for k in ("device_s", "forward_s", "forward_host_s", "runner_s", "admit_s", "schedule_s", "complete_s") + PHASE_COLS:
+                # recorded since runs 6 / 9 / 20 / 21 (the runner's host phases since run 28); nan where absent
                 cols.setdefault(k, []).extend(np.nan if x is None else x for x in s.get(k) or [None] * n)
             cols.setdefault("pred", []).extend(pred)
             cols.setdefault("cls", []).extend([cls] * n)
@@ -233,6 +235,31 @@ def grid_vs_serving(prof, c: dict[str, np.ndarray]) -> None:
               + forward_text(fwd.get(b), ctx, c["forward_s"][sel], c["device_s"][sel]))
 
 
+def phases_vs_grid(prof, c: dict[str, np.ndarray]) -> None:
+    """Decode-graph steps: the runner's host phases (inputs built, sampler issued, tokens read back, bookkeeping) in
+    serving against the calibration grid's points at the same batch (means, ms); the forward's own host call beside
+    them. Prints nothing unless both the samples and the grid recorded the phases."""
+    grid: dict[int, list[dict]] = {}
+    for p in prof.step.points:
+        if p.graph_bs > 0 and p.loop_s is None and not p.prefill and p.host_phases:
+            grid.setdefault(len(p.decode_ctx), []).append({**p.host_phases, "forward": p.forward_host_s or np.nan})
+    if not grid or not np.isfinite(c["inputs_host_s"]).any():
+        return
+    dec = (c["prefill_chunks"] == 0) & (c["graph_bs"] > 0) & np.isfinite(c["inputs_host_s"])
+    print("decode steps' runner host phases, serving vs the grid at the same batch (means, ms): "
+          + " | ".join(PHASES + ("forward call",)))
+    for b in sorted(grid):
+        sel = dec & (c["decodes"] == b)
+        if sel.sum() < 20:
+            continue
+        parts = []
+        for k, col in zip(PHASES + ("forward",), PHASE_COLS + ("forward_host_s",)):
+            g = float(np.nanmean([q[k] for q in grid[b]]))
+            m = float(np.nanmean(c[col][sel]))
+            parts.append(f"{m * 1e3:5.2f} vs {g * 1e3:5.2f}")
+        print(f"  b={b:3d}: {sel.sum():5d} steps: " + " | ".join(parts))
+
+
 def short_eager_grid(prof) -> dict[int, list[tuple[int, float, float | None]]]:
     """The calibration grid's host-bound eager points: one prompt chunk of <= 512 tokens, no cached context, <= 16
     decodes; {decodes: [(tokens, runner wall, forward or None)]}."""
@@ -319,6 +346,7 @@ def main() -> None:
     eager_split(c, ProfiledStepCost(prof), prof)
     loop_split(c, prof)
     grid_vs_serving(prof, c)
+    phases_vs_grid(prof, c)
     eager_vs_grid(prof, samples)
 
 

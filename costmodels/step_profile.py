@@ -70,6 +70,10 @@ class StepPoint(BaseModel):
                                            "held busy by a spin kernel while the host issued it: its device work alone")
     queued_host_s: float | None = Field(None, description="eager steps: host seconds the forward call took under that "
                                         "spin: its launch issue alone (near the spin's length if the forward syncs)")
+    host_phases: dict[str, float] | None = Field(None, description="the runner's host phases (seconds, median of repeats "
+                                                 "per phase): inputs built before the forward, the sampler's issue "
+                                                 "after it, the wait for the sampled tokens, the bookkeeping after; a "
+                                                 "diagnostic (executor.model_runner.HOST_PHASES)")
 
     @property
     def num_requests(self) -> int:

@@ -654,6 +654,14 @@ def queued_split_text(points: list[StepPoint]) -> str:
             f"(p10 {np.percentile(ratio, 10):.3f}, p90 {np.percentile(ratio, 90):.3f})")
 
 
+def _median_phases(phases: list[dict]) -> dict[str, float] | None:
+    """Median seconds per host phase over repeats that all timed them (``step_record``'s ``host_phases``), rounded to
+    0.1 us; None when one did not."""
+    if not phases or not all(phases):
+        return None
+    return {k: round(statistics.median(float(p[k]) for p in phases), 7) for k in phases[0]}
+
+
 def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print, interleave: bool = False,
                   temperature: float = 0.0, span: tuple[int, int] | None = None) -> list[StepPoint]:
     """Median runner wall time of each shape (one warm-up run first).
@@ -680,7 +688,7 @@ def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print, interleave
             def run():
                 return runner.execute(plan)
 
-            walls, fwds, hosts = [], [], []
+            walls, fwds, hosts, phases = [], [], [], []
             graph_bs = 0
             queued: dict = {}
             try:
@@ -696,6 +704,7 @@ def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print, interleave
                     graph_bs = int(rec.get("graph_bs", 0))
                     fwds.append(float(rec.get("forward_s", float("nan"))))
                     hosts.append(float(rec.get("forward_host_s", float("nan"))))
+                    phases.append(rec.get("host_phases") or {})
                 if pf and not graph_bs:
                     queued = queued_forward(runner, run, statistics.median(walls))
             finally:
@@ -705,7 +714,8 @@ def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print, interleave
             st = gpu_state(runner.device)
             points.append(StepPoint(num_layers=L, decode_ctx=dc, prefill=pf, wall_s=med, repeats=repeats,
                                     spread=(max(walls) - min(walls)) / med, graph_bs=graph_bs,
-                                    forward_s=_finite_median(fwds), forward_host_s=_finite_median(hosts), **queued, **st))
+                                    forward_s=_finite_median(fwds), forward_host_s=_finite_median(hosts),
+                                    host_phases=_median_phases(phases), **queued, **st))
             log(f"  step {j + 1:3d}/{len(shapes)}: {len(dc):4d} decodes (ctx ~{int(np.mean(dc)) if dc else 0:5d}), "
                 f"prefill {sum(a for a, _ in pf):6d} tok in {len(pf)}: {med * 1e3:8.2f} ms" + (f" (graph {graph_bs})" if graph_bs else "")
                 + (f"; forward device {queued['queued_forward_s'] * 1e3:.2f}, issue {queued['queued_host_s'] * 1e3:.2f} ms"
@@ -757,7 +767,8 @@ def measure_loop(engine: LLMEngine, batches: list[tuple[int, int, int]], tempera
                 continue
             points.append(StepPoint(num_layers=L, decode_ctx=s.decode_ctx, prefill=s.prefill, wall_s=s.runner_s,
                                     loop_s=max(s.iter_s - s.runner_s, 0.0), graph_bs=s.graph_bs, sm_clock_mhz=s.sm_clock_mhz,
-                                    forward_s=s.forward_s if s.forward_s == s.forward_s else None))
+                                    forward_s=s.forward_s if s.forward_s == s.forward_s else None,
+                                    host_phases=_median_phases([s.host_phases])))
     return points
 
 

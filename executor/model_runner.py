@@ -84,12 +84,19 @@ def accepted_prefix(drafts: list[int], samples: list[int]) -> int:
     return a
 
 
+# the host phases of a synchronous step (``ModelRunner.execute``), seconds: building the inputs (before the forward
+# call), issuing the logits and sampler after it returns, waiting for the sampled tokens (the device finishing the
+# forward and sampler), and the bookkeeping after (acceptance, stops, MTP drafting)
+HOST_PHASES = ("inputs", "sample", "readback", "post")
+
+
 def step_record(prefills: list, nd: int, sq: int, num_tokens: int, decode_context_tokens: int, accepted_drafts: int,
                 wall: float, dev: float, graph_bs: int, piecewise_bs: int, fwd: float = float("nan"),
-                fwd_host: float = float("nan")) -> dict:
+                fwd_host: float = float("nan"), phases: dict[str, float] | None = None) -> dict:
     """One executed step's record (``ModelRunner.step_records``, the step log's row): its batch, times, the kernel
     implementations used since the last record, the CUDA graph it replayed (``graph_bs`` 0: none) and the token bucket
-    of the piecewise graphs it replayed (``piecewise_bs`` 0: none; executor/piecewise_graphs.py)."""
+    of the piecewise graphs it replayed (``piecewise_bs`` 0: none; executor/piecewise_graphs.py); ``host_phases``:
+    seconds per :data:`HOST_PHASES` entry where the runner timed them ({} otherwise)."""
     return {
         "num_decodes": nd, "decode_sq": sq if nd else 0,
         "num_prefills": len(prefills), "prefill_tokens": int(sum(c.num_new_tokens for c in prefills)),
@@ -99,6 +106,7 @@ def step_record(prefills: list, nd: int, sq: int, num_tokens: int, decode_contex
         "accepted_drafts": accepted_drafts,
         "wall_s": wall, "device_s": dev, "forward_s": fwd, "forward_host_s": fwd_host, "backends": ops.reset_used(),
         "cuda_graph": graph_bs > 0, "graph_bs": graph_bs, "piecewise_bs": piecewise_bs,
+        "host_phases": dict(phases) if phases else {},
     }
 
 
@@ -210,11 +218,6 @@ class ModelRunner:
             return hidden[rows[0]: rows[-1] + 1]
         return hidden.index_select(0, to_device(np.asarray(rows, dtype=np.int64), hidden.device))
 
-    def _sample(self, hidden: torch.Tensor, rows: list[int], rids: list[str]) -> list[int]:
-        if not rows:
-            return []
-        return self.sample_on_device(hidden, rows, rids).tolist()
-
     def sample_on_device(self, hidden: torch.Tensor, rows: list[int], rids: list[str]) -> torch.Tensor:
         """The sampled token id of each row, left on the device (int64; the pipelined step reads it back later)."""
         logits = self.model.compute_logits(self._rows(hidden, rows))
@@ -274,7 +277,10 @@ class ModelRunner:
                 if c.is_last_chunk:
                     rows.append(span.start + span.num - 1)
                     rids.append(c.request.request_id)
-            toks = self._sample(hidden, rows, rids)
+            dev_toks = self.sample_on_device(hidden, rows, rids) if rows else None
+            t_sampled = time.perf_counter()
+            toks = dev_toks.tolist() if rows else []
+            t_read = time.perf_counter()
 
             step_count = np.zeros(nd, np.int64)
             accepted = [0] * nd
@@ -305,12 +311,15 @@ class ModelRunner:
             if k > 0 and self.model.num_mtp > 0:
                 self._propose(batch, hidden, seqs, decodes, prefills, toks, accepted, k)
 
+            t_post = time.perf_counter()
             wall, dev, fwd = self.timer.stop()
             durations.append(wall)
             counts.append(step_count)
+            tm = self.timer
+            phases = dict(zip(HOST_PHASES, (tm.h0 - tm.t0, t_sampled - tm.h1, t_read - t_sampled, t_post - t_read)))
             self.step_records.append(step_record(prefills, nd, sq, batch.num_tokens,
                                                  batch.decode_context_tokens, int(sum(accepted)),
-                                                 wall, dev, graph_bs, piece_bs, fwd, self.timer.forward_host_s))
+                                                 wall, dev, graph_bs, piece_bs, fwd, tm.forward_host_s, phases))
             self.num_steps_run += 1
             if finished_early or any(x <= 0 for x in remaining):
                 break

@@ -33,6 +33,7 @@ class ReplayStep:
     device_s: float = float("nan")      # CUDA-event device seconds of the plan's steps (nan: not timed, e.g. on CPU)
     forward_s: float = float("nan")     # CUDA-event seconds of the steps' forwards alone (inputs built, before sampling)
     forward_host_s: float = float("nan")  # host seconds the steps' forward calls took to return (their launch issue)
+    host_phases: dict = field(default_factory=dict)   # the runner's host phases, seconds summed over the plan's steps
     # the loop's own parts of the iteration (host seconds; nan where not measured): admitting the requests that arrived
     # before it (``admitted`` of them, ``admitted_tokens`` prompt tokens), scheduling the plan, completing it
     admit_s: float = float("nan")
@@ -40,6 +41,15 @@ class ReplayStep:
     admitted_tokens: int = 0
     schedule_s: float = float("nan")
     complete_s: float = float("nan")
+
+
+def sum_phases(recs: list[dict]) -> dict[str, float]:
+    """The runner's host phases (``step_record``'s ``host_phases``) summed over a plan's steps; {} unless every step
+    timed them."""
+    phases = [r.get("host_phases") or {} for r in recs]
+    if not phases or not all(phases):
+        return {}
+    return {k: float(sum(p.get(k, float("nan")) for p in phases)) for k in phases[0]}
 
 
 @dataclass
@@ -114,7 +124,8 @@ def replay(engine: LLMEngine, items: list[tuple[float, str, list[int], int]], te
                                      graph_bs=int(recs[0].get("graph_bs", 0)) if len(recs) == 1 else 0,
                                      device_s=float(sum(r.get("device_s", float("nan")) for r in recs)),
                                      forward_s=float(sum(r.get("forward_s", float("nan")) for r in recs)),
-                                     forward_host_s=float(sum(r.get("forward_host_s", float("nan")) for r in recs)))
+                                     forward_host_s=float(sum(r.get("forward_host_s", float("nan")) for r in recs)),
+                                     host_phases=sum_phases(recs))
 
     engine.step_observer = observe
     clock = None

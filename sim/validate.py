@@ -57,6 +57,8 @@ class StepSample(BaseModel):
     device_s: float | None = None
     forward_s: float | None = None     # CUDA-event seconds of the forward alone (graph replay or eager kernels)
     forward_host_s: float | None = None  # host seconds the forward call took to return (its launch issue, waits included)
+    # the runner's host phases (executor.model_runner.HOST_PHASES: inputs, sample, readback, post; seconds), where timed
+    host_phases: dict[str, float] | None = None
     # the loop's own parts (host seconds): admitting the requests that arrived before the iteration (their prompt
     # tokens), scheduling the plan and completing it
     admit_s: float | None = None
@@ -193,7 +195,13 @@ def compact_samples(samples: Sequence[StepSample]) -> dict[str, list]:
             "runner_s": [_r6(x.runner_s) for x in samples], "device_s": [_r6(x.device_s) for x in samples],
             "forward_s": [_r6(x.forward_s) for x in samples], "forward_host_s": [_r6(x.forward_host_s) for x in samples],
             "admit_s": [_r6(x.admit_s) for x in samples], "admitted_tokens": [x.admitted_tokens for x in samples],
-            "schedule_s": [_r6(x.schedule_s) for x in samples], "complete_s": [_r6(x.complete_s) for x in samples]}
+            "schedule_s": [_r6(x.schedule_s) for x in samples], "complete_s": [_r6(x.complete_s) for x in samples],
+            **({f"{k}_host_s": [_r6((x.host_phases or {}).get(k)) for x in samples] for k in PHASE_KEYS}
+               if any(x.host_phases for x in samples) else {})}
+
+
+# the runner's host phases a sample may carry (executor.model_runner.HOST_PHASES; sim stays free of executor imports)
+PHASE_KEYS = ("inputs", "sample", "readback", "post")
 
 
 def _r6(v: float | None) -> float | None:

@@ -396,7 +396,8 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                                                                 after_eager=j > 0 and bool(res.steps[j - 1].prefill),
                                                                 since_eager=since[j]),
                                        graph_bs=s.graph_bs, start_s=s.start_s, runner_s=s.runner_s, device_s=s.device_s,
-                                       forward_s=s.forward_s, forward_host_s=s.forward_host_s, admit_s=s.admit_s,
+                                       forward_s=s.forward_s, forward_host_s=s.forward_host_s,
+                                       host_phases=s.host_phases or None, admit_s=s.admit_s,
                                        admitted_tokens=s.admitted_tokens, schedule_s=s.schedule_s, complete_s=s.complete_s)
                             for j, s in enumerate(res.steps) if s.num_steps == 1]
             if len(run_figs) > 1:
