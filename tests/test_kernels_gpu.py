@@ -46,6 +46,23 @@ def test_triton_fp8_gemm(g, m, n, k):
     assert torch.isfinite(out).all() and rel(out, want) < BF16_TOL
 
 
+@pytest.mark.parametrize("m,n,k,cfg", [(1, 576, 7168, (64, 64, 4, 3, 8)), (37, 2112, 7168, (64, 256, 4, 4, 4)),
+                                       (64, 7168, 2048, (64, 128, 4, 3, 3)), (200, 1536, 7168, (128, 256, 8, 3, 2)),
+                                       (1000, 24576, 1536, (64, 256, 4, 4, 1)), (129, 7168, 16384, (128, 128, 8, 4, 7))])
+def test_triton_fp8_gemm_tuned_tiles_and_split_k(g, m, n, k, cfg):
+    """Every tile shape and split-K the tuner may pick (benchmarks/gpu/tune_fp8_gemm.py), uneven splits included
+    (7 over 128 K blocks), against the reference."""
+    from kernels.triton_fp8_gemm import fp8_gemm
+    x = torch.randn(m, k, device="cuda", generator=g)
+    w = torch.randn(n, k, device="cuda", generator=g) * 0.02
+    xq, xs = R.quant_fp8_act(x)
+    wq, ws = R.quant_fp8_weight(w)
+    want = R.fp8_gemm_blockscaled(xq, xs, wq, ws, torch.float32)
+    out = fp8_gemm(xq, xs, wq, ws, torch.bfloat16, config=cfg)
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    assert torch.isfinite(out).all() and rel(out, want) < BF16_TOL
+
+
 def test_deepgemm_fp8_gemm(g):
     _need("deepgemm")
     from kernels.vendor import deepgemm_fp8_gemm

@@ -1,0 +1,89 @@
+"""Tuned tiles for the Triton block-scaled FP8 GEMM, per GPU and GEMM shape (vLLM keeps per-device config files
+for its fused MoE the same way).
+
+The table (``kernels/configs/triton_fp8_gemm.json``, written by ``benchmarks/gpu/tune_fp8_gemm.py`` on the GPU it
+names, committed with its provenance)::
+
+    {"provenance": {...}, "devices": {"NVIDIA H200": {"2112,7168": {"1": [64, 64, 4, 3, 4], "64": [...], ...}}}}
+
+maps a device name and ``"N,K"`` to tuned row counts M, each with ``[BLOCK_M, BLOCK_N, num_warps, num_stages,
+split_k]``. :func:`lookup` gives the config of the smallest tuned M at or above the GEMM's rows (the largest past
+them); None where the GPU or the shape is not in the table (the kernel's untuned choice then). ``TWINFER_TRITON_GEMM_
+CONFIGS``: another table's path (a tuner's output before it is committed), or ``off`` for none.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+from pathlib import Path
+
+ENV = "TWINFER_TRITON_GEMM_CONFIGS"
+DEFAULT_PATH = Path(__file__).with_name("configs") / "triton_fp8_gemm.json"
+FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "split_k")
+
+_tables: dict[str, dict] = {}                    # path -> parsed {"devices": ...}
+_names: dict[int, str] = {}                      # CUDA device index -> name
+_cache: dict[tuple, tuple | None] = {}           # (path, device name, m, n, k) -> config
+
+
+def table_path() -> Path | None:
+    v = os.environ.get(ENV, "").strip()
+    if v.lower() in ("off", "none", "0"):
+        return None
+    return Path(v) if v else DEFAULT_PATH
+
+
+def load(path: Path) -> dict:
+    """The table at ``path`` ({"devices": {}} when absent), checked: every config five positive integers."""
+    key = str(path)
+    if key not in _tables:
+        if not path.exists():
+            _tables[key] = {"devices": {}}
+        else:
+            data = json.loads(path.read_text())
+            for dev, shapes in data.get("devices", {}).items():
+                for nk, rows in shapes.items():
+                    for m, cfg in rows.items():
+                        if len(cfg) != len(FIELDS) or not all(isinstance(v, int) and v > 0 for v in cfg) or int(m) < 1:
+                            raise ValueError(f"{path}: devices.{dev}.{nk}.{m}: expected M >= 1 -> {list(FIELDS)} as "
+                                             f"positive integers, got {cfg}")
+            _tables[key] = data
+    return _tables[key]
+
+
+def config_for(table: dict, device_name: str, m: int, n: int, k: int) -> tuple[int, ...] | None:
+    """The tuned config of ``table`` for ``device_name`` at M = ``m`` and this N x K, or None."""
+    rows = table.get("devices", {}).get(device_name, {}).get(f"{n},{k}")
+    if not rows:
+        return None
+    ms = sorted(int(x) for x in rows)
+    i = min(bisect.bisect_left(ms, m), len(ms) - 1)
+    return tuple(rows[str(ms[i])])
+
+
+def device_name(device) -> str:
+    import torch
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _names:
+        _names[idx] = torch.cuda.get_device_name(idx)
+    return _names[idx]
+
+
+def lookup(m: int, n: int, k: int, device) -> tuple[int, ...] | None:
+    """The tuned config for an ``m x n x k`` GEMM on ``device`` (a CUDA device), or None (untuned)."""
+    path = table_path()
+    if path is None:
+        return None
+    name = device_name(device)
+    key = (str(path), name, m, n, k)
+    if key not in _cache:
+        _cache[key] = config_for(load(path), name, m, n, k)
+    return _cache[key]
+
+
+def reset() -> None:
+    """Forget loaded tables and lookups (a test or the tuner switching tables)."""
+    _tables.clear()
+    _cache.clear()

@@ -1,0 +1,62 @@
+"""The Triton FP8 GEMM's tuned-tile table (kernels.gemm_tuning): lookup by GPU name, N x K and the smallest tuned M at
+or above the GEMM's rows, the environment switch, and a malformed table refused with the field named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kernels import gemm_tuning as gt
+
+TABLE = {"devices": {"NVIDIA H200": {"2112,7168": {"1": [64, 64, 4, 3, 8], "64": [64, 128, 4, 3, 2],
+                                                   "512": [128, 256, 8, 4, 1]}}}}
+
+
+def test_lookup_picks_the_smallest_tuned_rows_at_or_above():
+    f = lambda m, n=2112, k=7168, dev="NVIDIA H200": gt.config_for(TABLE, dev, m, n, k)  # noqa: E731
+    assert f(1) == (64, 64, 4, 3, 8)
+    assert f(2) == f(64) == (64, 128, 4, 3, 2)
+    assert f(65) == f(512) == (128, 256, 8, 4, 1)
+    assert f(9000) == (128, 256, 8, 4, 1)          # past the largest tuned M: its config
+    assert f(64, n=576) is None                     # shape not tuned: the kernel's untuned choice
+    assert f(64, dev="NVIDIA H100 80GB HBM3") is None
+
+
+def test_table_file_env_switch_and_errors(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(TABLE))
+    monkeypatch.setenv(gt.ENV, str(path))
+    gt.reset()
+    assert gt.table_path() == path and gt.load(path)["devices"]["NVIDIA H200"]
+    monkeypatch.setenv(gt.ENV, "off")
+    assert gt.table_path() is None
+    monkeypatch.delenv(gt.ENV)
+    assert gt.table_path() == gt.DEFAULT_PATH
+    assert gt.load(tmp_path / "absent.json") == {"devices": {}}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"devices": {"NVIDIA H200": {"2112,7168": {"64": [64, 128, 4, 3]}}}}))
+    gt.reset()
+    with pytest.raises(ValueError, match=r"devices.NVIDIA H200.2112,7168.64.*split_k"):
+        gt.load(bad)
+    gt.reset()
+
+
+def test_committed_table_is_valid():
+    """The committed table (when there is one) parses and names its provenance per GPU."""
+    if not gt.DEFAULT_PATH.exists():
+        pytest.skip("no tuned table committed")
+    gt.reset()
+    t = gt.load(gt.DEFAULT_PATH)
+    assert t["devices"] and set(t["devices"]) <= set(t.get("provenance", {}))
+    gt.reset()
+
+
+def test_tuner_candidates_cover_split_k_where_tiles_are_few():
+    pytest.importorskip("torch")
+    from benchmarks.gpu.tune_fp8_gemm import candidates
+    small, mid, large = candidates(1), candidates(128), candidates(4096)
+    assert {c[4] for c in small} == {1, 2, 4, 8} and {c[0] for c in small} == {64}
+    assert {c[4] for c in mid} == {1, 2, 4} and {c[0] for c in mid} == {64, 128}
+    assert {c[4] for c in large} == {1}
+    assert all(len(c) == len(gt.FIELDS) for c in small + mid + large)
