@@ -83,6 +83,24 @@ def lookup(m: int, n: int, k: int, device) -> tuple[int, ...] | None:
     return _cache[key]
 
 
+def status(gpu: str | None) -> str:
+    """One line for ``twinfer kernels``: whether the Triton FP8 GEMM has tuned tiles for ``gpu`` (a device name, with
+    or without the "NVIDIA " prefix) in the table it would read."""
+    path = table_path()
+    if path is None:
+        return f"tuned tiles off ({ENV}=off): untuned choice"
+    try:
+        devices = load(path).get("devices", {})
+    except (OSError, ValueError) as e:
+        return f"tuned-tile table {path} unreadable ({e})"
+    match = [d for d in devices if gpu and (d == gpu or d.replace("NVIDIA ", "") == gpu.replace("NVIDIA ", ""))]
+    if not match:
+        return f"no tuned tiles for {gpu or 'this device'} in {path.name} (tuned: {', '.join(devices) or 'none'}): untuned choice"
+    shapes = devices[match[0]]
+    rows = sorted({int(m) for r in shapes.values() for m in r})
+    return f"tuned tiles for {match[0]}: {len(shapes)} N x K shapes at M = {rows[0]}..{rows[-1]} ({path.name})"
+
+
 def reset() -> None:
     """Forget loaded tables and lookups (a test or the tuner switching tables)."""
     _tables.clear()

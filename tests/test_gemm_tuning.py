@@ -60,3 +60,16 @@ def test_tuner_candidates_cover_split_k_where_tiles_are_few():
     assert {c[4] for c in mid} == {1, 2, 4} and {c[0] for c in mid} == {64, 128}
     assert {c[4] for c in large} == {1}
     assert all(len(c) == len(gt.FIELDS) for c in small + mid + large)
+
+
+def test_status_line(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(TABLE))
+    monkeypatch.setenv(gt.ENV, str(path))
+    gt.reset()
+    assert gt.status("H200") == "tuned tiles for NVIDIA H200: 1 N x K shapes at M = 1..512 (t.json)"
+    assert gt.status("NVIDIA H200") == gt.status("H200")
+    assert gt.status("B200").startswith("no tuned tiles for B200 in t.json (tuned: NVIDIA H200)")
+    monkeypatch.setenv(gt.ENV, "off")
+    assert "untuned" in gt.status("H200")
+    gt.reset()

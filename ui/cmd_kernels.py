@@ -40,6 +40,11 @@ def kernels(
         raise TwinferError("torch is not installed: the executor's kernels need it (pip install 'twinfer[executor]')") from None
     rows = registry.describe(device)
     gpu, measured_note = _attach_measured(rows, gpu, device)
+    from kernels import gemm_tuning
+    tiles = gemm_tuning.status(gpu)
+    for r in rows:
+        if r["op"] == "fp8_gemm" and r["impl"] == "triton":
+            r["notes"] = "; ".join(x for x in (r["notes"], tiles) if x)
     if as_json:
         print(json.dumps({"device": device, "gpu": gpu, "measured": measured_note, "rows": rows}, indent=1))
         return
