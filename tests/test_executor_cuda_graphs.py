@@ -130,10 +130,17 @@ def test_dsa_models_are_not_captured():
 
 
 @pytest.mark.gpu
-def test_gpu_dsa_model_stays_eager():
+def test_gpu_dsa_model_decodes_through_the_pieces():
+    """A DSA model takes no whole-forward decode graph (the indexer's top-k over each step's KV lengths): its decode
+    steps replay the piecewise graphs instead (tests/test_executor_piecewise.py checks their outputs)."""
     e = LLMEngine.from_args("tiny", device="cuda", dtype="bf16", seed=0, max_model_len=256)
     assert e.runner.graphs is None and "indexer" in e.runner.graphs_off_reason
-    assert e.runner.piecewise is None and "indexer" in e.runner.piecewise_off_reason
+    assert e.runner.piecewise is not None and e.runner.piecewise.captured and e.runner.piecewise_off_reason is None
+    recs = []
+    e.step_log = recs.append
+    e.generate([[5, 6, 7] * 30], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    decodes = [r for r in recs if not r["num_prefills"]]
+    assert decodes and all(r["piecewise_bs"] and not r["cuda_graph"] for r in decodes)
 
 
 @pytest.mark.gpu
