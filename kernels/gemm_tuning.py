@@ -7,8 +7,9 @@ names, committed with its provenance)::
     {"provenance": {...}, "devices": {"NVIDIA H200": {"2112,7168": {"1": [64, 64, 4, 3, 4], "64": [...], ...}}}}
 
 maps a device name and ``"N,K"`` to tuned row counts M, each with ``[BLOCK_M, BLOCK_N, num_warps, num_stages,
-split_k]``. :func:`lookup` gives the config of the smallest tuned M at or above the GEMM's rows (the largest past
-them); None where the GPU or the shape is not in the table (the kernel's untuned choice then). ``TWINFER_TRITON_GEMM_
+split_k]``. :func:`lookup` gives the config of the smallest tuned M at or above the GEMM's rows; None past the
+largest tuned M, or where the GPU or the shape is not in the table (the kernel's untuned choice then: a table may
+cover only the rows it was shown to help). ``TWINFER_TRITON_GEMM_
 CONFIGS``: another table's path (a tuner's output before it is committed), or ``off`` for none.
 """
 
@@ -59,8 +60,8 @@ def config_for(table: dict, device_name: str, m: int, n: int, k: int) -> tuple[i
     if not rows:
         return None
     ms = sorted(int(x) for x in rows)
-    i = min(bisect.bisect_left(ms, m), len(ms) - 1)
-    return tuple(rows[str(ms[i])])
+    i = bisect.bisect_left(ms, m)
+    return tuple(rows[str(ms[i])]) if i < len(ms) else None
 
 
 def device_name(device) -> str:

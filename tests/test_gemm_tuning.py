@@ -18,7 +18,7 @@ def test_lookup_picks_the_smallest_tuned_rows_at_or_above():
     assert f(1) == (64, 64, 4, 3, 8)
     assert f(2) == f(64) == (64, 128, 4, 3, 2)
     assert f(65) == f(512) == (128, 256, 8, 4, 1)
-    assert f(9000) == (128, 256, 8, 4, 1)          # past the largest tuned M: its config
+    assert f(513) is None and f(9000) is None       # past the largest tuned M: the untuned choice
     assert f(64, n=576) is None                     # shape not tuned: the kernel's untuned choice
     assert f(64, dev="NVIDIA H100 80GB HBM3") is None
 
@@ -49,6 +49,10 @@ def test_committed_table_is_valid():
     gt.reset()
     t = gt.load(gt.DEFAULT_PATH)
     assert t["devices"] and set(t["devices"]) <= set(t.get("provenance", {}))
+    # the H200 table keeps only the rows an end-to-end run did not contradict (M <= 128; its provenance says why)
+    h200 = t["devices"].get("NVIDIA H200", {})
+    assert h200 and max(int(m) for rows in h200.values() for m in rows) == 128
+    assert gt.config_for(t, "NVIDIA H200", 4096, 7168, 16384) is None
     gt.reset()
 
 
