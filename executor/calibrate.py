@@ -1000,7 +1000,11 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     tables = op_tables(op_pts, hw)
     # the dense GEMM table rows of the library the engine ran (its measured Linear), not DeepGEMM's by default: the
     # Triton FP8 GEMM is 1.5-2.3x slower at decode rows, which the fit otherwise takes up as a dense-GEMM scale of 2
-    prof = base.model_copy(update={"tables": {**base.tables, **tables},
+    # and the op points themselves: the step model prices from them what it prices from them when the saved profile
+    # predicts (the model's own FP8 GEMM table, costmodels.op_table.table_from_points), so the fit's scales are fitted
+    # on the pricing that uses them (without them here, run 27's fit priced GEMMs from the committed op table and its
+    # predictions from its own table)
+    prof = base.model_copy(update={"tables": {**base.tables, **tables}, "op_points": op_pts,
                                    "op_table_libs": CalibrationProfile.measured_libs(op_pts, dtype)})
     graphs = getattr(engine.runner, "graphs", None)
     graph_sizes = list(graphs.captured) if graphs is not None else []

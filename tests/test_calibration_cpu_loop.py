@@ -19,15 +19,31 @@ from costmodels.profiled import ProfiledStepCost  # noqa: E402
 from ui.cli import app  # noqa: E402
 
 
-def test_tiny_calibrate_then_validate_on_cpu(tmp_path):
+def test_tiny_calibrate_then_validate_on_cpu(tmp_path, monkeypatch):
+    from costmodels import step_fit
+    from executor import calibrate as cal_mod
     from executor.calibrate import build_engine, calibrate
     from scheduler.config import SchedulerConfig
     from scheduler.request import Request
     from ui.cmd_validate import run_levels
 
+    seen = []
+
+    def fit(profile, *a, **kw):   # what the calibration's own fit sees
+        seen.append(profile)
+        return step_fit.fit_step_profile(profile, *a, **kw)
+    monkeypatch.setattr(cal_mod, "fit_step_profile", fit)
     engine = build_engine("tiny", None, "cpu", "fp32", 8, 128, num_kv_blocks=40)
     prof = calibrate("tiny", None, "cpu", "fp32", quick=True, repeats=1, max_model_len=128, max_num_seqs=8, engine=engine,
                      command="pytest", log=lambda s: None)
+    # the fit prices steps from the same op points the saved profile predicts from (a profile whose points time the
+    # model's own GEMMs prices them from those: fitted without them, run 27's scales were fitted on other GEMM times)
+    assert len(seen) == 1 and seen[0].op_points == prof.op_points and prof.op_points
+    # and an offline refit from the profile's own points (scripts/matrix_offline.py --refit auto) is the same fit
+    re = step_fit.refit_profile(prof, "auto").step
+    flat = lambda h: {k: v for k, v in h.model_dump().items() if not isinstance(v, list)}  # noqa: E731
+    assert flat(re.host) == pytest.approx(flat(prof.step.host), rel=1e-6, abs=1e-12)
+    assert re.fit.mape == pytest.approx(prof.step.fit.mape, rel=1e-6)
     path = tmp_path / "tiny.json"
     prof.save(path)
     back = CalibrationProfile.load(path)

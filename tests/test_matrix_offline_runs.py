@@ -148,19 +148,20 @@ def test_held_out_run_26_at_head(tmp_path):
     assert w["ttft_p90"][1].startswith("reasoning") and w["tpot_p50"][1].startswith("chat")
 
 
-def test_held_out_run_27_meets_every_target(tmp_path):
+def test_held_out_run_27_at_head(tmp_path):
     """H200 run 27 (agentic, summarize, reasoning: run 22's classes; synchronous loop), calibrated at 8f50a69, the first
-    calibration that times the model's own FP8 GEMM shapes at every token bucket (its step model prices FP8 GEMMs from
-    that table), fitted in-process on its own calibration only, every class held out: every issue-16 target met at
-    every class and level (worst: throughput +1.3%, TPOT p50 -4.7%, TTFT p50 +8.2%, TTFT p90 +4.6%, step MAPE 4.0%).
-    Re-predicted at HEAD from the run's archive with its profile as fitted; a change that pushes any class past a
-    target fails here."""
+    calibration that times the model's own FP8 GEMM shapes at every token bucket, every class held out. Re-fitted from
+    its own calibration points (``--refit auto``, what the calibration itself now fits: at 8f50a69 its in-process fit
+    priced GEMMs from the committed op table while its predictions priced them from its own table, and that mix met
+    every target). Consistently fitted: throughput within 1.9%, TTFT p90 within 6.1%; TPOT misses at agentic's knee
+    (-8.7%, decode steps under-predicted) and TTFT p50 at summarize's knee (-10.8%). Pinned at those figures, so that
+    a change that widens any of them fails (docs/twin.md, run 27)."""
     import matrix_offline as mo
 
-    w = mo.main([str(_unpacked("run27_agentic_summarize_reasoning_8f50a69", tmp_path / "r27")), "--sync"])
-    assert abs(w["output_throughput"][0]) <= 0.05 and abs(w["tpot_p50"][0]) <= 0.05
-    assert abs(w["ttft_p50"][0]) <= 0.10 and abs(w["ttft_p90"][0]) <= 0.10
-    assert w["ttft_p50"][1].startswith("reasoning")
+    w = mo.main([str(_unpacked("run27_agentic_summarize_reasoning_8f50a69", tmp_path / "r27")), "--sync", "--refit", "auto"])
+    assert abs(w["output_throughput"][0]) <= 0.02 and abs(w["tpot_p50"][0]) <= 0.088
+    assert abs(w["ttft_p50"][0]) <= 0.109 and abs(w["ttft_p90"][0]) <= 0.062
+    assert w["tpot_p50"][1].startswith("agentic") and w["ttft_p50"][1].startswith("summarize")
 
 
 def test_async_gain_over_alternating_rounds_held_out():
