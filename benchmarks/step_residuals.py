@@ -235,6 +235,41 @@ def grid_vs_serving(prof, c: dict[str, np.ndarray]) -> None:
               + forward_text(fwd.get(b), ctx, c["forward_s"][sel], c["device_s"][sel]))
 
 
+AFTER_BINS = ((1, 512), (513, 1024), (1025, 2048), (2049, 4096), (4097, 8192), (8193, 10**9))
+
+
+def after_eager_by_tokens(prof, c: dict[str, np.ndarray]) -> list[dict]:
+    """Decode steps right after a prompt-bearing step of the same replay, by that step's prompt tokens: measured minus
+    predicted (ms; the prediction already charges the profile's decay behind its one chunk size), beside decode steps
+    after a decode step; and the calibration's first-step decay behind each chunk size where it measured several
+    (``provenance.after_eager.decode_after_ms_by_tokens``)."""
+    dec = c["prefill_chunks"] == 0
+    prev_tok = np.r_[0, c["prefill_tokens"][:-1]]
+    same = np.r_[False, (c["cls"][1:] == c["cls"][:-1]) & (c["level"][1:] == c["level"][:-1])
+                 & (c["replay"][1:] == c["replay"][:-1])]
+    res = c["measured_s"] - c["pred"]
+    ok = np.isfinite(res)
+    rows = []
+    for lo, hi in AFTER_BINS:
+        m = dec & same & ok & (prev_tok >= lo) & (prev_tok <= hi)
+        if m.sum() >= 10:
+            rows.append({"bin": f"{lo}-{hi}" if hi < 10**9 else f">{lo - 1}", "steps": int(m.sum()),
+                         "residual_ms": float(np.mean(res[m]) * 1e3)})
+    base = dec & same & ok & (prev_tok == 0)
+    if not rows:
+        return rows
+    ae = (getattr(prof, "provenance", None) or {}).get("after_eager") or {}
+    sized = ae.get("decode_after_ms_by_tokens") or {}
+    print("decode steps right after a prompt-bearing step, by its prompt tokens: measured - predicted (mean ms)"
+          + (f"; after a decode step {np.mean(res[base]) * 1e3:+.2f} ms ({int(base.sum())} steps)" if base.any() else ""))
+    for r in rows:
+        print(f"  after {r['bin']:>11s} tokens: {r['steps']:5d} steps, {r['residual_ms']:+.2f} ms")
+    if sized:
+        print(f"  calibration, first decode step after a chunk (over a decode step's; the model charges the "
+              f"{ae.get('chunk_tokens', '?')}-token one): " + ", ".join(f"{n} tok {v[0]:+.3f} ms" for n, v in sized.items() if v))
+    return rows
+
+
 def phases_vs_grid(prof, c: dict[str, np.ndarray]) -> None:
     """Decode-graph steps: the runner's host phases (inputs built, sampler issued, tokens read back, bookkeeping) in
     serving against the calibration grid's points at the same batch (means, ms); the forward's own host call beside
@@ -347,6 +382,7 @@ def main() -> None:
     loop_split(c, prof)
     grid_vs_serving(prof, c)
     phases_vs_grid(prof, c)
+    after_eager_by_tokens(prof, c)
     eager_vs_grid(prof, samples)
 
 

@@ -820,6 +820,16 @@ def decay_profile(excess: list[float], first_probe: float, both_probes: bool) ->
 AFTER_EAGER_DECODE_STEPS = 8   # decode steps timed one after another behind an eager step (the measured decay)
 
 
+def after_eager_sizes(engine: LLMEngine) -> list[int]:
+    """Prompt chunk sizes the decay after an eager step is also measured behind (``measure_after_eager``): 512, 2048
+    and 4096 tokens, within half the context window and the step budget. In H200 runs 26 and 27 a decode step right
+    after a prompt-bearing step ran over the model by ~0.05 ms after <= 512 tokens, 0.2-0.5 ms after 0.5-2k and
+    0.5-0.7 ms after 2-8k (its forward, the runner's host part and the loop each a share), where the calibration
+    measured the decay behind 1024 tokens only."""
+    cap = min(engine.max_model_len // 2, engine.scheduler.config.max_num_batched_tokens)
+    return [n for n in (512, 2048, 4096) if n <= cap]
+
+
 def measure_after_eager(engine: LLMEngine, rounds: int = 16, temperature: float = 0.0, log=print) -> tuple[float, dict]:
     """Seconds a step pays right after a prefill-bearing step, beyond the same step right after a decode step (what
     the grid times every shape after): a decode step (8 decodes) and a mixed step (a chunk beside them), each timed
@@ -876,6 +886,18 @@ def measure_after_eager(engine: LLMEngine, rounds: int = 16, temperature: float 
             eager_step()
             for j in range(AFTER_EAGER_DECODE_STEPS):
                 seq[j].append(timed(dec))
+        # the same decay behind other chunk sizes (a diagnostic for now: serving's steps after bigger prompt steps pay
+        # more, after_eager_sizes), sizes interleaved round by round
+        by_size: dict[int, list[list[float]]] = {n: [[] for _ in range(AFTER_EAGER_DECODE_STEPS)]
+                                                 for n in after_eager_sizes(engine)}
+        for _ in range(max(2, rounds // 4)):
+            for n, rows in by_size.items():
+                for _ in range(2):
+                    timed(dec)
+                fresh[0] += 1
+                fresh_chunk_step(engine, dec, n, f"ae_s{n}_{fresh[0]}_", timed, temperature)
+                for j in range(AFTER_EAGER_DECODE_STEPS):
+                    rows[j].append(timed(dec))
     finally:
         drop_plan(engine, dec)
         for c in mixed.prefills:
@@ -887,8 +909,13 @@ def measure_after_eager(engine: LLMEngine, rounds: int = 16, temperature: float 
     log(f"  after an eager step: decode step {diff['decode'] * 1e3:+.3f} ms, mixed step {diff['mixed'] * 1e3:+.3f} ms "
         f"over the same step after a decode step ({rounds} rounds): {sec * 1e3:.3f} ms priced; decode steps 1-{len(decay)} "
         f"after one: {' '.join(f'{x * 1e3:.3f}' for x in decay)} ms")
+    sized = {str(n): [round((statistics.median(x) - base) * 1e3, 4) for x in rows] for n, rows in by_size.items()}
+    if sized:
+        log("  decode steps 1-3 after a prompt chunk of " + "; ".join(
+            f"{n} tokens: {' '.join(f'{x:+.3f}' for x in v[:3])} ms" for n, v in sized.items()) + " (over a decode step's)")
     return sec, {"decode_ms": round(diff["decode"] * 1e3, 4), "mixed_ms": round(diff["mixed"] * 1e3, 4), "rounds": rounds,
-                 "decode_after_ms": [round(x * 1e3, 4) for x in decay]}
+                 "decode_after_ms": [round(x * 1e3, 4) for x in decay], "chunk_tokens": big,
+                 "decode_after_ms_by_tokens": sized}
 
 
 # ----------------------------------------------------------------------------- calibrate

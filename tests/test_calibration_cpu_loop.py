@@ -139,3 +139,19 @@ def test_graph_device_time_is_none_off_cuda_and_never_raises():
     from executor.calibrate import _graph_device_time, _queued_device_time
     assert _graph_device_time(lambda: torch.ones(3).sum(), torch.device("cpu")) is None
     assert _queued_device_time(lambda: torch.ones(3).sum(), torch.device("cpu"), 1e-3) is None
+
+
+def test_after_eager_decay_behind_several_chunk_sizes():
+    """The decay after an eager step is measured behind 512 / 2048 / 4096-token chunks too, within half the window and
+    the step budget (serving's decode steps after bigger prompt steps paid more in H200 runs 26-27)."""
+    from executor.calibrate import AFTER_EAGER_DECODE_STEPS, after_eager_sizes, build_engine, measure_after_eager
+
+    e = build_engine("tiny", None, "cpu", "fp32", 8, 1536, num_kv_blocks=160)
+    assert after_eager_sizes(e) == [512]
+    assert after_eager_sizes(build_engine("tiny", None, "cpu", "fp32", 8, 128, num_kv_blocks=40)) == []
+    lines = []
+    sec, after = measure_after_eager(e, rounds=3, log=lines.append)
+    assert sec >= 0 and after["chunk_tokens"] == 768
+    sized = after["decode_after_ms_by_tokens"]
+    assert list(sized) == ["512"] and len(sized["512"]) == AFTER_EAGER_DECODE_STEPS
+    assert any("after a prompt chunk of 512 tokens" in s for s in lines)

@@ -77,3 +77,29 @@ def test_step_residuals_compares_phases_with_the_grid(capsys):
     c["inputs_host_s"][:] = np.nan   # older runs: no phases, nothing printed
     phases_vs_grid(prof, c)
     assert capsys.readouterr().out == ""
+
+
+def test_step_residuals_after_eager_by_prompt_tokens(capsys):
+    """benchmarks/step_residuals.py: decode steps right after a prompt-bearing step, binned by its prompt tokens."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from benchmarks.step_residuals import after_eager_by_tokens
+    # one replay: (prompt step of 3000 tokens, decode +0.5 ms over the model, decode exact) x 12, then 12 x 300 tokens
+    pre, dec = [], []
+    for tok, extra in [(3000, 0.5e-3)] * 12 + [(300, 0.0)] * 12:
+        pre += [tok, 0, 0]
+        dec += [0.0, extra, 0.0]
+    n = len(pre)
+    res = np.array(dec)
+    c = {"prefill_chunks": np.array([1 if t else 0 for t in pre]), "prefill_tokens": np.array(pre),
+         "cls": np.array(["a"] * n), "level": np.array(["low"] * n), "replay": np.ones(n),
+         "measured_s": 0.005 + res, "pred": np.full(n, 0.005)}
+    prof = SimpleNamespace(provenance={"after_eager": {"chunk_tokens": 1024,
+                                                       "decode_after_ms_by_tokens": {"512": [0.1, 0.0], "4096": [0.6, 0.1]}}})
+    rows = after_eager_by_tokens(prof, c)
+    assert [(r["bin"], r["steps"]) for r in rows] == [("1-512", 12), ("2049-4096", 12)]
+    assert rows[1]["residual_ms"] == pytest.approx(0.5) and rows[0]["residual_ms"] == pytest.approx(0.0)
+    out = capsys.readouterr().out
+    assert "4096 tok +0.600 ms" in out and "1024-token one" in out
