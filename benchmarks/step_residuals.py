@@ -57,14 +57,18 @@ def predict(cost, prof, s: dict, sync: bool, nums: list[int] | None = None) -> n
     ``after_eager_s``)."""
     from types import SimpleNamespace
 
-    from ui.cmd_validate import predict_step, steps_since_prefill
-    pc = s["prefill_chunks"]
+    from ui.cmd_validate import last_prefill_tokens, predict_step, steps_since_prefill
+    pc, pt = s["prefill_chunks"], s["prefill_tokens"]
     nums = nums or [1] * len(pc)
     since: list[int] = []          # steps since the last prefill-bearing step of the same replay (0: none)
+    toks: list[int] = []           # that step's prompt tokens
     for r in dict.fromkeys(nums):
-        since += steps_since_prefill([SimpleNamespace(prefill=pc[i]) for i in range(len(pc)) if nums[i] == r])
+        steps = [SimpleNamespace(prefill=[(pt[i], 0)] if pc[i] else []) for i in range(len(pc)) if nums[i] == r]
+        since += steps_since_prefill(steps)
+        toks += last_prefill_tokens(steps)
     return np.array([predict_step(cost, prof, dctx, list(zip(new, ctx)), 0, not sync,
-                                  after_eager=i > 0 and pc[i - 1] > 0 and nums[i - 1] == nums[i], since_eager=since[i])
+                                  after_eager=i > 0 and pc[i - 1] > 0 and nums[i - 1] == nums[i], since_eager=since[i],
+                                  eager_tokens=toks[i])
                      for i, (dctx, new, ctx) in enumerate(rebuilt_steps(s))])
 
 
@@ -265,8 +269,13 @@ def after_eager_by_tokens(prof, c: dict[str, np.ndarray]) -> list[dict]:
     for r in rows:
         print(f"  after {r['bin']:>11s} tokens: {r['steps']:5d} steps, {r['residual_ms']:+.2f} ms")
     if sized:
-        print(f"  calibration, first decode step after a chunk (over a decode step's; the model charges the "
-              f"{ae.get('chunk_tokens', '?')}-token one): " + ", ".join(f"{n} tok {v[0]:+.3f} ms" for n, v in sized.items() if v))
+        step = getattr(prof, "step", None)
+        priced = bool(step is not None and step.host.after_eager_decode_by_tokens)
+        how = "the model prices it by the prompt step's size" if priced else \
+            f"the model charges the {ae.get('chunk_tokens', '?')}-token one"
+        print(f"  calibration, first decode step after a chunk (over a decode step's; {how}): "
+              + ", ".join(f"{n} tok {v[0]:+.3f} ms" for n, v in sized.items() if v)
+              + f", {ae.get('chunk_tokens', '?')} tok {(ae.get('decode_after_ms') or [0.0])[0]:+.3f} ms")
     return rows
 
 

@@ -100,6 +100,22 @@ def flow_forward(host_s: float, device_s: float, fractions, early: float, overla
             + overlap * min(float(host_s), float(device_s)))
 
 
+def decay_after(by_tokens, tokens: float) -> np.ndarray:
+    """Seconds the j-th decode step after a prompt-bearing step of ``tokens`` prompt tokens pays (j = 1..len), from
+    decays measured behind chunks of several sizes (``by_tokens``: (chunk tokens, [seconds per decode step]) pairs):
+    linear in the prompt tokens between the two measured sizes around it, the nearest one's outside them (no
+    extrapolation); an empty array when nothing was measured. The executor calibration measures them
+    (``executor.calibrate.measure_after_eager``); H200 runs 26-27: the decode step right after a 2-8k-token prompt
+    step paid 0.4-0.7 ms more than one after a <= 512-token step."""
+    pts = sorted((int(t), np.asarray(v, float)) for t, v in by_tokens)
+    if not pts:
+        return np.zeros(0)
+    width = max(v.size for _, v in pts)
+    rows = np.array([np.pad(v, (0, width - v.size)) for _, v in pts])
+    xs = np.array([t for t, _ in pts], float)
+    return np.array([np.interp(float(tokens), xs, rows[:, j]) for j in range(width)])
+
+
 # ----------------------------------------------------------------------------- host profiles per engine style
 
 @dataclass(frozen=True)

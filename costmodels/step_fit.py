@@ -607,7 +607,8 @@ def refit_profile(profile, scale_bounds: str = "auto"):
     # admission is measured apart from the step points (executor.calibrate.measure_admission): kept as measured
     st2.loop = st2.loop.model_copy(update={"admit_s": st.loop.admit_s, "admit_per_token_s": st.loop.admit_per_token_s})
     st2.host = st2.host.model_copy(update={"after_eager_s": st.host.after_eager_s,
-                                           "after_eager_decode_s": list(st.host.after_eager_decode_s)})
+                                           "after_eager_decode_s": list(st.host.after_eager_decode_s),
+                                           "after_eager_decode_by_tokens": list(st.host.after_eager_decode_by_tokens)})
     return profile.model_copy(update={"step": st2})
 
 
@@ -635,4 +636,6 @@ def loop_scheduler_terms(step: StepProfile) -> dict:
             "host_per_token_s": min(float(step.loop.per_token_s), 0.001),
             "host_admit_s": min(float(step.loop.admit_s), 0.01), "host_admit_per_token_s": min(float(step.loop.admit_per_token_s), 1e-5),
             "host_after_eager_s": min(float(step.host.after_eager_s), 0.01),
-            "host_after_eager_decode_s": [min(max(float(x), 0.0), 0.01) for x in step.host.after_eager_decode_s[:16]]}
+            "host_after_eager_decode_s": [min(max(float(x), 0.0), 0.01) for x in step.host.after_eager_decode_s[:16]],
+            "host_after_eager_decode_by_tokens": [(max(1, int(t)), [min(max(float(x), 0.0), 0.01) for x in v[:16]])
+                                                  for t, v in step.host.after_eager_decode_by_tokens[:8]]}

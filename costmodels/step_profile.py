@@ -124,6 +124,10 @@ class HostTerms(BaseModel):
                                               "steps, j = 1..len (executor.calibrate.measure_after_eager: decode steps "
                                               "timed one after another behind an eager step); empty: after_eager_s "
                                               "for the first step only (profiles before it)")
+    after_eager_decode_by_tokens: list[tuple[int, list[float]]] = Field(
+        default_factory=list, max_length=8, description="the same decay measured behind prompt chunks of several sizes: "
+        "(chunk tokens, [seconds per decode step]); where present it replaces after_eager_decode_s, priced at the "
+        "prompt-bearing step's own token count (costmodels.host.decay_after); empty in profiles calibrated before it")
 
     def __call__(self, num_layers: float, n_req, n_tok, n_prefill):
         """Eager step host time (a step that is not a decode-graph replay: eager or piecewise graphs). ``n_req``

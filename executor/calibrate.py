@@ -909,7 +909,10 @@ def measure_after_eager(engine: LLMEngine, rounds: int = 16, temperature: float 
     log(f"  after an eager step: decode step {diff['decode'] * 1e3:+.3f} ms, mixed step {diff['mixed'] * 1e3:+.3f} ms "
         f"over the same step after a decode step ({rounds} rounds): {sec * 1e3:.3f} ms priced; decode steps 1-{len(decay)} "
         f"after one: {' '.join(f'{x * 1e3:.3f}' for x in decay)} ms")
-    sized = {str(n): [round((statistics.median(x) - base) * 1e3, 4) for x in rows] for n, rows in by_size.items()}
+    sized = {}
+    for n, rows in by_size.items():   # each size's decay by decay_profile's rule, capped by its own first step
+        ex = [statistics.median(x) - base for x in rows]
+        sized[str(n)] = [round(x * 1e3, 4) for x in decay_profile(ex, ex[0], sec > 0)]
     if sized:
         log("  decode steps 1-3 after a prompt chunk of " + "; ".join(
             f"{n} tokens: {' '.join(f'{x:+.3f}' for x in v[:3])} ms" for n, v in sized.items()) + " (over a decode step's)")
@@ -1041,8 +1044,12 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     admit, admit_pts = measure_admission(engine, temperature=temperature)
     step.loop = step.loop.model_copy(update=admit)
     after_s, after = measure_after_eager(engine, rounds=16 if cuda and not quick else 3, temperature=temperature, log=log)
+    by_tokens = sorted([(int(after.get("chunk_tokens", 0)), [x / 1e3 for x in after.get("decode_after_ms", [])])]
+                       + [(int(n), [x / 1e3 for x in v]) for n, v in after.get("decode_after_ms_by_tokens", {}).items()])
     step.host = step.host.model_copy(update={"after_eager_s": after_s,
-                                             "after_eager_decode_s": [x / 1e3 for x in after.get("decode_after_ms", [])]})
+                                             "after_eager_decode_s": [x / 1e3 for x in after.get("decode_after_ms", [])],
+                                             # priced by the prompt step's size where more than one size was measured
+                                             "after_eager_decode_by_tokens": by_tokens if len(by_tokens) > 1 else []})
     split = queued_split_text(pts)
     if split:
         log(f"  {split}")

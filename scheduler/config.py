@@ -173,6 +173,11 @@ class SchedulerConfig(BaseModel):
     host_after_eager_decode_s: list[Annotated[float, Field(ge=0.0, le=0.01)]] = Field(
         default_factory=list, max_length=16, description="seconds the j-th decode step after a prefill-bearing step pays, "
         "j = 1..len (a measured profile's host.after_eager_decode_s; empty: host_after_eager_s for the first step)")
+    host_after_eager_decode_by_tokens: list[tuple[Annotated[int, Field(ge=1)],
+                                                 list[Annotated[float, Field(ge=0.0, le=0.01)]]]] = Field(
+        default_factory=list, max_length=8, description="that decay measured behind prompt steps of several sizes, as "
+        "(prompt tokens, [seconds per decode step]) pairs; where given it replaces host_after_eager_decode_s, priced at "
+        "the prompt-bearing step's token count (a measured profile's host.after_eager_decode_by_tokens; empty: not)")
     attention_dp: AttentionDPConfig | None = Field(
         None, description="attention-DP ranks scheduled explicitly: request -> rank, per-rank token/KV/seat budgets, "
         "prefill policy (immediate / balance); null: one pooled batch, the cost model splits each step over the ranks",
@@ -206,6 +211,8 @@ class SchedulerConfig(BaseModel):
             del data["host_profile"], data["async_overlap_hides"]   # and from before host profiles
         if isinstance(data, dict) and data.get("host_after_eager_decode_s", 0) == []:
             del data["host_after_eager_decode_s"]   # and from before the measured decay after a prefill-bearing step
+        if isinstance(data, dict) and data.get("host_after_eager_decode_by_tokens", 0) == []:
+            del data["host_after_eager_decode_by_tokens"]   # and from before it was measured by prompt size
         return data
 
     @model_validator(mode="after")

@@ -7,7 +7,7 @@ from typing import Callable
 
 import numpy as np
 
-from costmodels.host import wall_time
+from costmodels.host import decay_after, wall_time
 from costmodels.step_memo import MemoStepCost, StepCost
 from scheduler.plan import StepPlan, StepResult
 from sim.streams import uniforms
@@ -23,11 +23,13 @@ def host_coeffs(config) -> tuple[float, ...]:
     the share of it async overlap hides (the host profile's ``async_overlap_hides``); then admission, per request
     and per prompt token, charged once to the step of a request's first prompt chunk; then the seconds a step pays
     right after a prefill-bearing step (``host_after_eager_s``), and what the j-th decode step after one pays
-    (``host_after_eager_decode_s``, a tuple)."""
+    (``host_after_eager_decode_s``, a tuple), and that decay by the prompt step's size where measured
+    (``host_after_eager_decode_by_tokens``, (tokens, tuple) pairs)."""
     w = config.host_workers
     return (config.host_step_s, config.host_per_request_s / w, config.host_per_token_s / w, config.async_overlap_hides,
             config.host_admit_s, config.host_admit_per_token_s, config.host_after_eager_s,
-            tuple(config.host_after_eager_decode_s))
+            tuple(config.host_after_eager_decode_s),
+            tuple((int(t), tuple(v)) for t, v in config.host_after_eager_decode_by_tokens))
 
 
 _NO_EXTRAS = np.zeros(0)
@@ -92,6 +94,11 @@ class SimBackend:
         # seconds the j-th decode step after a prefill-bearing plan pays (measured; empty: after_eager_s, first
         # step only), and how many decode steps ran since the last prefill-bearing plan (None: none yet)
         self.after_decode = np.asarray(host_coeffs[7] if len(host_coeffs) > 7 else (), float)
+        # that decay measured behind prompt steps of several sizes (priced at the last prompt-bearing plan's tokens,
+        # costmodels.host.decay_after; empty: after_decode), and those tokens
+        self.after_decode_by = tuple(host_coeffs[8]) if len(host_coeffs) > 8 else ()
+        self._prev_tokens = 0
+        self._decay: np.ndarray = self.after_decode
         self._since: int | None = None
         self._prev_prefill = False
         self._drawn: tuple[StepPlan, np.ndarray] | None = None  # the plan last priced, its drawn tokens
@@ -238,20 +245,25 @@ class SimBackend:
         return StepResult(times, tokens, host_s=host)
 
     def _count_since(self, plan: StepPlan, steps: int) -> None:
-        """Decode steps since the last prefill-bearing plan, after ``plan`` ran ``steps`` steps."""
+        """Decode steps since the last prefill-bearing plan, after ``plan`` ran ``steps`` steps (and, where the decay
+        is measured by prompt size, the decay that plan's prompt tokens owe)."""
         if plan.prefills:
             self._since = 0
+            if self.after_decode_by:
+                self._decay = decay_after(self.after_decode_by, sum(c.num_new_tokens for c in plan.prefills))
         elif self._since is not None:
             self._since += steps
 
     def transition_extras(self, plan: StepPlan) -> np.ndarray:
         """Seconds each of ``plan``'s first steps pays for following a prefill-bearing step: for a decode-only plan the
-        measured decay where the profile has one (``after_eager_decode_s``: the j-th decode step after it), else
+        measured decay where the profile has one (``after_eager_decode_s``: the j-th decode step after it; measured by
+        prompt size, the one the last prompt-bearing plan's tokens owe), else
         ``transition_s`` on the step right after one; empty when nothing is owed."""
-        if not plan.prefills and self.after_decode.size:
-            if self._since is None or self._since >= self.after_decode.size:
+        decay = self._decay
+        if not plan.prefills and decay.size:
+            if self._since is None or self._since >= decay.size:
                 return _NO_EXTRAS
-            return self.after_decode[self._since:]
+            return decay[self._since:]
         if self._prev_prefill:
             x = self.transition_s(plan)
             if x:

@@ -141,17 +141,28 @@ def test_graph_device_time_is_none_off_cuda_and_never_raises():
     assert _queued_device_time(lambda: torch.ones(3).sum(), torch.device("cpu"), 1e-3) is None
 
 
-def test_after_eager_decay_behind_several_chunk_sizes():
+def test_after_eager_decay_behind_several_chunk_sizes(tmp_path):
     """The decay after an eager step is measured behind 512 / 2048 / 4096-token chunks too, within half the window and
-    the step budget (serving's decode steps after bigger prompt steps paid more in H200 runs 26-27)."""
-    from executor.calibrate import AFTER_EAGER_DECODE_STEPS, after_eager_sizes, build_engine, measure_after_eager
+    the step budget (serving's decode steps after bigger prompt steps paid more in H200 runs 26-27), and the profile
+    prices it by the prompt step's size (host.after_eager_decode_by_tokens, with the main probe's chunk size)."""
+    from costmodels.step_fit import loop_scheduler_terms
+    from executor.calibrate import AFTER_EAGER_DECODE_STEPS, after_eager_sizes, build_engine, calibrate
+    from scheduler.config import SchedulerConfig
 
+    assert after_eager_sizes(build_engine("tiny", None, "cpu", "fp32", 8, 128, num_kv_blocks=40)) == []
     e = build_engine("tiny", None, "cpu", "fp32", 8, 1536, num_kv_blocks=160)
     assert after_eager_sizes(e) == [512]
-    assert after_eager_sizes(build_engine("tiny", None, "cpu", "fp32", 8, 128, num_kv_blocks=40)) == []
     lines = []
-    sec, after = measure_after_eager(e, rounds=3, log=lines.append)
-    assert sec >= 0 and after["chunk_tokens"] == 768
-    sized = after["decode_after_ms_by_tokens"]
-    assert list(sized) == ["512"] and len(sized["512"]) == AFTER_EAGER_DECODE_STEPS
+    prof = calibrate("tiny", None, "cpu", "fp32", quick=True, repeats=1, max_model_len=1536, max_num_seqs=8, engine=e,
+                     command="pytest", log=lines.append)
+    ae = prof.provenance["after_eager"]
+    assert ae["chunk_tokens"] == 768 and list(ae["decode_after_ms_by_tokens"]) == ["512"]
+    assert len(ae["decode_after_ms_by_tokens"]["512"]) == AFTER_EAGER_DECODE_STEPS
     assert any("after a prompt chunk of 512 tokens" in s for s in lines)
+    by = prof.step.host.after_eager_decode_by_tokens
+    assert [t for t, _ in by] == [512, 768] and all(len(v) == AFTER_EAGER_DECODE_STEPS and min(v) >= 0 for _, v in by)
+    path = tmp_path / "p.json"
+    prof.save(path)
+    back = CalibrationProfile.load(path)
+    assert [list(x) for x in back.step.host.after_eager_decode_by_tokens] == [list(x) for x in by]
+    SchedulerConfig(**{k: v for k, v in loop_scheduler_terms(back.step).items() if k.startswith("host_after")})

@@ -496,3 +496,54 @@ def test_decode_steps_after_a_prefill_bearing_step_pay_the_measured_decay():
     assert predict_step(cost, prof, [32], [], since_eager=2) == pytest.approx(base + 3e-4)
     assert predict_step(cost, prof, [32], [], since_eager=4) == pytest.approx(base)
     assert predict_step(cost, prof, [33], [(64, 0)], after_eager=True) == pytest.approx(predict_step(cost, prof, [33], [(64, 0)]) + 4e-4)
+
+
+def test_the_decay_after_a_prompt_step_priced_by_its_size():
+    """Measured behind prompt chunks of several sizes (host.after_eager_decode_by_tokens), the decay a decode step pays
+    is the one the last prompt-bearing step's own tokens owe: linear between the measured sizes, the nearest outside
+    them (costmodels.host.decay_after), in the simulator and in validate's per-step prediction alike; the default
+    scenario's dump is unchanged."""
+    from costmodels.host import decay_after
+    from scheduler.config import SchedulerConfig
+    from scheduler.plan import ScheduledChunk, StepPlan
+    from scheduler.request import Request
+    from sim.backend import SimBackend, host_coeffs
+    from ui.cmd_validate import last_prefill_tokens, predict_step
+
+    by = [(512, [1e-4, 0.0]), (1024, [2e-4, 1e-4]), (4096, [6e-4, 2e-4, 1e-4])]
+    assert decay_after(by, 256) == pytest.approx([1e-4, 0.0, 0.0])
+    assert decay_after(by, 2560) == pytest.approx([4e-4, 1.5e-4, 0.5e-4])
+    assert decay_after(by, 9000) == pytest.approx([6e-4, 2e-4, 1e-4])
+    assert decay_after([], 100).size == 0
+    st = StepProfile(model="tiny", num_layers=4, dtype="fp32",
+                     host=HostTerms(after_eager_decode_s=[2e-4, 1e-4], after_eager_decode_by_tokens=by))
+    terms = loop_scheduler_terms(st)
+    cfg = SchedulerConfig(host_step_s=0.0, host_per_request_s=0.0, host_per_token_s=0.0, async_overlap=False,
+                          **{k: v for k, v in terms.items() if k.startswith("host_after")})
+    assert cfg.host_after_eager_decode_by_tokens == [(512, [1e-4, 0.0]), (1024, [2e-4, 1e-4]), (4096, [6e-4, 2e-4, 1e-4])]
+    assert "host_after_eager_decode_by_tokens" not in SchedulerConfig().model_dump()
+    with pytest.raises(ValueError, match="host_after_eager_decode_by_tokens"):
+        SchedulerConfig(host_after_eager_decode_by_tokens=[(0, [1e-4])])
+    cost = ProfiledStepCost(_tiny_profile(), StepProfile(model="tiny", num_layers=4, dtype="fp32"))
+    with_, without = (SimBackend(cost, np.random.default_rng(0), async_overlap=False, host_coeffs=host_coeffs(c))
+                      for c in (cfg, cfg.model_copy(update={"host_after_eager_decode_by_tokens": [], "host_after_eager_decode_s": []})))
+    d = Request("d", 0.0, 32, 64)
+    dec = StepPlan(0, prefills=[], decodes=[d], decode_context_lens=np.array([32], np.int64))
+
+    def mixed(tokens):
+        p = Request(f"p{tokens}", 0.0, tokens, 4)
+        return StepPlan(0, prefills=[ScheduledChunk(p, tokens, 0, True)], decodes=[d], decode_context_lens=np.array([33], np.int64))
+    got = []
+    for b in (with_, without):
+        got.append([float(b.execute(p).step_durations[0]) for p in (mixed(256), dec, dec, mixed(2560), dec, dec, dec, dec)])
+    diff = np.array(got[0]) - np.array(got[1])
+    assert diff == pytest.approx([0, 1e-4, 0, 0, 4e-4, 1.5e-4, 0.5e-4, 0], abs=1e-12)
+
+    class S:
+        def __init__(self, pf):
+            self.prefill = pf
+    assert last_prefill_tokens([S([]), S([(300, 0), (200, 9)]), S([]), S([(64, 0)]), S([])]) == [0, 0, 500, 500, 64]
+    prof = type("P", (), {"step": st})()
+    base = predict_step(cost, prof, [32], [])
+    assert predict_step(cost, prof, [32], [], since_eager=1, eager_tokens=2560) == pytest.approx(base + 4e-4)
+    assert predict_step(cost, prof, [32], [], since_eager=2, eager_tokens=300) == pytest.approx(base)

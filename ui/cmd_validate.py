@@ -57,12 +57,14 @@ def sim_config(base, profile):
 
 
 def predict_step(cost, profile, decode_ctx, prefill, draft_len=0, overlap: bool | float = False,
-                 after_eager: bool = False, since_eager: int = 0) -> float:
+                 after_eager: bool = False, since_eager: int = 0, eager_tokens: int = 0) -> float:
     """Predicted engine-loop iteration as the simulator charges it: the overlap rule (costmodels.host.wall_time) over
     the runner step and the loop overhead (``overlap``: the scheduler config's ``overlap()``; False: added), plus the
     profile's measured cost of following a prefill-bearing step (sim.backend): where ``after_eager`` (the step right
     after one), ``after_eager_s``; for a decode step that is the ``since_eager``-th decode step after one (1: right
-    after), the measured decay ``after_eager_decode_s`` where the profile has it. A pipelined loop (``overlap``
+    after), the measured decay ``after_eager_decode_s`` where the profile has it (measured behind prompt steps of
+    several sizes, ``after_eager_decode_by_tokens``: the one ``eager_tokens``, that prompt step's tokens, owe, as
+    ``sim.backend`` prices it). A pipelined loop (``overlap``
     truthy) prices the runner step as the simulator does (``sim.backend.loop_cost``: max(device, host) per step)."""
     from costmodels.host import wall_time
     from sim.backend import loop_cost
@@ -73,12 +75,26 @@ def predict_step(cost, profile, decode_ctx, prefill, draft_len=0, overlap: bool 
     from costmodels.step_fit import loop_scheduler_terms
     terms = loop_scheduler_terms(profile.step)    # as the simulator's scheduler config takes them (bounded)
     decay = terms["host_after_eager_decode_s"]
+    if terms["host_after_eager_decode_by_tokens"]:
+        from costmodels.host import decay_after
+        decay = list(decay_after(terms["host_after_eager_decode_by_tokens"], eager_tokens))
     if decay and not prefill:
         j = since_eager if since_eager else (1 if after_eager else 0)
         extra = float(decay[j - 1]) if 1 <= j <= len(decay) else 0.0
     else:
         extra = float(terms["host_after_eager_s"]) if after_eager else 0.0
     return float(wall_time(float(runner), float(profile.step.loop(n, tok)), overlap)) + extra
+
+
+def last_prefill_tokens(steps) -> list[int]:
+    """For each step of a replay (objects with ``prefill``: (new, cached) pairs): the prompt tokens of the last
+    prefill-bearing step before it (0 before any), what the decay after it is priced at."""
+    out, last = [], 0
+    for s in steps:
+        out.append(last)
+        if s.prefill:
+            last = int(sum(a for a, _ in s.prefill))
+    return out
 
 
 def steps_since_prefill(steps) -> list[int]:
@@ -391,10 +407,11 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                 run_figs.append(metric_values(res.metrics))
                 steps_all += res.steps
                 since = steps_since_prefill(res.steps)
+                eager_tok = last_prefill_tokens(res.steps)
                 samples += [StepSample(decode_ctx=s.decode_ctx, prefill=s.prefill, draft_len=s.draft_len, measured_s=s.iter_s,
                                        predicted_s=predict_step(cost, prof, s.decode_ctx, s.prefill, s.draft_len, scfg.overlap(),
                                                                 after_eager=j > 0 and bool(res.steps[j - 1].prefill),
-                                                                since_eager=since[j]),
+                                                                since_eager=since[j], eager_tokens=eager_tok[j]),
                                        graph_bs=s.graph_bs, start_s=s.start_s, runner_s=s.runner_s, device_s=s.device_s,
                                        forward_s=s.forward_s, forward_host_s=s.forward_host_s,
                                        host_phases=s.host_phases or None, admit_s=s.admit_s,
