@@ -146,7 +146,8 @@ def test_loop_terms_become_scheduler_host_overhead():
     st = StepProfile(model="tiny", num_layers=4, loop=LoopTerms(fixed_s=4e-4, per_request_s=5e-6, per_token_s=1e-8))
     t = loop_scheduler_terms(st)
     assert t == {"host_step_s": 4e-4, "host_per_request_s": 5e-6, "host_per_token_s": 1e-8, "host_admit_s": 0.0,
-                 "host_admit_per_token_s": 0.0, "host_after_eager_s": 0.0, "host_after_eager_decode_s": []}
+                 "host_admit_per_token_s": 0.0, "host_after_eager_s": 0.0, "host_after_eager_decode_s": [],
+                 "host_after_eager_decode_by_tokens": []}
     st.loop = st.loop.model_copy(update={"admit_s": 3e-5, "admit_per_token_s": 5e-8})
     assert loop_scheduler_terms(st)["host_admit_s"] == 3e-5 and loop_scheduler_terms(st)["host_admit_per_token_s"] == 5e-8
 
