@@ -96,6 +96,10 @@ def calibrate(
               f"+{h.after_eager_s * 1e3:.3f} ms" + (f"; decode steps 1-{len(h.after_eager_decode_s)} after one: "
                                                    + " ".join(f"+{x * 1e3:.3f}" for x in h.after_eager_decode_s) + " ms"
                                                    if h.after_eager_decode_s else ""), highlight=False)
+    if h.after_eager_decode_by_tokens:
+        con.print("  priced by the prompt step's size, decode steps 1-3 after one of " + "; ".join(
+            f"{t} tokens: " + " ".join(f"+{x * 1e3:.3f}" for x in v[:3]) + " ms" for t, v in h.after_eager_decode_by_tokens),
+            highlight=False)
     if st.eager_scale is not None:
         con.print(f"  eager/piecewise forwards' device work (measured apart from their issue behind a spin kernel): "
                   f"scale {st.eager_scale:.3f} + {st.eager_decode_group_s * 1e3:.3f} ms if it holds decodes "
