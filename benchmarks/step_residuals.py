@@ -26,9 +26,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodels.step_fit import errors  # noqa: E402  (MAPE, bias and p90 error, as sim.validate.step_comparison's)
+from costmodels.step_profile import HOST_PHASES  # noqa: E402
 
 LEVELS = ("low", "knee", "past saturation")
-PHASES = ("inputs", "sample", "readback", "post")   # executor.model_runner.HOST_PHASES, as the samples' columns name them
+PHASES = HOST_PHASES   # the runner's host phases, as the samples' columns name them
 PHASE_COLS = tuple(f"{k}_host_s" for k in PHASES)
 
 

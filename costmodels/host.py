@@ -100,6 +100,15 @@ def flow_forward(host_s: float, device_s: float, fractions, early: float, overla
             + overlap * min(float(host_s), float(device_s)))
 
 
+def decay_table(by_tokens) -> tuple[np.ndarray, np.ndarray]:
+    """(measured chunk sizes ascending, decay rows ``[size, step]`` zero-padded to the longest) of ``by_tokens``
+    ((chunk tokens, [seconds per decode step]) pairs): what :func:`decay_after` interpolates, built once per profile."""
+    pts = sorted((int(t), np.asarray(v, float)) for t, v in by_tokens)
+    width = max((v.size for _, v in pts), default=0)
+    rows = np.array([np.pad(v, (0, width - v.size)) for _, v in pts]).reshape(len(pts), width)
+    return np.array([t for t, _ in pts], float), rows
+
+
 def decay_after(by_tokens, tokens: float) -> np.ndarray:
     """Seconds the j-th decode step after a prompt-bearing step of ``tokens`` prompt tokens pays (j = 1..len), from
     decays measured behind chunks of several sizes (``by_tokens``: (chunk tokens, [seconds per decode step]) pairs):
@@ -107,13 +116,21 @@ def decay_after(by_tokens, tokens: float) -> np.ndarray:
     extrapolation); an empty array when nothing was measured. The executor calibration measures them
     (``executor.calibrate.measure_after_eager``); H200 runs 26-27: the decode step right after a 2-8k-token prompt
     step paid 0.4-0.7 ms more than one after a <= 512-token step."""
-    pts = sorted((int(t), np.asarray(v, float)) for t, v in by_tokens)
-    if not pts:
+    return decay_at(decay_table(by_tokens), tokens)
+
+
+def decay_at(table: tuple[np.ndarray, np.ndarray], tokens: float) -> np.ndarray:
+    """:func:`decay_after` on a :func:`decay_table` built once (the simulator prices every prompt-bearing plan)."""
+    xs, rows = table
+    if not xs.size:
         return np.zeros(0)
-    width = max(v.size for _, v in pts)
-    rows = np.array([np.pad(v, (0, width - v.size)) for _, v in pts])
-    xs = np.array([t for t, _ in pts], float)
-    return np.array([np.interp(float(tokens), xs, rows[:, j]) for j in range(width)])
+    i = int(np.searchsorted(xs, tokens))
+    if i == 0:
+        return rows[0].copy()
+    if i == xs.size:
+        return rows[-1].copy()
+    w = (float(tokens) - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return rows[i - 1] * (1.0 - w) + rows[i] * w
 
 
 # ----------------------------------------------------------------------------- host profiles per engine style

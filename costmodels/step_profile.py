@@ -47,6 +47,13 @@ FIT_CATEGORIES = ("attention", "prefill_attention", "dense_gemm", "expert_gemm",
 CATEGORY_FOLD = {0: 0, 1: 0, 2: 2, 3: 3, 4: 4, 5: 4}
 
 
+# the host phases of a synchronous runner step (executor.model_runner.ModelRunner.execute), seconds: building the inputs
+# (before the forward call), issuing the logits and sampler after it returns, waiting for the sampled tokens (the
+# device finishing the forward and sampler), and the bookkeeping after (acceptance, stops, MTP drafting); the step
+# records, replays, validation samples and calibration points name them so
+HOST_PHASES = ("inputs", "sample", "readback", "post")
+
+
 class StepPoint(BaseModel):
     """One measured step: its batch (decode contexts, prefill chunks) and times (seconds)."""
 
@@ -73,7 +80,7 @@ class StepPoint(BaseModel):
     host_phases: dict[str, float] | None = Field(None, description="the runner's host phases (seconds, median of repeats "
                                                  "per phase): inputs built before the forward, the sampler's issue "
                                                  "after it, the wait for the sampled tokens, the bookkeeping after; a "
-                                                 "diagnostic (executor.model_runner.HOST_PHASES)")
+                                                 "diagnostic (HOST_PHASES)")
 
     @property
     def num_requests(self) -> int:

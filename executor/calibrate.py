@@ -886,8 +886,8 @@ def measure_after_eager(engine: LLMEngine, rounds: int = 16, temperature: float 
             eager_step()
             for j in range(AFTER_EAGER_DECODE_STEPS):
                 seq[j].append(timed(dec))
-        # the same decay behind other chunk sizes (a diagnostic for now: serving's steps after bigger prompt steps pay
-        # more, after_eager_sizes), sizes interleaved round by round
+        # the same decay behind other chunk sizes (serving's steps after bigger prompt steps pay more, after_eager_sizes;
+        # the profile prices the decay by the prompt step's size from them), sizes interleaved round by round
         by_size: dict[int, list[list[float]]] = {n: [[] for _ in range(AFTER_EAGER_DECODE_STEPS)]
                                                  for n in after_eager_sizes(engine)}
         for _ in range(max(2, rounds // 4)):

@@ -168,3 +168,21 @@ def build_forward_batch(seqs: list[SeqInput], page_size: int, null_page: int, de
         decode_block_table=i32[nd: nd + nd * max_pages].view(nd, max_pages),
         decode_seq_lens=i32[:nd], prefills=prefills, decode_seq_lens_host=lens,
     )
+
+
+def synthetic_seqs(decode_ctx: list[int], prefills: list[tuple[int, int]], sq: int, vocab: int, page_size: int,
+                   seed: int) -> tuple[list[SeqInput], int]:
+    """Random-token inputs of a batch shape, for tests and benchmarks that build a forward without the scheduler:
+    decodes at ``decode_ctx`` (``sq`` queries each) then prompt chunks ``(new, cached)``, each sequence on its own
+    consecutive pages from page 0. Returns the inputs and the number of pages they use."""
+    rng = np.random.default_rng(seed)
+    seqs, page = [], 0
+    for c in decode_ctx:
+        n = -(-(c + sq) // page_size)
+        seqs.append(SeqInput(rng.integers(0, vocab, sq).tolist(), c, list(range(page, page + n)), True))
+        page += n
+    for new, ctx in prefills:
+        n = -(-(ctx + new) // page_size)
+        seqs.append(SeqInput(rng.integers(0, vocab, new).tolist(), ctx, list(range(page, page + n)), False))
+        page += n
+    return seqs, page

@@ -18,6 +18,7 @@ import time
 import numpy as np
 import torch
 
+from costmodels.step_profile import HOST_PHASES
 from executor.forward_batch import ForwardBatch, SeqInput, build_forward_batch, to_device
 from executor.kv_cache import KVCache
 from executor.model_base import CausalLM
@@ -84,12 +85,6 @@ def accepted_prefix(drafts: list[int], samples: list[int]) -> int:
     return a
 
 
-# the host phases of a synchronous step (``ModelRunner.execute``), seconds: building the inputs (before the forward
-# call), issuing the logits and sampler after it returns, waiting for the sampled tokens (the device finishing the
-# forward and sampler), and the bookkeeping after (acceptance, stops, MTP drafting)
-HOST_PHASES = ("inputs", "sample", "readback", "post")
-
-
 def step_record(prefills: list, nd: int, sq: int, num_tokens: int, decode_context_tokens: int, accepted_drafts: int,
                 wall: float, dev: float, graph_bs: int, piecewise_bs: int, fwd: float = float("nan"),
                 fwd_host: float = float("nan"), phases: dict[str, float] | None = None) -> dict:
@@ -106,7 +101,7 @@ def step_record(prefills: list, nd: int, sq: int, num_tokens: int, decode_contex
         "accepted_drafts": accepted_drafts,
         "wall_s": wall, "device_s": dev, "forward_s": fwd, "forward_host_s": fwd_host, "backends": ops.reset_used(),
         "cuda_graph": graph_bs > 0, "graph_bs": graph_bs, "piecewise_bs": piecewise_bs,
-        "host_phases": dict(phases) if phases else {},
+        "host_phases": phases or {},
     }
 
 

@@ -219,11 +219,10 @@ class PiecewiseGraphs:
             buf.idx_q[:size].copy_(idx[0])
             buf.idx_w[:size].copy_(idx[1])
 
-    def attend(self, k: int, batch: ForwardBatch, attn=None) -> None:
-        """Layer ``k``'s attention (or ``attn``'s) over the real rows, eagerly, into ``out[:T]``."""
+    def attend(self, attn, batch: ForwardBatch) -> None:
+        """``attn``'s attention (a decoder layer's or an MTP block's) over the real rows, eagerly, into ``out[:T]``."""
         t, buf = batch.num_tokens, self.buf
         idx = (buf.idx_q[:t], buf.idx_w[:t]) if buf.idx_q is not None else None
-        attn = attn if attn is not None else self.layers[k].self_attn
         attn.attend(buf.q[:t, :, : buf.dn], buf.q[:t, :, buf.dn:], batch, self.kv, idx, out=buf.out[:t])
 
     @property
@@ -345,7 +344,7 @@ class PiecewiseGraphs:
         for k in range(len(self.layers)):
             run_piece(k)
             clock.lap("pieces")
-            self.attend(k, batch)
+            self.attend(self.layers[k].self_attn, batch)
             clock.lap("attend")
         run_piece(len(self.layers))
         clock.lap("pieces")
@@ -367,11 +366,11 @@ class PiecewiseGraphs:
         if self.use_graphs:
             first, last = self.mtp_graphs[size][j]
             first.replay()
-            self.attend(0, batch, self.model.mtp[j].block.self_attn)
+            self.attend(self.model.mtp[j].block.self_attn, batch)
             last.replay()
         else:
             self.mtp_piece(j, 0, size, self.buf.batch(size, fresh=True))
-            self.attend(0, batch, self.model.mtp[j].block.self_attn)
+            self.attend(self.model.mtp[j].block.self_attn, batch)
             self.mtp_piece(j, 1, size)
         return self.buf.mtp_out[:t]
 

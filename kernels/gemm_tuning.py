@@ -26,7 +26,7 @@ FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "split_k")
 
 _tables: dict[str, dict] = {}                    # path -> parsed {"devices": ...}
 _names: dict[int, str] = {}                      # CUDA device index -> name
-_cache: dict[tuple, tuple | None] = {}           # (path, device name, m, n, k) -> config
+_cache: dict[tuple, tuple | None] = {}           # (ENV's value, device index, m, n, k) -> config
 
 
 def table_path() -> Path | None:
@@ -73,15 +73,15 @@ def device_name(device) -> str:
 
 
 def lookup(m: int, n: int, k: int, device) -> tuple[int, ...] | None:
-    """The tuned config for an ``m x n x k`` GEMM on ``device`` (a CUDA device), or None (untuned)."""
-    path = table_path()
-    if path is None:
-        return None
-    name = device_name(device)
-    key = (str(path), name, m, n, k)
-    if key not in _cache:
-        _cache[key] = config_for(load(path), name, m, n, k)
-    return _cache[key]
+    """The tuned config for an ``m x n x k`` GEMM on ``device`` (a CUDA device), or None (untuned). Every eager GEMM
+    call asks: a repeat costs one dict lookup (the table path and the device's name are resolved on the first)."""
+    key = (os.environ.get(ENV, ""), device.index, m, n, k)
+    try:
+        return _cache[key]
+    except KeyError:
+        path = table_path()
+        _cache[key] = None if path is None else config_for(load(path), device_name(device), m, n, k)
+        return _cache[key]
 
 
 def status(gpu: str | None) -> str:

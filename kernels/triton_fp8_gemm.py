@@ -104,4 +104,4 @@ def fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Ten
     _fp8_gemm_kernel[grid](xq, wq, out, xs, ws, m, n, kb, per, xq.stride(0), wq.stride(0), out.stride(-2), stride_cs,
                            xs.stride(0), ws.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, GROUP_M=8,
                            num_warps=warps, num_stages=stages)
-    return out if split == 1 else out.sum(0, dtype=torch.float32).to(out_dtype)
+    return out if split == 1 else out.sum(0).to(out_dtype)

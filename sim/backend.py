@@ -7,7 +7,7 @@ from typing import Callable
 
 import numpy as np
 
-from costmodels.host import decay_after, wall_time
+from costmodels.host import decay_at, decay_table, wall_time
 from costmodels.step_memo import MemoStepCost, StepCost
 from scheduler.plan import StepPlan, StepResult
 from sim.streams import uniforms
@@ -96,7 +96,7 @@ class SimBackend:
         self.after_decode = np.asarray(host_coeffs[7] if len(host_coeffs) > 7 else (), float)
         # that decay measured behind prompt steps of several sizes (priced at the last prompt-bearing plan's tokens,
         # costmodels.host.decay_after; empty: after_decode), and those tokens
-        self.after_decode_by = tuple(host_coeffs[8]) if len(host_coeffs) > 8 else ()
+        self.after_decode_by = decay_table(host_coeffs[8]) if len(host_coeffs) > 8 and host_coeffs[8] else None
         self._prev_tokens = 0
         self._decay: np.ndarray = self.after_decode
         self._since: int | None = None
@@ -249,8 +249,8 @@ class SimBackend:
         is measured by prompt size, the decay that plan's prompt tokens owe)."""
         if plan.prefills:
             self._since = 0
-            if self.after_decode_by:
-                self._decay = decay_after(self.after_decode_by, sum(c.num_new_tokens for c in plan.prefills))
+            if self.after_decode_by is not None:
+                self._decay = decay_at(self.after_decode_by, sum(c.num_new_tokens for c in plan.prefills))
         elif self._since is not None:
             self._since += steps
 

@@ -27,6 +27,7 @@ import simpy
 from pydantic import BaseModel, Field
 
 from costmodels.step_fit import errors
+from costmodels.step_profile import HOST_PHASES
 from scheduler.config import SchedulerConfig
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler
@@ -57,7 +58,7 @@ class StepSample(BaseModel):
     device_s: float | None = None
     forward_s: float | None = None     # CUDA-event seconds of the forward alone (graph replay or eager kernels)
     forward_host_s: float | None = None  # host seconds the forward call took to return (its launch issue, waits included)
-    # the runner's host phases (executor.model_runner.HOST_PHASES: inputs, sample, readback, post; seconds), where timed
+    # the runner's host phases (costmodels.step_profile.HOST_PHASES: inputs, sample, readback, post; seconds), where timed
     host_phases: dict[str, float] | None = None
     # the loop's own parts (host seconds): admitting the requests that arrived before the iteration (their prompt
     # tokens), scheduling the plan and completing it
@@ -200,8 +201,7 @@ def compact_samples(samples: Sequence[StepSample]) -> dict[str, list]:
                if any(x.host_phases for x in samples) else {})}
 
 
-# the runner's host phases a sample may carry (executor.model_runner.HOST_PHASES; sim stays free of executor imports)
-PHASE_KEYS = ("inputs", "sample", "readback", "post")
+PHASE_KEYS = HOST_PHASES   # the samples' phase columns: <phase>_host_s
 
 
 def _r6(v: float | None) -> float | None:

@@ -9,7 +9,6 @@ per-token part inside the pieces, its top-k eager between them). GPU (``-m gpu``
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -17,7 +16,7 @@ torch = pytest.importorskip("torch")
 from costmodels.model_spec import ModelSpec, MoEConfig  # noqa: E402
 from executor import piecewise_graphs as pg  # noqa: E402
 from executor.engine import LLMEngine, SamplingParams  # noqa: E402
-from executor.forward_batch import SeqInput, build_forward_batch  # noqa: E402
+from executor.forward_batch import build_forward_batch, synthetic_seqs  # noqa: E402
 from executor.kv_cache import KVCache  # noqa: E402
 from executor.model_config import ExecModelConfig  # noqa: E402
 from executor.weights import build_model  # noqa: E402
@@ -50,17 +49,7 @@ def _randomise_kv(kv: KVCache, seed: int = 0) -> None:
 
 def _batch(decode_ctx: list[int], prefills: list[tuple[int, int]], sq: int = 1, vocab: int = 500, page_size: int = PAGE):
     """Decodes at ``decode_ctx`` (``sq`` queries each) then prompt chunks (new, cached), each on its own pages."""
-    rng = np.random.default_rng(len(decode_ctx) * 31 + len(prefills))
-    seqs, page = [], 0
-    for c in decode_ctx:
-        n = -(-(c + sq) // page_size)
-        seqs.append(SeqInput(rng.integers(0, vocab, sq).tolist(), c, list(range(page, page + n)), True))
-        page += n
-    for new, ctx in prefills:
-        n = -(-(ctx + new) // page_size)
-        seqs.append(SeqInput(rng.integers(0, vocab, new).tolist(), ctx, list(range(page, page + n)), False))
-        page += n
-    return seqs, page
+    return synthetic_seqs(decode_ctx, prefills, sq, vocab, page_size, seed=len(decode_ctx) * 31 + len(prefills))
 
 
 SHAPES = {   # name -> (decode contexts, prompt chunks (new, cached), queries per decode)

@@ -77,3 +77,20 @@ def test_status_line(tmp_path, monkeypatch):
     monkeypatch.setenv(gt.ENV, "off")
     assert "untuned" in gt.status("H200")
     gt.reset()
+
+
+def test_lookup_resolves_once_per_shape(tmp_path, monkeypatch):
+    """``lookup`` (every eager GEMM call) reads the table and the device's name once per shape and environment."""
+    from types import SimpleNamespace
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(TABLE))
+    calls = []
+    monkeypatch.setattr(gt, "device_name", lambda dev: calls.append(dev) or "NVIDIA H200")
+    monkeypatch.setenv(gt.ENV, str(path))
+    gt.reset()
+    dev = SimpleNamespace(index=0)
+    assert gt.lookup(64, 2112, 7168, dev) == (64, 128, 4, 3, 2) == gt.lookup(64, 2112, 7168, dev)
+    assert len(calls) == 1
+    monkeypatch.setenv(gt.ENV, "off")   # another environment value: looked up again, untuned
+    assert gt.lookup(64, 2112, 7168, dev) is None
+    gt.reset()

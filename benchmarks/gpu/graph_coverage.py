@@ -57,22 +57,12 @@ def _engine(model: str, layers: int | None, draft_len: int):
 
 def _batch(kv, decode_ctx: list[int], prefills: list[tuple[int, int]], sq: int, vocab: int):
     """Decodes at ``decode_ctx`` (``sq`` queries each) then prompt chunks (new, cached), each on its own pages."""
-    import numpy as np
     import torch
 
-    from executor.forward_batch import SeqInput, build_forward_batch
-    rng = np.random.default_rng(len(decode_ctx) * 31 + len(prefills) + sq)
-    seqs, page = [], 0
-    for c in decode_ctx:
-        n = -(-(c + sq) // PAGE)
-        seqs.append(SeqInput(rng.integers(0, vocab, sq).tolist(), c, list(range(page, page + n)), True))
-        page += n
-    for new, ctx in prefills:
-        n = -(-(ctx + new) // PAGE)
-        seqs.append(SeqInput(rng.integers(0, vocab, new).tolist(), ctx, list(range(page, page + n)), False))
-        page += n
-    if page > kv.null_page:
-        raise ValueError(f"{page} KV pages needed, {kv.null_page} there")
+    from executor.forward_batch import build_forward_batch, synthetic_seqs
+    seqs, pages = synthetic_seqs(decode_ctx, prefills, sq, vocab, PAGE, seed=len(decode_ctx) * 31 + len(prefills) + sq)
+    if pages > kv.null_page:
+        raise ValueError(f"{pages} KV pages needed, {kv.null_page} there")
     return build_forward_batch(seqs, PAGE, kv.null_page, torch.device(SIZES["device"]))
 
 
@@ -131,18 +121,25 @@ def _randomise(kv) -> None:
             t.copy_(torch.randn(t.shape, generator=g, device=dev).to(t.dtype))
 
 
-def bench_dsa(model: str, layers: int, repeats: int) -> dict:
+def _started(model: str, layers: int | None, draft_len: int):
+    """(engine, its report's common fields): engine start seconds and what the piecewise graphs captured."""
     t0 = time.perf_counter()
-    e = _engine(model, layers, 0)
-    start = time.perf_counter() - t0
+    e = _engine(model, layers, draft_len)
+    pw = e.runner.piecewise
+    return e, {"model": model, "layers": layers, "engine_start_s": round(time.perf_counter() - t0, 1),
+               "piecewise_buckets": len(pw.captured) if pw else 0,
+               "piecewise_failed": dict(list(pw.failed.items())[:3]) if pw else {},
+               "piecewise_capture_s": pw.capture_s if pw else None, "rows": []}
+
+
+def bench_dsa(model: str, layers: int, repeats: int) -> dict:
+    e, out = _started(model, layers, 0)
     r, kv, net = e.runner, e.runner.kv, e.runner.model
     pw = r.piecewise
-    out = {"model": model, "layers": layers, "engine_start_s": round(start, 1), "decode_graphs": r.graphs is not None,
-           "decode_graphs_off": r.graphs_off_reason, "piecewise_buckets": len(pw.captured) if pw else 0,
-           "piecewise_failed": dict(list(pw.failed.items())[:3]) if pw else {}, "piecewise_capture_s": pw.capture_s if pw else None,
-           "topk": net.model.layers[0].self_attn.indexer.topk, "rows": []}
+    out.update(decode_graphs=r.graphs is not None, decode_graphs_off=r.graphs_off_reason,
+               topk=net.model.layers[0].self_attn.indexer.topk)
     dg = "on" if r.graphs is not None else (r.graphs_off_reason or "off")
-    print(f"{model} ({layers} layers): engine start {start:.1f} s; decode graphs: {dg}; "
+    print(f"{model} ({layers} layers): engine start {out['engine_start_s']:.1f} s; decode graphs: {dg}; "
           f"piecewise buckets {out['piecewise_buckets']}", flush=True)
     if pw is None:
         return out
@@ -162,16 +159,12 @@ def bench_dsa(model: str, layers: int, repeats: int) -> dict:
 
 def bench_mtp(model: str, layers: int, repeats: int) -> dict:
     import torch
-    t0 = time.perf_counter()
-    e = _engine(model, layers, 1)
-    start = time.perf_counter() - t0
+    e, out = _started(model, layers, 1)
     r, kv, net = e.runner, e.runner.kv, e.runner.model
     pw = r.piecewise
-    out = {"model": model, "layers": layers, "mtp_layers": net.num_mtp, "engine_start_s": round(start, 1),
-           "piecewise_buckets": len(pw.captured) if pw else 0, "mtp_piece_buckets": (len(pw.mtp_graphs) if pw.use_graphs else len(pw.captured) * (pw.num_mtp > 0)) if pw else 0,
-           "piecewise_failed": dict(list(pw.failed.items())[:3]) if pw else {}, "piecewise_capture_s": pw.capture_s if pw else None,
-           "rows": []}
-    print(f"{model} ({layers} layers + {net.num_mtp} MTP): engine start {start:.1f} s; piecewise buckets "
+    out.update(mtp_layers=net.num_mtp,
+               mtp_piece_buckets=(len(pw.mtp_graphs) if pw.use_graphs else len(pw.captured) * (pw.num_mtp > 0)) if pw else 0)
+    print(f"{model} ({layers} layers + {net.num_mtp} MTP): engine start {out['engine_start_s']:.1f} s; piecewise buckets "
           f"{out['piecewise_buckets']}, MTP pieces in {out['mtp_piece_buckets']}", flush=True)
     if pw is None or not pw.num_mtp:
         return out
