@@ -11,6 +11,13 @@ layers, decode graphs and piecewise graphs captured at start, the kernel JIT war
    (b decodes of 2 queries at 4096 context) and over a chain step (b rows of 1 query), eagerly
    (``model.mtp_forward``) against its two pieces (``PiecewiseGraphs.run_mtp``).
 
+A step whose tokens do not fill their bucket (the mixed step: padding rows) is also run through the same pieces
+uncaptured (``capture=False``: eager, padded), which splits its difference from eager into the padding's numerics
+(padded against unpadded, no graphs) and the graphs' (captured against uncaptured, same padding); on the DSA model
+each layer's indexer top-k is compared too (the share of selected keys that differ), since a top-k near a tie
+turns a rounding difference of its scores into a different set of keys. The V3 (MTP) engine runs the same mixed
+step, eager against pieces: the padding's numerics without an indexer.
+
 Each shape: the same batch both ways, in the same process; per way the median over ``--repeats`` timed calls after
 3 untimed ones of the host wall of one call (issue and wait: ``torch.cuda.synchronize`` after it) and of the CUDA-event
 span around it, and the largest absolute difference of the outputs over the largest absolute value (relative error;
@@ -112,6 +119,72 @@ def _row(name: str, eager, pieces, repeats: int) -> dict:
     return r
 
 
+def _topk_trace(net, fn):
+    """(fn's output, per layer the indexer's selection: decode top-k ``[B, s_q, k]`` or None, and a key mask per
+    prefill span) recorded while ``fn`` runs."""
+    layers = [l.self_attn.indexer for l in net.model.layers if getattr(l.self_attn, "indexer", None) is not None]
+    seen: list[list] = [[] for _ in layers]
+    saved = [ix.select for ix in layers]
+    for i, ix in enumerate(layers):
+        def rec(*a, _orig=saved[i], _i=i, **k):
+            dec, masks = _orig(*a, **k)
+            seen[_i].append((None if dec is None else dec.clone(), [None if m is None else m.clone() for m in masks]))
+            return dec, masks
+        ix.select = rec
+    try:
+        out = fn().clone()
+    finally:
+        for ix in layers:
+            del ix.select          # the instance attribute goes; the class method is back
+    return out, [s[-1] if s else (None, []) for s in seen]
+
+
+def _topk_diff(a, b) -> list[dict]:
+    """Per layer: the share of decode top-k keys (as sets per query) and of prefill mask entries that differ."""
+    import torch
+    rows = []
+    for (da, ma), (db, mb) in zip(a, b):
+        r = {}
+        if da is not None and db is not None:
+            x, y = da.flatten(0, 1).long(), db.flatten(0, 1).long()
+            width = int(max(x.max(), y.max())) + 2
+            hx = torch.zeros(x.shape[0], width, dtype=torch.bool, device=x.device).scatter_(1, x.clamp_min(-1) + 1, True)
+            hy = torch.zeros_like(hx).scatter_(1, y.clamp_min(-1) + 1, True)
+            r["decode_keys_differ"] = float((hx ^ hy)[:, 1:].sum() / (2 * hx[:, 1:].sum().clamp_min(1)))
+        diffs = [float((p ^ q).sum() / (2 * p.sum().clamp_min(1))) for p, q in zip(ma, mb) if p is not None and q is not None]
+        if diffs:
+            r["prefill_keys_differ"] = max(diffs)
+        rows.append(r)
+    return rows
+
+
+def _padding_split(name: str, net, kv, b, pw) -> dict:
+    """A padded step's difference from eager, split: eager padded (the same pieces uncaptured) against eager, and the
+    captured pieces against it; on a DSA model each layer's top-k against eager's."""
+    import torch
+
+    from executor import piecewise_graphs as pg
+    size = pg.bucket_for(b.num_tokens, pw.captured)
+    if size is None or size == b.num_tokens:
+        return {}
+    loose = pg.PiecewiseGraphs(net, kv, torch.device(SIZES["device"]), [size], capture=False, log=lambda s: None, mtp=False)
+    with torch.inference_mode():
+        want, t_eager = _topk_trace(net, lambda: net(b, kv))
+        padded, t_padded = _topk_trace(net, lambda: loose.run(b)[0])
+        got, t_pieces = _topk_trace(net, lambda: pw.run(b)[0])
+    del loose
+    r = {"tokens": b.num_tokens, "bucket": size, "rel_err_padded_vs_eager": _rel(padded, want),
+         "rel_err_pieces_vs_padded": _rel(got, padded)}
+    if any(d is not None or m for d, m in t_eager):
+        r["topk_padded_vs_eager"] = _topk_diff(t_padded, t_eager)
+        r["topk_pieces_vs_padded"] = _topk_diff(t_pieces, t_padded)
+    tk = "; top-k keys differing per layer (padded vs eager): " + ", ".join(
+        f"{max(d.values()):.1e}" if d else "-" for d in r.get("topk_padded_vs_eager", [])) if "topk_padded_vs_eager" in r else ""
+    print(f"    {name}: {r['tokens']} tokens in the {size} bucket: eager padded vs eager rel err "
+          f"{r['rel_err_padded_vs_eager']:.2e}, pieces vs eager padded {r['rel_err_pieces_vs_padded']:.2e}{tk}", flush=True)
+    return r
+
+
 def _randomise(kv) -> None:
     import torch
     dev = SIZES["device"]
@@ -153,6 +226,7 @@ def bench_dsa(model: str, layers: int, repeats: int) -> dict:
     for name, dec, pre in shapes:
         b = _batch(kv, dec, pre, 1, vocab)
         out["rows"].append(_row(name, lambda b=b: net(b, kv), lambda b=b: pw.run(b)[0], repeats))
+        out["rows"][-1].update(_padding_split(name, net, kv, b, pw))
     del e, r, net, pw
     return out
 
@@ -170,6 +244,11 @@ def bench_mtp(model: str, layers: int, repeats: int) -> dict:
         return out
     _randomise(kv)
     vocab, hidden = net.cfg.spec.vocab_size, net.model.embed_tokens.weight.shape[1]
+    nd, dctx, (n, c) = SIZES["mixed"]     # the DSA half's padded mixed step on a model without an indexer
+    b = _batch(kv, [dctx] * nd, [(n, c)], 1, vocab)
+    name = f"mixed: {nd} decodes at {dctx} + {n} over {c}"
+    out["rows"].append(_row(name, lambda b=b: net(b, kv), lambda b=b: pw.run(b)[0], repeats))
+    out["rows"][-1].update(_padding_split(name, net, kv, b, pw))
     dev = SIZES["device"]
     g = torch.Generator(device=dev).manual_seed(1)
     for bsz in SIZES["batch"]:
