@@ -55,7 +55,7 @@ def rebuilt_steps(s: dict):
 def predict(cost, prof, s: dict, sync: bool, nums: list[int] | None = None) -> np.ndarray:
     """The twin's engine-loop iteration for each sample (runner step and loop, as ``twinfer validate`` predicts; a
     step after a prefill-bearing one of the same replay, ``nums``: each sample's replay, with the profile's
-    ``after_eager_s``)."""
+    ``after_eager_s``; the iteration's admissions at the profile's price)."""
     from types import SimpleNamespace
 
     from ui.cmd_validate import last_prefill_tokens, predict_step, steps_since_prefill
@@ -67,9 +67,13 @@ def predict(cost, prof, s: dict, sync: bool, nums: list[int] | None = None) -> n
         steps = [SimpleNamespace(prefill=[(pt[i], 0)] if pc[i] else []) for i in range(len(pc)) if nums[i] == r]
         since += steps_since_prefill(steps)
         toks += last_prefill_tokens(steps)
+    # the iteration's own admissions (runs since 21 record their prompt tokens, since 29 their count too: before it
+    # the per-request part, ~17 us on the H200, is left out)
+    adm_tok = s.get("admitted_tokens") or [0] * len(pc)
+    adm = s.get("admitted") or [0] * len(pc)
     return np.array([predict_step(cost, prof, dctx, list(zip(new, ctx)), 0, not sync,
                                   after_eager=i > 0 and pc[i - 1] > 0 and nums[i - 1] == nums[i], since_eager=since[i],
-                                  eager_tokens=toks[i])
+                                  eager_tokens=toks[i], admitted=int(adm[i] or 0), admitted_tokens=int(adm_tok[i] or 0))
                      for i, (dctx, new, ctx) in enumerate(rebuilt_steps(s))])
 
 
@@ -109,7 +113,7 @@ def columns(samples: dict[str, dict], cost, prof, sync: bool, recorded: bool, re
             pred = np.array([np.nan if p is None else p for p in s["predicted_s"]], float) if recorded else predict(cost, prof, s, sync, nums)
             for k in ("decodes", "decode_ctx_mean", "prefill_tokens", "prefill_chunks", "prefill_ctx", "graph_bs", "measured_s"):
                 cols.setdefault(k, []).extend(s[k])
-            for k in ("device_s", "forward_s", "forward_host_s", "runner_s", "admit_s", "schedule_s", "complete_s") + PHASE_COLS:
+            for k in ("device_s", "forward_s", "forward_host_s", "runner_s", "admit_s", "schedule_s", "complete_s", "admitted", "admitted_tokens") + PHASE_COLS:
                 # recorded since runs 6 / 9 / 20 / 21 (the runner's host phases since run 28); nan where absent
                 cols.setdefault(k, []).extend(np.nan if x is None else x for x in s.get(k) or [None] * n)
             cols.setdefault("pred", []).extend(pred)
@@ -461,15 +465,20 @@ def loop_split(c: dict[str, np.ndarray], prof) -> None:
     n = c["decodes"] + c["prefill_chunks"]
     tok = c["decodes"] + c["prefill_tokens"]
     model = st.loop.fixed_s + st.loop.per_request_s * n + st.loop.per_token_s * tok
-    print("the loop's own time: iteration - runner, admissions, scheduling, completion vs the model's loop (medians, ms)")
+    adm_tok = c.get("admitted_tokens")
+    adm_model = np.zeros(len(n)) if adm_tok is None else (
+        st.loop.admit_s * np.nan_to_num(c.get("admitted", np.zeros(len(n))).astype(float)) + st.loop.admit_per_token_s * np.nan_to_num(adm_tok.astype(float)))
+    print("the loop's own time: iteration - runner, admissions, scheduling, completion vs the model's loop and its "
+          "admissions (medians, ms)")
     for cls in sorted(set(c["cls"])):
         for k in ("decode", "prefill", "mixed"):
             m = (c["cls"] == cls) & (kind == k) & np.isfinite(ad) & np.isfinite(c["runner_s"])
             if m.sum() < 3:
                 continue
-            med = [float(np.median(x[m])) * 1e3 for x in (c["measured_s"] - c["runner_s"], ad, c["schedule_s"], c["complete_s"], model)]
+            med = [float(np.median(x[m])) * 1e3 for x in (c["measured_s"] - c["runner_s"], ad, c["schedule_s"], c["complete_s"],
+                                                           model + adm_model, adm_model)]
             print(f"  {cls:10} {k:8} {int(m.sum()):6d} steps: loop {med[0]:5.2f} = admit {med[1]:5.2f} + schedule {med[2]:5.2f} "
-                  f"+ complete {med[3]:5.2f} + rest | model {med[4]:5.2f}")
+                  f"+ complete {med[3]:5.2f} + rest | model {med[4]:5.2f} (admit {med[5]:5.2f})")
 
 
 def kind_mape(c: dict[str, np.ndarray], ok: np.ndarray) -> None:

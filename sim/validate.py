@@ -63,6 +63,7 @@ class StepSample(BaseModel):
     # the loop's own parts (host seconds): admitting the requests that arrived before the iteration (their prompt
     # tokens), scheduling the plan and completing it
     admit_s: float | None = None
+    admitted: int = 0
     admitted_tokens: int = 0
     schedule_s: float | None = None
     complete_s: float | None = None
@@ -195,7 +196,8 @@ def compact_samples(samples: Sequence[StepSample]) -> dict[str, list]:
             "predicted_s": [_r6(x.predicted_s) for x in samples], "start_s": [_r6(x.start_s) for x in samples],
             "runner_s": [_r6(x.runner_s) for x in samples], "device_s": [_r6(x.device_s) for x in samples],
             "forward_s": [_r6(x.forward_s) for x in samples], "forward_host_s": [_r6(x.forward_host_s) for x in samples],
-            "admit_s": [_r6(x.admit_s) for x in samples], "admitted_tokens": [x.admitted_tokens for x in samples],
+            "admit_s": [_r6(x.admit_s) for x in samples], "admitted": [x.admitted for x in samples],
+            "admitted_tokens": [x.admitted_tokens for x in samples],
             "schedule_s": [_r6(x.schedule_s) for x in samples], "complete_s": [_r6(x.complete_s) for x in samples],
             **({f"{k}_host_s": [_r6((x.host_phases or {}).get(k)) for x in samples] for k in PHASE_KEYS}
                if any(x.host_phases for x in samples) else {})}

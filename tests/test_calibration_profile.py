@@ -548,3 +548,36 @@ def test_the_decay_after_a_prompt_step_priced_by_its_size():
     base = predict_step(cost, prof, [32], [])
     assert predict_step(cost, prof, [32], [], since_eager=1, eager_tokens=2560) == pytest.approx(base + 4e-4)
     assert predict_step(cost, prof, [32], [], since_eager=2, eager_tokens=300) == pytest.approx(base)
+
+
+def test_validate_step_prediction_prices_the_iterations_admissions():
+    """Validate's per-step prediction charges the requests the measured iteration admitted at the profile's admission
+    price, as the simulator's loop charges a request's first prompt chunk (sim.backend.SimBackend.host_time), within
+    the bounds the scheduler config takes them (loop_scheduler_terms); without admissions nothing changes. The
+    samples keep how many were admitted beside their tokens."""
+    from scheduler.config import SchedulerConfig
+    from scheduler.plan import ScheduledChunk, StepPlan
+    from scheduler.request import Request
+    from sim.backend import SimBackend, host_coeffs
+    from sim.validate import StepSample, compact_samples
+    from ui.cmd_validate import predict_step
+
+    st = StepProfile(model="tiny", num_layers=4, dtype="fp32",
+                     loop=LoopTerms(fixed_s=2e-4, admit_s=1.5e-5, admit_per_token_s=6e-8))
+    prof = type("P", (), {"step": st})()
+    cost = ProfiledStepCost(_tiny_profile(), StepProfile(model="tiny", num_layers=4, dtype="fp32"))
+    base = predict_step(cost, prof, [32], [(512, 0)])
+    assert predict_step(cost, prof, [32], [(512, 0)], admitted=0, admitted_tokens=0) == base
+    assert predict_step(cost, prof, [32], [(512, 0)], admitted=2, admitted_tokens=3000) == pytest.approx(
+        base + 2 * 1.5e-5 + 3000 * 6e-8)
+    # the simulator charges the same for a plan that runs one request's first chunk (synchronous loop, no other host)
+    terms = loop_scheduler_terms(st)
+    cfg = SchedulerConfig(host_step_s=0.0, host_per_request_s=0.0, host_per_token_s=0.0, async_overlap=False,
+                          host_admit_s=terms["host_admit_s"], host_admit_per_token_s=terms["host_admit_per_token_s"])
+    d = Request("d", 0.0, 32, 64)
+    p = Request("p", 0.0, 512, 4)
+    plan = StepPlan(0, prefills=[ScheduledChunk(p, 512, 0, True)], decodes=[d], decode_context_lens=np.array([32], np.int64))
+    sim_admit = SimBackend(cost, np.random.default_rng(0), async_overlap=False, host_coeffs=host_coeffs(cfg)).host_time(plan)
+    assert sim_admit == pytest.approx(predict_step(cost, prof, [32], [(512, 0)], admitted=1, admitted_tokens=512) - base)
+    cols = compact_samples([StepSample(decode_ctx=[32], prefill=[(512, 0)], measured_s=0.01, admitted=1, admitted_tokens=512)])
+    assert cols["admitted"] == [1] and cols["admitted_tokens"] == [512]

@@ -57,14 +57,19 @@ def sim_config(base, profile):
 
 
 def predict_step(cost, profile, decode_ctx, prefill, draft_len=0, overlap: bool | float = False,
-                 after_eager: bool = False, since_eager: int = 0, eager_tokens: int = 0) -> float:
+                 after_eager: bool = False, since_eager: int = 0, eager_tokens: int = 0, admitted: int = 0,
+                 admitted_tokens: int = 0) -> float:
     """Predicted engine-loop iteration as the simulator charges it: the overlap rule (costmodels.host.wall_time) over
     the runner step and the loop overhead (``overlap``: the scheduler config's ``overlap()``; False: added), plus the
     profile's measured cost of following a prefill-bearing step (sim.backend): where ``after_eager`` (the step right
     after one), ``after_eager_s``; for a decode step that is the ``since_eager``-th decode step after one (1: right
     after), the measured decay ``after_eager_decode_s`` where the profile has it (measured behind prompt steps of
     several sizes, ``after_eager_decode_by_tokens``: the one ``eager_tokens``, that prompt step's tokens, owe, as
-    ``sim.backend`` prices it). A pipelined loop (``overlap``
+    ``sim.backend`` prices it). ``admitted`` requests of ``admitted_tokens`` prompt tokens in all, admitted in this
+    iteration: their admission, at the profile's measured price as the simulator's loop charges it (bounded as
+    ``loop_scheduler_terms`` passes it on; the simulator charges it to the step of each request's first chunk, the
+    measured iteration pays it where the request arrived, so the iteration's own admissions are what it is compared
+    with). A pipelined loop (``overlap``
     truthy) prices the runner step as the simulator does (``sim.backend.loop_cost``: max(device, host) per step)."""
     from costmodels.host import wall_time
     from sim.backend import loop_cost
@@ -83,7 +88,8 @@ def predict_step(cost, profile, decode_ctx, prefill, draft_len=0, overlap: bool 
         extra = float(decay[j - 1]) if 1 <= j <= len(decay) else 0.0
     else:
         extra = float(terms["host_after_eager_s"]) if after_eager else 0.0
-    return float(wall_time(float(runner), float(profile.step.loop(n, tok)), overlap)) + extra
+    loop = float(profile.step.loop(n, tok)) + terms["host_admit_s"] * admitted + terms["host_admit_per_token_s"] * admitted_tokens
+    return float(wall_time(float(runner), loop, overlap)) + extra
 
 
 def last_prefill_tokens(steps) -> list[int]:
@@ -411,10 +417,11 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                 samples += [StepSample(decode_ctx=s.decode_ctx, prefill=s.prefill, draft_len=s.draft_len, measured_s=s.iter_s,
                                        predicted_s=predict_step(cost, prof, s.decode_ctx, s.prefill, s.draft_len, scfg.overlap(),
                                                                 after_eager=j > 0 and bool(res.steps[j - 1].prefill),
-                                                                since_eager=since[j], eager_tokens=eager_tok[j]),
+                                                                since_eager=since[j], eager_tokens=eager_tok[j],
+                                                                admitted=s.admitted, admitted_tokens=s.admitted_tokens),
                                        graph_bs=s.graph_bs, start_s=s.start_s, runner_s=s.runner_s, device_s=s.device_s,
                                        forward_s=s.forward_s, forward_host_s=s.forward_host_s,
-                                       host_phases=s.host_phases or None, admit_s=s.admit_s,
+                                       host_phases=s.host_phases or None, admit_s=s.admit_s, admitted=s.admitted,
                                        admitted_tokens=s.admitted_tokens, schedule_s=s.schedule_s, complete_s=s.complete_s)
                             for j, s in enumerate(res.steps) if s.num_steps == 1]
             if len(run_figs) > 1:
