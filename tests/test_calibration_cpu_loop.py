@@ -166,3 +166,33 @@ def test_after_eager_decay_behind_several_chunk_sizes(tmp_path):
     back = CalibrationProfile.load(path)
     assert [list(x) for x in back.step.host.after_eager_decode_by_tokens] == [list(x) for x in by]
     SchedulerConfig(**{k: v for k, v in loop_scheduler_terms(back.step).items() if k.startswith("host_after")})
+
+
+def test_admission_is_measured_as_serving_admits(monkeypatch):
+    """Each admission gets its own prompt and follows one runner step (a replay's iteration runs a step between two
+    arrivals); back to back on one hot prompt list it read 2-3x less than serving's iterations admitted (H200 run 28),
+    as on a CPU engine. The step's requests leave the runner afterwards."""
+    from executor.calibrate import build_engine, measure_admission
+
+    e = build_engine("tiny", None, "cpu", "fp32", 8, 1024, num_kv_blocks=160)
+    events, prompts = [], []
+    run0 = e.runner.execute
+
+    def execute(plan, *a, **k):
+        events.append("step")
+        return run0(plan, *a, **k)
+    monkeypatch.setattr(e.runner, "execute", execute)
+    from executor import engine as engine_mod
+    add0 = engine_mod.LLMEngine.add_request
+
+    def add(self, rid, ids, *a, **k):
+        events.append("admit")
+        prompts.append(ids)
+        return add0(self, rid, ids, *a, **k)
+    monkeypatch.setattr(engine_mod.LLMEngine, "add_request", add)
+    before = set(e.runner.states)
+    terms, pts = measure_admission(e, lengths=[16, 256], repeats=3, temperature=0.7)
+    assert [p["prompt_tokens"] for p in pts] == [16, 256] and set(terms) == {"admit_s", "admit_per_token_s"}
+    assert events == ["step", "admit"] * 8
+    assert len({tuple(p) for p in prompts}) == 8 and [len(p) for p in prompts] == [16] * 4 + [256] * 4
+    assert set(e.runner.states) == before
