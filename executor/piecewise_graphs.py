@@ -29,7 +29,11 @@ Padding rows (``T`` real tokens padded to bucket ``B``): token 0 at position 0, 
 absorbs junk writes by design, executor/kv_cache.py). ``attend`` only reads and writes rows ``[:T]``; padding rows of
 ``out`` keep earlier finite values. Every op in a piece is row-independent (row-wise norms and FP8 quantisation,
 GEMMs, per-token routing and expert GEMMs), so padding rows never touch real rows; they do cost expert work (vLLM
-accepts the same).
+accepts the same). The real rows' values still differ from an unpadded eager forward's by the kernels' choices that
+depend on the row count (tiles, the MoE's rows per block): on the H200, 544 tokens in the 640 bucket differed from
+eager by 8.2e-2 (DeepSeek-V3) and 9.8e-2 (V3.2) in max |diff| / max |out| (bf16 activations, FP8 weights, 5 dummy
+layers), and the same pieces run uncaptured with the same padding gave the captured output exactly
+(benchmarks/gpu/issue18_h200/gc_ab_f0f3eec); a bucket the step fills matches eager exactly.
 
 Buckets: :data:`DEFAULT_TOKEN_SIZES` capped by the step token budget (vLLM's 1, 2, 4, 8..512 list, then coarser up
 to 4096: above a few thousand tokens the device time exceeds the host issue time and graphs buy little). Capture
