@@ -26,6 +26,27 @@ from typing import Callable
 MAX_WORKERS = 16   # the lent H200 host has 16 cores; nvcc (cicc + ptxas) is one process per compile
 START_TIMEOUT_S = 180   # torch + DeepGEMM import and CUDA init, 16 at once
 TASK_TIMEOUT_S = 300    # one GEMM's compile (3-8 s with nvcc on the H200, KERNELS.md) with a wide margin
+# device memory a worker holds besides its operands: the CUDA context, torch's and DeepGEMM's modules and workspace
+WORKER_CONTEXT_BYTES = 1 << 30
+POOL_MEMORY_SHARE = 0.7   # of the device's free memory at the pool's start, for all workers together
+
+
+def task_bytes(m: int, n: int, k: int) -> int:
+    """Device bytes one worker task holds at once (``worker_main``): FP8 operands, their FP32 block scales and the
+    BF16 output."""
+    return m * k + n * k + 4 * (m * (k // 128) + (-(-n // 128)) * (k // 128)) + 2 * m * n
+
+
+def memory_workers(tasks: list[tuple[int, int, int]], workers: int, free_bytes: int) -> int:
+    """``workers`` capped so that every worker at once, each at the largest task, fits in ``POOL_MEMORY_SHARE`` of
+    ``free_bytes`` (0 when not even one fits: the parent compiles in-process). Each worker is its own process with
+    its own CUDA context beside the engine's model and KV cache: an H200 start with 16 workers over GEMMs up to 8192
+    rows ran out of memory (benchmarks/gpu/issue18_h200/deepgemm_serve_3309e60: 367 of 1143 compiles lost, the
+    in-process pass then compiled them one at a time)."""
+    if not tasks or workers <= 0:
+        return 0
+    per = WORKER_CONTEXT_BYTES + max(task_bytes(*t) for t in tasks)
+    return max(0, min(workers, int(POOL_MEMORY_SHARE * free_bytes // per)))
 
 
 def worker_count(tasks: int, env: str | None = None) -> int:
@@ -160,24 +181,27 @@ def worker_main(device_index: int) -> None:
         proto.write(json.dumps({"ready": False, "error": f"{type(e).__name__}: {e}"[:300]}) + "\n")
         return
     proto.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
-    gen = torch.Generator(device=dev).manual_seed(0)
-    weight: dict = {}
+    fp8 = ref._fp8_dtype()
     for line in sys.stdin:
         t = json.loads(line)
         m, n, k = t["m"], t["n"], t["k"]
         t0 = time.perf_counter()
         vendor.failures.pop("deepgemm", None)   # one shape failing must not skip the next
         try:
-            if (n, k) not in weight:
-                weight.clear()
-                weight[(n, k)] = ref.quant_fp8_weight(torch.randn(n, k, device=dev, generator=gen) * 0.02)
+            # the compile depends on the shape alone: zero FP8 operands and unit scales (``task_bytes``), not
+            # quantised random tensors (their FP32 temporaries took ~5 GB a worker at 8192 x 18432)
             with torch.no_grad():
-                xq, xs = ref.quant_fp8_act(torch.randn(m, k, device=dev, generator=gen, dtype=torch.bfloat16))
-                vendor.deepgemm_fp8_gemm(xq, xs, *weight[(n, k)])
+                xq = torch.zeros(m, k, dtype=torch.uint8, device=dev).view(fp8)
+                wq = torch.zeros(n, k, dtype=torch.uint8, device=dev).view(fp8)
+                xs = torch.ones(m, k // 128, dtype=torch.float32, device=dev)
+                ws = torch.ones(-(-n // 128), k // 128, dtype=torch.float32, device=dev)
+                out = vendor.deepgemm_fp8_gemm(xq, xs, wq, ws)
             torch.cuda.synchronize(dev)
             res = {"ok": True}
+            del xq, wq, xs, ws, out
         except Exception as e:  # noqa: BLE001
             res = {"ok": False, "error": f"{type(e).__name__}: {e}"[:400]}
+        torch.cuda.empty_cache()   # between tasks a worker holds its context alone (``memory_workers``)
         res["seconds"] = round(time.perf_counter() - t0, 3)
         proto.write(json.dumps(res) + "\n")
 

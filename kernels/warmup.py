@@ -173,9 +173,16 @@ def precompile(items: list[WarmItem], device: torch.device, log: Callable[[str],
     if marker.exists():
         log(f"  DeepGEMM: {len(todo)} GEMM shapes compiled by an earlier start ({jit_cache.state['note']}): loading from the cache")
         return info
+    tasks = [(i.m, i.n, i.k) for i in todo]
+    free = _free_bytes(device) if workers >= 2 else None
+    if free is not None:
+        fit = jit_pool.memory_workers(tasks, workers, free)
+        if fit < workers:
+            log(f"  DeepGEMM: {fit} of {workers} worker processes fit in {free / 2**30:.1f} GiB free "
+                f"({jit_pool.WORKER_CONTEXT_BYTES / 2**30:.1f} GiB context + the largest GEMM's operands each)")
+            workers = fit
     if workers < 2:
         return info
-    tasks = [(i.m, i.n, i.k) for i in todo]
     for attempt in range(2):
         log(f"  DeepGEMM: compiling {len(tasks)} GEMM shapes in {workers} worker processes ({jit_cache.state['note']})")
         t0 = time.perf_counter()
@@ -194,6 +201,14 @@ def precompile(items: list[WarmItem], device: torch.device, log: Callable[[str],
         log(f"  NVRTC failed on {len(failed)} shapes ({failed[0]['error'][:160]}): switching DeepGEMM to nvcc")
         info["marker"] = _marker_path(todo)
     return info
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    """Free device memory in bytes now, None where it cannot be read (no CUDA)."""
+    try:
+        return int(torch.cuda.mem_get_info(device)[0])
+    except (RuntimeError, AssertionError, ValueError):
+        return None
 
 
 def _marker_path(todo: list[WarmItem]) -> Path:

@@ -292,3 +292,31 @@ def test_a_silent_worker_is_killed_after_the_timeout(monkeypatch):
     rows = jit_pool.compile_parallel([(1, 256, 128)], 1, 0, lambda s: None,
                                      spawn=fake_spawn("import time; time.sleep(30)"))
     assert not rows[0]["ok"] and rows[0]["error"] == "not run: no worker started"
+
+
+def test_pool_workers_fit_in_free_device_memory(deepgemm_first, monkeypatch):
+    """Each worker holds a CUDA context and the largest task's FP8 operands, scales and BF16 output; the pool takes
+    only as many as fit in 70% of the free device memory (an H200 start with 16 workers at 8192 rows ran out of it),
+    says so, and runs no pool when fewer than two fit. Where free memory cannot be read nothing is capped."""
+    assert jit_pool.task_bytes(8192, 7168, 18432) == 8192 * 18432 + 7168 * 18432 + 4 * (8192 * 144 + 56 * 144) + 2 * 8192 * 7168
+    big = [(64, 7168, 18432), (8192, 7168, 18432)]
+    per = jit_pool.WORKER_CONTEXT_BYTES + jit_pool.task_bytes(8192, 7168, 18432)
+    assert jit_pool.memory_workers(big, 16, 10 * per) == 7 and jit_pool.memory_workers(big, 4, 10 * per) == 4
+    assert jit_pool.memory_workers(big, 16, per) == 0 and jit_pool.memory_workers([], 16, 10 * per) == 0
+
+    items = warmup.jit_plan(torch.nn.Sequential(Lin(256, 128), Lin(128, 256)), (1, 64))
+    monkeypatch.setattr(jit_pool, "worker_count", lambda n: 4)
+    seen = []
+    monkeypatch.setattr(jit_pool, "compile_parallel", lambda tasks, workers, dev, log: seen.append(workers) or [
+        {"m": m, "n": n, "k": k, "ok": True, "seconds": 1.0, "worker": 0, "error": ""} for m, n, k in tasks])
+    one = jit_pool.WORKER_CONTEXT_BYTES + max(jit_pool.task_bytes(i.m, i.n, i.k) for i in warmup.deepgemm_items(items, torch.device("cuda", 0)))
+    log = []
+    monkeypatch.setattr(warmup, "_free_bytes", lambda d: int(3 * one / jit_pool.POOL_MEMORY_SHARE) + 1)
+    warmup.precompile(items, torch.device("cuda", 0), log.append)
+    assert seen == [3] and any("3 of 4 worker processes fit" in s for s in log)
+    monkeypatch.setattr(warmup, "_free_bytes", lambda d: one)
+    warmup.precompile(items, torch.device("cuda", 0), log.append)
+    assert seen == [3]                 # one worker fits: no pool, the in-process pass compiles
+    monkeypatch.setattr(warmup, "_free_bytes", lambda d: None)
+    warmup.precompile(items, torch.device("cuda", 0), log.append)
+    assert seen == [3, 4]
