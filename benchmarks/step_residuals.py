@@ -465,9 +465,10 @@ def loop_split(c: dict[str, np.ndarray], prof) -> None:
     n = c["decodes"] + c["prefill_chunks"]
     tok = c["decodes"] + c["prefill_tokens"]
     model = st.loop.fixed_s + st.loop.per_request_s * n + st.loop.per_token_s * tok
-    adm_tok = c.get("admitted_tokens")
-    adm_model = np.zeros(len(n)) if adm_tok is None else (
-        st.loop.admit_s * np.nan_to_num(c.get("admitted", np.zeros(len(n))).astype(float)) + st.loop.admit_per_token_s * np.nan_to_num(adm_tok.astype(float)))
+    # the iteration's own admissions at the profile's price (nan or absent where not recorded: none)
+    zero = np.zeros(len(n))
+    adm_model = (st.loop.admit_s * np.nan_to_num(c.get("admitted", zero))
+                 + st.loop.admit_per_token_s * np.nan_to_num(c.get("admitted_tokens", zero)))
     print("the loop's own time: iteration - runner, admissions, scheduling, completion vs the model's loop and its "
           "admissions (medians, ms)")
     for cls in sorted(set(c["cls"])):

@@ -135,10 +135,11 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         for plan in plans.values():
             drop_plan(engine, plan)
-    print("per batch, median over rounds of each mode's inputs + sample + post (ms): "
-          + "; ".join(f"b={b}: " + ", ".join(
-              f"{mode} {statistics.median(sum(rw[mode][str(b)][k] for k in ('inputs', 'sample', 'post')) for rw in res['rounds'] if str(b) in rw[mode]):.3f}"
-              for mode in MODES if all(str(b) in rw[mode] for rw in res["rounds"])) for b in batches))
+    print("per batch, median over rounds of each way's host work before and after the wait (inputs + sample + post, ms):")
+    for b in batches:
+        per = {mode: [sum(rw[mode][str(b)][k] for k in ("inputs", "sample", "post")) for rw in res["rounds"] if str(b) in rw[mode]]
+               for mode in MODES}
+        print(f"  b={b}: " + ", ".join(f"{mode} {statistics.median(v):.3f}" for mode, v in per.items() if v))
     print(f"wrote {a.out}")
     return res
 
