@@ -581,3 +581,22 @@ def test_validate_step_prediction_prices_the_iterations_admissions():
     assert sim_admit == pytest.approx(predict_step(cost, prof, [32], [(512, 0)], admitted=1, admitted_tokens=512) - base)
     cols = compact_samples([StepSample(decode_ctx=[32], prefill=[(512, 0)], measured_s=0.01, admitted=1, admitted_tokens=512)])
     assert cols["admitted"] == [1] and cols["admitted_tokens"] == [512]
+
+
+def test_step_fit_solutions_stay_inside_their_bounds(monkeypatch):
+    """The solvers can answer a hair outside their bounds by rounding (bvls: a prefill token term of -3.6e-21 s on a
+    CPU calibration, which StepProfile rejects); the fit's solve clips them back onto the bounds."""
+    import scipy.optimize
+
+    from costmodels import step_fit
+
+    a, y = np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([1.0, 1.0])
+    graph, hb = np.array([True, True]), np.array([False, False])
+
+    class R:
+        x = np.array([-3.6e-21, 2.0])
+    monkeypatch.setattr(scipy.optimize, "lsq_linear", lambda *args, **kw: R())
+    x = step_fit._solve(a[:, :1], a[:, 1:], y, hb, 0.0, graph, bounds=(np.array([0.0, 0.5]), np.array([1.0, 1.5])))
+    assert x.tolist() == [0.0, 1.5]
+    monkeypatch.setattr(step_fit, "nnls", lambda a, b, iters=200: np.array([-1e-22, 0.5]))
+    assert step_fit._solve(a[:, :1], a[:, 1:], y, hb, 0.0, graph).min() == 0.0
