@@ -171,7 +171,7 @@ def _loop(engine: LLMEngine, items, temperature: float, seed: int, metrics, step
                                          arrival_time=arrival)
             except TwinferError as e:
                 dropped = Request(rid, arrival, len(prompt), olen)
-                dropped.drop_reason = str(e).split(": ", 1)[-1][:80]
+                dropped.drop_reason = str(e).split(": ", 1)[-1][:200]
                 metrics.on_drop(dropped)
                 continue
             metrics.on_arrival(req)

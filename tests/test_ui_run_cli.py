@@ -54,3 +54,19 @@ def test_ctrl_c_prints_the_finished_requests_figures(monkeypatch):
     assert r.exit_code == 130, r.output
     assert "interrupted after" in r.stderr and "partial figures over the 1 finished requests" in r.stderr
     assert "TTFT ms mean/p50/p90/p99" in r.stderr and "Traceback" not in r.output
+
+
+def test_dropped_requests_say_why_and_the_record_holds_the_engines_limit(tmp_path):
+    """A prompt past --max-model-len is dropped with its reason printed under the table (whole, not cut mid-phrase), and
+    the JSON records the scheduler as the engine runs it (the model length it enforced, not the option's default)."""
+    out = tmp_path / "run.json"
+    r = CliRunner().invoke(app, ["run", "--model", "tiny", "--device", "cpu", "-n", "4", "--max-input-len", "96", "--max-output-len", "2",
+                                 "--max-model-len", "64", "--block-size", "16", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    data = json.loads(out.read_text())
+    m = data["metrics"]
+    assert data["run"]["scheduler"]["max_model_len"] == 64
+    assert m["requests_dropped"] >= 1 and m["requests_finished"] + m["requests_dropped"] == 4
+    reason = next(iter(m["dropped_by_reason"]))
+    assert reason.endswith("max_model_len is 64 (prompt + at least one output token)"), reason
+    assert "dropped" in r.stdout and "max_model_len is 64" in r.stdout

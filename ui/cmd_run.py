@@ -207,7 +207,7 @@ def run(
     from kernels import ops
     kernels_used = {op: sorted(v, key=v.get, reverse=True) for op, v in backend_steps.items()}
     info = {"model": model, "num_layers": engine.cfg.spec.num_layers, "device": device, "dtype": dtype, "load_format": load_format, "seed": seed,
-            "workload": workload, "requests": len(items), "scheduler": sched_cfg.model_dump(),
+            "workload": workload, "requests": len(items), "scheduler": engine.scheduler.config.model_dump(),   # as the engine runs it
             "num_kv_blocks": engine.scheduler.blocks.num_blocks, "build_s": build_s, "warmup_s": warmup_s, "wall_s": wall_s,
             "kernels": kernels_used, "kernel_steps": backend_steps, "kernel_fallbacks": dict(ops.fallbacks),
             "cuda_graphs": _graphs_info(engine.runner.graphs) or {"off": engine.runner.graphs_off_reason}}
@@ -243,4 +243,8 @@ def run(
     for k, v in rows:
         tab.add_row(k, v)
     con.print(tab)
+    for reason, n in list(summary.dropped_by_reason.items())[:5]:
+        con.print(f"[yellow]dropped {n}: {escape(reason)}[/]", highlight=False)
+    if len(summary.dropped_by_reason) > 5:
+        con.print(f"[yellow]dropped: {len(summary.dropped_by_reason) - 5} more reasons in the JSON (-o)[/]", highlight=False)
     con.print("kernels: " + ", ".join(f"{op}={v[0] if v else '-'}" for op, v in sorted(kernels_used.items())), highlight=False)
