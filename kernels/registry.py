@@ -61,7 +61,9 @@ SIGNATURES: dict[str, Callable[..., tuple]] = {
     "attention_prefill": lambda q, k, v, q_positions, scale, key_mask=None, bottom_right=False:
         (q.dtype, k.dtype, v.dtype, q.shape[1], k.shape[1], q.shape[-1], v.shape[-1], 0 < q.shape[0] <= k.shape[0],
          key_mask is None, bottom_right),
-    "fp8_gemm": lambda xq, xs, wq, ws, out_dtype=None: (xq.dtype, wq.dtype, xq.shape[-1], wq.shape[0], out_dtype),
+    # the last field: a decode-sized call (rows <= NARROW_GEMM_ROWS), where DeepGEMM declines narrow weights
+    "fp8_gemm": lambda xq, xs, wq, ws, out_dtype=None: (xq.dtype, wq.dtype, xq.shape[-1], wq.shape[0], out_dtype,
+                                                        xq.numel() <= NARROW_GEMM_ROWS * xq.shape[-1]),
     "grouped_gemm": lambda x, w, m_indices: (x.shape[0] % 64 == 0,),
     "moe_experts": lambda x, topk_weights, topk_ids, w13, w2, w13_scale=None, w2_scale=None:
         (x.dtype, x.dim(), topk_ids.shape[0], w13.shape[1], w13.shape[2], w13_scale is not None),
@@ -187,14 +189,25 @@ def _fa3_prefill_declines(q_dtype, k_dtype, v_dtype, q_heads: int, kv_heads: int
     return ""
 
 
-def _deepgemm_gemm_declines(x_dtype, w_dtype, k: int, n: int, out_dtype) -> str:
+# DeepGEMM's dense GEMM does not split K: at <= 64 rows it runs one CTA per BLOCK_N columns, so a weight of N <= 1024
+# columns occupies at most 16 of the H200's 132 SMs, where the Triton kernel splits K over them (its tuned table,
+# kernels/configs). H200, benchmarks/gpu/issue18_h200/engine_ops_e83595f: 64 x 576 x 7168 (the KV down-projection)
+# DeepGEMM 15.8 us, Triton 12.2 us; at 128 rows, and at 64 rows with N >= 1536, DeepGEMM was the faster one.
+NARROW_GEMM_ROWS = 64
+NARROW_GEMM_N = 1024
+
+
+def _deepgemm_gemm_declines(x_dtype, w_dtype, k: int, n: int, out_dtype, decode_rows: bool = False) -> str:
     """kernels.vendor.deepgemm_fp8_gemm (CUDA: the choice's device)."""
     if out_dtype not in (None,) + _dtypes("bfloat16") or k % 128 or n % 64:
         return f"deepgemm fp8_gemm: bf16 output, K % 128 == 0, N % 64 == 0; got {out_dtype}, K {k}, N {n}"
+    if decode_rows and n <= NARROW_GEMM_N and probe_library("triton")[0] and override_for("fp8_gemm") != "deepgemm":
+        return (f"deepgemm fp8_gemm: N {n} <= {NARROW_GEMM_N} at <= {NARROW_GEMM_ROWS} rows fills few SMs without split-K; "
+                "the Triton kernel splits K (force fp8_gemm=deepgemm to use it)")
     return ""
 
 
-def _triton_gemm_declines(x_dtype, w_dtype, k: int, n: int, out_dtype) -> str:
+def _triton_gemm_declines(x_dtype, w_dtype, k: int, n: int, out_dtype, decode_rows: bool = False) -> str:
     """kernels.triton_fp8_gemm.fp8_gemm."""
     e4m3 = _dtypes("float8_e4m3fn")
     if k % 128 or x_dtype not in e4m3 or w_dtype not in e4m3:

@@ -146,11 +146,17 @@ def jit_warmup(model: torch.nn.Module, device: torch.device, token_counts: tuple
 
 
 def deepgemm_items(items: list[WarmItem], device: torch.device) -> list[WarmItem]:
-    """The planned dense FP8 GEMMs DeepGEMM will run (it is the registry's first choice for fp8_gemm)."""
+    """The planned dense FP8 GEMMs DeepGEMM will run: it is the registry's first choice for fp8_gemm, and takes the
+    item's call (``registry`` declines narrow weights at decode rows)."""
+    from kernels import registry
     if not any(i.op == "fp8_gemm" for i in items):
         return []
     cands = ops.choice("fp8_gemm", device).candidates
-    return [i for i in items if i.op == "fp8_gemm"] if cands and cands[0].name == "deepgemm" else []
+    if not cands or cands[0].name != "deepgemm":
+        return []
+    fp8 = torch.float8_e4m3fn
+    return [i for i in items if i.op == "fp8_gemm"
+            and not cands[0].declines(fp8, fp8, i.k, i.n, torch.bfloat16, i.m <= registry.NARROW_GEMM_ROWS)]
 
 
 def precompile(items: list[WarmItem], device: torch.device, log: Callable[[str], None]) -> dict | None:

@@ -206,6 +206,8 @@ def test_real_worker_reports_why_it_cannot_start_without_a_gpu(tmp_path):
 
 
 class Lin(torch.nn.Module):
+    """An FP8 linear; N > registry.NARROW_GEMM_N, so DeepGEMM takes it at every row count."""
+
     def __init__(self, n, k):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.zeros(n, k, dtype=torch.float8_e4m3fn), requires_grad=False)
@@ -224,7 +226,7 @@ def deepgemm_first(env, monkeypatch):
 
 
 def test_precompile_falls_back_to_nvcc_when_nvrtc_fails_then_marks_done(deepgemm_first, monkeypatch):
-    items = warmup.jit_plan(torch.nn.Sequential(Lin(256, 128), Lin(128, 256)), (1, 64))
+    items = warmup.jit_plan(torch.nn.Sequential(Lin(2048, 128), Lin(1152, 256)), (1, 64))
     monkeypatch.setenv("DG_JIT_USE_NVRTC", "1")
     jit_cache.state.update(compiler="nvrtc", note="NVRTC", shim=None, cuda_home=None)
     monkeypatch.setattr(jit_pool, "worker_count", lambda n: 4)
@@ -249,7 +251,7 @@ def test_precompile_falls_back_to_nvcc_when_nvrtc_fails_then_marks_done(deepgemm
 
 
 def test_precompile_skips_when_deepgemm_is_not_chosen_or_one_worker(deepgemm_first, monkeypatch):
-    items = warmup.jit_plan(torch.nn.Sequential(Lin(256, 128)), (1, 64))
+    items = warmup.jit_plan(torch.nn.Sequential(Lin(2048, 128)), (1, 64))
     monkeypatch.setattr(jit_pool, "compile_parallel", lambda *a: pytest.fail("pool must not run"))
     monkeypatch.setenv("TWINFER_JIT_WORKERS", "1")
     assert warmup.precompile(items, torch.device("cuda", 0), lambda s: None)["labels"]   # in-process only
@@ -265,7 +267,7 @@ def test_precompile_skips_when_deepgemm_is_not_chosen_or_one_worker(deepgemm_fir
 
 
 def test_workers_that_do_not_start_keep_nvrtc_and_a_broken_pool_is_only_logged(deepgemm_first, monkeypatch):
-    items = warmup.jit_plan(torch.nn.Sequential(Lin(256, 128)), (1, 64))
+    items = warmup.jit_plan(torch.nn.Sequential(Lin(2048, 128)), (1, 64))
     monkeypatch.setenv("DG_JIT_USE_NVRTC", "1")
     jit_cache.state.update(compiler="nvrtc", note="NVRTC")
     monkeypatch.setattr(jit_pool, "worker_count", lambda n: 2)
@@ -304,7 +306,7 @@ def test_pool_workers_fit_in_free_device_memory(deepgemm_first, monkeypatch):
     assert jit_pool.memory_workers(big, 16, 10 * per) == 7 and jit_pool.memory_workers(big, 4, 10 * per) == 4
     assert jit_pool.memory_workers(big, 16, per) == 0 and jit_pool.memory_workers([], 16, 10 * per) == 0
 
-    items = warmup.jit_plan(torch.nn.Sequential(Lin(256, 128), Lin(128, 256)), (1, 64))
+    items = warmup.jit_plan(torch.nn.Sequential(Lin(2048, 128), Lin(1152, 256)), (1, 64))
     monkeypatch.setattr(jit_pool, "worker_count", lambda n: 4)
     seen = []
     monkeypatch.setattr(jit_pool, "compile_parallel", lambda tasks, workers, dev, log: seen.append(workers) or [

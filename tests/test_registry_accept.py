@@ -205,7 +205,7 @@ def test_row_wise_checks():
 
 def test_gemm_checks():
     e4 = torch.float8_e4m3fn
-    xq, wq = torch.zeros(4, 256, dtype=e4), torch.zeros(128, 256, dtype=e4)
+    xq, wq = torch.zeros(128, 256, dtype=e4), torch.zeros(128, 256, dtype=e4)   # past the decode rows (next test)
     sig = _sig("fp8_gemm", xq, torch.ones(4, 2), wq, torch.ones(1, 2), torch.bfloat16)
     assert _why("fp8_gemm", "deepgemm", sig) == "" and _why("fp8_gemm", "triton", sig) == ""
     assert _why("fp8_gemm", "deepgemm", _sig("fp8_gemm", xq, None, wq, None)) == ""        # default out dtype: bf16
@@ -321,3 +321,27 @@ def test_fa3_is_not_usable_past_hopper(hopper, monkeypatch):
     monkeypatch.setattr(registry, "device_capability", lambda device: (10, 0) if device == "cuda" else None)
     ch = ops.choice("attention_prefill", "cuda")
     assert [i.name for i in ch.candidates][0] == "flash" and "fa3: runs on sm_9x only, device is sm_100" in ch.why
+
+
+def test_deepgemm_declines_narrow_weights_at_decode_rows_to_triton(hopper, monkeypatch):
+    """At <= 64 rows a weight of N <= 1024 goes to Triton (split-K) when Triton is there; 65+ rows, wider weights, a
+    forced DeepGEMM or no Triton keep DeepGEMM. The warm-up's DeepGEMM list follows the same decision."""
+    from kernels import warmup
+    e4 = torch.float8_e4m3fn
+    hopper("deepgemm", "triton")
+    w576, w1536 = torch.zeros(576, 256, dtype=e4), torch.zeros(1536, 256, dtype=e4)
+    x64, x65 = torch.zeros(64, 256, dtype=e4), torch.zeros(65, 256, dtype=e4)
+    assert "split-K" in _why("fp8_gemm", "deepgemm", _sig("fp8_gemm", x64, None, w576, None))
+    assert _why("fp8_gemm", "deepgemm", _sig("fp8_gemm", x65, None, w576, None)) == ""
+    assert _why("fp8_gemm", "deepgemm", _sig("fp8_gemm", x64, None, w1536, None)) == ""
+    k = Kernels(monkeypatch, "fp8_gemm")
+    gemm = lambda x, w: ops.call("fp8_gemm", "cuda", x, None, w, None)   # noqa: E731 - the pretend device's choice
+    assert gemm(x64, w576) == "triton" and gemm(x65, w576) == "deepgemm" and gemm(x64, w1536) == "deepgemm"
+    assert k.calls == ["triton", "deepgemm", "deepgemm"]
+    items = [warmup.WarmItem("fp8_gemm", m, n, 256) for m in (64, 65) for n in (576, 1536)]
+    assert [(i.m, i.n) for i in warmup.deepgemm_items(items, "cuda")] == [(64, 1536), (65, 576), (65, 1536)]
+    monkeypatch.setenv("TWINFER_KERNEL_FP8_GEMM", "deepgemm")
+    assert _why("fp8_gemm", "deepgemm", _sig("fp8_gemm", x64, None, w576, None)) == ""
+    monkeypatch.delenv("TWINFER_KERNEL_FP8_GEMM")
+    monkeypatch.setitem(registry._probe_cache, "triton", (False, "", "not importable"))
+    assert _why("fp8_gemm", "deepgemm", _sig("fp8_gemm", x64, None, w576, None)) == ""
