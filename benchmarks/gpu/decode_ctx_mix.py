@@ -12,8 +12,8 @@ per batch and mean context, the same decode step four ways, rounds interleaved:
 - ``bimodal``: half at 0.25x, half at 1.75x;
 - ``scattered``: the mean context for all, each page drawn at random from the whole KV pool.
 
-Per way, batch, context and round: the median step wall and forward (device-bound in a CUDA graph) over ``--repeats``
-steps (``ModelRunner.step_records``).
+Per way, batch, context and round: the median step wall, forward (device-bound in a CUDA graph) and the runner's host
+phases over ``--repeats`` steps (``ModelRunner.step_records``).
 
     python -m benchmarks.gpu.decode_ctx_mix --out mix.json [--batches 16,64] [--ctx 512,2048] [--rounds 3]
     python -m benchmarks.gpu.decode_ctx_mix --out /tmp/x.json --smoke      # the tiny model on the CPU (a check)
@@ -55,12 +55,16 @@ def scatter(plan, num_blocks: int, rng: np.random.Generator) -> None:
 
 def time_plan(runner, plan, repeats: int) -> dict:
     runner.execute(plan)    # warm-up
-    walls, fwds = [], []
+    walls, fwds, phases = [], [], []
     for _ in range(repeats):
         res = runner.execute(plan)
         walls.append(float(res.step_durations[0]))
         fwds.append(float(runner.step_records[0].get("forward_s", float("nan"))))
-    return {"wall": round(statistics.median(walls) * 1e3, 4), "forward": round(statistics.median(fwds) * 1e3, 4)}
+        phases.append(runner.step_records[0].get("host_phases") or {})
+    out = {"wall": round(statistics.median(walls) * 1e3, 4), "forward": round(statistics.median(fwds) * 1e3, 4)}
+    if phases and all(phases):   # the runner's host phases (inputs, sample, readback, post), median ms
+        out.update({k: round(statistics.median(p[k] for p in phases) * 1e3, 4) for k in phases[0]})
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
