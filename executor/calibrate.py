@@ -39,6 +39,7 @@ from costmodels.hardware import get_hardware
 from costmodels.step_fit import fit_step_profile, nnls_abs
 from costmodels.step_profile import StepPoint
 from executor.engine import LLMEngine, SamplingParams
+from executor.host_probe import host_probe
 from executor.replay import fresh_engine, replay
 from executor.synthetic_steps import MEASURE_TEMPERATURE, drop_plan, fresh_chunk_step, probe_new_shape, synthetic_plan, warm_steps
 from kernels import ops, vendor
@@ -1008,6 +1009,7 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     L = engine.cfg.spec.num_layers
     log(f"calibrate: {model} ({L} layers, {dtype}) on {device}, hardware basis {hw}; build {build_s:.1f} s, warm-up {warm_s:.1f} s"
         + _state_text(gpu_state(engine.runner.device)))
+    probes = {"start": host_probe(engine.runner)}   # the host's speed now (executor/host_probe.py): again after the grid, at the end
 
     rows = linear_rows(cuda and not quick, getattr(getattr(engine.runner, "piecewise", None), "captured", ()) or ())
     t1 = time.perf_counter()
@@ -1037,6 +1039,7 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
 
     shapes = step_grid(device, quick, max_model_len, max_num_seqs, engine.scheduler.config.max_num_batched_tokens)
     pts, loop_pts, warm = measure_grid(engine, shapes, repeats, log, cuda, quick, max_num_seqs, max_model_len, temperature)
+    probes["after_grid"] = host_probe(engine.runner)
 
     base = CalibrationProfile.default(get_hardware(hw))
     tables = op_tables(op_pts, hw)
@@ -1068,6 +1071,9 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     if admit:
         log(f"  admission (add_request): {admit['admit_s'] * 1e6:.1f} us + {admit['admit_per_token_s'] * 1e9:.1f} ns/prompt token "
             "(" + ", ".join(f"{p['prompt_tokens']}: {p['seconds'] * 1e6:.0f} us" for p in admit_pts) + ")")
+    probes["end"] = host_probe(engine.runner)
+    log("  host probe (a 64-sequence decode step's input build, median): "
+        + ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in probes.items()))
     kern = {}
     for p in op_pts:
         if p["op"] == "linear":
@@ -1075,7 +1081,8 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     kern.update({op: choice for op, choice in ops.reset_used().items()})
     prov = device_provenance(device)
     prov.update(command=command, model=model, num_layers=L, dtype=dtype, kernels=_kernel_choices(engine, device), seconds=round(time.perf_counter() - t0, 1),
-                sampling_temperature=temperature, step_warmup=warm, admission=admit_pts, after_eager=after)
+                sampling_temperature=temperature, step_warmup=warm, admission=admit_pts, after_eager=after,
+                host_probe_s={k: round(v, 8) for k, v in probes.items()})
     notes = list(base.notes) + [f"measured: {len(pts)} step shapes, {len(loop_pts)} loop iterations, {len(op_pts)} linear shapes on {prov.get('gpu')}"]
     gpu = prov.get("gpu", device)
     return prof.model_copy(update={

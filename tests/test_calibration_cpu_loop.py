@@ -58,6 +58,9 @@ def test_tiny_calibrate_then_validate_on_cpu(tmp_path, monkeypatch):
     # a step right after a prefill-bearing one, against the same step after a decode step: measured, >= 0
     ae = back.provenance["after_eager"]
     assert ae["rounds"] == 3 and {"decode_ms", "mixed_ms"} <= set(ae) and st.host.after_eager_s >= 0
+    # the host's speed sampled at the calibration's start, after its grid and at its end (executor/host_probe.py)
+    hp = back.provenance["host_probe_s"]
+    assert list(hp) == ["start", "after_grid", "end"] and all(v > 0 for v in hp.values())
     cost = ProfiledStepCost(back)
     assert cost.chunked_step_time(np.array([20, 30]), 0, [16], [0]) > 0
     # prefill attention over cached context measured as the executor runs it (MLAAttention.prefill_attend)
@@ -91,6 +94,10 @@ def test_tiny_calibrate_then_validate_on_cpu(tmp_path, monkeypatch):
     # the first replay ran in between (the Unix anchors are rounded to 1 ms and the Unix clock may be slewed while the
     # engine's monotonic one is not: 10 ms of slack, against replays of 0.1 s and more)
     assert len(t0) == 2 and t0[1] - t0[0] >= lv2.runs[0]["duration_s"] - 1e-2
+    # each replay's host probe, and its ratio to the calibration's (the median of its three)
+    probes, vs = lv2.diagnostics["host_probe_s"], lv2.diagnostics["host_probe_vs_calibration"]
+    assert len(probes) == 2 and all(p > 0 for p in probes)
+    assert vs == pytest.approx([p / float(np.median(list(hp.values()))) - 1.0 for p in probes], abs=2e-4)
     vals = sorted(r["output_throughput"] for r in lv2.runs)
     assert lv2.measured["output_throughput"] == pytest.approx(sum(vals) / 2)
     assert lv2.spread["output_throughput"] == pytest.approx((vals[1] - vals[0]) / lv2.measured["output_throughput"])

@@ -146,6 +146,16 @@ def decode_host_model_s(cost, st, n: int, ctx_tokens: float) -> float:
     return float(st.host.graph(n, ctx_tokens)) + cost.sample_s(n) + float(st.loop(n, n))
 
 
+def probe_vs_calibration(probes: list[float], profile) -> list[float] | None:
+    """Each replay's host probe over the calibration's (median of the probes it recorded) minus 1; None when the
+    profile recorded none."""
+    cal = [float(v) for v in ((profile.provenance or {}).get("host_probe_s") or {}).values() if v]
+    if not cal:
+        return None
+    ref = float(np.median(cal))
+    return [round(p / ref - 1.0, 4) for p in probes]
+
+
 def decode_host_drift(steps, cost, profile, min_steps: int = 20) -> float | None:
     """How much slower (+) or faster (-) the host part of serving's decode graph steps ran than the calibrated model
     says: the median over the replay's single decode-graph steps that timed their forward (and lie past what a
@@ -358,6 +368,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
     L = cost.num_layers
     prompts = {}
     if engine is not None:
+        from executor.host_probe import host_probe
         from executor.replay import fresh_engine, host_counters, replay
         from ui.cmd_run import synth_prompt
         if temperature is None:   # sample as the profile's calibration did (profiles before it recorded this: greedy)
@@ -403,7 +414,9 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
             drift: list[float | None] = []
             issue: list[float | None] = []
             t0_unix: list[float] = []
+            probes: list[float] = []
             for _ in range(max(1, runs)):
+                probes.append(host_probe(engine.runner))   # the host's speed before this replay (executor/host_probe.py)
                 t0_unix.append(round(time.time(), 3))
                 res = replay(fresh_engine(engine, base_cfg), items, temperature, seed=seed)
                 drift.append(decode_host_drift(res.steps, cost, prof))
@@ -440,7 +453,11 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                     "eager_issue_vs_calibration": [None if d is None else round(d, 4) for d in issue],
                     # per replay: the Unix time its engine clock (the samples' start_s) started from, within the
                     # replay's set-up: lines the steps up with host samplers (scripts/device_matrix.sh's cpu_stat.txt)
-                    "replay_t0_unix": t0_unix}
+                    "replay_t0_unix": t0_unix,
+                    # per replay: a fixed host-only probe's median seconds, and against the calibration's (the median of
+                    # its start / after-grid / end probes; none in profiles before they were recorded)
+                    "host_probe_s": [round(p, 8) for p in probes],
+                    "host_probe_vs_calibration": probe_vs_calibration(probes, prof)}
             # over the measured replays: allocator device allocations / GC collections while serving (run 9's
             # host-bound steps ran 24-36% longer than the same shapes in the calibration grid)
             diag.update({k: v - counters0.get(k, 0) for k, v in host_counters(engine.runner.device).items()})
