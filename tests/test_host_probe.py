@@ -25,3 +25,18 @@ def test_probe_against_the_calibration():
     prof = SimpleNamespace(provenance={"host_probe_s": {"start": 1e-4, "after_grid": 2e-4, "end": 3e-4}})
     assert probe_vs_calibration([2e-4, 3e-4], prof) == [0.0, 0.5]
     assert probe_vs_calibration([2e-4], SimpleNamespace(provenance={})) is None
+
+
+def test_validate_prints_the_probe_beside_the_host_drift():
+    from rich.console import Console
+
+    from ui.cmd_validate import _print_level
+    figs = {"output_throughput": 100.0, "tpot_p50": 0.01}
+    lv = SimpleNamespace(name="knee", rate_rps=2.0, fraction_of_capacity=0.8, requests=10, runs=[figs, figs], rel_error={},
+                         measured=figs, predicted=figs, spread={}, step={},
+                         diagnostics={"decode_host_vs_calibration": [0.1, -0.05], "host_probe_vs_calibration": [0.12, -0.031]})
+    con = Console(record=True, width=200)
+    _print_level(con, lv)
+    text = con.export_text()
+    assert "decode host vs calibration" in text and "+10.0% / -5.0%" in text
+    assert "host probe vs calibration" in text and "+12.0% / -3.1%" in text

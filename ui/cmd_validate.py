@@ -529,6 +529,9 @@ def _print_level(con, lv) -> None:
     iss = [d for d in (lv.diagnostics or {}).get("eager_issue_vs_calibration") or [] if d is not None]
     if iss:
         tab.add_row("eager issue vs calibration", "", "", " / ".join(f"{d * 100:+.1f}%" for d in iss))
+    probe = (lv.diagnostics or {}).get("host_probe_vs_calibration") or []
+    if probe:   # a fixed piece of host work timed before each replay (executor/host_probe.py), against the calibration's
+        tab.add_row("host probe vs calibration", "", "", " / ".join(f"{d * 100:+.1f}%" for d in probe))
     con.print(tab)
 
 
