@@ -53,46 +53,19 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def device_ms(fn, iters: int, cuda: bool) -> tuple[float, bool]:
-    """Median ms of ``fn``: a CUDA graph of it replayed, CUDA events (eager events where capture fails); on the CPU
-    the wall clock (the smoke check)."""
+    """Median ms of ``fn``: on CUDA a CUDA graph of it replayed, CUDA events (eager events where capture fails:
+    ``serving_step.device_ms``); on the CPU the wall clock (the smoke check)."""
+    if cuda:
+        from benchmarks.gpu.serving_step import device_ms as cuda_ms
+        return cuda_ms(fn, warm=3, iters=iters)
     for _ in range(3):
         fn()
-    if not cuda:
-        ts = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts) * 1e3, False
-    torch.cuda.synchronize()
-    run, graph = fn, False
-    try:
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-            torch.cuda.synchronize()
-            with torch.cuda.graph(g, stream=s):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        run, graph = g.replay, True
-    except Exception as e:  # noqa: BLE001 - not capturable: eager events
-        print(f"    (no graph: {type(e).__name__}: {str(e)[:100]})", flush=True)
-        torch.cuda.synchronize()
-    for _ in range(3):
-        run()
-    torch.cuda.synchronize()
     ts = []
     for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        run()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts), graph
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3, False
 
 
 def candidates(op: str, device: str) -> list[registry.Impl]:
