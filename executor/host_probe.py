@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from executor.forward_batch import SeqInput, build_forward_batch
+from executor.forward_batch import build_forward_batch, synthetic_seqs
 
 PROBE_BATCH, PROBE_CTX, PROBE_REPEATS = 64, 1024, 200
 
@@ -25,8 +25,7 @@ def host_probe(runner, batch: int = PROBE_BATCH, ctx: int = PROBE_CTX, repeats: 
     if batch < 1 or ctx < 1 or repeats < 1:
         raise ValueError(f"host_probe: batch, ctx and repeats must be >= 1, got {batch}, {ctx}, {repeats}")
     page = runner.page_size
-    pages = -(-(ctx + 1) // page)
-    seqs = [SeqInput([1 + i], ctx, list(range(i * pages, (i + 1) * pages)), True) for i in range(batch)]
+    seqs, _ = synthetic_seqs([ctx] * batch, [], 1, 2, page, seed=0)
     times = []
     for j in range(repeats + repeats // 10):
         t0 = time.perf_counter()
