@@ -151,12 +151,13 @@ def deepgemm_items(items: list[WarmItem], device: torch.device) -> list[WarmItem
     from kernels import registry
     if not any(i.op == "fp8_gemm" for i in items):
         return []
-    cands = ops.choice("fp8_gemm", device).candidates
-    if not cands or cands[0].name != "deepgemm":
+    ch = ops.choice("fp8_gemm", device)
+    if not ch.candidates or ch.candidates[0].name != "deepgemm":
         return []
     fp8 = torch.float8_e4m3fn
+    # the item's call signature as ``_run`` makes it (registry.SIGNATURES), decided as ``kernels.ops.call`` decides it
     return [i for i in items if i.op == "fp8_gemm"
-            and not cands[0].declines(fp8, fp8, i.k, i.n, torch.bfloat16, i.m <= registry.NARROW_GEMM_ROWS)]
+            and ch.decide((fp8, fp8, i.k, i.n, torch.bfloat16, i.m <= registry.NARROW_GEMM_ROWS))[0] == 0]
 
 
 def precompile(items: list[WarmItem], device: torch.device, log: Callable[[str], None]) -> dict | None:
