@@ -376,7 +376,11 @@ def main() -> None:
     from costmodels.profiled import ProfiledStepCost
     from costmodels.step_fit import run_profile
 
-    run = Path(a.run)
+    from sim.timeline_check import unpacked_run
+    try:
+        run = unpacked_run(a.run)   # reports.tgz unpacked to a temporary copy where needed
+    except FileNotFoundError as e:
+        ap.error(str(e))
     prof = run_profile(run, a.refit)
     if a.refit is not None:
         st2 = prof.step

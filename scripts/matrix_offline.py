@@ -171,7 +171,11 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, str]]:
     from device_matrix import FIGURES
     from ui.cmd_validate import sim_config
 
-    run = Path(a.run)
+    from sim.timeline_check import unpacked_run
+    try:
+        run = unpacked_run(a.run)   # reports.tgz unpacked to a temporary copy where needed
+    except FileNotFoundError as e:
+        ap.error(str(e))
     if a.linear_eager and a.refit is None:
         ap.error("--linear-eager refits the step model: give --refit auto|none|LO,HI")
     prof = run_profile(run, a.refit, linear_eager=a.linear_eager, own_gemms=not a.op_table_gemms)

@@ -42,7 +42,11 @@ def main() -> None:
     from sim.validate import median_runs, metric_values, natural_rate
     from ui.cmd_validate import sim_config
 
-    run = Path(a.run)
+    from sim.timeline_check import unpacked_run
+    try:
+        run = unpacked_run(a.run)   # reports.tgz unpacked to a temporary copy where needed
+    except FileNotFoundError as e:
+        ap.error(str(e))
     prof = run_profile(run)
     cost = ProfiledStepCost(prof)
     mml = run_max_model_len(run)

@@ -17,7 +17,11 @@ reproduces the measured throughput, TPOT p50 and TTFT p50/p90 within 0.1%, where
 
 from __future__ import annotations
 
+import shutil
+import tarfile
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -64,6 +68,25 @@ def _common_prefix(comps: list[Composition], i: int, cap: int = 200) -> int:
         k += 1
     return k
 
+
+
+def unpacked_run(run: str | Path) -> Path:
+    """A matrix run's folder ready to read: the folder itself where its per-class reports lie loose
+    (``samples_<class>_*.json``), else a temporary copy of its JSON files with ``reports.tgz`` unpacked beside them
+    (the device returns at most 8 files, so runs since 10 pack their reports; older ones were packed later to keep
+    the working tree under the device copy's limit). Raises ``FileNotFoundError`` where the folder has neither."""
+    run = Path(run)
+    if any(run.glob("samples_*_*.json")):
+        return run
+    tgz = run / "reports.tgz"
+    if not tgz.is_file():
+        raise FileNotFoundError(f"{run}: no samples_<class>_*.json and no reports.tgz: not a matrix run folder")
+    dst = Path(tempfile.mkdtemp(prefix=f"{run.name}_"))
+    for f in run.glob("*.json"):
+        shutil.copy(f, dst / f.name)
+    with tarfile.open(tgz) as t:
+        t.extractall(dst, filter="data")
+    return dst
 
 @dataclass
 class Divergence:

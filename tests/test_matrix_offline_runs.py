@@ -260,3 +260,32 @@ def test_async_gain_over_alternating_rounds_held_out():
     for r in rows:
         assert abs(r["simulator"] - r["measured"]) < 0.05
         assert r["ci95"][0] <= r["simulator"] <= r["ci95"][1]
+
+
+def test_a_packed_run_folder_is_read_through_a_temporary_unpacked_copy(tmp_path):
+    """Runs whose per-class reports travel in reports.tgz (all since run 10; runs 5-9 packed since) are read as they
+    lie: the offline scripts get a temporary copy with the archive unpacked; a loose folder is read in place; a folder
+    with neither is refused by name."""
+    import tarfile
+
+    import pytest
+
+    from sim.timeline_check import unpacked_run
+
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    (loose / "samples_chat_m.json").write_text("{}")
+    assert unpacked_run(loose) == loose
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    (packed / "calibration_m.json").write_text('{"a": 1}')
+    (tmp_path / "samples_chat_m.json").write_text('{"low": {}}')
+    with tarfile.open(packed / "reports.tgz", "w:gz") as t:
+        t.add(tmp_path / "samples_chat_m.json", arcname="samples_chat_m.json")
+    got = unpacked_run(packed)
+    assert got != packed and (got / "samples_chat_m.json").read_text() == '{"low": {}}'
+    assert (got / "calibration_m.json").read_text() == '{"a": 1}' and not any(packed.glob("samples_*"))
+    with pytest.raises(FileNotFoundError, match="not a matrix run folder"):
+        unpacked_run(tmp_path / "loose" / "nothing")
+    r8 = unpacked_run(ROOT / "benchmarks" / "gpu" / "issue16_h200" / "run8_reasoning_longctx_178a4af")
+    assert sorted(f.name.split("_")[1] for f in r8.glob("samples_*.json")) == ["longctx", "reasoning"]
