@@ -26,6 +26,12 @@
 #     MATRIX_ARGS="--classes longctx,summarize,chat --max-model-len 16384 --class-requests longctx=12,summarize=96,chat=96 --no-async-overlap" REQS=96 RUNS=3 T_BUDGET=585 bash scripts/device_matrix.sh
 #   long decode + chat on DeepGEMM's dense GEMMs (run 16 at 7312f4b: 522 s, 137 s of it piecewise capture compiles):
 #     TWINFER_KERNEL_FP8_GEMM=deepgemm MATRIX_ARGS="--classes reasoning,chat --class-requests reasoning=32,chat=96 --no-async-overlap" REQS=32 RUNS=3 T_BUDGET=530 bash scripts/device_matrix.sh
+#   serving's pipelined loop, agentic + chat + reasoning (run 31 at 5ab1ab5, Triton: 443 s):
+#     TWINFER_KERNEL_FP8_GEMM=triton MATRIX_ARGS="--classes agentic,chat,reasoning --class-requests agentic=96,chat=96,reasoning=32 --async-overlap" REQS=96 RUNS=3 T_BUDGET=560 bash scripts/device_matrix.sh
+#   serving's pipelined loop, prefill-heavy + beyond the grid (run 32 at 10e491e, Triton: 306 s):
+#     TWINFER_KERNEL_FP8_GEMM=triton MATRIX_ARGS="--classes summarize,longctx --max-model-len 16384 --class-requests summarize=96,longctx=12 --async-overlap" REQS=96 RUNS=3 T_BUDGET=575 bash scripts/device_matrix.sh
+# The device copies the working tree (tracked, untracked-not-ignored, carried) up to 64 MiB: pack a run's reports
+# (reports.tgz) before committing it.
 #   prefill-heavy + agentic on HEAD's model unchanged (run 17 at 0890110, Triton: 357 s):
 #     TWINFER_KERNEL_FP8_GEMM=triton MATRIX_ARGS="--classes summarize,agentic --no-async-overlap" REQS=96 RUNS=3 T_BUDGET=370 bash scripts/device_matrix.sh
 #   long decode + agentic, logits and sampler timed together (run 15):
