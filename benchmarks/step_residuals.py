@@ -26,6 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodels.step_fit import errors  # noqa: E402  (MAPE, bias and p90 error, as sim.validate.step_comparison's)
+from costmodels.batch import decodes_then_chunks  # noqa: E402
 from costmodels.step_profile import HOST_PHASES  # noqa: E402
 
 LEVELS = ("low", "knee", "past saturation")
@@ -214,6 +215,65 @@ def forward_text(grid_fwd, ctx: np.ndarray, fwd: np.ndarray, dev: np.ndarray) ->
     return out
 
 
+def read_backs(start: np.ndarray, wall: np.ndarray, nums: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's read-back time on the engine clock, and whether it started cold, from its launch start
+    (``start_s``) and iteration wall (``measured_s``) in a pipelined loop: an iteration runs from the previous
+    read-back (or, with nothing in flight, from its own launch) to its own (``LLMEngine._read_back``); a step whose
+    launch started at or after the previous read-back, or a replay's first, started cold."""
+    n = len(wall)
+    rb, cold = np.zeros(n), np.zeros(n, bool)
+    for i in range(n):
+        if i == 0 or nums[i] != nums[i - 1] or start[i] >= rb[i - 1] - 1e-6:
+            rb[i], cold[i] = start[i] + wall[i], True
+        else:
+            rb[i] = rb[i - 1] + wall[i]
+    return rb, cold
+
+
+def iteration_boundaries(samples: dict[str, dict], cost, prof, replays: int) -> None:
+    """Pipelined runs: where an iteration's time goes, by the kinds of this step and the next. The loop launches step
+    N+1 before it reads step N back, so iteration N runs from read-back N-1 through the loop's bookkeeping to the
+    start of N+1's launch ("book"), then through that launch and the wait for N's device work to read-back N
+    ("launch+wait"). Beside them, the model's device work of step N and its host work for launching N+1
+    (``ProfiledStepCost.pipelined_parts``), and the per-level step MAPE if each iteration were priced max(device of
+    N, host of launching N+1) instead of max(device, host) of N: a what-if, not the twin's figure (the simulator
+    schedules N+1 only after N completes)."""
+    from costmodels.step_fit import errors
+    pc_ = cost.pipelined()
+    print("pipelined iterations by this step -> next (medians, ms): wall = book + launch+wait | model device of this, "
+          "host of the next's launch")
+    for cls, levels in samples.items():
+        for lv, s in levels.items():
+            if not s.get("start_s") or any(x is None for x in s["start_s"]):
+                continue
+            nums = replay_numbers(s, replays)
+            parts = [pc_.pipelined_parts(*decodes_then_chunks(d, 0, new, ctx)) for d, new, ctx in rebuilt_steps(s)]
+            dev = np.array([a for a, _ in parts])
+            host = np.array([b for _, b in parts])
+            wall = np.array(s["measured_s"], float)
+            start = np.array(s["start_s"], float)
+            rb, cold = read_backs(start, wall, nums)
+            eager = np.array(s["prefill_chunks"]) > 0
+            n = len(wall)
+            nxt = np.array([i + 1 < n and nums[i + 1] == nums[i] and not cold[i + 1] for i in range(n)])
+            for name, a_e, b_e in (("decode -> decode", False, False), ("decode -> prompt", False, True),
+                                   ("prompt -> decode", True, False), ("prompt -> prompt", True, True)):
+                ids = np.array([i for i in range(1, n - 1) if nxt[i] and not cold[i] and eager[i] == a_e
+                                and eager[i + 1] == b_e], int)
+                if ids.size < 5:
+                    continue
+                book = start[ids + 1] - rb[ids - 1]
+                lw = rb[ids] - start[ids + 1]
+                print(f"  {cls:10} {lv:16} {name:17} {ids.size:6d}: wall {np.median(wall[ids]) * 1e3:7.2f} = book "
+                      f"{np.median(book) * 1e3:5.2f} + launch+wait {np.median(lw) * 1e3:7.2f} | device {np.median(dev[ids]) * 1e3:7.2f}, "
+                      f"next launch {np.median(host[ids + 1]) * 1e3:6.2f}")
+            last = np.r_[[not (i + 1 < n and nums[i + 1] == nums[i]) for i in range(n)]]
+            shifted = np.maximum(dev, np.where(last, 0.0, np.r_[host[1:], 0.0]))
+            ok = wall > 0
+            print(f"  {cls:10} {lv:16} step MAPE as charged {errors(np.maximum(dev, host)[ok], wall[ok])['mape'] * 100:5.2f}%, "
+                  f"priced against the next launch {errors(shifted[ok], wall[ok])['mape'] * 100:5.2f}%")
+
+
 def grid_vs_serving(prof, c: dict[str, np.ndarray]) -> None:
     """Decode steps: serving's measured iteration against the calibration grid's own measurement of the same batch
     (its CUDA-graph points at that batch, linear in context between them) plus the fitted loop time: what differs
@@ -398,6 +458,8 @@ def main() -> None:
     host_drift(samples, ProfiledStepCost(prof), prof, run_replays(run))
     eager_split(c, ProfiledStepCost(prof), prof)
     loop_split(c, prof)
+    if not a.sync:
+        iteration_boundaries(samples, ProfiledStepCost(prof), prof, run_replays(run))
     grid_vs_serving(prof, c)
     phases_vs_grid(prof, c)
     after_eager_by_tokens(prof, c)

@@ -238,29 +238,49 @@ class ProfiledStepCost:
         """A pipelined step: max(device, runner host + the profile's loop host) (each may be an array of steps)."""
         return np.maximum(device, runner_host + float(self.step.loop(n_req, n_tok)))
 
+    def pipelined_parts(self, new_tokens, context_lens, is_decode) -> tuple[float, float]:
+        """(device, host) seconds of one step in the pipelined loop, whose max is what the pipelined model charges
+        it (``mixed_step_time``): the device work (forward, and the sampler's device work) and the host work that
+        launches it (the input build, the forward's issue or a graph's launch, the sampler's issue, and the profile's
+        loop terms). Read apart by ``benchmarks/step_residuals.py`` against where the engine's iterations end (the
+        loop launches step N+1 before it reads step N back)."""
+        new = np.asarray(new_tokens, np.int64)
+        if new.size == 0:
+            return 0.0, 0.0
+        dec = np.asarray(is_decode, bool)
+        loop = float(self.step.loop(new.size, int(new.sum())))
+        if dec.all() and (new == 1).all():
+            pad = self.step.graph_bucket(new.size)
+            if pad:
+                fwd = float(self.graph_categories(context_lens, pad) @ self.k)
+                gh = float(self.step.host.graph(new.size, float(np.sum(context_lens))))
+                sd, sh = self.sample_split(new.size)
+                return fwd + sd, gh + sh + loop
+        d = self.eager_device(new, context_lens, dec)
+        h = self.host_time(new.size, int(new.sum()), int((~dec).sum()))
+        serial = float(self.step.host.serial(new.size, int((~dec).sum()), int(new[~dec].sum())))
+        sd, sh = self.sample_split(self.sampled_rows(new, dec))
+        return d + sd, serial + h + sh + loop
+
     # --- StepCost interface
     def mixed_step_time(self, new_tokens, context_lens, is_decode) -> float:
         new = np.asarray(new_tokens, np.int64)
         if new.size == 0:
             return 0.0
+        if self.pipelined_loop:
+            return float(max(self.pipelined_parts(new, context_lens, is_decode)))
         dec = np.asarray(is_decode, bool)
         if dec.all() and (new == 1).all():
             pad = self.step.graph_bucket(new.size)
             if pad:
                 fwd = float(self.graph_categories(context_lens, pad) @ self.k)
                 gh = float(self.step.host.graph(new.size, float(np.sum(context_lens))))
-                if self.pipelined_loop:
-                    sd, sh = self.sample_split(new.size)
-                    return float(self._pipe(fwd + sd, gh + sh, new.size, new.size))
                 return gh + fwd + self.sample_s(new.size)
         cats = self.category_times(new, context_lens, dec)
         d = self.eager_device(new, context_lens, dec, cats)
         sampled = self.sampled_rows(new, dec)
         h = self.host_time(new.size, int(new.sum()), int((~dec).sum()))
         serial = float(self.step.host.serial(new.size, int((~dec).sum()), int(new[~dec].sum())))
-        if self.pipelined_loop:
-            sd, sh = self.sample_split(sampled)
-            return float(self._pipe(d + sd, serial + h + sh, new.size, int(new.sum())))
         smp = self.sample_s(sampled)
         if self.step.layer_early is None:
             return serial + float(self.step.combine(h, d + smp))

@@ -308,3 +308,38 @@ def test_a_packed_run_folder_is_read_through_a_temporary_unpacked_copy(tmp_path)
         unpacked_run(tmp_path / "loose" / "nothing")
     r8 = unpacked_run(ROOT / "benchmarks" / "gpu" / "issue16_h200" / "run8_reasoning_longctx_178a4af")
     assert sorted(f.name.split("_")[1] for f in r8.glob("samples_*.json")) == ["longctx", "reasoning"]
+
+
+def test_read_backs_follow_the_pipelined_loop():
+    """A pipelined iteration runs from the previous read-back to its own; a step launched at or after the previous
+    read-back (nothing in flight), or a replay's first, starts cold from its own launch."""
+    import numpy as np
+    import step_residuals as sr
+
+    start = np.array([0.0, 0.002, 0.006, 0.050, 0.0])
+    wall = np.array([0.004, 0.003, 0.005, 0.004, 0.001])
+    rb, cold = sr.read_backs(start, wall, [1, 1, 1, 1, 2])
+    assert np.allclose(rb, [0.004, 0.007, 0.012, 0.054, 0.001])
+    assert cold.tolist() == [True, False, False, True, True]
+
+
+def test_pipelined_parts_are_what_the_pipelined_model_charges():
+    """``ProfiledStepCost.pipelined_parts``: the pipelined loop's charge of a step is the max of its (device, host)
+    parts, a graph decode's and an eager prompt step's alike (the split step_residuals reads iteration boundaries
+    with)."""
+    import numpy as np
+
+    from costmodels.calibration import CalibrationProfile
+    from costmodels.hardware import get_hardware
+    from costmodels.profiled import ProfiledStepCost
+    from costmodels.step_profile import HostTerms, StepProfile
+
+    st = StepProfile(model="deepseek-v3", num_layers=4, dtype="fp8", device="cuda", graph_sizes=[8],
+                     host=HostTerms(fixed_s=4e-3, per_prefill_s=1e-3, graph_fixed_s=0.5e-3))
+    prof = CalibrationProfile.default(get_hardware("H200")).model_copy(update={"step": st})
+    pc = ProfiledStepCost(prof, st).pipelined()
+    for new, ctx, dec in (([1, 1, 1], [100, 200, 300], [True] * 3), ([512, 1], [0, 900], [False, True])):
+        d, h = pc.pipelined_parts(np.array(new), np.array(ctx), np.array(dec))
+        assert d > 0 and h > 0 and pc.mixed_step_time(new, ctx, dec) == max(d, h)
+    d, h = pc.pipelined_parts(np.array([512]), np.array([0]), np.array([False]))
+    assert h >= 5e-3          # the eager issue's fixed and per-prefill host terms
