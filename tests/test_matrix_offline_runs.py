@@ -343,3 +343,39 @@ def test_pipelined_parts_are_what_the_pipelined_model_charges():
         assert d > 0 and h > 0 and pc.mixed_step_time(new, ctx, dec) == max(d, h)
     d, h = pc.pipelined_parts(np.array([512]), np.array([0]), np.array([False]))
     assert h >= 5e-3          # the eager issue's fixed and per-prefill host terms
+
+
+def test_the_pipelined_matrix_as_one_report_and_one_plot(tmp_path, capsys):
+    """benchmarks/matrix_report.py joins runs 31-33 (three device calls, each calibrated once) into one table, one JSON
+    report and one heatmap: 21 cells; every throughput, TPOT p50 and TTFT p90 within target, TTFT p50 in 20 (longctx's
+    knee), step MAPE in 14 (worst: run 33 chat's knee, 11.1%); a folder without a matrix report and an image without
+    kaleido are refused by name (exit 2)."""
+    import pytest
+
+    import matrix_report as mr
+
+    runs = [str(ROOT / "benchmarks" / "gpu" / "issue16_h200" / r) for r in
+            ("run31_async_agentic_chat_reasoning_5ab1ab5", "run32_async_summarize_longctx_10e491e",
+             "run33_async_deepgemm_chat_agentic_6ae37da")]
+    m = mr.main(runs + ["--json", str(tmp_path / "m.json"), "--plot", str(tmp_path / "m.html")])
+    assert len(m["cells"]) == 21 and all(r["loop"] == "pipelined" for r in m["runs"])
+    assert [r["fp8_gemm"] for r in m["runs"]] == ["triton", "triton", "deepgemm"]
+    met = {k: (v["met"], v["cells"]) for k, v in m["met"].items()}
+    assert met == {"output_throughput": (21, 21), "tpot_p50": (21, 21), "ttft_p50": (20, 21), "ttft_p90": (21, 21),
+                   "step_mape": (14, 21)}
+    w = m["worst"]
+    assert (w["ttft_p50"]["class"], w["ttft_p50"]["level"]) == ("longctx", "knee") and abs(w["ttft_p50"]["value"] + 0.117) < 1e-3
+    assert (w["step_mape"]["class"], w["step_mape"]["level"]) == ("chat", "knee") and w["step_mape"]["run"].startswith("run33")
+    assert json.loads((tmp_path / "m.json").read_text())["met"] == m["met"]
+    fig = mr.figure(m)
+    hm = fig.data[0]
+    assert len(hm.y) == 7 and len(hm.x) == 15 and all(len(r) == 15 for r in hm.z)
+    assert max(v for r in hm.z for v in r if v is not None) == 2.0          # colour capped at twice the target
+    row = [f"{y}" for y in hm.y].index("run33 chat")
+    assert hm.text[row][[f"{x}" for x in hm.x].index("knee<br>step MAPE")] == "11.1"
+    assert (tmp_path / "m.html").stat().st_size > 100_000       # plotly.js embedded: opens offline
+    out = capsys.readouterr().out
+    assert "step MAPE 14/21" in out and "11.1%*" in out
+    with pytest.raises(SystemExit) as e:
+        mr.main([str(tmp_path)])
+    assert e.value.code == 2
