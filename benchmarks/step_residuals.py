@@ -268,9 +268,12 @@ def iteration_boundaries(samples: dict[str, dict], cost, prof, replays: int) -> 
                       f"{np.median(book) * 1e3:5.2f} + launch+wait {np.median(lw) * 1e3:7.2f} | device {np.median(dev[ids]) * 1e3:7.2f}, "
                       f"next launch {np.median(host[ids + 1]) * 1e3:6.2f}")
             last = np.r_[[not (i + 1 < n and nums[i + 1] == nums[i]) for i in range(n)]]
-            shifted = np.maximum(dev, np.where(last, 0.0, np.r_[host[1:], 0.0]))
+            # validate's own prediction (what the simulator charges, the measured admissions and the decay after a
+            # prompt step included), and the same with its max(device, host) term priced against the next launch
+            charged = predict(cost, prof, s, False, nums)
+            shifted = charged - np.maximum(dev, host) + np.maximum(dev, np.where(last, 0.0, np.r_[host[1:], 0.0]))
             ok = wall > 0
-            print(f"  {cls:10} {lv:16} step MAPE as charged {errors(np.maximum(dev, host)[ok], wall[ok])['mape'] * 100:5.2f}%, "
+            print(f"  {cls:10} {lv:16} step MAPE as charged {errors(charged[ok], wall[ok])['mape'] * 100:5.2f}%, "
                   f"priced against the next launch {errors(shifted[ok], wall[ok])['mape'] * 100:5.2f}%")
 
 
