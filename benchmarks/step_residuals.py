@@ -433,6 +433,9 @@ def main() -> None:
     ap.add_argument("run")
     ap.add_argument("--refit", default=None, help="auto|none|LO,HI: refit the step model from the run's calibration points")
     ap.add_argument("--sync", action="store_true", help="the run's loop was synchronous (loop time adds to the runner)")
+    ap.add_argument("--held-graph-forwards", action="store_true",
+                    help="with --refit: pin the device scale to the CUDA-graph forwards timed with the GPU held busy "
+                         "(queued_forward_s, calibrations since ae91d90) instead of on an idle GPU")
     ap.add_argument("--class", dest="cls", default=None)
     ap.add_argument("--recorded", action="store_true", help="use the predictions the run recorded")
     a = ap.parse_args()
@@ -444,7 +447,10 @@ def main() -> None:
         run = unpacked_run(a.run)   # reports.tgz unpacked to a temporary copy where needed
     except FileNotFoundError as e:
         ap.error(str(e))
-    prof = run_profile(run, a.refit)
+    try:
+        prof = run_profile(run, a.refit, held_graph=a.held_graph_forwards)
+    except ValueError as e:
+        ap.error(str(e))
     if a.refit is not None:
         st2 = prof.step
         print(f"refit ({a.refit}): in-sample MAPE {st2.fit.mape * 100:.2f}%; host {st2.host.model_dump()}; overlap {st2.overlap:.2f}")

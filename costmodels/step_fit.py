@@ -614,12 +614,30 @@ def refit_profile(profile, scale_bounds: str = "auto"):
     return profile.model_copy(update={"step": st2})
 
 
-def run_profile(run, scale_bounds: str | None = None, linear_eager: bool = False, own_gemms: bool = True):
+def held_graph_forwards(prof):
+    """A copy of a calibration profile whose CUDA-graph points' forwards are the ones timed with the GPU held busy
+    (``queued_forward_s``, recorded since ae91d90) instead of on an idle GPU (``forward_s``), for a refit that pins the
+    device scale to the replays' device work alone. The idle forward also holds the GPU's wait for the launch (0.11-0.15
+    ms on the H200 at 1-64 rows, benchmarks/gpu/graph_launch_gap.py), which a pipelined loop hides and a synchronous one
+    pays. Not the default fit: which one predicts held-out serving better is for a matrix to decide (docs/twin.md, runs
+    31-33). Points without a held forward keep theirs. Returns ``(copy, how many points changed)``."""
+    pts, n = [], 0
+    for p in prof.step.points:
+        if p.graph_bs > 0 and p.queued_forward_s and not p.prefill:
+            p = p.model_copy(update={"forward_s": p.queued_forward_s})
+            n += 1
+        pts.append(p)
+    return prof.model_copy(update={"step": prof.step.model_copy(update={"points": pts})}), n
+
+
+def run_profile(run, scale_bounds: str | None = None, linear_eager: bool = False, own_gemms: bool = True,
+                held_graph: bool = False):
     """The one calibration profile a validation-matrix run folder keeps (``calibration_*.json``), re-fitted from its
     own calibration points when ``scale_bounds`` is given (``refit_profile``): what the offline scripts start from.
     ``linear_eager``: the refit's dense GEMM tables from the Linear's eager seconds (its points' ``device_s`` set aside).
     ``own_gemms`` False: the calibration's own GEMM points (``gemm``, its shapes at the token buckets) set aside, so the
-    committed op table prices the FP8 GEMMs as before they were timed."""
+    committed op table prices the FP8 GEMMs as before they were timed. ``held_graph``: the graph points' forwards timed
+    with the GPU held busy (``held_graph_forwards``; needs a refit, ``scale_bounds``)."""
     from pathlib import Path
 
     from costmodels.calibration import CalibrationProfile
@@ -629,6 +647,12 @@ def run_profile(run, scale_bounds: str | None = None, linear_eager: bool = False
         prof = prof.model_copy(update={"op_points": pts})
     if not own_gemms:
         prof = prof.model_copy(update={"op_points": [p for p in prof.op_points if p.get("op") != "gemm"]})
+    if held_graph:
+        if scale_bounds is None:
+            raise ValueError("held graph forwards change the fit's input: give a refit (scale_bounds, e.g. 'auto')")
+        prof, n = held_graph_forwards(prof)
+        if n == 0:
+            raise ValueError(f"{run}: no CUDA-graph point timed its forward with the GPU held (calibrations since ae91d90)")
     return prof if scale_bounds is None else refit_profile(prof, scale_bounds)
 
 

@@ -73,10 +73,11 @@ class StepPoint(BaseModel):
                                     "inputs built, before sampling), a diagnostic beside wall_s")
     forward_host_s: float | None = Field(None, description="host seconds the forward call took to return (median of "
                                          "repeats): its launch issue, plus any wait inside it for the device")
-    queued_forward_s: float | None = Field(None, description="eager steps: the forward's CUDA-event seconds with the GPU "
-                                           "held busy by a spin kernel while the host issued it: its device work alone")
-    queued_host_s: float | None = Field(None, description="eager steps: host seconds the forward call took under that "
-                                        "spin: its launch issue alone (near the spin's length if the forward syncs)")
+    queued_forward_s: float | None = Field(None, description="the forward's CUDA-event seconds with the GPU held busy by a "
+                                           "spin kernel while the host issued it: its device work alone (eager steps; "
+                                           "CUDA-graph decodes since ae91d90: the replay without the wait for its launch)")
+    queued_host_s: float | None = Field(None, description="host seconds the forward call took under that spin: its "
+                                        "launch issue alone (near the spin's length if the forward syncs)")
     host_phases: dict[str, float] | None = Field(None, description="the runner's host phases (seconds, median of repeats "
                                                  "per phase): inputs built before the forward, the sampler's issue "
                                                  "after it, the wait for the sampled tokens, the bookkeeping after; a "

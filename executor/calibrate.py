@@ -643,7 +643,7 @@ def queued_split_text(points: list[StepPoint]) -> str:
     """One line on the eager grid steps' measured host/device split (``queued_forward``): how many are host-bound
     (issue longer than device work) and the forward's measured time against max(issue, device). '' when none was
     measured."""
-    q = [p for p in points if p.queued_forward_s and p.queued_host_s is not None and p.forward_s]
+    q = [p for p in points if p.graph_bs == 0 and p.queued_forward_s and p.queued_host_s is not None and p.forward_s]
     if not q:
         return ""
     host = np.array([p.queued_host_s for p in q])
@@ -706,7 +706,10 @@ def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print, interleave
                     fwds.append(float(rec.get("forward_s", float("nan"))))
                     hosts.append(float(rec.get("forward_host_s", float("nan"))))
                     phases.append(rec.get("host_phases") or {})
-                if pf and not graph_bs:
+                if pf or graph_bs:
+                    # eager steps: their issue and device work apart; CUDA-graph decodes: the replay's device work
+                    # without the wait for its launch that an idle GPU pays (H200, benchmarks/gpu/graph_launch_gap.py:
+                    # 0.11-0.15 ms of every grid forward at 1-64 rows), which a pipelined loop hides
                     queued = queued_forward(runner, run, statistics.median(walls))
             finally:
                 for r in plan.decodes + [c.request for c in plan.prefills]:
