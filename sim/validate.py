@@ -239,6 +239,14 @@ def step_comparison(samples: Sequence[StepSample]) -> tuple[dict, list[dict]]:
     ctx = np.array([np.mean(x.decode_ctx) if x.decode_ctx else 0.0 for x in s])
     for lo, hi in ((0, 512), (512, 1024), (1024, 2048), (2048, 1 << 30)):
         add("decode mean context", f"{lo}-{hi}" if hi < 1 << 30 else f">={lo}", dec & (ctx >= lo) & (ctx < hi))
+    # the step that follows in the same replay (a replay's engine clock starts again from 0): a pipelined loop launches
+    # it before this one is read back, so a decode step right before a prompt-bearing one pays that step's launch
+    # (docs/twin.md, runs 31-33)
+    nxt = np.array([i + 1 < len(s) and bool(s[i + 1].prefill)
+                    and not (s[i + 1].start_s is not None and x.start_s is not None and s[i + 1].start_s < x.start_s)
+                    for i, x in enumerate(s)], bool)
+    add("decode step followed by", "a prompt-bearing step", dec & nxt)
+    add("decode step followed by", "a decode step, or none", dec & ~nxt)
     return overall, bins
 
 

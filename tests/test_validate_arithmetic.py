@@ -40,6 +40,19 @@ def test_step_comparison_bins_by_kind_batch_and_context():
     assert by[("decode batch", "2-8")]["n"] == 1 and by[("decode batch", "33-128")]["n"] == 1
     assert by[("decode mean context", "0-512")]["mape"] == pytest.approx(0.05)
     assert by[("decode mean context", "1024-2048")]["mape"] == pytest.approx(0.1)
+    assert by[("decode step followed by", "a decode step, or none")]["n"] == 1           # the 4-row decode
+    assert by[("decode step followed by", "a prompt-bearing step")]["mape"] == pytest.approx(0.1)
+
+
+def test_a_decode_step_before_a_prompt_step_is_binned_within_its_replay():
+    """The next step is looked up in the same replay only: a replay's clock starts again from 0."""
+    d = dict(decode_ctx=[100] * 4, prefill=[], measured_s=0.02, predicted_s=0.021)
+    p = dict(decode_ctx=[], prefill=[(512, 0)], measured_s=0.1, predicted_s=0.1)
+    s = [StepSample(**d, start_s=1.0), StepSample(**p, start_s=1.1), StepSample(**d, start_s=1.2),
+         StepSample(**p, start_s=0.0)]
+    by = {(b["group"], b["bin"]): b for b in step_comparison(s)[1]}
+    assert by[("decode step followed by", "a prompt-bearing step")]["n"] == 1
+    assert by[("decode step followed by", "a decode step, or none")]["n"] == 1          # the last of its replay
 
 
 def _level(name, meas, pred):
