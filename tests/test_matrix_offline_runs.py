@@ -408,6 +408,8 @@ def test_held_graph_forwards_pin_the_device_scale_to_the_replays_device_work(tmp
     (d / cal.name).write_text(json.dumps(raw))
     base = run_profile(d, "auto")
     held = run_profile(d, "auto", held_graph=True)
+    # the held forwards recorded beside the idle ones leave the default fit as it was
+    assert base.step.category_scale == run_profile(src, "auto").step.category_scale
     assert n > 100 and held_graph_forwards(base)[1] == n
     k0, k1 = base.step.category_scale["attention"], held.step.category_scale["attention"]
     assert 0.95 * k0 < k1 < 0.995 * k0
