@@ -68,20 +68,15 @@ def time_plan(runner, plan, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from benchmarks.gpu.decode_bench import build, engine_args
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--model", default="deepseek-v3")
-    ap.add_argument("--layers", type=int, default=5)
-    ap.add_argument("--dtype", default="fp8")
-    ap.add_argument("--batches", default="16,64")
+    engine_args(ap, "16,64")
     ap.add_argument("--ctx", default="512,2048", help="mean decode contexts")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--smoke", action="store_true", help="tiny on the CPU, small sizes (a check of the script)")
     a = ap.parse_args(argv)
     import torch
 
-    from executor.calibrate import build_engine
     from executor.synthetic_steps import MEASURE_TEMPERATURE, drop_plan, synthetic_plan
     try:
         batches = [int(x) for x in a.batches.split(",")]
@@ -90,13 +85,12 @@ def main(argv: list[str] | None = None) -> dict:
         batches, ctxs = [], []
     if not batches or not ctxs or min(batches) < 1 or min(ctxs) < 8 or max(batches) > 256 or max(ctxs) > 16384:
         raise SystemExit(f"--batches {a.batches!r} / --ctx {a.ctx!r}: batches 1..256 and mean contexts 8..16384, comma-separated")
-    device = "cpu" if a.smoke else "cuda"
     if a.smoke:
-        a.model, a.layers, a.dtype, a.repeats = "tiny", None, "fp32", 3
+        a.repeats = 3
     mml = 2 * max(ctxs) + 64
     pages_per = -(-mml // 64)
     blocks = 2 * max(batches) * pages_per + 64
-    engine = build_engine(a.model, a.layers, device, a.dtype, max(batches), mml, num_kv_blocks=blocks)
+    engine, device = build(a, max(batches), mml, blocks)
     if device == "cuda":
         engine.warmup()
     res: dict = {"gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)", "torch": torch.__version__,

@@ -78,31 +78,24 @@ def _serve(engine, batches: list[int], prompt: int, out_len: int, temperature: f
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from benchmarks.gpu.decode_bench import build, engine_args
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--model", default="deepseek-v3")
-    ap.add_argument("--layers", type=int, default=5)
-    ap.add_argument("--dtype", default="fp8")
-    ap.add_argument("--batches", default="1,4,16,64")
+    engine_args(ap, "1,4,16,64")
     ap.add_argument("--ctx", type=int, default=1024, help="the grid plans' context (serve: the prompts' length)")
     ap.add_argument("--repeats", type=int, default=20, help="steps per batch per round in same / rotate")
     ap.add_argument("--out-len", type=int, default=40, help="serve: output tokens per request (its steady steps)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--smoke", action="store_true", help="tiny on the CPU, small sizes (a check of the script)")
     a = ap.parse_args(argv)
     import torch
 
-    from executor.calibrate import build_engine
     from executor.synthetic_steps import MEASURE_TEMPERATURE, drop_plan, synthetic_plan
     batches = [int(x) for x in a.batches.split(",") if x.strip()]
     if not batches or min(batches) < 1:
         raise SystemExit(f"--batches {a.batches!r}: expected batch sizes >= 1, comma-separated")
-    device = "cpu" if a.smoke else "cuda"
     if a.smoke:
-        a.model, a.layers, a.dtype, a.ctx, a.repeats, a.out_len = "tiny", None, "fp32", 48, 3, 6
+        a.ctx, a.repeats, a.out_len = 48, 3, 6
     mml = max(2 * a.ctx, a.ctx + a.out_len + 64)
-    engine = build_engine(a.model, a.layers, device, a.dtype, max(batches), mml,
-                          num_kv_blocks=max(batches) * 2 * (-(-mml // 64)) + 64)
+    engine, device = build(a, max(batches), mml, max(batches) * 2 * (-(-mml // 64)) + 64)
     t0 = time.perf_counter()
     if device == "cuda":
         engine.warmup()

@@ -66,19 +66,15 @@ def measure(engine, plan, repeats: int, spin=None, cycles: int = 0) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from benchmarks.gpu.decode_bench import build, engine_args
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--model", default="deepseek-v3")
-    ap.add_argument("--layers", type=int, default=5)
-    ap.add_argument("--dtype", default="fp8")
-    ap.add_argument("--batches", default="1,4,8,16,24,32,64")
+    engine_args(ap, "1,4,8,16,24,32,64")
     ap.add_argument("--ctx", type=int, default=1024, help="every sequence's context")
     ap.add_argument("--repeats", type=int, default=30)
-    ap.add_argument("--smoke", action="store_true", help="tiny on the CPU, small sizes (a check of the script)")
     a = ap.parse_args(argv)
     import torch
 
-    from executor.calibrate import _spin_cycles, build_engine
+    from executor.calibrate import _spin_cycles
     from executor.synthetic_steps import MEASURE_TEMPERATURE, drop_plan, synthetic_plan
     try:
         batches = [int(x) for x in a.batches.split(",") if x.strip()]
@@ -88,12 +84,10 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"--batches {a.batches!r}: expected batch sizes >= 1, comma-separated")
     if a.repeats < 1 or a.ctx < 1:
         ap.error(f"--repeats {a.repeats} / --ctx {a.ctx}: both must be >= 1")
-    device = "cpu" if a.smoke else "cuda"
     if a.smoke:
-        a.model, a.layers, a.dtype, a.ctx, a.repeats = "tiny", None, "fp32", 48, 2
+        a.ctx, a.repeats = 48, 2
     mml = 2 * a.ctx + 64
-    engine = build_engine(a.model, a.layers, device, a.dtype, max(batches), mml,
-                          num_kv_blocks=max(batches) * (-(-mml // 64)) + 64)
+    engine, device = build(a, max(batches), mml, max(batches) * (-(-mml // 64)) + 64)
     t0 = time.perf_counter()
     if device == "cuda":
         engine.warmup()
