@@ -230,14 +230,15 @@ def read_backs(start: np.ndarray, wall: np.ndarray, nums: list[int]) -> tuple[np
     return rb, cold
 
 
-def iteration_boundaries(samples: dict[str, dict], cost, prof, replays: int) -> None:
+def iteration_boundaries(samples: dict[str, dict], c: dict[str, np.ndarray], cost, replays: int) -> None:
     """Pipelined runs: where an iteration's time goes, by the kinds of this step and the next. The loop launches step
     N+1 before it reads step N back, so iteration N runs from read-back N-1 through the loop's bookkeeping to the
     start of N+1's launch ("book"), then through that launch and the wait for N's device work to read-back N
     ("launch+wait"). Beside them, the model's device work of step N and its host work for launching N+1
     (``ProfiledStepCost.pipelined_parts``), and the per-level step MAPE if each iteration were priced max(device of
     N, host of launching N+1) instead of max(device, host) of N: a what-if, not the twin's figure (the simulator
-    schedules N+1 only after N completes)."""
+    schedules N+1 only after N completes). ``c``: the samples' columns (``columns``), whose ``pred`` is validate's
+    prediction of each step."""
     from costmodels.step_fit import errors
     pc_ = cost.pipelined()
     print("pipelined iterations by this step -> next (medians, ms): wall = book + launch+wait | model device of this, "
@@ -270,7 +271,7 @@ def iteration_boundaries(samples: dict[str, dict], cost, prof, replays: int) -> 
             last = np.r_[[not (i + 1 < n and nums[i + 1] == nums[i]) for i in range(n)]]
             # validate's own prediction (what the simulator charges, the measured admissions and the decay after a
             # prompt step included), and the same with its max(device, host) term priced against the next launch
-            charged = predict(cost, prof, s, False, nums)
+            charged = c["pred"][(c["cls"] == cls) & (c["level"] == lv)]
             shifted = charged - np.maximum(dev, host) + np.maximum(dev, np.where(last, 0.0, np.r_[host[1:], 0.0]))
             ok = wall > 0
             print(f"  {cls:10} {lv:16} step MAPE as charged {errors(charged[ok], wall[ok])['mape'] * 100:5.2f}%, "
@@ -468,7 +469,7 @@ def main() -> None:
     eager_split(c, ProfiledStepCost(prof), prof)
     loop_split(c, prof)
     if not a.sync:
-        iteration_boundaries(samples, ProfiledStepCost(prof), prof, run_replays(run))
+        iteration_boundaries(samples, c, ProfiledStepCost(prof), run_replays(run))
     grid_vs_serving(prof, c)
     phases_vs_grid(prof, c)
     after_eager_by_tokens(prof, c)

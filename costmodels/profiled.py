@@ -238,6 +238,19 @@ class ProfiledStepCost:
         """A pipelined step: max(device, runner host + the profile's loop host) (each may be an array of steps)."""
         return np.maximum(device, runner_host + float(self.step.loop(n_req, n_tok)))
 
+    def _step_terms(self, new: np.ndarray, ctx, dec: np.ndarray) -> tuple:
+        """A non-empty step's priced terms, both loops' prices start from: ``("graph", forward, graph host)`` for a
+        decode-only batch replayed as a captured CUDA graph, else ``("eager", categories, device, issue host, serial
+        host, sampled rows)``."""
+        if dec.all() and (new == 1).all():
+            pad = self.step.graph_bucket(new.size)
+            if pad:
+                return ("graph", float(self.graph_categories(ctx, pad) @ self.k),
+                        float(self.step.host.graph(new.size, float(np.sum(ctx)))))
+        cats = self.category_times(new, ctx, dec)
+        return ("eager", cats, self.eager_device(new, ctx, dec, cats), self.host_time(new.size, int(new.sum()), int((~dec).sum())),
+                float(self.step.host.serial(new.size, int((~dec).sum()), int(new[~dec].sum()))), self.sampled_rows(new, dec))
+
     def pipelined_parts(self, new_tokens, context_lens, is_decode) -> tuple[float, float]:
         """(device, host) seconds of one step in the pipelined loop, whose max is what the pipelined model charges
         it (``mixed_step_time``): the device work (forward, and the sampler's device work) and the host work that
@@ -247,19 +260,13 @@ class ProfiledStepCost:
         new = np.asarray(new_tokens, np.int64)
         if new.size == 0:
             return 0.0, 0.0
-        dec = np.asarray(is_decode, bool)
+        t = self._step_terms(new, context_lens, np.asarray(is_decode, bool))
         loop = float(self.step.loop(new.size, int(new.sum())))
-        if dec.all() and (new == 1).all():
-            pad = self.step.graph_bucket(new.size)
-            if pad:
-                fwd = float(self.graph_categories(context_lens, pad) @ self.k)
-                gh = float(self.step.host.graph(new.size, float(np.sum(context_lens))))
-                sd, sh = self.sample_split(new.size)
-                return fwd + sd, gh + sh + loop
-        d = self.eager_device(new, context_lens, dec)
-        h = self.host_time(new.size, int(new.sum()), int((~dec).sum()))
-        serial = float(self.step.host.serial(new.size, int((~dec).sum()), int(new[~dec].sum())))
-        sd, sh = self.sample_split(self.sampled_rows(new, dec))
+        if t[0] == "graph":
+            sd, sh = self.sample_split(new.size)
+            return t[1] + sd, t[2] + sh + loop
+        _, _, d, h, serial, sampled = t
+        sd, sh = self.sample_split(sampled)
         return d + sd, serial + h + sh + loop
 
     # --- StepCost interface
@@ -269,18 +276,10 @@ class ProfiledStepCost:
             return 0.0
         if self.pipelined_loop:
             return float(max(self.pipelined_parts(new, context_lens, is_decode)))
-        dec = np.asarray(is_decode, bool)
-        if dec.all() and (new == 1).all():
-            pad = self.step.graph_bucket(new.size)
-            if pad:
-                fwd = float(self.graph_categories(context_lens, pad) @ self.k)
-                gh = float(self.step.host.graph(new.size, float(np.sum(context_lens))))
-                return gh + fwd + self.sample_s(new.size)
-        cats = self.category_times(new, context_lens, dec)
-        d = self.eager_device(new, context_lens, dec, cats)
-        sampled = self.sampled_rows(new, dec)
-        h = self.host_time(new.size, int(new.sum()), int((~dec).sum()))
-        serial = float(self.step.host.serial(new.size, int((~dec).sum()), int(new[~dec].sum())))
+        t = self._step_terms(new, context_lens, np.asarray(is_decode, bool))
+        if t[0] == "graph":
+            return t[2] + t[1] + self.sample_s(new.size)
+        _, cats, d, h, serial, sampled = t
         smp = self.sample_s(sampled)
         if self.step.layer_early is None:
             return serial + float(self.step.combine(h, d + smp))

@@ -17,6 +17,7 @@ reproduces the measured throughput, TPOT p50 and TTFT p50/p90 within 0.1%, where
 
 from __future__ import annotations
 
+import atexit
 import shutil
 import tarfile
 import tempfile
@@ -82,6 +83,7 @@ def unpacked_run(run: str | Path) -> Path:
     if not tgz.is_file():
         raise FileNotFoundError(f"{run}: no samples_<class>_*.json and no reports.tgz: not a matrix run folder")
     dst = Path(tempfile.mkdtemp(prefix=f"{run.name}_"))
+    atexit.register(shutil.rmtree, dst, ignore_errors=True)   # the copy lives as long as the process reading it
     for f in run.glob("*.json"):
         shutil.copy(f, dst / f.name)
     with tarfile.open(tgz) as t:
