@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from costmodels.step_fit import errors  # noqa: E402  (MAPE, bias and p90 error, as sim.validate.step_comparison's)
 from costmodels.batch import decodes_then_chunks  # noqa: E402
 from costmodels.step_profile import HOST_PHASES  # noqa: E402
+from sim.validate import read_backs  # noqa: E402,F401  (the pipelined loop's read-backs; used here and by tests)
 
 LEVELS = ("low", "knee", "past saturation")
 PHASES = HOST_PHASES   # the runner's host phases, as the samples' columns name them
@@ -59,23 +60,27 @@ def predict(cost, prof, s: dict, sync: bool, nums: list[int] | None = None) -> n
     ``after_eager_s``; the iteration's admissions at the profile's price)."""
     from types import SimpleNamespace
 
-    from ui.cmd_validate import last_prefill_tokens, predict_step, steps_since_prefill
-    pc, pt = s["prefill_chunks"], s["prefill_tokens"]
-    nums = nums or [1] * len(pc)
-    since: list[int] = []          # steps since the last prefill-bearing step of the same replay (0: none)
-    toks: list[int] = []           # that step's prompt tokens
-    for r in dict.fromkeys(nums):
-        steps = [SimpleNamespace(prefill=[(pt[i], 0)] if pc[i] else []) for i in range(len(pc)) if nums[i] == r]
-        since += steps_since_prefill(steps)
-        toks += last_prefill_tokens(steps)
+    from ui.cmd_validate import predict_steps
+    pc = s["prefill_chunks"]
+    n = len(pc)
+    nums = nums or [1] * n
     # the iteration's own admissions (runs since 21 record their prompt tokens, since 29 their count too: before it
     # the per-request part, ~17 us on the H200, is left out)
-    adm_tok = s.get("admitted_tokens") or [0] * len(pc)
-    adm = s.get("admitted") or [0] * len(pc)
-    return np.array([predict_step(cost, prof, dctx, list(zip(new, ctx)), 0, not sync,
-                                  after_eager=i > 0 and pc[i - 1] > 0 and nums[i - 1] == nums[i], since_eager=since[i],
-                                  eager_tokens=toks[i], admitted=int(adm[i] or 0), admitted_tokens=int(adm_tok[i] or 0))
-                     for i, (dctx, new, ctx) in enumerate(rebuilt_steps(s))])
+    adm_tok = s.get("admitted_tokens") or [0] * n
+    adm = s.get("admitted") or [0] * n
+    steps = [SimpleNamespace(decode_ctx=dctx, prefill=list(zip(new, ctx)), draft_len=0, admitted=adm[i], admitted_tokens=adm_tok[i])
+             for i, (dctx, new, ctx) in enumerate(rebuilt_steps(s))]
+    # where the pipelined engine had idled (a step launched with nothing in flight), from the steps' launch starts
+    starts = s.get("start_s")
+    cold = None
+    if not sync and starts and all(x is not None for x in starts):
+        cold = read_backs(np.array(starts, float), np.array(s["measured_s"], float), nums)[1]
+    out = np.zeros(n)
+    for r in dict.fromkeys(nums):   # each replay a sequence of its own
+        idx = [i for i in range(n) if nums[i] == r]
+        c = None if cold is None else cold[idx]
+        out[idx] = predict_steps(cost, prof, [steps[i] for i in idx], not sync, c)
+    return out
 
 
 def replay_boundary(s: dict) -> int:
@@ -215,30 +220,15 @@ def forward_text(grid_fwd, ctx: np.ndarray, fwd: np.ndarray, dev: np.ndarray) ->
     return out
 
 
-def read_backs(start: np.ndarray, wall: np.ndarray, nums: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Each step's read-back time on the engine clock, and whether it started cold, from its launch start
-    (``start_s``) and iteration wall (``measured_s``) in a pipelined loop: an iteration runs from the previous
-    read-back (or, with nothing in flight, from its own launch) to its own (``LLMEngine._read_back``); a step whose
-    launch started at or after the previous read-back, or a replay's first, started cold."""
-    n = len(wall)
-    rb, cold = np.zeros(n), np.zeros(n, bool)
-    for i in range(n):
-        if i == 0 or nums[i] != nums[i - 1] or start[i] >= rb[i - 1] - 1e-6:
-            rb[i], cold[i] = start[i] + wall[i], True
-        else:
-            rb[i] = rb[i - 1] + wall[i]
-    return rb, cold
-
-
 def iteration_boundaries(samples: dict[str, dict], c: dict[str, np.ndarray], cost, replays: int) -> None:
     """Pipelined runs: where an iteration's time goes, by the kinds of this step and the next. The loop launches step
     N+1 before it reads step N back, so iteration N runs from read-back N-1 through the loop's bookkeeping to the
     start of N+1's launch ("book"), then through that launch and the wait for N's device work to read-back N
     ("launch+wait"). Beside them, the model's device work of step N and its host work for launching N+1
-    (``ProfiledStepCost.pipelined_parts``), and the per-level step MAPE if each iteration were priced max(device of
-    N, host of launching N+1) instead of max(device, host) of N: a what-if, not the twin's figure (the simulator
-    schedules N+1 only after N completes). ``c``: the samples' columns (``columns``), whose ``pred`` is validate's
-    prediction of each step."""
+    (``ProfiledStepCost.pipelined_parts``), which the twin charges launch by launch (``costmodels.host.pipeline_step``:
+    iteration N = max(host of launching N+1, what is left of N's device work)), and per level the step MAPE as charged
+    and as the per-step rule max(device, host) of N alone would charge it (the simulator's rule before 2026-12-04).
+    ``c``: the samples' columns (``columns``), whose ``pred`` is validate's prediction of each step."""
     from costmodels.step_fit import errors
     pc_ = cost.pipelined()
     print("pipelined iterations by this step -> next (medians, ms): wall = book + launch+wait | model device of this, "
@@ -268,14 +258,13 @@ def iteration_boundaries(samples: dict[str, dict], c: dict[str, np.ndarray], cos
                 print(f"  {cls:10} {lv:16} {name:17} {ids.size:6d}: wall {np.median(wall[ids]) * 1e3:7.2f} = book "
                       f"{np.median(book) * 1e3:5.2f} + launch+wait {np.median(lw) * 1e3:7.2f} | device {np.median(dev[ids]) * 1e3:7.2f}, "
                       f"next launch {np.median(host[ids + 1]) * 1e3:6.2f}")
-            last = np.r_[[not (i + 1 < n and nums[i + 1] == nums[i]) for i in range(n)]]
-            # validate's own prediction (what the simulator charges, the measured admissions and the decay after a
-            # prompt step included), and the same with its max(device, host) term priced against the next launch
+            # validate's own prediction (what the simulator charges), and each step's max(device, host) alone with the
+            # same extras (what the per-step rule charged)
             charged = c["pred"][(c["cls"] == cls) & (c["level"] == lv)]
-            shifted = charged - np.maximum(dev, host) + np.maximum(dev, np.where(last, 0.0, np.r_[host[1:], 0.0]))
+            alone = np.array([pc_.mixed_step_time(*decodes_then_chunks(d, 0, new, ctx)) for d, new, ctx in rebuilt_steps(s)])
             ok = wall > 0
-            print(f"  {cls:10} {lv:16} step MAPE as charged {errors(charged[ok], wall[ok])['mape'] * 100:5.2f}%, "
-                  f"priced against the next launch {errors(shifted[ok], wall[ok])['mape'] * 100:5.2f}%")
+            print(f"  {cls:10} {lv:16} step MAPE as charged (launch by launch) {errors(charged[ok], wall[ok])['mape'] * 100:5.2f}%, "
+                  f"each step's max(device, host) alone {errors(alone[ok], wall[ok])['mape'] * 100:5.2f}%")
 
 
 def grid_vs_serving(prof, c: dict[str, np.ndarray]) -> None:
@@ -434,9 +423,10 @@ def main() -> None:
     ap.add_argument("run")
     ap.add_argument("--refit", default=None, help="auto|none|LO,HI: refit the step model from the run's calibration points")
     ap.add_argument("--sync", action="store_true", help="the run's loop was synchronous (loop time adds to the runner)")
-    ap.add_argument("--held-graph-forwards", action="store_true",
-                    help="with --refit: pin the device scale to the CUDA-graph forwards timed with the GPU held busy "
-                         "(queued_forward_s, calibrations since ae91d90) instead of on an idle GPU")
+    ap.add_argument("--idle-graph-forwards", action="store_true",
+                    help="with --refit: pin the device scale to the CUDA-graph forwards timed on an idle GPU, setting "
+                         "aside those timed with the GPU held busy (queued_forward_s, calibrations since ae91d90), which "
+                         "the fit prefers since 2026-12-04")
     ap.add_argument("--class", dest="cls", default=None)
     ap.add_argument("--recorded", action="store_true", help="use the predictions the run recorded")
     a = ap.parse_args()
@@ -449,7 +439,7 @@ def main() -> None:
     except FileNotFoundError as e:
         ap.error(str(e))
     try:
-        prof = run_profile(run, a.refit, held_graph=a.held_graph_forwards)
+        prof = run_profile(run, a.refit, idle_graph=a.idle_graph_forwards)
     except ValueError as e:
         ap.error(str(e))
     if a.refit is not None:

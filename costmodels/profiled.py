@@ -234,10 +234,6 @@ class ProfiledStepCost:
             self._pipelined = c
         return self._pipelined
 
-    def _pipe(self, device, runner_host, n_req: int, n_tok: int):
-        """A pipelined step: max(device, runner host + the profile's loop host) (each may be an array of steps)."""
-        return np.maximum(device, runner_host + float(self.step.loop(n_req, n_tok)))
-
     def _step_terms(self, new: np.ndarray, ctx, dec: np.ndarray) -> tuple:
         """A non-empty step's priced terms, both loops' prices start from: ``("graph", forward, graph host)`` for a
         decode-only batch replayed as a captured CUDA graph, else ``("eager", categories, device, issue host, serial
@@ -338,25 +334,58 @@ class ProfiledStepCost:
         cats = self._decode_base(n, draft_len, pad)[0]
         att = np.asarray(self.base.decode_times(ctx, num_steps, draft_len), float) - total  # attention (+ indexer) per step
         rows = float(n * (1 + draft_len))
-        sd, sh = self.sample_split(rows) if self.pipelined_loop else (self.sample_s(rows), 0.0)
+        if self.pipelined_loop:
+            d, h = self._decode_split(ctx, n, draft_len, pad, cats, att, rows)
+            return np.maximum(d, h)
         if pad:
-            d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + sd
-            gh = float(self.step.host.graph(n, float(ctx.sum())))
-            if self.pipelined_loop:
-                return self._pipe(d, gh + sh, n, n * (1 + draft_len))
-            return gh + d
+            d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + self.sample_s(rows)
+            return float(self.step.host.graph(n, float(ctx.sum()))) + d
         ke = self.k_eager
         smp = self.sample_s(rows)
         d = float(cats[1:] @ ke[1:]) + (cats[0] + att) * ke[0] + self.step.eager_decode_group_s
         h = self.host_time(n, n * (1 + draft_len), 0)
-        if self.pipelined_loop:
-            return self._pipe(d + sd, float(self.step.host.serial(n, 0)) + h + sh, n, n * (1 + draft_len))
         if self.step.layer_early is None:
             return self.step.host.serial(n, 0) + self.step.combine(h, d + smp)
         c = cats.copy()
         c[0] = c[0] + float(np.mean(att))
         fwd = np.array([self.eager_forward(h, float(di), rows, c) for di in np.atleast_1d(d)])
         return self.step.host.serial(n, 0) + (fwd if np.ndim(d) else float(fwd[0])) + smp
+
+    def _decode_split(self, ctx: np.ndarray, n: int, draft_len: int, pad: int, cats: np.ndarray, att, rows: float):
+        """(device, host) of decode steps in the pipelined loop (``att``: attention per step, an array or a float):
+        a graph replay's forward and sampler device work against its input build, launch and sampler issue, or an
+        eager step's device work against its serial build and issue; the loop's own terms (``step.loop``) on the
+        host side, as ``pipelined_parts`` splits a step."""
+        sd, sh = self.sample_split(rows)
+        loop = float(self.step.loop(n, int(rows)))
+        if pad:
+            d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + sd
+            return d, float(self.step.host.graph(n, float(ctx.sum()))) + sh + loop
+        ke = self.k_eager
+        d = float(cats[1:] @ ke[1:]) + (cats[0] + att) * ke[0] + self.step.eager_decode_group_s + sd
+        return d, float(self.step.host.serial(n, 0)) + self.host_time(n, int(rows), 0) + sh + loop
+
+    def decode_parts(self, context_lens, draft_len: int = 0) -> tuple[float, float, bool]:
+        """``(device, host, eager)`` of one decode step at ``context_lens`` in the pipelined loop: what
+        ``decode_times`` takes the max of, and whether the step runs eagerly (no captured graph for its batch)."""
+        ctx = np.asarray(context_lens, float)
+        n = ctx.size
+        if n == 0:
+            return 0.0, 0.0, False
+        pad = self.step.graph_bucket(n, draft_len)
+        cats = self._decode_base(n, draft_len, pad)[0]
+        att = float(np.asarray(self.base.decode_times(ctx, 1, draft_len), float)[0]) - self._decode_base(n, draft_len)[1]
+        d, h = self._decode_split(ctx, n, draft_len, pad, cats, att, float(n * (1 + draft_len)))
+        return float(d), float(h), not pad
+
+    def launch_parts(self, new_tokens, context_lens, is_decode) -> tuple[float, float, bool]:
+        """``(device, host, eager)`` of one step in the pipelined loop (``pipelined_parts`` and whether it runs
+        eagerly): what ``costmodels.host.pipeline_step`` takes."""
+        new = np.asarray(new_tokens, np.int64)
+        dec = np.asarray(is_decode, bool)
+        d, h = self.pipelined_parts(new, context_lens, dec)
+        graph = new.size > 0 and bool(dec.all()) and bool((new == 1).all()) and bool(self.step.graph_bucket(new.size))
+        return d, h, not graph
 
     def point_time(self, p: StepPoint) -> float:
         """Predicted runner time of a measured point."""

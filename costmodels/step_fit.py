@@ -521,10 +521,18 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
     return prof
 
 
-def _graph_forwards(points: Sequence[StepPoint], cats: np.ndarray) -> tuple[list[int], np.ndarray]:
+def _graph_forwards(points: Sequence[StepPoint], cats: np.ndarray, min_held: int = 8) -> tuple[list[int], np.ndarray]:
     """The CUDA-graph points that timed their forward (with op times to compare): their indices, and each one's
-    measured forward over the sum of its op times in ``cats``."""
+    measured forward over the sum of its op times in ``cats``. Where at least ``min_held`` of them also timed it with
+    the GPU held busy (``queued_forward_s``: calibrations since ae91d90), those points and those forwards: the device
+    work alone, as a pipelined loop runs it. The forward timed on an idle GPU also holds the GPU's wait for the
+    launch (0.11-0.15 ms on the H200 at 1-64 rows, benchmarks/gpu/graph_launch_gap.py), which is host work: the
+    whole-step fit's graph host terms take it up for a synchronous loop (H200 run 34: serving's pipelined decode
+    steps ran 6-16% under the idle grid; pinned to the held forwards, TPOT p50 within 1.8% where it was +5.6%)."""
     sel = [i for i, p in enumerate(points) if p.graph_bs > 0 and p.forward_s and cats[i].sum() > 0]
+    held = [i for i in sel if points[i].queued_forward_s and not points[i].prefill]
+    if len(held) >= min_held:
+        return held, np.array([points[i].queued_forward_s / cats[i].sum() for i in held])
     return sel, np.array([points[i].forward_s / cats[i].sum() for i in sel])
 
 
@@ -614,30 +622,28 @@ def refit_profile(profile, scale_bounds: str = "auto"):
     return profile.model_copy(update={"step": st2})
 
 
-def held_graph_forwards(prof):
-    """A copy of a calibration profile whose CUDA-graph points' forwards are the ones timed with the GPU held busy
-    (``queued_forward_s``, recorded since ae91d90) instead of on an idle GPU (``forward_s``), for a refit that pins the
-    device scale to the replays' device work alone. The idle forward also holds the GPU's wait for the launch (0.11-0.15
-    ms on the H200 at 1-64 rows, benchmarks/gpu/graph_launch_gap.py), which a pipelined loop hides and a synchronous one
-    pays. Not the default fit: which one predicts held-out serving better is for a matrix to decide (docs/twin.md, runs
-    31-33). Points without a held forward keep theirs. Returns ``(copy, how many points changed)``."""
+def idle_graph_forwards(prof):
+    """A copy of a calibration profile without the CUDA-graph points' forwards timed with the GPU held busy
+    (``queued_forward_s``), so that a refit pins the device scale to the forwards timed on an idle GPU (``forward_s``)
+    as fits did before 2026-12-04 (``_graph_forwards``): for comparing the two on a run's own data. Returns ``(copy, how
+    many points changed)``."""
     pts, n = [], 0
     for p in prof.step.points:
         if p.graph_bs > 0 and p.queued_forward_s and not p.prefill:
-            p = p.model_copy(update={"forward_s": p.queued_forward_s})
+            p = p.model_copy(update={"queued_forward_s": None})
             n += 1
         pts.append(p)
     return prof.model_copy(update={"step": prof.step.model_copy(update={"points": pts})}), n
 
 
 def run_profile(run, scale_bounds: str | None = None, linear_eager: bool = False, own_gemms: bool = True,
-                held_graph: bool = False):
+                idle_graph: bool = False):
     """The one calibration profile a validation-matrix run folder keeps (``calibration_*.json``), re-fitted from its
     own calibration points when ``scale_bounds`` is given (``refit_profile``): what the offline scripts start from.
     ``linear_eager``: the refit's dense GEMM tables from the Linear's eager seconds (its points' ``device_s`` set aside).
     ``own_gemms`` False: the calibration's own GEMM points (``gemm``, its shapes at the token buckets) set aside, so the
-    committed op table prices the FP8 GEMMs as before they were timed. ``held_graph``: the graph points' forwards timed
-    with the GPU held busy (``held_graph_forwards``; needs a refit, ``scale_bounds``)."""
+    committed op table prices the FP8 GEMMs as before they were timed. ``idle_graph``: the graph points' forwards timed
+    with the GPU held busy set aside (``idle_graph_forwards``; needs a refit, ``scale_bounds``)."""
     from pathlib import Path
 
     from costmodels.calibration import CalibrationProfile
@@ -647,12 +653,13 @@ def run_profile(run, scale_bounds: str | None = None, linear_eager: bool = False
         prof = prof.model_copy(update={"op_points": pts})
     if not own_gemms:
         prof = prof.model_copy(update={"op_points": [p for p in prof.op_points if p.get("op") != "gemm"]})
-    if held_graph:
+    if idle_graph:
         if scale_bounds is None:
-            raise ValueError("held graph forwards change the fit's input: give a refit (scale_bounds, e.g. 'auto')")
-        prof, n = held_graph_forwards(prof)
+            raise ValueError("setting the held graph forwards aside changes the fit's input: give a refit (scale_bounds, e.g. 'auto')")
+        prof, n = idle_graph_forwards(prof)
         if n == 0:
-            raise ValueError(f"{run}: no CUDA-graph point timed its forward with the GPU held (calibrations since ae91d90)")
+            raise ValueError(f"{run}: no CUDA-graph point timed its forward with the GPU held (calibrations since ae91d90): "
+                             "its fit already uses the idle forwards")
     return prof if scale_bounds is None else refit_profile(prof, scale_bounds)
 
 

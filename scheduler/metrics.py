@@ -406,6 +406,10 @@ class MetricsCollector:
             self._itl_n = 0
             self._itl.add(self._itl_v[:n], self._itl_w[:n])
 
+    def on_plan(self, instance_id: int, start_s: float, plan: StepPlan, result: StepResult) -> None:
+        """A plan about to be applied to its requests (right before ``Scheduler.complete``): nothing to account here
+        (a checking collector checks its tokens); its figures come with ``on_step``, at its read-back."""
+
     def on_step(self, instance_id: int, start_s: float, plan: StepPlan, result: StepResult,
                 kv_used_blocks: int, kv_total_blocks: int) -> None:
         """Account one executed plan (``result.num_steps`` steps starting at ``start_s``)."""

@@ -217,4 +217,9 @@ def _print_table(con, reports: dict, worst: dict) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from twinfer.errors import TwinferError
+    try:
+        main()
+    except TwinferError as e:   # bad input (a model, layer count or length it cannot run): named, exit 2
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

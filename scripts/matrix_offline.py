@@ -151,9 +151,10 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, str]]:
     ap.add_argument("run")
     ap.add_argument("--no-lag", action="store_true")
     ap.add_argument("--sync", action="store_true")
-    ap.add_argument("--held-graph-forwards", action="store_true",
-                    help="with --refit: pin the device scale to the CUDA-graph forwards timed with the GPU held busy "
-                         "(queued_forward_s, calibrations since ae91d90) instead of on an idle GPU")
+    ap.add_argument("--idle-graph-forwards", action="store_true",
+                    help="with --refit: pin the device scale to the CUDA-graph forwards timed on an idle GPU, setting "
+                         "aside those timed with the GPU held busy (queued_forward_s, calibrations since ae91d90), which "
+                         "the fit prefers since 2026-12-04")
     ap.add_argument("--refit", default=None)
     ap.add_argument("--op-table-gemms", action="store_true",
                     help="price the FP8 GEMMs from the committed op table even where the calibration timed the model's "
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, str]]:
         ap.error("--linear-eager refits the step model: give --refit auto|none|LO,HI")
     try:
         prof = run_profile(run, a.refit, linear_eager=a.linear_eager, own_gemms=not a.op_table_gemms,
-                           held_graph=a.held_graph_forwards)
+                           idle_graph=a.idle_graph_forwards)
     except ValueError as e:
         ap.error(str(e))
     if a.refit is not None:

@@ -7,7 +7,8 @@ from typing import Callable
 
 import numpy as np
 
-from costmodels.host import decay_at, decay_table, wall_time
+from costmodels.host import decay_at, decay_table, pipeline_step, wall_time
+from costmodels.batch import decodes_then_chunks
 from costmodels.step_memo import MemoStepCost, StepCost
 from scheduler.plan import StepPlan, StepResult
 from sim.streams import uniforms
@@ -111,6 +112,19 @@ class SimBackend:
         self.ends: list[float] | np.ndarray | None = None
         # single-step decode plans read the memo directly where its decode_times is the plain one
         self._decode1 = type(self.cost).decode_times is MemoStepCost.decode_times
+        # a pipelined loop priced launch by launch (costmodels.host.pipeline_step) where the step model splits a step
+        # into device and host work (a measured profile's ProfiledStepCost.pipelined); other models keep wall_time's
+        # per-step max(device, host)
+        model = self.cost.cost_model
+        self.lead = (self.async_overlap is True and getattr(model, "pipelined_loop", False)
+                     and hasattr(model, "launch_parts") and hasattr(model, "decode_parts"))
+        self._in_flight = False       # lead mode: a plan launched and not yet read back
+        self._dev_end = -math.inf     # lead mode: when the device finishes the plan in flight
+        self._host_free = -math.inf   # lead mode: when the host may start launching the next plan
+        self._plan_start = 0.0        # lead mode: where the last executed plan's first iteration began
+        # lead mode: seconds from the clock at ``execute`` to the read-back of the plan in flight before it (that plan's
+        # last iteration runs on until this plan is launched); 0 when nothing was in flight
+        self.read_back_delay = 0.0
 
     def _draw_tokens(self, plan: StepPlan, steps: int) -> np.ndarray | None:
         """Tokens each decode makes in each step: 1 + accepted drafts (None without drafts: all ones)."""
@@ -220,6 +234,8 @@ class SimBackend:
         Steps: price the steps up to the cut (cold if the device idled since its last plan), note
         their end times (``self.ends``, for a loop that cuts the plan later) and when the device is
         free again, and report the tokens: the drawn ones with drafts, else None (one each)."""
+        if self.lead:
+            return self._execute_lead(plan, stop_at)
         self._drawn = None
         start = self.clock()
         host = self.host_time(plan)
@@ -228,6 +244,84 @@ class SimBackend:
             return self._execute_shifted(plan, start, host, stop_at, extras)
         times, ends = self._times_until(plan, start > self._busy_until, start, stop_at, host)
         return self._finish(plan, start, host, times, ends)
+
+    def _first_parts(self, plan: StepPlan) -> tuple[float, float, bool]:
+        """(device, host, eager) of ``plan``'s first step in the pipelined loop, as ``_mixed_time`` and the step
+        model price it: the resumed chunks' depth correction and prefix blocks loaded back on the device side."""
+        model = self.cost.cost_model
+        if not plan.prefills:
+            return model.decode_parts(plan.decode_context_lens, plan.draft_len)
+        chunks = plan.prefills
+        d, h, eager = model.launch_parts(*decodes_then_chunks(plan.decode_context_lens, plan.draft_len,
+                                                              [c.num_new_tokens for c in chunks], [c.context_len for c in chunks]))
+        if self.replay_correction is not None:
+            d -= self.replay_correction(chunks)
+        if plan.loaded_blocks[0] or plan.loaded_blocks[1]:
+            host_s, storage_s = self.kv_load_s_per_block
+            d = max(d, plan.loaded_blocks[0] * host_s + plan.loaded_blocks[1] * storage_s)
+        return d, h, eager
+
+    def _last_device(self, plan: StepPlan, steps: int) -> float:
+        """Device seconds of the ``steps``-th (last run) step of a multi-step decode plan, at the contexts it runs at."""
+        ctx = np.asarray(plan.decode_context_lens, np.int64)
+        drawn = self._drawn
+        if drawn is not None and drawn[0] is plan:
+            ctx = ctx + drawn[1][: steps - 1].sum(axis=0)
+        else:
+            ctx = ctx + (steps - 1)
+        return self.cost.cost_model.decode_parts(ctx, plan.draft_len)[0]
+
+    def _execute_lead(self, plan: StepPlan, stop_at: float | None) -> StepResult:
+        """``execute`` for a pipelined loop priced launch by launch (``lead``): the plan is launched behind the one in
+        flight (``costmodels.host.pipeline_step``), which is read back ``read_back_delay`` seconds from now, where
+        this plan's first iteration begins; with nothing in flight it starts now, launching cold. Its steps' walls:
+        the first runs to the end of its device work (or, with steps behind it in the plan, to the launch of the
+        second), the middle ones ``max(device, host)`` as the step model prices a run of like steps, the last to the
+        end of its device work: the launch of whatever comes next extends it (the next ``execute``'s
+        ``read_back_delay``)."""
+        self._drawn = None
+        t = self.clock()
+        host = self.host_time(plan)
+        d1, h1, eager = self._first_parts(plan)
+        h1 = max(h1, host)
+        extras = self.transition_extras(plan)
+        if extras.size:   # what a step pays for following a prompt step: on its device side (it ends later)
+            d1 += float(extras[0])
+        if self._in_flight:
+            launched, read_back, end1 = pipeline_step(self._dev_end, self._host_free, h1, d1, eager)
+            start = read_back if read_back > t else t
+        else:
+            launched, _, end1 = pipeline_step(-math.inf, t, h1, d1, eager)
+            start = t
+        self.read_back_delay = start - t
+        lead1 = max(end1 - start, 0.0)
+        if plan.num_steps == 1:
+            times, ends = np.array([lead1]), None
+        else:
+            times, ends = self._times_until(plan, False, start, stop_at, host)
+            times = np.array(times, float)
+            m = times.size
+            if m == 1:
+                times[0] = lead1
+            else:
+                times[0] = max(h1, lead1)
+                times[m - 1] = self._last_device(plan, m)
+        m = min(times.size, extras.size)
+        if m > 1:
+            times[1:m] += extras[1:m]
+        n = times.size
+        if n > 1:
+            ends = start + times.cumsum()
+        result = self._finish(plan, start, host, times, ends if n > 1 else None)
+        self._plan_start = start
+        self._in_flight = True
+        self._dev_end = self._busy_until
+        self._host_free = float(ends[n - 2]) if n > 1 else max(start, launched)
+        return result
+
+    def drain(self) -> None:
+        """The loop read back its last plan with nothing launched behind it (it goes idle): the next plan starts cold."""
+        self._in_flight = False
 
     def _finish(self, plan: StepPlan, start: float, host: float, times, ends) -> StepResult:
         """Book ``plan``'s executed steps (``times``, and ``ends`` for more than one): the state the next plan is
@@ -302,6 +396,12 @@ class SimBackend:
         self._step -= max(0, result.num_steps - steps)
         if self._since is not None and not self._prev_prefill:   # the decode steps cut off did not run
             self._since = max(0, self._since - max(0, result.num_steps - steps))
+        if self.lead and self.ends is not None and steps < result.num_steps:
+            # the kept last step runs to its iteration's priced end; the next launch goes from its start
+            s0 = self._plan_start
+            self._dev_end = s0 + (float(self.ends[steps - 1]) - s0)
+            self._host_free = float(self.ends[steps - 2]) if steps > 1 else s0
+            self._busy_until = self._dev_end
         return result.first(steps)
 
     def _times_until(self, plan: StepPlan, cold_start: bool, start_s: float, stop_at: float | None,

@@ -63,6 +63,9 @@ class _PrefillMetrics:
     def on_arrival(self, req: Request) -> None:
         self.collector.on_arrival(self.originals[req.request_id])
 
+    def on_plan(self, *args, **kw) -> None:
+        self.collector.on_plan(*args, **kw)
+
     def on_step(self, *args, **kw) -> None:
         self.collector.on_step(*args, **kw)
 

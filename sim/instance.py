@@ -8,6 +8,7 @@ from typing import Callable
 import numpy as np
 import simpy
 
+from scheduler.plan import StepResult
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler
 from sim.backend import SimBackend
@@ -66,7 +67,7 @@ class Instance:
         self._idle = True       # nothing executing or scheduled: the next plan is scheduled with everything queued
         self._ends: list[float] | np.ndarray | None = None  # step end times of the running multi-step plan
         self._cut: int | None = None              # index of the step the running plan stops after
-        self.process = env.process(self._loop())
+        self.process = env.process(self._loop_lead() if getattr(backend, "lead", False) else self._loop())
 
     def submit(self, req: Request) -> None:
         """Hand ``req`` to this instance now: queue it and make sure the loop sees it next step (a pipelined engine
@@ -99,6 +100,7 @@ class Instance:
         before, next_arrival, max_steps = self._before_schedule, self._next_arrival, self.max_steps
         schedule, complete, execute = sched.schedule, sched.complete, backend.execute
         on_step, on_finish, timeout = metrics.on_step, metrics.on_finish, env.timeout
+        on_plan = getattr(metrics, "on_plan", None)
         while True:
             if before is not None:
                 before(env.now)
@@ -135,8 +137,97 @@ class Instance:
             else:
                 self._last_start = start
                 yield timeout(float(times[0]))
+            if on_plan is not None:
+                on_plan(iid, start, plan, result)
             on_step(iid, start, plan, result, blocks.num_used, kv_total)
             finished = complete(plan, result, env.now)
             if finished:
                 for req in finished:
                     on_finish(req)
+
+    def _loop_lead(self):
+        """``_loop`` for a pipelined engine priced launch by launch (the backend's ``lead``, costmodels.host.
+        pipeline_step), in the executor's order (``LLMEngine.step_overlapped``): when the device finishes a plan, the
+        scheduler takes its tokens and the loop schedules and launches the next plan behind it; only once that
+        launch is done is the finished plan read back (its tokens, first tokens and finishes dated then, its last
+        step's wall running to then). The next plan is scheduled with the arrivals the real engine had when it
+        launched it (``Scheduler.admit_before``, as in ``_loop``)."""
+        env, sched, backend, metrics = self.env, self.scheduler, self.backend, self.metrics
+        iid = self.instance_id
+        blocks = sched.blocks
+        kv_total = blocks.num_blocks
+        backend.clock = lambda: env.now
+        before, next_arrival, max_steps = self._before_schedule, self._next_arrival, self.max_steps
+        schedule, complete, execute = sched.schedule, sched.complete, backend.execute
+        on_plan = getattr(metrics, "on_plan", None)
+        on_step, on_finish, timeout = metrics.on_step, metrics.on_finish, env.timeout
+        prev = None      # (plan, result, start, first-token requests) whose device work just ended, not read back
+        while True:
+            if before is not None:
+                before(env.now)
+            finished: list[Request] = []
+            if prev is not None:
+                p_plan, p_res, p_start, p_firsts = prev
+                if on_plan is not None:
+                    on_plan(iid, p_start, p_plan, p_res)
+                finished = complete(p_plan, p_res, env.now)
+            if not sched.has_work:
+                if prev is not None:
+                    self._read_back(prev, finished, 0.0, blocks.num_used, kv_total)
+                    prev = None
+                backend.drain()
+                self._idle = True
+                self._wake = env.event()
+                yield self._wake
+                continue
+            lagged = self._lag and not self._idle and sched.has_work_by(self._last_start)
+            self._idle = False
+            sched.admit_before = self._last_start if lagged else None
+            plan = schedule(env.now, max_steps)
+            sched.admit_before = None
+            if not plan.decodes and not plan.prefills:
+                raise RuntimeError(f"instance {iid}: work queued but nothing schedulable at t={env.now}")
+            firsts = [c.request for c in plan.prefills if c.is_last_chunk and c.request.first_token_time is None]
+            result = execute(plan, next_arrival() if next_arrival is not None else None)
+            delay = backend.read_back_delay
+            if delay > 0:
+                yield timeout(delay)
+            if prev is not None:
+                self._read_back(prev, finished, delay, blocks.num_used, kv_total)
+            start = env.now
+            times = result.step_durations
+            n = len(times)
+            if n > 1:
+                ends = backend.ends
+                self._ends, self._cut = ends, None
+                last = n - 1
+                try:
+                    yield timeout(float(ends[n - 1]) - start)
+                except simpy.Interrupt:
+                    cut = last = self._cut
+                    yield timeout(float(ends[cut]) - env.now)
+                    result = backend.cut(result, cut + 1)
+                self._ends = None
+                self._last_start = float(ends[last - 1]) if last > 0 else start
+            else:
+                self._last_start = start
+                yield timeout(float(times[0]))
+            prev = (plan, result, start, firsts)
+
+    def _read_back(self, prev, finished: list[Request], delay: float, kv_used: int, kv_total: int) -> None:
+        """Report a plan read back ``delay`` seconds after its device work ended (the launch of the next plan ran
+        on): its last step's wall and the times of the first tokens and finishes it made, as of now."""
+        plan, result, start, firsts = prev
+        now = self.env.now
+        if delay > 0:
+            d = np.array(result.step_durations, float)
+            d[-1] += delay
+            result = StepResult(d, result.decode_tokens, result.sampled_token_ids, result.finished_early, result.host_s)
+            for r in firsts:
+                if r.first_token_time is not None:
+                    r.first_token_time = now
+            for r in finished:
+                r.finish_time = now
+        self.metrics.on_step(self.instance_id, start, plan, result, kv_used, kv_total)
+        for r in finished:
+            self.metrics.on_finish(r)

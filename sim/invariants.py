@@ -99,6 +99,13 @@ class CheckingCollector(MetricsCollector):
         if k > plan.num_steps:
             self.fail(f"instance {instance_id} at t={start_s}: {k} steps run of a {plan.num_steps}-step plan")
 
+    def on_plan(self, instance_id: int, start_s: float, plan: StepPlan, result: StepResult) -> None:
+        """Check a plan's tokens against its requests as the scheduler has them before it applies the plan (the
+        loops call this right before ``Scheduler.complete``; ``on_step`` may come later, at the plan's read-back)."""
+        d = np.asarray(result.step_durations, float)
+        k = d.size
+        if k == 0:
+            return
         cs = plan.decode_context_sum
         if cs is not None and cs != int(np.asarray(plan.decode_context_lens).sum()):
             self.fail(f"instance {instance_id} at t={start_s}: plan's decode_context_sum {cs} is not the sum of its contexts")

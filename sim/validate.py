@@ -211,6 +211,21 @@ def _r6(v: float | None) -> float | None:
     return None if v is None or v != v else round(v, 6)
 
 
+def read_backs(start: np.ndarray, wall: np.ndarray, nums: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's read-back time on the engine clock, and whether it started cold, from its launch start
+    (``start_s``) and iteration wall (``measured_s``) in a pipelined loop: an iteration runs from the previous
+    read-back (or, with nothing in flight, from its own launch) to its own (``LLMEngine._read_back``); a step whose
+    launch started at or after the previous read-back, or a replay's first, started cold."""
+    n = len(wall)
+    rb, cold = np.zeros(n), np.zeros(n, bool)
+    for i in range(n):
+        if i == 0 or nums[i] != nums[i - 1] or start[i] >= rb[i - 1] - 1e-6:
+            rb[i], cold[i] = start[i] + wall[i], True
+        else:
+            rb[i] = rb[i - 1] + wall[i]
+    return rb, cold
+
+
 def step_comparison(samples: Sequence[StepSample]) -> tuple[dict, list[dict]]:
     """Overall per-step errors and a breakdown by step kind, batch size and context length."""
     s = [x for x in samples if x.predicted_s is not None and x.measured_s > 0]

@@ -382,18 +382,19 @@ def test_the_pipelined_matrix_as_one_report_and_one_plot(tmp_path, capsys):
 
 
 def test_held_graph_forwards_pin_the_device_scale_to_the_replays_device_work(tmp_path):
-    """``--held-graph-forwards``: a refit whose CUDA-graph points' forwards are the ones timed with the GPU held busy
-    (queued_forward_s, recorded by calibrations since ae91d90). Here run 31's calibration with each graph forward less
-    the launch wait H200 measured (0.14 ms, benchmarks/gpu/issue16_h200/graph_launch_gap_ae91d90): the pinned device
-    scale falls by about that share, the graph host terms take it up, and the default refit is untouched. Without held
-    forwards, or without a refit, the option is refused by name."""
+    """A calibration whose CUDA-graph points also timed their forwards with the GPU held busy (queued_forward_s,
+    calibrations since ae91d90) is fitted to those: the device work alone, as the pipelined loop runs it. Here run 31's
+    calibration with each graph forward less the launch wait H200 measured (0.14 ms, benchmarks/gpu/issue16_h200/
+    graph_launch_gap_ae91d90): the pinned device scale falls by about that share and the graph host terms take it up,
+    against the refit that sets them aside (``--idle-graph-forwards``, the fit before 2026-12-04), which is the old
+    default fit to the digit. Setting them aside without a refit, or where there are none, is refused by name."""
     import shutil
 
     import pytest
 
     import matrix_offline as mo
 
-    from costmodels.step_fit import held_graph_forwards, run_profile
+    from costmodels.step_fit import idle_graph_forwards, run_profile
 
     src = ROOT / "benchmarks" / "gpu" / "issue16_h200" / "run31_async_agentic_chat_reasoning_5ab1ab5"
     d = tmp_path / "r31"
@@ -406,19 +407,19 @@ def test_held_graph_forwards_pin_the_device_scale_to_the_replays_device_work(tmp
             p["queued_forward_s"] = p["forward_s"] - 1.4e-4
             n += 1
     (d / cal.name).write_text(json.dumps(raw))
-    base = run_profile(d, "auto")
-    held = run_profile(d, "auto", held_graph=True)
-    # the held forwards recorded beside the idle ones leave the default fit as it was
-    assert base.step.category_scale == run_profile(src, "auto").step.category_scale
-    assert n > 100 and held_graph_forwards(base)[1] == n
-    k0, k1 = base.step.category_scale["attention"], held.step.category_scale["attention"]
+    held = run_profile(d, "auto")
+    idle = run_profile(d, "auto", idle_graph=True)
+    # set aside, the held forwards leave the fit as it was without them
+    assert idle.step.category_scale == run_profile(src, "auto").step.category_scale
+    assert n > 100 and idle_graph_forwards(held)[1] == n
+    k0, k1 = idle.step.category_scale["attention"], held.step.category_scale["attention"]
     assert 0.95 * k0 < k1 < 0.995 * k0
-    assert held.step.host.graph_fixed_s > base.step.host.graph_fixed_s
+    assert held.step.host.graph_fixed_s > idle.step.host.graph_fixed_s
     with pytest.raises(ValueError, match="give a refit"):
-        run_profile(d, None, held_graph=True)
+        run_profile(d, None, idle_graph=True)
     with pytest.raises(ValueError, match="no CUDA-graph point"):
-        run_profile(src, "auto", held_graph=True)
+        run_profile(src, "auto", idle_graph=True)
     shutil.copy(next(src.glob("matrix_*.json")), d)
     with pytest.raises(SystemExit) as e:
-        mo.main([str(src), "--held-graph-forwards"])
+        mo.main([str(src), "--idle-graph-forwards"])
     assert e.value.code == 2

@@ -72,6 +72,15 @@ def predict_step(cost, profile, decode_ctx, prefill, draft_len=0, overlap: bool 
     with). A pipelined loop (``overlap``
     truthy) prices the runner step as the simulator does (``sim.backend.loop_cost``: max(device, host) per step)."""
     from costmodels.host import wall_time
+    runner, loop, extra = _step_terms(cost, profile, decode_ctx, prefill, draft_len, overlap, after_eager, since_eager,
+                                      eager_tokens, admitted, admitted_tokens)
+    return float(wall_time(float(runner), loop, overlap)) + extra
+
+
+def _step_terms(cost, profile, decode_ctx, prefill, draft_len, overlap, after_eager, since_eager, eager_tokens,
+                admitted, admitted_tokens) -> tuple[float, float, float]:
+    """``predict_step``'s terms: the runner step (the loop's variant of the step model), the loop's host seconds
+    with the iteration's admissions, and what the step pays for following a prompt step."""
     from sim.backend import loop_cost
     cost = loop_cost(cost, bool(overlap))
     n = len(decode_ctx) + len(prefill)
@@ -89,7 +98,50 @@ def predict_step(cost, profile, decode_ctx, prefill, draft_len=0, overlap: bool 
     else:
         extra = float(terms["host_after_eager_s"]) if after_eager else 0.0
     loop = float(profile.step.loop(n, tok)) + terms["host_admit_s"] * admitted + terms["host_admit_per_token_s"] * admitted_tokens
-    return float(wall_time(float(runner), loop, overlap)) + extra
+    return float(runner), loop, extra
+
+
+def predict_steps(cost, profile, steps, overlap: bool | float = False, cold=None) -> np.ndarray:
+    """``predict_step`` for each step of one replay, in order (objects with ``decode_ctx``, ``prefill``, ``draft_len``
+    and optionally ``admitted``/``admitted_tokens``), as the simulator charges them. A pipelined loop whose step
+    model splits a step into device and host work (``overlap`` True, a measured profile: ``SimBackend.lead``) is
+    priced launch by launch, as the simulator's loop runs it (``costmodels.host.pipelined_walls``): an iteration
+    runs to the end of the host's launch of the next step or of its own device work, whichever is later; ``cold``
+    (each step: launched with nothing in flight, ``sim.validate.read_backs``; default: only the first) marks where
+    the engine had idled. Otherwise each step alone (``predict_step``)."""
+    from costmodels.batch import decodes_then_chunks
+    from costmodels.host import pipelined_walls, wall_time
+    from sim.backend import loop_cost
+    since, toks = steps_since_prefill(steps), last_prefill_tokens(steps)
+    terms = [_step_terms(cost, profile, s.decode_ctx, s.prefill, s.draft_len, overlap, j > 0 and bool(steps[j - 1].prefill),
+                         since[j], toks[j], int(getattr(s, "admitted", 0) or 0), int(getattr(s, "admitted_tokens", 0) or 0))
+             for j, s in enumerate(steps)]
+    pc = loop_cost(cost, True) if overlap is True else None
+    if pc is None or not (getattr(pc, "pipelined_loop", False) and hasattr(pc, "launch_parts")):
+        return np.array([float(wall_time(r, loop, overlap)) + x for r, loop, x in terms])
+    n = len(steps)
+    d, h, eager = np.zeros(n), np.zeros(n), np.zeros(n, bool)
+    for j, s in enumerate(steps):
+        if s.prefill:
+            dj, hj, ej = pc.launch_parts(*decodes_then_chunks(np.asarray(s.decode_ctx, np.int64), s.draft_len,
+                                                              [a for a, _ in s.prefill], [c for _, c in s.prefill]))
+        else:
+            dj, hj, ej = pc.decode_parts(np.asarray(s.decode_ctx, np.int64), s.draft_len)
+        d[j], h[j], eager[j] = dj + terms[j][2], max(hj, terms[j][1]), ej
+    if cold is None:
+        cold = np.zeros(n, bool)
+        cold[:1] = True
+    return pipelined_walls(d, h, eager, cold)
+
+
+def replay_cold_starts(steps):
+    """Which steps of one replay (objects with ``start_s``, ``iter_s``) a pipelined engine launched with nothing in
+    flight (``sim.validate.read_backs``); None where a step lacks its launch start."""
+    from sim.validate import read_backs
+    if not steps or any(getattr(s, "start_s", None) is None for s in steps):
+        return None
+    return read_backs(np.array([s.start_s for s in steps], float), np.array([s.iter_s for s in steps], float),
+                      [1] * len(steps))[1]
 
 
 def last_prefill_tokens(steps) -> list[int]:
@@ -425,14 +477,9 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                 wall += res.wall_s
                 run_figs.append(metric_values(res.metrics))
                 steps_all += res.steps
-                since = steps_since_prefill(res.steps)
-                eager_tok = last_prefill_tokens(res.steps)
+                predicted = predict_steps(cost, prof, res.steps, scfg.overlap(), replay_cold_starts(res.steps))
                 samples += [StepSample(decode_ctx=s.decode_ctx, prefill=s.prefill, draft_len=s.draft_len, measured_s=s.iter_s,
-                                       predicted_s=predict_step(cost, prof, s.decode_ctx, s.prefill, s.draft_len, scfg.overlap(),
-                                                                after_eager=j > 0 and bool(res.steps[j - 1].prefill),
-                                                                since_eager=since[j], eager_tokens=eager_tok[j],
-                                                                admitted=s.admitted, admitted_tokens=s.admitted_tokens),
-                                       graph_bs=s.graph_bs, start_s=s.start_s, runner_s=s.runner_s, device_s=s.device_s,
+                                       predicted_s=float(predicted[j]), graph_bs=s.graph_bs, start_s=s.start_s, runner_s=s.runner_s, device_s=s.device_s,
                                        forward_s=s.forward_s, forward_host_s=s.forward_host_s,
                                        host_phases=s.host_phases or None, admit_s=s.admit_s, admitted=s.admitted,
                                        admitted_tokens=s.admitted_tokens, schedule_s=s.schedule_s, complete_s=s.complete_s)
