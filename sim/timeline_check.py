@@ -122,6 +122,9 @@ class MeasuredSteps(SimBackend):
     def __init__(self, *args, trace: MeasuredTrace, **kw):
         super().__init__(*args, **kw)
         self.trace = trace
+        # a measured iteration already runs from read-back to read-back, the next step's launch in it: each plan
+        # takes its measured wall as it stands (the per-step loop), not priced launch by launch
+        self.lead = False
 
     def step_times(self, plan: StepPlan, cold_start: bool = False, host: float | None = None) -> np.ndarray:
         if plan.num_steps != 1:

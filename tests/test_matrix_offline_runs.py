@@ -199,7 +199,7 @@ def test_held_out_run_30_chat_on_the_deepgemm_engine(tmp_path):
     assert all(v[1].startswith("chat") for v in w.values())
 
 
-def _level_step_mape(run: Path, sync: bool) -> dict[tuple[str, str], float]:
+def _level_step_mape(run: Path, sync: bool, refit: str | None = None) -> dict[tuple[str, str], float]:
     """Per class and level: the per-step MAPE over all replays' steps, the step model at HEAD on the run's own profile
     (what validate's ``step`` figure and the log's "per-step MAPE" line report)."""
     import numpy as np
@@ -208,7 +208,7 @@ def _level_step_mape(run: Path, sync: bool) -> dict[tuple[str, str], float]:
     from costmodels.profiled import ProfiledStepCost
     from costmodels.step_fit import errors, run_profile
 
-    prof = run_profile(run, None)
+    prof = run_profile(run, refit)
     cost = ProfiledStepCost(prof)
     out = {}
     for cls, levels in sr.load_samples(run).items():
@@ -221,48 +221,69 @@ def _level_step_mape(run: Path, sync: bool) -> dict[tuple[str, str], float]:
 def test_held_out_runs_31_and_32_on_the_pipelined_loop(tmp_path):
     """H200 runs 31 (agentic, chat, reasoning at 5ab1ab5) and 32 (summarize, and longctx beyond the calibration grid:
     prompts 8.5-12k, at 10e491e): the pipelined loop, serving's default (``--async-overlap``), Triton GEMMs, each
-    fitted in-process on its own calibration, every class held out; re-predicted from the archives as the device
-    printed them. Run 31 meets every end-to-end target in all nine cells (worst: throughput -2.8%, TPOT p50 +4.5%,
-    TTFT p50 -4.6%, TTFT p90 -5.4%) and step MAPE in eight (agentic past saturation 5.45%). Run 32: every figure within
-    target but longctx's knee TTFT p50 (-11.7%, 12 requests: all three replays -11..-12%) and summarize's knee step
-    MAPE (7.3%: a decode step right before a prompt step pays that step's launch in the pipelined loop,
-    docs/twin.md, runs 31-32). Pinned at those figures, so that a change that widens any of them fails."""
+    fitted in-process on its own calibration, every class held out; re-predicted from the archives with the loop
+    priced launch by launch (``costmodels.host.pipeline_step``). Run 31 meets every target in all nine cells (worst:
+    throughput -2.8%, TPOT p50 +4.5%, TTFT p50 -4.1%, TTFT p90 -7.6%, step MAPE 4.6%); at the run's own commit, priced
+    step by step, agentic past saturation's step MAPE missed (5.45%). Run 32: every figure within target but
+    summarize's knee step MAPE (5.15%; 7.3% priced step by step); longctx's knee TTFT p50, -11.7% priced step by step
+    (its first chunks' iterations ran short by the decode work they overlapped), is -3.2% (docs/twin.md, runs 31-35).
+    Pinned at those figures, so that a change that widens any of them fails."""
     import matrix_offline as mo
 
     r31 = _unpacked("run31_async_agentic_chat_reasoning_5ab1ab5", tmp_path / "r31")
     w = mo.main([str(r31)])
     assert abs(w["output_throughput"][0]) <= 0.029 and abs(w["tpot_p50"][0]) <= 0.046
-    assert abs(w["ttft_p50"][0]) <= 0.047 and abs(w["ttft_p90"][0]) <= 0.055
+    assert abs(w["ttft_p50"][0]) <= 0.042 and abs(w["ttft_p90"][0]) <= 0.077
     m = _level_step_mape(r31, sync=False)
-    assert len(m) == 9 and max(m.values()) <= 0.0546 and sum(v <= 0.05 for v in m.values()) == 8
-    assert max(m, key=m.get) == ("agentic", "past saturation")
+    assert len(m) == 9 and max(m.values()) <= 0.0457 and max(m, key=m.get) == ("chat", "knee")
     r32 = _unpacked("run32_async_summarize_longctx_10e491e", tmp_path / "r32")
     w = mo.main([str(r32)])
-    assert abs(w["output_throughput"][0]) <= 0.01 and abs(w["tpot_p50"][0]) <= 0.018
-    assert abs(w["ttft_p50"][0]) <= 0.118 and abs(w["ttft_p90"][0]) <= 0.055
-    assert w["ttft_p50"][1].startswith("longctx")
+    assert abs(w["output_throughput"][0]) <= 0.014 and abs(w["tpot_p50"][0]) <= 0.029
+    assert abs(w["ttft_p50"][0]) <= 0.033 and abs(w["ttft_p90"][0]) <= 0.079
+    assert w["ttft_p90"][1] == "summarize knee"
     m = _level_step_mape(r32, sync=False)
-    assert len(m) == 6 and max(m.values()) <= 0.074 and max(m, key=m.get) == ("summarize", "knee")
-    assert sorted(m.values())[-2] <= 0.05
+    assert len(m) == 6 and max(m.values()) <= 0.0516 and max(m, key=m.get) == ("summarize", "knee")
+    assert sorted(m.values())[-2] <= 0.035
 
 
 def test_held_out_run_33_pipelined_on_the_default_kernels(tmp_path):
     """H200 run 33 (chat, agentic at 6ae37da): the pipelined loop on the registry's default kernels (DeepGEMM dense
-    GEMMs), fitted in-process on its own calibration, both classes held out. Every end-to-end figure within target
-    (worst: throughput -1.0%, TPOT p50 +4.3%, TTFT p50 +9.0%, TTFT p90 -4.5%); step MAPE within 5% only at agentic's low
-    load: chat 5.9 / 11.1 / 10.0%, agentic 4.7 / 6.7 / 6.4%. The misses sit at the pipelined loop's iteration
-    boundaries: a decode step right before a prompt step runs until that step's launch is issued (5.6 ms predicted,
-    7.9 ms in serving at chat's knee), and the prompt step's own iteration is short by as much (docs/twin.md, run 33).
-    Pinned at those figures, so that a change that widens any of them fails."""
+    GEMMs), fitted in-process on its own calibration (its CUDA-graph forwards timed on an idle GPU only), both classes
+    held out, priced launch by launch. Throughput within 1.0%, TTFT p90 within 3.9%; TPOT p50 +5.5% at agentic's knee,
+    TTFT p50 -11.7% past saturation; step MAPE chat 4.7 / 10.1 / 8.9%, agentic 3.4 / 5.3 / 5.1%. Its decode steps ran
+    6-16% under the idle grid at the same batch: the idle forward holds the GPU's wait for the launch (run 34, whose
+    calibration also timed the forwards held, is the one that shows it). Pinned at those figures."""
     import matrix_offline as mo
 
     r33 = _unpacked("run33_async_deepgemm_chat_agentic_6ae37da", tmp_path / "r33")
     w = mo.main([str(r33)])
-    assert abs(w["output_throughput"][0]) <= 0.011 and abs(w["tpot_p50"][0]) <= 0.044
-    assert abs(w["ttft_p50"][0]) <= 0.091 and abs(w["ttft_p90"][0]) <= 0.046
+    assert abs(w["output_throughput"][0]) <= 0.011 and abs(w["tpot_p50"][0]) <= 0.056
+    assert abs(w["ttft_p50"][0]) <= 0.118 and abs(w["ttft_p90"][0]) <= 0.040
     m = _level_step_mape(r33, sync=False)
-    assert len(m) == 6 and max(m.values()) <= 0.112 and max(m, key=m.get) == ("chat", "knee")
-    assert m[("agentic", "low")] <= 0.05 and m[("agentic", "knee")] <= 0.068
+    assert len(m) == 6 and max(m.values()) <= 0.102 and max(m, key=m.get) == ("chat", "knee")
+    assert m[("agentic", "low")] <= 0.035 and m[("chat", "low")] <= 0.048 and m[("agentic", "knee")] <= 0.053
+
+
+def test_held_out_run_34_with_the_held_forward_fit(tmp_path):
+    """H200 run 34 (chat, agentic at b24ed5a, DeepGEMM): the first calibration that timed its CUDA-graph forwards
+    with the GPU held busy too. Refitted as a calibration at HEAD fits (the device scale pinned to the held forwards:
+    1.11 where the idle ones gave 1.16) and priced launch by launch, both classes held out: every end-to-end figure
+    within target (worst: throughput +0.6%, TPOT p50 +1.8%, TTFT p50 -6.3%, TTFT p90 -5.0%) and step MAPE in five of
+    six cells (agentic's knee 5.8%). The fit the device made (idle forwards) misses TPOT p50 at agentic's knee (+6.2%)
+    and step MAPE in four cells (7.7% worst). Pinned at those figures."""
+    import matrix_offline as mo
+
+    r34 = _unpacked("run34_async_deepgemm_chat_agentic_reasoning_b24ed5a", tmp_path / "r34")
+    w = mo.main([str(r34), "--refit", "auto"])
+    assert abs(w["output_throughput"][0]) <= 0.007 and abs(w["tpot_p50"][0]) <= 0.019
+    assert abs(w["ttft_p50"][0]) <= 0.064 and abs(w["ttft_p90"][0]) <= 0.051
+    m = _level_step_mape(r34, sync=False, refit="auto")
+    assert len(m) == 6 and max(m.values()) <= 0.059 and max(m, key=m.get) == ("agentic", "knee")
+    assert sorted(m.values())[-2] <= 0.038
+    w = mo.main([str(r34)])
+    assert 0.055 <= abs(w["tpot_p50"][0]) <= 0.063
+    m = _level_step_mape(r34, sync=False)
+    assert max(m.values()) <= 0.077 and sum(v > 0.05 for v in m.values()) == 4
 
 
 def test_async_gain_over_alternating_rounds_held_out():

@@ -1,0 +1,155 @@
+"""A pipelined loop priced launch by launch (costmodels.host.pipeline_step): the rule, the simulator's loop that runs
+it, and validate's per-step prediction, which must be the number the simulator charges."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from costmodels.host import pipeline_step, pipelined_walls
+
+
+def test_a_graph_step_starts_when_launched_an_eager_one_as_issued():
+    # in flight until 5; the host starts the next launch at 1 and needs 2: launched at 3, the one in flight read at 5
+    assert pipeline_step(5.0, 1.0, 2.0, 4.0, eager=False) == (3.0, 5.0, 9.0)
+    assert pipeline_step(5.0, 1.0, 2.0, 4.0, eager=True) == (3.0, 5.0, 9.0)
+    # a launch longer than what is left in flight: the read-back waits for it; a graph starts after it, an eager
+    # step's kernels ran while it was issued
+    assert pipeline_step(2.0, 1.0, 6.0, 4.0, eager=False) == (7.0, 7.0, 11.0)
+    assert pipeline_step(2.0, 1.0, 6.0, 4.0, eager=True) == (7.0, 7.0, 7.0)
+    assert pipeline_step(2.0, 1.0, 6.0, 9.0, eager=True) == (7.0, 7.0, 11.0)
+    # nothing in flight: the launch starts the device
+    assert pipeline_step(-np.inf, 1.0, 2.0, 4.0, eager=False)[2] == 7.0
+    assert pipeline_step(-np.inf, 1.0, 2.0, 4.0, eager=True)[2] == 5.0
+
+
+def test_like_steps_cost_max_device_host_and_a_prompt_step_moves_its_launch_to_the_step_before():
+    w = pipelined_walls([3.0] * 5, [1.0] * 5, [False] * 5, [True, False, False, False, False])
+    assert w[0] == pytest.approx(4.0) and np.allclose(w[1:], 3.0)          # cold: launch then device
+    w = pipelined_walls([3.0] * 4, [5.0] * 4, [False] * 4, [True, False, False, False])
+    assert np.allclose(w[1:3], 5.0) and w[3] == pytest.approx(3.0)         # host-bound; the last waits for no launch
+    # decode (3.4 ms device), then a prompt step (16.8 ms device, 8 ms to launch), then decodes: the decode before
+    # the prompt step runs until its launch is done, the prompt step's own iteration is short by what ran meanwhile
+    d, h = [3.4, 3.4, 16.8, 3.4, 3.4], [1.0, 1.0, 8.0, 1.0, 1.0]
+    w = pipelined_walls(d, h, [False, False, True, False, False], [True] + [False] * 4)
+    assert w[1] == pytest.approx(8.0) and w[2] == pytest.approx(3.4 + 16.8 - 8.0)
+    assert w[3] == pytest.approx(3.4) and w[4] == pytest.approx(3.4)
+    # over the run, the per-step rule max(device, host) and this one agree once the prompt step's device work covers
+    # its launch; only the split between neighbours moves
+    alone = np.maximum(d, h)
+    assert w[1:].sum() == pytest.approx(alone[1:].sum())
+    # the first step launched cold, and the host launches the one behind it before reading it back; a step with an
+    # idle gap after it (the next is cold) waits for no launch
+    w = pipelined_walls([3.0, 3.0, 3.0], [1.0, 9.0, 1.0], [False] * 3, [True, False, True])
+    assert np.allclose(w, [1.0 + 9.0, 3.0, 1.0 + 3.0])
+    assert pipelined_walls([], [], [], []).size == 0
+
+
+def _profile():
+    from costmodels.calibration import CalibrationProfile
+    from costmodels.hardware import get_hardware
+    from costmodels.step_profile import HostTerms, LoopTerms, StepProfile
+
+    st = StepProfile(model="deepseek-v3", num_layers=4, dtype="fp8", device="cuda", graph_sizes=[1, 2, 4, 8, 16],
+                     host=HostTerms(fixed_s=4e-3, per_prefill_s=1e-3, graph_fixed_s=0.4e-3),
+                     loop=LoopTerms(fixed_s=2e-4, per_request_s=1e-5))
+    return CalibrationProfile.default(get_hardware("H200")).model_copy(update={"step": st})
+
+
+class _Recording:
+    """A SimBackend factory that records each plan's shape and whether it launched with nothing in flight."""
+
+    def __init__(self):
+        from sim.backend import SimBackend
+
+        rec = self.plans = []
+
+        class Rec(SimBackend):
+            def execute(self, plan, stop_at=None):
+                cold = not self._in_flight
+                firsts = [c for c in plan.prefills if c.request.num_computed_tokens == c.request.num_cached_tokens
+                          and c.request.num_output_tokens == 0]
+                rec.append(SimpleNamespace(decode_ctx=np.array(plan.decode_context_lens), draft_len=plan.draft_len,
+                                           prefill=[(c.num_new_tokens, c.context_len) for c in plan.prefills],
+                                           admitted=len(firsts), admitted_tokens=sum(c.request.prompt_len for c in firsts),
+                                           cold=cold))
+                return super().execute(plan, stop_at)
+        self.cls = Rec
+
+
+def _run(prof, overlap=True, max_steps=1, debug=False, rate=4.0):
+    import simpy
+
+    from costmodels.profiled import ProfiledStepCost
+    from scheduler.config import SchedulerConfig
+    from scheduler.metrics import MetricsCollector
+    from scheduler.scheduler import Scheduler
+    from sim import invariants
+    from sim.backend import MemoStepCost, host_coeffs, loop_cost
+    from sim.cluster import Cluster
+    from sim.router import RouterConfig, make_router
+    from sim.workload import generate, preset
+    from ui.cmd_validate import sim_config
+
+    cfg = sim_config(SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=2048, async_overlap=overlap), prof)
+    reqs = generate(preset("chat", num_requests=40, rate=rate), np.random.default_rng(3), cfg.block_size)
+    cost = MemoStepCost(loop_cost(ProfiledStepCost(prof), overlap))
+    rec = _Recording()
+    env = simpy.Environment()
+    col = (invariants.CheckingCollector if debug else MetricsCollector)(record_steps=True)
+    sched = Scheduler(cfg, 4000, 0, name_all_blocks=False)
+    backends = []
+
+    def make(i):
+        b = rec.cls(cost, np.random.default_rng([1, i]), (), cfg.async_overlap, host_coeffs=host_coeffs(cfg))
+        backends.append(b)
+        return b
+    Cluster(env, [sched], make, make_router(RouterConfig()), col, sorted(reqs, key=lambda r: r.arrival_time), max_steps=max_steps)
+    env.run()
+    if debug:
+        invariants.check_end(col, [sched], len(reqs), env.now)
+    return rec.plans, col, backends[0], cfg
+
+
+def test_the_simulator_charges_each_step_what_validate_predicts_for_it():
+    """One number: run single-step plans through the simulator's pipelined loop and predict the same sequence of
+    steps with validate's ``predict_steps``: each step's charged wall (its read-back less the previous one) is that
+    prediction; the two loops differ (the per-step rule charges the steps around a prompt step otherwise)."""
+    from ui.cmd_validate import predict_steps
+
+    prof = _profile()
+    plans, col, backend, cfg = _run(prof)
+    assert backend.lead
+    walls = np.array([r.duration_s for r in col.step_records])
+    assert len(walls) == len(plans) > 50 and any(p.prefill for p in plans) and any(p.cold for p in plans[1:])
+    from costmodels.profiled import ProfiledStepCost
+    pred = predict_steps(ProfiledStepCost(prof), prof, plans, True, np.array([p.cold for p in plans]))
+    assert np.allclose(pred, walls, rtol=1e-9, atol=1e-12)
+    per_step = predict_steps(ProfiledStepCost(prof), prof, plans, 0.999999)   # not lead: each step alone
+    assert not np.allclose(per_step, walls, rtol=1e-3)
+    # read-backs follow one another: each plan starts where the one before it was read back, or later (idle)
+    starts = np.array([r.start_s for r in col.step_records])
+    assert np.all(starts[1:] >= starts[:-1] + walls[:-1] - 1e-12)
+
+
+def test_the_pipelined_loop_keeps_every_invariant_multi_step_plans_included():
+    """Debug mode (every request accounted for, tokens conserved, time monotone) over the launch-by-launch loop, with
+    multi-step decode plans cut by arrivals; the first tokens and finishes are dated at their plan's read-back."""
+    prof = _profile()
+    for rate in (4.0, 30.0):
+        plans, col, backend, cfg = _run(prof, max_steps=64, debug=True, rate=rate)
+        assert backend.lead and any(r.num_steps > 1 for r in col.step_records)
+        assert col.summarize(1, None).requests_finished == 40
+
+
+def test_the_synchronous_loop_and_analytic_models_keep_the_per_step_rule():
+    from costmodels.profiled import ProfiledStepCost
+    from sim.backend import MemoStepCost, SimBackend, loop_cost
+
+    prof = _profile()
+    sync = SimBackend(MemoStepCost(loop_cost(ProfiledStepCost(prof), False)), np.random.default_rng(0), (), False)
+    assert not sync.lead
+    plans, col, backend, cfg = _run(prof, overlap=False)
+    assert not backend.lead
