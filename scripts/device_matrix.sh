@@ -30,6 +30,12 @@
 #     TWINFER_KERNEL_FP8_GEMM=triton MATRIX_ARGS="--classes agentic,chat,reasoning --class-requests agentic=96,chat=96,reasoning=32 --async-overlap" REQS=96 RUNS=3 T_BUDGET=560 bash scripts/device_matrix.sh
 #   serving's pipelined loop, prefill-heavy + beyond the grid (run 32 at 10e491e, Triton: 306 s):
 #     TWINFER_KERNEL_FP8_GEMM=triton MATRIX_ARGS="--classes summarize,longctx --max-model-len 16384 --class-requests summarize=96,longctx=12 --async-overlap" REQS=96 RUNS=3 T_BUDGET=575 bash scripts/device_matrix.sh
+#   serving's pipelined loop on the registry's default kernels (DeepGEMM), chat + agentic (run 33 at 6ae37da: 459 s,
+#   163 s of it the DeepGEMM pool's compile); run 34 at b24ed5a added reasoning=32 and ran out of time before it
+#   (JIT warm-up 223 s): give DeepGEMM calls two classes at most:
+#     MATRIX_ARGS="--classes chat,agentic --class-requests chat=96,agentic=96 --async-overlap" REQS=96 RUNS=3 T_BUDGET=575 bash scripts/device_matrix.sh
+#   the pipelined loop priced launch by launch with the held-forward fit, summarize + reasoning + longctx (run 35, Triton):
+#     TWINFER_KERNEL_FP8_GEMM=triton MATRIX_ARGS="--classes summarize,reasoning,longctx --max-model-len 16384 --class-requests summarize=96,reasoning=32,longctx=12 --async-overlap" REQS=96 RUNS=3 T_BUDGET=575 bash scripts/device_matrix.sh
 # The device copies the working tree (tracked, untracked-not-ignored, carried) up to 64 MiB: pack a run's reports
 # (reports.tgz) before committing it.
 #   prefill-heavy + agentic on HEAD's model unchanged (run 17 at 0890110, Triton: 357 s):
