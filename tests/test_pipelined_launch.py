@@ -47,13 +47,14 @@ def test_like_steps_cost_max_device_host_and_a_prompt_step_moves_its_launch_to_t
     assert pipelined_walls([], [], [], []).size == 0
 
 
-def _profile():
+def _profile(after=False):
     from costmodels.calibration import CalibrationProfile
     from costmodels.hardware import get_hardware
     from costmodels.step_profile import HostTerms, LoopTerms, StepProfile
 
     st = StepProfile(model="deepseek-v3", num_layers=4, dtype="fp8", device="cuda", graph_sizes=[1, 2, 4, 8, 16],
-                     host=HostTerms(fixed_s=4e-3, per_prefill_s=1e-3, graph_fixed_s=0.4e-3),
+                     host=HostTerms(fixed_s=4e-3, per_prefill_s=1e-3, graph_fixed_s=0.4e-3,
+                                    **({"after_eager_s": 3e-4, "after_eager_decode_s": [4e-4, 2e-4, 1e-4]} if after else {})),
                      loop=LoopTerms(fixed_s=2e-4, per_request_s=1e-5))
     return CalibrationProfile.default(get_hardware("H200")).model_copy(update={"step": st})
 
@@ -117,21 +118,22 @@ def test_the_simulator_charges_each_step_what_validate_predicts_for_it():
     """One number: run single-step plans through the simulator's pipelined loop and predict the same sequence of
     steps with validate's ``predict_steps``: each step's charged wall (its read-back less the previous one) is that
     prediction; the two loops differ (the per-step rule charges the steps around a prompt step otherwise)."""
+    from costmodels.profiled import ProfiledStepCost
     from ui.cmd_validate import predict_steps
 
-    prof = _profile()
-    plans, col, backend, cfg = _run(prof)
-    assert backend.lead
-    walls = np.array([r.duration_s for r in col.step_records])
-    assert len(walls) == len(plans) > 50 and any(p.prefill for p in plans) and any(p.cold for p in plans[1:])
-    from costmodels.profiled import ProfiledStepCost
-    pred = predict_steps(ProfiledStepCost(prof), prof, plans, True, np.array([p.cold for p in plans]))
-    assert np.allclose(pred, walls, rtol=1e-9, atol=1e-12)
-    per_step = predict_steps(ProfiledStepCost(prof), prof, plans, 0.999999)   # not lead: each step alone
-    assert not np.allclose(per_step, walls, rtol=1e-3)
-    # read-backs follow one another: each plan starts where the one before it was read back, or later (idle)
-    starts = np.array([r.start_s for r in col.step_records])
-    assert np.all(starts[1:] >= starts[:-1] + walls[:-1] - 1e-12)
+    for after in (False, True):   # and with the measured cost of following a prompt step, and its decay
+        prof = _profile(after)
+        plans, col, backend, cfg = _run(prof)
+        assert backend.lead
+        walls = np.array([r.duration_s for r in col.step_records])
+        assert len(walls) == len(plans) > 50 and any(p.prefill for p in plans) and any(p.cold for p in plans[1:])
+        pred = predict_steps(ProfiledStepCost(prof), prof, plans, True, np.array([p.cold for p in plans]))
+        assert np.allclose(pred, walls, rtol=1e-9, atol=1e-12)
+        per_step = predict_steps(ProfiledStepCost(prof), prof, plans, 0.999999)   # not lead: each step alone
+        assert not np.allclose(per_step, walls, rtol=1e-3)
+        # read-backs follow one another: each plan starts where the one before it was read back, or later (idle)
+        starts = np.array([r.start_s for r in col.step_records])
+        assert np.all(starts[1:] >= starts[:-1] + walls[:-1] - 1e-12)
 
 
 def test_the_pipelined_loop_keeps_every_invariant_multi_step_plans_included():
