@@ -224,7 +224,8 @@ def iteration_boundaries(samples: dict[str, dict], c: dict[str, np.ndarray], cos
     """Pipelined runs: where an iteration's time goes, by the kinds of this step and the next. The loop launches step
     N+1 before it reads step N back, so iteration N runs from read-back N-1 through the loop's bookkeeping to the
     start of N+1's launch ("book"), then through that launch and the wait for N's device work to read-back N
-    ("launch+wait"). Beside them, the model's device work of step N and its host work for launching N+1
+    ("launch+wait"; of it, the launch as the engine timed it where recorded: input build, forward and sampler issue).
+    Beside them, the model's device work of step N and its host work for launching N+1
     (``ProfiledStepCost.pipelined_parts``), which the twin charges launch by launch (``costmodels.host.pipeline_step``:
     iteration N = max(host of launching N+1, what is left of N's device work)), and per level the step MAPE as charged
     and as the per-step rule max(device, host) of N alone would charge it (the simulator's rule before 2026-12-04).
@@ -246,6 +247,12 @@ def iteration_boundaries(samples: dict[str, dict], c: dict[str, np.ndarray], cos
             rb, cold = read_backs(start, wall, nums)
             eager = np.array(s["prefill_chunks"]) > 0
             n = len(wall)
+            # each step's launch on the host as recorded (runs since this was recorded: the input build, the forward's
+            # issue and the sampler's; nan before)
+            launch = np.zeros(n)
+            for k in ("inputs_host_s", "forward_host_s", "sample_host_s"):
+                v = s.get(k)
+                launch = launch + (np.array([np.nan if x is None else x for x in v], float) if v else np.full(n, np.nan))
             nxt = np.array([i + 1 < n and nums[i + 1] == nums[i] and not cold[i + 1] for i in range(n)])
             for name, a_e, b_e in (("decode -> decode", False, False), ("decode -> prompt", False, True),
                                    ("prompt -> decode", True, False), ("prompt -> prompt", True, True)):
@@ -255,9 +262,11 @@ def iteration_boundaries(samples: dict[str, dict], c: dict[str, np.ndarray], cos
                     continue
                 book = start[ids + 1] - rb[ids - 1]
                 lw = rb[ids] - start[ids + 1]
+                nl = launch[ids + 1]
+                meas = f" (launch {np.median(nl[np.isfinite(nl)]) * 1e3:6.2f})" if np.isfinite(nl).any() else ""
                 print(f"  {cls:10} {lv:16} {name:17} {ids.size:6d}: wall {np.median(wall[ids]) * 1e3:7.2f} = book "
-                      f"{np.median(book) * 1e3:5.2f} + launch+wait {np.median(lw) * 1e3:7.2f} | device {np.median(dev[ids]) * 1e3:7.2f}, "
-                      f"next launch {np.median(host[ids + 1]) * 1e3:6.2f}")
+                      f"{np.median(book) * 1e3:5.2f} + launch+wait {np.median(lw) * 1e3:7.2f}{meas} | device "
+                      f"{np.median(dev[ids]) * 1e3:7.2f}, next launch {np.median(host[ids + 1]) * 1e3:6.2f}")
             # validate's own prediction (what the simulator charges), and each step's max(device, host) alone with the
             # same extras (what the per-step rule charged)
             charged = c["pred"][(c["cls"] == cls) & (c["level"] == lv)]

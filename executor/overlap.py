@@ -72,7 +72,9 @@ class PipelinedRunner:
             # memory, which waits for step N on the device and so undoes the overlap
             idx = to_device(np.array([dst, src], dtype=np.int64), run.device)
             batch.input_ids.index_copy_(0, idx[0], prev.toks.index_select(0, idx[1]))
+        h0 = time.perf_counter()
         hidden, graph_bs, piece_bs = run.forward(batch)
+        h1 = time.perf_counter()
         rows, rids, at = [], [], {}
         for i, r in enumerate(plan.decodes):
             at[r.request_id] = len(rows)
@@ -91,6 +93,12 @@ class PipelinedRunner:
         if self.cuda:
             f.done = torch.cuda.Event(enable_timing=True)
             f.done.record()
+        # the launch's host phases, as the synchronous runner names them (HOST_PHASES): the input build, the
+        # forward's issue (``forward_host_s``), the sampler's issue and the read-back copy's; a wait inside any of
+        # them (a copy or call that blocks on the device) shows there, not in the read-back
+        t1 = time.perf_counter()
+        f.record["forward_host_s"] = h1 - h0
+        f.record["host_phases"] = {"inputs": h0 - t0, "sample": t1 - h1}
         return f
 
     def _inputs(self, plan: StepPlan, prev: InFlight | None) -> tuple[list[SeqInput], list[int], list[int]]:
