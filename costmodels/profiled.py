@@ -180,14 +180,17 @@ class ProfiledStepCost:
         return float(self.sample([rows])[0][0])
 
     def sample_split(self, rows: float) -> tuple[float, float]:
-        """(device, host) seconds of the sampler over ``rows`` rows: its measured device work alone and the rest of its
-        eager seconds (launches, the per-row generator draws), which a pipelined loop hides; all device where the
-        table did not time the device work apart (older profiles: the pipelined rule then over-prices the sampler)."""
+        """(device, host) seconds of the sampler over ``rows`` rows: its measured device work alone, and its host issue
+        (the logits GEMM's and sampling's calls, ``HostTerms.sample_issue``, from the calibration's measured 'sample'
+        phase), or where that was not fitted the rest of its eager seconds; all device where the table did not time
+        the device work apart (older profiles: the pipelined rule then over-prices the sampler)."""
         total = self.sample_s(rows)
         dev = self.sample.device([rows]) if self.sample is not None and rows > 0 else None
         if dev is None:
             return total, 0.0
         d = float(dev[0])
+        if self.step.host.sample_issue_s > 0:   # its host issue as the calibration's steps measured it
+            return d, float(self.step.host.sample_issue(rows))
         return d, total - d
 
     @staticmethod

@@ -196,6 +196,23 @@ def fit_serial(points: Sequence[StepPoint], sampler_s: np.ndarray, min_points: i
     return dict(zip(SERIAL_NAMES, (float(v) for v in x)))
 
 
+def fit_sample_issue(points: Sequence[StepPoint], min_points: int = 8) -> dict[str, float]:
+    """The sampler's host issue from what the calibration measured directly: each point's 'sample' host phase (the
+    runner's logits GEMM and sampling calls, from the forward's return to theirs, ``host_phases``, recorded since H200
+    run 28) over 1 and its sampled rows (NNLS, absolute error). The sampler's table times it eagerly, issue and device
+    work overlapping, so its eager seconds less its device work (~0.05 ms) is not its issue (0.5-0.9 ms + ~8 us a row
+    on the H200, runs 31-36); a pipelined loop pays the issue on the host of every launch (run 36: prompt steps'
+    launches 0.8-1.6 ms longer than the model without it). {} (no term) with fewer than ``min_points`` such points."""
+    sel = [i for i, p in enumerate(points) if p.host_phases and np.isfinite(p.host_phases.get("sample", np.nan))
+           and p.host_phases["sample"] > 0]
+    if len(sel) < min_points:
+        return {}
+    y = np.array([points[i].host_phases["sample"] for i in sel])
+    a = np.array([[1.0, len(points[i].decode_ctx) * (1 + points[i].draft_len) + len(points[i].prefill)] for i in sel], float)
+    x = nnls_abs(a, y)
+    return {"sample_issue_s": float(x[0]), "sample_issue_per_row_s": float(x[1])}
+
+
 def _split_points(points: Sequence[StepPoint]) -> list[int]:
     """Eager points whose forward was measured apart into host issue and device work (``queued_host_s``,
     ``queued_forward_s``) without a wait inside it (an issue that outlasted the unheld step timed the spin)."""
@@ -480,7 +497,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
         if best is None or sse < best[4] - 1e-12:
             best = (use_tables, h, k, alpha, sse, df, sub, fw, serial, off, eag, early, pred)
     use_tables, h, k, alpha, _, df, sub, fw, serial, off, eag, early, pred = best
-    host = HostTerms(**{n: float(v) for n, v in zip(hnames, h)}, **serial)
+    host = HostTerms(**{n: float(v) for n, v in zip(hnames, h)}, **serial, **fit_sample_issue(pts))
     main_l = max(layers, key=lambda L: sum(p.num_layers == L for p in pts))
     notes = []
     if scale_bounds is not None:

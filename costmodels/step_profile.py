@@ -123,6 +123,12 @@ class HostTerms(BaseModel):
     serial_per_prefill_s: float = Field(0.0, description="serial host time per prefill chunk")
     serial_per_token_s: float = Field(0.0, description="serial host time per prefill token (the chunk's token ids, "
                                       "positions and KV slots built on the host and copied); 0 in profiles fitted before it")
+    sample_issue_s: float = Field(0.0, ge=0.0, description="the sampler's host issue (the logits GEMM and sampling "
+                                  "called after the forward, until they return): fixed seconds, from the calibration "
+                                  "points' measured 'sample' host phase; what a pipelined loop pays on the host to launch "
+                                  "a step's sampler. 0 in profiles fitted before it (then the sampler's eager seconds less "
+                                  "its device work)")
+    sample_issue_per_row_s: float = Field(0.0, ge=0.0, description="the sampler's host issue per sampled row")
     after_eager_s: float = Field(0.0, ge=0.0, description="seconds a step pays right after a prefill-bearing (eager or "
                                  "piecewise) step, beyond the same step after a decode step: measured apart from the "
                                  "grid (executor.calibrate.measure_after_eager: the smaller of a decode and a mixed "
@@ -150,6 +156,11 @@ class HostTerms(BaseModel):
         return (self.serial_s + self.serial_per_request_s * np.asarray(n_req, float)
                 + self.serial_per_prefill_s * np.asarray(n_prefill, float)
                 + self.serial_per_token_s * np.asarray(n_prefill_tokens, float))
+
+    def sample_issue(self, rows):
+        """The sampler's host issue over ``rows`` sampled rows (0 where not fitted or no rows)."""
+        r = np.asarray(rows, float)
+        return np.where(r > 0, self.sample_issue_s + self.sample_issue_per_row_s * r, 0.0)
 
     def graph(self, n_req, kv_tokens=0.0):
         """CUDA-graph decode step host time (``kv_tokens``: the context tokens of its sequences)."""

@@ -267,19 +267,18 @@ def test_held_out_run_33_pipelined_on_the_default_kernels(tmp_path):
 def test_held_out_run_34_with_the_held_forward_fit(tmp_path):
     """H200 run 34 (chat, agentic at b24ed5a, DeepGEMM): the first calibration that timed its CUDA-graph forwards
     with the GPU held busy too. Refitted as a calibration at HEAD fits (the device scale pinned to the held forwards:
-    1.11 where the idle ones gave 1.16) and priced launch by launch, both classes held out: every end-to-end figure
-    within target (worst: throughput +0.6%, TPOT p50 +1.8%, TTFT p50 -6.3%, TTFT p90 -5.0%) and step MAPE in five of
-    six cells (agentic's knee 5.8%). The fit the device made (idle forwards) misses TPOT p50 at agentic's knee (+6.2%)
-    and step MAPE in four cells (7.7% worst). Pinned at those figures."""
+    1.11 where the idle ones gave 1.16; the sampler's host issue from the points' measured phase) and priced launch by
+    launch, both classes held out: all 30 targets met (worst: throughput +0.6%, TPOT p50 +1.8%, TTFT p50 +5.5%, TTFT
+    p90 -5.1%, step MAPE 4.75% at agentic's knee). The fit the device made (idle forwards) misses TPOT p50 at agentic's
+    knee (+6.2%) and step MAPE in four cells (7.7% worst). Pinned at those figures."""
     import matrix_offline as mo
 
     r34 = _unpacked("run34_async_deepgemm_chat_agentic_reasoning_b24ed5a", tmp_path / "r34")
     w = mo.main([str(r34), "--refit", "auto"])
     assert abs(w["output_throughput"][0]) <= 0.007 and abs(w["tpot_p50"][0]) <= 0.019
-    assert abs(w["ttft_p50"][0]) <= 0.064 and abs(w["ttft_p90"][0]) <= 0.051
+    assert abs(w["ttft_p50"][0]) <= 0.056 and abs(w["ttft_p90"][0]) <= 0.052
     m = _level_step_mape(r34, sync=False, refit="auto")
-    assert len(m) == 6 and max(m.values()) <= 0.059 and max(m, key=m.get) == ("agentic", "knee")
-    assert sorted(m.values())[-2] <= 0.038
+    assert len(m) == 6 and max(m.values()) <= 0.0480 and max(m, key=m.get) == ("agentic", "knee")
     w = mo.main([str(r34)])
     assert 0.055 <= abs(w["tpot_p50"][0]) <= 0.063
     m = _level_step_mape(r34, sync=False)

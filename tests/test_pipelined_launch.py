@@ -155,3 +155,34 @@ def test_the_synchronous_loop_and_analytic_models_keep_the_per_step_rule():
     assert not sync.lead
     plans, col, backend, cfg = _run(prof, overlap=False)
     assert not backend.lead
+
+
+def test_the_samplers_host_issue_comes_from_the_measured_phase():
+    """``fit_sample_issue``: the sampler's host issue, affine in sampled rows, from the calibration points' measured
+    'sample' host phase; too few points, no term. A pipelined launch then pays it on the host (``sample_split``),
+    where before it paid the sampler's eager seconds less its device work."""
+    from costmodels.calibration import SampleTable
+    from costmodels.profiled import ProfiledStepCost
+    from costmodels.step_fit import fit_sample_issue
+    from costmodels.step_profile import StepPoint
+
+    pts = [StepPoint(num_layers=4, decode_ctx=[100] * b, wall_s=0.01, graph_bs=b,
+                     host_phases={"inputs": 1e-4, "sample": 6e-4 + 8e-6 * b, "readback": 1e-5, "post": 1e-4})
+           for b in (1, 2, 4, 8, 16, 32, 64, 128)]
+    got = fit_sample_issue(pts)
+    assert got["sample_issue_s"] == pytest.approx(6e-4, rel=1e-6) and got["sample_issue_per_row_s"] == pytest.approx(8e-6, rel=1e-6)
+    assert fit_sample_issue(pts[:7]) == {}
+    assert fit_sample_issue([p.model_copy(update={"host_phases": None}) for p in pts]) == {}
+
+    prof = _profile()
+    smp = SampleTable(batch=[1, 64], seconds=[7e-4, 1.2e-3], device_seconds=[6.5e-4, 1.1e-3], vocab=129280, includes_logits=True)
+    st = prof.step.model_copy(update={"op_tables": ["sample"]})
+    prof = prof.model_copy(update={"step": st, "tables": {**prof.tables, "sample": smp}})
+    pc = ProfiledStepCost(prof, st)
+    d, h = pc.sample_split(16)
+    assert h == pytest.approx(7e-4 + 15 * (5e-4 / 63) - d)          # eager seconds less device work
+    st2 = st.model_copy(update={"host": st.host.model_copy(update=got)})
+    pc2 = ProfiledStepCost(prof.model_copy(update={"step": st2}), st2)
+    d2, h2 = pc2.sample_split(16)
+    assert d2 == pytest.approx(d) and h2 == pytest.approx(6e-4 + 16 * 8e-6)
+    assert pc2.pipelined().pipelined_parts([1] * 16, [100] * 16, [True] * 16)[1] > pc.pipelined().pipelined_parts([1] * 16, [100] * 16, [True] * 16)[1]
