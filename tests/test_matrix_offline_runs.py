@@ -302,6 +302,24 @@ def test_held_out_run_35_priced_launch_by_launch(tmp_path):
     assert sorted(m.values())[-2] <= 0.037
 
 
+def test_held_out_run_36_and_the_samplers_host_issue(tmp_path):
+    """H200 run 36 (summarize, agentic at 42271d0, Triton), held out, as the device printed it: 29 of 30 targets
+    (worst: throughput +0.9%, TPOT p50 -2.7%, TTFT p50 -3.7%, TTFT p90 -8.5%; step MAPE 6.4% at agentic's knee). Its
+    pipelined launches were timed on the host: agentic's prompt steps launched in 7.0-10.2 ms where the model had
+    4.1-5.2 (the sampler's issue, 0.8-1.6 ms, was priced at ~0.05). Refitted with the sampler's measured issue, the
+    agentic knee reads 6.1% and summarize's knee 4.4 -> 3.8%. Pinned at those figures."""
+    import matrix_offline as mo
+
+    r36 = _unpacked("run36_async_summarize_agentic_42271d0", tmp_path / "r36")
+    w = mo.main([str(r36)])
+    assert abs(w["output_throughput"][0]) <= 0.010 and abs(w["tpot_p50"][0]) <= 0.028
+    assert abs(w["ttft_p50"][0]) <= 0.038 and abs(w["ttft_p90"][0]) <= 0.086
+    m = _level_step_mape(r36, sync=False)
+    assert max(m.values()) <= 0.0645 and max(m, key=m.get) == ("agentic", "knee") and sorted(m.values())[-2] <= 0.046
+    m = _level_step_mape(r36, sync=False, refit="auto")
+    assert max(m.values()) <= 0.0617 and max(m, key=m.get) == ("agentic", "knee") and m[("summarize", "knee")] <= 0.039
+
+
 def test_async_gain_over_alternating_rounds_held_out():
     """Issue 23's async target on a held-out H200 run with five alternating off/on rounds per level (run_async_rounds_
     a84afba; the committed profile, unchanged since before the run): the simulator's gain within 5 points of the
