@@ -186,3 +186,39 @@ def test_the_samplers_host_issue_comes_from_the_measured_phase():
     d2, h2 = pc2.sample_split(16)
     assert d2 == pytest.approx(d) and h2 == pytest.approx(6e-4 + 16 * 8e-6)
     assert pc2.pipelined().pipelined_parts([1] * 16, [100] * 16, [True] * 16)[1] > pc.pipelined().pipelined_parts([1] * 16, [100] * 16, [True] * 16)[1]
+
+
+@pytest.mark.parametrize("draft,blocks,kind,instances", [(1, 4000, "chat", 1), (0, 60, "chat", 1), (1, 80, "agentic", 2)])
+def test_the_pipelined_loop_keeps_its_invariants_with_drafts_preemption_and_several_instances(draft, blocks, kind, instances):
+    """The launch-by-launch loop in debug mode with MTP drafts drawn per step, with a KV cache small enough to
+    preempt (and drop what can never fit), and behind a router over several instances: every invariant holds."""
+    import simpy
+
+    from costmodels.profiled import ProfiledStepCost
+    from scheduler.config import SchedulerConfig
+    from scheduler.scheduler import Scheduler
+    from sim import invariants
+    from sim.backend import MemoStepCost, SimBackend, host_coeffs, loop_cost
+    from sim.cluster import Cluster
+    from sim.router import RouterConfig, make_router
+    from sim.workload import generate, preset
+    from ui.cmd_validate import sim_config
+
+    prof = _profile(True)
+    cfg = sim_config(SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=2048, draft_len=draft), prof)
+    reqs = generate(preset(kind, num_requests=40, rate=25.0), np.random.default_rng(5), cfg.block_size)
+    cost = MemoStepCost(loop_cost(ProfiledStepCost(prof), True))
+    env = simpy.Environment()
+    col = invariants.CheckingCollector(record_steps=False)
+    scheds = [Scheduler(cfg, blocks, i, name_all_blocks=False) for i in range(instances)]
+    made = []
+
+    def make(i):
+        made.append(SimBackend(cost, np.random.default_rng([1, i]), cfg.effective_acceptance_rates(), True,
+                               host_coeffs=host_coeffs(cfg)))
+        return made[-1]
+    Cluster(env, scheds, make, make_router(RouterConfig()), col, sorted(reqs, key=lambda r: r.arrival_time), max_steps=64)
+    env.run()
+    invariants.check_end(col, scheds, len(reqs), env.now)
+    assert all(b.lead for b in made)
+    assert col.n_finished + col.n_dropped == 40 and col.n_finished > 0
