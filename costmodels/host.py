@@ -44,7 +44,7 @@ def wall_time(device_s, host_s: float, async_overlap: bool | float, cold_start: 
 
 
 def pipeline_step(in_flight_end: float, host_free: float, host_s: float, device_s: float,
-                  eager: bool) -> tuple[float, float, float]:
+                  eager: bool, tail_s: float = 0.0) -> tuple[float, float, float]:
     """One launch of a pipelined loop, which launches step N+1 before it reads step N back (the executor's
     ``LLMEngine.step_overlapped``, SGLang's overlap scheduler): ``(launched, read_back, end)``.
 
@@ -54,8 +54,9 @@ def pipeline_step(in_flight_end: float, host_free: float, host_s: float, device_
     ``in_flight_end`` (``-inf``: nothing in flight): N is read back at ``read_back = max(launched, in_flight_end)``.
     N+1's device work (``device_s``) starts behind N's. A captured CUDA graph starts when its launch is done, so it
     ends at ``max(in_flight_end, launched) + device_s``; an eager step's kernels run as they are issued, so it ends
-    at ``max(start + device_s, launched)``, ``start = max(in_flight_end, host_free)``: the device may run part of an
-    eager step while the host still issues it, inside N's iteration.
+    at ``max(start + device_s, launched + tail_s)``, ``start = max(in_flight_end, host_free)``, ``tail_s`` the device
+    work issued last (the sampler's, after the forward): the device may run part of an eager step while the host
+    still issues it, inside N's iteration, but not what is issued at the end of its launch.
 
     So an iteration (read-back N-1 to read-back N) costs ``max(host of launching N+1, what is left of N's device
     work)``: a decode step before a prompt step pays that prompt step's launch, and the prompt step's own iteration
@@ -66,37 +67,40 @@ def pipeline_step(in_flight_end: float, host_free: float, host_s: float, device_
     read_back = launched if launched >= in_flight_end else in_flight_end
     start = in_flight_end if in_flight_end >= host_free else host_free
     if eager:
-        end = start + device_s
-        return launched, read_back, end if end >= launched else launched
+        end, last = start + device_s, launched + tail_s
+        return launched, read_back, end if end >= last else last
     return launched, read_back, read_back + device_s
 
 
-def pipelined_walls(device_s, host_s, eager, cold) -> np.ndarray:
+def pipelined_walls(device_s, host_s, eager, cold, tail_s=None) -> np.ndarray:
     """Iteration walls of a sequence of steps run by a pipelined loop (:func:`pipeline_step`), each from the
     previous read-back (or, for a step launched with nothing in flight, ``cold``, from the start of its own launch)
     to its own read-back. ``device_s``/``host_s``: each step's device work and the host work of launching it;
-    ``eager``: not a captured-graph replay. A step with nothing launched behind it (the last, or one before a cold
-    step) is read back when its device work ends."""
+    ``eager``: not a captured-graph replay; ``tail_s``: each step's device work issued last (0 where None). A step
+    with nothing launched behind it (the last, or one before a cold step) is read back when its device work ends."""
     d, h = np.asarray(device_s, float), np.asarray(host_s, float)
     n = d.size
+    tl = np.zeros(n) if tail_s is None else np.asarray(tail_s, float)
     eager, cold = np.asarray(eager, bool), np.asarray(cold, bool)
     walls = np.zeros(n)
     if n == 0:
         return walls
     ninf = -np.inf
     begin = 0.0                       # where the current step's iteration began
-    launched, _, end = pipeline_step(ninf, 0.0, float(h[0]), float(d[0]), bool(eager[0]))
+    launched, _, end = pipeline_step(ninf, 0.0, float(h[0]), float(d[0]), bool(eager[0]), float(tl[0]))
     host_free = launched              # a cold step: the host launches the next one right after its own
     for i in range(n):
         if i + 1 < n and not cold[i + 1]:
-            launched, read_back, nxt_end = pipeline_step(end, host_free, float(h[i + 1]), float(d[i + 1]), bool(eager[i + 1]))
+            launched, read_back, nxt_end = pipeline_step(end, host_free, float(h[i + 1]), float(d[i + 1]), bool(eager[i + 1]),
+                                                         float(tl[i + 1]))
         else:
             read_back = end
         walls[i] = read_back - begin
         if i + 1 < n:
             if cold[i + 1]:           # the next starts on an idle engine: its own launch starts its iteration
                 begin = read_back     # (relative clock: what matters is that it starts no earlier)
-                launched, _, nxt_end = pipeline_step(ninf, begin, float(h[i + 1]), float(d[i + 1]), bool(eager[i + 1]))
+                launched, _, nxt_end = pipeline_step(ninf, begin, float(h[i + 1]), float(d[i + 1]), bool(eager[i + 1]),
+                                                     float(tl[i + 1]))
                 host_free = launched
             else:
                 begin, host_free = read_back, read_back

@@ -368,27 +368,30 @@ class ProfiledStepCost:
         d = float(cats[1:] @ ke[1:]) + (cats[0] + att) * ke[0] + self.step.eager_decode_group_s + sd
         return d, float(self.step.host.serial(n, 0)) + self.host_time(n, int(rows), 0) + sh + loop
 
-    def decode_parts(self, context_lens, draft_len: int = 0) -> tuple[float, float, bool]:
-        """``(device, host, eager)`` of one decode step at ``context_lens`` in the pipelined loop: what
-        ``decode_times`` takes the max of, and whether the step runs eagerly (no captured graph for its batch)."""
+    def decode_parts(self, context_lens, draft_len: int = 0) -> tuple[float, float, bool, float]:
+        """``(device, host, eager, tail)`` of one decode step at ``context_lens`` in the pipelined loop: what
+        ``decode_times`` takes the max of, whether the step runs eagerly (no captured graph for its batch), and the
+        device work issued last (the sampler's)."""
         ctx = np.asarray(context_lens, float)
         n = ctx.size
         if n == 0:
-            return 0.0, 0.0, False
+            return 0.0, 0.0, False, 0.0
         pad = self.step.graph_bucket(n, draft_len)
         cats = self._decode_base(n, draft_len, pad)[0]
         att = float(np.asarray(self.base.decode_times(ctx, 1, draft_len), float)[0]) - self._decode_base(n, draft_len)[1]
-        d, h = self._decode_split(ctx, n, draft_len, pad, cats, att, float(n * (1 + draft_len)))
-        return float(d), float(h), not pad
+        rows = float(n * (1 + draft_len))
+        d, h = self._decode_split(ctx, n, draft_len, pad, cats, att, rows)
+        return float(d), float(h), not pad, self.sample_split(rows)[0]
 
-    def launch_parts(self, new_tokens, context_lens, is_decode) -> tuple[float, float, bool]:
-        """``(device, host, eager)`` of one step in the pipelined loop (``pipelined_parts`` and whether it runs
-        eagerly): what ``costmodels.host.pipeline_step`` takes."""
+    def launch_parts(self, new_tokens, context_lens, is_decode) -> tuple[float, float, bool, float]:
+        """``(device, host, eager, tail)`` of one step in the pipelined loop (``pipelined_parts``, whether it runs
+        eagerly, and the device work its launch issues last: the sampler's): what ``costmodels.host.pipeline_step``
+        takes."""
         new = np.asarray(new_tokens, np.int64)
         dec = np.asarray(is_decode, bool)
         d, h = self.pipelined_parts(new, context_lens, dec)
         graph = new.size > 0 and bool(dec.all()) and bool((new == 1).all()) and bool(self.step.graph_bucket(new.size))
-        return d, h, not graph
+        return d, h, not graph, (self.sample_split(self.sampled_rows(new, dec))[0] if new.size else 0.0)
 
     def point_time(self, p: StepPoint) -> float:
         """Predicted runner time of a measured point."""

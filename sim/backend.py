@@ -245,21 +245,21 @@ class SimBackend:
         times, ends = self._times_until(plan, start > self._busy_until, start, stop_at, host)
         return self._finish(plan, start, host, times, ends)
 
-    def _first_parts(self, plan: StepPlan) -> tuple[float, float, bool]:
-        """(device, host, eager) of ``plan``'s first step in the pipelined loop, as ``_mixed_time`` and the step
+    def _first_parts(self, plan: StepPlan) -> tuple[float, float, bool, float]:
+        """(device, host, eager, tail) of ``plan``'s first step in the pipelined loop, as ``_mixed_time`` and the step
         model price it: the resumed chunks' depth correction and prefix blocks loaded back on the device side."""
         model = self.cost.cost_model
         if not plan.prefills:
             return model.decode_parts(plan.decode_context_lens, plan.draft_len)
         chunks = plan.prefills
-        d, h, eager = model.launch_parts(*decodes_then_chunks(plan.decode_context_lens, plan.draft_len,
-                                                              [c.num_new_tokens for c in chunks], [c.context_len for c in chunks]))
+        d, h, eager, tail = model.launch_parts(*decodes_then_chunks(plan.decode_context_lens, plan.draft_len,
+                                                                    [c.num_new_tokens for c in chunks], [c.context_len for c in chunks]))
         if self.replay_correction is not None:
             d -= self.replay_correction(chunks)
         if plan.loaded_blocks[0] or plan.loaded_blocks[1]:
             host_s, storage_s = self.kv_load_s_per_block
             d = max(d, plan.loaded_blocks[0] * host_s + plan.loaded_blocks[1] * storage_s)
-        return d, h, eager
+        return d, h, eager, min(tail, d)
 
     def _last_device(self, plan: StepPlan, steps: int) -> float:
         """Device seconds of the ``steps``-th (last run) step of a multi-step decode plan, at the contexts it runs at."""
@@ -282,16 +282,16 @@ class SimBackend:
         self._drawn = None
         t = self.clock()
         host = self.host_time(plan)
-        d1, h1, eager = self._first_parts(plan)
+        d1, h1, eager, tail1 = self._first_parts(plan)
         h1 = max(h1, host)
         extras = self.transition_extras(plan)
         if extras.size:   # what a step pays for following a prompt step: on its device side (it ends later)
             d1 += float(extras[0])
         if self._in_flight:
-            launched, read_back, end1 = pipeline_step(self._dev_end, self._host_free, h1, d1, eager)
+            launched, read_back, end1 = pipeline_step(self._dev_end, self._host_free, h1, d1, eager, tail1)
             start = read_back if read_back > t else t
         else:
-            launched, _, end1 = pipeline_step(-math.inf, t, h1, d1, eager)
+            launched, _, end1 = pipeline_step(-math.inf, t, h1, d1, eager, tail1)
             start = t
         self.read_back_delay = start - t
         lead1 = max(end1 - start, 0.0)

@@ -20,6 +20,12 @@ def test_a_graph_step_starts_when_launched_an_eager_one_as_issued():
     assert pipeline_step(2.0, 1.0, 6.0, 4.0, eager=False) == (7.0, 7.0, 11.0)
     assert pipeline_step(2.0, 1.0, 6.0, 4.0, eager=True) == (7.0, 7.0, 7.0)
     assert pipeline_step(2.0, 1.0, 6.0, 9.0, eager=True) == (7.0, 7.0, 11.0)
+    # ...but not what its launch issues last (the sampler, after the forward): a step read back with nothing launched
+    # behind it still takes that long after its launch
+    assert pipeline_step(2.0, 1.0, 6.0, 4.0, eager=True, tail_s=1.5) == (7.0, 7.0, 8.5)
+    assert pipeline_step(2.0, 1.0, 6.0, 4.0, eager=False, tail_s=1.5) == (7.0, 7.0, 11.0)
+    w = pipelined_walls([3.0, 0.5], [1.0, 4.0], [False, True], [True, False], [0.0, 0.2])
+    assert w[1] == pytest.approx(0.2)    # its device work ran during its launch, all but the sampler's
     # nothing in flight: the launch starts the device
     assert pipeline_step(-np.inf, 1.0, 2.0, 4.0, eager=False)[2] == 7.0
     assert pipeline_step(-np.inf, 1.0, 2.0, 4.0, eager=True)[2] == 5.0

@@ -120,18 +120,18 @@ def predict_steps(cost, profile, steps, overlap: bool | float = False, cold=None
     if pc is None or not (getattr(pc, "pipelined_loop", False) and hasattr(pc, "launch_parts")):
         return np.array([float(wall_time(r, loop, overlap)) + x for r, loop, x in terms])
     n = len(steps)
-    d, h, eager = np.zeros(n), np.zeros(n), np.zeros(n, bool)
+    d, h, eager, tail = np.zeros(n), np.zeros(n), np.zeros(n, bool), np.zeros(n)
     for j, s in enumerate(steps):
         if s.prefill:
-            dj, hj, ej = pc.launch_parts(*decodes_then_chunks(np.asarray(s.decode_ctx, np.int64), s.draft_len,
-                                                              [a for a, _ in s.prefill], [c for _, c in s.prefill]))
+            dj, hj, ej, tj = pc.launch_parts(*decodes_then_chunks(np.asarray(s.decode_ctx, np.int64), s.draft_len,
+                                                                  [a for a, _ in s.prefill], [c for _, c in s.prefill]))
         else:
-            dj, hj, ej = pc.decode_parts(np.asarray(s.decode_ctx, np.int64), s.draft_len)
-        d[j], h[j], eager[j] = dj + terms[j][2], max(hj, terms[j][1]), ej
+            dj, hj, ej, tj = pc.decode_parts(np.asarray(s.decode_ctx, np.int64), s.draft_len)
+        d[j], h[j], eager[j], tail[j] = dj + terms[j][2], max(hj, terms[j][1]), ej, min(tj, dj)
     if cold is None:
         cold = np.zeros(n, bool)
         cold[:1] = True
-    return pipelined_walls(d, h, eager, cold)
+    return pipelined_walls(d, h, eager, cold, tail)
 
 
 def replay_cold_starts(steps):
