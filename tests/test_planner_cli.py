@@ -200,7 +200,10 @@ def test_ctrl_c_says_how_far_it_got():
 
     args = SMALL[:-6] + ["--simulate", "8", "--sim-requests", "100000", "--workers", "1"]
     p = subprocess.Popen([sys.executable, "-m", "ui.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "COLUMNS": "120"})
+                         env={**os.environ, "COLUMNS": "120"},
+                         # Ctrl-C reaches it as at a terminal, whatever this process inherited (a shell's background job
+                         # ignores SIGINT, and a child inherits that)
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert "planning" in p.stdout.readline()
     time.sleep(2)  # into the search (8 simulations of up to 100k requests cannot be done by then)
     p.send_signal(signal.SIGINT)

@@ -62,7 +62,10 @@ def test_scenario_file_takes_the_slo_string(tmp_path):
 def test_ctrl_c_prints_partial_results():
     # a run far too long to finish; SIGINT once it has started simulating
     p = subprocess.Popen([sys.executable, "-m", "ui.cli", "simulate", "-n", "2000000", "--rate", "50"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "120"})
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "120"},
+                         # Ctrl-C reaches it as at a terminal, whatever this process inherited (a shell's background job
+                         # ignores SIGINT, and a child inherits that)
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert "simulating" in p.stdout.readline()
     time.sleep(1)  # into the event loop (the run cannot finish: 2M requests)
     p.send_signal(signal.SIGINT)
