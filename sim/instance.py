@@ -97,8 +97,8 @@ class Instance:
         kv_total = blocks.num_blocks
         backend.clock = lambda: env.now
         # bound once: this loop runs once per plan
-        before, next_arrival, max_steps = self._before_schedule, self._next_arrival, self.max_steps
-        schedule, complete, execute = sched.schedule, sched.complete, backend.execute
+        before, next_arrival = self._before_schedule, self._next_arrival
+        complete, execute = sched.complete, backend.execute
         on_step, on_finish, timeout = metrics.on_step, metrics.on_finish, env.timeout
         on_plan = getattr(metrics, "on_plan", None)
         while True:
@@ -110,30 +110,11 @@ class Instance:
                 yield self._wake
                 continue
             start = env.now
-            # the plan due now was scheduled when the step that just ended started: requests that arrived later wait
-            # a step, unless nothing was scheduled behind that step (the engine then starts cold with all)
-            lagged = self._lag and not self._idle and sched.has_work_by(self._last_start)
-            self._idle = False
-            sched.admit_before = self._last_start if lagged else None
-            plan = schedule(start, max_steps)
-            sched.admit_before = None
-            if not plan.decodes and not plan.prefills:
-                raise RuntimeError(f"instance {iid}: work queued but nothing schedulable at t={start}")
+            plan = self._schedule(start)
             result = execute(plan, next_arrival() if next_arrival is not None else None)
             times = result.step_durations
-            n = len(times)
-            if n > 1:
-                ends = backend.ends
-                self._ends, self._cut = ends, None
-                last = n - 1
-                try:
-                    yield timeout(float(ends[n - 1]) - start)
-                except simpy.Interrupt:
-                    cut = last = self._cut
-                    yield timeout(float(ends[cut]) - env.now)
-                    result = backend.cut(result, cut + 1)
-                self._ends = None
-                self._last_start = float(ends[last - 1]) if last > 0 else start
+            if len(times) > 1:
+                result = yield from self._sleep_through(result, start)
             else:
                 self._last_start = start
                 yield timeout(float(times[0]))
@@ -157,8 +138,8 @@ class Instance:
         blocks = sched.blocks
         kv_total = blocks.num_blocks
         backend.clock = lambda: env.now
-        before, next_arrival, max_steps = self._before_schedule, self._next_arrival, self.max_steps
-        schedule, complete, execute = sched.schedule, sched.complete, backend.execute
+        before, next_arrival = self._before_schedule, self._next_arrival
+        complete, execute = sched.complete, backend.execute
         on_plan = getattr(metrics, "on_plan", None)
         on_step, on_finish, timeout = metrics.on_step, metrics.on_finish, env.timeout
         prev = None      # (plan, result, start, first-token requests) whose device work just ended, not read back
@@ -180,13 +161,7 @@ class Instance:
                 self._wake = env.event()
                 yield self._wake
                 continue
-            lagged = self._lag and not self._idle and sched.has_work_by(self._last_start)
-            self._idle = False
-            sched.admit_before = self._last_start if lagged else None
-            plan = schedule(env.now, max_steps)
-            sched.admit_before = None
-            if not plan.decodes and not plan.prefills:
-                raise RuntimeError(f"instance {iid}: work queued but nothing schedulable at t={env.now}")
+            plan = self._schedule(env.now)
             firsts = [c.request for c in plan.prefills if c.is_last_chunk and c.request.first_token_time is None]
             result = execute(plan, next_arrival() if next_arrival is not None else None)
             delay = backend.read_back_delay
@@ -196,23 +171,44 @@ class Instance:
                 self._read_back(prev, finished, delay, blocks.num_used, kv_total)
             start = env.now
             times = result.step_durations
-            n = len(times)
-            if n > 1:
-                ends = backend.ends
-                self._ends, self._cut = ends, None
-                last = n - 1
-                try:
-                    yield timeout(float(ends[n - 1]) - start)
-                except simpy.Interrupt:
-                    cut = last = self._cut
-                    yield timeout(float(ends[cut]) - env.now)
-                    result = backend.cut(result, cut + 1)
-                self._ends = None
-                self._last_start = float(ends[last - 1]) if last > 0 else start
+            if len(times) > 1:
+                result = yield from self._sleep_through(result, start)
             else:
                 self._last_start = start
                 yield timeout(float(times[0]))
             prev = (plan, result, start, firsts)
+
+    def _schedule(self, now: float):
+        """The plan due now. It was scheduled when the step that just ended started: requests that arrived later wait
+        a step (``Scheduler.admit_before``), unless nothing was scheduled behind that step (the engine then starts
+        cold with all)."""
+        sched = self.scheduler
+        lagged = self._lag and not self._idle and sched.has_work_by(self._last_start)
+        self._idle = False
+        sched.admit_before = self._last_start if lagged else None
+        plan = sched.schedule(now, self.max_steps)
+        sched.admit_before = None
+        if not plan.decodes and not plan.prefills:
+            raise RuntimeError(f"instance {self.instance_id}: work queued but nothing schedulable at t={now}")
+        return plan
+
+    def _sleep_through(self, result, start: float):
+        """Sleep through a multi-step plan's steps from ``start``; an arrival (``wake``) cuts it at the current step
+        boundary. Returns its result as run (cut where it was) and notes where its last step started."""
+        env, backend = self.env, self.backend
+        ends = backend.ends
+        n = len(result.step_durations)
+        self._ends, self._cut = ends, None
+        last = n - 1
+        try:
+            yield env.timeout(float(ends[n - 1]) - start)
+        except simpy.Interrupt:
+            cut = last = self._cut
+            yield env.timeout(float(ends[cut]) - env.now)
+            result = backend.cut(result, cut + 1)
+        self._ends = None
+        self._last_start = float(ends[last - 1]) if last > 0 else start
+        return result
 
     def _read_back(self, prev, finished: list[Request], delay: float, kv_used: int, kv_total: int) -> None:
         """Report a plan read back ``delay`` seconds after its device work ended (the launch of the next plan ran
