@@ -256,17 +256,32 @@ class ProfiledStepCost:
         launches it (the input build, the forward's issue or a graph's launch, the sampler's issue, and the profile's
         loop terms). Read apart by ``benchmarks/step_residuals.py`` against where the engine's iterations end (the
         loop launches step N+1 before it reads step N back)."""
+        return self.launch_parts(new_tokens, context_lens, is_decode)[:2]
+
+    def launch_parts(self, new_tokens, context_lens, is_decode) -> tuple[float, float, bool, float]:
+        """``(device, host, eager, tail)`` of one step in the pipelined loop: ``pipelined_parts``, whether it runs
+        eagerly (not a captured graph's replay), and the device work its launch issues last (the sampler's): what
+        ``costmodels.host.pipeline_step`` takes."""
         new = np.asarray(new_tokens, np.int64)
         if new.size == 0:
-            return 0.0, 0.0
+            return 0.0, 0.0, False, 0.0
         t = self._step_terms(new, context_lens, np.asarray(is_decode, bool))
         loop = float(self.step.loop(new.size, int(new.sum())))
         if t[0] == "graph":
             sd, sh = self.sample_split(new.size)
-            return t[1] + sd, t[2] + sh + loop
+            return t[1] + sd, t[2] + sh + loop, False, sd
         _, _, d, h, serial, sampled = t
         sd, sh = self.sample_split(sampled)
-        return d + sd, serial + h + sh + loop
+        return d + sd, serial + h + sh + loop, True, sd
+
+    def step_parts(self, decode_ctx, draft_len: int, prefill_new, prefill_ctx) -> tuple[float, float, bool, float]:
+        """``launch_parts`` of a step given as its decodes (their contexts, each verifying ``draft_len`` drafts) and
+        prefill chunks (new, cached tokens): a decode-only step as ``decode_times`` prices it (``decode_parts``, graph
+        bucket by drafts), one with chunks as ``chunked_step_time`` does. What the simulator's pipelined loop and
+        ``twinfer validate``'s per-step prediction both price a launch from."""
+        if not len(prefill_new):
+            return self.decode_parts(decode_ctx, draft_len)
+        return self.launch_parts(*decodes_then_chunks(decode_ctx, draft_len, prefill_new, prefill_ctx))
 
     # --- StepCost interface
     def mixed_step_time(self, new_tokens, context_lens, is_decode) -> float:
@@ -338,7 +353,7 @@ class ProfiledStepCost:
         att = np.asarray(self.base.decode_times(ctx, num_steps, draft_len), float) - total  # attention (+ indexer) per step
         rows = float(n * (1 + draft_len))
         if self.pipelined_loop:
-            d, h = self._decode_split(ctx, n, draft_len, pad, cats, att, rows)
+            d, h, _ = self._decode_split(ctx, n, draft_len, pad, cats, att, rows)
             return np.maximum(d, h)
         if pad:
             d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + self.sample_s(rows)
@@ -355,18 +370,18 @@ class ProfiledStepCost:
         return self.step.host.serial(n, 0) + (fwd if np.ndim(d) else float(fwd[0])) + smp
 
     def _decode_split(self, ctx: np.ndarray, n: int, draft_len: int, pad: int, cats: np.ndarray, att, rows: float):
-        """(device, host) of decode steps in the pipelined loop (``att``: attention per step, an array or a float):
-        a graph replay's forward and sampler device work against its input build, launch and sampler issue, or an
-        eager step's device work against its serial build and issue; the loop's own terms (``step.loop``) on the
-        host side, as ``pipelined_parts`` splits a step."""
+        """(device, host, sampler device) of decode steps in the pipelined loop (``att``: attention per step, an array
+        or a float): a graph replay's forward and sampler device work against its input build, launch and sampler
+        issue, or an eager step's device work against its serial build and issue; the loop's own terms
+        (``step.loop``) on the host side, as ``pipelined_parts`` splits a step."""
         sd, sh = self.sample_split(rows)
         loop = float(self.step.loop(n, int(rows)))
         if pad:
             d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + sd
-            return d, float(self.step.host.graph(n, float(ctx.sum()))) + sh + loop
+            return d, float(self.step.host.graph(n, float(ctx.sum()))) + sh + loop, sd
         ke = self.k_eager
         d = float(cats[1:] @ ke[1:]) + (cats[0] + att) * ke[0] + self.step.eager_decode_group_s + sd
-        return d, float(self.step.host.serial(n, 0)) + self.host_time(n, int(rows), 0) + sh + loop
+        return d, float(self.step.host.serial(n, 0)) + self.host_time(n, int(rows), 0) + sh + loop, sd
 
     def decode_parts(self, context_lens, draft_len: int = 0) -> tuple[float, float, bool, float]:
         """``(device, host, eager, tail)`` of one decode step at ``context_lens`` in the pipelined loop: what
@@ -379,19 +394,8 @@ class ProfiledStepCost:
         pad = self.step.graph_bucket(n, draft_len)
         cats = self._decode_base(n, draft_len, pad)[0]
         att = float(np.asarray(self.base.decode_times(ctx, 1, draft_len), float)[0]) - self._decode_base(n, draft_len)[1]
-        rows = float(n * (1 + draft_len))
-        d, h = self._decode_split(ctx, n, draft_len, pad, cats, att, rows)
-        return float(d), float(h), not pad, self.sample_split(rows)[0]
-
-    def launch_parts(self, new_tokens, context_lens, is_decode) -> tuple[float, float, bool, float]:
-        """``(device, host, eager, tail)`` of one step in the pipelined loop (``pipelined_parts``, whether it runs
-        eagerly, and the device work its launch issues last: the sampler's): what ``costmodels.host.pipeline_step``
-        takes."""
-        new = np.asarray(new_tokens, np.int64)
-        dec = np.asarray(is_decode, bool)
-        d, h = self.pipelined_parts(new, context_lens, dec)
-        graph = new.size > 0 and bool(dec.all()) and bool((new == 1).all()) and bool(self.step.graph_bucket(new.size))
-        return d, h, not graph, (self.sample_split(self.sampled_rows(new, dec))[0] if new.size else 0.0)
+        d, h, sd = self._decode_split(ctx, n, draft_len, pad, cats, att, float(n * (1 + draft_len)))
+        return float(d), float(h), not pad, sd
 
     def point_time(self, p: StepPoint) -> float:
         """Predicted runner time of a measured point."""

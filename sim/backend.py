@@ -8,7 +8,6 @@ from typing import Callable
 import numpy as np
 
 from costmodels.host import decay_at, decay_table, pipeline_step, wall_time
-from costmodels.batch import decodes_then_chunks
 from costmodels.step_memo import MemoStepCost, StepCost
 from scheduler.plan import StepPlan, StepResult
 from sim.streams import uniforms
@@ -117,7 +116,7 @@ class SimBackend:
         # per-step max(device, host)
         model = self.cost.cost_model
         self.lead = (self.async_overlap is True and getattr(model, "pipelined_loop", False)
-                     and hasattr(model, "launch_parts") and hasattr(model, "decode_parts"))
+                     and hasattr(model, "step_parts"))
         self._in_flight = False       # lead mode: a plan launched and not yet read back
         self._dev_end = -math.inf     # lead mode: when the device finishes the plan in flight
         self._host_free = -math.inf   # lead mode: when the host may start launching the next plan
@@ -248,12 +247,11 @@ class SimBackend:
     def _first_parts(self, plan: StepPlan) -> tuple[float, float, bool, float]:
         """(device, host, eager, tail) of ``plan``'s first step in the pipelined loop, as ``_mixed_time`` and the step
         model price it: the resumed chunks' depth correction and prefix blocks loaded back on the device side."""
-        model = self.cost.cost_model
-        if not plan.prefills:
-            return model.decode_parts(plan.decode_context_lens, plan.draft_len)
         chunks = plan.prefills
-        d, h, eager, tail = model.launch_parts(*decodes_then_chunks(plan.decode_context_lens, plan.draft_len,
-                                                                    [c.num_new_tokens for c in chunks], [c.context_len for c in chunks]))
+        d, h, eager, tail = self.cost.cost_model.step_parts(plan.decode_context_lens, plan.draft_len,
+                                                             [c.num_new_tokens for c in chunks], [c.context_len for c in chunks])
+        if not chunks:
+            return d, h, eager, tail
         if self.replay_correction is not None:
             d -= self.replay_correction(chunks)
         if plan.loaded_blocks[0] or plan.loaded_blocks[1]:

@@ -72,20 +72,20 @@ def predict_step(cost, profile, decode_ctx, prefill, draft_len=0, overlap: bool 
     with). A pipelined loop (``overlap``
     truthy) prices the runner step as the simulator does (``sim.backend.loop_cost``: max(device, host) per step)."""
     from costmodels.host import wall_time
-    runner, loop, extra = _step_terms(cost, profile, decode_ctx, prefill, draft_len, overlap, after_eager, since_eager,
-                                      eager_tokens, admitted, admitted_tokens)
+    from sim.backend import loop_cost
+    runner = loop_cost(cost, bool(overlap)).chunked_step_time(np.asarray(decode_ctx, np.int64), draft_len,
+                                                              [a for a, _ in prefill], [c for _, c in prefill])
+    loop, extra = _loop_terms(profile, decode_ctx, prefill, draft_len, after_eager, since_eager, eager_tokens, admitted,
+                              admitted_tokens)
     return float(wall_time(float(runner), loop, overlap)) + extra
 
 
-def _step_terms(cost, profile, decode_ctx, prefill, draft_len, overlap, after_eager, since_eager, eager_tokens,
-                admitted, admitted_tokens) -> tuple[float, float, float]:
-    """``predict_step``'s terms: the runner step (the loop's variant of the step model), the loop's host seconds
-    with the iteration's admissions, and what the step pays for following a prompt step."""
-    from sim.backend import loop_cost
-    cost = loop_cost(cost, bool(overlap))
+def _loop_terms(profile, decode_ctx, prefill, draft_len, after_eager, since_eager, eager_tokens, admitted,
+                admitted_tokens) -> tuple[float, float]:
+    """``predict_step``'s terms beside the runner step: the loop's host seconds with the iteration's admissions, and
+    what the step pays for following a prompt step."""
     n = len(decode_ctx) + len(prefill)
     tok = len(decode_ctx) * (1 + draft_len) + sum(a for a, _ in prefill)
-    runner = cost.chunked_step_time(np.asarray(decode_ctx, np.int64), draft_len, [a for a, _ in prefill], [c for _, c in prefill])
     from costmodels.step_fit import loop_scheduler_terms
     terms = loop_scheduler_terms(profile.step)    # as the simulator's scheduler config takes them (bounded)
     decay = terms["host_after_eager_decode_s"]
@@ -98,7 +98,7 @@ def _step_terms(cost, profile, decode_ctx, prefill, draft_len, overlap, after_ea
     else:
         extra = float(terms["host_after_eager_s"]) if after_eager else 0.0
     loop = float(profile.step.loop(n, tok)) + terms["host_admit_s"] * admitted + terms["host_admit_per_token_s"] * admitted_tokens
-    return float(runner), loop, extra
+    return loop, extra
 
 
 def predict_steps(cost, profile, steps, overlap: bool | float = False, cold=None) -> np.ndarray:
@@ -109,25 +109,24 @@ def predict_steps(cost, profile, steps, overlap: bool | float = False, cold=None
     runs to the end of the host's launch of the next step or of its own device work, whichever is later; ``cold``
     (each step: launched with nothing in flight, ``sim.validate.read_backs``; default: only the first) marks where
     the engine had idled. Otherwise each step alone (``predict_step``)."""
-    from costmodels.batch import decodes_then_chunks
-    from costmodels.host import pipelined_walls, wall_time
+    from costmodels.host import pipelined_walls
     from sim.backend import loop_cost
     since, toks = steps_since_prefill(steps), last_prefill_tokens(steps)
-    terms = [_step_terms(cost, profile, s.decode_ctx, s.prefill, s.draft_len, overlap, j > 0 and bool(steps[j - 1].prefill),
-                         since[j], toks[j], int(getattr(s, "admitted", 0) or 0), int(getattr(s, "admitted_tokens", 0) or 0))
-             for j, s in enumerate(steps)]
     pc = loop_cost(cost, True) if overlap is True else None
-    if pc is None or not (getattr(pc, "pipelined_loop", False) and hasattr(pc, "launch_parts")):
-        return np.array([float(wall_time(r, loop, overlap)) + x for r, loop, x in terms])
+    if pc is None or not (getattr(pc, "pipelined_loop", False) and hasattr(pc, "step_parts")):
+        return np.array([predict_step(cost, profile, s.decode_ctx, s.prefill, s.draft_len, overlap,
+                                      j > 0 and bool(steps[j - 1].prefill), since[j], toks[j],
+                                      int(getattr(s, "admitted", 0) or 0), int(getattr(s, "admitted_tokens", 0) or 0))
+                         for j, s in enumerate(steps)])
     n = len(steps)
     d, h, eager, tail = np.zeros(n), np.zeros(n), np.zeros(n, bool), np.zeros(n)
     for j, s in enumerate(steps):
-        if s.prefill:
-            dj, hj, ej, tj = pc.launch_parts(*decodes_then_chunks(np.asarray(s.decode_ctx, np.int64), s.draft_len,
-                                                                  [a for a, _ in s.prefill], [c for _, c in s.prefill]))
-        else:
-            dj, hj, ej, tj = pc.decode_parts(np.asarray(s.decode_ctx, np.int64), s.draft_len)
-        d[j], h[j], eager[j], tail[j] = dj + terms[j][2], max(hj, terms[j][1]), ej, min(tj, dj)
+        loop, extra = _loop_terms(profile, s.decode_ctx, s.prefill, s.draft_len, j > 0 and bool(steps[j - 1].prefill),
+                                  since[j], toks[j], int(getattr(s, "admitted", 0) or 0),
+                                  int(getattr(s, "admitted_tokens", 0) or 0))
+        dj, hj, ej, tj = pc.step_parts(np.asarray(s.decode_ctx, np.int64), s.draft_len, [a for a, _ in s.prefill],
+                                       [c for _, c in s.prefill])
+        d[j], h[j], eager[j], tail[j] = dj + extra, max(hj, loop), ej, min(tj, dj)
     if cold is None:
         cold = np.zeros(n, bool)
         cold[:1] = True
