@@ -20,3 +20,13 @@ for x in .whl/vllm_vendor_extract.tar.xz .whl/vllm_vendor_extract.tar.gz; do   #
   fi
 done
 export PYTHONPATH="$PWD:/tmp/site:/tmp/vendor"
+
+# env.txt for a Triton-GEMM probe: the GPU, driver, torch/CUDA/triton, the date, and the dense FP8 GEMM library
+# (default triton: the matrix runs' engine; DeepGEMM JIT-compiles ~160 s on an empty cache)
+env_txt_triton() {
+  { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name())"
+    date -u +%Y-%m-%dT%H:%M:%SZ; } | tee "$OUT/env.txt"
+  export TWINFER_KERNEL_FP8_GEMM=${TWINFER_KERNEL_FP8_GEMM:-triton}
+  echo "TWINFER_KERNEL_FP8_GEMM=$TWINFER_KERNEL_FP8_GEMM" | tee -a "$OUT/env.txt"
+}

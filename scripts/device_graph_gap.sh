@@ -4,11 +4,7 @@
 # (benchmarks/gpu/graph_launch_gap.py). Output: $OUT/graph_launch_gap.json, $OUT/env.txt, $OUT/log.txt.
 # Run from the repo root with `.whl` carried:  bash scripts/device_graph_gap.sh     (about 2 minutes with the install)
 source scripts/device_env.sh
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name())"
-  date -u +%Y-%m-%dT%H:%M:%SZ; } | tee "$OUT/env.txt"
-export TWINFER_KERNEL_FP8_GEMM=${TWINFER_KERNEL_FP8_GEMM:-triton}   # runs 31-32's engine (DeepGEMM JIT-compiles ~160 s)
-echo "TWINFER_KERNEL_FP8_GEMM=$TWINFER_KERNEL_FP8_GEMM" | tee -a "$OUT/env.txt"
+env_txt_triton
 stage "graph decode steps, GPU idle vs held (benchmarks/gpu/graph_launch_gap.py)"
 timeout ${T_BENCH:-200} python3 -m benchmarks.gpu.graph_launch_gap --out "$OUT/graph_launch_gap.json" \
   --batches ${BATCHES:-1,4,8,16,24,32,64} --repeats ${REPEATS:-30} || echo "graph launch gap: exit $? (finished batches are in the json)"
