@@ -4,8 +4,10 @@ A serving loop does host work every step (schedule, build inputs, launch, comple
 async overlap the CPU prepares a step, then the GPU runs it: ``device + host``. With async
 overlap (SGLang's zero-overhead scheduler, vLLM async scheduling) the CPU prepares step N+1
 while the GPU runs step N, so a step costs ``max(device, host)``; only the first step after an
-idle period (``cold_start``) cannot hide its preparation. The simulator's backend, the
-planner's screen, capacity estimates and the UI all price a step with :func:`wall_time`.
+idle period (``cold_start``) cannot hide its preparation. The planner's screen, capacity
+estimates and the UI price a step with :func:`wall_time`; the simulator prices a loop that hides
+all of its host work launch by launch (:func:`pipeline_step`: the host launches N+1 before it
+reads N back), which over a run of like steps is the same ``max(device, host)``.
 
 A measured runner (``StepProfile``) overlaps its own launch work with the kernels only in part:
 :func:`partial_overlap` is the same rule with the exposed fraction fitted between 0 (async

@@ -109,6 +109,12 @@ class GemmTable:
     measured_on: str = ""         # the GPU the table was measured on
     source: str = ""              # where it was measured ("": the committed op tables)
 
+    @property
+    def floor_s(self) -> float:
+        """The shortest time measured for any kernel: the launch-to-finish floor of one GEMM on that GPU (H200
+        DeepGEMM: 4.7 us, 7168 x 256 at one row)."""
+        return min(float(np.min(s)) for _, s in self.families.values())
+
     def _roofline(self, m, n, k):
         m = np.asarray(m, dtype=float)
         byts = gemm_bytes(m, n, k, self.weight_bytes_per_elem)
@@ -337,6 +343,19 @@ class TableGemms:
     the efficiencies the calibration measured. A GPU of the same die with less HBM (H800/H100 vs H200)
     keeps small-M times (they are not bandwidth-bound on the H200) and pays its bandwidth where a kernel
     would exceed it.
+
+    A row whose weights are in another dtype than the table's (``rows``: BF16 heads and routers, FP4 weights), on the
+    measured GPU too, starts from the table's kernel at its shape here (``t8``, as above) and keeps the floor of one
+    GEMM (``GemmTable.floor_s``, scaled like the fixed part); the time above that floor moves with the bytes it moves
+    (weights at the row's bytes per element, BF16 activations in for a BF16 row), bounded by this GPU's streaming and
+    math ceilings at the row's dtype:
+
+        t = max(floor + (t8 - floor) * bytes_row / bytes_fp8,  bytes_row / (mem_eff * bw_target),  flops / (compute_eff_row * peak_row))
+
+    So fewer weight bytes never slow a GEMM, a bandwidth-bound one gains in proportion, and one at the floor gains
+    nothing. What it assumes: the time above the floor is streaming (true of the decode GEMMs that dominate a step;
+    a small GEMM latency-bound by a long K loop, 11.6 us for 512 x 7168 on the H200, is then priced 40% short in
+    FP4 and 60% long in BF16 at most).
     """
 
     table: GemmTable
@@ -346,6 +365,9 @@ class TableGemms:
     target_bw: float                   # this GPU's peak HBM bandwidth, bytes/s
     mem_eff: float = 0.856             # streaming fraction of peak HBM bandwidth (calibration)
     compute_eff: float = 0.662         # FP8 GEMM fraction of the dense peak (calibration)
+    # rows in another dtype than the table's: row -> (dense peak of its dtype here flop/s, weight bytes per element,
+    # activation bytes per element in, compute efficiency of its dtype); absent rows are the table's dtype
+    rows: dict[int, tuple[float, float, float, float]] = field(default_factory=dict)
 
     @property
     def same_gpu(self) -> bool:
@@ -357,11 +379,23 @@ class TableGemms:
         pos = flat > 0
         every = bool(pos.all())
         acc = None   # the kernels' times summed in order (a table step prices thousands of rows: no zero-filled copies)
+        other = self.rows.get(row)
         if every or pos.any():
             mp = flat if every else flat[pos]
             for n, k in self.shapes[row]:
                 t = self.table.seconds(mp, n, k)
-                if not self.same_gpu:
+                if other is not None:
+                    peak, wb, ab, ceff = other
+                    b8 = gemm_bytes(mp, n, k, self.table.weight_bytes_per_elem)
+                    ratio = self.table.peak_flops / self.target_flops
+                    if not self.same_gpu:
+                        t = np.maximum(np.maximum(t * ratio, b8 / (self.mem_eff * self.target_bw)),
+                                       2.0 * mp * n * k / (self.compute_eff * self.target_flops))
+                    floor = self.table.floor_s * ratio
+                    byts = n * k * wb + mp * (k * ab + 2.0 * n)
+                    t = np.maximum(np.maximum(floor + np.maximum(t - floor, 0.0) * (byts / b8), byts / (self.mem_eff * self.target_bw)),
+                                   2.0 * mp * n * k / (ceff * peak))
+                elif not self.same_gpu:
                     byts = gemm_bytes(mp, n, k, self.table.weight_bytes_per_elem)
                     t = np.maximum(np.maximum(t * self.table.peak_flops / self.target_flops, byts / (self.mem_eff * self.target_bw)),
                                    2.0 * mp * n * k / (self.compute_eff * self.target_flops))

@@ -71,7 +71,11 @@ class ProfiledStepCost:
         self.kv_bf16 = None
         self.pad_one_token = st.model_rev >= 1
         if st.model_rev >= 1 and dtype != "bf16" and self.model.attention == "mla" and self.model.mla.kv_up_proj:
-            self.kv_bf16 = StepCostModel(self.model, get_hardware(st.hardware_basis), ParallelLayout(tp=1, weight_dtype="bf16", kv_dtype="bf16"), cal, **smp_kw)
+            # priced on the analytic BF16 ramp (no op tables), as every committed profile's fit took it: the cost
+            # model's BF16 layouts transfer the FP8 table (costmodels.op_table.TableGemms) since 2026-12-04, which
+            # would move these fits' category scales (a refit's question, not a silent change)
+            self.kv_bf16 = StepCostModel(self.model, get_hardware(st.hardware_basis), ParallelLayout(tp=1, weight_dtype="bf16", kv_dtype="bf16"),
+                                         cal.model_copy(update={"op_tables": None}), **smp_kw)
         self._kvx: dict[float, float] = {}
         # a prefill chunk's keys and values from its cached latents, measured (KvExpandTable): in place of the
         # analytic K/V up-projection GEMM over the chunk's keys, priced as measured in prefill attention (it runs

@@ -255,10 +255,12 @@ class StepOps:
             {lin.name: (lin, []) for lin in attention_linears(m, kind) if lin.name not in have}
 
     def _gemm_table(self, shapes: list[list[tuple[int, int]]]) -> TableGemms | None:
-        """Measured device times for the FP8 weight GEMMs when the calibration names op tables and this is an
-        NVIDIA GPU with FP8 (other dtypes, and GPUs the tables cannot speak for, keep the analytic ramp)."""
+        """Device times of the weight GEMMs from the measured FP8 table when the calibration names op tables: the FP8
+        rows as measured (or transferred to this GPU by its datasheet), rows in another dtype (BF16 heads and routers,
+        FP4 weights) transferred to their own bytes, peak and compute efficiency (``TableGemms``); the same rule on any
+        GPU with FP8-class tensor cores, whoever made it. None (the analytic ramp) without op tables."""
         name = self.cal.op_tables
-        if not name or self.hw.vendor.lower() != "nvidia" or not self.hw.has_fp8:
+        if not name or not self.hw.has_fp8:
             return None
         # a calibration that timed the model's own GEMM shapes at its token buckets (bench_gemm_shapes) prices them
         # from that table on the GPU it ran on; else the committed op table of the engine's library
@@ -268,11 +270,20 @@ class StepOps:
         else:
             tables = load_op_tables(name)
             table = tables.gemm_table("fp8", self.cal.gemm_libs()) if tables else None
-        covers = np.array([d == "fp8" for d in self.g_dtype])
-        if table is None or not covers.any():
+        if table is None:
             return None
-        return TableGemms(table, shapes, covers, self.hw.tflops("fp8") * 1e12, self.hw.hbm_bw, self.cal.mem_eff,
-                          self.cal.gemm_compute_eff.get("fp8", 0.662))
+        # the rows in the table's dtype, and those in the dtype the layout puts the weights in (FP4, BF16); a model's
+        # own BF16 rows beside FP8 weights (router, heads) stay on the analytic ramp the measured profiles were fitted with
+        wd = self.layout.weight_dtype
+        covers = np.array([(d == table.dtype or d == wd) and kn > 0 for d, kn in zip(self.g_dtype, self.g_kn)])
+        if not covers.any():
+            return None
+        ceff = self.cal.gemm_compute_eff
+        other = {r: (self.hw.tflops(d) * 1e12, float(self.g_w[r] / self.g_kn[r]), 2.0 if d == "bf16" else 1.0,
+                     ceff.get(d, ceff.get("fp8", 0.662)))
+                 for r, d in enumerate(self.g_dtype) if covers[r] and d != table.dtype}
+        return TableGemms(table, shapes, covers, self.hw.tflops("fp8") * 1e12, self.hw.hbm_bw,
+                          self.cal.mem_eff, ceff.get("fp8", 0.662), other)
 
     def gemm_table_note(self) -> str | None:
         """Where the dense GEMM times come from (None: the analytic ramp for all of them)."""
@@ -280,7 +291,7 @@ class StepOps:
         if g is None:
             return None
         fams = g.table.families
-        src = {r: (MEASURED if all(s in fams for s in g.shapes[r]) else SCALED) for r in np.flatnonzero(g.covers)}
+        src = {r: (MEASURED if all(s in fams for s in g.shapes[r]) else SCALED) for r in np.flatnonzero(g.covers) if r not in g.rows}
         by: dict[str, set[str]] = {}
         for r, s in src.items():
             by.setdefault(s, set()).add(self.g_names[r])
@@ -289,9 +300,15 @@ class StepOps:
              "bandwidth and math ceilings")
         parts = [f"{s} shapes: {', '.join(sorted(v))}" for s, v in sorted(by.items())]
         src = f" ({g.table.source})" if g.table.source else ""
+        dts = sorted({self.g_dtype[r] for r in g.rows})
+        rest = (f"; {', '.join(d.upper() for d in dts)} weight GEMMs from the same table at their shape, their time "
+                "above one GEMM's floor moved by the bytes they move, bounded by this GPU's bandwidth and math ceilings "
+                "at their dtype") if dts else ""
+        ramp = sorted({self.g_names[r] for r in range(len(g.covers)) if not g.covers[r]})
+        ramp_txt = f"; the model's own BF16 GEMMs ({', '.join(ramp)}) on the analytic ramp" if ramp else ""
         return (f"dense FP8 GEMMs from the {g.table.lib} device-time table of {g.table.measured_on}{src} ({how}; unmeasured "
                 f"N x K scaled from the nearest measured one by roofline, M beyond 16384 along the roofline): "
-                + "; ".join(parts) + "; BF16 GEMMs on the analytic ramp")
+                + "; ".join(parts) + rest + ramp_txt)
 
     def _build_attention(self) -> None:
         m, lay, cal = self.model, self.layout, self.cal

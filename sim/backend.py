@@ -111,12 +111,13 @@ class SimBackend:
         self.ends: list[float] | np.ndarray | None = None
         # single-step decode plans read the memo directly where its decode_times is the plain one
         self._decode1 = type(self.cost).decode_times is MemoStepCost.decode_times
-        # a pipelined loop priced launch by launch (costmodels.host.pipeline_step) where the step model splits a step
-        # into device and host work (a measured profile's ProfiledStepCost.pipelined); other models keep wall_time's
-        # per-step max(device, host)
+        # a pipelined loop (async overlap hiding all host work) is priced launch by launch (costmodels.host.
+        # pipeline_step). A step model that splits a step into device and host work (a measured profile's
+        # ProfiledStepCost.pipelined: ``step_parts``) prices both; any other model prices the device work and the
+        # loop's host work is ``host_time`` (the scheduler config's host coefficients)
         model = self.cost.cost_model
-        self.lead = (self.async_overlap is True and getattr(model, "pipelined_loop", False)
-                     and hasattr(model, "step_parts"))
+        self._split = bool(getattr(model, "pipelined_loop", False) and hasattr(model, "step_parts"))
+        self.lead = self.async_overlap is True
         self._in_flight = False       # lead mode: a plan launched and not yet read back
         self._dev_end = -math.inf     # lead mode: when the device finishes the plan in flight
         self._host_free = -math.inf   # lead mode: when the host may start launching the next plan
@@ -248,6 +249,8 @@ class SimBackend:
         """(device, host, eager, tail) of ``plan``'s first step in the pipelined loop, as ``_mixed_time`` and the step
         model price it: the resumed chunks' depth correction and prefix blocks loaded back on the device side."""
         chunks = plan.prefills
+        if not self._split:   # device work only: the loop's host work is host_time's; a step launches, then runs
+            return self._first_device(plan), 0.0, False, 0.0
         d, h, eager, tail = self.cost.cost_model.step_parts(plan.decode_context_lens, plan.draft_len,
                                                              [c.num_new_tokens for c in chunks], [c.context_len for c in chunks])
         if not chunks:
@@ -259,6 +262,18 @@ class SimBackend:
             d = max(d, plan.loaded_blocks[0] * host_s + plan.loaded_blocks[1] * storage_s)
         return d, h, eager, min(tail, d)
 
+    def _first_device(self, plan: StepPlan) -> float:
+        """Device seconds of ``plan``'s first step from a model without a device/host split (``step_times``' price
+        of it, no host work): what its launch starts on the device."""
+        if plan.prefills:
+            return self._mixed_time(plan)
+        cost = self.cost
+        if cost.sum_only:
+            cs = plan.decode_context_sum
+            return float(cost.decode_time(len(plan.decodes), plan.draft_len,
+                                          int(np.add.reduce(plan.decode_context_lens)) if cs is None else cs))
+        return float(cost.decode_times(plan.decode_context_lens, 1, plan.draft_len)[0])
+
     def _last_device(self, plan: StepPlan, steps: int) -> float:
         """Device seconds of the ``steps``-th (last run) step of a multi-step decode plan, at the contexts it runs at."""
         ctx = np.asarray(plan.decode_context_lens, np.int64)
@@ -267,6 +282,8 @@ class SimBackend:
             ctx = ctx + drawn[1][: steps - 1].sum(axis=0)
         else:
             ctx = ctx + (steps - 1)
+        if not self._split:
+            return float(self.cost.decode_times(ctx, 1, plan.draft_len)[0])
         return self.cost.cost_model.decode_parts(ctx, plan.draft_len)[0]
 
     def _execute_lead(self, plan: StepPlan, stop_at: float | None) -> StepResult:
@@ -295,6 +312,7 @@ class SimBackend:
         lead1 = max(end1 - start, 0.0)
         if plan.num_steps == 1:
             times, ends = np.array([lead1]), None
+            self._draw_tokens(plan, 1)   # its drafts' acceptance (the multi-step path draws in step_times)
         else:
             times, ends = self._times_until(plan, False, start, stop_at, host)
             times = np.array(times, float)

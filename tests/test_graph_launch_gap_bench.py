@@ -35,3 +35,23 @@ def test_prefix_issue_probe_smoke(tmp_path):
     with pytest.raises(SystemExit) as e:
         pip_.main(["--out", str(tmp_path / "x.json"), "--smoke", "--repeats", "0"])
     assert e.value.code == 2
+
+
+def test_host_speed_probe_smoke(tmp_path):
+    """benchmarks/gpu/host_speed_probe.py in its CPU smoke mode: every CPU of the affinity set timed each round, then
+    unpinned, and the affinity restored; the summary's ratios are >= 1; bad rounds refused by name with exit 2."""
+    import os
+
+    from benchmarks.gpu import host_speed_probe as hsp
+
+    before = os.sched_getaffinity(0)
+    out = tmp_path / "h.json"
+    assert hsp.main(["--out", str(out), "--cpu", "--rounds", "2", "--repeats", "3"]) == 0
+    assert os.sched_getaffinity(0) == before
+    res = json.loads(out.read_text())
+    cpus = sorted(before)
+    assert sorted({r["cpu"] for r in res["rows"]}) == [-1] + cpus and len(res["rows"]) == 2 * (len(cpus) + 1)
+    assert all(r["input_build_s"] > 0 and r["python_s"] > 0 for r in res["rows"])
+    s = res["summary"]["gpu_idle"]
+    assert s["between_cpus_max_over_min"] >= 1 and s["within_cpu_max_over_min_median"] >= 1
+    assert hsp.main(["--out", str(out), "--cpu", "--rounds", "0"]) == 2

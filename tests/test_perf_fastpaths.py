@@ -180,6 +180,8 @@ def test_execute_until_equals_pricing_all_steps_then_cutting(overlap):
 
     cm = EffectiveStepCost(get_model("deepseek-v3"), H200, ParallelLayout(tp=8, weight_dtype="fp8"))
     backend = SimBackend(cm, np.random.default_rng(0), (), overlap)
+    # the per-step path (a pipelined loop prices a plan's steps from it, then moves its launches: test_pipelined_launch)
+    backend.lead = False
     rng = np.random.default_rng(5)
     for trial in range(300):
         nd, k = int(rng.integers(1, 40)), int(rng.integers(2, 300))

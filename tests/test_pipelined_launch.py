@@ -152,7 +152,7 @@ def test_the_pipelined_loop_keeps_every_invariant_multi_step_plans_included():
         assert col.summarize(1, None).requests_finished == 40
 
 
-def test_the_synchronous_loop_and_analytic_models_keep_the_per_step_rule():
+def test_the_synchronous_loop_and_a_partly_hiding_overlap_keep_the_per_step_rule():
     from costmodels.profiled import ProfiledStepCost
     from sim.backend import MemoStepCost, SimBackend, loop_cost
 
@@ -161,6 +161,73 @@ def test_the_synchronous_loop_and_analytic_models_keep_the_per_step_rule():
     assert not sync.lead
     plans, col, backend, cfg = _run(prof, overlap=False)
     assert not backend.lead
+    # an overlap that hides only part of the host work (vLLM v0's output processor) is no pipelined launch
+    part = SimBackend(MemoStepCost(ProfiledStepCost(prof)), np.random.default_rng(0), (), True, host_coeffs=(2e-3, 0, 0, 0.25))
+    assert not part.lead
+
+
+def _run_analytic(host_s, max_steps=1, debug=False):
+    """Single- (or multi-) step plans of a small dense model on the analytic cost model through the simulator's
+    pipelined loop, with ``host_s`` seconds of loop host work a step (the config's ``host_step_s``)."""
+    import simpy
+
+    from costmodels.hardware import get_hardware
+    from costmodels.catalog import get_model
+    from costmodels.layout import ParallelLayout
+    from costmodels.step import StepCostModel
+    from scheduler.config import SchedulerConfig
+    from scheduler.metrics import MetricsCollector
+    from scheduler.scheduler import Scheduler
+    from sim import invariants
+    from sim.backend import MemoStepCost, host_coeffs
+    from sim.cluster import Cluster
+    from sim.router import RouterConfig, make_router
+    from sim.workload import generate, preset
+
+    cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=2048, async_overlap=True, host_step_s=host_s,
+                          host_per_request_s=0.0, host_per_token_s=0.0)
+    reqs = generate(preset("chat", num_requests=24, rate=0.5), np.random.default_rng(3), cfg.block_size)
+    model = StepCostModel(get_model("llama-3.1-8b"), get_hardware("H200"), ParallelLayout())
+    cost = MemoStepCost(model)
+    rec = _Recording()
+    env = simpy.Environment()
+    col = (invariants.CheckingCollector if debug else MetricsCollector)(record_steps=True)
+    sched = Scheduler(cfg, 4000, 0, name_all_blocks=False)
+    backends = []
+
+    def make(i):
+        b = rec.cls(cost, np.random.default_rng([1, i]), (), cfg.async_overlap, host_coeffs=host_coeffs(cfg))
+        backends.append(b)
+        return b
+    Cluster(env, [sched], make, make_router(RouterConfig()), col, sorted(reqs, key=lambda r: r.arrival_time), max_steps=max_steps)
+    env.run()
+    if debug:
+        invariants.check_end(col, [sched], len(reqs), env.now)
+    return rec.plans, col, backends[0], model
+
+
+def test_an_analytic_model_runs_the_pipelined_loop_launch_by_launch_too():
+    """The analytic models (``simulate``'s and ``plan``'s full-model figures) price serving's pipelined loop with the
+    same rule as a measured profile: their device time, the config's host terms as each launch's host work, a step
+    launched before the one in flight is read back. Each charged wall is ``pipelined_walls`` over the plans' device
+    and host seconds; with host work longer than some steps' device work the walls differ from the per-step max."""
+    from costmodels.host import wall_time
+
+    host = 12e-3
+    plans, col, backend, model = _run_analytic(host)
+    assert backend.lead and not backend._split
+    walls = np.array([r.duration_s for r in col.step_records])
+    assert len(walls) == len(plans) > 50 and any(p.prefill for p in plans) and any(p.cold for p in plans[1:])
+    dev = np.array([model.chunked_step_time(p.decode_ctx, 0, [a for a, _ in p.prefill], [c for _, c in p.prefill])
+                    if p.prefill else float(model.decode_times(p.decode_ctx, 1)[0]) for p in plans])
+    cold = np.array([p.cold for p in plans])
+    want = pipelined_walls(dev, np.full(dev.size, host), np.zeros(dev.size, bool), cold)
+    assert np.allclose(walls, want, rtol=1e-9, atol=1e-12)
+    per_step = np.array([wall_time(float(d), host, True, bool(c)) for d, c in zip(dev, cold)])
+    assert (dev < host).any() and (dev > host).any() and not np.allclose(walls, per_step, rtol=1e-3)
+    # multi-step plans cut by arrivals keep every invariant
+    plans, col, backend, model = _run_analytic(host, max_steps=32, debug=True)
+    assert any(r.num_steps > 1 for r in col.step_records) and col.summarize(1, None).requests_finished == 24
 
 
 def test_the_samplers_host_issue_comes_from_the_measured_phase():
