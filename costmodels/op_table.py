@@ -346,16 +346,19 @@ class TableGemms:
 
     A row whose weights are in another dtype than the table's (``rows``: BF16 heads and routers, FP4 weights), on the
     measured GPU too, starts from the table's kernel at its shape here (``t8``, as above) and keeps the floor of one
-    GEMM (``GemmTable.floor_s``, scaled like the fixed part); the time above that floor moves with the bytes it moves
-    (weights at the row's bytes per element, BF16 activations in for a BF16 row), bounded by this GPU's streaming and
-    math ceilings at the row's dtype:
+    GEMM (``GemmTable.floor_s``, scaled like the fixed part). The time above that floor scales by the FP8 kernel's
+    roofline shares here: its streaming share with the bytes the row moves (weights at their bytes per element, BF16
+    activations in for a BF16 row), its math share with the achievable math rate (``compute_eff x peak``, FP8 over the
+    row's dtype); bounded below by this GPU's streaming ceiling at the row's bytes:
 
-        t = max(floor + (t8 - floor) * bytes_row / bytes_fp8,  bytes_row / (mem_eff * bw_target),  flops / (compute_eff_row * peak_row))
+        t = max(floor + (t8 - floor) * max(bytes_row / bytes_fp8 * s_bw,  rate_fp8 / rate_row * s_math),  bytes_row / (mem_eff * bw_target))
 
-    So fewer weight bytes never slow a GEMM, a bandwidth-bound one gains in proportion, and one at the floor gains
-    nothing. What it assumes: the time above the floor is streaming (true of the decode GEMMs that dominate a step;
-    a small GEMM latency-bound by a long K loop, 11.6 us for 512 x 7168 on the H200, is then priced 40% short in
-    FP4 and 60% long in BF16 at most).
+    with ``s_bw, s_math`` each roofline term over the larger of the two (one of them is 1). So fewer weight bytes or
+    a faster rate never slow a GEMM (FP4 <= FP8 <= BF16 at every shape), a bandwidth-bound one gains in proportion
+    to its bytes, a compute-bound one to its rate (FP4 on Hopper runs at the FP8 rate: none), one at the floor
+    gains nothing. What it assumes: the time above the floor is streaming or math as the roofline splits it (true of
+    the decode GEMMs that dominate a step; a small GEMM held up by a long K loop, 11.6 us for 512 x 7168 on the H200,
+    is then priced up to 40% short in FP4 and 60% long in BF16).
     """
 
     table: GemmTable
@@ -393,8 +396,11 @@ class TableGemms:
                                        2.0 * mp * n * k / (self.compute_eff * self.target_flops))
                     floor = self.table.floor_s * ratio
                     byts = n * k * wb + mp * (k * ab + 2.0 * n)
-                    t = np.maximum(np.maximum(floor + np.maximum(t - floor, 0.0) * (byts / b8), byts / (self.mem_eff * self.target_bw)),
-                                   2.0 * mp * n * k / (ceff * peak))
+                    t_bw, t_c = b8 / self.target_bw, 2.0 * mp * n * k / self.target_flops   # the FP8 kernel's roofline here
+                    top = np.maximum(t_bw, t_c)
+                    gamma = (self.compute_eff * self.target_flops) / (ceff * peak)
+                    scale = np.maximum((byts / b8) * (t_bw / top), gamma * (t_c / top))
+                    t = np.maximum(floor + np.maximum(t - floor, 0.0) * scale, byts / (self.mem_eff * self.target_bw))
                 elif not self.same_gpu:
                     byts = gemm_bytes(mp, n, k, self.table.weight_bytes_per_elem)
                     t = np.maximum(np.maximum(t * self.table.peak_flops / self.target_flops, byts / (self.mem_eff * self.target_bw)),

@@ -130,8 +130,12 @@ class StepOps:
         expert_load: Callable[[float], float] | None = None,
         measured_sampling: bool = False,
         measured_logits: bool = False,
+        bf16_ramp: bool = False,
     ):
         self.model, self.hw, self.layout = model, hw, layout
+        # True: the model's own BF16 GEMMs beside weights in another dtype (router, heads) keep the analytic ramp, as
+        # the measured profiles' fits took them (costmodels.profiled); else the FP8 table transfers to them too
+        self.bf16_ramp = bool(bf16_ramp)
         # True: the caller prices sampling (and, ``measured_logits``, the logits GEMM before it) from a measured table
         # (costmodels.profiled: a measured executor's sampler); these ops are then left out of the step's terms
         self.sampling_measured = bool(measured_sampling)
@@ -272,10 +276,10 @@ class StepOps:
             table = tables.gemm_table("fp8", self.cal.gemm_libs()) if tables else None
         if table is None:
             return None
-        # the rows in the table's dtype, and those in the dtype the layout puts the weights in (FP4, BF16); a model's
-        # own BF16 rows beside FP8 weights (router, heads) stay on the analytic ramp the measured profiles were fitted with
+        # every row; with ``bf16_ramp`` (a measured profile's fit) not the model's own BF16 rows beside weights in
+        # another dtype (router, heads): they stay on the analytic ramp that fit was made with
         wd = self.layout.weight_dtype
-        covers = np.array([(d == table.dtype or d == wd) and kn > 0 for d, kn in zip(self.g_dtype, self.g_kn)])
+        covers = np.array([kn > 0 and not (self.bf16_ramp and d == "bf16" != wd) for d, kn in zip(self.g_dtype, self.g_kn)])
         if not covers.any():
             return None
         ceff = self.cal.gemm_compute_eff
@@ -305,7 +309,7 @@ class StepOps:
                 "above one GEMM's floor moved by the bytes they move, bounded by this GPU's bandwidth and math ceilings "
                 "at their dtype") if dts else ""
         ramp = sorted({self.g_names[r] for r in range(len(g.covers)) if not g.covers[r]})
-        ramp_txt = f"; the model's own BF16 GEMMs ({', '.join(ramp)}) on the analytic ramp" if ramp else ""
+        ramp_txt = f"; the model's own BF16 GEMMs ({', '.join(ramp)}) on the analytic ramp, as the measured profile's fit took them" if ramp else ""
         return (f"dense FP8 GEMMs from the {g.table.lib} device-time table of {g.table.measured_on}{src} ({how}; unmeasured "
                 f"N x K scaled from the nearest measured one by roofline, M beyond 16384 along the roofline): "
                 + "; ".join(parts) + rest + ramp_txt)

@@ -228,3 +228,50 @@ def test_held_out_head_counts_and_gemm_shapes(tables):
                       for m, t in zip(ms, ts) if m <= 128])
     assert small.size == 120 and 0.9 <= float(np.median(small)) <= 1.15
     assert np.percentile(small, 10) > 0.8 and np.percentile(small, 90) < 1.4
+
+
+def _dense_rows(model: str, hw, dtype: str, tp: int):
+    """(row names, seconds per row over M) of the weight GEMMs the table prices for ``dtype`` weights."""
+    from costmodels.catalog import get_model
+    from costmodels.layout import ParallelLayout
+    from costmodels.step import StepCostModel
+    sm = StepCostModel(get_model(model), hw, ParallelLayout(tp=tp, weight_dtype=dtype, expert_dtype=dtype))
+    g = sm.g_table
+    m = np.array([1.0, 8.0, 64.0, 512.0, 4096.0, 32768.0])
+    rows = [r for r in range(len(g.shapes)) if g.covers[r] and sm.g_dtype[r] == dtype]
+    return [sm.g_names[r] for r in rows], np.array([g.seconds(r, m) for r in rows])
+
+
+@pytest.mark.parametrize("model,tp", [("llama-3.1-70b", 8), ("deepseek-v3", 8), ("qwen3-235b-a22b", 4)])
+def test_fewer_weight_bytes_never_slow_a_gemm_and_a_gemm_at_the_floor_gains_nothing(model, tp):
+    """FP4 and BF16 weights transfer the FP8 table to their own bytes, peak and compute efficiency (TableGemms' rows):
+    every weight GEMM, at every M, on the measured GPU and on GPUs it transfers to, costs FP4 <= FP8 <= BF16; a
+    bandwidth-bound one (decode rows of a large weight) gains from FP4 on Blackwell; and the time stays above the
+    table's one-GEMM floor."""
+    from costmodels.hardware import get_hardware
+    for name in ("H200", "GB300", "B200"):
+        hw = get_hardware(name)
+        n8, t8 = _dense_rows(model, hw, "fp8", tp)
+        n4, t4 = _dense_rows(model, hw, "fp4", tp)
+        n16, t16 = _dense_rows(model, hw, "bf16", tp)
+        assert n8 == n4 == n16[: len(n8)] or (set(n8) == set(n4) and set(n8) <= set(n16))
+        i4 = [n4.index(x) for x in n8]
+        i16 = [n16.index(x) for x in n8]
+        assert (t4[i4] <= t8 * (1 + 1e-12)).all() and (t8 <= t16[i16] * (1 + 1e-12)).all(), name
+        floor = op_table.load("H200").gemm_table("fp8").floor_s * (get_hardware("H200").tflops("fp8") / hw.tflops("fp8"))
+        assert (t4 >= floor * (1 - 1e-12)).all()
+        if name != "H200":   # Blackwell: native FP4; a decode GEMM of the largest weight gains
+            big = int(np.argmax(t8[:, 1]))
+            assert t4[i4[big], 1] < 0.8 * t8[big, 1], (name, n8[big])
+
+
+def test_the_same_datasheet_prices_the_same_whoever_made_it():
+    """The table transfers by datasheet to any GPU with FP8-class tensor cores: a GB300 relabelled as another maker's
+    prices every weight GEMM exactly as the GB300 (before, a non-NVIDIA GPU took the analytic ramp: MI355X, with the
+    GB300's bandwidth and FP8 rate, priced Llama-3.1-70B TP8 decode GEMMs 4.3x slower)."""
+    from costmodels.hardware import get_hardware
+    gb300 = get_hardware("GB300")
+    other = gb300.model_copy(update={"vendor": "amd", "name": "GB300-relabelled"})
+    for dtype in ("fp8", "fp4", "bf16"):
+        a, b = _dense_rows("llama-3.1-70b", gb300, dtype, 8), _dense_rows("llama-3.1-70b", other, dtype, 8)
+        assert a[0] == b[0] and np.array_equal(a[1], b[1])
