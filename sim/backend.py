@@ -276,8 +276,13 @@ class SimBackend:
 
     def _last_device(self, plan: StepPlan, steps: int) -> float:
         """Device seconds of the ``steps``-th (last run) step of a multi-step decode plan, at the contexts it runs at."""
-        ctx = np.asarray(plan.decode_context_lens, np.int64)
         drawn = self._drawn
+        if not self._split and self.cost.sum_only:   # the contexts matter only through their sum: no copy of them
+            cs = plan.decode_context_sum
+            cs = int(np.add.reduce(plan.decode_context_lens)) if cs is None else cs
+            grown = int(drawn[1][: steps - 1].sum()) if drawn is not None and drawn[0] is plan else (steps - 1) * len(plan.decodes)
+            return float(self.cost.decode_time(len(plan.decodes), plan.draft_len, cs + grown))
+        ctx = np.asarray(plan.decode_context_lens, np.int64)
         if drawn is not None and drawn[0] is plan:
             ctx = ctx + drawn[1][: steps - 1].sum(axis=0)
         else:
