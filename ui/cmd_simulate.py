@@ -448,8 +448,9 @@ def register(app: typer.Typer) -> None:
             data["workload"] = _workload_yaml(sc.workload)
             print(yaml.safe_dump(data, sort_keys=False), end="")
             return
-        if error_band is not None and error_band != "auto" and not Path(error_band).is_file():  # before the run, not after
-            raise TwinferError(f"--error-band: {error_band}: no such file (give a `twinfer validate` report JSON, or 'auto')")
+        if error_band is not None:  # before the run, not after it
+            from sim.bands import check_band_source
+            check_band_source(error_band)
         from sim.export import to_json, write_csv, write_perfetto
         from sim.runner import scenario_requests, simulate as run
 
