@@ -48,6 +48,8 @@ TablePage = Literal["2M", "64K"]
 TABLE_64K_BW_FACTOR = 0.5
 
 
+# the split the analytic DP pricing assumes; a run whose scheduler assigns ranks explicitly drops it (sim.effects.pricing_notes)
+DP_SPLIT_NOTE = "attention-DP: each step waits for its busiest DP rank (decodes round-robin, prefill chunks to the least-loaded rank)"
 _TABLE_WHERE = {"host": "host memory", "hbm": "HBM (sharded over the instance, NVLink peer reads)", "local": "HBM (a copy per GPU)"}
 
 
@@ -83,7 +85,7 @@ class EffectiveStepCost:
                 f"({'EPLB' if expert_load.eplb else 'contiguous'} placement, {layout.eplb_redundant_experts} redundant experts)"
             )
         if self.dp_balance:
-            self.notes.append("attention-DP: each step waits for its busiest DP rank (decodes round-robin, prefill chunks to the least-loaded rank)")
+            self.notes.append(DP_SPLIT_NOTE)
         self._w_tok, self._w_kv = self._marginal_costs() if self.dp_balance else (1.0, 0.0)
         self._table_bw = self._table_bandwidth()
         if self._table_bw:

@@ -29,6 +29,17 @@ def load_report_header(path: Path) -> dict:
     return data
 
 
+def check_band_source(source: str) -> None:
+    """Refuse a ``--error-band`` file that is missing or not a validate report (before a run, not after it)."""
+    if source == "auto":  # committed reports: unreadable ones are skipped where they are found
+        return
+    path = Path(source)
+    if not path.is_file():
+        raise TwinferError(f"--error-band: {source}: no such file (give a `twinfer validate` report JSON, or 'auto')")
+    load_report_header(path)
+    load_bands(path)
+
+
 def mismatch(report: dict, scenario: Scenario) -> str:
     """Why ``report`` (a validation report's header) does not cover ``scenario`` ('' when it does)."""
     from costmodels.catalog import get_model

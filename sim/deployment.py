@@ -30,7 +30,7 @@ from sim.backend import SimBackend, host_coeffs
 from sim.closed_loop import arrival_source
 from sim.cluster import Cluster
 from sim.disagg import DisaggSpec, KVLinks, _PrefillMetrics, link_bandwidth, prompt_copy, transfer_bytes
-from sim.effects import EffectsSpec, attention_dp_notes, build_step_cost, kv_tiers, ranked_cost
+from sim.effects import EffectsSpec, build_step_cost, kv_tiers, pricing_notes, ranked_cost
 from sim.early_stop import StopPredicate, stopped_at, watch
 from sim.export import digest
 from sim.instance import Instance
@@ -97,7 +97,7 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
     scenario = scenario.model_copy(update={"scheduler": sc})
     rates = sc.effective_acceptance_rates()
     decode_gpus = scenario.instances * scenario.layout.gpus / eff.mirror
-    notes = list(getattr(cost, "notes", [])) + attention_dp_notes(sc)
+    notes = pricing_notes(cost, sc)
 
     if disagg is None:
         replay = sc.replay_for(model)   # the sliding-window replay policy in force

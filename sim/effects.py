@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from costmodels.batch import decodes_then_chunks
 from costmodels.calibration import CalibrationProfile
-from costmodels.effective import EffectiveStepCost, TablePlacement
+from costmodels.effective import DP_SPLIT_NOTE, EffectiveStepCost, TablePlacement
 from costmodels.hardware import Hardware
 from costmodels.layout import ParallelLayout
 from costmodels.model_spec import ModelSpec
@@ -156,6 +156,14 @@ def attention_dp_notes(config) -> list[str]:
     return [f"attention-DP ranks scheduled explicitly ({ad.ranks} ranks, prefill {policy}): each step priced at the "
             f"ranks the scheduler assigned (not the round-robin / least-loaded split); per rank {config.rank_token_budget()} tokens/step, {config.rank_seats()} "
             "requests, KV reserved per request within the rank's share"]
+
+
+def pricing_notes(cost, config) -> list[str]:
+    """A run's cost-model notes: ``cost``'s, and with explicit attention-DP ranks their note in place of the
+    round-robin / least-loaded split's (the scheduler's assignment prices every step then, not that split)."""
+    ranked = attention_dp_notes(config)
+    notes = list(getattr(cost, "notes", []))
+    return [n for n in notes if not (ranked and n == DP_SPLIT_NOTE)] + ranked
 
 
 def ranked_cost(cost, scheduler):

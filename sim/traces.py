@@ -285,6 +285,8 @@ def read_trace(
     if time_scale <= 0:
         raise TwinferError(f"time_scale: must be > 0 (got {time_scale})")
     lines = _parse_lines(p, fmt)
+    if not lines:  # a run on it would report nothing as if it had worked
+        raise TwinferError(f"{p}: the trace holds no requests (the file is empty or has only blank lines)")
     unit = {"s": 1.0, "ms": 1e-3}[time_unit or ("ms" if fmt == "mooncake" else "s")]
     order = sorted(range(len(lines)), key=lambda k: (lines[k].timestamp, k))  # stable on ties
     if max_requests is not None:

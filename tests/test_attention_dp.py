@@ -163,6 +163,18 @@ def test_deterministic_and_the_policy_changes_the_result():
     assert "attention-DP ranks scheduled explicitly (8 ranks, prefill balance (prompts held" in " ".join(a.cost_model_notes)
 
 
+def test_explicit_ranks_notes_say_only_how_this_run_prices_dp():
+    from costmodels.effective import DP_SPLIT_NOTE
+
+    notes = simulate(scenario(requests=20)).result.cost_model_notes
+    dp = [n for n in notes if n.startswith("attention-DP")]
+    assert len(dp) == 1 and dp[0].startswith("attention-DP ranks scheduled explicitly"), dp
+    plain = scenario_from_dict({"model": "deepseek-v3", "hardware": "H200", "layout": {"dp": 8, "ep": 8, "weight_dtype": "fp8"},
+                                "workload": {"preset": "summarize", "rate": 6.0, "num_requests": 20},
+                                "effects": {"dp_balance": True, "mirror": 8}})
+    assert [n for n in simulate(plain).result.cost_model_notes if n.startswith("attention-DP")] == [DP_SPLIT_NOTE]
+
+
 def test_preset_uses_balance_and_a_file_may_tune_one_knob():
     sc = SchedulerConfig(preset="trtllm-attention-dp", attention_dp={"timeout_iters": 7})
     assert sc.attention_dp.prefill == "balance" and sc.attention_dp.timeout_iters == 7

@@ -209,3 +209,31 @@ def test_nvfp4_dispatch_needs_fp4_tensor_cores():
     lay = validate(ParallelLayout, {**DEP8, "weight_dtype": "fp8", "expert_dtype": "fp4", "dispatch_dtype": "nvfp4"})
     with pytest.raises(TwinferError, match="layout.dispatch_dtype: nvfp4 needs FP4 tensor cores"):
         StepCostModel(m, hw, lay)
+
+
+# ----------------------------------------------------------------------------- batch larger than the layout holds
+def test_batch_past_the_kv_pool_is_priced_with_a_warning_naming_both_numbers():
+    res = run_cost(CostConfig(batch=["decode:1024x131072"]))
+    assert res["fits"] is True  # fits = the weights (docs/costmodel.md)
+    kv = [w for w in res["warnings"] if "KV POOL" in w]
+    assert len(kv) == 1, res["warnings"]
+    assert f"{1024 * 131073:,} KV tokens" in kv[0] and f"{res['memory']['max_kv_tokens_per_dp_rank']:,} per DP rank" in kv[0]
+    assert not [w for w in res["warnings"] if "CONTEXT" in w]  # 131,073 <= deepseek-v3's 163,840
+    assert run_cost(CostConfig(batch=["decode:64x4096"]))["warnings"] == []
+
+
+def test_kv_warning_counts_the_busiest_dp_rank():
+    pool = run_cost(CostConfig(**DEP8, batch=["decode:8x1024"]))["memory"]["max_kv_tokens_per_dp_rank"]
+    n = 2 * pool // 1000  # requests of 1,000 tokens, twice one rank's pool: fit spread over 8 ranks, not all on one
+    assert run_cost(CostConfig(**DEP8, batch=[f"decode:{n}x999"]))["warnings"] == []
+    res = run_cost(CostConfig(**DEP8, batch=[f"decode:{n}x999"], dp_imbalance=8.0))
+    assert any("busiest DP rank" in w for w in res["warnings"]), res["warnings"]
+
+
+def test_request_past_the_models_context_is_priced_with_a_warning():
+    res = run_cost(CostConfig(batch=["prefill:1x100000000"]))
+    ctx = [w for w in res["warnings"] if "CONTEXT" in w]
+    assert len(ctx) == 1 and "100,000,000" in ctx[0] and "163,840" in ctx[0], res["warnings"]
+    out = _cli("-b", "prefill:1x200000")
+    assert out.returncode == 0, out.stderr
+    assert "WARNING" in out.stdout and "163,840" in out.stdout

@@ -185,3 +185,10 @@ def test_samples_replay():
     assert max(_common(a.block_hashes, b.block_hashes) for a in moon[:20] for b in moon[20:]) >= 4096 // 16
     for f in SAMPLES.iterdir():
         assert f.stat().st_size < 50_000
+
+
+def test_trace_without_requests_is_an_error_naming_the_file(tmp_path):
+    p = tmp_path / "blank.jsonl"
+    p.write_text("\n\n")
+    with pytest.raises(TwinferError, match="blank.jsonl: the trace holds no requests"):
+        read_trace(p, 16)

@@ -72,3 +72,18 @@ def test_ctrl_c_prints_partial_results():
     _, err = p.communicate(timeout=300)
     assert p.returncode == 130, err
     assert "interrupted after" in err and "of 2,000,000 requests finished" in err and "Traceback" not in err
+
+
+def test_disaggregated_header_names_both_pools_and_the_kv_figures_pool(tmp_path):
+    f = tmp_path / "pd.yaml"
+    f.write_text(yaml.safe_dump({
+        "name": "pd", "model": "deepseek-v3", "hardware": "H200", "instances": 2, "layout": {"tp": 8},
+        "disagg": {"prefill_layout": {"tp": 1, "dp": 8, "ep": 8}, "prefill_instances": 1},
+        "workload": {"kind": "poisson", "rate": 5.0, "num_requests": 20},
+    }))
+    r = runner.invoke(app, ["simulate", "-s", str(f)], env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output
+    assert "on 24xH200 (prefill 1 x TP1 DP8 EP8 + decode 2 x TP8)" in r.stdout, r.stdout
+    assert "tokens per decode instance" in r.stdout
+    r = runner.invoke(app, SHORT, env={"COLUMNS": "300"})  # a plain scenario keeps its one pool
+    assert "on 8xH200 (1 x TP8)" in r.stdout and "tokens per instance" in r.stdout, r.stdout

@@ -38,3 +38,13 @@ def test_nested_file_error_shows_its_value_once(tmp_path):
     r = _simulate("--hw", str(f), "-n", "10")
     assert r.returncode == 2 and "hbm_tbps" in r.stderr and "(got -1)" in r.stderr
     assert r.stderr.count("(got ") == 1, r.stderr
+
+
+@pytest.mark.parametrize("text,fmt", [("", "jsonl"), ("\n  \n", "mooncake")])
+def test_trace_without_requests_is_refused_naming_the_file(tmp_path, text, fmt):
+    f = tmp_path / "empty.jsonl"
+    f.write_text(text)
+    r = _simulate("--trace", str(f), "--trace-format", fmt)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert f"{f}: the trace holds no requests" in r.stderr and "Traceback" not in r.stderr
+    assert "latency" not in r.stdout  # no empty report

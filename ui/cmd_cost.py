@@ -155,6 +155,8 @@ def run_cost(cfg: CostConfig) -> dict:
         raise TwinferError(f"draft_len={cfg.draft_len} needs an MTP head; {model.name} has mtp_layers=0")
     fit = memory_fit(model, hw, layout, mem_fraction=cfg.mem_fraction)
     warnings = _fit_warnings(fit, model, hw, layout, cfg.allow_no_fit)
+    specs = [BatchSpec.parse(b) for b in cfg.batch]
+    warnings += _context_warnings(specs, model, cfg.draft_len) + _kv_warnings(specs, fit, layout, cfg)
     cm, expert_source = _step_model(cfg, model, hw, layout)
     batch, n_dec, prefill_tokens = _batch(cfg)
     sc = cm.step(batch)
@@ -213,6 +215,51 @@ def _fit_warnings(fit, model, hw, layout, allow: bool) -> list[str]:
         raise DoesNotFitError(f"twinfer cost: layout {layout.describe()}: " + "; ".join(problems)
                               + " (--allow-no-fit prices it anyway)")
     return [f"LAYOUT DOES NOT FIT, priced anyway (--allow-no-fit): {p}" for p in problems]
+
+
+def _request_tokens(s: BatchSpec, draft_len: int) -> int:
+    """Tokens one request of the group holds in KV after this step: a decode's context + the 1 + draft_len it verifies,
+    a prefill's whole prompt (its cached prefix too)."""
+    return s.tokens + 1 + draft_len if s.phase == "decode" else s.tokens
+
+
+def _context_warnings(specs: list[BatchSpec], model, draft_len: int) -> list[str]:
+    """A warning per batch group whose requests are longer than the model's context (priced anyway: a planner may
+    want the number, but no server would run it)."""
+    out = []
+    for s in specs:
+        n = _request_tokens(s, draft_len)
+        if n > model.max_context:
+            what = (f"context {s.tokens:,} + {1 + draft_len} verified token{'s' if draft_len else ''} = {n:,} tokens"
+                    if s.phase == "decode" else f"prompt of {n:,} tokens")
+            out.append(f"REQUEST LONGER THAN THE MODEL'S CONTEXT, priced anyway: {s.phase}:{s.batch_size}x{s.tokens}"
+                       f"{f'+{s.cached}' if s.cached else ''} holds a {what}, past {model.name}'s max context of "
+                       f"{model.max_context:,} tokens (max_position_embeddings)")
+    return out
+
+
+def _kv_warnings(specs: list[BatchSpec], fit, layout, cfg: CostConfig) -> list[str]:
+    """A warning when the batch's KV does not fit the KV pool (``fits`` is about the weights: docs/costmodel.md).
+
+    DP ranks hold disjoint requests: the busiest rank holds ``dp_imbalance / dp`` of the batch's KV (the share the
+    step is priced with), and at least its longest request."""
+    per_tok, fixed = fit.kv_bytes_per_token, fit.kv_fixed_bytes_per_request
+    if per_tok <= 0 and fixed <= 0:
+        return []
+    tokens = sum(_request_tokens(s, cfg.draft_len) * s.batch_size for s in specs)
+    longest = max(_request_tokens(s, cfg.draft_len) for s in specs)
+    n_req = sum(s.batch_size for s in specs)
+    share = max(1.0, cfg.dp_imbalance) / layout.dp if layout.dp > 1 else 1.0
+    rank_bytes = max((tokens * per_tok + n_req * fixed) * share, longest * per_tok + fixed)
+    if rank_bytes <= max(fit.kv_pool_bytes, 0.0):
+        return []
+    rank_tokens = max(int(np.ceil(tokens * share)), longest)
+    on_rank = (f", {rank_tokens:,} on its busiest DP rank (dp_imbalance {cfg.dp_imbalance:g} / dp {layout.dp}, at least "
+               f"its longest request)") if layout.dp > 1 else ""
+    window = f" plus {n_req * fixed / 2**30:,.1f} GiB of sliding-window KV" if fixed > 0 else ""
+    return [f"BATCH KV DOES NOT FIT THE KV POOL, priced anyway: the batch holds {tokens:,} KV tokens{window}{on_rank}; "
+            f"the pool holds {fit.max_kv_tokens_per_dp_rank:,} per DP rank ({fit.max_kv_tokens:,} per instance), so it "
+            "cannot run as one step on this layout"]
 
 
 def _step_model(cfg: CostConfig, model, hw, layout):

@@ -242,11 +242,16 @@ def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None)
     m = res.metrics
     sc = res.scenario
     lay = sc["layout"]
-    lay_label = f"TP{lay['tp']}" + (f" DP{lay['dp']}" if lay["dp"] > 1 else "") + (f" EP{lay['ep']}" if lay["ep"] > 1 else "")
+    pools, kv_per = f"{sc['instances']} x {_layout_label(lay)}", "instance"
+    if sc.get("disagg"):  # the scenario's layout is the decode pool's; the KV figure (res.kv) is a decode instance's
+        pre = sc["disagg"]["prefill_layout"]
+        pdt = f" {pre['weight_dtype']}" if pre["weight_dtype"] != lay["weight_dtype"] else ""
+        pools = f"prefill {sc['disagg']['prefill_instances']} x {_layout_label(pre)}{pdt} + decode {pools}"
+        kv_per = "decode instance"
     con.print(f"[bold]{escape(res.name)}[/]: {escape(res.description or '(no description)')}", highlight=False)
     con.print(
-        f"{_label(sc['model'])} {lay['weight_dtype']} on {res.num_gpus}x{_hw_name(sc['hardware'])} ({sc['instances']} x {lay_label}), "
-        f"{res.num_requests:,} requests{_offered(sc['workload'])}, seed {res.seed}; KV {res.kv.capacity_tokens:,} tokens per instance",
+        f"{_label(sc['model'])} {lay['weight_dtype']} on {res.num_gpus}x{_hw_name(sc['hardware'])} ({pools}), "
+        f"{res.num_requests:,} requests{_offered(sc['workload'])}, seed {res.seed}; KV {res.kv.capacity_tokens:,} tokens per {kv_per}",
         style="dim", highlight=False,
     )
     wl = sc["workload"]
@@ -290,6 +295,11 @@ def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None)
     for reason, n in m.dropped_by_reason.items():
         con.print(f"[yellow]dropped {n}:[/] {escape(reason)}", highlight=False)
     con.print(f"[dim]digest {res.digest[:16]}, simulated in {wall_s:.2f} s wall[/]", highlight=False)
+
+
+def _layout_label(lay: dict) -> str:
+    """'TP1 DP8 EP8' for a scenario's layout mapping (DP and EP only when > 1)."""
+    return f"TP{lay['tp']}" + (f" DP{lay['dp']}" if lay["dp"] > 1 else "") + (f" EP{lay['ep']}" if lay["ep"] > 1 else "")
 
 
 def _figures_table(title: str) -> Table:
@@ -438,8 +448,9 @@ def register(app: typer.Typer) -> None:
             data["workload"] = _workload_yaml(sc.workload)
             print(yaml.safe_dump(data, sort_keys=False), end="")
             return
-        if error_band is not None and error_band != "auto" and not Path(error_band).is_file():  # before the run, not after
-            raise TwinferError(f"--error-band: {error_band}: no such file (give a `twinfer validate` report JSON, or 'auto')")
+        if error_band is not None:  # before the run, not after it
+            from sim.bands import check_band_source
+            check_band_source(error_band)
         from sim.export import to_json, write_csv, write_perfetto
         from sim.runner import scenario_requests, simulate as run
 
