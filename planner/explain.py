@@ -58,8 +58,9 @@ def why_it_won(table: Table, options: list[LayoutOption], i: int, ok: np.ndarray
                points: dict | None = None) -> list[str]:
     """Reasons, each with a number: margin over the best of the other mode, SLO headroom, what each policy adds.
 
-    ``sim`` maps rows to simulation outcomes; comparisons use simulated numbers when both sides
-    were simulated, else the screen's for both (never a simulated number against a screened one).
+    ``sim`` maps rows to simulation outcomes and ``meets_sim`` is the planner's verdict on one (after every check,
+    full scale included); comparisons use simulated numbers when both sides were simulated, else the screen's for
+    both (never a simulated number against a screened one), over rows no simulation found missing the SLO.
     """
     c = table.cols
     out: list[str] = []
@@ -74,6 +75,7 @@ def why_it_won(table: Table, options: list[LayoutOption], i: int, ok: np.ndarray
                    f"({describe_row(table, options, j)}: {v:,.0f})")
     else:
         mask_other = ok & (c["mode"] == other)
+        mask_other[[j for j, o in sim.items() if not meets_sim(o)]] = False   # a simulated miss is not quoted as meeting
         if mask_other.any():
             j = int(np.flatnonzero(mask_other)[np.argmax(thr[mask_other])])
             out.append(f"{thr[i] / thr[j] - 1:+.0%} output tokens/s per GPU over the best {name} deployment meeting the SLO "

@@ -67,9 +67,12 @@ class FrontierPoint(BaseModel):
     ttft_s: float
     tpot_s: float
     request_rate: float
-    meets_slo: bool
+    meets_slo: bool               # after every check the planner applied (slice, then full scale where it ran one)
     source: Literal["screen", "simulation"]
     row: int
+    # whether the plan's full-scale run met the SLO (figures: that run's); False: its slice met it, no full-scale run
+    # did (figures: the slice's; meets_slo False); None: not run at full scale
+    full_scale: bool | None = None
     deployment: str = ""          # short form: pools and layouts
     policies: str = ""            # short form: batch, MTP, chunk, async
     screen_output_tokens_per_s_per_gpu: float | None = None
@@ -115,12 +118,13 @@ def _acceptance(max_draft: int) -> tuple[float, ...]:
     return tuple(SchedulerConfig(draft_len=max_draft).effective_acceptance_rates()) if max_draft else ()
 
 
-def _point(table: Table, options, i: int, ok: bool, source: str, outcome: SimOutcome | None = None, scale_rate: float = 1.0) -> FrontierPoint:
+def _point(table: Table, options, i: int, ok: bool, source: str, outcome: SimOutcome | None = None, scale_rate: float = 1.0,
+           full_scale: bool | None = None) -> FrontierPoint:
     c = table.cols
     dep, pol = short_row(table, options, i)
     common = dict(label=describe_row(table, options, i), deployment=dep, policies=pol, row=i,
                   mode="aggregated" if c["mode"][i] == AGG else "disaggregated", gpus=int(c["gpus"][i]), meets_slo=ok,
-                  screen_output_tokens_per_s_per_gpu=float(c["thr_gpu"][i]))
+                  full_scale=full_scale, screen_output_tokens_per_s_per_gpu=float(c["thr_gpu"][i]))
     if outcome is not None:
         return FrontierPoint(output_tokens_per_s_per_gpu=outcome.thr_gpu, tokens_per_s_per_user=outcome.tps_user,
                              ttft_s=outcome.ttft_s, tpot_s=outcome.tpot_s, request_rate=outcome.rate * scale_rate,
@@ -314,26 +318,26 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
     # the recommendation: the best slice-confirmed candidate whose plan, simulated at full scale
     # exactly as `twinfer simulate --plan` runs it, meets the SLO (its figures are the plan's)
     confirmed = sorted(((o.thr_gpu, o.tps_user, -i, i) for i, o in outcomes.items() if meets(o, req.slo)), reverse=True)
-    win, plan, full_runs = None, None, []
+    win, plan, full_runs, verdicts = None, None, [], {}
     if confirmed:
         t3 = time.perf_counter()
         rows = [c[3] for c in confirmed]
         mirrored = [mirrored_slice(c, options[c.option].layout.dp, req.workload.kind) for c in map(table.candidate, rows)]
-        win, plan, full_runs = _confirm(req, table, options, stats, model, hw, router, effects, ok, acceptance, outcomes,
-                                        points, confirmation_order(rows, mirrored))
+        win, plan, full_runs, verdicts = _confirm(req, table, options, stats, model, hw, router, effects, ok, acceptance,
+                                                  outcomes, points, confirmation_order(rows, mirrored))
         sims_run += len(full_runs)
         timings.update(simulate_s=t_sim + time.perf_counter() - t3, simulated_per_s=sims_run / max(t_sim + time.perf_counter() - t3, 1e-9))
 
+    # one verdict per simulated candidate, after every check (slice, then full scale), for every table and list
+    sim_points = {i: _point(table, options, i, passes(o, req.slo, full_scale_misses(verdicts)), "simulation", o,
+                            1.0 / _share(table, i, o), full_scale=verdicts.get(i))
+                  for i, o in sorted(outcomes.items())}
     # two frontiers, never mixed: the simulated candidates' (what the simulator confirmed) and the
     # analytic screen's (optimistic: full batches at 100% load, mean lengths)
-    frontier = _frontier([_point(table, options, i, meets(o, req.slo), "simulation", o, 1.0 / _share(table, i, o))
-                          for i, o in sorted(outcomes.items())])
+    frontier = _frontier(list(sim_points.values()))
     frontier += _frontier([_point(table, options, i, True, "screen") for i in front.tolist()])
-    best_by_mode = [(_point(table, options, i, meets(outcomes[i], req.slo), "simulation", outcomes[i], 1.0 / _share(table, i, outcomes[i]))
-                     if i in outcomes else _point(table, options, i, True, "screen")) for i in best_modes]
-
-    simulated = [_point(table, options, i, meets(o, req.slo), "simulation", o, 1.0 / _share(table, i, o))
-                 for i, o in sorted(outcomes.items())]
+    best_by_mode = [_best_of_mode(table, options, i, sim_points) for i in best_modes]
+    simulated = list(sim_points.values())
     total = time.perf_counter() - t0
     common = dict(candidates_screened=table.enumerated, candidates_evaluated=len(table), candidates_meeting_slo=n_ok, candidates_simulated=len(outcomes),
                   simulations_run=sims_run, frontier=frontier, best_by_mode=best_by_mode, simulated=simulated, assumptions=assumptions,
@@ -365,13 +369,17 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
 
 
 def _confirm(req, table, options, stats, model, hw, router, effects, ok, acceptance, outcomes, points, rows):
-    """(row, plan, full-scale runs): of ``rows`` (best slice first), the plan with the most output tokens/s per GPU
-    meeting the SLO simulated at full scale (at the slice's rate, then lower: ``CONFIRM_RATE_STEPS``); (None,
-    None, runs) if none does. Stops at a candidate whose slice figure is below the best confirmed one (slices
-    are optimistic: full scale adds the router and the ranks a slice mirrors).
+    """(row, plan, full-scale runs, verdicts): of ``rows`` (best slice first), the plan with the most output tokens/s
+    per GPU meeting the SLO simulated at full scale (at the slice's rate, then lower: ``CONFIRM_RATE_STEPS``); (None,
+    None, runs, verdicts) if none does. Stops at a candidate whose slice figure is below the best confirmed one
+    (slices are optimistic: full scale adds the router and the ranks a slice mirrors).
 
-    The winner's outcome in ``outcomes`` becomes its full-scale one, so every table shows the plan's figure."""
+    ``verdicts`` maps each row run at full scale to whether a run of it met the SLO there; every table takes that
+    verdict (``passes``). A row that met it (the winner, or one met at a lower rate step) has its outcome in
+    ``outcomes`` become that full-scale run, so every table shows the plan's figure."""
     runs, best, attempts = [], None, 0
+    verdicts: dict[int, bool] = {}          # rows run at full scale (a run with nothing finished included): met?
+    met: dict[int, SimOutcome] = {}         # each row's full-scale run meeting the SLO
     report("confirm_plan", 0, CONFIRM_MAX_RUNS)   # a progress bar's total: at most this many runs
     for i in rows:
         o = outcomes[i]
@@ -393,29 +401,39 @@ def _confirm(req, table, options, stats, model, hw, router, effects, ok, accepta
             # a certain miss may end the run early, where its full figure is never read (confirm.may_stop_early)
             stop = may_stop_early(best is not None, step, attempts)
             full = confirm_plan(plan, i, float(table.cols["rate"][i]), req.slo_percentile, slo=req.slo if stop else None)
+            verdicts.setdefault(i, False)
             if full is None:     # nothing finished at full scale: a miss
                 continue
             runs.append((i, full))
             mine.append((step, full.thr_gpu))
             if meets(full, req.slo):
+                met[i], verdicts[i] = full, True
                 if best is None or full.thr_gpu > best[2].thr_gpu:
                     best = (i, plan, full)
                 break
     report("confirm_plan", attempts, attempts)   # done: as many runs as it took
+    outcomes.update(met)
     if best is None:
-        return None, None, runs
+        return None, None, runs, verdicts
     i, plan, full = best
-    outcomes[i] = full
     plan.predicted = _predicted(full, table.candidate(i), plan.gpus_used, "full-scale run of this plan")
     plan.economics = _economics(req, hw, stats, plan.gpus_used, full.thr_gpu)
     # the reasons are recomputed from the full-scale outcome, so each figure they print is the plan's own
     headline = (f"highest simulated output throughput per GPU ({full.thr_gpu:,.0f} tokens/s, this plan at full "
                 f"scale: {full.requests:,} requests, the run `twinfer simulate --plan` repeats) among the "
                 f"candidates meeting the SLO in simulation (screen predicted {table.cols['thr_gpu'][i]:,.0f})")
-    plan.why = _why(req, table, options, i, ok, outcomes, points, headline, table.candidate(i).gpus)
-    plan.why += [f"rejected at full scale: {describe_row(table, options, j)} at {fo.load:.0%} of its slice's rate, {fo.error}"
-                 for j, fo in runs if fo.error.startswith(STOPPED_EARLY)]   # a stopped run's partial figures are not shown
-    return i, plan, runs
+    plan.why = _why(req, table, options, i, ok, outcomes, points, headline, table.candidate(i).gpus, full_scale_misses(verdicts))
+    for j, fo in runs:
+        if not fo.error.startswith(STOPPED_EARLY):   # stopped runs only: why it stopped, not its partial figures
+            continue
+        run = f"{describe_row(table, options, j)} at {fo.load:.0%} of the screened load, {fo.error}"
+        if verdicts[j]:   # it met the SLO at a lower rate step: its tables show that run
+            lower = outcomes[j]
+            plan.why.append(f"met the SLO at full scale only at a lower rate: {run}; at {lower.load:.0%} of the screened "
+                            f"load it met it at {lower.thr_gpu:,.0f} output tokens/s per GPU")
+        else:
+            plan.why.append(f"rejected at full scale: {run}")
+    return i, plan, runs, verdicts
 
 
 def _economics(req: PlanRequest, hw, stats: WorkloadStats, gpus_used: int, thr_gpu: float) -> Economics:
@@ -425,9 +443,11 @@ def _economics(req: PlanRequest, hw, stats: WorkloadStats, gpus_used: int, thr_g
 
 
 def _why(req: PlanRequest, table: Table, options: list[LayoutOption], i: int, ok: np.ndarray, outcomes: dict[int, SimOutcome],
-         points: list, headline: str | None, gpus_used: int) -> list[str]:
-    """The plan's reasons: ``headline`` (if any), ``why_it_won``'s, then the GPUs of the budget it leaves unused."""
-    why = ([headline] if headline else []) + why_it_won(table, options, i, ok, req.slo, outcomes, lambda x: meets(x, req.slo),
+         points: list, headline: str | None, gpus_used: int, rejected: set[int] = frozenset()) -> list[str]:
+    """The plan's reasons: ``headline`` (if any), ``why_it_won``'s, then the GPUs of the budget it leaves unused.
+    ``rejected``: rows whose full-scale runs missed the SLO (never quoted as meeting it)."""
+    why = ([headline] if headline else []) + why_it_won(table, options, i, ok, req.slo, outcomes,
+                                                         lambda x: passes(x, req.slo, rejected),
                                                          {p.option_index: p for p in points})
     if gpus_used < req.gpus:
         why.append(f"uses {gpus_used} of {req.gpus} GPUs: the remaining {req.gpus - gpus_used} cannot form another instance of this shape")
@@ -467,6 +487,30 @@ def answer_changing_defaults(req: PlanRequest, model, draft_len: int, acceptance
     out.append(f"expert load skew {skew}" + (" (the default: TensorRT-LLM's DeepSeek-R1 EP32 measurement)" if el == type(el)() else " (as asked)")
                + "; uniform load would raise wide-EP throughput, heavier skew lower it")
     return out
+
+
+def full_scale_misses(verdicts: dict[int, bool]) -> set[int]:
+    """The rows run at full scale none of whose runs there met the SLO (``_confirm``'s verdicts)."""
+    return {i for i, met in verdicts.items() if not met}
+
+
+def passes(o: SimOutcome, slo, rejected: set[int] = frozenset()) -> bool:
+    """The planner's verdict on a simulated candidate after every check it applied: its simulation meets the SLO
+    (``meets``) and it is not among the ``rejected`` rows, those run at full scale that met it in no run there (a
+    slice that met the SLO is no promise: the plan's own run decides). Every table, list and reason reads this."""
+    return meets(o, slo) and o.row not in rejected
+
+
+def _best_of_mode(table: Table, options, i: int, sim_points: dict[int, FrontierPoint]) -> FrontierPoint:
+    """The best deployment of the mode of the screen's best row ``i``: the simulated candidate of that mode with the
+    most output tokens/s per GPU meeting the SLO after every check (``passes``), those confirmed at full scale first
+    (so the plan heads its own mode: a slice the confirmation never ran is not a better one); else, where ``i`` was
+    simulated, ``i`` missing it (named as a miss, not listed); else ``i`` as the screen has it."""
+    mode = table.cols["mode"][i]
+    good = [p for j, p in sim_points.items() if table.cols["mode"][j] == mode and p.meets_slo]
+    if good:
+        return max(good, key=lambda p: (bool(p.full_scale), p.output_tokens_per_s_per_gpu, p.tokens_per_s_per_user, -p.row))
+    return sim_points[i] if i in sim_points else _point(table, options, i, True, "screen")
 
 
 def _frontier(points: list[FrontierPoint]) -> list[FrontierPoint]:

@@ -212,3 +212,59 @@ def test_aiconfigurator_layout_families_are_in_the_space_when_asked():
     assert {(1, 8, 4), (2, 4, 8), (2, 4, 4)} <= wide   # AIConfigurator's 72 x GB300 pick is tp1 dp8 etp2 ep4
     opts = enumerate_layouts(m, hw, 8, SearchSpace(**base, dep_moe_tp=(2,)))[0]
     assert "TP1xDP8xEP4" in {o.describe().split()[0] for o in opts}
+
+
+def test_a_candidate_rejected_at_full_scale_is_nowhere_said_to_meet_the_slo(monkeypatch):
+    """The best slice's full-scale runs miss the SLO (scripted: stopped early at every rate step); the next candidate's
+    meets it (scripted: its slice's figures) and is the plan. The rejected one is a miss in every list (flagged 'no (full scale)'), off the frontier and
+    the best of each mode, and no reason quotes it as meeting the SLO (72 x GB300 agentic: 1 x DEP64 was listed
+    'meets SLO: yes' and quoted as the best aggregated deployment meeting it, then rejected at full scale)."""
+    import math
+
+    from rich.console import Console
+
+    import planner.search as search
+    from planner.confirm import STOPPED_EARLY
+    from planner.simulate import SimOutcome
+    from ui.cmd_plan import points_table, print_report
+
+    calls = []
+
+    def first_misses(plan, row, table_rate, percentile, slo=None):
+        calls.append(row)
+        rate, p = plan.workload.rate or 0.0, plan.predicted   # the plan's figures: its slice's
+        if row != calls[0]:
+            return SimOutcome(row, rate / table_rate, True, "", p.output_tokens_per_s_per_gpu, p.tokens_per_s_per_user,
+                              p.ttft_s, p.tpot_s, 1.0, 1.0, plan.workload.num_requests, plan.gpus_used, rate, "scripted", 0.0)
+        return SimOutcome(row, rate / table_rate, False, f"{STOPPED_EARLY} at 9 s of simulated time (scripted): TTFT p90",
+                          0.0, 0.0, math.inf, math.inf, 0.0, 0.0, 10, plan.gpus_used, rate, "", 0.0)
+
+    monkeypatch.setattr(search, "confirm_plan", first_misses)
+    req = PlanRequest.model_validate(dict(
+        model="qwen3-30b-a3b", hardware="h200", gpus=8, workload=preset("chat"), slo={"ttft_s": 2.0, "tpot_s": 0.05},
+        simulate_top=3, sim_requests=300))
+    rep = plan_deployment(req, workers=1)
+    assert rep.status == "ok" and len(set(calls)) >= 2, calls
+    bad = calls[0]
+    miss = next(p for p in rep.simulated if p.row == bad)
+    assert not miss.meets_slo and miss.full_scale is False
+    assert miss.ttft_s <= 2.0 and miss.tpot_s <= 0.05    # its slice met the SLO: only the full-scale check rejects it
+    assert all(p.row != bad for p in rep.frontier if p.source == "simulation")
+    assert all(p.row != bad for p in rep.best_by_mode if p.meets_slo)
+    # the plan heads its own mode among the best of each: the winner, confirmed at full scale
+    win = next(p for p in rep.best_by_mode if p.mode == rep.recommended.mode)
+    assert win.full_scale is True and win.label == rep.message.removeprefix("recommended: ")
+    assert win.output_tokens_per_s_per_gpu == pytest.approx(rep.recommended.predicted.output_tokens_per_s_per_gpu)
+    why = rep.recommended.why
+    assert any(w.startswith(f"rejected at full scale: {miss.label} at ") for w in why), why
+    quoted = f"{miss.label}: {miss.output_tokens_per_s_per_gpu:,.0f}"
+    assert not any("meeting the SLO" in w and quoted in w for w in why), why
+    # the report's tables: a rejected point reads 'no (full scale)'; the printed report never lists it as meeting
+    con = Console(record=True, width=140)
+    con.print(points_table("t", [miss], "", 0.0, 90, 140))
+    assert "no (full scale)" in con.export_text()
+    con = Console(record=True, width=140)
+    print_report(con, rep, None)
+    rows = [ln for ln in con.export_text().splitlines() if ln.rstrip().endswith(" sim") and " yes " in ln]
+    shown = f"{miss.output_tokens_per_s_per_gpu:,.0f}"
+    assert not any((miss.deployment in ln and miss.policies in ln and f" {shown} " in ln) for ln in rows), rows

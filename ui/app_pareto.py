@@ -12,6 +12,13 @@ from ui import service
 _COLORS = {"aggregated": "#1f77b4", "disaggregated": "#ff7f0e"}
 
 
+def _miss(p: service.Point) -> str:
+    """What a point's label adds when it misses the SLO (at full scale: its slice met it, the plan's run did not)."""
+    if p.meets_slo:
+        return ""
+    return " — misses the SLO at full scale" if p.full_scale is False else " — misses the SLO"
+
+
 def figure(result: service.SearchResult, band: float | None) -> go.Figure:
     """The Pareto figure of a search result (pure: tests build it without a browser)."""
     req = result.request
@@ -41,7 +48,7 @@ def figure(result: service.SearchResult, band: float | None) -> go.Figure:
                     # red: the deployment misses the SLO (e.g. the simulator disagreed with the screen)
                     "color": [_COLORS[mode] if p.meets_slo else "crimson" for p in ps],
                     "line": {"width": 2, "color": "black" if sim else None}},
-            text=[p.label + ("" if p.meets_slo else " — misses the SLO") for p in ps],
+            text=[p.label + _miss(p) for p in ps],
             hovertemplate="%{text}<br>%{x:.1f} tok/s per user<br>%{y:,.0f} tok/s per GPU<extra></extra>",
         ))
     front = sorted((p for p in pts if p.on_frontier), key=lambda p: p.tps_per_user)
@@ -88,7 +95,7 @@ def render(result: service.SearchResult, band: float | None) -> None:
         st.info(f"**{p.label}** ({p.mode}, {p.source}): {p.gpus} GPUs, {p.output_tps_per_gpu:,.0f} tok/s per GPU, "
                 f"{p.tps_per_user:,.1f} tok/s per user, TTFT {p.ttft_s:.2f} s, TPOT {p.tpot_s * 1e3:.1f} ms, "
                 f"{p.request_rate:,.2f} req/s" + (f", ${c.usd_per_m_output_tokens:,.3f} per M output tokens" if c and c.usd_per_m_output_tokens else "")
-                + ("" if p.meets_slo else " — misses the SLO"))
+                + _miss(p))
     st.caption("Click a point for its figures. Filled: simulated; open: analytic screen. Circles (blue): aggregated; "
                "diamonds (orange): prefill/decode disaggregated; red: misses the SLO. Shaded: the TPOT SLO region.")
     rows = [{"": "★" if p.recommended else "", "deployment": p.label, "mode": p.mode, "GPUs": p.gpus,

@@ -131,11 +131,18 @@ def points_table(title: str, points, rec_label: str, price: float, pct: int, wid
         cells = ["[bold green]*[/]" if p.label == rec_label else "", f"{mode} {escape(p.deployment or p.label)}",
                  escape(p.policies), str(p.gpus), f"{p.output_tokens_per_s_per_gpu:,.0f}", f"{p.tokens_per_s_per_user:,.1f}",
                  _fmt_s(p.ttft_s), _fmt_ms(p.tpot_s), "-" if not math.isfinite(usd) else f"{usd:,.3f}",
-                 "yes" if p.meets_slo else "[red]no[/]", "sim" if p.source == "simulation" else "screen"]
+                 _meets_cell(p), "sim" if p.source == "simulation" else "screen"]
         if narrow:
             del cells[8]
         tab.add_row(*cells)
     return tab
+
+
+def _meets_cell(p) -> str:
+    """'yes', 'no', or 'no (full scale)' where the slice met the SLO and the full-scale runs did not."""
+    if p.meets_slo:
+        return "yes"
+    return "[red]no (full scale)[/]" if p.full_scale is False else "[red]no[/]"
 
 
 def print_report(con: Console, rep, out: Optional[Path]) -> None:
@@ -174,8 +181,9 @@ def print_report(con: Console, rep, out: Optional[Path]) -> None:
         con.print(table("aggregated vs disaggregated: the best of each meeting the SLO", best))
     for p in rep.best_by_mode:
         if not p.meets_slo:
+            how = "at full scale (its slice met it: " if p.full_scale is False else "in simulation ("
             con.print(f"[yellow]{'aggregated' if p.mode == 'aggregated' else 'disaggregated'}: the best screened deployment "
-                      f"({escape(p.deployment or p.label)}) misses the SLO in simulation (TTFT p{plan.slo_percentile} {_fmt_s(p.ttft_s)} s, "
+                      f"({escape(p.deployment or p.label)}) misses the SLO {how}TTFT p{plan.slo_percentile} {_fmt_s(p.ttft_s)} s, "
                       f"TPOT p{plan.slo_percentile} {_fmt_ms(p.tpot_s)} ms); none of this mode is listed[/]", highlight=False)
     pr, ec = plan.predicted, plan.economics
     con.print(f"\n[bold green]recommended[/]: {escape(rec_label)}", highlight=False)

@@ -130,11 +130,12 @@ class Point(BaseModel):
     ttft_s: float
     tpot_s: float
     request_rate: float
-    meets_slo: bool
+    meets_slo: bool               # the planner's verdict after every check (full scale included)
     source: str  # 'screen' | 'simulation'
     on_frontier: bool
     recommended: bool = False
     costs: Costs | None = None
+    full_scale: bool | None = None  # the plan's full-scale run met the SLO; False: its slice did, no full-scale run; None: not run
 
 
 class PoolView(BaseModel):
@@ -297,7 +298,7 @@ def _view(req: PlanRequest, preq, report, reason: str, notes: list[str]) -> Sear
         seen[p.label] = Point(label=p.label, mode=p.mode, gpus=p.gpus, output_tps_per_gpu=p.output_tokens_per_s_per_gpu,
                               tps_per_user=p.tokens_per_s_per_user, ttft_s=p.ttft_s, tpot_s=p.tpot_s, request_rate=p.request_rate,
                               meets_slo=p.meets_slo, source=p.source, on_frontier=p.source == "simulation" and p.label in frontier,
-                              costs=costs_of(p.gpus, p.output_tokens_per_s_per_gpu))
+                              costs=costs_of(p.gpus, p.output_tokens_per_s_per_gpu), full_scale=p.full_scale)
     view = None
     if plan is not None:
         pr = plan.predicted
