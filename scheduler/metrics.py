@@ -379,6 +379,8 @@ class MetricsCollector:
         self._itl_v = np.empty(self.ITL_BUFFER)
         self._itl_w = np.empty(self.ITL_BUFFER)
         self._itl_n = 0
+        # preempted requests that had made tokens -> the time of their latest one (their recompute's token ends the gap)
+        self._stalled: dict[Request, float] = {}
         # KV
         self._kv_last: dict[int, tuple[int, int]] = {}
         self._kv_used = 0
@@ -408,11 +410,18 @@ class MetricsCollector:
 
     def on_plan(self, instance_id: int, start_s: float, plan: StepPlan, result: StepResult) -> None:
         """A plan about to be applied to its requests (right before ``Scheduler.complete``): nothing to account here
-        (a checking collector checks its tokens); its figures come with ``on_step``, at its read-back."""
+        (a checking collector checks its tokens); its figures come with ``on_step``, after ``complete``, at its
+        read-back."""
 
     def on_step(self, instance_id: int, start_s: float, plan: StepPlan, result: StepResult,
                 kv_used_blocks: int, kv_total_blocks: int) -> None:
-        """Account one executed plan (``result.num_steps`` steps starting at ``start_s``)."""
+        """Account one executed plan (``result.num_steps`` steps starting at ``start_s``), after ``Scheduler.complete``
+        applied it (``result.decode_tokens`` then holds the tokens delivered, no drafts past a request's end).
+
+        Every output token after a request's first is a decode token and one ITL sample, the time since the
+        request's previous token: a decode's is its step (a step's tokens share it evenly); the token a recompute
+        samples at the end of its prompt, after a preemption, spans the stall since the request's last token
+        before it (that token came at the start of the plan that preempted it)."""
         d = result.step_durations
         if d.__class__ is not np.ndarray or d.dtype != _F64:
             d = np.asarray(d, float)
@@ -427,17 +436,28 @@ class MetricsCollector:
             pre_tokens = prefills[0].num_new_tokens if n_pre == 1 else sum(c.num_new_tokens for c in prefills)
         else:
             n_pre = pre_tokens = 0
-        draft_len = plan.draft_len
+        stalled = self._stalled
+        for r in plan.preempted:
+            if r.num_output_tokens:
+                stalled.setdefault(r, start_s)   # (preempted again mid-recompute: its last token is older)
         dec_tokens = 0
+        if n_pre:
+            gaps = [d.item(0) + start_s - stalled.pop(c.request, start_s) for c in prefills
+                    if c.is_last_chunk and c.context_len + c.num_new_tokens > c.request.prompt_len]
+            if gaps:  # recomputes that resumed a request's output
+                dec_tokens = len(gaps)
+                self._itl.add(np.array(gaps), np.ones(dec_tokens))
+        draft_len = plan.draft_len
         if n_dec:
             tok = result.decode_tokens
             if tok is None:  # one token per decode per step
-                dec_tokens = k * n_dec
+                made = k * n_dec
             else:
                 if tok.__class__ is not np.ndarray:
                     tok = np.asarray(tok)
-                dec_tokens = int(tok.sum())
-            if tok is None or (draft_len == 0 and dec_tokens == k * n_dec):
+                made = int(tok.sum())
+            dec_tokens += made
+            if tok is None or (draft_len == 0 and made == k * n_dec):
                 # one token per decode per step (without drafts a decode makes at most one): each
                 # step is one gap for each decode
                 p = self._itl_n
@@ -558,6 +578,7 @@ class MetricsCollector:
 
     def on_drop(self, req: Request) -> None:
         """Count a dropped request under its ``drop_reason``."""
+        self._stalled.pop(req, None)
         reason = req.drop_reason or "unknown"
         self._dropped[reason] = self._dropped.get(reason, 0) + 1
         self._drop_arrival.append(req.arrival_time)

@@ -106,9 +106,10 @@ class StepResult:
 
     ``step_durations`` has one entry per executed step (wall or simulated seconds, host
     overhead included as the loop's async policy dictates). ``decode_tokens[s, i]`` is the
-    number of tokens decode request ``i`` produced in step ``s`` (1 + accepted drafts); None
-    means one token per decode per step. Prefill chunks that complete a prompt produce exactly
-    one token each in their step. ``sampled_token_ids`` are real token ids when an executor ran
+    number of tokens decode request ``i`` produced in step ``s`` (1 + accepted drafts;
+    ``Scheduler.complete`` replaces it by the tokens delivered, none past a request's last);
+    None means one token per decode per step. Prefill chunks that complete a prompt produce
+    exactly one token each in their step. ``sampled_token_ids`` are real token ids when an executor ran
     the plan (None in the sim): per request id, the list of ids produced in this plan. ``host_s``
     is the host seconds per step the backend charged (the simulator's cost model; 0.0 where a
     backend does not report it, as the real executor, whose durations are measured).

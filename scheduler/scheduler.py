@@ -23,6 +23,12 @@ from scheduler.plan import ScheduledChunk, StepPlan, StepResult
 from scheduler.request import Request, RequestStatus
 
 
+def _delivered(made: np.ndarray, left: np.ndarray) -> np.ndarray:
+    """Per step and decode, the tokens of ``made`` (steps x decodes) a request keeps: its running total stops at
+    ``left``, its output tokens still wanted (accepted drafts past its last token are never delivered)."""
+    return np.diff(np.minimum(made.cumsum(axis=0), left), axis=0, prepend=0)
+
+
 @dataclass(frozen=True)
 class SchedulerStats:
     """A snapshot of one scheduler's queues, KV usage and cache/preemption counters."""
@@ -487,7 +493,9 @@ class Scheduler:
     # ----------------------------------------------------------------- result in
     def complete(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
         """Apply the ``result.num_steps`` executed steps of ``plan`` at time ``now``; returns finished requests:
-        1. the decodes' tokens (KV reserved for steps not run handed back), finished decodes retired;
+        1. the decodes' tokens (KV reserved for steps not run handed back), finished decodes retired; accepted drafts
+           past a request's last token are discarded and ``result.decode_tokens`` is replaced by the tokens kept,
+           so what reads the result after this (the metrics) counts only tokens delivered;
         2. the prefill chunks' tokens, completed prompts' first tokens, new decodes joining the batch;
         3. aborts that arrived while the plan ran."""
         if plan is not self._in_flight:
@@ -522,8 +530,11 @@ class Scheduler:
             self.outstanding_tokens -= steps * nd
         else:
             last = dt[steps - 1]
-            tok = dt[0] if steps == 1 else dt[:steps].sum(axis=0)
-            tok = np.minimum(tok, batch.left[:nd])  # drafts past the last wanted token are discarded
+            made = dt[0] if steps == 1 else dt[:steps].sum(axis=0)
+            left = batch.left[:nd]
+            tok = np.minimum(made, left)  # drafts past the last wanted token are discarded
+            if (made > left).any():
+                result.decode_tokens = _delivered(dt[:steps], left)
             self.outstanding_tokens -= int(tok.sum())
         batch.add_tokens(nd, tok)
         if plan.num_steps > 1 and (steps < plan.num_steps or self._tokens_per_decode > 1):

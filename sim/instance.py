@@ -120,8 +120,9 @@ class Instance:
                 yield timeout(float(times[0]))
             if on_plan is not None:
                 on_plan(iid, start, plan, result)
-            on_step(iid, start, plan, result, blocks.num_used, kv_total)
-            finished = complete(plan, result, env.now)
+            kv_used = blocks.num_used
+            finished = complete(plan, result, env.now)   # (keeps only the tokens delivered in result)
+            on_step(iid, start, plan, result, kv_used, kv_total)
             if finished:
                 for req in finished:
                     on_finish(req)

@@ -133,7 +133,7 @@ def test_memo_chunked_entry_falls_back_without_fast_path():
 
 def _plan(rng, nd, k, draft=0, prefill=0):
     reqs = [Request(f"r{i}", 0.0, 10, 10) for i in range(nd)]
-    chunks = [ScheduledChunk(Request("p", 0.0, 100, 5), prefill, 0, True)] if prefill else []
+    chunks = [ScheduledChunk(Request("p", 0.0, prefill, 5), prefill, 0, True)] if prefill else []
     return StepPlan(0, prefills=chunks, decodes=reqs, decode_context_lens=np.zeros(nd, np.int64), num_steps=k, draft_len=draft)
 
 

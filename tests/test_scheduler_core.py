@@ -181,8 +181,10 @@ def test_spec_decode_tokens_and_cap():
     run_plan(s, s.schedule(0.0), 0.0)
     p = s.schedule(1.0, 10)
     assert p.num_steps == 2 and p.draft_len == 2 and p.num_batched_tokens == 3   # 4 left: (k-1)*3 < 4
-    done = run_plan(s, p, 1.0, tokens=[[3], [3]])
+    res = StepResult(np.ones(2), np.array([[3], [3]]))
+    done = s.complete(p, res, 3.0)
     assert done == [r] and r.num_output_tokens == 5                               # 1 + 3 + 1 (drafts capped)
+    assert res.decode_tokens.tolist() == [[3], [1]]                               # the result keeps what was delivered
 
 
 def test_abort_waiting_and_running_and_finished_early():

@@ -116,3 +116,23 @@ def test_memoised_decode_times_match_the_cost_model():
         n, d, k = int(rng.integers(1, 257)), int(rng.integers(0, 3)), int(rng.integers(1, 600))
         ctx = rng.integers(1, 30000, n)
         np.testing.assert_allclose(memo.decode_times(ctx, k, d), cm.decode_times(ctx, k, d), rtol=1e-5)
+
+
+@pytest.mark.parametrize("sched, mem", [
+    ({"draft_len": 2}, 0.9),                                                    # MTP: drafts past a last token
+    ({"draft_len": 8}, 0.9),
+    ({"enable_prefix_caching": False}, 0.6),                                    # KV pressure: preemptions
+    ({"enable_prefix_caching": False, "draft_len": 3}, 0.6),
+    ({"enable_prefix_caching": False, "draft_len": 3, "async_overlap": False}, 0.6),   # the unpipelined loop
+])
+def test_every_output_token_after_the_first_is_one_decode_token_and_one_itl_gap(sched, mem):
+    data = small(160).model_dump(mode="json", exclude_none=True)
+    data["scheduler"].update(sched)
+    run = simulate(Scenario.model_validate(data).model_copy(update={"gpu_memory_fraction": mem}))
+    m = run.result.metrics
+    assert (m.preemptions > 0) == (mem < 0.9)
+    assert m.decode_tokens + m.requests_finished == m.output_tokens
+    assert m.itl_s.count == m.decode_tokens
+    # each gap is the time since the request's previous token (across a preemption too): they add up to its stream
+    streamed = sum(r.finish_time - r.first_token_time for r in run.requests)
+    assert m.itl_s.mean * m.itl_s.count == pytest.approx(streamed, rel=1e-9)

@@ -103,6 +103,23 @@ def test_itl_with_mtp_counts_step_over_n():
     assert m.mean_batch_tokens == 4.0
 
 
+def test_a_recompute_token_is_a_decode_token_whose_itl_spans_the_preemption():
+    c = MetricsCollector()
+    r = Request("r", 0.0, 100, 10)
+    r.num_output_tokens = 4   # its 4th token came at t=1.0, when the plan that preempted it started
+    c.on_step(0, 1.0, StepPlan(instance_id=0, decodes=[Request("d", 0.0, 5, 50)], preempted=[r]),
+              StepResult(np.array([0.1])), 1, 10)
+    # its recompute runs in two chunks (preempted again after the first); the second samples token 5 at t=3.5
+    c.on_step(0, 2.0, StepPlan(instance_id=0, prefills=[ScheduledChunk(r, 60, 0, False)], preempted=[r]),
+              StepResult(np.array([0.2])), 1, 10)
+    fresh = Request("p", 0.0, 20, 10)   # a prompt's last chunk: its first token, not a decode token
+    plan = StepPlan(instance_id=0, prefills=[ScheduledChunk(r, 104, 0, True), ScheduledChunk(fresh, 20, 0, True)])
+    c.on_step(0, 3.0, plan, StepResult(np.array([0.5])), 1, 10)
+    m = c.summarize(1, None)
+    assert m.decode_tokens == 2 and m.itl_s.count == 2
+    assert m.itl_s.mean == pytest.approx((0.1 + 2.5) / 2)
+
+
 def test_log_histogram_weighted_quantiles():
     h = LogHistogram()
     h.add(np.array([0.001, 0.1]), np.array([3.0, 1.0]))
