@@ -127,7 +127,7 @@ def points_table(title: str, points, rec_label: str, price: float, pct: int, wid
         # the labels fold (inside a long word too); a figure's column keeps at least its header's width, so a narrow
         # table shrinks the labels, never cuts a header ('from' to 'fro')
         tab.add_column(c, justify=j, no_wrap=not wraps, overflow="fold" if wraps else "ellipsis",
-                       min_width=16 if c.startswith("deployment") else None if wraps else max(1, *map(len, c.split("\n"))))
+                       min_width=(12 if narrow else 16) if c.startswith("deployment") else None if wraps else max(1, *map(len, c.split("\n"))))
     for p in points:
         usd = price / (p.output_tokens_per_s_per_gpu * 3600) * 1e6 if p.output_tokens_per_s_per_gpu > 0 and price else float("nan")
         mode = "agg" if p.mode == "aggregated" else "disagg"
