@@ -88,7 +88,9 @@ def test_calibration_profile_is_honoured_and_named_as_the_source(tmp_path):
     from costmodels.batch import BatchShape
 
     b = BatchShape.from_lists([1] * 32, [2048] * 32, [True] * 32)
-    assert slow.base.step(b).time_s > 1.5 * plain.base.step(b).time_s  # decode streams HBM at 0.4 instead of 0.86
+    # decode's weight GEMMs stream HBM at 0.4 instead of 0.86 (attention reads its own measured decode table)
+    s, p = slow.base.step(b), plain.base.step(b)
+    assert s.breakdown["dense_gemm"] > 1.5 * p.breakdown["dense_gemm"] and s.time_s > p.time_s
     assert any(path in n for n in slow.notes)
     assert profile_for(get_hardware("H200"), path).mem_eff == 0.4
 
