@@ -249,8 +249,6 @@ class SimBackend:
         """(device, host, eager, tail) of ``plan``'s first step in the pipelined loop, as ``_mixed_time`` and the step
         model price it: the resumed chunks' depth correction and prefix blocks loaded back on the device side."""
         chunks = plan.prefills
-        if not self._split:   # device work only: the loop's host work is host_time's; a step launches, then runs
-            return self._first_device(plan), 0.0, False, 0.0
         d, h, eager, tail = self.cost.cost_model.step_parts(plan.decode_context_lens, plan.draft_len,
                                                              [c.num_new_tokens for c in chunks], [c.context_len for c in chunks])
         if not chunks:
@@ -302,8 +300,11 @@ class SimBackend:
         self._drawn = None
         t = self.clock()
         host = self.host_time(plan)
-        d1, h1, eager, tail1 = self._first_parts(plan)
-        h1 = max(h1, host)
+        if self._split:
+            d1, h1, eager, tail1 = self._first_parts(plan)
+            h1 = max(h1, host)
+        else:   # device work only (the model has no host side): the loop's host work is host_time's
+            d1, h1, eager, tail1 = self._first_device(plan), host, False, 0.0
         extras = self.transition_extras(plan)
         if extras.size:   # what a step pays for following a prompt step: on its device side (it ends later)
             d1 += float(extras[0])
@@ -314,19 +315,20 @@ class SimBackend:
             launched, _, end1 = pipeline_step(-math.inf, t, h1, d1, eager, tail1)
             start = t
         self.read_back_delay = start - t
-        lead1 = max(end1 - start, 0.0)
+        lead1 = end1 - start if end1 > start else 0.0
         if plan.num_steps == 1:
-            times, ends = np.array([lead1]), None
-            self._draw_tokens(plan, 1)   # its drafts' acceptance (the multi-step path draws in step_times)
+            if plan.draft_len and plan.decodes:
+                self._draw_tokens(plan, 1)   # its drafts' acceptance (the multi-step path draws in step_times)
+            return self._launched(self._finish(plan, start, host, np.array([lead1]), None), start,
+                                  start if start > launched else launched)
+        times, ends = self._times_until(plan, False, start, stop_at, host)
+        times = np.array(times, float)
+        m = times.size
+        if m == 1:
+            times[0] = lead1
         else:
-            times, ends = self._times_until(plan, False, start, stop_at, host)
-            times = np.array(times, float)
-            m = times.size
-            if m == 1:
-                times[0] = lead1
-            else:
-                times[0] = max(h1, lead1)
-                times[m - 1] = self._last_device(plan, m)
+            times[0] = max(h1, lead1)
+            times[m - 1] = self._last_device(plan, m)
         m = min(times.size, extras.size)
         if m > 1:
             times[1:m] += extras[1:m]
@@ -334,10 +336,15 @@ class SimBackend:
         if n > 1:
             ends = start + times.cumsum()
         result = self._finish(plan, start, host, times, ends if n > 1 else None)
+        return self._launched(result, start, float(ends[n - 2]) if n > 1 else max(start, launched))
+
+    def _launched(self, result: StepResult, start: float, host_free: float) -> StepResult:
+        """Book a plan launched behind the one in flight (lead mode): where its first iteration began, its device work
+        in flight until ``_busy_until``, the host free to launch the next from ``host_free``."""
         self._plan_start = start
         self._in_flight = True
         self._dev_end = self._busy_until
-        self._host_free = float(ends[n - 2]) if n > 1 else max(start, launched)
+        self._host_free = host_free
         return result
 
     def drain(self) -> None:
