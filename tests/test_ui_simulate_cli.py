@@ -87,3 +87,17 @@ def test_disaggregated_header_names_both_pools_and_the_kv_figures_pool(tmp_path)
     assert "tokens per decode instance" in r.stdout
     r = runner.invoke(app, SHORT, env={"COLUMNS": "300"})  # a plain scenario keeps its one pool
     assert "on 8xH200 (1 x TP8)" in r.stdout and "tokens per instance" in r.stdout, r.stdout
+
+
+def test_a_mirrored_slices_header_says_it_is_one(tmp_path):
+    """effects.mirror simulates 1/mirror of a wide attention-DP instance's ranks on that share of its GPUs: the header
+    says so next to the full layout, and names the KV figure as the slice's."""
+    f = tmp_path / "m.yaml"
+    f.write_text(yaml.safe_dump({
+        "name": "m", "model": "deepseek-v3", "hardware": "H200", "layout": {"tp": 1, "dp": 8, "ep": 8},
+        "effects": {"mirror": 8}, "workload": {"kind": "poisson", "rate": 2.0, "num_requests": 20},
+    }))
+    r = runner.invoke(app, ["simulate", "-s", str(f)], env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output
+    assert "(1 x TP1 DP8 EP8; 1/8 of its DP ranks simulated, on the GPUs counted here (effects.mirror 8))" in r.stdout, r.stdout
+    assert "tokens per simulated slice" in r.stdout

@@ -248,6 +248,10 @@ def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None)
         pdt = f" {pre['weight_dtype']}" if pre["weight_dtype"] != lay["weight_dtype"] else ""
         pools = f"prefill {sc['disagg']['prefill_instances']} x {_layout_label(pre)}{pdt} + decode {pools}"
         kv_per = "decode instance"
+    mirror = int((sc.get("effects") or {}).get("mirror", 1) or 1)
+    if mirror > 1:   # a slice of a wide attention-DP instance stands for all of it (sim.effects.EffectsSpec.mirror)
+        pools += f"; 1/{mirror} of its DP ranks simulated, on the GPUs counted here (effects.mirror {mirror})"
+        kv_per = "simulated slice"
     con.print(f"[bold]{escape(res.name)}[/]: {escape(res.description or '(no description)')}", highlight=False)
     con.print(
         f"{_label(sc['model'])} {lay['weight_dtype']} on {res.num_gpus}x{_hw_name(sc['hardware'])} ({pools}), "
