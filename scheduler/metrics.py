@@ -5,11 +5,16 @@ all per-request arithmetic with numpy in ``summarize``. Definitions:
 
 * TTFT = first_token_time - arrival; E2E = finish - arrival; TPOT (per request) =
   (finish - first_token) / (output tokens - 1), for requests with >= 2 output tokens.
-* ITL is a weighted histogram over executed decode steps: each decode request in a step
-  sees one gap equal to the step's duration, so a step adds weight = decodes that produced
-  a token. With MTP a step that yields n tokens for a request counts n gaps of step / n
-  (the tokens arrive together, but per-token latency is what a reader of the stream
-  averages to). Waiting while preempted is not a step, so it shows in TPOT and E2E only.
+* ITL is a weighted histogram of the gaps a reader of each request's stream sees: every output
+  token after a request's first is one sample, the time since the request's previous token.
+  A decode whose previous token came at the end of its instance's previous plan (the common
+  case) sees the step's duration, so a step adds weight = decodes that produced a token.
+  With MTP a step that yields n tokens for a request counts n gaps of step / n (the tokens
+  arrive together, but per-token latency is what a reader of the stream averages to). A
+  request whose previous token is older than its plan's start waited, and its first gap there
+  spans the wait: behind prompt-only plans (``mixed_batches`` off), preempted until its
+  recompute samples its next token, its KV moving from a prefill instance (disaggregated).
+  So a finished request's gaps add up to finish - first token, as a benchmark client's do.
   Percentiles come from log-spaced bins 0.5% wide (error < 0.25%); the mean is exact.
 * Throughput counts tokens of finished requests over ``duration_s`` (default: first
   arrival to last finish or step end). Goodput counts finished requests meeting every SLO
@@ -41,9 +46,10 @@ import numpy.ma  # noqa: F401  (np.percentile/np.unique load it lazily: at impor
 from pydantic import BaseModel, ConfigDict, Field
 
 from scheduler.plan import StepPlan, StepResult
-from scheduler.request import Request
+from scheduler.request import Request, RequestStatus
 
 _F64 = np.dtype(np.float64)
+_WAITING = RequestStatus.WAITING
 
 
 def _fold(x0: float, xs: np.ndarray) -> float:
@@ -341,6 +347,76 @@ class SimMetrics(BaseModel):
     steady: WindowMetrics | None = None
 
 
+class _Stream:
+    """One instance's decode stream as the collector follows it, plan by plan, to date each request's previous token
+    without a per-request update per step: a decode plan holds the whole decode batch (``Scheduler._make_plan``), so a
+    request in it made its previous token at the end of the instance's latest decode plan, unless it joined the batch
+    since (a prompt completed, a recompute resumed it, its KV came from a prefill instance). Mixed batches (the common
+    case) leave no plan without decodes while the batch holds any, so only ``dec_end`` moves and nothing waits."""
+
+    __slots__ = ("dec_end", "stale", "joined", "handed")
+
+    def __init__(self) -> None:
+        self.dec_end: float | None = None   # when the instance's latest decode plan ended (its decodes' latest tokens)
+        self.stale = False                  # a plan without decodes ran since then (the batch, if any, waited)
+        # since then (that plan included), plans that completed prompts: (their end, their prefill chunks); a chunk's
+        # request that is in a later decode plan joined the batch at that end
+        self.joined: list[tuple[float, list]] = []
+        # requests handed over by a prefill instance, not yet in a decode plan here -> their first token's time
+        self.handed: dict[Request, float] = {}
+
+    def last_token(self, req: Request, start_s: float) -> float:
+        """When ``req``, of this instance's decode batch and preempted by the plan starting at ``start_s``, made its
+        latest token (``start_s``, a lower bound, where no decode plan of the instance was seen)."""
+        t = self.handed.pop(req, None)
+        if t is not None:
+            return t
+        for end, chunks in reversed(self.joined):
+            for c in chunks:
+                if c.request is req and c.is_last_chunk:
+                    return end
+        return self.dec_end if self.dec_end is not None else start_s
+
+    def late(self, start_s: float, decodes: list[Request]) -> tuple[float, dict[int, float]] | None:
+        """For a decode plan starting at ``start_s`` (after a plan without decodes, or with requests handed over), how
+        long before ``start_s`` its decodes' previous tokens came: ``(wait, newcomers)``, ``wait`` that of the batch's
+        decodes (its latest decode plan's end), ``newcomers`` {index in ``decodes``: its own} for requests that joined
+        the batch since; None when every one came at ``start_s``. Forgets the newcomers: from this plan on they are
+        the batch's."""
+        joined, self.joined = self.joined, []
+        self.stale = False
+        new: dict[int, float] = {}   # index in decodes -> how long before start_s it joined the batch, since its last plan
+        if joined:
+            index = decodes.index
+            # the batch appends newcomers (a removal moves its last request into the hole): look at its tail first
+            tail = max(0, len(decodes) - sum(len(chunks) for _, chunks in joined))
+            for end, chunks in joined:   # (oldest first: a request preempted and resumed again keeps its latest)
+                g = start_s - end
+                for c in chunks:
+                    if c.is_last_chunk:
+                        r = c.request
+                        try:
+                            new[index(r, tail)] = g
+                        except ValueError:
+                            try:
+                                new[index(r, 0, tail)] = g
+                            except ValueError:
+                                pass   # finished with its first token, or preempted since
+        handed = self.handed
+        if handed:
+            # those admitted to the batch: this plan's decodes (the lead loop may have admitted some to the next plan)
+            admitted = [r for r in handed if r.status is not _WAITING]
+            if admitted:
+                members = set(decodes)
+                for r in admitted:
+                    if r in members:
+                        new[decodes.index(r)] = start_s - handed.pop(r)
+        wait = start_s - self.dec_end if self.dec_end is not None and len(decodes) > len(new) else 0.0
+        if not wait and not any(new.values()):
+            return None
+        return wait, new
+
+
 class MetricsCollector:
     """Accumulates a run's metrics; the instance loops call ``on_step``/``on_finish``/``on_drop``."""
 
@@ -381,6 +457,8 @@ class MetricsCollector:
         self._itl_n = 0
         # preempted requests that had made tokens -> the time of their latest one (their recompute's token ends the gap)
         self._stalled: dict[Request, float] = {}
+        # per instance: when its decode batch last made tokens, and who joined the batch since (see _Stream)
+        self._streams: dict[int, _Stream] = {}
         # KV
         self._kv_last: dict[int, tuple[int, int]] = {}
         self._kv_used = 0
@@ -408,10 +486,33 @@ class MetricsCollector:
             self._itl_n = 0
             self._itl.add(self._itl_v[:n], self._itl_w[:n])
 
+    def _buffer(self, values: np.ndarray, weights) -> None:
+        """Queue ITL samples (``weights``: an array like ``values`` or one number for all) for the histogram."""
+        n = values.size
+        p = self._itl_n
+        if p + n > self.ITL_BUFFER:
+            self._flush_itl()
+            p = 0
+            if n > self.ITL_BUFFER:
+                self._itl.add(values, np.broadcast_to(weights, values.shape))
+                return
+        self._itl_v[p : p + n] = values
+        self._itl_w[p : p + n] = weights
+        self._itl_n = p + n
+
     def on_plan(self, instance_id: int, start_s: float, plan: StepPlan, result: StepResult) -> None:
         """A plan about to be applied to its requests (right before ``Scheduler.complete``): nothing to account here
         (a checking collector checks its tokens); its figures come with ``on_step``, after ``complete``, at its
         read-back."""
+
+    def on_handover(self, instance_id: int, req: Request) -> None:
+        """``req``, whose first token a prefill instance made (at ``req.first_token_time``), was queued at decode
+        instance ``instance_id`` (disaggregated serving): its first decode token there is one ITL gap from that first
+        token, spanning the KV transfer and any wait for a seat in the decode batch."""
+        s = self._streams.get(instance_id)
+        if s is None:
+            s = self._streams[instance_id] = _Stream()
+        s.handed[req] = req.first_token_time
 
     def on_step(self, instance_id: int, start_s: float, plan: StepPlan, result: StepResult,
                 kv_used_blocks: int, kv_total_blocks: int) -> None:
@@ -419,9 +520,12 @@ class MetricsCollector:
         applied it (``result.decode_tokens`` then holds the tokens delivered, no drafts past a request's end).
 
         Every output token after a request's first is a decode token and one ITL sample, the time since the
-        request's previous token: a decode's is its step (a step's tokens share it evenly); the token a recompute
-        samples at the end of its prompt, after a preemption, spans the stall since the request's last token
-        before it (that token came at the start of the plan that preempted it)."""
+        request's previous token. A plan's tokens come at its steps' ends (its last at ``start_s`` plus its
+        durations, a read-back delay included). A decode's gap is its step (a step's tokens share it evenly), in
+        the plan's first step plus however long before the plan's start its previous token came (``_Stream.late``:
+        none for a decode of the instance's previous plan; prompt-only plans ran in between, or its KV came from a
+        prefill instance). The token a recompute samples at the end of its prompt, after a preemption, spans the
+        stall since the request's last token before the preemption."""
         d = result.step_durations
         if d.__class__ is not np.ndarray or d.dtype != _F64:
             d = np.asarray(d, float)
@@ -436,17 +540,14 @@ class MetricsCollector:
             pre_tokens = prefills[0].num_new_tokens if n_pre == 1 else sum(c.num_new_tokens for c in prefills)
         else:
             n_pre = pre_tokens = 0
+        s = self._streams.get(instance_id)
+        if s is None:
+            s = self._streams[instance_id] = _Stream()
         stalled = self._stalled
         for r in plan.preempted:
-            if r.num_output_tokens:
-                stalled.setdefault(r, start_s)   # (preempted again mid-recompute: its last token is older)
+            if r.num_output_tokens and r not in stalled:   # (preempted again mid-recompute: its last token is older)
+                stalled[r] = s.last_token(r, start_s)
         dec_tokens = 0
-        if n_pre:
-            gaps = [d.item(0) + start_s - stalled.pop(c.request, start_s) for c in prefills
-                    if c.is_last_chunk and c.context_len + c.num_new_tokens > c.request.prompt_len]
-            if gaps:  # recomputes that resumed a request's output
-                dec_tokens = len(gaps)
-                self._itl.add(np.array(gaps), np.ones(dec_tokens))
         draft_len = plan.draft_len
         if n_dec:
             tok = result.decode_tokens
@@ -456,29 +557,83 @@ class MetricsCollector:
                 if tok.__class__ is not np.ndarray:
                     tok = np.asarray(tok)
                 made = int(tok.sum())
-            dec_tokens += made
-            if tok is None or (draft_len == 0 and made == k * n_dec):
+            dec_tokens = made
+            # (the decodes' previous tokens came at this plan's start, the end of the previous one, unless that one
+            # had no decodes or some came from a prefill instance)
+            if s.stale or s.handed:
+                late = s.late(start_s, plan.decodes)
+            else:
+                late = None
+                if s.joined:   # their prompts completed in the previous plan
+                    s.joined = []
+            s.dec_end = start_s + dur
+            dd, kk, d1 = d, k, dur
+            if late is not None:
+                # the first step: each decode's tokens share the time since its previous token; the rest as below
+                wait, new = late
+                d0 = d.item(0)
+                if tok is None:   # the batch's decodes share one gap, each newcomer has its own
+                    p = self._itl_n
+                    if p + len(new) >= self.ITL_BUFFER:
+                        self._flush_itl()
+                        p = 0
+                    v, w = self._itl_v, self._itl_w
+                    for g in new.values():
+                        v[p] = d0 + g
+                        w[p] = 1.0
+                        p += 1
+                    if n_dec > len(new):
+                        v[p] = d0 + wait
+                        w[p] = n_dec - len(new)
+                        p += 1
+                    self._itl_n = p
+                else:
+                    gap = np.full(n_dec, wait)
+                    if new:
+                        gap[list(new)] = list(new.values())
+                    t0 = tok[0]
+                    self._buffer((d0 + gap) / np.maximum(t0, 1), t0)
+                kk = k - 1
+                dd = d[1:]
+                if kk == 1:
+                    d1 = dd.item(0)
+                if tok is not None:
+                    tok = tok[1:]
+                    made -= int(t0.sum())
+            if not kk:
+                pass
+            elif tok is None or (draft_len == 0 and made == kk * n_dec):
                 # one token per decode per step (without drafts a decode makes at most one): each
                 # step is one gap for each decode
                 p = self._itl_n
-                if p + k > self.ITL_BUFFER:
+                if p + kk > self.ITL_BUFFER:
                     self._flush_itl()
                     p = 0
-                if k == 1:
-                    self._itl_v[p] = dur
+                if kk == 1:
+                    self._itl_v[p] = d1
                     self._itl_w[p] = n_dec
                     self._itl_n = p + 1
-                elif k > self.ITL_BUFFER:
-                    self._itl.add(d, np.full(k, float(n_dec)))
+                elif kk > self.ITL_BUFFER:
+                    self._itl.add(dd, np.full(kk, float(n_dec)))
                 else:
-                    self._itl_v[p : p + k] = d
-                    self._itl_w[p : p + k] = n_dec
-                    self._itl_n = p + k
+                    self._itl_v[p : p + kk] = dd
+                    self._itl_w[p : p + kk] = n_dec
+                    self._itl_n = p + kk
             elif tok.max() <= 1:
-                self._itl.add(d, (tok > 0).sum(axis=1))
+                self._itl.add(dd, (tok > 0).sum(axis=1))
             else:
                 mask = tok > 0
-                self._itl.add((d[:, None] / np.where(mask, tok, 1))[mask], tok[mask])
+                self._itl.add((dd[:, None] / np.where(mask, tok, 1))[mask], tok[mask])
+        else:
+            s.stale = True
+        if n_pre:
+            end0 = start_s + (dur if k == 1 else d.item(0))   # first and recompute tokens: at the first step's end
+            gaps = [end0 - stalled.pop(c.request, start_s) for c in prefills
+                    if c.is_last_chunk and c.context_len + c.num_new_tokens > c.request.prompt_len]
+            if gaps:  # recomputes that resumed a request's output
+                dec_tokens += len(gaps)
+                self._itl.add(np.array(gaps), np.ones(len(gaps)))
+            s.joined.append((end0, prefills))   # (the requests of its last chunks decode next, unless they finished)
 
         rows = self._rows
         rows.append((start_s, dur, k, n_pre, pre_tokens, n_dec, draft_len, len(plan.preempted), dec_tokens,
@@ -579,6 +734,10 @@ class MetricsCollector:
     def on_drop(self, req: Request) -> None:
         """Count a dropped request under its ``drop_reason``."""
         self._stalled.pop(req, None)
+        if req.num_output_tokens:
+            for st in self._streams.values():
+                if st.handed:
+                    st.handed.pop(req, None)
         reason = req.drop_reason or "unknown"
         self._dropped[reason] = self._dropped.get(reason, 0) + 1
         self._drop_arrival.append(req.arrival_time)

@@ -196,11 +196,15 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
         nbytes = transfer_bytes(per_tok, fixed, orig)
         env.process(links.transfer(p_index[copy.request_id], j, nbytes, lambda: _admit(orig, j)))
 
+    handover = getattr(collector, "on_handover", None)
+
     def _admit(orig: Request, j: int) -> None:
         sched, inst = d_scheds[j], d_instances[j]
         if not sched.add_prefilled(orig):
             collector.on_drop(orig)
             return
+        if handover is not None:   # its first decode token's ITL runs from its first token, through the transfer
+            handover(n_p + j, orig)
         inst.wake()
 
     p_replay = psc.replay_for(model)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from costmodels.hardware import get_hardware
@@ -66,3 +67,14 @@ def test_disaggregated_run_is_deterministic():
     a = simulate_deployment(base(), disagg=spec).result
     b = simulate_deployment(base(), disagg=spec).result
     assert a.digest == b.digest
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_each_request_s_itl_gaps_add_up_to_its_stream_through_the_kv_transfer(overlap):
+    # the first decode token's gap runs from the prefill instance's first token, through the transfer
+    sc = base().model_copy(update={"scheduler": SC.model_copy(update={"async_overlap": overlap})})
+    run = simulate_deployment(sc, disagg=DisaggSpec(prefill_layout=TP8, prefill_instances=1))
+    m = run.result.metrics
+    assert m.requests_finished == 150 and m.itl_s.count == m.decode_tokens
+    streamed = sum(r.finish_time - r.first_token_time for r in run.requests)
+    assert m.itl_s.mean * m.itl_s.count == pytest.approx(streamed, rel=1e-9)

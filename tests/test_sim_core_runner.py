@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from scheduler.metrics import MetricsCollector
 from sim.export import to_json
 from sim.runner import estimate_capacity, run_scenario, simulate
 from sim.scenario import Scenario, builtin_scenario, load_scenario, scenario_from_dict
@@ -124,6 +125,12 @@ def test_memoised_decode_times_match_the_cost_model():
     ({"enable_prefix_caching": False}, 0.6),                                    # KV pressure: preemptions
     ({"enable_prefix_caching": False, "draft_len": 3}, 0.6),
     ({"enable_prefix_caching": False, "draft_len": 3, "async_overlap": False}, 0.6),   # the unpipelined loop
+    # prefill-first (SGLang, vLLM v0): the decodes wait while prompt-only plans run
+    ({"mixed_batches": False}, 0.9),
+    ({"mixed_batches": False, "async_overlap": False}, 0.9),
+    ({"mixed_batches": False, "draft_len": 2}, 0.9),
+    ({"mixed_batches": False, "enable_prefix_caching": False}, 0.6),
+    ({"mixed_batches": False, "enable_prefix_caching": False, "draft_len": 3, "async_overlap": False}, 0.6),
 ])
 def test_every_output_token_after_the_first_is_one_decode_token_and_one_itl_gap(sched, mem):
     data = small(160).model_dump(mode="json", exclude_none=True)
@@ -133,6 +140,57 @@ def test_every_output_token_after_the_first_is_one_decode_token_and_one_itl_gap(
     assert (m.preemptions > 0) == (mem < 0.9)
     assert m.decode_tokens + m.requests_finished == m.output_tokens
     assert m.itl_s.count == m.decode_tokens
-    # each gap is the time since the request's previous token (across a preemption too): they add up to its stream
+    # each gap is the time since the request's previous token (across a preemption or prompt-only plans too): they add up to its stream
     streamed = sum(r.finish_time - r.first_token_time for r in run.requests)
     assert m.itl_s.mean * m.itl_s.count == pytest.approx(streamed, rel=1e-9)
+
+
+class _StreamCollector(MetricsCollector):
+    """The collector, keeping every ITL sample it adds, next to the gaps a reader of each request's stream sees,
+    followed token by token from the plans (one update per request per step: slow, plain)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.added, self.streamed, self._last = [], [], {}
+        add = self._itl.add
+        self._itl.add = lambda v, w: (self.added.append((np.ravel(v).copy(), np.ravel(w).copy())), add(v, w))
+
+    def on_step(self, iid, start, plan, result, used, total):
+        super().on_step(iid, start, plan, result, used, total)
+        ends = start + np.cumsum(result.step_durations)
+        tok = result.decode_tokens
+        for j, r in enumerate(plan.decodes):
+            last = self._last[r]
+            for s, end in enumerate(ends.tolist()):
+                n = 1 if tok is None else int(tok[s, j])
+                if n:
+                    self.streamed += [(end - last) / n] * n   # (a step's tokens share its gap evenly)
+                    last = end
+            self._last[r] = last
+        for c in plan.prefills:
+            if c.is_last_chunk:
+                if c.request in self._last:   # a recompute's token
+                    self.streamed.append(ends[0] - self._last[c.request])
+                self._last[c.request] = ends[0]
+
+    def samples(self) -> np.ndarray:
+        self._flush_itl()
+        v, w = (np.concatenate(x) for x in zip(*self.added))
+        return np.sort(np.repeat(v, w.astype(np.int64)))
+
+
+@pytest.mark.parametrize("sched", [
+    {"mixed_batches": False},
+    {"mixed_batches": False, "draft_len": 3},
+    {"mixed_batches": False, "draft_len": 3, "async_overlap": False},
+    {"draft_len": 3},
+])
+def test_each_itl_sample_is_the_gap_since_the_request_s_previous_token(sched, monkeypatch):
+    import sim.runner
+    data = small(160).model_dump(mode="json", exclude_none=True)
+    data["scheduler"].update(sched, enable_prefix_caching=False)
+    monkeypatch.setattr(sim.runner, "MetricsCollector", _StreamCollector)
+    run = simulate(Scenario.model_validate(data).model_copy(update={"gpu_memory_fraction": 0.6}), debug=False)
+    assert run.result.metrics.preemptions > 0
+    col = run.collector
+    np.testing.assert_allclose(col.samples(), np.sort(col.streamed), rtol=0, atol=1e-12)

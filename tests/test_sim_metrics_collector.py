@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from scheduler.plan import ScheduledChunk, StepPlan, StepResult
-from scheduler.request import Request
+from scheduler.request import Request, RequestStatus
 from scheduler.metrics import SLO, LogHistogram, MetricsCollector, Stat
 
 
@@ -118,6 +118,42 @@ def test_a_recompute_token_is_a_decode_token_whose_itl_spans_the_preemption():
     m = c.summarize(1, None)
     assert m.decode_tokens == 2 and m.itl_s.count == 2
     assert m.itl_s.mean == pytest.approx((0.1 + 2.5) / 2)
+
+
+def test_decodes_waiting_behind_prompt_only_plans_count_the_wait_in_their_next_gap():
+    """Prefill-first (``mixed_batches`` off): plans of prompts alone run while the decode batch waits; a request's next
+    gap runs from its previous token (a preempted one's: the end of its last decode plan), the wait included."""
+    c = MetricsCollector()
+    a, b, new = Request("a", 0.0, 10, 100), Request("b", 0.0, 10, 100), Request("n", 0.0, 20, 100)
+    c.on_step(0, 0.0, StepPlan(0, decodes=[a, b]), StepResult(np.array([0.1])), 1, 10)        # a, b: tokens at 0.1
+    c.on_step(0, 0.1, StepPlan(0, prefills=[ScheduledChunk(new, 20, 0, True)]), StepResult(np.array([0.5])), 1, 10)
+    a.num_output_tokens = 2
+    # new's first token came at 0.6; b waited 0.5 for its next; a is preempted (its last token: 0.1)
+    c.on_step(0, 0.6, StepPlan(0, decodes=[b, new], num_steps=2, preempted=[a]), StepResult(np.array([0.1, 0.1])), 1, 10)
+    # a's recompute samples its next token at 1.1, 1.0 after its last; b and new wait 0.3
+    c.on_step(0, 0.8, StepPlan(0, prefills=[ScheduledChunk(a, 12, 0, True)]), StepResult(np.array([0.3])), 1, 10)
+    c.on_step(0, 1.1, StepPlan(0, decodes=[b, new, a]), StepResult(np.array([0.1])), 1, 10)
+    m = c.summarize(1, None)
+    gaps = [0.1, 0.1] + [0.6, 0.1, 0.1, 0.1] + [1.0] + [0.4, 0.4, 0.1]
+    assert m.decode_tokens == m.itl_s.count == len(gaps)
+    assert m.itl_s.mean == pytest.approx(sum(gaps) / len(gaps))
+    assert m.itl_s.p99 == pytest.approx(1.0, rel=0.005)
+
+
+def test_a_handed_over_request_s_first_decode_gap_spans_its_kv_transfer():
+    """Disaggregated: a prefill instance made the first token; the first decode token's gap runs from it, through the
+    KV transfer and the wait for a seat in the decode batch."""
+    c = MetricsCollector()
+    x, r = Request("x", 0.0, 10, 100), Request("r", 0.0, 10, 100)
+    r.first_token_time = 1.0
+    c.on_handover(1, r)   # queued at instance 1, waiting for a seat
+    c.on_step(1, 2.0, StepPlan(1, decodes=[x]), StepResult(np.array([0.1])), 1, 10)
+    r.status = RequestStatus.RUNNING   # seated: in the next plan
+    c.on_step(1, 2.1, StepPlan(1, decodes=[x, r], num_steps=2), StepResult(np.array([0.1, 0.1])), 1, 10)
+    m = c.summarize(1, None)
+    gaps = [0.1, 0.1, 0.1, 1.2, 0.1]
+    assert m.itl_s.count == len(gaps)
+    assert m.itl_s.mean == pytest.approx(sum(gaps) / len(gaps))
 
 
 def test_log_histogram_weighted_quantiles():
