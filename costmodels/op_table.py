@@ -23,7 +23,7 @@ import json
 import math
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -109,7 +109,7 @@ class GemmTable:
     measured_on: str = ""         # the GPU the table was measured on
     source: str = ""              # where it was measured ("": the committed op tables)
 
-    @property
+    @cached_property
     def floor_s(self) -> float:
         """The shortest time measured for any kernel: the launch-to-finish floor of one GEMM on that GPU (H200
         DeepGEMM: 4.7 us, 7168 x 256 at one row)."""
@@ -387,24 +387,14 @@ class TableGemms:
             mp = flat if every else flat[pos]
             for n, k in self.shapes[row]:
                 t = self.table.seconds(mp, n, k)
-                if other is not None:
-                    peak, wb, ab, ceff = other
+                if other is not None or not self.same_gpu:
                     b8 = gemm_bytes(mp, n, k, self.table.weight_bytes_per_elem)
-                    ratio = self.table.peak_flops / self.target_flops
-                    if not self.same_gpu:
-                        t = np.maximum(np.maximum(t * ratio, b8 / (self.mem_eff * self.target_bw)),
-                                       2.0 * mp * n * k / (self.compute_eff * self.target_flops))
-                    floor = self.table.floor_s * ratio
-                    byts = n * k * wb + mp * (k * ab + 2.0 * n)
-                    t_bw, t_c = b8 / self.target_bw, 2.0 * mp * n * k / self.target_flops   # the FP8 kernel's roofline here
-                    top = np.maximum(t_bw, t_c)
-                    gamma = (self.compute_eff * self.target_flops) / (ceff * peak)
-                    scale = np.maximum((byts / b8) * (t_bw / top), gamma * (t_c / top))
-                    t = np.maximum(floor + np.maximum(t - floor, 0.0) * scale, byts / (self.mem_eff * self.target_bw))
-                elif not self.same_gpu:
-                    byts = gemm_bytes(mp, n, k, self.table.weight_bytes_per_elem)
-                    t = np.maximum(np.maximum(t * self.table.peak_flops / self.target_flops, byts / (self.mem_eff * self.target_bw)),
-                                   2.0 * mp * n * k / (self.compute_eff * self.target_flops))
+                    flops = 2.0 * mp * n * k
+                    if not self.same_gpu:   # the table's kernel here
+                        t = np.maximum(np.maximum(t * self.table.peak_flops / self.target_flops, b8 / (self.mem_eff * self.target_bw)),
+                                       flops / (self.compute_eff * self.target_flops))
+                    if other is not None:
+                        t = self._other_dtype(t, b8, flops, n, k, mp, other)
                 acc = t if acc is None else acc + t
         if acc is not None and every:
             return acc.reshape(np.shape(m))
@@ -412,6 +402,17 @@ class TableGemms:
         if acc is not None:
             total[pos] = acc
         return total.reshape(np.shape(m))
+
+    def _other_dtype(self, t8, b8, flops, n: int, k: int, mp, other: tuple[float, float, float, float]):
+        """A row in another dtype from the table's kernel at its shape here (``t8``, moving ``b8`` bytes): the class
+        docstring's rule."""
+        peak, wb, ab, ceff = other
+        floor = self.table.floor_s * self.table.peak_flops / self.target_flops
+        byts = n * k * wb + mp * (k * ab + 2.0 * n)
+        t_bw, t_c = b8 / self.target_bw, flops / self.target_flops   # the FP8 kernel's roofline here
+        top = np.maximum(t_bw, t_c)
+        scale = np.maximum((byts / b8) * (t_bw / top), (self.compute_eff * self.target_flops) / (ceff * peak) * (t_c / top))
+        return np.maximum(floor + np.maximum(t8 - floor, 0.0) * scale, byts / (self.mem_eff * self.target_bw))
 
 
 MLA_ENTRY_DIMS = (576, 512)   # FlashMLA's measured latent: q/k 512 + 64 rope, v 512 (DeepSeek-V3/R1, Kimi K2)

@@ -216,15 +216,7 @@ class SimBackend:
             host = self.host_time(plan)
         if plan.num_steps == 1 and not (plan.draft_len and plan.decodes):
             # one step, nothing to draw: the same numbers with floats instead of small arrays
-            if plan.prefills:
-                dev = self._mixed_time(plan)
-            elif self._decode1 and self.cost.sum_only:
-                cs = plan.decode_context_sum
-                dev = self.cost.decode_time(len(plan.decodes), plan.draft_len,
-                                            int(np.add.reduce(plan.decode_context_lens)) if cs is None else cs)
-            else:
-                dev = float(self.device_times(plan)[0])
-            return np.array([wall_time(dev, host, self.async_overlap, cold_start)])
+            return np.array([wall_time(self._first_device(plan), host, self.async_overlap, cold_start)])
         return wall_time(self.device_times(plan), host, self.async_overlap, cold_start)
 
     def execute(self, plan: StepPlan, stop_at: float | None = None) -> StepResult:
@@ -260,26 +252,28 @@ class SimBackend:
             d = max(d, plan.loaded_blocks[0] * host_s + plan.loaded_blocks[1] * storage_s)
         return d, h, eager, min(tail, d)
 
+    @staticmethod
+    def _context_sum(plan: StepPlan) -> int:
+        """The plan's decode contexts summed (the plan's own sum where it carries one)."""
+        cs = plan.decode_context_sum
+        return int(np.add.reduce(plan.decode_context_lens)) if cs is None else cs
+
     def _first_device(self, plan: StepPlan) -> float:
-        """Device seconds of ``plan``'s first step from a model without a device/host split (``step_times``' price
-        of it, no host work): what its launch starts on the device."""
+        """Device seconds of ``plan``'s first step (at its contexts as scheduled, nothing drawn): a step with prefill
+        chunks as ``_mixed_time`` prices it, a decode step from the memo (by its contexts' sum where the model
+        prices only that). ``step_times``' one-step price and what a pipelined launch starts on the device."""
         if plan.prefills:
             return self._mixed_time(plan)
-        cost = self.cost
-        if cost.sum_only:
-            cs = plan.decode_context_sum
-            return float(cost.decode_time(len(plan.decodes), plan.draft_len,
-                                          int(np.add.reduce(plan.decode_context_lens)) if cs is None else cs))
-        return float(cost.decode_times(plan.decode_context_lens, 1, plan.draft_len)[0])
+        if self._decode1 and self.cost.sum_only:
+            return float(self.cost.decode_time(len(plan.decodes), plan.draft_len, self._context_sum(plan)))
+        return float(self.cost.decode_times(plan.decode_context_lens, 1, plan.draft_len)[0])
 
     def _last_device(self, plan: StepPlan, steps: int) -> float:
         """Device seconds of the ``steps``-th (last run) step of a multi-step decode plan, at the contexts it runs at."""
         drawn = self._drawn
-        if not self._split and self.cost.sum_only:   # the contexts matter only through their sum: no copy of them
-            cs = plan.decode_context_sum
-            cs = int(np.add.reduce(plan.decode_context_lens)) if cs is None else cs
+        if not self._split and self._decode1 and self.cost.sum_only:   # the contexts matter only through their sum
             grown = int(drawn[1][: steps - 1].sum()) if drawn is not None and drawn[0] is plan else (steps - 1) * len(plan.decodes)
-            return float(self.cost.decode_time(len(plan.decodes), plan.draft_len, cs + grown))
+            return float(self.cost.decode_time(len(plan.decodes), plan.draft_len, self._context_sum(plan) + grown))
         ctx = np.asarray(plan.decode_context_lens, np.int64)
         if drawn is not None and drawn[0] is plan:
             ctx = ctx + drawn[1][: steps - 1].sum(axis=0)

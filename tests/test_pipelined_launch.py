@@ -86,23 +86,18 @@ class _Recording:
         self.cls = Rec
 
 
-def _run(prof, overlap=True, max_steps=1, debug=False, rate=4.0):
+def _simulate(cost, cfg, reqs, max_steps=1, debug=False):
+    """``reqs`` through one instance of the simulator's loop on ``cost`` (a MemoStepCost) under ``cfg``, recording
+    each plan (``_Recording``): (plans, collector, the backend)."""
     import simpy
 
-    from costmodels.profiled import ProfiledStepCost
-    from scheduler.config import SchedulerConfig
     from scheduler.metrics import MetricsCollector
     from scheduler.scheduler import Scheduler
     from sim import invariants
-    from sim.backend import MemoStepCost, host_coeffs, loop_cost
+    from sim.backend import host_coeffs
     from sim.cluster import Cluster
     from sim.router import RouterConfig, make_router
-    from sim.workload import generate, preset
-    from ui.cmd_validate import sim_config
 
-    cfg = sim_config(SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=2048, async_overlap=overlap), prof)
-    reqs = generate(preset("chat", num_requests=40, rate=rate), np.random.default_rng(3), cfg.block_size)
-    cost = MemoStepCost(loop_cost(ProfiledStepCost(prof), overlap))
     rec = _Recording()
     env = simpy.Environment()
     col = (invariants.CheckingCollector if debug else MetricsCollector)(record_steps=True)
@@ -117,7 +112,20 @@ def _run(prof, overlap=True, max_steps=1, debug=False, rate=4.0):
     env.run()
     if debug:
         invariants.check_end(col, [sched], len(reqs), env.now)
-    return rec.plans, col, backends[0], cfg
+    return rec.plans, col, backends[0]
+
+
+def _run(prof, overlap=True, max_steps=1, debug=False, rate=4.0):
+    from costmodels.profiled import ProfiledStepCost
+    from scheduler.config import SchedulerConfig
+    from sim.backend import MemoStepCost, loop_cost
+    from sim.workload import generate, preset
+    from ui.cmd_validate import sim_config
+
+    cfg = sim_config(SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=2048, async_overlap=overlap), prof)
+    reqs = generate(preset("chat", num_requests=40, rate=rate), np.random.default_rng(3), cfg.block_size)
+    plans, col, backend = _simulate(MemoStepCost(loop_cost(ProfiledStepCost(prof), overlap)), cfg, reqs, max_steps, debug)
+    return plans, col, backend, cfg
 
 
 def test_the_simulator_charges_each_step_what_validate_predicts_for_it():
@@ -169,41 +177,20 @@ def test_the_synchronous_loop_and_a_partly_hiding_overlap_keep_the_per_step_rule
 def _run_analytic(host_s, max_steps=1, debug=False):
     """Single- (or multi-) step plans of a small dense model on the analytic cost model through the simulator's
     pipelined loop, with ``host_s`` seconds of loop host work a step (the config's ``host_step_s``)."""
-    import simpy
-
-    from costmodels.hardware import get_hardware
     from costmodels.catalog import get_model
+    from costmodels.hardware import get_hardware
     from costmodels.layout import ParallelLayout
     from costmodels.step import StepCostModel
     from scheduler.config import SchedulerConfig
-    from scheduler.metrics import MetricsCollector
-    from scheduler.scheduler import Scheduler
-    from sim import invariants
-    from sim.backend import MemoStepCost, host_coeffs
-    from sim.cluster import Cluster
-    from sim.router import RouterConfig, make_router
+    from sim.backend import MemoStepCost
     from sim.workload import generate, preset
 
     cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=2048, async_overlap=True, host_step_s=host_s,
                           host_per_request_s=0.0, host_per_token_s=0.0)
     reqs = generate(preset("chat", num_requests=24, rate=0.5), np.random.default_rng(3), cfg.block_size)
     model = StepCostModel(get_model("llama-3.1-8b"), get_hardware("H200"), ParallelLayout())
-    cost = MemoStepCost(model)
-    rec = _Recording()
-    env = simpy.Environment()
-    col = (invariants.CheckingCollector if debug else MetricsCollector)(record_steps=True)
-    sched = Scheduler(cfg, 4000, 0, name_all_blocks=False)
-    backends = []
-
-    def make(i):
-        b = rec.cls(cost, np.random.default_rng([1, i]), (), cfg.async_overlap, host_coeffs=host_coeffs(cfg))
-        backends.append(b)
-        return b
-    Cluster(env, [sched], make, make_router(RouterConfig()), col, sorted(reqs, key=lambda r: r.arrival_time), max_steps=max_steps)
-    env.run()
-    if debug:
-        invariants.check_end(col, [sched], len(reqs), env.now)
-    return rec.plans, col, backends[0], model
+    plans, col, backend = _simulate(MemoStepCost(model), cfg, reqs, max_steps, debug)
+    return plans, col, backend, model
 
 
 def test_an_analytic_model_runs_the_pipelined_loop_launch_by_launch_too():
