@@ -41,6 +41,12 @@ V3_GEMMS = {"qkv_a": (2112, 7168), "q_b": (24576, 1536), "kv_b": (32768, 512), "
             "shared_down": (7168, 2048)}
 # which dimension tensor parallelism splits: column-parallel GEMMs split N, row-parallel ones split K;
 # qkv_a stays replicated (DeepSeek-V3 under TP, as vLLM/SGLang shard it)
+# the rows a step runs in BF16 whatever its weights' dtype (DeepSeek-V3's router, the LM head's TP8 shard) and a dense
+# model's TP8 shards (Llama-3.1-70B: hidden 8192, 64 query / 8 KV heads of 128, FFN 28672): the ``dense_bf16`` stage
+# times them in BF16 (cuBLAS) next to the FP8 kernels at the same shapes, the held-out check of the cost model's
+# FP8-to-other-dtype transfer (costmodels.op_table.TableGemms)
+BF16_EXTRA = {"router": (256, 7168), "lm_head/tp8": (16160, 7168), "l70_qkv/tp8": (1280, 8192),
+              "l70_o/tp8": (8192, 1024), "l70_gate_up/tp8": (7168, 8192), "l70_down/tp8": (8192, 3584)}
 TP_SPLIT = {"q_b": "n", "kv_b": "n", "o_proj": "k", "dense_gate_up": "n", "dense_down": "k", "shared_gate_up": "n",
             "shared_down": "k"}
 
@@ -128,6 +134,32 @@ def dense_gemm_rows(emit, libs, m_grid, gemms) -> None:
                 emit(row)
             del x, xq, xs
         del ws_list, wq, ws
+        torch.cuda.empty_cache()
+
+
+def bf16_gemm_rows(emit, m_grid, gemms) -> None:
+    """BF16 ``x @ w.T`` (torch's Linear: cuBLAS), bf16 in and out, the same cases and timing as the FP8 rows."""
+    import torch.nn.functional as F
+    for name, (n, k) in gemms.items():
+        w = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+        ncop = copies_for(2 * n * k)
+        w_list = [w.clone() for _ in range(ncop - 1)] + [w]
+        for m in m_grid:
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            want = x[:256].float() @ w.float().T
+            row = {"op": "dense_gemm", "lib": "cublas", "dtype": "bf16", "name": name, "m": m, "n": n, "k": k,
+                   "copies": ncop}
+            try:
+                row["rel_err"] = rel(F.linear(x[:256], w), want)
+                row["eager_us"] = eager_time_us(lambda: F.linear(x, w))
+                fns = [lambda b=b: F.linear(x, b) for b in w_list]
+                t = graph_time_us(fns, reps_for(row["eager_us"]))
+                row.update(device_us=t, tflops=2 * m * n * k / t / 1e6, tbs=(2 * m * k + 2 * n * k + 2 * m * n) / t / 1e6)
+            except Exception as e:  # noqa: BLE001 - one failed case must not stop the table
+                row["error"] = f"{type(e).__name__}: {e}"[:300]
+            emit(row)
+            del x
+        del w_list, w
         torch.cuda.empty_cache()
 
 
@@ -224,7 +256,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--quick", action="store_true", help="a few shapes per table (a smoke run)")
-    ap.add_argument("--tables", default="dense,masked,mla", help="comma list of dense, dense_tp, masked, mla, mla_tp")
+    ap.add_argument("--tables", default="dense,masked,mla", help="comma list of dense, dense_tp, masked, mla, mla_tp, dense_bf16 "
+                    "(BF16 cuBLAS and DeepGEMM FP8 at the V3 shapes and BF16_EXTRA's)")
     ap.add_argument("--tp", default="2,4,8", help="TP widths of the dense_tp (DeepGEMM) and mla_tp (heads = 128 / TP) tables")
     args = ap.parse_args()
     out = Path(args.out_dir)
@@ -247,6 +280,8 @@ def main() -> None:
                                                      {"expert_gate_up": (4096, 7168), "expert_down": (7168, 2048)})),
               ("mla", lambda: mla_decode_rows(writer.emit, (1, 64) if args.quick else (1, 8, 32, 64, 128, 256),
                                               (4096,) if args.quick else (512, 2048, 8192, 32768))),
+              ("dense_bf16", lambda: (dense_gemm_rows(writer.emit, ("deepgemm",), m_grid, {**gemms, **BF16_EXTRA}),
+                                      bf16_gemm_rows(writer.emit, m_grid, {**gemms, **BF16_EXTRA}))),
               ("mla_tp", lambda: mla_decode_rows(writer.emit, (1, 8, 32, 64, 128, 256), (512, 2048, 8192, 32768),
                                                  tuple(128 // t for t in tps)))]
     for name, fn in stages:
