@@ -19,8 +19,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator
 
 from twinfer.config import load_model_file
+from twinfer.errors import TwinferError
 
-from costmodels.hardware import Hardware, get_hardware
+from costmodels.hardware import Hardware, get_hardware, list_hardware
 from costmodels.op_table import DEFAULT_GEMM_LIBS
 from costmodels.step_profile import StepProfile
 
@@ -486,6 +487,17 @@ def prefill_chunk_table(points: list[dict]) -> PrefillChunkTable | None:
           f"{p0.get('backend', '?')})")
 
 
+def fp4_reference() -> tuple[float, str]:
+    """FP4 GEMM compute efficiency for a GPU without its own FP4 measurement, and where it comes from: the first
+    catalog GPU whose ``measured`` block gives a large FP4 GEMM (the B300's published NVFP4 figure), as a fraction of
+    that GPU's dense FP4 peak."""
+    for hw in list_hardware():
+        m = hw.measured
+        if m is not None and m.fp4_matmul_tflops and hw.fp4_tflops:
+            return m.fp4_matmul_tflops / hw.fp4_tflops, f"{hw.name} FP4 GEMM {m.fp4_matmul_tflops:g} of {hw.fp4_tflops:g} TFLOP/s"
+    raise TwinferError("hardware catalog: no GPU's measured block gives fp4_matmul_tflops (the FP4 GEMM efficiency's source)")
+
+
 class CalibrationProfile(BaseModel):
     """Efficiencies of one GPU kind's kernels. Analytic forms (used when a table is absent):
 
@@ -644,7 +656,8 @@ class CalibrationProfile(BaseModel):
             "bf16": m.bf16_matmul_tflops / ref.bf16_tflops,                      # 741 / 989
             "fp8": max(m.fp8_matmul_tflops, m.deepgemm_fp8_tflops or 0) / ref.fp8_tflops,  # 1310 / 1979
         }
-        ceff["fp4"] = ceff["fp8"]  # assumption: FP4 GEMMs reach the FP8 fraction of their (higher) peak
+        # FP4 has its own efficiency (not the FP8 fraction of its higher peak): the catalog's published FP4 GEMM
+        ceff["fp4"], fp4_src = fp4_reference()
         # FlashMLA decode on the H200 (KERNELS.md): KV bytes read -> achieved TB/s; the 8 GB point is
         # FlashMLA's published ~3000 GB/s on H800 (~0.9 of 3.35 TB/s), derated to 0.8: an assumption.
         pts = sorted((p["kv_bytes"], p["tbps"] * 1e12 / bw) for p in m.flashmla_decode)
@@ -653,7 +666,8 @@ class CalibrationProfile(BaseModel):
         notes = [
             f"HBM streaming {mem_eff:.3f} of peak (H200 copy 4.11 TB/s)",
             f"GEMM bandwidth ramp half-saturation {half / 1e6:.0f} MB (fit to two measured small GEMMs)",
-            f"GEMM compute bf16 {ceff['bf16']:.3f}, fp8 {ceff['fp8']:.3f} of peak (H200 8192^3 matmuls); fp4 assumed = fp8 fraction",
+            f"GEMM compute bf16 {ceff['bf16']:.3f}, fp8 {ceff['fp8']:.3f} of peak (H200 8192^3 matmuls); fp4 {ceff['fp4']:.3f} "
+            f"({fp4_src})",
             "attention math 0.586 of BF16 peak: FlashMLA README, 580 TFLOPS compute-bound on H800 (989 peak)",
             "comm efficiency 0.8 and collective latencies (all-reduce 10 us, all-to-all 20 us in / 40 us across scale-up) are assumptions",
             "kernel launch overhead 3 us per kernel under CUDA graphs: assumption",

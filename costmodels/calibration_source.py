@@ -18,7 +18,7 @@ from pathlib import Path
 
 from twinfer.errors import TwinferError
 
-from costmodels.calibration import CalibrationProfile
+from costmodels.calibration import CalibrationProfile, fp4_reference
 from costmodels.hardware import Hardware, MeasuredCeilings, get_hardware
 
 # measured-block fields the defaults only read from the H200 (shape fits of one kernel library)
@@ -82,7 +82,13 @@ def _from_measured(hw: Hardware, m: MeasuredCeilings) -> CalibrationProfile:
         peak = hw.bf16_tflops if dtype == "bf16" else hw.fp8_tflops
         ceff[dtype] = _ratio(value, peak, f"{dtype}_matmul_tflops", f"{dtype}_tflops", hw)
         notes.append(f"GEMM compute {dtype} {ceff[dtype]:.3f} of peak: {src}, {value:g} TFLOP/s")
-    ceff["fp4"] = ceff["fp8"]  # assumption carried over from the defaults: FP4 reaches the FP8 fraction
+    if m.fp4_matmul_tflops is not None:
+        if not hw.fp4_tflops:
+            raise TwinferError(f"{hw.name}: measured.fp4_matmul_tflops is set but fp4_tflops is not: give the FP4 peak or drop the measurement")
+        ceff["fp4"] = _ratio(m.fp4_matmul_tflops, hw.fp4_tflops, "fp4_matmul_tflops", "fp4_tflops", hw)
+        notes.append(f"GEMM compute fp4 {ceff['fp4']:.3f} of peak: {src}, {m.fp4_matmul_tflops:g} TFLOP/s")
+    elif hw.fp4_tflops:
+        notes.append(f"GEMM compute fp4 {ceff['fp4']:.3f} of peak: the catalog's FP4 GEMM ({fp4_reference()[1]})")
     upd["gemm_compute_eff"] = ceff
     ignored = [f for f in _H200_ONLY if getattr(m, f)]
     notes += [

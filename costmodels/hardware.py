@@ -34,6 +34,8 @@ class MeasuredCeilings(BaseModel):
     copy_tbps: float | None = Field(None, gt=0, le=1e3, description="device-to-device copy, read+write bytes, TB/s (sets HBM streaming efficiency)")
     bf16_matmul_tflops: float | None = Field(None, gt=0, le=1e6, description="large square BF16 matmul (e.g. 8192^3), TFLOP/s (sets BF16 GEMM efficiency)")
     fp8_matmul_tflops: float | None = Field(None, gt=0, le=1e6, description="large square FP8 matmul with row-wise scales, TFLOP/s (sets FP8 GEMM efficiency)")
+    fp4_matmul_tflops: float | None = Field(None, gt=0, le=1e6, description="large FP4 GEMM (NVFP4/MXFP4 block scales, thousands of rows), "
+                                            "TFLOP/s (sets FP4 GEMM efficiency)")
     small_gemm: dict | None = Field(None, description="one small-M GEMM: m, k, n, dtype, time_us (H200 defaults only)")
     flashmla_decode: list[dict] = Field(default_factory=list, description="MLA decode points: kv_bytes, tbps (H200 defaults only)")
     deepgemm_fp8_tflops: float | None = Field(None, gt=0, le=1e6, description="DeepGEMM FP8 GEMM, TFLOP/s (H200 defaults only)")
@@ -104,6 +106,11 @@ class Hardware(BaseModel):
         if dtype == "fp4" and self.fp4_tflops is not None:
             return self.fp4_tflops
         return self.fp8_tflops
+
+    def math_dtype(self, dtype: str) -> str:
+        """The dtype whose tensor-core rate, and so whose GEMM efficiency, a GEMM of ``dtype`` weights runs at: FP4
+        without FP4 tensor cores (Hopper) runs FP8 math (``tflops``)."""
+        return "fp8" if dtype == "fp4" and not self.fp4_tflops else dtype
 
     def supports(self, dtype: str) -> bool:
         """Whether the tensor cores run ``dtype`` natively."""

@@ -284,7 +284,7 @@ class StepOps:
             return None
         ceff = self.cal.gemm_compute_eff
         other = {r: (self.hw.tflops(d) * 1e12, float(self.g_w[r] / self.g_kn[r]), 2.0 if d == "bf16" else 1.0,
-                     ceff.get(d, ceff.get("fp8", 0.662)))
+                     ceff.get(self.hw.math_dtype(d), ceff.get("fp8", 0.662)))
                  for r, d in enumerate(self.g_dtype) if covers[r] and d != table.dtype}
         return TableGemms(table, shapes, covers, self.hw.tflops("fp8") * 1e12, self.hw.hbm_bw,
                           self.cal.mem_eff, ceff.get("fp8", 0.662), other)
@@ -451,7 +451,7 @@ class StepOps:
         for d in self.g_dtypes:
             mask = self.g_dmask[d][rows]
             if mask.any():
-                ceff[mask] = self.cal.gemm_compute(mr[mask], d)
+                ceff[mask] = self.cal.gemm_compute(mr[mask], self.hw.math_dtype(d))
         col = lambda a: a[rows][:, None]  # noqa: E731
         flops = 2.0 * mr * col(self.g_kn)
         # the bandwidth ramp applies to all bytes the kernel moves (weights and activations)
@@ -484,7 +484,7 @@ class StepOps:
         touched = self.e_local * (1.0 - (1.0 - 1.0 / self.e_total) ** assign)
         flops = 2.0 * tok_rank * self.e_params_local
         byts = touched * self.e_params_local * self.e_bpp + tok_rank * self.e_io_per_token
-        ceff = self.cal.gemm_compute(tok_rank / np.maximum(touched, 1e-9), self.layout.experts_dtype)
+        ceff = self.cal.gemm_compute(tok_rank / np.maximum(touched, 1e-9), self.hw.math_dtype(self.layout.experts_dtype))
         meff = self.cal.expert_mem(byts)
         t = np.maximum(flops / (self.e_peak * np.maximum(ceff, 1e-9)), byts / (self.hw.hbm_bw * np.maximum(meff, 1e-9))) + 2 * self._lo
         return t, touched, flops, byts
