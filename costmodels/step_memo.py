@@ -118,11 +118,14 @@ class MemoStepCost:
         u = context_sum / (n * (1 + draft_len))
         i = int(u)
         frac = u - i
-        b, j = divmod(i, self.BLOCK)
+        B = self.BLOCK
+        b = i // B
+        j = i - b * B
         t = self._block(n, draft_len, b)
-        # the grid point after a block's last one is the next block's first (as _table joins them)
-        nxt = t[j + 1] if j + 1 < self.BLOCK else self._block(n, draft_len, b + 1)[0]
-        return float(t[j]) * (1.0 - frac) + float(nxt) * frac
+        # the grid point after a block's last one is the next block's first (as _table joins them);
+        # item(): the same float without a numpy scalar (the simulator prices most decode steps here)
+        nxt = t.item(j + 1) if j + 1 < B else self._block(n, draft_len, b + 1).item(0)
+        return t.item(j) * (1.0 - frac) + nxt * frac
 
     def decode_times(self, context_lens: np.ndarray, num_steps: int, draft_len: int = 0) -> np.ndarray:
         """Device times of ``num_steps`` decode steps, contexts growing by 1 + draft_len a step."""

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from itertools import chain
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -527,7 +528,7 @@ class MetricsCollector:
         prefill instance). The token a recompute samples at the end of its prompt, after a preemption, spans the
         stall since the request's last token before the preemption."""
         d = result.step_durations
-        if d.__class__ is not np.ndarray or d.dtype != _F64:
+        if d.__class__ is not np.ndarray or d.dtype is not _F64:   # (identity: a float64 dtype that is another object only costs asarray)
             d = np.asarray(d, float)
         k = d.size
         if k == 0:
@@ -670,7 +671,8 @@ class MetricsCollector:
         if not rows:
             return
         self._rows = []
-        a = np.array(rows, dtype=np.float64)  # every integer here is far below 2**53: exact
+        # every integer here is far below 2**53: exact (fromiter over the flat rows: a third faster than np.array)
+        a = np.fromiter(chain.from_iterable(rows), np.float64, len(rows) * len(rows[0])).reshape(len(rows), -1)
         start, dur = a[:, 0], a[:, 1]
         k, n_pre, pre_tok, n_dec, draft, n_preempt, dec_tok, used, total, iid = a[:, 2:].astype(np.int64).T
         self._num_plans += len(rows)

@@ -311,10 +311,35 @@ class SimBackend:
         self.read_back_delay = start - t
         lead1 = end1 - start if end1 > start else 0.0
         if plan.num_steps == 1:
-            if plan.draft_len and plan.decodes:
-                self._draw_tokens(plan, 1)   # its drafts' acceptance (the multi-step path draws in step_times)
-            return self._launched(self._finish(plan, start, host, np.array([lead1]), None), start,
-                                  start if start > launched else launched)
+            # one step (three plans in four): _finish's and _launched's booking inline, with floats
+            tokens = self._draw_tokens(plan, 1) if plan.draft_len and plan.decodes else None  # its drafts' acceptance
+            self._prev_prefill = bool(plan.prefills)
+            self._count_since(plan, 1)
+            self.ends = None
+            self._busy_until = self._dev_end = start + lead1
+            self._step += 1
+            self._plan_start = start
+            self._in_flight = True
+            self._host_free = start if start > launched else launched
+            return StepResult(np.array([lead1]), tokens, host_s=host)
+        if (stop_at is not None and not plan.draft_len and not plan.prefills and not self._split
+                and self._decode1 and self.cost.sum_only):
+            # a draft-free decode run cut at the next arrival (most multi-step plans): its walls and ends as floats,
+            # the same numbers as the array path below (numpy's cumsum adds in order, one rounding per step)
+            times, _ = self._decode_run_until(plan, False, start, stop_at, host)
+            m = len(times)
+            if m == 1:
+                times[0] = lead1
+                return self._launched(self._finish(plan, start, host, np.array(times), None), start, max(start, launched))
+            times[0] = max(h1, lead1)
+            times[m - 1] = self._last_device(plan, m)
+            for i in range(1, min(m, extras.size)):
+                times[i] += extras.item(i)
+            total, ends = 0.0, []
+            for w in times:
+                total += w
+                ends.append(start + total)
+            return self._launched(self._finish(plan, start, host, np.array(times), ends), start, ends[m - 2])
         times, ends = self._times_until(plan, False, start, stop_at, host)
         times = np.array(times, float)
         m = times.size
@@ -437,7 +462,8 @@ class SimBackend:
         """
         if (plan.num_steps > 1 and stop_at is not None and not plan.draft_len and not plan.prefills
                 and self._decode1 and self.cost.sum_only):
-            return self._decode_run_until(plan, cold_start, start_s, stop_at, host)
+            times, ends = self._decode_run_until(plan, cold_start, start_s, stop_at, host)
+            return np.array(times), ends
         times = self.step_times(plan, cold_start, host)
         n = len(times)
         if n == 1:
@@ -449,10 +475,10 @@ class SimBackend:
         return times, ends
 
     def _decode_run_until(self, plan: StepPlan, cold_start: bool, start_s: float, stop_at: float,
-                          host: float) -> tuple[np.ndarray, list[float]]:
+                          host: float) -> tuple[list[float], list[float]]:
         """_times_until for a draft-free decode run of a sum_only memo: MemoStepCost's interpolation (its
         docstring) and wall_time for one step at a time, with floats, walking the memo's blocks inline (a
-        generator for the walk cost 3-5% of the simulator's CPU time)."""
+        generator for the walk cost 3-5% of the simulator's CPU time); the walls and ends as lists."""
         cost, nd = self.cost, len(plan.decodes)
         cs = plan.decode_context_sum
         u = float(np.add.reduce(plan.decode_context_lens) if cs is None else cs) / nd   # mean context in grid units (g = 1)
@@ -482,4 +508,4 @@ class SimBackend:
             ends.append(end)
             if end >= stop_at:
                 break
-        return np.array(times), ends
+        return times, ends

@@ -143,33 +143,42 @@ class Instance:
         complete, execute = sched.complete, backend.execute
         on_plan = getattr(metrics, "on_plan", None)
         on_step, on_finish, timeout = metrics.on_step, metrics.on_finish, env.timeout
-        prev = None      # (plan, result, start, first-token requests) whose device work just ended, not read back
+        # the plan whose device work just ended, not yet read back (None: none), its result, start and the requests
+        # whose first token it made (four locals, not a tuple: this loop runs once per plan)
+        p_plan = p_res = p_firsts = None
+        p_start = 0.0
+        finished: list[Request] = []
         while True:
             if before is not None:
                 before(env.now)
-            finished: list[Request] = []
-            if prev is not None:
-                p_plan, p_res, p_start, p_firsts = prev
+            if p_plan is not None:
                 if on_plan is not None:
                     on_plan(iid, p_start, p_plan, p_res)
                 finished = complete(p_plan, p_res, env.now)
             if not sched.has_work:
-                if prev is not None:
-                    self._read_back(prev, finished, 0.0, blocks.num_used, kv_total)
-                    prev = None
+                if p_plan is not None:
+                    on_step(iid, p_start, p_plan, p_res, blocks.num_used, kv_total)
+                    for r in finished:
+                        on_finish(r)
+                    p_plan = p_res = p_firsts = None
                 backend.drain()
                 self._idle = True
                 self._wake = env.event()
                 yield self._wake
                 continue
             plan = self._schedule(env.now)
-            firsts = [c.request for c in plan.prefills if c.is_last_chunk and c.request.first_token_time is None]
+            firsts = [c.request for c in plan.prefills if c.is_last_chunk and c.request.first_token_time is None] \
+                if plan.prefills else ()
             result = execute(plan, next_arrival() if next_arrival is not None else None)
             delay = backend.read_back_delay
             if delay > 0:
                 yield timeout(delay)
-            if prev is not None:
-                self._read_back(prev, finished, delay, blocks.num_used, kv_total)
+            if p_plan is not None:   # read back: report the previous plan (later by the delay: _read_late)
+                if delay > 0:
+                    p_res = self._read_late(p_res, delay, p_firsts, finished)
+                on_step(iid, p_start, p_plan, p_res, blocks.num_used, kv_total)
+                for r in finished:
+                    on_finish(r)
             start = env.now
             times = result.step_durations
             if len(times) > 1:
@@ -177,7 +186,7 @@ class Instance:
             else:
                 self._last_start = start
                 yield timeout(float(times[0]))
-            prev = (plan, result, start, firsts)
+            p_plan, p_res, p_start, p_firsts = plan, result, start, firsts
 
     def _schedule(self, now: float):
         """The plan due now. It was scheduled when the step that just ended started: requests that arrived later wait
@@ -211,20 +220,15 @@ class Instance:
         self._last_start = float(ends[last - 1]) if last > 0 else start
         return result
 
-    def _read_back(self, prev, finished: list[Request], delay: float, kv_used: int, kv_total: int) -> None:
-        """Report a plan read back ``delay`` seconds after its device work ended (the launch of the next plan ran
-        on): its last step's wall and the times of the first tokens and finishes it made, as of now."""
-        plan, result, start, firsts = prev
+    def _read_late(self, result: StepResult, delay: float, firsts, finished: list[Request]) -> StepResult:
+        """A plan read back ``delay`` seconds after its device work ended (the launch of the next plan ran on): its
+        last step's wall runs to now, and so do the times of the first tokens and finishes it made."""
         now = self.env.now
-        if delay > 0:
-            d = np.array(result.step_durations, float)
-            d[-1] += delay
-            result = StepResult(d, result.decode_tokens, result.sampled_token_ids, result.finished_early, result.host_s)
-            for r in firsts:
-                if r.first_token_time is not None:
-                    r.first_token_time = now
-            for r in finished:
-                r.finish_time = now
-        self.metrics.on_step(self.instance_id, start, plan, result, kv_used, kv_total)
+        d = np.array(result.step_durations, float)
+        d[-1] += delay
+        for r in firsts:
+            if r.first_token_time is not None:
+                r.first_token_time = now
         for r in finished:
-            self.metrics.on_finish(r)
+            r.finish_time = now
+        return StepResult(d, result.decode_tokens, result.sampled_token_ids, result.finished_early, result.host_s)
