@@ -332,23 +332,28 @@ def test_fp4_rows_against_published_nvfp4_gemm_tables():
     assert all(abs(e[0]) < 0.05 for e in big), big
 
 
-def test_fp4_routed_experts_against_a_published_nvfp4_moe_layer_on_the_b300():
-    """DeepSeek-V3's routed experts in NVFP4 on one EP8 rank of B300s (StepOps' expert roofline: the experts a step's
-    tokens touch, their FP4 weights streamed, FP4 math at its own efficiency), against FlashInfer's published MoE layer
-    on one B300 (tests/data/deepseek_moe_nvfp4_b300_published.csv; held out: nothing was fitted to it). The published
-    time also holds routing, the finalize and the activations' quantisation, so the experts alone read a little
-    shorter: -24% .. +11% over 1-512 tokens (worst at 4-8 tokens, where a few experts' weights are streamed)."""
+@pytest.mark.parametrize("dtype", ["fp4", "fp8", "bf16"])
+def test_routed_experts_against_a_published_moe_layer_on_the_b300(dtype):
+    """DeepSeek-V3's routed experts on one EP8 rank of B300s (StepOps' expert roofline: the experts a step's tokens
+    touch, their weights streamed, the math at its dtype's efficiency), in NVFP4, FP8 and BF16, against FlashInfer's
+    published MoE layer on one B300 (tests/data/deepseek_moe_b300_published.csv; held out: nothing was fitted to it).
+    From 16 tokens on (12.6 of 32 local experts touched and more) within 20%: NVFP4 -16% .. -7%, FP8 -12% .. -3%,
+    BF16 -3% .. +8%, the published time also holding routing, the finalize and the activations' quantisation. At 1-8
+    tokens the model reads up to 37% short: the benchmark's sample touched about twice the local experts uniform
+    routing expects there (2, 4, 7, 10 at 1, 2, 4, 8 tokens against 1.0, 1.9, 3.8, 7.1), each streamed whole."""
     from costmodels.calibration_source import profile_for
     from costmodels.catalog import get_model
     from costmodels.hardware import get_hardware
     from costmodels.layout import ParallelLayout
     from costmodels.step_ops import StepOps
-    with open(Path(__file__).parent / "data" / "deepseek_moe_nvfp4_b300_published.csv") as f:
+    with open(Path(__file__).parent / "data" / "deepseek_moe_b300_published.csv") as f:
         pub = list(csv.DictReader(line for line in f if not line.startswith("#")))
     hw = get_hardware("B300")
-    ops = StepOps(get_model("deepseek-v3"), hw, ParallelLayout(tp=1, dp=8, ep=8, weight_dtype="fp8", expert_dtype="fp4"),
-                  profile_for(hw), expert_imbalance=1.0)   # the benchmark routes uniformly at random
+    lay = ParallelLayout(tp=1, dp=8, ep=8, weight_dtype="bf16" if dtype == "bf16" else "fp8", expert_dtype=dtype)
+    ops = StepOps(get_model("deepseek-v3"), hw, lay, profile_for(hw), expert_imbalance=1.0)   # uniform random routing
     tokens = np.array([float(r["tokens"]) for r in pub])
     t = ops._expert_roofline(tokens)[0]
-    rel = t / np.array([float(r["ms"]) * 1e-3 for r in pub]) - 1
-    assert (rel > -0.30).all() and (rel < 0.15).all(), dict(zip(tokens.tolist(), np.round(rel, 3).tolist()))
+    rel = t / np.array([float(r[f"{dtype}_ms"]) * 1e-3 for r in pub]) - 1
+    got = dict(zip(tokens.tolist(), np.round(rel, 3).tolist()))
+    assert (np.abs(rel[tokens >= 16]) < 0.20).all(), got
+    assert (rel[tokens < 16] > -0.40).all() and (rel[tokens < 16] < 0.15).all(), got
