@@ -76,7 +76,9 @@ class CostConfig(BaseModel):
     expert_imbalance: Optional[float | SKEW] = Field(
         None, description="busiest EP rank's routed load over the mean (1 = balanced routing, at most ep), or zipf / "
         "uniform: the expert-load model at this batch; default 1.2 without EPLB, 1.05 with >= ep redundant experts")
-    dp_imbalance: float = Field(1.0, ge=1.0, description="busiest attention-DP rank's requests over the mean (1 = balanced, at most dp)")
+    dp_imbalance: Optional[float] = Field(
+        None, ge=1.0, description="busiest attention-DP rank's requests over the mean (1 = balanced, at most dp); default the "
+        "batch's own spread, as the simulator places it (a request lives on one rank: one prompt on 8 ranks is 8)")
     comm_overlap: Optional[Literal["none", "combine_down", "tbo"]] = None
     dispatch_dtype: Optional[Literal["bf16", "fp8", "nvfp4"]] = None
     offload_fraction: float = Field(0.0, ge=0.0, le=1.0, description="share of each MoE layer's expert weights in host memory, prefetched")
@@ -121,7 +123,7 @@ class CostConfig(BaseModel):
     def _check(self) -> "CostConfig":
         if self.acceptance is not None:
             check_acceptance(self.acceptance, self.draft_len)
-        if self.dp_imbalance > self.dp:
+        if self.dp_imbalance is not None and self.dp_imbalance > self.dp:
             raise ValueError(f"dp_imbalance={self.dp_imbalance} must be in [1, dp={self.dp}] (all requests on one rank is dp)")
         if isinstance(self.expert_imbalance, float) and self.expert_imbalance > max(self.ep, 1):
             raise ValueError(f"expert_imbalance={self.expert_imbalance} must be in [1, ep={self.ep}] (all routed tokens on one "
@@ -144,6 +146,7 @@ def check_acceptance(acc: list[float], draft_len: int) -> None:
 def run_cost(cfg: CostConfig) -> dict:
     """Evaluate a CostConfig into a JSON-able result (the CLI's table is a view of it): build the layout, refuse
     it when it does not fit (unless ``allow_no_fit``), price the batch's step, count the tokens it makes."""
+    from costmodels.calibration_source import profile_for
     from costmodels.catalog import get_model
     from costmodels.hardware import get_hardware
     from costmodels.memory import memory_fit
@@ -156,9 +159,11 @@ def run_cost(cfg: CostConfig) -> dict:
     fit = memory_fit(model, hw, layout, mem_fraction=cfg.mem_fraction)
     warnings = _fit_warnings(fit, model, hw, layout, cfg.allow_no_fit)
     specs = [BatchSpec.parse(b) for b in cfg.batch]
-    warnings += _context_warnings(specs, model, cfg.draft_len) + _kv_warnings(specs, fit, layout, cfg)
-    cm, expert_source = _step_model(cfg, model, hw, layout)
     batch, n_dec, prefill_tokens = _batch(cfg)
+    cal = profile_for(hw, cfg.calibration) if cfg.calibration else None  # its notes name the file as the efficiencies' source
+    dp_imb, dp_source = _dp_imbalance(cfg, model, hw, layout, batch, cal)
+    warnings += _context_warnings(specs, model, cfg.draft_len) + _kv_warnings(specs, fit, layout, cfg, dp_imb)
+    cm, expert_source = _step_model(cfg, model, hw, layout, cal, dp_imb)
     sc = cm.step(batch)
     acc = _acceptance(cfg)
     per_decode = 1.0 + sum(acc)  # tokens a decode makes per step: the token it samples + the accepted drafts
@@ -169,7 +174,7 @@ def run_cost(cfg: CostConfig) -> dict:
         "gpus": layout.gpus, "batch": cfg.batch, "draft_len": cfg.draft_len,
         "acceptance": acc, "tokens_per_decode_step": per_decode,
         "imbalance": {"expert": float(np.max(cm.expert_imbalance_at(np.array([float(batch.num_tokens)])))) if model.moe and layout.ep > 1 else 1.0,
-                      "expert_source": expert_source, "dp": cm.dp_imbalance},
+                      "expert_source": expert_source, "dp": cm.dp_imbalance, "dp_source": dp_source},
         "comm_overlap": layout.overlap, "dispatch_dtype": cm.disp_dtype if model.moe and layout.ep > 1 else None,
         "offload": _offload_summary(cm),
         "step_time_s": t,
@@ -238,7 +243,7 @@ def _context_warnings(specs: list[BatchSpec], model, draft_len: int) -> list[str
     return out
 
 
-def _kv_warnings(specs: list[BatchSpec], fit, layout, cfg: CostConfig) -> list[str]:
+def _kv_warnings(specs: list[BatchSpec], fit, layout, cfg: CostConfig, dp_imbalance: float) -> list[str]:
     """A warning when the batch's KV does not fit the KV pool (``fits`` is about the weights: docs/costmodel.md).
 
     DP ranks hold disjoint requests: the busiest rank holds ``dp_imbalance / dp`` of the batch's KV (the share the
@@ -249,12 +254,12 @@ def _kv_warnings(specs: list[BatchSpec], fit, layout, cfg: CostConfig) -> list[s
     tokens = sum(_request_tokens(s, cfg.draft_len) * s.batch_size for s in specs)
     longest = max(_request_tokens(s, cfg.draft_len) for s in specs)
     n_req = sum(s.batch_size for s in specs)
-    share = max(1.0, cfg.dp_imbalance) / layout.dp if layout.dp > 1 else 1.0
+    share = max(1.0, dp_imbalance) / layout.dp if layout.dp > 1 else 1.0
     rank_bytes = max((tokens * per_tok + n_req * fixed) * share, longest * per_tok + fixed)
     if rank_bytes <= max(fit.kv_pool_bytes, 0.0):
         return []
     rank_tokens = max(int(np.ceil(tokens * share)), longest)
-    on_rank = (f", {rank_tokens:,} on its busiest DP rank (dp_imbalance {cfg.dp_imbalance:g} / dp {layout.dp}, at least "
+    on_rank = (f", {rank_tokens:,} on its busiest DP rank (dp_imbalance {dp_imbalance:g} / dp {layout.dp}, at least "
                f"its longest request)") if layout.dp > 1 else ""
     window = f" plus {n_req * fixed / 2**30:,.1f} GiB of sliding-window KV" if fixed > 0 else ""
     return [f"BATCH KV DOES NOT FIT THE KV POOL, priced anyway: the batch holds {tokens:,} KV tokens{window}{on_rank}; "
@@ -262,14 +267,26 @@ def _kv_warnings(specs: list[BatchSpec], fit, layout, cfg: CostConfig) -> list[s
             "cannot run as one step on this layout"]
 
 
-def _step_model(cfg: CostConfig, model, hw, layout):
+def _dp_imbalance(cfg: CostConfig, model, hw, layout, batch, cal) -> tuple[float, str]:
+    """The attention-DP imbalance the step is priced at, and where it comes from: ``--dp-imbalance``, else the batch's
+    own spread as the simulator places it (``costmodels.effective.batch_dp_imbalance``): an even split is only
+    possible for whole requests, so one prompt on 8 ranks runs on one of them."""
+    from costmodels.effective import batch_dp_imbalance
+
+    if layout.dp <= 1:
+        return 1.0, "one attention-DP rank"
+    if cfg.dp_imbalance is not None:
+        return cfg.dp_imbalance, "given (--dp-imbalance)"
+    return (batch_dp_imbalance(model, hw, layout, batch, cal),
+            f"this batch on {layout.dp} DP ranks as the simulator places it (decodes round-robin, prompts to the least-loaded rank)")
+
+
+def _step_model(cfg: CostConfig, model, hw, layout, cal, dp_imbalance: float):
     """The StepCostModel with the asked imbalance, and a line saying where the expert imbalance comes from."""
-    from costmodels.calibration_source import profile_for
     from costmodels.step import StepCostModel
     from costmodels.step_ops import default_expert_imbalance
 
-    cal = profile_for(hw, cfg.calibration) if cfg.calibration else None  # its notes name the file as the efficiencies' source
-    kw: dict = {"dp_imbalance": cfg.dp_imbalance}
+    kw: dict = {"dp_imbalance": dp_imbalance}
     ei = cfg.expert_imbalance
     if not model.moe or layout.ep <= 1:
         source = "no EP all-to-all (ep=1): every GPU holds every expert"
@@ -377,7 +394,7 @@ def _assumption_rows(res: dict) -> list[tuple[str, str]]:
         rows.append(("tokens per decode step", f"{res['tokens_per_decode_step']:.2f} = 1 + {acc} (draft acceptance by position)"))
     imb = res["imbalance"]
     rows.append(("expert imbalance (busiest EP rank / mean)", f"{imb['expert']:.2f}: {imb['expert_source']}"))
-    rows.append(("DP imbalance (busiest DP rank / mean)", f"{imb['dp']:.2f}" + (" (balanced)" if imb["dp"] == 1.0 else "")))
+    rows.append(("DP imbalance (busiest DP rank / mean)", f"{imb['dp']:.2f}: {imb['dp_source']}"))
     rows.append(("all-to-all overlap", res["comm_overlap"] + (f", dispatch {res['dispatch_dtype']}" if res["dispatch_dtype"] else "")))
     off = res["offload"]
     if off:
@@ -405,7 +422,7 @@ def register(app: typer.Typer) -> None:
         draft_len: Optional[int] = typer.Option(None, "--draft-len", help="MTP draft tokens per decode step [0]"),
         acceptance: Optional[str] = typer.Option(None, "--acceptance", help="acceptance per draft position, e.g. 0.8,0.6 [0.85**i]"),
         expert_imbalance: Optional[str] = typer.Option(None, "--expert-imbalance", help="busiest EP rank's load / mean, 1..ep (1 = balanced), or zipf|uniform [1.2; 1.05 with EPLB]"),
-        dp_imbalance: Optional[float] = typer.Option(None, "--dp-imbalance", help="busiest attention-DP rank's requests / mean, 1..dp [1 = balanced]"),
+        dp_imbalance: Optional[float] = typer.Option(None, "--dp-imbalance", help="busiest attention-DP rank's requests / mean, 1..dp (1 = balanced) [the batch's spread as the simulator places it]"),
         comm_overlap: Optional[str] = typer.Option(None, "--comm-overlap", help="EP all-to-all overlap: none|combine_down|tbo [tbo with --two-micro-batch, else none]"),
         dispatch_dtype: Optional[str] = typer.Option(None, "--dispatch-dtype", help="EP dispatch payload bf16|fp8|nvfp4 [fp8 for fp8/fp4 experts]"),
         offload_fraction: Optional[float] = typer.Option(None, "--offload-fraction", help="share of expert weights kept in host memory, prefetched a layer ahead [0]"),

@@ -344,6 +344,7 @@ def step_breakdown(model: str, hardware: str, layout: dict, scheduler: dict, bat
     """One decode step of ``batch`` requests at ``context`` tokens: time by category (host included) and memory per GPU."""
     from costmodels.batch import BatchShape
     from costmodels.catalog import get_model
+    from costmodels.effective import batch_dp_imbalance
     from costmodels.hardware import get_hardware
     from costmodels.host import exposed_host
     from costmodels.layout import ParallelLayout
@@ -355,7 +356,9 @@ def step_breakdown(model: str, hardware: str, layout: dict, scheduler: dict, bat
     lay = validate(ParallelLayout, layout, "layout")
     scfg = validate(SchedulerConfig, scheduler, "scheduler")
     draft = scfg.draft_len
-    sc = StepCostModel(m, hw, lay).step(BatchShape.from_lists([1 + draft] * batch, [context] * batch, [True] * batch))
+    shape = BatchShape.from_lists([1 + draft] * batch, [context] * batch, [True] * batch)
+    # at the attention-DP split the simulator prices (a request lives on one rank: 1 request on 8 ranks is not 1/8 each)
+    sc = StepCostModel(m, hw, lay, dp_imbalance=batch_dp_imbalance(m, hw, lay, shape)).step(shape)
     by = {g: sum(sc.breakdown.get(c, 0.0) for c in cats) for g, cats in BREAKDOWN_GROUPS.items()}
     # host work per step (scheduling, input prep) hides under the device step when async overlap is on
     host = scfg.host_overhead_s(batch, batch * (1 + draft))
@@ -366,7 +369,9 @@ def step_breakdown(model: str, hardware: str, layout: dict, scheduler: dict, bat
     step = sc.time_s + by["host (exposed)"]
     return {"step_s": step, "device_s": sc.time_s, "host_s": host, "breakdown_s": by, "memory_bytes": memory,
             "hbm_bytes": fit.hbm_bytes, "weights_by_kind": fit.weight_breakdown, "fit": fit.explanation, "notes": list(sc.notes),
-            "batch": batch, "context": context, "draft_len": draft, "tokens_per_s_per_user": (1 + draft) / step if step else None}
+            "batch": batch, "context": context, "draft_len": draft,
+            # a decode makes 1 + the accepted drafts per step (what `twinfer cost` and the simulator count), not 1 + draft_len
+            "tokens_per_s_per_user": scfg.expected_tokens_per_decode() / step if step else None}
 
 
 # ---------------------------------------------------------------- what-if
