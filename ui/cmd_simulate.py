@@ -235,7 +235,10 @@ def _as_closed(sc, concurrency: int | None, think_time_s: float | None, rate: fl
 
 def _offered(wl: dict) -> str:
     """The offered arrival rate of a generated open-loop workload (what `twinfer plan` says its plan is sized for)."""
-    return f" offered at {wl['rate']:,.1f} req/s" if wl.get("kind") not in ("closed", "trace") and wl.get("rate") else ""
+    if wl.get("kind") in ("closed", "trace") or not wl.get("rate"):
+        return ""
+    r = wl["rate"]
+    return f" offered at {r:,.1f} req/s" if r >= 0.1 else f" offered at {r:.2g} req/s"  # 0.01 is not "0.0"
 
 
 def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None) -> None:
@@ -302,8 +305,9 @@ def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None)
 
 
 def _layout_label(lay: dict) -> str:
-    """'TP1 DP8 EP8' for a scenario's layout mapping (DP and EP only when > 1)."""
-    return f"TP{lay['tp']}" + (f" DP{lay['dp']}" if lay["dp"] > 1 else "") + (f" EP{lay['ep']}" if lay["ep"] > 1 else "")
+    """'TP1 DP8 EP8' for a scenario's layout mapping (DP, EP and PP only when > 1: the GPUs of the header add up)."""
+    return (f"TP{lay['tp']}" + (f" DP{lay['dp']}" if lay["dp"] > 1 else "") + (f" EP{lay['ep']}" if lay["ep"] > 1 else "")
+            + (f" PP{lay['pp']}" if lay.get("pp", 1) > 1 else ""))
 
 
 def _figures_table(title: str) -> Table:
