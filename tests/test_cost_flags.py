@@ -273,6 +273,21 @@ def test_kv_warning_counts_the_busiest_dp_rank():
     assert any("busiest DP rank" in w for w in res["warnings"]), res["warnings"]
 
 
+def test_kv_warning_counts_the_requests_on_the_busiest_rank_where_the_batch_is_placed():
+    """Without --dp-imbalance the batch is placed as the step is priced: a rank holds its own requests. A long prompt
+    beside one decode per rank puts a work imbalance near 8 on one rank, but that rank's KV is one decode and the
+    prompt, well inside its pool (a share of the whole batch's KV at that imbalance would not be)."""
+    cfg = dict(**DEP8, hardware="h800", dtype="fp8", expert_dtype="fp4")
+    pool = run_cost(CostConfig(**cfg))["memory"]["max_kv_tokens_per_dp_rank"]
+    n, m = pool // 2, pool // 3   # 8 decodes of n, one prompt of m: 4.8 pools in all, 0.83 of one on the busiest rank
+    res = run_cost(CostConfig(**cfg, batch=[f"decode:8x{n}", f"prefill:1x{m}"]))
+    assert res["imbalance"]["dp"] * (8 * n + m) / 8 > pool   # what the share rule would have put on the busiest rank
+    assert not [w for w in res["warnings"] if "KV DOES NOT FIT" in w], res["warnings"]
+    res = run_cost(CostConfig(**cfg, batch=[f"decode:8x{n}", f"prefill:1x{pool - n // 2}"]))  # this one does not fit it
+    kv = [w for w in res["warnings"] if "KV DOES NOT FIT" in w]
+    assert len(kv) == 1 and f"{n + 1 + pool - n // 2:,} on its busiest DP rank (as the step is priced)" in kv[0], kv
+
+
 def test_request_past_the_models_context_is_priced_with_a_warning():
     res = run_cost(CostConfig(batch=["prefill:1x100000000"]))
     ctx = [w for w in res["warnings"] if "CONTEXT" in w]

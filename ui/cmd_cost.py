@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, NamedTuple, Optional
 
 import numpy as np
 import typer
@@ -161,9 +161,9 @@ def run_cost(cfg: CostConfig) -> dict:
     specs = [BatchSpec.parse(b) for b in cfg.batch]
     batch, n_dec, prefill_tokens = _batch(cfg)
     cal = profile_for(hw, cfg.calibration) if cfg.calibration else None  # its notes name the file as the efficiencies' source
-    dp_imb, dp_source = _dp_imbalance(cfg, model, hw, layout, batch, cal)
-    warnings += _context_warnings(specs, model, cfg.draft_len) + _kv_warnings(specs, fit, layout, cfg, dp_imb)
-    cm, expert_source = _step_model(cfg, model, hw, layout, cal, dp_imb)
+    dp = _dp_split(cfg, model, hw, layout, batch, cal)
+    warnings += _context_warnings(specs, model, cfg.draft_len) + _kv_warnings(specs, fit, layout, cfg, dp, batch)
+    cm, expert_source = _step_model(cfg, model, hw, layout, cal, dp.imbalance)
     sc = cm.step(batch)
     acc = _acceptance(cfg)
     per_decode = 1.0 + sum(acc)  # tokens a decode makes per step: the token it samples + the accepted drafts
@@ -174,7 +174,7 @@ def run_cost(cfg: CostConfig) -> dict:
         "gpus": layout.gpus, "batch": cfg.batch, "draft_len": cfg.draft_len,
         "acceptance": acc, "tokens_per_decode_step": per_decode,
         "imbalance": {"expert": float(np.max(cm.expert_imbalance_at(np.array([float(batch.num_tokens)])))) if model.moe and layout.ep > 1 else 1.0,
-                      "expert_source": expert_source, "dp": cm.dp_imbalance, "dp_source": dp_source},
+                      "expert_source": expert_source, "dp": cm.dp_imbalance, "dp_source": dp.source},
         "comm_overlap": layout.overlap, "dispatch_dtype": cm.disp_dtype if model.moe and layout.ep > 1 else None,
         "offload": _offload_summary(cm),
         "step_time_s": t,
@@ -243,42 +243,58 @@ def _context_warnings(specs: list[BatchSpec], model, draft_len: int) -> list[str
     return out
 
 
-def _kv_warnings(specs: list[BatchSpec], fit, layout, cfg: CostConfig, dp_imbalance: float) -> list[str]:
+def _kv_warnings(specs: list[BatchSpec], fit, layout, cfg: CostConfig, dp: DPSplit, batch) -> list[str]:
     """A warning when the batch's KV does not fit the KV pool (``fits`` is about the weights: docs/costmodel.md).
 
-    DP ranks hold disjoint requests: the busiest rank holds ``dp_imbalance / dp`` of the batch's KV (the share the
-    step is priced with), and at least its longest request."""
+    DP ranks hold disjoint requests: the busiest rank holds its own requests where the batch is placed as the step is
+    priced (``dp.ranks``), else ``dp_imbalance / dp`` of the batch's KV (``--dp-imbalance``), and at least its
+    longest request."""
     per_tok, fixed = fit.kv_bytes_per_token, fit.kv_fixed_bytes_per_request
     if per_tok <= 0 and fixed <= 0:
         return []
     tokens = sum(_request_tokens(s, cfg.draft_len) * s.batch_size for s in specs)
     longest = max(_request_tokens(s, cfg.draft_len) for s in specs)
     n_req = sum(s.batch_size for s in specs)
-    share = max(1.0, dp_imbalance) / layout.dp if layout.dp > 1 else 1.0
-    rank_bytes = max((tokens * per_tok + n_req * fixed) * share, longest * per_tok + fixed)
+    if dp.ranks is not None:   # each request's KV (context + the tokens it computes now) on the rank it was placed on
+        kv = batch.context_lens + batch.new_tokens
+        held = np.bincount(dp.ranks, weights=kv * per_tok + fixed, minlength=layout.dp)
+        busiest = int(held.argmax())
+        rank_bytes, rank_tokens = float(held[busiest]), int(kv[dp.ranks == busiest].sum())
+        how = "as the step is priced"
+    else:
+        share = max(1.0, dp.imbalance) / layout.dp if layout.dp > 1 else 1.0
+        rank_bytes = max((tokens * per_tok + n_req * fixed) * share, longest * per_tok + fixed)
+        rank_tokens = max(int(np.ceil(tokens * share)), longest)
+        how = f"dp_imbalance {dp.imbalance:g} / dp {layout.dp}, at least its longest request"
     if rank_bytes <= max(fit.kv_pool_bytes, 0.0):
         return []
-    rank_tokens = max(int(np.ceil(tokens * share)), longest)
-    on_rank = (f", {rank_tokens:,} on its busiest DP rank (dp_imbalance {dp_imbalance:g} / dp {layout.dp}, at least "
-               f"its longest request)") if layout.dp > 1 else ""
+    on_rank = f", {rank_tokens:,} on its busiest DP rank ({how})" if layout.dp > 1 else ""
     window = f" plus {n_req * fixed / 2**30:,.1f} GiB of sliding-window KV" if fixed > 0 else ""
     return [f"BATCH KV DOES NOT FIT THE KV POOL, priced anyway: the batch holds {tokens:,} KV tokens{window}{on_rank}; "
             f"the pool holds {fit.max_kv_tokens_per_dp_rank:,} per DP rank ({fit.max_kv_tokens:,} per instance), so it "
             "cannot run as one step on this layout"]
 
 
-def _dp_imbalance(cfg: CostConfig, model, hw, layout, batch, cal) -> tuple[float, str]:
-    """The attention-DP imbalance the step is priced at, and where it comes from: ``--dp-imbalance``, else the batch's
-    own spread as the simulator places it (``costmodels.effective.batch_dp_imbalance``): an even split is only
-    possible for whole requests, so one prompt on 8 ranks runs on one of them."""
-    from costmodels.effective import batch_dp_imbalance
+class DPSplit(NamedTuple):
+    """The attention-DP imbalance a step is priced at, where it comes from, and each request's rank (None: not placed)."""
+
+    imbalance: float
+    source: str
+    ranks: Optional[np.ndarray]
+
+
+def _dp_split(cfg: CostConfig, model, hw, layout, batch, cal) -> DPSplit:
+    """``--dp-imbalance``, else the batch's own spread as the simulator places it (``costmodels.effective.
+    batch_dp_split``): an even split is only possible for whole requests, so one prompt on 8 ranks runs on one."""
+    from costmodels.effective import batch_dp_split
 
     if layout.dp <= 1:
-        return 1.0, "one attention-DP rank"
+        return DPSplit(1.0, "one attention-DP rank", None)
     if cfg.dp_imbalance is not None:
-        return cfg.dp_imbalance, "given (--dp-imbalance)"
-    return (batch_dp_imbalance(model, hw, layout, batch, cal),
-            f"this batch on {layout.dp} DP ranks as the simulator places it (decodes round-robin, prompts to the least-loaded rank)")
+        return DPSplit(cfg.dp_imbalance, "given (--dp-imbalance)", None)
+    imb, ranks = batch_dp_split(model, hw, layout, batch, cal)
+    return DPSplit(imb, f"this batch on {layout.dp} DP ranks as the simulator places it (decodes round-robin, prompts to "
+                        "the least-loaded rank)", ranks)
 
 
 def _step_model(cfg: CostConfig, model, hw, layout, cal, dp_imbalance: float):
