@@ -139,8 +139,8 @@ def test_default_dp_imbalance_is_the_batchs_spread_as_the_simulator_prices_it():
 
 
 def test_app_step_breakdown_prices_the_simulators_dp_split_and_accepted_drafts():
-    """The app's 'where the time goes' bar: one decode on a DEP8 pool is priced on its rank (as the simulator does),
-    and tokens/s per user counts the accepted drafts (as `twinfer cost` does), not every draft."""
+    """The app's 'where the time goes' bar prices a decode step as the plan's simulation does: one decode on a DEP8 pool
+    on its rank, the plan's expert load; and tokens/s per user counts the accepted drafts (as `twinfer cost` does)."""
     from costmodels.effective import EffectiveStepCost
     from scheduler.config import SchedulerConfig
     from ui import service
@@ -154,6 +154,17 @@ def test_app_step_breakdown_prices_the_simulators_dp_split_and_accepted_drafts()
     assert per_decode < 3 and bd["tokens_per_s_per_user"] == pytest.approx(per_decode / bd["step_s"])
     res = run_cost(CostConfig(**DEP8, dtype="fp8", expert_dtype="fp4", draft_len=2, batch=["decode:1x4096"]))
     assert bd["device_s"] == pytest.approx(res["step_time_s"], rel=1e-9)
+    # a plan's expert load (Zipf skew, EPLB) prices the experts as the plan's simulation does, not the constant 1.2
+    from sim.effects import EffectsSpec, build_step_cost
+
+    eplb = {**layout, "eplb_redundant_experts": 8}
+    effects = {"expert_load": {"skew": "zipf", "zipf_s": 0.63}, "eplb": True}
+    n = 512
+    bd = service.step_breakdown("deepseek-v3", "H200", eplb, sched, n, 4096, effects)
+    sim = build_step_cost(get_model("deepseek-v3"), get_hardware("h200"), ParallelLayout(**eplb), EffectsSpec(**effects))
+    t = sim.mixed_step_time(np.full(n, 3), np.full(n, 4096), np.ones(n, bool))
+    assert bd["device_s"] == pytest.approx(t, rel=1e-9)
+    assert bd["device_s"] != pytest.approx(service.step_breakdown("deepseek-v3", "H200", eplb, sched, n, 4096)["device_s"], rel=1e-3)
 
 
 # ----------------------------------------------------------------------------- fit

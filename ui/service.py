@@ -340,8 +340,10 @@ def plan_view(plan: dict, label: str | None = None) -> PlanView:
 
 
 # ---------------------------------------------------------------- where the time and memory go
-def step_breakdown(model: str, hardware: str, layout: dict, scheduler: dict, batch: int, context: int) -> dict:
-    """One decode step of ``batch`` requests at ``context`` tokens: time by category (host included) and memory per GPU."""
+def step_breakdown(model: str, hardware: str, layout: dict, scheduler: dict, batch: int, context: int,
+                   effects: dict | None = None) -> dict:
+    """One decode step of ``batch`` requests at ``context`` tokens: time by category (host included) and memory per GPU.
+    ``effects``: the plan's (``sim.effects.EffectsSpec``): its expert load prices the experts as its simulation does."""
     from costmodels.batch import BatchShape
     from costmodels.catalog import get_model
     from costmodels.effective import batch_dp_imbalance
@@ -351,14 +353,17 @@ def step_breakdown(model: str, hardware: str, layout: dict, scheduler: dict, bat
     from costmodels.memory import memory_fit
     from costmodels.step import StepCostModel
     from scheduler.config import SchedulerConfig
+    from sim.effects import EffectsSpec, initial_expert_load
 
     m, hw = get_model(model), get_hardware(hardware)
     lay = validate(ParallelLayout, layout, "layout")
     scfg = validate(SchedulerConfig, scheduler, "scheduler")
+    load = initial_expert_load(m, lay, validate(EffectsSpec, effects or {}, "effects"))
     draft = scfg.draft_len
     shape = BatchShape.from_lists([1 + draft] * batch, [context] * batch, [True] * batch)
     # at the attention-DP split the simulator prices (a request lives on one rank: 1 request on 8 ranks is not 1/8 each)
-    sc = StepCostModel(m, hw, lay, dp_imbalance=batch_dp_imbalance(m, hw, lay, shape)).step(shape)
+    imb = batch_dp_imbalance(m, hw, lay, shape, expert_load=load)
+    sc = StepCostModel(m, hw, lay, dp_imbalance=imb, expert_load=load).step(shape)
     by = {g: sum(sc.breakdown.get(c, 0.0) for c in cats) for g, cats in BREAKDOWN_GROUPS.items()}
     # host work per step (scheduling, input prep) hides under the device step when async overlap is on
     host = scfg.host_overhead_s(batch, batch * (1 + draft))
