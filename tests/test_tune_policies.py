@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from planner.tune_explain import explanation, policy_gains
 from planner.tune_plan import confirm, tuned_plan
-from planner.tune_policies import (THE_THREE, Policy, TuneSpace, baseline_policy, make_context, replay_policy, scheduler_of,
-                                   search, simulate_policy, simulations_bound, values_of)
+from planner.tune_policies import (THE_THREE, Policy, Run, TuneSpace, baseline_policy, make_context, replay_policy,
+                                   scheduler_of, search, simulate_policy, simulations_bound, values_of)
 from sim.workload import preset
 from twinfer.errors import TwinferError
 
@@ -242,3 +242,22 @@ def test_requests_past_the_models_context_are_refused_and_said():
     ctx.rate_per_gpu = 20.0
     run = simulate_policy(ctx, Policy(1, True, 0, "none", 16, 2048))
     assert not run.feasible and "refused, e.g. prompt_len + output_len" in run.why and "max_model_len=4096" in run.why, run.why
+
+
+def test_explained_prefill_of_the_mean_prompt_is_priced_on_its_rank():
+    """The replay line prices the mean prompt; on a DEP layout it runs whole on one attention-DP rank, as the simulator
+    and `twinfer cost` price it (it was priced split over the ranks: 24.05 ms where `cost` says 29.14 ms for
+    Qwen3-30B-A3B DEP2 on H100)."""
+    import re
+
+    from planner.tune_explain import why_replay
+    from ui.cmd_cost import CostConfig, run_cost
+
+    ctx = make_context("qwen3-30b-a3b", "h100", 2, preset("chat", num_requests=300), TuneSpace(ep_widths=(2,)), sim_requests=300)
+    run = Run(Policy(2, True, 0, "none", 16, 8192))
+    line = why_replay(ctx, run, run)
+    ms = float(re.search(r"of the mean prompt \(([\d,]+) tokens, 0 cached\) ([\d.]+) ms", line).group(2))
+    n = int(ctx.stats.mean_prompt)
+    lay = ctx.options[2].layout
+    cost = run_cost(CostConfig(model="qwen3-30b-a3b", hardware="h100", tp=lay.tp, dp=lay.dp, ep=lay.ep, batch=[f"prefill:1x{n}"]))
+    assert lay.dp == 2 and ms == pytest.approx(cost["step_time_s"] * 1e3, abs=0.01), line
