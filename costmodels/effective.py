@@ -257,6 +257,26 @@ class EffectiveStepCost:
         return max(t, lookup) if self.table_prefetch else t + lookup
 
 
+def batch_dp_split(model: ModelSpec, hw: Hardware, layout: ParallelLayout, batch: BatchShape,
+                   calibration: CalibrationProfile | None = None,
+                   expert_load: ExpertLoad | None = None) -> tuple[float, np.ndarray]:
+    """The attention-DP imbalance the simulator prices ``batch`` at where no scheduler assigned ranks, and the rank
+    of each request: placed by ``EffectiveStepCost.dp_ranks`` (a request lives on one rank: 1 prompt on 8 ranks is
+    8, 64 decodes 1.0). What ``twinfer cost`` and the app's step breakdown take when no imbalance is given."""
+    if layout.dp <= 1 or batch.num_requests == 0:
+        return 1.0, np.zeros(batch.num_requests, np.int64)
+    cost = EffectiveStepCost(model, hw, layout, calibration, expert_load=expert_load)
+    new, ctx, dec = batch.new_tokens, batch.context_lens, batch.is_decode
+    ranks = cost.dp_ranks(new, ctx, dec)
+    return cost.ranked_imbalance(new, ctx, ranks), ranks
+
+
+def batch_dp_imbalance(model: ModelSpec, hw: Hardware, layout: ParallelLayout, batch: BatchShape,
+                       calibration: CalibrationProfile | None = None, expert_load: ExpertLoad | None = None) -> float:
+    """``batch_dp_split``'s imbalance (1.0 when dp == 1)."""
+    return batch_dp_split(model, hw, layout, batch, calibration, expert_load)[0]
+
+
 def fit_with_policies(
     model: ModelSpec,
     hw: Hardware,

@@ -117,7 +117,8 @@ def why_replay(ctx: TuneContext, without: Run, won: Run) -> str:
     model, hw = get_model(ctx.model), get_hardware(ctx.hardware)
     lay = ctx.options[won.policy.ep_width].layout
     cal = profile_for(hw, ctx.calibration) if ctx.calibration else None
-    ops = StepCostModel(model, hw, lay, cal)
+    # a prompt runs whole on its attention-DP rank, as the simulator prices it (EffectiveStepCost, depth_correction)
+    ops = StepCostModel(model, hw, lay, cal, dp_imbalance=float(lay.dp))
     grid = for_profile(cal)   # the profile's measured replay grid prices the prefill where it was measured on this model
     grid = grid if grid is not None and grid.matches(model) else None
     pol = [replay_policy(*r.policy.replay, model).resolve(model) for r in (without, won)]

@@ -314,7 +314,9 @@ def simulate_policy(ctx: TuneContext, p: Policy, rate_per_gpu: float | None = No
               prefill_tokens_per_request=m.computed_prefill_tokens / max(m.requests_finished, 1),
               hit_rate=m.prefix_cache_hit_rate or 0.0, digest=r.digest, feasible=True)
     if run.finished < MIN_FINISHED:
-        run.feasible, run.why = False, f"{1 - run.finished:.0%} of requests unfinished"
+        why = next(iter(m.dropped_by_reason), None)  # a request the deployment can never serve (e.g. past the model's context)
+        run.feasible, run.why = False, f"{1 - run.finished:.0%} of requests unfinished" + (
+            f" ({m.requests_dropped:,} refused, e.g. {why})" if why else "")
     elif ctx.slo is not None and run.tpot_s > ctx.slo.tpot_s:
         run.feasible, run.why = False, f"TPOT p{pct} {run.tpot_s * 1e3:.1f} ms > SLO {ctx.slo.tpot_s * 1e3:g} ms"
     elif ctx.slo is not None and run.ttft_s > ctx.slo.ttft_s and not ctx.saturated:

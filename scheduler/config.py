@@ -145,7 +145,8 @@ class SchedulerConfig(BaseModel):
         description="marginal probability that draft position i (1-based) is accepted, non-increasing; "
         "empty: 0.85**i (DeepSeek-V3 report: 85-90% for the first draft token)",
     )
-    max_model_len: int = Field(131072, ge=1, le=1 << 24, description="most tokens (prompt + output) one request may hold")
+    max_model_len: int = Field(131072, ge=1, le=1 << 24, description="most tokens (prompt + output) one request may hold; "
+                               "at most the model's context (for_model)")
     async_overlap: bool = Field(True, description="prepare step N+1 on the CPU while the GPU runs step N")
     async_overlap_hides: float = Field(
         1.0, gt=0.0, le=1.0, description="share of the host work async overlap hides under the device (1: all; "
@@ -275,6 +276,13 @@ class SchedulerConfig(BaseModel):
         """Tokens one attention-DP rank may run per step: attention_dp.rank_token_budget, else its share of max_num_batched_tokens."""
         ad = self.attention_dp
         return ad.rank_token_budget or per_rank_share(self.max_num_batched_tokens, ad.ranks or 1)
+
+    def for_model(self, model: ModelSpec) -> "SchedulerConfig":
+        """This config serving ``model``: ``max_model_len`` at most the model's context (``max_position_embeddings``),
+        as the executor's engine caps it (``LLMEngine.from_args``), so both backends refuse the same requests."""
+        if self.max_model_len <= model.max_context:
+            return self
+        return self.model_copy(update={"max_model_len": model.max_context})
 
     def replay_for(self, model: ModelSpec) -> ResolvedReplay:
         """The per-layer replay policy in force on ``model`` (``replay``, else ``swa_replay_tokens``, else shipped)."""

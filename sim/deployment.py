@@ -107,7 +107,7 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
             return SimBackend(ranked_cost(cost, schedulers[i]), np.random.default_rng([backend_seed, i]), rates, sc.async_overlap,
                               load_s, host_coeffs(sc), replay_correction=fix)
 
-        schedulers = [Scheduler(sc, num_blocks, i, name_all_blocks=False, replay=replay) for i in range(scenario.instances)]
+        schedulers = [Scheduler(sc.for_model(model), num_blocks, i, name_all_blocks=False, replay=replay) for i in range(scenario.instances)]
         cluster = Cluster(env, schedulers, make_backend, make_router(scenario.router), source.watch(collector),
                           source.initial, max_steps=scenario.max_decode_steps)
         source.start(cluster.submit)
@@ -168,7 +168,7 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
     copies = [prompt_copy(r) for r in source.initial]
     d_rates = dsc.effective_acceptance_rates()
     d_replay = dsc.replay_for(model)
-    d_scheds = [Scheduler(dsc, num_blocks, n_p + j, name_all_blocks=False, replay=d_replay) for j in range(n_d)]
+    d_scheds = [Scheduler(dsc.for_model(model), num_blocks, n_p + j, name_all_blocks=False, replay=d_replay) for j in range(n_d)]
     d_instances = [
         Instance(env, n_p + j, s, SimBackend(decode_cost, np.random.default_rng([backend_seed, n_p + j]), d_rates, dsc.async_overlap, load_s,
                                           host_coeffs(dsc)),
@@ -209,7 +209,7 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
 
     p_replay = psc.replay_for(model)
     p_fix = depth_correction(model, hw, spec.prefill_layout, profile_for(hw, scenario.calibration), p_replay, peff.dp_balance)
-    p_scheds = [Scheduler(psc, p_blocks, i, name_all_blocks=False, replay=p_replay) for i in range(n_p)]
+    p_scheds = [Scheduler(psc.for_model(model), p_blocks, i, name_all_blocks=False, replay=p_replay) for i in range(n_p)]
     p_rates = psc.effective_acceptance_rates()
 
     def make_pbackend(i: int) -> SimBackend:

@@ -266,14 +266,20 @@ def kv_tiers(effects: EffectsSpec, sc, hw: Hardware, layout: ParallelLayout, kv_
     return sc, (block_bytes / (hw.host_bw * eff), block_bytes / (effects.storage_gbps * 1e9 * eff))
 
 
+def initial_expert_load(model: ModelSpec, layout: ParallelLayout, effects: EffectsSpec | None) -> ExpertLoad | None:
+    """The expert load a pool's steps start priced with (None: the cost model's constant imbalance): a stated skew, or
+    EPLB balancing the default (measured) skew; only with experts spread over EP ranks."""
+    eff = effects or EffectsSpec()
+    if model.moe is None or layout.ep <= 1 or (eff.expert_load is None and not eff.eplb):
+        return None
+    return cached_initial(eff.expert_load or ExpertLoadSpec(), model.moe.n_routed_experts, layout.ep,
+                          layout.eplb_redundant_experts, eff.eplb)
+
+
 def build_step_cost(model: ModelSpec, hw: Hardware, layout: ParallelLayout, effects: EffectsSpec | None,
                     clock: Callable[[], float] | None = None, calibration: CalibrationProfile | None = None):
     """The step-cost object for one pool's instances (a StepCost, as ``sim.backend.SimBackend`` takes)."""
     eff = effects or EffectsSpec()
-    n_experts = model.moe.n_routed_experts if model.moe else 0
-    use_load = eff.expert_load is not None and model.moe is not None and layout.ep > 1
-    if eff.eplb and layout.ep > 1 and eff.expert_load is None and model.moe is not None:
-        use_load = True  # EPLB without a stated skew: balance the default (measured) skew
     spec = eff.expert_load or ExpertLoadSpec()
 
     def make(load: ExpertLoad | None):
@@ -285,9 +291,9 @@ def build_step_cost(model: ModelSpec, hw: Hardware, layout: ParallelLayout, effe
         memo.notes = list(getattr(inner, "notes", []))
         return memo
 
-    if not use_load:
+    load = initial_expert_load(model, layout, eff)
+    if load is None:
         return make(None)
-    load = cached_initial(spec, n_experts, layout.ep, layout.eplb_redundant_experts, eff.eplb)
     timed = spec.drift_fraction_per_min > 0 or eff.eplb_period_s is not None
     if not timed:
         return make(load)

@@ -92,7 +92,7 @@ def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[R
     debug = invariants.enabled(debug)
     collector = (invariants.CheckingCollector if debug else MetricsCollector)(record_steps=record_steps)
     collector = watch(collector, stop, env)
-    schedulers = [Scheduler(sc, num_blocks, i, name_all_blocks=False, replay=replay) for i in range(scenario.instances)]
+    schedulers = [Scheduler(sc.for_model(model), num_blocks, i, name_all_blocks=False, replay=replay) for i in range(scenario.instances)]
     cluster = Cluster(env, schedulers, make_backend, make_router(scenario.router), source.watch(collector), source.initial,
                       max_steps=scenario.max_decode_steps)
     source.start(cluster.submit)

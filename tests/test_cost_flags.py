@@ -113,6 +113,60 @@ def test_dp_imbalance_gives_the_busiest_rank_more_requests():
     assert res["imbalance"]["dp"] == 1.5
 
 
+def test_default_dp_imbalance_is_the_batchs_spread_as_the_simulator_prices_it():
+    """A request lives on one attention-DP rank: one 4k prompt on DEP8 (H200, FP4 experts) used to be priced split 8
+    ways (68 ms) while the simulator charged it whole on one rank (274 ms). Without --dp-imbalance, `cost` prices
+    the batch at the spread the simulator gives it."""
+    from costmodels.effective import EffectiveStepCost
+
+    def sim_price(res, new, ctx, dec):
+        lay = ParallelLayout(**res["layout"])
+        return EffectiveStepCost(get_model(res["model"]), get_hardware(res["hardware"]), lay).mixed_step_time(
+            np.array(new), np.array(ctx), np.array(dec))
+
+    cfg = dict(**DEP8, dtype="fp8", expert_dtype="fp4", hardware="h200")
+    one = run_cost(CostConfig(**cfg, batch=["prefill:1x4096"]))
+    assert one["imbalance"]["dp"] == 8.0 and "simulator" in one["imbalance"]["dp_source"]
+    assert one["step_time_s"] == pytest.approx(sim_price(one, [4096], [0], [False]), rel=1e-9)
+    even = run_cost(CostConfig(**cfg, batch=["prefill:1x4096"], dp_imbalance=1.0))  # the old default, still on request
+    assert one["step_time_s"] > 2 * even["step_time_s"]
+    # whole requests spread evenly where they can: 64 decodes on 8 ranks stay balanced, 65 put 9 on one rank
+    assert run_cost(CostConfig(**cfg, batch=["decode:64x4096"]))["imbalance"]["dp"] == 1.0
+    odd = run_cost(CostConfig(**cfg, batch=["decode:65x4096"]))
+    assert odd["imbalance"]["dp"] == pytest.approx(9 / (65 / 8), abs=0.01)
+    assert odd["step_time_s"] == pytest.approx(sim_price(odd, [1] * 65, [4096] * 65, [True] * 65), rel=1e-9)
+    assert run_cost(CostConfig(batch=["prefill:1x4096"]))["imbalance"]["dp"] == 1.0  # dp 1: nothing to spread
+
+
+def test_app_step_breakdown_prices_the_simulators_dp_split_and_accepted_drafts():
+    """The app's 'where the time goes' bar prices a decode step as the plan's simulation does: one decode on a DEP8 pool
+    on its rank, the plan's expert load; and tokens/s per user counts the accepted drafts (as `twinfer cost` does)."""
+    from costmodels.effective import EffectiveStepCost
+    from scheduler.config import SchedulerConfig
+    from ui import service
+
+    layout = {**DEP8, "weight_dtype": "fp8", "expert_dtype": "fp4", "kv_dtype": "bf16"}
+    sched = {"max_num_seqs": 64, "draft_len": 2}
+    bd = service.step_breakdown("deepseek-v3", "H200", layout, sched, 1, 4096)
+    sim = EffectiveStepCost(get_model("deepseek-v3"), get_hardware("h200"), ParallelLayout(**layout))
+    assert bd["device_s"] == pytest.approx(sim.mixed_step_time(np.array([3]), np.array([4096]), np.array([True])), rel=1e-9)
+    per_decode = SchedulerConfig(**sched).expected_tokens_per_decode()
+    assert per_decode < 3 and bd["tokens_per_s_per_user"] == pytest.approx(per_decode / bd["step_s"])
+    res = run_cost(CostConfig(**DEP8, dtype="fp8", expert_dtype="fp4", draft_len=2, batch=["decode:1x4096"]))
+    assert bd["device_s"] == pytest.approx(res["step_time_s"], rel=1e-9)
+    # a plan's expert load (Zipf skew, EPLB) prices the experts as the plan's simulation does, not the constant 1.2
+    from sim.effects import EffectsSpec, build_step_cost
+
+    eplb = {**layout, "eplb_redundant_experts": 8}
+    effects = {"expert_load": {"skew": "zipf", "zipf_s": 0.63}, "eplb": True}
+    n = 512
+    bd = service.step_breakdown("deepseek-v3", "H200", eplb, sched, n, 4096, effects)
+    sim = build_step_cost(get_model("deepseek-v3"), get_hardware("h200"), ParallelLayout(**eplb), EffectsSpec(**effects))
+    t = sim.mixed_step_time(np.full(n, 3), np.full(n, 4096), np.ones(n, bool))
+    assert bd["device_s"] == pytest.approx(t, rel=1e-9)
+    assert bd["device_s"] != pytest.approx(service.step_breakdown("deepseek-v3", "H200", eplb, sched, n, 4096)["device_s"], rel=1e-3)
+
+
 # ----------------------------------------------------------------------------- fit
 def test_not_fitting_is_refused_with_the_shortfall_unless_allowed():
     cfg = dict(hardware="h100", dtype="bf16")
@@ -228,6 +282,21 @@ def test_kv_warning_counts_the_busiest_dp_rank():
     assert run_cost(CostConfig(**DEP8, batch=[f"decode:{n}x999"]))["warnings"] == []
     res = run_cost(CostConfig(**DEP8, batch=[f"decode:{n}x999"], dp_imbalance=8.0))
     assert any("busiest DP rank" in w for w in res["warnings"]), res["warnings"]
+
+
+def test_kv_warning_counts_the_requests_on_the_busiest_rank_where_the_batch_is_placed():
+    """Without --dp-imbalance the batch is placed as the step is priced: a rank holds its own requests. A long prompt
+    beside one decode per rank puts a work imbalance near 8 on one rank, but that rank's KV is one decode and the
+    prompt, well inside its pool (a share of the whole batch's KV at that imbalance would not be)."""
+    cfg = dict(**DEP8, hardware="h800", dtype="fp8", expert_dtype="fp4")
+    pool = run_cost(CostConfig(**cfg))["memory"]["max_kv_tokens_per_dp_rank"]
+    n, m = pool // 2, pool // 3   # 8 decodes of n, one prompt of m: 4.8 pools in all, 0.83 of one on the busiest rank
+    res = run_cost(CostConfig(**cfg, batch=[f"decode:8x{n}", f"prefill:1x{m}"]))
+    assert res["imbalance"]["dp"] * (8 * n + m) / 8 > pool   # what the share rule would have put on the busiest rank
+    assert not [w for w in res["warnings"] if "KV DOES NOT FIT" in w], res["warnings"]
+    res = run_cost(CostConfig(**cfg, batch=[f"decode:8x{n}", f"prefill:1x{pool - n // 2}"]))  # this one does not fit it
+    kv = [w for w in res["warnings"] if "KV DOES NOT FIT" in w]
+    assert len(kv) == 1 and f"{n + 1 + pool - n // 2:,} on its busiest DP rank (as the step is priced)" in kv[0], kv
 
 
 def test_request_past_the_models_context_is_priced_with_a_warning():

@@ -210,3 +210,17 @@ def test_ctrl_c_says_how_far_it_got():
     _, err = p.communicate(timeout=300)
     assert p.returncode == 130, err
     assert "interrupted after" in err and "jobs); no plan" in err and "Traceback" not in err
+
+
+def test_simulate_prices_a_plan_at_the_plans_gpu_hour(tmp_path):
+    """`plan --gpu-hour 3.5` costs its figures at $3.50; `simulate --plan` of that plan (its own run, same digest) priced
+    the same output at the catalog's $1.41 and printed another $ per million output tokens."""
+    out = tmp_path / "plan.yaml"
+    r = runner.invoke(app, SMALL + ["--gpu-hour", "3.5", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    econ = load_plan(out).economics
+    r = runner.invoke(app, ["simulate", "--plan", str(out)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    rows = [line for line in r.stdout.splitlines() if "$ per million output tokens" in line]
+    assert len(rows) == 2 and "(at $3.50/GPU-hour, the plan's)" in rows[0], rows
+    assert f"{econ.cost_per_million_output_tokens:,.3f}" in rows[1], (rows, econ)   # the steady window: the plan's figure

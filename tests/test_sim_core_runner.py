@@ -7,7 +7,7 @@ import pytest
 
 from scheduler.metrics import MetricsCollector
 from sim.export import to_json
-from sim.runner import estimate_capacity, run_scenario, simulate
+from sim.runner import estimate_capacity, run_scenario, scenario_requests, simulate
 from sim.scenario import Scenario, builtin_scenario, load_scenario, scenario_from_dict
 from twinfer.errors import DoesNotFitError, TwinferError
 
@@ -194,3 +194,24 @@ def test_each_itl_sample_is_the_gap_since_the_request_s_previous_token(sched, mo
     assert run.result.metrics.preemptions > 0
     col = run.collector
     np.testing.assert_allclose(col.samples(), np.sort(col.streamed), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("pools", ["one", "disagg"])
+def test_requests_past_the_models_context_are_refused_as_the_executor_refuses_them(pools):
+    """Qwen3-30B-A3B reads 40,960 tokens (max_position_embeddings). The executor's engine caps max_model_len there;
+    the simulator once served 60k-token prompts on it (the scheduler's default 131,072) while `twinfer cost` warned
+    the same request was past the model's context."""
+    lens = [60_000, 20_000, 40_900]  # prompt + 100 output: over, under, over by 40
+    data = {"model": "qwen3-30b-a3b", "hardware": "H100", "layout": {"tp": 1},
+            "workload": {"kind": "poisson", "rate": 0.1, "num_requests": 3,
+                         "input_len": {"kind": "fixed", "value": 1000}, "output_len": {"kind": "fixed", "value": 100}}}
+    if pools == "disagg":
+        data["disagg"] = {"prefill_layout": {"tp": 1}}
+    sc = Scenario.model_validate(data)
+    reqs = scenario_requests(sc)
+    for r, n in zip(reqs, lens):
+        r.prompt_len = n
+    run = simulate(sc, requests=reqs)
+    m = run.result.metrics
+    assert (m.requests_finished, m.requests_dropped) == (1, 2), m.dropped_by_reason
+    assert all("max_model_len=40960" in why for why in m.dropped_by_reason), m.dropped_by_reason

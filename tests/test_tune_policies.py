@@ -9,14 +9,19 @@ from typer.testing import CliRunner
 
 from planner.tune_explain import explanation, policy_gains
 from planner.tune_plan import confirm, tuned_plan
-from planner.tune_policies import (THE_THREE, Policy, TuneSpace, baseline_policy, make_context, replay_policy, scheduler_of,
-                                   search, simulations_bound, values_of)
+from planner.tune_policies import (THE_THREE, Policy, Run, TuneSpace, baseline_policy, make_context, replay_policy,
+                                   scheduler_of, search, simulate_policy, simulations_bound, values_of)
 from sim.workload import preset
 from twinfer.errors import TwinferError
 
 
+# tiny reads 4,096 tokens: chat's lengths capped to fit (a longer request is refused, as the executor refuses it)
+TINY_CHAT = {"input_len": {"kind": "lognormal", "mean": 1500, "sigma": 0.8, "min": 16, "max": 3072},
+             "output_len": {"kind": "lognormal", "mean": 400, "sigma": 0.7, "min": 8, "max": 1024}}
+
+
 def _ctx(model="tiny", hardware="h200", gpus=4, space=None, **kw):
-    wl = preset("chat", num_requests=300)
+    wl = preset("chat", num_requests=300, **(TINY_CHAT if model == "tiny" else {}))
     return make_context(model, hardware, gpus, wl, space or TuneSpace(), sim_requests=300, **kw)
 
 
@@ -227,3 +232,32 @@ def test_a_value_tried_only_beside_other_settings_is_named_with_them():
     assert "no other value simulated" not in line
     assert f"(the best EP{ref.policy.ep_width} simulated, as {ref.policy.describe()})" in line
     assert f"({ref.thr_gpu:,.0f} -> {res.best.thr_gpu:,.0f} tokens/s/GPU" in line
+
+
+def test_requests_past_the_models_context_are_refused_and_said():
+    """Plain chat traffic reaches 32k-token prompts; tiny reads 4,096 tokens. Those requests are refused (as the
+    executor refuses them), and the policy's verdict names why instead of only counting them unfinished."""
+    space = TuneSpace(ep_widths=(1,), async_overlap=(True,), batch_per_rank=(16,), chunk_tokens=(2048,))
+    ctx = make_context("tiny", "h200", 1, preset("chat", num_requests=300), space, sim_requests=300)
+    ctx.rate_per_gpu = 20.0
+    run = simulate_policy(ctx, Policy(1, True, 0, "none", 16, 2048))
+    assert not run.feasible and "refused, e.g. prompt_len + output_len" in run.why and "max_model_len=4096" in run.why, run.why
+
+
+def test_explained_prefill_of_the_mean_prompt_is_priced_on_its_rank():
+    """The replay line prices the mean prompt; on a DEP layout it runs whole on one attention-DP rank, as the simulator
+    and `twinfer cost` price it (it was priced split over the ranks: 24.05 ms where `cost` says 29.14 ms for
+    Qwen3-30B-A3B DEP2 on H100)."""
+    import re
+
+    from planner.tune_explain import why_replay
+    from ui.cmd_cost import CostConfig, run_cost
+
+    ctx = make_context("qwen3-30b-a3b", "h100", 2, preset("chat", num_requests=300), TuneSpace(ep_widths=(2,)), sim_requests=300)
+    run = Run(Policy(2, True, 0, "none", 16, 8192))
+    line = why_replay(ctx, run, run)
+    ms = float(re.search(r"of the mean prompt \(([\d,]+) tokens, 0 cached\) ([\d.]+) ms", line).group(2))
+    n = int(ctx.stats.mean_prompt)
+    lay = ctx.options[2].layout
+    cost = run_cost(CostConfig(model="qwen3-30b-a3b", hardware="h100", tp=lay.tp, dp=lay.dp, ep=lay.ep, batch=[f"prefill:1x{n}"]))
+    assert lay.dp == 2 and ms == pytest.approx(cost["step_time_s"] * 1e3, abs=0.01), line

@@ -164,3 +164,17 @@ def test_compare_table_has_a_meets_slo_row():
     table = next(df.value for df in at.dataframe if "" in df.value.columns and "this search (recommended)" in df.value.columns)
     row = table[table[""] == "meets SLO"]
     assert len(row) == 1 and row.iloc[0]["this search (recommended)"].startswith("yes (ttft_p90=2s,tpot_p90=50ms)")
+
+
+def test_what_if_replay_window_is_live_for_a_model_with_window_layers():
+    """The replay slider was always disabled; a V4-Flash plan's what-if now runs it (DeepSeek-V3's stays disabled)."""
+    at = _app()
+    assert next(s for s in at.slider if s.label == "replay window (tokens)").disabled  # DeepSeek-V3: no window
+    at.sidebar.slider(key="sim_top").set_value(0)  # the screen's plan: the what-if simulates it all the same
+    at.sidebar.selectbox(key="model").set_value("deepseek-v4-flash").run()
+    slider = next(s for s in at.slider if s.label == "replay window (tokens)")
+    assert not slider.disabled and slider.value == 0  # V4-Flash ships persist
+    slider.set_value(64)
+    next(b for b in at.button if b.label == "Run what-if").click().run()
+    assert not at.exception and not _errors(at)
+    assert any("replay_window = 64" in m.value for m in at.markdown), [m.value for m in at.markdown]

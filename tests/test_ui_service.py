@@ -80,11 +80,31 @@ def test_what_if_applies_changes_and_explains_refusals(result):
     assert p["workload"]["shared_prefix_len"] > 0
     with pytest.raises(TwinferError, match="ep=3"):
         service.apply_what_if(plan, {"ep": 3})
-    with pytest.raises(TwinferError, match="not available yet"):
+    with pytest.raises(TwinferError, match="no sliding-window layers"):  # DeepSeek-V3: no window to keep or replay
         service.apply_what_if(plan, {"replay_window": 64})
     if result.plan.mode == "aggregated":
         with pytest.raises(TwinferError, match="aggregated"):
             service.apply_what_if(plan, {"pd_ratio": 2.0})
+
+
+def test_what_if_replay_window_reaches_the_simulator():
+    """The what-if's replay window was disabled 'until the simulator takes a replay length'; it takes one
+    (scheduler.replay, `twinfer simulate --replay`): W on every window layer of every pool, 0 keeps the window KV."""
+    from planner.plan import Plan
+    from sim.runner import simulate
+
+    plan = service.search({"model": "deepseek-v4-flash", "hardware": "B200", "gpus": 2, "simulate_top": 0}).plan.plan
+    assert service.replay_window(plan) == 0  # V4-Flash ships persist: the window KV is kept
+    changed = service.apply_what_if(plan, {"replay_window": 64})
+    assert service.replay_window(changed) == 64
+    assert all(p["scheduler"]["replay"]["tokens"] == 64 for p in changed["pools"])
+
+    def prefill_tokens(p):
+        sc = Plan.model_validate(p).to_scenario(num_requests=150)
+        return simulate(sc).result.metrics.computed_prefill_tokens
+
+    # resumed prompt chunks recompute their last 64 tokens through the window layers
+    assert prefill_tokens(changed) > prefill_tokens(plan)
 
 
 def test_what_if_mtp_changes_per_user_speed(result):

@@ -101,3 +101,16 @@ def test_a_mirrored_slices_header_says_it_is_one(tmp_path):
     assert r.exit_code == 0, r.output
     assert "(1 x TP1 DP8 EP8; 1/8 of its DP ranks simulated, on the GPUs counted here (effects.mirror 8))" in r.stdout, r.stdout
     assert "tokens per simulated slice" in r.stdout
+
+
+def test_header_layout_accounts_for_every_gpu_and_a_slow_rate(tmp_path):
+    """A PP2 instance of TP8 is 16 GPUs: the header once said '16xH200 (1 x TP8)', leaving 8 unaccounted for; an
+    offered rate of 0.01 req/s was printed as '0.0 req/s'."""
+    sc = tmp_path / "pp2.yaml"
+    sc.write_text(yaml.safe_dump({"model": "deepseek-v3", "hardware": "H200", "layout": {"tp": 8, "pp": 2},
+                                  "workload": {"kind": "poisson", "rate": 0.01, "num_requests": 1,
+                                               "input_len": {"kind": "fixed", "value": 512},
+                                               "output_len": {"kind": "fixed", "value": 8}}}))
+    r = runner.invoke(app, ["simulate", "-s", str(sc)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "on 16xH200 (1 x TP8 PP2)" in r.stdout and "offered at 0.01 req/s" in r.stdout, r.stdout

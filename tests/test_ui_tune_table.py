@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import pytest
+import yaml
 from typer.testing import CliRunner
 
 from ui.cli import app
 
 
-def test_tune_tables_fit_80_columns_uncut():
-    args = ["tune", "-m", "tiny", "--hw", "h200", "-g", "2", "--ep-widths", "1,2", "--batch-per-rank", "16",
+@pytest.fixture
+def tiny_chat(tmp_path):
+    """Chat traffic capped to tiny's 4,096-token context (a longer request is refused, as the executor refuses it)."""
+    path = tmp_path / "tiny_chat.yaml"
+    path.write_text(yaml.safe_dump({"preset": "chat",
+                                    "input_len": {"kind": "lognormal", "mean": 1500, "sigma": 0.8, "min": 16, "max": 3072},
+                                    "output_len": {"kind": "lognormal", "mean": 400, "sigma": 0.7, "min": 8, "max": 1024}}))
+    return str(path)
+
+
+def test_tune_tables_fit_80_columns_uncut(tiny_chat):
+    args = ["tune", "-m", "tiny", "--hw", "h200", "-g", "2", "-w", tiny_chat, "--ep-widths", "1,2", "--batch-per-rank", "16",
             "--chunk-tokens", "2048", "--sim-requests", "100", "--plan-requests", "200"]
     r = CliRunner().invoke(app, args, env={"COLUMNS": "80"})
     assert r.exit_code == 0, r.output
@@ -20,7 +32,7 @@ def test_tune_tables_fit_80_columns_uncut():
     assert "%" in table and "yes" in table
 
 
-def test_ctrl_c_prints_how_far_it_got_and_the_best_so_far(monkeypatch):
+def test_ctrl_c_prints_how_far_it_got_and_the_best_so_far(monkeypatch, tiny_chat):
     """A Ctrl-C during the policy search (the third simulation here): exit 130, the count and the best finished run."""
     import planner.tune_policies as tp
 
@@ -33,7 +45,7 @@ def test_ctrl_c_prints_how_far_it_got_and_the_best_so_far(monkeypatch):
         return real(ctx, p, rate_per_gpu)
 
     monkeypatch.setattr(tp, "simulate_policy", cut_at_the_third)
-    args = ["tune", "-m", "tiny", "--hw", "h200", "-g", "2", "--ep-widths", "1,2", "--batch-per-rank", "16",
+    args = ["tune", "-m", "tiny", "--hw", "h200", "-g", "2", "-w", tiny_chat, "--ep-widths", "1,2", "--batch-per-rank", "16",
             "--chunk-tokens", "2048", "--sim-requests", "100", "--plan-requests", "200"]
     r = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert r.exit_code == 130, r.output

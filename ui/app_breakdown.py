@@ -40,7 +40,8 @@ def render(plan: service.PlanView) -> None:
     a, b = st.columns(2)
     batch = a.slider("decode batch (requests in the instance)", 1, max(seats, 2), min(seats, 64), key=f"bd_batch_{k}")
     context = b.select_slider("context length (tokens)", CONTEXTS, value=4096, key=f"bd_context_{k}")
-    bd = app_cache.step_breakdown(plan.model, plan.hardware, pool.layout, pool.scheduler, int(batch), int(context))
+    bd = app_cache.step_breakdown(plan.model, plan.hardware, pool.layout, pool.scheduler, int(batch), int(context),
+                                  plan.plan.get("effects"))
     t, m = figures(bd)
     st.plotly_chart(t, key="bd_time")
     st.plotly_chart(m, key="bd_mem")

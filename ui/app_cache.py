@@ -60,9 +60,10 @@ def search(request: dict) -> service.SearchResult:
 
 
 @st.cache_data(show_spinner="estimating the step...", max_entries=_MAX_ENTRIES)
-def step_breakdown(model: str, hardware: str, layout: dict, scheduler: dict, batch: int, context: int) -> dict:
+def step_breakdown(model: str, hardware: str, layout: dict, scheduler: dict, batch: int, context: int,
+                   effects: dict | None = None) -> dict:
     """Cached ui.service.step_breakdown."""
-    return service.step_breakdown(model, hardware, layout, scheduler, batch, context)
+    return service.step_breakdown(model, hardware, layout, scheduler, batch, context, effects)
 
 
 @st.cache_data(show_spinner="simulating the plan and the what-if at full scale...", max_entries=_MAX_ENTRIES)

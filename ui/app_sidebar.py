@@ -126,7 +126,8 @@ def render() -> dict | None:
             sim_top = st.slider("candidates simulated", 0, 16, 4, key="sim_top",
                                 help="after the analytic screen; 0: the screen decides (fastest)")
             sim_requests = st.slider("most requests per simulation", 100, 5000, 1000, 100, key="sim_requests",
-                                     help="more: steadier figures, slower search")
+                                     help="per candidate's slice; more: steadier figures, slower search (the plan's "
+                                     "full-scale run takes what its rate and seats need)")
             workers = st.number_input("worker processes", 1, max(1, os.cpu_count() or 1), 1, key="workers",
                                       help="parallel planner jobs (forked); results do not depend on it")
     if not (model and hardware and workload and slo):

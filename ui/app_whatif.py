@@ -45,8 +45,13 @@ def controls(plan: service.PlanView, model: dict) -> dict:
                                else "this plan is aggregated: no prefill/decode pools to balance")
         overlap = d.toggle("async CPU/GPU overlap", value=bool(sch.get("async_overlap", True)), key=f"wi_async_{k}")
         a, b, d = st.columns(3)
-        a.slider("replay window (tokens)", 0, max(model["sliding_window"], 128), 0, key=f"wi_replay_{k}", disabled=True,
-                 help=service.UNSUPPORTED_WHATIF["replay_window"])
+        w0 = service.replay_window(plan.plan)
+        replay = a.slider("replay window (tokens)", 0, max(model["sliding_window"], 128), w0 or 0, key=f"wi_replay_{k}",
+                          disabled=not model["sliding_window"],
+                          help="bounded replay W on every sliding-window layer: a resumed sequence (prefix hit, next prompt "
+                          "chunk) recomputes its last W tokens instead of keeping their window KV; 0 keeps it"
+                          + ("" if w0 is not None else " (the plan's layers differ: a value other than 0 sets all of them)")
+                          if model["sliding_window"] else "this model has no sliding-window layers")
         mtp = b.slider("MTP draft length", 0, max(4, int(sch.get("draft_len", 0))), int(sch.get("draft_len", 0)), key=f"wi_mtp_{k}", disabled=not model["mtp_layers"],
                        help="needs a multi-token-prediction head" if not model["mtp_layers"] else "draft tokens verified per decode step")
         hit = d.slider("prefix hit rate", 0.0, 0.9, 0.0, 0.05, key=f"wi_hit_{k}", disabled=trace,
@@ -63,6 +68,8 @@ def controls(plan: service.PlanView, model: dict) -> dict:
         changes["draft_len"] = int(mtp)
     if hit > 0:
         changes["prefix_hit_rate"] = float(hit)
+    if model["sliding_window"] and replay != (w0 or 0):
+        changes["replay_window"] = int(replay)
     return changes
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, NamedTuple, Optional
 
 import numpy as np
 import typer
@@ -76,7 +76,9 @@ class CostConfig(BaseModel):
     expert_imbalance: Optional[float | SKEW] = Field(
         None, description="busiest EP rank's routed load over the mean (1 = balanced routing, at most ep), or zipf / "
         "uniform: the expert-load model at this batch; default 1.2 without EPLB, 1.05 with >= ep redundant experts")
-    dp_imbalance: float = Field(1.0, ge=1.0, description="busiest attention-DP rank's requests over the mean (1 = balanced, at most dp)")
+    dp_imbalance: Optional[float] = Field(
+        None, ge=1.0, description="busiest attention-DP rank's requests over the mean (1 = balanced, at most dp); default the "
+        "batch's own spread, as the simulator places it (a request lives on one rank: one prompt on 8 ranks is 8)")
     comm_overlap: Optional[Literal["none", "combine_down", "tbo"]] = None
     dispatch_dtype: Optional[Literal["bf16", "fp8", "nvfp4"]] = None
     offload_fraction: float = Field(0.0, ge=0.0, le=1.0, description="share of each MoE layer's expert weights in host memory, prefetched")
@@ -121,7 +123,7 @@ class CostConfig(BaseModel):
     def _check(self) -> "CostConfig":
         if self.acceptance is not None:
             check_acceptance(self.acceptance, self.draft_len)
-        if self.dp_imbalance > self.dp:
+        if self.dp_imbalance is not None and self.dp_imbalance > self.dp:
             raise ValueError(f"dp_imbalance={self.dp_imbalance} must be in [1, dp={self.dp}] (all requests on one rank is dp)")
         if isinstance(self.expert_imbalance, float) and self.expert_imbalance > max(self.ep, 1):
             raise ValueError(f"expert_imbalance={self.expert_imbalance} must be in [1, ep={self.ep}] (all routed tokens on one "
@@ -144,6 +146,7 @@ def check_acceptance(acc: list[float], draft_len: int) -> None:
 def run_cost(cfg: CostConfig) -> dict:
     """Evaluate a CostConfig into a JSON-able result (the CLI's table is a view of it): build the layout, refuse
     it when it does not fit (unless ``allow_no_fit``), price the batch's step, count the tokens it makes."""
+    from costmodels.calibration_source import profile_for
     from costmodels.catalog import get_model
     from costmodels.hardware import get_hardware
     from costmodels.memory import memory_fit
@@ -156,9 +159,11 @@ def run_cost(cfg: CostConfig) -> dict:
     fit = memory_fit(model, hw, layout, mem_fraction=cfg.mem_fraction)
     warnings = _fit_warnings(fit, model, hw, layout, cfg.allow_no_fit)
     specs = [BatchSpec.parse(b) for b in cfg.batch]
-    warnings += _context_warnings(specs, model, cfg.draft_len) + _kv_warnings(specs, fit, layout, cfg)
-    cm, expert_source = _step_model(cfg, model, hw, layout)
     batch, n_dec, prefill_tokens = _batch(cfg)
+    cal = profile_for(hw, cfg.calibration) if cfg.calibration else None  # its notes name the file as the efficiencies' source
+    dp = _dp_split(cfg, model, hw, layout, batch, cal)
+    warnings += _context_warnings(specs, model, cfg.draft_len) + _kv_warnings(specs, fit, layout, cfg, dp, batch)
+    cm, expert_source = _step_model(cfg, model, hw, layout, cal, dp.imbalance)
     sc = cm.step(batch)
     acc = _acceptance(cfg)
     per_decode = 1.0 + sum(acc)  # tokens a decode makes per step: the token it samples + the accepted drafts
@@ -169,7 +174,7 @@ def run_cost(cfg: CostConfig) -> dict:
         "gpus": layout.gpus, "batch": cfg.batch, "draft_len": cfg.draft_len,
         "acceptance": acc, "tokens_per_decode_step": per_decode,
         "imbalance": {"expert": float(np.max(cm.expert_imbalance_at(np.array([float(batch.num_tokens)])))) if model.moe and layout.ep > 1 else 1.0,
-                      "expert_source": expert_source, "dp": cm.dp_imbalance},
+                      "expert_source": expert_source, "dp": cm.dp_imbalance, "dp_source": dp.source},
         "comm_overlap": layout.overlap, "dispatch_dtype": cm.disp_dtype if model.moe and layout.ep > 1 else None,
         "offload": _offload_summary(cm),
         "step_time_s": t,
@@ -238,38 +243,66 @@ def _context_warnings(specs: list[BatchSpec], model, draft_len: int) -> list[str
     return out
 
 
-def _kv_warnings(specs: list[BatchSpec], fit, layout, cfg: CostConfig) -> list[str]:
+def _kv_warnings(specs: list[BatchSpec], fit, layout, cfg: CostConfig, dp: DPSplit, batch) -> list[str]:
     """A warning when the batch's KV does not fit the KV pool (``fits`` is about the weights: docs/costmodel.md).
 
-    DP ranks hold disjoint requests: the busiest rank holds ``dp_imbalance / dp`` of the batch's KV (the share the
-    step is priced with), and at least its longest request."""
+    DP ranks hold disjoint requests: the busiest rank holds its own requests where the batch is placed as the step is
+    priced (``dp.ranks``), else ``dp_imbalance / dp`` of the batch's KV (``--dp-imbalance``), and at least its
+    longest request."""
     per_tok, fixed = fit.kv_bytes_per_token, fit.kv_fixed_bytes_per_request
     if per_tok <= 0 and fixed <= 0:
         return []
     tokens = sum(_request_tokens(s, cfg.draft_len) * s.batch_size for s in specs)
     longest = max(_request_tokens(s, cfg.draft_len) for s in specs)
     n_req = sum(s.batch_size for s in specs)
-    share = max(1.0, cfg.dp_imbalance) / layout.dp if layout.dp > 1 else 1.0
-    rank_bytes = max((tokens * per_tok + n_req * fixed) * share, longest * per_tok + fixed)
+    if dp.ranks is not None:   # each request's KV (context + the tokens it computes now) on the rank it was placed on
+        kv = batch.context_lens + batch.new_tokens
+        held = np.bincount(dp.ranks, weights=kv * per_tok + fixed, minlength=layout.dp)
+        busiest = int(held.argmax())
+        rank_bytes, rank_tokens = float(held[busiest]), int(kv[dp.ranks == busiest].sum())
+        how = "as the step is priced"
+    else:
+        share = max(1.0, dp.imbalance) / layout.dp if layout.dp > 1 else 1.0
+        rank_bytes = max((tokens * per_tok + n_req * fixed) * share, longest * per_tok + fixed)
+        rank_tokens = max(int(np.ceil(tokens * share)), longest)
+        how = f"dp_imbalance {dp.imbalance:g} / dp {layout.dp}, at least its longest request"
     if rank_bytes <= max(fit.kv_pool_bytes, 0.0):
         return []
-    rank_tokens = max(int(np.ceil(tokens * share)), longest)
-    on_rank = (f", {rank_tokens:,} on its busiest DP rank (dp_imbalance {cfg.dp_imbalance:g} / dp {layout.dp}, at least "
-               f"its longest request)") if layout.dp > 1 else ""
+    on_rank = f", {rank_tokens:,} on its busiest DP rank ({how})" if layout.dp > 1 else ""
     window = f" plus {n_req * fixed / 2**30:,.1f} GiB of sliding-window KV" if fixed > 0 else ""
     return [f"BATCH KV DOES NOT FIT THE KV POOL, priced anyway: the batch holds {tokens:,} KV tokens{window}{on_rank}; "
             f"the pool holds {fit.max_kv_tokens_per_dp_rank:,} per DP rank ({fit.max_kv_tokens:,} per instance), so it "
             "cannot run as one step on this layout"]
 
 
-def _step_model(cfg: CostConfig, model, hw, layout):
+class DPSplit(NamedTuple):
+    """The attention-DP imbalance a step is priced at, where it comes from, and each request's rank (None: not placed)."""
+
+    imbalance: float
+    source: str
+    ranks: Optional[np.ndarray]
+
+
+def _dp_split(cfg: CostConfig, model, hw, layout, batch, cal) -> DPSplit:
+    """``--dp-imbalance``, else the batch's own spread as the simulator places it (``costmodels.effective.
+    batch_dp_split``): an even split is only possible for whole requests, so one prompt on 8 ranks runs on one."""
+    from costmodels.effective import batch_dp_split
+
+    if layout.dp <= 1:
+        return DPSplit(1.0, "one attention-DP rank", None)
+    if cfg.dp_imbalance is not None:
+        return DPSplit(cfg.dp_imbalance, "given (--dp-imbalance)", None)
+    imb, ranks = batch_dp_split(model, hw, layout, batch, cal)
+    return DPSplit(imb, f"this batch on {layout.dp} DP ranks as the simulator places it (decodes round-robin, prompts to "
+                        "the least-loaded rank)", ranks)
+
+
+def _step_model(cfg: CostConfig, model, hw, layout, cal, dp_imbalance: float):
     """The StepCostModel with the asked imbalance, and a line saying where the expert imbalance comes from."""
-    from costmodels.calibration_source import profile_for
     from costmodels.step import StepCostModel
     from costmodels.step_ops import default_expert_imbalance
 
-    cal = profile_for(hw, cfg.calibration) if cfg.calibration else None  # its notes name the file as the efficiencies' source
-    kw: dict = {"dp_imbalance": cfg.dp_imbalance}
+    kw: dict = {"dp_imbalance": dp_imbalance}
     ei = cfg.expert_imbalance
     if not model.moe or layout.ep <= 1:
         source = "no EP all-to-all (ep=1): every GPU holds every expert"
@@ -377,7 +410,7 @@ def _assumption_rows(res: dict) -> list[tuple[str, str]]:
         rows.append(("tokens per decode step", f"{res['tokens_per_decode_step']:.2f} = 1 + {acc} (draft acceptance by position)"))
     imb = res["imbalance"]
     rows.append(("expert imbalance (busiest EP rank / mean)", f"{imb['expert']:.2f}: {imb['expert_source']}"))
-    rows.append(("DP imbalance (busiest DP rank / mean)", f"{imb['dp']:.2f}" + (" (balanced)" if imb["dp"] == 1.0 else "")))
+    rows.append(("DP imbalance (busiest DP rank / mean)", f"{imb['dp']:.2f}: {imb['dp_source']}"))
     rows.append(("all-to-all overlap", res["comm_overlap"] + (f", dispatch {res['dispatch_dtype']}" if res["dispatch_dtype"] else "")))
     off = res["offload"]
     if off:
@@ -405,7 +438,7 @@ def register(app: typer.Typer) -> None:
         draft_len: Optional[int] = typer.Option(None, "--draft-len", help="MTP draft tokens per decode step [0]"),
         acceptance: Optional[str] = typer.Option(None, "--acceptance", help="acceptance per draft position, e.g. 0.8,0.6 [0.85**i]"),
         expert_imbalance: Optional[str] = typer.Option(None, "--expert-imbalance", help="busiest EP rank's load / mean, 1..ep (1 = balanced), or zipf|uniform [1.2; 1.05 with EPLB]"),
-        dp_imbalance: Optional[float] = typer.Option(None, "--dp-imbalance", help="busiest attention-DP rank's requests / mean, 1..dp [1 = balanced]"),
+        dp_imbalance: Optional[float] = typer.Option(None, "--dp-imbalance", help="busiest attention-DP rank's requests / mean, 1..dp (1 = balanced) [the batch's spread as the simulator places it]"),
         comm_overlap: Optional[str] = typer.Option(None, "--comm-overlap", help="EP all-to-all overlap: none|combine_down|tbo [tbo with --two-micro-batch, else none]"),
         dispatch_dtype: Optional[str] = typer.Option(None, "--dispatch-dtype", help="EP dispatch payload bf16|fp8|nvfp4 [fp8 for fp8/fp4 experts]"),
         offload_fraction: Optional[float] = typer.Option(None, "--offload-fraction", help="share of expert weights kept in host memory, prefetched a layer ahead [0]"),

@@ -262,7 +262,7 @@ def register(app: typer.Typer) -> None:
         slo: Optional[str] = typer.Option(None, "--slo", help=f"latency targets with percentile and unit, e.g. {EXAMPLE} (p50/p90/p99; s/ms/us); required unless the --config file has an slo section"),
         modes: Optional[str] = typer.Option(None, "--modes", help="agg,disagg [both]"),
         simulate: Optional[int] = typer.Option(None, "--simulate", help="candidates to check in the simulator [6]; 0: screen only"),
-        sim_requests: Optional[int] = typer.Option(None, "--sim-requests", help="most requests per simulation [2500]"),
+        sim_requests: Optional[int] = typer.Option(None, "--sim-requests", help="most requests per candidate's slice simulation [2500]; the plan's full-scale run takes what its rate and seats need (2,000 to 100,000)"),
         expert_skew: Optional[str] = typer.Option(None, "--expert-skew", help="uniform | zipf[:S] | histogram:FILE.json [zipf:0.63]"),
         price_input: Optional[float] = typer.Option(None, "--price-input", help=f"$ per million uncached input tokens [{DEFAULT_PRICE_INPUT:g}: DeepSeek list price]"),
         price_cached: Optional[float] = typer.Option(None, "--price-cached", help=f"$ per million cached input tokens [{DEFAULT_PRICE_CACHED_INPUT:g}]"),

@@ -235,10 +235,13 @@ def _as_closed(sc, concurrency: int | None, think_time_s: float | None, rate: fl
 
 def _offered(wl: dict) -> str:
     """The offered arrival rate of a generated open-loop workload (what `twinfer plan` says its plan is sized for)."""
-    return f" offered at {wl['rate']:,.1f} req/s" if wl.get("kind") not in ("closed", "trace") and wl.get("rate") else ""
+    if wl.get("kind") in ("closed", "trace") or not wl.get("rate"):
+        return ""
+    r = wl["rate"]
+    return f" offered at {r:,.1f} req/s" if r >= 0.1 else f" offered at {r:.2g} req/s"  # 0.01 is not "0.0"
 
 
-def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None) -> None:
+def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None, plan: str | None = None) -> None:
     m = res.metrics
     sc = res.scenario
     lay = sc["layout"]
@@ -280,10 +283,10 @@ def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None)
     if spec is not None:
         ok, _ = spec.verdict(m)
         thr.add_row(f"meets the SLO ({escape(spec.text())})", "yes" if ok else "[red]no[/]")
-    price = _price(sc["hardware"])
+    price, whose = _price(sc["hardware"], plan)
     if price and m.output_throughput > 0:
         thr.add_row("$ per million output tokens",
-                    f"{_usd_per_million(price, res.num_gpus, m.output_throughput):,.3f} (at ${price:.2f}/GPU-hour)")
+                    f"{_usd_per_million(price, res.num_gpus, m.output_throughput):,.3f} (at ${price:.2f}/GPU-hour{whose})")
     thr.add_row("requests finished / dropped / unfinished", f"{m.requests_finished:,} / {m.requests_dropped:,} / {m.requests_unfinished:,}")
     if m.prefix_cache_hit_rate is not None:
         thr.add_row("prefix-cache hit rate", f"{100 * m.prefix_cache_hit_rate:.1f}%")
@@ -302,8 +305,9 @@ def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None)
 
 
 def _layout_label(lay: dict) -> str:
-    """'TP1 DP8 EP8' for a scenario's layout mapping (DP and EP only when > 1)."""
-    return f"TP{lay['tp']}" + (f" DP{lay['dp']}" if lay["dp"] > 1 else "") + (f" EP{lay['ep']}" if lay["ep"] > 1 else "")
+    """'TP1 DP8 EP8' for a scenario's layout mapping (DP, EP and PP only when > 1: the GPUs of the header add up)."""
+    return (f"TP{lay['tp']}" + (f" DP{lay['dp']}" if lay["dp"] > 1 else "") + (f" EP{lay['ep']}" if lay["ep"] > 1 else "")
+            + (f" PP{lay['pp']}" if lay.get("pp", 1) > 1 else ""))
 
 
 def _figures_table(title: str) -> Table:
@@ -358,10 +362,18 @@ def _usd_per_million(price_per_gpu_hour: float, gpus: int, output_tokens_per_s: 
     return price_per_gpu_hour * gpus / (output_tokens_per_s * 3600) * 1e6
 
 
-def _price(hardware: str) -> float:
+def _price(hardware: str, plan: str | None = None) -> tuple[float, str]:
+    """$ per GPU-hour and whose: a plan file's own (``twinfer plan --gpu-hour``: its figures were priced at it), else the
+    hardware catalog's."""
+    if plan is not None:
+        from planner.plan import load_plan
+
+        econ = load_plan(plan).economics
+        if econ is not None:
+            return float(econ.price_per_gpu_hour), ", the plan's"
     from costmodels.hardware import get_hardware
 
-    return float(get_hardware(hardware).price_per_gpu_hour or 0.0)
+    return float(get_hardware(hardware).price_per_gpu_hour or 0.0), ""
 
 
 HINT = (
@@ -490,7 +502,7 @@ def register(app: typer.Typer) -> None:
                 text = json.dumps(data, indent=1)
             print(text)
             return
-        _print_result(con, res, wall, spec)
+        _print_result(con, res, wall, spec, plan)
         if plan is not None:
             con.print(plan_comparison(plan, res), highlight=False)
         if sc.calibration is not None or get_hardware_measured(sc.hardware):

@@ -340,22 +340,30 @@ def plan_view(plan: dict, label: str | None = None) -> PlanView:
 
 
 # ---------------------------------------------------------------- where the time and memory go
-def step_breakdown(model: str, hardware: str, layout: dict, scheduler: dict, batch: int, context: int) -> dict:
-    """One decode step of ``batch`` requests at ``context`` tokens: time by category (host included) and memory per GPU."""
+def step_breakdown(model: str, hardware: str, layout: dict, scheduler: dict, batch: int, context: int,
+                   effects: dict | None = None) -> dict:
+    """One decode step of ``batch`` requests at ``context`` tokens: time by category (host included) and memory per GPU.
+    ``effects``: the plan's (``sim.effects.EffectsSpec``): its expert load prices the experts as its simulation does."""
     from costmodels.batch import BatchShape
     from costmodels.catalog import get_model
+    from costmodels.effective import batch_dp_imbalance
     from costmodels.hardware import get_hardware
     from costmodels.host import exposed_host
     from costmodels.layout import ParallelLayout
     from costmodels.memory import memory_fit
     from costmodels.step import StepCostModel
     from scheduler.config import SchedulerConfig
+    from sim.effects import EffectsSpec, initial_expert_load
 
     m, hw = get_model(model), get_hardware(hardware)
     lay = validate(ParallelLayout, layout, "layout")
     scfg = validate(SchedulerConfig, scheduler, "scheduler")
+    load = initial_expert_load(m, lay, validate(EffectsSpec, effects or {}, "effects"))
     draft = scfg.draft_len
-    sc = StepCostModel(m, hw, lay).step(BatchShape.from_lists([1 + draft] * batch, [context] * batch, [True] * batch))
+    shape = BatchShape.from_lists([1 + draft] * batch, [context] * batch, [True] * batch)
+    # at the attention-DP split the simulator prices (a request lives on one rank: 1 request on 8 ranks is not 1/8 each)
+    imb = batch_dp_imbalance(m, hw, lay, shape, expert_load=load)
+    sc = StepCostModel(m, hw, lay, dp_imbalance=imb, expert_load=load).step(shape)
     by = {g: sum(sc.breakdown.get(c, 0.0) for c in cats) for g, cats in BREAKDOWN_GROUPS.items()}
     # host work per step (scheduling, input prep) hides under the device step when async overlap is on
     host = scfg.host_overhead_s(batch, batch * (1 + draft))
@@ -366,7 +374,9 @@ def step_breakdown(model: str, hardware: str, layout: dict, scheduler: dict, bat
     step = sc.time_s + by["host (exposed)"]
     return {"step_s": step, "device_s": sc.time_s, "host_s": host, "breakdown_s": by, "memory_bytes": memory,
             "hbm_bytes": fit.hbm_bytes, "weights_by_kind": fit.weight_breakdown, "fit": fit.explanation, "notes": list(sc.notes),
-            "batch": batch, "context": context, "draft_len": draft, "tokens_per_s_per_user": (1 + draft) / step if step else None}
+            "batch": batch, "context": context, "draft_len": draft,
+            # a decode makes 1 + the accepted drafts per step (what `twinfer cost` and the simulator count), not 1 + draft_len
+            "tokens_per_s_per_user": scfg.expected_tokens_per_decode() / step if step else None}
 
 
 # ---------------------------------------------------------------- what-if
@@ -379,13 +389,8 @@ class WhatIf(BaseModel):
     draft_len: int | None = Field(None, ge=0, le=16)
     prefix_hit_rate: float | None = Field(None, ge=0, le=0.99)
     pd_ratio: float | None = Field(None, gt=0, le=64, description="prefill instances per decode instance (disaggregated plans)")
-    replay_window: int | None = Field(None, ge=0, le=1 << 20, description="SWA bounded replay tokens")
-
-
-# what-if knobs the simulator cannot take yet; the app shows them disabled with this reason
-UNSUPPORTED_WHATIF = {
-    "replay_window": "bounded replay is costed in costmodels.replay, but the simulator does not take a replay length yet",
-}
+    replay_window: int | None = Field(None, ge=0, le=1 << 20, description="SWA bounded replay tokens on every window layer "
+                                      "of every pool (0: the window KV is kept, nothing replayed)")
 
 
 def apply_what_if(plan: dict, what_if: dict) -> dict:
@@ -395,9 +400,6 @@ def apply_what_if(plan: dict, what_if: dict) -> dict:
     from planner.plan import Plan
 
     w = validate(WhatIf, what_if, "what-if")
-    for k, why in UNSUPPORTED_WHATIF.items():
-        if getattr(w, k) is not None:
-            raise TwinferError(f"what-if {k}: not available yet ({why})")
     p = copy.deepcopy(plan)
     main = next(x for x in p["pools"] if x["role"] in ("mixed", "decode"))
     if w.ep is not None:
@@ -418,10 +420,41 @@ def apply_what_if(plan: dict, what_if: dict) -> dict:
         pre["instances"] = max(1, round(w.pd_ratio * main["instances"]))
     if w.prefix_hit_rate is not None:
         p["workload"] = _with_prefix_share(p["workload"], w.prefix_hit_rate)
+    if w.replay_window is not None:
+        _set_replay(p, w.replay_window)
     used = sum(x["instances"] * _gpus(x["layout"]) for x in p["pools"])
     p["gpus_budget"] = max(p["gpus_budget"], used)  # a what-if may use more GPUs than the plan had
     p["predicted"], p["economics"] = None, None  # they described the unchanged plan
     return validate(Plan, p, "what-if plan").model_dump(mode="json")
+
+
+def _set_replay(plan: dict, tokens: int) -> None:
+    """Every pool resumes its window layers with bounded replay of ``tokens`` (0: keeps the window KV), the policy the
+    simulator prices (``scheduler.replay``, as ``twinfer simulate --replay replay:W`` / ``persist`` sets it)."""
+    from costmodels.catalog import get_model
+    from costmodels.replay import window_layers
+
+    if not window_layers(get_model(plan["model"])):
+        raise TwinferError(f"what-if replay_window: {plan['model']} has no sliding-window layers: nothing to keep or replay")
+    rule = {"default": {"mode": "replay"}, "tokens": tokens} if tokens else {"default": {"mode": "persist"}}
+    for pool in plan["pools"]:
+        pool["scheduler"].update(replay=rule, swa_replay_tokens=0)
+
+
+def replay_window(plan: dict) -> int | None:
+    """The replay length W the plan's decode (or mixed) pool resumes every window layer with (0: the window KV is kept),
+    None where its layers differ or the model has no window layers (the what-if form's starting value)."""
+    from costmodels.catalog import get_model
+    from planner.plan import Plan
+
+    p = validate(Plan, plan, "plan")
+    model = get_model(p.model)
+    res = p.pool("mixed" if p.mode == "aggregated" else "decode").scheduler.replay_for(model)
+    rules = {(m, t if m == "replay" else 0) for m, t in zip(res.modes, res.tokens) if m != "none"}
+    if len(rules) != 1:
+        return None
+    mode, tokens = rules.pop()
+    return tokens if mode == "replay" else 0 if mode == "persist" else None
 
 
 def _gpus(layout: dict) -> int:
