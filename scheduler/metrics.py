@@ -201,8 +201,9 @@ class WindowMetrics(BaseModel):
     request_throughput: float         # requests finishing inside the window, per second
     per_user_output_tps_mean: float | None
     requests_meeting_slo: int | None
-    goodput: float | None             # requests arriving in the window and meeting the SLO, per second
-    goodput_fraction: float | None    # of the requests arriving in the window
+    goodput: float | None             # requests finishing in the window and meeting the SLO, per second
+                                      # (request_throughput's requests; the whole run: all of them)
+    goodput_fraction: float | None    # of the requests arriving in the window, the share meeting the SLO
 
 
 def _delivered_tokens(first: np.ndarray, finish: np.ndarray, out: np.ndarray, lo: float, hi: float) -> np.ndarray:
@@ -214,6 +215,24 @@ def _delivered_tokens(first: np.ndarray, finish: np.ndarray, out: np.ndarray, lo
     return first_in * (out >= 1) + np.maximum(out - 1, 0) * rest
 
 
+def _meets(ttft: np.ndarray, tpot: np.ndarray, e2e: np.ndarray, multi: np.ndarray, slo: SLO) -> np.ndarray:
+    """Which requests meet ``slo``: their TTFT, TPOT (``tpot`` of the ``multi``-token ones; a single-token request has
+    none to miss) and, where the SLO has one, end-to-end latency."""
+    ok = np.isfinite(ttft) & (ttft <= slo.ttft_s)
+    tpot_all = np.zeros(ttft.size)
+    tpot_all[multi] = tpot
+    ok &= tpot_all <= slo.tpot_s
+    if slo.e2e_s is not None:
+        ok &= np.isfinite(e2e) & (e2e <= slo.e2e_s)
+    return ok
+
+
+def _meeting_finished(a: np.ndarray, f: np.ndarray, e: np.ndarray, o: np.ndarray, slo: SLO) -> int:
+    """How many of these finished requests (arrival, first token, finish, output tokens) meet ``slo``."""
+    multi = o > 1
+    return int(_meets(f - a, (e[multi] - f[multi]) / (o[multi] - 1), e - a, multi, slo).sum())
+
+
 def _latencies(a: np.ndarray, f: np.ndarray, e: np.ndarray, o: np.ndarray, slo: SLO | None,
                p50: bool = False) -> tuple[dict, int | None]:
     """Latency stats of finished requests (arrival, first token, finish, output tokens) and how many meet ``slo``
@@ -223,15 +242,7 @@ def _latencies(a: np.ndarray, f: np.ndarray, e: np.ndarray, o: np.ndarray, slo: 
     tpot = (e[multi] - f[multi]) / (o[multi] - 1)
     ok_ttft, ok_tpot = np.isfinite(ttft), np.isfinite(tpot)
     user = 1.0 / tpot[ok_tpot & (tpot > 0)]
-    meeting = None
-    if slo is not None:
-        ok = ok_ttft & (ttft <= slo.ttft_s)
-        tpot_all = np.zeros(a.size)
-        tpot_all[multi] = tpot  # single-token requests have no TPOT to miss
-        ok &= tpot_all <= slo.tpot_s
-        if slo.e2e_s is not None:
-            ok &= np.isfinite(e2e) & (e2e <= slo.e2e_s)
-        meeting = int(ok.sum())
+    meeting = None if slo is None else int(_meets(ttft, tpot, e2e, multi, slo).sum())
     latency = dict(ttft_s=Stat.of(ttft[ok_ttft]), tpot_s=Stat.of(tpot[ok_tpot]), e2e_s=Stat.of(e2e[np.isfinite(e2e)]),
                    per_user_output_tps_mean=float(user.mean()) if user.size else None)
     if p50:
@@ -262,7 +273,11 @@ def window_metrics(name: str, arrivals: tuple[float, float], lo: float, hi: floa
         del cols   # before the throughput's temporaries (peak memory)
     latency, meeting = latencies
     arrived = n_fin + n_drop
-    goodput = per_s(meeting) if meeting is not None else None
+    if meeting is None or whole:
+        goodput = per_s(meeting) if meeting is not None else None
+    else:   # the requests finishing in [lo, hi) that meet the SLO: request_throughput's population, so never above it
+        done = (finish >= lo) & (finish < hi)
+        goodput = per_s(_meeting_finished(arrival[done], first[done], finish[done], out[done], slo))
     fraction = (meeting / arrived if arrived else None) if meeting is not None else None
     if whole:  # every token, prompt and finish is the run's: no masks
         tokens, in_tok = float(out.sum()), float(prompt.sum())

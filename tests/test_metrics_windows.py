@@ -78,3 +78,23 @@ def test_steady_throughput_does_not_fall_as_the_offered_rate_rises():
         wl = base.workload.model_copy(update={"rate": rate, "num_requests": 400})
         thr.append(run_scenario(base.model_copy(update={"workload": wl})).metrics.steady.output_throughput)
     assert all(b >= 0.97 * a for a, b in zip(thr, thr[1:])), thr
+
+
+def test_steady_goodput_counts_request_throughputs_requests():
+    """A window's goodput is its finishing requests that meet the SLO, per second: request_throughput's population, so
+    never above it and equal to it when every request meets the SLO. It counted the latency window's arrivals over
+    the throughput window's seconds, another population: the default run's steady goodput read 7.2022 req/s with
+    every request meeting the SLO and 7.2067 finishing per second; other runs read goodput above throughput."""
+    c = MetricsCollector()
+    for i in range(100):   # arrivals 1 s apart, finished in 2 s, every other request with a 0.6 s TTFT
+        c.on_finish(_req(i, float(i), i + (0.6 if i % 2 else 0.1), i + 2.0, 21))
+    s = c.summarize(1, SLO(ttft_s=0.5, tpot_s=1.0)).steady
+    done = [i for i in range(100) if s.start_s <= i + 2.0 < s.end_s]
+    assert s.goodput == pytest.approx(sum(1 for i in done if i % 2 == 0) / s.duration_s)
+    assert s.goodput <= s.request_throughput
+    everyone = c.summarize(1, SLO(ttft_s=1.0, tpot_s=1.0)).steady
+    assert everyone.goodput == pytest.approx(everyone.request_throughput) and everyone.goodput_fraction == 1.0
+    from sim.runner import run_scenario
+    from sim.scenario import builtin_scenario
+    m = run_scenario(builtin_scenario("default")).metrics
+    assert m.steady.goodput_fraction == 1.0 and m.steady.goodput == pytest.approx(m.steady.request_throughput, rel=1e-12)
