@@ -144,7 +144,12 @@ class Scheduler:
         return self.dp.refusal_reason(req) if self.dp is not None else None
 
     def _register(self, req: Request) -> bool:
-        """Admission shared by both entry points: drop what can never be served, else mark it live."""
+        """Admission shared by both entry points: drop what can never be served, else mark it live. A prompt that
+        fits with room for its first output token gets its output cut at the context window, as the executor's engine
+        cuts it (``LLMEngine.add_request``) and vLLM / SGLang stop a sequence there (finish reason "length")."""
+        room = self.config.max_model_len - req.prompt_len
+        if 1 <= room < req.output_len:
+            req.output_len = room
         reason = self.refusal_reason(req)
         if reason is not None:
             req.status = RequestStatus.DROPPED

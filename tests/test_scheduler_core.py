@@ -85,13 +85,23 @@ def test_default_acceptance_and_host_overhead():
 # ------------------------------------------------------------------ scheduling rules
 def test_drops_requests_that_can_never_fit():
     s = Scheduler(SchedulerConfig(block_size=4, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=100), 10)
-    too_long = Request("a", 0.0, 90, 20)
+    too_long = Request("a", 0.0, 100, 20)   # no room for one output token in max_model_len
     too_big = Request("b", 0.0, 30, 20)     # 50 tokens > 40 KV tokens
     ok = Request("c", 0.0, 20, 10)
     assert not s.add_request(too_long) and "max_model_len" in too_long.drop_reason
     assert not s.add_request(too_big) and "KV blocks" in too_big.drop_reason
     assert s.add_request(ok) and s.num_waiting == 1
     assert too_long.status is RequestStatus.DROPPED and s.stats().num_dropped == 2
+
+
+def test_an_output_past_the_context_window_is_cut_there_as_the_executor_cuts_it():
+    """A prompt with room for its first output token is served, its output cut at max_model_len (the executor's
+    LLMEngine.add_request; vLLM / SGLang finish it with reason "length"); it was refused."""
+    s = Scheduler(SchedulerConfig(block_size=4, max_num_seqs=4, max_num_batched_tokens=128, max_model_len=100), 64)
+    r = Request("a", 0.0, 90, 20)
+    assert s.add_request(r) and r.output_len == 10 and r.drop_reason is None
+    last = Request("b", 0.0, 99, 5)
+    assert s.add_request(last) and last.output_len == 1
 
 
 def test_chunked_prefill_budget_decode_first_and_first_token():

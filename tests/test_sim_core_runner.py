@@ -200,8 +200,9 @@ def test_each_itl_sample_is_the_gap_since_the_request_s_previous_token(sched, mo
 def test_requests_past_the_models_context_are_refused_as_the_executor_refuses_them(pools):
     """Qwen3-30B-A3B reads 40,960 tokens (max_position_embeddings). The executor's engine caps max_model_len there;
     the simulator once served 60k-token prompts on it (the scheduler's default 131,072) while `twinfer cost` warned
-    the same request was past the model's context."""
-    lens = [60_000, 20_000, 40_900]  # prompt + 100 output: over, under, over by 40
+    the same request was past the model's context. A prompt that fits has its output cut at the window, as the
+    executor cuts it (it was refused)."""
+    lens = [60_000, 20_000, 40_900]  # prompt + 100 output: over, under, prompt fits and 60 of its outputs
     data = {"model": "qwen3-30b-a3b", "hardware": "H100", "layout": {"tp": 1},
             "workload": {"kind": "poisson", "rate": 0.1, "num_requests": 3,
                          "input_len": {"kind": "fixed", "value": 1000}, "output_len": {"kind": "fixed", "value": 100}}}
@@ -213,5 +214,6 @@ def test_requests_past_the_models_context_are_refused_as_the_executor_refuses_th
         r.prompt_len = n
     run = simulate(sc, requests=reqs)
     m = run.result.metrics
-    assert (m.requests_finished, m.requests_dropped) == (1, 2), m.dropped_by_reason
+    assert (m.requests_finished, m.requests_dropped) == (2, 1), m.dropped_by_reason
     assert all("max_model_len=40960" in why for why in m.dropped_by_reason), m.dropped_by_reason
+    assert m.output_tokens == 100 + 60
