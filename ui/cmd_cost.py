@@ -393,7 +393,10 @@ def _print(res: dict) -> None:
     mem.add_row("workspace", gb(m["workspace_bytes"]))
     mem.add_row("KV pool", gb(max(m["kv_pool_bytes"], 0)))
     mem.add_row("free (outside mem_fraction)", gb(m["free_bytes"]))
-    mem.add_row("KV bytes/token (per GPU / model)", f"{m['kv_bytes_per_token']:,.0f} / {m['kv_bytes_per_token_model']:,.0f}")
+    # the model figure is the papers' (its main layers, unsharded); the per-GPU one holds this GPU's share of every
+    # cache it keeps, the MTP layers' too
+    model_label = "model, main layers" if "mtp" in m["weight_breakdown"] else "model"
+    mem.add_row(f"KV bytes/token (per GPU / {model_label})", f"{m['kv_bytes_per_token']:,.0f} / {m['kv_bytes_per_token_model']:,.0f}")
     mem.add_row("max KV tokens (per DP rank / instance)", f"{m['max_kv_tokens_per_dp_rank']:,} / {m['max_kv_tokens']:,}")
     mem.add_row("fits", ("[green]yes[/]" if m["fits"] else "[red]NO[/]"))
     con.print(mem)
