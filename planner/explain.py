@@ -80,8 +80,10 @@ def why_it_won(table: Table, options: list[LayoutOption], i: int, ok: np.ndarray
             j = int(np.flatnonzero(mask_other)[np.argmax(thr[mask_other])])
             out.append(f"{thr[i] / thr[j] - 1:+.0%} output tokens/s per GPU over the best {name} deployment meeting the SLO "
                        f"in the analytic screen ({describe_row(table, options, j)}: {thr[j]:,.0f} vs {thr[i]:,.0f})")
-        else:
+        elif (c["mode"] == other).any():
             out.append(f"no {name} deployment meets the SLO")
+        else:   # none was a candidate (a budget too small to split, or the modes asked for): nothing to have missed
+            out.append(f"no {name} deployment was among the candidates")
     if o_i is not None:
         ttft, tpot, src = o_i.ttft_s, o_i.tpot_s, "simulated"
     else:

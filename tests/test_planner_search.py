@@ -111,3 +111,12 @@ def test_unreachable_slo_explains_and_lists_the_closest():
     assert rep.status == "slo_unreachable" and rep.recommended is None
     assert "no deployment meets the SLO" in rep.message and "ms" in rep.message
     assert 1 <= len(rep.closest_options) <= 5 and all("TTFT" in o for o in rep.closest_options)
+
+
+def test_a_one_gpu_budget_does_not_say_a_disaggregated_deployment_missed_the_slo():
+    """With one GPU no disaggregated deployment exists: the plan's reasons say none was a candidate, not that none
+    met the SLO."""
+    rep = plan_deployment(request(gpus=1, simulate_top=1, sim_requests=200), workers=1)
+    why = rep.recommended.why
+    assert "no disaggregated deployment was among the candidates" in why
+    assert not any("disaggregated deployment meets the SLO" in w for w in why)
