@@ -43,6 +43,6 @@ def test_simulate_plan_says_whether_it_is_the_plans_own_run(tmp_path):
     text = " ".join(r.stdout.split())
     assert f"requests offered at {pr.request_rate:,.1f} req/s" in text
     assert f"the plan's own run (digest {pr.sim_digest[:16]} = the plan's)" in text
-    assert f"twinfer plan predicted {pr.output_tokens_per_s_per_gpu:,.0f} output tok/s/GPU" in text
+    assert f"the plan predicted {pr.output_tokens_per_s_per_gpu:,.0f} output tok/s/GPU" in text
     r = runner.invoke(app, ["simulate", "--plan", str(out), "-n", "200"], env={"COLUMNS": "200"})
     assert "not the plan's run (--requests/--rate/--seed changed it" in " ".join(r.stdout.split())

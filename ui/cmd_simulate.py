@@ -163,7 +163,7 @@ def plan_comparison(path: str, res) -> str:
     if pr.source != "simulation" or not pr.sim_digest:
         return f"the plan's figures ({said}) are the analytic screen's, not a simulation: expect these to differ"
     if res.digest == pr.sim_digest:
-        return f"the plan's own run (digest {res.digest[:16]} = the plan's): twinfer plan predicted {said}, the steady window above"
+        return f"the plan's own run (digest {res.digest[:16]} = the plan's): the plan predicted {said}, the steady window above"
     return (f"not the plan's run (--requests/--rate/--seed changed it; digest {res.digest[:16]}, the plan's {pr.sim_digest[:16]}): "
             f"the plan predicted {said} on {pr.simulated_requests or 0:,} requests")
 
