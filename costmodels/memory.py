@@ -156,21 +156,24 @@ def per_rank_share(instance_limit: int, ranks: int) -> int:
 
 
 def instance_workspace_bytes(model: ModelSpec, layout: ParallelLayout, max_batched_tokens: int, max_running_requests: int,
-                             sched_ranks: int | None = None) -> float:
+                             sched_ranks: int | None = None, mtp: bool = True) -> float:
     """:func:`workspace_bytes` per GPU for a scheduler's instance-wide limits over ``sched_ranks`` attention-DP ranks
     (default ``layout.dp``): each GPU reserves its rank's :func:`per_rank_share`."""
     ranks = layout.dp if sched_ranks is None else sched_ranks
-    return workspace_bytes(model, layout, per_rank_share(max_batched_tokens, ranks), per_rank_share(max_running_requests, ranks))
+    return workspace_bytes(model, layout, per_rank_share(max_batched_tokens, ranks), per_rank_share(max_running_requests, ranks),
+                           mtp)
 
 
-def workspace_bytes(model: ModelSpec, layout: ParallelLayout, max_batched_tokens: int, max_running_requests: int) -> float:
+def workspace_bytes(model: ModelSpec, layout: ParallelLayout, max_batched_tokens: int, max_running_requests: int,
+                    mtp: bool = True) -> float:
     """Activation/workspace reserve per GPU, for one attention-DP rank's limits (:func:`per_rank_share` of the instance's).
 
     ``CONTEXT_RESERVE_BYTES``
     + ``max_batched_tokens * 2 B * (4 * hidden * hc_mult + q_width/tp + 2 * ffn_width/tp)``: the live
       activations of one layer of the largest step (residual streams, q, FFN gate/up) in BF16
     + dispatched MoE tokens: ``max_batched_tokens * dp * top_k / ep * 2 B * (hidden + 2 * moe_inter / moe_tp)``
-    + logits: ``max_running_requests * (1 + mtp) * vocab * 4 B`` (fp32, gathered over TP)
+    + logits: ``max_running_requests * (1 + mtp) * vocab * 4 B`` (fp32, gathered over TP; the MTP layers' only
+      with ``mtp``: drafting)
     + ``EP_BUFFER_BYTES`` when ep > 1.
     """
     h = model.hidden_size
@@ -183,7 +186,7 @@ def workspace_bytes(model: ModelSpec, layout: ParallelLayout, max_batched_tokens
     if model.moe:
         tokens_in = max_batched_tokens * layout.dp * model.moe.top_k / layout.ep
         act += tokens_in * 2.0 * (h + 2 * model.moe.moe_intermediate_size / layout.moe_tp)
-    logits = max_running_requests * (1 + model.mtp_layers) * model.vocab_size * 4.0
+    logits = max_running_requests * (1 + (model.mtp_layers if mtp else 0)) * model.vocab_size * 4.0
     ep_buf = EP_BUFFER_BYTES if layout.ep > 1 else 0.0
     return CONTEXT_RESERVE_BYTES + act + logits + ep_buf
 
@@ -216,6 +219,8 @@ class MemoryFit(BaseModel):
     host_fits: bool
     fits: bool
     explanation: str
+    mtp: bool = True             # the MTP layers' weights, KV and logits are held (drafting: serving engines load them
+                                 # only with speculative decoding)
 
     def max_requests(self, context_len: int) -> int:
         """Requests of ``context_len`` tokens the instance can hold at once."""
@@ -229,7 +234,7 @@ class MemoryFit(BaseModel):
                                  max_running_requests: int, sched_ranks: int | None = None) -> int:
         """KV tokens per DP rank if the workspace were sized for these scheduler limits instead (same rules as
         :func:`memory_fit`: instance limits over ``sched_ranks`` ranks, default ``layout.dp``)."""
-        ws = instance_workspace_bytes(model, layout, max_batched_tokens, max_running_requests, sched_ranks)
+        ws = instance_workspace_bytes(model, layout, max_batched_tokens, max_running_requests, sched_ranks, self.mtp)
         pool = self.kv_pool_bytes + self.workspace_bytes - ws
         if pool <= 0 or self.kv_bytes_per_token <= 0:
             return 0
@@ -252,8 +257,9 @@ def _linears_bytes(lins, model, layout) -> dict[str, float]:
     return out
 
 
-def stage_weight_bytes(model: ModelSpec, layout: ParallelLayout) -> list[dict[str, float]]:
-    """Per pipeline stage, per-GPU weight bytes by group (embedding on the first stage, head and MTP on the last)."""
+def stage_weight_bytes(model: ModelSpec, layout: ParallelLayout, mtp: bool = True) -> list[dict[str, float]]:
+    """Per pipeline stage, per-GPU weight bytes by group (embedding on the first stage, head and, with ``mtp``, the MTP
+    layers on the last)."""
     stages = []
     for s, layers in enumerate(_stage_layers(model, layout.pp)):
         acc: dict[str, float] = {}
@@ -269,9 +275,9 @@ def stage_weight_bytes(model: ModelSpec, layout: ParallelLayout) -> list[dict[st
             head = emb[1:] if len(emb) > 1 else emb[:1]
             if len(emb) > 1 or layout.pp > 1:
                 acc["embeddings"] = acc.get("embeddings", 0.0) + _linears_bytes(head, model, layout).get("embeddings", 0.0)
-            if model.mtp_layers:
-                mtp = sum(_linears_bytes(mtp_linears(model), model, layout).values()) + norm_params(model) * 2
-                acc["mtp"] = model.mtp_layers * mtp
+            if model.mtp_layers and mtp:
+                one = sum(_linears_bytes(mtp_linears(model), model, layout).values()) + norm_params(model) * 2
+                acc["mtp"] = model.mtp_layers * one
         stages.append(acc)
     return stages
 
@@ -286,8 +292,11 @@ def memory_fit(
     max_running_requests: int = 256,
     min_kv_tokens: int = 2048,
     sched_ranks: int | None = None,
+    mtp: bool = True,
 ) -> MemoryFit:
-    """Weights, workspace and KV capacity per GPU; ``fits`` needs room for ``min_kv_tokens`` per DP rank.
+    """Weights, workspace and KV capacity per GPU; ``fits`` needs room for ``min_kv_tokens`` per DP rank. ``mtp``:
+    the model's MTP layers are loaded (weights, their KV cache, their logits), as vLLM and SGLang load them only to
+    draft (speculative decoding); a scheduler without drafts serves without them.
 
     ``max_batched_tokens`` / ``max_running_requests`` are the limits of the scheduler driving
     ``sched_ranks`` attention-DP ranks (default: the instance's ``dp``; a simulated slice of an
@@ -297,13 +306,13 @@ def memory_fit(
         from twinfer.errors import TwinferError
         raise TwinferError(f"mem_fraction must be in (0, 1], got {mem_fraction}")
     usable = hw.hbm_bytes * mem_fraction
-    ws = instance_workspace_bytes(model, layout, max_batched_tokens, max_running_requests, sched_ranks)
+    ws = instance_workspace_bytes(model, layout, max_batched_tokens, max_running_requests, sched_ranks, mtp)
     shard = kv_shard_divisor(model, layout)
-    stages = stage_weight_bytes(model, layout)
+    stages = stage_weight_bytes(model, layout, mtp)
     best = None  # (tokens, stage index, weights, per_tok, fixed)
     for s, layers in enumerate(_stage_layers(model, layout.pp)):
         per_tok, fixed = kv_rates(model, layout.kv_dtype, layers)
-        if s == layout.pp - 1 and model.mtp_layers:
+        if s == layout.pp - 1 and model.mtp_layers and mtp:
             a, b = _layer_kv_rates(model, mtp_kind(model), layout.kv_dtype)
             per_tok, fixed = per_tok + model.mtp_layers * a, fixed + model.mtp_layers * b
         per_tok, fixed = per_tok / shard, fixed / shard
@@ -332,7 +341,7 @@ def memory_fit(
         kv_pool_bytes=pool, free_bytes=hw.hbm_bytes - usable, kv_bytes_per_token=per_tok,
         kv_bytes_per_token_model=kv_bytes_per_token(model, layout.kv_dtype), kv_fixed_bytes_per_request=fixed,
         kv_dtype=layout.kv_dtype, max_kv_tokens_per_dp_rank=max(tokens, 0), max_kv_tokens=max(tokens, 0) * layout.dp,
-        host_table_bytes_per_gpu=host_per_gpu, host_fits=host_fits, fits=fits, explanation=explanation,
+        host_table_bytes_per_gpu=host_per_gpu, host_fits=host_fits, fits=fits, explanation=explanation, mtp=mtp,
     )
 
 

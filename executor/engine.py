@@ -204,11 +204,14 @@ class LLMEngine:
                 raise TwinferError(f"num_layers={num_layers}: the model has 1..{spec.num_layers}")
             kinds = spec.layer_kinds[:num_layers] if spec.layer_kinds else []
             spec = spec.model_copy(update={"num_layers": num_layers, "layer_kinds": kinds})
-        cfg = ExecModelConfig.build(spec, hf_dir)
         if scheduler_config is None:
             scheduler_config = SchedulerConfig()
         elif isinstance(scheduler_config, dict):
             scheduler_config = validate(SchedulerConfig, scheduler_config, "scheduler_config")
+        if spec.mtp_layers and scheduler_config.draft_len == 0:
+            # no drafts, no MTP layers: vLLM and SGLang load them only to draft (the simulator's memory_fit mtp=False)
+            spec = spec.model_copy(update={"mtp_layers": 0})
+        cfg = ExecModelConfig.build(spec, hf_dir)
         mml = min(max_model_len if max_model_len is not None else scheduler_config.max_model_len, spec.max_context)
         sched_cfg = scheduler_config.model_copy(update={"max_model_len": mml})
         dev = torch.device(device)

@@ -190,7 +190,7 @@ def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPo
 
     def kv_ok_at(B: int, d: int, c: int) -> bool:
         # the KV a rank has with the workspace of its scheduler (planner.simulate.scheduler_for: c + B(1+d) tokens, B seats)
-        return B * per_seat <= KV_SHARE_FOR_BATCH * opt.kv_tokens_per_rank(model, c + B * (1 + d), B)
+        return B * per_seat <= KV_SHARE_FOR_BATCH * opt.kv_tokens_per_rank(model, c + B * (1 + d), B, mtp=d > 0)
 
     for B in ctx.batch_per_rank:
         n = B * dp

@@ -33,14 +33,20 @@ class LayoutOption:
     table_placement: Literal["host", "hbm"]
     max_kv_tokens_per_rank: int        # at the smallest per-rank limits the search tries (see enumerate_layouts)
     fit_explanation: str
-    fit: MemoryFit | None = field(default=None, compare=False, hash=False, repr=False)
+    fit: MemoryFit | None = field(default=None, compare=False, hash=False, repr=False)   # without the MTP layers
+    fit_mtp: MemoryFit | None = field(default=None, compare=False, hash=False, repr=False)  # with them (drafting)
 
-    def kv_tokens_per_rank(self, model: ModelSpec, batched_tokens_per_rank: int, running_per_rank: int) -> int:
+    def kv_tokens_per_rank(self, model: ModelSpec, batched_tokens_per_rank: int, running_per_rank: int,
+                           mtp: bool = False) -> int:
         """KV tokens per DP rank with the workspace of a rank running these limits: the simulator's figure for
-        the scheduler ``planner.simulate.scheduler_for`` builds (one definition: ``MemoryFit.kv_tokens_per_dp_rank_at``)."""
-        if self.fit is None:
+        the scheduler ``planner.simulate.scheduler_for`` builds (one definition: ``MemoryFit.kv_tokens_per_dp_rank_at``);
+        ``mtp``: with the MTP layers loaded, as a candidate that drafts serves (``memory_fit``'s ``mtp``)."""
+        fit = self.fit_mtp if mtp and self.fit_mtp is not None else self.fit
+        if fit is None:
             return self.max_kv_tokens_per_rank
-        return self.fit.kv_tokens_per_dp_rank_at(model, self.layout, batched_tokens_per_rank, running_per_rank, sched_ranks=1)
+        if not fit.fits:
+            return 0
+        return fit.kv_tokens_per_dp_rank_at(model, self.layout, batched_tokens_per_rank, running_per_rank, sched_ranks=1)
 
     @property
     def gpus(self) -> int:
@@ -156,14 +162,16 @@ def enumerate_layouts(model: ModelSpec, hw: Hardware, budget: int, space: Search
                             continue
                         for tables in table_opts:
                             fkey = (tp, dp, ep, pp, kv, redundant, tables)
-                            fit = fit_cache.get(fkey)
-                            if fit is None:
-                                fit = fit_with_policies(model, hw, lay, table_placement=tables, mem_fraction=mem_fraction,
-                                                        max_batched_tokens=rank_tokens, max_running_requests=rank_running,
-                                                        sched_ranks=1)
-                                fit_cache[fkey] = fit
+                            fits = fit_cache.get(fkey)
+                            if fits is None:   # without the MTP layers (no drafts) and, where the model has them, with
+                                fits = fit_cache[fkey] = tuple(
+                                    fit_with_policies(model, hw, lay, table_placement=tables, mem_fraction=mem_fraction,
+                                                      max_batched_tokens=rank_tokens, max_running_requests=rank_running,
+                                                      sched_ranks=1, mtp=mtp)
+                                    for mtp in ((False, True) if model.mtp_layers else (False,)))
+                            fit = fits[0]
                             opt = LayoutOption(lay, _option_key(lay, eplb, tables), eplb, tables,
-                                               fit.max_kv_tokens_per_dp_rank, fit.explanation, fit)
+                                               fit.max_kv_tokens_per_dp_rank, fit.explanation, fit, fits[-1] if len(fits) > 1 else None)
                             if fit.fits and (tables == "hbm" or fit.host_fits):
                                 ok.append(opt)
                             else:

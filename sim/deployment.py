@@ -60,6 +60,7 @@ def _fit(scenario: Scenario, layout: ParallelLayout, sc: SchedulerConfig, effect
         mem_fraction=scenario.gpu_memory_fraction, max_batched_tokens=sc.max_num_batched_tokens,
         max_running_requests=sc.max_num_seqs, min_kv_tokens=sc.block_size,
         sched_ranks=max(1, layout.dp // effects.mirror),  # a mirrored slice's scheduler drives dp / mirror ranks
+        mtp=sc.draft_len > 0,
     )
     if not fit.fits:
         raise DoesNotFitError(f"{what}: {fit.explanation}")

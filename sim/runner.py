@@ -39,7 +39,7 @@ def _fit(scenario: Scenario) -> MemoryFit:
     fit = fit_with_policies(
         model, hw, scenario.layout, mem_fraction=scenario.gpu_memory_fraction,
         max_batched_tokens=sc.max_num_batched_tokens, max_running_requests=sc.max_num_seqs,
-        min_kv_tokens=sc.block_size,
+        min_kv_tokens=sc.block_size, mtp=sc.draft_len > 0,
     )
     if not fit.fits:
         raise DoesNotFitError(f"layout: {fit.explanation}")

@@ -214,7 +214,7 @@ def test_no_capture_mtp_pieces_match_mtp_forward(dsa, rows):
     """MTP layer 0's draft forward through its two pieces (padded static buffers, attention eager between them)
     gives ``model.mtp_forward``'s hidden states and KV writes: over a mixed MTP step's rows (past the indexer's top-k
     with ``dsa``), and over a chain step of one token per sequence (its own positions: RoPE rows gathered anew)."""
-    e = _piece_runner(dsa=dsa)
+    e = _piece_runner(dsa=dsa, sc={"draft_len": 1})   # without drafts the engine builds no MTP layer
     runner, kv, model = e.runner, e.runner.kv, e.runner.model
     assert runner.piecewise.num_mtp == model.num_mtp == 1
     if rows == "a draft chain step":

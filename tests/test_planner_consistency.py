@@ -24,13 +24,14 @@ def test_screen_slice_and_full_scale_see_the_same_kv_per_rank():
     full_sc = scheduler_for(B, 32, d, True, chunk)
     slice_sc = scheduler_for(B, 2, d, True, chunk)  # a slice of 2 of the 32 ranks (mirror 16)
     lay = ParallelLayout(dp=32, ep=32, weight_dtype="fp8", kv_dtype="fp8")
-    full = memory_fit(m, hw, lay, max_batched_tokens=full_sc.max_num_batched_tokens, max_running_requests=full_sc.max_num_seqs)
+    full = memory_fit(m, hw, lay, max_batched_tokens=full_sc.max_num_batched_tokens, max_running_requests=full_sc.max_num_seqs,
+                      mtp=True)
     part = memory_fit(m, hw, lay, max_batched_tokens=slice_sc.max_num_batched_tokens, max_running_requests=slice_sc.max_num_seqs,
-                      sched_ranks=2)
+                      sched_ranks=2, mtp=True)
     opts, _ = enumerate_layouts(m, hw, 32, SearchSpace(tp=(1,), dep=(32,), two_micro_batch=(False,), eplb=("off",),
                                                        kv_dtypes=("fp8",)))
     opt = next(o for o in opts if o.layout.dp == 32)
-    screen = opt.kv_tokens_per_rank(m, chunk + B * (1 + d), B)
+    screen = opt.kv_tokens_per_rank(m, chunk + B * (1 + d), B, mtp=d > 0)
     assert full.max_kv_tokens_per_dp_rank == part.max_kv_tokens_per_dp_rank == screen
     # 256 seats of 5,000 tokens fit a rank with room to spare (the old whole-budget reservation left ~1/30 of it)
     assert screen > 256 * 5000

@@ -156,7 +156,7 @@ def run_cost(cfg: CostConfig) -> dict:
     layout = _layout(cfg, model)
     if cfg.draft_len and not model.mtp_layers:
         raise TwinferError(f"draft_len={cfg.draft_len} needs an MTP head; {model.name} has mtp_layers=0")
-    fit = memory_fit(model, hw, layout, mem_fraction=cfg.mem_fraction)
+    fit = memory_fit(model, hw, layout, mem_fraction=cfg.mem_fraction, mtp=cfg.draft_len > 0)
     warnings = _fit_warnings(fit, model, hw, layout, cfg.allow_no_fit)
     specs = [BatchSpec.parse(b) for b in cfg.batch]
     batch, n_dec, prefill_tokens = _batch(cfg)

@@ -368,7 +368,8 @@ def step_breakdown(model: str, hardware: str, layout: dict, scheduler: dict, bat
     # host work per step (scheduling, input prep) hides under the device step when async overlap is on
     host = scfg.host_overhead_s(batch, batch * (1 + draft))
     by["host (exposed)"] = exposed_host(sc.time_s, host, scfg.async_overlap)
-    fit = memory_fit(m, hw, lay, max_batched_tokens=scfg.max_num_batched_tokens, max_running_requests=scfg.max_num_seqs)
+    fit = memory_fit(m, hw, lay, max_batched_tokens=scfg.max_num_batched_tokens, max_running_requests=scfg.max_num_seqs,
+                     mtp=scfg.draft_len > 0)
     memory = {"weights": fit.weight_bytes, "KV pool": max(fit.kv_pool_bytes, 0.0), "workspace": fit.workspace_bytes,
               "reserved (1 - mem fraction)": fit.free_bytes}
     step = sc.time_s + by["host (exposed)"]
