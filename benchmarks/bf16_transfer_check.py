@@ -38,9 +38,7 @@ def read_rows(path: str | Path) -> list[dict]:
 def bf16_seconds(table, hw, cal, n: int, k: int, m: np.ndarray) -> np.ndarray:
     """A BF16 weight row ``n x k`` at ``m`` rows from the FP8 ``table`` on ``hw``: ``StepOps.g_table``'s arguments."""
     from costmodels.op_table import TableGemms
-    ceff = cal.gemm_compute_eff
-    g = TableGemms(table, [[(n, k)]], np.array([True]), hw.tflops("fp8") * 1e12, hw.hbm_bw, cal.mem_eff, ceff["fp8"],
-                   {0: (hw.tflops("bf16") * 1e12, 2.0, 2.0, ceff["bf16"])})
+    g = TableGemms.on(table, hw, [[(n, k)]], np.array([True]), ["bf16"], np.array([2.0]), cal.mem_eff, cal.gemm_compute_eff)
     return g.seconds(0, np.asarray(m, float))
 
 

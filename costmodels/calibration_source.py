@@ -72,23 +72,21 @@ def _from_measured(hw: Hardware, m: MeasuredCeilings) -> CalibrationProfile:
     else:
         notes.append(f"GEMM bandwidth ramp half-saturation {base.gemm_mem_half_bytes / 1e6:.0f} MB: H200-derived default")
     ceff = dict(base.gemm_compute_eff)
-    for dtype, value in (("bf16", m.bf16_matmul_tflops), ("fp8", max(m.fp8_matmul_tflops or 0, m.deepgemm_fp8_tflops or 0) or None)):
+    peaks = {"bf16": hw.bf16_tflops, "fp8": hw.fp8_tflops if hw.has_fp8 else None, "fp4": hw.fp4_tflops}
+    default = {"bf16": "H200-derived default", "fp8": "H200-derived default",
+               "fp4": f"the catalog's FP4 GEMM ({fp4_reference()[1]})" if hw.fp4_tflops else ""}
+    for dtype, value in (("bf16", m.bf16_matmul_tflops), ("fp8", max(m.fp8_matmul_tflops or 0, m.deepgemm_fp8_tflops or 0) or None),
+                         ("fp4", m.fp4_matmul_tflops)):
+        peak = peaks[dtype]
         if value is None:
-            if dtype == "bf16" or hw.has_fp8:  # no line about a dtype this GPU cannot run
-                notes.append(f"GEMM compute {dtype} {ceff[dtype]:.3f} of peak: H200-derived default")
+            if peak:  # no line about a dtype this GPU cannot run
+                notes.append(f"GEMM compute {dtype} {ceff[dtype]:.3f} of peak: {default[dtype]}")
             continue
-        if dtype == "fp8" and not hw.has_fp8:
-            raise TwinferError(f"{hw.name}: measured.fp8_matmul_tflops is set but fp8_tflops is not: give the FP8 peak or drop the measurement")
-        peak = hw.bf16_tflops if dtype == "bf16" else hw.fp8_tflops
+        if not peak:
+            raise TwinferError(f"{hw.name}: measured.{dtype}_matmul_tflops is set but {dtype}_tflops is not: give the "
+                               f"{dtype.upper()} peak or drop the measurement")
         ceff[dtype] = _ratio(value, peak, f"{dtype}_matmul_tflops", f"{dtype}_tflops", hw)
         notes.append(f"GEMM compute {dtype} {ceff[dtype]:.3f} of peak: {src}, {value:g} TFLOP/s")
-    if m.fp4_matmul_tflops is not None:
-        if not hw.fp4_tflops:
-            raise TwinferError(f"{hw.name}: measured.fp4_matmul_tflops is set but fp4_tflops is not: give the FP4 peak or drop the measurement")
-        ceff["fp4"] = _ratio(m.fp4_matmul_tflops, hw.fp4_tflops, "fp4_matmul_tflops", "fp4_tflops", hw)
-        notes.append(f"GEMM compute fp4 {ceff['fp4']:.3f} of peak: {src}, {m.fp4_matmul_tflops:g} TFLOP/s")
-    elif hw.fp4_tflops:
-        notes.append(f"GEMM compute fp4 {ceff['fp4']:.3f} of peak: the catalog's FP4 GEMM ({fp4_reference()[1]})")
     upd["gemm_compute_eff"] = ceff
     ignored = [f for f in _H200_ONLY if getattr(m, f)]
     notes += [

@@ -372,6 +372,20 @@ class TableGemms:
     # activation bytes per element in, compute efficiency of its dtype); absent rows are the table's dtype
     rows: dict[int, tuple[float, float, float, float]] = field(default_factory=dict)
 
+    @classmethod
+    def on(cls, table: GemmTable, hw, shapes: list[list[tuple[int, int]]], covers: np.ndarray, dtypes: list[str],
+           weight_bytes: np.ndarray, mem_eff: float, compute_eff: dict[str, float]) -> "TableGemms":
+        """``table`` priced on GPU ``hw`` (a ``costmodels.hardware.Hardware``) for rows whose weights are in ``dtypes``
+        at ``weight_bytes`` per element (block scales included): each row not in the table's dtype gets its own peak,
+        bytes (BF16 activations in for a BF16 row) and the compute efficiency of the math it runs
+        (``Hardware.math_dtype``: FP4 without FP4 tensor cores runs FP8's). ``compute_eff``: the calibration's per
+        dtype."""
+        fp8 = compute_eff.get("fp8", 0.662)
+        rows = {r: (hw.tflops(d) * 1e12, float(weight_bytes[r]), 2.0 if d == "bf16" else 1.0,
+                    compute_eff.get(hw.math_dtype(d), fp8))
+                for r, d in enumerate(dtypes) if covers[r] and d != table.dtype}
+        return cls(table, shapes, covers, hw.tflops("fp8") * 1e12, hw.hbm_bw, mem_eff, fp8, rows)
+
     @property
     def same_gpu(self) -> bool:
         return self.target_flops == self.table.peak_flops and self.target_bw == self.table.hbm_bw

@@ -233,6 +233,7 @@ class StepOps:
         self.g_dtype = [r[8] for r in rows]
         self.g_peak = np.array([hw.tflops(d) * 1e12 for d in self.g_dtype])
         self.g_dtypes = sorted(set(self.g_dtype))
+        self.g_math = {d: hw.math_dtype(d) for d in self.g_dtypes}   # the math each dtype's GEMMs run (its efficiency)
         self.g_dmask = {d: np.array([x == d for x in self.g_dtype]) for d in self.g_dtypes}
         self._src_rows = [np.flatnonzero(self.g_src == k) for k in range(4)]
         self.g_table = self._gemm_table([r[10] for r in rows])
@@ -243,6 +244,7 @@ class StepOps:
             self.e_params_local = 3 * m.hidden_size * m.moe.moe_intermediate_size / lay.moe_tp
             self.e_bpp = dtype_bytes(lay.experts_dtype, m)  # FP4 in the model's block format (mxfp4 / nvfp4)
             self.e_peak = hw.tflops(lay.experts_dtype) * 1e12
+            self.e_math = hw.math_dtype(lay.experts_dtype)   # the math the experts' GEMMs run (its efficiency)
             self.e_io_per_token = (2 * m.hidden_size + 3 * m.moe.moe_intermediate_size / lay.moe_tp) * 2.0
 
     def _partial_linears(self, kind: str, layers: list[int]) -> dict[str, tuple[Linear, list[int]]]:
@@ -282,12 +284,8 @@ class StepOps:
         covers = np.array([kn > 0 and not (self.bf16_ramp and d == "bf16" != wd) for d, kn in zip(self.g_dtype, self.g_kn)])
         if not covers.any():
             return None
-        ceff = self.cal.gemm_compute_eff
-        other = {r: (self.hw.tflops(d) * 1e12, float(self.g_w[r] / self.g_kn[r]), 2.0 if d == "bf16" else 1.0,
-                     ceff.get(self.hw.math_dtype(d), ceff.get("fp8", 0.662)))
-                 for r, d in enumerate(self.g_dtype) if covers[r] and d != table.dtype}
-        return TableGemms(table, shapes, covers, self.hw.tflops("fp8") * 1e12, self.hw.hbm_bw,
-                          self.cal.mem_eff, ceff.get("fp8", 0.662), other)
+        per_elem = np.divide(self.g_w, self.g_kn, out=np.zeros_like(self.g_w), where=self.g_kn > 0)
+        return TableGemms.on(table, self.hw, shapes, covers, self.g_dtype, per_elem, self.cal.mem_eff, self.cal.gemm_compute_eff)
 
     def gemm_table_note(self) -> str | None:
         """Where the dense GEMM times come from (None: the analytic ramp for all of them)."""
@@ -451,7 +449,7 @@ class StepOps:
         for d in self.g_dtypes:
             mask = self.g_dmask[d][rows]
             if mask.any():
-                ceff[mask] = self.cal.gemm_compute(mr[mask], self.hw.math_dtype(d))
+                ceff[mask] = self.cal.gemm_compute(mr[mask], self.g_math[d])
         col = lambda a: a[rows][:, None]  # noqa: E731
         flops = 2.0 * mr * col(self.g_kn)
         # the bandwidth ramp applies to all bytes the kernel moves (weights and activations)
@@ -484,7 +482,7 @@ class StepOps:
         touched = self.e_local * (1.0 - (1.0 - 1.0 / self.e_total) ** assign)
         flops = 2.0 * tok_rank * self.e_params_local
         byts = touched * self.e_params_local * self.e_bpp + tok_rank * self.e_io_per_token
-        ceff = self.cal.gemm_compute(tok_rank / np.maximum(touched, 1e-9), self.hw.math_dtype(self.layout.experts_dtype))
+        ceff = self.cal.gemm_compute(tok_rank / np.maximum(touched, 1e-9), self.e_math)
         meff = self.cal.expert_mem(byts)
         t = np.maximum(flops / (self.e_peak * np.maximum(ceff, 1e-9)), byts / (self.hw.hbm_bw * np.maximum(meff, 1e-9))) + 2 * self._lo
         return t, touched, flops, byts

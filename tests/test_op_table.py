@@ -291,9 +291,8 @@ def _fp4_gemm_seconds(hw_name: str, n: int, k: int, m: np.ndarray) -> np.ndarray
     from costmodels.params import fp4_bytes
     hw = get_hardware(hw_name)
     cal = profile_for(hw)
-    ceff = cal.gemm_compute_eff
-    g = TableGemms(op_table.load("H200").gemm_table("fp8"), [[(n, k)]], np.array([True]), hw.tflops("fp8") * 1e12,
-                   hw.hbm_bw, cal.mem_eff, ceff["fp8"], {0: (hw.tflops("fp4") * 1e12, fp4_bytes("nvfp4"), 1.0, ceff[hw.math_dtype("fp4")])})
+    g = TableGemms.on(op_table.load("H200").gemm_table("fp8"), hw, [[(n, k)]], np.array([True]), ["fp4"],
+                      np.array([fp4_bytes("nvfp4")]), cal.mem_eff, cal.gemm_compute_eff)
     return g.seconds(0, np.asarray(m, float))
 
 
