@@ -476,6 +476,95 @@ def main() -> None:
     phases_vs_grid(prof, c)
     after_eager_by_tokens(prof, c)
     eager_vs_grid(prof, samples)
+    device_errors(samples, ProfiledStepCost(prof))
+    host_speed_windows(samples, c, prof, run_replays(run))
+
+
+def device_errors(samples: dict[str, dict], cost) -> dict:
+    """The step model's device work (``pipelined_parts``' first part: the forward's and the sampler's kernels) against
+    each step's device seconds as the runner's CUDA events measured them (``device_s``), per class, level and kind:
+    MAPE and bias. Separates the cost model's device side from the host and the loop, which the iteration adds.
+    Returns ``{(cls, level, kind): errors}``."""
+    from costmodels.step_fit import errors
+    pc_ = cost.pipelined()
+    out = {}
+    for cls, levels in samples.items():
+        for lv, s in levels.items():
+            md = np.array([np.nan if x is None else x for x in s.get("device_s") or []], float)
+            if not md.size or not np.isfinite(md).any():
+                continue
+            dev = np.array([pc_.pipelined_parts(*decodes_then_chunks(d, 0, new, ctx))[0] for d, new, ctx in rebuilt_steps(s)])
+            eager = np.array(s["prefill_chunks"]) > 0
+            for kind, m in (("decode", ~eager), ("prompt", eager), ("all", np.ones_like(eager))):
+                ok = m & np.isfinite(md) & (md > 0)
+                if ok.sum() >= 5:
+                    out[(cls, lv, kind)] = errors(dev[ok], md[ok])
+    if out:
+        print("device work per step, the model's against the CUDA events' (MAPE, bias): decode | prompt-bearing | all")
+        for cls, levels in samples.items():
+            for lv in levels:
+                parts = [f"{out[(cls, lv, k)]['mape'] * 100:4.1f}% ({out[(cls, lv, k)]['bias'] * 100:+4.1f}%)"
+                         if (cls, lv, k) in out else f"{'n/a':>14}" for k in ("decode", "prompt", "all")]
+                print(f"  {cls:10} {lv:16} " + " | ".join(parts))
+    return out
+
+
+def host_speed_windows(samples: dict[str, dict], c: dict[str, np.ndarray], prof, replays: int, window_s: float = 2.0,
+                       slow: float = 1.2) -> dict:
+    """The lent host's speed through serving, as the sampler's issue shows it: per ``window_s`` of each replay, the
+    median over the decode steps of their measured sampler issue (``sample_host_s``: the same Python and launches at
+    every step) over the calibration's fitted term at the same rows (``HostTerms.sample_issue``). Then each level's
+    step MAPE over the windows at most ``slow`` times the calibrated speed and over the rest: how much of a level's
+    miss comes from periods the host ran slower than it did while calibrated. A diagnosis, not a fit: nothing here
+    feeds a prediction. Returns ``{(cls, level): {"windows": [...], "mape_near": x, "mape_slow": y, "slow_share":
+    z}}`` (runs without the sampler's term or its timing: {})."""
+    from costmodels.step_fit import errors
+    host = prof.step.host
+    if host.sample_issue_s <= 0:
+        return {}
+    out = {}
+    for cls, levels in samples.items():
+        for lv, s in levels.items():
+            sh = s.get("sample_host_s")
+            if not sh or not s.get("start_s") or any(x is None for x in s["start_s"]):
+                continue
+            sel = (c["cls"] == cls) & (c["level"] == lv)
+            pred, meas = c["pred"][sel], c["measured_s"][sel]
+            start = np.array(s["start_s"], float)
+            nums = np.array(replay_numbers(s, replays))
+            ratio = np.array([np.nan if x is None else x for x in sh], float) / np.maximum(
+                host.sample_issue(np.array(s["decodes"], float)), 1e-9)
+            dec = np.array(s["prefill_chunks"]) == 0
+            win = np.full(len(start), -1)
+            speed, rows = [], []
+            for r in sorted(set(nums)):
+                m = nums == r
+                t0 = start[m].min()
+                w = np.floor((start - t0) / window_s).astype(int)
+                for k in sorted(set(w[m])):
+                    mk = m & (w == k)
+                    rk = ratio[mk & dec & np.isfinite(ratio)]
+                    if rk.size >= 5:
+                        win[mk] = len(speed)
+                        speed.append(float(np.median(rk)))
+                rows.append(" ".join(f"{x:4.2f}" for x, wr in zip(speed, range(len(speed))) if (win[m] == wr).any()))
+            if not speed:
+                continue
+            sp = np.array(speed)
+            is_slow = np.where(win >= 0, sp[np.maximum(win, 0)] > slow, False)
+            ok = np.isfinite(pred) & (meas > 0) & (win >= 0)
+            near, slo = ok & ~is_slow, ok & is_slow
+            res = {"windows": speed, "slow_share": float(slo.sum() / max(ok.sum(), 1)),
+                   "mape_near": errors(pred[near], meas[near])["mape"] if near.any() else float("nan"),
+                   "mape_slow": errors(pred[slo], meas[slo])["mape"] if slo.any() else float("nan")}
+            out[(cls, lv)] = res
+            if len(out) == 1:
+                print(f"the host's speed through serving: per {window_s:g} s of each replay, the decode steps' sampler issue over "
+                      f"its calibrated term (median); step MAPE of the steps in windows up to {slow:g}x and beyond")
+            print(f"  {cls:10} {lv:16} " + " | ".join(rows))
+            print(f"  {'':10} {'':16} MAPE {res['mape_near'] * 100:5.2f}% near calibrated speed, {res['mape_slow'] * 100:5.2f}% "
+                  f"slower ({res['slow_share'] * 100:.0f}% of steps)")
+    return out
 
 
 def host_drift(samples: dict[str, dict], cost, prof, replays: int) -> None:
