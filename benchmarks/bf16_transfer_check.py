@@ -1,8 +1,9 @@
-"""The cost model's BF16 GEMM prices against BF16 GEMMs timed on the device (held out: no BF16 kernel enters the fit).
+"""The FP8-to-other-dtype rule against BF16 GEMMs timed on the device (held out: no BF16 kernel enters the rule).
 
-A row whose weights are BF16 (a model's router and LM head beside FP8 weights, or a BF16 layout) is priced from the
-FP8 table (``costmodels.op_table.TableGemms``: the FP8 kernel at the shape, its floor kept, the rest scaled by the
-bytes and the BF16 math rate). ``python -m benchmarks.gpu.op_tables --tables dense_bf16`` times cuBLAS BF16 next to
+A row whose weights are not FP8 and have no measured table of their dtype is priced from the FP8 table
+(``costmodels.op_table.TableGemms``: the FP8 kernel at the shape, its floor kept, the rest scaled by the bytes and
+the dtype's math rate): FP4 weights everywhere, and BF16 ones until the H200's cuBLAS BF16 table was measured
+(2026-12-05; on that run the rule was 16% off at the median, +155% at worst: BF16 weights now use the table). ``python -m benchmarks.gpu.op_tables --tables dense_bf16`` times cuBLAS BF16 next to
 DeepGEMM FP8 at the same shapes in one run; this prints, per shape and M, the measured BF16 time and two predictions:
 
 - ``same run``: the rule applied to the FP8 kernel timed in the same run at the same shape (the rule alone);

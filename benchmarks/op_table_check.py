@@ -88,6 +88,22 @@ BASE_SHAPES = {(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (36864,
                (7168, 2048)}
 
 
+def bf16_held_out() -> dict[str, np.ndarray]:
+    """The measured cuBLAS BF16 table's shapes, each priced from the others alone (``GemmTable``'s nearest shape,
+    scaled by roofline + latency, the rule an unmeasured BF16 weight takes): predicted over measured, by M bucket."""
+    import copy
+    g = op_table.load("H200").gemm["cublas", "bf16"]
+    buckets: dict[str, list[float]] = {"M <= 128": [], "128 < M < 4096": [], "M >= 4096": []}
+    for fam, (ms, ts) in g.families.items():
+        held = copy.copy(g)
+        held.families = {f: v for f, v in g.families.items() if f != fam}
+        held.__dict__.pop("_family_memo", None)
+        for m, t in zip(ms, ts):
+            key = "M <= 128" if m <= 128 else ("M >= 4096" if m >= 4096 else "128 < M < 4096")
+            buckets[key].append(held.time(m, *fam).seconds[0] / t)
+    return {k: np.array(v) for k, v in buckets.items()}
+
+
 def held_out() -> list[str]:
     """What the rules for unmeasured shapes predict for measured data they are not given: the TP-shard GEMMs from
     the 8 base shapes alone, and each MLA head count from the next measured one."""
@@ -106,6 +122,10 @@ def held_out() -> list[str]:
         v = np.array(v)
         out.append(f"held-out TP-shard GEMMs, {key}: n={v.size}, median {np.median(v):.2f}x, p10 {np.percentile(v, 10):.2f}x, "
                    f"p90 {np.percentile(v, 90):.2f}x, within 15%: {int((abs(v - 1) <= 0.15).sum())}/{v.size}")
+    for key, v in bf16_held_out().items():
+        out.append(f"held-out BF16 GEMMs (each shape from the other measured ones), {key}: n={v.size}, median "
+                   f"{np.median(v):.2f}x, p10 {np.percentile(v, 10):.2f}x, p90 {np.percentile(v, 90):.2f}x, "
+                   f"within 15%: {int((abs(v - 1) <= 0.15).sum())}/{v.size}")
     for h, above in ((16, 32), (32, 64), (64, 128)):
         mine, nxt = tables.mla_decode[h], tables.mla_decode[above]
         r = np.array([nxt.time([b], [c]).seconds[0] / mine.seconds[i, j]

@@ -35,6 +35,7 @@ MEASURED, EXTRAPOLATED, SCALED = "measured", "extrapolated", "scaled"
 # the FP8 GEMM library a table prices by default: DeepGEMM, what a tuned serving engine runs on Hopper; a measured
 # engine that ran another one names it (CalibrationProfile.op_table_libs)
 DEFAULT_GEMM_LIBS = ("deepgemm", "triton")
+GEMM_LIBS = {"fp8": DEFAULT_GEMM_LIBS, "bf16": ("cublas",)}   # per dtype, the libraries serving runs, preferred first
 # An unmeasured GEMM shape takes the nearest measured shape's time times (roofline + L) / (roofline_near + L):
 # a kernel has a fixed latency that does not shrink with its work. L was chosen leaving one of the 8 base
 # DeepSeek-V3 shapes out at a time (8 us: mean |log error| 0.086 vs 0.205 without it) and then checked on the
@@ -76,9 +77,10 @@ def loglog_interp(x: np.ndarray, xs: np.ndarray, ys: np.ndarray, work: np.ndarra
     return t, above | (x < xs[0])
 
 
-def gemm_bytes(m, n: int, k: int, weight_bytes_per_elem: float = 1.0):
-    """Bytes an ``M x N x K`` GEMM moves: its ``N x K`` weight, ``M x K`` FP8 activations in and ``M x N`` BF16 out."""
-    return n * k * weight_bytes_per_elem + m * (k + 2 * n)
+def gemm_bytes(m, n: int, k: int, weight_bytes_per_elem: float = 1.0, act_bytes_per_elem: float = 1.0):
+    """Bytes an ``M x N x K`` GEMM moves: its ``N x K`` weight, ``M x K`` activations in (FP8, or BF16 for a BF16
+    GEMM) and ``M x N`` BF16 out."""
+    return n * k * weight_bytes_per_elem + m * (k * act_bytes_per_elem + 2 * n)
 
 
 @dataclass
@@ -109,6 +111,11 @@ class GemmTable:
     measured_on: str = ""         # the GPU the table was measured on
     source: str = ""              # where it was measured ("": the committed op tables)
 
+    @property
+    def act_bytes_per_elem(self) -> float:
+        """Bytes per activation element in: BF16 for a BF16 GEMM, FP8 otherwise."""
+        return 2.0 if self.dtype == "bf16" else 1.0
+
     @cached_property
     def floor_s(self) -> float:
         """The shortest time measured for any kernel: the launch-to-finish floor of one GEMM on that GPU (H200
@@ -117,7 +124,7 @@ class GemmTable:
 
     def _roofline(self, m, n, k):
         m = np.asarray(m, dtype=float)
-        byts = gemm_bytes(m, n, k, self.weight_bytes_per_elem)
+        byts = gemm_bytes(m, n, k, self.weight_bytes_per_elem, self.act_bytes_per_elem)
         return np.maximum(2.0 * m * n * k / self.peak_flops, byts / self.hbm_bw)
 
     def nearest(self, n: int, k: int) -> tuple[int, int]:
@@ -212,9 +219,10 @@ class OpTables:
     masked_grouped: dict[tuple[int, int, int], Series]  # (N, K, experts) -> time over tokens per expert
     mla_decode: dict[int, GridTable]                  # query heads per GPU (128 / TP) -> table over batch x context
 
-    def gemm_table(self, dtype: str, prefer: tuple[str, ...] = DEFAULT_GEMM_LIBS) -> GemmTable | None:
-        """The table of the first preferred library measured for ``dtype`` (the kernel serving would run)."""
-        for lib in prefer:
+    def gemm_table(self, dtype: str, prefer: tuple[str, ...] | None = None) -> GemmTable | None:
+        """The table of the first preferred library measured for ``dtype`` (the kernel serving would run; by default
+        ``GEMM_LIBS[dtype]``)."""
+        for lib in prefer if prefer is not None else GEMM_LIBS.get(dtype, ()):
             if (lib, dtype) in self.gemm:
                 return self.gemm[(lib, dtype)]
         return None
@@ -225,14 +233,17 @@ def _rows(path: Path) -> list[dict]:
         return [r for r in csv.DictReader(f) if r.get("device_us") not in (None, "")]
 
 
-def _gemm_tables(path: Path, peak_fp8: float, hbm_bw: float, gpu: str) -> dict[tuple[str, str], GemmTable]:
+def _gemm_tables(path: Path, peak: float, hbm_bw: float, gpu: str, dtype: str = "fp8") -> dict[tuple[str, str], GemmTable]:
+    """The ``dense_gemm_<dtype>.csv`` tables of one GPU by library: ``peak`` its dense peak for ``dtype`` (flop/s),
+    weights at one byte per element in FP8, two in BF16."""
     out: dict[tuple[str, str], GemmTable] = {}
     fams: dict[tuple[str, int, int], list[tuple[float, float]]] = {}
     for r in _rows(path):
         fams.setdefault((r["lib"], int(r["n"]), int(r["k"])), []).append((float(r["m"]), float(r["device_us"]) * 1e-6))
+    wb = 2.0 if dtype == "bf16" else 1.0
     for (lib, n, k), pts in sorted(fams.items()):
-        tab = out.setdefault((lib, "fp8"), GemmTable(lib, "fp8", peak_flops=peak_fp8, hbm_bw=hbm_bw,
-                                                             measured_on=gpu))
+        tab = out.setdefault((lib, dtype), GemmTable(lib, dtype, peak_flops=peak, hbm_bw=hbm_bw, weight_bytes_per_elem=wb,
+                                                     measured_on=gpu))
         by_m: dict[float, list[float]] = {}
         for m, t in pts:     # one shape measured under two names (V3's shared_down is o_proj's TP8 shard): the mean
             by_m.setdefault(m, []).append(t)
@@ -301,8 +312,10 @@ def load(gpu: str) -> OpTables | None:
         return None
     hw = get_hardware(gpu)
     prov = json.loads((folder / "provenance.json").read_text(encoding="utf-8"))
-    gemm = _gemm_tables(folder / "dense_gemm_fp8.csv", hw.tflops("fp8") * 1e12, hw.hbm_bw, hw.name) \
-        if (folder / "dense_gemm_fp8.csv").is_file() else {}
+    gemm = {}
+    for dt in ("fp8", "bf16"):   # DeepGEMM / Triton FP8 (the weights' GEMMs), cuBLAS BF16 (routers, heads, BF16 layouts)
+        if (folder / f"dense_gemm_{dt}.csv").is_file():
+            gemm.update(_gemm_tables(folder / f"dense_gemm_{dt}.csv", hw.tflops(dt) * 1e12, hw.hbm_bw, hw.name, dt))
     masked = _masked_tables(folder / "grouped_gemm_masked_fp8.csv") \
         if (folder / "grouped_gemm_masked_fp8.csv").is_file() else {}
     mla = _mla_tables(folder / "mla_decode_bf16.csv") if (folder / "mla_decode_bf16.csv").is_file() else {}
@@ -333,8 +346,8 @@ def kernel_gemms(name: str, k: int, n: int, divisor: float, hidden: int) -> list
 class TableGemms:
     """Dense-GEMM times of a step's weight rows from a measured table, on this or another GPU.
 
-    ``shapes[r]`` are row r's kernels (``kernel_gemms``); rows whose dtype has no table (BF16 heads,
-    routers) are left to the analytic model (``covers``). On another GPU a measured time transfers as
+    ``shapes[r]`` are row r's kernels (``kernel_gemms``); rows not covered (``covers``: a measured profile's own
+    BF16 heads and routers, as its fit took them) are left to the analytic model. On another GPU a measured time transfers as
 
         t = max(t_measured * peak_measured / peak_target,  bytes / (mem_eff * bw_target),  flops / (compute_eff * peak_target))
 
@@ -344,8 +357,9 @@ class TableGemms:
     keeps small-M times (they are not bandwidth-bound on the H200) and pays its bandwidth where a kernel
     would exceed it.
 
-    A row whose weights are in another dtype than the table's (``rows``: BF16 heads and routers, FP4 weights), on the
-    measured GPU too, starts from the table's kernel at its shape here (``t8``, as above) and keeps the floor of one
+    A row whose dtype has a measured table of its own (``own``: BF16 routers, heads and layouts from the cuBLAS BF16
+    table) is priced from that table the same way. A row in another dtype without one (``rows``: FP4 weights), on
+    the measured GPU too, starts from the table's kernel at its shape here (``t8``, as above) and keeps the floor of one
     GEMM (``GemmTable.floor_s``, scaled like the fixed part). The time above that floor scales by the FP8 kernel's
     roofline shares here: its streaming share with the bytes the row moves (weights at their bytes per element, BF16
     activations in for a BF16 row), its math share with the achievable math rate (``compute_eff x peak``, FP8 over the
@@ -354,7 +368,7 @@ class TableGemms:
         t = max(floor + (t8 - floor) * max(bytes_row / bytes_fp8 * s_bw,  rate_fp8 / rate_row * s_math),  bytes_row / (mem_eff * bw_target))
 
     with ``s_bw, s_math`` each roofline term over the larger of the two (one of them is 1). So fewer weight bytes or
-    a faster rate never slow a GEMM (FP4 <= FP8 <= BF16 at every shape), a bandwidth-bound one gains in proportion
+    a faster rate never slow a GEMM under this rule (FP4 <= FP8 at every shape), a bandwidth-bound one gains in proportion
     to its bytes, a compute-bound one to its rate (FP4 on Hopper runs at the FP8 rate: none), one at the floor
     gains nothing. What it assumes: the time above the floor is streaming or math as the roofline splits it (true of
     the decode GEMMs that dominate a step; a small GEMM held up by a long K loop, 11.6 us for 512 x 7168 on the H200,
@@ -371,24 +385,43 @@ class TableGemms:
     # rows in another dtype than the table's: row -> (dense peak of its dtype here flop/s, weight bytes per element,
     # activation bytes per element in, compute efficiency of its dtype); absent rows are the table's dtype
     rows: dict[int, tuple[float, float, float, float]] = field(default_factory=dict)
+    # rows whose dtype has a measured table of its own (BF16 routers, heads and layouts: cuBLAS): row -> (that table,
+    # this GPU's dense peak of its dtype flop/s, the compute efficiency of its dtype); priced from it as FP8 rows are
+    # from ``table``, transferred to this GPU the same way
+    own: dict[int, tuple[GemmTable, float, float]] = field(default_factory=dict)
 
     @classmethod
     def on(cls, table: GemmTable, hw, shapes: list[list[tuple[int, int]]], covers: np.ndarray, dtypes: list[str],
-           weight_bytes: np.ndarray, mem_eff: float, compute_eff: dict[str, float]) -> "TableGemms":
+           weight_bytes: np.ndarray, mem_eff: float, compute_eff: dict[str, float],
+           own_tables: dict[str, GemmTable] | None = None) -> "TableGemms":
         """``table`` priced on GPU ``hw`` (a ``costmodels.hardware.Hardware``) for rows whose weights are in ``dtypes``
-        at ``weight_bytes`` per element (block scales included): each row not in the table's dtype gets its own peak,
-        bytes (BF16 activations in for a BF16 row) and the compute efficiency of the math it runs
+        at ``weight_bytes`` per element (block scales included): a row whose dtype has a table in ``own_tables``
+        (``{"bf16": cuBLAS table}``) is priced from that one; each other row not in the table's dtype gets its own
+        peak, bytes (BF16 activations in for a BF16 row) and the compute efficiency of the math it runs
         (``Hardware.math_dtype``: FP4 without FP4 tensor cores runs FP8's). ``compute_eff``: the calibration's per
         dtype."""
         fp8 = compute_eff.get("fp8", 0.662)
+        own_tables = own_tables or {}
+        own = {r: (own_tables[d], hw.tflops(d) * 1e12, compute_eff.get(hw.math_dtype(d), fp8))
+               for r, d in enumerate(dtypes) if covers[r] and d != table.dtype and d in own_tables}
         rows = {r: (hw.tflops(d) * 1e12, float(weight_bytes[r]), 2.0 if d == "bf16" else 1.0,
                     compute_eff.get(hw.math_dtype(d), fp8))
-                for r, d in enumerate(dtypes) if covers[r] and d != table.dtype}
-        return cls(table, shapes, covers, hw.tflops("fp8") * 1e12, hw.hbm_bw, mem_eff, fp8, rows)
+                for r, d in enumerate(dtypes) if covers[r] and d != table.dtype and r not in own}
+        return cls(table, shapes, covers, hw.tflops("fp8") * 1e12, hw.hbm_bw, mem_eff, fp8, rows, own)
 
     @property
     def same_gpu(self) -> bool:
         return self.target_flops == self.table.peak_flops and self.target_bw == self.table.hbm_bw
+
+    def own_here(self, row: int) -> bool:
+        """Whether row ``row``'s own-dtype table was measured on this GPU (else transferred to it)."""
+        t, peak, _ = self.own[row]
+        return t.peak_flops == peak and t.hbm_bw == self.target_bw
+
+    def table_of(self, row: int) -> GemmTable:
+        """The measured table row ``row`` is priced from (its dtype's own, or the FP8 one)."""
+        own = self.own.get(row)
+        return own[0] if own is not None else self.table
 
     def seconds(self, row: int, m: np.ndarray) -> np.ndarray:
         """Seconds of row ``row``'s kernels at ``m`` rows each (any shape of array)."""
@@ -397,16 +430,19 @@ class TableGemms:
         every = bool(pos.all())
         acc = None   # the kernels' times summed in order (a table step prices thousands of rows: no zero-filled copies)
         other = self.rows.get(row)
+        own = self.own.get(row)
+        tab, peak, ceff = own if own is not None else (self.table, self.target_flops, self.compute_eff)
+        here = tab.peak_flops == peak and tab.hbm_bw == self.target_bw
         if every or pos.any():
             mp = flat if every else flat[pos]
             for n, k in self.shapes[row]:
-                t = self.table.seconds(mp, n, k)
-                if other is not None or not self.same_gpu:
-                    b8 = gemm_bytes(mp, n, k, self.table.weight_bytes_per_elem)
+                t = tab.seconds(mp, n, k)
+                if other is not None or not here:
+                    b8 = gemm_bytes(mp, n, k, tab.weight_bytes_per_elem, tab.act_bytes_per_elem)
                     flops = 2.0 * mp * n * k
-                    if not self.same_gpu:   # the table's kernel here
-                        t = np.maximum(np.maximum(t * self.table.peak_flops / self.target_flops, b8 / (self.mem_eff * self.target_bw)),
-                                       flops / (self.compute_eff * self.target_flops))
+                    if not here:   # the table's kernel on this GPU
+                        t = np.maximum(np.maximum(t * tab.peak_flops / peak, b8 / (self.mem_eff * self.target_bw)),
+                                       flops / (ceff * peak))
                     if other is not None:
                         t = self._other_dtype(t, b8, flops, n, k, mp, other)
                 acc = t if acc is None else acc + t

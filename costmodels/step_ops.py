@@ -271,13 +271,15 @@ class StepOps:
         # a calibration that timed the model's own GEMM shapes at its token buckets (bench_gemm_shapes) prices them
         # from that table on the GPU it ran on; else the committed op table of the engine's library
         own = table_from_points(self.cal.op_points, self.cal.measured_on) if self.cal.op_points else None
+        tables = load_op_tables(name)
         if own is not None and own.measured_on.lower() == self.hw.name.lower():
             table = own
         else:
-            tables = load_op_tables(name)
             table = tables.gemm_table("fp8", self.cal.gemm_libs()) if tables else None
         if table is None:
             return None
+        # BF16 weight GEMMs (routers, heads, BF16 layouts) from the measured BF16 table where there is one (cuBLAS)
+        bf16 = tables.gemm_table("bf16") if tables else None
         # every row; with ``bf16_ramp`` (a measured profile's fit) not the model's own BF16 rows beside weights in
         # another dtype (router, heads): they stay on the analytic ramp that fit was made with
         wd = self.layout.weight_dtype
@@ -285,32 +287,47 @@ class StepOps:
         if not covers.any():
             return None
         per_elem = np.divide(self.g_w, self.g_kn, out=np.zeros_like(self.g_w), where=self.g_kn > 0)
-        return TableGemms.on(table, self.hw, shapes, covers, self.g_dtype, per_elem, self.cal.mem_eff, self.cal.gemm_compute_eff)
+        return TableGemms.on(table, self.hw, shapes, covers, self.g_dtype, per_elem, self.cal.mem_eff, self.cal.gemm_compute_eff,
+                             {"bf16": bf16} if bf16 is not None else None)
 
     def gemm_table_note(self) -> str | None:
         """Where the dense GEMM times come from (None: the analytic ramp for all of them)."""
         g = self.g_table
         if g is None:
             return None
-        fams = g.table.families
-        src = {r: (MEASURED if all(s in fams for s in g.shapes[r]) else SCALED) for r in np.flatnonzero(g.covers) if r not in g.rows}
+        src = {r: (MEASURED if all(s in g.table_of(r).families for s in g.shapes[r]) else SCALED)
+               for r in np.flatnonzero(g.covers) if r not in g.rows and r not in g.own}
         by: dict[str, set[str]] = {}
         for r, s in src.items():
             by.setdefault(s, set()).add(self.g_names[r])
+        own: dict[tuple[str, str], dict[str, set[str]]] = {}   # (dtype, lib) -> source -> names
+        for r, (t, _, _) in g.own.items():
+            s = MEASURED if all(x in t.families for x in g.shapes[r]) else SCALED
+            own.setdefault((t.dtype, t.lib), {}).setdefault(s, set()).add(self.g_names[r])
         how = "measured" if g.same_gpu else \
-            (f"transferred from {g.table.measured_on}: fixed part scaled by the FP8 peak ratio, bounded by this GPU's "
+            (f"transferred from {g.table.measured_on}: fixed part scaled by the peak ratio, bounded by this GPU's "
              "bandwidth and math ceilings")
-        parts = [f"{s} shapes: {', '.join(sorted(v))}" for s, v in sorted(by.items())]
-        src = f" ({g.table.source})" if g.table.source else ""
+        clauses = []
         dts = sorted({self.g_dtype[r] for r in g.rows})
-        rest = (f"; {', '.join(d.upper() for d in dts)} weight GEMMs from the same table at their shape, their time "
-                "above one GEMM's floor moved by the bytes they move, bounded by this GPU's bandwidth and math ceilings "
-                "at their dtype") if dts else ""
+        if by or dts:
+            src_txt = f" ({g.table.source})" if g.table.source else ""
+            clauses.append(f"FP8 from the {g.table.lib} FP8 table of {g.table.measured_on}{src_txt} ({how})"
+                           + "".join(f"; {s} shapes: {', '.join(sorted(v))}" for s, v in sorted(by.items())))
+        if dts:
+            clauses.append(f"{', '.join(d.upper() for d in dts)} weight GEMMs from that FP8 table at their shape, their "
+                           "time above one GEMM's floor moved by the bytes they move, bounded by this GPU's bandwidth and "
+                           "math ceilings at their dtype")
+        for (dt, lib), srcs in sorted(own.items()):
+            r0 = next(r for r, (t, _, _) in g.own.items() if (t.dtype, t.lib) == (dt, lib))
+            clauses.append(f"{dt.upper()} weight GEMMs from the {lib} {dt.upper()} table of {g.table_of(r0).measured_on} "
+                           f"({'measured' if g.own_here(r0) else how})"
+                           + "".join(f"; {s} shapes: {', '.join(sorted(v))}" for s, v in sorted(srcs.items())))
         ramp = sorted({self.g_names[r] for r in range(len(g.covers)) if not g.covers[r]})
-        ramp_txt = f"; the model's own BF16 GEMMs ({', '.join(ramp)}) on the analytic ramp, as the measured profile's fit took them" if ramp else ""
-        return (f"dense FP8 GEMMs from the {g.table.lib} device-time table of {g.table.measured_on}{src} ({how}; unmeasured "
-                f"N x K scaled from the nearest measured one by roofline, M beyond 16384 along the roofline): "
-                + "; ".join(parts) + rest + ramp_txt)
+        if ramp:
+            clauses.append(f"the model's own BF16 GEMMs ({', '.join(ramp)}) on the analytic ramp, as the measured profile's "
+                           "fit took them")
+        return ("dense GEMMs from measured device-time tables (unmeasured N x K scaled from the nearest measured one by "
+                "roofline, M beyond 16384 along the roofline): " + "; ".join(clauses))
 
     def _build_attention(self) -> None:
         m, lay, cal = self.model, self.layout, self.cal
