@@ -303,6 +303,8 @@ async def send_one(client: httpx.AsyncClient, base_url: str, model: str, prompt:
             rec.output_tokens = chunks
         if rec.ttft_s is None:
             raise RuntimeError("stream ended without any token")
+        if rec.finish_reason == "abort":  # drained or dropped by the server: it ended cleanly but short
+            raise RuntimeError(f"the server aborted the request after {rec.output_tokens} of {output_len} tokens")
         if rec.output_tokens > 1:
             rec.tpot_s = (rec.e2e_s - rec.ttft_s) / (rec.output_tokens - 1)
         rec.success = True

@@ -253,6 +253,14 @@ class LLMEngine:
             if piecewise_graphs:
                 runner.enable_piecewise_graphs(sched_cfg.max_num_batched_tokens, mtp=sched_cfg.draft_len > 0)
         sched = Scheduler(sched_cfg, num_kv_blocks)
+        if sched.max_request_tokens < mml:
+            # a --num-kv-blocks too small for the context: the context is what the KV holds, so that clients (serve's
+            # /v1/models and context-length check) are told the limit instead of having requests refused past it
+            if sched.max_request_tokens < 2:
+                raise TwinferError(f"num_kv_blocks={num_kv_blocks} of {sched_cfg.block_size} tokens cannot hold one "
+                                   f"request (a prompt token, an output token and {sched_cfg.draft_len} draft slots)")
+            mml = sched.max_request_tokens
+            sched = Scheduler(sched_cfg.model_copy(update={"max_model_len": mml}), num_kv_blocks)
         name = Path(model).name if hf_dir else model
         if model_transform is not None:
             async_overlap = False

@@ -110,6 +110,13 @@ class Scheduler:
         return self.kv.num_blocks * self.block_size
 
     @property
+    def max_request_tokens(self) -> int:
+        """Prompt + output tokens of the longest request this instance can ever admit: ``max_model_len``, or less
+        where one request's KV (its attention-DP rank's share) cannot hold that many with its draft slots."""
+        blocks = self.dp.kv_blocks if self.dp is not None else self.kv.num_blocks
+        return min(self.config.max_model_len, blocks * self.block_size - self.config.draft_len)
+
+    @property
     def num_waiting(self) -> int:
         return len(self._live) - self.num_running
 

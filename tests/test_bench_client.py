@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -75,3 +77,29 @@ def test_summarize_numbers():
     assert s["request_throughput"] == 2.0 and s["output_throughput"] == 6.0 and s["total_token_throughput"] == 28.0
     assert s["ttft_mean_s"] == pytest.approx(0.25) and s["ttft_p50_s"] == pytest.approx(0.25)
     assert s["itl_p99_s"] == pytest.approx(0.01) and s["e2e_p90_s"] == pytest.approx(0.2)
+
+
+def test_a_stream_the_server_aborted_is_a_failed_request():
+    # a server that drains (twinfer serve on SIGTERM) or drops a request ends its stream cleanly, with
+    # finish_reason "abort" and [DONE]: the request did not get its tokens and must not count as finished
+    import asyncio
+
+    import httpx
+
+    def chunk(text, reason=None, usage=None):
+        choices = [] if usage else [{"index": 0, "text": text, "finish_reason": reason}]
+        return "data: " + json.dumps({"id": "cmpl-1", "choices": choices, "usage": usage}) + "\n\n"
+
+    def handler(request):
+        body = chunk("a") + chunk("b") + chunk("", "abort") + chunk("", usage={"prompt_tokens": 3, "completion_tokens": 2})
+        return httpx.Response(200, text=body + "data: [DONE]\n\n", headers={"content-type": "text/event-stream"})
+
+    async def send():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await bc.send_one(client, "http://x", "m", "hi", 8, bc.RequestRecord(0, 0.0, output_len=8), 0.0)
+
+    rec = asyncio.run(send())
+    assert rec.finish_reason == "abort" and rec.output_tokens == 2
+    assert not rec.success and "abort" in rec.error
+    run = bc.BenchRun([rec], 1.0, "m", "http://x", "text")
+    assert bc.summarize(run)["failed"] == 1

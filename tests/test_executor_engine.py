@@ -233,3 +233,15 @@ def test_runner_is_the_backend_and_stops_at_stop_at():
     assert result.num_steps == 3
     e.scheduler.complete(plan, result, e.now())
     assert len(req.output_token_ids) == 5
+
+
+@pytest.mark.parametrize("draft_len", [0, 2])
+def test_max_model_len_is_what_the_kv_cache_holds(draft_len):
+    # 12 blocks of 16 hold 192 tokens (less the drafts' slots): a longer context could never be admitted, so
+    # the engine (and /v1/models, and serve's context-length check) must not advertise the default 4096
+    e = engine(num_kv_blocks=12, sc={"draft_len": draft_len})
+    assert e.max_model_len == 12 * 16 - draft_len
+    assert e.scheduler.config.max_model_len == e.max_model_len
+    out = e.generate([[1] * (e.max_model_len - 3)], SamplingParams(max_tokens=50, temperature=0, ignore_eos=True))
+    assert len(out[0]) == 3   # the longest request it advertises runs (to its end), instead of being refused
+    assert engine().max_model_len == 4096   # the default KV cache holds the model's context

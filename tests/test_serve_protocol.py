@@ -100,3 +100,15 @@ def test_chat_deltas_carry_only_what_changed():
 
     assert delta(role="assistant", content="") == {"role": "assistant", "content": ""}
     assert delta(content="x") == {"content": "x"} and delta() == {}
+
+
+@pytest.mark.parametrize("model, base", [(P.CompletionRequest, {"prompt": "x"}),
+                                         (P.ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}]})])
+def test_null_means_the_default(model, base):
+    # OpenAI's API reference types n as "integer or null" and stream / echo as "boolean or null" (absent and null
+    # alike: the default); clients that serialise every field send them so, and must not get a 400
+    fields = {"n": None, "stream": None, "ignore_eos": None, **({"echo": None} if model is P.CompletionRequest else {})}
+    req = P.parse_request(model, {**base, **fields})
+    assert (req.n, req.stream, req.ignore_eos) == (1, False, False)
+    assert req.sampling_kwargs(4)["ignore_eos"] is False
+    assert _err(model, {**base, "stream": 1}).param == "stream"   # strict still: a number is not a boolean

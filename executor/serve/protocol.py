@@ -13,7 +13,7 @@ import uuid
 from typing import Any, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError,
-                      field_validator, model_serializer, model_validator)
+                      ValidationInfo, field_validator, model_serializer, model_validator)
 
 # JSON's true/false are not numbers: strict types refuse `"max_tokens": true` (pydantic's lax mode
 # would take it as 1), and a number is not a string. Floats still take integers (1 means 1.0).
@@ -96,6 +96,12 @@ class _SamplingRequest(BaseModel):
     guided_choice: Any = None
     guided_grammar: Any = None
 
+
+    @field_validator("n", "stream", "ignore_eos", "echo", mode="before", check_fields=False)
+    @classmethod
+    def _null_is_default(cls, v: Any, info: ValidationInfo) -> Any:
+        # OpenAI's API types these "integer or null" / "boolean or null": null, like absence, means the default
+        return cls.model_fields[info.field_name].default if v is None else v
 
     @field_validator("top_k")
     @classmethod
