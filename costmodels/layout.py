@@ -11,6 +11,8 @@ CommOverlap = Literal["none", "combine_down", "tbo"]
 DispatchDType = Literal["bf16", "fp8", "nvfp4"]
 OffloadScope = Literal["routed_experts", "moe"]
 
+MAX_DEGREE = 1024  # tp, dp and ep of one layout at most
+
 # Knobs added after results were first digested: left out of dumps while at their defaults, so a
 # layout that does not use them serialises (and digests) exactly as before they existed.
 _OMIT_AT_DEFAULT = ("comm_overlap", "dispatch_dtype", "offload_fraction", "offload_scope")
@@ -26,9 +28,9 @@ class ParallelLayout(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    tp: int = Field(1, ge=1, le=1024, description="tensor-parallel degree of attention/dense layers")
-    dp: int = Field(1, ge=1, le=1024, description="attention data-parallel groups (attention-DP)")
-    ep: int = Field(1, ge=1, le=1024, description="expert-parallel width of MoE layers")
+    tp: int = Field(1, ge=1, le=MAX_DEGREE, description="tensor-parallel degree of attention/dense layers")
+    dp: int = Field(1, ge=1, le=MAX_DEGREE, description="attention data-parallel groups (attention-DP)")
+    ep: int = Field(1, ge=1, le=MAX_DEGREE, description="expert-parallel width of MoE layers")
     pp: int = Field(1, ge=1, le=64, description="pipeline-parallel stages")
     weight_dtype: DType = Field("bf16", description="dtype of dense/attention weights")
     expert_dtype: DType | None = Field(None, description="dtype of routed-expert weights (default: weight_dtype)")

@@ -20,6 +20,7 @@ from scheduler.request import Request
 from sim.validate import copy_requests, metric_values, simulate_requests
 
 LOWER_IS_BETTER = {"tpot_p50", "tpot_p90", "ttft_p50", "ttft_p90", "e2e_p50"}
+OBJECTIVES = ("output_throughput", "ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "e2e_p50")  # metric_values' keys searched
 # async overlap is measurable: the executor's loop pipelines (LLMEngine.step_overlapped) when the config asks
 MEASURABLE = ("max_num_seqs", "max_num_batched_tokens", "long_prefill_threshold", "async_overlap")
 PREDICTED_ONLY = ("draft_len",)

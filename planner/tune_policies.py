@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from costmodels.catalog import get_model
 from costmodels.hardware import get_hardware
+from costmodels.layout import MAX_DEGREE
 from costmodels.model_spec import ModelSpec
 from costmodels.moe_load import ExpertLoadSpec
 from costmodels.replay import LayerReplay, ReplayPolicy, effective_replay_policy, window_layers
@@ -41,7 +42,7 @@ from scheduler.config import SchedulerConfig
 from scheduler.metrics import SLO
 from sim.effects import EffectsSpec
 from sim.router import RouterConfig
-from sim.scenario import Scenario
+from sim.scenario import MAX_INSTANCES, Scenario
 from sim.workload import WorkloadSpec
 from twinfer.errors import TwinferError
 
@@ -227,6 +228,11 @@ def ep_layouts(model: str, hardware: str, gpus: int, widths: tuple[int, ...] | N
     m, hw = get_model(model), get_hardware(hardware)
     widths = widths or tuple(sorted({w for w in (1, 2, 4, 8, 16, 32, 64, 72) if w <= gpus} | {gpus}))
     rejected = {w: f"needs {w} GPUs, the budget is {gpus}" for w in widths if w > gpus}
+    rejected.update({w: f"wider than the {MAX_DEGREE:,} GPUs an EP group spans (layout.ep)"
+                     for w in widths if MAX_DEGREE < w <= gpus})
+    rejected.update({w: f"{gpus // w:,} instances of {w} GPU{'s' if w > 1 else ''}: more than the {MAX_INSTANCES:,} a "
+                        "deployment holds (a wider EP, or fewer --gpus)"
+                     for w in widths if w <= min(gpus, MAX_DEGREE) and gpus // w > MAX_INSTANCES})
     if m.moe is None:
         rejected.update({w: "dense model: no experts to spread" for w in widths if 1 < w <= gpus})
     tries = [w for w in widths if w not in rejected]

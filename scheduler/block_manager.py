@@ -23,21 +23,28 @@ class BlockManager:
             raise ValueError(f"num_blocks={num_blocks}: an instance needs at least one KV block")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.ref: list[int] = [0] * num_blocks
-        # a stack popped from the end: block 0 is handed out first, deterministically
-        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        # blocks 0 .. len(ref) - 1 have been handed out at least once; the rest are free and cost nothing (a pool can
+        # hold hundreds of millions of blocks, a run names far fewer): ref grows as ids are first handed out
+        self.ref: list[int] = []
+        # freed blocks, a stack popped from the end; never-used blocks follow in ascending order (block 0 first)
+        self._free: list[int] = []
         self.cache = PrefixCache(self.ref) if enable_prefix_caching else None
         self.num_reserved = 0  # blocks held by count only (see the class docstring)
 
     @property
+    def _num_listed_free(self) -> int:
+        """Blocks on the free stack plus those never handed out."""
+        return len(self._free) + self.num_blocks - len(self.ref)
+
+    @property
     def num_free(self) -> int:
         """Blocks an allocation can get: free ones plus evictable cached ones."""
-        return len(self._free) - self.num_reserved + (self.cache.num_unused if self.cache is not None else 0)
+        return self._num_listed_free - self.num_reserved + (self.cache.num_unused if self.cache is not None else 0)
 
     @property
     def num_used(self) -> int:
         """Blocks not free (held by requests, named or reserved, or kept by the prefix cache)."""
-        return self.num_blocks - len(self._free) + self.num_reserved
+        return self.num_blocks - self._num_listed_free + self.num_reserved
 
     @property
     def num_held(self) -> int:
@@ -46,30 +53,34 @@ class BlockManager:
 
     def allocate(self, n: int) -> list[int]:
         """``n`` fresh blocks with ``ref == 1``, evicting cached-unused blocks if the free list is short."""
-        free = self._free
+        free, ref = self._free, self.ref
         self._make_room(n)
-        out = free[-n:]
-        del free[-n:]
+        k = min(n, len(free))
+        out = free[-k:] if k else []
+        del free[len(free) - k:]
         out.reverse()
-        ref = self.ref
         for b in out:
             ref[b] = 1
+        if k < n:   # then never-used blocks, in ascending order
+            first = len(ref)
+            out.extend(range(first, first + n - k))
+            ref.extend([1] * (n - k))
         return out
 
     def _make_room(self, n: int) -> None:
         """Evict cached-unused blocks until ``n`` blocks are available on the free list."""
-        free = self._free
-        short = n - (len(free) - self.num_reserved)
+        short = n - (self._num_listed_free - self.num_reserved)
         if short > 0:
             if self.cache is not None:
-                free.extend(self.cache.evict(short))
-            if n > len(free) - self.num_reserved:
-                raise RuntimeError(f"KV blocks exhausted: asked {n}, {len(free) - self.num_reserved} free (the scheduler checks num_free first)")
+                self._free.extend(self.cache.evict(short))
+            if n > self._num_listed_free - self.num_reserved:
+                raise RuntimeError(f"KV blocks exhausted: asked {n}, {self._num_listed_free - self.num_reserved} free (the "
+                                   "scheduler checks num_free first)")
 
     def reserve(self, n: int) -> None:
         """Hold ``n`` unnamed blocks (evicting cached-unused ones if needed)."""
         if n > 0:
-            if n > len(self._free) - self.num_reserved:
+            if n > self._num_listed_free - self.num_reserved:
                 self._make_room(n)
             self.num_reserved += n
 

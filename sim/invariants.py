@@ -186,8 +186,9 @@ def check_blocks(sched) -> list[str]:
     both = set(free) & set(cached)
     if both:
         out.append(f"instance {iid}: blocks {sorted(both)[:8]} are both free and in the prefix cache")
-    if len(free) + len(cached) != b.num_blocks:
-        out.append(f"instance {iid}: {len(free)} free + {len(cached)} cached blocks != {b.num_blocks} blocks (leak)")
+    never = b.num_blocks - len(b.ref)   # blocks never handed out: free without being listed
+    if len(free) + never + len(cached) != b.num_blocks:
+        out.append(f"instance {iid}: {len(free) + never} free + {len(cached)} cached blocks != {b.num_blocks} blocks (leak)")
     if b.num_reserved:
         out.append(f"instance {iid}: {b.num_reserved} counted KV blocks still reserved with no request running (leak)")
     held = [i for i, r in enumerate(b.ref) if r != 0]

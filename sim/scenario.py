@@ -19,6 +19,8 @@ from sim.workload import WorkloadSpec
 from twinfer.config import read_mapping, validate
 from twinfer.errors import TwinferError
 
+MAX_INSTANCES = 4096  # instances of one scenario (and of a plan's full-scale run, which is one)
+
 
 class Scenario(BaseModel):
     """Everything one ``twinfer simulate`` run needs; loadable from YAML/JSON."""
@@ -31,7 +33,7 @@ class Scenario(BaseModel):
     hardware: str = Field("H200", description="GPU name from the hardware catalog or a hardware YAML (twinfer hardware --template); paths relative to the scenario file")
     calibration: str | None = Field(None, description="calibration profile JSON (twinfer calibrate) whose efficiencies replace the defaults; relative to the scenario file")
     layout: ParallelLayout = Field(default_factory=ParallelLayout, description="parallel layout of one instance; dtypes left out follow the model's checkpoint (quantization_config)")
-    instances: int = Field(1, ge=1, le=4096, description="identical instances (model replicas) behind the router")
+    instances: int = Field(1, ge=1, le=MAX_INSTANCES, description="identical instances (model replicas) behind the router")
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     workload: WorkloadSpec
     router: RouterConfig = Field(default_factory=RouterConfig)

@@ -14,6 +14,7 @@ from twinfer.config import validate
 from twinfer.errors import TwinferError
 
 DEFAULT_NEW = "1024,2048,4096,8192,16384,32768,65536,131072"
+MAX_CHUNKS = 4096  # chunks priced over all --new sizes (each on its own, ~1-3 ms): bounds the command's time
 
 
 def policy_mapping(text: str | None, option: str) -> dict | None:
@@ -51,6 +52,14 @@ def _ints(text: str, option: str) -> list[int]:
     return out
 
 
+def _chunk_count(sizes: list[int], chunk: int) -> None:
+    """Refuse sizes whose prompts split into more than ``MAX_CHUNKS`` chunks in all (each chunk is priced)."""
+    total = sum(-(-n // chunk) for n in sizes)
+    if total > MAX_CHUNKS:
+        raise TwinferError(f"--new {','.join(map(str, sizes))} in --chunk {chunk} prefills {total:,} chunks; at most "
+                           f"{MAX_CHUNKS:,} are priced: raise --chunk or give fewer or smaller --new sizes")
+
+
 def run_replay(model: str, hardware: str, tp: int, dp: int, ep: int, kv_dtype: str | None, layer: int | None, tokens: int,
                base: str | None, cand: str | None, new: str, chunk: int, cached: int) -> dict:
     """Both policies' prefill times per prompt size, and what each keeps per paused sequence."""
@@ -76,8 +85,10 @@ def run_replay(model: str, hardware: str, tp: int, dp: int, ep: int, kv_dtype: s
     kv = kv_dtype or m.default_kv_dtype
     lay = validate(ParallelLayout, {"tp": tp, "dp": dp, "ep": ep, "weight_dtype": m.checkpoint_dtype,
                                     "expert_dtype": m.checkpoint_expert_dtype, "kv_dtype": kv}, "layout")
+    sizes = _ints(new, "--new")
+    _chunk_count(sizes, chunk)
     ops = StepCostModel(m, hw, lay)
-    rows = compare_policies(ops, rb, rc, _ints(new, "--new"), chunk, cached)
+    rows = compare_policies(ops, rb, rc, sizes, chunk, cached)
     return {
         "model": m.name, "hardware": hw.name, "layout": lay.describe(), "gpus": lay.gpus, "chunk": chunk, "cached": cached,
         "base": str(pb), "with": str(pc),
@@ -116,7 +127,7 @@ def register(app: typer.Typer) -> None:
         dp: int = typer.Option(4, "--dp", help="attention data parallel"),
         ep: int = typer.Option(4, "--ep", help="expert parallel"),
         kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help="KV cache dtype [model default]"),
-        layer: Optional[int] = typer.Option(None, "--layer", help="compare this layer recomputing (base) with it replaying --tokens "
+        layer: Optional[int] = typer.Option(None, "--layer", min=0, help="compare this layer recomputing (base) with it replaying --tokens "
                                             "(with); other layers as shipped"),
         tokens: int = typer.Option(128, "--tokens", min=1, help="W of --layer's bounded replay"),
         base: Optional[str] = typer.Option(None, "--base", help="base policy, YAML: '{layers: {42: recompute}}' or a rule for every "

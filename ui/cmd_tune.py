@@ -36,6 +36,39 @@ def tune_slo(text: Optional[str]) -> Optional[float]:
     return spec.tpot_s
 
 
+# each mode's own flags (parameter name -> flag): given to the other mode they would be ignored, so they are refused
+PROFILE_FLAGS = {"num_layers": "--num-layers", "trace": "--trace", "requests": "--requests", "objective": "--objective",
+                 "max_num_seqs": "--max-num-seqs", "max_batched_tokens": "--max-batched-tokens",
+                 "max_seqs_limit": "--max-seqs-limit", "max_model_len": "--max-model-len", "max_input_len": "--max-input-len",
+                 "max_output_len": "--max-output-len", "num_kv_blocks": "--num-kv-blocks", "device": "--device", "dtype": "--dtype"}
+CATALOG_FLAGS = {"gpus": "--gpus", "hardware": "--hardware", "ep_widths": "--ep-widths", "async_values": "--async",
+                 "replay_tokens": "--replay-tokens", "replay_layers": "--replay-layers", "batch_per_rank": "--batch-per-rank",
+                 "chunk_tokens": "--chunk-tokens", "base_ep_width": "--base-ep-width", "base_async": "--base-async",
+                 "base_replay_tokens": "--base-replay-tokens", "base_batch_per_rank": "--base-batch-per-rank",
+                 "base_chunk_tokens": "--base-chunk-tokens", "rate_per_gpu": "--rate-per-gpu",
+                 "sim_requests": "--sim-requests", "plan_requests": "--plan-requests", "rounds": "--rounds"}
+
+
+def check_flags(ctx: typer.Context, profile_mode: bool, objective: str, load: Optional[float],
+                rate_per_gpu: Optional[float]) -> None:
+    """Refuse, naming the flag, what the search cannot take: an unknown objective, a rate of 0 (nothing would arrive),
+    and a flag of the other mode (it would be ignored: --objective with --gpus ranked by throughput all the same)."""
+    from planner.tune import OBJECTIVES
+
+    if objective not in OBJECTIVES:
+        raise TwinferError(f"--objective {objective!r}: allowed: {', '.join(OBJECTIVES)}")
+    for flag, value in (("--load", load), ("--rate-per-gpu", rate_per_gpu)):
+        if value is not None and value <= 0:
+            raise TwinferError(f"{flag} {value:g}: must be > 0 (no request would arrive)")
+    other, mode = (CATALOG_FLAGS, "only without --profile") if profile_mode else (PROFILE_FLAGS, "only with --profile")
+    for name, flag in other.items():
+        source = ctx.get_parameter_source(name)   # typer's own click: its ParameterSource, compared by name
+        if source is not None and source.name != "DEFAULT":
+            what = f"{flag} {objective}" if name == "objective" else flag
+            raise TwinferError(f"{what}: {mode} (" + ("the --gpus search ranks policies by output throughput per GPU on "
+                               "--workload" if not profile_mode else "the --profile search tunes one measured GPU") + ")")
+
+
 def catalog_calibration(path: Path, model: str, hardware: str) -> list[str]:
     """Check ``--calibration`` before the search (the loader ``simulate --calibration`` runs,
     ``calibration_source.profile_for``; its replay grid through ``replay_grid.for_profile``) and say what of it applies:
@@ -67,6 +100,7 @@ def catalog_calibration(path: Path, model: str, hardware: str) -> list[str]:
 
 
 def tune(
+    ctx: typer.Context,
     model: str = typer.Option("tiny", "--model", "-m"),
     num_layers: Optional[int] = typer.Option(None, "--num-layers", min=1),
     profile: Optional[Path] = typer.Option(None, "--profile", "-p", help="calibration profile JSON (twinfer calibrate): tune on "
@@ -120,6 +154,7 @@ def tune(
                                             "`twinfer serve --plan FILE` runs (its `scheduler` section)"),
 ) -> None:
     """Tune policies: on a catalog model and GPU (--gpus), or on a measured profile (--profile)."""
+    check_flags(ctx, profile is not None, objective, load, rate_per_gpu)
     if profile is not None and calibration is not None:
         raise TwinferError("--calibration and --profile: give one of them (--calibration prices the --gpus search; "
                            "--profile tunes on the measured executor profile, which is already its calibration)")

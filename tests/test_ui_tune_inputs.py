@@ -1,0 +1,53 @@
+"""``twinfer tune``: inputs refused up front, naming the flag (exit 2), instead of an internal error after the search,
+a search whose plan cannot be built, or a flag of the other mode silently ignored."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.tune_policies import TuneSpace, ep_layouts
+
+PROFILE = str(Path(__file__).resolve().parents[1] / "profiles" / "h200" / "calibration_deepseek-v3-5layers_fp8.json")
+CATALOG = ["-m", "tiny", "--hw", "h200", "-g", "2"]
+
+
+def _exit_2(monkeypatch, capsys, args: list[str]) -> str:
+    """``twinfer tune ARGS`` through the console entry point, in-process: exit 2, one message, no traceback."""
+    from ui.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["twinfer", "tune", *args])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    assert "Traceback" not in err and "internal error" not in err
+    return " ".join(err.split())
+
+
+@pytest.mark.parametrize("args, words", [
+    (CATALOG + ["--load", "0"], "--load 0"),                        # was: an internal error after the whole search
+    (CATALOG + ["--rate-per-gpu", "0"], "--rate-per-gpu 0"),        # the same
+    (CATALOG + ["--objective", "foo"], "--objective 'foo': allowed: output_throughput"),   # was: ignored
+    (["--profile", PROFILE, "--objective", "foo"], "--objective 'foo': allowed: output_throughput"),  # was: an internal error
+    (CATALOG + ["--objective", "ttft_p50"], "--objective ttft_p50: only with --profile"),  # was: ignored, throughput won
+    (CATALOG + ["--trace", "/nonexistent.jsonl"], "--trace: only with --profile"),   # was: ignored, the chat preset ran
+    (CATALOG + ["--requests", "10"], "--requests: only with --profile"),
+    (CATALOG + ["--max-num-seqs", "8"], "--max-num-seqs: only with --profile"),
+    (["--profile", PROFILE, "--gpus", "8"], "--gpus: only without --profile"),       # was: ignored
+    (["--profile", PROFILE, "--chunk-tokens", "512"], "--chunk-tokens: only without --profile"),
+])
+def test_bad_or_other_mode_values_exit_2_naming_the_flag(monkeypatch, capsys, args, words):
+    assert words in _exit_2(monkeypatch, capsys, args)
+
+
+def test_widths_past_a_deployments_instances_or_a_layouts_width_are_not_tried():
+    """``--gpus 100000`` searched for a minute (2.3 GB) and then failed building the plan ('plan: instances: ... <= 4096
+    (got 12500)'); the full-budget width printed a multi-line pydantic error as its reason."""
+    options, rejected = ep_layouts("deepseek-v4-flash", "gb300", 100_000, None, TuneSpace())
+    assert "12,500 instances of 8 GPUs: more than the 4,096 a deployment holds" in rejected[8]
+    assert rejected[100_000] == "wider than the 1,024 GPUs an EP group spans (layout.ep)"
+    assert all("\n" not in r for r in rejected.values())
+    assert options and all(100_000 // w <= 4096 for w in options)
