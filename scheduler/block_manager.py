@@ -39,7 +39,9 @@ class BlockManager:
     @property
     def num_free(self) -> int:
         """Blocks an allocation can get: free ones plus evictable cached ones."""
-        return self._num_listed_free - self.num_reserved + (self.cache.num_unused if self.cache is not None else 0)
+        # _num_listed_free inlined: the scheduler asks this for every request it considers
+        n = len(self._free) + self.num_blocks - len(self.ref) - self.num_reserved
+        return n + self.cache.num_unused if self.cache is not None else n
 
     @property
     def num_used(self) -> int:
