@@ -47,6 +47,11 @@ V3_GEMMS = {"qkv_a": (2112, 7168), "q_b": (24576, 1536), "kv_b": (32768, 512), "
 # FP8-to-other-dtype transfer (costmodels.op_table.TableGemms)
 BF16_EXTRA = {"router": (256, 7168), "lm_head/tp8": (16160, 7168), "l70_qkv/tp8": (1280, 8192),
               "l70_o/tp8": (8192, 1024), "l70_gate_up/tp8": (7168, 8192), "l70_down/tp8": (8192, 3584)}
+# BF16 layouts' own shapes, cuBLAS only (``dense_bf16_qwen``): Qwen3-235B-A22B's TP4 shards (hidden 4096, 64 query / 4
+# KV heads of 128, 128 experts, vocab 151936) and Qwen3-30B-A3B's unsharded ones (hidden 2048, 32 / 4 heads), smallest
+# first so that a cut-short run keeps the most shapes
+BF16_QWEN = {"q235_router": (128, 4096), "q235_kv/tp4": (256, 4096), "q30_kv": (1024, 2048), "q235_q/tp4": (2048, 4096),
+             "q235_o/tp4": (4096, 2048), "q30_q": (4096, 2048), "q30_o": (2048, 4096), "q235_lm_head/tp4": (37984, 4096)}
 TP_SPLIT = {"q_b": "n", "kv_b": "n", "o_proj": "k", "dense_gate_up": "n", "dense_down": "k", "shared_gate_up": "n",
             "shared_down": "k"}
 
@@ -257,7 +262,8 @@ def main() -> None:
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--quick", action="store_true", help="a few shapes per table (a smoke run)")
     ap.add_argument("--tables", default="dense,masked,mla", help="comma list of dense, dense_tp, masked, mla, mla_tp, dense_bf16 "
-                    "(BF16 cuBLAS and DeepGEMM FP8 at the V3 shapes and BF16_EXTRA's)")
+                    "(BF16 cuBLAS and DeepGEMM FP8 at the V3 shapes and BF16_EXTRA's), dense_bf16_qwen (BF16 cuBLAS at "
+                    "BF16_QWEN's shapes)")
     ap.add_argument("--tp", default="2,4,8", help="TP widths of the dense_tp (DeepGEMM) and mla_tp (heads = 128 / TP) tables")
     args = ap.parse_args()
     out = Path(args.out_dir)
@@ -282,6 +288,7 @@ def main() -> None:
                                               (4096,) if args.quick else (512, 2048, 8192, 32768))),
               ("dense_bf16", lambda: (dense_gemm_rows(writer.emit, ("deepgemm",), m_grid, {**gemms, **BF16_EXTRA}),
                                       bf16_gemm_rows(writer.emit, m_grid, {**gemms, **BF16_EXTRA}))),
+              ("dense_bf16_qwen", lambda: bf16_gemm_rows(writer.emit, m_grid, BF16_QWEN)),
               ("mla_tp", lambda: mla_decode_rows(writer.emit, (1, 8, 32, 64, 128, 256), (512, 2048, 8192, 32768),
                                                  tuple(128 // t for t in tps)))]
     for name, fn in stages:
