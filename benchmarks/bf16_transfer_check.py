@@ -52,6 +52,7 @@ def compare(rows: list[dict], gpu: str = "H200") -> list[dict]:
     hw = get_hardware(gpu)
     cal = profile_for(hw)
     committed = op_table.load(gpu).gemm_table("fp8") if op_table.load(gpu) else None
+    bf16 = op_table.load(gpu).gemm_table("bf16") if op_table.load(gpu) else None
     fp8 = [r for r in rows if r["dtype"] == "fp8"]
     same = GemmTable(fp8[0]["lib"] if fp8 else "?", "fp8", peak_flops=hw.tflops("fp8") * 1e12, hbm_bw=hw.hbm_bw,
                      measured_on=hw.name, source="the same run")
@@ -71,6 +72,9 @@ def compare(rows: list[dict], gpu: str = "H200") -> list[dict]:
             row["same_run_s"] = float(bf16_seconds(same, hw, cal, r["n"], r["k"], m)[0])
         if committed is not None:
             row["table_s"] = float(bf16_seconds(committed, hw, cal, r["n"], r["k"], m)[0])
+        if bf16 is not None:   # the committed BF16 table itself (what the cost model prices since 2026-12-05)
+            row["bf16_table_s"] = float(bf16.time(m, r["n"], r["k"]).seconds[0])
+            row["bf16_held_out"] = (r["n"], r["k"]) not in bf16.families
         out.append(row)
     return out
 
@@ -96,12 +100,18 @@ def main(argv=None) -> int:
     if not out:
         print(f"csv: {a.csv} has no timed BF16 dense_gemm rows (run --tables dense_bf16)", file=sys.stderr)
         return 2
-    print(f"{'gemm':18} {'M':>6} {'N':>6} {'K':>6} {'BF16 us':>9} {'same run':>14} {'table':>14}")
+    print(f"{'gemm':18} {'M':>6} {'N':>6} {'K':>6} {'BF16 us':>9} {'same run':>14} {'table':>14} {'BF16 table':>15}")
     for o in out:
-        cells = [f"{o[k] * 1e6:7.2f} {o[k] / o['measured_s'] - 1:+5.0%}" if k in o else f"{'-':>13}" for k in ("same_run_s", "table_s")]
-        print(f"{o['name']:18} {o['m']:6d} {o['n']:6d} {o['k']:6d} {o['measured_s'] * 1e6:9.2f} {cells[0]:>14} {cells[1]:>14}")
-    for key, label in (("same_run_s", "rule on the same run's FP8 kernels"), ("table_s", "rule on the committed FP8 table")):
-        s = summary(out, key)
+        cells = [f"{o[k] * 1e6:7.2f} {o[k] / o['measured_s'] - 1:+5.0%}" if k in o else f"{'-':>13}"
+                 for k in ("same_run_s", "table_s", "bf16_table_s")]
+        mark = "*" if o.get("bf16_held_out") else " "
+        print(f"{o['name']:18} {o['m']:6d} {o['n']:6d} {o['k']:6d} {o['measured_s'] * 1e6:9.2f} {cells[0]:>14} {cells[1]:>14} "
+              f"{cells[2]:>14}{mark}")
+    held = [o for o in out if o.get("bf16_held_out")]
+    for key, label, rows in (("same_run_s", "rule on the same run's FP8 kernels", out),
+                             ("table_s", "rule on the committed FP8 table", out),
+                             ("bf16_table_s", "the committed BF16 table, shapes it does not hold (* held out)", held)):
+        s = summary(rows, key)
         if s:
             print(f"{label}: median |error| {s[0]:.1%}, worst {s[1]:+.1%} ({s[2]['name']} M={s[2]['m']})")
     return 0
