@@ -18,7 +18,14 @@ PROF = str(Path(__file__).resolve().parents[1] / "profiles" / "h200" / "calibrat
 def test_parse_levels():
     assert parse_levels("0.3,0.8,2.0") == [0.3, 0.8, 2.0]
     for bad in ("a,b", "", "0,1", "-1", "0.5,x"):
-        with pytest.raises(TwinferError, match=r"--levels .*comma-separated positive fractions"):
+        with pytest.raises(TwinferError, match=r"--levels .*comma-separated finite positive fractions"):
+            parse_levels(bad)
+
+
+def test_parse_levels_refuses_infinite_fractions():
+    """'inf' made an infinite arrival rate and wrote rate_rps: Infinity into the report (not JSON)."""
+    for bad in ("inf", "0.3,inf", "Infinity"):
+        with pytest.raises(TwinferError, match=r"--levels .*comma-separated finite positive fractions"):
             parse_levels(bad)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -241,8 +242,8 @@ def parse_levels(text: str) -> list[float]:
         fracs = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         fracs = []
-    if not fracs or any(not f > 0 for f in fracs):
-        raise TwinferError(f"--levels {text!r}: expected comma-separated positive fractions of the predicted capacity, "
+    if not fracs or any(not 0 < f < math.inf for f in fracs):
+        raise TwinferError(f"--levels {text!r}: expected comma-separated finite positive fractions of the predicted capacity, "
                            "e.g. 0.3,0.8,2.0")
     return fracs
 
