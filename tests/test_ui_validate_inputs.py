@@ -41,6 +41,21 @@ def test_missing_profile_is_refused_before_the_engine_is_built(tmp_path, monkeyp
     assert "--profile" in str(r.exception) and "no such file" in str(r.exception)
 
 
+def test_max_model_len_beyond_what_the_engine_holds_is_refused(monkeypatch):
+    """tiny's context is 4096 tokens: the engine capped --max-model-len 8192 to it and dropped every longer request
+    the simulator served (measured 0 tok/s against a prediction, exit 0). Refused before any replay."""
+    import ui.cmd_validate as cv
+
+    def no_replay(*a, **k):
+        raise AssertionError("replayed with requests the engine cannot hold")
+
+    monkeypatch.setattr(cv, "run_levels", no_replay)
+    r = CliRunner().invoke(app, ["validate", "-m", "tiny", "--profile", PROF, "--max-model-len", "8192", "-n", "2",
+                                 "--levels", "1", "--no-warm"])
+    assert isinstance(r.exception, TwinferError), r.output
+    assert "--max-model-len 8192" in str(r.exception) and "4096" in str(r.exception)
+
+
 def test_bad_levels_through_the_command():
     r = CliRunner().invoke(app, ["validate", "--model", "deepseek-v3", "--profile", PROF, "--sim-only", "--levels", "a,b"])
     assert isinstance(r.exception, TwinferError) and "--levels 'a,b'" in str(r.exception)

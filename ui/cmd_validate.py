@@ -359,6 +359,9 @@ def validate(
         t0 = time.perf_counter()
         engine = build_engine(model, num_layers, device, dtype or ("bf16" if device == "cuda" else "fp32"), max_num_seqs,
                               max_model_len, num_kv_blocks=blocks, seed=seed, max_batched_tokens=max_batched_tokens)
+        if engine.max_model_len < max_model_len:  # the engine would drop every longer request the simulator serves
+            raise TwinferError(f"--max-model-len {max_model_len}: the engine holds {engine.max_model_len} tokens a request "
+                               f"({model}'s context or the KV blocks); give --max-model-len {engine.max_model_len} or less")
         if device == "cuda":
             engine.warmup()
         con.print(f"engine built and warmed in {time.perf_counter() - t0:.1f} s")
