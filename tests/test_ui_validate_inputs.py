@@ -56,6 +56,27 @@ def test_max_model_len_beyond_what_the_engine_holds_is_refused(monkeypatch):
     assert "--max-model-len 8192" in str(r.exception) and "4096" in str(r.exception)
 
 
+def test_scheduler_limits_out_of_range_name_the_field():
+    """--max-model-len past SchedulerConfig's bound was a pydantic ValidationError: an 'internal error' (exit 1)."""
+    r = CliRunner().invoke(app, ["validate", "--profile", PROF, "--sim-only", "--max-model-len", "100000000"])
+    assert isinstance(r.exception, TwinferError), r.output
+    assert "max_model_len" in str(r.exception) and "16777216" in str(r.exception)
+
+
+def test_out_in_a_missing_folder_is_refused_before_the_run(tmp_path, monkeypatch):
+    """-o in a folder that does not exist failed only after every level had run (minutes to hours on the executor)."""
+    import ui.cmd_validate as cv
+
+    def no_run(*a, **k):
+        raise AssertionError("ran before --out was checked")
+
+    monkeypatch.setattr(cv, "run_levels", no_run)
+    out = tmp_path / "missing" / "report.json"
+    r = CliRunner().invoke(app, ["validate", "--profile", PROF, "--sim-only", "-o", str(out)])
+    assert isinstance(r.exception, TwinferError), r.output
+    assert f"--out {out}: no folder {out.parent}" in str(r.exception)
+
+
 def test_bad_levels_through_the_command():
     r = CliRunner().invoke(app, ["validate", "--model", "deepseek-v3", "--profile", PROF, "--sim-only", "--levels", "a,b"])
     assert isinstance(r.exception, TwinferError) and "--levels 'a,b'" in str(r.exception)

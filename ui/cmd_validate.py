@@ -340,18 +340,23 @@ def validate(
     from costmodels.profiled import ProfiledStepCost
     from scheduler.config import SchedulerConfig
     from sim.validate import saturation_rps
+    from twinfer.config import validate as validate_model
+    from ui.user_errors import check_out_folder
 
     if plot is not None:
         check_plot_path(plot)
         if sim_only:  # the plot sets measured steps against predicted ones: a sim-only run has nothing to draw
             raise TwinferError(f"--plot {plot}: plots measured vs predicted steps; --sim-only measures nothing (drop one of them)")
     fracs = parse_levels(levels)
+    check_out_folder(out)
+    check_out_folder(plot, "--plot")
     if not calibrate_first and not profile.exists():  # before the engine build (minutes on a GPU)
         raise TwinferError(f"--profile {profile}: no such file (make one with twinfer calibrate, or add --calibrate)")
     con = Console()
     block_size = 64
-    base_cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(max_batched_tokens, max_num_seqs),
-                               max_model_len=max_model_len, block_size=block_size, async_overlap=async_overlap)
+    base_cfg = validate_model(SchedulerConfig, dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                              max_num_batched_tokens=max(max_batched_tokens, max_num_seqs), block_size=block_size,
+                              async_overlap=async_overlap), "scheduler options")
     blocks = num_kv_blocks or max_num_seqs * (-(-max_model_len // block_size)) + 64
     engine = None
     if not sim_only:
