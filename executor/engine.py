@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from executor.kv_cache import KVCache
+from executor.memory_room import check_room
 from executor.model_config import ExecModelConfig, resolve_spec
 from executor.model_runner import ModelRunner
 from executor.overlap import InFlight, PipelinedRunner
@@ -225,6 +226,9 @@ class LLMEngine:
         if num_kv_blocks is None:
             num_kv_blocks = _default_kv_blocks(cfg, sched_cfg.block_size, torch_dtype, dev, mml,
                                                sched_cfg.max_num_seqs, kv_memory_fraction)
+        check_room((num_kv_blocks + 1) * KVCache.bytes_per_block(cfg, sched_cfg.block_size, torch_dtype), dev,
+                   f"num_kv_blocks={num_kv_blocks} (blocks of {sched_cfg.block_size} tokens) on the CPU: the KV cache needs",
+                   "give fewer blocks (--num-kv-blocks) or a smaller --max-model-len / --max-num-seqs where they size it")
         kv = KVCache(cfg, num_kv_blocks, sched_cfg.block_size, dev, torch_dtype)
         if eos_token_id is None:
             eos_token_id = cfg.eos_token_id

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from executor import safetensors_io
+from executor.memory_room import check_room
 from executor.model_base import CausalLM
 from executor.model_config import ExecModelConfig, spec_to_hf_config
 from kernels import reference as ref
@@ -42,6 +43,10 @@ def build_model(cfg: ExecModelConfig, device: str | torch.device, dtype: str = "
     cls = DeepseekV3ForCausalLM if cfg.is_deepseek else LlamaForCausalLM
     with torch.device("meta"):
         model = cls(cfg, fp8=fp8)
+    # to_empty allocates every tensor at its meta dtype (fp32 before the cast below): the build's peak
+    peak = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    check_room(peak, device, f"{cfg.spec.name} ({cfg.spec.num_layers} layers) in {dtype} on the CPU: the weights need",
+               "keep fewer layers (--num-layers), take a smaller model (tiny) or run on a GPU (--device cuda)")
     model = model.to_empty(device=device)
     act = DTYPES[dtype]
     for name, p in model.named_parameters():

@@ -8,6 +8,7 @@ changes only the wall time, never the results or their order: ``map_ordered`` re
 from __future__ import annotations
 
 import os
+import socket
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, Sequence, TypeVar
@@ -80,7 +81,7 @@ class Runner:
     def __enter__(self) -> "Runner":
         if self._ray is not None:
             if not self._ray.is_initialized():
-                self._ray.init(address=self.ray_address, ignore_reinit_error=True, log_to_driver=False)
+                _connect_ray(self._ray, self.ray_address)
         elif self.workers > 1:
             self._pool = ProcessPoolExecutor(max_workers=self.workers)
         return self
@@ -116,6 +117,24 @@ class Runner:
             out.append(r)
             _tell(fn, len(out), len(items))
         return out
+
+
+def _connect_ray(ray, address: str) -> None:
+    """``ray.init(address)`` with what goes wrong said as a user error naming ``--ray``: an explicit host:port where
+    nothing listens is refused at once (ray.init would retry it for minutes); a bad address, or no cluster for
+    'auto', in ray's words."""
+    where = address.removeprefix("ray://")
+    host, sep, port = where.rpartition(":")
+    if sep and host and port.isdigit():
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+        except OSError as e:
+            raise TwinferError(f"--ray {address}: nothing answers at {where} ({e.strerror or e}); start the cluster "
+                               "there (ray start --head) or give its address") from None
+    try:
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    except (OSError, ValueError, RuntimeError) as e:  # ConnectionError, bad address format, missing ray[client]
+        raise TwinferError(f"--ray {address}: {e}") from None
 
 
 def _call(fn, x, args):

@@ -114,3 +114,14 @@ def test_header_layout_accounts_for_every_gpu_and_a_slow_rate(tmp_path):
     r = runner.invoke(app, ["simulate", "-s", str(sc)], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
     assert "on 16xH200 (1 x TP8 PP2)" in r.stdout and "offered at 0.01 req/s" in r.stdout, r.stdout
+
+
+def test_header_kv_says_it_is_whole_blocks_of_the_memory_fits_figure():
+    """`twinfer cost` and the JSON's kv.memory line say 679,346 KV tokens per instance for the default deployment;
+    the header said 679,296 (the simulator's whole blocks of 64) with nothing telling the two apart."""
+    r = runner.invoke(app, SHORT + ["--json"])
+    kv = json.loads(r.stdout)["kv"]
+    r = runner.invoke(app, SHORT, env={"COLUMNS": "300"})
+    assert "679,346 tokens per DP rank (679,346 per instance)" in kv["memory"]
+    assert kv["capacity_tokens"] == kv["num_blocks"] * kv["block_size"] == 679_296
+    assert f"KV 679,296 tokens per instance ({kv['num_blocks']:,} whole blocks of 64)" in r.stdout, r.stdout

@@ -38,6 +38,7 @@ def _exit_2(monkeypatch, capsys, args: list[str]) -> str:
     (CATALOG + ["--max-num-seqs", "8"], "--max-num-seqs: only with --profile"),
     (["--profile", PROFILE, "--gpus", "8"], "--gpus: only without --profile"),       # was: ignored
     (["--profile", PROFILE, "--chunk-tokens", "512"], "--chunk-tokens: only without --profile"),
+    (["--profile", PROFILE, "--max-model-len", "100000000"], "max_model_len: Input should be less than or equal to"),  # was: an internal error
 ])
 def test_bad_or_other_mode_values_exit_2_naming_the_flag(monkeypatch, capsys, args, words):
     assert words in _exit_2(monkeypatch, capsys, args)

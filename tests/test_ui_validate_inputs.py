@@ -18,7 +18,14 @@ PROF = str(Path(__file__).resolve().parents[1] / "profiles" / "h200" / "calibrat
 def test_parse_levels():
     assert parse_levels("0.3,0.8,2.0") == [0.3, 0.8, 2.0]
     for bad in ("a,b", "", "0,1", "-1", "0.5,x"):
-        with pytest.raises(TwinferError, match=r"--levels .*comma-separated positive fractions"):
+        with pytest.raises(TwinferError, match=r"--levels .*comma-separated finite positive fractions"):
+            parse_levels(bad)
+
+
+def test_parse_levels_refuses_infinite_fractions():
+    """'inf' made an infinite arrival rate and wrote rate_rps: Infinity into the report (not JSON)."""
+    for bad in ("inf", "0.3,inf", "Infinity"):
+        with pytest.raises(TwinferError, match=r"--levels .*comma-separated finite positive fractions"):
             parse_levels(bad)
 
 
@@ -32,6 +39,42 @@ def test_missing_profile_is_refused_before_the_engine_is_built(tmp_path, monkeyp
     r = CliRunner().invoke(app, ["validate", "--profile", str(tmp_path / "missing.json")])
     assert isinstance(r.exception, TwinferError), r.output
     assert "--profile" in str(r.exception) and "no such file" in str(r.exception)
+
+
+def test_max_model_len_beyond_what_the_engine_holds_is_refused(monkeypatch):
+    """tiny's context is 4096 tokens: the engine capped --max-model-len 8192 to it and dropped every longer request
+    the simulator served (measured 0 tok/s against a prediction, exit 0). Refused before any replay."""
+    import ui.cmd_validate as cv
+
+    def no_replay(*a, **k):
+        raise AssertionError("replayed with requests the engine cannot hold")
+
+    monkeypatch.setattr(cv, "run_levels", no_replay)
+    r = CliRunner().invoke(app, ["validate", "-m", "tiny", "--profile", PROF, "--max-model-len", "8192", "-n", "2",
+                                 "--levels", "1", "--no-warm"])
+    assert isinstance(r.exception, TwinferError), r.output
+    assert "--max-model-len 8192" in str(r.exception) and "4096" in str(r.exception)
+
+
+def test_scheduler_limits_out_of_range_name_the_field():
+    """--max-model-len past SchedulerConfig's bound was a pydantic ValidationError: an 'internal error' (exit 1)."""
+    r = CliRunner().invoke(app, ["validate", "--profile", PROF, "--sim-only", "--max-model-len", "100000000"])
+    assert isinstance(r.exception, TwinferError), r.output
+    assert "max_model_len" in str(r.exception) and "16777216" in str(r.exception)
+
+
+def test_out_in_a_missing_folder_is_refused_before_the_run(tmp_path, monkeypatch):
+    """-o in a folder that does not exist failed only after every level had run (minutes to hours on the executor)."""
+    import ui.cmd_validate as cv
+
+    def no_run(*a, **k):
+        raise AssertionError("ran before --out was checked")
+
+    monkeypatch.setattr(cv, "run_levels", no_run)
+    out = tmp_path / "missing" / "report.json"
+    r = CliRunner().invoke(app, ["validate", "--profile", PROF, "--sim-only", "-o", str(out)])
+    assert isinstance(r.exception, TwinferError), r.output
+    assert f"--out {out}: no folder {out.parent}" in str(r.exception)
 
 
 def test_bad_levels_through_the_command():

@@ -56,8 +56,10 @@ def calibrate(
 
     from executor.calibrate import calibrate as run
     from ui.progress import progress_bar
+    from ui.user_errors import check_out_folder
 
-    if replay_grid is not None:   # refused before the measurement, not after it
+    check_out_folder(out)   # refused before the measurement, not after it
+    if replay_grid is not None:
         grid_for(replay_grid, model, num_layers)
     con, err = Console(), Console(stderr=True)
     with progress_bar(err) as bar:

@@ -258,7 +258,8 @@ def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None,
     con.print(f"[bold]{escape(res.name)}[/]: {escape(res.description or '(no description)')}", highlight=False)
     con.print(
         f"{_label(sc['model'])} {lay['weight_dtype']} on {res.num_gpus}x{_hw_name(sc['hardware'])} ({pools}), "
-        f"{res.num_requests:,} requests{_offered(sc['workload'])}, seed {res.seed}; KV {res.kv.capacity_tokens:,} tokens per {kv_per}",
+        f"{res.num_requests:,} requests{_offered(sc['workload'])}, seed {res.seed}; KV {res.kv.capacity_tokens:,} tokens per {kv_per} "
+        f"({res.kv.num_blocks:,} whole blocks of {res.kv.block_size})",
         style="dim", highlight=False,
     )
     wl = sc["workload"]

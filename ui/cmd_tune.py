@@ -188,6 +188,7 @@ def tune(
     from planner.tune import default_grid, tune as search
     from scheduler.config import SchedulerConfig
     from sim.validate import copy_requests, natural_rate, saturation_rps
+    from twinfer.config import validate
     from ui.cmd_validate import load_requests, sim_config
 
     con = Console()
@@ -197,8 +198,8 @@ def tune(
         raise TwinferError(f"{profile}: no measured step model in this profile (make one with twinfer calibrate)")
     cost = ProfiledStepCost(prof, num_layers=num_layers or prof.step.num_layers)
     bs = 64
-    base = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(max_batched_tokens, max_num_seqs),
-                           max_model_len=max_model_len, block_size=bs)
+    base = validate(SchedulerConfig, dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(max_batched_tokens, max_num_seqs),
+                                          max_model_len=max_model_len, block_size=bs), "scheduler options")
     reqs = load_requests(trace, workload, requests, bs, seed, max_input_len, max_output_len, max_model_len)
     blocks = num_kv_blocks or max_seqs_limit * (-(-max_model_len // bs)) + 64
     sbase = sim_config(base, prof)

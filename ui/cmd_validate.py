@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -241,8 +242,8 @@ def parse_levels(text: str) -> list[float]:
         fracs = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         fracs = []
-    if not fracs or any(not f > 0 for f in fracs):
-        raise TwinferError(f"--levels {text!r}: expected comma-separated positive fractions of the predicted capacity, "
+    if not fracs or any(not 0 < f < math.inf for f in fracs):
+        raise TwinferError(f"--levels {text!r}: expected comma-separated finite positive fractions of the predicted capacity, "
                            "e.g. 0.3,0.8,2.0")
     return fracs
 
@@ -339,18 +340,23 @@ def validate(
     from costmodels.profiled import ProfiledStepCost
     from scheduler.config import SchedulerConfig
     from sim.validate import saturation_rps
+    from twinfer.config import validate as validate_model
+    from ui.user_errors import check_out_folder
 
     if plot is not None:
         check_plot_path(plot)
         if sim_only:  # the plot sets measured steps against predicted ones: a sim-only run has nothing to draw
             raise TwinferError(f"--plot {plot}: plots measured vs predicted steps; --sim-only measures nothing (drop one of them)")
     fracs = parse_levels(levels)
+    check_out_folder(out)
+    check_out_folder(plot, "--plot")
     if not calibrate_first and not profile.exists():  # before the engine build (minutes on a GPU)
         raise TwinferError(f"--profile {profile}: no such file (make one with twinfer calibrate, or add --calibrate)")
     con = Console()
     block_size = 64
-    base_cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(max_batched_tokens, max_num_seqs),
-                               max_model_len=max_model_len, block_size=block_size, async_overlap=async_overlap)
+    base_cfg = validate_model(SchedulerConfig, dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                              max_num_batched_tokens=max(max_batched_tokens, max_num_seqs), block_size=block_size,
+                              async_overlap=async_overlap), "scheduler options")
     blocks = num_kv_blocks or max_num_seqs * (-(-max_model_len // block_size)) + 64
     engine = None
     if not sim_only:
@@ -358,6 +364,9 @@ def validate(
         t0 = time.perf_counter()
         engine = build_engine(model, num_layers, device, dtype or ("bf16" if device == "cuda" else "fp32"), max_num_seqs,
                               max_model_len, num_kv_blocks=blocks, seed=seed, max_batched_tokens=max_batched_tokens)
+        if engine.max_model_len < max_model_len:  # the engine would drop every longer request the simulator serves
+            raise TwinferError(f"--max-model-len {max_model_len}: the engine holds {engine.max_model_len} tokens a request "
+                               f"({model}'s context or the KV blocks); give --max-model-len {engine.max_model_len} or less")
         if device == "cuda":
             engine.warmup()
         con.print(f"engine built and warmed in {time.perf_counter() - t0:.1f} s")

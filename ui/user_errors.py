@@ -9,6 +9,10 @@ Anything else stays an internal error (a bug to report).
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from twinfer.errors import TwinferError
+
 
 def user_error_message(err: BaseException) -> str | None:
     """The message for an input-caused exception (naming the file where Python says which), else None."""
@@ -22,3 +26,10 @@ def user_error_message(err: BaseException) -> str | None:
     if isinstance(err, ValueError) and "integer string conversion" in str(err):
         return "an input holds an integer of more than 4,300 digits (Python's limit); no field accepts one"
     return None
+
+
+def check_out_folder(path: Path | None, flag: str = "--out") -> None:
+    """Refuse, before a long run, an output file whose folder does not exist (else the run's result is lost at the
+    end, when it is written)."""
+    if path is not None and not Path(path).parent.is_dir():
+        raise TwinferError(f"{flag} {path}: no folder {Path(path).parent} to write it in")
