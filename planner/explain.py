@@ -103,8 +103,12 @@ def why_it_won(table: Table, options: list[LayoutOption], i: int, ok: np.ndarray
                     and o.eplb != opt.eplb:
                 j = _same_except(table, i, **{col: k})
                 if j is not None and thr[j] > 0:
-                    out.append(f"{role} EPLB '{opt.eplb}' rather than '{o.eplb}': {thr[i] / thr[j] - 1:+.0%} throughput "
-                               "(busiest EP rank's expert load; screen)")
+                    gain = thr[i] / thr[j] - 1
+                    # a tie is no reason it won (e.g. a disaggregated deployment's decode pool where its prefill
+                    # pool sets the rate): say so rather than print "+0%" as one
+                    out.append(f"{role} EPLB '{opt.eplb}' rather than '{o.eplb}': {gain:+.0%} throughput "
+                               "(busiest EP rank's expert load; screen)" if abs(gain) >= 0.005 else
+                               f"{role} EPLB '{opt.eplb}' or '{o.eplb}': the same throughput within 0.5% (screen)")
                     break
     return out
 

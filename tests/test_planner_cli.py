@@ -224,3 +224,14 @@ def test_simulate_prices_a_plan_at_the_plans_gpu_hour(tmp_path):
     rows = [line for line in r.stdout.splitlines() if "$ per million output tokens" in line]
     assert len(rows) == 2 and "(at $3.50/GPU-hour, the plan's)" in rows[0], rows
     assert f"{econ.cost_per_million_output_tokens:,.3f}" in rows[1], (rows, econ)   # the steady window: the plan's figure
+
+
+def test_an_eplb_choice_that_changes_nothing_is_not_given_as_a_gain():
+    """Qwen3-30B-A3B disaggregated on 8 H200s: the winner's decode EPLB and its alternative screen at the same
+    throughput; 'why it won' says so instead of listing "+0% throughput" as a reason."""
+    r = runner.invoke(app, ["plan", "--model", "qwen3-30b-a3b", "--hardware", "h200", "--gpus", "8", "--modes", "disagg",
+                            "--workload", "chat", "--slo", "ttft_p90=2s,tpot_p90=50ms", "--simulate", "0"],
+                      env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "+0% throughput" not in r.output
+    assert "decode EPLB 'redundant' or 'off': the same throughput within 0.5% (screen)" in r.output
