@@ -2,7 +2,26 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
+
+
+@pytest.fixture
+def cli_exit_2(monkeypatch, capsys):
+    """``cli_exit_2("tune", *args)``: ``twinfer tune ARGS`` through the console entry point, in-process; it must exit
+    2 with a message on stderr and no traceback. Returns stderr with its whitespace folded (rich wraps lines)."""
+    def run(*argv: str) -> str:
+        from ui.cli import main
+
+        monkeypatch.setattr(sys, "argv", ["twinfer", *argv])
+        with pytest.raises(SystemExit) as e:
+            main()
+        err = capsys.readouterr().err
+        assert e.value.code == 2, err
+        assert "Traceback" not in err
+        return " ".join(err.split())
+    return run
 
 
 def _cuda_available() -> bool:

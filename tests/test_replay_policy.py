@@ -330,31 +330,18 @@ def test_depth_correction_at_the_busiest_dp_rank():
     assert depth_correction(m, hw, lay, profile_for(hw, None), ReplayPolicy(default="replay").resolve(m)) is None
 
 
-def _replay_exit_2(monkeypatch, capsys, args: list[str]) -> str:
-    """``twinfer replay ARGS`` through the console entry point, in-process: exit 2, one message, no traceback."""
-    from ui.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["twinfer", "replay", *args])
-    with pytest.raises(SystemExit) as e:
-        main()
-    err = capsys.readouterr().err
-    assert e.value.code == 2, err
-    assert "Traceback" not in err
-    return " ".join(err.split())
-
-
 @pytest.mark.parametrize("args, words", [
     (["--chunk", "1"], "--chunk 1"),                                     # the default sizes: 262,143 one-token chunks
     (["--new", "1000000000000"], "--new"),                               # 10**12 tokens: 122 million 8192-token chunks
     (["--new", "4097", "--chunk", "1"], "prefills 4,097 chunks; at most 4,096"),
 ])
-def test_a_prompt_of_more_chunks_than_priced_is_refused_up_front(monkeypatch, capsys, args, words):
+def test_a_prompt_of_more_chunks_than_priced_is_refused_up_front(cli_exit_2, args, words):
     """Each chunk is priced on its own, so the chunk count bounds the command's time: far too many is refused at once
     (was: --chunk 1 or --new 10**12 ran for hours)."""
-    assert words in _replay_exit_2(monkeypatch, capsys, args)
+    assert words in cli_exit_2("replay", *args)
 
 
-def test_a_negative_layer_is_refused_naming_the_flag(monkeypatch, capsys):
+def test_a_negative_layer_is_refused_naming_the_flag(cli_exit_2):
     """``--layer -1`` built its policies with ``model_copy`` (no validation): Python's negative indexing read the last
     layer's kind, and the error said layer -1 had no window while listing layers 0-42 as those with one."""
-    assert "--layer" in _replay_exit_2(monkeypatch, capsys, ["--layer", "-1"])
+    assert "--layer" in cli_exit_2("replay", "--layer", "-1")

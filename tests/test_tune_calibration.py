@@ -5,7 +5,6 @@ loads it; the result and the plan name the file; bad files and --profile with it
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -70,38 +69,25 @@ def test_a_grid_measured_on_another_model_is_said_not_to_apply(bench):
     assert "efficiencies and op tables still apply" in text and "measured replay grid" not in text
 
 
-def _exit_2(monkeypatch, capsys, args: list[str]) -> str:
-    """Run the console script's entry point in-process: it must exit 2 with one message on stderr."""
-    from ui.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["twinfer", "tune", *args])
-    with pytest.raises(SystemExit) as e:
-        main()
-    err = capsys.readouterr().err
-    assert e.value.code == 2, err
-    assert "Traceback" not in err
-    return " ".join(err.split())
-
-
 @pytest.mark.parametrize("content, words", [
     (None, "no such file"),
     ('{"mem_eff": "x"}', "mem_eff: Input should be a valid number"),
     ("not json", "not valid JSON"),
     ("grid", "replay_grid: replay grid: no points"),
 ])
-def test_a_missing_or_bad_profile_exits_2_naming_the_file_and_field(monkeypatch, capsys, tmp_path, content, words):
+def test_a_missing_or_bad_profile_exits_2_naming_the_file_and_field(cli_exit_2, tmp_path, content, words):
     path = tmp_path / "cal.json"
     if content == "grid":   # a profile whose stored grid has no points
         CalibrationProfile.default().model_copy(update={"replay_grid": {"points": []}}).save(path)
     elif content is not None:
         path.write_text(content)
-    err = _exit_2(monkeypatch, capsys, ["-m", "tiny", *SMALL, "--calibration", str(path)])
+    err = cli_exit_2("tune", "-m", "tiny", *SMALL, "--calibration", str(path))
     assert f"--calibration: {path}: " in err and words in err, err
 
 
-def test_profile_and_calibration_together_are_refused(monkeypatch, capsys, bench):
+def test_profile_and_calibration_together_are_refused(cli_exit_2, bench):
     _, prof = bench
-    err = _exit_2(monkeypatch, capsys, ["-m", "tiny", "--profile", str(prof), "--calibration", str(prof)])
+    err = cli_exit_2("tune", "-m", "tiny", "--profile", str(prof), "--calibration", str(prof))
     assert "--calibration and --profile: give one of them" in err
 
 

@@ -3,7 +3,6 @@ a search whose plan cannot be built, or a flag of the other mode silently ignore
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,19 +11,6 @@ from planner.tune_policies import TuneSpace, ep_layouts
 
 PROFILE = str(Path(__file__).resolve().parents[1] / "profiles" / "h200" / "calibration_deepseek-v3-5layers_fp8.json")
 CATALOG = ["-m", "tiny", "--hw", "h200", "-g", "2"]
-
-
-def _exit_2(monkeypatch, capsys, args: list[str]) -> str:
-    """``twinfer tune ARGS`` through the console entry point, in-process: exit 2, one message, no traceback."""
-    from ui.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["twinfer", "tune", *args])
-    with pytest.raises(SystemExit) as e:
-        main()
-    err = capsys.readouterr().err
-    assert e.value.code == 2, err
-    assert "Traceback" not in err and "internal error" not in err
-    return " ".join(err.split())
 
 
 @pytest.mark.parametrize("args, words", [
@@ -40,8 +26,9 @@ def _exit_2(monkeypatch, capsys, args: list[str]) -> str:
     (["--profile", PROFILE, "--chunk-tokens", "512"], "--chunk-tokens: only without --profile"),
     (["--profile", PROFILE, "--max-model-len", "100000000"], "max_model_len: Input should be less than or equal to"),  # was: an internal error
 ])
-def test_bad_or_other_mode_values_exit_2_naming_the_flag(monkeypatch, capsys, args, words):
-    assert words in _exit_2(monkeypatch, capsys, args)
+def test_bad_or_other_mode_values_exit_2_naming_the_flag(cli_exit_2, args, words):
+    err = cli_exit_2("tune", *args)
+    assert "internal error" not in err and words in err
 
 
 def test_widths_past_a_deployments_instances_or_a_layouts_width_are_not_tried():
