@@ -539,6 +539,7 @@ def host_speed_windows(samples: dict[str, dict], c: dict[str, np.ndarray], prof,
             speed, rows = [], []
             for r in sorted(set(nums)):
                 m = nums == r
+                first = len(speed)   # this replay's windows are speed[first:]
                 t0 = start[m].min()
                 w = np.floor((start - t0) / window_s).astype(int)
                 for k in sorted(set(w[m])):
@@ -547,7 +548,7 @@ def host_speed_windows(samples: dict[str, dict], c: dict[str, np.ndarray], prof,
                     if rk.size >= 5:
                         win[mk] = len(speed)
                         speed.append(float(np.median(rk)))
-                rows.append(" ".join(f"{x:4.2f}" for x, wr in zip(speed, range(len(speed))) if (win[m] == wr).any()))
+                rows.append(" ".join(f"{x:4.2f}" for x in speed[first:]))
             if not speed:
                 continue
             sp = np.array(speed)
