@@ -147,7 +147,9 @@ class LLMEngine:
         self._last_now = 0.0
         self._skipped = 0.0          # idle time jumped over by advance_clock (offline replay)
         self.step_observer = None    # callable(start_s, plan, result) after every executed plan
-        self.last_phases: dict[str, float] = {}   # the synchronous loop's schedule_s / complete_s of the last plan
+        # schedule_s / complete_s: the synchronous loop's of its last plan; the pipelined loop's of what its last call
+        # launched (the plan after the one it read back)
+        self.last_phases: dict[str, float] = {}
         self._prompt_tokens = 0
         self._gen_tokens = 0
         self._gen_counter = 0
@@ -413,6 +415,9 @@ class LLMEngine:
             self.overlap_off_reason = "sliding-window replay (runner.swa) runs the synchronous loop"
             return self.step_sync()
         outs, self._pending = self._pending, []
+        # this call's scheduling and (speculative) completion of what it launches: the host work between the last
+        # read-back and the next launch, beside the admissions the replay times (a diagnostic, executor/replay.py)
+        self.last_phases = {"schedule_s": 0.0, "complete_s": 0.0}
         nxt = self._launch_next(self._in_flight)
         if self._in_flight is None and nxt is not None:
             self._in_flight, nxt = nxt, self._launch_next(nxt)
@@ -426,14 +431,19 @@ class LLMEngine:
         one (placeholder) token per decode and per completed prompt; finishes by length retire now, exactly."""
         if not self._reqs:
             return None
+        t0 = time.perf_counter()
         plan = self.scheduler.schedule(self.now(), max_steps=1)
+        ph = self.last_phases
+        ph["schedule_s"] = ph.get("schedule_s", 0.0) + (time.perf_counter() - t0)
         if plan.is_empty:
             return None
         start = self.now()
         f = self.pipeline.launch(plan, prev)
         f.start_s = start
         f.firsts = [c.request for c in plan.prefills if c.is_last_chunk and c.request.first_token_time is None]
+        t1 = time.perf_counter()
         f.finished = self.scheduler.complete(plan, StepResult(np.zeros(1)), self.now())
+        ph["complete_s"] = ph.get("complete_s", 0.0) + (time.perf_counter() - t1)
         for r in f.firsts:     # the token times are set when the tokens exist (read-back): observers of the plan
             r.first_token_time = None   # read back before this one must not see them early
         for r in f.finished:

@@ -162,9 +162,15 @@ class SimBackend:
         if chunks:
             num_tokens += chunks[0].num_new_tokens if len(chunks) == 1 else sum(c.num_new_tokens for c in chunks)
         h = h0 + h_req * (n + len(chunks)) + h_tok * num_tokens
+        return h + self.admit_time(plan) if chunks else h
+
+    def admit_time(self, plan: StepPlan) -> float:
+        """Host seconds of admitting the requests whose first prompt chunk ``plan`` runs (``admit_coeffs``; part of
+        ``host_time``)."""
         a0, a_tok = self.admit_coeffs
-        if chunks and (a0 or a_tok):
-            for c in chunks:
+        h = 0.0
+        if plan.prefills and (a0 or a_tok):
+            for c in plan.prefills:
                 r = c.request
                 # its first chunk: nothing computed beyond its prefix hits yet (context_len alone is not enough: a
                 # sliding-window replay policy resumes later chunks at a context inside the window, even 0)
@@ -295,13 +301,17 @@ class SimBackend:
         t = self.clock()
         host = self.host_time(plan)
         if self._split:
+            # the step model's host work includes the loop's; the admissions come on top (the engine admits before it
+            # launches), and a configured loop dearer than the profile's is what the loop costs
             d1, h1, eager, tail1 = self._first_parts(plan)
-            h1 = max(h1, host)
+            adm = self.admit_time(plan)
+            h1 = max(h1, host - adm) + adm
         else:   # device work only (the model has no host side): the loop's host work is host_time's
             d1, h1, eager, tail1 = self._first_device(plan), host, False, 0.0
+        h_base = h1
         extras = self.transition_extras(plan)
-        if extras.size:   # what a step pays for following a prompt step: on its device side (it ends later)
-            d1 += float(extras[0])
+        if extras.size:   # what a step pays for following a prompt step: host work of its launch (its inputs and
+            h1 += float(extras[0])   # sampler, measure_after_eager), which delays the launch, not the device work
         if self._in_flight:
             launched, read_back, end1 = pipeline_step(self._dev_end, self._host_free, h1, d1, eager, tail1)
             start = read_back if read_back > t else t
@@ -333,8 +343,10 @@ class SimBackend:
                 return self._launched(self._finish(plan, start, host, np.array(times), None), start, max(start, launched))
             times[0] = max(h1, lead1)
             times[m - 1] = self._last_device(plan, m)
-            for i in range(1, min(m, extras.size)):
-                times[i] += extras.item(i)
+            for i in range(1, min(m, extras.size)):   # a run of like steps costs max(device, host) each
+                x = h_base + extras.item(i)
+                if x > times[i]:
+                    times[i] = x
             total, ends = 0.0, []
             for w in times:
                 total += w
@@ -350,7 +362,7 @@ class SimBackend:
             times[m - 1] = self._last_device(plan, m)
         m = min(times.size, extras.size)
         if m > 1:
-            times[1:m] += extras[1:m]
+            times[1:m] = np.maximum(times[1:m], h_base + extras[1:m])
         n = times.size
         if n > 1:
             ends = start + times.cumsum()

@@ -124,6 +124,9 @@ def test_sampled_requests_match_and_replay_runs_pipelined():
         e = engine(ov)
         res = replay(e, items)
         assert len(res.steps) > 0 and all(s.num_steps == 1 for s in res.steps)
+        # both loops time the scheduling and completion around each step (the pipelined one: of what the call launched)
+        assert all(s.schedule_s >= 0 and s.complete_s >= 0 for s in res.steps), ov
+        assert sum(s.schedule_s for s in res.steps) > 0
         m = res.metrics
         assert m.requests_finished == 3 and m.output_tokens == 5 + 6 + 7 and not e.has_unfinished()
         assert e.stats().generation_tokens_total == 5 + 6 + 7

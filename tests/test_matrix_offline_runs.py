@@ -114,7 +114,9 @@ def test_held_out_runs_22_and_23_at_head(tmp_path, capsys):
     """The twin at HEAD on H200 runs 22 (synchronous loop) and 23 (pipelined loop), each fitted on its own calibration
     only (agentic, summarize, reasoning at three loads; the model was built on runs 20-21). Run 23 with the sampler's
     device work measured in another process (run 25) merged into its calibration: every figure within issue 16's
-    targets. Run 22: throughput and TPOT within target; reasoning's TTFT misses by up to 1.3 points (its first-token
+    targets but reasoning's TTFT past saturation (p50 -9.7%, p90 -12.2%; -4.6 / -9.4% before the after-prompt terms
+    were priced as host work of the launch, where its low load's TTFT p50 went from -7.4% to -0.5%). Run 22: throughput
+    and TPOT within target; reasoning's TTFT misses by up to 1.3 points (its first-token
     mixed steps, docs/twin.md), pinned here so that a change that widens it fails."""
     import matrix_offline as mo
 
@@ -126,7 +128,8 @@ def test_held_out_runs_22_and_23_at_head(tmp_path, capsys):
     sampler_split.merge(str(cal), str(ROOT / "benchmarks/gpu/issue23_h200/sampler_split_37e066b/sampler_split.json"), str(cal))
     w23 = mo.main([str(r23), "--refit", "auto"])
     assert abs(w23["output_throughput"][0]) <= 0.05 and abs(w23["tpot_p50"][0]) <= 0.05
-    assert abs(w23["ttft_p50"][0]) <= 0.10 and abs(w23["ttft_p90"][0]) <= 0.10
+    assert abs(w23["ttft_p50"][0]) <= 0.10 and abs(w23["ttft_p90"][0]) <= 0.123
+    assert w23["ttft_p90"][1] == "reasoning past saturation"
     w22 = mo.main([str(_unpacked("run22_agentic_summarize_reasoning_215088b", tmp_path / "r22")), "--sync", "--refit", "auto"])
     assert abs(w22["output_throughput"][0]) <= 0.05 and abs(w22["tpot_p50"][0]) <= 0.05
     assert abs(w22["ttft_p50"][0]) <= 0.12 and abs(w22["ttft_p90"][0]) <= 0.12
@@ -226,10 +229,11 @@ def test_held_out_runs_31_and_32_on_the_pipelined_loop(tmp_path):
     prompts 8.5-12k, at 10e491e): the pipelined loop, serving's default (``--async-overlap``), Triton GEMMs, each
     fitted in-process on its own calibration, every class held out; re-predicted from the archives with the loop
     priced launch by launch (``costmodels.host.pipeline_step``). Run 31 meets every target in all nine cells (worst:
-    throughput -2.8%, TPOT p50 +4.5%, TTFT p50 -4.1%, TTFT p90 -7.6%, step MAPE 4.6%); at the run's own commit, priced
-    step by step, agentic past saturation's step MAPE missed (5.45%). Run 32: every figure within target but
-    summarize's knee step MAPE (5.15%; 7.3% priced step by step); longctx's knee TTFT p50, -11.7% priced step by step
-    (its first chunks' iterations ran short by the decode work they overlapped), is -3.2% (docs/twin.md, runs 31-35).
+    throughput -2.8%, TPOT p50 +4.5%, TTFT p50 -4.1%, TTFT p90 -7.6%, step MAPE 4.5%); at the run's own commit, priced
+    step by step, agentic past saturation's step MAPE missed (5.45%). Run 32: every figure within target (summarize's
+    knee step MAPE 4.6%: 5.15% with the after-prompt terms on the device side, 7.3% priced step by step); longctx's
+    knee TTFT p50, -11.7% priced step by step (its first chunks' iterations ran short by the decode work they
+    overlapped), is -3.2% (docs/twin.md, runs 31-35).
     Pinned at those figures, so that a change that widens any of them fails."""
     import matrix_offline as mo
 
@@ -240,27 +244,27 @@ def test_held_out_runs_31_and_32_on_the_pipelined_loop(tmp_path):
     assert len(m) == 9 and max(m.values()) <= 0.0457 and max(m, key=m.get) == ("chat", "knee")
     r32 = _unpacked("run32_async_summarize_longctx_10e491e", tmp_path / "r32")
     w = mo.main([str(r32)])
-    _worst_within(w, 0.014, 0.029, 0.033, 0.079)
+    _worst_within(w, 0.015, 0.029, 0.033, 0.079)
     assert w["ttft_p90"][1] == "summarize knee"
     m = _level_step_mape(r32, sync=False)
-    assert len(m) == 6 and max(m.values()) <= 0.0516 and max(m, key=m.get) == ("summarize", "knee")
+    assert len(m) == 6 and max(m.values()) <= 0.0465 and max(m, key=m.get) == ("summarize", "knee")
     assert sorted(m.values())[-2] <= 0.035
 
 
 def test_held_out_run_33_pipelined_on_the_default_kernels(tmp_path):
     """H200 run 33 (chat, agentic at 6ae37da): the pipelined loop on the registry's default kernels (DeepGEMM dense
     GEMMs), fitted in-process on its own calibration (its CUDA-graph forwards timed on an idle GPU only), both classes
-    held out, priced launch by launch. Throughput within 1.0%, TTFT p90 within 3.9%; TPOT p50 +5.5% at agentic's knee,
-    TTFT p50 -11.7% past saturation; step MAPE chat 4.7 / 10.1 / 8.9%, agentic 3.4 / 5.3 / 5.1%. Its decode steps ran
+    held out, priced launch by launch. Throughput within 1.0%, TTFT p90 within 3.6%; TPOT p50 +5.5% at agentic's knee,
+    TTFT p50 -9.1% past saturation; step MAPE chat 4.6 / 9.8 / 8.6%, agentic 3.5 / 5.1 / 5.1%. Its decode steps ran
     6-16% under the idle grid at the same batch: the idle forward holds the GPU's wait for the launch (run 34, whose
     calibration also timed the forwards held, is the one that shows it). Pinned at those figures."""
     import matrix_offline as mo
 
     r33 = _unpacked("run33_async_deepgemm_chat_agentic_6ae37da", tmp_path / "r33")
     w = mo.main([str(r33)])
-    _worst_within(w, 0.011, 0.056, 0.118, 0.040)
+    _worst_within(w, 0.011, 0.056, 0.092, 0.037)
     m = _level_step_mape(r33, sync=False)
-    assert len(m) == 6 and max(m.values()) <= 0.102 and max(m, key=m.get) == ("chat", "knee")
+    assert len(m) == 6 and max(m.values()) <= 0.099 and max(m, key=m.get) == ("chat", "knee")
     assert m[("agentic", "low")] <= 0.035 and m[("chat", "low")] <= 0.048 and m[("agentic", "knee")] <= 0.053
 
 
@@ -268,8 +272,8 @@ def test_held_out_run_34_with_the_held_forward_fit(tmp_path):
     """H200 run 34 (chat, agentic at b24ed5a, DeepGEMM): the first calibration that timed its CUDA-graph forwards
     with the GPU held busy too. Refitted as a calibration at HEAD fits (the device scale pinned to the held forwards:
     1.11 where the idle ones gave 1.16; the sampler's host issue from the points' measured phase) and priced launch by
-    launch, both classes held out: all 30 targets met (worst: throughput +0.6%, TPOT p50 +1.8%, TTFT p50 +5.5%, TTFT
-    p90 -5.1%, step MAPE 4.75% at agentic's knee). The fit the device made (idle forwards) misses TPOT p50 at agentic's
+    launch, both classes held out: all 30 targets met (worst: throughput +0.6%, TPOT p50 -1.7%, TTFT p50 -5.2%, TTFT
+    p90 -5.1%, step MAPE 4.9% at chat's past saturation). The fit the device made (idle forwards) misses TPOT p50 at agentic's
     knee (+6.2%) and step MAPE in four cells (7.7% worst). Pinned at those figures."""
     import matrix_offline as mo
 
@@ -277,7 +281,7 @@ def test_held_out_run_34_with_the_held_forward_fit(tmp_path):
     w = mo.main([str(r34), "--refit", "auto"])
     _worst_within(w, 0.007, 0.019, 0.056, 0.052)
     m = _level_step_mape(r34, sync=False, refit="auto")
-    assert len(m) == 6 and max(m.values()) <= 0.0480 and max(m, key=m.get) == ("agentic", "knee")
+    assert len(m) == 6 and max(m.values()) <= 0.0495 and max(m, key=m.get) == ("chat", "past saturation")
     w = mo.main([str(r34)])
     assert 0.055 <= abs(w["tpot_p50"][0]) <= 0.063
     m = _level_step_mape(r34, sync=False)
@@ -289,14 +293,16 @@ def test_held_out_run_35_priced_launch_by_launch(tmp_path):
     the held forwards and whose simulator priced the pipelined loop launch by launch, every class held out. 44 of 45
     targets met as the device printed them (worst: throughput +3.2%, TPOT p50 -5.0%, i.e. -4.98, TTFT p50 -9.1%,
     TTFT p90 -7.5%); step MAPE within 5% but at summarize's knee (7.0%: a decode step before a prompt step waits 11.2 ms
-    for that step's launch where the model has 6.5). Pinned at those figures."""
+    for that step's launch where the model has 6.5). At HEAD, with the after-prompt terms priced as host work of the
+    launch: summarize's knee 6.0%, and longctx's TPOT p50 past saturation -5.1% (throughput +3.3%, TTFT p50 -9.7%, TTFT
+    p90 -8.0%). Pinned at those figures."""
     import matrix_offline as mo
 
     r35 = _unpacked("run35_async_summarize_reasoning_longctx_ac0197c", tmp_path / "r35")
     w = mo.main([str(r35)])
-    _worst_within(w, 0.033, 0.0499, 0.092, 0.076)
+    _worst_within(w, 0.034, 0.0515, 0.098, 0.081)
     m = _level_step_mape(r35, sync=False)
-    assert len(m) == 9 and max(m.values()) <= 0.0705 and max(m, key=m.get) == ("summarize", "knee")
+    assert len(m) == 9 and max(m.values()) <= 0.0605 and max(m, key=m.get) == ("summarize", "knee")
     assert sorted(m.values())[-2] <= 0.037
 
 
@@ -322,15 +328,16 @@ def test_held_out_run_37_with_the_samplers_issue_fitted_on_the_device(tmp_path):
     calibration to fit the sampler's host issue on the device (0.79 ms + 10.3 us a row): 27 of 30 targets as the
     device printed them (worst: throughput +1.0%, TPOT p50 -2.5%, TTFT p50 +5.0%, TTFT p90 -5.0%); step MAPE over 5%
     at chat's knee (5.9%) and agentic's knee and past saturation (7.8%, 5.5%), where the host ran 1.2-1.45x its
-    calibrated speed at the same batch (benchmarks/gpu/issue16_h200/host_speed_4a4e880). Pinned at those figures."""
+    calibrated speed at the same batch (benchmarks/gpu/issue16_h200/host_speed_4a4e880). At HEAD (the after-prompt terms
+    priced as host work of the launch) those cells read 5.8 / 6.9 / 5.2%. Pinned at those figures."""
     import matrix_offline as mo
 
     r37 = _unpacked("run37_async_deepgemm_chat_agentic_9ee6a1a", tmp_path / "r37")
     w = mo.main([str(r37)])
     _worst_within(w, 0.011, 0.026, 0.051, 0.051)
     m = _level_step_mape(r37, sync=False)
-    assert len(m) == 6 and max(m.values()) <= 0.0785 and max(m, key=m.get) == ("agentic", "knee")
-    assert sorted(m.values())[-2] <= 0.0595 and min(m.values()) <= 0.033
+    assert len(m) == 6 and max(m.values()) <= 0.0700 and max(m, key=m.get) == ("agentic", "knee")
+    assert sorted(m.values())[-2] <= 0.0585 and min(m.values()) <= 0.033
 
 
 def test_held_out_run_38_on_the_triton_engine_with_the_samplers_issue(tmp_path):
@@ -338,14 +345,15 @@ def test_held_out_run_38_on_the_triton_engine_with_the_samplers_issue(tmp_path):
     to fit the sampler's host issue on the device (0.66 ms + 6.1 us a row) and the first on the Triton engine: 44 of
     45 targets as the device printed them (worst: throughput +2.5%, TPOT p50 -4.7%, TTFT p50 -4.5%, TTFT p90 -8.6%;
     step MAPE 5.2% at summarize's knee, 7.0% in its first replay and 4.3 / 4.2% in the others). Run 35, the same
-    classes before the term, missed the same cell at 7.0%. Pinned at those figures."""
+    classes before the term, missed the same cell at 7.0%. At HEAD (the after-prompt terms priced as host work of the
+    launch) summarize's knee reads 4.8%, its TTFT p90 -9.5%. Pinned at those figures."""
     import matrix_offline as mo
 
     r38 = _unpacked("run38_async_summarize_reasoning_longctx_4a4e880", tmp_path / "r38")
     w = mo.main([str(r38)])
-    _worst_within(w, 0.026, 0.048, 0.046, 0.087)
+    _worst_within(w, 0.026, 0.048, 0.051, 0.096)
     m = _level_step_mape(r38, sync=False)
-    assert len(m) == 9 and max(m.values()) <= 0.053 and max(m, key=m.get) == ("summarize", "knee")
+    assert len(m) == 9 and max(m.values()) <= 0.0485 and max(m, key=m.get) == ("summarize", "knee")
     assert sorted(m.values())[-2] <= 0.0435
 
 
@@ -540,26 +548,31 @@ def test_the_step_models_device_side_and_the_hosts_speed_on_run_38(tmp_path, cap
 def test_held_out_run_39_meets_every_target_on_the_triton_engine(tmp_path):
     """H200 run 39 (agentic, summarize, chat at 55bb53d, Triton, the engine without an MTP layer when it does not
     draft), held out: 45 of 45 targets as the device printed them (worst: throughput +0.6%, TPOT p50 -2.7%, TTFT p50
-    +2.8%, TTFT p90 -4.8%, step MAPE 4.48%), with the host at 0.60-1.23x its calibrated speed throughout."""
+    +2.8%, TTFT p90 -4.8%, step MAPE 4.48%), with the host at 0.60-1.23x its calibrated speed throughout. At HEAD (the
+    after-prompt terms priced as host work of the launch): TTFT p50 -3.2%, TTFT p90 -8.8% at agentic's knee, step MAPE
+    4.17% at agentic's low load."""
     import matrix_offline as mo
 
     r39 = _unpacked("run39_async_triton_agentic_summarize_chat_55bb53d", tmp_path / "r39")
     w = mo.main([str(r39)])
-    _worst_within(w, 0.007, 0.028, 0.029, 0.049)
+    _worst_within(w, 0.007, 0.028, 0.032, 0.089)
     m = _level_step_mape(r39, sync=False)
-    assert len(m) == 9 and max(m.values()) <= 0.0450 and max(m, key=m.get) == ("agentic", "knee")
+    assert len(m) == 9 and max(m.values()) <= 0.0420 and max(m, key=m.get) == ("agentic", "low")
 
 
 def test_held_out_run_40_on_the_deepgemm_engine(tmp_path):
     """H200 run 40 (chat, agentic at 55bb53d on the registry's default DeepGEMM engine), held out: 27 of 30 targets as
     the device printed them; every end-to-end figure within target (worst: throughput -0.4%, TPOT p50 +4.1%, TTFT p50
     +5.1%, TTFT p90 +4.9%); step MAPE over 5% at chat's low and knee levels and agentic's knee (5.3 / 6.5 / 5.5%), where
-    the model's device work is within 3% of the CUDA events and the host ran up to 1.64x its calibrated speed."""
+    the model's device work is within 3% of the CUDA events and the host ran up to 1.64x its calibrated speed. At HEAD,
+    with the after-prompt terms priced as host work of the launch and each iteration's admissions before the launch they
+    delay: 29 of 30 (worst: throughput +0.8%, TPOT p50 -1.6%, TTFT p50 -5.0%, TTFT p90 -4.3%; step MAPE 5.1% at chat's
+    knee, the other five 3.8-4.6%)."""
     import matrix_offline as mo
 
     r40 = _unpacked("run40_async_deepgemm_chat_agentic_55bb53d", tmp_path / "r40")
     w = mo.main([str(r40)])
-    _worst_within(w, 0.005, 0.042, 0.052, 0.050)
+    _worst_within(w, 0.008, 0.017, 0.050, 0.043)
     m = _level_step_mape(r40, sync=False)
-    assert len(m) == 6 and max(m.values()) <= 0.0655 and max(m, key=m.get) == ("chat", "knee")
-    assert sorted(m.values())[-4] <= 0.049
+    assert len(m) == 6 and max(m.values()) <= 0.0515 and max(m, key=m.get) == ("chat", "knee")
+    assert sorted(m.values())[-2] <= 0.047

@@ -282,3 +282,56 @@ def test_the_pipelined_loop_keeps_its_invariants_with_drafts_preemption_and_seve
     invariants.check_end(col, scheds, len(reqs), env.now)
     assert all(b.lead for b in made)
     assert col.n_finished + col.n_dropped == 40 and col.n_finished > 0
+
+
+def _steps(*specs):
+    """Measured-sample-like steps: (decode contexts, prefill chunks, admitted, admitted tokens) each."""
+    return [SimpleNamespace(decode_ctx=np.array(d, np.int64), prefill=list(p), draft_len=0, admitted=a, admitted_tokens=t)
+            for d, p, a, t in specs]
+
+
+def test_the_cost_of_following_a_prompt_step_is_launch_work_the_pipelined_loop_hides():
+    """A profile's after-prompt terms (measured in the runner's input build and sampler, not its forward:
+    ``executor.calibrate.measure_after_eager``) are host work of the launch: a synchronous loop adds them, a pipelined
+    one hides them under device work as it hides the rest of the launch. Charged on the device side they made the
+    decode steps behind a prompt step end late and the prompt step's own iteration short (H200 runs 35-40: the pair's
+    sum right, the split 1-2 ms off)."""
+    from costmodels.profiled import ProfiledStepCost
+    from ui.cmd_validate import predict_steps
+
+    ctx = [8192] * 16   # device-bound decode graph steps: their launch is a fraction of their device work
+    seq = _steps((ctx, [], 0, 0), (ctx, [], 0, 0), (ctx, [(512, 0)], 0, 0), *[(ctx, [], 0, 0)] * 5)
+    plain, after = _profile(False), _profile(True)
+    cold = np.zeros(len(seq), bool)
+    cold[0] = True
+    piped = [predict_steps(ProfiledStepCost(p), p, seq, True, cold) for p in (plain, after)]
+    assert np.allclose(piped[0], piped[1], rtol=0, atol=1e-12)
+    d, h, _, _ = ProfiledStepCost(plain).pipelined().step_parts(np.array(ctx), 0, [], [])
+    assert d > h + 4e-4                                # hidden: the launch plus the extra is still shorter
+    sync = [predict_steps(ProfiledStepCost(p), p, seq, False) for p in (plain, after)]
+    assert sync[1] - sync[0] == pytest.approx([0, 0, 0, 4e-4, 2e-4, 1e-4, 0, 0], abs=1e-12)
+
+
+def test_admissions_delay_the_launch_after_the_call_that_made_them():
+    """A measured step's admissions are the arrivals of the engine call that read it back, which admits them before
+    it launches the next step (executor.replay): their host seconds lengthen that launch, so the iteration that waits
+    for it (this step's) grows by them and the next one (whose device work started no later) shrinks by them. A step
+    launched cold was admitted for before its own launch, outside any measured iteration: nothing moves."""
+    from costmodels.profiled import ProfiledStepCost
+    from costmodels.step_profile import LoopTerms
+    from ui.cmd_validate import predict_steps
+
+    base = _profile(False)
+    prof = base.model_copy(update={"step": base.step.model_copy(update={"loop": LoopTerms(
+        fixed_s=2e-4, per_request_s=1e-5, admit_s=3e-4, admit_per_token_s=1e-7)})})
+    cost = ProfiledStepCost(prof)
+    ctx = [1024] * 4
+    quiet = _steps((ctx, [], 0, 0), (ctx, [], 0, 0), (ctx, [(2048, 0)], 0, 0), (ctx, [], 0, 0), (ctx, [], 0, 0))
+    busy = _steps((ctx, [], 0, 0), (ctx, [], 1, 2048), (ctx, [(2048, 0)], 0, 0), (ctx, [], 0, 0), (ctx, [], 0, 0))
+    cold = np.array([True, False, False, False, False])
+    a, b = (predict_steps(cost, prof, s, True, cold) for s in (quiet, busy))
+    dt = 3e-4 + 2048e-7
+    assert b - a == pytest.approx([0, dt, -dt, 0, 0], abs=1e-12)
+    cold[1] = True
+    a, b = (predict_steps(cost, prof, s, True, cold) for s in (quiet, busy))
+    assert np.allclose(a, b, rtol=0, atol=1e-12)

@@ -71,13 +71,17 @@ def predict_step(cost, profile, decode_ctx, prefill, draft_len=0, overlap: bool 
     ``loop_scheduler_terms`` passes it on; the simulator charges it to the step of each request's first chunk, the
     measured iteration pays it where the request arrived, so the iteration's own admissions are what it is compared
     with). A pipelined loop (``overlap``
-    truthy) prices the runner step as the simulator does (``sim.backend.loop_cost``: max(device, host) per step)."""
+    truthy) prices the runner step as the simulator does (``sim.backend.loop_cost``: max(device, host) per step); with
+    ``overlap`` True the after-prompt cost is host work of the launch (measured in the runner's input build and
+    sampler), hidden as the loop's is, where a synchronous loop adds it."""
     from costmodels.host import wall_time
     from sim.backend import loop_cost
     runner = loop_cost(cost, bool(overlap)).chunked_step_time(np.asarray(decode_ctx, np.int64), draft_len,
                                                               [a for a, _ in prefill], [c for _, c in prefill])
     loop, extra = _loop_terms(profile, decode_ctx, prefill, draft_len, after_eager, since_eager, eager_tokens, admitted,
                               admitted_tokens)
+    if overlap is True:   # the pipelined loop: host work of the launch, hidden under the device's as the rest is
+        return float(wall_time(float(runner), loop + extra, True))
     return float(wall_time(float(runner), loop, overlap)) + extra
 
 
@@ -98,8 +102,18 @@ def _loop_terms(profile, decode_ctx, prefill, draft_len, after_eager, since_eage
         extra = float(decay[j - 1]) if 1 <= j <= len(decay) else 0.0
     else:
         extra = float(terms["host_after_eager_s"]) if after_eager else 0.0
-    loop = float(profile.step.loop(n, tok)) + terms["host_admit_s"] * admitted + terms["host_admit_per_token_s"] * admitted_tokens
+    loop = float(profile.step.loop(n, tok)) + _admissions(profile, admitted, admitted_tokens)
     return loop, extra
+
+
+def _admissions(profile, admitted: int, admitted_tokens: int) -> float:
+    """Host seconds of admitting ``admitted`` requests of ``admitted_tokens`` prompt tokens in all, at the profile's
+    price as the simulator's scheduler config takes it (bounded: ``loop_scheduler_terms``)."""
+    if not admitted and not admitted_tokens:
+        return 0.0
+    from costmodels.step_fit import loop_scheduler_terms
+    terms = loop_scheduler_terms(profile.step)
+    return terms["host_admit_s"] * admitted + terms["host_admit_per_token_s"] * admitted_tokens
 
 
 def predict_steps(cost, profile, steps, overlap: bool | float = False, cold=None) -> np.ndarray:
@@ -109,7 +123,17 @@ def predict_steps(cost, profile, steps, overlap: bool | float = False, cold=None
     priced launch by launch, as the simulator's loop runs it (``costmodels.host.pipelined_walls``): an iteration
     runs to the end of the host's launch of the next step or of its own device work, whichever is later; ``cold``
     (each step: launched with nothing in flight, ``sim.validate.read_backs``; default: only the first) marks where
-    the engine had idled. Otherwise each step alone (``predict_step``)."""
+    the engine had idled. Otherwise each step alone (``predict_step``).
+
+    Launch by launch, the host work of launching a step is its runner's and loop's (``step_parts``) and two more:
+    what it pays for following a prompt step (the profile's after-eager terms: measured in the runner's input build
+    and sampler, not its forward, so the launch takes longer and the device work does not), and the admissions the
+    engine made before launching it. A measured step's ``admitted`` are the arrivals of the engine call that read it
+    back, which admits them before it launches the next step (``executor.replay``: admit, launch N+1, read N back):
+    they delay the next launch (a step launched cold was admitted for before its own launch, outside every measured
+    iteration). Issue 16, runs 35-40: charged on the device side, the after-eager terms made the
+    decode steps behind a prompt step end later than measured and the prompt step's launch (which the decode step
+    before it waits for) shorter; the split between the two iterations was off by 1-2 ms where their sum was right."""
     from costmodels.host import pipelined_walls
     from sim.backend import loop_cost
     since, toks = steps_since_prefill(steps), last_prefill_tokens(steps)
@@ -120,17 +144,22 @@ def predict_steps(cost, profile, steps, overlap: bool | float = False, cold=None
                                       int(getattr(s, "admitted", 0) or 0), int(getattr(s, "admitted_tokens", 0) or 0))
                          for j, s in enumerate(steps)])
     n = len(steps)
-    d, h, eager, tail = np.zeros(n), np.zeros(n), np.zeros(n, bool), np.zeros(n)
+    d, h, eager, tail, admit = np.zeros(n), np.zeros(n), np.zeros(n, bool), np.zeros(n), np.zeros(n)
     for j, s in enumerate(steps):
+        adm = (int(getattr(s, "admitted", 0) or 0), int(getattr(s, "admitted_tokens", 0) or 0))
         loop, extra = _loop_terms(profile, s.decode_ctx, s.prefill, s.draft_len, j > 0 and bool(steps[j - 1].prefill),
-                                  since[j], toks[j], int(getattr(s, "admitted", 0) or 0),
-                                  int(getattr(s, "admitted_tokens", 0) or 0))
+                                  since[j], toks[j], 0, 0)
         dj, hj, ej, tj = pc.step_parts(np.asarray(s.decode_ctx, np.int64), s.draft_len, [a for a, _ in s.prefill],
                                        [c for _, c in s.prefill])
-        d[j], h[j], eager[j], tail[j] = dj + extra, max(hj, loop), ej, min(tj, dj)
+        d[j], h[j], eager[j], tail[j] = dj, max(hj, loop) + extra, ej, min(tj, dj)
+        admit[j] = _admissions(profile, *adm)
     if cold is None:
         cold = np.zeros(n, bool)
         cold[:1] = True
+    cold = np.asarray(cold, bool)
+    # admitted before the next step's launch; a step launched with nothing in flight was admitted for before its own
+    # launch, where its iteration had not begun (what the engine measures from: ``LLMEngine._read_back``)
+    h[1:] += np.where(cold[:-1], 0.0, admit[:-1])
     return pipelined_walls(d, h, eager, cold, tail)
 
 
