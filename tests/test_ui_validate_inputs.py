@@ -95,3 +95,20 @@ def test_ctrl_c_says_what_was_kept(tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["validate", "--model", "deepseek-v3", "--num-layers", "5", "--profile", prof, "-n", "4", "--sim-only",
                                  "--out", str(out)], env={"COLUMNS": "200"})
     assert r.exit_code == 130 and "interrupted: the levels printed above are complete" in r.stderr and not out.exists()
+
+
+def test_sim_only_validates_the_profiles_model_unless_told_otherwise(tmp_path):
+    """--model defaulted to tiny: a --sim-only run on a DeepSeek-V3 profile printed 'validating tiny' and its report
+    named tiny, though every figure was the profile's model's. Without --model it is the profile's; with --calibrate
+    (no profile yet) tiny."""
+    import json
+
+    out = tmp_path / "rep.json"
+    r = CliRunner().invoke(app, ["validate", "--profile", PROF, "--sim-only", "-n", "4", "--levels", "0.5", "-o", str(out)],
+                           env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "validating tiny" not in r.output
+    assert json.loads(out.read_text())["model"] == "deepseek-v3"
+    r = CliRunner().invoke(app, ["validate", "-m", "tiny", "--profile", PROF, "--sim-only", "-n", "4", "--levels", "0.5"],
+                           env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "validating tiny" in r.output

@@ -338,7 +338,8 @@ def validate(
     trace: Optional[str] = typer.Option(None, "--trace", "-t", help="twinfer JSONL trace (default: the --workload preset)"),
     workload: str = typer.Option("chat", "--workload", "-w", help="workload preset or file when no --trace"),
     requests: Optional[int] = typer.Option(None, "--requests", "-n", min=1, help="requests per load level"),
-    model: str = typer.Option("tiny", "--model", "-m"),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="model the executor runs (default: the profile's; "
+                                        "tiny with --calibrate)"),
     num_layers: Optional[int] = typer.Option(None, "--num-layers", min=1),
     profile: Path = typer.Option(..., "--profile", "-p", help="calibration profile JSON (twinfer calibrate)"),
     device: str = typer.Option("cpu", "--device"),
@@ -381,6 +382,11 @@ def validate(
     check_out_folder(plot, "--plot")
     if not calibrate_first and not profile.exists():  # before the engine build (minutes on a GPU)
         raise TwinferError(f"--profile {profile}: no such file (make one with twinfer calibrate, or add --calibrate)")
+    prof = None if calibrate_first else CalibrationProfile.load(profile)
+    if prof is not None and prof.step is None:
+        raise TwinferError(f"{profile}: no measured step model in this profile (make one with twinfer calibrate)")
+    if model is None:   # the model the profile measured (what --sim-only predicts and the report names)
+        model = prof.step.model if prof is not None else "tiny"
     con = Console()
     block_size = 64
     base_cfg = validate_model(SchedulerConfig, dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
@@ -407,8 +413,6 @@ def validate(
                        command="twinfer " + " ".join(sys.argv[1:]), log=lambda x: con.print(x, highlight=False))
         prof.save(profile)
         con.print(f"profile (measured in this process, same engine): {profile}")
-    else:
-        prof = CalibrationProfile.load(profile)
     if prof.step is None:
         raise TwinferError(f"{profile}: no measured step model in this profile (make one with twinfer calibrate)")
     if prof.step.model != model:
