@@ -171,6 +171,18 @@ def test_cli_errors_exit_2():
         assert res.returncode == 2 and text in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
+def test_prompts_past_the_models_context_are_priced_with_a_warning():
+    """`replay --new` past the model's context (llama-3.1-8b: 131,072) was priced silently; it is priced with a warning,
+    as `twinfer cost` prices such a batch, in the table's output and the JSON."""
+    from ui.cmd_replay import run_replay
+
+    res = run_replay("llama-3.1-8b", "h200", 1, 1, 1, None, None, 128, None, None, "1000,131000,200000", 8192, 100)
+    assert len(res["rows"]) == 3
+    assert len(res["warnings"]) == 2 and "100 cached + 131,000 new = 131,100 tokens" in res["warnings"][0]
+    assert "max context of 131,072 tokens" in res["warnings"][1]
+    assert run_replay("llama-3.1-8b", "h200", 1, 1, 1, None, None, 128, None, None, "1000", 8192, 0)["warnings"] == []
+
+
 # ------------------------------------------------------------------ scheduler: prefix hits and chunks
 def _finish(sched: Scheduler, plan, now: float):
     res = StepResult(step_durations=np.ones(1), decode_tokens=np.ones((1, len(plan.decodes)), np.int64))

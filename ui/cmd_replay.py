@@ -89,7 +89,12 @@ def run_replay(model: str, hardware: str, tp: int, dp: int, ep: int, kv_dtype: s
     _chunk_count(sizes, chunk)
     ops = StepCostModel(m, hw, lay)
     rows = compare_policies(ops, rb, rc, sizes, chunk, cached)
+    # priced anyway, as `twinfer cost` prices such a batch: a planner may want the number, but no server would run it
+    warnings = [f"PROMPT LONGER THAN THE MODEL'S CONTEXT, priced anyway: {cached:,} cached + {n:,} new = {cached + n:,} "
+                f"tokens, past {m.name}'s max context of {m.max_context:,} tokens (max_position_embeddings)"
+                for n in sizes if cached + n > m.max_context]
     return {
+        "warnings": warnings,
         "model": m.name, "hardware": hw.name, "layout": lay.describe(), "gpus": lay.gpus, "chunk": chunk, "cached": cached,
         "base": str(pb), "with": str(pc),
         "kept_window_bytes_per_seq": {"base": kept_window_bytes(m, kv, rb), "with": kept_window_bytes(m, kv, rc)},
@@ -114,6 +119,8 @@ def _print(res: dict) -> None:
         t.add_row(f"{r['new_tokens']:,}", str(r["chunks"]), f"{r['base_s']:.3f}", f"{r['with_s']:.3f}",
                   f"{r['base_tok_s_per_gpu']:,.0f}", f"{r['with_tok_s_per_gpu']:,.0f}", f"{r['gain']:.3f}x")
     con.print(t)
+    for w in res["warnings"]:
+        con.print(f"[yellow]{w}[/]", highlight=False)
     con.print("[dim]- gain = base prefill time / with prefill time (prefill throughput ratio); a layer's extra tokens "
               "run through every layer below it (no hidden states are kept); --json adds the extra layer-tokens each recomputes[/]", highlight=False)
 
