@@ -69,9 +69,9 @@ class Hardware(BaseModel):
     scaleout_gbps: float = Field(..., gt=0, le=1e5, description="scale-out NIC Gbit/s per GPU (InfiniBand/RoCE)")
     sm_count: int | None = Field(None, ge=1, le=100000, description="streaming multiprocessors per GPU (AMD: compute "
                                  "units); omit: the SMs communication kernels hold under overlap are not charged")
-    host_mem_gb: float = Field(0.0, ge=0, description="host memory per GPU, GB")
-    host_link_gbps: float = Field(64.0, gt=0, description="host<->GPU GB/s per direction (PCIe 4.0 x16 32, PCIe 5.0 x16 64, NVLink-C2C 225)")
-    price_per_gpu_hour: float = Field(0.0, ge=0, description="all-in $ per GPU-hour (0: unknown, no $ figures)")
+    host_mem_gb: float = Field(0.0, ge=0, le=1e6, description="host memory per GPU, GB")
+    host_link_gbps: float = Field(64.0, gt=0, le=1e4, description="host<->GPU GB/s per direction (PCIe 4.0 x16 32, PCIe 5.0 x16 64, NVLink-C2C 225)")
+    price_per_gpu_hour: float = Field(0.0, ge=0, le=1e4, description="all-in $ per GPU-hour (0: unknown, no $ figures)")
     sources: list[str] = Field(default_factory=list, description="where each number comes from")
     notes: str = Field("", description="caveats")
     measured: MeasuredCeilings | None = Field(None, description="what this GPU measured; used as achievable ceilings instead of the H200's")

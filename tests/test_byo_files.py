@@ -108,6 +108,9 @@ def test_custom_gpu_and_hf_config_through_plan(byo):
     ("measured", {"copy_tbps": 0}, "measured.copy_tbps"),
     ("measured", {"copy_bw": 1.0}, "measured.copy_bw"),
     ("name", "", "name"),
+    ("host_link_gbps", 1e9, "host_link_gbps"),   # unbounded before: a typo'd exponent priced KV offload as free
+    ("host_mem_gb", 1e12, "host_mem_gb"),
+    ("price_per_gpu_hour", 1e7, "price_per_gpu_hour"),
 ])
 def test_each_malformed_hardware_field_is_named(tmp_path, field, value, named):
     p = tmp_path / "gpu.yaml"
