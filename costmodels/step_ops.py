@@ -308,11 +308,14 @@ class StepOps:
             (f"transferred from {g.table.measured_on}: fixed part scaled by the peak ratio, bounded by this GPU's "
              "bandwidth and math ceilings")
         clauses = []
+
+        def names(v) -> str:   # the MTP module's GEMMs run only when the engine drafts
+            return ", ".join(f"{n} (when drafting)" if n.startswith("mtp_") else n for n in sorted(v))
         dts = sorted({self.g_dtype[r] for r in g.rows})
         if by or dts:
             src_txt = f" ({g.table.source})" if g.table.source else ""
             clauses.append(f"FP8 from the {g.table.lib} FP8 table of {g.table.measured_on}{src_txt} ({how})"
-                           + "".join(f"; {s} shapes: {', '.join(sorted(v))}" for s, v in sorted(by.items())))
+                           + "".join(f"; {s} shapes: {names(v)}" for s, v in sorted(by.items())))
         if dts:
             clauses.append(f"{', '.join(d.upper() for d in dts)} weight GEMMs from that FP8 table at their shape, their "
                            "time above one GEMM's floor moved by the bytes they move, bounded by this GPU's bandwidth and "
@@ -321,7 +324,7 @@ class StepOps:
             r0 = next(r for r, (t, _, _) in g.own.items() if (t.dtype, t.lib) == (dt, lib))
             clauses.append(f"{dt.upper()} weight GEMMs from the {lib} {dt.upper()} table of {g.table_of(r0).measured_on} "
                            f"({'measured' if g.own_here(r0) else how})"
-                           + "".join(f"; {s} shapes: {', '.join(sorted(v))}" for s, v in sorted(srcs.items())))
+                           + "".join(f"; {s} shapes: {names(v)}" for s, v in sorted(srcs.items())))
         ramp = sorted({self.g_names[r] for r in range(len(g.covers)) if not g.covers[r]})
         if ramp:
             clauses.append(f"the model's own BF16 GEMMs ({', '.join(ramp)}) on the analytic ramp, as the measured profile's "

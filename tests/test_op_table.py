@@ -402,6 +402,7 @@ def test_bf16_weight_gemms_are_priced_from_the_measured_bf16_table():
         if hw_name == "H200":
             assert t[0] == pytest.approx(8.145e-6, rel=1e-3) and g.own_here(r)
             assert "BF16 weight GEMMs from the cublas BF16 table of H200 (measured); measured shapes: lm_head, router" in sm.gemm_table_note()
+            assert "mtp_eh_proj (when drafting)" in sm.gemm_table_note()   # the MTP module's GEMM runs only then
         else:   # the H200's kernel on a GB300: its fixed part scaled by the BF16 peak ratio, above its ceilings
             peak = hw.tflops("bf16") * 1e12
             assert not g.own_here(r) and "BF16 table of H200 (transferred from H200" in sm.gemm_table_note()
