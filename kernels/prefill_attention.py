@@ -3,7 +3,7 @@
 A prefill chunk's n queries are the LAST n positions of a sequence of S keys (bottom-right causal). torch's SDPA
 flash backend takes no explicit mask and its ``is_causal`` is top-left, but it needs no per-shape plan (cuDNN builds
 one per exact (s_q, s_kv): 40-1300 ms per new shape on the H200, see ``kernels.torch_fast``) and runs ~2.8x faster
-than the memory-efficient kernel at MLA's shapes (benchmarks/gpu/issue16_h200/run5_summarize_646970b/log.txt). So the
+than the memory-efficient kernel at MLA's shapes (benchmarks/gpu/issue16_h200/run5_summarize_646970b/log.txt.gz). So the
 chunk runs as two flash calls, as serving engines do for chunked prefill (vLLM ``merge_attn_states``, FlashInfer's
 cascade ``merge_state``):
 

@@ -305,7 +305,7 @@ IMPLS: dict[str, list[Impl]] = {
              _fa3_prefill_declines, max_major=9),
         # MLA prefill chunks (queries at the sequence's end, no key mask, said by the caller: bottom_right=True) run as
         # two flash calls merged by log-sum-exp (kernels/prefill_attention.py): no per-shape plan as cuDNN, ~2.8x the
-        # memory-efficient kernel (H200, benchmarks/gpu/issue16_h200/run5_summarize_646970b/log.txt); the rest declines
+        # memory-efficient kernel (H200, benchmarks/gpu/issue16_h200/run5_summarize_646970b/log.txt.gz); the rest declines
         Impl("attention_prefill", "flash", 0, ("cuda",), "kernels.prefill_attention:attention_prefill_flash", min_capability=(8, 0),
              notes="torch flash, causal self part + cached part merged by LSE; bottom-right causal, no key mask, fp16/bf16",
              declines=_flash_prefill_declines),

@@ -379,9 +379,11 @@ def test_bf16_weight_gemms_are_priced_from_the_measured_bf16_table():
     """BF16 weight GEMMs (routers, LM heads, BF16 layouts) look up the H200's cuBLAS BF16 table (2026-12-05, timed
     beside DeepGEMM FP8 in one run): on the H200 as measured (DeepSeek-V3's router 256 x 7168 at one row: 8.14 us,
     where the FP8 table's transfer priced 18.3), on other GPUs transferred as the FP8 table is (bounded by their
-    streaming and BF16 math ceilings). Each measured BF16 shape, priced from the other shapes alone (the rule an
-    unmeasured BF16 weight takes), is within 0.7-1.4x, median within 5% and 80% of the points within 15%; the
-    transfer from the FP8 table that priced them before was 16% off at the median and up to +155% (router, M = 32)."""
+    streaming and BF16 math ceilings). Each of the 20 measured BF16 shapes (DeepSeek-V3's and Llama-3.1-70B's, and
+    since 3e64e23 Qwen3-235B's TP4 shards and Qwen3-30B's), priced from the other shapes alone (the rule an unmeasured
+    BF16 weight takes), is within 0.55-1.8x (the extremes: cuBLAS's own dips, Qwen3-235B's 128-wide router at 4096
+    rows, Qwen3-30B's kv at one row), median within 5% and 80% of the points within 15%; the transfer from the FP8
+    table that priced them before was 16% off at the median and up to +155% (router, M = 32)."""
     import sys
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import op_table_check
@@ -409,5 +411,5 @@ def test_bf16_weight_gemms_are_priced_from_the_measured_bf16_table():
             assert t[0] == pytest.approx(8.145e-6 * get_hardware("H200").tflops("bf16") * 1e12 / peak, rel=1e-3)
             assert t[1] >= 2 * 4096 * 256 * 7168 / (sm.cal.gemm_compute_eff["bf16"] * peak) * (1 - 1e-9)
     held = np.concatenate(list(op_table_check.bf16_held_out().values()))
-    assert held.size == 182 and 0.7 <= held.min() and held.max() <= 1.4
+    assert held.size == 260 and 0.55 <= held.min() and held.max() <= 1.8
     assert abs(np.median(held) - 1.0) <= 0.05 and (abs(held - 1) <= 0.15).mean() >= 0.8
