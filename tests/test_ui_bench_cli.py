@@ -34,6 +34,13 @@ def test_bad_slo_and_url_are_exit_2():
     assert "--url" in str(r.exception) and "http://HOST:PORT/v1" in str(r.exception)
 
 
+@pytest.mark.parametrize("flag", ["--rate", "--duration-s"])
+def test_zero_rate_or_duration_is_refused_not_ignored(flag):
+    # `if rate:` took 0 for unset: the preset's rate ran while --json reported "rate": 0.0
+    r = CliRunner().invoke(app, ARGS + ["--url", "http://127.0.0.1:1", flag, "0"])
+    assert r.exit_code != 0 and f"{flag} must be > 0 (got 0)" in str(r.exception)
+
+
 def test_partial_summary_of_a_cut_bench():
     from rich.console import Console
 

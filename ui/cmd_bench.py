@@ -164,6 +164,10 @@ def bench(
         raise TwinferError(f"--prompt-mode must be text or ids, got {prompt_mode!r}")
     if trace_format not in ("jsonl", "mooncake"):
         raise TwinferError(f"--trace-format must be jsonl or mooncake, got {trace_format!r}")
+    for flag, value in (("--rate", rate), ("--duration-s", duration_s)):
+        # 0 is no rate and no sending time; the overrides below would take it for "unset" and run the workload's
+        if value is not None and value <= 0:
+            raise TwinferError(f"{flag} must be > 0 (got {value:g})")
     err = Console(stderr=True)
     target = parse_slo(slo, "--slo") if slo is not None else None
     url = check_url(url)
