@@ -162,6 +162,15 @@ def test_prompt_over_the_context_limit_is_400(server):
     assert "256" in err["message"]
 
 
+def test_chat_budget_over_the_context_names_the_field_sent(server):
+    # max_completion_tokens was blamed on max_tokens, a field the client never sent
+    msgs = [{"role": "user", "content": "x"}]
+    for field in ("max_completion_tokens", "max_tokens"):
+        err = _assert_openai_error(httpx.post(server.url + "/v1/chat/completions", json={"messages": msgs, field: 300}),
+                                   400, field)
+        assert err["code"] == "context_length_exceeded"
+
+
 def test_unknown_model_is_404(server):
     _assert_openai_error(httpx.post(server.url + "/v1/completions", json={"prompt": "x", "model": "gpt-9"}), 404, "model")
 

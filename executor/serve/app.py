@@ -277,8 +277,10 @@ def create_app(engine: Any, tokenizer: Tokenizer, *, served_model_name: str, api
             prompt_ids = tokenizer.encode_chat(messages)
         except ValueError as err:  # the model's template refused the conversation
             raise P.APIError(str(err), param="messages") from None
+        # an over-long budget is blamed on the field the client sent (max_completion_tokens wins when both are)
+        budget_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         return await _serve(st, request, req, prompt_ids, prefix="chatcmpl", chat=True,
-                            max_tokens=req.requested_max_tokens, prompt_param="messages")
+                            max_tokens=req.requested_max_tokens, prompt_param="messages", budget_param=budget_param)
 
     app.add_middleware(_RequestIdAndAuth, api_key=api_key, max_body_bytes=max_body_bytes,
                        on_reject=st.metrics.request_rejected, state=st)
@@ -392,7 +394,8 @@ def _check_ids(st: _State, ids: list[int]) -> None:
         raise P.APIError(f"prompt token id {bad} is out of range: the vocabulary has {vocab} ids", param="prompt")
 
 
-def _budget(st: _State, prompt_len: int, max_tokens: int | None, prompt_param: str) -> int:
+def _budget(st: _State, prompt_len: int, max_tokens: int | None, prompt_param: str,
+            budget_param: str = "max_tokens") -> int:
     """The completion's token budget; prompts that leave no room get OpenAI's context-length error."""
     limit = st.engine.max_model_len
     if prompt_len >= limit:
@@ -405,7 +408,7 @@ def _budget(st: _State, prompt_len: int, max_tokens: int | None, prompt_param: s
         raise P.APIError(f"This model's maximum context length is {limit} tokens. However, you requested "
                          f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the "
                          f"completion). Please reduce the length of the prompt or completion.",
-                         param="max_tokens", code="context_length_exceeded")
+                         param=budget_param, code="context_length_exceeded")
     return max_tokens
 
 
@@ -420,9 +423,9 @@ def _sampling_params(st: _State, req: P._SamplingRequest, max_tokens: int) -> An
 
 
 async def _serve(st: _State, request: Request, req: P._SamplingRequest, prompt_ids: list[int], *, prefix: str,
-                 chat: bool, max_tokens: int | None, prompt_param: str):
+                 chat: bool, max_tokens: int | None, prompt_param: str, budget_param: str = "max_tokens"):
     """Admit, run and answer one request (streamed or whole)."""
-    budget = _budget(st, len(prompt_ids), max_tokens, prompt_param)
+    budget = _budget(st, len(prompt_ids), max_tokens, prompt_param, budget_param)
     params = _sampling_params(st, req, budget)
     retry = {"retry-after": str(st.retry_after_s)}
     if st.draining:
