@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -65,6 +66,10 @@ def serve(
         raise TwinferError(f"--device must be cpu or cuda, got {device!r}")
     if load_format not in ("auto", "dummy"):
         raise TwinferError(f"--load-format must be auto or dummy, got {load_format!r}")
+    if load_format == "auto" and not Path(model).is_dir():
+        # said now, not after the engine build (which, for a large catalog model, first fails on memory instead)
+        raise TwinferError(f"--model {model!r} is not a checkpoint folder, so --load-format auto has no weights to read; "
+                           "pass an HF checkpoint folder, or --load-format dummy for random weights")
     # heavy imports only now: `twinfer --help` and the simulator never load torch or uvicorn
     try:
         from executor.serve.app import create_app
