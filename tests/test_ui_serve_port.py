@@ -55,3 +55,10 @@ def test_catalog_model_without_dummy_weights_is_exit_2_before_the_engine(monkeyp
     r = CliRunner().invoke(app, ["serve", "--model", model, "--device", "cpu", "--port", "0"])
     assert isinstance(r.exception, TwinferError) and "--load-format dummy" in str(r.exception)
     assert not built
+
+
+def test_serve_and_bench_take_m_for_model_as_the_other_commands_do():
+    r = CliRunner().invoke(app, ["serve", "-m", "no-such-folder", "--device", "cpu", "--port", "0"])
+    assert isinstance(r.exception, TwinferError) and "--model 'no-such-folder'" in str(r.exception)
+    r = CliRunner().invoke(app, ["bench", "-m", "tiny", "--rate", "0"])
+    assert isinstance(r.exception, TwinferError) and "--rate must be > 0" in str(r.exception)

@@ -141,7 +141,7 @@ def bench(
     ramp_s: float = typer.Option(0.0, "--ramp-s", min=0.0, help="ramp the load up linearly over this many seconds"),
     records: Optional[str] = typer.Option(None, "--records", help="write per-request records (JSONL) here"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
-    model: Optional[str] = typer.Option(None, "--model", help="model id to send (default: the server's first)"),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="model id to send (default: the server's first)"),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="TWINFER_API_KEY"),
     prompt_mode: str = typer.Option("text", "--prompt-mode", help="text (calibrated synthetic words) or ids (token ids)"),
     block_size: int = typer.Option(16, "--block-size", min=1, help="KV block size for the workload's shared-prefix hashes"),
