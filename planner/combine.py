@@ -20,6 +20,11 @@ from scheduler.metrics import SLO
 COLUMNS = ("mode", "opt", "inst", "B", "d", "async", "chunk", "popt", "pinst", "pchunk", "pasync",
            "rate", "thr_gpu", "tps_user", "ttft", "tpot", "gpus", "kv_ok", "transfer", "adp")
 AGG, DISAGG = 0, 1
+# Pool sizes of a disaggregated split: every count up to this, then steps of POOL_STEP (relative). Every count
+# made the table linear in the budget (a 100,000-GPU budget asked for ~10^8 rows and tens of GB); a 2% step
+# in instances moves the pool ratio, hence throughput per GPU, by at most about 1% (half a step).
+POOL_DENSE = 64
+POOL_STEP = 0.02
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,7 @@ def combine(options: list[LayoutOption], points: list[LayoutPoints], budget: int
                 lanes = popt.layout.tp * popt.layout.pp  # GPUs holding one DP rank's KV send in parallel
                 bw = link * 0.8 * lanes
                 transfer = xfer_bytes / bw + 20e-6
-                n_d = np.arange(1, (budget - popt.gpus) // dopt.gpus + 1)
+                n_d = _pool_ratios(budget, dopt.gpus, popt.gpus)
                 if n_d.size == 0:
                     continue
                 n_p = (budget - n_d * dopt.gpus) // popt.gpus
@@ -184,6 +189,26 @@ def combine(options: list[LayoutOption], points: list[LayoutPoints], budget: int
     for k in ("async", "pasync", "kv_ok", "adp"):
         cols[k] = cols[k].astype(bool)
     return Table(cols, enumerated)
+
+
+def _counts(most: int) -> np.ndarray:
+    """1..``most``: every count up to POOL_DENSE, then geometric steps of POOL_STEP (``most`` included)."""
+    dense = np.arange(1, min(most, POOL_DENSE) + 1)
+    if most <= POOL_DENSE:
+        return dense
+    num = int(np.ceil(np.log(most / POOL_DENSE) / np.log1p(POOL_STEP))) + 1
+    return np.unique(np.concatenate([dense, np.round(np.geomspace(POOL_DENSE, most, num)).astype(np.int64)]))
+
+
+def _pool_ratios(budget: int, d_gpus: int, p_gpus: int) -> np.ndarray:
+    """Decode instance counts to try beside prefill pools of the GPUs left: dense where either pool is small (a
+    split with 1, 2, 3 prefill instances is as likely the best as one with 1, 2, 3 decode ones), geometric between."""
+    most_d, most_p = (budget - p_gpus) // d_gpus, (budget - d_gpus) // p_gpus
+    if most_d < 1 or most_p < 1:
+        return np.zeros(0, np.int64)
+    from_p = (budget - _counts(most_p) * p_gpus) // d_gpus
+    n_d = np.unique(np.concatenate([_counts(most_d), from_p]))
+    return n_d[(n_d >= 1) & (n_d <= most_d)]
 
 
 def _prefill_wait(rho: np.ndarray, n_p: np.ndarray, pp: LayoutPoints, j: int) -> np.ndarray:
