@@ -335,7 +335,11 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
     # two frontiers, never mixed: the simulated candidates' (what the simulator confirmed) and the
     # analytic screen's (optimistic: full batches at 100% load, mean lengths)
     frontier = _frontier(list(sim_points.values()))
-    frontier += _frontier([_point(table, options, i, True, "screen") for i in front.tolist()])
+    # the screen's rows read 'meets the SLO': not one the simulator found missing it (the one verdict, ``passes``)
+    ok_screen = ok.copy()
+    ok_screen[[i for i, p in sim_points.items() if not p.meets_slo]] = False
+    screen_front = pareto_front(table.cols["thr_gpu"], table.cols["tps_user"], ok_screen)
+    frontier += _frontier([_point(table, options, i, True, "screen") for i in screen_front.tolist()])
     best_by_mode = [_best_of_mode(table, options, i, sim_points) for i in best_modes]
     simulated = list(sim_points.values())
     total = time.perf_counter() - t0
