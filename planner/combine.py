@@ -16,6 +16,7 @@ from planner.screen import PREFILL_MAX_UTIL, LayoutPoints, kv_transfer_bytes
 from planner.space import LayoutOption
 from planner.workload_stats import WorkloadStats
 from scheduler.metrics import SLO
+from sim.scenario import MAX_INSTANCES
 
 COLUMNS = ("mode", "opt", "inst", "B", "d", "async", "chunk", "popt", "pinst", "pchunk", "pasync",
            "rate", "thr_gpu", "tps_user", "ttft", "tpot", "gpus", "kv_ok", "transfer", "adp")
@@ -65,10 +66,11 @@ class Table:
     unevaluated because one of their pool operating points is dominated (see ``combine``).
     """
 
-    def __init__(self, cols: dict[str, np.ndarray], enumerated: int | None = None):
+    def __init__(self, cols: dict[str, np.ndarray], enumerated: int | None = None, over_instances: int = 0):
         self.cols = cols
         self.n = int(cols["rate"].size)
         self.enumerated = self.n if enumerated is None else enumerated
+        self.over_instances = over_instances  # deployments left out: a pool of more instances than a simulation holds
 
     def __len__(self) -> int:
         return self.n
@@ -112,11 +114,15 @@ def combine(options: list[LayoutOption], points: list[LayoutPoints], budget: int
     come in bursts) as one M/D/1 queue at the pool's utilisation, the conservative bound."""
     acc = _empty()
     O = max(stats.mean_output, 1e-9)
+    over = 0  # a pool of more than MAX_INSTANCES instances: its plan could not be simulated (`twinfer simulate --plan`)
     if "aggregated" in modes:
         for p in points:
             opt = options[p.option_index]
             inst = budget // opt.gpus
             if inst < 1 or p.mix_rate.size == 0:
+                continue
+            if inst > MAX_INSTANCES:
+                over += p.mix_rate.size
                 continue
             gpus = inst * opt.gpus
             rate = p.mix_rate * inst
@@ -150,7 +156,9 @@ def combine(options: list[LayoutOption], points: list[LayoutPoints], budget: int
                 if n_d.size == 0:
                     continue
                 n_p = (budget - n_d * dopt.gpus) // popt.gpus
-                okr = n_p >= 1
+                held = (n_d <= MAX_INSTANCES) & (n_p <= MAX_INSTANCES)
+                over += int((~held).sum()) * dp_.dec_t.size * pp.pre_rate.size
+                okr = (n_p >= 1) & held
                 n_d, n_p = n_d[okr], n_p[okr]
                 if n_d.size == 0:
                     continue
@@ -188,7 +196,7 @@ def combine(options: list[LayoutOption], points: list[LayoutPoints], budget: int
         cols[k] = cols[k].astype(np.int64)
     for k in ("async", "pasync", "kv_ok", "adp"):
         cols[k] = cols[k].astype(bool)
-    return Table(cols, enumerated)
+    return Table(cols, enumerated, over)
 
 
 def _counts(most: int) -> np.ndarray:

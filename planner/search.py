@@ -42,6 +42,8 @@ from planner.workload_stats import WorkloadStats, workload_stats
 from scheduler.config import SchedulerConfig
 from sim.effects import EffectsSpec
 from sim.router import RouterConfig
+from sim.scenario import MAX_INSTANCES
+from twinfer.errors import TwinferError
 
 LOADS = (0.9, 0.7)
 FRONTIER_POINTS = 12
@@ -265,6 +267,11 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
         table = combine(options, points, req.gpus, stats, hw, req.model, space.modes, space.prefill_max_gpus,
                         pooled_prefill=prefix_router(stats).kind == "least_outstanding")
         t_screen = time.perf_counter() - t1
+        if len(table) == 0 and table.over_instances:
+            widest = max(o.gpus for o in options)
+            raise TwinferError(f"gpus: {req.gpus:,} GPUs of {hw.name} make every deployment of {model.name} a pool of more than "
+                               f"{MAX_INSTANCES:,} instances (the most a deployment holds; its widest layout that fits spans "
+                               f"{widest} GPUs): plan at most {MAX_INSTANCES * widest:,} GPUs, one part of the fleet at a time")
         ok = table.meets(req.slo)
         front = pareto_front(table.cols["thr_gpu"], table.cols["tps_user"], ok)
         best_modes = []
