@@ -147,10 +147,20 @@ def closest_to_slo(table: Table, slo: SLO, k: int = 5) -> np.ndarray:
     return order[:k][np.isfinite(viol[order[:k]])]
 
 
-def slo_unreachable(table: Table, options: list[LayoutOption], slo: SLO) -> tuple[str, list[str]]:
-    """Why no candidate meets the SLO, and the closest ones with their numbers."""
+def slo_unreachable(table: Table, options: list[LayoutOption], slo: SLO, seat_tokens: float = 0.0, model: ModelSpec | None = None,
+                    min_batch: int = 1) -> tuple[str, list[str]]:
+    """Why no candidate meets the SLO, and the closest ones with their numbers. Where no candidate has KV room for its
+    batch of ``seat_tokens``-token requests, that is the reason (every latency would read 'inf')."""
     c = table.cols
     okkv = c["kv_ok"] & (c["rate"] > 0)
+    if not okkv.any() and seat_tokens > 0:
+        room = max((o.max_kv_tokens_per_rank for o in options), default=0)
+        msg = (f"no deployment meets the SLO: none has KV cache room for its requests (each holds {seat_tokens:,.0f} tokens, "
+               f"mean prompt + output; the largest KV pool is {room:,} tokens per DP rank, the smallest batch searched "
+               f"{min_batch} per rank)")
+        if model is not None and seat_tokens > model.max_context:
+            msg += f"; they are also past {model.name}'s context of {model.max_context:,} tokens"
+        return msg + ": more GPUs, an FP8 KV cache (space.kv_dtypes) or smaller batches (space.batch_per_rank)", []
     best_ttft = float(c["ttft"][okkv].min()) if okkv.any() else float("inf")
     best_tpot = float(c["tpot"][okkv].min()) if okkv.any() else float("inf")
     parts = []

@@ -284,7 +284,8 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
         timings = dict(fit_s=t_fit, screen_s=t_screen, runner=runner.describe(),
                        screened_per_s=table.enumerated / max(t_screen, 1e-9))
         if n_ok == 0:
-            msg, closest = slo_unreachable(table, options, req.slo)
+            msg, closest = slo_unreachable(table, options, req.slo, stats.mean_prompt + stats.mean_output, model,
+                                           min(space.batch_per_rank))
             return PlanReport(status="slo_unreachable", message=msg, closest_options=closest, candidates_screened=table.enumerated,
                               candidates_evaluated=len(table),
                               candidates_meeting_slo=0, candidates_simulated=0, simulations_run=0, assumptions=assumptions,
