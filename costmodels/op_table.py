@@ -77,6 +77,12 @@ def loglog_interp(x: np.ndarray, xs: np.ndarray, ys: np.ndarray, work: np.ndarra
     return t, above | (x < xs[0])
 
 
+def act_bytes(dtype: str) -> float:
+    """Bytes per activation element a GEMM of ``dtype`` reads: BF16 for a BF16 GEMM, FP8 otherwise (also a table's
+    weight bytes: FP8 and BF16 tables hold no block-scaled weights)."""
+    return 2.0 if dtype == "bf16" else 1.0
+
+
 def gemm_bytes(m, n: int, k: int, weight_bytes_per_elem: float = 1.0, act_bytes_per_elem: float = 1.0):
     """Bytes an ``M x N x K`` GEMM moves: its ``N x K`` weight, ``M x K`` activations in (FP8, or BF16 for a BF16
     GEMM) and ``M x N`` BF16 out."""
@@ -114,7 +120,7 @@ class GemmTable:
     @property
     def act_bytes_per_elem(self) -> float:
         """Bytes per activation element in: BF16 for a BF16 GEMM, FP8 otherwise."""
-        return 2.0 if self.dtype == "bf16" else 1.0
+        return act_bytes(self.dtype)
 
     @cached_property
     def floor_s(self) -> float:
@@ -240,7 +246,7 @@ def _gemm_tables(path: Path, peak: float, hbm_bw: float, gpu: str, dtype: str = 
     fams: dict[tuple[str, int, int], list[tuple[float, float]]] = {}
     for r in _rows(path):
         fams.setdefault((r["lib"], int(r["n"]), int(r["k"])), []).append((float(r["m"]), float(r["device_us"]) * 1e-6))
-    wb = 2.0 if dtype == "bf16" else 1.0
+    wb = act_bytes(dtype)
     for (lib, n, k), pts in sorted(fams.items()):
         tab = out.setdefault((lib, dtype), GemmTable(lib, dtype, peak_flops=peak, hbm_bw=hbm_bw, weight_bytes_per_elem=wb,
                                                      measured_on=gpu))
@@ -404,19 +410,23 @@ class TableGemms:
         own_tables = own_tables or {}
         own = {r: (own_tables[d], hw.tflops(d) * 1e12, compute_eff.get(hw.math_dtype(d), fp8))
                for r, d in enumerate(dtypes) if covers[r] and d != table.dtype and d in own_tables}
-        rows = {r: (hw.tflops(d) * 1e12, float(weight_bytes[r]), 2.0 if d == "bf16" else 1.0,
+        rows = {r: (hw.tflops(d) * 1e12, float(weight_bytes[r]), act_bytes(d),
                     compute_eff.get(hw.math_dtype(d), fp8))
                 for r, d in enumerate(dtypes) if covers[r] and d != table.dtype and r not in own}
         return cls(table, shapes, covers, hw.tflops("fp8") * 1e12, hw.hbm_bw, mem_eff, fp8, rows, own)
 
+    def _measured_here(self, tab: GemmTable, peak: float) -> bool:
+        """Whether ``tab`` was measured on this GPU (``peak``: this GPU's dense peak of its dtype), else transferred."""
+        return tab.peak_flops == peak and tab.hbm_bw == self.target_bw
+
     @property
     def same_gpu(self) -> bool:
-        return self.target_flops == self.table.peak_flops and self.target_bw == self.table.hbm_bw
+        return self._measured_here(self.table, self.target_flops)
 
     def own_here(self, row: int) -> bool:
         """Whether row ``row``'s own-dtype table was measured on this GPU (else transferred to it)."""
         t, peak, _ = self.own[row]
-        return t.peak_flops == peak and t.hbm_bw == self.target_bw
+        return self._measured_here(t, peak)
 
     def table_of(self, row: int) -> GemmTable:
         """The measured table row ``row`` is priced from (its dtype's own, or the FP8 one)."""
@@ -432,7 +442,7 @@ class TableGemms:
         other = self.rows.get(row)
         own = self.own.get(row)
         tab, peak, ceff = own if own is not None else (self.table, self.target_flops, self.compute_eff)
-        here = tab.peak_flops == peak and tab.hbm_bw == self.target_bw
+        here = self._measured_here(tab, peak)
         if every or pos.any():
             mp = flat if every else flat[pos]
             for n, k in self.shapes[row]:

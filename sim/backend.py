@@ -151,22 +151,25 @@ class SimBackend:
         return blk[i : i + steps, :nd]
 
     def host_time(self, plan: StepPlan) -> float:
-        """Host seconds per step of ``plan``: fixed + per request + per batched token (drafts included), and the
-        admission of the requests whose first prompt chunk it runs (``admit_coeffs``; 0 unless a measured profile
-        prices it: an engine admits a request, its token checks and prefix-cache block hashes, in the iteration it
-        arrives, which runs its first chunk unless every seat is taken)."""
+        """Host seconds per step of ``plan``: the loop's (``loop_host_time``) and the admission of the requests whose
+        first prompt chunk it runs (``admit_time``)."""
+        h = self.loop_host_time(plan)
+        return h + self.admit_time(plan) if plan.prefills else h
+
+    def loop_host_time(self, plan: StepPlan) -> float:
+        """The loop's host seconds per step of ``plan``: fixed + per request + per batched token (drafts included)."""
         h0, h_req, h_tok = self.host_coeffs
         chunks = plan.prefills
         n = len(plan.decodes)
         num_tokens = n * (1 + plan.draft_len)
         if chunks:
             num_tokens += chunks[0].num_new_tokens if len(chunks) == 1 else sum(c.num_new_tokens for c in chunks)
-        h = h0 + h_req * (n + len(chunks)) + h_tok * num_tokens
-        return h + self.admit_time(plan) if chunks else h
+        return h0 + h_req * (n + len(chunks)) + h_tok * num_tokens
 
     def admit_time(self, plan: StepPlan) -> float:
-        """Host seconds of admitting the requests whose first prompt chunk ``plan`` runs (``admit_coeffs``; part of
-        ``host_time``)."""
+        """Host seconds of admitting the requests whose first prompt chunk ``plan`` runs (``admit_coeffs``; 0 unless a
+        measured profile prices it: an engine admits a request, its token checks and prefix-cache block hashes, in the
+        iteration it arrives, which runs its first chunk unless every seat is taken)."""
         a0, a_tok = self.admit_coeffs
         h = 0.0
         if plan.prefills and (a0 or a_tok):
@@ -299,13 +302,14 @@ class SimBackend:
         ``read_back_delay``)."""
         self._drawn = None
         t = self.clock()
-        host = self.host_time(plan)
+        loop_h = self.loop_host_time(plan)
+        adm = self.admit_time(plan) if plan.prefills else 0.0
+        host = loop_h + adm if plan.prefills else loop_h     # host_time(plan), each part priced once
         if self._split:
             # the step model's host work includes the loop's; the admissions come on top (the engine admits before it
             # launches), and a configured loop dearer than the profile's is what the loop costs
             d1, h1, eager, tail1 = self._first_parts(plan)
-            adm = self.admit_time(plan)
-            h1 = max(h1, host - adm) + adm
+            h1 = max(h1, loop_h) + adm
         else:   # device work only (the model has no host side): the loop's host work is host_time's
             d1, h1, eager, tail1 = self._first_device(plan), host, False, 0.0
         h_base = h1

@@ -86,13 +86,15 @@ def predict_step(cost, profile, decode_ctx, prefill, draft_len=0, overlap: bool 
 
 
 def _loop_terms(profile, decode_ctx, prefill, draft_len, after_eager, since_eager, eager_tokens, admitted,
-                admitted_tokens) -> tuple[float, float]:
+                admitted_tokens, terms: dict | None = None) -> tuple[float, float]:
     """``predict_step``'s terms beside the runner step: the loop's host seconds with the iteration's admissions, and
-    what the step pays for following a prompt step."""
+    what the step pays for following a prompt step. ``terms``: ``loop_scheduler_terms(profile.step)`` where the
+    caller has them (one replay's steps share them)."""
     n = len(decode_ctx) + len(prefill)
     tok = len(decode_ctx) * (1 + draft_len) + sum(a for a, _ in prefill)
-    from costmodels.step_fit import loop_scheduler_terms
-    terms = loop_scheduler_terms(profile.step)    # as the simulator's scheduler config takes them (bounded)
+    if terms is None:
+        from costmodels.step_fit import loop_scheduler_terms
+        terms = loop_scheduler_terms(profile.step)    # as the simulator's scheduler config takes them (bounded)
     decay = terms["host_after_eager_decode_s"]
     if terms["host_after_eager_decode_by_tokens"]:
         from costmodels.host import decay_after
@@ -102,17 +104,13 @@ def _loop_terms(profile, decode_ctx, prefill, draft_len, after_eager, since_eage
         extra = float(decay[j - 1]) if 1 <= j <= len(decay) else 0.0
     else:
         extra = float(terms["host_after_eager_s"]) if after_eager else 0.0
-    loop = float(profile.step.loop(n, tok)) + _admissions(profile, admitted, admitted_tokens)
+    loop = float(profile.step.loop(n, tok)) + _admissions(terms, admitted, admitted_tokens)
     return loop, extra
 
 
-def _admissions(profile, admitted: int, admitted_tokens: int) -> float:
+def _admissions(terms: dict, admitted: int, admitted_tokens: int) -> float:
     """Host seconds of admitting ``admitted`` requests of ``admitted_tokens`` prompt tokens in all, at the profile's
-    price as the simulator's scheduler config takes it (bounded: ``loop_scheduler_terms``)."""
-    if not admitted and not admitted_tokens:
-        return 0.0
-    from costmodels.step_fit import loop_scheduler_terms
-    terms = loop_scheduler_terms(profile.step)
+    price as the simulator's scheduler config takes it (``terms``: ``loop_scheduler_terms``, bounded)."""
     return terms["host_admit_s"] * admitted + terms["host_admit_per_token_s"] * admitted_tokens
 
 
@@ -144,15 +142,16 @@ def predict_steps(cost, profile, steps, overlap: bool | float = False, cold=None
                                       int(getattr(s, "admitted", 0) or 0), int(getattr(s, "admitted_tokens", 0) or 0))
                          for j, s in enumerate(steps)])
     n = len(steps)
+    from costmodels.step_fit import loop_scheduler_terms
+    terms = loop_scheduler_terms(profile.step)
     d, h, eager, tail, admit = np.zeros(n), np.zeros(n), np.zeros(n, bool), np.zeros(n), np.zeros(n)
     for j, s in enumerate(steps):
-        adm = (int(getattr(s, "admitted", 0) or 0), int(getattr(s, "admitted_tokens", 0) or 0))
         loop, extra = _loop_terms(profile, s.decode_ctx, s.prefill, s.draft_len, j > 0 and bool(steps[j - 1].prefill),
-                                  since[j], toks[j], 0, 0)
+                                  since[j], toks[j], 0, 0, terms)
         dj, hj, ej, tj = pc.step_parts(np.asarray(s.decode_ctx, np.int64), s.draft_len, [a for a, _ in s.prefill],
                                        [c for _, c in s.prefill])
         d[j], h[j], eager[j], tail[j] = dj, max(hj, loop) + extra, ej, min(tj, dj)
-        admit[j] = _admissions(profile, *adm)
+        admit[j] = _admissions(terms, int(getattr(s, "admitted", 0) or 0), int(getattr(s, "admitted_tokens", 0) or 0))
     if cold is None:
         cold = np.zeros(n, bool)
         cold[:1] = True
