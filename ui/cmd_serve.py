@@ -37,7 +37,7 @@ def build_engine(model: str, *, load_format: str, device: str, dtype: Optional[s
 
 
 def serve(
-    model: str = typer.Option(..., "--model", "-m", help="HF checkpoint directory or catalog model name (e.g. tiny)"),
+    model: str = typer.Option(..., "--model", "-m", help="HF checkpoint directory, or a catalog model name (e.g. tiny) with --load-format dummy"),
     load_format: str = typer.Option("auto", "--load-format", help="auto (read weights) or dummy (random weights)"),
     plan: Optional[str] = typer.Option(None, "--plan", help="deployment plan YAML from `twinfer plan`, or a tuned policy from `twinfer tune --plan-out`"),
     device: str = typer.Option("cuda", "--device", help="cpu or cuda"),
