@@ -81,7 +81,8 @@ def confirm_plan(plan: Plan, row: int, table_rate: float, percentile: int, slo: 
     if w is None:
         return None
     rate = plan.workload.rate or 0.0
-    o = outcome_of(w, row, rate / table_rate if table_rate > 0 else 1.0, percentile, 1.0, result.num_gpus,
+    # per GPU of the whole plan: a run of part of it (``Plan.run_share``) carries that share of its rate, as a slice does
+    o = outcome_of(w, row, rate / table_rate if table_rate > 0 else 1.0, percentile, plan.run_fraction, plan.gpus_used,
                    result.num_requests, float(result.num_gpus), rate, result.digest, time.perf_counter() - t0)
     if run.stopped_at_s is not None:
         o = dataclasses.replace(o, ok=False, error=f"{STOPPED_EARLY} at {run.stopped_at_s:,.0f} s of simulated time, "

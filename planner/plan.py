@@ -62,6 +62,40 @@ class Predicted(BaseModel):
     window: str | None = Field(None, description="which run and window the figures cover (a simulation's steady window, or the screen)")
 
 
+MAX_RUN_REQUESTS = 100_000   # most requests a plan's run simulates (a run's memory and time grow with them)
+
+
+class RunShare(BaseModel):
+    """The part of a deployment its run simulates, where the whole would need more requests than a run holds.
+
+    Identical instances behind a router carry equal shares of the traffic, so a run of ``instances`` of the mixed or
+    decode pool's instances (and, disaggregated, the prefill instances in the same ratio, rounded up: never fewer than
+    the whole's share) at the same share of the request rate is the deployment's per-GPU behaviour, router included,
+    over a run long enough to reach its steady state. A run of the whole deployment on ``MAX_RUN_REQUESTS`` would
+    end before its seats turned over (100,000 x GB300 DeepSeek-V3: 0.09 s of arrivals, 56 output tokens/s per GPU
+    where its slice simulated 5,269)."""
+
+    model_config = ConfigDict(extra="forbid")
+    instances: int = Field(..., ge=1, le=100_000, description="instances of the mixed or decode pool the run simulates")
+    whole_requests: int = Field(..., ge=1, description="requests a run of the whole deployment would need")
+
+    def pool_instances(self, pool: "PoolPlan", main: "PoolPlan") -> int:
+        """Instances of ``pool`` in the run: the main pool's ``instances``, another pool's in the same ratio rounded
+        up (at most the pool's own)."""
+        k = min(self.instances, main.instances)
+        if pool is main:
+            return k
+        return min(pool.instances, max(1, -(-pool.instances * k // main.instances)))
+
+    @staticmethod
+    def best_instances(most: int, main: int, others: list[int]) -> int:
+        """Of 1..``most`` main-pool instances, the one whose other pools round up least past their exact share (the
+        most instances among ties): 41 prefill per 5 decode instances take 9 of 41 with 1 decode, 33 with 4."""
+        def excess(k: int) -> float:
+            return max([0.0] + [-(-n * k // main) / (n * k / main) - 1.0 for n in others])
+        return min(range(1, most + 1), key=lambda k: (round(excess(k), 6), -k))
+
+
 class Plan(BaseModel):
     """A deployment plan (YAML / JSON)."""
 
@@ -85,6 +119,7 @@ class Plan(BaseModel):
     slo_percentile: Literal[50, 90, 99] = 90
     seed: int = Field(0, ge=0)
     steady_after_s: float | None = Field(None, ge=0, description="end of the workload's ramp-up: where the steady window starts")
+    run_share: RunShare | None = Field(None, description="the part of the deployment the plan's run simulates (None: all of it)")
     predicted: Predicted | None = None
     economics: Economics | None = None
     why: list[str] = Field(default_factory=list)
@@ -100,6 +135,13 @@ class Plan(BaseModel):
             raise ValueError(f"pools: a disaggregated plan has one 'prefill' and one 'decode' pool (got {roles})")
         if self.gpus_used > self.gpus_budget:
             raise ValueError(f"pools use {self.gpus_used} GPUs, more than gpus_budget={self.gpus_budget}")
+        if self.run_share is not None:
+            if self.workload.kind == "trace":
+                raise ValueError("run_share: a trace replays its own arrivals, which a share of the deployment cannot "
+                                 "take; remove run_share to replay the trace on the whole deployment")
+            if self.run_share.instances > self.main_pool.instances:
+                raise ValueError(f"run_share.instances: {self.run_share.instances} is more than the "
+                                 f"{self.main_pool.role} pool's {self.main_pool.instances} instances")
         return self
 
     @property
@@ -112,28 +154,62 @@ class Plan(BaseModel):
                 return p
         raise KeyError(role)
 
+    @property
+    def main_pool(self) -> PoolPlan:
+        return self.pool("mixed" if self.mode == "aggregated" else "decode")
+
+    @property
+    def run_fraction(self) -> float:
+        """The share of the deployment's request rate (and of its mixed or decode instances) the plan's run carries."""
+        if self.run_share is None:
+            return 1.0
+        main = self.main_pool
+        return self.run_share.pool_instances(main, main) / main.instances
+
+    def run_instances(self, role: str) -> int:
+        """Instances of the ``role`` pool the plan's run simulates."""
+        pool = self.pool(role)
+        return pool.instances if self.run_share is None else self.run_share.pool_instances(pool, self.main_pool)
+
+    def run_description(self) -> str | None:
+        """What the plan's run simulates when it is not the whole deployment, in words (None: the whole)."""
+        if self.run_share is None:
+            return None
+        f = self.run_fraction
+        parts = [f"{self.run_instances(p.role):,} of {p.instances:,} {p.role} instances"
+                 + ("" if p is self.main_pool or self.run_instances(p.role) == p.instances * f else
+                    f" (its exact share {p.instances * f:.3g}, rounded up)") for p in self.pools]
+        gpus = sum(self.run_instances(p.role) * p.layout.gpus for p in self.pools)
+        return (f"{' and '.join(parts)} ({gpus:,} of {self.gpus_used:,} GPUs) at {f:.4g} of the request rate: "
+                f"a run of the whole deployment would need ~{self.run_share.whole_requests:,} requests to reach its steady "
+                f"state, a run holds {MAX_RUN_REQUESTS:,}; identical instances behind the router carry equal shares, so "
+                f"the whole plan's output is the run's / {f:.4g}, over its {self.gpus_used:,} GPUs")
+
     def to_scenario(self, *, num_requests: int | None = None) -> Scenario:
-        """The full-scale Scenario of this plan (effects and prefill pool included): ``twinfer simulate --plan``."""
+        """The Scenario of this plan's run (effects and prefill pool included): ``twinfer simulate --plan``. The whole
+        deployment, or the part ``run_share`` names at its share of the request rate."""
         scenario, effects, disagg = self.to_simulation(num_requests=num_requests)
         return scenario.model_copy(update={"effects": effects, "disagg": disagg})
 
     def to_simulation(self, *, num_requests: int | None = None) -> tuple[Scenario, EffectsSpec, DisaggSpec | None]:
         """The scenario (mixed or decode pool), effects and prefill pool that simulate this plan at full scale."""
-        main = self.pool("mixed" if self.mode == "aggregated" else "decode")
+        main = self.main_pool
         wl = self.workload
         if num_requests is not None:
             wl = wl.model_copy(update={"num_requests": num_requests, "duration_s": None})
+        if self.run_share is not None and wl.rate:
+            wl = wl.model_copy(update={"rate": wl.rate * self.run_fraction})
         # through validate(): a plan naming an unknown model or GPU is a user error, not a crash
         scenario = validate(Scenario, dict(
             name=self.name, description=f"twinfer plan: {self.mode} {self.model} on {self.gpus_used}x{self.hardware}",
-            model=self.model, hardware=self.hardware, calibration=self.calibration, layout=main.layout, instances=main.instances,
+            model=self.model, hardware=self.hardware, calibration=self.calibration, layout=main.layout, instances=self.run_instances(main.role),
             scheduler=main.scheduler, workload=wl, router=self.router, slo=self.slo, seed=self.seed,
             steady_after_s=self.steady_after_s,
         ), "plan")
         disagg = None
         if self.mode == "disaggregated":
             pre = self.pool("prefill")
-            disagg = DisaggSpec(prefill_layout=pre.layout, prefill_instances=pre.instances, prefill_scheduler=pre.scheduler,
+            disagg = DisaggSpec(prefill_layout=pre.layout, prefill_instances=self.run_instances("prefill"), prefill_scheduler=pre.scheduler,
                                 prefill_router=self.router, decode_router=self.decode_router, kv_link=self.kv_link)
         return scenario, self.effects.model_copy(update={"mirror": 1}), disagg
 

@@ -32,7 +32,7 @@ from planner.economics import Economics, economics
 from planner.explain import describe_row, does_not_fit, short_row, slo_unreachable, why_it_won
 from planner.parallel import Runner, report
 from planner.pareto import pareto_front
-from planner.plan import Plan, PoolPlan, Predicted
+from planner.plan import MAX_RUN_REQUESTS, Plan, PoolPlan, Predicted, RunShare
 from planner.request import PlanRequest
 from planner.screen import ScreenContext, screen_layout
 from planner.simulate import (SimOutcome, build_job, explicit_ranks, meets, mirrored_slice, run_job, scheduler_for,
@@ -428,11 +428,14 @@ def _confirm(req, table, options, stats, model, hw, router, effects, ok, accepta
     if best is None:
         return None, None, runs, verdicts
     i, plan, full = best
-    plan.predicted = _predicted(full, table.candidate(i), plan.gpus_used, "full-scale run of this plan")
+    plan.predicted = _predicted(full, table.candidate(i), plan.gpus_used, run_label(plan))
     plan.economics = _economics(req, hw, stats, plan.gpus_used, full.thr_gpu)
     # the reasons are recomputed from the full-scale outcome, so each figure they print is the plan's own
-    headline = (f"highest simulated output throughput per GPU ({full.thr_gpu:,.0f} tokens/s, this plan at full "
-                f"scale: {full.requests:,} requests, the run `twinfer simulate --plan` repeats) among the "
+    where = ("at full scale" if plan.run_share is None else
+             f"run on {plan.run_instances(plan.main_pool.role):,} of its {plan.main_pool.instances:,} "
+             f"{plan.main_pool.role} instances at that share of its rate")
+    headline = (f"highest simulated output throughput per GPU ({full.thr_gpu:,.0f} tokens/s, this plan {where}: "
+                f"{full.requests:,} requests, the run `twinfer simulate --plan` repeats) among the "
                 f"candidates meeting the SLO in simulation (screen predicted {table.cols['thr_gpu'][i]:,.0f})")
     plan.why = _why(req, table, options, i, ok, outcomes, points, headline, table.candidate(i).gpus, full_scale_misses(verdicts))
     for j, fo in runs:
@@ -446,6 +449,15 @@ def _confirm(req, table, options, stats, model, hw, router, effects, ok, accepta
         else:
             plan.why.append(f"rejected at full scale: {run}")
     return i, plan, runs, verdicts
+
+
+def run_label(plan: Plan) -> str:
+    """What the plan's run covers, for the figures' window: the whole plan, or the part a run holds."""
+    if plan.run_share is None:
+        return "full-scale run of this plan"
+    main = plan.main_pool
+    return (f"run of this plan on {plan.run_instances(main.role):,} of its {main.instances:,} {main.role} instances "
+            f"(a run holds {MAX_RUN_REQUESTS:,} requests)")
 
 
 def _economics(req: PlanRequest, hw, stats: WorkloadStats, gpus_used: int, thr_gpu: float) -> Economics:
@@ -576,7 +588,18 @@ def _make_plan(req: PlanRequest, cand: Candidate, options: list[LayoutOption], s
     # turn its seats over ~3 times (at least 30 s) at the planned rate
     _, warmup = steady_workload(req.workload, max(rate, 1e-6), 1)
     window = max(30.0, 3 * seats / max(rate, 1e-6))
-    n_plan = int(min(100_000, max(2_000, rate * (warmup + window))))
+    need = rate * (warmup + window)
+    share = None
+    if need > MAX_RUN_REQUESTS and req.workload.kind != "trace":
+        # more than a run holds: the run takes the largest part of the deployment whose seats it turns over (the
+        # requests it needs scale with the instances: same seats per request/s), at the same share of the rate
+        n_main = pools[-1].instances
+        most = max(1, min(n_main, int(n_main * MAX_RUN_REQUESTS / need)))
+        k = RunShare.best_instances(most, n_main, [p.instances for p in pools[:-1]])
+        if k < n_main:
+            share = RunShare(instances=k, whole_requests=int(need))
+            need *= k / n_main
+    n_plan = int(min(MAX_RUN_REQUESTS, max(2_000, need)))
     wl = req.workload.model_copy(update={"rate": rate, "num_requests": n_plan, "duration_s": None}) if req.workload.kind != "trace" else req.workload
     eff = effects.model_copy(update={"eplb": dopt.eplb != "off", "table_placement": dopt.table_placement})
     gpus_used = cand.gpus
@@ -590,6 +613,6 @@ def _make_plan(req: PlanRequest, cand: Candidate, options: list[LayoutOption], s
     predicted.request_rate = rate
     return Plan(name=name, model=req.model, hardware=req.hardware, calibration=req.calibration, gpus_budget=req.gpus, mode=cand.mode, pools=pools,
                 router=router, effects=eff, workload=wl, slo=req.slo, slo_percentile=req.slo_percentile, seed=req.seed,
-                steady_after_s=warmup or None,
+                steady_after_s=warmup or None, run_share=share,
                 predicted=predicted, economics=econ, why=why, defaults=defaults)
 

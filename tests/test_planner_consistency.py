@@ -287,3 +287,67 @@ def test_the_screen_frontier_does_not_list_a_simulated_miss_as_meeting_the_slo()
     assert screen and not {p.row for p in screen} & missed
     pts = [(p.output_tokens_per_s_per_gpu, p.tokens_per_s_per_user) for p in screen]
     assert not any(a >= x and b >= y and (a, b) != (x, y) for x, y in pts for a, b in pts)   # still a frontier
+
+
+def test_a_deployment_too_large_for_one_run_is_run_on_a_share_that_simulate_plan_repeats(monkeypatch, tmp_path):
+    """Where a run of the whole deployment would need more requests than a run holds (100,000 x GB300 DeepSeek-V3:
+    0.09 s of arrivals, 56 output tok/s/GPU quoted as the best against slices at 5,269), the plan's run takes part of
+    its instances at the same share of the rate: long enough to reach steady state. Here the cap is lowered so an 8 x
+    H200 Llama-3.1-8B plan needs it; that run's figures match a run of the whole deployment long enough to be steady,
+    and `simulate --plan` repeats the run to the digest and says what it covers."""
+    import planner.search as search
+    from planner.plan import load_plan
+    from typer.testing import CliRunner
+    from ui.cli import app
+
+    monkeypatch.setattr(search, "MAX_RUN_REQUESTS", 2000)
+    req = PlanRequest.model_validate(dict(
+        model="llama-3.1-8b", hardware="h200", gpus=8, workload=preset("chat"), slo={"ttft_s": 2.0, "tpot_s": 0.05},
+        space=dict(modes=["aggregated"], tp=[1], dep=[], draft_len=[0], async_overlap=[True]), simulate_top=1, sim_requests=300))
+    plan = plan_deployment(req, workers=1).recommended
+    share, main = plan.run_share, plan.main_pool
+    assert main.instances == 8 and share is not None and 1 <= share.instances < 8 and share.whole_requests > 2000
+    p = plan.predicted
+    assert p.simulated_gpus == share.instances * main.layout.gpus and plan.workload.num_requests == p.simulated_requests == 2000
+    assert f"on {share.instances} of its 8 mixed instances" in p.window and "run on" in plan.why[0]
+    plan.save(tmp_path / "p.yaml")
+    loaded = load_plan(tmp_path / "p.yaml")
+    sc = loaded.to_scenario()
+    assert sc.instances == share.instances and sc.workload.rate == pytest.approx(plan.workload.rate * share.instances / 8)
+    assert simulate(sc).result.digest == p.sim_digest
+    # the whole deployment, on enough requests to turn its seats over as the share's run does
+    whole = plan.model_copy(update={"run_share": None}).to_scenario(num_requests=share.whole_requests)
+    w = simulate(whole).result.metrics.steady
+    assert w.output_throughput_per_gpu == pytest.approx(p.output_tokens_per_s_per_gpu, rel=0.03)   # 4,639 vs 4,661
+    assert w.tpot_s.p90 == pytest.approx(p.tpot_s, rel=0.05)
+    # fewer instances behind the router pool less: the share's first-token tail is the conservative side (0.16 vs 0.12 s)
+    assert w.ttft_s.p90 <= p.ttft_s <= 1.5 * w.ttft_s.p90
+    # the whole deployment on the run's 2,000 requests (what the plan ran before): its seats never turn over
+    short = simulate(plan.model_copy(update={"run_share": None}).to_scenario(num_requests=2000)).result.metrics.steady
+    assert short.output_throughput_per_gpu < 0.92 * w.output_throughput_per_gpu and short.tpot_s.p90 < 0.8 * w.tpot_s.p90
+    out = CliRunner().invoke(app, ["simulate", "--plan", str(tmp_path / "p.yaml")])
+    assert out.exit_code == 0, out.output
+    assert f"{share.instances} of 8 mixed instances" in out.output and "the plan's own run" in out.output
+    assert f"per GPU of the whole plan this run gives {p.output_tokens_per_s_per_gpu:,.0f} output tok/s" in out.output
+
+
+def test_run_share_is_checked_against_the_plan():
+    from planner.plan import Plan
+    from twinfer.config import validate
+    from twinfer.errors import TwinferError
+
+    req = PlanRequest.model_validate(dict(
+        model="llama-3.1-8b", hardware="h200", gpus=8, workload=preset("chat"), slo={"ttft_s": 2.0, "tpot_s": 0.05},
+        space=dict(modes=["aggregated"], tp=[1], dep=[], draft_len=[0], async_overlap=[True]), simulate_top=0))
+    data = plan_deployment(req, workers=1).recommended.model_dump(mode="json")
+    data["run_share"] = {"instances": 99, "whole_requests": 10}
+    with pytest.raises(TwinferError, match="run_share.instances: 99 is more than"):
+        validate(Plan, data, "plan")
+
+
+def test_a_run_share_takes_the_instance_count_whose_other_pool_rounds_least():
+    from planner.plan import RunShare
+
+    # 41 prefill per 5 decode instances: 1 decode takes 9 prefill (exact 8.2), 3 take 25 (24.6), 4 take 33 (32.8)
+    assert RunShare.best_instances(4, 5, [41]) == 4 and RunShare.best_instances(3, 5, [41]) == 3
+    assert RunShare.best_instances(3, 8, []) == 3 and RunShare.best_instances(1, 549, [4054]) == 1

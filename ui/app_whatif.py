@@ -98,7 +98,9 @@ def figure(rows: dict) -> go.Figure:
 def render(plan: service.PlanView, model: dict, num_requests: int, band_label: str) -> None:
     """Form, then baseline and what-if side by side."""
     n = service.what_if_requests(plan.plan, num_requests)
-    st.caption(f"baseline: **{plan.label}** · both simulated at full scale on {n:,} requests (the plan's own run: "
+    part = service.plan_run_part(plan.plan)
+    scale = "at full scale" if part is None else f"on {part.split(' at ')[0]}"
+    st.caption(f"baseline: **{plan.label}** · both simulated {scale} on {n:,} requests (the plan's own run: "
                f"`twinfer simulate --plan`) · figures of the steady window · {band_label}")
     changes = controls(plan, model)
     if not changes:

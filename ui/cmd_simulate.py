@@ -145,11 +145,18 @@ def scenario_from_plan(path: str, *, scenario: str | None, requests: int | None,
     p = load_plan(path)
     sc = p.to_scenario(num_requests=requests)
     upd: dict = {}
-    if rate is not None:
-        upd["workload"] = sc.workload.model_copy(update={"rate": rate})
+    if rate is not None:   # the deployment's rate; a run of part of it takes that part's share
+        upd["workload"] = sc.workload.model_copy(update={"rate": rate * p.run_fraction})
     if seed is not None:
         upd["seed"] = seed
     return sc.model_copy(update=upd) if upd else sc
+
+
+def plan_run_part(path: str) -> str | None:
+    """What part of the deployment a plan's run covers, when not all of it (``Plan.run_share``)."""
+    from planner.plan import load_plan
+
+    return load_plan(path).run_description()
 
 
 def plan_comparison(path: str, res) -> str:
@@ -162,10 +169,16 @@ def plan_comparison(path: str, res) -> str:
             f"TPOT p{pct} {pr.tpot_s * 1e3:.1f} ms")
     if pr.source != "simulation" or not pr.sim_digest:
         return f"the plan's figures ({said}) are the analytic screen's, not a simulation: expect these to differ"
+    whole = ""
+    w = res.metrics.steady or res.metrics.whole_run
+    if p.run_share is not None and w is not None:   # the run covers part of the plan: its figure per GPU of the whole
+        whole = (f"; per GPU of the whole plan this run gives {w.output_throughput / p.run_fraction / p.gpus_used:,.0f} "
+                 f"output tok/s (its {w.output_throughput:,.0f} tok/s / {p.run_fraction:.4g} / {p.gpus_used:,} GPUs)")
     if res.digest == pr.sim_digest:
-        return f"the plan's own run (digest {res.digest[:16]} = the plan's): the plan predicted {said}, the steady window above"
+        return (f"the plan's own run (digest {res.digest[:16]} = the plan's): the plan predicted {said}, the steady window "
+                f"above{whole}")
     return (f"not the plan's run (--requests/--rate/--seed changed it; digest {res.digest[:16]}, the plan's {pr.sim_digest[:16]}): "
-            f"the plan predicted {said} on {pr.simulated_requests or 0:,} requests")
+            f"the plan predicted {said} on {pr.simulated_requests or 0:,} requests{whole}")
 
 
 def _workload_yaml(wl) -> dict:
@@ -420,7 +433,7 @@ def register(app: typer.Typer) -> None:
         perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="write a Perfetto/Chrome trace of every plan"),
         print_scenario: bool = typer.Option(False, "--print-scenario", help="print the effective scenario as YAML and exit"),
         all_values: bool = typer.Option(False, "--all", help="with --print-scenario: every effective value, defaults included"),
-        plan: Optional[str] = typer.Option(None, "--plan", help="simulate a `twinfer plan --out` plan file at full scale (--requests, --rate, --seed still apply), or repeat a `twinfer tune --profile ... --plan-out` winner on tune's requests (only --json applies)"),
+        plan: Optional[str] = typer.Option(None, "--plan", help="simulate a `twinfer plan --out` plan file as the plan ran it (the whole deployment, or the part of it its run_share names; --requests, --rate, --seed still apply), or repeat a `twinfer tune --profile ... --plan-out` winner on tune's requests (only --json applies)"),
         error_band: Optional[str] = typer.Option(None, "--error-band", help="print the twin's error band next to the figures: a `twinfer validate` report JSON, or 'auto' (profiles/<hardware>/validation_*.json)"),
     ) -> None:
         """Serving metrics of a scenario in simulated time; with no options, the built-in default.
@@ -496,6 +509,11 @@ def register(app: typer.Typer) -> None:
             write_perfetto(out.collector.step_records, perfetto)
         if as_json:
             text = to_json(res, indent=1)
+            part = plan_run_part(plan) if plan is not None else None
+            if part:   # what the run covers sits next to the result, as the verdict does
+                data = json.loads(text)
+                data["plan_run"] = part
+                text = json.dumps(data, indent=1)
             if spec is not None:  # the verdict sits next to the result; the digest covers the result only
                 data = json.loads(text)
                 ok, line = spec.verdict(res.metrics)
@@ -506,6 +524,9 @@ def register(app: typer.Typer) -> None:
         _print_result(con, res, wall, spec, plan)
         if plan is not None:
             con.print(plan_comparison(plan, res), highlight=False)
+            part = plan_run_part(plan)
+            if part:
+                con.print(f"note: the plan's run simulates {part}", highlight=False)
         if sc.calibration is not None or get_hardware_measured(sc.hardware):
             con.print("[dim]efficiencies: " + escape("; ".join(res.cost_model_notes[:4])) + "[/]", highlight=False)
         if error_band is not None:

@@ -499,6 +499,13 @@ def what_if_requests(plan: dict, num_requests: int) -> int:
     return int(max(num_requests, 3 * seats))
 
 
+def plan_run_part(plan: dict) -> str | None:
+    """What part of the deployment the plan's run covers, in words; None where it runs all of it."""
+    from planner.plan import Plan
+
+    return validate(Plan, plan, "plan").run_description()
+
+
 def simulate_plan(plan: dict, num_requests: int) -> dict:
     """Simulate a plan at full scale on ``num_requests`` requests (the run ``twinfer simulate --plan`` makes);
     the figures the app compares, from its steady window."""
