@@ -215,7 +215,7 @@ class LLMEngine:
             # no drafts, no MTP layers: vLLM and SGLang load them only to draft (the simulator's memory_fit mtp=False)
             spec = spec.model_copy(update={"mtp_layers": 0})
         cfg = ExecModelConfig.build(spec, hf_dir)
-        mml = min(max_model_len if max_model_len is not None else scheduler_config.max_model_len, spec.max_context)
+        mml = min(max_model_len or scheduler_config.max_model_len or spec.max_context, spec.max_context)
         sched_cfg = scheduler_config.model_copy(update={"max_model_len": mml})
         dev = torch.device(device)
         if device.startswith("cuda"):

@@ -17,6 +17,7 @@ from costmodels.replay import ReplayPolicy, ResolvedReplay, effective_replay_pol
 # position is accepted with the same conditional probability, so position i is accepted with
 # probability 0.85**i (marginal). Override ``acceptance_rates`` when you have measurements.
 DEFAULT_FIRST_ACCEPTANCE = 0.85
+MAX_MODEL_LEN_LIMIT = 1 << 24   # the most tokens a request may hold in any config (sim.traces.MAX_LINE_TOKENS)
 
 # Host (CPU) overhead of one engine step. Sources: the WukLab study of vLLM/SGLang scheduling
 # overhead (mlsys.wuklab.io/posts/scheduling_overhead) finds vLLM's per-step scheduling plus tensor
@@ -145,8 +146,9 @@ class SchedulerConfig(BaseModel):
         description="marginal probability that draft position i (1-based) is accepted, non-increasing; "
         "empty: 0.85**i (DeepSeek-V3 report: 85-90% for the first draft token)",
     )
-    max_model_len: int = Field(131072, ge=1, le=1 << 24, description="most tokens (prompt + output) one request may hold; "
-                               "at most the model's context (for_model)")
+    max_model_len: int | None = Field(None, ge=1, le=MAX_MODEL_LEN_LIMIT, description="most tokens (prompt + output) one request may "
+                                      "hold; null: the model's context (for_model), as vLLM and SGLang default it; at "
+                                      "most that context")
     async_overlap: bool = Field(True, description="prepare step N+1 on the CPU while the GPU runs step N")
     async_overlap_hides: float = Field(
         1.0, gt=0.0, le=1.0, description="share of the host work async overlap hides under the device (1: all; "
@@ -280,9 +282,14 @@ class SchedulerConfig(BaseModel):
     def for_model(self, model: ModelSpec) -> "SchedulerConfig":
         """This config serving ``model``: ``max_model_len`` at most the model's context (``max_position_embeddings``),
         as the executor's engine caps it (``LLMEngine.from_args``), so both backends refuse the same requests."""
-        if self.max_model_len <= model.max_context:
+        if self.max_model_len is not None and self.max_model_len <= model.max_context:
             return self
         return self.model_copy(update={"max_model_len": model.max_context})
+
+    @property
+    def request_tokens_limit(self) -> int:
+        """``max_model_len``, or where it is unset (no model applied: ``for_model``) the largest it may be."""
+        return self.max_model_len if self.max_model_len is not None else MAX_MODEL_LEN_LIMIT
 
     def replay_for(self, model: ModelSpec) -> ResolvedReplay:
         """The per-layer replay policy in force on ``model`` (``replay``, else ``swa_replay_tokens``, else shipped)."""

@@ -114,7 +114,7 @@ class Scheduler:
         """Prompt + output tokens of the longest request this instance can ever admit: ``max_model_len``, or less
         where one request's KV (its attention-DP rank's share) cannot hold that many with its draft slots."""
         blocks = self.dp.kv_blocks if self.dp is not None else self.kv.num_blocks
-        return min(self.config.max_model_len, blocks * self.block_size - self.config.draft_len)
+        return min(self.config.request_tokens_limit, blocks * self.block_size - self.config.draft_len)
 
     @property
     def num_waiting(self) -> int:
@@ -135,8 +135,8 @@ class Scheduler:
         if req.prompt_len < 1 or req.output_len < 1:
             return f"prompt_len={req.prompt_len} and output_len={req.output_len} must both be >= 1"
         total = req.prompt_len + req.output_len
-        if total > cfg.max_model_len:
-            return f"prompt_len + output_len = {total} exceeds max_model_len={cfg.max_model_len}"
+        if total > cfg.request_tokens_limit:
+            return f"prompt_len + output_len = {total} exceeds max_model_len={cfg.request_tokens_limit}"
         need = -(-(total + cfg.draft_len) // self.block_size)
         if need > self.kv.num_blocks:
             return (
@@ -154,7 +154,7 @@ class Scheduler:
         """Admission shared by both entry points: drop what can never be served, else mark it live. A prompt that
         fits with room for its first output token gets its output cut at the context window, as the executor's engine
         cuts it (``LLMEngine.add_request``) and vLLM / SGLang stop a sequence there (finish reason "length")."""
-        room = self.config.max_model_len - req.prompt_len
+        room = self.config.request_tokens_limit - req.prompt_len
         if 1 <= room < req.output_len:
             req.output_len = room
         reason = self.refusal_reason(req)

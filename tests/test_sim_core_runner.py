@@ -217,3 +217,21 @@ def test_requests_past_the_models_context_are_refused_as_the_executor_refuses_th
     assert (m.requests_finished, m.requests_dropped) == (2, 1), m.dropped_by_reason
     assert all("max_model_len=40960" in why for why in m.dropped_by_reason), m.dropped_by_reason
     assert m.output_tokens == 100 + 60
+
+
+def test_the_default_max_model_len_is_the_models_context_above_131072():
+    """DeepSeek-V3 reads 163,840 tokens (max_position_embeddings). The scheduler's default max_model_len was 131,072,
+    so the simulator, the planner's slices and plans dropped every 150k-token prompt a DeepSeek-V3 engine (vLLM,
+    SGLang: max_model_len defaults to the model's context) serves. Unset, it is the model's context now."""
+    lens = [150_000, 170_000]   # + 100 output: within DeepSeek-V3's context, past it
+    sc = Scenario.model_validate({
+        "model": "deepseek-v3", "hardware": "h200", "layout": {"tp": 8},
+        "workload": {"kind": "poisson", "rate": 0.05, "num_requests": 2,
+                     "input_len": {"kind": "fixed", "value": 1000}, "output_len": {"kind": "fixed", "value": 100}}})
+    assert sc.scheduler.max_model_len is None
+    reqs = scenario_requests(sc)
+    for r, n in zip(reqs, lens):
+        r.prompt_len = n
+    m = simulate(sc, requests=reqs).result.metrics
+    assert (m.requests_finished, m.requests_dropped) == (1, 1), m.dropped_by_reason
+    assert all("max_model_len=163840" in why for why in m.dropped_by_reason), m.dropped_by_reason
