@@ -4,7 +4,9 @@ Each request is a streamed POST /v1/completions with ``ignore_eos`` and ``max_to
 the workload's output length, so the server generates exactly the tokens the workload asks
 for (servers that honour ``ignore_eos``: twinfer, vLLM, SGLang). Per request we time the
 first content chunk (TTFT), the gaps between chunks (ITL), the whole request (E2E) and
-take token counts from the server's ``usage``.
+take token counts from the server's ``usage``. A request still running after ``timeout_s``
+(the whole of it: connecting, waiting for the first token, every streamed one) is cut and
+recorded as failed with a timeout error.
 
 Prompts are synthetic: a text of common three-letter words, sized by a two-probe calibration
 of the server's tokenizer (tokens per word and fixed overhead such as BOS), or, with
@@ -205,9 +207,16 @@ def _headers(api_key: str | None) -> dict:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+CONNECT_TIMEOUT_S = 30.0   # a server that takes longer to accept a connection is down or overloaded
+
+
 def make_client(timeout_s: float = 600.0) -> httpx.AsyncClient:
-    """An HTTP client for many concurrent streams; ignores proxy env (targets are local servers)."""
-    return httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=30.0), trust_env=False,
+    """An HTTP client for many concurrent streams; ignores proxy env (targets are local servers).
+
+    ``timeout_s`` bounds each read (and connecting, to at most ``CONNECT_TIMEOUT_S``); ``send_one`` bounds
+    a whole streamed request on top, which a stream that keeps sending tokens would never hit per read."""
+    return httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s)),
+                             trust_env=False,
                              limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
 
 
@@ -258,46 +267,19 @@ async def calibrate(client: httpx.AsyncClient, base_url: str, model: str, api_ke
 
 
 async def send_one(client: httpx.AsyncClient, base_url: str, model: str, prompt: str | list[int], output_len: int,
-                   rec: RequestRecord, t0: float, *, api_key: str | None = None, temperature: float = 0.0) -> RequestRecord:
-    """Stream one completion and fill ``rec`` with its timings and token counts."""
+                   rec: RequestRecord, t0: float, *, api_key: str | None = None, temperature: float = 0.0,
+                   timeout_s: float | None = None) -> RequestRecord:
+    """Stream one completion and fill ``rec`` with its timings and token counts; a request not over within
+    ``timeout_s`` (all of it, streaming included) is cut there (closing the connection aborts it at the
+    server) and recorded as failed."""
     payload = {"model": model, "prompt": prompt, "max_tokens": output_len, "ignore_eos": True, "stream": True,
                "stream_options": {"include_usage": True}, "temperature": temperature}
     start = time.perf_counter()
     rec.start_s = start - t0
-    last = None
-    chunks = 0
+    deadline = asyncio.timeout(timeout_s)
     try:
-        async with client.stream("POST", f"{base_url}/v1/completions", json=payload, headers=_headers(api_key)) as r:
-            if r.status_code != 200:
-                body = (await r.aread()).decode("utf-8", "replace")
-                raise RuntimeError(f"HTTP {r.status_code}: {body[:300]}")
-            async for line in r.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                msg = json.loads(data)
-                if "error" in msg:
-                    raise RuntimeError(f"stream error: {msg['error']}")
-                rec.request_id = rec.request_id or msg.get("id")
-                if msg.get("usage"):
-                    rec.prompt_tokens = msg["usage"].get("prompt_tokens")
-                    rec.output_tokens = msg["usage"].get("completion_tokens") or 0
-                    details = msg["usage"].get("prompt_tokens_details") or {}
-                    rec.cached_tokens = details.get("cached_tokens")
-                choices = msg.get("choices") or []
-                if not choices:
-                    continue
-                # every chunk with a choice is a token event (servers send one per step)
-                now = time.perf_counter()
-                if last is None:
-                    rec.ttft_s = now - start
-                else:
-                    rec.itl_s.append(now - last)
-                last = now
-                chunks += 1
-                rec.finish_reason = choices[0].get("finish_reason") or rec.finish_reason
+        async with deadline:
+            chunks = await _stream(client, f"{base_url}/v1/completions", payload, api_key, rec, start)
         rec.e2e_s = time.perf_counter() - start
         if rec.output_tokens == 0:  # server sent no usage: count the token events
             rec.output_tokens = chunks
@@ -310,8 +292,50 @@ async def send_one(client: httpx.AsyncClient, base_url: str, model: str, prompt:
         rec.success = True
     except Exception as err:  # noqa: BLE001 - any failure is a failed request in the report
         rec.e2e_s = time.perf_counter() - start
-        rec.success, rec.error = False, f"{type(err).__name__}: {err}"
+        rec.success = False
+        got = len(rec.itl_s) + (rec.ttft_s is not None)
+        rec.error = (f"TimeoutError: not complete within the per-request timeout of {timeout_s:g} s "
+                     f"({got} token chunks received)" if deadline.expired() else f"{type(err).__name__}: {err}")
     return rec
+
+
+async def _stream(client: httpx.AsyncClient, url: str, payload: dict, api_key: str | None, rec: RequestRecord,
+                  start: float) -> int:
+    """POST ``payload`` and read its SSE stream into ``rec`` (times from ``start``); the token events seen."""
+    last = None
+    chunks = 0
+    async with client.stream("POST", url, json=payload, headers=_headers(api_key)) as r:
+        if r.status_code != 200:
+            body = (await r.aread()).decode("utf-8", "replace")
+            raise RuntimeError(f"HTTP {r.status_code}: {body[:300]}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            msg = json.loads(data)
+            if "error" in msg:
+                raise RuntimeError(f"stream error: {msg['error']}")
+            rec.request_id = rec.request_id or msg.get("id")
+            if msg.get("usage"):
+                rec.prompt_tokens = msg["usage"].get("prompt_tokens")
+                rec.output_tokens = msg["usage"].get("completion_tokens") or 0
+                details = msg["usage"].get("prompt_tokens_details") or {}
+                rec.cached_tokens = details.get("cached_tokens")
+            choices = msg.get("choices") or []
+            if not choices:
+                continue
+            # every chunk with a choice is a token event (servers send one per step)
+            now = time.perf_counter()
+            if last is None:
+                rec.ttft_s = now - start
+            else:
+                rec.itl_s.append(now - last)
+            last = now
+            chunks += 1
+            rec.finish_reason = choices[0].get("finish_reason") or rec.finish_reason
+    return chunks
 
 
 # ----------------------------------------------------------------------------- the run
@@ -346,7 +370,7 @@ async def run_benchmark(base_url: str, items: Sequence[BenchItem], *, model: str
 
         async def fire(item: BenchItem, rec: RequestRecord, t0: float, salt: int = 0) -> RequestRecord:
             return await send_one(client, base_url, model, maker.prompt(item, salt), item.output_len, rec, t0,
-                                  api_key=api_key, temperature=temperature)
+                                  api_key=api_key, temperature=temperature, timeout_s=timeout_s)
 
         if warmup:  # same shapes as the first requests, different words: warms kernels, not the prefix cache
             sem_w = asyncio.Semaphore(concurrency or warmup)

@@ -103,3 +103,28 @@ def test_a_stream_the_server_aborted_is_a_failed_request():
     assert not rec.success and "abort" in rec.error
     run = bc.BenchRun([rec], 1.0, "m", "http://x", "text")
     assert bc.summarize(run)["failed"] == 1
+
+
+def test_timeout_s_bounds_the_whole_request_not_each_read(monkeypatch):
+    # a server that keeps streaming tokens, each well within the timeout, never tripped the per-read
+    # timeout --timeout-s was: the request ran to its end however long it took
+    import asyncio
+
+    import httpx
+
+    async def tokens():
+        for _ in range(100):   # 100 chunks 10 ms apart: at least a second in all
+            await asyncio.sleep(0.01)
+            yield ("data: " + json.dumps({"id": "cmpl-1", "choices": [{"index": 0, "text": "a"}]}) + "\n\n").encode()
+        yield b"data: [DONE]\n\n"
+
+    def handler(request):
+        return httpx.Response(200, content=tokens(), headers={"content-type": "text/event-stream"})
+
+    monkeypatch.setattr(bc, "make_client", lambda timeout_s: httpx.AsyncClient(
+        transport=httpx.MockTransport(handler), timeout=httpx.Timeout(timeout_s)))
+    run = asyncio.run(bc.run_benchmark("http://x", [bc.BenchItem(0, 0.0, 4, 100)], model="m", prompt_mode="ids",
+                                       timeout_s=0.2))
+    rec = run.records[0]
+    assert not rec.success and rec.error.startswith("TimeoutError: not complete within the per-request timeout of 0.2 s")
+    assert rec.ttft_s is not None and rec.finish_reason is None   # cut mid-stream, not before it began

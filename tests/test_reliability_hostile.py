@@ -398,7 +398,9 @@ def test_step_metrics_from_the_executor_observer():
     done.first_scheduled_time, done.first_token_time, done.finish_time = 1.5, 2.0, 3.0
     other = Request(request_id="b", arrival_time=1.0, prompt_len=10, output_len=3)
     plan = StepPlan(0, prefills=[ScheduledChunk(other, 10, 0, True)], decodes=[done], preempted=[other])
-    metrics.observe_step(0.0, plan, None)
+    metrics.request_started("a")   # the phases are the app's requests', observed once, when the app ends them
+    metrics.observe_step(0.0, plan, None, now=9.0)   # a finished request keeps its own finish_time
+    metrics.request_ended("a", finished=True)
     text = generate_latest(metrics.registry).decode()
     assert 'vllm:num_preemptions_total{model_name="m"} 1.0' in text
     assert 'vllm:iteration_tokens_total_sum{model_name="m"} 11.0' in text

@@ -18,7 +18,7 @@ pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from executor.serve.app import create_app  # noqa: E402
-from executor.serve.fake_engine import _TEXT, FakeEngine, FakeSamplingParams  # noqa: E402
+from executor.serve.fake_engine import _TEXT, FakeEngine, FakeSamplingParams, FakeTokenOutput  # noqa: E402
 from executor.serve.server import BackgroundServer  # noqa: E402
 from executor.serve.tokenizer import ByteTokenizer  # noqa: E402
 
@@ -293,3 +293,125 @@ def test_bench_client_takes_the_v1_url_serve_prints(server):
     for url in (server.url, server.url + "/", server.url + "/v1", server.url + "/v1/"):
         model, max_len = asyncio.run(server_info(url))
         assert max_len is not None and model, url
+
+
+class _MultiTokenEngine(FakeEngine):
+    """The fake with the executor's hooks (``step_observer``, ``now``): each request gets ``_TEXT`` in outputs of
+    many tokens (as multi-step decode or MTP hand them out), each step reported with the scheduler's Request on a
+    scripted clock: scheduled 1 s after arrival, tokens at +2 s (9) and +5 s (16), the last 5 and a finish at +6 s.
+    An abort applies a step later, as with async overlap (the step in flight still runs the request)."""
+
+    def __init__(self):
+        super().__init__()
+        self.step_observer = None
+        self.clock = 0.0
+        self._reqs = {}
+
+    def now(self) -> float:
+        return self.clock
+
+    async def abort(self, request_id: str) -> None:
+        from scheduler.plan import StepPlan
+
+        req = self._reqs.pop(request_id)
+        self.clock += 1
+        self.step_observer(self.clock, StepPlan(0, decodes=[req]), None)
+
+    async def generate(self, request_id, prompt_token_ids, params):
+        from scheduler.plan import StepPlan
+        from scheduler.request import Request
+
+        data, t0 = _TEXT.encode(), self.clock
+        req = self._reqs[request_id] = Request(request_id, arrival_time=t0, prompt_len=len(prompt_token_ids),
+                                               output_len=30)
+        req.first_scheduled_time = t0 + 1
+        for at, ids in ((2, data[:9]), (5, data[9:25]), (6, data[25:30])):
+            self.clock = t0 + at
+            req.first_token_time = req.first_token_time or self.clock
+            last = at == 6
+            if last:
+                req.finish_time = self.clock
+            self._stats.generation_tokens_total += len(ids)   # the engine counts every token it made
+            self.step_observer(self.clock, StepPlan(0, decodes=[req]), None)
+            yield FakeTokenOutput(request_id, list(ids), last, "length" if last else None, len(prompt_token_ids))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_string_finish_is_observed_and_counts_only_kept_tokens(stream):
+    # a stop string completed mid-output: the 6 tokens after it were neither counted in usage nor in
+    # generation_tokens_total, and the request was missing from the queue/prefill/decode histograms
+    srv = _serve(_MultiTokenEngine())
+    try:
+        body = {"prompt": "x", "max_tokens": 100, "stop": ["fox"], "stream": stream}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        r = httpx.post(srv.url + "/v1/completions", json=body)
+        if stream:
+            events = [json.loads(ln[6:]) for ln in r.text.splitlines() if ln.startswith("data: {")]
+            text = "".join(c["text"] for e in events for c in e["choices"])
+            usage = events[-1]["usage"]
+        else:
+            text, usage = r.json()["choices"][0]["text"], r.json()["usage"]
+        assert text == "The quick brown " and usage["completion_tokens"] == len("The quick brown fox")
+        # a request the engine finishes is observed as before, once
+        assert httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 100}).json()["usage"][
+            "completion_tokens"] == 30
+        m = {(s.name, s.labels.get("finished_reason")): s.value
+             for f in text_string_to_metric_families(httpx.get(srv.url + "/metrics").text) for s in f.samples}
+        assert m[("vllm:generation_tokens_total", None)] == 19 + 30          # the engine made 25 + 30
+        assert m[("vllm:request_generation_tokens_sum", None)] == 19 + 30
+        assert m[("vllm:request_success_total", "stop")] == m[("vllm:request_success_total", "length")] == 1
+        # stop: queue 1, prefill 1, decode 5 - 2, inference 5 - 1; length: the same, to its finish at 6
+        for phase, total in (("queue", 2.0), ("prefill", 2.0), ("decode", 3.0 + 4.0), ("inference", 4.0 + 5.0)):
+            assert m[(f"vllm:request_{phase}_time_seconds_count", None)] == 2, phase
+            assert m[(f"vllm:request_{phase}_time_seconds_sum", None)] == total, phase
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("path, body, param, says", [
+    # vLLM's rules: top_logprobs asks for logprobs; stream_options describe a stream
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs",
+     "`logprobs` must be set to true"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2, "logprobs": False},
+     "top_logprobs", "`logprobs` must be set to true"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2, "logprobs": True},
+     "logprobs", "not supported"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": -1}, "top_logprobs",
+     "greater than or equal to 0"),
+    ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options",
+     "only be defined when `stream=True`"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": False,
+                              "stream_options": {"include_usage": False}}, "stream_options", "`stream=True`"),
+    ("/v1/completions", {"prompt": "x", "stream": "yes", "stream_options": {"include_usage": True}}, "stream", "bool"),
+])
+def test_options_without_what_they_qualify_are_400(server, path, body, param, says):
+    err = _assert_openai_error(httpx.post(server.url + path, json=body), 400, param)
+    assert says in err["message"], err
+
+
+def test_neutral_top_logprobs_and_stream_options_are_accepted(server):
+    msgs = [{"role": "user", "content": "x"}]
+    for extra in ({"top_logprobs": 0}, {"top_logprobs": None}, {"stream_options": None}, {"stream_options": {}}):
+        r = httpx.post(server.url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 2, **extra})
+        assert r.status_code == 200, (extra, r.text)
+
+
+def test_retrieve_model_by_id(server):
+    listed = httpx.get(server.url + "/v1/models").json()["data"][0]
+    got = httpx.get(server.url + "/v1/models/fake").json()
+    assert {k: v for k, v in got.items() if k != "created"} == {k: v for k, v in listed.items() if k != "created"}
+    assert set(got) == set(listed) and got["object"] == "model"
+    for missing in ("gpt-9", "fake/x", "org/fake"):
+        err = _assert_openai_error(httpx.get(server.url + "/v1/models/" + missing), 404, "model")
+        assert f"`{missing}`" in err["message"] and err["code"] == "model_not_found"
+
+
+def test_retrieve_model_whose_id_has_a_slash():
+    from fastapi.testclient import TestClient
+
+    app = create_app(FakeEngine(), ByteTokenizer(512), served_model_name="org/model",
+                     sampling_params_cls=FakeSamplingParams)
+    with TestClient(app) as c:
+        assert c.get("/v1/models/org/model").json()["id"] == "org/model"
+        assert c.get("/v1/models/org").status_code == 404

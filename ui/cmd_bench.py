@@ -146,7 +146,9 @@ def bench(
     prompt_mode: str = typer.Option("text", "--prompt-mode", help="text (calibrated synthetic words) or ids (token ids)"),
     block_size: int = typer.Option(16, "--block-size", min=1, help="KV block size for the workload's shared-prefix hashes"),
     seed: int = typer.Option(0, "--seed"),
-    timeout_s: float = typer.Option(600.0, "--timeout-s", min=1.0, help="per-request timeout"),
+    timeout_s: float = typer.Option(600.0, "--timeout-s", min=1.0,
+                                    help="per-request timeout: seconds a whole request may take, streamed tokens "
+                                         "included; one still running then is cut and counted as failed"),
     slo: Optional[str] = typer.Option(None, "--slo", help="targets for goodput and the 'meets the SLO' verdict, e.g. ttft_p90=2s,tpot_p90=50ms"),
     num_gpus: int = typer.Option(1, "--num-gpus", min=1, help="GPUs behind the server, for per-GPU throughputs"),
 ) -> None:

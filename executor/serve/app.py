@@ -1,4 +1,4 @@
-"""The FastAPI app: OpenAI's /v1/completions, /v1/chat/completions and /v1/models over an AsyncLLMEngine.
+"""The FastAPI app: OpenAI's /v1/completions, /v1/chat/completions and /v1/models[/{id}] over an AsyncLLMEngine.
 
 One HTTP request is one engine request. The app owns what the engine does not: tokenizing
 (and the chat template), stop strings, OpenAI's response shapes, SSE streaming, request ids,
@@ -250,11 +250,19 @@ def create_app(engine: Any, tokenizer: Tokenizer, *, served_model_name: str, api
     async def metrics() -> Response:
         return Response(generate_latest(st.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    def model_card() -> dict:
+        return {"id": st.model_name, "object": "model", "created": P.now_s(), "owned_by": "twinfer",
+                "root": st.model_name, "max_model_len": engine.max_model_len}
+
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{
-            "id": st.model_name, "object": "model", "created": P.now_s(), "owned_by": "twinfer",
-            "root": st.model_name, "max_model_len": engine.max_model_len}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")  # :path: model ids such as org/name hold a slash
+    async def model(model_id: str) -> dict:
+        if model_id != st.model_name:  # a path names a model: no empty default, unlike a request body's `model`
+            raise _unknown_model(st, model_id)
+        return model_card()
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -289,7 +297,8 @@ def create_app(engine: Any, tokenizer: Tokenizer, *, served_model_name: str, api
 
 def _observe_steps(engine: Any, metrics: ServeMetrics) -> None:
     """Hook the executor's per-step observer (LLMEngine.step_observer, behind AsyncLLMEngine.engine) for the
-    iteration, preemption and request-phase metrics; engines without one (the fake) simply lack them."""
+    iteration, preemption and request-phase metrics, with the engine's clock read in its own thread at the end
+    of each step; engines without one (the fake) simply lack them."""
     inner = getattr(engine, "engine", engine)
     if not hasattr(inner, "step_observer"):
         return
@@ -298,7 +307,7 @@ def _observe_steps(engine: Any, metrics: ServeMetrics) -> None:
     def observe(start_s, plan, result) -> None:
         if prev is not None:
             prev(start_s, plan, result)
-        metrics.observe_step(start_s, plan, result)
+        metrics.observe_step(start_s, plan, result, now=inner.now())
 
     inner.step_observer = observe
 
@@ -383,8 +392,13 @@ def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
 
 def _check_model(st: _State, model: str | None) -> None:
     if model not in (None, "", st.model_name):
-        raise P.APIError(f"the model `{model}` does not exist; this server serves `{st.model_name}`",
-                         param="model", code="model_not_found", status=404)
+        raise _unknown_model(st, model)
+
+
+def _unknown_model(st: _State, model: str) -> P.APIError:
+    """OpenAI's 404 for a model id the server does not serve."""
+    return P.APIError(f"the model `{model}` does not exist; this server serves `{st.model_name}`",
+                      param="model", code="model_not_found", status=404)
 
 
 def _check_ids(st: _State, ids: list[int]) -> None:
@@ -469,7 +483,9 @@ async def _serve(st: _State, request: Request, req: P._SamplingRequest, prompt_i
 
 async def _run(st: _State, engine_id: str, prompt_ids: list[int], params: Any, stop: list[str],
                tally: _Tally) -> AsyncIterator[_Delta]:
-    """Drive one engine request; yields text deltas, ends on finish, stop string, or cancellation."""
+    """Drive one engine request; yields text deltas, ends on finish, stop string, or cancellation.
+
+    Only kept tokens count (usage, metrics): none of an output past the one that completed a stop string."""
     text = TextStream(st.tokenizer.decoder(prompt_ids), stop)
     t_start = time.perf_counter()
     t_last: float | None = None
@@ -478,10 +494,13 @@ async def _run(st: _State, engine_id: str, prompt_ids: list[int], params: Any, s
     refused = False   # the engine refused it: counted as a rejection (400), not as a finished request
     outputs = st.engine.generate(engine_id, prompt_ids, params)
     checked = _refusals_as_400(outputs)
+    st.metrics.request_started(engine_id)
     try:
         async for out in checked:
             now = time.perf_counter()
-            n = len(out.new_token_ids)
+            kept = text.tokens
+            delta = text.add(out.new_token_ids)
+            n = text.tokens - kept
             if n:
                 if t_last is None:
                     st.metrics.observe_ttft(now - t_start)
@@ -491,15 +510,16 @@ async def _run(st: _State, engine_id: str, prompt_ids: list[int], params: Any, s
                     st.metrics.observe_token_gap(now - t_last, n)
                 t_last = now
             tally.completion_tokens += n
+            st.metrics.tokens_generated(n)
             tally.cached_tokens = out.num_cached_tokens or tally.cached_tokens
             if out.num_prompt_tokens:
                 tally.prompt_tokens = out.num_prompt_tokens
-            delta = text.add(out.new_token_ids)
             if text.stopped or out.finished:
                 delta += text.finish()
                 reason = "stop" if text.stopped else (out.finish_reason or "stop")
                 done = True
-                if not out.finished:  # a stop string: the engine would go on generating
+                if not out.finished:  # a stop string: the engine would go on generating, and never sees a finish
+                    st.metrics.request_ended(engine_id, finished=True)
                     await st.engine.abort(engine_id)
                 yield _Delta(delta, n, reason)
                 return
@@ -511,8 +531,9 @@ async def _run(st: _State, engine_id: str, prompt_ids: list[int], params: Any, s
         if not done:  # cancelled or errored mid-way: free the engine's slot and KV
             st.spawn(st.engine.abort(engine_id))
         st.spawn(_close(checked, outputs))
+        ran = done and reason != "abort"
+        st.metrics.request_ended(engine_id, finished=ran)
         if not refused:
-            ran = done and reason != "abort"
             st.metrics.request_finished(time.perf_counter() - t_start, reason,
                                         tally.prompt_tokens if ran else None, tally.completion_tokens if ran else None)
 

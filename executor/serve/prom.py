@@ -3,7 +3,9 @@
 Both prefixes carry the same numbers: ``vllm:`` so dashboards and benchmark tooling written
 for vLLM read twinfer unchanged, ``twinfer:`` as the project's own name. Latency histograms
 are observed by the app per request; engine state (running/waiting, KV usage, prefix cache,
-token totals) is read from ``engine.stats()`` at scrape time, so it can never drift.
+prompt tokens) is read from ``engine.stats()`` at scrape time, so it can never drift. Generation
+tokens are the app's count of those it kept: the engine also counts tokens generated past a stop
+string (the rest of a multi-token output, steps run before the abort took effect), which no client gets.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
 class _EngineStatsCollector(Collector):
     """Gauges and counters read from ``engine.stats()`` on every scrape."""
 
-    def __init__(self, stats: Callable[[], object], model_name: str, inflight: Callable[[], int] | None = None):
-        self._stats, self._model, self._inflight = stats, model_name, inflight
+    def __init__(self, stats: Callable[[], object], model_name: str, generated: Callable[[], int],
+                 inflight: Callable[[], int] | None = None):
+        self._stats, self._model, self._generated, self._inflight = stats, model_name, generated, inflight
 
     def collect(self) -> Iterable:
         s = self._stats()
@@ -57,7 +60,7 @@ class _EngineStatsCollector(Collector):
             "prefix_cache_queries": ("Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries),
             "prefix_cache_hits": ("Prompt tokens found in the prefix cache.", s.prefix_cache_hits),
             "prompt_tokens": ("Prefill tokens processed.", s.prompt_tokens_total),
-            "generation_tokens": ("Generation tokens produced.", s.generation_tokens_total),
+            "generation_tokens": ("Generation tokens returned (none past a stop string).", self._generated()),
         }
         for prefix in PREFIXES:
             for name, (doc, value) in gauges.items():
@@ -92,7 +95,12 @@ class ServeMetrics:
         # a registry per app: tests run several apps in one process
         self.registry = registry or CollectorRegistry()
         self.model_name = model_name
-        self.registry.register(_EngineStatsCollector(stats, model_name, inflight))
+        self.generated_tokens = 0   # kept by the app (tokens_generated)
+        # engine request id -> [its scheduler Request, engine time of its finish or latest token], kept by
+        # observe_step for the requests the app runs: one that the app ends itself (a stop string) never finishes
+        # in the engine, so the app observes every request's phases when it ends, each once
+        self._live: dict[str, list] = {}
+        self.registry.register(_EngineStatsCollector(stats, model_name, lambda: self.generated_tokens, inflight))
         lbl = ["model_name"]
         self._ttft = [Histogram(f"{p}:time_to_first_token_seconds", "Time to first token.", lbl,
                                 buckets=TTFT_BUCKETS, registry=self.registry) for p in PREFIXES]
@@ -138,6 +146,22 @@ class ServeMetrics:
             for _ in range(max(num_tokens, 1)):
                 h.labels(self.model_name).observe(per)
 
+    def tokens_generated(self, n: int) -> None:
+        """``n`` tokens of a request were kept (sent, or part of the whole response)."""
+        self.generated_tokens += n
+
+    def request_started(self, request_id: str) -> None:
+        """The app runs engine request ``request_id``: ``observe_step`` keeps its times until it ends."""
+        self._live[request_id] = [None, None]
+
+    def request_ended(self, request_id: str, finished: bool) -> None:
+        """The app is done with ``request_id``; if it ``finished`` (not aborted), its queue/prefill/decode times.
+        A stop string ends it at its latest token the engine reported (the one that completed the match, or
+        with async overlap at most one step later): the app calls this before it aborts the engine request."""
+        req, end_s = self._live.pop(request_id, None) or (None, None)
+        if finished and req is not None and end_s is not None:
+            self._observe_phases(req, end_s)
+
     def request_finished(self, e2e_seconds: float, finish_reason: str, prompt_tokens: int | None = None,
                          generation_tokens: int | None = None) -> None:
         """A request left the server: its latency, why it ended, and (if it ran) its token counts."""
@@ -152,9 +176,10 @@ class ServeMetrics:
             for h in self._gen_tokens:
                 h.labels(self.model_name).observe(generation_tokens)
 
-    def observe_step(self, start_s: float, plan, result) -> None:
+    def observe_step(self, start_s: float, plan, result, now: float | None = None) -> None:
         """An engine step (the executor's ``step_observer``; runs in the engine's thread): its tokens, the
-        requests it preempted, and the queue/prefill/decode times of those it finished (engine clock)."""
+        requests it preempted, and, for the phases of the requests the app runs, their times on the engine's
+        clock (``now``: the step's end, when it gave them their tokens)."""
         m = self.model_name
         for h in self._iter_tokens:
             h.labels(m).observe(plan.num_batched_tokens)
@@ -162,15 +187,19 @@ class ServeMetrics:
             for c in self._preempt:
                 c.labels(m).inc(len(plan.preempted))
         for r in list(plan.decodes) + [c.request for c in plan.prefills]:
-            if r.finish_time is None or r.first_scheduled_time is None or r.first_token_time is None:
-                continue
-            times = {"queue": r.first_scheduled_time - r.arrival_time,
-                     "prefill": r.first_token_time - r.first_scheduled_time,
-                     "decode": r.finish_time - r.first_token_time,
-                     "inference": r.finish_time - r.first_scheduled_time}
-            for ph, v in times.items():
-                for h in self._phase[ph]:
-                    h.labels(m).observe(max(0.0, v))
+            live = self._live.get(r.request_id)   # one lookup: the app may drop the entry meanwhile
+            if live is not None and r.first_token_time is not None:
+                live[:] = [r, now if r.finish_time is None else r.finish_time]
+
+    def _observe_phases(self, r, finish_s: float) -> None:
+        """Queue, prefill, decode and inference time of a request that finished at ``finish_s`` (engine clock)."""
+        times = {"queue": r.first_scheduled_time - r.arrival_time,
+                 "prefill": r.first_token_time - r.first_scheduled_time,
+                 "decode": finish_s - r.first_token_time,
+                 "inference": finish_s - r.first_scheduled_time}
+        for ph, v in times.items():
+            for h in self._phase[ph]:
+                h.labels(self.model_name).observe(max(0.0, v))
 
     def request_rejected(self, reason: str | None) -> None:
         """A request was refused (4xx/5xx) before it ran, or the engine refused it."""

@@ -138,6 +138,15 @@ class _SamplingRequest(BaseModel):
             raise ValueError("logprobs are not supported")
         return v
 
+    @field_validator("stream_options", mode="before")
+    @classmethod
+    def _stream_options_need_stream(cls, v: Any, info: ValidationInfo) -> Any:
+        # as vLLM: options for a stream that will not be sent are a client bug, not something to ignore.
+        # A `stream` that failed its own check is missing from info.data: its error is the one to report
+        if v and not info.data.get("stream", True):
+            raise ValueError("Stream options can only be defined when `stream=True`")
+        return v
+
     @field_validator("stop")
     @classmethod
     def _stop(cls, v: str | list[str] | None) -> list[str]:
@@ -246,6 +255,16 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_tokens: StrictInt | None = Field(None, ge=1)
     max_completion_tokens: StrictInt | None = Field(None, ge=1)
+    top_logprobs: StrictInt | None = Field(None, ge=0)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
+        # vLLM's rule (0 asks for nothing); `logprobs: true` itself is refused as unsupported, and a `logprobs`
+        # that failed its check is missing from info.data: its error is the one to report
+        if v and not info.data.get("logprobs", True):
+            raise ValueError("when using `top_logprobs`, `logprobs` must be set to true")
+        return v
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -3,6 +3,7 @@
 While streaming, the last ``max(len(stop)) - 1`` characters are held back: they could be the
 start of a stop string that the next token completes, and text already sent cannot be
 taken back. The engine knows nothing of stop strings; the app aborts it when one matches.
+Tokens after the one that completed a stop string are dropped and not counted (``tokens``).
 """
 
 from __future__ import annotations
@@ -22,12 +23,18 @@ class TextStream:
         self.text = ""          # everything decoded so far (cut at a stop string once one matched)
         self._sent = 0          # characters of ``text`` handed out
         self.stopped = False    # a stop string matched
+        self.tokens = 0         # ids kept: all fed, up to the one that completed a stop string
 
     def add(self, new_ids: Sequence[int]) -> str:
-        """Feed the ids of one engine output; returns the text now safe to send."""
+        """Feed the ids of one engine output; returns the text now safe to send. With stop strings the ids
+        go in one at a time: an output of several tokens (multi-step decode, MTP) may run past the match."""
         if self.stopped:
             return ""
-        self._append(self._decoder.step(new_ids))
+        for ids in ([i] for i in new_ids) if self._stop else (new_ids,):
+            self._append(self._decoder.step(ids))
+            self.tokens += len(ids)
+            if self.stopped:
+                break
         end = len(self.text) if self.stopped else max(self._sent, len(self.text) - self._hold)
         return self._take(end)
 
