@@ -54,6 +54,17 @@ def mismatch(report: dict, scenario: Scenario) -> str:
     if not scenario.calibration or Path(scenario.calibration).name != profile:
         return (f"it validated the step model calibrated in {profile or '?'}, this run prices steps with "
                 f"{'the analytic cost model' if not scenario.calibration else Path(scenario.calibration).name}")
+    # `twinfer validate` serves one instance on one GPU through its own loop: a band says nothing of a router over
+    # instances, a prefill pool, another layout, another loop (async overlap) or MTP drafting it never ran
+    lay = scenario.layout
+    if lay.gpus != 1 or scenario.instances != 1 or scenario.disagg is not None:
+        where = ("a disaggregated deployment" if scenario.disagg is not None else
+                 f"{scenario.instances} instance(s) of {lay.gpus} GPU(s) (tp {lay.tp}, dp {lay.dp}, ep {lay.ep}, pp {lay.pp})")
+        return f"it validated one instance on one GPU, this run is {where}"
+    sched = report.get("scheduler") or {}
+    for field, label in (("async_overlap", "async overlap"), ("draft_len", "MTP draft length")):
+        if field in sched and sched[field] != getattr(scenario.scheduler, field):
+            return f"it validated {label} {sched[field]}, this run has {getattr(scenario.scheduler, field)}"
     return ""
 
 

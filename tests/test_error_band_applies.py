@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from sim.bands import applicable_band_line, mismatch
 from sim.scenario import builtin_scenario
@@ -13,14 +14,29 @@ def test_full_model_analytic_run_gets_no_band_from_the_5_layer_twin():
     assert "no band" in line and "5 layers" in line and "61 layers" in line and "±" not in line
 
 
+def _one_gpu(sc, async_overlap: bool = True):
+    """``sc`` on one GPU, one instance (what `twinfer validate` runs), with the validated loop."""
+    return sc.model_copy(update={"layout": sc.layout.model_copy(update={"tp": 1, "dp": 1, "ep": 1, "pp": 1}), "instances": 1,
+                                 "scheduler": sc.scheduler.model_copy(update={"async_overlap": async_overlap, "draft_len": 0})})
+
+
 def test_a_report_applies_only_to_its_model_depth_dtype_and_profile(tmp_path):
-    sc = builtin_scenario("default")
+    sc = _one_gpu(builtin_scenario("default"))
     head = {"model": "deepseek-v3", "num_layers": 61, "dtype": sc.layout.weight_dtype, "profile": "/x/cal_v3.json"}
     assert "analytic cost model" in mismatch(head, sc)
     cal = sc.model_copy(update={"calibration": str(tmp_path / "cal_v3.json")})
     assert mismatch(head, cal) == ""
     assert "5 layers" in mismatch({**head, "num_layers": 5}, cal)
     assert "other.json" in mismatch({**head, "profile": "other.json"}, cal)
+    # and only to what `twinfer validate` ran: one instance on one GPU, its loop, no MTP drafting
+    full = builtin_scenario("default").model_copy(update={"calibration": str(tmp_path / "cal_v3.json")})
+    assert "one instance on one GPU, this run is 1 instance(s) of 8 GPU(s) (tp 8" in mismatch(head, full)
+    assert "this run is 4 instance(s)" in mismatch(head, cal.model_copy(update={"instances": 4}))
+    ran = {**head, "scheduler": {"async_overlap": True, "draft_len": 0}}
+    assert mismatch(ran, cal) == ""
+    assert "async overlap True, this run has False" in mismatch(ran, _one_gpu(cal, async_overlap=False))
+    mtp = cal.model_copy(update={"scheduler": cal.scheduler.model_copy(update={"draft_len": 2})})
+    assert "MTP draft length 0, this run has 2" in mismatch(ran, mtp)
     # a named file that does not apply says so instead of printing its band
     rep = tmp_path / "validation_x.json"
     rep.write_text(json.dumps({**head, "num_layers": 5, "levels": [], "device": "cuda"}))
@@ -28,8 +44,6 @@ def test_a_report_applies_only_to_its_model_depth_dtype_and_profile(tmp_path):
 
 
 def _report(path, created: str, tpot: float, head: dict):
-    from pathlib import Path
-
     base = json.loads((Path(__file__).resolve().parents[1] / "profiles/h200/validation_deepseek-v3-5layers_fp8.json").read_text())
     base.update(head, created=created, bands={**base["bands"], "tpot_p50": tpot})
     path.write_text(json.dumps(base))
@@ -42,8 +56,10 @@ def test_every_applicable_report_counts_and_the_newest_is_by_date(tmp_path, monk
     import sim.bands as bands
     from sim.validate import band_text, find_reports
 
-    sc = builtin_scenario("default")
-    head = {"model": "deepseek-v3", "num_layers": 61, "dtype": sc.layout.weight_dtype, "profile": "/x/cal_v3.json"}
+    head = {"model": "deepseek-v3", "num_layers": 61, "dtype": "fp8", "profile": "/x/cal_v3.json"}
+    base = json.loads((Path(__file__).resolve().parents[1] / "profiles/h200/validation_deepseek-v3-5layers_fp8.json").read_text())
+    sc = _one_gpu(builtin_scenario("default"), async_overlap=base["scheduler"]["async_overlap"])
+    assert sc.layout.weight_dtype == "fp8"
     d = tmp_path / "h200"
     d.mkdir()
     old = _report(d / "validation_run9_chat.json", "2026-11-29T14:00:00+00:00", 0.04, head)

@@ -329,6 +329,10 @@ def test_a_deployment_too_large_for_one_run_is_run_on_a_share_that_simulate_plan
     assert out.exit_code == 0, out.output
     assert f"{share.instances} of 8 mixed instances" in out.output and "the plan's own run" in out.output
     assert f"per GPU of the whole plan this run gives {p.output_tokens_per_s_per_gpu:,.0f} output tok/s" in out.output
+    # --concurrency names the whole deployment's users: the run takes its share of them
+    out = CliRunner().invoke(app, ["simulate", "--plan", str(tmp_path / "p.yaml"), "--concurrency", "80", "-n", "300"])
+    assert out.exit_code == 0, out.output
+    assert f"closed loop: {80 * share.instances // 8} users" in out.output
 
 
 def test_run_share_is_checked_against_the_plan():

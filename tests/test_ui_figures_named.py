@@ -45,4 +45,8 @@ def test_simulate_plan_says_whether_it_is_the_plans_own_run(tmp_path):
     assert f"the plan's own run (digest {pr.sim_digest[:16]} = the plan's)" in text
     assert f"the plan predicted {pr.output_tokens_per_s_per_gpu:,.0f} output tok/s/GPU" in text
     r = runner.invoke(app, ["simulate", "--plan", str(out), "-n", "200"], env={"COLUMNS": "200"})
-    assert "not the plan's run (--requests/--rate/--seed changed it" in " ".join(r.stdout.split())
+    assert "not the plan's run (--requests changed it" in " ".join(r.stdout.split())
+    # the flags that changed it, named: --concurrency too (it once read '--requests/--rate/--seed changed it')
+    r = runner.invoke(app, ["simulate", "--plan", str(out), "-n", "200", "--concurrency", "4"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "not the plan's run (--requests/--concurrency changed it" in " ".join(r.stdout.split())

@@ -133,7 +133,8 @@ def simulate_tuned_policy(path: str, *, as_json: bool, given: dict) -> None:
 
 
 def scenario_from_plan(path: str, *, scenario: str | None, requests: int | None, rate: float | None, seed: int | None, others: dict):
-    """The full-scale Scenario of a plan file; only --requests, --rate and --seed may adjust it."""
+    """The Scenario of a plan file's run; only --requests, --rate and --seed adjust it here (--concurrency and
+    --think-time-s make it a closed loop after)."""
     from planner.plan import load_plan
 
     if scenario is not None:
@@ -141,7 +142,7 @@ def scenario_from_plan(path: str, *, scenario: str | None, requests: int | None,
     given = sorted(k for k, v in others.items() if v is not None)
     if given:
         raise TwinferError(f"--plan: the plan fixes the deployment; drop {', '.join('--' + k.replace('_', '-') for k in given)} "
-                           "(only --requests, --rate and --seed apply to a plan)")
+                           "(only --requests, --rate, --seed, --concurrency and --think-time-s apply to a plan)")
     p = load_plan(path)
     sc = p.to_scenario(num_requests=requests)
     upd: dict = {}
@@ -159,8 +160,17 @@ def plan_run_part(path: str) -> str | None:
     return load_plan(path).run_description()
 
 
-def plan_comparison(path: str, res) -> str:
-    """One line setting a `--plan` run beside the plan's own prediction: the same run (same digest), or why not."""
+def plan_run_users(path: str, users: int) -> int:
+    """The closed-loop users of a plan's run for ``users`` across the whole deployment: their share where the run
+    covers part of it (``Plan.run_share``), at least one."""
+    from planner.plan import load_plan
+
+    return max(1, round(users * load_plan(path).run_fraction))
+
+
+def plan_comparison(path: str, res, changed: list[str] = ()) -> str:
+    """One line setting a `--plan` run beside the plan's own prediction: the same run (same digest), or why not
+    (``changed``: the flags given that change the plan's run)."""
     from planner.plan import load_plan
 
     p = load_plan(path)
@@ -177,7 +187,9 @@ def plan_comparison(path: str, res) -> str:
     if res.digest == pr.sim_digest:
         return (f"the plan's own run (digest {res.digest[:16]} = the plan's): the plan predicted {said}, the steady window "
                 f"above{whole}")
-    return (f"not the plan's run (--requests/--rate/--seed changed it; digest {res.digest[:16]}, the plan's {pr.sim_digest[:16]}): "
+    why = (f"{'/'.join(changed)} changed it" if changed else
+           "no flag changed it: the plan file or the simulator changed since the plan was made")
+    return (f"not the plan's run ({why}; digest {res.digest[:16]}, the plan's {pr.sim_digest[:16]}): "
             f"the plan predicted {said} on {pr.simulated_requests or 0:,} requests{whole}")
 
 
@@ -466,6 +478,8 @@ def register(app: typer.Typer) -> None:
                 replay=policy_mapping(replay, "--replay"),
             )
         if concurrency is not None or think_time_s is not None:
+            if plan is not None and concurrency is not None:   # the deployment's users; a run of part of it, its share
+                concurrency = plan_run_users(plan, concurrency)
             sc = _as_closed(sc, concurrency, think_time_s, rate)
         if all_values and not print_scenario:
             raise TwinferError("--all: only with --print-scenario")
@@ -523,7 +537,9 @@ def register(app: typer.Typer) -> None:
             return
         _print_result(con, res, wall, spec, plan)
         if plan is not None:
-            con.print(plan_comparison(plan, res), highlight=False)
+            changed = [f for f, v in (("--requests", requests), ("--rate", rate), ("--seed", seed),
+                                      ("--concurrency", concurrency), ("--think-time-s", think_time_s)) if v is not None]
+            con.print(plan_comparison(plan, res, changed), highlight=False)
             part = plan_run_part(plan)
             if part:
                 con.print(f"note: the plan's run simulates {part}", highlight=False)
