@@ -415,3 +415,36 @@ def test_retrieve_model_whose_id_has_a_slash():
     with TestClient(app) as c:
         assert c.get("/v1/models/org/model").json()["id"] == "org/model"
         assert c.get("/v1/models/org").status_code == 404
+
+
+def test_a_large_prompt_is_parsed_and_tokenized_off_the_event_loop():
+    """A ~30 MB prompt took ~1 s to tokenize on the event loop, stalling every open stream for that second. Past
+    OFF_LOOP_SIZE the body's JSON and the prompt's tokens are made in a worker thread; small ones stay inline."""
+    import threading
+
+    from executor.serve.app import OFF_LOOP_SIZE
+
+    class Recording(ByteTokenizer):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.threads: list[int] = []
+
+        def encode(self, text, add_special_tokens=True):
+            self.threads.append(threading.get_ident())
+            return super().encode(text, add_special_tokens)[:8]   # a short prompt for the engine either way
+
+    engine = FakeEngine(max_model_len=256, step_s=0.001)
+    tok = Recording(512, eos_token_id=engine.eos_token_id)
+    srv = BackgroundServer(create_app(engine, tok, served_model_name="fake", sampling_params_cls=FakeSamplingParams)).start()
+    try:
+        for n in (100, OFF_LOOP_SIZE + 1):
+            r = httpx.post(f"{srv.url}/v1/completions", json={"model": "fake", "prompt": "a" * n, "max_tokens": 2}, timeout=30)
+            assert r.status_code == 200, r.text
+            r = httpx.post(f"{srv.url}/v1/chat/completions", timeout=30,
+                           json={"model": "fake", "messages": [{"role": "user", "content": "b" * n}], "max_tokens": 2})
+            assert r.status_code == 200, r.text
+        # the small prompts' encodes ran on the event loop's thread, the large ones' elsewhere
+        small, big = tok.threads[:2], tok.threads[2:]
+        assert len(big) == 2 and len(set(small)) == 1 and not set(big) & set(small), tok.threads
+    finally:
+        srv.stop()

@@ -41,6 +41,9 @@ ABORT_FLUSH_S = 2.0                   # after the abort: how long streams get to
 DEFAULT_MAX_BODIES_BYTES = 256 * 2**20  # request bodies being read at once, all clients together (memory bound)
 # what the API key guards (/health stays open for load balancers); the API docs too, they map the API
 AUTH_PATHS = ("/v1", "/metrics", "/docs", "/redoc", "/openapi.json")
+# a body or text past this many bytes/characters is parsed and tokenized in a worker thread: a ~30 MB prompt took
+# ~1 s on the event loop, stalling every open stream for that second (a 64 KiB one takes ~2 ms, less than the hop)
+OFF_LOOP_SIZE = 1 << 16
 
 
 @dataclass
@@ -269,7 +272,7 @@ def create_app(engine: Any, tokenizer: Tokenizer, *, served_model_name: str, api
         req = P.parse_request(P.CompletionRequest, await _json_body(request, engine.max_model_len))
         _check_model(st, req.model)
         if isinstance(req.prompt, str):
-            prompt_ids = _encode(tokenizer, req.prompt)
+            prompt_ids = await _off_loop(len(req.prompt), _encode, tokenizer, req.prompt)
         else:
             prompt_ids = list(req.prompt)
             _check_ids(st, prompt_ids)
@@ -282,7 +285,7 @@ def create_app(engine: Any, tokenizer: Tokenizer, *, served_model_name: str, api
         _check_model(st, req.model)
         messages = [{"role": m.role, "content": m.text, **({"name": m.name} if m.name else {})} for m in req.messages]
         try:
-            prompt_ids = tokenizer.encode_chat(messages)
+            prompt_ids = await _off_loop(sum(len(m["content"] or "") for m in messages), tokenizer.encode_chat, messages)
         except ValueError as err:  # the model's template refused the conversation
             raise P.APIError(str(err), param="messages") from None
         # an over-long budget is blamed on the field the client sent (max_completion_tokens wins when both are)
@@ -351,10 +354,10 @@ async def _json_body(request: Request, max_model_len: int) -> Any:
     check_json_size(raw, max_model_len)
     try:
         # Python's json accepts NaN and Infinity; JSON (and every sampling parameter) does not
-        body = json.loads(raw, parse_constant=_no_constants)
+        body = await _off_loop(len(raw), functools.partial(json.loads, parse_constant=_no_constants), raw)
     except (ValueError, UnicodeDecodeError, RecursionError) as err:
         raise P.APIError(f"malformed JSON in request body: {err}"[:500], code="invalid_json") from None
-    where = find_surrogate(body)
+    where = await _off_loop(len(raw), find_surrogate, body)
     if where is not None:  # JSON's "\ud800" escapes decode to text no encoder (or tokenizer) accepts
         raise P.APIError(f"{where or 'body'}: a lone UTF-16 surrogate is not valid text", param=where or None,
                          code="invalid_encoding")
@@ -380,6 +383,14 @@ async def _read_body(st: _State, request: Request) -> bytes:
     finally:
         st.body_bytes -= size
     return b"".join(chunks)
+
+
+async def _off_loop(size: int, fn, *args):
+    """``fn(*args)``: in a worker thread where ``size`` (bytes or characters of input) is past ``OFF_LOOP_SIZE``, so
+    the event loop keeps serving other requests' streams meanwhile; inline otherwise (the hop costs more)."""
+    if size > OFF_LOOP_SIZE:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
 
 
 def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
