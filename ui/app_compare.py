@@ -7,7 +7,7 @@ import streamlit as st
 
 from planner.slo import SLOSpec
 from ui import service
-from ui.app_recommend import pd_split, tokens
+from ui.app_recommend import pd_split, policies_text, tokens
 
 
 def _short(path_or_name: str) -> str:
@@ -24,10 +24,12 @@ def plan_column(p: service.PlanView) -> dict:
     return {
         "model": _short(p.model), "hardware": _short(p.hardware), "GPUs": str(p.gpus),
         "layout": " + ".join(f"{x.instances} x {x.layout_label} ({x.role})" for x in p.pools), "PD split": pd_split(p),
-        "policies": ", ".join(f"{k} {v}" for k, v in p.policies.items()),
+        "policies": policies_text(p),
         "output tok/s per GPU": f"{pr.get('output_tokens_per_s_per_gpu', 0):,.0f}",
         "tok/s per user": f"{pr.get('tokens_per_s_per_user', 0):,.1f}",
-        "TTFT (s)": f"{pr.get('ttft_s', 0):.2f}", "TPOT (ms)": f"{pr.get('tpot_s', 0) * 1e3:.1f}",
+        # at the plan's own SLO percentile (pinned plans may differ), as the CLI's "TTFT p90 s"
+        "TTFT (s)": f"{pr.get('ttft_s', 0):.2f} (p{p.plan.get('slo_percentile', 90)})",
+        "TPOT (ms)": f"{pr.get('tpot_s', 0) * 1e3:.1f} (p{p.plan.get('slo_percentile', 90)})",
         "requests/s": f"{pr.get('request_rate', 0):,.2f}", "$ per hour": f"{c.usd_per_hour:,.2f}",
         "$ per M output tokens": "–" if c.usd_per_m_output_tokens is None else f"{c.usd_per_m_output_tokens:,.3f}",
         "tokens per day": tokens(c.tokens_per_day), "meets SLO": plan_meets(p), "figures from": pr.get("source", "?"),
@@ -51,7 +53,8 @@ def point_column(p: service.Point, request: dict) -> dict:
         "model": _short(request["model"]), "hardware": _short(request["hardware"]), "GPUs": str(p.gpus),
         "layout": p.label, "PD split": p.mode, "policies": "(in the label)",
         "output tok/s per GPU": f"{p.output_tps_per_gpu:,.0f}", "tok/s per user": f"{p.tps_per_user:,.1f}",
-        "TTFT (s)": f"{p.ttft_s:.2f}", "TPOT (ms)": f"{p.tpot_s * 1e3:.1f}", "requests/s": f"{p.request_rate:,.2f}",
+        "TTFT (s)": f"{p.ttft_s:.2f} (p{request.get('slo_percentile', 90)})",
+        "TPOT (ms)": f"{p.tpot_s * 1e3:.1f} (p{request.get('slo_percentile', 90)})", "requests/s": f"{p.request_rate:,.2f}",
         "$ per hour": "–" if c is None else f"{c.usd_per_hour:,.2f}",
         "$ per M output tokens": "–" if c is None or c.usd_per_m_output_tokens is None else f"{c.usd_per_m_output_tokens:,.3f}",
         "tokens per day": "–" if c is None else tokens(c.tokens_per_day),

@@ -90,17 +90,19 @@ def render(result: service.SearchResult, band: float | None) -> None:
         return
     st.plotly_chart(figure(result, band), key="pareto", on_select="rerun", selection_mode="points")
     p = clicked(result)
+    pct = result.request.get("slo_percentile", 90)
     if p is not None:
         c = p.costs
         st.info(f"**{p.label}** ({p.mode}, {p.source}): {p.gpus} GPUs, {p.output_tps_per_gpu:,.0f} tok/s per GPU, "
-                f"{p.tps_per_user:,.1f} tok/s per user, TTFT {p.ttft_s:.2f} s, TPOT {p.tpot_s * 1e3:.1f} ms, "
+                f"{p.tps_per_user:,.1f} tok/s per user, TTFT p{pct} {p.ttft_s:.2f} s, TPOT p{pct} {p.tpot_s * 1e3:.1f} ms, "
                 f"{p.request_rate:,.2f} req/s" + (f", ${c.usd_per_m_output_tokens:,.3f} per M output tokens" if c and c.usd_per_m_output_tokens else "")
                 + _miss(p))
     st.caption("Click a point for its figures. Filled: simulated; open: analytic screen. Circles (blue): aggregated; "
                "diamonds (orange): prefill/decode disaggregated; red: misses the SLO. Shaded: the TPOT SLO region.")
+    q = f"p{result.request.get('slo_percentile', 90)}"  # the percentile the figures are at (the CLI's "TTFT p90 s")
     rows = [{"": "★" if p.recommended else "", "deployment": p.label, "mode": p.mode, "GPUs": p.gpus,
              "tok/s per GPU": round(p.output_tps_per_gpu, 1), "tok/s per user": round(p.tps_per_user, 1),
-             "TTFT (s)": round(p.ttft_s, 3), "TPOT (ms)": round(p.tpot_s * 1e3, 2), "req/s": round(p.request_rate, 2),
+             f"TTFT {q} (s)": round(p.ttft_s, 3), f"TPOT {q} (ms)": round(p.tpot_s * 1e3, 2), "req/s": round(p.request_rate, 2),
              "$/M out": None if not p.costs or p.costs.usd_per_m_output_tokens is None else round(p.costs.usd_per_m_output_tokens, 4),
              "meets SLO": p.meets_slo, "from": p.source, "frontier": p.on_frontier} for p in result.points]
     st.dataframe(rows, hide_index=True)

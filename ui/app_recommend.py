@@ -30,6 +30,11 @@ def pd_split(plan: service.PlanView) -> str:
     return f"prefill {pre.instances} x {pre.layout_label} : decode {dec.instances} x {dec.layout_label}"
 
 
+def policies_text(plan: service.PlanView) -> str:
+    """'max batch 512, ..., async overlap on, EPLB on': switches as on/off, as the CLI says them."""
+    return ", ".join(f"{k} {({True: 'on', False: 'off'}[v] if isinstance(v, bool) else v)}" for k, v in plan.policies.items())
+
+
 def render(result: service.SearchResult, band: float | None) -> None:
     """Headline metrics of the recommended plan, or why there is none."""
     plan = result.plan
@@ -57,11 +62,11 @@ def render(result: service.SearchResult, band: float | None) -> None:
     cols[1].metric("$ per M output tokens", "–" if c.usd_per_m_output_tokens is None else f"${c.usd_per_m_output_tokens:,.3f}",
                    help=band_text(band))
     cols[2].metric("tokens per day", tokens(c.tokens_per_day), help="output tokens, whole cluster, at the planned rate")
-    cols[3].metric(f"TTFT / TPOT p{pct}", f"{pred.get('ttft_s', 0):.2f} s / {pred.get('tpot_s', 0) * 1e3:.0f} ms",
+    cols[3].metric(f"TTFT / TPOT p{pct}", f"{pred.get('ttft_s', 0):.2f} s / {pred.get('tpot_s', 0) * 1e3:.1f} ms",
                    help=f"{pred.get('source', '?')} figures; planned for {pred.get('request_rate', 0):,.2f} requests/s")
     if c.revenue_per_gpu_hour is not None:
         st.caption(f"revenue ${c.revenue_per_gpu_hour:,.2f} per GPU-hour at the token prices, margin ${c.margin_per_gpu_hour:,.2f}")
-    pol = ", ".join(f"{k} {({True: 'on', False: 'off'}[v] if isinstance(v, bool) else v)}" for k, v in plan.policies.items())
+    pol = policies_text(plan)
     st.markdown(f"**layout:** {' + '.join(f'{p.instances} x {p.layout_label} ({p.role})' for p in plan.pools)}  \n"
                 f"**PD split:** {pd_split(plan)}  \n**policies:** {pol}  \n"
                 f"**figures from:** {pred.get('source', '?')}, {band_text(band)}")

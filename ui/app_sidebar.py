@@ -46,13 +46,18 @@ def _hardware_form() -> str | None:
 
     A form: the search runs once on "Use this GPU", not after every field edited.
     """
-    base = app_cache.hardware_info(st.selectbox("start from", service.hardware_names(), key="hw_base"))
+    start = st.selectbox("start from", service.hardware_names(), key="hw_base")
+    base = app_cache.hardware_info(start)
     with st.form("hw_form"):
-        fields = {"name": st.text_input("name", "custom-gpu", key="hw_name")}
+        # every catalog field of the GPU it starts from (host memory and link, SM count, exp rate ...), the form's on top:
+        # a field the form does not show keeps the catalog's value, not the schema's default (host memory 0)
+        fields = {**{k: v for k, v in base.items() if k not in ("name", "sources", "notes")},
+                  "name": st.text_input("name", "custom-gpu", key="hw_name"), "sources": [f"custom (form), from the {start} catalog entry"]}
         for k, label in (("bf16_tflops", "BF16 TFLOP/s"), ("fp8_tflops", "FP8 TFLOP/s"), ("hbm_gb", "HBM GiB (a vendor's '141 GB')"),
                          ("hbm_tbps", "HBM TB/s"), ("scaleup_gbps", "scale-up GB/s per direction"),
-                         ("scaleout_gbps", "scale-out Gbit/s"), ("price_per_gpu_hour", "$ per GPU-hour")):
-            fields[k] = st.number_input(label, value=float(base[k]), min_value=0.0, key=f"hw_{k}")
+                         ("scaleout_gbps", "scale-out Gbit/s"), ("host_mem_gb", "host memory GB per GPU"),
+                         ("host_link_gbps", "host link GB/s per direction"), ("price_per_gpu_hour", "$ per GPU-hour")):
+            fields[k] = st.number_input(label, value=float(base[k] or 0), min_value=0.0, key=f"hw_{k}")
         fp4 = st.number_input("FP4 TFLOP/s (0: none)", value=float(base["fp4_tflops"] or 0), min_value=0.0, key="hw_fp4")
         fields["fp4_tflops"] = fp4 or None
         fields["scaleup_domain"] = int(st.number_input("GPUs per scale-up domain", value=int(base["scaleup_domain"]), min_value=1, key="hw_domain"))
@@ -88,6 +93,11 @@ def _workload() -> dict | None:
     fmt = st.radio("trace format", ["jsonl", "mooncake"], horizontal=True, key="trace_format")
     path = _upload("trace", "trace_upload", ["jsonl", "json", "txt"], lambda n, b: app_uploads.save_trace(n, b, fmt))
     return {"kind": "trace", "trace_path": path, "trace_format": fmt} if path else None
+
+
+def _given(value: float, default: float) -> float | None:
+    """A price the user set (None: left at its default)."""
+    return None if float(value) == float(default) else float(value)
 
 
 def render() -> dict | None:
@@ -133,7 +143,10 @@ def render() -> dict | None:
     if not (model and hardware and workload and slo):
         return None
     return {"model": model, "hardware": hardware, "mode": "budget" if mode == "GPU budget" else "traffic",
-            "gpus": gpus, "target_rate": rate, "workload": workload, "ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s,
-            "slo_percentile": slo.percentile, "price_per_gpu_hour": float(price), "price_per_m_input": float(p_in),
-            "price_per_m_cached_input": float(p_cached), "price_per_m_output": float(p_out),
+            "gpus": gpus, "target_rate": rate, "workload": workload, "ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "e2e_s": slo.e2e_s,
+            "slo_percentile": slo.percentile,
+            # a price left at its default goes as None: the plan then says where it comes from (the catalog's TCO
+            # estimate, the list prices), as `twinfer plan` without --gpu-hour does, instead of "user"
+            "price_per_gpu_hour": _given(price, catalog_price), "price_per_m_input": _given(p_in, tp["input"]),
+            "price_per_m_cached_input": _given(p_cached, tp["cached_input"]), "price_per_m_output": _given(p_out, tp["output"]),
             "simulate_top": int(sim_top), "sim_requests": int(sim_requests), "workers": int(workers)}

@@ -32,16 +32,19 @@ def controls(plan: service.PlanView, model: dict) -> dict:
     lay, sch = main.layout, main.scheduler
     width = lay["tp"] * lay["dp"]
     disagg = plan.mode == "disaggregated"
-    ratio0 = 1.0
-    if disagg:
-        ratio0 = next(p for p in plan.pools if p.role == "prefill").instances / main.instances
+    # the PD split as prefill instances beside the decode pool's: exact (a ratio typed to 2 decimals is not: 2 of 3 is
+    # 0.67, which reads as a change), and any split the planner makes (41 prefill per decode instance, 1 per 12) fits
+    pre0 = next(p for p in plan.pools if p.role == "prefill").instances if disagg else 1
+    most_pre = max(pre0, int(service.PD_RATIO_MAX * main.instances))
     trace = plan.plan["workload"].get("kind") == "trace"
     with st.form(f"whatif_{k}"):
         a, b, d = st.columns(3)
         ep = a.selectbox("EP width", _divisors(width), index=_divisors(width).index(lay["ep"]), key=f"wi_ep_{k}",
                          disabled=not model["experts"], help=f"expert-parallel width of the {main.role} pool; divides TP x DP = {width}")
-        ratio = b.number_input("PD ratio (prefill per decode instance)", 0.1, 16.0, round(ratio0, 2), 0.25, key=f"wi_pd_{k}",
-                               disabled=not disagg, help="prefill instances per decode instance" if disagg
+        n_pre = b.number_input(f"prefill instances (PD ratio, per {main.instances:,} decode)", 1, most_pre, pre0, 1,
+                               key=f"wi_pd_{k}", disabled=not disagg,
+                               help=f"the PD ratio as prefill instances beside the {main.instances:,} decode instances "
+                               f"(now {pre0:,}: {pre0 / main.instances:.3g} per decode instance)" if disagg
                                else "this plan is aggregated: no prefill/decode pools to balance")
         overlap = d.toggle("async CPU/GPU overlap", value=bool(sch.get("async_overlap", True)), key=f"wi_async_{k}")
         a, b, d = st.columns(3)
@@ -60,8 +63,8 @@ def controls(plan: service.PlanView, model: dict) -> dict:
     changes: dict = {}
     if ep != lay["ep"]:
         changes["ep"] = int(ep)
-    if disagg and abs(ratio - ratio0) > 1e-9:
-        changes["pd_ratio"] = float(ratio)
+    if disagg and int(n_pre) != pre0:
+        changes["pd_ratio"] = int(n_pre) / main.instances  # service.apply_what_if: round(ratio x decode) = n_pre
     if overlap != bool(sch.get("async_overlap", True)):
         changes["async_overlap"] = bool(overlap)
     if mtp != int(sch.get("draft_len", 0)):
@@ -71,6 +74,18 @@ def controls(plan: service.PlanView, model: dict) -> dict:
     if model["sliding_window"] and replay != (w0 or 0):
         changes["replay_window"] = int(replay)
     return changes
+
+
+def describe_changes(plan: service.PlanView, changes: dict) -> str:
+    """The changes as one line: 'async_overlap = False, pd_ratio = 0.667 (2 prefill : 3 decode instances)'."""
+    main = next(p for p in plan.pools if p.role in ("mixed", "decode"))
+    out = []
+    for key, v in changes.items():
+        text = f"{v:.4g}" if isinstance(v, float) else str(v)
+        if key == "pd_ratio":
+            text += f" ({max(1, round(v * main.instances)):,} prefill : {main.instances:,} decode instances)"
+        out.append(f"{key} = {text}")
+    return ", ".join(out)
 
 
 def cell(v) -> str:
@@ -100,8 +115,9 @@ def render(plan: service.PlanView, model: dict, num_requests: int, band_label: s
     n = service.what_if_requests(plan.plan, num_requests)
     part = service.plan_run_part(plan.plan)
     scale = "at full scale" if part is None else f"on {part.split(' at ')[0]}"
+    whole = "" if part is None else f" · GPUs and tokens/s per GPU: the whole plan's ({plan.gpus:,} GPUs), as the plan counts them"
     st.caption(f"baseline: **{plan.label}** · both simulated {scale} on {n:,} requests (the plan's own run: "
-               f"`twinfer simulate --plan`) · figures of the steady window · {band_label}")
+               f"`twinfer simulate --plan`) · figures of the steady window{whole} · {band_label}")
     changes = controls(plan, model)
     if not changes:
         st.info("Change a control and press **Run what-if** to simulate it beside the baseline.")
@@ -117,7 +133,7 @@ def render(plan: service.PlanView, model: dict, num_requests: int, band_label: s
         b, n = rows["baseline"][k], rows["what-if"][k]
         return f"{100 * (n / b - 1):+.1f}%" if isinstance(b, (int, float)) and b and n is not None else ""
 
-    st.markdown("**changes:** " + ", ".join(f"{k} = {v}" for k, v in changes.items()))
+    st.markdown("**changes:** " + describe_changes(plan, changes))
     st.dataframe([{"figure": k, "baseline": cell(rows["baseline"][k]), "what-if": cell(rows["what-if"][k]), "change": change(k)}
                   for k in rows["baseline"]], hide_index=True)
     st.plotly_chart(figure(rows), key="wi_chart")

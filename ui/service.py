@@ -96,6 +96,7 @@ class PlanRequest(BaseModel):
     workload: dict = Field(default_factory=lambda: {"preset": "chat"}, description="a sim.workload.WorkloadSpec mapping")
     ttft_s: float = Field(2.0, gt=0, le=600)
     tpot_s: float = Field(0.05, gt=0, le=10)
+    e2e_s: float | None = Field(None, gt=0, description="end-to-end latency target (the SLO's optional e2e_pNN), seconds")
     slo_percentile: Literal[50, 90, 99] = 90
     price_per_gpu_hour: float | None = Field(None, ge=0, description="None: the hardware catalog's")
     price_per_m_input: float | None = Field(None, ge=0, description="revenue $ per million input tokens (None: planner default)")
@@ -189,7 +190,8 @@ def _planner_request(req: PlanRequest, gpus: int, simulate_top: int | None = Non
                                 "output_per_mtok": req.price_per_m_output, "gpu_hour": req.price_per_gpu_hour}.items() if v is not None}
     return validate(PReq, {
         "model": req.model, "hardware": req.hardware, "gpus": gpus, "workload": req.workload,
-        "slo": {"ttft_s": req.ttft_s, "tpot_s": req.tpot_s}, "slo_percentile": req.slo_percentile, "prices": prices,
+        "slo": {"ttft_s": req.ttft_s, "tpot_s": req.tpot_s, **({"e2e_s": req.e2e_s} if req.e2e_s is not None else {})},
+        "slo_percentile": req.slo_percentile, "prices": prices,
         "simulate_top": req.simulate_top if simulate_top is None else simulate_top, "sim_requests": req.sim_requests,
         "seed": req.seed,
     }, "plan request")
@@ -346,11 +348,10 @@ def step_breakdown(model: str, hardware: str, layout: dict, scheduler: dict, bat
     ``effects``: the plan's (``sim.effects.EffectsSpec``): its expert load prices the experts as its simulation does."""
     from costmodels.batch import BatchShape
     from costmodels.catalog import get_model
-    from costmodels.effective import batch_dp_imbalance
+    from costmodels.effective import batch_dp_imbalance, fit_with_policies
     from costmodels.hardware import get_hardware
     from costmodels.host import exposed_host
     from costmodels.layout import ParallelLayout
-    from costmodels.memory import memory_fit
     from costmodels.step import StepCostModel
     from scheduler.config import SchedulerConfig
     from sim.effects import EffectsSpec, initial_expert_load
@@ -358,7 +359,8 @@ def step_breakdown(model: str, hardware: str, layout: dict, scheduler: dict, bat
     m, hw = get_model(model), get_hardware(hardware)
     lay = validate(ParallelLayout, layout, "layout")
     scfg = validate(SchedulerConfig, scheduler, "scheduler")
-    load = initial_expert_load(m, lay, validate(EffectsSpec, effects or {}, "effects"))
+    eff = validate(EffectsSpec, effects or {}, "effects")
+    load = initial_expert_load(m, lay, eff)
     draft = scfg.draft_len
     shape = BatchShape.from_lists([1 + draft] * batch, [context] * batch, [True] * batch)
     # at the attention-DP split the simulator prices (a request lives on one rank: 1 request on 8 ranks is not 1/8 each)
@@ -367,11 +369,13 @@ def step_breakdown(model: str, hardware: str, layout: dict, scheduler: dict, bat
     by = {g: sum(sc.breakdown.get(c, 0.0) for c in cats) for g, cats in BREAKDOWN_GROUPS.items()}
     # host work per step (scheduling, input prep) hides under the device step when async overlap is on
     host = scfg.host_overhead_s(batch, batch * (1 + draft))
-    by["host (exposed)"] = exposed_host(sc.time_s, host, scfg.async_overlap)
-    fit = memory_fit(m, hw, lay, max_batched_tokens=scfg.max_num_batched_tokens, max_running_requests=scfg.max_num_seqs,
-                     mtp=scfg.draft_len > 0)
-    memory = {"weights": fit.weight_bytes, "KV pool": max(fit.kv_pool_bytes, 0.0), "workspace": fit.workspace_bytes,
-              "reserved (1 - mem fraction)": fit.free_bytes}
+    by["host (exposed)"] = exposed_host(sc.time_s, host, scfg.overlap())  # the share the plan's overlap hides, as simulated
+    # the memory the plan's simulation fits (sim.deployment): lookup tables the plan keeps in HBM take their room there
+    fit = fit_with_policies(m, hw, lay, table_placement=eff.table_placement, max_batched_tokens=scfg.max_num_batched_tokens,
+                            max_running_requests=scfg.max_num_seqs, min_kv_tokens=scfg.block_size, mtp=scfg.draft_len > 0)
+    tables = fit.weight_breakdown.get("lookup_tables", 0.0)
+    memory = {"weights": fit.weight_bytes - tables, **({"lookup tables": tables} if tables else {}),
+              "KV pool": max(fit.kv_pool_bytes, 0.0), "workspace": fit.workspace_bytes, "reserved (1 - mem fraction)": fit.free_bytes}
     step = sc.time_s + by["host (exposed)"]
     return {"step_s": step, "device_s": sc.time_s, "host_s": host, "breakdown_s": by, "memory_bytes": memory,
             "hbm_bytes": fit.hbm_bytes, "weights_by_kind": fit.weight_breakdown, "fit": fit.explanation, "notes": list(sc.notes),
@@ -381,6 +385,9 @@ def step_breakdown(model: str, hardware: str, layout: dict, scheduler: dict, bat
 
 
 # ---------------------------------------------------------------- what-if
+PD_RATIO_MAX = 64  # the most prefill instances per decode instance a what-if takes
+
+
 class WhatIf(BaseModel):
     """Policy changes applied to a plan (None: keep the plan's)."""
 
@@ -389,7 +396,7 @@ class WhatIf(BaseModel):
     async_overlap: bool | None = None
     draft_len: int | None = Field(None, ge=0, le=16)
     prefix_hit_rate: float | None = Field(None, ge=0, le=0.99)
-    pd_ratio: float | None = Field(None, gt=0, le=64, description="prefill instances per decode instance (disaggregated plans)")
+    pd_ratio: float | None = Field(None, gt=0, le=PD_RATIO_MAX, description="prefill instances per decode instance (disaggregated plans)")
     replay_window: int | None = Field(None, ge=0, le=1 << 20, description="SWA bounded replay tokens on every window layer "
                                       "of every pool (0: the window KV is kept, nothing replayed)")
 
@@ -508,13 +515,24 @@ def plan_run_part(plan: dict) -> str | None:
 
 def simulate_plan(plan: dict, num_requests: int) -> dict:
     """Simulate a plan at full scale on ``num_requests`` requests (the run ``twinfer simulate --plan`` makes);
-    the figures the app compares, from its steady window."""
+    the figures the app compares, from its steady window. Its GPUs and output tokens/s per GPU are the whole plan's,
+    as the planner reads them (``planner.simulate.outcome_of``): a run of part of the deployment (``Plan.run_share``)
+    carries that share of the rate, and a disaggregated run's prefill pool is rounded up, so the run's own per-GPU
+    figure (``twinfer simulate --plan``'s steady table) is not the plan's (its comparison line gives the plan's)."""
     from planner.plan import Plan
+    from planner.simulate import outcome_of
     from sim.runner import simulate
 
     p = validate(Plan, plan, "plan")
     scenario = p.to_scenario(num_requests=num_requests if p.workload.kind != "trace" else None)
-    return metric_row(simulate(scenario).result, p.slo_percentile)
+    res = simulate(scenario).result
+    row = metric_row(res, p.slo_percentile)
+    w = res.metrics.steady or res.metrics.whole_run
+    if w is not None:
+        o = outcome_of(w, 0, 1.0, p.slo_percentile, p.run_fraction, p.gpus_used, res.num_requests, float(res.num_gpus),
+                       p.workload.rate or 0.0, res.digest, 0.0)
+        row.update({"GPUs": p.gpus_used, "output tok/s per GPU": o.thr_gpu})
+    return row
 
 
 def what_if(plan: dict, changes: dict, num_requests: int) -> dict:
