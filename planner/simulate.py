@@ -78,6 +78,7 @@ class SimOutcome:
     rate: float
     digest: str
     wall_s: float
+    e2e_s: float = math.inf      # end-to-end latency at the percentile (read only where the SLO sets a target)
 
 
 def scheduler_for(B: int, ranks: int, draft: int, overlap: bool, chunk: int, acceptance: tuple[float, ...] = (),
@@ -255,11 +256,13 @@ def outcome_of(w, row: int, load: float, percentile: int, share: float, full_gpu
         thr_gpu=w.output_throughput / share / full_gpus if full_gpus else 0.0,
         tps_user=w.per_user_output_tps_mean or 0.0, ttft_s=pct(w.ttft_s), tpot_s=pct(w.tpot_s),
         goodput_fraction=w.goodput_fraction or 0.0, finished_fraction=w.finished_fraction or 0.0, requests=requests,
-        slice_gpus=slice_gpus, rate=rate, digest=digest, wall_s=wall_s,
+        slice_gpus=slice_gpus, rate=rate, digest=digest, wall_s=wall_s, e2e_s=pct(w.e2e_s),
     )
 
 
 def meets(o: SimOutcome, slo: SLO) -> bool:
-    """A simulated slice meets the SLO at its percentile and served (almost) every request."""
-    return o.ok and o.ttft_s <= slo.ttft_s and o.tpot_s <= slo.tpot_s and o.finished_fraction >= 0.99
+    """A simulated slice meets the SLO at its percentile (TTFT, TPOT, and E2E where it sets one) and served (almost)
+    every request."""
+    return (o.ok and o.ttft_s <= slo.ttft_s and o.tpot_s <= slo.tpot_s and (slo.e2e_s is None or o.e2e_s <= slo.e2e_s)
+            and o.finished_fraction >= 0.99)
 

@@ -1,7 +1,7 @@
 """When a full-scale run's SLO verdict is certain to be a miss before the run ends (a ``stop`` for sim.early_stop).
 
-The verdict (``planner.simulate.meets`` on ``confirm_plan``'s window) misses when the run's TTFT or TPOT
-percentile is above its target. That percentile is numpy's linear interpolation over the N finite values
+The verdict (``planner.simulate.meets`` on ``confirm_plan``'s window) misses when the run's TTFT, TPOT or (where
+the SLO sets one) E2E percentile is above its target. That percentile is numpy's linear interpolation over the N finite values
 of the window's finished requests: at sorted index h = floor(q (N - 1)) and the next, so it is above the
 target once N - h of the values are. Three facts make counting finishes enough:
 
@@ -9,7 +9,7 @@ target once N - h of the values are. Three facts make counting finishes enough:
   generated up front, every request ends finished or dropped, and the steady window holds the requests
   arriving between percentiles of all arrivals (``scheduler.metrics.steady_bounds``);
 - N - floor(q (N - 1)) never falls as N grows, so M's count is enough for any N <= M;
-- a finished request's TTFT and TPOT are final: later finishes only add values.
+- a finished request's TTFT, TPOT and E2E are final: later finishes only add values.
 
 The run's window is the steady one unless that turns out empty (it depends on finish times), then the whole
 run: the stop waits until both are certain misses. One spare request and a relative 1e-9 on each target
@@ -46,8 +46,9 @@ class CertainMiss:
         self.requests = (int(((arrival >= a_lo) & (arrival < a_hi)).sum()), int(arrival.size))   # steady, whole run
         self.needed = tuple(_needed(n, percentile) for n in self.requests)
         self.ttft_s, self.tpot_s = slo.ttft_s * (1 + ROUNDING), slo.tpot_s * (1 + ROUNDING)
+        self.e2e_s = math.inf if slo.e2e_s is None else slo.e2e_s * (1 + ROUNDING)
         self.slo, self.percentile = slo, percentile
-        self.over = [[0, 0], [0, 0]]   # [steady, whole run] x [TTFT, TPOT] finished above their target
+        self.over = [[0, 0, 0], [0, 0, 0]]   # [steady, whole run] x [TTFT, TPOT, E2E] finished above their target
         self.reason = ""
 
     def __call__(self, req: Request) -> bool:
@@ -57,7 +58,8 @@ class CertainMiss:
         ttft = first - req.arrival_time > self.ttft_s
         n = req.num_output_tokens
         tpot = finish is not None and n > 1 and (finish - first) / (n - 1) > self.tpot_s
-        if not (ttft or tpot):
+        e2e = finish is not None and finish - req.arrival_time > self.e2e_s
+        if not (ttft or tpot or e2e):
             return False
         a_lo, a_hi = self.window
         for w, counts in enumerate(self.over):
@@ -65,16 +67,19 @@ class CertainMiss:
                 continue
             counts[0] += ttft
             counts[1] += tpot
+            counts[2] += e2e
         return self._certain()
 
     def _certain(self) -> bool:
         """Both windows' verdicts are misses (the reason names the steady window's count)."""
-        (s_ttft, s_tpot), (w_ttft, w_tpot) = self.over
+        steady, whole = self.over
         need_s, need_w = self.needed
-        if not ((s_ttft >= need_s or s_tpot >= need_s) and (w_ttft >= need_w or w_tpot >= need_w)):
+        if not (max(steady) >= need_s and max(whole) >= need_w):
             return False
-        what, count, target = (("TTFT", s_ttft, f"{self.slo.ttft_s:g} s") if s_ttft >= need_s else
-                               ("TPOT", s_tpot, f"{self.slo.tpot_s * 1e3:g} ms"))
+        k = next(j for j, c in enumerate(steady) if c >= need_s)
+        what, target = (("TTFT", f"{self.slo.ttft_s:g} s"), ("TPOT", f"{self.slo.tpot_s * 1e3:g} ms"),
+                        ("E2E", f"{self.slo.e2e_s or 0:g} s"))[k]
+        count = steady[k]
         p = f"p{self.percentile:g}"
         self.reason = (f"{count:,} of the steady window's {self.requests[0]:,} requests finished with {what} above "
                        f"{target}: its {what} {p} cannot meet the SLO whatever the rest do")

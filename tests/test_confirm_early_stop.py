@@ -128,6 +128,40 @@ def test_it_fires_as_soon_as_enough_finished_over_target():
     assert fired == [False, False, False, False, True] and "TTFT" in stop.reason
 
 
+def test_an_e2e_target_counts_too():
+    """An SLO with an end-to-end target misses on it alone (TTFT and TPOT met): `plan --slo ...,e2e_p90=20s` once
+    recommended a plan whose E2E p90 was 28.7 s and said it met the SLO. The verdict and the early stop read it."""
+    reqs = [Request(f"r{i}", float(i), 10, 101) for i in range(25)]
+    slo = SLO(ttft_s=1.0, tpot_s=0.1, e2e_s=5.0)
+    stop = CertainMiss(reqs, slo, 90)
+    fired = []
+    for r in reqs[3:8]:   # first token after 0.5 s, then 100 more at 0.09 s: TTFT and TPOT met, E2E 9.5 s
+        r.first_token_time = r.arrival_time + 0.5
+        r.finish_time, r.num_output_tokens = r.first_token_time + 9.0, 101
+        fired.append(stop(r))
+    assert fired == [False, False, False, False, True] and "E2E" in stop.reason and "5 s" in stop.reason
+    assert not CertainMiss(reqs, SLO(ttft_s=1.0, tpot_s=0.1), 90)(reqs[3])   # no E2E target: nothing to miss
+    from planner.simulate import SimOutcome
+
+    o = SimOutcome(0, 1.0, True, "", 100.0, 10.0, 0.5, 0.09, 1.0, 1.0, 25, 8.0, 1.0, "", 0.0, e2e_s=9.5)
+    assert meets(o, SLO(ttft_s=1.0, tpot_s=0.1)) and not meets(o, slo)
+
+
+def test_a_plan_with_an_e2e_target_meets_it_in_its_run():
+    """8 x H200 DeepSeek-V3 chat at ttft_p90=2s,tpot_p90=50ms,e2e_p90=20s: the plan's run meets all three, and the
+    reasons say E2E (it recommended one at 28.7 s, the planner checking TTFT and TPOT only)."""
+    from sim.runner import simulate
+
+    req = PlanRequest.model_validate(dict(
+        model="deepseek-v3", hardware="h200", gpus=8, workload=preset("chat"),
+        slo={"ttft_s": 2.0, "tpot_s": 0.05, "e2e_s": 20.0}, simulate_top=6, sim_requests=2500))
+    plan = plan_deployment(req, workers=1).recommended
+    s = simulate(plan.to_scenario()).result.metrics.steady
+    assert s.e2e_s.p90 <= 20.0 and s.ttft_s.p90 <= 2.0 and s.tpot_s.p90 <= 0.05
+    line = next(w for w in plan.why if w.startswith("meets the SLO"))
+    assert f"E2E {s.e2e_s.p90:.2f} s of 20 s" in line, line
+
+
 @pytest.mark.parametrize("deployment", [False, True])
 def test_the_sim_hook_ends_the_run_at_the_finish_the_predicate_names(deployment):
     """sim.early_stop through both runners (the plain one and sim.deployment): the run ends at the 10th finish,
