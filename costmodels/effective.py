@@ -287,22 +287,9 @@ def fit_with_policies(
 ) -> MemoryFit:
     """``memory_fit`` with lookup tables in HBM (less room for KV): sharded over the instance's GPUs when
     ``table_placement == 'hbm'``, a whole copy on every GPU when ``'local'``."""
-    fit = memory_fit(model, hw, layout, **fit_kw)
     if table_placement == "host" or model.host_table_bytes <= 0:
-        return fit
+        return memory_fit(model, hw, layout, **fit_kw)
     extra = model.host_table_bytes / (layout.gpus if table_placement == "hbm" else 1)
-    pool = fit.kv_pool_bytes - extra
-    per_tok = fit.kv_bytes_per_token
-    tokens = int(pool // per_tok) if pool > 0 and per_tok > 0 else 0
-    min_tokens = fit_kw.get("min_kv_tokens", 2048)
-    fits = pool > 0 and tokens >= min_tokens
-    note = f"; lookup tables {'sharded into' if table_placement == 'hbm' else 'copied to every GPU in'} HBM take {extra / 1e9:.1f} GB per GPU"
-    expl = fit.explanation + note
-    if fit.fits and not fits:
-        expl = "does not fit: " + fit.explanation.removeprefix("fits: ") + note + f", leaving {tokens:,} KV tokens per DP rank"
-    return fit.model_copy(update={
-        "kv_pool_bytes": pool, "max_kv_tokens_per_dp_rank": max(tokens, 0), "max_kv_tokens": max(tokens, 0) * layout.dp,
-        "weight_bytes": fit.weight_bytes + extra,
-        "weight_breakdown": {**fit.weight_breakdown, "lookup_tables": extra},
-        "host_fits": True, "fits": fits, "explanation": expl,
-    })
+    fit = memory_fit(model, hw, layout, hbm_table_bytes=extra, **fit_kw)
+    where = "sharded into" if table_placement == "hbm" else "copied to every GPU in"
+    return fit.model_copy(update={"explanation": f"{fit.explanation} (lookup tables {where} HBM)"})

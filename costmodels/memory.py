@@ -293,8 +293,11 @@ def memory_fit(
     min_kv_tokens: int = 2048,
     sched_ranks: int | None = None,
     mtp: bool = True,
+    hbm_table_bytes: float = 0.0,
 ) -> MemoryFit:
-    """Weights, workspace and KV capacity per GPU; ``fits`` needs room for ``min_kv_tokens`` per DP rank. ``mtp``:
+    """Weights, workspace and KV capacity per GPU; ``fits`` needs room for ``min_kv_tokens`` per DP rank.
+    ``hbm_table_bytes``: lookup tables each GPU holds in HBM (``effective.fit_with_policies``), counted with the
+    weights (``weight_breakdown['lookup_tables']``) and named in the explanation; 0: they stay in host memory. ``mtp``:
     the model's MTP layers are loaded (weights, their KV cache, their logits), as vLLM and SGLang load them only to
     draft (speculative decoding); a scheduler without drafts serves without them.
 
@@ -316,19 +319,22 @@ def memory_fit(
             a, b = _layer_kv_rates(model, mtp_kind(model), layout.kv_dtype)
             per_tok, fixed = per_tok + model.mtp_layers * a, fixed + model.mtp_layers * b
         per_tok, fixed = per_tok / shard, fixed / shard
-        w = sum(stages[s].values())
+        w = sum(stages[s].values()) + hbm_table_bytes
         pool = usable - w - ws
         tokens = int(pool // per_tok) if per_tok > 0 and pool > 0 else (10**12 if pool > 0 else 0)
         if best is None or tokens < best[0] or (tokens == best[0] and w > best[2]):
             best = (tokens, s, w, per_tok, fixed)
     tokens, s, w, per_tok, fixed = best
     pool = usable - w - ws
-    host_per_gpu = model.host_table_bytes / max(layout.gpus, 1)
+    host_per_gpu = model.host_table_bytes / max(layout.gpus, 1) if hbm_table_bytes <= 0 else 0.0
     host_fits = host_per_gpu + host_bytes_per_gpu(model, layout) <= hw.host_mem_gb * 1e9  # (+ offloaded weights)
     fits = pool > 0 and tokens >= min_kv_tokens
     gb = lambda x: f"{x / 2**30:.1f} GiB"  # noqa: E731  (the unit the catalog counts HBM in: an H200 is 141.0 GiB)
+    tables = f" + {gb(hbm_table_bytes)} lookup tables" if hbm_table_bytes > 0 else ""
     head = (f"{model.name} on {layout.gpus}x{hw.name} ({layout.describe()}, kv {layout.kv_dtype}): per GPU "
-            f"{gb(w)} weights + {gb(ws)} workspace of {gb(usable)} usable ({mem_fraction:.0%} of {gb(hw.hbm_bytes)})")
+            f"{gb(w - hbm_table_bytes)} weights{tables} + {gb(ws)} workspace of {gb(usable)} usable ({mem_fraction:.0%} "
+            f"of {gb(hw.hbm_bytes)})")
+    breakdown = {**stages[s], "lookup_tables": hbm_table_bytes} if hbm_table_bytes > 0 else stages[s]
     if pool <= 0:
         explanation = f"does not fit: {head}; short by {gb(-pool)} before any KV cache"
     elif tokens < min_kv_tokens:
@@ -337,7 +343,7 @@ def memory_fit(
         explanation = f"fits: {head}; {gb(pool)} KV pool = {tokens:,} tokens per DP rank ({tokens * layout.dp:,} per instance)"
     return MemoryFit(
         model=model.name, hardware=hw.name, layout=layout.describe(), gpus=layout.gpus, dp_ranks=layout.dp, hbm_bytes=hw.hbm_bytes,
-        mem_fraction=mem_fraction, usable_bytes=usable, weight_bytes=w, weight_breakdown=stages[s], workspace_bytes=ws,
+        mem_fraction=mem_fraction, usable_bytes=usable, weight_bytes=w, weight_breakdown=breakdown, workspace_bytes=ws,
         kv_pool_bytes=pool, free_bytes=hw.hbm_bytes - usable, kv_bytes_per_token=per_tok,
         kv_bytes_per_token_model=kv_bytes_per_token(model, layout.kv_dtype), kv_fixed_bytes_per_request=fixed,
         kv_dtype=layout.kv_dtype, max_kv_tokens_per_dp_rank=max(tokens, 0), max_kv_tokens=max(tokens, 0) * layout.dp,

@@ -79,3 +79,25 @@ def test_lookup_tables_in_hbm_cost_kv_and_in_host_memory_cost_time():
     assert t_plain < t_hbm < t_host
     assert t_host - t_plain == pytest.approx(4096 * 12.4 * 1024 / (225e9 * 0.8), rel=0.2)
     assert t_pref == pytest.approx(t_plain)  # prefetched lookups hide under a long step
+
+
+def test_the_fit_text_states_the_kv_pool_left_after_lookup_tables_in_hbm():
+    """With lookup tables in HBM the fit's KV pool and tokens were cut, but its text still stated the pool without
+    them (86.0 GiB = 33.8 M tokens per DP rank on B200 DEP8 where the simulator fits 24.6 M) and the tables in
+    decimal GB beside GiB everywhere else. The text is now the figures': tables among the per-GPU terms, in GiB."""
+    import re
+
+    from costmodels.catalog import get_model
+    from costmodels.effective import fit_with_policies
+    from costmodels.hardware import get_hardware
+    from costmodels.layout import ParallelLayout
+
+    m, hw, lay = get_model("deepseek-v4.1-flash"), get_hardware("gb300"), ParallelLayout(dp=8, ep=8)
+    host = fit_with_policies(m, hw, lay, table_placement="host")
+    hbm = fit_with_policies(m, hw, lay, table_placement="hbm")
+    tables = hbm.weight_breakdown["lookup_tables"]
+    assert tables == pytest.approx(m.host_table_bytes / 8) and hbm.weight_bytes == pytest.approx(host.weight_bytes + tables)
+    assert hbm.kv_pool_bytes == pytest.approx(host.kv_pool_bytes - tables)
+    assert f"+ {tables / 2**30:.1f} GiB lookup tables +" in hbm.explanation and " GB " not in hbm.explanation
+    stated = int(re.search(r"KV pool = ([\d,]+) tokens per DP rank", hbm.explanation).group(1).replace(",", ""))
+    assert stated == hbm.max_kv_tokens_per_dp_rank < host.max_kv_tokens_per_dp_rank
