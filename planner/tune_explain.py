@@ -172,7 +172,8 @@ def policy_gains(ctx: TuneContext, res: SearchResult) -> list[PolicyGain]:
 def explanation(ctx: TuneContext, res: SearchResult) -> list[str]:
     """The winner's reasons as lines (also written into the plan's ``why``)."""
     load = "at capacity: every request queued at once" if ctx.saturated else f"at {ctx.rate_per_gpu:.3g} req/s per GPU offered"
-    lines = [f"highest simulated output throughput per GPU ({res.best.thr_gpu:,.0f} tokens/s {load}) among {len(res.runs)} simulated policies; baseline {res.baseline.policy.describe()}: "
+    none = "" if res.best.feasible else f", none of them feasible (this one: {res.best.why})"
+    lines = [f"highest simulated output throughput per GPU ({res.best.thr_gpu:,.0f} tokens/s {load}) among {len(res.runs)} simulated policies{none}; baseline {res.baseline.policy.describe()}: "
              f"{res.baseline.thr_gpu:,.0f} tokens/s ({gain(res.baseline.thr_gpu, res.best.thr_gpu):+.1%})"]
     for g in policy_gains(ctx, res):
         alt = g.without.policy.value(g.policy)

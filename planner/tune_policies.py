@@ -53,6 +53,19 @@ POLICIES = ("ep_width", "async_overlap", "replay", "batch_per_rank", "chunk_toke
 THE_THREE = ("ep_width", "async_overlap", "replay")   # the policies the product names (issue 23)
 MIN_FINISHED = 0.99       # a candidate that leaves more than 1% of its requests unfinished is infeasible
 SATURATE_RATE_PER_GPU = 1e4  # requests/s per GPU that queue everything at once: the baseline's capacity run
+MIN_RATE_PER_GPU = 1e-3      # the slowest offered rate a slice runs at as asked (slice_scenario's floor)
+MAX_BATCH_PER_RANK = 65536   # SchedulerConfig.max_num_seqs' bound
+MAX_CHUNK_TOKENS = 1 << 22   # SchedulerConfig.max_num_batched_tokens' bound
+
+
+def check_rate_per_gpu(rate: float, what: str) -> None:
+    """Refuse, naming ``what``, an offered rate per GPU the search cannot run as asked: not finite, below the slices'
+    floor (they would run faster than offered and the plan slower), or at/above the rate that queues everything at
+    once (compared at capacity instead, and the plan run at 90% of the winner's capacity, not at this rate)."""
+    if not math.isfinite(rate) or not MIN_RATE_PER_GPU <= rate < SATURATE_RATE_PER_GPU:
+        raise TwinferError(f"{what}: {rate:.3g} requests/s per GPU offered; allowed: {MIN_RATE_PER_GPU:g} up to (not "
+                           f"including) {SATURATE_RATE_PER_GPU:g} (leave --load and --rate-per-gpu out to compare the "
+                           "policies at capacity, every request queued at once)")
 
 
 class TuneSpace(BaseModel):
@@ -71,9 +84,12 @@ class TuneSpace(BaseModel):
 
     @field_validator("ep_widths", "batch_per_rank", "chunk_tokens")
     @classmethod
-    def _positive(cls, v):
+    def _positive(cls, v, info):
+        top = {"batch_per_rank": MAX_BATCH_PER_RANK, "chunk_tokens": MAX_CHUNK_TOKENS}.get(info.field_name)
         if v is not None and (not v or any(x < 1 for x in v)):
             raise ValueError("give one or more entries, each >= 1")
+        if v is not None and top is not None and max(v) > top:
+            raise ValueError(f"each entry at most {top:,} (a scheduler's bound; got {max(v):,})")
         return None if v is None else tuple(sorted(set(v)))
 
     @field_validator("replay_layers")
@@ -312,7 +328,8 @@ def simulate_policy(ctx: TuneContext, p: Policy, rate_per_gpu: float | None = No
     m = r.metrics
     w = m.steady or m.whole_run
     if w is None or not m.requests_finished:
-        return Run(p, why="no request finished")
+        refused = next(iter(m.dropped_by_reason), None)   # e.g. every request past the model's context
+        return Run(p, why="no request finished" + (f" ({m.requests_dropped:,} refused, e.g. {refused})" if refused else ""))
     pct = ctx.slo_percentile if ctx.slo is not None else 50
     stat = lambda s: math.inf if getattr(s, f"p{pct}") is None else float(getattr(s, f"p{pct}"))  # noqa: E731
     run = Run(p, thr_gpu=w.output_throughput / gpus, req_gpu=w.request_throughput / gpus, tps_user=w.per_user_output_tps_mean or 0.0, ttft_s=stat(w.ttft_s),

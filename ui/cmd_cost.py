@@ -17,6 +17,7 @@ from twinfer.errors import TwinferError
 
 DT = Literal["bf16", "fp8", "fp4"]
 SKEW = Literal["zipf", "uniform"]  # expert-load models of costmodels.moe_load (sampled per batch size)
+MAX_BATCH = 1_000_000   # requests in one priced step, over all --batch groups
 
 
 class BatchSpec(BaseModel):
@@ -24,7 +25,7 @@ class BatchSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     phase: Literal["decode", "prefill"]
-    batch_size: int = Field(..., ge=1, le=1_000_000, description="batch size")
+    batch_size: int = Field(..., ge=1, le=MAX_BATCH, description="batch size")
     tokens: int = Field(..., ge=1, le=100_000_000, description="context length (decode) or prompt length (prefill)")
     cached: int = Field(0, ge=0, description="prefix-cache hit tokens of a prefill")
 
@@ -48,6 +49,9 @@ class BatchSpec(BaseModel):
         if data["tokens"] < 1:
             raise TwinferError(f"--batch {text!r}: token count must be >= 1 (got {data['tokens']})")
         spec = validate(BatchSpec, data, f"--batch {text}")
+        if spec.phase == "decode" and "+" in rest:   # a decode's context is its cached KV: '+C' would be dropped unread
+            raise TwinferError(f"--batch {text!r}: '+CACHED' is for prefill only; a decode's context is its KV "
+                               "(decode:BATCHxCONTEXT, e.g. decode:64x4096)")
         if spec.phase == "prefill" and spec.cached >= spec.tokens:
             raise TwinferError(f"--batch {text!r}: cached tokens ({spec.cached}) must be < prompt length ({spec.tokens})")
         return spec
@@ -92,6 +96,10 @@ class CostConfig(BaseModel):
     def _nonempty(cls, v):
         if not v:
             raise ValueError("at least one batch is needed")
+        # each group holds at most MAX_BATCH requests; so does the step (its arrays are per request: ~45 MB a million)
+        total = sum(BatchSpec.parse(b).batch_size for b in v)
+        if total > MAX_BATCH:
+            raise ValueError(f"{total:,} requests in all over {len(v)} batch groups; at most {MAX_BATCH:,} in one step")
         return v
 
     @field_validator("acceptance", mode="before")

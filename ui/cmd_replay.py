@@ -15,6 +15,7 @@ from twinfer.errors import TwinferError
 
 DEFAULT_NEW = "1024,2048,4096,8192,16384,32768,65536,131072"
 MAX_CHUNKS = 4096  # chunks priced over all --new sizes (each on its own, ~1-3 ms): bounds the command's time
+MAX_W = 1 << 20    # the most tokens a replay rule takes (costmodels.replay.LayerReplay.tokens)
 
 
 def policy_mapping(text: str | None, option: str) -> dict | None:
@@ -42,6 +43,14 @@ def _policy(text: str | None, option: str):
     return None if data is None else validate(ReplayPolicy, data, option)
 
 
+def _resolve(policy, model, option: str):
+    """``policy`` on ``model`` (a layer past the model or without a window is an error naming ``option``)."""
+    try:
+        return policy.resolve(model)
+    except ValueError as err:
+        raise TwinferError(f"{option}: {err}") from None
+
+
 def _ints(text: str, option: str) -> list[int]:
     try:
         out = [int(x) for x in text.split(",") if x.strip()]
@@ -66,35 +75,41 @@ def run_replay(model: str, hardware: str, tp: int, dp: int, ep: int, kv_dtype: s
     from costmodels.catalog import get_model
     from costmodels.hardware import get_hardware
     from costmodels.layout import ParallelLayout
-    from costmodels.replay import compare_policies, kept_window_bytes, one_layer_policies, shipped_replay_policy
+    from costmodels.replay import (compare_policies, kept_window_bytes, one_layer_policies, shipped_replay_policy,
+                                   window_layers)
     from costmodels.step import StepCostModel
 
     m, hw = get_model(model), get_hardware(hardware)
     if chunk < 1 or cached < 0:
         raise TwinferError(f"--chunk={chunk} must be >= 1 and --cached={cached} >= 0")
+    if not 1 <= tokens <= MAX_W:
+        raise TwinferError(f"--tokens {tokens}: W must be in 1..{MAX_W:,} tokens (replay.tokens)")
     pb, pc = _policy(base, "--base"), _policy(cand, "--with")
     if layer is not None:
         if pb is not None or pc is not None:
             raise TwinferError("--layer sets both policies (that layer recomputing vs replaying --tokens): leave out --base/--with")
         pb, pc = one_layer_policies(m, layer, tokens)
+    names = ("--layer", "--layer") if layer is not None else ("--base", "--with")
     pb, pc = pb or shipped_replay_policy(m), pc or shipped_replay_policy(m)
-    try:
-        rb, rc = pb.resolve(m), pc.resolve(m)
-    except ValueError as err:
-        raise TwinferError(str(err)) from None
+    rb, rc = (_resolve(pol, m, name) for pol, name in ((pb, names[0]), (pc, names[1])))
     kv = kv_dtype or m.default_kv_dtype
     lay = validate(ParallelLayout, {"tp": tp, "dp": dp, "ep": ep, "weight_dtype": m.checkpoint_dtype,
                                     "expert_dtype": m.checkpoint_expert_dtype, "kv_dtype": kv}, "layout")
     sizes = _ints(new, "--new")
     _chunk_count(sizes, chunk)
-    ops = StepCostModel(m, hw, lay)
+    # a prompt runs whole on its attention-DP rank, as the simulator (EffectiveStepCost, depth_correction), `twinfer
+    # cost` and tune's replay line price it: spread over the ranks, DP4 priced an 8192-token chunk at a third of
+    # `cost -b prefill:1x8192`
+    ops = StepCostModel(m, hw, lay, dp_imbalance=float(lay.dp))
     rows = compare_policies(ops, rb, rc, sizes, chunk, cached)
     # priced anyway, as `twinfer cost` prices such a batch: a planner may want the number, but no server would run it
     warnings = [f"PROMPT LONGER THAN THE MODEL'S CONTEXT, priced anyway: {cached:,} cached + {n:,} new = {cached + n:,} "
                 f"tokens, past {m.name}'s max context of {m.max_context:,} tokens (max_position_embeddings)"
                 for n in sizes if cached + n > m.max_context]
+    notes = [] if window_layers(m) else [f"{m.name} has no sliding-window layers: every policy prices the same "
+                                           "(persist, replay and recompute act on window layers only)"]
     return {
-        "warnings": warnings,
+        "warnings": warnings, "notes": notes,
         "model": m.name, "hardware": hw.name, "layout": lay.describe(), "gpus": lay.gpus, "chunk": chunk, "cached": cached,
         "base": str(pb), "with": str(pc),
         "kept_window_bytes_per_seq": {"base": kept_window_bytes(m, kv, rb), "with": kept_window_bytes(m, kv, rc)},
@@ -113,14 +128,18 @@ def _print(res: dict) -> None:
     con.print(f"base: {res['base']}  (window KV kept per paused sequence {kb['base'] / 1e6:.3f} MB)", highlight=False)
     con.print(f"with: {res['with']}  (window KV kept per paused sequence {kb['with'] / 1e6:.3f} MB)", highlight=False)
     t = Table()
-    for c in ("new tokens", "chunks", "base s", "with s", "base tok/s/GPU", "with tok/s/GPU", "gain"):
+    for c in ("new tokens", "chunks", "base ms", "with ms", "base tok/s/GPU", "with tok/s/GPU", "gain"):
         t.add_column(c, justify="right")
     for r in res["rows"]:
-        t.add_row(f"{r['new_tokens']:,}", str(r["chunks"]), f"{r['base_s']:.3f}", f"{r['with_s']:.3f}",
+        t.add_row(f"{r['new_tokens']:,}", str(r["chunks"]), f"{r['base_s'] * 1e3:,.3f}", f"{r['with_s'] * 1e3:,.3f}",
                   f"{r['base_tok_s_per_gpu']:,.0f}", f"{r['with_tok_s_per_gpu']:,.0f}", f"{r['gain']:.3f}x")
     con.print(t)
     for w in res["warnings"]:
         con.print(f"[yellow]{w}[/]", highlight=False)
+    for n in res["notes"]:
+        con.print(f"[yellow]note: {n}[/]", highlight=False)
+    con.print(f"[dim]- the prompt runs whole on one attention-DP rank (as the simulator and twinfer cost price it); "
+              f"tok/s/GPU = new tokens / prefill time / the {res['gpus']} GPUs of the instance[/]", highlight=False)
     con.print("[dim]- gain = base prefill time / with prefill time (prefill throughput ratio); a layer's extra tokens "
               "run through every layer below it (no hidden states are kept); --json adds the extra layer-tokens each recomputes[/]", highlight=False)
 
@@ -136,7 +155,7 @@ def register(app: typer.Typer) -> None:
         kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help="KV cache dtype [model default]"),
         layer: Optional[int] = typer.Option(None, "--layer", min=0, help="compare this layer recomputing (base) with it replaying --tokens "
                                             "(with); other layers as shipped"),
-        tokens: int = typer.Option(128, "--tokens", min=1, help="W of --layer's bounded replay"),
+        tokens: int = typer.Option(128, "--tokens", min=1, max=MAX_W, help="W of --layer's bounded replay"),
         base: Optional[str] = typer.Option(None, "--base", help="base policy, YAML: '{layers: {42: recompute}}' or a rule for every "
                                            "window layer: persist | recompute | replay:W [shipped]"),
         cand: Optional[str] = typer.Option(None, "--with", help="candidate policy, same forms [shipped]"),

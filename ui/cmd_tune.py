@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Optional
@@ -36,6 +37,8 @@ def tune_slo(text: Optional[str]) -> Optional[float]:
     return spec.tpot_s
 
 
+MIN_LOAD = 1e-3   # --load: a thousandth of the baseline's capacity (below, arrivals are spread over ~weeks of simulated time)
+
 # each mode's own flags (parameter name -> flag): given to the other mode they would be ignored, so they are refused
 PROFILE_FLAGS = {"num_layers": "--num-layers", "trace": "--trace", "requests": "--requests", "objective": "--objective",
                  "max_num_seqs": "--max-num-seqs", "max_batched_tokens": "--max-batched-tokens",
@@ -54,12 +57,17 @@ def check_flags(ctx: typer.Context, profile_mode: bool, objective: str, load: Op
     """Refuse, naming the flag, what the search cannot take: an unknown objective, a rate of 0 (nothing would arrive),
     and a flag of the other mode (it would be ignored: --objective with --gpus ranked by throughput all the same)."""
     from planner.tune import OBJECTIVES
+    from planner.tune_policies import check_rate_per_gpu
 
     if objective not in OBJECTIVES:
         raise TwinferError(f"--objective {objective!r}: allowed: {', '.join(OBJECTIVES)}")
     for flag, value in (("--load", load), ("--rate-per-gpu", rate_per_gpu)):
         if value is not None and value <= 0:
             raise TwinferError(f"{flag} {value:g}: must be > 0 (no request would arrive)")
+    if load is not None and not (math.isfinite(load) and load >= MIN_LOAD):
+        raise TwinferError(f"--load {load:g}: allowed: a finite multiple of the baseline's capacity, at least {MIN_LOAD:g}")
+    if rate_per_gpu is not None:
+        check_rate_per_gpu(rate_per_gpu, f"--rate-per-gpu {rate_per_gpu:g}")
     other, mode = (CATALOG_FLAGS, "only without --profile") if profile_mode else (PROFILE_FLAGS, "only with --profile")
     for name, flag in other.items():
         source = ctx.get_parameter_source(name)   # typer's own click: its ParameterSource, compared by name
@@ -99,10 +107,29 @@ def catalog_calibration(path: Path, model: str, hardware: str) -> list[str]:
     return lines
 
 
+def profile_model(ctx: typer.Context, profile: Path, prof, model: str, num_layers: Optional[int]) -> tuple[str, int]:
+    """The model and layer count a ``--profile`` search predicts on, and ``--measure`` runs: the profile's own (a
+    measured step model prices that model only), ``--num-layers`` at most the model's. A different ``--model`` is
+    refused: the plan was written as ``model: tiny`` and ``--measure`` ran tiny against a deepseek-v3 prediction."""
+    from costmodels.catalog import get_model
+
+    measured = prof.step.model
+    source = ctx.get_parameter_source("model")
+    if source is not None and source.name != "DEFAULT" and model != measured and get_model(model).name != measured:
+        raise TwinferError(f"--model {model}: {profile} measured {measured}; tune --profile predicts on the profile's "
+                           f"model (leave --model out, or give --model {measured})")
+    layers = get_model(measured).num_layers
+    if num_layers is not None and num_layers > layers:
+        raise TwinferError(f"--num-layers {num_layers}: {measured} has {layers} layers (give 1..{layers})")
+    return measured, num_layers or prof.step.num_layers
+
+
 def tune(
     ctx: typer.Context,
-    model: str = typer.Option("tiny", "--model", "-m"),
-    num_layers: Optional[int] = typer.Option(None, "--num-layers", min=1),
+    model: str = typer.Option("tiny", "--model", "-m", help="catalog model (--gpus); with --profile: the model it measured, "
+                              "the default (the one tune predicts on and --measure runs)"),
+    num_layers: Optional[int] = typer.Option(None, "--num-layers", min=1, help="with --profile: layers of the model priced "
+                                             "and run, at most the model's [the profile's]"),
     profile: Optional[Path] = typer.Option(None, "--profile", "-p", help="calibration profile JSON (twinfer calibrate): tune on "
                                             "the measured executor model (one GPU; EP width not searched)"),
     calibration: Optional[Path] = typer.Option(None, "--calibration", help="with --gpus: calibration profile JSON (twinfer "
@@ -111,22 +138,22 @@ def tune(
     hardware: str = typer.Option("gb300", "--hardware", "--hw", help="GPU catalog name (catalog mode, with --gpus)"),
     gpus: Optional[int] = typer.Option(None, "--gpus", "-g", min=1, max=100_000, help="GPU budget: tune EP width, async overlap "
                                        "and replay on the catalog --model (no --profile)"),
-    ep_widths: Optional[str] = typer.Option(None, "--ep-widths", help="EP widths to try, e.g. 1,2,4,8 [powers of 2 up to --gpus]"),
+    ep_widths: Optional[str] = typer.Option(None, "--ep-widths", help="EP widths to try, e.g. 1,2,4,8 [1, 2, 4, ... 64 and 72 up to --gpus, and --gpus itself]"),
     async_values: str = typer.Option("off,on", "--async", help="async overlap values to try: off, on or off,on"),
     replay_tokens: Optional[str] = typer.Option(None, "--replay-tokens", help="replay lengths W to try, e.g. 0,64,128 [0, half "
                                                 "the sliding window, the window]"),
     replay_layers: Optional[str] = typer.Option(None, "--replay-layers", help="which window layers replay W: all and/or layer "
-                                                "kinds (sliding, csa, hca), e.g. all,csa [all, plus each window kind]"),
-    batch_per_rank: str = typer.Option("32,64,128", "--batch-per-rank", help="max batch per attention-DP rank values to try"),
-    chunk_tokens: str = typer.Option("2048,8192", "--chunk-tokens", help="prefill chunk per rank values to try"),
+                                                "kinds (sliding, csa, hca, sparse), e.g. all,csa [all, plus each window kind]"),
+    batch_per_rank: str = typer.Option("32,64,128", "--batch-per-rank", help="max batch per attention-DP rank values to try (each 1..65,536)"),
+    chunk_tokens: str = typer.Option("2048,8192", "--chunk-tokens", help="prefill chunk per rank values to try (each 1..4,194,304)"),
     base_ep_width: Optional[int] = typer.Option(None, "--base-ep-width", help="baseline EP width [the narrowest that fits]"),
     base_async: Optional[bool] = typer.Option(None, "--base-async/--base-no-async", help="baseline async overlap [off]"),
     base_replay_tokens: Optional[int] = typer.Option(None, "--base-replay-tokens", min=0, help="baseline replay length W on "
                                                      "every window layer, 0: window KV kept [the model's shipped policy]"),
     base_batch_per_rank: Optional[int] = typer.Option(None, "--base-batch-per-rank", help="baseline max batch per rank [64]"),
     base_chunk_tokens: Optional[int] = typer.Option(None, "--base-chunk-tokens", help="baseline prefill chunk per rank [8192]"),
-    rate_per_gpu: Optional[float] = typer.Option(None, "--rate-per-gpu", min=0.0, help="offered requests/s per GPU [each policy "
-                                                 "at its own capacity]"),
+    rate_per_gpu: Optional[float] = typer.Option(None, "--rate-per-gpu", min=0.0, help="offered requests/s per GPU, 0.001 up "
+                                                 "to (not including) 10,000 [each policy at its own capacity]"),
     sim_requests: int = typer.Option(1500, "--sim-requests", min=100, max=1_000_000, help="most requests per candidate simulation"),
     plan_requests: int = typer.Option(20000, "--plan-requests", min=100, max=1_000_000, help="most requests of the plan's full-scale run "
                                       "(an agentic plan needs ~15k to pass its session ramp-up at 80 req/s)"),
@@ -134,9 +161,9 @@ def tune(
     trace: Optional[str] = typer.Option(None, "--trace", "-t", help="twinfer JSONL trace (default: the --workload preset)"),
     workload: str = typer.Option("chat", "--workload", "-w"),
     requests: Optional[int] = typer.Option(None, "--requests", "-n", min=1),
-    load: Optional[float] = typer.Option(None, "--load", min=0.0, help="arrival rate as a multiple of the baseline's predicted capacity "
-                                         "[--profile: 2, past saturation; --gpus: none, each policy at its own capacity]"),
-    objective: str = typer.Option("output_throughput", "--objective", help="output_throughput | ttft_p50 | ttft_p90 | tpot_p50 | e2e_p50"),
+    load: Optional[float] = typer.Option(None, "--load", min=0.0, help="arrival rate as a multiple of the baseline's predicted capacity, "
+                                         "at least 0.001 [--profile: 2, past saturation; --gpus: none, each policy at its own capacity]"),
+    objective: str = typer.Option("output_throughput", "--objective", help="with --profile: output_throughput | ttft_p50 | ttft_p90 | tpot_p50 | tpot_p90 | e2e_p50"),
     slo: Optional[str] = typer.Option(None, "--slo", help="candidates must keep TPOT p50 under it, in the SLO syntax: tpot_p50=50ms"),
     max_num_seqs: int = typer.Option(16, "--max-num-seqs", min=1, help="baseline max batch"),
     max_batched_tokens: int = typer.Option(2048, "--max-batched-tokens", min=1, help="baseline token budget"),
@@ -165,12 +192,13 @@ def tune(
         if measure:
             raise TwinferError("--measure runs the executor: it needs --profile (the measured model it replays)")
         from ui.tune_catalog import bool_list, int_list, layers_list, run_catalog_tune
+        from planner.tune_policies import MAX_BATCH_PER_RANK, MAX_CHUNK_TOKENS
         space = {"ep_widths": int_list(ep_widths, "--ep-widths", 1) if ep_widths else None,
                  "async_overlap": bool_list(async_values, "--async"),
-                 "replay_tokens": int_list(replay_tokens, "--replay-tokens", 0) if replay_tokens else None,
+                 "replay_tokens": int_list(replay_tokens, "--replay-tokens", 0, 1 << 20) if replay_tokens else None,
                  "replay_layers": layers_list(replay_layers, "--replay-layers") if replay_layers else None,
-                 "batch_per_rank": int_list(batch_per_rank, "--batch-per-rank", 1),
-                 "chunk_tokens": int_list(chunk_tokens, "--chunk-tokens", 1)}
+                 "batch_per_rank": int_list(batch_per_rank, "--batch-per-rank", 1, MAX_BATCH_PER_RANK),
+                 "chunk_tokens": int_list(chunk_tokens, "--chunk-tokens", 1, MAX_CHUNK_TOKENS)}
         base = {"ep_width": base_ep_width, "async_overlap": base_async, "replay_tokens": base_replay_tokens,
                 "batch_per_rank": base_batch_per_rank, "chunk_tokens": base_chunk_tokens}
         notes = catalog_calibration(calibration, model, hardware) if calibration is not None else []
@@ -193,37 +221,57 @@ def tune(
 
     con = Console()
     load = 2.0 if load is None else load
+    slo_tpot_s = tune_slo(slo)
     prof = CalibrationProfile.load(profile)
     if prof.step is None:
         raise TwinferError(f"{profile}: no measured step model in this profile (make one with twinfer calibrate)")
-    cost = ProfiledStepCost(prof, num_layers=num_layers or prof.step.num_layers)
+    model, num_layers = profile_model(ctx, profile, prof, model, num_layers)
+    cost = ProfiledStepCost(prof, num_layers=num_layers)
     bs = 64
     base = validate(SchedulerConfig, dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(max_batched_tokens, max_num_seqs),
                                           max_model_len=max_model_len, block_size=bs), "scheduler options")
     reqs = load_requests(trace, workload, requests, bs, seed, max_input_len, max_output_len, max_model_len)
     blocks = num_kv_blocks or max_seqs_limit * (-(-max_model_len // bs)) + 64
+    engine = None
+    if measure:   # built (and its --device/--dtype checked) before the search, not after it
+        from executor.calibrate import build_engine
+        engine = build_engine(model, num_layers, device, dtype or prof.step.dtype, max_seqs_limit, max_model_len,
+                              num_kv_blocks=blocks, seed=seed)
+        if device == "cuda":
+            engine.warmup()
     sbase = sim_config(base, prof)
     cap = saturation_rps(cost, sbase, blocks, reqs)
+    if not (np.isfinite(cap) and cap > 0):   # no capacity to scale the arrivals by (it gave 'nan req/s', '+nan%')
+        raise TwinferError(f"the baseline (--max-num-seqs {base.max_num_seqs}, --max-batched-tokens "
+                           f"{base.max_num_batched_tokens}) finished no request of the {len(reqs)} queued at once on "
+                           f"{blocks:,} KV blocks of {bs} tokens: give more --num-kv-blocks, or shorter requests "
+                           "(--max-input-len, --max-output-len)")
     r0 = natural_rate(reqs)
     scale = r0 / (load * cap) if np.isfinite(r0) else 1.0
     reqs = copy_requests(reqs, scale)
     grid = default_grid(base, max_seqs_limit, bool(cost.model.mtp_layers))
-    res = search(cost, sbase, blocks, reqs, objective=objective, slo_tpot_s=tune_slo(slo), grid=grid, seed=seed)
+    res = search(cost, sbase, blocks, reqs, objective=objective, slo_tpot_s=slo_tpot_s, grid=grid, seed=seed)
     con.print(f"{len(res.candidates)} policies simulated on {len(reqs)} requests at {load:g} x the baseline's predicted capacity "
               f"({load * cap:.2f} req/s); objective {objective}")
     tab = Table(title="best policies (simulated)")
     tab.add_column("policy")
-    for c in ("max_num_seqs", "max_batched_tokens", "chunk cap", "async", "draft", objective, "feasible"):
+    unit = "tok/s" if objective == "output_throughput" else "s"
+    for c in ("max_num_seqs", "max_batched_tokens", "chunk cap", "async", "draft", f"{objective} {unit}", "feasible"):
         tab.add_column(c, justify="right")
     ranked = sorted([c for c in res.candidates if c.objective is not None], key=lambda c: c.objective,
                     reverse=objective == "output_throughput")
-    for c in [res.baseline] + ranked[:8]:
+    shown = [res.baseline] + ranked[:8]
+    shown += [res.best] if all(c is not res.best for c in shown) else []   # infeasible ones may outrank the winner
+    for c in shown:
         k = c.knobs
         role = ("baseline" if c is res.baseline else "winner" if c is res.best else
                 "predicted only" if "predicted only" in (c.why or "") else "")
         tab.add_row(role, str(k["max_num_seqs"]), str(k["max_num_batched_tokens"]), str(k["long_prefill_threshold"] or "-"),
                     "on" if k["async_overlap"] else "off", str(k["draft_len"]), f"{c.objective:.4g}", "yes" if c.feasible else c.why)
     con.print(tab)
+    if not res.best.feasible:   # tune keeps the baseline when nothing is feasible: say so, not a 'winner' and a gain
+        con.print(f"[bold red]no policy simulated is feasible[/] (the baseline: {res.baseline.why}); the plan keeps the "
+                  "baseline", highlight=False)
     con.print(f"baseline {res.baseline.knobs} -> winner {res.best.knobs}: predicted gain {res.predicted_gain * 100:+.1f}%", highlight=False)
     if res.best_predicted_only is not None:
         con.print(f"predicted only: {res.best_predicted_only.knobs} {res.predicted_only_gain * 100:+.1f}%", highlight=False)
@@ -231,12 +279,7 @@ def tune(
               f"twinfer tune --model <catalog model> --hardware {prof.step.hardware_basis} --gpus N", highlight=False)
 
     measured = None
-    if measure:
-        from executor.calibrate import build_engine
-        dtype = dtype or prof.step.dtype
-        engine = build_engine(model, num_layers, device, dtype, max_seqs_limit, max_model_len, num_kv_blocks=blocks, seed=seed)
-        if device == "cuda":
-            engine.warmup()
+    if engine is not None:
         measured = measure_gain(engine, reqs, base, res, objective, seed=seed, log=con)
     if plan_out is not None:
         from ui.tuned_policy import simulation_section

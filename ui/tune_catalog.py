@@ -16,14 +16,16 @@ from twinfer.errors import TwinferError
 ONOFF = {"on": True, "off": False, "true": True, "false": False}
 
 
-def int_list(text: str, flag: str, lo: int = 0) -> tuple[int, ...]:
-    """'1,2,4' -> (1, 2, 4); anything else a one-line error naming ``flag``."""
+def int_list(text: str, flag: str, lo: int = 0, hi: int | None = None) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4); anything else (or a value outside ``lo``..``hi``) a one-line error naming ``flag``."""
     try:
         vals = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise TwinferError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,2,4") from None
     if not vals or any(v < lo for v in vals):
         raise TwinferError(f"{flag} {text!r}: expected comma-separated integers >= {lo}")
+    if hi is not None and max(vals) > hi:
+        raise TwinferError(f"{flag} {text!r}: each value at most {hi:,}")
     return vals
 
 
@@ -54,8 +56,8 @@ def run_catalog_tune(*, model: str, hardware: str, gpus: int, workload: str, loa
 
     from planner.tune_explain import explanation
     from planner.tune_plan import confirm, tuned_plan
-    from planner.tune_policies import (TuneSpace, baseline_policy, capacity_per_gpu, make_context, search,
-                                       simulations_bound, values_of)
+    from planner.tune_policies import (TuneSpace, baseline_policy, capacity_per_gpu, check_rate_per_gpu, make_context,
+                                       search, simulations_bound, values_of)
     from scheduler.metrics import SLO
     from twinfer.config import validate
     from ui.cmd_run import _load_workload
@@ -79,6 +81,10 @@ def run_catalog_tune(*, model: str, hardware: str, gpus: int, workload: str, loa
         ctx.rate_per_gpu = rate_per_gpu
     elif load is not None:
         cap = capacity_per_gpu(ctx, base)
+        if not cap > 0:   # nothing to scale: every rate would be 0 (the plan could not be built)
+            raise TwinferError(f"--load {load:g}: the baseline ({base.describe()}) finished no request with every request "
+                               f"queued at once (are the --workload's requests longer than {model}'s context?)")
+        check_rate_per_gpu(load * cap, f"--load {load:g} x the baseline's capacity of {cap:.3g} requests/s per GPU")
         ctx.rate_per_gpu = load * cap
         con.print(f"baseline capacity {cap:.3g} req/s per GPU (everything queued at once); offered {load:g} x = "
                   f"{ctx.rate_per_gpu:.3g} req/s per GPU", highlight=False)
@@ -99,6 +105,9 @@ def run_catalog_tune(*, model: str, hardware: str, gpus: int, workload: str, loa
         bar.update(task, total=len(res.runs), completed=len(res.runs))
     why = explanation(ctx, res)
     print_report(con, ctx, res, why)
+    if not res.best.thr_gpu > 0:   # a plan at 0 requests/s cannot be built, and would serve nothing
+        raise TwinferError(f"no policy simulated produced output ({res.best.why}): no plan (are the --workload's requests "
+                           f"longer than {model}'s context?)")
     plan = tuned_plan(ctx, res.best.policy, why, max_requests=plan_requests, capacity_per_gpu=res.best.thr_gpu / max(ctx.stats.mean_output, 1.0))
     with progress_bar(err, transient=True) as bar:
         bar.add_task(f"full-scale run of the plan ({plan.workload.num_requests:,} requests)", total=None)
@@ -118,7 +127,8 @@ def run_catalog_tune(*, model: str, hardware: str, gpus: int, workload: str, loa
                              why=r.why, prefill_tokens_per_request=r.prefill_tokens_per_request, digest=r.digest)
                         for r in res.runs.values()],
                "baseline": res.baseline.policy.__dict__, "winner": res.best.policy.__dict__, "rounds": res.rounds,
-               "rejected_ep_widths": ctx.rejected, "rate_per_gpu": ctx.rate_per_gpu, "why": why,
+               "rejected_ep_widths": ctx.rejected, "rate_per_gpu": None if ctx.saturated else ctx.rate_per_gpu,
+               "compared_at_capacity": ctx.saturated, "why": why,
                "calibration": calibration, "calibration_notes": list(calibration_notes),
                "plan_predicted": pr.model_dump(), "command": "twinfer " + " ".join(sys.argv[1:]),
                "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
@@ -168,7 +178,11 @@ def print_report(con, ctx, res, why: list[str]) -> None:
         for v, r in rows:
             per.add_row(LABELS[pol], value_text(pol, v), f"{r.thr_gpu:,.0f}" if r.feasible else f"({r.why})", f"{gain(b0, r.thr_gpu):+.1%}")
     con.print(per)
-    con.print(f"winner: {res.best.policy.describe()}", highlight=False)
+    if not res.best.feasible:   # better() ranks feasible first: none was
+        con.print(f"[bold red]no policy simulated is feasible[/]: the winner below is the best infeasible one "
+                  f"({res.best.why})", highlight=False)
+    con.print(f"winner: {res.best.policy.describe()}" + ("" if res.best.feasible else f" (INFEASIBLE: {res.best.why})"),
+              highlight=False)
     con.print("why it won:", highlight=False)
     for line in why:
         con.print(f"  - {line}", highlight=False)
