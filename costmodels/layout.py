@@ -111,6 +111,21 @@ class ParallelLayout(BaseModel):
     def experts_dtype(self) -> DType:
         return self.expert_dtype or self.weight_dtype
 
+    def check_model(self, model) -> None:
+        """Refuse a split ``model`` cannot take, naming the field, as vLLM and SGLang refuse it at start-up: attention
+        heads that do not divide over ``tp`` (DeepSeek-V3's 128 over TP256 would leave half a head per GPU, and was
+        priced), or more pipeline stages than layers."""
+        from twinfer.errors import TwinferError
+
+        heads = model.num_attention_heads
+        if heads % self.tp:
+            ok = [t for t in (1, 2, 4, 8, 16, 32, 64, 128) if t <= heads and heads % t == 0]
+            raise TwinferError(f"layout.tp: {self.tp} does not divide {model.name}'s {heads} attention heads "
+                               f"(tensor parallelism splits them evenly); e.g. tp {', '.join(map(str, ok))}")
+        if self.pp > model.num_layers:
+            raise TwinferError(f"layout.pp: {self.pp} pipeline stages for {model.name}'s {model.num_layers} layers "
+                               f"(at most one stage per layer: pp 1..{model.num_layers})")
+
     def describe(self) -> str:
         """Short human label, e.g. 'TP8' or 'DP8xEP8 fp8'."""
         parts = []

@@ -24,6 +24,9 @@ def reduced_model(name: str, num_layers: int | None = None):
     spec = get_model(name)
     if num_layers is None or num_layers == spec.num_layers:
         return spec
+    if not 1 <= num_layers <= spec.num_layers:   # a model cut longer than it is has nothing to price (and no bound)
+        from twinfer.errors import TwinferError
+        raise TwinferError(f"--num-layers {num_layers}: {spec.name} has {spec.num_layers} layers (give 1..{spec.num_layers})")
     kinds = spec.layer_kinds[:num_layers] if spec.layer_kinds else []
     return spec.model_copy(update={"num_layers": num_layers, "layer_kinds": kinds})
 

@@ -143,6 +143,7 @@ class StepOps:
         self.cal = calibration or profile_for(hw)  # the hardware's measured block, else the H200-derived defaults
         for dtype, field in ((layout.weight_dtype, "layout.weight_dtype"), (layout.experts_dtype, "layout.expert_dtype")):
             hw.check_dtype(dtype, field)  # FP8 on a GPU without FP8 is an error, never a silent fallback
+        layout.check_model(model)      # a split the model cannot take is an error too, never priced
         self.dp_imbalance = max(1.0, dp_imbalance) if layout.dp > 1 else 1.0
         self.expert_imbalance = default_expert_imbalance(layout) if expert_imbalance is None else max(1.0, expert_imbalance)
         # expert_load(assignments) -> busiest EP rank's load over the mean for a step routing that

@@ -34,7 +34,7 @@ import numpy as np
 
 from costmodels.dp_ranks import least_loaded
 from scheduler.config import SchedulerConfig
-from scheduler.request import Request
+from scheduler.request import Request, this_request
 
 
 class AttentionDPRanks:
@@ -74,11 +74,12 @@ class AttentionDPRanks:
         """Why ``req`` can never run on one rank of this instance, or None."""
         need = self.blocks_for(req)
         if need > self.kv_blocks:
-            return (f"needs {need} KV blocks on its attention-DP rank, a rank has {self.kv_blocks} "
-                    f"({self.kv_blocks * self.block_size} tokens; attention_dp.ranks={self.ranks})")
+            return (f"needs more KV blocks than an attention-DP rank has ({self.kv_blocks:,} blocks, "
+                    f"{self.kv_blocks * self.block_size:,} tokens; attention_dp.ranks={self.ranks})"
+                    f"{this_request(f'{need:,} blocks')}")
         if self.whole_prompts and req.prompt_len > self.token_budget:
-            return (f"prompt_len={req.prompt_len} exceeds attention_dp.rank_token_budget={self.token_budget} "
-                    "and chunked prefill is off")
+            return (f"prompt_len exceeds attention_dp.rank_token_budget={self.token_budget} and chunked prefill is off"
+                    f"{this_request(f'prompt_len={req.prompt_len:,}')}")
         return None
 
     def queued(self, req: Request) -> None:

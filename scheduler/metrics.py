@@ -47,7 +47,7 @@ import numpy.ma  # noqa: F401  (np.percentile/np.unique load it lazily: at impor
 from pydantic import BaseModel, ConfigDict, Field
 
 from scheduler.plan import StepPlan, StepResult
-from scheduler.request import Request, RequestStatus
+from scheduler.request import Request, RequestStatus, drop_kind
 
 _F64 = np.dtype(np.float64)
 _WAITING = RequestStatus.WAITING
@@ -755,7 +755,7 @@ class MetricsCollector:
             for st in self._streams.values():
                 if st.handed:
                     st.handed.pop(req, None)
-        reason = req.drop_reason or "unknown"
+        reason = drop_kind(req.drop_reason)
         self._dropped[reason] = self._dropped.get(reason, 0) + 1
         self._drop_arrival.append(req.arrival_time)
         self._first_arrival = min(self._first_arrival, req.arrival_time)

@@ -138,3 +138,17 @@ def new_requests(rows) -> list[Request]:
     """Requests from ``(request_id, arrival_time, prompt_len, output_len, block_hashes, priority)`` rows:
     the same objects ``Request(*row)`` builds (workload generation makes millions)."""
     return [Request(rid, arrival, prompt, output, hashes, prio) for rid, arrival, prompt, output, hashes, prio in rows]
+
+
+THIS_REQUEST = " (this request: "   # where a refusal's own figures begin: runs count refusals by what precedes it
+
+
+def this_request(detail: str) -> str:
+    """A refusal reason's suffix with the request's own figures (``drop_kind`` leaves it out)."""
+    return f"{THIS_REQUEST}{detail})"
+
+
+def drop_kind(reason: str | None) -> str:
+    """A refusal reason without the request's own figures: what every request refused alike shares, so a run counts
+    them under one line (a run of 10,000 over-long prompts printed 10,000 lines, one per prompt length)."""
+    return (reason or "unknown").split(THIS_REQUEST, 1)[0]

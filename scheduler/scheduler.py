@@ -20,7 +20,7 @@ from scheduler.config import SchedulerConfig
 from scheduler.dp_attention import AttentionDPRanks
 from scheduler.kv_manager import NO_MATCH, CountedKV, PagedKV
 from scheduler.plan import ScheduledChunk, StepPlan, StepResult
-from scheduler.request import Request, RequestStatus
+from scheduler.request import Request, RequestStatus, this_request
 
 
 def _delivered(made: np.ndarray, left: np.ndarray) -> np.ndarray:
@@ -133,21 +133,17 @@ class Scheduler:
         """Why ``req`` can never be served by this instance, or None."""
         cfg = self.config
         if req.prompt_len < 1 or req.output_len < 1:
-            return f"prompt_len={req.prompt_len} and output_len={req.output_len} must both be >= 1"
+            return f"prompt_len and output_len must both be >= 1{this_request(f'prompt_len={req.prompt_len}, output_len={req.output_len}')}"
         total = req.prompt_len + req.output_len
         if total > cfg.request_tokens_limit:
-            return f"prompt_len + output_len = {total} exceeds max_model_len={cfg.request_tokens_limit}"
+            return f"prompt_len + output_len exceeds max_model_len={cfg.request_tokens_limit}{this_request(f'{total:,} tokens')}"
         need = -(-(total + cfg.draft_len) // self.block_size)
         if need > self.kv.num_blocks:
-            return (
-                f"needs {need} KV blocks for {total} tokens (+{cfg.draft_len} draft), "
-                f"the instance has {self.kv.num_blocks} ({self.capacity_tokens} tokens)"
-            )
+            return (f"needs more KV blocks than the instance has ({self.kv.num_blocks:,} blocks, {self.capacity_tokens:,} "
+                    f"tokens){this_request(f'{need:,} blocks for {total:,} tokens + {cfg.draft_len} draft')}")
         if not cfg.enable_chunked_prefill and req.prompt_len > cfg.max_num_batched_tokens:
-            return (
-                f"prompt_len={req.prompt_len} exceeds max_num_batched_tokens={cfg.max_num_batched_tokens} "
-                "and chunked prefill is off"
-            )
+            return (f"prompt_len exceeds max_num_batched_tokens={cfg.max_num_batched_tokens} and chunked prefill is off"
+                    f"{this_request(f'prompt_len={req.prompt_len:,}')}")
         return self.dp.refusal_reason(req) if self.dp is not None else None
 
     def _register(self, req: Request) -> bool:

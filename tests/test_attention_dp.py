@@ -212,4 +212,4 @@ def test_a_request_larger_than_one_rank_is_refused_with_the_reason():
     s = Scheduler(cfg, 8 * 10, name_all_blocks=False)   # 10 blocks = 640 tokens per rank
     assert not s.add_request(Request("big", 0.0, 600, 100))
     big = [r for r in [Request("big2", 0.0, 600, 100)] if not s.add_request(r)][0]
-    assert "a rank has 10" in big.drop_reason and "attention_dp.ranks=8" in big.drop_reason
+    assert "an attention-DP rank has (10 blocks" in big.drop_reason and "attention_dp.ranks=8" in big.drop_reason

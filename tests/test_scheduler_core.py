@@ -269,3 +269,22 @@ def test_simulator_plans_read_decode_contexts_lazily_and_only_while_in_flight():
     s.complete(late, StepResult(np.full(late.num_steps, 0.01), np.ones((late.num_steps, 1), np.int64)), 0.05)
     with pytest.raises(RuntimeError, match="between schedule"):
         late.decode_context_lens
+
+
+def test_refusals_are_counted_by_what_they_share_not_each_requests_figures():
+    """A run's drop counts once had one line per prompt length (`simulate --plan` printed one 'dropped 1: prompt_len
+    + output_len = N exceeds max_model_len=4096' per refused request). A reason keeps the request's own figures after
+    THIS_REQUEST; runs count refusals by what precedes it."""
+    from scheduler.metrics import MetricsCollector
+    from scheduler.request import drop_kind
+
+    s = Scheduler(SchedulerConfig(block_size=4, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=100), 10)
+    reqs = [Request(f"r{i}", 0.0, 100 + i, 20) for i in range(5)]   # no room for a first token: refused
+    for r in reqs:
+        assert not s.add_request(r)
+    assert len({r.drop_reason for r in reqs}) == 5 and "(this request: 120 tokens)" in reqs[0].drop_reason
+    assert {drop_kind(r.drop_reason) for r in reqs} == {"prompt_len + output_len exceeds max_model_len=100"}
+    m = MetricsCollector()
+    for r in reqs:
+        m.on_drop(r)
+    assert m._dropped == {"prompt_len + output_len exceeds max_model_len=100": 5}

@@ -112,3 +112,11 @@ def test_sim_only_validates_the_profiles_model_unless_told_otherwise(tmp_path):
     r = CliRunner().invoke(app, ["validate", "-m", "tiny", "--profile", PROF, "--sim-only", "-n", "4", "--levels", "0.5"],
                            env={"COLUMNS": "200"})
     assert r.exit_code == 0 and "validating tiny" in r.output
+
+
+def test_num_layers_past_the_models_depth_is_refused():
+    """`validate --sim-only --num-layers 100000000` on a DeepSeek-V3 profile built a 100M-entry layer list (memory and
+    time without bound); a model is cut to at most its own depth."""
+    r = CliRunner().invoke(app, ["validate", "--profile", PROF, "--sim-only", "--num-layers", "100000000"])
+    assert isinstance(r.exception, TwinferError), r.output   # exit 2 through the CLI's entry point
+    assert "--num-layers 100000000: deepseek-v3 has 61 layers (give 1..61)" in str(r.exception)
