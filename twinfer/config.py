@@ -87,11 +87,21 @@ def is_dir(path: str | Path) -> bool:
         return False
 
 
+def exists(path: str | Path) -> bool:
+    """``Path.exists`` that says False, not OSError, for names the OS refuses."""
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError):
+        return False
+
+
 def read_mapping(path: str | Path) -> dict:
     """Read a YAML or JSON file that must hold a mapping."""
     p = Path(path)
     if not is_file(p):
-        raise TwinferError(f"{p}: a directory, not a file" if is_dir(p) else f"{p}: no such file")
+        raise TwinferError(f"{p}: a directory, not a file" if is_dir(p) else
+                           f"{p}: not a regular file (a device, pipe or socket; give a YAML or JSON file)" if exists(p) else
+                           f"{p}: no such file")
     try:
         text = p.read_text(encoding="utf-8", errors="replace")
     except OSError as err:

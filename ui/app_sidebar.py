@@ -109,7 +109,7 @@ def render() -> dict | None:
         mode = st.radio("Size by", ["GPU budget", "target traffic"], horizontal=True, key="mode")
         gpus, rate = 8, 5.0
         if mode == "GPU budget":
-            gpus = int(st.number_input("GPU budget", min_value=1, max_value=4096, value=8, step=8, key="gpus"))
+            gpus = int(st.number_input("GPU budget", min_value=1, max_value=100_000, value=8, step=8, key="gpus"))
         else:
             rate = float(st.number_input("target requests/s", min_value=0.1, max_value=1e5, value=5.0, key="rate"))
         workload = _workload()

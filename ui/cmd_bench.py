@@ -41,7 +41,7 @@ def load_workload(workload: str, *, requests: Optional[int], rate: Optional[floa
         over["output_len"] = output_len
     if duration_s:
         over["duration_s"] = duration_s
-    if Path(workload).is_file():
+    if Path(workload).exists():   # a file (read_mapping refuses what is not a regular one, naming it)
         base = load_model_file(wl.WorkloadSpec, workload)
         from twinfer.config import validate
 

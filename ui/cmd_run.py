@@ -54,7 +54,7 @@ def _load_workload(workload: str, requests: Optional[int], rate: Optional[float]
         over["num_requests"] = requests
     if rate is not None:
         over["rate"] = rate
-    if Path(workload).is_file():
+    if Path(workload).exists():   # a file (read_mapping refuses what is not a regular one, naming it)
         data = read_mapping(workload)
         data.update(over)
         return validate(WorkloadSpec, data, workload)

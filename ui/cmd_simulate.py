@@ -28,7 +28,7 @@ def _base_mapping(scenario: str | None) -> tuple[dict, str]:
 
     if scenario is None:
         scenario = "default"
-    if Path(scenario).is_file() or scenario.endswith((".yaml", ".yml", ".json")):
+    if Path(scenario).exists() or scenario.endswith((".yaml", ".yml", ".json")):   # read_mapping names a non-file
         from sim.scenario import resolve_relative_paths
         return resolve_relative_paths(read_mapping(scenario), Path(scenario).parent), scenario
     if scenario in builtin_scenarios():
