@@ -189,7 +189,10 @@ def _per_layout(table: Table, near: np.ndarray, picks: list[int], most: int, sha
     shape = shape or (lambda o: o)
     groups: dict[tuple, list[int]] = {}
     rows = np.flatnonzero(near)
-    for r in rows[np.lexsort((rows, -c["thr_gpu"][rows]))].tolist():
+    # by screened throughput, ties by tokens/s per user: a disaggregated deployment bound by its prefill pool screens
+    # the same throughput whatever its decode layout, and the row order had picked which of them the simulator saw
+    # (72 x GB300: 4 x DEP8 decode at 59 tok/s/user ahead of 2 x DEP16 at 88, which GB200's plan recommended)
+    for r in rows[np.lexsort((rows, -c["tps_user"][rows], -c["thr_gpu"][rows]))].tolist():
         g = groups.setdefault((int(c["mode"][r]), shape(int(c["opt"][r]))), [])
         if len(g) < PER_LAYOUT and all((c["B"][r], c["d"][r]) != (c["B"][q], c["d"][q]) for q in g):
             g.append(int(r))

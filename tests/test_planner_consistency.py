@@ -88,7 +88,7 @@ def test_the_screen_filters_every_layout_near_the_slo_reaches_the_simulator():
 
     n = 7
     cols = {"mode": np.zeros(n, np.int64), "opt": np.array([0, 0, 0, 1, 1, 2, 3]), "B": np.array([8, 16, 32, 8, 16, 8, 8]),
-            "d": np.zeros(n, np.int64), "thr_gpu": np.array([900.0, 800, 700, 300, 400, 100, 50]),
+            "d": np.zeros(n, np.int64), "thr_gpu": np.array([900.0, 800, 700, 300, 400, 100, 50]), "tps_user": np.full(n, 20.0),
             "rate": np.ones(n), "kv_ok": np.array([True] * 6 + [False]),
             "ttft": np.array([0.5, 0.5, 0.5, 0.5, 2.9, 0.5, 0.5]), "tpot": np.array([0.01] * 5 + [0.05 * NEAR_SLO * 1.1, 0.01])}
     slo = SLO(ttft_s=2.0, tpot_s=0.05)
@@ -97,6 +97,22 @@ def test_the_screen_filters_every_layout_near_the_slo_reaches_the_simulator():
     got = _per_layout(Table(cols), near, [0, 1], 10)
     assert got[:2] == [0, 1] and 4 in got  # layout 1's best near row (400 > 300) joins the screen's picks
     assert 5 not in got and 6 not in got
+
+
+def test_layouts_the_screen_ties_are_ordered_by_tokens_per_user():
+    """Disaggregated rows bound by the same prefill pool screen the same throughput whatever their decode layout; the
+    row order once chose which the simulator saw (72 x GB300 simulated 4 x DEP8 decode at 59 tok/s/user, never the
+    2 x DEP16 at 88 that GB200's plan recommended, and recommended a worse plan on the better GPU). Ties go to the
+    faster per user."""
+    import numpy as np
+
+    from planner.combine import Table
+    from planner.search import _per_layout
+
+    cols = {"mode": np.ones(4, np.int64), "opt": np.array([0, 1, 2, 3]), "B": np.full(4, 256), "d": np.full(4, 2),
+            "thr_gpu": np.array([4564.0, 4564, 4564, 3000]), "tps_user": np.array([59.0, 88, 70, 200]), "rate": np.ones(4)}
+    got = _per_layout(Table(cols), np.ones(4, bool), [], 2)
+    assert got == [1, 2]   # the 4,564 tie by tokens/s per user (88, then 70); 3,000 screens lower
 
 
 def test_report_lists_every_simulated_candidate(report):
