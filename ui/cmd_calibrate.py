@@ -9,6 +9,8 @@ from typing import Optional
 
 import typer
 
+from twinfer.errors import TwinferError
+
 # executor.calibrate's line per timed step shape: "  step   3/10: ..."
 STEP_LINE = re.compile(r"\s*step\s+(\d+)/(\d+):")
 
@@ -37,11 +39,29 @@ def grid_for(path: Path, model: str, num_layers: Optional[int], profile=None):
         raise TwinferError(f"--replay-grid: {e}") from None   # every attach error names the file
 
 
+def check_cpu_dtype(device: str, dtype: Optional[str]) -> None:
+    """Refuse a CPU calibration in a dtype other than fp32: the CPU op benchmarks run fp32 activations whatever the
+    engine's weights are (``executor/calibrate.py``), so every GEMM-bearing benchmark fails ("expected m1 and m2 to
+    have the same dtype") and the profile lacks its op tables."""
+    if device == "cpu" and dtype not in (None, "fp32"):
+        raise TwinferError(f"--dtype {dtype} on --device cpu: the CPU op benchmarks run in fp32 only (in {dtype} they fail "
+                           "and the profile lacks its op tables); give --dtype fp32 (the cpu default) or calibrate on cuda")
+
+
+def sampler_line(smp) -> str:
+    """The sampler table's line: its time at the smallest and the largest batch it measured (a fixed 1 and 128 rows
+    printed "measured" for 128 where a quick CPU grid stops at 8: 552 ms extrapolated from 8 rows' 31 ms)."""
+    pts = sorted(zip(smp.batch, smp.seconds))
+    (b0, s0), (b1, s1) = pts[0], pts[-1]
+    return (f"  {'logits GEMM + ' if smp.includes_logits else ''}sampler, measured: {s0 * 1e3:.3f} ms at {b0:g} "
+            f"row{'s' if b0 != 1 else ''}, {s1 * 1e3:.3f} ms at {b1:g} (as measured, outside the device scales)")
+
+
 def calibrate(
     model: str = typer.Option("tiny", "--model", "-m", help="catalog name or HF folder"),
     num_layers: Optional[int] = typer.Option(None, "--num-layers", min=1, help="keep the first n layers"),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp32 | fp8 [fp32 on cpu, bf16 on cuda]"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp32 | fp8 on cuda [bf16]; fp32 on cpu"),
     out: Path = typer.Option(..., "--out", "-o", help="profile JSON to write"),
     quick: bool = typer.Option(False, "--quick", help="a small grid (CI, smoke tests)"),
     repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="timed runs per step shape [5 on cuda, 3 on cpu]"),
@@ -56,9 +76,11 @@ def calibrate(
 
     from executor.calibrate import calibrate as run
     from ui.progress import progress_bar
-    from ui.user_errors import check_out_folder
 
-    check_out_folder(out)   # refused before the measurement, not after it
+    from ui.user_errors import check_out_path
+
+    check_out_path(out, "--out")   # refused before the measurement, not after it (a directory was refused only at the save)
+    check_cpu_dtype(device, dtype)
     if replay_grid is not None:
         grid_for(replay_grid, model, num_layers)
     con, err = Console(), Console(stderr=True)
@@ -108,9 +130,7 @@ def calibrate(
                   f"(graph forwards' scale {st.category_scale.get('dense_gemm', 1.0):.3f})", highlight=False)
     smp = prof.tables.get("sample")
     if smp is not None and "sample" in (st.op_tables or []):
-        sec, _ = smp([1, 128])
-        con.print(f"  {'logits GEMM + ' if smp.includes_logits else ''}sampler, measured: {sec[0] * 1e3:.3f} ms at 1 row, "
-                  f"{sec[1] * 1e3:.3f} ms at 128 (as measured, outside the device scales)", highlight=False)
+        con.print(sampler_line(smp), highlight=False)
     tables = (", ".join(st.op_tables or sorted(prof.tables))) if st.use_op_tables else ""
     con.print("  device scale vs cost model: " + ", ".join(f"{k} {v:.2f}" for k, v in st.category_scale.items())
               + f"; + {st.prefill_token_s * 1e6:.2f} us per prefill token"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from importlib import resources
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -33,7 +34,14 @@ def show_text(name: str) -> str:
     from costmodels.hardware import get_hardware
     from ui.commented_yaml import commented_yaml
 
-    hw = get_hardware(name)
+    path = Path(name)
+    if name.strip() and path.exists() and not path.is_file():   # read "unknown hardware '/dev/null'"
+        what = "a directory" if path.is_dir() else "not a regular file (a device, pipe or socket)"
+        raise TwinferError(f"--show {name}: {what}; give a catalog GPU name or a hardware YAML/JSON file")
+    try:
+        hw = get_hardware(name)
+    except TwinferError as e:
+        raise TwinferError(f"--show: {e}") from None
     return commented_yaml(hw, [f"twinfer hardware file for {hw.name} (schema version {hw.schema_version}, docs/byo.md)", ""])
 
 

@@ -26,6 +26,10 @@ from ui.progress import watch
 # through the CPU executor (the tiny model: ~1 CPU-second per step on this project's 2-core box);
 # this much takes well under a minute and still shows prefill, batched decode and the metrics.
 CPU_REQUESTS, CPU_MAX_INPUT, CPU_MAX_OUTPUT = 8, 256, 16
+# executor.engine.SamplingParams takes 0 (greedy) or this range; refused here, naming the flag, before the engine build
+TEMPERATURE_MIN, TEMPERATURE_MAX = 1e-4, 1e4
+# router bias -skew * ln(1 + rank) (executor/weights.py set_routing_skew): inf gives inf * 0 = NaN for the top expert
+ROUTING_SKEW_MAX = 1000.0
 
 
 def register(app: typer.Typer) -> None:
@@ -43,6 +47,35 @@ def synth_prompt(hashes: tuple[int, ...], prompt_len: int, block_size: int, voca
         kseed = int.from_bytes(key.encode()[:16].ljust(16, b"\0"), "little")
         out.extend(np.random.default_rng([kseed, seed, 1]).integers(0, vocab, rest).tolist())
     return out[:prompt_len]
+
+
+def check_temperature(temperature: float, flag: str = "--temperature") -> None:
+    """0 (greedy) or a finite temperature in the sampler's range; anything else names the flag (exit 2)."""
+    if temperature != 0 and not TEMPERATURE_MIN <= temperature <= TEMPERATURE_MAX:
+        raise TwinferError(f"{flag} {temperature:g}: expected 0 (greedy) or {TEMPERATURE_MIN:g}..{TEMPERATURE_MAX:g}")
+
+
+def plan_scheduler(plan: Path) -> dict:
+    """The scheduler section ``--plan`` gives as the base config: a file's top-level ``scheduler`` (a tuned policy,
+    ``twinfer tune --plan-out``) or an aggregated ``twinfer plan`` file's serving pool's; anything else is refused
+    (a plan file of another kind was ignored without a word)."""
+    from twinfer.config import read_mapping
+
+    doc = read_mapping(plan)
+    section = doc.get("scheduler")
+    if isinstance(section, dict):
+        return dict(section)
+    if section is not None:
+        raise TwinferError(f"--plan {plan}: 'scheduler' must be a mapping of SchedulerConfig fields")
+    if "pools" in doc:
+        from planner.plan import load_plan
+        p = load_plan(plan)
+        if p.mode != "aggregated":
+            raise TwinferError(f"--plan {plan}: a disaggregated plan has a prefill and a decode scheduler; twinfer run "
+                               "runs one engine (give --scheduler-config)")
+        return p.pool("mixed").scheduler.model_dump(exclude_unset=True)
+    raise TwinferError(f"--plan {plan}: not a plan (no 'scheduler' section, no 'pools'); give a twinfer plan file or a "
+                       "tuned policy (twinfer tune --plan-out), or a SchedulerConfig as --scheduler-config")
 
 
 def _load_workload(workload: str, requests: Optional[int], rate: Optional[float]):
@@ -100,7 +133,7 @@ def run(
     model: str = typer.Option("tiny", "--model", "-m", help="catalog name (tiny, ...) or HF checkpoint folder"),
     load_format: str = typer.Option("dummy", "--load-format", help="dummy (random weights) or auto (read safetensors)"),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp32 | fp8 [fp32 on cpu, bf16 on cuda]"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp32 | fp8 | fp64 [fp32 on cpu, bf16 on cuda]"),
     workload: str = typer.Option("chat", "--workload", "-w", help="workload preset name or YAML/JSON WorkloadSpec file"),
     requests: Optional[int] = typer.Option(None, "--requests", "-n", min=1,
                                            help=f"number of requests [the workload's; {CPU_REQUESTS} on cpu]"),
@@ -119,9 +152,11 @@ def run(
                                                  help="pipelined loop: schedule step N+1 while the device runs step N [scheduler config; on]"),
     num_kv_blocks: Optional[int] = typer.Option(None, "--num-kv-blocks", min=1),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=2),
-    routing_skew: float = typer.Option(0.0, "--routing-skew", min=0.0, help="Zipf-like expert skew for dummy weights"),
+    routing_skew: float = typer.Option(0.0, "--routing-skew", min=0.0, max=ROUTING_SKEW_MAX,
+                                       help="Zipf-like expert skew for dummy weights (0: none)"),
     num_layers: Optional[int] = typer.Option(None, "--num-layers", min=1, help="keep the first n layers (full-width model on one GPU)"),
-    temperature: float = typer.Option(0.0, "--temperature", min=0.0),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0, max=TEMPERATURE_MAX,
+                                      help=f"0 (greedy) or {TEMPERATURE_MIN:g}..{TEMPERATURE_MAX:g}"),
     warmup: Optional[bool] = typer.Option(None, "--warmup/--no-warmup", help="compile kernels on throwaway requests first [on for cuda]"),
     enforce_eager: bool = typer.Option(False, "--enforce-eager", help="no CUDA graphs for decode steps (eager only)"),
     step_log: Optional[Path] = typer.Option(None, "--step-log", help="write one JSON line per executed step"),
@@ -137,11 +172,12 @@ def run(
     from scheduler.config import SchedulerConfig
     from sim.workload import generate
     from twinfer.config import read_mapping, validate
+    from ui.user_errors import check_out_path
 
-    sc = {}
-    if plan is not None:
-        section = read_mapping(plan).get("scheduler")
-        sc = dict(section) if isinstance(section, dict) else {}
+    check_temperature(temperature)
+    check_out_path(out, "--out")
+    check_out_path(step_log, "--step-log")
+    sc = plan_scheduler(plan) if plan is not None else {}
     if scheduler_config:
         sc.update(read_mapping(scheduler_config))
     for k, v in (("block_size", block_size), ("max_num_seqs", max_num_seqs),
@@ -153,6 +189,11 @@ def run(
     sched_cfg = validate(SchedulerConfig, sc, str(scheduler_config or "scheduler options"))
     err = Console(stderr=True)
     dtype = dtype or ("bf16" if device == "cuda" else "fp32")
+    if device == "cpu" and None in (requests, max_input_len, max_output_len):
+        requests, max_input_len, max_output_len = requests or CPU_REQUESTS, max_input_len or CPU_MAX_INPUT, max_output_len or CPU_MAX_OUTPUT
+        err.print(f"[dim]cpu-sized run: {requests} requests of {escape(workload)!r}, prompts <= {max_input_len} and outputs <= "
+                  f"{max_output_len} tokens (--requests/--max-input-len/--max-output-len to change)[/]", highlight=False)
+    spec = _load_workload(workload, requests, rate)   # a bad workload is refused before the engine build (minutes on a GPU)
     t_build = time.perf_counter()
     engine = LLMEngine.from_args(model, load_format=load_format, device=device, dtype=dtype, seed=seed,
                                  max_model_len=max_model_len, num_kv_blocks=num_kv_blocks, scheduler_config=sched_cfg,
@@ -161,11 +202,6 @@ def run(
     build_s = time.perf_counter() - t_build
     warmup_s = engine.warmup() if (warmup if warmup is not None else device == "cuda") else 0.0
 
-    if device == "cpu" and None in (requests, max_input_len, max_output_len):
-        requests, max_input_len, max_output_len = requests or CPU_REQUESTS, max_input_len or CPU_MAX_INPUT, max_output_len or CPU_MAX_OUTPUT
-        err.print(f"[dim]cpu-sized run: {requests} requests of {escape(workload)!r}, prompts <= {max_input_len} and outputs <= "
-                  f"{max_output_len} tokens (--requests/--max-input-len/--max-output-len to change)[/]", highlight=False)
-    spec = _load_workload(workload, requests, rate)
     reqs = generate(spec, np.random.default_rng(seed), engine.block_size)
     if not reqs:
         raise TwinferError("the workload produced no requests")

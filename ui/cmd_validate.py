@@ -264,6 +264,9 @@ def decode_host_drift(steps, cost, profile, min_steps: int = 20) -> float | None
 PLOT_FORMATS = {".html": "plotly, self-contained (works offline)", ".png": "kaleido", ".svg": "kaleido", ".pdf": "kaleido"}
 
 
+MAX_LEVELS = 20   # each level is a full simulation (and replays): a long --levels string ran for hours
+
+
 def parse_levels(text: str) -> list[float]:
     """--levels as positive fractions of the predicted capacity; anything else is the user's error (exit 2)."""
     try:
@@ -271,9 +274,39 @@ def parse_levels(text: str) -> list[float]:
     except ValueError:
         fracs = []
     if not fracs or any(not 0 < f < math.inf for f in fracs):
-        raise TwinferError(f"--levels {text!r}: expected comma-separated finite positive fractions of the predicted capacity, "
-                           "e.g. 0.3,0.8,2.0")
+        raise TwinferError(f"--levels {text[:200]!r}: expected comma-separated finite positive fractions of the predicted "
+                           "capacity, e.g. 0.3,0.8,2.0")
+    if len(fracs) > MAX_LEVELS:
+        raise TwinferError(f"--levels: {len(fracs)} levels; at most {MAX_LEVELS} (each is a full simulation and replay)")
     return fracs
+
+
+def check_trace_path(trace: Optional[str]) -> None:
+    """A --trace that exists but is not a regular file (a device, pipe, folder) named as such: it read "no such trace
+    file" for /dev/null."""
+    if trace and Path(trace).exists() and not Path(trace).is_file():
+        what = "a directory" if Path(trace).is_dir() else "not a regular file (a device, pipe or socket)"
+        raise TwinferError(f"--trace {trace}: {what}; give a twinfer JSONL trace file")
+
+
+def sim_only_labels(prof, model: Optional[str], dtype: Optional[str], device: Optional[str]) -> tuple[str, str, str]:
+    """(model, dtype, device) a --sim-only report names: the profile's dtype and device, which are what the simulator
+    predicts (it prices the profile's measured step model and builds nothing); a --dtype/--device naming something
+    else is refused (an H200 fp8 profile's predictions were reported as "device cpu", the executor's default, or as
+    "dtype xx"). A --model other than the profile's stays allowed, with the note ``validate`` prints; one no catalog
+    or file knows is refused, naming the flag (it was reported as validated)."""
+    st = prof.step
+    for flag, given, own in (("--dtype", dtype, st.dtype), ("--device", device, st.device)):
+        if given is not None and given != own:
+            raise TwinferError(f"{flag} {given}: --sim-only predicts what the profile measured ({own}); drop {flag} "
+                               f"or give {own}")
+    if model is not None and model != st.model:
+        from costmodels.catalog import get_model
+        try:
+            get_model(model)
+        except TwinferError as e:
+            raise TwinferError(f"--model {model}: {e}") from None
+    return model or st.model, st.dtype, st.device
 
 
 def check_plot_path(path: Path) -> None:
@@ -341,8 +374,9 @@ def validate(
                                         "tiny with --calibrate)"),
     num_layers: Optional[int] = typer.Option(None, "--num-layers", min=1),
     profile: Path = typer.Option(..., "--profile", "-p", help="calibration profile JSON (twinfer calibrate)"),
-    device: str = typer.Option("cpu", "--device"),
-    dtype: Optional[str] = typer.Option(None, "--dtype"),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda [cpu; --sim-only: the profile's]"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp32 | fp8 | fp64 [fp32 on cpu, bf16 on cuda; "
+                                        "--sim-only: the profile's]"),
     levels: str = typer.Option("0.3,0.8,2.0", "--levels", help="load levels as fractions of the predicted capacity (low, knee, past saturation)"),
     max_num_seqs: int = typer.Option(64, "--max-num-seqs", min=1),
     max_batched_tokens: int = typer.Option(8192, "--max-batched-tokens", min=1),
@@ -370,21 +404,34 @@ def validate(
     from scheduler.config import SchedulerConfig
     from sim.validate import saturation_rps
     from twinfer.config import validate as validate_model
-    from ui.user_errors import check_out_folder
+    from ui.cmd_calibrate import check_cpu_dtype
+    from ui.user_errors import check_out_path
 
     if plot is not None:
         check_plot_path(plot)
         if sim_only:  # the plot sets measured steps against predicted ones: a sim-only run has nothing to draw
             raise TwinferError(f"--plot {plot}: plots measured vs predicted steps; --sim-only measures nothing (drop one of them)")
     fracs = parse_levels(levels)
-    check_out_folder(out)
-    check_out_folder(plot, "--plot")
+    check_out_path(out, "--out")
+    check_out_path(plot, "--plot")
+    check_trace_path(trace)
+    if device is not None and device not in ("cpu", "cuda"):
+        raise TwinferError(f"--device {device}: expected cpu or cuda")
+    if calibrate_first:
+        check_cpu_dtype(device or "cpu", dtype)
     if not calibrate_first and not profile.exists():  # before the engine build (minutes on a GPU)
         raise TwinferError(f"--profile {profile}: no such file (make one with twinfer calibrate, or add --calibrate)")
     prof = None if calibrate_first else CalibrationProfile.load(profile)
     if prof is not None and prof.step is None:
         raise TwinferError(f"{profile}: no measured step model in this profile (make one with twinfer calibrate)")
-    if model is None:   # the model the profile measured (what --sim-only predicts and the report names)
+    if calibrate_first and sim_only:
+        raise TwinferError("--calibrate needs the executor (drop --sim-only)")
+    if sim_only:   # the profile's model, dtype and device: what the simulator predicts and the report names
+        model, dtype, device = sim_only_labels(prof, model, dtype, device)
+    else:   # what the engine runs in, and so what the report names (it named the profile's: fp8 for an fp32 CPU run)
+        device = device or "cpu"
+        dtype = dtype or ("bf16" if device == "cuda" else "fp32")
+    if model is None:   # the model the profile measured
         model = prof.step.model if prof is not None else "tiny"
     con = Console()
     block_size = 64
@@ -396,7 +443,7 @@ def validate(
     if not sim_only:
         from executor.calibrate import build_engine
         t0 = time.perf_counter()
-        engine = build_engine(model, num_layers, device, dtype or ("bf16" if device == "cuda" else "fp32"), max_num_seqs,
+        engine = build_engine(model, num_layers, device, dtype, max_num_seqs,
                               max_model_len, num_kv_blocks=blocks, seed=seed, max_batched_tokens=max_batched_tokens)
         if engine.max_model_len < max_model_len:  # the engine would drop every longer request the simulator serves
             raise TwinferError(f"--max-model-len {max_model_len}: the engine holds {engine.max_model_len} tokens a request "
@@ -416,7 +463,6 @@ def validate(
         raise TwinferError(f"{profile}: no measured step model in this profile (make one with twinfer calibrate)")
     if prof.step.model != model:
         con.print(f"[yellow]note:[/] profile measured {prof.step.model}, validating {model}")
-    dtype = dtype or prof.step.dtype
     cost = ProfiledStepCost(prof, num_layers=num_layers or prof.step.num_layers)
     L = cost.num_layers
     reqs = load_requests(trace, workload, requests, block_size, seed, max_input_len, max_output_len, max_model_len)
@@ -566,12 +612,16 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
         scheduler=base_cfg.model_dump(), num_kv_blocks=blocks, workload=workload, predicted_capacity_rps=cap,
         levels=reports, step_overall={**overall, "bins": overall_bins}, command="twinfer " + " ".join(sys.argv[1:]),
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        notes=[f"dummy weights; {L}-layer {model}; the simulator charges the profile's runner step plus its measured engine loop "
-               f"(async_overlap {'on: pipelined loop' if base_cfg.async_overlap else 'off: synchronous loop'})", "per-step errors are on the measured batch compositions"
-               + ("; a pipelined loop's step time runs from one read-back to the next, so each step also carries the "
-                  "launch of the step after it (an eager prefill's ~launch lands on the step before it): judge per-step "
-                  "errors on the synchronous loop (--no-async-overlap), end-to-end figures on either" if base_cfg.async_overlap else ""),
-               "an unmeasured warm-up replay of the trace runs first" if (engine is not None and warm) else "no warm-up replay"]
+        notes=[(f"dummy weights; {L}-layer {model}; " if engine is not None else
+                f"simulator only (--sim-only): nothing measured; predicts the {L}-layer {model} ({dtype}, {device}) the "
+                "profile measured; ")
+               + "the simulator charges the profile's runner step plus its measured engine loop "
+               f"(async_overlap {'on: pipelined loop' if base_cfg.async_overlap else 'off: synchronous loop'})"]
+        + (["per-step errors are on the measured batch compositions"
+            + ("; a pipelined loop's step time runs from one read-back to the next, so each step also carries the "
+               "launch of the step after it (an eager prefill's ~launch lands on the step before it): judge per-step "
+               "errors on the synchronous loop (--no-async-overlap), end-to-end figures on either" if base_cfg.async_overlap else ""),
+            "an unmeasured warm-up replay of the trace runs first" if warm else "no warm-up replay"] if engine is not None else [])
         + (["each level's trace is replayed once unmeasured before its measured replays (methodology: no measured replay "
             "pays a first-use cost of the level's step shapes)"] if (engine is not None and level_warm) else [])
         + ([f"replays sample at temperature {temperature:g} (seeded), as calibration did"] if engine is not None else []),

@@ -28,6 +28,14 @@ def user_error_message(err: BaseException) -> str | None:
     return None
 
 
+def check_out_path(path: Path | None, flag: str) -> None:
+    """Refuse, before a long run, an output path that cannot take a file: a missing folder (``check_out_folder``) or
+    a directory (it was refused only when written, after the run: "error: /tmp: Is a directory")."""
+    check_out_folder(path, flag)
+    if path is not None and Path(path).is_dir():
+        raise TwinferError(f"{flag} {path}: a directory; give a file path in it")
+
+
 def check_out_folder(path: Path | None, flag: str = "--out") -> None:
     """Refuse, before a long run, an output file whose folder does not exist (else the run's result is lost at the
     end, when it is written)."""
