@@ -11,6 +11,7 @@ peers talk over the host link).
 from __future__ import annotations
 
 import functools
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from twinfer.config import is_file, load_model_file, validate
+from twinfer.config import exists, is_file, load_model_file, validate
 from twinfer.errors import TwinferError, UnknownNameError
 
 from costmodels.layout import DType
@@ -189,8 +190,8 @@ def get_hardware(name_or_path: str | Hardware) -> Hardware:
     cat = _catalog()
     if key.lower() in cat:
         return cat[key.lower()]
-    if key.lower().endswith((".yaml", ".yml", ".json")) or is_file(key):
-        return load_model_file(Hardware, key)
+    if key.lower().endswith((".yaml", ".yml", ".json")) or is_file(key) or (os.sep in key and exists(key)):
+        return load_model_file(Hardware, key)   # a path that is not a regular file is named as such there
     err = UnknownNameError("hardware", key, [h.name for h in cat.values()])
     err.args = (f"{err.args[0]}; or a hardware YAML file (twinfer hardware --template prints one to start from)",)
     raise err

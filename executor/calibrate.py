@@ -963,7 +963,7 @@ def measure_grid(engine: LLMEngine, shapes, repeats: int, log, cuda: bool, quick
     dev = engine.runner.device
     k = next((j for j, sh in enumerate(shapes) if sh[1]), len(shapes))   # step_grid lists the decode-only shapes first
     t2 = time.perf_counter()
-    log("  GPU before the decode grid" + _state_text(gpu_state(dev)))
+    log(f"  {'GPU' if dev.type == 'cuda' else 'device'} before the decode grid" + _state_text(gpu_state(dev)))
     pts = measure_steps(engine, shapes, repeats, log, interleave=False, temperature=temperature, span=(0, k))
     t3 = time.perf_counter()
     if cuda and not quick:

@@ -32,3 +32,15 @@ def test_run_and_bench_name_a_workload_that_is_not_a_regular_file():
     assert isinstance(r.exception, TwinferError) and "/dev/null: not a regular file" in str(r.exception), r.output
     r = CliRunner().invoke(app, ["simulate", "-s", "/dev/null"])
     assert isinstance(r.exception, TwinferError) and "/dev/null: not a regular file" in str(r.exception), r.output
+
+
+def test_a_hardware_path_that_is_not_a_regular_file_is_named_as_such(tmp_path):
+    """`--hw /dev/null` read "unknown hardware '/dev/null'" and listed the catalog."""
+    from costmodels.hardware import get_hardware
+
+    with pytest.raises(TwinferError, match="/dev/null: not a regular file"):
+        get_hardware("/dev/null")
+    with pytest.raises(TwinferError, match="a directory, not a file"):
+        get_hardware(str(tmp_path))
+    with pytest.raises(TwinferError, match="unknown hardware 'nosuch'"):
+        get_hardware("nosuch")
