@@ -215,6 +215,11 @@ class LLMEngine:
             # no drafts, no MTP layers: vLLM and SGLang load them only to draft (the simulator's memory_fit mtp=False)
             spec = spec.model_copy(update={"mtp_layers": 0})
         cfg = ExecModelConfig.build(spec, hf_dir)
+        if max_model_len is not None and max_model_len > spec.max_context:
+            # as vLLM refuses a max_model_len past the model's max_position_embeddings: it was capped without a word,
+            # while calibrate and validate refused the same value
+            raise TwinferError(f"max_model_len: {max_model_len:,} is past {spec.name}'s context of {spec.max_context:,} "
+                               f"tokens (max_position_embeddings); give at most {spec.max_context:,}")
         mml = min(max_model_len or scheduler_config.max_model_len or spec.max_context, spec.max_context)
         sched_cfg = scheduler_config.model_copy(update={"max_model_len": mml})
         dev = torch.device(device)

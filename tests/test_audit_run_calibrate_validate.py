@@ -197,3 +197,15 @@ def test_hardware_table_shows_the_catalog_files_figures(capsys, monkeypatch):
         want = [e["bf16_tflops"], e.get("fp8_tflops"), e.get("fp4_tflops"), e["hbm_gb"], e["hbm_tbps"], e.get("scaleup_gbps"),
                 e["scaleup_domain"], e["scaleout_gbps"], e.get("price_per_gpu_hour") or None]
         assert cells == ["-" if w is None else f"{w:g}" for w in want], e["name"]
+
+
+def test_run_refuses_a_max_model_len_past_the_models_context():
+    """The engine capped `run --max-model-len 100000000000` to tiny's 4,096 tokens without a word, where calibrate and
+    validate refused it; vLLM refuses a max_model_len past max_position_embeddings."""
+    from typer.testing import CliRunner
+
+    from ui.cli import app
+
+    r = CliRunner().invoke(app, ["run", "-m", "tiny", "--max-model-len", "100000000000"])
+    assert isinstance(r.exception, TwinferError), r.output
+    assert "max_model_len: 100,000,000,000 is past tiny's context of 4,096 tokens" in str(r.exception)
