@@ -132,7 +132,7 @@ def test_validate_sim_only_refuses_an_unknown_model_a_dtype_or_device_it_does_no
     """-m nosuch / --dtype bf16 / --device tpu with --sim-only printed the profile's fp8 deepseek-v3 predictions and
     labelled the report with the given names."""
     base = ("validate", "--sim-only", "-p", PROFILE, "-n", "5")
-    assert "--model nosuch: unknown model 'nosuch'" in cli_exit_2(*base, "-m", "nosuch")
+    assert "--model nosuch: --sim-only predicts the model the profile measured (deepseek-v3)" in cli_exit_2(*base, "-m", "nosuch")
     assert "--dtype bf16: --sim-only predicts what the profile measured (fp8)" in cli_exit_2(*base, "--dtype", "bf16")
     assert "--device tpu: expected cpu or cuda" in cli_exit_2(*base, "--device", "tpu")
 

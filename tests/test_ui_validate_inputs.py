@@ -100,8 +100,8 @@ def test_ctrl_c_says_what_was_kept(tmp_path, monkeypatch):
 
 def test_sim_only_validates_the_profiles_model_unless_told_otherwise(tmp_path):
     """--model defaulted to tiny: a --sim-only run on a DeepSeek-V3 profile printed 'validating tiny' and its report
-    named tiny, though every figure was the profile's model's. Without --model it is the profile's; with --calibrate
-    (no profile yet) tiny."""
+    named tiny, though every figure was the profile's model's. Without --model it is the profile's, another is refused;
+    with --calibrate (no profile yet) tiny."""
     import json
 
     out = tmp_path / "rep.json"
@@ -110,9 +110,11 @@ def test_sim_only_validates_the_profiles_model_unless_told_otherwise(tmp_path):
     assert r.exit_code == 0, r.output
     assert "validating tiny" not in r.output
     assert json.loads(out.read_text())["model"] == "deepseek-v3"
+    # another model's name over the profile's figures is refused (its report named tiny over DeepSeek-V3's figures)
     r = CliRunner().invoke(app, ["validate", "-m", "tiny", "--profile", PROF, "--sim-only", "-n", "4", "--levels", "0.5"],
                            env={"COLUMNS": "200"})
-    assert r.exit_code == 0 and "validating tiny" in r.output
+    assert isinstance(r.exception, TwinferError), r.output
+    assert "--model tiny: --sim-only predicts the model the profile measured (deepseek-v3)" in str(r.exception)
 
 
 def test_num_layers_past_the_models_depth_is_refused():

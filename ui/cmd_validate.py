@@ -293,20 +293,16 @@ def sim_only_labels(prof, model: Optional[str], dtype: Optional[str], device: Op
     """(model, dtype, device) a --sim-only report names: the profile's dtype and device, which are what the simulator
     predicts (it prices the profile's measured step model and builds nothing); a --dtype/--device naming something
     else is refused (an H200 fp8 profile's predictions were reported as "device cpu", the executor's default, or as
-    "dtype xx"). A --model other than the profile's stays allowed, with the note ``validate`` prints; one no catalog
-    or file knows is refused, naming the flag (it was reported as validated)."""
+    "dtype xx"); so is a --model other than the profile's (a report named tiny over DeepSeek-V3's figures)."""
     st = prof.step
     for flag, given, own in (("--dtype", dtype, st.dtype), ("--device", device, st.device)):
         if given is not None and given != own:
             raise TwinferError(f"{flag} {given}: --sim-only predicts what the profile measured ({own}); drop {flag} "
                                f"or give {own}")
-    if model is not None and model != st.model:
-        from costmodels.catalog import get_model
-        try:
-            get_model(model)
-        except TwinferError as e:
-            raise TwinferError(f"--model {model}: {e}") from None
-    return model or st.model, st.dtype, st.device
+    if model is not None and model != st.model:   # the figures would be the profile's model's under another name
+        raise TwinferError(f"--model {model}: --sim-only predicts the model the profile measured ({st.model}); drop "
+                           "--model, or measure that model (twinfer calibrate, or validate --calibrate)")
+    return st.model, st.dtype, st.device
 
 
 def check_plot_path(path: Path) -> None:
