@@ -166,6 +166,15 @@ class Plan(BaseModel):
         main = self.main_pool
         return self.run_share.pool_instances(main, main) / main.instances
 
+    def per_gpu(self, run_output_tps: float) -> float:
+        """Output tokens/s per GPU of the whole plan from its run's output tokens/s: the run carries ``run_fraction``
+        of the rate, over the plan's GPUs (``planner.simulate.outcome_of``'s rule, a slice's too)."""
+        return run_output_tps / self.run_fraction / self.gpus_used
+
+    def run_users(self, users: int) -> int:
+        """The closed-loop users of the plan's run for ``users`` across the whole deployment (at least one)."""
+        return max(1, round(users * self.run_fraction))
+
     def run_instances(self, role: str) -> int:
         """Instances of the ``role`` pool the plan's run simulates."""
         pool = self.pool(role)

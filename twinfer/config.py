@@ -95,13 +95,23 @@ def exists(path: str | Path) -> bool:
         return False
 
 
+def not_a_file(path: str | Path) -> str | None:
+    """What ``path`` is when it exists but is not a regular file ("a directory", "not a regular file (a device, pipe
+    or socket)"); None when it is a file or does not exist. Such a path is named as what it is, not as missing or as
+    an unknown name (and a device is never read: /dev/zero has no end)."""
+    if is_file(path) or not exists(path):
+        return None
+    return "a directory" if is_dir(path) else "not a regular file (a device, pipe or socket)"
+
+
 def read_mapping(path: str | Path) -> dict:
     """Read a YAML or JSON file that must hold a mapping."""
     p = Path(path)
     if not is_file(p):
-        raise TwinferError(f"{p}: a directory, not a file" if is_dir(p) else
-                           f"{p}: not a regular file (a device, pipe or socket; give a YAML or JSON file)" if exists(p) else
-                           f"{p}: no such file")
+        what = not_a_file(p)
+        raise TwinferError(f"{p}: no such file" if what is None else
+                           f"{p}: a directory, not a file" if what == "a directory" else
+                           f"{p}: {what}; give a YAML or JSON file")
     try:
         text = p.read_text(encoding="utf-8", errors="replace")
     except OSError as err:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from importlib import resources
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -34,9 +33,10 @@ def show_text(name: str) -> str:
     from costmodels.hardware import get_hardware
     from ui.commented_yaml import commented_yaml
 
-    path = Path(name)
-    if name.strip() and path.exists() and not path.is_file():   # read "unknown hardware '/dev/null'"
-        what = "a directory" if path.is_dir() else "not a regular file (a device, pipe or socket)"
+    from twinfer.config import not_a_file
+
+    what = not_a_file(name) if name.strip() else None
+    if what:   # read "unknown hardware '/dev/null'"
         raise TwinferError(f"--show {name}: {what}; give a catalog GPU name or a hardware YAML/JSON file")
     try:
         hw = get_hardware(name)

@@ -133,8 +133,8 @@ def simulate_tuned_policy(path: str, *, as_json: bool, given: dict) -> None:
 
 
 def scenario_from_plan(path: str, *, scenario: str | None, requests: int | None, rate: float | None, seed: int | None, others: dict):
-    """The Scenario of a plan file's run; only --requests, --rate and --seed adjust it here (--concurrency and
-    --think-time-s make it a closed loop after)."""
+    """(the Scenario of a plan file's run, the Plan); only --requests, --rate and --seed adjust it here (--concurrency
+    and --think-time-s make it a closed loop after)."""
     from planner.plan import load_plan
 
     if scenario is not None:
@@ -150,30 +150,12 @@ def scenario_from_plan(path: str, *, scenario: str | None, requests: int | None,
         upd["workload"] = sc.workload.model_copy(update={"rate": rate * p.run_fraction})
     if seed is not None:
         upd["seed"] = seed
-    return sc.model_copy(update=upd) if upd else sc
+    return (sc.model_copy(update=upd) if upd else sc), p
 
 
-def plan_run_part(path: str) -> str | None:
-    """What part of the deployment a plan's run covers, when not all of it (``Plan.run_share``)."""
-    from planner.plan import load_plan
-
-    return load_plan(path).run_description()
-
-
-def plan_run_users(path: str, users: int) -> int:
-    """The closed-loop users of a plan's run for ``users`` across the whole deployment: their share where the run
-    covers part of it (``Plan.run_share``), at least one."""
-    from planner.plan import load_plan
-
-    return max(1, round(users * load_plan(path).run_fraction))
-
-
-def plan_comparison(path: str, res, changed: list[str] = ()) -> str:
-    """One line setting a `--plan` run beside the plan's own prediction: the same run (same digest), or why not
+def plan_comparison(p, res, changed: list[str] = ()) -> str:
+    """One line setting a `--plan` run beside the plan ``p``'s own prediction: the same run (same digest), or why not
     (``changed``: the flags given that change the plan's run)."""
-    from planner.plan import load_plan
-
-    p = load_plan(path)
     pr, pct = p.predicted, p.slo_percentile
     said = (f"{pr.output_tokens_per_s_per_gpu:,.0f} output tok/s/GPU, TTFT p{pct} {pr.ttft_s:.2f} s, "
             f"TPOT p{pct} {pr.tpot_s * 1e3:.1f} ms")
@@ -182,7 +164,7 @@ def plan_comparison(path: str, res, changed: list[str] = ()) -> str:
     whole = ""
     w = res.metrics.steady or res.metrics.whole_run
     if p.run_share is not None and w is not None:   # the run covers part of the plan: its figure per GPU of the whole
-        whole = (f"; per GPU of the whole plan this run gives {w.output_throughput / p.run_fraction / p.gpus_used:,.0f} "
+        whole = (f"; per GPU of the whole plan this run gives {p.per_gpu(w.output_throughput):,.0f} "
                  f"output tok/s (its {w.output_throughput:,.0f} tok/s / {p.run_fraction:.4g} / {p.gpus_used:,} GPUs)")
     if res.digest == pr.sim_digest:
         return (f"the plan's own run (digest {res.digest[:16]} = the plan's): the plan predicted {said}, the steady window "
@@ -464,8 +446,9 @@ def register(app: typer.Typer) -> None:
                 "--replay": replay, "--router": router, "--seed": seed, "--slo": slo, "--csv": csv, "--perfetto": perfetto,
                 "--error-band": error_band, "--print-scenario": print_scenario or None, "--all": all_values or None})
             return
+        the_plan = None
         if plan is not None:
-            sc = scenario_from_plan(plan, scenario=scenario, requests=requests, rate=rate, seed=seed, others=dict(
+            sc, the_plan = scenario_from_plan(plan, scenario=scenario, requests=requests, rate=rate, seed=seed, others=dict(
                 model=model, hardware=hardware, instances=instances, tp=tp, dp=dp, ep=ep, dtype=dtype, duration=duration,
                 workload=workload, trace=trace, max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens,
                 async_overlap=async_overlap, draft_len=draft_len, router=router, calibration=calibration, replay=replay))
@@ -478,8 +461,8 @@ def register(app: typer.Typer) -> None:
                 replay=policy_mapping(replay, "--replay"),
             )
         if concurrency is not None or think_time_s is not None:
-            if plan is not None and concurrency is not None:   # the deployment's users; a run of part of it, its share
-                concurrency = plan_run_users(plan, concurrency)
+            if the_plan is not None and concurrency is not None:   # the deployment's users; a run of part of it, its share
+                concurrency = the_plan.run_users(concurrency)
             sc = _as_closed(sc, concurrency, think_time_s, rate)
         if all_values and not print_scenario:
             raise TwinferError("--all: only with --print-scenario")
@@ -523,7 +506,7 @@ def register(app: typer.Typer) -> None:
             write_perfetto(out.collector.step_records, perfetto)
         if as_json:
             text = to_json(res, indent=1)
-            part = plan_run_part(plan) if plan is not None else None
+            part = the_plan.run_description() if the_plan is not None else None
             if part:   # what the run covers sits next to the result, as the verdict does
                 data = json.loads(text)
                 data["plan_run"] = part
@@ -539,8 +522,8 @@ def register(app: typer.Typer) -> None:
         if plan is not None:
             changed = [f for f, v in (("--requests", requests), ("--rate", rate), ("--seed", seed),
                                       ("--concurrency", concurrency), ("--think-time-s", think_time_s)) if v is not None]
-            con.print(plan_comparison(plan, res, changed), highlight=False)
-            part = plan_run_part(plan)
+            con.print(plan_comparison(the_plan, res, changed), highlight=False)
+            part = the_plan.run_description()
             if part:
                 con.print(f"note: the plan's run simulates {part}", highlight=False)
         if sc.calibration is not None or get_hardware_measured(sc.hardware):

@@ -284,8 +284,10 @@ def parse_levels(text: str) -> list[float]:
 def check_trace_path(trace: Optional[str]) -> None:
     """A --trace that exists but is not a regular file (a device, pipe, folder) named as such: it read "no such trace
     file" for /dev/null."""
-    if trace and Path(trace).exists() and not Path(trace).is_file():
-        what = "a directory" if Path(trace).is_dir() else "not a regular file (a device, pipe or socket)"
+    from twinfer.config import not_a_file
+
+    what = not_a_file(trace) if trace else None
+    if what:
         raise TwinferError(f"--trace {trace}: {what}; give a twinfer JSONL trace file")
 
 

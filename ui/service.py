@@ -516,11 +516,10 @@ def plan_run_part(plan: dict) -> str | None:
 def simulate_plan(plan: dict, num_requests: int) -> dict:
     """Simulate a plan at full scale on ``num_requests`` requests (the run ``twinfer simulate --plan`` makes);
     the figures the app compares, from its steady window. Its GPUs and output tokens/s per GPU are the whole plan's,
-    as the planner reads them (``planner.simulate.outcome_of``): a run of part of the deployment (``Plan.run_share``)
+    as the planner reads them (``Plan.per_gpu``): a run of part of the deployment (``Plan.run_share``)
     carries that share of the rate, and a disaggregated run's prefill pool is rounded up, so the run's own per-GPU
     figure (``twinfer simulate --plan``'s steady table) is not the plan's (its comparison line gives the plan's)."""
     from planner.plan import Plan
-    from planner.simulate import outcome_of
     from sim.runner import simulate
 
     p = validate(Plan, plan, "plan")
@@ -529,9 +528,7 @@ def simulate_plan(plan: dict, num_requests: int) -> dict:
     row = metric_row(res, p.slo_percentile)
     w = res.metrics.steady or res.metrics.whole_run
     if w is not None:
-        o = outcome_of(w, 0, 1.0, p.slo_percentile, p.run_fraction, p.gpus_used, res.num_requests, float(res.num_gpus),
-                       p.workload.rate or 0.0, res.digest, 0.0)
-        row.update({"GPUs": p.gpus_used, "output tok/s per GPU": o.thr_gpu})
+        row.update({"GPUs": p.gpus_used, "output tok/s per GPU": p.per_gpu(w.output_throughput)})
     return row
 
 
