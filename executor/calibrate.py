@@ -396,38 +396,39 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
                 vv = randn(s_keys, mla.h, dv)
                 kp = randn(s_keys, dr)
                 pos = torch.arange(c, c + n, device=dev)
+                qq = torch.cat((qn, qp), dim=-1)   # the piecewise graphs' query buffer holds them side by side
                 ops.reset_used()
                 try:
-                    t, spread = timed(lambda: mla.prefill_attend(qn, qp, kn, vv, kp, pos, None))
+                    t, spread = timed(lambda: mla.prefill_attend(qn, qp, kn, vv, kp, pos, None, q=qq))
                 except RuntimeError as e:  # e.g. out of memory at the largest shape: keep the rest of the table
                     out.append({"op": "attn_prefill_chunk_failed", "new": n, "cached": c, "time_s": 0.0, "error": str(e)[:200]})
                     continue
                 flops = 2.0 * mla.h * (dqk + dv) * (n * c + n * (n + 1) / 2)
                 backend = ops.reset_used().get("attention_prefill", "?")
                 with torch.inference_mode():   # the chunk's device time with its launch hidden, as a device-bound step
-                    dev_s = _queued_device_time(lambda: mla.prefill_attend(qn, qp, kn, vv, kp, pos, None), dev, t)
+                    dev_s = _queued_device_time(lambda: mla.prefill_attend(qn, qp, kn, vv, kp, pos, None, q=qq), dev, t)
                 ops.reset_used()
                 out.append({"op": "attn_prefill_chunk", "new": n, "cached": c, "heads": mla.h, "d_qk": dqk, "d_v": dv,
                             "time_s": t, "spread": spread, "flops": flops, "tflops": flops / t / 1e12, "backend": backend,
                             **({"device_s": dev_s} if dev_s is not None else {})})
-                del qn, qp, kn, vv, kp
+                del qn, qp, kn, vv, kp, qq
 
         # the chunk's keys and values as the executor builds them (MLAAttention.prefill_expand: its sequence's latents
-        # gathered from the pages and up-projected by kv_b_proj, BF16), over keys (cached + new): eager between the
+        # gathered at their cache slots and up-projected by kv_b_proj, BF16), over keys (cached + new): eager between the
         # piecewise graphs, on the real rows. The step model had priced it as an analytic BF16 GEMM, and the grid's
         # cached-context steps ran 0.91-0.96x the model (H200 run 18)
         for keys in ([512, 2048, 4096, 8192, 16384] if not quick else [16, 96]):
             need = -(-keys // page)
             if keys > engine.max_model_len or need > pages - 1:
                 continue
-            bt = torch.arange(need, device=dev, dtype=torch.int32)
+            slots = torch.arange(keys, device=dev)   # pages 0..need-1 in order: position p sits at slot p
             try:
-                t, spread = timed(lambda: mla.prefill_expand(cache, bt, keys))
+                t, spread = timed(lambda: mla.prefill_expand(cache, slots))
             except RuntimeError as e:  # e.g. out of memory at the largest: keep the rest
                 out.append({"op": "kv_expand_failed", "keys": keys, "time_s": 0.0, "error": str(e)[:200]})
                 continue
             with torch.inference_mode():
-                dev_s = _queued_device_time(lambda: mla.prefill_expand(cache, bt, keys), dev, t)
+                dev_s = _queued_device_time(lambda: mla.prefill_expand(cache, slots), dev, t)
             out.append({"op": "kv_expand", "keys": keys, "heads": mla.h, "d_nope": mla.dn, "d_v": mla.dv, "rank": mla.rank,
                         "time_s": t, "spread": spread, **({"device_s": dev_s} if dev_s is not None else {})})
 

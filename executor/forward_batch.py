@@ -37,6 +37,9 @@ class PrefillSpan:
     block_table: torch.Tensor   # [pages] int32
     # first position whose KV this layer holds for the sequence (sliding-window replay, executor/swa_replay.py)
     key_start: int = 0
+    # [kv_len] int64 flat KV slot of each of the sequence's positions 0..kv_len-1 (what a layer gathers its keys at),
+    # built on the host with the batch; None: ``ForwardBatch.key_slots`` derives them from the block table once
+    key_slots: torch.Tensor | None = None
 
     @property
     def kv_len(self) -> int:
@@ -90,6 +93,19 @@ class ForwardBatch:
             rows = self.memo[key] = cos_sin[self.positions]
         return rows
 
+    def key_slots(self, i: int, page_size: int) -> torch.Tensor:
+        """Prefill chunk ``i``'s key slots (``PrefillSpan.key_slots``): as built, or derived from its block table on the
+        device once per forward (every layer gathers at the same slots)."""
+        p = self.prefills[i]
+        if p.key_slots is not None:
+            return p.key_slots
+        key = ("key_slots", i)
+        slots = self.memo.get(key)
+        if slots is None:
+            pos = torch.arange(p.kv_len, device=p.block_table.device)
+            slots = self.memo[key] = p.block_table.long()[pos // page_size] * page_size + pos % page_size
+        return slots
+
     def last_token_rows(self) -> list[int]:
         """Row of each sequence's last query, in batch order (decodes, then prefills)."""
         rows = [(i + 1) * self.decode_sq - 1 for i in range(self.num_decodes)]
@@ -136,7 +152,8 @@ def build_forward_batch(seqs: list[SeqInput], page_size: int, null_page: int, de
     """Flatten ``seqs`` (decodes must come first and share one query count).
 
     All index arrays are built on the host with numpy and packed into one int64 buffer that reaches the device in
-    one copy; the int32 ones (block tables, KV lengths) sit at its end and are converted by one cast.
+    one copy (each prefill chunk's key slots too: every layer gathers its keys at them); the int32 ones (block
+    tables, KV lengths) sit at its end and are converted by one cast.
     """
     decodes = [s for s in seqs if s.is_decode]
     assert seqs[: len(decodes)] == decodes, "decode sequences must come first"
@@ -145,23 +162,27 @@ def build_forward_batch(seqs: list[SeqInput], page_size: int, null_page: int, de
     nd = len(decodes)
     ids, pos, slots, table, lens = _decode_rows(decodes, sq, page_size, null_page)
     spans: list[tuple[int, int, int, list[int]]] = []   # (start, num, context_len, pages)
+    keys: list[np.ndarray] = []                          # each chunk's key slots, positions 0..kv_len-1
     for s in seqs[nd:]:
         r = range(s.context_len, s.context_len + len(s.token_ids))
         spans.append((len(ids), len(s.token_ids), s.context_len, s.block_table or [null_page]))
         ids.extend(s.token_ids)
         pos.append(np.arange(r.start, r.stop, dtype=np.int64))
-        slots.append(_slots(s.block_table, r, page_size, null_page))
+        keys.append(_slots(s.block_table, range(0, r.stop), page_size, null_page))
+        slots.append(keys[-1][s.context_len:])
     max_pages = table.shape[1]
     t = len(ids)
-    host = np.concatenate([np.asarray(ids, dtype=np.int64), *pos, *slots, lens, table.reshape(-1),
+    n_keys = sum(len(k) for k in keys)
+    host = np.concatenate([np.asarray(ids, dtype=np.int64), *pos, *slots, *keys, lens, table.reshape(-1),
                            *(np.asarray(p[3], dtype=np.int64) for p in spans)])
     dev = to_device(host, device)
-    i32 = dev[3 * t:].to(torch.int32)   # KV lengths, decode table, prefill tables
-    off = nd + nd * max_pages
+    i32 = dev[3 * t + n_keys:].to(torch.int32)   # KV lengths, decode table, prefill tables
+    off, koff = nd + nd * max_pages, 3 * t
     prefills = []
-    for start, num, ctx, pages in spans:
-        prefills.append(PrefillSpan(start, num, ctx, i32[off: off + len(pages)]))
+    for (start, num, ctx, pages), k in zip(spans, keys):
+        prefills.append(PrefillSpan(start, num, ctx, i32[off: off + len(pages)], key_slots=dev[koff: koff + len(k)]))
         off += len(pages)
+        koff += len(k)
     return ForwardBatch(
         input_ids=dev[:t], positions=dev[t: 2 * t], slot_mapping=dev[2 * t: 3 * t],
         page_size=page_size, num_decodes=nd, decode_sq=sq,

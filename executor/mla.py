@@ -89,51 +89,82 @@ class MLAAttention(nn.Module):
         return q_nope, q_pe, idx
 
     def attend(self, q_nope: torch.Tensor, q_pe: torch.Tensor, batch: ForwardBatch, kv: KVCache,
-               idx: tuple[torch.Tensor, torch.Tensor] | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+               idx: tuple[torch.Tensor, torch.Tensor] | None = None, out: torch.Tensor | None = None,
+               q: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of the batch's queries over the cache ``project`` wrote: the decode group through the paged decode
         kernel (absorbed form), each prefill chunk expanded and attended on its own. Per-step shapes (KV lengths, chunk
         spans) live here, so this part stays eager between graph pieces: with them the DSA indexer's top-k over
-        ``project``'s ``idx`` (DSA models only). ``out``: where to write ``[T, h, dv]`` (a static buffer's rows; allocated when None)."""
+        ``project``'s ``idx`` (DSA models only). ``out``: where to write ``[T, h, dv]`` (a static buffer's rows; allocated
+        when None). ``q``: the same queries already side by side, ``[T, h, dn + dr]`` (the piecewise graphs' buffer),
+        which spares each chunk a concatenation.
+
+        Each op here is paid on the host once per layer (eager between graph pieces: a prompt step's launch, which the
+        device waits on when it outlasts the step before), so the per-step parts are shared: the decode kernel's
+        scheduling metadata (``batch.memo``), each chunk's key slots (``PrefillSpan.key_slots``, from the step's one
+        host-to-device copy) and the absorption weights as per-head views (:meth:`absorb_weights`)."""
         t = q_nope.shape[0]
         cache = kv.latent[self.cache_layer]
         dec_topk, masks = None, [None] * len(batch.prefills)
         if self.indexer is not None:
             dec_topk, masks = self.indexer.select(idx, batch, kv.index_k[self.cache_layer])
 
-        w_kv_b = self.kv_b_proj.weight
         if out is None:
             out = torch.empty(t, self.h, self.dv, dtype=q_nope.dtype, device=q_nope.device)
         nd = batch.num_decode_tokens
         if nd:
+            w_uk, w_uv = self.absorb_weights(q_nope.dtype)
             b, sq = batch.num_decodes, batch.decode_sq
-            q_lat = ref.mla_absorb_q(q_nope[:nd], w_kv_b, self.dn, self.dv)
-            qd = torch.cat((q_lat, q_pe[:nd]), dim=-1).view(b, sq, self.h, self.rank + self.dr)
+            q_lat = torch.bmm(q_nope[:nd].transpose(0, 1), w_uk)                  # [h, nd, rank]: W_UK into q
+            qd = torch.cat((q_lat.transpose(0, 1), q_pe[:nd]), dim=-1).view(b, sq, self.h, self.rank + self.dr)
             o_lat = ops.mla_decode(qd, cache, batch.decode_block_table, batch.decode_seq_lens, self.scale,
-                                   self.rank, topk_indices=dec_topk)
-            out[:nd] = ref.mla_absorb_out(o_lat.reshape(nd, self.h, self.rank), w_kv_b, self.dn, self.dv)
-        for p, mask in zip(batch.prefills, masks):
+                                   self.rank, topk_indices=dec_topk, memo=batch.memo)
+            torch.bmm(o_lat.reshape(nd, self.h, self.rank).transpose(0, 1), w_uv, out=out[:nd].transpose(0, 1))  # W_UV
+        for i, (p, mask) in enumerate(zip(batch.prefills, masks)):
             rows = slice(p.start, p.start + p.num)
-            k_nope, v, kpe = self.prefill_expand(cache, p.block_table, p.kv_len)
-            out[rows] = self.prefill_attend(q_nope[rows], q_pe[rows], k_nope, v, kpe, batch.positions[rows], mask)
+            k_nope, v, kpe = self.prefill_expand(cache, batch.key_slots(i, cache.shape[1]))
+            out[rows] = self.prefill_attend(q_nope[rows], q_pe[rows], k_nope, v, kpe, batch.positions[rows], mask,
+                                            q=None if q is None else q[rows])
         return out
+
+    def absorb_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``kv_b_proj``'s two halves as batched-matmul operands: W_UK ``[h, dn, rank]`` (q_nope into latent space) and
+        W_UV transposed ``[h, rank, dv]`` (latent outputs to values), views of the weight made once per weight tensor
+        (converted each call when ``dtype`` differs): ``reference.mla_absorb_q`` / ``mla_absorb_out`` as one ``bmm``
+        each."""
+        w = self.kv_b_proj.weight
+        got = getattr(self, "_absorb", None)
+        if got is not None and got[0] is w and w.dtype == dtype:
+            return got[1], got[2]
+        per_head = (w if w.dtype == dtype else w.to(dtype)).view(self.h, self.dn + self.dv, self.rank)
+        pair = per_head[:, : self.dn, :], per_head[:, self.dn:, :].transpose(1, 2)
+        if w.dtype == dtype:   # views of the weight itself: an in-place load reaches them (a converted copy would not)
+            self._absorb = (w, *pair)
+        return pair
 
     def output(self, out: torch.Tensor) -> torch.Tensor:
         """The output projection of ``attend``'s ``[T, h, dv]`` (graphable: it opens the next piece)."""
         return self.o_proj(out.view(out.shape[0], self.h * self.dv))
 
-    def prefill_expand(self, cache: torch.Tensor, block_table: torch.Tensor, kv_len: int):
-        """A prefill chunk's keys and values: its sequence's cached latents gathered from the pages and
-        up-projected by ``kv_b_proj`` (the cost model's KV_UP GEMM over cached + new tokens)."""
-        lat = ref.gather_paged(cache, block_table, kv_len)
-        return ref.mla_expand_kv(lat, self.kv_b_proj.weight, self.h, self.dn, self.dv, self.rank)
+    def prefill_expand(self, cache: torch.Tensor, key_slots: torch.Tensor):
+        """A prefill chunk's keys and values: its sequence's cached latents gathered at their flat cache slots
+        (``key_slots [kv_len]``, ``ForwardBatch.key_slots``) and up-projected by ``kv_b_proj`` (the cost model's KV_UP
+        GEMM over cached + new tokens). Returns per-head ``k_nope [S, h, dn]``, ``v [S, h, dv]`` and the shared
+        ``k_pe [S, dr]`` (views)."""
+        lat = cache.view(cache.shape[0] * cache.shape[1], cache.shape[-1]).index_select(0, key_slots)
+        w = self.kv_b_proj.weight
+        kv = torch.mm(lat[:, : self.rank], w.t() if w.dtype == lat.dtype else w.t().to(lat.dtype))
+        kv = kv.view(-1, self.h, self.dn + self.dv)
+        return kv[..., : self.dn], kv[..., self.dn:], lat[:, self.rank:]
 
     def prefill_attend(self, q_nope: torch.Tensor, q_pe: torch.Tensor, k_nope: torch.Tensor, v: torch.Tensor,
-                       kpe: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+                       kpe: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+                       q: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of one prefill chunk's queries over its expanded keys: the per-head K assembled (k_pe
         broadcast to every head) and masked SDPA. ``executor.calibrate`` times exactly this over new x cached
         tokens (the profile's ``attn_prefill_chunk`` table). The queries are always the keys' last ``len(q)``
         positions (``attend``: a chunk's keys end at its last token), known here without reading ``positions``:
-        ``bottom_right=True`` lets the flash split serve the unmasked case (kernels/prefill_attention.py)."""
+        ``bottom_right=True`` lets the flash split serve the unmasked case (kernels/prefill_attention.py).
+        ``q``: ``q_nope`` and ``q_pe`` already side by side (no concatenation then)."""
         k = torch.cat((k_nope, kpe[:, None, :].expand(-1, self.h, -1)), dim=-1)
-        qq = torch.cat((q_nope, q_pe), dim=-1)
+        qq = q if q is not None else torch.cat((q_nope, q_pe), dim=-1)
         return ops.attention_prefill(qq, k, v, positions, self.scale, mask, bottom_right=True)

@@ -227,7 +227,7 @@ class PiecewiseGraphs:
         """``attn``'s attention (a decoder layer's or an MTP block's) over the real rows, eagerly, into ``out[:T]``."""
         t, buf = batch.num_tokens, self.buf
         idx = (buf.idx_q[:t], buf.idx_w[:t]) if buf.idx_q is not None else None
-        attn.attend(buf.q[:t, :, : buf.dn], buf.q[:t, :, buf.dn:], batch, self.kv, idx, out=buf.out[:t])
+        attn.attend(buf.q[:t, :, : buf.dn], buf.q[:t, :, buf.dn:], batch, self.kv, idx, out=buf.out[:t], q=buf.q[:t])
 
     @property
     def num_mtp(self) -> int:

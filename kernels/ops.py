@@ -100,9 +100,12 @@ def _after_decline(ch: registry.Choice, device, sig, i: int, err: Exception, arg
 
 # --- thin named wrappers: the model reads better with these ---------------------------
 
-def mla_decode(q, kv_cache, block_table, seq_lens, scale, kv_rank, topk_indices=None):
-    """Absorbed MLA over paged latents; see ``reference.mla_decode_paged``."""
-    return call("mla_decode", q.device, q, kv_cache, block_table, seq_lens, scale, kv_rank, topk_indices=topk_indices)
+def mla_decode(q, kv_cache, block_table, seq_lens, scale, kv_rank, topk_indices=None, memo=None):
+    """Absorbed MLA over paged latents; see ``reference.mla_decode_paged``. ``memo``: a dict that lives for one forward
+    (``ForwardBatch.memo``), where an implementation keeps what every layer of the step shares (FlashMLA's scheduling
+    metadata, which depends only on the KV lengths and shapes); None: nothing is shared."""
+    return call("mla_decode", q.device, q, kv_cache, block_table, seq_lens, scale, kv_rank, topk_indices=topk_indices,
+                memo=memo)
 
 
 def attention_prefill(q, k, v, q_positions, scale, key_mask=None, bottom_right=False):

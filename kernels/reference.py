@@ -167,8 +167,8 @@ def mla_absorb_out(o_latent: torch.Tensor, w_kv_b: torch.Tensor, qk_nope: int, v
 
 def mla_decode_paged(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, scale: float, kv_rank: int,
-                     topk_indices: torch.Tensor | None = None) -> torch.Tensor:
-    """Absorbed MLA over a paged latent cache (the FlashMLA contract).
+                     topk_indices: torch.Tensor | None = None, memo: dict | None = None) -> torch.Tensor:
+    """Absorbed MLA over a paged latent cache (the FlashMLA contract; ``memo``, per-step scratch, is not used here).
 
     q ``[B, s_q, H, rank + dr]`` (absorbed q_nope ++ q_pe); ``kv_cache [P, page, rank + dr]``;
     ``seq_lens [B]`` include the s_q new tokens, which are the trailing, mutually causal

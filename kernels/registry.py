@@ -56,7 +56,7 @@ class Impl:
 # must hold everything a ``declines`` check reads, and little more (each distinct value is one decision). Ops not
 # listed here key on :func:`generic_signature`. (``t.stride()[-1]``, not ``t.stride(-1)``: 0.1 vs 0.16 us on the CPU.)
 SIGNATURES: dict[str, Callable[..., tuple]] = {
-    "mla_decode": lambda q, kv_cache, block_table, seq_lens, scale, kv_rank, topk_indices=None:
+    "mla_decode": lambda q, kv_cache, block_table, seq_lens, scale, kv_rank, topk_indices=None, memo=None:
         (q.dtype, q.shape[-1], kv_cache.shape[1], kv_rank, topk_indices is None),
     "attention_prefill": lambda q, k, v, q_positions, scale, key_mask=None, bottom_right=False:
         (q.dtype, k.dtype, v.dtype, q.shape[1], k.shape[1], q.shape[-1], v.shape[-1], 0 < q.shape[0] <= k.shape[0],

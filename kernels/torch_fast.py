@@ -42,8 +42,9 @@ def attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_position
 
 
 def mla_decode_batched(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-                       scale: float, kv_rank: int, topk_indices: torch.Tensor | None = None) -> torch.Tensor:
-    """``reference.mla_decode_paged`` without the per-sequence loop: one gather, two batched matmuls.
+                       scale: float, kv_rank: int, topk_indices: torch.Tensor | None = None,
+                       memo: dict | None = None) -> torch.Tensor:
+    """``reference.mla_decode_paged`` without the per-sequence loop: one gather, two batched matmuls (``memo``: unused).
 
     Keys are gathered per query row: the DSA top-k positions when given (sparse, what V3.2
     reads), else every position up to the longest sequence (dense, padded and masked). Costs

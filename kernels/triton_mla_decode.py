@@ -75,8 +75,9 @@ def _pow2(x: int) -> bool:
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                scale: float, kv_rank: int, topk_indices: torch.Tensor | None = None,
                block_h: int | None = None, block_n: int = 32, num_splits: int | None = None,
-               num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
-    """Same contract as ``reference.mla_decode_paged`` (dense only: DSA top-k goes to the reference)."""
+               num_warps: int = 4, num_stages: int = 2, memo: dict | None = None) -> torch.Tensor:
+    """Same contract as ``reference.mla_decode_paged`` (dense only: DSA top-k goes to the reference); ``memo`` is not
+    used (no per-step metadata)."""
     if topk_indices is not None:
         raise Unsupported("triton mla_decode: dense attention only")
     b, s_q, h, d = q.shape

@@ -35,8 +35,16 @@ def _flashmla_api():
 
 
 def flashmla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-                    scale: float, kv_rank: int, topk_indices: torch.Tensor | None = None) -> torch.Tensor:
-    """``reference.mla_decode_paged`` through FlashMLA's dense decode (bf16, page 64, 512+64)."""
+                    scale: float, kv_rank: int, topk_indices: torch.Tensor | None = None,
+                    memo: dict | None = None) -> torch.Tensor:
+    """``reference.mla_decode_paged`` through FlashMLA's dense decode (bf16, page 64, 512+64).
+
+    FlashMLA splits the batch's KV over the SMs by a scheduling metadata computed from the KV lengths (the current
+    interface fills it at the first call that gets an empty one; the older one computes it in ``get_mla_metadata``,
+    a kernel of its own). Every layer of a step has the same lengths and shapes, so with ``memo`` (the forward's
+    scratch, ``ForwardBatch.memo``) it is made once per step and reused, as FlashMLA's interface allows ("reuse the
+    same sched_meta ... when the tensor shapes and the values of cache_seqlens ... remain the same") and vLLM's
+    backend does: one metadata per step instead of one per layer. Keyed on the very ``seq_lens`` tensor."""
     _guard("flashmla")
     if topk_indices is not None:
         raise Unsupported("flashmla: the sparse (DSA) kernel needs an FP8 cache layout; dense only here")
@@ -44,11 +52,19 @@ def flashmla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.
     if q.dtype != torch.bfloat16 or kv_cache.shape[1] != 64 or d != 576 or kv_rank != 512 or not q.is_cuda:
         raise Unsupported("flashmla: needs bf16 on CUDA, page size 64, head dim 576 (512 latent + 64 rope)")
     get_meta, fwd = _flashmla_api()
-    lens = seq_lens.to(torch.int32)
+    lens = seq_lens if seq_lens.dtype == torch.int32 else seq_lens.to(torch.int32)
+    key = ("flashmla", b, s_q, h)
+    kept = memo.get(key) if memo is not None else None
     try:
-        meta, splits = get_meta(lens, s_q * h, 1)   # old API uses the args; the new one ignores them
-        out, _ = fwd(q.contiguous(), kv_cache.unsqueeze(2), block_table.to(torch.int32), lens, 512, meta, splits,
-                     softmax_scale=scale, causal=True)
+        if kept is not None and kept[0] is seq_lens:
+            meta, splits = kept[1], kept[2]
+        else:
+            meta, splits = get_meta(lens, s_q * h, 1)   # old API uses the args; the new one ignores them
+            if memo is not None:
+                memo[key] = (seq_lens, meta, splits)
+        out, _ = fwd(q if q.is_contiguous() else q.contiguous(), kv_cache.unsqueeze(2),
+                     block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32), lens, 512,
+                     meta, splits, softmax_scale=scale, causal=True)
     except Exception as e:  # noqa: BLE001 - a vendor failure must not take the engine down
         failures["flashmla"] = f"{type(e).__name__}: {e}"[:300]
         raise Unsupported(failures["flashmla"]) from e

@@ -3,23 +3,26 @@
 set -u
 OUT=${OUT:-/tmp/twinfer_out}
 mkdir -p "$OUT"
-exec > >(tee -a "$OUT/log.txt") 2>&1
+if [ -z "${TWINFER_DEVICE_ENV:-}" ]; then   # once per call: a script run by another (device_prompt_launch.sh) reuses it
+  exec > >(tee -a "$OUT/log.txt") 2>&1
+fi
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 T0=$(date +%s)
 stage() { echo; echo "=== $1 (t=$(( $(date +%s) - T0 ))s)"; }
 
 stage install
-if ls .whl/*.whl >/dev/null 2>&1; then
+if [ -n "${TWINFER_DEVICE_ENV:-}" ]; then echo "(installed earlier in this call)"
+elif ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || echo "wheel install failed"
 fi
 for x in .whl/vllm_vendor_extract.tar.xz .whl/vllm_vendor_extract.tar.gz; do   # FlashMLA, DeepGEMM, FA3 from vllm==0.26.0
-  if [ -f "$x" ]; then                                                          # (scripts/build_vendor_extract.sh)
+  if [ -f "$x" ] && [ -z "${TWINFER_DEVICE_ENV:-}" ]; then                                                          # (scripts/build_vendor_extract.sh)
     mkdir -p /tmp/vendor && python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall('/tmp/vendor', filter='data')" "$x" \
       || echo "vendor extract $x: unpack failed"
     break
   fi
 done
-export PYTHONPATH="$PWD:/tmp/site:/tmp/vendor"
+export PYTHONPATH="$PWD:/tmp/site:/tmp/vendor" TWINFER_DEVICE_ENV=1
 
 # env.txt for a Triton-GEMM probe: the GPU, driver, torch/CUDA/triton, the date, and the dense FP8 GEMM library
 # (default triton: the matrix runs' engine; DeepGEMM JIT-compiles ~160 s on an empty cache)
