@@ -7,19 +7,20 @@ the planner reports become :class:`Candidate` objects.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from costmodels.hardware import Hardware
-from planner.screen import PREFILL_MAX_UTIL, LayoutPoints, kv_transfer_bytes
+from planner.screen import PREFILL_MAX_UTIL, LayoutPoints, e2e_at, e2e_floor, kv_transfer_bytes
 from planner.space import LayoutOption
 from planner.workload_stats import WorkloadStats
 from scheduler.metrics import SLO
 from sim.scenario import MAX_INSTANCES
 
 COLUMNS = ("mode", "opt", "inst", "B", "d", "async", "chunk", "popt", "pinst", "pchunk", "pasync",
-           "rate", "thr_gpu", "tps_user", "ttft", "tpot", "gpus", "kv_ok", "transfer", "adp")
+           "rate", "thr_gpu", "tps_user", "ttft", "tpot", "e2e", "e2e_floor", "gpus", "kv_ok", "transfer", "adp")
 AGG, DISAGG = 0, 1
 # Pool sizes of a disaggregated split: every count up to this, then steps of POOL_STEP (relative). Every count
 # made the table linear in the budget (a 100,000-GPU budget asked for ~10^8 rows and tens of GB); a 2% step
@@ -54,9 +55,11 @@ class Candidate:
     row: int = -1
     source: str = "screen"     # screen | simulation
     adp_balance: bool = False  # attention-DP prompts held until every rank takes one (scheduler.attention_dp.prefill)
+    e2e_s: float = math.inf    # the screen's E2E at the SLO percentile (screen.e2e_at)
 
     def meets(self, slo: SLO) -> bool:
-        return self.kv_ok and self.ttft_s <= slo.ttft_s and self.tpot_s <= slo.tpot_s
+        return (self.kv_ok and self.ttft_s <= slo.ttft_s and self.tpot_s <= slo.tpot_s
+                and (slo.e2e_s is None or self.e2e_s <= slo.e2e_s))
 
 
 class Table:
@@ -75,9 +78,18 @@ class Table:
     def __len__(self) -> int:
         return self.n
 
-    def meets(self, slo: SLO) -> np.ndarray:
+    def meets(self, slo: SLO, e2e: str = "e2e") -> np.ndarray:
+        """Rows the screen has meeting ``slo``: TTFT, TPOT and E2E (``e2e``: the estimate's column, or "e2e_floor", its
+        lower bound, for the rows not ruled out on E2E) within their targets, seats fitting in KV."""
         c = self.cols
-        return c["kv_ok"] & (c["ttft"] <= slo.ttft_s) & (c["tpot"] <= slo.tpot_s) & (c["rate"] > 0)
+        return c["kv_ok"] & (c["ttft"] <= slo.ttft_s) & (c["tpot"] <= slo.tpot_s) & self.e2e_within(slo, col=e2e) & (c["rate"] > 0)
+
+    def e2e_within(self, slo: SLO, margin: float = 1.0, col: str = "e2e") -> np.ndarray:
+        """Rows whose screened E2E (``col``: "e2e", the estimate, or "e2e_floor", its lower bound; ``screen.e2e_at``)
+        is within ``margin`` x the SLO's E2E target; every row where it sets none."""
+        if slo.e2e_s is None:
+            return np.ones(self.n, bool)
+        return self.cols[col] <= margin * slo.e2e_s
 
     def candidate(self, i: int) -> Candidate:
         c = self.cols
@@ -88,6 +100,7 @@ class Table:
             prefill_async=bool(c["pasync"][i]), rate=float(c["rate"][i]), thr_gpu=float(c["thr_gpu"][i]),
             tps_user=float(c["tps_user"][i]), ttft_s=float(c["ttft"][i]), tpot_s=float(c["tpot"][i]), gpus=int(c["gpus"][i]),
             kv_ok=bool(c["kv_ok"][i]), transfer_s=float(c["transfer"][i]), row=i, adp_balance=bool(c["adp"][i]),
+            e2e_s=float(c["e2e"][i]) if "e2e" in c else math.inf,
         )
 
 
@@ -106,8 +119,11 @@ def _append(acc: dict[str, list], **cols) -> None:
 
 
 def combine(options: list[LayoutOption], points: list[LayoutPoints], budget: int, stats: WorkloadStats,
-            hw: Hardware, model_name: str, modes: tuple[str, ...], prefill_max_gpus: int, pooled_prefill: bool = False) -> Table:
+            hw: Hardware, model_name: str, modes: tuple[str, ...], prefill_max_gpus: int, pooled_prefill: bool = False,
+            percentile: int = 90) -> Table:
     """Every aggregated and disaggregated deployment of ``budget`` GPUs built from the operating points.
+
+    ``percentile``: the SLO's; each row's E2E is estimated at it (``screen.e2e_at``).
 
     ``pooled_prefill``: the prefill router balances load (least outstanding), so the prefill pool queues as one
     pool of servers (``_prefill_wait``); else (a prefix-aware router keeps sessions on their instance, whose turns
@@ -128,7 +144,9 @@ def combine(options: list[LayoutOption], points: list[LayoutPoints], budget: int
             rate = p.mix_rate * inst
             _append(acc, mode=AGG, opt=p.option_index, inst=inst, B=p.mix_B, d=p.mix_d, **{"async": p.mix_async}, chunk=p.mix_chunk,
                     popt=-1, pinst=0, pchunk=0, pasync=False, rate=rate, thr_gpu=rate * O / gpus,
-                    tps_user=1.0 / p.mix_tpot, ttft=p.mix_ttft, tpot=p.mix_tpot, gpus=gpus, kv_ok=p.mix_kv_ok, transfer=0.0,
+                    tps_user=1.0 / p.mix_tpot, ttft=p.mix_ttft, tpot=p.mix_tpot,
+                    e2e=e2e_at(p.mix_ttft, p.mix_tpot, stats, percentile),
+                    e2e_floor=e2e_floor(p.mix_tok_floor, stats, percentile), gpus=gpus, kv_ok=p.mix_kv_ok, transfer=0.0,
                     adp=p.mix_bal)
     enumerated = sum(a.size for a in acc["rate"])
     if "disaggregated" in modes:
@@ -189,7 +207,9 @@ def combine(options: list[LayoutOption], points: list[LayoutPoints], budget: int
                             B=np.tile(dp_.dec_B, n_d.size), d=np.tile(dp_.dec_d, n_d.size), **{"async": np.tile(dp_.dec_async, n_d.size)},
                             chunk=int(pp.pre_chunk[j]), popt=pp.option_index, pinst=np.repeat(n_p, dp_.dec_t.size), pchunk=int(pp.pre_chunk[j]),
                             pasync=bool(pp.pre_async[j]), rate=lam.ravel(), thr_gpu=(lam * O / gpus[:, None]).ravel(),
-                            tps_user=(1.0 / tpot).ravel(), ttft=ttft.ravel(), tpot=tpot.ravel(), gpus=np.repeat(gpus, dp_.dec_t.size),
+                            tps_user=(1.0 / tpot).ravel(), ttft=ttft.ravel(), tpot=tpot.ravel(),
+                            e2e=e2e_at(ttft, tpot, stats, percentile).ravel(),
+                            e2e_floor=np.broadcast_to(e2e_floor(dp_.dec_tok_floor, stats, percentile), lam.shape).ravel(), gpus=np.repeat(gpus, dp_.dec_t.size),
                             kv_ok=np.tile(dp_.dec_kv_ok, n_d.size), transfer=transfer, adp=False)
     cols = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in acc.items()}
     for k in ("mode", "opt", "inst", "B", "d", "chunk", "popt", "pinst", "pchunk", "gpus"):
@@ -249,4 +269,4 @@ def _subset(p: LayoutPoints, keep: np.ndarray) -> LayoutPoints:
     from dataclasses import replace
 
     return replace(p, dec_B=p.dec_B[keep], dec_d=p.dec_d[keep], dec_async=p.dec_async[keep], dec_t=p.dec_t[keep],
-                   dec_spt=p.dec_spt[keep], dec_kv_ok=p.dec_kv_ok[keep])
+                   dec_spt=p.dec_spt[keep], dec_kv_ok=p.dec_kv_ok[keep], dec_tok_floor=p.dec_tok_floor[keep])

@@ -89,9 +89,10 @@ def why_it_won(table: Table, options: list[LayoutOption], i: int, ok: np.ndarray
     else:
         ttft, tpot, src = float(c["ttft"][i]), float(c["tpot"][i]), "screen"
     e2e = ""
-    if slo.e2e_s is not None:   # the screen has no end-to-end estimate: the simulation checks that target
+    if slo.e2e_s is not None:   # the screen's is an estimate (planner.screen.e2e_at), said as one
         e2e = (f", E2E {o_i.e2e_s:.2f} s of {slo.e2e_s:g} s" if o_i is not None else
-               f", E2E of {slo.e2e_s:g} s not checked (the screen does not estimate it; the simulation does)")
+               f", E2E {float(c['e2e'][i]):.2f} s of {slo.e2e_s:g} s (estimated: this TTFT + the output tokens at the "
+               "SLO's percentile at this TPOT)")
     out.append(f"meets the SLO ({src}): TTFT {ttft:.2f} s of {slo.ttft_s:g} s, TPOT {tpot * 1e3:.1f} ms of {slo.tpot_s * 1e3:g} ms{e2e}")
     out += _policy_effects(table, i, points or {})
     for role, col in (("decode" if c["mode"][i] != AGG else "instance", "opt"), ("prefill", "popt")):
@@ -143,18 +144,24 @@ def _policy_effects(table: Table, i: int, points: dict) -> list[str]:
 
 
 def closest_to_slo(table: Table, slo: SLO, k: int = 5) -> np.ndarray:
-    """Rows that miss the SLO by the least (largest of TTFT and TPOT over their targets), best first."""
+    """Rows that miss the SLO by the least (largest of TTFT, TPOT and E2E, where set, over their targets), best first."""
     c = table.cols
     viol = np.maximum(c["ttft"] / slo.ttft_s, c["tpot"] / slo.tpot_s)
+    if slo.e2e_s is not None:
+        viol = np.maximum(viol, c["e2e"] / slo.e2e_s)
     viol = np.where(c["kv_ok"] & (c["rate"] > 0), viol, np.inf)
     order = np.lexsort((np.arange(table.n), -c["thr_gpu"], viol))
     return order[:k][np.isfinite(viol[order[:k]])]
 
 
 def slo_unreachable(table: Table, options: list[LayoutOption], slo: SLO, seat_tokens: float = 0.0, model: ModelSpec | None = None,
-                    min_batch: int = 1) -> tuple[str, list[str]]:
+                    min_batch: int = 1, output_p: float = 0.0, output_floor: float = 0.0,
+                    percentile: int = 90) -> tuple[str, list[str]]:
     """Why no candidate meets the SLO, and the closest ones with their numbers. Where no candidate has KV room for its
-    batch of ``seat_tokens``-token requests, that is the reason (every latency would read 'inf')."""
+    batch of ``seat_tokens``-token requests, that is the reason (every latency would read 'inf'). An E2E target is
+    said unreachable by its lower bound where that rules every row out (``output_floor`` tokens, the fewest the
+    ``percentile`` of a simulated run's outputs holds, at the fastest a token can come), else by the estimate
+    (``output_p`` tokens, the workload's at the percentile, at each row's TPOT after its TTFT)."""
     c = table.cols
     okkv = c["kv_ok"] & (c["rate"] > 0)
     if not okkv.any() and seat_tokens > 0:
@@ -172,13 +179,40 @@ def slo_unreachable(table: Table, options: list[LayoutOption], slo: SLO, seat_to
         parts.append(f"the fastest first token any candidate reaches is {best_ttft:.2f} s (SLO {slo.ttft_s:g} s)")
     if best_tpot > slo.tpot_s:
         parts.append(f"the fastest decode step per token is {best_tpot * 1e3:.1f} ms (SLO {slo.tpot_s * 1e3:g} ms)")
+    if slo.e2e_s is not None:
+        parts += _e2e_unreachable(table, okkv, slo, output_p, output_floor, percentile)
     if not parts:
-        parts.append("no candidate meets both bounds at once (the fast-TTFT and the fast-TPOT deployments differ)")
+        both = "all three bounds" if slo.e2e_s is not None else "both bounds"
+        parts.append(f"no candidate meets {both} at once (the fast-TTFT and the fast-TPOT deployments differ)")
     msg = "no deployment meets the SLO: " + "; ".join(parts)
     rows = closest_to_slo(table, slo)
     close = [f"{describe_row(table, options, int(r))}: TTFT {c['ttft'][r]:.2f} s, TPOT {c['tpot'][r] * 1e3:.1f} ms, "
-             f"{c['thr_gpu'][r]:,.0f} tokens/s/GPU" for r in rows]
+             + (f"E2E {c['e2e'][r]:.2f} s (estimated), " if slo.e2e_s is not None else "")
+             + f"{c['thr_gpu'][r]:,.0f} tokens/s/GPU" for r in rows]
     return msg, close
+
+
+def _e2e_unreachable(table: Table, okkv: np.ndarray, slo: SLO, output_p: float, output_floor: float,
+                     percentile: int) -> list[str]:
+    """Why the E2E target is out of reach, if it is: its lower bound (planner.screen.e2e_floor) over the target for
+    every row, or for every row meeting TTFT and TPOT; else (the planner simulates nothing then) its estimate
+    (planner.screen.e2e_at) over it for every row meeting TTFT and TPOT."""
+    c = table.cols
+    lat = okkv & (c["ttft"] <= slo.ttft_s) & (c["tpot"] <= slo.tpot_s)
+    for rows, who in ((okkv, "no candidate"), (lat, "no candidate meeting TTFT and TPOT")):
+        if not rows.any():
+            return []
+        floor = float(c["e2e_floor"][rows].min())
+        if floor > slo.e2e_s:
+            tok = floor / max(output_floor - 1.0, 1.0)
+            return [f"{who} can finish the p{percentile} request within E2E {slo.e2e_s:g} s: at least {output_floor:,.0f} "
+                    f"output tokens (the fewest a run's p{percentile} holds) at the fastest it decodes one request's tokens "
+                    f"({tok * 1e3:.1f} ms, the request alone, every draft accepted) take {floor:.2f} s"]
+    best = float(c["e2e"][lat].min())
+    if best <= slo.e2e_s:
+        return []
+    return [f"the shortest E2E any candidate meeting TTFT and TPOT screens at is {best:.2f} s (SLO {slo.e2e_s:g} s; "
+            f"TTFT + {output_p:,.0f} output tokens, the p{percentile}, at its TPOT: an estimate)"]
 
 
 def does_not_fit(model: ModelSpec, hw: Hardware, budget: int, space: SearchSpace, rejected: list[Rejected],

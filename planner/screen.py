@@ -23,8 +23,11 @@ Disaggregated candidates combine a prefill point, a decode point and a pool rati
 ``n_p : n_d``: ``lambda = min(0.85 * n_p * mu, n_d * n * spt / (t_dec * O), link capacity)``,
 TPOT = ``t_dec / spt`` (no prefill interference), TTFT = prefill latency with M/D/1 queueing
 at the prefill pool's utilisation + the KV transfer. Aggregated TTFT is the prefill chunks'
-steps inflated by the share of time spent prefilling. These are screens, not predictions:
-the simulator checks the best of them (``planner/simulate.py``).
+steps inflated by the share of time spent prefilling. E2E at the SLO's percentile ``p`` is
+``TTFT + (O_p - 1) * TPOT`` of the same row (``e2e_at``), ``O_p`` the workload's output length at
+``p``; pruning on E2E uses a lower bound instead, ``(O_p - 1)`` tokens at the fastest a request's
+tokens can come on the layout (``e2e_floor``). These are screens, not predictions: the simulator
+checks the best of them (``planner/simulate.py``).
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ class LayoutPoints:
     dec_t: np.ndarray          # wall seconds per decode step
     dec_spt: np.ndarray
     dec_kv_ok: np.ndarray
+    dec_tok_floor: np.ndarray  # fewest seconds per output token a request can see (``_token_floor``)
     # mixed points: one row per (B, d, async, chunk)
     mix_B: np.ndarray
     mix_d: np.ndarray
@@ -94,6 +98,7 @@ class LayoutPoints:
     mix_tpot: np.ndarray
     mix_kv_ok: np.ndarray
     mix_bal: np.ndarray        # ADP balance (True) or immediate prefill placement
+    mix_tok_floor: np.ndarray
     # prefill points: one row per (chunk, async)
     pre_chunk: np.ndarray
     pre_async: np.ndarray
@@ -171,6 +176,15 @@ def _balance_point(step: tuple, t_dec: float, sc: SchedulerConfig, ov: bool, n: 
     return lam, ttft, t_step / spt
 
 
+def _token_floor(dev_alone: float, sc: SchedulerConfig, d: int, ov: bool) -> float:
+    """Fewest seconds per output token a request can see on this layout: a decode step of that request alone
+    (``dev_alone``: one request, a one-token context; its host work, async overlap as set) with every one of its
+    ``d`` drafts accepted. Every step a request decodes in carries at least that request and its host work, and the
+    cost model prices no step below the decode of one of its requests alone, so its TPOT is no lower than this
+    (``tests/test_screen_e2e.py`` checks the bound against simulated E2E on a grid of rows and loads)."""
+    return wall_time(dev_alone, _host(sc, 1, 1 + d), ov) / (1 + d)
+
+
 def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPoints:
     """All operating points of one layout option (a worker job; deterministic)."""
     import time
@@ -186,6 +200,7 @@ def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPo
     hit_ctx = int(round(st.mean_prompt - st.mean_new))
     rows_d, rows_m = [], []
     dev_cache: dict[tuple[int, int], float] = {}
+    floor_dev: dict[int, float] = {}   # device seconds of a decode step of one request alone, per draft length
     model = get_model(ctx.model)
 
     def kv_ok_at(B: int, d: int, c: int) -> bool:
@@ -200,6 +215,8 @@ def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPo
             spt = 1.0 + sum(ctx.acceptance[:d])
             dev = float(cost.decode_times(np.full(n, ctx_len), 1, d)[0])
             dev_cache[(B, d)] = dev
+            if d not in floor_dev:
+                floor_dev[d] = float(cost.decode_times(np.ones(1), 1, d)[0])
             host = _host(sc, n, n * (1 + d))
             # steady state at full seats: each step finishes n * spt / O requests' output, so it also
             # admits that many new prompts (mean new tokens each), split into chunks of at most c
@@ -215,7 +232,8 @@ def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPo
                 if ctx.adp_balance and dp > 1 else {}
             for ov in ctx.async_overlap:
                 t_dec = wall_time(dev, host, ov)
-                rows_d.append((B, d, ov, t_dec, spt, kv_ok))
+                floor = _token_floor(floor_dev[d], sc, d, ov)
+                rows_d.append((B, d, ov, t_dec, spt, kv_ok, floor))
                 for c in ctx.chunk_tokens:
                     dev_mix, m_chunks, n_tok = mixes[c]
                     t_step = wall_time(dev_mix, _host(sc, n + m_chunks, n_tok), ov)
@@ -225,10 +243,10 @@ def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPo
                     # whole step more on a pipelined engine (its next step is scheduled already: sim/instance.py)
                     p90_steps = max(1, int(math.ceil(st.p90_new / c)))
                     ttft = (p90_steps + 0.5 + (1.0 if ov else 0.0)) * t_step
-                    rows_m.append((B, d, ov, c, lam, ttft, tpot, kv_ok_at(B, d, c), False))
+                    rows_m.append((B, d, ov, c, lam, ttft, tpot, kv_ok_at(B, d, c), False, floor))
                     if c in balanced:
                         lam, ttft, tpot = _balance_point(balanced[c], t_dec, sc, ov, n, spt, st, dp)
-                        rows_m.append((B, d, ov, c, lam, ttft, tpot, kv_ok_at(B, d, c), True))
+                        rows_m.append((B, d, ov, c, lam, ttft, tpot, kv_ok_at(B, d, c), True, floor))
     rows_p = []
     for c in ctx.chunk_tokens:
         tok, k, steps = _prefill_shape(st, c)
@@ -245,14 +263,46 @@ def screen_layout(ctx: ScreenContext, index: int, opt: LayoutOption) -> LayoutPo
     return LayoutPoints(
         option_index=index,
         dec_B=col(rows_d, 0, np.int64), dec_d=col(rows_d, 1, np.int64), dec_async=col(rows_d, 2, bool),
-        dec_t=col(rows_d, 3), dec_spt=col(rows_d, 4), dec_kv_ok=col(rows_d, 5, bool),
+        dec_t=col(rows_d, 3), dec_spt=col(rows_d, 4), dec_kv_ok=col(rows_d, 5, bool), dec_tok_floor=col(rows_d, 6),
         mix_B=col(rows_m, 0, np.int64), mix_d=col(rows_m, 1, np.int64), mix_async=col(rows_m, 2, bool),
         mix_chunk=col(rows_m, 3, np.int64), mix_rate=col(rows_m, 4), mix_ttft=col(rows_m, 5), mix_tpot=col(rows_m, 6),
-        mix_kv_ok=col(rows_m, 7, bool), mix_bal=col(rows_m, 8, bool),
+        mix_kv_ok=col(rows_m, 7, bool), mix_bal=col(rows_m, 8, bool), mix_tok_floor=col(rows_m, 9),
         pre_chunk=col(rows_p, 0, np.int64), pre_async=col(rows_p, 1, bool), pre_rate=col(rows_p, 2), pre_step=col(rows_p, 3),
         pre_steps_per_req=col(rows_p, 4, np.int64),
         seconds=time.perf_counter() - t0,
     )
+
+
+def e2e_at(ttft: np.ndarray, tpot: np.ndarray, stats: WorkloadStats, percentile: int) -> np.ndarray:
+    """The screen's end-to-end latency at the SLO's ``percentile``: ``TTFT + (O_p - 1) * TPOT`` (a central estimate).
+
+    A request's E2E is its TTFT plus its other ``O - 1`` output tokens at its TPOT (the simulator's definitions,
+    ``scheduler/metrics.py``: TPOT = (finish - first token) / (O - 1)). With the row's TTFT and TPOT as the screen
+    has them (TTFT of a p90 new prompt, TPOT of the steady step at the max batch), E2E grows with ``O``, so its
+    ``percentile`` is at ``O_p``, the workload's output length there (``WorkloadStats.output_at``, measured on the
+    same sample as the other lengths). It inherits the screen's full-batch TPOT, so it runs high: slices simulated
+    at 0.9 and 0.7 x the screened rate hold fewer requests and finish the long ones faster (qwen3-30b-a3b on 8 x
+    H200 chat: up to 1.65x the simulated p90 at batch 256 per rank, 2.1x the p99).
+
+    The rule, as for TTFT and TPOT: this figure is the screen's verdict (``Table.meets``: a row meets the E2E target
+    when it is within it; the screen's frontier, its count of rows meeting the SLO, the plan when nothing is
+    simulated). But it prunes nothing by itself, since it is no bound and its error exceeds the NEAR_SLO (1.5x) margin
+    the planner gives TTFT and TPOT: a row leaves the simulator's reach on E2E only when its ``e2e_floor``, a lower
+    bound, is over the target (``planner.search``)."""
+    return ttft + np.maximum(stats.output_at(percentile) - 1.0, 0.0) * tpot
+
+
+def e2e_floor(tok_floor: np.ndarray, stats: WorkloadStats, percentile: int) -> np.ndarray:
+    """A lower bound on the simulated E2E at the SLO's ``percentile``: ``(O_p - 1) * tok_floor``.
+
+    Each request takes at least ``tok_floor`` (``_token_floor``: its decode steps alone, every draft accepted) per
+    output token after its first (its TTFT, left out, only adds), so its E2E is at least ``(O - 1) * tok_floor``; that
+    grows with ``O``, so the ``percentile`` of E2E over the requests is at least that of ``(O - 1) * tok_floor``, which
+    is ``(O_p - 1) * tok_floor`` for ``O_p`` the output length at that percentile of the requests simulated. The
+    simulator draws them from the workload, but a run measures a few hundred of them, so ``O_p`` here is the
+    workload's at a lower percentile that allows for that sample (``WorkloadStats.output_floor_at``: three standard
+    errors of the quantile of 90 requests, p90 -> p80.5)."""
+    return np.maximum(stats.output_floor_at(percentile) - 1.0, 0.0) * tok_floor
 
 
 def kv_transfer_bytes(model_name: str, kv_dtype: str, prompt_tokens: float) -> float:

@@ -173,17 +173,35 @@ def host_cache_gb(stats: WorkloadStats, hw, fraction: float = 0.5) -> float:
 
 def _near_slo(table: Table, slo) -> np.ndarray:
     """Rows the screen puts within NEAR_SLO of the SLO (and whose seats fit in KV): the screen's estimates are
-    optimistic in throughput and unreliable in latency, so these are the simulator's to judge, not the screen's."""
+    optimistic in throughput and unreliable in latency, so these are the simulator's to judge, not the screen's.
+    The E2E target, where the SLO sets one, by its lower bound (``screen.e2e_floor``): the estimate is no bound and
+    errs by more than NEAR_SLO, so it only orders these rows (``_per_layout``'s ``first``)."""
     c = table.cols
-    return c["kv_ok"] & (c["rate"] > 0) & (c["ttft"] <= NEAR_SLO * slo.ttft_s) & (c["tpot"] <= NEAR_SLO * slo.tpot_s)
+    return (c["kv_ok"] & (c["rate"] > 0) & (c["ttft"] <= NEAR_SLO * slo.ttft_s) & (c["tpot"] <= NEAR_SLO * slo.tpot_s)
+            & table.e2e_within(slo, col="e2e_floor"))
 
 
-def _per_layout(table: Table, near: np.ndarray, picks: list[int], most: int, shape=None) -> list[int]:
+def _nearest_e2e(table: Table, possible: np.ndarray, k: int) -> list[int]:
+    """Where no row's screened E2E meets the target: the ``k`` rows of ``possible`` (TTFT and TPOT met, E2E not ruled
+    out by its lower bound) with the least screened E2E, one per (mode, layouts, batch, MTP), ties by throughput."""
+    c = table.cols
+    rows = np.flatnonzero(possible)
+    out, seen = [], set()
+    for r in rows[np.lexsort((rows, -c["thr_gpu"][rows], c["e2e"][rows]))].tolist():
+        key = (int(c["mode"][r]), int(c["opt"][r]), int(c["popt"][r]), int(c["B"][r]), int(c["d"][r]))
+        if key not in seen and len(out) < k:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
+def _per_layout(table: Table, near: np.ndarray, picks: list[int], most: int, shape=None,
+                first: np.ndarray | None = None) -> list[int]:
     """``picks`` plus, for every (mode, layout shape) with rows near the SLO, its PER_LAYOUT best distinct
     (batch, MTP) rows by screened throughput, best shapes first, up to ``most`` rows in all: the screen filters,
     it does not judge which layout wins (issue 19: it had ranked the layout the simulator put first too low to
     simulate). ``shape(option index)`` groups layout options (default: each option its own group); shapes
-    already among ``picks`` come last."""
+    already among ``picks`` come last. Rows in ``first`` (default all) come before the others of their group."""
     c = table.cols
     out = list(picks)
     shape = shape or (lambda o: o)
@@ -192,7 +210,8 @@ def _per_layout(table: Table, near: np.ndarray, picks: list[int], most: int, sha
     # by screened throughput, ties by tokens/s per user: a disaggregated deployment bound by its prefill pool screens
     # the same throughput whatever its decode layout, and the row order had picked which of them the simulator saw
     # (72 x GB300: 4 x DEP8 decode at 59 tok/s/user ahead of 2 x DEP16 at 88, which GB200's plan recommended)
-    for r in rows[np.lexsort((rows, -c["tps_user"][rows], -c["thr_gpu"][rows]))].tolist():
+    later = np.zeros(rows.size, bool) if first is None else ~first[rows]
+    for r in rows[np.lexsort((rows, -c["tps_user"][rows], -c["thr_gpu"][rows], later))].tolist():
         g = groups.setdefault((int(c["mode"][r]), shape(int(c["opt"][r]))), [])
         if len(g) < PER_LAYOUT and all((c["B"][r], c["d"][r]) != (c["B"][q], c["d"][q]) for q in g):
             g.append(int(r))
@@ -229,7 +248,13 @@ def _assumptions(model, hw, req: PlanRequest, stats: WorkloadStats) -> list[str]
     out.append("screen: steady state at the max batch, mean lengths, p90 new prompt tokens for TTFT; "
                "simulation: a slice of the deployment (one instance, or a small prefill:decode ratio; wide attention-DP "
                "instances cut to a share of their ranks) at 0.9x (then 0.7x) the screened rate")
-    out.append(f"SLO: p{req.slo_percentile} TTFT and TPOT per request; a simulated plan must also finish >= 99% of requests")
+    lat = "TTFT, TPOT and E2E" if req.slo.e2e_s is not None else "TTFT and TPOT"
+    out.append(f"SLO: p{req.slo_percentile} {lat} per request; a simulated plan must also finish >= 99% of requests")
+    if req.slo.e2e_s is not None:
+        out.append(f"screen E2E: TTFT + the p{req.slo_percentile} output ({stats.output_at(req.slo_percentile):,.0f} tokens) "
+                   "x TPOT, an estimate that runs high; a candidate is pruned on E2E only where a lower bound "
+                   f"({stats.output_floor_at(req.slo_percentile):,.0f} tokens at the fastest one request's tokens can come) "
+                   "misses the target")
     out.append("host overhead per step and MTP acceptance (0.85^i) are the scheduler defaults (scheduler/config.py)")
     out.append("KV transfer (disaggregated): 80% of link bandwidth x the sending rank's GPUs, 20 us per transfer (assumption)")
     if stats.hit_fraction > PREFIX_REUSE:
@@ -243,7 +268,8 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
     t0 = time.perf_counter()
     model, hw = get_model(req.model), get_hardware(req.hardware)
     space = req.space
-    slo_txt = f"TTFT <= {req.slo.ttft_s:g} s, TPOT <= {req.slo.tpot_s * 1e3:g} ms (p{req.slo_percentile})"
+    slo_txt = (f"TTFT <= {req.slo.ttft_s:g} s, TPOT <= {req.slo.tpot_s * 1e3:g} ms"
+               + ("" if req.slo.e2e_s is None else f", E2E <= {req.slo.e2e_s:g} s") + f" (p{req.slo_percentile})")
     stats = workload_stats(req.workload, req.seed)
     wl_txt = f"{req.workload.kind}: {stats.describe()}"
     options, rejected = enumerate_layouts(model, hw, req.gpus, space, mem_fraction=req.mem_fraction)
@@ -268,7 +294,7 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
         t1 = time.perf_counter()
         points = runner.map(_screen_job, list(enumerate(options)), ctx)
         table = combine(options, points, req.gpus, stats, hw, req.model, space.modes, space.prefill_max_gpus,
-                        pooled_prefill=prefix_router(stats).kind == "least_outstanding")
+                        pooled_prefill=prefix_router(stats).kind == "least_outstanding", percentile=req.slo_percentile)
         t_screen = time.perf_counter() - t1
         if len(table) == 0 and table.over_instances:
             widest = max(o.gpus for o in options)
@@ -284,20 +310,28 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
                 rows = np.flatnonzero(m)
                 best_modes.append(int(rows[np.lexsort((rows, -table.cols["thr_gpu"][rows]))[0]]))
         n_ok = int(ok.sum())
+        # the screen's E2E estimate runs high and prunes nothing by itself (screen.e2e_at): where it alone puts every
+        # row over the target, the rows its lower bound does not rule out are the simulator's to judge
+        possible = table.meets(req.slo, e2e="e2e_floor")
         timings = dict(fit_s=t_fit, screen_s=t_screen, runner=runner.describe(),
                        screened_per_s=table.enumerated / max(t_screen, 1e-9))
-        if n_ok == 0:
+        if n_ok == 0 and not (req.simulate_top and possible.any()):
             msg, closest = slo_unreachable(table, options, req.slo, stats.mean_prompt + stats.mean_output, model,
-                                           min(space.batch_per_rank))
+                                           min(space.batch_per_rank), stats.output_at(req.slo_percentile),
+                                           stats.output_floor_at(req.slo_percentile), req.slo_percentile)
             return PlanReport(status="slo_unreachable", message=msg, closest_options=closest, candidates_screened=table.enumerated,
                               candidates_evaluated=len(table),
                               candidates_meeting_slo=0, candidates_simulated=0, simulations_run=0, assumptions=assumptions,
                               timings=Timings(simulate_s=0, total_s=time.perf_counter() - t0, simulated_per_s=0, **timings), **base)
-        shortlist = _shortlist(table, ok, front, req.simulate_top)
+        shortlist = _shortlist(table, ok, front, req.simulate_top) if n_ok else _nearest_e2e(table, possible, req.simulate_top)
         if req.simulate_top:
             extra = max(1, int(EXTRA_SHARE * req.simulate_top))
             shortlist = _per_layout(table, _near_slo(table, req.slo), shortlist, len(shortlist) + extra,
-                                    lambda o: (options[o].layout.tp, options[o].layout.dp, options[o].layout.ep, options[o].layout.pp))
+                                    lambda o: (options[o].layout.tp, options[o].layout.dp, options[o].layout.ep, options[o].layout.pp),
+                                    first=table.e2e_within(req.slo, NEAR_SLO))
+        if not n_ok:   # the best of each mode: the simulated rows nearest the E2E target (none meets it on the screen)
+            best_modes = [next(i for i in shortlist if table.cols["mode"][i] == mode) for mode in (AGG, 1 - AGG)
+                          if any(table.cols["mode"][i] == mode for i in shortlist)]
         router = prefix_router(stats)
         effects = EffectsSpec(expert_load=req.expert_load, host_cache_gb=host_cache_gb(stats, hw, req.host_cache_fraction))
         acceptance = _acceptance(max(drafts))
@@ -361,18 +395,23 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
         closest = []
         tried = [(f"{describe_row(table, options, i)} (full scale, {fo.requests:,} requests)", fo) for i, fo in full_runs]
         tried += [(describe_row(table, options, i), o) for i, o in outcomes.items()]
-        for label, o in sorted(tried, key=lambda kv: max(kv[1].ttft_s / req.slo.ttft_s, kv[1].tpot_s / req.slo.tpot_s)):
+        e2e_t = req.slo.e2e_s
+        for label, o in sorted(tried, key=lambda kv: max(kv[1].ttft_s / req.slo.ttft_s, kv[1].tpot_s / req.slo.tpot_s,
+                                                          kv[1].e2e_s / e2e_t if e2e_t else 0.0)):
             if o.error.startswith(STOPPED_EARLY):   # a full-scale run ended at a certain miss: partial figures, say why
                 closest.append(f"{label}: {o.error}")
                 continue
+            e2e = "" if e2e_t is None else f", E2E {o.e2e_s:.2f} s"
             closest.append(f"{label}: simulated TTFT p{req.slo_percentile} {o.ttft_s:.2f} s, "
-                           f"TPOT {o.tpot_s * 1e3:.1f} ms, {o.thr_gpu:,.0f} tokens/s/GPU at {o.load:.0%} of the screened load")
+                           f"TPOT {o.tpot_s * 1e3:.1f} ms{e2e}, {o.thr_gpu:,.0f} tokens/s/GPU at {o.load:.0%} of the screened load")
         where = (f"none of the {len(outcomes)} simulated on slices does" if not full_runs else
                  f"{len(confirmed)} do on slices but none of the {len(full_runs)} full-scale runs of their plans does")
+        head = (f"{n_ok:,} candidates meet the SLO in the analytic screen, but {where} "
+                "(queueing and prefill interference the screen averages away)" if n_ok else
+                f"no candidate meets the E2E target in the analytic screen (its estimate, TTFT + output tokens x TPOT at "
+                f"the max batch, runs high) and {where}")
         return PlanReport(status="slo_unreachable",
-                          message=(f"{n_ok:,} candidates meet the SLO in the analytic screen, but {where} "
-                                   "(queueing and prefill interference the screen averages away); "
-                                   "relax the SLO or simulate more candidates (--simulate N)"),
+                          message=f"{head}; relax the SLO or simulate more candidates (--simulate N)",
                           closest_options=closest[:5], **common)
     if plan is None:  # simulation disabled: the screen decides
         rows = np.flatnonzero(ok)

@@ -16,6 +16,11 @@ from sim.workload import WorkloadSpec, generate
 
 SAMPLE_REQUESTS = 4000
 BLOCK = 64
+OUTPUT_PERCENTILES = (50, 90, 99)   # the SLO's percentiles (planner/slo.py PERCENTILES)
+# The fewest requests a simulation measures a percentile over: a slice of PlanRequest.sim_requests >= 100 requests,
+# 90% of them in its steady window. Its output lengths are a sample of that size, so its p-th percentile can fall
+# below the workload's; ``output_floor_at`` allows three standard errors of the sample quantile for that.
+FEWEST_MEASURED = 90
 
 
 @dataclass(frozen=True)
@@ -29,10 +34,36 @@ class WorkloadStats:
     hit_fraction: float         # cached prompt tokens / prompt tokens (ideal cache)
     rate: float | None          # requests/s of the spec (None for traces)
     mean_context: float         # mean KV tokens of a request while it decodes (prompt + output / 2)
+    # output tokens at the SLO percentiles (p50, p90, p99) of the sample; None where not measured (then the mean)
+    output_percentiles: tuple[float, float, float] | None = None
+    # the same, each at its lower bound for a sample of FEWEST_MEASURED requests (``output_floor_at``)
+    output_floor_percentiles: tuple[float, float, float] | None = None
 
     def describe(self) -> str:
+        tail = "" if self.output_percentiles is None else f" (p90 {self.output_at(90):,.0f})"
         return (f"mean prompt {self.mean_prompt:,.0f} tokens ({self.hit_fraction:.0%} reusable from the prefix cache, "
-                f"{self.mean_new:,.0f} new, p90 {self.p90_new:,.0f}), mean output {self.mean_output:,.0f}")
+                f"{self.mean_new:,.0f} new, p90 {self.p90_new:,.0f}), mean output {self.mean_output:,.0f}{tail}")
+
+    def output_at(self, percentile: int) -> float:
+        """Output tokens at ``percentile`` (50, 90 or 99) of the sampled requests; the mean where not measured."""
+        if self.output_percentiles is None:
+            return self.mean_output
+        return self.output_percentiles[OUTPUT_PERCENTILES.index(percentile)]
+
+    def output_floor_at(self, percentile: int) -> float:
+        """Output tokens the ``percentile`` of a simulation's requests is at least (three standard errors of the
+        quantile of FEWEST_MEASURED requests below ``percentile``: ``lower_quantile``); 0 where not measured."""
+        if self.output_floor_percentiles is None:
+            return 0.0
+        return self.output_floor_percentiles[OUTPUT_PERCENTILES.index(percentile)]
+
+
+def lower_quantile(percentile: float, n: int = FEWEST_MEASURED, z: float = 3.0) -> float:
+    """A lower percentile of the workload, ``p - z * sqrt(p (1 - p) / n)`` (at least 0), below which the
+    ``percentile`` of a sample of ``n`` of its requests falls only ``z`` standard errors out (the share of the sample
+    below a quantile is binomial; z = 3: one run in ~740)."""
+    p = percentile / 100.0
+    return max(0.0, 100.0 * (p - z * (p * (1.0 - p) / n) ** 0.5))
 
 
 def workload_stats(spec: WorkloadSpec, seed: int = 0) -> WorkloadStats:
@@ -60,4 +91,6 @@ def workload_stats(spec: WorkloadSpec, seed: int = 0) -> WorkloadStats:
         mean_prompt=float(prompt.mean()), mean_output=float(out.mean()), mean_new=float(new.mean()),
         p90_new=float(np.percentile(new, 90)), hit_fraction=float(1.0 - new.sum() / prompt.sum()),
         rate=spec.rate, mean_context=float(prompt.mean() + out.mean() / 2.0),
+        output_percentiles=tuple(float(v) for v in np.percentile(out, OUTPUT_PERCENTILES)),
+        output_floor_percentiles=tuple(float(v) for v in np.percentile(out, [lower_quantile(p) for p in OUTPUT_PERCENTILES])),
     )
