@@ -155,7 +155,7 @@ def print_report(con: Console, rep, out: Optional[Path]) -> None:
     t = rep.timings
     con.print(
         f"[dim]{rep.layouts_fitting} of {rep.layouts_considered} layouts fit in memory; {rep.candidates_screened:,} deployments screened "
-        f"({rep.candidates_evaluated:,} evaluated, the rest dominated) in {t.screen_s:.1f} s; {rep.candidates_meeting_slo:,} meet the SLO; "
+        f"({rep.candidates_evaluated:,} evaluated, the rest dominated) in {t.screen_s:.1f} s; {rep.candidates_meeting_slo:,} meet the SLO by the screen's estimates; "
         f"{rep.candidates_simulated} simulated ({rep.simulations_run} runs) in {t.simulate_s:.1f} s on {t.runner}[/]",
         highlight=False,
     )

@@ -103,6 +103,7 @@ def time_shape(runner, dec: list[int], pre: list[tuple[int, int]], repeats: int)
             for r in range(repeats + 2):   # the first two of each: warm-up (new shapes' first calls)
                 for name in (VARIANTS if r % 2 == 0 else reversed(list(VARIANTS))):
                     MLAAttention.attend = VARIANTS[name]
+                    batch.memo.clear()   # a step's batch is new each step: nothing shared from the last run
                     _sync(dev)
                     parts: dict[str, float] = {}
                     t0 = time.perf_counter()
@@ -137,6 +138,7 @@ def profile(runner, dec, pre, n: int) -> str:
         _sync(runner.device)
         prof.enable()
         for _ in range(n):
+            batch.memo.clear()
             runner.piecewise.run(batch)
         prof.disable()
         _sync(runner.device)
