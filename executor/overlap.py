@@ -120,7 +120,7 @@ class PipelinedRunner:
                 last = run._last_token(r, [])
             seqs.append(SeqInput([last], int(ctx[i]), r.block_ids, True))
         for c in plan.prefills:
-            toks = run._tokens(c.request)[c.context_len: c.context_len + c.num_new_tokens]
+            toks = run.chunk_tokens(c.request, c.context_len, c.num_new_tokens)
             if len(toks) != c.num_new_tokens:   # recomputes start only after their tokens were read back
                 raise RuntimeError(f"request {c.request.request_id}: prompt chunk needs tokens not read back yet")
             seqs.append(SeqInput(toks, c.context_len, c.request.block_ids, False))
