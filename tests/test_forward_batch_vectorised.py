@@ -53,3 +53,26 @@ def test_vectorised_decode_rows_equal_the_per_row_build(seed):
     assert fb.slot_mapping.tolist() == slots.tolist()
     assert fb.decode_block_table.tolist() == table.tolist()
     assert fb.decode_seq_lens.tolist() == lens.tolist() and fb.decode_seq_lens_host.tolist() == lens.tolist()
+    for p, s in zip(fb.prefills, seqs[sum(x.is_decode for x in seqs):]):
+        # every layer gathers a chunk's keys at its key slots: the slots of positions 0..kv_len-1, whose tail is the
+        # chunk's own slot mapping, and what the block table gives on the device (the fallback for spans built
+        # without them) agrees
+        want = _slots(s.block_table, range(0, p.kv_len), ps, null)
+        assert p.key_slots.tolist() == want.tolist()
+        assert p.key_slots[p.context_len:].tolist() == fb.slot_mapping[p.start: p.start + p.num].tolist()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_key_slots_derived_from_the_block_table_equal_the_built_ones(seed):
+    import dataclasses
+    rng = np.random.default_rng(100 + seed)
+    ps = 16
+    seqs = [SeqInput([1], 30, [3, 4], True)]
+    for _ in range(3):
+        n, ctx = int(rng.integers(1, 40)), int(rng.integers(0, 90))
+        seqs.append(SeqInput([5] * n, ctx, [int(x) for x in rng.permutation(400)[: -(-(ctx + n) // ps)] + 1], False))
+    fb = build_forward_batch(seqs, ps, 0, torch.device("cpu"))
+    bare = dataclasses.replace(fb, prefills=[dataclasses.replace(p, key_slots=None) for p in fb.prefills])
+    for i, p in enumerate(fb.prefills):
+        assert bare.key_slots(i, ps).tolist() == p.key_slots.tolist()
+        assert bare.key_slots(i, ps) is bare.key_slots(i, ps)   # derived once per forward, then shared by the layers
