@@ -4,6 +4,7 @@
 #    FlashMLA, FA3), prompt-bearing steps through the piecewise graphs with the attention before and after the
 #    per-step sharing, interleaved in one process: host issue time, its split, the hidden states' difference, and a
 #    cProfile of the current forward ($OUT/prompt_launch.json). Its DeepGEMM JIT warms the cache the matrix reuses.
+#    Also a decode step through its CUDA graph (captured with the current attention) against the attention before.
 # 2. unless the two attentions disagree (hidden max difference over 5% of the largest value), the matrix:
 #    MATRIX_ARGS / REQS / RUNS as scripts/device_matrix.sh takes them, with what is left of T_BUDGET (default 575 s).
 # Run from the repo root with `.whl` carried:
@@ -24,6 +25,8 @@ try:
 except Exception as e:
     print('no'); sys.exit()
 bad = [k for k, v in r.items() if v['hidden_max_abs_diff'] > 0.05 * v['hidden_max_abs']]
+g = json.load(open('$OUT/prompt_launch.json')).get('decode_graph_check', {})
+bad += ['decode graph'] if 'max_abs_diff' in g and g['max_abs_diff'] > 0.05 * g['max_abs'] else []
 print('no' if bad or not r else 'yes')")
 echo "attentions agree: $OK"
 if [ "$OK" = yes ] && [ -n "${MATRIX_ARGS:-}" ]; then

@@ -127,6 +127,27 @@ def time_shape(runner, dec: list[int], pre: list[tuple[int, int]], repeats: int)
             "layers": len(runner.model.model.layers)}
 
 
+def decode_graph_check(runner) -> dict:
+    """A decode step of 8 through its CUDA graph (captured with the current attention: one FlashMLA metadata per
+    step) against the same step run eagerly with the attention before: the final hidden states' max difference."""
+    if runner.graphs is None or not runner.graphs.captured:
+        return {"skipped": "no decode graphs"}
+    vocab = runner.model.cfg.spec.vocab_size
+    seqs, _ = synthetic_seqs([300 + 17 * i for i in range(8)], [], 1, vocab, runner.page_size, seed=3)
+    batch = build_forward_batch(seqs, runner.page_size, runner.kv.null_page, runner.device)
+    with torch.inference_mode():
+        replayed = runner.graphs.run(batch)
+        if replayed is None:
+            return {"skipped": "no graph took the batch"}
+        hg = replayed[0].float().clone()
+        MLAAttention.attend = attend_before
+        try:
+            he = runner.model(batch, runner.kv).float()
+        finally:
+            MLAAttention.attend = VARIANTS["now"]
+    return {"graph_size": replayed[1], "max_abs_diff": float((hg - he).abs().max()), "max_abs": float(he.abs().max())}
+
+
 def profile(runner, dec, pre, n: int) -> str:
     """cProfile of ``n`` piecewise forwards of one shape with the current attention: top 30 functions by own time."""
     vocab = runner.model.cfg.spec.vocab_size
@@ -171,12 +192,18 @@ def main(argv: list[str] | None = None) -> dict:
               f"{s['before'].get('pieces', 0):5.2f} / {s['now'].get('pieces', 0):5.2f}, fill {s['now'].get('fill', 0):4.2f}; "
               f"build {row['build_ms']:.2f} ms; hidden diff {row['hidden_max_abs_diff']:.3g} of {row['hidden_max_abs']:.3g}",
               flush=True)
+    res["decode_graph_check"] = decode_graph_check(runner)
+    print("decode graph (now) vs eager (before):", res["decode_graph_check"], flush=True)
+
+    def dump():
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(res, f, indent=1)
+    dump()
     name = "22 dec@2000 + 430 over 2000"
     res["profile_now"] = profile(runner, *SHAPES[name], n=max(a.repeats, 20))
     print(res["profile_now"][:6000])
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
+    dump()
     return res
 
 
