@@ -478,6 +478,69 @@ def main() -> None:
     eager_vs_grid(prof, samples)
     device_errors(samples, ProfiledStepCost(prof))
     host_speed_windows(samples, c, prof, run_replays(run))
+    clock_bias(run, samples, prof)
+
+
+def gpu_clock_trace(run: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``gpu_clocks.csv`` (nvidia-smi every 0.5 s through the matrix, scripts/device_matrix.sh): unix seconds, SM MHz and
+    whether the SW power cap was holding the clock down (clock event reason bit 0x4). Empty arrays without the file."""
+    import calendar
+    import csv
+    import datetime as dt
+    f = run / "gpu_clocks.csv"
+    ts, mhz, capped = [], [], []
+    if f.is_file():
+        for r in list(csv.reader(f.open()))[1:]:
+            try:
+                t = dt.datetime.strptime(r[0].strip(), "%Y/%m/%d %H:%M:%S.%f")
+                ts.append(calendar.timegm(t.timetuple()) + t.microsecond / 1e6)
+                mhz.append(float(r[1].split()[0]))
+                capped.append(bool(int(r[4].strip(), 16) & 0x4) if len(r) > 4 else False)
+            except (ValueError, IndexError):
+                continue
+    return np.asarray(ts), np.asarray(mhz), np.asarray(capped, bool)
+
+
+def clock_bias(run: Path, samples: dict[str, dict], prof) -> dict:
+    """The SM clock each step ran at (the run's ``gpu_clocks.csv``, placed by each replay's start,
+    ``replay_t0_unix``) against the grid's, and the recorded prediction's bias by step kind: under sustained
+    prefill-heavy load the H200 reaches its power cap (700 W) and lowers its clock, where the grid timed its prompt
+    shapes at near full clock (run 44: summarize's knee ran its prompt steps at a median 1721 MHz, the grid's at 1935).
+    Returns ``{(class, level): {"prompt_mhz", "decode_mhz", "prompt_bias", "decode_bias", "capped"}}``."""
+    ts, mhz, capped = gpu_clock_trace(run)
+    if ts.size == 0:
+        return {}
+    grid = [p.sm_clock_mhz for p in prof.step.points if p.prefill and sum(n for n, _ in p.prefill) >= 2048 and p.sm_clock_mhz]
+    print("SM clock per step (gpu_clocks.csv)" + (f": the grid's prompt steps of >= 2048 tokens at a median "
+                                                   f"{np.median(grid):.0f} MHz" if grid else ""))
+    out = {}
+    for f in sorted(run.glob("validation_*_*.json")):
+        d = json.loads(f.read_text())
+        cls = f.name.split("_")[1]
+        if cls not in samples:
+            continue
+        for lv in d.get("levels", []):
+            s, t0s = samples[cls].get(lv["name"]), lv.get("diagnostics", {}).get("replay_t0_unix")
+            if s is None or not t0s:
+                continue
+            st = np.asarray(s["start_s"], float)
+            rep = np.minimum(np.cumsum(np.r_[0, np.diff(st) < 0]), len(t0s) - 1)
+            at = np.asarray(t0s, float)[rep] + st
+            clk = np.interp(at, ts, mhz)
+            cap = capped[np.clip(np.searchsorted(ts, at), 0, ts.size - 1)]
+            meas, pred = np.asarray(s["measured_s"], float), np.asarray(s["predicted_s"], float)
+            prompt = np.asarray(s["prefill_chunks"]) > 0
+            ok = np.isfinite(pred) & (meas > 0)
+            err = np.where(ok, (pred - meas) / np.where(meas > 0, meas, 1.0), np.nan)
+            med = lambda m, x: float(np.median(x[m])) if m.any() else float("nan")  # noqa: E731
+            avg = lambda m, x: float(np.nanmean(x[m])) if m.any() else float("nan")  # noqa: E731
+            r = out[(cls, lv["name"])] = {"prompt_mhz": med(prompt, clk), "decode_mhz": med(~prompt, clk),
+                                          "prompt_bias": avg(prompt, err), "decode_bias": avg(~prompt, err),
+                                          "capped": avg(prompt, cap.astype(float))}
+            print(f"  {cls:10s} {lv['name']:16s} prompt steps at {r['prompt_mhz']:5.0f} MHz ({r['capped']:4.0%} power-capped), "
+                  f"bias {r['prompt_bias'] * 100:+5.1f}% | decode steps at {r['decode_mhz']:5.0f} MHz, "
+                  f"bias {r['decode_bias'] * 100:+5.1f}%")
+    return out
 
 
 def device_errors(samples: dict[str, dict], cost) -> dict:
