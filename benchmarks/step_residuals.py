@@ -510,9 +510,9 @@ def clock_bias(run: Path, samples: dict[str, dict], prof) -> dict:
     ts, mhz, capped = gpu_clock_trace(run)
     if ts.size == 0:
         return {}
-    grid = [p.sm_clock_mhz for p in prof.step.points if p.prefill and sum(n for n, _ in p.prefill) >= 2048 and p.sm_clock_mhz]
+    grid = prof.step.prompt_clock_mhz()
     print("SM clock per step (gpu_clocks.csv)" + (f": the grid's prompt steps of >= 2048 tokens at a median "
-                                                   f"{np.median(grid):.0f} MHz" if grid else ""))
+                                                   f"{grid:.0f} MHz" if grid else ""))
     out = {}
     for f in sorted(run.glob("validation_*_*.json")):
         d = json.loads(f.read_text())

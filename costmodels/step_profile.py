@@ -244,6 +244,14 @@ class StepProfile(BaseModel):
     def scales(self) -> np.ndarray:
         return np.array([self.category_scale.get(c, 1.0) for c in FIT_CATEGORIES])
 
+    def prompt_clock_mhz(self, min_tokens: int = 2048) -> float | None:
+        """The SM clock the grid timed its prompt steps at: the median of its points with at least ``min_tokens`` prompt
+        tokens (the device-bound ones a prefill-heavy load runs), None where the points carry no clock. Serving under
+        sustained prefill-heavy load can run below it (H200 run 44: 1,603-1,721 MHz at the 700 W cap against 1,935):
+        the step model prices device work at this clock."""
+        mhz = [p.sm_clock_mhz for p in self.points if p.sm_clock_mhz and sum(n for n, _ in p.prefill) >= min_tokens]
+        return float(np.median(mhz)) if mhz else None
+
     def eager_scales(self) -> np.ndarray:
         """Category scales of a step that is not a decode-graph replay: ``eager_scale`` for every category but
         prefill attention (which only such steps run, at its own scale), or ``scales()`` without it."""

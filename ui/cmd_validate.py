@@ -576,6 +576,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
             samples_by_level[name] = samples
             all_samples += samples
             clocks = [s.sm_clock_mhz for s in steps_all if s.sm_clock_mhz is not None]
+            prompt_clocks = [s.sm_clock_mhz for s in steps_all if s.sm_clock_mhz is not None and s.prefill]
             diag = {"steps": len(samples), "outliers_2x": sum(x.measured_s > 2 * x.predicted_s for x in samples),
                     "kernels": res.kernels,
                     # per replay: the decode steps' host part against the calibration's (decode_host_drift)
@@ -595,6 +596,9 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
             if clocks:
                 diag.update(sm_clock_mhz_mean=float(np.mean(clocks)), sm_clock_mhz_min=float(np.min(clocks)),
                             sm_clock_mhz_max=float(np.max(clocks)), sm_clock_samples=len(clocks))
+            if prompt_clocks:   # the clock prompt steps ran at, against the grid's (a power-capped GPU runs them slower)
+                diag.update(prompt_sm_clock_mhz=float(np.median(prompt_clocks)), prompt_sm_clock_samples=len(prompt_clocks),
+                            grid_prompt_sm_clock_mhz=prof.step.prompt_clock_mhz() if prof.step is not None else None)
         else:
             diag = {}
         reports.append(LevelReport(name=name, rate_rps=rate, fraction_of_capacity=f, requests=len(reqs), measured=meas, predicted=pred,
@@ -667,6 +671,13 @@ def _print_level(con, lv) -> None:
     probe = (lv.diagnostics or {}).get("host_probe_vs_calibration") or []
     if probe:   # a fixed piece of host work timed before each replay (executor/host_probe.py), against the calibration's
         tab.add_row("host probe vs calibration", "", "", " / ".join(f"{d * 100:+.1f}%" for d in probe))
+    d = lv.diagnostics or {}
+    if d.get("prompt_sm_clock_mhz") and d.get("grid_prompt_sm_clock_mhz"):
+        # the step model prices device work at the clock the grid measured it at; under a sustained prefill-heavy load
+        # the GPU can reach its power cap and run lower (H200 run 44: prompt steps 7% short at 1,721 vs 1,935 MHz)
+        serving, grid = d["prompt_sm_clock_mhz"], d["grid_prompt_sm_clock_mhz"]
+        tab.add_row("prompt steps' SM clock vs the grid's", "", "",
+                    f"{serving:,.0f} vs {grid:,.0f} MHz ({(serving / grid - 1) * 100:+.1f}%)")
     con.print(tab)
 
 
