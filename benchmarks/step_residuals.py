@@ -524,7 +524,7 @@ def clock_bias(run: Path, samples: dict[str, dict], prof) -> dict:
             if s is None or not t0s:
                 continue
             st = np.asarray(s["start_s"], float)
-            rep = np.minimum(np.cumsum(np.r_[0, np.diff(st) < 0]), len(t0s) - 1)
+            rep = np.asarray(replay_numbers(s, len(t0s))) - 1
             at = np.asarray(t0s, float)[rep] + st
             clk = np.interp(at, ts, mhz)
             cap = capped[np.clip(np.searchsorted(ts, at), 0, ts.size - 1)]

@@ -151,10 +151,7 @@ class MLAAttention(nn.Module):
         GEMM over cached + new tokens). Returns per-head ``k_nope [S, h, dn]``, ``v [S, h, dv]`` and the shared
         ``k_pe [S, dr]`` (views)."""
         lat = cache.view(cache.shape[0] * cache.shape[1], cache.shape[-1]).index_select(0, key_slots)
-        w = self.kv_b_proj.weight
-        kv = torch.mm(lat[:, : self.rank], w.t() if w.dtype == lat.dtype else w.t().to(lat.dtype))
-        kv = kv.view(-1, self.h, self.dn + self.dv)
-        return kv[..., : self.dn], kv[..., self.dn:], lat[:, self.rank:]
+        return ref.mla_expand_kv(lat, self.kv_b_proj.weight, self.h, self.dn, self.dv, self.rank)
 
     def prefill_attend(self, q_nope: torch.Tensor, q_pe: torch.Tensor, k_nope: torch.Tensor, v: torch.Tensor,
                        kpe: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
