@@ -7,6 +7,6 @@
 source scripts/device_env.sh
 env_txt_triton
 stage "power probe (benchmarks/gpu/power_probe.py)"
-timeout ${T_POWER:-200} python3 -m benchmarks.gpu.power_probe --out "$OUT/power_probe.json" --seconds ${SECONDS_PER_SHAPE:-3} \
+timeout ${T_POWER:-300} python3 -m benchmarks.gpu.power_probe --out "$OUT/power_probe.json" --seconds ${SECONDS_PER_SHAPE:-4} \
   || echo "power probe: exit $?"
 stage done

@@ -34,20 +34,38 @@ SHAPES = {   # name -> (decode contexts, prompt chunks (new, cached))
     "mixed 16 dec@2000 + 2 x 2048": ([2000] * 16, [(2048, 0), (2048, 1024)]),
     "prefill 4096": ([], [(4096, 0)]),
 }
+# duty mixes: one prompt step then k decode steps, repeated (the share of time in prompt steps that serving shows)
+MIXES = {"4096 prefill + 2 x decode b=64": ("prefill 4096", "decode b=64 @2048", 2),
+         "4096 prefill + 8 x decode b=64": ("prefill 4096", "decode b=64 @2048", 8),
+         "4096 prefill + 24 x decode b=16": ("prefill 4096", "decode b=16 @2048", 24)}
 QUERY = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
+QUERY_INSTANT = QUERY + ",power.draw.instant"
 
 
-def start_smi(path: str) -> subprocess.Popen | None:
+def smi_query() -> str:
+    """The sampling query: with the driver's instantaneous power where it reports one (power.draw is a 1 s average on
+    recent drivers)."""
+    try:
+        r = subprocess.run(["nvidia-smi", f"--query-gpu={QUERY_INSTANT}", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=20)
+        if r.returncode == 0 and "Not Supported" not in r.stdout and "[N/A]" not in r.stdout:
+            return QUERY_INSTANT
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return QUERY
+
+
+def start_smi(path: str, query: str = QUERY) -> subprocess.Popen | None:
     """nvidia-smi every 100 ms into ``path`` (None where it is absent)."""
     try:
-        return subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-lms", "100"],
+        return subprocess.Popen(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-lms", "100"],
                                 stdout=open(path, "w"), stderr=subprocess.DEVNULL)
     except OSError:
         return None
 
 
-def read_smi(path: str) -> list[tuple[float, float, float, float, int]]:
-    """(unix seconds, SM MHz, watts, deg C, event reasons) per sample."""
+def read_smi(path: str) -> list[tuple]:
+    """(unix seconds, SM MHz, watts, deg C, event reasons[, instantaneous watts]) per sample."""
     import calendar
     import datetime as dt
     out = []
@@ -56,27 +74,37 @@ def read_smi(path: str) -> list[tuple[float, float, float, float, int]]:
         try:
             t = dt.datetime.strptime(p[0], "%Y/%m/%d %H:%M:%S.%f")
             out.append((calendar.timegm(t.timetuple()) + t.microsecond / 1e6, float(p[1]), float(p[2]), float(p[3]),
-                        int(p[4], 16)))
+                        int(p[4], 16)) + ((float(p[5]),) if len(p) > 5 else ()))
         except (ValueError, IndexError):
             continue
     return out
 
 
-def run_shape(runner, dec, pre, seconds: float) -> dict:
-    """Back-to-back forwards of one shape for ``seconds``: (unix start, device seconds) per step."""
-    dev = runner.device
+def make_batch(runner, dec, pre):
     vocab = runner.model.cfg.spec.vocab_size
     seqs, _ = synthetic_seqs(dec, pre, 1, vocab, runner.page_size, seed=len(dec) + 3 * len(pre))
-    batch = build_forward_batch(seqs, runner.page_size, runner.kv.null_page, dev)
+    return build_forward_batch(seqs, runner.page_size, runner.kv.null_page, runner.device)
+
+
+def run_shape(runner, batches: list, seconds: float) -> dict:
+    """Back-to-back forwards of ``batches`` in turn (one shape, or a duty mix) for ``seconds``: (unix start, device
+    seconds, index into ``batches``) per step."""
+    dev = runner.device
     with torch.inference_mode():
-        for _ in range(3):   # first calls of the shape (JIT, allocator) outside the window
-            batch.memo.clear()
-            runner.forward(batch)
+        for batch in [b for j, b in enumerate(batches) if all(b is not x for x in batches[:j])]:
+            for _ in range(3):   # first calls of the shape (JIT, allocator) outside the window
+                batch.memo.clear()
+                runner.forward(batch)
         torch.cuda.synchronize(dev)
         time.sleep(1.5)
-        evs, t_wall = [], []
+        evs, t_wall, which = [], [], []
         t_end = time.time() + seconds
+        kind = [next(j for j, x in enumerate(batches) if x is b) for b in batches]   # distinct batches: 0, 1, ...
+        i = 0
         while time.time() < t_end:
+            batch = batches[i % len(batches)]
+            which.append(kind[i % len(batches)])
+            i += 1
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             batch.memo.clear()
             t_wall.append(time.time())
@@ -87,24 +115,34 @@ def run_shape(runner, dec, pre, seconds: float) -> dict:
             if len(evs) % 8 == 0:   # keep the host within a few steps of the device: steps start when they run
                 b.synchronize()
         torch.cuda.synchronize(dev)
-    return {"t": t_wall, "dev": [a.elapsed_time(b) / 1e3 for a, b in evs]}
+    return {"t": t_wall, "dev": [a.elapsed_time(b) / 1e3 for a, b in evs], "which": which}
 
 
 def summarise(name: str, r: dict, smi: list) -> dict:
-    t, d = r["t"], r["dev"]
+    t, d, w = r["t"], r["dev"], r["which"]
     t0, t1 = t[0], t[-1] + d[-1]
     first = [s for s in smi if t0 <= s[0] < t0 + 0.3]
     late = [s for s in smi if (t0 + t1) / 2 <= s[0] <= t1]
     med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
     n = len(d)
     out = {"shape": name, "steps": n, "seconds": t1 - t0,
-           "dev_first_ms": med(d[: min(10, n)]) * 1e3, "dev_late_ms": med(d[n // 2:]) * 1e3,
+           "busy": sum(d) / (t1 - t0),
            "mhz_first": med([s[1] for s in first]), "mhz_late": med([s[1] for s in late]),
            "watts_first": med([s[2] for s in first]), "watts_late": med([s[2] for s in late]),
            "watts_late_max": max((s[2] for s in late), default=float("nan")),
            "capped_late": sum(bool(s[4] & 0x4) for s in late) / max(len(late), 1),
            "temp_late": med([s[3] for s in late])}
-    out["slowdown"] = out["dev_late_ms"] / out["dev_first_ms"]
+    if late and len(late[0]) > 5:
+        out["watts_instant_first"] = med([s[5] for s in first])
+        out["watts_instant_late"] = med([s[5] for s in late])
+    # device time per step kind (a mix alternates kinds): the first 10 of each against the last half's
+    for k in sorted(set(w)):
+        dk = [x for x, j in zip(d, w) if j == k]
+        sfx = "" if len(set(w)) == 1 else f"_{k}"
+        out[f"dev_first_ms{sfx}"] = med(dk[: min(10, len(dk))]) * 1e3
+        out[f"dev_late_ms{sfx}"] = med(dk[len(dk) // 2:]) * 1e3
+        out[f"slowdown{sfx}"] = out[f"dev_late_ms{sfx}"] / out[f"dev_first_ms{sfx}"]
+        out[f"time_share{sfx}"] = sum(dk) / sum(d)
     out["clock_ratio"] = out["mhz_first"] / out["mhz_late"] if out["mhz_late"] else float("nan")
     return out
 
@@ -121,11 +159,17 @@ def main(argv: list[str] | None = None) -> dict:
                           num_kv_blocks=4096, max_batched_tokens=8192)
     print(f"engine built in {time.perf_counter() - t0:.1f} s", flush=True)
     log = (a.out or "power_probe.json") + ".smi.csv"
-    smi = start_smi(log)
+    query = smi_query()
+    smi = start_smi(log, query)
     runs = {}
+    batches = {name: make_batch(engine.runner, dec, pre) for name, (dec, pre) in SHAPES.items()}
     try:
-        for name, (dec, pre) in SHAPES.items():
-            runs[name] = run_shape(engine.runner, dec, pre, a.seconds)
+        time.sleep(2.0)   # the idle board at full clock
+        for name in SHAPES:
+            runs[name] = run_shape(engine.runner, [batches[name]], a.seconds)
+            print(f"  {name}: {len(runs[name]['dev'])} steps", flush=True)
+        for name, (pre, dec, k) in MIXES.items():
+            runs[name] = run_shape(engine.runner, [batches[pre]] + [batches[dec]] * k, a.seconds)
             print(f"  {name}: {len(runs[name]['dev'])} steps", flush=True)
     finally:
         if smi is not None:
@@ -133,13 +177,23 @@ def main(argv: list[str] | None = None) -> dict:
             smi.terminate()
     samples = read_smi(log) if smi is not None else []
     rows = [summarise(n, r, samples) for n, r in runs.items()]
-    print(f"{'shape':36s} {'steps':>5s} {'dev first':>9s} {'dev late':>9s} {'x':>5s} | {'MHz':>11s} {'x':>5s} | "
+    idle = [s for s in samples if s[0] < min(r["t"][0] for r in runs.values()) - 0.2]
+    print(f"smi query: {query}; idle before the shapes: {statistics.median([s[2] for s in idle]) if idle else float('nan'):.0f} W "
+          f"at {statistics.median([s[1] for s in idle]) if idle else float('nan'):.0f} MHz")
+    print(f"{'shape':36s} {'steps':>5s} {'busy':>4s} {'dev first':>9s} {'dev late':>9s} {'x':>5s} | {'MHz':>11s} {'x':>5s} | "
           f"{'W first':>7s} {'W late':>6s} {'max':>5s} capped")
     for r in rows:
-        print(f"{r['shape']:36s} {r['steps']:5d} {r['dev_first_ms']:8.2f}ms {r['dev_late_ms']:8.2f}ms {r['slowdown']:5.3f} | "
-              f"{r['mhz_first']:5.0f}>{r['mhz_late']:5.0f} {r['clock_ratio']:5.3f} | {r['watts_first']:7.0f} {r['watts_late']:6.0f} "
-              f"{r['watts_late_max']:5.0f} {r['capped_late']:5.0%}", flush=True)
-    res = {"rows": rows, "seconds": a.seconds, "smi_samples": len(samples)}
+        kinds = [k[len("slowdown"):] for k in r if k.startswith("slowdown")]
+        for sfx in kinds:
+            print(f"{r['shape'] + sfx:36s} {r['steps']:5d} {r['busy']:4.2f} {r['dev_first_ms' + sfx]:8.2f}ms {r['dev_late_ms' + sfx]:8.2f}ms "
+                  f"{r['slowdown' + sfx]:5.3f} | {r['mhz_first']:5.0f}>{r['mhz_late']:5.0f} {r['clock_ratio']:5.3f} | "
+                  f"{r['watts_first']:7.0f} {r['watts_late']:6.0f} {r['watts_late_max']:5.0f} {r['capped_late']:5.0%}"
+                  + (f" | instant {r['watts_instant_first']:.0f} > {r['watts_instant_late']:.0f} W" if "watts_instant_late" in r else ""),
+                  flush=True)
+    res = {"rows": rows, "seconds": a.seconds, "smi_samples": len(samples), "smi_query": query,
+           "idle_watts": statistics.median([s[2] for s in idle]) if idle else None,
+           "steps": {n: {"t": [round(x - r["t"][0], 5) for x in r["t"]], "dev_ms": [round(x * 1e3, 4) for x in r["dev"]],
+                         "which": r["which"], "t0_unix": r["t"][0]} for n, r in runs.items()}}
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
