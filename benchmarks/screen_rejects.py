@@ -189,14 +189,17 @@ def reject_rows(table, options, slo, simulated: set[int], n: int, band: float = 
                 match=None) -> tuple[list[int], int, int]:
     """(the ``n`` rejects nearest the frontier, rows within the band, distinct choices among them not simulated):
     rows the screen puts within ``band`` x the SLO (KV fitting; the planner's own "near" is ``search.NEAR_SLO``,
-    1.5) that the planner did not simulate, the best screened row of each (mode, layout, prefill layout, batch,
+    1.5; an E2E target by the screen's lower bound, ``e2e_floor``) that the planner did not simulate, the best screened row of each (mode, layout, prefill layout, batch,
     MTP) whose choice no simulated row shares (``match(row)``, if given, must hold too), ordered by the screen's
     Pareto layers of (output tokens/s per GPU, tokens/s per user): the rejects' own frontier first (best
     throughput first), then the frontier of the rest, and so on."""
     from planner.pareto import pareto_front
 
     c = table.cols
-    near = c["kv_ok"] & (c["rate"] > 0) & (c["ttft"] <= band * slo.ttft_s) & (c["tpot"] <= band * slo.tpot_s)
+    # an E2E target, where the SLO sets one, by the screen's lower bound (no row above it can meet it), as the planner's own near rule
+    # (``search._near_slo``: the E2E estimate is no bound)
+    near = (c["kv_ok"] & (c["rate"] > 0) & (c["ttft"] <= band * slo.ttft_s) & (c["tpot"] <= band * slo.tpot_s)
+            & table.e2e_within(slo, col="e2e_floor"))
 
     def key(i: int) -> tuple:
         return (int(c["mode"][i]), options[int(c["opt"][i])].key, int(c["popt"][i]) if c["mode"][i] else -1,

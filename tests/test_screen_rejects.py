@@ -60,3 +60,8 @@ def test_rejects_come_from_the_rejects_own_frontier_first():
     assert near == 6 and distinct == 4 and 1 not in rows
     # first layer: 3 (400, 20) and 2 (300, 50), by throughput; then 5 (200, 5) and 4 (100, 30), dominated by them
     assert rows == [3, 2, 5, 4]
+    # an E2E target: a row whose screened E2E lower bound exceeds it cannot meet it, whatever the band (the planner's
+    # own near rule, search._near_slo); the estimate above the target does not exclude a row
+    cols2 = dict(cols, e2e_floor=np.array([5.0, 5, 5, 30, 5, 5]), e2e=np.full(n, 40.0))
+    rows2, near2, _ = reject_rows(Table(cols2), opts, SLO(ttft_s=2.0, tpot_s=0.05, e2e_s=20.0), simulated={0}, n=10)
+    assert near2 == 5 and 3 not in rows2 and rows2 == [2, 5, 4]
