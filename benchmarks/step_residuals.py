@@ -72,14 +72,16 @@ def predict(cost, prof, s: dict, sync: bool, nums: list[int] | None = None) -> n
              for i, (dctx, new, ctx) in enumerate(rebuilt_steps(s))]
     # where the pipelined engine had idled (a step launched with nothing in flight), from the steps' launch starts
     starts = s.get("start_s")
-    cold = None
+    cold = idle = None
     if not sync and starts and all(x is not None for x in starts):
+        from sim.validate import idle_gaps
         cold = read_backs(np.array(starts, float), np.array(s["measured_s"], float), nums)[1]
+        idle = idle_gaps(np.array(starts, float), np.array(s["measured_s"], float), nums)
     out = np.zeros(n)
     for r in dict.fromkeys(nums):   # each replay a sequence of its own
         idx = [i for i in range(n) if nums[i] == r]
         c = None if cold is None else cold[idx]
-        out[idx] = predict_steps(cost, prof, [steps[i] for i in idx], not sync, c)
+        out[idx] = predict_steps(cost, prof, [steps[i] for i in idx], not sync, c, None if idle is None else idle[idx])
     return out
 
 
@@ -441,6 +443,7 @@ def main() -> None:
                          "the fit prefers since 2026-12-04")
     ap.add_argument("--class", dest="cls", default=None)
     ap.add_argument("--recorded", action="store_true", help="use the predictions the run recorded")
+    ap.add_argument("--no-power-limit", action="store_true", help="prompt steps at the op tables' full clock (costmodels.power off)")
     a = ap.parse_args()
     from costmodels.profiled import ProfiledStepCost
     from costmodels.step_fit import run_profile
@@ -461,7 +464,7 @@ def main() -> None:
     samples = load_samples(run, a.cls)
     if not samples:
         raise SystemExit(f"{run}: no samples_<class>_*.json")
-    c = columns(samples, ProfiledStepCost(prof), prof, a.sync, a.recorded, run_replays(run))
+    c = columns(samples, ProfiledStepCost(prof, power=not a.no_power_limit), prof, a.sync, a.recorded, run_replays(run))
     serving_clocks(run)
     ok = np.isfinite(c["pred"]) & (c["measured_s"] > 0)
     for cls in samples:

@@ -74,34 +74,44 @@ def pipeline_step(in_flight_end: float, host_free: float, host_s: float, device_
     return launched, read_back, read_back + device_s
 
 
-def pipelined_walls(device_s, host_s, eager, cold, tail_s=None) -> np.ndarray:
+def pipelined_walls(device_s, host_s, eager, cold, tail_s=None, device_at=None, idle_s=None) -> np.ndarray:
     """Iteration walls of a sequence of steps run by a pipelined loop (:func:`pipeline_step`), each from the
     previous read-back (or, for a step launched with nothing in flight, ``cold``, from the start of its own launch)
     to its own read-back. ``device_s``/``host_s``: each step's device work and the host work of launching it;
     ``eager``: not a captured-graph replay; ``tail_s``: each step's device work issued last (0 where None). A step
-    with nothing launched behind it (the last, or one before a cold step) is read back when its device work ends."""
+    with nothing launched behind it (the last, or one before a cold step) is read back when its device work ends.
+
+    ``device_at(i, t, prev_end)``, where given, prices step ``i``'s device work when the simulator's loop would
+    (``sim.backend.SimBackend``): at ``t``, the end of the device work before it (or the start of its own launch when
+    cold, ``idle_s[i]`` seconds after the read-back before it), ``prev_end`` where that device work ended (the power
+    governor books it then: ``costmodels.power``); ``device_s`` is then unused."""
     d, h = np.asarray(device_s, float), np.asarray(host_s, float)
-    n = d.size
+    n = h.size
     tl = np.zeros(n) if tail_s is None else np.asarray(tail_s, float)
     eager, cold = np.asarray(eager, bool), np.asarray(cold, bool)
+    idle = np.zeros(n) if idle_s is None else np.asarray(idle_s, float)
     walls = np.zeros(n)
     if n == 0:
         return walls
     ninf = -np.inf
+
+    def dev(i: int, t: float, prev_end: float) -> float:
+        return float(d[i]) if device_at is None else float(device_at(i, t, prev_end))
+
     begin = 0.0                       # where the current step's iteration began
-    launched, _, end = pipeline_step(ninf, 0.0, float(h[0]), float(d[0]), bool(eager[0]), float(tl[0]))
+    launched, _, end = pipeline_step(ninf, 0.0, float(h[0]), dev(0, 0.0, ninf), bool(eager[0]), float(tl[0]))
     host_free = launched              # a cold step: the host launches the next one right after its own
     for i in range(n):
         if i + 1 < n and not cold[i + 1]:
-            launched, read_back, nxt_end = pipeline_step(end, host_free, float(h[i + 1]), float(d[i + 1]), bool(eager[i + 1]),
+            launched, read_back, nxt_end = pipeline_step(end, host_free, float(h[i + 1]), dev(i + 1, end, end), bool(eager[i + 1]),
                                                          float(tl[i + 1]))
         else:
             read_back = end
         walls[i] = read_back - begin
         if i + 1 < n:
             if cold[i + 1]:           # the next starts on an idle engine: its own launch starts its iteration
-                begin = read_back     # (relative clock: what matters is that it starts no earlier)
-                launched, _, nxt_end = pipeline_step(ninf, begin, float(h[i + 1]), float(d[i + 1]), bool(eager[i + 1]),
+                begin = read_back + idle[i + 1]   # (relative clock: what matters is that it starts no earlier)
+                launched, _, nxt_end = pipeline_step(ninf, begin, float(h[i + 1]), dev(i + 1, begin, end), bool(eager[i + 1]),
                                                      float(tl[i + 1]))
                 host_free = launched
             else:

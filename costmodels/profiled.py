@@ -48,7 +48,7 @@ class ProfiledStepCost:
     Single GPU, no parallelism: the layout is TP1 in the profile's dtype.
     """
 
-    def __init__(self, profile, step: StepProfile | None = None, num_layers: int | None = None):
+    def __init__(self, profile, step: StepProfile | None = None, num_layers: int | None = None, power: bool = True):
         self.step = step or profile.step
         if self.step is None:
             raise ValueError("the calibration profile has no measured step model (run twinfer calibrate)")
@@ -110,6 +110,31 @@ class ProfiledStepCost:
         if self.num_layers != st.num_layers:
             self.notes.append(f"profile measured at {st.num_layers} layers, applied to {self.num_layers}: host terms scale only through per_layer_s")
         self._dec: dict[tuple[int, int, int], tuple[np.ndarray, float]] = {}
+        # the board power limit (costmodels.power): where the profile's GPU has a committed power model, the simulator
+        # and validate price each prompt step at the clock the work before it allows (``power=False``: at full clock,
+        # as the op tables were timed)
+        from costmodels.power import power_model
+        self.power = power_model(st.hardware_basis) if power else None
+        self._work: dict[tuple, tuple[float, float]] = {}
+        if self.power is not None:
+            self.notes.append(f"board power limit {self.power.cap_w:.0f} W ({self.power.gpu} power model, "
+                              "costmodels/data/power): prompt steps priced at the clock their history allows")
+
+    def step_work(self, decode_ctx, draft_len: int, prefill_new, prefill_ctx) -> tuple[float, float]:
+        """(FLOPs, HBM bytes) of one step as the cost model counts its ops (``StepCostModel.step``), what the power
+        model's rates are made of; memoised by composition (decode contexts by their mean, in steps of 256 tokens;
+        chunks in steps of 64 new and 256 cached tokens: the work is near linear in both)."""
+        dctx = np.asarray(decode_ctx, np.int64)
+        nd = int(dctx.size)
+        mean = int(dctx.sum()) // nd if nd else 0
+        key = (nd, mean // 256, draft_len, tuple(int(x) // 64 for x in prefill_new), tuple(int(c) // 256 for c in prefill_ctx))
+        w = self._work.get(key)
+        if w is None:
+            from costmodels.batch import BatchShape
+            new, ctx, dec = decodes_then_chunks(np.full(nd, mean, np.int64), draft_len, list(prefill_new), list(prefill_ctx))
+            ops = self.base.step(BatchShape(new_tokens=new, context_lens=ctx, is_decode=dec)).ops
+            w = self._work[key] = (float(sum(o.flops for o in ops)), float(sum(o.bytes for o in ops)))
+        return w
 
     # --- category times from the cost model
     def kv_up_extra(self, rows: float) -> float:

@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, str]]:
     ap.add_argument("run")
     ap.add_argument("--no-lag", action="store_true")
     ap.add_argument("--sync", action="store_true")
+    ap.add_argument("--no-power-limit", action="store_true",
+                    help="prompt steps at the op tables' full clock (costmodels.power off), as before 2026-12-05")
     ap.add_argument("--idle-graph-forwards", action="store_true",
                     help="with --refit: pin the device scale to the CUDA-graph forwards timed on an idle GPU, setting "
                          "aside those timed with the GPU held busy (queued_forward_s, calibrations since ae91d90), which "
@@ -191,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, str]]:
         st2 = prof.step
         print(f"refit ({a.refit}): in-sample MAPE {st2.fit.mape * 100:.2f}%, tables {st2.op_tables or 'none'}, scales "
               + ", ".join(f"{c} {v:.3g}" for c, v in st2.category_scale.items()))
-    cost = ProfiledStepCost(prof)
+    cost = ProfiledStepCost(prof, power=not a.no_power_limit)
     mml = run_max_model_len(run)
     cfg = sim_config(engine_config(a.sync, mml), prof)
     if a.no_lag:

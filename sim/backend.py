@@ -8,6 +8,7 @@ from typing import Callable
 import numpy as np
 
 from costmodels.host import decay_at, decay_table, pipeline_step, wall_time
+from costmodels.power import PowerGovernor
 from costmodels.step_memo import MemoStepCost, StepCost
 from scheduler.plan import StepPlan, StepResult
 from sim.streams import uniforms
@@ -125,6 +126,14 @@ class SimBackend:
         # lead mode: seconds from the clock at ``execute`` to the read-back of the plan in flight before it (that plan's
         # last iteration runs on until this plan is launched); 0 when nothing was in flight
         self.read_back_delay = 0.0
+        # the board power limit (costmodels.power, a measured profile's GPU where one is committed): the averaged work
+        # of the plans before sets the clock each prompt step runs at; the last executed plan's work, booked when the
+        # next one starts (a cut shortens it first): (start, FLOPs and bytes per step, step counter before it). The
+        # pipelined loop priced launch by launch only (validate's predict_steps prices the same sequence by the same
+        # rule); a synchronous loop's steps stay at the op tables' clock
+        pm = getattr(model, "power", None)
+        self.governor = PowerGovernor(pm) if pm is not None and self.lead and self._split else None
+        self._pending: tuple[float, tuple[float, float], int] | None = None
 
     def _draw_tokens(self, plan: StepPlan, steps: int) -> np.ndarray | None:
         """Tokens each decode makes in each step: 1 + accepted drafts (None without drafts: all ones)."""
@@ -236,6 +245,8 @@ class SimBackend:
         their end times (``self.ends``, for a loop that cuts the plan later) and when the device is
         free again, and report the tokens: the drawn ones with drafts, else None (one each)."""
         if self.lead:
+            if self.governor is not None:
+                self._book_power(plan)
             return self._execute_lead(plan, stop_at)
         self._drawn = None
         start = self.clock()
@@ -246,6 +257,26 @@ class SimBackend:
         times, ends = self._times_until(plan, start > self._busy_until, start, stop_at, host)
         return self._finish(plan, start, host, times, ends)
 
+    def _book_power(self, plan: StepPlan) -> None:
+        """Add the last executed plan's device work to the power governor (its steps that ran, from its start to when
+        the device finished it) and hold ``plan``'s until the next plan starts."""
+        g, p = self.governor, self._pending
+        if p is not None and self._busy_until > p[0]:
+            steps = self._step - p[2]
+            if steps > 0:
+                g.add(p[0], self._busy_until, p[1][0] * steps, p[1][1] * steps)
+        model = self.cost.cost_model
+        work = model.step_work(plan.decode_context_lens, plan.draft_len, [c.num_new_tokens for c in plan.prefills],
+                               [c.context_len for c in plan.prefills])
+        self._pending = (self.clock(), work, self._step)
+
+    def clock_stretch(self) -> float:
+        """Factor on the full-clock device time of a prompt-bearing step starting now (1 without a power model)."""
+        g = self.governor
+        if g is None:
+            return 1.0
+        return g.model.stretch(g.phi_at(self.clock()), True)
+
     def _first_parts(self, plan: StepPlan) -> tuple[float, float, bool, float]:
         """(device, host, eager, tail) of ``plan``'s first step in the pipelined loop, as ``_mixed_time`` and the step
         model price it: the resumed chunks' depth correction and prefix blocks loaded back on the device side."""
@@ -254,6 +285,7 @@ class SimBackend:
                                                              [c.num_new_tokens for c in chunks], [c.context_len for c in chunks])
         if not chunks:
             return d, h, eager, tail
+        d *= self.clock_stretch()
         if self.replay_correction is not None:
             d -= self.replay_correction(chunks)
         if plan.loaded_blocks[0] or plan.loaded_blocks[1]:

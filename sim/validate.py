@@ -226,6 +226,17 @@ def read_backs(start: np.ndarray, wall: np.ndarray, nums: list[int]) -> tuple[np
     return rb, cold
 
 
+def idle_gaps(start: np.ndarray, wall: np.ndarray, nums: list[int]) -> np.ndarray:
+    """Seconds the engine idled before each step that started cold (``read_backs``): from the read-back before it to
+    its launch start, within one replay (0 elsewhere): what the power limit's average decays over."""
+    rb, cold = read_backs(start, wall, nums)
+    gap = np.zeros(len(wall))
+    for i in range(1, len(wall)):
+        if cold[i] and nums[i] == nums[i - 1]:
+            gap[i] = max(0.0, float(start[i] - rb[i - 1]))
+    return gap
+
+
 def step_comparison(samples: Sequence[StepSample]) -> tuple[dict, list[dict]]:
     """Overall per-step errors and a breakdown by step kind, batch size and context length."""
     s = [x for x in samples if x.predicted_s is not None and x.measured_s > 0]

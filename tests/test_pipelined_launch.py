@@ -141,7 +141,12 @@ def test_the_simulator_charges_each_step_what_validate_predicts_for_it():
         assert backend.lead
         walls = np.array([r.duration_s for r in col.step_records])
         assert len(walls) == len(plans) > 50 and any(p.prefill for p in plans) and any(p.cold for p in plans[1:])
-        pred = predict_steps(ProfiledStepCost(prof), prof, plans, True, np.array([p.cold for p in plans]))
+        starts = np.array([r.start_s for r in col.step_records])
+        cold = np.array([p.cold for p in plans])
+        # where the engine idled before a cold plan (the power limit's average decays over it): from the read-back
+        # before it to its start
+        idle = np.where(cold, starts - np.concatenate(([0.0], starts[:-1] + walls[:-1])), 0.0)
+        pred = predict_steps(ProfiledStepCost(prof), prof, plans, True, cold, np.maximum(idle, 0.0))
         assert np.allclose(pred, walls, rtol=1e-9, atol=1e-12)
         per_step = predict_steps(ProfiledStepCost(prof), prof, plans, 0.999999)   # not lead: each step alone
         assert not np.allclose(per_step, walls, rtol=1e-3)

@@ -114,7 +114,7 @@ def _admissions(terms: dict, admitted: int, admitted_tokens: int) -> float:
     return terms["host_admit_s"] * admitted + terms["host_admit_per_token_s"] * admitted_tokens
 
 
-def predict_steps(cost, profile, steps, overlap: bool | float = False, cold=None) -> np.ndarray:
+def predict_steps(cost, profile, steps, overlap: bool | float = False, cold=None, idle=None) -> np.ndarray:
     """``predict_step`` for each step of one replay, in order (objects with ``decode_ctx``, ``prefill``, ``draft_len``
     and optionally ``admitted``/``admitted_tokens``), as the simulator charges them. A pipelined loop whose step
     model splits a step into device and host work (``overlap`` True, a measured profile: ``SimBackend.lead``) is
@@ -131,7 +131,12 @@ def predict_steps(cost, profile, steps, overlap: bool | float = False, cold=None
     they delay the next launch (a step launched cold was admitted for before its own launch, outside every measured
     iteration). Issue 16, runs 35-40: charged on the device side, the after-eager terms made the
     decode steps behind a prompt step end later than measured and the prompt step's launch (which the decode step
-    before it waits for) shorter; the split between the two iterations was off by 1-2 ms where their sum was right."""
+    before it waits for) shorter; the split between the two iterations was off by 1-2 ms where their sum was right.
+
+    Where the step model has a power model (``ProfiledStepCost.power``, ``costmodels.power``), each prompt-bearing
+    step's device work is priced at the clock the work before it allows, as the simulator prices it (``SimBackend``'s
+    governor: each step's work booked from when it was priced to where its device work ended; ``idle``: seconds the
+    engine idled before each cold step, ``sim.validate.idle_gaps``, over which the average decays)."""
     from costmodels.host import pipelined_walls
     from sim.backend import loop_cost
     since, toks = steps_since_prefill(steps), last_prefill_tokens(steps)
@@ -159,7 +164,31 @@ def predict_steps(cost, profile, steps, overlap: bool | float = False, cold=None
     # admitted before the next step's launch; a step launched with nothing in flight was admitted for before its own
     # launch, where its iteration had not begun (what the engine measures from: ``LLMEngine._read_back``)
     h[1:] += np.where(cold[:-1], 0.0, admit[:-1])
-    return pipelined_walls(d, h, eager, cold, tail)
+    pm = getattr(pc, "power", None)
+    if pm is None:
+        return pipelined_walls(d, h, eager, cold, tail)
+    from costmodels.power import PowerGovernor
+    gov = PowerGovernor(pm)
+    work = [pc.step_work(s.decode_ctx, s.draft_len, [a for a, _ in s.prefill], [c for _, c in s.prefill]) for s in steps]
+    prompt = [bool(s.prefill) for s in steps]
+    last: list = [None]   # (when the step before was priced, its index)
+
+    def device_at(i: int, t: float, prev_end: float) -> float:
+        if last[0] is not None and prev_end > last[0][0]:   # the step before, from its pricing to its device end
+            gov.add(last[0][0], prev_end, *work[last[0][1]])
+        last[0] = (t, i)
+        return float(d[i]) * pm.stretch(gov.phi_at(t), True) if prompt[i] else float(d[i])
+
+    return pipelined_walls(d, h, eager, cold, tail, device_at, idle)
+
+
+def replay_idle_gaps(steps):
+    """Seconds the engine idled before each step of one replay that started cold (``sim.validate.idle_gaps``); None
+    where a step lacks its launch start."""
+    from sim.validate import idle_gaps
+    if not steps or any(getattr(s, "start_s", None) is None for s in steps):
+        return None
+    return idle_gaps(np.array([s.start_s for s in steps], float), np.array([s.iter_s for s in steps], float), [1] * len(steps))
 
 
 def replay_cold_starts(steps):
@@ -393,6 +422,9 @@ def validate(
                                        "scheduled while the device runs step N), predicted with the same overlap rule"),
     runs: int = typer.Option(1, "--runs", min=1, max=50, help="replays of each load level on the executor: the errors use the "
                              "median of each figure, and its spread over the runs is reported"),
+    power_limit: bool = typer.Option(True, "--power-limit/--no-power-limit", help="price prompt steps at the clock the "
+                                     "GPU's board power limit allows (costmodels/data/power, where the profile's GPU has a "
+                                     "model; pipelined loop) or at the op tables' full clock"),
 ) -> None:
     """Validate the twin on this device."""
     from rich.console import Console
@@ -461,7 +493,7 @@ def validate(
         raise TwinferError(f"{profile}: no measured step model in this profile (make one with twinfer calibrate)")
     if prof.step.model != model:
         con.print(f"[yellow]note:[/] profile measured {prof.step.model}, validating {model}")
-    cost = ProfiledStepCost(prof, num_layers=num_layers or prof.step.num_layers)
+    cost = ProfiledStepCost(prof, num_layers=num_layers or prof.step.num_layers, power=power_limit)
     L = cost.num_layers
     reqs = load_requests(trace, workload, requests, block_size, seed, max_input_len, max_output_len, max_model_len)
     cap = saturation_rps(cost, sim_config(base_cfg, prof), blocks, reqs)
@@ -561,7 +593,8 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                 wall += res.wall_s
                 run_figs.append(metric_values(res.metrics))
                 steps_all += res.steps
-                predicted = predict_steps(cost, prof, res.steps, scfg.overlap(), replay_cold_starts(res.steps))
+                predicted = predict_steps(cost, prof, res.steps, scfg.overlap(), replay_cold_starts(res.steps),
+                                          replay_idle_gaps(res.steps))
                 samples += [StepSample(decode_ctx=s.decode_ctx, prefill=s.prefill, draft_len=s.draft_len, measured_s=s.iter_s,
                                        predicted_s=float(predicted[j]), graph_bs=s.graph_bs, start_s=s.start_s, runner_s=s.runner_s, device_s=s.device_s,
                                        forward_s=s.forward_s, forward_host_s=s.forward_host_s,

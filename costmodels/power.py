@@ -1,0 +1,135 @@
+"""The board power limit as a step-time mechanism (issue 16).
+
+A GPU holds its board power at its limit (the H200's 700 W) by lowering the SM clock. Under prefill-heavy load the
+H200 of issue 16's matrix ran its prompt steps at a median 1,603-1,721 MHz (clock event reason 0x4, SW power cap)
+where the calibration grid had timed the same shapes near its 1,980 MHz maximum, and those steps took longer than
+the grid's; decode-heavy load stays near 500-550 W and at full clock. The twin's op tables are timed near full
+clock, so without this mechanism every prompt step under sustained prefill load is priced too short, by an amount
+that moves with the load (run 43 and run 44 of the same command: 1,849 vs 1,721 MHz at the knee).
+
+The model, in three parts, each with physical meaning and fitted once (``benchmarks/power_fit.py``, on matrix runs'
+nvidia-smi traces; the held-out runs check it):
+
+- **power at full clock**: ``P = idle_w + busy_w * u + w_per_pflops * F + w_per_tbps * B`` over the limiter's
+  averaging window: ``u`` the share of time the GPU is busy, ``F`` its FLOP rate (PFLOP/s) and ``B`` its HBM
+  traffic (TB/s), the work of each step as the cost model counts it (``StepCostModel.step``'s ops);
+- **the clock the limit allows**: the SM-clocked part (``w_per_pflops * F``) scales as ``phi ** gamma`` with the
+  clock's fraction ``phi`` of its maximum (dynamic power ~ f V^2); the rest (idle, busy floor, HBM) does not. Where
+  ``P`` exceeds ``cap_w``, ``phi = ((cap_w - P + w_F F) / (w_F F)) ** (1 / gamma)``, never below ``min_phi``;
+- **how a step's device time follows the clock**: ``t = t_full * (1 + share * (1 / phi - 1))``, ``share`` measured
+  per step kind (``clock_share_prompt``, ``clock_share_decode``): the part of the step's device time that runs at
+  the SM clock; the rest waits on HBM, the host or fixed latencies.
+
+``PowerGovernor`` keeps the averaged rates along a simulated timeline (an exponential average, time constant
+``tau_s``) so the simulator and ``twinfer validate`` price each prompt step at the clock its history allows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DATA = Path(__file__).resolve().parent / "data" / "power"
+
+
+class PowerModel(BaseModel):
+    """One GPU's board power against its work, its limit, and how device time follows the clock the limit allows."""
+
+    model_config = ConfigDict(extra="forbid")
+    gpu: str = Field(..., description="hardware key (costmodels.hardware), e.g. h200")
+    max_mhz: float = Field(..., gt=0, description="the SM clock the op tables were timed near (the boost maximum)")
+    cap_w: float = Field(..., gt=0, description="board power the limiter holds the average to (W)")
+    idle_w: float = Field(..., ge=0, description="board power idle at full clock (W)")
+    busy_w: float = Field(..., ge=0, description="added board power while busy, with no FLOP or HBM rate (W)")
+    w_per_pflops: float = Field(..., gt=0, description="board power per PFLOP/s of tensor/CUDA-core work at full clock (W)")
+    w_per_tbps: float = Field(..., ge=0, description="board power per TB/s of HBM traffic (W)")
+    gamma: float = Field(..., gt=0, le=4, description="the SM-clocked power's exponent in the clock fraction")
+    tau_s: float = Field(..., gt=0, le=10, description="time constant of the limiter's power average (s)")
+    clock_share_prompt: float = Field(..., ge=0, le=1, description="share of a prompt-bearing step's device time that follows the SM clock")
+    clock_share_decode: float = Field(..., ge=0, le=1, description="share of a decode step's device time that follows the SM clock")
+    min_phi: float = Field(0.5, gt=0, le=1, description="the lowest clock fraction the model allows")
+    source: str = Field("", description="what the terms were fitted on (runs, command)")
+    fit: dict = Field(default_factory=dict, description="fit and held-out figures, for the record")
+
+    def demand_w(self, busy: float, pflops: float, tbps: float) -> float:
+        """Board power at full clock at busy share ``busy``, ``pflops`` PFLOP/s and ``tbps`` TB/s."""
+        return self.idle_w + self.busy_w * busy + self.w_per_pflops * pflops + self.w_per_tbps * tbps
+
+    def phi(self, busy: float, pflops: float, tbps: float) -> float:
+        """The clock's fraction of ``max_mhz`` the limit allows at that average work (1: not limited)."""
+        clocked = self.w_per_pflops * pflops
+        over = self.demand_w(busy, pflops, tbps) - self.cap_w
+        if over <= 0.0 or clocked <= 0.0:
+            return 1.0
+        room = clocked - over
+        if room <= 0.0:
+            return self.min_phi
+        return max(self.min_phi, (room / clocked) ** (1.0 / self.gamma))
+
+    def stretch(self, phi: float, prompt: bool) -> float:
+        """Factor on a step's full-clock device time at clock fraction ``phi``."""
+        if phi >= 1.0:
+            return 1.0
+        share = self.clock_share_prompt if prompt else self.clock_share_decode
+        return 1.0 + share * (1.0 / phi - 1.0)
+
+
+class PowerGovernor:
+    """The limiter's averaged busy share, FLOP and HBM rates along one simulated timeline (exponential average with
+    ``tau_s``): ``phi_at(t)`` the clock fraction a step starting at ``t`` runs at, ``add(t0, t1, flops, bytes)`` a span
+    of device work (seconds ``t0``..``t1``). Spans are added in time order; an idle gap decays the averages."""
+
+    def __init__(self, model: PowerModel):
+        self.model = model
+        self.t = None          # time the averages are at
+        self.u = 0.0           # busy share
+        self.f = 0.0           # PFLOP/s
+        self.b = 0.0           # TB/s
+
+    def _decay(self, t: float) -> None:
+        if self.t is None:
+            self.t = t
+            return
+        if t > self.t:
+            k = math.exp(-(t - self.t) / self.model.tau_s)
+            self.u *= k
+            self.f *= k
+            self.b *= k
+            self.t = t
+
+    def phi_at(self, t: float) -> float:
+        """Clock fraction for a step starting at ``t`` (the averages decayed over any idle gap before it)."""
+        if self.t is not None and t > self.t:
+            k = math.exp(-(t - self.t) / self.model.tau_s)
+            return self.model.phi(self.u * k, self.f * k, self.b * k)
+        return self.model.phi(self.u, self.f, self.b)
+
+    def add(self, t0: float, t1: float, flops: float, nbytes: float) -> None:
+        """Device work of ``flops`` FLOPs and ``nbytes`` HBM bytes run from ``t0`` to ``t1``."""
+        dt = t1 - t0
+        if dt <= 0.0:
+            return
+        if self.t is not None and t0 < self.t:   # overlapping the last span: fold from where the averages are
+            t0 = self.t
+            if t1 <= t0:
+                return
+        self._decay(t0)
+        k = math.exp(-(t1 - t0) / self.model.tau_s)
+        w = 1.0 - k
+        self.u = self.u * k + w
+        self.f = self.f * k + w * flops / dt / 1e15
+        self.b = self.b * k + w * nbytes / dt / 1e12
+        self.t = t1
+
+
+@lru_cache(maxsize=16)
+def power_model(gpu: str) -> PowerModel | None:
+    """The committed power model of ``gpu`` (``costmodels/data/power/<gpu>.json``), None where none was measured."""
+    f = DATA / f"{gpu.lower()}.json"
+    if not f.is_file():
+        return None
+    return PowerModel.model_validate(json.loads(f.read_text()))
