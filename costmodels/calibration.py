@@ -22,6 +22,7 @@ from twinfer.config import load_model_file
 from twinfer.errors import TwinferError
 
 from costmodels.hardware import Hardware, get_hardware, list_hardware
+from costmodels.power import PowerReference
 from costmodels.op_table import DEFAULT_GEMM_LIBS
 from costmodels.step_profile import StepProfile
 
@@ -558,6 +559,8 @@ class CalibrationProfile(BaseModel):
     provenance: dict = Field(default_factory=dict, description="GPU, driver, torch, kernel backends, date, command")
     op_points: list[dict] = Field(default_factory=list, description="op micro-benchmark measurements behind the tables")
     step: StepProfile | None = Field(None, description="measured step-time model of one engine on this device")
+    power_ref: PowerReference | None = Field(None, description="the board's reference loops under its power limit "
+                                             "(costmodels.power; twinfer calibrate on a GPU since 2026-12-05)")
     replay_grid: dict | None = Field(None, description="a replay_grid.json (benchmarks/gpu/replay_grid.py) measured on one "
                                      "model, read by costmodels.replay_grid.for_profile; None: replay priced analytically")
 

@@ -36,6 +36,39 @@ from pydantic import BaseModel, ConfigDict, Field
 DATA = Path(__file__).resolve().parent / "data" / "power"
 
 
+class RefLoop(BaseModel):
+    """One step shape run back to back for a few seconds by ``twinfer calibrate`` (``executor.calibrate.
+    measure_power_reference``): its composition, its device seconds per step over the first steps (near full clock)
+    and over the last half, and the board's power and SM clock over the last half (nvidia-smi, 100 ms)."""
+
+    model_config = ConfigDict(extra="forbid")
+    decode_ctx: list[int] = Field(default_factory=list, description="decode rows' contexts")
+    prefill: list[tuple[int, int]] = Field(default_factory=list, description="prompt chunks (new, cached tokens)")
+    steps: int = Field(..., ge=1)
+    step_s_first: float = Field(..., gt=0, description="median device seconds of the first 10 steps")
+    step_s_late: float = Field(..., gt=0, description="median device seconds over the last half")
+    busy: float = Field(..., gt=0, le=1.0001, description="device seconds over wall seconds of the loop")
+    watts: float = Field(..., gt=0, description="median board power over the last half")
+    mhz: float = Field(..., gt=0, description="median SM clock over the last half")
+    capped: float = Field(0.0, ge=0, le=1, description="share of the last half's samples with the SW power cap holding")
+
+
+class PowerReference(BaseModel):
+    """The board's own power, measured in calibration: H200 boards draw different power for the same work (issue 16:
+    the board of run 44 drew 531 W where runs 40, 41 and 43's drew 487-497 W at the same decode-heavy load, and its
+    clock fell under the limit where theirs held), so the clock a limit allows is the board's, not the GPU kind's.
+    A decode loop (under the limit: the board's busy power at known work) and a prompt loop (over it: the clock it
+    settles at, and how much slower its steps ran there) pin the board's terms (``PowerModel.for_board``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    board: str = Field("", description="nvidia-smi uuid / serial of the board measured")
+    limit_w: float | None = Field(None, gt=0, description="the board's power limit (NVML), W")
+    idle_w: float = Field(..., gt=0, description="board power idle at full clock before the loops")
+    max_mhz: float = Field(..., gt=0, description="the SM clock idle (the boost maximum the tables were timed near)")
+    decode: RefLoop
+    prompt: RefLoop
+
+
 class PowerModel(BaseModel):
     """One GPU's board power against its work, its limit, and how device time follows the clock the limit allows."""
 
@@ -69,6 +102,50 @@ class PowerModel(BaseModel):
         if room <= 0.0:
             return self.min_phi
         return max(self.min_phi, (room / clocked) ** (1.0 / self.gamma))
+
+    def phis(self, busy, pflops, tbps):
+        """``phi`` over arrays (what a fit evaluates at many moments)."""
+        import numpy as np
+        busy, pflops, tbps = (np.asarray(x, float) for x in (busy, pflops, tbps))
+        clocked = self.w_per_pflops * pflops
+        over = self.idle_w + self.busy_w * busy + clocked + self.w_per_tbps * tbps - self.cap_w
+        room = clocked - over
+        with np.errstate(divide="ignore", invalid="ignore"):
+            phi = np.where(room > 0, (room / np.where(clocked > 0, clocked, 1.0)) ** (1.0 / self.gamma), self.min_phi)
+        return np.where((over <= 0) | (clocked <= 0), 1.0, np.maximum(self.min_phi, phi))
+
+    def for_board(self, ref: PowerReference, work) -> "PowerModel":
+        """This GPU kind's model fitted to one board's reference loops (``work(decode_ctx, 0, new, cached)``: FLOPs and
+        bytes of one step, as the twin counts them): its idle power; its busy power from the decode loop (under the
+        limit: what the model lacks to reproduce its watts); the limit it holds from the prompt loop's watts when the
+        cap held it, and the clocked power's exponent from the clock it settled at; the prompt steps' clock share from
+        how much slower they ran there (``t = t_full (1 + share (1 / phi - 1))``). A term the loops cannot pin (the
+        prompt loop not limited, a ratio out of range) keeps the kind's value. The per-FLOP and per-byte terms, the
+        time constant and the decode share stay the kind's (``benchmarks/power_fit.py``)."""
+        upd: dict = {"idle_w": ref.idle_w, "max_mhz": ref.max_mhz, "source": self.source + f"; board {ref.board or '?'} "
+                     "from its calibration's reference loops"}
+        d, p = ref.decode, ref.prompt
+        fd, bd = work(d.decode_ctx, 0, [a for a, _ in d.prefill], [c for _, c in d.prefill])
+        rate_f, rate_b = fd / d.step_s_late / 1e15, bd / d.step_s_late / 1e12
+        busy_w = (d.watts - ref.idle_w - d.busy * (self.w_per_pflops * rate_f + self.w_per_tbps * rate_b)) / d.busy
+        if d.mhz >= ref.max_mhz - 30 and busy_w >= 0:
+            upd["busy_w"] = busy_w
+        busy_w = upd.get("busy_w", self.busy_w)
+        phi = p.mhz / ref.max_mhz
+        if p.capped >= 0.5 and phi < 0.98:
+            upd["cap_w"] = p.watts
+            fp, bp = work(p.decode_ctx, 0, [a for a, _ in p.prefill], [c for _, c in p.prefill])
+            # the loop's rates as it ran (what the governor averages: the work over the time it took) and the power the
+            # clock-scaled part had at the settle
+            clocked = p.busy * self.w_per_pflops * fp / p.step_s_late / 1e15
+            rest = ref.idle_w + p.busy * (busy_w + self.w_per_tbps * bp / p.step_s_late / 1e12)
+            ratio = (p.watts - rest) / clocked if clocked > 0 else -1.0
+            if 0.0 < ratio < 1.0:
+                upd["gamma"] = float(min(4.0, max(0.1, math.log(ratio) / math.log(phi))))
+            slow = p.step_s_late / p.step_s_first
+            if slow >= 1.0:
+                upd["clock_share_prompt"] = float(min(1.0, (slow - 1.0) / (1.0 / phi - 1.0)))
+        return self.model_copy(update=upd)
 
     def stretch(self, phi: float, prompt: bool) -> float:
         """Factor on a step's full-clock device time at clock fraction ``phi``."""

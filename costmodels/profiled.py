@@ -48,7 +48,7 @@ class ProfiledStepCost:
     Single GPU, no parallelism: the layout is TP1 in the profile's dtype.
     """
 
-    def __init__(self, profile, step: StepProfile | None = None, num_layers: int | None = None, power: bool = True):
+    def __init__(self, profile, step: StepProfile | None = None, num_layers: int | None = None, power=True):
         self.step = step or profile.step
         if self.step is None:
             raise ValueError("the calibration profile has no measured step model (run twinfer calibrate)")
@@ -110,15 +110,26 @@ class ProfiledStepCost:
         if self.num_layers != st.num_layers:
             self.notes.append(f"profile measured at {st.num_layers} layers, applied to {self.num_layers}: host terms scale only through per_layer_s")
         self._dec: dict[tuple[int, int, int], tuple[np.ndarray, float]] = {}
-        # the board power limit (costmodels.power): where the profile's GPU has a committed power model, the simulator
-        # and validate price each prompt step at the clock the work before it allows (``power=False``: at full clock,
-        # as the op tables were timed)
-        from costmodels.power import power_model
-        self.power = power_model(st.hardware_basis) if power else None
+        # the board power limit (costmodels.power): where the calibration measured its board's reference loops
+        # (``profile.power_ref``) and the GPU kind has a committed power model, the simulator and validate price each
+        # prompt step at the clock the work before it allows on that board (``power=False``, or a profile without the
+        # reference: at full clock, as the op tables were timed)
+        # (a PowerModel given as ``power``: that model as is, e.g. the GPU kind's median board for a profile measured
+        # before the reference loops: ``scripts/matrix_offline.py --power-kind``)
+        from costmodels.power import PowerModel, power_model
         self._work: dict[tuple, tuple[float, float]] = {}
+        if isinstance(power, PowerModel):
+            self.power = power
+        else:
+            kind = power_model(st.hardware_basis) if power else None
+            ref = getattr(profile, "power_ref", None)
+            self.power = kind.for_board(ref, self.step_work) if kind is not None and ref is not None else None
         if self.power is not None:
-            self.notes.append(f"board power limit {self.power.cap_w:.0f} W ({self.power.gpu} power model, "
-                              "costmodels/data/power): prompt steps priced at the clock their history allows")
+            pm = self.power
+            self.notes.append(f"board power limit {pm.cap_w:.0f} W ({pm.gpu} power model fitted to this board's "
+                              f"reference loops: busy {pm.busy_w:.0f} W, clocked-power exponent {pm.gamma:.2f}, prompt "
+                              f"steps' clock share {pm.clock_share_prompt:.2f}): prompt steps priced at the clock their "
+                              "history allows")
 
     def step_work(self, decode_ctx, draft_len: int, prefill_new, prefill_ctx) -> tuple[float, float]:
         """(FLOPs, HBM bytes) of one step as the cost model counts its ops (``StepCostModel.step``), what the power

@@ -1076,6 +1076,13 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     if admit:
         log(f"  admission (add_request): {admit['admit_s'] * 1e6:.1f} us + {admit['admit_per_token_s'] * 1e9:.1f} ns/prompt token "
             "(" + ", ".join(f"{p['prompt_tokens']}: {p['seconds'] * 1e6:.0f} us" for p in admit_pts) + ")")
+    power_ref = None
+    if cuda and not quick:   # the board's power under its limit (costmodels.power): two loops of ~3 s
+        try:
+            from executor.power_ref import measure_power_reference
+            power_ref = measure_power_reference(engine.runner, log=log)
+        except Exception as e:  # noqa: BLE001  (a diagnostic phase: the profile stands without it)
+            log(f"  power reference failed: {type(e).__name__}: {e}")
     probes["end"] = host_probe(engine.runner)
     log("  host probe (a 64-sequence decode step's input build, median): "
         + ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in probes.items()))
@@ -1092,7 +1099,7 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     gpu = prov.get("gpu", device)
     return prof.model_copy(update={
         "measured_on": hw if cuda else "cpu", "source": f"twinfer calibrate on {gpu}", "created": prov["date"],
-        "notes": notes, "provenance": prov, "op_points": op_pts, "step": step,
+        "notes": notes, "provenance": prov, "op_points": op_pts, "step": step, "power_ref": power_ref,
     })
 
 

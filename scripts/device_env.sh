@@ -28,6 +28,7 @@ export PYTHONPATH="$PWD:/tmp/site:/tmp/vendor" TWINFER_DEVICE_ENV=1
 # (default triton: the matrix runs' engine; DeepGEMM JIT-compiles ~160 s on an empty cache)
 env_txt_triton() {
   { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
+    nvidia-smi --query-gpu=uuid,serial,vbios_version,power.limit,power.default_limit,clocks.max.sm --format=csv 2>&1
     python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name())"
     date -u +%Y-%m-%dT%H:%M:%SZ; } | tee "$OUT/env.txt"
   export TWINFER_KERNEL_FP8_GEMM=${TWINFER_KERNEL_FP8_GEMM:-triton}

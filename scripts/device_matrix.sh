@@ -48,6 +48,9 @@
 # classes done.
 source scripts/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$OUT/env.txt"
+# the board itself: H200s draw different power for the same work (issue 16, runs 43 vs 44: +35-45 W at equal work),
+# which moves the clock the 700 W limit allows; which board a run had is part of its record
+nvidia-smi --query-gpu=uuid,serial,vbios_version,power.limit,power.default_limit,clocks.max.sm --format=csv 2>&1 | tee -a "$OUT/env.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())" | tee -a "$OUT/env.txt"
 python3 -c "from kernels import registry; print('fa3', registry.probe_library('fa3')); print('flashmla', registry.probe_library('flashmla'))" | tee -a "$OUT/env.txt"
 # dense FP8 GEMMs: the registry's choice (DeepGEMM where importable), what `serve` runs. Runs 1-15 and 17 set

@@ -153,6 +153,9 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, str]]:
     ap.add_argument("--sync", action="store_true")
     ap.add_argument("--no-power-limit", action="store_true",
                     help="prompt steps at the op tables' full clock (costmodels.power off), as before 2026-12-05")
+    ap.add_argument("--power-kind", action="store_true",
+                    help="price the power limit with the GPU kind's median board (costmodels/data/power) where the run's "
+                         "calibration has no reference loops of its own board (runs before 2026-12-05)")
     ap.add_argument("--idle-graph-forwards", action="store_true",
                     help="with --refit: pin the device scale to the CUDA-graph forwards timed on an idle GPU, setting "
                          "aside those timed with the GPU held busy (queued_forward_s, calibrations since ae91d90), which "
@@ -193,7 +196,11 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, str]]:
         st2 = prof.step
         print(f"refit ({a.refit}): in-sample MAPE {st2.fit.mape * 100:.2f}%, tables {st2.op_tables or 'none'}, scales "
               + ", ".join(f"{c} {v:.3g}" for c, v in st2.category_scale.items()))
-    cost = ProfiledStepCost(prof, power=not a.no_power_limit)
+    power = not a.no_power_limit
+    if a.power_kind and prof.power_ref is None:
+        from costmodels.power import power_model
+        power = power_model(prof.step.hardware_basis) or power
+    cost = ProfiledStepCost(prof, power=power)
     mml = run_max_model_len(run)
     cfg = sim_config(engine_config(a.sync, mml), prof)
     if a.no_lag:

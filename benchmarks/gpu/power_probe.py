@@ -22,9 +22,7 @@ import statistics
 import subprocess
 import time
 
-import torch
-
-from executor.forward_batch import build_forward_batch, synthetic_seqs
+from executor.power_ref import make_batch, read_smi, run_loop as run_shape, start_smi
 
 SHAPES = {   # name -> (decode contexts, prompt chunks (new, cached))
     "decode b=16 @2048": ([2048] * 16, []),
@@ -53,69 +51,6 @@ def smi_query() -> str:
     except (OSError, subprocess.TimeoutExpired):
         pass
     return QUERY
-
-
-def start_smi(path: str, query: str = QUERY) -> subprocess.Popen | None:
-    """nvidia-smi every 100 ms into ``path`` (None where it is absent)."""
-    try:
-        return subprocess.Popen(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-lms", "100"],
-                                stdout=open(path, "w"), stderr=subprocess.DEVNULL)
-    except OSError:
-        return None
-
-
-def read_smi(path: str) -> list[tuple]:
-    """(unix seconds, SM MHz, watts, deg C, event reasons[, instantaneous watts]) per sample."""
-    import calendar
-    import datetime as dt
-    out = []
-    for line in open(path):
-        p = [x.strip() for x in line.split(",")]
-        try:
-            t = dt.datetime.strptime(p[0], "%Y/%m/%d %H:%M:%S.%f")
-            out.append((calendar.timegm(t.timetuple()) + t.microsecond / 1e6, float(p[1]), float(p[2]), float(p[3]),
-                        int(p[4], 16)) + ((float(p[5]),) if len(p) > 5 else ()))
-        except (ValueError, IndexError):
-            continue
-    return out
-
-
-def make_batch(runner, dec, pre):
-    vocab = runner.model.cfg.spec.vocab_size
-    seqs, _ = synthetic_seqs(dec, pre, 1, vocab, runner.page_size, seed=len(dec) + 3 * len(pre))
-    return build_forward_batch(seqs, runner.page_size, runner.kv.null_page, runner.device)
-
-
-def run_shape(runner, batches: list, seconds: float) -> dict:
-    """Back-to-back forwards of ``batches`` in turn (one shape, or a duty mix) for ``seconds``: (unix start, device
-    seconds, index into ``batches``) per step."""
-    dev = runner.device
-    with torch.inference_mode():
-        for batch in [b for j, b in enumerate(batches) if all(b is not x for x in batches[:j])]:
-            for _ in range(3):   # first calls of the shape (JIT, allocator) outside the window
-                batch.memo.clear()
-                runner.forward(batch)
-        torch.cuda.synchronize(dev)
-        time.sleep(1.5)
-        evs, t_wall, which = [], [], []
-        t_end = time.time() + seconds
-        kind = [next(j for j, x in enumerate(batches) if x is b) for b in batches]   # distinct batches: 0, 1, ...
-        i = 0
-        while time.time() < t_end:
-            batch = batches[i % len(batches)]
-            which.append(kind[i % len(batches)])
-            i += 1
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            batch.memo.clear()
-            t_wall.append(time.time())
-            a.record()
-            runner.forward(batch)
-            b.record()
-            evs.append((a, b))
-            if len(evs) % 8 == 0:   # keep the host within a few steps of the device: steps start when they run
-                b.synchronize()
-        torch.cuda.synchronize(dev)
-    return {"t": t_wall, "dev": [a.elapsed_time(b) / 1e3 for a, b in evs], "which": which}
 
 
 def summarise(name: str, r: dict, smi: list) -> dict:

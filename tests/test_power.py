@@ -1,0 +1,173 @@
+"""The board power limit as a step-time mechanism (costmodels.power): the clock law, the governor's averages, the
+committed H200 model, and the simulator and validate pricing prompt steps at the same clock."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from costmodels.power import PowerGovernor, PowerModel, power_model
+
+
+def _model(**kw) -> PowerModel:
+    base = dict(gpu="h200", max_mhz=1980, cap_w=700, idle_w=130, busy_w=120, w_per_pflops=1000, w_per_tbps=100, gamma=2.0,
+                tau_s=0.5, clock_share_prompt=0.5, clock_share_decode=0.1)
+    return PowerModel(**{**base, **kw})
+
+
+def test_the_clock_law():
+    m = _model()
+    # under the limit: full clock, no stretch
+    assert m.demand_w(1.0, 0.2, 1.5) == pytest.approx(130 + 120 + 200 + 150)
+    assert m.phi(1.0, 0.2, 1.5) == 1.0 and m.stretch(1.0, True) == 1.0
+    # over it: the SM-clocked part (1000 W per PF/s) scales as phi ** gamma so the total meets the limit
+    f = 0.5   # 130 + 120 + 500 + 150 = 900 W demand: 200 W over, the clocked part 500 W -> 300 W
+    phi = m.phi(1.0, f, 1.5)
+    assert phi == pytest.approx(math.sqrt(300 / 500))
+    assert 130 + 120 + 150 + 1000 * f * phi ** m.gamma == pytest.approx(m.cap_w)
+    # device time: only the clocked share stretches, prompt and decode steps by their own shares
+    assert m.stretch(phi, True) == pytest.approx(1 + 0.5 * (1 / phi - 1))
+    assert m.stretch(phi, False) == pytest.approx(1 + 0.1 * (1 / phi - 1))
+    # never below the floor, whatever the demand
+    assert m.phi(1.0, 100.0, 1.5) == m.min_phi
+    assert m.phi(1.0, 0.0, 50.0) == 1.0   # nothing clocked to lower: the clock cannot help
+
+
+def test_the_governor_averages_work_over_its_time_constant():
+    m = _model(tau_s=0.5)
+    g = PowerGovernor(m)
+    assert g.phi_at(0.0) == 1.0
+    # 10 ms steps of 8 TFLOP back to back (0.8 PF/s) for 5 s: the average converges to the rates
+    t = 0.0
+    for _ in range(500):
+        g.add(t, t + 0.01, 8e12, 1e10)
+        t += 0.01
+    assert g.u == pytest.approx(1.0, abs=1e-4) and g.f == pytest.approx(0.8, rel=1e-3) and g.b == pytest.approx(1.0, rel=1e-3)
+    busy_phi = g.phi_at(t)
+    assert busy_phi < 1.0
+    # an idle second decays the averages by exp(-1 / 0.5): the limit lets go
+    assert g.phi_at(t + 1.0) > busy_phi
+    assert g.phi_at(t + 3.0) == 1.0
+    # a span overlapping the last one folds in from where the averages are (no double count, no error)
+    f0 = g.f
+    g.add(t - 0.005, t + 0.005, 4e12, 0.0)
+    assert g.t == pytest.approx(t + 0.005) and g.f < f0
+
+
+def test_bad_terms_are_refused_by_field():
+    with pytest.raises(ValueError, match="clock_share_prompt"):
+        _model(clock_share_prompt=1.5)
+    with pytest.raises(ValueError, match="tau_s"):
+        _model(tau_s=0.0)
+
+
+def test_the_committed_h200_model_and_its_record():
+    m = power_model("H200")
+    assert m is not None and m.gpu == "h200"
+    assert 600 <= m.cap_w <= 720 and 100 <= m.idle_w <= 200 and m.max_mhz == 1980
+    assert "power_fit.py" in m.source and m.fit["fit_runs"] and m.fit["held_out_clock_mae_mhz"]
+    # decode-heavy serving (0.05 PF/s, 1.5 TB/s) stays at full clock; prefill-heavy (0.7 PF/s) is limited
+    assert m.phi(1.0, 0.05, 1.5) == 1.0
+    assert m.phi(1.0, 0.7, 1.5) < 0.95
+    assert power_model("B200") is None   # no model where none was measured: full clock, as the tables were timed
+
+
+def _with_board(monkeypatch, model):
+    """Profiles price with ``model`` as their board's (its reference loops' fit replaced)."""
+    monkeypatch.setattr(PowerModel, "for_board", lambda self, ref, work: model)
+
+
+def _ref_profile(prof):
+    from costmodels.power import PowerReference, RefLoop
+    loop = dict(steps=100, step_s_first=0.01, step_s_late=0.01, busy=1.0, watts=500.0, mhz=1980.0)
+    return prof.model_copy(update={"power_ref": PowerReference(idle_w=130, max_mhz=1980, decode=RefLoop(decode_ctx=[2048] * 64, **loop),
+                                                                 prompt=RefLoop(prefill=[(4096, 0)], **loop))})
+
+
+def test_a_board_s_terms_from_its_reference_loops():
+    """Reference loops made by a known board (its busy power, exponent, limit and clock share) give that board back."""
+    from costmodels.power import PowerReference, RefLoop
+    kind = _model(busy_w=80, gamma=1.0, cap_w=650, clock_share_prompt=0.2)
+    true = dict(busy_w=130.0, gamma=1.6, cap_w=690.0, share=0.3)
+    work = {"d": (2e12, 2.2e10), "p": (4e13, 1.5e10)}   # FLOPs, bytes of one decode / prompt step
+
+    def w(dec, draft, new, cached):
+        return work["p"] if new else work["d"]
+    # the decode loop: under the limit at full clock, 10 ms steps, 97% busy
+    d_t, busy = 0.010, 0.97
+    d_w = 130 + busy * (true["busy_w"] + kind.w_per_pflops * 2e12 / d_t / 1e15 + kind.w_per_tbps * 2.2e10 / d_t / 1e12)
+    # the prompt loop: settles where its power meets the limit; its steps slower by the clocked share
+    p_first = 0.050
+    rest = lambda phi: 130 + busy * (true["busy_w"] + kind.w_per_tbps * 1.5e10 / (p_first * (1 + true["share"] * (1 / phi - 1))) / 1e12)  # noqa: E731
+    clocked = lambda phi: busy * kind.w_per_pflops * 4e13 / (p_first * (1 + true["share"] * (1 / phi - 1))) / 1e15  # noqa: E731
+    lo, hi = 0.5, 1.0
+    for _ in range(80):   # the clock where rest + clocked * phi ** gamma meets the limit
+        mid = (lo + hi) / 2
+        if rest(mid) + clocked(mid) * mid ** true["gamma"] > true["cap_w"]:
+            hi = mid
+        else:
+            lo = mid
+    phi = lo
+    p_late = p_first * (1 + true["share"] * (1 / phi - 1))
+    ref = PowerReference(board="GPU-x", idle_w=130, max_mhz=1980,
+                         decode=RefLoop(decode_ctx=[2048] * 64, steps=300, step_s_first=d_t, step_s_late=d_t, busy=busy,
+                                        watts=d_w, mhz=1980, capped=0.0),
+                         prompt=RefLoop(prefill=[(4096, 0)], steps=60, step_s_first=p_first, step_s_late=p_late, busy=busy,
+                                        watts=true["cap_w"], mhz=1980 * phi, capped=1.0))
+    b = kind.for_board(ref, w)
+    assert b.busy_w == pytest.approx(true["busy_w"], rel=1e-6)
+    assert b.cap_w == true["cap_w"] and b.gamma == pytest.approx(true["gamma"], rel=1e-4)
+    assert b.clock_share_prompt == pytest.approx(true["share"], rel=1e-6)
+    assert b.w_per_pflops == kind.w_per_pflops and b.tau_s == kind.tau_s and "GPU-x" in b.source
+    # the board's model reproduces its prompt loop's settle: at the loop's averaged rates the clock is the measured one
+    f = busy * 4e13 / p_late / 1e15
+    assert b.phi(busy, f, busy * 1.5e10 / p_late / 1e12) == pytest.approx(phi, rel=1e-4)
+    # a prompt loop the limit did not hold pins nothing of the limit: the kind's terms stay
+    ref2 = ref.model_copy(update={"prompt": ref.prompt.model_copy(update={"capped": 0.0, "mhz": 1980.0})})
+    b2 = kind.for_board(ref2, w)
+    assert (b2.cap_w, b2.gamma, b2.clock_share_prompt) == (kind.cap_w, kind.gamma, kind.clock_share_prompt)
+
+
+def test_the_simulator_and_validate_price_prompt_steps_at_the_same_clock(monkeypatch):
+    """A limit low enough to bind on a chat load: the simulator's pipelined loop stretches prompt steps, and validate's
+    per-step prediction of the same sequence (idle gaps given) charges each step the same wall."""
+    from tests.test_pipelined_launch import _profile, _run
+
+    from costmodels.profiled import ProfiledStepCost
+    from ui.cmd_validate import predict_steps
+
+    prof = _ref_profile(_profile(True))
+    plans0, col0, b0, _ = _run(_profile(True), rate=30.0)
+    assert b0.governor is None   # no reference loops of its board: full clock
+    walls0 = np.array([r.duration_s for r in col0.step_records])
+    _with_board(monkeypatch, _model(cap_w=300, busy_w=120, w_per_pflops=2000, tau_s=0.2))
+    plans, col, backend, _ = _run(prof, rate=30.0)
+    assert backend.governor is not None
+    walls = np.array([r.duration_s for r in col.step_records])
+    starts = np.array([r.start_s for r in col.step_records])
+    cold = np.array([p.cold for p in plans])
+    idle = np.where(cold, starts - np.concatenate(([0.0], starts[:-1] + walls[:-1])), 0.0)
+    pred = predict_steps(ProfiledStepCost(prof), prof, plans, True, cold, np.maximum(idle, 0.0))
+    assert np.allclose(pred, walls, rtol=1e-9, atol=1e-12)
+    # the limit bound: the prompt steps' walls are longer than at full clock
+    prompt = np.array([bool(p.prefill) for p in plans])
+    assert prompt.any() and walls[prompt].mean() > walls0[np.array([bool(p.prefill) for p in plans0])].mean()
+    # and without the idle gaps validate would decay the average less: not the simulator's walls
+    if idle.max() > 0.05:
+        assert not np.allclose(predict_steps(ProfiledStepCost(prof), prof, plans, True, cold), walls, rtol=1e-9)
+
+
+def test_which_power_model_a_profile_prices_with():
+    from tests.test_pipelined_launch import _profile
+
+    from costmodels.profiled import ProfiledStepCost
+    prof = _profile()
+    assert ProfiledStepCost(prof).power is None                      # measured before the reference loops: full clock
+    with_ref = _ref_profile(prof)
+    pm = ProfiledStepCost(with_ref).power
+    assert pm is not None and pm.idle_w == 130 and "reference loops" in pm.source   # its board's
+    assert ProfiledStepCost(with_ref, power=False).power is None
+    kind = power_model("h200")
+    assert ProfiledStepCost(prof, power=kind).power is kind           # given explicitly (matrix_offline --power-kind)
