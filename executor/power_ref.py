@@ -134,10 +134,11 @@ def measure_power_reference(runner, seconds: float = 3.0, log=print):
         log("  power reference: no nvidia-smi, skipped")
         return None
     try:
-        time.sleep(1.5)   # idle samples at full clock
+        time.sleep(2.5)   # the board settles from the calibration's work (power.draw averages over about a second)
         loops = {}
         for name, (dec, pre) in (("decode", DECODE_REF), ("prompt", PROMPT_REF)):
-            loops[name] = (dec, pre, run_loop(runner, [make_batch(runner, dec, pre)], seconds))
+            # the first loop waits longer: its last idle second is the board's idle power
+            loops[name] = (dec, pre, run_loop(runner, [make_batch(runner, dec, pre)], seconds, 2.5 if not loops else 1.5))
     finally:
         time.sleep(0.3)
         smi.terminate()
@@ -145,7 +146,9 @@ def measure_power_reference(runner, seconds: float = 3.0, log=print):
     samples = read_smi(path)
     os.unlink(path)
     first = min(r["t"][0] for _, _, r in loops.values())
-    idle = [s for s in samples if s[0] < first - 1.6]
+    # idle: the last second of the first loop's own idle wait (the driver's power.draw is about a 1 s average, so
+    # earlier samples still carry the calibration's work: 293 W on the H100 of run 45, where 134 W after 2 s idle)
+    idle = [s for s in samples if first - 1.1 <= s[0] < first - 0.1]
     if not samples or not idle:
         log("  power reference: nvidia-smi read nothing, skipped")
         return None

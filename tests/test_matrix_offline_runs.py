@@ -629,3 +629,32 @@ def test_held_out_run_44_after_the_attention_shares_per_step_work(tmp_path):
     assert knee["prompt_mhz"] < 1750 < 1900 < low["prompt_mhz"]
     assert knee["prompt_bias"] < -0.07 < low["prompt_bias"] < -0.03 and abs(knee["decode_bias"]) < 0.03
     assert clocks[("summarize", "past saturation")]["prompt_mhz"] < 1650
+
+
+def test_held_out_run_45_on_an_h100(tmp_path):
+    """Run 45 at aadbeb3: the matrix on an H100 80GB HBM3 (the device tool lent one for an H200 call), summarize,
+    agentic and longctx beyond the grid, Triton, pipelined loop, calibrated once on that H100, as the device printed
+    it: 42 of 45, step MAPE 1.5-2.5% in every cell. The misses are TPOT p50 over-predicted at the two knees and
+    longctx's low load (+6.2 / +6.3 / +7.0%), from decode steps' device work over-predicted in every cell. Its
+    calibration measured the board's reference loops (the first: the prompt loop held at 692 W, 1,845 MHz); no H100
+    power model is committed, so every step is priced at full clock."""
+    import matrix_offline as mo
+    import step_residuals as sr
+
+    from costmodels.profiled import ProfiledStepCost
+    from costmodels.step_fit import run_profile
+    from sim.timeline_check import unpacked_run
+
+    r45 = unpacked_run(ROOT / "benchmarks" / "gpu" / "issue16_h100" / "run45_async_triton_summarize_agentic_longctx_aadbeb3")
+    w = mo.main([str(r45)])
+    _worst_within(w, 0.011, 0.071, 0.061, 0.046)
+    assert w["tpot_p50"][0] > 0.06                      # the misses, pinned where they are: over-predicted
+    m = _level_step_mape(r45, sync=False)
+    assert len(m) == 9 and max(m.values()) <= 0.025
+    prof = run_profile(r45, None)
+    assert prof.step.hardware_basis == "H100" and prof.power_ref is not None
+    ref = prof.power_ref
+    assert ref.decode.capped == 0 and ref.decode.mhz == 1980 and ref.prompt.capped == 1.0 and ref.prompt.mhz < 1900
+    assert ProfiledStepCost(prof).power is None         # no H100 kind model: full clock
+    dev = sr.device_errors(sr.load_samples(r45), ProfiledStepCost(prof))
+    assert all(0.0 < e["bias"] < 0.025 for (_, _, kind), e in dev.items() if kind == "decode")
