@@ -114,37 +114,54 @@ class PowerModel(BaseModel):
             phi = np.where(room > 0, (room / np.where(clocked > 0, clocked, 1.0)) ** (1.0 / self.gamma), self.min_phi)
         return np.where((over <= 0) | (clocked <= 0), 1.0, np.maximum(self.min_phi, phi))
 
-    def for_board(self, ref: PowerReference, work) -> "PowerModel":
+    def for_board(self, ref: PowerReference, work) -> "PowerModel | None":
         """This GPU kind's model fitted to one board's reference loops (``work(decode_ctx, 0, new, cached)``: FLOPs and
-        bytes of one step, as the twin counts them): its idle power; its busy power from the decode loop (under the
-        limit: what the model lacks to reproduce its watts); the limit it holds from the prompt loop's watts when the
-        cap held it, and the clocked power's exponent from the clock it settled at; the prompt steps' clock share from
-        how much slower they ran there (``t = t_full (1 + share (1 / phi - 1))``). A term the loops cannot pin (the
-        prompt loop not limited, a ratio out of range) keeps the kind's value. The per-FLOP and per-byte terms, the
-        time constant and the decode share stay the kind's (``benchmarks/power_fit.py``)."""
-        upd: dict = {"idle_w": ref.idle_w, "max_mhz": ref.max_mhz, "source": self.source + f"; board {ref.board or '?'} "
-                     "from its calibration's reference loops"}
+        bytes of one step, as the twin counts them), or None where the loops cannot be reproduced (the board's power
+        is then not modelled: full clock). The decode loop runs under the limit at full clock, so its watts are the
+        board's demand there; where the prompt loop was held by the limit, its watts are the limit and its clocked part
+        met it at ``phi ** gamma`` of full clock. From the two: the board's busy power and its power per FLOP (both
+        loops keep the GPU busy, so an idle reading taken too early, above what the loops allow, is lowered until
+        the busy power is 0); the limit; the prompt steps' clock share from how much slower they ran at the settle
+        (``t = t_full (1 + share (1 / phi - 1))``). With the prompt loop not limited, the busy power alone, at the
+        kind's power per FLOP. The per-byte term, the exponent, the time constant and the decode share stay the
+        kind's (``benchmarks/power_fit.py``)."""
         d, p = ref.decode, ref.prompt
+        if d.mhz < ref.max_mhz - 30:    # the decode loop already limited: its watts are not a demand
+            return None
         fd, bd = work(d.decode_ctx, 0, [a for a, _ in d.prefill], [c for _, c in d.prefill])
-        rate_f, rate_b = fd / d.step_s_late / 1e15, bd / d.step_s_late / 1e12
-        busy_w = (d.watts - ref.idle_w - d.busy * (self.w_per_pflops * rate_f + self.w_per_tbps * rate_b)) / d.busy
-        if d.mhz >= ref.max_mhz - 30 and busy_w >= 0:
-            upd["busy_w"] = busy_w
-        busy_w = upd.get("busy_w", self.busy_w)
+        # each loop's rates as it ran (what the governor averages: the work over the time it took)
+        f_d, b_d = d.busy * fd / d.step_s_late / 1e15, d.busy * bd / d.step_s_late / 1e12
+        upd: dict = {"max_mhz": ref.max_mhz, "source": self.source + f"; board {ref.board or '?'} from its calibration's "
+                     "reference loops"}
+        idle, w_f = ref.idle_w, self.w_per_pflops
+        y_d = d.watts - self.w_per_tbps * b_d            # = idle + busy_w u_d + w_f f_d
         phi = p.mhz / ref.max_mhz
         if p.capped >= 0.5 and phi < 0.98:
-            upd["cap_w"] = p.watts
             fp, bp = work(p.decode_ctx, 0, [a for a, _ in p.prefill], [c for _, c in p.prefill])
-            # the loop's rates as it ran (what the governor averages: the work over the time it took) and the power the
-            # clock-scaled part had at the settle
-            clocked = p.busy * self.w_per_pflops * fp / p.step_s_late / 1e15
-            rest = ref.idle_w + p.busy * (busy_w + self.w_per_tbps * bp / p.step_s_late / 1e12)
-            ratio = (p.watts - rest) / clocked if clocked > 0 else -1.0
-            if 0.0 < ratio < 1.0:
-                upd["gamma"] = float(min(4.0, max(0.1, math.log(ratio) / math.log(phi))))
+            f_p, b_p = p.busy * fp / p.step_s_late / 1e15, p.busy * bp / p.step_s_late / 1e12
+            y_p = p.watts - self.w_per_tbps * b_p        # = idle + busy_w u_p + w_f f_p phi ** gamma
+            g = f_p * phi ** self.gamma
+            det = d.busy * g - p.busy * f_d
+            if det <= 0:
+                return None
+            busy_w = ((y_d - idle) * g - (y_p - idle) * f_d) / det
+            w_f = (d.busy * (y_p - idle) - p.busy * (y_d - idle)) / det
+            if busy_w < 0:   # idle read high: busy power 0, idle and power per FLOP from the two loops
+                det0 = g - f_d
+                if det0 <= 0:
+                    return None
+                busy_w, w_f, idle = 0.0, (y_p - y_d) / det0, (y_d * g - y_p * f_d) / det0
+            upd["cap_w"] = p.watts
             slow = p.step_s_late / p.step_s_first
             if slow >= 1.0:
                 upd["clock_share_prompt"] = float(min(1.0, (slow - 1.0) / (1.0 / phi - 1.0)))
+        else:
+            busy_w = (y_d - idle - w_f * f_d) / d.busy
+            if busy_w < 0:
+                busy_w, idle = 0.0, y_d - w_f * f_d
+        if w_f <= 0 or idle <= 0:
+            return None
+        upd.update(idle_w=idle, busy_w=busy_w, w_per_pflops=w_f)
         return self.model_copy(update=upd)
 
     def stretch(self, phi: float, prompt: bool) -> float:

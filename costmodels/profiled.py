@@ -124,6 +124,9 @@ class ProfiledStepCost:
             kind = power_model(st.hardware_basis) if power else None
             ref = getattr(profile, "power_ref", None)
             self.power = kind.for_board(ref, self.step_work) if kind is not None and ref is not None else None
+            if kind is not None and ref is not None and self.power is None:
+                self.notes.append("the board's power reference loops could not be reproduced by the power model: "
+                                  "steps priced at full clock")
         if self.power is not None:
             pm = self.power
             self.notes.append(f"board power limit {pm.cap_w:.0f} W ({pm.gpu} power model fitted to this board's "

@@ -87,21 +87,22 @@ def _ref_profile(prof):
 
 
 def test_a_board_s_terms_from_its_reference_loops():
-    """Reference loops made by a known board (its busy power, exponent, limit and clock share) give that board back."""
+    """Reference loops made by a known board (its busy power, power per FLOP, limit and clock share) give that board
+    back."""
     from costmodels.power import PowerReference, RefLoop
-    kind = _model(busy_w=80, gamma=1.0, cap_w=650, clock_share_prompt=0.2)
-    true = dict(busy_w=130.0, gamma=1.6, cap_w=690.0, share=0.3)
-    work = {"d": (2e12, 2.2e10), "p": (4e13, 1.5e10)}   # FLOPs, bytes of one decode / prompt step
+    kind = _model(busy_w=80, gamma=1.6, cap_w=650, clock_share_prompt=0.2, w_per_pflops=900)
+    true = dict(busy_w=130.0, w_f=1150.0, gamma=1.6, cap_w=690.0, share=0.3)
+    work = {"d": (2e12, 1.2e10), "p": (4e13, 1.5e10)}   # FLOPs, bytes of one decode / prompt step
 
     def w(dec, draft, new, cached):
         return work["p"] if new else work["d"]
     # the decode loop: under the limit at full clock, 10 ms steps, 97% busy
     d_t, busy = 0.010, 0.97
-    d_w = 130 + busy * (true["busy_w"] + kind.w_per_pflops * 2e12 / d_t / 1e15 + kind.w_per_tbps * 2.2e10 / d_t / 1e12)
+    d_w = 130 + busy * (true["busy_w"] + true["w_f"] * 2e12 / d_t / 1e15 + kind.w_per_tbps * 1.2e10 / d_t / 1e12)
     # the prompt loop: settles where its power meets the limit; its steps slower by the clocked share
     p_first = 0.050
     rest = lambda phi: 130 + busy * (true["busy_w"] + kind.w_per_tbps * 1.5e10 / (p_first * (1 + true["share"] * (1 / phi - 1))) / 1e12)  # noqa: E731
-    clocked = lambda phi: busy * kind.w_per_pflops * 4e13 / (p_first * (1 + true["share"] * (1 / phi - 1))) / 1e15  # noqa: E731
+    clocked = lambda phi: busy * true["w_f"] * 4e13 / (p_first * (1 + true["share"] * (1 / phi - 1))) / 1e15  # noqa: E731
     lo, hi = 0.5, 1.0
     for _ in range(80):   # the clock where rest + clocked * phi ** gamma meets the limit
         mid = (lo + hi) / 2
@@ -118,16 +119,27 @@ def test_a_board_s_terms_from_its_reference_loops():
                                         watts=true["cap_w"], mhz=1980 * phi, capped=1.0))
     b = kind.for_board(ref, w)
     assert b.busy_w == pytest.approx(true["busy_w"], rel=1e-6)
-    assert b.cap_w == true["cap_w"] and b.gamma == pytest.approx(true["gamma"], rel=1e-4)
+    assert b.cap_w == true["cap_w"] and b.w_per_pflops == pytest.approx(true["w_f"], rel=1e-4)
     assert b.clock_share_prompt == pytest.approx(true["share"], rel=1e-6)
-    assert b.w_per_pflops == kind.w_per_pflops and b.tau_s == kind.tau_s and "GPU-x" in b.source
+    assert b.gamma == kind.gamma and b.tau_s == kind.tau_s and "GPU-x" in b.source
     # the board's model reproduces its prompt loop's settle: at the loop's averaged rates the clock is the measured one
     f = busy * 4e13 / p_late / 1e15
     assert b.phi(busy, f, busy * 1.5e10 / p_late / 1e12) == pytest.approx(phi, rel=1e-4)
+    # an idle reading taken too soon (above what the loops allow): the busy power goes to 0 and the idle power the
+    # loops imply replaces the reading; the board's model still reproduces both loops
+    b3 = kind.for_board(ref.model_copy(update={"idle_w": 300.0}), w)
+    assert b3 is not None and b3.busy_w == 0.0 and 130 < b3.idle_w < 300
+    f_d, b_d = busy * 2e12 / d_t / 1e15, busy * 1.2e10 / d_t / 1e12
+    assert b3.demand_w(busy, f_d, b_d) == pytest.approx(d_w, rel=1e-6) and b3.phi(busy, f_d, b_d) == 1.0
+    assert b3.phi(busy, f, busy * 1.5e10 / p_late / 1e12) == pytest.approx(phi, rel=1e-4)
+    # a decode loop the limit already held is no demand: no board model (full clock)
+    assert kind.for_board(ref.model_copy(update={"decode": ref.decode.model_copy(update={"mhz": 1800.0})}), w) is None
     # a prompt loop the limit did not hold pins nothing of the limit: the kind's terms stay
     ref2 = ref.model_copy(update={"prompt": ref.prompt.model_copy(update={"capped": 0.0, "mhz": 1980.0})})
     b2 = kind.for_board(ref2, w)
-    assert (b2.cap_w, b2.gamma, b2.clock_share_prompt) == (kind.cap_w, kind.gamma, kind.clock_share_prompt)
+    assert (b2.cap_w, b2.w_per_pflops, b2.clock_share_prompt) == (kind.cap_w, kind.w_per_pflops, kind.clock_share_prompt)
+    # the decode loop alone sets the busy power at the kind's per-FLOP power
+    assert b2.busy_w == pytest.approx(true["busy_w"] + (true["w_f"] - kind.w_per_pflops) * 2e12 / d_t / 1e15, rel=1e-6)
 
 
 def test_the_simulator_and_validate_price_prompt_steps_at_the_same_clock(monkeypatch):
