@@ -130,9 +130,10 @@ class ProfiledStepCost:
         if self.power is not None:
             pm = self.power
             self.notes.append(f"board power limit {pm.cap_w:.0f} W ({pm.gpu} power model fitted to this board's "
-                              f"reference loops: busy {pm.busy_w:.0f} W, clocked-power exponent {pm.gamma:.2f}, prompt "
-                              f"steps' clock share {pm.clock_share_prompt:.2f}): prompt steps priced at the clock their "
-                              "history allows")
+                              f"reference loops: idle {pm.idle_w:.0f} W, busy {pm.busy_w:.0f} W, {pm.w_per_pflops:.0f} W "
+                              f"per PFLOP/s, {pm.w_per_tbps:.0f} W per TB/s; prompt steps' clock share "
+                              f"{pm.clock_share_prompt:.2f}): the pipelined loop's prompt steps priced at the clock "
+                              "their history allows")
 
     def step_work(self, decode_ctx, draft_len: int, prefill_new, prefill_ctx) -> tuple[float, float]:
         """(FLOPs, HBM bytes) of one step as the cost model counts its ops (``StepCostModel.step``), what the power

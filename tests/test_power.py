@@ -183,3 +183,22 @@ def test_which_power_model_a_profile_prices_with():
     assert ProfiledStepCost(with_ref, power=False).power is None
     kind = power_model("h200")
     assert ProfiledStepCost(prof, power=kind).power is kind           # given explicitly (matrix_offline --power-kind)
+
+
+def test_validate_names_the_board_s_power_limit(tmp_path):
+    """``twinfer validate --sim-only`` on a profile with its board's reference loops says how it prices the limit, and
+    prices at full clock with ``--no-power-limit`` (the predicted capacity moves with it)."""
+    from typer.testing import CliRunner
+
+    from tests.test_pipelined_launch import _profile
+    from ui.cli import app
+
+    f = tmp_path / "prof.json"
+    _ref_profile(_profile()).save(f)
+    args = ["validate", "--sim-only", "--profile", str(f), "--workload", "summarize", "--requests", "8", "--async-overlap"]
+    on = CliRunner().invoke(app, args)
+    off = CliRunner().invoke(app, args + ["--no-power-limit"])
+    assert on.exit_code == 0 and off.exit_code == 0, on.output + off.output
+    flat = " ".join(on.output.split())
+    assert "board power limit" in flat and "reference loops" in flat
+    assert "board power limit" not in off.output

@@ -498,6 +498,9 @@ def validate(
     reqs = load_requests(trace, workload, requests, block_size, seed, max_input_len, max_output_len, max_model_len)
     cap = saturation_rps(cost, sim_config(base_cfg, prof), blocks, reqs)
     con.print(f"predicted capacity {cap:.2f} requests/s ({len(reqs)} requests, {L} layers, {blocks} KV blocks of {block_size})")
+    for note in cost.notes:   # the board's power limit, where the profile measured its reference loops (costmodels.power)
+        if note.startswith("board power limit") or "power reference" in note:
+            con.print(note, highlight=False)
 
     try:
         rep, samples_by_level = run_levels(cost, prof, reqs, base_cfg, blocks, fracs, engine, seed=seed, device=device,
