@@ -202,3 +202,33 @@ def test_validate_names_the_board_s_power_limit(tmp_path):
     flat = " ".join(on.output.split())
     assert "board power limit" in flat and "reference loops" in flat
     assert "board power limit" not in off.output
+
+
+def test_the_board_model_predicts_the_probe_s_other_shapes():
+    """Run 45's H100: the board model fitted to its calibration's two loops (decode 64 x 2,048; a 4,096 prompt) against
+    the power probe on the same board a minute later (benchmarks/gpu/issue16_h100/power_probe_aadbeb3), shapes the fit
+    never saw: the uncapped shapes' board power within 15 W, the limited shapes' clock within 80 MHz and their
+    slowdown within 1.2 points."""
+    import json
+    from pathlib import Path
+
+    from costmodels.profiled import ProfiledStepCost
+    from costmodels.step_fit import run_profile
+    from sim.timeline_check import unpacked_run
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "issue16_h100"
+    c = ProfiledStepCost(run_profile(unpacked_run(root / "run45_async_triton_summarize_agentic_longctx_aadbeb3"), None))
+    b = c.power
+    rows = {r["shape"]: r for r in json.loads((root / "power_probe_aadbeb3" / "power_probe.json").read_text())["rows"]}
+    shapes = {"decode b=16 @2048": ([2048] * 16, []), "mixed 22 dec@2000 + 430 over 2000": ([2000] * 22, [(430, 2000)]),
+              "prefill 2048 over 1024": ([], [(2048, 1024)]), "mixed 16 dec@2000 + 2 x 2048": ([2000] * 16, [(2048, 0), (2048, 1024)])}
+    for name, (dec, pre) in shapes.items():
+        r = rows[name]
+        f, by = c.step_work(dec, 0, [a for a, _ in pre], [x for _, x in pre])
+        t, u = r["dev_late_ms"] / 1e3, min(1.0, r["busy"])
+        rates = (u, u * f / t / 1e15, u * by / t / 1e12)
+        phi = b.phi(*rates)
+        if r["capped_late"] < 0.5:
+            assert phi == 1.0 and abs(b.demand_w(*rates) - r["watts_late"]) < 15, name
+        else:
+            assert abs(phi * b.max_mhz - r["mhz_late"]) < 80 and abs(b.stretch(phi, True) - r["slowdown"]) < 0.012, name
