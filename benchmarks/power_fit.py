@@ -7,17 +7,21 @@ it did (FLOPs, HBM bytes) is the cost model's count for its composition (``StepC
 twin would count). The fit, on the ``--fit`` runs only:
 
 1. power at full clock: the trace's samples at full clock and not power-capped, against the governor's averages of
-   busy share, FLOP and HBM rate at that moment (``PowerGovernor`` fed the measured steps): least squares for
-   ``busy_w``, ``w_per_pflops``, ``w_per_tbps``; ``idle_w`` from the samples with the GPU idle;
-2. the limit: ``cap_w`` and ``gamma`` by the clock the samples with the limit holding (clock below full) ran at,
-   least squares in clock fraction over a grid; ``tau_s`` from a grid, best clock error over all samples;
-3. how device time follows the clock: the steps' measured device seconds over the run's own step model's, in log,
-   against ``max / clock - 1`` with one intercept per class and level (their calibrations differ), prompt-bearing
-   and decode steps apart (the clock from the trace at the step's start: 0.5 s samples, so the slope is
-   attenuated, not inflated, by the sampling).
+   busy share, FLOP and HBM rate at that moment (``PowerGovernor`` fed the measured steps): non-negative least squares
+   with one busy power per run (each run had its own board, and boards differ: 55-135 W on runs 26-40) and common
+   ``w_per_pflops``, ``w_per_tbps``; ``idle_w`` from the samples with the GPU idle; ``tau_s`` the time constant that
+   reproduces the reported power best (the driver's power.draw is itself an average: the limiter's own constant is not
+   seen in 0.5 s samples);
+2. the limit: ``cap_w`` and ``gamma`` over a grid, each run at its own board's busy power, by each level's prompt
+   steps' median clock (what the twin prices prompt steps at);
+3. how device time follows the clock (``clock_share_prompt``, ``clock_share_decode``): each level's mean log of the
+   steps' measured device seconds over its run's step model's, against ``max / (its median clock) - 1``, one
+   intercept per run and class (per step, the trace's 0.5 s snapshots attenuate the slope).
 
-Then on the ``--check`` runs, nothing refitted: the clock predicted at each sample and at each level's prompt steps
-against the trace's, and the power at full clock against the uncapped samples.
+The kind's model (the median board) is what ``--out`` writes; a board's own terms come from its calibration's
+reference loops (``PowerModel.for_board``). On the ``--check`` runs, nothing refitted, the median board's clock at
+each sample and at each level's prompt steps against the trace's, and its power at full clock against the uncapped
+samples: the spread is the boards' (run 44's drew 35-45 W more than run 43's at the same work).
 
     python3 benchmarks/power_fit.py --fit 26-40 --check 41-44 [--out costmodels/data/power/h200.json]
 """
