@@ -81,7 +81,8 @@ def test_stored_profiles_keep_the_revision_they_were_fitted_with(tmp_path):
     prof = CalibrationProfile.load(next(run4.glob("calibration_*.json")))
     assert prof.step.model_rev == 0                               # written before revisions: the old model
     # and that is what reproduces the run's own per-step predictions (validate recorded them at the run's commit)
-    s = json.loads(next(run4.glob("samples_reasoning_*.json")).read_text())["low"]
+    from sim.timeline_check import unpacked_run
+    s = json.loads(next(unpacked_run(run4).glob("samples_reasoning_*.json")).read_text())["low"]
     cost = ProfiledStepCost(prof)
     loop = prof.step.loop
     for i in range(0, 400, 37):
