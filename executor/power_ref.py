@@ -101,14 +101,15 @@ def run_loop(runner, batches: list, seconds: float, idle_s: float = 1.5) -> dict
             if len(evs) % 8 == 0:   # keep the host within a few steps of the device: steps start when they run
                 b.synchronize()
         torch.cuda.synchronize(dev)
-    return {"t": t_wall, "dev": [a.elapsed_time(b) / 1e3 for a, b in evs], "which": which}
+        t_done = time.time()   # the device done with the last step (the host runs up to 8 launches ahead of it)
+    return {"t": t_wall, "dev": [a.elapsed_time(b) / 1e3 for a, b in evs], "which": which, "t_done": t_done}
 
 
 def loop_summary(r: dict, smi: list) -> dict:
     """A one-shape loop's ``RefLoop`` figures: device seconds first / late, busy share, power / clock / capped share
     over its last half."""
     t, d = r["t"], r["dev"]
-    t0, t1 = t[0], t[-1] + d[-1]
+    t0, t1 = t[0], r.get("t_done", t[-1] + d[-1])
     late = [s for s in smi if (t0 + t1) / 2 <= s[0] <= t1]
     n = len(d)
     return {"steps": n, "step_s_first": statistics.median(d[: min(10, n)]), "step_s_late": statistics.median(d[n // 2:]),

@@ -232,3 +232,20 @@ def test_the_board_model_predicts_the_probe_s_other_shapes():
             assert phi == 1.0 and abs(b.demand_w(*rates) - r["watts_late"]) < 15, name
         else:
             assert abs(phi * b.max_mhz - r["mhz_late"]) < 80 and abs(b.stretch(phi, True) - r["slowdown"]) < 0.012, name
+
+
+def test_a_reference_loop_s_summary():
+    """``executor.power_ref.loop_summary``: device seconds first / late, the busy share up to when the device finished
+    (the host runs launches ahead: its last launch is not the end), and the last half's power, clock and capped share."""
+    pytest.importorskip("torch")
+    from executor.power_ref import loop_summary
+
+    t = [100.0 + 0.05 * i for i in range(40)]               # launches every 50 ms, each step 50 ms of device work
+    dev = [0.048] * 10 + [0.050] * 30
+    r = {"t": t, "dev": dev, "which": [0] * 40, "t_done": t[-1] + 8 * 0.05}   # the host 8 launches ahead at the end
+    smi = [(100.0 + 0.1 * k, 1980.0 if k < 12 else 1850.0, 650.0 if k < 12 else 700.0, 50.0, 0 if k < 12 else 4)
+           for k in range(30)]
+    s = loop_summary(r, smi)
+    assert s["steps"] == 40 and s["step_s_first"] == 0.048 and s["step_s_late"] == 0.050
+    assert s["busy"] == pytest.approx(sum(dev) / (8 * 0.05 + 0.05 * 39), rel=1e-9) and s["busy"] < 1
+    assert s["watts"] == 700.0 and s["mhz"] == 1850.0 and s["capped"] == 1.0

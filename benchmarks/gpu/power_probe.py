@@ -55,7 +55,7 @@ def smi_query() -> str:
 
 def summarise(name: str, r: dict, smi: list) -> dict:
     t, d, w = r["t"], r["dev"], r["which"]
-    t0, t1 = t[0], t[-1] + d[-1]
+    t0, t1 = t[0], r.get("t_done", t[-1] + d[-1])
     first = [s for s in smi if t0 <= s[0] < t0 + 0.3]
     late = [s for s in smi if (t0 + t1) / 2 <= s[0] <= t1]
     med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
