@@ -26,10 +26,23 @@ from executor.forward_batch import build_forward_batch, synthetic_seqs
 QUERY = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
 
 
-def start_smi(path: str, query: str = QUERY, period_ms: int = 100) -> subprocess.Popen | None:
-    """nvidia-smi every ``period_ms`` into ``path`` (None where it cannot start)."""
+def smi_target(device) -> list[str]:
+    """nvidia-smi's ``-i`` for the GPU ``device`` is (by its UUID: CUDA_VISIBLE_DEVICES renumbers, nvidia-smi does not),
+    so a multi-GPU host samples that board alone; [] where torch cannot say (one GPU: nvidia-smi's only line)."""
     try:
-        return subprocess.Popen(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-lms", str(period_ms)],
+        dev = torch.device(device)
+        u = str(torch.cuda.get_device_properties(dev.index if dev.index is not None else torch.cuda.current_device()).uuid)
+    except Exception:  # noqa: BLE001  (no CUDA, an older torch without the field)
+        return []
+    if not u or u == "None":
+        return []
+    return ["-i", u if u.startswith(("GPU-", "MIG-")) else "GPU-" + u]
+
+
+def start_smi(path: str, query: str = QUERY, period_ms: int = 100, target: list[str] | None = None) -> subprocess.Popen | None:
+    """nvidia-smi every ``period_ms`` into ``path`` (None where it cannot start); ``target``: ``smi_target``'s."""
+    try:
+        return subprocess.Popen(["nvidia-smi", *(target or []), f"--query-gpu={query}", "--format=csv,noheader,nounits", "-lms", str(period_ms)],
                                 stdout=open(path, "w"), stderr=subprocess.DEVNULL)
     except OSError:
         return None
@@ -49,10 +62,10 @@ def read_smi(path: str) -> list[tuple]:
     return out
 
 
-def board_id() -> tuple[str, float | None]:
-    """(uuid / serial, power limit W) of the board, from nvidia-smi ("", None where unreadable)."""
+def board_id(target: list[str] | None = None) -> tuple[str, float | None]:
+    """(uuid / serial, power limit W) of the board (``smi_target``'s), from nvidia-smi ("", None where unreadable)."""
     try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=uuid,serial,power.limit", "--format=csv,noheader,nounits"],
+        r = subprocess.run(["nvidia-smi", *(target or []), "--query-gpu=uuid,serial,power.limit", "--format=csv,noheader,nounits"],
                            capture_output=True, text=True, timeout=20)
         p = [x.strip() for x in r.stdout.splitlines()[0].split(",")]
         try:
@@ -127,10 +140,11 @@ def measure_power_reference(runner, seconds: float = 3.0, log=print):
     """The board's reference loops (``PowerReference``), or None where nvidia-smi is absent or read nothing."""
     from costmodels.power import PowerReference, RefLoop
 
-    board, limit = board_id()
+    target = smi_target(runner.device)
+    board, limit = board_id(target)
     fd, path = tempfile.mkstemp(suffix=".csv")
     os.close(fd)
-    smi = start_smi(path)
+    smi = start_smi(path, target=target)
     if smi is None:
         log("  power reference: no nvidia-smi, skipped")
         return None

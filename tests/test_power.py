@@ -249,3 +249,26 @@ def test_a_reference_loop_s_summary():
     assert s["steps"] == 40 and s["step_s_first"] == 0.048 and s["step_s_late"] == 0.050
     assert s["busy"] == pytest.approx(sum(dev) / (8 * 0.05 + 0.05 * 39), rel=1e-9) and s["busy"] < 1
     assert s["watts"] == 700.0 and s["mhz"] == 1850.0 and s["capped"] == 1.0
+
+
+def test_the_reference_loops_sample_their_own_board(monkeypatch):
+    """On a multi-GPU host nvidia-smi prints a line per GPU: the loops' sampler names the board by its UUID."""
+    pytest.importorskip("torch")
+    import types
+
+    import torch
+
+    import executor.power_ref as pr
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid="1234-abcd"))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert pr.smi_target("cuda:3") == ["-i", "GPU-1234-abcd"]
+    calls = []
+    monkeypatch.setattr(pr.subprocess, "Popen", lambda args, **kw: calls.append(args) or "proc")
+    assert pr.start_smi("/dev/null", target=pr.smi_target("cuda")) == "proc"
+    assert calls[0][:3] == ["nvidia-smi", "-i", "GPU-1234-abcd"]
+
+    def boom(i):
+        raise RuntimeError("no CUDA")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", boom)
+    assert pr.smi_target("cuda") == []

@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import time
 
-from executor.power_ref import make_batch, read_smi, run_loop as run_shape, start_smi
+from executor.power_ref import make_batch, read_smi, run_loop as run_shape, smi_target, start_smi
 
 SHAPES = {   # name -> (decode contexts, prompt chunks (new, cached))
     "decode b=16 @2048": ([2048] * 16, []),
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"engine built in {time.perf_counter() - t0:.1f} s", flush=True)
     log = (a.out or "power_probe.json") + ".smi.csv"
     query = smi_query()
-    smi = start_smi(log, query)
+    smi = start_smi(log, query, target=smi_target(engine.runner.device))
     runs = {}
     batches = {name: make_batch(engine.runner, dec, pre) for name, (dec, pre) in SHAPES.items()}
     try:
