@@ -29,9 +29,6 @@ samples: the spread is the boards' (run 44's drew 35-45 W more than run 43's at 
 from __future__ import annotations
 
 import argparse
-import calendar
-import csv
-import datetime as dt
 import json
 import sys
 from pathlib import Path
@@ -44,19 +41,6 @@ from costmodels.power import PowerGovernor, PowerModel  # noqa: E402
 
 RUNS = Path(__file__).resolve().parent / "gpu" / "issue16_h200"
 MAX_MHZ = 1980.0
-
-
-def trace(run: Path) -> np.ndarray:
-    """(unix s, SM MHz, W, capped) per nvidia-smi sample."""
-    rows = []
-    for r in list(csv.reader((run / "gpu_clocks.csv").open()))[1:]:
-        try:
-            t = dt.datetime.strptime(r[0].strip(), "%Y/%m/%d %H:%M:%S.%f")
-            rows.append((calendar.timegm(t.timetuple()) + t.microsecond / 1e6, float(r[1].split()[0]),
-                         float(r[2].split()[0]), float(bool(int(r[4].strip(), 16) & 0x4))))
-        except (ValueError, IndexError):
-            continue
-    return np.array(rows)
 
 
 def run_dirs(spec: str) -> list[Path]:
@@ -74,9 +58,9 @@ def run_dirs(spec: str) -> list[Path]:
 def load_run(run_dir: Path, work_cache: dict) -> dict | None:
     """The run's steps placed in time with their work and model device seconds, and its trace; None without them."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from step_residuals import load_samples, rebuilt_steps, replay_numbers
+    from step_residuals import gpu_clocks, load_samples, rebuilt_steps, replay_numbers
 
-    from costmodels.batch import BatchShape, decodes_then_chunks
+    from costmodels.batch import decodes_then_chunks
     from costmodels.profiled import ProfiledStepCost
     from costmodels.step_fit import run_profile
     from sim.timeline_check import unpacked_run
@@ -84,8 +68,8 @@ def load_run(run_dir: Path, work_cache: dict) -> dict | None:
     if not (run / "gpu_clocks.csv").is_file():
         return None
     prof = run_profile(run, None)
-    cost = ProfiledStepCost(prof).pipelined()
-    base = cost.base
+    cost = ProfiledStepCost(prof, power=False).pipelined()
+    cost._work = work_cache   # one memo over the runs: the work counted is the model's, not the calibration's
     samples = load_samples(run)
     cols: dict[str, list] = {k: [] for k in ("at", "md", "dev", "prompt", "flops", "bytes", "level")}
     for f in sorted(run.glob("validation_*_*.json")):
@@ -98,12 +82,7 @@ def load_run(run_dir: Path, work_cache: dict) -> dict | None:
             cols["at"] += list(np.asarray(t0s, float)[rep] + np.asarray(s["start_s"], float))
             cols["md"] += [np.nan if x is None else x for x in s["device_s"]]
             for d, new, ctx in rebuilt_steps(s):
-                key = (len(d), int(d.mean()) // 256 if len(d) else 0, tuple(x // 64 for x in new), tuple(c // 256 for c in ctx))
-                if key not in work_cache:
-                    n, c, isd = decodes_then_chunks(d, 0, new, ctx)
-                    st = base.step(BatchShape(new_tokens=n, context_lens=c, is_decode=isd))
-                    work_cache[key] = (sum(o.flops for o in st.ops), sum(o.bytes for o in st.ops))
-                fl, by = work_cache[key]
+                fl, by = cost.step_work(d, 0, new, ctx)   # what the twin counts (ProfiledStepCost.step_work)
                 cols["flops"].append(fl)
                 cols["bytes"].append(by)
                 cols["dev"].append(cost.pipelined_parts(*decodes_then_chunks(d, 0, new, ctx))[0])
@@ -114,7 +93,7 @@ def load_run(run_dir: Path, work_cache: dict) -> dict | None:
     out = {k: np.asarray(v) for k, v in cols.items()}
     order = np.argsort(out["at"], kind="stable")
     out = {k: v[order] for k, v in out.items()}
-    out["trace"] = trace(run)
+    out["trace"] = gpu_clocks(run)
     out["name"] = run_dir.name
     return out
 
@@ -133,8 +112,7 @@ def governor_at(r: dict, model: PowerModel, times: np.ndarray, key: str) -> np.n
         while j < at.size and at[j] + md[j] <= t:
             g.add(at[j], at[j] + md[j], r["flops"][j], r["bytes"][j])
             j += 1
-        k = np.exp(-(t - g.t) / model.tau_s) if g.t is not None and t > g.t else 1.0
-        out[i] = (g.u * k, g.f * k, g.b * k)
+        out[i] = g.at(t)
     memo[(model.tau_s, key)] = out
     return out
 
@@ -201,20 +179,6 @@ def fit_power(runs: list[dict], tau: float) -> tuple[dict, dict, float]:
     per_run = {r["name"]: float(c[k]) for k, r in enumerate(runs)}
     return ({"idle_w": idle_w, "busy_w": float(np.median(c[: len(runs)])), "w_per_pflops": float(c[-2]),
              "w_per_tbps": float(c[-1])}, per_run, rms)
-
-
-def clock_error(runs: list[dict], model: PowerModel, only_limited: bool) -> float:
-    """Mean absolute error of the predicted clock fraction over the runs' serving samples (or the limited ones)."""
-    errs = []
-    for r in runs:
-        tr = r["trace"]
-        gv = governor_at_samples(r, model)
-        ok = in_window(r, tr) & (gv[:, 0] > 0.5)
-        if only_limited:
-            ok &= tr[:, 1] < MAX_MHZ - 30
-        phi = model.phis(gv[ok, 0], gv[ok, 1], gv[ok, 2])
-        errs += list(np.abs(phi - tr[ok, 1] / MAX_MHZ))
-    return float(np.mean(errs)) if errs else float("nan")
 
 
 def clock_shares(runs: list[dict]) -> dict[str, float]:

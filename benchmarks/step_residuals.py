@@ -484,24 +484,30 @@ def main() -> None:
     clock_bias(run, samples, prof)
 
 
-def gpu_clock_trace(run: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``gpu_clocks.csv`` (nvidia-smi every 0.5 s through the matrix, scripts/device_matrix.sh): unix seconds, SM MHz and
-    whether the SW power cap was holding the clock down (clock event reason bit 0x4). Empty arrays without the file."""
+def gpu_clocks(run: Path) -> np.ndarray:
+    """``gpu_clocks.csv`` (nvidia-smi every 0.5 s through the matrix, scripts/device_matrix.sh), one row per sample:
+    unix seconds, SM MHz, board watts, and 1.0 where the SW power cap was holding the clock down (clock event reason
+    bit 0x4). An empty (0, 4) array without the file."""
     import calendar
     import csv
     import datetime as dt
     f = run / "gpu_clocks.csv"
-    ts, mhz, capped = [], [], []
+    rows = []
     if f.is_file():
         for r in list(csv.reader(f.open()))[1:]:
             try:
                 t = dt.datetime.strptime(r[0].strip(), "%Y/%m/%d %H:%M:%S.%f")
-                ts.append(calendar.timegm(t.timetuple()) + t.microsecond / 1e6)
-                mhz.append(float(r[1].split()[0]))
-                capped.append(bool(int(r[4].strip(), 16) & 0x4) if len(r) > 4 else False)
+                rows.append((calendar.timegm(t.timetuple()) + t.microsecond / 1e6, float(r[1].split()[0]),
+                             float(r[2].split()[0]), float(bool(int(r[4].strip(), 16) & 0x4)) if len(r) > 4 else 0.0))
             except (ValueError, IndexError):
                 continue
-    return np.asarray(ts), np.asarray(mhz), np.asarray(capped, bool)
+    return np.asarray(rows, float).reshape(-1, 4)
+
+
+def gpu_clock_trace(run: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``gpu_clocks``' unix seconds, SM MHz and whether the SW power cap was holding the clock down."""
+    g = gpu_clocks(run)
+    return g[:, 0], g[:, 1], g[:, 3].astype(bool)
 
 
 def clock_bias(run: Path, samples: dict[str, dict], prof) -> dict:

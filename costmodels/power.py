@@ -106,13 +106,7 @@ class PowerModel(BaseModel):
     def phis(self, busy, pflops, tbps):
         """``phi`` over arrays (what a fit evaluates at many moments)."""
         import numpy as np
-        busy, pflops, tbps = (np.asarray(x, float) for x in (busy, pflops, tbps))
-        clocked = self.w_per_pflops * pflops
-        over = self.idle_w + self.busy_w * busy + clocked + self.w_per_tbps * tbps - self.cap_w
-        room = clocked - over
-        with np.errstate(divide="ignore", invalid="ignore"):
-            phi = np.where(room > 0, (room / np.where(clocked > 0, clocked, 1.0)) ** (1.0 / self.gamma), self.min_phi)
-        return np.where((over <= 0) | (clocked <= 0), 1.0, np.maximum(self.min_phi, phi))
+        return np.vectorize(self.phi, otypes=[float])(busy, pflops, tbps)
 
     def for_board(self, ref: PowerReference, work) -> "PowerModel | None":
         """This GPU kind's model fitted to one board's reference loops (``work(decode_ctx, 0, new, cached)``: FLOPs and
@@ -184,23 +178,16 @@ class PowerGovernor:
         self.f = 0.0           # PFLOP/s
         self.b = 0.0           # TB/s
 
-    def _decay(self, t: float) -> None:
-        if self.t is None:
-            self.t = t
-            return
-        if t > self.t:
-            k = math.exp(-(t - self.t) / self.model.tau_s)
-            self.u *= k
-            self.f *= k
-            self.b *= k
-            self.t = t
+    def at(self, t: float) -> tuple[float, float, float]:
+        """(busy share, PF/s, TB/s) averaged as of ``t`` (decayed over any idle gap since the last span)."""
+        if self.t is None or t <= self.t:
+            return self.u, self.f, self.b
+        k = math.exp(-(t - self.t) / self.model.tau_s)
+        return self.u * k, self.f * k, self.b * k
 
     def phi_at(self, t: float) -> float:
         """Clock fraction for a step starting at ``t`` (the averages decayed over any idle gap before it)."""
-        if self.t is not None and t > self.t:
-            k = math.exp(-(t - self.t) / self.model.tau_s)
-            return self.model.phi(self.u * k, self.f * k, self.b * k)
-        return self.model.phi(self.u, self.f, self.b)
+        return self.model.phi(*self.at(t))
 
     def add(self, t0: float, t1: float, flops: float, nbytes: float) -> None:
         """Device work of ``flops`` FLOPs and ``nbytes`` HBM bytes run from ``t0`` to ``t1``."""
@@ -211,7 +198,7 @@ class PowerGovernor:
             t0 = self.t
             if t1 <= t0:
                 return
-        self._decay(t0)
+        self.u, self.f, self.b = self.at(t0)
         k = math.exp(-(t1 - t0) / self.model.tau_s)
         w = 1.0 - k
         self.u = self.u * k + w

@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import time
 
-from executor.power_ref import make_batch, read_smi, run_loop as run_shape, smi_target, start_smi
+from executor.power_ref import loop_summary, make_batch, read_smi, run_loop as run_shape, smi_target, start_smi
 
 SHAPES = {   # name -> (decode contexts, prompt chunks (new, cached))
     "decode b=16 @2048": ([2048] * 16, []),
@@ -55,18 +55,16 @@ def smi_query() -> str:
 
 def summarise(name: str, r: dict, smi: list) -> dict:
     t, d, w = r["t"], r["dev"], r["which"]
+    ref = loop_summary(r, smi)   # the calibration's reference-loop figures: busy share, last half's power / clock / cap
     t0, t1 = t[0], r.get("t_done", t[-1] + d[-1])
     first = [s for s in smi if t0 <= s[0] < t0 + 0.3]
     late = [s for s in smi if (t0 + t1) / 2 <= s[0] <= t1]
     med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
-    n = len(d)
-    out = {"shape": name, "steps": n, "seconds": t1 - t0,
-           "busy": sum(d) / (t1 - t0),
-           "mhz_first": med([s[1] for s in first]), "mhz_late": med([s[1] for s in late]),
-           "watts_first": med([s[2] for s in first]), "watts_late": med([s[2] for s in late]),
+    out = {"shape": name, "steps": len(d), "seconds": t1 - t0, "busy": ref["busy"],
+           "mhz_first": med([s[1] for s in first]), "mhz_late": ref["mhz"] if late else float("nan"),
+           "watts_first": med([s[2] for s in first]), "watts_late": ref["watts"] if late else float("nan"),
            "watts_late_max": max((s[2] for s in late), default=float("nan")),
-           "capped_late": sum(bool(s[4] & 0x4) for s in late) / max(len(late), 1),
-           "temp_late": med([s[3] for s in late])}
+           "capped_late": ref["capped"], "temp_late": med([s[3] for s in late])}
     if late and len(late[0]) > 5:
         out["watts_instant_first"] = med([s[5] for s in first])
         out["watts_instant_late"] = med([s[5] for s in late])
