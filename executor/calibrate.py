@@ -1054,8 +1054,13 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     # predicts (the model's own FP8 GEMM table, costmodels.op_table.table_from_points), so the fit's scales are fitted
     # on the pricing that uses them (without them here, run 27's fit priced GEMMs from the committed op table and its
     # predictions from its own table)
+    # and the GPU it ran on (``measured_on``): the own GEMM table prices only on the GPU it was timed on
+    # (``StepOps._gemm_table``), and the analytic defaults say H200; without it a calibration on another GPU (H100 run 45)
+    # fitted its scales on the committed H200 op table's GEMMs and predicted with its own: graph device scale 1.076
+    # where the forwards timed with the GPU held give 1.045 on the pricing that predicts, decode device work +0.9-2.3%
     prof = base.model_copy(update={"tables": {**base.tables, **tables}, "op_points": op_pts,
-                                   "op_table_libs": CalibrationProfile.measured_libs(op_pts, dtype)})
+                                   "op_table_libs": CalibrationProfile.measured_libs(op_pts, dtype),
+                                   "measured_on": hw if cuda else "cpu"})
     graphs = getattr(engine.runner, "graphs", None)
     graph_sizes = list(graphs.captured) if graphs is not None else []
     pieces = getattr(engine.runner, "piecewise", None)   # piecewise CUDA graphs: prefill/mixed steps pad to a token bucket

@@ -39,8 +39,12 @@ def test_tiny_calibrate_then_validate_on_cpu(tmp_path, monkeypatch):
     # the fit prices steps from the same op points the saved profile predicts from (a profile whose points time the
     # model's own GEMMs prices them from those: fitted without them, run 27's scales were fitted on other GEMM times)
     assert len(seen) == 1 and seen[0].op_points == prof.op_points and prof.op_points
+    # and knows the GPU it ran on: the own GEMM table prices only there (H100 run 45's fit priced the committed H200
+    # table's GEMMs, under the defaults' measured_on, and its predictions its own)
+    assert seen[0].measured_on == prof.measured_on
     # and an offline refit from the profile's own points (scripts/matrix_offline.py --refit auto) is the same fit
     re = step_fit.refit_profile(prof, "auto").step
+    assert re.hardware_basis == prof.step.hardware_basis
     flat = lambda h: {k: v for k, v in h.model_dump().items() if not isinstance(v, list)}  # noqa: E731
     assert flat(re.host) == pytest.approx(flat(prof.step.host), rel=1e-6, abs=1e-12)
     assert re.fit.mape == pytest.approx(prof.step.fit.mape, rel=1e-6)
