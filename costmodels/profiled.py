@@ -292,7 +292,7 @@ class ProfiledStepCost:
         if dec.all() and (new == 1).all():
             pad = self.step.graph_bucket(new.size)
             if pad:
-                return ("graph", float(self.graph_categories(ctx, pad) @ self.k),
+                return ("graph", float(self.graph_categories(ctx, pad) @ self.k) + self.step.graph_replay_s,
                         float(self.step.host.graph(new.size, float(np.sum(ctx)))))
         cats = self.category_times(new, ctx, dec)
         return ("eager", cats, self.eager_device(new, ctx, dec, cats), self.host_time(new.size, int(new.sum()), int((~dec).sum())),
@@ -404,7 +404,7 @@ class ProfiledStepCost:
             d, h, _ = self._decode_split(ctx, n, draft_len, pad, cats, att, rows)
             return np.maximum(d, h)
         if pad:
-            d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + self.sample_s(rows)
+            d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + self.step.graph_replay_s + self.sample_s(rows)
             return float(self.step.host.graph(n, float(ctx.sum()))) + d
         ke = self.k_eager
         smp = self.sample_s(rows)
@@ -425,7 +425,7 @@ class ProfiledStepCost:
         sd, sh = self.sample_split(rows)
         loop = float(self.step.loop(n, int(rows)))
         if pad:
-            d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + sd
+            d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + self.step.graph_replay_s + sd
             return d, float(self.step.host.graph(n, float(ctx.sum()))) + sh + loop, sd
         ke = self.k_eager
         d = float(cats[1:] @ ke[1:]) + (cats[0] + att) * ke[0] + self.step.eager_decode_group_s + sd

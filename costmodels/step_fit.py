@@ -446,7 +446,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
         # 1.10-1.23x the sum of their op times with the MoE from its measured table (its own CUDA graph, alone), and
         # 1.2-1.74x, rising with batch, the rest alone with the MoE kept at its measured time (scale 1): the MoE pays
         # the forward's factor too
-        pinned = forward_scales(pts, fw, scale_bounds or (0.0, np.inf))
+        pinned, replay = forward_fit(pts, fw, scale_bounds or (0.0, np.inf))
         if "attn_prefill_chunk" in sub or "kv_expand" in sub:
             # the measured per-chunk attention is priced as measured (the chunk runs eagerly between the graph pieces,
             # not inside a graph, so the graph forwards' factor is not its). Left free it went to its 0.8 bound in H200
@@ -460,7 +460,8 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
             lo[j], hi[j] = v, v * (1 + 1e-9) + 1e-12
         bounds = (lo, hi) if scale_bounds is not None or pinned or smp.any() or issue else None
         serial = fit_serial(pts, after)   # measured, not fitted to whole steps: held fixed like the pinned scales
-        off = np.array([0.0 if p.graph_bs > 0 else HostTerms(**serial).serial(p.num_requests, len(p.prefill), sum(n for n, _ in p.prefill)) for p in pts])
+        # a graph replay's fixed device cost (forward_fit), measured: held like the serial host terms
+        off = np.array([replay if p.graph_bs > 0 else HostTerms(**serial).serial(p.num_requests, len(p.prefill), sum(n for n, _ in p.prefill)) for p in pts])
         pin_pa = "attn_prefill_chunk" in sub or "kv_expand" in sub
         eag = fit_eager_device(pts, df[:, :nc], scale_bounds, pin_pa)
         alphas = tuple(np.linspace(0.0, 1.0, 11))
@@ -495,8 +496,8 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
                 pred[i] = off[i] + flow_forward(hv, dv, frac[i], early, alpha) + df[i, ns] * k[ns]
         sse = float(np.sum(((pred - y) / y) ** 2))
         if best is None or sse < best[4] - 1e-12:
-            best = (use_tables, h, k, alpha, sse, df, sub, fw, serial, off, eag, early, pred)
-    use_tables, h, k, alpha, _, df, sub, fw, serial, off, eag, early, pred = best
+            best = (use_tables, h, k, alpha, sse, df, sub, fw, serial, off, eag, early, pred, replay)
+    use_tables, h, k, alpha, _, df, sub, fw, serial, off, eag, early, pred, replay = best
     host = HostTerms(**{n: float(v) for n, v in zip(hnames, h)}, **serial, **fit_sample_issue(pts))
     main_l = max(layers, key=lambda L: sum(p.num_layers == L for p in pts))
     notes = []
@@ -509,6 +510,9 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
     fwd = graph_forward_ratio(pts, fw)
     if fwd is not None:
         notes.append(fwd)
+    if replay > 0:
+        notes.append(f"decode-graph replay: {replay * 1e3:.3f} ms of device work beyond its ops' times at scale {k[0]:.3f}, "
+                     "fitted with it to the forwards timed with the GPU held")
     if issue:
         notes.append(f"eager host terms measured: the forward's issue with the GPU held by a spin kernel, {len(_split_points(pts))} grid steps "
                      f"({', '.join(f'{hnames[j]} {v * 1e3:.3f} ms' for j, v in issue.items())}); fixed in the fit")
@@ -529,7 +533,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
                         f"+ {alpha:.2f} x min(issue, device)" if early is not None else f"overlap {alpha:.2f}")
                      + ", from their unheld forwards")
     prof = StepProfile(model=model, num_layers=main_l, dtype=dtype, device=device, hardware_basis=hardware_basis, model_rev=STEP_MODEL_REV,
-                       use_op_tables=use_tables, op_tables=sub, category_scale=scales, host=host, overlap=alpha,
+                       use_op_tables=use_tables, op_tables=sub, category_scale=scales, host=host, overlap=alpha, graph_replay_s=replay,
                        graph_sizes=sorted({int(x) for x in graph_sizes if x > 0}),
                        piecewise_sizes=pw, loop=fit_loop(pts), notes=notes, points=list(points), **eager_kw)
     e = errors(pred, y)
@@ -555,22 +559,48 @@ def _graph_forwards(points: Sequence[StepPoint], cats: np.ndarray, min_held: int
 
 def forward_scales(points: Sequence[StepPoint], cats: np.ndarray, scale_bounds: tuple[float, float],
                    min_points: int = 8) -> dict[int, float]:
+    """The device scales of ``forward_fit`` alone: {category index: scale}."""
+    return forward_fit(points, cats, scale_bounds, min_points)[0]
+
+
+def forward_fit(points: Sequence[StepPoint], cats: np.ndarray, scale_bounds: tuple[float, float],
+                min_points: int = 8, replay_cap: float = 0.1) -> tuple[dict[int, float], float]:
     """Device scale fitted to device time alone: the CUDA-graph points' measured forwards (``forward_s``, the
     replay's CUDA events: no host work in it) against the sum of the graph's own op times (``cats``, one row per point:
     no logits GEMM, no sampling, which run after the replay), least squares on relative error within ``scale_bounds``.
-    Returns {category index: scale} for the categories the graph forwards exercise; {} where fewer than
-    ``min_points`` graph points recorded a forward (profiles before run 9). The whole-step fit then keeps these fixed,
-    so host-bound eager steps cannot move device scales to absorb host time. H200 run 9: the graph forwards run
-    1.16x their op times (p10 1.10, p90 1.25), the in-graph cost of ~170 small kernels a layer beyond the tables."""
+    Returns ``({category index: scale}, replay seconds)`` for the categories the graph forwards exercise; ({}, 0) where
+    fewer than ``min_points`` graph points recorded a forward (profiles before run 9). The whole-step fit then keeps
+    these fixed, so host-bound eager steps cannot move device scales to absorb host time. H200 run 9: the graph
+    forwards run 1.16x their op times (p10 1.10, p90 1.25), the in-graph cost of ~170 small kernels a layer beyond the
+    tables.
+
+    Where the forwards were timed with the GPU held (``queued_forward_s``: device work alone, no wait for the launch)
+    a replay's fixed device cost is fitted with the scale, forward = scale x op times + replay (``graph_replay_s``),
+    the replay within [0, ``replay_cap`` x the smallest held forward] and the scale within its bounds, else the scale
+    alone: the graph's chain of small kernels pays its ramps and tails once a replay whatever the batch. H100 run 45
+    (51 held forwards, 1-128 rows): the scale alone left the one-row forwards 3.9% under and the 48-128-row ones 1-2%
+    over (rms 2.2%); with the replay term (0.17 ms, scale 1.073) rms 1.4%, every batch within 2%. On an idle GPU's
+    forwards the launch wait (host work) would pass for it: the scale alone there."""
     sel, r = _graph_forwards(points, cats)
     if len(sel) < min_points:
-        return {}
+        return {}, 0.0
     used = [j for j in range(cats.shape[1]) if cats[sel, j].max() > 0]
     q = 1.0 / r     # op-time sum over the measured forward
     # one scale for all of them: attention and the row-wise ops are a few percent of a decode forward and move
     # together with the GEMMs, so separate scales are not identified (fitted apart they sit at opposite bounds)
     k = float(np.clip(np.sum(q) / np.sum(q * q), *scale_bounds))   # min sum (k q - 1)^2: relative error of (op sum) x k
-    return {j: k for j in used}
+    replay = 0.0
+    if all(points[i].queued_forward_s for i in sel):
+        y = np.array([points[i].queued_forward_s for i in sel])
+        cap = replay_cap * float(y.min())
+        a = np.stack([q, 1.0 / y], 1)   # min sum ((k x + c) / y - 1)^2 over (k, c)
+        k2, c2 = np.linalg.lstsq(a, np.ones_like(y), rcond=None)[0]
+        if c2 > cap:   # at the cap: the scale given it
+            c2 = cap
+            k2 = float(np.sum(q * (1.0 - c2 / y)) / np.sum(q * q))
+        if c2 > 0 and scale_bounds[0] <= k2 <= scale_bounds[1]:
+            k, replay = float(k2), float(c2)
+    return {j: k for j in used}, replay
 
 
 def graph_forward_ratio(points: Sequence[StepPoint], cats: np.ndarray) -> str | None:

@@ -231,6 +231,11 @@ class StepProfile(BaseModel):
                                         "pays for holding decodes: the decode group's attention path run eagerly between the "
                                         "pieces (absorbed query, paged-decode metadata and kernel, absorbed output) beyond the "
                                         "attention the tables price; measured with eager_scale")
+    graph_replay_s: float = Field(0.0, ge=0.0, description="device seconds a decode-graph replay pays beyond its ops' "
+                                  "times at the graph scale: the replay's fixed cost on the device (its chain of small "
+                                  "kernels' ramps and tails that no op table holds), fitted with the scale to the forwards "
+                                  "timed with the GPU held (forward = scale x op times + this), at most a tenth of the "
+                                  "smallest of them; 0: the scale alone (older profiles, or no held forwards)")
     graph_sizes: list[int] = Field(default_factory=list, description="decode batch sizes the engine replays as CUDA graphs "
                                    "(a batch pads up to the smallest >= n); empty: every step eager")
     piecewise_sizes: list[int] = Field(default_factory=list, description="token buckets of the engine's piecewise CUDA "

@@ -382,6 +382,41 @@ def test_device_scale_comes_from_the_graph_forwards_when_they_were_timed():
     assert all(v == pytest.approx(1.1) for v in forward_scales(graph, cats, (0.8, 1.25)).values())
 
 
+def test_a_graph_replays_fixed_device_cost_is_fitted_with_the_scale_from_held_forwards():
+    """Forwards timed with the GPU held (device work alone) that run 1.05x their op times plus 0.1 ms a replay: the fit
+    recovers both, prices the replay in every graph step, and says so; the same forwards timed only on an idle GPU (the
+    launch wait in them) fit the scale alone; the replay term stays within a tenth of the smallest held forward."""
+    from costmodels.step_fit import forward_fit
+
+    prof = _tiny_profile()
+    sizes = [1, 2, 4, 8]
+    kw = dict(model="deepseek-v3", num_layers=4, dtype="fp8", device="cuda", graph_sizes=sizes, overlap=0.0,
+              host=HostTerms(fixed_s=1e-3, graph_fixed_s=2e-4))
+    truth = StepProfile(**kw, category_scale=dict(zip(FIT_CATEGORIES, (1.0,) * len(FIT_CATEGORIES))))
+    cost = ProfiledStepCost(prof, truth)
+    graph = [StepPoint(num_layers=4, decode_ctx=[256 + 64 * j] * n, wall_s=1.0, graph_bs=min(s for s in sizes if s >= n))
+             for n in (1, 2, 3, 4, 6, 8) for j in range(2)]
+    cats = np.array([cost.graph_categories(np.asarray(p.decode_ctx), p.graph_bs, logits=False) for p in graph])
+    fwd = 1.05 * cats.sum(1) + 1e-4
+    held = [p.model_copy(update={"forward_s": f + 1.2e-4, "queued_forward_s": f}) for p, f in zip(graph, fwd)]
+    scales, replay = forward_fit(held, cats, (0.8, 1.25))
+    assert replay == pytest.approx(1e-4, rel=1e-6) and all(v == pytest.approx(1.05, rel=1e-6) for v in scales.values())
+    idle = [p.model_copy(update={"forward_s": f + 1.2e-4}) for p, f in zip(graph, fwd)]
+    assert forward_fit(idle, cats, (0.8, 1.25))[1] == 0.0
+    assert forward_fit(held, cats, (0.8, 1.25), replay_cap=1e-3)[1] == pytest.approx(1e-3 * fwd.min())
+    # the whole-step fit keeps them, and the step model prices the replay in a graph step's device work
+    held = [p.model_copy(update={"wall_s": float(truth.host.graph(len(p.decode_ctx), float(np.sum(p.decode_ctx)))) + f
+                                 + cost.sample_s(len(p.decode_ctx))}) for p, f in zip(held, fwd)]
+    eager = [StepPoint(num_layers=4, decode_ctx=[256] * d, prefill=[(q, 0)], wall_s=1.0) for q in (256, 1024, 4096) for d in (0, 16)]
+    eager = [p.model_copy(update={"wall_s": 1.5 * cost.point_time(p)}) for p in eager]
+    st = fit_step_profile(prof, held + eager, model="deepseek-v3", dtype="fp8", device="cuda", graph_sizes=sizes, try_op_tables=False)
+    assert st.graph_replay_s == pytest.approx(1e-4, rel=1e-6) and any("decode-graph replay: 0.100 ms" in n for n in st.notes)
+    fitted = ProfiledStepCost(prof, st)
+    dev = fitted.pipelined().pipelined_parts(np.ones(3, np.int64), np.full(3, 300), np.ones(3, bool))[0]
+    zero = ProfiledStepCost(prof, st.model_copy(update={"graph_replay_s": 0.0}))
+    assert dev - zero.pipelined().pipelined_parts(np.ones(3, np.int64), np.full(3, 300), np.ones(3, bool))[0] == pytest.approx(1e-4)
+
+
 def test_the_engines_gemm_library_is_kept_and_named():
     """A profile that names its engine's GEMM library (op_table_libs) keeps it when the step fit prices without the
     profile's own efficiency tables, and `simulate/tune --calibration` name the library in the profile's source line."""
