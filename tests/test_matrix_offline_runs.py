@@ -272,14 +272,15 @@ def test_held_out_run_34_with_the_held_forward_fit(tmp_path):
     """H200 run 34 (chat, agentic at b24ed5a, DeepGEMM): the first calibration that timed its CUDA-graph forwards
     with the GPU held busy too. Refitted as a calibration at HEAD fits (the device scale pinned to the held forwards:
     1.11 where the idle ones gave 1.16; the sampler's host issue from the points' measured phase) and priced launch by
-    launch, both classes held out: all 30 targets met (worst: throughput +0.6%, TPOT p50 -1.7%, TTFT p50 -5.2%, TTFT
-    p90 -5.1%, step MAPE 4.9% at chat's past saturation). The fit the device made (idle forwards) misses TPOT p50 at agentic's
-    knee (+6.2%) and step MAPE in four cells (7.7% worst). Pinned at those figures."""
+    launch, both classes held out: all 30 targets met (worst: throughput +1.0%, TPOT p50 -2.2%, TTFT p50 -4.7%, TTFT
+    p90 -5.8%, step MAPE 4.9% at chat's past saturation; before the graph replay's fixed device cost was fitted with
+    the scale, 2026-12-06: +0.6 / -1.7 / -5.2 / -5.1%). The fit the device made (idle forwards) misses TPOT p50 at
+    agentic's knee (+6.2%) and step MAPE in four cells (7.7% worst). Pinned at those figures."""
     import matrix_offline as mo
 
     r34 = _unpacked("run34_async_deepgemm_chat_agentic_reasoning_b24ed5a", tmp_path / "r34")
     w = mo.main([str(r34), "--refit", "auto"])
-    _worst_within(w, 0.007, 0.019, 0.056, 0.052)
+    _worst_within(w, 0.011, 0.023, 0.048, 0.059)
     m = _level_step_mape(r34, sync=False, refit="auto")
     assert len(m) == 6 and max(m.values()) <= 0.0495 and max(m, key=m.get) == ("chat", "past saturation")
     w = mo.main([str(r34)])
@@ -505,7 +506,18 @@ def test_held_graph_forwards_pin_the_device_scale_to_the_replays_device_work(tmp
     assert idle.step.category_scale == run_profile(src, "auto").step.category_scale
     assert n > 100 and idle_graph_forwards(held)[1] == n
     k0, k1 = idle.step.category_scale["attention"], held.step.category_scale["attention"]
-    assert 0.95 * k0 < k1 < 0.995 * k0
+    assert 0.9 * k0 < k1 < 0.995 * k0
+    # the held fit's graph forwards (scale x op times + the replay's fixed cost, fitted together since 2026-12-06)
+    # are the idle fit's less about the launch wait taken out (0.14 ms): 0.19 ms on average over the graph points
+    import numpy as np
+
+    from costmodels.profiled import ProfiledStepCost
+    ch, ci = ProfiledStepCost(held, power=False), ProfiledStepCost(idle, power=False)
+    assert idle.step.graph_replay_s == 0.0 and 0.0 < held.step.graph_replay_s < 1e-4
+    gap = [float(ci.graph_categories(np.asarray(p.decode_ctx), p.graph_bs, logits=False) @ ci.k)
+           - float(ch.graph_categories(np.asarray(p.decode_ctx), p.graph_bs, logits=False) @ ch.k) - held.step.graph_replay_s
+           for p in held.step.points if p.graph_bs > 0 and p.forward_s and not p.prefill and p.decode_ctx]
+    assert 1.0e-4 < float(np.mean(gap)) < 3.0e-4
     assert held.step.host.graph_fixed_s > idle.step.host.graph_fixed_s
     with pytest.raises(ValueError, match="give a refit"):
         run_profile(d, None, idle_graph=True)
