@@ -659,7 +659,7 @@ def refit_profile(profile, scale_bounds: str = "auto"):
         if mt is not None:
             profile = profile.model_copy(update={"tables": {**profile.tables, "moe_layer": mt}})
     b = scale_bounds if scale_bounds == "auto" else None if scale_bounds == "none" else tuple(float(x) for x in scale_bounds.split(","))
-    st2 = fit_step_profile(profile, st.points, model=st.model, dtype=st.dtype, device=st.device, graph_sizes=st.graph_sizes, hardware_basis=st.hardware_basis,
+    st2 = fit_step_profile(profile, st.points, model=st.model, dtype=st.dtype, device=st.device, graph_sizes=st.graph_sizes, hardware_basis=getattr(st, "hardware_basis", None) or "H200",
                            scale_bounds=b, piecewise_sizes=st.piecewise_sizes)
     # admission is measured apart from the step points (executor.calibrate.measure_admission): kept as measured
     st2.loop = st2.loop.model_copy(update={"admit_s": st.loop.admit_s, "admit_per_token_s": st.loop.admit_per_token_s})
