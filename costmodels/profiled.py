@@ -241,6 +241,12 @@ class ProfiledStepCost:
             return d, float(self.step.host.sample_issue(rows))
         return d, total - d
 
+    def launch_device(self, rows: int) -> float:
+        """Device seconds a pipelined launch of a decode graph of ``rows`` rows holds beyond its forward and sampler
+        (``StepProfile.launch_device_s`` + per row: the copies around the replay); 0 on profiles without the held
+        launch spans."""
+        return self.step.launch_device_s + self.step.launch_device_per_row_s * rows
+
     @staticmethod
     def sampled_rows(new: np.ndarray, dec: np.ndarray) -> float:
         """Rows the sampler runs over in one step: each decode's tokens (its drafts' verification rows included) and
@@ -317,7 +323,7 @@ class ProfiledStepCost:
         loop = float(self.step.loop(new.size, int(new.sum())))
         if t[0] == "graph":
             sd, sh = self.sample_split(new.size)
-            return t[1] + sd, t[2] + sh + loop, False, sd
+            return t[1] + sd + self.launch_device(new.size), t[2] + sh + loop, False, sd
         _, _, d, h, serial, sampled = t
         sd, sh = self.sample_split(sampled)
         return d + sd, serial + h + sh + loop, True, sd
@@ -425,7 +431,7 @@ class ProfiledStepCost:
         sd, sh = self.sample_split(rows)
         loop = float(self.step.loop(n, int(rows)))
         if pad:
-            d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + self.step.graph_replay_s + sd
+            d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + self.step.graph_replay_s + sd + self.launch_device(n)
             return d, float(self.step.host.graph(n, float(ctx.sum()))) + sh + loop, sd
         ke = self.k_eager
         d = float(cats[1:] @ ke[1:]) + (cats[0] + att) * ke[0] + self.step.eager_decode_group_s + sd

@@ -510,6 +510,11 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
     fwd = graph_forward_ratio(pts, fw)
     if fwd is not None:
         notes.append(fwd)
+    smp_tab = profile.tables.get("sample")
+    launch = fit_launch_device(pts, lambda r: None if smp_tab is None or smp_tab.device([r]) is None else float(smp_tab.device([r])[0]))
+    if launch is not None:
+        notes.append(f"pipelined launch of a decode graph: {launch[0] * 1e3:.3f} ms + {launch[1] * 1e6:.2f} us per row of "
+                     "device work beyond its forward and sampler (held launch spans less held forwards and the sampler table)")
     if replay > 0:
         notes.append(f"decode-graph replay: {replay * 1e3:.3f} ms of device work beyond its ops' times at scale {k[0]:.3f}, "
                      "fitted with it to the forwards timed with the GPU held")
@@ -534,6 +539,7 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
                      + ", from their unheld forwards")
     prof = StepProfile(model=model, num_layers=main_l, dtype=dtype, device=device, hardware_basis=hardware_basis, model_rev=STEP_MODEL_REV,
                        use_op_tables=use_tables, op_tables=sub, category_scale=scales, host=host, overlap=alpha, graph_replay_s=replay,
+                       **({} if launch is None else {"launch_device_s": launch[0], "launch_device_per_row_s": launch[1]}),
                        graph_sizes=sorted({int(x) for x in graph_sizes if x > 0}),
                        piecewise_sizes=pw, loop=fit_loop(pts), notes=notes, points=list(points), **eager_kw)
     e = errors(pred, y)
@@ -601,6 +607,31 @@ def forward_fit(points: Sequence[StepPoint], cats: np.ndarray, scale_bounds: tup
         if c2 > 0 and scale_bounds[0] <= k2 <= scale_bounds[1]:
             k, replay = float(k2), float(c2)
     return {j: k for j in used}, replay
+
+
+def fit_launch_device(points: Sequence[StepPoint], sample_device, min_points: int = 8) -> tuple[float, float] | None:
+    """Device seconds a pipelined launch of a decode graph holds beyond its forward and its sampler, as
+    ``launch_device_s + launch_device_per_row_s x rows``: the grid's held launch spans (``queued_launch_s``) less their
+    held forwards (``queued_forward_s``) and the sampler table's device work at their rows (``sample_device(rows)``),
+    least squares, both terms >= 0. What the copies around a replay cost on the device (the inputs', the sampled ids'
+    read-back, the rows' gather), which serving's device span holds and the forward and the sampler timed apart do not
+    (H100 run 46: serving's decode steps 0.04-0.13 ms over the model of the two at 1-16 rows). None with fewer than
+    ``min_points`` such points (calibrations before 2026-12-06) or without the sampler's device table."""
+    sel = [p for p in points if p.graph_bs > 0 and not p.prefill and p.queued_launch_s and p.queued_forward_s]
+    if len(sel) < min_points:
+        return None
+    n = np.array([float(len(p.decode_ctx)) for p in sel])
+    smp = [sample_device(x) for x in n]
+    if any(v is None for v in smp):
+        return None
+    r = np.array([p.queued_launch_s - p.queued_forward_s for p in sel]) - np.array(smp, float)
+    a = np.stack([np.ones_like(n), n], 1)
+    c0, c1 = np.linalg.lstsq(a, r, rcond=None)[0]
+    if c1 < 0:
+        c0, c1 = float(np.mean(r)), 0.0
+    if c0 < 0:
+        c0, c1 = 0.0, max(float(np.sum(r * n) / np.sum(n * n)), 0.0)
+    return max(float(c0), 0.0), float(c1)
 
 
 def graph_forward_ratio(points: Sequence[StepPoint], cats: np.ndarray) -> str | None:

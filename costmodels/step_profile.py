@@ -76,6 +76,10 @@ class StepPoint(BaseModel):
     queued_forward_s: float | None = Field(None, description="the forward's CUDA-event seconds with the GPU held busy by a "
                                            "spin kernel while the host issued it: its device work alone (eager steps; "
                                            "CUDA-graph decodes since ae91d90: the replay without the wait for its launch)")
+    queued_launch_s: float | None = Field(None, description="a CUDA-graph decode launched as the pipelined loop launches "
+                                          "it (its inputs' copies, the replay, the sampler, the sampled ids' read-back) "
+                                          "with the GPU held busy by a spin kernel: the launch's device span, as serving's "
+                                          "device_s times it (calibrations since 2026-12-06)")
     queued_host_s: float | None = Field(None, description="host seconds the forward call took under that spin: its "
                                         "launch issue alone (near the spin's length if the forward syncs)")
     host_phases: dict[str, float] | None = Field(None, description="the runner's host phases (seconds, median of repeats "
@@ -236,6 +240,11 @@ class StepProfile(BaseModel):
                                   "kernels' ramps and tails that no op table holds), fitted with the scale to the forwards "
                                   "timed with the GPU held (forward = scale x op times + this), at most a tenth of the "
                                   "smallest of them; 0: the scale alone (older profiles, or no held forwards)")
+    launch_device_s: float = Field(0.0, ge=0.0, description="device seconds a pipelined launch of a decode graph runs "
+                                   "beyond its forward and its sampler: the inputs' and sampled ids' copies, the rows' "
+                                   "gather (fitted to the grid's held launch spans less their held forwards and the "
+                                   "sampler table; the synchronous loop's wall fit holds them in its host terms)")
+    launch_device_per_row_s: float = Field(0.0, ge=0.0, description="the same, per decode row")
     graph_sizes: list[int] = Field(default_factory=list, description="decode batch sizes the engine replays as CUDA graphs "
                                    "(a batch pads up to the smallest >= n); empty: every step eager")
     piecewise_sizes: list[int] = Field(default_factory=list, description="token buckets of the engine's piecewise CUDA "

@@ -641,6 +641,32 @@ def queued_forward(runner, run, wall_s: float, repeats: int = 2) -> dict:
     return {} if f is None or h is None else {"queued_forward_s": f, "queued_host_s": h}
 
 
+def queued_launch(runner, plan, wall_s: float, repeats: int = 2) -> dict:
+    """A CUDA-graph decode launched as the pipelined loop launches it (``executor.overlap.PipelinedRunner``: its inputs
+    built and copied, the replay, the sampler, the sampled ids' read-back copy) behind a spin kernel that holds the GPU
+    until the whole launch is issued: the launch's device span from its first to its last event, as serving's
+    ``device_s`` times it (``queued_launch_s``). Beside the held forward (``queued_forward``) and the sampler table it
+    gives the device work a launch holds beyond the two (``step_fit.fit_launch_device``): H100 run 46's decode steps'
+    serving device work ran 0.04-0.13 ms over the model of those two at 1-16 rows. Median of ``repeats``; {} off CUDA
+    or without a spin kernel."""
+    spin = getattr(torch.cuda, "_sleep", None)
+    if runner.device.type != "cuda" or spin is None:
+        return {}
+    from executor.overlap import PipelinedRunner
+    pr = PipelinedRunner(runner)
+    cycles = _spin_cycles(1.25 * wall_s + 1e-3)
+    spans = []
+    for _ in range(repeats):
+        torch.cuda.synchronize(runner.device)
+        spin(cycles)
+        f = pr.launch(plan, None)
+        pr.collect(f)
+        spans.append(float(f.record.get("device_s", float("nan"))))
+    runner.num_steps_run -= repeats   # a measurement, not a step the engine ran
+    got = _finite_median(spans)
+    return {} if got is None else {"queued_launch_s": got}
+
+
 def queued_split_text(points: list[StepPoint]) -> str:
     """One line on the eager grid steps' measured host/device split (``queued_forward``): how many are host-bound
     (issue longer than device work) and the forward's measured time against max(issue, device). '' when none was
@@ -713,6 +739,9 @@ def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print, interleave
                     # without the wait for its launch that an idle GPU pays (H200, benchmarks/gpu/graph_launch_gap.py:
                     # 0.11-0.15 ms of every grid forward at 1-64 rows), which a pipelined loop hides
                     queued = queued_forward(runner, run, statistics.median(walls))
+                if graph_bs and not pf:
+                    # and the whole pipelined launch's device span: the copies around the replay and the sampler
+                    queued.update(queued_launch(runner, plan, statistics.median(walls)))
             finally:
                 for r in plan.decodes + [c.request for c in plan.prefills]:
                     runner.remove_request(r.request_id)
@@ -725,7 +754,8 @@ def measure_steps(engine: LLMEngine, shapes, repeats: int, log=print, interleave
             log(f"  step {j + 1:3d}/{len(shapes)}: {len(dc):4d} decodes (ctx ~{int(np.mean(dc)) if dc else 0:5d}), "
                 f"prefill {sum(a for a, _ in pf):6d} tok in {len(pf)}: {med * 1e3:8.2f} ms" + (f" (graph {graph_bs})" if graph_bs else "")
                 + (f"; forward device {queued['queued_forward_s'] * 1e3:.2f}, issue {queued['queued_host_s'] * 1e3:.2f} ms"
-                   if queued else "") + _state_text(st))
+                   if "queued_forward_s" in queued else "")
+                + (f", launch device {queued['queued_launch_s'] * 1e3:.2f} ms" if "queued_launch_s" in queued else "") + _state_text(st))
     finally:
         if filler is not None:
             for r in filler.decodes:

@@ -417,6 +417,35 @@ def test_a_graph_replays_fixed_device_cost_is_fitted_with_the_scale_from_held_fo
     assert dev - zero.pipelined().pipelined_parts(np.ones(3, np.int64), np.full(3, 300), np.ones(3, bool))[0] == pytest.approx(1e-4)
 
 
+def test_a_pipelined_launchs_device_work_beyond_forward_and_sampler():
+    """Held launch spans that run 40 us + 0.5 us a row beyond their held forward and the sampler's device work: the fit
+    recovers both terms; a negative per-row slope falls back to the constant alone; without enough such points or
+    without the sampler's device table, None. The pipelined step model adds it to a graph step's device work; the
+    synchronous one (whose wall fit holds it) does not."""
+    from costmodels.step_fit import fit_launch_device
+
+    smp = lambda r: 1e-4 + 2e-6 * r  # noqa: E731
+    pts = [StepPoint(num_layers=4, decode_ctx=[500] * n, wall_s=1e-2, graph_bs=n, queued_forward_s=3e-3 + 1e-5 * n,
+                     queued_launch_s=3e-3 + 1e-5 * n + smp(n) + 4e-5 + 5e-7 * n) for n in (1, 2, 4, 8, 16, 32, 64, 128)]
+    c0, c1 = fit_launch_device(pts, smp)
+    assert c0 == pytest.approx(4e-5, rel=1e-6) and c1 == pytest.approx(5e-7, rel=1e-6)
+    falling = [p.model_copy(update={"queued_launch_s": p.queued_launch_s - 1e-6 * len(p.decode_ctx)}) for p in pts]
+    c0, c1 = fit_launch_device(falling, smp)
+    assert c1 == 0.0 and c0 > 0
+    assert fit_launch_device(pts[:5], smp) is None and fit_launch_device(pts, lambda r: None) is None
+    assert fit_launch_device([p.model_copy(update={"queued_launch_s": None}) for p in pts], smp) is None
+
+    prof = _tiny_profile()
+    st = StepProfile(model="deepseek-v3", num_layers=4, dtype="fp8", device="cuda", graph_sizes=[1, 2, 4, 8],
+                     host=HostTerms(fixed_s=1e-3, graph_fixed_s=2e-4))
+    with_launch = st.model_copy(update={"launch_device_s": 4e-5, "launch_device_per_row_s": 5e-7})
+    a, b = ProfiledStepCost(prof, st), ProfiledStepCost(prof, with_launch)
+    args = (np.ones(3, np.int64), np.full(3, 300), np.ones(3, bool))
+    assert b.pipelined().pipelined_parts(*args)[0] - a.pipelined().pipelined_parts(*args)[0] == pytest.approx(4e-5 + 3 * 5e-7)
+    assert b.pipelined().decode_parts(np.full(3, 300.0))[0] - a.pipelined().decode_parts(np.full(3, 300.0))[0] == pytest.approx(4e-5 + 3 * 5e-7)
+    assert b.decode_times(np.full(3, 300.0), 1)[0] == a.decode_times(np.full(3, 300.0), 1)[0]
+
+
 def test_the_engines_gemm_library_is_kept_and_named():
     """A profile that names its engine's GEMM library (op_table_libs) keeps it when the step fit prices without the
     profile's own efficiency tables, and `simulate/tune --calibration` name the library in the profile's source line."""
