@@ -67,6 +67,43 @@ def test_queued_forward_is_absent_off_cuda():
     assert queued_forward(engine.runner, lambda: None, 0.01) == {}
 
 
+def test_queued_launch_is_absent_off_cuda():
+    from executor.calibrate import build_engine, queued_launch
+
+    engine = build_engine("tiny", None, "cpu", "fp32", 8, 128, num_kv_blocks=40)
+    assert queued_launch(engine.runner, None, 0.01) == {}
+
+
+@pytest.mark.gpu
+def test_a_graph_points_held_launch_spans_its_held_forward():
+    """On a GPU every CUDA-graph grid point times its whole pipelined launch held (queued_launch_s): it holds the
+    replay, so it is at least the held forward; the engine's step count is left as it was."""
+    import torch
+
+    from executor.calibrate import build_engine, measure_steps
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA")
+    engine = build_engine("tiny", None, "cuda", "bf16", 8, 256, num_kv_blocks=64)
+    if not getattr(engine.runner, "graphs", None):
+        pytest.skip("no CUDA graphs captured")
+    pts = measure_steps(engine, [([100] * 2, []), ([100] * 4, [])], repeats=2, log=lambda s: None)
+    for p in pts:
+        assert p.graph_bs > 0 and p.queued_forward_s and p.queued_launch_s
+        assert p.queued_launch_s >= p.queued_forward_s
+    from executor.calibrate import queued_launch
+    from executor.synthetic_steps import synthetic_plan
+    plan = synthetic_plan(engine, [100] * 2, [], "held_")
+    try:
+        engine.runner.execute(plan)
+        before = engine.runner.num_steps_run
+        assert "queued_launch_s" in queued_launch(engine.runner, plan, 0.01)
+        assert engine.runner.num_steps_run == before   # a measurement, not a step the engine ran
+    finally:
+        for r in plan.decodes:
+            engine.runner.remove_request(r.request_id)
+
+
 def _pt(host, dev, fwd):
     return StepPoint(num_layers=2, prefill=[(64, 0)], wall_s=fwd * 1.2, forward_s=fwd, queued_host_s=host, queued_forward_s=dev)
 
