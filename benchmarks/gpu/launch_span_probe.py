@@ -25,13 +25,16 @@ def main() -> None:
     from executor.calibrate import bench_sampler, build_engine, measure_steps
 
     t0 = time.perf_counter()
-    engine = build_engine("deepseek-v3", 5, "cuda", "fp8", 128, 4096, num_kv_blocks=128 * 64 + 64)
+    # MODEL=tiny DEVICE=cpu DTYPE=fp32 LAYERS=0 runs it on a CPU (no held times there: a smoke of the calls)
+    model, dev, dtype = os.environ.get("MODEL", "deepseek-v3"), os.environ.get("DEVICE", "cuda"), os.environ.get("DTYPE", "fp8")
+    layers = int(os.environ.get("LAYERS", "5")) or None
+    engine = build_engine(model, layers, dev, dtype, 128, 4096, num_kv_blocks=128 * 64 + 64)
     print(f"engine built in {time.perf_counter() - t0:.1f} s", flush=True)
     batches = [int(x) for x in os.environ.get("BATCHES", "1,2,4,8,16,32,64").split(",")]
     temp = float(os.environ.get("TEMPERATURE", "10000"))
     shapes = [([2048] * b, []) for b in batches]
     pts = measure_steps(engine, shapes, repeats=5, log=print, temperature=temp)
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=dev).manual_seed(0)
     spec = engine.cfg.spec
     smp = bench_sampler(engine.runner.model.compute_logits, engine.vocab_size, spec.hidden_size, engine.runner.device,
                         engine.runner.kv.dtype, 10, batches, gen)
@@ -42,14 +45,15 @@ def main() -> None:
         rows.append({"batch": b, "graph_bs": p.graph_bs, "wall_s": p.wall_s, "forward_s": p.forward_s,
                      "queued_forward_s": p.queued_forward_s, "queued_launch_s": p.queued_launch_s, "sample_device_s": sdev.get(b),
                      "launch_beyond_s": rest})
-        print(f"b={b:3d} graph {p.graph_bs:3d}: held forward {p.queued_forward_s * 1e3:.3f} ms, sampler device "
+        print(f"b={b:3d} graph {p.graph_bs:3d}: held forward {(p.queued_forward_s or float('nan')) * 1e3:.3f} ms, sampler device "
               f"{(sdev.get(b) or float('nan')) * 1e3:.3f}, held launch {(p.queued_launch_s or float('nan')) * 1e3:.3f}: "
               f"beyond the two {(rest if rest is not None else float('nan')) * 1e3:+.3f} ms", flush=True)
     fit = fit_launch_device(pts, lambda r: sdev.get(int(r)), min_points=3)
     print(f"fit_launch_device: {fit}", flush=True)
     out = Path(os.environ.get("OUT", "/tmp"))
     (out / "launch_span.json").write_text(json.dumps({"rows": rows, "fit": fit, "temperature": temp,
-                                                       "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}, indent=1))
+                                                       "gpu": torch.cuda.get_device_name() if dev == "cuda" else dev,
+                                                       "torch": torch.__version__}, indent=1))
 
 
 if __name__ == "__main__":
