@@ -298,7 +298,7 @@ class ProfiledStepCost:
         if dec.all() and (new == 1).all():
             pad = self.step.graph_bucket(new.size)
             if pad:
-                return ("graph", float(self.graph_categories(ctx, pad) @ self.k) + self.step.graph_replay_s,
+                return ("graph", float(self._graph_forward(self.graph_categories(ctx, pad), 0.0)),
                         float(self.step.host.graph(new.size, float(np.sum(ctx)))))
         cats = self.category_times(new, ctx, dec)
         return ("eager", cats, self.eager_device(new, ctx, dec, cats), self.host_time(new.size, int(new.sum()), int((~dec).sum())),
@@ -410,7 +410,7 @@ class ProfiledStepCost:
             d, h, _ = self._decode_split(ctx, n, draft_len, pad, cats, att, rows)
             return np.maximum(d, h)
         if pad:
-            d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + self.step.graph_replay_s + self.sample_s(rows)
+            d = self._graph_forward(cats, att) + self.sample_s(rows)
             return float(self.step.host.graph(n, float(ctx.sum()))) + d
         ke = self.k_eager
         smp = self.sample_s(rows)
@@ -423,6 +423,11 @@ class ProfiledStepCost:
         fwd = np.array([self.eager_forward(h, float(di), rows, c) for di in np.atleast_1d(d)])
         return self.step.host.serial(n, 0) + (fwd if np.ndim(d) else float(fwd[0])) + smp
 
+    def _graph_forward(self, cats: np.ndarray, att):
+        """Device seconds of a decode graph's replay: its categories at the graph scales with the attention per step
+        ``att`` (an array or a float) beside them, and the replay's fixed device cost (``StepProfile.graph_replay_s``)."""
+        return float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + self.step.graph_replay_s
+
     def _decode_split(self, ctx: np.ndarray, n: int, draft_len: int, pad: int, cats: np.ndarray, att, rows: float):
         """(device, host, sampler device) of decode steps in the pipelined loop (``att``: attention per step, an array
         or a float): a graph replay's forward and sampler device work against its input build, launch and sampler
@@ -431,7 +436,7 @@ class ProfiledStepCost:
         sd, sh = self.sample_split(rows)
         loop = float(self.step.loop(n, int(rows)))
         if pad:
-            d = float(cats[1:] @ self.k[1:]) + (cats[0] + att) * self.k[0] + self.step.graph_replay_s + sd + self.launch_device(n)
+            d = self._graph_forward(cats, att) + sd + self.launch_device(n)
             return d, float(self.step.host.graph(n, float(ctx.sum()))) + sh + loop, sd
         ke = self.k_eager
         d = float(cats[1:] @ ke[1:]) + (cats[0] + att) * ke[0] + self.step.eager_decode_group_s + sd

@@ -511,7 +511,11 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
     if fwd is not None:
         notes.append(fwd)
     smp_tab = profile.tables.get("sample")
-    launch = fit_launch_device(pts, lambda r: None if smp_tab is None or smp_tab.device([r]) is None else float(smp_tab.device([r])[0]))
+
+    def sample_device(rows: float) -> float | None:   # the sampler table's device work (None: not timed apart)
+        d = smp_tab.device([rows]) if smp_tab is not None else None
+        return None if d is None else float(d[0])
+    launch = fit_launch_device(pts, sample_device)
     if launch is not None:
         notes.append(f"pipelined launch of a decode graph: {launch[0] * 1e3:.3f} ms + {launch[1] * 1e6:.2f} us per row of "
                      "device work beyond its forward and sampler (held launch spans less held forwards and the sampler table)")

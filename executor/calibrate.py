@@ -616,54 +616,58 @@ def _finite_median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs and all(x == x for x in xs) else None
 
 
-def queued_forward(runner, run, wall_s: float, repeats: int = 2) -> dict:
-    """An eager step's forward with the GPU held busy while the host issues it: a spin kernel long enough to cover
-    twice the step's measured wall time goes first, then the step (``run``). The forward's CUDA events then time
-    its device work alone (``queued_forward_s``: the GPU never waits for a launch) and the host's clock times the
-    forward call's issue alone (``queued_host_s``: no launch waits for the device, unless the forward itself
-    synchronises, which shows as an issue time near the spin's). Median of ``repeats``; {} off CUDA, without a
-    spin kernel, or when the runner recorded no forward. What separates a step's host from its device part
-    by measurement (``costmodels.step_fit``), where the wall time alone only bounds their combination."""
+def _held(runner, wall_s: float, repeats: int, call) -> list | None:
+    """``call()``'s results over ``repeats`` runs, each issued behind a spin kernel that holds the GPU longer than the
+    step's whole wall time ``wall_s`` (its issue cannot take longer unless it waits for the device): what its CUDA
+    events then time is device work alone. None off CUDA or without a spin kernel."""
     spin = getattr(torch.cuda, "_sleep", None)
     if runner.device.type != "cuda" or spin is None:
-        return {}
-    # longer than the step's whole wall time (its issue cannot take longer unless it waits for the device)
+        return None
     cycles = _spin_cycles(1.25 * wall_s + 1e-3)
-    fwd, host = [], []
+    out = []
     for _ in range(repeats):
         torch.cuda.synchronize(runner.device)
         spin(cycles)
+        out.append(call())
+    return out
+
+
+def queued_forward(runner, run, wall_s: float, repeats: int = 2) -> dict:
+    """An eager step's forward with the GPU held busy while the host issues it (``_held``), then the step (``run``).
+    The forward's CUDA events then time its device work alone (``queued_forward_s``: the GPU never waits for a launch)
+    and the host's clock times the forward call's issue alone (``queued_host_s``: no launch waits for the device,
+    unless the forward itself synchronises, which shows as an issue time near the spin's). Median of ``repeats``; {}
+    off CUDA, without a spin kernel, or when the runner recorded no forward. What separates a step's host from its
+    device part by measurement (``costmodels.step_fit``), where the wall time alone only bounds their combination."""
+    def call():
         run()
         rec = runner.step_records[0] if runner.step_records else {}
-        fwd.append(float(rec.get("forward_s", float("nan"))))
-        host.append(float(rec.get("forward_host_s", float("nan"))))
-    f, h = _finite_median(fwd), _finite_median(host)
+        return float(rec.get("forward_s", float("nan"))), float(rec.get("forward_host_s", float("nan")))
+    got = _held(runner, wall_s, repeats, call)
+    if got is None:
+        return {}
+    f, h = _finite_median([x[0] for x in got]), _finite_median([x[1] for x in got])
     return {} if f is None or h is None else {"queued_forward_s": f, "queued_host_s": h}
 
 
 def queued_launch(runner, plan, wall_s: float, repeats: int = 2) -> dict:
     """A CUDA-graph decode launched as the pipelined loop launches it (``executor.overlap.PipelinedRunner``: its inputs
     built and copied, the replay, the sampler, the sampled ids' read-back copy) behind a spin kernel that holds the GPU
-    until the whole launch is issued: the launch's device span from its first to its last event, as serving's
-    ``device_s`` times it (``queued_launch_s``). Beside the held forward (``queued_forward``) and the sampler table it
-    gives the device work a launch holds beyond the two (``step_fit.fit_launch_device``): H100 run 46's decode steps'
-    serving device work ran 0.04-0.13 ms over the model of those two at 1-16 rows. Median of ``repeats``; {} off CUDA
-    or without a spin kernel."""
-    spin = getattr(torch.cuda, "_sleep", None)
-    if runner.device.type != "cuda" or spin is None:
-        return {}
+    until the whole launch is issued (``_held``): the launch's device span from its first to its last event, as
+    serving's ``device_s`` times it (``queued_launch_s``). Beside the held forward (``queued_forward``) and the sampler
+    table it gives the device work a launch holds beyond the two (``step_fit.fit_launch_device``): H100 run 46's decode
+    steps' serving device work ran 0.04-0.13 ms over the model of those two at 1-16 rows. Median of ``repeats``; {} off
+    CUDA or without a spin kernel."""
     from executor.overlap import PipelinedRunner
     pr = PipelinedRunner(runner)
-    cycles = _spin_cycles(1.25 * wall_s + 1e-3)
-    spans = []
-    for _ in range(repeats):
-        torch.cuda.synchronize(runner.device)
-        spin(cycles)
+
+    def call():
         f = pr.launch(plan, None)
         pr.collect(f)
-        spans.append(float(f.record.get("device_s", float("nan"))))
-    runner.num_steps_run -= repeats   # a measurement, not a step the engine ran
-    got = _finite_median(spans)
+        runner.num_steps_run -= 1   # a measurement, not a step the engine ran
+        return float(f.record.get("device_s", float("nan")))
+    spans = _held(runner, wall_s, repeats, call)
+    got = None if spans is None else _finite_median(spans)
     return {} if got is None else {"queued_launch_s": got}
 
 
@@ -1137,7 +1141,7 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     notes = list(base.notes) + [f"measured: {len(pts)} step shapes, {len(loop_pts)} loop iterations, {len(op_pts)} linear shapes on {prov.get('gpu')}"]
     gpu = prov.get("gpu", device)
     return prof.model_copy(update={
-        "measured_on": hw if cuda else "cpu", "source": f"twinfer calibrate on {gpu}", "created": prov["date"],
+        "source": f"twinfer calibrate on {gpu}", "created": prov["date"],
         "notes": notes, "provenance": prov, "op_points": op_pts, "step": step, "power_ref": power_ref,
     })
 

@@ -350,6 +350,19 @@ def test_dense_gemms_priced_from_the_library_the_engine_ran():
         CalibrationProfile.model_validate({**base.model_dump(), "op_table_libs": {"fp8_gemm": "cublas"}})
 
 
+def _graph_setup():
+    """A tiny profile, its graph sizes, a step model at scale 1, its cost and graph decode points (1-8 rows, two
+    contexts each, unmeasured): what the graph-forward fit tests plant their forwards on."""
+    prof = _tiny_profile()
+    sizes = [1, 2, 4, 8]
+    kw = dict(model="deepseek-v3", num_layers=4, dtype="fp8", device="cuda", graph_sizes=sizes, overlap=0.0,
+              host=HostTerms(fixed_s=1e-3, graph_fixed_s=2e-4))
+    truth = StepProfile(**kw, category_scale=dict(zip(FIT_CATEGORIES, (1.0,) * len(FIT_CATEGORIES))))
+    graph = [StepPoint(num_layers=4, decode_ctx=[256 + 64 * j] * n, wall_s=1.0, graph_bs=min(s for s in sizes if s >= n))
+             for n in (1, 2, 3, 4, 6, 8) for j in range(2)]
+    return prof, sizes, truth, ProfiledStepCost(prof, truth), graph
+
+
 def test_device_scale_comes_from_the_graph_forwards_when_they_were_timed():
     """Graph points that recorded their forward (CUDA events, no host work) set one device scale: here the forwards
     are 1.1x the graph's own op times (no logits GEMM or sampling, which follow the replay) while the eager steps'
@@ -357,14 +370,7 @@ def test_device_scale_comes_from_the_graph_forwards_when_they_were_timed():
     in the host terms, with the scale bounds or without. Without forwards, nothing is pinned."""
     from costmodels.step_fit import forward_scales
 
-    prof = _tiny_profile()
-    sizes = [1, 2, 4, 8]
-    kw = dict(model="deepseek-v3", num_layers=4, dtype="fp8", device="cuda", graph_sizes=sizes, overlap=0.0,
-              host=HostTerms(fixed_s=1e-3, graph_fixed_s=2e-4))
-    truth = StepProfile(**kw, category_scale=dict(zip(FIT_CATEGORIES, (1.0,) * len(FIT_CATEGORIES))))
-    cost = ProfiledStepCost(prof, truth)
-    graph = [StepPoint(num_layers=4, decode_ctx=[256 + 64 * j] * n, wall_s=1.0, graph_bs=min(s for s in sizes if s >= n))
-             for n in (1, 2, 3, 4, 6, 8) for j in range(2)]
+    prof, sizes, truth, cost, graph = _graph_setup()
     fwd_cats = {id(p): cost.graph_categories(np.asarray(p.decode_ctx), p.graph_bs, logits=False) for p in graph}
     graph = [p.model_copy(update={"wall_s": cost.point_time(p) + 1e-3, "forward_s": 1.1 * float(fwd_cats[id(p)].sum())})
              for p in graph]
@@ -388,14 +394,7 @@ def test_a_graph_replays_fixed_device_cost_is_fitted_with_the_scale_from_held_fo
     launch wait in them) fit the scale alone; the replay term stays within a tenth of the smallest held forward."""
     from costmodels.step_fit import forward_fit
 
-    prof = _tiny_profile()
-    sizes = [1, 2, 4, 8]
-    kw = dict(model="deepseek-v3", num_layers=4, dtype="fp8", device="cuda", graph_sizes=sizes, overlap=0.0,
-              host=HostTerms(fixed_s=1e-3, graph_fixed_s=2e-4))
-    truth = StepProfile(**kw, category_scale=dict(zip(FIT_CATEGORIES, (1.0,) * len(FIT_CATEGORIES))))
-    cost = ProfiledStepCost(prof, truth)
-    graph = [StepPoint(num_layers=4, decode_ctx=[256 + 64 * j] * n, wall_s=1.0, graph_bs=min(s for s in sizes if s >= n))
-             for n in (1, 2, 3, 4, 6, 8) for j in range(2)]
+    prof, sizes, truth, cost, graph = _graph_setup()
     cats = np.array([cost.graph_categories(np.asarray(p.decode_ctx), p.graph_bs, logits=False) for p in graph])
     fwd = 1.05 * cats.sum(1) + 1e-4
     held = [p.model_copy(update={"forward_s": f + 1.2e-4, "queued_forward_s": f}) for p, f in zip(graph, fwd)]
