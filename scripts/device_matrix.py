@@ -154,6 +154,8 @@ def _matrix_doc(cmd: str, prof, ppath: Path, a, reports: dict) -> dict:
         "sampling_temperature": prof.provenance.get("sampling_temperature"), "step_warmup": prof.provenance.get("step_warmup"),
         "classes": {c: {"caps": CLASSES[c], "levels": [{"name": lv.name, "rate_rps": lv.rate_rps, "fraction": lv.fraction_of_capacity,
                                                          "rel_error": lv.rel_error, "spread": lv.spread, "step": lv.step,
+                                                         # each predicted figure's move with every step 2% longer or shorter
+                                                         "sensitivity": lv.sensitivity,
                                                          # per replay: the decode steps' host part against the model's
                                                          "decode_host_vs_calibration": (lv.diagnostics or {}).get("decode_host_vs_calibration"),
                                                          "eager_issue_vs_calibration": (lv.diagnostics or {}).get("eager_issue_vs_calibration")}
@@ -204,16 +206,27 @@ def _clamp(reqs, max_in: int, max_out: int, max_model_len: int, bs: int):
 def _print_table(con, reports: dict, worst: dict) -> None:
     from rich.table import Table
 
-    t = Table(title="validation matrix: relative error (predicted - measured) / measured")
+    from sim.validate import STEP_SHIFT, TARGETS
+
+    t = Table(title="validation matrix: relative error (predicted - measured) / measured",
+              caption=f"! the predicted figure moves by more than its target when every step runs {STEP_SHIFT * 100:g}% "
+                      "longer or shorter (sim.validate.step_sensitivity)")
     t.add_column("class")
     t.add_column("level")
     for f in FIGURES:
         t.add_column(f, justify="right")
     for cls, rep in reports.items():
         for lv in rep.levels:
-            t.add_row(cls, lv.name, *(f"{lv.rel_error[f] * 100:+.1f}%" if lv.rel_error.get(f) is not None else "-" for f in FIGURES))
+            t.add_row(cls, lv.name, *(f"{lv.rel_error[f] * 100:+.1f}%" + sensitive_mark(lv.sensitivity.get(f), TARGETS[f])
+                                      if lv.rel_error.get(f) is not None else "-" for f in FIGURES))
     t.add_row("worst", "", *(f"{worst[f]['rel_error'] * 100:+.1f}%" if f in worst else "-" for f in FIGURES))
     con.print(t)
+
+
+def sensitive_mark(sensitivity: float | None, target: float) -> str:
+    """The matrix table's mark (" !") where a predicted figure moves by more than its target with every step
+    ``STEP_SHIFT`` longer or shorter; nothing elsewhere."""
+    return " !" if sensitivity is not None and sensitivity > target else ""
 
 
 if __name__ == "__main__":

@@ -15,6 +15,9 @@ Measured figures come from ``validation_<class>_*.json`` (``levels[].measured``)
 those category-scale bounds (costmodels.step_fit.fit_step_profile) before simulating; default: the run's profile as is.
 ``--linear-eager``: with ``--refit``, build the dense GEMM tables from the Linear's eager seconds even where its points
 timed the device work too (calibrations since 25bf3ae): the two tables side by side on the same held-out run.
+``--sensitivity``: beside each error, how far the prediction moves with every step 2% longer or shorter
+(``sim.validate.step_sensitivity``), marked ``!`` where that exceeds the figure's target, and the misses counted in
+marked cells and elsewhere.
 ``--op-table-gemms``: the FP8 GEMMs from the committed op table even where the calibration timed the model's own GEMM
 shapes at its token buckets (``gemm`` points).
 """
@@ -126,7 +129,8 @@ def run_replays(run: Path) -> int:
 def recover(run: Path, nreq: int, cost, cfg) -> None:
     """measured_recovered.json from the matrix report's relative errors and this code's prediction (run it at the
     commit the run was made with); classes with a validation report keep its measured figures."""
-    from device_matrix import FIGURES
+    from device_matrix import FIGURES, sensitive_mark
+    from sim.validate import TARGETS, natural_rate, step_sensitivity
 
     matrix = json.loads(next(run.glob("matrix_*.json")).read_text())
     have = measured_levels(run)
@@ -169,6 +173,9 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, str]]:
     ap.add_argument("--replay", type=int, default=None,
                     help="compare with replay N's measured figures (1-based; classes whose report kept per-replay figures) "
                          "instead of the median: a level's first replay pays a one-time cost on its largest eager steps")
+    ap.add_argument("--sensitivity", action="store_true",
+                    help="mark (!) each figure whose prediction moves by more than its target with every step 2%% longer or "
+                         "shorter (sim.validate.step_sensitivity), print that move, and count the misses in marked cells")
     ap.add_argument("--recover", action="store_true",
                     help="write measured_recovered.json for classes whose validation report did not come back: measured = "
                          "the prediction / (1 + the matrix report's relative error); exact only at the run's own commit")
@@ -177,7 +184,8 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, str]]:
     import sim.instance as inst
     from costmodels.profiled import ProfiledStepCost
     from costmodels.step_fit import run_profile
-    from device_matrix import FIGURES
+    from device_matrix import FIGURES, sensitive_mark
+    from sim.validate import TARGETS, natural_rate, step_sensitivity
     from ui.cmd_validate import sim_config
 
     from sim.timeline_check import unpacked_run
@@ -222,6 +230,7 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, str]]:
         if not have:
             raise SystemExit(f"{run}: no validation report with {a.replay} replays per level")
     per_class = run_class_requests(run)
+    misses = {"marked": 0, "unmarked": 0}
     for cls, levels in have.items():
         reqs = class_requests(cls, per_class.get(cls, nreq), mml)
         for name, lv in levels.items():
@@ -230,8 +239,21 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, str]]:
             for f, e in errs.items():
                 if f not in worst or abs(e) > abs(worst[f][0]):
                     worst[f] = (e, f"{cls} {name}")
-            print(f"{cls:10} {name:16} " + " ".join(f"{errs[f] * 100:+17.1f}%" for f in FIGURES))
+            if not a.sensitivity:
+                print(f"{cls:10} {name:16} " + " ".join(f"{errs[f] * 100:+17.1f}%" for f in FIGURES))
+                continue
+            sens = step_sensitivity(cost, cfg, kv_blocks(mml), reqs, natural_rate(reqs) / lv["rate_rps"], p)
+            cells = []
+            for f in FIGURES:
+                mark = sensitive_mark(sens.get(f), TARGETS[f])
+                if f in errs and abs(errs[f]) > TARGETS[f]:
+                    misses["marked" if mark else "unmarked"] += 1
+                cells.append(f"{errs[f] * 100:+.1f}% (\u00b1{sens[f] * 100:.1f}){mark or '  '}" if f in errs else "-")
+            print(f"{cls:10} {name:16} " + " ".join(f"{c:>18}" for c in cells))
     print("worst: " + ", ".join(f"{f} {e * 100:+.1f}% ({where})" for f, (e, where) in worst.items()))
+    if a.sensitivity:
+        print(f"misses: {misses['marked']} where the figure moves by more than its target with steps \u00b12% (marked !), "
+              f"{misses['unmarked']} elsewhere")
     return worst
 
 

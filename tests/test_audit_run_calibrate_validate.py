@@ -126,6 +126,12 @@ def test_validate_sim_only_report_names_the_profiles_device_and_dtype(tmp_path, 
         assert f"{lv['rate_rps']:.2f} req/s" in printed
         assert f"{lv['predicted']['output_throughput']:.1f}" in printed
         assert f"{lv['predicted']['ttft_p50'] * 1e3:.1f}" in printed
+        # each figure's move with every step 2% longer or shorter, printed as the report holds it
+        sens = lv["sensitivity"]
+        assert set(sens) >= {"output_throughput", "tpot_p50", "ttft_p50", "ttft_p90"}
+        assert f"\u00b1{sens['ttft_p90'] * 100:.1f}%" in printed
+        assert sens["itl_p50"] >= 0.015   # a step 2% longer is an inter-token gap about 2% longer, queueing aside
+    assert any(n.startswith("sensitivity: how far each predicted figure moves") for n in rep["notes"])
 
 
 def test_validate_sim_only_refuses_an_unknown_model_a_dtype_or_device_it_does_not_predict(cli_exit_2):

@@ -12,9 +12,9 @@ from costmodels.profiled import ProfiledStepCost
 from costmodels.step_fit import errors
 from scheduler.config import SchedulerConfig
 from scheduler.request import Request
-from sim.validate import (LevelReport, StepSample, ValidationReport, band_line, check_targets, copy_requests, error_bands,
-                          find_report, load_bands, metric_values, natural_rate, rel_errors, saturation_rps, simulate_requests,
-                          step_comparison)
+from sim.validate import (METRICS, LevelReport, StepSample, ValidationReport, band_line, check_targets, copy_requests,
+                          error_bands, find_report, load_bands, metric_values, natural_rate, rel_errors, saturation_rps,
+                          simulate_requests, step_comparison, step_sensitivity)
 
 H200 = Path(__file__).resolve().parents[1] / "profiles" / "h200"
 
@@ -87,6 +87,56 @@ def test_simulate_requests_is_deterministic_and_capacity_is_positive():
     assert slow["ttft_p50"] <= a["ttft_p50"]  # a tenth of the load queues less
 
 
+class _Slower:
+    """A step cost whose every step runs ``factor`` times as long as ``cost``'s (the two calls the simulator makes of a
+    plain step cost)."""
+
+    def __init__(self, cost, factor: float):
+        self.cost, self.factor = cost, factor
+
+    def mixed_step_time(self, new_tokens, context_lens, is_decode):
+        return self.factor * self.cost.mixed_step_time(new_tokens, context_lens, is_decode)
+
+    def decode_times(self, context_lens, num_steps, draft_len=0):
+        return self.factor * np.asarray(self.cost.decode_times(context_lens, num_steps, draft_len))
+
+
+def test_steps_longer_by_a_factor_are_the_timeline_of_arrivals_closer_by_it():
+    """What step_sensitivity rests on: every step 1 + d times as long at the same arrivals is the same simulation as the
+    steps unchanged at arrivals 1 + d times closer, its times stretched by 1 + d (no host term here to leave out)."""
+    from sim.backend import host_coeffs
+    prof = CalibrationProfile.load(H200 / "calibration_deepseek-v3-5layers_fp8.json")
+    cost = ProfiledStepCost(prof)
+    reqs = [Request(f"r{i}", 0.07 * i + 0.03 * (i % 3), 150 + 37 * i, 6 + i % 7) for i in range(30)]
+    cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=1024, async_overlap=False, host_step_s=0.0,
+                          host_per_request_s=0.0, host_per_token_s=0.0)
+    hc = host_coeffs(cfg)   # every host time zero (index 3 is the fraction an overlapped loop hides, not a time)
+    assert not any(np.asarray(c, dtype=float).sum() for i, c in enumerate(hc) if i != 3)
+    for d in (0.02, -0.02, 0.3):
+        slow = metric_values(simulate_requests(_Slower(cost, 1 + d), cfg, 2000, copy_requests(reqs)))
+        close = metric_values(simulate_requests(_Slower(cost, 1.0), cfg, 2000, copy_requests(reqs, 1 / (1 + d))))
+        assert slow["output_throughput"] == pytest.approx(close["output_throughput"] / (1 + d), rel=1e-9)
+        for k in METRICS[1:]:   # the inter-token gaps' p50 is read off 0.5%-wide log bins (scheduler.metrics.LogHistogram)
+            assert slow[k] == pytest.approx(close[k] * (1 + d), rel=0.0051 if k == "itl_p50" else 1e-9), (d, k)
+
+
+def test_step_sensitivity_is_each_figures_largest_move_with_steps_two_percent_off():
+    prof = CalibrationProfile.load(H200 / "calibration_deepseek-v3-5layers_fp8.json")
+    cost = ProfiledStepCost(prof)
+    reqs = [Request(f"r{i}", 0.05 * i, 200 + 13 * i, 8 + i % 5) for i in range(24)]
+    cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=2048, async_overlap=False)
+    pred = metric_values(simulate_requests(cost, cfg, 2000, copy_requests(reqs, 4.0)))
+    sens = step_sensitivity(cost, cfg, 2000, reqs, 4.0, pred)
+    moved = []
+    for d in (0.02, -0.02):   # the two shifted timelines by hand
+        m = metric_values(simulate_requests(cost, cfg, 2000, copy_requests(reqs, 4.0 / (1 + d))))
+        moved.append({k: (m[k] / (1 + d) if k == "output_throughput" else m[k] * (1 + d)) / pred[k] - 1 for k in METRICS})
+    for k in METRICS:
+        assert sens[k] == pytest.approx(max(abs(x[k]) for x in moved), abs=1e-12)
+    assert 0.015 <= sens["itl_p50"] and sens["output_throughput"] < 0.01   # light load: arrivals set the throughput
+    assert step_sensitivity(cost, cfg, 2000, reqs, 4.0, {**pred, "ttft_p90": None})["ttft_p90"] is None
+
+
 def test_committed_h200_report_and_band_line():
     path = find_report("H200")
     assert path is not None and path.name.startswith("validation_")
@@ -148,3 +198,27 @@ def test_decode_host_drift_compares_the_host_part_with_the_calibrated_model():
     assert decode_host_drift(steps + other * 5, cost, prof) == pytest.approx(0.10, abs=1e-9)
     assert decode_host_drift(steps[:5] + other * 5, cost, prof) is None
     assert decode_host_drift(steps, SimpleNamespace(sample=None), prof) is None   # sampler inside the categories
+
+
+def test_the_device_matrix_marks_figures_that_move_past_their_target_with_steps_two_percent_off():
+    import importlib.util
+    import io
+
+    from rich.console import Console
+    spec = importlib.util.spec_from_file_location("device_matrix_mod", Path(__file__).resolve().parents[1] / "scripts" / "device_matrix.py")
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    meas = {k: 1.0 for k in METRICS}
+    low = _level("low", meas, {**meas, "tpot_p50": 0.93})
+    low.sensitivity = {**{k: 0.02 for k in METRICS}, "tpot_p50": 0.079}          # a p50 on a step: marked
+    knee = _level("knee", meas, {**meas, "ttft_p90": 1.04})
+    knee.sensitivity = {**{k: 0.02 for k in METRICS}, "ttft_p90": 0.099, "ttft_p50": None}   # within 10%: not marked
+    rep = ValidationReport(model="m", num_layers=1, dtype="fp8", device="cuda", profile="p", levels=[low, knee])
+    con = Console(record=True, width=200, file=io.StringIO())
+    m._print_table(con, {"longctx": rep}, m.worst_errors({"longctx": rep}))
+    txt = con.export_text()
+    rows = {ln.split("│")[2].strip(): ln for ln in txt.splitlines() if ln.count("│") > 3}
+    assert "-7.0% !" in rows["low"] and rows["low"].count("!") == 1
+    assert "+4.0%" in rows["knee"] and "!" not in rows["knee"]
+    assert "moves by more than its target when every step runs 2% longer or shorter" in " ".join(txt.split())
+    assert m.sensitive_mark(None, 0.05) == "" and m.sensitive_mark(0.051, 0.05) == " !"

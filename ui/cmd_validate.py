@@ -529,7 +529,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
 
     from sim.validate import (LevelReport, StepSample, ValidationReport, check_targets, compact_samples, copy_requests,
                               error_bands, median_runs, metric_values, natural_rate, rel_errors, saturation_rps,
-                              simulate_requests, step_comparison)
+                              simulate_requests, step_comparison, step_sensitivity)
 
     con = log or Console()
     scfg = sim_config(base_cfg, prof)
@@ -567,6 +567,9 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
         scale = (r0 / rate) if np.isfinite(r0) and rate > 0 else 1.0
         pred_m = simulate_requests(cost, scfg, blocks, copy_requests(reqs, scale), seed=seed)
         pred = metric_values(pred_m)
+        # how far each figure moves with every step 2% longer or shorter: where that exceeds a figure's target, the
+        # figure sits on a step of its distribution and no step model of that accuracy holds it to the target
+        sens = step_sensitivity(cost, scfg, blocks, reqs, scale, pred, seed=seed)
         bar.advance(task)
         meas: dict = {k: None for k in pred}
         step: dict = {}
@@ -639,7 +642,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
             diag = {}
         reports.append(LevelReport(name=name, rate_rps=rate, fraction_of_capacity=f, requests=len(reqs), measured=meas, predicted=pred,
                                    rel_error=rel_errors(pred, meas), step=step, step_bins=bins, measured_wall_s=wall,
-                                   runs=run_figs, spread=spread,
+                                   runs=run_figs, spread=spread, sensitivity=sens,
                                    diagnostics=diag, samples=compact_samples(samples_by_level.get(name, []))))
         _print_level(con, reports[-1])
     bar.stop()
@@ -662,7 +665,11 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
             "an unmeasured warm-up replay of the trace runs first" if warm else "no warm-up replay"] if engine is not None else [])
         + (["each level's trace is replayed once unmeasured before its measured replays (methodology: no measured replay "
             "pays a first-use cost of the level's step shapes)"] if (engine is not None and level_warm) else [])
-        + ([f"replays sample at temperature {temperature:g} (seeded), as calibration did"] if engine is not None else []),
+        + ([f"replays sample at temperature {temperature:g} (seeded), as calibration did"] if engine is not None else [])
+        + ["sensitivity: how far each predicted figure moves when every step runs 2% longer or shorter (the same "
+           "arrivals; the step model's own error on held-out serving is about that); a figure marked ! moves by more "
+           "than its target, so a miss there says as much about where the figure sits in its distribution as about "
+           "the step model"],
     )
     if engine is not None:
         rep.bands = error_bands(reports, overall)
@@ -683,9 +690,12 @@ def _fmt(k: str, v) -> str:
 def _print_level(con, lv) -> None:
     from rich.table import Table
 
+    from sim.validate import STEP_SHIFT, TARGETS
+
     runs = f", median of {len(lv.runs)} runs" if lv.runs else ""
     tab = Table(title=f"{lv.name}: {lv.rate_rps:.2f} req/s ({lv.fraction_of_capacity:g} x predicted capacity), {lv.requests} requests{runs}")
-    cols = ("metric", "measured", "predicted", "error") + (("run spread",) if lv.runs else ())
+    shift = f"steps \u00b1{STEP_SHIFT * 100:g}%"
+    cols = ("metric", "measured", "predicted", "error") + (("run spread",) if lv.runs else ()) + ((shift,) if lv.sensitivity else ())
     for c in cols:
         tab.add_column(c, justify="right" if c != "metric" else "left")
     for k in ("output_throughput", "tpot_p50", "tpot_p90", "ttft_p50", "ttft_p90", "itl_p50", "e2e_p50"):
@@ -695,6 +705,9 @@ def _print_level(con, lv) -> None:
         if lv.runs:
             sp = lv.spread.get(k)
             row.append("-" if sp is None else f"{sp * 100:.1f}%")
+        if lv.sensitivity:   # the predicted figure's move with every step STEP_SHIFT longer or shorter
+            sv = lv.sensitivity.get(k)
+            row.append("-" if sv is None else f"\u00b1{sv * 100:.1f}%" + (" !" if sv > TARGETS.get(k, 1.0) else ""))
         tab.add_row(*row)
     if lv.step and lv.step.get("mape") is not None:   # None: no single-step sample had a prediction
         tab.add_row("per-step MAPE / p90 abs err", "", "", f"{lv.step['mape'] * 100:.1f}% / {lv.step['p90_abs_err_s'] * 1e3:.2f} ms")
