@@ -242,9 +242,13 @@ class ProfiledStepCost:
         return d, total - d
 
     def launch_device(self, rows: int) -> float:
-        """Device seconds a pipelined launch of a decode graph of ``rows`` rows holds beyond its forward and sampler
-        (``StepProfile.launch_device_s`` + per row: the copies around the replay); 0 on profiles without the held
-        launch spans."""
+        """Device seconds a pipelined launch of a decode graph of ``rows`` rows holds beyond its forward and sampler:
+        the held launch spans measured at the grid's row counts (``StepProfile.launch_device_rows``, linear between
+        them; a graph batch never exceeds the grid's largest bucket, which the grid measures), else the line fitted to
+        them (``launch_device_s`` + per row); 0 on profiles without the held launch spans."""
+        tab = self.step.launch_device_rows
+        if tab:
+            return float(np.interp(rows, [r for r, _ in tab], [v for _, v in tab]))
         return self.step.launch_device_s + self.step.launch_device_per_row_s * rows
 
     @staticmethod

@@ -516,9 +516,11 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
         d = smp_tab.device([rows]) if smp_tab is not None else None
         return None if d is None else float(d[0])
     launch = fit_launch_device(pts, sample_device)
+    launch_rows = launch_device_table(pts, sample_device) if launch is not None else []
     if launch is not None:
         notes.append(f"pipelined launch of a decode graph: {launch[0] * 1e3:.3f} ms + {launch[1] * 1e6:.2f} us per row of "
-                     "device work beyond its forward and sampler (held launch spans less held forwards and the sampler table)")
+                     "device work beyond its forward and sampler (held launch spans less held forwards and the sampler table)"
+                     + "; priced per row count as measured: " + ", ".join(f"{r} rows {v * 1e3:+.3f} ms" for r, v in launch_rows))
     if replay > 0:
         notes.append(f"decode-graph replay: {replay * 1e3:.3f} ms of device work beyond its ops' times at scale {k[0]:.3f}, "
                      "fitted with it to the forwards timed with the GPU held")
@@ -543,7 +545,8 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
                      + ", from their unheld forwards")
     prof = StepProfile(model=model, num_layers=main_l, dtype=dtype, device=device, hardware_basis=hardware_basis, model_rev=STEP_MODEL_REV,
                        use_op_tables=use_tables, op_tables=sub, category_scale=scales, host=host, overlap=alpha, graph_replay_s=replay,
-                       **({} if launch is None else {"launch_device_s": launch[0], "launch_device_per_row_s": launch[1]}),
+                       **({} if launch is None else {"launch_device_s": launch[0], "launch_device_per_row_s": launch[1],
+                                                     "launch_device_rows": launch_rows}),
                        graph_sizes=sorted({int(x) for x in graph_sizes if x > 0}),
                        piecewise_sizes=pw, loop=fit_loop(pts), notes=notes, points=list(points), **eager_kw)
     e = errors(pred, y)
@@ -636,6 +639,23 @@ def fit_launch_device(points: Sequence[StepPoint], sample_device, min_points: in
     if c0 < 0:
         c0, c1 = 0.0, max(float(np.sum(r * n) / np.sum(n * n)), 0.0)
     return max(float(c0), 0.0), float(c1)
+
+
+def launch_device_table(points: Sequence[StepPoint], sample_device) -> list[tuple[int, float]]:
+    """``fit_launch_device``'s residuals as measured at each row count of the grid: ``[(rows, median of the held
+    launch spans less their held forwards and the sampler table's device work at those rows)]``, by rows. The line
+    cannot follow what the sampler table, interpolated between the row counts it timed, misses at single counts (H100
+    run 47: 0.105-0.118 ms at 2 rows, -0.006-0.015 at 1 and 0.000-0.013 at 4; serving's decode steps ran 0.11 ms over
+    the model at 2 rows, 0.01-0.04 at 1). Empty where a row count lacks the sampler's device work."""
+    by: dict[int, list[float]] = {}
+    for p in points:
+        if p.graph_bs > 0 and not p.prefill and p.queued_launch_s and p.queued_forward_s:
+            n = len(p.decode_ctx)
+            d = sample_device(float(n))
+            if d is None:
+                return []
+            by.setdefault(n, []).append(p.queued_launch_s - p.queued_forward_s - d)
+    return [(n, float(np.median(v))) for n, v in sorted(by.items())]
 
 
 def graph_forward_ratio(points: Sequence[StepPoint], cats: np.ndarray) -> str | None:

@@ -245,6 +245,12 @@ class StepProfile(BaseModel):
                                    "gather (fitted to the grid's held launch spans less their held forwards and the "
                                    "sampler table; the synchronous loop's wall fit holds them in its host terms)")
     launch_device_per_row_s: float = Field(0.0, ge=0.0, description="the same, per decode row")
+    launch_device_rows: list[tuple[int, float]] = Field(
+        default_factory=list, description="the same measured at each decode row count of the grid: (rows, median seconds "
+        "of the held launch spans less their held forwards and the sampler table at those rows), linear between row "
+        "counts; where present it prices the launch in place of the line above, which cannot follow what the sampler "
+        "table misses at single row counts (H100 run 47: +0.11 ms at 2 rows, 0.00 at 1 and 4). May be negative where "
+        "the sampler table runs over the launch; empty: the line (profiles before 2026-12-06)")
     graph_sizes: list[int] = Field(default_factory=list, description="decode batch sizes the engine replays as CUDA graphs "
                                    "(a batch pads up to the smallest >= n); empty: every step eager")
     piecewise_sizes: list[int] = Field(default_factory=list, description="token buckets of the engine's piecewise CUDA "

@@ -421,7 +421,7 @@ def test_a_pipelined_launchs_device_work_beyond_forward_and_sampler():
     recovers both terms; a negative per-row slope falls back to the constant alone; without enough such points or
     without the sampler's device table, None. The pipelined step model adds it to a graph step's device work; the
     synchronous one (whose wall fit holds it) does not."""
-    from costmodels.step_fit import fit_launch_device
+    from costmodels.step_fit import fit_launch_device, launch_device_table
 
     smp = lambda r: 1e-4 + 2e-6 * r  # noqa: E731
     pts = [StepPoint(num_layers=4, decode_ctx=[500] * n, wall_s=1e-2, graph_bs=n, queued_forward_s=3e-3 + 1e-5 * n,
@@ -433,6 +433,16 @@ def test_a_pipelined_launchs_device_work_beyond_forward_and_sampler():
     assert c1 == 0.0 and c0 > 0
     assert fit_launch_device(pts[:5], smp) is None and fit_launch_device(pts, lambda r: None) is None
     assert fit_launch_device([p.model_copy(update={"queued_launch_s": None}) for p in pts], smp) is None
+    # the same residuals at each row count as measured (median over a count's points), which the line cannot follow
+    # where the sampler table misses one count: 0.1 ms more at 2 rows only
+    bump = [p.model_copy(update={"queued_launch_s": p.queued_launch_s + (1e-4 if len(p.decode_ctx) == 2 else 0.0)}) for p in pts]
+    tab = launch_device_table(bump, smp)
+    assert [r for r, _ in tab] == [1, 2, 4, 8, 16, 32, 64, 128]
+    for r, v in tab:
+        assert v == pytest.approx(4e-5 + 5e-7 * r + (1e-4 if r == 2 else 0.0), rel=1e-9)
+    assert launch_device_table(bump, lambda r: None) == []
+    three = bump + [bump[1].model_copy(update={"queued_launch_s": bump[1].queued_launch_s + 1.0})]
+    assert dict(launch_device_table(three, smp))[2] == pytest.approx(tab[1][1] + 0.5)   # the median of the two at 2 rows
 
     prof = _tiny_profile()
     st = StepProfile(model="deepseek-v3", num_layers=4, dtype="fp8", device="cuda", graph_sizes=[1, 2, 4, 8],
@@ -443,6 +453,11 @@ def test_a_pipelined_launchs_device_work_beyond_forward_and_sampler():
     assert b.pipelined().pipelined_parts(*args)[0] - a.pipelined().pipelined_parts(*args)[0] == pytest.approx(4e-5 + 3 * 5e-7)
     assert b.pipelined().decode_parts(np.full(3, 300.0))[0] - a.pipelined().decode_parts(np.full(3, 300.0))[0] == pytest.approx(4e-5 + 3 * 5e-7)
     assert b.decode_times(np.full(3, 300.0), 1)[0] == a.decode_times(np.full(3, 300.0), 1)[0]
+    # measured per row count, the table prices the launch in place of the line, linear between counts
+    rows = with_launch.model_copy(update={"launch_device_rows": [(1, 1e-5), (2, 1.2e-4), (4, 2e-5)]})
+    c = ProfiledStepCost(prof, rows)
+    assert [c.launch_device(n) for n in (1, 2, 3, 4)] == pytest.approx([1e-5, 1.2e-4, 7e-5, 2e-5])
+    assert c.pipelined().pipelined_parts(*args)[0] - a.pipelined().pipelined_parts(*args)[0] == pytest.approx(7e-5)
 
 
 def test_the_engines_gemm_library_is_kept_and_named():

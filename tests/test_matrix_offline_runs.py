@@ -813,3 +813,9 @@ def test_held_out_run_47_on_a_third_h100_board_and_the_figures_on_a_step(capsys)
         marked[run.name[:5]] = line
     assert "-1.9% (\u00b18.1) !" in marked["run47"] and "-7.1% (\u00b17.9) !" in marked["run46"]
     assert "misses: 1 where the figure moves by more than its target" in out and "0 elsewhere" in out
+    # the launch priced per row count as the grid's held launches measured it (a refit: the profile on the device
+    # has the line alone): 0.11 ms at 2 rows, where the sampler table runs short; the matrix within the same bounds
+    tab = dict(run_profile(r47, "auto").step.launch_device_rows)
+    assert abs(tab[2] - 1.1e-4) < 1e-5 and abs(tab[1]) < 2e-5 and abs(tab[4]) < 2e-5 and len(tab) == 17
+    capsys.readouterr()
+    _worst_within(mo.main([str(r47), "--refit", "auto"]), 0.012, 0.022, 0.041, 0.037)
