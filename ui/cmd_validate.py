@@ -695,7 +695,8 @@ def _print_level(con, lv) -> None:
     runs = f", median of {len(lv.runs)} runs" if lv.runs else ""
     tab = Table(title=f"{lv.name}: {lv.rate_rps:.2f} req/s ({lv.fraction_of_capacity:g} x predicted capacity), {lv.requests} requests{runs}")
     shift = f"steps \u00b1{STEP_SHIFT * 100:g}%"
-    cols = ("metric", "measured", "predicted", "error") + (("run spread",) if lv.runs else ()) + ((shift,) if lv.sensitivity else ())
+    sens = getattr(lv, "sensitivity", None) or {}   # (reports written before 2026-12-06 have none)
+    cols = ("metric", "measured", "predicted", "error") + (("run spread",) if lv.runs else ()) + ((shift,) if sens else ())
     for c in cols:
         tab.add_column(c, justify="right" if c != "metric" else "left")
     for k in ("output_throughput", "tpot_p50", "tpot_p90", "ttft_p50", "ttft_p90", "itl_p50", "e2e_p50"):
@@ -705,8 +706,8 @@ def _print_level(con, lv) -> None:
         if lv.runs:
             sp = lv.spread.get(k)
             row.append("-" if sp is None else f"{sp * 100:.1f}%")
-        if lv.sensitivity:   # the predicted figure's move with every step STEP_SHIFT longer or shorter
-            sv = lv.sensitivity.get(k)
+        if sens:   # the predicted figure's move with every step STEP_SHIFT longer or shorter
+            sv = sens.get(k)
             row.append("-" if sv is None else f"\u00b1{sv * 100:.1f}%" + (" !" if sv > TARGETS.get(k, 1.0) else ""))
         tab.add_row(*row)
     if lv.step and lv.step.get("mape") is not None:   # None: no single-step sample had a prediction
