@@ -41,8 +41,10 @@ def load_run(run: Path) -> dict:
     for cls, c in (doc.get("classes") or {}).items():
         for lv in c.get("levels", []):
             err = lv.get("rel_error") or {}
+            sens = lv.get("sensitivity") or {}   # (matrix files since 2026-12-06)
             cells.append({"class": cls, "level": lv.get("name"), **{k: err.get(k) for k in FIGURES if k != "step_mape"},
-                          "step_mape": (lv.get("step") or {}).get("mape")})
+                          "step_mape": (lv.get("step") or {}).get("mape"),
+                          "sensitivity": {k: sens.get(k) for k in FIGURES if k != "step_mape" and sens.get(k) is not None}})
     return {"run": Path(run).name, "command": doc.get("command", ""),
             "loop": "pipelined" if doc.get("async_overlap") else "synchronous", "fp8_gemm": gemm,
             "gpu": prov.get("gpu", prov.get("device", "?")), "created": doc.get("created", ""), "cells": cells}
@@ -58,13 +60,23 @@ def matrix(runs: list[dict]) -> dict:
             continue
         w = max(vals, key=lambda c: abs(c[k]))
         worst[k] = {"value": w[k], "run": w["run"], "class": w["class"], "level": w["level"]}
-        met[k] = {"met": sum(abs(c[k]) <= TARGETS[k] for c in vals), "cells": len(vals), "target": TARGETS[k]}
+        met[k] = {"met": sum(abs(c[k]) <= TARGETS[k] for c in vals), "cells": len(vals), "target": TARGETS[k],
+                  # misses where the prediction itself moves past the target with every step 2% off (marked '!')
+                  "misses_on_a_step": sum(abs(c[k]) > TARGETS[k] and _on_a_step(c, k) for c in vals)}
     return {"runs": [{k: v for k, v in r.items() if k != "cells"} for r in runs], "cells": cells, "worst": worst,
             "met": met, "targets": {k: TARGETS[k] for k in FIGURES}}
 
 
+def _on_a_step(cell: dict, k: str) -> bool:
+    """Whether the cell's predicted figure ``k`` moves by more than its target with every step 2% longer or shorter
+    (``sim.validate.step_sensitivity``, recorded by matrix files since 2026-12-06)."""
+    v = (cell.get("sensitivity") or {}).get(k)
+    return v is not None and v > TARGETS[k]
+
+
 def table(m: dict) -> str:
-    """The matrix as text: one line per run, class and level; a '*' marks a miss."""
+    """The matrix as text: one line per run, class and level; a '*' marks a miss, a '!' a figure whose prediction
+    moves by more than its target with every step 2% longer or shorter."""
     head = f"{'run':44} {'class':10} {'level':16}" + "".join(f" {SHORT[k]:>10}" for k in FIGURES)
     lines = [head]
     for c in m["cells"]:
@@ -72,9 +84,12 @@ def table(m: dict) -> str:
         for k in FIGURES:
             v = c.get(k)
             sign = "" if k == "step_mape" else "+"    # a MAPE has no sign
-            row += f" {'n/a':>10}" if v is None else f" {v * 100:{sign}8.1f}%{'*' if abs(v) > TARGETS[k] else ' '}"
+            mark = ("*" if abs(v) > TARGETS[k] else " ") + ("!" if _on_a_step(c, k) else " ") if v is not None else ""
+            row += f" {'n/a':>11}" if v is None else f" {v * 100:{sign}8.1f}%{mark}"
         lines.append(row)
-    lines.append("met: " + ", ".join(f"{SHORT[k]} {v['met']}/{v['cells']}" for k, v in m["met"].items()))
+    lines.append("met: " + ", ".join(f"{SHORT[k]} {v['met']}/{v['cells']}" for k, v in m["met"].items())
+                 + "; misses marked ! (the prediction moves past its target with steps 2% off): "
+                 + str(sum(v["misses_on_a_step"] for v in m["met"].values())))
     lines.append("worst: " + ", ".join(f"{SHORT[k]} {w['value'] * 100:{'' if k == 'step_mape' else '+'}.1f}% "
                                        f"({w['run']} {w['class']} {w['level']})"
                                        for k, w in m["worst"].items()))

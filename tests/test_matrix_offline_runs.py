@@ -474,6 +474,24 @@ def test_the_pipelined_matrix_as_one_report_and_one_plot(tmp_path, capsys):
     assert e.value.code == 2
 
 
+def test_matrix_report_marks_misses_whose_prediction_moves_past_the_target_with_steps_two_percent_off(tmp_path, capsys):
+    import matrix_report as mr
+
+    err = {"output_throughput": 0.001, "tpot_p50": -0.071, "ttft_p50": 0.004, "ttft_p90": -0.016}
+    lv = lambda name, e, s: {"name": name, "rel_error": e, "step": {"mape": 0.02}, "sensitivity": s}  # noqa: E731
+    doc = {"command": "x", "async_overlap": True, "classes": {"longctx": {"levels": [
+        lv("low", err, {"output_throughput": 0.001, "tpot_p50": 0.079, "ttft_p50": 0.039, "ttft_p90": 0.024}),
+        lv("knee", {**err, "tpot_p50": -0.06}, {"tpot_p50": 0.023}),
+        lv("past saturation", {**err, "tpot_p50": 0.0}, {})]}}}
+    (tmp_path / "matrix_x.json").write_text(json.dumps(doc))
+    m = mr.main([str(tmp_path)])
+    assert m["met"]["tpot_p50"] == {"met": 1, "cells": 3, "target": 0.05, "misses_on_a_step": 1}
+    out = capsys.readouterr().out
+    lines = {ln.split()[2]: ln for ln in out.splitlines()[1:4]}
+    assert "-7.1%*!" in lines["low"] and "-6.0%* " in lines["knee"] and "!" not in lines["knee"] + lines["past"]
+    assert "misses marked ! (the prediction moves past its target with steps 2% off): 1" in out
+
+
 def test_held_graph_forwards_pin_the_device_scale_to_the_replays_device_work(tmp_path):
     """A calibration whose CUDA-graph points also timed their forwards with the GPU held busy (queued_forward_s,
     calibrations since ae91d90) is fitted to those: the device work alone, as the pipelined loop runs it. Here run 31's
