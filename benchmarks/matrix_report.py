@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sim.validate import TARGETS  # noqa: E402
+from sim.validate import TARGETS, on_a_step  # noqa: E402
 
 FIGURES = ("output_throughput", "tpot_p50", "ttft_p50", "ttft_p90", "step_mape")
 SHORT = {"output_throughput": "thr", "tpot_p50": "TPOT p50", "ttft_p50": "TTFT p50", "ttft_p90": "TTFT p90",
@@ -69,9 +69,8 @@ def matrix(runs: list[dict]) -> dict:
 
 def _on_a_step(cell: dict, k: str) -> bool:
     """Whether the cell's predicted figure ``k`` moves by more than its target with every step 2% longer or shorter
-    (``sim.validate.step_sensitivity``, recorded by matrix files since 2026-12-06)."""
-    v = (cell.get("sensitivity") or {}).get(k)
-    return v is not None and v > TARGETS[k]
+    (``sim.validate.on_a_step``; matrix files since 2026-12-06 record the move)."""
+    return on_a_step((cell.get("sensitivity") or {}).get(k), k)
 
 
 def table(m: dict) -> str:

@@ -206,7 +206,7 @@ def _clamp(reqs, max_in: int, max_out: int, max_model_len: int, bs: int):
 def _print_table(con, reports: dict, worst: dict) -> None:
     from rich.table import Table
 
-    from sim.validate import STEP_SHIFT, TARGETS
+    from sim.validate import STEP_SHIFT
 
     t = Table(title="validation matrix: relative error (predicted - measured) / measured",
               caption=f"! the predicted figure moves by more than its target when every step runs {STEP_SHIFT * 100:g}% "
@@ -217,16 +217,17 @@ def _print_table(con, reports: dict, worst: dict) -> None:
         t.add_column(f, justify="right")
     for cls, rep in reports.items():
         for lv in rep.levels:
-            t.add_row(cls, lv.name, *(f"{lv.rel_error[f] * 100:+.1f}%" + sensitive_mark(lv.sensitivity.get(f), TARGETS[f])
+            t.add_row(cls, lv.name, *(f"{lv.rel_error[f] * 100:+.1f}%" + sensitive_mark(lv.sensitivity.get(f), f)
                                       if lv.rel_error.get(f) is not None else "-" for f in FIGURES))
     t.add_row("worst", "", *(f"{worst[f]['rel_error'] * 100:+.1f}%" if f in worst else "-" for f in FIGURES))
     con.print(t)
 
 
-def sensitive_mark(sensitivity: float | None, target: float) -> str:
-    """The matrix table's mark (" !") where a predicted figure moves by more than its target with every step
-    ``STEP_SHIFT`` longer or shorter; nothing elsewhere."""
-    return " !" if sensitivity is not None and sensitivity > target else ""
+def sensitive_mark(sensitivity: float | None, figure: str) -> str:
+    """The matrix table's mark (" !") where the predicted ``figure`` moves by more than its target with every step
+    ``STEP_SHIFT`` longer or shorter (``sim.validate.on_a_step``); nothing elsewhere."""
+    from sim.validate import on_a_step
+    return " !" if on_a_step(sensitivity, figure) else ""
 
 
 if __name__ == "__main__":

@@ -129,8 +129,7 @@ def run_replays(run: Path) -> int:
 def recover(run: Path, nreq: int, cost, cfg) -> None:
     """measured_recovered.json from the matrix report's relative errors and this code's prediction (run it at the
     commit the run was made with); classes with a validation report keep its measured figures."""
-    from device_matrix import FIGURES, sensitive_mark
-    from sim.validate import TARGETS, natural_rate, step_sensitivity
+    from device_matrix import FIGURES
 
     matrix = json.loads(next(run.glob("matrix_*.json")).read_text())
     have = measured_levels(run)
@@ -245,7 +244,7 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, str]]:
             sens = step_sensitivity(cost, cfg, kv_blocks(mml), reqs, natural_rate(reqs) / lv["rate_rps"], p)
             cells = []
             for f in FIGURES:
-                mark = sensitive_mark(sens.get(f), TARGETS[f])
+                mark = sensitive_mark(sens.get(f), f)
                 if f in errs and abs(errs[f]) > TARGETS[f]:
                     misses["marked" if mark else "unmarked"] += 1
                 cells.append(f"{errs[f] * 100:+.1f}% (\u00b1{sens[f] * 100:.1f}){mark or '  '}" if f in errs else "-")

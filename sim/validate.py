@@ -186,6 +186,13 @@ def step_sensitivity(step_cost, sched_cfg: SchedulerConfig, num_blocks: int, req
     return out
 
 
+def on_a_step(sensitivity: float | None, figure: str) -> bool:
+    """Whether a predicted figure moves by more than its target (``TARGETS``; figures without one never do) with every
+    step ``STEP_SHIFT`` longer or shorter (``step_sensitivity``): the mark ``!`` that validate, the device matrix and
+    the matrix report print beside it."""
+    return sensitivity is not None and figure in TARGETS and sensitivity > TARGETS[figure]
+
+
 def metric_values(m: SimMetrics) -> dict[str, float | None]:
     """The compared figures of one run."""
     return {"output_throughput": m.output_throughput, "tpot_p50": m.tpot_s.p50, "tpot_p90": m.tpot_s.p90,

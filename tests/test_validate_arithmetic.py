@@ -221,4 +221,5 @@ def test_the_device_matrix_marks_figures_that_move_past_their_target_with_steps_
     assert "-7.0% !" in rows["low"] and rows["low"].count("!") == 1
     assert "+4.0%" in rows["knee"] and "!" not in rows["knee"]
     assert "moves by more than its target when every step runs 2% longer or shorter" in " ".join(txt.split())
-    assert m.sensitive_mark(None, 0.05) == "" and m.sensitive_mark(0.051, 0.05) == " !"
+    assert m.sensitive_mark(None, "tpot_p50") == "" and m.sensitive_mark(0.051, "tpot_p50") == " !"
+    assert m.sensitive_mark(0.099, "ttft_p90") == "" and m.sensitive_mark(0.5, "tpot_p90") == ""   # no target: no mark

@@ -529,7 +529,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
 
     from sim.validate import (LevelReport, StepSample, ValidationReport, check_targets, compact_samples, copy_requests,
                               error_bands, median_runs, metric_values, natural_rate, rel_errors, saturation_rps,
-                              simulate_requests, step_comparison, step_sensitivity)
+                              simulate_requests, step_comparison, step_sensitivity, STEP_SHIFT)
 
     con = log or Console()
     scfg = sim_config(base_cfg, prof)
@@ -666,7 +666,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
         + (["each level's trace is replayed once unmeasured before its measured replays (methodology: no measured replay "
             "pays a first-use cost of the level's step shapes)"] if (engine is not None and level_warm) else [])
         + ([f"replays sample at temperature {temperature:g} (seeded), as calibration did"] if engine is not None else [])
-        + ["sensitivity: how far each predicted figure moves when every step runs 2% longer or shorter (the same "
+        + [f"sensitivity: how far each predicted figure moves when every step runs {STEP_SHIFT * 100:g}% longer or shorter (the same "
            "arrivals; the step model's own error on held-out serving is about that); a figure marked ! moves by more "
            "than its target, so a miss there says as much about where the figure sits in its distribution as about "
            "the step model"],
@@ -690,7 +690,7 @@ def _fmt(k: str, v) -> str:
 def _print_level(con, lv) -> None:
     from rich.table import Table
 
-    from sim.validate import STEP_SHIFT, TARGETS
+    from sim.validate import STEP_SHIFT, on_a_step
 
     runs = f", median of {len(lv.runs)} runs" if lv.runs else ""
     tab = Table(title=f"{lv.name}: {lv.rate_rps:.2f} req/s ({lv.fraction_of_capacity:g} x predicted capacity), {lv.requests} requests{runs}")
@@ -708,7 +708,7 @@ def _print_level(con, lv) -> None:
             row.append("-" if sp is None else f"{sp * 100:.1f}%")
         if sens:   # the predicted figure's move with every step STEP_SHIFT longer or shorter
             sv = sens.get(k)
-            row.append("-" if sv is None else f"\u00b1{sv * 100:.1f}%" + (" !" if sv > TARGETS.get(k, 1.0) else ""))
+            row.append("-" if sv is None else f"\u00b1{sv * 100:.1f}%" + (" !" if on_a_step(sv, k) else ""))
         tab.add_row(*row)
     if lv.step and lv.step.get("mape") is not None:   # None: no single-step sample had a prediction
         tab.add_row("per-step MAPE / p90 abs err", "", "", f"{lv.step['mape'] * 100:.1f}% / {lv.step['p90_abs_err_s'] * 1e3:.2f} ms")
