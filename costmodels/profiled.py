@@ -90,6 +90,9 @@ class ProfiledStepCost:
                                  and kvt.matches(m.num_attention_heads, m.mla.qk_nope_head_dim, m.mla.v_head_dim,
                                                  m.mla.kv_lora_rank)) else None
         self.k = st.scales()
+        # launch_device's table as arrays, once (it prices every pipelined graph step)
+        lr = st.launch_device_rows
+        self._launch_rows = (np.array([r for r, _ in lr], float), np.array([v for _, v in lr])) if lr else None
         self.k_eager = st.eager_scales()   # steps that are not decode-graph replays (their device work measured apart)
         # which layers are dense (no routed experts): their device share of a layered forward (layer_fractions)
         self._dense = [not self.model.is_moe_layer(i) for i in range(self.base.n_layers)]
@@ -246,9 +249,8 @@ class ProfiledStepCost:
         the held launch spans measured at the grid's row counts (``StepProfile.launch_device_rows``, linear between
         them; a graph batch never exceeds the grid's largest bucket, which the grid measures), else the line fitted to
         them (``launch_device_s`` + per row); 0 on profiles without the held launch spans."""
-        tab = self.step.launch_device_rows
-        if tab:
-            return float(np.interp(rows, [r for r, _ in tab], [v for _, v in tab]))
+        if self._launch_rows is not None:
+            return float(np.interp(rows, *self._launch_rows))
         return self.step.launch_device_s + self.step.launch_device_per_row_s * rows
 
     @staticmethod

@@ -624,14 +624,11 @@ def fit_launch_device(points: Sequence[StepPoint], sample_device, min_points: in
     read-back, the rows' gather), which serving's device span holds and the forward and the sampler timed apart do not
     (H100 run 46: serving's decode steps 0.04-0.13 ms over the model of the two at 1-16 rows). None with fewer than
     ``min_points`` such points (calibrations before 2026-12-06) or without the sampler's device table."""
-    sel = [p for p in points if p.graph_bs > 0 and not p.prefill and p.queued_launch_s and p.queued_forward_s]
-    if len(sel) < min_points:
+    got = _launch_beyond(points, sample_device)
+    if got is None or len(got) < min_points:
         return None
-    n = np.array([float(len(p.decode_ctx)) for p in sel])
-    smp = [sample_device(x) for x in n]
-    if any(v is None for v in smp):
-        return None
-    r = np.array([p.queued_launch_s - p.queued_forward_s for p in sel]) - np.array(smp, float)
+    n = np.array([float(x) for x, _ in got])
+    r = np.array([v for _, v in got])
     a = np.stack([np.ones_like(n), n], 1)
     c0, c1 = np.linalg.lstsq(a, r, rcond=None)[0]
     if c1 < 0:
@@ -648,14 +645,24 @@ def launch_device_table(points: Sequence[StepPoint], sample_device) -> list[tupl
     run 47: 0.105-0.118 ms at 2 rows, -0.006-0.015 at 1 and 0.000-0.013 at 4; serving's decode steps ran 0.11 ms over
     the model at 2 rows, 0.01-0.04 at 1). Empty where a row count lacks the sampler's device work."""
     by: dict[int, list[float]] = {}
+    for n, v in _launch_beyond(points, sample_device) or []:
+        by.setdefault(n, []).append(v)
+    return [(n, float(np.median(v))) for n, v in sorted(by.items())]
+
+
+def _launch_beyond(points: Sequence[StepPoint], sample_device) -> list[tuple[int, float]] | None:
+    """Each decode-graph point's held launch span less its held forward and the sampler table's device work at its
+    rows, as ``(rows, seconds)``: what ``fit_launch_device`` and ``launch_device_table`` price. None where a point's
+    rows lack the sampler's device work."""
+    out = []
     for p in points:
         if p.graph_bs > 0 and not p.prefill and p.queued_launch_s and p.queued_forward_s:
             n = len(p.decode_ctx)
             d = sample_device(float(n))
             if d is None:
-                return []
-            by.setdefault(n, []).append(p.queued_launch_s - p.queued_forward_s - d)
-    return [(n, float(np.median(v))) for n, v in sorted(by.items())]
+                return None
+            out.append((n, p.queued_launch_s - p.queued_forward_s - d))
+    return out
 
 
 def graph_forward_ratio(points: Sequence[StepPoint], cats: np.ndarray) -> str | None:
