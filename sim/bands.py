@@ -54,6 +54,11 @@ def mismatch(report: dict, scenario: Scenario) -> str:
     if not scenario.calibration or Path(scenario.calibration).name != profile:
         return (f"it validated the step model calibrated in {profile or '?'}, this run prices steps with "
                 f"{'the analytic cost model' if not scenario.calibration else Path(scenario.calibration).name}")
+    # the name is not the profile: a profile measured on another GPU (an H200 profile pricing an H100) is a step model
+    # those reports never validated
+    ran_on, measured_on = (report.get("provenance") or {}).get("gpu"), _profile_gpu(scenario.calibration)
+    if ran_on and measured_on and ran_on != measured_on:
+        return f"it validated a step model measured on {ran_on}, this run's {Path(scenario.calibration).name} was measured on {measured_on}"
     # `twinfer validate` serves one instance on one GPU through its own loop: a band says nothing of a router over
     # instances, a prefill pool, another layout, another loop (async overlap) or MTP drafting it never ran
     lay = scenario.layout
@@ -66,6 +71,17 @@ def mismatch(report: dict, scenario: Scenario) -> str:
         if field in sched and sched[field] != getattr(scenario.scheduler, field):
             return f"it validated {label} {sched[field]}, this run has {getattr(scenario.scheduler, field)}"
     return ""
+
+
+def _profile_gpu(path) -> str | None:
+    """The GPU a calibration profile was measured on (its provenance), None where the file does not say."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    prov = data.get("provenance") if isinstance(data, dict) else None
+    gpu = prov.get("gpu") if isinstance(prov, dict) else None
+    return gpu if isinstance(gpu, str) and gpu else None
 
 
 def applicable_band_line(source: str, scenario: Scenario) -> str:

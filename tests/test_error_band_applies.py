@@ -76,3 +76,37 @@ def test_every_applicable_report_counts_and_the_newest_is_by_date(tmp_path, monk
     line = bands.applicable_band_line("auto", cal)
     assert "largest over 2 reports, newest validation_run18_agentic.json" in line
     assert f"TPOT p50 {band_text({'tpot_p50': 0.075}, 'tpot_p50')}" in line
+
+
+def _five_layer_model(tmp_path) -> str:
+    """deepseek-v3 cut to the 5 layers `twinfer validate` measured, as a user writes it (a ModelSpec YAML)."""
+    import yaml
+
+    from costmodels.catalog import get_model
+
+    path = tmp_path / "dsv3_5layers.yaml"
+    path.write_text(yaml.safe_dump(get_model("deepseek-v3").model_copy(update={"num_layers": 5}).model_dump(mode="json")))
+    return str(path)
+
+
+def test_committed_h100_reports_band_the_h100_profile_and_only_it(tmp_path):
+    """profiles/h100 holds runs 45-48's per-class reports (four H100 boards) and run 48's profile: a 5-layer H100 run
+    priced by that profile prints the largest error over all of them; the same run priced by the H200's profile (same
+    file name) gets no band, and the reason names both GPUs."""
+    from sim.validate import PROFILES, band_text, find_reports, load_bands
+
+    reports = find_reports("H100")
+    assert len(reports) >= 11 and all("H100" in load_bands(p)[1] for p in reports)
+    sc = _one_gpu(builtin_scenario("default")).model_copy(update={"model": _five_layer_model(tmp_path), "hardware": "H100"})
+    mine = sc.model_copy(update={"calibration": str(PROFILES / "h100" / "calibration_deepseek-v3-5layers_fp8.json")})
+    line = applicable_band_line("auto", mine)
+    assert f"largest over {len(reports)} reports" in line and "H100" in line
+    for key, label in (("tpot_p50", "TPOT p50"), ("ttft_p50", "TTFT p50"), ("output_throughput", "throughput")):
+        assert f"{label} {band_text({key: max(load_bands(p)[0][key] for p in reports)}, key)}" in line
+    other = sc.model_copy(update={"calibration": str(PROFILES / "h200" / "calibration_deepseek-v3-5layers_fp8.json")})
+    line = applicable_band_line("auto", other)
+    assert "no band" in line and "±" not in line
+    assert "measured on NVIDIA H100 80GB HBM3" in line and "was measured on NVIDIA H200" in line
+    # and the H200's reports still band the H200's profile on an H200
+    h200 = other.model_copy(update={"hardware": "H200"})
+    assert "largest over" in applicable_band_line("auto", h200)
