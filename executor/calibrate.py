@@ -441,7 +441,12 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
         # 8192: the step grid's largest prefill; 128, 1024: no factor-4 gap left; 384 / 512: both sides of the Triton MoE's block switch (16 -> 64 rows
         # at 12 pairs per expert, kernels.triton_grouped_gemm.default_block_m), which interpolation must not straddle
         # 2047 / 2048: both sides of the registry's Triton -> DeepGEMM MoE switch (registry._FUSED_MOE_MIN_TOKENS)
-        for n in ([1, 8, 64, 128, 256, 384, 512, 1024, 2047, 2048, 4096, 8192] if not quick else [1, 8, 64]):
+        # 2-48: a decode graph's experts run its real rows and one padding row (pads route alike), so serving's decode
+        # steps look the table up at 2-17 tokens and each bucket's top; between 8 and 64 the time per expert touched is
+        # not a straight line in log-log (H100 runs 47-50: serving's decode steps at 5-13 rows 0.08-0.16 ms over the
+        # model, at 4 and 16 rows within 0.03 ms)
+        for n in ([1, 2, 3, 4, 6, 8, 10, 12, 14, 17, 24, 33, 48, 64, 128, 256, 384, 512, 1024, 2047, 2048, 4096, 8192]
+                  if not quick else [1, 8, 64]):
             x = randn(n, hidden)
             ids = torch.rand(n, e, generator=g, device=dev).topk(k, dim=-1).indices.to(torch.int32)
             w = torch.full((n, k), 1.0 / k, device=dev, dtype=torch.float32)
@@ -468,7 +473,10 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
                         **({"device_s": dev_s} if dev_s is not None else {})})
 
     out += bench_sampler(model.compute_logits, engine.vocab_size, engine.cfg.spec.hidden_size, dev, act, repeats,
-                         [1, 4, 16, 32, 64, 128] if not quick else [1, 8], g)
+                         # every row count a decode step of 1-16 rows samples (the logits GEMM picks its kernel by
+                         # rows: a staircase that 1 / 4 / 16 cannot show; H100 runs 47-49's launch residual at 2 rows,
+                         # 0.10-0.12 ms, was the sampler table interpolated there), then the larger buckets
+                         [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 24, 32, 48, 64, 96, 128] if not quick else [1, 8], g)
 
     graphs = getattr(runner, "graphs", None)
     if graphs is not None and graphs.captured:
