@@ -745,14 +745,28 @@ def idle_graph_forwards(prof):
     return prof.model_copy(update={"step": prof.step.model_copy(update={"points": pts})}), n
 
 
+# the sampler's batches and the MoE layer's token counts calibrations timed before d9e76bd (2026-12-06), which added
+# every row count of a 1-16-row decode step and 2-48 tokens: ``run_profile(..., sparse_tables=True)`` sets the others
+# aside, to compare the two on one run
+SPARSE_SAMPLE_ROWS = (1, 4, 16, 32, 64, 128)
+SPARSE_MOE_TOKENS = (1, 8, 64, 128, 256, 384, 512, 1024, 2047, 2048, 4096, 8192)
+
+
+def sparse_table_points(points: list[dict]) -> list[dict]:
+    """``points`` without the sampler and MoE points at row and token counts outside the tables' earlier grid."""
+    return [p for p in points if not (p.get("op") == "sample" and float(p.get("batch", 0)) not in SPARSE_SAMPLE_ROWS)
+            and not (p.get("op") == "moe_experts" and float(p.get("tokens", 0)) not in SPARSE_MOE_TOKENS)]
+
+
 def run_profile(run, scale_bounds: str | None = None, linear_eager: bool = False, own_gemms: bool = True,
-                idle_graph: bool = False):
+                idle_graph: bool = False, sparse_tables: bool = False):
     """The one calibration profile a validation-matrix run folder keeps (``calibration_*.json``), re-fitted from its
     own calibration points when ``scale_bounds`` is given (``refit_profile``): what the offline scripts start from.
     ``linear_eager``: the refit's dense GEMM tables from the Linear's eager seconds (its points' ``device_s`` set aside).
     ``own_gemms`` False: the calibration's own GEMM points (``gemm``, its shapes at the token buckets) set aside, so the
     committed op table prices the FP8 GEMMs as before they were timed. ``idle_graph``: the graph points' forwards timed
-    with the GPU held busy set aside (``idle_graph_forwards``; needs a refit, ``scale_bounds``)."""
+    with the GPU held busy set aside (``idle_graph_forwards``; needs a refit, ``scale_bounds``). ``sparse_tables``: the
+    sampler and MoE tables from their earlier row and token counts alone (``sparse_table_points``; needs a refit)."""
     from pathlib import Path
 
     from costmodels.calibration import CalibrationProfile
@@ -762,6 +776,14 @@ def run_profile(run, scale_bounds: str | None = None, linear_eager: bool = False
         prof = prof.model_copy(update={"op_points": pts})
     if not own_gemms:
         prof = prof.model_copy(update={"op_points": [p for p in prof.op_points if p.get("op") != "gemm"]})
+    if sparse_tables:
+        if scale_bounds is None:
+            raise ValueError("the sparse tables change the fit's input: give a refit (scale_bounds, e.g. 'auto')")
+        pts = sparse_table_points(prof.op_points)
+        if len(pts) == len(prof.op_points):
+            raise ValueError("this run's calibration timed the sampler and the MoE layer at the earlier counts only")
+        tables = {k: v for k, v in prof.tables.items() if k not in ("sample", "moe_layer")}   # rebuilt by the refit
+        prof = prof.model_copy(update={"op_points": pts, "tables": tables})
     if idle_graph:
         if scale_bounds is None:
             raise ValueError("setting the held graph forwards aside changes the fit's input: give a refit (scale_bounds, e.g. 'auto')")

@@ -169,6 +169,9 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, str]]:
                          "own GEMM shapes at its token buckets (the two side by side on one held-out run)")
     ap.add_argument("--linear-eager", action="store_true",
                     help="with --refit: the dense GEMM tables from the Linear's eager seconds, not its device work")
+    ap.add_argument("--sparse-tables", action="store_true",
+                    help="with --refit: the sampler and MoE tables from the row and token counts calibrations timed "
+                         "before d9e76bd (1/4/16/... rows, 1/8/64/... tokens), the rest set aside (the two on one run)")
     ap.add_argument("--replay", type=int, default=None,
                     help="compare with replay N's measured figures (1-based; classes whose report kept per-replay figures) "
                          "instead of the median: a level's first replay pays a one-time cost on its largest eager steps")
@@ -196,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, str]]:
         ap.error("--linear-eager refits the step model: give --refit auto|none|LO,HI")
     try:
         prof = run_profile(run, a.refit, linear_eager=a.linear_eager, own_gemms=not a.op_table_gemms,
-                           idle_graph=a.idle_graph_forwards)
+                           idle_graph=a.idle_graph_forwards, sparse_tables=a.sparse_tables)
     except ValueError as e:
         ap.error(str(e))
     if a.refit is not None:

@@ -678,3 +678,18 @@ def test_step_fit_solutions_stay_inside_their_bounds(monkeypatch):
     assert x.tolist() == [0.0, 1.5]
     monkeypatch.setattr(step_fit, "nnls", lambda a, b, iters=200: np.array([-1e-22, 0.5]))
     assert step_fit._solve(a[:, :1], a[:, 1:], y, hb, 0.0, graph).min() == 0.0
+
+
+def test_sparse_table_points_set_aside_the_denser_sampler_and_moe_counts():
+    """``sparse_table_points``: the sampler batches and MoE token counts outside the earlier grid go, everything else
+    stays (what ``matrix_offline --sparse-tables`` compares the denser tables against on one run)."""
+    from costmodels.step_fit import SPARSE_MOE_TOKENS, SPARSE_SAMPLE_ROWS, sparse_table_points
+
+    pts = ([{"op": "sample", "batch": b} for b in (1, 2, 3, 4, 8, 16, 128)]
+           + [{"op": "moe_experts", "tokens": t} for t in (1, 2, 8, 17, 64, 8192)]
+           + [{"op": "linear", "m": 3}, {"op": "gemm", "m": 24}])
+    kept = sparse_table_points(pts)
+    assert [p["batch"] for p in kept if p["op"] == "sample"] == [1, 4, 16, 128]
+    assert [p["tokens"] for p in kept if p["op"] == "moe_experts"] == [1, 8, 64, 8192]
+    assert {"op": "linear", "m": 3} in kept and {"op": "gemm", "m": 24} in kept
+    assert 4 in SPARSE_SAMPLE_ROWS and 64 in SPARSE_MOE_TOKENS
