@@ -190,6 +190,8 @@ class MoELayerTable(BaseModel):
     hidden: int = Field(..., gt=0)
     intermediate: int = Field(..., gt=0)
     weight_dtype: str | None = None
+    touched: list[float] | None = Field(None, description="distinct experts each measured count's one random routing "
+                                        "touched (None: tables before 2026-12-06, priced on the expected count)")
     x_is: str = ""
 
     @field_validator("seconds")
@@ -197,8 +199,26 @@ class MoELayerTable(BaseModel):
     def _points(cls, sec: list[float], info: ValidationInfo) -> list[float]:
         return _xy_points(info.data.get("tokens"), sec, "tokens", "token count", "tokens")
 
+    @field_validator("touched")
+    @classmethod
+    def _touched(cls, t: list[float] | None, info: ValidationInfo) -> list[float] | None:
+        if t is None:
+            return None
+        toks = info.data.get("tokens") or []
+        if len(t) != len(toks) or not all(isinstance(v, (int, float)) and 0 < v <= info.data.get("experts", float("inf")) for v in t):
+            raise ValueError(f"touched: one distinct-expert count in (0, experts] per token count ({len(toks)}), got {t!r}")
+        return [float(v) for v in t]
+
     def model_post_init(self, _ctx) -> None:
         self._x, self._y = _sorted_xy(self.tokens, self.seconds)
+        # each measured count's seconds per expert its routing touched: the draw's own count where recorded (one random
+        # routing of 10-33 tokens touches up to 7% more or fewer experts than the expectation; H100 run 51's table per
+        # expected expert zigzagged 14.7-16.6 us from 10 to 33 tokens, per touched expert it falls smoothly 15.9-15.2)
+        if self.touched is not None:
+            order = np.argsort(np.asarray(self.tokens, float))
+            self._per = self._y / np.asarray(self.touched, float)[order]
+        else:
+            self._per = self._y / self.experts_touched(self._x)
 
     def matches(self, experts: int, top_k: int, hidden: int, intermediate: int, weight_dtype: str | None = None) -> bool:
         """Whether the table measured this expert shape and weight dtype (a table prices only the MoE it timed)."""
@@ -222,8 +242,7 @@ class MoELayerTable(BaseModel):
         # (8 -> 64 tokens: 57 -> 222 of 256); interpolating the seconds themselves over that interval priced 20-32
         # tokens 12-14% short of the same rule through the experts (H200 run 17: graph forwards at batch 20-32 ran
         # 4-8% over their op times, at 64, a table point, on them)
-        e, ex = self.experts_touched(m), self.experts_touched(self._x)
-        t = e * _loglog(m, self._x, self._y / ex)
+        t = self.experts_touched(m) * _loglog(m, self._x, self._per)
         below = m < self._x[0]
         if below.any():
             t = np.where(below, self._y[0], t)
@@ -420,8 +439,10 @@ def moe_layer_table(points: list[dict], model: str | None = None, weight_dtype: 
     if hidden is None or inter is None:
         return None
     toks = sorted(pts)
+    touched = [pts[t].get("touched") for t in toks]
     return MoELayerTable(tokens=toks, seconds=[float(pts[t]["device_s"]) for t in toks], experts=int(p0["experts"]),
                          top_k=int(p0["top_k"]), hidden=int(hidden), intermediate=int(inter),
+                         touched=touched if all(isinstance(v, (int, float)) and v > 0 for v in touched) else None,
                          weight_dtype=p0.get("weight_dtype") or weight_dtype,
                          x_is="device seconds of one MoE layer's routed experts over tokens, uniform routing (measured: "
                               "executor ops.moe_experts inside a CUDA graph)")

@@ -442,9 +442,11 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
         # at 12 pairs per expert, kernels.triton_grouped_gemm.default_block_m), which interpolation must not straddle
         # 2047 / 2048: both sides of the registry's Triton -> DeepGEMM MoE switch (registry._FUSED_MOE_MIN_TOKENS)
         # 2-48: a decode graph's experts run its real rows and one padding row (pads route alike), so serving's decode
-        # steps look the table up at 2-17 tokens and each bucket's top; between 8 and 64 the time per expert touched is
-        # not a straight line in log-log (H100 runs 47-50: serving's decode steps at 5-13 rows 0.08-0.16 ms over the
-        # model, at 4 and 16 rows within 0.03 ms)
+        # steps look the table up at 2-17 tokens and each bucket's top (H100 runs 47-50: serving's decode steps at 5-13
+        # rows 0.08-0.16 ms over the model interpolated from 1 / 8 / 64, at 4 and 16 rows within 0.03 ms). Each count is
+        # one random routing: its "touched" (distinct experts) goes with it, and the table prices time per expert that
+        # draw touched (MoELayerTable.touched; run 51 timed these counts without it: per expected expert they zigzag by
+        # +-7% and the denser table fitted worse than the sparse one)
         for n in ([1, 2, 3, 4, 6, 8, 10, 12, 14, 17, 24, 33, 48, 64, 128, 256, 384, 512, 1024, 2047, 2048, 4096, 8192]
                   if not quick else [1, 8, 64]):
             x = randn(n, hidden)

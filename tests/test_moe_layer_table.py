@@ -162,3 +162,32 @@ def test_a_bad_stored_table_names_its_own_fields_only(tmp_path):
         CalibrationProfile.model_validate(data)
     msg = str(e.value)
     assert "tokens has 6 points but seconds has 5" in msg and "PrefillChunkTable" not in msg and "EffTable" not in msg
+
+
+def test_a_points_own_routing_draw_sets_its_time_per_expert():
+    """With each measured count's distinct experts recorded (``touched``, one random routing each), the table prices
+    seconds per expert that draw touched, times the experts a count touches on average: a draw that touched 7% more
+    experts than the expectation does not read as a 7% slower kernel (H100 run 51: per expected expert the table
+    zigzagged 14.7-16.6 us from 10 to 33 tokens, per touched expert it falls smoothly 15.9 -> 15.2 us)."""
+    e = lambda n: 256 * (1 - (1 - 8 / 256) ** n)                      # noqa: E731
+    toks = [1, 8, 12, 17, 64]
+    per = {1: 25.5e-6, 8: 16.2e-6, 12: 15.5e-6, 17: 15.6e-6, 64: 15.3e-6}   # seconds per touched expert, smooth
+    drawn = {1: 8, 8: 55, 12: 87, 17: 101, 64: 221}                         # one draw's distinct experts
+    sec = [per[n] * drawn[n] for n in toks]
+    t = MoELayerTable(tokens=toks, seconds=sec, touched=[drawn[n] for n in toks], **V3)
+    got, ext = t([12, 17, 40])
+    assert got[0] == pytest.approx(per[12] * e(12)) and got[1] == pytest.approx(per[17] * e(17)) and not ext.any()
+    f = np.log(40 / 17) / np.log(64 / 17)
+    assert got[2] == pytest.approx(e(40) * per[17] ** (1 - f) * per[64] ** f)
+    # without the draws: per expected expert, the 12-token draw (87 of 81 expected) reads 7% slow
+    plain, _ = MoELayerTable(tokens=toks, seconds=sec, **V3)([12])
+    assert plain[0] == pytest.approx(sec[2]) and plain[0] > 1.06 * got[0]
+    # built from a calibration's points that record the draw; any point without it: the expectation for all
+    pts = [{"op": "moe_experts", "tokens": n, "device_s": s, "touched": drawn[n], "top_k": 8, "experts": 256,
+            "hidden": 7168, "intermediate": 2048, "weight_dtype": "fp8"} for n, s in zip(toks, sec)]
+    assert moe_layer_table(pts).touched == [float(drawn[n]) for n in toks]
+    assert moe_layer_table([{k: v for k, v in p.items() if k != "touched" or p["tokens"] != 12} for p in pts]).touched is None
+    with pytest.raises(ValidationError, match="touched"):
+        MoELayerTable(tokens=toks, seconds=sec, touched=[8, 55], **V3)
+    with pytest.raises(ValidationError, match="touched"):
+        MoELayerTable(tokens=toks, seconds=sec, touched=[8, 55, 87, 101, 300], **V3)
