@@ -593,7 +593,11 @@ def forward_fit(points: Sequence[StepPoint], cats: np.ndarray, scale_bounds: tup
     alone: the graph's chain of small kernels pays its ramps and tails once a replay whatever the batch. H100 run 45
     (51 held forwards, 1-128 rows): the scale alone left the one-row forwards 3.9% under and the 48-128-row ones 1-2%
     over (rms 2.2%); with the replay term (0.17 ms, scale 1.073) rms 1.4%, every batch within 2%. On an idle GPU's
-    forwards the launch wait (host work) would pass for it: the scale alone there."""
+    forwards the launch wait (host work) would pass for it: the scale alone there. H100 runs 51-52, the MoE layer timed
+    at 2-48 tokens as well: the fit takes no replay term (1.044-1.046 x op times + 0), where the same runs' points at 1 /
+    8 / 64 tokens alone give 0.22-0.24 ms: what the term took up on runs 45-50 was mostly the MoE table interpolated
+    between 1 and 8 tokens. The two are nearly collinear over the grid's forwards (2.6-12 ms), so the term is a
+    stand-in, not a measured replay cost."""
     sel, r = _graph_forwards(points, cats)
     if len(sel) < min_points:
         return {}, 0.0
