@@ -475,9 +475,9 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
                         **({"device_s": dev_s} if dev_s is not None else {})})
 
     out += bench_sampler(model.compute_logits, engine.vocab_size, engine.cfg.spec.hidden_size, dev, act, repeats,
-                         # every row count a decode step of 1-16 rows samples (the logits GEMM picks its kernel by
-                         # rows: a staircase that 1 / 4 / 16 cannot show; H100 runs 47-49's launch residual at 2 rows,
-                         # 0.10-0.12 ms, was the sampler table interpolated there), then the larger buckets
+                         # every row count a decode step of 1-16 rows samples, then the larger buckets: a staircase
+                         # 1 / 4 / 16 cannot show (H100 runs 51-52: 0.16-0.19 ms more at 2 rows than at 1, which the
+                         # sparse table interpolated as 0.05 and runs 47-50's launch table took up at 2 rows)
                          [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 24, 32, 48, 64, 96, 128] if not quick else [1, 8], g)
 
     graphs = getattr(runner, "graphs", None)
