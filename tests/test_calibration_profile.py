@@ -693,3 +693,20 @@ def test_sparse_table_points_set_aside_the_denser_sampler_and_moe_counts():
     assert [p["tokens"] for p in kept if p["op"] == "moe_experts"] == [1, 8, 64, 8192]
     assert {"op": "linear", "m": 3} in kept and {"op": "gemm", "m": 24} in kept
     assert 4 in SPARSE_SAMPLE_ROWS and 64 in SPARSE_MOE_TOKENS
+
+
+def test_a_calibration_on_a_host_whose_speed_moved_says_so():
+    """``host_speed_note``: the calibration's host probes (the same host work at its start, after the grid, at its end)
+    more than 25% apart give a warning naming them; H100 runs 47-52's probes as recorded: quiet on 47, 49, 50 (0.6-5%),
+    moving on 48, 51, 52, whose serving steps before a prompt-bearing step ran 7-18% off the model (1.5-4% elsewhere)."""
+    from executor.calibrate import host_speed_note
+
+    runs = {47: (134.65, 141.24, 134.55), 48: (286.36, 147.62, 230.77), 49: (137.54, 138.39, 137.50),
+            50: (136.19, 136.19, 138.54), 51: (357.37, 146.37, 485.97), 52: (150.62, 271.24, 286.15)}
+    for run, us in runs.items():
+        note = host_speed_note(dict(zip(("start", "after_grid", "end"), (v * 1e-6 for v in us))))
+        assert (note is not None) == (run in (48, 51, 52)), run
+    note = host_speed_note({"start": 357.37e-6, "after_grid": 146.37e-6, "end": 485.97e-6})
+    assert "start 357 us, after_grid 146 us, end 486 us (232% apart, > 25%)" in note and "calibrate again" in note
+    assert host_speed_note({"start": 1e-4}) is None and host_speed_note({"start": 1e-4, "end": None}) is None
+    assert host_speed_note({"start": 1e-4, "end": 1.3e-4}, limit=0.35) is None
