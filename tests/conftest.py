@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # the README's command runs two workers (pytest-xdist, ``-n 2``) on a 2-core machine: one thread each, where torch
+    # and the BLAS libraries would each start one per core (four threads on two cores: the suite ran 1,150 s that way
+    # in one process, 507 s as two single-threaded workers). Before any test module imports them.
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
 
 
 @pytest.fixture
