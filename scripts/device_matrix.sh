@@ -36,6 +36,10 @@
 #     MATRIX_ARGS="--classes chat,agentic --class-requests chat=96,agentic=96 --async-overlap" REQS=96 RUNS=3 T_BUDGET=575 bash scripts/device_matrix.sh
 #   the pipelined loop priced launch by launch with the held-forward fit, summarize + reasoning + longctx (run 35, Triton):
 #     TWINFER_KERNEL_FP8_GEMM=triton MATRIX_ARGS="--classes summarize,reasoning,longctx --max-model-len 16384 --class-requests summarize=96,reasoning=32,longctx=12 --async-overlap" REQS=96 RUNS=3 T_BUDGET=575 bash scripts/device_matrix.sh
+#   the matrix at HEAD, longctx with 24 requests (runs 45, 46, 49 missed its low TPOT p50 with 12: the mean of the 6th
+#   and 7th request sits on a step of the distribution; run 50 with 24: -1.7%, off the step; 114 s for the class):
+#     TWINFER_KERNEL_FP8_GEMM=triton MATRIX_ARGS="--classes summarize,agentic,longctx --max-model-len 16384 --class-requests summarize=96,agentic=96,longctx=24 --async-overlap" REQS=96 RUNS=3 T_BUDGET=590 bash scripts/device_matrix.sh
+#     TWINFER_KERNEL_FP8_GEMM=triton MATRIX_ARGS="--classes chat,reasoning --class-requests chat=96,reasoning=32 --async-overlap" REQS=96 RUNS=3 T_BUDGET=560 bash scripts/device_matrix.sh
 # The device copies the working tree (tracked, untracked-not-ignored, carried) up to 64 MiB: pack a run's reports
 # (reports.tgz) before committing it.
 #   prefill-heavy + agentic on HEAD's model unchanged (run 17 at 0890110, Triton: 357 s):
