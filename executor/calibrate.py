@@ -36,7 +36,7 @@ import torch
 from costmodels.calibration import (CalibrationProfile, EffTable, MoELayerTable, PrefillChunkTable, eff_table, kv_expand_table,
                                     linear_tables, moe_layer_table, prefill_chunk_table, sample_table)
 from costmodels.hardware import get_hardware
-from costmodels.step_fit import fit_step_profile, nnls_abs
+from costmodels.step_fit import fit_step_profile, host_speed_note, nnls_abs
 from costmodels.step_profile import StepPoint
 from executor.engine import LLMEngine, SamplingParams
 from executor.host_probe import host_probe
@@ -1159,28 +1159,6 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
         "source": f"twinfer calibrate on {gpu}", "created": prov["date"],
         "notes": notes, "provenance": prov, "op_points": op_pts, "step": step, "power_ref": power_ref,
     })
-
-
-# the host probes of one calibration agree within this on a quiet host (H100 runs 47, 49, 50: 0.6-5%); past it the
-# host's speed moved while the grid was timed (runs 48, 51, 52: 94%, 232%, 90% apart, e.g. 146 / 357 / 486 us), and
-# serving's decode steps before a prompt-bearing step ran 7-18% off the model (MAPE) where the quiet hosts' ran 1.5-4%
-HOST_PROBE_SPREAD = 0.25
-
-
-def host_speed_note(probes: dict[str, float], limit: float = HOST_PROBE_SPREAD) -> str | None:
-    """A warning when the calibration's host probes (the same host work timed at its start, after the grid and at its
-    end) disagree by more than ``limit`` (slowest over fastest less 1): the host terms were fitted on a host whose speed
-    moved. None where they agree or fewer than two were timed."""
-    vals = {k: float(v) for k, v in probes.items() if v and v > 0}
-    if len(vals) < 2:
-        return None
-    lo, hi = min(vals.values()), max(vals.values())
-    if hi / lo - 1.0 <= limit:
-        return None
-    return (f"the host's speed moved during calibration: the host probe read "
-            + ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in vals.items())
-            + f" ({(hi / lo - 1) * 100:.0f}% apart, > {limit * 100:.0f}%); the host terms were fitted on a moving host and "
-              "host-bound steps will be off by as much: calibrate again on a quiet host")
 
 
 def _kernel_choices(engine: LLMEngine, device: str) -> dict:

@@ -215,3 +215,27 @@ def test_run_refuses_a_max_model_len_past_the_models_context():
     r = CliRunner().invoke(app, ["run", "-m", "tiny", "--max-model-len", "100000000000"])
     assert isinstance(r.exception, TwinferError), r.output
     assert "max_model_len: 100,000,000,000 is past tiny's context of 4,096 tokens" in str(r.exception)
+
+
+def test_validate_warns_of_a_profile_calibrated_on_a_moving_host(tmp_path, capsys, monkeypatch):
+    """A profile whose host probes (start, after the grid, end of its calibration) read 146-486 us, as H100 run 51's did:
+    validate says before its levels that the host terms came from a moving host, and the report keeps it in its
+    notes; the committed H200 profile (no probes recorded) gets neither."""
+    import sys
+
+    from ui.cli import main
+
+    data = json.loads(Path(PROFILE).read_text())
+    data["provenance"]["host_probe_s"] = {"start": 3.5737e-4, "after_grid": 1.4637e-4, "end": 4.8597e-4}
+    moving = tmp_path / "moving.json"
+    moving.write_text(json.dumps(data))
+    for prof, warned in ((str(moving), True), (PROFILE, False)):
+        out = tmp_path / "rep.json"
+        monkeypatch.setattr(sys, "argv", ["twinfer", "validate", "--sim-only", "-p", prof, "-n", "8", "-o", str(out)])
+        with pytest.raises(SystemExit) as e:
+            main()
+        assert e.value.code in (0, None)
+        printed = " ".join(capsys.readouterr().out.split())
+        notes = json.loads(out.read_text())["notes"]
+        assert ("warning: the host's speed moved during calibration" in printed) == warned
+        assert any("start 357 us, after_grid 146 us, end 486 us (232% apart" in n for n in notes) == warned

@@ -90,7 +90,7 @@ def _five_layer_model(tmp_path) -> str:
 
 
 def test_committed_h100_reports_band_the_h100_profile_and_only_it(tmp_path):
-    """profiles/h100 holds runs 45-51's per-class reports (seven H100 boards) and run 52's profile: a 5-layer H100 run
+    """profiles/h100 holds runs 45-51's per-class reports (seven H100 boards) and run 50's profile: a 5-layer H100 run
     priced by that profile prints the largest error over all of them; the same run priced by the H200's profile (same
     file name) gets no band, and the reason names both GPUs."""
     from sim.validate import PROFILES, band_text, find_reports, load_bands
