@@ -703,3 +703,28 @@ class CalibrationProfile(BaseModel):
             mem_eff=mem_eff, gemm_mem_half_bytes=half, gemm_compute_eff=ceff, gemm_compute_half_m=64.0,
             attn_compute_eff=580.0 / 989.0, tables={"attn_decode_mem": attn_table}, op_tables="H200",
         )
+
+
+# the host probes of one calibration agree within this on a quiet host (H100 runs 47, 49, 50: 0.6-5%); past it the
+# host's speed moved while the grid was timed (runs 48, 51, 52: 94%, 232%, 90% apart, e.g. 146 / 357 / 486 us), and
+# serving's decode steps before a prompt-bearing step ran 7-18% off the model (MAPE) where the quiet hosts' ran 1.5-4%
+HOST_PROBE_SPREAD = 0.25
+
+
+def host_speed_note(probes: dict[str, float], limit: float = HOST_PROBE_SPREAD) -> str | None:
+    """A warning when a calibration's host probes (``provenance.host_probe_s``: the same host work timed at its start,
+    after the grid and at its end) disagree by more than ``limit`` (slowest over fastest less 1): the host terms were
+    fitted on a host whose speed moved. None where they agree, fewer than two were timed, or ``probes`` is not a
+    mapping of seconds (a profile from before they were recorded)."""
+    if not isinstance(probes, dict):
+        return None
+    vals = {str(k): float(v) for k, v in probes.items() if isinstance(v, (int, float)) and v > 0}
+    if len(vals) < 2:
+        return None
+    lo, hi = min(vals.values()), max(vals.values())
+    if hi / lo - 1.0 <= limit:
+        return None
+    return (f"the host's speed moved during calibration: the host probe read "
+            + ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in vals.items())
+            + f" ({(hi / lo - 1) * 100:.0f}% apart, > {limit * 100:.0f}%); the host terms were fitted on a moving host and "
+              "host-bound steps will be off by as much: calibrate again on a quiet host")

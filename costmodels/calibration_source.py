@@ -18,7 +18,7 @@ from pathlib import Path
 
 from twinfer.errors import TwinferError
 
-from costmodels.calibration import CalibrationProfile, fp4_reference
+from costmodels.calibration import CalibrationProfile, fp4_reference, host_speed_note
 from costmodels.hardware import Hardware, MeasuredCeilings, get_hardware
 
 # measured-block fields the defaults only read from the H200 (shape fits of one kernel library)
@@ -43,7 +43,9 @@ def _from_file(hw: Hardware, path: str | Path) -> CalibrationProfile:
     if cal.op_table_libs.get("fp8_gemm"):
         lib = cal.op_table_libs["fp8_gemm"]
         line += f"; dense FP8 GEMMs priced from the op tables' {lib} rows (the kernel library of the engine it measured)"
-    return cal.model_copy(update={"notes": [line] + list(cal.notes)})
+    moving = host_speed_note((cal.provenance or {}).get("host_probe_s")) if cal.step is not None else None
+    # second, so that the lines simulate prints show it: the step model's host terms came from a moving host
+    return cal.model_copy(update={"notes": [line] + ([moving] if moving else []) + list(cal.notes)})
 
 
 def _ratio(value: float, peak: float, field: str, peak_field: str, hw: Hardware) -> float:

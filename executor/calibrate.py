@@ -33,10 +33,10 @@ import time
 import numpy as np
 import torch
 
-from costmodels.calibration import (CalibrationProfile, EffTable, MoELayerTable, PrefillChunkTable, eff_table, kv_expand_table,
-                                    linear_tables, moe_layer_table, prefill_chunk_table, sample_table)
+from costmodels.calibration import (CalibrationProfile, EffTable, MoELayerTable, PrefillChunkTable, eff_table, host_speed_note,
+                                    kv_expand_table, linear_tables, moe_layer_table, prefill_chunk_table, sample_table)
 from costmodels.hardware import get_hardware
-from costmodels.step_fit import fit_step_profile, host_speed_note, nnls_abs
+from costmodels.step_fit import fit_step_profile, nnls_abs
 from costmodels.step_profile import StepPoint
 from executor.engine import LLMEngine, SamplingParams
 from executor.host_probe import host_probe

@@ -239,3 +239,22 @@ def test_validate_warns_of_a_profile_calibrated_on_a_moving_host(tmp_path, capsy
         notes = json.loads(out.read_text())["notes"]
         assert ("warning: the host's speed moved during calibration" in printed) == warned
         assert any("start 357 us, after_grid 146 us, end 486 us (232% apart" in n for n in notes) == warned
+
+
+def test_simulate_on_a_profile_calibrated_on_a_moving_host_says_so(tmp_path):
+    """The same warning among the notes `twinfer simulate` prints first (``calibration_source.profile_for``), right
+    after the line naming the profile; a profile whose probes agree, or that recorded none, adds nothing."""
+    from costmodels.calibration_source import profile_for
+    from costmodels.hardware import get_hardware
+
+    data = json.loads(Path(PROFILE).read_text())
+    hw = get_hardware("H200")
+    for probes, warned in (({"start": 1.5062e-4, "after_grid": 2.7124e-4, "end": 2.8615e-4}, True),
+                           ({"start": 1.3754e-4, "after_grid": 1.3839e-4, "end": 1.3750e-4}, False), (None, False)):
+        data["provenance"]["host_probe_s"] = probes
+        path = tmp_path / "p.json"
+        path.write_text(json.dumps(data))
+        notes = profile_for(hw, path).notes
+        assert notes[0].startswith("efficiencies from calibration profile")
+        assert notes[1].startswith("the host's speed moved during calibration") == warned
+        assert ("(90% apart, > 25%)" in notes[1]) == warned

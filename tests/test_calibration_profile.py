@@ -699,7 +699,7 @@ def test_a_calibration_on_a_host_whose_speed_moved_says_so():
     """``host_speed_note``: the calibration's host probes (the same host work at its start, after the grid, at its end)
     more than 25% apart give a warning naming them; H100 runs 47-52's probes as recorded: quiet on 47, 49, 50 (0.6-5%),
     moving on 48, 51, 52, whose serving steps before a prompt-bearing step ran 7-18% off the model (1.5-4% elsewhere)."""
-    from costmodels.step_fit import host_speed_note
+    from costmodels.calibration import host_speed_note
 
     runs = {47: (134.65, 141.24, 134.55), 48: (286.36, 147.62, 230.77), 49: (137.54, 138.39, 137.50),
             50: (136.19, 136.19, 138.54), 51: (357.37, 146.37, 485.97), 52: (150.62, 271.24, 286.15)}

@@ -501,7 +501,7 @@ def validate(
     for note in cost.notes:   # the board's power limit, where the profile measured its reference loops (costmodels.power)
         if note.startswith("board power limit") or "power reference" in note:
             con.print(note, highlight=False)
-    from costmodels.step_fit import host_speed_note
+    from costmodels.calibration import host_speed_note
     moving = host_speed_note((prof.provenance or {}).get("host_probe_s"))
     if moving:   # the host terms come from a host whose speed moved (H100 runs 48, 51, 52): say so before the levels
         con.print(f"[yellow]warning:[/] {moving}", highlight=False)
@@ -529,7 +529,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
     ``level_warm``: each level's trace is replayed once unmeasured before its ``runs`` measured replays (a
     methodology choice, stated in the report's notes). ``temperature``: what the replays sample with (None: what
     the profile's calibration sampled with, its provenance's ``sampling_temperature``; greedy if not recorded)."""
-    from costmodels.step_fit import host_speed_note
+    from costmodels.calibration import host_speed_note
     from rich.console import Console
 
     from sim.validate import (LevelReport, StepSample, ValidationReport, check_targets, compact_samples, copy_requests,
