@@ -9,6 +9,7 @@ it there would lend those figures an accuracy nobody measured (issue 19).
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -74,7 +75,17 @@ def mismatch(report: dict, scenario: Scenario) -> str:
 
 
 def _profile_gpu(path) -> str | None:
-    """The GPU a calibration profile was measured on (its provenance), None where the file does not say."""
+    """The GPU a calibration profile was measured on (its provenance), None where the file does not say. Read once per
+    file version: ``mismatch`` asks it for every committed report (37 for the H200)."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return None
+    return _profile_gpu_of(str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _profile_gpu_of(path: str, _mtime_ns: int, _size: int) -> str | None:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):

@@ -105,19 +105,25 @@ def test_calibrate_refuses_a_directory_out_and_a_cpu_dtype_it_cannot_measure(cli
 
 
 # -------------------------------------------------------------------------------------------- twinfer validate
-def test_validate_sim_only_report_names_the_profiles_device_and_dtype(tmp_path, capsys, monkeypatch):
-    """--sim-only with an H200 fp8 profile wrote "device": "cpu" (the executor's default, nothing ran) and notes of dummy
-    weights and measured compositions; the matrix printed and the report agree."""
+def _validate_sim_only(monkeypatch, capsys, profile: str, requests: int, out) -> str:
+    """``twinfer validate --sim-only -p PROFILE -n REQUESTS -o OUT`` through the console entry point, in-process; it
+    must exit 0. Returns stdout with its whitespace folded (rich wraps lines)."""
     import sys
 
     from ui.cli import main
 
-    out = tmp_path / "rep.json"
-    monkeypatch.setattr(sys, "argv", ["twinfer", "validate", "--sim-only", "-p", PROFILE, "-n", "20", "-o", str(out)])
+    monkeypatch.setattr(sys, "argv", ["twinfer", "validate", "--sim-only", "-p", profile, "-n", str(requests), "-o", str(out)])
     with pytest.raises(SystemExit) as e:
         main()
     assert e.value.code in (0, None)
-    printed = " ".join(capsys.readouterr().out.split())
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_validate_sim_only_report_names_the_profiles_device_and_dtype(tmp_path, capsys, monkeypatch):
+    """--sim-only with an H200 fp8 profile wrote "device": "cpu" (the executor's default, nothing ran) and notes of dummy
+    weights and measured compositions; the matrix printed and the report agree."""
+    out = tmp_path / "rep.json"
+    printed = _validate_sim_only(monkeypatch, capsys, PROFILE, 20, out)
     rep = json.loads(out.read_text())
     assert (rep["model"], rep["dtype"], rep["device"]) == ("deepseek-v3", "fp8", "cuda")
     assert rep["notes"][0].startswith("simulator only (--sim-only): nothing measured")
@@ -221,21 +227,13 @@ def test_validate_warns_of_a_profile_calibrated_on_a_moving_host(tmp_path, capsy
     """A profile whose host probes (start, after the grid, end of its calibration) read 146-486 us, as H100 run 51's did:
     validate says before its levels that the host terms came from a moving host, and the report keeps it in its
     notes; the committed H200 profile (no probes recorded) gets neither."""
-    import sys
-
-    from ui.cli import main
-
     data = json.loads(Path(PROFILE).read_text())
     data["provenance"]["host_probe_s"] = {"start": 3.5737e-4, "after_grid": 1.4637e-4, "end": 4.8597e-4}
     moving = tmp_path / "moving.json"
     moving.write_text(json.dumps(data))
     for prof, warned in ((str(moving), True), (PROFILE, False)):
         out = tmp_path / "rep.json"
-        monkeypatch.setattr(sys, "argv", ["twinfer", "validate", "--sim-only", "-p", prof, "-n", "8", "-o", str(out)])
-        with pytest.raises(SystemExit) as e:
-            main()
-        assert e.value.code in (0, None)
-        printed = " ".join(capsys.readouterr().out.split())
+        printed = _validate_sim_only(monkeypatch, capsys, prof, 8, out)
         notes = json.loads(out.read_text())["notes"]
         assert ("warning: the host's speed moved during calibration" in printed) == warned
         assert any("start 357 us, after_grid 146 us, end 486 us (232% apart" in n for n in notes) == warned

@@ -876,6 +876,22 @@ def test_held_out_run_48_chat_and_long_decode_on_a_fourth_h100_board(capsys):
     assert table["mape"] < line["mape"] - 0.003 and abs(table["bias"]) < abs(line["bias"]) - 0.003
 
 
+def _sensitivity_rows_match_the_device(out: str, device: dict) -> dict[tuple[str, str], str]:
+    """``matrix_offline --sensitivity``'s printed rows, each checked against the device's matrix (``device``: its
+    ``classes``) to the printed digit: {(class, level): line}."""
+    rows = {}
+    for line in out.splitlines():
+        if line[:10].strip() in device and line[11:28].strip() in ("low", "knee", "past saturation"):
+            cls, level = line[:10].strip(), line[11:28].strip()
+            lv = next(x for x in device[cls]["levels"] if x["name"] == level)
+            got = [float(x) / 100 for x in re.findall(r"([+-]\d+\.\d)% \(", line)]
+            assert len(got) == 4, line
+            for f, v in zip(("output_throughput", "tpot_p50", "ttft_p50", "ttft_p90"), got):
+                assert abs(v - lv["rel_error"][f]) <= 0.0006, (cls, level, f)
+            rows[(cls, level)] = line
+    return rows
+
+
 def test_held_out_run_49_on_a_fifth_h100_board(capsys):
     """Run 49 at 7bb5f0b: summarize, agentic and longctx on a fifth H100 board (another VBIOS). 44 of 45 held out, the
     device's figures to the digit; the one miss (longctx low TPOT p50 -6.1%, as on runs 45 and 46) sits in a cell whose
@@ -894,17 +910,7 @@ def test_held_out_run_49_on_a_fifth_h100_board(capsys):
     w = mo.main([str(r49), "--sensitivity"])
     out = capsys.readouterr().out
     device = json.loads((r49 / "matrix_deepseek-v3-5layers_fp8.json").read_text())["classes"]
-    rows = 0
-    for line in out.splitlines():
-        if line[:10].strip() in device and line[11:28].strip() in ("low", "knee", "past saturation"):
-            cls, level = line[:10].strip(), line[11:28].strip()
-            lv = next(x for x in device[cls]["levels"] if x["name"] == level)
-            got = [float(x) / 100 for x in re.findall(r"([+-]\d+\.\d)% \(", line)]
-            assert len(got) == 4, line
-            for f, v in zip(("output_throughput", "tpot_p50", "ttft_p50", "ttft_p90"), got):
-                assert abs(v - lv["rel_error"][f]) <= 0.0006, (cls, level, f)
-            rows += 1
-    assert rows == 9
+    assert len(_sensitivity_rows_match_the_device(out, device)) == 9
     _worst_within(w, 0.015, 0.062, 0.042, 0.048)
     assert "-6.1% (\u00b17.6) !" in next(x for x in out.splitlines() if x.startswith("longctx    low"))
     assert "misses: 1 where the figure moves by more than its target with steps \u00b12% (marked !), 0 elsewhere" in out
@@ -923,16 +929,7 @@ def test_held_out_run_50_longctx_with_24_requests_and_chat_on_a_sixth_h100_board
     w = mo.main([str(r50), "--sensitivity"])
     out = capsys.readouterr().out
     device = json.loads((r50 / "matrix_deepseek-v3-5layers_fp8.json").read_text())["classes"]
-    rows = {}
-    for line in out.splitlines():
-        if line[:10].strip() in device and line[11:28].strip() in ("low", "knee", "past saturation"):
-            cls, level = line[:10].strip(), line[11:28].strip()
-            lv = next(x for x in device[cls]["levels"] if x["name"] == level)
-            got = [float(x) / 100 for x in re.findall(r"([+-]\d+\.\d)% \(", line)]
-            assert len(got) == 4, line
-            for f, v in zip(("output_throughput", "tpot_p50", "ttft_p50", "ttft_p90"), got):
-                assert abs(v - lv["rel_error"][f]) <= 0.0006, (cls, level, f)
-            rows[(cls, level)] = line
+    rows = _sensitivity_rows_match_the_device(out, device)
     assert len(rows) == 6
     _worst_within(w, 0.014, 0.052, 0.086, 0.066)
     assert "-1.7% (\u00b12.1)" in rows[("longctx", "low")] and "!" not in rows[("longctx", "low")]
@@ -957,11 +954,10 @@ def test_run_51_dense_moe_table_priced_per_touched_expert():
     assert prof.tables["moe_layer"].touched is None and len(prof.tables["moe_layer"].tokens) == 23
     assert abs(prof.step.graph_replay_s) < 1e-9 and abs(prof.step.category_scale["dense_gemm"] - 1.044) < 1e-3
 
-    def rebuilt(sparse: bool):
-        pts = sf.sparse_table_points(prof.op_points) if sparse else prof.op_points
-        tables = {k: v for k, v in prof.tables.items() if k not in ("sample", "moe_layer")}
-        return sf.refit_profile(prof.model_copy(update={"op_points": pts, "tables": tables}), "auto")
-    dense, sparse = rebuilt(False), rebuilt(True)
+    # both tables rebuilt from the points (the refit keeps a stored MoE table), all of them or the earlier counts alone
+    tables = {k: v for k, v in prof.tables.items() if k not in ("sample", "moe_layer")}
+    dense = sf.refit_profile(prof.model_copy(update={"tables": tables}), "auto")
+    sparse = sf.run_profile(run, "auto", sparse_tables=True)
     assert dense.tables["moe_layer"].touched is not None and len(sparse.tables["moe_layer"].tokens) == 12
     samples = {"chat": sr.load_samples(run)["chat"]}
     as_run = sr.device_errors(samples, ProfiledStepCost(sf.run_profile(run, "auto")))

@@ -501,10 +501,6 @@ def validate(
     for note in cost.notes:   # the board's power limit, where the profile measured its reference loops (costmodels.power)
         if note.startswith("board power limit") or "power reference" in note:
             con.print(note, highlight=False)
-    from costmodels.calibration import host_speed_note
-    moving = host_speed_note((prof.provenance or {}).get("host_probe_s"))
-    if moving:   # the host terms come from a host whose speed moved (H100 runs 48, 51, 52): say so before the levels
-        con.print(f"[yellow]warning:[/] {moving}", highlight=False)
 
     try:
         rep, samples_by_level = run_levels(cost, prof, reqs, base_cfg, blocks, fracs, engine, seed=seed, device=device,
@@ -529,14 +525,17 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
     ``level_warm``: each level's trace is replayed once unmeasured before its ``runs`` measured replays (a
     methodology choice, stated in the report's notes). ``temperature``: what the replays sample with (None: what
     the profile's calibration sampled with, its provenance's ``sampling_temperature``; greedy if not recorded)."""
-    from costmodels.calibration import host_speed_note
     from rich.console import Console
 
-    from sim.validate import (LevelReport, StepSample, ValidationReport, check_targets, compact_samples, copy_requests,
-                              error_bands, median_runs, metric_values, natural_rate, rel_errors, saturation_rps,
-                              simulate_requests, step_comparison, step_sensitivity, STEP_SHIFT)
+    from costmodels.calibration import host_speed_note
+    from sim.validate import (STEP_SHIFT, LevelReport, StepSample, ValidationReport, check_targets, compact_samples,
+                              copy_requests, error_bands, median_runs, metric_values, natural_rate, rel_errors,
+                              saturation_rps, simulate_requests, step_comparison, step_sensitivity)
 
     con = log or Console()
+    moving = host_speed_note((prof.provenance or {}).get("host_probe_s"))
+    if moving:   # the host terms come from a host whose speed moved (H100 runs 48, 51, 52): say so before the levels
+        con.print(f"[yellow]warning:[/] {moving}", highlight=False)
     scfg = sim_config(base_cfg, prof)
     cap = capacity or saturation_rps(cost, scfg, blocks, reqs)
     r0 = natural_rate(reqs)
@@ -671,7 +670,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
         + (["each level's trace is replayed once unmeasured before its measured replays (methodology: no measured replay "
             "pays a first-use cost of the level's step shapes)"] if (engine is not None and level_warm) else [])
         + ([f"replays sample at temperature {temperature:g} (seeded), as calibration did"] if engine is not None else [])
-        + [n for n in [host_speed_note((prof.provenance or {}).get("host_probe_s"))] if n]
+        + ([moving] if moving else [])
         + [f"sensitivity: how far each predicted figure moves when every step runs {STEP_SHIFT * 100:g}% longer or shorter (the same "
            "arrivals; the step model's own error on held-out serving is about that); a figure marked ! moves by more "
            "than its target, so a miss there says as much about where the figure sits in its distribution as about "
