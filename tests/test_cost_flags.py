@@ -96,8 +96,8 @@ def test_expert_imbalance_scales_the_dispatch_and_is_reported():
 
 def test_expert_load_model_depends_on_the_batch():
     small = run_cost(CostConfig(**DEP8, dtype="fp8", expert_imbalance="zipf", batch=["decode:16x2048"]))
-    big = run_cost(CostConfig(**DEP8, dtype="fp8", expert_imbalance="zipf", batch=["decode:2048x2048"]))
-    uni = run_cost(CostConfig(**DEP8, dtype="fp8", expert_imbalance="uniform", batch=["decode:2048x2048"]))
+    big = run_cost(CostConfig(**DEP8, dtype="fp8", expert_imbalance="zipf", batch=["decode:2048x1024"]))
+    uni = run_cost(CostConfig(**DEP8, dtype="fp8", expert_imbalance="uniform", batch=["decode:2048x1024"]))
     # sampling noise: fewer assignments, busier straggler; skew keeps zipf above uniform
     assert small["imbalance"]["expert"] > big["imbalance"]["expert"] > uni["imbalance"]["expert"] >= 1.0
 
@@ -266,21 +266,32 @@ def test_nvfp4_dispatch_needs_fp4_tensor_cores():
 
 
 # ----------------------------------------------------------------------------- batch larger than the layout holds
-def test_batch_past_the_kv_pool_is_priced_with_a_warning_naming_both_numbers():
-    res = run_cost(CostConfig(batch=["decode:1024x131072"]))
-    assert res["fits"] is True  # fits = the weights (docs/costmodel.md)
+def test_batch_past_the_kv_pool_is_refused_unless_allowed_and_then_priced_with_both_numbers():
+    """A batch whose KV cannot be held is refused as a layout that does not fit is (exit 2 at the CLI); with
+    --allow-no-fit it is priced, the warning names both numbers and the JSON's ``fits`` / ``batch_fits`` say no
+    (``memory.fits`` stays the layout's)."""
+    with pytest.raises(DoesNotFitError, match=r"BATCH KV DOES NOT FIT THE KV POOL: the batch holds 134,218,752 KV tokens.*"
+                                              r"--allow-no-fit prices it anyway"):
+        run_cost(CostConfig(batch=["decode:1024x131072"]))
+    res = run_cost(CostConfig(batch=["decode:1024x131072"], allow_no_fit=True))
+    assert res["fits"] is False and res["batch_fits"] is False and res["memory"]["fits"] is True
     kv = [w for w in res["warnings"] if "KV POOL" in w]
-    assert len(kv) == 1, res["warnings"]
+    assert len(kv) == 1 and kv[0].endswith("(priced anyway: --allow-no-fit)"), res["warnings"]
     assert f"{1024 * 131073:,} KV tokens" in kv[0] and f"{res['memory']['max_kv_tokens_per_dp_rank']:,} per DP rank" in kv[0]
     assert not [w for w in res["warnings"] if "CONTEXT" in w]  # 131,073 <= deepseek-v3's 163,840
-    assert run_cost(CostConfig(batch=["decode:64x4096"]))["warnings"] == []
+    ok = run_cost(CostConfig(batch=["decode:64x4096"]))
+    assert ok["warnings"] == [] and ok["fits"] is True and ok["batch_fits"] is True
+    out = _cli("-b", "decode:1024x32768")
+    assert out.returncode == 2 and "BATCH KV DOES NOT FIT" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    out = _cli("-b", "decode:1024x32768", "--allow-no-fit")
+    assert out.returncode == 0 and "batch KV fits the pool" in out.stdout and "NO (priced with --allow-no-fit)" in out.stdout
 
 
 def test_kv_warning_counts_the_busiest_dp_rank():
     pool = run_cost(CostConfig(**DEP8, batch=["decode:8x1024"]))["memory"]["max_kv_tokens_per_dp_rank"]
     n = 2 * pool // 1000  # requests of 1,000 tokens, twice one rank's pool: fit spread over 8 ranks, not all on one
     assert run_cost(CostConfig(**DEP8, batch=[f"decode:{n}x999"]))["warnings"] == []
-    res = run_cost(CostConfig(**DEP8, batch=[f"decode:{n}x999"], dp_imbalance=8.0))
+    res = run_cost(CostConfig(**DEP8, batch=[f"decode:{n}x999"], dp_imbalance=8.0, allow_no_fit=True))
     assert any("busiest DP rank" in w for w in res["warnings"]), res["warnings"]
 
 
@@ -294,15 +305,20 @@ def test_kv_warning_counts_the_requests_on_the_busiest_rank_where_the_batch_is_p
     res = run_cost(CostConfig(**cfg, batch=[f"decode:8x{n}", f"prefill:1x{m}"]))
     assert res["imbalance"]["dp"] * (8 * n + m) / 8 > pool   # what the share rule would have put on the busiest rank
     assert not [w for w in res["warnings"] if "KV DOES NOT FIT" in w], res["warnings"]
-    res = run_cost(CostConfig(**cfg, batch=[f"decode:8x{n}", f"prefill:1x{pool - n // 2}"]))  # this one does not fit it
+    res = run_cost(CostConfig(**cfg, batch=[f"decode:8x{n}", f"prefill:1x{pool - n // 2}"], allow_no_fit=True))  # does not fit
     kv = [w for w in res["warnings"] if "KV DOES NOT FIT" in w]
     assert len(kv) == 1 and f"{n + 1 + pool - n // 2:,} on its busiest DP rank (as the step is priced)" in kv[0], kv
 
 
-def test_request_past_the_models_context_is_priced_with_a_warning():
-    res = run_cost(CostConfig(batch=["prefill:1x100000000"]))
+def test_request_past_the_models_context_is_refused_unless_allowed_and_then_priced_with_a_warning():
+    with pytest.raises(DoesNotFitError, match="REQUEST LONGER THAN THE MODEL'S CONTEXT"):
+        run_cost(CostConfig(batch=["prefill:1x100000000"]))
+    res = run_cost(CostConfig(batch=["prefill:1x100000000"], allow_no_fit=True))
     ctx = [w for w in res["warnings"] if "CONTEXT" in w]
     assert len(ctx) == 1 and "100,000,000" in ctx[0] and "163,840" in ctx[0], res["warnings"]
+    assert res["fits"] is False
     out = _cli("-b", "prefill:1x200000")
+    assert out.returncode == 2 and "163,840" in out.stderr, out.stderr
+    out = _cli("-b", "prefill:1x200000", "--allow-no-fit")
     assert out.returncode == 0, out.stderr
     assert "WARNING" in out.stdout and "163,840" in out.stdout

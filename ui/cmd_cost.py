@@ -87,7 +87,9 @@ class CostConfig(BaseModel):
     dispatch_dtype: Optional[Literal["bf16", "fp8", "nvfp4"]] = None
     offload_fraction: float = Field(0.0, ge=0.0, le=1.0, description="share of each MoE layer's expert weights in host memory, prefetched")
     offload_scope: Literal["routed_experts", "moe"] = "routed_experts"
-    allow_no_fit: bool = Field(False, description="price a layout that does not fit in memory (with a warning) instead of refusing it")
+    allow_no_fit: bool = Field(False, description="price a layout that does not fit in memory, or a batch whose KV does not "
+                               "fit the KV pool or whose requests pass the model's context (with a warning), instead of "
+                               "refusing it")
     calibration: Optional[str] = None
     top_ops: int = Field(10, ge=0, le=1000)
 
@@ -170,7 +172,10 @@ def run_cost(cfg: CostConfig) -> dict:
     batch, n_dec, prefill_tokens = _batch(cfg)
     cal = profile_for(hw, cfg.calibration) if cfg.calibration else None  # its notes name the file as the efficiencies' source
     dp = _dp_split(cfg, model, hw, layout, batch, cal)
-    warnings += _context_warnings(specs, model, cfg.draft_len) + _kv_warnings(specs, fit, layout, cfg, dp, batch)
+    kv_problem = _kv_problem(specs, fit, layout, cfg, dp, batch)
+    batch_problems = _context_problems(specs, model, cfg.draft_len) + ([kv_problem] if kv_problem else [])
+    layout_fits = not warnings   # _fit_warnings returned (it refuses unless allow_no_fit): a warning is a shortfall
+    warnings += _batch_warnings(batch_problems, cfg, layout)
     cm, expert_source = _step_model(cfg, model, hw, layout, cal, dp.imbalance)
     sc = cm.step(batch)
     acc = _acceptance(cfg)
@@ -192,7 +197,10 @@ def run_cost(cfg: CostConfig) -> dict:
         "breakdown_s": sc.breakdown,
         "top_ops": [o.to_dict() for o in sc.ops[: cfg.top_ops]],
         "memory": fit.model_dump(),
-        "fits": fit.fits,
+        # the step can run: the layout fits (``memory.fits``: weights, workspace, >= 2048 KV tokens) and the batch's KV
+        # fits its pool and every request its context (each else refused, or priced with --allow-no-fit and a warning)
+        "fits": layout_fits and not batch_problems,
+        "batch_fits": kv_problem is None,
         "warnings": warnings,
         "notes": sc.notes + [f"model assumption: {a}" for a in model.assumptions],
     }
@@ -236,30 +244,41 @@ def _request_tokens(s: BatchSpec, draft_len: int) -> int:
     return s.tokens + 1 + draft_len if s.phase == "decode" else s.tokens
 
 
-def _context_warnings(specs: list[BatchSpec], model, draft_len: int) -> list[str]:
-    """A warning per batch group whose requests are longer than the model's context (priced anyway: a planner may
-    want the number, but no server would run it)."""
+def _context_problems(specs: list[BatchSpec], model, draft_len: int) -> list[str]:
+    """One line per batch group whose requests are longer than the model's context (no server would run it)."""
     out = []
     for s in specs:
         n = _request_tokens(s, draft_len)
         if n > model.max_context:
             what = (f"context {s.tokens:,} + {1 + draft_len} verified token{'s' if draft_len else ''} = {n:,} tokens"
                     if s.phase == "decode" else f"prompt of {n:,} tokens")
-            out.append(f"REQUEST LONGER THAN THE MODEL'S CONTEXT, priced anyway: {s.phase}:{s.batch_size}x{s.tokens}"
+            out.append(f"REQUEST LONGER THAN THE MODEL'S CONTEXT: {s.phase}:{s.batch_size}x{s.tokens}"
                        f"{f'+{s.cached}' if s.cached else ''} holds a {what}, past {model.name}'s max context of "
                        f"{model.max_context:,} tokens (max_position_embeddings)")
     return out
 
 
-def _kv_warnings(specs: list[BatchSpec], fit, layout, cfg: CostConfig, dp: DPSplit, batch) -> list[str]:
-    """A warning when the batch's KV does not fit the KV pool (``fits`` is about the weights: docs/costmodel.md).
+def _batch_warnings(problems: list[str], cfg: CostConfig, layout) -> list[str]:
+    """Refuse a batch that cannot run as one step (KV past the pool, requests past the context) unless
+    ``allow_no_fit``, as a layout that does not fit is; else the warnings (a planner may want the price of a step no
+    server would run: docs/costmodel.md)."""
+    if problems and not cfg.allow_no_fit:
+        from twinfer.errors import DoesNotFitError
+
+        raise DoesNotFitError(f"twinfer cost: batch {' '.join(cfg.batch)} on {layout.describe()}: "
+                              + "; ".join(problems) + " (--allow-no-fit prices it anyway)")
+    return [f"{p} (priced anyway: --allow-no-fit)" for p in problems]
+
+
+def _kv_problem(specs: list[BatchSpec], fit, layout, cfg: CostConfig, dp: DPSplit, batch) -> str | None:
+    """What is wrong when the batch's KV does not fit the KV pool (None when it does).
 
     DP ranks hold disjoint requests: the busiest rank holds its own requests where the batch is placed as the step is
     priced (``dp.ranks``), else ``dp_imbalance / dp`` of the batch's KV (``--dp-imbalance``), and at least its
     longest request."""
     per_tok, fixed = fit.kv_bytes_per_token, fit.kv_fixed_bytes_per_request
     if per_tok <= 0 and fixed <= 0:
-        return []
+        return None
     tokens = sum(_request_tokens(s, cfg.draft_len) * s.batch_size for s in specs)
     longest = max(_request_tokens(s, cfg.draft_len) for s in specs)
     n_req = sum(s.batch_size for s in specs)
@@ -275,12 +294,12 @@ def _kv_warnings(specs: list[BatchSpec], fit, layout, cfg: CostConfig, dp: DPSpl
         rank_tokens = max(int(np.ceil(tokens * share)), longest)
         how = f"dp_imbalance {dp.imbalance:g} / dp {layout.dp}, at least its longest request"
     if rank_bytes <= max(fit.kv_pool_bytes, 0.0):
-        return []
+        return None
     on_rank = f", {rank_tokens:,} on its busiest DP rank ({how})" if layout.dp > 1 else ""
     window = f" plus {n_req * fixed / 2**30:,.1f} GiB of sliding-window KV" if fixed > 0 else ""
-    return [f"BATCH KV DOES NOT FIT THE KV POOL, priced anyway: the batch holds {tokens:,} KV tokens{window}{on_rank}; "
+    return (f"BATCH KV DOES NOT FIT THE KV POOL: the batch holds {tokens:,} KV tokens{window}{on_rank}; "
             f"the pool holds {fit.max_kv_tokens_per_dp_rank:,} per DP rank ({fit.max_kv_tokens:,} per instance), so it "
-            "cannot run as one step on this layout"]
+            "cannot run as one step on this layout")
 
 
 class DPSplit(NamedTuple):
@@ -406,7 +425,8 @@ def _print(res: dict) -> None:
     model_label = "model, main layers" if "mtp" in m["weight_breakdown"] else "model"
     mem.add_row(f"KV bytes/token (per GPU / {model_label})", f"{m['kv_bytes_per_token']:,.0f} / {m['kv_bytes_per_token_model']:,.0f}")
     mem.add_row("max KV tokens (per DP rank / instance)", f"{m['max_kv_tokens_per_dp_rank']:,} / {m['max_kv_tokens']:,}")
-    mem.add_row("fits", ("[green]yes[/]" if m["fits"] else "[red]NO[/]"))
+    mem.add_row("layout fits", ("[green]yes[/]" if m["fits"] else "[red]NO[/]"))
+    mem.add_row("batch KV fits the pool", ("[green]yes[/]" if res["batch_fits"] else "[red]NO[/] (priced with --allow-no-fit)"))
     con.print(mem)
     con.print(m["explanation"], highlight=False)
     for n in res["notes"]:
@@ -454,7 +474,7 @@ def register(app: typer.Typer) -> None:
         dispatch_dtype: Optional[str] = typer.Option(None, "--dispatch-dtype", help="EP dispatch payload bf16|fp8|nvfp4 [fp8 for fp8/fp4 experts]"),
         offload_fraction: Optional[float] = typer.Option(None, "--offload-fraction", help="share of expert weights kept in host memory, prefetched a layer ahead [0]"),
         offload_scope: Optional[str] = typer.Option(None, "--offload-scope", help="routed_experts|moe (routed + shared) [routed_experts]"),
-        allow_no_fit: Optional[bool] = typer.Option(None, "--allow-no-fit", help="price a layout that does not fit in memory (with a warning)"),
+        allow_no_fit: Optional[bool] = typer.Option(None, "--allow-no-fit", help="price a layout that does not fit in memory, or a batch past the KV pool or the model's context (with a warning)"),
         calibration: Optional[str] = typer.Option(None, "--calibration", help="calibration profile JSON"),
         config: Optional[Path] = typer.Option(None, "--config", help="YAML/JSON holding any of these options"),
         as_json: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
