@@ -128,6 +128,36 @@ def rank_shares(popularity: np.ndarray, placement: list[np.ndarray]) -> np.ndarr
     return np.array([per_replica[ids].sum() for ids in placement])
 
 
+def slot_shares(popularity: np.ndarray, placement: list[np.ndarray]) -> np.ndarray:
+    """``[ranks, slots]``: the share of all assignments each expert slot of each rank receives (replicas split their
+    expert's load evenly), zero-padded where a rank holds fewer slots."""
+    copies = np.zeros(popularity.size)
+    for ids in placement:
+        np.add.at(copies, ids, 1.0)
+    per_replica = popularity / np.maximum(copies, 1.0)
+    out = np.zeros((len(placement), max(len(ids) for ids in placement)))
+    for r, ids in enumerate(placement):
+        out[r, :len(ids)] = per_replica[ids]
+    return out
+
+
+def expected_touched(shares: np.ndarray, assignments) -> np.ndarray:
+    """Expected distinct slots touched on the rank that reads the most experts, for ``assignments`` token-expert
+    assignments (each lands on a slot with that slot's share of all assignments): ``max_rank sum_slots 1 - (1 - q)^n``,
+    mean over layers. ``shares`` is ``[ranks, slots]`` or ``[layers, ranks, slots]`` (zero-padded); a uniform spread
+    over E experts gives ``slots * (1 - (1 - 1/E)^n)``. Under skew the rank with the hot experts takes the most tokens
+    but reads fewer distinct experts than a rank of lukewarm ones: a decode step's weight reads wait for the latter."""
+    q = np.asarray(shares, float)
+    q = q[None] if q.ndim == 2 else q
+    n = np.maximum(np.asarray(assignments, float), 0.0)
+    flat = n.reshape(-1)
+    out = np.empty(flat.size)
+    for i, v in enumerate(flat.tolist()):   # [layers, ranks, slots] at one count: bounded memory at any batch
+        hit = np.where(q > 0, 1.0 - np.power(1.0 - np.clip(q, 0.0, 1.0), v), 0.0)
+        out[i] = hit.sum(axis=2).max(axis=1).mean()
+    return out.reshape(n.shape)
+
+
 def expected_max_share(shares: np.ndarray, assignments: float) -> np.ndarray | float:
     """E[max over ranks of assignments received] / assignments, with binomial sampling noise.
 
@@ -170,7 +200,9 @@ class ExpertLoad:
         self.placements = placements      # per layer: expert ids per rank
         self.ep, self.redundant, self.eplb = ep, redundant, eplb
         self.shares = np.array([rank_shares(p, pl) for p, pl in zip(popularity, placements)])  # [layers, ep]
+        self.slot_shares = np.stack([slot_shares(p, pl) for p, pl in zip(popularity, placements)])  # [layers, ep, slots]
         self._memo: dict[int, float] = {}
+        self._touched_memo: dict[float, float] = {}
 
     @staticmethod
     def initial(spec: ExpertLoadSpec, n_experts: int, ep: int, redundant: int = 0, eplb: bool | None = None) -> "ExpertLoad":
@@ -235,6 +267,20 @@ class ExpertLoad:
         uniq, inv = np.unique(keys, return_inverse=True)
         vals = np.array([self.imbalance(1.05 ** int(k)) for k in uniq.tolist()])
         return vals[inv] if self.ep > 1 else np.ones_like(a)
+
+    def touched(self, assignments: np.ndarray) -> np.ndarray:
+        """Expected distinct expert slots read by the rank that reads the most, at each element of ``assignments``
+        (mean over sampled layers; :func:`expected_touched`)."""
+        a = np.asarray(assignments, float)
+        uniq, inv = np.unique(a, return_inverse=True)
+        memo = self._touched_memo
+        todo = [v for v in uniq.tolist() if v not in memo]
+        new = dict(zip(todo, expected_touched(self.slot_shares, np.array(todo)).tolist())) if todo else {}
+        vals = np.array([new[v] if v in new else memo[v] for v in uniq.tolist()])
+        if len(memo) + len(new) > 4096:
+            memo.clear()
+        memo.update(new)
+        return vals[inv].reshape(a.shape)
 
     def static_imbalance(self) -> float:
         """The imbalance from popularity and placement alone (infinitely many assignments)."""

@@ -494,13 +494,28 @@ class StepOps:
             return np.maximum(1.0, many(np.asarray(tokens, float) * self.model.moe.top_k))
         return np.array([max(1.0, float(self.expert_load(v * self.model.moe.top_k))) for v in np.asarray(tokens, float).tolist()])
 
+    def experts_touched(self, tok: np.ndarray, imbalance: np.ndarray | float | None = None) -> np.ndarray:
+        """Distinct local experts the busiest EP rank reads for ``tok`` instance tokens. Under an expert-load model
+        (``ExpertLoad.touched``) its own slots at their popularity; else each of the ``tok * top_k`` assignments lands
+        on a given local expert with probability ``imbalance / E`` (the busiest rank takes ``imbalance`` times its
+        share, spread over its experts): ``e_local (1 - (1 - imbalance / E)^assign)``, all of them at imbalance = ep."""
+        tok = np.asarray(tok, float)
+        assign = tok * self.model.moe.top_k
+        touched = getattr(self.expert_load, "touched", None)
+        if touched is not None:
+            return np.minimum(touched(assign), self.e_local)
+        imb = self.expert_imbalance_at(tok) if imbalance is None else imbalance
+        p = np.minimum(1.0, np.asarray(imb, float) / self.e_total)
+        return self.e_local * (1.0 - (1.0 - p) ** assign)
+
     def _expert_roofline(self, tok: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """One MoE layer's routed experts over ``tok`` instance tokens on the busiest EP rank, by the roofline:
         (seconds, experts touched, FLOPs, bytes). The measured MoE table extrapolates along its seconds."""
         tok = np.asarray(tok, float)
         assign = tok * self.model.moe.top_k
-        tok_rank = assign / self.layout.ep * self.expert_imbalance_at(tok)
-        touched = self.e_local * (1.0 - (1.0 - 1.0 / self.e_total) ** assign)
+        imb = self.expert_imbalance_at(tok)
+        tok_rank = assign / self.layout.ep * imb
+        touched = self.experts_touched(tok, imb)
         flops = 2.0 * tok_rank * self.e_params_local
         byts = touched * self.e_params_local * self.e_bpp + tok_rank * self.e_io_per_token
         ceff = self.cal.gemm_compute(tok_rank / np.maximum(touched, 1e-9), self.e_math)
@@ -656,7 +671,7 @@ class StepOps:
         if not rows:
             return
         down = experts.time.sum(axis=0) / 3.0
-        touched = self.e_local * (1.0 - (1.0 - 1.0 / self.e_total) ** (x * self.model.moe.top_k))
+        touched = self.experts_touched(x)
         for i in rows:
             s = self.comm_sm_slowdown(", normal" in comm.names[i])
             comm.time[i] = comm.time[i] - combine_hidden_under_down(comm.time[i], down, touched) / s

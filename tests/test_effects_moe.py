@@ -14,7 +14,7 @@ from costmodels.effective import EffectiveStepCost
 from costmodels.hardware import get_hardware
 from costmodels.layout import ParallelLayout
 from costmodels.memory import memory_fit
-from costmodels.moe_load import ExpertLoad, ExpertLoadSpec, eplb_placement, rank_shares
+from costmodels.moe_load import ExpertLoad, ExpertLoadSpec, eplb_placement, expected_touched, rank_shares
 from costmodels.step import StepCostModel
 from scheduler.config import SchedulerConfig
 from sim.deployment import simulate_deployment
@@ -122,13 +122,19 @@ def test_expert_skew_in_a_simulation_raises_tpot_and_eplb_lowers_it():
         res = simulate_deployment(scen.model_copy(update={"layout": lay}), eff).result
         assert res.metrics.requests_finished == 300
         tpot[name] = res.metrics.tpot_s.mean
-    # EPLB brings a Zipf(1.2) skew back to within 3% of uniform routing (its redundant experts cost a little per step:
-    # below, at equal batches; the simulated mean TPOT also moves with the batches each run forms)
-    assert max(tpot["uniform"], tpot["eplb"]) < tpot["skew"] and abs(tpot["eplb"] / tpot["uniform"] - 1) < 0.03
-    steps = {name: build_step_cost(V3, GB300, lay, eff).decode_times(np.full(160, 1800.0), 1)[0]
-             for name, eff, lay in (("uniform", EffectsSpec(expert_load=ExpertLoadSpec(skew="uniform")), dep(8)),
-                                    ("eplb", EffectsSpec(expert_load=ExpertLoadSpec(zipf_s=1.2), eplb=True), dep(8, 8)))}
-    assert steps["uniform"] < steps["eplb"] < 1.03 * steps["uniform"]
+    # the straggler: skew without EPLB is the slowest, and EPLB takes most of it off
+    assert tpot["skew"] > max(tpot["uniform"], tpot["eplb"])
+    costs = {"uniform": build_step_cost(V3, GB300, dep(8), EffectsSpec(expert_load=ExpertLoadSpec(skew="uniform"))),
+             "skew": build_step_cost(V3, GB300, dep(8), EffectsSpec(expert_load=ExpertLoadSpec(zipf_s=1.2))),
+             "eplb": build_step_cost(V3, GB300, dep(8, 8), EffectsSpec(expert_load=ExpertLoadSpec(zipf_s=1.2), eplb=True))}
+    steps = {(name, n): c.decode_times(np.full(n, 1800.0), 1)[0] for name, c in costs.items() for n in (64, 1024)}
+    # 1,024 decodes read every expert under any routing: the hot rank's tokens make the skew slower, and EPLB brings
+    # it within 3% of uniform (its redundant experts cost a little per step)
+    assert steps[("skew", 1024)] > 1.1 * steps[("uniform", 1024)]
+    assert steps[("uniform", 1024)] < steps[("eplb", 1024)] < 1.03 * steps[("uniform", 1024)]
+    # 64 decodes (512 assignments over 256 experts) leave much of a Zipf(1.2) tail unread: skewed routing reads fewer
+    # distinct experts per rank than uniform routing, and a weight-bound decode step is faster for it
+    assert steps[("eplb", 64)] < steps[("skew", 64)] < steps[("uniform", 64)]
 
 
 def test_constant_default_without_a_load_model_is_unchanged():
@@ -136,3 +142,25 @@ def test_constant_default_without_a_load_model_is_unchanged():
     a = StepCostModel(V3, GB300, lay).decode_times(np.full(64, 2048.0), 1)
     b = EffectiveStepCost(V3, GB300, lay).decode_times(np.full(64, 2048.0), 1)
     assert a[0] == pytest.approx(b[0])
+
+
+def test_experts_a_rank_reads_follow_its_load():
+    """A decode step's routed experts are weight-read bound: what it costs is the distinct experts a rank reads. Under
+    uniform routing that is ``e_local (1 - (1 - 1/E)^assign)``; with the busiest rank taking ``imbalance`` times its
+    share it reads more of its experts (all of them at imbalance = ep, where every assignment lands on it), and the
+    step grows with it; an expert-load model counts each rank's own slots at their popularity."""
+    from ui.cmd_cost import CostConfig, run_cost
+
+    e, n = 256, 512.0
+    uniform = expected_touched(np.full((8, 32), 1.0 / e), n)
+    assert uniform == pytest.approx(32 * (1 - (1 - 1 / e) ** n))
+    load = ExpertLoad.initial(ExpertLoadSpec(skew="uniform"), e, 8)
+    assert float(load.touched(np.array([n]))[0]) == pytest.approx(uniform)
+    cfg = dict(model="kimi-k2", hardware="b200", tp=8, ep=8, batch=["decode:64x4096"])
+    res = {imb: run_cost(CostConfig(**cfg, expert_imbalance=imb)) for imb in (1.0, 1.2, 2.0, 8.0)}
+    touched = {imb: float(next(o["name"] for o in r["top_ops"] if "experts touched/rank" in o["name"])
+                          .split("(")[1].split()[0]) for imb, r in res.items()}
+    assert touched[1.0] == 35 and touched[8.0] == 48   # kimi-k2: 384 experts, 48 a rank; 512 assignments
+    assert touched[1.0] < touched[1.2] < touched[2.0] < touched[8.0]
+    times = [res[imb]["step_time_s"] for imb in (1.0, 1.2, 2.0, 8.0)]
+    assert times == sorted(times) and times[-1] > 1.2 * times[0]
