@@ -651,6 +651,19 @@ class CalibrationProfile(BaseModel):
             return self.tables["attn_compute"](tokens)
         return self.attn_compute_eff
 
+    def calibration_host_probe_s(self) -> float | None:
+        """The calibration's host probe (median of those it recorded: ``provenance.host_probe_s``), None before them."""
+        vals = [float(v) for v in ((self.provenance or {}).get("host_probe_s") or {}).values()
+                if isinstance(v, (int, float)) and v > 0]
+        return float(np.median(vals)) if vals else None
+
+    def at_host_speed(self, ratio: float) -> "CalibrationProfile":
+        """This profile with its step model's host terms on a host ``ratio`` times as slow (``StepProfile.
+        at_host_speed``); the device terms and tables as measured. Itself at 1 or without a step model."""
+        if self.step is None or float(ratio) == 1.0:
+            return self
+        return self.model_copy(update={"step": self.step.at_host_speed(ratio)})
+
     # --- files ---
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.model_dump(), indent=1) + "\n", encoding="utf-8")

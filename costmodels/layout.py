@@ -127,7 +127,7 @@ class ParallelLayout(BaseModel):
                                f"(at most one stage per layer: pp 1..{model.num_layers})")
 
     def describe(self) -> str:
-        """Short human label, e.g. 'TP8' or 'DP8xEP8 fp8'."""
+        """Short human label, e.g. 'TP8 fp8' or 'DP8xEP8 fp8, fp4 experts' (the routed experts' dtype where it differs)."""
         parts = []
         if self.dp > 1:
             parts.append(f"DP{self.dp}")
@@ -140,4 +140,5 @@ class ParallelLayout(BaseModel):
         extra = ""
         if self.offload_fraction:
             extra = f" offload {self.offload_fraction:.0%} {'MoE' if self.offload_scope == 'moe' else 'experts'}"
-        return "x".join(parts) + f" {self.weight_dtype}" + extra
+        dtypes = self.weight_dtype if self.experts_dtype == self.weight_dtype else f"{self.weight_dtype}, {self.experts_dtype} experts"
+        return "x".join(parts) + f" {dtypes}" + extra

@@ -41,6 +41,9 @@ from costmodels.host import partial_overlap
 #   1: padding rows are one repeated token (their experts are one token's: n + 1 distinct tokens route); the
 #      executor's kv_b_proj runs in BF16 (executor/mla.py keeps it in the activation dtype)
 STEP_MODEL_REV = 1
+# the serving host's speed over the calibration's a step model may be moved to (StepProfile.at_host_speed): the H100
+# and H200 boards lent here read 0.5-2.1x their calibration's probe (issue 16, runs 48-54)
+HOST_SPEED_RANGE = (0.1, 10.0)
 FIT_CATEGORIES = ("attention", "prefill_attention", "dense_gemm", "expert_gemm", "other")
 # cost-model categories (costmodels.ops.CATEGORIES order) folded into the fitted ones; the attention core (and
 # indexer) of decode rows and of prefill chunks are separate: different kernels (paged MLA decode vs SDPA prefill)
@@ -263,6 +266,31 @@ class StepProfile(BaseModel):
 
     def scales(self) -> np.ndarray:
         return np.array([self.category_scale.get(c, 1.0) for c in FIT_CATEGORIES])
+
+    def at_host_speed(self, ratio: float) -> "StepProfile":
+        """The profile on a host ``ratio`` times as slow as the calibration's (0.5: twice as fast): every host term (the
+        runner's issue, input build, sampler issue and the steps after an eager one, the engine loop and its
+        admissions) times ``ratio``, the device terms as fitted. ``ratio`` is a measurement, not a fit: the same fixed
+        host work timed on the serving host over the calibration's (``executor/host_probe.py``; ``twinfer validate``
+        times it before every replay)."""
+        r = float(ratio)
+        if not (np.isfinite(r) and HOST_SPEED_RANGE[0] <= r <= HOST_SPEED_RANGE[1]):
+            raise ValueError(f"host_speed: the serving host's probe over the calibration's must be within "
+                             f"{HOST_SPEED_RANGE[0]:g}-{HOST_SPEED_RANGE[1]:g}, got {ratio!r}")
+        if r == 1.0:
+            return self
+        h = {}
+        for k, v in self.host.model_dump().items():
+            if isinstance(v, float):
+                h[k] = v * r
+            elif k == "after_eager_decode_s":
+                h[k] = [x * r for x in v]
+            elif k == "after_eager_decode_by_tokens":
+                h[k] = [(t, [x * r for x in xs]) for t, xs in v]
+            else:
+                h[k] = v
+        loop = {k: (v * r if isinstance(v, float) else v) for k, v in self.loop.model_dump().items()}
+        return self.model_copy(update={"host": HostTerms(**h), "loop": LoopTerms(**loop)})
 
     def prompt_clock_mhz(self, min_tokens: int = 2048) -> float | None:
         """The SM clock the grid timed its prompt steps at: the median of its points with at least ``min_tokens`` prompt

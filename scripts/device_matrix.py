@@ -76,6 +76,8 @@ def main() -> None:
     ap.add_argument("--class-requests", default="", help="per-class request counts overriding --requests, e.g. reasoning=64")
     ap.add_argument("--level-warmup", action=argparse.BooleanOptionalAction, default=True,
                     help="replay each level's trace once unmeasured before the measured replays")
+    ap.add_argument("--host-speed", default="calibration",
+                    help="the host each level is priced on (twinfer validate --host-speed): calibration, probe, or a ratio")
     ap.add_argument("--temperature", type=float, default=None,
                     help="sampling temperature of calibration and replays (default: executor.synthetic_steps.MEASURE_TEMPERATURE)")
     a = ap.parse_args()
@@ -128,7 +130,7 @@ def main() -> None:
         t1 = time.perf_counter()
         rep, _ = run_levels(cost, prof, reqs, base, blocks, fracs, engine, device=a.device, model=a.model, dtype=a.dtype,
                             workload=cls, profile_path=str(ppath), log=con, runs=a.runs, level_warm=a.level_warmup,
-                            warm=not a.level_warmup, temperature=a.temperature)   # a level's own warm replay covers the class-wide one
+                            warm=not a.level_warmup, temperature=a.temperature, host_speed=a.host_speed)   # a level's own warm replay covers the class-wide one
         rep.command = cmd
         reports[cls] = rep
         (out / f"validation_{cls}_{tag}.json").write_text(json.dumps(rep.model_dump(exclude={"levels": {"__all__": {"samples"}}}),

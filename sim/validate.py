@@ -316,9 +316,21 @@ def step_comparison(samples: Sequence[StepSample]) -> tuple[dict, list[dict]]:
     return overall, bins
 
 
+def worst_level_step_mape(levels: Sequence[LevelReport], step_overall: dict | None = None) -> float | None:
+    """The largest per-step MAPE over the levels (issue 16's target holds at every load level); the class's overall
+    MAPE where no level has its own."""
+    vals = [float(lv.step["mape"]) for lv in levels if (lv.step or {}).get("mape") is not None]
+    if vals:
+        return max(vals)
+    return None if not step_overall or step_overall.get("mape") is None else float(step_overall["mape"])
+
+
 def check_targets(levels: Sequence[LevelReport], step_overall: dict) -> dict[str, dict]:
-    """Each target: the worst value over levels and whether it is met."""
-    out = {"step_mape": {"target": TARGETS["step_mape"], "value": step_overall.get("mape")}}
+    """Each target: the worst value over levels and whether it is met (per-step MAPE too: each level's own, not the
+    class's steps pooled, where a quiet low level's many decode steps hid a knee over 5% until 2026-12-06)."""
+    out = {"step_mape": {"target": TARGETS["step_mape"], "value": worst_level_step_mape(levels, step_overall),
+                         "per_level": {lv.name: (lv.step or {}).get("mape") for lv in levels},
+                         "overall": step_overall.get("mape")}}
     for k in ("output_throughput", "tpot_p50", "ttft_p50", "ttft_p90"):
         vals = [abs(lv.rel_error[k]) for lv in levels if lv.rel_error.get(k) is not None]
         out[k] = {"target": TARGETS[k], "value": max(vals) if vals else None,
@@ -329,14 +341,15 @@ def check_targets(levels: Sequence[LevelReport], step_overall: dict) -> dict[str
 
 
 def error_bands(levels: Sequence[LevelReport], step_overall: dict | None = None) -> dict[str, float]:
-    """Largest |relative error| per metric over the levels (and the step MAPE / p90 relative error)."""
+    """Largest |relative error| per metric over the levels, and the largest level's per-step MAPE (``step_time``)."""
     bands: dict[str, float] = {}
     for k in METRICS:
         vals = [abs(lv.rel_error[k]) for lv in levels if lv.rel_error.get(k) is not None]
         if vals:
             bands[k] = float(max(vals))
-    if step_overall and step_overall.get("mape") is not None:
-        bands["step_time"] = float(step_overall["mape"])
+    worst = worst_level_step_mape(levels, step_overall)
+    if worst is not None:
+        bands["step_time"] = worst
     return bands
 
 

@@ -106,6 +106,14 @@ def test_tiny_calibrate_then_validate_on_cpu(tmp_path, monkeypatch):
     assert lv2.measured["output_throughput"] == pytest.approx(sum(vals) / 2)
     assert lv2.spread["output_throughput"] == pytest.approx((vals[1] - vals[0]) / lv2.measured["output_throughput"])
     assert len(samples2[lv2.name]) > len(samples[lv.name])  # the steps of both runs
+    assert lv2.diagnostics["host_speed_priced"] == 1.0 and any("calibration's host speed" in n for n in rep2.notes)
+    # --host-speed probe: the level priced on the median of its replays' probes over the calibration's (host terms x
+    # that, device terms as fitted): the recorded ratio is the probes', and the notes say so
+    rep3, _ = run_levels(cost, back, reqs, base, 40, [2.0], engine, model="tiny", dtype="fp32", warm=False, runs=2,
+                         host_speed="probe")
+    d3 = rep3.levels[0].diagnostics
+    assert d3["host_speed_priced"] == pytest.approx(1.0 + float(np.median(d3["host_probe_vs_calibration"])), abs=2e-3)
+    assert any("host speed its replays read" in n for n in rep3.notes)
 
 
 def test_twin_commands_are_registered_and_simulate_prints_a_band(tmp_path):

@@ -1029,3 +1029,32 @@ def test_held_out_run_53_chat_and_long_decode_at_2c8ed9c_on_a_ninth_h100_board(c
     assert len(_sensitivity_rows_match_the_device(out, device)) == 6
     _worst_within(w, 0.008, 0.022, 0.065, 0.038)
     assert "misses: 0 where the figure moves by more than its target with steps \u00b12% (marked !), 0 elsewhere" in out
+
+
+def test_held_out_run_54_on_a_tenth_h100_board_two_knees_miss_their_step_mape(capsys):
+    """Run 54 at 2c8ed9c: summarize, agentic and longctx (24 requests) on a tenth H100 board, whose calibrating host ran
+    at half the serving host's speed (probes 264-342 us, serving 45-53% under). Every end-to-end figure met, to the digit
+    of the device's table; the summarize and agentic knees' step MAPE (8.6%, 5.3%) miss, which the per-level target now
+    says (the device's own check pooled each class's steps and said met)."""
+    import matrix_offline as mo
+
+    from sim.validate import ValidationReport, check_targets
+    from sim.timeline_check import unpacked_run
+
+    r54 = unpacked_run(ROOT / "benchmarks" / "gpu" / "issue16_h100" / "run54_async_triton_summarize_agentic_longctx_2c8ed9c")
+    capsys.readouterr()
+    w = mo.main([str(r54), "--sensitivity"])
+    out = capsys.readouterr().out
+    device = json.loads((r54 / "matrix_deepseek-v3-5layers_fp8.json").read_text())["classes"]
+    assert len(_sensitivity_rows_match_the_device(out, device)) == 9
+    _worst_within(w, 0.005, 0.020, 0.094, 0.042)
+    assert "misses: 0 where the figure moves by more than its target with steps \u00b12% (marked !), 0 elsewhere" in out
+    step = {}
+    for cls in ("summarize", "agentic", "longctx"):
+        rep = ValidationReport.model_validate_json((r54 / f"validation_{cls}_deepseek-v3-5layers_fp8.json").read_text())
+        assert rep.targets["step_mape"]["met"]            # as the device checked it: the class's steps pooled
+        t = check_targets(rep.levels, rep.step_overall)    # each level's own, as the issue's target reads
+        step[cls] = (t["step_mape"]["value"], t["step_mape"]["met"])
+    assert abs(step["summarize"][0] - 0.0855) < 5e-4 and not step["summarize"][1]
+    assert abs(step["agentic"][0] - 0.0532) < 5e-4 and not step["agentic"][1]
+    assert step["longctx"][1]

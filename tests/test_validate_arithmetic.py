@@ -66,11 +66,19 @@ def test_targets_and_bands_take_the_worst_level():
           _level("high", m, {**m, "output_throughput": 92.0, "tpot_p50": 0.0205})]
     assert lv[0].rel_error["ttft_p90"] == pytest.approx(0.15) and lv[0].rel_error["tpot_p90"] is None
     t = check_targets(lv, {"mape": 0.04})
-    assert t["step_mape"]["met"] and t["tpot_p50"]["met"]
+    assert t["step_mape"]["met"] and t["step_mape"]["value"] == 0.03 and t["tpot_p50"]["met"]
     assert t["output_throughput"]["value"] == pytest.approx(0.08) and not t["output_throughput"]["met"]
     assert not t["ttft_p90"]["met"] and t["ttft_p50"]["met"]
     b = error_bands(lv, {"mape": 0.04})
-    assert b["output_throughput"] == pytest.approx(0.08) and b["step_time"] == 0.04 and b["ttft_p90"] == pytest.approx(0.15)
+    assert b["output_throughput"] == pytest.approx(0.08) and b["step_time"] == 0.03 and b["ttft_p90"] == pytest.approx(0.15)
+    # the step MAPE target holds at every level: a knee at 8.6% misses though the class's steps pooled read 2.7%
+    # (run 54's summarize: a low level of 9,218 steps at 2.7% beside a knee of 1,534 at 8.6%)
+    lv[1].step = {"mape": 0.086}
+    t = check_targets(lv, {"mape": 0.027})
+    assert not t["step_mape"]["met"] and t["step_mape"]["value"] == 0.086 and t["step_mape"]["overall"] == 0.027
+    assert t["step_mape"]["per_level"] == {"low": 0.03, "high": 0.086}
+    assert error_bands(lv, {"mape": 0.027})["step_time"] == 0.086
+    assert check_targets([_level("x", m, m).model_copy(update={"step": {}})], {"mape": 0.02})["step_mape"]["value"] == 0.02
 
 
 def test_simulate_requests_is_deterministic_and_capacity_is_positive():
@@ -223,3 +231,31 @@ def test_the_device_matrix_marks_figures_that_move_past_their_target_with_steps_
     assert "moves by more than its target when every step runs 2% longer or shorter" in " ".join(txt.split())
     assert m.sensitive_mark(None, "tpot_p50") == "" and m.sensitive_mark(0.051, "tpot_p50") == " !"
     assert m.sensitive_mark(0.099, "ttft_p90") == "" and m.sensitive_mark(0.5, "tpot_p90") == ""   # no target: no mark
+
+
+def test_a_profile_on_another_hosts_speed_moves_its_host_terms_only():
+    """``StepProfile.at_host_speed``: every host term (runner issue, input build, sampler issue, the steps after an
+    eager one, the engine loop and admissions) times the ratio, the device terms as fitted; out of range: an error
+    naming the field. ``twinfer validate --host-speed`` refuses anything but probe, calibration or such a ratio."""
+    from ui.cmd_validate import parse_host_speed
+    from twinfer.errors import TwinferError
+
+    prof = CalibrationProfile.load(H200 / "calibration_deepseek-v3-5layers_fp8.json")
+    st = prof.step
+    fast = prof.at_host_speed(0.5).step
+    assert fast.host.graph_fixed_s == pytest.approx(0.5 * st.host.graph_fixed_s) and st.host.graph_fixed_s > 0
+    assert fast.host.sample_issue_s == pytest.approx(0.5 * st.host.sample_issue_s)
+    assert fast.loop.fixed_s == pytest.approx(0.5 * st.loop.fixed_s) and fast.loop.admit_s == pytest.approx(0.5 * st.loop.admit_s)
+    assert fast.host.after_eager_decode_s == pytest.approx([0.5 * x for x in st.host.after_eager_decode_s])
+    assert fast.category_scale == st.category_scale and fast.graph_replay_s == st.graph_replay_s
+    assert prof.at_host_speed(1.0) is prof
+    cost, slow = ProfiledStepCost(prof), ProfiledStepCost(prof.at_host_speed(2.0))
+    d0, h0 = cost.pipelined().decode_parts(np.full(8, 1000.0))[:2]
+    d1, h1 = slow.pipelined().decode_parts(np.full(8, 1000.0))[:2]
+    assert d1 == pytest.approx(d0) and h1 > 1.5 * h0
+    with pytest.raises(ValueError, match="host_speed: .* within 0.1-10"):
+        st.at_host_speed(0.0)
+    assert parse_host_speed("probe") == ("probe", 1.0) and parse_host_speed("0.5") == ("fixed", 0.5)
+    for bad in ("fast", "nan", "0", "-1", "11"):
+        with pytest.raises(TwinferError, match=r"--host-speed .*: expected probe, calibration or a number from 0.1 to 10"):
+            parse_host_speed(bad)

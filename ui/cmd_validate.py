@@ -14,6 +14,7 @@ from typing import Optional
 import numpy as np
 import typer
 
+from costmodels.step_profile import HOST_SPEED_RANGE
 from twinfer.errors import TwinferError
 from ui.progress import progress_bar
 
@@ -255,6 +256,25 @@ def decode_host_model_s(cost, st, n: int, ctx_tokens: float) -> float:
     return float(st.host.graph(n, ctx_tokens)) + cost.sample_s(n) + float(st.loop(n, n))
 
 
+def parse_host_speed(value: str | float) -> tuple[str, float]:
+    """``--host-speed``: ("probe", 1) | ("calibration", 1) | ("fixed", ratio); anything else is an error naming it."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        text = str(value)
+    else:
+        text = str(value).strip().lower()
+        if text in ("probe", "calibration"):
+            return text, 1.0
+    try:
+        r = float(text)
+    except ValueError:
+        r = float("nan")
+    lo, hi = HOST_SPEED_RANGE
+    if not (np.isfinite(r) and lo <= r <= hi):
+        raise TwinferError(f"--host-speed {value}: expected probe, calibration or a number from {lo:g} to {hi:g} "
+                           "(the serving host's time for the same host work over the calibration's)")
+    return "fixed", r
+
+
 def probe_vs_calibration(probes: list[float], profile) -> list[float] | None:
     """Each replay's host probe over the calibration's (median of the probes it recorded) minus 1; None when the
     profile recorded none."""
@@ -425,6 +445,10 @@ def validate(
     power_limit: bool = typer.Option(True, "--power-limit/--no-power-limit", help="price prompt steps at the clock the "
                                      "GPU's board power limit allows (costmodels/data/power, where the profile's GPU has a "
                                      "model; pipelined loop) or at the op tables' full clock"),
+    host_speed: str = typer.Option("calibration", "--host-speed", help="the host the predictions are priced on: "
+                                   "calibration (the calibration's host), probe (each level at the speed a fixed host probe "
+                                   "read before its replays, over the calibration's; docs/twin.md says where that holds), or "
+                                   "a ratio of the calibration's host time (0.5: twice as fast)"),
 ) -> None:
     """Validate the twin on this device."""
     from rich.console import Console
@@ -442,6 +466,7 @@ def validate(
         if sim_only:  # the plot sets measured steps against predicted ones: a sim-only run has nothing to draw
             raise TwinferError(f"--plot {plot}: plots measured vs predicted steps; --sim-only measures nothing (drop one of them)")
     fracs = parse_levels(levels)
+    parse_host_speed(host_speed)   # a bad value fails before the engine build
     check_out_path(out, "--out")
     check_out_path(plot, "--plot")
     check_trace_path(trace)
@@ -505,7 +530,7 @@ def validate(
     try:
         rep, samples_by_level = run_levels(cost, prof, reqs, base_cfg, blocks, fracs, engine, seed=seed, device=device,
                                            model=model, dtype=dtype, workload=trace or workload, profile_path=str(profile),
-                                           capacity=cap, warm=warm, log=con, runs=runs)
+                                           capacity=cap, warm=warm, log=con, runs=runs, host_speed=host_speed)
     except KeyboardInterrupt:  # each level's table is printed as it finishes: those above are the partial results
         Console(stderr=True).print("[yellow]interrupted: the levels printed above are complete; no report and no plot written "
                   "(their errors need every level)[/]", highlight=False)
@@ -519,12 +544,23 @@ def validate(
 
 def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engine=None, *, seed: int = 0, device: str = "cpu",
                model: str = "", dtype: str = "", workload: str = "", profile_path: str = "", capacity: float | None = None,
-               warm: bool = True, log=None, runs: int = 1, level_warm: bool = False, temperature: float | None = None):
+               warm: bool = True, log=None, runs: int = 1, level_warm: bool = False, temperature: float | None = None,
+               host_speed: str | float = "calibration"):
     """Simulate (and, with an engine, replay) the requests at each load level; the report and the step samples per level.
 
     ``level_warm``: each level's trace is replayed once unmeasured before its ``runs`` measured replays (a
     methodology choice, stated in the report's notes). ``temperature``: what the replays sample with (None: what
-    the profile's calibration sampled with, its provenance's ``sampling_temperature``; greedy if not recorded)."""
+    the profile's calibration sampled with, its provenance's ``sampling_temperature``; greedy if not recorded).
+
+    ``host_speed``: the host the predictions are priced on (``StepProfile.at_host_speed``). ``"calibration"``
+    (default): the calibration's host. ``"probe"``: each level on the host speed its replays read, the median of the
+    host probe timed before each replay over the calibration's (executor/host_probe.py; the latencies measured are not
+    used), the calibration's host where the profile recorded no probes or nothing is replayed. Not the default: on the
+    H100 runs 45-54 it took run 54's step MAPE from 1.7-8.6% to 1.4-2.3% per level (a host 2x faster in serving than in
+    calibration, probe and eager issue alike) but moved run 53's chat past saturation from 2.6% to 6.6% (a probe 68%
+    slower before replays whose eager issue was within 14% of calibration's): a probe of a few milliseconds before a
+    replay does not always read the host the replay runs on (docs/twin.md). A number: that ratio of the calibration's
+    host time at every level."""
     from rich.console import Console
 
     from costmodels.calibration import host_speed_note
@@ -533,6 +569,8 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                               saturation_rps, simulate_requests, step_comparison, step_sensitivity)
 
     con = log or Console()
+    mode, fixed_speed = parse_host_speed(host_speed)
+    cal_probe = prof.calibration_host_probe_s() if hasattr(prof, "calibration_host_probe_s") else None
     moving = host_speed_note((prof.provenance or {}).get("host_probe_s"))
     if moving:   # the host terms come from a host whose speed moved (H100 runs 48, 51, 52): say so before the levels
         con.print(f"[yellow]warning:[/] {moving}", highlight=False)
@@ -565,17 +603,33 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
     bar = progress_bar(Console(stderr=True))
     task = bar.add_task("validate", total=len(fracs) * (1 + (max(1, runs) + level_warm if engine is not None else 0)))
     bar.start()
+    probed = engine is not None and mode == "probe" and cal_probe is not None
+
+    def priced(speed: float):
+        """(cost, profile, simulator config) on a host ``speed`` times as slow as the calibration's."""
+        if speed == 1.0:
+            return cost, prof, scfg
+        from costmodels.profiled import ProfiledStepCost
+        prof_h = prof.at_host_speed(speed)
+        power = cost.power if getattr(cost, "power", None) is not None else False
+        return ProfiledStepCost(prof_h, num_layers=cost.num_layers, power=power), prof_h, sim_config(base_cfg, prof_h)
+
+    def predict_level(speed: float, scale: float):
+        cost_h, _, scfg_h = priced(speed)
+        pred = metric_values(simulate_requests(cost_h, scfg_h, blocks, copy_requests(reqs, scale), seed=seed))
+        # how far each figure moves with every step 2% longer or shorter: where that exceeds a figure's target, the
+        # figure sits on a step of its distribution and no step model of that accuracy holds it to the target
+        return pred, step_sensitivity(cost_h, scfg_h, blocks, reqs, scale, pred, seed=seed)
+
     for i, f in enumerate(fracs):
         name = names.get(i, f"{f:g}x")
         rate = f * cap
         scale = (r0 / rate) if np.isfinite(r0) and rate > 0 else 1.0
-        pred_m = simulate_requests(cost, scfg, blocks, copy_requests(reqs, scale), seed=seed)
-        pred = metric_values(pred_m)
-        # how far each figure moves with every step 2% longer or shorter: where that exceeds a figure's target, the
-        # figure sits on a step of its distribution and no step model of that accuracy holds it to the target
-        sens = step_sensitivity(cost, scfg, blocks, reqs, scale, pred, seed=seed)
+        speed = 1.0 if mode == "probe" else fixed_speed
+        if not probed:
+            pred, sens = predict_level(speed, scale)
         bar.advance(task)
-        meas: dict = {k: None for k in pred}
+        meas: dict | None = None   # nothing measured without an engine: every figure None (below)
         step: dict = {}
         bins: list = []
         wall = 0.0
@@ -593,6 +647,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
             issue: list[float | None] = []
             t0_unix: list[float] = []
             probes: list[float] = []
+            replays = []
             for _ in range(max(1, runs)):
                 probes.append(host_probe(engine.runner))   # the host's speed before this replay (executor/host_probe.py)
                 t0_unix.append(round(time.time(), 3))
@@ -603,7 +658,14 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                 wall += res.wall_s
                 run_figs.append(metric_values(res.metrics))
                 steps_all += res.steps
-                predicted = predict_steps(cost, prof, res.steps, scfg.overlap(), replay_cold_starts(res.steps),
+                replays.append(res)
+            if probed:   # the host speed the replays' probes read (each timed before its replay), then the prediction
+                speed = float(np.median(probes)) / cal_probe
+                speed = min(max(speed, HOST_SPEED_RANGE[0]), HOST_SPEED_RANGE[1])
+                pred, sens = predict_level(speed, scale)
+            cost_h, prof_h, scfg_h = priced(speed)
+            for res in replays:
+                predicted = predict_steps(cost_h, prof_h, res.steps, scfg_h.overlap(), replay_cold_starts(res.steps),
                                           replay_idle_gaps(res.steps))
                 samples += [StepSample(decode_ctx=s.decode_ctx, prefill=s.prefill, draft_len=s.draft_len, measured_s=s.iter_s,
                                        predicted_s=float(predicted[j]), graph_bs=s.graph_bs, start_s=s.start_s, runner_s=s.runner_s, device_s=s.device_s,
@@ -632,7 +694,9 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                     # per replay: a fixed host-only probe's median seconds, and against the calibration's (the median of
                     # its start / after-grid / end probes; none in profiles before they were recorded)
                     "host_probe_s": [round(p, 8) for p in probes],
-                    "host_probe_vs_calibration": probe_vs_calibration(probes, prof)}
+                    "host_probe_vs_calibration": probe_vs_calibration(probes, prof),
+                    # the host speed the level's predictions were priced on (host terms x this; 1: the calibration's)
+                    "host_speed_priced": round(speed, 4)}
             # over the measured replays: allocator device allocations / GC collections while serving (run 9's
             # host-bound steps ran 24-36% longer than the same shapes in the calibration grid)
             diag.update({k: v - counters0.get(k, 0) for k, v in host_counters(engine.runner.device).items()})
@@ -643,7 +707,9 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                 diag.update(prompt_sm_clock_mhz=float(np.median(prompt_clocks)), prompt_sm_clock_samples=len(prompt_clocks),
                             grid_prompt_sm_clock_mhz=prof.step.prompt_clock_mhz() if prof.step is not None else None)
         else:
-            diag = {}
+            diag = {"host_speed_priced": round(speed, 4)} if speed != 1.0 else {}
+        if meas is None:
+            meas = {k: None for k in pred}
         reports.append(LevelReport(name=name, rate_rps=rate, fraction_of_capacity=f, requests=len(reqs), measured=meas, predicted=pred,
                                    rel_error=rel_errors(pred, meas), step=step, step_bins=bins, measured_wall_s=wall,
                                    runs=run_figs, spread=spread, sensitivity=sens,
@@ -671,6 +737,11 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
             "pays a first-use cost of the level's step shapes)"] if (engine is not None and level_warm) else [])
         + ([f"replays sample at temperature {temperature:g} (seeded), as calibration did"] if engine is not None else [])
         + ([moving] if moving else [])
+        + ([("each level is priced on the host speed its replays read: the host terms times the median of the host "
+             "probes timed before its replays over the calibration's (diagnostics.host_speed_priced); the device terms "
+             "as calibrated") if probed else
+            (f"priced on a host {fixed_speed:g} times as slow as the calibration's (host terms x {fixed_speed:g})"
+             if fixed_speed != 1.0 else "priced on the calibration's host speed")] if engine is not None or fixed_speed != 1.0 else [])
         + [f"sensitivity: how far each predicted figure moves when every step runs {STEP_SHIFT * 100:g}% longer or shorter (the same "
            "arrivals; the step model's own error on held-out serving is about that); a figure marked ! moves by more "
            "than its target, so a miss there says as much about where the figure sits in its distribution as about "
