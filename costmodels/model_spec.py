@@ -23,15 +23,24 @@ FP4Format = Literal["mxfp4", "nvfp4"]
 MODEL_SCHEMA_VERSION = 1  # bump when a field changes meaning
 
 
+# upper bounds of a model's sizes (ten or more times the largest published model's): past them a file is a typo, and
+# its weights, KV and step times would be numbers no hardware holds (a hidden size of 1e12 passed until 2026-12-06)
+DIM_MAX = 1 << 20          # a hidden / FFN / head / latent dim (DeepSeek-V3 7168, Llama-3.1-405B's FFN 53248)
+HEADS_MAX = 1 << 16        # attention heads, KV heads, output groups
+EXPERTS_MAX = 1 << 16      # routed experts and their per-token / group counts (Kimi-K2: 384)
+VOCAB_MAX = 1 << 24        # vocabulary rows (the largest published: ~256k)
+CONTEXT_MAX = 1 << 28      # context, window and index lengths in tokens (the longest published: 10M)
+
+
 class MLAConfig(BaseModel):
     """Multi-head latent attention (DeepSeek-V2/V3): KV compressed to a latent + a RoPE key."""
 
     model_config = ConfigDict(extra="forbid")
-    q_lora_rank: int | None = Field(1536, ge=1, description="query low-rank dim (None: full-rank q)")
-    kv_lora_rank: int = Field(512, ge=1, description="latent dim of the compressed KV (cached per token per layer)")
-    qk_nope_head_dim: int = Field(128, ge=1, description="per-head q/k dim without RoPE")
-    qk_rope_head_dim: int = Field(64, ge=0, description="decoupled RoPE key dim (cached per token per layer)")
-    v_head_dim: int = Field(128, ge=1, description="per-head value dim")
+    q_lora_rank: int | None = Field(1536, ge=1, le=DIM_MAX, description="query low-rank dim (None: full-rank q)")
+    kv_lora_rank: int = Field(512, ge=1, le=DIM_MAX, description="latent dim of the compressed KV (cached per token per layer)")
+    qk_nope_head_dim: int = Field(128, ge=1, le=DIM_MAX, description="per-head q/k dim without RoPE")
+    qk_rope_head_dim: int = Field(64, ge=0, le=DIM_MAX, description="decoupled RoPE key dim (cached per token per layer)")
+    v_head_dim: int = Field(128, ge=1, le=DIM_MAX, description="per-head value dim")
     kv_up_proj: bool = Field(True, description="False: the cached latent is itself the MQA key/value (DeepSeek-V4), no kv_b_proj")
 
 
@@ -39,9 +48,9 @@ class IndexerConfig(BaseModel):
     """Sparse-attention indexer (DSA, DeepSeek-V3.2): scores past tokens, main attention reads top-k."""
 
     model_config = ConfigDict(extra="forbid")
-    n_heads: int = Field(64, ge=1, description="indexer heads")
-    head_dim: int = Field(128, ge=1, description="indexer head dim")
-    topk: int = Field(2048, ge=1, description="tokens the main attention reads per query")
+    n_heads: int = Field(64, ge=1, le=HEADS_MAX, description="indexer heads")
+    head_dim: int = Field(128, ge=1, le=DIM_MAX, description="indexer head dim")
+    topk: int = Field(2048, ge=1, le=CONTEXT_MAX, description="tokens the main attention reads per query")
     dtype: Literal["bf16", "fp8"] = Field("fp8", description="indexer math dtype")
     kv_dtype: KVDType | None = Field(None, description="indexer key cache dtype (fp4: MXFP4, 1 B per 32 keys' values); null: the math dtype (fp8 keys + one fp32 scale)")
 
@@ -50,15 +59,15 @@ class MoEConfig(BaseModel):
     """Routed + shared experts of the MoE layers."""
 
     model_config = ConfigDict(extra="forbid")
-    n_routed_experts: int = Field(..., ge=1, description="routed experts per MoE layer")
-    n_shared_experts: int = Field(0, ge=0, description="always-active shared experts per MoE layer")
-    top_k: int = Field(..., ge=1, description="routed experts per token")
-    moe_intermediate_size: int = Field(..., ge=1, description="inner dim of one expert's FFN")
-    first_k_dense: int = Field(0, ge=0, description="leading layers with a dense FFN instead of MoE")
-    n_group: int = Field(1, ge=1, description="expert groups for group-limited routing")
-    topk_group: int = Field(1, ge=1, description="groups a token may route to")
+    n_routed_experts: int = Field(..., ge=1, le=EXPERTS_MAX, description="routed experts per MoE layer")
+    n_shared_experts: int = Field(0, ge=0, le=EXPERTS_MAX, description="always-active shared experts per MoE layer")
+    top_k: int = Field(..., ge=1, le=EXPERTS_MAX, description="routed experts per token")
+    moe_intermediate_size: int = Field(..., ge=1, le=DIM_MAX, description="inner dim of one expert's FFN")
+    first_k_dense: int = Field(0, ge=0, le=1024, description="leading layers with a dense FFN instead of MoE")
+    n_group: int = Field(1, ge=1, le=EXPERTS_MAX, description="expert groups for group-limited routing")
+    topk_group: int = Field(1, ge=1, le=EXPERTS_MAX, description="groups a token may route to")
     scoring: Literal["softmax", "sigmoid", "sqrtsoftplus"] = Field("softmax", description="router scoring function")
-    shared_intermediate_size: int | None = Field(None, ge=1, description="inner dim of the shared expert(s) together (default n_shared * moe_intermediate_size)")
+    shared_intermediate_size: int | None = Field(None, ge=1, le=DIM_MAX, description="inner dim of the shared expert(s) together (default n_shared * moe_intermediate_size)")
 
     @model_validator(mode="after")
     def _check(self) -> "MoEConfig":
@@ -77,20 +86,20 @@ class ModelSpec(BaseModel):
     family: Literal["deepseek_v3", "deepseek_v32", "deepseek_v4", "deepseek_v41", "kimi_k2", "qwen3_moe", "glm4_moe", "llama", "qwen3", "tiny"] = Field(
         ..., description="architecture family (decides which layers exist): deepseek_v3, deepseek_v32, deepseek_v4, deepseek_v41, kimi_k2, qwen3_moe, glm4_moe, llama, qwen3, tiny")
     num_layers: int = Field(..., ge=1, le=1024, description="transformer layers (MTP layers not included)")
-    hidden_size: int = Field(..., ge=1, description="model (residual) dim")
-    vocab_size: int = Field(..., ge=1, description="vocabulary size (embedding and LM head rows)")
-    num_attention_heads: int = Field(..., ge=1, description="query heads")
-    num_kv_heads: int = Field(..., ge=1, description="KV heads (GQA); MLA stores one latent per token")
+    hidden_size: int = Field(..., ge=1, le=DIM_MAX, description="model (residual) dim")
+    vocab_size: int = Field(..., ge=1, le=VOCAB_MAX, description="vocabulary size (embedding and LM head rows)")
+    num_attention_heads: int = Field(..., ge=1, le=HEADS_MAX, description="query heads")
+    num_kv_heads: int = Field(..., ge=1, le=HEADS_MAX, description="KV heads (GQA); MLA stores one latent per token")
     head_dim: int = Field(..., ge=1, description="per-head dim of q/k for GQA models")
-    intermediate_size: int = Field(..., ge=1, description="dense FFN inner dim")
+    intermediate_size: int = Field(..., ge=1, le=DIM_MAX, description="dense FFN inner dim")
     attention: Literal["mla", "gqa"] = Field("gqa", description="mla (latent KV, needs the mla section) or gqa (MHA/GQA/MQA)")
     mla: MLAConfig | None = Field(None, description="multi-head latent attention dims (attention: mla)")
     indexer: IndexerConfig | None = Field(None, description="sparse-attention indexer (DeepSeek-V3.2 DSA); null: dense attention")
     moe: MoEConfig | None = Field(None, description="MoE layers; null: a dense model")
     layer_kinds: list[LayerKind] = Field(default_factory=list, description="attention kind per layer (full, sliding, csa, hca, sparse); empty: all full")
-    sliding_window: int | None = Field(None, ge=1, description="window of 'sliding' layers, tokens")
+    sliding_window: int | None = Field(None, ge=1, le=CONTEXT_MAX, description="window of 'sliding' layers, tokens")
     compress_ratio: dict[str, int] = Field(default_factory=dict, description="KV compression per layer kind, e.g. {'csa': 4, 'hca': 128}")
-    kv_share_group: int = Field(1, ge=1, description="consecutive layers sharing one KV cache (cross-layer KV sharing)")
+    kv_share_group: int = Field(1, ge=1, le=1024, description="consecutive layers sharing one KV cache (cross-layer KV sharing)")
     kv_share_source: list[int | None] = Field(default_factory=list, description=(
         "per layer, the earlier layer whose (compressed/global) KV cache it reads instead of storing its own, any distance "
         "away (DeepSeek-V4.1 CSA2); null: the layer stores its own. Sliding-window entries stay per layer. Empty: kv_share_group decides"))
@@ -99,24 +108,24 @@ class ModelSpec(BaseModel):
     index_candidate_source: int | None = Field(None, ge=0, description=(
         "two-level index (DeepSeek-V4.1): this layer's indexer picks candidate blocks, and the index sources above it score only "
         "those index_candidate_tokens positions instead of the whole context; null: every index source scores every key"))
-    index_candidate_tokens: int | None = Field(None, ge=1, description="candidate positions the later index sources score (candidate_topk_blocks x candidate_block_size)")
-    ced_encoder_layers: int | None = Field(None, ge=1, description=(
+    index_candidate_tokens: int | None = Field(None, ge=1, le=CONTEXT_MAX, description="candidate positions the later index sources score (candidate_topk_blocks x candidate_block_size)")
+    ced_encoder_layers: int | None = Field(None, ge=1, le=1024, description=(
         "causal encoder-decoder (DeepSeek-V4.1 CED): a prefill chunk runs layers [0, N) over all its tokens and the decoder layers "
         "[N, num_layers) over only its last sliding_window tokens (their global KV comes from the sources below N); decode runs every layer. null: every layer over every token"))
     kv_fp4_format: FP4Format = Field("mxfp4", description=(
         "FP4 KV cache layout: mxfp4 = non-RoPE part FP4 with a 1 B scale per 32, RoPE part BF16; nvfp4 = the whole latent row (RoPE too) FP4 with a 1 B E4M3 scale per 16"))
     fp4_weight_format: FP4Format = Field("mxfp4", description="FP4 weight block format: mxfp4 (1 B scale per 32 values, 4.25 bits) or nvfp4 (1 B E4M3 per 16, 4.5 bits)")
-    mtp_layers: int = Field(0, ge=0, description="multi-token-prediction draft layers")
+    mtp_layers: int = Field(0, ge=0, le=64, description="multi-token-prediction draft layers")
     host_table_bytes: float = Field(0.0, ge=0, description="vocabulary / n-gram (Engram) tables that may live in host memory")
     host_table_bytes_per_token: float = Field(0.0, ge=0, description="bytes looked up in those tables per token")
-    max_context: int = Field(131072, ge=1, description="longest context, tokens (config.json max_position_embeddings)")
+    max_context: int = Field(131072, ge=1, le=CONTEXT_MAX, description="longest context, tokens (config.json max_position_embeddings)")
     rope_theta: float = Field(10000.0, description="RoPE base (executor only)")
     rms_norm_eps: float = Field(1e-6, description="RMSNorm epsilon (executor only)")
     tie_word_embeddings: bool = Field(False, description="LM head shares the embedding matrix")
     # grouped low-rank output projection (DeepSeek-V4): o_groups groups, each heads/o_groups heads -> o_lora_rank
-    o_lora_rank: int | None = Field(None, ge=1, description="grouped low-rank output projection rank (DeepSeek-V4); null: plain o_proj")
-    o_groups: int = Field(1, ge=1, description="groups of that output projection")
-    hc_mult: int = Field(1, ge=1, description="hyper-connection residual streams (mHC); 1 = plain residual")
+    o_lora_rank: int | None = Field(None, ge=1, le=DIM_MAX, description="grouped low-rank output projection rank (DeepSeek-V4); null: plain o_proj")
+    o_groups: int = Field(1, ge=1, le=HEADS_MAX, description="groups of that output projection")
+    hc_mult: int = Field(1, ge=1, le=64, description="hyper-connection residual streams (mHC); 1 = plain residual")
     window_in_compressed_layers: bool = Field(False, description="csa/hca layers also attend the last sliding_window tokens uncompressed")
     # dtypes the released checkpoint ships in (defaults for a layout)
     checkpoint_dtype: Literal["bf16", "fp8", "fp4"] = Field("bf16", description="weight dtype of the released checkpoint (config.json quantization_config); a layout's default")

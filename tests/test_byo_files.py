@@ -185,3 +185,20 @@ def test_unknown_names_say_files_work():
         get_hardware("A100")
     with pytest.raises(TwinferError, match="config.json"):
         get_model("codellama-34b")
+
+
+def test_a_model_file_past_any_published_size_is_refused_naming_the_field(tmp_path):
+    """A hidden size of 1e12 was accepted and priced (a step of 7e9 ms with --allow-no-fit): every size has an upper
+    bound ten or more times the largest published model's."""
+    import subprocess
+    import sys
+
+    tpl = subprocess.run([sys.executable, "-m", "ui.cli", "model", "--show", "deepseek-v3"], capture_output=True, text=True, timeout=120)
+    assert tpl.returncode == 0
+    for field, value in (("hidden_size", "1000000000000"), ("vocab_size", "100000000000000")):
+        f = tmp_path / f"{field}.yaml"
+        f.write_text("\n".join(f"{field}: {value}" if ln.startswith(f"{field}:") else ln for ln in tpl.stdout.splitlines()) + "\n")
+        r = subprocess.run([sys.executable, "-m", "ui.cli", "cost", "--model", str(f), "--allow-no-fit"], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 2 and f"{field}: Input should be less than or equal to" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr

@@ -48,11 +48,21 @@ def test_completion_errors_name_the_param(body, param):
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
+    ({"messages": [{"role": "user"}]}, "messages[0]"),                       # content is required (OpenAI)
+    ({"messages": [{"role": "system", "content": None}, {"role": "user", "content": "x"}]}, "messages[0]"),
     ({"messages": [{"role": "user", "content": "x"}], "n": 4}, "n"),
     ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens"),
 ])
 def test_chat_errors_name_the_param(body, param):
     assert _err(P.ChatCompletionRequest, body).param == param
+
+
+def test_a_message_without_content_is_refused_but_an_assistants_may_be_null():
+    e = _err(P.ChatCompletionRequest, {"messages": [{"role": "user"}]})
+    assert e.status == 400 and "content is required for a user message" in e.body()["error"]["message"]
+    req = P.parse_request(P.ChatCompletionRequest, {"messages": [{"role": "user", "content": ""},
+                                                                 {"role": "assistant", "content": None}]})
+    assert [m.text for m in req.messages] == ["", ""]
 
 
 def test_body_must_be_an_object():

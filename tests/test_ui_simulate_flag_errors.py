@@ -48,3 +48,12 @@ def test_trace_without_requests_is_refused_naming_the_file(tmp_path, text, fmt):
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert f"{f}: the trace holds no requests" in r.stderr and "Traceback" not in r.stderr
     assert "latency" not in r.stdout  # no empty report
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_non_finite_flag_value_is_named_as_such(value):
+    """NaN fails every bound, so the bound's own message ("less than or equal to 1e9 (got nan)") misled: the flag and
+    field are named with what is wrong with the value, as a YAML file's .nan is."""
+    r = _simulate("--rate", value)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"--rate (workload.rate): {value} is not allowed; numbers must be finite" in r.stderr, r.stderr

@@ -23,6 +23,9 @@ def format_validation_error(err: ValidationError, source: str = "") -> str:
         got = e.get("input")
         got_s = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
         msg = e.get("msg", "invalid")
+        if isinstance(got, float) and not math.isfinite(got):   # NaN fails every bound: name what is wrong with it
+            lines.append(f"{source + ': ' if source else ''}{loc}: {got} is not allowed; numbers must be finite")
+            continue
         if msg.startswith("Value error, "):  # our own validators already name the field
             msg = msg[len("Value error, "):]
             if not e.get("loc"):

@@ -241,6 +241,14 @@ class ChatMessage(BaseModel):
     content: StrictStr | list[ContentPart] | None = None
     name: StrictStr | None = None
 
+    @model_validator(mode="after")
+    def _content_given(self) -> "ChatMessage":
+        # as OpenAI's API: every message but an assistant's (whose content may be null beside tool calls) has content
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"content is required for a {self.role} message (a string or a list of text parts; "
+                             "only an assistant message may leave it null)")
+        return self
+
     @property
     def text(self) -> str:
         """The message's text: string content, or its text parts joined."""
