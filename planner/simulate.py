@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from planner.combine import Candidate
 from planner.gc_pause import gc_paused
+from planner.slo import MIN_FINISHED
 from planner.space import LayoutOption
 from scheduler.config import AttentionDPConfig, SchedulerConfig
 from sim.disagg import DisaggSpec
@@ -264,5 +265,5 @@ def meets(o: SimOutcome, slo: SLO) -> bool:
     """A simulated slice meets the SLO at its percentile (TTFT, TPOT, and E2E where it sets one) and served (almost)
     every request."""
     return (o.ok and o.ttft_s <= slo.ttft_s and o.tpot_s <= slo.tpot_s and (slo.e2e_s is None or o.e2e_s <= slo.e2e_s)
-            and o.finished_fraction >= 0.99)
+            and o.finished_fraction >= MIN_FINISHED)
 

@@ -6,7 +6,8 @@ is implied: ``tpot=50`` once meant a 50-second TPOT, so a number without a unit,
 without a percentile, is refused with a message naming the field and what is allowed.
 
 Goodput (a request counts when its own TTFT and TPOT meet the targets) uses the targets; the
-verdict "meets the SLO" compares the run's percentile (the ``_pNN`` above) with them.
+verdict "meets the SLO" compares the run's percentile (the ``_pNN`` above) with them, on the steady window as the
+planner judges a candidate.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 from twinfer.errors import TwinferError
 
 UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+# a run meets its SLO only if at least this share of the requests it judges finished (planner and simulate alike)
+MIN_FINISHED = 0.99
 KEYS = ("ttft", "tpot", "e2e")
 PERCENTILES = (50, 90, 99)
 EXAMPLE = "ttft_p90=2s,tpot_p90=50ms"
@@ -52,13 +55,24 @@ class SLOSpec:
 
 
     def verdict(self, metrics) -> tuple[bool, str]:
-        """(meets, one line) for a run's metrics (``scheduler.metrics.SimMetrics``: Stat fields with p50/p90/p99)."""
+        """(meets, one line) for a run's metrics (``scheduler.metrics.SimMetrics``: Stat fields with p50/p90/p99).
+
+        Judged as ``twinfer plan`` judges a candidate (``planner.simulate.meets``): on the run's steady window where it
+        has one, its percentiles and at least ``MIN_FINISHED`` of its requests finished; else on the whole run. Until
+        2026-12-06 the verdict read the whole run's percentiles beside a plan judged on the steady window, and said
+        "yes" to a run whose steady TPOT p90 was over its target."""
         p = self.percentile
-        got = {k: getattr(getattr(metrics, f"{k}_s"), f"p{p}") for k in KEYS}
+        w = getattr(metrics, "steady", None)
+        src, where = (w, "steady window") if w is not None else (metrics, "whole run")
+        got = {k: getattr(getattr(src, f"{k}_s"), f"p{p}") for k in KEYS}
         ok = self.meets(got["ttft"], got["tpot"], got["e2e"])
         parts = [f"{k.upper()} p{p} {_fmt_or_dash(got[k])} (target {_fmt(t)})"
                  for k, t in (("ttft", self.ttft_s), ("tpot", self.tpot_s), ("e2e", self.e2e_s)) if t is not None]
-        return ok, f"meets the SLO {self.text()}: {'yes' if ok else 'no'} ({', '.join(parts)})"
+        done = getattr(w, "finished_fraction", None) if w is not None else None
+        if done is not None and done < MIN_FINISHED:
+            ok = False
+            parts.append(f"{100 * done:.1f}% of its requests finished (at least {100 * MIN_FINISHED:g}%)")
+        return ok, f"meets the SLO {self.text()}: {'yes' if ok else 'no'} ({where}: {', '.join(parts)})"
 
 
 def _fmt_or_dash(seconds: float | None) -> str:

@@ -32,7 +32,7 @@ def test_progress_requests_are_the_runners_own():
 def test_slo_flag_verdict_row_json_and_bar():
     r = runner.invoke(app, SHORT + ["--slo", "ttft_p99=10s,tpot_p99=1s"], env={"COLUMNS": "120"})
     assert r.exit_code == 0, r.output
-    assert "meets the SLO (ttft_p99=10s,tpot_p99=1s)" in r.stdout and "goodput (TTFT<=10s, TPOT<=1000ms)" in r.stdout
+    assert "meets the SLO (ttft_p99=10s,tpot_p99=1s, steady window)" in r.stdout and "goodput (TTFT<=10s, TPOT<=1000ms)" in r.stdout
     assert "simulate" in r.stderr and "200/200" in r.stderr and "ETA" in r.stderr
     r = runner.invoke(app, SHORT + ["--slo", "ttft_p90=1ms,tpot_p90=1ms", "--json"])
     check = json.loads(r.stdout)["slo_check"]
@@ -125,3 +125,16 @@ def test_header_kv_says_it_is_whole_blocks_of_the_memory_fits_figure():
     assert "679,346 tokens per DP rank (679,346 per instance)" in kv["memory"]
     assert kv["capacity_tokens"] == kv["num_blocks"] * kv["block_size"] == 679_296
     assert f"KV 679,296 tokens per instance ({kv['num_blocks']:,} whole blocks of 64)" in r.stdout, r.stdout
+
+
+def test_the_slo_verdict_is_the_steady_windows_as_the_planner_judges():
+    """`-n 200` of the default: TPOT p90 40.2 ms over the whole run, 40.4 ms in the steady window. A 40.3 ms target is
+    met by the first and missed by the second; the verdict reads the steady window (planner.simulate.meets), and its
+    line says which window it judged."""
+    r = subprocess.run([sys.executable, "-m", "ui.cli", "simulate", "-n", "200", "--slo", "ttft_p90=2s,tpot_p90=40.3ms", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    m = d["metrics"]
+    assert m["tpot_s"]["p90"] <= 0.0403 < m["steady"]["tpot_s"]["p90"]
+    assert d["slo_check"]["meets"] is False and "(steady window: TTFT p90" in d["slo_check"]["line"]

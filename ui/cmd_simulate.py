@@ -290,8 +290,9 @@ def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None,
         thr.add_row(f"goodput (TTFT<={m.slo.ttft_s:g}s, TPOT<={m.slo.tpot_s * 1e3:g}ms)",
                     f"{m.goodput:,.2f} req/s ({100 * (m.goodput_fraction or 0):.1f}% of requests)")
     if spec is not None:
-        ok, _ = spec.verdict(m)
-        thr.add_row(f"meets the SLO ({escape(spec.text())})", "yes" if ok else "[red]no[/]")
+        ok, _ = spec.verdict(m)   # judged on the steady window where the run has one, as twinfer plan judges
+        where = ", steady window" if m.steady is not None else ""
+        thr.add_row(f"meets the SLO ({escape(spec.text())}{where})", "yes" if ok else "[red]no[/]")
     price, whose = _price(sc["hardware"], plan)
     if price and m.output_throughput > 0:
         thr.add_row("$ per million output tokens",
