@@ -133,3 +133,29 @@ def test_a_one_gpu_budget_does_not_say_a_disaggregated_deployment_missed_the_slo
     why = rep.recommended.why
     assert "no disaggregated deployment was among the candidates" in why
     assert not any("disaggregated deployment meets the SLO" in w for w in why)
+
+
+def test_a_deployment_over_its_tpot_at_its_batch_is_tried_at_a_smaller_one():
+    """qwen3-235b-a22b on 16 x H100, chat, TTFT p90 <= 1 s, TPOT p90 <= 30 ms. The screen ranks 2 x TP8 at 64 a rank
+    first; simulated it misses TPOT (40.8 ms), and the plan chosen without trying it smaller was a disaggregated one at
+    27 tok/s/GPU. The same deployment at 32 a rank meets the SLO at twice that: the search now backs off the batch of
+    a deployment that missed its TPOT target (``planner.search.smaller_batch``)."""
+    import numpy as np
+
+    from planner.search import smaller_batch
+
+    rep = plan_deployment(PlanRequest.model_validate(dict(
+        model="qwen3-235b-a22b", hardware="h100", gpus=16, workload=preset("chat"), slo={"ttft_s": 1.0, "tpot_s": 0.03})))
+    p = rep.recommended
+    assert p is not None and p.mode == "aggregated", p.mode
+    assert p.pools[0].scheduler.max_num_seqs == 32 and p.pools[0].instances == 2 and p.pools[0].layout.tp == 8
+    assert p.predicted.output_tokens_per_s_per_gpu > 55 and p.predicted.tpot_s <= 0.03
+    missed = [s for s in rep.simulated if s.mode == "aggregated" and not s.meets_slo]
+    assert missed and all(s.tpot_s > 0.03 for s in missed)
+
+    from planner.combine import Table
+    cols = {k: np.array(v) for k, v in dict(mode=[0, 0, 0, 1], opt=[3, 3, 3, 3], inst=[2, 2, 2, 2], d=[0] * 4, B=[64, 16, 32, 32],
+                                            rate=[1.0] * 4).items()}
+    t = Table(cols)
+    assert smaller_batch(t, 0) == 2 and smaller_batch(t, 2) == 1 and smaller_batch(t, 1) is None
+    assert smaller_batch(t, 3) is None   # another mode: not the same deployment
