@@ -152,7 +152,7 @@ def tune(
                                                      "every window layer, 0: window KV kept [the model's shipped policy]"),
     base_batch_per_rank: Optional[int] = typer.Option(None, "--base-batch-per-rank", help="baseline max batch per rank [64]"),
     base_chunk_tokens: Optional[int] = typer.Option(None, "--base-chunk-tokens", help="baseline prefill chunk per rank [8192]"),
-    rate_per_gpu: Optional[float] = typer.Option(None, "--rate-per-gpu", min=0.0, help="offered requests/s per GPU, 0.001 up "
+    rate_per_gpu: Optional[float] = typer.Option(None, "--rate-per-gpu", help="offered requests/s per GPU, 0.001 up "
                                                  "to (not including) 10,000 [each policy at its own capacity]"),
     sim_requests: int = typer.Option(1500, "--sim-requests", min=100, max=1_000_000, help="most requests per candidate simulation"),
     plan_requests: int = typer.Option(20000, "--plan-requests", min=100, max=1_000_000, help="most requests of the plan's full-scale run "
