@@ -63,10 +63,19 @@ def shard_divisor(lin: Linear, model: ModelSpec, layout: ParallelLayout) -> floa
     if lin.shard == "kv":
         return float(min(layout.tp, model.num_kv_heads))
     if lin.shard == "expert":
-        # (E + redundant) expert replicas spread over ep ranks, each expert split moe_tp ways
+        # (E + redundant) expert replicas spread over ep ranks, each expert split moe_tp ways; the busiest rank holds
+        # experts_per_rank of them (a rank's share rounded up where ep does not divide them)
         e = model.moe.n_routed_experts if model.moe else 1
-        return layout.ep * layout.moe_tp * e / (e + layout.eplb_redundant_experts)
+        return layout.moe_tp * e / experts_per_rank(model, layout)
     return 1.0
+
+
+def experts_per_rank(model: ModelSpec, layout: ParallelLayout) -> int:
+    """Routed expert slots (replicas included) the fullest EP rank holds: ``ceil((E + redundant) / ep)``. Where ep does
+    not divide them (vLLM places the remainder on the first ranks; SGLang refuses such a split) that rank holds one more
+    than the mean, and its weights and reads are what the step and the memory fit wait for."""
+    e = (model.moe.n_routed_experts if model.moe else 1) + layout.eplb_redundant_experts
+    return -(-e // layout.ep)
 
 
 def dtype_bytes(dtype: str, model: ModelSpec | None = None) -> float:

@@ -51,7 +51,7 @@ from costmodels.op_table import MEASURED, MLA_ENTRY_DIMS, SCALED, TableGemms, Ta
 from costmodels.op_table import load as load_op_tables
 from costmodels.offload import prefetch_for
 from costmodels.ops import CATEGORIES, INF, AttnGeometry, OpCost, SortedSums, entries_last, entries_sum, geometry
-from costmodels.params import Linear, dtype_bytes, attention_linears, embedding_linears, ffn_linears, mtp_linears, shard_divisor, weight_bytes_per_param
+from costmodels.params import Linear, dtype_bytes, experts_per_rank, attention_linears, embedding_linears, ffn_linears, mtp_linears, shard_divisor, weight_bytes_per_param
 
 ATT, IDX, DENSE, EXPERT, COMM, OTHER = range(6)
 A2A = 6  # extra slot of a category vector: the overlappable (EP all-to-all) part of COMM
@@ -241,7 +241,7 @@ class StepOps:
         if m.moe:  # routed experts
             e = m.moe.n_routed_experts
             self.e_total = e
-            self.e_local = (e + lay.eplb_redundant_experts) / lay.ep
+            self.e_local = float(experts_per_rank(m, lay))   # the fullest rank's slots (uneven splits round up)
             self.e_params_local = 3 * m.hidden_size * m.moe.moe_intermediate_size / lay.moe_tp
             self.e_bpp = dtype_bytes(lay.experts_dtype, m)  # FP4 in the model's block format (mxfp4 / nvfp4)
             self.e_peak = hw.tflops(lay.experts_dtype) * 1e12

@@ -164,3 +164,19 @@ def test_experts_a_rank_reads_follow_its_load():
     assert touched[1.0] < touched[1.2] < touched[2.0] < touched[8.0]
     times = [res[imb]["step_time_s"] for imb in (1.0, 1.2, 2.0, 8.0)]
     assert times == sorted(times) and times[-1] > 1.2 * times[0]
+
+
+def test_an_ep_width_that_does_not_divide_the_experts_prices_the_fullest_rank():
+    """128 experts over EP3: vLLM puts the remainder on the first ranks (43, 43, 42), so the step and the memory fit
+    wait for a rank of 43, not the mean 42.67; widths that divide them are unchanged."""
+    from costmodels.params import experts_per_rank
+    from ui.cmd_cost import CostConfig, run_cost
+
+    q = get_model("qwen3-30b-a3b")
+    assert experts_per_rank(q, ParallelLayout(tp=1, dp=3, ep=3)) == 43 and experts_per_rank(q, ParallelLayout(tp=1, dp=4, ep=4)) == 32
+    assert experts_per_rank(V3, dep(72, 32)) == 4 and experts_per_rank(V3, dep(72)) == 4   # 288 / 72; 256 / 72 rounds up
+    r3 = run_cost(CostConfig(model="qwen3-30b-a3b", hardware="h100", tp=1, dp=3, ep=3, batch=["decode:64x4096"]))
+    r4 = run_cost(CostConfig(model="qwen3-30b-a3b", hardware="h100", tp=1, dp=4, ep=4, batch=["decode:64x4096"]))
+    per_expert = r4["memory"]["weight_breakdown"]["routed_experts"] / 32
+    assert r3["memory"]["weight_breakdown"]["routed_experts"] == pytest.approx(43 * per_expert)
+    assert any("43 experts touched/rank" in o["name"] for o in r3["top_ops"])
