@@ -37,6 +37,12 @@ def profile_for(hw: Hardware, path: str | Path | None = None) -> CalibrationProf
 def _from_file(hw: Hardware, path: str | Path) -> CalibrationProfile:
     """A profile file, with a note naming it (and the GPU it was measured on) as every efficiency's source."""
     cal = CalibrationProfile.load(path)
+    if cal.measured_on.strip().lower() == "cpu":
+        # a CPU executor's kernels (the tiny model's CI path) say nothing of a GPU's: its efficiencies on a GPU's
+        # ceilings priced DeepSeek-V3 on 8 x H200 at a 26-minute TTFT
+        raise TwinferError(f"--calibration {path}: measured on a CPU (the executor's torch reference path); its "
+                           f"efficiencies are not {hw.name}'s: calibrate on the GPU (twinfer calibrate --device cuda), or "
+                           "leave --calibration out for the catalog's")
     line = f"efficiencies from calibration profile {path} (measured on {cal.measured_on}{', ' + cal.created if cal.created else ''})"
     if cal.measured_on.lower() != hw.name.lower():
         line += f"; applied to {hw.name} datasheet ceilings (scaled by datasheet ratios)"

@@ -242,8 +242,8 @@ async def server_info(base_url: str, model: str | None = None, api_key: str | No
     async with make_client(timeout_s) as client:
         data = await list_models(client, server_root(base_url), api_key)
     entry = next((d for d in data if d.get("id") == model), None) if model else data[0]
-    if entry is None:
-        return model, None
+    if entry is None:   # the server would answer every request 404
+        raise LookupError(f"the server at {server_root(base_url)} serves {', '.join(str(d.get('id')) for d in data)}")
     return entry["id"], entry.get("max_model_len")
 
 

@@ -448,3 +448,22 @@ def test_a_large_prompt_is_parsed_and_tokenized_off_the_event_loop():
         assert len(big) == 2 and len(set(small)) == 1 and not set(big) & set(small), tok.threads
     finally:
         srv.stop()
+
+
+def test_bench_against_a_model_the_server_does_not_serve_names_it(server):
+    """The server would answer every request 404 (bench crashed with an internal error on the first probe): `bench
+    --model` not in /v1/models is refused naming the flag and what the server serves."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from executor.bench_client import server_info
+
+    with pytest.raises(LookupError, match="serves "):
+        asyncio.run(server_info(server.url, "nosuchmodel"))
+    r = subprocess.run([sys.executable, "-m", "ui.cli", "bench", "--url", server.url, "-n", "2", "--model", "nosuchmodel",
+                        "--input-len", "8", "--output-len", "2"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--model nosuchmodel: the server at" in r.stderr and "internal error" not in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "ui.cli", "bench", "--url", server.url, "-n", "2", "--ramp-s", "inf"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--ramp-s inf: allowed: 0 up to 86,400 seconds" in r.stderr, r.stderr

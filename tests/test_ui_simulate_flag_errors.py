@@ -57,3 +57,30 @@ def test_a_non_finite_flag_value_is_named_as_such(value):
     r = _simulate("--rate", value)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"--rate (workload.rate): {value} is not allowed; numbers must be finite" in r.stderr, r.stderr
+
+
+def test_a_profile_measured_on_a_cpu_is_refused_as_a_gpus_calibration(tmp_path):
+    """A CPU calibration (the tiny model's torch reference path) priced DeepSeek-V3 on 8 x H200 at a 26-minute TTFT with
+    only a note: its efficiencies are not a GPU's."""
+    from pathlib import Path
+
+    from costmodels.calibration import CalibrationProfile
+
+    root = Path(__file__).resolve().parents[1]
+    prof = CalibrationProfile.load(root / "profiles" / "h200" / "calibration_deepseek-v3-5layers_fp8.json")
+    f = tmp_path / "cpu.json"
+    prof.model_copy(update={"measured_on": "cpu"}).save(f)
+    r = _simulate("--calibration", str(f), "-n", "10")
+    assert r.returncode == 2 and "measured on a CPU" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_validate_refuses_a_model_its_profile_did_not_measure():
+    """Validating another model than the profile measured printed a note and reported +2766% errors: refused before
+    the engine is built, as --sim-only refuses it."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-m", "ui.cli", "validate", "-p", str(root / "profiles" / "h200" /
+                        "calibration_deepseek-v3-5layers_fp8.json"), "-m", "llama-3.1-8b", "-n", "2", "--levels", "0.8"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--model llama-3.1-8b: the profile measured deepseek-v3" in r.stderr, r.stderr

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from twinfer.errors import TwinferError
+
+# the longest load ramp a run takes (a day): past it, or infinite, the ramp's last request would never be sent
+MAX_RAMP_S = 86_400.0
 
 
 def register(app: typer.Typer) -> None:
@@ -166,6 +170,8 @@ def bench(
         raise TwinferError(f"--prompt-mode must be text or ids, got {prompt_mode!r}")
     if trace_format not in ("jsonl", "mooncake"):
         raise TwinferError(f"--trace-format must be jsonl or mooncake, got {trace_format!r}")
+    if not (math.isfinite(ramp_s) and ramp_s <= MAX_RAMP_S):   # an endless ramp never sends its last request
+        raise TwinferError(f"--ramp-s {ramp_s:g}: allowed: 0 up to {MAX_RAMP_S:,.0f} seconds")
     for flag, value in (("--rate", rate), ("--duration-s", duration_s)):
         # 0 is no rate and no sending time; the overrides below would take it for "unset" and run the workload's
         if value is not None and value <= 0:
@@ -188,6 +194,8 @@ def bench(
 
     try:
         model, max_len = asyncio.run(bc.server_info(url, model, api_key))
+    except LookupError as e:   # reachable, but it does not serve that model
+        raise TwinferError(f"--model {model}: {e}") from None
     except Exception as e:  # noqa: BLE001 - unreachable or not OpenAI-compatible: say so plainly
         raise TwinferError(f"cannot reach an OpenAI-compatible server at {url} ({type(e).__name__}: {e})") from None
 

@@ -488,6 +488,9 @@ def validate(
         dtype = dtype or ("bf16" if device == "cuda" else "fp32")
     if model is None:   # the model the profile measured
         model = prof.step.model if prof is not None else "tiny"
+    if prof is not None and prof.step.model != model:   # before the engine build (minutes on a GPU)
+        raise TwinferError(f"--model {model}: the profile measured {prof.step.model}; validate the model it measured "
+                           f"(drop --model) or measure {model} first (--calibrate)")
     con = Console()
     block_size = 64
     base_cfg = validate_model(SchedulerConfig, dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
@@ -516,8 +519,9 @@ def validate(
         con.print(f"profile (measured in this process, same engine): {profile}")
     if prof.step is None:
         raise TwinferError(f"{profile}: no measured step model in this profile (make one with twinfer calibrate)")
-    if prof.step.model != model:
-        con.print(f"[yellow]note:[/] profile measured {prof.step.model}, validating {model}")
+    if prof.step.model != model:   # its step model prices the model it measured: another's errors would be the mismatch
+        raise TwinferError(f"--model {model}: the profile measured {prof.step.model}; validate the model it measured "
+                           f"(drop --model) or measure {model} first (--calibrate)")
     cost = ProfiledStepCost(prof, num_layers=num_layers or prof.step.num_layers, power=power_limit)
     L = cost.num_layers
     reqs = load_requests(trace, workload, requests, block_size, seed, max_input_len, max_output_len, max_model_len)
