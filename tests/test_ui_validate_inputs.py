@@ -41,16 +41,22 @@ def test_missing_profile_is_refused_before_the_engine_is_built(tmp_path, monkeyp
     assert "--profile" in str(r.exception) and "no such file" in str(r.exception)
 
 
-def test_max_model_len_beyond_what_the_engine_holds_is_refused(monkeypatch):
+def test_max_model_len_beyond_what_the_engine_holds_is_refused(monkeypatch, tmp_path):
     """tiny's context is 4096 tokens: the engine capped --max-model-len 8192 to it and dropped every longer request
-    the simulator served (measured 0 tok/s against a prediction, exit 0). Refused before any replay."""
+    the simulator served (measured 0 tok/s against a prediction, exit 0). Refused before any replay (the profile
+    relabelled as tiny's: validate refuses a model its profile did not measure)."""
     import ui.cmd_validate as cv
+    from costmodels.calibration import CalibrationProfile
+
+    prof = CalibrationProfile.load(PROF)
+    tiny = tmp_path / "tiny.json"
+    prof.model_copy(update={"step": prof.step.model_copy(update={"model": "tiny"})}).save(tiny)
 
     def no_replay(*a, **k):
         raise AssertionError("replayed with requests the engine cannot hold")
 
     monkeypatch.setattr(cv, "run_levels", no_replay)
-    r = CliRunner().invoke(app, ["validate", "-m", "tiny", "--profile", PROF, "--max-model-len", "8192", "-n", "2",
+    r = CliRunner().invoke(app, ["validate", "-m", "tiny", "--profile", str(tiny), "--max-model-len", "8192", "-n", "2",
                                  "--levels", "1", "--no-warm"])
     assert isinstance(r.exception, TwinferError), r.output
     # the engine refuses it, as vLLM does (it capped it without a word)
