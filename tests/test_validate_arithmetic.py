@@ -71,13 +71,13 @@ def test_targets_and_bands_take_the_worst_level():
     assert not t["ttft_p90"]["met"] and t["ttft_p50"]["met"]
     b = error_bands(lv, {"mape": 0.04})
     assert b["output_throughput"] == pytest.approx(0.08) and b["step_time"] == 0.03 and b["ttft_p90"] == pytest.approx(0.15)
-    # the step MAPE target holds at every level: a knee at 8.6% misses though the class's steps pooled read 2.7%
+    # the step MAPE target holds at every level: a knee at 8.6% misses though the class's steps pooled read 3.6%
     # (run 54's summarize: a low level of 9,218 steps at 2.7% beside a knee of 1,534 at 8.6%)
     lv[1].step = {"mape": 0.086}
-    t = check_targets(lv, {"mape": 0.027})
-    assert not t["step_mape"]["met"] and t["step_mape"]["value"] == 0.086 and t["step_mape"]["overall"] == 0.027
+    t = check_targets(lv, {"mape": 0.036})
+    assert not t["step_mape"]["met"] and t["step_mape"]["value"] == 0.086 and t["step_mape"]["overall"] == 0.036
     assert t["step_mape"]["per_level"] == {"low": 0.03, "high": 0.086}
-    assert error_bands(lv, {"mape": 0.027})["step_time"] == 0.086
+    assert error_bands(lv, {"mape": 0.036})["step_time"] == 0.086
     assert check_targets([_level("x", m, m).model_copy(update={"step": {}})], {"mape": 0.02})["step_mape"]["value"] == 0.02
 
 
