@@ -892,13 +892,37 @@ def _sensitivity_rows_match_the_device(out: str, device: dict) -> dict[tuple[str
     return rows
 
 
+def _held_out_sensitivity(run: Path, capsys, cells: int, worst: tuple[float, float, float, float], marked_misses: int = 0):
+    """``matrix_offline RUN --sensitivity`` on an archived run: ``cells`` rows, each the device's table to the printed
+    digit, the worst figures within ``worst`` (throughput, TPOT p50, TTFT p50, TTFT p90) and ``marked_misses`` misses,
+    every one in a marked cell. Returns (the printed output, its rows by (class, level))."""
+    import matrix_offline as mo
+
+    capsys.readouterr()
+    w = mo.main([str(run), "--sensitivity"])
+    out = capsys.readouterr().out
+    rows = _sensitivity_rows_match_the_device(out, json.loads((run / "matrix_deepseek-v3-5layers_fp8.json").read_text())["classes"])
+    assert len(rows) == cells
+    _worst_within(w, *worst)
+    assert (f"misses: {marked_misses} where the figure moves by more than its target with steps \u00b12% (marked !), "
+            "0 elsewhere") in out
+    return out, rows
+
+
+def _step_target(run: Path, cls: str) -> tuple[dict, dict]:
+    """A class's step-MAPE target as the device checked it (its report's ``targets``) and per level
+    (``sim.validate.check_targets`` on the report's levels)."""
+    from sim.validate import ValidationReport, check_targets
+
+    rep = ValidationReport.model_validate_json((run / f"validation_{cls}_deepseek-v3-5layers_fp8.json").read_text())
+    return rep.targets["step_mape"], check_targets(rep.levels, rep.step_overall)["step_mape"]
+
+
 def test_held_out_run_49_on_a_fifth_h100_board(capsys):
     """Run 49 at 7bb5f0b: summarize, agentic and longctx on a fifth H100 board (another VBIOS). 44 of 45 held out, the
     device's figures to the digit; the one miss (longctx low TPOT p50 -6.1%, as on runs 45 and 46) sits in a cell whose
     prediction moves by 7.6% with every step 2% off, while its decode steps at 1-2 rows run 0.04-0.05 ms (1.2-1.4%)
     over the model: the p50 of 12 requests on a step of its distribution."""
-    import matrix_offline as mo
-
     from costmodels.step_fit import run_profile
     from sim.timeline_check import unpacked_run
 
@@ -906,35 +930,20 @@ def test_held_out_run_49_on_a_fifth_h100_board(capsys):
     st = run_profile(r49, None).step
     assert abs(st.graph_replay_s - 1.62e-4) < 5e-6 and abs(st.category_scale["dense_gemm"] - 1.073) < 1e-3
     assert len(st.launch_device_rows) == 17
-    capsys.readouterr()
-    w = mo.main([str(r49), "--sensitivity"])
-    out = capsys.readouterr().out
-    device = json.loads((r49 / "matrix_deepseek-v3-5layers_fp8.json").read_text())["classes"]
-    assert len(_sensitivity_rows_match_the_device(out, device)) == 9
-    _worst_within(w, 0.015, 0.062, 0.042, 0.048)
-    assert "-6.1% (\u00b17.6) !" in next(x for x in out.splitlines() if x.startswith("longctx    low"))
-    assert "misses: 1 where the figure moves by more than its target with steps \u00b12% (marked !), 0 elsewhere" in out
+    _, rows = _held_out_sensitivity(r49, capsys, 9, (0.015, 0.062, 0.042, 0.048), marked_misses=1)
+    assert "-6.1% (\u00b17.6) !" in rows[("longctx", "low")]
 
 
 def test_held_out_run_50_longctx_with_24_requests_and_chat_on_a_sixth_h100_board(capsys):
     """Run 50 at 7bb5f0b: longctx with 24 requests and chat on a sixth H100 board. 17 of 18 held out, the device's
     figures to the digit; with 24 requests longctx low TPOT p50 is off its step (-1.7%, +-2.1% for steps 2% off, where
     12 requests sat at +-7.6-8.1%); the one miss (knee TPOT p50 -5.1%) is the cell now on a step (+-9.0%)."""
-    import matrix_offline as mo
-
     from sim.timeline_check import unpacked_run
 
     r50 = unpacked_run(ROOT / "benchmarks" / "gpu" / "issue16_h100" / "run50_async_triton_longctx_chat_7bb5f0b")
-    capsys.readouterr()
-    w = mo.main([str(r50), "--sensitivity"])
-    out = capsys.readouterr().out
-    device = json.loads((r50 / "matrix_deepseek-v3-5layers_fp8.json").read_text())["classes"]
-    rows = _sensitivity_rows_match_the_device(out, device)
-    assert len(rows) == 6
-    _worst_within(w, 0.014, 0.052, 0.086, 0.066)
+    _, rows = _held_out_sensitivity(r50, capsys, 6, (0.014, 0.052, 0.086, 0.066), marked_misses=1)
     assert "-1.7% (\u00b12.1)" in rows[("longctx", "low")] and "!" not in rows[("longctx", "low")]
     assert "-5.1% (\u00b19.0) !" in rows[("longctx", "knee")]
-    assert "misses: 1 where the figure moves by more than its target with steps \u00b12% (marked !), 0 elsewhere" in out
 
 
 def test_run_51_dense_moe_table_priced_per_touched_expert():
@@ -1010,8 +1019,6 @@ def test_held_out_run_53_chat_and_long_decode_at_2c8ed9c_on_a_ninth_h100_board(c
     touched expert, on a ninth H100 board. 30 of 30 held out, the device's figures to the digit. Its calibration's
     host probes agree within 7% (no moving-host note); serving's host read 60-110% slower than calibration's at chat
     low, where the prompt-bearing steps run under the model (mixed-step bias +11-15%) and step MAPE is 4.5%."""
-    import matrix_offline as mo
-
     from costmodels.calibration import host_speed_note
     from costmodels.step_fit import run_profile
     from sim.timeline_check import unpacked_run
@@ -1022,13 +1029,7 @@ def test_held_out_run_53_chat_and_long_decode_at_2c8ed9c_on_a_ninth_h100_board(c
     assert prof.tables["moe_layer"].touched is not None and abs(prof.step.graph_replay_s - 2.55e-4) < 5e-6
     assert abs(prof.step.category_scale["dense_gemm"] - 1.060) < 1e-3
     assert host_speed_note(prof.provenance["host_probe_s"]) is None
-    capsys.readouterr()
-    w = mo.main([str(r53), "--sensitivity"])
-    out = capsys.readouterr().out
-    device = json.loads((r53 / "matrix_deepseek-v3-5layers_fp8.json").read_text())["classes"]
-    assert len(_sensitivity_rows_match_the_device(out, device)) == 6
-    _worst_within(w, 0.008, 0.022, 0.065, 0.038)
-    assert "misses: 0 where the figure moves by more than its target with steps \u00b12% (marked !), 0 elsewhere" in out
+    _held_out_sensitivity(r53, capsys, 6, (0.008, 0.022, 0.065, 0.038))
 
 
 def test_held_out_run_54_on_a_tenth_h100_board_two_knees_miss_their_step_mape(capsys):
@@ -1036,25 +1037,15 @@ def test_held_out_run_54_on_a_tenth_h100_board_two_knees_miss_their_step_mape(ca
     at half the serving host's speed (probes 264-342 us, serving 45-53% under). Every end-to-end figure met, to the digit
     of the device's table; the summarize and agentic knees' step MAPE (8.6%, 5.3%) miss, which the per-level target now
     says (the device's own check pooled each class's steps and said met)."""
-    import matrix_offline as mo
-
-    from sim.validate import ValidationReport, check_targets
     from sim.timeline_check import unpacked_run
 
     r54 = unpacked_run(ROOT / "benchmarks" / "gpu" / "issue16_h100" / "run54_async_triton_summarize_agentic_longctx_2c8ed9c")
-    capsys.readouterr()
-    w = mo.main([str(r54), "--sensitivity"])
-    out = capsys.readouterr().out
-    device = json.loads((r54 / "matrix_deepseek-v3-5layers_fp8.json").read_text())["classes"]
-    assert len(_sensitivity_rows_match_the_device(out, device)) == 9
-    _worst_within(w, 0.005, 0.020, 0.094, 0.042)
-    assert "misses: 0 where the figure moves by more than its target with steps \u00b12% (marked !), 0 elsewhere" in out
+    _held_out_sensitivity(r54, capsys, 9, (0.005, 0.020, 0.094, 0.042))
     step = {}
     for cls in ("summarize", "agentic", "longctx"):
-        rep = ValidationReport.model_validate_json((r54 / f"validation_{cls}_deepseek-v3-5layers_fp8.json").read_text())
-        assert rep.targets["step_mape"]["met"]            # as the device checked it: the class's steps pooled
-        t = check_targets(rep.levels, rep.step_overall)    # each level's own, as the issue's target reads
-        step[cls] = (t["step_mape"]["value"], t["step_mape"]["met"])
+        device, per_level = _step_target(r54, cls)
+        assert device["met"]            # as the device checked it: the class's steps pooled
+        step[cls] = (per_level["value"], per_level["met"])    # each level's own, as the issue's target reads
     assert abs(step["summarize"][0] - 0.0855) < 5e-4 and not step["summarize"][1]
     assert abs(step["agentic"][0] - 0.0532) < 5e-4 and not step["agentic"][1]
     assert step["longctx"][1]
@@ -1064,22 +1055,13 @@ def test_held_out_run_55_chat_and_agentic_on_an_eleventh_h100_board(capsys):
     """Run 55 at 380fa33: chat and agentic on an eleventh H100 board (another VBIOS). 30 of 30 held out, the device's
     figures to the digit, every level's step MAPE within 1.5-2.7%, though the calibration's end probe read 60% slow
     (the moving-host note, here a false alarm: the probes around the grid agreed)."""
-    import matrix_offline as mo
-
     from costmodels.calibration import host_speed_note
     from costmodels.step_fit import run_profile
     from sim.timeline_check import unpacked_run
-    from sim.validate import ValidationReport, check_targets
 
     r55 = unpacked_run(ROOT / "benchmarks" / "gpu" / "issue16_h100" / "run55_async_triton_chat_agentic_380fa33")
     assert "60% apart" in host_speed_note(run_profile(r55, None).provenance["host_probe_s"])
-    capsys.readouterr()
-    w = mo.main([str(r55), "--sensitivity"])
-    out = capsys.readouterr().out
-    device = json.loads((r55 / "matrix_deepseek-v3-5layers_fp8.json").read_text())["classes"]
-    assert len(_sensitivity_rows_match_the_device(out, device)) == 6
-    _worst_within(w, 0.006, 0.038, 0.037, 0.041)
+    _held_out_sensitivity(r55, capsys, 6, (0.006, 0.038, 0.037, 0.041))
     for cls in ("chat", "agentic"):
-        rep = ValidationReport.model_validate_json((r55 / f"validation_{cls}_deepseek-v3-5layers_fp8.json").read_text())
-        t = check_targets(rep.levels, rep.step_overall)
-        assert t["step_mape"]["met"] and t["step_mape"]["value"] < 0.028
+        per_level = _step_target(r55, cls)[1]
+        assert per_level["met"] and per_level["value"] < 0.028
