@@ -652,10 +652,8 @@ class CalibrationProfile(BaseModel):
         return self.attn_compute_eff
 
     def calibration_host_probe_s(self) -> float | None:
-        """The calibration's host probe (median of those it recorded: ``provenance.host_probe_s``), None before them."""
-        vals = [float(v) for v in ((self.provenance or {}).get("host_probe_s") or {}).values()
-                if isinstance(v, (int, float)) and v > 0]
-        return float(np.median(vals)) if vals else None
+        """The calibration's host probe (median of those it recorded), None before them: ``host_probe_reference``."""
+        return host_probe_reference(self.provenance)
 
     def at_host_speed(self, ratio: float) -> "CalibrationProfile":
         """This profile with its step model's host terms on a host ``ratio`` times as slow (``StepProfile.
@@ -716,6 +714,13 @@ class CalibrationProfile(BaseModel):
             mem_eff=mem_eff, gemm_mem_half_bytes=half, gemm_compute_eff=ceff, gemm_compute_half_m=64.0,
             attn_compute_eff=580.0 / 989.0, tables={"attn_decode_mem": attn_table}, op_tables="H200",
         )
+
+
+def host_probe_reference(provenance: dict | None) -> float | None:
+    """The median of a calibration's host probes (``provenance.host_probe_s``: start, after the grid, end), the
+    reference serving's probes are read against; None in profiles from before they were recorded."""
+    vals = [float(v) for v in ((provenance or {}).get("host_probe_s") or {}).values() if isinstance(v, (int, float)) and v > 0]
+    return float(np.median(vals)) if vals else None
 
 
 # the host probes of one calibration agree within this on a quiet host (H100 runs 47, 49, 50: 0.6-5%); past it the

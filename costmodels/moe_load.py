@@ -119,22 +119,24 @@ def eplb_placement(popularity: np.ndarray, ep: int, redundant: int) -> list[np.n
     return [np.asarray(sorted(x), np.int64) for x in ranks]
 
 
-def rank_shares(popularity: np.ndarray, placement: list[np.ndarray]) -> np.ndarray:
-    """Share of all token-expert assignments each rank receives (replicas split their expert's load evenly)."""
+def _per_replica(popularity: np.ndarray, placement: list[np.ndarray]) -> np.ndarray:
+    """Each expert's share of all assignments per replica of it (replicas split their expert's load evenly)."""
     copies = np.zeros(popularity.size)
     for ids in placement:
         np.add.at(copies, ids, 1.0)
-    per_replica = popularity / np.maximum(copies, 1.0)
+    return popularity / np.maximum(copies, 1.0)
+
+
+def rank_shares(popularity: np.ndarray, placement: list[np.ndarray]) -> np.ndarray:
+    """Share of all token-expert assignments each rank receives (replicas split their expert's load evenly)."""
+    per_replica = _per_replica(popularity, placement)
     return np.array([per_replica[ids].sum() for ids in placement])
 
 
 def slot_shares(popularity: np.ndarray, placement: list[np.ndarray]) -> np.ndarray:
     """``[ranks, slots]``: the share of all assignments each expert slot of each rank receives (replicas split their
     expert's load evenly), zero-padded where a rank holds fewer slots."""
-    copies = np.zeros(popularity.size)
-    for ids in placement:
-        np.add.at(copies, ids, 1.0)
-    per_replica = popularity / np.maximum(copies, 1.0)
+    per_replica = _per_replica(popularity, placement)
     out = np.zeros((len(placement), max(len(ids) for ids in placement)))
     for r, ids in enumerate(placement):
         out[r, :len(ids)] = per_replica[ids]

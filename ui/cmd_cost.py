@@ -167,15 +167,17 @@ def run_cost(cfg: CostConfig) -> dict:
     if cfg.draft_len and not model.mtp_layers:
         raise TwinferError(f"draft_len={cfg.draft_len} needs an MTP head; {model.name} has mtp_layers=0")
     fit = memory_fit(model, hw, layout, mem_fraction=cfg.mem_fraction, mtp=cfg.draft_len > 0)
-    warnings = _fit_warnings(fit, model, hw, layout, cfg.allow_no_fit)
+    layout_problems = _fit_problems(fit, model, hw, layout)
+    warnings = _refuse_unless_allowed(f"layout {layout.describe()}", layout_problems, cfg.allow_no_fit,
+                                      lambda p: f"LAYOUT DOES NOT FIT, priced anyway (--allow-no-fit): {p}")
     specs = [BatchSpec.parse(b) for b in cfg.batch]
     batch, n_dec, prefill_tokens = _batch(cfg)
     cal = profile_for(hw, cfg.calibration) if cfg.calibration else None  # its notes name the file as the efficiencies' source
     dp = _dp_split(cfg, model, hw, layout, batch, cal)
     kv_problem = _kv_problem(specs, fit, layout, cfg, dp, batch)
     batch_problems = _context_problems(specs, model, cfg.draft_len) + ([kv_problem] if kv_problem else [])
-    layout_fits = not warnings   # _fit_warnings returned (it refuses unless allow_no_fit): a warning is a shortfall
-    warnings += _batch_warnings(batch_problems, cfg, layout)
+    warnings += _refuse_unless_allowed(f"batch {' '.join(cfg.batch)} on {layout.describe()}", batch_problems,
+                                       cfg.allow_no_fit, lambda p: f"{p} (priced anyway: --allow-no-fit)")
     cm, expert_source = _step_model(cfg, model, hw, layout, cal, dp.imbalance)
     sc = cm.step(batch)
     acc = _acceptance(cfg)
@@ -199,7 +201,7 @@ def run_cost(cfg: CostConfig) -> dict:
         "memory": fit.model_dump(),
         # the step can run: the layout fits (``memory.fits``: weights, workspace, >= 2048 KV tokens) and the batch's KV
         # fits its pool and every request its context (each else refused, or priced with --allow-no-fit and a warning)
-        "fits": layout_fits and not batch_problems,
+        "fits": not layout_problems and not batch_problems,
         "batch_fits": kv_problem is None,
         "warnings": warnings,
         "notes": sc.notes + [f"model assumption: {a}" for a in model.assumptions],
@@ -221,8 +223,8 @@ def _layout(cfg: CostConfig, model):
     }, "layout")
 
 
-def _fit_warnings(fit, model, hw, layout, allow: bool) -> list[str]:
-    """Refuse a layout that does not fit (HBM, or host memory for offloaded weights) unless ``allow``; else the warnings."""
+def _fit_problems(fit, model, hw, layout) -> list[str]:
+    """What does not fit of the layout: HBM, or host memory for offloaded weights (empty: it fits)."""
     problems = [] if fit.fits else [fit.explanation]
     if not fit.host_fits and layout.offload_fraction:
         from costmodels.offload import host_bytes_per_gpu
@@ -230,12 +232,18 @@ def _fit_warnings(fit, model, hw, layout, allow: bool) -> list[str]:
         need = fit.host_table_bytes_per_gpu + host_bytes_per_gpu(model, layout)
         problems.append(f"host memory does not fit: per GPU {need / 1e9:.1f} GB (offloaded weights + host tables) of "
                         f"{hw.host_mem_gb:.0f} GB, short by {need / 1e9 - hw.host_mem_gb:.1f} GB")
+    return problems
+
+
+def _refuse_unless_allowed(what: str, problems: list[str], allow: bool, warning) -> list[str]:
+    """Refuse ``what`` (a layout that does not fit, a batch that cannot run as one step) unless ``allow``
+    (--allow-no-fit); else one ``warning(problem)`` each (a planner may want the price of a step no server would run:
+    docs/costmodel.md)."""
     if problems and not allow:
         from twinfer.errors import DoesNotFitError
 
-        raise DoesNotFitError(f"twinfer cost: layout {layout.describe()}: " + "; ".join(problems)
-                              + " (--allow-no-fit prices it anyway)")
-    return [f"LAYOUT DOES NOT FIT, priced anyway (--allow-no-fit): {p}" for p in problems]
+        raise DoesNotFitError(f"twinfer cost: {what}: " + "; ".join(problems) + " (--allow-no-fit prices it anyway)")
+    return [warning(p) for p in problems]
 
 
 def _request_tokens(s: BatchSpec, draft_len: int) -> int:
@@ -256,18 +264,6 @@ def _context_problems(specs: list[BatchSpec], model, draft_len: int) -> list[str
                        f"{f'+{s.cached}' if s.cached else ''} holds a {what}, past {model.name}'s max context of "
                        f"{model.max_context:,} tokens (max_position_embeddings)")
     return out
-
-
-def _batch_warnings(problems: list[str], cfg: CostConfig, layout) -> list[str]:
-    """Refuse a batch that cannot run as one step (KV past the pool, requests past the context) unless
-    ``allow_no_fit``, as a layout that does not fit is; else the warnings (a planner may want the price of a step no
-    server would run: docs/costmodel.md)."""
-    if problems and not cfg.allow_no_fit:
-        from twinfer.errors import DoesNotFitError
-
-        raise DoesNotFitError(f"twinfer cost: batch {' '.join(cfg.batch)} on {layout.describe()}: "
-                              + "; ".join(problems) + " (--allow-no-fit prices it anyway)")
-    return [f"{p} (priced anyway: --allow-no-fit)" for p in problems]
 
 
 def _kv_problem(specs: list[BatchSpec], fit, layout, cfg: CostConfig, dp: DPSplit, batch) -> str | None:

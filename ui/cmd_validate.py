@@ -278,10 +278,11 @@ def parse_host_speed(value: str | float) -> tuple[str, float]:
 def probe_vs_calibration(probes: list[float], profile) -> list[float] | None:
     """Each replay's host probe over the calibration's (median of the probes it recorded) minus 1; None when the
     profile recorded none."""
-    cal = [float(v) for v in ((profile.provenance or {}).get("host_probe_s") or {}).values() if v]
-    if not cal:
+    from costmodels.calibration import host_probe_reference
+
+    ref = host_probe_reference(profile.provenance)
+    if ref is None:
         return None
-    ref = float(np.median(cal))
     return [round(p / ref - 1.0, 4) for p in probes]
 
 
@@ -574,7 +575,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
 
     con = log or Console()
     mode, fixed_speed = parse_host_speed(host_speed)
-    cal_probe = prof.calibration_host_probe_s() if hasattr(prof, "calibration_host_probe_s") else None
+    cal_probe = prof.calibration_host_probe_s()
     moving = host_speed_note((prof.provenance or {}).get("host_probe_s"))
     if moving:   # the host terms come from a host whose speed moved (H100 runs 48, 51, 52): say so before the levels
         con.print(f"[yellow]warning:[/] {moving}", highlight=False)
@@ -609,14 +610,17 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
     bar.start()
     probed = engine is not None and mode == "probe" and cal_probe is not None
 
+    at_speed = {1.0: (cost, prof, scfg)}
+
     def priced(speed: float):
-        """(cost, profile, simulator config) on a host ``speed`` times as slow as the calibration's."""
-        if speed == 1.0:
-            return cost, prof, scfg
-        from costmodels.profiled import ProfiledStepCost
-        prof_h = prof.at_host_speed(speed)
-        power = cost.power if getattr(cost, "power", None) is not None else False
-        return ProfiledStepCost(prof_h, num_layers=cost.num_layers, power=power), prof_h, sim_config(base_cfg, prof_h)
+        """(cost, profile, simulator config) on a host ``speed`` times as slow as the calibration's (built once a speed)."""
+        if speed not in at_speed:
+            from costmodels.profiled import ProfiledStepCost
+            prof_h = prof.at_host_speed(speed)
+            power = cost.power if getattr(cost, "power", None) is not None else False
+            at_speed[speed] = (ProfiledStepCost(prof_h, num_layers=cost.num_layers, power=power), prof_h,
+                               sim_config(base_cfg, prof_h))
+        return at_speed[speed]
 
     def predict_level(speed: float, scale: float):
         cost_h, _, scfg_h = priced(speed)
