@@ -19,14 +19,15 @@ EXPERT = CATEGORIES.index("expert_gemm")  # the routed experts' slot of a cost-m
 DENSE = CATEGORIES.index("dense_gemm")
 
 
-def reduced_model(name: str, num_layers: int | None = None):
-    """The catalog model ``name`` cut to its first ``num_layers`` layers (what ``--num-layers`` runs)."""
+def reduced_model(name: str, num_layers: int | None = None, source: str = "--num-layers"):
+    """The catalog model ``name`` cut to its first ``num_layers`` layers (what ``--num-layers`` runs); ``source`` names
+    where ``num_layers`` came from in the error for one the model does not have."""
     spec = get_model(name)
     if num_layers is None or num_layers == spec.num_layers:
         return spec
     if not 1 <= num_layers <= spec.num_layers:   # a model cut longer than it is has nothing to price (and no bound)
         from twinfer.errors import TwinferError
-        raise TwinferError(f"--num-layers {num_layers}: {spec.name} has {spec.num_layers} layers (give 1..{spec.num_layers})")
+        raise TwinferError(f"{source} {num_layers}: {spec.name} has {spec.num_layers} layers (give 1..{spec.num_layers})")
     kinds = spec.layer_kinds[:num_layers] if spec.layer_kinds else []
     return spec.model_copy(update={"num_layers": num_layers, "layer_kinds": kinds})
 
@@ -54,7 +55,8 @@ class ProfiledStepCost:
             raise ValueError("the calibration profile has no measured step model (run twinfer calibrate)")
         st = self.step
         self.num_layers = num_layers or st.num_layers
-        self.model = reduced_model(st.model, self.num_layers)
+        self.model = reduced_model(st.model, self.num_layers,
+                                   "--num-layers" if num_layers else "the profile's step.num_layers")
         dtype = st.dtype if st.dtype in ("bf16", "fp8", "fp4") else "bf16"
         self.layout = ParallelLayout(tp=1, weight_dtype=dtype, kv_dtype="bf16")
         cal = CalibrationProfile.default(get_hardware(st.hardware_basis)).model_copy(

@@ -30,8 +30,10 @@ runner step time it predicts is ``costmodels.profiled.ProfiledStepCost``.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from costmodels.host import partial_overlap
 
@@ -44,6 +46,21 @@ STEP_MODEL_REV = 1
 # the serving host's speed over the calibration's a step model may be moved to (StepProfile.at_host_speed): the H100
 # and H200 boards lent here read 0.5-2.1x their calibration's probe (issue 16, runs 48-54)
 HOST_SPEED_RANGE = (0.1, 10.0)
+# Bounds of the host and engine-loop terms (seconds; HostTerms, LoopTerms), each far past anything measured, so an edited
+# or corrupt profile is refused by name instead of priced: a step's fixed terms at most STEP_S_MAX (fitted: at most
+# 25 ms, the eager step's fixed issue of runs 1-55); a term per request, prefill chunk or layer at most
+# PER_REQUEST_S_MAX (fitted: at most 2.4 ms); per token PER_TOKEN_S_MAX (fitted: at most 1 us); per context token of a
+# graph decode PER_KV_TOKEN_S_MAX (fitted: at most 4 ns); admission per prompt token ADMIT_PER_TOKEN_S_MAX (fitted: at
+# most 0.13 us); each step after an eager one AFTER_EAGER_S_MAX (fitted: at most 0.5 ms). The engine loop's bounds are
+# the simulator's (scheduler.config.SchedulerConfig.host_*), which it becomes. No host term is negative: the simulator
+# would be handed a negative delay.
+STEP_S_MAX = 1.0
+PER_REQUEST_S_MAX = 0.01
+PER_TOKEN_S_MAX = 1e-3
+PER_KV_TOKEN_S_MAX = 1e-5
+ADMIT_PER_TOKEN_S_MAX = 1e-5
+AFTER_EAGER_S_MAX = 0.01
+AfterEagerSeconds = Annotated[float, Field(ge=0.0, le=AFTER_EAGER_S_MAX)]
 FIT_CATEGORIES = ("attention", "prefill_attention", "dense_gemm", "expert_gemm", "other")
 # cost-model categories (costmodels.ops.CATEGORIES order) folded into the fitted ones; the attention core (and
 # indexer) of decode rows and of prefill chunks are separate: different kernels (paged MLA decode vs SDPA prefill)
@@ -103,49 +120,57 @@ class HostTerms(BaseModel):
     """Runner host/launch time per step (seconds)."""
 
     model_config = ConfigDict(extra="forbid")
-    fixed_s: float = 0.0
-    per_layer_s: float = 0.0
-    per_request_s: float = 0.0
-    per_token_s: float = 0.0
-    per_prefill_s: float = 0.0
-    decode_group_s: float = Field(0.0, description="step that is not a decode-graph replay and holds decodes: the host "
-                                  "issue of the decode group's attention path, once per layer for all decodes (absorbed "
-                                  "query, the paged decode kernel and its metadata, absorbed output), between graph "
-                                  "pieces or in an eager forward; 0 in profiles fitted before it")
-    unbucketed_s: float = Field(0.0, ge=0.0, description="issue a step pays for running wholly eager where the engine "
-                                "has piecewise CUDA graphs but no token bucket holds the step (beyond the largest): every "
-                                "kernel launched one by one. H200 run 20: 11-24 ms of issue against 2-3.5 ms bucketed; "
-                                "0 in profiles fitted before it")
-    graph_fixed_s: float = Field(0.0, description="CUDA-graph decode step: fixed host time (input build, replay launch, sampling)")
-    graph_per_request_s: float = Field(0.0, description="CUDA-graph decode step: host time per sequence")
-    graph_per_kv_token_s: float = Field(0.0, description="CUDA-graph decode step: host time per context token of its "
-                                        "sequences (their block tables, built and copied per step); 0 in profiles fitted "
-                                        "before it")
-    serial_s: float = Field(0.0, description="step that is not a decode-graph replay: host time outside its forward "
-                            "(input build before it, bookkeeping after it; the sampler is its own table), which a "
-                            "synchronous step cannot overlap with the device: added to max(host, device). Measured, not "
-                            "fitted to whole steps: wall less forward less sampler of the calibration's eager points; 0 in "
-                            "profiles fitted before it")
-    serial_per_request_s: float = Field(0.0, description="serial host time per request (decodes and prefill chunks)")
-    serial_per_prefill_s: float = Field(0.0, description="serial host time per prefill chunk")
-    serial_per_token_s: float = Field(0.0, description="serial host time per prefill token (the chunk's token ids, "
-                                      "positions and KV slots built on the host and copied); 0 in profiles fitted before it")
-    sample_issue_s: float = Field(0.0, ge=0.0, description="the sampler's host issue (the logits GEMM and sampling "
-                                  "called after the forward, until they return): fixed seconds, from the calibration "
-                                  "points' measured 'sample' host phase; what a pipelined loop pays on the host to launch "
-                                  "a step's sampler. 0 in profiles fitted before it (then the sampler's eager seconds less "
-                                  "its device work)")
-    sample_issue_per_row_s: float = Field(0.0, ge=0.0, description="the sampler's host issue per sampled row")
-    after_eager_s: float = Field(0.0, ge=0.0, description="seconds a step pays right after a prefill-bearing (eager or "
-                                 "piecewise) step, beyond the same step after a decode step: measured apart from the "
-                                 "grid (executor.calibrate.measure_after_eager: the smaller of a decode and a mixed "
-                                 "probe's), which times every shape after a decode step; 0 in profiles calibrated before it")
-    after_eager_decode_s: list[float] = Field(default_factory=list, max_length=16, description="seconds the j-th decode "
+    fixed_s: float = Field(0.0, ge=0.0, le=STEP_S_MAX)
+    per_layer_s: float = Field(0.0, ge=0.0, le=PER_REQUEST_S_MAX)
+    per_request_s: float = Field(0.0, ge=0.0, le=PER_REQUEST_S_MAX)
+    per_token_s: float = Field(0.0, ge=0.0, le=PER_TOKEN_S_MAX)
+    per_prefill_s: float = Field(0.0, ge=0.0, le=PER_REQUEST_S_MAX)
+    decode_group_s: float = Field(0.0, ge=0.0, le=STEP_S_MAX,
+        description="step that is not a decode-graph replay and holds decodes: the host issue of the decode group's "
+                    "attention path, once per layer for all decodes (absorbed query, the paged decode kernel and its "
+                    "metadata, absorbed output), between graph pieces or in an eager forward; 0 in profiles fitted "
+                    "before it")
+    unbucketed_s: float = Field(0.0, ge=0.0, le=STEP_S_MAX,
+        description="issue a step pays for running wholly eager where the engine has piecewise CUDA graphs but no "
+                    "token bucket holds the step (beyond the largest): every kernel launched one by one. H200 run 20:"
+                    " 11-24 ms of issue against 2-3.5 ms bucketed; 0 in profiles fitted before it")
+    graph_fixed_s: float = Field(0.0, ge=0.0, le=STEP_S_MAX,
+        description="CUDA-graph decode step: fixed host time (input build, replay launch, sampling)")
+    graph_per_request_s: float = Field(0.0, ge=0.0, le=PER_REQUEST_S_MAX,
+        description="CUDA-graph decode step: host time per sequence")
+    graph_per_kv_token_s: float = Field(0.0, ge=0.0, le=PER_KV_TOKEN_S_MAX,
+        description="CUDA-graph decode step: host time per context token of its sequences (their block tables, built "
+                    "and copied per step); 0 in profiles fitted before it")
+    serial_s: float = Field(0.0, ge=0.0, le=STEP_S_MAX,
+        description="step that is not a decode-graph replay: host time outside its forward (input build before it, "
+                    "bookkeeping after it; the sampler is its own table), which a synchronous step cannot overlap "
+                    "with the device: added to max(host, device). Measured, not fitted to whole steps: wall less "
+                    "forward less sampler of the calibration's eager points; 0 in profiles fitted before it")
+    serial_per_request_s: float = Field(0.0, ge=0.0, le=PER_REQUEST_S_MAX,
+        description="serial host time per request (decodes and prefill chunks)")
+    serial_per_prefill_s: float = Field(0.0, ge=0.0, le=PER_REQUEST_S_MAX,
+        description="serial host time per prefill chunk")
+    serial_per_token_s: float = Field(0.0, ge=0.0, le=PER_TOKEN_S_MAX,
+        description="serial host time per prefill token (the chunk's token ids, positions and KV slots built on the "
+                    "host and copied); 0 in profiles fitted before it")
+    sample_issue_s: float = Field(0.0, ge=0.0, le=STEP_S_MAX,
+        description="the sampler's host issue (the logits GEMM and sampling called after the forward, until they "
+                    "return): fixed seconds, from the calibration points' measured 'sample' host phase; what a "
+                    "pipelined loop pays on the host to launch a step's sampler. 0 in profiles fitted before it (then"
+                    " the sampler's eager seconds less its device work)")
+    sample_issue_per_row_s: float = Field(0.0, ge=0.0, le=PER_REQUEST_S_MAX,
+        description="the sampler's host issue per sampled row")
+    after_eager_s: float = Field(0.0, ge=0.0, le=AFTER_EAGER_S_MAX,
+        description="seconds a step pays right after a prefill-bearing (eager or piecewise) step, beyond the same "
+                    "step after a decode step: measured apart from the grid (executor.calibrate.measure_after_eager: "
+                    "the smaller of a decode and a mixed probe's), which times every shape after a decode step; 0 in "
+                    "profiles calibrated before it")
+    after_eager_decode_s: list[AfterEagerSeconds] = Field(default_factory=list, max_length=16, description="seconds the j-th decode "
                                               "step after a prefill-bearing step pays beyond a decode step among decode "
                                               "steps, j = 1..len (executor.calibrate.measure_after_eager: decode steps "
                                               "timed one after another behind an eager step); empty: after_eager_s "
                                               "for the first step only (profiles before it)")
-    after_eager_decode_by_tokens: list[tuple[int, list[float]]] = Field(
+    after_eager_decode_by_tokens: list[tuple[Annotated[int, Field(ge=1)], list[AfterEagerSeconds]]] = Field(
         default_factory=list, max_length=8, description="the same decay measured behind prompt chunks of several sizes: "
         "(chunk tokens, [seconds per decode step]); where present it replaces after_eager_decode_s, priced at the "
         "prompt-bearing step's own token count (costmodels.host.decay_after); empty in profiles calibrated before it")
@@ -179,15 +204,15 @@ class LoopTerms(BaseModel):
     """Engine-loop time per step around the runner (seconds): the simulator's scheduler host overhead."""
 
     model_config = ConfigDict(extra="forbid")
-    fixed_s: float = 0.0
-    per_request_s: float = 0.0
-    per_token_s: float = 0.0
-    admit_s: float = Field(0.0, ge=0.0, description="admitting one request (the engine's add_request: its Request, "
-                           "sampling state and scheduler entry), once, in the iteration that admits it; measured by "
-                           "timing add_request over prompt lengths (executor.calibrate.measure_admission); 0 in "
-                           "profiles calibrated before it")
-    admit_per_token_s: float = Field(0.0, ge=0.0, description="admission per prompt token (range check and the "
-                                     "prefix cache's block hashes)")
+    fixed_s: float = Field(0.0, ge=0.0, le=STEP_S_MAX)
+    per_request_s: float = Field(0.0, ge=0.0, le=PER_REQUEST_S_MAX)
+    per_token_s: float = Field(0.0, ge=0.0, le=PER_TOKEN_S_MAX)
+    admit_s: float = Field(0.0, ge=0.0, le=PER_REQUEST_S_MAX,
+        description="admitting one request (the engine's add_request: its Request, sampling state and scheduler "
+                    "entry), once, in the iteration that admits it; measured by timing add_request over prompt "
+                    "lengths (executor.calibrate.measure_admission); 0 in profiles calibrated before it")
+    admit_per_token_s: float = Field(0.0, ge=0.0, le=ADMIT_PER_TOKEN_S_MAX,
+        description="admission per prompt token (range check and the prefix cache's block hashes)")
 
     def __call__(self, n_req, n_tok):
         return self.fixed_s + self.per_request_s * np.asarray(n_req, float) + self.per_token_s * np.asarray(n_tok, float)
@@ -212,12 +237,14 @@ class StepProfile(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     model: str
-    num_layers: int
+    num_layers: int = Field(..., ge=1, le=1024, description="layers of the engine measured (the model cut to its first "
+                            "num_layers; costmodels.model_spec.ModelSpec's bound)")
     dtype: str = "bf16"
     device: str = "cuda"
     hardware_basis: str = Field("H200", description="hardware catalog entry whose ceilings the cost-model op times use")
-    model_rev: int = Field(STEP_MODEL_REV, ge=0, le=STEP_MODEL_REV, description="revision of the step model the terms were "
-                           "fitted with (STEP_MODEL_REV); a stored profile without it is 0 (CalibrationProfile reads it so)")
+    model_rev: int = Field(STEP_MODEL_REV, ge=0, le=STEP_MODEL_REV,
+        description="revision of the step model the terms were fitted with (STEP_MODEL_REV); a stored profile without it is 0 "
+                    "(CalibrationProfile reads it so)")
     use_op_tables: bool = Field(False, description="device terms from the profile's measured op tables (else analytic defaults)")
     op_tables: list[str] = Field(default_factory=list, description="which of the profile's tables (with use_op_tables; empty: all)")
     category_scale: dict[str, float] = Field(default_factory=lambda: {c: 1.0 for c in FIT_CATEGORIES})
@@ -290,7 +317,15 @@ class StepProfile(BaseModel):
             else:
                 h[k] = v
         loop = {k: (v * r if isinstance(v, float) else v) for k, v in self.loop.model_dump().items()}
-        return self.model_copy(update={"host": HostTerms(**h), "loop": LoopTerms(**loop)})
+        moved = {}
+        for name, cls, terms in (("host", HostTerms, h), ("loop", LoopTerms, loop)):
+            try:
+                moved[name] = cls(**terms)
+            except ValidationError as e:
+                bad = ", ".join(f"{name}." + ".".join(str(x) for x in err["loc"]) for err in e.errors())
+                raise ValueError(f"host_speed: {r:g} x the profile's host terms puts {bad} past its bound "
+                                 f"(costmodels.step_profile: STEP_S_MAX and the others)") from None
+        return self.model_copy(update=moved)
 
     def prompt_clock_mhz(self, min_tokens: int = 2048) -> float | None:
         """The SM clock the grid timed its prompt steps at: the median of its points with at least ``min_tokens`` prompt

@@ -44,7 +44,7 @@ from executor.replay import fresh_engine, replay
 from executor.synthetic_steps import MEASURE_TEMPERATURE, drop_plan, fresh_chunk_step, probe_new_shape, synthetic_plan, warm_steps
 from kernels import ops, vendor
 from kernels.measured import spill_copies
-from scheduler.config import SchedulerConfig
+from scheduler.config import SchedulerConfig, token_budget_for
 from twinfer.config import validate
 
 
@@ -992,7 +992,7 @@ def build_engine(model: str, num_layers: int | None, device: str, dtype: str, ma
                  num_kv_blocks: int | None = None, seed: int = 0, max_batched_tokens: int | None = None) -> LLMEngine:
     """The engine calibrate/validate/tune measure (dummy weights)."""
     # the synchronous loop: calibration fits its host terms (loop_s = iteration - runner seconds)
-    sc = validate(SchedulerConfig, dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched_tokens or max(8192, max_num_seqs),
+    sc = validate(SchedulerConfig, dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched_tokens or token_budget_for(max_num_seqs, 8192),
                                         max_model_len=max_model_len, async_overlap=False), "scheduler options")
     return LLMEngine.from_args(model, load_format="dummy", device=device, dtype=dtype, seed=seed, max_model_len=max_model_len,
                                num_kv_blocks=num_kv_blocks, scheduler_config=sc, num_layers=num_layers)

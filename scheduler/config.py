@@ -98,6 +98,15 @@ SCHEDULER_PRESETS: dict[str, dict] = {
 PresetName = Literal["vllm-v0", "vllm-v1", "sglang", "trtllm-attention-dp"]
 
 
+def token_budget_for(max_num_seqs: int, tokens: int) -> int:
+    """A step's token budget at least ``max_num_seqs`` (each running request's decode fits one step): ``max(tokens,
+    max_num_seqs)`` with ``max_num_seqs`` held to its own bound, so a --max-num-seqs past it is named once, as itself,
+    not again as the budget derived from it."""
+    seqs_max = SchedulerConfig.model_fields["max_num_seqs"].metadata
+    cap = min((m.le for m in seqs_max if getattr(m, "le", None) is not None), default=max_num_seqs)
+    return max(tokens, min(max_num_seqs, cap))
+
+
 def _apply_host_profile(data):
     """Fill the named host profile's terms under the fields given explicitly (an unknown name is left to the
     field's error)."""

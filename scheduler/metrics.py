@@ -124,12 +124,20 @@ class LogHistogram:
         self.sum_wx += float(np.dot(v, w))
 
     def quantile(self, q: float) -> float | None:
-        """Smallest bin (its geometric centre) where the weighted CDF reaches ``q``."""
+        """The ``q`` quantile as numpy's linear-interpolation percentile takes it of the samples (the weights as counts),
+        each sample at its bin's geometric centre: rank ``q * (W - 1)`` between its two neighbouring order statistics.
+        So it agrees with the exact percentiles TTFT and TPOT get (``Stat.of``) to within a bin (0.25%) at any sample
+        count; the smallest bin where the CDF reaches ``q`` did not where the rank falls in a gap (a prompt step among
+        decode steps: 50 inter-token gaps, 1.5% of them 10x the rest, read a p99 of 227 ms against numpy's 126)."""
         if self.total_w <= 0:
             return None
         cum = np.cumsum(self.weights)
-        i = int(np.searchsorted(cum, q * cum[-1], side="left"))
-        return self.LO * self.RATIO ** (min(i, self.nbins - 1) + 0.5)
+        r = max(0.0, float(q) * (cum[-1] - 1.0))
+        j = math.floor(r)
+        lo = min(int(np.searchsorted(cum, j, side="right")), self.nbins - 1)   # the bin of the j-th sample (0-based)
+        hi = min(int(np.searchsorted(cum, j + 1, side="right")), self.nbins - 1) if r > j else lo
+        c_lo, c_hi = (self.LO * self.RATIO ** (i + 0.5) for i in (lo, hi))
+        return float(c_lo + (r - j) * (c_hi - c_lo))
 
     def stat(self) -> Stat:
         if self.total_w <= 0:

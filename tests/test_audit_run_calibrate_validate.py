@@ -138,6 +138,11 @@ def test_validate_sim_only_report_names_the_profiles_device_and_dtype(tmp_path, 
         assert f"\u00b1{sens['ttft_p90'] * 100:.1f}%" in printed
         assert sens["itl_p50"] >= 0.015   # a step 2% longer is an inter-token gap about 2% longer, queueing aside
     assert any(n.startswith("sensitivity: how far each predicted figure moves") for n in rep["notes"])
+    # the scheduler block is the one the simulator ran: the profile's measured engine loop as its host terms (it
+    # showed the defaults)
+    from costmodels.calibration import CalibrationProfile
+    loop = CalibrationProfile.load(PROFILE).step.loop
+    assert (rep["scheduler"]["host_step_s"], rep["scheduler"]["host_per_request_s"]) == (loop.fixed_s, loop.per_request_s)
 
 
 def test_validate_sim_only_refuses_an_unknown_model_a_dtype_or_device_it_does_not_predict(cli_exit_2):

@@ -84,3 +84,56 @@ def test_validate_refuses_a_model_its_profile_did_not_measure():
                         "calibration_deepseek-v3-5layers_fp8.json"), "-m", "llama-3.1-8b", "-n", "2", "--levels", "0.8"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--model llama-3.1-8b: the profile measured deepseek-v3" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("field,value,says", [("fixed_s", -1.0, "greater than or equal to 0"),
+                                              ("fixed_s", 1e30, "less than or equal to 1"),
+                                              ("graph_per_kv_token_s", 1e-3, "less than or equal to 0.00001")])
+def test_a_profile_host_term_out_of_its_bound_is_refused_by_name(tmp_path, field, value, says):
+    """A profile's host term edited to -1 crashed the simulator (simpy's negative delay, exit 1) and one at 1e30 was
+    priced: each term has a stated bound (costmodels.step_profile: STEP_S_MAX and the others)."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    d = json.loads((root / "profiles" / "h100" / "calibration_deepseek-v3-5layers_fp8.json").read_text())
+    d["step"]["host"][field] = value
+    f = tmp_path / "edited.json"
+    f.write_text(json.dumps(d))
+    r = _simulate("--calibration", str(f), "-n", "10")
+    assert r.returncode == 2 and f"step.host.{field}" in r.stderr and says in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_host_speed_that_puts_a_term_past_its_bound_names_it():
+    from costmodels.step_profile import STEP_S_MAX, HostTerms, StepProfile
+
+    p = StepProfile(model="m", num_layers=1, host=HostTerms(fixed_s=0.5 * STEP_S_MAX))
+    assert p.at_host_speed(1.9).host.fixed_s == pytest.approx(0.95 * STEP_S_MAX)
+    with pytest.raises(ValueError, match=r"host_speed: 4 x .* puts host\.fixed_s past its bound"):
+        p.at_host_speed(4.0)
+
+
+def test_a_max_num_seqs_past_its_bound_is_named_once_not_as_the_token_budget(tmp_path):
+    """calibrate --max-num-seqs 1e8 also named max_num_batched_tokens, which the user never gave (derived from it)."""
+    r = subprocess.run([sys.executable, "-m", "ui.cli", "calibrate", "--quick", "--max-num-seqs", "100000000", "-o",
+                        str(tmp_path / "p.json")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "max_num_seqs" in r.stderr and "max_num_batched_tokens" not in r.stderr, r.stderr
+
+
+def test_a_profiles_layer_count_the_model_lacks_is_named_as_the_profiles(tmp_path):
+    """A profile whose step.num_layers exceeds its model's was reported as `--num-layers 100`, a flag not given."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    d = json.loads((root / "profiles" / "h100" / "calibration_deepseek-v3-5layers_fp8.json").read_text())
+    d["step"]["num_layers"] = 100
+    f = tmp_path / "edited.json"
+    f.write_text(json.dumps(d))
+    for cmd in (["validate", "--sim-only", "-n", "4", "--levels", "0.5"], ["tune", "-n", "4"]):
+        r = subprocess.run([sys.executable, "-m", "ui.cli", *cmd, "-p", str(f)], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 2 and "the profile's step.num_layers 100: deepseek-v3 has 61 layers" in r.stderr, r.stderr
+        assert "--num-layers" not in r.stderr

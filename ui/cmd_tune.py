@@ -121,6 +121,9 @@ def profile_model(ctx: typer.Context, profile: Path, prof, model: str, num_layer
     layers = get_model(measured).num_layers
     if num_layers is not None and num_layers > layers:
         raise TwinferError(f"--num-layers {num_layers}: {measured} has {layers} layers (give 1..{layers})")
+    if num_layers is None and prof.step.num_layers > layers:
+        raise TwinferError(f"{profile}: the profile's step.num_layers {prof.step.num_layers}: {measured} has {layers} "
+                           f"layers (give 1..{layers})")
     return measured, num_layers or prof.step.num_layers
 
 
@@ -214,7 +217,7 @@ def tune(
     from costmodels.calibration import CalibrationProfile
     from costmodels.profiled import ProfiledStepCost
     from planner.tune import default_grid, tune as search
-    from scheduler.config import SchedulerConfig
+    from scheduler.config import SchedulerConfig, token_budget_for
     from sim.validate import copy_requests, natural_rate, saturation_rps
     from twinfer.config import validate
     from ui.cmd_validate import load_requests, sim_config
@@ -228,7 +231,7 @@ def tune(
     model, num_layers = profile_model(ctx, profile, prof, model, num_layers)
     cost = ProfiledStepCost(prof, num_layers=num_layers)
     bs = 64
-    base = validate(SchedulerConfig, dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(max_batched_tokens, max_num_seqs),
+    base = validate(SchedulerConfig, dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=token_budget_for(max_num_seqs, max_batched_tokens),
                                           max_model_len=max_model_len, block_size=bs), "scheduler options")
     reqs = load_requests(trace, workload, requests, bs, seed, max_input_len, max_output_len, max_model_len)
     blocks = num_kv_blocks or max_seqs_limit * (-(-max_model_len // bs)) + 64

@@ -456,7 +456,7 @@ def validate(
 
     from costmodels.calibration import CalibrationProfile
     from costmodels.profiled import ProfiledStepCost
-    from scheduler.config import SchedulerConfig
+    from scheduler.config import SchedulerConfig, token_budget_for
     from sim.validate import saturation_rps
     from twinfer.config import validate as validate_model
     from ui.cmd_calibrate import check_cpu_dtype
@@ -495,7 +495,7 @@ def validate(
     con = Console()
     block_size = 64
     base_cfg = validate_model(SchedulerConfig, dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                              max_num_batched_tokens=max(max_batched_tokens, max_num_seqs), block_size=block_size,
+                              max_num_batched_tokens=token_budget_for(max_num_seqs, max_batched_tokens), block_size=block_size,
                               async_overlap=async_overlap), "scheduler options")
     blocks = num_kv_blocks or max_num_seqs * (-(-max_model_len // block_size)) + 64
     engine = None
@@ -523,7 +523,7 @@ def validate(
     if prof.step.model != model:   # its step model prices the model it measured: another's errors would be the mismatch
         raise TwinferError(f"--model {model}: the profile measured {prof.step.model}; validate the model it measured "
                            f"(drop --model) or measure {model} first (--calibrate)")
-    cost = ProfiledStepCost(prof, num_layers=num_layers or prof.step.num_layers, power=power_limit)
+    cost = ProfiledStepCost(prof, num_layers=num_layers, power=power_limit)
     L = cost.num_layers
     reqs = load_requests(trace, workload, requests, block_size, seed, max_input_len, max_output_len, max_model_len)
     cap = saturation_rps(cost, sim_config(base_cfg, prof), blocks, reqs)
@@ -728,7 +728,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
     overall, overall_bins = step_comparison(all_samples) if all_samples else ({}, [])
     rep = ValidationReport(
         model=model, num_layers=L, dtype=dtype, device=device, profile=profile_path, provenance=dict(prof.provenance),
-        scheduler=base_cfg.model_dump(), num_kv_blocks=blocks, workload=workload, predicted_capacity_rps=cap,
+        scheduler=scfg.model_dump(), num_kv_blocks=blocks, workload=workload, predicted_capacity_rps=cap,
         levels=reports, step_overall={**overall, "bins": overall_bins}, command="twinfer " + " ".join(sys.argv[1:]),
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         notes=[(f"dummy weights; {L}-layer {model}; " if engine is not None else
