@@ -716,10 +716,12 @@ class CalibrationProfile(BaseModel):
         )
 
 
-def host_probe_reference(provenance: dict | None) -> float | None:
-    """The median of a calibration's host probes (``provenance.host_probe_s``: start, after the grid, end), the
-    reference serving's probes are read against; None in profiles from before they were recorded."""
-    vals = [float(v) for v in ((provenance or {}).get("host_probe_s") or {}).values() if isinstance(v, (int, float)) and v > 0]
+def host_probe_reference(provenance: dict | None, key: str = "host_probe_s") -> float | None:
+    """The median of a calibration's host probes (``provenance.host_probe_s``: start, after the grid, end; ``key``
+    ``issue_probe_s``: the issue probe's, ``executor/host_probe.py``), the reference serving's probes are read
+    against; None in profiles from before they were recorded."""
+    got = (provenance or {}).get(key)
+    vals = [float(v) for v in (got.values() if isinstance(got, dict) else ()) if isinstance(v, (int, float)) and v > 0]
     return float(np.median(vals)) if vals else None
 
 

@@ -39,7 +39,7 @@ from costmodels.hardware import get_hardware
 from costmodels.step_fit import fit_step_profile, nnls_abs
 from costmodels.step_profile import StepPoint
 from executor.engine import LLMEngine, SamplingParams
-from executor.host_probe import host_probe
+from executor.host_probe import host_probe, issue_probe
 from executor.replay import fresh_engine, replay
 from executor.synthetic_steps import MEASURE_TEMPERATURE, drop_plan, fresh_chunk_step, probe_new_shape, synthetic_plan, warm_steps
 from kernels import ops, vendor
@@ -1063,6 +1063,7 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     log(f"calibrate: {model} ({L} layers, {dtype}) on {device}, hardware basis {hw}; build {build_s:.1f} s, warm-up {warm_s:.1f} s"
         + _state_text(gpu_state(engine.runner.device)))
     probes = {"start": host_probe(engine.runner)}   # the host's speed now (executor/host_probe.py): again after the grid, at the end
+    issues = {"start": issue_probe(engine)}         # and a fixed mixed step's forward issue, at the same three points
 
     rows = linear_rows(cuda and not quick, getattr(getattr(engine.runner, "piecewise", None), "captured", ()) or ())
     t1 = time.perf_counter()
@@ -1093,6 +1094,7 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     shapes = step_grid(device, quick, max_model_len, max_num_seqs, engine.scheduler.config.max_num_batched_tokens)
     pts, loop_pts, warm = measure_grid(engine, shapes, repeats, log, cuda, quick, max_num_seqs, max_model_len, temperature)
     probes["after_grid"] = host_probe(engine.runner)
+    issues["after_grid"] = issue_probe(engine)
 
     base = CalibrationProfile.default(get_hardware(hw))
     tables = op_tables(op_pts, hw)
@@ -1137,8 +1139,13 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
         except Exception as e:  # noqa: BLE001  (a diagnostic phase: the profile stands without it)
             log(f"  power reference failed: {type(e).__name__}: {e}")
     probes["end"] = host_probe(engine.runner)
+    issues["end"] = issue_probe(engine)
+    issues = {k: round(v, 8) for k, v in issues.items() if v is not None}
     log("  host probe (a 64-sequence decode step's input build, median): "
         + ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in probes.items()))
+    if issues:
+        log("  issue probe (a mixed step's forward issue, GPU held, median): "
+            + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in issues.items()))
     moving = host_speed_note(probes)
     if moving:
         log("  warning: " + moving)
@@ -1150,7 +1157,7 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     prov = device_provenance(device)
     prov.update(command=command, model=model, num_layers=L, dtype=dtype, kernels=_kernel_choices(engine, device), seconds=round(time.perf_counter() - t0, 1),
                 sampling_temperature=temperature, step_warmup=warm, admission=admit_pts, after_eager=after,
-                host_probe_s={k: round(v, 8) for k, v in probes.items()})
+                host_probe_s={k: round(v, 8) for k, v in probes.items()}, **({"issue_probe_s": issues} if issues else {}))
     notes = list(base.notes) + [f"measured: {len(pts)} step shapes, {len(loop_pts)} loop iterations, {len(op_pts)} linear shapes on {prov.get('gpu')}"]
     if moving:
         notes.append(moving)

@@ -257,12 +257,13 @@ def decode_host_model_s(cost, st, n: int, ctx_tokens: float) -> float:
 
 
 def parse_host_speed(value: str | float) -> tuple[str, float]:
-    """``--host-speed``: ("probe", 1) | ("calibration", 1) | ("fixed", ratio); anything else is an error naming it."""
+    """``--host-speed``: ("probe", 1) | ("issue", 1) | ("calibration", 1) | ("fixed", ratio); anything else is an error
+    naming it."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         text = str(value)
     else:
         text = str(value).strip().lower()
-        if text in ("probe", "calibration"):
+        if text in ("probe", "issue", "calibration"):
             return text, 1.0
     try:
         r = float(text)
@@ -270,20 +271,20 @@ def parse_host_speed(value: str | float) -> tuple[str, float]:
         r = float("nan")
     lo, hi = HOST_SPEED_RANGE
     if not (np.isfinite(r) and lo <= r <= hi):
-        raise TwinferError(f"--host-speed {value}: expected probe, calibration or a number from {lo:g} to {hi:g} "
+        raise TwinferError(f"--host-speed {value}: expected calibration, probe, issue or a number from {lo:g} to {hi:g} "
                            "(the serving host's time for the same host work over the calibration's)")
     return "fixed", r
 
 
-def probe_vs_calibration(probes: list[float], profile) -> list[float] | None:
+def probe_vs_calibration(probes: list[float | None], profile, key: str = "host_probe_s") -> list[float | None] | None:
     """Each replay's host probe over the calibration's (median of the probes it recorded) minus 1; None when the
-    profile recorded none."""
+    profile recorded none. ``key`` ``issue_probe_s``: the issue probe's (a replay's None where it timed none)."""
     from costmodels.calibration import host_probe_reference
 
-    ref = host_probe_reference(profile.provenance)
-    if ref is None:
+    ref = host_probe_reference(profile.provenance, key)
+    if ref is None or not any(p is not None for p in probes):
         return None
-    return [round(p / ref - 1.0, 4) for p in probes]
+    return [None if p is None else round(p / ref - 1.0, 4) for p in probes]
 
 
 def decode_host_drift(steps, cost, profile, min_steps: int = 20) -> float | None:
@@ -448,8 +449,10 @@ def validate(
                                      "model; pipelined loop) or at the op tables' full clock"),
     host_speed: str = typer.Option("calibration", "--host-speed", help="the host the predictions are priced on: "
                                    "calibration (the calibration's host), probe (each level at the speed a fixed host probe "
-                                   "read before its replays, over the calibration's; docs/twin.md says where that holds), or "
-                                   "a ratio of the calibration's host time (0.5: twice as fast)"),
+                                   "read before its replays, over the calibration's; docs/twin.md says where that holds), "
+                                   "issue (the same with a fixed mixed step's forward issue timed, GPU held; profiles "
+                                   "calibrated since it was recorded), or a ratio of the calibration's host time (0.5: "
+                                   "twice as fast)"),
 ) -> None:
     """Validate the twin on this device."""
     from rich.console import Console
@@ -564,11 +567,13 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
     H100 runs 45-54 it took run 54's step MAPE from 1.7-8.6% to 1.4-2.3% per level (a host 2x faster in serving than in
     calibration, probe and eager issue alike) but moved run 53's chat past saturation from 2.6% to 6.6% (a probe 68%
     slower before replays whose eager issue was within 14% of calibration's): a probe of a few milliseconds before a
-    replay does not always read the host the replay runs on (docs/twin.md). A number: that ratio of the calibration's
-    host time at every level."""
+    replay does not always read the host the replay runs on (docs/twin.md). ``"issue"``: the same with the issue probe
+    (``executor.host_probe.issue_probe``: a fixed mixed step's forward issue with the GPU held, the launch path the
+    input-build probe does not time), where the profile recorded it. A number: that ratio of the calibration's host
+    time at every level."""
     from rich.console import Console
 
-    from costmodels.calibration import host_speed_note
+    from costmodels.calibration import host_probe_reference, host_speed_note
     from sim.validate import (STEP_SHIFT, LevelReport, StepSample, ValidationReport, check_targets, compact_samples,
                               copy_requests, error_bands, median_runs, metric_values, natural_rate, rel_errors,
                               saturation_rps, simulate_requests, step_comparison, step_sensitivity)
@@ -586,7 +591,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
     L = cost.num_layers
     prompts = {}
     if engine is not None:
-        from executor.host_probe import host_probe
+        from executor.host_probe import host_probe, issue_probe
         from executor.replay import fresh_engine, host_counters, replay
         from ui.cmd_run import synth_prompt
         if temperature is None:   # sample as the profile's calibration did (profiles before it recorded this: greedy)
@@ -608,7 +613,9 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
     bar = progress_bar(Console(stderr=True))
     task = bar.add_task("validate", total=len(fracs) * (1 + (max(1, runs) + level_warm if engine is not None else 0)))
     bar.start()
-    probed = engine is not None and mode == "probe" and cal_probe is not None
+    cal_issue = host_probe_reference(prof.provenance, "issue_probe_s")
+    probed = engine is not None and ((mode == "probe" and cal_probe is not None) or
+                                     (mode == "issue" and cal_issue is not None))
 
     at_speed = {1.0: (cost, prof, scfg)}
 
@@ -633,7 +640,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
         name = names.get(i, f"{f:g}x")
         rate = f * cap
         scale = (r0 / rate) if np.isfinite(r0) and rate > 0 else 1.0
-        speed = 1.0 if mode == "probe" else fixed_speed
+        speed = 1.0 if mode in ("probe", "issue") else fixed_speed
         if not probed:
             pred, sens = predict_level(speed, scale)
         bar.advance(task)
@@ -655,9 +662,11 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
             issue: list[float | None] = []
             t0_unix: list[float] = []
             probes: list[float] = []
+            issue_probes: list[float | None] = []
             replays = []
             for _ in range(max(1, runs)):
                 probes.append(host_probe(engine.runner))   # the host's speed before this replay (executor/host_probe.py)
+                issue_probes.append(issue_probe(engine))    # and its forward issue's (None off CUDA)
                 t0_unix.append(round(time.time(), 3))
                 res = replay(fresh_engine(engine, base_cfg), items, temperature, seed=seed)
                 drift.append(decode_host_drift(res.steps, cost, prof))
@@ -668,7 +677,8 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                 steps_all += res.steps
                 replays.append(res)
             if probed:   # the host speed the replays' probes read (each timed before its replay), then the prediction
-                speed = float(np.median(probes)) / cal_probe
+                got = [x for x in (probes if mode == "probe" else issue_probes) if x is not None]
+                speed = float(np.median(got)) / (cal_probe if mode == "probe" else cal_issue) if got else 1.0
                 speed = min(max(speed, HOST_SPEED_RANGE[0]), HOST_SPEED_RANGE[1])
                 pred, sens = predict_level(speed, scale)
             cost_h, prof_h, scfg_h = priced(speed)
@@ -703,6 +713,10 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
                     # its start / after-grid / end probes; none in profiles before they were recorded)
                     "host_probe_s": [round(p, 8) for p in probes],
                     "host_probe_vs_calibration": probe_vs_calibration(probes, prof),
+                    # per replay: the issue probe's median seconds (a fixed mixed step's forward issue, GPU held) and
+                    # against the calibration's (executor/host_probe.py: issue_probe)
+                    "issue_probe_s": [None if p is None else round(p, 8) for p in issue_probes],
+                    "issue_probe_vs_calibration": probe_vs_calibration(issue_probes, prof, "issue_probe_s"),
                     # the host speed the level's predictions were priced on (host terms x this; 1: the calibration's)
                     "host_speed_priced": round(speed, 4)}
             # over the measured replays: allocator device allocations / GC collections while serving (run 9's
@@ -745,9 +759,9 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
             "pays a first-use cost of the level's step shapes)"] if (engine is not None and level_warm) else [])
         + ([f"replays sample at temperature {temperature:g} (seeded), as calibration did"] if engine is not None else [])
         + ([moving] if moving else [])
-        + ([("each level is priced on the host speed its replays read: the host terms times the median of the host "
-             "probes timed before its replays over the calibration's (diagnostics.host_speed_priced); the device terms "
-             "as calibrated") if probed else
+        + ([(f"each level is priced on the host speed its replays read: the host terms times the median of the "
+             f"{'host' if mode == 'probe' else 'issue'} probes timed before its replays over the calibration's "
+             "(diagnostics.host_speed_priced); the device terms as calibrated") if probed else
             (f"priced on a host {fixed_speed:g} times as slow as the calibration's (host terms x {fixed_speed:g})"
              if fixed_speed != 1.0 else "priced on the calibration's host speed")] if engine is not None or fixed_speed != 1.0 else [])
         + [f"sensitivity: how far each predicted figure moves when every step runs {STEP_SHIFT * 100:g}% longer or shorter (the same "
@@ -805,6 +819,9 @@ def _print_level(con, lv) -> None:
     probe = (lv.diagnostics or {}).get("host_probe_vs_calibration") or []
     if probe:   # a fixed piece of host work timed before each replay (executor/host_probe.py), against the calibration's
         tab.add_row("host probe vs calibration", "", "", " / ".join(f"{d * 100:+.1f}%" for d in probe))
+    iprobe = [d for d in (lv.diagnostics or {}).get("issue_probe_vs_calibration") or [] if d is not None]
+    if iprobe:   # a fixed mixed step's forward issue timed before each replay, against the calibration's
+        tab.add_row("issue probe vs calibration", "", "", " / ".join(f"{d * 100:+.1f}%" for d in iprobe))
     d = lv.diagnostics or {}
     if d.get("prompt_sm_clock_mhz") and d.get("grid_prompt_sm_clock_mhz"):
         # the step model prices device work at the clock the grid measured it at; under a sustained prefill-heavy load
