@@ -39,7 +39,7 @@ from costmodels.hardware import get_hardware
 from costmodels.step_fit import fit_step_profile, nnls_abs
 from costmodels.step_profile import StepPoint
 from executor.engine import LLMEngine, SamplingParams
-from executor.host_probe import host_probe, issue_probe
+from executor.host_probe import host_probe
 from executor.replay import fresh_engine, replay
 from executor.synthetic_steps import MEASURE_TEMPERATURE, drop_plan, fresh_chunk_step, probe_new_shape, synthetic_plan, warm_steps
 from kernels import ops, vendor
@@ -658,6 +658,41 @@ def queued_forward(runner, run, wall_s: float, repeats: int = 2) -> dict:
         return {}
     f, h = _finite_median([x[0] for x in got]), _finite_median([x[1] for x in got])
     return {} if f is None or h is None else {"queued_forward_s": f, "queued_host_s": h}
+
+
+# the issue probe's step: 8 decodes at 1,024 tokens beside one 512-token prompt chunk (a mixed step, as serving's
+# prompt-bearing steps are), its forward issued 7 times behind a spin kernel (median)
+ISSUE_DECODES, ISSUE_CTX, ISSUE_CHUNK, ISSUE_REPEATS = 8, 1024, 512, 7
+
+
+def issue_probe(engine, repeats: int = ISSUE_REPEATS) -> float | None:
+    """Median host seconds the forward call of one fixed mixed step (``ISSUE_DECODES`` decodes at ``ISSUE_CTX`` tokens
+    and an ``ISSUE_CHUNK``-token prompt chunk, fresh pages) takes to return while a spin kernel holds the GPU past the
+    step's wall time: its issue alone, as the calibration grid's ``queued_host_s`` times it
+    (``executor.calibrate.queued_forward``), after one unmeasured run. None off CUDA (the forward is the CPU's work
+    there, not an issue), without a spin kernel, or where the runner recorded no forward. The step's requests are
+    removed after, and its runs do not count as steps the engine ran."""
+    if repeats < 1:
+        raise ValueError(f"issue_probe: repeats must be >= 1, got {repeats}")
+    runner = engine.runner
+    if runner.device.type != "cuda":
+        return None
+    plan = synthetic_plan(engine, [ISSUE_CTX] * ISSUE_DECODES, [(ISSUE_CHUNK, 0)], "issueprobe_")
+    steps0 = getattr(runner, "num_steps_run", None)
+
+    def run():
+        return runner.execute(plan)
+    try:
+        t0 = time.perf_counter()
+        run()
+        torch.cuda.synchronize(runner.device)
+        got = queued_forward(runner, run, time.perf_counter() - t0, repeats)
+    finally:
+        for r in plan.decodes + [c.request for c in plan.prefills]:
+            runner.remove_request(r.request_id)
+        if steps0 is not None:
+            runner.num_steps_run = steps0
+    return got.get("queued_host_s")
 
 
 def queued_launch(runner, plan, wall_s: float, repeats: int = 2) -> dict:

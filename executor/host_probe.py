@@ -8,7 +8,7 @@ many times and returns the median seconds. The calibration records it at its sta
 (``provenance.host_probe_s``); validate records it before every replay (``decode_host_vs_calibration`` beside it), so a
 replay's error can be read against how fast its host ran. A measurement only: nothing is fitted to it.
 
-:func:`issue_probe` times another piece: the issue of one fixed prompt-bearing step's forward (Python, torch's
+:func:`executor.calibrate.issue_probe` times another piece (there, beside the held forward it reuses): the issue of one fixed prompt-bearing step's forward (Python, torch's
 dispatch, the kernel launches) with the GPU held busy, so no launch waits for the device. That is the host work the
 input build does not hold: on H100 run 53 the input-build probe read 62-110% slower than the calibration's before
 replays whose eager issue ran within 14% of it, and on run 54 both ran about half the calibration's time. The
@@ -24,9 +24,6 @@ import time
 from executor.forward_batch import build_forward_batch, synthetic_seqs
 
 PROBE_BATCH, PROBE_CTX, PROBE_REPEATS = 64, 1024, 200
-# the issue probe's step: 8 decodes at 1,024 tokens beside one 512-token prompt chunk (a mixed step, as serving's
-# prompt-bearing steps are), its forward issued 7 times behind a spin kernel (median)
-ISSUE_DECODES, ISSUE_CTX, ISSUE_CHUNK, ISSUE_REPEATS = 8, 1024, 512, 7
 
 
 def host_probe(runner, batch: int = PROBE_BATCH, ctx: int = PROBE_CTX, repeats: int = PROBE_REPEATS) -> float:
@@ -44,37 +41,3 @@ def host_probe(runner, batch: int = PROBE_BATCH, ctx: int = PROBE_CTX, repeats: 
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
-
-def issue_probe(engine, repeats: int = ISSUE_REPEATS) -> float | None:
-    """Median host seconds the forward call of one fixed mixed step (``ISSUE_DECODES`` decodes at ``ISSUE_CTX`` tokens
-    and an ``ISSUE_CHUNK``-token prompt chunk, fresh pages) takes to return while a spin kernel holds the GPU past the
-    step's wall time: its issue alone, as the calibration grid's ``queued_host_s`` times it
-    (``executor.calibrate.queued_forward``), after one unmeasured run. None off CUDA (the forward is the CPU's work
-    there, not an issue), without a spin kernel, or where the runner recorded no forward. The step's requests are
-    removed after, and its runs do not count as steps the engine ran."""
-    import torch
-
-    from executor.calibrate import queued_forward
-    from executor.synthetic_steps import synthetic_plan
-
-    if repeats < 1:
-        raise ValueError(f"issue_probe: repeats must be >= 1, got {repeats}")
-    runner = engine.runner
-    if runner.device.type != "cuda":
-        return None
-    plan = synthetic_plan(engine, [ISSUE_CTX] * ISSUE_DECODES, [(ISSUE_CHUNK, 0)], "issueprobe_")
-    steps0 = getattr(runner, "num_steps_run", None)
-
-    def run():
-        return runner.execute(plan)
-    try:
-        t0 = time.perf_counter()
-        run()
-        torch.cuda.synchronize(runner.device)
-        got = queued_forward(runner, run, time.perf_counter() - t0, repeats)
-    finally:
-        for r in plan.decodes + [c.request for c in plan.prefills]:
-            runner.remove_request(r.request_id)
-        if steps0 is not None:
-            runner.num_steps_run = steps0
-    return got.get("queued_host_s")

@@ -44,7 +44,7 @@ def test_validate_prints_the_probe_beside_the_host_drift():
 
 def test_the_issue_probe_is_none_off_cuda_and_refuses_bad_repeats():
     from executor.calibrate import build_engine
-    from executor.host_probe import issue_probe
+    from executor.calibrate import issue_probe
     e = build_engine("tiny", None, "cpu", "fp32", 16, 2048, num_kv_blocks=128)
     assert issue_probe(e) is None   # the forward is the CPU's work there, not an issue
     with pytest.raises(ValueError, match="repeats must be >= 1"):
@@ -59,7 +59,7 @@ def test_the_issue_probe_times_a_held_mixed_steps_issue_and_leaves_the_runner_as
 
     import executor.calibrate as cal
     from executor.calibrate import build_engine
-    from executor.host_probe import ISSUE_DECODES, issue_probe
+    from executor.calibrate import ISSUE_DECODES, issue_probe
     e = build_engine("tiny", None, "cpu", "fp32", 16, 2048, num_kv_blocks=256)
     runner = e.runner
     seen = {}

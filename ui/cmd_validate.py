@@ -568,7 +568,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
     calibration, probe and eager issue alike) but moved run 53's chat past saturation from 2.6% to 6.6% (a probe 68%
     slower before replays whose eager issue was within 14% of calibration's): a probe of a few milliseconds before a
     replay does not always read the host the replay runs on (docs/twin.md). ``"issue"``: the same with the issue probe
-    (``executor.host_probe.issue_probe``: a fixed mixed step's forward issue with the GPU held, the launch path the
+    (``executor.calibrate.issue_probe``: a fixed mixed step's forward issue with the GPU held, the launch path the
     input-build probe does not time), where the profile recorded it. A number: that ratio of the calibration's host
     time at every level."""
     from rich.console import Console
@@ -591,7 +591,8 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
     L = cost.num_layers
     prompts = {}
     if engine is not None:
-        from executor.host_probe import host_probe, issue_probe
+        from executor.calibrate import issue_probe
+        from executor.host_probe import host_probe
         from executor.replay import fresh_engine, host_counters, replay
         from ui.cmd_run import synth_prompt
         if temperature is None:   # sample as the profile's calibration did (profiles before it recorded this: greedy)
