@@ -695,6 +695,16 @@ def issue_probe(engine, repeats: int = ISSUE_REPEATS) -> float | None:
     return got.get("queued_host_s")
 
 
+
+def issue_probe_or_none(engine, log=print) -> float | None:
+    """``issue_probe``, a diagnostic: a failure is logged and read as no probe, not the end of a calibration or a
+    validation."""
+    try:
+        return issue_probe(engine)
+    except Exception as e:  # noqa: BLE001
+        log(f"  issue probe failed: {type(e).__name__}: {e}")
+        return None
+
 def queued_launch(runner, plan, wall_s: float, repeats: int = 2) -> dict:
     """A CUDA-graph decode launched as the pipelined loop launches it (``executor.overlap.PipelinedRunner``: its inputs
     built and copied, the replay, the sampler, the sampled ids' read-back copy) behind a spin kernel that holds the GPU
@@ -1098,7 +1108,7 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     log(f"calibrate: {model} ({L} layers, {dtype}) on {device}, hardware basis {hw}; build {build_s:.1f} s, warm-up {warm_s:.1f} s"
         + _state_text(gpu_state(engine.runner.device)))
     probes = {"start": host_probe(engine.runner)}   # the host's speed now (executor/host_probe.py): again after the grid, at the end
-    issues = {"start": issue_probe(engine)}         # and a fixed mixed step's forward issue, at the same three points
+    issues = {"start": issue_probe_or_none(engine, log)}   # and a fixed mixed step's forward issue, at the same points
 
     rows = linear_rows(cuda and not quick, getattr(getattr(engine.runner, "piecewise", None), "captured", ()) or ())
     t1 = time.perf_counter()
@@ -1129,7 +1139,7 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     shapes = step_grid(device, quick, max_model_len, max_num_seqs, engine.scheduler.config.max_num_batched_tokens)
     pts, loop_pts, warm = measure_grid(engine, shapes, repeats, log, cuda, quick, max_num_seqs, max_model_len, temperature)
     probes["after_grid"] = host_probe(engine.runner)
-    issues["after_grid"] = issue_probe(engine)
+    issues["after_grid"] = issue_probe_or_none(engine, log)
 
     base = CalibrationProfile.default(get_hardware(hw))
     tables = op_tables(op_pts, hw)
@@ -1174,7 +1184,7 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
         except Exception as e:  # noqa: BLE001  (a diagnostic phase: the profile stands without it)
             log(f"  power reference failed: {type(e).__name__}: {e}")
     probes["end"] = host_probe(engine.runner)
-    issues["end"] = issue_probe(engine)
+    issues["end"] = issue_probe_or_none(engine, log)
     issues = {k: round(v, 8) for k, v in issues.items() if v is not None}
     log("  host probe (a 64-sequence decode step's input build, median): "
         + ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in probes.items()))

@@ -591,7 +591,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
     L = cost.num_layers
     prompts = {}
     if engine is not None:
-        from executor.calibrate import issue_probe
+        from executor.calibrate import issue_probe_or_none
         from executor.host_probe import host_probe
         from executor.replay import fresh_engine, host_counters, replay
         from ui.cmd_run import synth_prompt
@@ -667,7 +667,7 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
             replays = []
             for _ in range(max(1, runs)):
                 probes.append(host_probe(engine.runner))   # the host's speed before this replay (executor/host_probe.py)
-                issue_probes.append(issue_probe(engine))    # and its forward issue's (None off CUDA)
+                issue_probes.append(issue_probe_or_none(engine, con.print))   # and its forward issue's (None off CUDA)
                 t0_unix.append(round(time.time(), 3))
                 res = replay(fresh_engine(engine, base_cfg), items, temperature, seed=seed)
                 drift.append(decode_host_drift(res.steps, cost, prof))
