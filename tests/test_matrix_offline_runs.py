@@ -1065,3 +1065,19 @@ def test_held_out_run_55_chat_and_agentic_on_an_eleventh_h100_board(capsys):
     for cls in ("chat", "agentic"):
         per_level = _step_target(r55, cls)[1]
         assert per_level["met"] and per_level["value"] < 0.028
+
+
+def test_held_out_run_56_run_54s_classes_at_cc2f558_on_a_twelfth_h100_board(capsys):
+    """Run 56 at cc2f558: run 54's command (summarize, agentic, longctx with 24 requests) on a twelfth H100 board. 45 of
+    45 held out, the device's figures to the digit, every level's step MAPE 1.5-2.1% (per level, as the issue's target
+    reads): run 54's knee misses (8.6%, 5.3%) came from its slow calibrating host, not the step model."""
+    from costmodels.step_fit import run_profile
+    from sim.timeline_check import unpacked_run
+
+    r56 = unpacked_run(ROOT / "benchmarks" / "gpu" / "issue16_h100" / "run56_async_triton_summarize_agentic_longctx_cc2f558")
+    st = run_profile(r56, None).step
+    assert abs(st.graph_replay_s) < 1e-9 and abs(st.category_scale["dense_gemm"] - 1.045) < 1e-3
+    _held_out_sensitivity(r56, capsys, 9, (0.003, 0.014, 0.032, 0.033))
+    for cls in ("summarize", "agentic", "longctx"):
+        device, per_level = _step_target(r56, cls)
+        assert device["met"] and per_level["met"] and per_level["value"] < 0.022, (cls, per_level)
