@@ -695,7 +695,6 @@ def issue_probe(engine, repeats: int = ISSUE_REPEATS) -> float | None:
     return got.get("queued_host_s")
 
 
-
 def issue_probe_or_none(engine, log=print) -> float | None:
     """``issue_probe``, a diagnostic: a failure is logged and read as no probe, not the end of a calibration or a
     validation."""
@@ -704,6 +703,7 @@ def issue_probe_or_none(engine, log=print) -> float | None:
     except Exception as e:  # noqa: BLE001
         log(f"  issue probe failed: {type(e).__name__}: {e}")
         return None
+
 
 def queued_launch(runner, plan, wall_s: float, repeats: int = 2) -> dict:
     """A CUDA-graph decode launched as the pipelined loop launches it (``executor.overlap.PipelinedRunner``: its inputs

@@ -147,6 +147,11 @@ class LLMEngine:
         self._last_now = 0.0
         self._skipped = 0.0          # idle time jumped over by advance_clock (offline replay)
         self.step_observer = None    # callable(start_s, plan, result) after every executed plan
+        self.context_limit = ""      # what set max_model_len below the asked context, for errors (from_args: the KV pool)
+        # where that plan's share of the wall clock began (engine clock): its tokens came its durations later. The
+        # synchronous loop's start_s; the pipelined loop's start_s is the plan's launch, before the plan ahead of it
+        # was read back, so a collector that puts tokens at start + durations reads this (executor/replay.py)
+        self.share_start_s = 0.0
         # schedule_s / complete_s: the synchronous loop's of its last plan; the pipelined loop's of what its last call
         # launched (the plan after the one it read back)
         self.last_phases: dict[str, float] = {}
@@ -272,10 +277,15 @@ class LLMEngine:
                                    f"request (a prompt token, an output token and {sched_cfg.draft_len} draft slots)")
             mml = sched.max_request_tokens
             sched = Scheduler(sched_cfg.model_copy(update={"max_model_len": mml}), num_kv_blocks)
+            limit = f"the KV pool's (num_kv_blocks={num_kv_blocks} of {sched_cfg.block_size} tokens)"
+        else:
+            limit = ""
         name = Path(model).name if hf_dir else model
         if model_transform is not None:
             async_overlap = False
-        return cls(cfg, runner, sched, mml, eos_token_id, name, decode_steps, step_log, async_overlap)
+        engine = cls(cfg, runner, sched, mml, eos_token_id, name, decode_steps, step_log, async_overlap)
+        engine.context_limit = limit
+        return engine
 
     # ----------------------------------------------------------------- requests
     def now(self) -> float:
@@ -308,7 +318,9 @@ class LLMEngine:
         if n == 0:
             raise TwinferError("prompt_token_ids is empty")
         if n >= self.max_model_len:
-            raise TwinferError(f"prompt has {n} tokens; max_model_len is {self.max_model_len} (prompt + at least one output token)")
+            raise TwinferError(f"prompt has {n} tokens; max_model_len is {self.max_model_len}"
+                               + (f", {self.context_limit}" if self.context_limit else "")
+                               + " (prompt + at least one output token)")
         try:   # one conversion: the range check and the block hashes read it (no per-token Python loop)
             arr = np.asarray(ids)
         except (ValueError, TypeError):   # ragged nesting
@@ -372,7 +384,9 @@ class LLMEngine:
         # where the loop's own time went this iteration (host seconds): scheduling the plan, and completing it
         self.last_phases = {"schedule_s": scheduled - entered, "complete_s": done_at - executed}
         if self.step_observer is not None:
-            self.step_observer(*self._wall_share(entered, done_at, plan, result))
+            start, plan_, share = self._wall_share(entered, done_at, plan, result)
+            self.share_start_s = start
+            self.step_observer(start, plan_, share)
         for r in reqs:
             rid = r.request_id
             new = r.output_token_ids[before[rid]:]
@@ -484,6 +498,7 @@ class LLMEngine:
         for rid in done | stopped:
             self._reqs[rid].finish_time = now
         if self.step_observer is not None:
+            self.share_start_s = now - wall
             self.step_observer(f.start_s, f.plan, StepResult(np.array([wall]), None, sampled, stopped))
         outs = []
         for rid, new in sampled.items():

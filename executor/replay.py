@@ -109,7 +109,10 @@ def replay(engine: LLMEngine, items: list[tuple[float, str, list[int], int]], te
 
     def observe(start_s, plan, result):
         st = engine.scheduler.stats()
-        metrics.on_step(0, start_s, plan, result, st.kv_used_blocks, st.kv_total_blocks)
+        # the metrics put a plan's tokens at its start plus its durations: its share of the wall clock's start (the
+        # pipelined loop launches a plan before the one ahead of it is read back: from its launch, the first gap of a
+        # request whose prompt completed in that plan ahead came out negative), the launch kept for the step record
+        metrics.on_step(0, engine.share_start_s, plan, result, st.kv_used_blocks, st.kv_total_blocks)
         recs = engine.runner.step_records
         if on_plan is not None:
             on_plan(plans[0], start_s, recs, st)

@@ -70,3 +70,51 @@ def test_dropped_requests_say_why_and_the_record_holds_the_engines_limit(tmp_pat
     reason = next(iter(m["dropped_by_reason"]))
     assert reason.endswith("max_model_len is 64 (prompt + at least one output token)"), reason
     assert "dropped" in r.stdout and "max_model_len is 64" in r.stdout
+
+
+@pytest.mark.parametrize("args,file_max,finished", [([], 2, 2), (["-n", "3"], 2, 3), ([], None, 3)])
+def test_a_trace_workload_runs_on_the_cpu_its_count_as_max_requests(tmp_path, args, file_max, finished):
+    """A trace workload file could not run on the CPU at all: the CPU-sized default (and any -n) was set as
+    num_requests, which a trace refuses ("num_requests: a trace takes max_requests"), a field the user never wrote.
+    -n is a trace's max_requests; the CPU default caps a file's own count without raising it."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 0.05 * i, "input_length": 10 + i, "output_length": 2}) + "\n"
+                             for i in range(3)))
+    wl = tmp_path / "w.yaml"
+    wl.write_text(f"kind: trace\ntrace_path: {trace}\n" + (f"max_requests: {file_max}\n" if file_max else ""))
+    r = CliRunner().invoke(app, ["run", "--model", "tiny", "--device", "cpu", "-w", str(wl), "--block-size", "16",
+                                 "--json", *args])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["metrics"]["requests_finished"] == finished
+
+
+def test_a_workload_file_that_does_not_exist_is_named_as_a_missing_file(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "ui.cli", "run", "--model", "tiny", "--device", "cpu", "-w",
+                        str(tmp_path / "nosuch.yaml")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "nosuch.yaml: no such file" in r.stderr, r.stderr
+
+
+def test_the_step_log_is_strict_json_with_unmeasured_times_null(tmp_path):
+    """On the CPU the device and forward times are not measured (NaN), which the step log wrote as NaN: not JSON."""
+    log = tmp_path / "steps.jsonl"
+    r = CliRunner().invoke(app, ["run", "--model", "tiny", "--device", "cpu", "-n", "1", "--max-output-len", "2",
+                                 "--block-size", "16", "--step-log", str(log), "--json"])
+    assert r.exit_code == 0, r.output
+
+    def refuse(c):
+        raise ValueError(c)
+    lines = [json.loads(line, parse_constant=refuse) for line in log.read_text().splitlines()]
+    assert lines and all(x["device_s"] is None for x in lines)
+
+
+def test_a_request_past_a_kv_pool_smaller_than_the_context_names_the_pool():
+    """--num-kv-blocks 1 dropped every request with "max_model_len is 64", a flag the user never gave: the engine had
+    set the context to what the pool holds, and now says so."""
+    r = CliRunner().invoke(app, ["run", "--model", "tiny", "--device", "cpu", "-n", "1", "--num-kv-blocks", "1",
+                                 "--block-size", "64"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "max_model_len is 64, the KV pool's (num_kv_blocks=1 of 64 tokens)" in text, text

@@ -78,20 +78,50 @@ def plan_scheduler(plan: Path) -> dict:
                        "tuned policy (twinfer tune --plan-out), or a SchedulerConfig as --scheduler-config")
 
 
-def _load_workload(workload: str, requests: Optional[int], rate: Optional[float]):
-    from sim.workload import WorkloadSpec, preset
+def _load_workload(workload: str, requests: Optional[int], rate: Optional[float], cap: Optional[int] = None):
+    """The run's workload: a preset or a YAML/JSON file, ``--rate`` and ``--requests`` over it. ``requests`` is the
+    run's request count: a trace's ``max_requests`` (its earliest requests), any other kind's ``num_requests``.
+    ``cap``: the CPU-sized run's default count, an upper bound on what the workload asks for (a trace file's own
+    ``max_requests`` below it stands)."""
+    from sim.workload import PRESETS, WorkloadSpec, preset
     from twinfer.config import read_mapping, validate
+    from twinfer.errors import TwinferError
 
-    over = {}
-    if requests is not None:
-        over["num_requests"] = requests
-    if rate is not None:
-        over["rate"] = rate
-    if Path(workload).exists():   # a file (read_mapping refuses what is not a regular one, naming it)
+    over: dict = {} if rate is None else {"rate": rate}
+    path = Path(workload)
+    if path.exists():   # a file (read_mapping refuses what is not a regular one, naming it)
         data = read_mapping(workload)
+    elif workload in PRESETS:
+        data = {}
+    elif path.suffix.lower() in (".yaml", ".yml", ".json") or "/" in workload:
+        raise TwinferError(f"--workload {workload}: no such file (a workload is a preset, one of "
+                           f"{', '.join(PRESETS)}, or a YAML/JSON file)")
+    else:
+        return preset(workload, **over)   # an unknown name: refused, the presets listed
+    base = PRESETS.get(data.get("preset")) if path.exists() else PRESETS[workload]
+    kind = data.get("kind") or (base.kind if base is not None else None)
+    key = "max_requests" if kind == "trace" else "num_requests"
+    if requests is not None:
+        over[key] = requests
+    elif cap is not None:
+        own = data.get(key, getattr(base, key, None) if base is not None else None)
+        over[key] = cap if own is None else min(int(own), cap)
+    if path.exists():
         data.update(over)
         return validate(WorkloadSpec, data, workload)
     return preset(workload, **over)
+
+
+def _json_nulls(v):
+    """``v`` with every float that is not finite (a time the runner did not measure: NaN) as None, so a step log line
+    is JSON (NaN is not) and reads null there."""
+    if isinstance(v, float):
+        return v if np.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _json_nulls(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_nulls(x) for x in v]
+    return v
 
 
 def count_finished(engine) -> list[int]:
@@ -169,7 +199,7 @@ def run(
     from rich.table import Table
 
     from executor.engine import LLMEngine  # torch behind this import
-    from scheduler.config import SchedulerConfig
+    from scheduler.config import SchedulerConfig, token_budget_for
     from sim.workload import generate
     from twinfer.config import read_mapping, validate
     from ui.user_errors import check_out_path
@@ -185,15 +215,18 @@ def run(
         if v is not None:
             sc[k] = v
     if "max_num_seqs" in sc and "max_num_batched_tokens" not in sc:
-        sc["max_num_batched_tokens"] = max(8192, sc["max_num_seqs"] * (1 + sc.get("draft_len", 0)))
+        sc["max_num_batched_tokens"] = max(8192, token_budget_for(sc["max_num_seqs"], 0) * (1 + sc.get("draft_len", 0)))
     sched_cfg = validate(SchedulerConfig, sc, str(scheduler_config or "scheduler options"))
     err = Console(stderr=True)
     dtype = dtype or ("bf16" if device == "cuda" else "fp32")
+    cap = None
     if device == "cpu" and None in (requests, max_input_len, max_output_len):
-        requests, max_input_len, max_output_len = requests or CPU_REQUESTS, max_input_len or CPU_MAX_INPUT, max_output_len or CPU_MAX_OUTPUT
-        err.print(f"[dim]cpu-sized run: {requests} requests of {escape(workload)!r}, prompts <= {max_input_len} and outputs <= "
+        cap = None if requests is not None else CPU_REQUESTS
+        max_input_len, max_output_len = max_input_len or CPU_MAX_INPUT, max_output_len or CPU_MAX_OUTPUT
+        err.print(f"[dim]cpu-sized run: {requests or f'at most {CPU_REQUESTS}'} requests of {escape(workload)!r}, prompts <= "
+                  f"{max_input_len} and outputs <= "
                   f"{max_output_len} tokens (--requests/--max-input-len/--max-output-len to change)[/]", highlight=False)
-    spec = _load_workload(workload, requests, rate)   # a bad workload is refused before the engine build (minutes on a GPU)
+    spec = _load_workload(workload, requests, rate, cap)   # a bad workload is refused before the engine build (minutes on a GPU)
     t_build = time.perf_counter()
     engine = LLMEngine.from_args(model, load_format=load_format, device=device, dtype=dtype, seed=seed,
                                  max_model_len=max_model_len, num_kv_blocks=num_kv_blocks, scheduler_config=sched_cfg,
@@ -219,8 +252,8 @@ def run(
     def write_log(plan_no: int, start_s: float, records: list[dict], stats) -> None:
         t = start_s
         for j, rec in enumerate(records):
-            log_f.write(json.dumps({"plan": plan_no, "step": j, "start_s": round(t, 6), **rec,
-                                    "kv_used_blocks": stats.kv_used_blocks}) + "\n")
+            log_f.write(json.dumps(_json_nulls({"plan": plan_no, "step": j, "start_s": round(t, 6), **rec,
+                                                "kv_used_blocks": stats.kv_used_blocks}), allow_nan=False) + "\n")
             t += rec["wall_s"]
 
     finished = count_finished(engine)
