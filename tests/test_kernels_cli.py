@@ -51,3 +51,26 @@ def test_fraction_is_the_binding_resource(tmp_path):
 def test_deepgemm_beats_triton_in_committed_h200_table():
     fr = measured.fractions(H200, 1310.0, 4.11)
     assert fr[("fp8_gemm", "deepgemm")]["prefill"] > fr[("fp8_gemm", "triton")]["prefill"]
+
+
+def test_a_gpu_name_the_catalog_lacks_exits_2_naming_it(cli_exit_2):
+    """`kernels --gpu bogus` said "no measured table for bogus" and exit 0, as for a catalog GPU without tables."""
+    err = cli_exit_2("kernels", "--device", "cpu", "--gpu", "bogus")
+    assert "--gpu 'bogus': unknown hardware 'bogus'" in err and "H200" in err
+
+
+def test_cuda_without_a_cuda_device_warns_that_nothing_can_be_chosen(capsys, monkeypatch):
+    import sys
+
+    import torch
+
+    from ui.cli import main
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    monkeypatch.setattr(sys, "argv", ["twinfer", "kernels", "--device", "cuda", "--json"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code in (0, None)
+    got = capsys.readouterr()
+    assert "torch sees no CUDA device here" in " ".join(got.err.split())
+    assert not any(r["chosen"] for r in json.loads(got.out)["rows"])

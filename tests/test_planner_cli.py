@@ -235,3 +235,12 @@ def test_an_eplb_choice_that_changes_nothing_is_not_given_as_a_gain():
     assert r.exit_code == 0, r.output
     assert "+0% throughput" not in r.output
     assert "decode EPLB 'redundant' or 'off': the same throughput within 0.5% (screen)" in r.output
+
+
+@pytest.mark.parametrize("flag,value,field", [("--simulate", "-1", "simulate_top"), ("--gpu-hour", "-1", "prices.gpu_hour"),
+                                              ("--price-output", "-1", "prices.output_per_mtok")])
+def test_a_bad_flag_value_names_the_flag_beside_the_field(cli_exit_2, flag, value, field):
+    """`plan --simulate -1` said `simulate_top: Input should be ...`, a field the user never typed."""
+    err = cli_exit_2("plan", "-m", "deepseek-v3", "--hw", "h200", "-g", "8", "--slo", "ttft_p90=2s,tpot_p90=50ms",
+                     flag, value)
+    assert f"{flag} ({field}): Input should be greater than or equal to 0" in err, err

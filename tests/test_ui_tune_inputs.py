@@ -25,6 +25,7 @@ CATALOG = ["-m", "tiny", "--hw", "h200", "-g", "2"]
     (["--profile", PROFILE, "--gpus", "8"], "--gpus: only without --profile"),       # was: ignored
     (["--profile", PROFILE, "--chunk-tokens", "512"], "--chunk-tokens: only without --profile"),
     (["--profile", PROFILE, "--max-model-len", "100000000"], "max_model_len: Input should be less than or equal to"),  # was: an internal error
+    (["--measure", "-n", "4"], "tune: give --gpus N"),   # no mode chosen: was "--requests: only with --profile"
 ])
 def test_bad_or_other_mode_values_exit_2_naming_the_flag(cli_exit_2, args, words):
     err = cli_exit_2("tune", *args)
@@ -39,3 +40,21 @@ def test_widths_past_a_deployments_instances_or_a_layouts_width_are_not_tried():
     assert rejected[100_000] == "wider than the 1,024 GPUs an EP group spans (layout.ep)"
     assert all("\n" not in r for r in rejected.values())
     assert options and all(100_000 // w <= 4096 for w in options)
+
+
+def test_a_cpu_profiles_ep_hint_names_no_gpu(tmp_path, capsys, monkeypatch):
+    """tune -p on a CPU calibration hinted `--hardware H200`: the profile's hardware basis, only the cost model's
+    reference there, not where it was measured."""
+    import sys
+
+    from costmodels.calibration import CalibrationProfile
+    from ui.cli import main
+
+    f = tmp_path / "cpu.json"
+    CalibrationProfile.load(PROFILE).model_copy(update={"measured_on": "cpu"}).save(f)
+    monkeypatch.setattr(sys, "argv", ["twinfer", "tune", "-p", str(f), "-n", "20"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    out = " ".join(capsys.readouterr().out.split())
+    assert e.value.code in (0, None)
+    assert "a one-CPU measured profile runs EP1" in out and "--hardware <GPU> --gpus N" in out and "--hardware H200" not in out

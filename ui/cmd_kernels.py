@@ -35,10 +35,14 @@ def kernels(
     if device not in ("cpu", "cuda"):
         raise TwinferError(f"--device {device!r}: expected cpu or cuda")
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError:
         raise TwinferError("torch is not installed: the executor's kernels need it (pip install 'twinfer[executor]')") from None
     rows = registry.describe(device)
+    if device == "cuda" and not torch.cuda.is_available():
+        # what is installed, each row's reason says why it is not usable: nothing is chosen without a GPU
+        Console(stderr=True).print("[yellow]warning:[/] --device cuda: torch sees no CUDA device here, so no "
+                                   "implementation can be chosen; the rows say what is installed", highlight=False)
     gpu, measured_note = _attach_measured(rows, gpu, device)
     from kernels import gemm_tuning
     tiles = gemm_tuning.status(gpu)
@@ -73,6 +77,11 @@ def _attach_measured(rows: list[dict], gpu: str | None, device: str) -> tuple[st
     if gpu is None and device == "cuda":
         import torch
         gpu = torch.cuda.get_device_name().replace("NVIDIA ", "") if torch.cuda.is_available() else None
+    elif gpu is not None:   # a name the catalog does not have is an error, not "no measured table"
+        try:
+            gpu = get_hardware(gpu).name
+        except (TwinferError, ValueError, KeyError) as e:
+            raise TwinferError(f"--gpu {gpu!r}: {e}") from None
     folder = DATA / gpu.lower() if gpu else None
     if folder is None or not (folder / "provenance.json").is_file():
         note = f"no measured table for {gpu}" if gpu else "no measured table (no GPU named: --gpu H200)"

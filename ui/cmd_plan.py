@@ -95,7 +95,23 @@ def build_request(config: Optional[str], **flags):
     skew = _skew(f.get("expert_skew"))
     if skew is not None:
         data["expert_load"] = skew
-    return validate(PlanRequest, data, config or "twinfer plan")
+    try:
+        return validate(PlanRequest, data, config or "twinfer plan")
+    except TwinferError as e:   # name the flag the user typed next to the field it set (--simulate: simulate_top)
+        msg = str(e)
+        for key in f:
+            if key in FLAG_FIELDS:
+                msg = msg.replace(f": {FLAG_FIELDS[key]}:", f": --{key.replace('_', '-')} ({FLAG_FIELDS[key]}):")
+        if msg == str(e):
+            raise
+        raise TwinferError(msg) from None
+
+
+# the PlanRequest field each plain flag sets (build_request), for errors that name the flag
+FLAG_FIELDS = {"model": "model", "hardware": "hardware", "gpus": "gpus", "seed": "seed", "calibration": "calibration",
+               "simulate": "simulate_top", "sim_requests": "sim_requests", "price_input": "prices.input_per_mtok",
+               "price_cached": "prices.cached_input_per_mtok", "price_output": "prices.output_per_mtok",
+               "gpu_hour": "prices.gpu_hour"}
 
 
 def _fmt_ms(x: float) -> str:

@@ -184,14 +184,14 @@ def tune(
                                             "`twinfer serve --plan FILE` runs (its `scheduler` section)"),
 ) -> None:
     """Tune policies: on a catalog model and GPU (--gpus), or on a measured profile (--profile)."""
+    if profile is None and gpus is None:   # no mode chosen: say how to choose one before judging flags by a mode
+        raise TwinferError("tune: give --gpus N (tune a catalog --model on --hardware in simulation) or --profile FILE "
+                           "(tune on a measured executor profile)")
     check_flags(ctx, profile is not None, objective, load, rate_per_gpu)
     if profile is not None and calibration is not None:
         raise TwinferError("--calibration and --profile: give one of them (--calibration prices the --gpus search; "
                            "--profile tunes on the measured executor profile, which is already its calibration)")
     if profile is None:
-        if gpus is None:
-            raise TwinferError("tune: give --gpus N (tune a catalog --model on --hardware in simulation) or --profile FILE "
-                               "(tune on a measured executor profile)")
         if measure:
             raise TwinferError("--measure runs the executor: it needs --profile (the measured model it replays)")
         from ui.tune_catalog import bool_list, int_list, layers_list, run_catalog_tune
@@ -278,8 +278,10 @@ def tune(
     con.print(f"baseline {res.baseline.knobs} -> winner {res.best.knobs}: predicted gain {res.predicted_gain * 100:+.1f}%", highlight=False)
     if res.best_predicted_only is not None:
         con.print(f"predicted only: {res.best_predicted_only.knobs} {res.predicted_only_gain * 100:+.1f}%", highlight=False)
-    con.print(f"EP width: not searched here (a one-GPU measured profile runs EP1); it stays a simulated recommendation: "
-              f"twinfer tune --model <catalog model> --hardware {prof.step.hardware_basis} --gpus N", highlight=False)
+    on_cpu = prof.measured_on.strip().lower() == "cpu"   # (its hardware basis is only the cost model's reference)
+    con.print(f"EP width: not searched here (a one-{'CPU' if on_cpu else 'GPU'} measured profile runs EP1); it stays a "
+              f"simulated recommendation: twinfer tune --model <catalog model> --hardware "
+              f"{'<GPU>' if on_cpu else prof.step.hardware_basis} --gpus N", highlight=False)
 
     measured = None
     if engine is not None:
