@@ -40,7 +40,7 @@ from sim.result import KVInfo, SimResult, SimRun
 from sim.router import make_router
 from sim.scenario import Scenario, run_seeds
 from twinfer import __version__
-from twinfer.errors import DoesNotFitError
+from twinfer.errors import DoesNotFitError, TwinferError
 
 
 @dataclass
@@ -54,16 +54,35 @@ class PoolStats:
     steps: int
 
 
+def wider_hint(layout, fits, what: str = "layout") -> str:
+    """Where ``layout`` (the field ``what``) does not fit: the smallest tensor-parallel width at which it would (the
+    same layout otherwise, at most 64 GPUs an instance; ``fits(layout) -> bool``), as a hint for the error. A scenario
+    that leaves its layout out runs TP1, vLLM's default, which a large model does not fit."""
+    tp = layout.tp * 2
+    while layout.gpus // layout.tp * tp <= 64:
+        try:
+            ok = fits(layout.model_copy(update={"tp": tp}))
+        except (TwinferError, ValueError):
+            return ""
+        if ok:
+            flag = f", or --tp {tp}" if what == "layout" else ""
+            return f"; at TP{tp} it fits ({what}.tp: {tp}{flag}; `twinfer plan` searches layouts)"
+        tp *= 2
+    return "; no tensor-parallel width up to 64 GPUs fits (`twinfer plan` searches layouts, dtypes and pipelines)"
+
+
 def _fit(scenario: Scenario, layout: ParallelLayout, sc: SchedulerConfig, effects: EffectsSpec, what: str) -> MemoryFit:
-    fit = fit_with_policies(
-        get_model(scenario.model), get_hardware(scenario.hardware), layout, table_placement=effects.table_placement,
-        mem_fraction=scenario.gpu_memory_fraction, max_batched_tokens=sc.max_num_batched_tokens,
-        max_running_requests=sc.max_num_seqs, min_kv_tokens=sc.block_size,
-        sched_ranks=max(1, layout.dp // effects.mirror),  # a mirrored slice's scheduler drives dp / mirror ranks
-        mtp=sc.draft_len > 0,
-    )
+    def fit_of(lay: ParallelLayout) -> MemoryFit:
+        return fit_with_policies(
+            get_model(scenario.model), get_hardware(scenario.hardware), lay, table_placement=effects.table_placement,
+            mem_fraction=scenario.gpu_memory_fraction, max_batched_tokens=sc.max_num_batched_tokens,
+            max_running_requests=sc.max_num_seqs, min_kv_tokens=sc.block_size,
+            sched_ranks=max(1, lay.dp // effects.mirror),  # a mirrored slice's scheduler drives dp / mirror ranks
+            mtp=sc.draft_len > 0,
+        )
+    fit = fit_of(layout)
     if not fit.fits:
-        raise DoesNotFitError(f"{what}: {fit.explanation}")
+        raise DoesNotFitError(f"{what}: {fit.explanation}" + wider_hint(layout, lambda lay: fit_of(lay).fits, what))
     return fit
 
 

@@ -22,7 +22,7 @@ from sim.cluster import Cluster
 from sim import invariants
 from sim.export import digest
 from scheduler.metrics import MetricsCollector
-from sim.deployment import simulate_deployment
+from sim.deployment import simulate_deployment, wider_hint
 from sim.early_stop import StopPredicate, stopped_at, watch
 from sim.result import KVInfo, SimResult, SimRun
 from sim.router import make_router
@@ -42,7 +42,9 @@ def _fit(scenario: Scenario) -> MemoryFit:
         min_kv_tokens=sc.block_size, mtp=sc.draft_len > 0,
     )
     if not fit.fits:
-        raise DoesNotFitError(f"layout: {fit.explanation}")
+        raise DoesNotFitError(f"layout: {fit.explanation}" + wider_hint(scenario.layout, lambda lay: fit_with_policies(
+            model, hw, lay, mem_fraction=scenario.gpu_memory_fraction, max_batched_tokens=sc.max_num_batched_tokens,
+            max_running_requests=sc.max_num_seqs, min_kv_tokens=sc.block_size, mtp=sc.draft_len > 0).fits))
     return fit
 
 

@@ -137,3 +137,15 @@ def test_a_profiles_layer_count_the_model_lacks_is_named_as_the_profiles(tmp_pat
                            timeout=120)
         assert r.returncode == 2 and "the profile's step.num_layers 100: deepseek-v3 has 61 layers" in r.stderr, r.stderr
         assert "--num-layers" not in r.stderr
+
+
+def test_a_scenario_that_left_its_layout_out_is_told_the_width_that_fits(tmp_path):
+    """A scenario file of only a scheduler and a workload runs TP1 (vLLM's default), which DeepSeek-V3 on an H200 does
+    not fit; the error gave the shortfall alone. It now names the smallest TP width that fits."""
+    f = tmp_path / "s.yaml"
+    f.write_text("scheduler:\n  max_num_seqs: 64\nworkload:\n  preset: chat\n  num_requests: 50\n")
+    r = _simulate("-s", str(f))
+    assert r.returncode == 2 and "short by" in r.stderr, r.stderr
+    assert "at TP8 it fits (layout.tp: 8, or --tp 8;" in " ".join(r.stderr.split())
+    r = _simulate("-s", str(f), "--tp", "8")
+    assert r.returncode == 0, r.stderr
