@@ -257,5 +257,5 @@ def test_a_profile_on_another_hosts_speed_moves_its_host_terms_only():
         st.at_host_speed(0.0)
     assert parse_host_speed("probe") == ("probe", 1.0) and parse_host_speed("0.5") == ("fixed", 0.5)
     for bad in ("fast", "nan", "0", "-1", "11"):
-        with pytest.raises(TwinferError, match=r"--host-speed .*: expected probe, calibration or a number from 0.1 to 10"):
+        with pytest.raises(TwinferError, match=r"--host-speed .*: expected calibration, probe, issue or a number from 0.1 to 10"):
             parse_host_speed(bad)
