@@ -476,6 +476,7 @@ class TableGemms:
 
 
 MLA_ENTRY_DIMS = (576, 512)   # FlashMLA's measured latent: q/k 512 + 64 rope, v 512 (DeepSeek-V3/R1, Kimi K2)
+MLA_LATENT_BYTES = MLA_ENTRY_DIMS[0] * 2   # one cached token's BF16 latent, what the table's kernel reads per token
 
 
 @dataclass

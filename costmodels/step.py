@@ -355,6 +355,7 @@ class StepCostModel(StepOps):
         MTP passes (one query per decode at the end of its verified context), then the chunks (``ends_all``: their
         cached plus new tokens)."""
         attn_t, eb = self._attn_t, self.att_entry_bytes
+        stream = self.decode_stream is not None   # decode rows off the FlashMLA table stream as its kernel does
         geos = self._geo_fast
         mtp = None
         if draft and nd and self._geo_mtp is not None:
@@ -381,10 +382,15 @@ class StepCostModel(StepOps):
                 last = (dpos_sum + shift * nd if cap >= INF else self._dsum(dctx, g + shift, cap)) / ratio
                 if window:
                     last += self._dsum(dctx, g + shift, window)
-                if table and n_q == 1:
-                    ta = self.mla_table.at(nd * s, last / nd, cf_dec * (n_q * last) * s, last * eb * s)
+                if table:
+                    ta = self.mla_for(n_q).at(nd * s, last / nd, cf_dec * (n_q * last) * s, last * eb * s)
                 else:
-                    ta = attn_t(cf_dec * (n_q * last) * s, last * eb * s, den_dec)
+                    fl, by = cf_dec * (n_q * last) * s, last * eb * s
+                    if stream and (fl > 0 or by > 0):
+                        a, b = fl / den_dec, self.stream_time(nd * s, by)
+                        ta = (a if a >= b else b) + self._lo
+                    else:
+                        ta = attn_t(fl, by, den_dec)
                 if ir:
                     keys = ((dpos_sum + shift * nd) if icap >= INF else self._dsum(dctx, g + shift, icap)) / ir
                     ti = self._indexer_t(n_q * keys, keys, s)

@@ -47,7 +47,8 @@ from costmodels.hardware import Hardware
 from costmodels.layout import ParallelLayout
 from costmodels.memory import indexer_kv_bytes_per_token, kv_bytes_per_token_layer, kv_shard_divisor, mtp_kind
 from costmodels.model_spec import ModelSpec
-from costmodels.op_table import MEASURED, MLA_ENTRY_DIMS, SCALED, TableGemms, TableMLA, kernel_gemms, mla_decode_table, table_from_points
+from costmodels.op_table import (MEASURED, MLA_ENTRY_DIMS, MLA_LATENT_BYTES, SCALED, TableGemms, TableMLA, kernel_gemms, mla_decode_table,
+                                 table_from_points)
 from costmodels.op_table import load as load_op_tables
 from costmodels.offload import prefetch_for
 from costmodels.ops import CATEGORIES, INF, AttnGeometry, OpCost, SortedSums, entries_last, entries_sum, geometry
@@ -353,6 +354,8 @@ class StepOps:
         self._idx_den = self.idx_peak * cal.attn_compute() if m.indexer else 1.0
         self._idx_coef = 2.0 * m.indexer.n_heads * m.indexer.head_dim if m.indexer else 0.0
         self.mla_table = self._mla_table()
+        self._mla_by_q: dict[int, TableMLA | None] = {}   # mla_for's tables of draft-verifying decodes
+        self.decode_stream = self._decode_stream()
         self.chunk_table = cal.tables.get("attn_prefill_chunk")   # PrefillChunkTable (a measured profile's) or None
         # MoELayerTable (a measured profile's): the routed experts' measured device time, where it timed this MoE on one GPU
         mt = cal.tables.get("moe_layer")
@@ -410,6 +413,49 @@ class StepOps:
         return mla_decode_table(load_op_tables(cal.op_tables), self.heads_local, self.att_peak, self.hw.hbm_bw,
                                 cal.mem_eff, float(cal.attn_compute()))
 
+    def _decode_stream(self) -> TableMLA | None:
+        """How decode attention the FlashMLA table does not price (an FP8 or indexed cache, GQA, sliding layers,
+        another vendor's GPU) reads its KV: as the measured FlashMLA kernel at its fewest query heads a GPU (16, TP8
+        of DeepSeek-V3: memory-bound) reading the same bytes over the same batch (``stream_time``), moved to this GPU
+        as the table itself is (``TableMLA``), where the calibration names op tables; else None (``attn_decode_mem``:
+        the catalog's two FlashMLA points at 128 heads a GPU, compute-bound, which as a streaming rate read about
+        half the table's at 0.2-0.9 GB: an FP8 cache's decode was priced slower than the BF16 one the table priced,
+        a draft-verifying one 1.8x)."""
+        tabs = load_op_tables(self.cal.op_tables) if self.cal.op_tables else None
+        if tabs is None or not tabs.mla_decode:
+            return None
+        cal = self.cal
+        return mla_decode_table(tabs, min(tabs.mla_decode), self.att_peak, self.hw.hbm_bw, cal.mem_eff,
+                                float(cal.attn_compute()))
+
+    def stream_time(self, batch: float, byts):
+        """Seconds the decode attention of ``batch`` requests reading ``byts`` KV bytes streams them
+        (``_decode_stream``; ``byts`` may be an array): the measured kernel at the batch and the context that reads
+        the same latent bytes."""
+        tab = self.decode_stream
+        b = max(float(batch), 1e-9)
+        if isinstance(byts, float):
+            return tab.at(b, max(byts / (b * MLA_LATENT_BYTES), 1e-9), 0.0, byts) if byts > 0 else 0.0
+        arr = np.asarray(byts, float)
+        t = tab.many(b, np.maximum(arr / (b * MLA_LATENT_BYTES), 1e-9), 0.0, arr)
+        return np.where(arr > 0, t, 0.0)
+
+    def mla_for(self, n_q: int) -> TableMLA | None:
+        """The FlashMLA table for decodes of ``n_q`` query tokens each (1 + draft length): FlashMLA packs a request's
+        queries with its heads (its metadata takes s_q x h_q query rows per KV head), so ``n_q`` tokens at h heads a
+        GPU read the same KV as one token at n_q x h heads, at that count's time. None without a table."""
+        if self.mla_table is None:
+            return None
+        if n_q <= 1:
+            return self.mla_table
+        got = self._mla_by_q.get(n_q)
+        if got is None:
+            cal = self.cal
+            got = self._mla_by_q[n_q] = mla_decode_table(load_op_tables(cal.op_tables), self.heads_local * n_q,
+                                                         self.att_peak, self.hw.hbm_bw, cal.mem_eff,
+                                                         float(cal.attn_compute()))
+        return got
+
     @staticmethod
     def mla_covers(geo: AttnGeometry | None) -> bool:
         """A layer the FlashMLA table speaks for: dense latent cache (every entry read, no index, no window) of its dims."""
@@ -428,8 +474,9 @@ class StepOps:
         how = "measured" if t.same_gpu else (f"transferred from {t.measured_on}: fixed part scaled by the BF16 peak "
                                              "ratio, bounded by this GPU's bandwidth and math ceilings")
         return (f"MLA decode attention (dense latent layers, one query per request) from the FlashMLA device-time table "
-                f"at (batch, mean context), {heads}, {how}; prefill attention, MTP draft verification (s_q > 1) "
-                "and indexed/compressed/sliding layers on the formula")
+                f"at (batch, mean context), {heads}, {how}; MTP draft verification (s_q > 1) at s_q x the heads (FlashMLA "
+                "packs a request's queries with its heads); prefill attention and indexed/compressed/sliding layers on "
+                "the formula")
 
     def _build_comm_constants(self) -> None:
         m, lay, hw = self.model, self.layout, self.hw
@@ -811,11 +858,17 @@ class StepOps:
                 f"exponential per score and head at {self.exp_rate / 1e12:g} T/s (sfu_exp_tera_per_s) outlasts its "
                 f"{self.att_peak / 1e12:g} TFLOP/s BF16 math")
 
-    def attn_roofline(self, flops, byts, den: float):
+    def attn_roofline(self, flops, byts, den: float, decode_batch: float | None = None):
         """Seconds of attention-like kernels (elementwise): math at ``den`` FLOP/s, KV streaming at the
-        ``attn_mem`` efficiency of the bytes each kernel reads, plus a launch; nothing to do costs nothing."""
+        ``attn_mem`` efficiency of the bytes each kernel reads (``decode_batch``: a decode kernel over that many
+        requests, streamed as the measured decode kernel streams, ``stream_time``, where there is one), plus a
+        launch; nothing to do costs nothing."""
         with np.errstate(divide="ignore", invalid="ignore"):  # (an empty kernel's 0 / 0 is masked below)
-            t = np.maximum(flops / den, byts / (self.hw.hbm_bw * self.cal.attn_mem(byts))) + self._lo
+            if decode_batch is not None and self.decode_stream is not None:
+                t_mem = self.stream_time(decode_batch, byts)
+            else:
+                t_mem = byts / (self.hw.hbm_bw * self.cal.attn_mem(byts))
+            t = np.maximum(flops / den, t_mem) + self._lo
         return np.where((np.asarray(flops) <= 0) & (np.asarray(byts) <= 0), 0.0, t)
 
     def _attn_one(self, geo: AttnGeometry, new, ctx, dec, s) -> np.ndarray:
@@ -841,10 +894,11 @@ class StepOps:
             flops, byts = flops * s, byts * s
             out[0] += flops
             out[1] += byts
-            if is_dec and self.mla_table is not None and self.mla_covers(geo) and bool((n == 1).all()):
+            if is_dec and self.mla_table is not None and self.mla_covers(geo) and bool((n == n[0]).all()):
                 # measured FlashMLA: one kernel over the rank's decodes at their mean context (absorbed MLA decode:
-                # 2 x 1088 FLOP a score, far above any catalog GPU's peak / exp rate: never exponential-bound)
-                out[2] += self.mla_table.at(c.size * s, float(last.sum()) / c.size, flops, byts)
+                # 2 x 1088 FLOP a score, far above any catalog GPU's peak / exp rate: never exponential-bound); decodes
+                # verifying drafts at their query rows' head count (mla_for)
+                out[2] += self.mla_for(int(n[0])).at(c.size * s, float(last.sum()) / c.size, flops, byts)
             elif not is_dec and geo.prefill_upproj and self.chunk_table is not None and flops > 0:
                 # measured per-chunk attention (new x cached, the executor's own masked SDPA), scaled to this
                 # layout's heads and head dims; the K/V up-projection stays with the KV_UP GEMMs. Measured seconds are
@@ -862,7 +916,7 @@ class StepOps:
                 out[2] += max(t_c, t_m) + self._lo
             else:
                 den = self.att_den(geo.d_qk_decode, geo.d_v_decode) if is_dec else self.att_den(geo.d_qk_prefill, geo.d_v_prefill)
-                out[2] += float(self.attn_roofline(flops, byts, den))
+                out[2] += float(self.attn_roofline(flops, byts, den, c.size * s if is_dec else None))
             if geo.index_ratio:
                 keys = np.minimum(c + n, geo.index_cap).astype(float) / geo.index_ratio
                 if is_dec:
@@ -911,10 +965,11 @@ class StepOps:
             ent = sums.entries(geo, shifts)
             flops = ent * (2.0 * self.heads_local * (geo.d_qk_decode + geo.d_v_decode) * new * s)
             byts = ent * (self.att_entry_bytes * s)
-            if new == 1 and sums.n and self.mla_table is not None and self.mla_covers(geo):
-                total = total + count * self.mla_table.many(sums.n * s, ent / sums.n, flops, byts)
+            if sums.n and self.mla_table is not None and self.mla_covers(geo):
+                total = total + count * self.mla_for(new).many(sums.n * s, ent / sums.n, flops, byts)
             else:
-                total = total + count * self.attn_roofline(flops, byts, self.att_den(geo.d_qk_decode, geo.d_v_decode))
+                total = total + count * self.attn_roofline(flops, byts, self.att_den(geo.d_qk_decode, geo.d_v_decode),
+                                                           sums.n * s)
             if geo.index_ratio:
                 keys = (keys_all if geo.index_cap >= INF else sums.sum_min(shifts, geo.index_cap)) / geo.index_ratio
                 i_bytes = keys * ((self.idx_key_bytes + new * 8.0) * s)

@@ -515,11 +515,11 @@ def test_a_step_after_a_prefill_bearing_step_pays_the_measured_transition():
     dec, mix = _transition_plans()
     with_.execute(mix)
     dec.num_steps = 6
-    step = float(without.step_times(dec)[0])
-    stop = 2 * step + 2e-4                                       # between the 2nd unshifted end and the 2nd shifted one
+    two = float(without.step_times(dec)[:2].sum())                # (each step's context one longer)
+    stop = two + 2e-4                                            # between the 2nd unshifted end and the 2nd shifted one
     res = with_.execute(dec, stop_at=stop)
     ends = np.asarray(with_.ends)
-    assert res.num_steps == 2 and ends[-1] == pytest.approx(2 * step + 4e-4) and ends[-1] >= stop > ends[0]
+    assert res.num_steps == 2 and ends[-1] == pytest.approx(two + 4e-4) and ends[-1] >= stop > ends[0]
 
 
 def test_decode_steps_after_a_prefill_bearing_step_pay_the_measured_decay():

@@ -54,7 +54,8 @@ def test_a_copied_level_equals_a_built_one(name, hw, lay, load):
         copied = base.at_dp_imbalance(level)
         assert vars(built).keys() == vars(copied).keys()
         for k in vars(built):
-            _same(vars(built)[k], vars(copied)[k], k)
+            if k != "_mla_by_q":   # a memo of level-free tables, shared: compared after the same calls, below
+                _same(vars(built)[k], vars(copied)[k], k)
         for n in (1, 5, 64, 300):
             ctx = rng.integers(1, 40_000, n).astype(float)
             for draft in (0, 2):
@@ -66,7 +67,7 @@ def test_a_copied_level_equals_a_built_one(name, hw, lay, load):
             pn, pc = [int(v) for v in rng.integers(1, 8192, 3)], [int(v) for v in rng.integers(0, 30_000, 3)]
             assert built.chunked_step_time(c, 1, pn, pc) == copied.chunked_step_time(c, 1, pn, pc)
         assert vars(built).keys() == vars(copied).keys()
-        for k in ("_tables", "_pf_tables", "_cache"):   # the per-level caches filled by the same calls hold the same values
+        for k in ("_tables", "_pf_tables", "_cache", "_mla_by_q"):   # caches filled by the same calls hold the same values
             _same(vars(built)[k], vars(copied)[k], k)
     base.decode_times(np.full(8, 1000.0), 2)
     later = base.at_dp_imbalance(1.5)   # copied after base filled tables: starts with none of them
