@@ -61,6 +61,9 @@ class Hardware(BaseModel):
                     "omit: attention is priced without an exponential bound",
     )
     hbm_gb: float = Field(..., gt=0, le=1e5, description="HBM capacity as advertised, GB (taken as GiB, see hbm_bytes)")
+    hbm_visible_gb: float | None = Field(None, gt=0, le=1e5, description="HBM the driver lets CUDA see, where a source "
+                                         "gives it below the advertised figure (GiB, as hbm_gb is taken): what the "
+                                         "memory fit sizes; omit: hbm_gb")
     hbm_tbps: float = Field(..., gt=0, le=1e3, description="peak HBM bandwidth, TB/s")
     scaleup_gbps: float | None = Field(
         None, ge=0, le=1e5,
@@ -137,9 +140,11 @@ class Hardware(BaseModel):
         """HBM capacity in bytes.
 
         Vendors' "80 GB" / "141 GB" are what CUDA reports in GiB (an H100 shows 81,559 MiB =
-        79.6 GiB; an H200 143,771 MiB = 140.4 GiB), so the advertised figure is taken as GiB.
+        79.6 GiB; an H200 143,771 MiB = 140.4 GiB), so the advertised figure is taken as GiB. Where a
+        source gives what CUDA sees as less (Blackwell Ultra: 288 advertised, 279 visible on a GB300, 270
+        on a B300), ``hbm_visible_gb``.
         """
-        return self.hbm_gb * 2**30
+        return (self.hbm_visible_gb or self.hbm_gb) * 2**30
 
     @property
     def exp_rate(self) -> float | None:

@@ -116,3 +116,20 @@ def test_modelspec_yaml(tmp_path):
     p = tmp_path / "m.yaml"
     p.write_text(get_model("tiny").model_dump_json())
     assert get_model(str(p)).hidden_size == 256
+
+
+def test_blackwell_ultra_sizes_the_hbm_cuda_sees_not_the_advertised():
+    """B300 and GB300 advertise 288 GB; CUDA sees about 279 GiB on a GB300 and 270 on a B300 (the catalog's source). The
+    memory fit took 288 as GiB: DeepSeek-V3 TP8 on a GB300 held a KV pool 8.7 GiB too large (2.70 M tokens, 2.58 M
+    now). A GPU without a visible figure keeps its advertised one."""
+    from costmodels.catalog import get_model
+    from costmodels.hardware import get_hardware
+    from costmodels.layout import ParallelLayout
+    from costmodels.memory import memory_fit
+
+    for name, seen in (("GB300", 279), ("B300", 270)):
+        hw = get_hardware(name)
+        assert hw.hbm_gb == 288 and hw.hbm_bytes == seen * 2**30
+    assert get_hardware("H200").hbm_bytes == 141 * 2**30
+    fit = memory_fit(get_model("deepseek-v3"), get_hardware("GB300"), ParallelLayout(tp=8, weight_dtype="fp8"))
+    assert 2.5e6 < fit.max_kv_tokens < 2.65e6

@@ -58,6 +58,8 @@ def _hardware_form() -> str | None:
                          ("scaleout_gbps", "scale-out Gbit/s"), ("host_mem_gb", "host memory GB per GPU"),
                          ("host_link_gbps", "host link GB/s per direction"), ("price_per_gpu_hour", "$ per GPU-hour")):
             fields[k] = st.number_input(label, value=float(base[k] or 0), min_value=0.0, key=f"hw_{k}")
+        if fields["hbm_gb"] != float(base["hbm_gb"] or 0):   # an HBM typed in is the one the fit sizes
+            fields.pop("hbm_visible_gb", None)
         fp4 = st.number_input("FP4 TFLOP/s (0: none)", value=float(base["fp4_tflops"] or 0), min_value=0.0, key="hw_fp4")
         fields["fp4_tflops"] = fp4 or None
         fields["scaleup_domain"] = int(st.number_input("GPUs per scale-up domain", value=int(base["scaleup_domain"]), min_value=1, key="hw_domain"))
