@@ -57,6 +57,9 @@ class StepCostModel(StepOps):
             self.notes.append(f"efficiencies measured on {self.cal.measured_on}, applied to {hw.name} datasheet ceilings (scaled by datasheet ratios)")
         if not hw.supports(layout.experts_dtype) or not hw.supports(layout.weight_dtype):
             self.notes.append(f"{hw.name} has no FP4 tensor cores: FP4 weights are read as FP4 but multiplied at the FP8 rate")
+        if layout.kv_dtype == "fp4" and not hw.supports("fp4"):
+            self.notes.append(f"an FP4 KV cache on {hw.name}, which has no FP4 tensor cores: priced as the bytes it reads "
+                              "(engines that serve one, TensorRT-LLM's NVFP4 KV cache, need Blackwell)")
         self._cache: dict = {}
         self._fit: MemoryFit | None = None
         self._build_fast()

@@ -481,9 +481,10 @@ class StepOps:
     def _build_comm_constants(self) -> None:
         m, lay, hw = self.model, self.layout, self.hw
         self.disp_dtype = dispatch_payload_dtype(lay)
-        if self.disp_dtype == "nvfp4" and m.moe and lay.ep > 1 and not hw.supports("fp4"):
-            raise TwinferError(f"layout.dispatch_dtype: nvfp4 needs FP4 tensor cores (NVFP4 activations feed a W4A4 grouped "
-                               f"GEMM) and {hw.name} has none; allowed on {hw.name}: bf16, fp8")
+        if self.disp_dtype == "nvfp4" and m.moe and lay.ep > 1 and not (hw.supports("fp4") and hw.vendor.lower() == "nvidia"):
+            why = "has none" if not hw.supports("fp4") else "runs MXFP4, not NVIDIA's NVFP4"
+            raise TwinferError(f"layout.dispatch_dtype: nvfp4 needs NVIDIA FP4 tensor cores (NVFP4 activations feed a W4A4 "
+                               f"grouped GEMM) and {hw.name} {why}; allowed on {hw.name}: bf16, fp8")
         self.disp_bytes = DISPATCH_BYTES_PER_VALUE[self.disp_dtype]  # per hidden value (DeepEP FP8 by default)
         self.prefetch = prefetch_for(m, hw.host_bw, self.cal.comm_eff, lay)  # None: every weight in HBM
         self.pp_cross = lay.tp * lay.dp * lay.pp > hw.scaleup_domain

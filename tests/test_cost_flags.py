@@ -258,11 +258,22 @@ def test_nvfp4_dispatch_shrinks_only_the_dispatch_bytes():
     assert _op(nv.ops, "ep_combine")["bytes"] == _op(fp8.ops, "ep_combine")["bytes"]  # the combine returns BF16
 
 
-def test_nvfp4_dispatch_needs_fp4_tensor_cores():
-    m, hw = get_model("deepseek-v4-flash"), get_hardware("h200")
+def test_nvfp4_dispatch_needs_nvidia_fp4_tensor_cores():
+    """NVFP4 is NVIDIA's block format: the MI355X's FP4 is MXFP4, and its nvfp4 dispatch was priced (17 -> 18.9 ms)."""
+    m = get_model("deepseek-v4-flash")
     lay = validate(ParallelLayout, {**DEP8, "weight_dtype": "fp8", "expert_dtype": "fp4", "dispatch_dtype": "nvfp4"})
-    with pytest.raises(TwinferError, match="layout.dispatch_dtype: nvfp4 needs FP4 tensor cores"):
-        StepCostModel(m, hw, lay)
+    with pytest.raises(TwinferError, match="layout.dispatch_dtype: nvfp4 needs NVIDIA FP4 tensor cores .* H200 has none"):
+        StepCostModel(m, get_hardware("h200"), lay)
+    with pytest.raises(TwinferError, match="MI355X runs MXFP4, not NVIDIA's NVFP4; allowed on MI355X: bf16, fp8"):
+        StepCostModel(m, get_hardware("mi355x"), lay)
+    StepCostModel(m, get_hardware("b200"), lay)
+
+
+def test_an_fp4_kv_cache_on_a_gpu_without_fp4_says_what_it_prices():
+    lay = ParallelLayout(tp=8, weight_dtype="fp8", kv_dtype="fp4")
+    notes = StepCostModel(get_model("deepseek-v3"), get_hardware("h200"), lay).notes
+    assert any(n.startswith("an FP4 KV cache on H200, which has no FP4 tensor cores") for n in notes)
+    assert not any("FP4 KV cache" in n for n in StepCostModel(get_model("deepseek-v3"), get_hardware("b200"), lay).notes)
 
 
 # ----------------------------------------------------------------------------- batch larger than the layout holds
