@@ -36,6 +36,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from costmodels.host import partial_overlap
+from twinfer.errors import TwinferError
 
 # Revision of the step model (costmodels.profiled.ProfiledStepCost) a fit writes; a profile is priced with the revision
 # its terms were fitted with, so a stored profile reproduces its own fit after the model changes.
@@ -323,9 +324,26 @@ class StepProfile(BaseModel):
                 moved[name] = cls(**terms)
             except ValidationError as e:
                 bad = ", ".join(f"{name}." + ".".join(str(x) for x in err["loc"]) for err in e.errors())
-                raise ValueError(f"host_speed: {r:g} x the profile's host terms puts {bad} past its bound "
-                                 f"(costmodels.step_profile: STEP_S_MAX and the others)") from None
+                raise TwinferError(f"--host-speed {r:g}: that many times the profile's host terms puts {bad} past its "
+                                   f"bound (costmodels.step_profile: STEP_S_MAX and the others); this profile moves at "
+                                   f"most {self.max_host_speed():.3g}x") from None
         return self.model_copy(update=moved)
+
+    def max_host_speed(self) -> float:
+        """The largest ratio ``at_host_speed`` takes for this profile: every host and loop term times it within its
+        bound (HOST_SPEED_RANGE's top where no term is near its bound)."""
+        top = HOST_SPEED_RANGE[1]
+        for terms in (self.host, self.loop):
+            for k, f in type(terms).model_fields.items():
+                v = getattr(terms, k)
+                les = [m.le for m in f.metadata if getattr(m, "le", None) is not None]
+                if isinstance(v, float) and v > 0 and les:
+                    top = min(top, les[0] / v)
+                elif k in ("after_eager_decode_s", "after_eager_decode_by_tokens"):
+                    xs = v if k == "after_eager_decode_s" else [x for _, row in v for x in row]
+                    if xs and max(xs) > 0:
+                        top = min(top, AFTER_EAGER_S_MAX / max(xs))
+        return top
 
     def prompt_clock_mhz(self, min_tokens: int = 2048) -> float | None:
         """The SM clock the grid timed its prompt steps at: the median of its points with at least ``min_tokens`` prompt

@@ -670,13 +670,18 @@ def issue_probe(engine, repeats: int = ISSUE_REPEATS) -> float | None:
     and an ``ISSUE_CHUNK``-token prompt chunk, fresh pages) takes to return while a spin kernel holds the GPU past the
     step's wall time: its issue alone, as the calibration grid's ``queued_host_s`` times it
     (``executor.calibrate.queued_forward``), after one unmeasured run. None off CUDA (the forward is the CPU's work
-    there, not an issue), without a spin kernel, or where the runner recorded no forward. The step's requests are
-    removed after, and its runs do not count as steps the engine ran."""
+    there, not an issue), on an engine whose context or KV pages cannot hold the step, without a spin kernel, or where
+    the runner recorded no forward. The step's requests are removed after, and its runs do not count as steps the
+    engine ran."""
     if repeats < 1:
         raise ValueError(f"issue_probe: repeats must be >= 1, got {repeats}")
     runner = engine.runner
     if runner.device.type != "cuda":
         return None
+    bs = engine.block_size
+    pages = ISSUE_DECODES * -(-(ISSUE_CTX + 1) // bs) + -(-ISSUE_CHUNK // bs)
+    if engine.max_model_len <= ISSUE_CTX + 1 or engine.scheduler.blocks.num_blocks < pages:
+        return None   # an engine too small for the fixed step (a position past its RoPE table, pages it lacks): none
     plan = synthetic_plan(engine, [ISSUE_CTX] * ISSUE_DECODES, [(ISSUE_CHUNK, 0)], "issueprobe_")
     steps0 = getattr(runner, "num_steps_run", None)
 

@@ -73,7 +73,8 @@ def test_the_issue_probe_times_a_held_mixed_steps_issue_and_leaves_the_runner_as
     proxy = SimpleNamespace(runner=SimpleNamespace(device=SimpleNamespace(type="cuda"), execute=runner.execute,
                                                    remove_request=runner.remove_request, num_steps_run=5,
                                                    states=runner.states),
-                            block_size=e.block_size, vocab_size=e.vocab_size, scheduler=e.scheduler)
+                            block_size=e.block_size, vocab_size=e.vocab_size, scheduler=e.scheduler,
+                            max_model_len=e.max_model_len)
     states0 = len(runner.states)
     assert issue_probe(proxy, repeats=3) == 0.004
     assert seen["repeats"] == 3 and seen["wall"] > 0 and seen["requests"] >= ISSUE_DECODES + 1
@@ -90,3 +91,16 @@ def test_issue_probe_against_the_calibration_and_the_host_speed_mode():
     assert probe_vs_calibration([2.5e-3, None, 5e-3], prof, "issue_probe_s") == [-0.5, None, 0.0]
     assert probe_vs_calibration([None, None], prof, "issue_probe_s") is None
     assert parse_host_speed("issue") == ("issue", 1.0) and parse_host_speed(" Probe ") == ("probe", 1.0)
+
+
+def test_the_issue_probe_is_none_on_an_engine_too_small_for_its_step(monkeypatch):
+    """A 512-token engine (calibrate/validate --max-model-len 512) would put the probe's decodes at position 1,024, past
+    its RoPE table (an IndexError on the CPU, a device assert on a GPU): no probe there."""
+    import executor.calibrate as cal
+    from executor.calibrate import build_engine, issue_probe
+
+    e = build_engine("tiny", None, "cpu", "fp32", 16, 512, num_kv_blocks=256)
+    monkeypatch.setattr(cal, "queued_forward", lambda *a, **k: {"queued_host_s": 0.004})
+    proxy = SimpleNamespace(runner=SimpleNamespace(device=SimpleNamespace(type="cuda")), block_size=e.block_size,
+                            vocab_size=e.vocab_size, scheduler=e.scheduler, max_model_len=e.max_model_len)
+    assert issue_probe(proxy) is None

@@ -118,3 +118,18 @@ def test_a_request_past_a_kv_pool_smaller_than_the_context_names_the_pool():
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
     assert "max_model_len is 64, the KV pool's (num_kv_blocks=1 of 64 tokens)" in text, text
+
+
+def test_a_workload_files_bad_count_is_named_on_a_cpu_sized_run(tmp_path):
+    """On the CPU the default count capped the file's own with int(), before validation: `num_requests: lots` was an
+    internal error (ValueError) and 2.5 was cut to 2."""
+    from twinfer.errors import TwinferError
+    from ui.cmd_run import _load_workload
+
+    for bad in ("lots", 2.5):
+        f = tmp_path / "w.yaml"
+        f.write_text(f"kind: poisson\nrate: 1\nnum_requests: {bad}\n")
+        with pytest.raises(TwinferError, match="num_requests"):
+            _load_workload(str(f), None, None, CPU_REQUESTS)
+    f.write_text("kind: poisson\nrate: 1\nnum_requests: 3\n")
+    assert _load_workload(str(f), None, None, CPU_REQUESTS).num_requests == 3

@@ -107,11 +107,24 @@ def test_a_profile_host_term_out_of_its_bound_is_refused_by_name(tmp_path, field
 
 def test_a_host_speed_that_puts_a_term_past_its_bound_names_it():
     from costmodels.step_profile import STEP_S_MAX, HostTerms, StepProfile
+    from twinfer.errors import TwinferError
 
     p = StepProfile(model="m", num_layers=1, host=HostTerms(fixed_s=0.5 * STEP_S_MAX))
     assert p.at_host_speed(1.9).host.fixed_s == pytest.approx(0.95 * STEP_S_MAX)
-    with pytest.raises(ValueError, match=r"host_speed: 4 x .* puts host\.fixed_s past its bound"):
+    assert p.max_host_speed() == pytest.approx(2.0)
+    with pytest.raises(TwinferError, match=r"--host-speed 4: .* puts host\.fixed_s past its bound .* at most 2x"):
         p.at_host_speed(4.0)
+
+
+def test_validate_at_a_host_speed_past_the_profiles_bounds_is_a_clear_error():
+    """`validate --host-speed 10` on the H200 profile (per_prefill_s 1.41 ms: at most 7.1x) was an internal error."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-m", "ui.cli", "validate", "-p", str(root / "profiles" / "h200" /
+                        "calibration_deepseek-v3-5layers_fp8.json"), "--sim-only", "--host-speed", "10", "-n", "20",
+                        "--levels", "0.5"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--host-speed 10:" in r.stderr and "host.per_prefill_s" in r.stderr, r.stderr
 
 
 def test_a_max_num_seqs_past_its_bound_is_named_once_not_as_the_token_budget(tmp_path):

@@ -105,7 +105,11 @@ def _load_workload(workload: str, requests: Optional[int], rate: Optional[float]
         over[key] = requests
     elif cap is not None:
         own = data.get(key, getattr(base, key, None) if base is not None else None)
-        over[key] = cap if own is None else min(int(own), cap)
+        if own is None:
+            over[key] = cap
+        elif isinstance(own, int) and not isinstance(own, bool):
+            over[key] = min(own, cap)
+        # (anything else is validation's to name, as without the cap)
     if path.exists():
         data.update(over)
         return validate(WorkloadSpec, data, workload)

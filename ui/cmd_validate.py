@@ -680,6 +680,8 @@ def run_levels(cost, prof, reqs, base_cfg, blocks: int, fracs: list[float], engi
             if probed:   # the host speed the replays' probes read (each timed before its replay), then the prediction
                 got = [x for x in (probes if mode == "probe" else issue_probes) if x is not None]
                 speed = float(np.median(got)) / (cal_probe if mode == "probe" else cal_issue) if got else 1.0
+                # (a probe read past what the profile's host terms can be moved to: held there, the replays kept)
+                speed = min(speed, prof.step.max_host_speed() if prof.step is not None else speed)
                 speed = min(max(speed, HOST_SPEED_RANGE[0]), HOST_SPEED_RANGE[1])
                 pred, sens = predict_level(speed, scale)
             cost_h, prof_h, scfg_h = priced(speed)
