@@ -410,8 +410,13 @@ class StepOps:
         if not cal.op_tables or self.hw.vendor.lower() != "nvidia" or m.attention != "mla" or not m.mla.kv_up_proj \
                 or lay.kv_dtype != "bf16" or not any(self.mla_covers(geo) for geo, _ in self.att_kinds):
             return None
-        return mla_decode_table(load_op_tables(cal.op_tables), self.heads_local, self.att_peak, self.hw.hbm_bw,
-                                cal.mem_eff, float(cal.attn_compute()))
+        return self._mla_at(self.heads_local)
+
+    def _mla_at(self, heads: float) -> TableMLA | None:
+        """The calibration's FlashMLA table for ``heads`` query heads a GPU, moved to this GPU (``mla_decode_table``)."""
+        cal = self.cal
+        return mla_decode_table(load_op_tables(cal.op_tables), heads, self.att_peak, self.hw.hbm_bw, cal.mem_eff,
+                                float(cal.attn_compute()))
 
     def _decode_stream(self) -> TableMLA | None:
         """How decode attention the FlashMLA table does not price (an FP8 or indexed cache, GQA, sliding layers,
@@ -422,11 +427,7 @@ class StepOps:
         half the table's at 0.2-0.9 GB: an FP8 cache's decode was priced slower than the BF16 one the table priced,
         a draft-verifying one 1.8x)."""
         tabs = load_op_tables(self.cal.op_tables) if self.cal.op_tables else None
-        if tabs is None or not tabs.mla_decode:
-            return None
-        cal = self.cal
-        return mla_decode_table(tabs, min(tabs.mla_decode), self.att_peak, self.hw.hbm_bw, cal.mem_eff,
-                                float(cal.attn_compute()))
+        return self._mla_at(min(tabs.mla_decode)) if tabs is not None and tabs.mla_decode else None
 
     def stream_time(self, batch: float, byts):
         """Seconds the decode attention of ``batch`` requests reading ``byts`` KV bytes streams them
@@ -450,10 +451,7 @@ class StepOps:
             return self.mla_table
         got = self._mla_by_q.get(n_q)
         if got is None:
-            cal = self.cal
-            got = self._mla_by_q[n_q] = mla_decode_table(load_op_tables(cal.op_tables), self.heads_local * n_q,
-                                                         self.att_peak, self.hw.hbm_bw, cal.mem_eff,
-                                                         float(cal.attn_compute()))
+            got = self._mla_by_q[n_q] = self._mla_at(self.heads_local * n_q)
         return got
 
     @staticmethod

@@ -62,6 +62,11 @@ PER_KV_TOKEN_S_MAX = 1e-5
 ADMIT_PER_TOKEN_S_MAX = 1e-5
 AFTER_EAGER_S_MAX = 0.01
 AfterEagerSeconds = Annotated[float, Field(ge=0.0, le=AFTER_EAGER_S_MAX)]
+
+
+def _term(le: float, description: str | None = None):
+    """A host or engine-loop term's field: seconds, 0 by default, never negative, at most ``le``."""
+    return Field(0.0, ge=0.0, le=le, description=description)
 FIT_CATEGORIES = ("attention", "prefill_attention", "dense_gemm", "expert_gemm", "other")
 # cost-model categories (costmodels.ops.CATEGORIES order) folded into the fitted ones; the attention core (and
 # indexer) of decode rows and of prefill chunks are separate: different kernels (paged MLA decode vs SDPA prefill)
@@ -121,51 +126,51 @@ class HostTerms(BaseModel):
     """Runner host/launch time per step (seconds)."""
 
     model_config = ConfigDict(extra="forbid")
-    fixed_s: float = Field(0.0, ge=0.0, le=STEP_S_MAX)
-    per_layer_s: float = Field(0.0, ge=0.0, le=PER_REQUEST_S_MAX)
-    per_request_s: float = Field(0.0, ge=0.0, le=PER_REQUEST_S_MAX)
-    per_token_s: float = Field(0.0, ge=0.0, le=PER_TOKEN_S_MAX)
-    per_prefill_s: float = Field(0.0, ge=0.0, le=PER_REQUEST_S_MAX)
-    decode_group_s: float = Field(0.0, ge=0.0, le=STEP_S_MAX,
-        description="step that is not a decode-graph replay and holds decodes: the host issue of the decode group's "
-                    "attention path, once per layer for all decodes (absorbed query, the paged decode kernel and its "
-                    "metadata, absorbed output), between graph pieces or in an eager forward; 0 in profiles fitted "
-                    "before it")
-    unbucketed_s: float = Field(0.0, ge=0.0, le=STEP_S_MAX,
-        description="issue a step pays for running wholly eager where the engine has piecewise CUDA graphs but no "
-                    "token bucket holds the step (beyond the largest): every kernel launched one by one. H200 run 20:"
-                    " 11-24 ms of issue against 2-3.5 ms bucketed; 0 in profiles fitted before it")
-    graph_fixed_s: float = Field(0.0, ge=0.0, le=STEP_S_MAX,
-        description="CUDA-graph decode step: fixed host time (input build, replay launch, sampling)")
-    graph_per_request_s: float = Field(0.0, ge=0.0, le=PER_REQUEST_S_MAX,
-        description="CUDA-graph decode step: host time per sequence")
-    graph_per_kv_token_s: float = Field(0.0, ge=0.0, le=PER_KV_TOKEN_S_MAX,
-        description="CUDA-graph decode step: host time per context token of its sequences (their block tables, built "
-                    "and copied per step); 0 in profiles fitted before it")
-    serial_s: float = Field(0.0, ge=0.0, le=STEP_S_MAX,
-        description="step that is not a decode-graph replay: host time outside its forward (input build before it, "
-                    "bookkeeping after it; the sampler is its own table), which a synchronous step cannot overlap "
-                    "with the device: added to max(host, device). Measured, not fitted to whole steps: wall less "
-                    "forward less sampler of the calibration's eager points; 0 in profiles fitted before it")
-    serial_per_request_s: float = Field(0.0, ge=0.0, le=PER_REQUEST_S_MAX,
-        description="serial host time per request (decodes and prefill chunks)")
-    serial_per_prefill_s: float = Field(0.0, ge=0.0, le=PER_REQUEST_S_MAX,
-        description="serial host time per prefill chunk")
-    serial_per_token_s: float = Field(0.0, ge=0.0, le=PER_TOKEN_S_MAX,
-        description="serial host time per prefill token (the chunk's token ids, positions and KV slots built on the "
-                    "host and copied); 0 in profiles fitted before it")
-    sample_issue_s: float = Field(0.0, ge=0.0, le=STEP_S_MAX,
-        description="the sampler's host issue (the logits GEMM and sampling called after the forward, until they "
-                    "return): fixed seconds, from the calibration points' measured 'sample' host phase; what a "
-                    "pipelined loop pays on the host to launch a step's sampler. 0 in profiles fitted before it (then"
-                    " the sampler's eager seconds less its device work)")
-    sample_issue_per_row_s: float = Field(0.0, ge=0.0, le=PER_REQUEST_S_MAX,
-        description="the sampler's host issue per sampled row")
-    after_eager_s: float = Field(0.0, ge=0.0, le=AFTER_EAGER_S_MAX,
-        description="seconds a step pays right after a prefill-bearing (eager or piecewise) step, beyond the same "
-                    "step after a decode step: measured apart from the grid (executor.calibrate.measure_after_eager: "
-                    "the smaller of a decode and a mixed probe's), which times every shape after a decode step; 0 in "
-                    "profiles calibrated before it")
+    fixed_s: float = _term(STEP_S_MAX)
+    per_layer_s: float = _term(PER_REQUEST_S_MAX)
+    per_request_s: float = _term(PER_REQUEST_S_MAX)
+    per_token_s: float = _term(PER_TOKEN_S_MAX)
+    per_prefill_s: float = _term(PER_REQUEST_S_MAX)
+    decode_group_s: float = _term(STEP_S_MAX,
+        "step that is not a decode-graph replay and holds decodes: the host issue of the decode group's "
+        "attention path, once per layer for all decodes (absorbed query, the paged decode kernel and its "
+        "metadata, absorbed output), between graph pieces or in an eager forward; 0 in profiles fitted "
+        "before it")
+    unbucketed_s: float = _term(STEP_S_MAX,
+        "issue a step pays for running wholly eager where the engine has piecewise CUDA graphs but no "
+        "token bucket holds the step (beyond the largest): every kernel launched one by one. H200 run 20:"
+        " 11-24 ms of issue against 2-3.5 ms bucketed; 0 in profiles fitted before it")
+    graph_fixed_s: float = _term(STEP_S_MAX,
+        "CUDA-graph decode step: fixed host time (input build, replay launch, sampling)")
+    graph_per_request_s: float = _term(PER_REQUEST_S_MAX,
+        "CUDA-graph decode step: host time per sequence")
+    graph_per_kv_token_s: float = _term(PER_KV_TOKEN_S_MAX,
+        "CUDA-graph decode step: host time per context token of its sequences (their block tables, built "
+        "and copied per step); 0 in profiles fitted before it")
+    serial_s: float = _term(STEP_S_MAX,
+        "step that is not a decode-graph replay: host time outside its forward (input build before it, "
+        "bookkeeping after it; the sampler is its own table), which a synchronous step cannot overlap "
+        "with the device: added to max(host, device). Measured, not fitted to whole steps: wall less "
+        "forward less sampler of the calibration's eager points; 0 in profiles fitted before it")
+    serial_per_request_s: float = _term(PER_REQUEST_S_MAX,
+        "serial host time per request (decodes and prefill chunks)")
+    serial_per_prefill_s: float = _term(PER_REQUEST_S_MAX,
+        "serial host time per prefill chunk")
+    serial_per_token_s: float = _term(PER_TOKEN_S_MAX,
+        "serial host time per prefill token (the chunk's token ids, positions and KV slots built on the "
+        "host and copied); 0 in profiles fitted before it")
+    sample_issue_s: float = _term(STEP_S_MAX,
+        "the sampler's host issue (the logits GEMM and sampling called after the forward, until they "
+        "return): fixed seconds, from the calibration points' measured 'sample' host phase; what a "
+        "pipelined loop pays on the host to launch a step's sampler. 0 in profiles fitted before it (then"
+        " the sampler's eager seconds less its device work)")
+    sample_issue_per_row_s: float = _term(PER_REQUEST_S_MAX,
+        "the sampler's host issue per sampled row")
+    after_eager_s: float = _term(AFTER_EAGER_S_MAX,
+        "seconds a step pays right after a prefill-bearing (eager or piecewise) step, beyond the same "
+        "step after a decode step: measured apart from the grid (executor.calibrate.measure_after_eager: "
+        "the smaller of a decode and a mixed probe's), which times every shape after a decode step; 0 in "
+        "profiles calibrated before it")
     after_eager_decode_s: list[AfterEagerSeconds] = Field(default_factory=list, max_length=16, description="seconds the j-th decode "
                                               "step after a prefill-bearing step pays beyond a decode step among decode "
                                               "steps, j = 1..len (executor.calibrate.measure_after_eager: decode steps "
@@ -205,15 +210,15 @@ class LoopTerms(BaseModel):
     """Engine-loop time per step around the runner (seconds): the simulator's scheduler host overhead."""
 
     model_config = ConfigDict(extra="forbid")
-    fixed_s: float = Field(0.0, ge=0.0, le=STEP_S_MAX)
-    per_request_s: float = Field(0.0, ge=0.0, le=PER_REQUEST_S_MAX)
-    per_token_s: float = Field(0.0, ge=0.0, le=PER_TOKEN_S_MAX)
-    admit_s: float = Field(0.0, ge=0.0, le=PER_REQUEST_S_MAX,
-        description="admitting one request (the engine's add_request: its Request, sampling state and scheduler "
-                    "entry), once, in the iteration that admits it; measured by timing add_request over prompt "
-                    "lengths (executor.calibrate.measure_admission); 0 in profiles calibrated before it")
-    admit_per_token_s: float = Field(0.0, ge=0.0, le=ADMIT_PER_TOKEN_S_MAX,
-        description="admission per prompt token (range check and the prefix cache's block hashes)")
+    fixed_s: float = _term(STEP_S_MAX)
+    per_request_s: float = _term(PER_REQUEST_S_MAX)
+    per_token_s: float = _term(PER_TOKEN_S_MAX)
+    admit_s: float = _term(PER_REQUEST_S_MAX,
+        "admitting one request (the engine's add_request: its Request, sampling state and scheduler "
+        "entry), once, in the iteration that admits it; measured by timing add_request over prompt "
+        "lengths (executor.calibrate.measure_admission); 0 in profiles calibrated before it")
+    admit_per_token_s: float = _term(ADMIT_PER_TOKEN_S_MAX,
+        "admission per prompt token (range check and the prefix cache's block hashes)")
 
     def __call__(self, n_req, n_tok):
         return self.fixed_s + self.per_request_s * np.asarray(n_req, float) + self.per_token_s * np.asarray(n_tok, float)

@@ -36,15 +36,13 @@ def _fit(scenario: Scenario) -> MemoryFit:
     """Memory fit of one instance; raises DoesNotFitError with the numbers if it does not fit."""
     model, hw = get_model(scenario.model), get_hardware(scenario.hardware)
     sc = scenario.scheduler
-    fit = fit_with_policies(
-        model, hw, scenario.layout, mem_fraction=scenario.gpu_memory_fraction,
-        max_batched_tokens=sc.max_num_batched_tokens, max_running_requests=sc.max_num_seqs,
-        min_kv_tokens=sc.block_size, mtp=sc.draft_len > 0,
-    )
+    def fit_of(lay) -> MemoryFit:
+        return fit_with_policies(model, hw, lay, mem_fraction=scenario.gpu_memory_fraction,
+                                 max_batched_tokens=sc.max_num_batched_tokens, max_running_requests=sc.max_num_seqs,
+                                 min_kv_tokens=sc.block_size, mtp=sc.draft_len > 0)
+    fit = fit_of(scenario.layout)
     if not fit.fits:
-        raise DoesNotFitError(f"layout: {fit.explanation}" + wider_hint(scenario.layout, lambda lay: fit_with_policies(
-            model, hw, lay, mem_fraction=scenario.gpu_memory_fraction, max_batched_tokens=sc.max_num_batched_tokens,
-            max_running_requests=sc.max_num_seqs, min_kv_tokens=sc.block_size, mtp=sc.draft_len > 0).fits))
+        raise DoesNotFitError(f"layout: {fit.explanation}" + wider_hint(scenario.layout, lambda lay: fit_of(lay).fits))
     return fit
 
 

@@ -89,7 +89,8 @@ def _load_workload(workload: str, requests: Optional[int], rate: Optional[float]
 
     over: dict = {} if rate is None else {"rate": rate}
     path = Path(workload)
-    if path.exists():   # a file (read_mapping refuses what is not a regular one, naming it)
+    is_file = path.exists()
+    if is_file:   # a file (read_mapping refuses what is not a regular one, naming it)
         data = read_mapping(workload)
     elif workload in PRESETS:
         data = {}
@@ -98,7 +99,7 @@ def _load_workload(workload: str, requests: Optional[int], rate: Optional[float]
                            f"{', '.join(PRESETS)}, or a YAML/JSON file)")
     else:
         return preset(workload, **over)   # an unknown name: refused, the presets listed
-    base = PRESETS.get(data.get("preset")) if path.exists() else PRESETS[workload]
+    base = PRESETS.get(data.get("preset")) if is_file else PRESETS[workload]
     kind = data.get("kind") or (base.kind if base is not None else None)
     key = "max_requests" if kind == "trace" else "num_requests"
     if requests is not None:
@@ -110,7 +111,7 @@ def _load_workload(workload: str, requests: Optional[int], rate: Optional[float]
         elif isinstance(own, int) and not isinstance(own, bool):
             over[key] = min(own, cap)
         # (anything else is validation's to name, as without the cap)
-    if path.exists():
+    if is_file:
         data.update(over)
         return validate(WorkloadSpec, data, workload)
     return preset(workload, **over)

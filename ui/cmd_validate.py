@@ -256,6 +256,13 @@ def decode_host_model_s(cost, st, n: int, ctx_tokens: float) -> float:
     return float(st.host.graph(n, ctx_tokens)) + cost.sample_s(n) + float(st.loop(n, n))
 
 
+def _check_profile_model(prof, model: str) -> None:
+    """A profile's step model prices the model it measured: validating another, its errors would be the mismatch."""
+    if prof.step.model != model:
+        raise TwinferError(f"--model {model}: the profile measured {prof.step.model}; validate the model it measured "
+                           f"(drop --model) or measure {model} first (--calibrate)")
+
+
 def parse_host_speed(value: str | float) -> tuple[str, float]:
     """``--host-speed``: ("probe", 1) | ("issue", 1) | ("calibration", 1) | ("fixed", ratio); anything else is an error
     naming it."""
@@ -492,9 +499,8 @@ def validate(
         dtype = dtype or ("bf16" if device == "cuda" else "fp32")
     if model is None:   # the model the profile measured
         model = prof.step.model if prof is not None else "tiny"
-    if prof is not None and prof.step.model != model:   # before the engine build (minutes on a GPU)
-        raise TwinferError(f"--model {model}: the profile measured {prof.step.model}; validate the model it measured "
-                           f"(drop --model) or measure {model} first (--calibrate)")
+    if prof is not None:   # before the engine build (minutes on a GPU)
+        _check_profile_model(prof, model)
     con = Console()
     block_size = 64
     base_cfg = validate_model(SchedulerConfig, dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
@@ -523,9 +529,7 @@ def validate(
         con.print(f"profile (measured in this process, same engine): {profile}")
     if prof.step is None:
         raise TwinferError(f"{profile}: no measured step model in this profile (make one with twinfer calibrate)")
-    if prof.step.model != model:   # its step model prices the model it measured: another's errors would be the mismatch
-        raise TwinferError(f"--model {model}: the profile measured {prof.step.model}; validate the model it measured "
-                           f"(drop --model) or measure {model} first (--calibrate)")
+    _check_profile_model(prof, model)
     cost = ProfiledStepCost(prof, num_layers=num_layers, power=power_limit)
     L = cost.num_layers
     reqs = load_requests(trace, workload, requests, block_size, seed, max_input_len, max_output_len, max_model_len)
