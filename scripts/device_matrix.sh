@@ -40,6 +40,9 @@
 #   and 7th request sits on a step of the distribution; run 50 with 24: -1.7%, off the step; 114 s for the class):
 #     TWINFER_KERNEL_FP8_GEMM=triton MATRIX_ARGS="--classes summarize,agentic,longctx --max-model-len 16384 --class-requests summarize=96,agentic=96,longctx=24 --async-overlap" REQS=96 RUNS=3 T_BUDGET=590 bash scripts/device_matrix.sh
 #     TWINFER_KERNEL_FP8_GEMM=triton MATRIX_ARGS="--classes chat,reasoning --class-requests chat=96,reasoning=32 --async-overlap" REQS=96 RUNS=3 T_BUDGET=560 bash scripts/device_matrix.sh
+#   a host that moves after calibration (16 busy loops from the calibration file on; run 58): does the issue probe track
+#   the replays' eager issue?
+#     HOST_LOAD=16 TWINFER_KERNEL_FP8_GEMM=triton MATRIX_ARGS="--classes chat,reasoning --class-requests chat=96,reasoning=32 --async-overlap" REQS=96 RUNS=3 T_BUDGET=560 bash scripts/device_matrix.sh
 # The device copies the working tree (tracked, untracked-not-ignored, carried) up to 64 MiB: pack a run's reports
 # (reports.tgz) before committing it.
 #   prefill-heavy + agentic on HEAD's model unchanged (run 17 at 0890110, Triton: 357 s):
@@ -86,6 +89,17 @@ REASONS=clocks_event_reasons.active
 nvidia-smi --query-gpu=$REASONS --format=csv >/dev/null 2>&1 || REASONS=clocks_throttle_reasons.active
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,$REASONS --format=csv -lms 500 > "$OUT/gpu_clocks.csv" 2>&1 &
 SMI_PID=$!
+# HOST_LOAD=N: a host that moves between calibration and serving. Once the calibration file exists, N busy shell loops
+# share the CPU with the engine until the matrix ends (the issue probe before each replay and the replays' own eager
+# issue read the loaded host; the calibration read the quiet one). Off by default.
+LOAD_PID=
+if [ -n "${HOST_LOAD:-}" ]; then
+  echo "HOST_LOAD=$HOST_LOAD busy loops after calibration (nproc $(nproc))" | tee -a "$OUT/env.txt"
+  ( while ! ls "$OUT"/calibration_*.json >/dev/null 2>&1; do sleep 0.5; done
+    echo "host load on at $(date +%s.%N | cut -c1-14)" >> "$OUT/env.txt"
+    for _ in $(seq "$HOST_LOAD"); do ( while :; do :; done ) & done; wait ) &
+  LOAD_PID=$!
+fi
 stage "validation matrix (scripts/device_matrix.py)"
 T_MATRIX=${T_MATRIX:-$(( ${T_BUDGET:-570} - ($(date +%s) - T0) ))}
 echo "time left for the matrix: ${T_MATRIX} s"
@@ -93,6 +107,7 @@ timeout ${T_MATRIX} python3 scripts/device_matrix.py --out "$OUT" --requests ${R
 # the device returns at most 8 files from $OUT: the per-class reports and samples travel as one archive
 # (run 4 lost two reports); unpack with `tar xzf reports.tgz` in the run's folder
 kill "$MHZ_PID" "$STAT_PID" "$SMI_PID" 2>/dev/null
+if [ -n "$LOAD_PID" ]; then pkill -P "$LOAD_PID" 2>/dev/null; kill "$LOAD_PID" 2>/dev/null; fi
 ( cd "$OUT" && ls validation_*.json samples_*.json >/dev/null 2>&1 \
   && tar czf reports.tgz validation_*.json samples_*.json $(ls cpu_mhz.txt cpu_stat.txt gpu_clocks.csv 2>/dev/null) \
   && rm -f validation_*.json samples_*.json cpu_mhz.txt cpu_stat.txt gpu_clocks.csv )
