@@ -162,3 +162,15 @@ def test_a_scenario_that_left_its_layout_out_is_told_the_width_that_fits(tmp_pat
     assert "at TP8 it fits (layout.tp: 8, or --tp 8;" in " ".join(r.stderr.split())
     r = _simulate("-s", str(f), "--tp", "8")
     assert r.returncode == 0, r.stderr
+
+
+def test_a_scenario_file_without_a_rate_says_where_one_goes(tmp_path):
+    """A partial file (a count, no rate) is a Poisson workload without its rate: the error says to give one in the file
+    or by flag, and the flag then completes it."""
+    f = tmp_path / "s.yaml"
+    f.write_text("model: deepseek-v3\nlayout: {tp: 8}\nworkload: {num_requests: 20}\n")
+    r = _simulate("-s", str(f))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "workload: rate: required when kind is 'poisson' (set workload.rate in the file, or pass --rate)" in r.stderr
+    ok = _simulate("-s", str(f), "--rate", "2", "--json")
+    assert ok.returncode == 0, ok.stderr

@@ -92,6 +92,9 @@ def effective_scenario(scenario: str | None = None, **overrides):
         msg = str(e)
         for key in o:
             msg = msg.replace(f": {paths[key]}:", f": --{key.replace('_', '-')} ({paths[key]}):")
+        for field, flag in (("rate", "--rate"), ("concurrency", "--concurrency"), ("trace_path", "--trace")):
+            if f"workload: {field}: required" in msg:   # a file without it: the flag that gives it
+                msg += f" (set workload.{field} in the file, or pass {flag})"
         if msg == str(e):
             raise
         raise TwinferError(msg) from None
