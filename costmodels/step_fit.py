@@ -14,7 +14,8 @@ import numpy as np
 from costmodels.calibration import kv_expand_table, linear_tables, moe_layer_table, prefill_chunk_table, sample_table
 from costmodels.host import flow_forward, layered_forward, partial_overlap
 from costmodels.profiled import ProfiledStepCost, point_after_forward_s, point_categories, point_sample_s
-from costmodels.step_profile import FIT_CATEGORIES, STEP_MODEL_REV, FitStats, HostTerms, LoopTerms, StepPoint, StepProfile
+from costmodels.step_profile import (FIT_CATEGORIES, STEP_MODEL_REV, FitStats, HostTerms, LoopTerms, StepPoint, StepProfile,
+                                     clip_terms)
 
 
 def nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
@@ -171,9 +172,9 @@ def fit_loop(points: Sequence[StepPoint]) -> LoopTerms:
     y = np.array([max(p.loop_s, 1e-7) for p in pts])
     a = np.stack([np.ones(len(pts)), [p.num_requests for p in pts], [p.num_tokens for p in pts]], 1).astype(float)
     if len(pts) < 3:
-        return LoopTerms(fixed_s=float(np.median(y)))
+        return LoopTerms(**clip_terms(LoopTerms, {"fixed_s": float(np.median(y))})[0])
     x = nnls_abs(a, y)   # absolute least squares: loop gaps are small and noisy
-    return LoopTerms(fixed_s=float(x[0]), per_request_s=float(x[1]), per_token_s=float(x[2]))
+    return LoopTerms(**clip_terms(LoopTerms, {"fixed_s": float(x[0]), "per_request_s": float(x[1]), "per_token_s": float(x[2])})[0])
 
 
 SERIAL_NAMES = ("serial_s", "serial_per_request_s", "serial_per_prefill_s", "serial_per_token_s")
@@ -498,9 +499,12 @@ def fit_step_profile(profile, points: Sequence[StepPoint], *, model: str, dtype:
         if best is None or sse < best[4] - 1e-12:
             best = (use_tables, h, k, alpha, sse, df, sub, fw, serial, off, eag, early, pred, replay)
     use_tables, h, k, alpha, _, df, sub, fw, serial, off, eag, early, pred, replay = best
-    host = HostTerms(**{n: float(v) for n, v in zip(hnames, h)}, **serial, **fit_sample_issue(pts))
+    host_vals, clipped = clip_terms(HostTerms, {**{n: float(v) for n, v in zip(hnames, h)}, **serial, **fit_sample_issue(pts)})
+    host = HostTerms(**host_vals)
     main_l = max(layers, key=lambda L: sum(p.num_layers == L for p in pts))
     notes = []
+    if clipped:
+        notes.append(f"host terms past their bounds held at them (costmodels.step_profile): {', '.join(clipped)}")
     if scale_bounds is not None:
         at = [c for c, v in zip(FIT_CATEGORIES, k) if min(abs(v - b) for b in scale_bounds) < 1e-6 * max(1.0, v)]
         notes.append(f"category scales bounded to [{scale_bounds[0]:g}, {scale_bounds[1]:g}]"

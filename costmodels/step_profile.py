@@ -49,14 +49,20 @@ STEP_MODEL_REV = 1
 HOST_SPEED_RANGE = (0.1, 10.0)
 # Bounds of the host and engine-loop terms (seconds; HostTerms, LoopTerms), each far past anything measured, so an edited
 # or corrupt profile is refused by name instead of priced: a step's fixed terms at most STEP_S_MAX (fitted: at most
-# 25 ms, the eager step's fixed issue of runs 1-55); a term per request, prefill chunk or layer at most
-# PER_REQUEST_S_MAX (fitted: at most 2.4 ms); per token PER_TOKEN_S_MAX (fitted: at most 1 us); per context token of a
-# graph decode PER_KV_TOKEN_S_MAX (fitted: at most 4 ns); admission per prompt token ADMIT_PER_TOKEN_S_MAX (fitted: at
-# most 0.13 us); each step after an eager one AFTER_EAGER_S_MAX (fitted: at most 0.5 ms). The engine loop's bounds are
+# 25 ms, the eager step's fixed issue of runs 1-55); an engine-loop term per request at most PER_REQUEST_S_MAX (the
+# runner's per request, chunk or layer: HOST_ITEM_S_MAX; fitted on GPUs: at most 2.4 ms); per token PER_TOKEN_S_MAX
+# (the runner's: HOST_TOKEN_S_MAX; fitted on GPUs: at most 1 us); per context token of a graph decode PER_KV_TOKEN_S_MAX
+# (fitted: at most 4 ns); admission per prompt token ADMIT_PER_TOKEN_S_MAX (fitted: at most 0.13 us); each step after an eager one AFTER_EAGER_S_MAX (fitted: at most 0.5 ms). The engine loop's bounds are
 # the simulator's (scheduler.config.SchedulerConfig.host_*), which it becomes. No host term is negative: the simulator
 # would be handed a negative delay.
 STEP_S_MAX = 1.0
 PER_REQUEST_S_MAX = 0.01
+# the runner's host terms per request, prefill chunk, layer or sampled row (HostTerms) on a CPU executor hold its compute
+# too: the tiny model on a loaded 2-core CPU fitted 33 ms a request and 41 ms a prefill chunk (a calibration that
+# failed at PER_REQUEST_S_MAX) and 0.26 ms a token idle; a fit past any bound is held at it and says so (clip_terms),
+# never refused
+HOST_ITEM_S_MAX = 1.0
+HOST_TOKEN_S_MAX = 0.01
 PER_TOKEN_S_MAX = 1e-3
 PER_KV_TOKEN_S_MAX = 1e-5
 ADMIT_PER_TOKEN_S_MAX = 1e-5
@@ -67,6 +73,32 @@ AfterEagerSeconds = Annotated[float, Field(ge=0.0, le=AFTER_EAGER_S_MAX)]
 def _term(le: float, description: str | None = None):
     """A host or engine-loop term's field: seconds, 0 by default, never negative, at most ``le``."""
     return Field(0.0, ge=0.0, le=le, description=description)
+
+
+def clip_terms(cls: type[BaseModel], values: dict) -> tuple[dict, list[str]]:
+    """Measured or fitted seconds for ``cls``'s float terms held in their bounds ([0, le]; lists of seconds too): the
+    values, and the names of those that were past a bound (a calibration reports them instead of failing)."""
+    out, clipped = dict(values), []
+    for k, v in values.items():
+        f = cls.model_fields.get(k)
+        if f is None:
+            continue
+        les = [m.le for m in f.metadata if getattr(m, "le", None) is not None]
+        top = les[0] if les else (AFTER_EAGER_S_MAX if k.startswith("after_eager_decode") else None)
+        if top is None:
+            continue
+        def hold(x: float) -> float:
+            y = min(max(float(x), 0.0), top)
+            if y != float(x) and k not in clipped:
+                clipped.append(k)
+            return y
+        if isinstance(v, float | int) and not isinstance(v, bool):
+            out[k] = hold(v)
+        elif k == "after_eager_decode_s":
+            out[k] = [hold(x) for x in v]
+        elif k == "after_eager_decode_by_tokens":
+            out[k] = [(t, [hold(x) for x in row]) for t, row in v]
+    return out, clipped
 FIT_CATEGORIES = ("attention", "prefill_attention", "dense_gemm", "expert_gemm", "other")
 # cost-model categories (costmodels.ops.CATEGORIES order) folded into the fitted ones; the attention core (and
 # indexer) of decode rows and of prefill chunks are separate: different kernels (paged MLA decode vs SDPA prefill)
@@ -127,10 +159,10 @@ class HostTerms(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     fixed_s: float = _term(STEP_S_MAX)
-    per_layer_s: float = _term(PER_REQUEST_S_MAX)
-    per_request_s: float = _term(PER_REQUEST_S_MAX)
-    per_token_s: float = _term(PER_TOKEN_S_MAX)
-    per_prefill_s: float = _term(PER_REQUEST_S_MAX)
+    per_layer_s: float = _term(HOST_ITEM_S_MAX)
+    per_request_s: float = _term(HOST_ITEM_S_MAX)
+    per_token_s: float = _term(HOST_TOKEN_S_MAX)
+    per_prefill_s: float = _term(HOST_ITEM_S_MAX)
     decode_group_s: float = _term(STEP_S_MAX,
         "step that is not a decode-graph replay and holds decodes: the host issue of the decode group's "
         "attention path, once per layer for all decodes (absorbed query, the paged decode kernel and its "
@@ -142,7 +174,7 @@ class HostTerms(BaseModel):
         " 11-24 ms of issue against 2-3.5 ms bucketed; 0 in profiles fitted before it")
     graph_fixed_s: float = _term(STEP_S_MAX,
         "CUDA-graph decode step: fixed host time (input build, replay launch, sampling)")
-    graph_per_request_s: float = _term(PER_REQUEST_S_MAX,
+    graph_per_request_s: float = _term(HOST_ITEM_S_MAX,
         "CUDA-graph decode step: host time per sequence")
     graph_per_kv_token_s: float = _term(PER_KV_TOKEN_S_MAX,
         "CUDA-graph decode step: host time per context token of its sequences (their block tables, built "
@@ -152,11 +184,11 @@ class HostTerms(BaseModel):
         "bookkeeping after it; the sampler is its own table), which a synchronous step cannot overlap "
         "with the device: added to max(host, device). Measured, not fitted to whole steps: wall less "
         "forward less sampler of the calibration's eager points; 0 in profiles fitted before it")
-    serial_per_request_s: float = _term(PER_REQUEST_S_MAX,
+    serial_per_request_s: float = _term(HOST_ITEM_S_MAX,
         "serial host time per request (decodes and prefill chunks)")
-    serial_per_prefill_s: float = _term(PER_REQUEST_S_MAX,
+    serial_per_prefill_s: float = _term(HOST_ITEM_S_MAX,
         "serial host time per prefill chunk")
-    serial_per_token_s: float = _term(PER_TOKEN_S_MAX,
+    serial_per_token_s: float = _term(HOST_TOKEN_S_MAX,
         "serial host time per prefill token (the chunk's token ids, positions and KV slots built on the "
         "host and copied); 0 in profiles fitted before it")
     sample_issue_s: float = _term(STEP_S_MAX,
@@ -164,7 +196,7 @@ class HostTerms(BaseModel):
         "return): fixed seconds, from the calibration points' measured 'sample' host phase; what a "
         "pipelined loop pays on the host to launch a step's sampler. 0 in profiles fitted before it (then"
         " the sampler's eager seconds less its device work)")
-    sample_issue_per_row_s: float = _term(PER_REQUEST_S_MAX,
+    sample_issue_per_row_s: float = _term(HOST_ITEM_S_MAX,
         "the sampler's host issue per sampled row")
     after_eager_s: float = _term(AFTER_EAGER_S_MAX,
         "seconds a step pays right after a prefill-bearing (eager or piecewise) step, beyond the same "

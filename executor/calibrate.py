@@ -37,7 +37,7 @@ from costmodels.calibration import (CalibrationProfile, EffTable, MoELayerTable,
                                     kv_expand_table, linear_tables, moe_layer_table, prefill_chunk_table, sample_table)
 from costmodels.hardware import get_hardware
 from costmodels.step_fit import fit_step_profile, nnls_abs
-from costmodels.step_profile import StepPoint
+from costmodels.step_profile import HostTerms, LoopTerms, StepPoint, clip_terms
 from executor.engine import LLMEngine, SamplingParams
 from executor.host_probe import host_probe
 from executor.replay import fresh_engine, replay
@@ -1167,14 +1167,20 @@ def calibrate(model: str, num_layers: int | None, device: str, dtype: str | None
     step = fit_step_profile(prof, pts + loop_pts, model=model, dtype=dtype, device=device, hardware_basis=hw, graph_sizes=graph_sizes,
                             piecewise_sizes=list(pieces.captured) if pieces is not None else [])
     admit, admit_pts = measure_admission(engine, temperature=temperature)
+    admit, held = clip_terms(LoopTerms, admit)   # a slow host's measurement past a bound is held at it, and said
     step.loop = step.loop.model_copy(update=admit)
     after_s, after = measure_after_eager(engine, rounds=16 if cuda and not quick else 3, temperature=temperature, log=log)
     by_tokens = sorted([(int(after.get("chunk_tokens", 0)), [x / 1e3 for x in after.get("decode_after_ms", [])])]
                        + [(int(n), [x / 1e3 for x in v]) for n, v in after.get("decode_after_ms_by_tokens", {}).items()])
-    step.host = step.host.model_copy(update={"after_eager_s": after_s,
-                                             "after_eager_decode_s": [x / 1e3 for x in after.get("decode_after_ms", [])],
-                                             # priced by the prompt step's size where more than one size was measured
-                                             "after_eager_decode_by_tokens": by_tokens if len(by_tokens) > 1 else []})
+    after_terms, held_after = clip_terms(HostTerms, {
+        "after_eager_s": after_s, "after_eager_decode_s": [x / 1e3 for x in after.get("decode_after_ms", [])],
+        # priced by the prompt step's size where more than one size was measured
+        "after_eager_decode_by_tokens": by_tokens if len(by_tokens) > 1 else []})
+    step.host = step.host.model_copy(update=after_terms)
+    if held or held_after:
+        step.notes.append("measured host terms past their bounds held at them (costmodels.step_profile): "
+                              + ", ".join(held + held_after))
+        log(f"  note: {step.notes[-1]}")
     split = queued_split_text(pts)
     if split:
         log(f"  {split}")

@@ -116,15 +116,38 @@ def test_a_host_speed_that_puts_a_term_past_its_bound_names_it():
         p.at_host_speed(4.0)
 
 
-def test_validate_at_a_host_speed_past_the_profiles_bounds_is_a_clear_error():
-    """`validate --host-speed 10` on the H200 profile (per_prefill_s 1.41 ms: at most 7.1x) was an internal error."""
+def test_validate_at_a_host_speed_past_the_profiles_bounds_is_a_clear_error(tmp_path):
+    """`validate --host-speed 10` on the H200 profile (then per_prefill_s 1.41 ms at a 10 ms bound: at most 7.1x) was an
+    internal error; a term within 10x of its bound (here an edited per_prefill_s of 0.2 s) is named with the limit."""
+    import json
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, "-m", "ui.cli", "validate", "-p", str(root / "profiles" / "h200" /
-                        "calibration_deepseek-v3-5layers_fp8.json"), "--sim-only", "--host-speed", "10", "-n", "20",
-                        "--levels", "0.5"], capture_output=True, text=True, timeout=120)
+    d = json.loads((root / "profiles" / "h200" / "calibration_deepseek-v3-5layers_fp8.json").read_text())
+    d["step"]["host"]["per_prefill_s"] = 0.2
+    f = tmp_path / "slow_host.json"
+    f.write_text(json.dumps(d))
+    r = subprocess.run([sys.executable, "-m", "ui.cli", "validate", "-p", str(f), "--sim-only", "--host-speed", "10",
+                        "-n", "20", "--levels", "0.5"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--host-speed 10:" in r.stderr and "host.per_prefill_s" in r.stderr, r.stderr
+    assert "at most 5x" in r.stderr, r.stderr
+
+
+def test_a_fit_past_a_host_bound_is_held_there_and_named():
+    """A CPU calibration on a loaded host fitted 33 ms a request and 41 ms a prefill chunk, past the 10 ms bound the
+    runner's terms then had: calibrate failed with an internal error. The runner's per-item terms now allow a CPU
+    executor's (HOST_ITEM_S_MAX) and a measurement past any bound is held at it and named (clip_terms)."""
+    from costmodels.step_profile import AFTER_EAGER_S_MAX, HOST_ITEM_S_MAX, HostTerms, LoopTerms, clip_terms
+
+    vals, held = clip_terms(HostTerms, {"per_request_s": 0.033, "per_prefill_s": 5.0, "fixed_s": -1e-9,
+                                        "after_eager_decode_s": [0.001, 0.5], "after_eager_decode_by_tokens": [(512, [0.02])]})
+    assert vals["per_request_s"] == 0.033 and vals["per_prefill_s"] == HOST_ITEM_S_MAX and vals["fixed_s"] == 0.0
+    assert vals["after_eager_decode_s"] == [0.001, AFTER_EAGER_S_MAX]
+    assert vals["after_eager_decode_by_tokens"] == [(512, [AFTER_EAGER_S_MAX])]
+    assert held == ["per_prefill_s", "fixed_s", "after_eager_decode_s", "after_eager_decode_by_tokens"]
+    HostTerms(**vals)   # a held profile loads
+    loop, held = clip_terms(LoopTerms, {"per_request_s": 0.033, "admit_s": 1e-4})
+    assert loop == {"per_request_s": 0.01, "admit_s": 1e-4} and held == ["per_request_s"]
 
 
 def test_a_max_num_seqs_past_its_bound_is_named_once_not_as_the_token_budget(tmp_path):
