@@ -58,3 +58,15 @@ def test_a_cpu_profiles_ep_hint_names_no_gpu(tmp_path, capsys, monkeypatch):
     out = " ".join(capsys.readouterr().out.split())
     assert e.value.code in (0, None)
     assert "a one-CPU measured profile runs EP1" in out and "--hardware <GPU> --gpus N" in out and "--hardware H200" not in out
+
+
+def test_measure_on_the_cpu_is_cpu_sized_unless_told():
+    """`tune -p CPU_PROFILE --measure` replayed the chat preset's 1,000 requests (1.5k-token prompts, 400-token outputs)
+    six times on the CPU: hours. As `run` does, the CPU's measure takes a slice unless every size is given."""
+    from ui.cmd_run import CPU_MAX_INPUT, CPU_MAX_OUTPUT
+    from ui.cmd_tune import CPU_TUNE_REQUESTS, cpu_measure_sizes
+
+    n, i, o, note = cpu_measure_sizes(None, None, 64)
+    assert (n, i, o) == (CPU_TUNE_REQUESTS, CPU_MAX_INPUT, 64) and f"{CPU_TUNE_REQUESTS} requests" in note
+    assert cpu_measure_sizes(5, 100, 8) == (5, 100, 8, None)
+    assert cpu_measure_sizes(5, None, None)[:3] == (5, CPU_MAX_INPUT, CPU_MAX_OUTPUT)

@@ -37,6 +37,7 @@ def tune_slo(text: Optional[str]) -> Optional[float]:
     return spec.tpot_s
 
 
+CPU_TUNE_REQUESTS = 32   # --measure on the CPU: requests searched and replayed unless --requests (run: 8)
 MIN_LOAD = 1e-3   # --load: a thousandth of the baseline's capacity (below, arrivals are spread over ~weeks of simulated time)
 
 # each mode's own flags (parameter name -> flag): given to the other mode they would be ignored, so they are refused
@@ -233,6 +234,10 @@ def tune(
     bs = 64
     base = validate(SchedulerConfig, dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=token_budget_for(max_num_seqs, max_batched_tokens),
                                           max_model_len=max_model_len, block_size=bs), "scheduler options")
+    if measure and device == "cpu":
+        requests, max_input_len, max_output_len, note = cpu_measure_sizes(requests, max_input_len, max_output_len)
+        if note:
+            con.print(f"[dim]{note}[/]", highlight=False)
     reqs = load_requests(trace, workload, requests, bs, seed, max_input_len, max_output_len, max_model_len)
     blocks = num_kv_blocks or max_seqs_limit * (-(-max_model_len // bs)) + 64
     engine = None
@@ -302,6 +307,20 @@ def tune(
         doc["result"]["candidates"] = doc["result"]["candidates"][:400]
         Path(out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
         con.print(f"result: {out}")
+
+
+def cpu_measure_sizes(requests: int | None, max_input_len: int | None, max_output_len: int | None):
+    """``tune --measure --device cpu``'s requests and length caps: what was given, else run's CPU-sized lengths and
+    CPU_TUNE_REQUESTS (the executor replays them 6 times: chat's 1,000 requests of ~1.5k-token prompts and ~400-token
+    outputs ran for hours on the CPU). Returns (requests, max input, max output, the note to print or None)."""
+    if None not in (requests, max_input_len, max_output_len):
+        return requests, max_input_len, max_output_len, None
+    from ui.cmd_run import CPU_MAX_INPUT, CPU_MAX_OUTPUT
+    requests = requests or CPU_TUNE_REQUESTS
+    max_input_len, max_output_len = max_input_len or CPU_MAX_INPUT, max_output_len or CPU_MAX_OUTPUT
+    return requests, max_input_len, max_output_len, (
+        f"cpu-sized --measure: {requests} requests, prompts <= {max_input_len} and outputs <= {max_output_len} tokens "
+        "(--requests/--max-input-len/--max-output-len to change)")
 
 
 def measure_gain(engine, reqs, base, res, objective: str, *, seed: int = 0, warm: bool = True, log=None, rounds: int = 2) -> dict:
