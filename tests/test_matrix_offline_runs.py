@@ -892,10 +892,11 @@ def _sensitivity_rows_match_the_device(out: str, device: dict) -> dict[tuple[str
     return rows
 
 
-def _held_out_sensitivity(run: Path, capsys, cells: int, worst: tuple[float, float, float, float], marked_misses: int = 0):
+def _held_out_sensitivity(run: Path, capsys, cells: int, worst: tuple[float, float, float, float], marked_misses: int = 0,
+                          unmarked_misses: int = 0):
     """``matrix_offline RUN --sensitivity`` on an archived run: ``cells`` rows, each the device's table to the printed
-    digit, the worst figures within ``worst`` (throughput, TPOT p50, TTFT p50, TTFT p90) and ``marked_misses`` misses,
-    every one in a marked cell. Returns (the printed output, its rows by (class, level))."""
+    digit, the worst figures within ``worst`` (throughput, TPOT p50, TTFT p50, TTFT p90), ``marked_misses`` misses in
+    marked cells and ``unmarked_misses`` elsewhere. Returns (the printed output, its rows by (class, level))."""
     import matrix_offline as mo
 
     capsys.readouterr()
@@ -905,7 +906,7 @@ def _held_out_sensitivity(run: Path, capsys, cells: int, worst: tuple[float, flo
     assert len(rows) == cells
     _worst_within(w, *worst)
     assert (f"misses: {marked_misses} where the figure moves by more than its target with steps \u00b12% (marked !), "
-            "0 elsewhere") in out
+            f"{unmarked_misses} elsewhere") in out
     return out, rows
 
 
@@ -1104,3 +1105,24 @@ def test_held_out_run_57_chat_and_long_decode_with_the_issue_probe_on_a_thirteen
         for lv in rep["levels"]:
             issue = lv["diagnostics"]["issue_probe_vs_calibration"]
             assert len(issue) == 3 and max(abs(x) for x in issue) < 0.026, issue
+
+
+def test_held_out_run_58_on_a_host_that_moves_after_calibration(capsys):
+    """Run 58 at ea057c7: chat and reasoning with 16 busy loops on the 16-core host from the calibration's end (a host
+    that moves between calibration and serving). 23 of 24 end-to-end figures held out within target, the device's
+    figures to the digit; the replays' eager issue ran -1 to +38% slow, the issue probe before them read -18 to +221%:
+    it does not follow a loaded host replay by replay (--host-speed stays calibration by default)."""
+    from sim.timeline_check import unpacked_run
+
+    r58 = unpacked_run(ROOT / "benchmarks" / "gpu" / "issue16_h100" / "run58_moving_host_chat_reasoning_ea057c7")
+    assert "HOST_LOAD=16" in (ROOT / "benchmarks" / "gpu" / "issue16_h100" / "run58_moving_host_chat_reasoning_ea057c7" / "env.txt").read_text()
+    _, rows = _held_out_sensitivity(r58, capsys, 6, (0.013, 0.03, 0.086, 0.151), unmarked_misses=1)
+    assert "-15.0%" in rows[("reasoning", "low")]
+    eager, issue = [], []
+    for cls in ("chat", "reasoning"):
+        rep = json.loads((r58 / f"validation_{cls}_deepseek-v3-5layers_fp8.json").read_text())
+        for lv in rep["levels"]:
+            eager += lv["diagnostics"]["eager_issue_vs_calibration"]
+            issue += lv["diagnostics"]["issue_probe_vs_calibration"]
+    assert -0.02 < min(eager) and max(eager) < 0.39
+    assert min(issue) < -0.15 and max(issue) > 2.0   # the probe samples the contention, not the replay's mean
