@@ -261,7 +261,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--quick", action="store_true", help="a few shapes per table (a smoke run)")
-    ap.add_argument("--tables", default="dense,masked,mla", help="comma list of dense, dense_tp, masked, mla, mla_tp, dense_bf16 "
+    ap.add_argument("--tables", default="dense,masked,mla", help="comma list of dense, dense_tp, masked, masked_tp, mla, mla_tp, dense_bf16 "
                     "(BF16 cuBLAS and DeepGEMM FP8 at the V3 shapes and BF16_EXTRA's), dense_bf16_qwen (BF16 cuBLAS at "
                     "BF16_QWEN's shapes)")
     ap.add_argument("--tp", default="2,4,8", help="TP widths of the dense_tp (DeepGEMM) and mla_tp (heads = 128 / TP) tables")
@@ -284,6 +284,13 @@ def main() -> None:
               ("masked", lambda: masked_grouped_rows(writer.emit, (32,) if args.quick else (8, 32, 256),
                                                      (1, 8, 64) if args.quick else (1, 4, 8, 16, 32, 64, 128, 256),
                                                      {"expert_gate_up": (4096, 7168), "expert_down": (7168, 2048)})),
+              # experts split by TP (each GPU holds every expert's N/TP gate_up columns and K/TP down rows): the
+              # shapes the routed-expert ramp prices without a table (DeepSeek-V3 TP8 and TP4, Qwen3-235B TP4; DeepGEMM's
+              # block scales need N and K in multiples of 128, so Qwen3's TP8 down projection, K = 192, is not one)
+              ("masked_tp", lambda: masked_grouped_rows(writer.emit, (8, 32, 128, 256), (1, 4, 16, 64),
+                                                        {"v3_tp8_gate_up": (512, 7168), "v3_tp8_down": (7168, 256),
+                                                         "v3_tp4_gate_up": (1024, 7168), "v3_tp4_down": (7168, 512),
+                                                         "q235_tp4_gate_up": (768, 4096), "q235_tp4_down": (4096, 384)})),
               ("mla", lambda: mla_decode_rows(writer.emit, (1, 64) if args.quick else (1, 8, 32, 64, 128, 256),
                                               (4096,) if args.quick else (512, 2048, 8192, 32768))),
               ("dense_bf16", lambda: (dense_gemm_rows(writer.emit, ("deepgemm",), m_grid, {**gemms, **BF16_EXTRA}),
