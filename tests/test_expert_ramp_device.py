@@ -30,3 +30,39 @@ def test_the_expert_ramp_matches_the_measured_masked_grouped_table_where_memory_
     assert len(errs) >= 30
     worst = max(errs, key=lambda e: abs(e[0]))
     assert abs(worst[0]) < 0.10, worst
+
+
+def _ramp_errors(csv_path: Path, hw_name: str, half: float | None = None) -> dict[str, list[float]]:
+    """Per shape name, the ramp's (time / measured device time - 1) over the rows with at most 64 rows an expert
+    (``half``: price with that half-saturation instead of the default's)."""
+    cal, hw = CalibrationProfile.default(get_hardware(hw_name)), get_hardware(hw_name)
+    out: dict[str, list[float]] = {}
+    for r in csv.DictReader(csv_path.open()):
+        if r.get("op", "grouped_gemm_masked") != "grouped_gemm_masked" or not r.get("device_us"):
+            continue
+        g, m, n, k = (int(r[c]) for c in ("groups", "m", "n", "k"))
+        if m > 64:
+            continue
+        byts = g * n * k * 1.0 + g * m * (n + k) * 2.0
+        eff = float(cal.expert_mem(byts)) if half is None else cal.mem_eff * byts / (byts + half)
+        t = byts / (hw.hbm_bw * eff) + cal.launch_overhead_s
+        out.setdefault(r["name"], []).append(t / (float(r["device_us"]) * 1e-6) - 1)
+    return out
+
+
+def test_the_ramp_at_experts_split_by_tp_is_held_out_and_bounded():
+    """Experts split by TP (DeepSeek-V3 TP8/TP4, Qwen3-235B TP4; benchmarks/gpu/issue16_h100/masked_tp_c0762f2, an
+    H100): shapes no table covers, priced by the ramp over their bytes. The device-time fit moved every shape's worst
+    error from +90..+454% (132 MB) to within -35..+63%; what is left is the short-K down projections' per-tile cost
+    (priced fast) and 8 experts' 13-30 MB (priced slow), named in that folder's README. Bounded here so a change that
+    widens it fails."""
+    run = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "issue16_h100" / "masked_tp_c0762f2" / "op_tables.csv"
+    now, before = _ramp_errors(run, "H100"), _ramp_errors(run, "H100", half=132e6)
+    assert set(now) == {"expert_gate_up", "expert_down", "v3_tp8_gate_up", "v3_tp8_down", "v3_tp4_gate_up", "v3_tp4_down",
+                        "q235_tp4_gate_up", "q235_tp4_down"}
+    assert all(len(v) == (18 if n.startswith("expert_") else 16) for n, v in now.items())
+    for name, errs in now.items():
+        assert -0.36 < min(errs) and max(errs) < 0.64, (name, min(errs), max(errs))
+        assert max(abs(e) for e in errs) < max(abs(e) for e in before[name]), name
+    # the whole experts on this card as on the H200: within 11%
+    assert max(abs(e) for n in ("expert_gate_up", "expert_down") for e in now[n]) < 0.12
