@@ -353,10 +353,13 @@ def test_routed_experts_against_a_published_moe_layer_on_the_b300(dtype):
     """DeepSeek-V3's routed experts on one EP8 rank of B300s (StepOps' expert roofline: the experts a step's tokens
     touch, their weights streamed, the math at its dtype's efficiency), in NVFP4, FP8 and BF16, against FlashInfer's
     published MoE layer on one B300 (tests/data/deepseek_moe_b300_published.csv; held out: nothing was fitted to it).
-    From 16 tokens on (12.6 of 32 local experts touched and more) within 20%: NVFP4 -16% .. -7%, FP8 -12% .. -3%,
-    BF16 -3% .. +8%, the published time also holding routing, the finalize and the activations' quantisation. At 1-8
-    tokens the model reads up to 37% short: the benchmark's sample touched about twice the local experts uniform
-    routing expects there (2, 4, 7, 10 at 1, 2, 4, 8 tokens against 1.0, 1.9, 3.8, 7.1), each streamed whole."""
+    The published time holds the whole layer: routing, the local experts, the finalize and (NVFP4, MXFP8) the
+    activations' quantisation. With the bandwidth ramp fitted to device times (2026-12-06: half-saturation 21 MB, was
+    132) the grouped GEMMs alone read short of it: from 16 tokens on BF16 (no quantisation) -11% .. +4%, FP8 -25% ..
+    -10% and NVFP4 -31% .. -19%, 20-43 us a layer for the quantised ones (their other kernels; the 132 MB ramp's
+    slower GEMMs covered that gap, within 20%: errors that cancelled). At 1-8 tokens the model reads up to 62% short:
+    the benchmark's sample touched about twice the local experts uniform routing expects there (2, 4, 7, 10 at 1, 2, 4,
+    8 tokens against 1.0, 1.9, 3.8, 7.1), each streamed whole."""
     from costmodels.calibration_source import profile_for
     from costmodels.catalog import get_model
     from costmodels.hardware import get_hardware
@@ -369,10 +372,16 @@ def test_routed_experts_against_a_published_moe_layer_on_the_b300(dtype):
     ops = StepOps(get_model("deepseek-v3"), hw, lay, profile_for(hw), expert_imbalance=1.0)   # uniform random routing
     tokens = np.array([float(r["tokens"]) for r in pub])
     t = ops._expert_roofline(tokens)[0]
-    rel = t / np.array([float(r[f"{dtype}_ms"]) * 1e-3 for r in pub]) - 1
+    published = np.array([float(r[f"{dtype}_ms"]) * 1e-3 for r in pub])
+    rel = t / published - 1
     got = dict(zip(tokens.tolist(), np.round(rel, 3).tolist()))
-    assert (np.abs(rel[tokens >= 16]) < 0.20).all(), got
-    assert (rel[tokens < 16] > -0.40).all() and (rel[tokens < 16] < 0.15).all(), got
+    many = tokens >= 16
+    # the GEMMs never exceed the layer that holds them (5%: the published run's noise), and fall short of it by
+    # what the layer's other kernels take: BF16's at most 12%, the quantised layers' at most 32% and 45 us
+    assert (rel[many] < 0.05).all(), got
+    assert (rel[many] > {"bf16": -0.12, "fp8": -0.26, "fp4": -0.32}[dtype]).all(), got
+    assert ((published - t)[many] < 45e-6).all(), got
+    assert (rel[~many] > -0.65).all() and (rel[~many] < 0.0).all(), got
 
 
 def test_bf16_weight_gemms_are_priced_from_the_measured_bf16_table():
