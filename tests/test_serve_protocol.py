@@ -69,10 +69,41 @@ def test_body_must_be_an_object():
     assert _err(P.CompletionRequest, [1, 2]).status == 400
 
 
-def test_stop_normalises_and_drops_empty_strings():
+def test_stop_normalises_to_a_list():
     assert P.parse_request(P.CompletionRequest, {"prompt": "x", "stop": "\n"}).stop == ["\n"]
-    assert P.parse_request(P.CompletionRequest, {"prompt": "x", "stop": ["a", ""]}).stop == ["a"]
+    assert P.parse_request(P.CompletionRequest, {"prompt": "x", "stop": ["a", "b"]}).stop == ["a", "b"]
     assert P.parse_request(P.CompletionRequest, {"prompt": "x"}).stop == []
+    assert P.parse_request(P.CompletionRequest, {"prompt": "x", "stop": []}).stop == []
+
+
+@pytest.mark.parametrize("stop", ["", [""], ["a", ""]])
+def test_an_empty_stop_string_is_400_not_dropped(stop):
+    # it was dropped silently (the answer ran on as if no stop was asked); vLLM refuses it
+    e = _err(P.CompletionRequest, {"prompt": "x", "stop": stop})
+    assert e.status == 400 and e.param == "stop" and "must not be empty" in e.message
+
+
+def test_a_text_part_without_text_names_the_missing_field():
+    # it said "only text content parts are supported (got type 'text')"
+    e = _err(P.ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"type": "text"}]}]})
+    assert e.param == "messages[0].content[0].text" and e.message == "messages[0].content[0].text: field required"
+    e = _err(P.ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"type": "image_url", "text": "x"}]}]})
+    assert e.param == "messages[0].content[0]" and "only text content parts are supported (got type 'image_url')" in e.message
+
+
+@pytest.mark.parametrize("prompt, bad", [([1.0, 2.0], "1.0"), ([[3, 2.5]], "2.5"), ([1, True], "True"), (["a", 1], "'a'")])
+def test_non_integer_token_ids_are_named_as_such(prompt, bad):
+    # [1.0, 2.0] was "prompt: Input should be a valid string" (the union's first branch)
+    e = _err(P.CompletionRequest, {"prompt": prompt})
+    assert e.param == "prompt" and e.message == f"prompt: prompt token ids must be integers (got {bad})"
+
+
+def test_chat_refuses_echo_as_completions_does():
+    # docs/serve.md lists echo as refused; chat took `echo: true` and ignored it
+    e = _err(P.ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "echo": True})
+    assert e.status == 400 and e.param == "echo" and "echo is not supported" in e.message
+    req = P.parse_request(P.ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "echo": False})
+    assert req.echo is False
 
 
 def test_chat_max_completion_tokens_wins_and_text_parts_join():
@@ -117,7 +148,7 @@ def test_chat_deltas_carry_only_what_changed():
 def test_null_means_the_default(model, base):
     # OpenAI's API reference types n as "integer or null" and stream / echo as "boolean or null" (absent and null
     # alike: the default); clients that serialise every field send them so, and must not get a 400
-    fields = {"n": None, "stream": None, "ignore_eos": None, **({"echo": None} if model is P.CompletionRequest else {})}
+    fields = {"n": None, "stream": None, "ignore_eos": None, "echo": None}
     req = P.parse_request(model, {**base, **fields})
     assert (req.n, req.stream, req.ignore_eos) == (1, False, False)
     assert req.sampling_kwargs(4)["ignore_eos"] is False

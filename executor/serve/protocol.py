@@ -95,6 +95,8 @@ class _SamplingRequest(BaseModel):
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
+    # completions' echo (prompt in the answer) and vLLM's chat echo (the last message) alike: not implemented
+    echo: StrictBool = False
 
 
     @field_validator("n", "stream", "ignore_eos", "echo", mode="before", check_fields=False)
@@ -138,6 +140,13 @@ class _SamplingRequest(BaseModel):
             raise ValueError("logprobs are not supported")
         return v
 
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("echo is not supported")
+        return v
+
     @field_validator("stream_options", mode="before")
     @classmethod
     def _stream_options_need_stream(cls, v: Any, info: ValidationInfo) -> Any:
@@ -150,14 +159,17 @@ class _SamplingRequest(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stop(cls, v: str | list[str] | None) -> list[str]:
-        # one list form downstream; empty strings would match everywhere, so they are dropped
+        # one list form downstream. An empty string would match everywhere: refused as vLLM does (dropping it
+        # silently answered as if the client had not asked for a stop)
         items = [v] if isinstance(v, str) else list(v or [])
         if len(items) > MAX_STOP_STRINGS:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings (got {len(items)})")
+        if not all(items):
+            raise ValueError("stop strings must not be empty (got \"\")")
         total = sum(len(s) for s in items)
         if total > MAX_STOP_CHARS:
             raise ValueError(f"stop strings may total at most {MAX_STOP_CHARS} characters (got {total})")
-        return [s for s in items if s]
+        return items
 
     @field_validator("stop_token_ids")
     @classmethod
@@ -189,8 +201,21 @@ class CompletionRequest(_SamplingRequest):
 
     prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
     max_tokens: StrictInt | None = Field(16, ge=1)  # OpenAI's documented default for completions
-    echo: StrictBool = False
     suffix: StrictStr | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _integer_ids(cls, v: Any) -> Any:
+        # said before the union is tried: its branches would each fail on 1.0, and the first one (a string) named
+        # only "Input should be a valid string"
+        rows = v[:1] if isinstance(v, list) and v and isinstance(v[0], list) else [v]
+        for row in rows:
+            # a list of token ids: one that holds a number holds only integers (a list of strings is text prompts)
+            if isinstance(row, list) and any(isinstance(t, (int, float)) and not isinstance(t, bool) for t in row):
+                bad = next((t for t in row if not isinstance(t, int) or isinstance(t, bool)), None)
+                if bad is not None:
+                    raise ValueError(f"prompt token ids must be integers (got {bad!r})")
+        return v
 
     @field_validator("prompt")
     @classmethod
@@ -208,13 +233,6 @@ class CompletionRequest(_SamplingRequest):
                 raise ValueError("prompt token ids must be non-negative")
         return v
 
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("echo is not supported")
-        return v
-
     @field_validator("suffix")
     @classmethod
     def _no_suffix(cls, v: str | None) -> str | None:
@@ -226,13 +244,15 @@ class CompletionRequest(_SamplingRequest):
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: StrictStr
-    text: StrictStr | None = None
+    text: StrictStr   # a text part without its text is a missing field (messages[i].content[j].text), not a wrong type
 
-    @model_validator(mode="after")
-    def _text_only(self) -> "ContentPart":
-        if self.type != "text" or self.text is None:
-            raise ValueError(f"only text content parts are supported (got type {self.type!r})")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, v: Any) -> Any:
+        # checked before the fields, so that an image part is refused for its type, not for lacking `text`
+        if isinstance(v, dict) and isinstance(v.get("type"), str) and v["type"] != "text":
+            raise ValueError(f"only text content parts are supported (got type {v['type']!r})")
+        return v
 
 
 class ChatMessage(BaseModel):
@@ -253,7 +273,7 @@ class ChatMessage(BaseModel):
     def text(self) -> str:
         """The message's text: string content, or its text parts joined."""
         if isinstance(self.content, list):
-            return "".join(p.text or "" for p in self.content)
+            return "".join(p.text for p in self.content)
         return self.content or ""
 
 
@@ -320,8 +340,10 @@ def parse_request(model: type[BaseModel], body: Any) -> Any:
         return model.model_validate(body)
     except ValidationError as err:
         errors = err.errors()
-        # in a union, the branch our own validator rejected says more than "not a string"
-        e = next((x for x in errors if x.get("type") == "value_error"), errors[0])
+        # in a union, the branch our own validator rejected says more than "not a string"; else the branch that got
+        # deepest into the value (a text part missing its `text`, not the string branch's "not a string")
+        e = next((x for x in errors if x.get("type") == "value_error"),
+                 max(errors, key=lambda x: len(x.get("loc", ()))))
         param = _param_name(tuple(e.get("loc", ())))
         msg = str(e.get("msg", "invalid value")).removeprefix("Value error, ")
         got = e.get("input")
