@@ -123,6 +123,19 @@ def test_request_id_is_honoured_and_echoed(server):
     assert r.headers["x-request-id"] and r.json()["id"] == "cmpl-" + r.headers["x-request-id"]
 
 
+def test_a_utf8_request_id_reads_as_sent_and_other_bytes_are_400(server):
+    # the header was read as latin-1: `éx` came back as the id `cmpl-Ã©x` (the header itself echoed right)
+    rid = "éx-€"
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2},
+                   headers=[(b"X-Request-Id", rid.encode())])
+    assert r.status_code == 200 and r.json()["id"] == "cmpl-" + rid
+    assert (b"x-request-id", rid.encode()) in r.headers.raw   # the bytes sent, echoed
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2},
+                   headers=[(b"X-Request-Id", b"\xe9x")])
+    err = _assert_openai_error(r, 400, None)
+    assert err["code"] == "invalid_request_id" and "X-Request-Id" in err["message"]
+
+
 def _assert_openai_error(r: httpx.Response, status: int, param: str | None):
     assert r.status_code == status, r.text
     err = r.json()["error"]
@@ -160,6 +173,19 @@ def test_prompt_over_the_context_limit_is_400(server):
     err = _assert_openai_error(httpx.post(server.url + "/v1/completions", json={"prompt": "x" * 200, "max_tokens": 100}),
                                400, "max_tokens")
     assert "256" in err["message"]
+
+
+def test_the_default_max_tokens_fits_what_the_context_leaves(server):
+    # 16 (OpenAI's default) past the context was a 400 naming max_tokens, a field the client never sent
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x" * 250})   # BOS + 250: 5 tokens of room
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 5 and r.json()["choices"][0]["finish_reason"] == "length"
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x" * 254})   # one token of room
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1
+    # sent, the same 16 is the client's own: still the 400
+    err = _assert_openai_error(httpx.post(server.url + "/v1/completions", json={"prompt": "x" * 250, "max_tokens": 16}),
+                               400, "max_tokens")
+    assert "you requested 267 tokens (251 in the prompt, 16 for the completion)" in err["message"]
 
 
 def test_chat_budget_over_the_context_names_the_field_sent(server):

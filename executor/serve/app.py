@@ -153,7 +153,16 @@ class _RequestIdAndAuth:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        rid = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+        # echoed as the bytes that came (`echo`, latin-1 round-trips them); read as UTF-8 for the response id, which
+        # showed `éx` as `Ã©x`. Bytes that are not UTF-8 name no id a client could match: 400
+        echo = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+        try:
+            rid = echo.encode("latin-1").decode("utf-8")
+        except UnicodeDecodeError:
+            err = P.APIError("X-Request-Id header: not valid UTF-8 (send ASCII or UTF-8 text)",
+                             code="invalid_request_id")
+            self.on_reject(err.code)
+            return await _error(err, echo)(scope, receive, send)
         scope.setdefault("state", {})["request_id"] = rid
 
         if self.api_key and scope["path"].startswith(AUTH_PATHS) and not _key_ok(headers.get("authorization"), self.api_key):
@@ -161,7 +170,7 @@ class _RequestIdAndAuth:
                              type="authentication_error", code="invalid_api_key",
                              headers={"www-authenticate": "Bearer"})
             self.on_reject(err.code)
-            return await _error(err, rid)(scope, receive, send)
+            return await _error(err, echo)(scope, receive, send)
         declared = headers.get("content-length", "")
         err = None
         if declared.isdigit() and len(declared) < 20 and int(declared) > self.max_body_bytes:
@@ -170,12 +179,12 @@ class _RequestIdAndAuth:
             err = self.state.shutting_down()  # answered before the body is read
         if err is not None:
             self.on_reject(err.code)
-            return await _error(err, rid)(scope, receive, send)
+            return await _error(err, echo)(scope, receive, send)
 
         async def send_with_id(message):
             if message["type"] == "http.response.start":
                 hdrs = [h for h in message.get("headers", []) if h[0].lower() != REQUEST_ID_HEADER.encode()]
-                message = {**message, "headers": hdrs + [(REQUEST_ID_HEADER.encode(), rid.encode("latin-1"))]}
+                message = {**message, "headers": hdrs + [(REQUEST_ID_HEADER.encode(), echo.encode("latin-1"))]}
             await send(message)
 
         await self.app(scope, receive, send_with_id)
@@ -276,8 +285,11 @@ def create_app(engine: Any, tokenizer: Tokenizer, *, served_model_name: str, api
         else:
             prompt_ids = list(req.prompt)
             _check_ids(st, prompt_ids)
+        # OpenAI's default of 16 when the client sent none: only as much as the context leaves (as vLLM), since a
+        # context-length 400 blaming max_tokens would name a field the client never sent
         return await _serve(st, request, req, prompt_ids, prefix="cmpl", chat=False,
-                            max_tokens=req.max_tokens, prompt_param="prompt")
+                            max_tokens=req.max_tokens, prompt_param="prompt",
+                            clamp_max_tokens="max_tokens" not in req.model_fields_set)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -420,8 +432,9 @@ def _check_ids(st: _State, ids: list[int]) -> None:
 
 
 def _budget(st: _State, prompt_len: int, max_tokens: int | None, prompt_param: str,
-            budget_param: str = "max_tokens") -> int:
-    """The completion's token budget; prompts that leave no room get OpenAI's context-length error."""
+            budget_param: str = "max_tokens", clamp: bool = False) -> int:
+    """The completion's token budget; prompts that leave no room get OpenAI's context-length error.
+    ``clamp``: ``max_tokens`` is the server's default, not the client's: cut to the room left instead."""
     limit = st.engine.max_model_len
     if prompt_len >= limit:
         raise P.APIError(f"This model's maximum context length is {limit} tokens. However, your prompt has "
@@ -429,6 +442,8 @@ def _budget(st: _State, prompt_len: int, max_tokens: int | None, prompt_param: s
                          param=prompt_param, code="context_length_exceeded")
     if max_tokens is None:
         return limit - prompt_len
+    if clamp:
+        return min(max_tokens, limit - prompt_len)   # >= 1: the prompt is shorter than the limit
     if prompt_len + max_tokens > limit:
         raise P.APIError(f"This model's maximum context length is {limit} tokens. However, you requested "
                          f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the "
@@ -448,9 +463,10 @@ def _sampling_params(st: _State, req: P._SamplingRequest, max_tokens: int) -> An
 
 
 async def _serve(st: _State, request: Request, req: P._SamplingRequest, prompt_ids: list[int], *, prefix: str,
-                 chat: bool, max_tokens: int | None, prompt_param: str, budget_param: str = "max_tokens"):
+                 chat: bool, max_tokens: int | None, prompt_param: str, budget_param: str = "max_tokens",
+                 clamp_max_tokens: bool = False):
     """Admit, run and answer one request (streamed or whole)."""
-    budget = _budget(st, len(prompt_ids), max_tokens, prompt_param, budget_param)
+    budget = _budget(st, len(prompt_ids), max_tokens, prompt_param, budget_param, clamp_max_tokens)
     params = _sampling_params(st, req, budget)
     retry = {"retry-after": str(st.retry_after_s)}
     if st.draining:
