@@ -62,3 +62,42 @@ def test_serve_and_bench_take_m_for_model_as_the_other_commands_do():
     assert isinstance(r.exception, TwinferError) and "--model 'no-such-folder'" in str(r.exception)
     r = CliRunner().invoke(app, ["bench", "-m", "tiny", "--rate", "0"])
     assert isinstance(r.exception, TwinferError) and "--rate must be > 0" in str(r.exception)
+
+
+@pytest.mark.parametrize("port", ["70000", "-5"])
+def test_port_out_of_range_is_exit_2_naming_the_range(monkeypatch, port):
+    # bind() raised OverflowError: exit 1, "internal error"
+    import ui.cmd_serve as cs
+
+    built = []
+    monkeypatch.setattr(cs, "build_engine", lambda *a, **k: built.append(1))
+    r = CliRunner().invoke(app, ["serve", "--model", "tiny", "--load-format", "dummy", "--device", "cpu", "--port", port])
+    assert isinstance(r.exception, TwinferError) and f"--port {port}: allowed: 0 to 65535" in str(r.exception)
+    assert not built
+
+
+def test_unknown_log_level_is_exit_2_before_the_engine(monkeypatch):
+    # it was uvicorn's KeyError 'loud' (exit 1) after the model had loaded
+    import uvicorn.config
+
+    import ui.cmd_serve as cs
+
+    assert set(cs.LOG_LEVELS) == set(uvicorn.config.LOG_LEVELS)   # the CLI's list is uvicorn's
+    built = []
+    monkeypatch.setattr(cs, "build_engine", lambda *a, **k: built.append(1))
+    r = CliRunner().invoke(app, ["serve", "--model", "tiny", "--load-format", "dummy", "--device", "cpu", "--port", "0",
+                                 "--log-level", "loud"])
+    assert isinstance(r.exception, TwinferError) and "--log-level must be one of critical, error, warning" in str(r.exception)
+    assert not built
+
+
+def test_max_model_len_below_two_is_exit_2(monkeypatch):
+    # 1 started a server that refused every request (a one-token prompt leaves no room for a token out)
+    import ui.cmd_serve as cs
+
+    built = []
+    monkeypatch.setattr(cs, "build_engine", lambda *a, **k: built.append(1))
+    r = CliRunner().invoke(app, ["serve", "--model", "tiny", "--load-format", "dummy", "--device", "cpu", "--port", "0",
+                                 "--max-model-len", "1"])
+    assert r.exit_code == 2 and "--max-model-len" in r.output and "greater than or equal to 2" in r.output
+    assert not built

@@ -9,6 +9,12 @@ import typer
 
 from twinfer.errors import TwinferError
 
+# uvicorn's log levels (uvicorn.config.LOG_LEVELS), spelled here so that a wrong one is refused before the engine is
+# built, without importing uvicorn (it was a KeyError from uvicorn after the model loaded)
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+# the shortest context a request fits: a one-token prompt and one generated token
+MIN_MODEL_LEN = 2
+
 
 def register(app: typer.Typer) -> None:
     """Add ``serve`` to the CLI."""
@@ -43,11 +49,13 @@ def serve(
     device: str = typer.Option("cuda", "--device", help="cpu or cuda"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="activation/weight dtype (engine default if unset)"),
     host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8000, "--port", help="0 picks a free port (the URL is printed)"),
+    # the range is checked by bind_socket (one line naming --port and 0 to 65535, before the engine is built)
+    port: int = typer.Option(8000, "--port", help="0 to 65535; 0 picks a free port (the URL is printed)"),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="TWINFER_API_KEY",
                                           help="require 'Authorization: Bearer KEY' on /v1 and /metrics"),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="model id clients send (default: --model)"),
-    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=1),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=MIN_MODEL_LEN,
+                                                help="context length in tokens, prompt and output together"),
     num_kv_blocks: Optional[int] = typer.Option(None, "--num-kv-blocks", min=1),
     seed: int = typer.Option(0, "--seed"),
     max_queue: int = typer.Option(4096, "--max-queue", min=1, help="requests in flight before answering 429"),
@@ -57,7 +65,7 @@ def serve(
                                        help="seconds a request's headers and body may take to arrive (slow clients are cut off)"),
     max_connections: int = typer.Option(8192, "--max-connections", min=1, max=1_000_000,
                                         help="open connections before new ones get 503 (also capped by the file-descriptor limit)"),
-    log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level"),
+    log_level: str = typer.Option("warning", "--log-level", help=f"uvicorn log level: {', '.join(LOG_LEVELS)}"),
     async_overlap: Optional[bool] = typer.Option(None, "--async-overlap/--no-async-overlap",
                                                  help="pipelined engine loop: schedule step N+1 while the GPU runs step N [the plan's scheduler setting; on]"),
 ) -> None:
@@ -66,6 +74,8 @@ def serve(
         raise TwinferError(f"--device must be cpu or cuda, got {device!r}")
     if load_format not in ("auto", "dummy"):
         raise TwinferError(f"--load-format must be auto or dummy, got {load_format!r}")
+    if log_level not in LOG_LEVELS:
+        raise TwinferError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
     if load_format == "auto" and not Path(model).is_dir():
         # said now, not after the engine build (which, for a large catalog model, first fails on memory instead)
         raise TwinferError(f"--model {model!r} is not a checkpoint folder, so --load-format auto has no weights to read; "

@@ -37,6 +37,8 @@ def bind_socket(host: str, port: int, listen: bool = True) -> socket.socket:
     """A listening TCP socket on host:port (port 0 picks a free one); a port in use or a host we cannot listen
     on is a user error naming the flag (TwinferError), not an internal OSError. ``listen=False`` only reserves
     the port (connections are refused, not queued, until ``listen_on(sock)``)."""
+    if not 0 <= port <= 65535:   # else bind() raises OverflowError, an internal error to the CLI
+        raise TwinferError(f"--port {port}: allowed: 0 to 65535 (0 picks a free port)")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
