@@ -103,6 +103,7 @@ class BenchRun:
     tokens_per_word: float | None = None
     clipped: int = 0                    # requests shortened to fit the server's max_model_len
     max_in_flight: int | None = None    # most requests in flight at once (UserLoop runs)
+    interrupted: bool = False           # cut by Ctrl-C: the records are the requests that completed before it
 
 
 # ----------------------------------------------------------------------------- arrivals

@@ -52,3 +52,71 @@ def test_partial_summary_of_a_cut_bench():
     print_partial(con, recs, 10)
     text = con.export_text()
     assert "3 of 10 requests completed (1 failed)" in text and "TTFT ms p50/p90/p99: 150.0" in text and "(2 requests)" in text
+
+
+def test_partial_summary_says_when_nothing_completed():
+    from rich.console import Console
+
+    from executor.bench_client import RequestRecord
+    from ui.cmd_bench import print_partial
+
+    for recs, says in (([], "interrupted: 0 of 8 requests completed; no figures to report"),
+                       ([RequestRecord(0, 0.0, success=False)], "1 of 8 requests completed (all 1 failed); no figures")):
+        con = Console(record=True, width=200)
+        print_partial(con, recs, 8)
+        text = con.export_text()   # it was a heading, "partial figures over the successful ones:", over nothing
+        assert says in text and "partial figures" not in text
+
+
+def _cut_after(monkeypatch, completed: int):
+    """bench's run stands in for one that Ctrl-C cuts after ``completed`` requests came back."""
+    from executor import bench_client as bc
+
+    async def server_info(url, model, api_key):
+        return "m", 4096
+
+    async def run_benchmark(url, items, *, on_record, **kw):
+        for i in range(completed):
+            on_record(bc.RequestRecord(i, 0.0, start_s=0.1 * i, prompt_len=32, output_len=4, output_tokens=4,
+                                       ttft_s=0.01, tpot_s=0.002, e2e_s=0.02, success=True))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bc, "server_info", server_info)
+    monkeypatch.setattr(bc, "run_benchmark", run_benchmark)
+
+
+@pytest.mark.parametrize("completed", [2, 0])
+def test_ctrl_c_still_writes_records_and_json_of_what_completed(monkeypatch, tmp_path, completed):
+    # exit 130 printed the partial line, but --records was never written and --json printed nothing
+    _cut_after(monkeypatch, completed)
+    out = tmp_path / "r.jsonl"
+    r = CliRunner().invoke(app, ARGS + ["--url", "http://127.0.0.1:1", "--records", str(out), "--json"])
+    assert r.exit_code == 130, r.output
+    lines = out.read_text().splitlines()
+    assert [json.loads(x)["index"] for x in lines] == list(range(completed))
+    doc = json.loads(r.stdout[r.stdout.index("{"):])
+    assert doc["config"]["interrupted"] is True and doc["config"]["num_requests_planned"] == 3
+    assert doc["config"]["num_requests"] == completed and doc["metrics"]["requests_finished"] == completed
+    if completed:
+        assert doc["metrics"]["duration_s"] == pytest.approx(0.12)   # first send to last completion
+    else:
+        assert "interrupted: 0 of 3 requests completed; no figures to report" in r.stderr
+
+
+def test_ctrl_c_without_json_prints_the_partial_figures_only(monkeypatch):
+    _cut_after(monkeypatch, 2)
+    r = CliRunner().invoke(app, ARGS + ["--url", "http://127.0.0.1:1"], env={"COLUMNS": "200"})
+    assert r.exit_code == 130 and "interrupted: 2 of 3 requests completed (0 failed)" in r.stderr
+    assert "twinfer bench:" not in r.stdout   # not the whole-run table as well
+
+
+def test_rate_and_duration_help_shows_the_bound_that_is_checked():
+    # --duration-s showed [x>=0.0] while 0 was refused "must be > 0"
+    r = CliRunner().invoke(app, ["bench", "--help"])
+    assert r.exit_code == 0
+    for flag in ("--rate", "--duration-s"):
+        entry = r.stdout[r.stdout.index(f"  {flag} "):]
+        entry = entry[:entry.index("\n  --", 1)]   # the option's help, up to the next option
+        assert "> 0" in entry and "x>=" not in entry, entry
+        r2 = CliRunner().invoke(app, ARGS + ["--url", "http://127.0.0.1:1", flag, "-1"])
+        assert r2.exit_code != 0 and f"{flag} must be > 0 (got -1)" in str(r2.exception)

@@ -130,13 +130,14 @@ def bench(
     url: str = typer.Option("http://127.0.0.1:8000", "--url", help="server URL, with or without the /v1 that twinfer serve prints"),
     workload: str = typer.Option("chat", "--workload", help="workload preset name or a WorkloadSpec YAML/JSON file"),
     requests: Optional[int] = typer.Option(None, "--requests", "-n", min=1, help="number of requests (default: the workload's)"),
-    rate: Optional[float] = typer.Option(None, "--rate", min=0.0, help="mean arrival rate, req/s (default: the workload's)"),
+    # --rate and --duration-s: > 0, checked in the body (typer's min= is inclusive and showed [x>=0.0] for a 0 refused)
+    rate: Optional[float] = typer.Option(None, "--rate", help="mean arrival rate, req/s, > 0 (default: the workload's)"),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1,
                                               help="requests in flight; alone: closed loop of that many users, with --rate: a cap"),
     think_time_s: Optional[float] = typer.Option(None, "--think-time-s", min=0.0,
                                                  help="closed loop: seconds a user waits before its next request (default 0)"),
-    duration_s: Optional[float] = typer.Option(None, "--duration-s", min=0.0,
-                                               help="send requests only for this many seconds (closed loop: users stop, in-flight requests finish)"),
+    duration_s: Optional[float] = typer.Option(None, "--duration-s",
+                                               help="send requests only for this many seconds, > 0 (closed loop: users stop, in-flight requests finish)"),
     trace: Optional[str] = typer.Option(None, "--trace", help="replay a trace file instead of a preset"),
     trace_format: str = typer.Option("jsonl", "--trace-format", help="jsonl (twinfer) or mooncake"),
     input_len: Optional[int] = typer.Option(None, "--input-len", min=1, help="fix every prompt's length (tokens)"),
@@ -174,7 +175,7 @@ def bench(
         raise TwinferError(f"--ramp-s {ramp_s:g}: allowed: 0 up to {MAX_RAMP_S:,.0f} seconds")
     for flag, value in (("--rate", rate), ("--duration-s", duration_s)):
         # 0 is no rate and no sending time; the overrides below would take it for "unset" and run the workload's
-        if value is not None and value <= 0:
+        if value is not None and not value > 0:   # (NaN too)
             raise TwinferError(f"{flag} must be > 0 (got {value:g})")
     err = Console(stderr=True)
     target = parse_slo(slo, "--slo") if slo is not None else None
@@ -220,9 +221,11 @@ def bench(
                                                max_model_len=int(max_len) if max_len else None, users=users,
                                                on_record=on_record))
         except KeyboardInterrupt:
+            # what completed is still reported (records, --json), then exit 130: a cut run is not a clean one
             progress.stop()
             print_partial(err, done, total or len(done))
-            raise typer.Exit(130) from None
+            run = partial_run(done, model=model, url=url, prompt_mode=prompt_mode)
+    interrupted = run.interrupted
     if run.clipped:
         err.print(f"note: {run.clipped} of {len(run.records)} requests clipped to fit the server's max_model_len {max_len}")
     if records:
@@ -232,6 +235,8 @@ def bench(
               "rate": rate, "concurrency": users.users if users else concurrency, "closed_loop": closed, "warmup": warmup,
               "ramp_s": ramp_s, "prompt_mode": prompt_mode, "tokens_per_word": run.tokens_per_word, "seed": seed,
               "clipped_to_max_model_len": run.clipped}
+    if interrupted:   # num_requests: those that completed before Ctrl-C, of this many
+        config.update(interrupted=True, num_requests_planned=total)
     if users is not None:
         config.update(think_time_s_mean=closed_spec.think_time_s.mean(), duration_s=closed_spec.duration_s,
                       max_in_flight=run.max_in_flight)
@@ -241,13 +246,25 @@ def bench(
         if verdict:
             doc["slo_check"] = {"slo": target.text(), "percentile": target.percentile, "meets": verdict[0], "line": verdict[1]}
         print(json.dumps(doc, indent=2))
-    else:
+    elif not interrupted:   # (a cut run's figures were printed by print_partial)
         print_summary(Console(), config, metrics)
         if verdict:
             Console().print(verdict[1], highlight=False, style=None if verdict[0] else "red")
     errors = [r.error for r in run.records if r.error]
     if errors:
         err.print(f"[red]{len(errors)} requests failed[/]; first error: {errors[0]}")
+    if interrupted:
+        raise typer.Exit(130)
+
+
+def partial_run(records: list, *, model: str, url: str, prompt_mode: str):
+    """The requests that completed before a Ctrl-C, as a run (``interrupted`` set): its duration runs from the
+    first send to the last completion (what the client saw; requests cut in flight are not in it)."""
+    from executor import bench_client as bc
+
+    end = max((r.start_s + (r.e2e_s or 0.0) for r in records), default=0.0)
+    return bc.BenchRun(records=list(records), duration_s=end, model=model, url=url, prompt_mode=prompt_mode,
+                       interrupted=True)
 
 
 def print_partial(console, records: list, total: int) -> None:
@@ -255,6 +272,11 @@ def print_partial(console, records: list, total: int) -> None:
     import numpy as np
 
     ok = [r for r in records if r.success]
+    if not ok:   # no latency to report: said so, not a heading over nothing
+        failed = f" (all {len(records)} failed)" if records else ""
+        console.print(f"[yellow]interrupted: {len(records)} of {total} requests completed{failed}; no figures to "
+                      "report[/]", highlight=False)
+        return
     console.print(f"[yellow]interrupted: {len(records)} of {total} requests completed ({len(records) - len(ok)} failed); "
                   "partial figures over the successful ones:[/]", highlight=False)
     for name in ("ttft_s", "tpot_s", "e2e_s"):
