@@ -276,14 +276,22 @@ def as_closed(spec: WorkloadSpec, concurrency: int | None = None, think_time_s: 
     """``spec`` as a closed loop of ``concurrency`` users (validated, errors name the field): a closed spec with the
     user count / think time replaced, or a poisson/gamma/constant one with the same lengths, prefixes, priorities and
     request count or duration (its rate and cv dropped; think time 0 unless given)."""
-    data = spec.model_dump(mode="json", exclude_unset=True)
-    if spec.kind not in RATE_KINDS + ("closed",):
-        raise TwinferError(f"workload.kind: {spec.kind!r} cannot run as a closed loop (poisson, gamma, constant or closed can)")
-    if spec.kind != "closed":
+    return validate(WorkloadSpec, closed_mapping(spec.model_dump(mode="json", exclude_unset=True), concurrency, think_time_s),
+                    "workload")
+
+
+def closed_mapping(data: dict, concurrency: int | None = None, think_time_s: float | None = None) -> dict:
+    """A workload mapping (not yet validated, no preset) made a closed loop's, as ``as_closed`` makes a spec: so a
+    scenario file's ``kind: closed`` without ``concurrency`` takes ``--concurrency`` before it is validated."""
+    kind = data.get("kind", "poisson")
+    if kind not in RATE_KINDS + ("closed",):
+        raise TwinferError(f"workload.kind: {kind!r} cannot run as a closed loop (poisson, gamma, constant or closed can)")
+    data = dict(data)
+    if kind != "closed":
         data = {k: v for k, v in data.items() if k not in ("rate", "cv")}
         data.update(kind="closed", think_time_s=0)
     data.update({k: v for k, v in (("concurrency", concurrency), ("think_time_s", think_time_s)) if v is not None})
-    return validate(WorkloadSpec, data, "workload")
+    return data
 
 
 # ---------------------------------------------------------------- generation

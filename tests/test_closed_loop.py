@@ -374,3 +374,27 @@ def test_twinfer_simulate_concurrency_flag():
                      (["--workload", "agentic", "--concurrency", "4"], "cannot run as a closed loop")):
         r = CliRunner().invoke(app, ["simulate", "-n", "50"] + bad)
         assert r.exit_code != 0 and msg in (r.output + str(r.exception))
+
+
+def test_simulate_concurrency_flag_fills_a_closed_file_without_one(tmp_path):
+    """A file with `kind: closed` and no concurrency was refused ("set workload.concurrency in the file, or pass
+    --concurrency") even with --concurrency: the scenario was validated before the flag applied."""
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from ui.cli import app
+
+    f = tmp_path / "cl.yaml"
+    f.write_text(yaml.safe_dump({"model": "deepseek-v3", "hardware": "H200", "layout": {"tp": 8},
+                                 "workload": {"kind": "closed", "num_requests": 30}}))
+    r = CliRunner().invoke(app, ["simulate", "-s", str(f), "--concurrency", "4", "--think-time-s", "0.25", "--json"])
+    assert r.exit_code == 0, r.output
+    wl = json.loads(r.stdout)["scenario"]["workload"]
+    assert wl["kind"] == "closed" and wl["concurrency"] == 4 and wl["think_time_s"]["value"] == 0.25
+    for bad, msg in ((["--concurrency", "0"], "--concurrency (workload.concurrency)"),
+                     (["--concurrency", "4", "--rate", "3"], "--rate: a closed loop has no arrival rate"),
+                     (["--think-time-s", "1"], "or pass --concurrency")):
+        r = CliRunner().invoke(app, ["simulate", "-s", str(f)] + bad)
+        assert isinstance(r.exception, TwinferError) and msg in str(r.exception), (bad, r.output, r.exception)  # exit 2

@@ -51,9 +51,13 @@ def _set(data: dict, path: str, value) -> None:
     node[last] = value
 
 
-def effective_scenario(scenario: str | None = None, **overrides):
-    """The Scenario after applying command-line overrides (None means 'not given')."""
+def effective_scenario(scenario: str | None = None, *, concurrency: int | None = None, think_time_s: float | None = None,
+                       **overrides):
+    """The Scenario after applying command-line overrides (None means 'not given'). ``concurrency`` / ``think_time_s``
+    (--concurrency, --think-time-s) make a generated workload of the file a closed loop before it is validated, as
+    --rate sets its rate: a file's ``kind: closed`` may leave its user count to the flag."""
     from sim.scenario import Scenario
+    from sim.workload import RATE_KINDS, closed_mapping
 
     data, source = _base_mapping(scenario)
     slo_in_mapping(data, source, percentile_key=None)  # 'slo: ttft_p90=2s,tpot_p90=50ms' in a scenario file
@@ -79,6 +83,18 @@ def effective_scenario(scenario: str | None = None, **overrides):
     }
     for key, value in o.items():
         _set(data, paths[key], value)
+    named = dict(paths)   # the fields a flag set, for errors that name the flag
+    wl = data.get("workload")
+    if (concurrency is not None or think_time_s is not None) and isinstance(wl, dict) and "preset" not in wl \
+            and wl.get("kind", "poisson") in RATE_KINDS + ("closed",):
+        # a preset or another kind is made a closed loop after validation (_as_closed), which says what it refuses
+        if "rate" in o:
+            raise TwinferError(RATE_AND_USERS)
+        data["workload"] = closed_mapping(wl, concurrency, think_time_s)
+        for key, value in (("concurrency", concurrency), ("think_time_s", think_time_s)):
+            if value is not None:
+                o[key] = value
+                named[key] = f"workload.{key}"
     if given:  # say what changed, so the printed name/description do not describe another scenario
         flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in given.items())
         data["description"] = f"{data.get('description', '')} (modified: {flags})".strip()
@@ -91,7 +107,7 @@ def effective_scenario(scenario: str | None = None, **overrides):
     except TwinferError as e:   # name the flag the user typed next to the field it set
         msg = str(e)
         for key in o:
-            msg = msg.replace(f": {paths[key]}:", f": --{key.replace('_', '-')} ({paths[key]}):")
+            msg = msg.replace(f": {named[key]}:", f": --{key.replace('_', '-')} ({named[key]}):")
         for field, flag in (("rate", "--rate"), ("concurrency", "--concurrency"), ("trace_path", "--trace")):
             if f"workload: {field}: required" in msg:   # a file without it: the flag that gives it
                 msg += f" (set workload.{field} in the file, or pass {flag})"
@@ -233,12 +249,15 @@ def print_partial(con: Console, requests: list, sc, spec: SLOSpec | None, wall_s
         con.print("  " + escape(spec.verdict(m)[1]), highlight=False)
 
 
+RATE_AND_USERS = "--rate: a closed loop has no arrival rate (its --concurrency users set the load); drop one"
+
+
 def _as_closed(sc, concurrency: int | None, think_time_s: float | None, rate: float | None):
     """The scenario with its workload run as a closed loop (--concurrency / --think-time-s)."""
     from sim.workload import as_closed
 
     if rate is not None:
-        raise TwinferError("--rate: a closed loop has no arrival rate (its --concurrency users set the load); drop one")
+        raise TwinferError(RATE_AND_USERS)
     wl = as_closed(sc.workload, concurrency, think_time_s)
     note = f"(closed loop: {wl.concurrency} users, think {wl.think_time_s.mean():g} s mean)"
     return sc.model_copy(update={"workload": wl, "description": f"{sc.description} {note}".strip()})
@@ -490,7 +509,7 @@ def register(app: typer.Typer) -> None:
                 rate=rate, requests=requests, duration=duration, workload=workload, trace=trace, trace_format=trace_format,
                 max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens, async_overlap=async_overlap,
                 draft_len=draft_len, router=router, seed=seed, calibration=calibration,
-                replay=policy_mapping(replay, "--replay"),
+                replay=policy_mapping(replay, "--replay"), concurrency=concurrency, think_time_s=think_time_s,
             )
         if concurrency is not None or think_time_s is not None:
             if the_plan is not None and concurrency is not None:   # the deployment's users; a run of part of it, its share
