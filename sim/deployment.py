@@ -54,21 +54,43 @@ class PoolStats:
     steps: int
 
 
-def wider_hint(layout, fits, what: str = "layout") -> str:
+def wider_hint(layout, fits, what: str = "layout", model=None) -> str:
     """Where ``layout`` (the field ``what``) does not fit: the smallest tensor-parallel width at which it would (the
     same layout otherwise, at most 64 GPUs an instance; ``fits(layout) -> bool``), as a hint for the error. A scenario
-    that leaves its layout out runs TP1, vLLM's default, which a large model does not fit."""
-    tp = layout.tp * 2
-    while layout.gpus // layout.tp * tp <= 64:
+    that leaves its layout out runs TP1, vLLM's default, which a large model does not fit. Only widths the layout's
+    own validation and ``model`` (``ParallelLayout.check_model``: heads that split evenly) take are named: TP3's
+    doubling, TP6, was suggested for DeepSeek-V3's 128 heads and then refused."""
+    per_tp = layout.gpus // layout.tp
+    for tp in _wider_tps(layout.tp, 64 // per_tp):
         try:
-            ok = fits(layout.model_copy(update={"tp": tp}))
+            lay = ParallelLayout.model_validate({**layout.model_dump(), "tp": tp})
+            if model is not None:
+                lay.check_model(model)
+        except ValueError:   # TwinferError and pydantic's ValidationError both are
+            continue
+        try:
+            ok = fits(lay)
         except (TwinferError, ValueError):
             return ""
         if ok:
             flag = f", or --tp {tp}" if what == "layout" else ""
             return f"; at TP{tp} it fits ({what}.tp: {tp}{flag}; `twinfer plan` searches layouts)"
-        tp *= 2
     return "; no tensor-parallel width up to 64 GPUs fits (`twinfer plan` searches layouts, dtypes and pipelines)"
+
+
+def _wider_tps(tp: int, most: int) -> list[int]:
+    """Tensor-parallel widths past ``tp`` up to ``most``, smallest first: its doublings (TP1: 2, 4, 8, ...) and the
+    powers of two between them (TP3: 4, 6, 8, 12, ...), the widths servers are run at."""
+    out, t = set(), tp * 2
+    while t <= most:
+        out.add(t)
+        t *= 2
+    p = 1
+    while p <= most:
+        if p > tp:
+            out.add(p)
+        p *= 2
+    return sorted(out)
 
 
 def _fit(scenario: Scenario, layout: ParallelLayout, sc: SchedulerConfig, effects: EffectsSpec, what: str) -> MemoryFit:
@@ -82,7 +104,8 @@ def _fit(scenario: Scenario, layout: ParallelLayout, sc: SchedulerConfig, effect
         )
     fit = fit_of(layout)
     if not fit.fits:
-        raise DoesNotFitError(f"{what}: {fit.explanation}" + wider_hint(layout, lambda lay: fit_of(lay).fits, what))
+        raise DoesNotFitError(f"{what}: {fit.explanation}"
+                              + wider_hint(layout, lambda lay: fit_of(lay).fits, what, get_model(scenario.model)))
     return fit
 
 

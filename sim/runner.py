@@ -42,7 +42,7 @@ def _fit(scenario: Scenario) -> MemoryFit:
                                  min_kv_tokens=sc.block_size, mtp=sc.draft_len > 0)
     fit = fit_of(scenario.layout)
     if not fit.fits:
-        raise DoesNotFitError(f"layout: {fit.explanation}" + wider_hint(scenario.layout, lambda lay: fit_of(lay).fits))
+        raise DoesNotFitError(f"layout: {fit.explanation}" + wider_hint(scenario.layout, lambda lay: fit_of(lay).fits, model=model))
     return fit
 
 

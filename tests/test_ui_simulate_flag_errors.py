@@ -197,3 +197,27 @@ def test_a_scenario_file_without_a_rate_says_where_one_goes(tmp_path):
     assert "workload: rate: required when kind is 'poisson' (set workload.rate in the file, or pass --rate)" in r.stderr
     ok = _simulate("-s", str(f), "--rate", "2", "--json")
     assert ok.returncode == 0, ok.stderr
+
+
+@pytest.mark.parametrize("model,hw,tp", [("deepseek-v3", "h200", 3), ("qwen3-235b-a22b", "h100", 3), ("kimi-k2", "b200", 5)])
+def test_the_wider_tp_hint_names_only_a_width_the_model_takes(model, hw, tp):
+    """'at TP6 it fits (... or --tp 6)' for DeepSeek-V3 at TP3, and --tp 6 was then refused: 6 does not divide its 128
+    heads (qwen3-235b-a22b was told 12, kimi-k2 10). The hint names the smallest width that fits and the layout takes."""
+    import re
+
+    from costmodels.catalog import get_model
+    from costmodels.hardware import get_hardware
+    from costmodels.layout import ParallelLayout
+    from costmodels.memory import memory_fit
+    from sim.deployment import wider_hint
+
+    m, h = get_model(model), get_hardware(hw)
+    lay = ParallelLayout(tp=tp, weight_dtype=m.checkpoint_dtype, expert_dtype=m.checkpoint_expert_dtype)
+    fits = lambda lay: memory_fit(m, h, lay).fits  # noqa: E731
+    assert not fits(lay)
+    hint = wider_hint(lay, fits, model=m)
+    got = re.search(r"at TP(\d+) it fits \(layout\.tp: \1, or --tp \1;", hint)
+    assert got, hint
+    wide = lay.model_copy(update={"tp": int(got.group(1))})
+    wide.check_model(m)   # the width it names is one the layout takes
+    assert fits(wide) and m.num_attention_heads % wide.tp == 0
