@@ -78,6 +78,22 @@ class ParallelLayout(BaseModel):
                              "set expert_dtype: fp4, or dispatch_dtype bf16/fp8")
         return self
 
+    @model_validator(mode="after")
+    def _check_ep_only(self) -> "ParallelLayout":
+        """The EP all-to-all's knobs need ep > 1, as comm_overlap does: at ep=1 two_micro_batch was reported as 'tbo'
+        and changed nothing, redundant experts added replica weights to every GPU, a dispatch dtype was shown unused."""
+        if self.ep > 1:
+            return self
+        if self.two_micro_batch:   # comm_overlap=tbo sets it, and is refused at ep=1 above
+            raise ValueError("two_micro_batch needs ep > 1 (two micro-batches hide the EP all-to-all; at ep=1 there is none)")
+        if self.eplb_redundant_experts:
+            raise ValueError(f"eplb_redundant_experts={self.eplb_redundant_experts} needs ep > 1 (EPLB replicas balance "
+                             "experts over EP ranks; at ep=1 every GPU holds every expert)")
+        if self.dispatch_dtype is not None:
+            raise ValueError(f"dispatch_dtype={self.dispatch_dtype} needs ep > 1 (it is the EP all-to-all's payload; at "
+                             "ep=1 nothing is dispatched)")
+        return self
+
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo):
         """The fields, less the newer knobs still at their defaults (see ``_OMIT_AT_DEFAULT``); all of them when the
@@ -111,20 +127,24 @@ class ParallelLayout(BaseModel):
     def experts_dtype(self) -> DType:
         return self.expert_dtype or self.weight_dtype
 
-    def check_model(self, model) -> None:
-        """Refuse a split ``model`` cannot take, naming the field, as vLLM and SGLang refuse it at start-up: attention
-        heads that do not divide over ``tp`` (DeepSeek-V3's 128 over TP256 would leave half a head per GPU, and was
-        priced), or more pipeline stages than layers."""
+    def check_model(self, model, where: str = "layout") -> None:
+        """Refuse a split ``model`` cannot take, naming the field (under ``where``), as vLLM and SGLang refuse it at
+        start-up: attention heads that do not divide over ``tp`` (DeepSeek-V3's 128 over TP256 would leave half a head
+        per GPU, and was priced), more pipeline stages than layers, or expert parallelism of a dense model (it was
+        labelled 'DP8xEP8' with no all-to-all)."""
         from twinfer.errors import TwinferError
 
         heads = model.num_attention_heads
         if heads % self.tp:
             ok = [t for t in (1, 2, 4, 8, 16, 32, 64, 128) if t <= heads and heads % t == 0]
-            raise TwinferError(f"layout.tp: {self.tp} does not divide {model.name}'s {heads} attention heads "
+            raise TwinferError(f"{where}.tp: {self.tp} does not divide {model.name}'s {heads} attention heads "
                                f"(tensor parallelism splits them evenly); e.g. tp {', '.join(map(str, ok))}")
         if self.pp > model.num_layers:
-            raise TwinferError(f"layout.pp: {self.pp} pipeline stages for {model.name}'s {model.num_layers} layers "
+            raise TwinferError(f"{where}.pp: {self.pp} pipeline stages for {model.name}'s {model.num_layers} layers "
                                f"(at most one stage per layer: pp 1..{model.num_layers})")
+        if self.ep > 1 and not model.moe:
+            raise TwinferError(f"{where}.ep: {self.ep} needs a MoE model; {model.name} is dense (no experts to spread "
+                               "over EP ranks): ep 1")
 
     def describe(self) -> str:
         """Short human label, e.g. 'TP8 fp8' or 'DP8xEP8 fp8, fp4 experts' (the routed experts' dtype where it differs)."""

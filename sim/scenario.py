@@ -97,6 +97,19 @@ class Scenario(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _model_takes_layouts(self) -> "Scenario":
+        """A split the model cannot take (ParallelLayout.check_model: heads over tp, stages over layers, EP of a dense
+        model) is refused with the file, before a memory fit: TP3 of DeepSeek-V3 was said not to fit, and its hint led
+        on to the heads error."""
+        from costmodels.catalog import get_model
+
+        m = get_model(self.model)
+        lays = [("layout", self.layout)] + ([("disagg.prefill_layout", self.disagg.prefill_layout)] if self.disagg else [])
+        for where, lay in lays:
+            lay.check_model(m, where)
+        return self
+
+    @model_validator(mode="after")
     def _attention_dp_preset(self) -> "Scenario":
         """trtllm-attention-dp: one executor loop per attention-DP rank shares the host work (unless host_workers is set)."""
         if self.scheduler.preset == "trtllm-attention-dp":

@@ -1,6 +1,7 @@
 """``twinfer cost`` flags and the comm mechanisms behind them: draft acceptance, expert/DP imbalance,
 refusing a layout that does not fit, combine overlapped with the down GEMM, NVFP4 dispatch payloads."""
 
+import re
 import subprocess
 import sys
 
@@ -73,6 +74,14 @@ def test_default_acceptance_is_the_simulators():
     (["--tp", "1", "--dp", "8", "--ep", "8", "--comm-overlap", "combine_down", "--two-micro-batch"], "contradicts two_micro_batch"),
     (["--tp", "1", "--dp", "8", "--ep", "8", "--dispatch-dtype", "nvfp4"], "dispatch_dtype=nvfp4 needs fp4 experts"),
     (["--offload-fraction", "1.5"], "offload_fraction"),
+    # EP-only knobs at ep=1 are refused as --comm-overlap is (they were priced as in force, or shown unused)
+    (["--two-micro-batch"], "--two-micro-batch: two_micro_batch needs ep > 1"),
+    (["--eplb", "8"], "--eplb: eplb_redundant_experts=8 needs ep > 1"),
+    (["--dispatch-dtype", "bf16"], "--dispatch-dtype: dispatch_dtype=bf16 needs ep > 1"),
+    (["-m", "llama-3.1-8b", "--tp", "1", "--dp", "8", "--ep", "8"], "layout.ep: 8 needs a MoE model; llama-3.1-8b is dense"),
+    # heads before the memory fit: "does not fit (--allow-no-fit prices it anyway)", then the heads error with it
+    (["--tp", "3"], "layout.tp: 3 does not divide deepseek-v3's 128 attention heads"),
+    (["--tp", "3", "--allow-no-fit"], "layout.tp: 3 does not divide deepseek-v3's 128 attention heads"),
 ])
 def test_bad_flags_are_clean_errors(args, expect):
     r = _cli(*args)
@@ -333,3 +342,25 @@ def test_request_past_the_models_context_is_refused_unless_allowed_and_then_pric
     out = _cli("-b", "prefill:1x200000", "--allow-no-fit")
     assert out.returncode == 0, out.stderr
     assert "WARNING" in out.stdout and "163,840" in out.stdout
+
+
+@pytest.mark.parametrize("layout,expect", [
+    ({"tp": 8, "two_micro_batch": True}, "two_micro_batch needs ep > 1"),
+    ({"tp": 8, "eplb_redundant_experts": 8}, "eplb_redundant_experts=8 needs ep > 1"),
+    ({"tp": 8, "dispatch_dtype": "fp8"}, "dispatch_dtype=fp8 needs ep > 1"),
+    ({"tp": 3}, "layout.tp: 3 does not divide deepseek-v3's 128 attention heads"),
+])
+def test_a_scenario_file_gets_the_layout_rules_cost_has(layout, expect):
+    """simulate/plan scenario files go through the same layout validation as `cost`: EP-only knobs at ep=1, heads that
+    do not split over tp (before any memory fit), expert parallelism of a dense model, a prefill pool's layout too."""
+    from sim.scenario import scenario_from_dict
+
+    base = {"model": "deepseek-v3", "workload": {"rate": 1, "num_requests": 10}}
+    with pytest.raises(TwinferError, match=re.escape(expect)):
+        scenario_from_dict({**base, "layout": layout})
+    with pytest.raises(TwinferError, match=re.escape("layout.ep: 8 needs a MoE model; llama-3.1-8b is dense")):
+        scenario_from_dict({**base, "model": "llama-3.1-8b", "layout": {"tp": 1, "dp": 8, "ep": 8}})
+    with pytest.raises(TwinferError, match=re.escape("disagg.prefill_layout.tp: 6 does not divide")):
+        scenario_from_dict({**base, "layout": {"tp": 8}, "disagg": {"prefill_layout": {"tp": 6}}})
+    scenario_from_dict({**base, "layout": {"tp": 1, "dp": 8, "ep": 8, "two_micro_batch": True, "eplb_redundant_experts": 8,
+                                           "dispatch_dtype": "fp8"}})   # each in force at ep > 1

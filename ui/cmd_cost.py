@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Literal, NamedTuple, Optional
 
@@ -164,6 +165,7 @@ def run_cost(cfg: CostConfig) -> dict:
     model = get_model(cfg.model)
     hw = get_hardware(cfg.hardware)
     layout = _layout(cfg, model)
+    layout.check_model(model)   # a split the model cannot take is refused before the fit (--allow-no-fit cannot price it)
     if cfg.draft_len and not model.mtp_layers:
         raise TwinferError(f"draft_len={cfg.draft_len} needs an MTP head; {model.name} has mtp_layers=0")
     fit = memory_fit(model, hw, layout, mem_fraction=cfg.mem_fraction, mtp=cfg.draft_len > 0)
@@ -214,13 +216,26 @@ def _layout(cfg: CostConfig, model):
 
     wdt = cfg.dtype or model.checkpoint_dtype
     knobs = {"comm_overlap": cfg.comm_overlap, "dispatch_dtype": cfg.dispatch_dtype}
-    return validate(ParallelLayout, {
-        "tp": cfg.tp, "dp": cfg.dp, "ep": cfg.ep, "pp": cfg.pp, "weight_dtype": wdt,
-        "expert_dtype": cfg.expert_dtype or (model.checkpoint_expert_dtype if cfg.dtype is None else None),
-        "kv_dtype": cfg.kv_dtype or model.default_kv_dtype, "two_micro_batch": cfg.two_micro_batch,
-        "eplb_redundant_experts": cfg.eplb_redundant_experts, "offload_fraction": cfg.offload_fraction,
-        "offload_scope": cfg.offload_scope, **{k: v for k, v in knobs.items() if v is not None},
-    }, "layout")
+    try:
+        return validate(ParallelLayout, {
+            "tp": cfg.tp, "dp": cfg.dp, "ep": cfg.ep, "pp": cfg.pp, "weight_dtype": wdt,
+            "expert_dtype": cfg.expert_dtype or (model.checkpoint_expert_dtype if cfg.dtype is None else None),
+            "kv_dtype": cfg.kv_dtype or model.default_kv_dtype, "two_micro_batch": cfg.two_micro_batch,
+            "eplb_redundant_experts": cfg.eplb_redundant_experts, "offload_fraction": cfg.offload_fraction,
+            "offload_scope": cfg.offload_scope, **{k: v for k, v in knobs.items() if v is not None},
+        }, "layout")
+    except TwinferError as e:   # the layout's rule names its field; say the flag that sets it too ('--eplb' is no field)
+        msg = str(e)
+        for field, flag in LAYOUT_FLAGS.items():
+            named = re.sub(rf"^layout: (?={field}[= ])", f"{flag}: ", msg)
+            if named != msg:
+                raise TwinferError(named) from None
+        raise
+
+
+# layout fields whose rules (ParallelLayout) name them first, and the flag of `cost` that sets each
+LAYOUT_FLAGS = {"two_micro_batch": "--two-micro-batch", "eplb_redundant_experts": "--eplb", "dispatch_dtype": "--dispatch-dtype",
+                "comm_overlap": "--comm-overlap"}
 
 
 def _fit_problems(fit, model, hw, layout) -> list[str]:
