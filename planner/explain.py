@@ -156,12 +156,15 @@ def closest_to_slo(table: Table, slo: SLO, k: int = 5) -> np.ndarray:
 
 def slo_unreachable(table: Table, options: list[LayoutOption], slo: SLO, seat_tokens: float = 0.0, model: ModelSpec | None = None,
                     min_batch: int = 1, output_p: float = 0.0, output_floor: float = 0.0,
-                    percentile: int = 90) -> tuple[str, list[str]]:
-    """Why no candidate meets the SLO, and the closest ones with their numbers. Where no candidate has KV room for its
-    batch of ``seat_tokens``-token requests, that is the reason (every latency would read 'inf'). An E2E target is
+                    percentile: int = 90, space: SearchSpace | None = None, gpus: int = 0) -> tuple[str, list[str]]:
+    """Why no candidate meets the SLO, and the closest ones with their numbers. Where no candidate was built from the
+    layouts that fit (``space``'s modes on ``gpus``), that is the reason; where none has KV room for its
+    batch of ``seat_tokens``-token requests, that is (every latency would read 'inf'). An E2E target is
     said unreachable by its lower bound where that rules every row out (``output_floor`` tokens, the fewest the
     ``percentile`` of a simulated run's outputs holds, at the fastest a token can come), else by the estimate
     (``output_p`` tokens, the workload's at the percentile, at each row's TPOT after its TTFT)."""
+    if table.n == 0 and options and space is not None:
+        return "no deployment meets the SLO: " + no_candidates(options, space, gpus), []
     c = table.cols
     okkv = c["kv_ok"] & (c["rate"] > 0)
     if not okkv.any() and seat_tokens > 0:
@@ -190,6 +193,26 @@ def slo_unreachable(table: Table, options: list[LayoutOption], slo: SLO, seat_to
              + (f"E2E {c['e2e'][r]:.2f} s (estimated), " if slo.e2e_s is not None else "")
              + f"{c['thr_gpu'][r]:,.0f} tokens/s/GPU" for r in rows]
     return msg, close
+
+
+def no_candidates(options: list[LayoutOption], space: SearchSpace, gpus: int) -> str:
+    """Why the layouts that fit made no candidate deployment (an empty table): said as such, not as a lack of KV room
+    (a disaggregated plan on one GPU read "none has KV cache room for its requests" with 0 candidates screened)."""
+    narrowest = min(o.gpus for o in options)
+    why = []
+    if "disaggregated" in space.modes:
+        pre = min((o.gpus for o in options if o.gpus <= space.prefill_max_gpus), default=None)
+        if pre is None:
+            why.append(f"a disaggregated one needs a prefill instance of at most {space.prefill_max_gpus} GPUs "
+                       f"(space.prefill_max_gpus), and the narrowest layout that fits spans {narrowest}")
+        elif pre + narrowest > gpus:
+            why.append(f"a disaggregated one needs a prefill and a decode instance, {pre + narrowest} GPUs at least (the "
+                       f"narrowest layouts that fit span {pre} and {narrowest}), and the budget is {gpus}")
+    if "aggregated" in space.modes and narrowest > gpus:   # pragma: no cover - a layout that fits fits the budget
+        why.append(f"the narrowest layout that fits spans {narrowest} GPUs, past the budget of {gpus}")
+    modes = " and ".join(space.modes)
+    return (f"no candidate deployment was built ({modes}) from the {len(options)} layout options that fit"
+            + (": " + "; ".join(why) if why else "") + ": more GPUs, or other modes (space.modes)")
 
 
 def _e2e_unreachable(table: Table, okkv: np.ndarray, slo: SLO, output_p: float, output_floor: float,

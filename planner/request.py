@@ -108,4 +108,7 @@ class PlanRequest(BaseModel):
             raise ValueError("workload.kind: 'closed' fixes a concurrency, not a rate; the planner sizes a deployment "
                              "for a request rate (give kind poisson, gamma, constant or agentic); `twinfer simulate` "
                              "runs a closed loop on a given deployment")
+        if set(self.space.modes) == {"disaggregated"} and self.gpus < 2:   # refused here, not screened into an empty table
+            raise ValueError(f"space.modes: disaggregated alone needs gpus >= 2 (a prefill and a decode instance); "
+                             f"gpus is {self.gpus}: plan more GPUs, or include aggregated")
         return self

@@ -338,7 +338,7 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
         if n_ok == 0 and not (req.simulate_top and possible.any()):
             msg, closest = slo_unreachable(table, options, req.slo, stats.mean_prompt + stats.mean_output, model,
                                            min(space.batch_per_rank), stats.output_at(req.slo_percentile),
-                                           stats.output_floor_at(req.slo_percentile), req.slo_percentile)
+                                           stats.output_floor_at(req.slo_percentile), req.slo_percentile, space, req.gpus)
             return PlanReport(status="slo_unreachable", message=msg, closest_options=closest, candidates_screened=table.enumerated,
                               candidates_evaluated=len(table),
                               candidates_meeting_slo=0, candidates_simulated=0, simulations_run=0, assumptions=assumptions,

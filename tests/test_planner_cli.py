@@ -247,3 +247,23 @@ def test_a_bad_flag_value_names_the_flag_beside_the_field(cli_exit_2, flag, valu
     err = cli_exit_2("plan", "-m", "deepseek-v3", "--hw", "h200", "-g", "8", "--slo", "ttft_p90=2s,tpot_p90=50ms",
                      flag, value)
     assert f"{flag} ({field}): Input should be greater than or equal to 0" in err, err
+
+
+def test_disaggregated_alone_on_one_gpu_is_refused_naming_modes_and_gpus(cli_exit_2):
+    """`plan -g 1 --modes disagg` screened 0 candidates and then said "none has KV cache room for its requests"."""
+    err = cli_exit_2("plan", "-m", "llama-3.1-8b", "--hw", "h100", "-g", "1", "--modes", "disagg",
+                     "--slo", "ttft_p90=2s,tpot_p90=50ms", "--simulate", "0", "--workers", "1")
+    assert "--modes (space.modes): disaggregated alone needs --gpus >= 2" in err and "--gpus is 1" in err, err
+
+
+def test_no_candidate_built_is_said_as_such_not_as_no_kv_room():
+    """DeepSeek-V3's narrowest H200 layout spans 8 GPUs: a disaggregated plan of 8 has no room for a second pool, and the
+    report blamed KV room with 0 deployments screened."""
+    r = runner.invoke(app, ["plan", "-m", "deepseek-v3", "--hw", "h200", "-g", "8", "--modes", "disagg", "--slo",
+                            "ttft_p90=2s,tpot_p90=50ms", "--simulate", "0", "--workers", "1", "--json"])
+    assert r.exit_code == 1, r.output
+    d = json.loads(r.stdout)
+    assert d["status"] == "slo_unreachable" and d["candidates_screened"] == 0
+    assert "KV cache room" not in d["message"], d["message"]
+    assert ("no candidate deployment was built (disaggregated)" in d["message"]
+            and "a prefill and a decode instance, 16 GPUs at least" in d["message"] and "the budget is 8" in d["message"])

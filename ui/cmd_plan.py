@@ -102,6 +102,8 @@ def build_request(config: Optional[str], **flags):
         for key in f:
             if key in FLAG_FIELDS:
                 msg = msg.replace(f": {FLAG_FIELDS[key]}:", f": --{key.replace('_', '-')} ({FLAG_FIELDS[key]}):")
+        if "gpus" in f:   # a rule of several fields names the budget inside its message
+            msg = msg.replace("needs gpus >= ", "needs --gpus >= ").replace("; gpus is ", "; --gpus is ")
         if msg == str(e):
             raise
         raise TwinferError(msg) from None
@@ -111,7 +113,7 @@ def build_request(config: Optional[str], **flags):
 FLAG_FIELDS = {"model": "model", "hardware": "hardware", "gpus": "gpus", "seed": "seed", "calibration": "calibration",
                "simulate": "simulate_top", "sim_requests": "sim_requests", "price_input": "prices.input_per_mtok",
                "price_cached": "prices.cached_input_per_mtok", "price_output": "prices.output_per_mtok",
-               "gpu_hour": "prices.gpu_hour"}
+               "gpu_hour": "prices.gpu_hour", "modes": "space.modes"}
 
 
 def _fmt_ms(x: float) -> str:
