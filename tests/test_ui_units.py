@@ -50,3 +50,18 @@ def test_ui_memory_chart_is_in_gib_like_its_caption():
     assert mem.layout.title.text == "HBM 141 GiB per GPU" and "141.0 GiB" in bd["fit"]
     assert mem.layout.xaxis.title.text == "GiB per GPU" and all("GiB" in t.hovertemplate for t in mem.data)
     assert sum(t.x[0] for t in mem.data) == pytest.approx(sum(bd["memory_bytes"].values()) / 2**30)
+
+
+def test_hardware_catalog_hbm_is_what_cost_sizes():
+    """The list said 288 GiB for GB300 and B300 while `cost --hw gb300` printed 279.00 GiB (hbm_visible_gb): the list
+    shows what CUDA sees, and a caption gives the advertised figure beside it."""
+    from costmodels.hardware import list_hardware
+
+    r = CliRunner().invoke(app, ["hardware"], env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    rows = {line.split()[0]: line.split() for line in r.output.splitlines() if line.strip()}
+    for h in list_hardware():
+        assert float(rows[h.name][4]) == h.hbm_bytes / 2**30, (h.name, rows[h.name])   # name, BF16, FP8, FP4, HBM
+    assert "GB300 279 of 288 advertised" in " ".join(r.output.split())
+    cost = CliRunner().invoke(app, ["cost", "--hardware", "gb300"], env={"COLUMNS": "160"})
+    assert "279.00 GiB" in next(line for line in cost.output.splitlines() if "HBM" in line and "GiB" in line)

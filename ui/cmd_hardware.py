@@ -81,8 +81,16 @@ def _print_catalog() -> None:
     for c in ("name", "BF16\nTF", "FP8\nTF", "FP4\nTF", "HBM\nGiB", "HBM\nTB/s", "scale-up\nGB/s/dir", "domain", "scale-out\nGb/s",
               "$/GPU\n-hour", "measured"):
         tab.add_column(c, justify="left" if c == "name" else "right", no_wrap=True)
+    below = []
     for h in list_hardware():
-        tab.add_row(h.name, num(h.bf16_tflops), num(h.fp8_tflops), num(h.fp4_tflops), num(h.hbm_gb), num(h.hbm_tbps),
-                    num(h.scaleup_gbps), str(h.scaleup_domain), num(h.scaleout_gbps), num(h.price_per_gpu_hour or None),
-                    "yes" if h.measured else "")
+        # the HBM CUDA sees, which the memory fit sizes and `cost` prints (GB300: 279 GiB of 288 advertised)
+        tab.add_row(h.name, num(h.bf16_tflops), num(h.fp8_tflops), num(h.fp4_tflops), num(h.hbm_visible_gb or h.hbm_gb),
+                    num(h.hbm_tbps), num(h.scaleup_gbps), str(h.scaleup_domain), num(h.scaleout_gbps),
+                    num(h.price_per_gpu_hour or None), "yes" if h.measured else "")
+        if h.hbm_visible_gb is not None and h.hbm_visible_gb != h.hbm_gb:
+            below.append(f"{h.name} {num(h.hbm_visible_gb)} of {num(h.hbm_gb)} advertised")
+    if below:
+        tab.caption = (f"HBM GiB: what CUDA sees, which the memory fit sizes ({'; '.join(below)}: hbm_visible_gb and "
+                       "hbm_gb in twinfer hardware --show NAME)")
+        tab.caption_justify = "left"
     Console().print(tab)
