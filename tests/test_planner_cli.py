@@ -267,3 +267,18 @@ def test_no_candidate_built_is_said_as_such_not_as_no_kv_room():
     assert "KV cache room" not in d["message"], d["message"]
     assert ("no candidate deployment was built (disaggregated)" in d["message"]
             and "a prefill and a decode instance, 16 GPUs at least" in d["message"] and "the budget is 8" in d["message"])
+
+
+@pytest.mark.parametrize("where,expect", [("missing", "no folder"), ("dir", "a directory; give a file path in it")])
+def test_an_unwritable_out_path_is_refused_before_the_search(cli_exit_2, monkeypatch, tmp_path, where, expect):
+    """`plan -o /nonexistent/dir/p.yaml` ran the whole search, then exited 2 at the write."""
+    import planner.search
+
+    def searched(*a, **k):
+        raise AssertionError("the search ran before --out was checked")
+
+    monkeypatch.setattr(planner.search, "plan_deployment", searched)
+    out = tmp_path / "no" / "p.yaml" if where == "missing" else tmp_path
+    err = cli_exit_2("plan", "-m", "llama-3.1-8b", "--hw", "h100", "-g", "8", "--slo", "ttft_p90=2s,tpot_p90=50ms",
+                     "-o", str(out))
+    assert f"--out {out}: {expect}" in err, err

@@ -221,3 +221,24 @@ def test_the_wider_tp_hint_names_only_a_width_the_model_takes(model, hw, tp):
     wide = lay.model_copy(update={"tp": int(got.group(1))})
     wide.check_model(m)   # the width it names is one the layout takes
     assert fits(wide) and m.num_attention_heads % wide.tp == 0
+
+
+@pytest.mark.parametrize("flag", ["--csv", "--perfetto"])
+@pytest.mark.parametrize("where,expect", [("missing", "no folder"), ("dir", "a directory; give a file path in it")])
+def test_an_unwritable_output_path_is_refused_before_the_run(cli_exit_2, monkeypatch, tmp_path, flag, where, expect):
+    """`simulate --csv /nonexistent/dir/x.csv` ran the whole simulation, then exited 2 at the write."""
+    import sim.runner
+
+    def ran(*a, **k):
+        raise AssertionError(f"the simulation ran before {flag} was checked")
+
+    monkeypatch.setattr(sim.runner, "simulate", ran)
+    out = tmp_path / "no" / "x.out" if where == "missing" else tmp_path
+    err = cli_exit_2("simulate", "-n", "20", flag, str(out))
+    assert f"{flag} {out}: {expect}" in err, err
+
+
+@pytest.mark.parametrize("flag", ["--out", "--plan-out"])
+def test_tune_refuses_an_unwritable_output_path_before_the_search(cli_exit_2, tmp_path, flag):
+    err = cli_exit_2("tune", "--gpus", "8", flag, str(tmp_path / "no" / "x.json"))
+    assert f"{flag} {tmp_path / 'no' / 'x.json'}: no folder" in err, err

@@ -303,6 +303,8 @@ def register(app: typer.Typer) -> None:
                             price_output=price_output, gpu_hour=gpu_hour, seed=seed)
         if workers < 0:
             raise TwinferError(f"--workers {workers}: must be >= 0 (0: all CPUs)")
+        from ui.user_errors import check_out_path
+        check_out_path(out, "--out")   # before the search, not after it (the plan was lost at the write)
         con = Console(stderr=as_json, width=min(shutil.get_terminal_size((100, 40)).columns, 120))
         if not as_json:
             con.print(f"[dim]planning {req.model} on {req.gpus} x {req.hardware} ...[/]", highlight=False)

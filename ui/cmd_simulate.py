@@ -529,6 +529,9 @@ def register(app: typer.Typer) -> None:
         if error_band is not None:  # before the run, not after it
             from sim.bands import check_band_source
             check_band_source(error_band)
+        from ui.user_errors import check_out_path
+        check_out_path(csv, "--csv")   # before the run too: a missing folder was refused only at the write, after it
+        check_out_path(perfetto, "--perfetto")
         from sim.export import to_json, write_csv, write_perfetto
         from sim.runner import scenario_requests, simulate as run
 

@@ -189,6 +189,9 @@ def tune(
         raise TwinferError("tune: give --gpus N (tune a catalog --model on --hardware in simulation) or --profile FILE "
                            "(tune on a measured executor profile)")
     check_flags(ctx, profile is not None, objective, load, rate_per_gpu)
+    from ui.user_errors import check_out_path
+    check_out_path(out, "--out")   # before the search, not after it
+    check_out_path(plan_out, "--plan-out")
     if profile is not None and calibration is not None:
         raise TwinferError("--calibration and --profile: give one of them (--calibration prices the --gpus search; "
                            "--profile tunes on the measured executor profile, which is already its calibration)")
