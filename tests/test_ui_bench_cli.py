@@ -120,3 +120,27 @@ def test_rate_and_duration_help_shows_the_bound_that_is_checked():
         assert "> 0" in entry and "x>=" not in entry, entry
         r2 = CliRunner().invoke(app, ARGS + ["--url", "http://127.0.0.1:1", flag, "-1"])
         assert r2.exit_code != 0 and f"{flag} must be > 0 (got -1)" in str(r2.exception)
+
+
+def test_a_workload_file_takes_the_flags_before_it_is_validated(tmp_path):
+    """`bench --workload FILE` validated the file alone before --rate/--concurrency applied: a file without a rate was
+    refused with --rate given, and a `kind: closed` file without its users with --concurrency given (as `simulate`
+    was until 2026-12-06)."""
+    from twinfer.errors import TwinferError
+    from ui.cmd_bench import closed_workload, load_workload
+
+    common = dict(requests=None, trace=None, trace_format="jsonl", input_len=None, output_len=None)
+    open_file = tmp_path / "open.yaml"
+    open_file.write_text("input_len: 64\noutput_len: 8\nnum_requests: 12\n")
+    spec = load_workload(str(open_file), rate=3.0, **common)
+    assert spec.kind == "poisson" and spec.rate == 3.0 and spec.num_requests == 12
+    with pytest.raises(TwinferError, match="rate: required"):
+        load_workload(str(open_file), rate=None, **common)
+    closed_file = tmp_path / "closed.yaml"
+    closed_file.write_text("kind: closed\ninput_len: 64\noutput_len: 8\nnum_requests: 12\n")
+    spec = load_workload(str(closed_file), rate=None, concurrency=4, think_time_s=0.5, **common)
+    assert spec.kind == "closed" and spec.concurrency == 4
+    closed = closed_workload(spec, concurrency=4, rate=None, think_time_s=0.5)
+    assert closed.concurrency == 4 and closed.num_requests == 12
+    with pytest.raises(TwinferError, match="concurrency: required"):
+        load_workload(str(closed_file), rate=None, **common)

@@ -22,8 +22,11 @@ def register(app: typer.Typer) -> None:
 
 
 def load_workload(workload: str, *, requests: Optional[int], rate: Optional[float], trace: Optional[str],
-                  trace_format: str, input_len: Optional[int], output_len: Optional[int], duration_s: Optional[float] = None):
-    """A WorkloadSpec from a preset name or a YAML/JSON file, or a trace, with the CLI's overrides."""
+                  trace_format: str, input_len: Optional[int], output_len: Optional[int], duration_s: Optional[float] = None,
+                  concurrency: Optional[int] = None, think_time_s: Optional[float] = None):
+    """A WorkloadSpec from a preset name or a YAML/JSON file, or a trace, with the CLI's overrides (a file's given
+    before it is validated, as ``simulate`` does: a file without a rate takes --rate, a ``kind: closed`` one without
+    its users --concurrency)."""
     from sim import workload as wl
     from twinfer.config import load_model_file
 
@@ -46,10 +49,21 @@ def load_workload(workload: str, *, requests: Optional[int], rate: Optional[floa
     if duration_s:
         over["duration_s"] = duration_s
     if Path(workload).exists():   # a file (read_mapping refuses what is not a regular one, naming it)
-        base = load_model_file(wl.WorkloadSpec, workload)
-        from twinfer.config import validate
+        from twinfer.config import read_mapping, validate
 
-        return validate(wl.WorkloadSpec, {**base.model_dump(exclude_unset=True), **over}, workload)
+        data = read_mapping(workload)
+        if not isinstance(data, dict):   # the validation names what the file holds instead of a mapping
+            return load_model_file(wl.WorkloadSpec, workload)
+        data = {**data, **over}
+        if data.get("kind") == "closed" and (concurrency is not None or think_time_s is not None):
+            data = wl.closed_mapping(data, concurrency, think_time_s)
+        try:
+            return validate(wl.WorkloadSpec, data, workload)
+        except TwinferError as e:   # a file without it: the flag that gives it
+            for field, flag in (("rate", "--rate"), ("concurrency", "--concurrency")):
+                if f"{field}: required" in str(e):
+                    raise TwinferError(f"{e} (set {field} in the file, or pass {flag})") from None
+            raise
     return wl.preset(workload, **over)
 
 
@@ -181,7 +195,8 @@ def bench(
     target = parse_slo(slo, "--slo") if slo is not None else None
     url = check_url(url)
     spec = load_workload(workload, requests=requests, rate=rate, trace=trace, trace_format=trace_format,
-                         input_len=input_len, output_len=output_len, duration_s=duration_s)
+                         input_len=input_len, output_len=output_len, duration_s=duration_s, concurrency=concurrency,
+                         think_time_s=think_time_s)
     closed_spec = closed_workload(spec, concurrency=concurrency, rate=rate, think_time_s=think_time_s)
     users, items = None, []
     if closed_spec is not None:
