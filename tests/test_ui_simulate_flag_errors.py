@@ -242,3 +242,14 @@ def test_an_unwritable_output_path_is_refused_before_the_run(cli_exit_2, monkeyp
 def test_tune_refuses_an_unwritable_output_path_before_the_search(cli_exit_2, tmp_path, flag):
     err = cli_exit_2("tune", "--gpus", "8", flag, str(tmp_path / "no" / "x.json"))
     assert f"{flag} {tmp_path / 'no' / 'x.json'}: no folder" in err, err
+
+
+@pytest.mark.parametrize("value", ["-1", "nan"])
+def test_a_bad_think_time_is_named_by_its_flag(tmp_path, value):
+    """`--think-time-s -1` on a closed file was reported as workload.think_time_s.fixed.value, the distribution's field
+    the flag becomes, not as the flag the user typed."""
+    f = tmp_path / "closed.yaml"
+    f.write_text("model: deepseek-v3\nlayout: {tp: 8}\nworkload: {kind: closed, num_requests: 30}\n")
+    for args in (["-s", str(f)], ["-n", "20"]):
+        r = _simulate(*args, "--concurrency", "4", "--think-time-s", value)
+        assert r.returncode == 2 and f"--think-time-s {value}: allowed: 0 to 1e+10 seconds" in r.stderr, r.stderr

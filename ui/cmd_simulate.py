@@ -57,7 +57,11 @@ def effective_scenario(scenario: str | None = None, *, concurrency: int | None =
     (--concurrency, --think-time-s) make a generated workload of the file a closed loop before it is validated, as
     --rate sets its rate: a file's ``kind: closed`` may leave its user count to the flag."""
     from sim.scenario import Scenario
-    from sim.workload import RATE_KINDS, closed_mapping
+    from sim.workload import MAX_SECONDS, RATE_KINDS, closed_mapping
+
+    if think_time_s is not None and not 0 <= think_time_s <= MAX_SECONDS:   # (NaN too) named by flag, not as the
+        # distribution's field it becomes (workload.think_time_s.fixed.value)
+        raise TwinferError(f"--think-time-s {think_time_s:g}: allowed: 0 to {MAX_SECONDS:g} seconds")
 
     data, source = _base_mapping(scenario)
     slo_in_mapping(data, source, percentile_key=None)  # 'slo: ttft_p90=2s,tpot_p90=50ms' in a scenario file
