@@ -163,6 +163,8 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
                                               backend_seed, decode_gpus, load_s)
         notes += extra
     requests = source.requests
+    if disagg is None and scenario.layout.dp > 1 and sc.attention_dp is None:
+        notes += pooled_dp_note(requests, num_blocks * sc.block_size, scenario.layout.dp)
     stopped = stopped_at(collector)
     if stopped is not None:   # a partial run: work is left behind by design, the end-of-run checks do not apply
         checked = debug = False
@@ -185,6 +187,22 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
     )
     result.digest = digest(result)
     return SimRun(result, collector, requests, stopped)
+
+
+POOLED_DP_MARK = "need more KV than one attention-DP rank holds"
+
+
+def pooled_dp_note(requests, pool_tokens: int, dp: int) -> list[str]:
+    """A line when requests need more KV than one attention-DP rank holds: without ``scheduler.attention_dp`` the
+    instance is one scheduler over the ranks' pooled KV (docs/attention_dp.md), so the simulation admitted them, where an
+    engine placing each request on one rank refuses it (``twinfer cost`` does, per DP rank)."""
+    rank = pool_tokens // dp
+    big = sum(1 for r in requests if r.prompt_len + r.output_len > rank)
+    if not big:
+        return []
+    return [f"{big} request(s) {POOLED_DP_MARK} ({rank:,} of the instance's {pool_tokens:,} "
+            f"tokens over {dp} ranks): this run pools the ranks' KV in one batch, so it served them; an engine that places "
+            "each request on one rank would refuse them (scheduler.attention_dp models per-rank batches and budgets)"]
 
 
 def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, collector, source, decode_cost,

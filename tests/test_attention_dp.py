@@ -213,3 +213,31 @@ def test_a_request_larger_than_one_rank_is_refused_with_the_reason():
     assert not s.add_request(Request("big", 0.0, 600, 100))
     big = [r for r in [Request("big2", 0.0, 600, 100)] if not s.add_request(r)][0]
     assert "an attention-DP rank has (10 blocks" in big.drop_reason and "attention_dp.ranks=8" in big.drop_reason
+
+
+def test_a_request_past_one_ranks_kv_on_a_pooled_dp_layout_is_said(tmp_path):
+    """GLM-4.5 DP8xEP8 on 8 x H200 holds 38,603 KV tokens a DP rank: `cost -b prefill:1x60000` refuses the step, while
+    `simulate` (no scheduler.attention_dp: one scheduler over the ranks' pooled KV) served four 60k-token prompts with
+    nothing said. The result's notes and the CLI now say how many requests an engine placing each on one rank would
+    refuse; short requests get no such line."""
+    import os
+    import subprocess
+    import sys
+
+    from sim.runner import simulate
+    from sim.scenario import scenario_from_dict
+
+    base = dict(model="glm-4.5", hardware="H200", layout={"tp": 1, "dp": 8, "ep": 8})
+    big = simulate(scenario_from_dict({**base, "workload": {"kind": "constant", "rate": 0.05, "num_requests": 4,
+                                                            "input_len": 60000, "output_len": 16}})).result
+    lines = [n for n in big.cost_model_notes if "need more KV than one attention-DP rank holds" in n]
+    assert len(lines) == 1 and lines[0].startswith("4 request(s)") and "38,600 of the instance's 308,800" in lines[0]
+    small = simulate(scenario_from_dict({**base, "workload": {"kind": "constant", "rate": 1, "num_requests": 4,
+                                                              "input_len": 1000, "output_len": 16}})).result
+    assert not any("attention-DP rank holds" in n for n in small.cost_model_notes)
+    f = tmp_path / "s.yaml"
+    f.write_text("model: glm-4.5\nhardware: H200\nlayout: {tp: 1, dp: 8, ep: 8}\nworkload: {kind: constant, rate: 0.05, "
+                 "num_requests: 4, input_len: 60000, output_len: 16}\n")
+    r = subprocess.run([sys.executable, "-m", "ui.cli", "simulate", "-s", str(f)], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0 and "note: 4 request(s) need more KV than one attention-DP rank holds" in r.stdout

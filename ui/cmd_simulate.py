@@ -580,6 +580,9 @@ def register(app: typer.Typer) -> None:
         drain = steady_drain_note(requests, res.metrics.steady)
         if drain:
             con.print(f"[yellow]note:[/] {drain}", highlight=False)
+        from sim.deployment import POOLED_DP_MARK
+        for line in (n for n in res.cost_model_notes if POOLED_DP_MARK in n):   # figures an engine would not reach
+            con.print(f"[yellow]note:[/] {escape(line)}", highlight=False)
         if plan is not None:
             changed = [f for f, v in (("--requests", requests), ("--rate", rate), ("--seed", seed),
                                       ("--concurrency", concurrency), ("--think-time-s", think_time_s)) if v is not None]
