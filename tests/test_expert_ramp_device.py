@@ -54,7 +54,7 @@ def test_the_ramp_at_experts_split_by_tp_is_held_out_and_bounded():
     """Experts split by TP (DeepSeek-V3 TP8/TP4, Qwen3-235B TP4; benchmarks/gpu/issue16_h100/masked_tp_c0762f2, an
     H100): shapes no table covers, priced by the ramp over their bytes. The device-time fit moved every shape's worst
     error from +90..+454% (132 MB) to within -35..+63%; what is left is the short-K down projections' per-tile cost
-    (priced fast) and 8 experts' 13-30 MB (priced slow), named in that folder's README. Bounded here so a change that
+    (priced fast) and 8 experts' 13-37 MB (priced slow), named in that folder's README. Bounded here so a change that
     widens it fails."""
     run = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "issue16_h100" / "masked_tp_c0762f2" / "op_tables.csv"
     now, before = _ramp_errors(run, "H100"), _ramp_errors(run, "H100", half=132e6)
