@@ -460,6 +460,24 @@ class StepOps:
         return geo is not None and geo.kind == "full" and geo.cap >= INF and geo.ratio == 1.0 and not geo.window \
             and not geo.index_ratio and (geo.d_qk_decode, geo.d_v_decode) == MLA_ENTRY_DIMS
 
+    def expert_note(self) -> str | None:
+        """Where the routed experts' time comes from, and what it leaves out; None where the executor's measured MoE
+        layer prices them (its op name says so) or the model has none."""
+        if not self.model.moe or self.moe_table is not None:
+            return None
+        if "expert_mem" in self.cal.tables:
+            src = "the calibration profile's measured grouped-GEMM bandwidth"
+        else:
+            src = ("the GEMM bandwidth ramp (whole experts: within 7.4% of the H200's measured masked grouped FP8 GEMMs, "
+                   "tests/test_expert_ramp_device.py)")
+        split = self.layout.moe_tp
+        line = f"routed experts: {src} over the bytes of the experts a step touches"
+        if split > 1:
+            line += (f"; each expert split {split} ways here, a shape no table covers (split shards measured on an H100: "
+                     "-35% to +63%, short-K down projections priced fast)")
+        return line + ("; the MoE layer's other kernels (routing, permute, activation quantisation, finalize) are priced as "
+                       "one router top-k row (a published B300 layer holds 20-43 us more for FP8/NVFP4)")
+
     def attention_table_note(self) -> str | None:
         """Where MLA decode attention times come from (None: the formula for all attention)."""
         t = self.mla_table
