@@ -30,6 +30,8 @@ runner step time it predicts is ``costmodels.profiled.ProfiledStepCost``.
 
 from __future__ import annotations
 
+import math
+
 from typing import Annotated
 
 import numpy as np
@@ -52,9 +54,10 @@ HOST_SPEED_RANGE = (0.1, 10.0)
 # 25 ms, the eager step's fixed issue of runs 1-55); an engine-loop term per request at most PER_REQUEST_S_MAX (the
 # runner's per request, chunk or layer: HOST_ITEM_S_MAX; fitted on GPUs: at most 2.4 ms); per token PER_TOKEN_S_MAX
 # (the runner's: HOST_TOKEN_S_MAX; fitted on GPUs: at most 1 us); per context token of a graph decode PER_KV_TOKEN_S_MAX
-# (fitted: at most 4 ns); admission per prompt token ADMIT_PER_TOKEN_S_MAX (fitted: at most 0.13 us); each step after an eager one AFTER_EAGER_S_MAX (fitted: at most 0.5 ms). The engine loop's bounds are
-# the simulator's (scheduler.config.SchedulerConfig.host_*), which it becomes. No host term is negative: the simulator
-# would be handed a negative delay.
+# (fitted: at most 4 ns); admission per prompt token ADMIT_PER_TOKEN_S_MAX (fitted: at most 0.13 us); each step after
+# an eager one AFTER_EAGER_S_MAX (fitted: at most 0.5 ms). The engine loop's bounds are the simulator's
+# (scheduler.config.SchedulerConfig.host_*), which it becomes. No host term is negative: the simulator would be handed a
+# negative delay.
 STEP_S_MAX = 1.0
 PER_REQUEST_S_MAX = 0.01
 # the runner's host terms per request, prefill chunk, layer or sampled row (HostTerms) on a CPU executor hold its compute
@@ -87,9 +90,10 @@ def clip_terms(cls: type[BaseModel], values: dict) -> tuple[dict, list[str]]:
         top = les[0] if les else (AFTER_EAGER_S_MAX if k.startswith("after_eager_decode") else None)
         if top is None:
             continue
-        def hold(x: float) -> float:
-            y = min(max(float(x), 0.0), top)
-            if y != float(x) and k not in clipped:
+        def hold(x: float, k: str = k, top: float = top) -> float:
+            x = float(x)
+            y = min(max(x, 0.0), top) if math.isfinite(x) else (top if x > 0 else 0.0)   # NaN: none measured
+            if y != x and k not in clipped:
                 clipped.append(k)
             return y
         if isinstance(v, float | int) and not isinstance(v, bool):
@@ -99,6 +103,8 @@ def clip_terms(cls: type[BaseModel], values: dict) -> tuple[dict, list[str]]:
         elif k == "after_eager_decode_by_tokens":
             out[k] = [(t, [hold(x) for x in row]) for t, row in v]
     return out, clipped
+
+
 FIT_CATEGORIES = ("attention", "prefill_attention", "dense_gemm", "expert_gemm", "other")
 # cost-model categories (costmodels.ops.CATEGORIES order) folded into the fitted ones; the attention core (and
 # indexer) of decode rows and of prefill chunks are separate: different kernels (paged MLA decode vs SDPA prefill)

@@ -253,3 +253,11 @@ def test_a_bad_think_time_is_named_by_its_flag(tmp_path, value):
     for args in (["-s", str(f)], ["-n", "20"]):
         r = _simulate(*args, "--concurrency", "4", "--think-time-s", value)
         assert r.returncode == 2 and f"--think-time-s {value}: allowed: 0 to 1e+10 seconds" in r.stderr, r.stderr
+
+
+def test_a_non_finite_measurement_is_held_not_passed_on():
+    from costmodels.step_profile import STEP_S_MAX, HostTerms, clip_terms
+
+    vals, held = clip_terms(HostTerms, {"fixed_s": float("nan"), "per_layer_s": float("inf")})
+    assert vals["fixed_s"] == 0.0 and vals["per_layer_s"] > 0 and held == ["fixed_s", "per_layer_s"]
+    assert HostTerms(**vals).fixed_s == 0.0 and STEP_S_MAX == 1.0
