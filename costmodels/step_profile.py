@@ -78,16 +78,22 @@ def _term(le: float, description: str | None = None):
     return Field(0.0, ge=0.0, le=le, description=description)
 
 
+def term_bound(cls: type[BaseModel], name: str) -> float | None:
+    """The upper bound of ``cls``'s host or loop term ``name`` (seconds): its field's ``le``, AFTER_EAGER_S_MAX for the
+    after-eager lists' items; None for a field with none."""
+    f = cls.model_fields.get(name)
+    if f is None:
+        return None
+    les = [m.le for m in f.metadata if getattr(m, "le", None) is not None]
+    return les[0] if les else (AFTER_EAGER_S_MAX if name.startswith("after_eager_decode") else None)
+
+
 def clip_terms(cls: type[BaseModel], values: dict) -> tuple[dict, list[str]]:
     """Measured or fitted seconds for ``cls``'s float terms held in their bounds ([0, le]; lists of seconds too): the
     values, and the names of those that were past a bound (a calibration reports them instead of failing)."""
     out, clipped = dict(values), []
     for k, v in values.items():
-        f = cls.model_fields.get(k)
-        if f is None:
-            continue
-        les = [m.le for m in f.metadata if getattr(m, "le", None) is not None]
-        top = les[0] if les else (AFTER_EAGER_S_MAX if k.startswith("after_eager_decode") else None)
+        top = term_bound(cls, k)
         if top is None:
             continue
         def hold(x: float, k: str = k, top: float = top) -> float:
@@ -377,15 +383,12 @@ class StepProfile(BaseModel):
         bound (HOST_SPEED_RANGE's top where no term is near its bound)."""
         top = HOST_SPEED_RANGE[1]
         for terms in (self.host, self.loop):
-            for k, f in type(terms).model_fields.items():
-                v = getattr(terms, k)
-                les = [m.le for m in f.metadata if getattr(m, "le", None) is not None]
-                if isinstance(v, float) and v > 0 and les:
-                    top = min(top, les[0] / v)
-                elif k in ("after_eager_decode_s", "after_eager_decode_by_tokens"):
-                    xs = v if k == "after_eager_decode_s" else [x for _, row in v for x in row]
-                    if xs and max(xs) > 0:
-                        top = min(top, AFTER_EAGER_S_MAX / max(xs))
+            for k in type(terms).model_fields:
+                v, le = getattr(terms, k), term_bound(type(terms), k)
+                xs = ([v] if isinstance(v, float) else v if k == "after_eager_decode_s"
+                      else [x for _, row in v for x in row] if k == "after_eager_decode_by_tokens" else [])
+                if le is not None and xs and max(xs) > 0:
+                    top = min(top, le / max(xs))
         return top
 
     def prompt_clock_mhz(self, min_tokens: int = 2048) -> float | None:

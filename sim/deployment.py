@@ -163,8 +163,8 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
                                               backend_seed, decode_gpus, load_s)
         notes += extra
     requests = source.requests
-    if disagg is None and scenario.layout.dp > 1 and sc.attention_dp is None:
-        notes += pooled_dp_note(requests, num_blocks * sc.block_size, scenario.layout.dp)
+    if disagg is None:
+        notes += pooled_dp_note(requests, num_blocks * sc.block_size, scenario.layout, sc)
     stopped = stopped_at(collector)
     if stopped is not None:   # a partial run: work is left behind by design, the end-of-run checks do not apply
         checked = debug = False
@@ -192,10 +192,14 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
 POOLED_DP_MARK = "need more KV than one attention-DP rank holds"
 
 
-def pooled_dp_note(requests, pool_tokens: int, dp: int) -> list[str]:
+def pooled_dp_note(requests, pool_tokens: int, layout: ParallelLayout, sc: SchedulerConfig) -> list[str]:
     """A line when requests need more KV than one attention-DP rank holds: without ``scheduler.attention_dp`` the
     instance is one scheduler over the ranks' pooled KV (docs/attention_dp.md), so the simulation admitted them, where an
-    engine placing each request on one rank refuses it (``twinfer cost`` does, per DP rank)."""
+    engine placing each request on one rank refuses it (``twinfer cost`` does, per DP rank). None on one rank or with
+    per-rank batches."""
+    dp = layout.dp
+    if dp <= 1 or sc.attention_dp is not None:
+        return []
     rank = pool_tokens // dp
     big = sum(1 for r in requests if r.prompt_len + r.output_len > rank)
     if not big:

@@ -116,9 +116,7 @@ def simulate(scenario: Scenario, *, record_steps: bool = False, requests: list[R
         num_gpus=scenario.num_gpus,
         kv=KVInfo(block_size=sc.block_size, num_blocks=num_blocks, capacity_tokens=num_blocks * sc.block_size,
                   kv_bytes_per_token_per_gpu=fit.kv_bytes_per_token, memory=fit.explanation),
-        cost_model_notes=list(cost.cost_model.notes) + (
-            pooled_dp_note(requests, num_blocks * sc.block_size, scenario.layout.dp)
-            if scenario.layout.dp > 1 and sc.attention_dp is None else []),
+        cost_model_notes=list(cost.cost_model.notes) + pooled_dp_note(requests, num_blocks * sc.block_size, scenario.layout, sc),
         num_requests=len(requests),
         simulated_s=end_s,
         metrics=metrics,

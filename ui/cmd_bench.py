@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 
 from twinfer.errors import TwinferError
+from ui.user_errors import missing_field_hint
 
 # the longest load ramp a run takes (a day): past it, or infinite, the ramp's last request would never be sent
 MAX_RAMP_S = 86_400.0
@@ -28,7 +29,6 @@ def load_workload(workload: str, *, requests: Optional[int], rate: Optional[floa
     before it is validated, as ``simulate`` does: a file without a rate takes --rate, a ``kind: closed`` one without
     its users --concurrency)."""
     from sim import workload as wl
-    from twinfer.config import load_model_file
 
     if trace:
         over = {"kind": "trace", "trace_path": trace, "trace_format": trace_format}
@@ -51,19 +51,16 @@ def load_workload(workload: str, *, requests: Optional[int], rate: Optional[floa
     if Path(workload).exists():   # a file (read_mapping refuses what is not a regular one, naming it)
         from twinfer.config import read_mapping, validate
 
-        data = read_mapping(workload)
-        if not isinstance(data, dict):   # the validation names what the file holds instead of a mapping
-            return load_model_file(wl.WorkloadSpec, workload)
-        data = {**data, **over}
+        data = {**read_mapping(workload), **over}   # (read_mapping refuses a file that holds no mapping)
         if data.get("kind") == "closed" and (concurrency is not None or think_time_s is not None):
             data = wl.closed_mapping(data, concurrency, think_time_s)
         try:
             return validate(wl.WorkloadSpec, data, workload)
-        except TwinferError as e:   # a file without it: the flag that gives it
-            for field, flag in (("rate", "--rate"), ("concurrency", "--concurrency")):
-                if f"{field}: required" in str(e):
-                    raise TwinferError(f"{e} (set {field} in the file, or pass {flag})") from None
-            raise
+        except TwinferError as e:   # a file without a required field: the flag that gives it
+            hinted = missing_field_hint(str(e))
+            if hinted == str(e):
+                raise
+            raise TwinferError(hinted) from None
     return wl.preset(workload, **over)
 
 

@@ -20,6 +20,7 @@ from twinfer.config import read_mapping, validate
 from twinfer.errors import TwinferError
 from ui.cmd_replay import policy_mapping
 from ui.progress import done_requests, partial_metrics, watch
+from ui.user_errors import missing_field_hint
 from ui.tuned_policy import is_tuned_policy
 
 
@@ -112,9 +113,8 @@ def effective_scenario(scenario: str | None = None, *, concurrency: int | None =
         msg = str(e)
         for key in o:
             msg = msg.replace(f": {named[key]}:", f": --{key.replace('_', '-')} ({named[key]}):")
-        for field, flag in (("rate", "--rate"), ("concurrency", "--concurrency"), ("trace_path", "--trace")):
-            if f"workload: {field}: required" in msg:   # a file without it: the flag that gives it
-                msg += f" (set workload.{field} in the file, or pass {flag})"
+        if "workload: " in msg:   # a file without a required field: the flag that gives it
+            msg = missing_field_hint(msg, "workload.")
         if msg == str(e):
             raise
         raise TwinferError(msg) from None

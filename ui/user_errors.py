@@ -9,6 +9,7 @@ Anything else stays an internal error (a bug to report).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from twinfer.errors import TwinferError
@@ -41,3 +42,15 @@ def check_out_folder(path: Path | None, flag: str = "--out") -> None:
     end, when it is written)."""
     if path is not None and not Path(path).parent.is_dir():
         raise TwinferError(f"{flag} {path}: no folder {Path(path).parent} to write it in")
+
+
+WORKLOAD_FLAGS = {"rate": "--rate", "concurrency": "--concurrency", "trace_path": "--trace"}
+
+
+def missing_field_hint(msg: str, where: str = "") -> str:
+    """``msg`` with the way to give a workload field it says is required (a file without it): set it in the file, or
+    pass its flag (``where``: the field's prefix in the file, e.g. "workload.")."""
+    for field, flag in WORKLOAD_FLAGS.items():
+        if re.search(rf"(^|: ){field}: required", msg):
+            return msg + f" (set {where}{field} in the file, or pass {flag})"
+    return msg
