@@ -66,8 +66,8 @@ def tp_shards(tps) -> dict[str, tuple[int, int]]:
     return out
 
 
-FIELDS = ["op", "lib", "dtype", "name", "m", "n", "k", "groups", "batch", "context", "device_us", "eager_us",
-          "tflops", "tbs", "rel_err", "copies", "error"]
+FIELDS = ["op", "lib", "dtype", "name", "m", "n", "k", "groups", "tokens", "rows", "batch", "context", "device_us",
+          "eager_us", "tflops", "tbs", "rel_err", "copies", "error"]
 
 
 def graph_time_us(fns, reps: int, replays: int = 15) -> float:
@@ -216,6 +216,72 @@ def masked_grouped_rows(emit, groups_grid, m_grid, shapes) -> None:
             torch.cuda.empty_cache()
 
 
+def routed_counts(tokens: int, n_experts: int, top_k: int, local: int, seed: int = 0) -> torch.Tensor:
+    """Pairs each of the first ``local`` experts receives when ``tokens`` tokens each pick ``top_k`` distinct experts of
+    ``n_experts`` uniformly at random (seeded, on the CPU: the same counts on every run)."""
+    g = torch.Generator().manual_seed(seed)
+    picks = torch.rand(tokens, n_experts, generator=g).argsort(dim=1)[:, :top_k]
+    return torch.bincount(picks.reshape(-1), minlength=n_experts)[:local]
+
+
+def contig_grouped_rows(emit, tokens_grid, shapes, align: int = 128) -> None:
+    """DeepGEMM ``m_grouped_fp8_gemm_nt_contiguous`` (prefill MoE): ``tokens`` tokens routed uniformly at random (top-k of
+    the model's experts), the pairs of the ``groups`` local experts sorted by expert, each expert's run padded to
+    ``align`` rows (DeepGEMM's M alignment of this layout on SM90; the tight layout an engine builds once it knows the
+    counts, as DeepEP's normal dispatch returns them). ``m`` = pairs, ``rows`` = padded rows the kernel runs; tflops
+    counts the pairs' math (the padding's is waste), tbs the weights once plus the rows' activations."""
+    from kernels.registry import library_module
+    dg = library_module("deepgemm")
+    for name, (n, k, n_experts, top_k, e) in shapes.items():
+        b = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        bq = torch.empty(e, n, k, device="cuda", dtype=torch.float8_e4m3fn)
+        bs = torch.empty(e, n // 128, k // 128, device="cuda")
+        for j in range(e):
+            bq[j], bs[j] = R.quant_fp8_weight(b[j].float())
+        del b
+        ncop = copies_for(e * n * k)
+        wl = [(bq.clone(), bs.clone()) for _ in range(ncop - 1)] + [(bq, bs)]
+        for tokens in tokens_grid:
+            counts = routed_counts(tokens, n_experts, top_k, e)
+            padded = (counts + align - 1) // align * align
+            pairs, rows = int(counts.sum()), int(padded.sum())
+            ids = torch.repeat_interleave(torch.arange(e), padded)
+            within = torch.arange(rows) - torch.repeat_interleave(padded.cumsum(0) - padded, padded)
+            m_idx = torch.where(within < torch.repeat_interleave(counts, padded), ids, -1).to(torch.int32).cuda()
+            row = {"op": "grouped_gemm_contiguous", "lib": "deepgemm", "dtype": "fp8", "name": name, "m": pairs,
+                   "rows": rows, "tokens": tokens, "n": n, "k": k, "groups": e, "copies": ncop}
+            try:
+                a = torch.randn(rows, k, device="cuda")
+                aq, as_ = R.quant_fp8_act(a)
+                del a
+                out = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
+
+                def call(w=bq, s=bs):
+                    try:
+                        dg.m_grouped_fp8_gemm_nt_contiguous((aq, as_), (w, s), out, m_idx, disable_ue8m0_cast=True)
+                    except TypeError:
+                        dg.m_grouped_fp8_gemm_nt_contiguous((aq, as_), (w, s), out, m_idx)
+                call()
+                torch.cuda.synchronize()
+                j = int(torch.nonzero(counts)[0])           # the first expert with pairs: its valid rows
+                r0 = int((padded.cumsum(0) - padded)[j])
+                c = min(int(counts[j]), 256)
+                want = R.fp8_gemm_blockscaled(aq[r0:r0 + c], as_[r0:r0 + c], bq[j], bs[j], torch.float32)
+                row["rel_err"] = rel(out[r0:r0 + c], want)
+                row["eager_us"] = eager_time_us(call)
+                t = graph_time_us([lambda w=w, s=s: call(w, s) for w, s in wl], reps_for(row["eager_us"]))
+                touched = int((counts > 0).sum())
+                row.update(device_us=t, tflops=2 * pairs * n * k / t / 1e6,
+                           tbs=(touched * n * k + rows * k + 2 * rows * n) / t / 1e6)
+                del aq, as_, out
+            except Exception as ex:  # noqa: BLE001
+                row["error"] = f"{type(ex).__name__}: {ex}"[:300]
+            emit(row)
+            torch.cuda.empty_cache()
+        del wl, bq, bs
+        torch.cuda.empty_cache()
+
+
 def mla_decode_rows(emit, batches, contexts, heads=(128,)) -> None:
     """FlashMLA dense decode (bf16 KV, ``heads`` query heads (128 / TP), 512+64, page 64), all sequences at ``context``."""
     from kernels.vendor import _flashmla_api
@@ -261,7 +327,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--quick", action="store_true", help="a few shapes per table (a smoke run)")
-    ap.add_argument("--tables", default="dense,masked,mla", help="comma list of dense, dense_tp, masked, masked_tp, mla, mla_tp, dense_bf16 "
+    ap.add_argument("--tables", default="dense,masked,mla", help="comma list of dense, dense_tp, masked, masked_tp, contig, mla, mla_tp, dense_bf16 "
                     "(BF16 cuBLAS and DeepGEMM FP8 at the V3 shapes and BF16_EXTRA's), dense_bf16_qwen (BF16 cuBLAS at "
                     "BF16_QWEN's shapes)")
     ap.add_argument("--tp", default="2,4,8", help="TP widths of the dense_tp (DeepGEMM) and mla_tp (heads = 128 / TP) tables")
@@ -291,6 +357,15 @@ def main() -> None:
                                                         {"v3_tp8_gate_up": (512, 7168), "v3_tp8_down": (7168, 256),
                                                          "v3_tp4_gate_up": (1024, 7168), "v3_tp4_down": (7168, 512),
                                                          "q235_tp4_gate_up": (768, 4096), "q235_tp4_down": (4096, 384)})),
+              # prefill MoE: the contiguous layout by tokens routed, DeepSeek-V3's experts whole on one GPU (256) and on
+              # one EP8 rank (32 of 256), split by TP8 and TP4, and Qwen3-235B-A22B's split by TP4 (128 experts, top-8)
+              ("contig", lambda: contig_grouped_rows(
+                  writer.emit, (512, 2048) if args.quick else (128, 512, 1024, 2048, 4096, 8192, 16384),
+                  {"expert_gate_up": (4096, 7168, 256, 8, 256), "expert_down": (7168, 2048, 256, 8, 256),
+                   "ep8_gate_up": (4096, 7168, 256, 8, 32), "ep8_down": (7168, 2048, 256, 8, 32),
+                   "v3_tp8_gate_up": (512, 7168, 256, 8, 256), "v3_tp8_down": (7168, 256, 256, 8, 256),
+                   "v3_tp4_gate_up": (1024, 7168, 256, 8, 256), "v3_tp4_down": (7168, 512, 256, 8, 256),
+                   "q235_tp4_gate_up": (768, 4096, 128, 8, 128), "q235_tp4_down": (4096, 384, 128, 8, 128)})),
               ("mla", lambda: mla_decode_rows(writer.emit, (1, 64) if args.quick else (1, 8, 32, 64, 128, 256),
                                               (4096,) if args.quick else (512, 2048, 8192, 32768))),
               ("dense_bf16", lambda: (dense_gemm_rows(writer.emit, ("deepgemm",), m_grid, {**gemms, **BF16_EXTRA}),
