@@ -224,6 +224,8 @@ class OpTables:
     gemm: dict[tuple[str, str], GemmTable]            # (lib, dtype) -> table
     masked_grouped: dict[tuple[int, int, int], Series]  # (N, K, experts) -> time over tokens per expert
     mla_decode: dict[int, GridTable]                  # query heads per GPU (128 / TP) -> table over batch x context
+    # (N, K, experts) -> time over mean pairs per expert of uniform random routing (prefill MoE's contiguous layout)
+    contig_grouped: dict[tuple[int, int, int], Series] = field(default_factory=dict)
 
     def gemm_table(self, dtype: str, prefer: tuple[str, ...] | None = None) -> GemmTable | None:
         """The table of the first preferred library measured for ``dtype`` (the kernel serving would run; by default
@@ -295,19 +297,27 @@ def _mla_tables(path: Path, kv_entry_bytes: float = 576 * 2) -> dict[int, GridTa
     return out
 
 
-def _masked_tables(path: Path) -> dict[tuple[int, int, int], Series]:
-    """(N, K, experts) -> device time over tokens per expert."""
+def _grouped_tables(path: Path, kind: str) -> dict[tuple[int, int, int], Series]:
+    """(N, K, experts) -> device time of one grouped GEMM over rows per expert. ``masked``: every expert holds ``m`` rows;
+    ``contiguous``: ``m`` pairs of uniform random routing over the experts (``m / groups`` per expert on average, each
+    expert's run padded to the kernel's 128-row tile)."""
     fams: dict[tuple[int, int, int], list[tuple[float, float]]] = {}
     for r in _rows(path):
-        fams.setdefault((int(r["n"]), int(r["k"]), int(r["groups"])), []).append(
-            (float(r["m"]), float(r["device_us"]) * 1e-6))
+        g = int(r["groups"])
+        x = float(r["m"]) / (g if kind == "contiguous" else 1)
+        fams.setdefault((int(r["n"]), int(r["k"]), g), []).append((x, float(r["device_us"]) * 1e-6))
     out = {}
     for (n, k, g), pts in sorted(fams.items()):
         pts.sort()
         out[(n, k, g)] = Series(np.array([p[0] for p in pts]), np.array([p[1] for p in pts]),
                                 lambda m, g=g, n=n, k=k: g * gemm_bytes(np.asarray(m, float), n, k),
-                                f"deepgemm masked grouped FP8 GEMM {g} experts x {n}x{k}")
+                                f"deepgemm {kind} grouped FP8 GEMM {g} experts x {n}x{k}")
     return out
+
+
+def _masked_tables(path: Path) -> dict[tuple[int, int, int], Series]:
+    """(N, K, experts) -> device time over tokens per expert."""
+    return _grouped_tables(path, "masked")
 
 
 @lru_cache(maxsize=None)
@@ -324,8 +334,11 @@ def load(gpu: str) -> OpTables | None:
             gemm.update(_gemm_tables(folder / f"dense_gemm_{dt}.csv", hw.tflops(dt) * 1e12, hw.hbm_bw, hw.name, dt))
     masked = _masked_tables(folder / "grouped_gemm_masked_fp8.csv") \
         if (folder / "grouped_gemm_masked_fp8.csv").is_file() else {}
+    contig = _grouped_tables(folder / "grouped_gemm_contig_fp8.csv", "contiguous") \
+        if (folder / "grouped_gemm_contig_fp8.csv").is_file() else {}
     mla = _mla_tables(folder / "mla_decode_bf16.csv") if (folder / "mla_decode_bf16.csv").is_file() else {}
-    return OpTables(gpu=hw.name, provenance=prov, gemm=gemm, masked_grouped=masked, mla_decode=mla)
+    return OpTables(gpu=hw.name, provenance=prov, gemm=gemm, masked_grouped=masked, mla_decode=mla,
+                    contig_grouped=contig)
 
 
 # --------------------------------------------------------------------------- the cost model's use of the tables
@@ -473,6 +486,145 @@ class TableGemms:
         top = np.maximum(t_bw, t_c)
         scale = np.maximum((byts / b8) * (t_bw / top), (self.compute_eff * self.target_flops) / (ceff * peak) * (t_c / top))
         return np.maximum(floor + np.maximum(t8 - floor, 0.0) * scale, byts / (self.mem_eff * self.target_bw))
+
+
+# The grouped layouts an engine runs (kernels/fused_moe.py, as vLLM's and SGLang's DeepGEMM MoE): the masked one for
+# decode-sized batches (up to this many tokens entering the layer on a GPU: every expert's rows in an [E, max_m] buffer),
+# the contiguous one above (rows sorted by expert, each expert's run padded to a 128-row tile).
+MASKED_MAX_TOKENS = 128
+TILE_ROWS = 128   # DeepGEMM's M block of the grouped layouts on SM90 (get_mk_alignment_for_contiguous_layout)
+# Rows per expert up to which the masked table at the mean answers: within one 128-row tile the spread of routing's
+# counts does not change the tiles a kernel runs (Poisson at a mean of 64 passes 128 with probability ~1e-10)
+MASKED_MAX_ROWS = 64.0
+
+
+def _poisson_cdf(k: np.ndarray, lam: np.ndarray) -> np.ndarray:
+    """P(X <= k) for X ~ Poisson(lam), elementwise (scipy's regularised upper incomplete gamma: Q(k + 1, lam))."""
+    from scipy.special import gammaincc
+    return gammaincc(np.asarray(k, float) + 1.0, np.asarray(lam, float))
+
+
+@dataclass
+class ExpertGemms:
+    """The routed experts' two grouped FP8 GEMMs of one MoE layer (gate_up, then down) at the layout's own expert
+    shapes, from the measured grouped tables: per expert, over mean rows per expert, at the measured expert counts.
+
+    - Decode-sized batches (``MASKED_MAX_TOKENS``) run the masked layout: the masked table at the mean up to
+      ``MASKED_MAX_ROWS`` rows an expert; above it routing's spread over row tiles (each expert's count Poisson at the
+      mean, ``ceil(c / 128)`` tiles, priced at its tiles' rows: the padding is computed).
+    - Larger batches run the contiguous layout: its table where it measured that expert count (timed at uniform random
+      routing's counts, the spread in it); elsewhere the masked table as above, short by the contiguous kernel's own
+      cost (15-31% on the H100) and said so.
+    - Between measured expert counts the per-expert time is interpolated in log-log; outside them it is held. Beyond a
+      curve's largest rows the time follows the roofline at its last point's efficiency; below its first it is held.
+    - On another GPU the measured time transfers as the dense tables' (``TableGemms``): the fixed part by the FP8 peak
+      ratio, never under this GPU's streaming and math ceilings."""
+
+    shapes: list[tuple[int, int]]                                      # (N, K) per GEMM, one GPU's shard
+    masked: list[dict[int, tuple[np.ndarray, np.ndarray]]]             # per shape: experts -> (rows, s/expert)
+    contig: list[dict[int, tuple[np.ndarray, np.ndarray]]]             # the same from the contiguous table
+    measured_on: str
+    peak_measured: float                                               # the measured GPU's FP8 dense peak, flop/s
+    bw_measured: float
+    target_flops: float
+    target_bw: float
+    mem_eff: float = 0.856
+    compute_eff: float = 0.662
+
+    @classmethod
+    def on(cls, tables: OpTables, hw, shapes: list[tuple[int, int]], mem_eff: float,
+           compute_eff: float) -> "ExpertGemms | None":
+        """The tables of ``tables`` for ``shapes`` on GPU ``hw``; None unless the masked table measured every shape."""
+        masked, contig = [], []
+        for n, k in shapes:
+            per = lambda src: {g: (ser.xs, ser.ts / g) for (fn, fk, g), ser in src.items() if (fn, fk) == (n, k)}  # noqa: E731
+            masked.append(per(tables.masked_grouped))
+            contig.append(per(tables.contig_grouped))
+            if not masked[-1]:
+                return None
+        hw_m = get_hardware(tables.gpu)
+        return cls(list(shapes), masked, contig, tables.gpu, hw_m.tflops("fp8") * 1e12, hw_m.hbm_bw,
+                   hw.tflops("fp8") * 1e12, hw.hbm_bw, mem_eff, compute_eff)
+
+    @property
+    def same_gpu(self) -> bool:
+        return self.peak_measured == self.target_flops and self.bw_measured == self.target_bw
+
+    @property
+    def contig_experts(self) -> list[int]:
+        """The expert counts at which every shape's contiguous layout was measured."""
+        return sorted(set.intersection(*(set(c) for c in self.contig))) if self.contig else []
+
+    def _at(self, i: int, curve: tuple[np.ndarray, np.ndarray], rows: np.ndarray) -> np.ndarray:
+        n, k = self.shapes[i]
+        xs, ts = curve
+        work = lambda m: np.maximum(2.0 * m * n * k / self.peak_measured,   # noqa: E731 - the roofline per expert
+                                    gemm_bytes(m, n, k) / self.bw_measured)
+        return loglog_interp(rows, xs, ts, work(rows), work(xs[-1]))[0]
+
+    def _masked_spread(self, i: int, g: int, rows: np.ndarray) -> np.ndarray:
+        """Seconds per expert from the masked curve at ``g`` experts: at the mean within one tile, above it each
+        expert's Poisson count over ``ceil(c / 128)`` tiles priced at its tiles' rows."""
+        cur = self.masked[i][g]
+        out = self._at(i, cur, rows)
+        many = rows > MASKED_MAX_ROWS
+        if not many.any():
+            return out
+        lam = rows[many]
+        jmax = int(np.ceil((lam.max() + 10.0 * np.sqrt(lam.max()) + 10.0) / TILE_ROWS)) + 1
+        edges = np.arange(1, jmax + 1) * TILE_ROWS                       # P(c <= 128 j), j = 1..jmax
+        cdf = _poisson_cdf(edges[None, :], lam[:, None])
+        p = np.diff(np.concatenate([np.zeros((lam.size, 1)), cdf], axis=1), axis=1)
+        p[:, -1] += 1.0 - cdf[:, -1]
+        t = p[:, 0] * self._at(i, cur, np.minimum(lam, float(TILE_ROWS)))
+        for j in range(1, jmax):
+            t += p[:, j] * self._at(i, cur, np.full(lam.size, float(edges[j])))
+        out[many] = t
+        return out
+
+    def _per_expert(self, i: int, rows: np.ndarray, experts: np.ndarray, contiguous: np.ndarray) -> np.ndarray:
+        """Seconds per expert at ``experts`` experts (``contiguous``: which points run that layout): log-log between
+        the measured counts, held outside them."""
+        gs = sorted(self.masked[i])
+        at = np.empty((len(gs), rows.size))
+        for j, g in enumerate(gs):
+            at[j] = self._masked_spread(i, g, rows)
+            con = self.contig[i].get(g)
+            if con is not None and contiguous.any():
+                at[j, contiguous] = self._at(i, con, rows[contiguous])
+        if len(gs) == 1:
+            return at[0]
+        lg = np.log(np.asarray(gs, float))
+        x = np.clip(np.log(np.maximum(experts, 1.0)), lg[0], lg[-1])
+        hi = np.clip(np.searchsorted(lg, x, side="right"), 1, len(gs) - 1)
+        lo = hi - 1
+        w = (x - lg[lo]) / (lg[hi] - lg[lo])
+        cols = np.arange(rows.size)
+        return np.exp((1 - w) * np.log(at[lo, cols]) + w * np.log(at[hi, cols]))
+
+    def seconds(self, rows, experts, tokens=None) -> np.ndarray:
+        """Seconds of the layer's grouped GEMMs with ``experts`` experts holding ``rows`` rows each on average and
+        ``tokens`` tokens entering the layer on this GPU (the layout's choice; None: the masked one); 0 where rows
+        or experts are 0."""
+        rows, experts, tokens = np.broadcast_arrays(np.asarray(rows, float), np.asarray(experts, float),
+                                                    np.asarray(0.0 if tokens is None else tokens, float))
+        shape = rows.shape
+        r, e = rows.ravel(), experts.ravel()
+        on = (r > 0) & (e > 0)
+        out = np.zeros(r.size)
+        if not on.any():
+            return out.reshape(shape)
+        r, e, con = np.maximum(r[on], 1e-9), e[on], tokens.ravel()[on] > MASKED_MAX_TOKENS
+        total = np.zeros(r.size)
+        for i, (n, k) in enumerate(self.shapes):
+            t = self._per_expert(i, r, e, con) * e
+            if not self.same_gpu:
+                flops, byts = 2.0 * e * r * n * k, e * gemm_bytes(r, n, k)
+                t = np.maximum(np.maximum(t * self.peak_measured / self.target_flops,
+                                          byts / (self.mem_eff * self.target_bw)), flops / (self.compute_eff * self.target_flops))
+            total += t
+        out[on] = total
+        return out.reshape(shape)
 
 
 MLA_ENTRY_DIMS = (576, 512)   # FlashMLA's measured latent: q/k 512 + 64 rope, v 512 (DeepSeek-V3/R1, Kimi K2)

@@ -70,7 +70,7 @@ class ProfiledStepCost:
         self.sample = smp if smp is not None and smp.vocab == self.model.vocab_size else None
         smp_kw = dict(measured_sampling=self.sample is not None, measured_logits=bool(self.sample and self.sample.includes_logits))
         # the model's own BF16 GEMMs (router, heads) on the analytic ramp, as every committed profile's fit took them
-        self.base = StepCostModel(self.model, get_hardware(st.hardware_basis), self.layout, cal, bf16_ramp=True, **smp_kw)
+        self.base = StepCostModel(self.model, get_hardware(st.hardware_basis), self.layout, cal, profile_fit=True, **smp_kw)
         # the executor keeps kv_b_proj in the activation dtype (executor/mla.py: absorbed decode reads it per head), so
         # its K/V up-projection (prefill chunks over their cached context, the absorbed decode projections) is a BF16
         # GEMM in an FP8 engine too: the cost model prices it in the weight dtype, at half the BF16 time when compute-bound

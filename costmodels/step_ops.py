@@ -47,7 +47,7 @@ from costmodels.hardware import Hardware
 from costmodels.layout import ParallelLayout
 from costmodels.memory import indexer_kv_bytes_per_token, kv_bytes_per_token_layer, kv_shard_divisor, mtp_kind
 from costmodels.model_spec import ModelSpec
-from costmodels.op_table import (MEASURED, MLA_ENTRY_DIMS, MLA_LATENT_BYTES, SCALED, TableGemms, TableMLA, kernel_gemms, mla_decode_table,
+from costmodels.op_table import (MASKED_MAX_ROWS, MASKED_MAX_TOKENS, MEASURED, MLA_ENTRY_DIMS, MLA_LATENT_BYTES, SCALED, ExpertGemms, TableGemms, TableMLA, kernel_gemms, mla_decode_table,
                                  table_from_points)
 from costmodels.op_table import load as load_op_tables
 from costmodels.offload import prefetch_for
@@ -131,12 +131,14 @@ class StepOps:
         expert_load: Callable[[float], float] | None = None,
         measured_sampling: bool = False,
         measured_logits: bool = False,
-        bf16_ramp: bool = False,
+        profile_fit: bool = False,
     ):
         self.model, self.hw, self.layout = model, hw, layout
-        # True: the model's own BF16 GEMMs beside weights in another dtype (router, heads) keep the analytic ramp, as
-        # the measured profiles' fits took them (costmodels.profiled); else the FP8 table transfers to them too
-        self.bf16_ramp = bool(bf16_ramp)
+        # True: a measured profile's fit prices these ops (costmodels.profiled). The model's own BF16 GEMMs beside
+        # weights in another dtype (router, heads) keep the analytic ramp, and the routed experts the ramp without the
+        # layout-kernel rows (where the profile did not time its own MoE layer), as that fit took them; else the FP8
+        # table transfers to the BF16 rows too and the grouped tables price the experts
+        self.profile_fit = bool(profile_fit)
         # True: the caller prices sampling (and, ``measured_logits``, the logits GEMM before it) from a measured table
         # (costmodels.profiled: a measured executor's sampler); these ops are then left out of the step's terms
         self.sampling_measured = bool(measured_sampling)
@@ -282,10 +284,10 @@ class StepOps:
             return None
         # BF16 weight GEMMs (routers, heads, BF16 layouts) from the measured BF16 table where there is one (cuBLAS)
         bf16 = tables.gemm_table("bf16") if tables else None
-        # every row; with ``bf16_ramp`` (a measured profile's fit) not the model's own BF16 rows beside weights in
+        # every row; with ``profile_fit`` (a measured profile's fit) not the model's own BF16 rows beside weights in
         # another dtype (router, heads): they stay on the analytic ramp that fit was made with
         wd = self.layout.weight_dtype
-        covers = np.array([kn > 0 and not (self.bf16_ramp and d == "bf16" != wd) for d, kn in zip(self.g_dtype, self.g_kn)])
+        covers = np.array([kn > 0 and not (self.profile_fit and d == "bf16" != wd) for d, kn in zip(self.g_dtype, self.g_kn)])
         if not covers.any():
             return None
         per_elem = np.divide(self.g_w, self.g_kn, out=np.zeros_like(self.g_w), where=self.g_kn > 0)
@@ -362,6 +364,28 @@ class StepOps:
         self.moe_table = mt if (mt is not None and m.moe and lay.ep == 1 and lay.moe_tp == 1 and not lay.eplb_redundant_experts
                                 and mt.matches(m.moe.n_routed_experts, m.moe.top_k, m.hidden_size, m.moe.moe_intermediate_size,
                                                lay.experts_dtype)) else None
+        self.e_table = self._expert_table()
+
+    def _expert_table(self) -> ExpertGemms | None:
+        """The routed experts' grouped FP8 GEMMs from the measured grouped tables at this layout's expert shapes (gate_up
+        2I/TP x H, down H x I/TP) where the calibration names op tables that measured both; None (the bandwidth ramp)
+        for experts in another dtype, a profile that measured its own MoE layer or grouped-GEMM bandwidth, or shapes no
+        table holds."""
+        m, lay, cal = self.model, self.layout, self.cal
+        if (not m.moe or self.moe_table is not None or self.profile_fit or "expert_mem" in cal.tables or not cal.op_tables
+                or not self.hw.has_fp8 or lay.experts_dtype != "fp8"):
+            return None
+        h, inter, tp = m.hidden_size, m.moe.moe_intermediate_size, lay.moe_tp
+        if inter % tp:
+            return None
+        # this GPU's own grouped tables where it has them (the H100's), else the profile's op tables transferred
+        for name in dict.fromkeys((self.hw.name, cal.op_tables)):
+            tables = load_op_tables(name)
+            got = ExpertGemms.on(tables, self.hw, [(2 * inter // tp, h), (h, inter // tp)], cal.mem_eff,
+                                 cal.gemm_compute_eff.get("fp8", 0.662)) if tables is not None else None
+            if got is not None:
+                return got
+        return None
 
     def _attention_groups(self) -> tuple[list[tuple[AttnGeometry, int]], list[bool]]:
         """(geometry, layer count) of the layer groups attention is priced over, and whether each is a CED decoder
@@ -465,6 +489,22 @@ class StepOps:
         layer prices them (its op name says so) or the model has none."""
         if not self.model.moe or self.moe_table is not None:
             return None
+        et = self.e_table
+        if et is not None:
+            shp = ", ".join(f"{n}x{k}" for n, k in et.shapes)
+            how = "measured" if et.same_gpu else (f"transferred from {et.measured_on}: fixed part scaled by the FP8 peak "
+                                                  "ratio, bounded by this GPU's streaming and math ceilings")
+            cg = et.contig_experts
+            masked = (f"the masked table, at the mean up to {MASKED_MAX_ROWS:g} rows an expert, above it each expert's "
+                      "count Poisson at the mean over 128-row tiles")
+            big = (f"the contiguous table at {', '.join(map(str, cg))} experts (timed at uniform random routing's "
+                   "counts), at other expert counts " if cg else "") + (
+                   "the masked table's tiles (the contiguous kernel's own cost over the masked one's, 15-31% on the "
+                   "H100, not priced)")
+            return (f"routed experts: the DeepGEMM grouped FP8 GEMM tables of {et.measured_on} at this layout's expert "
+                    f"shapes (N x K {shp}), {how}: up to {MASKED_MAX_TOKENS} tokens a GPU {masked}; above, {big}; "
+                    "the layout kernels around them (permute, SiLU-and-mul, combine) at the streaming rate, one launch "
+                    "each")
         if "expert_mem" in self.cal.tables:
             src = "the calibration profile's measured grouped-GEMM bandwidth"
         else:
@@ -475,8 +515,7 @@ class StepOps:
         if split > 1:
             line += (f"; each expert split {split} ways here, a shape no table covers (split shards measured on an H100: "
                      "-35% to +63%, short-K down projections priced fast)")
-        return line + ("; the MoE layer's other kernels (routing, permute, activation quantisation, finalize) are priced as "
-                       "one router top-k row (a published B300 layer holds 20-43 us more for FP8/NVFP4)")
+        return line + "; the layout kernels around them (permute, SiLU-and-mul, combine) at the streaming rate, one launch each"
 
     def attention_table_note(self) -> str | None:
         """Where MLA decode attention times come from (None: the formula for all attention)."""
@@ -585,6 +624,9 @@ class StepOps:
         ceff = self.cal.gemm_compute(tok_rank / np.maximum(touched, 1e-9), self.e_math)
         meff = self.cal.expert_mem(byts)
         t = np.maximum(flops / (self.e_peak * np.maximum(ceff, 1e-9)), byts / (self.hw.hbm_bw * np.maximum(meff, 1e-9))) + 2 * self._lo
+        if self.e_table is not None:   # measured device time of the two grouped GEMMs (CUDA graphs: launches inside)
+            t = np.where(tok_rank > 0, self.e_table.seconds(tok_rank / np.maximum(touched, 1e-9), touched,
+                                                            self.moe_tokens(tok_rank)), t)
         return t, touched, flops, byts
 
     def experts(self, tok: np.ndarray, layers: int, label: str) -> Terms:
@@ -600,7 +642,38 @@ class StepOps:
             src = ", measured MoE layer table" + (", extrapolated beyond its largest count" if ext.any() else "")
         k = np.where(tok > 0, float(layers), 0.0)
         name = f"{label} ({float(touched.flat[0]):.0f} experts touched/rank{src})"
-        return _terms([(name, EXPERT, k, k * flops, k * byts, np.where(tok > 0, layers * t, 0.0), False)], tok.size)
+        rows = [(name, EXPERT, k, k * flops, k * byts, np.where(tok > 0, layers * t, 0.0), False)]
+        if self.moe_table is None and not self.profile_fit:   # the executor's measured layer holds its own layout kernels
+            rows += self._moe_glue(tok, layers, label)
+        return _terms(rows, tok.size)
+
+    def moe_tokens(self, pairs):
+        """Tokens entering an MoE layer on the busiest rank that receives ``pairs`` token-expert pairs: a token's pairs
+        on one rank arrive once (top_k over ep of them on average, at least one)."""
+        return pairs / max(1.0, self.model.moe.top_k / self.layout.ep)
+
+    def _moe_glue(self, tok: np.ndarray, layers: int, label: str) -> list[tuple]:
+        """The memory-bound kernels around the two grouped GEMMs on the busiest EP rank, one launch each a layer
+        (``kernels.fused_moe``'s glue; vLLM's and SGLang's DeepGEMM MoE run the same passes): permute (each received
+        token's BF16 row read once, each of its pairs written into its expert's rows in the GEMM's input dtype, FP8 with
+        its 1x128 scales), SiLU-and-mul (each pair's gate/up BF16 output read, the product written in the input dtype
+        for the down GEMM) and combine (each pair's BF16 output read, scaled by its routing weight, summed into its
+        token's row). Each at the streaming rate plus a launch: what the data movement costs, not a fit (the H200's
+        Triton glue measured 0.45 ms where this prices 0.29 at 4,096 tokens on DeepSeek-V3's 256 experts, issue 18;
+        tests/test_op_table.py)."""
+        m, lay = self.model, self.layout
+        h, inter = self.h, m.moe.moe_intermediate_size / lay.moe_tp
+        pairs = tok * m.moe.top_k / lay.ep * self.expert_imbalance_at(tok)
+        recv = self.moe_tokens(pairs)
+        a = DISPATCH_BYTES_PER_VALUE[{"fp4": "nvfp4", "fp8": "fp8"}.get(self.hw.math_dtype(lay.experts_dtype), "bf16")]
+        on = tok > 0
+        out = []
+        for name, b in (("moe_permute", recv * h * 2.0 + pairs * h * a), ("moe_silu_mul", pairs * inter * (2 * 2.0 + a)),
+                        ("moe_combine", pairs * h * 2.0 + recv * h * 2.0)):
+            prefix = label[: -len("routed_experts")]
+            out.append((prefix + name, OTHER, np.where(on, layers, 0), np.zeros_like(b), np.where(on, layers * b, 0.0),
+                        np.where(on, layers * (b / self._stream + self._lo), 0.0), False))
+        return out
 
     def elementwise(self, tok: np.ndarray, layers: int, moe_layers: int) -> Terms:
         """Norms, rope/quant/residual and router top-k of one pass over ``tok`` tokens of this rank (memory-bound)."""
@@ -734,7 +807,7 @@ class StepOps:
         rows = [i for i, n in enumerate(comm.names) if "ep_combine(" in n]
         if not rows:
             return
-        down = experts.time.sum(axis=0) / 3.0
+        down = experts.time[0] / 3.0   # the grouped GEMMs' row (the rows after it are the layout kernels)
         touched = self.experts_touched(x)
         for i in rows:
             s = self.comm_sm_slowdown(", normal" in comm.names[i])

@@ -149,7 +149,9 @@ def test_a_batch_without_ranks_is_split_by_the_same_rule():
 
 
 def test_balance_beats_immediate_at_moderate_prefill_heavy_load_and_costs_ttft():
-    runs = {p: simulate(scenario(p, requests=240, rate=8.0)).result for p in ("immediate", "balance")}
+    # rate 7 (8 until 2026-12-06: the routed experts priced from the grouped tables with their layout kernels moved
+    # the knee down; at 8 balance gains 3.9%, at 7 19%, at 6 30%, at 9 it loses 4%: the gain is a moderate load's)
+    runs = {p: simulate(scenario(p, requests=240, rate=7.0)).result for p in ("immediate", "balance")}
     imm, bal = runs["immediate"].metrics, runs["balance"].metrics
     # steady window (the whole run's includes the drain): batched prompts keep the ranks even; the wait costs TTFT
     assert bal.steady.output_throughput > 1.05 * imm.steady.output_throughput

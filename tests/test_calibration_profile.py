@@ -34,13 +34,17 @@ def test_runner_fit_recovers_a_max_plus_overlap_model():
     rng = np.random.default_rng(1)
     n = 60
     hf = np.stack([np.ones(n), rng.integers(1, 128, n), rng.integers(1, 8192, n), rng.integers(0, 8, n)], 1).astype(float)
-    df = rng.uniform(0, 0.2, (n, 4))
+    # device terms of the same order as the host's, so that both sides of the max hold points: with every point
+    # device-bound, y = D + alpha H fixes only alpha x h (numpy 2.4's draws at the old range 0-0.2 gave no host-bound
+    # point, and the fit answered alpha 0.1 with h three times too large, exactly)
+    df = rng.uniform(0, 0.02, (n, 4))
     h_true = np.array([0.02, 5e-5, 1e-6, 1e-3])
     k_true = np.array([1.5, 2.0, 0.7, 3.0])
     h, d = hf @ h_true, df @ k_true
     y = np.maximum(h, d) + 0.3 * np.minimum(h, d)
     hh, kk, alpha, sse = fit_runner_model(hf, df, y)
     pred = np.maximum(hf @ hh, df @ kk) + alpha * np.minimum(hf @ hh, df @ kk)
+    assert ((hf @ h_true) > (df @ k_true)).sum() >= 5 and ((hf @ h_true) < (df @ k_true)).sum() >= 5
     assert errors(pred, y)["mape"] < 0.01
     assert alpha == pytest.approx(0.3, abs=0.051)
 

@@ -71,7 +71,7 @@ def test_the_ramp_at_experts_split_by_tp_is_held_out_and_bounded():
 def test_cost_names_where_the_routed_experts_time_comes_from():
     """Every other op's source is in the cost model's notes (the dense GEMM and FlashMLA tables); the routed experts
     were priced by the ramp without a word. The note names the ramp and its check, a split no table covers, and the
-    MoE layer's kernels it leaves out; a dense model gets none."""
+    layout kernels priced beside them (whole experts on EP8: the H200 grouped tables); a dense model gets none."""
     from costmodels.calibration_source import profile_for
     from costmodels.catalog import get_model
     from costmodels.hardware import get_hardware
@@ -85,7 +85,9 @@ def test_cost_names_where_the_routed_experts_time_comes_from():
         return [n for n in m.notes if n.startswith("routed experts:")]
 
     tp8 = notes("deepseek-v3", tp=8)
-    assert len(tp8) == 1 and "GEMM bandwidth ramp" in tp8[0] and "split 8 ways" in tp8[0] and "finalize" in tp8[0]
+    assert len(tp8) == 1 and "GEMM bandwidth ramp" in tp8[0] and "split 8 ways" in tp8[0] and "layout kernels" in tp8[0]
     ep8 = notes("deepseek-v3", tp=1, dp=8, ep=8)
-    assert len(ep8) == 1 and "split" not in ep8[0]
+    assert len(ep8) == 1 and "split" not in ep8[0] and "GEMM bandwidth ramp" in ep8[0]
+    ep8 = notes("deepseek-v3", tp=1, dp=8, ep=8, weight_dtype="fp8")   # FP8 whole experts: the H200's grouped tables
+    assert len(ep8) == 1 and "grouped FP8 GEMM tables of H200" in ep8[0]
     assert notes("llama-3.1-8b", tp=1) == []

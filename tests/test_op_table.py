@@ -350,16 +350,21 @@ def test_fp4_rows_against_published_nvfp4_gemm_tables():
 
 @pytest.mark.parametrize("dtype", ["fp4", "fp8", "bf16"])
 def test_routed_experts_against_a_published_moe_layer_on_the_b300(dtype):
-    """DeepSeek-V3's routed experts on one EP8 rank of B300s (StepOps' expert roofline: the experts a step's tokens
-    touch, their weights streamed, the math at its dtype's efficiency), in NVFP4, FP8 and BF16, against FlashInfer's
-    published MoE layer on one B300 (tests/data/deepseek_moe_b300_published.csv; held out: nothing was fitted to it).
-    The published time holds the whole layer: routing, the local experts, the finalize and (NVFP4, MXFP8) the
-    activations' quantisation. With the bandwidth ramp fitted to device times (2026-12-06: half-saturation 21 MB, was
-    132) the grouped GEMMs alone read short of it: from 16 tokens on BF16 (no quantisation) -11% .. +4%, FP8 -25% ..
-    -10% and NVFP4 -31% .. -19%, 20-43 us a layer for the quantised ones (their other kernels; the 132 MB ramp's
-    slower GEMMs covered that gap, within 20%: errors that cancelled). At 1-8 tokens the model reads up to 62% short:
-    the benchmark's sample touched about twice the local experts uniform routing expects there (2, 4, 7, 10 at 1, 2, 4,
-    8 tokens against 1.0, 1.9, 3.8, 7.1), each streamed whole."""
+    """DeepSeek-V3's routed experts on one EP8 rank of B300s (StepOps.experts: the experts a step's tokens touch, their
+    two grouped GEMMs, and the layout kernels around them), in NVFP4, FP8 and BF16, against FlashInfer's published MoE
+    layer on one B300 (tests/data/deepseek_moe_b300_published.csv; held out: nothing was fitted to it). The published
+    time holds the whole layer: routing, the local experts, the finalize and (NVFP4, MXFP8) the activations'
+    quantisation.
+    - FP8 experts are priced from the H200's measured DeepGEMM masked grouped table at their shape (32 experts x
+      4096x7168 and 7168x2048), transferred to the B300 (its streaming ceiling binds); NVFP4 and BF16 by the bandwidth
+      ramp (no table of theirs).
+    - The layout kernels (permute, SiLU-and-mul, combine: 9-14 us a layer here) close most of BF16's gap: from 16 tokens
+      -6% .. +7% (the GEMMs alone: -11% .. +4%). FP8 reads -25% .. -9% and NVFP4 -19% .. -12%, 22-40 us a layer short at
+      FP8: what TensorRT-LLM's MXFP8 path runs besides (activation quantisation to MXFP8 with its scale layout, routing
+      kernels) is not priced.
+    - At 1-8 tokens the model reads up to 62% short: the benchmark's sample touched about twice the local experts
+      uniform routing expects there (2, 4, 7, 10 at 1, 2, 4, 8 tokens against 1.0, 1.9, 3.8, 7.1), each streamed
+      whole."""
     from costmodels.calibration_source import profile_for
     from costmodels.catalog import get_model
     from costmodels.hardware import get_hardware
@@ -370,16 +375,17 @@ def test_routed_experts_against_a_published_moe_layer_on_the_b300(dtype):
     hw = get_hardware("B300")
     lay = ParallelLayout(tp=1, dp=8, ep=8, weight_dtype="bf16" if dtype == "bf16" else "fp8", expert_dtype=dtype)
     ops = StepOps(get_model("deepseek-v3"), hw, lay, profile_for(hw), expert_imbalance=1.0)   # uniform random routing
+    assert (ops.e_table is not None) == (dtype == "fp8")
     tokens = np.array([float(r["tokens"]) for r in pub])
-    t = ops._expert_roofline(tokens)[0]
+    layer = ops.experts(tokens, 1, "routed_experts")
+    assert layer.names[1:] == ["moe_permute", "moe_silu_mul", "moe_combine"]
+    t = layer.time.sum(axis=0)
     published = np.array([float(r[f"{dtype}_ms"]) * 1e-3 for r in pub])
     rel = t / published - 1
     got = dict(zip(tokens.tolist(), np.round(rel, 3).tolist()))
     many = tokens >= 16
-    # the GEMMs never exceed the layer that holds them (5%: the published run's noise), and fall short of it by
-    # what the layer's other kernels take: BF16's at most 12%, the quantised layers' at most 32% and 45 us
-    assert (rel[many] < 0.05).all(), got
-    assert (rel[many] > {"bf16": -0.12, "fp8": -0.26, "fp4": -0.32}[dtype]).all(), got
+    lo, hi = {"bf16": (-0.08, 0.08), "fp8": (-0.27, 0.0), "fp4": (-0.21, 0.0)}[dtype]
+    assert (rel[many] > lo).all() and (rel[many] < hi).all(), got
     assert ((published - t)[many] < 45e-6).all(), got
     assert (rel[~many] > -0.65).all() and (rel[~many] < 0.0).all(), got
 

@@ -128,13 +128,13 @@ def test_header_kv_says_it_is_whole_blocks_of_the_memory_fits_figure():
 
 
 def test_the_slo_verdict_is_the_steady_windows_as_the_planner_judges():
-    """`-n 200` of the default: TPOT p90 37.8 ms over the whole run, 38.0 ms in the steady window. A 37.9 ms target is
+    """`-n 200` of the default: TPOT p90 40.69 ms over the whole run, 40.97 ms in the steady window. A 40.8 ms target is
     met by the first and missed by the second; the verdict reads the steady window (planner.simulate.meets), and its
     line says which window it judged."""
-    r = subprocess.run([sys.executable, "-m", "ui.cli", "simulate", "-n", "200", "--slo", "ttft_p90=2s,tpot_p90=37.9ms", "--json"],
+    r = subprocess.run([sys.executable, "-m", "ui.cli", "simulate", "-n", "200", "--slo", "ttft_p90=2s,tpot_p90=40.8ms", "--json"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     m = d["metrics"]
-    assert m["tpot_s"]["p90"] <= 0.0379 < m["steady"]["tpot_s"]["p90"]
+    assert m["tpot_s"]["p90"] <= 0.0408 < m["steady"]["tpot_s"]["p90"]
     assert d["slo_check"]["meets"] is False and "(steady window: TTFT p90" in d["slo_check"]["line"]
