@@ -320,6 +320,19 @@ def _masked_tables(path: Path) -> dict[tuple[int, int, int], Series]:
     return _grouped_tables(path, "masked")
 
 
+def measured_gpus() -> list[str]:
+    """The GPUs with a folder of measured op tables (``costmodels/data/op_tables/<gpu>``), sorted."""
+    return sorted(p.name.upper() for p in DATA.iterdir() if (p / "provenance.json").is_file())
+
+
+def same_kind(gpu: str) -> list[str]:
+    """Measured GPUs whose catalog entry has ``gpu``'s FP8 peak and HBM bandwidth (one die and memory: H100 and H800),
+    ``gpu`` itself first when it was measured: the tables that price its local kernels as measured, not transferred."""
+    hw = get_hardware(gpu)
+    same = [g for g in measured_gpus() if (lambda o: o.tflops("fp8") == hw.tflops("fp8") and o.hbm_bw == hw.hbm_bw)(get_hardware(g))]
+    return sorted(same, key=lambda g: g.lower() != hw.name.lower())
+
+
 @lru_cache(maxsize=None)
 def load(gpu: str) -> OpTables | None:
     """The measured tables of ``gpu`` (case-insensitive folder name), or None when none were measured."""
@@ -488,10 +501,9 @@ class TableGemms:
         return np.maximum(floor + np.maximum(t8 - floor, 0.0) * scale, byts / (self.mem_eff * self.target_bw))
 
 
-# The grouped layouts an engine runs (kernels/fused_moe.py, as vLLM's and SGLang's DeepGEMM MoE): the masked one for
-# decode-sized batches (up to this many tokens entering the layer on a GPU: every expert's rows in an [E, max_m] buffer),
-# the contiguous one above (rows sorted by expert, each expert's run padded to a 128-row tile).
-MASKED_MAX_TOKENS = 128
+# The grouped layouts an engine runs (as SGLang's DeepGEMM MoE beside DeepEP's two modes): the masked one in decode
+# steps (every expert's rows in an [E, max_m] buffer, what low-latency dispatch delivers), the contiguous one in steps
+# with a prefill (rows sorted by expert, each expert's run padded to a 128-row tile, what normal dispatch delivers).
 TILE_ROWS = 128   # DeepGEMM's M block of the grouped layouts on SM90 (get_mk_alignment_for_contiguous_layout)
 # Rows per expert up to which the masked table at the mean answers: within one 128-row tile the spread of routing's
 # counts does not change the tiles a kernel runs (Poisson at a mean of 64 passes 128 with probability ~1e-10)
@@ -509,12 +521,12 @@ class ExpertGemms:
     """The routed experts' two grouped FP8 GEMMs of one MoE layer (gate_up, then down) at the layout's own expert
     shapes, from the measured grouped tables: per expert, over mean rows per expert, at the measured expert counts.
 
-    - Decode-sized batches (``MASKED_MAX_TOKENS``) run the masked layout: the masked table at the mean up to
-      ``MASKED_MAX_ROWS`` rows an expert; above it routing's spread over row tiles (each expert's count Poisson at the
-      mean, ``ceil(c / 128)`` tiles, priced at its tiles' rows: the padding is computed).
-    - Larger batches run the contiguous layout: its table where it measured that expert count (timed at uniform random
-      routing's counts, the spread in it); elsewhere the masked table as above, short by the contiguous kernel's own
-      cost (15-31% on the H100) and said so.
+    - Decode steps run the masked layout: the masked table at the mean up to ``MASKED_MAX_ROWS`` rows an expert; above
+      it routing's spread over row tiles (each expert's count Poisson at the mean, ``ceil(c / 128)`` tiles, priced at
+      its tiles' rows: the padding is computed).
+    - Steps with a prefill run the contiguous layout: its table where it measured this shape (timed at uniform random
+      routing's counts, the spread in it; per expert held outside its measured expert counts); else the masked table
+      as above, short by the contiguous kernel's own cost (15-31% on the H100) and said so.
     - Between measured expert counts the per-expert time is interpolated in log-log; outside them it is held. Beyond a
       curve's largest rows the time follows the roofline at its last point's efficiency; below its first it is held.
     - On another GPU the measured time transfers as the dense tables' (``TableGemms``): the fixed part by the FP8 peak
@@ -552,8 +564,9 @@ class ExpertGemms:
 
     @property
     def contig_experts(self) -> list[int]:
-        """The expert counts at which every shape's contiguous layout was measured."""
-        return sorted(set.intersection(*(set(c) for c in self.contig))) if self.contig else []
+        """The expert counts at which every shape's contiguous layout was measured ([]: none, the masked table prices
+        the contiguous layout too)."""
+        return sorted(set.intersection(*(set(c) for c in self.contig))) if all(self.contig) else []
 
     def _at(self, i: int, curve: tuple[np.ndarray, np.ndarray], rows: np.ndarray) -> np.ndarray:
         n, k = self.shapes[i]
@@ -581,16 +594,13 @@ class ExpertGemms:
             p[:, 1:] @ self._at(i, cur, edges[1:].astype(float))
         return out
 
-    def _per_expert(self, i: int, rows: np.ndarray, experts: np.ndarray, contiguous: np.ndarray) -> np.ndarray:
-        """Seconds per expert at ``experts`` experts (``contiguous``: which points run that layout): log-log between
-        the measured counts, held outside them."""
-        gs = sorted(self.masked[i])
-        at = np.empty((len(gs), rows.size))
-        for j, g in enumerate(gs):
-            at[j] = self._masked_spread(i, g, rows)
-            con = self.contig[i].get(g)
-            if con is not None and contiguous.any():
-                at[j, contiguous] = self._at(i, con, rows[contiguous])
+    def _per_expert(self, i: int, rows: np.ndarray, experts: np.ndarray, contiguous: bool) -> np.ndarray:
+        """Seconds per expert at ``experts`` experts: log-log between the measured counts, held outside them. The
+        contiguous layout (``contiguous``) reads the contiguous curves where this shape has any (only them), else the
+        masked ones with routing's spread."""
+        con = contiguous and bool(self.contig[i])
+        gs = sorted(self.contig[i] if con else self.masked[i])
+        at = np.stack([self._at(i, self.contig[i][g], rows) if con else self._masked_spread(i, g, rows) for g in gs])
         if len(gs) == 1:
             return at[0]
         lg = np.log(np.asarray(gs, float))
@@ -601,22 +611,21 @@ class ExpertGemms:
         cols = np.arange(rows.size)
         return np.exp((1 - w) * np.log(at[lo, cols]) + w * np.log(at[hi, cols]))
 
-    def seconds(self, rows, experts, tokens=None) -> np.ndarray:
-        """Seconds of the layer's grouped GEMMs with ``experts`` experts holding ``rows`` rows each on average and
-        ``tokens`` tokens entering the layer on this GPU (the layout's choice; None: the masked one); 0 where rows
-        or experts are 0."""
-        rows, experts, tokens = np.broadcast_arrays(np.asarray(rows, float), np.asarray(experts, float),
-                                                    np.asarray(0.0 if tokens is None else tokens, float))
+    def seconds(self, rows, experts, contiguous: bool = False) -> np.ndarray:
+        """Seconds of the layer's grouped GEMMs with ``experts`` experts holding ``rows`` rows each on average, in the
+        masked layout (decode) or the contiguous one (``contiguous``: a step with prefill); 0 where rows or experts
+        are 0."""
+        rows, experts = np.broadcast_arrays(np.asarray(rows, float), np.asarray(experts, float))
         shape = rows.shape
         r, e = rows.ravel(), experts.ravel()
         on = (r > 0) & (e > 0)
         out = np.zeros(r.size)
         if not on.any():
             return out.reshape(shape)
-        r, e, con = np.maximum(r[on], 1e-9), e[on], tokens.ravel()[on] > MASKED_MAX_TOKENS
+        r, e = np.maximum(r[on], 1e-9), e[on]
         total = np.zeros(r.size)
         for i, (n, k) in enumerate(self.shapes):
-            t = self._per_expert(i, r, e, con) * e
+            t = self._per_expert(i, r, e, bool(contiguous)) * e
             if not self.same_gpu:
                 flops, byts = 2.0 * e * r * n * k, e * gemm_bytes(r, n, k)
                 t = np.maximum(np.maximum(t * self.peak_measured / self.target_flops,

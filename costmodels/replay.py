@@ -391,7 +391,7 @@ def _add_part(ops: StepOps, v: np.ndarray, layers: list[int], tokens: int, ctx: 
         # each row's share of these layers (StepOps.g_layers: a row may cover only some layers of its group)
         fam.time = fam.time * ops.row_share(src, chosen.__contains__)[:, None]
         fam.add_to(v, None)
-    ex = ops.experts(x, n_moe, f"{tag}routed_experts")
+    ex = ops.experts(x, n_moe, f"{tag}routed_experts", True)   # a prefill chunk: the contiguous layout
     co = ops.collectives(tok, len(layers), n_moe, True, tag)
     ops.overlap_combine_down(ex, co, x)
     for fam in (ex, co, ops.elementwise(tok, len(layers), n_moe)):

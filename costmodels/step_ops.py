@@ -47,9 +47,10 @@ from costmodels.hardware import Hardware
 from costmodels.layout import ParallelLayout
 from costmodels.memory import indexer_kv_bytes_per_token, kv_bytes_per_token_layer, kv_shard_divisor, mtp_kind
 from costmodels.model_spec import ModelSpec
-from costmodels.op_table import (MASKED_MAX_ROWS, MASKED_MAX_TOKENS, MEASURED, MLA_ENTRY_DIMS, MLA_LATENT_BYTES, SCALED, ExpertGemms, TableGemms, TableMLA, kernel_gemms, mla_decode_table,
+from costmodels.op_table import (MASKED_MAX_ROWS, MEASURED, MLA_ENTRY_DIMS, MLA_LATENT_BYTES, SCALED, ExpertGemms, TableGemms, TableMLA, kernel_gemms, mla_decode_table,
                                  table_from_points)
 from costmodels.op_table import load as load_op_tables
+from costmodels.op_table import same_kind as same_kind_tables
 from costmodels.offload import prefetch_for
 from costmodels.ops import CATEGORIES, INF, AttnGeometry, OpCost, SortedSums, entries_last, entries_sum, geometry
 from costmodels.params import Linear, dtype_bytes, experts_per_rank, attention_linears, embedding_linears, ffn_linears, mtp_linears, shard_divisor, weight_bytes_per_param
@@ -378,8 +379,9 @@ class StepOps:
         h, inter, tp = m.hidden_size, m.moe.moe_intermediate_size, lay.moe_tp
         if inter % tp:
             return None
-        # this GPU's own grouped tables where it has them (the H100's), else the profile's op tables transferred
-        for name in dict.fromkeys((self.hw.name, cal.op_tables)):
+        # this GPU's own grouped tables, or those of a GPU of the same die and memory (the H100's for an H800), else
+        # the profile's op tables transferred
+        for name in dict.fromkeys((*same_kind_tables(self.hw.name), cal.op_tables)):
             tables = load_op_tables(name)
             got = ExpertGemms.on(tables, self.hw, [(2 * inter // tp, h), (h, inter // tp)], cal.mem_eff,
                                  cal.gemm_compute_eff.get("fp8", 0.662)) if tables is not None else None
@@ -492,19 +494,19 @@ class StepOps:
         et = self.e_table
         if et is not None:
             shp = ", ".join(f"{n}x{k}" for n, k in et.shapes)
-            how = "measured" if et.same_gpu else (f"transferred from {et.measured_on}: fixed part scaled by the FP8 peak "
-                                                  "ratio, bounded by this GPU's streaming and math ceilings")
+            how = ("measured" if et.measured_on.lower() == self.hw.name.lower() else
+                   f"measured on the {et.measured_on}, this {self.hw.name}'s die and memory") if et.same_gpu else (
+                f"transferred from {et.measured_on}: fixed part scaled by the FP8 peak ratio, bounded by this GPU's "
+                "streaming and math ceilings")
             cg = et.contig_experts
-            masked = (f"the masked table, at the mean up to {MASKED_MAX_ROWS:g} rows an expert, above it each expert's "
-                      "count Poisson at the mean over 128-row tiles")
-            big = (f"the contiguous table at {', '.join(map(str, cg))} experts (timed at uniform random routing's "
-                   "counts), at other expert counts " if cg else "") + (
-                   "the masked table's tiles (the contiguous kernel's own cost over the masked one's, 15-31% on the "
-                   "H100, not priced)")
+            big = (f"the contiguous table (measured at {', '.join(map(str, cg))} experts a GPU, uniform random "
+                   "routing's counts)" if cg else "the masked table as in decode (the contiguous kernel's own cost over "
+                   "the masked one's, 15-31% on the H100, not priced)")
             return (f"routed experts: the DeepGEMM grouped FP8 GEMM tables of {et.measured_on} at this layout's expert "
-                    f"shapes (N x K {shp}), {how}: up to {MASKED_MAX_TOKENS} tokens a GPU {masked}; above, {big}; "
-                    "the layout kernels around them (permute, SiLU-and-mul, combine) at the streaming rate, one launch "
-                    "each")
+                    f"shapes (N x K {shp}), {how}. Decode steps (masked layout): the masked table at the mean rows an "
+                    f"expert up to {MASKED_MAX_ROWS:g}, above that each expert's count Poisson at the mean over 128-row "
+                    f"tiles. Steps with a prefill (contiguous layout): {big}. The layout kernels around them (permute, "
+                    "SiLU-and-mul, combine) at the streaming rate, one launch each")
         if "expert_mem" in self.cal.tables:
             src = "the calibration profile's measured grouped-GEMM bandwidth"
         else:
@@ -611,7 +613,7 @@ class StepOps:
         p = np.minimum(1.0, np.asarray(imb, float) / self.e_total)
         return self.e_local * (1.0 - (1.0 - p) ** assign)
 
-    def _expert_roofline(self, tok: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _expert_roofline(self, tok: np.ndarray, prefill: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """One MoE layer's routed experts over ``tok`` instance tokens on the busiest EP rank, by the roofline:
         (seconds, experts touched, FLOPs, bytes). The measured MoE table extrapolates along its seconds."""
         tok = np.asarray(tok, float)
@@ -625,15 +627,15 @@ class StepOps:
         meff = self.cal.expert_mem(byts)
         t = np.maximum(flops / (self.e_peak * np.maximum(ceff, 1e-9)), byts / (self.hw.hbm_bw * np.maximum(meff, 1e-9))) + 2 * self._lo
         if self.e_table is not None:   # measured device time of the two grouped GEMMs (CUDA graphs: launches inside)
-            t = np.where(tok_rank > 0, self.e_table.seconds(tok_rank / np.maximum(touched, 1e-9), touched,
-                                                            self.moe_tokens(tok_rank)), t)
+            t = np.where(tok_rank > 0, self.e_table.seconds(tok_rank / np.maximum(touched, 1e-9), touched, prefill), t)
         return t, touched, flops, byts
 
-    def experts(self, tok: np.ndarray, layers: int, label: str) -> Terms:
-        """Routed experts of ``layers`` MoE layers over ``tok`` instance tokens, on the busiest EP rank."""
+    def experts(self, tok: np.ndarray, layers: int, label: str, prefill: bool = False) -> Terms:
+        """Routed experts of ``layers`` MoE layers over ``tok`` instance tokens, on the busiest EP rank (``prefill``: a
+        step with prefill, the contiguous grouped layout; else the masked one)."""
         if not self.model.moe or not layers:
             return _terms([], tok.size)
-        t, touched, flops, byts = self._expert_roofline(tok)
+        t, touched, flops, byts = self._expert_roofline(tok, prefill)
         src = ""
         if self.moe_table is not None:
             # the executor's own MoE layer, its device time measured at these token counts (uniform routing, one GPU);
@@ -856,7 +858,7 @@ class StepOps:
         if self.ced and xd is not None:
             return self.part_terms(x, prefill, "enc") + self.part_terms(xd, prefill, "dec")
         tok = x * self.share
-        ex, co = self.experts(x, self.n_moe_layers, "routed_experts"), self.collectives(tok, self.n_layers, self.n_moe_layers, prefill)
+        ex, co = self.experts(x, self.n_moe_layers, "routed_experts", prefill), self.collectives(tok, self.n_layers, self.n_moe_layers, prefill)
         self.overlap_combine_down(ex, co, x)
         return [self.gemms(TOKENS, x), ex, self.elementwise(tok, self.n_layers, self.n_moe_layers), self.embedding(tok),
                 co, self.embedding_allreduce(tok), self.pp_sends(tok)]
@@ -868,7 +870,7 @@ class StepOps:
         dec = part == "dec"
         layers = self.n_dec_layers if dec else self.n_layers - self.n_dec_layers
         moe = self.n_dec_moe_layers if dec else self.n_moe_layers - self.n_dec_moe_layers
-        ex = self.experts(x, moe, "decoder_routed_experts" if dec else "routed_experts")
+        ex = self.experts(x, moe, "decoder_routed_experts" if dec else "routed_experts", prefill)
         co = self.collectives(tok, layers, moe, prefill, "decoder_" if dec else "")
         self.overlap_combine_down(ex, co, x)
         fams = [self._gemm_part(x, dec), ex, self.elementwise(tok, layers, moe), co]

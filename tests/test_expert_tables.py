@@ -96,8 +96,17 @@ def test_another_gpu_takes_the_table_under_its_own_ceilings():
     t100, t200 = h100.seconds(m, g), h200.seconds(m, g)
     byts = sum(g * op_table.gemm_bytes(m, n, k) for n, k in WHOLE)
     assert (t100 >= byts / (0.856 * 3.35e12) * (1 - 1e-9)).all() and (t100 > t200).all()
-    note = _ops("H800", dp=8, ep=8).expert_note()   # an H800 has no grouped tables of its own
+    note = _ops("B200", dp=8, ep=8).expert_note()   # a B200 has no grouped tables, nor a measured GPU of its kind
     assert "grouped FP8 GEMM tables of H200" in note and "transferred from H200" in note
+    # an H800 is an H100's die and memory: the H100's tables as measured, the same times
+    h800, h100 = _ops("H800", dp=8, ep=8), _ops("H100", dp=8, ep=8)
+    assert h800.e_table.measured_on == "H100" and h800.e_table.same_gpu
+    assert "tables of H100 at this layout's expert shapes (N x K 4096x7168, 7168x2048), measured on the H100, this " \
+        "H800's die and memory" in h800.expert_note()
+    tok = np.array([16.0, 128.0, 4096.0])
+    for pre in (False, True):
+        assert h800.experts(tok, 1, "routed_experts", pre).time[0] == pytest.approx(
+            h100.experts(tok, 1, "routed_experts", pre).time[0], rel=1e-12)
 
 
 def test_a_gpu_with_its_own_grouped_tables_takes_them():
@@ -109,7 +118,7 @@ def test_a_gpu_with_its_own_grouped_tables_takes_them():
     tp8 = _ops("H100", tp=8)
     assert tp8.e_table.shapes == [(512, 7168), (7168, 256)] and tp8.e_table.contig_experts == [256]
     assert "tables of H100 at this layout's expert shapes (N x K 512x7168, 7168x256), measured" in tp8.expert_note()
-    assert "the contiguous table at 256 experts" in tp8.expert_note()
+    assert "Steps with a prefill (contiguous layout): the contiguous table (measured at 256 experts a GPU" in tp8.expert_note()
     rows = {}
     with open(op_table.DATA / "h100" / "grouped_gemm_contig_fp8.csv", newline="") as f:
         for r in csv.DictReader(f):
@@ -117,14 +126,14 @@ def test_a_gpu_with_its_own_grouped_tables_takes_them():
                 float(r["m"]), float(r["device_us"]) * 1e-6)
     n = 0
     for (g, tok), by_nk in rows.items():
-        if (4096, 7168) not in by_nk or tok <= 128:   # 128 tokens a GPU: a decode-sized batch, the masked layout
+        if (4096, 7168) not in by_nk:
             continue
         pairs, t_gu = by_nk[(4096, 7168)]
         want = t_gu + by_nk[(7168, 2048)][1]
-        got = et.seconds(np.array([pairs / g]), np.array([float(g)]), np.array([tok]))[0]
+        got = et.seconds(np.array([pairs / g]), np.array([float(g)]), contiguous=True)[0]
         assert got == pytest.approx(want, rel=1e-9)
         n += 1
-    assert n == 12   # 6 token counts x 256 and 32 experts
+    assert n == 14   # 7 token counts x 256 and 32 experts
 
 
 def test_the_spread_over_tiles_against_the_h100s_contiguous_table():
@@ -139,8 +148,7 @@ def test_the_spread_over_tiles_against_the_h100s_contiguous_table():
     full = ExpertGemms.on(tabs, get_hardware("H100"), WHOLE, 0.856, 0.662)
     lam = np.array([16.0, 64.0, 128.0, 256.0, 512.0])
     g = np.full(lam.size, 256.0)
-    tok = lam * 256 / 8      # a prefill: the contiguous layout
-    rel = et.seconds(lam, g, tok) / full.seconds(lam, g, tok) - 1
+    rel = et.seconds(lam, g, contiguous=True) / full.seconds(lam, g, contiguous=True) - 1
     assert (rel > -0.33).all() and (rel < -0.14).all(), rel
 
 
@@ -158,8 +166,9 @@ def test_the_tables_price_only_what_they_measured():
     assert fit.experts(np.array([64.0]), 1, "routed_experts").names[1:] == []   # nor the layout rows
     note = _ops(dp=8, ep=8).expert_note()
     assert "grouped FP8 GEMM tables of H200" in note and "N x K 4096x7168, 7168x2048), measured" in note
-    assert "up to 128 tokens a GPU the masked table, at the mean up to 64 rows an expert, above it each expert's count " \
-        "Poisson at the mean over 128-row tiles; above, the masked table's tiles (the contiguous kernel's" in note
+    assert "Decode steps (masked layout): the masked table at the mean rows an expert up to 64, above that each " \
+        "expert's count Poisson at the mean over 128-row tiles. Steps with a prefill (contiguous layout): the masked " \
+        "table as in decode (the contiguous kernel's own cost" in note
 
 
 def test_the_layout_kernels_move_their_bytes_once_a_layer():
@@ -199,3 +208,19 @@ def test_the_h200_executors_measured_moe_layer_is_met_where_one_tile_holds_each_
     near = {k: v for k, v in rel.items() if k <= 384}
     assert all(abs(v) <= 0.05 for v in near.values()), rel
     assert all(0.05 < v < 0.65 for k, v in rel.items() if k >= 512), rel
+
+
+def test_the_layout_follows_the_step_not_the_batch_size():
+    """Decode steps run the masked layout at any batch (as low-latency dispatch delivers it), steps with a prefill the
+    contiguous one: no jump between 128 and 129 decodes a GPU (the executor's own switch is by tokens, and its measured
+    MoE layer prices it), and on the H100 a prefill of the same tokens costs the contiguous kernel's extra."""
+    ops = _ops("H100", tp=8)
+    dec = ops.experts(np.array([128.0, 129.0]), 1, "routed_experts").time[0]
+    assert dec[1] / dec[0] - 1 < 0.01
+    pre = ops.experts(np.array([128.0, 129.0]), 1, "routed_experts", True).time[0]
+    assert (pre > 1.1 * dec).all()
+    from costmodels.step import StepCostModel
+    sm = StepCostModel(V3, get_hardware("H100"), ParallelLayout(tp=8, weight_dtype="fp8"), profile_for(get_hardware("H100")))
+    d = sm.chunked_step_time(np.full(129, 512), 0, [], [])
+    d0 = sm.chunked_step_time(np.full(128, 512), 0, [], [])
+    assert 1.0 < d / d0 < 1.02
