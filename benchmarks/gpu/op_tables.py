@@ -168,20 +168,26 @@ def bf16_gemm_rows(emit, m_grid, gemms) -> None:
         torch.cuda.empty_cache()
 
 
+def expert_weights(e: int, n: int, k: int):
+    """``e`` experts' ``N x K`` weights in block-scaled FP8 (codes, 128x128 scales), the copies one pass cycles through
+    to spill L2, and the (codes, scales) list of those copies."""
+    b = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    bq = torch.empty(e, n, k, device="cuda", dtype=torch.float8_e4m3fn)
+    bs = torch.empty(e, n // 128, k // 128, device="cuda")
+    for j in range(e):
+        bq[j], bs[j] = R.quant_fp8_weight(b[j].float())
+    del b
+    ncop = copies_for(e * n * k)
+    return bq, bs, ncop, [(bq.clone(), bs.clone()) for _ in range(ncop - 1)] + [(bq, bs)]
+
+
 def masked_grouped_rows(emit, groups_grid, m_grid, shapes) -> None:
     """DeepGEMM ``m_grouped_fp8_gemm_nt_masked`` (decode MoE: E experts x up to M tokens each)."""
     from kernels.registry import library_module
     dg = library_module("deepgemm")
     for name, (n, k) in shapes.items():
         for e in groups_grid:
-            b = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-            bq = torch.empty(e, n, k, device="cuda", dtype=torch.float8_e4m3fn)
-            bs = torch.empty(e, n // 128, k // 128, device="cuda")
-            for j in range(e):
-                bq[j], bs[j] = R.quant_fp8_weight(b[j].float())
-            del b
-            ncop = copies_for(e * n * k)
-            wl = [(bq.clone(), bs.clone()) for _ in range(ncop - 1)] + [(bq, bs)]
+            bq, bs, ncop, wl = expert_weights(e, n, k)
             for m in m_grid:
                 mmax = max(128, (m + 127) // 128 * 128)   # masked layout pads M to the block size
                 a = torch.randn(e, mmax, k, device="cuda")
@@ -233,14 +239,7 @@ def contig_grouped_rows(emit, tokens_grid, shapes, align: int = 128) -> None:
     from kernels.registry import library_module
     dg = library_module("deepgemm")
     for name, (n, k, n_experts, top_k, e) in shapes.items():
-        b = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-        bq = torch.empty(e, n, k, device="cuda", dtype=torch.float8_e4m3fn)
-        bs = torch.empty(e, n // 128, k // 128, device="cuda")
-        for j in range(e):
-            bq[j], bs[j] = R.quant_fp8_weight(b[j].float())
-        del b
-        ncop = copies_for(e * n * k)
-        wl = [(bq.clone(), bs.clone()) for _ in range(ncop - 1)] + [(bq, bs)]
+        bq, bs, ncop, wl = expert_weights(e, n, k)
         for tokens in tokens_grid:
             counts = routed_counts(tokens, n_experts, top_k, e)
             padded = (counts + align - 1) // align * align
