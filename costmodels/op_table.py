@@ -325,10 +325,10 @@ def measured_gpus() -> list[str]:
     return sorted(p.name.upper() for p in DATA.iterdir() if (p / "provenance.json").is_file())
 
 
-def same_kind(gpu: str) -> list[str]:
-    """Measured GPUs whose catalog entry has ``gpu``'s FP8 peak and HBM bandwidth (one die and memory: H100 and H800),
-    ``gpu`` itself first when it was measured: the tables that price its local kernels as measured, not transferred."""
-    hw = get_hardware(gpu)
+def same_kind(hw) -> list[str]:
+    """Measured GPUs whose catalog entry has the FP8 peak and HBM bandwidth of ``hw`` (a ``Hardware``; one die and
+    memory: H100 and H800), ``hw`` itself first when it was measured: the tables that price its local kernels as
+    measured, not transferred."""
     same = [g for g in measured_gpus() if (lambda o: o.tflops("fp8") == hw.tflops("fp8") and o.hbm_bw == hw.hbm_bw)(get_hardware(g))]
     return sorted(same, key=lambda g: g.lower() != hw.name.lower())
 

@@ -381,7 +381,7 @@ class StepOps:
             return None
         # this GPU's own grouped tables, or those of a GPU of the same die and memory (the H100's for an H800), else
         # the profile's op tables transferred
-        for name in dict.fromkeys((*same_kind_tables(self.hw.name), cal.op_tables)):
+        for name in dict.fromkeys((*same_kind_tables(self.hw), cal.op_tables)):
             tables = load_op_tables(name)
             got = ExpertGemms.on(tables, self.hw, [(2 * inter // tp, h), (h, inter // tp)], cal.mem_eff,
                                  cal.gemm_compute_eff.get("fp8", 0.662)) if tables is not None else None
