@@ -315,11 +315,6 @@ def _grouped_tables(path: Path, kind: str) -> dict[tuple[int, int, int], Series]
     return out
 
 
-def _masked_tables(path: Path) -> dict[tuple[int, int, int], Series]:
-    """(N, K, experts) -> device time over tokens per expert."""
-    return _grouped_tables(path, "masked")
-
-
 def measured_gpus() -> list[str]:
     """The GPUs with a folder of measured op tables (``costmodels/data/op_tables/<gpu>``), sorted."""
     return sorted(p.name.upper() for p in DATA.iterdir() if (p / "provenance.json").is_file())
@@ -329,7 +324,11 @@ def same_kind(hw) -> list[str]:
     """Measured GPUs whose catalog entry has the FP8 peak and HBM bandwidth of ``hw`` (a ``Hardware``; one die and
     memory: H100 and H800), ``hw`` itself first when it was measured: the tables that price its local kernels as
     measured, not transferred."""
-    same = [g for g in measured_gpus() if (lambda o: o.tflops("fp8") == hw.tflops("fp8") and o.hbm_bw == hw.hbm_bw)(get_hardware(g))]
+    same = []
+    for g in measured_gpus():
+        other = get_hardware(g)
+        if other.tflops("fp8") == hw.tflops("fp8") and other.hbm_bw == hw.hbm_bw:
+            same.append(g)
     return sorted(same, key=lambda g: g.lower() != hw.name.lower())
 
 
@@ -345,7 +344,7 @@ def load(gpu: str) -> OpTables | None:
     for dt in ("fp8", "bf16"):   # DeepGEMM / Triton FP8 (the weights' GEMMs), cuBLAS BF16 (routers, heads, BF16 layouts)
         if (folder / f"dense_gemm_{dt}.csv").is_file():
             gemm.update(_gemm_tables(folder / f"dense_gemm_{dt}.csv", hw.tflops(dt) * 1e12, hw.hbm_bw, hw.name, dt))
-    masked = _masked_tables(folder / "grouped_gemm_masked_fp8.csv") \
+    masked = _grouped_tables(folder / "grouped_gemm_masked_fp8.csv", "masked") \
         if (folder / "grouped_gemm_masked_fp8.csv").is_file() else {}
     contig = _grouped_tables(folder / "grouped_gemm_contig_fp8.csv", "contiguous") \
         if (folder / "grouped_gemm_contig_fp8.csv").is_file() else {}
@@ -372,6 +371,13 @@ def kernel_gemms(name: str, k: int, n: int, divisor: float, hidden: int) -> list
     if d > 1 and n == hidden:
         return [(n, max(1, round(k / d)))]
     return [(max(1, round(n / d)), k)]
+
+
+def transferred(t, flops, byts, peak_measured: float, peak: float, bw: float, mem_eff: float, compute_eff: float):
+    """A kernel's measured seconds ``t`` on another GPU (dense peak ``peak``, HBM ``bw``): its fixed and latency-bound
+    part scaled by the peak ratio, never under that GPU's streaming ceiling for ``byts`` nor its math ceiling for
+    ``flops`` at the calibration's efficiencies (``TableGemms``' rule; the grouped GEMMs take it too)."""
+    return np.maximum(np.maximum(t * peak_measured / peak, byts / (mem_eff * bw)), flops / (compute_eff * peak))
 
 
 @dataclass
@@ -477,8 +483,7 @@ class TableGemms:
                     b8 = gemm_bytes(mp, n, k, tab.weight_bytes_per_elem, tab.act_bytes_per_elem)
                     flops = 2.0 * mp * n * k
                     if not here:   # the table's kernel on this GPU
-                        t = np.maximum(np.maximum(t * tab.peak_flops / peak, b8 / (self.mem_eff * self.target_bw)),
-                                       flops / (ceff * peak))
+                        t = transferred(t, flops, b8, tab.peak_flops, peak, self.target_bw, self.mem_eff, ceff)
                     if other is not None:
                         t = self._other_dtype(t, b8, flops, n, k, mp, other)
                 acc = t if acc is None else acc + t
@@ -627,9 +632,8 @@ class ExpertGemms:
         for i, (n, k) in enumerate(self.shapes):
             t = self._per_expert(i, r, e, bool(contiguous)) * e
             if not self.same_gpu:
-                flops, byts = 2.0 * e * r * n * k, e * gemm_bytes(r, n, k)
-                t = np.maximum(np.maximum(t * self.peak_measured / self.target_flops,
-                                          byts / (self.mem_eff * self.target_bw)), flops / (self.compute_eff * self.target_flops))
+                t = transferred(t, 2.0 * e * r * n * k, e * gemm_bytes(r, n, k), self.peak_measured, self.target_flops,
+                                self.target_bw, self.mem_eff, self.compute_eff)
             total += t
         out[on] = total
         return out.reshape(shape)

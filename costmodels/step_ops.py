@@ -613,9 +613,11 @@ class StepOps:
         p = np.minimum(1.0, np.asarray(imb, float) / self.e_total)
         return self.e_local * (1.0 - (1.0 - p) ** assign)
 
-    def _expert_roofline(self, tok: np.ndarray, prefill: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """One MoE layer's routed experts over ``tok`` instance tokens on the busiest EP rank, by the roofline:
-        (seconds, experts touched, FLOPs, bytes). The measured MoE table extrapolates along its seconds."""
+    def _expert_roofline(self, tok: np.ndarray, prefill: bool = False) -> tuple[np.ndarray, ...]:
+        """One MoE layer's routed experts over ``tok`` instance tokens on the busiest EP rank: (seconds, experts
+        touched, FLOPs, bytes, token-expert pairs). Seconds from the grouped tables where they measured this layout's
+        shapes (``prefill``: the contiguous layout), else by the roofline (along which the measured MoE table
+        extrapolates)."""
         tok = np.asarray(tok, float)
         assign = tok * self.model.moe.top_k
         imb = self.expert_imbalance_at(tok)
@@ -623,19 +625,20 @@ class StepOps:
         touched = self.experts_touched(tok, imb)
         flops = 2.0 * tok_rank * self.e_params_local
         byts = touched * self.e_params_local * self.e_bpp + tok_rank * self.e_io_per_token
+        if self.e_table is not None:   # measured device time of the two grouped GEMMs (CUDA graphs: launches inside)
+            t = self.e_table.seconds(tok_rank / np.maximum(touched, 1e-9), touched, prefill)
+            return np.where(tok_rank > 0, t, 2 * self._lo), touched, flops, byts, tok_rank
         ceff = self.cal.gemm_compute(tok_rank / np.maximum(touched, 1e-9), self.e_math)
         meff = self.cal.expert_mem(byts)
         t = np.maximum(flops / (self.e_peak * np.maximum(ceff, 1e-9)), byts / (self.hw.hbm_bw * np.maximum(meff, 1e-9))) + 2 * self._lo
-        if self.e_table is not None:   # measured device time of the two grouped GEMMs (CUDA graphs: launches inside)
-            t = np.where(tok_rank > 0, self.e_table.seconds(tok_rank / np.maximum(touched, 1e-9), touched, prefill), t)
-        return t, touched, flops, byts
+        return t, touched, flops, byts, tok_rank
 
     def experts(self, tok: np.ndarray, layers: int, label: str, prefill: bool = False) -> Terms:
         """Routed experts of ``layers`` MoE layers over ``tok`` instance tokens, on the busiest EP rank (``prefill``: a
         step with prefill, the contiguous grouped layout; else the masked one)."""
         if not self.model.moe or not layers:
             return _terms([], tok.size)
-        t, touched, flops, byts = self._expert_roofline(tok, prefill)
+        t, touched, flops, byts, pairs = self._expert_roofline(tok, prefill)
         src = ""
         if self.moe_table is not None:
             # the executor's own MoE layer, its device time measured at these token counts (uniform routing, one GPU);
@@ -646,15 +649,10 @@ class StepOps:
         name = f"{label} ({float(touched.flat[0]):.0f} experts touched/rank{src})"
         rows = [(name, EXPERT, k, k * flops, k * byts, np.where(tok > 0, layers * t, 0.0), False)]
         if self.moe_table is None and not self.profile_fit:   # the executor's measured layer holds its own layout kernels
-            rows += self._moe_glue(tok, layers, label)
+            rows += self._moe_glue(tok, pairs, layers, label)
         return _terms(rows, tok.size)
 
-    def moe_tokens(self, pairs):
-        """Tokens entering an MoE layer on the busiest rank that receives ``pairs`` token-expert pairs: a token's pairs
-        on one rank arrive once (top_k over ep of them on average, at least one)."""
-        return pairs / max(1.0, self.model.moe.top_k / self.layout.ep)
-
-    def _moe_glue(self, tok: np.ndarray, layers: int, label: str) -> list[tuple]:
+    def _moe_glue(self, tok: np.ndarray, pairs: np.ndarray, layers: int, label: str) -> list[tuple]:
         """The memory-bound kernels around the two grouped GEMMs on the busiest EP rank, one launch each a layer
         (``kernels.fused_moe``'s glue; vLLM's and SGLang's DeepGEMM MoE run the same passes): permute (each received
         token's BF16 row read once, each of its pairs written into its expert's rows in the GEMM's input dtype, FP8 with
@@ -662,17 +660,17 @@ class StepOps:
         for the down GEMM) and combine (each pair's BF16 output read, scaled by its routing weight, summed into its
         token's row). Each at the streaming rate plus a launch: what the data movement costs, not a fit (the H200's
         Triton glue measured 0.45 ms where this prices 0.29 at 4,096 tokens on DeepSeek-V3's 256 experts, issue 18;
-        tests/test_op_table.py)."""
+        tests/test_expert_tables.py). ``pairs``: the token-expert pairs the busiest rank receives."""
         m, lay = self.model, self.layout
         h, inter = self.h, m.moe.moe_intermediate_size / lay.moe_tp
-        pairs = tok * m.moe.top_k / lay.ep * self.expert_imbalance_at(tok)
-        recv = self.moe_tokens(pairs)
+        # received tokens: a token's pairs on one rank arrive once (top_k over ep of them on average, at least one)
+        recv = pairs / max(1.0, m.moe.top_k / lay.ep)
         a = DISPATCH_BYTES_PER_VALUE[{"fp4": "nvfp4", "fp8": "fp8"}.get(self.hw.math_dtype(lay.experts_dtype), "bf16")]
         on = tok > 0
+        prefix = label[: -len("routed_experts")]
         out = []
         for name, b in (("moe_permute", recv * h * 2.0 + pairs * h * a), ("moe_silu_mul", pairs * inter * (2 * 2.0 + a)),
                         ("moe_combine", pairs * h * 2.0 + recv * h * 2.0)):
-            prefix = label[: -len("routed_experts")]
             out.append((prefix + name, OTHER, np.where(on, layers, 0), np.zeros_like(b), np.where(on, layers * b, 0.0),
                         np.where(on, layers * (b / self._stream + self._lo), 0.0), False))
         return out
