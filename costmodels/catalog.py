@@ -52,7 +52,7 @@ _INT_KEYS = (
     "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "n_shared_experts", "num_experts_per_tok",
     "first_k_dense_replace", "n_group", "topk_group", "num_experts", "decoder_sparse_step", "index_n_heads",
     "index_head_dim", "index_topk", "sliding_window", "max_position_embeddings", "num_nextn_predict_layers",
-    "o_lora_rank", "o_groups", "hc_mult", "candidate_source_layer_id", "candidate_topk_blocks", "candidate_block_size", "engram_max_ngram_size", "engram_n_heads", "engram_head_dim",
+    "o_lora_rank", "o_groups", "hc_mult", "hc_sinkhorn_iters", "candidate_source_layer_id", "candidate_topk_blocks", "candidate_block_size", "engram_max_ngram_size", "engram_n_heads", "engram_head_dim",
 )
 _DIVISOR_KEYS = ("num_attention_heads",)  # default head_dim = hidden_size // num_attention_heads
 
@@ -213,6 +213,7 @@ def from_hf_config(cfg: dict, name: str = "model") -> ModelSpec:
             o_lora_rank=c.get("o_lora_rank"),
             o_groups=c.get("o_groups", 1),
             hc_mult=c.get("hc_mult", 1),
+            hc_sinkhorn_iters=c.get("hc_sinkhorn_iters", 20),
             checkpoint_expert_dtype=str(c.get("expert_dtype", spec["checkpoint_dtype"])),
             default_kv_dtype="fp4",
         )
@@ -315,6 +316,7 @@ def _deepseek_v41(c: _Cfg, layers: int) -> dict:
         o_lora_rank=c.get("o_lora_rank"),
         o_groups=c.get("o_groups", 1),
         hc_mult=c.get("hc_mult", 1),
+        hc_sinkhorn_iters=c.get("hc_sinkhorn_iters", 20),
         checkpoint_expert_dtype=str(c.get("expert_dtype", (c.get("quantization_config", {}) or {}).get("expert_dtype", "fp4"))),
         default_kv_dtype="fp4",
         kv_fp4_format="nvfp4",

@@ -126,6 +126,7 @@ class ModelSpec(BaseModel):
     o_lora_rank: int | None = Field(None, ge=1, le=DIM_MAX, description="grouped low-rank output projection rank (DeepSeek-V4); null: plain o_proj")
     o_groups: int = Field(1, ge=1, le=HEADS_MAX, description="groups of that output projection")
     hc_mult: int = Field(1, ge=1, le=64, description="hyper-connection residual streams (mHC); 1 = plain residual")
+    hc_sinkhorn_iters: int = Field(20, ge=1, le=1000, description="Sinkhorn iterations of the mHC residual mix (with hc_mult > 1)")
     window_in_compressed_layers: bool = Field(False, description="csa/hca layers also attend the last sliding_window tokens uncompressed")
     # dtypes the released checkpoint ships in (defaults for a layout)
     checkpoint_dtype: Literal["bf16", "fp8", "fp4"] = Field("bf16", description="weight dtype of the released checkpoint (config.json quantization_config); a layout's default")

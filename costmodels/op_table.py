@@ -226,6 +226,9 @@ class OpTables:
     mla_decode: dict[int, GridTable]                  # query heads per GPU (128 / TP) -> table over batch x context
     # (N, K, experts) -> time over mean pairs per expert of uniform random routing (prefill MoE's contiguous layout)
     contig_grouped: dict[tuple[int, int, int], Series] = field(default_factory=dict)
+    # (op, streams n, hidden H, Sinkhorn iterations: the pre kernel's, else 0) -> time over tokens of one mHC kernel
+    # around a block (DeepSeek-V4-class hyper-connections)
+    mhc: dict[tuple[str, int, int, int], Series] = field(default_factory=dict)
 
     def gemm_table(self, dtype: str, prefer: tuple[str, ...] | None = None) -> GemmTable | None:
         """The table of the first preferred library measured for ``dtype`` (the kernel serving would run; by default
@@ -315,6 +318,46 @@ def _grouped_tables(path: Path, kind: str) -> dict[tuple[int, int, int], Series]
     return out
 
 
+MHC_OPS = ("mhc_prenorm_gemm", "mhc_pre", "mhc_post")   # before a block (projection, then Sinkhorn + weighted sum), after it
+MHC_SPLITS = 16       # the projection's split-K partials the pre kernel sums (vLLM's mhc_pre default; the table's)
+
+
+def mhc_bytes(op: str, tokens, n: int, h: int, splits: int = MHC_SPLITS):
+    """Bytes one mHC kernel around a block moves at ``tokens`` tokens (``n`` streams of width ``h``, BF16): the
+    projection reads the streams and its FP32 weight and writes its partials; the pre kernel reads the streams and the
+    partials and writes the block's input; the post kernel reads the streams and the block's output and writes the
+    streams."""
+    t, nm, k = np.asarray(tokens, float), (2 + n) * n, n * h
+    if op == "mhc_prenorm_gemm":
+        return t * k * 2.0 + nm * k * 4.0 + splits * t * (nm + 1) * 4.0
+    if op == "mhc_pre":
+        return t * (k * 2.0 + h * 2.0) + splits * t * (nm + 1) * 4.0
+    return t * (2 * k * 2.0 + h * 2.0)
+
+
+def mhc_flops(op: str, tokens, n: int, h: int):
+    """The projection's math (TF32 tensor cores); the other two kernels' few CUDA-core flops per value are not a bound."""
+    return 2.0 * np.asarray(tokens, float) * (2 + n) * n * n * h if op == "mhc_prenorm_gemm" else 0.0 * np.asarray(tokens, float)
+
+
+def _mhc_tables(path: Path) -> dict[tuple[str, int, int, int], Series]:
+    """(op, n, H, Sinkhorn iterations of the pre kernel, else 0) -> device time over tokens of the mHC kernels (``benchmarks/gpu/op_tables.py`` stage ``mhc``); the
+    projection at each token count takes its fastest split (what a tuned engine picks)."""
+    pts: dict[tuple[str, int, int, int], dict[float, float]] = {}
+    for r in _rows(path):
+        n, k = int(r["groups"]), int(r["k"])
+        key = (r["op"], n, k // n, int(float(r["context"])) if r["op"] == "mhc_pre" else 0)
+        t = float(r["device_us"]) * 1e-6
+        by = pts.setdefault(key, {})
+        by[float(r["m"])] = min(t, by.get(float(r["m"]), math.inf))
+    out = {}
+    for (op, n, h, it), by in sorted(pts.items()):
+        xs = sorted(by)
+        out[(op, n, h, it)] = Series(np.array(xs), np.array([by[x] for x in xs]),
+                                 lambda t, op=op, n=n, h=h: mhc_bytes(op, t, n, h), f"mHC {op} table ({n} x {h})")
+    return out
+
+
 def measured_gpus() -> list[str]:
     """The GPUs with a folder of measured op tables (``costmodels/data/op_tables/<gpu>``), sorted."""
     return sorted(p.name.upper() for p in DATA.iterdir() if (p / "provenance.json").is_file())
@@ -349,8 +392,9 @@ def load(gpu: str) -> OpTables | None:
     contig = _grouped_tables(folder / "grouped_gemm_contig_fp8.csv", "contiguous") \
         if (folder / "grouped_gemm_contig_fp8.csv").is_file() else {}
     mla = _mla_tables(folder / "mla_decode_bf16.csv") if (folder / "mla_decode_bf16.csv").is_file() else {}
+    mhc = _mhc_tables(folder / "mhc.csv") if (folder / "mhc.csv").is_file() else {}
     return OpTables(gpu=hw.name, provenance=prov, gemm=gemm, masked_grouped=masked, mla_decode=mla,
-                    contig_grouped=contig)
+                    contig_grouped=contig, mhc=mhc)
 
 
 # --------------------------------------------------------------------------- the cost model's use of the tables
@@ -637,6 +681,50 @@ class ExpertGemms:
             total += t
         out[on] = total
         return out.reshape(shape)
+
+
+@dataclass
+class MhcKernels:
+    """The three mHC kernels around one block (``MHC_OPS``) at ``n`` streams of width ``h``, from a measured table over
+    tokens (log-log between its points; held below the first, along the bytes beyond the last). On another GPU a time
+    transfers as the other measured kernels' (``transferred``: the fixed part by the BF16 peak ratio, never under this
+    GPU's streaming ceiling nor the projection's TF32 math ceiling, half the BF16 peak on Hopper and Blackwell)."""
+
+    series: dict[str, Series]
+    n: int
+    h: int
+    measured_on: str
+    peak_measured: float          # the measured GPU's BF16 dense peak, flop/s
+    bw_measured: float
+    target_flops: float
+    target_bw: float
+    mem_eff: float = 0.856
+    compute_eff: float = 0.662
+
+    @classmethod
+    def on(cls, tables: OpTables, hw, n: int, h: int, iters: int, mem_eff: float,
+           compute_eff: float) -> "MhcKernels | None":
+        """``tables``' mHC kernels at (n, h) for GPU ``hw``; None unless all three were measured at that shape (the pre
+        kernel at ``iters`` Sinkhorn iterations)."""
+        got = {op: tables.mhc.get((op, n, h, iters if op == "mhc_pre" else 0)) for op in MHC_OPS}
+        if any(v is None for v in got.values()):
+            return None
+        hw_m = get_hardware(tables.gpu)
+        return cls(got, n, h, tables.gpu, hw_m.tflops("bf16") * 1e12, hw_m.hbm_bw, hw.tflops("bf16") * 1e12,
+                   hw.hbm_bw, mem_eff, compute_eff)
+
+    @property
+    def same_gpu(self) -> bool:
+        return self.peak_measured == self.target_flops and self.bw_measured == self.target_bw
+
+    def seconds(self, op: str, tokens) -> np.ndarray:
+        """Seconds of one ``op`` kernel at each of ``tokens`` (0 where there are none)."""
+        t = np.asarray(tokens, float)
+        out = self.series[op].time(np.maximum(t, 1e-9)).seconds.reshape(t.shape)
+        if not self.same_gpu:
+            out = transferred(out, mhc_flops(op, t, self.n, self.h), mhc_bytes(op, t, self.n, self.h), self.peak_measured,
+                              self.target_flops, self.target_bw, self.mem_eff, self.compute_eff / 2.0)  # TF32: half BF16
+        return np.where(t > 0, out, 0.0)
 
 
 MLA_ENTRY_DIMS = (576, 512)   # FlashMLA's measured latent: q/k 512 + 64 rope, v 512 (DeepSeek-V3/R1, Kimi K2)

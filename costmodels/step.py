@@ -52,7 +52,7 @@ class StepCostModel(StepOps):
         """The notes, caches and fast-path tables (``StepOps.__init__`` takes the arguments and calls this last)."""
         hw, layout = self.hw, self.layout
         self.notes = list(self.cal.notes)
-        self.notes += [n for n in (self.gemm_table_note(), self.expert_note(), self.attention_table_note(), self.exp_bound_note()) if n]
+        self.notes += [n for n in (self.gemm_table_note(), self.expert_note(), self.mhc_note(), self.attention_table_note(), self.exp_bound_note()) if n]
         if hw.name.lower() != self.cal.measured_on.lower() and not any("scaled" in n for n in self.notes):
             self.notes.append(f"efficiencies measured on {self.cal.measured_on}, applied to {hw.name} datasheet ceilings (scaled by datasheet ratios)")
         if not hw.supports(layout.experts_dtype) or not hw.supports(layout.weight_dtype):

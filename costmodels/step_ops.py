@@ -47,7 +47,7 @@ from costmodels.hardware import Hardware
 from costmodels.layout import ParallelLayout
 from costmodels.memory import indexer_kv_bytes_per_token, kv_bytes_per_token_layer, kv_shard_divisor, mtp_kind
 from costmodels.model_spec import ModelSpec
-from costmodels.op_table import (MASKED_MAX_ROWS, MEASURED, MLA_ENTRY_DIMS, MLA_LATENT_BYTES, SCALED, ExpertGemms, TableGemms, TableMLA, kernel_gemms, mla_decode_table,
+from costmodels.op_table import (MASKED_MAX_ROWS, MEASURED, MHC_OPS, MhcKernels, mhc_bytes, mhc_flops, MLA_ENTRY_DIMS, MLA_LATENT_BYTES, SCALED, ExpertGemms, TableGemms, TableMLA, kernel_gemms, mla_decode_table,
                                  table_from_points)
 from costmodels.op_table import load as load_op_tables
 from costmodels.op_table import same_kind as same_kind_tables
@@ -366,6 +366,7 @@ class StepOps:
                                 and mt.matches(m.moe.n_routed_experts, m.moe.top_k, m.hidden_size, m.moe.moe_intermediate_size,
                                                lay.experts_dtype)) else None
         self.e_table = self._expert_table()
+        self.mhc_k = self._mhc_kernels()
 
     def _expert_table(self) -> ExpertGemms | None:
         """The routed experts' grouped FP8 GEMMs from the measured grouped tables at this layout's expert shapes (gate_up
@@ -388,6 +389,61 @@ class StepOps:
             if got is not None:
                 return got
         return None
+
+    def _mhc_kernels(self) -> MhcKernels | None:
+        """The mHC kernels around each block from a measured table at this model's streams, width and Sinkhorn
+        iterations: this GPU's own, a GPU's of the same die and memory, else the profile's op tables transferred; None
+        (bytes at the streaming rate plus a launch each) for a model without hyper-connections or a shape no table
+        holds."""
+        m, cal = self.model, self.cal
+        if m.hc_mult <= 1:
+            return None
+        for name in dict.fromkeys((*same_kind_tables(self.hw), cal.op_tables or "")):
+            tables = load_op_tables(name) if name else None
+            got = MhcKernels.on(tables, self.hw, m.hc_mult, m.hidden_size, m.hc_sinkhorn_iters, cal.mem_eff,
+                                cal.gemm_compute_eff.get("bf16", 0.662)) if tables is not None else None
+            if got is not None:
+                return got
+        return None
+
+    def mhc_note(self) -> str | None:
+        """Where the hyper-connection kernels' time comes from; None for a model without them."""
+        m = self.model
+        if m.hc_mult <= 1:
+            return None
+        what = (f"mHC ({m.hc_mult} residual streams, {m.hc_sinkhorn_iters} Sinkhorn iterations): before each attention "
+                "and FFN block the mixing projection (DeepGEMM tf32_hc_prenorm_gemm) and one fused kernel (RMS, "
+                "sigmoids, Sinkhorn, the streams' weighted sum), after it the stream mix (mhc_post); the streams' "
+                "collapse before the head once a pass at the streaming rate")
+        k = self.mhc_k
+        if k is None:
+            return what + ("; no table holds this width and iteration count: each kernel is priced by its bytes at the "
+                           "streaming rate plus one launch (the projection by its TF32 math where that is longer), "
+                           "without the Sinkhorn chain's own latency")
+        how = "measured" if k.same_gpu else (f"transferred from {k.measured_on}: fixed part scaled by the BF16 peak ratio, "
+                                             "bounded by this GPU's streaming and TF32 ceilings")
+        return what + f"; the three kernels from the mHC table of {k.measured_on} ({how})"
+
+    def _mhc_rows(self, tok: np.ndarray, layers: int) -> list[tuple]:
+        """Rows of the three mHC kernels around each of a layer's two blocks (``layers`` layers over ``tok`` tokens)."""
+        m = self.model
+        n, h, k = m.hc_mult, m.hidden_size, self.mhc_k
+        pos = tok > 0
+        rows = []
+        for op in MHC_OPS:
+            b = mhc_bytes(op, tok, n, h)
+            if k is not None:
+                t = k.seconds(op, tok)
+            else:
+                t = b / self._stream + self._lo
+                if op == "mhc_prenorm_gemm":   # TF32 tensor cores: half the BF16 rate on Hopper and Blackwell
+                    t = np.maximum(mhc_flops(op, tok, n, h) / (0.5 * self.hw.tflops("bf16") * 1e12 *
+                                                               self.cal.gemm_compute_eff.get("bf16", 0.662)),
+                                   b / self._stream) + self._lo
+            c = 2 * layers
+            rows.append((op, OTHER, np.where(pos, c, 0), np.where(pos, c * mhc_flops(op, tok, n, h), 0.0),
+                         np.where(pos, c * b, 0.0), np.where(pos, c * t, 0.0), False))
+        return rows
 
     def _attention_groups(self) -> tuple[list[tuple[AttnGeometry, int]], list[bool]]:
         """(geometry, layer count) of the layer groups attention is priced over, and whether each is a CED decoder
@@ -676,20 +732,33 @@ class StepOps:
         return out
 
     def elementwise(self, tok: np.ndarray, layers: int, moe_layers: int) -> Terms:
-        """Norms, rope/quant/residual and router top-k of one pass over ``tok`` tokens of this rank (memory-bound)."""
+        """Norms, rope/quant/residual and router top-k of one pass over ``tok`` tokens of this rank (memory-bound), and
+        a hyper-connection model's mHC kernels around each block (``_mhc_rows``; its norms then read the one stream
+        the block takes, and the residual add is the post kernel's)."""
         m, h = self.model, self.h
-        items = (("rmsnorm", 2 * layers, 2 * tok * h * 2.0 * m.hc_mult),
-                 ("rope+act_quant+residual", 2 * layers, 2 * tok * h * 2.0 * m.hc_mult),
+        items = (("rmsnorm", 2 * layers, 2 * tok * h * 2.0),
+                 ("rope+act_quant" if m.hc_mult > 1 else "rope+act_quant+residual", 2 * layers, 2 * tok * h * 2.0),
                  ("router_topk", moe_layers, tok * (m.moe.n_routed_experts if m.moe else 0) * 4.0 * 2))
         pos = tok > 0
-        return _terms([(name, OTHER, np.where(pos, k, 0), np.zeros_like(b), np.where(pos, k * b, 0.0),
-                        np.where(pos, k * (b / self._stream + self._lo), 0.0), False) for name, k, b in items if k], tok.size)
+        rows = [(name, OTHER, np.where(pos, k, 0), np.zeros_like(b), np.where(pos, k * b, 0.0),
+                 np.where(pos, k * (b / self._stream + self._lo), 0.0), False) for name, k, b in items if k]
+        if m.hc_mult > 1 and layers:
+            rows += self._mhc_rows(tok, layers)
+        return _terms(rows, tok.size)
 
     def embedding(self, tok: np.ndarray) -> Terms:
-        """The embedding lookup of ``tok`` tokens of this rank."""
-        b = tok * self.h * 2.0
+        """The embedding lookup of ``tok`` tokens of this rank; with hyper-connections the lookup writes every stream,
+        and the streams collapse into one before the head (``mhc_head``: a two-pass kernel that reads them once and
+        their projection weight)."""
+        n, h = self.model.hc_mult, self.h
+        b = tok * h * 2.0 * (1 + n) if n > 1 else tok * h * 2.0
         on = b != 0
-        return _terms([("embedding", OTHER, np.where(on, 1, 0), 0.0, b, np.where(on, self._lo + b / self._stream, 0.0), False)], tok.size)
+        rows = [("embedding", OTHER, np.where(on, 1, 0), 0.0, b, np.where(on, self._lo + b / self._stream, 0.0), False)]
+        if n > 1:
+            hb = tok * (n * h * 2.0 + h * 2.0) + n * n * h * 4.0
+            rows.append(("mhc_head", OTHER, np.where(on, 1, 0), 0.0, np.where(on, hb, 0.0),
+                         np.where(on, self._lo + hb / self._stream, 0.0), False))
+        return _terms(rows, tok.size)
 
     def sampling(self, s: np.ndarray, draft: int) -> Terms:
         """Sampling over the vocabulary for ``s`` tokens of this rank, and the logits all-gather over TP

@@ -274,6 +274,49 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return silu_mul(gate, up)
 
 
+# ----------------------------------------------------------------------------- mHC (manifold-constrained hyper-connections)
+
+def mhc_prenorm_gemm(x_flat: torch.Tensor, fn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mHC mixing projection and the squared norm it is divided by, of the ``n`` streams flattened
+    (``x_flat [T, n*H]``, ``fn [(2+n)*n, n*H]`` fp32): ``(x @ fn^T [T, (2+n)*n], sum(x^2) [T])`` in float32
+    (DeepGEMM's ``tf32_hc_prenorm_gemm`` with one split)."""
+    xf = _up(x_flat)
+    return xf @ _up(fn).t(), xf.square().sum(-1)
+
+
+def mhc_pre(x: torch.Tensor, mix: torch.Tensor, sqr: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+            iters: int, rms_eps: float = 1e-6, pre_eps: float = 1e-6, sinkhorn_eps: float = 1e-6,
+            post_mult: float = 2.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """mHC before a block (DeepSeek-V4's ``hc_pre``), from the projection and squared norm of ``x [T, n, H]``:
+    the mixes divided by the streams' RMS, then ``pre = sigmoid(.) + pre_eps`` (``[T, n]``),
+    ``post = post_mult * sigmoid(.)`` (``[T, n]``) and ``comb`` (``[T, n, n]``), a softmax over each row
+    then ``iters`` Sinkhorn rounds (a column normalisation, then ``iters - 1`` row-and-column ones) that make it
+    doubly stochastic. Returns the block's input ``sum_i pre_i x_i`` (``x``'s dtype), post and comb (float32).
+    ``mix``/``sqr`` may carry a leading split-K axis (summed)."""
+    t, n, h = x.shape
+    if mix.dim() == 3:
+        mix, sqr = mix.sum(0), sqr.sum(0)
+    mixes = _up(mix) * torch.rsqrt(_up(sqr) / (n * h) + rms_eps)[:, None]
+    sc, b = _up(scale), _up(base)
+    pre = torch.sigmoid(mixes[:, :n] * sc[0] + b[:n]) + pre_eps
+    post = torch.sigmoid(mixes[:, n:2 * n] * sc[1] + b[n:2 * n]) * post_mult
+    comb = (mixes[:, 2 * n:] * sc[2] + b[2 * n:]).view(t, n, n)
+    comb = torch.softmax(comb, dim=-1) + sinkhorn_eps
+    comb = comb / (comb.sum(-2, keepdim=True) + sinkhorn_eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(-1, keepdim=True) + sinkhorn_eps)
+        comb = comb / (comb.sum(-2, keepdim=True) + sinkhorn_eps)
+    y = (pre[:, :, None] * _up(x)).sum(1)
+    return y.to(x.dtype), post, comb
+
+
+def mhc_post(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """mHC after a block (DeepSeek-V4's ``hc_post``): stream ``j`` becomes ``post_j * y + sum_k comb[k, j] * x_k``
+    (``y [T, H]`` the block's output, ``residual [T, n, H]`` the streams before it), in ``y``'s dtype."""
+    out = _up(post)[:, :, None] * _up(y)[:, None, :] + torch.einsum("tkj,tkh->tjh", _up(comb), _up(residual))
+    return out.to(y.dtype)
+
+
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, m_indices: torch.Tensor) -> torch.Tensor:
     """Row-grouped GEMM: row r of ``x [M,K]`` times ``w[m_indices[r]] [N,K]``^T; rows with index -1 give 0.
 

@@ -281,6 +281,85 @@ def contig_grouped_rows(emit, tokens_grid, shapes, align: int = 128) -> None:
         torch.cuda.empty_cache()
 
 
+# DeepSeek-V4-class mHC: (hidden H, streams n, Sinkhorn iterations) of V4-Flash and V4.1-Flash (config.json: hidden
+# 4096 / 5120, hc_mult 4, hc_sinkhorn_iters 20)
+MHC_SHAPES = {"v4_flash": (4096, 4, 20), "v41_flash": (5120, 4, 20)}
+MHC_SPLITS = (1, 16)   # DeepGEMM's split-K of the projection: none, and vLLM's mhc_pre default
+
+
+def mhc_rows(emit, tokens_grid, shapes) -> None:
+    """mHC around one block at ``tokens`` tokens of a rank: DeepGEMM's ``tf32_hc_prenorm_gemm`` (the mixing projection
+    ``[T, nH] x [(2+n)n, nH]^T`` and the squared norm, at each of ``MHC_SPLITS``), then the fused pre kernel (split-K
+    sum, RMS division, sigmoids, Sinkhorn, the streams' weighted sum; ``kernels.triton_mhc.mhc_pre``) and the post
+    kernel (``mhc_post``). Streams and weights cycled over copies like the GEMMs' weights. ``m`` = tokens, ``n`` =
+    (2+n)n mixes, ``k`` = nH, ``groups`` = n; tbs counts the bytes each kernel must move."""
+    from kernels import triton_mhc as M
+    from kernels.registry import library_module
+    try:
+        dg = library_module("deepgemm")
+    except Exception:  # noqa: BLE001
+        dg = None
+    for name, (h, n, iters) in shapes.items():
+        nm, k = (2 + n) * n, n * h
+        fns = [torch.randn(nm, k, device="cuda") * 0.02 for _ in range(4)]
+        scale = torch.tensor([1.0, 1.0, 1.0], device="cuda")
+        base = torch.randn(nm, device="cuda") * 0.1
+        for t in tokens_grid:
+            ncop = copies_for(t * k * 2 + nm * k * 4)
+            xs = [torch.randn(t, n, h, device="cuda", dtype=torch.bfloat16) for _ in range(ncop)]
+            ys = [torch.randn(t, h, device="cuda", dtype=torch.bfloat16) for _ in range(ncop)]
+            want_mix, want_sqr = R.mhc_prenorm_gemm(xs[0].view(t, k), fns[0])
+            base_row = {"m": t, "n": nm, "k": k, "groups": n, "tokens": t, "copies": ncop, "name": name}
+            for splits in (MHC_SPLITS if dg is not None else ()):
+                row = {"op": "mhc_prenorm_gemm", "lib": "deepgemm", "dtype": "tf32", **base_row, "batch": splits}
+                try:
+                    d = torch.empty(splits, t, nm, device="cuda")
+                    sq = torch.empty(splits, t, device="cuda")
+
+                    def call(x=xs[0], f=fns[0], d=d, sq=sq, splits=splits):
+                        dg.tf32_hc_prenorm_gemm(x.view(t, k), f, d, sq, num_splits=splits)
+                    call()
+                    torch.cuda.synchronize()
+                    row["rel_err"] = max(rel(d.sum(0), want_mix), rel(sq.sum(0), want_sqr))
+                    row["eager_us"] = eager_time_us(call)
+                    cases = [lambda x=x, f=f: call(x, f) for x, f in zip(xs, fns * ncop)]
+                    tt = graph_time_us(cases, reps_for(row["eager_us"]))
+                    row.update(device_us=tt, tflops=2 * t * nm * k / tt / 1e6,
+                               tbs=(t * k * 2 + nm * k * 4 + splits * t * (nm + 1) * 4) / tt / 1e6)
+                except Exception as ex:  # noqa: BLE001
+                    row["error"] = f"{type(ex).__name__}: {ex}"[:300]
+                emit(row)
+            splits = MHC_SPLITS[-1]
+            parts = torch.full((splits, 1, 1), 1.0 / splits, device="cuda")
+            mix, sqr = (parts * want_mix).contiguous(), (parts[:, :, 0] * want_sqr).contiguous()
+            row = {"op": "mhc_pre", "lib": "triton", "dtype": "bf16", **base_row, "batch": splits, "context": iters}
+            try:
+                y0, p0, c0 = R.mhc_pre(xs[0], mix, sqr, scale, base, iters)
+                y1, p1, c1 = M.mhc_pre(xs[0], mix, sqr, scale, base, iters)
+                row["rel_err"] = max(rel(y1, y0), rel(c1, c0), rel(p1, p0))
+                row["eager_us"] = eager_time_us(lambda: M.mhc_pre(xs[0], mix, sqr, scale, base, iters))
+                tt = graph_time_us([lambda x=x: M.mhc_pre(x, mix, sqr, scale, base, iters) for x in xs],
+                                   reps_for(row["eager_us"]))
+                row.update(device_us=tt, tbs=(t * k * 2 + t * h * 2 + splits * t * (nm + 1) * 4) / tt / 1e6)
+            except Exception as ex:  # noqa: BLE001
+                row["error"] = f"{type(ex).__name__}: {ex}"[:300]
+                p0, c0 = torch.rand(t, n, device="cuda"), torch.rand(t, n, n, device="cuda")
+            emit(row)
+            row = {"op": "mhc_post", "lib": "triton", "dtype": "bf16", **base_row}
+            try:
+                o0 = R.mhc_post(ys[0], xs[0], p0, c0)
+                row["rel_err"] = rel(M.mhc_post(ys[0], xs[0], p0, c0), o0)
+                row["eager_us"] = eager_time_us(lambda: M.mhc_post(ys[0], xs[0], p0, c0))
+                tt = graph_time_us([lambda x=x, y=y: M.mhc_post(y, x, p0, c0) for x, y in zip(xs, ys)],
+                                   reps_for(row["eager_us"]))
+                row.update(device_us=tt, tbs=(2 * t * k * 2 + t * h * 2) / tt / 1e6)
+            except Exception as ex:  # noqa: BLE001
+                row["error"] = f"{type(ex).__name__}: {ex}"[:300]
+            emit(row)
+            del xs, ys
+            torch.cuda.empty_cache()
+
+
 def mla_decode_rows(emit, batches, contexts, heads=(128,)) -> None:
     """FlashMLA dense decode (bf16 KV, ``heads`` query heads (128 / TP), 512+64, page 64), all sequences at ``context``."""
     from kernels.vendor import _flashmla_api
@@ -326,7 +405,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--quick", action="store_true", help="a few shapes per table (a smoke run)")
-    ap.add_argument("--tables", default="dense,masked,mla", help="comma list of dense, dense_tp, masked, masked_tp, contig, mla, mla_tp, dense_bf16 "
+    ap.add_argument("--tables", default="dense,masked,mla", help="comma list of dense, dense_tp, masked, masked_tp, contig, mhc, mla, mla_tp, dense_bf16 "
                     "(BF16 cuBLAS and DeepGEMM FP8 at the V3 shapes and BF16_EXTRA's), dense_bf16_qwen (BF16 cuBLAS at "
                     "BF16_QWEN's shapes)")
     ap.add_argument("--tp", default="2,4,8", help="TP widths of the dense_tp (DeepGEMM) and mla_tp (heads = 128 / TP) tables")
@@ -365,6 +444,9 @@ def main() -> None:
                    "v3_tp8_gate_up": (512, 7168, 256, 8, 256), "v3_tp8_down": (7168, 256, 256, 8, 256),
                    "v3_tp4_gate_up": (1024, 7168, 256, 8, 256), "v3_tp4_down": (7168, 512, 256, 8, 256),
                    "q235_tp4_gate_up": (768, 4096, 128, 8, 128), "q235_tp4_down": (4096, 384, 128, 8, 128)})),
+              # DeepSeek-V4-class mHC around a block (hyper-connection streams: projection, Sinkhorn, mixes)
+              ("mhc", lambda: mhc_rows(writer.emit, (1, 64) if args.quick else (1, 4, 16, 64, 256, 1024, 4096, 16384),
+                                       MHC_SHAPES)),
               ("mla", lambda: mla_decode_rows(writer.emit, (1, 64) if args.quick else (1, 8, 32, 64, 128, 256),
                                               (4096,) if args.quick else (512, 2048, 8192, 32768))),
               ("dense_bf16", lambda: (dense_gemm_rows(writer.emit, ("deepgemm",), m_grid, {**gemms, **BF16_EXTRA}),

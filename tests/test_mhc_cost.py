@@ -1,0 +1,105 @@
+"""DeepSeek-V4-class hyper-connections (mHC) in the step's cost (``StepOps._mhc_rows``, ``op_table.MhcKernels``): the
+three kernels around each block counted per block and layer, priced by their bytes plus a launch where no table
+holds the model's width and Sinkhorn iterations, from a measured table where one does (its rows back exactly, another
+GPU under its own ceilings), and nothing moves for a model without them."""
+
+import numpy as np
+import pytest
+
+from costmodels import op_table
+from costmodels.calibration_source import profile_for
+from costmodels.catalog import get_model
+from costmodels.hardware import get_hardware
+from costmodels.layout import ParallelLayout
+from costmodels.op_table import MHC_OPS, MhcKernels, OpTables, Series, mhc_bytes
+from costmodels.step_ops import StepOps
+
+V4 = get_model("deepseek-v4-flash")
+
+
+def _ops(model=V4, hw="H200", **lay):
+    h = get_hardware(hw)
+    return StepOps(model, h, ParallelLayout(**{"tp": 8, "weight_dtype": "fp8", **lay}), profile_for(h))
+
+
+def _rows(terms):
+    return {n: (terms.count[i], terms.byts[i], terms.time[i]) for i, n in enumerate(terms.names)}
+
+
+def test_every_block_runs_the_three_kernels_and_the_head_collapses_once():
+    ops = _ops()
+    tok = np.array([64.0, 0.0])
+    rows = _rows(ops.elementwise(tok, V4.num_layers, 3))
+    for op in MHC_OPS:
+        count, byts, t = rows[op]
+        assert count.tolist() == [2 * V4.num_layers, 0]
+        assert byts[0] == pytest.approx(2 * V4.num_layers * mhc_bytes(op, 64.0, 4, V4.hidden_size))
+        assert t[0] > 0 and t[1] == 0
+    # the block's norms read the one stream it takes (not the four), and the residual add is the post kernel's
+    assert rows["rmsnorm"][1][0] == pytest.approx(2 * V4.num_layers * 2 * 64 * V4.hidden_size * 2.0)
+    assert "rope+act_quant" in rows and "rope+act_quant+residual" not in rows
+    emb = _rows(ops.embedding(np.array([64.0])))
+    assert emb["mhc_head"][0].tolist() == [1] and emb["embedding"][1][0] == pytest.approx(64 * V4.hidden_size * 2.0 * 5)
+
+
+def test_the_streams_traffic_sets_large_steps_and_a_launch_each_small_ones():
+    """Without a table: bytes at the streaming rate plus one launch each; the post kernel reads and writes all four
+    streams (twice the pre kernel's traffic, near twice its time at prefill sizes)."""
+    ops = _ops()
+    if ops.mhc_k is not None:
+        pytest.skip("a measured mHC table prices this width")
+    rows = _rows(ops.elementwise(np.array([1.0, 8192.0]), 1, 1))
+    lo = ops.cal.launch_overhead_s
+    assert rows["mhc_pre"][2][0] / 2 == pytest.approx(lo, rel=0.05)          # one token: the launch
+    big = {op: rows[op][2][1] / 2 for op in MHC_OPS}
+    assert big["mhc_post"] / big["mhc_pre"] == pytest.approx(
+        mhc_bytes("mhc_post", 8192, 4, V4.hidden_size) / mhc_bytes("mhc_pre", 8192, 4, V4.hidden_size), rel=0.05)
+    assert "no table holds this width" in ops.mhc_note()
+
+
+def test_a_model_without_hyper_connections_has_none_of_it():
+    v3 = get_model("deepseek-v3")
+    ops = _ops(v3)
+    rows = _rows(ops.elementwise(np.array([64.0]), v3.num_layers, 58))
+    assert not any(op in rows for op in MHC_OPS) and "rope+act_quant+residual" in rows
+    assert ops.mhc_k is None and ops.mhc_note() is None
+    assert "mhc_head" not in _rows(ops.embedding(np.array([64.0])))
+
+
+def _table(gpu="H200", h=4096, iters=20):
+    xs = np.array([1.0, 64.0, 4096.0])
+    ser = {(op, 4, h, iters if op == "mhc_pre" else 0):
+           Series(xs, np.array([6e-6, 8e-6, 60e-6]) * (1 + i), lambda t, op=op: mhc_bytes(op, t, 4, h), op)
+           for i, op in enumerate(MHC_OPS)}
+    return OpTables(gpu=gpu, provenance={}, gemm={}, masked_grouped={}, mla_decode={}, mhc=ser)
+
+
+def test_a_measured_table_comes_back_exactly_and_transfers_under_the_target_ceilings():
+    h200 = get_hardware("H200")
+    k = MhcKernels.on(_table(), h200, 4, 4096, 20, 0.856, 0.749)
+    assert k is not None and k.same_gpu
+    assert k.seconds("mhc_post", np.array([64.0, 0.0])).tolist() == pytest.approx([24e-6, 0.0])
+    assert MhcKernels.on(_table(), h200, 4, 4096, 10, 0.856, 0.749) is None     # other Sinkhorn iterations
+    assert MhcKernels.on(_table(), h200, 4, 5120, 20, 0.856, 0.749) is None     # another width
+    b200 = get_hardware("B200")
+    kb = MhcKernels.on(_table(), b200, 4, 4096, 20, 0.856, 0.749)
+    t = np.array([1.0, 64.0, 4096.0, 65536.0])
+    for op in MHC_OPS:
+        got = kb.seconds(op, t)
+        assert (got >= mhc_bytes(op, t, 4, 4096) / (0.856 * b200.hbm_bw) - 1e-15).all()
+        assert got[0] == pytest.approx(k.seconds(op, t[:1])[0] * h200.tflops("bf16") / b200.tflops("bf16"))
+        assert np.all(np.diff(got) > 0)
+
+
+def test_the_committed_tables_price_v4_where_they_measured_it():
+    """Wherever a committed op-table folder holds the mHC stage at V4-Flash's width, its own GPU reads it as measured
+    and the note names the table."""
+    for gpu in op_table.measured_gpus():
+        tabs = op_table.load(gpu)
+        if ("mhc_pre", 4, V4.hidden_size, V4.hc_sinkhorn_iters) not in tabs.mhc:
+            continue
+        ops = _ops(hw=gpu)
+        assert ops.mhc_k is not None and ops.mhc_k.same_gpu
+        assert f"the three kernels from the mHC table of {tabs.gpu} (measured)" in ops.mhc_note()
+        ser = tabs.mhc[("mhc_post", 4, V4.hidden_size, 0)]
+        assert ops.mhc_k.seconds("mhc_post", ser.xs).tolist() == pytest.approx(ser.ts.tolist())
