@@ -686,9 +686,10 @@ class ExpertGemms:
 @dataclass
 class MhcKernels:
     """The three mHC kernels around one block (``MHC_OPS``) at ``n`` streams of width ``h``, from a measured table over
-    tokens (log-log between its points; held below the first, along the bytes beyond the last). On another GPU a time
-    transfers as the other measured kernels' (``transferred``: the fixed part by the BF16 peak ratio, never under this
-    GPU's streaming ceiling nor the projection's TF32 math ceiling, half the BF16 peak on Hopper and Blackwell)."""
+    tokens (log-log between its points; held below the first, along the bytes beyond the last). On another GPU the
+    part of a measured time that the measured GPU's streaming ceiling accounts for moves by the bandwidth ratio and the
+    rest by the BF16 peak ratio (``transferred``'s scaling of a fixed part), never under this GPU's streaming ceiling
+    nor the projection's TF32 math ceiling (half the BF16 peak on Hopper and Blackwell)."""
 
     series: dict[str, Series]
     n: int
@@ -722,8 +723,13 @@ class MhcKernels:
         t = np.asarray(tokens, float)
         out = self.series[op].time(np.maximum(t, 1e-9)).seconds.reshape(t.shape)
         if not self.same_gpu:
-            out = transferred(out, mhc_flops(op, t, self.n, self.h), mhc_bytes(op, t, self.n, self.h), self.peak_measured,
-                              self.target_flops, self.target_bw, self.mem_eff, self.compute_eff / 2.0)  # TF32: half BF16
+            # streaming kernels: the share of the measured time its GPU's streaming ceiling accounts for moves with the
+            # bandwidth, the rest (launch, the Sinkhorn chain, tails) with the peak; then ``transferred``'s ceilings
+            byts = mhc_bytes(op, t, self.n, self.h)
+            t_bw = np.minimum(out, byts / (self.mem_eff * self.bw_measured))
+            out = (out - t_bw) + t_bw * self.bw_measured / self.target_bw
+            out = transferred(out, mhc_flops(op, t, self.n, self.h), byts, self.peak_measured, self.target_flops,
+                              self.target_bw, self.mem_eff, self.compute_eff / 2.0)  # TF32: half the BF16 rate
         return np.where(t > 0, out, 0.0)
 
 

@@ -47,9 +47,11 @@ from costmodels.hardware import Hardware
 from costmodels.layout import ParallelLayout
 from costmodels.memory import indexer_kv_bytes_per_token, kv_bytes_per_token_layer, kv_shard_divisor, mtp_kind
 from costmodels.model_spec import ModelSpec
-from costmodels.op_table import (MASKED_MAX_ROWS, MEASURED, MHC_OPS, MhcKernels, mhc_bytes, mhc_flops, MLA_ENTRY_DIMS, MLA_LATENT_BYTES, SCALED, ExpertGemms, TableGemms, TableMLA, kernel_gemms, mla_decode_table,
+from costmodels.op_table import (MASKED_MAX_ROWS, MEASURED, MHC_OPS, MLA_ENTRY_DIMS, MLA_LATENT_BYTES, SCALED, ExpertGemms,
+                                 MhcKernels, TableGemms, TableMLA, kernel_gemms, mhc_bytes, mhc_flops, mla_decode_table,
                                  table_from_points)
 from costmodels.op_table import load as load_op_tables
+from costmodels.op_table import measured_gpus as measured_op_table_gpus
 from costmodels.op_table import same_kind as same_kind_tables
 from costmodels.offload import prefetch_for
 from costmodels.ops import CATEGORIES, INF, AttnGeometry, OpCost, SortedSums, entries_last, entries_sum, geometry
@@ -392,14 +394,15 @@ class StepOps:
 
     def _mhc_kernels(self) -> MhcKernels | None:
         """The mHC kernels around each block from a measured table at this model's streams, width and Sinkhorn
-        iterations: this GPU's own, a GPU's of the same die and memory, else the profile's op tables transferred; None
-        (bytes at the streaming rate plus a launch each) for a model without hyper-connections or a shape no table
-        holds."""
+        iterations: this GPU's own, a GPU's of the same die and memory, else the profile's op tables, else any measured
+        GPU's, transferred; None (bytes at the streaming rate plus a launch each) for a model without hyper-connections
+        or a shape no table holds."""
         m, cal = self.model, self.cal
         if m.hc_mult <= 1:
             return None
-        for name in dict.fromkeys((*same_kind_tables(self.hw), cal.op_tables or "")):
-            tables = load_op_tables(name) if name else None
+        for name in dict.fromkeys((*same_kind_tables(self.hw), *([cal.op_tables] if cal.op_tables else []),
+                                   *measured_op_table_gpus())):
+            tables = load_op_tables(name)
             got = MhcKernels.on(tables, self.hw, m.hc_mult, m.hidden_size, m.hc_sinkhorn_iters, cal.mem_eff,
                                 cal.gemm_compute_eff.get("bf16", 0.662)) if tables is not None else None
             if got is not None:
