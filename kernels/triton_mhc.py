@@ -29,7 +29,7 @@ BLOCK_H = 512     # hidden values a program (pre: per loop trip; post: per progr
 @triton.jit
 def _mhc_pre_kernel(x_ptr, mix_ptr, sqr_ptr, scale_ptr, base_ptr, y_ptr, post_ptr, comb_ptr,
                     T, inv_nh, rms_eps, pre_eps, sk_eps, post_mult, H: tl.constexpr,
-                    S: tl.constexpr, ITERS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, BH: tl.constexpr):
+                    S: tl.constexpr, SP: tl.constexpr, ITERS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, BH: tl.constexpr):
     # the width, the split count and the Sinkhorn iterations are compile-time (the few values a model uses)
     t = tl.program_id(0).to(tl.int64)
     NM = (2 + N) * N
@@ -39,16 +39,14 @@ def _mhc_pre_kernel(x_ptr, mix_ptr, sqr_ptr, scale_ptr, base_ptr, y_ptr, post_pt
     c2 = i[None, :]
     m2 = (r2 < N) & (c2 < N)
     # split-K partials of the projection and of the squared norm, summed
-    sq = tl.zeros((), tl.float32)
-    a_pre = tl.zeros((NP,), tl.float32)
-    a_post = tl.zeros((NP,), tl.float32)
-    a_comb = tl.zeros((NP, NP), tl.float32)
-    for s in range(S):
-        row = mix_ptr + (s * T + t) * NM
-        sq += tl.load(sqr_ptr + s * T + t)
-        a_pre += tl.load(row + i, mask=im, other=0.0)
-        a_post += tl.load(row + N + i, mask=im, other=0.0)
-        a_comb += tl.load(row + 2 * N + r2 * N + c2, mask=m2, other=0.0)
+    sp = tl.arange(0, SP)
+    spm = sp < S
+    sq = tl.sum(tl.load(sqr_ptr + sp * T + t, mask=spm, other=0.0), axis=0)
+    rows = mix_ptr + (sp * T + t) * NM                                                   # [SP] partial rows
+    a_pre = tl.sum(tl.load(rows[:, None] + i[None, :], mask=spm[:, None] & im[None, :], other=0.0), axis=0)
+    a_post = tl.sum(tl.load(rows[:, None] + N + i[None, :], mask=spm[:, None] & im[None, :], other=0.0), axis=0)
+    a_comb = tl.sum(tl.load(rows[:, None, None] + 2 * N + r2[None, :, :] * N + c2[None, :, :],
+                            mask=spm[:, None, None] & m2[None, :, :], other=0.0), axis=0)
     r = tl.math.rsqrt(sq * inv_nh + rms_eps)
     s0 = tl.load(scale_ptr)
     s1 = tl.load(scale_ptr + 1)
@@ -117,7 +115,9 @@ def mhc_pre(x: torch.Tensor, mix: torch.Tensor, sqr: torch.Tensor, scale: torch.
     if t:
         _mhc_pre_kernel[(t,)](x, mix.float(), sqr.float(), scale.float().contiguous(), base.float().contiguous(),
                               y, post, comb, t, 1.0 / (n * h), float(rms_eps), float(pre_eps),
-                              float(sinkhorn_eps), float(post_mult), H=h, S=mix.shape[0], ITERS=int(iters), N=n, NP=triton.next_power_of_2(n), BH=min(BLOCK_H, triton.next_power_of_2(h)))
+                              float(sinkhorn_eps), float(post_mult), H=h, S=mix.shape[0],
+                              SP=triton.next_power_of_2(mix.shape[0]), ITERS=int(iters), N=n,
+                              NP=triton.next_power_of_2(n), BH=min(BLOCK_H, triton.next_power_of_2(h)))
     return y, post, comb
 
 
