@@ -317,7 +317,10 @@ def mhc_rows(emit, tokens_grid, shapes) -> None:
                     sq = torch.empty(splits, t, device="cuda")
 
                     def call(x=xs[0], f=fns[0], d=d, sq=sq, splits=splits):
-                        dg.tf32_hc_prenorm_gemm(x.view(t, k), f, d, sq, num_splits=splits)
+                        if splits == 1:    # no split: 2-D outputs and num_splits=None, as SGLang calls it
+                            dg.tf32_hc_prenorm_gemm(x.view(t, k), f, d.view(t, nm), sq.view(t), num_splits=None)
+                        else:
+                            dg.tf32_hc_prenorm_gemm(x.view(t, k), f, d, sq, num_splits=splits)
                     call()
                     torch.cuda.synchronize()
                     row["rel_err"] = max(rel(d.sum(0), want_mix), rel(sq.sum(0), want_sqr))
