@@ -290,7 +290,8 @@ MHC_SPLITS = (1, 16)   # DeepGEMM's split-K of the projection: none, and vLLM's 
 def mhc_rows(emit, tokens_grid, shapes) -> None:
     """mHC around one block at ``tokens`` tokens of a rank: DeepGEMM's ``tf32_hc_prenorm_gemm`` (the mixing projection
     ``[T, nH] x [(2+n)n, nH]^T`` and the squared norm, at each of ``MHC_SPLITS``), then the fused pre kernel (split-K
-    sum, RMS division, sigmoids, Sinkhorn, the streams' weighted sum; ``kernels.triton_mhc.mhc_pre``) and the post
+    sum, RMS division, sigmoids, Sinkhorn, the streams' weighted sum; ``kernels.triton_mhc.mhc_pre``) at the model's
+    Sinkhorn iterations and at one (``context`` = iterations: what the chain costs per iteration), and the post
     kernel (``mhc_post``). Streams and weights cycled over copies like the GEMMs' weights. ``m`` = tokens, ``n`` =
     (2+n)n mixes, ``k`` = nH, ``groups`` = n; tbs counts the bytes each kernel must move."""
     from kernels import triton_mhc as M
@@ -335,19 +336,20 @@ def mhc_rows(emit, tokens_grid, shapes) -> None:
             splits = MHC_SPLITS[-1]
             parts = torch.full((splits, 1, 1), 1.0 / splits, device="cuda")
             mix, sqr = (parts * want_mix).contiguous(), (parts[:, :, 0] * want_sqr).contiguous()
-            row = {"op": "mhc_pre", "lib": "triton", "dtype": "bf16", **base_row, "batch": splits, "context": iters}
-            try:
-                y0, p0, c0 = R.mhc_pre(xs[0], mix, sqr, scale, base, iters)
-                y1, p1, c1 = M.mhc_pre(xs[0], mix, sqr, scale, base, iters)
-                row["rel_err"] = max(rel(y1, y0), rel(c1, c0), rel(p1, p0))
-                row["eager_us"] = eager_time_us(lambda: M.mhc_pre(xs[0], mix, sqr, scale, base, iters))
-                tt = graph_time_us([lambda x=x: M.mhc_pre(x, mix, sqr, scale, base, iters) for x in xs],
-                                   reps_for(row["eager_us"]))
-                row.update(device_us=tt, tbs=(t * k * 2 + t * h * 2 + splits * t * (nm + 1) * 4) / tt / 1e6)
-            except Exception as ex:  # noqa: BLE001
-                row["error"] = f"{type(ex).__name__}: {ex}"[:300]
-                p0, c0 = torch.rand(t, n, device="cuda"), torch.rand(t, n, n, device="cuda")
-            emit(row)
+            p0, c0 = torch.rand(t, n, device="cuda"), torch.rand(t, n, n, device="cuda")
+            for it in (1, iters):   # the model's Sinkhorn iterations and one: the chain's cost per iteration
+                row = {"op": "mhc_pre", "lib": "triton", "dtype": "bf16", **base_row, "batch": splits, "context": it}
+                try:
+                    y0, p0, c0 = R.mhc_pre(xs[0], mix, sqr, scale, base, it)
+                    y1, p1, c1 = M.mhc_pre(xs[0], mix, sqr, scale, base, it)
+                    row["rel_err"] = max(rel(y1, y0), rel(c1, c0), rel(p1, p0))
+                    row["eager_us"] = eager_time_us(lambda it=it: M.mhc_pre(xs[0], mix, sqr, scale, base, it))
+                    tt = graph_time_us([lambda x=x, it=it: M.mhc_pre(x, mix, sqr, scale, base, it) for x in xs],
+                                       reps_for(row["eager_us"]))
+                    row.update(device_us=tt, tbs=(t * k * 2 + t * h * 2 + splits * t * (nm + 1) * 4) / tt / 1e6)
+                except Exception as ex:  # noqa: BLE001
+                    row["error"] = f"{type(ex).__name__}: {ex}"[:300]
+                emit(row)
             row = {"op": "mhc_post", "lib": "triton", "dtype": "bf16", **base_row}
             try:
                 o0 = R.mhc_post(ys[0], xs[0], p0, c0)
