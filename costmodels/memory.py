@@ -32,7 +32,7 @@ from costmodels.layout import DType, ParallelLayout
 from costmodels.model_spec import LayerKind, ModelSpec
 from costmodels.offload import host_bytes_per_gpu, resident_weights
 from costmodels.params import (
-    ELEM_BYTES, FP4_BLOCK, WEIGHT_BYTES, embedding_linears, layer_linears, mtp_linears, norm_params,
+    ELEM_BYTES, FP4_BLOCK, WEIGHT_BYTES, embedding_linears, layer_linears, mhc_params, mtp_linears, norm_params,
     shard_divisor, weight_bytes_per_param, has_indexer,
 )
 
@@ -266,7 +266,7 @@ def stage_weight_bytes(model: ModelSpec, layout: ParallelLayout, mtp: bool = Tru
         for i in layers:
             for k, v in _linears_bytes(layer_linears(model, i), model, layout).items():
                 acc[k] = acc.get(k, 0.0) + v
-            acc["other"] = acc.get("other", 0.0) + norm_params(model) * WEIGHT_BYTES["bf16"]
+            acc["other"] = acc.get("other", 0.0) + norm_params(model) * WEIGHT_BYTES["bf16"] + mhc_params(model) * 4.0
         acc = resident_weights(acc, model, layout, sum(1 for i in layers if model.is_moe_layer(i)))  # offload: host, not HBM
         emb = embedding_linears(model)
         if s == 0:
@@ -276,7 +276,8 @@ def stage_weight_bytes(model: ModelSpec, layout: ParallelLayout, mtp: bool = Tru
             if len(emb) > 1 or layout.pp > 1:
                 acc["embeddings"] = acc.get("embeddings", 0.0) + _linears_bytes(head, model, layout).get("embeddings", 0.0)
             if model.mtp_layers and mtp:
-                one = sum(_linears_bytes(mtp_linears(model), model, layout).values()) + norm_params(model) * 2
+                one = sum(_linears_bytes(mtp_linears(model), model, layout).values()) + norm_params(model) * 2 + \
+                    mhc_params(model) * 4.0
                 acc["mtp"] = model.mtp_layers * one
         stages.append(acc)
     return stages

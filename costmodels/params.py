@@ -164,11 +164,22 @@ def ffn_linears(model: ModelSpec, moe_layer: bool) -> list[Linear]:
 
 
 def norm_params(model: ModelSpec) -> int:
-    """RMSNorm weights of one layer (two norms, plus q/kv latent norms for MLA)."""
-    n = 2 * model.hidden_size * model.hc_mult
+    """RMSNorm weights of one layer (two norms, plus q/kv latent norms for MLA; each norm reads the one stream its block
+    takes, with hyper-connections too)."""
+    n = 2 * model.hidden_size
     if model.attention == "mla":
         n += (model.mla.q_lora_rank or 0) + model.mla.kv_lora_rank
     return n
+
+
+def mhc_params(model: ModelSpec) -> int:
+    """Hyper-connection (mHC) weights of one layer, kept in FP32: per block (attention, FFN) the mixing projection
+    ``(2+n)n x nH``, its bias ``(2+n)n`` and three scales; 0 without hyper-connections."""
+    n = model.hc_mult
+    if n <= 1:
+        return 0
+    mix = (2 + n) * n
+    return 2 * (mix * n * model.hidden_size + mix + 3)
 
 
 def layer_linears(model: ModelSpec, layer: int) -> list[Linear]:
@@ -198,9 +209,10 @@ def total_params(model: ModelSpec, include_mtp: bool = False) -> int:
     n = sum(lin.params for lin in embedding_linears(model))
     n += model.hidden_size  # final norm
     for layer in range(model.num_layers):
-        n += sum(lin.params for lin in layer_linears(model, layer)) + norm_params(model)
+        n += sum(lin.params for lin in layer_linears(model, layer)) + norm_params(model) + mhc_params(model)
     if include_mtp:
-        n += model.mtp_layers * (sum(lin.params for lin in mtp_linears(model)) + norm_params(model) + 2 * model.hidden_size)
+        n += model.mtp_layers * (sum(lin.params for lin in mtp_linears(model)) + norm_params(model) + mhc_params(model)
+                                 + 2 * model.hidden_size)
     return n
 
 
@@ -221,7 +233,7 @@ def active_params(model: ModelSpec, phase: Literal["decode", "prefill"] = "decod
         n -= sum(lin.params for lin in embedding_linears(model) if lin.name == "lm_head")
         for layer in range(model.ced_encoder_layers, model.num_layers):
             lins = layer_linears(model, layer)
-            n -= sum(lin.params for lin in lins if lin.shard != "expert") + norm_params(model)
+            n -= sum(lin.params for lin in lins if lin.shard != "expert") + norm_params(model) + mhc_params(model)
             if model.is_moe_layer(layer):
                 n -= 3 * model.hidden_size * model.moe.moe_intermediate_size * model.moe.top_k
     return n

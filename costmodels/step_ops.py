@@ -415,17 +415,19 @@ class StepOps:
         if m.hc_mult <= 1:
             return None
         what = (f"mHC ({m.hc_mult} residual streams, {m.hc_sinkhorn_iters} Sinkhorn iterations): before each attention "
-                "and FFN block the mixing projection (DeepGEMM tf32_hc_prenorm_gemm) and one fused kernel (RMS, "
-                "sigmoids, Sinkhorn, the streams' weighted sum), after it the stream mix (mhc_post); the streams' "
-                "collapse before the head once a pass at the streaming rate")
+                "and FFN block the mixing projection with the streams' squared norm (mhc_prenorm_gemm: DeepGEMM's "
+                "tf32_hc_prenorm_gemm on NVIDIA) and one fused kernel (RMS, sigmoids, Sinkhorn, the streams' weighted "
+                "sum), after it the stream mix (mhc_post); the streams' collapse before the head once a forward at the "
+                "streaming rate")
         k = self.mhc_k
         if k is None:
-            return what + ("; no table holds this width and iteration count: each kernel is priced by its bytes at the "
-                           "streaming rate plus one launch (the projection by its TF32 math where that is longer), "
-                           "without the Sinkhorn chain's own latency")
-        how = "measured" if k.same_gpu else (f"transferred from {k.measured_on}: fixed part scaled by the BF16 peak ratio, "
-                                             "bounded by this GPU's streaming and TF32 ceilings")
-        return what + f"; the three kernels from the mHC table of {k.measured_on} ({how})"
+            return what + ("; no table holds this width: each kernel is priced by its bytes at the streaming rate plus "
+                           "one launch (the projection by its TF32 math where that is longer), without the Sinkhorn "
+                           "chain's own latency")
+        how = "measured here" if k.same_gpu else ("transferred: the part its streaming ceiling accounts for by the "
+                                                  "bandwidth ratio, the rest by the BF16 peak ratio, bounded by this "
+                                                  "GPU's streaming and TF32 ceilings")
+        return what + f"; the three kernels from the mHC table of {k.measured_on}, {how} ({k.series['mhc_pre'].detail})"
 
     def _mhc_rows(self, tok: np.ndarray, layers: int) -> list[tuple]:
         """Rows of the three mHC kernels around each of a layer's two blocks (``layers`` layers over ``tok`` tokens)."""
@@ -734,19 +736,19 @@ class StepOps:
                         np.where(on, layers * (b / self._stream + self._lo), 0.0), False))
         return out
 
-    def elementwise(self, tok: np.ndarray, layers: int, moe_layers: int) -> Terms:
+    def elementwise(self, tok: np.ndarray, layers: int, moe_layers: int, tag: str = "") -> Terms:
         """Norms, rope/quant/residual and router top-k of one pass over ``tok`` tokens of this rank (memory-bound), and
         a hyper-connection model's mHC kernels around each block (``_mhc_rows``; its norms then read the one stream
-        the block takes, and the residual add is the post kernel's)."""
+        the block takes, and the residual add is the post kernel's). ``tag`` prefixes the rows (``mtp_``, ``decoder_``)."""
         m, h = self.model, self.h
         items = (("rmsnorm", 2 * layers, 2 * tok * h * 2.0),
                  ("rope+act_quant" if m.hc_mult > 1 else "rope+act_quant+residual", 2 * layers, 2 * tok * h * 2.0),
                  ("router_topk", moe_layers, tok * (m.moe.n_routed_experts if m.moe else 0) * 4.0 * 2))
         pos = tok > 0
-        rows = [(name, OTHER, np.where(pos, k, 0), np.zeros_like(b), np.where(pos, k * b, 0.0),
+        rows = [(tag + name, OTHER, np.where(pos, k, 0), np.zeros_like(b), np.where(pos, k * b, 0.0),
                  np.where(pos, k * (b / self._stream + self._lo), 0.0), False) for name, k, b in items if k]
         if m.hc_mult > 1 and layers:
-            rows += self._mhc_rows(tok, layers)
+            rows += [(tag + r[0], *r[1:]) for r in self._mhc_rows(tok, layers)]
         return _terms(rows, tok.size)
 
     def embedding(self, tok: np.ndarray) -> Terms:
@@ -915,7 +917,7 @@ class StepOps:
         lay = self.layout
         if lay.pp <= 1:
             return _terms([], tok.size)
-        b = tok * self.h * 2.0
+        b = tok * self.h * 2.0 * self.model.hc_mult   # every residual stream crosses (hyper-connections: hc_mult)
         on = b > 0
         return _terms([("pp_send", COMM, np.where(on, lay.pp - 1, 0), 0.0, np.where(on, (lay.pp - 1) * b, 0.0),
                         np.where(on, (lay.pp - 1) * p2p_time(b, self.pp_cross, self.hw, self.cal), 0.0), False)], tok.size)
@@ -943,7 +945,7 @@ class StepOps:
         ex = self.experts(x, moe, "decoder_routed_experts" if dec else "routed_experts", prefill)
         co = self.collectives(tok, layers, moe, prefill, "decoder_" if dec else "")
         self.overlap_combine_down(ex, co, x)
-        fams = [self._gemm_part(x, dec), ex, self.elementwise(tok, layers, moe), co]
+        fams = [self._gemm_part(x, dec), ex, self.elementwise(tok, layers, moe, "decoder_" if dec else ""), co]
         return fams if dec else fams + [self.embedding(tok), self.embedding_allreduce(tok), self.pp_sends(tok)]
 
     def _gemm_part(self, x: np.ndarray, dec: bool) -> Terms:
@@ -970,7 +972,7 @@ class StepOps:
         tok = x * self.share
         ex, co = self.experts(x, passes, "mtp_routed_experts"), self.collectives(tok, passes, moe_passes, False, "mtp_")
         self.overlap_combine_down(ex, co, x)
-        return [self.gemms(MTP, x, draft), ex, self.elementwise(tok, passes, moe_passes) if passes else _terms([], x.size), co]
+        return [self.gemms(MTP, x, draft), ex, self.elementwise(tok, passes, moe_passes, "mtp_") if passes else _terms([], x.size), co]
 
     def nonattn(self, total, kv_up, sampled, n_dec, draft, has_prefill, f, ops: list | None = None,
                 dec_total: float | None = None) -> np.ndarray:

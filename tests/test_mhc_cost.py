@@ -111,6 +111,6 @@ def test_the_committed_tables_price_v4_where_they_measured_it():
             continue
         ops = _ops(hw=gpu)
         assert ops.mhc_k is not None and ops.mhc_k.same_gpu
-        assert f"the three kernels from the mHC table of {tabs.gpu} (measured)" in ops.mhc_note()
+        assert f"the three kernels from the mHC table of {tabs.gpu}, measured here" in ops.mhc_note()
         ser = tabs.mhc[("mhc_post", 4, V4.hidden_size, 0)]
         assert ops.mhc_k.seconds("mhc_post", ser.xs).tolist() == pytest.approx(ser.ts.tolist())
