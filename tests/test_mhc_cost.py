@@ -114,3 +114,32 @@ def test_the_committed_tables_price_v4_where_they_measured_it():
         assert f"the three kernels from the mHC table of {tabs.gpu}, measured here" in ops.mhc_note()
         ser = tabs.mhc[("mhc_post", 4, V4.hidden_size, 0)]
         assert ops.mhc_k.seconds("mhc_post", ser.xs).tolist() == pytest.approx(ser.ts.tolist())
+
+
+def test_sinkhorn_iterations_between_and_beyond_the_measured_counts():
+    """The pre kernel measured at 1 and 20 iterations: other counts linear in the iterations (more never cheaper), the
+    other two kernels whatever the count."""
+    tabs = _table()
+    xs = np.array([1.0, 64.0, 4096.0])
+    tabs.mhc[("mhc_pre", 4, 4096, 1)] = Series(xs, np.array([4e-6, 6e-6, 50e-6]), lambda t: mhc_bytes("mhc_pre", t, 4, 4096),
+                                              "pre at 1")
+    h200 = get_hardware("H200")
+    at = {it: MhcKernels.on(tabs, h200, 4, 4096, it, 0.856, 0.749).seconds("mhc_pre", xs) for it in (1, 5, 20, 100)}
+    t1, t20 = np.array([4e-6, 6e-6, 50e-6]), np.array([12e-6, 16e-6, 120e-6])
+    assert at[1].tolist() == pytest.approx(t1.tolist()) and at[20].tolist() == pytest.approx(t20.tolist())
+    assert at[5].tolist() == pytest.approx((t1 + 4 * (t20 - t1) / 19).tolist())
+    assert at[100].tolist() == pytest.approx((t1 + 99 * (t20 - t1) / 19).tolist())
+    post = {it: MhcKernels.on(tabs, h200, 4, 4096, it, 0.856, 0.749).seconds("mhc_post", xs).tolist() for it in (1, 100)}
+    assert post[1] == post[100]
+
+
+def test_a_pipeline_send_carries_every_stream():
+    tok = np.array([64.0])
+    v4 = _rows(_ops(tp=4, pp=2).pp_sends(tok))["pp_send"][1][0]
+    assert v4 == pytest.approx(64 * V4.hidden_size * 2.0 * V4.hc_mult)
+
+
+def test_mtp_rows_are_named_apart():
+    ops = _ops()
+    names = [n for t in ops.mtp_terms(np.array([8.0]), 1) for n in t.names]
+    assert "mtp_mhc_post" in names and "mtp_rmsnorm" in names and "mhc_post" not in names
