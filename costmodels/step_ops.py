@@ -435,19 +435,14 @@ class StepOps:
         n, h, k = m.hc_mult, m.hidden_size, self.mhc_k
         pos = tok > 0
         rows = []
+        tf32 = 0.5 * self.hw.tflops("bf16") * 1e12 * self.cal.gemm_compute_eff.get("bf16", 0.662)  # half BF16's rate
+        c = 2 * layers
         for op in MHC_OPS:
-            b = mhc_bytes(op, tok, n, h)
-            if k is not None:
-                t = k.seconds(op, tok)
-            else:
-                t = b / self._stream + self._lo
-                if op == "mhc_prenorm_gemm":   # TF32 tensor cores: half the BF16 rate on Hopper and Blackwell
-                    t = np.maximum(mhc_flops(op, tok, n, h) / (0.5 * self.hw.tflops("bf16") * 1e12 *
-                                                               self.cal.gemm_compute_eff.get("bf16", 0.662)),
-                                   b / self._stream) + self._lo
-            c = 2 * layers
-            rows.append((op, OTHER, np.where(pos, c, 0), np.where(pos, c * mhc_flops(op, tok, n, h), 0.0),
-                         np.where(pos, c * b, 0.0), np.where(pos, c * t, 0.0), False))
+            b, f = mhc_bytes(op, tok, n, h), mhc_flops(op, tok, n, h)
+            # the table, else the bytes at the streaming rate (the projection's TF32 math where longer) plus a launch
+            t = k.seconds(op, tok) if k is not None else np.maximum(f / tf32, b / self._stream) + self._lo
+            rows.append((op, OTHER, np.where(pos, c, 0), np.where(pos, c * f, 0.0), np.where(pos, c * b, 0.0),
+                         np.where(pos, c * t, 0.0), False))
         return rows
 
     def _attention_groups(self) -> tuple[list[tuple[AttnGeometry, int]], list[bool]]:
