@@ -566,7 +566,25 @@ def _poisson_cdf(k: np.ndarray, lam: np.ndarray) -> np.ndarray:
 
 
 @dataclass
-class ExpertGemms:
+class MeasuredOn:
+    """The GPU a kernel table was measured on and the one it prices (``same_gpu``: the table's own times; else each
+    time transfers by ``transferred``)."""
+
+    measured_on: str
+    peak_measured: float          # the measured GPU's dense peak of the kernel's dtype, flop/s
+    bw_measured: float
+    target_flops: float
+    target_bw: float
+    mem_eff: float = 0.856
+    compute_eff: float = 0.662
+
+    @property
+    def same_gpu(self) -> bool:
+        return self.peak_measured == self.target_flops and self.bw_measured == self.target_bw
+
+
+@dataclass(kw_only=True)
+class ExpertGemms(MeasuredOn):
     """The routed experts' two grouped FP8 GEMMs of one MoE layer (gate_up, then down) at the layout's own expert
     shapes, from the measured grouped tables: per expert, over mean rows per expert, at the measured expert counts.
 
@@ -584,13 +602,6 @@ class ExpertGemms:
     shapes: list[tuple[int, int]]                                      # (N, K) per GEMM, one GPU's shard
     masked: list[dict[int, tuple[np.ndarray, np.ndarray]]]             # per shape: experts -> (rows, s/expert)
     contig: list[dict[int, tuple[np.ndarray, np.ndarray]]]             # the same from the contiguous table
-    measured_on: str
-    peak_measured: float                                               # the measured GPU's FP8 dense peak, flop/s
-    bw_measured: float
-    target_flops: float
-    target_bw: float
-    mem_eff: float = 0.856
-    compute_eff: float = 0.662
 
     @classmethod
     def on(cls, tables: OpTables, hw, shapes: list[tuple[int, int]], mem_eff: float,
@@ -604,12 +615,8 @@ class ExpertGemms:
             if not masked[-1]:
                 return None
         hw_m = get_hardware(tables.gpu)
-        return cls(list(shapes), masked, contig, tables.gpu, hw_m.tflops("fp8") * 1e12, hw_m.hbm_bw,
-                   hw.tflops("fp8") * 1e12, hw.hbm_bw, mem_eff, compute_eff)
-
-    @property
-    def same_gpu(self) -> bool:
-        return self.peak_measured == self.target_flops and self.bw_measured == self.target_bw
+        return cls(tables.gpu, hw_m.tflops("fp8") * 1e12, hw_m.hbm_bw, hw.tflops("fp8") * 1e12, hw.hbm_bw, mem_eff,
+                   compute_eff, shapes=list(shapes), masked=masked, contig=contig)
 
     @property
     def contig_experts(self) -> list[int]:
@@ -683,8 +690,8 @@ class ExpertGemms:
         return out.reshape(shape)
 
 
-@dataclass
-class MhcKernels:
+@dataclass(kw_only=True)
+class MhcKernels(MeasuredOn):
     """The three mHC kernels around one block (``MHC_OPS``) at ``n`` streams of width ``h``, from a measured table over
     tokens (log-log between its points; held below the first, along the bytes beyond the last). On another GPU the
     part of a measured time that the measured GPU's streaming ceiling accounts for moves by the bandwidth ratio and the
@@ -694,13 +701,6 @@ class MhcKernels:
     series: dict[str, Series]
     n: int
     h: int
-    measured_on: str
-    peak_measured: float          # the measured GPU's BF16 dense peak, flop/s
-    bw_measured: float
-    target_flops: float
-    target_bw: float
-    mem_eff: float = 0.856
-    compute_eff: float = 0.662
 
     @classmethod
     def on(cls, tables: OpTables, hw, n: int, h: int, iters: int, mem_eff: float,
@@ -725,12 +725,8 @@ class MhcKernels:
         if len(got) < len(MHC_OPS) or any(v is None for v in got.values()):
             return None
         hw_m = get_hardware(tables.gpu)
-        return cls(got, n, h, tables.gpu, hw_m.tflops("bf16") * 1e12, hw_m.hbm_bw, hw.tflops("bf16") * 1e12,
-                   hw.hbm_bw, mem_eff, compute_eff)
-
-    @property
-    def same_gpu(self) -> bool:
-        return self.peak_measured == self.target_flops and self.bw_measured == self.target_bw
+        return cls(tables.gpu, hw_m.tflops("bf16") * 1e12, hw_m.hbm_bw, hw.tflops("bf16") * 1e12, hw.hbm_bw, mem_eff,
+                   compute_eff, series=got, n=n, h=h)
 
     def seconds(self, op: str, tokens) -> np.ndarray:
         """Seconds of one ``op`` kernel at each of ``tokens`` (0 where there are none)."""
