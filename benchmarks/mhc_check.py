@@ -54,14 +54,14 @@ def main() -> None:
         best: dict[tuple, float] = {}
         for r in rows_of(gpu):
             n, k, t = int(r["groups"]), int(r["k"]), float(r["m"])
-            key = (r["op"], n, k // n, t, int(float(r["context"])) if r["op"] == "mhc_pre" else 0)
+            key = (r["op"], n, k // n, t, int(float(r["context"])) if r["op"] in ("mhc_pre", op_table.MHC_CHAIN_OP) else 0)
             best[key] = min(best.get(key, np.inf), float(r["device_us"]) * 1e-6)
         for (op, n, h, t, it), s in sorted(best.items()):
-            a = analytic(op, t, n, h, hw)
+            a = analytic(op.removesuffix("_v1"), t, n, h, hw)
             out.append({"gpu": tabs.gpu, "op": op, "n": n, "hidden": h, "tokens": t, "iters": it, "measured_us": s * 1e6,
                         "analytic_us": a * 1e6, "analytic/measured": a / s,
                         "hbm_fraction": float(mhc_bytes(op, t, n, h)) / s / hw.hbm_bw})
-        pre = {(h, t, it): s for (op, n, h, t, it), s in best.items() if op == "mhc_pre"}
+        pre = {(h, t, it): s for (op, n, h, t, it), s in best.items() if op in ("mhc_pre", op_table.MHC_CHAIN_OP)}
         for (h, t, it), s in sorted(pre.items()):
             if it > 1 and (h, t, 1) in pre:
                 out.append({"gpu": tabs.gpu, "op": "sinkhorn_per_iteration", "hidden": h, "tokens": t,
@@ -74,7 +74,7 @@ def main() -> None:
                 mk = MhcKernels.on(tabs, thw, n, h, 20, profile_for(thw).mem_eff, 0.749)
                 if mk is None:
                     continue
-                for op in MHC_OPS:
+                for op in (o for o in MHC_OPS if o in mk.series):
                     ts = np.array([1.0, 64.0, 1024.0, 16384.0])
                     out.append({"gpu": f"{tabs.gpu} -> {thw.name}", "op": op, "n": n, "hidden": h,
                                 "us_at_1_64_1024_16384": [round(float(x) * 1e6, 2) for x in mk.seconds(op, ts)]})

@@ -320,6 +320,10 @@ def _grouped_tables(path: Path, kind: str) -> dict[tuple[int, int, int], Series]
 
 MHC_OPS = ("mhc_prenorm_gemm", "mhc_pre", "mhc_post")   # before a block (projection, then Sinkhorn + weighted sum), after it
 MHC_SPLITS = 16       # the projection's split-K partials the pre kernel sums (vLLM's mhc_pre default; the table's)
+# the first Triton pre kernel (one program per token) as measured on the H100 (run mhc_61809e1): 31% of the HBM peak at
+# 16,384 tokens, so not the kernel an engine's fused pre reaches; its rows keep only the Sinkhorn chain's measured cost
+# per iteration (``MhcKernels.chain_s``)
+MHC_CHAIN_OP = "mhc_pre_v1"
 
 
 def mhc_bytes(op: str, tokens, n: int, h: int, splits: int = MHC_SPLITS):
@@ -346,7 +350,7 @@ def _mhc_tables(path: Path) -> dict[tuple[str, int, int, int], Series]:
     pts: dict[tuple[str, int, int, int], dict[float, float]] = {}
     for r in _rows(path):
         n, k = int(r["groups"]), int(r["k"])
-        key = (r["op"], n, k // n, int(float(r["context"])) if r["op"] == "mhc_pre" else 0)
+        key = (r["op"], n, k // n, int(float(r["context"])) if r["op"] in ("mhc_pre", MHC_CHAIN_OP) else 0)
         t = float(r["device_us"]) * 1e-6
         by = pts.setdefault(key, {})
         by[float(r["m"])] = min(t, by.get(float(r["m"]), math.inf))
@@ -701,14 +705,25 @@ class MhcKernels(MeasuredOn):
     series: dict[str, Series]
     n: int
     h: int
+    chain_s: float = 0.0          # measured seconds of one Sinkhorn iteration on the chain (MHC_CHAIN_OP rows)
 
     @classmethod
     def on(cls, tables: OpTables, hw, n: int, h: int, iters: int, mem_eff: float,
            compute_eff: float) -> "MhcKernels | None":
-        """``tables``' mHC kernels at (n, h) for GPU ``hw``; None unless all three were measured at that shape, the pre
-        kernel at ``iters`` Sinkhorn iterations or at two counts (then linear in the iterations between or beyond
-        them, never cheaper than the fewer: each iteration is a step of the chain every token's program runs)."""
+        """``tables``' mHC kernels at (n, h) for GPU ``hw``; None unless the projection and the post kernel were
+        measured at that shape. The pre kernel: at ``iters`` Sinkhorn iterations or at two counts (then linear in the
+        iterations between or beyond them, never cheaper than the fewer: each iteration is a step of the chain every
+        token's program runs); else not in ``series`` (priced by its bytes, ``StepOps._mhc_rows``), with ``chain_s``
+        from ``MHC_CHAIN_OP`` rows where they measured a pre kernel at two iteration counts: the difference per
+        iteration at the fewest tokens, where the chain is the kernel's critical path."""
         got = {op: tables.mhc.get((op, n, h, 0)) for op in MHC_OPS if op != "mhc_pre"}
+        if any(v is None for v in got.values()):
+            return None
+        chain = {it: ser for (op, fn, fh, it), ser in tables.mhc.items() if (op, fn, fh) == (MHC_CHAIN_OP, n, h)}
+        chain_s = 0.0
+        if len(chain) >= 2:
+            a, b = min(chain), max(chain)
+            chain_s = max(0.0, float(chain[b].ts[0] - chain[a].ts[0]) / (b - a))
         pre = {it: ser for (op, fn, fh, it), ser in tables.mhc.items() if (op, fn, fh) == ("mhc_pre", n, h)}
         if iters in pre:
             got["mhc_pre"] = pre[iters]
@@ -722,14 +737,17 @@ class MhcKernels(MeasuredOn):
             ts = np.maximum(ta + (iters - lo) * np.maximum(tb - ta, 0.0) / (hi - lo), np.minimum(ta, tb))
             got["mhc_pre"] = Series(xs, ts, a.work, f"{a.detail} at {iters} Sinkhorn iterations, linear between the "
                                                     f"measured {lo} and {hi}")
-        if len(got) < len(MHC_OPS) or any(v is None for v in got.values()):
-            return None
         hw_m = get_hardware(tables.gpu)
         return cls(tables.gpu, hw_m.tflops("bf16") * 1e12, hw_m.hbm_bw, hw.tflops("bf16") * 1e12, hw.hbm_bw, mem_eff,
-                   compute_eff, series=got, n=n, h=h)
+                   compute_eff, series=got, n=n, h=h, chain_s=chain_s)
+
+    @property
+    def chain_here_s(self) -> float:
+        """One Sinkhorn iteration's latency on this GPU (a latency: scaled by the BF16 peak ratio)."""
+        return self.chain_s * self.peak_measured / self.target_flops
 
     def seconds(self, op: str, tokens) -> np.ndarray:
-        """Seconds of one ``op`` kernel at each of ``tokens`` (0 where there are none)."""
+        """Seconds of one ``op`` kernel (one of ``series``) at each of ``tokens`` (0 where there are none)."""
         t = np.asarray(tokens, float)
         out = self.series[op].time(np.maximum(t, 1e-9)).seconds.reshape(t.shape)
         if not self.same_gpu:

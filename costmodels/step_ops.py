@@ -427,7 +427,12 @@ class StepOps:
         how = "measured here" if k.same_gpu else ("transferred: the part its streaming ceiling accounts for by the "
                                                   "bandwidth ratio, the rest by the BF16 peak ratio, bounded by this "
                                                   "GPU's streaming and TF32 ceilings")
-        return what + f"; the three kernels from the mHC table of {k.measured_on}, {how} ({k.series['mhc_pre'].detail})"
+        ops = ", ".join(op for op in MHC_OPS if op in k.series)
+        pre = (f"; the pre kernel from its table ({k.series['mhc_pre'].detail})" if "mhc_pre" in k.series else
+               "; the pre kernel by its bytes at the streaming rate plus one launch" +
+               (f" plus the Sinkhorn chain measured on the {k.measured_on}: {k.chain_here_s * 1e6:.3f} us an iteration "
+                f"here, {m.hc_sinkhorn_iters * k.chain_here_s * 1e6:.1f} us a block" if k.chain_s else ""))
+        return what + f"; {ops} from the mHC table of {k.measured_on}, {how}{pre}"
 
     def _mhc_rows(self, tok: np.ndarray, layers: int) -> list[tuple]:
         """Rows of the three mHC kernels around each of a layer's two blocks (``layers`` layers over ``tok`` tokens)."""
@@ -439,8 +444,14 @@ class StepOps:
         c = 2 * layers
         for op in MHC_OPS:
             b, f = mhc_bytes(op, tok, n, h), mhc_flops(op, tok, n, h)
-            # the table, else the bytes at the streaming rate (the projection's TF32 math where longer) plus a launch
-            t = k.seconds(op, tok) if k is not None else np.maximum(f / tf32, b / self._stream) + self._lo
+            # the table, else the bytes at the streaming rate (the projection's TF32 math where longer) plus a launch,
+            # and for the pre kernel the measured Sinkhorn chain where a table holds it
+            if k is not None and op in k.series:
+                t = k.seconds(op, tok)
+            else:
+                t = np.maximum(f / tf32, b / self._stream) + self._lo
+                if op == "mhc_pre" and k is not None:
+                    t = t + m.hc_sinkhorn_iters * k.chain_here_s
             rows.append((op, OTHER, np.where(pos, c, 0), np.where(pos, c * f, 0.0), np.where(pos, c * b, 0.0),
                          np.where(pos, c * t, 0.0), False))
         return rows

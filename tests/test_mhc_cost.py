@@ -79,7 +79,7 @@ def test_a_measured_table_comes_back_exactly_and_transfers_under_the_target_ceil
     k = MhcKernels.on(_table(), h200, 4, 4096, 20, 0.856, 0.749)
     assert k is not None and k.same_gpu
     assert k.seconds("mhc_post", np.array([64.0, 0.0])).tolist() == pytest.approx([24e-6, 0.0])
-    assert MhcKernels.on(_table(), h200, 4, 4096, 10, 0.856, 0.749) is None     # other Sinkhorn iterations
+    assert "mhc_pre" not in MhcKernels.on(_table(), h200, 4, 4096, 10, 0.856, 0.749).series   # other iterations
     assert MhcKernels.on(_table(), h200, 4, 5120, 20, 0.856, 0.749) is None     # another width
     b200 = get_hardware("B200")
     kb = MhcKernels.on(_table(), b200, 4, 4096, 20, 0.856, 0.749)
@@ -111,9 +111,28 @@ def test_the_committed_tables_price_v4_where_they_measured_it():
             continue
         ops = _ops(hw=gpu)
         assert ops.mhc_k is not None and ops.mhc_k.same_gpu
-        assert f"the three kernels from the mHC table of {tabs.gpu}, measured here" in ops.mhc_note()
+        assert f"from the mHC table of {tabs.gpu}, measured here" in ops.mhc_note()
         ser = tabs.mhc[("mhc_post", 4, V4.hidden_size, 0)]
         assert ops.mhc_k.seconds("mhc_post", ser.xs).tolist() == pytest.approx(ser.ts.tolist())
+
+
+def test_the_h100_table_prices_the_sinkhorn_chain_it_measured():
+    """The committed H100 table (run mhc_61809e1): the projection and post kernels as measured; its first pre kernel
+    (31% of the HBM peak at 16,384 tokens) only for the chain, 0.15 us an iteration at one token; the pre kernel then
+    its bytes at the streaming rate plus a launch plus the iterations' chain, so more iterations cost more."""
+    tabs = op_table.load("H100")
+    if ("mhc_post", 4, V4.hidden_size, 0) not in tabs.mhc:
+        pytest.skip("no H100 mHC table")
+    ops = _ops(hw="H100")
+    k = ops.mhc_k
+    assert "mhc_pre" not in k.series and 0.12e-6 < k.chain_s < 0.2e-6
+    tok = np.array([1.0, 8192.0])
+    pre = _rows(ops.elementwise(tok, 1, 1))["mhc_pre"][2] / 2
+    want = mhc_bytes("mhc_pre", tok, 4, V4.hidden_size) / ops._stream + ops._lo + 20 * k.chain_s
+    assert pre.tolist() == pytest.approx(want.tolist())
+    assert "Sinkhorn chain measured on the H100" in ops.mhc_note()
+    more = _ops(V4.model_copy(update={"hc_sinkhorn_iters": 40}), hw="H100")
+    assert _rows(more.elementwise(tok, 1, 1))["mhc_pre"][2][0] / 2 == pytest.approx(pre[0] + 20 * k.chain_s)
 
 
 def test_sinkhorn_iterations_between_and_beyond_the_measured_counts():
