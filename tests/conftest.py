@@ -32,6 +32,23 @@ def cli_exit_2(monkeypatch, capsys):
     return run
 
 
+@pytest.fixture
+def triton_interpreter():
+    """``triton_interpreter(code)``: runs ``code`` in a subprocess with Triton's interpreter on (``TRITON_INTERPRET=1``
+    must be set before Triton compiles anything), the repository first on its path; asserts it exits 0 and prints
+    ``ok`` last (stderr's tail in the failure)."""
+    import subprocess
+
+    def run(code: str, timeout: int = 600) -> None:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH", "")]))
+        r = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,
+                           timeout=timeout)
+        assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+    return run
+
+
 def _cuda_available() -> bool:
     try:
         import torch

@@ -5,9 +5,6 @@ registry routing (flash declines everything but bottom-right causal without a ma
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
 from types import SimpleNamespace
 
@@ -160,10 +157,6 @@ MERGE_CHECK = textwrap.dedent('''
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not importable")
-def test_triton_merge_in_the_interpreter():
+def test_triton_merge_in_the_interpreter(triton_interpreter):
     """kernels/triton_attn_merge.py through Triton's interpreter (a subprocess: it must be on before Triton compiles)."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, "-c", MERGE_CHECK], env=env, cwd=root, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+    triton_interpreter(MERGE_CHECK, timeout=300)
