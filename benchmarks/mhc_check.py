@@ -21,18 +21,14 @@ import numpy as np
 from costmodels import op_table
 from costmodels.calibration_source import profile_for
 from costmodels.hardware import get_hardware
-from costmodels.op_table import MHC_OPS, MhcKernels, mhc_bytes, mhc_flops
+from costmodels.op_table import MHC_OPS, MhcKernels, mhc_bytes
 
 
 def analytic(op: str, t: float, n: int, h: int, hw) -> float:
-    """The cost model's fallback for one kernel (``StepOps._mhc_rows`` without a table)."""
+    """The cost model's fallback for one kernel (``StepOps._mhc_rows`` without a table: ``op_table.mhc_fallback_s``)."""
     cal = profile_for(hw)
-    stream = hw.hbm_bw * cal.mem_eff
-    b = float(mhc_bytes(op, t, n, h))
-    s = b / stream
-    if op == "mhc_prenorm_gemm":
-        s = max(float(mhc_flops(op, t, n, h)) / (0.5 * hw.tflops("bf16") * 1e12 * cal.gemm_compute_eff.get("bf16", 0.662)), s)
-    return s + cal.launch_overhead_s
+    tf32 = op_table.TF32_OF_BF16 * hw.tflops("bf16") * 1e12 * cal.gemm_compute_eff.get("bf16", 0.662)
+    return float(op_table.mhc_fallback_s(op, t, n, h, hw.hbm_bw * cal.mem_eff, cal.launch_overhead_s, tf32))
 
 
 def rows_of(gpu: str) -> list[dict]:

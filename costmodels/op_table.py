@@ -339,6 +339,15 @@ def mhc_bytes(op: str, tokens, n: int, h: int, splits: int = MHC_SPLITS):
     return t * (2 * k * 2.0 + h * 2.0)
 
 
+TF32_OF_BF16 = 0.5    # the projection's TF32 tensor-core rate: half the BF16 peak on Hopper and Blackwell
+
+
+def mhc_fallback_s(op: str, tokens, n: int, h: int, stream: float, launch: float, tf32_flops: float):
+    """One mHC kernel without a table: its bytes at the streaming rate ``stream`` (the projection's TF32 math at
+    ``tf32_flops`` where longer) plus one launch."""
+    return np.maximum(mhc_flops(op, tokens, n, h) / tf32_flops, mhc_bytes(op, tokens, n, h) / stream) + launch
+
+
 def mhc_flops(op: str, tokens, n: int, h: int):
     """The projection's math (TF32 tensor cores); the other two kernels' few CUDA-core flops per value are not a bound."""
     return 2.0 * np.asarray(tokens, float) * (2 + n) * n * n * h if op == "mhc_prenorm_gemm" else 0.0 * np.asarray(tokens, float)
@@ -749,7 +758,8 @@ class MhcKernels(MeasuredOn):
     def seconds(self, op: str, tokens) -> np.ndarray:
         """Seconds of one ``op`` kernel (one of ``series``) at each of ``tokens`` (0 where there are none)."""
         t = np.asarray(tokens, float)
-        out = self.series[op].time(np.maximum(t, 1e-9)).seconds.reshape(t.shape)
+        ser, x = self.series[op], np.maximum(t, 1e-9).ravel()
+        out = loglog_interp(x, ser.xs, ser.ts, ser.work(x), ser.work(ser.xs[-1]))[0].reshape(t.shape)  # no sources: hot path
         if not self.same_gpu:
             # streaming kernels: the share of the measured time its GPU's streaming ceiling accounts for moves with the
             # bandwidth, the rest (launch, the Sinkhorn chain, tails) with the peak; then ``transferred``'s ceilings
@@ -757,7 +767,7 @@ class MhcKernels(MeasuredOn):
             t_bw = np.minimum(out, byts / (self.mem_eff * self.bw_measured))
             out = (out - t_bw) + t_bw * self.bw_measured / self.target_bw
             out = transferred(out, mhc_flops(op, t, self.n, self.h), byts, self.peak_measured, self.target_flops,
-                              self.target_bw, self.mem_eff, self.compute_eff / 2.0)  # TF32: half the BF16 rate
+                              self.target_bw, self.mem_eff, self.compute_eff * TF32_OF_BF16)
         return np.where(t > 0, out, 0.0)
 
 

@@ -48,8 +48,8 @@ from costmodels.layout import ParallelLayout
 from costmodels.memory import indexer_kv_bytes_per_token, kv_bytes_per_token_layer, kv_shard_divisor, mtp_kind
 from costmodels.model_spec import ModelSpec
 from costmodels.op_table import (MASKED_MAX_ROWS, MEASURED, MHC_OPS, MLA_ENTRY_DIMS, MLA_LATENT_BYTES, SCALED, ExpertGemms,
-                                 MhcKernels, TableGemms, TableMLA, kernel_gemms, mhc_bytes, mhc_flops, mla_decode_table,
-                                 table_from_points)
+                                 MhcKernels, TF32_OF_BF16, TableGemms, TableMLA, kernel_gemms, mhc_bytes, mhc_fallback_s,
+                                 mhc_flops, mla_decode_table, table_from_points)
 from costmodels.op_table import load as load_op_tables
 from costmodels.op_table import measured_gpus as measured_op_table_gpus
 from costmodels.op_table import same_kind as same_kind_tables
@@ -440,7 +440,7 @@ class StepOps:
         n, h, k = m.hc_mult, m.hidden_size, self.mhc_k
         pos = tok > 0
         rows = []
-        tf32 = 0.5 * self.hw.tflops("bf16") * 1e12 * self.cal.gemm_compute_eff.get("bf16", 0.662)  # half BF16's rate
+        tf32 = TF32_OF_BF16 * self.hw.tflops("bf16") * 1e12 * self.cal.gemm_compute_eff.get("bf16", 0.662)
         c = 2 * layers
         for op in MHC_OPS:
             b, f = mhc_bytes(op, tok, n, h), mhc_flops(op, tok, n, h)
@@ -449,7 +449,7 @@ class StepOps:
             if k is not None and op in k.series:
                 t = k.seconds(op, tok)
             else:
-                t = np.maximum(f / tf32, b / self._stream) + self._lo
+                t = mhc_fallback_s(op, tok, n, h, self._stream, self._lo, tf32)
                 if op == "mhc_pre" and k is not None:
                     t = t + m.hc_sinkhorn_iters * k.chain_here_s
             rows.append((op, OTHER, np.where(pos, c, 0), np.where(pos, c * f, 0.0), np.where(pos, c * b, 0.0),
