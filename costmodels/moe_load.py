@@ -149,14 +149,21 @@ def expected_touched(shares: np.ndarray, assignments) -> np.ndarray:
     mean over layers. ``shares`` is ``[ranks, slots]`` or ``[layers, ranks, slots]`` (zero-padded); a uniform spread
     over E experts gives ``slots * (1 - (1 - 1/E)^n)``. Under skew the rank with the hot experts takes the most tokens
     but reads fewer distinct experts than a rank of lukewarm ones: a decode step's weight reads wait for the latter."""
-    q = np.asarray(shares, float)
+    q = np.clip(np.asarray(shares, float), 0.0, 1.0)
     q = q[None] if q.ndim == 2 else q
     n = np.maximum(np.asarray(assignments, float), 0.0)
     flat = n.reshape(-1)
-    out = np.empty(flat.size)
-    for i, v in enumerate(flat.tolist()):   # [layers, ranks, slots] at one count: bounded memory at any batch
-        hit = np.where(q > 0, 1.0 - np.power(1.0 - np.clip(q, 0.0, 1.0), v), 0.0)
-        out[i] = hit.sum(axis=2).max(axis=1).mean()
+    # 1 - (1 - q)^v = -expm1(v log1p(-q)): one multiply and one expm1 a count; empty slots (q = 0) give 0
+    with np.errstate(divide="ignore"):
+        log_miss = np.log1p(-q)
+    out = np.zeros(flat.size)
+    # counts in chunks: [chunk, layers, ranks, slots] stays under ~4M elements at any shape and batch
+    chunk = max(1, (1 << 22) // max(q.size, 1))
+    live = np.flatnonzero(flat > 0)          # no assignment touches nothing (and 0 * log(0) is not a number)
+    for lo in range(0, live.size, chunk):
+        idx = live[lo:lo + chunk]
+        hit = -np.expm1(flat[idx, None, None, None] * log_miss[None])
+        out[idx] = hit.sum(axis=3).max(axis=2).mean(axis=1)
     return out.reshape(n.shape)
 
 

@@ -27,6 +27,10 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 APP_TIMEOUT_MS = 45_000
+# A search (the analytic screen, then the top candidates simulated) takes 30-50 s for the default
+# request on a 2-core CI machine and longer while the other test worker is busy: waits on a search's
+# result only guard against a hang. How long a search takes is benchmarks' business, not this test's.
+SEARCH_TIMEOUT_MS = 240_000
 
 
 def _run(cmd: list[str], timeout: float) -> bool:
@@ -115,7 +119,7 @@ def test_browser_change_budget_updates_plan_and_chart(app_url):
             page = ctx.new_page()
             page.goto(app_url, timeout=APP_TIMEOUT_MS)
             rec = page.get_by_text("Recommended:", exact=False).first
-            rec.wait_for(timeout=APP_TIMEOUT_MS)
+            rec.wait_for(timeout=SEARCH_TIMEOUT_MS)
             before, title_before = rec.inner_text(), _chart_title(page)
             assert "8 GPUs" in before, before
             page.screenshot(path=str(shots / "twinfer-ui-8gpus.png"), full_page=True)
@@ -125,10 +129,10 @@ def test_browser_change_budget_updates_plan_and_chart(app_url):
             budget.press("Enter")
             page.wait_for_function(
                 "() => [...document.querySelectorAll('h3')].some(h => h.innerText.includes('Recommended: 16 GPUs'))",
-                timeout=APP_TIMEOUT_MS)
+                timeout=SEARCH_TIMEOUT_MS)
             page.wait_for_function(
                 "(old) => { const t = document.querySelector('[data-testid=\"stPlotlyChart\"] .gtitle');"
-                " return t && t.textContent !== old; }", arg=title_before, timeout=APP_TIMEOUT_MS)
+                " return t && t.textContent !== old; }", arg=title_before, timeout=SEARCH_TIMEOUT_MS)
             after, title_after = page.get_by_text("Recommended:", exact=False).first.inner_text(), _chart_title(page)
             assert after != before and "16 GPUs" in after
             assert title_after != title_before
