@@ -350,21 +350,21 @@ def test_fp4_rows_against_published_nvfp4_gemm_tables():
 
 @pytest.mark.parametrize("dtype", ["fp4", "fp8", "bf16"])
 def test_routed_experts_against_a_published_moe_layer_on_the_b300(dtype):
-    """DeepSeek-V3's routed experts on one EP8 rank of B300s (StepOps.experts: the experts a step's tokens touch, their
-    two grouped GEMMs, and the layout kernels around them), in NVFP4, FP8 and BF16, against FlashInfer's published MoE
-    layer on one B300 (tests/data/deepseek_moe_b300_published.csv; held out: nothing was fitted to it). The published
-    time holds the whole layer: routing, the local experts, the finalize and (NVFP4, MXFP8) the activations'
-    quantisation.
+    """DeepSeek-V3's MoE layer on one EP8 rank of B300s as the model prices it, in NVFP4, FP8 and BF16, against
+    FlashInfer's published MoE layer on one B300 (tests/data/deepseek_moe_b300_published.csv; held out: nothing was
+    fitted to it). Like for like: the published time holds routing, the local experts, the finalize and (NVFP4, MXFP8)
+    the activations' quantisation, so the model's side is StepOps.experts (the experts a step's tokens touch, their two
+    grouped GEMMs, the layout kernels permute, SiLU-and-mul and combine) plus its router top-k row and, for the
+    quantised formats, one of its two activation-quantisation passes a layer (the MoE block's).
     - FP8 experts are priced from the H200's measured DeepGEMM masked grouped table at their shape (32 experts x
       4096x7168 and 7168x2048), transferred to the B300 (its streaming ceiling binds); NVFP4 and BF16 by the bandwidth
       ramp (no table of theirs).
-    - The layout kernels (permute, SiLU-and-mul, combine: 9-14 us a layer here) close most of BF16's gap: from 16 tokens
-      -6% .. +7% (the GEMMs alone: -11% .. +4%). FP8 reads -25% .. -9% and NVFP4 -19% .. -12%, 22-40 us a layer short at
-      FP8: what TensorRT-LLM's MXFP8 path runs besides (activation quantisation to MXFP8 with its scale layout, routing
-      kernels) is not priced.
-    - At 1-8 tokens the model reads up to 62% short: the benchmark's sample touched about twice the local experts
-      uniform routing expects there (2, 4, 7, 10 at 1, 2, 4, 8 tokens against 1.0, 1.9, 3.8, 7.1), each streamed
-      whole."""
+    - From 16 tokens: BF16 -5% .. +7%; NVFP4 -15% .. -7%; FP8 -20% .. -7%, 15-34 us a layer short. What stays short is
+      the published kernels' own speed: at 512 tokens TensorRT-LLM's MXFP8 layer moves its 1.45 GB of expert weights
+      and scales at 5.6 TB/s, where the model streams at the B300's 6.85 TB/s ceiling (its BF16 layer: 6.5 TB/s).
+    - At 1-8 tokens FP8 and BF16 read up to 51% short (NVFP4 +6% .. -26%): the benchmark's sample touched about twice
+      the local experts uniform routing expects there (2, 4, 7, 10 at 1, 2, 4, 8 tokens against 1.0, 1.9, 3.8, 7.1),
+      each streamed whole."""
     from costmodels.calibration_source import profile_for
     from costmodels.catalog import get_model
     from costmodels.hardware import get_hardware
@@ -379,15 +379,19 @@ def test_routed_experts_against_a_published_moe_layer_on_the_b300(dtype):
     tokens = np.array([float(r["tokens"]) for r in pub])
     layer = ops.experts(tokens, 1, "routed_experts")
     assert layer.names[1:] == ["moe_permute", "moe_silu_mul", "moe_combine"]
-    t = layer.time.sum(axis=0)
+    around = ops.elementwise(tokens, 1, 1)
+    routing = around.time[around.names.index("router_topk")]
+    quant = around.time[around.names.index("rope+act_quant+residual")] / 2 if dtype != "bf16" else 0.0
+    assert (routing > 0).all() and (dtype == "bf16" or (quant > 0).all())
+    t = layer.time.sum(axis=0) + routing + quant
     published = np.array([float(r[f"{dtype}_ms"]) * 1e-3 for r in pub])
     rel = t / published - 1
     got = dict(zip(tokens.tolist(), np.round(rel, 3).tolist()))
     many = tokens >= 16
-    lo, hi = {"bf16": (-0.08, 0.08), "fp8": (-0.27, 0.0), "fp4": (-0.21, 0.0)}[dtype]
+    lo, hi = {"bf16": (-0.06, 0.08), "fp8": (-0.21, 0.0), "fp4": (-0.16, 0.0)}[dtype]
     assert (rel[many] > lo).all() and (rel[many] < hi).all(), got
-    assert ((published - t)[many] < 45e-6).all(), got
-    assert (rel[~many] > -0.65).all() and (rel[~many] < 0.0).all(), got
+    assert ((published - t)[many] < 36e-6).all(), got
+    assert (rel[~many] > -0.60).all() and (rel[~many] < 0.10).all(), got
 
 
 def test_bf16_weight_gemms_are_priced_from_the_measured_bf16_table():
