@@ -57,6 +57,17 @@ _INT_KEYS = (
 _DIVISOR_KEYS = ("num_attention_heads",)  # default head_dim = hidden_size // num_attention_heads
 
 
+def _int_range(key: str) -> tuple[int, int | None]:
+    """(lowest, highest or None) an integer config.json key may take: the bounds of the ModelSpec field of its name
+    where there is one (hc_mult 1..64, hc_sinkhorn_iters 1..1000), a divisor's 1, else 0."""
+    lo, hi = (1 if key in _DIVISOR_KEYS else 0), None
+    field = ModelSpec.model_fields.get(key)
+    for m in (field.metadata if field is not None else ()):
+        lo = max(lo, int(getattr(m, "ge", lo)))
+        hi = int(m.le) if getattr(m, "le", None) is not None else hi
+    return lo, hi
+
+
 def _check_types(cfg: dict, name: str) -> None:
     """Refuse config.json values of the wrong type up front, naming the key, the value and what is allowed."""
 
@@ -70,10 +81,10 @@ def _check_types(cfg: dict, name: str) -> None:
         v = cfg.get(key)
         if v is None:
             continue
-        if not is_int(v) or v < 0:
-            raise bad(key, "a non-negative integer")
-        if key in _DIVISOR_KEYS and v < 1:
-            raise bad(key, "an integer >= 1")
+        lo, hi = _int_range(key)
+        if not is_int(v) or v < lo or (hi is not None and v > hi):
+            raise bad(key, "a non-negative integer" if (lo, hi) == (0, None) else
+                      f"an integer >= {lo}" if hi is None else f"an integer in {lo}..{hi}")
     for key in ("compress_ratios", "mlp_only_layers", "kv_source_layer_ids", "index_source_layer_ids", "engram_layer_ids",
                 "engram_num_embeddings"):
         v = cfg.get(key)

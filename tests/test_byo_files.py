@@ -144,7 +144,12 @@ def test_each_malformed_modelspec_field_is_named(tmp_path, edit, named):
 
 @pytest.mark.parametrize("edit,named", [
     ({"hidden_size": None}, "lacks required key 'hidden_size'"),
-    ({"num_attention_heads": "16"}, "'num_attention_heads' must be a non-negative integer"),
+    ({"num_attention_heads": "16"}, "'num_attention_heads' must be an integer in 1..65536"),
+    ({"num_hidden_layers": -2}, "'num_hidden_layers' must be a non-negative integer"),
+    # a key with a ModelSpec field of its name takes that field's bounds
+    ({"hc_sinkhorn_iters": -1}, r"'hc_sinkhorn_iters' must be an integer in 1\.\.1000 \(got -1\)"),
+    ({"hc_sinkhorn_iters": 5000}, r"'hc_sinkhorn_iters' must be an integer in 1\.\.1000 \(got 5000\)"),
+    ({"hc_mult": 0}, r"'hc_mult' must be an integer in 1\.\.64 \(got 0\)"),
     ({"quantization_config": "fp8"}, "'quantization_config' must be a mapping"),
 ])
 def test_each_malformed_hf_config_key_is_named(tmp_path, edit, named):
