@@ -27,7 +27,7 @@ from costmodels.op_table import MHC_OPS, MhcKernels, mhc_bytes
 def analytic(op: str, t: float, n: int, h: int, hw) -> float:
     """The cost model's fallback for one kernel (``StepOps._mhc_rows`` without a table: ``op_table.mhc_fallback_s``)."""
     cal = profile_for(hw)
-    tf32 = op_table.TF32_OF_BF16 * hw.tflops("bf16") * 1e12 * cal.gemm_compute_eff.get("bf16", 0.662)
+    tf32 = hw.tf32_rate * cal.gemm_compute_eff.get("bf16", 0.662)
     return float(op_table.mhc_fallback_s(op, t, n, h, hw.hbm_bw * cal.mem_eff, cal.launch_overhead_s, tf32))
 
 

@@ -44,6 +44,11 @@ class MeasuredCeilings(BaseModel):
     source: str = Field("", description="where and how these were measured (printed as the source of each efficiency)")
 
 
+# TF32 tensor-core rate over the BF16 one where a GPU gives no ``tf32_tflops``: NVIDIA's Hopper and Blackwell datasheets
+# (H100/H200 SXM 494.7 of 989.4 TFLOP/s dense; B200 1.1 of 2.25 PFLOP/s)
+TF32_OF_BF16 = 0.5
+
+
 class Hardware(BaseModel):
     """One GPU model. Rates are dense (no structured sparsity), per GPU."""
 
@@ -55,6 +60,11 @@ class Hardware(BaseModel):
     bf16_tflops: float = Field(..., gt=0, le=1e6, description="dense BF16 tensor-core peak, TFLOP/s")
     fp8_tflops: float | None = Field(None, ge=0, le=1e6, description="dense FP8 peak, TFLOP/s; omit or 0: no FP8 tensor cores (A100, V100)")
     fp4_tflops: float | None = Field(None, ge=0, le=1e6, description="dense FP4 peak, TFLOP/s; omit or 0: no FP4 tensor cores (FP4 weights then run at the FP8 rate)")
+    tf32_tflops: float | None = Field(
+        None, gt=0, le=1e6,
+        description="dense rate of tensor-core GEMMs on FP32 inputs (TF32), TFLOP/s: the mHC mixing projection's; omit: "
+                    "half the BF16 peak, as on Hopper and Blackwell (a GPU without TF32 gives its FP32 matrix rate)",
+    )
     sfu_exp_tera_per_s: float | None = Field(
         None, gt=0, le=1e4,
         description="softmax exponentials per second, 1e12/s (NVIDIA: MUFU.EX2 on the SFUs, SMs x ex2/clock/SM x clock); "
@@ -147,6 +157,11 @@ class Hardware(BaseModel):
         return (self.hbm_visible_gb or self.hbm_gb) * 2**30
 
     @property
+    def tf32_rate(self) -> float:
+        """Dense TF32 tensor-core peak, flop/s: ``tf32_tflops``, else ``TF32_OF_BF16`` of the BF16 peak."""
+        return (self.tf32_tflops if self.tf32_tflops is not None else TF32_OF_BF16 * self.bf16_tflops) * 1e12
+
+    @property
     def exp_rate(self) -> float | None:
         """Softmax exponentials per second (None: not given, no exponential bound on attention)."""
         return None if self.sfu_exp_tera_per_s is None else self.sfu_exp_tera_per_s * 1e12
@@ -185,6 +200,12 @@ def _catalog() -> dict[str, Hardware]:
 def list_hardware() -> list[Hardware]:
     """Every catalog entry, in catalog order."""
     return list(_catalog().values())
+
+
+def catalog_name(name: str) -> str | None:
+    """The catalog's spelling of GPU ``name`` (case-insensitive: ``h200`` -> ``H200``); None if it names no catalog GPU."""
+    hw = _catalog().get(str(name).strip().lower())
+    return hw.name if hw is not None else None
 
 
 def get_hardware(name_or_path: str | Hardware) -> Hardware:

@@ -339,9 +339,6 @@ def mhc_bytes(op: str, tokens, n: int, h: int, splits: int = MHC_SPLITS):
     return t * (2 * k * 2.0 + h * 2.0)
 
 
-TF32_OF_BF16 = 0.5    # the projection's TF32 tensor-core rate: half the BF16 peak on Hopper and Blackwell
-
-
 def mhc_fallback_s(op: str, tokens, n: int, h: int, stream: float, launch: float, tf32_flops: float):
     """One mHC kernel without a table: its bytes at the streaming rate ``stream`` (the projection's TF32 math at
     ``tf32_flops`` where longer) plus one launch."""
@@ -705,35 +702,55 @@ class ExpertGemms(MeasuredOn):
 
 @dataclass(kw_only=True)
 class MhcKernels(MeasuredOn):
-    """The three mHC kernels around one block (``MHC_OPS``) at ``n`` streams of width ``h``, from a measured table over
-    tokens (log-log between its points; held below the first, along the bytes beyond the last). On another GPU the
-    part of a measured time that the measured GPU's streaming ceiling accounts for moves by the bandwidth ratio and the
-    rest by the BF16 peak ratio (``transferred``'s scaling of a fixed part), never under this GPU's streaming ceiling
-    nor the projection's TF32 math ceiling (half the BF16 peak on Hopper and Blackwell)."""
+    """The three mHC kernels around one block (``MHC_OPS``) at ``n`` streams of width ``h``, from a table measured at
+    ``n_m`` streams of width ``h_m`` over tokens (log-log between its points; held below the first, along the bytes
+    beyond the last).
+
+    - Another shape: each kernel streams its bytes, so it takes the measured kernel's time at the token count that
+      moves the same bytes at the measured shape (``equal_tokens``); the projection never under this GPU's TF32 math
+      ceiling for its own shape's flops.
+    - Another GPU: the part of a measured time that the measured GPU's streaming ceiling accounts for moves by the
+      bandwidth ratio. The rest is the projection's GEMM tail, scaled by the BF16 peak ratio as the GEMM tables are, and
+      for the pre and post kernels a launch and dependent steps, kept as measured (the model's launch is the same on
+      every GPU; these kernels use no tensor cores). Never under this GPU's streaming ceiling."""
 
     series: dict[str, Series]
     n: int
     h: int
+    n_m: int                      # the measured shape's streams and width
+    h_m: int
+    tf32_rate: float              # this GPU's TF32 tensor-core peak, flop/s (``Hardware.tf32_rate``)
     chain_s: float = 0.0          # measured seconds of one Sinkhorn iteration on the chain (MHC_CHAIN_OP rows)
+
+    @staticmethod
+    def shapes(tables: OpTables) -> list[tuple[int, int]]:
+        """The (streams, width) shapes whose projection and post kernel ``tables`` measured."""
+        have = {(n, h) for (op, n, h, _) in tables.mhc}
+        return sorted(s for s in have if all(((op, *s, 0) in tables.mhc) for op in MHC_OPS if op != "mhc_pre"))
 
     @classmethod
     def on(cls, tables: OpTables, hw, n: int, h: int, iters: int, mem_eff: float,
            compute_eff: float) -> "MhcKernels | None":
-        """``tables``' mHC kernels at (n, h) for GPU ``hw``; None unless the projection and the post kernel were
-        measured at that shape. The pre kernel: at ``iters`` Sinkhorn iterations or at two counts (then linear in the
-        iterations between or beyond them, never cheaper than the fewer: each iteration is a step of the chain every
-        token's program runs); else not in ``series`` (priced by its bytes, ``StepOps._mhc_rows``), with ``chain_s``
-        from ``MHC_CHAIN_OP`` rows where they measured a pre kernel at two iteration counts: the difference per
-        iteration at the fewest tokens, where the chain is the kernel's critical path."""
-        got = {op: tables.mhc.get((op, n, h, 0)) for op in MHC_OPS if op != "mhc_pre"}
-        if any(v is None for v in got.values()):
+        """``tables``' mHC kernels for ``n`` streams of width ``h`` on GPU ``hw``: at that shape where measured, else
+        at the measured shape nearest in bytes a token (None: no shape measured). The pre kernel: at ``iters`` Sinkhorn
+        iterations or at two counts (then linear in the iterations between or beyond them, never cheaper than the
+        fewer: each iteration is a step of the chain every token's program runs); else not in ``series`` (priced by
+        its bytes, ``StepOps._mhc_rows``), with ``chain_s`` from ``MHC_CHAIN_OP`` rows where they measured a pre kernel
+        at two iteration counts: the difference per iteration at the fewest tokens, where the chain is the kernel's
+        critical path (taken for any ``n``: the n x n mixing matrix of one token is a warp's work up to n = 8)."""
+        shapes = cls.shapes(tables)
+        if not shapes:
             return None
-        chain = {it: ser for (op, fn, fh, it), ser in tables.mhc.items() if (op, fn, fh) == (MHC_CHAIN_OP, n, h)}
+        per_token = float(mhc_bytes("mhc_post", 1.0, n, h))
+        n_m, h_m = (n, h) if (n, h) in shapes else \
+            min(shapes, key=lambda s: (abs(math.log(float(mhc_bytes("mhc_post", 1.0, *s)) / per_token)), s))
+        got = {op: tables.mhc[(op, n_m, h_m, 0)] for op in MHC_OPS if op != "mhc_pre"}
+        chain = {it: ser for (op, fn, fh, it), ser in tables.mhc.items() if (op, fn, fh) == (MHC_CHAIN_OP, n_m, h_m)}
         chain_s = 0.0
         if len(chain) >= 2:
             a, b = min(chain), max(chain)
             chain_s = max(0.0, float(chain[b].ts[0] - chain[a].ts[0]) / (b - a))
-        pre = {it: ser for (op, fn, fh, it), ser in tables.mhc.items() if (op, fn, fh) == ("mhc_pre", n, h)}
+        pre = {it: ser for (op, fn, fh, it), ser in tables.mhc.items() if (op, fn, fh) == ("mhc_pre", n_m, h_m)}
         if iters in pre:
             got["mhc_pre"] = pre[iters]
         elif len(pre) >= 2:
@@ -748,26 +765,38 @@ class MhcKernels(MeasuredOn):
                                                     f"measured {lo} and {hi}")
         hw_m = get_hardware(tables.gpu)
         return cls(tables.gpu, hw_m.tflops("bf16") * 1e12, hw_m.hbm_bw, hw.tflops("bf16") * 1e12, hw.hbm_bw, mem_eff,
-                   compute_eff, series=got, n=n, h=h, chain_s=chain_s)
+                   compute_eff, series=got, n=n, h=h, n_m=n_m, h_m=h_m, tf32_rate=hw.tf32_rate, chain_s=chain_s)
 
     @property
-    def chain_here_s(self) -> float:
-        """One Sinkhorn iteration's latency on this GPU (a latency: scaled by the BF16 peak ratio)."""
-        return self.chain_s * self.peak_measured / self.target_flops
+    def same_shape(self) -> bool:
+        return (self.n, self.h) == (self.n_m, self.h_m)
+
+    def equal_tokens(self, op: str, tokens) -> np.ndarray:
+        """The token counts at which ``op`` moves at the measured shape the bytes it moves here at ``tokens`` (the
+        bytes are affine in the tokens)."""
+        t = np.asarray(tokens, float)
+        if self.same_shape:
+            return t
+        a0 = float(mhc_bytes(op, 0.0, self.n_m, self.h_m))
+        s0 = float(mhc_bytes(op, 1.0, self.n_m, self.h_m)) - a0
+        return (mhc_bytes(op, t, self.n, self.h) - a0) / s0
 
     def seconds(self, op: str, tokens) -> np.ndarray:
         """Seconds of one ``op`` kernel (one of ``series``) at each of ``tokens`` (0 where there are none)."""
         t = np.asarray(tokens, float)
-        ser, x = self.series[op], np.maximum(t, 1e-9).ravel()
+        ser = self.series[op]
+        x = np.maximum(self.equal_tokens(op, t), 1e-9).ravel()
         out = loglog_interp(x, ser.xs, ser.ts, ser.work(x), ser.work(ser.xs[-1]))[0].reshape(t.shape)  # no sources: hot path
+        gemm = op == "mhc_prenorm_gemm"
         if not self.same_gpu:
-            # streaming kernels: the share of the measured time its GPU's streaming ceiling accounts for moves with the
-            # bandwidth, the rest (launch, the Sinkhorn chain, tails) with the peak; then ``transferred``'s ceilings
             byts = mhc_bytes(op, t, self.n, self.h)
-            t_bw = np.minimum(out, byts / (self.mem_eff * self.bw_measured))
-            out = (out - t_bw) + t_bw * self.bw_measured / self.target_bw
-            out = transferred(out, mhc_flops(op, t, self.n, self.h), byts, self.peak_measured, self.target_flops,
-                              self.target_bw, self.mem_eff, self.compute_eff * TF32_OF_BF16)
+            # the share of the measured time the bytes it measured account for (below the table's first point: that
+            # point's bytes, as its time is held)
+            t_bw = np.minimum(out, ser.work(np.maximum(x, ser.xs[0])).reshape(t.shape) / (self.mem_eff * self.bw_measured))
+            rest = (out - t_bw) * (self.peak_measured / self.target_flops if gemm else 1.0)
+            out = np.maximum(rest + t_bw * self.bw_measured / self.target_bw, byts / (self.mem_eff * self.target_bw))
+        if gemm and not (self.same_gpu and self.same_shape):
+            out = np.maximum(out, mhc_flops(op, t, self.n, self.h) / (self.compute_eff * self.tf32_rate))
         return np.where(t > 0, out, 0.0)
 
 

@@ -48,7 +48,7 @@ from costmodels.layout import ParallelLayout
 from costmodels.memory import indexer_kv_bytes_per_token, kv_bytes_per_token_layer, kv_shard_divisor, mtp_kind
 from costmodels.model_spec import ModelSpec
 from costmodels.op_table import (MASKED_MAX_ROWS, MEASURED, MHC_OPS, MLA_ENTRY_DIMS, MLA_LATENT_BYTES, SCALED, ExpertGemms,
-                                 MhcKernels, TF32_OF_BF16, TableGemms, TableMLA, kernel_gemms, mhc_bytes, mhc_fallback_s,
+                                 MhcKernels, TableGemms, TableMLA, kernel_gemms, mhc_bytes, mhc_fallback_s,
                                  mhc_flops, mla_decode_table, table_from_points)
 from costmodels.op_table import load as load_op_tables
 from costmodels.op_table import measured_gpus as measured_op_table_gpus
@@ -393,10 +393,10 @@ class StepOps:
         return None
 
     def _mhc_kernels(self) -> MhcKernels | None:
-        """The mHC kernels around each block from a measured table at this model's streams, width and Sinkhorn
-        iterations: this GPU's own, a GPU's of the same die and memory, else the profile's op tables, else any measured
-        GPU's, transferred; None (bytes at the streaming rate plus a launch each) for a model without hyper-connections
-        or a shape no table holds."""
+        """The mHC kernels around each block from a measured table (this model's streams and width where it holds
+        them, else its shape nearest in bytes a token, ``MhcKernels.on``): this GPU's own, a GPU's of the same die and
+        memory, else the profile's op tables, else any measured GPU's, transferred; None (bytes at the streaming rate
+        plus a launch each) for a model without hyper-connections or where no table holds the mHC stage."""
         m, cal = self.model, self.cal
         if m.hc_mult <= 1:
             return None
@@ -414,25 +414,29 @@ class StepOps:
         m = self.model
         if m.hc_mult <= 1:
             return None
+        proj = "DeepGEMM's tf32_hc_prenorm_gemm" if self.hw.vendor == "nvidia" else "a TF32/FP32-input GEMM"
         what = (f"mHC ({m.hc_mult} residual streams, {m.hc_sinkhorn_iters} Sinkhorn iterations): before each attention "
-                "and FFN block the mixing projection with the streams' squared norm (mhc_prenorm_gemm: DeepGEMM's "
-                "tf32_hc_prenorm_gemm on NVIDIA) and one fused kernel (RMS, sigmoids, Sinkhorn, the streams' weighted "
-                "sum), after it the stream mix (mhc_post); the streams' collapse before the head once a forward at the "
-                "streaming rate")
+                f"and FFN block the mixing projection with the streams' squared norm (mhc_prenorm_gemm: {proj}, at "
+                f"{self.hw.tf32_rate / 1e12:,.0f} TFLOP/s TF32 peak here) and one fused kernel (RMS, sigmoids, Sinkhorn, "
+                "the streams' weighted sum), after it the stream mix (mhc_post); the streams' collapse before the head "
+                "once a forward at the streaming rate")
         k = self.mhc_k
         if k is None:
-            return what + ("; no table holds this width: each kernel is priced by its bytes at the streaming rate plus "
-                           "one launch (the projection by its TF32 math where that is longer), without the Sinkhorn "
-                           "chain's own latency")
+            return what + ("; no table holds the mHC stage: each kernel is priced by its bytes at the streaming rate "
+                           "plus one launch (the projection by its TF32 math where that is longer), without the "
+                           "Sinkhorn chain's own latency")
         how = "measured here" if k.same_gpu else ("transferred: the part its streaming ceiling accounts for by the "
-                                                  "bandwidth ratio, the rest by the BF16 peak ratio, bounded by this "
-                                                  "GPU's streaming and TF32 ceilings")
+                                                  "bandwidth ratio, the projection's rest by the BF16 peak ratio, the "
+                                                  "other kernels' launch and dependent steps as measured, bounded by "
+                                                  "this GPU's streaming and TF32 ceilings")
+        shape = "" if k.same_shape else (f", measured at {k.n_m} streams x {k.h_m} and taken at the token count that "
+                                         f"moves this model's bytes there")
         ops = ", ".join(op for op in MHC_OPS if op in k.series)
         pre = (f"; the pre kernel from its table ({k.series['mhc_pre'].detail})" if "mhc_pre" in k.series else
                "; the pre kernel by its bytes at the streaming rate plus one launch" +
-               (f" plus the Sinkhorn chain measured on the {k.measured_on}: {k.chain_here_s * 1e6:.3f} us an iteration "
-                f"here, {m.hc_sinkhorn_iters * k.chain_here_s * 1e6:.1f} us a block" if k.chain_s else ""))
-        return what + f"; {ops} from the mHC table of {k.measured_on}, {how}{pre}"
+               (f" plus the Sinkhorn chain measured on the {k.measured_on}: {k.chain_s * 1e6:.3f} us an iteration "
+                f"(a latency, as measured), {m.hc_sinkhorn_iters * k.chain_s * 1e6:.1f} us a block" if k.chain_s else ""))
+        return what + f"; {ops} from the mHC table of {k.measured_on}{shape}, {how}{pre}"
 
     def _mhc_rows(self, tok: np.ndarray, layers: int) -> list[tuple]:
         """Rows of the three mHC kernels around each of a layer's two blocks (``layers`` layers over ``tok`` tokens)."""
@@ -440,7 +444,7 @@ class StepOps:
         n, h, k = m.hc_mult, m.hidden_size, self.mhc_k
         pos = tok > 0
         rows = []
-        tf32 = TF32_OF_BF16 * self.hw.tflops("bf16") * 1e12 * self.cal.gemm_compute_eff.get("bf16", 0.662)
+        tf32 = self.hw.tf32_rate * self.cal.gemm_compute_eff.get("bf16", 0.662)
         c = 2 * layers
         for op in MHC_OPS:
             b, f = mhc_bytes(op, tok, n, h), mhc_flops(op, tok, n, h)
@@ -451,7 +455,7 @@ class StepOps:
             else:
                 t = mhc_fallback_s(op, tok, n, h, self._stream, self._lo, tf32)
                 if op == "mhc_pre" and k is not None:
-                    t = t + m.hc_sinkhorn_iters * k.chain_here_s
+                    t = t + m.hc_sinkhorn_iters * k.chain_s
             rows.append((op, OTHER, np.where(pos, c, 0), np.where(pos, c * f, 0.0), np.where(pos, c * b, 0.0),
                          np.where(pos, c * t, 0.0), False))
         return rows

@@ -99,6 +99,14 @@ class PlanRequest(BaseModel):
     seed: int = Field(0, ge=0, le=2**63 - 1)
     mem_fraction: float = Field(0.9, gt=0, le=1)
 
+    @field_validator("hardware")
+    @classmethod
+    def _catalog_spelling(cls, v: str) -> str:
+        """A catalog GPU under its catalog name (``h200`` -> ``H200``): the same plan, whatever the spelling, saves
+        and digests the same; a file path is left as given."""
+        from costmodels.hardware import catalog_name
+        return catalog_name(v) or v
+
     @model_validator(mode="after")
     def _check(self) -> "PlanRequest":
         if self.workload.kind == "trace":

@@ -364,3 +364,17 @@ def test_a_scenario_file_gets_the_layout_rules_cost_has(layout, expect):
         scenario_from_dict({**base, "layout": {"tp": 8}, "disagg": {"prefill_layout": {"tp": 6}}})
     scenario_from_dict({**base, "layout": {"tp": 1, "dp": 8, "ep": 8, "two_micro_batch": True, "eplb_redundant_experts": 8,
                                            "dispatch_dtype": "fp8"}})   # each in force at ep > 1
+
+
+def test_two_micro_batches_on_one_request_are_said_not_to_apply():
+    """Two micro-batches split a step's requests: a one-request batch runs as one, priced as without the flag, and
+    the head table says so rather than printing 'tbo' alone."""
+    one = run_cost(CostConfig(**DEP8, dtype="fp8", two_micro_batch=True, batch=["prefill:1x8192"]))
+    off = run_cost(CostConfig(**DEP8, dtype="fp8", batch=["prefill:1x8192"]))
+    two = run_cost(CostConfig(**DEP8, dtype="fp8", two_micro_batch=True, batch=["prefill:2x8192"]))
+    assert one["comm_overlap"] == "tbo" and not one["comm_overlap_applied"]
+    assert one["step_time_s"] == off["step_time_s"]
+    assert two["comm_overlap_applied"]
+    from ui.cmd_cost import _assumption_rows
+    assert dict(_assumption_rows(one))["all-to-all overlap"].startswith("tbo (not applied: two micro-batches split")
+    assert dict(_assumption_rows(two))["all-to-all overlap"] == "tbo, dispatch fp8"

@@ -192,7 +192,10 @@ def run_cost(cfg: CostConfig) -> dict:
         "acceptance": acc, "tokens_per_decode_step": per_decode,
         "imbalance": {"expert": float(np.max(cm.expert_imbalance_at(np.array([float(batch.num_tokens)])))) if model.moe and layout.ep > 1 else 1.0,
                       "expert_source": expert_source, "dp": cm.dp_imbalance, "dp_source": dp.source},
-        "comm_overlap": layout.overlap, "dispatch_dtype": cm.disp_dtype if model.moe and layout.ep > 1 else None,
+        "comm_overlap": layout.overlap,
+        # two micro-batches split a step's requests: a one-request batch runs as one (StepCostModel._tbo)
+        "comm_overlap_applied": not (layout.overlap == "tbo" and batch.num_requests < 2),
+        "dispatch_dtype": cm.disp_dtype if model.moe and layout.ep > 1 else None,
         "offload": _offload_summary(cm),
         "step_time_s": t,
         "tokens_per_s": tokens / t if t > 0 else 0.0,
@@ -453,7 +456,10 @@ def _assumption_rows(res: dict) -> list[tuple[str, str]]:
     imb = res["imbalance"]
     rows.append(("expert imbalance (busiest EP rank / mean)", f"{imb['expert']:.2f}: {imb['expert_source']}"))
     rows.append(("DP imbalance (busiest DP rank / mean)", f"{imb['dp']:.2f}: {imb['dp_source']}"))
-    rows.append(("all-to-all overlap", res["comm_overlap"] + (f", dispatch {res['dispatch_dtype']}" if res["dispatch_dtype"] else "")))
+    rows.append(("all-to-all overlap", res["comm_overlap"]
+                 + ("" if res["comm_overlap_applied"] else " (not applied: two micro-batches split a step's requests, "
+                                                           "and this batch has one)")
+                 + (f", dispatch {res['dispatch_dtype']}" if res["dispatch_dtype"] else "")))
     off = res["offload"]
     if off:
         rows.append(("weight offload", f"{off['fraction']:.0%} of {off['scope']}: {off['bytes_per_layer'] / 1e9:.2f} GB/layer over "
