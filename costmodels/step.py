@@ -270,6 +270,7 @@ class StepCostModel(StepOps):
         self._kv_rows = bool(self._src_rows[KV_UP].size)
         self._mtp_on = bool(m.mtp_layers)
         self._attn_t = _attn_timer(cal, self.hw.hbm_bw)
+        self._attn_pre_t = _attn_timer(cal, self.hw.hbm_bw, streaming=self.decode_stream is not None)
         # a measured per-length prefill-attention table prices each chunk on its own: the op-by-op path does that
         self._pre_table = "attn_prefill_compute" in cal.tables or "attn_prefill_chunk" in cal.tables
         # steps with prefill price EP with DeepEP's normal kernels (per destination rank or node), decodes with the
@@ -411,7 +412,7 @@ class StepCostModel(StepOps):
                         p = c + n
                         ends += min(p, cap) / ratio + (min(p, window) if window else 0.0)
                 byts = float(ends_all) * self.heads_local * dpre * 2.0 if upproj else ends * eb
-                ta += attn_t(cf_pre * es * s, byts * s, den_pre)
+                ta += self._attn_pre_t(cf_pre * es * s, byts * s, den_pre)
                 if ir and icap < INF:  # a two-level index: each query scores at most icap candidates
                     scored = sum(_sum_min_s(c, n, icap) for c, n in zip(pc, pn))
                     ti += self._indexer_t(scored / ir, sum(min(c + n, icap) for c, n in zip(pc, pn)) / ir, s)
@@ -478,11 +479,12 @@ def _sum_min_s(c: int, n: int, cap: float) -> float:
     return k * c + k * (k + 1) / 2 + (n - k) * cap
 
 
-def _attn_timer(cal: CalibrationProfile, hbm_bw: float) -> Callable[[float, float, float], float]:
+def _attn_timer(cal: CalibrationProfile, hbm_bw: float, streaming: bool = False) -> Callable[[float, float, float], float]:
     """``StepOps.attn_roofline`` for floats in plain Python (a mixed step calls it a few times: numpy per call would
     cost more than the rest of the step), ``peak * attn_compute()`` given as ``den``
-    (``cal.attn_mem`` evaluated with numpy.interp's arithmetic when it is a table)."""
-    table = cal.tables.get("attn_decode_mem")
+    (``cal.attn_mem`` evaluated with numpy.interp's arithmetic when it is a table; ``streaming``: ``cal.gemm_mem``,
+    the prefill kernels' rate where decode streams as the measured kernel, ``StepOps.prefill_mem_eff``)."""
+    table = None if streaming else cal.tables.get("attn_decode_mem")
     if table is None:
         table = cal.tables.get("gemm_mem")
     lo = cal.launch_overhead_s

@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from ui import service  # noqa: E402
 
-TIMEOUT = 60
+TIMEOUT = 240  # seconds per rerun: a guard against a hang on a loaded 2-core CI machine, not a speed test
 
 
 @pytest.fixture(autouse=True)
