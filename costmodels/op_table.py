@@ -775,21 +775,22 @@ class MhcKernels(MeasuredOn):
         """The token counts at which ``op`` moves at the measured shape the bytes it moves here at ``tokens`` (the
         bytes are affine in the tokens)."""
         t = np.asarray(tokens, float)
-        if self.same_shape:
-            return t
+        return t if self.same_shape else self._tokens_moving(op, mhc_bytes(op, t, self.n, self.h))
+
+    def _tokens_moving(self, op: str, byts) -> np.ndarray:
+        """The token counts at which ``op`` moves ``byts`` at the measured shape."""
         a0 = float(mhc_bytes(op, 0.0, self.n_m, self.h_m))
-        s0 = float(mhc_bytes(op, 1.0, self.n_m, self.h_m)) - a0
-        return (mhc_bytes(op, t, self.n, self.h) - a0) / s0
+        return (byts - a0) / (float(mhc_bytes(op, 1.0, self.n_m, self.h_m)) - a0)
 
     def seconds(self, op: str, tokens) -> np.ndarray:
         """Seconds of one ``op`` kernel (one of ``series``) at each of ``tokens`` (0 where there are none)."""
         t = np.asarray(tokens, float)
         ser = self.series[op]
-        x = np.maximum(self.equal_tokens(op, t), 1e-9).ravel()
+        byts = mhc_bytes(op, t, self.n, self.h)
+        x = np.maximum(t if self.same_shape else self._tokens_moving(op, byts), 1e-9).ravel()
         out = loglog_interp(x, ser.xs, ser.ts, ser.work(x), ser.work(ser.xs[-1]))[0].reshape(t.shape)  # no sources: hot path
         gemm = op == "mhc_prenorm_gemm"
         if not self.same_gpu:
-            byts = mhc_bytes(op, t, self.n, self.h)
             # the share of the measured time the bytes it measured account for (below the table's first point: that
             # point's bytes, as its time is held)
             t_bw = np.minimum(out, ser.work(np.maximum(x, ser.xs[0])).reshape(t.shape) / (self.mem_eff * self.bw_measured))

@@ -93,7 +93,7 @@ class StepCostModel(StepOps):
             return StepCost(0.0, {c: 0.0 for c in CATEGORIES}, [], list(self.notes))
         draft = self.draft_of(new, dec)
         ops: list[OpCost] = []
-        tbo = self._tbo(batch.num_requests)
+        tbo = self.tbo_applies(batch.num_requests)
         f = 0.5 if tbo else 1.0
         v = self.nonattn(*self.counts(new, ctx, dec, draft), f, ops, dec_total=self.ced_tokens(new, dec)) \
             + self.attention(new, ctx, dec, draft, f, ops)
@@ -176,7 +176,7 @@ class StepCostModel(StepOps):
         if new.size == 0:
             return 0.0
         draft = self.draft_of(new, dec)
-        tbo = self._tbo(new.size)
+        tbo = self.tbo_applies(new.size)
         f = 0.5 if tbo else 1.0
         key = self.counts(new, ctx, dec, draft) + (f,)
         dtot = self.ced_tokens(new, dec)
@@ -219,7 +219,9 @@ class StepCostModel(StepOps):
         return self.prefetched(self.tbo_time(compute, tm, False))
 
     # ------------------------------------------------------------------ pieces
-    def _tbo(self, n_requests: int) -> bool:
+    def tbo_applies(self, n_requests: int) -> bool:
+        """Whether two micro-batches overlap a step of ``n_requests`` requests: the layout asks for them, there is an
+        EP exchange to hide, and the step has two requests to split."""
         return bool(self.layout.two_micro_batch and self.layout.ep > 1 and n_requests >= 2)
 
     @staticmethod

@@ -1036,8 +1036,9 @@ class StepOps:
         """Fraction of peak HBM bandwidth a prefill attention kernel reaches reading ``byts`` of KV: where decode
         streams as the measured kernel (``decode_stream``), the streaming ramp a kernel of that many bytes reaches
         (``gemm_mem``), so a chunk of one new token over a long cache reads its KV near what a decode of it does
-        (Llama-3.1-70B TP8 on H100s, 32 x 32k cached: attention 15.8 vs 15.2 ms, was 30.5); else the ``attn_mem`` curve decode takes too. (``attn_mem``'s default points are
-        FlashMLA's compute-bound 128-head ones: as a streaming rate about half the measured kernel's.)"""
+        (Llama-3.1-70B TP8 on H100s, 32 x 32k cached: attention 15.8 vs 15.2 ms, was 30.5); else the ``attn_mem``
+        curve decode takes too. (``attn_mem``'s default points are FlashMLA's compute-bound 128-head ones: as a
+        streaming rate about half the measured kernel's.) ``step._attn_timer(streaming=...)`` is its plain-Python twin."""
         return self.cal.gemm_mem(byts) if self.decode_stream is not None else self.cal.attn_mem(byts)
 
     def attn_roofline(self, flops, byts, den: float, decode_batch: float | None = None, prefill: bool = False):

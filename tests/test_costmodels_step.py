@@ -200,7 +200,7 @@ def test_tables_are_the_op_families_evaluated_over_counts(name, layout):
             assert a == pytest.approx(sum(float(p[0]) for p in (fam.a2a_total() for fam in fams) if p is not None), rel=1e-15, abs=0)
     # and the breakdown's op list adds up to its step time (no second formula behind either)
     sc = cm.step(BatchShape.from_lists([1] * 48 + [700], [2000] * 48 + [300], [True] * 48 + [False]))
-    if not cm._tbo(49):
+    if not cm.tbo_applies(49):
         assert sum(o.time_s for o in sc.ops) == pytest.approx(sc.time_s, rel=1e-12)
 
 

@@ -193,8 +193,7 @@ def run_cost(cfg: CostConfig) -> dict:
         "imbalance": {"expert": float(np.max(cm.expert_imbalance_at(np.array([float(batch.num_tokens)])))) if model.moe and layout.ep > 1 else 1.0,
                       "expert_source": expert_source, "dp": cm.dp_imbalance, "dp_source": dp.source},
         "comm_overlap": layout.overlap,
-        # two micro-batches split a step's requests: a one-request batch runs as one (StepCostModel._tbo)
-        "comm_overlap_applied": not (layout.overlap == "tbo" and batch.num_requests < 2),
+        "comm_overlap_applied": layout.overlap != "tbo" or cm.tbo_applies(batch.num_requests),
         "dispatch_dtype": cm.disp_dtype if model.moe and layout.ep > 1 else None,
         "offload": _offload_summary(cm),
         "step_time_s": t,
