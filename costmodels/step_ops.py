@@ -312,8 +312,8 @@ class StepOps:
             s = MEASURED if all(x in t.families for x in g.shapes[r]) else SCALED
             own.setdefault((t.dtype, t.lib), {}).setdefault(s, set()).add(self.g_names[r])
         how = "measured" if g.same_gpu else \
-            (f"transferred from {g.table.measured_on}: fixed part scaled by the peak ratio, bounded by this GPU's "
-             "bandwidth and math ceilings")
+            (f"transferred from {g.table.measured_on}: its roofline moved to this GPU's bandwidth and math ceilings, "
+             "its time over the roofline scaled by the peak ratio")
         clauses = []
 
         def names(v) -> str:   # the MTP module's GEMMs run only when the engine drafts
@@ -567,8 +567,8 @@ class StepOps:
             shp = ", ".join(f"{n}x{k}" for n, k in et.shapes)
             how = ("measured" if et.measured_on.lower() == self.hw.name.lower() else
                    f"measured on the {et.measured_on}, this {self.hw.name}'s die and memory") if et.same_gpu else (
-                f"transferred from {et.measured_on}: fixed part scaled by the FP8 peak ratio, bounded by this GPU's "
-                "streaming and math ceilings")
+                f"transferred from {et.measured_on}: its roofline moved to this GPU's streaming and math ceilings, its "
+                "time over the roofline scaled by the FP8 peak ratio")
             cg = et.contig_experts
             big = (f"the contiguous table (measured at {', '.join(map(str, cg))} experts a GPU, uniform random "
                    "routing's counts)" if cg else "the masked table as in decode (the contiguous kernel's own cost over "
@@ -599,8 +599,9 @@ class StepOps:
             "" if t.heads == t.table_heads else
             f" (the measured {t.table_heads}'s time: FlashMLA pads heads to its tile)" if t.heads < t.table_heads else
             f" (scaled by the head ratio from the measured {t.table_heads})")
-        how = "measured" if t.same_gpu else (f"transferred from {t.measured_on}: fixed part scaled by the BF16 peak "
-                                             "ratio, bounded by this GPU's bandwidth and math ceilings")
+        how = "measured" if t.same_gpu else (f"transferred from {t.measured_on}: its roofline moved to this GPU's "
+                                             "bandwidth and math ceilings, its time over the roofline scaled by the "
+                                             "BF16 peak ratio")
         return (f"MLA decode attention (dense latent layers, one query per request) from the FlashMLA device-time table "
                 f"at (batch, mean context), {heads}, {how}; MTP draft verification (s_q > 1) at s_q x the heads (FlashMLA "
                 "packs a request's queries with its heads); prefill attention and indexed/compressed/sliding layers on "

@@ -388,7 +388,11 @@ class StepProfile(BaseModel):
                 xs = ([v] if isinstance(v, float) else v if k == "after_eager_decode_s"
                       else [x for _, row in v for x in row] if k == "after_eager_decode_by_tokens" else [])
                 if le is not None and xs and max(xs) > 0:
-                    top = min(top, le / max(xs))
+                    m = max(xs)
+                    r = le / m
+                    while m * r > le:   # the quotient can round up: the product must stay within the bound
+                        r = math.nextafter(r, 0.0)
+                    top = min(top, r)
         return top
 
     def prompt_clock_mhz(self, min_tokens: int = 2048) -> float | None:

@@ -82,17 +82,19 @@ def test_calibration_profile_is_honoured_and_named_as_the_source(tmp_path):
     from sim.scenario import scenario_from_dict
 
     path = _profile(tmp_path, 0.4)
-    # on an H100 the H200's measured GEMM tables transfer, bounded by the profile's streaming efficiency (on the H200
-    # itself a measured kernel is its own time)
+    # on an H100 the H200's measured GEMM tables transfer (on the H200 itself a measured kernel is its own time)
     base = {"model": "llama-3.1-8b", "hardware": "H100", "layout": {"tp": 1}, "workload": {"preset": "chat", "num_requests": 10}}
     plain = build_cost_model(scenario_from_dict(base))
     slow = build_cost_model(scenario_from_dict({**base, "calibration": path}))
     from costmodels.batch import BatchShape
 
     b = BatchShape.from_lists([1] * 32, [2048] * 32, [True] * 32)
-    # decode's weight GEMMs stream HBM at 0.4 instead of 0.86 (attention reads its own measured decode table)
+    # the ops priced at the profile's streaming rate (norms, activations, the sampler: "other") stream HBM at 0.4
+    # instead of 0.86; the weight GEMMs are the measured kernels moved to the H100 (op_table.transferred): the profile's
+    # efficiency only splits their roofline from their time over it, so they keep the kernels' own speed within 10%
     s, p = slow.base.step(b), plain.base.step(b)
-    assert s.breakdown["dense_gemm"] > 1.5 * p.breakdown["dense_gemm"] and s.time_s > p.time_s
+    assert s.breakdown["other"] > 1.05 * p.breakdown["other"] and s.time_s > p.time_s
+    assert s.breakdown["dense_gemm"] == pytest.approx(p.breakdown["dense_gemm"], rel=0.10)
     assert any(path in n for n in slow.notes)
     assert profile_for(get_hardware("H200"), path).mem_eff == 0.4
 

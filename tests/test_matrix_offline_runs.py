@@ -9,6 +9,18 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# How close an archived run's re-simulation at HEAD reads the device's printed figures: to the printed digit, except
+# on the H100 runs, whose re-simulation prices prefill's KV streaming from the H200's FlashMLA table moved to the H100
+# (op_table.transferred): since 2026-12-07 its roofline moves and its time over it stays, which moves those runs'
+# figures by up to 0.1 point from what the device printed with the rule before.
+DIGIT = 0.0006
+H100_DIGIT = 0.0015
+
+
+def _digit(run: Path) -> float:
+    """The tolerance for ``run`` (a run folder or its unpacked copy): by the GPU its matrix file names."""
+    gpu = json.loads((run / "matrix_deepseek-v3-5layers_fp8.json").read_text()).get("provenance", {}).get("gpu", "")
+    return H100_DIGIT if "H100" in gpu else DIGIT
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -821,7 +833,7 @@ def test_held_out_run_47_on_a_third_h100_board_and_the_figures_on_a_step(capsys)
     for (cls, level), row in head.items():   # the device's matrix, to the printed digit
         lv = next(x for x in device[cls]["levels"] if x["name"] == level)
         for f, v in zip(("output_throughput", "tpot_p50", "ttft_p50", "ttft_p90"), row):
-            assert abs(v - lv["rel_error"][f]) <= 0.0006, (cls, level, f)
+            assert abs(v - lv["rel_error"][f]) <= _digit(r47), (cls, level, f)
     _worst_within(w, 0.016, 0.020, 0.051, 0.043)
     assert len(head) == 9
     marked = {}
@@ -866,7 +878,7 @@ def test_held_out_run_48_chat_and_long_decode_on_a_fourth_h100_board(capsys):
         lv = next(x for x in device[cls]["levels"] if x["name"] == level)
         got = [float(c.split("%")[0]) / 100 for c in line[28:].split(")")[:4]]
         for f, v in zip(("output_throughput", "tpot_p50", "ttft_p50", "ttft_p90"), got):
-            assert abs(v - lv["rel_error"][f]) <= 0.0006, (cls, level, f)
+            assert abs(v - lv["rel_error"][f]) <= _digit(r48), (cls, level, f)
     _worst_within(w, 0.014, 0.026, 0.041, 0.058)
     assert "misses: 0 where the figure moves by more than its target with steps \u00b12% (marked !), 0 elsewhere" in out
     samples = {"reasoning": {"low": json.loads(next(r48.glob("samples_reasoning_*.json")).read_text())["low"]}}
@@ -876,7 +888,7 @@ def test_held_out_run_48_chat_and_long_decode_on_a_fourth_h100_board(capsys):
     assert table["mape"] < line["mape"] - 0.003 and abs(table["bias"]) < abs(line["bias"]) - 0.003
 
 
-def _sensitivity_rows_match_the_device(out: str, device: dict) -> dict[tuple[str, str], str]:
+def _sensitivity_rows_match_the_device(out: str, device: dict, digit: float = DIGIT) -> dict[tuple[str, str], str]:
     """``matrix_offline --sensitivity``'s printed rows, each checked against the device's matrix (``device``: its
     ``classes``) to the printed digit: {(class, level): line}."""
     rows = {}
@@ -887,7 +899,7 @@ def _sensitivity_rows_match_the_device(out: str, device: dict) -> dict[tuple[str
             got = [float(x) / 100 for x in re.findall(r"([+-]\d+\.\d)% \(", line)]
             assert len(got) == 4, line
             for f, v in zip(("output_throughput", "tpot_p50", "ttft_p50", "ttft_p90"), got):
-                assert abs(v - lv["rel_error"][f]) <= 0.0006, (cls, level, f)
+                assert abs(v - lv["rel_error"][f]) <= digit, (cls, level, f)
             rows[(cls, level)] = line
     return rows
 
@@ -902,7 +914,8 @@ def _held_out_sensitivity(run: Path, capsys, cells: int, worst: tuple[float, flo
     capsys.readouterr()
     w = mo.main([str(run), "--sensitivity"])
     out = capsys.readouterr().out
-    rows = _sensitivity_rows_match_the_device(out, json.loads((run / "matrix_deepseek-v3-5layers_fp8.json").read_text())["classes"])
+    rows = _sensitivity_rows_match_the_device(out, json.loads((run / "matrix_deepseek-v3-5layers_fp8.json").read_text())["classes"],
+                                              _digit(run))
     assert len(rows) == cells
     _worst_within(w, *worst)
     assert (f"misses: {marked_misses} where the figure moves by more than its target with steps \u00b12% (marked !), "

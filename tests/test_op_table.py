@@ -130,10 +130,11 @@ def _published():
 
 
 def test_transfer_to_a_gpu_of_the_same_die_with_less_hbm(tables):
-    """H800 (same GH100 die and FP8 peak as the H200, 3.35 vs 4.8 TB/s): small-M GEMMs are not bandwidth-bound
-    on the H200 and keep their time; a kernel that would stream faster than the H800's ceiling pays for it."""
+    """H800 (same GH100 die and FP8 peak as the H200, 3.35 vs 4.8 TB/s): a kernel's roofline moves to the H800's, its
+    time over the roofline stays (equal peaks), so a small-M GEMM pays its bytes' share at the lower bandwidth and a
+    compute-bound one keeps its time."""
     from costmodels.hardware import get_hardware
-    from costmodels.op_table import TableGemms
+    from costmodels.op_table import TableGemms, gemm_bytes
     g = tables.gemm_table("fp8")
     h800, h200 = get_hardware("H800"), get_hardware("H200")
     shapes = [[(24576, 1536)], [(36864, 7168)]]
@@ -142,28 +143,101 @@ def test_transfer_to_a_gpu_of_the_same_die_with_less_hbm(tables):
     t200 = TableGemms(g, shapes, on, h200.tflops("fp8") * 1e12, h200.hbm_bw)
     assert t200.same_gpu and not t800.same_gpu
     m = np.array([64.0])
-    assert t800.seconds(0, m)[0] == pytest.approx(t200.seconds(0, m)[0])     # q_b: 2.6 TB/s on the H200, under 0.856 x 3.35
-    assert t800.seconds(1, m)[0] > 1.15 * t200.seconds(1, m)[0]               # dense gate_up: 3.7 TB/s on the H200, over it
+    for row, (n, k) in enumerate((s[0] for s in shapes)):
+        byts = float(gemm_bytes(m, n, k)[0])
+        roof200, roof800 = byts / (0.856 * h200.hbm_bw), byts / (0.856 * h800.hbm_bw)   # bandwidth-bound at 64 rows
+        assert t800.seconds(row, m)[0] == pytest.approx(roof800 + t200.seconds(row, m)[0] - roof200, rel=1e-9)
+    big = np.array([16384.0])   # math-bound: the same time on the same peak
+    assert t800.seconds(1, big)[0] == pytest.approx(t200.seconds(1, big)[0], rel=1e-9)
     for row in (0, 1):
         assert (t800.seconds(row, np.array([1.0, 64.0, 4096.0])) >= t200.seconds(row, np.array([1.0, 64.0, 4096.0])) * (1 - 1e-12)).all()
 
 
+H100_RUN = Path(__file__).parents[1] / "benchmarks" / "gpu" / "issue16_h100" / "dense_mla_669836d" / "op_tables.csv"
+
+
+def _h100_measured(op: str) -> list[dict]:
+    """The H100's own DeepGEMM dense FP8 and FlashMLA rows (2026-12-07, the same harness and kernels as the H200's
+    tables; not committed as op tables: held out for the transfer rule)."""
+    with open(H100_RUN) as f:
+        return [r for r in csv.DictReader(f) if r["op"] == op and not r["error"]]
+
+
+def test_the_transfer_rule_held_out_on_the_h100s_own_tables(tables):
+    """The H200's tables moved to the H100 (same die and peaks, 3.35 vs 4.8 TB/s) by ``op_table.transferred``, against
+    the same kernels timed on an H100 by the same harness (not used by the rule, whose only inputs are the datasheets
+    and the calibration's efficiencies):
+
+    - DeepGEMM's masked grouped FP8 GEMMs (48 shapes): mean |error| 2.7%, worst 9.5%; up to 64 rows an expert (what
+      decode runs) within 4.1%. Scaling the whole time by the peak ratio (the rule until 2026-12-07) was 17% short on
+      the kernels streaming at 65% of the H200's bandwidth.
+    - DeepGEMM's dense FP8 GEMMs (104 shapes): mean 5.7%, -13% .. +19% (the old rule: 7.1%, -22% .. +1.5%). The
+      worst over is a 2112-column GEMM at 64 rows, 17 tiles on 132 SMs: held by the SMs it runs on, not by HBM, its
+      time the same on both GPUs.
+    - FlashMLA decode at 128 heads (24 points): -16% .. +3%: at batch 32+ it is math-bound and the H100 board ran it
+      8-11% slower than the H200 board at the same datasheet peak (both rules alike)."""
+    from costmodels.hardware import get_hardware
+    from costmodels.op_table import TableGemms, mla_decode_table
+    h100 = get_hardware("H100")
+    # masked grouped: the H100's committed table against the H200's transferred
+    h1 = op_table.load("H100")
+    assert h1 is not None and h1.masked_grouped
+    errs, small = [], []
+    for row in csv.DictReader(open(H200 / "grouped_gemm_masked_fp8.csv")):
+        e, m, n, k = int(row["groups"]), float(row["m"]), int(row["n"]), int(row["k"])
+        t200 = float(row["device_us"]) * 1e-6
+        byts = e * (n * k + m * k + 2.0 * m * n)
+        t = float(op_table.transferred(t200, 2.0 * e * m * n * k, byts, 1979e12, h100.tflops("fp8") * 1e12, 4.8e12,
+                                       h100.hbm_bw, 0.856, 0.662))
+        meas = next(float(r["device_us"]) * 1e-6 for r in csv.DictReader(open(op_table.DATA / "h100" / "grouped_gemm_masked_fp8.csv"))
+                    if (int(r["groups"]), float(r["m"]), int(r["n"]), int(r["k"])) == (e, m, n, k))
+        errs.append(t / meas - 1)
+        if m <= 64:
+            small.append(t / meas - 1)
+    errs, small = np.abs(errs), np.abs(small)
+    assert len(errs) == 48 and errs.mean() <= 0.03 and errs.max() <= 0.10 and small.max() <= 0.045
+    # dense: the H200's DeepGEMM table on the H100
+    g = tables.gemm_table("fp8", ("deepgemm",))
+    rows = [r for r in _h100_measured("dense_gemm") if r["lib"] == "deepgemm"]
+    tg = TableGemms(g, [[(int(r["n"]), int(r["k"]))] for r in rows], np.ones(len(rows), bool),
+                    h100.tflops("fp8") * 1e12, h100.hbm_bw)
+    assert not tg.same_gpu
+    d = np.array([tg.seconds(i, np.array([float(r["m"])]))[0] / (float(r["device_us"]) * 1e-6) - 1
+                  for i, r in enumerate(rows)])
+    assert len(d) == 104 and np.abs(d).mean() <= 0.065 and -0.15 <= d.min() and d.max() <= 0.20
+    # FlashMLA at 128 heads
+    mla = mla_decode_table(tables, 128, h100.bf16_tflops * 1e12, h100.hbm_bw, 0.856, 0.586)
+    assert not mla.same_gpu
+    r = [(float(x["batch"]), float(x["context"]), float(x["device_us"]) * 1e-6, float(x["tflops"]), float(x["tbs"]))
+         for x in _h100_measured("mla_decode")]
+    m = np.array([mla.at(b, c, fl * 1e12 * t, bs * 1e12 * t) / t - 1 for b, c, t, fl, bs in r])
+    assert len(m) == 24 and -0.17 <= m.min() and m.max() <= 0.05
+
+
 def test_h800_transfer_against_deepgemm_published_h800_table(tables):
-    """The H200 table transferred to the H800 against DeepGEMM's own H800 figures (README, Feb 2025): median within
-    15%. Rows differ by up to ~1.8x where the measured DeepGEMM (2.5, bundled in vLLM 0.26) is faster than the 2025
-    release that published the table (4096 x 32768 x 512: 129 us measured on the H200, 233 us published)."""
+    """The H200 table transferred to the H800 against DeepGEMM's own H800 figures (README, Feb 2025), like for like:
+    the kernel the engine runs (DeepGEMM 2.5, bundled in vLLM 0.26) timed on an H100 (the H800's die, FP8 peak and
+    3.35 TB/s) is itself 1.03-1.54x the published times at 64-128 rows and 0.59-0.96x at 4,096 (that release's
+    kernels, and its harness's). The model's ratio to each published row is within 15% of the measured kernel's own
+    ratio to it (it prices the kernel it runs) on 17 of 18 rows, +16.0% on the last (128 x 7168 x 16384)."""
     from costmodels.hardware import get_hardware
     from costmodels.op_table import TableGemms
     pub = _published()
     hw = get_hardware("H800")
     tg = TableGemms(tables.gemm_table("fp8"), [[(int(r["n"]), int(r["k"]))] for r in pub], np.ones(len(pub), bool),
                     hw.tflops("fp8") * 1e12, hw.hbm_bw)
-    ratios = []
+    h100 = {(int(r["m"]), int(r["n"]), int(r["k"])): float(r["device_us"]) * 1e-6
+            for r in _h100_measured("dense_gemm") if r["lib"] == "deepgemm"}
+    model, kernel = [], []
     for i, r in enumerate(pub):
         m, n, k = int(r["m"]), int(r["n"]), int(r["k"])
-        ratios.append(tg.seconds(i, np.array([float(m)]))[0] / (2 * m * n * k / (float(r["tflops"]) * 1e12)))
-    assert abs(float(np.median(ratios)) - 1) <= 0.15
-    assert all(0.5 < x < 1.5 for x in ratios)
+        t_pub = 2 * m * n * k / (float(r["tflops"]) * 1e12)
+        model.append(tg.seconds(i, np.array([float(m)]))[0] / t_pub)
+        kernel.append(h100[(m, n, k)] / t_pub)
+    model, kernel = np.array(model), np.array(kernel)
+    off = np.abs(model / kernel - 1)
+    assert len(pub) == 18 and (off <= 0.15).sum() >= 17 and off.max() <= 0.17   # 128 x 7168 x 16384: +16.0%
+    assert 1.0 < kernel[:12].min() and kernel[:12].max() < 1.6 and kernel[12:].max() < 1.0
 
 
 def test_mla_decode_scalar_and_array_lookups_are_the_grid_tables(tables):
@@ -189,8 +263,9 @@ def test_mla_decode_scalar_and_array_lookups_are_the_grid_tables(tables):
     assert mla_decode_table(None, 16, *args) is None
 
 
-def test_mla_decode_transfer_keeps_small_batches_and_pays_bandwidth_on_a_smaller_hbm(tables):
-    """H800 (same BF16 peak, 3.35 vs 4.8 TB/s): batch 1 keeps the H200's time, a large batch pays its bytes."""
+def test_mla_decode_transfer_moves_the_roofline_and_keeps_the_time_over_it(tables):
+    """H800 (same BF16 peak, 3.35 vs 4.8 TB/s): a decode's time over its roofline stays, its bytes' share is paid at
+    the H800's bandwidth; a large batch streams at the H800's ceiling over what the H200's time was over its own."""
     from costmodels.hardware import get_hardware
     from costmodels.op_table import mla_decode_table
     h800, h200 = get_hardware("H800"), get_hardware("H200")
@@ -201,9 +276,13 @@ def test_mla_decode_transfer_keeps_small_batches_and_pays_bandwidth_on_a_smaller
     def work(b, c):
         return 2.0 * 16 * (576 + 512) * b * c, 1152.0 * b * c
 
-    assert t800.at(1, 4096, *work(1, 4096)) == pytest.approx(t200.at(1, 4096, *work(1, 4096)))
+    for b, c in ((1, 4096), (256, 32768)):
+        fl, by = work(b, c)
+        roof200, roof800 = by / (0.856 * h200.hbm_bw), by / (0.856 * h800.hbm_bw)
+        t = t200.at(b, c, fl, by)
+        want = roof800 + t - roof200 if t >= roof200 else t * roof800 / roof200
+        assert t800.at(b, c, fl, by) == pytest.approx(want, rel=1e-9)
     big = work(256, 32768)
-    assert t800.at(256, 32768, *big) == pytest.approx(big[1] / (0.856 * h800.hbm_bw))
     assert t800.at(256, 32768, *big) > 1.3 * t200.at(256, 32768, *big)
     b = np.array([1.0, 64.0, 256.0])
     c = np.array([4096.0, 8192.0, 32768.0])
@@ -424,10 +503,13 @@ def test_bf16_weight_gemms_are_priced_from_the_measured_bf16_table():
             assert t[0] == pytest.approx(8.145e-6, rel=1e-3) and g.own_here(r)
             assert "BF16 weight GEMMs from the cublas BF16 table of H200 (measured); measured shapes: lm_head, router" in sm.gemm_table_note()
             assert "mtp_eh_proj (when drafting)" in sm.gemm_table_note()   # the MTP module's GEMM runs only then
-        else:   # the H200's kernel on a GB300: its fixed part scaled by the BF16 peak ratio, above its ceilings
+        else:   # the H200's kernel on a GB300: its roofline moved, its time over it scaled by the BF16 peak ratio
             peak = hw.tflops("bf16") * 1e12
             assert not g.own_here(r) and "BF16 table of H200 (transferred from H200" in sm.gemm_table_note()
-            assert t[0] == pytest.approx(8.145e-6 * get_hardware("H200").tflops("bf16") * 1e12 / peak, rel=1e-3)
+            h2 = get_hardware("H200")
+            byts, me = 256 * 7168 * 2.0 + 7168 * 2.0 + 2.0 * 256, sm.cal.mem_eff
+            roof200, roof = byts / (me * h2.hbm_bw), byts / (me * hw.hbm_bw)
+            assert t[0] == pytest.approx(roof + (8.145e-6 - roof200) * h2.tflops("bf16") * 1e12 / peak, rel=1e-3)
             assert t[1] >= 2 * 4096 * 256 * 7168 / (sm.cal.gemm_compute_eff["bf16"] * peak) * (1 - 1e-9)
     held = np.concatenate(list(op_table_check.bf16_held_out().values()))
     assert held.size == 260 and 0.55 <= held.min() and held.max() <= 1.8

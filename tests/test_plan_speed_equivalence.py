@@ -39,9 +39,14 @@ def _seconds_reference(tg: op_table.TableGemms, row: int, m: np.ndarray) -> np.n
         for n, k in tg.shapes[row]:
             t = tg.table.time(mp, n, k).seconds
             if not tg.same_gpu:
+                # op_table.transferred written out: the roofline moves, the time over it scales by the peak ratio
                 byts = op_table.gemm_bytes(mp, n, k, tg.table.weight_bytes_per_elem)
-                t = np.maximum.reduce([t * tg.table.peak_flops / tg.target_flops, byts / (tg.mem_eff * tg.target_bw),
-                                       2.0 * mp * n * k / (tg.compute_eff * tg.target_flops)])
+                fl = 2.0 * mp * n * k
+                roof_m = np.maximum(byts / (tg.mem_eff * tg.table.hbm_bw), fl / (tg.compute_eff * tg.table.peak_flops))
+                roof = np.maximum(byts / (tg.mem_eff * tg.target_bw), fl / (tg.compute_eff * tg.target_flops))
+                over = t - roof_m
+                t = np.where(over >= 0, roof + over * (tg.table.peak_flops / tg.target_flops),
+                             t * roof / np.maximum(roof_m, 1e-30))
             total[pos] += t
     return total.reshape(np.shape(m))
 

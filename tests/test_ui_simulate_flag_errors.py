@@ -114,6 +114,14 @@ def test_a_host_speed_that_puts_a_term_past_its_bound_names_it():
     assert p.max_host_speed() == pytest.approx(2.0)
     with pytest.raises(TwinferError, match=r"--host-speed 4: .* puts host\.fixed_s past its bound .* at most 2x"):
         p.at_host_speed(4.0)
+    # the limit is a speed the profile can be moved to: bound / value rounds up for some values (2.6% of random
+    # after_eager_s on the tiny CPU profile), and validate --host-speed probe held a fast probe there and then failed
+    import numpy as np
+    rng = np.random.default_rng(7)
+    from costmodels.step_profile import AFTER_EAGER_S_MAX
+    for v in rng.uniform(0.1 * AFTER_EAGER_S_MAX, AFTER_EAGER_S_MAX, 500):
+        q = StepProfile(model="m", num_layers=1, host=HostTerms(after_eager_s=float(v)))
+        assert q.at_host_speed(q.max_host_speed()).host.after_eager_s <= AFTER_EAGER_S_MAX
 
 
 def test_validate_at_a_host_speed_past_the_profiles_bounds_is_a_clear_error(tmp_path):
