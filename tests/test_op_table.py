@@ -514,3 +514,29 @@ def test_bf16_weight_gemms_are_priced_from_the_measured_bf16_table():
     held = np.concatenate(list(op_table_check.bf16_held_out().values()))
     assert held.size == 260 and 0.55 <= held.min() and held.max() <= 1.8
     assert abs(np.median(held) - 1.0) <= 0.05 and (abs(held - 1) <= 0.15).mean() >= 0.8
+
+
+def test_the_transfer_rule_is_the_identity_at_home_and_never_slower_on_a_faster_gpu():
+    """``op_table.transferred`` on the GPU it was measured on returns the measured time; moving to a GPU with more
+    bandwidth or a higher peak (either alone) never makes a kernel slower; the two branches meet at the roofline."""
+    from costmodels.op_table import transferred, transferred_one
+    rng = np.random.default_rng(3)
+    n = 4000
+    byts = 10 ** rng.uniform(4, 10, n)
+    flops = 10 ** rng.uniform(6, 14, n)
+    pk, bw = 10 ** rng.uniform(14.5, 15.7, n), 10 ** rng.uniform(12, 12.9, n)
+    roof = np.maximum(byts / (0.856 * bw), flops / (0.662 * pk))
+    t = roof * 10 ** rng.uniform(-0.3, 1.5, n)          # kernels faster and slower than the calibration's roofline
+    assert np.allclose(transferred(t, flops, byts, pk, pk, bw, bw, 0.856, 0.662), t, rtol=1e-12)
+    for f_bw, f_pk in ((1.5, 1.0), (1.0, 2.0), (1.7, 2.25)):
+        there = transferred(t, flops, byts, pk, pk * f_pk, bw, bw * f_bw, 0.856, 0.662)
+        assert (there <= t * (1 + 1e-12)).all()
+        back = transferred(t, flops, byts, pk, pk / f_pk, bw, bw / f_bw, 0.856, 0.662)
+        assert (back >= t * (1 - 1e-12)).all()
+    at = transferred(roof, flops, byts, pk, 2 * pk, bw, 1.5 * bw, 0.856, 0.662)
+    below = transferred(roof * (1 - 1e-9), flops, byts, pk, 2 * pk, bw, 1.5 * bw, 0.856, 0.662)
+    assert np.allclose(at, below, rtol=1e-6)
+    one = [transferred_one(float(a), float(b), float(c), float(d), 1.3 * float(d), float(e), 0.8 * float(e), 0.856, 0.662)
+           for a, b, c, d, e in zip(t[:50], flops[:50], byts[:50], pk[:50], bw[:50])]
+    assert np.allclose(one, transferred(t[:50], flops[:50], byts[:50], pk[:50], 1.3 * pk[:50], bw[:50], 0.8 * bw[:50],
+                                        0.856, 0.662), rtol=1e-12)
