@@ -591,21 +591,36 @@ class StepOps:
         return line + "; the layout kernels around them (permute, SiLU-and-mul, combine) at the streaming rate, one launch each"
 
     def attention_table_note(self) -> str | None:
-        """Where MLA decode attention times come from (None: the formula for all attention)."""
-        t = self.mla_table
-        if t is None:
+        """Where decode attention times come from: the FlashMLA table for the dense-latent MLA layers it measured, the
+        same kernel's streaming for every other decode (GQA, sliding, indexed, compressed layers, another vendor's
+        GPU); None where neither is in use (the formula for all attention)."""
+        t, st = self.mla_table, self.decode_stream
+        if t is None and st is None:
             return None
-        heads = f"{t.heads:g} query heads/GPU" + (
-            "" if t.heads == t.table_heads else
-            f" (the measured {t.table_heads}'s time: FlashMLA pads heads to its tile)" if t.heads < t.table_heads else
-            f" (scaled by the head ratio from the measured {t.table_heads})")
-        how = "measured" if t.same_gpu else (f"transferred from {t.measured_on}: its roofline moved to this GPU's "
-                                             "bandwidth and math ceilings, its time over the roofline scaled by the "
-                                             "BF16 peak ratio")
-        return (f"MLA decode attention (dense latent layers, one query per request) from the FlashMLA device-time table "
-                f"at (batch, mean context), {heads}, {how}; MTP draft verification (s_q > 1) at s_q x the heads (FlashMLA "
-                "packs a request's queries with its heads); prefill attention and indexed/compressed/sliding layers on "
-                "the formula")
+
+        def how(x: TableMLA) -> str:
+            return "measured" if x.same_gpu else (f"transferred from {x.measured_on}: its roofline moved to this GPU's "
+                                                  "bandwidth and math ceilings, its time over the roofline scaled by "
+                                                  "the BF16 peak ratio")
+        parts = []
+        if t is not None:
+            heads = f"{t.heads:g} query heads/GPU" + (
+                "" if t.heads == t.table_heads else
+                f" (the measured {t.table_heads}'s time: FlashMLA pads heads to its tile)" if t.heads < t.table_heads else
+                f" (scaled by the head ratio from the measured {t.table_heads})")
+            parts.append(f"MLA decode attention (dense latent layers, one query per request) from the FlashMLA "
+                         f"device-time table at (batch, mean context), {heads}, {how(t)}; MTP draft verification "
+                         "(s_q > 1) at s_q x the heads (FlashMLA packs a request's queries with its heads)")
+        if st is not None:
+            which = "other layers' decode attention (indexed, compressed, sliding, or a cache the table did not measure)" \
+                if t is not None else "decode attention"
+            parts.append(f"{which}: its KV read as the measured FlashMLA kernel at {st.table_heads:g} query heads/GPU "
+                         f"(memory-bound) reads the same bytes over the same batch ({how(st)}; the kernel's own latency "
+                         "included), its math at the formula's rate; prefill attention's KV reads at the GEMM streaming "
+                         "ramp, its math on the formula")
+        else:
+            parts.append("prefill attention and the other layers' decode on the formula")
+        return "; ".join(parts)
 
     def _build_comm_constants(self) -> None:
         m, lay, hw = self.model, self.layout, self.hw

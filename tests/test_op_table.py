@@ -540,3 +540,19 @@ def test_the_transfer_rule_is_the_identity_at_home_and_never_slower_on_a_faster_
            for a, b, c, d, e in zip(t[:50], flops[:50], byts[:50], pk[:50], bw[:50])]
     assert np.allclose(one, transferred(t[:50], flops[:50], byts[:50], pk[:50], 1.3 * pk[:50], bw[:50], 0.8 * bw[:50],
                                         0.856, 0.662), rtol=1e-12)
+
+
+def test_the_notes_say_where_every_decode_attention_comes_from():
+    """A GQA model's decode attention and any decode on another vendor's GPU stream as the measured FlashMLA kernel
+    (``StepOps.stream_time``); the notes said nothing of it (a GQA model had no attention note at all), and DeepSeek-V3's
+    said its other layers were on the formula."""
+    from costmodels.hardware import get_hardware
+    from costmodels.catalog import get_model
+    from costmodels.layout import ParallelLayout
+    from costmodels.step import StepCostModel
+    for model, hw, tp in (("llama-3.1-70b", "H100", 4), ("deepseek-v3", "MI355X", 8), ("deepseek-v3", "H200", 8)):
+        sm = StepCostModel(get_model(model), get_hardware(hw), ParallelLayout(tp=tp))
+        note = sm.attention_table_note()
+        assert note is not None and note in sm.notes and "as the measured FlashMLA kernel at 16 query heads/GPU" in note
+        assert ("measured" in note and "transferred" not in note) if hw == "H200" else "transferred from H200" in note
+        assert ("MLA decode attention (dense latent layers" in note) == (hw == "H200"), (model, hw)
