@@ -276,8 +276,9 @@ class StepCostModel(StepOps):
         # a measured per-length prefill-attention table prices each chunk on its own: the op-by-op path does that
         self._pre_table = "attn_prefill_compute" in cal.tables or "attn_prefill_chunk" in cal.tables
         # steps with prefill price EP with DeepEP's normal kernels (per destination rank or node), decodes with the
-        # low-latency ones: separate tables whenever there is an EP exchange (equal copy counts can still price apart)
-        self._ep_split = bool(m.moe and lay.ep > 1)
+        # low-latency ones, and measured routed experts with the contiguous grouped layout, decodes with the masked
+        # one: separate tables whenever either applies (equal counts can still price apart)
+        self._ep_split = bool(m.moe and (lay.ep > 1 or self.e_table is not None))
         h_loc = self.heads_local
 
         def consts(geo: AttnGeometry, count: float) -> tuple:

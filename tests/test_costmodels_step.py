@@ -39,6 +39,19 @@ def test_breakdown_categories_sum_to_time(v3):
         assert v3.mixed_step_time(batch.new_tokens, batch.context_lens, batch.is_decode) == pytest.approx(sc.time_s)
 
 
+def test_the_fast_path_prices_a_prefill_steps_experts_as_step_does():
+    """With measured grouped tables and no EP exchange (DeepSeek-V3 TP8 on the H100: its own TP-shard tables), a step
+    with a prefill runs the contiguous layout: ``step()`` priced it so, the fast path (what simulate, plan and the UI
+    read) priced the masked one, ``prefill:1x4096`` 149.2 ms against 159.7."""
+    h100 = StepCostModel(get_model("deepseek-v3"), get_hardware("h100"), ParallelLayout(tp=8, weight_dtype="fp8"))
+    assert h100.e_table is not None and h100.layout.ep == 1
+    for batch in (BatchShape.prefill(1, 4096), BatchShape.from_lists([1, 1, 512], [100, 900, 0], [True, True, False]),
+                  BatchShape.decode(32, 2048)):
+        t = h100.step(batch).time_s
+        assert h100.step_time(batch) == pytest.approx(t, rel=1e-12)
+        assert h100.mixed_step_time(batch.new_tokens, batch.context_lens, batch.is_decode) == pytest.approx(t, rel=1e-12)
+
+
 def test_more_context_more_attention_time(v3):
     prev = 0.0
     for ctx in (128, 1024, 8192, 65536):
