@@ -119,6 +119,13 @@ def _terms(rows: list[tuple], n: int) -> Terms:
                  [r[6] for r in rows])
 
 
+
+def transferred_note(measured_on: str, peak: str) -> str:
+    """How a table measured on ``measured_on`` reaches this GPU (``op_table.transferred``), as the notes say it;
+    ``peak``: the dtype the peak ratio is of ("FP8 ", "BF16 " or "")."""
+    return (f"transferred from {measured_on}: its roofline moved to this GPU's bandwidth and math ceilings, its time "
+            f"over the roofline scaled by the {peak}peak ratio")
+
 class StepOps:
     """Everything of a step's ops that depends only on model, hardware, layout and calibration."""
 
@@ -311,9 +318,7 @@ class StepOps:
         for r, (t, _, _) in g.own.items():
             s = MEASURED if all(x in t.families for x in g.shapes[r]) else SCALED
             own.setdefault((t.dtype, t.lib), {}).setdefault(s, set()).add(self.g_names[r])
-        how = "measured" if g.same_gpu else \
-            (f"transferred from {g.table.measured_on}: its roofline moved to this GPU's bandwidth and math ceilings, "
-             "its time over the roofline scaled by the peak ratio")
+        how = "measured" if g.same_gpu else transferred_note(g.table.measured_on, "")
         clauses = []
 
         def names(v) -> str:   # the MTP module's GEMMs run only when the engine drafts
@@ -566,9 +571,8 @@ class StepOps:
         if et is not None:
             shp = ", ".join(f"{n}x{k}" for n, k in et.shapes)
             how = ("measured" if et.measured_on.lower() == self.hw.name.lower() else
-                   f"measured on the {et.measured_on}, this {self.hw.name}'s die and memory") if et.same_gpu else (
-                f"transferred from {et.measured_on}: its roofline moved to this GPU's streaming and math ceilings, its "
-                "time over the roofline scaled by the FP8 peak ratio")
+                   f"measured on the {et.measured_on}, this {self.hw.name}'s die and memory") if et.same_gpu else \
+                transferred_note(et.measured_on, "FP8 ")
             cg = et.contig_experts
             big = (f"the contiguous table (measured at {', '.join(map(str, cg))} experts a GPU, uniform random "
                    "routing's counts)" if cg else "the masked table as in decode (the contiguous kernel's own cost over "
@@ -599,9 +603,7 @@ class StepOps:
             return None
 
         def how(x: TableMLA) -> str:
-            return "measured" if x.same_gpu else (f"transferred from {x.measured_on}: its roofline moved to this GPU's "
-                                                  "bandwidth and math ceilings, its time over the roofline scaled by "
-                                                  "the BF16 peak ratio")
+            return "measured" if x.same_gpu else transferred_note(x.measured_on, "BF16 ")
         parts = []
         if t is not None:
             heads = f"{t.heads:g} query heads/GPU" + (
