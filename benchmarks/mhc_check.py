@@ -23,6 +23,8 @@ from costmodels.calibration_source import profile_for
 from costmodels.hardware import get_hardware
 from costmodels.op_table import MHC_OPS, MhcKernels, mhc_bytes
 
+PRE_OPS = ("mhc_pre", op_table.MHC_CHAIN_OP, op_table.MHC_PRE_V2_OP)   # pre-kernel rows, keyed by their iterations
+
 
 def analytic(op: str, t: float, n: int, h: int, hw) -> float:
     """The cost model's fallback for one kernel (``StepOps._mhc_rows`` without a table: ``op_table.mhc_fallback_s``)."""
@@ -50,18 +52,26 @@ def main() -> None:
         best: dict[tuple, float] = {}
         for r in rows_of(gpu):
             n, k, t = int(r["groups"]), int(r["k"]), float(r["m"])
-            key = (r["op"], n, k // n, t, int(float(r["context"])) if r["op"] in ("mhc_pre", op_table.MHC_CHAIN_OP) else 0)
+            key = (r["op"], n, k // n, t, int(float(r["context"])) if r["op"] in PRE_OPS else 0)
             best[key] = min(best.get(key, np.inf), float(r["device_us"]) * 1e-6)
         for (op, n, h, t, it), s in sorted(best.items()):
-            a = analytic(op.removesuffix("_v1"), t, n, h, hw)
-            out.append({"gpu": tabs.gpu, "op": op, "n": n, "hidden": h, "tokens": t, "iters": it, "measured_us": s * 1e6,
-                        "analytic_us": a * 1e6, "analytic/measured": a / s,
-                        "hbm_fraction": float(mhc_bytes(op, t, n, h)) / s / hw.hbm_bw})
-        pre = {(h, t, it): s for (op, n, h, t, it), s in best.items() if op in ("mhc_pre", op_table.MHC_CHAIN_OP)}
-        for (h, t, it), s in sorted(pre.items()):
-            if it > 1 and (h, t, 1) in pre:
-                out.append({"gpu": tabs.gpu, "op": "sinkhorn_per_iteration", "hidden": h, "tokens": t,
-                            "us": (s - pre[(h, t, 1)]) / (it - 1) * 1e6})
+            kind = "mhc_pre" if op in PRE_OPS else op
+            a = analytic(kind, t, n, h, hw)
+            row = {"gpu": tabs.gpu, "op": op, "n": n, "hidden": h, "tokens": t, "iters": it, "measured_us": s * 1e6,
+                   "analytic_us": a * 1e6, "analytic/measured": a / s,
+                   "hbm_fraction": float(mhc_bytes(kind, t, n, h)) / s / hw.hbm_bw}
+            if kind == "mhc_pre":
+                # what the cost model prices (no pre table: bytes plus launch plus the measured chain, StepOps._mhc_rows)
+                mk = MhcKernels.on(tabs, hw, n, h, it, profile_for(hw).mem_eff, 0.749)
+                if mk is not None and "mhc_pre" not in mk.series:
+                    row["priced_us"] = (a + it * mk.chain_s) * 1e6
+                    row["priced/measured"] = row["priced_us"] / row["measured_us"]
+            out.append(row)
+        pre = {(op, h, t, it): s for (op, n, h, t, it), s in best.items() if op in PRE_OPS}
+        for (op, h, t, it), s in sorted(pre.items()):
+            if it > 1 and (op, h, t, 1) in pre:
+                out.append({"gpu": tabs.gpu, "op": "sinkhorn_per_iteration", "kernel": op, "hidden": h, "tokens": t,
+                            "us": (s - pre[(op, h, t, 1)]) / (it - 1) * 1e6})
         for target in ("H200", "H100", "B200", "GB300"):
             thw = get_hardware(target)
             for (_, n, h, it), _ser in tabs.mhc.items():

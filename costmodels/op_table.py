@@ -324,6 +324,9 @@ MHC_SPLITS = 16       # the projection's split-K partials the pre kernel sums (v
 # 16,384 tokens, so not the kernel an engine's fused pre reaches; its rows keep only the Sinkhorn chain's measured cost
 # per iteration (``MhcKernels.chain_s``)
 MHC_CHAIN_OP = "mhc_pre_v1"
+# the rewritten pre kernel (each token over 512-column programs, each running the token's chain; run
+# mhc_pre_v2_0107b33): a second measurement of the chain, read by benchmarks.mhc_check and its test, priced nowhere
+MHC_PRE_V2_OP = "mhc_pre_v2"
 
 
 def mhc_bytes(op: str, tokens, n: int, h: int, splits: int = MHC_SPLITS):
@@ -356,7 +359,7 @@ def _mhc_tables(path: Path) -> dict[tuple[str, int, int, int], Series]:
     pts: dict[tuple[str, int, int, int], dict[float, float]] = {}
     for r in _rows(path):
         n, k = int(r["groups"]), int(r["k"])
-        key = (r["op"], n, k // n, int(float(r["context"])) if r["op"] in ("mhc_pre", MHC_CHAIN_OP) else 0)
+        key = (r["op"], n, k // n, int(float(r["context"])) if r["op"] in ("mhc_pre", MHC_CHAIN_OP, MHC_PRE_V2_OP) else 0)
         t = float(r["device_us"]) * 1e-6
         by = pts.setdefault(key, {})
         by[float(r["m"])] = min(t, by.get(float(r["m"]), math.inf))
