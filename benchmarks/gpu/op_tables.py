@@ -406,11 +406,65 @@ def mla_decode_rows(emit, batches, contexts, heads=(128,)) -> None:
         torch.cuda.empty_cache()
 
 
+# GQA heads per GPU (query, KV) x head dim the ``gqa`` stage times: Llama-3.1-70B at TP8 (64/8 heads: 8 query over one KV
+# head) and Llama-3.1-8B / Qwen3-30B-A3B-like unsharded (32 query over 8 KV heads)
+GQA_HEADS = ((8, 1, 128), (32, 8, 128))
+
+
+def gqa_attention_rows(emit, decode_batches, contexts, prefill_new, prefill_cached, heads=GQA_HEADS) -> None:
+    """FlashAttention-3 (vLLM's varlen entry, ``fa_version=3``) over BF16 K/V laid out contiguously per sequence, the
+    call vLLM's FA backend makes for decode and prefill alike: ``tokens`` new queries per sequence over ``context``
+    keys (the cached ones plus the new), causal bottom-right. Decode rows: one new token, every sequence at
+    ``context``; prefill rows: one sequence, ``tokens`` new over ``context - tokens`` cached."""
+    from kernels.vendor import _fa3_varlen
+    fn = _fa3_varlen()
+    cases = [(h, 1, c, b) for h in heads for c in contexts for b in decode_batches] + \
+            [(h, n, c + n, 1) for h in heads for c in prefill_cached for n in prefill_new]
+    for (hq, hkv, d), new, ctx, bsz in cases:
+        kv_bytes = bsz * ctx * 2 * hkv * d * 2
+        if kv_bytes > (20 << 30):
+            continue
+        ncop = copies_for(kv_bytes)
+        scale = d ** -0.5
+        row = {"op": "gqa_attention", "lib": "fa3", "dtype": "bf16", "name": f"gqa_q{hq}_kv{hkv}_d{d}", "batch": bsz,
+               "tokens": new, "context": ctx, "m": bsz * new, "copies": ncop}
+        try:
+            ks = [torch.randn(bsz * ctx, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(ncop)]
+            vs = [torch.randn(bsz * ctx, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(ncop)]
+            q = torch.randn(bsz * new, hq, d, device="cuda", dtype=torch.bfloat16)
+            cu_q = torch.arange(0, bsz + 1, device="cuda", dtype=torch.int32) * new
+            cu_k = torch.arange(0, bsz + 1, device="cuda", dtype=torch.int32) * ctx
+
+            def call(i):
+                return fn(q, ks[i], vs[i], max_seqlen_q=new, cu_seqlens_q=cu_q, max_seqlen_k=ctx, cu_seqlens_k=cu_k,
+                          softmax_scale=scale, causal=True, fa_version=3)
+            out = call(0)
+            errs = []
+            for j in range(min(bsz, 2)):
+                qj = q[j * new:(j + 1) * new]
+                want = R.attention(qj, ks[0][j * ctx:(j + 1) * ctx], vs[0][j * ctx:(j + 1) * ctx],
+                                   torch.arange(ctx - new, ctx, device="cuda"), scale)
+                errs.append(rel(out[j * new:(j + 1) * new], want))
+            row["rel_err"] = max(errs)
+            row["eager_us"] = eager_time_us(lambda: call(0))
+            t = graph_time_us([lambda i=i: call(i) for i in range(ncop)], reps_for(row["eager_us"]))
+            causal_pairs = bsz * (new * (ctx - new) + new * (new + 1) / 2)
+            row.update(device_us=t, tbs=(kv_bytes + 2 * q.numel() * 2) / t / 1e6,
+                       tflops=4 * causal_pairs * hq * d / t / 1e6)
+            del ks, vs
+        except Exception as ex:  # noqa: BLE001
+            row["error"] = f"{type(ex).__name__}: {ex}"[:300]
+            traceback.print_exc()
+        emit(row)
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--quick", action="store_true", help="a few shapes per table (a smoke run)")
-    ap.add_argument("--tables", default="dense,masked,mla", help="comma list of dense, dense_tp, masked, masked_tp, contig, mhc, mla, mla_tp, dense_bf16 "
+    ap.add_argument("--tables", default="dense,masked,mla", help="comma list of dense, dense_tp, masked, masked_tp, contig, mhc, mla, mla_tp, gqa (FA3 GQA decode and "
+                    "prefill over cached keys), dense_bf16 "
                     "(BF16 cuBLAS and DeepGEMM FP8 at the V3 shapes and BF16_EXTRA's), dense_bf16_qwen (BF16 cuBLAS at "
                     "BF16_QWEN's shapes)")
     ap.add_argument("--tp", default="2,4,8", help="TP widths of the dense_tp (DeepGEMM) and mla_tp (heads = 128 / TP) tables")
@@ -457,6 +511,10 @@ def main() -> None:
               ("dense_bf16", lambda: (dense_gemm_rows(writer.emit, ("deepgemm",), m_grid, {**gemms, **BF16_EXTRA}),
                                       bf16_gemm_rows(writer.emit, m_grid, {**gemms, **BF16_EXTRA}))),
               ("dense_bf16_qwen", lambda: bf16_gemm_rows(writer.emit, m_grid, BF16_QWEN)),
+              ("gqa", lambda: gqa_attention_rows(writer.emit, (1, 64) if args.quick else (1, 8, 32, 64, 128, 256),
+                                                 (2048,) if args.quick else (512, 2048, 8192, 32768),
+                                                 (16, 512) if args.quick else (1, 16, 128, 512, 2048, 8192),
+                                                 (0, 4096) if args.quick else (0, 4096, 16384))),
               ("mla_tp", lambda: mla_decode_rows(writer.emit, (1, 8, 32, 64, 128, 256), (512, 2048, 8192, 32768),
                                                  tuple(128 // t for t in tps)))]
     for name, fn in stages:
