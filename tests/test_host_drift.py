@@ -25,5 +25,5 @@ def test_tpot_error_follows_the_host_drift_replay_by_replay():
     assert fit["resid_std"] < fit["err_std"]
     assert out["fits"]["probe_drift"] is None          # no run before the probe recorded it
     assert {r["class"] for r in out["rows"]} == {"chat", "agentic", "summarize", "reasoning", "longctx"}
-    with pytest.raises(SystemExit, match="no reports.tgz"):
+    with pytest.raises(SystemExit, match="no reports.tar.xz or reports.tgz"):
         host_drift.main([str(ROOT / "benchmarks")])

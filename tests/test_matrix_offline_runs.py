@@ -110,15 +110,17 @@ def test_async_gain_on_the_committed_bench():
 
 
 def _unpacked(run: str, dst: Path) -> Path:
-    """A copy of an archived H200 matrix run with its reports.tgz unpacked (what scripts/matrix_offline.py reads)."""
+    """A copy of an archived H200 matrix run with its packed reports unpacked (what scripts/matrix_offline.py reads)."""
     import shutil
     import tarfile
+
+    from sim.timeline_check import reports_archive
 
     src = ROOT / "benchmarks" / "gpu" / "issue16_h200" / run
     dst.mkdir()
     for f in src.glob("*.json"):
         shutil.copy(f, dst / f.name)
-    with tarfile.open(src / "reports.tgz") as t:
+    with tarfile.open(reports_archive(src)) as t:
         t.extractall(dst, filter="data")
     return dst
 
@@ -388,7 +390,7 @@ def test_async_gain_over_alternating_rounds_held_out():
 
 
 def test_a_packed_run_folder_is_read_through_a_temporary_unpacked_copy(tmp_path):
-    """Runs whose per-class reports travel in reports.tgz (all since run 10; runs 5-9 packed since) are read as they
+    """Runs whose per-class reports travel in reports.tgz or reports.tar.xz (all since run 10; runs 5-9 packed since) are read as they
     lie: the offline scripts get a temporary copy with the archive unpacked; a loose folder is read in place; a folder
     with neither is refused by name."""
     import tarfile
@@ -410,6 +412,13 @@ def test_a_packed_run_folder_is_read_through_a_temporary_unpacked_copy(tmp_path)
     got = unpacked_run(packed)
     assert got != packed and (got / "samples_chat_m.json").read_text() == '{"low": {}}'
     assert (got / "calibration_m.json").read_text() == '{"a": 1}' and not any(packed.glob("samples_*"))
+    # repacked as xz (scripts/repack_reports.py): the same members, read the same way, the gzip gone
+    import repack_reports
+    before, after = repack_reports.repack(packed)
+    assert before > 0 and after > 0 and not (packed / "reports.tgz").exists() and (packed / "reports.tar.xz").is_file()
+    again = unpacked_run(packed)
+    assert again != got and (again / "samples_chat_m.json").read_text() == '{"low": {}}'
+    assert repack_reports.repack(packed) is None
     with pytest.raises(FileNotFoundError, match="not a matrix run folder"):
         unpacked_run(tmp_path / "loose" / "nothing")
     r8 = unpacked_run(ROOT / "benchmarks" / "gpu" / "issue16_h200" / "run8_reasoning_longctx_178a4af")
