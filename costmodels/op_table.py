@@ -229,6 +229,10 @@ class OpTables:
     # (op, streams n, hidden H, Sinkhorn iterations: the pre kernel's, else 0) -> time over tokens of one mHC kernel
     # around a block (DeepSeek-V4-class hyper-connections)
     mhc: dict[tuple[str, int, int, int], Series] = field(default_factory=dict)
+    # (query heads, KV heads, head dim) per GPU -> FlashAttention-3 GQA decode over batch x context (one new token a
+    # sequence) and prefill of one sequence's chunk over new tokens x cached ones (``gqa_attention_bf16.csv``)
+    gqa_decode: dict[tuple[int, int, int], GridTable] = field(default_factory=dict)
+    gqa_prefill: dict[tuple[int, int, int], "GqaChunks"] = field(default_factory=dict)
 
     def gemm_table(self, dtype: str, prefer: tuple[str, ...] | None = None) -> GemmTable | None:
         """The table of the first preferred library measured for ``dtype`` (the kernel serving would run; by default
@@ -298,6 +302,141 @@ def _mla_tables(path: Path, kv_entry_bytes: float = 576 * 2) -> dict[int, GridTa
         out[heads] = GridTable("flashmla", f"MLA decode ({heads} heads, bf16 latent 512+64)", xs, ys, sec,
                                work=lambda b, c: np.asarray(b, float) * np.asarray(c, float) * kv_entry_bytes)
     return out
+
+
+def gqa_work(hq: int, hkv: int, d_qk: int, d_v: int, new, cached) -> tuple:
+    """(flops, bytes) of one GQA attention kernel over one sequence: ``new`` queries (the last of ``cached + new``
+    keys, causal) at ``hq`` query heads over ``hkv`` KV heads, BF16 K/V read once, Q read and O written."""
+    n, c = np.asarray(new, float), np.asarray(cached, float)
+    pairs = n * c + n * (n + 1) / 2
+    return 2.0 * hq * (d_qk + d_v) * pairs, (c + n) * hkv * (d_qk + d_v) * 2.0 + n * hq * (d_qk + d_v) * 2.0
+
+
+def _gqa_tables(path: Path) -> tuple[dict[tuple[int, int, int], GridTable], dict[tuple[int, int, int], "GqaChunks"]]:
+    """The ``gqa`` stage's rows (``benchmarks/gpu/op_tables.py``): decode (one new token a sequence, the batch grid)
+    as a batch x context GridTable per head layout; prefill (one sequence) as ``GqaChunks`` per layout."""
+    dec: dict[tuple[int, int, int], dict[tuple[int, int], float]] = {}
+    pre: dict[tuple[int, int, int], dict[tuple[int, int], float]] = {}
+    for r in _rows(path):
+        q, kv, d = (int(v) for v in r["name"].removeprefix("gqa_q").replace("_kv", " ").replace("_d", " ").split())
+        b, n, ctx, t = int(r["batch"]), int(r["tokens"]), int(r["context"]), float(r["device_us"]) * 1e-6
+        if n == 1:
+            dec.setdefault((q, kv, d), {})[(b, ctx)] = t
+        if b == 1:
+            pre.setdefault((q, kv, d), {})[(n, ctx - n)] = t
+    out_d = {}
+    for key, pts in sorted(dec.items()):
+        q, kv, d = key
+        # the decode grid: the contexts measured at batches above one (the prefill grid's one-token rows, batch 1 over
+        # its cached counts, are chunks, not grid points)
+        ys = np.array(sorted({c for b, c in pts if b > 1}), float)
+        xs = np.array(sorted({b for b, c in pts if c in set(ys.astype(int).tolist())}), float)
+        sec = np.full((xs.size, ys.size), np.nan)
+        for i, x in enumerate(xs):
+            for j, y in enumerate(ys):
+                if (int(x), int(y)) in pts:
+                    sec[i, j] = pts[(int(x), int(y))]
+                elif i and not np.isnan(sec[i - 1, j]):
+                    # a cell the run skipped (its KV past the stage's 20 GB): the next smaller batch's time along the
+                    # roofline (the kernel streams the batch's KV: memory-bound there)
+                    sec[i, j] = sec[i - 1, j] * x / xs[i - 1]
+        if np.isnan(sec).any():
+            continue
+        out_d[key] = GridTable("fa3", f"GQA decode ({q} query / {kv} KV heads of {d}, bf16)", xs, ys, sec,
+                               work=lambda b, c, kv=kv, d=d: np.asarray(b, float) * np.asarray(c, float) * kv * d * 4.0)
+    out_p = {}
+    for key, pts in sorted(pre.items()):
+        lines = {}
+        for n in sorted({n for n, _ in pts}):
+            cs = sorted(c for m, c in pts if m == n)
+            if len(cs) >= 2:
+                lines[n] = (cs, [pts[(n, c)] for c in cs])
+        if len(lines) >= 2:
+            out_p[key] = GqaChunks(*key, lines=lines)
+    return out_d, out_p
+
+
+@dataclass
+class GqaChunks:
+    """FlashAttention-3 prefill of one sequence's chunk (``n`` new tokens over ``c`` cached, causal) at one head layout
+    (``hq`` query over ``hkv`` KV heads of ``d``), measured at a few new-token counts, each over its own cached counts
+    (``lines``: n -> (cached counts ascending, seconds); one-token chunks take the decode rows at batch one too).
+
+    ``at`` answers a chunk of another layout or head dims at any (n, c): the measured time at (n, c) (log time linear
+    in log keys along each measured new-token count, then linear in log new tokens), moved to the asked layout by the
+    transfer rule's shape form: the roofline (``gqa_work`` at the calibration's efficiencies on the measured GPU) moves
+    to the asked chunk's, the time over it (the kernel's latency, tile tails) stays; a time under its roofline keeps
+    its fraction of it. Beyond a line's largest cache or the largest new-token count the edge's time scales with the
+    roofline (``loglog_interp``'s rule, as the decode table's: ``beyond`` says where)."""
+
+    hq: int
+    hkv: int
+    d: int
+    lines: dict[int, tuple[list[int], list[float]]]
+
+    def __post_init__(self):
+        self.news = sorted(self.lines)
+        self._ln = [math.log(v) for v in self.news]
+
+    def _roof(self, n: float, c: float, peak: float, bw: float, me: float, ce: float) -> float:
+        f, b = gqa_work(self.hq, self.hkv, self.d, self.d, n, c)
+        return max(float(b) / (me * bw), float(f) / (ce * peak))
+
+    def _line(self, nv: int, c: float, roof) -> float:
+        cs, ts = self.lines[nv]
+        if c >= cs[-1]:
+            return ts[-1] * max(1.0, roof(nv, c) / roof(nv, cs[-1]))
+        if c <= cs[0]:
+            return ts[0]
+        keys = [math.log(nv + v) for v in cs]
+        k = math.log(nv + c)
+        j = max(0, min(bisect_right(keys, k) - 1, len(keys) - 2))
+        w = (k - keys[j]) / (keys[j + 1] - keys[j])
+        return math.exp(math.log(ts[j]) + (math.log(ts[j + 1]) - math.log(ts[j])) * w)
+
+    def beyond(self, n: float, c: float) -> bool:
+        """Whether (n, c) lies past the measured grid (the roofline's growth prices the excess)."""
+        if n > self.news[-1]:
+            return True
+        hi = next((v for v in self.news if v >= n), self.news[-1])
+        lo = max((v for v in self.news if v <= n), default=self.news[0])
+        return c > min(self.lines[lo][0][-1], self.lines[hi][0][-1])
+
+    def measured_at(self, n: float, c: float, peak: float, bw: float, me: float, ce: float) -> float:
+        """Seconds of the measured layout's chunk of ``n`` new over ``c`` cached on the measured GPU (``peak``: its
+        BF16 dense peak, ``bw``: its HBM bandwidth, ``me``/``ce``: the calibration's efficiencies)."""
+        def roof(nv, cv):
+            return self._roof(nv, cv, peak, bw, me, ce)
+        if n >= self.news[-1]:
+            last = self.news[-1]
+            return self._line(last, c, roof) * max(1.0, roof(n, c) / roof(last, c))
+        if n <= self.news[0]:
+            return self._line(self.news[0], c, roof)
+        x = math.log(n)
+        i = bisect_right(self._ln, x) - 1
+        w = (x - self._ln[i]) / (self._ln[i + 1] - self._ln[i])
+        a, b = self._line(self.news[i], c, roof), self._line(self.news[i + 1], c, roof)
+        return math.exp(math.log(a) + (math.log(b) - math.log(a)) * w)
+
+    def at(self, n: float, c: float, hq: float, hkv: float, d_qk: float, d_v: float, peak: float, bw: float,
+           mem_eff: float, compute_eff: float) -> float:
+        """Seconds of a chunk of ``n`` new over ``c`` cached tokens at ``hq`` / ``hkv`` heads of ``d_qk`` / ``d_v`` on
+        the measured GPU."""
+        t = self.measured_at(n, c, peak, bw, mem_eff, compute_eff)
+        roof_m = self._roof(n, c, peak, bw, mem_eff, compute_eff)
+        f, b = gqa_work(hq, hkv, d_qk, d_v, n, c)
+        roof = max(float(b) / (mem_eff * bw), float(f) / (compute_eff * peak))
+        return roof + (t - roof_m) if t >= roof_m else t * roof / max(roof_m, 1e-30)
+
+
+def nearest_gqa_layout(have, hq: float, hkv: float, d: float) -> tuple[int, int, int] | None:
+    """The measured head layout nearest ``hq`` query over ``hkv`` KV heads of ``d``: the query heads a KV head serves
+    (the kernel's packing), then the bytes a cached token (KV heads x head dim), then the head dim, all in log."""
+    if not have:
+        return None
+    g = max(hq, 1e-9) / max(hkv, 1e-9)
+    return min(have, key=lambda k: (abs(math.log(k[0] / k[1] / g)), abs(math.log(k[1] * k[2] / max(hkv * d, 1e-9))),
+                                    abs(math.log(k[2] / max(d, 1e-9))), k))
 
 
 def _grouped_tables(path: Path, kind: str) -> dict[tuple[int, int, int], Series]:
@@ -383,7 +522,8 @@ def same_kind(hw) -> list[str]:
     same = []
     for g in measured_gpus():
         other = get_hardware(g)
-        if other.tflops("fp8") == hw.tflops("fp8") and other.hbm_bw == hw.hbm_bw:
+        # (a GPU without FP8 tensor cores, fp8_tflops unset, is no measured GPU's kind)
+        if other.fp8_tflops == hw.fp8_tflops and other.bf16_tflops == hw.bf16_tflops and other.hbm_bw == hw.hbm_bw:
             same.append(g)
     return sorted(same, key=lambda g: g.lower() != hw.name.lower())
 
@@ -406,8 +546,9 @@ def load(gpu: str) -> OpTables | None:
         if (folder / "grouped_gemm_contig_fp8.csv").is_file() else {}
     mla = _mla_tables(folder / "mla_decode_bf16.csv") if (folder / "mla_decode_bf16.csv").is_file() else {}
     mhc = _mhc_tables(folder / "mhc.csv") if (folder / "mhc.csv").is_file() else {}
+    gdec, gpre = _gqa_tables(folder / "gqa_attention_bf16.csv") if (folder / "gqa_attention_bf16.csv").is_file() else ({}, {})
     return OpTables(gpu=hw.name, provenance=prov, gemm=gemm, masked_grouped=masked, mla_decode=mla,
-                    contig_grouped=contig, mhc=mhc)
+                    contig_grouped=contig, mhc=mhc, gqa_decode=gdec, gqa_prefill=gpre)
 
 
 # --------------------------------------------------------------------------- the cost model's use of the tables
@@ -860,6 +1001,9 @@ class TableMLA:
     same_gpu: bool = True
     measured_on: str = ""
     bw_measured: float = 0.0      # the measured GPU's HBM bandwidth, bytes/s (0: the target's)
+    token_bytes: float = MLA_ENTRY_DIMS[0] * 2   # bytes the measured kernel reads a cached token (streaming lookups)
+    kernel: str = "FlashMLA"      # the measured kernel, for notes
+    layout: str = ""              # its head layout in words (a GQA table's), for notes
 
     def __post_init__(self):
         self._lx = [float(v) for v in np.log(self.table.xs)]
@@ -912,6 +1056,22 @@ class TableMLA:
             return t
         return transferred(t, flops, byts, self.peak_ratio * self.target_flops, self.target_flops,
                            self.bw_measured or self.target_bw, self.target_bw, self.mem_eff, self.compute_eff)
+
+
+def gqa_decode_table(tables: OpTables | None, hq: float, hkv: float, d: float, target_bf16_flops: float,
+                     target_bw: float, mem_eff: float, compute_eff: float) -> TableMLA | None:
+    """The FlashAttention-3 GQA decode table of the measured head layout nearest ``hq`` query over ``hkv`` KV heads of
+    ``d`` a GPU (``nearest_gqa_layout``), as a streaming table (``StepOps.stream_time`` looks it up at the context that
+    reads a step's bytes), or None where none was measured."""
+    if tables is None or not tables.gqa_decode:
+        return None
+    q, kv, dm = nearest_gqa_layout(list(tables.gqa_decode), hq, hkv, d)
+    measured = get_hardware(tables.gpu)
+    peak = measured.bf16_tflops * 1e12
+    same = peak == target_bf16_flops and measured.hbm_bw == target_bw
+    return TableMLA(tables.gqa_decode[(q, kv, dm)], q, q, peak / target_bf16_flops, target_bw, target_bf16_flops,
+                    mem_eff, compute_eff, same, measured.name, measured.hbm_bw, token_bytes=kv * dm * 4.0,
+                    kernel="FlashAttention-3", layout=f"{q} query / {kv} KV heads of {dm}")
 
 
 def mla_decode_table(tables: OpTables | None, heads: float, target_bf16_flops: float, target_bw: float,

@@ -289,7 +289,8 @@ class StepCostModel(StepOps):
                     self.mla_table is not None and self.mla_covers(geo),   # decode one query each: the FlashMLA table
                     geo.index_cap,
                     self.att_den(geo.d_qk_decode, geo.d_v_decode),         # math rates: tensor peak or the SFU exponentials
-                    self.att_den(geo.d_qk_prefill, geo.d_v_prefill))
+                    self.att_den(geo.d_qk_prefill, geo.d_v_prefill),
+                    geo if self.gqa_covers(geo) else None)                 # prefill chunks: the GQA table's
 
         self._geo_fast = [consts(geo, c) for geo, c in self.att_groups]
         self._geo_dec = list(self.att_dec)  # CED decoder groups: prefill chunks reach them as their tails
@@ -383,7 +384,7 @@ class StepCostModel(StepOps):
             elif dec_chunks is not None:
                 pn, pc, ends_all = dec_chunks if self._geo_dec[i] else enc_chunks
                 scored_all = None
-            count, cap, ratio, window, ir, cf_dec, cf_pre, dpre, upproj, table, icap, den_dec, den_pre = geo
+            count, cap, ratio, window, ir, cf_dec, cf_pre, dpre, upproj, table, icap, den_dec, den_pre, gqa = geo
             ta = ti = 0.0
             if nd:
                 last = (dpos_sum + shift * nd if cap >= INF else self._dsum(dctx, g + shift, cap)) / ratio
@@ -395,7 +396,7 @@ class StepCostModel(StepOps):
                     fl, by = cf_dec * (n_q * last) * s, last * eb * s
                     if stream and (fl > 0 or by > 0):
                         a, b = fl / den_dec, self.stream_time(nd * s, by)
-                        ta = (a if a >= b else b) + self._lo
+                        ta = a if a >= b else b   # the measured kernel's time holds its launch (attn_roofline)
                     else:
                         ta = attn_t(fl, by, den_dec)
                 if ir:
@@ -414,8 +415,11 @@ class StepCostModel(StepOps):
                         es += _sum_min_s(c, n, cap) / ratio + (_sum_min_s(c, n, window) if window else 0.0)
                         p = c + n
                         ends += min(p, cap) / ratio + (min(p, window) if window else 0.0)
-                byts = float(ends_all) * self.heads_local * dpre * 2.0 if upproj else ends * eb
-                ta += self._attn_pre_t(cf_pre * es * s, byts * s, den_pre)
+                if gqa is not None:   # measured FlashAttention-3 chunks in one varlen kernel (StepOps.gqa_chunks_seconds)
+                    ta += self.gqa_chunks_seconds(gqa, pn, pc, s)
+                else:
+                    byts = float(ends_all) * self.heads_local * dpre * 2.0 if upproj else ends * eb
+                    ta += self._attn_pre_t(cf_pre * es * s, byts * s, den_pre)
                 if ir and icap < INF:  # a two-level index: each query scores at most icap candidates
                     scored = sum(_sum_min_s(c, n, icap) for c, n in zip(pc, pn))
                     ti += self._indexer_t(scored / ir, sum(min(c + n, icap) for c, n in zip(pc, pn)) / ir, s)

@@ -43,13 +43,14 @@ from costmodels.comm import (
     block_touched, dispatch_payload_dtype, dispatch_rows_per_token, internode_normal_time, intranode_ep_time, node_fanout,
     p2p_time,
 )
-from costmodels.hardware import Hardware
+from costmodels.hardware import Hardware, get_hardware
 from costmodels.layout import ParallelLayout
 from costmodels.memory import indexer_kv_bytes_per_token, kv_bytes_per_token_layer, kv_shard_divisor, mtp_kind
 from costmodels.model_spec import ModelSpec
 from costmodels.op_table import (MASKED_MAX_ROWS, MEASURED, MHC_OPS, MLA_ENTRY_DIMS, MLA_LATENT_BYTES, SCALED, ExpertGemms,
-                                 MhcKernels, TableGemms, TableMLA, kernel_gemms, mhc_bytes, mhc_fallback_s,
-                                 mhc_flops, mla_decode_table, table_from_points)
+                                 GqaChunks, MhcKernels, TableGemms, TableMLA, gqa_decode_table, kernel_gemms, mhc_bytes,
+                                 mhc_fallback_s, mhc_flops, mla_decode_table, nearest_gqa_layout, table_from_points)
+from costmodels.op_table import gqa_work, transferred_one
 from costmodels.op_table import load as load_op_tables
 from costmodels.op_table import measured_gpus as measured_op_table_gpus
 from costmodels.op_table import same_kind as same_kind_tables
@@ -125,6 +126,13 @@ def transferred_note(measured_on: str, peak: str) -> str:
     ``peak``: the dtype the peak ratio is of ("FP8 ", "BF16 " or "")."""
     return (f"transferred from {measured_on}: its roofline moved to this GPU's bandwidth and math ceilings, its time "
             f"over the roofline scaled by the {peak}peak ratio")
+
+
+def exp_bound_peak(hw: Hardware, d_qk: float, d_v: float) -> float:
+    """Attention math ceiling of ``hw`` at head dims ``d_qk`` / ``d_v``: min(BF16 peak, 2 (d_qk + d_v) x its softmax
+    exponential rate) FLOP/s (the BF16 peak where the catalog gives no exponential rate)."""
+    peak = hw.bf16_tflops * 1e12
+    return peak if hw.exp_rate is None else min(peak, 2.0 * (d_qk + d_v) * hw.exp_rate)
 
 class StepOps:
     """Everything of a step's ops that depends only on model, hardware, layout and calibration."""
@@ -365,6 +373,8 @@ class StepOps:
         self._idx_coef = 2.0 * m.indexer.n_heads * m.indexer.head_dim if m.indexer else 0.0
         self.mla_table = self._mla_table()
         self._mla_by_q: dict[int, TableMLA | None] = {}   # mla_for's tables of draft-verifying decodes
+        self.kv_heads_local = m.num_kv_heads / kv_shard_divisor(m, lay) if m.attention != "mla" else 0.0
+        self.gqa_chunks, self.gqa_chunks_on = self._gqa_chunks()
         self.decode_stream = self._decode_stream()
         self.chunk_table = cal.tables.get("attn_prefill_chunk")   # PrefillChunkTable (a measured profile's) or None
         # MoELayerTable (a measured profile's): the routed experts' measured device time, where it timed this MoE on one GPU
@@ -528,8 +538,75 @@ class StepOps:
         the catalog's two FlashMLA points at 128 heads a GPU, compute-bound, which as a streaming rate read about
         half the table's at 0.2-0.9 GB: an FP8 cache's decode was priced slower than the BF16 one the table priced,
         a draft-verifying one 1.8x)."""
-        tabs = load_op_tables(self.cal.op_tables) if self.cal.op_tables else None
+        if not self.cal.op_tables:
+            return None
+        if self.model.attention != "mla":
+            # a GQA model's decode: the measured FlashAttention-3 GQA kernel at its nearest head layout, where a table
+            # holds one (this GPU's, a GPU's of the same die and memory, the profile's, else any measured GPU's)
+            for tabs in self._gqa_sources():
+                if tabs.gqa_decode:
+                    return gqa_decode_table(tabs, self.heads_local, self.kv_heads_local, self.model.head_dim,
+                                            self.att_peak, self.hw.hbm_bw, self.cal.mem_eff, float(self.cal.attn_compute()))
+        tabs = load_op_tables(self.cal.op_tables)
         return self._mla_at(min(tabs.mla_decode)) if tabs is not None and tabs.mla_decode else None
+
+    def _gqa_sources(self):
+        """Op tables that may hold the GQA attention stage, nearest first (``_mhc_kernels``' order)."""
+        for name in dict.fromkeys((*same_kind_tables(self.hw), self.cal.op_tables, *measured_op_table_gpus())):
+            tabs = load_op_tables(name) if name else None
+            if tabs is not None:
+                yield tabs
+
+    def _gqa_chunks(self) -> tuple[GqaChunks | None, object]:
+        """(the FlashAttention-3 GQA prefill table of the measured head layout nearest this model's, the GPU it was
+        measured on) for a GQA model where the calibration names op tables and a table holds the stage; else
+        (None, None): prefill attention on the formula."""
+        m = self.model
+        if m.attention == "mla" or not self.cal.op_tables:
+            return None, None
+        for tabs in self._gqa_sources():
+            if tabs.gqa_prefill:
+                key = nearest_gqa_layout(list(tabs.gqa_prefill), self.heads_local, self.kv_heads_local, m.head_dim)
+                return tabs.gqa_prefill[key], get_hardware(tabs.gpu)
+        return None, None
+
+    def gqa_covers(self, geo: AttnGeometry | None) -> bool:
+        """A layer the GQA prefill table speaks for: every cached entry read (no window, index or compression)."""
+        return self.gqa_chunks is not None and geo is not None and geo.cap >= INF and geo.ratio == 1.0 \
+            and not geo.window and not geo.index_ratio and not geo.prefill_upproj
+
+    def gqa_chunks_seconds(self, geo: AttnGeometry, news, cached, s: float) -> float:
+        """Seconds of one layer's prefill attention over chunks of ``news`` new on ``cached`` cached tokens at this
+        model's heads on this GPU (``s``: the rank's share), from the GQA prefill table: each chunk's measured time at
+        its shape (``GqaChunks.at`` on the measured GPU, then ``transferred_one``), split at its roofline (the
+        calibration's efficiencies here) into the part the roofline accounts for and the time over it (launch,
+        pipeline fill, tails). One varlen kernel runs the chunks together, as serving engines call FlashAttention:
+        their roofline parts add, the time over the roofline is paid once, the largest chunk's (one chunk: its
+        measured time; 64 one-token chunks over 4,096 cached, Llama-3.1-70B TP8 on the H100: 59 us a layer, where the
+        measured decode kernel over the same batch took 57.9)."""
+        tab, mhw = self.gqa_chunks, self.gqa_chunks_on
+        hq, hkv = self.heads_local, self.kv_heads_local
+        me, ce = self.cal.mem_eff, float(self.cal.attn_compute())
+        dq, dv = geo.d_qk_prefill, geo.d_v_prefill
+        # the math ceilings: the BF16 peak, or where lower the softmax exponentials' rate (att_math_peak), on the
+        # measured GPU and here: an exponential-bound GPU's chunks move by its exponential rate
+        mpeak = exp_bound_peak(mhw, dq, dv)
+        peak = self.att_math_peak(dq, dv)
+        moved = mpeak != peak or mhw.hbm_bw != self.hw.hbm_bw
+        base = over = 0.0
+        for n, c in zip(news, cached):
+            n, c = float(n), float(c)
+            if n <= 0:
+                continue
+            t = tab.at(n, c, hq, hkv, dq, dv, exp_bound_peak(mhw, tab.d, tab.d), mhw.hbm_bw, me, ce)
+            f, b = gqa_work(hq, hkv, dq, dv, n, c)
+            f, b = float(f), float(b)
+            if moved:
+                t = transferred_one(t, f, b, mpeak, peak, mhw.hbm_bw, self.hw.hbm_bw, me, ce)
+            roof = max(b / (me * self.hw.hbm_bw), f / (ce * peak))
+            base += min(t, roof)
+            over = max(over, t - roof)
+        return (base + over) * s
 
     def stream_time(self, batch: float, byts):
         """Seconds the decode attention of ``batch`` requests reading ``byts`` KV bytes streams them
@@ -537,10 +614,11 @@ class StepOps:
         the same latent bytes."""
         tab = self.decode_stream
         b = max(float(batch), 1e-9)
+        tb = tab.token_bytes
         if isinstance(byts, float):
-            return tab.at(b, max(byts / (b * MLA_LATENT_BYTES), 1e-9), 0.0, byts) if byts > 0 else 0.0
+            return tab.at(b, max(byts / (b * tb), 1e-9), 0.0, byts) if byts > 0 else 0.0
         arr = np.asarray(byts, float)
-        t = tab.many(b, np.maximum(arr / (b * MLA_LATENT_BYTES), 1e-9), 0.0, arr)
+        t = tab.many(b, np.maximum(arr / (b * tb), 1e-9), 0.0, arr)
         return np.where(arr > 0, t, 0.0)
 
     def mla_for(self, n_q: int) -> TableMLA | None:
@@ -599,7 +677,7 @@ class StepOps:
         same kernel's streaming for every other decode (GQA, sliding, indexed, compressed layers, another vendor's
         GPU); None where neither is in use (the formula for all attention)."""
         t, st = self.mla_table, self.decode_stream
-        if t is None and st is None:
+        if t is None and st is None and self.gqa_chunks is None:
             return None
 
         def how(x: TableMLA) -> str:
@@ -613,13 +691,27 @@ class StepOps:
             parts.append(f"MLA decode attention (dense latent layers, one query per request) from the FlashMLA "
                          f"device-time table at (batch, mean context), {heads}, {how(t)}; MTP draft verification "
                          "(s_q > 1) at s_q x the heads (FlashMLA packs a request's queries with its heads)")
-        if st is not None:
+        if st is not None and st.kernel != "FlashMLA":
+            parts.append(f"decode attention: the measured {st.kernel} GQA decode kernel of {st.measured_on} at "
+                         f"{st.layout} a GPU (this layout: {self.heads_local:g} query / {self.kv_heads_local:g} KV heads "
+                         f"of {self.model.head_dim}) at (batch, the context that reads the step's KV bytes) ({how(st)}; "
+                         "the kernel's own latency included, no launch added), its math at the formula's rate")
+        elif st is not None:
             which = "other layers' decode attention (indexed, compressed, sliding, or a cache the table did not measure)" \
                 if t is not None else "decode attention"
             parts.append(f"{which}: its KV read as the measured FlashMLA kernel at {st.table_heads:g} query heads/GPU "
                          f"(memory-bound) reads the same bytes over the same batch ({how(st)}; the kernel's own latency "
-                         "included), its math at the formula's rate; prefill attention's KV reads at the GEMM streaming "
-                         "ramp, its math on the formula")
+                         "included, no launch added), its math at the formula's rate")
+        ch, on = self.gqa_chunks, self.gqa_chunks_on
+        if ch is not None:
+            moved = "measured" if on.name == self.hw.name else transferred_note(on.name, "BF16 (or exponential-rate) ")
+            parts.append(f"prefill attention (layers reading every cached entry): the measured FlashAttention-3 chunk "
+                         f"table of {on.name} at {ch.hq} query / {ch.hkv} KV heads of {ch.d} over new x cached tokens "
+                         f"(new {ch.news[0]}-{ch.news[-1]}; past the grid the edge's time scaled by the roofline), "
+                         f"moved to this layout's heads by its roofline ({moved}); a step's chunks run as one kernel: "
+                         "their roofline parts add, the time over the roofline is the largest chunk's")
+        elif st is not None:
+            parts.append("prefill attention's KV reads at the GEMM streaming ramp, its math on the formula")
         else:
             parts.append("prefill attention and the other layers' decode on the formula")
         return "; ".join(parts)
@@ -1030,9 +1122,7 @@ class StepOps:
 
     def att_math_peak(self, d_qk: float, d_v: float) -> float:
         """``att_den`` before the efficiency: min(BF16 peak, 2 (d_qk + d_v) x exponential rate) FLOP/s."""
-        if self.exp_rate is None:
-            return self.att_peak
-        return min(self.att_peak, 2.0 * (d_qk + d_v) * self.exp_rate)
+        return exp_bound_peak(self.hw, d_qk, d_v)
 
     def exp_bound_note(self) -> str | None:
         """Which attention kinds are priced at the SFU exponential rate rather than the tensor peak (None: none)."""
@@ -1063,13 +1153,14 @@ class StepOps:
         """Seconds of attention-like kernels (elementwise): math at ``den`` FLOP/s, KV streaming at the
         ``attn_mem`` efficiency of the bytes each kernel reads (``decode_batch``: a decode kernel over that many
         requests, streamed as the measured decode kernel streams, ``stream_time``, where there is one; ``prefill``:
-        a prefill kernel, at ``prefill_mem_eff``), plus a launch; nothing to do costs nothing."""
+        a prefill kernel, at ``prefill_mem_eff``), plus a launch (not on a measured decode kernel's time, which holds its own); nothing to do costs nothing."""
         with np.errstate(divide="ignore", invalid="ignore"):  # (an empty kernel's 0 / 0 is masked below)
             if decode_batch is not None and self.decode_stream is not None:
-                t_mem = self.stream_time(decode_batch, byts)
+                # the measured kernel's device time holds its own launch and latency: no launch on top
+                t = np.maximum(flops / den, self.stream_time(decode_batch, byts))
             else:
                 t_mem = byts / (self.hw.hbm_bw * (self.prefill_mem_eff(byts) if prefill else self.cal.attn_mem(byts)))
-            t = np.maximum(flops / den, t_mem) + self._lo
+                t = np.maximum(flops / den, t_mem) + self._lo
         return np.where((np.asarray(flops) <= 0) & (np.asarray(byts) <= 0), 0.0, t)
 
     def _attn_one(self, geo: AttnGeometry, new, ctx, dec, s) -> np.ndarray:
@@ -1100,6 +1191,10 @@ class StepOps:
                 # 2 x 1088 FLOP a score, far above any catalog GPU's peak / exp rate: never exponential-bound); decodes
                 # verifying drafts at their query rows' head count (mla_for)
                 out[2] += self.mla_for(int(n[0])).at(c.size * s, float(last.sum()) / c.size, flops, byts)
+            elif not is_dec and flops > 0 and self.gqa_covers(geo):
+                # measured FlashAttention-3 GQA prefill: the chunks' measured times at (new, cached), moved to this
+                # model's heads and this GPU, run as one varlen kernel (gqa_chunks_seconds)
+                out[2] += self.gqa_chunks_seconds(geo, n, c, s)
             elif not is_dec and geo.prefill_upproj and self.chunk_table is not None and flops > 0:
                 # measured per-chunk attention (new x cached, the executor's own masked SDPA), scaled to this
                 # layout's heads and head dims; the K/V up-projection stays with the KV_UP GEMMs. Measured seconds are

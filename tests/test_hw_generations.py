@@ -37,6 +37,11 @@ def test_every_catalog_gpu_names_its_exponential_rate_and_blackwell_ultra_double
     assert gb200.bf16_tflops * 1e12 / gb200.exp_rate == pytest.approx(512, rel=0.01)
 
 
+def _formula(hw):
+    """The default calibration without op tables: attention on the formula (no measured kernel to move)."""
+    return CalibrationProfile.default(hw).model_copy(update={"op_tables": None})
+
+
 def test_gb300_prefill_attention_is_faster_than_gb200_by_the_exp_rate_ratio_when_exp_bound():
     spec = _small_heads(32)   # 128 FLOP a score: below peak / exp rate on both GPUs
     lay = ParallelLayout(tp=8, weight_dtype="bf16")
@@ -44,7 +49,7 @@ def test_gb300_prefill_attention_is_faster_than_gb200_by_the_exp_rate_ratio_when
     ops = {}
     for name in ("GB200", "GB300"):
         hw = get_hardware(name)
-        cm = StepCostModel(spec, hw, lay, CalibrationProfile.default(hw))
+        cm = StepCostModel(spec, hw, lay, _formula(hw))
         assert any("exponential-bound" in n for n in cm.notes), cm.notes
         ops[name] = (cm, _attention_op(cm, batch))
     (c2, a2), (c3, a3) = ops["GB200"], ops["GB300"]
@@ -57,12 +62,28 @@ def test_gb300_prefill_attention_is_faster_than_gb200_by_the_exp_rate_ratio_when
     assert (a2.time_s - lo) == pytest.approx(scores / (get_hardware("GB200").exp_rate * c2.cal.attn_compute()), rel=1e-9)
 
 
+def test_measured_gqa_chunks_move_to_blackwell_by_its_exponential_rate():
+    """The measured FlashAttention-3 prefill chunks (an H100 table) moved to GB200 and GB300: their math ceiling
+    there is the exponential rate where that is lower (128 FLOP a score), so the GB300 runs a compute-bound prefill
+    about the exponential-rate ratio faster (the time over the roofline scales with it too), and a GB200 without
+    the rate in its catalog entry runs it at the tensor peak."""
+    spec, lay, batch = _small_heads(32), ParallelLayout(tp=8, weight_dtype="bf16"), BatchShape.prefill(4, 8192)
+    cms = {n: StepCostModel(spec, get_hardware(n), lay, CalibrationProfile.default(get_hardware(n))) for n in ("GB200", "GB300")}
+    if cms["GB200"].gqa_chunks is None:
+        pytest.skip("no GQA prefill table")
+    t2, t3 = (_attention_op(cms[n], batch).time_s for n in ("GB200", "GB300"))
+    assert t2 / t3 == pytest.approx(get_hardware("GB300").exp_rate / get_hardware("GB200").exp_rate, rel=0.05)
+    gb200 = get_hardware("GB200")
+    no_exp = Hardware(**{**gb200.model_dump(), "sfu_exp_tera_per_s": None})
+    assert _attention_op(StepCostModel(spec, no_exp, lay, CalibrationProfile.default(gb200)), batch).time_s < t2 / 1.5
+
+
 def test_removing_the_exponential_rate_removes_the_bound_and_mla_is_not_exp_bound():
     gb200 = get_hardware("GB200")
     no_exp = Hardware(**{**gb200.model_dump(), "sfu_exp_tera_per_s": None})
     spec, lay, batch = _small_heads(32), ParallelLayout(tp=8, weight_dtype="bf16"), BatchShape.prefill(2, 4096)
-    with_bound = _attention_op(StepCostModel(spec, gb200, lay, CalibrationProfile.default(gb200)), batch).time_s
-    without = _attention_op(StepCostModel(spec, no_exp, lay, CalibrationProfile.default(gb200)), batch).time_s
+    with_bound = _attention_op(StepCostModel(spec, gb200, lay, _formula(gb200)), batch).time_s
+    without = _attention_op(StepCostModel(spec, no_exp, lay, _formula(gb200)), batch).time_s
     assert with_bound > 1.5 * without
     # DeepSeek's MLA prefill (2 x (192 + 128) = 640 FLOP a score) and absorbed decode (2 x 1088) sit above 512
     dsv3, lay3 = get_model("deepseek-v3"), ParallelLayout(tp=8, weight_dtype="fp8")

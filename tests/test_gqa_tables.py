@@ -1,0 +1,123 @@
+"""GQA attention from the measured FlashAttention-3 tables (``op_table._gqa_tables``, ``StepOps._decode_stream``,
+``StepOps.gqa_chunks_seconds``; run ``benchmarks/gpu/issue16_h100/gqa_0d42aef``): the rows back as measured, a decode
+and a one-token prefill chunk over the same keys priced alike (one kernel on the GPU), chunks run as one varlen
+kernel, beyond the grid by the roofline and said so, and other GPUs never faster than their ceilings allow."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from costmodels import op_table
+from costmodels.batch import BatchShape
+from costmodels.catalog import get_model
+from costmodels.hardware import get_hardware
+from costmodels.layout import ParallelLayout
+from costmodels.step import StepCostModel
+
+L70 = get_model("llama-3.1-70b")
+TABLES = op_table.load("H100")
+pytestmark = pytest.mark.skipif(TABLES is None or not TABLES.gqa_decode, reason="no GQA tables")
+
+
+def _attn(sm: StepCostModel, batch: BatchShape) -> float:
+    """Attention seconds of one step, all layers (``step``'s breakdown)."""
+    return sm.step(batch).breakdown["attention"]
+
+
+def _h100(tp: int = 8) -> StepCostModel:
+    return StepCostModel(L70, get_hardware("H100"), ParallelLayout(tp=tp))
+
+
+def test_the_rows_load_as_measured_and_the_skipped_corner_follows_the_roofline():
+    dec = TABLES.gqa_decode
+    assert set(dec) == {(8, 1, 128), (32, 8, 128)}
+    g = dec[(8, 1, 128)]
+    assert g.xs.tolist() == [1, 8, 32, 64, 128, 256] and g.ys.tolist() == [512, 2048, 8192, 32768]
+    assert g.time(64, 8192).seconds[0] == pytest.approx(97.48e-6)
+    # q32/kv8 at 256 x 32,768 was past the stage's 20 GB: the 128 batch's time doubled
+    big = dec[(32, 8, 128)]
+    assert big.seconds[-1, -1] == pytest.approx(2 * 5553e-6)
+    pre = TABLES.gqa_prefill[(8, 1, 128)]
+    assert pre.news == [1, 16, 128, 512, 2048, 8192]
+    # one-token chunks take the decode rows at batch one beside the prefill grid's
+    assert pre.lines[1][0] == [0, 511, 2047, 4096, 8191, 16384, 32767]
+    h = get_hardware("H100")
+    args = (h.bf16_tflops * 1e12, h.hbm_bw, 0.856, 0.586)
+    assert pre.measured_at(8192, 0, *args) == pytest.approx(199.1e-6)
+    assert pre.measured_at(1, 4096, *args) == pytest.approx(12.62e-6)
+    assert not pre.beyond(8192, 16384) and pre.beyond(8192, 32768) and pre.beyond(16384, 0)
+
+
+def test_a_decode_and_a_one_token_chunk_over_the_same_keys_price_alike():
+    """Llama-3.1-70B TP8 on the H100: decode attention was the FlashMLA kernel's latency (1.84 ms over 80 layers at
+    1 x 4,096), a one-token chunk over the same cache the formula (0.87 ms): 2.1x apart for one kernel. Both now
+    read the FA3 tables: one request within 3% (on and beyond the grid), a batch of one-token chunks (composed as one
+    kernel from the one-chunk table) within 10% of the measured batched decode."""
+    sm = _h100()
+    for b, ctx, rel in ((1, 4096, 0.03), (1, 65536, 0.03), (64, 4096, 0.03), (8, 16384, 0.10)):
+        d = _attn(sm, BatchShape.decode(b, ctx))
+        p = _attn(sm, BatchShape.from_lists([1] * b, [ctx] * b, [False] * b))
+        assert p == pytest.approx(d, rel=rel), (b, ctx, d, p)
+    # at a measured point: 80 layers of the measured kernel (batch 1 at 2,048 keys: 11.35 us)
+    assert _attn(sm, BatchShape.decode(1, 2047)) == pytest.approx(80 * 11.35e-6, rel=2e-3)
+
+
+def test_chunks_run_as_one_kernel_and_a_long_prompt_is_the_measured_chunk():
+    sm = _h100()
+    one = _attn(sm, BatchShape.prefill(1, 8192))
+    assert one == pytest.approx(80 * 199.1e-6, rel=2e-3)
+    # four 2,048-token prompts in one step: more than one such chunk, less than four separate kernels
+    four = _attn(sm, BatchShape.prefill(4, 2048))
+    single = _attn(sm, BatchShape.prefill(1, 2048))
+    assert single < four < 4 * single
+    # each chunk's roofline part adds, the time over the roofline is paid once
+    geo = sm.att_groups[0][0]
+    t1 = sm.gqa_chunks_seconds(geo, [2048], [0], 1.0)
+    t4 = sm.gqa_chunks_seconds(geo, [2048] * 4, [0] * 4, 1.0)
+    me, ce = sm.cal.mem_eff, float(sm.cal.attn_compute())
+    f, b = op_table.gqa_work(sm.heads_local, sm.kv_heads_local, 128, 128, 2048.0, 0.0)
+    roof = max(float(b) / (me * sm.hw.hbm_bw), float(f) / (ce * sm.att_peak))
+    assert t4 == pytest.approx(t1 + 3 * min(t1, roof))
+
+
+def test_the_simulators_fast_path_prices_gqa_chunks_as_step_does():
+    sm = _h100()
+    for new, ctx, dec in (([1, 1, 512], [4096, 900, 0], [True, True, False]),
+                          ([1] * 8 + [2048, 300], [3000] * 8 + [0, 5000], [True] * 8 + [False, False])):
+        b = BatchShape.from_lists(new, ctx, dec)
+        want = sm.step(b).time_s
+        got = sm.chunked_step_time(np.array([c for c, d in zip(ctx, dec) if d], np.int64), 0,
+                                   [n for n, d in zip(new, dec) if not d], [c for c, d in zip(ctx, dec) if not d])
+        assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_other_gpus_by_the_transfer_rule():
+    """The H100's kernels moved: never slower on a GPU with more bandwidth and peak (H200, B200), the same on the H800
+    (same die and bandwidth tier as measured: identity where both ceilings match), and the notes say so."""
+    batches = (BatchShape.decode(1, 4096), BatchShape.decode(64, 8192), BatchShape.prefill(1, 8192),
+               BatchShape.from_lists([512], [4096], [False]))
+    t = {n: [_attn(StepCostModel(L70, get_hardware(n), ParallelLayout(tp=8)), b) for b in batches]
+         for n in ("H100", "H200", "B200")}
+    for n in ("H200", "B200"):
+        assert all(x <= y * (1 + 1e-9) for x, y in zip(t[n], t["H100"])), (n, t[n], t["H100"])
+    note = StepCostModel(L70, get_hardware("H200"), ParallelLayout(tp=8)).attention_table_note()
+    assert "measured FlashAttention-3 GQA decode kernel of H100 at 8 query / 1 KV heads of 128" in note
+    assert "transferred from H100" in note and "chunk table of H100" in note
+    here = _h100().attention_table_note()
+    assert "transferred" not in here and "(measured; the kernel's own latency included" in here
+
+
+def test_other_head_layouts_take_the_nearest_measured_one():
+    """Llama-3.1-8B unsharded (32 / 8 heads) reads the 32/8 table as measured, and at TP8 (4 / 1) too (the same
+    query heads a KV head, the kernel's packing; its bytes a token by the context that reads them); 16 / 1 takes
+    8 / 1, 8 / 2 takes 32 / 8."""
+    l8 = get_model("llama-3.1-8b")
+    sm1 = StepCostModel(l8, get_hardware("H100"), ParallelLayout(tp=1))
+    assert sm1.decode_stream.layout == "32 query / 8 KV heads of 128"
+    assert (sm1.gqa_chunks.hq, sm1.gqa_chunks.hkv) == (32, 8)
+    assert _attn(sm1, BatchShape.decode(8, 8191)) == pytest.approx(32 * 95.68e-6, rel=5e-3)
+    sm8 = StepCostModel(l8, get_hardware("H100"), ParallelLayout(tp=8))
+    assert sm8.decode_stream.layout == "32 query / 8 KV heads of 128" and sm8.kv_heads_local == 1
+    assert op_table.nearest_gqa_layout([(8, 1, 128), (32, 8, 128)], 16, 1, 128) == (8, 1, 128)
+    assert op_table.nearest_gqa_layout([(8, 1, 128), (32, 8, 128)], 8, 2, 128) == (32, 8, 128)
