@@ -528,6 +528,21 @@ def same_kind(hw) -> list[str]:
     return sorted(same, key=lambda g: g.lower() != hw.name.lower())
 
 
+def nearest(hw) -> list[str]:
+    """Measured GPUs nearest ``hw`` first (a ``Hardware``): by how far a time moves between them, the distance in log
+    HBM bandwidth plus log dense FP8 peak (else BF16 where either has no FP8); ties by name. A table taken from the
+    nearest GPU that holds a shape moves least (``transferred``), and a GPU whose datasheet differs a little from a
+    measured one prices as that one does, not as a farther one."""
+    def dtype(other) -> str:
+        return "fp8" if hw.has_fp8 and other.has_fp8 else "bf16"
+
+    def dist(g: str) -> float:
+        other = get_hardware(g)
+        d = dtype(other)
+        return abs(math.log(hw.hbm_bw / other.hbm_bw)) + abs(math.log(hw.tflops(d) / other.tflops(d)))
+    return sorted(measured_gpus(), key=lambda g: (dist(g), g))
+
+
 @lru_cache(maxsize=None)
 def load(gpu: str) -> OpTables | None:
     """The measured tables of ``gpu`` (case-insensitive folder name), or None when none were measured."""

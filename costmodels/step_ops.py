@@ -52,7 +52,7 @@ from costmodels.op_table import (MASKED_MAX_ROWS, MEASURED, MHC_OPS, MLA_ENTRY_D
                                  mhc_fallback_s, mhc_flops, mla_decode_table, nearest_gqa_layout, table_from_points)
 from costmodels.op_table import gqa_work, transferred_one
 from costmodels.op_table import load as load_op_tables
-from costmodels.op_table import measured_gpus as measured_op_table_gpus
+from costmodels.op_table import nearest as nearest_op_table_gpus
 from costmodels.op_table import same_kind as same_kind_tables
 from costmodels.offload import prefetch_for
 from costmodels.ops import CATEGORIES, INF, AttnGeometry, OpCost, SortedSums, entries_last, entries_sum, geometry
@@ -398,8 +398,10 @@ class StepOps:
         if inter % tp:
             return None
         # this GPU's own grouped tables, or those of a GPU of the same die and memory (the H100's for an H800), else
-        # the profile's op tables transferred
-        for name in dict.fromkeys((*same_kind_tables(self.hw), cal.op_tables)):
+        # the profile's op tables transferred, else the nearest measured GPU's that hold the layout's shapes (a TP
+        # shard only the H100 measured: its kernel moved here, not the bandwidth ramp, which priced the H200's TP8
+        # shards 1.8x faster than the H100's measured ones, and a GPU 0.05 TB/s off an H100 13% faster than the H100)
+        for name in dict.fromkeys((*same_kind_tables(self.hw), cal.op_tables, *nearest_op_table_gpus(self.hw))):
             tables = load_op_tables(name)
             got = ExpertGemms.on(tables, self.hw, [(2 * inter // tp, h), (h, inter // tp)], cal.mem_eff,
                                  cal.gemm_compute_eff.get("fp8", 0.662)) if tables is not None else None
@@ -416,7 +418,7 @@ class StepOps:
         if m.hc_mult <= 1:
             return None
         for name in dict.fromkeys((*same_kind_tables(self.hw), *([cal.op_tables] if cal.op_tables else []),
-                                   *measured_op_table_gpus())):
+                                   *nearest_op_table_gpus(self.hw))):
             tables = load_op_tables(name)
             got = MhcKernels.on(tables, self.hw, m.hc_mult, m.hidden_size, m.hc_sinkhorn_iters, cal.mem_eff,
                                 cal.gemm_compute_eff.get("bf16", 0.662)) if tables is not None else None

@@ -30,9 +30,11 @@ def test_async_overlap_removes_the_host_gap():
     on = simulate_deployment(scenario(async_overlap=True)).result.metrics
     off = simulate_deployment(scenario(async_overlap=False)).result.metrics
     assert on.requests_finished == off.requests_finished == 120
-    gap = off.itl_s.mean - on.itl_s.mean
+    # the whole per-step host time shows up without overlap, none of it with (device > host here): in the median
+    # inter-token gap, a decode step's (the mean also carries the gaps a prompt chunk stretches, and the run without
+    # overlap, slower, batches more of them: 2.78 ms over 2.06 of host since prefill steps price the contiguous experts)
+    gap = off.itl_s.p50 - on.itl_s.p50
     host = SchedulerConfig().host_overhead_s(on.mean_batch_requests, on.mean_batch_requests)
-    # the whole per-step host time shows up without overlap, none of it with (device > host here)
     assert gap == pytest.approx(host, rel=0.25)
     assert off.tpot_s.mean > on.tpot_s.mean
 

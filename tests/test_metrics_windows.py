@@ -114,5 +114,5 @@ def test_simulate_says_when_its_steady_window_drained():
         return " ".join(r.stdout.split())
 
     out = sim("-n", "200")
-    assert "the steady window is not steady: 80 requests decoding in its first third, 40 in its last" in out
+    assert "the steady window is not steady: 104 requests decoding in its first third, 36 in its last" in out
     assert "not steady" not in sim() and "not steady" not in sim("-n", "2000", "-r", "20")
