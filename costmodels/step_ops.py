@@ -554,7 +554,7 @@ class StepOps:
 
     def _gqa_sources(self):
         """Op tables that may hold the GQA attention stage, nearest first (``_mhc_kernels``' order)."""
-        for name in dict.fromkeys((*same_kind_tables(self.hw), self.cal.op_tables, *measured_op_table_gpus())):
+        for name in dict.fromkeys((*same_kind_tables(self.hw), self.cal.op_tables, *nearest_op_table_gpus(self.hw))):
             tabs = load_op_tables(name) if name else None
             if tabs is not None:
                 yield tabs
