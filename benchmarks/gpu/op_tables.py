@@ -467,6 +467,8 @@ def main() -> None:
                     "prefill over cached keys), dense_bf16 "
                     "(BF16 cuBLAS and DeepGEMM FP8 at the V3 shapes and BF16_EXTRA's), dense_bf16_qwen (BF16 cuBLAS at "
                     "BF16_QWEN's shapes)")
+    ap.add_argument("--gqa-heads", default=",".join(f"{q}/{kv}/{d}" for q, kv, d in GQA_HEADS),
+                    help="the gqa stage's head layouts a GPU, query/KV/head dim, comma-separated")
     ap.add_argument("--tp", default="2,4,8", help="TP widths of the dense_tp (DeepGEMM) and mla_tp (heads = 128 / TP) tables")
     args = ap.parse_args()
     out = Path(args.out_dir)
@@ -514,7 +516,8 @@ def main() -> None:
               ("gqa", lambda: gqa_attention_rows(writer.emit, (1, 64) if args.quick else (1, 8, 32, 64, 128, 256),
                                                  (2048,) if args.quick else (512, 2048, 8192, 32768),
                                                  (16, 512) if args.quick else (1, 16, 128, 512, 2048, 8192),
-                                                 (0, 4096) if args.quick else (0, 4096, 16384))),
+                                                 (0, 4096) if args.quick else (0, 4096, 16384),
+                                                 tuple(tuple(int(v) for v in h.split("/")) for h in args.gqa_heads.split(",")))),
               ("mla_tp", lambda: mla_decode_rows(writer.emit, (1, 8, 32, 64, 128, 256), (512, 2048, 8192, 32768),
                                                  tuple(128 // t for t in tps)))]
     for name, fn in stages:
