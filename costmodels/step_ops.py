@@ -617,6 +617,9 @@ class StepOps:
         tab = self.decode_stream
         b = max(float(batch), 1e-9)
         tb = tab.token_bytes
+        if tab.kv_units:
+            # a GQA table: this layout's KV heads as more (or fewer) sequences of the table's, at the same context
+            b *= tab.kv_units
         if isinstance(byts, float):
             return tab.at(b, max(byts / (b * tb), 1e-9), 0.0, byts) if byts > 0 else 0.0
         arr = np.asarray(byts, float)
