@@ -81,8 +81,8 @@ def default_token_prices() -> dict:
 class PlanRequest(BaseModel):
     """Everything the sidebar sets: model, hardware, budget or traffic, workload, SLO, prices, search size.
 
-    Search defaults (4 candidates simulated, at most 1000 requests each, one process) keep a
-    default search to a few seconds on 2 cores; the planner's own defaults (6, 2500) are for the CLI.
+    Search defaults (4 candidates simulated, at most 1000 requests each, one process) keep the
+    default search to about 22 s on 2 cores (docs/ui.md); the planner's own defaults (6, 2500) are for the CLI.
     Fewer than 4 simulated candidates often leaves only a low-batch one confirming the SLO.
     """
 
