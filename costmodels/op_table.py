@@ -419,21 +419,23 @@ class GqaChunks:
         return math.exp(math.log(a) + (math.log(b) - math.log(a)) * w)
 
     def at(self, n: float, c: float, hq: float, hkv: float, d_qk: float, d_v: float, peak: float, bw: float,
-           mem_eff: float, compute_eff: float) -> float:
+           mem_eff: float, compute_eff: float, peak_asked: float | None = None) -> float:
         """Seconds of a chunk of ``n`` new over ``c`` cached tokens at ``hq`` / ``hkv`` heads of ``d_qk`` / ``d_v`` on
-        the measured GPU."""
+        the measured GPU (``peak``: its attention math ceiling at the table's head dims, ``peak_asked`` at the asked
+        ones where they differ, e.g. exponential-bound at a small head dim)."""
         t = self.measured_at(n, c, peak, bw, mem_eff, compute_eff)
         roof_m = self._roof(n, c, peak, bw, mem_eff, compute_eff)
         f, b = gqa_work(hq, hkv, d_qk, d_v, n, c)
-        roof = max(float(b) / (mem_eff * bw), float(f) / (compute_eff * peak))
+        roof = max(float(b) / (mem_eff * bw), float(f) / (compute_eff * (peak_asked or peak)))
         return roof + (t - roof_m) if t >= roof_m else t * roof / max(roof_m, 1e-30)
 
 
 def nearest_gqa_layout(have, hq: float, hkv: float, d: float) -> tuple[int, int, int] | None:
     """The measured head layout nearest ``hq`` query over ``hkv`` KV heads of ``d``: the bytes a cached token (KV heads
     x head dim: the kernel's independent units of work and its KV stream), then the query heads a KV head serves (its
-    packing), then the head dim, all in log. (Held out on the H100, run gqa_heldout_65b14e3: taking the packing first
-    priced 4 / 1 heads from the 32 / 8 table, its prefill chunks 66% short where the kernel's few tiles leave SMs idle.)"""
+    packing), then the head dim, all in log. (Held out on the H100, run gqa_heldout_65b14e3: taking the packing
+    first priced 4 / 1 heads from the 32 / 8 table, its prefill chunks 66% short where the kernel's few tiles leave
+    SMs idle.)"""
     if not have:
         return None
     g = max(hq, 1e-9) / max(hkv, 1e-9)
@@ -500,7 +502,8 @@ def _mhc_tables(path: Path) -> dict[tuple[str, int, int, int], Series]:
     pts: dict[tuple[str, int, int, int], dict[float, float]] = {}
     for r in _rows(path):
         n, k = int(r["groups"]), int(r["k"])
-        key = (r["op"], n, k // n, int(float(r["context"])) if r["op"] in ("mhc_pre", MHC_CHAIN_OP, MHC_PRE_V2_OP) else 0)
+        pre = r["op"] in ("mhc_pre", MHC_CHAIN_OP, MHC_PRE_V2_OP)
+        key = (r["op"], n, k // n, int(float(r["context"])) if pre else 0)
         t = float(r["device_us"]) * 1e-6
         by = pts.setdefault(key, {})
         by[float(r["m"])] = min(t, by.get(float(r["m"]), math.inf))
@@ -1018,7 +1021,7 @@ class TableMLA:
     same_gpu: bool = True
     measured_on: str = ""
     bw_measured: float = 0.0      # the measured GPU's HBM bandwidth, bytes/s (0: the target's)
-    token_bytes: float = MLA_ENTRY_DIMS[0] * 2   # bytes the measured kernel reads a cached token (streaming lookups)
+    token_bytes: float = MLA_LATENT_BYTES   # bytes the measured kernel reads a cached token (streaming lookups)
     kernel: str = "FlashMLA"      # the measured kernel, for notes
     layout: str = ""              # its head layout in words (a GQA table's), for notes
     # a GQA table read for another head layout: KV heads are the kernel's independent units of work, so a layout with

@@ -47,7 +47,7 @@ from costmodels.hardware import Hardware, get_hardware
 from costmodels.layout import ParallelLayout
 from costmodels.memory import indexer_kv_bytes_per_token, kv_bytes_per_token_layer, kv_shard_divisor, mtp_kind
 from costmodels.model_spec import ModelSpec
-from costmodels.op_table import (MASKED_MAX_ROWS, MEASURED, MHC_OPS, MLA_ENTRY_DIMS, MLA_LATENT_BYTES, SCALED, ExpertGemms,
+from costmodels.op_table import (MASKED_MAX_ROWS, MEASURED, MHC_OPS, MLA_ENTRY_DIMS, SCALED, ExpertGemms,
                                  GqaChunks, MhcKernels, TableGemms, TableMLA, gqa_decode_table, kernel_gemms, mhc_bytes,
                                  mhc_fallback_s, mhc_flops, mla_decode_table, nearest_gqa_layout, table_from_points)
 from costmodels.op_table import gqa_work, transferred_one
@@ -600,7 +600,7 @@ class StepOps:
             n, c = float(n), float(c)
             if n <= 0:
                 continue
-            t = tab.at(n, c, hq, hkv, dq, dv, exp_bound_peak(mhw, tab.d, tab.d), mhw.hbm_bw, me, ce)
+            t = tab.at(n, c, hq, hkv, dq, dv, exp_bound_peak(mhw, tab.d, tab.d), mhw.hbm_bw, me, ce, mpeak)
             f, b = gqa_work(hq, hkv, dq, dv, n, c)
             f, b = float(f), float(b)
             if moved:
@@ -1149,8 +1149,8 @@ class StepOps:
         """Fraction of peak HBM bandwidth a prefill attention kernel reaches reading ``byts`` of KV: where decode
         streams as the measured kernel (``decode_stream``), the streaming ramp a kernel of that many bytes reaches
         (``gemm_mem``), so a chunk of one new token over a long cache reads its KV near what a decode of it does
-        (Llama-3.1-70B TP8 on H100s, 32 x 32k cached: attention 15.8 vs 15.2 ms, was 30.5); else the ``attn_mem``
-        curve decode takes too. (``attn_mem``'s default points are FlashMLA's compute-bound 128-head ones: as a
+        (Llama-3.1-70B TP8 on H100s, 32 x 32k cached: attention 15.8 vs 15.2 ms, was 30.5, before the GQA chunk
+        table priced such layers: ``gqa_chunks_seconds``); else the ``attn_mem`` curve decode takes too. (``attn_mem``'s default points are FlashMLA's compute-bound 128-head ones: as a
         streaming rate about half the measured kernel's.) ``step._attn_timer(streaming=...)`` is its plain-Python twin."""
         return self.cal.gemm_mem(byts) if self.decode_stream is not None else self.cal.attn_mem(byts)
 
