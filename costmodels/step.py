@@ -385,7 +385,7 @@ class StepCostModel(StepOps):
                 pn, pc, ends_all = dec_chunks if self._geo_dec[i] else enc_chunks
                 scored_all = None
             count, cap, ratio, window, ir, cf_dec, cf_pre, dpre, upproj, table, icap, den_dec, den_pre, gqa = geo
-            ta = ti = 0.0
+            ta = ti = over_d = 0.0
             if nd:
                 last = (dpos_sum + shift * nd if cap >= INF else self._dsum(dctx, g + shift, cap)) / ratio
                 if window:
@@ -397,6 +397,8 @@ class StepCostModel(StepOps):
                     if stream and (fl > 0 or by > 0):
                         a, b = fl / den_dec, self.stream_time(nd * s, by)
                         ta = a if a >= b else b   # the measured kernel's time holds its launch (attn_roofline)
+                        if gqa is not None:   # its time over the roofline, shared with the chunks' (one varlen call)
+                            over_d = self.gqa_decode_over(ta, fl, by, den_dec)
                     else:
                         ta = attn_t(fl, by, den_dec)
                 if ir:
@@ -416,7 +418,7 @@ class StepCostModel(StepOps):
                         p = c + n
                         ends += min(p, cap) / ratio + (min(p, window) if window else 0.0)
                 if gqa is not None:   # measured FlashAttention-3 chunks in one varlen kernel (StepOps.gqa_chunks_seconds)
-                    ta += self.gqa_chunks_seconds(gqa, pn, pc, s)
+                    ta += self.gqa_chunks_seconds(gqa, pn, pc, s, over_d)
                 else:
                     byts = float(ends_all) * self.heads_local * dpre * 2.0 if upproj else ends * eb
                     ta += self._attn_pre_t(cf_pre * es * s, byts * s, den_pre)

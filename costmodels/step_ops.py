@@ -577,7 +577,7 @@ class StepOps:
         return self.gqa_chunks is not None and geo is not None and geo.cap >= INF and geo.ratio == 1.0 \
             and not geo.window and not geo.index_ratio and not geo.prefill_upproj
 
-    def gqa_chunks_seconds(self, geo: AttnGeometry, news, cached, s: float) -> float:
+    def gqa_chunks_seconds(self, geo: AttnGeometry, news, cached, s: float, over_dec: float = 0.0) -> float:
         """Seconds of one layer's prefill attention over chunks of ``news`` new on ``cached`` cached tokens at this
         model's heads on this GPU (``s``: the rank's share), from the GQA prefill table: each chunk's measured time at
         its shape (``GqaChunks.at`` on the measured GPU, then ``transferred_one``), split at its roofline (the
@@ -585,7 +585,20 @@ class StepOps:
         pipeline fill, tails). One varlen kernel runs the chunks together, as serving engines call FlashAttention:
         their roofline parts add, the time over the roofline is paid once, the largest chunk's (one chunk: its
         measured time; 64 one-token chunks over 4,096 cached, Llama-3.1-70B TP8 on the H100: 59 us a layer, where the
-        measured decode kernel over the same batch took 57.9)."""
+        measured decode kernel over the same batch took 57.9). ``over_dec``: the time over the roofline of the step's
+        decodes in the same layer (``gqa_decode_over``), whose kernel call this is too: the larger of the two is paid
+        (a mixed step's decodes and chunks are one varlen call)."""
+        base, over = self.gqa_chunks_parts(geo, news, cached)
+        return base * s + max(0.0, over * s - over_dec)
+
+    def gqa_decode_over(self, t: float, flops: float, byts: float, den: float) -> float:
+        """The time over the roofline of a GQA decode kernel priced ``t`` seconds for ``flops`` / ``byts`` (math at
+        ``den``): what the same varlen call's prefill chunks share (``gqa_chunks_seconds``)."""
+        return max(0.0, t - max(flops / den, byts / (self.cal.mem_eff * self.hw.hbm_bw)))
+
+    def gqa_chunks_parts(self, geo: AttnGeometry, news, cached) -> tuple[float, float]:
+        """(the chunks' roofline parts summed, the largest time over the roofline) of ``gqa_chunks_seconds``,
+        unscaled."""
         tab, mhw = self.gqa_chunks, self.gqa_chunks_on
         hq, hkv = self.heads_local, self.kv_heads_local
         me, ce = self.cal.mem_eff, float(self.cal.attn_compute())
@@ -608,7 +621,7 @@ class StepOps:
             roof = max(b / (me * self.hw.hbm_bw), f / (ce * peak))
             base += min(t, roof)
             over = max(over, t - roof)
-        return (base + over) * s
+        return base, over
 
     def stream_time(self, batch: float, byts):
         """Seconds the decode attention of ``batch`` requests reading ``byts`` KV bytes streams them
@@ -1172,6 +1185,7 @@ class StepOps:
         """(attention flops, bytes, time, indexer flops, bytes, time) of one layer of ``geo`` on the busiest rank."""
         h_loc = self.heads_local
         out = np.zeros(6)
+        over_dec = 0.0   # a GQA decode's time over its roofline, shared with the chunks' (one varlen call)
         for is_dec in (True, False):
             mask = dec if is_dec else ~dec
             if not mask.any():
@@ -1199,7 +1213,7 @@ class StepOps:
             elif not is_dec and flops > 0 and self.gqa_covers(geo):
                 # measured FlashAttention-3 GQA prefill: the chunks' measured times at (new, cached), moved to this
                 # model's heads and this GPU, run as one varlen kernel (gqa_chunks_seconds)
-                out[2] += self.gqa_chunks_seconds(geo, n, c, s)
+                out[2] += self.gqa_chunks_seconds(geo, n, c, s, over_dec)
             elif not is_dec and geo.prefill_upproj and self.chunk_table is not None and flops > 0:
                 # measured per-chunk attention (new x cached, the executor's own masked SDPA), scaled to this
                 # layout's heads and head dims; the K/V up-projection stays with the KV_UP GEMMs. Measured seconds are
@@ -1217,8 +1231,11 @@ class StepOps:
                 out[2] += max(t_c, t_m) + self._lo
             else:
                 den = self.att_den(geo.d_qk_decode, geo.d_v_decode) if is_dec else self.att_den(geo.d_qk_prefill, geo.d_v_prefill)
-                out[2] += float(self.attn_roofline(flops, byts, den, c.size * s) if is_dec else
-                                self.attn_roofline(flops, byts, den, prefill=True))
+                t = float(self.attn_roofline(flops, byts, den, c.size * s) if is_dec else
+                          self.attn_roofline(flops, byts, den, prefill=True))
+                out[2] += t
+                if is_dec and self.decode_stream is not None and self.gqa_covers(geo):
+                    over_dec = self.gqa_decode_over(t, flops, byts, den)
             if geo.index_ratio:
                 keys = np.minimum(c + n, geo.index_cap).astype(float) / geo.index_ratio
                 if is_dec:
