@@ -417,11 +417,9 @@ class StepOps:
         m, cal = self.model, self.cal
         if m.hc_mult <= 1:
             return None
-        for name in dict.fromkeys((*same_kind_tables(self.hw), *([cal.op_tables] if cal.op_tables else []),
-                                   *nearest_op_table_gpus(self.hw))):
-            tables = load_op_tables(name)
+        for tables in self._table_sources():
             got = MhcKernels.on(tables, self.hw, m.hc_mult, m.hidden_size, m.hc_sinkhorn_iters, cal.mem_eff,
-                                cal.gemm_compute_eff.get("bf16", 0.662)) if tables is not None else None
+                                cal.gemm_compute_eff.get("bf16", 0.662))
             if got is not None:
                 return got
         return None
@@ -545,15 +543,16 @@ class StepOps:
         if self.model.attention != "mla":
             # a GQA model's decode: the measured FlashAttention-3 GQA kernel at its nearest head layout, where a table
             # holds one (this GPU's, a GPU's of the same die and memory, the profile's, else any measured GPU's)
-            for tabs in self._gqa_sources():
+            for tabs in self._table_sources():
                 if tabs.gqa_decode:
                     return gqa_decode_table(tabs, self.heads_local, self.kv_heads_local, self.model.head_dim,
                                             self.att_peak, self.hw.hbm_bw, self.cal.mem_eff, float(self.cal.attn_compute()))
         tabs = load_op_tables(self.cal.op_tables)
         return self._mla_at(min(tabs.mla_decode)) if tabs is not None and tabs.mla_decode else None
 
-    def _gqa_sources(self):
-        """Op tables that may hold the GQA attention stage, nearest first (``_mhc_kernels``' order)."""
+    def _table_sources(self):
+        """Measured op tables nearest first, for a stage any GPU's table may price (mHC, GQA attention): this GPU's
+        own, a GPU's of the same die and memory, the profile's, then every measured GPU's by datasheet distance."""
         for name in dict.fromkeys((*same_kind_tables(self.hw), self.cal.op_tables, *nearest_op_table_gpus(self.hw))):
             tabs = load_op_tables(name) if name else None
             if tabs is not None:
@@ -566,7 +565,7 @@ class StepOps:
         m = self.model
         if m.attention == "mla" or not self.cal.op_tables:
             return None, None
-        for tabs in self._gqa_sources():
+        for tabs in self._table_sources():
             if tabs.gqa_prefill:
                 key = nearest_gqa_layout(list(tabs.gqa_prefill), self.heads_local, self.kv_heads_local, m.head_dim)
                 return tabs.gqa_prefill[key], get_hardware(tabs.gpu)
@@ -608,12 +607,13 @@ class StepOps:
         mpeak = exp_bound_peak(mhw, dq, dv)
         peak = self.att_math_peak(dq, dv)
         moved = mpeak != peak or mhw.hbm_bw != self.hw.hbm_bw
+        tpeak = exp_bound_peak(mhw, tab.d, tab.d)   # the measured layout's math ceiling there
         base = over = 0.0
         for n, c in zip(news, cached):
             n, c = float(n), float(c)
             if n <= 0:
                 continue
-            t = tab.at(n, c, hq, hkv, dq, dv, exp_bound_peak(mhw, tab.d, tab.d), mhw.hbm_bw, me, ce, mpeak)
+            t = tab.at(n, c, hq, hkv, dq, dv, tpeak, mhw.hbm_bw, me, ce, mpeak)
             f, b = gqa_work(hq, hkv, dq, dv, n, c)
             f, b = float(f), float(b)
             if moved:
