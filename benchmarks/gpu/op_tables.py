@@ -67,7 +67,7 @@ def tp_shards(tps) -> dict[str, tuple[int, int]]:
 
 
 FIELDS = ["op", "lib", "dtype", "name", "m", "n", "k", "groups", "tokens", "rows", "batch", "context", "device_us",
-          "eager_us", "tflops", "tbs", "rel_err", "copies", "error"]
+          "eager_us", "tflops", "tbs", "rel_err", "copies", "error", "seqs"]
 
 
 def graph_time_us(fns, reps: int, replays: int = 15) -> float:
@@ -459,12 +459,84 @@ def gqa_attention_rows(emit, decode_batches, contexts, prefill_new, prefill_cach
         torch.cuda.empty_cache()
 
 
+# The one-call composition the cost model applies to a step's attention (``StepOps.gqa_chunks_seconds``,
+# ``gqa_decode_over``): several prefill chunks, and decodes beside chunks, in ONE varlen call, and decodes at mixed
+# contexts. Each composition is ``((new, cached, count), ...)``; the stage times the call vLLM's FA backend makes for
+# such a step, so the rule (roofline parts add, the time over the roofline paid once) is checked against the kernel.
+GQA_MIX = (
+    # chunks only
+    ((2048, 0, 2),), ((2048, 0, 4),), ((1024, 0, 8),), ((512, 0, 16),), ((128, 0, 8),), ((4096, 0, 2),),
+    ((512, 4096, 4),), ((16, 4096, 32),), ((2048, 0, 1), (512, 4096, 1), (128, 16384, 1)),
+    # decodes beside chunks
+    ((512, 0, 1), (1, 4095, 1)), ((512, 0, 1), (1, 4095, 64)), ((2048, 0, 1), (1, 4095, 64)),
+    ((2048, 2048, 1), (1, 2047, 256)), ((8192, 0, 1), (1, 8191, 32)), ((128, 0, 4), (1, 1023, 128)),
+    ((16, 4096, 1), (1, 16383, 8)), ((512, 0, 1), (1, 32767, 16)),
+    # decodes at mixed contexts
+    ((1, 511, 32), (1, 16383, 32)), ((1, 1023, 63), (1, 32767, 1)), ((1, 2047, 8), (1, 8191, 8)),
+    ((1, 4095, 128), (1, 511, 128)),
+)
+
+
+def gqa_mix_rows(emit, mixes=GQA_MIX, heads=GQA_HEADS) -> None:
+    """FlashAttention-3's varlen call over a step's mix of sequences (``GQA_MIX``): decodes and prefill chunks in one
+    call, as vLLM's FA backend issues them (``max_seqlen_q`` the longest chunk). ``seqs`` names the mix as
+    ``new+cached x count`` terms joined by ``;``; ``batch`` the sequences, ``tokens`` the new tokens, ``context`` the
+    keys read. Held-out rows: no cost-model table reads them."""
+    from kernels.vendor import _fa3_varlen
+    fn = _fa3_varlen()
+    for hq, hkv, d in heads:
+        for mix in mixes:
+            seqs = [(n, c) for n, c, cnt in mix for _ in range(cnt)]
+            news = [n for n, _ in seqs]
+            ctxs = [n + c for n, c in seqs]
+            tot_q, tot_k = sum(news), sum(ctxs)
+            kv_bytes = tot_k * 2 * hkv * d * 2
+            ncop = copies_for(kv_bytes)
+            scale = d ** -0.5
+            row = {"op": "gqa_mix", "lib": "fa3", "dtype": "bf16", "name": f"gqa_q{hq}_kv{hkv}_d{d}",
+                   "batch": len(seqs), "tokens": tot_q, "context": tot_k, "m": tot_q, "copies": ncop,
+                   "seqs": ";".join(f"{n}+{c}x{cnt}" for n, c, cnt in mix)}
+            try:
+                ks = [torch.randn(tot_k, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(ncop)]
+                vs = [torch.randn(tot_k, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(ncop)]
+                q = torch.randn(tot_q, hq, d, device="cuda", dtype=torch.bfloat16)
+                cq = [0]
+                ck = [0]
+                for n, c in zip(news, ctxs):
+                    cq.append(cq[-1] + n)
+                    ck.append(ck[-1] + c)
+                cu_q = torch.tensor(cq, device="cuda", dtype=torch.int32)
+                cu_k = torch.tensor(ck, device="cuda", dtype=torch.int32)
+
+                def call(i):
+                    return fn(q, ks[i], vs[i], max_seqlen_q=max(news), cu_seqlens_q=cu_q, max_seqlen_k=max(ctxs),
+                              cu_seqlens_k=cu_k, softmax_scale=scale, causal=True, fa_version=3)
+                out = call(0)
+                errs = []
+                for j in sorted({0, len(seqs) - 1}):
+                    n, c = news[j], ctxs[j]
+                    want = R.attention(q[cq[j]:cq[j] + n], ks[0][ck[j]:ck[j] + c], vs[0][ck[j]:ck[j] + c],
+                                       torch.arange(c - n, c, device="cuda"), scale)
+                    errs.append(rel(out[cq[j]:cq[j] + n], want))
+                row["rel_err"] = max(errs)
+                row["eager_us"] = eager_time_us(lambda: call(0))
+                t = graph_time_us([lambda i=i: call(i) for i in range(ncop)], reps_for(row["eager_us"]))
+                pairs = sum(n * (c - n) + n * (n + 1) / 2 for n, c in zip(news, ctxs))
+                row.update(device_us=t, tbs=(kv_bytes + 2 * q.numel() * 2) / t / 1e6, tflops=4 * pairs * hq * d / t / 1e6)
+                del ks, vs
+            except Exception as ex:  # noqa: BLE001
+                row["error"] = f"{type(ex).__name__}: {ex}"[:300]
+                traceback.print_exc()
+            emit(row)
+            torch.cuda.empty_cache()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--quick", action="store_true", help="a few shapes per table (a smoke run)")
     ap.add_argument("--tables", default="dense,masked,mla", help="comma list of dense, dense_tp, masked, masked_tp, contig, mhc, mla, mla_tp, gqa (FA3 GQA decode and "
-                    "prefill over cached keys), dense_bf16 "
+                    "prefill over cached keys), gqa_mix (FA3 varlen calls over a step's mix of decodes and chunks), dense_bf16 "
                     "(BF16 cuBLAS and DeepGEMM FP8 at the V3 shapes and BF16_EXTRA's), dense_bf16_qwen (BF16 cuBLAS at "
                     "BF16_QWEN's shapes)")
     ap.add_argument("--gqa-heads", default=",".join(f"{q}/{kv}/{d}" for q, kv, d in GQA_HEADS),
@@ -518,6 +590,8 @@ def main() -> None:
                                                  (16, 512) if args.quick else (1, 16, 128, 512, 2048, 8192),
                                                  (0, 4096) if args.quick else (0, 4096, 16384),
                                                  tuple(tuple(int(v) for v in h.split("/")) for h in args.gqa_heads.split(",")))),
+              ("gqa_mix", lambda: gqa_mix_rows(writer.emit, GQA_MIX[:2] if args.quick else GQA_MIX,
+                                               tuple(tuple(int(v) for v in h.split("/")) for h in args.gqa_heads.split(",")))),
               ("mla_tp", lambda: mla_decode_rows(writer.emit, (1, 8, 32, 64, 128, 256), (512, 2048, 8192, 32768),
                                                  tuple(128 // t for t in tps)))]
     for name, fn in stages:
