@@ -312,6 +312,29 @@ def gqa_work(hq: int, hkv: int, d_qk: int, d_v: int, new, cached) -> tuple:
     return 2.0 * hq * (d_qk + d_v) * pairs, (c + n) * hkv * (d_qk + d_v) * 2.0 + n * hq * (d_qk + d_v) * 2.0
 
 
+
+def fa3_tile(d_qk: int, d_v: int) -> tuple[int, int]:
+    """(query rows, keys) of one work tile of FlashAttention-3's Hopper forward kernel, causal, BF16, two MMA warpgroups
+    (``tile_size_fwd_sm90`` of flash-attention's ``hopper/tile_size.h``): GQA packs a KV head's query heads into the
+    rows."""
+    if d_qk <= 64:
+        return (64, 64) if d_v == 512 else (128, 96) if d_v == 256 else (192, 128)
+    if d_qk <= 96:
+        return 192, 144
+    if d_qk <= 128:
+        return 128, 128
+    if d_qk <= 192:
+        return 128, 128 if d_v <= 128 else 96
+    return 128, 80
+
+
+def fa3_splits_off(kv_heads: int, group: int, max_new: float, sms: int, block_m: int) -> bool:
+    """Whether FlashAttention-3 runs a varlen call without splitting the keys (``num_splits_heuristic`` of its
+    ``hopper/heuristics.h``, as ``get_num_splits`` calls it for a varlen batch: the longest sequence's query tiles over
+    every KV head, ``max_seqlen_q`` x group / tile rows x KV heads, fill 80% of the SMs; a causal call then never
+    splits). Then each query tile walks all of its sequence's keys on one SM."""
+    return kv_heads * math.ceil(max_new * group / block_m) >= 0.8 * sms
+
 def _gqa_tables(path: Path) -> tuple[dict[tuple[int, int, int], GridTable], dict[tuple[int, int, int], "GqaChunks"]]:
     """The ``gqa`` stage's rows (``benchmarks/gpu/op_tables.py``): decode (one new token a sequence, the batch grid)
     as a batch x context GridTable per head layout; prefill (one sequence) as ``GqaChunks`` per layout."""
@@ -393,6 +416,18 @@ class GqaChunks:
         j = max(0, min(bisect_right(keys, k) - 1, len(keys) - 2))
         w = (k - keys[j]) / (keys[j + 1] - keys[j])
         return math.exp(math.log(ts[j]) + (math.log(ts[j + 1]) - math.log(ts[j])) * w)
+
+    def floor_s(self) -> float:
+        """The measured kernel's least time: one query over one key (its launch, prologue and epilogue)."""
+        return self.lines[self.news[0]][1][0]
+
+    def tile_rate(self) -> float:
+        """FLOP/s the measured GPU reached over the longest measured chunk without a cache (its SMs all busy on full
+        tiles): the rate a tile of keys runs at on the measured GPU, over its SM count."""
+        n = self.news[-1]
+        cs, ts = self.lines[n]
+        f, _ = gqa_work(self.hq, self.hkv, self.d, self.d, float(n), float(cs[0]))
+        return float(f) / ts[0]
 
     def beyond(self, n: float, c: float) -> bool:
         """Whether (n, c) lies past the measured grid (the roofline's growth prices the excess)."""

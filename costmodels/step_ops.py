@@ -32,6 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
+import math
+
 import numpy as np
 
 from twinfer.errors import TwinferError
@@ -50,7 +52,7 @@ from costmodels.model_spec import ModelSpec
 from costmodels.op_table import (MASKED_MAX_ROWS, MEASURED, MHC_OPS, MLA_ENTRY_DIMS, SCALED, ExpertGemms,
                                  GqaChunks, MhcKernels, TableGemms, TableMLA, gqa_decode_table, kernel_gemms, mhc_bytes,
                                  mhc_fallback_s, mhc_flops, mla_decode_table, nearest_gqa_layout, table_from_points)
-from costmodels.op_table import gqa_work, transferred_one
+from costmodels.op_table import fa3_splits_off, fa3_tile, gqa_work, transferred_one
 from costmodels.op_table import load as load_op_tables
 from costmodels.op_table import nearest as nearest_op_table_gpus
 from costmodels.op_table import same_kind as same_kind_tables
@@ -589,6 +591,27 @@ class StepOps:
         (a mixed step's decodes and chunks are one varlen call)."""
         base, over = self.gqa_chunks_parts(geo, news, cached)
         return base * s + max(0.0, over * s - over_dec)
+
+    def gqa_chain_floor(self, geo: AttnGeometry, max_new: float, max_keys: float) -> float:
+        """Seconds one layer's FlashAttention-3 varlen call takes at least when it runs unsplit (``fa3_splits_off``:
+        the longest chunk's query tiles fill the SMs): the query tile over the most keys in the call (a chunk's last
+        tile, or a decode's) walks them on one SM, one key tile after another. Priced as the measured kernel's least
+        time plus the key tiles at one SM's share of the rate the measured GPU reached over its longest chunk
+        (``GqaChunks.tile_rate``), moved here by the math ceiling a SM. 0 where the call splits its keys, the GPU's SM
+        count is not in the catalog, or no GQA table speaks for the layer. Measured (run ``gqa_mix_d535dec``,
+        Llama-3.1-70B TP8 heads on the H100): a 2,048-token prompt, a 512-token chunk over 4,096 cached and a
+        128-token chunk over 16,384 cached in one call take 189.9 us, where the chunks apart take about 91."""
+        tab, mhw = self.gqa_chunks, self.gqa_chunks_on
+        sms, msms = self.hw.sm_count, mhw.sm_count if mhw is not None else None
+        if tab is None or not sms or not msms or max_new <= 1:
+            return 0.0
+        dq, dv = geo.d_qk_prefill, geo.d_v_prefill
+        bm, bn = fa3_tile(dq, dv)
+        hkv = max(1, round(self.kv_heads_local))
+        if not fa3_splits_off(hkv, max(1, round(self.heads_local / hkv)), max_new, sms, bm):
+            return 0.0
+        rate = tab.tile_rate() / msms * (self.att_math_peak(dq, dv) / sms) / (exp_bound_peak(mhw, tab.d, tab.d) / msms)
+        return tab.floor_s() + math.ceil(max_keys / bn) * 2.0 * bm * bn * (dq + dv) / rate
 
     def gqa_decode_over(self, t: float, flops: float, byts: float, den: float) -> float:
         """The time over the roofline of a GQA decode kernel priced ``t`` seconds for ``flops`` / ``byts`` (math at
@@ -1247,6 +1270,10 @@ class StepOps:
                 out[3] += i_flops
                 out[4] += i_bytes
                 out[5] += float(self.attn_roofline(i_flops, i_bytes, self._idx_den)) + self._lo  # + the top-k kernel
+        if dec.size > 1 and self.gqa_covers(geo) and not dec.all():
+            # the step's decodes and chunks are one FlashAttention-3 call: unsplit, its longest key walk bounds it (one
+            # chunk alone: its measured time holds its own walk)
+            out[2] = max(out[2], self.gqa_chain_floor(geo, float(new[~dec].max()), float((ctx + new).max())))
         return out
 
     def attention(self, new, ctx, dec, draft, f, ops: list | None = None) -> np.ndarray:

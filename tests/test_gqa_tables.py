@@ -168,3 +168,62 @@ def test_a_mixed_steps_decodes_and_chunks_are_one_varlen_call():
     byts = 4097 * sm.att_entry_bytes
     over_d = sm.gqa_decode_over(dec / 80, flops, byts, sm.att_den(128, 128))
     assert mixed == pytest.approx(dec + 80 * (base + max(0.0, over - over_d)), rel=1e-6)
+
+
+def test_an_unsplit_varlen_call_is_bounded_by_its_longest_key_walk():
+    """FlashAttention-3 splits a varlen call's keys only while the longest sequence's query tiles leave SMs idle
+    (``op_table.fa3_splits_off``, flash-attention's ``num_splits_heuristic``). Unsplit, the query tile over the most
+    keys walks them on one SM: a 128-token chunk over 16,384 cached beside a 2,048-token prompt takes far longer than
+    the two apart (run gqa_mix_d535dec: 189.9 us a layer at Llama-3.1-70B TP8 heads, the chunks apart about 91).
+    The floor applies to calls of more than one sequence only: one chunk's measured time holds its own walk."""
+    # 8 query heads over 1 KV head (g = 8) on 132 SMs: 128-row tiles, unsplit from 1,689 new tokens (106 tiles)
+    assert op_table.fa3_tile(128, 128) == (128, 128)
+    assert op_table.fa3_splits_off(1, 8, 2048, 132, 128) and not op_table.fa3_splits_off(1, 8, 512, 132, 128)
+    assert op_table.fa3_splits_off(8, 4, 512, 132, 128)       # 32 / 8 heads: 8 x 16 tiles
+    sm = _h100()
+    geo = sm.att_groups[0][0]
+    walk = sm.gqa_chain_floor(geo, 2048, 16512)
+    # the measured kernel's least time plus 129 key tiles at an SM's share of the longest chunk's rate
+    tab = sm.gqa_chunks
+    beta = 2.0 * 128 * 128 * 256 / (tab.tile_rate() / 132)
+    assert walk == pytest.approx(tab.floor_s() + 129 * beta)
+    assert 1.4e-6 < beta < 1.8e-6
+    assert sm.gqa_chain_floor(geo, 512, 16512) == 0.0           # split: no walk floor
+    mixed = _attn(sm, BatchShape.from_lists([2048, 128], [0, 16384], [False, False])) / 80
+    apart = (_attn(sm, BatchShape.prefill(1, 2048)) + _attn(sm, BatchShape.from_lists([128], [16384], [False]))) / 80
+    assert mixed == pytest.approx(walk) and mixed > 1.5 * apart
+    # one chunk alone keeps its measured time (8,192 new: 199.1 us a layer), though its call is unsplit too
+    assert _attn(sm, BatchShape.prefill(1, 8192)) == pytest.approx(80 * 199.1e-6, rel=2e-3)
+    # the simulator's fast path takes the same floor
+    for new, ctx, dec in (([2048, 128], [0, 16384], [False, False]), ([1, 1, 2048, 128], [30000, 50, 0, 16384], [True, True, False, False])):
+        b = BatchShape.from_lists(new, ctx, dec)
+        got = sm.chunked_step_time(np.array([c for c, d in zip(ctx, dec) if d], np.int64), 0,
+                                   [n for n, d in zip(new, dec) if not d], [c for c, d in zip(ctx, dec) if not d])
+        assert got == pytest.approx(sm.step(b).time_s, rel=1e-9)
+
+
+# mixes the one-call rule still misses by more than 25% (run gqa_mix_d535dec): many short prompts without a cache (each
+# chunk's tiles are mostly causal-diagonal and pipeline fill, work that adds across chunks, where the rule pays the
+# largest chunk's time over the roofline once), and one decode beside a chunk small enough that FA3 splits the keys
+# (the split call's combine kernel and the per-tile overhead of the split pieces)
+KNOWN_MISSES = {("8/1", "1024+0x8"), ("8/1", "512+0x16"), ("32/8", "512+0x16"),
+                ("32/8", "2048+0x1;512+4096x1;128+16384x1"), ("8/1", "512+0x1;1+4095x1")}
+
+
+def test_held_out_varlen_mixes():
+    """The composition rule (chunks' roofline parts add, the time over the roofline paid once, decodes share the call,
+    an unsplit call at least its longest key walk) against 42 measured FA3 varlen calls over mixes no table holds
+    (``python -m benchmarks.gqa_mix_check``): mean abs error <= 11%; every mix but the known misses within 25%; the
+    known misses (``KNOWN_MISSES``) still beyond it, so a fix must move them off the list. The mixes serving steps
+    make most (a chunk or two beside 8 or more decodes, decodes at mixed contexts) within 21%."""
+    from benchmarks.gqa_mix_check import check
+    rows = check()
+    assert len(rows) == 42
+    errs = [abs(r["err"]) for r in rows]
+    assert sum(errs) / len(errs) <= 0.11
+    miss = {(r["layout"], r["seqs"]) for r in rows if abs(r["err"]) > 0.25}
+    assert miss == KNOWN_MISSES, miss
+    serving = [r for r in rows if sum(int(t.split("x")[1]) for t in r["seqs"].split(";") if t.startswith("1+")) >= 8]
+    assert len(serving) == 22 and max(abs(r["err"]) for r in serving) <= 0.21
+    chain = {r["layout"]: r["err"] for r in rows if r["seqs"] == "2048+0x1;512+4096x1;128+16384x1"}
+    assert abs(chain["8/1"]) <= 0.15 and -0.30 <= chain["32/8"] < -0.25
