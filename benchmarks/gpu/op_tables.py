@@ -477,7 +477,35 @@ GQA_MIX = (
 )
 
 
-def gqa_mix_rows(emit, mixes=GQA_MIX, heads=GQA_HEADS) -> None:
+# a second, later set of mixes (other sizes, caches and decode counts), held out from everything the first set informed
+GQA_MIX2 = (
+    ((256, 0, 24),), ((64, 0, 64),), ((1024, 8192, 2),), ((768, 0, 6), (64, 2048, 10)), ((3000, 0, 1), (200, 0, 10)),
+    ((4096, 4096, 1), (256, 0, 8)), ((384, 0, 12), (1, 6143, 40)), ((1500, 500, 3), (1, 3000, 100)),
+    ((32, 8192, 16), (1, 8191, 16)), ((96, 0, 20), (1, 700, 200)), ((1000, 0, 1), (1, 12000, 4)),
+    ((6000, 2000, 1), (1, 20000, 2)), ((48, 30000, 1), (1, 1500, 60)),
+)
+GQA_MULTI_NEW = (16, 128, 512, 2048, 8192)
+GQA_MULTI_CACHED = (0, 4096, 16384)
+
+
+def gqa_multi_mixes(heads=GQA_HEADS, new=GQA_MULTI_NEW, cached=GQA_MULTI_CACHED, sms: int = 132) -> dict:
+    """Per head layout, the ``gqa_multi`` stage's calls: K and 2K identical chunks of ``n`` new over ``c`` cached in one
+    call, K the fewest (at least 2) whose query tiles fill four waves of ``sms`` SMs (at most 256, 2K chunks at most
+    65,536 new tokens): the marginal cost of a chunk in a busy call, (t(2K) - t(K)) / K."""
+    out = {}
+    for hq, hkv, d in heads:
+        g = hq // hkv
+        mixes = []
+        for c in cached:
+            for n in new:
+                tiles = hkv * -(-n * g // 128)
+                k = max(2, min(256, -(-4 * sms // tiles), 32768 // n))
+                mixes += [((n, c, k),), ((n, c, 2 * k),)]
+        out[(hq, hkv, d)] = tuple(mixes)
+    return out
+
+
+def gqa_mix_rows(emit, mixes=GQA_MIX, heads=GQA_HEADS, op: str = "gqa_mix") -> None:
     """FlashAttention-3's varlen call over a step's mix of sequences (``GQA_MIX``): decodes and prefill chunks in one
     call, as vLLM's FA backend issues them (``max_seqlen_q`` the longest chunk). ``seqs`` names the mix as
     ``new+cached x count`` terms joined by ``;``; ``batch`` the sequences, ``tokens`` the new tokens, ``context`` the
@@ -485,7 +513,7 @@ def gqa_mix_rows(emit, mixes=GQA_MIX, heads=GQA_HEADS) -> None:
     from kernels.vendor import _fa3_varlen
     fn = _fa3_varlen()
     for hq, hkv, d in heads:
-        for mix in mixes:
+        for mix in (mixes[(hq, hkv, d)] if isinstance(mixes, dict) else mixes):
             seqs = [(n, c) for n, c, cnt in mix for _ in range(cnt)]
             news = [n for n, _ in seqs]
             ctxs = [n + c for n, c in seqs]
@@ -493,7 +521,9 @@ def gqa_mix_rows(emit, mixes=GQA_MIX, heads=GQA_HEADS) -> None:
             kv_bytes = tot_k * 2 * hkv * d * 2
             ncop = copies_for(kv_bytes)
             scale = d ** -0.5
-            row = {"op": "gqa_mix", "lib": "fa3", "dtype": "bf16", "name": f"gqa_q{hq}_kv{hkv}_d{d}",
+            if kv_bytes > (20 << 30):
+                continue
+            row = {"op": op, "lib": "fa3", "dtype": "bf16", "name": f"gqa_q{hq}_kv{hkv}_d{d}",
                    "batch": len(seqs), "tokens": tot_q, "context": tot_k, "m": tot_q, "copies": ncop,
                    "seqs": ";".join(f"{n}+{c}x{cnt}" for n, c, cnt in mix)}
             try:
@@ -513,7 +543,7 @@ def gqa_mix_rows(emit, mixes=GQA_MIX, heads=GQA_HEADS) -> None:
                               cu_seqlens_k=cu_k, softmax_scale=scale, causal=True, fa_version=3)
                 out = call(0)
                 errs = []
-                for j in sorted({0, len(seqs) - 1}):
+                for j in (sorted({0, len(seqs) - 1}) if len(mix) > 1 else [0]):
                     n, c = news[j], ctxs[j]
                     want = R.attention(q[cq[j]:cq[j] + n], ks[0][ck[j]:ck[j] + c], vs[0][ck[j]:ck[j] + c],
                                        torch.arange(c - n, c, device="cuda"), scale)
@@ -536,7 +566,7 @@ def main() -> None:
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--quick", action="store_true", help="a few shapes per table (a smoke run)")
     ap.add_argument("--tables", default="dense,masked,mla", help="comma list of dense, dense_tp, masked, masked_tp, contig, mhc, mla, mla_tp, gqa (FA3 GQA decode and "
-                    "prefill over cached keys), gqa_mix (FA3 varlen calls over a step's mix of decodes and chunks), dense_bf16 "
+                    "prefill over cached keys), gqa_mix, gqa_mix2 (FA3 varlen calls over a step's mix of decodes and chunks), gqa_multi (K and 2K like chunks in one call), dense_bf16 "
                     "(BF16 cuBLAS and DeepGEMM FP8 at the V3 shapes and BF16_EXTRA's), dense_bf16_qwen (BF16 cuBLAS at "
                     "BF16_QWEN's shapes)")
     ap.add_argument("--gqa-heads", default=",".join(f"{q}/{kv}/{d}" for q, kv, d in GQA_HEADS),
@@ -592,6 +622,10 @@ def main() -> None:
                                                  tuple(tuple(int(v) for v in h.split("/")) for h in args.gqa_heads.split(",")))),
               ("gqa_mix", lambda: gqa_mix_rows(writer.emit, GQA_MIX[:2] if args.quick else GQA_MIX,
                                                tuple(tuple(int(v) for v in h.split("/")) for h in args.gqa_heads.split(",")))),
+              ("gqa_mix2", lambda: gqa_mix_rows(writer.emit, GQA_MIX2, tuple(tuple(int(v) for v in h.split("/"))
+                                                                          for h in args.gqa_heads.split(",")), "gqa_mix2")),
+              ("gqa_multi", lambda: gqa_mix_rows(writer.emit, gqa_multi_mixes(tuple(
+                  tuple(int(v) for v in h.split("/")) for h in args.gqa_heads.split(","))), op="gqa_multi")),
               ("mla_tp", lambda: mla_decode_rows(writer.emit, (1, 8, 32, 64, 128, 256), (512, 2048, 8192, 32768),
                                                  tuple(128 // t for t in tps)))]
     for name, fn in stages:
