@@ -233,6 +233,10 @@ class OpTables:
     # sequence) and prefill of one sequence's chunk over new tokens x cached ones (``gqa_attention_bf16.csv``)
     gqa_decode: dict[tuple[int, int, int], GridTable] = field(default_factory=dict)
     gqa_prefill: dict[tuple[int, int, int], "GqaChunks"] = field(default_factory=dict)
+    # (query heads, KV heads, head dim) -> a chunk's marginal cost in a busy varlen call over new x cached tokens: K
+    # and 2K like chunks in one call, (t(2K) - t(K)) / K (``gqa_multi_bf16.csv``); one-token chunks from the decode
+    # grid's two largest batches
+    gqa_busy: dict[tuple[int, int, int], "GqaChunks"] = field(default_factory=dict)
 
     def gemm_table(self, dtype: str, prefer: tuple[str, ...] | None = None) -> GemmTable | None:
         """The table of the first preferred library measured for ``dtype`` (the kernel serving would run; by default
@@ -335,6 +339,40 @@ def fa3_splits_off(kv_heads: int, group: int, max_new: float, sms: int, block_m:
     splits). Then each query tile walks all of its sequence's keys on one SM."""
     return kv_heads * math.ceil(max_new * group / block_m) >= 0.8 * sms
 
+
+def fa3_max_splits(kv_heads: int, group: int, max_new: float, max_keys: float, sms: int, block_m: int,
+                   block_n: int) -> int:
+    """The upper bound FlashAttention-3 sets on a varlen call's key splits (``get_num_splits``, batch taken as one):
+    1 where the longest sequence's query tiles fill 80% of the SMs or its keys are 4 tiles or fewer; else the fewest
+    splits whose waves reach 85% of the best wave efficiency, at most 128, the SMs and the key tiles."""
+    mblocks = kv_heads * math.ceil(max_new * group / block_m)
+    nblocks = math.ceil(max_keys / block_n)
+    if mblocks >= 0.8 * sms or nblocks <= 4:
+        return 1
+    top = min(128, sms, nblocks)
+    effs = []
+    for s in range(1, top + 1):
+        waves = mblocks * s / sms
+        effs.append(waves / math.ceil(waves))
+    best = max(effs)
+    return next(s for s, e in enumerate(effs, 1) if e >= 0.85 * best)
+
+
+def fa3_key_walk(news, keys, kv_heads: int, group: int, sms: int, block_m: int, block_n: int) -> int:
+    """The most key tiles one query tile of a FlashAttention-3 varlen call over sequences of ``news`` new tokens and
+    ``keys`` keys walks on one SM: each sequence's key tiles over the splits the call gives it (``prepare_varlen_num_blocks``
+    of ``hopper/flash_prepare_scheduler.cu``: the bound of ``fa3_max_splits``, per sequence at most its key tiles over
+    the call's tiles a SM, 10% spare; unsplit above 992 sequences)."""
+    news, keys = np.asarray(news, float), np.asarray(keys, float)
+    nb = np.ceil(keys / block_n)
+    top = fa3_max_splits(kv_heads, group, float(news.max()), float(keys.max()), sms, block_m, block_n)
+    if top == 1 or news.size > 992:
+        return int(nb.max())
+    total = float((np.ceil(news * group / block_m) * nb).sum())
+    per_sm = math.ceil(total * 1.1 * kv_heads / sms)
+    splits = np.clip(np.ceil(nb / per_sm), 1, top)
+    return int(np.ceil(nb / splits).max())
+
 def _gqa_tables(path: Path) -> tuple[dict[tuple[int, int, int], GridTable], dict[tuple[int, int, int], "GqaChunks"]]:
     """The ``gqa`` stage's rows (``benchmarks/gpu/op_tables.py``): decode (one new token a sequence, the batch grid)
     as a batch x context GridTable per head layout; prefill (one sequence) as ``GqaChunks`` per layout."""
@@ -377,6 +415,39 @@ def _gqa_tables(path: Path) -> tuple[dict[tuple[int, int, int], GridTable], dict
         if len(lines) >= 2:
             out_p[key] = GqaChunks(*key, lines=lines)
     return out_d, out_p
+
+
+def _gqa_busy(path: Path, dec: dict[tuple[int, int, int], GridTable]) -> dict[tuple[int, int, int], "GqaChunks"]:
+    """The ``gqa_multi`` stage's rows as a chunk's marginal cost in a busy call: per layout and (new, cached), the
+    calls of K and 2K like chunks, (t(2K) - t(K)) / K; the one-token line from the decode grid (``dec``): the batch
+    256 call minus the batch 128 call, over 128, at each context."""
+    pts: dict[tuple[int, int, int], dict[tuple[int, int], dict[int, float]]] = {}
+    for r in _rows(path):
+        q, kv, d = (int(v) for v in r["name"].removeprefix("gqa_q").replace("_kv", " ").replace("_d", " ").split())
+        nc, k = r["seqs"].split("x")
+        n, c = (int(v) for v in nc.split("+"))
+        pts.setdefault((q, kv, d), {}).setdefault((n, c), {})[int(k)] = float(r["device_us"]) * 1e-6
+    out = {}
+    for key, cells in sorted(pts.items()):
+        marg = {}
+        for (n, c), byk in cells.items():
+            ks = sorted(byk)
+            if len(ks) >= 2 and byk[ks[-1]] > byk[ks[0]]:
+                marg[(n, c)] = (byk[ks[-1]] - byk[ks[0]]) / (ks[-1] - ks[0])
+        lines = {}
+        g = dec.get(key)
+        if g is not None and g.xs.size >= 2:
+            b0, b1 = g.xs[-2], g.xs[-1]
+            ys = [int(y) for y in g.ys]
+            lines[1] = ([y - 1 for y in ys], [max((g.seconds[-1, j] - g.seconds[-2, j]) / (b1 - b0), 1e-9)
+                                             for j in range(len(ys))])
+        for n in sorted({n for n, _ in marg}):
+            cs = sorted(c for m, c in marg if m == n)
+            if len(cs) >= 2:
+                lines[n] = (cs, [marg[(n, c)] for c in cs])
+        if len(lines) >= 2:
+            out[key] = GqaChunks(*key, lines=lines)
+    return out
 
 
 @dataclass
@@ -602,8 +673,10 @@ def load(gpu: str) -> OpTables | None:
     mla = _mla_tables(folder / "mla_decode_bf16.csv") if (folder / "mla_decode_bf16.csv").is_file() else {}
     mhc = _mhc_tables(folder / "mhc.csv") if (folder / "mhc.csv").is_file() else {}
     gdec, gpre = _gqa_tables(folder / "gqa_attention_bf16.csv") if (folder / "gqa_attention_bf16.csv").is_file() else ({}, {})
+    gbusy = _gqa_busy(folder / "gqa_multi_bf16.csv", gdec) if (folder / "gqa_multi_bf16.csv").is_file() else {}
     return OpTables(gpu=hw.name, provenance=prov, gemm=gemm, masked_grouped=masked, mla_decode=mla,
-                    contig_grouped=contig, mhc=mhc, gqa_decode=gdec, gqa_prefill=gpre)
+                    contig_grouped=contig, mhc=mhc, gqa_decode=gdec, gqa_prefill=gpre,
+                    gqa_busy=gbusy)
 
 
 # --------------------------------------------------------------------------- the cost model's use of the tables

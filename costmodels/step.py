@@ -419,11 +419,13 @@ class StepCostModel(StepOps):
                         ends += min(p, cap) / ratio + (min(p, window) if window else 0.0)
                 if gqa is not None:   # measured FlashAttention-3 chunks in one varlen kernel (StepOps.gqa_chunks_seconds)
                     ta += self.gqa_chunks_seconds(gqa, pn, pc, s, over_d)
-                    if nd + len(pn) > 1:   # unsplit, the longest key walk bounds the call (gqa_chain_floor)
-                        keys = max(c + n for c, n in zip(pc, pn))
+                    if nd + len(pn) > 1:   # the longest key walk bounds the call (gqa_chain_floor)
+                        keys = [c + n for c, n in zip(pc, pn)]
+                        news = list(pn)
                         if nd:
-                            keys = max(keys, float(dctx.max()) + g)
-                        fl = self.gqa_chain_floor(gqa, max(pn), keys)
+                            keys = np.concatenate((dctx + g, keys))
+                            news = np.concatenate((np.full(nd, g), news))
+                        fl = self.gqa_chain_floor(gqa, news, keys)
                         ta = fl if fl > ta else ta
                 else:
                     byts = float(ends_all) * self.heads_local * dpre * 2.0 if upproj else ends * eb

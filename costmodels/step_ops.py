@@ -52,7 +52,7 @@ from costmodels.model_spec import ModelSpec
 from costmodels.op_table import (MASKED_MAX_ROWS, MEASURED, MHC_OPS, MLA_ENTRY_DIMS, SCALED, ExpertGemms,
                                  GqaChunks, MhcKernels, TableGemms, TableMLA, gqa_decode_table, kernel_gemms, mhc_bytes,
                                  mhc_fallback_s, mhc_flops, mla_decode_table, nearest_gqa_layout, table_from_points)
-from costmodels.op_table import fa3_splits_off, fa3_tile, gqa_work, transferred_one
+from costmodels.op_table import fa3_key_walk, fa3_tile, gqa_work, transferred_one
 from costmodels.op_table import load as load_op_tables
 from costmodels.op_table import nearest as nearest_op_table_gpus
 from costmodels.op_table import same_kind as same_kind_tables
@@ -376,7 +376,7 @@ class StepOps:
         self.mla_table = self._mla_table()
         self._mla_by_q: dict[int, TableMLA | None] = {}   # mla_for's tables of draft-verifying decodes
         self.kv_heads_local = m.num_kv_heads / kv_shard_divisor(m, lay) if m.attention != "mla" else 0.0
-        self.gqa_chunks, self.gqa_chunks_on = self._gqa_chunks()
+        self.gqa_chunks, self.gqa_chunks_on, self.gqa_busy = self._gqa_chunks()
         self.decode_stream = self._decode_stream()
         self.chunk_table = cal.tables.get("attn_prefill_chunk")   # PrefillChunkTable (a measured profile's) or None
         # MoELayerTable (a measured profile's): the routed experts' measured device time, where it timed this MoE on one GPU
@@ -560,18 +560,19 @@ class StepOps:
             if tabs is not None:
                 yield tabs
 
-    def _gqa_chunks(self) -> tuple[GqaChunks | None, object]:
+    def _gqa_chunks(self) -> tuple[GqaChunks | None, object, GqaChunks | None]:
         """(the FlashAttention-3 GQA prefill table of the measured head layout nearest this model's, the GPU it was
-        measured on) for a GQA model where the calibration names op tables and a table holds the stage; else
-        (None, None): prefill attention on the formula."""
+        measured on, the same layout's marginal costs in a busy call where measured) for a GQA model where the
+        calibration names op tables and a table holds the stage; else (None, None, None): prefill attention on the
+        formula."""
         m = self.model
         if m.attention == "mla" or not self.cal.op_tables:
-            return None, None
+            return None, None, None
         for tabs in self._table_sources():
             if tabs.gqa_prefill:
                 key = nearest_gqa_layout(list(tabs.gqa_prefill), self.heads_local, self.kv_heads_local, m.head_dim)
-                return tabs.gqa_prefill[key], get_hardware(tabs.gpu)
-        return None, None
+                return tabs.gqa_prefill[key], get_hardware(tabs.gpu), tabs.gqa_busy.get(key)
+        return None, None, None
 
     def gqa_covers(self, geo: AttnGeometry | None) -> bool:
         """A layer the GQA prefill table speaks for: every cached entry read (no window, index or compression)."""
@@ -592,26 +593,29 @@ class StepOps:
         base, over = self.gqa_chunks_parts(geo, news, cached)
         return base * s + max(0.0, over * s - over_dec)
 
-    def gqa_chain_floor(self, geo: AttnGeometry, max_new: float, max_keys: float) -> float:
-        """Seconds one layer's FlashAttention-3 varlen call takes at least when it runs unsplit (``fa3_splits_off``:
-        the longest chunk's query tiles fill the SMs): the query tile over the most keys in the call (a chunk's last
-        tile, or a decode's) walks them on one SM, one key tile after another. Priced as the measured kernel's least
-        time plus the key tiles at one SM's share of the rate the measured GPU reached over its longest chunk
-        (``GqaChunks.tile_rate``), moved here by the math ceiling a SM. 0 where the call splits its keys, the GPU's SM
-        count is not in the catalog, or no GQA table speaks for the layer. Measured (run ``gqa_mix_d535dec``,
-        Llama-3.1-70B TP8 heads on the H100): a 2,048-token prompt, a 512-token chunk over 4,096 cached and a
-        128-token chunk over 16,384 cached in one call take 189.9 us, where the chunks apart take about 91."""
+    def gqa_chain_floor(self, geo: AttnGeometry, news, keys) -> float:
+        """Seconds one layer's FlashAttention-3 varlen call over sequences of ``news`` new tokens and ``keys`` keys
+        (cached plus new) takes at least: the query tile with the most key tiles to walk after the call's splits
+        (``fa3_key_walk``: FA3's split heuristics) walks them on one SM, one after another. Priced as the measured
+        kernel's least time plus those key tiles at one SM's share of the rate the measured GPU reached over its
+        longest chunk (``GqaChunks.tile_rate``), moved here by the math ceiling a SM. 0 where the GPU's SM count is
+        not in the catalog or no GQA table speaks for the layer. Measured (run ``gqa_mix_d535dec``, Llama-3.1-70B TP8
+        heads on the H100): a 2,048-token prompt, a 512-token chunk over 4,096 cached and a 128-token chunk over 16,384
+        cached in one call take 189.9 us (unsplit: the last chunk's 129 key tiles in a row), where the chunks apart
+        take about 91."""
         tab, mhw = self.gqa_chunks, self.gqa_chunks_on
         sms, msms = self.hw.sm_count, mhw.sm_count if mhw is not None else None
-        if tab is None or not sms or not msms or max_new <= 1:
+        if tab is None or not sms or not msms:
             return 0.0
         dq, dv = geo.d_qk_prefill, geo.d_v_prefill
-        bm, bn = fa3_tile(dq, dv)
         hkv = max(1, round(self.kv_heads_local))
-        if not fa3_splits_off(hkv, max(1, round(self.heads_local / hkv)), max_new, sms, bm):
-            return 0.0
+        g = max(1, round(self.heads_local / hkv))
+        bm, bn = fa3_tile(dq, dv)
+        if max(news) * g <= 64 and dq in (64, 128):
+            bm = 64   # one MMA warpgroup for short queries (use_one_mma_wg)
+        walk = fa3_key_walk(news, keys, hkv, g, sms, bm, bn)
         rate = tab.tile_rate() / msms * (self.att_math_peak(dq, dv) / sms) / (exp_bound_peak(mhw, tab.d, tab.d) / msms)
-        return tab.floor_s() + math.ceil(max_keys / bn) * 2.0 * bm * bn * (dq + dv) / rate
+        return tab.floor_s() + walk * 2.0 * bm * bn * (dq + dv) / rate
 
     def gqa_decode_over(self, t: float, flops: float, byts: float, den: float) -> float:
         """The time over the roofline of a GQA decode kernel priced ``t`` seconds for ``flops`` / ``byts`` (math at
@@ -631,6 +635,7 @@ class StepOps:
         peak = self.att_math_peak(dq, dv)
         moved = mpeak != peak or mhw.hbm_bw != self.hw.hbm_bw
         tpeak = exp_bound_peak(mhw, tab.d, tab.d)   # the measured layout's math ceiling there
+        busy = self.gqa_busy
         base = over = 0.0
         for n, c in zip(news, cached):
             n, c = float(n), float(c)
@@ -641,9 +646,16 @@ class StepOps:
             f, b = float(f), float(b)
             if moved:
                 t = transferred_one(t, f, b, mpeak, peak, mhw.hbm_bw, self.hw.hbm_bw, me, ce)
-            roof = max(b / (me * self.hw.hbm_bw), f / (ce * peak))
-            base += min(t, roof)
-            over = max(over, t - roof)
+            if busy is not None:
+                # the chunk's measured marginal cost in a busy call (its tiles' work beside other chunks': causal
+                # diagonal, per-tile prologue and epilogue), moved as its time is
+                part = busy.at(n, c, hq, hkv, dq, dv, tpeak, mhw.hbm_bw, me, ce, mpeak)
+                if moved:
+                    part = transferred_one(part, f, b, mpeak, peak, mhw.hbm_bw, self.hw.hbm_bw, me, ce)
+            else:
+                part = max(b / (me * self.hw.hbm_bw), f / (ce * peak))
+            base += min(t, part)
+            over = max(over, t - part)
         return base, over
 
     def stream_time(self, batch: float, byts):
@@ -1273,7 +1285,7 @@ class StepOps:
         if dec.size > 1 and self.gqa_covers(geo) and not dec.all():
             # the step's decodes and chunks are one FlashAttention-3 call: unsplit, its longest key walk bounds it (one
             # chunk alone: its measured time holds its own walk)
-            out[2] = max(out[2], self.gqa_chain_floor(geo, float(new[~dec].max()), float((ctx + new).max())))
+            out[2] = max(out[2], self.gqa_chain_floor(geo, new, ctx + new))
         return out
 
     def attention(self, new, ctx, dec, draft, f, ops: list | None = None) -> np.ndarray:

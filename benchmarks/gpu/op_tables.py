@@ -406,6 +406,9 @@ def mla_decode_rows(emit, batches, contexts, heads=(128,)) -> None:
         torch.cuda.empty_cache()
 
 
+# query rows of a chunk the attention stages check against the reference (its last ones: the most keys each)
+CHECK_ROWS = 1024
+
 # GQA heads per GPU (query, KV) x head dim the ``gqa`` stage times: Llama-3.1-70B at TP8 (64/8 heads: 8 query over one KV
 # head) and Llama-3.1-8B / Qwen3-30B-A3B-like unsharded (32 query over 8 KV heads)
 GQA_HEADS = ((8, 1, 128), (32, 8, 128))
@@ -441,10 +444,12 @@ def gqa_attention_rows(emit, decode_batches, contexts, prefill_new, prefill_cach
             out = call(0)
             errs = []
             for j in range(min(bsz, 2)):
-                qj = q[j * new:(j + 1) * new]
+                # the reference over the chunk's last CHECK_ROWS queries (its scores grow with queries x keys)
+                lo = max(0, new - CHECK_ROWS)
+                qj = q[j * new + lo:(j + 1) * new]
                 want = R.attention(qj, ks[0][j * ctx:(j + 1) * ctx], vs[0][j * ctx:(j + 1) * ctx],
-                                   torch.arange(ctx - new, ctx, device="cuda"), scale)
-                errs.append(rel(out[j * new:(j + 1) * new], want))
+                                   torch.arange(ctx - new + lo, ctx, device="cuda"), scale)
+                errs.append(rel(out[j * new + lo:(j + 1) * new], want))
             row["rel_err"] = max(errs)
             row["eager_us"] = eager_time_us(lambda: call(0))
             t = graph_time_us([lambda i=i: call(i) for i in range(ncop)], reps_for(row["eager_us"]))
@@ -545,9 +550,10 @@ def gqa_mix_rows(emit, mixes=GQA_MIX, heads=GQA_HEADS, op: str = "gqa_mix") -> N
                 errs = []
                 for j in (sorted({0, len(seqs) - 1}) if len(mix) > 1 else [0]):
                     n, c = news[j], ctxs[j]
-                    want = R.attention(q[cq[j]:cq[j] + n], ks[0][ck[j]:ck[j] + c], vs[0][ck[j]:ck[j] + c],
-                                       torch.arange(c - n, c, device="cuda"), scale)
-                    errs.append(rel(out[cq[j]:cq[j] + n], want))
+                    lo = max(0, n - CHECK_ROWS)
+                    want = R.attention(q[cq[j] + lo:cq[j] + n], ks[0][ck[j]:ck[j] + c], vs[0][ck[j]:ck[j] + c],
+                                       torch.arange(c - n + lo, c, device="cuda"), scale)
+                    errs.append(rel(out[cq[j] + lo:cq[j] + n], want))
                 row["rel_err"] = max(errs)
                 row["eager_us"] = eager_time_us(lambda: call(0))
                 t = graph_time_us([lambda i=i: call(i) for i in range(ncop)], reps_for(row["eager_us"]))
@@ -571,6 +577,9 @@ def main() -> None:
                     "BF16_QWEN's shapes)")
     ap.add_argument("--gqa-heads", default=",".join(f"{q}/{kv}/{d}" for q, kv, d in GQA_HEADS),
                     help="the gqa stage's head layouts a GPU, query/KV/head dim, comma-separated")
+    ap.add_argument("--gqa-cached", default="0,4096,16384", help="the gqa stage's cached counts under each prefill chunk, "
+                    "and the gqa_multi stage's")
+    ap.add_argument("--gqa-contexts", default="512,2048,8192,32768", help="the gqa stage's decode contexts")
     ap.add_argument("--tp", default="2,4,8", help="TP widths of the dense_tp (DeepGEMM) and mla_tp (heads = 128 / TP) tables")
     args = ap.parse_args()
     out = Path(args.out_dir)
@@ -586,6 +595,9 @@ def main() -> None:
     gemms = dict(list(V3_GEMMS.items())[:2]) if args.quick else V3_GEMMS
     writer = TableWriter(out, prov, t0)
     tps = [int(t) for t in args.tp.split(",")]
+
+    def heads_arg() -> tuple:
+        return tuple(tuple(int(v) for v in h.split("/")) for h in args.gqa_heads.split(","))
     stages = [("dense", lambda: dense_gemm_rows(writer.emit, ("deepgemm", "triton"), m_grid, gemms)),
               ("dense_tp", lambda: dense_gemm_rows(writer.emit, ("deepgemm",), m_grid, tp_shards(tps))),
               ("masked", lambda: masked_grouped_rows(writer.emit, (32,) if args.quick else (8, 32, 256),
@@ -616,16 +628,16 @@ def main() -> None:
                                       bf16_gemm_rows(writer.emit, m_grid, {**gemms, **BF16_EXTRA}))),
               ("dense_bf16_qwen", lambda: bf16_gemm_rows(writer.emit, m_grid, BF16_QWEN)),
               ("gqa", lambda: gqa_attention_rows(writer.emit, (1, 64) if args.quick else (1, 8, 32, 64, 128, 256),
-                                                 (2048,) if args.quick else (512, 2048, 8192, 32768),
+                                                 (2048,) if args.quick else tuple(int(v) for v in args.gqa_contexts.split(",")),
                                                  (16, 512) if args.quick else (1, 16, 128, 512, 2048, 8192),
-                                                 (0, 4096) if args.quick else (0, 4096, 16384),
+                                                 (0, 4096) if args.quick else tuple(int(v) for v in args.gqa_cached.split(",")),
                                                  tuple(tuple(int(v) for v in h.split("/")) for h in args.gqa_heads.split(",")))),
               ("gqa_mix", lambda: gqa_mix_rows(writer.emit, GQA_MIX[:2] if args.quick else GQA_MIX,
                                                tuple(tuple(int(v) for v in h.split("/")) for h in args.gqa_heads.split(",")))),
               ("gqa_mix2", lambda: gqa_mix_rows(writer.emit, GQA_MIX2, tuple(tuple(int(v) for v in h.split("/"))
                                                                           for h in args.gqa_heads.split(",")), "gqa_mix2")),
-              ("gqa_multi", lambda: gqa_mix_rows(writer.emit, gqa_multi_mixes(tuple(
-                  tuple(int(v) for v in h.split("/")) for h in args.gqa_heads.split(","))), op="gqa_multi")),
+              ("gqa_multi", lambda: gqa_mix_rows(writer.emit, gqa_multi_mixes(heads_arg(), cached=tuple(
+                  int(v) for v in args.gqa_cached.split(","))), heads_arg(), "gqa_multi")),
               ("mla_tp", lambda: mla_decode_rows(writer.emit, (1, 8, 32, 64, 128, 256), (512, 2048, 8192, 32768),
                                                  tuple(128 // t for t in tps)))]
     for name, fn in stages:
