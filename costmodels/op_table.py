@@ -446,7 +446,7 @@ def _gqa_busy(path: Path, dec: dict[tuple[int, int, int], GridTable]) -> dict[tu
             if len(cs) >= 2:
                 lines[n] = (cs, [marg[(n, c)] for c in cs])
         if len(lines) >= 2:
-            out[key] = GqaChunks(*key, lines=lines)
+            out[key] = GqaChunks(*key, lines=lines, proportional=True)
     return out
 
 
@@ -467,6 +467,9 @@ class GqaChunks:
     hkv: int
     d: int
     lines: dict[int, tuple[list[int], list[float]]]
+    # the times are work that grows with the heads and head dims (a chunk's marginal cost in a busy call: its tiles),
+    # moved to another layout in proportion to the roofline, not as a roofline part plus a latency that stays
+    proportional: bool = False
 
     def __post_init__(self):
         self.news = sorted(self.lines)
@@ -533,7 +536,9 @@ class GqaChunks:
         roof_m = self._roof(n, c, peak, bw, mem_eff, compute_eff)
         f, b = gqa_work(hq, hkv, d_qk, d_v, n, c)
         roof = max(float(b) / (mem_eff * bw), float(f) / (compute_eff * (peak_asked or peak)))
-        return roof + (t - roof_m) if t >= roof_m else t * roof / max(roof_m, 1e-30)
+        if self.proportional or t < roof_m:
+            return t * roof / max(roof_m, 1e-30)
+        return roof + (t - roof_m)
 
 
 def nearest_gqa_layout(have, hq: float, hkv: float, d: float) -> tuple[int, int, int] | None:

@@ -162,8 +162,9 @@ class StepCostModel(StepOps):
     @property
     def mixed_sum_only(self) -> bool:
         """True when a step with prefill chunks depends on the decodes' contexts only through their sum
-        (every layer kind reads every cached entry, no measured prefill table): ``chunked_step_time_sum``."""
-        return self._attn_simple and not self._pre_table
+        (every layer kind reads every cached entry, no measured prefill table, no FlashAttention-3 key walk: its
+        longest walk reads each decode's context): ``chunked_step_time_sum``."""
+        return self._attn_simple and not self._pre_table and not self.gqa_walks
 
     def chunked_step_time_sum(self, nd: int, dctx_sum: int, draft_len: int, prefill_new: list[int], prefill_ctx: list[int]) -> float:
         """``chunked_step_time`` from the number of decodes and their context sum (only where ``mixed_sum_only``)."""

@@ -593,6 +593,13 @@ class StepOps:
         base, over = self.gqa_chunks_parts(geo, news, cached)
         return base * s + max(0.0, over * s - over_dec)
 
+    @property
+    def gqa_walks(self) -> bool:
+        """Whether a step's GQA attention can be bounded by its longest key walk (``gqa_chain_floor``: a GQA table
+        speaks for a layer, and both GPUs' SM counts are known)."""
+        on = self.gqa_chunks_on
+        return self.gqa_chunks is not None and bool(self.hw.sm_count) and on is not None and bool(on.sm_count)
+
     def gqa_chain_floor(self, geo: AttnGeometry, news, keys) -> float:
         """Seconds one layer's FlashAttention-3 varlen call over sequences of ``news`` new tokens and ``keys`` keys
         (cached plus new) takes at least: the query tile with the most key tiles to walk after the call's splits
