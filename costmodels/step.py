@@ -420,7 +420,7 @@ class StepCostModel(StepOps):
                         ends += min(p, cap) / ratio + (min(p, window) if window else 0.0)
                 if gqa is not None:   # measured FlashAttention-3 chunks in one varlen kernel (StepOps.gqa_chunks_seconds)
                     ta += self.gqa_chunks_seconds(gqa, pn, pc, s, over_d)
-                    if nd + len(pn) > 1:   # the longest key walk bounds the call (gqa_chain_floor)
+                    if nd + len(pn) > 1 and self.gqa_walks:   # the longest key walk bounds the call (gqa_chain_floor)
                         keys = [c + n for c, n in zip(pc, pn)]
                         news = list(pn)
                         if nd:

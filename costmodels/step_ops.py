@@ -29,10 +29,9 @@ Assumptions (also in docs/costmodel.md):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Callable
-
-import math
 
 import numpy as np
 
@@ -657,8 +656,8 @@ class StepOps:
                 # the chunk's measured marginal cost in a busy call (its tiles' work beside other chunks': causal
                 # diagonal, per-tile prologue and epilogue), moved as its time is
                 part = busy.at(n, c, hq, hkv, dq, dv, tpeak, mhw.hbm_bw, me, ce, mpeak)
-                if moved:
-                    part = transferred_one(part, f, b, mpeak, peak, mhw.hbm_bw, self.hw.hbm_bw, me, ce)
+                if moved:   # work: in proportion to the roofline here against there (GqaChunks.proportional)
+                    part *= max(b / (me * self.hw.hbm_bw), f / (ce * peak)) / max(b / (me * mhw.hbm_bw), f / (ce * mpeak))
             else:
                 part = max(b / (me * self.hw.hbm_bw), f / (ce * peak))
             base += min(t, part)

@@ -336,9 +336,11 @@ def test_a_deployment_too_large_for_one_run_is_run_on_a_share_that_simulate_plan
     w = simulate(whole).result.metrics.steady
     assert w.output_throughput_per_gpu == pytest.approx(p.output_tokens_per_s_per_gpu, rel=0.03)   # 4,639 vs 4,661
     # fewer instances behind the router pool less: the share's tails are the conservative side, its first-token tail
-    # (0.14 vs 0.10 s) and its TPOT p90 (prefill chunks land on fewer decodes' steps: 23.2 vs 22.0 ms since prefill
-    # attention's KV reads stream at the measured rate, 22.8 vs 22.3 before)
-    assert w.tpot_s.p90 <= p.tpot_s <= 1.08 * w.tpot_s.p90
+    # (0.14 vs 0.10 s) and its TPOT p90 (prefill chunks land on fewer decodes' steps: 23.6 vs 21.4 ms since a GQA
+    # chunk adds its measured marginal cost in a busy varlen call, 23.2 vs 22.0 before; the gap is the mixed steps'
+    # price times how much burstier two instances' arrivals are than eight's: 1.01 to 1.17 across the one-call rule's
+    # parts, walk floor and busy marginals on and off)
+    assert w.tpot_s.p90 <= p.tpot_s <= 1.15 * w.tpot_s.p90
     assert w.ttft_s.p90 <= p.ttft_s <= 1.5 * w.ttft_s.p90
     # the whole deployment on the run's 2,000 requests (what the plan ran before): its seats never turn over
     short = simulate(plan.model_copy(update={"run_share": None}).to_scenario(num_requests=2000)).result.metrics.steady
