@@ -424,50 +424,64 @@ def gqa_attention_rows(emit, decode_batches, contexts, prefill_new, prefill_cach
     cases = [(h, 1, c, b) for h in heads for c in contexts for b in decode_batches] + \
             [(h, n, c + n, 1) for h in heads for c in prefill_cached for n in prefill_new]
     for (hq, hkv, d), new, ctx, bsz in cases:
-        kv_bytes = bsz * ctx * 2 * hkv * d * 2
-        if kv_bytes > (20 << 30):
+        if bsz * ctx * 2 * hkv * d * 2 > (20 << 30):
             continue
-        ncop = copies_for(kv_bytes)
-        scale = d ** -0.5
         row = {"op": "gqa_attention", "lib": "fa3", "dtype": "bf16", "name": f"gqa_q{hq}_kv{hkv}_d{d}", "batch": bsz,
-               "tokens": new, "context": ctx, "m": bsz * new, "copies": ncop}
-        try:
-            ks = [torch.randn(bsz * ctx, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(ncop)]
-            vs = [torch.randn(bsz * ctx, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(ncop)]
-            q = torch.randn(bsz * new, hq, d, device="cuda", dtype=torch.bfloat16)
-            cu_q = torch.arange(0, bsz + 1, device="cuda", dtype=torch.int32) * new
-            cu_k = torch.arange(0, bsz + 1, device="cuda", dtype=torch.int32) * ctx
+               "tokens": new, "context": ctx, "m": bsz * new}
+        fa3_varlen_row(emit, fn, [(new, ctx)] * bsz, hq, hkv, d, row, range(min(bsz, 2)))
 
-            def call(i):
-                return fn(q, ks[i], vs[i], max_seqlen_q=new, cu_seqlens_q=cu_q, max_seqlen_k=ctx, cu_seqlens_k=cu_k,
-                          softmax_scale=scale, causal=True, fa_version=3)
-            out = call(0)
-            errs = []
-            for j in range(min(bsz, 2)):
-                # the reference over the chunk's last CHECK_ROWS queries (its scores grow with queries x keys)
-                lo = max(0, new - CHECK_ROWS)
-                qj = q[j * new + lo:(j + 1) * new]
-                want = R.attention(qj, ks[0][j * ctx:(j + 1) * ctx], vs[0][j * ctx:(j + 1) * ctx],
-                                   torch.arange(ctx - new + lo, ctx, device="cuda"), scale)
-                errs.append(rel(out[j * new + lo:(j + 1) * new], want))
-            row["rel_err"] = max(errs)
-            row["eager_us"] = eager_time_us(lambda: call(0))
-            t = graph_time_us([lambda i=i: call(i) for i in range(ncop)], reps_for(row["eager_us"]))
-            causal_pairs = bsz * (new * (ctx - new) + new * (new + 1) / 2)
-            row.update(device_us=t, tbs=(kv_bytes + 2 * q.numel() * 2) / t / 1e6,
-                       tflops=4 * causal_pairs * hq * d / t / 1e6)
-            del ks, vs
-        except Exception as ex:  # noqa: BLE001
-            row["error"] = f"{type(ex).__name__}: {ex}"[:300]
-            traceback.print_exc()
-        emit(row)
-        torch.cuda.empty_cache()
+
+def fa3_varlen_row(emit, fn, seqs, hq: int, hkv: int, d: int, row: dict, check) -> None:
+    """Time one FA3 varlen call (``fn``) over ``seqs`` (new tokens, keys) at ``hq`` / ``hkv`` heads of ``d``, BF16
+    K/V cycled over copies past L2, causal bottom-right; check the sequences at indices ``check`` (their last
+    ``CHECK_ROWS`` queries) against ``kernels.reference.attention``; fill and emit ``row``."""
+    news = [n for n, _ in seqs]
+    ctxs = [k for _, k in seqs]
+    tot_q, tot_k = sum(news), sum(ctxs)
+    kv_bytes = tot_k * 2 * hkv * d * 2
+    ncop = copies_for(kv_bytes)
+    row["copies"] = ncop
+    scale = d ** -0.5
+    try:
+        ks = [torch.randn(tot_k, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(ncop)]
+        vs = [torch.randn(tot_k, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(ncop)]
+        q = torch.randn(tot_q, hq, d, device="cuda", dtype=torch.bfloat16)
+        cq, ck = [0], [0]
+        for n, k in seqs:
+            cq.append(cq[-1] + n)
+            ck.append(ck[-1] + k)
+        cu_q = torch.tensor(cq, device="cuda", dtype=torch.int32)
+        cu_k = torch.tensor(ck, device="cuda", dtype=torch.int32)
+
+        def call(i):
+            return fn(q, ks[i], vs[i], max_seqlen_q=max(news), cu_seqlens_q=cu_q, max_seqlen_k=max(ctxs),
+                      cu_seqlens_k=cu_k, softmax_scale=scale, causal=True, fa_version=3)
+        out = call(0)
+        errs = []
+        for j in check:
+            # the reference over the sequence's last CHECK_ROWS queries (its scores grow with queries x keys)
+            n, k = seqs[j]
+            lo = max(0, n - CHECK_ROWS)
+            want = R.attention(q[cq[j] + lo:cq[j] + n], ks[0][ck[j]:ck[j] + k], vs[0][ck[j]:ck[j] + k],
+                               torch.arange(k - n + lo, k, device="cuda"), scale)
+            errs.append(rel(out[cq[j] + lo:cq[j] + n], want))
+        row["rel_err"] = max(errs)
+        row["eager_us"] = eager_time_us(lambda: call(0))
+        t = graph_time_us([lambda i=i: call(i) for i in range(ncop)], reps_for(row["eager_us"]))
+        pairs = sum(n * (k - n) + n * (n + 1) / 2 for n, k in seqs)
+        row.update(device_us=t, tbs=(kv_bytes + 2 * q.numel() * 2) / t / 1e6, tflops=4 * pairs * hq * d / t / 1e6)
+        del ks, vs
+    except Exception as ex:  # noqa: BLE001
+        row["error"] = f"{type(ex).__name__}: {ex}"[:300]
+        traceback.print_exc()
+    emit(row)
+    torch.cuda.empty_cache()
 
 
 # The one-call composition the cost model applies to a step's attention (``StepOps.gqa_chunks_seconds``,
 # ``gqa_decode_over``): several prefill chunks, and decodes beside chunks, in ONE varlen call, and decodes at mixed
 # contexts. Each composition is ``((new, cached, count), ...)``; the stage times the call vLLM's FA backend makes for
-# such a step, so the rule (roofline parts add, the time over the roofline paid once) is checked against the kernel.
+# such a step, so the cost model's one-call rule is checked against the kernel (benchmarks/gqa_mix_check.py).
 GQA_MIX = (
     # chunks only
     ((2048, 0, 2),), ((2048, 0, 4),), ((1024, 0, 8),), ((512, 0, 16),), ((128, 0, 8),), ((4096, 0, 2),),
@@ -519,52 +533,14 @@ def gqa_mix_rows(emit, mixes=GQA_MIX, heads=GQA_HEADS, op: str = "gqa_mix") -> N
     fn = _fa3_varlen()
     for hq, hkv, d in heads:
         for mix in (mixes[(hq, hkv, d)] if isinstance(mixes, dict) else mixes):
-            seqs = [(n, c) for n, c, cnt in mix for _ in range(cnt)]
-            news = [n for n, _ in seqs]
-            ctxs = [n + c for n, c in seqs]
-            tot_q, tot_k = sum(news), sum(ctxs)
-            kv_bytes = tot_k * 2 * hkv * d * 2
-            ncop = copies_for(kv_bytes)
-            scale = d ** -0.5
-            if kv_bytes > (20 << 30):
+            seqs = [(n, n + c) for n, c, cnt in mix for _ in range(cnt)]
+            tot_q, tot_k = sum(n for n, _ in seqs), sum(k for _, k in seqs)
+            if tot_k * 2 * hkv * d * 2 > (20 << 30):
                 continue
             row = {"op": op, "lib": "fa3", "dtype": "bf16", "name": f"gqa_q{hq}_kv{hkv}_d{d}",
-                   "batch": len(seqs), "tokens": tot_q, "context": tot_k, "m": tot_q, "copies": ncop,
+                   "batch": len(seqs), "tokens": tot_q, "context": tot_k, "m": tot_q,
                    "seqs": ";".join(f"{n}+{c}x{cnt}" for n, c, cnt in mix)}
-            try:
-                ks = [torch.randn(tot_k, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(ncop)]
-                vs = [torch.randn(tot_k, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(ncop)]
-                q = torch.randn(tot_q, hq, d, device="cuda", dtype=torch.bfloat16)
-                cq = [0]
-                ck = [0]
-                for n, c in zip(news, ctxs):
-                    cq.append(cq[-1] + n)
-                    ck.append(ck[-1] + c)
-                cu_q = torch.tensor(cq, device="cuda", dtype=torch.int32)
-                cu_k = torch.tensor(ck, device="cuda", dtype=torch.int32)
-
-                def call(i):
-                    return fn(q, ks[i], vs[i], max_seqlen_q=max(news), cu_seqlens_q=cu_q, max_seqlen_k=max(ctxs),
-                              cu_seqlens_k=cu_k, softmax_scale=scale, causal=True, fa_version=3)
-                out = call(0)
-                errs = []
-                for j in (sorted({0, len(seqs) - 1}) if len(mix) > 1 else [0]):
-                    n, c = news[j], ctxs[j]
-                    lo = max(0, n - CHECK_ROWS)
-                    want = R.attention(q[cq[j] + lo:cq[j] + n], ks[0][ck[j]:ck[j] + c], vs[0][ck[j]:ck[j] + c],
-                                       torch.arange(c - n + lo, c, device="cuda"), scale)
-                    errs.append(rel(out[cq[j] + lo:cq[j] + n], want))
-                row["rel_err"] = max(errs)
-                row["eager_us"] = eager_time_us(lambda: call(0))
-                t = graph_time_us([lambda i=i: call(i) for i in range(ncop)], reps_for(row["eager_us"]))
-                pairs = sum(n * (c - n) + n * (n + 1) / 2 for n, c in zip(news, ctxs))
-                row.update(device_us=t, tbs=(kv_bytes + 2 * q.numel() * 2) / t / 1e6, tflops=4 * pairs * hq * d / t / 1e6)
-                del ks, vs
-            except Exception as ex:  # noqa: BLE001
-                row["error"] = f"{type(ex).__name__}: {ex}"[:300]
-                traceback.print_exc()
-            emit(row)
-            torch.cuda.empty_cache()
+            fa3_varlen_row(emit, fn, seqs, hq, hkv, d, row, sorted({0, len(seqs) - 1}) if len(mix) > 1 else [0])
 
 
 def main() -> None:
