@@ -605,7 +605,8 @@ class StepOps:
         (``fa3_key_walk``: FA3's split heuristics) walks them on one SM, one after another. Priced as the measured
         kernel's least time plus those key tiles at one SM's share of the rate the measured GPU reached over its
         longest chunk (``GqaChunks.tile_rate``), moved here by the math ceiling a SM. 0 where the GPU's SM count is
-        not in the catalog or no GQA table speaks for the layer. Measured (run ``gqa_mix_d535dec``, Llama-3.1-70B TP8
+        not in the catalog or no GQA table speaks for the layer. Not scaled by a rank's share: a walk is one
+        sequence's (with attention DP, the longest of the step's, wherever it runs). Measured (run ``gqa_mix_d535dec``, Llama-3.1-70B TP8
         heads on the H100): a 2,048-token prompt, a 512-token chunk over 4,096 cached and a 128-token chunk over 16,384
         cached in one call take 189.9 us (unsplit: the last chunk's 129 key tiles in a row), where the chunks apart
         take about 91."""
