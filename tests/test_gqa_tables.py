@@ -199,6 +199,11 @@ def test_an_unsplit_varlen_call_is_bounded_by_its_longest_key_walk():
     beta = 2.0 * 128 * 128 * 256 / (tab.tile_rate() / 132)
     assert walk == pytest.approx(tab.floor_s() + 129 * beta)
     assert 1.4e-6 < beta < 1.8e-6
+    # flash-attention's own example (hopper/heuristics.h): 48 tiles on 108 SMs take 2 splits (89% of a wave), not 3
+    assert op_table.fa3_max_splits(48, 1, 1, 1024, 108, 128, 128) == 2
+    # never split: the tiles fill 80% of the SMs, or 4 key tiles or fewer
+    assert op_table.fa3_max_splits(1, 8, 1689, 65536, 132, 128, 128) == 1
+    assert op_table.fa3_max_splits(1, 8, 16, 512, 132, 128, 128) == 1
     # split (512 new: 32 tiles on 132 SMs, 4 splits at most: 97% of a wave): 129 key tiles over 4 splits, 33 in a row
     assert op_table.fa3_max_splits(1, 8, 512, 16512, 132, 128, 128) == 4
     assert op_table.fa3_key_walk([512, 128], [512, 16512], 1, 8, 132, 128, 128) == 33
