@@ -25,6 +25,7 @@ from costmodels.batch import BatchShape
 from costmodels.catalog import get_model
 from costmodels.hardware import get_hardware
 from costmodels.layout import ParallelLayout
+from costmodels.op_table import gqa_layout, gqa_seqs
 from costmodels.step import StepCostModel
 
 RUN = Path(__file__).resolve().parent / "gpu" / "issue16_h100" / "gqa_mix_d535dec"
@@ -36,12 +37,7 @@ MODELS = {(8, 1): ("llama-3.1-70b", 8, 80), (32, 8): ("llama-3.1-8b", 1, 32), (1
 
 def parse_seqs(text: str) -> list[tuple[int, int]]:
     """``new+cached x count`` terms joined by ``;`` -> one (new, cached) per sequence."""
-    out = []
-    for term in text.split(";"):
-        nc, cnt = term.split("x")
-        n, c = (int(v) for v in nc.split("+"))
-        out += [(n, c)] * int(cnt)
-    return out
+    return [(n, c) for n, c, cnt in gqa_seqs(text) for _ in range(cnt)]
 
 
 def price_us(sm: StepCostModel, layers: int, seqs: list[tuple[int, int]]) -> float:
@@ -58,7 +54,7 @@ def check(run: Path = RUN, gpu: str = "H100", op: str = "gqa_mix") -> list[dict]
         for r in csv.DictReader(f):
             if r["op"] != op or not r["device_us"]:
                 continue
-            q, kv = (int(v) for v in r["name"].removeprefix("gqa_q").split("_d")[0].split("_kv"))
+            q, kv, _ = gqa_layout(r["name"])
             sm, layers = cms[(q, kv)]
             seqs = parse_seqs(r["seqs"])
             meas = float(r["device_us"])

@@ -317,10 +317,29 @@ def gqa_work(hq: int, hkv: int, d_qk: int, d_v: int, new, cached) -> tuple:
 
 
 
-def fa3_tile(d_qk: int, d_v: int) -> tuple[int, int]:
-    """(query rows, keys) of one work tile of FlashAttention-3's Hopper forward kernel, causal, BF16, two MMA warpgroups
+def gqa_layout(name: str) -> tuple[int, int, int]:
+    """(query heads, KV heads, head dim) of a ``gqa`` stage row's name, ``gqa_q<q>_kv<kv>_d<d>``."""
+    q, kv, d = (int(v) for v in name.removeprefix("gqa_q").replace("_kv", " ").replace("_d", " ").split())
+    return q, kv, d
+
+
+def gqa_seqs(text: str) -> list[tuple[int, int, int]]:
+    """(new, cached, count) terms of a varlen row's ``seqs`` (``new+cached x count`` joined by ``;``)."""
+    out = []
+    for term in text.split(";"):
+        nc, cnt = term.split("x")
+        n, c = (int(v) for v in nc.split("+"))
+        out.append((n, c, int(cnt)))
+    return out
+
+
+def fa3_tile(d_qk: int, d_v: int, packed_rows: float | None = None) -> tuple[int, int]:
+    """(query rows, keys) of one work tile of FlashAttention-3's Hopper forward kernel, causal, BF16
     (``tile_size_fwd_sm90`` of flash-attention's ``hopper/tile_size.h``): GQA packs a KV head's query heads into the
-    rows."""
+    rows; one MMA warpgroup (64 rows) where the longest sequence's packed rows (``packed_rows``) are 64 or fewer at head
+    dim 64 or 128 (``use_one_mma_wg``), else two."""
+    if packed_rows is not None and packed_rows <= 64 and d_qk in (64, 128):
+        return (64, 192) if d_qk == 64 else (64, 128)
     if d_qk <= 64:
         return (64, 64) if d_v == 512 else (128, 96) if d_v == 256 else (192, 128)
     if d_qk <= 96:
@@ -340,29 +359,31 @@ def fa3_splits_off(kv_heads: int, group: int, max_new: float, sms: int, block_m:
     return kv_heads * math.ceil(max_new * group / block_m) >= 0.8 * sms
 
 
-def fa3_max_splits(kv_heads: int, group: int, max_new: float, max_keys: float, sms: int, block_m: int,
-                   block_n: int) -> int:
-    """The upper bound FlashAttention-3 sets on a varlen call's key splits (``get_num_splits``, batch taken as one):
-    1 where the longest sequence's query tiles fill 80% of the SMs or its keys are 4 tiles or fewer; else the fewest
-    splits whose waves reach 85% of the best wave efficiency, at most 128, the SMs and the key tiles."""
-    mblocks = kv_heads * math.ceil(max_new * group / block_m)
-    nblocks = math.ceil(max_keys / block_n)
-    if mblocks >= 0.8 * sms or nblocks <= 4:
-        return 1
-    top = min(128, sms, nblocks)
-    effs = []
-    for s in range(1, top + 1):
-        waves = mblocks * s / sms
-        effs.append(waves / math.ceil(waves))
+@lru_cache(maxsize=4096)
+def _fa3_wave_splits(mblocks: int, nblocks: int, sms: int) -> int:
+    """The fewest splits whose waves of ``mblocks`` x splits tiles on ``sms`` SMs reach 85% of the best wave
+    efficiency, at most 128, the SMs and the ``nblocks`` key tiles (``num_splits_heuristic``'s search)."""
+    effs = [w / math.ceil(w) for w in (mblocks * s / sms for s in range(1, min(128, sms, nblocks) + 1))]
     best = max(effs)
     return next(s for s, e in enumerate(effs, 1) if e >= 0.85 * best)
 
 
+def fa3_max_splits(kv_heads: int, group: int, max_new: float, max_keys: float, sms: int, block_m: int,
+                   block_n: int) -> int:
+    """The upper bound FlashAttention-3 sets on a varlen call's key splits (``get_num_splits``, batch taken as one):
+    1 where the longest sequence's query tiles fill 80% of the SMs (``fa3_splits_off``) or its keys are 4 tiles or
+    fewer; else the fewest splits whose waves reach 85% of the best wave efficiency."""
+    nblocks = math.ceil(max_keys / block_n)
+    if fa3_splits_off(kv_heads, group, max_new, sms, block_m) or nblocks <= 4:
+        return 1
+    return _fa3_wave_splits(kv_heads * math.ceil(max_new * group / block_m), nblocks, sms)
+
+
 def fa3_key_walk(news, keys, kv_heads: int, group: int, sms: int, block_m: int, block_n: int) -> int:
     """The most key tiles one query tile of a FlashAttention-3 varlen call over sequences of ``news`` new tokens and
-    ``keys`` keys walks on one SM: each sequence's key tiles over the splits the call gives it (``prepare_varlen_num_blocks``
-    of ``hopper/flash_prepare_scheduler.cu``: the bound of ``fa3_max_splits``, per sequence at most its key tiles over
-    the call's tiles a SM, 10% spare; unsplit above 992 sequences)."""
+    ``keys`` keys walks on one SM: each sequence's key tiles over the splits the call gives it
+    (``prepare_varlen_num_blocks`` of ``hopper/flash_prepare_scheduler.cu``: the bound of ``fa3_max_splits``, per
+    sequence at most its key tiles over the call's tiles a SM, 10% spare; unsplit above 992 sequences)."""
     news, keys = np.asarray(news, float), np.asarray(keys, float)
     nb = np.ceil(keys / block_n)
     top = fa3_max_splits(kv_heads, group, float(news.max()), float(keys.max()), sms, block_m, block_n)
@@ -373,13 +394,14 @@ def fa3_key_walk(news, keys, kv_heads: int, group: int, sms: int, block_m: int, 
     splits = np.clip(np.ceil(nb / per_sm), 1, top)
     return int(np.ceil(nb / splits).max())
 
+
 def _gqa_tables(path: Path) -> tuple[dict[tuple[int, int, int], GridTable], dict[tuple[int, int, int], "GqaChunks"]]:
     """The ``gqa`` stage's rows (``benchmarks/gpu/op_tables.py``): decode (one new token a sequence, the batch grid)
     as a batch x context GridTable per head layout; prefill (one sequence) as ``GqaChunks`` per layout."""
     dec: dict[tuple[int, int, int], dict[tuple[int, int], float]] = {}
     pre: dict[tuple[int, int, int], dict[tuple[int, int], float]] = {}
     for r in _rows(path):
-        q, kv, d = (int(v) for v in r["name"].removeprefix("gqa_q").replace("_kv", " ").replace("_d", " ").split())
+        q, kv, d = gqa_layout(r["name"])
         b, n, ctx, t = int(r["batch"]), int(r["tokens"]), int(r["context"]), float(r["device_us"]) * 1e-6
         if n == 1:
             dec.setdefault((q, kv, d), {})[(b, ctx)] = t
@@ -423,10 +445,8 @@ def _gqa_busy(path: Path, dec: dict[tuple[int, int, int], GridTable]) -> dict[tu
     256 call minus the batch 128 call, over 128, at each context."""
     pts: dict[tuple[int, int, int], dict[tuple[int, int], dict[int, float]]] = {}
     for r in _rows(path):
-        q, kv, d = (int(v) for v in r["name"].removeprefix("gqa_q").replace("_kv", " ").replace("_d", " ").split())
-        nc, k = r["seqs"].split("x")
-        n, c = (int(v) for v in nc.split("+"))
-        pts.setdefault((q, kv, d), {}).setdefault((n, c), {})[int(k)] = float(r["device_us"]) * 1e-6
+        (n, c, k), = gqa_seqs(r["seqs"])
+        pts.setdefault(gqa_layout(r["name"]), {}).setdefault((n, c), {})[k] = float(r["device_us"]) * 1e-6
     out = {}
     for key, cells in sorted(pts.items()):
         marg = {}

@@ -370,7 +370,7 @@ class StepCostModel(StepOps):
         if draft and nd and self._geo_mtp is not None:
             mtp = (draft * self.model.mtp_layers,) + self._geo_mtp[1:]
             geos = geos + [mtp]
-        scored_all = None
+        scored_all = walk_seqs = None
         out = 0.0
         shift, n_q = 0, g
         enc_chunks = (pn, pc, ends_all)
@@ -384,7 +384,7 @@ class StepCostModel(StepOps):
                 shift, n_q = 1, 1
             elif dec_chunks is not None:
                 pn, pc, ends_all = dec_chunks if self._geo_dec[i] else enc_chunks
-                scored_all = None
+                scored_all = walk_seqs = None
             count, cap, ratio, window, ir, cf_dec, cf_pre, dpre, upproj, table, icap, den_dec, den_pre, gqa = geo
             ta = ti = over_d = 0.0
             if nd:
@@ -421,12 +421,11 @@ class StepCostModel(StepOps):
                 if gqa is not None:   # measured FlashAttention-3 chunks in one varlen kernel (StepOps.gqa_chunks_seconds)
                     ta += self.gqa_chunks_seconds(gqa, pn, pc, s, over_d)
                     if nd + len(pn) > 1 and self.gqa_walks:   # the longest key walk bounds the call (gqa_chain_floor)
-                        keys = [c + n for c, n in zip(pc, pn)]
-                        news = list(pn)
-                        if nd:
-                            keys = np.concatenate((dctx + g, keys))
-                            news = np.concatenate((np.full(nd, g), news))
-                        fl = self.gqa_chain_floor(gqa, news, keys)
+                        if walk_seqs is None:   # the call's sequences, the same for every layer kind
+                            keys = [c + n for c, n in zip(pc, pn)]
+                            walk_seqs = (np.concatenate((np.full(nd, g), pn)), np.concatenate((dctx + g, keys))) \
+                                if nd else (pn, keys)
+                        fl = self.gqa_chain_floor(gqa, *walk_seqs)
                         ta = fl if fl > ta else ta
                 else:
                     byts = float(ends_all) * self.heads_local * dpre * 2.0 if upproj else ends * eb

@@ -376,6 +376,7 @@ class StepOps:
         self._mla_by_q: dict[int, TableMLA | None] = {}   # mla_for's tables of draft-verifying decodes
         self.kv_heads_local = m.num_kv_heads / kv_shard_divisor(m, lay) if m.attention != "mla" else 0.0
         self.gqa_chunks, self.gqa_chunks_on, self.gqa_busy = self._gqa_chunks()
+        self._walk_cache: dict[tuple[float, float], tuple[int, int, float]] = {}   # gqa_chain_floor's constants
         self.decode_stream = self._decode_stream()
         self.chunk_table = cal.tables.get("attn_prefill_chunk")   # PrefillChunkTable (a measured profile's) or None
         # MoELayerTable (a measured profile's): the routed experts' measured device time, where it timed this MoE on one GPU
@@ -581,12 +582,12 @@ class StepOps:
     def gqa_chunks_seconds(self, geo: AttnGeometry, news, cached, s: float, over_dec: float = 0.0) -> float:
         """Seconds of one layer's prefill attention over chunks of ``news`` new on ``cached`` cached tokens at this
         model's heads on this GPU (``s``: the rank's share), from the GQA prefill table: each chunk's measured time at
-        its shape (``GqaChunks.at`` on the measured GPU, then ``transferred_one``), split at its roofline (the
-        calibration's efficiencies here) into the part the roofline accounts for and the time over it (launch,
-        pipeline fill, tails). One varlen kernel runs the chunks together, as serving engines call FlashAttention:
-        their roofline parts add, the time over the roofline is paid once, the largest chunk's (one chunk: its
-        measured time; 64 one-token chunks over 4,096 cached, Llama-3.1-70B TP8 on the H100: 59 us a layer, where the
-        measured decode kernel over the same batch took 57.9). ``over_dec``: the time over the roofline of the step's
+        its shape (``GqaChunks.at`` on the measured GPU, then ``transferred_one``), split into its part of a busy call
+        (its measured marginal cost there, ``gqa_busy``; the roofline at the calibration's efficiencies where none is
+        measured) and the time over that part (launch, a wave's tail). One varlen kernel runs the chunks together, as
+        serving engines call FlashAttention: their parts add, the time over them is paid once, the largest chunk's
+        (one chunk: its measured time; 16 prompts of 512 tokens, Llama-3.1-70B TP8 heads on the H100: 39.8 us a
+        layer, measured 38.6). ``over_dec``: the time over the roofline of the step's
         decodes in the same layer (``gqa_decode_over``), whose kernel call this is too: the larger of the two is paid
         (a mixed step's decodes and chunks are one varlen call)."""
         base, over = self.gqa_chunks_parts(geo, news, cached)
@@ -606,23 +607,30 @@ class StepOps:
         kernel's least time plus those key tiles at one SM's share of the rate the measured GPU reached over its
         longest chunk (``GqaChunks.tile_rate``), moved here by the math ceiling a SM. 0 where the GPU's SM count is
         not in the catalog or no GQA table speaks for the layer. Not scaled by a rank's share: a walk is one
-        sequence's (with attention DP, the longest of the step's, wherever it runs). Measured (run ``gqa_mix_d535dec``, Llama-3.1-70B TP8
-        heads on the H100): a 2,048-token prompt, a 512-token chunk over 4,096 cached and a 128-token chunk over 16,384
-        cached in one call take 189.9 us (unsplit: the last chunk's 129 key tiles in a row), where the chunks apart
-        take about 91."""
-        tab, mhw = self.gqa_chunks, self.gqa_chunks_on
-        sms, msms = self.hw.sm_count, mhw.sm_count if mhw is not None else None
-        if tab is None or not sms or not msms:
+        sequence's (with attention DP, the longest of the step's, wherever it runs). Measured (run
+        ``gqa_mix_d535dec``, Llama-3.1-70B TP8 heads on the H100): a 2,048-token prompt, a 512-token chunk over 4,096
+        cached and a 128-token chunk over 16,384 cached in one call take 189.9 us (unsplit: the last chunk's 129 key
+        tiles in a row), where the chunks apart take about 91."""
+        if not self.gqa_walks:
             return 0.0
         dq, dv = geo.d_qk_prefill, geo.d_v_prefill
-        hkv = max(1, round(self.kv_heads_local))
-        g = max(1, round(self.heads_local / hkv))
-        bm, bn = fa3_tile(dq, dv)
-        if max(news) * g <= 64 and dq in (64, 128):
-            bm = 64   # one MMA warpgroup for short queries (use_one_mma_wg)
-        walk = fa3_key_walk(news, keys, hkv, g, sms, bm, bn)
-        rate = tab.tile_rate() / msms * (self.att_math_peak(dq, dv) / sms) / (exp_bound_peak(mhw, tab.d, tab.d) / msms)
-        return tab.floor_s() + walk * 2.0 * bm * bn * (dq + dv) / rate
+        hkv, g, rate = self._walk_consts(dq, dv)
+        bm, bn = fa3_tile(dq, dv, max(news) * g)
+        walk = fa3_key_walk(news, keys, hkv, g, self.hw.sm_count, bm, bn)
+        return self.gqa_chunks.floor_s() + walk * 2.0 * bm * bn * (dq + dv) / rate
+
+    def _walk_consts(self, dq: float, dv: float) -> tuple[int, int, float]:
+        """(KV heads a GPU, query heads a KV head, FLOP/s of one SM on a key tile here) of ``gqa_chain_floor``, per
+        head dims, computed once."""
+        key = (dq, dv)
+        got = self._walk_cache.get(key)
+        if got is None:
+            tab, mhw, sms = self.gqa_chunks, self.gqa_chunks_on, self.hw.sm_count
+            hkv = max(1, round(self.kv_heads_local))
+            rate = tab.tile_rate() / mhw.sm_count * (self.att_math_peak(dq, dv) / sms) \
+                / (exp_bound_peak(mhw, tab.d, tab.d) / mhw.sm_count)
+            got = self._walk_cache[key] = (hkv, max(1, round(self.heads_local / hkv)), rate)
+        return got
 
     def gqa_decode_over(self, t: float, flops: float, byts: float, den: float) -> float:
         """The time over the roofline of a GQA decode kernel priced ``t`` seconds for ``flops`` / ``byts`` (math at
@@ -630,7 +638,7 @@ class StepOps:
         return max(0.0, t - max(flops / den, byts / (self.cal.mem_eff * self.hw.hbm_bw)))
 
     def gqa_chunks_parts(self, geo: AttnGeometry, news, cached) -> tuple[float, float]:
-        """(the chunks' roofline parts summed, the largest time over the roofline) of ``gqa_chunks_seconds``,
+        """(the chunks' parts of a busy call summed, the largest time over its part) of ``gqa_chunks_seconds``,
         unscaled."""
         tab, mhw = self.gqa_chunks, self.gqa_chunks_on
         hq, hkv = self.heads_local, self.kv_heads_local
