@@ -494,6 +494,10 @@ class GqaChunks:
     def __post_init__(self):
         self.news = sorted(self.lines)
         self._ln = [math.log(v) for v in self.news]
+        n = self.news[-1]
+        cs, ts = self.lines[n]
+        f, _ = gqa_work(self.hq, self.hkv, self.d, self.d, float(n), float(cs[0]))
+        self._tile_rate = float(f) / ts[0]
 
     def _roof(self, n: float, c: float, peak: float, bw: float, me: float, ce: float) -> float:
         f, b = gqa_work(self.hq, self.hkv, self.d, self.d, n, c)
@@ -518,10 +522,7 @@ class GqaChunks:
     def tile_rate(self) -> float:
         """FLOP/s the measured GPU reached over the longest measured chunk without a cache (its SMs all busy on full
         tiles): the rate a tile of keys runs at on the measured GPU, over its SM count."""
-        n = self.news[-1]
-        cs, ts = self.lines[n]
-        f, _ = gqa_work(self.hq, self.hkv, self.d, self.d, float(n), float(cs[0]))
-        return float(f) / ts[0]
+        return self._tile_rate
 
     def beyond(self, n: float, c: float) -> bool:
         """Whether (n, c) lies past the measured grid (the roofline's growth prices the excess)."""

@@ -376,7 +376,6 @@ class StepOps:
         self._mla_by_q: dict[int, TableMLA | None] = {}   # mla_for's tables of draft-verifying decodes
         self.kv_heads_local = m.num_kv_heads / kv_shard_divisor(m, lay) if m.attention != "mla" else 0.0
         self.gqa_chunks, self.gqa_chunks_on, self.gqa_busy = self._gqa_chunks()
-        self._walk_cache: dict[tuple[float, float], tuple[int, int, float]] = {}   # gqa_chain_floor's constants
         self.decode_stream = self._decode_stream()
         self.chunk_table = cal.tables.get("attn_prefill_chunk")   # PrefillChunkTable (a measured profile's) or None
         # MoELayerTable (a measured profile's): the routed experts' measured device time, where it timed this MoE on one GPU
@@ -620,17 +619,12 @@ class StepOps:
         return self.gqa_chunks.floor_s() + walk * 2.0 * bm * bn * (dq + dv) / rate
 
     def _walk_consts(self, dq: float, dv: float) -> tuple[int, int, float]:
-        """(KV heads a GPU, query heads a KV head, FLOP/s of one SM on a key tile here) of ``gqa_chain_floor``, per
-        head dims, computed once."""
-        key = (dq, dv)
-        got = self._walk_cache.get(key)
-        if got is None:
-            tab, mhw, sms = self.gqa_chunks, self.gqa_chunks_on, self.hw.sm_count
-            hkv = max(1, round(self.kv_heads_local))
-            rate = tab.tile_rate() / mhw.sm_count * (self.att_math_peak(dq, dv) / sms) \
-                / (exp_bound_peak(mhw, tab.d, tab.d) / mhw.sm_count)
-            got = self._walk_cache[key] = (hkv, max(1, round(self.heads_local / hkv)), rate)
-        return got
+        """(KV heads a GPU, query heads a KV head, FLOP/s of one SM on a key tile here) of ``gqa_chain_floor``."""
+        tab, mhw, sms = self.gqa_chunks, self.gqa_chunks_on, self.hw.sm_count
+        hkv = max(1, round(self.kv_heads_local))
+        rate = tab.tile_rate() / mhw.sm_count * (self.att_math_peak(dq, dv) / sms) \
+            / (exp_bound_peak(mhw, tab.d, tab.d) / mhw.sm_count)
+        return hkv, max(1, round(self.heads_local / hkv)), rate
 
     def gqa_decode_over(self, t: float, flops: float, byts: float, den: float) -> float:
         """The time over the roofline of a GQA decode kernel priced ``t`` seconds for ``flops`` / ``byts`` (math at
