@@ -503,6 +503,9 @@ GQA_MIX2 = (
     ((32, 8192, 16), (1, 8191, 16)), ((96, 0, 20), (1, 700, 200)), ((1000, 0, 1), (1, 12000, 4)),
     ((6000, 2000, 1), (1, 20000, 2)), ((48, 30000, 1), (1, 1500, 60)),
 )
+# the same calls with their sequences in the other order (FA3's varlen scheduler hands tiles out in batch order, vLLM's
+# FlashAttention-3 backend keeps the persistent batch's order; our mixes put chunks first, engines mostly decodes)
+GQA_ORDER = tuple(tuple(reversed(m)) for m in GQA_MIX + GQA_MIX2 if len(m) > 1)
 GQA_MULTI_NEW = (16, 128, 512, 2048, 8192)
 GQA_MULTI_CACHED = (0, 4096, 16384)
 
@@ -548,7 +551,7 @@ def main() -> None:
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--quick", action="store_true", help="a few shapes per table (a smoke run)")
     ap.add_argument("--tables", default="dense,masked,mla", help="comma list of dense, dense_tp, masked, masked_tp, contig, mhc, mla, mla_tp, gqa (FA3 GQA decode and "
-                    "prefill over cached keys), gqa_mix, gqa_mix2 (FA3 varlen calls over a step's mix of decodes and chunks), gqa_multi (K and 2K like chunks in one call), dense_bf16 "
+                    "prefill over cached keys), gqa_mix, gqa_mix2 (FA3 varlen calls over a step's mix of decodes and chunks), gqa_order (the multi-term mixes in reverse order), gqa_multi (K and 2K like chunks in one call), dense_bf16 "
                     "(BF16 cuBLAS and DeepGEMM FP8 at the V3 shapes and BF16_EXTRA's), dense_bf16_qwen (BF16 cuBLAS at "
                     "BF16_QWEN's shapes)")
     ap.add_argument("--gqa-heads", default=",".join(f"{q}/{kv}/{d}" for q, kv, d in GQA_HEADS),
@@ -612,6 +615,8 @@ def main() -> None:
                                                tuple(tuple(int(v) for v in h.split("/")) for h in args.gqa_heads.split(",")))),
               ("gqa_mix2", lambda: gqa_mix_rows(writer.emit, GQA_MIX2, tuple(tuple(int(v) for v in h.split("/"))
                                                                           for h in args.gqa_heads.split(",")), "gqa_mix2")),
+              ("gqa_order", lambda: gqa_mix_rows(writer.emit, GQA_ORDER[:2] if args.quick else GQA_ORDER, heads_arg(),
+                                                 "gqa_order")),
               ("gqa_multi", lambda: gqa_mix_rows(writer.emit, gqa_multi_mixes(heads_arg(), cached=tuple(
                   int(v) for v in args.gqa_cached.split(","))), heads_arg(), "gqa_multi")),
               ("mla_tp", lambda: mla_decode_rows(writer.emit, (1, 8, 32, 64, 128, 256), (512, 2048, 8192, 32768),
