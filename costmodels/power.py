@@ -117,18 +117,24 @@ class PowerModel(BaseModel):
         loops keep the GPU busy, so an idle reading taken too early, above what the loops allow, is lowered until
         the busy power is 0); the limit; the prompt steps' clock share from how much slower they ran at the settle
         (``t = t_full (1 + share (1 / phi - 1))``). With the prompt loop not limited, the busy power alone, at the
-        kind's power per FLOP. The per-byte term, the exponent, the time constant and the decode share stay the
-        kind's (``benchmarks/power_fit.py``)."""
+        kind's power per FLOP. A decode loop the limit held too (a hot board: issue 16 run 63's H200 drew 694 W at
+        1,935 MHz on it) is an equation at the limit like the prompt loop's: its clocked part at its own clock's
+        ``phi ** gamma``. The per-byte term, the exponent, the time constant and the decode share stay the kind's
+        (``benchmarks/power_fit.py``)."""
         d, p = ref.decode, ref.prompt
-        if d.mhz < ref.max_mhz - 30:    # the decode loop already limited: its watts are not a demand
-            return None
         fd, bd = work(d.decode_ctx, 0, [a for a, _ in d.prefill], [c for _, c in d.prefill])
         # each loop's rates as it ran (what the governor averages: the work over the time it took)
         f_d, b_d = d.busy * fd / d.step_s_late / 1e15, d.busy * bd / d.step_s_late / 1e12
         upd: dict = {"max_mhz": ref.max_mhz, "source": self.source + f"; board {ref.board or '?'} from its calibration's "
                      "reference loops"}
         idle, w_f = ref.idle_w, self.w_per_pflops
-        y_d = d.watts - self.w_per_tbps * b_d            # = idle + busy_w u_d + w_f f_d
+        y_d = d.watts - self.w_per_tbps * b_d            # = idle + busy_w u_d + w_f f_d phi_d ** gamma
+        d_held = d.capped >= 0.5
+        if not d_held and d.mhz < ref.max_mhz - 30:   # a clock held low by something other than the power limit
+            return None
+        if d_held:   # the limit held the decode loop too: its clocked part ran at its clock's share of full power
+            f_d *= min(1.0, d.mhz / ref.max_mhz) ** self.gamma
+            upd["cap_w"] = d.watts
         phi = p.mhz / ref.max_mhz
         if p.capped >= 0.5 and phi < 0.98:
             fp, bp = work(p.decode_ctx, 0, [a for a, _ in p.prefill], [c for _, c in p.prefill])
@@ -147,7 +153,10 @@ class PowerModel(BaseModel):
                 busy_w, w_f, idle = 0.0, (y_p - y_d) / det0, (y_d * g - y_p * f_d) / det0
             upd["cap_w"] = p.watts
             slow = p.step_s_late / p.step_s_first
-            if slow >= 1.0:
+            # the prompt loop's first steps are its full-clock time only where it started cool: after a decode loop
+            # the limit held, the average it starts from is already at the limit (run 63's H200: 0.8% slower at 92%
+            # of the clock, share 0.09, where the H100s of runs 59-60 measured 0.34-0.40): the kind's share stays
+            if slow >= 1.0 and not d_held:
                 upd["clock_share_prompt"] = float(min(1.0, (slow - 1.0) / (1.0 / phi - 1.0)))
         else:
             busy_w = (y_d - idle - w_f * f_d) / d.busy

@@ -132,8 +132,28 @@ def test_a_board_s_terms_from_its_reference_loops():
     f_d, b_d = busy * 2e12 / d_t / 1e15, busy * 1.2e10 / d_t / 1e12
     assert b3.demand_w(busy, f_d, b_d) == pytest.approx(d_w, rel=1e-6) and b3.phi(busy, f_d, b_d) == 1.0
     assert b3.phi(busy, f, busy * 1.5e10 / p_late / 1e12) == pytest.approx(phi, rel=1e-4)
-    # a decode loop the limit already held is no demand: no board model (full clock)
+    # a decode loop clocked low with no power cap holding it (another limit): no board model (full clock)
     assert kind.for_board(ref.model_copy(update={"decode": ref.decode.model_copy(update={"mhz": 1800.0})}), w) is None
+    # a hot board: the limit holds the decode loop too (issue 16 run 63's H200: 694 W at 1,935 MHz). Its watts are
+    # the limit met with its clocked part at phi_d ** gamma: the busy power and power per FLOP come back all the same,
+    # the board's model reproduces the decode loop's clock, and the prompt loop (which started from an average
+    # already at the limit, so its first steps were not at full clock) keeps the kind's clock share
+    hot = dict(true, cap_w=580.0)
+    d_rest = 130 + busy * (hot["busy_w"] + kind.w_per_tbps * 1.2e10 / d_t / 1e12)
+    d_clk = busy * hot["w_f"] * 2e12 / d_t / 1e15
+    phi_d = ((hot["cap_w"] - d_rest) / d_clk) ** (1 / true["gamma"])
+    assert 0.8 < phi_d < 0.98
+    p_rest = 130 + busy * (hot["busy_w"] + kind.w_per_tbps * 1.5e10 / p_late / 1e12)
+    p_clk = busy * hot["w_f"] * 4e13 / p_late / 1e15
+    phi_p = ((hot["cap_w"] - p_rest) / p_clk) ** (1 / true["gamma"])
+    ref_hot = ref.model_copy(update={
+        "decode": ref.decode.model_copy(update={"watts": hot["cap_w"], "mhz": 1980 * phi_d, "capped": 1.0}),
+        "prompt": ref.prompt.model_copy(update={"watts": hot["cap_w"], "mhz": 1980 * phi_p})})
+    bh = kind.for_board(ref_hot, w)
+    assert bh is not None and bh.cap_w == hot["cap_w"]
+    assert bh.busy_w == pytest.approx(hot["busy_w"], rel=1e-6) and bh.w_per_pflops == pytest.approx(hot["w_f"], rel=1e-6)
+    assert bh.phi(busy, f_d, b_d) == pytest.approx(phi_d, rel=1e-6)
+    assert bh.clock_share_prompt == kind.clock_share_prompt
     # a prompt loop the limit did not hold pins nothing of the limit: the kind's terms stay
     ref2 = ref.model_copy(update={"prompt": ref.prompt.model_copy(update={"capped": 0.0, "mhz": 1980.0})})
     b2 = kind.for_board(ref2, w)
