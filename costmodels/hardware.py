@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from twinfer.config import exists, is_file, load_model_file, validate
 from twinfer.errors import TwinferError, UnknownNameError
@@ -95,6 +95,16 @@ class Hardware(BaseModel):
     def _zero_is_absent(cls, v: float | None) -> float | None:
         """0 and null both say 'this GPU lacks the feature'."""
         return None if not v else v
+
+    @field_validator("hbm_visible_gb")
+    @classmethod
+    def _visible_within_capacity(cls, v: float | None, info: ValidationInfo) -> float | None:
+        """The driver shows at most the HBM the card has."""
+        cap = info.data.get("hbm_gb")
+        if v is not None and cap is not None and v > cap:
+            raise ValueError(f"hbm_visible_gb ({v:g}) is more than hbm_gb ({cap:g}): the driver shows at most the HBM "
+                             "the card has; omit it, or give a value <= hbm_gb")
+        return v
 
     @property
     def has_fp8(self) -> bool:

@@ -1137,9 +1137,14 @@ class TableMLA:
     step's decodes are looked up at (batch, mean context). ``heads`` query heads per GPU that were not
     measured take the next measured count's time (scaled by the head ratio only above the largest). Lookups are bilinear in
     log(batch)-log(context)-log(time) (``GridTable.time``'s arithmetic; beyond the largest batch or context
-    the time grows with the KV read). On another GPU the time transfers by ``transferred``: its roofline
-    (``bytes / (mem_eff * bw)`` and ``flops / (attn_eff * bf16_peak)``) moves to that GPU's, its time over the roofline
-    scales by the BF16 peak ratio.
+    the time grows with the KV read). On another GPU the kernel is read at the context whose roofline on the
+    measured GPU (``bytes / (mem_eff * bw)`` and ``flops / (attn_eff * bf16_peak)``) is this GPU's roofline at the
+    step's context (the work grows with the context, so that context is the step's times the ratio of the two
+    rooflines), and its time over that roofline scales by the BF16 peak ratio. Where the measured time is its
+    roofline plus a fixed latency this is ``transferred``'s move; where the measured kernel is flat in context (a
+    latency-bound decode: Llama-3.1-8B, 128 decodes at 64-512 keys, 94 us a layer on the H100 at any of them), it
+    stays flat here, where moving the roofline under a flat time made a faster GPU's decode faster at longer
+    contexts (H200: 2.88 ms at 64 keys, 2.09 at 512).
 
     ``at`` answers one point in plain Python (a simulated step calls it a few times), ``many`` an array.
     """
@@ -1182,18 +1187,41 @@ class TableMLA:
             i = len(grid) - 2
         return i, (c - grid[i]) / (grid[i + 1] - grid[i]), (v - hi if v > hi else 0.0)
 
-    def at(self, batch: float, context: float, flops: float, byts: float) -> float:
-        """Seconds of one layer's decode attention: ``batch`` requests at mean ``context`` (``flops``, ``byts``: its work)."""
+    def _one(self, batch: float, context: float) -> float:
+        """The measured time at ``batch`` requests of mean ``context`` (bilinear in the logs; beyond the grid growing
+        with the KV read)."""
         i, wx, ex = self._cell(self._lx, math.log(batch))
         j, wy, ey = self._cell(self._ly, math.log(context))
         lt, lt1 = self._lt[i], self._lt[i + 1]
         a = lt[j] + (lt[j + 1] - lt[j]) * wy
         b = lt1[j] + (lt1[j + 1] - lt1[j]) * wy
-        t = math.exp(a + (b - a) * wx + ex + ey) * self._scale
+        return math.exp(a + (b - a) * wx + ex + ey) * self._scale
+
+    def at(self, batch: float, context: float, flops: float, byts: float) -> float:
+        """Seconds of one layer's decode attention: ``batch`` requests at mean ``context`` (``flops``, ``byts``: its work).
+        On another GPU: the measured kernel at the context whose roofline there is this GPU's roofline here, its time
+        over that roofline scaled by the BF16 peak ratio (``_moved``)."""
         if self.same_gpu:
-            return t
-        return transferred_one(t, flops, byts, self.peak_ratio * self.target_flops, self.target_flops,
-                               self.bw_measured or self.target_bw, self.target_bw, self.mem_eff, self.compute_eff)
+            return self._one(batch, context)
+        roof, k, pr = self._roofs(flops, byts)
+        if k <= 0.0:
+            return transferred_one(self._one(batch, context), flops, byts, self.peak_ratio * self.target_flops,
+                                   self.target_flops, self.bw_measured or self.target_bw, self.target_bw, self.mem_eff,
+                                   self.compute_eff)
+        t = self._one(batch, context * k)
+        return roof + (t - roof) * pr if t >= roof else t
+
+    def _roofs(self, flops, byts):
+        """(this GPU's roofline, its ratio to the measured GPU's at the same work, the measured BF16 peak over this
+        GPU's) of a decode's ``flops`` / ``byts``; the ratio 0 where there is no work to scale."""
+        bw_m = self.bw_measured or self.target_bw
+        peak_m = self.peak_ratio * self.target_flops
+        roof_m = np.maximum(byts / (self.mem_eff * bw_m), flops / (self.compute_eff * peak_m))
+        roof = np.maximum(byts / (self.mem_eff * self.target_bw), flops / (self.compute_eff * self.target_flops))
+        k = np.where(roof_m > 0, roof / np.maximum(roof_m, 1e-30), 0.0)
+        if np.ndim(k) == 0:
+            return float(roof), float(k), self.peak_ratio
+        return roof, k, self.peak_ratio
 
     def many(self, batch, context, flops, byts) -> np.ndarray:
         """``at`` for arrays (broadcast)."""
@@ -1204,16 +1232,22 @@ class TableMLA:
             i = np.minimum(np.searchsorted(grid, c, side="right") - 1, len(grid) - 2)
             return i, (c - grid[i]) / (grid[i + 1] - grid[i]), np.where(v > grid[-1], v - grid[-1], 0.0)
 
-        i, wx, ex = cell(self._nlx, np.log(batch))
-        j, wy, ey = cell(self._nly, np.log(context))
-        lt = self._nlt
-        a = lt[i, j] + (lt[i, j + 1] - lt[i, j]) * wy
-        b = lt[i + 1, j] + (lt[i + 1, j + 1] - lt[i + 1, j]) * wy
-        t = np.exp(a + (b - a) * wx + ex + ey) * self._scale
+        def look(ctx):
+            i, wx, ex = cell(self._nlx, np.log(batch))
+            j, wy, ey = cell(self._nly, np.log(ctx))
+            lt = self._nlt
+            a = lt[i, j] + (lt[i, j + 1] - lt[i, j]) * wy
+            b = lt[i + 1, j] + (lt[i + 1, j + 1] - lt[i + 1, j]) * wy
+            return np.exp(a + (b - a) * wx + ex + ey) * self._scale
+
         if self.same_gpu:
-            return t
-        return transferred(t, flops, byts, self.peak_ratio * self.target_flops, self.target_flops,
-                           self.bw_measured or self.target_bw, self.target_bw, self.mem_eff, self.compute_eff)
+            return look(context)
+        roof, k, pr = self._roofs(flops, byts)
+        moved = transferred(look(context), flops, byts, self.peak_ratio * self.target_flops, self.target_flops,
+                            self.bw_measured or self.target_bw, self.target_bw, self.mem_eff, self.compute_eff)
+        t = look(np.where(k > 0, context * k, context))
+        eq = np.where(t >= roof, roof + (t - roof) * pr, t)
+        return np.where(k > 0, eq, moved)
 
 
 def gqa_decode_table(tables: OpTables | None, hq: float, hkv: float, d: float, target_bf16_flops: float,

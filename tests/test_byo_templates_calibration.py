@@ -29,6 +29,16 @@ def test_hardware_template_is_complete_commented_and_loads(tmp_path):
     p.write_text(text)
     hw = get_hardware(str(p))
     assert hw.name == "A100-SXM4-80GB" and hw.fp8_tflops is None and hw.bf16_tflops == 312
+    # more memory visible than the card has: refused at the CLI, naming the field (found trying it as a new user:
+    # hbm_visible_gb 100 on an 80 GB card sized the KV pool from 100 GiB)
+    import re
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(re.sub(r"(?m)^hbm_visible_gb:.*$", "hbm_visible_gb: 100", text))
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "ui.cli", "cost", "-m", "llama-3.1-8b", "--hw", str(bad), "--tp", "1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "hbm_visible_gb" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("name", ["H200", "GB300", "MI355X"])

@@ -264,8 +264,9 @@ def test_mla_decode_scalar_and_array_lookups_are_the_grid_tables(tables):
 
 
 def test_mla_decode_transfer_moves_the_roofline_and_keeps_the_time_over_it(tables):
-    """H800 (same BF16 peak, 3.35 vs 4.8 TB/s): a decode's time over its roofline stays, its bytes' share is paid at
-    the H800's bandwidth; a large batch streams at the H800's ceiling over what the H200's time was over its own."""
+    """H800 (same BF16 peak, 3.35 vs 4.8 TB/s): the H200's kernel read at the context whose roofline there is the
+    H800's roofline here (4.8 / 3.35 times the context), its time over that roofline kept; a large batch streams at
+    the H800's ceiling over what the H200's time was over its own."""
     from costmodels.hardware import get_hardware
     from costmodels.op_table import mla_decode_table
     h800, h200 = get_hardware("H800"), get_hardware("H200")
@@ -279,14 +280,44 @@ def test_mla_decode_transfer_moves_the_roofline_and_keeps_the_time_over_it(table
     for b, c in ((1, 4096), (256, 32768)):
         fl, by = work(b, c)
         roof200, roof800 = by / (0.856 * h200.hbm_bw), by / (0.856 * h800.hbm_bw)
-        t = t200.at(b, c, fl, by)
-        want = roof800 + t - roof200 if t >= roof200 else t * roof800 / roof200
+        k = roof800 / roof200
+        assert k == pytest.approx(h200.hbm_bw / h800.hbm_bw)
+        t = t200.at(b, c * k, *work(b, c * k))
+        want = roof800 + t - roof800 if t >= roof800 else t
         assert t800.at(b, c, fl, by) == pytest.approx(want, rel=1e-9)
+        assert t800.at(b, c, fl, by) > t200.at(b, c, fl, by)
     big = work(256, 32768)
     assert t800.at(256, 32768, *big) > 1.3 * t200.at(256, 32768, *big)
     b = np.array([1.0, 64.0, 256.0])
     c = np.array([4096.0, 8192.0, 32768.0])
     assert t800.many(b, c, *work(b, c)).tolist() == pytest.approx([t800.at(x, y, *work(x, y)) for x, y in zip(b, c)], rel=1e-12)
+
+
+def test_a_moved_decode_table_never_gets_faster_with_more_keys():
+    """Issue 16 (found trying the CLI as a new user): FA3's GQA decode measured on the H100 is flat in context while
+    latency-bound (Llama-3.1-8B, 128 decodes at 64-512 keys); moving its roofline under that flat time made the
+    H200's decode fall from 2.88 to 2.09 ms a step as the context grew 8x. Read at the context of equal roofline, a
+    moved table is non-decreasing in context at every batch, on every GPU it moves to, and never slower than the
+    measured GPU where this one streams faster at the same math rate."""
+    from costmodels.hardware import get_hardware
+    from costmodels.op_table import gqa_decode_table, load
+    h100 = load("H100")
+    ctx = np.geomspace(16, 65536, 60)
+    for gpu in ("H200", "B200", "GB300", "MI355X"):
+        hw = get_hardware(gpu)
+        tab = gqa_decode_table(h100, 32, 8, 128, hw.bf16_tflops * 1e12, hw.hbm_bw, 0.856, 0.586)
+        assert tab is not None and not tab.same_gpu
+        for b in (1.0, 8.0, 128.0, 256.0):
+            byts = b * ctx * 8 * 128 * 4.0
+            t = tab.many(np.full_like(ctx, b), ctx, 0.0, byts)
+            assert np.all(np.diff(t) >= -1e-12 * t[1:]), (gpu, b)
+            assert t.tolist() == pytest.approx([tab.at(b, c, 0.0, y) for c, y in zip(ctx, byts)], rel=1e-12)
+    here = gqa_decode_table(h100, 32, 8, 128, get_hardware("H100").bf16_tflops * 1e12, get_hardware("H100").hbm_bw, 0.856, 0.586)
+    h200 = get_hardware("H200")
+    moved = gqa_decode_table(h100, 32, 8, 128, h200.bf16_tflops * 1e12, h200.hbm_bw, 0.856, 0.586)
+    for b in (1.0, 128.0):
+        byts = b * ctx * 8 * 128 * 4.0
+        assert np.all(moved.many(np.full_like(ctx, b), ctx, 0.0, byts) <= here.many(np.full_like(ctx, b), ctx, 0.0, byts) * (1 + 1e-12))
 
 
 def test_held_out_head_counts_and_gemm_shapes(tables):
