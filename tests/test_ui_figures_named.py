@@ -50,3 +50,9 @@ def test_simulate_plan_says_whether_it_is_the_plans_own_run(tmp_path):
     r = runner.invoke(app, ["simulate", "--plan", str(out), "-n", "200", "--concurrency", "4"], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
     assert "not the plan's run (--requests/--concurrency changed it" in " ".join(r.stdout.split())
+    # --slo alone: only the verdict and goodput differ, and --requests (not given) is not blamed (it once was: the
+    # request count the run took from the plan read as the flag)
+    r = runner.invoke(app, ["simulate", "--plan", str(out), "--slo", "ttft_p90=1s,tpot_p90=10ms"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.stdout.split())
+    assert "not the plan's run (--slo (the goodput and verdict only) changed it" in text and "--requests/--slo" not in text

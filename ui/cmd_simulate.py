@@ -166,7 +166,7 @@ def scenario_from_plan(path: str, *, scenario: str | None, requests: int | None,
     given = sorted(k for k, v in others.items() if v is not None)
     if given:
         raise TwinferError(f"--plan: the plan fixes the deployment; drop {', '.join('--' + k.replace('_', '-') for k in given)} "
-                           "(only --requests, --rate, --seed, --concurrency and --think-time-s apply to a plan)")
+                           "(only --requests, --rate, --seed, --concurrency, --think-time-s and --slo apply to a plan)")
     p = load_plan(path)
     sc = p.to_scenario(num_requests=requests)
     upd: dict = {}
@@ -545,6 +545,7 @@ def register(app: typer.Typer) -> None:
 
             sc = sc.model_copy(update={"slo": SLO(**spec.targets())})
         con = Console(stderr=as_json)
+        requests_flag = requests          # what --requests said (the plan comparison names the flags given)
         requests = scenario_requests(sc)
         t0 = time.perf_counter()  # wall time is only reported, never part of the result
         try:
@@ -584,8 +585,10 @@ def register(app: typer.Typer) -> None:
         for line in (n for n in res.cost_model_notes if POOLED_DP_MARK in n):   # figures an engine would not reach
             con.print(f"[yellow]note:[/] {escape(line)}", highlight=False)
         if plan is not None:
-            changed = [f for f, v in (("--requests", requests), ("--rate", rate), ("--seed", seed),
-                                      ("--concurrency", concurrency), ("--think-time-s", think_time_s)) if v is not None]
+            # --slo changes the run's SLO (its goodput and verdict), so its digest, not its timings
+            changed = [f for f, v in (("--requests", requests_flag), ("--rate", rate), ("--seed", seed),
+                                      ("--concurrency", concurrency), ("--think-time-s", think_time_s),
+                                      ("--slo (the goodput and verdict only)", slo)) if v is not None]
             con.print(plan_comparison(the_plan, res, changed), highlight=False)
             part = the_plan.run_description()
             if part:
