@@ -56,3 +56,19 @@ def test_simulate_plan_says_whether_it_is_the_plans_own_run(tmp_path):
     assert r.exit_code == 0, r.output
     text = " ".join(r.stdout.split())
     assert "not the plan's run (--slo (the goodput and verdict only) changed it" in text and "--requests/--slo" not in text
+
+
+def test_simulate_says_when_outputs_stop_at_the_context_window(tmp_path):
+    """Outputs past the context window stop there (finish reason 'length'), and simulate says how many and how much of
+    what was asked was produced (a new user's 1,000,000-token outputs were cut to the window without a word)."""
+    sc = tmp_path / "cut.yaml"
+    sc.write_text("model: llama-3.1-8b\nhardware: H100\nlayout: {tp: 1}\nscheduler: {max_model_len: 1024}\n"
+                  "workload: {kind: poisson, rate: 2, num_requests: 4, input_len: 100, output_len: 5000}\n")
+    r = runner.invoke(app, ["simulate", "-s", str(sc)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.stdout.split())
+    assert "4 request(s) asked for more output than the context window leaves" in text
+    assert "of the 20,000 output tokens they asked for" in text
+    sc.write_text(sc.read_text().replace("output_len: 5000", "output_len: 50"))
+    r = runner.invoke(app, ["simulate", "-s", str(sc)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "asked for more output" not in " ".join(r.stdout.split())

@@ -346,6 +346,20 @@ def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None,
 DRAIN_SHARE = 0.6
 
 
+def output_cut_note(requests, asked) -> str | None:
+    """A note when requests asked for more output than the context window leaves after their prompt: the scheduler
+    stops each at the window (as vLLM and SGLang do, finish reason "length"), so they produce fewer tokens than
+    asked. None when none was cut."""
+    cut = [(a, r) for a, r in zip(asked, requests) if r.output_len < a and r.drop_reason is None]
+    if not cut:
+        return None
+    got = sum(r.output_len for _, r in cut)
+    want = sum(a for a, _ in cut)
+    return (f"{len(cut):,} request(s) asked for more output than the context window leaves after the prompt: each "
+            f"stops at the window (finish reason 'length', as vLLM and SGLang stop it), {got:,} of the {want:,} output "
+            "tokens they asked for; the figures above are of the tokens produced")
+
+
 def steady_drain_note(requests, window) -> str | None:
     """A note when the steady window's throughput is a draining system's: the requests decoding in its last third
     (first token <= t < finish, mean over the third) fall below ``DRAIN_SHARE`` of those in its first third. None
@@ -552,6 +566,7 @@ def register(app: typer.Typer) -> None:
             if not as_json:
                 con.print(f"[dim]simulating {sc.name!r} ...[/]", highlight=False)
             total = len(requests) or sc.workload.num_requests or 0  # a closed loop's list fills during the run
+            asked = [r.output_len for r in requests]   # the scheduler cuts an output at the context window
             with watch(lambda: done_requests(requests), total, "simulate", Console(stderr=True), transient=as_json):
                 out = run(sc, record_steps=perfetto is not None, requests=requests)  # routes effects / a prefill pool
         except KeyboardInterrupt:
@@ -578,6 +593,9 @@ def register(app: typer.Typer) -> None:
             print(text)
             return
         _print_result(con, res, wall, spec, plan)
+        cut = output_cut_note(requests, asked)
+        if cut:
+            con.print(f"[yellow]note:[/] {cut}", highlight=False)
         drain = steady_drain_note(requests, res.metrics.steady)
         if drain:
             con.print(f"[yellow]note:[/] {drain}", highlight=False)
