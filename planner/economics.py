@@ -30,11 +30,13 @@ class Economics(BaseModel):
 
 
 def economics(hw: Hardware, prices: Prices, gpus_used: int, gpus_budget: int, output_tps: float,
-              mean_prompt: float, mean_output: float, cached_fraction: float) -> Economics:
-    """Economics of a deployment producing ``output_tps`` output tokens/s with the workload's prompt/output mix."""
+              mean_prompt: float, mean_output: float, cached_fraction: float, input_tps: float | None = None) -> Economics:
+    """Economics of a deployment producing ``output_tps`` output tokens/s and ``input_tps`` prompt tokens/s (a
+    simulated run's own; None: the workload's prompt/output mix at that output rate, the screen's estimate)."""
     price = prices.gpu_hour if prices.gpu_hour is not None else hw.price_per_gpu_hour
     source = "user" if prices.gpu_hour is not None else f"hardware catalog ({hw.name} all-in TCO estimate)"
-    input_tps = output_tps * (mean_prompt / mean_output) if mean_output > 0 else 0.0
+    if input_tps is None:
+        input_tps = output_tps * (mean_prompt / mean_output) if mean_output > 0 else 0.0
     cost_h = price * gpus_used
     out_h = output_tps * 3600.0
     tot_h = (output_tps + input_tps) * 3600.0

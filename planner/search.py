@@ -516,7 +516,7 @@ def _confirm(req, table, options, stats, model, hw, router, effects, ok, accepta
         return None, None, runs, verdicts
     i, plan, full = best
     plan.predicted = _predicted(full, table.candidate(i), plan.gpus_used, run_label(plan))
-    plan.economics = _economics(req, hw, stats, plan.gpus_used, full.thr_gpu)
+    plan.economics = _economics(req, hw, stats, plan.gpus_used, full.thr_gpu, full.in_gpu)
     # the reasons are recomputed from the full-scale outcome, so each figure they print is the plan's own
     where = ("at full scale" if plan.run_share is None else
              f"run on {plan.run_instances(plan.main_pool.role):,} of its {plan.main_pool.instances:,} "
@@ -557,10 +557,12 @@ def run_label(plan: Plan) -> str:
             f"(a run holds {MAX_RUN_REQUESTS:,} requests)")
 
 
-def _economics(req: PlanRequest, hw, stats: WorkloadStats, gpus_used: int, thr_gpu: float) -> Economics:
-    """The plan's economics at ``thr_gpu`` output tokens/s per GPU on ``gpus_used`` GPUs."""
+def _economics(req: PlanRequest, hw, stats: WorkloadStats, gpus_used: int, thr_gpu: float,
+               in_gpu: float | None = None) -> Economics:
+    """The plan's economics at ``thr_gpu`` output and ``in_gpu`` prompt tokens/s per GPU (a simulated run's; None: the
+    workload's prompt/output mix) on ``gpus_used`` GPUs."""
     return economics(hw, req.prices, gpus_used, req.gpus, thr_gpu * gpus_used, stats.mean_prompt, stats.mean_output,
-                     stats.hit_fraction)
+                     stats.hit_fraction, None if in_gpu is None else in_gpu * gpus_used)
 
 
 def _why(req: PlanRequest, table: Table, options: list[LayoutOption], i: int, ok: np.ndarray, outcomes: dict[int, SimOutcome],
@@ -700,7 +702,7 @@ def _make_plan(req: PlanRequest, cand: Candidate, options: list[LayoutOption], s
     wl = req.workload.model_copy(update={"rate": rate, "num_requests": n_plan, "duration_s": None}) if req.workload.kind != "trace" else req.workload
     eff = effects.model_copy(update={"eplb": dopt.eplb != "off", "table_placement": dopt.table_placement})
     gpus_used = cand.gpus
-    econ = _economics(req, hw, stats, gpus_used, thr_gpu)
+    econ = _economics(req, hw, stats, gpus_used, thr_gpu, None if o is None else o.in_gpu)
     headline = None if o is None else (f"highest simulated output throughput per GPU ({thr_gpu:,.0f} tokens/s) among the "
                                        f"candidates meeting the SLO in simulation (screen predicted {cand.thr_gpu:,.0f})")
     why = _why(req, table, options, cand.row, ok, outcomes, points, headline, gpus_used)

@@ -80,6 +80,7 @@ class SimOutcome:
     digest: str
     wall_s: float
     e2e_s: float = math.inf      # end-to-end latency at the percentile (read only where the SLO sets a target)
+    in_gpu: float = 0.0          # prompt tokens/s per GPU of the window (the plan's economics read the run's own)
 
 
 def scheduler_for(B: int, ranks: int, draft: int, overlap: bool, chunk: int, acceptance: tuple[float, ...] = (),
@@ -258,6 +259,7 @@ def outcome_of(w, row: int, load: float, percentile: int, share: float, full_gpu
         tps_user=w.per_user_output_tps_mean or 0.0, ttft_s=pct(w.ttft_s), tpot_s=pct(w.tpot_s),
         goodput_fraction=w.goodput_fraction or 0.0, finished_fraction=w.finished_fraction or 0.0, requests=requests,
         slice_gpus=slice_gpus, rate=rate, digest=digest, wall_s=wall_s, e2e_s=pct(w.e2e_s),
+        in_gpu=w.input_throughput / share / full_gpus if full_gpus else 0.0,
     )
 
 

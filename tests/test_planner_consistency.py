@@ -57,6 +57,10 @@ def test_plan_figures_are_the_full_scale_runs_steady_window(report):
     assert p.ttft_s <= 2.0 and p.tpot_s <= 0.05 and s.finished_fraction >= 0.99
     # the economics are the plan's figure's
     assert plan.economics.output_tokens_per_s == pytest.approx(p.output_tokens_per_s_per_gpu * plan.gpus_used)
+    # input too: the run's own prompt tokens/s, not the workload's mean prompt/output ratio at its output rate (that
+    # read 1% off the run's own figure, and tokens a day with it)
+    assert plan.economics.input_tokens_per_s == pytest.approx(s.input_throughput, rel=1e-9)
+    assert plan.economics.total_tokens_per_day == pytest.approx((s.input_throughput + s.output_throughput) * 86400, rel=1e-9)
     # and so are the reasons printed with it (not the slice's figures)
     slo_line = next(w for w in plan.why if w.startswith("meets the SLO ("))
     assert f"TTFT {p.ttft_s:.2f} s" in slo_line and f"TPOT {p.tpot_s * 1e3:.1f} ms" in slo_line, slo_line
