@@ -431,10 +431,11 @@ def gqa_attention_rows(emit, decode_batches, contexts, prefill_new, prefill_cach
         fa3_varlen_row(emit, fn, [(new, ctx)] * bsz, hq, hkv, d, row, range(min(bsz, 2)))
 
 
-def fa3_varlen_row(emit, fn, seqs, hq: int, hkv: int, d: int, row: dict, check) -> None:
+def fa3_varlen_row(emit, fn, seqs, hq: int, hkv: int, d: int, row: dict, check, num_splits: int = 0) -> None:
     """Time one FA3 varlen call (``fn``) over ``seqs`` (new tokens, keys) at ``hq`` / ``hkv`` heads of ``d``, BF16
     K/V cycled over copies past L2, causal bottom-right; check the sequences at indices ``check`` (their last
-    ``CHECK_ROWS`` queries) against ``kernels.reference.attention``; fill and emit ``row``."""
+    ``CHECK_ROWS`` queries) against ``kernels.reference.attention``; fill and emit ``row``. ``num_splits``: FA3's
+    key splits forced (1: none, each query tile walks all its keys on one SM); 0 its heuristics, as engines call it."""
     news = [n for n, _ in seqs]
     ctxs = [k for _, k in seqs]
     tot_q, tot_k = sum(news), sum(ctxs)
@@ -455,7 +456,7 @@ def fa3_varlen_row(emit, fn, seqs, hq: int, hkv: int, d: int, row: dict, check) 
 
         def call(i):
             return fn(q, ks[i], vs[i], max_seqlen_q=max(news), cu_seqlens_q=cu_q, max_seqlen_k=max(ctxs),
-                      cu_seqlens_k=cu_k, softmax_scale=scale, causal=True, fa_version=3)
+                      cu_seqlens_k=cu_k, softmax_scale=scale, causal=True, fa_version=3, num_splits=num_splits)
         out = call(0)
         errs = []
         for j in check:
@@ -527,7 +528,15 @@ def gqa_multi_mixes(heads=GQA_HEADS, new=GQA_MULTI_NEW, cached=GQA_MULTI_CACHED,
     return out
 
 
-def gqa_mix_rows(emit, mixes=GQA_MIX, heads=GQA_HEADS, op: str = "gqa_mix") -> None:
+# where a long key walk starts in a call: one decode over 20,000 keys after K prompts of 512 or 2,048 tokens (FA3
+# hands tiles out in batch order) and before them; and lone decodes with FA3's splits off (num_splits 1): one SM's
+# walk over a sequence's key tiles, the per-tile time of a streaming walk
+GQA_WALK = tuple(m for k in (1, 8, 32, 128) for m in (((512, 0, k), (1, 19999, 1)), ((1, 19999, 1), (512, 0, k)))) \
+    + tuple(m for k in (1, 4, 16) for m in (((2048, 0, k), (1, 19999, 1)), ((1, 19999, 1), (2048, 0, k))))
+GQA_WALK_UNSPLIT = tuple(((1, c - 1, b),) for b in (1, 4) for c in (4096, 16384, 65536))
+
+
+def gqa_mix_rows(emit, mixes=GQA_MIX, heads=GQA_HEADS, op: str = "gqa_mix", num_splits: int = 0) -> None:
     """FlashAttention-3's varlen call over a step's mix of sequences (``GQA_MIX``): decodes and prefill chunks in one
     call, as vLLM's FA backend issues them (``max_seqlen_q`` the longest chunk). ``seqs`` names the mix as
     ``new+cached x count`` terms joined by ``;``; ``batch`` the sequences, ``tokens`` the new tokens, ``context`` the
@@ -543,7 +552,8 @@ def gqa_mix_rows(emit, mixes=GQA_MIX, heads=GQA_HEADS, op: str = "gqa_mix") -> N
             row = {"op": op, "lib": "fa3", "dtype": "bf16", "name": f"gqa_q{hq}_kv{hkv}_d{d}",
                    "batch": len(seqs), "tokens": tot_q, "context": tot_k, "m": tot_q,
                    "seqs": ";".join(f"{n}+{c}x{cnt}" for n, c, cnt in mix)}
-            fa3_varlen_row(emit, fn, seqs, hq, hkv, d, row, sorted({0, len(seqs) - 1}) if len(mix) > 1 else [0])
+            fa3_varlen_row(emit, fn, seqs, hq, hkv, d, row, sorted({0, len(seqs) - 1}) if len(mix) > 1 else [0],
+                           num_splits)
 
 
 def main() -> None:
@@ -551,7 +561,7 @@ def main() -> None:
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--quick", action="store_true", help="a few shapes per table (a smoke run)")
     ap.add_argument("--tables", default="dense,masked,mla", help="comma list of dense, dense_tp, masked, masked_tp, contig, mhc, mla, mla_tp, gqa (FA3 GQA decode and "
-                    "prefill over cached keys), gqa_mix, gqa_mix2 (FA3 varlen calls over a step's mix of decodes and chunks), gqa_order (the multi-term mixes in reverse order), gqa_multi (K and 2K like chunks in one call), dense_bf16 "
+                    "prefill over cached keys), gqa_mix, gqa_mix2 (FA3 varlen calls over a step's mix of decodes and chunks), gqa_order (the multi-term mixes in reverse order), gqa_walk (a long decode after and before K prompts; lone decodes unsplit), gqa_multi (K and 2K like chunks in one call), dense_bf16 "
                     "(BF16 cuBLAS and DeepGEMM FP8 at the V3 shapes and BF16_EXTRA's), dense_bf16_qwen (BF16 cuBLAS at "
                     "BF16_QWEN's shapes)")
     ap.add_argument("--gqa-heads", default=",".join(f"{q}/{kv}/{d}" for q, kv, d in GQA_HEADS),
@@ -617,6 +627,8 @@ def main() -> None:
                                                                           for h in args.gqa_heads.split(",")), "gqa_mix2")),
               ("gqa_order", lambda: gqa_mix_rows(writer.emit, GQA_ORDER[:2] if args.quick else GQA_ORDER, heads_arg(),
                                                  "gqa_order")),
+              ("gqa_walk", lambda: (gqa_mix_rows(writer.emit, GQA_WALK[:2] if args.quick else GQA_WALK, heads_arg(), "gqa_walk"),
+                                    gqa_mix_rows(writer.emit, GQA_WALK_UNSPLIT, heads_arg(), "gqa_walk_unsplit", 1))),
               ("gqa_multi", lambda: gqa_mix_rows(writer.emit, gqa_multi_mixes(heads_arg(), cached=tuple(
                   int(v) for v in args.gqa_cached.split(","))), heads_arg(), "gqa_multi")),
               ("mla_tp", lambda: mla_decode_rows(writer.emit, (1, 8, 32, 64, 128, 256), (512, 2048, 8192, 32768),
