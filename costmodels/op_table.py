@@ -1200,7 +1200,7 @@ class TableMLA:
     def at(self, batch: float, context: float, flops: float, byts: float) -> float:
         """Seconds of one layer's decode attention: ``batch`` requests at mean ``context`` (``flops``, ``byts``: its work).
         On another GPU: the measured kernel at the context whose roofline there is this GPU's roofline here, its time
-        over that roofline scaled by the BF16 peak ratio (``_moved``)."""
+        over that roofline scaled by the BF16 peak ratio (``_roofs``)."""
         if self.same_gpu:
             return self._one(batch, context)
         roof, k, pr = self._roofs(flops, byts)
