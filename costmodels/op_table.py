@@ -1203,25 +1203,19 @@ class TableMLA:
         over that roofline scaled by the BF16 peak ratio (``_roofs``)."""
         if self.same_gpu:
             return self._one(batch, context)
-        roof, k, pr = self._roofs(flops, byts)
-        if k <= 0.0:
-            return transferred_one(self._one(batch, context), flops, byts, self.peak_ratio * self.target_flops,
-                                   self.target_flops, self.bw_measured or self.target_bw, self.target_bw, self.mem_eff,
-                                   self.compute_eff)
-        t = self._one(batch, context * k)
-        return roof + (t - roof) * pr if t >= roof else t
+        roof, k = self._roofs(flops, byts)
+        t = self._one(batch, context * k if k > 0.0 else context)
+        return roof + (t - roof) * self.peak_ratio if t >= roof else t
 
     def _roofs(self, flops, byts):
-        """(this GPU's roofline, its ratio to the measured GPU's at the same work, the measured BF16 peak over this
-        GPU's) of a decode's ``flops`` / ``byts``; the ratio 0 where there is no work to scale."""
+        """(this GPU's roofline, its ratio to the measured GPU's at the same work) of a decode's ``flops`` / ``byts``;
+        the ratio 0 where there is no work (the context then stays: the time scales by the peak ratio alone, as
+        ``transferred`` moves it)."""
         bw_m = self.bw_measured or self.target_bw
-        peak_m = self.peak_ratio * self.target_flops
-        roof_m = np.maximum(byts / (self.mem_eff * bw_m), flops / (self.compute_eff * peak_m))
+        roof_m = np.maximum(byts / (self.mem_eff * bw_m), flops / (self.compute_eff * self.peak_ratio * self.target_flops))
         roof = np.maximum(byts / (self.mem_eff * self.target_bw), flops / (self.compute_eff * self.target_flops))
         k = np.where(roof_m > 0, roof / np.maximum(roof_m, 1e-30), 0.0)
-        if np.ndim(k) == 0:
-            return float(roof), float(k), self.peak_ratio
-        return roof, k, self.peak_ratio
+        return (float(roof), float(k)) if np.ndim(k) == 0 else (roof, k)
 
     def many(self, batch, context, flops, byts) -> np.ndarray:
         """``at`` for arrays (broadcast)."""
@@ -1242,12 +1236,9 @@ class TableMLA:
 
         if self.same_gpu:
             return look(context)
-        roof, k, pr = self._roofs(flops, byts)
-        moved = transferred(look(context), flops, byts, self.peak_ratio * self.target_flops, self.target_flops,
-                            self.bw_measured or self.target_bw, self.target_bw, self.mem_eff, self.compute_eff)
+        roof, k = self._roofs(flops, byts)
         t = look(np.where(k > 0, context * k, context))
-        eq = np.where(t >= roof, roof + (t - roof) * pr, t)
-        return np.where(k > 0, eq, moved)
+        return np.where(t >= roof, roof + (t - roof) * self.peak_ratio, t)
 
 
 def gqa_decode_table(tables: OpTables | None, hq: float, hkv: float, d: float, target_bf16_flops: float,
