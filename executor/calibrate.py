@@ -313,6 +313,72 @@ def bench_linear(engine: LLMEngine, rows: list[int], repeats: int) -> list[dict]
     return out
 
 
+# the grid's cached levels of the ``attn_prefill_chunk`` table (beyond the largest, costmodels.calibration.PrefillChunkTable
+# extrapolates along the last two levels' slope, flagged)
+CHUNK_CACHED = [0, 1024, 2048, 4096, 6144]
+
+
+def bench_prefill_chunks(mla, cache: torch.Tensor, max_len: int, timed, randn, news: list[int], cacheds: list[int],
+                         expand_keys: list[int]) -> list[dict]:
+    """``attn_prefill_chunk`` points (one prefill chunk's attention, ``new`` x ``cached`` tokens, as
+    ``MLAAttention.prefill_attend`` runs it) and ``kv_expand`` points (the chunk's keys and values gathered and
+    up-projected, ``MLAAttention.prefill_expand``, over ``expand_keys`` keys) of one MLA layer, shapes within
+    ``max_len`` tokens. ``timed(fn) -> (seconds, spread)``, ``randn(*shape)``: the caller's clock and draws. On CUDA
+    each point also carries ``device_s``, its device time with the launch hidden behind a spin kernel."""
+    dev = cache.device
+    page = cache.shape[1]
+    pages = cache.shape[0]
+    dqk, dv, dn, dr = mla.dn + mla.dr, mla.dv, mla.dn, mla.dr
+    out: list[dict] = []
+    for c in cacheds:
+        for n in news:
+            if n + c > max_len:
+                continue
+            s_keys = c + n
+            qn = randn(n, mla.h, dn)
+            qp = randn(n, mla.h, dr)
+            kn = randn(s_keys, mla.h, dn)
+            vv = randn(s_keys, mla.h, dv)
+            kp = randn(s_keys, dr)
+            pos = torch.arange(c, c + n, device=dev)
+            qq = torch.cat((qn, qp), dim=-1)   # the piecewise graphs' query buffer holds them side by side
+            ops.reset_used()
+            try:
+                t, spread = timed(lambda: mla.prefill_attend(qn, qp, kn, vv, kp, pos, None, q=qq))
+            except RuntimeError as e:  # e.g. out of memory at the largest shape: keep the rest of the table
+                out.append({"op": "attn_prefill_chunk_failed", "new": n, "cached": c, "time_s": 0.0, "error": str(e)[:200]})
+                continue
+            flops = 2.0 * mla.h * (dqk + dv) * (n * c + n * (n + 1) / 2)
+            backend = ops.reset_used().get("attention_prefill", "?")
+            with torch.inference_mode():   # the chunk's device time with its launch hidden, as a device-bound step
+                dev_s = _queued_device_time(lambda: mla.prefill_attend(qn, qp, kn, vv, kp, pos, None, q=qq), dev, t)
+            ops.reset_used()
+            out.append({"op": "attn_prefill_chunk", "new": n, "cached": c, "heads": mla.h, "d_qk": dqk, "d_v": dv,
+                        "time_s": t, "spread": spread, "flops": flops, "tflops": flops / t / 1e12, "backend": backend,
+                        **({"device_s": dev_s} if dev_s is not None else {})})
+            del qn, qp, kn, vv, kp, qq
+
+    # the chunk's keys and values as the executor builds them (MLAAttention.prefill_expand: its sequence's latents
+    # gathered at their cache slots and up-projected by kv_b_proj, BF16), over keys (cached + new): eager between the
+    # piecewise graphs, on the real rows. The step model had priced it as an analytic BF16 GEMM, and the grid's
+    # cached-context steps ran 0.91-0.96x the model (H200 run 18)
+    for keys in expand_keys:
+        need = -(-keys // page)
+        if keys > max_len or need > pages - 1:
+            continue
+        slots = torch.arange(keys, device=dev)   # pages 0..need-1 in order: position p sits at slot p
+        try:
+            t, spread = timed(lambda: mla.prefill_expand(cache, slots))
+        except RuntimeError as e:  # e.g. out of memory at the largest: keep the rest
+            out.append({"op": "kv_expand_failed", "keys": keys, "time_s": 0.0, "error": str(e)[:200]})
+            continue
+        with torch.inference_mode():
+            dev_s = _queued_device_time(lambda: mla.prefill_expand(cache, slots), dev, t)
+        out.append({"op": "kv_expand", "keys": keys, "heads": mla.h, "d_nope": mla.dn, "d_v": mla.dv, "rank": mla.rank,
+                    "time_s": t, "spread": spread, **({"device_s": dev_s} if dev_s is not None else {})})
+    return out
+
+
 def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict]:
     """Per-op micro-benchmarks of the engine's own kernels (whatever the registry picks), beyond ``Linear``:
 
@@ -382,55 +448,10 @@ def bench_ops(engine: LLMEngine, repeats: int, quick: bool = False) -> list[dict
 
         # one prefill chunk's attention over cached context, exactly the executor's own (MLAAttention.prefill_attend:
         # K assembly and masked SDPA): new x cached tokens, positions c..c+n-1, as serving resumes a prompt
-        dn, dr = mla.dn, mla.dr
-        news = [128, 512, 1024, 2048, 4096, 6144, 8192] if not quick else [16, 64]
-        cacheds = [0, 1024, 2048, 4096, 6144] if not quick else [0, 48]
-        for c in cacheds:
-            for n in news:
-                if n + c > engine.max_model_len:
-                    continue
-                s_keys = c + n
-                qn = randn(n, mla.h, dn)
-                qp = randn(n, mla.h, dr)
-                kn = randn(s_keys, mla.h, dn)
-                vv = randn(s_keys, mla.h, dv)
-                kp = randn(s_keys, dr)
-                pos = torch.arange(c, c + n, device=dev)
-                qq = torch.cat((qn, qp), dim=-1)   # the piecewise graphs' query buffer holds them side by side
-                ops.reset_used()
-                try:
-                    t, spread = timed(lambda: mla.prefill_attend(qn, qp, kn, vv, kp, pos, None, q=qq))
-                except RuntimeError as e:  # e.g. out of memory at the largest shape: keep the rest of the table
-                    out.append({"op": "attn_prefill_chunk_failed", "new": n, "cached": c, "time_s": 0.0, "error": str(e)[:200]})
-                    continue
-                flops = 2.0 * mla.h * (dqk + dv) * (n * c + n * (n + 1) / 2)
-                backend = ops.reset_used().get("attention_prefill", "?")
-                with torch.inference_mode():   # the chunk's device time with its launch hidden, as a device-bound step
-                    dev_s = _queued_device_time(lambda: mla.prefill_attend(qn, qp, kn, vv, kp, pos, None, q=qq), dev, t)
-                ops.reset_used()
-                out.append({"op": "attn_prefill_chunk", "new": n, "cached": c, "heads": mla.h, "d_qk": dqk, "d_v": dv,
-                            "time_s": t, "spread": spread, "flops": flops, "tflops": flops / t / 1e12, "backend": backend,
-                            **({"device_s": dev_s} if dev_s is not None else {})})
-                del qn, qp, kn, vv, kp, qq
-
-        # the chunk's keys and values as the executor builds them (MLAAttention.prefill_expand: its sequence's latents
-        # gathered at their cache slots and up-projected by kv_b_proj, BF16), over keys (cached + new): eager between the
-        # piecewise graphs, on the real rows. The step model had priced it as an analytic BF16 GEMM, and the grid's
-        # cached-context steps ran 0.91-0.96x the model (H200 run 18)
-        for keys in ([512, 2048, 4096, 8192, 16384] if not quick else [16, 96]):
-            need = -(-keys // page)
-            if keys > engine.max_model_len or need > pages - 1:
-                continue
-            slots = torch.arange(keys, device=dev)   # pages 0..need-1 in order: position p sits at slot p
-            try:
-                t, spread = timed(lambda: mla.prefill_expand(cache, slots))
-            except RuntimeError as e:  # e.g. out of memory at the largest: keep the rest
-                out.append({"op": "kv_expand_failed", "keys": keys, "time_s": 0.0, "error": str(e)[:200]})
-                continue
-            with torch.inference_mode():
-                dev_s = _queued_device_time(lambda: mla.prefill_expand(cache, slots), dev, t)
-            out.append({"op": "kv_expand", "keys": keys, "heads": mla.h, "d_nope": mla.dn, "d_v": mla.dv, "rank": mla.rank,
-                        "time_s": t, "spread": spread, **({"device_s": dev_s} if dev_s is not None else {})})
+        out += bench_prefill_chunks(mla, cache, engine.max_model_len, timed, randn,
+                                    [128, 512, 1024, 2048, 4096, 6144, 8192] if not quick else [16, 64],
+                                    CHUNK_CACHED if not quick else [0, 48],
+                                    [512, 2048, 4096, 8192, 16384] if not quick else [16, 96])
 
     moe = next((m for m in model.modules() if isinstance(m, MoE)), None)
     if moe is not None:

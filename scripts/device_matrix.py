@@ -80,6 +80,9 @@ def main() -> None:
                     help="the host each level is priced on (twinfer validate --host-speed): calibration, probe, or a ratio")
     ap.add_argument("--temperature", type=float, default=None,
                     help="sampling temperature of calibration and replays (default: executor.synthetic_steps.MEASURE_TEMPERATURE)")
+    ap.add_argument("--beyond-probe", action="store_true",
+                    help="after calibrating, time held-out chunk ops and steps in and beyond the grid's cached levels "
+                         "(benchmarks/gpu/beyond_grid.py) into beyond_grid_<tag>.json")
     a = ap.parse_args()
     classes = a.classes.split(",")
     per_class = _class_requests(a.class_requests, classes, a.requests)
@@ -117,6 +120,15 @@ def main() -> None:
     if a.device == "cuda":   # do grid and serving decodes read the same experts? (executor.synthetic_steps)
         from executor.synthetic_steps import routing_probe
         routing = routing_probe(engine, log=lambda x: con.print(x, highlight=False))
+    if a.beyond_probe and a.device == "cuda":   # held out: nothing fitted reads it (benchmarks/beyond_grid_check.py)
+        from benchmarks.gpu.beyond_grid import probe
+        try:
+            got = probe(engine, log=lambda x: con.print(x, highlight=False))
+            (out / f"beyond_grid_{tag}.json").write_text(json.dumps({"command": cmd, "profile": ppath.name, **got}) + "\n",
+                                                         encoding="utf-8")
+            con.print(f"beyond-grid probe: {len(got['ops'])} ops, {len(got['steps'])} steps in {got['seconds']:.1f} s", highlight=False)
+        except Exception as e:  # noqa: BLE001  (the probe must not cost the matrix)
+            con.print(f"beyond-grid probe failed: {type(e).__name__}: {e}", highlight=False)
     cost = ProfiledStepCost(prof)
     base = SchedulerConfig(max_num_seqs=min(64, max_seqs), max_num_batched_tokens=8192, max_model_len=a.max_model_len, block_size=bs,
                            async_overlap=a.async_overlap)
