@@ -115,12 +115,12 @@ class PowerModel(BaseModel):
         board's demand there; where the prompt loop was held by the limit, its watts are the limit and its clocked part
         met it at ``phi ** gamma`` of full clock. From the two: the board's busy power and its power per FLOP (both
         loops keep the GPU busy, so an idle reading taken too early, above what the loops allow, is lowered until
-        the busy power is 0); the limit; the prompt steps' clock share from how much slower they ran at the settle
-        (``t = t_full (1 + share (1 / phi - 1))``). With the prompt loop not limited, the busy power alone, at the
-        kind's power per FLOP. A decode loop the limit held too (a hot board: issue 16 run 63's H200 drew 694 W at
+        the busy power is 0) and the limit. The prompt steps' clock share stays the kind's: the loop cannot show it
+        (its first steps already run under the limit, which answers within ``tau_s``). With the prompt loop not
+        limited, the busy power alone, at the kind's power per FLOP. A decode loop the limit held too (a hot board: issue 16 run 63's H200 drew 694 W at
         1,935 MHz on it) is an equation at the limit like the prompt loop's: its clocked part at its own clock's
-        ``phi ** gamma``. The per-byte term, the exponent, the time constant and the decode share stay the kind's
-        (``benchmarks/power_fit.py``)."""
+        ``phi ** gamma``. The per-byte term, the exponent, the time constant and both clock shares stay the kind's
+        (``benchmarks/power_fit.py``, ``benchmarks/power_fast_fit.py``)."""
         d, p = ref.decode, ref.prompt
         fd, bd = work(d.decode_ctx, 0, [a for a, _ in d.prefill], [c for _, c in d.prefill])
         # each loop's rates as it ran (what the governor averages: the work over the time it took)
@@ -152,12 +152,11 @@ class PowerModel(BaseModel):
                     return None
                 busy_w, w_f, idle = 0.0, (y_p - y_d) / det0, (y_d * g - y_p * f_d) / det0
             upd["cap_w"] = p.watts
-            slow = p.step_s_late / p.step_s_first
-            # the prompt loop's first steps are its full-clock time only where it started cool: after a decode loop
-            # the limit held, the average it starts from is already at the limit (run 63's H200: 0.8% slower at 92%
-            # of the clock, share 0.09, where the H100s of runs 59-60 measured 0.34-0.40): the kind's share stays
-            if slow >= 1.0 and not d_held:
-                upd["clock_share_prompt"] = float(min(1.0, (slow - 1.0) / (1.0 / phi - 1.0)))
+            # the prompt steps' clock share stays the kind's: the loop's first steps are not its full-clock time. The
+            # limiter answers within ~0.1 s (``tau_s``), so by the loop's first ten steps (~0.5 s) the clock has
+            # already come down; their ratio to the late steps read shares of 0.23-0.40 on the H100 boards of runs
+            # 56-64 and 0.09 on run 63's hot H200, where the steps after a long prompt step say ~0.5
+            # (``benchmarks/power_fast_fit.py``)
         else:
             busy_w = (y_d - idle - w_f * f_d) / d.busy
             if busy_w < 0:

@@ -9,9 +9,10 @@ with nothing fitted to it:
 
 - ``ops``: the chunk's attention and its K/V expansion at cached levels on both sides of the grid's last one, the same
   code the calibration runs (``executor.calibrate.bench_prefill_chunks``);
-- ``steps``: whole prompt-bearing steps (eager, each after a decode-graph filler as serving runs them) of one chunk
-  over cached context in and beyond the grid, and the same beside 8 decodes at 9k context, the calibration's own
-  ``measure_steps`` (wall, the forward's device time behind a held GPU, clock and temperature).
+- ``steps``: decode-only steps (CUDA-graph replays) at contexts in and beyond the grid's, and whole prompt-bearing
+  steps (eager, each after a decode-graph filler as serving runs them) of one chunk over cached context in and beyond
+  the grid, and the same beside 8 decodes at 9k context: the calibration's own ``measure_steps`` (wall, the forward's
+  device time behind a held GPU, clock and temperature).
 
 ``benchmarks/beyond_grid_check.py`` prices each against the run's calibration (the extrapolation flagged) and
 prints the error in and beyond the grid. ``scripts/device_matrix.py --beyond-probe`` runs it right after calibrating.
@@ -31,11 +32,23 @@ EXPAND_KEYS = (4096, 6144, 8192, 10240, 12288, 16384)
 STEP_NEW = (512, 2048, 3584)
 STEP_CACHED = (2048, 4096, 6144, 8192, 10240)
 DECODE_CTX = 9000
+# decode-only steps (CUDA-graph replays): the grid's decodes reach ~6k context (4,096 +-50%), FlashMLA's op table far
+# beyond; batch x context on both sides
+DECODE_BATCHES = (1, 2, 8, 32)
+# a prompt step right after a long one (serving's continuation chunks: the first chunk of 8,192 tokens, then the rest
+# over it): runs 56-64 priced those ~5% short on every board, where the same shapes after a decode step are priced
+# within a point or two. Each trial rests REST_S idle, runs the step before (a decode step, the long prompt step, or
+# the long step and IDLE_S idle) and then the shape, timed by the runner's CUDA events
+AFTER_SHAPES = ((2048, 8192), (1024, 0))
+AFTER_LONG = (8192, 0)
+REST_S, IDLE_S = 0.3, 0.3
+DECODE_CONTEXTS = (1024, 4096, 10000, 12000)
 
 
 def shapes(max_len: int) -> list[tuple[list[int], list[tuple[int, int]]]]:
     """The probe's step shapes that fit a ``max_len`` window."""
-    out = [([], [(q, k)]) for k in STEP_CACHED for q in STEP_NEW if q + k < max_len]
+    out = [([c] * b, []) for b in DECODE_BATCHES for c in DECODE_CONTEXTS if c < max_len - 2]
+    out += [([], [(q, k)]) for k in STEP_CACHED for q in STEP_NEW if q + k < max_len]
     out += [([DECODE_CTX] * 8, [(2048, k)]) for k in (4096, 8192) if 2048 + k < max_len and DECODE_CTX < max_len - 2]
     return out
 
@@ -69,5 +82,66 @@ def probe(engine, repeats: int = 5, log=print) -> dict:
             + f": {p['time_s'] * 1e6:.0f} us" + (f", device {p['device_s'] * 1e6:.0f} us" if "device_s" in p else ""))
     sh = shapes(engine.max_model_len)
     pts = measure_steps(engine, sh, repeats, log=log, interleave=True)
-    return {"ops": ops, "steps": [p.model_dump() for p in pts], "seconds": time.perf_counter() - t0,
+    after = after_long(engine, repeats, log)
+    return {"ops": ops, "steps": [p.model_dump() for p in pts], "after_long": after, "seconds": time.perf_counter() - t0,
             "grid_cached_max": max(CHUNK_CACHED)}
+
+
+def _sm_mhz() -> float | None:
+    """The SM clock now (NVML through torch), None where it cannot be read."""
+    try:
+        return float(torch.cuda.clock_rate())
+    except Exception:  # noqa: BLE001  (pynvml absent: no clock reading)
+        return None
+
+
+def after_long(engine, repeats: int = 5, log=print) -> list[dict]:
+    """Each of ``AFTER_SHAPES`` timed right after a decode step, right after the long prompt step ``AFTER_LONG``, and
+    after the long step and ``IDLE_S`` idle: rows of the shape, the condition, the median step device seconds
+    (``device_s``, the runner's CUDA events), its forward's, the SM clock read just before it, and the long step's own
+    device seconds (from rest)."""
+    from executor.synthetic_steps import drop_plan, synthetic_plan
+
+    runner = engine.runner
+    rows: list[dict] = []
+    if AFTER_LONG[0] + AFTER_LONG[1] >= engine.max_model_len:
+        return rows
+    big = synthetic_plan(engine, [], [AFTER_LONG], "alBig_")
+    fill = synthetic_plan(engine, [1000] * 8, [], "alFill_")
+    try:
+        runner.execute(big)
+        runner.execute(fill)
+        for q, k in AFTER_SHAPES:
+            if q + k >= engine.max_model_len:
+                continue
+            plan = synthetic_plan(engine, [], [(q, k)], f"alS{q}_{k}_")
+            try:
+                runner.execute(plan)   # warm
+                for cond in ("after a decode step", "after the long step", f"after the long step and {IDLE_S} s idle"):
+                    dev, fwd, mhz, long_dev = [], [], [], []
+                    for _ in range(repeats):
+                        torch.cuda.synchronize()
+                        time.sleep(REST_S)
+                        runner.execute(fill if cond.startswith("after a decode") else big)
+                        if not cond.startswith("after a decode"):
+                            long_dev.append(float(runner.step_records[0].get("device_s", float("nan"))))
+                        if "idle" in cond:
+                            time.sleep(IDLE_S)
+                        mhz.append(_sm_mhz())
+                        runner.execute(plan)
+                        rec = runner.step_records[0]
+                        dev.append(float(rec.get("device_s", float("nan"))))
+                        fwd.append(float(rec.get("forward_s", float("nan"))))
+                    med = lambda xs: sorted(xs)[len(xs) // 2] if xs and all(x is not None for x in xs) else None  # noqa: E731
+                    row = {"new": q, "cached": k, "condition": cond, "device_s": med(dev), "forward_s": med(fwd),
+                           "device_all_s": dev, "mhz_before": med(mhz), "long_device_s": med(long_dev)}
+                    rows.append(row)
+                    log(f"  {q} over {k} {cond}: device {row['device_s'] * 1e3:.2f} ms"
+                        + (f", SM {row['mhz_before']:.0f} MHz before it" if row["mhz_before"] else "")
+                        + (f" (long step {row['long_device_s'] * 1e3:.1f} ms)" if row["long_device_s"] else ""))
+            finally:
+                drop_plan(engine, plan)
+    finally:
+        drop_plan(engine, big)
+        drop_plan(engine, fill)
+    return rows
