@@ -43,6 +43,10 @@
 #   a host that moves after calibration (16 busy loops from the calibration file on; run 58): does the issue probe track
 #   the replays' eager issue?
 #     HOST_LOAD=16 TWINFER_KERNEL_FP8_GEMM=triton MATRIX_ARGS="--classes chat,reasoning --class-requests chat=96,reasoning=32 --async-overlap" REQS=96 RUNS=3 T_BUDGET=560 bash scripts/device_matrix.sh
+#   the beyond-grid probe (held-out chunk ops, decode and prompt steps past the grid's levels, and a prompt step right
+#   after a long one; benchmarks/gpu/beyond_grid.py, read by benchmarks/beyond_grid_check.py) with the matrix
+#   (run 65 at 7e2f7ed, H100: 551 s, the probe 28 s of it):
+#     TWINFER_KERNEL_FP8_GEMM=triton MATRIX_ARGS="--classes longctx,summarize,agentic --max-model-len 16384 --class-requests summarize=96,agentic=96,longctx=24 --async-overlap --beyond-probe" REQS=96 RUNS=3 T_BUDGET=585 bash scripts/device_matrix.sh
 # The device copies the working tree (tracked, untracked-not-ignored, carried) up to 64 MiB: pack a run's reports
 # (reports.tgz, the calibration inside it) and repack them as xz before committing it
 # (`python3 scripts/repack_reports.py RUN`: reports.tar.xz, 28% smaller; every archived run since 2026-12-07).

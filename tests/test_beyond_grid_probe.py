@@ -1,0 +1,30 @@
+"""The prefill-chunk table's extrapolation beyond its cached levels, against the held-out beyond-grid probe of issue 16
+(``benchmarks/gpu/beyond_grid.py``, run in the same device call right after the calibration, read by no fit):
+runs 64 and 65 on two H100 boards timed the chunk's attention at 8,192-12,288 cached tokens, where the calibration's
+table stops at 6,144, and whole prompt steps over 8,192-10,240 cached tokens."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "issue16_h100"
+RUNS = ("run64_beyond_probe_longctx_d62ff6a", "run65_beyond_probe_longctx_summarize_agentic_7e2f7ed")
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_the_chunk_table_extrapolates_beyond_its_cached_levels(run):
+    from benchmarks.beyond_grid_check import check
+    from sim.timeline_check import unpacked_run
+
+    res = check(unpacked_run(ROOT / run), out=lambda *_: None)
+    beyond = np.array([e for _, e in res["chunk"]["beyond"]])
+    inside = np.array([e for _, e in res["chunk"]["in"]])
+    # every cached level beyond the grid is flagged and priced: 4 new-token counts x 3 levels
+    assert beyond.size == 12 and inside.size == 8
+    # one layer's chunk attention beyond the grid as close as within it (runs 64 / 65: -1.1 / +2.2% mean, worst
+    # -4.8 / +3.6%; within +1.0 / +0.7%)
+    assert abs(beyond.mean()) < 0.03 and np.abs(beyond).max() < 0.06
+    # whole prompt steps of 2,048-3,584 new tokens over 8,192-10,240 cached: within 3.5% (worst -2.5 / -1.6%)
+    steps = [(shape, e) for shape, e in res["steps"]["beyond"] if shape[1] and shape[1][0][0] >= 2048]
+    assert len(steps) >= 4 and max(abs(e) for _, e in steps) < 0.035
