@@ -714,7 +714,7 @@ def test_held_out_run_45_on_an_h100(tmp_path, capsys):
     capsys.readouterr()
     w = mo.main([str(r45)])
     head = _printed_rows(capsys.readouterr().out)
-    _worst_within(w, 0.011, 0.071, 0.061, 0.046)
+    _worst_within(w, 0.014, 0.072, 0.064, 0.062)
     assert w["tpot_p50"][0] > 0.06                      # the misses, pinned where they are: over-predicted
     m = _level_step_mape(r45, sync=False)
     assert len(m) == 9 and max(m.values()) <= 0.025
@@ -731,11 +731,16 @@ def test_held_out_run_45_on_an_h100(tmp_path, capsys):
     full = _printed_rows(capsys.readouterr().out)
     _worst_within(full_w, 0.011, 0.071, 0.061, 0.046)
     assert len(head) == len(full) == 9
-    for key in full:   # the power limit moves only where the clock fell, and toward the measurement
-        if key[1] == "past saturation" and key[0] in ("summarize", "longctx"):
-            assert sum(map(abs, head[key])) < sum(map(abs, full[key])) - 0.01
-        else:
+    for key in full:   # the power limit moves the prompt-heavy cells; at low load the clock held
+        if key[1] == "low" and key[0] != "longctx":
             assert all(abs(a - b) <= 0.002 for a, b in zip(head[key], full[key]))
+        else:
+            assert all(abs(a - b) <= 0.082 for a, b in zip(head[key], full[key]))
+    # on this board the limiter's ~0.1 s response (costmodels/data/power, fit.limiter) over-prices sustained prompt
+    # load: past saturation TTFT p90 +6.1 / +4.5% (summarize / longctx) where full clock under-prices it (-1.3 / -3.6%);
+    # within target either way (run 46's board, the other way: test_held_out_run_46_on_a_second_h100_board)
+    for cls in ("summarize", "longctx"):
+        assert head[(cls, "past saturation")][3] > 0.04 and full[(cls, "past saturation")][3] < -0.01
     dev = sr.device_errors(sr.load_samples(r45), ProfiledStepCost(prof))
     assert all(0.0 < e["bias"] < 0.025 for (_, _, kind), e in dev.items() if kind == "decode")
 
@@ -811,11 +816,14 @@ def test_held_out_run_46_on_a_second_h100_board(tmp_path, capsys):
     assert len(head) == 9 and misses == 1
     mo.main([str(r46), "--no-power-limit"])
     full = _printed_rows(capsys.readouterr().out)
-    for key in full:
+    for key in full:   # past saturation the limit moves summarize and longctx toward the measurement (sum of |errors|
+        # 11.1 -> 2.7, 12.8 -> 4.9 points); the knees move by up to 2.6 points, the low loads of summarize and agentic not
         if key[1] == "past saturation" and key[0] in ("summarize", "longctx"):
-            assert sum(map(abs, head[key])) < sum(map(abs, full[key])) - 0.01
-        else:
+            assert sum(map(abs, head[key])) < sum(map(abs, full[key])) - 0.05
+        elif key[1] == "low" and key[0] != "longctx":
             assert all(abs(a - b) <= 0.002 for a, b in zip(head[key], full[key]))
+        else:
+            assert all(abs(a - b) <= 0.03 for a, b in zip(head[key], full[key]))
 
 
 def test_held_out_run_47_on_a_third_h100_board_and_the_figures_on_a_step(capsys):
@@ -839,11 +847,11 @@ def test_held_out_run_47_on_a_third_h100_board_and_the_figures_on_a_step(capsys)
     w = mo.main([str(r47)])
     head = _printed_rows(capsys.readouterr().out)
     device = json.loads((r47 / "matrix_deepseek-v3-5layers_fp8.json").read_text())["classes"]
-    for (cls, level), row in head.items():   # the device's matrix, to the printed digit
-        lv = next(x for x in device[cls]["levels"] if x["name"] == level)
+    for (cls, level), row in head.items():   # the device's matrix, within 1 / 9 points: the limiter's ~0.1 s response
+        lv = next(x for x in device[cls]["levels"] if x["name"] == level)   # moved past saturation (fit.limiter)
         for f, v in zip(("output_throughput", "tpot_p50", "ttft_p50", "ttft_p90"), row):
-            assert abs(v - lv["rel_error"][f]) <= _digit(r47), (cls, level, f)
-    _worst_within(w, 0.016, 0.020, 0.051, 0.043)
+            assert abs(v - lv["rel_error"][f]) <= (0.01 if level == "low" else 0.09), (cls, level, f)
+    _worst_within(w, 0.016, 0.020, 0.051, 0.047)
     assert len(head) == 9
     marked = {}
     for run in (r47, unpacked_run(h100 / "run46_async_triton_summarize_agentic_longctx_e26a76c")):
@@ -851,14 +859,14 @@ def test_held_out_run_47_on_a_third_h100_board_and_the_figures_on_a_step(capsys)
         out = capsys.readouterr().out
         line = next(x for x in out.splitlines() if x.startswith("longctx    low"))
         marked[run.name[:5]] = line
-    assert "-1.9% (\u00b18.1) !" in marked["run47"] and "-7.1% (\u00b17.9) !" in marked["run46"]
+    assert "-1.8% (\u00b18.1) !" in marked["run47"] and "-7.1% (\u00b18.0) !" in marked["run46"]
     assert "misses: 1 where the figure moves by more than its target" in out and "0 elsewhere" in out
     # the launch priced per row count as the grid's held launches measured it (a refit: the profile on the device
     # has the line alone): 0.11 ms at 2 rows, where the sampler table runs short; the matrix within the same bounds
     tab = dict(run_profile(r47, "auto").step.launch_device_rows)
     assert abs(tab[2] - 1.1e-4) < 1e-5 and abs(tab[1]) < 2e-5 and abs(tab[4]) < 2e-5 and len(tab) == 17
     capsys.readouterr()
-    _worst_within(mo.main([str(r47), "--refit", "auto"]), 0.012, 0.022, 0.041, 0.037)
+    _worst_within(mo.main([str(r47), "--refit", "auto"]), 0.012, 0.022, 0.047, 0.044)
 
 
 def test_held_out_run_48_chat_and_long_decode_on_a_fourth_h100_board(capsys):
@@ -914,17 +922,18 @@ def _sensitivity_rows_match_the_device(out: str, device: dict, digit: float = DI
 
 
 def _held_out_sensitivity(run: Path, capsys, cells: int, worst: tuple[float, float, float, float], marked_misses: int = 0,
-                          unmarked_misses: int = 0):
+                          unmarked_misses: int = 0, moved: float | None = None):
     """``matrix_offline RUN --sensitivity`` on an archived run: ``cells`` rows, each the device's table to the printed
-    digit, the worst figures within ``worst`` (throughput, TPOT p50, TTFT p50, TTFT p90), ``marked_misses`` misses in
-    marked cells and ``unmarked_misses`` elsewhere. Returns (the printed output, its rows by (class, level))."""
+    digit (``moved``: within that of it, for a run whose figures a later model change moved), the worst figures within
+    ``worst`` (throughput, TPOT p50, TTFT p50, TTFT p90), ``marked_misses`` misses in marked cells and
+    ``unmarked_misses`` elsewhere. Returns (the printed output, its rows by (class, level))."""
     import matrix_offline as mo
 
     capsys.readouterr()
     w = mo.main([str(run), "--sensitivity"])
     out = capsys.readouterr().out
     rows = _sensitivity_rows_match_the_device(out, json.loads((run / "matrix_deepseek-v3-5layers_fp8.json").read_text())["classes"],
-                                              _digit(run))
+                                              _digit(run) if moved is None else moved)
     assert len(rows) == cells
     _worst_within(w, *worst)
     assert (f"misses: {marked_misses} where the figure moves by more than its target with steps \u00b12% (marked !), "
@@ -953,8 +962,8 @@ def test_held_out_run_49_on_a_fifth_h100_board(capsys):
     st = run_profile(r49, None).step
     assert abs(st.graph_replay_s - 1.62e-4) < 5e-6 and abs(st.category_scale["dense_gemm"] - 1.073) < 1e-3
     assert len(st.launch_device_rows) == 17
-    _, rows = _held_out_sensitivity(r49, capsys, 9, (0.015, 0.062, 0.042, 0.048), marked_misses=1)
-    assert "-6.1% (\u00b17.6) !" in rows[("longctx", "low")]
+    _, rows = _held_out_sensitivity(r49, capsys, 9, (0.015, 0.062, 0.060, 0.059), marked_misses=1, moved=0.09)
+    assert "-6.0% (\u00b17.7) !" in rows[("longctx", "low")]
 
 
 def test_held_out_run_50_longctx_with_24_requests_and_chat_on_a_sixth_h100_board(capsys):
@@ -964,9 +973,11 @@ def test_held_out_run_50_longctx_with_24_requests_and_chat_on_a_sixth_h100_board
     from sim.timeline_check import unpacked_run
 
     r50 = unpacked_run(ROOT / "benchmarks" / "gpu" / "issue16_h100" / "run50_async_triton_longctx_chat_7bb5f0b")
-    _, rows = _held_out_sensitivity(r50, capsys, 6, (0.014, 0.052, 0.086, 0.066), marked_misses=1)
-    assert "-1.7% (\u00b12.1)" in rows[("longctx", "low")] and "!" not in rows[("longctx", "low")]
-    assert "-5.1% (\u00b19.0) !" in rows[("longctx", "knee")]
+    _, rows = _held_out_sensitivity(r50, capsys, 6, (0.017, 0.026, 0.086, 0.069), moved=0.09)
+    assert "!" not in rows[("longctx", "low")]
+    # the knee's miss (TPOT p50 -5.1% on the device) is met at HEAD: the steps after the first chunk of each long prompt
+    # priced at the clock the long step left (costmodels/data/power, fit.limiter)
+    assert "-1.6% (" in rows[("longctx", "knee")]
 
 
 def test_run_51_dense_moe_table_priced_per_touched_expert():
@@ -1063,7 +1074,9 @@ def test_held_out_run_54_on_a_tenth_h100_board_two_knees_miss_their_step_mape(ca
     from sim.timeline_check import unpacked_run
 
     r54 = unpacked_run(ROOT / "benchmarks" / "gpu" / "issue16_h100" / "run54_async_triton_summarize_agentic_longctx_2c8ed9c")
-    _held_out_sensitivity(r54, capsys, 9, (0.005, 0.020, 0.094, 0.042))
+    # the limiter's ~0.1 s response (fit.limiter) moved the knees and past saturation: longctx's knee TTFT p50 +9.4 ->
+    # +11.2%, a miss (this run's calibrating host ran at half the serving host's speed)
+    _held_out_sensitivity(r54, capsys, 9, (0.010, 0.020, 0.113, 0.042), unmarked_misses=1, moved=0.09)
     step = {}
     for cls in ("summarize", "agentic", "longctx"):
         device, per_level = _step_target(r54, cls)
@@ -1084,7 +1097,7 @@ def test_held_out_run_55_chat_and_agentic_on_an_eleventh_h100_board(capsys):
 
     r55 = unpacked_run(ROOT / "benchmarks" / "gpu" / "issue16_h100" / "run55_async_triton_chat_agentic_380fa33")
     assert "60% apart" in host_speed_note(run_profile(r55, None).provenance["host_probe_s"])
-    _held_out_sensitivity(r55, capsys, 6, (0.006, 0.038, 0.037, 0.041))
+    _held_out_sensitivity(r55, capsys, 6, (0.006, 0.038, 0.037, 0.041), moved=0.09)
     for cls in ("chat", "agentic"):
         per_level = _step_target(r55, cls)[1]
         assert per_level["met"] and per_level["value"] < 0.028
@@ -1100,7 +1113,7 @@ def test_held_out_run_56_run_54s_classes_at_cc2f558_on_a_twelfth_h100_board(caps
     r56 = unpacked_run(ROOT / "benchmarks" / "gpu" / "issue16_h100" / "run56_async_triton_summarize_agentic_longctx_cc2f558")
     st = run_profile(r56, None).step
     assert abs(st.graph_replay_s) < 1e-9 and abs(st.category_scale["dense_gemm"] - 1.045) < 1e-3
-    _held_out_sensitivity(r56, capsys, 9, (0.003, 0.014, 0.032, 0.033))
+    _held_out_sensitivity(r56, capsys, 9, (0.013, 0.014, 0.085, 0.052), moved=0.09)
     for cls in ("summarize", "agentic", "longctx"):
         device, per_level = _step_target(r56, cls)
         assert device["met"] and per_level["met"] and per_level["value"] < 0.022, (cls, per_level)
@@ -1166,7 +1179,7 @@ def test_held_out_run_59_three_classes_at_0107b33_on_a_fourteenth_h100_board(cap
     r59 = unpacked_run(ROOT / "benchmarks" / "gpu" / "issue16_h100" / "run59_async_triton_summarize_agentic_longctx_0107b33")
     st = run_profile(r59, None).step
     assert abs(st.category_scale["dense_gemm"] - 1.062) < 1e-3 and abs(st.graph_replay_s - 2.08e-4) < 5e-6
-    _held_out_sensitivity(r59, capsys, 9, (0.006, 0.028, 0.030, 0.091))
+    _held_out_sensitivity(r59, capsys, 9, (0.009, 0.028, 0.052, 0.091), moved=0.09)
     _per_level_step_mape(r59, ("summarize", "agentic", "longctx"), 0.022)
 
 
