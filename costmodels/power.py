@@ -57,8 +57,8 @@ class PowerReference(BaseModel):
     """The board's own power, measured in calibration: H200 boards draw different power for the same work (issue 16:
     the board of run 44 drew 531 W where runs 40, 41 and 43's drew 487-497 W at the same decode-heavy load, and its
     clock fell under the limit where theirs held), so the clock a limit allows is the board's, not the GPU kind's.
-    A decode loop (under the limit: the board's busy power at known work) and a prompt loop (over it: the clock it
-    settles at, and how much slower its steps ran there) pin the board's terms (``PowerModel.for_board``)."""
+    A decode loop (under the limit: the board's busy power at known work) and a prompt loop (over it: the power and
+    clock it settles at) pin the board's terms (``PowerModel.for_board``)."""
 
     model_config = ConfigDict(extra="forbid")
     board: str = Field("", description="nvidia-smi uuid / serial of the board measured")
@@ -117,8 +117,9 @@ class PowerModel(BaseModel):
         loops keep the GPU busy, so an idle reading taken too early, above what the loops allow, is lowered until
         the busy power is 0) and the limit. The prompt steps' clock share stays the kind's: the loop cannot show it
         (its first steps already run under the limit, which answers within ``tau_s``). With the prompt loop not
-        limited, the busy power alone, at the kind's power per FLOP. A decode loop the limit held too (a hot board: issue 16 run 63's H200 drew 694 W at
-        1,935 MHz on it) is an equation at the limit like the prompt loop's: its clocked part at its own clock's
+        limited, the busy power alone, at the kind's power per FLOP. A decode loop the limit held too (a hot board:
+        issue 16 run 63's H200 drew 694 W at 1,935 MHz on it) is an equation at the limit like the prompt loop's: its
+        clocked part at its own clock's
         ``phi ** gamma``. The per-byte term, the exponent, the time constant and both clock shares stay the kind's
         (``benchmarks/power_fit.py``, ``benchmarks/power_fast_fit.py``)."""
         d, p = ref.decode, ref.prompt
@@ -155,8 +156,8 @@ class PowerModel(BaseModel):
             # the prompt steps' clock share stays the kind's: the loop's first steps are not its full-clock time. The
             # limiter answers within ~0.1 s (``tau_s``), so by the loop's first ten steps (~0.5 s) the clock has
             # already come down; their ratio to the late steps read shares of 0.23-0.40 on the H100 boards of runs
-            # 56-64 and 0.09 on run 63's hot H200, where the steps after a long prompt step say ~0.5
-            # (``benchmarks/power_fast_fit.py``)
+            # 56-64 and 0.09 on run 63's hot H200, where a power probe's loops from rest, first step against settle,
+            # read 0.41-0.58 (the kind's 0.5: costmodels/data/power/*.json, fit.limiter)
         else:
             busy_w = (y_d - idle - w_f * f_d) / d.busy
             if busy_w < 0:
