@@ -38,7 +38,7 @@ def check(run: Path, out=print) -> dict:
     if probe_file is None:
         raise FileNotFoundError(f"{run}: no beyond_grid_*.json (a matrix call with --beyond-probe)")
     probe = json.loads(probe_file.read_text())
-    prof = CalibrationProfile.load(run / probe["profile"]) if (run / probe.get("profile", "")).is_file() \
+    prof = CalibrationProfile.load(run / probe["profile"]) if probe.get("profile") and (run / probe["profile"]).is_file() \
         else CalibrationProfile.load(next(run.glob("calibration_*.json")))
     res: dict = {"chunk": {"in": [], "beyond": []}, "kv_expand": {"in": [], "beyond": []}, "steps": {"in": [], "beyond": []}}
     ct, kx = prof.tables.get("attn_prefill_chunk"), prof.tables.get("kv_expand")

@@ -20,6 +20,7 @@ prints the error in and beyond the grid. ``scripts/device_matrix.py --beyond-pro
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -145,3 +146,40 @@ def after_long(engine, repeats: int = 5, log=print) -> list[dict]:
         drop_plan(engine, big)
         drop_plan(engine, fill)
     return rows
+
+
+def main() -> None:
+    """The probe alone (no calibration, no matrix): ``python3 -m benchmarks.gpu.beyond_grid --out DIR`` on the matrix's
+    engine (5-layer DeepSeek-V3 FP8, a 16,384-token window). Its rows read against each other (decode steps over
+    context, a prompt step after a decode step or a long one); ``benchmarks/beyond_grid_check.py`` prices them where a
+    run folder also holds a calibration."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    from executor.calibrate import build_engine
+
+    ap = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="deepseek-v3")
+    ap.add_argument("--num-layers", type=int, default=5)
+    ap.add_argument("--dtype", default="fp8")
+    ap.add_argument("--max-model-len", type=int, default=16384)
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    bs, seqs = 64, 128
+    engine = build_engine(a.model, a.num_layers, "cuda", a.dtype, seqs, a.max_model_len,
+                          num_kv_blocks=seqs * (-(-a.max_model_len // bs)) + 64)
+    warm = engine.warmup()
+    print(f"engine built and warmed in {time.perf_counter() - t0:.1f} s (warm-up {warm:.1f} s)", flush=True)
+    got = probe(engine)
+    (out / f"beyond_grid_{a.model}-{a.num_layers}layers_{a.dtype}.json").write_text(
+        json.dumps({"command": "python3 -m benchmarks.gpu.beyond_grid " + " ".join(sys.argv[1:]), "profile": None,
+                    "gpu": torch.cuda.get_device_name(), **got}) + "\n", encoding="utf-8")
+    print(f"probe: {len(got['ops'])} ops, {len(got['steps'])} steps in {got['seconds']:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
