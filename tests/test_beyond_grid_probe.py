@@ -28,3 +28,24 @@ def test_the_chunk_table_extrapolates_beyond_its_cached_levels(run):
     # whole prompt steps of 2,048-3,584 new tokens over 8,192-10,240 cached: within 3.5% (worst -2.5 / -1.6%)
     steps = [(shape, e) for shape, e in res["steps"]["beyond"] if shape[1] and shape[1][0][0] >= 2048]
     assert len(steps) >= 4 and max(abs(e) for _, e in steps) < 0.035
+
+
+def test_the_probe_runs_on_the_cpu_engine(monkeypatch):
+    """The probe's code path on the tiny model (CPU: no device times, the rows' shapes and conditions only): chunk ops
+    at its cached levels, the steps, and each after-long shape under its four conditions."""
+    torch = pytest.importorskip("torch")
+    import benchmarks.gpu.beyond_grid as bg
+    from executor.calibrate import build_engine
+
+    engine = build_engine("tiny", None, "cpu", "fp32", 8, 4096, num_kv_blocks=300)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    for name, value in (("OP_NEW", (16,)), ("OP_CACHED", (32, 64)), ("EXPAND_KEYS", (64,)), ("AFTER_SHAPES", ((16, 64),)),
+                        ("AFTER_LONG", (128, 0)), ("REST_S", 0.0), ("IDLE_S", 0.0), ("LOAD_S", 0.01)):
+        monkeypatch.setattr(bg, name, value)
+    monkeypatch.setattr(bg, "shapes", lambda max_len: [([100] * 2, []), ([], [(16, 64)])])
+    got = bg.probe(engine, repeats=1, log=lambda *_: None)
+    assert [(p["op"], p.get("cached")) for p in got["ops"]] == [("attn_prefill_chunk", 32), ("attn_prefill_chunk", 64),
+                                                                ("kv_expand", None)]
+    assert len(got["steps"]) == 2 and got["grid_cached_max"] == 6144
+    conds = [r["condition"] for r in got["after_long"]]
+    assert len(conds) == 4 and conds[0] == "after a decode step" and "decode steps and the long step" in conds[3]

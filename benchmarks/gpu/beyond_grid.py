@@ -43,6 +43,9 @@ DECODE_BATCHES = (1, 2, 8, 32)
 AFTER_SHAPES = ((2048, 8192), (1024, 0))
 AFTER_LONG = (8192, 0)
 REST_S, IDLE_S = 0.3, 0.3
+# and after LOAD_S of back-to-back decode steps before the long one, as serving's decode load between prompts: the
+# governor prices the continuation's clock from that average (run 65: from rest its board model says full clock)
+LOAD_S = 0.5
 DECODE_CONTEXTS = (1024, 4096, 10000, 12000)
 
 
@@ -97,8 +100,8 @@ def _sm_mhz() -> float | None:
 
 
 def after_long(engine, repeats: int = 5, log=print) -> list[dict]:
-    """Each of ``AFTER_SHAPES`` timed right after a decode step, right after the long prompt step ``AFTER_LONG``, and
-    after the long step and ``IDLE_S`` idle: rows of the shape, the condition, the median step device seconds
+    """Each of ``AFTER_SHAPES`` timed right after a decode step, right after the long prompt step ``AFTER_LONG``, after
+    the long step and ``IDLE_S`` idle, and after ``LOAD_S`` of decode steps and the long step: rows of the shape, the condition, the median step device seconds
     (``device_s``, the runner's CUDA events), its forward's, the SM clock read just before it, and the long step's own
     device seconds (from rest)."""
     from executor.synthetic_steps import drop_plan, synthetic_plan
@@ -118,11 +121,16 @@ def after_long(engine, repeats: int = 5, log=print) -> list[dict]:
             plan = synthetic_plan(engine, [], [(q, k)], f"alS{q}_{k}_")
             try:
                 runner.execute(plan)   # warm
-                for cond in ("after a decode step", "after the long step", f"after the long step and {IDLE_S} s idle"):
+                for cond in ("after a decode step", "after the long step", f"after the long step and {IDLE_S} s idle",
+                             f"after {LOAD_S} s of decode steps and the long step"):
                     dev, fwd, mhz, long_dev = [], [], [], []
                     for _ in range(repeats):
                         torch.cuda.synchronize()
                         time.sleep(REST_S)
+                        if cond.endswith("decode steps and the long step"):
+                            t_load = time.perf_counter()
+                            while time.perf_counter() - t_load < LOAD_S:
+                                runner.execute(fill)
                         runner.execute(fill if cond.startswith("after a decode") else big)
                         if not cond.startswith("after a decode"):
                             long_dev.append(float(runner.step_records[0].get("device_s", float("nan"))))
