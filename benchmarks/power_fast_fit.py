@@ -52,20 +52,16 @@ def figures(loaded, tau: float | None, share: float | None) -> dict:
     """Bias after long prompt steps, after others, of decode steps, and the worst per-level step MAPE, with the board's
     power model at ``tau`` / ``share`` (None: as committed)."""
     import step_residuals as sr
+    from costmodels.profiled import ProfiledStepCost
     from costmodels.step_fit import errors
     path, prof, samples, cost = loaded
     pm = cost.power
     if pm is None:
         raise SystemExit(f"{path.name}: no board power model (a calibration without reference loops)")
     upd = {k: v for k, v in (("tau_s", tau), ("clock_share_prompt", share)) if v is not None}
-    model = pm.model_copy(update=upd)
-    for c in (cost, cost.pipelined()):
-        c.power = model
-    try:
-        c = sr.columns(samples, cost, prof, False, False, sr.run_replays(path))
-    finally:
-        for x in (cost, cost.pipelined()):
-            x.power = pm
+    if upd:   # the board's model with those terms, given as ProfiledStepCost's power model
+        cost = ProfiledStepCost(prof, power=pm.model_copy(update=upd))
+    c = sr.columns(samples, cost, prof, False, False, sr.run_replays(path))
     m, p = c["measured_s"], c["pred"]
     pt, pc = c["prefill_tokens"], c["prefill_chunks"]
     prev = np.r_[0, pt[:-1]]

@@ -119,8 +119,7 @@ class PowerModel(BaseModel):
         (its first steps already run under the limit, which answers within ``tau_s``). With the prompt loop not
         limited, the busy power alone, at the kind's power per FLOP. A decode loop the limit held too (a hot board:
         issue 16 run 63's H200 drew 694 W at 1,935 MHz on it) is an equation at the limit like the prompt loop's: its
-        clocked part at its own clock's
-        ``phi ** gamma``. The per-byte term, the exponent, the time constant and both clock shares stay the kind's
+        clocked part at its own clock's ``phi ** gamma``. The per-byte term, the exponent, the time constant and both clock shares stay the kind's
         (``benchmarks/power_fit.py``, ``benchmarks/power_fast_fit.py``)."""
         d, p = ref.decode, ref.prompt
         fd, bd = work(d.decode_ctx, 0, [a for a, _ in d.prefill], [c for _, c in d.prefill])

@@ -99,6 +99,11 @@ def _sm_mhz() -> float | None:
         return None
 
 
+def _median(xs: list) -> float | None:
+    """The middle of ``xs`` (None when empty or any is None)."""
+    return sorted(xs)[len(xs) // 2] if xs and all(x is not None for x in xs) else None
+
+
 def after_long(engine, repeats: int = 5, log=print) -> list[dict]:
     """Each of ``AFTER_SHAPES`` timed right after a decode step, right after the long prompt step ``AFTER_LONG``, after
     the long step and ``IDLE_S`` idle, and after ``LOAD_S`` of decode steps and the long step: rows of the shape, the condition, the median step device seconds
@@ -141,9 +146,8 @@ def after_long(engine, repeats: int = 5, log=print) -> list[dict]:
                         rec = runner.step_records[0]
                         dev.append(float(rec.get("device_s", float("nan"))))
                         fwd.append(float(rec.get("forward_s", float("nan"))))
-                    med = lambda xs: sorted(xs)[len(xs) // 2] if xs and all(x is not None for x in xs) else None  # noqa: E731
-                    row = {"new": q, "cached": k, "condition": cond, "device_s": med(dev), "forward_s": med(fwd),
-                           "device_all_s": dev, "mhz_before": med(mhz), "long_device_s": med(long_dev)}
+                    row = {"new": q, "cached": k, "condition": cond, "device_s": _median(dev), "forward_s": _median(fwd),
+                           "device_all_s": dev, "mhz_before": _median(mhz), "long_device_s": _median(long_dev)}
                     rows.append(row)
                     log(f"  {q} over {k} {cond}: device {row['device_s'] * 1e3:.2f} ms"
                         + (f", SM {row['mhz_before']:.0f} MHz before it" if row["mhz_before"] else "")
