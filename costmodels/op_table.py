@@ -379,20 +379,26 @@ def fa3_max_splits(kv_heads: int, group: int, max_new: float, max_keys: float, s
     return _fa3_wave_splits(kv_heads * math.ceil(max_new * group / block_m), nblocks, sms)
 
 
-def fa3_key_walk(news, keys, kv_heads: int, group: int, sms: int, block_m: int, block_n: int) -> int:
-    """The most key tiles one query tile of a FlashAttention-3 varlen call over sequences of ``news`` new tokens and
-    ``keys`` keys walks on one SM: each sequence's key tiles over the splits the call gives it
-    (``prepare_varlen_num_blocks`` of ``hopper/flash_prepare_scheduler.cu``: the bound of ``fa3_max_splits``, per
-    sequence at most its key tiles over the call's tiles a SM, 10% spare; unsplit above 992 sequences)."""
+def fa3_key_walks(news, keys, kv_heads: int, group: int, sms: int, block_m: int, block_n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the key tiles each sequence's longest query tile walks on one SM, the splits of its keys), per sequence in batch
+    order, in a FlashAttention-3 varlen call over sequences of ``news`` new tokens and ``keys`` keys: its key tiles over
+    the splits the call gives it (``prepare_varlen_num_blocks`` of ``hopper/flash_prepare_scheduler.cu``: the bound of
+    ``fa3_max_splits``, per sequence at most its key tiles over the call's tiles a SM, 10% spare; unsplit above 992
+    sequences)."""
     news, keys = np.asarray(news, float), np.asarray(keys, float)
     nb = np.ceil(keys / block_n)
     top = fa3_max_splits(kv_heads, group, float(news.max()), float(keys.max()), sms, block_m, block_n)
     if top == 1 or news.size > 992:
-        return int(nb.max())
+        return nb, np.ones(nb.size)
     total = float((np.ceil(news * group / block_m) * nb).sum())
     per_sm = math.ceil(total * 1.1 * kv_heads / sms)
     splits = np.clip(np.ceil(nb / per_sm), 1, top)
-    return int(np.ceil(nb / splits).max())
+    return np.ceil(nb / splits), splits
+
+
+def fa3_key_walk(news, keys, kv_heads: int, group: int, sms: int, block_m: int, block_n: int) -> int:
+    """The most key tiles one query tile of a FlashAttention-3 varlen call walks on one SM (``fa3_key_walks``' largest)."""
+    return int(fa3_key_walks(news, keys, kv_heads, group, sms, block_m, block_n)[0].max())
 
 
 def _gqa_tables(path: Path) -> tuple[dict[tuple[int, int, int], GridTable], dict[tuple[int, int, int], "GqaChunks"]]:

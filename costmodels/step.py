@@ -138,6 +138,10 @@ class StepCostModel(StepOps):
             dnew, dctx, pn, pc = new, ctx, [], []
         elif nd == 0:
             return self._fast_time(0, 0, None, 0, new.tolist(), ctx.tolist()) if new.min() >= 0 and new.any() else self._mixed_step_time_reference(new, ctx, dec)
+        elif self.gqa_walks and not dec[:nd].all():
+            # a GQA varlen call hands its tiles out in batch order (StepOps.gqa_chain_floor's ``ahead``): a batch
+            # whose chunks come before its decodes is priced in its own order; the summaries below are decodes first
+            return self._mixed_step_time_reference(new, ctx, dec)
         else:
             pre = ~dec
             dnew, dctx, pn, pc = new[dec], ctx[dec], new[pre].tolist(), ctx[pre].tolist()
@@ -419,14 +423,25 @@ class StepCostModel(StepOps):
                         p = c + n
                         ends += min(p, cap) / ratio + (min(p, window) if window else 0.0)
                 if gqa is not None:   # measured FlashAttention-3 chunks in one varlen kernel (StepOps.gqa_chunks_seconds)
-                    ta += self.gqa_chunks_seconds(gqa, pn, pc, s, over_d)
+                    t_c, parts = self.gqa_chunks_call(gqa, pn, pc, s, over_d)
                     if nd + len(pn) > 1 and self.gqa_walks:   # the longest key walk bounds the call (gqa_chain_floor)
                         if walk_seqs is None:   # the call's sequences, the same for every layer kind
                             keys = [c + n for c, n in zip(pc, pn)]
                             walk_seqs = (np.concatenate((np.full(nd, g), pn)), np.concatenate((dctx + g, keys))) \
                                 if nd else (pn, keys)
-                        fl = self.gqa_chain_floor(gqa, *walk_seqs)
+                        # each sequence's walk starts after the work ahead of it (decodes first: their time under
+                        # the roofline by the keys each reads, then the chunks' parts)
+                        if nd:
+                            dk = np.asarray(dctx, float) + g
+                            work = np.concatenate(((ta - over_d) * dk / dk.sum(), parts))
+                        else:
+                            work = parts
+                        before = np.concatenate(([0.0], np.cumsum(work)[:-1]))
+                        ta += t_c
+                        fl = self.gqa_chain_floor(gqa, *walk_seqs, before)
                         ta = fl if fl > ta else ta
+                    else:
+                        ta += t_c
                 else:
                     byts = float(ends_all) * self.heads_local * dpre * 2.0 if upproj else ends * eb
                     ta += self._attn_pre_t(cf_pre * es * s, byts * s, den_pre)

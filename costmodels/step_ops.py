@@ -51,7 +51,7 @@ from costmodels.model_spec import ModelSpec
 from costmodels.op_table import (MASKED_MAX_ROWS, MEASURED, MHC_OPS, MLA_ENTRY_DIMS, SCALED, ExpertGemms,
                                  GqaChunks, MhcKernels, TableGemms, TableMLA, gqa_decode_table, kernel_gemms, mhc_bytes,
                                  mhc_fallback_s, mhc_flops, mla_decode_table, nearest_gqa_layout, table_from_points)
-from costmodels.op_table import fa3_key_walk, fa3_tile, gqa_work, transferred_one
+from costmodels.op_table import fa3_key_walks, fa3_tile, gqa_work, transferred_one
 from costmodels.op_table import load as load_op_tables
 from costmodels.op_table import nearest as nearest_op_table_gpus
 from costmodels.op_table import same_kind as same_kind_tables
@@ -589,8 +589,14 @@ class StepOps:
         layer, measured 38.6). ``over_dec``: the time over the roofline of the step's
         decodes in the same layer (``gqa_decode_over``), whose kernel call this is too: the larger of the two is paid
         (a mixed step's decodes and chunks are one varlen call)."""
-        base, over = self.gqa_chunks_parts(geo, news, cached)
-        return base * s + max(0.0, over * s - over_dec)
+        return self.gqa_chunks_call(geo, news, cached, s, over_dec)[0]
+
+    def gqa_chunks_call(self, geo: AttnGeometry, news, cached, s: float, over_dec: float = 0.0) -> tuple[float, np.ndarray]:
+        """(``gqa_chunks_seconds``, each chunk's part of the call at the rank's share ``s``, in batch order: the work
+        its tiles put ahead of the later sequences', ``gqa_chain_floor``'s ``ahead``)."""
+        parts, over = self.gqa_chunk_terms(geo, news, cached)
+        parts = parts * s
+        return float(parts.sum()) + max(0.0, over * s - over_dec), parts
 
     @property
     def gqa_walks(self) -> bool:
@@ -599,24 +605,42 @@ class StepOps:
         on = self.gqa_chunks_on
         return self.gqa_chunks is not None and bool(self.hw.sm_count) and on is not None and bool(on.sm_count)
 
-    def gqa_chain_floor(self, geo: AttnGeometry, news, keys) -> float:
+    def gqa_chain_floor(self, geo: AttnGeometry, news, keys, ahead=None) -> float:
         """Seconds one layer's FlashAttention-3 varlen call over sequences of ``news`` new tokens and ``keys`` keys
         (cached plus new) takes at least: the query tile with the most key tiles to walk after the call's splits
-        (``fa3_key_walk``: FA3's split heuristics) walks them on one SM, one after another. Priced as the measured
+        (``fa3_key_walks``: FA3's split heuristics) walks them on one SM, one after another. Priced as the measured
         kernel's least time plus those key tiles at one SM's share of the rate the measured GPU reached over its
         longest chunk (``GqaChunks.tile_rate``), moved here by the math ceiling a SM. 0 where the GPU's SM count is
         not in the catalog or no GQA table speaks for the layer. Not scaled by a rank's share: a walk is one
         sequence's (with attention DP, the longest of the step's, wherever it runs). Measured (run
         ``gqa_mix_d535dec``, Llama-3.1-70B TP8 heads on the H100): a 2,048-token prompt, a 512-token chunk over 4,096
         cached and a 128-token chunk over 16,384 cached in one call take 189.9 us (unsplit: the last chunk's 129 key
-        tiles in a row), where the chunks apart take about 91."""
+        tiles in a row), where the chunks apart take about 91.
+
+        ``ahead``: per sequence, the seconds of the call's work in the sequences before it (batch order). FA3's
+        persistent scheduler hands tiles out in batch order to whichever SM frees first, so a sequence's longest walk
+        starts once the tiles ahead of it have been handed out: about their work over the SMs, which is their parts of
+        a busy call (``gqa_chunks_call``; a decode's, its share of the decodes' roofline). The call then takes the
+        latest of those starts plus the walk. Measured (gqa_order, H200): a 20,000-key decode pair behind a
+        6,000-token chunk 359 us, in front of it 229 (8 / 1 heads); a 48-token chunk over 30,000 cached behind 60
+        decodes of 1,500 keys 227 us, in front of them 155 (32 / 8 heads). A serving engine's step puts its decodes
+        first (the executor's ``ForwardBatch``, vLLM's scheduler), so there a chunk's walk waits for them."""
         if not self.gqa_walks:
             return 0.0
         dq, dv = geo.d_qk_prefill, geo.d_v_prefill
         hkv, g, rate = self._walk_consts(dq, dv)
         bm, bn = fa3_tile(dq, dv, max(news) * g)
-        walk = fa3_key_walk(news, keys, hkv, g, self.hw.sm_count, bm, bn)
-        return self.gqa_chunks.floor_s() + walk * 2.0 * bm * bn * (dq + dv) / rate
+        sms = self.hw.sm_count
+        walks, splits = fa3_key_walks(news, keys, hkv, g, sms, bm, bn)
+        walks = walks * (2.0 * bm * bn * (dq + dv) / rate)
+        if ahead is not None:
+            # the tiles ahead of each sequence: while fewer than the SMs, its first tile starts at once; past them,
+            # the work ahead less about one tile of it, which the SMs still run when its turn comes (equal tiles in
+            # waves: exactly the waves before it)
+            tiles = hkv * np.ceil(np.asarray(news, float) * g / bm) * splits
+            n_ahead = np.concatenate(([0.0], np.cumsum(tiles)[:-1]))
+            walks = walks + ahead * np.maximum(0.0, 1.0 - sms / np.maximum(n_ahead, 1.0))
+        return self.gqa_chunks.floor_s() + float(walks.max())
 
     def _walk_consts(self, dq: float, dv: float) -> tuple[int, int, float]:
         """(KV heads a GPU, query heads a KV head, FLOP/s of one SM on a key tile here) of ``gqa_chain_floor``."""
@@ -634,6 +658,12 @@ class StepOps:
     def gqa_chunks_parts(self, geo: AttnGeometry, news, cached) -> tuple[float, float]:
         """(the chunks' parts of a busy call summed, the largest time over its part) of ``gqa_chunks_seconds``,
         unscaled."""
+        parts, over = self.gqa_chunk_terms(geo, news, cached)
+        return float(parts.sum()), over
+
+    def gqa_chunk_terms(self, geo: AttnGeometry, news, cached) -> tuple[np.ndarray, float]:
+        """(each chunk's part of a busy call, in batch order, the largest time over a part) of ``gqa_chunks_parts``,
+        unscaled."""
         tab, mhw = self.gqa_chunks, self.gqa_chunks_on
         hq, hkv = self.heads_local, self.kv_heads_local
         me, ce = self.cal.mem_eff, float(self.cal.attn_compute())
@@ -645,8 +675,9 @@ class StepOps:
         moved = mpeak != peak or mhw.hbm_bw != self.hw.hbm_bw
         tpeak = exp_bound_peak(mhw, tab.d, tab.d)   # the measured layout's math ceiling there
         busy = self.gqa_busy
-        base = over = 0.0
-        for n, c in zip(news, cached):
+        parts = np.zeros(len(news))
+        over = 0.0
+        for i, (n, c) in enumerate(zip(news, cached)):
             n, c = float(n), float(c)
             if n <= 0:
                 continue
@@ -663,9 +694,9 @@ class StepOps:
                     part *= max(b / (me * self.hw.hbm_bw), f / (ce * peak)) / max(b / (me * mhw.hbm_bw), f / (ce * mpeak))
             else:
                 part = max(b / (me * self.hw.hbm_bw), f / (ce * peak))
-            base += min(t, part)
+            parts[i] = min(t, part)
             over = max(over, t - part)
-        return base, over
+        return parts, over
 
     def stream_time(self, batch: float, byts):
         """Seconds the decode attention of ``batch`` requests reading ``byts`` KV bytes streams them
@@ -1230,6 +1261,7 @@ class StepOps:
         h_loc = self.heads_local
         out = np.zeros(6)
         over_dec = 0.0   # a GQA decode's time over its roofline, shared with the chunks' (one varlen call)
+        ahead = None     # a GQA varlen call's work per sequence, batch order (gqa_chain_floor)
         for is_dec in (True, False):
             mask = dec if is_dec else ~dec
             if not mask.any():
@@ -1257,7 +1289,11 @@ class StepOps:
             elif not is_dec and flops > 0 and self.gqa_covers(geo):
                 # measured FlashAttention-3 GQA prefill: the chunks' measured times at (new, cached), moved to this
                 # model's heads and this GPU, run as one varlen kernel (gqa_chunks_seconds)
-                out[2] += self.gqa_chunks_seconds(geo, n, c, s, over_dec)
+                t_c, parts = self.gqa_chunks_call(geo, n, c, s, over_dec)
+                out[2] += t_c
+                if ahead is None:
+                    ahead = np.zeros(new.size)
+                ahead[mask] = parts
             elif not is_dec and geo.prefill_upproj and self.chunk_table is not None and flops > 0:
                 # measured per-chunk attention (new x cached, the executor's own masked SDPA), scaled to this
                 # layout's heads and head dims; the K/V up-projection stays with the KV_UP GEMMs. Measured seconds are
@@ -1280,6 +1316,9 @@ class StepOps:
                 out[2] += t
                 if is_dec and self.decode_stream is not None and self.gqa_covers(geo):
                     over_dec = self.gqa_decode_over(t, flops, byts, den)
+                    # each decode's part of the call: the decodes' time under their roofline, by the keys it reads
+                    ahead = np.zeros(new.size)
+                    ahead[mask] = (float(t) - over_dec) * last / max(float(last.sum()), 1e-30)
             if geo.index_ratio:
                 keys = np.minimum(c + n, geo.index_cap).astype(float) / geo.index_ratio
                 if is_dec:
@@ -1294,7 +1333,9 @@ class StepOps:
         if dec.size > 1 and self.gqa_covers(geo) and not dec.all():
             # the step's decodes and chunks are one FlashAttention-3 call: unsplit, its longest key walk bounds it (one
             # chunk alone: its measured time holds its own walk)
-            out[2] = max(out[2], self.gqa_chain_floor(geo, new, ctx + new))
+            # (each sequence's walk starts after the work of those ahead of it in the batch)
+            before = None if ahead is None else np.concatenate(([0.0], np.cumsum(ahead)[:-1]))
+            out[2] = max(out[2], self.gqa_chain_floor(geo, new, ctx + new, before))
         return out
 
     def attention(self, new, ctx, dec, draft, f, ops: list | None = None) -> np.ndarray:

@@ -5,6 +5,8 @@ kernel, beyond the grid by the roofline and said so, and other GPUs never faster
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -255,17 +257,55 @@ def test_held_out_varlen_mixes():
     the call, the call at least its longest key walk after FA3's splits) against FA3 varlen calls over mixes no table
     holds (``python -m benchmarks.gqa_mix_check``). The first set (42 mixes) informed the rule; the second (39 mixes,
     measured after, at 16 / 2 heads too, a layout no table holds) did not. Before this rule (roofline parts add, no
-    walk): 12.9% and 22.8% mean abs, worst -66.8% and -70.4%. Now: first set mean <= 7.5%, second <= 14%, every mix
-    within 30%; the mixes serving steps make most (a chunk or two beside 8 or more decodes, decodes at mixed
-    contexts) within 20% in the first set, 30% in the second."""
+    walk): 12.9% and 22.8% mean abs, worst -66.8% and -70.4%. With the walk but no batch order: 6.9% and 13.0%, worst
+    -25.2% and -28.8%. With each walk starting after the work ahead of it (``gqa_chain_floor``'s ``ahead``): 6.3% and
+    12.0%, worst -20.7% and +31.5% (32 / 8 heads, a 1,000-token prompt then four decodes over 12,000 keys: their
+    unsplit walk alone is priced 7% over the call, and the prompt's tiles ahead add 15 points). Bounds: first set mean
+    <= 7%, worst 25%; second mean <= 13%, worst 32%; the mixes serving steps make most (a chunk or two beside 8 or
+    more decodes, decodes at mixed contexts) within 20% in the first set, 30% in the second."""
     first, second = _mix_errors()
     assert len(first) == 42 and len(second) == 39
-    for rows, mean in ((first, 0.075), (second, 0.14)):
+    for rows, mean, worst in ((first, 0.07, 0.25), (second, 0.13, 0.32)):
         errs = [abs(r["err"]) for r in rows]
         assert sum(errs) / len(errs) <= mean
-        assert max(errs) <= 0.30, max(rows, key=lambda r: abs(r["err"]))
+        assert max(errs) <= worst, max(rows, key=lambda r: abs(r["err"]))
     for rows, worst in ((first, 0.20), (second, 0.30)):
         serving = [r for r in rows if sum(int(t.split("x")[1]) for t in r["seqs"].split(";") if t.startswith("1+")) >= 8]
         assert len(serving) >= 15 and max(abs(r["err"]) for r in serving) <= worst
     chain = {r["layout"]: r["err"] for r in first if r["seqs"] == "2048+0x1;512+4096x1;128+16384x1"}
     assert abs(chain["8/1"]) <= 0.15 and abs(chain["32/8"]) <= 0.30
+
+
+def test_a_varlen_calls_tiles_go_out_in_batch_order():
+    """FlashAttention-3's persistent scheduler hands a varlen call's tiles out in batch order, so a long key walk late
+    in the call starts after the work ahead of it (``StepOps.gqa_chain_floor``'s ``ahead``). Run gqa_order_75f371c (an
+    H200, each multi-sequence mix timed forward and reversed in one run; the H100's tables moved there): of the 12
+    pairs whose order moved the measured time by more than 15%, the price moves the same way in 9 (it read no order
+    before: 0). The three it misses: a batch of decodes alone (no walk bound), and two where the work ahead is a
+    prompt of 16 or 48 tokens' few tiles. The step's own order is what is priced: decodes first, as serving engines
+    build a step, a chunk then waits for the decodes' tiles."""
+    from benchmarks.gqa_mix_check import check
+    run = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "issue16_h200" / "gqa_order_75f371c"
+    rows = [r for op in ("gqa_mix", "gqa_mix2", "gqa_order") for r in check(run, "H200", op)]
+    fwd = {(r["layout"], r["seqs"]): r for r in rows}
+    pairs = []
+    for r in check(run, "H200", "gqa_order"):
+        f = fwd[(r["layout"], ";".join(reversed(r["seqs"].split(";"))))]
+        pairs.append((f, r, r["measured_us"] / f["measured_us"] - 1.0, r["priced_us"] / f["priced_us"] - 1.0))
+    assert len(pairs) == 69
+    big = [(m, p) for _, _, m, p in pairs if abs(m) > 0.15]
+    assert len(big) == 12 and sum(m * p > 0 for m, p in big) >= 9
+    # never the wrong way by more than 2%
+    assert all(m * p > 0 or abs(p) < 0.02 for m, p in big)
+    # a 6,000-token chunk then two decodes over 20,000 keys: 359 us forward, 229 reversed (8 / 1 heads)
+    f, r, _, _ = next(x for x in pairs if x[0]["layout"] == "8/1" and x[0]["seqs"] == "6000+2000x1;1+20000x2")
+    assert abs(f["err"]) <= 0.10 and abs(r["err"]) <= 0.15
+    # the step itself: the same chunk behind the decodes (the engine's order) is priced as the reversed call
+    sm = _h100()
+    first = _attn(sm, BatchShape.from_lists([6000, 1, 1], [2000, 20000, 20000], [False, True, True]))
+    last = _attn(sm, BatchShape.from_lists([1, 1, 6000], [20000, 20000, 2000], [True, True, False]))
+    assert first > 1.3 * last
+    # the simulator's path prices each order as the op-by-op one: only the attention differs
+    t_first = sm.mixed_step_time(np.array([6000, 1, 1]), np.array([2000, 20000, 20000]), np.array([False, True, True]))
+    t_last = sm.mixed_step_time(np.array([1, 1, 6000]), np.array([20000, 20000, 2000]), np.array([True, True, False]))
+    assert t_first - t_last == pytest.approx(first - last, rel=1e-9)

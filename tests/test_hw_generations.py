@@ -72,7 +72,14 @@ def test_measured_gqa_chunks_move_to_blackwell_by_its_exponential_rate():
     if cms["GB200"].gqa_chunks is None:
         pytest.skip("no GQA prefill table")
     t2, t3 = (_attention_op(cms[n], batch).time_s for n in ("GB200", "GB300"))
-    assert t2 / t3 == pytest.approx(get_hardware("GB300").exp_rate / get_hardware("GB200").exp_rate, rel=0.05)
+    # the chunks' composition moves by the rate; the call's walk bound (gqa_chain_floor: the fourth prompt's longest
+    # tile after the three ahead of it) holds the kernel's least time, which does not, and binds on the GB300 at this
+    # head dim (+7%)
+    chunks = {n: cms[n].gqa_chunks_seconds(cms[n].att_groups[0][0], [8192] * 4, [0] * 4, 1.0) for n in cms}
+    ratio = get_hardware("GB300").exp_rate / get_hardware("GB200").exp_rate
+    assert chunks["GB200"] / chunks["GB300"] == pytest.approx(ratio, rel=0.05)
+    assert t2 / t3 == pytest.approx(ratio, rel=0.08)
+    assert t3 >= chunks["GB300"] * cms["GB300"].model.num_layers * 0.999
     gb200 = get_hardware("GB200")
     no_exp = Hardware(**{**gb200.model_dump(), "sfu_exp_tera_per_s": None})
     assert _attention_op(StepCostModel(spec, no_exp, lay, CalibrationProfile.default(gb200)), batch).time_s < t2 / 1.5

@@ -50,8 +50,21 @@ def test_mixed_step_time_equals_op_by_op(name, layout):
     for _ in range(120):
         nd, draft, new, ctx, dec = _batch(rng, bool(cm.model.mtp_layers))
         ref = cm._mixed_step_time_reference(new, ctx, dec)
-        perm = rng.permutation(new.size)  # request order does not matter
+        perm = rng.permutation(new.size)
+        if cm.gqa_walks:
+            # a GQA varlen call's tiles go out in batch order: a permuted batch is priced in its own order, and
+            # decodes first, each kind in the permuted order, as the summaries take it
+            ref_p = cm._mixed_step_time_reference(new[perm], ctx[perm], dec[perm])
+            assert cm.mixed_step_time(new[perm], ctx[perm], dec[perm]) == pytest.approx(ref_p, rel=1e-12, abs=0)
+            perm = perm[np.argsort(~dec[perm], kind="stable")]
+            ref = cm._mixed_step_time_reference(new[perm], ctx[perm], dec[perm])
+        # elsewhere request order does not matter
         assert cm.mixed_step_time(new[perm], ctx[perm], dec[perm]) == pytest.approx(ref, rel=1e-12, abs=0)
+        if cm.gqa_walks:
+            nd_p = dec[perm]
+            fast = cm.chunked_step_time(ctx[perm][nd_p], draft, new[perm][~nd_p].tolist(), ctx[perm][~nd_p].tolist())
+            assert fast == pytest.approx(ref, rel=1e-12, abs=0)
+            continue
         fast = cm.chunked_step_time(ctx[:nd], draft, new[nd:].tolist(), ctx[nd:].tolist())
         assert fast == pytest.approx(ref, rel=1e-12, abs=0)
 
