@@ -332,3 +332,19 @@ def test_batch_order_held_out_on_another_h100():
             big.append((m, p))
     assert len(big) == 12 and sum(m * p > 0 for m, p in big) >= 10
     assert all(m * p > 0 or abs(p) < 0.02 for m, p in big)
+
+
+def test_a_long_decode_behind_prompts_waits_for_their_tiles():
+    """Run gqa_walk_d62ff6a (an H100, measured before the batch-order rule, read by no fit): one decode over 20,000 keys
+    behind and in front of K prompts of 512 or 2,048 tokens. Behind 32 prompts of 512 (8 / 1 heads) it takes 142 us,
+    in front 88; priced 119 and 74 (without the order both 74). All 28 calls: mean abs error 11.2%, worst -22.4% (16.7%
+    and -47.9% without the order)."""
+    from benchmarks.gqa_mix_check import check
+    run = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "issue16_h100" / "gqa_walk_d62ff6a"
+    rows = check(run, "H100", "gqa_walk")
+    assert len(rows) == 28
+    errs = [abs(r["err"]) for r in rows]
+    assert sum(errs) / len(errs) <= 0.12 and max(errs) <= 0.25
+    by = {(r["layout"], r["seqs"]): r["priced_us"] for r in rows}
+    for lay, k in (("8/1", "512+0x32"), ("8/1", "2048+0x16"), ("32/8", "2048+0x4")):
+        assert by[(lay, f"{k};1+19999x1")] > 1.3 * by[(lay, f"1+19999x1;{k}")]
