@@ -431,9 +431,9 @@ class StepCostModel(StepOps):
                                 if nd else (pn, keys)
                         # each sequence's walk starts after the work ahead of it (decodes first: their time under
                         # the roofline by the keys each reads, then the chunks' parts)
-                        if nd:
+                        if nd:   # (no measured decode kernel: the decodes' work is not counted, as op by op)
                             dk = np.asarray(dctx, float) + g
-                            work = np.concatenate(((ta - over_d) * dk / dk.sum(), parts))
+                            work = np.concatenate((((ta - over_d) / dk.sum() if stream else 0.0) * dk, parts))
                         else:
                             work = parts
                         before = np.concatenate(([0.0], np.cumsum(work)[:-1]))
