@@ -49,3 +49,26 @@ def test_the_probe_runs_on_the_cpu_engine(monkeypatch):
     assert len(got["steps"]) == 2 and got["grid_cached_max"] == 6144
     conds = [r["condition"] for r in got["after_long"]]
     assert len(conds) == 4 and conds[0] == "after a decode step" and "decode steps and the long step" in conds[3]
+
+
+def test_the_clock_trace_runs_on_the_cpu_engine(monkeypatch):
+    """The clock trace's code path on the tiny model with a stand-in NVML reader (the CPU has none: the trace is then
+    empty): each sequence's steps in order with host spans, samples taken while they run and in the idle tail."""
+    torch = pytest.importorskip("torch")
+    import benchmarks.gpu.beyond_grid as bg
+    from executor.calibrate import build_engine
+
+    engine = build_engine("tiny", None, "cpu", "fp32", 8, 4096, num_kv_blocks=300)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    for name, value in (("AFTER_SHAPES", ((16, 64),)), ("AFTER_LONG", (128, 0)), ("REST_S", 0.0), ("TRACE_TAIL_S", 0.02),
+                        ("TRACE_SEQUENCES", (("long, next", ("long", "next")),))):
+        monkeypatch.setattr(bg, name, value)
+    assert bg.clock_trace(engine, log=lambda *_: None) == [] or bg._nvml() is not None
+    monkeypatch.setattr(bg, "_nvml", lambda: (lambda: (1980.0, 300.0, 0)))
+    lines = []
+    got = bg.clock_trace(engine, log=lines.append)
+    assert [s["step"] for s in got[0]["spans"]] == ["long", "next"]
+    spans, samples = got[0]["spans"], got[0]["samples"]
+    assert spans[0]["t1"] <= spans[1]["t0"] and samples and samples[-1][0] > spans[-1]["t1"]
+    assert all(r[1:] == [1980.0, 300.0, 0] for r in samples)
+    assert any("back at the top clock after" in x for x in lines)

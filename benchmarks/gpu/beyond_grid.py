@@ -91,6 +91,105 @@ def probe(engine, repeats: int = 5, log=print) -> dict:
             "grid_cached_max": max(CHUNK_CACHED)}
 
 
+# the limiter's clock around a long prompt step (``clock_trace``): NVML read every TRACE_DT s on a thread while the
+# steps run; each sequence starts from REST_S + 0.2 s idle and ends with TRACE_TAIL_S idle
+TRACE_DT, TRACE_TAIL_S = 0.0005, 0.5
+TRACE_SEQUENCES = (("long, next", ("long", "next")), ("long x3, next", ("long", "long", "long", "next")),
+                   ("next x6", ("next",) * 6))
+
+
+def _nvml():
+    """(read, names): ``read()`` gives (SM MHz, instant board W, 1 if the power cap holds the clock now) via NVML, or
+    None where NVML cannot be read (no GPU, no pynvml)."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        idx = torch.cuda.current_device()
+        h = pynvml.nvmlDeviceGetHandleByIndex(idx)
+        field = getattr(pynvml, "NVML_FI_DEV_POWER_INSTANT", 186)
+        reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons")
+        sw_cap = getattr(pynvml, "nvmlClocksEventReasonSwPowerCap", 0x4)
+
+        def read():
+            mhz = float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM))
+            try:
+                v = pynvml.nvmlDeviceGetFieldValues(h, [field])[0]
+                w = float(v.value.uiVal) / 1000.0 if v.nvmlReturn == 0 else float("nan")
+            except Exception:  # noqa: BLE001  (no instant field: the averaged reading)
+                w = pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0
+            return mhz, w, 1 if reasons(h) & sw_cap else 0
+
+        read()
+        return read
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def clock_trace(engine, log=print) -> list[dict]:
+    """The SM clock, the board's instant power and whether the power cap holds the clock, read through NVML every
+    ``TRACE_DT`` s while an 8,192-token prompt step (``AFTER_LONG``) and the 2,048-over-8,192 continuation run from
+    rest (``TRACE_SEQUENCES``), then ``TRACE_TAIL_S`` idle: how fast the limiter takes the clock down and gives it back
+    (the governor's one time constant prices both: ``costmodels.power``). Per sequence: the steps' host spans (after
+    a device synchronize) with their CUDA-event device seconds, and the samples (seconds from the trace's start, MHz,
+    W, capped). Empty where NVML cannot be read."""
+    import threading
+
+    from executor.synthetic_steps import drop_plan, synthetic_plan
+
+    read = _nvml()
+    if read is None or AFTER_LONG[0] + AFTER_LONG[1] >= engine.max_model_len:
+        return []
+    runner = engine.runner
+    plans = {"long": synthetic_plan(engine, [], [AFTER_LONG], "ctLong_"),
+             "next": synthetic_plan(engine, [], [AFTER_SHAPES[0]], "ctNext_")}
+    out = []
+    try:
+        for p in plans.values():
+            runner.execute(p)   # warm
+        for name, seq in TRACE_SEQUENCES:
+            torch.cuda.synchronize()
+            time.sleep(REST_S + 0.2)
+            samples: list[tuple] = []
+            stop = threading.Event()
+            t0 = time.perf_counter()
+
+            def sample():
+                while not stop.is_set():
+                    samples.append((time.perf_counter() - t0, *read()))
+                    time.sleep(TRACE_DT)
+
+            th = threading.Thread(target=sample, daemon=True)
+            th.start()
+            time.sleep(0.03)   # the idle clock before the first step
+            spans = []
+            for step in seq:
+                a = time.perf_counter() - t0
+                runner.execute(plans[step])
+                torch.cuda.synchronize()
+                spans.append({"step": step, "t0": a, "t1": time.perf_counter() - t0,
+                              "device_s": float(runner.step_records[0].get("device_s", float("nan")))})
+            time.sleep(TRACE_TAIL_S)
+            stop.set()
+            th.join()
+            rows = [[round(t, 5), m, round(w, 1), c] for t, m, w, c in samples]
+            out.append({"sequence": name, "spans": spans, "samples": rows})
+            for sp in spans:
+                inside = [r for r in rows if sp["t0"] <= r[0] <= sp["t1"]]
+                mhz = sorted(r[1] for r in inside)
+                log(f"  trace {name}: {sp['step']} device {sp['device_s'] * 1e3:.2f} ms, SM "
+                    + (f"{mhz[len(mhz) // 2]:.0f} MHz median, {mhz[0]:.0f} min, capped {sum(r[3] for r in inside)}/"
+                       f"{len(inside)} samples, {max(r[2] for r in inside):.0f} W max" if inside else "no samples"))
+            tail = [r for r in rows if r[0] > spans[-1]["t1"]]
+            back = next((r[0] - spans[-1]["t1"] for r in tail if r[1] >= max(x[1] for x in rows)), None)
+            log(f"  trace {name}: idle after: {len(tail)} samples, back at the top clock after "
+                + (f"{back * 1e3:.0f} ms" if back is not None else "never in the tail"))
+    finally:
+        for p in plans.values():
+            drop_plan(engine, p)
+    return out
+
+
 def _sm_mhz() -> float | None:
     """The SM clock now (NVML through torch), None where it cannot be read."""
     try:
@@ -164,7 +263,8 @@ def main() -> None:
     """The probe alone (no calibration, no matrix): ``python3 -m benchmarks.gpu.beyond_grid --out DIR`` on the matrix's
     engine (5-layer DeepSeek-V3 FP8, a 16,384-token window). Its rows read against each other (decode steps over
     context, a prompt step after a decode step or a long one); ``benchmarks/beyond_grid_check.py`` prices them where a
-    run folder also holds a calibration."""
+    run folder also holds a calibration. Then the limiter's clock around a long prompt step (``clock_trace``);
+    ``--trace-only``: that alone."""
     import argparse
     import json
     from pathlib import Path
@@ -177,6 +277,7 @@ def main() -> None:
     ap.add_argument("--num-layers", type=int, default=5)
     ap.add_argument("--dtype", default="fp8")
     ap.add_argument("--max-model-len", type=int, default=16384)
+    ap.add_argument("--trace-only", action="store_true", help="the clock trace alone (clock_trace), not the probe")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -186,7 +287,8 @@ def main() -> None:
                           num_kv_blocks=seqs * (-(-a.max_model_len // bs)) + 64)
     warm = engine.warmup()
     print(f"engine built and warmed in {time.perf_counter() - t0:.1f} s (warm-up {warm:.1f} s)", flush=True)
-    got = probe(engine)
+    got = {"ops": [], "steps": [], "after_long": [], "seconds": 0.0} if a.trace_only else probe(engine)
+    got["clock_trace"] = clock_trace(engine)
     (out / f"beyond_grid_{a.model}-{a.num_layers}layers_{a.dtype}.json").write_text(
         json.dumps({"command": "python3 -m benchmarks.gpu.beyond_grid " + " ".join(sys.argv[1:]), "profile": None,
                     "gpu": torch.cuda.get_device_name(), **got}) + "\n", encoding="utf-8")
