@@ -10,10 +10,12 @@ and the price of the parts as separate kernels.
 
     python -m benchmarks.gqa_mix_check [RUN_DIR] [--gpu H200] [--json]
 
-``gqa_order`` rows (run ``issue16_h200/gqa_order_75f371c``, on an H200) are the multi-sequence mixes with their
-sequences in reverse order, timed in the same run as the forward ones: FA3 hands tiles out in batch order, so the
-call is fastest with its longest key walk first (up to 36% faster) and slowest with it last (up to 47% slower); the
-cost model does not read the order.
+``gqa_order`` rows (runs ``issue16_h200/gqa_order_75f371c`` on an H200, ``issue16_h100/gqa_order_24c871d`` on an H100)
+are the multi-sequence mixes with their sequences in reverse order, timed in the same run as the forward ones: FA3
+hands tiles out in batch order, so the call is fastest with its longest key walk first (up to 36% faster) and slowest
+with it last (up to 47% slower); the cost model prices each call in its order (``StepOps.gqa_chain_floor``'s
+``ahead``). ``gqa_walk`` rows (run ``issue16_h100/gqa_walk_d62ff6a``): one decode over 20,000 keys behind and in front
+of K prompts.
 
 Two committed sets: ``gqa_mix`` (run gqa_mix_d535dec, 42 mixes) and ``gqa_mix2`` (run gqa_multi_fbc8572, 39 mixes
 measured after the first set informed the rule, at 16 / 2 heads too, a layout no table holds).
@@ -83,7 +85,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.run:
-        rows = [dict(r, set=op) for op in ("gqa_mix", "gqa_mix2", "gqa_order") for r in check(Path(args.run), args.gpu, op)]
+        rows = [dict(r, set=op) for op in ("gqa_mix", "gqa_mix2", "gqa_order", "gqa_walk")
+                for r in check(Path(args.run), args.gpu, op)]
     else:
         rows = [dict(r, set="gqa_mix") for r in check()] + [dict(r, set="gqa_mix2") for r in check(RUN2, op="gqa_mix2")]
     if args.json:
