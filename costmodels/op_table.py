@@ -19,6 +19,7 @@ Every answer carries its ``source`` so output can name it. Arrays in, arrays out
 from __future__ import annotations
 
 import csv
+import heapq
 import json
 import math
 from bisect import bisect_right
@@ -504,6 +505,7 @@ class GqaChunks:
         cs, ts = self.lines[n]
         f, _ = gqa_work(self.hq, self.hkv, self.d, self.d, float(n), float(cs[0]))
         self._tile_rate = float(f) / ts[0]
+        self._walk_rates: dict[int, float] = {}
 
     def _roof(self, n: float, c: float, peak: float, bw: float, me: float, ce: float) -> float:
         f, b = gqa_work(self.hq, self.hkv, self.d, self.d, n, c)
@@ -529,6 +531,31 @@ class GqaChunks:
         """FLOP/s the measured GPU reached over the longest measured chunk without a cache (its SMs all busy on full
         tiles): the rate a tile of keys runs at on the measured GPU, over its SM count."""
         return self._tile_rate
+
+    def walk_rate(self, sms: int) -> float:
+        """FLOP/s one SM of the measured GPU (``sms`` of them) runs a full key tile at: the longest measured chunk
+        without a cache (its time less the kernel's least time) over the key tiles its busiest SM walked, FA3's tiles
+        (``fa3_tile``: packed query rows x keys, each over the keys its causal rows reach) handed longest first to
+        whichever SM frees (a list schedule: the tail of the chunk's waves is not the tiles' rate). Llama-3.1-70B TP8
+        heads on the H100: 8,192 new tokens, 512 tiles of 1-64 key tiles, the busiest SM 127 key tiles: 1.52 us a
+        128 x 128 tile where the chunk's causal FLOPs over its time say 1.60."""
+        got = self._walk_rates.get(sms)
+        if got is not None:
+            return got
+        n = self.news[-1]
+        cs, ts = self.lines[n]
+        g = max(1, round(self.hq / self.hkv))
+        bm, bn = fa3_tile(self.d, self.d, n * g)
+        c = float(cs[0])
+        b = np.arange(math.ceil(n * g / bm))[::-1]
+        walks = np.ceil((c + np.minimum(n, (b + 1) * bm / g)) / bn)
+        free = [0.0] * max(1, int(sms))
+        for k in np.tile(walks, self.hkv).tolist():
+            heapq.heappush(free, heapq.heappop(free) + k)
+        busiest = max(free)
+        t = max(ts[0] - self.floor_s(), 1e-12)
+        got = self._walk_rates[sms] = 2.0 * bm * bn * 2 * self.d * busiest / t
+        return got
 
     def beyond(self, n: float, c: float) -> bool:
         """Whether (n, c) lies past the measured grid (the roofline's growth prices the excess)."""

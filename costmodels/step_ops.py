@@ -609,8 +609,8 @@ class StepOps:
         """Seconds one layer's FlashAttention-3 varlen call over sequences of ``news`` new tokens and ``keys`` keys
         (cached plus new) takes at least: the query tile with the most key tiles to walk after the call's splits
         (``fa3_key_walks``: FA3's split heuristics) walks them on one SM, one after another. Priced as the measured
-        kernel's least time plus those key tiles at one SM's share of the rate the measured GPU reached over its
-        longest chunk (``GqaChunks.tile_rate``), moved here by the math ceiling a SM. 0 where the GPU's SM count is
+        kernel's least time plus those key tiles at one SM's rate on the measured GPU's longest chunk
+        (``GqaChunks.walk_rate``: its busiest SM's key tiles over its time), moved here by the math ceiling a SM. 0 where the GPU's SM count is
         not in the catalog or no GQA table speaks for the layer. Not scaled by a rank's share: a walk is one
         sequence's (with attention DP, the longest of the step's, wherever it runs). Measured (run
         ``gqa_mix_d535dec``, Llama-3.1-70B TP8 heads on the H100): a 2,048-token prompt, a 512-token chunk over 4,096
@@ -646,7 +646,7 @@ class StepOps:
         """(KV heads a GPU, query heads a KV head, FLOP/s of one SM on a key tile here) of ``gqa_chain_floor``."""
         tab, mhw, sms = self.gqa_chunks, self.gqa_chunks_on, self.hw.sm_count
         hkv = max(1, round(self.kv_heads_local))
-        rate = tab.tile_rate() / mhw.sm_count * (self.att_math_peak(dq, dv) / sms) \
+        rate = tab.walk_rate(mhw.sm_count) * (self.att_math_peak(dq, dv) / sms) \
             / (exp_bound_peak(mhw, tab.d, tab.d) / mhw.sm_count)
         return hkv, max(1, round(self.heads_local / hkv)), rate
 

@@ -173,7 +173,7 @@ def test_a_mixed_steps_decodes_and_chunks_are_one_varlen_call():
     walk = sm.gqa_chain_floor(geo, [1, 512], [4097, 512])
     assert mixed == pytest.approx(80 * walk, rel=1e-9)
     tab = sm.gqa_chunks
-    assert walk == pytest.approx(tab.floor_s() + 9 * 2.0 * 128 * 128 * 256 / (tab.tile_rate() / 132))
+    assert walk == pytest.approx(tab.floor_s() + 9 * 2.0 * 128 * 128 * 256 / tab.walk_rate(132))
     # without the walk: the decode's time plus the chunk's part plus what its time over the part exceeds the
     # decode's time over its roofline by
     base, over = sm.gqa_chunks_parts(geo, [512], [0])
@@ -196,11 +196,14 @@ def test_an_unsplit_varlen_call_is_bounded_by_its_longest_key_walk():
     sm = _h100()
     geo = sm.att_groups[0][0]
     walk = sm.gqa_chain_floor(geo, [2048, 128], [2048, 16512])
-    # the measured kernel's least time plus 129 key tiles at an SM's share of the longest chunk's rate
+    # the measured kernel's least time plus 129 key tiles at one SM's rate on the longest chunk: its time less the
+    # least over the key tiles its busiest SM walked (FA3's 512 tiles of 1-64 key tiles, longest first: 127), 1.52 us
+    # a tile where its causal FLOPs over its time said 1.60
     tab = sm.gqa_chunks
-    beta = 2.0 * 128 * 128 * 256 / (tab.tile_rate() / 132)
+    beta = 2.0 * 128 * 128 * 256 / tab.walk_rate(132)
     assert walk == pytest.approx(tab.floor_s() + 129 * beta)
-    assert 1.4e-6 < beta < 1.8e-6
+    assert beta == pytest.approx((199.1e-6 - tab.floor_s()) / 127, rel=1e-3)
+    assert beta < 2.0 * 128 * 128 * 256 / (tab.tile_rate() / 132)
     # flash-attention's own example (hopper/heuristics.h): 48 tiles on 108 SMs take 2 splits (89% of a wave), not 3
     assert op_table.fa3_max_splits(48, 1, 1, 1024, 108, 128, 128) == 2
     # never split: the tiles fill 80% of the SMs, or 4 key tiles or fewer
@@ -258,14 +261,15 @@ def test_held_out_varlen_mixes():
     holds (``python -m benchmarks.gqa_mix_check``). The first set (42 mixes) informed the rule; the second (39 mixes,
     measured after, at 16 / 2 heads too, a layout no table holds) did not. Before this rule (roofline parts add, no
     walk): 12.9% and 22.8% mean abs, worst -66.8% and -70.4%. With the walk but no batch order: 6.9% and 13.0%, worst
-    -25.2% and -28.8%. With each walk starting after the work ahead of it (``gqa_chain_floor``'s ``ahead``): 6.3% and
-    12.0%, worst -20.7% and +31.5% (32 / 8 heads, a 1,000-token prompt then four decodes over 12,000 keys: their
-    unsplit walk alone is priced 7% over the call, and the prompt's tiles ahead add 15 points). Bounds: first set mean
-    <= 7%, worst 25%; second mean <= 13%, worst 32%; the mixes serving steps make most (a chunk or two beside 8 or
-    more decodes, decodes at mixed contexts) within 20% in the first set, 30% in the second."""
+    -25.2% and -28.8%. With each walk starting after the work ahead of it (``gqa_chain_floor``'s ``ahead``) and a
+    key tile's time read off the longest chunk's busiest SM (``GqaChunks.walk_rate``): 6.2% and 11.8%, worst -23.6%
+    and +28.9% (32 / 8 heads, a 1,000-token prompt then four decodes over 12,000 keys: their unsplit walk is priced
+    over the call, and the prompt's tiles ahead add to it). Bounds: first set mean <= 7%, second <= 12.5%, every mix
+    within 30%; the mixes serving steps make most (a chunk or two beside 8 or more decodes, decodes at mixed
+    contexts) within 20% in the first set, 30% in the second."""
     first, second = _mix_errors()
     assert len(first) == 42 and len(second) == 39
-    for rows, mean, worst in ((first, 0.07, 0.25), (second, 0.13, 0.32)):
+    for rows, mean, worst in ((first, 0.07, 0.30), (second, 0.125, 0.30)):
         errs = [abs(r["err"]) for r in rows]
         assert sum(errs) / len(errs) <= mean
         assert max(errs) <= worst, max(rows, key=lambda r: abs(r["err"]))
@@ -313,14 +317,14 @@ def test_a_varlen_calls_tiles_go_out_in_batch_order():
 
 def test_batch_order_held_out_on_another_h100():
     """Run gqa_order_24c871d: the three mix sets in both orders on an H100 board none of the tables came from,
-    measured after the batch-order rule was written. Mean abs error 6.9% / 12.1% / 9.6% (gqa_mix / gqa_mix2 /
+    measured after the batch-order rule was written. Mean abs error 6.8% / 11.8% / 9.2% (gqa_mix / gqa_mix2 /
     gqa_order; without the order 7.2 / 13.1 / 9.7); of the 12 pairs the order moves by more than 15%, the price moves
     the same way in 10."""
     from benchmarks.gqa_mix_check import check
     run = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "issue16_h100" / "gqa_order_24c871d"
     sets = {op: check(run, "H100", op) for op in ("gqa_mix", "gqa_mix2", "gqa_order")}
     assert [len(v) for v in sets.values()] == [63, 39, 69]
-    for op, mean in (("gqa_mix", 0.075), ("gqa_mix2", 0.13), ("gqa_order", 0.10)):
+    for op, mean in (("gqa_mix", 0.075), ("gqa_mix2", 0.125), ("gqa_order", 0.10)):
         errs = [abs(r["err"]) for r in sets[op]]
         assert sum(errs) / len(errs) <= mean and max(errs) <= 0.33, op
     fwd = {(r["layout"], r["seqs"]): r for rows in sets.values() for r in rows}
@@ -337,14 +341,14 @@ def test_batch_order_held_out_on_another_h100():
 def test_a_long_decode_behind_prompts_waits_for_their_tiles():
     """Run gqa_walk_d62ff6a (an H100, measured before the batch-order rule, read by no fit): one decode over 20,000 keys
     behind and in front of K prompts of 512 or 2,048 tokens. Behind 32 prompts of 512 (8 / 1 heads) it takes 142 us,
-    in front 88; priced 119 and 74 (without the order both 74). All 28 calls: mean abs error 11.2%, worst -22.4% (16.7%
+    in front 88; priced 116 and 74 (without the order both 74). All 28 calls: mean abs error 10.2%, worst -22.4% (16.7%
     and -47.9% without the order)."""
     from benchmarks.gqa_mix_check import check
     run = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "issue16_h100" / "gqa_walk_d62ff6a"
     rows = check(run, "H100", "gqa_walk")
     assert len(rows) == 28
     errs = [abs(r["err"]) for r in rows]
-    assert sum(errs) / len(errs) <= 0.12 and max(errs) <= 0.25
+    assert sum(errs) / len(errs) <= 0.11 and max(errs) <= 0.25
     by = {(r["layout"], r["seqs"]): r["priced_us"] for r in rows}
     for lay, k in (("8/1", "512+0x32"), ("8/1", "2048+0x16"), ("32/8", "2048+0x4")):
         assert by[(lay, f"{k};1+19999x1")] > 1.3 * by[(lay, f"1+19999x1;{k}")]
