@@ -156,7 +156,10 @@ def clock_trace(engine, log=print) -> list[dict]:
 
             def sample():
                 while not stop.is_set():
-                    samples.append((time.perf_counter() - t0, *read()))
+                    try:
+                        samples.append((time.perf_counter() - t0, *read()))
+                    except Exception:  # noqa: BLE001  (a reading NVML refuses mid-trace: the samples so far)
+                        return
                     time.sleep(TRACE_DT)
 
             th = threading.Thread(target=sample, daemon=True)
