@@ -304,10 +304,9 @@ def test_from_rest_the_board_model_leaves_the_step_after_a_long_one_at_full_cloc
     that: its 75 ms average of the long step's 809 W reaches 665 W of the 691 W limit, so the next step starts at full
     clock and is still at full clock halfway through; run 64's board (850 W) gives +0.3% / +1.4%. Sustained long steps
     are limited (phi 0.89-0.92). An open gap, pinned so that a limiter with a faster attack shows here first."""
-    import sys
     from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from power_from_rest import from_rest
+
+    from benchmarks.power_from_rest import from_rest
     root = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "issue16_h100"
     r65 = from_rest(root / "run65_beyond_probe_longctx_summarize_agentic_7e2f7ed", log=lambda *_: None)
     r64 = from_rest(root / "run64_beyond_probe_longctx_d62ff6a", log=lambda *_: None)
