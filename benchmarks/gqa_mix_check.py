@@ -14,7 +14,7 @@ and the price of the parts as separate kernels.
 are the multi-sequence mixes with their sequences in reverse order, timed in the same run as the forward ones: FA3
 hands tiles out in batch order, so the call is fastest with its longest key walk first (up to 36% faster) and slowest
 with it last (up to 47% slower); the cost model prices each call in its order (``StepOps.gqa_chain_floor``'s
-``ahead``). ``gqa_walk`` rows (run ``issue16_h100/gqa_walk_d62ff6a``): one decode over 20,000 keys behind and in front
+``work``). ``gqa_walk`` rows (run ``issue16_h100/gqa_walk_d62ff6a``): one decode over 20,000 keys behind and in front
 of K prompts.
 
 Two committed sets: ``gqa_mix`` (run gqa_mix_d535dec, 42 mixes) and ``gqa_mix2`` (run gqa_multi_fbc8572, 39 mixes

@@ -139,7 +139,7 @@ class StepCostModel(StepOps):
         elif nd == 0:
             return self._fast_time(0, 0, None, 0, new.tolist(), ctx.tolist()) if new.min() >= 0 and new.any() else self._mixed_step_time_reference(new, ctx, dec)
         elif self.gqa_walks and not dec[:nd].all():
-            # a GQA varlen call hands its tiles out in batch order (StepOps.gqa_chain_floor's ``ahead``): a batch
+            # a GQA varlen call hands its tiles out in batch order (StepOps.gqa_chain_floor's ``work``): a batch
             # whose chunks come before its decodes is priced in its own order; the summaries below are decodes first
             return self._mixed_step_time_reference(new, ctx, dec)
         else:
@@ -433,12 +433,11 @@ class StepCostModel(StepOps):
                         # the roofline by the keys each reads, then the chunks' parts)
                         if nd:   # (no measured decode kernel: the decodes' work is not counted, as op by op)
                             dk = np.asarray(dctx, float) + g
-                            work = np.concatenate((((ta - over_d) / dk.sum() if stream else 0.0) * dk, parts))
+                            work = np.concatenate((self.gqa_decode_work(ta, over_d, dk) if stream else 0.0 * dk, parts))
                         else:
                             work = parts
-                        before = np.concatenate(([0.0], np.cumsum(work)[:-1]))
                         ta += t_c
-                        fl = self.gqa_chain_floor(gqa, *walk_seqs, before)
+                        fl = self.gqa_chain_floor(gqa, *walk_seqs, work)
                         ta = fl if fl > ta else ta
                     else:
                         ta += t_c

@@ -593,7 +593,7 @@ class StepOps:
 
     def gqa_chunks_call(self, geo: AttnGeometry, news, cached, s: float, over_dec: float = 0.0) -> tuple[float, np.ndarray]:
         """(``gqa_chunks_seconds``, each chunk's part of the call at the rank's share ``s``, in batch order: the work
-        its tiles put ahead of the later sequences', ``gqa_chain_floor``'s ``ahead``)."""
+        its tiles put ahead of the later sequences', ``gqa_chain_floor``'s ``work``)."""
         parts, over = self.gqa_chunk_terms(geo, news, cached)
         parts = parts * s
         return float(parts.sum()) + max(0.0, over * s - over_dec), parts
@@ -605,7 +605,7 @@ class StepOps:
         on = self.gqa_chunks_on
         return self.gqa_chunks is not None and bool(self.hw.sm_count) and on is not None and bool(on.sm_count)
 
-    def gqa_chain_floor(self, geo: AttnGeometry, news, keys, ahead=None) -> float:
+    def gqa_chain_floor(self, geo: AttnGeometry, news, keys, work=None) -> float:
         """Seconds one layer's FlashAttention-3 varlen call over sequences of ``news`` new tokens and ``keys`` keys
         (cached plus new) takes at least: the query tile with the most key tiles to walk after the call's splits
         (``fa3_key_walks``: FA3's split heuristics) walks them on one SM, one after another. Priced as the measured
@@ -617,10 +617,11 @@ class StepOps:
         cached and a 128-token chunk over 16,384 cached in one call take 189.9 us (unsplit: the last chunk's 129 key
         tiles in a row), where the chunks apart take about 91.
 
-        ``ahead``: per sequence, the seconds of the call's work in the sequences before it (batch order). FA3's
+        ``work``: per sequence in batch order, the seconds of the call's work in its tiles. FA3's
         persistent scheduler hands tiles out in batch order to whichever SM frees first, so a sequence's longest walk
         starts once the tiles ahead of it have been handed out: about their work over the SMs, which is their parts of
-        a busy call (``gqa_chunks_call``; a decode's, its share of the decodes' roofline). The call then takes the
+        a busy call (``gqa_chunks_call``; a decode's, its share of the decodes' roofline: ``gqa_decode_work``). The
+        call then takes the
         latest of those starts plus the walk. Measured (gqa_order, H200): a 20,000-key decode pair behind a
         6,000-token chunk 359 us, in front of it 229 (8 / 1 heads); a 48-token chunk over 30,000 cached behind 60
         decodes of 1,500 keys 227 us, in front of them 155 (32 / 8 heads). A serving engine's step puts its decodes
@@ -633,14 +634,22 @@ class StepOps:
         sms = self.hw.sm_count
         walks, splits = fa3_key_walks(news, keys, hkv, g, sms, bm, bn)
         walks = walks * (2.0 * bm * bn * (dq + dv) / rate)
-        if ahead is not None:
-            # the tiles ahead of each sequence: while fewer than the SMs, its first tile starts at once; past them,
-            # the work ahead less about one tile of it, which the SMs still run when its turn comes (equal tiles in
-            # waves: exactly the waves before it)
+        if work is not None:
+            # the work and the tiles ahead of each sequence: while fewer tiles than the SMs, its first tile starts at
+            # once; past them, the work ahead less about one tile of it, which the SMs still run when its turn comes
+            # (equal tiles in waves: exactly the waves before it)
             tiles = hkv * np.ceil(np.asarray(news, float) * g / bm) * splits
+            ahead = np.concatenate(([0.0], np.cumsum(work)[:-1]))
             n_ahead = np.concatenate(([0.0], np.cumsum(tiles)[:-1]))
             walks = walks + ahead * np.maximum(0.0, 1.0 - sms / np.maximum(n_ahead, 1.0))
         return self.gqa_chunks.floor_s() + float(walks.max())
+
+    @staticmethod
+    def gqa_decode_work(t: float, over: float, keys) -> np.ndarray:
+        """Each decode's part of a GQA varlen call (``gqa_chain_floor``'s ``work``): the decodes' time ``t`` less its
+        part over the roofline ``over``, shared by the keys each reads."""
+        keys = np.asarray(keys, float)
+        return (t - over) / max(float(keys.sum()), 1e-30) * keys
 
     def _walk_consts(self, dq: float, dv: float) -> tuple[int, int, float]:
         """(KV heads a GPU, query heads a KV head, FLOP/s of one SM on a key tile here) of ``gqa_chain_floor``."""
@@ -1261,7 +1270,7 @@ class StepOps:
         h_loc = self.heads_local
         out = np.zeros(6)
         over_dec = 0.0   # a GQA decode's time over its roofline, shared with the chunks' (one varlen call)
-        ahead = None     # a GQA varlen call's work per sequence, batch order (gqa_chain_floor)
+        work = None      # a GQA varlen call's work per sequence, batch order (gqa_chain_floor)
         for is_dec in (True, False):
             mask = dec if is_dec else ~dec
             if not mask.any():
@@ -1291,9 +1300,9 @@ class StepOps:
                 # model's heads and this GPU, run as one varlen kernel (gqa_chunks_seconds)
                 t_c, parts = self.gqa_chunks_call(geo, n, c, s, over_dec)
                 out[2] += t_c
-                if ahead is None:
-                    ahead = np.zeros(new.size)
-                ahead[mask] = parts
+                if work is None:
+                    work = np.zeros(new.size)
+                work[mask] = parts
             elif not is_dec and geo.prefill_upproj and self.chunk_table is not None and flops > 0:
                 # measured per-chunk attention (new x cached, the executor's own masked SDPA), scaled to this
                 # layout's heads and head dims; the K/V up-projection stays with the KV_UP GEMMs. Measured seconds are
@@ -1317,8 +1326,8 @@ class StepOps:
                 if is_dec and self.decode_stream is not None and self.gqa_covers(geo):
                     over_dec = self.gqa_decode_over(t, flops, byts, den)
                     # each decode's part of the call: the decodes' time under their roofline, by the keys it reads
-                    ahead = np.zeros(new.size)
-                    ahead[mask] = (float(t) - over_dec) * last / max(float(last.sum()), 1e-30)
+                    work = np.zeros(new.size)
+                    work[mask] = self.gqa_decode_work(float(t), over_dec, last)
             if geo.index_ratio:
                 keys = np.minimum(c + n, geo.index_cap).astype(float) / geo.index_ratio
                 if is_dec:
@@ -1334,8 +1343,7 @@ class StepOps:
             # the step's decodes and chunks are one FlashAttention-3 call: unsplit, its longest key walk bounds it (one
             # chunk alone: its measured time holds its own walk)
             # (each sequence's walk starts after the work of those ahead of it in the batch)
-            before = None if ahead is None else np.concatenate(([0.0], np.cumsum(ahead)[:-1]))
-            out[2] = max(out[2], self.gqa_chain_floor(geo, new, ctx + new, before))
+            out[2] = max(out[2], self.gqa_chain_floor(geo, new, ctx + new, work))
         return out
 
     def attention(self, new, ctx, dec, draft, f, ops: list | None = None) -> np.ndarray:

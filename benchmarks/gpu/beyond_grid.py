@@ -103,9 +103,8 @@ def _nvml():
     None where NVML cannot be read (no GPU, no pynvml)."""
     try:
         import pynvml
-        pynvml.nvmlInit()
-        idx = torch.cuda.current_device()
-        h = pynvml.nvmlDeviceGetHandleByIndex(idx)
+        # the current device's handle as torch maps it (CUDA_VISIBLE_DEVICES), as replay_segments' clock reader takes it
+        h = torch.cuda._get_pynvml_handler(torch.cuda.current_device())
         field = getattr(pynvml, "NVML_FI_DEV_POWER_INSTANT", 186)
         reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
             getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons")
