@@ -67,13 +67,36 @@ def tp_shards(tps) -> dict[str, tuple[int, int]]:
 
 
 FIELDS = ["op", "lib", "dtype", "name", "m", "n", "k", "groups", "tokens", "rows", "batch", "context", "device_us",
-          "eager_us", "tflops", "tbs", "rel_err", "copies", "error", "seqs"]
+          "eager_us", "tflops", "tbs", "rel_err", "copies", "error", "seqs", "mhz"]
+
+# the board's power limiter (issue 16, benchmarks/gpu/table_clock.py): an H100 holds its boost clock through a heavy
+# shape's 15 replays from rest, but ~0.1-0.2 s of back-to-back heavy shapes takes it 5-8% down (1,980 -> 1,815-1,875
+# MHz), and it comes back over ~0.4 s idle. ``--rest S``: a case whose one call takes ``REST_MIN_US`` or more starts
+# after S idle, so each is timed at the clock the cost model takes the tables at (``costmodels.power``: the boost
+# maximum; the limit is priced on top). The SM clock read right after its replays goes in the row's ``mhz``.
+REST = {"s": 0.0}
+REST_MIN_US = 100.0
+LAST_MHZ: dict = {"mhz": None}
 
 
-def graph_time_us(fns, reps: int, replays: int = 15) -> float:
-    """Device microseconds per call: ``reps`` calls cycling through ``fns`` captured in one CUDA graph."""
+def sm_mhz() -> float | None:
+    """The SM clock now (NVML through torch; the driver updates it about every 100 ms), None where unreadable."""
+    try:
+        return float(torch.cuda.clock_rate())
+    except Exception:  # noqa: BLE001  (pynvml absent)
+        return None
+
+
+def graph_time_us(fns, reps: int, replays: int = 15, call_us: float = 0.0) -> float:
+    """Device microseconds per call: ``reps`` calls cycling through ``fns`` captured in one CUDA graph. ``call_us``:
+    one call's eager time (a case of ``REST_MIN_US`` or more rests ``REST["s"]`` first). The clock right after the
+    replays is left in ``LAST_MHZ``."""
     g = capture_graph(fns, reps)
+    if REST["s"] > 0 and call_us >= REST_MIN_US:
+        torch.cuda.synchronize()
+        time.sleep(REST["s"])
     t = timed(g.replay, 1, replays) * 1e6 / reps
+    LAST_MHZ["mhz"] = sm_mhz()
     del g
     return t
 
@@ -468,7 +491,8 @@ def fa3_varlen_row(emit, fn, seqs, hq: int, hkv: int, d: int, row: dict, check, 
             errs.append(rel(out[cq[j] + lo:cq[j] + n], want))
         row["rel_err"] = max(errs)
         row["eager_us"] = eager_time_us(lambda: call(0))
-        t = graph_time_us([lambda i=i: call(i) for i in range(ncop)], reps_for(row["eager_us"]))
+        t = graph_time_us([lambda i=i: call(i) for i in range(ncop)], reps_for(row["eager_us"]), call_us=row["eager_us"])
+        row["mhz"] = LAST_MHZ["mhz"]
         pairs = sum(n * (k - n) + n * (n + 1) / 2 for n, k in seqs)
         row.update(device_us=t, tbs=(kv_bytes + 2 * q.numel() * 2) / t / 1e6, tflops=4 * pairs * hq * d / t / 1e6)
         del ks, vs
@@ -569,11 +593,14 @@ def main() -> None:
     ap.add_argument("--gqa-cached", default="0,4096,16384", help="the gqa stage's cached counts under each prefill chunk, "
                     "and the gqa_multi stage's")
     ap.add_argument("--gqa-contexts", default="512,2048,8192,32768", help="the gqa stage's decode contexts")
+    ap.add_argument("--rest", type=float, default=0.0, help="seconds idle before each case whose call takes "
+                    f"{REST_MIN_US:.0f} us or more (FA3 GQA cases: the board's power limiter lets its clock back up)")
     ap.add_argument("--tp", default="2,4,8", help="TP widths of the dense_tp (DeepGEMM) and mla_tp (heads = 128 / TP) tables")
     args = ap.parse_args()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tables = set(args.tables.split(","))
+    REST["s"] = max(0.0, args.rest)
     t0 = time.time()
     prov = {"env": env(), "command": "python -m benchmarks.gpu.op_tables " + " ".join(
         f"--{k.replace('_', '-')} {v}" if not isinstance(v, bool) else (f"--{k}" if v else "") for k, v in vars(args).items()),
