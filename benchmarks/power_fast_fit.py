@@ -48,9 +48,13 @@ def _load(run: str):
     return path, prof, sr.load_samples(path, None), ProfiledStepCost(prof)
 
 
-def figures(loaded, tau: float | None, share: float | None) -> dict:
+_KEEP = object()
+
+
+def figures(loaded, tau: float | None, share: float | None, attack=_KEEP) -> dict:
     """Bias after long prompt steps, after others, of decode steps, and the worst per-level step MAPE, with the board's
-    power model at ``tau`` / ``share`` (None: as committed)."""
+    power model at ``tau`` / ``share`` (None: as committed) and control window ``attack`` (s; None: the one
+    exponential average; not given: as committed)."""
     import step_residuals as sr
     from costmodels.profiled import ProfiledStepCost
     from costmodels.step_fit import errors
@@ -59,6 +63,8 @@ def figures(loaded, tau: float | None, share: float | None) -> dict:
     if pm is None:
         raise SystemExit(f"{path.name}: no board power model (a calibration without reference loops)")
     upd = {k: v for k, v in (("tau_s", tau), ("clock_share_prompt", share)) if v is not None}
+    if attack is not _KEEP:
+        upd["attack_s"] = attack
     if upd:   # the board's model with those terms, given as ProfiledStepCost's power model
         cost = ProfiledStepCost(prof, power=pm.model_copy(update=upd))
     c = sr.columns(samples, cost, prof, False, False, sr.run_replays(path))
@@ -76,7 +82,7 @@ def figures(loaded, tau: float | None, share: float | None) -> dict:
 
 
 def line(label: str, f: dict) -> str:
-    return (f"  {label:34s} after long {f['after_long'] * 100:+5.1f}% | other prompt {f['after_other'] * 100:+5.1f}% | "
+    return (f"  {label:46s} after long {f['after_long'] * 100:+5.1f}% | other prompt {f['after_other'] * 100:+5.1f}% | "
             f"decode {f['decode'] * 100:+5.1f}% | step MAPE worst level {f['mape_max'] * 100:.2f}%")
 
 
@@ -86,31 +92,39 @@ def main() -> None:
     ap.add_argument("--check", nargs="*", default=[], help="matrix run folders held out")
     ap.add_argument("--taus", default="0.05,0.075,0.1")
     ap.add_argument("--shares", default="0.5", help="prompt clock shares to scan (default: the power probe's 0.5 alone)")
+    ap.add_argument("--attacks", default=None, help="the limiter's control windows to scan (s; 'none': the one "
+                    "exponential average; default: as committed)")
     a = ap.parse_args()
     try:
         taus = [float(x) for x in a.taus.split(",")]
         shares = [float(x) for x in a.shares.split(",")]
+        attacks = [_KEEP] if a.attacks is None else [None if x.strip().lower() == "none" else float(x)
+                                                      for x in a.attacks.split(",")]
     except ValueError:
-        ap.error("--taus and --shares: comma lists of numbers")
-    if not all(0 < t <= 10 for t in taus) or not all(0 <= s <= 1 for s in shares):
-        ap.error("--taus in (0, 10] s, --shares in [0, 1]")
+        ap.error("--taus, --shares and --attacks: comma lists of numbers ('none' among --attacks)")
+    if not all(0 < t <= 10 for t in taus) or not all(0 <= s <= 1 for s in shares) or \
+            not all(x is _KEEP or x is None or 0 < x <= 1 for x in attacks):
+        ap.error("--taus in (0, 10] s, --shares in [0, 1], --attacks in (0, 1] s")
     fit = {r: _load(r) for r in a.fit}
     score = {}
     for r, ld in fit.items():
         print(f"{Path(r).name} (fit): board model cap {ld[3].power.cap_w:.0f} W" if ld[3].power else Path(r).name)
         print(line("as committed", figures(ld, None, None)))
-        for tau, share in itertools.product(taus, shares):
-            f = figures(ld, tau, share)
-            score.setdefault((tau, share), []).append(abs(f["after_long"]))
-            print(line(f"tau {tau:.3f} s, share {share:.2f}", f))
+        for tau, share, att in itertools.product(taus, shares, attacks):
+            f = figures(ld, tau, share, att)
+            score.setdefault((tau, share, att), []).append(abs(f["after_long"]))
+            print(line(label(tau, share, att), f))
     best = min(score, key=lambda k: float(np.nanmean(score[k])))
-    print(f"best over the fit runs: tau {best[0]:.3f} s, share {best[1]:.2f} (mean |bias after long| "
-          f"{np.nanmean(score[best]) * 100:.2f}%)")
+    print(f"best over the fit runs: {label(*best)} (mean |bias after long| {np.nanmean(score[best]) * 100:.2f}%)")
     for r in a.check:
         ld = _load(r)
         print(f"{Path(r).name} (held out)")
         print(line("as committed", figures(ld, None, None)))
-        print(line(f"tau {best[0]:.3f} s, share {best[1]:.2f}", figures(ld, *best)))
+        print(line(label(*best), figures(ld, *best)))
+
+
+def label(tau: float, share: float, att=_KEEP) -> str:
+    return f"tau {tau:.3f} s, share {share:.2f}" + ("" if att is _KEEP else f", window {att if att is None else f'{att:.2f} s'}")
 
 
 if __name__ == "__main__":

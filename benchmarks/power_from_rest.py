@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 LONG, NEXT = ((8192, 0), 0.1169), ((2048, 8192), 0.0496)   # (new, cached), device seconds measured (run 65)
 
 
-def from_rest(run: Path, log=print) -> dict:
+def from_rest(run: Path, log=print, update: dict | None = None) -> dict:
     from costmodels.power import PowerGovernor
     from costmodels.profiled import ProfiledStepCost
     from costmodels.step_fit import run_profile
@@ -33,6 +33,8 @@ def from_rest(run: Path, log=print) -> dict:
     pm = cost.power
     if pm is None:
         raise SystemExit(f"{run}: no board power model (a calibration without reference loops)")
+    if update:   # the board's model with other limiter terms (``--attack``, ``--tau``)
+        pm = pm.model_copy(update=update)
     (ln, lc), dl = LONG
     (nn, nc), dn = NEXT
     fl, bl = cost.step_work([], 0, [ln], [lc])
@@ -40,7 +42,8 @@ def from_rest(run: Path, log=print) -> dict:
     out = {"cap_w": pm.cap_w, "long_w": pm.demand_w(1.0, fl / dl / 1e15, bl / dl / 1e12),
            "next_w": pm.demand_w(1.0, fn / dn / 1e15, bn / dn / 1e12)}
     log(f"{run.name}: limit {pm.cap_w:.0f} W; at full clock the long step draws {out['long_w']:.0f} W, the next "
-        f"{out['next_w']:.0f} W (tau {pm.tau_s} s, prompt clock share {pm.clock_share_prompt})")
+        f"{out['next_w']:.0f} W (tau {pm.tau_s} s, attack window {pm.attack_s} s, prompt clock share "
+        f"{pm.clock_share_prompt})")
     for gap in (0.0, 0.3):
         row = {}
         for where, frac in (("start", 0.0), ("middle", 0.5), ("end", 1.0)):
@@ -67,8 +70,14 @@ def from_rest(run: Path, log=print) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path)
-    for run in ap.parse_args().runs:
-        from_rest(run)
+    ap.add_argument("--attack", type=float, default=None, help="the limiter's control window (s; default: the model's)")
+    ap.add_argument("--tau", type=float, default=None, help="its time constant (s; default: the model's)")
+    a = ap.parse_args()
+    if (a.attack is not None and not 0 < a.attack <= 1) or (a.tau is not None and not 0 < a.tau <= 10):
+        ap.error("--attack in (0, 1] s, --tau in (0, 10] s")
+    upd = {k: v for k, v in (("attack_s", a.attack), ("tau_s", a.tau)) if v is not None}
+    for run in a.runs:
+        from_rest(run, update=upd)
 
 
 if __name__ == "__main__":

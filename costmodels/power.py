@@ -81,7 +81,12 @@ class PowerModel(BaseModel):
     w_per_pflops: float = Field(..., gt=0, description="board power per PFLOP/s of tensor/CUDA-core work at full clock (W)")
     w_per_tbps: float = Field(..., ge=0, description="board power per TB/s of HBM traffic (W)")
     gamma: float = Field(..., gt=0, le=4, description="the SM-clocked power's exponent in the clock fraction")
-    tau_s: float = Field(..., gt=0, le=10, description="time constant of the limiter's power average (s)")
+    tau_s: float = Field(..., gt=0, le=10, description="time constant of the limiter's power average (s); with "
+                         "attack_s, of the clock's return to full once the limit no longer holds it (its release)")
+    attack_s: float | None = Field(None, gt=0, le=1, description="the limiter's control window (s): the clock a step "
+                                   "starts at is the one the last attack_s's average power allows, where lower than "
+                                   "the clock still returning (tau_s) from an earlier limit; None: one exponential "
+                                   "average (tau_s) prices both")
     clock_share_prompt: float = Field(..., ge=0, le=1, description="share of a prompt-bearing step's device time that follows the SM clock")
     clock_share_decode: float = Field(..., ge=0, le=1, description="share of a decode step's device time that follows the SM clock")
     min_phi: float = Field(0.5, gt=0, le=1, description="the lowest clock fraction the model allows")
@@ -175,9 +180,15 @@ class PowerModel(BaseModel):
 
 
 class PowerGovernor:
-    """The limiter's averaged busy share, FLOP and HBM rates along one simulated timeline (exponential average with
-    ``tau_s``): ``phi_at(t)`` the clock fraction a step starting at ``t`` runs at, ``add(t0, t1, flops, bytes)`` a span
-    of device work (seconds ``t0``..``t1``). Spans are added in time order; an idle gap decays the averages."""
+    """The limiter's averaged busy share, FLOP and HBM rates along one simulated timeline: ``phi_at(t)`` the clock
+    fraction a step starting at ``t`` runs at, ``add(t0, t1, flops, bytes)`` a span of device work (seconds
+    ``t0``..``t1``). Spans are added in time order; an idle gap decays the averages.
+
+    Two forms. Without ``attack_s``: one exponential average (``tau_s``) of the work, the clock the one its average
+    allows. With ``attack_s`` (an H100's limiter traced through NVML, ``benchmarks/gpu/issue16_h100/clock_trace_*``:
+    its clock moves on ~0.1 s control periods, down by 5-8% within one period of load over the limit, back to full
+    over ~0.1-0.3 s once under it): the clock a step starts at is the lower of the one the last ``attack_s``'s average
+    work allows and the clock returning to full from an earlier limit at time constant ``tau_s``."""
 
     def __init__(self, model: PowerModel):
         self.model = model
@@ -185,17 +196,41 @@ class PowerGovernor:
         self.u = 0.0           # busy share
         self.f = 0.0           # PFLOP/s
         self.b = 0.0           # TB/s
+        self.spans: list[tuple[float, float, float, float]] = []   # (t0, t1, PF/s, TB/s) within attack_s of t
+        self.phi_s, self.phi_t = 1.0, 0.0                           # the clock held (release form), as of phi_t
 
     def at(self, t: float) -> tuple[float, float, float]:
-        """(busy share, PF/s, TB/s) averaged as of ``t`` (decayed over any idle gap since the last span)."""
+        """(busy share, PF/s, TB/s) averaged as of ``t`` (decayed over any idle gap since the last span; with
+        ``attack_s``, the averages over the window ``t - attack_s`` .. ``t``)."""
+        w = self.model.attack_s
+        if w is not None:
+            lo = t - w
+            u = f = b = 0.0
+            for a, z, fr, br in self.spans:
+                d = min(z, t) - max(a, lo)
+                if d > 0:
+                    u, f, b = u + d, f + d * fr, b + d * br
+            return u / w, f / w, b / w
         if self.t is None or t <= self.t:
             return self.u, self.f, self.b
         k = math.exp(-(t - self.t) / self.model.tau_s)
         return self.u * k, self.f * k, self.b * k
 
+    def _held(self, t: float) -> float:
+        """The clock fraction an earlier limit still holds at ``t`` (release form), returning at ``tau_s``."""
+        if t <= self.phi_t:
+            return self.phi_s
+        return 1.0 - (1.0 - self.phi_s) * math.exp(-(t - self.phi_t) / self.model.tau_s)
+
     def phi_at(self, t: float) -> float:
         """Clock fraction for a step starting at ``t`` (the averages decayed over any idle gap before it)."""
-        return self.model.phi(*self.at(t))
+        phi = self.model.phi(*self.at(t))
+        if self.model.attack_s is None:
+            return phi
+        phi = min(phi, self._held(t))
+        if t >= self.phi_t:
+            self.phi_s, self.phi_t = phi, t
+        return phi
 
     def add(self, t0: float, t1: float, flops: float, nbytes: float) -> None:
         """Device work of ``flops`` FLOPs and ``nbytes`` HBM bytes run from ``t0`` to ``t1``."""
@@ -206,6 +241,14 @@ class PowerGovernor:
             t0 = self.t
             if t1 <= t0:
                 return
+        if self.model.attack_s is not None:
+            # the span's rates over the time it ran; spans older than the window are dropped; the clock the window
+            # allows at the span's end is held from there (the limit reached during it)
+            self.spans = [s for s in self.spans if s[1] > t1 - self.model.attack_s]
+            self.spans.append((t0, t1, flops / dt / 1e15, nbytes / dt / 1e12))
+            self.t = t1
+            self.phi_at(t1)
+            return
         self.u, self.f, self.b = self.at(t0)
         k = math.exp(-(t1 - t0) / self.model.tau_s)
         w = 1.0 - k

@@ -56,6 +56,38 @@ def test_the_governor_averages_work_over_its_time_constant():
     assert g.t == pytest.approx(t + 0.005) and g.f < f0
 
 
+def test_the_governor_with_a_control_window_attacks_fast_and_releases_slowly():
+    """``attack_s`` (an H100's limiter traced through NVML: clock_trace_97748ab): the clock a step starts at is the one
+    the last ``attack_s``'s average work allows, or where lower the clock still returning at ``tau_s``."""
+    m = _model(tau_s=0.1, attack_s=0.1)
+    e = _model(tau_s=0.1)
+    g, ge = PowerGovernor(m), PowerGovernor(e)
+    # one 115 ms step at 0.6 PF/s from rest (130 + 120 + 600 + 100 = 950 W demand): the window holds all of it
+    for x in (g, ge):
+        x.add(0.0, 0.115, 0.6e15 * 0.115, 1e12 * 0.115)
+    want = m.phi(1.0, 0.6, 1.0)
+    assert want < 0.9
+    assert g.phi_at(0.115) == pytest.approx(want)
+    # the one exponential average of the same history has not reached the limit's clock
+    assert ge.phi_at(0.115) > g.phi_at(0.115)
+    # idle past the window: the work is out of it, the clock returns at tau_s from where the limit held it
+    for gap in (0.15, 0.3):
+        assert g.at(0.115 + gap) == (0.0, 0.0, 0.0)
+        assert g.phi_at(0.115 + gap) == pytest.approx(1 - (1 - want) * math.exp(-gap / 0.1))
+    # sustained load: the window's clock is the work's own, as the exponential average's settles to
+    g2, t = PowerGovernor(m), 0.0
+    for _ in range(200):
+        g2.add(t, t + 0.01, 0.6e15 * 0.01, 1e12 * 0.01)
+        t += 0.01
+    assert g2.phi_at(t) == pytest.approx(want)
+    # under the limit the window leaves the clock full
+    g3 = PowerGovernor(m)
+    g3.add(0.0, 0.2, 0.1e15 * 0.2, 0.0)
+    assert g3.phi_at(0.2) == 1.0
+    with pytest.raises(ValueError, match="attack_s"):
+        _model(attack_s=0.0)
+
+
 def test_bad_terms_are_refused_by_field():
     with pytest.raises(ValueError, match="clock_share_prompt"):
         _model(clock_share_prompt=1.5)
