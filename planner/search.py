@@ -15,6 +15,7 @@ Steps (each deterministic; jobs run through ``planner.parallel.Runner`` with res
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Literal
 
@@ -291,6 +292,13 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
     slo_txt = (f"TTFT <= {req.slo.ttft_s:g} s, TPOT <= {req.slo.tpot_s * 1e3:g} ms"
                + ("" if req.slo.e2e_s is None else f", E2E <= {req.slo.e2e_s:g} s") + f" (p{req.slo_percentile})")
     stats = workload_stats(req.workload, req.seed)
+    over, sampled, longest = stats.over_context(model.max_context)
+    if over * 2 >= sampled and over:
+        # a serving engine refuses such requests (vLLM: 400); a plan over the rest would answer for another workload
+        raise TwinferError(f"workload: {over:,} of {sampled:,} sampled requests need more than {model.name}'s context of "
+                           f"{model.max_context:,} tokens (prompt + output; the longest {longest:,}): shorten the "
+                           "workload's lengths (shared_prefix_len + input_len, output_len), or plan a model with a longer context")
+    stats = dataclasses.replace(stats, totals=None)   # not carried to every screening job
     wl_txt = f"{req.workload.kind}: {stats.describe()}"
     options, rejected = enumerate_layouts(model, hw, req.gpus, space, mem_fraction=req.mem_fraction)
     t_fit = time.perf_counter() - t0
@@ -298,6 +306,10 @@ def plan_deployment(req: PlanRequest, *, workers: int = 1, ray_address: str | No
     base = dict(model=model.name, hardware=hw.name, gpus=req.gpus, workload=wl_txt, slo=slo_txt,
                 layouts_considered=considered, layouts_fitting=len(options))
     assumptions = _assumptions(model, hw, req, stats)
+    if over:
+        assumptions.append(f"{over / sampled:.1%} of the workload's requests ({over:,} of {sampled:,} sampled, the longest "
+                           f"{longest:,} tokens) exceed {model.name}'s context of {model.max_context:,} tokens: refused, "
+                           "as a serving engine refuses them; the figures are over the rest")
     if not options:
         msg, closest = does_not_fit(model, hw, req.gpus, space, rejected, req.mem_fraction)
         return PlanReport(status="does_not_fit", message=msg, closest_options=closest, candidates_screened=0, candidates_evaluated=0,

@@ -8,7 +8,7 @@ router that keeps a session on one instance: the best case, which the simulation
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -38,6 +38,14 @@ class WorkloadStats:
     output_percentiles: tuple[float, float, float] | None = None
     # the same, each at its lower bound for a sample of FEWEST_MEASURED requests (``output_floor_at``)
     output_floor_percentiles: tuple[float, float, float] | None = None
+    # the sampled requests' prompt + output tokens, each (None where not measured)
+    totals: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
+
+    def over_context(self, limit: int) -> tuple[int, int, int]:
+        """(sampled requests whose prompt + output exceed ``limit`` tokens, requests sampled, the longest)."""
+        if not self.totals:
+            return 0, 0, 0
+        return sum(t > limit for t in self.totals), len(self.totals), max(self.totals)
 
     def describe(self) -> str:
         tail = "" if self.output_percentiles is None else f" (p90 {self.output_at(90):,.0f})"
@@ -93,4 +101,5 @@ def workload_stats(spec: WorkloadSpec, seed: int = 0) -> WorkloadStats:
         rate=spec.rate, mean_context=float(prompt.mean() + out.mean() / 2.0),
         output_percentiles=tuple(float(v) for v in np.percentile(out, OUTPUT_PERCENTILES)),
         output_floor_percentiles=tuple(float(v) for v in np.percentile(out, [lower_quantile(p) for p in OUTPUT_PERCENTILES])),
+        totals=tuple(int(r.prompt_len + r.output_len) for r in reqs),
     )

@@ -306,3 +306,25 @@ def test_slices_above_the_plan_left_unconfirmed_are_named_not_beaten():
     assert f"{len(above)} simulated candidate(s) met the SLO on a slice at more output tokens/s per GPU but were not run at full scale" in why
     best = max(above, key=lambda p: p["output_tokens_per_s_per_gpu"])
     assert f"at {best['output_tokens_per_s_per_gpu']:,.0f} on its slice" in why
+
+
+def test_worker_counts_past_the_cpus_and_workloads_past_the_context_are_refused(tmp_path):
+    """``--workers 100000`` once spawned processes without end (2,698 after 50 s); a workload whose every request
+    exceeds the model's context was searched and reported as an SLO missed at an infinite TTFT."""
+    from planner.parallel import default_workers
+
+    r = _cli(*SMALL[:-2], "--workers", "100000")
+    assert r.returncode == 2 and f"--workers 100000: must be 0..{default_workers()}" in r.stderr, r.stderr
+    wl = tmp_path / "long.yaml"
+    wl.write_text("kind: poisson\nrate: 1\nnum_requests: 100\ninput_len: {kind: fixed, value: 200000}\noutput_len: {kind: fixed, value: 100}\n")
+    r = _cli("plan", "--model", "deepseek-v3", "--hardware", "h200", "--gpus", "8", "--workload", str(wl),
+             "--slo", "ttft_p90=20s,tpot_p90=500ms", "--simulate", "0", "--workers", "1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "workload: 4,000 of 4,000 sampled requests need more than deepseek-v3's context of 163,840 tokens" in \
+        " ".join(r.stderr.split())
+    # a tail past the context is planned over the rest, and the plan says so
+    r = runner.invoke(app, ["plan", "--model", "tiny", "--hardware", "h200", "--gpus", "1", "--workload", "chat",
+                            "--slo", "ttft_p90=2s,tpot_p90=50ms", "--simulate", "0", "--workers", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    said = json.loads(r.stdout)["assumptions"]
+    assert any("exceed tiny's context of 4,096 tokens: refused" in a for a in said), said

@@ -301,8 +301,11 @@ def register(app: typer.Typer) -> None:
                             modes=modes, simulate=simulate, sim_requests=sim_requests,
                             expert_skew=expert_skew, price_input=price_input, price_cached=price_cached,
                             price_output=price_output, gpu_hour=gpu_hour, seed=seed)
-        if workers < 0:
-            raise TwinferError(f"--workers {workers}: must be >= 0 (0: all CPUs)")
+        cpus = default_workers()
+        if not 0 <= workers <= cpus:
+            # each worker is a process holding the cost model: more than the CPUs here only queues them (and an
+            # unbounded count spawns processes without end)
+            raise TwinferError(f"--workers {workers}: must be 0..{cpus}, the CPUs this process may use (0: all of them)")
         from ui.user_errors import check_out_path
         check_out_path(out, "--out")   # before the search, not after it (the plan was lost at the write)
         con = Console(stderr=as_json, width=min(shutil.get_terminal_size((100, 40)).columns, 120))
