@@ -23,8 +23,8 @@ from planner.slo_miss import CertainMiss
 from scheduler.metrics import SLO
 
 CONFIRM_CANDIDATES = 3          # slice-confirmed candidates tried at full scale, best first
-CONFIRM_RATE_STEPS = (1.0, 0.8)  # of the rate the slice met the SLO at
-CONFIRM_MAX_RUNS = 3            # full-scale runs at most (an agentic 72-GPU plan's run costs ~35 s CPU)
+CONFIRM_RATE_STEPS = (1.0, 0.8, 0.64)  # of the rate the slice met the SLO at
+CONFIRM_MAX_RUNS = 4            # full-scale runs at most (an agentic 72-GPU plan's run costs ~35 s CPU)
 # A lower rate step of a candidate is skipped when even this margin over its offered load cannot beat the confirmed
 # plan: a run meeting the SLO keeps up with its arrivals, so its steady-window throughput is the offered load up to
 # arrival noise (72 x GB300 agentic: the 0.8 step of a 1,501 tok/s/GPU slice gave 1,233 at full scale, 2.7% over
