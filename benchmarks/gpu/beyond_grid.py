@@ -125,15 +125,46 @@ def _nvml():
         return None
 
 
+class NvmlSampler:
+    """``read()`` (``_nvml``) every ``TRACE_DT`` s on a thread while the ``with`` block runs: ``samples`` as (seconds
+    from ``t0``, MHz, W, capped); a reading NVML refuses ends the samples there."""
+
+    def __init__(self, read):
+        import threading
+
+        self.read, self.samples, self._stop = read, [], threading.Event()
+        self._th = threading.Thread(target=self._run, daemon=True)
+        self.t0 = 0.0
+
+    def __enter__(self) -> "NvmlSampler":
+        self.t0 = time.perf_counter()
+        self._th.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append((time.perf_counter() - self.t0, *self.read()))
+            except Exception:  # noqa: BLE001  (a reading NVML refuses mid-trace: the samples so far)
+                return
+            time.sleep(TRACE_DT)
+
+    def now(self) -> float:
+        """Seconds since the sampler started."""
+        return time.perf_counter() - self.t0
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._th.join()
+
+
 def clock_trace(engine, log=print) -> list[dict]:
     """The SM clock, the board's instant power and whether the power cap holds the clock, read through NVML every
     ``TRACE_DT`` s while an 8,192-token prompt step (``AFTER_LONG``) and the 2,048-over-8,192 continuation run from
     rest (``TRACE_SEQUENCES``), then ``TRACE_TAIL_S`` idle: how fast the limiter takes the clock down and gives it back
-    (the governor's one time constant prices both: ``costmodels.power``). Per sequence: the steps' host spans (after
+    (``costmodels.power``: the governor's control window and release). Per sequence: the steps' host spans (after
     a device synchronize) with their CUDA-event device seconds, and the samples (seconds from the trace's start, MHz,
     W, capped). Empty where NVML cannot be read."""
-    import threading
-
     from executor.synthetic_steps import drop_plan, synthetic_plan
 
     read = _nvml()
@@ -149,32 +180,17 @@ def clock_trace(engine, log=print) -> list[dict]:
         for name, seq in TRACE_SEQUENCES:
             torch.cuda.synchronize()
             time.sleep(REST_S + 0.2)
-            samples: list[tuple] = []
-            stop = threading.Event()
-            t0 = time.perf_counter()
-
-            def sample():
-                while not stop.is_set():
-                    try:
-                        samples.append((time.perf_counter() - t0, *read()))
-                    except Exception:  # noqa: BLE001  (a reading NVML refuses mid-trace: the samples so far)
-                        return
-                    time.sleep(TRACE_DT)
-
-            th = threading.Thread(target=sample, daemon=True)
-            th.start()
-            time.sleep(0.03)   # the idle clock before the first step
-            spans = []
-            for step in seq:
-                a = time.perf_counter() - t0
-                runner.execute(plans[step])
-                torch.cuda.synchronize()
-                spans.append({"step": step, "t0": a, "t1": time.perf_counter() - t0,
-                              "device_s": float(runner.step_records[0].get("device_s", float("nan")))})
-            time.sleep(TRACE_TAIL_S)
-            stop.set()
-            th.join()
-            rows = [[round(t, 5), m, round(w, 1), c] for t, m, w, c in samples]
+            with NvmlSampler(read) as sampler:
+                time.sleep(0.03)   # the idle clock before the first step
+                spans = []
+                for step in seq:
+                    a = sampler.now()
+                    runner.execute(plans[step])
+                    torch.cuda.synchronize()
+                    spans.append({"step": step, "t0": a, "t1": sampler.now(),
+                                  "device_s": float(runner.step_records[0].get("device_s", float("nan")))})
+                time.sleep(TRACE_TAIL_S)
+            rows = [[round(t, 5), m, round(w, 1), c] for t, m, w, c in sampler.samples]
             out.append({"sequence": name, "spans": spans, "samples": rows})
             for sp in spans:
                 inside = [r for r in rows if sp["t0"] <= r[0] <= sp["t1"]]

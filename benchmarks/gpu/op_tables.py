@@ -454,32 +454,43 @@ def gqa_attention_rows(emit, decode_batches, contexts, prefill_new, prefill_cach
         fa3_varlen_row(emit, fn, [(new, ctx)] * bsz, hq, hkv, d, row, range(min(bsz, 2)))
 
 
+class Fa3Case:
+    """One FA3 varlen call's inputs over ``seqs`` (new tokens, keys) at ``hq`` / ``hkv`` heads of ``d``: BF16 K/V in
+    ``copies`` copies (cycled past L2), the queries, the cumulative offsets; ``call(i)`` runs ``fn`` on copy ``i``,
+    causal bottom-right (``num_splits``: FA3's key splits forced, 0 its heuristics)."""
+
+    def __init__(self, fn, seqs, hq: int, hkv: int, d: int, copies: int, num_splits: int = 0):
+        self.news, self.ctxs = [n for n, _ in seqs], [k for _, k in seqs]
+        tot_q, tot_k = sum(self.news), sum(self.ctxs)
+        self.ks = [torch.randn(tot_k, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        self.vs = [torch.randn(tot_k, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        self.q = torch.randn(tot_q, hq, d, device="cuda", dtype=torch.bfloat16)
+        self.cq, self.ck = [0], [0]
+        for n, k in seqs:
+            self.cq.append(self.cq[-1] + n)
+            self.ck.append(self.ck[-1] + k)
+        self.cu_q = torch.tensor(self.cq, device="cuda", dtype=torch.int32)
+        self.cu_k = torch.tensor(self.ck, device="cuda", dtype=torch.int32)
+        self.fn, self.scale, self.num_splits = fn, d ** -0.5, num_splits
+
+    def call(self, i: int):
+        return self.fn(self.q, self.ks[i], self.vs[i], max_seqlen_q=max(self.news), cu_seqlens_q=self.cu_q,
+                       max_seqlen_k=max(self.ctxs), cu_seqlens_k=self.cu_k, softmax_scale=self.scale, causal=True,
+                       fa_version=3, num_splits=self.num_splits)
+
+
 def fa3_varlen_row(emit, fn, seqs, hq: int, hkv: int, d: int, row: dict, check, num_splits: int = 0) -> None:
     """Time one FA3 varlen call (``fn``) over ``seqs`` (new tokens, keys) at ``hq`` / ``hkv`` heads of ``d``, BF16
     K/V cycled over copies past L2, causal bottom-right; check the sequences at indices ``check`` (their last
     ``CHECK_ROWS`` queries) against ``kernels.reference.attention``; fill and emit ``row``. ``num_splits``: FA3's
     key splits forced (1: none, each query tile walks all its keys on one SM); 0 its heuristics, as engines call it."""
-    news = [n for n, _ in seqs]
-    ctxs = [k for _, k in seqs]
-    tot_q, tot_k = sum(news), sum(ctxs)
-    kv_bytes = tot_k * 2 * hkv * d * 2
+    kv_bytes = sum(k for _, k in seqs) * 2 * hkv * d * 2
     ncop = copies_for(kv_bytes)
     row["copies"] = ncop
     scale = d ** -0.5
     try:
-        ks = [torch.randn(tot_k, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(ncop)]
-        vs = [torch.randn(tot_k, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(ncop)]
-        q = torch.randn(tot_q, hq, d, device="cuda", dtype=torch.bfloat16)
-        cq, ck = [0], [0]
-        for n, k in seqs:
-            cq.append(cq[-1] + n)
-            ck.append(ck[-1] + k)
-        cu_q = torch.tensor(cq, device="cuda", dtype=torch.int32)
-        cu_k = torch.tensor(ck, device="cuda", dtype=torch.int32)
-
-        def call(i):
-            return fn(q, ks[i], vs[i], max_seqlen_q=max(news), cu_seqlens_q=cu_q, max_seqlen_k=max(ctxs),
-                      cu_seqlens_k=cu_k, softmax_scale=scale, causal=True, fa_version=3, num_splits=num_splits)
+        case = Fa3Case(fn, seqs, hq, hkv, d, ncop, num_splits)
+        q, ks, vs, cq, ck, call = case.q, case.ks, case.vs, case.cq, case.ck, case.call
         out = call(0)
         errs = []
         for j in check:
@@ -495,7 +506,7 @@ def fa3_varlen_row(emit, fn, seqs, hq: int, hkv: int, d: int, row: dict, check, 
         row["mhz"] = LAST_MHZ["mhz"]
         pairs = sum(n * (k - n) + n * (n + 1) / 2 for n, k in seqs)
         row.update(device_us=t, tbs=(kv_bytes + 2 * q.numel() * 2) / t / 1e6, tflops=4 * pairs * hq * d / t / 1e6)
-        del ks, vs
+        del ks, vs, case
     except Exception as ex:  # noqa: BLE001
         row["error"] = f"{type(ex).__name__}: {ex}"[:300]
         traceback.print_exc()

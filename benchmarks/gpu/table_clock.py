@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -69,69 +68,36 @@ def trace_graph(g, reps: int, read, log=print) -> tuple[list[dict], list[tuple]]
     ``SETTLE_S``; NVML read on a thread throughout. (replays, samples) as ``summarize`` takes them."""
     import torch
 
-    from benchmarks.gpu.beyond_grid import TRACE_DT
+    from benchmarks.gpu.beyond_grid import NvmlSampler
 
     torch.cuda.synchronize()
     time.sleep(REST_S)
-    samples: list[tuple] = []
-    stop = threading.Event()
-    t0 = time.perf_counter()
-
-    def sample():
-        while not stop.is_set():
-            try:
-                samples.append((time.perf_counter() - t0, *read()))
-            except Exception:  # noqa: BLE001  (a reading NVML refuses mid-trace: the samples so far)
-                return
-            time.sleep(TRACE_DT)
-
-    th = threading.Thread(target=sample, daemon=True)
-    th.start()
-    time.sleep(0.02)
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     replays = []
-    t_start = time.perf_counter()
-    while len(replays) < TABLE_REPLAYS or time.perf_counter() - t_start < SETTLE_S:
-        h0 = time.perf_counter() - t0
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        replays.append({"t0": h0, "t1": time.perf_counter() - t0, "us": a.elapsed_time(b) * 1e3 / reps})
-    time.sleep(0.2)
-    stop.set()
-    th.join()
-    return replays, samples
+    with NvmlSampler(read) as sampler:
+        time.sleep(0.02)
+        t_start = time.perf_counter()
+        while len(replays) < TABLE_REPLAYS or time.perf_counter() - t_start < SETTLE_S:
+            h0 = sampler.now()
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            replays.append({"t0": h0, "t1": sampler.now(), "us": a.elapsed_time(b) * 1e3 / reps})
+        time.sleep(0.2)
+    return replays, sampler.samples
 
 
 def fa3_graph(seqs, hq: int, hkv: int, d: int):
-    """(graph, reps) of the op table's FA3 varlen case (``op_tables.fa3_varlen_row``: K/V cycled over copies past
-    L2, ``reps_for`` launches a replay)."""
-    import torch
-
-    from benchmarks.gpu.op_tables import capture_graph, copies_for, eager_time_us, reps_for
+    """(graph, reps) of the op table's FA3 varlen case (``op_tables.Fa3Case``: K/V cycled over copies past L2,
+    ``reps_for`` launches a replay)."""
+    from benchmarks.gpu.op_tables import Fa3Case, capture_graph, copies_for, eager_time_us, reps_for
     from kernels.vendor import _fa3_varlen
 
-    fn = _fa3_varlen()
-    news = [n for n, _ in seqs]
-    ctxs = [k for _, k in seqs]
-    tot_q, tot_k = sum(news), sum(ctxs)
-    ncop = copies_for(tot_k * 2 * hkv * d * 2)
-    ks = [torch.randn(tot_k, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(ncop)]
-    vs = [torch.randn(tot_k, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(ncop)]
-    q = torch.randn(tot_q, hq, d, device="cuda", dtype=torch.bfloat16)
-    cq, ck = [0], [0]
-    for n, k in seqs:
-        cq.append(cq[-1] + n)
-        ck.append(ck[-1] + k)
-    cu_q = torch.tensor(cq, device="cuda", dtype=torch.int32)
-    cu_k = torch.tensor(ck, device="cuda", dtype=torch.int32)
-
-    def call(i):
-        return fn(q, ks[i], vs[i], max_seqlen_q=max(news), cu_seqlens_q=cu_q, max_seqlen_k=max(ctxs),
-                  cu_seqlens_k=cu_k, softmax_scale=d ** -0.5, causal=True, fa_version=3)
-    reps = reps_for(eager_time_us(lambda: call(0)))
-    return capture_graph([lambda i=i: call(i) for i in range(ncop)], reps), reps
+    ncop = copies_for(sum(k for _, k in seqs) * 2 * hkv * d * 2)
+    case = Fa3Case(_fa3_varlen(), seqs, hq, hkv, d, ncop)
+    reps = reps_for(eager_time_us(lambda: case.call(0)))
+    return capture_graph([lambda i=i: case.call(i) for i in range(ncop)], reps), reps
 
 
 def gemm_graph(m: int, n: int, k: int):
