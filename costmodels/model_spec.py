@@ -73,6 +73,11 @@ class MoEConfig(BaseModel):
     def _check(self) -> "MoEConfig":
         if self.top_k > self.n_routed_experts:
             raise ValueError(f"top_k={self.top_k} exceeds n_routed_experts={self.n_routed_experts}")
+        if self.n_routed_experts % self.n_group:
+            raise ValueError(f"n_group={self.n_group} does not divide n_routed_experts={self.n_routed_experts} "
+                             "(group-limited routing splits the experts into equal groups)")
+        if self.topk_group > self.n_group:
+            raise ValueError(f"topk_group={self.topk_group} exceeds n_group={self.n_group}")
         return self
 
 
@@ -143,6 +148,9 @@ class ModelSpec(BaseModel):
             raise ValueError(f"layer_kinds has {len(self.layer_kinds)} entries, num_layers is {self.num_layers}")
         if "sliding" in self.layer_kinds and self.sliding_window is None:
             raise ValueError("'sliding' layers need sliding_window")
+        if self.moe is not None and self.moe.first_k_dense >= self.num_layers:
+            raise ValueError(f"moe.first_k_dense={self.moe.first_k_dense} leaves no MoE layer of num_layers={self.num_layers} "
+                             "(a dense model has no moe section)")
         if self.num_attention_heads % self.num_kv_heads:
             raise ValueError(f"num_attention_heads={self.num_attention_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
         self._check_kv_share_source()

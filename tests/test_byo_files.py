@@ -133,6 +133,12 @@ def test_missing_hardware_field_is_named(tmp_path):
     ({"hidden_size": "big"}, "hidden_size"),
     ({"schema_version": 7}, "schema_version"),
     ({"moe": {"n_routed_experts": 4, "top_k": 8, "moe_intermediate_size": 64}}, "top_k=8 exceeds n_routed_experts=4"),
+    ({"moe": {"n_routed_experts": 256, "top_k": 8, "moe_intermediate_size": 64, "n_group": 7}},
+     "n_group=7 does not divide n_routed_experts=256"),
+    ({"moe": {"n_routed_experts": 256, "top_k": 8, "moe_intermediate_size": 64, "n_group": 8, "topk_group": 9}},
+     "topk_group=9 exceeds n_group=8"),
+    ({"moe": {"n_routed_experts": 256, "top_k": 8, "moe_intermediate_size": 64, "first_k_dense": 100}},
+     "moe.first_k_dense=100 leaves no MoE layer of num_layers=32"),
 ])
 def test_each_malformed_modelspec_field_is_named(tmp_path, edit, named):
     spec = yaml.safe_load(runner.invoke(app, ["model", "--show", "llama-3.1-8b"]).stdout)
