@@ -537,8 +537,8 @@ class GqaChunks:
         without a cache (its time less the kernel's least time) over the key tiles its busiest SM walked, FA3's tiles
         (``fa3_tile``: packed query rows x keys, each over the keys its causal rows reach) handed longest first to
         whichever SM frees (a list schedule: the tail of the chunk's waves is not the tiles' rate). Llama-3.1-70B TP8
-        heads on the H100: 8,192 new tokens, 512 tiles of 1-64 key tiles, the busiest SM 127 key tiles: 1.52 us a
-        128 x 128 tile where the chunk's causal FLOPs over its time say 1.60."""
+        heads on the H100: 8,192 new tokens, 512 tiles of 1-64 key tiles, the busiest SM 127 key tiles: 1.49 us a
+        128 x 128 tile where the chunk's causal FLOPs over its time say 1.58."""
         got = self._walk_rates.get(sms)
         if got is not None:
             return got

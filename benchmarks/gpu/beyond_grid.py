@@ -208,8 +208,8 @@ def clock_trace(engine, log=print) -> list[dict]:
     return out
 
 
-def _sm_mhz() -> float | None:
-    """The SM clock now (NVML through torch), None where it cannot be read."""
+def sm_mhz() -> float | None:
+    """The SM clock now (NVML through torch; the driver updates it about every 0.1 s), None where it cannot be read."""
     try:
         return float(torch.cuda.clock_rate())
     except Exception:  # noqa: BLE001  (pynvml absent: no clock reading)
@@ -258,7 +258,7 @@ def after_long(engine, repeats: int = 5, log=print) -> list[dict]:
                             long_dev.append(float(runner.step_records[0].get("device_s", float("nan"))))
                         if "idle" in cond:
                             time.sleep(IDLE_S)
-                        mhz.append(_sm_mhz())
+                        mhz.append(sm_mhz())
                         runner.execute(plan)
                         rec = runner.step_records[0]
                         dev.append(float(rec.get("device_s", float("nan"))))

@@ -73,30 +73,20 @@ FIELDS = ["op", "lib", "dtype", "name", "m", "n", "k", "groups", "tokens", "rows
 # shape's 15 replays from rest, but ~0.1-0.2 s of back-to-back heavy shapes takes it 5-8% down (1,980 -> 1,815-1,875
 # MHz), and it comes back over ~0.4 s idle. ``--rest S``: a case whose one call takes ``REST_MIN_US`` or more starts
 # after S idle, so each is timed at the clock the cost model takes the tables at (``costmodels.power``: the boost
-# maximum; the limit is priced on top). The SM clock read right after its replays goes in the row's ``mhz``.
+# maximum; the limit is priced on top). The SM clock read right after its replays (``beyond_grid.sm_mhz``) goes in
+# the row's ``mhz``.
 REST = {"s": 0.0}
 REST_MIN_US = 100.0
-LAST_MHZ: dict = {"mhz": None}
-
-
-def sm_mhz() -> float | None:
-    """The SM clock now (NVML through torch; the driver updates it about every 100 ms), None where unreadable."""
-    try:
-        return float(torch.cuda.clock_rate())
-    except Exception:  # noqa: BLE001  (pynvml absent)
-        return None
 
 
 def graph_time_us(fns, reps: int, replays: int = 15, call_us: float = 0.0) -> float:
     """Device microseconds per call: ``reps`` calls cycling through ``fns`` captured in one CUDA graph. ``call_us``:
-    one call's eager time (a case of ``REST_MIN_US`` or more rests ``REST["s"]`` first). The clock right after the
-    replays is left in ``LAST_MHZ``."""
+    one call's eager time (a case of ``REST_MIN_US`` or more rests ``REST["s"]`` first)."""
     g = capture_graph(fns, reps)
     if REST["s"] > 0 and call_us >= REST_MIN_US:
         torch.cuda.synchronize()
         time.sleep(REST["s"])
     t = timed(g.replay, 1, replays) * 1e6 / reps
-    LAST_MHZ["mhz"] = sm_mhz()
     del g
     return t
 
@@ -459,6 +449,11 @@ class Fa3Case:
     ``copies`` copies (cycled past L2), the queries, the cumulative offsets; ``call(i)`` runs ``fn`` on copy ``i``,
     causal bottom-right (``num_splits``: FA3's key splits forced, 0 its heuristics)."""
 
+    @staticmethod
+    def kv_bytes(seqs, hkv: int, d: int) -> int:
+        """BF16 K and V bytes of one copy."""
+        return sum(k for _, k in seqs) * 2 * hkv * d * 2
+
     def __init__(self, fn, seqs, hq: int, hkv: int, d: int, copies: int, num_splits: int = 0):
         self.news, self.ctxs = [n for n, _ in seqs], [k for _, k in seqs]
         tot_q, tot_k = sum(self.news), sum(self.ctxs)
@@ -484,13 +479,14 @@ def fa3_varlen_row(emit, fn, seqs, hq: int, hkv: int, d: int, row: dict, check, 
     K/V cycled over copies past L2, causal bottom-right; check the sequences at indices ``check`` (their last
     ``CHECK_ROWS`` queries) against ``kernels.reference.attention``; fill and emit ``row``. ``num_splits``: FA3's
     key splits forced (1: none, each query tile walks all its keys on one SM); 0 its heuristics, as engines call it."""
-    kv_bytes = sum(k for _, k in seqs) * 2 * hkv * d * 2
+    from benchmarks.gpu.beyond_grid import sm_mhz
+
+    kv_bytes = Fa3Case.kv_bytes(seqs, hkv, d)
     ncop = copies_for(kv_bytes)
     row["copies"] = ncop
-    scale = d ** -0.5
     try:
         case = Fa3Case(fn, seqs, hq, hkv, d, ncop, num_splits)
-        q, ks, vs, cq, ck, call = case.q, case.ks, case.vs, case.cq, case.ck, case.call
+        q, ks, vs, cq, ck, call, scale = case.q, case.ks, case.vs, case.cq, case.ck, case.call, case.scale
         out = call(0)
         errs = []
         for j in check:
@@ -503,7 +499,7 @@ def fa3_varlen_row(emit, fn, seqs, hq: int, hkv: int, d: int, row: dict, check, 
         row["rel_err"] = max(errs)
         row["eager_us"] = eager_time_us(lambda: call(0))
         t = graph_time_us([lambda i=i: call(i) for i in range(ncop)], reps_for(row["eager_us"]), call_us=row["eager_us"])
-        row["mhz"] = LAST_MHZ["mhz"]
+        row["mhz"] = sm_mhz()
         pairs = sum(n * (k - n) + n * (n + 1) / 2 for n, k in seqs)
         row.update(device_us=t, tbs=(kv_bytes + 2 * q.numel() * 2) / t / 1e6, tflops=4 * pairs * hq * d / t / 1e6)
         del ks, vs, case

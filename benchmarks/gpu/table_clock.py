@@ -63,7 +63,7 @@ def summarize(replays: list[dict], samples: list[tuple], first: int = TABLE_REPL
     return out
 
 
-def trace_graph(g, reps: int, read, log=print) -> tuple[list[dict], list[tuple]]:
+def trace_graph(g, reps: int, read) -> tuple[list[dict], list[tuple]]:
     """Replays of graph ``g`` (``reps`` calls each) from ``REST_S`` idle: ``TABLE_REPLAYS`` of them, then on for
     ``SETTLE_S``; NVML read on a thread throughout. (replays, samples) as ``summarize`` takes them."""
     import torch
@@ -94,7 +94,7 @@ def fa3_graph(seqs, hq: int, hkv: int, d: int):
     from benchmarks.gpu.op_tables import Fa3Case, capture_graph, copies_for, eager_time_us, reps_for
     from kernels.vendor import _fa3_varlen
 
-    ncop = copies_for(sum(k for _, k in seqs) * 2 * hkv * d * 2)
+    ncop = copies_for(Fa3Case.kv_bytes(seqs, hkv, d))
     case = Fa3Case(_fa3_varlen(), seqs, hq, hkv, d, ncop)
     reps = reps_for(eager_time_us(lambda: case.call(0)))
     return capture_graph([lambda i=i: case.call(i) for i in range(ncop)], reps), reps
