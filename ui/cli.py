@@ -63,6 +63,17 @@ def install_hint(e: ModuleNotFoundError) -> str | None:
     return None
 
 
+def usage_error_line(e: Exception) -> str:
+    """A usage error (a flag's value out of range, an unknown flag, a missing argument) as one line with where to
+    look: click's own message, then the command's --help. Click's form was a three-line usage block."""
+    names, ctx = [], e.ctx
+    while ctx is not None and ctx.parent is not None:  # the subcommands' names, whatever ran the root (python -m)
+        names.insert(0, ctx.info_name)
+        ctx = ctx.parent
+    cmd = " ".join(["twinfer", *names])
+    return f"{e.format_message()} (see '{cmd} --help')"
+
+
 def main() -> None:
     """Console-script entry point: user errors print one clear message and exit 2."""
     err = Console(stderr=True)
@@ -80,7 +91,11 @@ def main() -> None:
     except Exception as e:  # click usage errors carry their own formatting
         if type(e).__name__ == "NoArgsIsHelpError":
             sys.exit(0)
-        if hasattr(e, "show") and hasattr(e, "exit_code"):  # click/typer usage errors
+        if hasattr(e, "format_message") and hasattr(e, "ctx") and getattr(e, "exit_code", 0) == 2:
+            # a usage error (typer carries its own click): a flag's value or a flag itself, one line like any bad input
+            err.print(f"[bold red]error:[/] {escape(usage_error_line(e))}", highlight=False, soft_wrap=True)
+            sys.exit(2)
+        if hasattr(e, "show") and hasattr(e, "exit_code"):  # click's other exceptions (a closed pipe: exit quietly)
             e.show()
             sys.exit(e.exit_code)
         hint = install_hint(e) if isinstance(e, ModuleNotFoundError) else None
