@@ -171,14 +171,19 @@ def test_cli_errors_exit_2():
         assert res.returncode == 2 and text in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
-def test_prompts_past_the_models_context_are_priced_with_a_warning():
-    """`replay --new` past the model's context (llama-3.1-8b: 131,072) was priced silently; it is priced with a warning,
-    as `twinfer cost` prices such a batch, in the table's output and the JSON."""
+def test_prompts_past_the_models_context_are_refused_unless_allowed_then_priced_with_a_warning():
+    """`replay --new` past the model's context (llama-3.1-8b: 131,072) was priced silently, then with a warning; it is
+    refused as `twinfer cost` refuses such a batch (cost's own check), and with --allow-no-fit priced with cost's
+    warning, in the table's output and the JSON."""
+    from twinfer.errors import DoesNotFitError
     from ui.cmd_replay import run_replay
 
-    res = run_replay("llama-3.1-8b", "h200", 1, 1, 1, None, None, 128, None, None, "1000,131000,200000", 8192, 100)
+    with pytest.raises(DoesNotFitError, match=r"prefill:1x131100\+100 holds a prompt of 131,100 tokens"):
+        run_replay("llama-3.1-8b", "h200", 1, 1, 1, None, None, 128, None, None, "1000,131000,200000", 8192, 100)
+    res = run_replay("llama-3.1-8b", "h200", 1, 1, 1, None, None, 128, None, None, "1000,131000,200000", 8192, 100,
+                     allow_no_fit=True)
     assert len(res["rows"]) == 3
-    assert len(res["warnings"]) == 2 and "100 cached + 131,000 new = 131,100 tokens" in res["warnings"][0]
+    assert len(res["warnings"]) == 2 and "prefill:1x131100+100 holds a prompt of 131,100 tokens" in res["warnings"][0]
     assert "max context of 131,072 tokens" in res["warnings"][1]
     assert run_replay("llama-3.1-8b", "h200", 1, 1, 1, None, None, 128, None, None, "1000", 8192, 0)["warnings"] == []
 

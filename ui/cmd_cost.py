@@ -164,22 +164,24 @@ def run_cost(cfg: CostConfig) -> dict:
 
     model = get_model(cfg.model)
     hw = get_hardware(cfg.hardware)
+    _check_offload(cfg, model)
     layout = _layout(cfg, model)
     layout.check_model(model)   # a split the model cannot take is refused before the fit (--allow-no-fit cannot price it)
     if cfg.draft_len and not model.mtp_layers:
         raise TwinferError(f"draft_len={cfg.draft_len} needs an MTP head; {model.name} has mtp_layers=0")
     fit = memory_fit(model, hw, layout, mem_fraction=cfg.mem_fraction, mtp=cfg.draft_len > 0)
     layout_problems = _fit_problems(fit, model, hw, layout)
-    warnings = _refuse_unless_allowed(f"layout {layout.describe()}", layout_problems, cfg.allow_no_fit,
-                                      lambda p: f"LAYOUT DOES NOT FIT, priced anyway (--allow-no-fit): {p}")
+    warnings = refuse_unless_allowed(f"layout {layout.describe()}", layout_problems, cfg.allow_no_fit,
+                                     lambda p: f"LAYOUT DOES NOT FIT, priced anyway (--allow-no-fit): {p}")
     specs = [BatchSpec.parse(b) for b in cfg.batch]
     batch, n_dec, prefill_tokens = _batch(cfg)
     cal = profile_for(hw, cfg.calibration) if cfg.calibration else None  # its notes name the file as the efficiencies' source
     dp = _dp_split(cfg, model, hw, layout, batch, cal)
     kv_problem = _kv_problem(specs, fit, layout, cfg, dp, batch)
-    batch_problems = _context_problems(specs, model, cfg.draft_len) + ([kv_problem] if kv_problem else [])
-    warnings += _refuse_unless_allowed(f"batch {' '.join(cfg.batch)} on {layout.describe()}", batch_problems,
-                                       cfg.allow_no_fit, lambda p: f"{p} (priced anyway: --allow-no-fit)")
+    long_requests = context_problems(specs, model, cfg.draft_len)
+    batch_problems = long_requests + ([kv_problem] if kv_problem else [])
+    warnings += refuse_unless_allowed(f"batch {' '.join(cfg.batch)} on {layout.describe()}", batch_problems,
+                                      cfg.allow_no_fit, lambda p: f"{p} (priced anyway: --allow-no-fit)")
     cm, expert_source = _step_model(cfg, model, hw, layout, cal, dp.imbalance)
     sc = cm.step(batch)
     acc = _acceptance(cfg)
@@ -203,13 +205,41 @@ def run_cost(cfg: CostConfig) -> dict:
         "breakdown_s": sc.breakdown,
         "top_ops": [o.to_dict() for o in sc.ops[: cfg.top_ops]],
         "memory": fit.model_dump(),
-        # the step can run: the layout fits (``memory.fits``: weights, workspace, >= 2048 KV tokens) and the batch's KV
-        # fits its pool and every request its context (each else refused, or priced with --allow-no-fit and a warning)
+        # FIT_FIELDS: ``fits`` (the step can run) is layout_fits and batch_fits and context_fits, each named, and
+        # fits_reason says which failed (``fits: false`` beside ``memory.fits: true`` had said neither)
         "fits": not layout_problems and not batch_problems,
+        "fits_reason": "; ".join(layout_problems + batch_problems) or None,
+        "layout_fits": not layout_problems,
         "batch_fits": kv_problem is None,
+        "context_fits": not long_requests,
         "warnings": warnings,
         "notes": sc.notes + [f"model assumption: {a}" for a in model.assumptions],
     }
+
+
+def _check_offload(cfg: CostConfig, model) -> None:
+    """Refuse an offload that would change nothing (it was priced as given and labelled 'offload 50% experts'):
+    ``costmodels.offload`` moves only MoE layers' expert weights to host memory, so a dense model has none to move,
+    and ``offload_scope`` only says which expert weights ``offload_fraction`` moves."""
+    if cfg.offload_fraction and not model.moe:
+        raise TwinferError(f"--offload-fraction {cfg.offload_fraction:g}: {model.name} is dense (no MoE layers); offload "
+                           "keeps a share of each MoE layer's expert weights in host memory, so it applies to MoE models "
+                           "only: leave it out (or 0)")
+    if "offload_scope" in cfg.model_fields_set and not cfg.offload_fraction:
+        raise TwinferError(f"--offload-scope {cfg.offload_scope}: only with --offload-fraction > 0 (it says which expert "
+                           "weights that share is taken from)")
+
+
+# the JSON's fit fields (``--json``'s help prints them): each check, and the step's verdict
+FIT_FIELDS = {
+    "fits": "the step can run: layout_fits and batch_fits and context_fits (else refused, exit 2, or priced with "
+            "--allow-no-fit and a warning)",
+    "fits_reason": "why it cannot (each failed check's line, '; '-joined), null when fits",
+    "layout_fits": "the layout fits: memory.fits (HBM: weights, workspace, >= 2048 KV tokens) and, with offload, host "
+                   "memory (memory.host_fits)",
+    "batch_fits": "the batch's KV fits the KV pool (on its busiest DP rank)",
+    "context_fits": "every request is within the model's max context",
+}
 
 
 def _layout(cfg: CostConfig, model):
@@ -252,14 +282,14 @@ def _fit_problems(fit, model, hw, layout) -> list[str]:
     return problems
 
 
-def _refuse_unless_allowed(what: str, problems: list[str], allow: bool, warning) -> list[str]:
+def refuse_unless_allowed(what: str, problems: list[str], allow: bool, warning, command: str = "twinfer cost") -> list[str]:
     """Refuse ``what`` (a layout that does not fit, a batch that cannot run as one step) unless ``allow``
     (--allow-no-fit); else one ``warning(problem)`` each (a planner may want the price of a step no server would run:
-    docs/costmodel.md)."""
+    docs/costmodel.md). ``twinfer replay`` refuses its prompts through it too (``command`` names the command)."""
     if problems and not allow:
         from twinfer.errors import DoesNotFitError
 
-        raise DoesNotFitError(f"twinfer cost: {what}: " + "; ".join(problems) + " (--allow-no-fit prices it anyway)")
+        raise DoesNotFitError(f"{command}: {what}: " + "; ".join(problems) + " (--allow-no-fit prices it anyway)")
     return [warning(p) for p in problems]
 
 
@@ -269,8 +299,9 @@ def _request_tokens(s: BatchSpec, draft_len: int) -> int:
     return s.tokens + 1 + draft_len if s.phase == "decode" else s.tokens
 
 
-def _context_problems(specs: list[BatchSpec], model, draft_len: int) -> list[str]:
-    """One line per batch group whose requests are longer than the model's context (no server would run it)."""
+def context_problems(specs: list[BatchSpec], model, draft_len: int) -> list[str]:
+    """One line per batch group whose requests are longer than the model's context (no server would run it); also
+    ``twinfer replay``'s check of its prompts (cached + new tokens)."""
     out = []
     for s in specs:
         n = _request_tokens(s, draft_len)
@@ -438,10 +469,13 @@ def _print(res: dict) -> None:
     model_label = "model, main layers" if "mtp" in m["weight_breakdown"] else "model"
     mem.add_row(f"KV bytes/token (per GPU / {model_label})", f"{m['kv_bytes_per_token']:,.0f} / {m['kv_bytes_per_token_model']:,.0f}")
     mem.add_row("max KV tokens (per DP rank / instance)", f"{m['max_kv_tokens_per_dp_rank']:,} / {m['max_kv_tokens']:,}")
-    mem.add_row("layout fits", ("[green]yes[/]" if m["fits"] else "[red]NO[/]"))
-    mem.add_row("batch KV fits the pool", ("[green]yes[/]" if res["batch_fits"] else "[red]NO[/] (priced with --allow-no-fit)"))
+    no = "[red]NO[/] (priced with --allow-no-fit)"
+    mem.add_row("layout fits", "[green]yes[/]" if res["layout_fits"] else no)
+    mem.add_row("batch KV fits the pool", "[green]yes[/]" if res["batch_fits"] else no)
+    mem.add_row("requests within the context", "[green]yes[/]" if res["context_fits"] else no)
+    mem.add_row("step fits (all three)", "[green]yes[/]" if res["fits"] else "[red]NO[/] (the warnings above say why)")
     con.print(mem)
-    con.print(m["explanation"], highlight=False)
+    con.print(f"layout memory (memory.fits): {m['explanation']}", highlight=False)   # the layout's alone, not the step's
     for n in res["notes"]:
         con.print(f"[dim]- {n}[/]", highlight=False)
 
@@ -488,12 +522,14 @@ def register(app: typer.Typer) -> None:
         dp_imbalance: Optional[float] = typer.Option(None, "--dp-imbalance", help="busiest attention-DP rank's requests / mean, 1..dp (1 = balanced) [the batch's spread as the simulator places it]"),
         comm_overlap: Optional[str] = typer.Option(None, "--comm-overlap", help="EP all-to-all overlap: none|combine_down|tbo [tbo with --two-micro-batch, else none]"),
         dispatch_dtype: Optional[str] = typer.Option(None, "--dispatch-dtype", help="EP dispatch payload bf16|fp8|nvfp4 [fp8 for fp8/fp4 experts]"),
-        offload_fraction: Optional[float] = typer.Option(None, "--offload-fraction", help="share of expert weights kept in host memory, prefetched a layer ahead [0]"),
-        offload_scope: Optional[str] = typer.Option(None, "--offload-scope", help="routed_experts|moe (routed + shared) [routed_experts]"),
+        offload_fraction: Optional[float] = typer.Option(None, "--offload-fraction", help="share of each MoE layer's expert weights kept in host memory, prefetched a layer ahead (MoE models only) [0]"),
+        offload_scope: Optional[str] = typer.Option(None, "--offload-scope", help="with --offload-fraction: routed_experts|moe (routed + shared) [routed_experts]"),
         allow_no_fit: Optional[bool] = typer.Option(None, "--allow-no-fit", help="price a layout that does not fit in memory, or a batch past the KV pool or the model's context (with a warning)"),
         calibration: Optional[str] = typer.Option(None, "--calibration", help="calibration profile JSON"),
         config: Optional[Path] = typer.Option(None, "--config", help="YAML/JSON holding any of these options"),
-        as_json: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
+        as_json: bool = typer.Option(False, "--json", help="print JSON instead of tables; its fit fields: "
+                                     + "; ".join(f"{k}: {v}" for k, v in FIT_FIELDS.items())
+                                     + "; memory.fits: the layout's HBM fit alone"),
     ) -> None:
         """How long one forward step takes, where the time goes, and whether the model fits."""
         data: dict = dict(read_mapping(config)) if config else {}

@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 import yaml
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -69,9 +70,24 @@ def _chunk_count(sizes: list[int], chunk: int) -> None:
                            f"{MAX_CHUNKS:,} are priced: raise --chunk or give fewer or smaller --new sizes")
 
 
+def _prompt_checks(m, sizes: list[int], cached: int, allow_no_fit: bool) -> list[str]:
+    """Each prompt (``cached`` + a ``--new`` size) through `twinfer cost`'s checks of ``prefill:1x(cached+new)+cached``
+    (ui.cmd_cost: BatchSpec's bounds, context_problems, refuse_unless_allowed): the warnings of those priced anyway
+    (--allow-no-fit); a prompt cost refuses is refused (it was priced with a warning: --cached 1000000000)."""
+    from ui.cmd_cost import BatchSpec, context_problems, refuse_unless_allowed
+
+    specs = [validate(BatchSpec, {"phase": "prefill", "batch_size": 1, "tokens": cached + n, "cached": cached},
+                      f"--cached {cached} --new {n} (twinfer cost -b prefill:1x{cached + n}+{cached})") for n in sizes]
+    return refuse_unless_allowed(f"--cached {cached:,} --new {','.join(map(str, sizes))} on {m.name}",
+                                 context_problems(specs, m, 0), allow_no_fit,
+                                 lambda p: f"{p} (priced anyway: --allow-no-fit)", command="twinfer replay")
+
+
 def run_replay(model: str, hardware: str, tp: int, dp: int, ep: int, kv_dtype: str | None, layer: int | None, tokens: int,
-               base: str | None, cand: str | None, new: str, chunk: int, cached: int) -> dict:
-    """Both policies' prefill times per prompt size, and what each keeps per paused sequence."""
+               base: str | None, cand: str | None, new: str, chunk: int, cached: int, allow_no_fit: bool = False) -> dict:
+    """Both policies' prefill times per prompt size, and what each keeps per paused sequence. A prompt is checked as
+    ``twinfer cost -b prefill:1x(cached+new)+cached`` is, by cost's own checks: past cost's token bound it is refused,
+    past the model's context refused unless ``allow_no_fit`` (then priced with a warning)."""
     from costmodels.catalog import get_model
     from costmodels.hardware import get_hardware
     from costmodels.layout import ParallelLayout
@@ -80,8 +96,10 @@ def run_replay(model: str, hardware: str, tp: int, dp: int, ep: int, kv_dtype: s
     from costmodels.step import StepCostModel
 
     m, hw = get_model(model), get_hardware(hardware)
-    if chunk < 1 or cached < 0:
-        raise TwinferError(f"--chunk={chunk} must be >= 1 and --cached={cached} >= 0")
+    if chunk < 1:
+        raise TwinferError(f"--chunk {chunk}: must be >= 1 (tokens per prefill chunk)")
+    if cached < 0:
+        raise TwinferError(f"--cached {cached}: must be >= 0 (prefix-cache hit tokens)")
     if not 1 <= tokens <= MAX_W:
         raise TwinferError(f"--tokens {tokens}: W must be in 1..{MAX_W:,} tokens (replay.tokens)")
     pb, pc = _policy(base, "--base"), _policy(cand, "--with")
@@ -97,15 +115,12 @@ def run_replay(model: str, hardware: str, tp: int, dp: int, ep: int, kv_dtype: s
                                     "expert_dtype": m.checkpoint_expert_dtype, "kv_dtype": kv}, "layout")
     sizes = _ints(new, "--new")
     _chunk_count(sizes, chunk)
+    warnings = _prompt_checks(m, sizes, cached, allow_no_fit)
     # a prompt runs whole on its attention-DP rank, as the simulator (EffectiveStepCost, depth_correction), `twinfer
     # cost` and tune's replay line price it: spread over the ranks, DP4 priced an 8192-token chunk at a third of
     # `cost -b prefill:1x8192`
     ops = StepCostModel(m, hw, lay, dp_imbalance=float(lay.dp))
     rows = compare_policies(ops, rb, rc, sizes, chunk, cached)
-    # priced anyway, as `twinfer cost` prices such a batch: a planner may want the number, but no server would run it
-    warnings = [f"PROMPT LONGER THAN THE MODEL'S CONTEXT, priced anyway: {cached:,} cached + {n:,} new = {cached + n:,} "
-                f"tokens, past {m.name}'s max context of {m.max_context:,} tokens (max_position_embeddings)"
-                for n in sizes if cached + n > m.max_context]
     notes = [] if window_layers(m) else [f"{m.name} has no sliding-window layers: every policy prices the same "
                                            "(persist, replay and recompute act on window layers only)"]
     return {
@@ -127,12 +142,19 @@ def _print(res: dict) -> None:
     kb = res["kept_window_bytes_per_seq"]
     con.print(f"base: {res['base']}  (window KV kept per paused sequence {kb['base'] / 1e6:.3f} MB)", highlight=False)
     con.print(f"with: {res['with']}  (window KV kept per paused sequence {kb['with'] / 1e6:.3f} MB)", highlight=False)
-    t = Table()
-    for c in ("new tokens", "chunks", "base ms", "with ms", "base tok/s/GPU", "with tok/s/GPU", "gain"):
-        t.add_column(c, justify="right")
-    for r in res["rows"]:
-        t.add_row(f"{r['new_tokens']:,}", str(r["chunks"]), f"{r['base_s'] * 1e3:,.3f}", f"{r['with_s'] * 1e3:,.3f}",
-                  f"{r['base_tok_s_per_gpu']:,.0f}", f"{r['with_tok_s_per_gpu']:,.0f}", f"{r['gain']:.3f}x")
+    # no box, one space between columns, the headers on two lines where on one the table is wider than the terminal,
+    # and cells folded, never cut with '…' (the boxed table cut '29,292,2…' ms and 'tok/s/G…' at COLUMNS=80)
+    rows = [(f"{r['new_tokens']:,}", str(r["chunks"]), f"{r['base_s'] * 1e3:,.3f}", f"{r['with_s'] * 1e3:,.3f}",
+             f"{r['base_tok_s_per_gpu']:,.0f}", f"{r['with_tok_s_per_gpu']:,.0f}", f"{r['gain']:.3f}x") for r in res["rows"]]
+    heads = ("new tokens", "chunks", "base ms", "with ms", "base tok/s/GPU", "with tok/s/GPU", "gain")
+    widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(heads)]
+    if sum(widths) + len(widths) - 1 > con.width:
+        heads = ("new\ntokens", "chunks", "base\nms", "with\nms", "base\ntok/s/GPU", "with\ntok/s/GPU", "gain")
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 0))
+    for c in heads:
+        t.add_column(c, justify="right", overflow="fold")
+    for row in rows:
+        t.add_row(*row)
     con.print(t)
     for w in res["warnings"]:
         con.print(f"[yellow]{w}[/]", highlight=False)
@@ -161,11 +183,15 @@ def register(app: typer.Typer) -> None:
         cand: Optional[str] = typer.Option(None, "--with", help="candidate policy, same forms [shipped]"),
         new: str = typer.Option(DEFAULT_NEW, "--new", help="prompt sizes (new tokens), comma-separated"),
         chunk: int = typer.Option(8192, "--chunk", help="prefill chunk (the scheduler's max_num_batched_tokens)"),
-        cached: int = typer.Option(0, "--cached", help="prefix-cache hit tokens before the prompt's new tokens"),
+        cached: int = typer.Option(0, "--cached", help="prefix-cache hit tokens before the prompt's new tokens "
+                                  "(with each --new size at most the model's context, unless --allow-no-fit)"),
+        allow_no_fit: bool = typer.Option(False, "--allow-no-fit", help="price a prompt (--cached + --new) past the "
+                                          "model's context, with a warning, instead of refusing it (as twinfer cost "
+                                          "--allow-no-fit)"),
         as_json: bool = typer.Option(False, "--json", help="print JSON"),
     ):
         """Prefill time of a prompt under two sliding-window replay policies (persist / replay W / recompute per layer)."""
-        res = run_replay(model, hardware, tp, dp, ep, kv_dtype, layer, tokens, base, cand, new, chunk, cached)
+        res = run_replay(model, hardware, tp, dp, ep, kv_dtype, layer, tokens, base, cand, new, chunk, cached, allow_no_fit)
         if as_json:
             typer.echo(json.dumps(res, indent=1))
         else:

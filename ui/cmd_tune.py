@@ -130,8 +130,9 @@ def profile_model(ctx: typer.Context, profile: Path, prof, model: str, num_layer
 
 def tune(
     ctx: typer.Context,
-    model: str = typer.Option("tiny", "--model", "-m", help="catalog model (--gpus); with --profile: the model it measured, "
-                              "the default (the one tune predicts on and --measure runs)"),
+    model: str = typer.Option("deepseek-v3", "--model", "-m", help="catalog model (--gpus) [deepseek-v3, as plan and simulate: at least "
+                              "4 x gb300 or 8 x h200]; with --profile: the model it measured, the default (the one tune "
+                              "predicts on and --measure runs)"),
     num_layers: Optional[int] = typer.Option(None, "--num-layers", min=1, help="with --profile: layers of the model priced "
                                              "and run, at most the model's [the profile's]"),
     profile: Optional[Path] = typer.Option(None, "--profile", "-p", help="calibration profile JSON (twinfer calibrate): tune on "

@@ -74,7 +74,10 @@ def run_catalog_tune(*, model: str, hardware: str, gpus: int, workload: str, loa
     for w, reason in ctx.rejected.items():
         con.print(f"EP{w}: not tried: {reason}", highlight=False)
     if not ctx.options:
-        raise TwinferError(f"--ep-widths: no EP width fits {model} on {gpus} x {hardware} (reasons above)")
+        if space_args.get("ep_widths"):
+            raise TwinferError(f"--ep-widths: no EP width fits {model} on {gpus} x {hardware} (reasons above)")
+        raise TwinferError(f"--gpus {gpus}: {model} fits at no EP width on {gpus} x {hardware} (reasons above): give more "
+                           "--gpus, or a smaller --model")
     vals = values_of(ctx, space)
     base = baseline_policy(ctx, vals, **base_args)
     if rate_per_gpu is not None:
