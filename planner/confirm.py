@@ -21,6 +21,7 @@ from planner.plan import Plan
 from planner.simulate import SimOutcome, outcome_of
 from planner.slo_miss import CertainMiss
 from scheduler.metrics import SLO
+from sim.workload import offered_rate
 
 CONFIRM_CANDIDATES = 3          # slice-confirmed candidates tried at full scale, best first
 CONFIRM_RATE_STEPS = (1.0, 0.8, 0.64)  # of the rate the slice met the SLO at
@@ -80,7 +81,7 @@ def confirm_plan(plan: Plan, row: int, table_rate: float, percentile: int, slo: 
     w = m.steady or m.whole_run
     if w is None:
         return None
-    rate = plan.workload.rate or 0.0
+    rate = offered_rate(plan.workload) or 0.0   # a trace's too: its requests over their arrival span
     # per GPU of the whole plan: a run of part of it (``Plan.run_share``) carries that share of its rate, as a slice does
     o = outcome_of(w, row, rate / table_rate if table_rate > 0 else 1.0, percentile, plan.run_fraction, plan.gpus_used,
                    result.num_requests, float(result.num_gpus), rate, result.digest, time.perf_counter() - t0)

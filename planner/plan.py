@@ -204,7 +204,9 @@ class Plan(BaseModel):
         """The scenario (mixed or decode pool), effects and prefill pool that simulate this plan at full scale."""
         main = self.main_pool
         wl = self.workload
-        if num_requests is not None:
+        if num_requests is not None and wl.kind == "trace":   # a trace's first requests (num_requests was ignored)
+            wl = wl.model_copy(update={"max_requests": num_requests})
+        elif num_requests is not None:
             wl = wl.model_copy(update={"num_requests": num_requests, "duration_s": None})
         if self.run_share is not None and wl.rate:
             wl = wl.model_copy(update={"rate": wl.rate * self.run_fraction})

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from costmodels.layout import DType
 from costmodels.moe_load import ExpertLoadSpec
 from scheduler.metrics import SLO
-from sim.workload import WorkloadSpec
+from sim.workload import WorkloadSpec, offered_rate, trace_arrivals
 
 Mode = Literal["aggregated", "disaggregated"]
 
@@ -109,9 +109,14 @@ class PlanRequest(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "PlanRequest":
-        if self.workload.kind == "trace":
-            # a trace has no rate to scale; its lengths are still usable for the screen
-            pass
+        if self.workload.kind == "trace" and offered_rate(self.workload) is None:
+            # the planner replays a trace at the rate it sizes each deployment for (sim.workload.at_rate, its arrival
+            # times scaled): a trace arriving at one instant has no rate to scale
+            n, _ = trace_arrivals(self.workload)
+            raise ValueError(f"workload: the trace {self.workload.trace_path} has no arrival rate: its {n:,} request(s) "
+                             "arrive at one instant (a trace's rate is its requests over the span of their arrival times); "
+                             "the planner sizes a deployment for a rate, so give a trace whose arrivals spread over time "
+                             "(`twinfer simulate --trace` runs a burst on a given deployment)")
         if self.workload.kind == "closed":
             raise ValueError("workload.kind: 'closed' fixes a concurrency, not a rate; the planner sizes a deployment "
                              "for a request rate (give kind poisson, gamma, constant or agentic); `twinfer simulate` "

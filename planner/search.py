@@ -45,6 +45,7 @@ from scheduler.config import SchedulerConfig
 from sim.effects import EffectsSpec
 from sim.router import RouterConfig
 from sim.scenario import MAX_INSTANCES
+from sim.workload import at_rate
 from twinfer.errors import TwinferError
 
 LOADS = (0.9, 0.7)
@@ -721,7 +722,7 @@ def _make_plan(req: PlanRequest, cand: Candidate, options: list[LayoutOption], s
             share = RunShare(instances=k, whole_requests=int(need))
             need *= k / n_main
     n_plan = int(min(MAX_RUN_REQUESTS, max(2_000, need)))
-    wl = req.workload.model_copy(update={"rate": rate, "num_requests": n_plan, "duration_s": None}) if req.workload.kind != "trace" else req.workload
+    wl = at_rate(req.workload, rate, n_plan)   # a trace: replayed at the rate sized for (sim.workload.at_rate)
     eff = effects.model_copy(update={"eplb": dopt.eplb != "off", "table_placement": dopt.table_placement})
     gpus_used = cand.gpus
     econ = _economics(req, hw, stats, gpus_used, thr_gpu, None if o is None else o.in_gpu)

@@ -35,7 +35,7 @@ from sim.effects import EffectsSpec
 from scheduler.metrics import SLO
 from sim.router import RouterConfig
 from sim.scenario import Scenario
-from sim.workload import WorkloadSpec
+from sim.workload import WorkloadSpec, at_rate
 
 SLICE_SEATS = 512          # most concurrent requests a simulated slice holds
 AGENTIC_SLICE_SEATS = 128  # agentic runs simulate a session ramp too: keep their slices small
@@ -210,9 +210,13 @@ def steady_workload(spec: WorkloadSpec, rate: float, n: int) -> tuple[WorkloadSp
     would miss the cache reuse of earlier turns. So the simulation starts empty at t = 0, runs
     past one mean session span (``warmup``) and ``n`` more requests; the planner measures only
     requests arriving after ``warmup``.
+
+    A trace is its first ``n`` requests replayed at ``rate`` (``sim.workload.at_rate``: its arrival times scaled),
+    as a generated workload's rate is replaced: what a slice is offered is the rate it is said to be (it replayed
+    the whole trace at the trace's own rate on every slice, whatever share of the deployment that was).
     """
     if spec.kind == "trace":
-        return spec, 0.0
+        return at_rate(spec, rate, n), 0.0
     if spec.kind != "agentic":
         return spec.model_copy(update={"rate": rate, "num_requests": n, "duration_s": None}), 0.0
     turn_gap = spec.est_ttft_s + spec.est_tpot_s * spec.output_len.mean() + spec.think_time_s.mean()

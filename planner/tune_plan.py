@@ -12,6 +12,7 @@ from costmodels.catalog import get_model
 from planner.plan import Plan, PoolPlan, Predicted
 from planner.simulate import steady_workload
 from planner.tune_policies import Policy, TuneContext, scheduler_of
+from sim.workload import offered_rate
 
 PLAN_MIN_REQUESTS = 1000
 
@@ -69,7 +70,7 @@ def confirm(plan: Plan) -> Plan:
     pct = plan.slo_percentile
     val = lambda s: float(getattr(s, f"p{pct}") or 0.0)  # noqa: E731
     plan.predicted = Predicted(
-        source="simulation", request_rate=plan.workload.rate or 0.0,
+        source="simulation", request_rate=offered_rate(plan.workload) or 0.0,
         output_tokens_per_s_per_gpu=(w.output_throughput / r.num_gpus) if w else 0.0,
         tokens_per_s_per_user=(w.per_user_output_tps_mean or 0.0) if w else 0.0,
         ttft_s=val(w.ttft_s) if w else 0.0, tpot_s=val(w.tpot_s) if w else 0.0,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.workload import WorkloadSpec, generate
+from sim.workload import WorkloadSpec, generate, offered_rate, trace_arrivals
 
 SAMPLE_REQUESTS = 4000
 BLOCK = 64
@@ -32,7 +32,7 @@ class WorkloadStats:
     mean_new: float             # prompt tokens not served by an ideal prefix cache
     p90_new: float
     hit_fraction: float         # cached prompt tokens / prompt tokens (ideal cache)
-    rate: float | None          # requests/s of the spec (None for traces)
+    rate: float | None          # requests/s the spec offers (a trace's: its requests over their arrival span; None: at once)
     mean_context: float         # mean KV tokens of a request while it decodes (prompt + output / 2)
     # output tokens at the SLO percentiles (p50, p90, p99) of the sample; None where not measured (then the mean)
     output_percentiles: tuple[float, float, float] | None = None
@@ -40,6 +40,8 @@ class WorkloadStats:
     output_floor_percentiles: tuple[float, float, float] | None = None
     # the sampled requests' prompt + output tokens, each (None where not measured)
     totals: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
+    # a trace's (requests, seconds from its first arrival to its last) as replayed; None for a generated workload
+    arrivals: tuple[int, float] | None = None
 
     def over_context(self, limit: int) -> tuple[int, int, int]:
         """(sampled requests whose prompt + output exceed ``limit`` tokens, requests sampled, the longest)."""
@@ -49,7 +51,12 @@ class WorkloadStats:
 
     def describe(self) -> str:
         tail = "" if self.output_percentiles is None else f" (p90 {self.output_at(90):,.0f})"
-        return (f"mean prompt {self.mean_prompt:,.0f} tokens ({self.hit_fraction:.0%} reusable from the prefix cache, "
+        head = ""
+        if self.arrivals is not None:   # a trace's own rate, which the planner's figures scale (offered rate below)
+            n, span = self.arrivals
+            head = (f"{n:,} requests arriving over {span:,.4g} s as recorded ({self.rate:,.3g} req/s); " if self.rate else
+                    f"{n:,} requests arriving at one instant; ")
+        return (head + f"mean prompt {self.mean_prompt:,.0f} tokens ({self.hit_fraction:.0%} reusable from the prefix cache, "
                 f"{self.mean_new:,.0f} new, p90 {self.p90_new:,.0f}), mean output {self.mean_output:,.0f}{tail}")
 
     def output_at(self, percentile: int) -> float:
@@ -79,8 +86,9 @@ def workload_stats(spec: WorkloadSpec, seed: int = 0) -> WorkloadStats:
     if spec.kind != "trace":
         spec = spec.model_copy(update={"num_requests": SAMPLE_REQUESTS, "duration_s": None})
     reqs = generate(spec, np.random.default_rng(seed), BLOCK)
+    rate, arrivals = offered_rate(spec), (trace_arrivals(spec) if spec.kind == "trace" else None)
     if not reqs:
-        return WorkloadStats(0.0, 0.0, 0.0, 0.0, 0.0, spec.rate, 0.0)
+        return WorkloadStats(0.0, 0.0, 0.0, 0.0, 0.0, rate, 0.0, arrivals=arrivals)
     reqs = reqs[:SAMPLE_REQUESTS]
     prompt = np.array([r.prompt_len for r in reqs], float)
     out = np.array([r.output_len for r in reqs], float)
@@ -98,8 +106,8 @@ def workload_stats(spec: WorkloadSpec, seed: int = 0) -> WorkloadStats:
     return WorkloadStats(
         mean_prompt=float(prompt.mean()), mean_output=float(out.mean()), mean_new=float(new.mean()),
         p90_new=float(np.percentile(new, 90)), hit_fraction=float(1.0 - new.sum() / prompt.sum()),
-        rate=spec.rate, mean_context=float(prompt.mean() + out.mean() / 2.0),
+        rate=rate, mean_context=float(prompt.mean() + out.mean() / 2.0),
         output_percentiles=tuple(float(v) for v in np.percentile(out, OUTPUT_PERCENTILES)),
         output_floor_percentiles=tuple(float(v) for v in np.percentile(out, [lower_quantile(p) for p in OUTPUT_PERCENTILES])),
-        totals=tuple(int(r.prompt_len + r.output_len) for r in reqs),
+        totals=tuple(int(r.prompt_len + r.output_len) for r in reqs), arrivals=arrivals,
     )

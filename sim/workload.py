@@ -25,9 +25,11 @@ has no list for it: ``sim.closed_loop`` creates the requests during the simulati
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -149,6 +151,10 @@ class WorkloadSpec(BaseModel):
         if k == "trace":
             if self.num_requests is not None:
                 raise ValueError("num_requests: a trace takes max_requests (its earliest requests)")
+            if "rate" in given and self.rate is not None:   # not "... or closed": a closed loop has no rate either
+                raise ValueError("rate: only used when kind is poisson, gamma, constant or agentic (kind is 'trace': a "
+                                 "trace replays its own arrival times; time_scale speeds them up or slows them down, "
+                                 "0.5: twice as fast)")
             only(_GENERATED_FIELDS, ("poisson", "gamma", "constant", "agentic", "closed"))
             if not self.trace_path:
                 raise ValueError("trace_path: required when kind is 'trace'")
@@ -270,6 +276,72 @@ def preset(name: str, **overrides) -> WorkloadSpec:
 
 
 RATE_KINDS = ("poisson", "gamma", "constant")  # kinds whose requests differ only in when they arrive
+
+
+def trace_arrivals(spec: WorkloadSpec) -> tuple[int, float]:
+    """(requests, seconds from the first arrival to the last) of a trace workload as it is replayed: its time_scale,
+    time_unit, max_requests and duration_s applied (the requests ``generate`` gives)."""
+    if spec.kind != "trace":
+        raise TwinferError(f"workload: kind {spec.kind!r} is not a trace")
+    p = Path(spec.trace_path)
+    try:
+        st = p.stat()
+        key = (str(p.resolve()), st.st_mtime_ns, st.st_size)
+    except OSError:
+        key = (str(p), 0, 0)   # read_trace names the missing file
+    n, first, last = _trace_times(key, spec.trace_format, spec.time_unit, spec.max_requests, spec.time_scale, spec.duration_s)
+    return n, last - first
+
+
+@functools.lru_cache(maxsize=32)
+def _trace_times(key: tuple, fmt: str, time_unit, max_requests, time_scale: float, duration_s) -> tuple[int, float, float]:
+    reqs = read_trace(key[0], 1 << 30, fmt, time_scale=time_scale, time_unit=time_unit,   # huge block: no hashing work
+                      max_requests=max_requests)
+    if duration_s is not None:
+        reqs = [r for r in reqs if r.arrival_time < duration_s]
+    if not reqs:
+        return 0, 0.0, 0.0
+    return len(reqs), reqs[0].arrival_time, reqs[-1].arrival_time
+
+
+def offered_rate(spec: WorkloadSpec) -> float | None:
+    """Requests/s a workload offers: an open kind's ``rate``; a trace's requests over their arrival span (one less
+    than the requests, over the seconds from the first arrival to the last: the inverse of the mean gap, as
+    replayed); None for a closed loop (its users set the load) and for a trace whose requests all arrive at once."""
+    if spec.kind == "closed":
+        return None
+    if spec.kind != "trace":
+        return spec.rate
+    n, span = trace_arrivals(spec)
+    return (n - 1) / span if n > 1 and span > 0 else None
+
+
+def at_rate(spec: WorkloadSpec, rate: float, num_requests: int | None = None) -> WorkloadSpec:
+    """``spec`` offering ``rate`` requests/s: an open kind's rate replaced (``num_requests`` requests, no duration); a
+    trace replayed faster or slower (its time_scale, and a duration_s with it, scaled so that ``offered_rate`` is
+    ``rate``), its earliest ``num_requests`` requests where given (those scaled to ``rate``; where they arrive at one
+    instant, the whole trace is). A trace whose requests all arrive at once has no rate to scale: refused."""
+    if not rate > 0:
+        raise TwinferError(f"rate: {rate:g} requests/s; must be > 0")
+    if spec.kind == "closed":
+        raise TwinferError("workload: kind 'closed' has no arrival rate (its concurrency users set the load)")
+    if spec.kind != "trace":
+        return spec.model_copy(update={"rate": rate, "num_requests": num_requests, "duration_s": None})
+    whole = spec
+    if num_requests is not None:
+        spec = spec.model_copy(update={"max_requests": min(num_requests, spec.max_requests or num_requests)})
+    own = offered_rate(spec)
+    if own is None:   # its first requests arrive at once (or it is one request): scaled as the whole trace is
+        own = offered_rate(whole)
+    if own is None:
+        n, _ = trace_arrivals(whole)
+        raise TwinferError(f"workload: the trace {spec.trace_path} has no arrival rate to scale: its {n:,} request(s) "
+                           "arrive at one instant (a trace's rate is its requests over the span of their arrival times)")
+    k = own / rate
+    upd = {"time_scale": spec.time_scale * k}
+    if spec.duration_s is not None:
+        upd["duration_s"] = spec.duration_s * k
+    return spec.model_copy(update=upd)
 
 
 def as_closed(spec: WorkloadSpec, concurrency: int | None = None, think_time_s: float | None = None) -> WorkloadSpec:

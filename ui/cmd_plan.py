@@ -21,6 +21,9 @@ from twinfer.errors import TwinferError
 from ui.progress import PLANNER_JOBS as JOB_LABELS  # the labels the UI's bar uses too
 
 def _workload(name: str) -> dict:
+    if name.endswith(".jsonl"):   # read as YAML it failed with a parser's message of several lines
+        raise TwinferError(f"--workload {name}: a .jsonl file is a trace; give it as --trace {name} "
+                           "(--workload takes a preset or a workload YAML/JSON file)")
     if Path(name).is_file() or name.endswith((".yaml", ".yml", ".json")):
         return read_mapping(name)
     return {"preset": name}
@@ -57,13 +60,18 @@ def build_request(config: Optional[str], **flags):
     """The PlanRequest from an optional config file and command-line flags (flags win)."""
     from planner.request import PlanRequest
 
+    from ui.user_errors import check_arrival_flags
+
     data: dict = read_mapping(config) if config else {}
     f = {k: v for k, v in flags.items() if v is not None}
+    check_arrival_flags({"--workload": f.get("workload"), "--trace": f.get("trace"), "--trace-format": f.get("trace_format")})
     for key in ("model", "hardware", "gpus", "seed", "calibration"):
         if key in f:
             data[key] = f[key]
     if "workload" in f:
         data["workload"] = _workload(f["workload"])
+    if "trace" in f:   # replayed at the rate each deployment is sized for (its arrival times scaled), as a preset's rate is set
+        data["workload"] = {"kind": "trace", "trace_path": f["trace"], "trace_format": f.get("trace_format", "jsonl")}
     data.setdefault("workload", {"preset": "chat"})
     slo_in_mapping(data, config or "twinfer plan")
     if "slo" in f:
@@ -113,7 +121,8 @@ def build_request(config: Optional[str], **flags):
 FLAG_FIELDS = {"model": "model", "hardware": "hardware", "gpus": "gpus", "seed": "seed", "calibration": "calibration",
                "simulate": "simulate_top", "sim_requests": "sim_requests", "price_input": "prices.input_per_mtok",
                "price_cached": "prices.cached_input_per_mtok", "price_output": "prices.output_per_mtok",
-               "gpu_hour": "prices.gpu_hour", "modes": "space.modes"}
+               "gpu_hour": "prices.gpu_hour", "modes": "space.modes", "trace": "workload.trace_path",
+               "trace_format": "workload.trace_format"}
 
 
 def _fmt_ms(x: float) -> str:
@@ -217,6 +226,8 @@ def print_report(con: Console, rep, out: Optional[Path]) -> None:
     con.print(f"  predicted ({pr.source}): {pr.output_tokens_per_s_per_gpu:,.0f} output tok/s/GPU, {pr.tokens_per_s_per_user:,.1f} tok/s/user, "
               f"TTFT p{plan.slo_percentile} {pr.ttft_s:.2f} s, TPOT p{plan.slo_percentile} {pr.tpot_s * 1e3:.1f} ms at an offered {pr.request_rate:,.1f} req/s",
               highlight=False)
+    for line in _trace_lines(plan):
+        con.print(f"  {line}", highlight=False)
     if pr.window:
         con.print(f"  [dim]figures: {escape(pr.window)}[/]", highlight=False)
     for d in plan.defaults:
@@ -236,6 +247,26 @@ def print_report(con: Console, rep, out: Optional[Path]) -> None:
     if out is not None:
         con.print(f"wrote plan: {out}  (run it: twinfer simulate --plan {out})", highlight=False)
     con.print(f"[dim]total {t.total_s:.1f} s[/]", highlight=False)
+
+
+def _trace_lines(plan) -> list[str]:
+    """For a plan of a trace: how its run replays the trace (the offered rate above is that replay's requests over
+    their arrival span), and a note where the trace holds fewer requests than the run was sized for."""
+    wl = plan.workload
+    if wl.kind != "trace":
+        return []
+    from sim.workload import trace_arrivals
+
+    n, span = trace_arrivals(wl)
+    ts = wl.time_scale
+    pace = "as recorded" if ts == 1 else f"{1 / ts:,.3g}x as fast as its timestamps" if ts < 1 else f"{ts:,.3g}x as slow as its timestamps"
+    out = [f"[dim]trace {escape(str(wl.trace_path))} replayed at time_scale {ts:.4g} ({pace}): {n:,} requests arriving "
+           f"over {span:,.4g} s[/]"]
+    if wl.max_requests is not None and n < wl.max_requests:
+        out.append(f"[yellow]note: the trace holds {n:,} requests; the plan's run is sized for {wl.max_requests:,} (its "
+                   "seats turned over, past their ramp-up): its figures are of a run too short to reach a steady state; "
+                   "a longer trace gives figures that hold[/]")
+    return out
 
 
 def plan_with_progress(plan_deployment, req, workers: int, ray: Optional[str], quiet: bool):
@@ -277,6 +308,9 @@ def register(app: typer.Typer) -> None:
         calibration: Optional[str] = typer.Option(None, "--calibration", help="calibration profile JSON whose efficiencies replace the defaults"),
         gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="GPU budget"),
         workload: Optional[str] = typer.Option(None, "--workload", "-w", help="preset (chat, agentic, reasoning, summarize, long-context) or file [chat]"),
+        trace: Optional[str] = typer.Option(None, "--trace", help="plan for a trace file's requests instead of a preset: its lengths, "
+                                            "prefixes and arrival pattern, replayed at the rate each deployment is sized for"),
+        trace_format: Optional[str] = typer.Option(None, "--trace-format", help="mooncake | jsonl [jsonl]"),
         slo: Optional[str] = typer.Option(None, "--slo", help=f"latency targets with percentile and unit, e.g. {EXAMPLE} (p50/p90/p99; s/ms/us); required unless the --config file has an slo section"),
         modes: Optional[str] = typer.Option(None, "--modes", help="agg,disagg [both]"),
         simulate: Optional[int] = typer.Option(None, "--simulate", help="candidates to check in the simulator [6]; 0: screen only"),
@@ -297,7 +331,8 @@ def register(app: typer.Typer) -> None:
         from planner.parallel import default_workers
         from planner.search import plan_deployment
 
-        req = build_request(config, model=model, hardware=hardware, calibration=calibration, gpus=gpus, workload=workload, slo=slo,
+        req = build_request(config, model=model, hardware=hardware, calibration=calibration, gpus=gpus, workload=workload,
+                            trace=trace, trace_format=trace_format, slo=slo,
                             modes=modes, simulate=simulate, sim_requests=sim_requests,
                             expert_skew=expert_skew, price_input=price_input, price_cached=price_cached,
                             price_output=price_output, gpu_hour=gpu_hour, seed=seed)

@@ -20,7 +20,7 @@ from twinfer.config import read_mapping, validate
 from twinfer.errors import TwinferError
 from ui.cmd_replay import policy_mapping
 from ui.progress import done_requests, partial_metrics, watch
-from ui.user_errors import missing_field_hint
+from ui.user_errors import check_arrival_flags, missing_field_hint
 from ui.tuned_policy import is_tuned_policy
 
 
@@ -66,6 +66,10 @@ def effective_scenario(scenario: str | None = None, *, concurrency: int | None =
 
     data, source = _base_mapping(scenario)
     slo_in_mapping(data, source, percentile_key=None)  # 'slo: ttft_p90=2s,tpot_p90=50ms' in a scenario file
+    check_arrival_flags({"--workload": overrides.get("workload"), "--trace": overrides.get("trace"),
+                         "--trace-format": overrides.get("trace_format"), "--rate": overrides.get("rate"),
+                         "--concurrency": concurrency, "--think-time-s": think_time_s},
+                        _kind(data.get("workload")), "the scenario's workload")
     o = {k: v for k, v in overrides.items() if v is not None}
     given = dict(o)
     if "workload" in o:  # a preset replaces the workload; --rate/--requests/--duration still apply
@@ -93,8 +97,6 @@ def effective_scenario(scenario: str | None = None, *, concurrency: int | None =
     if (concurrency is not None or think_time_s is not None) and isinstance(wl, dict) and "preset" not in wl \
             and wl.get("kind", "poisson") in RATE_KINDS + ("closed",):
         # a preset or another kind is made a closed loop after validation (_as_closed), which says what it refuses
-        if "rate" in o:
-            raise TwinferError(RATE_AND_USERS)
         data["workload"] = closed_mapping(wl, concurrency, think_time_s)
         for key, value in (("concurrency", concurrency), ("think_time_s", think_time_s)):
             if value is not None:
@@ -118,6 +120,19 @@ def effective_scenario(scenario: str | None = None, *, concurrency: int | None =
         if msg == str(e):
             raise
         raise TwinferError(msg) from None
+
+
+def _kind(workload) -> str | None:
+    """The kind of a scenario file's workload mapping (a preset's kind where it names one); None where unreadable."""
+    if not isinstance(workload, dict):
+        return None
+    from sim.workload import PRESETS
+
+    name = workload.get("preset")
+    if "kind" not in workload and isinstance(name, str) and name in PRESETS:
+        return PRESETS[name].kind
+    kind = workload.get("kind", "poisson")
+    return kind if isinstance(kind, str) else None
 
 
 def simulate_tuned_policy(path: str, *, as_json: bool, given: dict) -> None:
@@ -156,9 +171,10 @@ def simulate_tuned_policy(path: str, *, as_json: bool, given: dict) -> None:
         con.print(f"note: {n}", highlight=False)
 
 
-def scenario_from_plan(path: str, *, scenario: str | None, requests: int | None, rate: float | None, seed: int | None, others: dict):
+def scenario_from_plan(path: str, *, scenario: str | None, requests: int | None, rate: float | None, seed: int | None, others: dict,
+                       concurrency: int | None = None, think_time_s: float | None = None):
     """(the Scenario of a plan file's run, the Plan); only --requests, --rate and --seed adjust it here (--concurrency
-    and --think-time-s make it a closed loop after)."""
+    and --think-time-s make it a closed loop after, checked here against the plan's workload)."""
     from planner.plan import load_plan
 
     if scenario is not None:
@@ -168,6 +184,8 @@ def scenario_from_plan(path: str, *, scenario: str | None, requests: int | None,
         raise TwinferError(f"--plan: the plan fixes the deployment; drop {', '.join('--' + k.replace('_', '-') for k in given)} "
                            "(only --requests, --rate, --seed, --concurrency, --think-time-s and --slo apply to a plan)")
     p = load_plan(path)
+    check_arrival_flags({"--rate": rate, "--concurrency": concurrency, "--think-time-s": think_time_s}, p.workload.kind,
+                        "the plan's workload")
     sc = p.to_scenario(num_requests=requests)
     upd: dict = {}
     if rate is not None:   # the deployment's rate; a run of part of it takes that part's share
@@ -253,25 +271,26 @@ def print_partial(con: Console, requests: list, sc, spec: SLOSpec | None, wall_s
         con.print("  " + escape(spec.verdict(m)[1]), highlight=False)
 
 
-RATE_AND_USERS = "--rate: a closed loop has no arrival rate (its --concurrency users set the load); drop one"
-
-
 def _as_closed(sc, concurrency: int | None, think_time_s: float | None, rate: float | None):
     """The scenario with its workload run as a closed loop (--concurrency / --think-time-s)."""
     from sim.workload import as_closed
 
-    if rate is not None:
-        raise TwinferError(RATE_AND_USERS)
+    check_arrival_flags({"--rate": rate, "--concurrency": concurrency, "--think-time-s": think_time_s}, sc.workload.kind)
     wl = as_closed(sc.workload, concurrency, think_time_s)
     note = f"(closed loop: {wl.concurrency} users, think {wl.think_time_s.mean():g} s mean)"
     return sc.model_copy(update={"workload": wl, "description": f"{sc.description} {note}".strip()})
 
 
 def _offered(wl: dict) -> str:
-    """The offered arrival rate of a generated open-loop workload (what `twinfer plan` says its plan is sized for)."""
-    if wl.get("kind") in ("closed", "trace") or not wl.get("rate"):
+    """The offered arrival rate of an open-loop workload (what `twinfer plan` says its plan is sized for): a generated
+    one's rate, a trace's requests over their arrival span (``sim.workload.offered_rate``); none for a closed loop."""
+    from sim.workload import WorkloadSpec, offered_rate
+
+    if wl.get("kind") == "closed":
         return ""
-    r = wl["rate"]
+    r = offered_rate(WorkloadSpec.model_validate(wl)) if wl.get("kind") == "trace" else wl.get("rate")
+    if not r:
+        return ""
     return f" offered at {r:,.1f} req/s" if r >= 0.1 else f" offered at {r:.2g} req/s"  # 0.01 is not "0.0"
 
 
@@ -503,8 +522,8 @@ def register(app: typer.Typer) -> None:
 
         Options marked [the scenario's] keep the scenario's value when left out (see them all: --print-scenario).
         """
-        if trace_format is not None and trace is None:
-            raise TwinferError("--trace-format: only with --trace PATH")
+        check_arrival_flags({"--workload": workload, "--trace": trace, "--trace-format": trace_format, "--rate": rate,
+                             "--concurrency": concurrency, "--think-time-s": think_time_s})   # flag against flag
         if plan is not None and is_tuned_policy(plan):
             simulate_tuned_policy(plan, as_json=as_json, given={
                 "--scenario": scenario, "--model": model, "--hardware": hardware, "--calibration": calibration,
@@ -520,7 +539,8 @@ def register(app: typer.Typer) -> None:
             sc, the_plan = scenario_from_plan(plan, scenario=scenario, requests=requests, rate=rate, seed=seed, others=dict(
                 model=model, hardware=hardware, instances=instances, tp=tp, dp=dp, ep=ep, dtype=dtype, duration=duration,
                 workload=workload, trace=trace, max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens,
-                async_overlap=async_overlap, draft_len=draft_len, router=router, calibration=calibration, replay=replay))
+                async_overlap=async_overlap, draft_len=draft_len, router=router, calibration=calibration, replay=replay),
+                concurrency=concurrency, think_time_s=think_time_s)
         else:
             sc = effective_scenario(
                 scenario, model=model, hardware=hardware, instances=instances, tp=tp, dp=dp, ep=ep, dtype=dtype,

@@ -54,3 +54,41 @@ def missing_field_hint(msg: str, where: str = "") -> str:
         if re.search(rf"(^|: ){field}: required", msg):
             return msg + f" (set {where}{field} in the file, or pass {flag})"
     return msg
+
+
+def check_arrival_flags(flags: dict[str, object], base_kind: str | None = None, base: str = "the scenario's workload") -> None:
+    """Refuse arrival flags that contradict each other or the workload they apply to, one message per conflict, the
+    same in every command that takes them (``twinfer simulate``, ``twinfer plan``): "FLAG: why; what to do".
+
+    ``flags``: flag -> value (None: not given) of --workload, --trace, --trace-format, --rate, --concurrency,
+    --think-time-s. ``base_kind``: the kind of the workload the flags apply to where none of them replaces it (a
+    scenario's, a plan's, a config file's), named ``base`` in the messages."""
+    given = {k for k, v in flags.items() if v is not None}
+    if "--trace-format" in given and "--trace" not in given:
+        raise TwinferError("--trace-format: only with --trace PATH")
+    if {"--workload", "--trace"} <= given:
+        raise TwinferError("--workload and --trace: both set the workload (a preset generates its requests, --trace replays "
+                           "a file's); give one of them")
+    if "--trace" in given:
+        kind, src = "trace", "--trace"
+    elif "--workload" in given:
+        kind, src = "preset", "--workload"
+    else:
+        kind, src = base_kind, base
+    closed_flag = next((f for f in ("--concurrency", "--think-time-s") if f in given), None)
+    if kind == "trace":
+        what = ("--trace replays the file's own arrival times" if src == "--trace" else
+                f"{src} is a trace, which replays its file's own arrival times")
+        if closed_flag:
+            alt = ", or drop --trace for a closed loop of generated requests" if src == "--trace" else ""
+            raise TwinferError(f"{closed_flag}: a trace cannot run as a closed loop ({what}; a closed loop sends each user's "
+                               f"next request when the last one ends); drop {closed_flag}{alt}")
+        if "--rate" in given:
+            alt = ", or drop --trace for generated arrivals at that rate" if src == "--trace" else ""
+            raise TwinferError(f"--rate: a trace has no arrival rate to set ({what}); drop --rate{alt}; the workload's "
+                               "time_scale (in a scenario or plan file) replays a trace faster or slower (0.5: twice as fast)")
+    if "--rate" in given and (closed_flag or kind == "closed"):
+        who = f"{closed_flag} makes the workload one" if closed_flag else f"{src} is kind: closed"
+        fix = (f"drop --rate, or drop {closed_flag} for open arrivals at that rate" if closed_flag else
+               "drop --rate (--concurrency sets its users)")
+        raise TwinferError(f"--rate: a closed loop has no arrival rate ({who}: its users set the load); {fix}")
