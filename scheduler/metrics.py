@@ -4,7 +4,9 @@ The collector keeps running sums per plan and per-request scalars in flat arrays
 all per-request arithmetic with numpy in ``summarize``. Definitions:
 
 * TTFT = first_token_time - arrival; E2E = finish - arrival; TPOT (per request) =
-  (finish - first_token) / (output tokens - 1), for requests with >= 2 output tokens.
+  (finish - first_token) / (output tokens - 1), for requests with >= 2 output tokens. A
+  disaggregated request's first token is the client's: when it joins the decode batch, after
+  its KV transfer (``Scheduler._admit_prefilled``).
 * ITL is a weighted histogram of the gaps a reader of each request's stream sees: every output
   token after a request's first is one sample, the time since the request's previous token.
   A decode whose previous token came at the end of its instance's previous plan (the common
@@ -386,15 +388,15 @@ class _Stream:
         # since then (that plan included), plans that completed prompts: (their end, their prefill chunks); a chunk's
         # request that is in a later decode plan joined the batch at that end
         self.joined: list[tuple[float, list]] = []
-        # requests handed over by a prefill instance, not yet in a decode plan here -> their first token's time
+        # requests handed over by a prefill instance, not yet in a decode plan here (their first token's time is set
+        # as they join the batch: ``Request.first_token_time``)
         self.handed: dict[Request, float] = {}
 
     def last_token(self, req: Request, start_s: float) -> float:
         """When ``req``, of this instance's decode batch and preempted by the plan starting at ``start_s``, made its
         latest token (``start_s``, a lower bound, where no decode plan of the instance was seen)."""
-        t = self.handed.pop(req, None)
-        if t is not None:
-            return t
+        if self.handed.pop(req, None) is not None:
+            return req.first_token_time
         for end, chunks in reversed(self.joined):
             for c in chunks:
                 if c.request is req and c.is_last_chunk:
@@ -434,7 +436,8 @@ class _Stream:
                 members = set(decodes)
                 for r in admitted:
                     if r in members:
-                        new[decodes.index(r)] = start_s - handed.pop(r)
+                        handed.pop(r)
+                        new[decodes.index(r)] = start_s - r.first_token_time
         wait = start_s - self.dec_end if self.dec_end is not None and len(decodes) > len(new) else 0.0
         if not wait and not any(new.values()):
             return None
@@ -530,13 +533,14 @@ class MetricsCollector:
         read-back."""
 
     def on_handover(self, instance_id: int, req: Request) -> None:
-        """``req``, whose first token a prefill instance made (at ``req.first_token_time``), was queued at decode
-        instance ``instance_id`` (disaggregated serving): its first decode token there is one ITL gap from that first
-        token, spanning the KV transfer and any wait for a seat in the decode batch."""
+        """``req``, whose first token a prefill instance sampled, was queued at decode instance ``instance_id``
+        (disaggregated serving) after its KV transfer: its first token reaches the client as it joins the decode
+        batch there (``req.first_token_time``, set then: TTFT spans the prefill, the transfer and any wait for a seat),
+        and its first decode token is one ITL gap from that."""
         s = self._streams.get(instance_id)
         if s is None:
             s = self._streams[instance_id] = _Stream()
-        s.handed[req] = req.first_token_time
+        s.handed[req] = 1.0
 
     def on_step(self, instance_id: int, start_s: float, plan: StepPlan, result: StepResult,
                 kv_used_blocks: int, kv_total_blocks: int) -> None:

@@ -179,7 +179,8 @@ class Scheduler:
         """Queue a request whose prompt KV was computed elsewhere (a prefill instance) and has arrived here.
 
         ``req`` carries ``num_computed_tokens`` (the prompt) and ``num_output_tokens`` (the first
-        token, sampled by the prefill instance). It joins the decode batch, holding blocks for its
+        token, sampled by the prefill instance; its ``first_token_time`` is set when it joins the batch here, the
+        time a client reading the decode instance's stream gets it). It joins the decode batch, holding blocks for its
         KV, as soon as a seat and the blocks are free (before any waiting prompt: its KV is
         already paid for). False (and DROPPED with a reason) if it can never be served.
         """
@@ -200,6 +201,11 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
+            if req.first_token_time is None:
+                # the first token, sampled by the prefill instance, reaches the client through this instance: it is
+                # streamed as the request joins the decode batch, after its KV transfer and any wait for a seat (a
+                # P/D proxy's TTFT; the planner's screen prices the same: prefill + queueing + transfer)
+                req.first_token_time = now
             self.batch.add(req)
 
     def abort(self, request_id: str) -> Request | None:

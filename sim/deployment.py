@@ -246,10 +246,10 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
     def on_prefilled(copy: Request) -> None:
         orig = originals[copy.request_id]
         orig.first_scheduled_time = copy.first_scheduled_time
-        orig.first_token_time = copy.first_token_time
         orig.num_cached_tokens = copy.num_cached_tokens
         orig.num_preemptions = copy.num_preemptions
-        if orig.output_len <= 1:
+        if orig.output_len <= 1:   # its one token is the answer: the prefill instance returns it
+            orig.first_token_time = copy.first_token_time
             orig.num_output_tokens = 1
             orig.status = copy.status
             orig.finish_time = copy.finish_time
@@ -268,7 +268,7 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
         if not sched.add_prefilled(orig):
             collector.on_drop(orig)
             return
-        if handover is not None:   # its first decode token's ITL runs from its first token, through the transfer
+        if handover is not None:   # its first decode token's ITL runs from its first token (its admission there)
             handover(n_p + j, orig)
         inst.wake()
 

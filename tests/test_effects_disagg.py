@@ -56,9 +56,11 @@ def test_kv_transfers_queue_on_a_slow_link(tmp_path):
     fast = simulate_deployment(base(), disagg=spec.model_copy(update={"kv_link": "scaleup"})).result
     slow = simulate_deployment(base(str(path)), disagg=spec).result
     assert slow.metrics.requests_finished == 150
-    # first tokens come from the prefill pool either way; the transfer delays the second token
-    assert slow.metrics.ttft_s.mean < 1.5 * fast.metrics.ttft_s.mean + 0.05
-    assert slow.metrics.tpot_s.p90 > fast.metrics.tpot_s.p90
+    # a first token reaches the client through the decode instance, after the KV transfer (a P/D proxy's TTFT, the
+    # planner screen's too): the slow link's queued transfers are in TTFT (0.29 -> 0.69 s mean), not in TPOT (it was
+    # the other way round until 2026-12-08: TTFT stopped at the prefill instance's token)
+    assert slow.metrics.ttft_s.mean > fast.metrics.ttft_s.mean + 0.2
+    assert slow.metrics.tpot_s.p90 == pytest.approx(fast.metrics.tpot_s.p90, rel=0.05)
     assert "scaleout" in slow.cost_model_notes[-1] and "scaleup" in fast.cost_model_notes[-1]
 
 
@@ -71,7 +73,7 @@ def test_disaggregated_run_is_deterministic():
 
 @pytest.mark.parametrize("overlap", [True, False])
 def test_each_request_s_itl_gaps_add_up_to_its_stream_through_the_kv_transfer(overlap):
-    # the first decode token's gap runs from the prefill instance's first token, through the transfer
+    # the first decode token's gap runs from the first token, streamed as the request joins the decode batch
     sc = base().model_copy(update={"scheduler": SC.model_copy(update={"async_overlap": overlap})})
     run = simulate_deployment(sc, disagg=DisaggSpec(prefill_layout=TP8, prefill_instances=1))
     m = run.result.metrics
