@@ -283,6 +283,23 @@ def stage_weight_bytes(model: ModelSpec, layout: ParallelLayout, mtp: bool = Tru
     return stages
 
 
+def host_problem(fit: "MemoryFit", model: ModelSpec, layout: ParallelLayout, hw: Hardware) -> str | None:
+    """Why the host memory one GPU needs does not fit (``fit.host_fits`` false), else None: the lookup tables kept in
+    host memory (``host_table_bytes_per_gpu``) plus the expert weights offloaded there. ``twinfer cost``, the
+    simulator and the planner's layout space refuse such a layout alike (the planner kept only table-in-HBM layouts
+    where ``cost`` and ``simulate`` ran it without a word)."""
+    if fit.host_fits:
+        return None
+    offloaded = host_bytes_per_gpu(model, layout)
+    need = fit.host_table_bytes_per_gpu + offloaded
+    parts = [f"{what} {b / 1e9:.1f} GB" for what, b in (("lookup tables", fit.host_table_bytes_per_gpu),
+                                                         ("offloaded expert weights", offloaded)) if b > 0]
+    fixes = (["the lookup tables in HBM (effects.table_placement: hbm)"] if fit.host_table_bytes_per_gpu > 0 else []) + \
+            (["a smaller offload fraction"] if offloaded > 0 else []) + ["more GPUs", "a host with more memory (host_mem_gb)"]
+    return (f"host memory does not fit: per GPU {need / 1e9:.1f} GB ({' + '.join(parts)}) of {hw.host_mem_gb:.0f} GB, "
+            f"short by {need / 1e9 - hw.host_mem_gb:.1f} GB (try {', or '.join(fixes)})")
+
+
 def memory_fit(
     model: ModelSpec,
     hw: Hardware,

@@ -22,7 +22,7 @@ from costmodels.replay import depth_correction
 from costmodels.effective import fit_with_policies
 from costmodels.hardware import get_hardware
 from costmodels.layout import ParallelLayout
-from costmodels.memory import MemoryFit, kv_rates
+from costmodels.memory import MemoryFit, host_problem, kv_rates
 from scheduler.config import SchedulerConfig
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler
@@ -106,6 +106,9 @@ def _fit(scenario: Scenario, layout: ParallelLayout, sc: SchedulerConfig, effect
     if not fit.fits:
         raise DoesNotFitError(f"{what}: {fit.explanation}"
                               + wider_hint(layout, lambda lay: fit_of(lay).fits, what, get_model(scenario.model)))
+    host = host_problem(fit, get_model(scenario.model), layout, get_hardware(scenario.hardware))
+    if host:
+        raise DoesNotFitError(f"{what}: {host}")
     return fit
 
 

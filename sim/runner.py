@@ -13,7 +13,7 @@ from costmodels.calibration_source import profile_for
 from costmodels.replay import depth_correction
 from costmodels.effective import EffectiveStepCost, fit_with_policies
 from costmodels.host import wall_time
-from costmodels.memory import MemoryFit
+from costmodels.memory import MemoryFit, host_problem
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler
 from sim.backend import MemoStepCost, SimBackend, host_coeffs
@@ -43,6 +43,9 @@ def _fit(scenario: Scenario) -> MemoryFit:
     fit = fit_of(scenario.layout)
     if not fit.fits:
         raise DoesNotFitError(f"layout: {fit.explanation}" + wider_hint(scenario.layout, lambda lay: fit_of(lay).fits, model=model))
+    host = host_problem(fit, model, scenario.layout, hw)   # lookup tables kept in host memory, offloaded weights
+    if host:
+        raise DoesNotFitError(f"layout: {host}")
     return fit
 
 

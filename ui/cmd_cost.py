@@ -218,13 +218,17 @@ def run_cost(cfg: CostConfig) -> dict:
 
 
 def _check_offload(cfg: CostConfig, model) -> None:
-    """Refuse an offload that would change nothing (it was priced as given and labelled 'offload 50% experts'):
+    """Refuse an offload or an expert dtype that would change nothing (it was priced as given and labelled 'offload 50%
+    experts' or 'fp4 experts'):
     ``costmodels.offload`` moves only MoE layers' expert weights to host memory, so a dense model has none to move,
     and ``offload_scope`` only says which expert weights ``offload_fraction`` moves."""
     if cfg.offload_fraction and not model.moe:
         raise TwinferError(f"--offload-fraction {cfg.offload_fraction:g}: {model.name} is dense (no MoE layers); offload "
                            "keeps a share of each MoE layer's expert weights in host memory, so it applies to MoE models "
                            "only: leave it out (or 0)")
+    if cfg.expert_dtype is not None and not model.moe:
+        raise TwinferError(f"--expert-dtype {cfg.expert_dtype}: {model.name} is dense (no routed experts); its weights "
+                           "take --dtype: leave --expert-dtype out")
     if "offload_scope" in cfg.model_fields_set and not cfg.offload_fraction:
         raise TwinferError(f"--offload-scope {cfg.offload_scope}: only with --offload-fraction > 0 (it says which expert "
                            "weights that share is taken from)")
@@ -271,15 +275,12 @@ LAYOUT_FLAGS = {"two_micro_batch": "--two-micro-batch", "eplb_redundant_experts"
 
 
 def _fit_problems(fit, model, hw, layout) -> list[str]:
-    """What does not fit of the layout: HBM, or host memory for offloaded weights (empty: it fits)."""
-    problems = [] if fit.fits else [fit.explanation]
-    if not fit.host_fits and layout.offload_fraction:
-        from costmodels.offload import host_bytes_per_gpu
+    """What does not fit of the layout: HBM, or host memory for host lookup tables and offloaded weights (empty: it
+    fits)."""
+    from costmodels.memory import host_problem
 
-        need = fit.host_table_bytes_per_gpu + host_bytes_per_gpu(model, layout)
-        problems.append(f"host memory does not fit: per GPU {need / 1e9:.1f} GB (offloaded weights + host tables) of "
-                        f"{hw.host_mem_gb:.0f} GB, short by {need / 1e9 - hw.host_mem_gb:.1f} GB")
-    return problems
+    host = host_problem(fit, model, layout, hw)   # lookup tables kept in host memory, offloaded weights
+    return ([] if fit.fits else [fit.explanation]) + ([host] if host else [])
 
 
 def refuse_unless_allowed(what: str, problems: list[str], allow: bool, warning, command: str = "twinfer cost") -> list[str]:

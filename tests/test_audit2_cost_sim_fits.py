@@ -1,0 +1,40 @@
+"""Audit round 2: host memory is one fit for cost, simulate and plan; an expert dtype on a dense model is refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import yaml
+
+from costmodels.hardware import get_hardware
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ui.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def _small_host(tmp_path) -> str:
+    hw = get_hardware("h200").model_dump()
+    hw.update(name="H200-small-host", host_mem_gb=16.0)
+    path = tmp_path / "h200small.yaml"
+    path.write_text(yaml.safe_dump(hw))
+    return str(path)
+
+
+def test_lookup_tables_past_the_host_memory_are_refused_by_cost_and_simulate_as_plan_leaves_them_out(tmp_path):
+    """DeepSeek-V4.1-Flash TP8 keeps 25.3 GB of lookup tables a GPU in host memory by default: on a 16 GB host,
+    ``plan`` kept only tables-in-HBM layouts while ``cost`` said 'step fits yes' and ``simulate`` ran it."""
+    hw = _small_host(tmp_path)
+    for args in (["cost", "-m", "deepseek-v4.1-flash", "--hw", hw, "--tp", "8"],
+                 ["simulate", "-m", "deepseek-v4.1-flash", "--hw", hw, "--tp", "8", "-n", "20"]):
+        r = _cli(*args)
+        assert r.returncode == 2, (args, r.stdout[-500:], r.stderr)
+        assert "host memory does not fit" in r.stderr and "lookup tables 25.3 GB" in r.stderr and "of 16 GB" in r.stderr
+    ok = _cli("cost", "-m", "deepseek-v4.1-flash", "--hw", "h200", "--tp", "8", "--json")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_an_expert_dtype_on_a_dense_model_is_refused():
+    r = _cli("cost", "-m", "llama-3.1-8b", "--tp", "1", "--expert-dtype", "fp4")
+    assert r.returncode == 2 and "--expert-dtype fp4" in r.stderr and "dense" in r.stderr, r.stderr
