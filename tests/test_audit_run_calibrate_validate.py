@@ -184,8 +184,8 @@ def test_validate_report_names_the_dtype_the_engine_ran(monkeypatch):
     monkeypatch.setattr(cv, "run_levels", fake_levels)
     with pytest.raises(TwinferError, match="stop before"):
         cv.validate(trace=None, workload="chat", requests=5, model=None, num_layers=None, profile=Path(PROFILE), device=None,
-                    dtype=None, levels="0.5", max_num_seqs=4, max_batched_tokens=256, max_model_len=256, max_input_len=None,
-                    max_output_len=None, num_kv_blocks=None, seed=0, out=None, plot=None, sim_only=False,
+                    dtype=None, levels="0.5", max_num_seqs=4, max_batched_tokens=256, max_model_len=256, max_input_len=128,
+                    max_output_len=8, num_kv_blocks=None, seed=0, out=None, plot=None, sim_only=False,
                     calibrate_first=False, warm=False, async_overlap=False, runs=1, power_limit=True,
                     host_speed="calibration")
     assert seen == {"engine": "fp32", "report": "fp32"}

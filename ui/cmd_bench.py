@@ -99,6 +99,12 @@ def user_loop(spec, seed: int, block_size: int):
     return bc.UserLoop(spec.concurrency, next_request, spec.num_requests, spec.duration_s)
 
 
+def clipped_note(clipped: int, total: int, context: str) -> str:
+    """How many requests were shortened to fit a context, in the one wording bench and validate print (``context``:
+    what set it, e.g. "the server's max_model_len 4096" or "--max-model-len 4096")."""
+    return f"{clipped} of {total} requests clipped to fit {context}"
+
+
 def check_url(url: str) -> str:
     """``url`` if it is http(s); the client strips a '/v1' (what ``twinfer serve`` prints) itself."""
     if not url.strip().startswith(("http://", "https://")):
@@ -239,7 +245,7 @@ def bench(
             run = partial_run(done, model=model, url=url, prompt_mode=prompt_mode)
     interrupted = run.interrupted
     if run.clipped:
-        err.print(f"note: {run.clipped} of {len(run.records)} requests clipped to fit the server's max_model_len {max_len}")
+        err.print("note: " + clipped_note(run.clipped, len(run.records), f"the server's max_model_len {max_len}"))
     if records:
         bc.write_records(records, run)
     metrics = to_sim_metrics(run, num_gpus=num_gpus, slo=SLO(**target.targets()) if target else None)

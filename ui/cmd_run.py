@@ -58,24 +58,11 @@ def check_temperature(temperature: float, flag: str = "--temperature") -> None:
 def plan_scheduler(plan: Path) -> dict:
     """The scheduler section ``--plan`` gives as the base config: a file's top-level ``scheduler`` (a tuned policy,
     ``twinfer tune --plan-out``) or an aggregated ``twinfer plan`` file's serving pool's; anything else is refused
-    (a plan file of another kind was ignored without a word)."""
-    from twinfer.config import read_mapping
+    (a plan file of another kind was ignored without a word). Read as ``twinfer serve --plan`` reads it
+    (``ui.serve_plan.read_plan``)."""
+    from ui.serve_plan import read_plan
 
-    doc = read_mapping(plan)
-    section = doc.get("scheduler")
-    if isinstance(section, dict):
-        return dict(section)
-    if section is not None:
-        raise TwinferError(f"--plan {plan}: 'scheduler' must be a mapping of SchedulerConfig fields")
-    if "pools" in doc:
-        from planner.plan import load_plan
-        p = load_plan(plan)
-        if p.mode != "aggregated":
-            raise TwinferError(f"--plan {plan}: a disaggregated plan has a prefill and a decode scheduler; twinfer run "
-                               "runs one engine (give --scheduler-config)")
-        return p.pool("mixed").scheduler.model_dump(exclude_unset=True)
-    raise TwinferError(f"--plan {plan}: not a plan (no 'scheduler' section, no 'pools'); give a twinfer plan file or a "
-                       "tuned policy (twinfer tune --plan-out), or a SchedulerConfig as --scheduler-config")
+    return read_plan(plan, "twinfer run").scheduler
 
 
 def _load_workload(workload: str, requests: Optional[int], rate: Optional[float], cap: Optional[int] = None):

@@ -14,6 +14,8 @@ from twinfer.errors import TwinferError
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 # the shortest context a request fits: a one-token prompt and one generated token
 MIN_MODEL_LEN = 2
+# the weights the engine runs without --dtype (executor.engine.LLMEngine.from_args), for the plan's dtype note
+ENGINE_DTYPE = "bf16"
 
 
 def register(app: typer.Typer) -> None:
@@ -22,17 +24,17 @@ def register(app: typer.Typer) -> None:
 
 
 def build_engine(model: str, *, load_format: str, device: str, dtype: Optional[str], seed: int,
-                 max_model_len: Optional[int], num_kv_blocks: Optional[int], plan_path: Optional[str],
+                 max_model_len: Optional[int], num_kv_blocks: Optional[int], plan_options: tuple[int, dict] = (1, {}),
                  async_overlap: Optional[bool] = None):
-    """The executor's AsyncLLMEngine (imports torch: call only when serving)."""
+    """The executor's AsyncLLMEngine (imports torch: call only when serving). ``plan_options``: (EP width, engine
+    options) of ``--plan`` (``ui.serve_plan.serving_options``)."""
     from executor.async_engine import AsyncLLMEngine  # torch lives behind this import
-    from ui.serve_plan import serving_options
 
     kwargs = dict(load_format=load_format, device=device, seed=seed, max_model_len=max_model_len,
                   num_kv_blocks=num_kv_blocks)
     if dtype:
         kwargs["dtype"] = dtype
-    world, plan_kwargs = serving_options(plan_path, device) if plan_path is not None else (1, {})
+    world, plan_kwargs = plan_options
     kwargs.update(plan_kwargs)
     if world > 1:   # a plan with EP width > 1: one process per device (executor.ep_launch)
         from executor.ep_launch import start_ep_front
@@ -87,13 +89,20 @@ def serve(
         from executor.serve.tokenizer import load_tokenizer
     except ImportError as err:
         raise TwinferError(f"twinfer serve needs the serve extra: pip install 'twinfer[serve]' ({err})") from None
+    plan_options = (1, {})
+    if plan is not None:   # read, checked against --model and its notes said before the port and the engine build
+        from ui.serve_plan import serving_options
+        try:
+            plan_options = serving_options(plan, device, model, dtype or ENGINE_DTYPE)
+        except ImportError as err:   # an EP plan's ranks (executor.ep_launch) need torch
+            raise TwinferError(f"twinfer serve needs torch: pip install 'twinfer[executor]' ({err})") from None
     # the port is reserved before the engine (a busy one is refused at once, not after minutes of loading) but
     # listens only once the app can answer: until then a client is refused, not left hanging
     sock = bind_socket(host, port, listen=False)
     url = url_of(sock)
     try:
         engine = build_engine(model, load_format=load_format, device=device, dtype=dtype, seed=seed,
-                              max_model_len=max_model_len, num_kv_blocks=num_kv_blocks, plan_path=plan,
+                              max_model_len=max_model_len, num_kv_blocks=num_kv_blocks, plan_options=plan_options,
                               async_overlap=async_overlap)
     except ImportError as err:
         raise TwinferError(f"twinfer serve needs torch: pip install 'twinfer[executor]' ({err})") from None

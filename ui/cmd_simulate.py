@@ -281,17 +281,65 @@ def _as_closed(sc, concurrency: int | None, think_time_s: float | None, rate: fl
     return sc.model_copy(update={"workload": wl, "description": f"{sc.description} {note}".strip()})
 
 
-def _offered(wl: dict) -> str:
+def _check_replay(sc, flag: str | None) -> None:
+    """The replay policy in force, checked on the scenario's model before the run: ``ReplayPolicy.resolve``'s checks (a
+    layer past the model or without a window; they were said only after 'simulating ...'), and a rule other than
+    persist on a model with no window layers, which resolves to nothing (the library's meaning, costmodels/replay.py:
+    nothing to govern) and so ran byte-identical to no policy, exit 0. Names --replay where the flag set the policy,
+    else the scenario's field."""
+    from costmodels.catalog import get_model
+    from costmodels.replay import window_layers
+
+    model, s = get_model(sc.model), sc.scheduler
+    where = f"--replay {flag!r}" if flag is not None else "scheduler.replay"
+    try:
+        s.replay_for(model)
+    except TwinferError as err:
+        if flag is None:
+            raise
+        raise TwinferError(f"{where}: {err}") from None
+    if window_layers(model):
+        return
+    pol, rules = s.replay, []
+    if pol is not None:
+        for name, r in (("default", pol.default), *((f"kinds.{k}", r) for k, r in sorted(pol.kinds.items()))):
+            if r.mode != "persist":
+                rules.append(f"{name} {r.mode}" + (f":{r.tokens or pol.tokens}" if r.mode == "replay" else ""))
+    elif s.swa_replay_tokens:
+        where, rules = "scheduler.swa_replay_tokens", [f"replay:{s.swa_replay_tokens}"]
+    if rules:
+        raise TwinferError(f"{where}: {', '.join(rules)} on {model.name}, which has no sliding-window layers: nothing is "
+                           "kept or recomputed on resume, so only persist applies")
+
+
+def _offered(wl: dict, metrics=None) -> str:
     """The offered arrival rate of an open-loop workload (what `twinfer plan` says its plan is sized for): a generated
-    one's rate, a trace's requests over their arrival span (``sim.workload.offered_rate``); none for a closed loop."""
+    one's rate, a trace's requests over their arrival span (``sim.workload.offered_rate``); none for a closed loop.
+    An agentic workload's turns arrive as its sessions think and answer, not at its ``rate`` (the turn rate once
+    sessions overlap: a run of a few hundred turns offered half of it): the run's own requests over their arrival span
+    (``metrics``' whole run, as a trace's: one less than the requests over first to last arrival), its sessions' start
+    rate and the workload's rate beside it, each named."""
     from sim.workload import WorkloadSpec, offered_rate
 
-    if wl.get("kind") == "closed":
+    kind = wl.get("kind")
+    if kind == "closed":
         return ""
-    r = offered_rate(WorkloadSpec.model_validate(wl)) if wl.get("kind") == "trace" else wl.get("rate")
+    if kind == "agentic":
+        spec = WorkloadSpec.model_validate(wl)
+        sessions = f"sessions start at {_rate(spec.rate / max(spec.turns.mean(), 1.0))}/s, workload rate {_rate(spec.rate)} req/s"
+        w = getattr(metrics, "whole_run", None)
+        span = (w.arrivals_to_s - w.arrivals_from_s) if w is not None else 0.0
+        if w is None or w.requests_arrived < 2 or not span > 0:
+            return f" (agentic: {sessions})"
+        return f" offered at {_rate((w.requests_arrived - 1) / span)} req/s (first to last arrival; agentic: {sessions})"
+    r = offered_rate(WorkloadSpec.model_validate(wl)) if kind == "trace" else wl.get("rate")
     if not r:
         return ""
-    return f" offered at {r:,.1f} req/s" if r >= 0.1 else f" offered at {r:.2g} req/s"  # 0.01 is not "0.0"
+    return f" offered at {_rate(r)} req/s"
+
+
+def _rate(r: float) -> str:
+    return f"{r:,.1f}" if r >= 0.1 else f"{r:.2g}"  # 0.01 is not "0.0"
 
 
 def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None, plan: str | None = None) -> None:
@@ -311,7 +359,7 @@ def _print_result(con: Console, res, wall_s: float, spec: SLOSpec | None = None,
     con.print(f"[bold]{escape(res.name)}[/]: {escape(res.description or '(no description)')}", highlight=False)
     con.print(
         f"{_label(sc['model'])} {lay['weight_dtype']} on {res.num_gpus}x{_hw_name(sc['hardware'])} ({pools}), "
-        f"{res.num_requests:,} requests{_offered(sc['workload'])}, seed {res.seed}; KV {res.kv.capacity_tokens:,} tokens per {kv_per} "
+        f"{res.num_requests:,} requests{_offered(sc['workload'], m)}, seed {res.seed}; KV {res.kv.capacity_tokens:,} tokens per {kv_per} "
         f"({res.kv.num_blocks:,} whole blocks of {res.kv.block_size})",
         style="dim", highlight=False,
     )
@@ -553,6 +601,7 @@ def register(app: typer.Typer) -> None:
             if the_plan is not None and concurrency is not None:   # the deployment's users; a run of part of it, its share
                 concurrency = the_plan.run_users(concurrency)
             sc = _as_closed(sc, concurrency, think_time_s, rate)
+        _check_replay(sc, replay)
         if all_values and not print_scenario:
             raise TwinferError("--all: only with --print-scenario")
         if print_scenario and all_values:

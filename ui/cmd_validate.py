@@ -28,6 +28,12 @@ def register(app: typer.Typer) -> None:
 def load_requests(trace: Optional[str], workload: str, requests: Optional[int], block_size: int, seed: int,
                   max_input_len: Optional[int], max_output_len: Optional[int], max_model_len: int):
     """Requests from a trace (JSONL) or a workload preset/file, lengths clamped to what the engine holds."""
+    return clamp_requests(read_requests(trace, workload, requests, block_size, seed), block_size, max_input_len,
+                          max_output_len, max_model_len)[0]
+
+
+def read_requests(trace: Optional[str], workload: str, requests: Optional[int], block_size: int, seed: int):
+    """Requests from a trace (JSONL) or a workload preset/file, as drawn (``clamp_requests`` fits them)."""
     if trace:
         from sim.traces import read_trace
         reqs = read_trace(trace, block_size, "jsonl")
@@ -39,16 +45,45 @@ def load_requests(trace: Optional[str], workload: str, requests: Optional[int], 
         reqs = generate(_load_workload(workload, requests, None), np.random.default_rng(seed), block_size)
     if not reqs:
         raise TwinferError("no requests to replay")
+    return reqs
+
+
+def clamp_requests(reqs, block_size: int, max_input_len: Optional[int], max_output_len: Optional[int], max_model_len: int):
+    """``reqs`` sorted by arrival from t = 0, prompts cut to ``max_input_len`` and outputs to ``max_output_len`` (asked
+    for), then prompt + output to ``max_model_len`` - 1 (the context; one token for the prompt's end). Returns the
+    requests, how many of them the context clipped and the longest prompt + output the flags asked for (the context
+    that would fit every request: that + 1)."""
     t0 = min(r.arrival_time for r in reqs)
-    out = []
+    out, clipped, longest = [], 0, 0
     for r in sorted(reqs, key=lambda r: r.arrival_time):
-        p = min(r.prompt_len, max_input_len or r.prompt_len, max_model_len - 2)
-        o = max(1, min(r.output_len, max_output_len or r.output_len, max_model_len - p - 1))
+        p_asked = min(r.prompt_len, max_input_len or r.prompt_len)
+        o_asked = min(r.output_len, max_output_len or r.output_len)
+        p = min(p_asked, max_model_len - 2)
+        o = max(1, min(o_asked, max_model_len - p - 1))
+        clipped += (p, o) != (p_asked, o_asked)
+        longest = max(longest, p_asked + o_asked)
         r.arrival_time -= t0
         r.prompt_len, r.output_len = p, o
         r.block_hashes = r.block_hashes[: p // block_size]
         out.append(r)
-    return out
+    return out, clipped, longest
+
+
+def context_clip_note(clipped: int, total: int, longest: int, max_model_len: int, workload: str) -> str | None:
+    """None where every request fits ``--max-model-len``; a note (said and recorded in the report) where some are
+    clipped to it; refused (exit 2) where most are: the figures would be of other requests than the workload's (a
+    long-context workload at the default 4,096 ran as 4,094-token prompts with one output token: no TPOT at all)."""
+    if not clipped:
+        return None
+    from ui.cmd_bench import clipped_note
+
+    fit = longest + 1
+    if 2 * clipped > total:
+        raise TwinferError(f"--max-model-len {max_model_len}: {clipped} of {total} requests of {workload!r} do not fit it "
+                           f"(the longest is {longest:,} tokens, prompt and output); give --max-model-len {fit} to fit "
+                           "every one, or --max-input-len/--max-output-len to shorten them on purpose")
+    return (clipped_note(clipped, total, f"--max-model-len {max_model_len}") + f" (prompt + output; the longest is "
+            f"{longest:,} tokens: --max-model-len {fit} fits every one); the figures are of the clipped requests")
 
 
 def sim_config(base, profile):
@@ -507,6 +542,10 @@ def validate(
                               max_num_batched_tokens=token_budget_for(max_num_seqs, max_batched_tokens), block_size=block_size,
                               async_overlap=async_overlap), "scheduler options")
     blocks = num_kv_blocks or max_num_seqs * (-(-max_model_len // block_size)) + 64
+    # the requests before the engine build (minutes on a GPU): most of them past --max-model-len is refused
+    reqs, clipped, longest = clamp_requests(read_requests(trace, workload, requests, block_size, seed), block_size,
+                                            max_input_len, max_output_len, max_model_len)
+    clip_note = context_clip_note(clipped, len(reqs), longest, max_model_len, trace or workload)
     engine = None
     if not sim_only:
         from executor.calibrate import build_engine
@@ -532,7 +571,8 @@ def validate(
     _check_profile_model(prof, model)
     cost = ProfiledStepCost(prof, num_layers=num_layers, power=power_limit)
     L = cost.num_layers
-    reqs = load_requests(trace, workload, requests, block_size, seed, max_input_len, max_output_len, max_model_len)
+    if clip_note:
+        con.print(f"[yellow]note:[/] {clip_note}", highlight=False)
     cap = saturation_rps(cost, sim_config(base_cfg, prof), blocks, reqs)
     con.print(f"predicted capacity {cap:.2f} requests/s ({len(reqs)} requests, {L} layers, {blocks} KV blocks of {block_size})")
     for note in cost.notes:   # the board's power limit, where the profile measured its reference loops (costmodels.power)
@@ -547,6 +587,8 @@ def validate(
         Console(stderr=True).print("[yellow]interrupted: the levels printed above are complete; no report and no plot written "
                   "(their errors need every level)[/]", highlight=False)
         raise typer.Exit(130) from None
+    if clip_note:
+        rep.notes.append(clip_note)
     if plot is not None and samples_by_level:
         con.print(f"plot: {write_plot(rep, samples_by_level, plot)}")
     if out is not None:
