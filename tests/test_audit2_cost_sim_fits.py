@@ -38,3 +38,16 @@ def test_lookup_tables_past_the_host_memory_are_refused_by_cost_and_simulate_as_
 def test_an_expert_dtype_on_a_dense_model_is_refused():
     r = _cli("cost", "-m", "llama-3.1-8b", "--tp", "1", "--expert-dtype", "fp4")
     assert r.returncode == 2 and "--expert-dtype fp4" in r.stderr and "dense" in r.stderr, r.stderr
+
+
+def test_a_steady_after_s_past_the_run_s_arrivals_says_every_figure_is_the_whole_run_s(tmp_path):
+    """``steady_after_s`` past the last arrival left no steady window: the steady table and the SLO's window switched
+    to the whole run's without a word."""
+    f = tmp_path / "s.yaml"
+    f.write_text("layout:\n  tp: 8\nworkload:\n  preset: chat\n  num_requests: 300\nsteady_after_s: 1000\n")
+    r = _cli("simulate", "-s", str(f))
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert "steady_after_s 1000 s: no steady window" in text and "is the whole run's" in text
+    f.write_text("layout:\n  tp: 8\nworkload:\n  preset: chat\n  num_requests: 300\nsteady_after_s: 10\n")
+    assert "no steady window" not in " ".join(_cli("simulate", "-s", str(f)).stdout.split())

@@ -448,6 +448,19 @@ def steady_drain_note(requests, window) -> str | None:
             "steady window")
 
 
+def no_steady_note(requests, steady_after_s: float | None, window) -> str | None:
+    """A note when the scenario set ``steady_after_s`` and the run has no steady window for it: the ramp-up it names
+    ends at or after the run's last arrival (or last finish), so every figure, the SLO verdict too, is the whole
+    run's. None otherwise."""
+    if steady_after_s is None or window is not None:
+        return None
+    arrivals = [r.arrival_time for r in requests]
+    last = max(arrivals) if arrivals else 0.0
+    return (f"steady_after_s {steady_after_s:g} s: no steady window (the run's last request arrived at {last:,.1f} s): "
+            f"every figure above, and the SLO verdict, is the whole run's; set steady_after_s below {last:,.1f} s or "
+            "run more requests")
+
+
 def _layout_label(lay: dict) -> str:
     """'TP1 DP8 EP8' for a scenario's layout mapping (DP, EP and PP only when > 1: the GPUs of the header add up)."""
     return (f"TP{lay['tp']}" + (f" DP{lay['dp']}" if lay["dp"] > 1 else "") + (f" EP{lay['ep']}" if lay["ep"] > 1 else "")
@@ -668,6 +681,9 @@ def register(app: typer.Typer) -> None:
         drain = steady_drain_note(requests, res.metrics.steady)
         if drain:
             con.print(f"[yellow]note:[/] {drain}", highlight=False)
+        none = no_steady_note(requests, res.scenario.get("steady_after_s"), res.metrics.steady)
+        if none:
+            con.print(f"[yellow]note:[/] {none}", highlight=False)
         from sim.deployment import POOLED_DP_MARK
         for line in (n for n in res.cost_model_notes if POOLED_DP_MARK in n):   # figures an engine would not reach
             con.print(f"[yellow]note:[/] {escape(line)}", highlight=False)
