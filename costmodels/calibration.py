@@ -540,7 +540,9 @@ class CalibrationProfile(BaseModel):
     notes: list[str] = Field(default_factory=list)
     mem_eff: float = Field(..., gt=0, le=1)
     gemm_mem_half_bytes: float = Field(..., ge=0)
-    gemm_compute_eff: dict[str, float]
+    gemm_compute_eff: dict[Literal["bf16", "fp8", "fp4"], Annotated[float, Field(gt=0, le=1)]] = Field(
+        ..., description="fraction of each dtype's dense peak a large GEMM reaches, in (0, 1] as the other efficiencies: "
+        "bf16 and fp8 required; fp4 optional (absent: FP4 GEMMs run at fp8's fraction)")
     gemm_compute_half_m: float = Field(64.0, ge=0)
     attn_compute_eff: float = Field(..., gt=0, le=1)
     comm_eff: float = Field(0.8, gt=0, le=1)
@@ -585,6 +587,16 @@ class CalibrationProfile(BaseModel):
     replay_grid: dict | None = Field(None, description="a replay_grid.json (benchmarks/gpu/replay_grid.py) measured on one "
                                      "model, read by costmodels.replay_grid.for_profile; None: replay priced analytically")
 
+    @field_validator("gemm_compute_eff")
+    @classmethod
+    def _gemm_dtypes(cls, v: dict[str, float]) -> dict[str, float]:
+        """The dtypes the cost model looks up: bf16 (BF16 and TF32 GEMMs) and fp8 (FP8, and FP4 without its own)."""
+        missing = [d for d in ("bf16", "fp8") if d not in v]
+        if missing:
+            raise ValueError(f"{' and '.join(missing)} missing; give the fraction of the dense peak a "
+                             "large GEMM reaches for bf16 and fp8 (fp4 optional: absent, FP4 runs at fp8's), each in (0, 1]")
+        return v
+
     @field_validator("step", mode="before")
     @classmethod
     def _step_rev(cls, v):
@@ -620,7 +632,7 @@ class CalibrationProfile(BaseModel):
 
     def gemm_compute(self, m, dtype: str):
         """Fraction of the dtype's peak a GEMM with ``m`` rows achieves."""
-        top = self.gemm_compute_eff.get(dtype, self.gemm_compute_eff.get("fp8", 0.6))
+        top = self.gemm_compute_eff.get(dtype, self.gemm_compute_eff["fp8"])   # fp4 without its own: fp8's (_gemm_dtypes)
         if "gemm_compute" in self.tables:
             return self.tables["gemm_compute"](m) * top / max(self.gemm_compute_eff.values())
         m = np.asarray(m, dtype=float)

@@ -28,6 +28,27 @@ from costmodels.layout import DType
 SCHEMA_VERSION = 1  # bump when a field changes meaning; files name the version they were written for
 
 
+# the least a rate or bandwidth field may hold, and its unit: a thousandth or less of any datacenter GPU's (a T4 does
+# 65 TFLOP/s FP16, 0.32 TB/s; PCIe 3.0 x16 16 GB/s; a 10 Gbit/s NIC; the catalog's H100 989 TFLOP/s BF16, 3.35 TB/s).
+# Smaller is a typo or a unit slip, not a GPU: bf16_tflops 1e-300 priced a step at 2.8e300 s.
+MINIMUM = {
+    "bf16_tflops": (0.01, "TFLOP/s"), "fp8_tflops": (0.01, "TFLOP/s"), "fp4_tflops": (0.01, "TFLOP/s"),
+    "tf32_tflops": (0.01, "TFLOP/s"), "sfu_exp_tera_per_s": (1e-3, "1e12 exponentials/s"), "hbm_tbps": (1e-4, "TB/s"),
+    "scaleup_gbps": (0.01, "GB/s"), "scaleout_gbps": (0.01, "Gbit/s"), "host_link_gbps": (0.01, "GB/s"),
+    "copy_tbps": (1e-4, "TB/s"), "bf16_matmul_tflops": (0.01, "TFLOP/s"), "fp8_matmul_tflops": (0.01, "TFLOP/s"),
+    "fp4_matmul_tflops": (0.01, "TFLOP/s"), "deepgemm_fp8_tflops": (0.01, "TFLOP/s"),
+}
+
+
+def _at_least_minimum(v: float | None, info: ValidationInfo) -> float | None:
+    """Refuse a positive rate below its ``MINIMUM``, naming the unit (0 and None mean absent where a field allows)."""
+    lo, unit = MINIMUM[info.field_name]
+    if v is not None and 0 < v < lo:
+        raise ValueError(f"below the {lo:g} {unit} minimum (a thousandth or less of any datacenter GPU's): give the "
+                         f"rate in {unit} (got {v:g})")
+    return v
+
+
 class MeasuredCeilings(BaseModel):
     """What a real GPU of this kind achieved (used as achievable ceilings by the calibration defaults)."""
 
@@ -42,6 +63,9 @@ class MeasuredCeilings(BaseModel):
     deepgemm_fp8_tflops: float | None = Field(None, gt=0, le=1e6, description="DeepGEMM FP8 GEMM, TFLOP/s (H200 defaults only)")
     deepgemm_masked_grouped: dict | None = Field(None, description="DeepGEMM masked grouped GEMM: experts, n, k, time_us (H200 defaults only)")
     source: str = Field("", description="where and how these were measured (printed as the source of each efficiency)")
+
+    _minimum = field_validator("copy_tbps", "bf16_matmul_tflops", "fp8_matmul_tflops", "fp4_matmul_tflops",
+                               "deepgemm_fp8_tflops")(_at_least_minimum)
 
 
 # TF32 tensor-core rate over the BF16 one where a GPU gives no ``tf32_tflops``: NVIDIA's Hopper and Blackwell datasheets
@@ -95,6 +119,9 @@ class Hardware(BaseModel):
     def _zero_is_absent(cls, v: float | None) -> float | None:
         """0 and null both say 'this GPU lacks the feature'."""
         return None if not v else v
+
+    _minimum = field_validator("bf16_tflops", "fp8_tflops", "fp4_tflops", "tf32_tflops", "sfu_exp_tera_per_s", "hbm_tbps",
+                               "scaleup_gbps", "scaleout_gbps", "host_link_gbps")(_at_least_minimum)
 
     @field_validator("hbm_visible_gb")
     @classmethod

@@ -2,39 +2,87 @@
 
 from __future__ import annotations
 
+import collections.abc
+import functools
 import json
 import math
+import types
 from pathlib import Path
-from typing import TypeVar
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, RootModel, ValidationError
 
 from twinfer.errors import TwinferError
 
 M = TypeVar("M", bound=BaseModel)
 
 
-def format_validation_error(err: ValidationError, source: str = "") -> str:
-    """One line per problem: 'source: field.path: message (got value)'."""
-    lines = []
+# what a file's top-level ``kind:`` says it is, for a file given where another type was expected
+FILE_KINDS = {"twinfer-plan": "a twinfer plan file", "tuned-policy": "a tuned-policy file (twinfer tune --plan-out)"}
+# what each model a user file is read into is called in messages (others: the class name in words)
+MODEL_NOUNS = {"CalibrationProfile": "a calibration profile", "Hardware": "a hardware file", "ModelSpec": "a model file",
+               "Scenario": "a scenario file", "Plan": "a twinfer plan file", "WorkloadSpec": "a workload",
+               "SchedulerConfig": "a scheduler config", "PlanRequest": "a plan request"}
+# how many of the other problems' fields the one line names after the first problem
+MORE_NAMED = 4
+
+
+def _noun(title: str) -> str:
+    """``CalibrationProfile`` -> "a calibration profile"."""
+    if title in MODEL_NOUNS:
+        return MODEL_NOUNS[title]
+    words = "".join(f" {c.lower()}" if c.isupper() else c for c in title).strip()
+    return f"{'an' if words[:1] in 'aeiou' else 'a'} {words}" if words else "this file type"
+
+
+def _wrong_kind(err: ValidationError, source: str) -> str | None:
+    """A direct message for a file whose ``kind:`` names another file type than the one expected, else None."""
     for e in err.errors():
-        loc = ".".join(str(p) for p in e.get("loc", ())) or "(top level)"
-        got = e.get("input")
-        got_s = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
-        msg = e.get("msg", "invalid")
-        if isinstance(got, float) and not math.isfinite(got):   # NaN fails every bound: name what is wrong with it
-            lines.append(f"{source + ': ' if source else ''}{loc}: {got} is not allowed; numbers must be finite")
-            continue
-        if msg.startswith("Value error, "):  # our own validators already name the field
-            msg = msg[len("Value error, "):]
-            if not e.get("loc"):
-                lines.append(f"{source + ': ' if source else ''}{msg}")
-                continue
-        if "(got " in msg:   # a nested file's own error already shows its value (not the file name again)
-            got_s = ""
-        lines.append(f"{source + ': ' if source else ''}{loc}: {msg}{got_s}")
-    return "\n".join(lines)
+        if tuple(e.get("loc", ())) == ("kind",) and e.get("type") in ("extra_forbidden", "literal_error"):
+            got = e.get("input")
+            if isinstance(got, str) and got in FILE_KINDS:
+                return f"{source or 'the input'} is {FILE_KINDS[got]} (kind: {got}), not {_noun(err.title)}"
+    return None
+
+
+def _problem(e: dict, source: str) -> tuple[str, str]:
+    """One problem as ('field.path', 'source: field.path: message (got value)')."""
+    where = f"{source}: " if source else ""
+    loc_t = tuple(e.get("loc", ()))
+    if loc_t and loc_t[-1] == "[key]":   # a mapping key outside the allowed ones: name the key, not '.[key]'
+        loc_t = loc_t[:-2] + (f"key {loc_t[-2]!r}",) if len(loc_t) >= 2 else loc_t[:-1]
+    loc = ".".join(str(p) for p in loc_t) or "(top level)"
+    got = e.get("input")
+    got_s = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+    msg = e.get("msg", "invalid")
+    if isinstance(got, float) and not math.isfinite(got):   # NaN fails every bound: name what is wrong with it
+        return loc, f"{where}{loc}: {got} is not allowed; numbers must be finite"
+    if msg.startswith("Value error, "):  # our own validators already name the field
+        msg = msg[len("Value error, "):]
+        if not e.get("loc"):
+            return loc, f"{where}{msg}"
+    if "(got " in msg:   # a nested file's own error already shows its value (not the file name again)
+        got_s = ""
+    return loc, f"{where}{loc}: {msg}{got_s}"
+
+
+def format_validation_error(err: ValidationError, source: str = "") -> str:
+    """One line: the first problem ('source: field.path: message (got value)') and, where there are more, '(and N more:
+    field, field, ...)' naming up to MORE_NAMED of their fields. A file whose ``kind:`` names another file type (a plan
+    given as a calibration profile) is said to be that, not listed field by field."""
+    wrong = _wrong_kind(err, source)
+    if wrong is not None:
+        return wrong
+    problems = [_problem(e, source) for e in err.errors()]
+    if not problems:
+        return f"{source + ': ' if source else ''}invalid"
+    first = problems[0][1]
+    rest = list(dict.fromkeys(loc for loc, _ in problems[1:]))
+    if len(problems) > 1:
+        named = ", ".join(rest[:MORE_NAMED]) + (", ..." if len(rest) > MORE_NAMED else "")
+        first += f" (and {len(problems) - 1} more: {named})"
+    return " ".join(first.split("\n"))   # a validator's own message on one line too
 
 
 # Bounds on what a user file may hold once parsed: YAML aliases can make a few lines stand for an
@@ -66,8 +114,108 @@ def check_data(data: object, source: str = "") -> None:
             stack.extend((v, path + (k,), depth + 1) for k, v in items)
 
 
+def _members(tp: Any) -> list:
+    """The types a field annotation allows: Annotated stripped, unions flattened."""
+    while get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    if get_origin(tp) in (Union, types.UnionType):
+        return [m for a in get_args(tp) for m in _members(a)]
+    if get_origin(tp) is Literal:   # Literal[1] takes True as 1 too: its values' types
+        return list(dict.fromkeys(type(v) for v in get_args(tp)))
+    return [tp]
+
+
+def _is_model(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, BaseModel)
+
+
+def _takes_bool_as_number(members: list) -> bool:
+    """Whether pydantic (lax) would read a YAML/JSON boolean as a number here: an int or float is allowed and a bool
+    is not (nor anything that takes any value)."""
+    if any(m is bool or m is Any or m is object for m in members):
+        return False
+    return any(isinstance(m, type) and issubclass(m, (int, float)) and not issubclass(m, bool) for m in members)
+
+
+@functools.lru_cache(maxsize=256)
+def _field_types(model: type[BaseModel]) -> dict[str, Any]:
+    """Key a file may give -> annotation, for each field (by its name and its alias)."""
+    out: dict[str, Any] = {}
+    for name, f in model.model_fields.items():
+        out[name] = f.annotation
+        for alias in (f.alias, f.validation_alias):
+            if isinstance(alias, str):
+                out[alias] = f.annotation
+    return out
+
+
+_NESTED = (bool, dict, list)   # the values bools_as_numbers looks into: a string or number holds no boolean
+
+
+def bools_as_numbers(tp: Any, data: object, path: tuple = ()) -> list[tuple[tuple, bool, str]]:
+    """Where ``data`` (parsed YAML/JSON) holds a boolean that ``tp`` would take as a number (``rate: true`` read as
+    1.0): (path, the boolean, "a number" or "an integer"). Walks fields, mappings and lists by their annotations; a
+    value of a union of several models is checked against those whose fields hold all its keys (else against all of
+    them), and only what every one of them would take as a number is named."""
+    members = _members(tp)
+    if isinstance(data, bool):
+        if _takes_bool_as_number(members):
+            ints = all(not (isinstance(m, type) and issubclass(m, float)) for m in members)
+            want = ("an integer" if ints else "a number") + (" or null" if type(None) in members else "")
+            return [(path, data, want)]
+        return []
+    found: list[tuple[tuple, bool, str]] | None = None
+
+    def meet(got: list) -> None:
+        nonlocal found
+        found = got if found is None else [x for x in found if x in got]
+
+    if isinstance(data, dict):
+        models = [m for m in members if _is_model(m)]
+        holding = [m for m in models if all(k in _field_types(m) for k in data)]
+        for m in holding or models:   # keys no field has (a preset a before-validator expands) are the model's own
+            if issubclass(m, RootModel):
+                meet(bools_as_numbers(m.model_fields["root"].annotation, data, path))
+                continue
+            fields = _field_types(m)
+            meet([x for k, v in data.items() if k in fields and isinstance(v, _NESTED)
+                  for x in bools_as_numbers(fields[k], v, path + (k,))])
+        for m in members:
+            if get_origin(m) in (dict, collections.abc.Mapping) and len(get_args(m)) == 2:
+                vt = get_args(m)[1]
+                meet([x for k, v in data.items() if isinstance(v, _NESTED) for x in bools_as_numbers(vt, v, path + (k,))])
+    elif isinstance(data, list):
+        for m in members:
+            origin, args = get_origin(m), get_args(m)
+            if origin in (list, set, frozenset, collections.abc.Sequence) and len(args) == 1:
+                meet([x for i, v in enumerate(data) if isinstance(v, _NESTED)
+                      for x in bools_as_numbers(args[0], v, path + (i,))])
+            elif origin is tuple and args:
+                each = [args[0]] * len(data) if len(args) == 2 and args[1] is Ellipsis else list(args)
+                meet([x for i, (a, v) in enumerate(zip(each, data)) if isinstance(v, _NESTED)
+                      for x in bools_as_numbers(a, v, path + (i,))])
+    return found or []
+
+
+def check_strict_numbers(model: type[BaseModel], data: object, source: str = "") -> None:
+    """Refuse a YAML/JSON boolean where ``model`` wants a number (pydantic reads ``true`` as 1 there), naming the field."""
+    got = bools_as_numbers(model, data)
+    if not got:
+        return
+    where = f"{source}: " if source else ""
+    path, val, want = got[0]
+    loc = ".".join(str(p) for p in path) or "(top level)"
+    more = ""
+    if len(got) > 1:
+        others = [".".join(str(p) for p in g[0]) for g in got[1:]]
+        more = f" (and {len(others)} more: {', '.join(others[:MORE_NAMED])}{', ...' if len(others) > MORE_NAMED else ''})"
+    raise TwinferError(f"{where}{loc}: {str(val).lower()} is a boolean, not a number; give {want}{more}")
+
+
 def validate(model: type[M], data: object, source: str = "") -> M:
-    """``model.model_validate(data)`` raising TwinferError with field-naming messages."""
+    """``model.model_validate(data)`` raising TwinferError with field-naming messages; a boolean where a number is
+    wanted is refused (``check_strict_numbers``), not read as 1 or 0."""
+    check_strict_numbers(model, data, source)
     try:
         return model.model_validate(data)
     except ValidationError as err:

@@ -54,7 +54,7 @@ def register(app: typer.Typer) -> None:
         show: Optional[str] = typer.Option(None, "--show", help="print a catalog GPU (or check a hardware file) as a complete commented YAML"),
     ) -> None:
         """List the GPU catalog; --template / --show print a hardware file to edit (pass its path as --hardware)."""
-        if template and show:
+        if template and show is not None:
             raise TwinferError("--template and --show: give one of them")
         if template:
             print(template_text(), end="")

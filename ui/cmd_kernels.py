@@ -92,9 +92,28 @@ def _attach_measured(rows: list[dict], gpu: str | None, device: str) -> tuple[st
         hw = get_hardware(gpu)
     except (TwinferError, ValueError, KeyError) as e:
         raise TwinferError(f"--gpu {gpu!r}: {e}") from None
-    peak, copy = hw.measured.fp8_matmul_tflops, hw.measured.copy_tbps
+    peak, copy, whose = _ceilings(hw)
     fr = measured.fractions(folder, peak, copy)
     for r in rows:
         r["measured"] = measured.summary(fr.get((r["op"], r["impl"]))) if r["tier"] > 0 or (r["op"], r["impl"]) in fr else ""
     return gpu, (f"measured: device time inside CUDA graphs from {folder}; ceiling = max(TFLOP/s / {peak:g}, "
-                 f"TB/s / {copy:g}) (the {hw.name}'s measured FP8 matmul and copy ceilings)")
+                 f"TB/s / {copy:g}) ({whose})")
+
+
+def _ceilings(hw) -> tuple[float, float, str]:
+    """The matmul TFLOP/s and copy TB/s a kernel's fraction is taken of, and where they come from: the GPU's measured
+    FP8 matmul and copy ceilings (catalog ``measured:`` block), else its datasheet FP8 (BF16 without FP8 tensor cores)
+    and HBM peaks, saying that no measured ceiling exists for it."""
+    m = hw.measured
+    mat = m.fp8_matmul_tflops if m is not None else None
+    cp = m.copy_tbps if m is not None else None
+    if mat is not None and cp is not None:
+        return mat, cp, f"the {hw.name}'s measured FP8 matmul and copy ceilings"
+    dt = "FP8" if hw.has_fp8 else "BF16"
+    peak = mat if mat is not None else (hw.fp8_tflops if hw.has_fp8 else hw.bf16_tflops)
+    copy = cp if cp is not None else hw.hbm_tbps
+    missing = " and ".join(x for x, v in (("FP8 matmul", mat), ("copy", cp)) if v is None)
+    used = (f"measured FP8 matmul {mat:g}" if mat is not None else f"datasheet {dt} peak {peak:g}") + " TFLOP/s, " + \
+           (f"measured copy {cp:g}" if cp is not None else f"datasheet HBM peak {copy:g}") + " TB/s"
+    return peak, copy, (f"no measured {missing} ceiling for the {hw.name} in the hardware catalog: fractions of its "
+                        f"{used}, lower than fractions of measured ceilings")

@@ -33,10 +33,14 @@ def register(app: typer.Typer) -> None:
         template: bool = typer.Option(False, "--template", help="the same for llama-3.1-8b: a dense model to start from"),
     ) -> None:
         """List the model catalog; --show NAME prints a ModelSpec file to start your own from (pass its path as --model)."""
-        if template and show:
+        if template and show is not None:
             raise TwinferError("--template and --show: give one of them")
+        if show is not None and not show.strip():   # '' is no model: not the --template one (as hardware --show '')
+            from costmodels.catalog import list_models
+            raise TwinferError(f"--show: unknown model {show!r}; known models: {', '.join(list_models())}; or an HF "
+                               "config.json (or its folder) or a ModelSpec YAML")
         if template or show is not None:
-            print(show_text(show or "llama-3.1-8b"), end="")
+            print(show_text("llama-3.1-8b" if template else show), end="")
             return
         _print_catalog()
 
