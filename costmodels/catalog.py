@@ -386,7 +386,7 @@ def get_model(name_or_path: str | ModelSpec) -> ModelSpec:
     if key.lower() in aliases:
         return _build(aliases[key.lower()]).model_copy(deep=True)
     p = Path(key)
-    if is_dir(p):
+    if key and is_dir(p):   # ('' is no folder: Path('') is the working directory)
         if not is_file(p / "config.json"):
             raise TwinferError(f"{p}: folder has no config.json")
         p = p / "config.json"

@@ -51,3 +51,8 @@ def test_a_steady_after_s_past_the_run_s_arrivals_says_every_figure_is_the_whole
     assert "steady_after_s 1000 s: no steady window" in text and "is the whole run's" in text
     f.write_text("layout:\n  tp: 8\nworkload:\n  preset: chat\n  num_requests: 300\nsteady_after_s: 10\n")
     assert "no steady window" not in " ".join(_cli("simulate", "-s", str(f)).stdout.split())
+
+
+def test_an_empty_model_name_is_an_unknown_model_not_the_working_folder():
+    r = _cli("cost", "-m", "")
+    assert r.returncode == 2 and "unknown model ''" in r.stderr and "folder has no config.json" not in r.stderr, r.stderr
