@@ -65,6 +65,9 @@ def test_run_takes_the_serving_pools_scheduler_from_a_plan_file(tmp_path):
          workload=WorkloadSpec(rate=1.0, num_requests=10), slo=SLO(ttft_s=1.0, tpot_s=0.1)).save(path)
     sc = plan_scheduler(path)
     assert sc["max_num_seqs"] == 8 and sc["max_num_batched_tokens"] == 256
+    assert plan_scheduler(path, "tiny") == sc   # run --plan checks the model as serve --plan does
+    with pytest.raises(TwinferError, match="was made for model tiny, --model is llama-3.1-8b"):
+        plan_scheduler(path, "llama-3.1-8b")
     tuned = tmp_path / "tuned.yaml"
     tuned.write_text("scheduler:\n  max_num_seqs: 4\n")
     assert plan_scheduler(tuned) == {"max_num_seqs": 4}

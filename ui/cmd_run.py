@@ -55,14 +55,17 @@ def check_temperature(temperature: float, flag: str = "--temperature") -> None:
         raise TwinferError(f"{flag} {temperature:g}: expected 0 (greedy) or {TEMPERATURE_MIN:g}..{TEMPERATURE_MAX:g}")
 
 
-def plan_scheduler(plan: Path) -> dict:
+def plan_scheduler(plan: Path, model: str | None = None) -> dict:
     """The scheduler section ``--plan`` gives as the base config: a file's top-level ``scheduler`` (a tuned policy,
     ``twinfer tune --plan-out``) or an aggregated ``twinfer plan`` file's serving pool's; anything else is refused
     (a plan file of another kind was ignored without a word). Read as ``twinfer serve --plan`` reads it
     (``ui.serve_plan.read_plan``)."""
-    from ui.serve_plan import read_plan
+    from ui.serve_plan import check_plan_model, read_plan
 
-    return read_plan(plan, "twinfer run").scheduler
+    pf = read_plan(plan, "twinfer run")
+    if model is not None:   # a plan sized for another model is refused as twinfer serve refuses it
+        check_plan_model(pf, model)
+    return pf.scheduler
 
 
 def _load_workload(workload: str, requests: Optional[int], rate: Optional[float], cap: Optional[int] = None):
@@ -199,7 +202,7 @@ def run(
     check_temperature(temperature)
     check_out_path(out, "--out")
     check_out_path(step_log, "--step-log")
-    sc = plan_scheduler(plan) if plan is not None else {}
+    sc = plan_scheduler(plan, model) if plan is not None else {}
     if scheduler_config:
         sc.update(read_mapping(scheduler_config))
     for k, v in (("block_size", block_size), ("max_num_seqs", max_num_seqs),

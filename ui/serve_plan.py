@@ -77,7 +77,7 @@ def check_plan_model(pf: PlanFile, model: str) -> None:
     """Refuse (exit 2) a plan made for another model than ``--model``: its batch sizes, chunk and layout were sized for
     that model's memory and step times (a llama-3.1-8b plan served tiny on the defaults without a word)."""
     if pf.model is not None and not same_model(pf.model, model):
-        raise TwinferError(f"--plan {pf.path} was made for model {pf.model}, --model is {model}: serve the plan's "
+        raise TwinferError(f"--plan {pf.path} was made for model {pf.model}, --model is {model}: give the plan's "
                            f"model (--model {pf.model}, or its checkpoint folder) or make a plan for {model}")
 
 
