@@ -390,12 +390,13 @@ class _Stream:
         self.joined: list[tuple[float, list]] = []
         # requests handed over by a prefill instance, not yet in a decode plan here (their first token's time is set
         # as they join the batch: ``Request.first_token_time``)
-        self.handed: dict[Request, float] = {}
+        self.handed: dict[Request, None] = {}   # (a dict, not a set: insertion order keeps runs reproducible)
 
     def last_token(self, req: Request, start_s: float) -> float:
         """When ``req``, of this instance's decode batch and preempted by the plan starting at ``start_s``, made its
         latest token (``start_s``, a lower bound, where no decode plan of the instance was seen)."""
-        if self.handed.pop(req, None) is not None:
+        if req in self.handed:
+            del self.handed[req]
             return req.first_token_time
         for end, chunks in reversed(self.joined):
             for c in chunks:
@@ -436,7 +437,7 @@ class _Stream:
                 members = set(decodes)
                 for r in admitted:
                     if r in members:
-                        handed.pop(r)
+                        del handed[r]
                         new[decodes.index(r)] = start_s - r.first_token_time
         wait = start_s - self.dec_end if self.dec_end is not None and len(decodes) > len(new) else 0.0
         if not wait and not any(new.values()):
@@ -540,7 +541,7 @@ class MetricsCollector:
         s = self._streams.get(instance_id)
         if s is None:
             s = self._streams[instance_id] = _Stream()
-        s.handed[req] = 1.0
+        s.handed[req] = None
 
     def on_step(self, instance_id: int, start_s: float, plan: StepPlan, result: StepResult,
                 kv_used_blocks: int, kv_total_blocks: int) -> None:

@@ -204,7 +204,7 @@ class Scheduler:
             if req.first_token_time is None:
                 # the first token, sampled by the prefill instance, reaches the client through this instance: it is
                 # streamed as the request joins the decode batch, after its KV transfer and any wait for a seat (a
-                # P/D proxy's TTFT; the planner's screen prices the same: prefill + queueing + transfer)
+                # P/D proxy's TTFT; the planner's screen prices prefill + queueing + transfer, plus a decode step)
                 req.first_token_time = now
             self.batch.add(req)
 
