@@ -93,7 +93,9 @@ def _wider_tps(tp: int, most: int) -> list[int]:
     return sorted(out)
 
 
-def _fit(scenario: Scenario, layout: ParallelLayout, sc: SchedulerConfig, effects: EffectsSpec, what: str) -> MemoryFit:
+def instance_fit(scenario: Scenario, layout: ParallelLayout, sc: SchedulerConfig, effects: EffectsSpec, what: str) -> MemoryFit:
+    """Memory fit of one instance of ``layout`` under ``sc`` and ``effects`` (HBM, then host memory: ``host_problem``);
+    raises DoesNotFitError naming ``what`` (the field) and the numbers where it does not fit."""
     def fit_of(lay: ParallelLayout) -> MemoryFit:
         return fit_with_policies(
             get_model(scenario.model), get_hardware(scenario.hardware), lay, table_placement=effects.table_placement,
@@ -128,7 +130,7 @@ def simulate_deployment(scenario: Scenario, effects: EffectsSpec | None = None, 
     scenario = scenario.model_copy(update={"effects": eff, "disagg": disagg})
     model, hw = get_model(scenario.model), get_hardware(scenario.hardware)
     sc = scenario.scheduler
-    fit = _fit(scenario, scenario.layout, sc, eff, "layout")
+    fit = instance_fit(scenario, scenario.layout, sc, eff, "layout")
     num_blocks = max(1, fit.max_kv_tokens // eff.mirror // sc.block_size)
 
     workload_seed, backend_seed = run_seeds(scenario)
@@ -219,7 +221,7 @@ def _run_disagg(env, scenario: Scenario, eff: EffectsSpec, spec: DisaggSpec, col
     dsc = scenario.scheduler
     psc = spec.prefill_config(dsc)
     peff = eff.model_copy(update={"mirror": spec.prefill_mirror})
-    pfit = _fit(scenario, spec.prefill_layout, psc, peff, "disagg.prefill_layout")
+    pfit = instance_fit(scenario, spec.prefill_layout, psc, peff, "disagg.prefill_layout")
     p_blocks = max(1, pfit.max_kv_tokens // spec.prefill_mirror // psc.block_size)
     clock = lambda: env.now  # noqa: E731
     pcost = build_step_cost(model, hw, spec.prefill_layout, peff, clock, profile_for(hw, scenario.calibration))

@@ -11,9 +11,9 @@ from costmodels.catalog import get_model
 from costmodels.hardware import get_hardware
 from costmodels.calibration_source import profile_for
 from costmodels.replay import depth_correction
-from costmodels.effective import EffectiveStepCost, fit_with_policies
+from costmodels.effective import EffectiveStepCost
 from costmodels.host import wall_time
-from costmodels.memory import MemoryFit, host_problem
+from costmodels.memory import MemoryFit
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler
 from sim.backend import MemoStepCost, SimBackend, host_coeffs
@@ -22,31 +22,19 @@ from sim.cluster import Cluster
 from sim import invariants
 from sim.export import digest
 from scheduler.metrics import MetricsCollector
-from sim.deployment import pooled_dp_note, simulate_deployment, wider_hint
+from sim.deployment import instance_fit, pooled_dp_note, simulate_deployment
 from sim.early_stop import StopPredicate, stopped_at, watch
 from sim.result import KVInfo, SimResult, SimRun
 from sim.router import make_router
 from sim.scenario import Scenario, run_seeds
 from sim.workload import generate
 from twinfer import __version__
-from twinfer.errors import DoesNotFitError, TwinferError
+from twinfer.errors import TwinferError
 
 
 def _fit(scenario: Scenario) -> MemoryFit:
-    """Memory fit of one instance; raises DoesNotFitError with the numbers if it does not fit."""
-    model, hw = get_model(scenario.model), get_hardware(scenario.hardware)
-    sc = scenario.scheduler
-    def fit_of(lay) -> MemoryFit:
-        return fit_with_policies(model, hw, lay, mem_fraction=scenario.gpu_memory_fraction,
-                                 max_batched_tokens=sc.max_num_batched_tokens, max_running_requests=sc.max_num_seqs,
-                                 min_kv_tokens=sc.block_size, mtp=sc.draft_len > 0)
-    fit = fit_of(scenario.layout)
-    if not fit.fits:
-        raise DoesNotFitError(f"layout: {fit.explanation}" + wider_hint(scenario.layout, lambda lay: fit_of(lay).fits, model=model))
-    host = host_problem(fit, model, scenario.layout, hw)   # lookup tables kept in host memory, offloaded weights
-    if host:
-        raise DoesNotFitError(f"layout: {host}")
-    return fit
+    """Memory fit of one instance; raises DoesNotFitError with the numbers if it does not fit (``instance_fit``)."""
+    return instance_fit(scenario, scenario.layout, scenario.scheduler, scenario.effects, "layout")
 
 
 def build_cost_model(scenario: Scenario) -> EffectiveStepCost:
